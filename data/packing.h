@@ -1,0 +1,56 @@
+// DFS packing of trees into batches.
+//
+// Per token: its id, its position id (depth: the length of the root-to-node path before it), and
+// subtree_end, the end of its node's subtree in packed order, so that key j is visible from query i
+// exactly when j <= i < subtree_end[j]. Nodes are laid out in DFS order with their ranges, the
+// form the attention primitive reads (ops/cpu/attention.h). Several trees share a batch up to a
+// token budget, never seeing each other.
+//
+// Targets are an explicit list: target t is token tgt_tok[t] predicted from packed row tgt_src[t]
+// with weight tgt_w[t] (unnormalised: summed over the paths that make it a target; the trainer
+// divides by the step's normaliser). A branch point's last token is the source of one target per
+// child.
+//
+// Packing kPerPath is the baseline: every path becomes its own chain (its own causal sequence)
+// with its own weights, so tree and per-path batches define the same loss.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "data/tree.h"
+
+namespace tt::data {
+
+enum class Packing { kTree, kPerPath };
+
+struct PackedBatch {
+  int n_tokens = 0;
+  std::vector<int32_t> tokens;       // (N)
+  std::vector<int32_t> pos;          // (N) depth position ids
+  std::vector<int32_t> subtree_end;  // (N)
+  std::vector<int32_t> node_start;   // (num_nodes) DFS order
+  std::vector<int32_t> node_len;     // (num_nodes)
+  std::vector<int32_t> node_parent;  // (num_nodes) -1 at each tree root
+  std::vector<int32_t> tree_start;   // (num_trees + 1) packed range of each tree
+  std::vector<int32_t> tgt_src;      // (n_tgt)
+  std::vector<int32_t> tgt_tok;      // (n_tgt)
+  std::vector<double> tgt_w;         // (n_tgt) unnormalised
+  // Statistics of the trees in the batch (the same for both packings).
+  int64_t n_paths = 0;
+  int64_t n_flat = 0;          // tokens of all paths flattened
+  int64_t n_tree = 0;          // unique tokens
+  int64_t n_flat_targets = 0;  // targets counted over all flattened paths
+  int64_t visible_pairs = 0;   // (query, key) pairs visible in this batch's attention
+
+  int num_nodes() const { return (int)node_start.size(); }
+  int num_trees() const { return (int)tree_start.size() - 1; }
+};
+
+// Packs the given trees, in order, into one batch.
+PackedBatch pack(const std::vector<const Tree*>& trees, Packing packing);
+
+// Tokens a tree occupies in a batch under the given packing (n_tree or n_flat).
+int64_t packed_size(const Tree& tree, Packing packing);
+
+}  // namespace tt::data

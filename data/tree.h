@@ -1,0 +1,51 @@
+// Prefix trees: the unit of treetrain's data.
+//
+// A Tree is a list of nodes, each a token segment with a parent (an earlier node, or -1 for the
+// root; exactly one root, node 0). Every root-to-leaf path, and every path that a rollout
+// sequence ends on (a sequence may end inside what is shared with a longer one; the node is
+// split there), is one training sequence: a "path". Per token the tree keeps the summed loss
+// weight of the paths that make it a target, so one tree holds everything the per-path baseline
+// needs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tt::data {
+
+struct Node {
+  int parent = -1;
+  std::vector<int32_t> tokens;
+  // (tokens.size()) sum over the paths through this token of path_weight * loss_mask; the
+  // node's first token is predicted by the parent's last token (a branch point when the parent
+  // has several children). Token 0 of the root is never a target.
+  std::vector<double> target_weight;
+  // (tokens.size()) how many paths make this token a target (for the token_mean normaliser).
+  std::vector<int32_t> target_count;
+};
+
+// A path, for the per-path baseline: it runs from the root to the end of node end_node, and
+// target_weight holds per token the weight that this one sequence gives it (weight * mask, no
+// sums over other paths; [0] is 0).
+struct Path {
+  int end_node = 0;
+  std::vector<double> target_weight;  // (path length)
+};
+
+struct Tree {
+  std::string id;
+  std::vector<Node> nodes;  // node 0 is the root; parent[i] < i
+  // The paths as read, with their own masks and weights; packing per_path uses them, and
+  // statistics count them.
+  std::vector<Path> paths;
+
+  std::vector<int32_t> path_tokens(int64_t k) const;  // tokens of path k, root first
+
+  int64_t n_tree() const;          // unique tokens = sum of node lengths
+  int64_t n_flat() const;          // sum of path lengths
+  int64_t n_paths() const { return (int64_t)paths.size(); }
+  int64_t n_flat_targets() const;  // targets summed over all flattened paths
+};
+
+}  // namespace tt::data

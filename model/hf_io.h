@@ -1,0 +1,27 @@
+// Hugging Face layout directories: config.json + model.safetensors with HF tensor names.
+// A checkpoint written here loads in transformers (Qwen3ForCausalLM / LlamaForCausalLM), and a
+// model they write loads here (`model.init_from: DIR`). With tied embeddings lm_head.weight is
+// not written, and is ignored when present on read.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/model.h"
+
+namespace tt::model {
+
+// Reads DIR/config.json. Throws tt::Error naming the file.
+ModelConfig read_hf_config(const std::string& dir);
+
+// Writes config.json and model.safetensors (dtype "F32" or "BF16") into dir (created).
+template <class T>
+void save_hf(const std::string& dir, const Model<T>& model, const std::string& dtype);
+
+// Loads DIR/model.safetensors into model; every parameter must be present with the right shape
+// (errors name the tensor and the file).
+template <class T>
+void load_hf_weights(const std::string& dir, Model<T>& model);
+
+}  // namespace tt::model

@@ -1,0 +1,43 @@
+// Errors of treetrain. Library code throws tt::Error with context (what, where, what was expected);
+// only main() decides to exit. TT_CHECK records the failed expression, file and line.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace tt {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& msg) : std::runtime_error(msg) {}
+};
+
+namespace detail {
+inline void stream_all(std::ostringstream&) {}
+template <class A, class... Rest>
+inline void stream_all(std::ostringstream& os, const A& a, const Rest&... rest) {
+  os << a;
+  stream_all(os, rest...);
+}
+}  // namespace detail
+
+// Builds a message from streamable parts: tt::str("key ", k, " at line ", n).
+template <class... Args>
+inline std::string str(const Args&... args) {
+  std::ostringstream os;
+  detail::stream_all(os, args...);
+  return os.str();
+}
+
+[[noreturn]] inline void fail_check(const char* expr, const char* file, int line, const std::string& msg) {
+  throw Error(str(msg, msg.empty() ? "" : " ", "(check failed: ", expr, " at ", file, ":", line, ")"));
+}
+
+}  // namespace tt
+
+// TT_CHECK(cond, parts...): throws tt::Error naming the condition, file and line when cond is false.
+#define TT_CHECK(cond, ...)                                                \
+  do {                                                                     \
+    if (!(cond)) ::tt::fail_check(#cond, __FILE__, __LINE__, ::tt::str(__VA_ARGS__)); \
+  } while (0)
