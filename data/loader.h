@@ -2,8 +2,11 @@
 //
 // The loader walks the trees of one epoch in a permutation drawn from (seed, epoch) (or file
 // order when shuffle is off) and packs consecutive trees into a micro-batch until the next one
-// would exceed max_tokens. Its position (epoch, cursor) is saved in checkpoints, so a resumed run
-// sees exactly the batches an uninterrupted run would.
+// would exceed max_tokens (a micro-batch holds at least one tree, and never trees of two epochs:
+// the last batch of an epoch may be short, and the next call starts the next epoch). The
+// permutation comes from a fixed, portable generator (data/rng.h), so it is the same on every
+// platform. Its position (epoch, cursor) is saved in checkpoints, so a resumed run sees exactly
+// the batches an uninterrupted run would.
 #pragma once
 
 #include <cstdint>
@@ -21,12 +24,13 @@ struct LoaderState {
 
 class BatchLoader {
  public:
-  // Throws tt::Error naming the tree id when a single tree exceeds max_tokens under `packing`.
+  // Throws tt::Error naming the tree id when a single tree exceeds max_tokens under `packing`
+  // (and for no trees, a budget outside [1, 2^31), or a malformed tree).
   BatchLoader(std::vector<Tree> trees, Packing packing, int64_t max_tokens, uint64_t seed, bool shuffle);
 
   PackedBatch next();
   LoaderState state() const { return state_; }
-  void restore(const LoaderState& s);
+  void restore(const LoaderState& s);  // throws tt::Error unless epoch >= 0, cursor in [0, #trees]
   const std::vector<Tree>& trees() const { return trees_; }
 
  private:
@@ -36,7 +40,8 @@ class BatchLoader {
   int64_t max_tokens_;
   uint64_t seed_;
   bool shuffle_;
-  std::vector<int64_t> order_;
+  std::vector<int64_t> sizes_;  // (#trees) packed_size of each tree under packing_
+  std::vector<int64_t> order_;  // (#trees) this epoch's tree order
   LoaderState state_;
 };
 

@@ -9,10 +9,13 @@
 // Targets are an explicit list: target t is token tgt_tok[t] predicted from packed row tgt_src[t]
 // with weight tgt_w[t] (unnormalised: summed over the paths that make it a target; the trainer
 // divides by the step's normaliser). A branch point's last token is the source of one target per
-// child.
+// child. Under kTree a token is a target iff some path makes it one (Node::target_count > 0, even
+// when its summed weight is 0); targets are listed in packed order of the predicted token.
 //
-// Packing kPerPath is the baseline: every path becomes its own chain (its own causal sequence)
-// with its own weights, so tree and per-path batches define the same loss.
+// Packing kPerPath is the baseline: every path becomes its own chain (its own causal sequence:
+// one node and one tree per path, in Tree::paths order) with its own weights (a target for each
+// token with Path::target_weight != 0), so tree and per-path batches define the same loss
+// sum_t w_t * CE_t.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +39,8 @@ struct PackedBatch {
   std::vector<int32_t> tgt_src;      // (n_tgt)
   std::vector<int32_t> tgt_tok;      // (n_tgt)
   std::vector<double> tgt_w;         // (n_tgt) unnormalised
-  // Statistics of the trees in the batch (the same for both packings).
+  // Statistics of the trees in the batch (the same for both packings, except visible_pairs,
+  // which counts this packing's attention: sum of (pos + 1) over the packed tokens).
   int64_t n_paths = 0;
   int64_t n_flat = 0;          // tokens of all paths flattened
   int64_t n_tree = 0;          // unique tokens
@@ -47,7 +51,7 @@ struct PackedBatch {
   int num_trees() const { return (int)tree_start.size() - 1; }
 };
 
-// Packs the given trees, in order, into one batch.
+// Packs the given trees, in order, into one batch (each checked with Tree::validate()).
 PackedBatch pack(const std::vector<const Tree*>& trees, Packing packing);
 
 // Tokens a tree occupies in a batch under the given packing (n_tree or n_flat).

@@ -6,7 +6,13 @@
 //  - "episodes": navigation-episode combs: an instruction prefix, then steps; each step adds a
 //    history node on the trunk and a leaf for the current observation and action (tree format).
 // Token streams follow a rule the model can learn (each token determined by the previous ones
-// most of the time), so the training loss falls clearly within a few hundred steps.
+// most of the time), so the training loss falls clearly within a few hundred steps: per tree a key
+// k from 8 odd values, x[t+1] = (5 x[t] + k) mod V, a random token at each branch start.
+// Masks as in real data: rollouts mask the prompt 0 and the turns 1; episodes mask prefix,
+// history and observation 0 and the action (the last max(1, leaf_len / 4) tokens of each leaf) 1.
+// Benchmark shapes: the navigation comb is {episodes, prefix_len 512, steps 40, history_len 128,
+// leaf_len 256}; the agent rollout tree is {rollouts, prompt_len 4096, turns 6, turn_len 1024,
+// branches 4, branch_turns 2}.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +40,8 @@ struct SyntheticSpec {
   int leaf_len = 16;
 };
 
-// One JSON object per line (no trailing newline in the strings).
+// One JSON object per line (no trailing newline in the strings); ids "<kind>-000000", ...
+// Throws tt::Error naming the field for an invalid spec.
 std::vector<std::string> generate_jsonl(const SyntheticSpec& spec);
 
 // Writes generate_jsonl(spec) to path atomically (tmp file + rename).

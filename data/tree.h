@@ -41,6 +41,12 @@ struct Tree {
   std::vector<Path> paths;
 
   std::vector<int32_t> path_tokens(int64_t k) const;  // tokens of path k, root first
+  std::vector<int> path_nodes(int64_t k) const;       // nodes of path k, root first
+
+  // Checks the invariants that packing relies on (node 0 the only root, parent[i] < i, non-empty
+  // nodes, per-token vectors sized like the tokens, a weighted token has a count, valid paths);
+  // throws tt::Error naming the tree id and what was expected.
+  void validate() const;
 
   int64_t n_tree() const;          // unique tokens = sum of node lengths
   int64_t n_flat() const;          // sum of path lengths

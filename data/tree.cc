@@ -1,0 +1,93 @@
+// Prefix trees: path helpers, sizes and the structural check that packing relies on.
+//
+// Node indices satisfy parent[i] < i, so one forward pass over the nodes computes anything that
+// flows from the root (depths); paths are recovered by walking parent links from end_node.
+#include "data/tree.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "ops/check.h"
+
+namespace tt::data {
+
+std::vector<int> Tree::path_nodes(int64_t k) const {
+  TT_CHECK(k >= 0 && k < n_paths(), "tree '", id, "': path ", k, " out of range [0, ", n_paths(), ")");
+  std::vector<int> chain;
+  for (int n = paths[k].end_node; n >= 0; n = nodes[n].parent) chain.push_back(n);
+  std::reverse(chain.begin(), chain.end());
+  return chain;
+}
+
+std::vector<int32_t> Tree::path_tokens(int64_t k) const {
+  std::vector<int32_t> out;
+  for (int n : path_nodes(k)) out.insert(out.end(), nodes[n].tokens.begin(), nodes[n].tokens.end());
+  return out;
+}
+
+int64_t Tree::n_tree() const {
+  int64_t n = 0;
+  for (const Node& node : nodes) n += (int64_t)node.tokens.size();
+  return n;
+}
+
+int64_t Tree::n_flat() const {
+  // Path length = tokens on the root-to-end chain; prefix sums over nodes make it O(1) per path.
+  std::vector<int64_t> end_depth(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    int p = nodes[i].parent;
+    end_depth[i] = (p >= 0 ? end_depth[p] : 0) + (int64_t)nodes[i].tokens.size();
+  }
+  int64_t n = 0;
+  for (const Path& path : paths) n += end_depth[path.end_node];
+  return n;
+}
+
+int64_t Tree::n_flat_targets() const {
+  // target_count sums, per token, the paths that make it a target.
+  int64_t n = 0;
+  for (const Node& node : nodes)
+    for (int32_t c : node.target_count) n += c;
+  return n;
+}
+
+void Tree::validate() const {
+  const std::string t = "tree '" + id + "'";
+  if (nodes.empty()) throw Error(str(t, ": has no nodes, expected a root node 0"));
+  if (paths.empty()) throw Error(str(t, ": has no paths, expected at least one"));
+  std::vector<int64_t> end_depth(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const Node& nd = nodes[i];
+    if (i == 0 && nd.parent != -1)
+      throw Error(str(t, ": node 0 has parent ", nd.parent, ", expected -1 (node 0 is the root)"));
+    if (i > 0 && (nd.parent < 0 || nd.parent >= (int)i))
+      throw Error(str(t, ": node ", i, " has parent ", nd.parent, ", expected an earlier node in [0, ", i, ")"));
+    if (nd.tokens.empty()) throw Error(str(t, ": node ", i, " has no tokens, expected at least one"));
+    if (nd.target_weight.size() != nd.tokens.size() || nd.target_count.size() != nd.tokens.size())
+      throw Error(str(t, ": node ", i, " has ", nd.tokens.size(), " tokens but ", nd.target_weight.size(),
+                      " target weights and ", nd.target_count.size(), " target counts, expected one each per token"));
+    for (size_t j = 0; j < nd.tokens.size(); ++j) {
+      if (!std::isfinite(nd.target_weight[j]) || nd.target_weight[j] < 0 || nd.target_count[j] < 0)
+        throw Error(str(t, ": node ", i, " token ", j, " has target weight ", nd.target_weight[j], " and count ",
+                        nd.target_count[j], ", expected finite and >= 0"));
+      if (nd.target_weight[j] != 0 && nd.target_count[j] == 0)
+        throw Error(str(t, ": node ", i, " token ", j, " has target weight ", nd.target_weight[j],
+                        " but target count 0, expected a count > 0 for every weighted token"));
+    }
+    if (i == 0 && (nd.target_weight[0] != 0 || nd.target_count[0] != 0))
+      throw Error(str(t, ": the root's first token has a target, expected none (nothing predicts it)"));
+    end_depth[i] = (i > 0 ? end_depth[nd.parent] : 0) + (int64_t)nd.tokens.size();
+  }
+  for (size_t k = 0; k < paths.size(); ++k) {
+    const Path& p = paths[k];
+    if (p.end_node < 0 || p.end_node >= (int)nodes.size())
+      throw Error(str(t, ": path ", k, " ends at node ", p.end_node, ", expected a node in [0, ", nodes.size(), ")"));
+    if ((int64_t)p.target_weight.size() != end_depth[p.end_node])
+      throw Error(str(t, ": path ", k, " has ", p.target_weight.size(), " target weights, expected ",
+                      end_depth[p.end_node], " (one per token of the path)"));
+    if (p.target_weight[0] != 0)
+      throw Error(str(t, ": path ", k, " gives its first token a target weight, expected 0"));
+  }
+}
+
+}  // namespace tt::data

@@ -1,0 +1,242 @@
+// Packing: hand-checked layouts (positions, subtree ends, node ranges, targets at branch points),
+// several trees per batch, and on many random trees: visibility equals the ancestor relation, and
+// tree and per-path packings hold exactly the (context, target, weight) of the raw records.
+#include "data/packing.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "data/reader.h"
+#include "ops/check.h"
+#include "tests/data/test_util.h"
+
+namespace tt::data {
+namespace {
+
+using testing::kHandRollouts;
+using testing::kHandTree;
+
+using I = std::vector<int32_t>;
+using D = std::vector<double>;
+
+TEST(PackTree, RolloutsHandExample) {
+  const Tree t = parse_rollouts_line(kHandRollouts, "f:1", 0);
+  const PackedBatch b = pack({&t}, Packing::kTree);
+  EXPECT_EQ(b.n_tokens, 7);
+  EXPECT_EQ(b.tokens, I({1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(b.pos, I({0, 1, 2, 3, 4, 3, 4}));
+  EXPECT_EQ(b.subtree_end, I({7, 7, 7, 5, 5, 7, 7}));
+  EXPECT_EQ(b.node_start, I({0, 3, 5}));
+  EXPECT_EQ(b.node_len, I({3, 2, 2}));
+  EXPECT_EQ(b.node_parent, I({-1, 0, 0}));
+  EXPECT_EQ(b.tree_start, I({0, 7}));
+  // Row 2 (token 3) is the branch point: the source of both children's first tokens.
+  EXPECT_EQ(b.tgt_src, I({0, 1, 2, 3, 2, 5}));
+  EXPECT_EQ(b.tgt_tok, I({2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(b.tgt_w, D({3.5, 4.5, 2, 2, 2, 2}));
+  EXPECT_EQ(b.n_paths, 4);
+  EXPECT_EQ(b.n_flat, 18);
+  EXPECT_EQ(b.n_tree, 7);
+  EXPECT_EQ(b.n_flat_targets, 13);
+  EXPECT_EQ(b.visible_pairs, 1 + 2 + 3 + 4 + 5 + 4 + 5);
+  EXPECT_EQ(b.num_nodes(), 3);
+  EXPECT_EQ(b.num_trees(), 1);
+  EXPECT_EQ(packed_size(t, Packing::kTree), 7);
+  EXPECT_EQ(packed_size(t, Packing::kPerPath), 18);
+}
+
+TEST(PackPerPath, RolloutsHandExampleIsOneChainPerSequence) {
+  const Tree t = parse_rollouts_line(kHandRollouts, "f:1", 0);
+  const PackedBatch b = pack({&t}, Packing::kPerPath);
+  EXPECT_EQ(b.n_tokens, 18);
+  EXPECT_EQ(b.tokens, I({1, 2, 3, 4, 5, 1, 2, 3, 6, 7, 1, 2, 3, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(b.pos, I({0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3, 4}));
+  EXPECT_EQ(b.subtree_end, I({5, 5, 5, 5, 5, 10, 10, 10, 10, 10, 13, 13, 13, 18, 18, 18, 18, 18}));
+  EXPECT_EQ(b.node_start, I({0, 5, 10, 13}));
+  EXPECT_EQ(b.node_len, I({5, 5, 3, 5}));
+  EXPECT_EQ(b.node_parent, I({-1, -1, -1, -1}));
+  EXPECT_EQ(b.tree_start, I({0, 5, 10, 13, 18}));
+  EXPECT_EQ(b.tgt_src, I({1, 2, 3, 5, 6, 7, 8, 10, 11, 13, 14, 15, 16}));
+  EXPECT_EQ(b.tgt_tok, I({3, 4, 5, 2, 3, 6, 7, 2, 3, 2, 3, 4, 5}));
+  EXPECT_EQ(b.tgt_w, D({1, 1, 1, 2, 2, 2, 2, 0.5, 0.5, 1, 1, 1, 1}));
+  // Statistics describe the trees; visible pairs and n_tokens follow the packing.
+  EXPECT_EQ(b.n_paths, 4);
+  EXPECT_EQ(b.n_flat, 18);
+  EXPECT_EQ(b.n_tree, 7);
+  EXPECT_EQ(b.n_flat_targets, 13);
+  EXPECT_EQ(b.visible_pairs, 15 + 15 + 6 + 15);
+}
+
+TEST(PackTree, TreeFormatHandExampleBranchPoints) {
+  const Tree t = parse_tree_line(kHandTree, "f:1", 0);
+  const PackedBatch b = pack({&t}, Packing::kTree);
+  EXPECT_EQ(b.tokens, I({10, 11, 12, 13, 14, 15, 16, 17}));
+  EXPECT_EQ(b.pos, I({0, 1, 2, 3, 4, 4, 5, 2}));
+  EXPECT_EQ(b.subtree_end, I({8, 8, 7, 7, 5, 7, 7, 8}));
+  EXPECT_EQ(b.node_start, I({0, 2, 4, 5, 7}));
+  EXPECT_EQ(b.node_len, I({2, 2, 1, 2, 1}));
+  EXPECT_EQ(b.node_parent, I({-1, 0, 1, 1, 0}));
+  EXPECT_EQ(b.tgt_src, I({0, 2, 3, 3, 5, 1}));
+  EXPECT_EQ(b.tgt_tok, I({11, 13, 14, 15, 16, 17}));
+  EXPECT_EQ(b.tgt_w, D({3, 4, 1, 0.5, 0.5, 1}));
+  EXPECT_EQ(b.visible_pairs, 1 + 2 + 3 + 4 + 5 + 5 + 6 + 3);
+}
+
+TEST(PackTree, NodesListedOutOfDfsOrderArePackedInDfsOrder) {
+  // 0 [1]; 1 <- 0 [2]; 2 <- 0 [3]; 3 <- 1 [4]: DFS visits 0, 1, 3, 2.
+  const Tree t = parse_tree_line(R"({"nodes": [{"parent": -1, "tokens": [1]}, {"parent": 0, "tokens": [2]},)"
+                                 R"( {"parent": 0, "tokens": [3]}, {"parent": 1, "tokens": [4, 5]}]})",
+                                 "f:1", 0);
+  const PackedBatch b = pack({&t}, Packing::kTree);
+  EXPECT_EQ(b.tokens, I({1, 2, 4, 5, 3}));
+  EXPECT_EQ(b.pos, I({0, 1, 2, 3, 1}));
+  EXPECT_EQ(b.subtree_end, I({5, 4, 4, 4, 5}));
+  EXPECT_EQ(b.node_parent, I({-1, 0, 1, 0}));
+  EXPECT_EQ(b.tgt_src, I({0, 1, 2, 0}));
+  EXPECT_EQ(b.tgt_tok, I({2, 4, 5, 3}));
+  // Paths stay in leaf index order (leaves 2 and 3); per-path packing follows them.
+  const PackedBatch p = pack({&t}, Packing::kPerPath);
+  EXPECT_EQ(p.tokens, I({1, 3, 1, 2, 4, 5}));
+}
+
+TEST(PackTree, SeveralTreesShareABatchWithoutSeeingEachOther) {
+  const Tree a = parse_rollouts_line(kHandRollouts, "f:1", 0);
+  const Tree c = parse_tree_line(kHandTree, "f:2", 0);
+  const PackedBatch b = pack({&a, &c}, Packing::kTree);
+  EXPECT_EQ(b.n_tokens, 15);
+  EXPECT_EQ(b.tree_start, I({0, 7, 15}));
+  EXPECT_EQ(b.num_trees(), 2);
+  EXPECT_EQ(b.node_start, I({0, 3, 5, 7, 9, 11, 12, 14}));
+  EXPECT_EQ(b.node_parent, I({-1, 0, 0, -1, 3, 4, 4, 3}));
+  EXPECT_EQ(b.pos, I({0, 1, 2, 3, 4, 3, 4, 0, 1, 2, 3, 4, 4, 5, 2}));
+  EXPECT_EQ(b.subtree_end, I({7, 7, 7, 5, 5, 7, 7, 15, 15, 14, 14, 12, 14, 14, 15}));
+  EXPECT_EQ(b.tgt_src, I({0, 1, 2, 3, 2, 5, 7, 9, 10, 10, 12, 8}));
+  EXPECT_EQ(b.n_paths, 7);
+  EXPECT_EQ(b.n_flat, 18 + 14);
+  EXPECT_EQ(b.n_tree, 15);
+  EXPECT_EQ(b.visible_pairs, 24 + 29);
+  const PackedBatch p = pack({&a, &c}, Packing::kPerPath);
+  EXPECT_EQ(p.n_tokens, 32);
+  EXPECT_EQ(p.tree_start, I({0, 5, 10, 13, 18, 23, 29, 32}));
+  EXPECT_EQ(p.n_tree, 15);
+}
+
+TEST(Pack, EmptyListGivesAnEmptyBatch) {
+  const PackedBatch b = pack({}, Packing::kTree);
+  EXPECT_EQ(b.n_tokens, 0);
+  EXPECT_EQ(b.tree_start, I({0}));
+  EXPECT_EQ(b.num_trees(), 0);
+}
+
+TEST(Pack, RejectsMalformedHandBuiltTrees) {
+  Tree t;
+  t.id = "hand";
+  t.nodes.resize(1);
+  t.nodes[0].tokens = {1, 2};
+  t.nodes[0].target_weight = {0, 1};
+  t.nodes[0].target_count = {0, 0};
+  t.paths.push_back({0, {0, 1}});
+  try {
+    pack({&t}, Packing::kTree);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "tree 'hand': node 0 token 1 has target weight 1 but target count 0, expected a count > 0 for every "
+              "weighted token");
+  }
+  t.nodes[0].target_count = {0, 1};
+  t.nodes.push_back(t.nodes[0]);
+  t.nodes[1].parent = 1;
+  EXPECT_THROW(pack({&t}, Packing::kTree), Error);
+}
+
+// Visibility from subtree_end (j <= i < subtree_end[j]) equals "j's node is i's node or one of its
+// ancestors, and j <= i", checked on every pair; node ranges tile each tree's range in order.
+void check_layout(const PackedBatch& b) {
+  const int N = b.n_tokens;
+  ASSERT_EQ((int)b.tokens.size(), N);
+  ASSERT_EQ(b.tree_start.front(), 0);
+  ASSERT_EQ(b.tree_start.back(), N);
+  std::vector<int> node_of(N, -1);
+  int expect_start = 0;
+  for (int n = 0; n < b.num_nodes(); ++n) {
+    ASSERT_EQ(b.node_start[n], expect_start);
+    ASSERT_GT(b.node_len[n], 0);
+    ASSERT_LT(b.node_parent[n], n);
+    expect_start += b.node_len[n];
+    for (int j = 0; j < b.node_len[n]; ++j) {
+      node_of[b.node_start[n] + j] = n;
+      const int p = b.node_parent[n];
+      const int depth = p < 0 ? 0 : b.pos[b.node_start[p] + b.node_len[p] - 1] + 1;
+      ASSERT_EQ(b.pos[b.node_start[n] + j], depth + j);
+    }
+  }
+  ASSERT_EQ(expect_start, N);
+  for (int i = 0; i < N; ++i) {
+    int visible = 0;
+    for (int j = 0; j < N; ++j) {
+      bool ancestor = false;
+      for (int n = node_of[i]; n >= 0; n = b.node_parent[n]) ancestor |= n == node_of[j];
+      const bool expected = ancestor && j <= i;
+      ASSERT_EQ(j <= i && i < b.subtree_end[j], expected) << "query " << i << " key " << j;
+      visible += expected;
+    }
+    ASSERT_EQ(visible, b.pos[i] + 1);
+  }
+  for (size_t t = 0; t < b.tgt_src.size(); ++t) {
+    ASSERT_GE(b.tgt_src[t], 0);
+    ASSERT_LT(b.tgt_src[t], N);
+  }
+}
+
+TEST(PackRandom, RolloutsTreeAndPerPathHoldTheRecordsTargets) {
+  std::mt19937 rng(7);
+  for (int iter = 0; iter < 300; ++iter) {
+    std::vector<std::vector<testing::RawSequence>> groups(1 + rng() % 3);
+    std::vector<Tree> trees;
+    testing::LossMap want;
+    for (auto& g : groups) {
+      g = testing::random_rollouts(rng, 3, 2);
+      for (Tree& t : parse_rollouts_trees(testing::rollouts_json("r", g), "f:1", 3)) trees.push_back(std::move(t));
+      for (auto& [k, w] : testing::rollouts_reference(g)) want[k] += w;
+    }
+    std::vector<const Tree*> ptrs;
+    int64_t n_tree = 0, n_flat = 0;
+    for (const Tree& t : trees) ptrs.push_back(&t), n_tree += t.n_tree(), n_flat += t.n_flat();
+    const PackedBatch tb = pack(ptrs, Packing::kTree);
+    const PackedBatch pb = pack(ptrs, Packing::kPerPath);
+    ASSERT_NO_FATAL_FAILURE(check_layout(tb));
+    ASSERT_NO_FATAL_FAILURE(check_layout(pb));
+    EXPECT_EQ(tb.n_tokens, n_tree);
+    EXPECT_EQ(pb.n_tokens, n_flat);
+    EXPECT_EQ(testing::loss_map(tb), want);
+    EXPECT_EQ(testing::loss_map(pb), want);
+    EXPECT_EQ(tb.n_flat_targets, pb.n_flat_targets);
+  }
+}
+
+TEST(PackRandom, TreeFormatTreeAndPerPathHoldTheRecordsTargets) {
+  std::mt19937 rng(11);
+  for (int iter = 0; iter < 300; ++iter) {
+    std::vector<Tree> trees;
+    testing::LossMap want;
+    const int n = 1 + rng() % 3;
+    for (int k = 0; k < n; ++k) {
+      const std::vector<testing::RawNode> nodes = testing::random_tree(rng, 3);
+      trees.push_back(parse_tree_line(testing::tree_json("t", nodes), "f:1", 3));
+      for (auto& [key, w] : testing::tree_reference(nodes)) want[key] += w;
+    }
+    std::vector<const Tree*> ptrs;
+    for (const Tree& t : trees) ptrs.push_back(&t);
+    const PackedBatch tb = pack(ptrs, Packing::kTree);
+    const PackedBatch pb = pack(ptrs, Packing::kPerPath);
+    ASSERT_NO_FATAL_FAILURE(check_layout(tb));
+    ASSERT_NO_FATAL_FAILURE(check_layout(pb));
+    EXPECT_EQ(testing::loss_map(tb), want);
+    EXPECT_EQ(testing::loss_map(pb), want);
+  }
+}
+
+}  // namespace
+}  // namespace tt::data

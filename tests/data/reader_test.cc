@@ -1,0 +1,371 @@
+// Readers: trie merging of rollouts, tree records, target weights and counts on hand-computed
+// examples, and the exact error message (file:line, field, expectation) of each malformed input.
+#include "data/reader.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "ops/check.h"
+#include "tests/data/test_util.h"
+
+namespace tt::data {
+namespace {
+
+using testing::kHandRollouts;
+using testing::kHandTree;
+
+using testing::RawNode;
+using testing::RawSequence;
+
+std::vector<int32_t> V(std::initializer_list<int32_t> v) { return v; }
+std::vector<double> W(std::initializer_list<double> v) { return v; }
+
+TEST(Rollouts, HandExampleMergesSharedPrefixDivergenceAndEndingSequence) {
+  const Tree t = parse_rollouts_line(kHandRollouts, "f:1", 0);
+  EXPECT_EQ(t.id, "g");
+  ASSERT_EQ(t.nodes.size(), 3u);
+  EXPECT_EQ(t.nodes[0].parent, -1);
+  EXPECT_EQ(t.nodes[0].tokens, V({1, 2, 3}));
+  EXPECT_EQ(t.nodes[0].target_weight, W({0, 3.5, 4.5}));
+  EXPECT_EQ(t.nodes[0].target_count, V({0, 3, 4}));
+  EXPECT_EQ(t.nodes[1].parent, 0);
+  EXPECT_EQ(t.nodes[1].tokens, V({4, 5}));
+  EXPECT_EQ(t.nodes[1].target_weight, W({2, 2}));
+  EXPECT_EQ(t.nodes[1].target_count, V({2, 2}));
+  EXPECT_EQ(t.nodes[2].parent, 0);
+  EXPECT_EQ(t.nodes[2].tokens, V({6, 7}));
+  EXPECT_EQ(t.nodes[2].target_weight, W({2, 2}));
+  EXPECT_EQ(t.nodes[2].target_count, V({1, 1}));
+
+  ASSERT_EQ(t.paths.size(), 4u);  // one per sequence, duplicates included, in record order
+  EXPECT_EQ(t.paths[0].end_node, 1);
+  EXPECT_EQ(t.paths[0].target_weight, W({0, 0, 1, 1, 1}));
+  EXPECT_EQ(t.paths[1].end_node, 2);
+  EXPECT_EQ(t.paths[1].target_weight, W({0, 2, 2, 2, 2}));
+  EXPECT_EQ(t.paths[2].end_node, 0);
+  EXPECT_EQ(t.paths[2].target_weight, W({0, 0.5, 0.5}));
+  EXPECT_EQ(t.paths[3].end_node, 1);
+  EXPECT_EQ(t.paths[3].target_weight, W({0, 1, 1, 1, 1}));
+  EXPECT_EQ(t.path_tokens(1), V({1, 2, 3, 6, 7}));
+  EXPECT_EQ(t.path_tokens(2), V({1, 2, 3}));
+
+  EXPECT_EQ(t.n_tree(), 7);
+  EXPECT_EQ(t.n_flat(), 18);
+  EXPECT_EQ(t.n_paths(), 4);
+  EXPECT_EQ(t.n_flat_targets(), 13);  // 3 + 4 + 2 + 4 mask ones after position 0
+  t.validate();
+}
+
+TEST(Rollouts, SequenceThatIsAPrefixOfAnotherSplitsTheNodeInEitherOrder) {
+  for (const char* line : {R"({"sequences": [{"tokens": [1, 2]}, {"tokens": [1, 2, 3, 4]}]})",
+                           R"({"sequences": [{"tokens": [1, 2, 3, 4]}, {"tokens": [1, 2]}]})"}) {
+    const Tree t = parse_rollouts_line(line, "f:9", 0);
+    EXPECT_EQ(t.id, "f:9");  // no id: file:line
+    ASSERT_EQ(t.nodes.size(), 2u);
+    EXPECT_EQ(t.nodes[0].tokens, V({1, 2}));
+    EXPECT_EQ(t.nodes[0].target_count, V({0, 2}));
+    EXPECT_EQ(t.nodes[1].tokens, V({3, 4}));
+    EXPECT_EQ(t.nodes[1].parent, 0);
+    EXPECT_EQ(t.nodes[1].target_count, V({1, 1}));
+  }
+}
+
+TEST(Rollouts, SingleSequenceIsOneNodeAndDuplicatesAreSeparatePaths) {
+  const Tree t = parse_rollouts_line(
+      R"({"id": 7, "sequences": [{"tokens": [4, 5, 6], "weight": 0.25}, {"tokens": [4, 5, 6]}]})", "f:1", 0);
+  EXPECT_EQ(t.id, "7");
+  ASSERT_EQ(t.nodes.size(), 1u);
+  EXPECT_EQ(t.nodes[0].target_weight, W({0, 1.25, 1.25}));
+  EXPECT_EQ(t.nodes[0].target_count, V({0, 2, 2}));
+  ASSERT_EQ(t.paths.size(), 2u);
+  EXPECT_EQ(t.paths[0].end_node, 0);
+  EXPECT_EQ(t.paths[1].end_node, 0);
+}
+
+TEST(Rollouts, FirstTokenMaskIsIgnoredAndZeroWeightKeepsTheCount) {
+  const Tree t =
+      parse_rollouts_line(R"({"sequences": [{"tokens": [4, 5], "loss_mask": [1, 1], "weight": 0}]})", "f:1", 0);
+  EXPECT_EQ(t.nodes[0].target_weight, W({0, 0}));
+  EXPECT_EQ(t.nodes[0].target_count, V({0, 1}));
+  EXPECT_EQ(t.paths[0].target_weight, W({0, 0}));
+}
+
+TEST(Rollouts, ChildrenInOrderOfFirstAppearance) {
+  const Tree t = parse_rollouts_line(
+      R"({"sequences": [{"tokens": [1, 9]}, {"tokens": [1, 5, 1]}, {"tokens": [1, 5, 0]}, {"tokens": [1, 2]}]})", "f:1",
+      0);
+  // DFS preorder numbering: [1], [9], [5], [1], [0], [2].
+  ASSERT_EQ(t.nodes.size(), 6u);
+  std::vector<int32_t> first, parents;
+  for (const Node& n : t.nodes) first.push_back(n.tokens[0]), parents.push_back(n.parent);
+  EXPECT_EQ(first, V({1, 9, 5, 1, 0, 2}));
+  EXPECT_EQ(parents, V({-1, 0, 0, 2, 2, 0}));
+}
+
+TEST(Rollouts, DifferentFirstTokensSplitIntoSeveralTrees) {
+  const std::string line = R"({"id": "g", "sequences": [{"tokens": [5, 1]}, {"tokens": [6, 1]}, {"tokens": [5, 2]}]})";
+  const std::vector<Tree> trees = parse_rollouts_trees(line, "f:3", 0);
+  ASSERT_EQ(trees.size(), 2u);
+  EXPECT_EQ(trees[0].id, "g#0");
+  EXPECT_EQ(trees[1].id, "g#1");
+  ASSERT_EQ(trees[0].nodes.size(), 3u);  // [5] -> [1], [2]
+  EXPECT_EQ(trees[0].nodes[0].tokens, V({5}));
+  EXPECT_EQ(trees[0].n_paths(), 2);
+  ASSERT_EQ(trees[1].nodes.size(), 1u);
+  EXPECT_EQ(trees[1].nodes[0].tokens, V({6, 1}));
+
+  try {
+    parse_rollouts_line(line, "f:3", 0);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "f:3: the sequences start with 2 different tokens, expected one shared first token "
+              "(parse_rollouts_trees and read_trees split such a group into one tree per first token)");
+  }
+
+  const std::string path = testing::write_temp("split.jsonl", line + "\n" + kHandRollouts + "\n");
+  const std::vector<Tree> all = read_trees(path, Format::kRollouts, 10);
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(all[0].id, "g#0");
+  EXPECT_EQ(all[1].id, "g#1");
+  EXPECT_EQ(all[2].id, "g");
+}
+
+// Every trie is maximal (a node with one child has a path ending at it), reproduces each
+// sequence as its path, and keeps the per-sequence weights and counts.
+TEST(Rollouts, RandomGroupsRebuildEverySequence) {
+  std::mt19937 rng(12345);
+  for (int iter = 0; iter < 400; ++iter) {
+    const std::vector<RawSequence> seqs = testing::random_rollouts(rng, 3, 2);
+    const std::vector<Tree> trees = parse_rollouts_trees(testing::rollouts_json("r", seqs), "f:1", 3);
+    size_t k_total = 0;
+    int64_t counts = 0, expected_counts = 0;
+    for (const Tree& t : trees) {
+      t.validate();
+      std::vector<int> children(t.nodes.size(), 0), ends(t.nodes.size(), 0);
+      for (size_t i = 1; i < t.nodes.size(); ++i) children[t.nodes[i].parent]++;
+      for (const Path& p : t.paths) ends[p.end_node]++;
+      for (size_t i = 0; i < t.nodes.size(); ++i) {
+        EXPECT_TRUE(children[i] != 1 || ends[i] > 0) << "node " << i << " is not maximal";
+        EXPECT_TRUE(children[i] > 0 || ends[i] > 0) << "node " << i << " is a leaf without a path";
+      }
+      counts += t.n_flat_targets();
+      k_total += t.paths.size();
+    }
+    EXPECT_EQ(k_total, seqs.size());
+    // Paths come back grouped by tree, each group in record order.
+    std::vector<std::vector<int32_t>> got;
+    for (const Tree& t : trees)
+      for (int64_t k = 0; k < t.n_paths(); ++k) got.push_back(t.path_tokens(k));
+    std::vector<std::vector<int32_t>> want;
+    for (const Tree& t : trees)
+      for (const RawSequence& s : seqs)
+        if (s.tokens[0] == t.nodes[0].tokens[0]) want.push_back(s.tokens);
+    EXPECT_EQ(got, want);
+    for (const RawSequence& s : seqs)
+      for (size_t j = 1; j < s.tokens.size(); ++j) expected_counts += s.mask.empty() || s.mask[j];
+    EXPECT_EQ(counts, expected_counts);
+  }
+}
+
+TEST(TreeFormat, HandExampleWeightsCountLeavesUnderEachNode) {
+  const Tree t = parse_tree_line(kHandTree, "f:1", 18);
+  ASSERT_EQ(t.nodes.size(), 5u);
+  EXPECT_EQ(t.nodes[0].target_weight, W({0, 3}));
+  EXPECT_EQ(t.nodes[0].target_count, V({0, 3}));
+  EXPECT_EQ(t.nodes[1].target_weight, W({0, 4}));
+  EXPECT_EQ(t.nodes[1].target_count, V({0, 2}));
+  EXPECT_EQ(t.nodes[2].target_weight, W({1}));
+  EXPECT_EQ(t.nodes[3].target_weight, W({0.5, 0.5}));
+  EXPECT_EQ(t.nodes[3].target_count, V({1, 1}));
+  EXPECT_EQ(t.nodes[4].target_weight, W({1}));
+  ASSERT_EQ(t.paths.size(), 3u);
+  EXPECT_EQ(t.paths[0].end_node, 2);
+  EXPECT_EQ(t.paths[0].target_weight, W({0, 1, 0, 2, 1}));
+  EXPECT_EQ(t.paths[1].end_node, 3);
+  EXPECT_EQ(t.paths[1].target_weight, W({0, 1, 0, 2, 0.5, 0.5}));
+  EXPECT_EQ(t.paths[2].end_node, 4);
+  EXPECT_EQ(t.paths[2].target_weight, W({0, 1, 1}));
+  EXPECT_EQ(t.path_tokens(1), V({10, 11, 12, 13, 15, 16}));
+  EXPECT_EQ(t.n_tree(), 8);
+  EXPECT_EQ(t.n_flat(), 14);
+  EXPECT_EQ(t.n_flat_targets(), 3 + 2 + 1 + 2 + 1);
+  t.validate();
+}
+
+TEST(TreeFormat, RootMaskOnFirstTokenIsIgnored) {
+  const Tree t = parse_tree_line(R"({"nodes": [{"parent": -1, "tokens": [3, 4], "loss_mask": [1, 1]}]})", "f:1", 0);
+  EXPECT_EQ(t.nodes[0].target_count, V({0, 1}));
+  EXPECT_EQ(t.paths[0].target_weight, W({0, 1}));
+}
+
+TEST(Format, ParsesNamesAndRejectsOthers) {
+  EXPECT_EQ(parse_format("rollouts", "c"), Format::kRollouts);
+  EXPECT_EQ(parse_format("tree", "c"), Format::kTree);
+  try {
+    parse_format("trees", "run.yaml: data.format");
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "run.yaml: data.format: unknown data format 'trees', expected \"rollouts\" or \"tree\"");
+  }
+}
+
+// Each malformed record sits on line 3 of a file (line 1 valid, line 2 blank) so the message must
+// count blank lines; the expected text is the whole message.
+struct BadCase {
+  const char* name;
+  Format format;
+  const char* line;
+  const char* message;  // after "<path>:3: "
+};
+
+const BadCase kBadCases[] = {
+    {"not_an_object", Format::kRollouts, R"([1, 2])", "expected a JSON object, got array"},
+    {"missing_sequences", Format::kRollouts, R"({"id": "a"})",
+     "missing field \"sequences\" (expected an array of {tokens, loss_mask, weight} objects)"},
+    {"sequences_not_array", Format::kRollouts, R"({"sequences": 5})",
+     "sequences: expected an array of {tokens, loss_mask, weight} objects, got number"},
+    {"sequences_empty", Format::kRollouts, R"({"sequences": []})", "sequences is empty, expected at least one entry"},
+    {"sequence_not_object", Format::kRollouts, R"({"sequences": [[1, 2]]})",
+     "sequences[0]: expected an object {tokens, loss_mask, weight}, got array"},
+    {"missing_tokens", Format::kRollouts, R"({"sequences": [{"tokens": [1]}, {"loss_mask": [1]}]})",
+     "sequences[1]: missing field \"tokens\" (expected an array of token ids)"},
+    {"tokens_not_array", Format::kRollouts, R"({"sequences": [{"tokens": "abc"}]})",
+     "sequences[0].tokens: expected an array of token ids, got string"},
+    {"token_not_integer", Format::kRollouts, R"({"sequences": [{"tokens": [1, "x"]}]})",
+     "sequences[0].tokens[1]: expected an integer token id, got string \"x\""},
+    {"token_float", Format::kRollouts, R"({"sequences": [{"tokens": [1, 2.5]}]})",
+     "sequences[0].tokens[1]: expected an integer token id, got number 2.5"},
+    {"token_too_large", Format::kRollouts, R"({"sequences": [{"tokens": [1]}, {"tokens": [1, 2, 10]}]})",
+     "sequences[1].tokens[2] = 10 is outside the vocabulary, expected a token id in [0, 10)"},
+    {"token_negative", Format::kRollouts, R"({"sequences": [{"tokens": [-1]}]})",
+     "sequences[0].tokens[0] = -1 is outside the vocabulary, expected a token id in [0, 10)"},
+    {"empty_sequence", Format::kRollouts, R"({"sequences": [{"tokens": []}]})",
+     "sequences[0].tokens is empty, expected at least one token"},
+    {"mask_length", Format::kRollouts, R"({"sequences": [{"tokens": [1, 2, 3], "loss_mask": [0, 1]}]})",
+     "sequences[0].loss_mask has 2 entries, expected 3 (one per token)"},
+    {"mask_not_array", Format::kRollouts, R"({"sequences": [{"tokens": [1, 2], "loss_mask": 1}]})",
+     "sequences[0].loss_mask: expected an array of 0/1, got number"},
+    {"mask_value", Format::kRollouts, R"({"sequences": [{"tokens": [1, 2, 3], "loss_mask": [0, 2, 1]}]})",
+     "sequences[0].loss_mask[1] = 2, expected 0 or 1"},
+    {"mask_float", Format::kRollouts, R"({"sequences": [{"tokens": [1, 2], "loss_mask": [0, 0.5]}]})",
+     "sequences[0].loss_mask[1] = 0.5, expected 0 or 1"},
+    {"negative_weight", Format::kRollouts, R"({"sequences": [{"tokens": [1, 2], "weight": -0.5}]})",
+     "sequences[0].weight = -0.5, expected a finite number >= 0"},
+    {"weight_not_number", Format::kRollouts, R"({"sequences": [{"tokens": [1, 2], "weight": "1"}]})",
+     "sequences[0].weight: expected a number, got string"},
+    {"id_wrong_type", Format::kRollouts, R"({"id": [1], "sequences": [{"tokens": [1]}]})",
+     "id: expected a string or an integer, got array"},
+    {"missing_nodes", Format::kTree, R"({"id": "a", "sequences": []})",
+     "missing field \"nodes\" (expected an array of {parent, tokens, loss_mask, weight} objects)"},
+    {"missing_parent", Format::kTree, R"({"nodes": [{"tokens": [1]}]})",
+     "nodes[0]: missing field \"parent\" (expected an earlier node index, or -1 for the root)"},
+    {"parent_not_integer", Format::kTree,
+     R"({"nodes": [{"parent": -1, "tokens": [1]}, {"parent": "0", "tokens": [1]}]})",
+     "nodes[1].parent: expected an integer node index, got string \"0\""},
+    {"root_with_parent", Format::kTree, R"({"nodes": [{"parent": 0, "tokens": [1]}]})",
+     "nodes[0].parent = 0, expected -1 (node 0 is the root)"},
+    {"second_root", Format::kTree, R"({"nodes": [{"parent": -1, "tokens": [1]}, {"parent": -1, "tokens": [2]}]})",
+     "nodes[1] is a second root (parent -1), expected exactly one root, node 0"},
+    {"parent_not_earlier", Format::kTree,
+     R"({"nodes": [{"parent": -1, "tokens": [1]}, {"parent": 0, "tokens": [2]}, {"parent": 2, "tokens": [3]}]})",
+     "nodes[2].parent = 2, expected an earlier node index in [0, 2)"},
+    {"parent_below_minus_one", Format::kTree,
+     R"({"nodes": [{"parent": -1, "tokens": [1]}, {"parent": -2, "tokens": [2]}]})",
+     "nodes[1].parent = -2, expected an earlier node index in [0, 1)"},
+    {"empty_node", Format::kTree, R"({"nodes": [{"parent": -1, "tokens": [1]}, {"parent": 0, "tokens": []}]})",
+     "nodes[1].tokens is empty, expected at least one token"},
+    {"node_token_out_of_range", Format::kTree, R"({"nodes": [{"parent": -1, "tokens": [1, 12]}]})",
+     "nodes[0].tokens[1] = 12 is outside the vocabulary, expected a token id in [0, 10)"},
+    {"node_mask_length", Format::kTree, R"({"nodes": [{"parent": -1, "tokens": [1, 2], "loss_mask": [1]}]})",
+     "nodes[0].loss_mask has 1 entries, expected 2 (one per token)"},
+    {"node_mask_value", Format::kTree, R"({"nodes": [{"parent": -1, "tokens": [1, 2], "loss_mask": [0, -1]}]})",
+     "nodes[0].loss_mask[1] = -1, expected 0 or 1"},
+    {"node_negative_weight", Format::kTree, R"({"nodes": [{"parent": -1, "tokens": [1, 2], "weight": -1}]})",
+     "nodes[0].weight = -1, expected a finite number >= 0"},
+};
+
+void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
+
+class MalformedInput : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(MalformedInput, ErrorNamesFileLineFieldAndExpectation) {
+  const BadCase& c = GetParam();
+  const char* good = c.format == Format::kRollouts ? R"({"sequences": [{"tokens": [1, 2]}]})"
+                                                   : R"({"nodes": [{"parent": -1, "tokens": [1, 2]}]})";
+  const std::string path =
+      testing::write_temp(std::string(c.name) + ".jsonl", std::string(good) + "\n\n" + c.line + "\n");
+  try {
+    read_trees(path, c.format, 10);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), path + ":3: " + c.message);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Reader, MalformedInput, ::testing::ValuesIn(kBadCases),
+                         [](const ::testing::TestParamInfo<BadCase>& info) { return std::string(info.param.name); });
+
+TEST(ReadTrees, BadJsonNamesLineAndParserMessage) {
+  const std::string path =
+      testing::write_temp("bad_json.jsonl", "{\"sequences\": [{\"tokens\": [1]}]}\r\n{\"id\": 1, \n");
+  try {
+    read_trees(path, Format::kRollouts, 0);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind(path + ":2: invalid JSON ([json.exception.parse_error.101] parse error", 0), 0u) << msg;
+    EXPECT_NE(msg.find("), expected one JSON object per line"), std::string::npos) << msg;
+  }
+}
+
+// JSON has no NaN or infinity, and the parser rejects overflowing numbers, so a non-finite
+// weight surfaces as invalid JSON on its line.
+TEST(ReadTrees, OverflowingWeightIsInvalidJson) {
+  const std::string path =
+      testing::write_temp("inf_weight.jsonl", R"({"sequences": [{"tokens": [1, 2], "weight": 1e999}]})"
+                                              "\n");
+  try {
+    read_trees(path, Format::kRollouts, 0);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), path +
+                                         ":1: invalid JSON ([json.exception.out_of_range.406] number overflow parsing "
+                                         "'1e999'), expected one JSON object per line");
+  }
+}
+
+TEST(ReadTrees, VocabSizeZeroSkipsRangeButNotSign) {
+  const std::string line = R"({"sequences": [{"tokens": [1, 100000]}]})";
+  EXPECT_EQ(parse_rollouts_line(line, "f:1", 0).nodes[0].tokens, V({1, 100000}));
+  EXPECT_THROW(parse_rollouts_line(R"({"sequences": [{"tokens": [-3]}]})", "f:1", 0), Error);
+  EXPECT_THROW(parse_rollouts_line(R"({"sequences": [{"tokens": [4294967296]}]})", "f:1", 0), Error);
+}
+
+TEST(ReadTrees, MissingAndEmptyFiles) {
+  try {
+    read_trees("/nonexistent/x.jsonl", Format::kTree, 0);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "cannot open data file '/nonexistent/x.jsonl'");
+  }
+  const std::string path = testing::write_temp("empty.jsonl", "\n  \n");
+  try {
+    read_trees(path, Format::kTree, 0);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), path + ": no records, expected one JSON object per line");
+  }
+}
+
+TEST(ReadTrees, ReadsBothFormatsInFileOrder) {
+  const std::string path = testing::write_temp("trees.jsonl", std::string(kHandTree) + "\n" + kHandTree + "\n");
+  const std::vector<Tree> trees = read_trees(path, Format::kTree, 18);
+  ASSERT_EQ(trees.size(), 2u);
+  EXPECT_EQ(trees[1].n_tree(), 8);
+}
+
+}  // namespace
+}  // namespace tt::data
