@@ -19,8 +19,10 @@ ModelConfig read_hf_config(const std::string& dir);
 template <class T>
 void save_hf(const std::string& dir, const Model<T>& model, const std::string& dtype);
 
-// Loads DIR/model.safetensors into model; every parameter must be present with the right shape
-// (errors name the tensor and the file).
+// Loads DIR/model.safetensors (or the shards named by DIR/model.safetensors.index.json) into
+// model; every parameter must be present with the right shape, and other tensors are errors
+// except lm_head.weight of a tied model (errors name the tensor and the file). On error the
+// model's parameters are unchanged.
 template <class T>
 void load_hf_weights(const std::string& dir, Model<T>& model);
 

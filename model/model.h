@@ -53,7 +53,8 @@ class Model {
   // Forward over a packed batch: returns loss_scale * sum_t w_t * ce_t. Saves activations and
   // logits (N, V) for backward() and logits().
   double forward(const data::PackedBatch& batch, double loss_scale);
-  // Backward of the last forward; grads() += d(loss)/d(params).
+  // Backward of the last forward; grads() += d(loss)/d(params). Reads the batch passed to
+  // forward(), which must still be alive.
   void backward();
   const T* logits() const { return logits_.data(); }  // (N, V) of the last forward
 

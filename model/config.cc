@@ -1,0 +1,171 @@
+// ModelConfig: validation and the Hugging Face config.json mapping (Qwen3ForCausalLM,
+// LlamaForCausalLM). Reading is strict about what the decoder cannot represent (rope_scaling,
+// attention/MLP biases, activations other than SiLU) and lenient about fields it ignores.
+#include "model/config.h"
+
+#include "ops/check.h"
+
+namespace tt::model {
+
+void ModelConfig::validate() const {
+  TT_CHECK(architecture == "qwen3" || architecture == "llama",
+           "model config: architecture must be \"qwen3\" or \"llama\", got \"", architecture, "\"");
+  auto positive = [](const char* key, int64_t v) {
+    if (v <= 0) throw Error(str("model config: ", key, " must be positive, got ", v));
+  };
+  positive("vocab_size", vocab_size);
+  positive("hidden_size", hidden_size);
+  positive("intermediate_size", intermediate_size);
+  positive("num_hidden_layers", num_hidden_layers);
+  positive("num_attention_heads", num_attention_heads);
+  positive("num_key_value_heads", num_key_value_heads);
+  positive("head_dim", head_dim);
+  positive("max_position_embeddings", max_position_embeddings);
+  TT_CHECK(num_attention_heads % num_key_value_heads == 0,
+           "model config: num_attention_heads (", num_attention_heads,
+           ") must be a multiple of num_key_value_heads (", num_key_value_heads, ")");
+  TT_CHECK(head_dim % 2 == 0, "model config: head_dim must be even for RoPE, got ", head_dim);
+  TT_CHECK(rms_norm_eps > 0, "model config: rms_norm_eps must be > 0, got ", rms_norm_eps);
+  TT_CHECK(rope_theta > 0, "model config: rope_theta must be > 0, got ", rope_theta);
+  TT_CHECK(initializer_range >= 0, "model config: initializer_range must be >= 0, got ",
+           initializer_range);
+}
+
+nlohmann::json ModelConfig::to_hf_json(const std::string& torch_dtype) const {
+  const bool qwen = architecture == "qwen3";
+  nlohmann::json j;
+  j["architectures"] = nlohmann::json::array({qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"});
+  j["model_type"] = qwen ? "qwen3" : "llama";
+  j["vocab_size"] = vocab_size;
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_key_value_heads"] = num_key_value_heads;
+  j["head_dim"] = head_dim;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["rope_theta"] = rope_theta;
+  j["rope_scaling"] = nullptr;
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  j["initializer_range"] = initializer_range;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = false;
+  j["attention_dropout"] = 0.0;
+  j["torch_dtype"] = torch_dtype;
+  j["use_cache"] = true;
+  j["bos_token_id"] = nullptr;
+  j["eos_token_id"] = nullptr;
+  if (qwen) {
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+    j["max_window_layers"] = num_hidden_layers;
+  } else {
+    j["mlp_bias"] = false;
+    j["pretraining_tp"] = 1;
+  }
+  return j;
+}
+
+namespace {
+
+// A present, non-null field (HF writes null for "unset").
+bool has(const nlohmann::json& j, const char* key) {
+  return j.contains(key) && !j.at(key).is_null();
+}
+
+int64_t get_int(const nlohmann::json& j, const char* key, const std::string& where) {
+  if (!has(j, key)) throw Error(str(where, ": missing required field \"", key, "\""));
+  const auto& v = j.at(key);
+  if (!v.is_number_integer())
+    throw Error(str(where, ": field \"", key, "\" must be an integer, got ", v.dump()));
+  return v.get<int64_t>();
+}
+
+int64_t get_int_or(const nlohmann::json& j, const char* key, int64_t dflt, const std::string& where) {
+  return has(j, key) ? get_int(j, key, where) : dflt;
+}
+
+double get_double_or(const nlohmann::json& j, const char* key, double dflt, const std::string& where) {
+  if (!has(j, key)) return dflt;
+  const auto& v = j.at(key);
+  if (!v.is_number()) throw Error(str(where, ": field \"", key, "\" must be a number, got ", v.dump()));
+  return v.get<double>();
+}
+
+bool get_bool_or(const nlohmann::json& j, const char* key, bool dflt, const std::string& where) {
+  if (!has(j, key)) return dflt;
+  const auto& v = j.at(key);
+  if (!v.is_boolean()) throw Error(str(where, ": field \"", key, "\" must be a boolean, got ", v.dump()));
+  return v.get<bool>();
+}
+
+std::string architecture_of(const nlohmann::json& j, const std::string& where) {
+  if (has(j, "model_type")) {
+    const auto& v = j.at("model_type");
+    if (!v.is_string()) throw Error(str(where, ": field \"model_type\" must be a string, got ", v.dump()));
+    const std::string t = v.get<std::string>();
+    if (t == "qwen3" || t == "llama") return t;
+    throw Error(str(where, ": unsupported model_type \"", t, "\" (expected \"qwen3\" or \"llama\")"));
+  }
+  if (has(j, "architectures")) {
+    const auto& a = j.at("architectures");
+    if (a.is_array()) {
+      for (const auto& e : a) {
+        if (e == "Qwen3ForCausalLM") return "qwen3";
+        if (e == "LlamaForCausalLM") return "llama";
+      }
+    }
+    throw Error(str(where, ": unsupported architectures ", a.dump(),
+                    " (expected Qwen3ForCausalLM or LlamaForCausalLM)"));
+  }
+  throw Error(str(where, ": missing \"model_type\" and \"architectures\""));
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) throw Error(str(where, ": config must be a JSON object"));
+  ModelConfig c;
+  c.architecture = architecture_of(j, where);
+  c.vocab_size = get_int(j, "vocab_size", where);
+  c.hidden_size = get_int(j, "hidden_size", where);
+  c.intermediate_size = get_int(j, "intermediate_size", where);
+  c.num_hidden_layers = get_int(j, "num_hidden_layers", where);
+  c.num_attention_heads = get_int(j, "num_attention_heads", where);
+  c.num_key_value_heads = get_int_or(j, "num_key_value_heads", c.num_attention_heads, where);
+  if (has(j, "head_dim")) {
+    c.head_dim = get_int(j, "head_dim", where);
+  } else {
+    if (c.num_attention_heads <= 0 || c.hidden_size % c.num_attention_heads != 0)
+      throw Error(str(where, ": no \"head_dim\" and hidden_size (", c.hidden_size,
+                      ") is not a multiple of num_attention_heads (", c.num_attention_heads, ")"));
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  c.rms_norm_eps = get_double_or(j, "rms_norm_eps", c.rms_norm_eps, where);
+  c.rope_theta = get_double_or(j, "rope_theta", c.rope_theta, where);
+  c.tie_word_embeddings = get_bool_or(j, "tie_word_embeddings", false, where);
+  c.initializer_range = get_double_or(j, "initializer_range", c.initializer_range, where);
+  c.max_position_embeddings = get_int_or(j, "max_position_embeddings", c.max_position_embeddings, where);
+
+  if (has(j, "rope_scaling"))
+    throw Error(str(where, ": rope_scaling ", j.at("rope_scaling").dump(),
+                    " is unsupported (only plain RoPE; expected absent or null)"));
+  if (get_bool_or(j, "attention_bias", false, where))
+    throw Error(str(where, ": attention_bias = true is unsupported (expected false)"));
+  if (get_bool_or(j, "mlp_bias", false, where))
+    throw Error(str(where, ": mlp_bias = true is unsupported (expected false)"));
+  if (has(j, "hidden_act") && j.at("hidden_act") != "silu")
+    throw Error(str(where, ": hidden_act ", j.at("hidden_act").dump(), " is unsupported (expected \"silu\")"));
+  if (get_bool_or(j, "use_sliding_window", false, where))
+    throw Error(str(where, ": use_sliding_window = true is unsupported (expected false)"));
+
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    throw Error(str(where, ": ", e.what()));
+  }
+  return c;
+}
+
+}  // namespace tt::model

@@ -1,0 +1,152 @@
+// Hugging Face directories: config.json + model.safetensors (or a sharded checkpoint with
+// model.safetensors.index.json on read). Tensor names and shapes come from param_table().
+#include "model/hf_io.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <type_traits>
+
+#include "model/safetensors.h"
+#include "ops/check.h"
+
+namespace tt::model {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(str(path, ": cannot open"));
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(str(path, ": invalid JSON: ", e.what()));
+  }
+}
+
+// Writes text to path atomically (temporary file, fsync, rename).
+void write_text_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = str(path, ".tmp.", (long)::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw Error(str(path, ": cannot create ", tmp));
+    out << text;
+    out.flush();
+    if (!out) throw Error(str(path, ": write failed"));
+  }
+  const int fd = ::open(tmp.c_str(), O_RDONLY);
+  const bool synced = fd >= 0 && ::fsync(fd) == 0;
+  if (fd >= 0) ::close(fd);
+  if (!synced || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw Error(str(path, ": fsync or rename from ", tmp, " failed"));
+  }
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "(";
+  for (size_t i = 0; i < s.size(); ++i) r += str(i ? ", " : "", s[i]);
+  return r + ")";
+}
+
+}  // namespace
+
+ModelConfig read_hf_config(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "config.json").string();
+  return ModelConfig::from_hf_json(read_json(path), path);
+}
+
+template <class T>
+void save_hf(const std::string& dir, const Model<T>& model, const std::string& dtype) {
+  TT_CHECK(dtype == "F32" || dtype == "BF16", "save_hf: dtype must be \"F32\" or \"BF16\", got \"", dtype, "\"");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(str(dir, ": cannot create directory: ", ec.message()));
+  const std::string torch_dtype = dtype == "F32" ? "float32" : "bfloat16";
+  write_text_atomic((fs::path(dir) / "config.json").string(),
+                    model.config().to_hf_json(torch_dtype).dump(2) + "\n");
+  std::vector<StWriteTensor> tensors;
+  for (const ParamInfo& p : model.params_info()) {
+    StWriteTensor t;
+    t.name = p.name;
+    t.shape = p.shape;
+    const T* w = model.params() + p.offset;
+    if constexpr (std::is_same_v<T, float>) {
+      t.f32 = w;
+    } else {
+      t.f64 = w;
+    }
+    tensors.push_back(std::move(t));
+  }
+  write_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, dtype, {{"format", "pt"}});
+}
+
+template <class T>
+void load_hf_weights(const std::string& dir, Model<T>& model) {
+  // Files to read: model.safetensors, or the shards named by model.safetensors.index.json.
+  std::vector<std::string> files;
+  const fs::path single = fs::path(dir) / "model.safetensors";
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(single)) {
+    files.push_back(single.string());
+  } else if (fs::exists(index)) {
+    const nlohmann::json j = read_json(index.string());
+    if (!j.contains("weight_map") || !j.at("weight_map").is_object())
+      throw Error(str(index.string(), ": missing \"weight_map\" object"));
+    std::set<std::string> shards;
+    for (const auto& [name, file] : j.at("weight_map").items()) {
+      if (!file.is_string()) throw Error(str(index.string(), ": weight_map entry \"", name, "\" is not a file name"));
+      shards.insert(file.template get<std::string>());
+    }
+    for (const std::string& s : shards) files.push_back((fs::path(dir) / s).string());
+  } else {
+    throw Error(str(single.string(), ": not found (nor ", index.string(), ")"));
+  }
+
+  const bool tied = model.config().tie_word_embeddings;
+  std::map<std::string, const ParamInfo*> wanted;
+  for (const ParamInfo& p : model.params_info()) wanted[p.name] = &p;
+  // Staged so that a failed load leaves the model untouched.
+  std::vector<T> staged(model.params(), model.params() + model.num_params());
+  std::set<std::string> loaded;
+  for (const std::string& file : files) {
+    const std::map<std::string, StTensor> st = read_safetensors(file);
+    for (const auto& [name, t] : st) {
+      auto it = wanted.find(name);
+      if (it == wanted.end()) {
+        if (tied && name == "lm_head.weight") continue;
+        throw Error(str(file, ": unexpected tensor \"", name, "\" for a ", model.config().architecture,
+                        " model", tied ? " with tied embeddings" : ""));
+      }
+      const ParamInfo& p = *it->second;
+      if (t.shape != p.shape)
+        throw Error(str(file, ": tensor \"", name, "\" has shape ", shape_str(t.shape), ", expected ",
+                        shape_str(p.shape)));
+      if (!loaded.insert(name).second) throw Error(str(file, ": tensor \"", name, "\" appears in two shards"));
+      T* w = staged.data() + p.offset;
+      for (int64_t i = 0; i < p.numel; ++i) w[i] = (T)t.values[i];
+    }
+  }
+  for (const ParamInfo& p : model.params_info()) {
+    if (!loaded.count(p.name))
+      throw Error(str(files.size() == 1 ? files[0] : dir, ": missing tensor \"", p.name, "\" with shape ",
+                      shape_str(p.shape)));
+  }
+  std::copy(staged.begin(), staged.end(), model.params());
+}
+
+template void save_hf<float>(const std::string&, const Model<float>&, const std::string&);
+template void save_hf<double>(const std::string&, const Model<double>&, const std::string&);
+template void load_hf_weights<float>(const std::string&, Model<float>&);
+template void load_hf_weights<double>(const std::string&, Model<double>&);
+
+}  // namespace tt::model

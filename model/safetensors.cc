@@ -1,0 +1,277 @@
+// safetensors reader and writer (https://github.com/huggingface/safetensors, "Format").
+//
+// Layout: u64 little-endian N, then N bytes of JSON header, then the data buffer. The header maps
+// tensor names to {"dtype", "shape", "data_offsets": [begin, end)} with offsets relative to the
+// data buffer, plus an optional "__metadata__" string map. We pad the header with spaces so the
+// data buffer starts 8-byte aligned. Multi-byte values are little-endian; treetrain only runs on
+// little-endian hosts (x86-64, aarch64), so values are copied byte for byte.
+#include "model/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "ops/check.h"
+
+namespace tt::model {
+
+namespace {
+
+// The reference implementation's limit; a larger header means a corrupt or hostile file.
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+
+int64_t dtype_size(const std::string& dtype) {
+  if (dtype == "F32") return 4;
+  if (dtype == "BF16") return 2;
+  if (dtype == "F64") return 8;
+  return 0;
+}
+
+double bf16_to_double(uint16_t b) {
+  uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// float -> bf16, round to nearest even; NaN stays NaN (quiet).
+uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+// double -> bf16 without double rounding: round to odd into float (24 significant bits, more
+// than 8 + 2), then round to nearest even into bf16.
+uint16_t double_to_bf16(double d) {
+  if (std::isnan(d)) return float_to_bf16(std::numeric_limits<float>::quiet_NaN());
+  float f = (float)d;
+  if (std::fabs((double)f) > std::fabs(d)) f = std::nextafter(f, 0.0f);  // truncate toward zero
+  if ((double)f != d) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u |= 1u;  // inexact: the odd neighbour
+    std::memcpy(&f, &u, 4);
+  }
+  return float_to_bf16(f);
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+}  // namespace
+
+std::map<std::string, StTensor> read_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(str(path, ": cannot open safetensors file (", errno_text(), ")"));
+  in.seekg(0, std::ios::end);
+  const uint64_t file_size = (uint64_t)in.tellg();
+  in.seekg(0, std::ios::beg);
+  if (file_size < 8)
+    throw Error(str(path, ": truncated safetensors file (", file_size, " bytes, expected at least 8)"));
+  unsigned char len_bytes[8];
+  in.read(reinterpret_cast<char*>(len_bytes), 8);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
+  if (header_len > kMaxHeaderBytes)
+    throw Error(str(path, ": safetensors header too large (", header_len, " bytes, limit ",
+                    kMaxHeaderBytes, "); not a safetensors file?"));
+  if (8 + header_len > file_size)
+    throw Error(str(path, ": truncated safetensors file (header of ", header_len, " bytes, file of ",
+                    file_size, " bytes)"));
+  std::string header_text(header_len, '\0');
+  in.read(header_text.data(), (std::streamsize)header_len);
+  if (!in) throw Error(str(path, ": read error in safetensors header"));
+
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(header_text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(str(path, ": invalid safetensors JSON header: ", e.what()));
+  }
+  if (!header.is_object()) throw Error(str(path, ": safetensors header is not a JSON object"));
+
+  const uint64_t data_start = 8 + header_len;
+  const uint64_t data_size = file_size - data_start;
+  struct Entry {
+    std::string name;
+    uint64_t begin, end;
+  };
+  std::vector<Entry> entries;
+  std::map<std::string, StTensor> out;
+  for (const auto& [name, desc] : header.items()) {
+    if (name == "__metadata__") continue;
+    const std::string where = str(path, ": tensor \"", name, "\"");
+    if (!desc.is_object() || !desc.contains("dtype") || !desc.contains("shape") ||
+        !desc.contains("data_offsets"))
+      throw Error(str(where, ": expected an object with dtype, shape and data_offsets, got ", desc.dump()));
+    const auto& jd = desc.at("dtype");
+    const auto& js = desc.at("shape");
+    const auto& jo = desc.at("data_offsets");
+    if (!jd.is_string()) throw Error(str(where, ": dtype must be a string"));
+    StTensor t;
+    t.dtype = jd.get<std::string>();
+    const int64_t esize = dtype_size(t.dtype);
+    if (esize == 0)
+      throw Error(str(where, ": unsupported dtype \"", t.dtype, "\" (expected F32, BF16 or F64)"));
+    if (!js.is_array()) throw Error(str(where, ": shape must be an array"));
+    uint64_t numel = 1;
+    for (const auto& d : js) {
+      if (!d.is_number_unsigned()) throw Error(str(where, ": shape ", js.dump(), " has a non-integer or negative dimension"));
+      const uint64_t dim = d.get<uint64_t>();
+      if (dim != 0 && numel > (uint64_t(1) << 62) / dim) throw Error(str(where, ": shape ", js.dump(), " is too large"));
+      numel *= dim;
+      t.shape.push_back((int64_t)dim);
+    }
+    if (!jo.is_array() || jo.size() != 2 || !jo[0].is_number_unsigned() || !jo[1].is_number_unsigned())
+      throw Error(str(where, ": data_offsets must be [begin, end], got ", jo.dump()));
+    const uint64_t begin = jo[0].get<uint64_t>(), end = jo[1].get<uint64_t>();
+    if (begin > end || end > data_size)
+      throw Error(str(where, ": data_offsets [", begin, ", ", end, "] out of range (data buffer of ",
+                      data_size, " bytes)"));
+    if (end - begin != numel * (uint64_t)esize)
+      throw Error(str(where, ": data_offsets span ", end - begin, " bytes but shape ", js.dump(), " of ",
+                      t.dtype, " needs ", numel * (uint64_t)esize));
+    entries.push_back({name, begin, end});
+    out.emplace(name, std::move(t));
+  }
+
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  for (size_t i = 1; i < entries.size(); ++i) {
+    if (entries[i].begin < entries[i - 1].end)
+      throw Error(str(path, ": tensors \"", entries[i - 1].name, "\" and \"", entries[i].name,
+                      "\" have overlapping data_offsets"));
+  }
+
+  std::vector<char> raw;
+  for (const Entry& e : entries) {
+    StTensor& t = out.at(e.name);
+    const uint64_t nbytes = e.end - e.begin;
+    raw.resize(nbytes);
+    in.seekg((std::streamoff)(data_start + e.begin), std::ios::beg);
+    in.read(raw.data(), (std::streamsize)nbytes);
+    if (!in) throw Error(str(path, ": read error in data of tensor \"", e.name, "\""));
+    const int64_t esize = dtype_size(t.dtype);
+    const size_t n = nbytes / esize;
+    t.values.resize(n);
+    if (t.dtype == "F32") {
+      for (size_t i = 0; i < n; ++i) {
+        float f;
+        std::memcpy(&f, raw.data() + 4 * i, 4);
+        t.values[i] = f;
+      }
+    } else if (t.dtype == "BF16") {
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t b;
+        std::memcpy(&b, raw.data() + 2 * i, 2);
+        t.values[i] = bf16_to_double(b);
+      }
+    } else {
+      std::memcpy(t.values.data(), raw.data(), nbytes);
+    }
+  }
+  return out;
+}
+
+void write_safetensors(const std::string& path, const std::vector<StWriteTensor>& tensors,
+                       const std::string& dtype, const std::map<std::string, std::string>& metadata) {
+  const int64_t esize = dtype_size(dtype);
+  if (esize == 0) throw Error(str(path, ": unsupported safetensors dtype \"", dtype, "\" (expected F32, BF16 or F64)"));
+
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::set<std::string> names;
+  uint64_t offset = 0;
+  std::vector<int64_t> numels;
+  for (const StWriteTensor& t : tensors) {
+    if (t.name == "__metadata__" || !names.insert(t.name).second)
+      throw Error(str(path, ": duplicate or reserved tensor name \"", t.name, "\""));
+    if ((t.f32 == nullptr) == (t.f64 == nullptr))
+      throw Error(str(path, ": tensor \"", t.name, "\": exactly one of f32 / f64 must be set"));
+    int64_t numel = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0) throw Error(str(path, ": tensor \"", t.name, "\" has a negative dimension"));
+      numel *= d;
+    }
+    numels.push_back(numel);
+    const uint64_t nbytes = (uint64_t)numel * (uint64_t)esize;
+    header[t.name] = {{"dtype", dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + nbytes}}};
+    offset += nbytes;
+  }
+  std::string header_text = header.dump();
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+
+  const std::string tmp = str(path, ".tmp.", (long)::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw Error(str(path, ": cannot create ", tmp, " (", errno_text(), ")"));
+  auto write_all = [&](const void* p, size_t n) {
+    const char* c = static_cast<const char*>(p);
+    while (n > 0) {
+      const ssize_t w = ::write(fd, c, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        const std::string why = errno_text();
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        throw Error(str(path, ": write failed (", why, ")"));
+      }
+      c += w;
+      n -= (size_t)w;
+    }
+  };
+  unsigned char len_bytes[8];
+  uint64_t hl = header_text.size();
+  for (int i = 0; i < 8; ++i) len_bytes[i] = (unsigned char)(hl >> (8 * i));
+  write_all(len_bytes, 8);
+  write_all(header_text.data(), header_text.size());
+
+  // Converted in chunks so a large tensor does not need a second full copy.
+  constexpr int64_t kChunk = 1 << 16;
+  std::vector<char> buf(kChunk * 8);
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const StWriteTensor& t = tensors[k];
+    for (int64_t s = 0; s < numels[k]; s += kChunk) {
+      const int64_t n = std::min(kChunk, numels[k] - s);
+      char* o = buf.data();
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t j = s + i;
+        if (dtype == "F32") {
+          const float f = t.f32 ? t.f32[j] : (float)t.f64[j];
+          std::memcpy(o + 4 * i, &f, 4);
+        } else if (dtype == "F64") {
+          const double d = t.f32 ? (double)t.f32[j] : t.f64[j];
+          std::memcpy(o + 8 * i, &d, 8);
+        } else {
+          const uint16_t b = t.f32 ? float_to_bf16(t.f32[j]) : double_to_bf16(t.f64[j]);
+          std::memcpy(o + 2 * i, &b, 2);
+        }
+      }
+      write_all(o, (size_t)(n * esize));
+    }
+  }
+  const bool synced = ::fsync(fd) == 0;
+  const std::string sync_err = synced ? "" : errno_text();
+  if (::close(fd) != 0 || !synced) {
+    const std::string why = synced ? errno_text() : sync_err;
+    ::unlink(tmp.c_str());
+    throw Error(str(path, ": fsync/close failed (", why, ")"));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = errno_text();
+    ::unlink(tmp.c_str());
+    throw Error(str(path, ": rename from ", tmp, " failed (", why, ")"));
+  }
+}
+
+}  // namespace tt::model

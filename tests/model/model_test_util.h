@@ -1,0 +1,84 @@
+// Shared fixtures for the model tests: a tiny config and a hand-built packed batch of two trees,
+// the first with branch points, so no test depends on the data/ readers or packer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/packing.h"
+#include "model/config.h"
+
+namespace tt::model::testing {
+
+// V=11, C=8, I=12, L=2, NH=2, NKV=1, HS=4.
+inline ModelConfig tiny_config(const std::string& arch, bool tied) {
+  ModelConfig c;
+  c.architecture = arch;
+  c.vocab_size = 11;
+  c.hidden_size = 8;
+  c.intermediate_size = 12;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 4;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 10000.0;
+  c.tie_word_embeddings = tied;
+  c.initializer_range = 0.3;
+  c.max_position_embeddings = 64;
+  return c;
+}
+
+// Tree 1: A (3 tokens, root) -> B (2) -> D (2), and A -> C (2); tree 2: E (2 tokens).
+// DFS packing: A rows 0-2, B 3-4, D 5-6, C 7-8, E 9-10. Row 2 (A's last token) is a branch point
+// predicting both B[0] and C[0]; row 4 predicts D[0]. Leaf rows 6 and 8 and 10 predict nothing.
+struct TreeBatch {
+  data::PackedBatch batch;
+  // Root-to-leaf paths as packed rows, for a dense causal reference.
+  std::vector<std::vector<int>> path_rows;
+};
+
+inline TreeBatch tree_batch() {
+  TreeBatch t;
+  data::PackedBatch& b = t.batch;
+  b.n_tokens = 11;
+  b.tokens = {3, 7, 1, 4, 9, 2, 10, 5, 0, 6, 8};
+  b.pos = {0, 1, 2, 3, 4, 5, 6, 3, 4, 0, 1};
+  b.subtree_end = {9, 9, 9, 7, 7, 7, 7, 9, 9, 11, 11};
+  b.node_start = {0, 3, 5, 7, 9};
+  b.node_len = {3, 2, 2, 2, 2};
+  b.node_parent = {-1, 0, 1, 0, -1};
+  b.tree_start = {0, 9, 11};
+  b.tgt_src = {0, 1, 2, 2, 3, 4, 5, 7, 9};
+  b.tgt_w = {2.0, 2.0, 1.0, 1.0, 1.0, 0.5, 0.5, 1.5, 1.0};
+  // Target token: the next token along the path (branch targets name the child's first token).
+  const std::vector<int> tgt_row = {1, 2, 3, 7, 4, 5, 6, 8, 10};
+  for (int r : tgt_row) b.tgt_tok.push_back(b.tokens[r]);
+  t.path_rows = {{0, 1, 2, 3, 4, 5, 6}, {0, 1, 2, 7, 8}, {9, 10}};
+  return t;
+}
+
+// One node of n tokens: a plain causal sequence; row i predicts token i+1 with weight 1.
+inline data::PackedBatch chain_batch(const std::vector<int32_t>& tokens) {
+  data::PackedBatch b;
+  const int n = (int)tokens.size();
+  b.n_tokens = n;
+  b.tokens = tokens;
+  for (int i = 0; i < n; ++i) {
+    b.pos.push_back(i);
+    b.subtree_end.push_back(n);
+  }
+  b.node_start = {0};
+  b.node_len = {n};
+  b.node_parent = {-1};
+  b.tree_start = {0, n};
+  for (int i = 0; i + 1 < n; ++i) {
+    b.tgt_src.push_back(i);
+    b.tgt_tok.push_back(tokens[i + 1]);
+    b.tgt_w.push_back(1.0);
+  }
+  return b;
+}
+
+}  // namespace tt::model::testing

@@ -1,0 +1,221 @@
+// safetensors: exact F32/F64 round trips, BF16 round-to-nearest-even from float and double, the
+// file layout (aligned header, metadata), and errors that name the file for corrupt inputs.
+#include "model/safetensors.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <unistd.h>
+
+#include "ops/check.h"
+
+namespace tt::model {
+namespace {
+
+std::string temp_path(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "safetensors_test";
+  std::filesystem::create_directories(dir);
+  return dir + "/" + name;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+// A file with the given JSON header text and `data_bytes` zero bytes of data.
+std::string file_with_header(const std::string& header, size_t data_bytes) {
+  std::string s(8, '\0');
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) s[i] = (char)(n >> (8 * i));
+  return s + header + std::string(data_bytes, '\0');
+}
+
+// The error message, which must name the file.
+std::string error_of(const std::string& path) {
+  try {
+    read_safetensors(path);
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    return msg;
+  }
+  ADD_FAILURE() << "expected tt::Error for " << path;
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST(Safetensors, F32RoundTripIsExactAndLayoutIsAligned) {
+  const std::string path = temp_path("f32.safetensors");
+  const std::vector<float> a = {1.0f, -2.5f, 3.14159f, 1e-30f, -0.0f, 65504.f};
+  const std::vector<float> b = {0.1f, 0.2f, 0.3f};
+  write_safetensors(path, {{"a", {2, 3}, a.data(), nullptr}, {"b.weight", {3}, b.data(), nullptr}}, "F32",
+                    {{"format", "pt"}});
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp." + std::to_string(::getpid())));
+  const auto st = read_safetensors(path);
+  ASSERT_EQ(st.size(), 2u);
+  const StTensor& ta = st.at("a");
+  EXPECT_EQ(ta.dtype, "F32");
+  EXPECT_EQ(ta.shape, (std::vector<int64_t>{2, 3}));
+  ASSERT_EQ(ta.values.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(ta.values[i], (double)a[i]) << i;
+  EXPECT_TRUE(std::signbit(ta.values[4]));
+  for (size_t i = 0; i < b.size(); ++i) EXPECT_EQ(st.at("b.weight").values[i], (double)b[i]);
+
+  const std::string bytes = read_bytes(path);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | (unsigned char)bytes[i];
+  EXPECT_EQ((8 + n) % 8, 0u);
+  EXPECT_EQ(bytes.size(), 8 + n + 4 * (a.size() + b.size()));
+  const std::string header = bytes.substr(8, n);
+  EXPECT_TRUE(contains(header, "\"__metadata__\":{\"format\":\"pt\"}")) << header;
+}
+
+TEST(Safetensors, F64RoundTripIsExact) {
+  const std::string path = temp_path("f64.safetensors");
+  const std::vector<double> a = {M_PI, -1e-300, 1.0 / 3.0, 12345.678901234567};
+  write_safetensors(path, {{"x", {4}, nullptr, a.data()}}, "F64");
+  const auto st = read_safetensors(path);
+  EXPECT_EQ(st.at("x").dtype, "F64");
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(st.at("x").values[i], a[i]);
+}
+
+TEST(Safetensors, F32FromDoubleRoundsToFloat) {
+  const std::string path = temp_path("f32_from_f64.safetensors");
+  const std::vector<double> a = {M_PI, 1.0 / 3.0};
+  write_safetensors(path, {{"x", {2}, nullptr, a.data()}}, "F32");
+  const auto st = read_safetensors(path);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(st.at("x").values[i], (double)(float)a[i]);
+}
+
+// BF16 keeps 8 significant bits: ties between two neighbours go to the even one.
+TEST(Safetensors, Bf16RoundsToNearestEven) {
+  const std::string path = temp_path("bf16.safetensors");
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> in = {1.0f,
+                                 3.14159f,
+                                 -2.5f,
+                                 1.0f + 0x1p-8f,      // tie between 1 and 1 + 2^-7: even is 1
+                                 1.0f + 3 * 0x1p-8f,  // tie between 1 + 2^-7 and 1 + 2^-6: even is the latter
+                                 1.0f + 0x1p-8f + 0x1p-20f,  // just above the tie: up
+                                 0.0f,
+                                 inf,
+                                 -inf,
+                                 std::numeric_limits<float>::quiet_NaN(),
+                                 3.4e38f};  // rounds past the largest bf16: inf
+  const std::vector<double> want = {1.0, 3.140625, -2.5, 1.0, 1.0 + 0x1p-6, 1.0 + 0x1p-7, 0.0,
+                                    (double)inf, -(double)inf, 0.0, (double)inf};
+  write_safetensors(path, {{"x", {(int64_t)in.size()}, in.data(), nullptr}}, "BF16");
+  const auto st = read_safetensors(path);
+  EXPECT_EQ(st.at("x").dtype, "BF16");
+  EXPECT_EQ(read_bytes(path).size() % 2, 0u);
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (std::isnan(in[i])) {
+      EXPECT_TRUE(std::isnan(st.at("x").values[i]));
+    } else {
+      EXPECT_EQ(st.at("x").values[i], want[i]) << "input " << in[i];
+    }
+  }
+}
+
+// From double the rounding is a single rounding: a value just above a bf16 tie by less than a
+// float ulp still rounds up (rounding through float first would make it a tie and round down).
+TEST(Safetensors, Bf16FromDoubleRoundsOnce) {
+  const std::string path = temp_path("bf16_from_f64.safetensors");
+  const std::vector<double> in = {1.0 + 0x1p-8 + 0x1p-40, 1.0 + 0x1p-8, 1.0 + 0x1p-8 - 0x1p-40, 3.14159, -1e-3};
+  write_safetensors(path, {{"x", {(int64_t)in.size()}, nullptr, in.data()}}, "BF16");
+  const auto st = read_safetensors(path);
+  const std::vector<double> want = {1.0 + 0x1p-7, 1.0, 1.0, 3.140625, -0.00099945068359375};
+  for (size_t i = 0; i < in.size(); ++i) EXPECT_EQ(st.at("x").values[i], want[i]) << i;
+}
+
+TEST(Safetensors, MissingFileNamesIt) {
+  const std::string path = temp_path("does_not_exist.safetensors");
+  EXPECT_TRUE(contains(error_of(path), "cannot open"));
+}
+
+TEST(Safetensors, TruncatedFilesNameTheFile) {
+  const std::string good = temp_path("good.safetensors");
+  const std::vector<float> a(16, 1.5f);
+  write_safetensors(good, {{"a", {16}, a.data(), nullptr}}, "F32");
+  const std::string bytes = read_bytes(good);
+
+  const std::string p1 = temp_path("trunc_len.safetensors");
+  write_bytes(p1, bytes.substr(0, 5));
+  EXPECT_TRUE(contains(error_of(p1), "truncated"));
+
+  const std::string p2 = temp_path("trunc_header.safetensors");
+  write_bytes(p2, bytes.substr(0, 20));
+  EXPECT_TRUE(contains(error_of(p2), "truncated"));
+
+  const std::string p3 = temp_path("trunc_data.safetensors");
+  write_bytes(p3, bytes.substr(0, bytes.size() - 4));
+  const std::string m3 = error_of(p3);
+  EXPECT_TRUE(contains(m3, "out of range")) << m3;
+  EXPECT_TRUE(contains(m3, "\"a\"")) << m3;
+}
+
+TEST(Safetensors, BadHeadersNameTheFile) {
+  const std::string p = temp_path("bad.safetensors");
+  write_bytes(p, file_with_header("{not json", 0));
+  EXPECT_TRUE(contains(error_of(p), "invalid safetensors JSON header"));
+
+  std::string huge(8, '\0');
+  huge[5] = 1;  // 2^40 bytes
+  write_bytes(p, huge + "{}");
+  EXPECT_TRUE(contains(error_of(p), "too large"));
+
+  write_bytes(p, file_with_header("[1, 2]", 0));
+  EXPECT_TRUE(contains(error_of(p), "not a JSON object"));
+
+  write_bytes(p, file_with_header(R"({"x":{"dtype":"I32","shape":[2],"data_offsets":[0,8]}})", 8));
+  EXPECT_TRUE(contains(error_of(p), "unsupported dtype \"I32\""));
+
+  write_bytes(p, file_with_header(R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8));
+  EXPECT_TRUE(contains(error_of(p), "needs 12"));
+
+  write_bytes(p, file_with_header(
+                     R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"y":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                     12));
+  EXPECT_TRUE(contains(error_of(p), "overlapping"));
+
+  write_bytes(p, file_with_header(R"({"x":{"dtype":"F32","shape":[2]}})", 8));
+  EXPECT_TRUE(contains(error_of(p), "data_offsets"));
+}
+
+TEST(Safetensors, ReadsForeignLayoutWithMetadataAndPadding) {
+  // As written by the Python library: metadata first, header padded with spaces.
+  const std::string p = temp_path("foreign.safetensors");
+  std::string header = R"({"__metadata__":{"format":"pt"},"w":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::string f = file_with_header(header, 0);
+  const unsigned char data[4] = {0x80, 0x3f, 0x49, 0x40};  // bf16 1.0 and 3.140625
+  f.append((const char*)data, 4);
+  write_bytes(p, f);
+  const auto st = read_safetensors(p);
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_EQ(st.at("w").values, (std::vector<double>{1.0, 3.140625}));
+}
+
+TEST(Safetensors, WriterRejectsBadInput) {
+  const std::string p = temp_path("reject.safetensors");
+  const float x = 1;
+  EXPECT_THROW(write_safetensors(p, {{"a", {1}, &x, nullptr}}, "F16"), Error);
+  EXPECT_THROW(write_safetensors(p, {{"a", {1}, &x, nullptr}, {"a", {1}, &x, nullptr}}, "F32"), Error);
+  EXPECT_THROW(write_safetensors(p, {{"a", {1}, nullptr, nullptr}}, "F32"), Error);
+  EXPECT_THROW(write_safetensors(temp_path("no_such_dir/x.safetensors"), {{"a", {1}, &x, nullptr}}, "F32"),
+               Error);
+}
+
+}  // namespace
+}  // namespace tt::model
