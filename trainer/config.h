@@ -1,6 +1,26 @@
 // Typed, strict run configuration: YAML parses into one struct per concern.
 // Unknown keys and bad values are errors that name the key and file:line; cross-field checks live
 // in RunConfig::validate(). The resolved config is written next to every checkpoint.
+//
+// Layout of a config file (every key optional except data.path):
+//   run_dir: runs/quickstart        device: auto | cpu | cuda
+//   model:    Hugging Face names (architecture, vocab_size, hidden_size, ...) and init_from
+//   data:     path, format, packing, max_tokens_per_batch, shuffle
+//   train:    max_steps, seed, loss_norm, grad_clip, grad_accum, resume, log_every,
+//             checkpoint_every, keep_checkpoints
+//   optim:    lr, beta1, beta2 (or betas: [b1, b2]), eps, weight_decay
+//   schedule: warmup_steps, decay, min_lr_ratio
+//
+// Paths:
+//  - run_dir: a relative run_dir is relative to the working directory of the process (the
+//    directory `bazel run` was started from), so the same config puts runs where you are.
+//  - data.path and model.init_from: relative paths written in a config FILE are relative to the
+//    folder of that file (load_config makes them absolute); given with --set they are relative
+//    to the working directory.
+//
+// model.init_from: the model section is read from DIR/config.json; any model key also written
+// in the config must agree with it (an error names the key otherwise). Without init_from, an
+// omitted head_dim is hidden_size / num_attention_heads (the Llama rule).
 #pragma once
 
 #include <cstdint>
@@ -56,14 +76,19 @@ struct RunConfig {
   OptimConfig optim;
   ScheduleConfig schedule;
 
+  // Cross-field checks; throws tt::Error "<source>: <key> ..." naming the key.
   void validate() const;
   std::string to_yaml() const;  // resolved config, loads back to the same RunConfig
 };
 
 // Loads a YAML file and applies `--set key.path=value` overrides (each an error naming the key
-// when it does not exist). Relative paths resolve against the config file's folder.
+// when it does not exist). Relative paths resolve against the config file's folder. The result
+// is validated.
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides);
+// The same from text. `source` names the text in messages; relative data.path / init_from written
+// in the text resolve against base_dir when it is non-empty (load_config passes the file's folder).
 RunConfig parse_config_text(const std::string& yaml_text, const std::string& source,
-                            const std::vector<std::string>& overrides);
+                            const std::vector<std::string>& overrides,
+                            const std::string& base_dir = "");
 
 }  // namespace tt::trainer

@@ -1,0 +1,231 @@
+// Strict config parsing: errors name file:line and the key; --set; validate(); to_yaml round trip.
+#include "trainer/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "ops/check.h"
+
+namespace tt::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* const kMinimal = "data:\n  path: data.jsonl\n";
+
+// The message of the tt::Error that f throws ("" when none).
+template <class F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string parse_error(const std::string& text, const std::vector<std::string>& sets = {}) {
+  return error_of([&] { parse_config_text(text, "run.yaml", sets); });
+}
+
+fs::path tmpdir() {
+  const char* t = std::getenv("TEST_TMPDIR");
+  return t ? fs::path(t) : fs::temp_directory_path();
+}
+
+TEST(ConfigTest, DefaultsWithOnlyDataPath) {
+  const RunConfig c = parse_config_text(kMinimal, "run.yaml", {});
+  EXPECT_EQ(c.data.path, "data.jsonl");
+  EXPECT_EQ(c.train.max_steps, 100);
+  EXPECT_EQ(c.model.architecture, "qwen3");
+  EXPECT_EQ(c.device, "auto");
+}
+
+TEST(ConfigTest, ParsesEveryKind) {
+  const RunConfig c = parse_config_text(
+      "run_dir: out/r1\n"
+      "device: cpu\n"
+      "model:\n  architecture: llama\n  hidden_size: 64\n  num_attention_heads: 4\n  num_key_value_heads: 2\n"
+      "  tie_word_embeddings: true\n  rope_theta: 5e5\n"
+      "data:\n  path: d.jsonl\n  format: tree\n  packing: per_path\n  shuffle: false\n"
+      "train:\n  max_steps: 7\n  seed: 42\n  loss_norm: token_mean\n  grad_accum: 3\n"
+      "optim:\n  lr: 3e-4\n  betas: [0.8, 0.99]\n"
+      "schedule:\n  warmup_steps: 2\n  decay: linear\n  min_lr_ratio: 0\n",
+      "run.yaml", {});
+  EXPECT_EQ(c.run_dir, "out/r1");
+  EXPECT_EQ(c.model.architecture, "llama");
+  EXPECT_EQ(c.model.hidden_size, 64);
+  EXPECT_EQ(c.model.head_dim, 16);  // omitted: hidden_size / num_attention_heads
+  EXPECT_TRUE(c.model.tie_word_embeddings);
+  EXPECT_EQ(c.model.rope_theta, 5e5);
+  EXPECT_EQ(c.data.format, "tree");
+  EXPECT_EQ(c.data.packing, "per_path");
+  EXPECT_FALSE(c.data.shuffle);
+  EXPECT_EQ(c.train.max_steps, 7);
+  EXPECT_EQ(c.train.seed, 42u);
+  EXPECT_EQ(c.train.grad_accum, 3);
+  EXPECT_EQ(c.optim.lr, 3e-4);
+  EXPECT_EQ(c.optim.beta1, 0.8);
+  EXPECT_EQ(c.optim.beta2, 0.99);
+  EXPECT_EQ(c.schedule.decay, "linear");
+  EXPECT_EQ(c.schedule.min_lr_ratio, 0.0);
+}
+
+TEST(ConfigTest, UnknownKeyNamesFileLineAndExpectedKeys) {
+  const std::string e = parse_error("data:\n  path: x\ntrain:\n  max_steps: 3\n  foo: 1\n");
+  EXPECT_NE(e.find("run.yaml:5: unknown key 'train.foo' (expected one of: max_steps, seed,"), std::string::npos) << e;
+}
+
+TEST(ConfigTest, UnknownTopLevelKey) {
+  const std::string e = parse_error("data:\n  path: x\nmodle:\n  vocab_size: 3\n");
+  EXPECT_NE(e.find("run.yaml:3: unknown key 'modle'"), std::string::npos) << e;
+}
+
+TEST(ConfigTest, WrongTypeNamesKeyAndValue) {
+  EXPECT_EQ(parse_error("data:\n  path: x\ntrain:\n  max_steps: abc\n"),
+            "run.yaml:4: train.max_steps: expected an integer, got 'abc'");
+  EXPECT_EQ(parse_error("data:\n  path: x\ntrain:\n  max_steps: 1.5\n"),
+            "run.yaml:4: train.max_steps: expected an integer, got '1.5'");
+  EXPECT_EQ(parse_error("data:\n  path: x\noptim:\n  lr: fast\n"), "run.yaml:4: optim.lr: expected a number, got 'fast'");
+  EXPECT_EQ(parse_error("data:\n  path: x\n  shuffle: maybe\n"),
+            "run.yaml:3: data.shuffle: expected a boolean (true|false), got 'maybe'");
+  EXPECT_EQ(parse_error("data:\n  path: x\ntrain:\n  max_steps: [1, 2]\n"),
+            "run.yaml:4: train.max_steps: expected an integer, got a list");
+  EXPECT_EQ(parse_error("data: 3\n"), "run.yaml:1: data: expected a mapping, got '3'");
+  EXPECT_EQ(parse_error("data:\n  path: x\noptim:\n  betas: [0.9]\n"),
+            "run.yaml:4: optim.betas: expected a list [beta1, beta2], got a list");
+}
+
+TEST(ConfigTest, BadEnumNamesAllowedValues) {
+  EXPECT_EQ(parse_error("data:\n  path: x\n  packing: flat\n"),
+            "run.yaml:3: data.packing: expected one of tree|per_path, got 'flat'");
+  EXPECT_EQ(parse_error("device: tpu\ndata:\n  path: x\n"), "run.yaml:1: device: expected one of auto|cpu|cuda, got 'tpu'");
+  EXPECT_EQ(parse_error("data:\n  path: x\nschedule:\n  decay: exp\n"),
+            "run.yaml:4: schedule.decay: expected one of cosine|linear|constant, got 'exp'");
+}
+
+TEST(ConfigTest, DuplicateKeyIsAnError) {
+  EXPECT_EQ(parse_error("data:\n  path: x\n  path: y\n"), "run.yaml:3: duplicate key 'data.path'");
+}
+
+TEST(ConfigTest, InvalidYamlNamesLine) {
+  const std::string e = parse_error("data:\n  path: [x\n");
+  EXPECT_EQ(e.rfind("run.yaml:", 0), 0u) << e;
+  EXPECT_NE(e.find("invalid YAML"), std::string::npos) << e;
+}
+
+TEST(ConfigTest, SetOverrides) {
+  const RunConfig c = parse_config_text(kMinimal, "run.yaml",
+                                        {"train.max_steps=12", "optim.lr=0.01", "optim.betas=[0.5, 0.6]",
+                                         "data.shuffle=false", "run_dir=elsewhere", "device=cpu"});
+  EXPECT_EQ(c.train.max_steps, 12);
+  EXPECT_EQ(c.optim.lr, 0.01);
+  EXPECT_EQ(c.optim.beta1, 0.5);
+  EXPECT_EQ(c.optim.beta2, 0.6);
+  EXPECT_FALSE(c.data.shuffle);
+  EXPECT_EQ(c.run_dir, "elsewhere");
+  EXPECT_EQ(c.device, "cpu");
+}
+
+TEST(ConfigTest, SetUnknownKeyNamesTheOverride) {
+  const std::string e = parse_error(kMinimal, {"train.foo=1"});
+  EXPECT_EQ(e.rfind("--set train.foo=1: unknown key 'train.foo'", 0), 0u) << e;
+  EXPECT_EQ(parse_error(kMinimal, {"train.max_steps=abc"}),
+            "--set train.max_steps=abc: train.max_steps: expected an integer, got 'abc'");
+  EXPECT_EQ(parse_error(kMinimal, {"train.max_steps"}).rfind("--set train.max_steps: expected KEY=VALUE", 0), 0u);
+  EXPECT_EQ(parse_error(kMinimal, {"train=3"}).rfind("--set train=3: unknown key 'train'", 0), 0u);
+}
+
+TEST(ConfigTest, ValidateNamesTheKey) {
+  EXPECT_EQ(parse_error("train:\n  max_steps: 3\n"), "run.yaml: data.path must be set to a JSONL file (got '')");
+  EXPECT_EQ(parse_error(kMinimal, {"train.max_steps=0"}), "run.yaml: train.max_steps must be > 0 (got 0)");
+  EXPECT_EQ(parse_error(kMinimal, {"train.grad_accum=0"}), "run.yaml: train.grad_accum must be >= 1 (got 0)");
+  EXPECT_EQ(parse_error(kMinimal, {"optim.lr=0"}), "run.yaml: optim.lr must be > 0 (got 0.0)");
+  EXPECT_EQ(parse_error(kMinimal, {"optim.beta1=1"}), "run.yaml: optim.beta1 must be in [0, 1) (got 1.0)");
+  EXPECT_EQ(parse_error(kMinimal, {"optim.beta2=-0.1"}), "run.yaml: optim.beta2 must be in [0, 1) (got -0.1)");
+  EXPECT_EQ(parse_error(kMinimal, {"train.max_steps=10", "schedule.warmup_steps=11"}),
+            "run.yaml: schedule.warmup_steps must be <= train.max_steps (10) (got 11)");
+  EXPECT_EQ(parse_error(kMinimal, {"schedule.min_lr_ratio=1.5"}),
+            "run.yaml: schedule.min_lr_ratio must be in [0, 1] (got 1.5)");
+  EXPECT_EQ(parse_error(kMinimal, {"data.max_tokens_per_batch=0"}),
+            "run.yaml: data.max_tokens_per_batch must be > 0 (got 0)");
+  const std::string e = parse_error(kMinimal, {"model.num_attention_heads=3", "model.num_key_value_heads=2"});
+  EXPECT_EQ(e.rfind("run.yaml: model: ", 0), 0u) << e;
+}
+
+void expect_same(const RunConfig& a, const RunConfig& b) {
+  EXPECT_EQ(a.to_yaml(), b.to_yaml());
+  EXPECT_EQ(a.model.to_hf_json(), b.model.to_hf_json());
+  EXPECT_EQ(a.run_dir, b.run_dir);
+  EXPECT_EQ(a.data.path, b.data.path);
+  EXPECT_EQ(a.init_from, b.init_from);
+  EXPECT_EQ(a.optim.lr, b.optim.lr);
+  EXPECT_EQ(a.optim.beta2, b.optim.beta2);
+  EXPECT_EQ(a.optim.eps, b.optim.eps);
+  EXPECT_EQ(a.train.seed, b.train.seed);
+  EXPECT_EQ(a.train.grad_clip, b.train.grad_clip);
+  EXPECT_EQ(a.schedule.min_lr_ratio, b.schedule.min_lr_ratio);
+  EXPECT_EQ(a.data.shuffle, b.data.shuffle);
+}
+
+TEST(ConfigTest, ToYamlRoundTrip) {
+  const RunConfig a = parse_config_text(kMinimal, "run.yaml",
+                                        {"optim.lr=0.1", "optim.eps=1e-12", "model.rms_norm_eps=1e-5",
+                                         "schedule.min_lr_ratio=0.3333333333333333", "train.seed=18446744073709551615",
+                                         "run_dir='runs/with: colon'", "data.path=null", "data.path='true'",
+                                         "train.grad_clip=0", "model.rope_theta=1000000"});
+  EXPECT_EQ(a.data.path, "true");
+  const RunConfig b = parse_config_text(a.to_yaml(), "resolved.yaml", {});
+  expect_same(a, b);
+}
+
+TEST(ConfigTest, RelativePathsResolveAgainstTheConfigFolder) {
+  const fs::path dir = tmpdir() / "cfg_paths";
+  fs::create_directories(dir / "sub");
+  {
+    std::ofstream(dir / "sub" / "run.yaml") << "run_dir: runs/x\ndata:\n  path: ../d.jsonl\n";
+  }
+  const RunConfig c = load_config((dir / "sub" / "run.yaml").string(), {});
+  EXPECT_EQ(fs::path(c.data.path), (fs::absolute(dir) / "d.jsonl").lexically_normal());
+  EXPECT_EQ(c.run_dir, "runs/x");  // relative to the working directory, kept as written
+  // From --set: relative to the working directory, kept as written.
+  const RunConfig d = load_config((dir / "sub" / "run.yaml").string(), {"data.path=e.jsonl"});
+  EXPECT_EQ(d.data.path, "e.jsonl");
+  // A resolved config loads back to the same config.
+  expect_same(c, parse_config_text(c.to_yaml(), "resolved.yaml", {}));
+}
+
+TEST(ConfigTest, MissingFileIsAnError) {
+  const std::string e = error_of([] { load_config("/nonexistent/run.yaml", {}); });
+  EXPECT_EQ(e, "/nonexistent/run.yaml: cannot open config file");
+}
+
+TEST(ConfigTest, InitFromReadsModelAndChecksAgreement) {
+  const fs::path dir = tmpdir() / "cfg_init_from";
+  fs::create_directories(dir / "hf");
+  model::ModelConfig m;
+  m.hidden_size = 64;
+  m.num_attention_heads = 2;
+  m.num_key_value_heads = 1;
+  m.head_dim = 32;
+  m.intermediate_size = 96;
+  { std::ofstream(dir / "hf" / "config.json") << m.to_hf_json().dump(2); }
+  {
+    std::ofstream(dir / "run.yaml") << "data:\n  path: d.jsonl\nmodel:\n  init_from: hf\n  hidden_size: 64\n";
+  }
+  const RunConfig c = load_config((dir / "run.yaml").string(), {});
+  EXPECT_EQ(c.model.hidden_size, 64);
+  EXPECT_EQ(c.model.intermediate_size, 96);
+  EXPECT_EQ(c.model.num_attention_heads, 2);
+  EXPECT_EQ(fs::path(c.init_from), (fs::absolute(dir) / "hf").lexically_normal());
+  expect_same(c, parse_config_text(c.to_yaml(), "resolved.yaml", {}));
+
+  const std::string e = error_of([&] { load_config((dir / "run.yaml").string(), {"model.vocab_size=100"}); });
+  EXPECT_EQ(e.rfind("--set model.vocab_size=100: model.vocab_size = 100 does not match 256 in ", 0), 0u) << e;
+}
+
+}  // namespace
+}  // namespace tt::trainer

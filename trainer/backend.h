@@ -1,0 +1,57 @@
+// The compute backend the trainer drives: one model's parameters, gradients and AdamW state.
+//
+// The trainer is written against this interface only; make_backend() is the one place where the
+// config's `device` picks an implementation (today the CPU reference, Model<float> with fp32
+// master weights and fp32 m/v; the CUDA backend slots in there). Parameters, gradients and
+// optimizer state use the flat layout of model::param_table (ParamInfo::offset / numel).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/packing.h"
+#include "model/config.h"
+#include "model/model.h"
+
+namespace tt::trainer {
+
+struct OptimStep {
+  double lr = 0;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0;  // applied only to parameters with ParamInfo::decay
+  int64_t step = 1;         // 1-based, for bias correction
+  double grad_scale = 1;    // multiplies the gradient first (clipping folds in here)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual const std::vector<model::ParamInfo>& params_info() const = 0;
+  virtual int64_t num_params() const = 0;
+
+  virtual void init(uint64_t seed) = 0;                      // fresh weights; m = v = 0
+  virtual void load_hf(const std::string& dir) = 0;          // HF layout weights; m = v = 0
+  virtual void save_hf(const std::string& dir) const = 0;    // HF layout, F32
+
+  virtual void zero_grad() = 0;
+  // forward(batch, loss_scale) and its backward; grads += d(loss)/d(params). Returns the loss.
+  virtual double forward_backward(const data::PackedBatch& batch, double loss_scale) = 0;
+  virtual double grad_sum_squares() const = 0;  // over every gradient, fp64 accumulation
+  virtual void adamw_step(const OptimStep& p) = 0;
+
+  // Host copies in the flat layout, for checkpoints and tests.
+  virtual std::vector<float> params_host() const = 0;
+  virtual std::vector<float> grads_host() const = 0;
+  virtual void optim_state_host(std::vector<float>* m, std::vector<float>* v) const = 0;
+  virtual void set_optim_state(const std::vector<float>& m, const std::vector<float>& v) = 0;
+};
+
+// device: "auto" | "cpu" | "cuda". Throws tt::Error for a device this build cannot run.
+std::unique_ptr<Backend> make_backend(const std::string& device, const model::ModelConfig& cfg);
+
+}  // namespace tt::trainer

@@ -1,0 +1,455 @@
+// Strict YAML -> RunConfig. Every key lives in one field table (kFields below): parsing, --set
+// overrides and to_yaml() all walk it, so a key added there is parsed, overridable and written.
+#include "trainer/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <variant>
+
+#include "ops/check.h"
+
+namespace tt::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+
+using Ref = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*>;
+
+struct Field {
+  std::string key;                        // "train.max_steps"
+  std::function<Ref(RunConfig&)> ref;     // where the value lives
+  std::vector<std::string> allowed = {};  // enum values (strings only)
+  bool is_path = false;                   // resolved against the config file's folder
+};
+
+#define TT_FIELD(key, member, ...) \
+  Field { key, [](RunConfig& c) -> Ref { return &c.member; }, __VA_ARGS__ }
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> kFields = {
+      TT_FIELD("run_dir", run_dir),
+      TT_FIELD("device", device, {"auto", "cpu", "cuda"}),
+      TT_FIELD("model.architecture", model.architecture, {"qwen3", "llama"}),
+      TT_FIELD("model.vocab_size", model.vocab_size),
+      TT_FIELD("model.hidden_size", model.hidden_size),
+      TT_FIELD("model.intermediate_size", model.intermediate_size),
+      TT_FIELD("model.num_hidden_layers", model.num_hidden_layers),
+      TT_FIELD("model.num_attention_heads", model.num_attention_heads),
+      TT_FIELD("model.num_key_value_heads", model.num_key_value_heads),
+      TT_FIELD("model.head_dim", model.head_dim),
+      TT_FIELD("model.rms_norm_eps", model.rms_norm_eps),
+      TT_FIELD("model.rope_theta", model.rope_theta),
+      TT_FIELD("model.tie_word_embeddings", model.tie_word_embeddings),
+      TT_FIELD("model.initializer_range", model.initializer_range),
+      TT_FIELD("model.max_position_embeddings", model.max_position_embeddings),
+      TT_FIELD("model.init_from", init_from, {}, true),
+      TT_FIELD("data.path", data.path, {}, true),
+      TT_FIELD("data.format", data.format, {"rollouts", "tree"}),
+      TT_FIELD("data.packing", data.packing, {"tree", "per_path"}),
+      TT_FIELD("data.max_tokens_per_batch", data.max_tokens_per_batch),
+      TT_FIELD("data.shuffle", data.shuffle),
+      TT_FIELD("train.max_steps", train.max_steps),
+      TT_FIELD("train.seed", train.seed),
+      TT_FIELD("train.loss_norm", train.loss_norm, {"path_mean", "token_mean"}),
+      TT_FIELD("train.grad_clip", train.grad_clip),
+      TT_FIELD("train.grad_accum", train.grad_accum),
+      TT_FIELD("train.resume", train.resume),
+      TT_FIELD("train.log_every", train.log_every),
+      TT_FIELD("train.checkpoint_every", train.checkpoint_every),
+      TT_FIELD("train.keep_checkpoints", train.keep_checkpoints),
+      TT_FIELD("optim.lr", optim.lr),
+      TT_FIELD("optim.beta1", optim.beta1),
+      TT_FIELD("optim.beta2", optim.beta2),
+      TT_FIELD("optim.eps", optim.eps),
+      TT_FIELD("optim.weight_decay", optim.weight_decay),
+      TT_FIELD("schedule.warmup_steps", schedule.warmup_steps),
+      TT_FIELD("schedule.decay", schedule.decay, {"cosine", "linear", "constant"}),
+      TT_FIELD("schedule.min_lr_ratio", schedule.min_lr_ratio),
+  };
+  return kFields;
+}
+
+#undef TT_FIELD
+
+// optim.betas: [b1, b2] is accepted as input; to_yaml writes beta1 and beta2.
+const char* const kBetasKey = "optim.betas";
+const std::vector<std::string> kSections = {"model", "data", "train", "optim", "schedule"};
+
+const Field* find_field(const std::string& key) {
+  for (const Field& f : fields())
+    if (f.key == key) return &f;
+  return nullptr;
+}
+
+std::string join(const std::vector<std::string>& v, const std::string& sep) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
+  return out;
+}
+
+// The keys one level below `section` ("" for the top level), as written in YAML.
+std::vector<std::string> keys_of(const std::string& section) {
+  std::vector<std::string> out;
+  for (const Field& f : fields()) {
+    const size_t dot = f.key.find('.');
+    if (section.empty()) {
+      if (dot == std::string::npos) out.push_back(f.key);
+    } else if (dot != std::string::npos && f.key.compare(0, dot, section) == 0 && dot == section.size()) {
+      out.push_back(f.key.substr(dot + 1));
+      if (f.key == "optim.beta2") out.push_back("betas");
+    }
+  }
+  if (section.empty()) out.insert(out.end(), kSections.begin(), kSections.end());
+  return out;
+}
+
+std::string where_of(const std::string& source, const YAML::Node& node) {
+  const YAML::Mark m = node.Mark();
+  const std::string file = source.empty() ? "<config>" : source;
+  if (m.is_null()) return file;
+  return str(file, ":", m.line + 1);
+}
+
+std::string describe(const YAML::Node& n) {
+  if (!n.IsDefined() || n.IsNull()) return "null";
+  if (n.IsMap()) return "a mapping";
+  if (n.IsSequence()) return "a list";
+  return "'" + n.Scalar() + "'";
+}
+
+[[noreturn]] void type_error(const std::string& where, const std::string& key, const std::string& expected,
+                             const YAML::Node& n) {
+  throw Error(str(where, ": ", key, ": expected ", expected, ", got ", describe(n)));
+}
+
+bool all_digits(const std::string& s, size_t from) {
+  if (from >= s.size()) return false;
+  for (size_t k = from; k < s.size(); ++k)
+    if (s[k] < '0' || s[k] > '9') return false;
+  return true;
+}
+
+int64_t parse_int(const YAML::Node& n, const std::string& key, const std::string& where) {
+  if (!n.IsScalar()) type_error(where, key, "an integer", n);
+  const std::string& s = n.Scalar();
+  if (!all_digits(s, (!s.empty() && (s[0] == '-' || s[0] == '+')) ? 1 : 0)) type_error(where, key, "an integer", n);
+  errno = 0;
+  const long long v = std::strtoll(s.c_str(), nullptr, 10);
+  if (errno == ERANGE) throw Error(str(where, ": ", key, ": integer out of range: '", s, "'"));
+  return v;
+}
+
+uint64_t parse_uint(const YAML::Node& n, const std::string& key, const std::string& where) {
+  if (!n.IsScalar()) type_error(where, key, "a non-negative integer", n);
+  const std::string& s = n.Scalar();
+  if (!all_digits(s, (!s.empty() && s[0] == '+') ? 1 : 0)) type_error(where, key, "a non-negative integer", n);
+  errno = 0;
+  const unsigned long long v = std::strtoull(s.c_str(), nullptr, 10);
+  if (errno == ERANGE) throw Error(str(where, ": ", key, ": integer out of range: '", s, "'"));
+  return v;
+}
+
+double parse_double(const YAML::Node& n, const std::string& key, const std::string& where) {
+  if (!n.IsScalar()) type_error(where, key, "a number", n);
+  const std::string& s = n.Scalar();
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  // strtod also takes hex floats, "inf" and "nan"; a config number is finite and decimal.
+  const bool plain = s.find_first_not_of("0123456789+-.eE") == std::string::npos;
+  if (s.empty() || end != s.c_str() + s.size() || !plain || errno == ERANGE || !std::isfinite(v))
+    type_error(where, key, "a number", n);
+  return v;
+}
+
+bool parse_bool(const YAML::Node& n, const std::string& key, const std::string& where) {
+  if (n.IsScalar()) {
+    const std::string& s = n.Scalar();
+    if (s == "true" || s == "True" || s == "TRUE") return true;
+    if (s == "false" || s == "False" || s == "FALSE") return false;
+  }
+  type_error(where, key, "a boolean (true|false)", n);
+}
+
+// How the value of a field is written, exactly (doubles round-trip).
+std::string format_double(double v) {
+  char buf[64];
+  for (int prec = 15; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof(buf), "%.*g", prec, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string s = buf;
+  // Keep a number recognisable as a float where it prints like an integer.
+  if (s.find_first_of(".eE") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string format_value(const Ref& r) {
+  struct {
+    std::string operator()(int64_t* p) const { return std::to_string(*p); }
+    std::string operator()(uint64_t* p) const { return std::to_string(*p); }
+    std::string operator()(double* p) const { return format_double(*p); }
+    std::string operator()(bool* p) const { return *p ? "true" : "false"; }
+    std::string operator()(std::string* p) const { return *p; }
+  } v;
+  return std::visit(v, r);
+}
+
+// Origin of a value: the config file (paths resolve against base_dir) or a --set override.
+struct Origin {
+  std::string where;     // "file:line" or "--set k=v"
+  std::string base_dir;  // "" for no path resolution
+};
+
+void set_field(RunConfig& cfg, const Field& f, const YAML::Node& n, const Origin& o) {
+  const Ref r = f.ref(cfg);
+  if (auto* p = std::get_if<int64_t*>(&r)) {
+    **p = parse_int(n, f.key, o.where);
+  } else if (auto* p = std::get_if<uint64_t*>(&r)) {
+    **p = parse_uint(n, f.key, o.where);
+  } else if (auto* p = std::get_if<double*>(&r)) {
+    **p = parse_double(n, f.key, o.where);
+  } else if (auto* p = std::get_if<bool*>(&r)) {
+    **p = parse_bool(n, f.key, o.where);
+  } else {
+    std::string* s = std::get<std::string*>(r);
+    if (!f.allowed.empty()) {
+      if (!n.IsScalar() || std::find(f.allowed.begin(), f.allowed.end(), n.Scalar()) == f.allowed.end())
+        type_error(o.where, f.key, "one of " + join(f.allowed, "|"), n);
+      *s = n.Scalar();
+    } else if (n.IsNull()) {
+      *s = "";
+    } else if (n.IsScalar()) {
+      *s = n.Scalar();
+      if (f.is_path && !s->empty() && !o.base_dir.empty() && fs::path(*s).is_relative())
+        *s = (fs::path(o.base_dir) / *s).lexically_normal().string();
+    } else {
+      type_error(o.where, f.key, "a string", n);
+    }
+  }
+}
+
+void set_betas(RunConfig& cfg, const YAML::Node& n, const std::string& where) {
+  if (!n.IsSequence() || n.size() != 2) type_error(where, kBetasKey, "a list [beta1, beta2]", n);
+  cfg.optim.beta1 = parse_double(n[0], "optim.betas[0]", where);
+  cfg.optim.beta2 = parse_double(n[1], "optim.betas[1]", where);
+}
+
+// Parser state: which model keys were written (for the init_from agreement check).
+struct ParseState {
+  std::map<std::string, std::string> model_keys;  // key -> where it was set
+};
+
+void apply(RunConfig& cfg, const std::string& key, const YAML::Node& value, const Origin& o, ParseState& st) {
+  if (key == kBetasKey) {
+    set_betas(cfg, value, o.where);
+    return;
+  }
+  const Field* f = find_field(key);
+  TT_CHECK(f != nullptr, "no field ", key);
+  set_field(cfg, *f, value, o);
+  if (key.rfind("model.", 0) == 0 && key != "model.init_from") st.model_keys[key] = o.where;
+}
+
+void parse_section(RunConfig& cfg, const std::string& section, const YAML::Node& node, const std::string& source,
+                   const std::string& base_dir, ParseState& st) {
+  if (node.IsNull()) return;  // "train:" with nothing under it
+  if (!node.IsMap()) throw Error(str(where_of(source, node), ": ", section, ": expected a mapping, got ", describe(node)));
+  const std::vector<std::string> allowed = keys_of(section);
+  std::set<std::string> seen;
+  for (const auto& kv : node) {
+    const std::string name = kv.first.Scalar();
+    const std::string key = section + "." + name;
+    const std::string where = where_of(source, kv.first);
+    if (std::find(allowed.begin(), allowed.end(), name) == allowed.end())
+      throw Error(str(where, ": unknown key '", key, "' (expected one of: ", join(allowed, ", "), ")"));
+    if (!seen.insert(name).second) throw Error(str(where, ": duplicate key '", key, "'"));
+    apply(cfg, key, kv.second, Origin{where_of(source, kv.second), base_dir}, st);
+  }
+  if (seen.count("betas") && (seen.count("beta1") || seen.count("beta2")))
+    throw Error(str(where_of(source, node), ": optim.betas and optim.beta1/beta2 both given; use one"));
+}
+
+void parse_document(RunConfig& cfg, const YAML::Node& root, const std::string& source, const std::string& base_dir,
+                    ParseState& st) {
+  if (root.IsNull()) return;
+  if (!root.IsMap()) throw Error(str(where_of(source, root), ": expected a mapping of sections, got ", describe(root)));
+  const std::vector<std::string> allowed = keys_of("");
+  std::set<std::string> seen;
+  for (const auto& kv : root) {
+    const std::string name = kv.first.Scalar();
+    const std::string where = where_of(source, kv.first);
+    if (std::find(allowed.begin(), allowed.end(), name) == allowed.end())
+      throw Error(str(where, ": unknown key '", name, "' (expected one of: ", join(allowed, ", "), ")"));
+    if (!seen.insert(name).second) throw Error(str(where, ": duplicate key '", name, "'"));
+    if (std::find(kSections.begin(), kSections.end(), name) != kSections.end()) {
+      parse_section(cfg, name, kv.second, source, base_dir, st);
+    } else {
+      apply(cfg, name, kv.second, Origin{where_of(source, kv.second), base_dir}, st);
+    }
+  }
+}
+
+void apply_override(RunConfig& cfg, const std::string& ov, ParseState& st) {
+  const std::string ctx = "--set " + ov;
+  const size_t eq = ov.find('=');
+  if (eq == std::string::npos || eq == 0) throw Error(str(ctx, ": expected KEY=VALUE, e.g. train.max_steps=10"));
+  const std::string key = ov.substr(0, eq);
+  const std::string text = ov.substr(eq + 1);
+  if (key != kBetasKey && find_field(key) == nullptr) {
+    const size_t dot = key.find('.');
+    const std::string section = dot == std::string::npos ? "" : key.substr(0, dot);
+    std::string hint;
+    if (std::find(kSections.begin(), kSections.end(), section) != kSections.end())
+      hint = " (expected one of: " + join(keys_of(section), ", ") + ")";
+    else
+      hint = " (sections: " + join(kSections, ", ") + "; top-level keys: run_dir, device)";
+    throw Error(str(ctx, ": unknown key '", key, "'", hint));
+  }
+  YAML::Node value;
+  try {
+    value = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw Error(str(ctx, ": value is not valid YAML: ", e.msg));
+  }
+  apply(cfg, key, value, Origin{ctx, ""}, st);
+}
+
+// With model.init_from, the model section comes from DIR/config.json; written keys must agree.
+void resolve_init_from(RunConfig& cfg, const ParseState& st) {
+  if (cfg.init_from.empty()) {
+    if (!st.model_keys.count("model.head_dim") && cfg.model.num_attention_heads > 0)
+      cfg.model.head_dim = cfg.model.hidden_size / cfg.model.num_attention_heads;
+    return;
+  }
+  const std::string file = (fs::path(cfg.init_from) / "config.json").string();
+  std::ifstream in(file);
+  if (!in) throw Error(str(file, ": cannot open (model.init_from: ", cfg.init_from, ")"));
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const std::exception& e) {
+    throw Error(str(file, ": invalid JSON: ", e.what()));
+  }
+  RunConfig from_hf = cfg;
+  from_hf.model = model::ModelConfig::from_hf_json(j, file);
+  for (const auto& [key, where] : st.model_keys) {
+    const Field* f = find_field(key);
+    const std::string mine = format_value(f->ref(cfg));
+    const std::string theirs = format_value(f->ref(from_hf));
+    if (mine != theirs)
+      throw Error(str(where, ": ", key, " = ", mine, " does not match ", theirs, " in ", file,
+                      " (model.init_from); drop the key or make it agree"));
+  }
+  cfg.model = from_hf.model;
+}
+
+}  // namespace
+
+void RunConfig::validate() const {
+  const std::string at = source.empty() ? "<config>" : source;
+  auto require = [&](bool ok, const std::string& key, const std::string& rule, const std::string& got) {
+    if (!ok) throw Error(str(at, ": ", key, " must be ", rule, " (got ", got, ")"));
+  };
+  auto in_set = [&](const std::string& key, const std::string& v, const std::vector<std::string>& allowed) {
+    require(std::find(allowed.begin(), allowed.end(), v) != allowed.end(), key, "one of " + join(allowed, "|"),
+            "'" + v + "'");
+  };
+  const auto i = [](int64_t v) { return std::to_string(v); };
+  const auto d = [](double v) { return format_double(v); };
+  require(!run_dir.empty(), "run_dir", "non-empty", "''");
+  in_set("device", device, {"auto", "cpu", "cuda"});
+  try {
+    model.validate();
+  } catch (const Error& e) {
+    throw Error(str(at, ": model: ", e.what()));
+  }
+  require(!data.path.empty(), "data.path", "set to a JSONL file", "''");
+  in_set("data.format", data.format, {"rollouts", "tree"});
+  in_set("data.packing", data.packing, {"tree", "per_path"});
+  require(data.max_tokens_per_batch > 0, "data.max_tokens_per_batch", "> 0", i(data.max_tokens_per_batch));
+  require(train.max_steps > 0, "train.max_steps", "> 0", i(train.max_steps));
+  in_set("train.loss_norm", train.loss_norm, {"path_mean", "token_mean"});
+  require(train.grad_clip >= 0, "train.grad_clip", ">= 0 (0 disables clipping)", d(train.grad_clip));
+  require(train.grad_accum >= 1, "train.grad_accum", ">= 1", i(train.grad_accum));
+  require(train.log_every >= 1, "train.log_every", ">= 1", i(train.log_every));
+  require(train.checkpoint_every >= 0, "train.checkpoint_every", ">= 0 (0: only at the end)", i(train.checkpoint_every));
+  require(train.keep_checkpoints >= 0, "train.keep_checkpoints", ">= 0 (0 keeps all)", i(train.keep_checkpoints));
+  require(optim.lr > 0, "optim.lr", "> 0", d(optim.lr));
+  require(optim.beta1 >= 0 && optim.beta1 < 1, "optim.beta1", "in [0, 1)", d(optim.beta1));
+  require(optim.beta2 >= 0 && optim.beta2 < 1, "optim.beta2", "in [0, 1)", d(optim.beta2));
+  require(optim.eps > 0, "optim.eps", "> 0", d(optim.eps));
+  require(optim.weight_decay >= 0, "optim.weight_decay", ">= 0", d(optim.weight_decay));
+  require(schedule.warmup_steps >= 0, "schedule.warmup_steps", ">= 0", i(schedule.warmup_steps));
+  require(schedule.warmup_steps <= train.max_steps, "schedule.warmup_steps",
+          "<= train.max_steps (" + i(train.max_steps) + ")", i(schedule.warmup_steps));
+  in_set("schedule.decay", schedule.decay, {"cosine", "linear", "constant"});
+  require(schedule.min_lr_ratio >= 0 && schedule.min_lr_ratio <= 1, "schedule.min_lr_ratio", "in [0, 1]",
+          d(schedule.min_lr_ratio));
+}
+
+std::string RunConfig::to_yaml() const {
+  RunConfig copy = *this;
+  std::ostringstream out;
+  out << "# treetrain resolved config\n";
+  std::string section;
+  for (const Field& f : fields()) {
+    const size_t dot = f.key.find('.');
+    const std::string sec = dot == std::string::npos ? "" : f.key.substr(0, dot);
+    const std::string name = dot == std::string::npos ? f.key : f.key.substr(dot + 1);
+    if (sec != section) {
+      out << sec << ":\n";
+      section = sec;
+    }
+    const Ref r = f.ref(copy);
+    std::string v = format_value(r);
+    if (std::holds_alternative<std::string*>(r)) {
+      YAML::Emitter e;  // a double-quoted scalar is read back verbatim, whatever it contains
+      e << YAML::DoubleQuoted << v;
+      v = e.c_str();
+    }
+    out << (sec.empty() ? "" : "  ") << name << ": " << v << "\n";
+  }
+  return out.str();
+}
+
+RunConfig parse_config_text(const std::string& yaml_text, const std::string& source,
+                            const std::vector<std::string>& overrides, const std::string& base_dir) {
+  RunConfig cfg;
+  cfg.source = source;
+  ParseState st;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    throw Error(str(source.empty() ? "<config>" : source, ":", e.mark.line + 1, ": invalid YAML: ", e.msg));
+  }
+  parse_document(cfg, root, source, base_dir, st);
+  for (const std::string& ov : overrides) apply_override(cfg, ov, st);
+  resolve_init_from(cfg, st);
+  cfg.validate();
+  return cfg;
+}
+
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(str(path, ": cannot open config file"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string base = fs::absolute(fs::path(path)).parent_path().lexically_normal().string();
+  return parse_config_text(ss.str(), path, overrides, base);
+}
+
+}  // namespace tt::trainer

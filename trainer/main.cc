@@ -1,0 +1,193 @@
+// treetrain: train a model on tree-structured data, report dataset statistics, generate data.
+// The only place that exits: tt::Error -> "error: <msg>", exit 1; bad usage -> exit 2.
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "data/reader.h"
+#include "data/stats.h"
+#include "data/synthetic.h"
+#include "ops/check.h"
+#include "trainer/config.h"
+#include "trainer/train.h"
+
+namespace {
+
+const char* const kUsage = R"(usage:
+  treetrain [train] --config FILE [--set KEY=VALUE ...]
+      Train as the YAML config says. --set overrides one key (e.g. --set train.max_steps=50);
+      repeatable. Keys and their meaning: trainer/config.h.
+  treetrain stats --data FILE --format rollouts|tree [--vocab-size V]
+      Print one JSON object of dataset statistics (trees, paths, n_tree, n_flat, por, ...).
+  treetrain generate --kind rollouts|episodes --out FILE [--num-trees N] [--vocab-size V] [--seed S]
+                     [--prompt-len N] [--turns N] [--turn-len N] [--branches N] [--branch-turns N]
+                     [--prefix-len N] [--steps N] [--history-len N] [--leaf-len N]
+      Write synthetic tree-structured JSONL (rollouts format for rollouts, tree format for episodes).
+  treetrain --help
+
+Relative paths on the command line are relative to the working directory (under `bazel run`,
+the directory it was started from).
+)";
+
+struct UsageError {
+  std::string msg;
+};
+
+// --name value / --name=value flags after the subcommand; --set may repeat.
+struct Args {
+  std::map<std::string, std::string> flags;
+  std::vector<std::string> sets;
+};
+
+Args parse_flags(const std::vector<std::string>& argv, const std::vector<std::string>& known, const std::string& cmd) {
+  Args a;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& arg = argv[i];
+    if (arg.rfind("--", 0) != 0) throw UsageError{"unexpected argument '" + arg + "' for '" + cmd + "'"};
+    std::string name = arg.substr(2), value;
+    const size_t eq = name.find('=');
+    if (eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    } else {
+      if (i + 1 >= argv.size()) throw UsageError{"--" + name + " needs a value"};
+      value = argv[++i];
+    }
+    if (std::find(known.begin(), known.end(), name) == known.end())
+      throw UsageError{"unknown flag --" + name + " for '" + cmd + "'"};
+    if (name == "set") {
+      a.sets.push_back(value);
+    } else {
+      if (a.flags.count(name)) throw UsageError{"--" + name + " given twice"};
+      a.flags[name] = value;
+    }
+  }
+  return a;
+}
+
+const std::string& required(const Args& a, const std::string& name) {
+  auto it = a.flags.find(name);
+  if (it == a.flags.end()) throw UsageError{"missing --" + name};
+  return it->second;
+}
+
+int64_t int_flag(const Args& a, const std::string& name, int64_t def) {
+  auto it = a.flags.find(name);
+  if (it == a.flags.end()) return def;
+  const std::string& s = it->second;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || errno == ERANGE) throw UsageError{"--" + name + ": expected an integer, got '" + s + "'"};
+  return v;
+}
+
+int run_train(const std::vector<std::string>& argv) {
+  const Args a = parse_flags(argv, {"config", "set"}, "train");
+  const tt::trainer::RunConfig cfg = tt::trainer::load_config(required(a, "config"), a.sets);
+  spdlog::info("config {}: run_dir {}", cfg.source, cfg.run_dir);
+  tt::trainer::Trainer trainer(cfg);
+  trainer.run();
+  return 0;
+}
+
+int run_stats(const std::vector<std::string>& argv) {
+  const Args a = parse_flags(argv, {"data", "format", "vocab-size"}, "stats");
+  const std::string& path = required(a, "data");
+  const tt::data::Format format = tt::data::parse_format(required(a, "format"), "--format");
+  const auto trees = tt::data::read_trees(path, format, int_flag(a, "vocab-size", 0));
+  std::cout << tt::data::tree_stats(trees).dump() << std::endl;
+  return 0;
+}
+
+int run_generate(const std::vector<std::string>& argv) {
+  const std::vector<std::string> ints = {"num-trees", "vocab-size", "seed", "prompt-len", "turns", "turn-len",
+                                         "branches", "branch-turns", "prefix-len", "steps", "history-len",
+                                         "leaf-len"};
+  std::vector<std::string> known = {"kind", "out"};
+  known.insert(known.end(), ints.begin(), ints.end());
+  const Args a = parse_flags(argv, known, "generate");
+  tt::data::SyntheticSpec s;
+  s.kind = required(a, "kind");
+  if (s.kind != "rollouts" && s.kind != "episodes")
+    throw UsageError{"--kind: expected rollouts|episodes, got '" + s.kind + "'"};
+  const std::string& out = required(a, "out");
+  auto get = [&](const char* name, int& field) {
+    const int64_t v = int_flag(a, name, field);
+    if (v < 0 || v > (1 << 30)) throw UsageError{std::string("--") + name + ": out of range"};
+    field = (int)v;
+  };
+  get("num-trees", s.num_trees);
+  get("vocab-size", s.vocab_size);
+  const int64_t seed = int_flag(a, "seed", (int64_t)s.seed);
+  if (seed < 0) throw UsageError{"--seed: expected a non-negative integer"};
+  s.seed = (uint64_t)seed;
+  get("prompt-len", s.prompt_len);
+  get("turns", s.turns);
+  get("turn-len", s.turn_len);
+  get("branches", s.branches);
+  get("branch-turns", s.branch_turns);
+  get("prefix-len", s.prefix_len);
+  get("steps", s.steps);
+  get("history-len", s.history_len);
+  get("leaf-len", s.leaf_len);
+  const std::filesystem::path parent = std::filesystem::path(out).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  tt::data::write_jsonl(s, out);
+  spdlog::info("wrote {} {} trees (vocab {}, seed {}) to {} (--format {})", s.num_trees, s.kind, s.vocab_size, s.seed,
+               out, s.kind == "rollouts" ? "rollouts" : "tree");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Under `bazel run` the process starts in the runfiles tree; relative paths mean the user's folder.
+  if (const char* wd = std::getenv("BUILD_WORKING_DIRECTORY")) {
+    if (::chdir(wd) != 0) {
+      std::fprintf(stderr, "error: cannot enter BUILD_WORKING_DIRECTORY %s: %s\n", wd, std::strerror(errno));
+      return 1;
+    }
+  }
+  std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    if (args.empty()) throw UsageError{"no command"};
+    if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+      std::cout << kUsage;
+      return 0;
+    }
+    for (const std::string& a : args)
+      if (a == "--help" || a == "-h") {
+        std::cout << kUsage;
+        return 0;
+      }
+    std::string cmd = "train";
+    if (args[0].rfind("--", 0) != 0) {
+      cmd = args[0];
+      args.erase(args.begin());
+    }
+    if (cmd == "train") return run_train(args);
+    if (cmd == "stats") return run_stats(args);
+    if (cmd == "generate") return run_generate(args);
+    throw UsageError{"unknown command '" + cmd + "'"};
+  } catch (const UsageError& e) {
+    std::cerr << "error: " << e.msg << "\n\n" << kUsage;
+    return 2;
+  } catch (const tt::Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,206 @@
+#include "trainer/train.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "data/reader.h"
+#include "ops/check.h"
+#include "trainer/checkpoint.h"
+#include "trainer/schedule.h"
+
+namespace tt::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string metrics_path(const RunConfig& cfg) { return (fs::path(cfg.run_dir) / "metrics.jsonl").string(); }
+
+// Keeps the metrics of steps <= last_step (a resumed run rewrites what follows its checkpoint).
+void truncate_metrics(const std::string& path, int64_t last_step) {
+  std::vector<std::string> kept;
+  {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= last_step)
+        kept.push_back(line);
+    }
+  }
+  std::ofstream out(path, std::ios::trunc);
+  for (const std::string& l : kept) out << l << "\n";
+  if (!out) throw Error(str(path, ": cannot write"));
+}
+
+std::string human_rate(double x) {
+  std::ostringstream os;
+  os.precision(3);
+  if (x >= 1e6) os << x / 1e6 << "M";
+  else if (x >= 1e3) os << x / 1e3 << "k";
+  else os << x;
+  return os.str();
+}
+
+}  // namespace
+
+Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), t_start_(now_s()) {
+  cfg_.validate();
+  backend_ = make_backend(cfg_.device, cfg_.model);
+  spdlog::info("model: {} L={} C={} NH={} NKV={} HS={} I={} V={}: {} parameters on {}", cfg_.model.architecture,
+               cfg_.model.num_hidden_layers, cfg_.model.hidden_size, cfg_.model.num_attention_heads,
+               cfg_.model.num_key_value_heads, cfg_.model.head_dim, cfg_.model.intermediate_size,
+               cfg_.model.vocab_size, backend_->num_params(), backend_->name());
+
+  // Data.
+  std::error_code ec;
+  const auto size = fs::file_size(cfg_.data.path, ec);
+  if (ec) throw Error(str("data.path: cannot read '", cfg_.data.path, "': ", ec.message()));
+  data_size_ = (int64_t)size;
+  std::vector<data::Tree> trees =
+      data::read_trees(cfg_.data.path, data::parse_format(cfg_.data.format, "data.format"), cfg_.model.vocab_size);
+  if (trees.empty()) throw Error(str(cfg_.data.path, ": no trees (data.path)"));
+  int64_t n_tree = 0, n_flat = 0, n_paths = 0;
+  for (const data::Tree& t : trees) {
+    n_tree += t.n_tree();
+    n_flat += t.n_flat();
+    n_paths += t.n_paths();
+  }
+  spdlog::info("data: {} trees, {} paths, {} unique tokens, {} flattened (POR {:.3f}) from {}", trees.size(),
+               n_paths, n_tree, n_flat, n_flat > 0 ? 1.0 - (double)n_tree / n_flat : 0.0, cfg_.data.path);
+  const data::Packing packing = cfg_.data.packing == "per_path" ? data::Packing::kPerPath : data::Packing::kTree;
+  loader_ = std::make_unique<data::BatchLoader>(std::move(trees), packing, cfg_.data.max_tokens_per_batch,
+                                                cfg_.train.seed, cfg_.data.shuffle);
+
+  // Model state: resume, or start fresh.
+  const std::string ckpt = latest_checkpoint(cfg_.run_dir);
+  if (cfg_.train.resume && !ckpt.empty()) {
+    const TrainerState st = load_checkpoint(ckpt, cfg_, *backend_);
+    loader_->restore(st.loader);
+    step_ = start_step_ = last_saved_step_ = st.step;
+    spdlog::info("resumed from {} (step {}, epoch {}, cursor {})", ckpt, st.step, st.loader.epoch, st.loader.cursor);
+    return;
+  }
+  if (!ckpt.empty())
+    throw Error(str("run_dir ", cfg_.run_dir, " already holds checkpoints (newest ", ckpt,
+                    "); set train.resume: true to continue that run, or use another run_dir"));
+  if (cfg_.train.resume) spdlog::info("train.resume: no checkpoint in {}, starting fresh", checkpoints_dir(cfg_.run_dir));
+  if (!cfg_.init_from.empty()) {
+    backend_->load_hf(cfg_.init_from);
+    spdlog::info("weights from {} (model.init_from)", cfg_.init_from);
+  } else {
+    backend_->init(cfg_.train.seed);
+    spdlog::info("fresh init, seed {}", cfg_.train.seed);
+  }
+}
+
+Trainer::~Trainer() = default;
+
+StepMetrics Trainer::train_step() {
+  const double t0 = now_s();
+  const int64_t n_micro = cfg_.train.grad_accum;
+  std::vector<data::PackedBatch> micro;
+  micro.reserve(n_micro);
+  for (int64_t i = 0; i < n_micro; ++i) micro.push_back(loader_->next());
+
+  StepMetrics m;
+  m.step = step_ + 1;
+  double normaliser = 0;
+  for (const data::PackedBatch& b : micro) {
+    normaliser += cfg_.train.loss_norm == "token_mean" ? (double)b.n_flat_targets : (double)b.n_paths;
+    m.n_tree += b.n_tree;
+    m.n_flat += b.n_flat;
+    m.paths += b.n_paths;
+  }
+  if (!(normaliser > 0))
+    throw Error(str("step ", m.step, ": the step's batches have no ", cfg_.train.loss_norm == "token_mean" ? "targets" : "paths",
+                    " (train.loss_norm: ", cfg_.train.loss_norm, ")"));
+
+  backend_->zero_grad();
+  for (const data::PackedBatch& b : micro) m.loss += backend_->forward_backward(b, 1.0 / normaliser);
+  m.grad_norm = std::sqrt(backend_->grad_sum_squares());
+  if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm))
+    throw Error(str("step ", m.step, ": loss ", m.loss, ", grad norm ", m.grad_norm, " is not finite"));
+
+  OptimStep p;
+  p.lr = m.lr = lr_at(cfg_, m.step);
+  p.beta1 = cfg_.optim.beta1;
+  p.beta2 = cfg_.optim.beta2;
+  p.eps = cfg_.optim.eps;
+  p.weight_decay = cfg_.optim.weight_decay;
+  p.step = m.step;
+  if (cfg_.train.grad_clip > 0) p.grad_scale = std::min(1.0, cfg_.train.grad_clip / (m.grad_norm + 1e-6));
+  backend_->adamw_step(p);
+  step_ = m.step;
+
+  const double t1 = now_s();
+  m.tokens_per_s = t1 > t0 ? (double)m.n_tree / (t1 - t0) : 0.0;
+  m.por = m.n_flat > 0 ? 1.0 - (double)m.n_tree / (double)m.n_flat : 0.0;
+  m.elapsed_s = t1 - t_start_;
+  return m;
+}
+
+std::string Trainer::save_checkpoint() {
+  TrainerState st;
+  st.step = step_;
+  st.loader = loader_->state();
+  st.seed = cfg_.train.seed;
+  st.data_path = cfg_.data.path;
+  st.data_size = data_size_;
+  const std::string dir = trainer::save_checkpoint(cfg_.run_dir, cfg_, *backend_, st);
+  last_saved_step_ = step_;
+  spdlog::info("checkpoint {}", dir);
+  prune_checkpoints(cfg_.run_dir, cfg_.train.keep_checkpoints);
+  return dir;
+}
+
+std::vector<StepMetrics> Trainer::run() {
+  const int64_t total = cfg_.train.max_steps;
+  std::vector<StepMetrics> out;
+  fs::create_directories(cfg_.run_dir);
+  const std::string mpath = metrics_path(cfg_);
+  truncate_metrics(mpath, start_step_);
+  std::ofstream metrics(mpath, std::ios::app);
+  if (!metrics) throw Error(str(mpath, ": cannot open for writing"));
+
+  if (step_ >= total) {
+    spdlog::info("already at step {} of train.max_steps {}: nothing to do", step_, total);
+    return out;
+  }
+  spdlog::info("training steps {}..{} (grad_accum {}, {} tokens per micro-batch, {} packing, {})", step_ + 1, total,
+               cfg_.train.grad_accum, cfg_.data.max_tokens_per_batch, cfg_.data.packing, cfg_.train.loss_norm);
+  const int width = (int)std::to_string(total).size();
+  while (step_ < total) {
+    const StepMetrics m = train_step();
+    out.push_back(m);
+    const nlohmann::json j = {{"step", m.step},         {"loss", m.loss},       {"lr", m.lr},
+                              {"grad_norm", m.grad_norm}, {"tokens_per_s", m.tokens_per_s},
+                              {"n_tree", m.n_tree},     {"n_flat", m.n_flat},   {"por", m.por},
+                              {"paths", m.paths},       {"elapsed_s", m.elapsed_s}};
+    metrics << j.dump() << "\n";
+    metrics.flush();
+    if (m.step % cfg_.train.log_every == 0 || m.step == start_step_ + 1 || m.step == total)
+      spdlog::info("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | gnorm {:.3f} | {} tok/s | por {:.2f} | {:.1f}s", m.step,
+                   width, total, m.loss, m.lr, m.grad_norm, human_rate(m.tokens_per_s), m.por, m.elapsed_s);
+    if (cfg_.train.checkpoint_every > 0 && m.step % cfg_.train.checkpoint_every == 0 && m.step < total)
+      save_checkpoint();
+  }
+  if (!metrics) throw Error(str(mpath, ": write failed"));
+  if (last_saved_step_ != step_) save_checkpoint();
+  if (!out.empty())
+    spdlog::info("done: {} steps in {:.1f}s, loss {:.4f} -> {:.4f}", out.size(), out.back().elapsed_s,
+                 out.front().loss, out.back().loss);
+  return out;
+}
+
+}  // namespace tt::trainer
