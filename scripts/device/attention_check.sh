@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Tree attention on the GPU machine: tests, sanitizers, benchmark, and the side-by-side comparison
+# with PyTorch FlexAttention (tree mask) and dense causal SDPA on the same trees.
+#
+#   scripts/device/attention_check.sh stage   here (no GPU): bazel build the attention tests and
+#                                             bench:attention_bench, copy the stripped binaries
+#                                             (and libgomp, which the CPU reference links) to
+#                                             .device/attention/ (ignored by git; carried)
+#   scripts/device/attention_check.sh [run]   there: tests, compute-sanitizer on small cases,
+#                                             the benchmark on the public workloads (16 heads,
+#                                             head dim 128, 16 and 8 KV heads), then
+#                                             attention_compare.py; logs in $OUT (tests.log,
+#                                             sanitizer.log, bench.jsonl, compare.jsonl,
+#                                             compare.log, summary.txt); a short table last.
+# Device run:  run(command="scripts/device/attention_check.sh", carry=[".device"], timeout_s=300)
+# Environment: COMPARE_BUDGET_S (default 150) stops starting new comparison rows after that long.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+DIR=.device/attention
+
+if [ "${1:-run}" = "stage" ]; then
+  bazel build //tests/ops_cuda_attention:attention_test //bench:attention_bench || exit 1
+  rm -rf "$DIR" && mkdir -p "$DIR/lib"
+  cp bazel-bin/tests/ops_cuda_attention/attention_test bazel-bin/bench/attention_bench "$DIR/"
+  cp "$(ldd "$DIR/attention_test" | awk '/libgomp/ {print $3}')" "$DIR/lib/"
+  chmod u+w "$DIR"/* "$DIR"/lib/* && strip "$DIR/attention_test" "$DIR/attention_bench"
+  du -sh "$DIR"
+  exit 0
+fi
+
+OUT=${OUT:-/tmp/attention_check}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/$DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+summary="$OUT/summary.txt"
+: >"$summary"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,memory.used --format=csv \
+  >"$OUT/tests.log" 2>&1
+
+# 1. Correctness against the fp64 CPU reference.
+start=$SECONDS
+timeout 120 "$DIR/attention_test" --gtest_color=no >>"$OUT/tests.log" 2>&1
+rc=$?
+printf "attention_test      rc=%d passed %d failed %d (%ds)\n" $rc "$(grep -c '^\[       OK \]' "$OUT/tests.log")" \
+  "$(grep -c '^\[  FAILED  \].*(' "$OUT/tests.log")" $((SECONDS - start)) >>"$summary"
+
+# 2. Out-of-bounds accesses and shared-memory races on small cases.
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+: >"$OUT/sanitizer.log"
+for tool in memcheck racecheck; do
+  start=$SECONDS
+  timeout 60 "$SAN" --tool $tool --error-exitcode 9 "$DIR/attention_test" --gtest_color=no \
+    --gtest_filter='*chain97*:*wide_fan*' >>"$OUT/sanitizer.log" 2>&1
+  printf "sanitizer %-9s rc=%d (%ds)\n" $tool $? $((SECONDS - start)) >>"$summary"
+done
+grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" | sort | uniq -c >>"$summary"
+
+# 3. Our timings, dumping each layout for the comparison.
+: >"$OUT/bench.jsonl"
+for wl in comb rollout; do
+  for kv in 16 8; do
+    timeout 60 "$DIR/attention_bench" --workload $wl --heads 16 --kv-heads $kv --head-dim 128 \
+      --dump "/tmp/attn_${wl}_" >>"$OUT/bench.jsonl" 2>>"$OUT/tests.log" || echo "bench $wl kv=$kv failed" >>"$summary"
+  done
+done
+timeout 60 "$DIR/attention_bench" --workload causal --n 16384 --heads 16 --kv-heads 16 --head-dim 128 \
+  >"$OUT/causal.jsonl" 2>>"$OUT/tests.log" || echo "bench causal failed" >>"$summary"
+
+# 4. FlexAttention and SDPA on the same trees, same process for each row.
+PYTHONUNBUFFERED=1 timeout 200 python3 scripts/device/attention_compare.py --ours "$OUT/bench.jsonl" \
+  --out "$OUT/compare.jsonl" --budget-s "${COMPARE_BUDGET_S:-150}" >"$OUT/compare.log" 2>&1
+echo "attention_compare rc=$?" >>"$summary"
+
+echo "----- failures"
+grep -B2 -A10 'Failure$' "$OUT/tests.log" | head -60
+grep -E "Invalid|race|Race" "$OUT/sanitizer.log" | head -10
+echo "----- accuracy (rel L2 vs fp64)"
+grep -E '^[a-z_0-9]+ +N=' "$OUT/tests.log"
+echo "----- ours (JSON)"
+cat "$OUT/bench.jsonl" "$OUT/causal.jsonl"
+echo "----- comparison"
+tail -12 "$OUT/compare.log"
+echo "----- summary"
+cat "$summary"

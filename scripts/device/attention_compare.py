@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Side-by-side timing of the treetrain tree attention against PyTorch, on the same trees.
+
+Reads the JSON lines that bench/attention_bench printed (one per workload and head layout; each
+names the layout it dumped: <prefix>subtree_end.npy), and for each times, in this process:
+  - FlexAttention (torch.compile'd flex_attention) with the tree mask
+    mask_mod = (kv <= q) & (q < subtree_end[kv]) as a block mask on the packed length N;
+  - dense causal SDPA (F.scaled_dot_product_attention, is_causal=True) on the same N.
+Same heads / KV heads / head dim, bf16, batch 1, forward + backward (torch.autograd.grad), CUDA
+events after warm-up, medians. TFLOP/s count 14 * head_dim * heads FLOPs per visible pair
+(4 forward, 10 backward): the tree's pairs for ours and Flex, N (N + 1) / 2 for causal SDPA.
+Prints a table with the ratios ours / Flex and ours / SDPA (per visible pair) and writes the
+rows as JSON lines to --out.
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+
+def time_ms(fn, warmup, iters):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def fwd_bwd_times(attn, q, k, v, dout, warmup, iters):
+    """Median forward ms (inputs requiring grad, as in training) and forward + backward ms."""
+    fwd = time_ms(lambda: attn(q, k, v), warmup, iters)
+
+    def step():
+        out = attn(q, k, v)
+        torch.autograd.grad(out, (q, k, v), dout)
+
+    total = time_ms(step, warmup, iters)
+    return fwd, total
+
+
+def tflops(flop_per_pair, pairs, ms):
+    return flop_per_pair * pairs / (ms * 1e-3) / 1e12
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ours", required=True, help="JSON lines of bench/attention_bench")
+    ap.add_argument("--out", required=True, help="JSON lines written here")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new rows after this")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}", flush=True)
+    flex = torch.compile(flex_attention, dynamic=False)
+    start = time.time()
+    rows = []
+    with open(args.ours) as f:
+        ours_rows = [json.loads(line) for line in f if line.strip().startswith("{")]
+    for o in ours_rows:
+        if time.time() - start > args.budget_s:
+            print(f"budget spent: skipping {o['workload']} kv={o['kv_heads']}", flush=True)
+            continue
+        n, h, hkv, d = o["n"], o["heads"], o["kv_heads"], o["head_dim"]
+        se = torch.from_numpy(np.load(o["layout"] + "subtree_end.npy").astype(np.int32)).cuda()
+        assert se.numel() == n, (se.numel(), n)
+        pairs = int(o["visible_pairs"])
+        # The same count from the layout: key j is seen by queries j .. subtree_end[j] - 1.
+        pairs_check = int((se.long() - torch.arange(n, device="cuda")).sum().item())
+        assert pairs_check == pairs, (pairs_check, pairs)
+        fpp = 14 * d * h
+
+        def mask_mod(b, hh, q_idx, kv_idx):
+            return (kv_idx <= q_idx) & (q_idx < se[kv_idx])
+
+        t0 = time.time()
+        try:
+            bm = create_block_mask(mask_mod, B=None, H=None, Q_LEN=n, KV_LEN=n, device="cuda", _compile=True)
+        except TypeError:
+            bm = create_block_mask(mask_mod, B=None, H=None, Q_LEN=n, KV_LEN=n, device="cuda")
+        mk = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
+        q, k, v = mk(1, h, n, d), mk(1, hkv, n, d), mk(1, hkv, n, d)
+        dout = torch.randn(1, h, n, d, device="cuda", dtype=torch.bfloat16)
+        gqa = hkv != h
+        flex_attn = lambda q_, k_, v_: flex(q_, k_, v_, block_mask=bm, enable_gqa=gqa)
+        flex_fwd, flex_total = fwd_bwd_times(flex_attn, q, k, v, dout, args.warmup, args.iters)
+        t_flex = time.time() - t0
+
+        # SDPA on full heads (KV heads repeated outside the timing), so every backend applies.
+        ke = k.detach().repeat_interleave(h // hkv, dim=1).requires_grad_(True)
+        ve = v.detach().repeat_interleave(h // hkv, dim=1).requires_grad_(True)
+        sdpa = lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_, is_causal=True)
+        sdpa_fwd, sdpa_total = fwd_bwd_times(sdpa, q, ke, ve, dout, args.warmup, args.iters)
+        causal_pairs = n * (n + 1) // 2
+        del q, k, v, ke, ve, dout, bm
+        torch.cuda.empty_cache()
+
+        row = {
+            "workload": o["workload"], "n": n, "heads": h, "kv_heads": hkv, "head_dim": d,
+            "visible_pairs": pairs, "density": pairs / causal_pairs,
+            "ours_fwd_ms": o["fwd_ms"], "ours_bwd_ms": o["bwd_ms"], "ours_total_ms": o["total_ms"],
+            "ours_tflops": o["total_tflops"],
+            "flex_fwd_ms": flex_fwd, "flex_total_ms": flex_total,
+            "flex_tflops": tflops(fpp, pairs, flex_total),
+            "flex_fwd_tflops": tflops(4 * d * h, pairs, flex_fwd),
+            "sdpa_fwd_ms": sdpa_fwd, "sdpa_total_ms": sdpa_total,
+            "sdpa_tflops": tflops(fpp, causal_pairs, sdpa_total),
+            "sdpa_fwd_tflops": tflops(4 * d * h, causal_pairs, sdpa_fwd),
+            "flex_setup_s": t_flex,
+        }
+        row["ours_over_flex"] = row["ours_tflops"] / row["flex_tflops"]
+        row["ours_over_sdpa"] = row["ours_tflops"] / row["sdpa_tflops"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    with open(args.out, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    hdr = (f"{'workload':<9}{'N':>7}{'H/KV':>7}{'pairs':>9} | {'ours ms':>8}{'TF/s':>6} (fwd {'TF/s':>4})"
+           f" | {'flex ms':>8}{'TF/s':>6} | {'sdpa ms':>8}{'TF/s':>6} | {'/flex':>6}{'/sdpa':>6}")
+    print(hdr)
+    for r in rows:
+        ours_fwd_tf = 4 * r["head_dim"] * r["heads"] * r["visible_pairs"] / (r["ours_fwd_ms"] * 1e-3) / 1e12
+        print(f"{r['workload']:<9}{r['n']:>7}{str(r['heads']) + '/' + str(r['kv_heads']):>7}"
+              f"{r['visible_pairs'] / 1e6:>8.1f}M | {r['ours_total_ms']:>8.2f}{r['ours_tflops']:>6.0f} (fwd {ours_fwd_tf:>4.0f})"
+              f" | {r['flex_total_ms']:>8.2f}{r['flex_tflops']:>6.0f} | {r['sdpa_total_ms']:>8.2f}{r['sdpa_tflops']:>6.0f}"
+              f" | {r['ours_over_flex']:>6.2f}{r['ours_over_sdpa']:>6.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

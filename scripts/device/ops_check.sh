@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# CUDA op tests and benchmark on the GPU machine.
+#
+#   scripts/device/ops_check.sh stage   here (no GPU): bazel build the gpu tests of tests/ops_cuda
+#                                       and bench:ops_bench, copy the stripped binaries to
+#                                       .device/ops_cuda/ (ignored by git; carried by the device run)
+#   scripts/device/ops_check.sh [run]   there: run every test binary, then the benchmark; logs go
+#                                       to $OUT (tests.log, bench.txt, summary.txt); a short table
+#                                       is printed last.
+# Device run:  run(command="scripts/device/ops_check.sh", carry=[".device"])
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+DIR=.device/ops_cuda
+TESTS="memory_test gemm_test embedding_test rmsnorm_test rope_test swiglu_test cross_entropy_test adamw_test"
+
+if [ "${1:-run}" = "stage" ]; then
+  targets=""
+  for t in $TESTS; do targets="$targets //tests/ops_cuda:$t"; done
+  bazel build $targets //bench:ops_bench || exit 1
+  rm -rf "$DIR" && mkdir -p "$DIR"
+  for t in $TESTS; do cp bazel-bin/tests/ops_cuda/$t "$DIR/"; done
+  cp bazel-bin/bench/ops_bench "$DIR/"
+  chmod u+w "$DIR"/* && strip "$DIR"/*
+  mkdir -p "$DIR/lib" && cp -L /usr/lib/x86_64-linux-gnu/libgomp.so.1 "$DIR/lib/"  # fallback only
+  du -sh "$DIR"
+  exit 0
+fi
+
+if ! ldconfig -p | grep -q 'libgomp.so.1 '; then
+  export LD_LIBRARY_PATH="$PWD/$DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+OUT=${OUT:-/tmp/ops_check}
+mkdir -p "$OUT"
+summary="$OUT/summary.txt"
+: >"$summary"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,memory.used --format=csv \
+  >"$OUT/tests.log" 2>&1
+
+for t in $TESTS; do
+  echo "===== $t" >>"$OUT/tests.log"
+  start=$SECONDS
+  timeout 150 "$DIR/$t" --gtest_color=no >>"$OUT/tests.log" 2>&1
+  rc=$?
+  section=$(sed -n "/^===== $t\$/,\$p" "$OUT/tests.log")
+  passed=$(grep -c '^\[       OK \]' <<<"$section")
+  failed=$(grep -c '^\[  FAILED  \].*(' <<<"$section")
+  status=PASS
+  [ $rc -ne 0 ] && status="FAIL(rc=$rc)"
+  printf "%-22s %-12s passed %3d failed %3d %4ds\n" "$t" "$status" "$passed" "$failed" $((SECONDS - start)) >>"$summary"
+done
+
+timeout 200 "$DIR/ops_bench" >"$OUT/bench.txt" 2>&1
+echo "ops_bench rc=$?" >>"$summary"
+
+echo "----- failures"
+grep -B2 -A12 'Failure$\|error:' "$OUT/tests.log" | head -80
+echo "----- benchmark"
+sed -n '/^op /,$p' "$OUT/bench.txt"
+tail -3 "$OUT/bench.txt" | grep -i "ops_bench:" || true
+echo "----- tests"
+cat "$summary"
