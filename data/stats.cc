@@ -1,7 +1,10 @@
-// Dataset statistics (see stats.h for the fields).
+// Dataset statistics (see stats.h for the fields; partitioning in partition.h).
 #include "data/stats.h"
 
 #include <algorithm>
+
+#include "data/partition.h"
+#include "ops/check.h"
 
 namespace tt::data {
 
@@ -43,6 +46,32 @@ nlohmann::json tree_stats(const std::vector<Tree>& trees) {
   j["visible_pairs_flat"] = pairs_flat;
   j["max_depth"] = max_depth;
   j["max_tree_tokens"] = max_tree_tokens;
+  return j;
+}
+
+nlohmann::json partition_stats(const std::vector<Tree>& trees, int64_t capacity) {
+  TT_CHECK(capacity >= 1, "partition_stats: capacity = ", capacity, ", expected >= 1");
+  int64_t pieces = 0, n_flat = 0, n_tree = 0, with_gateways = 0, naive = 0, peak = 0, max_piece = 0;
+  for (const Tree& t : trees) {
+    const Partition plan = plan_partition(split_long_nodes(t, capacity), capacity);
+    pieces += plan.num_pieces();
+    n_flat += t.n_flat();
+    n_tree += t.n_tree();
+    for (const Piece& p : plan.pieces) with_gateways += p.tokens;
+    naive += plan.naive_tokens;
+    peak = std::max(peak, plan.peak_tokens);
+    max_piece = std::max(max_piece, plan.max_piece_tokens);
+  }
+  nlohmann::json j;
+  j["capacity"] = capacity;
+  j["trees"] = (int64_t)trees.size();
+  j["pieces"] = pieces;
+  j["n_flat"] = n_flat;
+  j["n_tree"] = n_tree;
+  j["tokens_with_gateways"] = with_gateways;
+  j["tokens_naive"] = naive;
+  j["peak_tokens"] = peak;
+  j["max_piece_tokens"] = max_piece;
   return j;
 }
 

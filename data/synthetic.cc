@@ -209,6 +209,18 @@ std::vector<std::string> generate_jsonl(const SyntheticSpec& spec) {
   return lines;
 }
 
+SyntheticSpec published_example_spec() {
+  SyntheticSpec spec;
+  spec.kind = "episodes";
+  spec.num_trees = 1;
+  spec.vocab_size = 32000;
+  spec.prefix_len = 8960;
+  spec.steps = 9;
+  spec.history_len = 256;
+  spec.leaf_len = 7936;
+  return spec;
+}
+
 void write_jsonl(const SyntheticSpec& spec, const std::string& path) {
   const std::vector<std::string> lines = generate_jsonl(spec);
   const std::string tmp = path + ".tmp";

@@ -47,4 +47,13 @@ std::vector<std::string> generate_jsonl(const SyntheticSpec& spec);
 // Writes generate_jsonl(spec) to path atomically (tmp file + rename).
 void write_jsonl(const SyntheticSpec& spec, const std::string& path);
 
+// A tree with the totals of the published partitioning example (about 164k tokens flattened,
+// 83k unique, 102k when a naive partitioner re-runs every piece's ancestors): one episodes comb
+// {prefix_len 8960, steps 9, history_len 256, leaf_len 7936}, V = 32000. Only the totals are
+// matched, not the published tree's shape. n_flat 163584, n_tree 82688; at capacity
+// kPublishedExampleCapacity the planner (data/partition.h) makes 3 pieces (17152, 32768 and
+// 32768 tokens, one chain), so gateways compute 82688 tokens and the naive partitioner 102144.
+SyntheticSpec published_example_spec();
+constexpr int64_t kPublishedExampleCapacity = 32768;
+
 }  // namespace tt::data

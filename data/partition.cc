@@ -1,0 +1,239 @@
+// Tree partitioning (see partition.h for the contracts and the planner's optimality argument).
+//
+// Node indices satisfy parent[i] < i, so a backward sweep over the indices is a post-order (every
+// child before its parent: the greedy's residuals) and a forward sweep flows from the root
+// (depths). Pieces, node rows and the piece batches follow DFS preorder with children in index
+// order, the order pack() uses, so a piece batch is the restriction of the whole tree's batch.
+#include "data/partition.h"
+
+#include <algorithm>
+#include <limits>
+#include <unordered_map>
+
+#include "ops/check.h"
+
+namespace tt::data {
+namespace {
+
+std::vector<std::vector<int>> children_of(const Tree& tree) {
+  std::vector<std::vector<int>> children(tree.nodes.size());
+  for (size_t i = 1; i < tree.nodes.size(); ++i) children[tree.nodes[i].parent].push_back((int)i);
+  return children;
+}
+
+// DFS preorder, children in index order, with an explicit stack (trees can be deep chains).
+std::vector<int> preorder(const std::vector<std::vector<int>>& children) {
+  std::vector<int> order;
+  order.reserve(children.size());
+  std::vector<int> stack = {0};
+  while (!stack.empty()) {
+    const int v = stack.back();
+    stack.pop_back();
+    order.push_back(v);
+    for (auto c = children[v].rbegin(); c != children[v].rend(); ++c) stack.push_back(*c);
+  }
+  return order;
+}
+
+}  // namespace
+
+Tree split_long_nodes(const Tree& tree, int64_t max_len) {
+  TT_CHECK(max_len >= 1, "split_long_nodes: max_len = ", max_len, ", expected >= 1");
+  tree.validate();
+  Tree out;
+  out.id = tree.id;
+  std::vector<int> last(tree.nodes.size());  // original node -> index of its last segment
+  for (size_t i = 0; i < tree.nodes.size(); ++i) {
+    const Node& node = tree.nodes[i];
+    const int64_t len = (int64_t)node.tokens.size();
+    int parent = node.parent < 0 ? -1 : last[node.parent];
+    for (int64_t begin = 0; begin < len; begin += max_len) {
+      const int64_t end = std::min(len, begin + max_len);
+      Node seg;
+      seg.parent = parent;
+      seg.tokens.assign(node.tokens.begin() + begin, node.tokens.begin() + end);
+      seg.target_weight.assign(node.target_weight.begin() + begin, node.target_weight.begin() + end);
+      seg.target_count.assign(node.target_count.begin() + begin, node.target_count.begin() + end);
+      out.nodes.push_back(std::move(seg));
+      parent = (int)out.nodes.size() - 1;
+    }
+    last[i] = parent;
+  }
+  out.paths = tree.paths;
+  for (Path& p : out.paths) p.end_node = last[p.end_node];
+  return out;
+}
+
+Partition plan_partition(const Tree& tree, int64_t capacity) {
+  TT_CHECK(capacity >= 1, "plan_partition: capacity = ", capacity, ", expected >= 1");
+  tree.validate();
+  const int n = (int)tree.nodes.size();
+  for (int i = 0; i < n; ++i) {
+    const int64_t len = (int64_t)tree.nodes[i].tokens.size();
+    if (len > capacity)
+      throw Error(str("plan_partition: tree '", tree.id, "' node ", i, " has ", len, " tokens, expected <= capacity ",
+                      capacity, " (split it first with split_long_nodes(tree, capacity))"));
+  }
+  TT_CHECK(tree.n_tree() <= std::numeric_limits<int32_t>::max(), "plan_partition: tree '", tree.id, "' has ",
+           tree.n_tree(), " tokens, expected fewer than 2^31 (int32 rows)");
+  const std::vector<std::vector<int>> children = children_of(tree);
+  auto len = [&](int v) { return (int64_t)tree.nodes[v].tokens.size(); };
+
+  // Greedy cut, children before parents.
+  std::vector<int64_t> residual(n);
+  std::vector<char> is_root(n, 0);
+  is_root[0] = 1;
+  std::vector<int> kept;
+  for (int v = n - 1; v >= 0; --v) {
+    int64_t r = len(v);
+    for (int c : children[v]) r += residual[c];
+    kept = children[v];
+    std::stable_sort(kept.begin(), kept.end(), [&](int a, int b) { return residual[a] > residual[b]; });
+    for (size_t k = 0; r > capacity; ++k) {  // every residual is <= capacity, so this ends with r <= capacity
+      is_root[kept[k]] = 1;
+      r -= residual[kept[k]];
+    }
+    residual[v] = r;
+  }
+
+  // Pieces in DFS preorder of their roots; nodes and rows in DFS preorder within each piece.
+  Partition plan;
+  plan.capacity = capacity;
+  plan.piece_of_node.assign(n, -1);
+  plan.row_of_node.assign(n, 0);
+  std::vector<int64_t> depth(n, 0);
+  for (int v : preorder(children)) {
+    const int p = tree.nodes[v].parent;
+    depth[v] = p < 0 ? 0 : depth[p] + len(p);
+    if (is_root[v]) {
+      Piece piece;
+      piece.root_node = v;
+      piece.parent_piece = p < 0 ? -1 : plan.piece_of_node[p];
+      piece.prefix_tokens = depth[v];
+      plan.pieces.push_back(std::move(piece));
+      const int k = plan.num_pieces() - 1;
+      if (p >= 0) plan.pieces[plan.pieces[k].parent_piece].child_pieces.push_back(k);
+    }
+    const int k = is_root[v] ? plan.num_pieces() - 1 : plan.piece_of_node[p];
+    Piece& piece = plan.pieces[k];
+    plan.piece_of_node[v] = k;
+    plan.row_of_node[v] = (int32_t)piece.tokens;
+    piece.nodes.push_back(v);
+    piece.tokens += len(v);
+  }
+
+  // Gateways: the chain from the root to the piece root's parent, one range per node, root first.
+  std::vector<int> chain;
+  for (Piece& piece : plan.pieces) {
+    chain.clear();
+    for (int a = tree.nodes[piece.root_node].parent; a >= 0; a = tree.nodes[a].parent) chain.push_back(a);
+    for (auto a = chain.rbegin(); a != chain.rend(); ++a) {
+      const GatewaySegment s{plan.piece_of_node[*a], plan.row_of_node[*a],
+                             plan.row_of_node[*a] + (int32_t)len(*a)};
+      if (!piece.gateway.empty() && piece.gateway.back().piece == s.piece && piece.gateway.back().row_end == s.row_begin)
+        piece.gateway.back().row_end = s.row_end;
+      else
+        piece.gateway.push_back(s);
+    }
+  }
+
+  // Statistics: chain sums (parents come first), the naive re-run count.
+  std::vector<int64_t> chain_tokens(plan.num_pieces());
+  for (int k = 0; k < plan.num_pieces(); ++k) {
+    const Piece& piece = plan.pieces[k];
+    chain_tokens[k] = piece.tokens + (piece.parent_piece < 0 ? 0 : chain_tokens[piece.parent_piece]);
+    plan.peak_tokens = std::max(plan.peak_tokens, chain_tokens[k]);
+    plan.max_piece_tokens = std::max(plan.max_piece_tokens, piece.tokens);
+    plan.naive_tokens += piece.tokens + piece.prefix_tokens;
+  }
+
+  // Schedule: forward, children recursively, backward (explicit stack of (piece, next child)).
+  std::vector<std::pair<int, size_t>> stack = {{0, 0}};
+  plan.schedule.push_back({0, Phase::kForward});
+  while (!stack.empty()) {
+    const int k = stack.back().first;
+    const size_t next = stack.back().second;
+    if (next < plan.pieces[k].child_pieces.size()) {
+      const int c = plan.pieces[k].child_pieces[next];
+      stack.back().second = next + 1;
+      plan.schedule.push_back({c, Phase::kForward});
+      stack.push_back({c, 0});
+    } else {
+      plan.schedule.push_back({k, Phase::kBackward});
+      stack.pop_back();
+    }
+  }
+  return plan;
+}
+
+PackedBatch pack_piece(const Tree& split_tree, const Partition& plan, int piece) {
+  TT_CHECK(piece >= 0 && piece < plan.num_pieces(), "pack_piece: piece ", piece, " out of range [0, ",
+           plan.num_pieces(), ")");
+  TT_CHECK(plan.piece_of_node.size() == split_tree.nodes.size(), "pack_piece: the plan covers ",
+           plan.piece_of_node.size(), " nodes but tree '", split_tree.id, "' has ", split_tree.nodes.size(),
+           ", expected the tree the plan was made for");
+  const Piece& pc = plan.pieces[piece];
+  const int m = (int)pc.nodes.size();
+  PackedBatch b;
+  b.tokens.reserve(pc.tokens);
+  b.pos.reserve(pc.tokens);
+  b.subtree_end.reserve(pc.tokens);
+  std::unordered_map<int, int> local;  // tree node -> index within the piece
+  local.reserve(m);
+  for (int k = 0; k < m; ++k) {
+    const int v = pc.nodes[k];
+    const Node& node = split_tree.nodes[v];
+    const int32_t start = (int32_t)b.tokens.size();
+    const int32_t len = (int32_t)node.tokens.size();
+    TT_CHECK(plan.piece_of_node[v] == piece && plan.row_of_node[v] == start, "pack_piece: node ", v,
+             " does not lie in piece ", piece, " at row ", start, ", expected the tree the plan was made for");
+    local[v] = k;
+    const bool piece_root = k == 0;
+    const int32_t parent_local = piece_root ? -1 : local.at(node.parent);
+    // The node's first token: its depth; the parent's last row sources its target when in the piece.
+    const int32_t depth = piece_root ? (int32_t)pc.prefix_tokens
+                                     : b.pos[b.node_start[parent_local] + b.node_len[parent_local] - 1] + 1;
+    b.node_start.push_back(start);
+    b.node_len.push_back(len);
+    b.node_parent.push_back(parent_local);
+    for (int32_t j = 0; j < len; ++j) {
+      b.tokens.push_back(node.tokens[j]);
+      b.pos.push_back(depth + j);
+      b.subtree_end.push_back(0);
+      b.visible_pairs += depth + j + 1;
+      if (node.target_count[j] > 0 && (j > 0 || !piece_root)) {
+        b.tgt_src.push_back(j > 0 ? start + j - 1 : b.node_start[parent_local] + b.node_len[parent_local] - 1);
+        b.tgt_tok.push_back(node.tokens[j]);
+        b.tgt_w.push_back(node.target_weight[j]);
+      }
+    }
+  }
+  // Child pieces' root tokens are predicted from this piece's branch points.
+  for (int c : pc.child_pieces) {
+    const Node& root = split_tree.nodes[plan.pieces[c].root_node];
+    if (root.target_count[0] == 0) continue;
+    const int q = local.at(root.parent);
+    b.tgt_src.push_back(b.node_start[q] + b.node_len[q] - 1);
+    b.tgt_tok.push_back(root.tokens[0]);
+    b.tgt_w.push_back(root.target_weight[0]);
+  }
+  // Subtree ends within the piece (children follow parents in preorder).
+  std::vector<int32_t> end(m);
+  for (int k = m - 1; k >= 0; --k) {
+    end[k] = std::max(end[k], b.node_start[k] + b.node_len[k]);
+    if (b.node_parent[k] >= 0) end[b.node_parent[k]] = std::max(end[b.node_parent[k]], end[k]);
+  }
+  for (int k = 0; k < m; ++k)
+    for (int32_t j = 0; j < b.node_len[k]; ++j) b.subtree_end[b.node_start[k] + j] = end[k];
+  b.tree_start = {0, (int32_t)b.tokens.size()};
+  b.n_tokens = (int)b.tokens.size();
+  b.n_tree = b.n_tokens;
+  if (piece == 0) {
+    b.n_paths = split_tree.n_paths();
+    b.n_flat = split_tree.n_flat();
+    b.n_flat_targets = split_tree.n_flat_targets();
+  }
+  return b;
+}
+
+}  // namespace tt::data
