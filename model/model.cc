@@ -1,13 +1,14 @@
 // Llama/Qwen3 decoder on the CPU reference ops: parameter table, initialisation, forward and the
 // exact reverse of it.
 //
-// Saved activations live in acts_buf_, carved by Acts into fixed regions for the batch size N
-// (per layer x_in, n1, rstd1, [q_pre, k_pre, q_rstd, k_rstd], q, k, v, att, lse, x_mid, n2,
+// Saved activations live in a caller-owned Activations buffer, carved by Acts into fixed regions
+// for the batch size N (per layer x_in, n1, rstd1, [q_pre, k_pre, q_rstd, k_rstd], q, k, v, att, lse, x_mid, n2,
 // rstd2, gate, up, h; then x_final, nf, rstd_f, ce_lse), followed by backward's gradient scratch.
 // The buffer only grows, so a run whose batch sizes vary allocates once for the largest batch.
 //
-// The per-layer forward and backward take external KV prefixes (ops/cpu/attention.h) so that
-// gateway / carried-KV training can pass them per layer; forward() itself passes none.
+// The per-layer forward and backward take external KV prefixes (ops/cpu/attention.h): partition
+// gateways and carried KV tails are passed per layer through LayerPrefixes, and gradients that
+// readers outside the batch send back to its own K/V enter through RelayedKVGrads.
 //
 // The loss scale enters as the cross-entropy backward's dloss: loss_scale * sum_t w_t * ce_t has
 // the same gradient as weights scaled by loss_scale, without a scaled copy of the target weights.
@@ -222,11 +223,13 @@ void layer_forward(const Dims& d, const LayerParams<const T>& w, const LayerActs
 }
 
 // s.dx holds d(loss)/d(x_out) on entry and d(loss)/d(x_in) on exit; g += parameter gradients;
-// external prefixes' dk/dv += (when set).
+// external prefixes' dk/dv += (when set); relayed_dk/dv (N, KD), when set, are added to the
+// gradient of this layer's own K/V as attention reads them.
 template <class T>
 void layer_backward(const Dims& d, const LayerParams<const T>& w, const LayerParams<T>& g,
                     const LayerActs<T>& a, const Scratch<T>& s, const int32_t* pos,
-                    const cpu::AttnLayout& layout, const cpu::ExternalKV<T>* ext, int n_ext) {
+                    const cpu::AttnLayout& layout, const cpu::ExternalKV<T>* ext, int n_ext,
+                    const T* relayed_dk, const T* relayed_dv) {
   const int N = d.N;
   // MLP: x_out = x_mid + down(swiglu(gate(n2), up(n2))).
   zero(s.dh, (int64_t)N * d.I);
@@ -241,6 +244,9 @@ void layer_backward(const Dims& d, const LayerParams<const T>& w, const LayerPar
   cpu::matmul_backward(s.datt, g.wo, s.dx, a.att, w.wo, N, d.QD, d.C);
   cpu::attention_backward(s.dq, s.dk, s.dv, s.datt, a.att, a.lse, a.q, a.k, a.v, layout, ext, n_ext,
                           N, d.NH, d.NKV, d.HS);
+  // Readers of this batch's K/V outside it (child pieces' gateways) add their gradients here.
+  if (relayed_dk) add_inplace(s.dk, relayed_dk, (int64_t)N * d.KD);
+  if (relayed_dv) add_inplace(s.dv, relayed_dv, (int64_t)N * d.KD);
   cpu::rope_backward(s.dq, pos, N, d.NH, d.HS, d.theta);
   cpu::rope_backward(s.dk, pos, N, d.NKV, d.HS, d.theta);
   const T* dq_proj = s.dq;  // gradient of the q_proj output
@@ -422,47 +428,78 @@ void Model<T>::zero_grad() {
 
 template <class T>
 double Model<T>::forward(const data::PackedBatch& batch, double loss_scale) {
+  return forward(batch, loss_scale, own_, nullptr);
+}
+
+template <class T>
+double Model<T>::forward(const data::PackedBatch& batch, double loss_scale, Activations<T>& out,
+                         const LayerPrefixes<T>* prefixes) {
   check_batch(batch, cfg_);
-  batch_ = &batch;
-  loss_scale_ = loss_scale;
+  const int L = (int)cfg_.num_hidden_layers;
+  TT_CHECK(prefixes == nullptr || (int)prefixes->size() == L, "model: external prefixes for ",
+           prefixes ? prefixes->size() : 0, " layers, expected one list per layer (", L, ")");
+  out.batch_ = &batch;
+  out.prefixes_ = prefixes;
+  out.loss_scale_ = loss_scale;
   const int N = batch.n_tokens;
   const Dims d = dims_of(cfg_, N);
-  logits_.resize((size_t)N * d.V);
+  out.logits_.resize((size_t)N * d.V);
   if (N == 0) return 0.0;
   const int64_t need = Acts(cfg_, N, nullptr).total;
-  if ((int64_t)acts_buf_.size() < need) acts_buf_.resize(need);
-  const Acts acts(cfg_, N, acts_buf_.data());
+  if ((int64_t)out.buf_.size() < need) out.buf_.resize(need);
+  const Acts acts(cfg_, N, out.buf_.data());
 
   const cpu::AttnLayout layout{batch.num_nodes(), batch.node_start.data(), batch.node_len.data(),
                                batch.node_parent.data()};
   const T* P = params_.data();
   const T* wte = P + info_.front().offset;
   cpu::embedding_forward(acts.layers[0].x_in, batch.tokens.data(), wte, N, d.C);
-  const int L = (int)cfg_.num_hidden_layers;
   for (int l = 0; l < L; ++l) {
     T* x_out = l + 1 < L ? acts.layers[l + 1].x_in : acts.x_final;
+    const cpu::ExternalKV<T>* ext = prefixes ? (*prefixes)[l].data() : nullptr;
+    const int n_ext = prefixes ? (int)(*prefixes)[l].size() : 0;
     layer_forward<T>(d, layer_params(P, info_, cfg_, l), acts.layers[l], x_out, batch.pos.data(), layout,
-                     nullptr, 0);
+                     ext, n_ext);
   }
   const int k_norm = 1 + L * tensors_per_layer(cfg_);
   const T* w_norm = P + info_[k_norm].offset;
   const T* w_lm = cfg_.tie_word_embeddings ? wte : P + info_[k_norm + 1].offset;
   cpu::rmsnorm_forward(acts.nf, acts.rstd_f, acts.x_final, w_norm, N, d.C, d.eps);
-  cpu::matmul_forward(logits_.data(), acts.nf, w_lm, N, d.C, d.V);
-  const double loss = cpu::cross_entropy_forward(acts.ce_lse, logits_.data(), batch.tgt_src.data(),
+  cpu::matmul_forward(out.logits_.data(), acts.nf, w_lm, N, d.C, d.V);
+  const double loss = cpu::cross_entropy_forward(acts.ce_lse, out.logits_.data(), batch.tgt_src.data(),
                                                  batch.tgt_tok.data(), batch.tgt_w.data(),
                                                  (int)batch.tgt_src.size(), N, d.V);
   return loss_scale * loss;
 }
 
 template <class T>
+const T* Model<T>::layer_k(const Activations<T>& a, int l) const {
+  TT_CHECK(a.batch_ != nullptr && l >= 0 && l < cfg_.num_hidden_layers, "model: layer_k(", l,
+           ") needs a forward on these activations and a valid layer");
+  return Acts(cfg_, a.batch_->n_tokens, const_cast<T*>(a.buf_.data())).layers[l].k;
+}
+
+template <class T>
+const T* Model<T>::layer_v(const Activations<T>& a, int l) const {
+  TT_CHECK(a.batch_ != nullptr && l >= 0 && l < cfg_.num_hidden_layers, "model: layer_v(", l,
+           ") needs a forward on these activations and a valid layer");
+  return Acts(cfg_, a.batch_->n_tokens, const_cast<T*>(a.buf_.data())).layers[l].v;
+}
+
+template <class T>
 void Model<T>::backward() {
-  TT_CHECK(batch_ != nullptr, "model: backward() without a preceding forward()");
-  const data::PackedBatch& batch = *batch_;
+  backward(own_, nullptr);
+}
+
+template <class T>
+void Model<T>::backward(Activations<T>& a, const RelayedKVGrads<T>* relayed) {
+  TT_CHECK(a.batch_ != nullptr, "model: backward() without a preceding forward()");
+  const data::PackedBatch& batch = *a.batch_;
   const int N = batch.n_tokens;
   if (N == 0) return;
   const Dims d = dims_of(cfg_, N);
-  const Acts acts(cfg_, N, acts_buf_.data());
+  const Acts acts(cfg_, N, a.buf_.data());
+  const LayerPrefixes<T>* prefixes = a.prefixes_;
   const Scratch<T>& s = acts.s;
   const cpu::AttnLayout layout{batch.num_nodes(), batch.node_start.data(), batch.node_len.data(),
                                batch.node_parent.data()};
@@ -472,18 +509,24 @@ void Model<T>::backward() {
   const int k_norm = 1 + L * tensors_per_layer(cfg_);
   const int k_lm = cfg_.tie_word_embeddings ? 0 : k_norm + 1;
 
-  cpu::cross_entropy_backward(s.dlogits, logits_.data(), acts.ce_lse, batch.tgt_src.data(),
+  cpu::cross_entropy_backward(s.dlogits, a.logits_.data(), acts.ce_lse, batch.tgt_src.data(),
                               batch.tgt_tok.data(), batch.tgt_w.data(), (int)batch.tgt_src.size(), N,
-                              d.V, loss_scale_);
+                              d.V, a.loss_scale_);
   zero(s.dn, (int64_t)N * d.C);
   cpu::matmul_backward(s.dn, G + info_[k_lm].offset, s.dlogits, acts.nf, P + info_[k_lm].offset, N, d.C,
                        d.V);
   zero(s.dx, (int64_t)N * d.C);
   cpu::rmsnorm_backward(s.dx, G + info_[k_norm].offset, s.dn, acts.x_final, P + info_[k_norm].offset,
                         acts.rstd_f, N, d.C);
+  TT_CHECK(relayed == nullptr || ((int)relayed->dk.size() == L && (int)relayed->dv.size() == L),
+           "model: relayed K/V gradients need one entry per layer (", L, ")");
   for (int l = L - 1; l >= 0; --l) {
+    const cpu::ExternalKV<T>* ext = prefixes ? (*prefixes)[l].data() : nullptr;
+    const int n_ext = prefixes ? (int)(*prefixes)[l].size() : 0;
+    const T* rdk = relayed ? relayed->dk[l] : nullptr;
+    const T* rdv = relayed ? relayed->dv[l] : nullptr;
     layer_backward<T>(d, layer_params(P, info_, cfg_, l), layer_params(G, info_, cfg_, l), acts.layers[l],
-                      s, batch.pos.data(), layout, nullptr, 0);
+                      s, batch.pos.data(), layout, ext, n_ext, rdk, rdv);
   }
   cpu::embedding_backward(G + info_.front().offset, s.dx, batch.tokens.data(), N, d.C);
 }

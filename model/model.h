@@ -17,6 +17,7 @@
 
 #include "data/packing.h"
 #include "model/config.h"
+#include "ops/cpu/attention.h"
 
 namespace tt::model {
 
@@ -30,6 +31,41 @@ struct ParamInfo {
 
 // Parameter table for a config; identical for every backend.
 std::vector<ParamInfo> param_table(const ModelConfig& cfg);
+
+// External KV prefixes per layer (partition gateways, carried KV tails): prefixes[l] lists the
+// prefixes that layer l's attention reads besides the batch's own keys. Their dk/dv (when set)
+// are accumulated (+=) by backward().
+template <class T>
+using LayerPrefixes = std::vector<std::vector<cpu::ExternalKV<T>>>;
+
+// Gradients relayed into a batch's own per-layer K/V rows (after norms and RoPE, as attention
+// reads them) from readers outside the batch, e.g. the gateways of child partition pieces:
+// dk[l], dv[l] are (N, NKV, HS) or null.
+template <class T>
+struct RelayedKVGrads {
+  std::vector<const T*> dk;
+  std::vector<const T*> dv;
+};
+
+template <class T>
+class Model;
+
+// The saved activations of one forward, owned by the caller so several forwards can be alive at
+// once (the chain of partition pieces). Reused across forwards: the buffer only grows.
+template <class T>
+class Activations {
+ public:
+  const T* logits() const { return logits_.data(); }  // (N, V)
+  int n_tokens() const { return batch_ ? batch_->n_tokens : 0; }
+
+ private:
+  friend class Model<T>;
+  std::vector<T> buf_;
+  std::vector<T> logits_;
+  const data::PackedBatch* batch_ = nullptr;
+  const LayerPrefixes<T>* prefixes_ = nullptr;
+  double loss_scale_ = 1.0;
+};
 
 template <class T>
 class Model {
@@ -56,7 +92,17 @@ class Model {
   // Backward of the last forward; grads() += d(loss)/d(params). Reads the batch passed to
   // forward(), which must still be alive.
   void backward();
-  const T* logits() const { return logits_.data(); }  // (N, V) of the last forward
+  const T* logits() const { return own_.logits(); }  // (N, V) of the last forward
+
+  // The same pair on caller-owned activations, with per-layer external KV prefixes (null: none;
+  // else one entry per layer, read by forward and backward alike, so it must stay alive until
+  // backward) and gradients relayed into this batch's own K/V (null: none).
+  double forward(const data::PackedBatch& batch, double loss_scale, Activations<T>& acts,
+                 const LayerPrefixes<T>* prefixes);
+  void backward(Activations<T>& acts, const RelayedKVGrads<T>* relayed);
+  // Layer l's K and V of the last forward on acts, after norms and RoPE: (N, NKV, HS) each.
+  const T* layer_k(const Activations<T>& acts, int l) const;
+  const T* layer_v(const Activations<T>& acts, int l) const;
 
  private:
   struct Acts;  // saved activations, defined in model.cc
@@ -64,10 +110,7 @@ class Model {
   std::vector<ParamInfo> info_;
   std::vector<T> params_;
   std::vector<T> grads_;
-  std::vector<T> logits_;
-  std::vector<T> acts_buf_;  // all saved activations of the last forward, one allocation
-  const data::PackedBatch* batch_ = nullptr;
-  double loss_scale_ = 1.0;
+  Activations<T> own_;  // used by forward(batch, scale) / backward()
 };
 
 }  // namespace tt::model
