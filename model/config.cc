@@ -148,6 +148,20 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   c.initializer_range = get_double_or(j, "initializer_range", c.initializer_range, where);
   c.max_position_embeddings = get_int_or(j, "max_position_embeddings", c.max_position_embeddings, where);
 
+  // Newer transformers write RoPE settings as rope_parameters {"rope_type", "rope_theta"}.
+  if (has(j, "rope_parameters")) {
+    const auto& rp = j.at("rope_parameters");
+    if (!rp.is_object()) throw Error(str(where, ": field \"rope_parameters\" must be an object, got ", rp.dump()));
+    if (has(rp, "rope_type") && rp.at("rope_type") != "default")
+      throw Error(str(where, ": rope_parameters.rope_type ", rp.at("rope_type").dump(),
+                      " is unsupported (only plain RoPE: expected \"default\")"));
+    if (has(rp, "rope_theta")) {
+      const double theta = get_double_or(rp, "rope_theta", c.rope_theta, where + " rope_parameters");
+      if (has(j, "rope_theta") && theta != c.rope_theta)
+        throw Error(str(where, ": rope_theta ", c.rope_theta, " and rope_parameters.rope_theta ", theta, " disagree"));
+      c.rope_theta = theta;
+    }
+  }
   if (has(j, "rope_scaling"))
     throw Error(str(where, ": rope_scaling ", j.at("rope_scaling").dump(),
                     " is unsupported (only plain RoPE; expected absent or null)"));

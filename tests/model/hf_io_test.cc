@@ -226,6 +226,18 @@ TEST(HfConfig, LlamaDefaults) {
   expect_same_config(ModelConfig::from_hf_json(out, "x"), c);
 }
 
+TEST(HfConfig, ReadsRopeParametersOfNewerTransformers) {
+  nlohmann::json j = qwen3_0p6b_config();
+  j.erase("rope_theta");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 5000000.0}};
+  EXPECT_EQ(ModelConfig::from_hf_json(j, "n/config.json").rope_theta, 5e6);
+  j["rope_parameters"]["rope_type"] = "yarn";
+  expect_error([&] { ModelConfig::from_hf_json(j, "n/config.json"); }, {"n/config.json", "rope_type", "unsupported"});
+  j = qwen3_0p6b_config();
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+  expect_error([&] { ModelConfig::from_hf_json(j, "n/config.json"); }, {"n/config.json", "disagree"});
+}
+
 TEST(HfConfig, RejectsWhatTheDecoderCannotRepresent) {
   const std::string where = "some/dir/config.json";
   auto with = [](const char* key, nlohmann::json v) {

@@ -1,0 +1,99 @@
+// Hugging Face compatibility probe, driven by scripts/device/hf_parity.py on a machine with
+// transformers: `export` writes a freshly initialised model as an HF directory plus the logits we
+// compute for a token sequence; `import` loads an HF directory written by transformers and writes
+// our logits for the sequence. The script compares both with transformers' own logits.
+//
+//   hf_parity_tool export DIR ARCH TIED SEED TOKENS OUT   (ARCH qwen3|llama, TIED 0|1, TOKENS 1,2,3)
+//   hf_parity_tool import DIR TOKENS OUT
+// OUT receives the logits (T, V) as little-endian float32.
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "data/packing.h"
+#include "model/hf_io.h"
+#include "model/model.h"
+#include "ops/check.h"
+
+namespace {
+
+std::vector<int32_t> parse_tokens(const std::string& s) {
+  std::vector<int32_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(std::stoi(item));
+  return out;
+}
+
+// One sequence as a single-node tree: a plain causal batch.
+tt::data::PackedBatch chain(const std::vector<int32_t>& tokens) {
+  tt::data::PackedBatch b;
+  const int n = (int)tokens.size();
+  b.n_tokens = n;
+  b.tokens = tokens;
+  for (int i = 0; i < n; ++i) {
+    b.pos.push_back(i);
+    b.subtree_end.push_back(n);
+  }
+  b.node_start = {0};
+  b.node_len = {n};
+  b.node_parent = {-1};
+  b.tree_start = {0, n};
+  return b;
+}
+
+void write_logits(const tt::model::Model<double>& m, const tt::data::PackedBatch& b, const std::string& path) {
+  const int64_t n = (int64_t)b.n_tokens * m.config().vocab_size;
+  std::vector<float> out(m.logits(), m.logits() + n);
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(out.data()), (std::streamsize)(out.size() * sizeof(float)));
+  if (!f) throw tt::Error(tt::str(path, ": cannot write logits"));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const std::string mode = argc > 1 ? argv[1] : "";
+    if (mode == "export" && argc == 8) {
+      tt::model::ModelConfig cfg;
+      cfg.architecture = argv[3];
+      cfg.vocab_size = 96;
+      cfg.hidden_size = 64;
+      cfg.intermediate_size = 160;
+      cfg.num_hidden_layers = 2;
+      cfg.num_attention_heads = 4;
+      cfg.num_key_value_heads = 2;
+      cfg.head_dim = 16;
+      cfg.rope_theta = 1000000.0;
+      cfg.tie_word_embeddings = std::string(argv[4]) == "1";
+      cfg.initializer_range = 0.1;
+      tt::model::Model<double> m(cfg);
+      m.init(std::strtoull(argv[5], nullptr, 10));
+      tt::model::save_hf(argv[2], m, "F32");
+      // Reload what was written so the logits come from exactly the saved (F32) weights.
+      tt::model::load_hf_weights(argv[2], m);
+      const auto b = chain(parse_tokens(argv[6]));
+      m.forward(b, 1.0);
+      write_logits(m, b, argv[7]);
+      return 0;
+    }
+    if (mode == "import" && argc == 5) {
+      tt::model::Model<double> m(tt::model::read_hf_config(argv[2]));
+      tt::model::load_hf_weights(argv[2], m);
+      const auto b = chain(parse_tokens(argv[3]));
+      m.forward(b, 1.0);
+      write_logits(m, b, argv[4]);
+      return 0;
+    }
+    std::cerr << "usage: hf_parity_tool export DIR ARCH TIED SEED TOKENS OUT | import DIR TOKENS OUT\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+}
