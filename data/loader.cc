@@ -14,7 +14,8 @@
 
 namespace tt::data {
 
-BatchLoader::BatchLoader(std::vector<Tree> trees, Packing packing, int64_t max_tokens, uint64_t seed, bool shuffle)
+BatchLoader::BatchLoader(std::vector<Tree> trees, Packing packing, int64_t max_tokens, uint64_t seed, bool shuffle,
+                         Oversize oversize)
     : trees_(std::move(trees)), packing_(packing), max_tokens_(max_tokens), seed_(seed), shuffle_(shuffle) {
   if (trees_.empty()) throw Error("data: no trees to load, expected at least one");
   if (max_tokens_ < 1 || max_tokens_ > std::numeric_limits<int32_t>::max())
@@ -23,7 +24,7 @@ BatchLoader::BatchLoader(std::vector<Tree> trees, Packing packing, int64_t max_t
   for (const Tree& t : trees_) {
     t.validate();
     const int64_t size = packed_size(t, packing_);
-    if (size > max_tokens_)
+    if (size > max_tokens_ && oversize == Oversize::kError)
       throw Error(str("tree '", t.id, "' has ", size, " tokens under ",
                       packing_ == Packing::kTree ? "tree" : "per_path",
                       " packing, which exceeds data.max_tokens_per_batch = ", max_tokens_,
@@ -48,12 +49,16 @@ PackedBatch BatchLoader::next() {
     state_.cursor = 0;
     start_epoch();
   }
+  // A tree larger than the budget (Oversize::kAlone) closes the batch before it (it does not fit)
+  // and after it (used > max_tokens), so it is packed alone.
   std::vector<const Tree*> batch;
+  last_.clear();
   int64_t used = 0;
   while (state_.cursor < n) {
     const int64_t t = order_[state_.cursor];
     if (!batch.empty() && used + sizes_[t] > max_tokens_) break;
     batch.push_back(&trees_[t]);
+    last_.push_back(t);
     used += sizes_[t];
     ++state_.cursor;
   }
@@ -65,6 +70,7 @@ void BatchLoader::restore(const LoaderState& s) {
     throw Error(str("loader state (epoch ", s.epoch, ", cursor ", s.cursor,
                     ") does not fit this data, expected epoch >= 0 and cursor in [0, ", trees_.size(), "]"));
   state_ = s;
+  last_.clear();
   start_epoch();
 }
 

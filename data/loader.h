@@ -7,6 +7,11 @@
 // permutation comes from a fixed, portable generator (data/rng.h), so it is the same on every
 // platform. Its position (epoch, cursor) is saved in checkpoints, so a resumed run sees exactly
 // the batches an uninterrupted run would.
+//
+// A tree larger than max_tokens is an error (Oversize::kError), or, when the trainer partitions
+// trees (Oversize::kAlone, partition.capacity_tokens > 0), a micro-batch of its own: the greedy
+// rule already closes a batch before a tree that does not fit and after one that overflows it,
+// so such a tree never shares a batch and the order of the epoch is unchanged.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +22,12 @@
 
 namespace tt::data {
 
+// What the loader does with a tree whose packed size exceeds max_tokens.
+enum class Oversize {
+  kError,  // the constructor throws tt::Error naming the tree
+  kAlone,  // the tree is emitted alone, as its own micro-batch (to be partitioned by the trainer)
+};
+
 struct LoaderState {
   int64_t epoch = 0;
   int64_t cursor = 0;  // index into the epoch's order of the next tree
@@ -25,10 +36,14 @@ struct LoaderState {
 class BatchLoader {
  public:
   // Throws tt::Error naming the tree id when a single tree exceeds max_tokens under `packing`
-  // (and for no trees, a budget outside [1, 2^31), or a malformed tree).
-  BatchLoader(std::vector<Tree> trees, Packing packing, int64_t max_tokens, uint64_t seed, bool shuffle);
+  // and oversize is kError (and for no trees, a budget outside [1, 2^31), or a malformed tree).
+  BatchLoader(std::vector<Tree> trees, Packing packing, int64_t max_tokens, uint64_t seed, bool shuffle,
+              Oversize oversize = Oversize::kError);
 
   PackedBatch next();
+  // Indices into trees() of the trees of the last next() batch, in packed order (empty before the
+  // first call and after restore()). A batch holding one tree that exceeds max_tokens has exactly one index.
+  const std::vector<int64_t>& last_tree_indices() const { return last_; }
   LoaderState state() const { return state_; }
   void restore(const LoaderState& s);  // throws tt::Error unless epoch >= 0, cursor in [0, #trees]
   const std::vector<Tree>& trees() const { return trees_; }
@@ -42,6 +57,7 @@ class BatchLoader {
   bool shuffle_;
   std::vector<int64_t> sizes_;  // (#trees) packed_size of each tree under packing_
   std::vector<int64_t> order_;  // (#trees) this epoch's tree order
+  std::vector<int64_t> last_;   // trees of the last batch
   LoaderState state_;
 };
 

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "model/hf_io.h"
+#include "model/partitioned.h"
 #include "ops/check.h"
 #include "ops/cpu/adamw.h"
 
@@ -35,6 +36,10 @@ class CpuBackend : public Backend {
     const double loss = model_.forward(batch, loss_scale);
     model_.backward();
     return loss;
+  }
+  double forward_backward_partitioned(const data::Tree& split, const data::Partition& plan,
+                                      double loss_scale) override {
+    return model::forward_backward_partitioned(model_, split, plan, loss_scale);
   }
   double grad_sum_squares() const override { return cpu::sum_squares(model_.grads(), model_.num_params()); }
 

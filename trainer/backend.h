@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "data/packing.h"
+#include "data/partition.h"
+#include "data/tree.h"
 #include "model/config.h"
 #include "model/model.h"
 
@@ -41,6 +43,11 @@ class Backend {
   virtual void zero_grad() = 0;
   // forward(batch, loss_scale) and its backward; grads += d(loss)/d(params). Returns the loss.
   virtual double forward_backward(const data::PackedBatch& batch, double loss_scale) = 0;
+  // The same for one tree run piece by piece: `split` is data::split_long_nodes(tree, C) and
+  // `plan` data::plan_partition(split, C) (model/partitioned.h). Equals forward_backward of the
+  // tree's own batch: grads += d(loss)/d(params); returns loss_scale * sum w * ce.
+  virtual double forward_backward_partitioned(const data::Tree& split, const data::Partition& plan,
+                                              double loss_scale) = 0;
   virtual double grad_sum_squares() const = 0;  // over every gradient, fp64 accumulation
   virtual void adamw_step(const OptimStep& p) = 0;
 

@@ -77,6 +77,7 @@ const std::vector<Field>& fields() {
       TT_FIELD("schedule.warmup_steps", schedule.warmup_steps),
       TT_FIELD("schedule.decay", schedule.decay, {"cosine", "linear", "constant"}),
       TT_FIELD("schedule.min_lr_ratio", schedule.min_lr_ratio),
+      TT_FIELD("partition.capacity_tokens", partition.capacity_tokens),
   };
   return kFields;
 }
@@ -85,7 +86,7 @@ const std::vector<Field>& fields() {
 
 // optim.betas: [b1, b2] is accepted as input; to_yaml writes beta1 and beta2.
 const char* const kBetasKey = "optim.betas";
-const std::vector<std::string> kSections = {"model", "data", "train", "optim", "schedule"};
+const std::vector<std::string> kSections = {"model", "data", "train", "optim", "schedule", "partition"};
 
 const Field* find_field(const std::string& key) {
   for (const Field& f : fields())
@@ -398,6 +399,15 @@ void RunConfig::validate() const {
   in_set("schedule.decay", schedule.decay, {"cosine", "linear", "constant"});
   require(schedule.min_lr_ratio >= 0 && schedule.min_lr_ratio <= 1, "schedule.min_lr_ratio", "in [0, 1]",
           d(schedule.min_lr_ratio));
+  const int64_t cap = partition.capacity_tokens;
+  require(cap >= 0, "partition.capacity_tokens", ">= 0 (0: off)", i(cap));
+  if (cap > 0) {
+    require(data.packing == "tree", "data.packing", "tree when partition.capacity_tokens > 0 (" + i(cap) + ")",
+            "'" + data.packing + "'");
+    require(cap <= data.max_tokens_per_batch, "partition.capacity_tokens",
+            "<= data.max_tokens_per_batch (" + i(data.max_tokens_per_batch) + "): a piece must fit a micro-batch",
+            i(cap));
+  }
 }
 
 std::string RunConfig::to_yaml() const {

@@ -10,6 +10,7 @@
 //             checkpoint_every, keep_checkpoints
 //   optim:    lr, beta1, beta2 (or betas: [b1, b2]), eps, weight_decay
 //   schedule: warmup_steps, decay, min_lr_ratio
+//   partition: capacity_tokens (docs/PARTITIONING.md)
 //
 // Paths:
 //  - run_dir: a relative run_dir is relative to the working directory of the process (the
@@ -65,6 +66,16 @@ struct ScheduleConfig {
   double min_lr_ratio = 0.1;     // final lr = lr * min_lr_ratio
 };
 
+// Tree partitioning (data/partition.h, model/partitioned.h): a micro-batch that holds a single
+// tree of more than capacity_tokens unique tokens is trained piece by piece (pieces of at most
+// capacity_tokens tokens, joined by gateways), with exactly the loss and gradients of training it
+// whole. Trees larger than data.max_tokens_per_batch then become micro-batches of their own
+// instead of an error. Needs data.packing: tree and capacity_tokens <= data.max_tokens_per_batch
+// (a piece is a micro-batch's worth of tokens).
+struct PartitionConfig {
+  int64_t capacity_tokens = 0;  // tokens per piece; 0 = off
+};
+
 struct RunConfig {
   std::string source;    // the config file, for messages
   std::string run_dir = "runs/default";
@@ -75,6 +86,7 @@ struct RunConfig {
   TrainConfig train;
   OptimConfig optim;
   ScheduleConfig schedule;
+  PartitionConfig partition;
 
   // Cross-field checks; throws tt::Error "<source>: <key> ..." naming the key.
   void validate() const;

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -27,12 +28,17 @@ const char* const kUsage = R"(usage:
   treetrain [train] --config FILE [--set KEY=VALUE ...]
       Train as the YAML config says. --set overrides one key (e.g. --set train.max_steps=50);
       repeatable. Keys and their meaning: trainer/config.h.
-  treetrain stats --data FILE --format rollouts|tree [--vocab-size V]
-      Print one JSON object of dataset statistics (trees, paths, n_tree, n_flat, por, ...).
+  treetrain stats --data FILE --format rollouts|tree [--vocab-size V] [--capacity C]
+      Print one JSON object of dataset statistics (trees, paths, n_tree, n_flat, por, ...). With
+      --capacity, its "partition" object holds the cost of partitioning every tree into pieces of
+      at most C tokens (pieces, tokens_with_gateways, tokens_naive, peak_tokens, ...).
   treetrain generate --kind rollouts|episodes --out FILE [--num-trees N] [--vocab-size V] [--seed S]
                      [--prompt-len N] [--turns N] [--turn-len N] [--branches N] [--branch-turns N]
                      [--prefix-len N] [--steps N] [--history-len N] [--leaf-len N]
       Write synthetic tree-structured JSONL (rollouts format for rollouts, tree format for episodes).
+  treetrain generate --kind published-example --out FILE
+      Write the one-tree episodes comb with the totals of the published partitioning example
+      (tree format, vocab 32000; docs/PARTITIONING.md).
   treetrain --help
 
 Relative paths on the command line are relative to the working directory (under `bazel run`,
@@ -102,11 +108,15 @@ int run_train(const std::vector<std::string>& argv) {
 }
 
 int run_stats(const std::vector<std::string>& argv) {
-  const Args a = parse_flags(argv, {"data", "format", "vocab-size"}, "stats");
+  const Args a = parse_flags(argv, {"data", "format", "vocab-size", "capacity"}, "stats");
   const std::string& path = required(a, "data");
   const tt::data::Format format = tt::data::parse_format(required(a, "format"), "--format");
+  const int64_t capacity = int_flag(a, "capacity", 0);
+  if (a.flags.count("capacity") && capacity < 1) throw UsageError{"--capacity: expected a positive number of tokens"};
   const auto trees = tt::data::read_trees(path, format, int_flag(a, "vocab-size", 0));
-  std::cout << tt::data::tree_stats(trees).dump() << std::endl;
+  nlohmann::json j = tt::data::tree_stats(trees);
+  if (capacity > 0) j["partition"] = tt::data::partition_stats(trees, capacity);
+  std::cout << j.dump() << std::endl;
   return 0;
 }
 
@@ -117,11 +127,24 @@ int run_generate(const std::vector<std::string>& argv) {
   std::vector<std::string> known = {"kind", "out"};
   known.insert(known.end(), ints.begin(), ints.end());
   const Args a = parse_flags(argv, known, "generate");
-  tt::data::SyntheticSpec s;
-  s.kind = required(a, "kind");
-  if (s.kind != "rollouts" && s.kind != "episodes")
-    throw UsageError{"--kind: expected rollouts|episodes, got '" + s.kind + "'"};
+  const std::string& kind = required(a, "kind");
   const std::string& out = required(a, "out");
+  const std::filesystem::path parent = std::filesystem::path(out).parent_path();
+  if (kind == "published-example") {
+    for (const std::string& name : ints)
+      if (a.flags.count(name)) throw UsageError{"--kind published-example has a fixed shape; drop --" + name};
+    const tt::data::SyntheticSpec s = tt::data::published_example_spec();
+    if (!parent.empty()) std::filesystem::create_directories(parent);
+    tt::data::write_jsonl(s, out);
+    spdlog::info("wrote the published-example tree (episodes: prefix {}, {} steps of {} + {} tokens, vocab {}) to {} "
+                 "(--format tree)",
+                 s.prefix_len, s.steps, s.history_len, s.leaf_len, s.vocab_size, out);
+    return 0;
+  }
+  tt::data::SyntheticSpec s;
+  s.kind = kind;
+  if (s.kind != "rollouts" && s.kind != "episodes")
+    throw UsageError{"--kind: expected rollouts|episodes|published-example, got '" + s.kind + "'"};
   auto get = [&](const char* name, int& field) {
     const int64_t v = int_flag(a, name, field);
     if (v < 0 || v > (1 << 30)) throw UsageError{std::string("--") + name + ": out of range"};
@@ -141,7 +164,6 @@ int run_generate(const std::vector<std::string>& argv) {
   get("steps", s.steps);
   get("history-len", s.history_len);
   get("leaf-len", s.leaf_len);
-  const std::filesystem::path parent = std::filesystem::path(out).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   tt::data::write_jsonl(s, out);
   spdlog::info("wrote {} {} trees (vocab {}, seed {}) to {} (--format {})", s.num_trees, s.kind, s.vocab_size, s.seed,

@@ -79,8 +79,20 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), t_start_(now_s()) {
   spdlog::info("data: {} trees, {} paths, {} unique tokens, {} flattened (POR {:.3f}) from {}", trees.size(),
                n_paths, n_tree, n_flat, n_flat > 0 ? 1.0 - (double)n_tree / n_flat : 0.0, cfg_.data.path);
   const data::Packing packing = cfg_.data.packing == "per_path" ? data::Packing::kPerPath : data::Packing::kTree;
+  const int64_t capacity = cfg_.partition.capacity_tokens;
+  if (capacity > 0) {
+    int64_t over_capacity = 0, over_budget = 0;
+    for (const data::Tree& t : trees) {
+      over_capacity += t.n_tree() > capacity;
+      over_budget += t.n_tree() > cfg_.data.max_tokens_per_batch;
+    }
+    spdlog::info("partition: {} tokens per piece; {} of {} trees are larger ({} larger than "
+                 "data.max_tokens_per_batch {}, each a micro-batch of its own)",
+                 capacity, over_capacity, trees.size(), over_budget, cfg_.data.max_tokens_per_batch);
+  }
   loader_ = std::make_unique<data::BatchLoader>(std::move(trees), packing, cfg_.data.max_tokens_per_batch,
-                                                cfg_.train.seed, cfg_.data.shuffle);
+                                                cfg_.train.seed, cfg_.data.shuffle,
+                                                capacity > 0 ? data::Oversize::kAlone : data::Oversize::kError);
 
   // Model state: resume, or start fresh.
   const std::string ckpt = latest_checkpoint(cfg_.run_dir);
@@ -106,12 +118,36 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), t_start_(now_s()) {
 
 Trainer::~Trainer() = default;
 
+const Trainer::PartitionedTree& Trainer::partitioned(int64_t index) {
+  auto it = partitioned_.find(index);
+  if (it != partitioned_.end()) return it->second;
+  const int64_t capacity = cfg_.partition.capacity_tokens;
+  const data::Tree& tree = loader_->trees()[index];
+  PartitionedTree p;
+  p.split = data::split_long_nodes(tree, capacity);
+  p.plan = data::plan_partition(p.split, capacity);
+  int64_t with_gateways = 0;
+  for (const data::Piece& piece : p.plan.pieces) with_gateways += piece.tokens;
+  spdlog::info("partition: tree '{}' ({} tokens) -> {} pieces of <= {} tokens, peak {} tokens resident; "
+               "{} tokens computed through gateways vs {} naive (re-running ancestors)",
+               tree.id, tree.n_tree(), p.plan.num_pieces(), capacity, p.plan.peak_tokens, with_gateways,
+               p.plan.naive_tokens);
+  return partitioned_.emplace(index, std::move(p)).first->second;
+}
+
 StepMetrics Trainer::train_step() {
   const double t0 = now_s();
   const int64_t n_micro = cfg_.train.grad_accum;
+  const int64_t capacity = cfg_.partition.capacity_tokens;
   std::vector<data::PackedBatch> micro;
+  std::vector<int64_t> partition_tree;  // (n_micro) the tree to run partitioned, or -1
   micro.reserve(n_micro);
-  for (int64_t i = 0; i < n_micro; ++i) micro.push_back(loader_->next());
+  for (int64_t i = 0; i < n_micro; ++i) {
+    micro.push_back(loader_->next());
+    const std::vector<int64_t>& trees = loader_->last_tree_indices();
+    const bool alone_and_large = capacity > 0 && trees.size() == 1 && micro.back().n_tree > capacity;
+    partition_tree.push_back(alone_and_large ? trees[0] : -1);
+  }
 
   StepMetrics m;
   m.step = step_ + 1;
@@ -127,7 +163,15 @@ StepMetrics Trainer::train_step() {
                     " (train.loss_norm: ", cfg_.train.loss_norm, ")"));
 
   backend_->zero_grad();
-  for (const data::PackedBatch& b : micro) m.loss += backend_->forward_backward(b, 1.0 / normaliser);
+  for (int64_t i = 0; i < n_micro; ++i) {
+    if (partition_tree[i] < 0) {
+      m.loss += backend_->forward_backward(micro[i], 1.0 / normaliser);
+    } else {
+      const PartitionedTree& p = partitioned(partition_tree[i]);
+      m.loss += backend_->forward_backward_partitioned(p.split, p.plan, 1.0 / normaliser);
+      m.pieces += p.plan.num_pieces();
+    }
+  }
   m.grad_norm = std::sqrt(backend_->grad_sum_squares());
   if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm))
     throw Error(str("step ", m.step, ": loss ", m.loss, ", grad norm ", m.grad_norm, " is not finite"));
@@ -186,12 +230,13 @@ std::vector<StepMetrics> Trainer::run() {
     const nlohmann::json j = {{"step", m.step},         {"loss", m.loss},       {"lr", m.lr},
                               {"grad_norm", m.grad_norm}, {"tokens_per_s", m.tokens_per_s},
                               {"n_tree", m.n_tree},     {"n_flat", m.n_flat},   {"por", m.por},
-                              {"paths", m.paths},       {"elapsed_s", m.elapsed_s}};
+                              {"paths", m.paths},       {"pieces", m.pieces},   {"elapsed_s", m.elapsed_s}};
     metrics << j.dump() << "\n";
     metrics.flush();
     if (m.step % cfg_.train.log_every == 0 || m.step == start_step_ + 1 || m.step == total)
-      spdlog::info("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | gnorm {:.3f} | {} tok/s | por {:.2f} | {:.1f}s", m.step,
-                   width, total, m.loss, m.lr, m.grad_norm, human_rate(m.tokens_per_s), m.por, m.elapsed_s);
+      spdlog::info("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | gnorm {:.3f} | {} tok/s | por {:.2f}{} | {:.1f}s", m.step,
+                   width, total, m.loss, m.lr, m.grad_norm, human_rate(m.tokens_per_s), m.por,
+                   cfg_.partition.capacity_tokens > 0 ? " | pieces " + std::to_string(m.pieces) : "", m.elapsed_s);
     if (cfg_.train.checkpoint_every > 0 && m.step % cfg_.train.checkpoint_every == 0 && m.step < total)
       save_checkpoint();
   }

@@ -1,5 +1,6 @@
 // BatchLoader: greedy budget packing, epochs covering every tree once, determinism from the
-// seed, a pinned portable permutation, resume from a saved state, and the oversize-tree error.
+// seed, a pinned portable permutation, resume from a saved state, the oversize-tree error, and
+// oversize trees emitted alone when the trainer partitions them.
 #include "data/loader.h"
 
 #include <gtest/gtest.h>
@@ -161,6 +162,80 @@ TEST(Loader, RejectsATreeLargerThanTheBudgetAndBadStates) {
   ok.restore({3, 4});  // at the end of epoch 3: next() starts epoch 4
   ok.next();
   EXPECT_EQ(ok.state().epoch, 4);
+}
+
+// Trees 3, 7 and 11 (those below n) exceed the budget of 20 tokens; the others are 1..11 tokens.
+std::vector<Tree> trees_with_oversize(int n) {
+  std::vector<Tree> trees = make_trees(n);
+  for (int i : {3, 7, 11})
+    if (i < n) trees[i] = chain_tree(i, 25 + i);
+  return trees;
+}
+
+TEST(Loader, OversizeTreesComeAloneWhenPartitioning) {
+  const int n = 14;
+  const std::vector<Tree> trees = trees_with_oversize(n);
+  EXPECT_THROW(BatchLoader(trees, Packing::kTree, 20, 5, true), Error);  // kError is the default
+  BatchLoader loader(trees, Packing::kTree, 20, 5, true, Oversize::kAlone);
+  EXPECT_TRUE(loader.last_tree_indices().empty());
+  for (int e = 0; e < 3; ++e) {
+    std::vector<int> seen;
+    int alone = 0;
+    do {
+      const PackedBatch b = loader.next();
+      const std::vector<int> got = ids(b);
+      const std::vector<int64_t>& idx = loader.last_tree_indices();
+      ASSERT_EQ(idx.size(), got.size());
+      for (size_t k = 0; k < got.size(); ++k) EXPECT_EQ(idx[k], got[k]);
+      if (b.n_tokens > 20) {
+        // Alone, with the statistics of its tree (the trainer's normaliser and metrics).
+        ASSERT_EQ(got.size(), 1u);
+        const Tree& t = trees[got[0]];
+        EXPECT_EQ(b.n_tree, t.n_tree());
+        EXPECT_EQ(b.n_flat, t.n_flat());
+        EXPECT_EQ(b.n_paths, t.n_paths());
+        EXPECT_EQ(b.n_flat_targets, t.n_flat_targets());
+        ++alone;
+      }
+      seen.insert(seen.end(), got.begin(), got.end());
+    } while (loader.state().cursor < n);
+    EXPECT_EQ(alone, 3) << "epoch " << e;
+    std::sort(seen.begin(), seen.end());
+    std::vector<int> all(n);
+    for (int i = 0; i < n; ++i) all[i] = i;
+    EXPECT_EQ(seen, all) << "epoch " << e;
+  }
+}
+
+TEST(Loader, OversizeTreesKeepTheOrderOfTheEpoch) {
+  // Without shuffling the batches follow file order, each oversize tree cutting it.
+  BatchLoader loader(trees_with_oversize(6), Packing::kTree, 20, 1, false, Oversize::kAlone);
+  // Sizes: 1, 8, 4, 28 (oversize), 7, 3.
+  EXPECT_EQ(ids(loader.next()), std::vector<int>({0, 1, 2}));
+  EXPECT_EQ(ids(loader.next()), std::vector<int>({3}));
+  EXPECT_EQ(loader.last_tree_indices(), std::vector<int64_t>({3}));
+  EXPECT_EQ(ids(loader.next()), std::vector<int>({4, 5}));
+  EXPECT_EQ(loader.last_tree_indices(), std::vector<int64_t>({4, 5}));
+  EXPECT_EQ(ids(loader.next()), std::vector<int>({0, 1, 2}));
+  EXPECT_EQ(loader.state().epoch, 1);
+}
+
+TEST(Loader, RestoredStateContinuesWithOversizeTrees) {
+  const std::vector<Tree> trees = trees_with_oversize(15);
+  for (int stop : {0, 2, 5, 11}) {
+    BatchLoader full(trees, Packing::kTree, 20, 8, true, Oversize::kAlone);
+    for (int i = 0; i < stop; ++i) full.next();
+    BatchLoader resumed(trees, Packing::kTree, 20, 8, true, Oversize::kAlone);
+    resumed.restore(full.state());
+    EXPECT_TRUE(resumed.last_tree_indices().empty());
+    for (int i = 0; i < 25; ++i) {
+      const PackedBatch x = full.next(), y = resumed.next();
+      ASSERT_EQ(x.tokens, y.tokens) << "stop " << stop << " batch " << i;
+      ASSERT_EQ(full.last_tree_indices(), resumed.last_tree_indices());
+      ASSERT_EQ(full.state().epoch, resumed.state().epoch);
+      ASSERT_EQ(full.state().cursor, resumed.state().cursor);
+    }
+  }
 }
 
 }  // namespace

@@ -98,7 +98,7 @@ TEST(CliTest, GenerateStatsAndTrain) {
   for (std::string l; std::getline(metrics, l);) {
     const nlohmann::json m = nlohmann::json::parse(l);
     for (const char* k : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "n_tree", "n_flat", "por", "paths",
-                          "elapsed_s"})
+                          "pieces", "elapsed_s"})
       EXPECT_TRUE(m.contains(k)) << k;
     ++lines;
   }
@@ -111,6 +111,57 @@ TEST(CliTest, GenerateStatsAndTrain) {
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("error: device: cuda is not available in this build (CUDA backend pending)"), std::string::npos)
       << r.err;
+}
+
+TEST(CliTest, StatsWithCapacityReportsThePartition) {
+  const fs::path dir = tmp("cli_partition");
+  const std::string data = (dir / "combs.jsonl").string();
+  Result r = treetrain("generate --kind episodes --out " + data +
+                       " --num-trees 3 --vocab-size 32 --prefix-len 10 --steps 2 --history-len 3 --leaf-len 5");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = treetrain("stats --data " + data + " --format tree --capacity 8");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j.contains("partition")) << r.out;
+  const nlohmann::json& p = j.at("partition");
+  for (const char* k : {"capacity", "trees", "pieces", "n_flat", "n_tree", "tokens_with_gateways", "tokens_naive",
+                        "peak_tokens", "max_piece_tokens"})
+    EXPECT_TRUE(p.contains(k)) << k;
+  EXPECT_EQ(p.at("capacity").get<int64_t>(), 8);
+  EXPECT_EQ(p.at("trees").get<int64_t>(), 3);
+  EXPECT_EQ(p.at("n_tree").get<int64_t>(), j.at("n_tree").get<int64_t>());
+  EXPECT_EQ(p.at("tokens_with_gateways").get<int64_t>(), j.at("n_tree").get<int64_t>());
+  EXPECT_GT(p.at("tokens_naive").get<int64_t>(), p.at("tokens_with_gateways").get<int64_t>());
+  EXPECT_LE(p.at("max_piece_tokens").get<int64_t>(), 8);
+
+  // Without --capacity there is no partition object; a capacity below 1 is a usage error.
+  r = treetrain("stats --data " + data + " --format tree");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(nlohmann::json::parse(r.out).contains("partition"));
+  r = treetrain("stats --data " + data + " --format tree --capacity 0");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--capacity: expected a positive number of tokens"), std::string::npos) << r.err;
+}
+
+TEST(CliTest, PublishedExampleTotals) {
+  // The totals quoted in docs/PARTITIONING.md and data/synthetic.h.
+  const fs::path dir = tmp("cli_published");
+  const std::string data = (dir / "published.jsonl").string();
+  Result r = treetrain("generate --kind published-example --out " + data);
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = treetrain("stats --data " + data + " --format tree --capacity 32768");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json p = nlohmann::json::parse(r.out).at("partition");
+  EXPECT_EQ(p.at("n_flat").get<int64_t>(), 163584);
+  EXPECT_EQ(p.at("n_tree").get<int64_t>(), 82688);
+  EXPECT_EQ(p.at("tokens_with_gateways").get<int64_t>(), 82688);
+  EXPECT_EQ(p.at("tokens_naive").get<int64_t>(), 102144);
+  EXPECT_EQ(p.at("pieces").get<int64_t>(), 3);
+  EXPECT_EQ(p.at("peak_tokens").get<int64_t>(), 82688);
+
+  r = treetrain("generate --kind published-example --out " + data + " --num-trees 2");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--kind published-example has a fixed shape; drop --num-trees"), std::string::npos) << r.err;
 }
 
 }  // namespace

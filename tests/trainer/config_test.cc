@@ -156,6 +156,31 @@ TEST(ConfigTest, ValidateNamesTheKey) {
   EXPECT_EQ(e.rfind("run.yaml: model: ", 0), 0u) << e;
 }
 
+TEST(ConfigTest, PartitionKeys) {
+  EXPECT_EQ(parse_config_text(kMinimal, "run.yaml", {}).partition.capacity_tokens, 0);  // off by default
+  const RunConfig c = parse_config_text(
+      "data:\n  path: x\n  max_tokens_per_batch: 4096\npartition:\n  capacity_tokens: 2048\n", "run.yaml", {});
+  EXPECT_EQ(c.partition.capacity_tokens, 2048);
+  EXPECT_EQ(parse_config_text(kMinimal, "run.yaml", {"partition.capacity_tokens=4096"}).partition.capacity_tokens,
+            4096);  // == the default data.max_tokens_per_batch
+
+  EXPECT_EQ(parse_error("data:\n  path: x\npartition:\n  capacity: 8\n"),
+            "run.yaml:4: unknown key 'partition.capacity' (expected one of: capacity_tokens)");
+  EXPECT_EQ(parse_error("data:\n  path: x\npartition:\n  capacity_tokens: lots\n"),
+            "run.yaml:4: partition.capacity_tokens: expected an integer, got 'lots'");
+  EXPECT_EQ(parse_error(kMinimal, {"partition.capacity=8"}),
+            "--set partition.capacity=8: unknown key 'partition.capacity' (expected one of: capacity_tokens)");
+  EXPECT_EQ(parse_error(kMinimal, {"partition.capacity_tokens=-1"}),
+            "run.yaml: partition.capacity_tokens must be >= 0 (0: off) (got -1)");
+  EXPECT_EQ(parse_error(kMinimal, {"partition.capacity_tokens=64", "data.packing=per_path"}),
+            "run.yaml: data.packing must be tree when partition.capacity_tokens > 0 (64) (got 'per_path')");
+  EXPECT_EQ(parse_error(kMinimal, {"partition.capacity_tokens=4097"}),
+            "run.yaml: partition.capacity_tokens must be <= data.max_tokens_per_batch (4096): a piece must fit a "
+            "micro-batch (got 4097)");
+  // Off: per_path packing and any budget are fine.
+  EXPECT_EQ(parse_error(kMinimal, {"partition.capacity_tokens=0", "data.packing=per_path"}), "");
+}
+
 void expect_same(const RunConfig& a, const RunConfig& b) {
   EXPECT_EQ(a.to_yaml(), b.to_yaml());
   EXPECT_EQ(a.model.to_hf_json(), b.model.to_hf_json());
@@ -169,6 +194,7 @@ void expect_same(const RunConfig& a, const RunConfig& b) {
   EXPECT_EQ(a.train.grad_clip, b.train.grad_clip);
   EXPECT_EQ(a.schedule.min_lr_ratio, b.schedule.min_lr_ratio);
   EXPECT_EQ(a.data.shuffle, b.data.shuffle);
+  EXPECT_EQ(a.partition.capacity_tokens, b.partition.capacity_tokens);
 }
 
 TEST(ConfigTest, ToYamlRoundTrip) {
@@ -176,8 +202,10 @@ TEST(ConfigTest, ToYamlRoundTrip) {
                                         {"optim.lr=0.1", "optim.eps=1e-12", "model.rms_norm_eps=1e-5",
                                          "schedule.min_lr_ratio=0.3333333333333333", "train.seed=18446744073709551615",
                                          "run_dir='runs/with: colon'", "data.path=null", "data.path='true'",
-                                         "train.grad_clip=0", "model.rope_theta=1000000"});
+                                         "train.grad_clip=0", "model.rope_theta=1000000",
+                                         "partition.capacity_tokens=1024"});
   EXPECT_EQ(a.data.path, "true");
+  EXPECT_NE(a.to_yaml().find("partition:\n  capacity_tokens: 1024\n"), std::string::npos) << a.to_yaml();
   const RunConfig b = parse_config_text(a.to_yaml(), "resolved.yaml", {});
   expect_same(a, b);
 }

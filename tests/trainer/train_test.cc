@@ -1,5 +1,6 @@
 // The training loop end to end on tiny models: resume exactness, atomic checkpoints, gradient
-// accumulation with the step-wide normaliser, and a short run whose loss falls.
+// accumulation with the step-wide normaliser, partitioned training equal to unpartitioned
+// training, and a short run whose loss falls.
 #include "trainer/train.h"
 
 #include <gtest/gtest.h>
@@ -283,6 +284,124 @@ TEST(TrainTest, GradAccumUsesTheStepWideNormaliser) {
     EXPECT_GT(dmax, 0.0);
     for (size_t i = 0; i < p1.size(); ++i) ASSERT_NEAR(p1[i], p2[i], 1e-4 * dmax + 1e-6 * std::abs(p0[i])) << norm << " param " << i;
   }
+}
+
+// Four episode combs of 12 + 3 x (4 + 6) = 42 unique tokens each (tree format) in dir/combs.jsonl.
+constexpr int64_t kCombTokens = 42;
+RunConfig comb_config(const fs::path& dir) {
+  data::SyntheticSpec spec;
+  spec.kind = "episodes";
+  spec.num_trees = 4;
+  spec.vocab_size = 32;
+  spec.seed = 5;
+  spec.prefix_len = 12;
+  spec.steps = 3;
+  spec.history_len = 4;
+  spec.leaf_len = 6;
+  data::write_jsonl(spec, (dir / "combs.jsonl").string());
+  RunConfig c = tiny_config(dir);
+  c.data.path = (dir / "combs.jsonl").string();
+  c.data.format = "tree";
+  c.train.max_steps = 4;  // two epochs of 2 x 2 micro-batches: plans are reused
+  c.train.grad_accum = 2;
+  c.train.grad_clip = 0.5;
+  // As in GradAccumUsesTheStepWideNormaliser: eps well above fp32 noise keeps AdamW's update
+  // Lipschitz in the gradient, so fp32 summation-order differences stay fp32-sized.
+  c.optim.eps = 1e-3;
+  return c;
+}
+
+TEST(TrainTest, PartitionedTrainingEqualsUnpartitioned) {
+  for (const std::string norm : {"path_mean", "token_mean"}) {
+    const fs::path dir = test_dir("partition_" + norm);
+    RunConfig c = comb_config(dir);
+    c.train.loss_norm = norm;
+    // Reference: a budget of exactly one comb, so every micro-batch is one whole tree. The loader
+    // order depends only on (seed, epoch), so every run below sees the same trees in each batch.
+    RunConfig whole = c;
+    whole.run_dir = (dir / "whole").string();
+    whole.data.max_tokens_per_batch = kCombTokens;
+    // Trees larger than the budget (each a micro-batch of its own), pieces of 8 tokens: the
+    // 12-token prefix is split, and every step and leaf is cut off behind a gateway.
+    RunConfig oversize = c;
+    oversize.run_dir = (dir / "oversize").string();
+    oversize.data.max_tokens_per_batch = 16;
+    oversize.partition.capacity_tokens = 8;
+    // Trees that fit the budget but exceed the capacity: a lone tree is partitioned too.
+    RunConfig fits = c;
+    fits.run_dir = (dir / "fits").string();
+    fits.data.max_tokens_per_batch = kCombTokens;
+    fits.partition.capacity_tokens = 20;
+
+    Trainer ref(whole);
+    const std::vector<float> p0 = ref.backend().params_host();
+    std::vector<StepMetrics> want;
+    for (int s = 0; s < 4; ++s) want.push_back(ref.train_step());
+    const std::vector<float> want_params = ref.backend().params_host();
+    double dmax = 0;
+    for (size_t i = 0; i < p0.size(); ++i) dmax = std::max(dmax, (double)std::abs(want_params[i] - p0[i]));
+    ASSERT_GT(dmax, 0.0);
+
+    for (const RunConfig* run : {&oversize, &fits}) {
+      Trainer t(*run);
+      ASSERT_EQ(t.backend().params_host(), p0);
+      for (int s = 0; s < 4; ++s) {
+        const StepMetrics m = t.train_step();
+        EXPECT_EQ(want[s].pieces, 0);
+        EXPECT_GT(m.pieces, 2) << run->run_dir << " step " << s + 1;  // two trees, >= 2 pieces each
+        EXPECT_EQ(m.n_tree, want[s].n_tree);
+        EXPECT_EQ(m.n_tree, 2 * kCombTokens);
+        EXPECT_EQ(m.paths, want[s].paths);
+        // fp32 against fp32 in another summation order (pieces, gateway keys, relayed K/V
+        // gradients): relative 1e-5 on the loss and the gradient norm.
+        EXPECT_NEAR(m.loss, want[s].loss, 1e-5 * want[s].loss) << run->run_dir << " step " << s + 1;
+        EXPECT_NEAR(m.grad_norm, want[s].grad_norm, 1e-5 * want[s].grad_norm) << run->run_dir << " step " << s + 1;
+      }
+      // Parameters after four updates: the rule of GradAccumUsesTheStepWideNormaliser (1e-4 of the
+      // largest update, plus 1e-6 of the parameter for fp32 rounding of p itself).
+      const std::vector<float> got = t.backend().params_host();
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], want_params[i], 1e-4 * dmax + 1e-6 * std::abs(p0[i])) << run->run_dir << " param " << i;
+    }
+  }
+}
+
+TEST(TrainTest, PartitionedResumeGivesBitwiseTheSameRun) {
+  const fs::path dir = test_dir("partition_resume");
+  RunConfig a = comb_config(dir);
+  a.data.max_tokens_per_batch = 16;
+  a.partition.capacity_tokens = 8;
+  a.train.grad_accum = 1;
+  a.train.max_steps = 6;
+  std::vector<double> want;
+  std::vector<float> want_params;
+  {
+    Trainer full(a);
+    want = losses(full.run());
+    want_params = full.backend().params_host();
+  }
+  RunConfig b = a;
+  b.run_dir = (dir / "run_b").string();
+  std::vector<double> got;
+  {
+    Trainer first(b);
+    for (int i = 0; i < 3; ++i) got.push_back(first.train_step().loss);
+    first.save_checkpoint();
+  }
+  b.train.resume = true;
+  Trainer resumed(b);
+  for (double l : losses(resumed.run())) got.push_back(l);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(resumed.backend().params_host(), want_params);
+}
+
+TEST(TrainTest, OversizeTreeWithoutPartitioningIsAnError) {
+  const fs::path dir = test_dir("oversize_off");
+  RunConfig c = comb_config(dir);
+  c.data.max_tokens_per_batch = 16;
+  const std::string e = error_of([&] { Trainer t(c); });
+  EXPECT_NE(e.find("has 42 tokens under tree packing, which exceeds data.max_tokens_per_batch = 16"), std::string::npos)
+      << e;
 }
 
 TEST(TrainTest, LossFallsOnSyntheticData) {
