@@ -6,14 +6,17 @@
 #                                             bench:attention_bench, copy the stripped binaries
 #                                             (and libgomp, which the CPU reference links) to
 #                                             .device/attention/ (ignored by git; carried)
-#   scripts/device/attention_check.sh [run]   there: tests, compute-sanitizer on small cases,
-#                                             the benchmark on the public workloads (16 heads,
-#                                             head dim 128, 16 and 8 KV heads), then
-#                                             attention_compare.py; logs in $OUT (tests.log,
-#                                             sanitizer.log, bench.jsonl, compare.jsonl,
-#                                             compare.log, summary.txt); a short table last.
+#   scripts/device/attention_check.sh [run]   there: the benchmark on the public workloads (16
+#                                             heads, head dim 128, 16 and 8 KV heads), then
+#                                             attention_compare.py, the tests, compute-sanitizer
+#                                             on small cases, ncu counters of one forward
+#                                             and backward; logs in $OUT (tests.log,
+#                                             sanitizer.log, bench.jsonl, causal.jsonl,
+#                                             compare.jsonl, compare.log, ncu.txt, summary.txt);
+#                                             a short table last.
 # Device run:  run(command="scripts/device/attention_check.sh", carry=[".device"], timeout_s=300)
-# Environment: COMPARE_BUDGET_S (default 150) stops starting new comparison rows after that long.
+# Environment: COMPARE_BUDGET_S (default 120) stops starting new comparison rows after that long;
+# COMPARE_TIMEOUT_S (default 170) ends the comparison (the rows done so far are still tabled).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -37,25 +40,7 @@ summary="$OUT/summary.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,memory.used --format=csv \
   >"$OUT/tests.log" 2>&1
 
-# 1. Correctness against the fp64 CPU reference.
-start=$SECONDS
-timeout 120 "$DIR/attention_test" --gtest_color=no >>"$OUT/tests.log" 2>&1
-rc=$?
-printf "attention_test      rc=%d passed %d failed %d (%ds)\n" $rc "$(grep -c '^\[       OK \]' "$OUT/tests.log")" \
-  "$(grep -c '^\[  FAILED  \].*(' "$OUT/tests.log")" $((SECONDS - start)) >>"$summary"
-
-# 2. Out-of-bounds accesses and shared-memory races on small cases.
-SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-: >"$OUT/sanitizer.log"
-for tool in memcheck racecheck; do
-  start=$SECONDS
-  timeout 60 "$SAN" --tool $tool --error-exitcode 9 "$DIR/attention_test" --gtest_color=no \
-    --gtest_filter='*chain97*:*wide_fan*' >>"$OUT/sanitizer.log" 2>&1
-  printf "sanitizer %-9s rc=%d (%ds)\n" $tool $? $((SECONDS - start)) >>"$summary"
-done
-grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" | sort | uniq -c >>"$summary"
-
-# 3. Our timings, dumping each layout for the comparison.
+# 1. Our timings, dumping each layout for the comparison.
 : >"$OUT/bench.jsonl"
 for wl in comb rollout; do
   for kv in 16 8; do
@@ -65,11 +50,40 @@ for wl in comb rollout; do
 done
 timeout 60 "$DIR/attention_bench" --workload causal --n 16384 --heads 16 --kv-heads 16 --head-dim 128 \
   >"$OUT/causal.jsonl" 2>>"$OUT/tests.log" || echo "bench causal failed" >>"$summary"
+# MHA rows first: each new shape recompiles FlexAttention.
+{ grep '"kv_heads": 16' "$OUT/bench.jsonl"; grep -v '"kv_heads": 16' "$OUT/bench.jsonl"; } >/tmp/attn_rows.jsonl
 
-# 4. FlexAttention and SDPA on the same trees, same process for each row.
-PYTHONUNBUFFERED=1 timeout 200 python3 scripts/device/attention_compare.py --ours "$OUT/bench.jsonl" \
-  --out "$OUT/compare.jsonl" --budget-s "${COMPARE_BUDGET_S:-150}" >"$OUT/compare.log" 2>&1
+# 2. FlexAttention and SDPA on the same trees.
+PYTHONUNBUFFERED=1 timeout -k 10 "${COMPARE_TIMEOUT_S:-170}" python3 scripts/device/attention_compare.py \
+  --ours /tmp/attn_rows.jsonl --out "$OUT/compare.jsonl" --budget-s "${COMPARE_BUDGET_S:-120}" \
+  --warmup 2 --iters 5 >"$OUT/compare.log" 2>&1
 echo "attention_compare rc=$?" >>"$summary"
+
+# 3. Correctness against the fp64 CPU reference.
+start=$SECONDS
+timeout 120 "$DIR/attention_test" --gtest_color=no >>"$OUT/tests.log" 2>&1
+rc=$?
+printf "attention_test      rc=%d passed %d failed %d (%ds)\n" $rc "$(grep -c '^\[       OK \]' "$OUT/tests.log")" \
+  "$(grep -c '^\[  FAILED  \].*(' "$OUT/tests.log")" $((SECONDS - start)) >>"$summary"
+
+# 4. Out-of-bounds accesses and shared-memory races on small cases.
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+: >"$OUT/sanitizer.log"
+for tool in memcheck racecheck; do
+  start=$SECONDS
+  timeout 60 "$SAN" --tool $tool --error-exitcode 9 "$DIR/attention_test" --gtest_color=no \
+    --gtest_filter='*chain97*:*wide_fan*:*comb_hs64*' >>"$OUT/sanitizer.log" 2>&1
+  printf "sanitizer %-9s rc=%d (%ds)\n" $tool $? $((SECONDS - start)) >>"$summary"
+done
+grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" | sort | uniq -c >>"$summary"
+
+# 5. Hardware counters of one forward and one backward launch (comb, 16 heads).
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+timeout 60 "$NCU" --clock-control none -k regex:'attention_(fwd|bwd)_kernel' --launch-count 2 \
+  --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+  --section Occupancy --section WarpStateStats --section LaunchStats \
+  "$DIR/attention_bench" --workload comb --iters 1 --warmup 0 >"$OUT/ncu.txt" 2>&1
+echo "ncu rc=$?" >>"$summary"
 
 echo "----- failures"
 grep -B2 -A10 'Failure$' "$OUT/tests.log" | head -60
@@ -79,6 +93,6 @@ grep -E '^[a-z_0-9]+ +N=' "$OUT/tests.log"
 echo "----- ours (JSON)"
 cat "$OUT/bench.jsonl" "$OUT/causal.jsonl"
 echo "----- comparison"
-tail -12 "$OUT/compare.log"
+grep -v Warning "$OUT/compare.log" | tail -16
 echo "----- summary"
 cat "$summary"

@@ -14,6 +14,7 @@ rows as JSON lines to --out.
 """
 import argparse
 import json
+import signal
 import statistics
 import sys
 import time
@@ -71,65 +72,82 @@ def main():
     rows = []
     with open(args.ours) as f:
         ours_rows = [json.loads(line) for line in f if line.strip().startswith("{")]
-    for o in ours_rows:
-        if time.time() - start > args.budget_s:
-            print(f"budget spent: skipping {o['workload']} kv={o['kv_heads']}", flush=True)
-            continue
-        n, h, hkv, d = o["n"], o["heads"], o["kv_heads"], o["head_dim"]
-        se = torch.from_numpy(np.load(o["layout"] + "subtree_end.npy").astype(np.int32)).cuda()
-        assert se.numel() == n, (se.numel(), n)
-        pairs = int(o["visible_pairs"])
-        # The same count from the layout: key j is seen by queries j .. subtree_end[j] - 1.
-        pairs_check = int((se.long() - torch.arange(n, device="cuda")).sum().item())
-        assert pairs_check == pairs, (pairs_check, pairs)
-        fpp = 14 * d * h
+    # A timeout's SIGTERM ends the loop, not the table of the rows done so far.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    out_f = open(args.out, "w")
+    try:
+        for o in ours_rows:
+            compare_row(o, args, flex, start, rows, out_f)
+    except KeyboardInterrupt:
+        print("interrupted: table of the finished rows", flush=True)
+    print_table(rows)
+    return 0
 
-        def mask_mod(b, hh, q_idx, kv_idx):
-            return (kv_idx <= q_idx) & (q_idx < se[kv_idx])
 
-        t0 = time.time()
-        try:
-            bm = create_block_mask(mask_mod, B=None, H=None, Q_LEN=n, KV_LEN=n, device="cuda", _compile=True)
-        except TypeError:
-            bm = create_block_mask(mask_mod, B=None, H=None, Q_LEN=n, KV_LEN=n, device="cuda")
-        mk = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
-        q, k, v = mk(1, h, n, d), mk(1, hkv, n, d), mk(1, hkv, n, d)
-        dout = torch.randn(1, h, n, d, device="cuda", dtype=torch.bfloat16)
-        gqa = hkv != h
-        flex_attn = lambda q_, k_, v_: flex(q_, k_, v_, block_mask=bm, enable_gqa=gqa)
-        flex_fwd, flex_total = fwd_bwd_times(flex_attn, q, k, v, dout, args.warmup, args.iters)
-        t_flex = time.time() - t0
+def compare_row(o, args, flex, start, rows, out_f):
+    """Times Flex and SDPA for one bench row; appends the row to rows and out_f."""
+    if time.time() - start > args.budget_s:
+        print(f"budget spent: skipping {o['workload']} kv={o['kv_heads']}", flush=True)
+        return
+    n, h, hkv, d = o["n"], o["heads"], o["kv_heads"], o["head_dim"]
+    se = torch.from_numpy(np.load(o["layout"] + "subtree_end.npy").astype(np.int32)).cuda()
+    assert se.numel() == n, (se.numel(), n)
+    pairs = int(o["visible_pairs"])
+    # The same count from the layout: key j is seen by queries j .. subtree_end[j] - 1.
+    pairs_check = int((se.long() - torch.arange(n, device="cuda")).sum().item())
+    assert pairs_check == pairs, (pairs_check, pairs)
+    fpp = 14 * d * h
 
-        # SDPA on full heads (KV heads repeated outside the timing), so every backend applies.
-        ke = k.detach().repeat_interleave(h // hkv, dim=1).requires_grad_(True)
-        ve = v.detach().repeat_interleave(h // hkv, dim=1).requires_grad_(True)
-        sdpa = lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_, is_causal=True)
-        sdpa_fwd, sdpa_total = fwd_bwd_times(sdpa, q, ke, ve, dout, args.warmup, args.iters)
-        causal_pairs = n * (n + 1) // 2
-        del q, k, v, ke, ve, dout, bm
-        torch.cuda.empty_cache()
+    def mask_mod(b, hh, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (q_idx < se[kv_idx])
 
-        row = {
-            "workload": o["workload"], "n": n, "heads": h, "kv_heads": hkv, "head_dim": d,
-            "visible_pairs": pairs, "density": pairs / causal_pairs,
-            "ours_fwd_ms": o["fwd_ms"], "ours_bwd_ms": o["bwd_ms"], "ours_total_ms": o["total_ms"],
-            "ours_tflops": o["total_tflops"],
-            "flex_fwd_ms": flex_fwd, "flex_total_ms": flex_total,
-            "flex_tflops": tflops(fpp, pairs, flex_total),
-            "flex_fwd_tflops": tflops(4 * d * h, pairs, flex_fwd),
-            "sdpa_fwd_ms": sdpa_fwd, "sdpa_total_ms": sdpa_total,
-            "sdpa_tflops": tflops(fpp, causal_pairs, sdpa_total),
-            "sdpa_fwd_tflops": tflops(4 * d * h, causal_pairs, sdpa_fwd),
-            "flex_setup_s": t_flex,
-        }
-        row["ours_over_flex"] = row["ours_tflops"] / row["flex_tflops"]
-        row["ours_over_sdpa"] = row["ours_tflops"] / row["sdpa_tflops"]
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    tag = f"{o['workload']} N={n} H={h}/{hkv}"
+    t0 = time.time()
+    bm = create_block_mask(mask_mod, B=None, H=None, Q_LEN=n, KV_LEN=n, device="cuda")
+    torch.cuda.synchronize()
+    print(f"[{time.time() - start:6.1f}s] {tag}: block mask in {time.time() - t0:.1f}s", flush=True)
+    mk = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
+    q, k, v = mk(1, h, n, d), mk(1, hkv, n, d), mk(1, hkv, n, d)
+    dout = torch.randn(1, h, n, d, device="cuda", dtype=torch.bfloat16)
+    gqa = hkv != h
+    flex_attn = lambda q_, k_, v_: flex(q_, k_, v_, block_mask=bm, enable_gqa=gqa)
+    flex_fwd, flex_total = fwd_bwd_times(flex_attn, q, k, v, dout, args.warmup, args.iters)
+    t_flex = time.time() - t0
+    print(f"[{time.time() - start:6.1f}s] {tag}: flex fwd {flex_fwd:.2f} ms, fwd+bwd {flex_total:.2f} ms "
+          f"({tflops(fpp, pairs, flex_total):.0f} TFLOP/s; compile and timing {t_flex:.1f}s)", flush=True)
 
-    with open(args.out, "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
+    # SDPA on full heads (KV heads repeated outside the timing), so every backend applies.
+    ke = k.detach().repeat_interleave(h // hkv, dim=1).requires_grad_(True)
+    ve = v.detach().repeat_interleave(h // hkv, dim=1).requires_grad_(True)
+    sdpa = lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_, is_causal=True)
+    sdpa_fwd, sdpa_total = fwd_bwd_times(sdpa, q, ke, ve, dout, args.warmup, args.iters)
+    causal_pairs = n * (n + 1) // 2
+    print(f"[{time.time() - start:6.1f}s] {tag}: sdpa causal fwd {sdpa_fwd:.2f} ms, fwd+bwd {sdpa_total:.2f} ms "
+          f"({tflops(fpp, causal_pairs, sdpa_total):.0f} TFLOP/s)", flush=True)
+    del q, k, v, ke, ve, dout, bm
+    torch.cuda.empty_cache()
+
+    row = {
+        "workload": o["workload"], "n": n, "heads": h, "kv_heads": hkv, "head_dim": d,
+        "visible_pairs": pairs, "density": pairs / causal_pairs,
+        "ours_fwd_ms": o["fwd_ms"], "ours_bwd_ms": o["bwd_ms"], "ours_total_ms": o["total_ms"],
+        "ours_tflops": o["total_tflops"],
+        "flex_fwd_ms": flex_fwd, "flex_total_ms": flex_total,
+        "flex_tflops": tflops(fpp, pairs, flex_total),
+        "flex_fwd_tflops": tflops(4 * d * h, pairs, flex_fwd),
+        "sdpa_fwd_ms": sdpa_fwd, "sdpa_total_ms": sdpa_total,
+        "sdpa_tflops": tflops(fpp, causal_pairs, sdpa_total),
+        "sdpa_fwd_tflops": tflops(4 * d * h, causal_pairs, sdpa_fwd),
+        "flex_setup_s": t_flex,
+    }
+    row["ours_over_flex"] = row["ours_tflops"] / row["flex_tflops"]
+    row["ours_over_sdpa"] = row["ours_tflops"] / row["sdpa_tflops"]
+    rows.append(row)
+    out_f.write(json.dumps(row) + "\n")
+    out_f.flush()
+
+
+def print_table(rows):
     hdr = (f"{'workload':<9}{'N':>7}{'H/KV':>7}{'pairs':>9} | {'ours ms':>8}{'TF/s':>6} (fwd {'TF/s':>4})"
            f" | {'flex ms':>8}{'TF/s':>6} | {'sdpa ms':>8}{'TF/s':>6} | {'/flex':>6}{'/sdpa':>6}")
     print(hdr)
@@ -139,7 +157,6 @@ def main():
               f"{r['visible_pairs'] / 1e6:>8.1f}M | {r['ours_total_ms']:>8.2f}{r['ours_tflops']:>6.0f} (fwd {ours_fwd_tf:>4.0f})"
               f" | {r['flex_total_ms']:>8.2f}{r['flex_tflops']:>6.0f} | {r['sdpa_total_ms']:>8.2f}{r['sdpa_tflops']:>6.0f}"
               f" | {r['ours_over_flex']:>6.2f}{r['ours_over_sdpa']:>6.2f}")
-    return 0
 
 
 if __name__ == "__main__":

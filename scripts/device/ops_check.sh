@@ -53,8 +53,30 @@ done
 timeout 200 "$DIR/ops_bench" >"$OUT/bench.txt" 2>&1
 echo "ops_bench rc=$?" >>"$summary"
 
+# Memory errors and shared-memory races of the kernels, on the smaller cases.
+san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [ -x "$san" ]; then
+  set -f  # the gtest filters are patterns, not file globs
+  for spec in "memcheck cross_entropy_test" "racecheck cross_entropy_test" "memcheck rmsnorm_test" \
+              "racecheck rmsnorm_test" "memcheck embedding_test" "memcheck adamw_test:-*SumSquares*"; do
+    set -- $spec
+    tool=$1 bin=${2%%:*} filter=""
+    [ "$bin" != "$2" ] && filter="--gtest_filter=${2#*:}"
+    echo "===== sanitizer $tool $bin $filter" >>"$OUT/tests.log"
+    timeout 25 "$san" --tool "$tool" --error-exitcode 9 "$DIR/$bin" --gtest_brief=1 $filter \
+      >>"$OUT/tests.log" 2>&1
+    rc=$?
+    status=PASS
+    [ $rc -ne 0 ] && status="FAIL(rc=$rc)"
+    printf "%-22s %-12s compute-sanitizer %s\n" "$bin" "$status" "$tool" >>"$summary"
+  done
+  set +f
+fi
+
+
 echo "----- failures"
 grep -B2 -A12 'Failure$\|error:' "$OUT/tests.log" | head -80
+grep -E '^========= (Invalid|Race|Error|.*[Hh]azard|.*SUMMARY)' "$OUT/tests.log" | head -30
 echo "----- benchmark"
 sed -n '/^op /,$p' "$OUT/bench.txt"
 tail -3 "$OUT/bench.txt" | grep -i "ops_bench:" || true

@@ -1,0 +1,57 @@
+// Benchmark of the CUDA tree attention (ops/cuda/attention.h) on a packed batch.
+//
+// Times forward + backward with CUDA events after warm-up and reports medians, with TFLOP/s of
+// visible (query, key) pairs: 4 HS NH FLOPs per pair forward, 10 backward, 14 in all (the
+// convention of FlashAttention's causal accounting, applied to the tree's pairs). Inputs are
+// random bf16, never zeros. The layout can be dumped (subtree_end and pos as int32 .npy) so that
+// scripts/device/attention_compare.py times PyTorch FlexAttention with the same tree mask and
+// dense causal SDPA at the same length, in the same run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "data/packing.h"
+
+namespace tt::bench {
+
+struct AttentionBenchOptions {
+  int heads = 16;
+  int kv_heads = 16;
+  int head_dim = 128;
+  int warmup = 3;
+  int iters = 10;
+  uint64_t seed = 1;
+};
+
+struct AttentionBenchResult {
+  std::string workload;
+  int n = 0, heads = 0, kv_heads = 0, head_dim = 0, trees = 0, nodes = 0;
+  int64_t visible_pairs = 0;
+  double fwd_ms = 0, bwd_ms = 0, total_ms = 0;           // medians
+  double fwd_tflops = 0, bwd_tflops = 0, total_tflops = 0;  // of visible pairs
+};
+
+// Runs the benchmark on the GPU (throws tt::Error on CUDA errors or bad shapes).
+AttentionBenchResult bench_attention(const data::PackedBatch& batch, const std::string& workload,
+                                     const AttentionBenchOptions& opt);
+
+// One JSON object, one line.
+std::string to_json(const AttentionBenchResult& r);
+
+// Writes <prefix>subtree_end.npy and <prefix>pos.npy (int32, shape (N,)).
+void dump_layout_npy(const data::PackedBatch& batch, const std::string& prefix);
+
+// The public workloads, packed as data::pack would (one tree each):
+// a navigation-episode comb: a prefix, then `steps` steps of a history node on the trunk and a
+// leaf (observation + action) hanging off it;
+data::PackedBatch episode_comb_batch(int prefix_len = 512, int steps = 40, int history_len = 128,
+                                     int leaf_len = 256);
+// an agent rollout tree: a prompt, then `turns` turns of about turn_len tokens (lengths jittered
+// by up to +-jitter, fixed by seed), `branches` children at each of the first branch_turns turns.
+data::PackedBatch agent_rollout_batch(int prompt_len = 4096, int turns = 6, int turn_len = 1024, int branches = 4,
+                                      int branch_turns = 2, int jitter = 64, uint64_t seed = 1);
+// one chain of n tokens: plain causal attention, for the kernel's own dense baseline.
+data::PackedBatch causal_batch(int n);
+
+}  // namespace tt::bench

@@ -1,0 +1,49 @@
+// attention_bench: times the CUDA tree attention on a public workload and prints one JSON line.
+//
+//   attention_bench --workload comb|rollout|causal [--n N (causal)] [--heads 16] [--kv-heads 16]
+//                   [--head-dim 128] [--iters 10] [--warmup 3] [--dump PREFIX]
+// --dump writes PREFIXsubtree_end.npy and PREFIXpos.npy for scripts/device/attention_compare.py.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "bench/attention_bench.h"
+#include "ops/check.h"
+
+int main(int argc, char** argv) {
+  try {
+    tt::bench::AttentionBenchOptions opt;
+    std::string workload = "comb", dump;
+    int n = 16384;
+    for (int i = 1; i < argc; i++) {
+      const std::string a = argv[i];
+      TT_CHECK(i + 1 < argc, "attention_bench: ", a, " needs a value");
+      const char* val = argv[++i];
+      if (a == "--workload") workload = val;
+      else if (a == "--n") n = std::atoi(val);
+      else if (a == "--heads") opt.heads = std::atoi(val);
+      else if (a == "--kv-heads") opt.kv_heads = std::atoi(val);
+      else if (a == "--head-dim") opt.head_dim = std::atoi(val);
+      else if (a == "--iters") opt.iters = std::atoi(val);
+      else if (a == "--warmup") opt.warmup = std::atoi(val);
+      else if (a == "--dump") dump = val;
+      else TT_CHECK(false, "attention_bench: unknown option ", a);
+    }
+    tt::data::PackedBatch batch;
+    if (workload == "comb") batch = tt::bench::episode_comb_batch();
+    else if (workload == "rollout") batch = tt::bench::agent_rollout_batch();
+    else if (workload == "causal") batch = tt::bench::causal_batch(n);
+    else TT_CHECK(false, "attention_bench: --workload ", workload, ", expected comb, rollout or causal");
+    if (!dump.empty()) tt::bench::dump_layout_npy(batch, dump);
+    const auto r = tt::bench::bench_attention(batch, workload, opt);
+    std::string json = tt::bench::to_json(r);
+    if (!dump.empty()) json.insert(json.size() - 1, ", \"layout\": \"" + dump + "\"");
+    std::printf("%s\n", json.c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attention_bench: %s\n", e.what());
+    return 1;
+  }
+}

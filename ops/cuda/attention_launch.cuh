@@ -1,0 +1,50 @@
+// Launchers of the CUDA tree attention: grid, block, shared memory and stream of each kernel of
+// attention_kernels.cuh. One attention_{fwd,bwd}_hdim{64,128}.cu instantiates each, so the head
+// dims compile in parallel; attention.cc owns the runtime -> template dispatch.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "ops/cuda/attention_device.cuh"
+#include "ops/cuda/attention_kernels.cuh"
+#include "ops/cuda/attention_params.h"
+#include "ops/cuda/check.h"
+
+namespace tt::cuda {
+
+template <int HS>
+void run_attention_fwd(const AttnFwdParams& p, cudaStream_t stream) {
+  using C = attn::FwdConfig<HS>;
+  auto* kernel = attn::attention_fwd_kernel<HS>;
+  TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmemBytes));
+  const dim3 grid(p.nh, (p.n + C::BM - 1) / C::BM);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  TT_CUDA_CHECK_LAUNCH();
+}
+
+template <int HS>
+void run_attention_bwd(const AttnBwdParams& p, cudaStream_t stream) {
+  using C = attn::BwdConfig<HS>;
+  constexpr int kSmallThreads = 256;
+
+  const int64_t pre_threads = (int64_t)p.n_pad * p.nh * 32;
+  attn::attention_bwd_preprocess_kernel<HS>
+      <<<(unsigned)((pre_threads + kSmallThreads - 1) / kSmallThreads), kSmallThreads, 0, stream>>>(p);
+  TT_CUDA_CHECK_LAUNCH();
+  TT_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, (size_t)p.n * p.nh * HS * sizeof(float), stream));
+
+  int ext_tiles = 0;
+  for (int e = 0; e < p.n_ext; ++e) ext_tiles += (p.ext[e].len + C::BN - 1) / C::BN;
+  auto* kernel = attn::attention_bwd_kernel<HS>;
+  TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmemBytes));
+  const dim3 grid(p.nkv, ext_tiles + (p.n + C::BN - 1) / C::BN);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  TT_CUDA_CHECK_LAUNCH();
+
+  const int64_t chunks = (int64_t)p.n * p.nh * HS / 8;
+  attn::attention_dq_convert_kernel<HS>
+      <<<(unsigned)((chunks + kSmallThreads - 1) / kSmallThreads), kSmallThreads, 0, stream>>>(p);
+  TT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace tt::cuda

@@ -1,0 +1,128 @@
+// Kernel arguments of the CUDA tree attention (private to ops/cuda/attention*): one params struct
+// of pointers, sizes, 64-bit strides and scalars; the backward struct extends the forward one.
+// attention.cc checks shapes, fills them (make_*_params) and dispatches on the head dim; each
+// attention_{fwd,bwd}_hdim*.cu instantiates one launcher.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "ops/cuda/attention.h"
+
+namespace tt::cuda {
+
+struct AttnExtParams {
+  const bf16* k;  // (len, NKV, HS)
+  const bf16* v;  // (len, NKV, HS)
+  bf16* dk;       // (len, NKV, HS) +=, or null
+  bf16* dv;       // (len, NKV, HS) +=, or null
+  int len;
+  int q_begin;
+  int q_end;
+};
+
+struct AttnFwdParams {
+  const bf16* q;  // (N, NH, HS)
+  const bf16* k;  // (N, NKV, HS)
+  const bf16* v;  // (N, NKV, HS)
+  bf16* out;      // (N, NH, HS)
+  float* lse;     // (N, NH)
+  // Element strides between consecutive tokens and heads; the last dim is contiguous.
+  int64_t q_row_stride, q_head_stride;
+  int64_t k_row_stride, k_head_stride;  // also v and the external prefixes
+  int64_t o_row_stride, o_head_stride;  // also dout and dq
+  int n, nh, nkv, group;                // group = NH / NKV
+  float scale;                          // 1 / sqrt(HS)
+  float scale_log2;                     // scale * log2(e)
+  TreeTiles tiles;
+  int n_ext;
+  AttnExtParams ext[kMaxExternalKV];
+};
+
+struct AttnBwdParams : AttnFwdParams {
+  const bf16* dout;  // (N, NH, HS)
+  bf16* dq;          // (N, NH, HS)
+  bf16* dk;          // (N, NKV, HS)
+  bf16* dv;          // (N, NKV, HS)
+  float* dq_accum;   // (N, NH, HS) fp32, unscaled dS K sums
+  float* lse_log2;   // (NH, n_pad) lse * log2(e); 0 on padding rows
+  float* dsum;       // (NH, n_pad) D = dout . out; 0 on padding rows
+  int n_pad;         // N rounded up to kRowPad
+};
+
+// Rows of the (NH, n_pad) backward buffers: a multiple of every query tile.
+constexpr int kRowPad = 128;
+
+// Fills the params of a dense (N, heads, HS) layout; prefixes of no keys are dropped (nothing to
+// read, nothing to add). Shapes are checked by the caller (attention.cc).
+inline AttnFwdParams make_fwd_params(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                                     const TreeTiles& tiles, const ExternalKV* ext, int n_ext, int N, int NH,
+                                     int NKV, int HS) {
+  AttnFwdParams p{};
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.out = out;
+  p.lse = lse;
+  p.q_row_stride = (int64_t)NH * HS;
+  p.q_head_stride = HS;
+  p.k_row_stride = (int64_t)NKV * HS;
+  p.k_head_stride = HS;
+  p.o_row_stride = (int64_t)NH * HS;
+  p.o_head_stride = HS;
+  p.n = N;
+  p.nh = NH;
+  p.nkv = NKV;
+  p.group = NH / NKV;
+  p.scale = (float)(1.0 / std::sqrt((double)HS));
+  p.scale_log2 = (float)(1.4426950408889634 / std::sqrt((double)HS));
+  p.tiles = tiles;
+  p.n_ext = 0;
+  for (int e = 0; e < n_ext; e++) {
+    if (ext[e].len == 0) continue;
+    p.ext[p.n_ext++] =
+        AttnExtParams{ext[e].k, ext[e].v, ext[e].dk, ext[e].dv, ext[e].len, ext[e].q_begin, ext[e].q_end};
+  }
+  return p;
+}
+
+inline size_t bwd_align_up(size_t x) { return (x + 255) / 256 * 256; }
+
+// Scratch of the backward: dq_accum (N, NH, HS), lse_log2 and dsum (NH, n_pad), 256-byte aligned.
+inline size_t bwd_workspace_bytes(int N, int NH, int HS) {
+  if (N <= 0) return 0;
+  const int n_pad = (N + kRowPad - 1) / kRowPad * kRowPad;
+  return bwd_align_up((size_t)N * NH * HS * sizeof(float)) + 2 * bwd_align_up((size_t)NH * n_pad * sizeof(float));
+}
+
+// The forward's params (out and lse as the backward's inputs) plus the gradients and scratch.
+inline AttnBwdParams make_bwd_params(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out,
+                                     const float* lse, const bf16* q, const bf16* k, const bf16* v,
+                                     const TreeTiles& tiles, const ExternalKV* ext, int n_ext, int N, int NH,
+                                     int NKV, int HS, void* workspace) {
+  AttnBwdParams p{};
+  static_cast<AttnFwdParams&>(p) =
+      make_fwd_params(const_cast<bf16*>(out), const_cast<float*>(lse), q, k, v, tiles, ext, n_ext, N, NH, NKV, HS);
+  p.dout = dout;
+  p.dq = dq;
+  p.dk = dk;
+  p.dv = dv;
+  p.n_pad = (N + kRowPad - 1) / kRowPad * kRowPad;
+  char* base = static_cast<char*>(workspace);
+  p.dq_accum = reinterpret_cast<float*>(base);
+  base += bwd_align_up((size_t)N * NH * HS * sizeof(float));
+  p.lse_log2 = reinterpret_cast<float*>(base);
+  base += bwd_align_up((size_t)NH * p.n_pad * sizeof(float));
+  p.dsum = reinterpret_cast<float*>(base);
+  return p;
+}
+
+template <int HS>
+void run_attention_fwd(const AttnFwdParams& p, cudaStream_t stream);
+template <int HS>
+void run_attention_bwd(const AttnBwdParams& p, cudaStream_t stream);
+
+}  // namespace tt::cuda

@@ -1,0 +1,49 @@
+// One family of check macros for CUDA, cuBLAS, cuDNN and NCCL. Each records the failed
+// expression, file and line and throws tt::Error; only main() decides to exit.
+// TT_CUDA_CHECK_LAUNCH() checks the last error after every kernel launch.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "ops/check.h"
+
+namespace tt::cuda {
+
+[[noreturn]] inline void fail_api(const char* lib, const char* expr, const char* file, int line,
+                                  long code, const char* what) {
+  throw ::tt::Error(::tt::str(lib, " error ", code, " (", what ? what : "?", ") in ", expr, " at ", file,
+                              ":", line));
+}
+
+}  // namespace tt::cuda
+
+#define TT_CUDA_CHECK(expr)                                                                   \
+  do {                                                                                        \
+    cudaError_t tt_err_ = (expr);                                                             \
+    if (tt_err_ != cudaSuccess)                                                               \
+      ::tt::cuda::fail_api("CUDA", #expr, __FILE__, __LINE__, (long)tt_err_, cudaGetErrorString(tt_err_)); \
+  } while (0)
+
+#define TT_CUDA_CHECK_LAUNCH() TT_CUDA_CHECK(cudaGetLastError())
+
+// cuBLAS / cuDNN / NCCL status checks: include the library header before using these.
+#define TT_CUBLAS_CHECK(expr)                                                                 \
+  do {                                                                                        \
+    cublasStatus_t tt_st_ = (expr);                                                           \
+    if (tt_st_ != CUBLAS_STATUS_SUCCESS)                                                      \
+      ::tt::cuda::fail_api("cuBLAS", #expr, __FILE__, __LINE__, (long)tt_st_, cublasGetStatusString(tt_st_)); \
+  } while (0)
+
+#define TT_CUDNN_CHECK(expr)                                                                  \
+  do {                                                                                        \
+    cudnnStatus_t tt_st_ = (expr);                                                            \
+    if (tt_st_ != CUDNN_STATUS_SUCCESS)                                                       \
+      ::tt::cuda::fail_api("cuDNN", #expr, __FILE__, __LINE__, (long)tt_st_, cudnnGetErrorString(tt_st_)); \
+  } while (0)
+
+#define TT_NCCL_CHECK(expr)                                                                   \
+  do {                                                                                        \
+    ncclResult_t tt_st_ = (expr);                                                             \
+    if (tt_st_ != ncclSuccess)                                                                \
+      ::tt::cuda::fail_api("NCCL", #expr, __FILE__, __LINE__, (long)tt_st_, ncclGetErrorString(tt_st_)); \
+  } while (0)

@@ -1,0 +1,220 @@
+// cuBLASLt GEMMs of a Linear layer (see gemm.h).
+// Gradient contract: matmul_forward overwrites out; matmul_backward accumulates (+=) into dx and
+// dW; the _dx/_dw entry points overwrite (beta 0) or accumulate (beta 1).
+//
+// Row-major tensors are column-major transposes, so each product is written for cuBLAS as the
+// transposed one (m, n, k of the column-major call; "ld" leading dimensions):
+//   out^T (OC, N)  = W (IC, OC)^T  x^T (IC, N)        m=OC n=N  k=IC  A=W op T, B=x op N
+//   dx^T  (IC, N)  = W (IC, OC)    dout^T (OC, N)     m=IC n=N  k=OC  A=W op N, B=dout op N
+//   dW^T  (IC, OC) = x^T (IC, N)   dout (N, OC)       m=IC n=OC k=N   A=x op N, B=dout op T
+// A plan is cached per (shape, output type, pointer alignments): cuBLASLt's heuristic assumes
+// 256-byte-aligned pointers unless told otherwise, so the alignments are part of the key.
+#include "ops/cuda/gemm.h"
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+
+#include <array>
+#include <map>
+
+#include "ops/cuda/check.h"
+
+namespace tt::cuda {
+namespace {
+
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+using PlanKey = std::array<int64_t, 12>;
+
+uint32_t alignment(const void* p) {
+  const uintptr_t u = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && (u & (a - 1)) != 0) a /= 2;
+  return a;
+}
+
+void destroy(Plan& p) {
+  if (p.d) cublasLtMatrixLayoutDestroy(p.d);
+  if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+  if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+  if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+  p = Plan{};
+}
+
+}  // namespace
+
+struct GemmHandle::Impl {
+  cublasLtHandle_t lt = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  cudaStream_t stream = nullptr;
+  std::map<PlanKey, Plan> plans;
+
+  const Plan& plan(const GemmShape& s, uint32_t align_a, uint32_t align_b, uint32_t align_d) {
+    const PlanKey key{s.m, s.n, s.k, (int64_t)s.op_a, (int64_t)s.op_b, s.lda, s.ldb, s.ldd, (int64_t)s.out,
+                      align_a, align_b, align_d};
+    auto it = plans.find(key);
+    if (it != plans.end()) return it->second;
+    Plan p;
+    try {
+      TT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      const cublasOperation_t ta = s.op_a == GemmOp::kT ? CUBLAS_OP_T : CUBLAS_OP_N;
+      const cublasOperation_t tb = s.op_b == GemmOp::kT ? CUBLAS_OP_T : CUBLAS_OP_N;
+      TT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+      TT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+      const bool an = s.op_a == GemmOp::kN, bn = s.op_b == GemmOp::kN;
+      TT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, an ? s.m : s.k, an ? s.k : s.m, s.lda));
+      TT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, bn ? s.k : s.n, bn ? s.n : s.k, s.ldb));
+      const cudaDataType_t dt = s.out == GemmOut::kBf16 ? CUDA_R_16BF : CUDA_R_32F;
+      TT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, dt, s.m, s.n, s.ldd));
+
+      cublasLtMatmulPreference_t pref = nullptr;
+      TT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      const uint64_t ws = workspace_bytes;
+      cublasLtMatmulHeuristicResult_t result{};
+      int count = 0;
+      cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                               sizeof(ws));
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                                  sizeof(align_a));
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                                  sizeof(align_b));
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
+                                                  sizeof(align_d));
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
+                                                  sizeof(align_d));
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &count);
+      cublasLtMatmulPreferenceDestroy(pref);
+      TT_CUBLAS_CHECK(st);
+      TT_CHECK(count > 0, "cuda::GemmHandle: cuBLASLt has no algorithm for m=", s.m, " n=", s.n, " k=", s.k,
+               " lda=", s.lda, " ldb=", s.ldb, " ldd=", s.ldd, " alignments ", align_a, "/", align_b, "/",
+               align_d);
+      p.algo = result.algo;
+    } catch (...) {
+      destroy(p);
+      throw;
+    }
+    return plans.emplace(key, p).first->second;
+  }
+};
+
+GemmHandle::GemmHandle(cudaStream_t stream, size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
+  impl_->stream = stream;
+  impl_->workspace_bytes = workspace_bytes;
+  TT_CUBLAS_CHECK(cublasLtCreate(&impl_->lt));
+  if (workspace_bytes) {
+    cudaError_t err = cudaMalloc(&impl_->workspace, workspace_bytes);
+    if (err != cudaSuccess) {
+      cublasLtDestroy(impl_->lt);
+      TT_CUDA_CHECK(err);
+    }
+  }
+}
+
+GemmHandle::~GemmHandle() {
+  for (auto& [key, plan] : impl_->plans) destroy(plan);
+  if (impl_->workspace) cudaFree(impl_->workspace);
+  if (impl_->lt) cublasLtDestroy(impl_->lt);
+}
+
+cudaStream_t GemmHandle::stream() const { return impl_->stream; }
+void GemmHandle::set_stream(cudaStream_t stream) { impl_->stream = stream; }
+int GemmHandle::num_plans() const { return (int)impl_->plans.size(); }
+
+void GemmHandle::run(const GemmShape& s, const bf16* a, const bf16* b, void* d, float alpha, float beta) {
+  TT_CHECK(s.m > 0 && s.n > 0 && s.k > 0, "cuda::GemmHandle::run: expected positive m, n, k, got m=", s.m, " n=", s.n,
+           " k=", s.k);
+  const bool an = s.op_a == GemmOp::kN, bn = s.op_b == GemmOp::kN;
+  TT_CHECK(s.lda >= (an ? s.m : s.k) && s.ldb >= (bn ? s.k : s.n) && s.ldd >= s.m,
+           "cuda::GemmHandle::run: leading dimensions too small: lda=", s.lda, " ldb=", s.ldb, " ldd=", s.ldd,
+           " for m=", s.m, " n=", s.n, " k=", s.k);
+  TT_CHECK(a && b && d, "cuda::GemmHandle::run: null pointer (A, B or D)");
+  const Plan& p = impl_->plan(s, alignment(a), alignment(b), alignment(d));
+  TT_CUBLAS_CHECK(cublasLtMatmul(impl_->lt, p.desc, &alpha, a, p.a, b, p.b, &beta, d, p.d, d, p.d, &p.algo,
+                                 impl_->workspace, impl_->workspace_bytes, impl_->stream));
+}
+
+namespace {
+
+void check_linear(int N, int IC, int OC, const char* op) {
+  TT_CHECK(N >= 0 && IC > 0 && OC > 0, op, ": expected N >= 0, IC > 0, OC > 0, got N=", N, " IC=", IC, " OC=", OC);
+}
+
+GemmShape forward_shape(int N, int IC, int OC, GemmOut out) {
+  GemmShape s;
+  s.m = OC, s.n = N, s.k = IC;
+  s.op_a = GemmOp::kT, s.op_b = GemmOp::kN;
+  s.lda = IC, s.ldb = IC, s.ldd = OC;
+  s.out = out;
+  return s;
+}
+
+GemmShape dx_shape(int N, int IC, int OC, GemmOut out) {
+  GemmShape s;
+  s.m = IC, s.n = N, s.k = OC;
+  s.op_a = GemmOp::kN, s.op_b = GemmOp::kN;
+  s.lda = IC, s.ldb = OC, s.ldd = IC;
+  s.out = out;
+  return s;
+}
+
+}  // namespace
+
+void matmul_forward(GemmHandle& h, bf16* out, const bf16* x, const bf16* w, int N, int IC, int OC) {
+  check_linear(N, IC, OC, "cuda::matmul_forward");
+  if (N == 0) return;
+  h.run(forward_shape(N, IC, OC, GemmOut::kBf16), w, x, out, 1.f, 0.f);
+}
+
+void matmul_forward(GemmHandle& h, float* out, const bf16* x, const bf16* w, int N, int IC, int OC) {
+  check_linear(N, IC, OC, "cuda::matmul_forward");
+  if (N == 0) return;
+  h.run(forward_shape(N, IC, OC, GemmOut::kF32), w, x, out, 1.f, 0.f);
+}
+
+void matmul_backward_dx(GemmHandle& h, bf16* dx, const bf16* dout, const bf16* w, int N, int IC, int OC,
+                        float beta) {
+  check_linear(N, IC, OC, "cuda::matmul_backward_dx");
+  if (N == 0) return;
+  h.run(dx_shape(N, IC, OC, GemmOut::kBf16), w, dout, dx, 1.f, beta);
+}
+
+void matmul_backward_dx(GemmHandle& h, float* dx, const bf16* dout, const bf16* w, int N, int IC, int OC,
+                        float beta) {
+  check_linear(N, IC, OC, "cuda::matmul_backward_dx");
+  if (N == 0) return;
+  h.run(dx_shape(N, IC, OC, GemmOut::kF32), w, dout, dx, 1.f, beta);
+}
+
+void matmul_backward_dw(GemmHandle& h, float* dw, const bf16* dout, const bf16* x, int N, int IC, int OC,
+                        float beta) {
+  check_linear(N, IC, OC, "cuda::matmul_backward_dw");
+  if (N == 0) {  // an empty sum: dw = beta * dw
+    TT_CHECK(beta == 0.f || beta == 1.f, "cuda::matmul_backward_dw: N=0 supports beta 0 or 1, got ", beta);
+    if (beta == 0.f) TT_CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * (size_t)IC * OC, h.stream()));
+    return;
+  }
+  GemmShape s;
+  s.m = IC, s.n = OC, s.k = N;
+  s.op_a = GemmOp::kN, s.op_b = GemmOp::kT;
+  s.lda = IC, s.ldb = OC, s.ldd = IC;
+  s.out = GemmOut::kF32;
+  h.run(s, x, dout, dw, 1.f, beta);
+}
+
+void matmul_backward(GemmHandle& h, bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, int N,
+                     int IC, int OC) {
+  if (dx) matmul_backward_dx(h, dx, dout, w, N, IC, OC, 1.f);
+  if (dw) matmul_backward_dw(h, dw, dout, x, N, IC, OC, 1.f);
+}
+
+}  // namespace tt::cuda

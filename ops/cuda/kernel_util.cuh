@@ -1,0 +1,162 @@
+// Device helpers shared by the kernels of ops/cuda (private to the .cu files): vector loads and
+// stores of bf16/fp32 as fp32 registers, deterministic warp/block reductions, workspace carving,
+// and the one runtime-to-template switch for the vector width.
+//
+// Vector width: VEC = 8 bf16 (16-byte accesses) when the row length is a multiple of 8 and every
+// pointer is 16-byte aligned, else VEC = 1 (scalar accesses, any length). Reductions combine
+// values in a fixed tree order, so results do not vary between runs.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ops/cuda/check.h"
+#include "ops/cuda/workspace.h"
+
+namespace tt::cuda::detail {
+
+constexpr int kWarp = 32;
+
+// (VEC) bf16 at p -> fp32.
+template <int VEC>
+__device__ __forceinline__ void load_bf16(float (&out)[VEC], const __nv_bfloat16* p) {
+  static_assert(VEC == 1 || VEC == 8, "bf16 vectors are 1 or 8 wide");
+  if constexpr (VEC == 8) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const float2 f = __bfloat1622float2(h[i]);
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  } else {
+    out[0] = __bfloat162float(*p);
+  }
+}
+
+// fp32 (VEC) -> bf16 at p, round to nearest even.
+template <int VEC>
+__device__ __forceinline__ void store_bf16(__nv_bfloat16* p, const float (&in)[VEC]) {
+  static_assert(VEC == 1 || VEC == 8, "bf16 vectors are 1 or 8 wide");
+  if constexpr (VEC == 8) {
+    uint4 raw;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
+    *reinterpret_cast<uint4*>(p) = raw;
+  } else {
+    *p = __float2bfloat16_rn(in[0]);
+  }
+}
+
+// (VEC) fp32 at p (16-byte aligned when VEC == 8).
+template <int VEC>
+__device__ __forceinline__ void load_f32(float (&out)[VEC], const float* p) {
+  if constexpr (VEC == 8) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0];
+    const float4 b = reinterpret_cast<const float4*>(p)[1];
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+    out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; i++) out[i] = p[i];
+  }
+}
+
+template <int VEC>
+__device__ __forceinline__ void store_f32(float* p, const float (&in)[VEC]) {
+  if constexpr (VEC == 8) {
+    reinterpret_cast<float4*>(p)[0] = make_float4(in[0], in[1], in[2], in[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(in[4], in[5], in[6], in[7]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; i++) p[i] = in[i];
+  }
+}
+
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block, returned to every thread. `scratch` holds >= 32 T; blockDim.x is a
+// multiple of 32. Contains __syncthreads: every thread of the block must call it.
+template <class T>
+__device__ __forceinline__ T block_sum(T v, T* scratch) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int n_warps = blockDim.x / kWarp;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous reduction
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < n_warps ? scratch[lane] : T(0);
+  return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int n_warps = blockDim.x / kWarp;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < n_warps ? scratch[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Carves 256-byte-aligned pieces out of a workspace; with ptr null it only counts bytes, so
+// `<op>_workspace_bytes` and the op share one layout.
+class WorkspaceCarver {
+ public:
+  explicit WorkspaceCarver(void* base = nullptr) : base_(static_cast<char*>(base)) {}
+  template <class T>
+  T* take(size_t n) {
+    off_ = (off_ + 255) / 256 * 256;
+    T* p = base_ ? reinterpret_cast<T*>(base_ + off_) : nullptr;
+    off_ += n * sizeof(T);
+    return p;
+  }
+  size_t bytes() const { return (off_ + 255) / 256 * 256; }
+
+ private:
+  char* base_;
+  size_t off_ = 0;
+};
+
+// Throws tt::Error unless ws holds `need` bytes at a 256-byte-aligned address.
+inline void check_workspace(const Workspace& ws, size_t need, const char* op) {
+  if (need == 0) return;
+  TT_CHECK(ws.ptr && ws.bytes >= need, op, ": workspace of ", ws.bytes, " bytes, expected at least ",
+           need);
+  TT_CHECK((reinterpret_cast<uintptr_t>(ws.ptr) & 255u) == 0, op,
+           ": workspace must be 256-byte aligned (allocator blocks are)");
+}
+
+}  // namespace tt::cuda::detail
+
+// Runs the lambda body with `constexpr int VEC` = 8 when `wide` holds, else 1: the one place
+// where the vector width becomes a template parameter.
+#define TT_VEC_SWITCH(wide, VEC, ...) \
+  [&] {                               \
+    if (wide) {                       \
+      constexpr int VEC = 8;          \
+      return __VA_ARGS__();           \
+    } else {                          \
+      constexpr int VEC = 1;          \
+      return __VA_ARGS__();           \
+    }                                 \
+  }()

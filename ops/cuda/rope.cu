@@ -1,0 +1,89 @@
+// Rotary position embedding forward and backward (see rope.h).
+// Gradient contract: both rotate x (N, H, HS) in place; the backward by the inverse angle.
+//
+// One block per token: its HS/2 cos/sin pairs are computed once in fp64 into shared memory (an
+// angle pos * inv_freq reaches thousands of radians at deep positions, where fp32 sin/cos of an
+// fp32 angle would lose digits), then every head of the token is rotated with VEC-wide accesses.
+#include "ops/cuda/rope.h"
+
+#include "ops/cuda/check.h"
+#include "ops/cuda/kernel_util.cuh"
+
+namespace tt::cuda {
+namespace {
+
+using detail::load_bf16;
+using detail::store_bf16;
+
+constexpr int kThreads = 128;
+constexpr int kMaxHalf = 512;  // HS <= 1024
+
+struct RopeParams {
+  bf16* x;               // (N, H, HS) in place
+  const int32_t* pos;    // (N)
+  int N, H, HS;
+  double theta;
+  double sign;           // +1 forward, -1 backward
+};
+
+template <int VEC>
+__global__ void rope_kernel(RopeParams p) {
+  __shared__ float cs[kMaxHalf], sn[kMaxHalf];
+  const int n = blockIdx.x;
+  const int half = p.HS / 2;
+  const double pos = (double)p.pos[n];
+  for (int d = threadIdx.x; d < half; d += blockDim.x) {
+    const double inv_freq = pow(p.theta, -2.0 * d / p.HS);
+    double s, c;
+    sincos(pos * inv_freq, &s, &c);
+    cs[d] = (float)c;
+    sn[d] = (float)(p.sign * s);
+  }
+  __syncthreads();
+  const int groups = half / VEC;  // VEC-wide groups per head half
+  bf16* xt = p.x + (int64_t)n * p.H * p.HS;
+  for (int i = threadIdx.x; i < p.H * groups; i += blockDim.x) {
+    const int h = i / groups, d = (i % groups) * VEC;
+    bf16* x1p = xt + (int64_t)h * p.HS + d;
+    bf16* x2p = x1p + half;
+    float x1[VEC], x2[VEC], o1[VEC], o2[VEC];
+    load_bf16<VEC>(x1, x1p);
+    load_bf16<VEC>(x2, x2p);
+#pragma unroll
+    for (int k = 0; k < VEC; k++) {
+      o1[k] = x1[k] * cs[d + k] - x2[k] * sn[d + k];
+      o2[k] = x2[k] * cs[d + k] + x1[k] * sn[d + k];
+    }
+    store_bf16<VEC>(x1p, o1);
+    store_bf16<VEC>(x2p, o2);
+  }
+}
+
+void launch_rope(const RopeParams& p, cudaStream_t stream) {
+  const bool wide = (p.HS / 2) % 8 == 0 && detail::aligned16(p.x);
+  TT_VEC_SWITCH(wide, VEC, [&] { rope_kernel<VEC><<<p.N, kThreads, 0, stream>>>(p); });
+  TT_CUDA_CHECK_LAUNCH();
+}
+
+void rope(bf16* x, const int32_t* pos, int N, int H, int HS, double theta, double sign, const char* op,
+          cudaStream_t stream) {
+  TT_CHECK(N >= 0 && H > 0 && HS > 0 && HS % 2 == 0 && HS / 2 <= kMaxHalf, op,
+           ": expected N >= 0, H > 0 and an even HS in [2, ", 2 * kMaxHalf, "], got N=", N, " H=", H,
+           " HS=", HS);
+  TT_CHECK(theta > 0, op, ": expected rope theta > 0, got ", theta);
+  if (N == 0) return;
+  TT_CHECK(x && pos, op, ": null pointer (x or pos)");
+  launch_rope(RopeParams{x, pos, N, H, HS, theta, sign}, stream);
+}
+
+}  // namespace
+
+void rope_forward(bf16* x, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream) {
+  rope(x, pos, N, H, HS, theta, 1.0, "cuda::rope_forward", stream);
+}
+
+void rope_backward(bf16* dx, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream) {
+  rope(dx, pos, N, H, HS, theta, -1.0, "cuda::rope_backward", stream);
+}
+
+}  // namespace tt::cuda

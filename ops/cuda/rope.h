@@ -1,0 +1,22 @@
+// Rotary position embedding, Hugging Face rotate_half convention, CUDA, in place on bf16.
+// Element d < HS/2 pairs with d + HS/2; angle = pos * theta^(-2d/HS). Angles, cos and sin are
+// computed in fp64 (as ops/cpu/rope.h) and rounded to fp32 once; the rotation is fp32 math.
+// Gradient contract: rope_backward applies the inverse rotation to the gradient in place (the
+// gradient w.r.t. the rotated output in, the gradient w.r.t. the input out).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/cuda/bf16.h"
+
+namespace tt::cuda {
+
+// x (N, H, HS) rotated in place by pos (N), on the device.
+void rope_forward(bf16* x, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream);
+
+// dx (N, H, HS) in place.
+void rope_backward(bf16* dx, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream);
+
+}  // namespace tt::cuda

@@ -1,0 +1,44 @@
+// Tile metadata of a DFS-packed batch for the CUDA tree attention, built on the GPU in O(N).
+//
+// Key j of the packed batch is visible from query i exactly when j <= i < subtree_end[j]
+// (data/packing.h). For each granule of kTileGranule consecutive keys the metadata keeps the
+// minimum and maximum of subtree_end; keys past N count as subtree_end = 0 (visible from no
+// query). A kernel's key tile [k0, k0 + BN) is a whole number of granules, and against a query
+// tile [q0, q1) it is, in O(1):
+//   skipped  when k0 > q1 - 1 or max subtree_end <= q0 (no pair visible),
+//   full     when k0 + BN - 1 <= q0 and min subtree_end > q1 - 1 (every pair visible, no mask),
+//   partial  otherwise (masked per element with j <= i < subtree_end[j], read from shared memory).
+// A key tile is seen by exactly the queries [k0, max subtree_end), so the backward kernel walks
+// that range only. Storage: two int32 per granule, never an N x N mask. The metadata is built
+// once per batch and shared by every layer.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ops/cuda/workspace.h"
+
+namespace tt::cuda {
+
+constexpr int kTileGranule = 64;
+
+// Device pointers, passed by value into the attention kernels.
+struct TreeTiles {
+  const int32_t* subtree_end = nullptr;  // (N) device
+  const int32_t* hi_min = nullptr;       // (num_granules) min subtree_end per granule
+  const int32_t* hi_max = nullptr;       // (num_granules) max subtree_end per granule
+  int n = 0;                             // N, packed tokens
+  int num_granules = 0;                  // ceil(N / kTileGranule)
+};
+
+// Device bytes build_tree_tiles needs for a batch of N tokens.
+size_t tree_tiles_bytes(int N);
+
+// Builds the metadata of subtree_end (device, (N), checked only for its pointer) into storage
+// (at least tree_tiles_bytes(N) device bytes), enqueued on stream. subtree_end and storage must
+// stay valid while attention uses the result.
+TreeTiles build_tree_tiles(const int32_t* subtree_end, int N, Workspace storage, cudaStream_t stream);
+
+}  // namespace tt::cuda

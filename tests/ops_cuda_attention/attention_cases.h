@@ -1,0 +1,306 @@
+// Cases for the CUDA tree attention tests: DFS-packed tree layouts that break tiling assumptions,
+// fresh random bf16 inputs, and the fp64 CPU reference (ops/cpu/attention.h) on the same
+// bf16-rounded values. Shared by the GPU test and the CPU emulation of the kernels.
+//
+// Tolerance rule (bf16 outputs): relative L2 error ||x - ref|| / ||ref|| <= 1e-2 against the fp64
+// reference, the bound for bf16 operands with fp32 accumulation (rounding P and dS to bf16 before
+// their matmuls costs a few 1e-3; rounding the output alone costs ~2e-3, printed beside each
+// error for scale). lse is fp32 from exact bf16 products: |x - ref| <= 1e-4 max(1, |ref|).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ops/cpu/attention.h"
+#include "ops/cuda/bf16.h"
+
+namespace tt::cuda::attn_test {
+
+constexpr double kRelL2Bf16 = 1e-2;
+constexpr double kLseRel = 1e-4;
+
+// A DFS-packed batch: node ranges in DFS order and subtree_end per token.
+struct TreeLayout {
+  std::vector<int32_t> node_start, node_len, node_parent, subtree_end;
+  int n = 0;
+};
+
+// Appends one tree given as (parent, len) per node, parent[0] = -1 and parent[i] < i (children
+// in index order), laid out in DFS preorder.
+inline void append_tree(TreeLayout& L, const std::vector<int>& parent, const std::vector<int>& len) {
+  const int nn = (int)parent.size();
+  std::vector<std::vector<int>> children(nn);
+  for (int i = 1; i < nn; i++) children[parent[i]].push_back(i);
+  std::vector<int> order, stack = {0};
+  while (!stack.empty()) {
+    const int v = stack.back();
+    stack.pop_back();
+    order.push_back(v);
+    for (auto c = children[v].rbegin(); c != children[v].rend(); ++c) stack.push_back(*c);
+  }
+  const int base = (int)L.node_start.size();
+  std::vector<int> packed(nn);
+  for (int k = 0; k < nn; k++) {
+    const int v = order[k];
+    packed[v] = base + k;
+    L.node_start.push_back(L.n);
+    L.node_len.push_back(len[v]);
+    L.node_parent.push_back(parent[v] < 0 ? -1 : packed[parent[v]]);
+    L.n += len[v];
+  }
+  L.subtree_end.resize(L.n);
+  std::vector<int> end(nn);
+  for (int k = nn - 1; k >= 0; k--) {
+    const int v = order[k], q = base + k;
+    end[v] = std::max(end[v], L.node_start[q] + L.node_len[q]);
+    if (parent[v] >= 0) end[parent[v]] = std::max(end[parent[v]], end[v]);
+  }
+  for (int k = 0; k < nn; k++) {
+    const int q = base + k;
+    for (int j = 0; j < L.node_len[q]; j++) L.subtree_end[L.node_start[q] + j] = end[order[k]];
+  }
+}
+
+inline int uniform(std::mt19937_64& rng, int lo, int hi) {  // [lo, hi]
+  return std::uniform_int_distribution<int>(lo, hi)(rng);
+}
+
+// A random tree of nn nodes with lengths in [lo, hi]; parents random among earlier nodes, biased
+// to recent ones (deep trees).
+inline void append_random_tree(TreeLayout& L, std::mt19937_64& rng, int nn, int lo, int hi) {
+  std::vector<int> parent(nn, -1), len(nn);
+  for (int i = 0; i < nn; i++) {
+    len[i] = uniform(rng, lo, hi);
+    if (i > 0) parent[i] = uniform(rng, 0, 3) == 0 ? uniform(rng, 0, i - 1) : uniform(rng, std::max(0, i - 3), i - 1);
+  }
+  append_tree(L, parent, len);
+}
+
+struct LayoutCase {
+  std::string name;
+  std::function<TreeLayout(std::mt19937_64&)> make;
+};
+
+inline std::vector<LayoutCase> layout_cases() {
+  return {
+      {"chain97", [](std::mt19937_64&) { TreeLayout L; append_tree(L, {-1}, {97}); return L; }},
+      {"chain1025", [](std::mt19937_64&) { TreeLayout L; append_tree(L, {-1}, {1025}); return L; }},
+      {"one_token_nodes",
+       [](std::mt19937_64& rng) { TreeLayout L; append_random_tree(L, rng, 301, 1, 1); return L; }},
+      {"deep_chain",
+       [](std::mt19937_64& rng) {
+         // a trunk of 250 nodes of 1-3 tokens, each with a one-token side leaf
+         std::vector<int> parent = {-1}, len = {2};
+         int trunk = 0;
+         for (int s = 0; s < 250; s++) {
+           parent.push_back(trunk);
+           len.push_back(1);
+           parent.push_back(trunk);
+           len.push_back(uniform(rng, 1, 3));
+           trunk = (int)parent.size() - 1;
+         }
+         TreeLayout L;
+         append_tree(L, parent, len);
+         return L;
+       }},
+      {"wide_fan",
+       [](std::mt19937_64& rng) {
+         std::vector<int> parent = {-1}, len = {37};
+         for (int c = 0; c < 90; c++) {
+           parent.push_back(0);
+           len.push_back(uniform(rng, 1, 20));
+         }
+         TreeLayout L;
+         append_tree(L, parent, len);
+         return L;
+       }},
+      {"several_trees",
+       [](std::mt19937_64& rng) {
+         TreeLayout L;
+         append_tree(L, {-1}, {1});
+         append_random_tree(L, rng, 40, 1, 9);
+         append_tree(L, {-1}, {130});
+         append_random_tree(L, rng, 25, 3, 30);
+         append_tree(L, {-1, 0, 0}, {5, 64, 63});
+         return L;
+       }},
+      {"random_tree",
+       [](std::mt19937_64& rng) {
+         TreeLayout L;
+         while (L.n < 1000) append_random_tree(L, rng, 60, 1, 40);
+         return L;
+       }},
+      {"comb",
+       [](std::mt19937_64&) {
+         // navigation episode: a prefix, then steps of a history node on the trunk and a leaf
+         std::vector<int> parent = {-1}, len = {70};
+         int trunk = 0;
+         for (int s = 0; s < 6; s++) {
+           parent.push_back(trunk);
+           len.push_back(33);
+           trunk = (int)parent.size() - 1;
+           parent.push_back(trunk);
+           len.push_back(50);
+         }
+         TreeLayout L;
+         append_tree(L, parent, len);
+         return L;
+       }},
+  };
+}
+
+// An external prefix of a case: its keys and values, the query range, and whether it takes
+// gradients.
+struct ExtCase {
+  int len = 0, q_begin = 0, q_end = 0;
+  bool grad = false;
+  std::vector<float> k, v;        // (len, NKV, HS) bf16-representable
+  std::vector<float> dk0, dv0;    // (len, NKV, HS) initial gradient buffers, bf16-representable
+};
+
+struct Inputs {
+  TreeLayout layout;
+  int NH = 0, NKV = 0, HS = 0;
+  std::vector<float> q, k, v, dout;  // bf16-representable
+  std::vector<ExtCase> ext;
+};
+
+inline std::vector<float> random_bf16(std::mt19937_64& rng, size_t n, float sd) {
+  std::normal_distribution<float> d(0.f, sd);
+  std::vector<float> x(n);
+  for (auto& e : x) e = round_to_bf16(d(rng));
+  return x;
+}
+
+// ext_mode: 0 none; 1 a prefix with gradients seen by all queries and one without gradients seen
+// by a middle range.
+inline Inputs make_inputs(const LayoutCase& lc, int NH, int NKV, int HS, int ext_mode, std::mt19937_64& rng) {
+  Inputs in;
+  in.layout = lc.make(rng);
+  in.NH = NH;
+  in.NKV = NKV;
+  in.HS = HS;
+  const int N = in.layout.n;
+  in.q = random_bf16(rng, (size_t)N * NH * HS, 1.f);
+  in.k = random_bf16(rng, (size_t)N * NKV * HS, 1.f);
+  in.v = random_bf16(rng, (size_t)N * NKV * HS, 1.f);
+  in.dout = random_bf16(rng, (size_t)N * NH * HS, 1.f);
+  if (ext_mode == 1) {
+    ExtCase a;
+    a.len = 77;
+    a.q_begin = 0;
+    a.q_end = N;
+    a.grad = true;
+    ExtCase b;
+    b.len = 40;
+    b.q_begin = N / 3;
+    b.q_end = N - N / 5;
+    b.grad = false;
+    for (ExtCase* x : {&a, &b}) {
+      const size_t sz = (size_t)x->len * NKV * HS;
+      x->k = random_bf16(rng, sz, 1.f);
+      x->v = random_bf16(rng, sz, 1.f);
+      x->dk0 = random_bf16(rng, sz, 0.05f);
+      x->dv0 = random_bf16(rng, sz, 0.05f);
+      in.ext.push_back(*x);
+    }
+  }
+  return in;
+}
+
+// fp64 reference outputs on the same (bf16-representable) inputs.
+struct Reference {
+  std::vector<double> out, lse, dq, dk, dv;
+  std::vector<std::vector<double>> ext_dk, ext_dv;  // final values (initial + gradient)
+};
+
+inline Reference reference(const Inputs& in) {
+  const int N = in.layout.n, NH = in.NH, NKV = in.NKV, HS = in.HS;
+  auto d = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+  const std::vector<double> q = d(in.q), k = d(in.k), v = d(in.v), dout = d(in.dout);
+  cpu::AttnLayout L;
+  L.num_nodes = (int)in.layout.node_start.size();
+  L.node_start = in.layout.node_start.data();
+  L.node_len = in.layout.node_len.data();
+  L.node_parent = in.layout.node_parent.data();
+  Reference r;
+  std::vector<std::vector<double>> ek, ev;
+  r.ext_dk.resize(in.ext.size());
+  r.ext_dv.resize(in.ext.size());
+  std::vector<cpu::ExternalKV<double>> ext(in.ext.size());
+  for (size_t e = 0; e < in.ext.size(); e++) {
+    ek.push_back(d(in.ext[e].k));
+    ev.push_back(d(in.ext[e].v));
+  }
+  for (size_t e = 0; e < in.ext.size(); e++) {
+    const ExtCase& x = in.ext[e];
+    r.ext_dk[e] = d(x.dk0);
+    r.ext_dv[e] = d(x.dv0);
+    ext[e].k = ek[e].data();
+    ext[e].v = ev[e].data();
+    ext[e].dk = x.grad ? r.ext_dk[e].data() : nullptr;
+    ext[e].dv = x.grad ? r.ext_dv[e].data() : nullptr;
+    ext[e].len = x.len;
+    ext[e].q_begin = x.q_begin;
+    ext[e].q_end = x.q_end;
+  }
+  r.out.resize((size_t)N * NH * HS);
+  r.lse.resize((size_t)N * NH);
+  cpu::attention_forward<double>(r.out.data(), r.lse.data(), q.data(), k.data(), v.data(), L, ext.data(),
+                                 (int)ext.size(), N, NH, NKV, HS);
+  r.dq.resize(q.size());
+  r.dk.resize(k.size());
+  r.dv.resize(v.size());
+  cpu::attention_backward<double>(r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), r.out.data(),
+                                  r.lse.data(), q.data(), k.data(), v.data(), L, ext.data(), (int)ext.size(), N,
+                                  NH, NKV, HS);
+  return r;
+}
+
+// ||x - ref|| / ||ref||; NaN when x has a non-finite element (an unwritten poisoned output).
+inline double rel_l2(const std::vector<float>& x, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < x.size(); i++) {
+    if (!std::isfinite(x[i])) return NAN;
+    num += (x[i] - ref[i]) * (x[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// The same for the error that rounding ref to bf16 alone makes: the scale of the bound.
+inline double bf16_floor(const std::vector<double>& ref) {
+  std::vector<float> r(ref.size());
+  for (size_t i = 0; i < r.size(); i++) r[i] = round_to_bf16((float)ref[i]);
+  return rel_l2(r, ref);
+}
+
+// Largest |x - ref| / max(1, |ref|); NaN on a non-finite element.
+inline double max_rel(const std::vector<float>& x, const std::vector<double>& ref) {
+  double m = 0;
+  for (size_t i = 0; i < x.size(); i++) {
+    if (!std::isfinite(x[i])) return NAN;
+    m = std::max(m, std::abs(x[i] - ref[i]) / std::max(1.0, std::abs(ref[i])));
+  }
+  return m;
+}
+
+inline std::vector<double> minus(const std::vector<double>& a, const std::vector<float>& b) {
+  std::vector<double> r(a.size());
+  for (size_t i = 0; i < a.size(); i++) r[i] = a[i] - b[i];
+  return r;
+}
+
+inline std::vector<float> minus(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<float> r(a.size());
+  for (size_t i = 0; i < a.size(); i++) r[i] = a[i] - b[i];
+  return r;
+}
+
+}  // namespace tt::cuda::attn_test

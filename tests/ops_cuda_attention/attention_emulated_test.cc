@@ -1,0 +1,172 @@
+// The tree attention kernels run on the CPU through the warp emulator (warp_emulator.h): the same
+// kernel source as the GPU build, on small cases, against the fp64 CPU reference with the
+// tolerance rule of attention_cases.h. No GPU needed: this keeps the kernels' indexing, tile
+// classification and pipelining under CI. Timing races are out of its reach (see the GPU test).
+#include "tests/ops_cuda_attention/warp_emulator.h"
+// The kernels, compiled for the host against the emulator's primitives.
+#include "ops/cuda/attention_kernels.cuh"
+
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <cstring>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/ops_cuda_attention/attention_cases.h"
+
+namespace tt::cuda {
+namespace {
+
+using attn_test::Inputs;
+using attn_test::Reference;
+
+std::vector<bf16> to_bf16(const std::vector<float>& x) {
+  std::vector<bf16> r(x.size());
+  floats_to_bf16(r.data(), x.data(), x.size());
+  return r;
+}
+
+std::vector<float> to_float(const std::vector<bf16>& x) {
+  std::vector<float> r(x.size());
+  bf16_to_floats(r.data(), x.data(), x.size());
+  return r;
+}
+
+struct EmuOutputs {
+  std::vector<float> out, lse, dq, dk, dv;
+  std::vector<std::vector<float>> ext_dk, ext_dv;
+};
+
+// The launch sequence of attention_launch.cuh, through the emulator, on host memory.
+template <int HS>
+EmuOutputs run_emulated(const Inputs& in) {
+  const int N = in.layout.n, NH = in.NH, NKV = in.NKV;
+  std::vector<bf16> q = to_bf16(in.q), k = to_bf16(in.k), v = to_bf16(in.v), dout = to_bf16(in.dout);
+  const bf16 nan = host_float_to_bf16(NAN);
+  std::vector<bf16> out(q.size(), nan), dq(q.size(), nan), dk(k.size(), nan), dv(v.size(), nan);
+  std::vector<float> lse((size_t)N * NH, NAN);
+
+  // Tile metadata as tree_tiles.cu builds it.
+  const int ng = (N + kTileGranule - 1) / kTileGranule;
+  std::vector<int32_t> hi_min(ng, INT_MAX), hi_max(ng, 0);
+  for (int j = 0; j < ng * kTileGranule; j++) {
+    const int hi = j < N ? in.layout.subtree_end[j] : 0;
+    hi_min[j / kTileGranule] = std::min(hi_min[j / kTileGranule], hi);
+    hi_max[j / kTileGranule] = std::max(hi_max[j / kTileGranule], hi);
+  }
+  TreeTiles tiles;
+  tiles.subtree_end = in.layout.subtree_end.data();
+  tiles.hi_min = hi_min.data();
+  tiles.hi_max = hi_max.data();
+  tiles.n = N;
+  tiles.num_granules = ng;
+
+  std::vector<std::vector<bf16>> ek, ev, edk, edv;
+  for (const auto& x : in.ext) {
+    ek.push_back(to_bf16(x.k));
+    ev.push_back(to_bf16(x.v));
+    edk.push_back(to_bf16(x.dk0));
+    edv.push_back(to_bf16(x.dv0));
+  }
+  std::vector<ExternalKV> ext(in.ext.size());
+  for (size_t e = 0; e < ext.size(); e++) {
+    ext[e] = ExternalKV{ek[e].data(), ev[e].data(), in.ext[e].grad ? edk[e].data() : nullptr,
+                        in.ext[e].grad ? edv[e].data() : nullptr, in.ext[e].len, in.ext[e].q_begin,
+                        in.ext[e].q_end};
+  }
+
+  using F = attn::FwdConfig<HS>;
+  const AttnFwdParams pf = make_fwd_params(out.data(), lse.data(), q.data(), k.data(), v.data(), tiles, ext.data(),
+                                           (int)ext.size(), N, NH, NKV, HS);
+  emu::launch(attn::attention_fwd_kernel<HS>, dim3(NH, (N + F::BM - 1) / F::BM), dim3(F::kThreads), F::kSmemBytes,
+              pf);
+
+  std::vector<float> ws(bwd_workspace_bytes(N, NH, HS) / sizeof(float) + 64, NAN);
+  void* ws_ptr = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.data()) + 255) / 256 * 256);
+  const AttnBwdParams pb = make_bwd_params(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),
+                                           q.data(), k.data(), v.data(), tiles, ext.data(), (int)ext.size(), N, NH,
+                                           NKV, HS, ws_ptr);
+  using B = attn::BwdConfig<HS>;
+  emu::launch(attn::attention_bwd_preprocess_kernel<HS>, dim3((pb.n_pad * NH * 32 + 255) / 256), dim3(256), 0, pb);
+  std::memset(pb.dq_accum, 0, (size_t)N * NH * HS * sizeof(float));
+  int ext_tiles = 0;
+  for (int e = 0; e < pb.n_ext; ++e) ext_tiles += (pb.ext[e].len + B::BN - 1) / B::BN;
+  emu::launch(attn::attention_bwd_kernel<HS>, dim3(NKV, ext_tiles + (N + B::BN - 1) / B::BN), dim3(B::kThreads),
+              B::kSmemBytes, pb);
+  emu::launch(attn::attention_dq_convert_kernel<HS>, dim3(((int64_t)N * NH * HS / 8 + 255) / 256), dim3(256), 0, pb);
+
+  EmuOutputs r;
+  r.out = to_float(out);
+  r.lse = lse;
+  r.dq = to_float(dq);
+  r.dk = to_float(dk);
+  r.dv = to_float(dv);
+  for (size_t e = 0; e < ext.size(); e++) {
+    r.ext_dk.push_back(to_float(edk[e]));
+    r.ext_dv.push_back(to_float(edv[e]));
+  }
+  return r;
+}
+
+struct EmuCase {
+  std::string layout;
+  int NH, NKV, HS, ext_mode;
+};
+
+void PrintTo(const EmuCase& c, std::ostream* os) {
+  *os << c.layout << " NH=" << c.NH << " NKV=" << c.NKV << " HS=" << c.HS << " ext=" << c.ext_mode;
+}
+
+class EmulatedAttention : public ::testing::TestWithParam<EmuCase> {};
+
+TEST_P(EmulatedAttention, MatchesCpuReference) {
+  const EmuCase c = GetParam();
+  attn_test::LayoutCase lc;
+  for (const auto& x : attn_test::layout_cases())
+    if (x.name == c.layout) lc = x;
+  ASSERT_TRUE(lc.make) << c.layout;
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const Inputs in = attn_test::make_inputs(lc, c.NH, c.NKV, c.HS, c.ext_mode, rng);
+  const Reference ref = attn_test::reference(in);
+  const EmuOutputs got = c.HS == 64 ? run_emulated<64>(in) : run_emulated<128>(in);
+
+  using attn_test::kRelL2Bf16;
+  EXPECT_LE(attn_test::rel_l2(got.out, ref.out), kRelL2Bf16) << "out";
+  EXPECT_LE(attn_test::max_rel(got.lse, ref.lse), attn_test::kLseRel) << "lse";
+  EXPECT_LE(attn_test::rel_l2(got.dq, ref.dq), kRelL2Bf16) << "dq";
+  EXPECT_LE(attn_test::rel_l2(got.dk, ref.dk), kRelL2Bf16) << "dk";
+  EXPECT_LE(attn_test::rel_l2(got.dv, ref.dv), kRelL2Bf16) << "dv";
+  for (size_t e = 0; e < in.ext.size(); e++) {
+    if (in.ext[e].grad) {
+      EXPECT_LE(attn_test::rel_l2(attn_test::minus(got.ext_dk[e], in.ext[e].dk0), attn_test::minus(ref.ext_dk[e], in.ext[e].dk0)),
+                kRelL2Bf16)
+          << "ext " << e << " dk";
+      EXPECT_LE(attn_test::rel_l2(attn_test::minus(got.ext_dv[e], in.ext[e].dv0), attn_test::minus(ref.ext_dv[e], in.ext[e].dv0)),
+                kRelL2Bf16)
+          << "ext " << e << " dv";
+    } else {
+      EXPECT_EQ(got.ext_dk[e], in.ext[e].dk0) << "ext " << e << " dk must stay untouched";
+      EXPECT_EQ(got.ext_dv[e], in.ext[e].dv0) << "ext " << e << " dv must stay untouched";
+    }
+  }
+  std::printf("%s: out %.2e (bf16 rounding alone %.2e) dq %.2e dk %.2e dv %.2e lse %.2e\n", c.layout.c_str(),
+              attn_test::rel_l2(got.out, ref.out), attn_test::bf16_floor(ref.out), attn_test::rel_l2(got.dq, ref.dq),
+              attn_test::rel_l2(got.dk, ref.dk), attn_test::rel_l2(got.dv, ref.dv),
+              attn_test::max_rel(got.lse, ref.lse));
+}
+
+INSTANTIATE_TEST_SUITE_P(SmallTrees, EmulatedAttention,
+                         ::testing::Values(EmuCase{"chain97", 2, 1, 64, 1}, EmuCase{"comb", 2, 2, 128, 1},
+                                           EmuCase{"wide_fan", 4, 2, 64, 0}),
+                         [](const ::testing::TestParamInfo<EmuCase>& i) {
+                           return i.param.layout + "_hs" + std::to_string(i.param.HS) + "_gqa" +
+                                  std::to_string(i.param.NH / i.param.NKV) + (i.param.ext_mode ? "_ext" : "");
+                         });
+
+}  // namespace
+}  // namespace tt::cuda

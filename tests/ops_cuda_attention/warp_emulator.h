@@ -1,0 +1,380 @@
+// Runs the attention kernels (ops/cuda/attention_kernels.cuh) on the CPU: every CUDA thread of a
+// block is a fiber (ucontext) scheduled on one OS thread; warp collectives (shuffles, ballots,
+// ldmatrix, mma.sync) and __syncthreads suspend a fiber until its warp (or block) has arrived,
+// then compute every lane's result from the PTX fragment layouts (attention_device.cuh). cp.async
+// copies are deferred to the cp.async.wait that covers them, so a read before its wait sees stale
+// shared memory, which starts filled with NaN.
+//
+// It checks the kernels' indexing, pipelining and tile logic where CI has no GPU; it does not see
+// timing races between warps or bank conflicts. Include it before attention_kernels.cuh, in one
+// translation unit, and nothing of CUDA device code besides.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <ucontext.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <vector>
+
+namespace tt::cuda::emu {
+
+enum class Op { kRun, kSync, kShfl, kBallot, kLdm, kLdmT, kMma, kDone };
+
+struct CopyOp {
+  void* dst;
+  const void* src;
+  int bytes;  // source bytes of a 16-byte copy; -1 - source bytes of a 4-byte copy
+};
+
+struct Fiber {
+  ucontext_t ctx;
+  Op op = Op::kRun;
+  // Collective operands and results.
+  const void* addr = nullptr;
+  uint32_t in[6] = {};
+  float acc[4] = {};
+  uint32_t out[4] = {};
+  float facc[4] = {};
+  int lane_mask = 0;
+  std::vector<CopyOp> open;
+  std::deque<std::vector<CopyOp>> groups;
+};
+
+struct BlockState {
+  dim3 block_idx, grid_dim, block_dim;
+  std::vector<Fiber> fibers;
+  std::vector<unsigned char> smem;
+  ucontext_t sched;
+  int current = -1;
+  std::function<void()> body;
+};
+
+inline BlockState*& block() {
+  static BlockState* b = nullptr;
+  return b;
+}
+
+[[noreturn]] inline void fail(const char* what) {
+  std::fprintf(stderr, "warp emulator: %s\n", what);
+  std::abort();
+}
+
+inline Fiber& self() { return block()->fibers[block()->current]; }
+
+inline void suspend(Op op) {
+  Fiber& f = self();
+  f.op = op;
+  swapcontext(&f.ctx, &block()->sched);
+}
+
+inline dim3 thread_idx() { return dim3((unsigned)block()->current, 0, 0); }
+
+inline float bf16_lo(uint32_t u) {
+  const uint32_t b = u << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+inline float bf16_hi(uint32_t u) {
+  const uint32_t b = u & 0xffff0000u;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+inline uint32_t load_u32(const void* p) {
+  uint32_t u;
+  std::memcpy(&u, p, 4);
+  return u;
+}
+inline uint16_t load_u16(const void* p) {
+  uint16_t u;
+  std::memcpy(&u, p, 2);
+  return u;
+}
+
+// One warp's collective, all 32 lanes arrived with the same op.
+inline void run_warp_op(Fiber* lane, Op op) {
+  switch (op) {
+    case Op::kShfl:
+      for (int l = 0; l < 32; l++) lane[l].out[0] = lane[l ^ lane[l].lane_mask].in[0];
+      break;
+    case Op::kBallot: {
+      uint32_t bits = 0;
+      for (int l = 0; l < 32; l++) bits |= (lane[l].in[0] ? 1u : 0u) << l;
+      for (int l = 0; l < 32; l++) lane[l].out[0] = bits;
+      break;
+    }
+    case Op::kLdm:
+      for (int l = 0; l < 32; l++)
+        for (int m = 0; m < 4; m++) {
+          const char* row = static_cast<const char*>(lane[8 * m + l / 4].addr);
+          lane[l].out[m] = load_u32(row + 4 * (l % 4));
+        }
+      break;
+    case Op::kLdmT:
+      for (int l = 0; l < 32; l++)
+        for (int m = 0; m < 4; m++) {
+          const char* r0 = static_cast<const char*>(lane[8 * m + 2 * (l % 4)].addr);
+          const char* r1 = static_cast<const char*>(lane[8 * m + 2 * (l % 4) + 1].addr);
+          lane[l].out[m] = (uint32_t)load_u16(r0 + 2 * (l / 4)) | ((uint32_t)load_u16(r1 + 2 * (l / 4)) << 16);
+        }
+      break;
+    case Op::kMma: {
+      float A[16][16], B[16][8], C[16][8];
+      for (int l = 0; l < 32; l++) {
+        const int g = l / 4, t = l % 4;
+        const uint32_t* a = lane[l].in;
+        const int ar[4] = {g, g + 8, g, g + 8}, ac[4] = {2 * t, 2 * t, 2 * t + 8, 2 * t + 8};
+        for (int r = 0; r < 4; r++) {
+          A[ar[r]][ac[r]] = bf16_lo(a[r]);
+          A[ar[r]][ac[r] + 1] = bf16_hi(a[r]);
+        }
+        B[2 * t][g] = bf16_lo(a[4]);
+        B[2 * t + 1][g] = bf16_hi(a[4]);
+        B[2 * t + 8][g] = bf16_lo(a[5]);
+        B[2 * t + 9][g] = bf16_hi(a[5]);
+        C[g][2 * t] = lane[l].acc[0];
+        C[g][2 * t + 1] = lane[l].acc[1];
+        C[g + 8][2 * t] = lane[l].acc[2];
+        C[g + 8][2 * t + 1] = lane[l].acc[3];
+      }
+      float D[16][8];
+      for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 8; j++) {
+          double s = C[i][j];
+          for (int k = 0; k < 16; k++) s += (double)A[i][k] * B[k][j];
+          D[i][j] = (float)s;
+        }
+      for (int l = 0; l < 32; l++) {
+        const int g = l / 4, t = l % 4;
+        lane[l].facc[0] = D[g][2 * t];
+        lane[l].facc[1] = D[g][2 * t + 1];
+        lane[l].facc[2] = D[g + 8][2 * t];
+        lane[l].facc[3] = D[g + 8][2 * t + 1];
+      }
+      break;
+    }
+    default:
+      fail("not a warp op");
+  }
+  for (int l = 0; l < 32; l++) lane[l].op = Op::kRun;
+}
+
+inline void fiber_entry() {
+  block()->body();
+  self().op = Op::kDone;
+}
+
+// Runs kernel(params) over the grid, block by block, each block's threads as fibers.
+template <class Params>
+void launch(void (*kernel)(const Params), dim3 grid, dim3 blk, size_t smem_bytes, const Params& params) {
+  if (blk.x % 32 != 0 || blk.y != 1 || blk.z != 1) fail("1-D blocks of whole warps only");
+  std::vector<std::vector<char>> stacks(blk.x, std::vector<char>(64 * 1024));
+  for (unsigned by = 0; by < grid.y; by++)
+    for (unsigned bx = 0; bx < grid.x; bx++) {
+      BlockState b;
+      b.block_idx = dim3(bx, by, 0);
+      b.grid_dim = grid;
+      b.block_dim = blk;
+      b.smem.assign(smem_bytes + 16, 0xff);  // NaN in bf16 and fp32
+      b.body = [&] { kernel(params); };
+      b.fibers.resize(blk.x);
+      block() = &b;
+      for (unsigned i = 0; i < blk.x; i++) {
+        Fiber& f = b.fibers[i];
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = stacks[i].data();
+        f.ctx.uc_stack.ss_size = stacks[i].size();
+        f.ctx.uc_link = &b.sched;
+        makecontext(&f.ctx, fiber_entry, 0);
+      }
+      const int n = (int)blk.x;
+      for (;;) {
+        for (int i = 0; i < n; i++) {
+          if (b.fibers[i].op != Op::kRun) continue;
+          b.current = i;
+          swapcontext(&b.sched, &b.fibers[i].ctx);
+        }
+        bool progress = false, all_done = true, all_sync = true;
+        for (int w = 0; w < n / 32; w++) {
+          Fiber* lane = &b.fibers[32 * w];
+          const Op op = lane[0].op;
+          bool same = true;
+          for (int l = 0; l < 32; l++) same = same && lane[l].op == op;
+          if (same && op != Op::kSync && op != Op::kDone && op != Op::kRun) {
+            run_warp_op(lane, op);
+            progress = true;
+          }
+        }
+        for (auto& f : b.fibers) {
+          all_done = all_done && f.op == Op::kDone;
+          all_sync = all_sync && f.op == Op::kSync;
+        }
+        if (all_done) break;
+        if (all_sync) {
+          for (auto& f : b.fibers) f.op = Op::kRun;
+          progress = true;
+        }
+        if (!progress) fail("deadlock: warps at different collectives or barriers, or a warp op after exit");
+      }
+      block() = nullptr;
+    }
+}
+
+}  // namespace tt::cuda::emu
+
+// ---- the CUDA names the kernels use ----
+#undef __global__
+#undef __device__
+#undef __forceinline__
+#undef __launch_bounds__
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define threadIdx (::tt::cuda::emu::thread_idx())
+#define blockIdx (::tt::cuda::emu::block()->block_idx)
+#define gridDim (::tt::cuda::emu::block()->grid_dim)
+#define blockDim (::tt::cuda::emu::block()->block_dim)
+
+inline void __syncthreads() { ::tt::cuda::emu::suspend(::tt::cuda::emu::Op::kSync); }
+
+template <class T>
+inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+  static_assert(sizeof(T) == 4, "32-bit shuffles");
+  if (mask != 0xffffffffu) ::tt::cuda::emu::fail("partial-warp shuffle");
+  auto& f = ::tt::cuda::emu::self();
+  std::memcpy(&f.in[0], &v, 4);
+  f.lane_mask = lane_mask;
+  ::tt::cuda::emu::suspend(::tt::cuda::emu::Op::kShfl);
+  T r;
+  std::memcpy(&r, &f.out[0], 4);
+  return r;
+}
+
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+  if (mask != 0xffffffffu) ::tt::cuda::emu::fail("partial-warp ballot");
+  auto& f = ::tt::cuda::emu::self();
+  f.in[0] = pred ? 1u : 0u;
+  ::tt::cuda::emu::suspend(::tt::cuda::emu::Op::kBallot);
+  return f.out[0];
+}
+
+inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
+
+namespace tt::cuda::attn {
+
+inline unsigned char* dynamic_smem() { return ::tt::cuda::emu::block()->smem.data(); }
+
+inline void cp_async_16(void* smem, const void* gmem, int src_bytes) {
+  auto& b = *::tt::cuda::emu::block();
+  const auto* s = static_cast<unsigned char*>(smem);
+  if (s < b.smem.data() || s + 16 > b.smem.data() + b.smem.size() - 16) ::tt::cuda::emu::fail("cp.async outside smem");
+  if ((reinterpret_cast<uintptr_t>(smem) & 15) || (src_bytes > 0 && (reinterpret_cast<uintptr_t>(gmem) & 15)))
+    ::tt::cuda::emu::fail("cp.async address not 16-byte aligned");
+  ::tt::cuda::emu::self().open.push_back({smem, gmem, src_bytes});
+}
+
+inline void cp_async_4(void* smem, const void* gmem, int src_bytes) {
+  auto& b = *::tt::cuda::emu::block();
+  const auto* s = static_cast<unsigned char*>(smem);
+  if (s < b.smem.data() || s + 4 > b.smem.data() + b.smem.size() - 16) ::tt::cuda::emu::fail("cp.async outside smem");
+  if ((reinterpret_cast<uintptr_t>(smem) & 3) || (src_bytes > 0 && (reinterpret_cast<uintptr_t>(gmem) & 3)))
+    ::tt::cuda::emu::fail("cp.async address not 4-byte aligned");
+  ::tt::cuda::emu::self().open.push_back({smem, gmem, -1 - src_bytes});
+}
+
+inline void cp_async_commit() {
+  auto& f = ::tt::cuda::emu::self();
+  f.groups.push_back(std::move(f.open));
+  f.open.clear();
+}
+
+template <int kPending>
+inline void cp_async_wait() {
+  auto& f = ::tt::cuda::emu::self();
+  while ((int)f.groups.size() > kPending) {
+    for (const auto& c : f.groups.front()) {
+      const int size = c.bytes < 0 ? 4 : 16, bytes = c.bytes < 0 ? -1 - c.bytes : c.bytes;  // 4-byte copies: -1 - n
+      std::memset(c.dst, 0, size);
+      if (bytes > 0) std::memcpy(c.dst, c.src, bytes);
+    }
+    f.groups.pop_front();
+  }
+}
+
+inline void check_ldm_addr(const void* p) {
+  auto& b = *::tt::cuda::emu::block();
+  const auto* s = static_cast<const unsigned char*>(p);
+  if (s < b.smem.data() || s + 16 > b.smem.data() + b.smem.size() - 16) ::tt::cuda::emu::fail("ldmatrix outside smem");
+  if (reinterpret_cast<uintptr_t>(p) & 15) ::tt::cuda::emu::fail("ldmatrix row not 16-byte aligned");
+}
+
+inline void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+  check_ldm_addr(row);
+  auto& f = ::tt::cuda::emu::self();
+  f.addr = row;
+  ::tt::cuda::emu::suspend(::tt::cuda::emu::Op::kLdm);
+  for (int m = 0; m < 4; m++) r[m] = f.out[m];
+}
+
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+  check_ldm_addr(row);
+  auto& f = ::tt::cuda::emu::self();
+  f.addr = row;
+  ::tt::cuda::emu::suspend(::tt::cuda::emu::Op::kLdmT);
+  for (int m = 0; m < 4; m++) r[m] = f.out[m];
+}
+
+inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  auto& f = ::tt::cuda::emu::self();
+  for (int r = 0; r < 4; r++) {
+    f.in[r] = a[r];
+    f.acc[r] = d[r];
+  }
+  f.in[4] = b0;
+  f.in[5] = b1;
+  ::tt::cuda::emu::suspend(::tt::cuda::emu::Op::kMma);
+  for (int r = 0; r < 4; r++) d[r] = f.facc[r];
+}
+
+inline uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  return u;
+}
+
+inline void store_bf16x2(__nv_bfloat16* dst, float x, float y) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+  std::memcpy(static_cast<void*>(dst), &v, 4);
+}
+
+inline void add_bf16x2(__nv_bfloat16* dst, float x, float y) {
+  __nv_bfloat162 v;
+  std::memcpy(static_cast<void*>(&v), dst, 4);
+  const float2 old = __bfloat1622float2(v);
+  store_bf16x2(dst, old.x + x, old.y + y);
+}
+
+inline float dot_bf16x2(const __nv_bfloat16* a, const __nv_bfloat16* b) {
+  __nv_bfloat162 x, y;
+  std::memcpy(static_cast<void*>(&x), a, 4);
+  std::memcpy(static_cast<void*>(&y), b, 4);
+  const float2 fx = __bfloat1622float2(x), fy = __bfloat1622float2(y);
+  return fx.x * fy.x + fx.y * fy.y;
+}
+
+inline void atomic_add_f32x2(float* addr, float x, float y) {
+  addr[0] += x;
+  addr[1] += y;
+}
+
+}  // namespace tt::cuda::attn
