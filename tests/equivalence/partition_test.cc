@@ -17,11 +17,13 @@
 #include "data/reader.h"
 #include "model/model.h"
 #include "model/partitioned.h"
-#include "ops/cpu/adamw.h"
 #include "tests/equivalence/random_trees.h"
 
 namespace tt {
 namespace {
+
+using testing::max_abs;
+using testing::max_diff;
 
 model::ModelConfig config(const std::string& arch) {
   model::ModelConfig c;
@@ -37,18 +39,6 @@ model::ModelConfig config(const std::string& arch) {
   return c;
 }
 
-double max_abs(const std::vector<double>& a) {
-  double m = 0;
-  for (double x : a) m = std::max(m, std::fabs(x));
-  return m;
-}
-
-double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
-
 struct Result {
   double loss = 0;
   std::vector<double> grads, stepped;
@@ -60,12 +50,7 @@ Result finish(model::Model<T>& m, double loss) {
   Result r;
   r.loss = loss;
   r.grads.assign(m.grads(), m.grads() + m.num_params());
-  std::vector<T> p(m.params(), m.params() + m.num_params()), mom(p.size()), var(p.size());
-  cpu::AdamWParams ap;
-  ap.lr = 1e-2;
-  ap.weight_decay = 0.1;
-  cpu::adamw_update(p.data(), m.grads(), mom.data(), var.data(), (int64_t)p.size(), ap);
-  r.stepped.assign(p.begin(), p.end());
+  r.stepped = testing::params_after_adamw_step(m);
   return r;
 }
 

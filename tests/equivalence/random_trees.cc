@@ -1,6 +1,8 @@
 // Random trees in both input formats; see random_trees.h.
 #include "tests/equivalence/random_trees.h"
 
+#include <algorithm>
+#include <cmath>
 #include <sstream>
 
 namespace tt::testing {
@@ -88,6 +90,19 @@ std::string random_rollouts_line(const TreeShape& shape, int vocab, Rng& rng, co
   }
   os << "]}";
   return os.str();
+}
+
+double max_abs(const std::vector<double>& a) {
+  double m = 0;
+  for (double x : a) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
 }
 
 const std::vector<TreeShape>& tree_shapes() {

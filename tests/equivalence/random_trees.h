@@ -1,5 +1,6 @@
-// Random prefix trees for the equivalence and leakage tests, built through the real readers
-// (JSONL text in, data::Tree out) so the tests cover parsing, merging and packing too.
+// Support for the equivalence suite: random prefix trees built through the real readers (JSONL
+// text in, data::Tree out, so the tests cover parsing, merging and packing too), the comparison
+// helpers, and the one-AdamW-step probe shared by the tree-vs-path and partition tests.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +8,8 @@
 #include <vector>
 
 #include "data/tree.h"
+#include "model/model.h"
+#include "ops/cpu/adamw.h"
 
 namespace tt::testing {
 
@@ -35,5 +38,20 @@ std::string random_rollouts_line(const TreeShape& shape, int vocab, Rng& rng, co
 // The shapes the tests sweep: single-token nodes, deep chains, wide fans, branch points, partial
 // masks, path weights.
 const std::vector<TreeShape>& tree_shapes();
+
+double max_abs(const std::vector<double>& a);
+double max_diff(const std::vector<double>& a, const std::vector<double>& b);  // max |a - b|, same sizes
+
+// The model's parameters after one AdamW step (lr 1e-2, weight decay 0.1) on its current
+// gradients, as doubles; the model itself is unchanged.
+template <class T>
+std::vector<double> params_after_adamw_step(const model::Model<T>& m) {
+  std::vector<T> p(m.params(), m.params() + m.num_params()), mom(p.size(), T(0)), var(p.size(), T(0));
+  cpu::AdamWParams ap;
+  ap.lr = 1e-2;
+  ap.weight_decay = 0.1;
+  cpu::adamw_update(p.data(), m.grads(), mom.data(), var.data(), (int64_t)p.size(), ap);
+  return std::vector<double>(p.begin(), p.end());
+}
 
 }  // namespace tt::testing

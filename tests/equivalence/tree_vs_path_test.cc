@@ -18,7 +18,6 @@
 #include "data/packing.h"
 #include "data/reader.h"
 #include "model/model.h"
-#include "ops/cpu/adamw.h"
 #include "tests/equivalence/random_trees.h"
 
 namespace tt {
@@ -26,6 +25,8 @@ namespace {
 
 using data::Packing;
 using data::PackedBatch;
+using testing::max_abs;
+using testing::max_diff;
 using testing::Rng;
 using testing::TreeShape;
 
@@ -81,27 +82,8 @@ RunResult run(model::Model<T>& m, const PackedBatch& b, double norm) {
   r.logits.assign(m.logits(), m.logits() + (int64_t)b.n_tokens * V);
   m.backward();
   r.grads.assign(m.grads(), m.grads() + m.num_params());
-  std::vector<T> p(m.params(), m.params() + m.num_params());
-  std::vector<T> mom(p.size(), T(0)), var(p.size(), T(0));
-  cpu::AdamWParams ap;
-  ap.lr = 1e-2;
-  ap.weight_decay = 0.1;
-  cpu::adamw_update(p.data(), m.grads(), mom.data(), var.data(), (int64_t)p.size(), ap);
-  r.stepped.assign(p.begin(), p.end());
+  r.stepped = testing::params_after_adamw_step(m);
   return r;
-}
-
-double max_abs(const std::vector<double>& a) {
-  double m = 0;
-  for (double x : a) m = std::max(m, std::fabs(x));
-  return m;
-}
-
-double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double m = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
 }
 
 // Per-path rows' logits gathered in tree order, so the two runs compare element by element.
