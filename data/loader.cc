@@ -43,6 +43,13 @@ void BatchLoader::start_epoch() {
 }
 
 PackedBatch BatchLoader::next() {
+  next_indices();
+  std::vector<const Tree*> batch;
+  for (int64_t t : last_) batch.push_back(&trees_[t]);
+  return pack(batch, packing_);
+}
+
+std::vector<int64_t> BatchLoader::next_indices() {
   const int64_t n = (int64_t)trees_.size();
   if (state_.cursor >= n) {
     ++state_.epoch;
@@ -51,18 +58,16 @@ PackedBatch BatchLoader::next() {
   }
   // A tree larger than the budget (Oversize::kAlone) closes the batch before it (it does not fit)
   // and after it (used > max_tokens), so it is packed alone.
-  std::vector<const Tree*> batch;
   last_.clear();
   int64_t used = 0;
   while (state_.cursor < n) {
     const int64_t t = order_[state_.cursor];
-    if (!batch.empty() && used + sizes_[t] > max_tokens_) break;
-    batch.push_back(&trees_[t]);
+    if (!last_.empty() && used + sizes_[t] > max_tokens_) break;
     last_.push_back(t);
     used += sizes_[t];
     ++state_.cursor;
   }
-  return pack(batch, packing_);
+  return last_;
 }
 
 void BatchLoader::restore(const LoaderState& s) {

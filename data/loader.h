@@ -41,6 +41,9 @@ class BatchLoader {
               Oversize oversize = Oversize::kError);
 
   PackedBatch next();
+  // The trees of the next batch, in packed order, without packing them (next() packs these).
+  // Data parallelism draws a step's trees this way and deals them to ranks (distributed/shard.h).
+  std::vector<int64_t> next_indices();
   // Indices into trees() of the trees of the last next() batch, in packed order (empty before the
   // first call and after restore()). A batch holding one tree that exceeds max_tokens has exactly one index.
   const std::vector<int64_t>& last_tree_indices() const { return last_; }

@@ -1,12 +1,18 @@
-// Backends: the CPU reference (Model<float>, ops/cpu AdamW) and the device choice.
+// Backends: the CPU reference (Model<float>, ops/cpu AdamW), the CUDA backend (model::CudaModel,
+// ops/cuda AdamW) and the device choice.
 #include "trainer/backend.h"
 
+#include <cuda_runtime.h>
 #include <spdlog/spdlog.h>
 
+#include "model/cuda_model.h"
+#include "model/cuda_partitioned.h"
 #include "model/hf_io.h"
 #include "model/partitioned.h"
 #include "ops/check.h"
 #include "ops/cpu/adamw.h"
+#include "ops/cuda/adamw.h"
+#include "ops/cuda/check.h"
 
 namespace tt::trainer {
 namespace {
@@ -42,6 +48,7 @@ class CpuBackend : public Backend {
     return model::forward_backward_partitioned(model_, split, plan, loss_scale);
   }
   double grad_sum_squares() const override { return cpu::sum_squares(model_.grads(), model_.num_params()); }
+  float* grads_data() override { return model_.grads(); }
 
   void adamw_step(const OptimStep& p) override {
     for (const model::ParamInfo& info : model_.params_info()) {
@@ -85,16 +92,144 @@ class CpuBackend : public Backend {
   std::vector<float> v_;  // (num_params) AdamW second moment
 };
 
+// The whole step on the GPU: CudaModel's fp32 master weights and gradients, fp32 m and v in the
+// same flat layout, AdamW over every tensor in one launch (ops/cuda/adamw.h; it also rewrites the
+// bf16 working copy), the gradient norm in fp64 on the device. Clipping arrives folded into
+// OptimStep::grad_scale. HF directories go through a host Model<float> made for the call.
+class CudaBackend : public Backend {
+ public:
+  explicit CudaBackend(const model::ModelConfig& cfg) : model_(cfg) {
+    const int64_t P = model_.num_params();
+    m_ = cuda::DeviceBuffer<float>(P, &model_.allocator());
+    v_ = cuda::DeviceBuffer<float>(P, &model_.allocator());
+    std::vector<cuda::AdamWTensor> tensors;
+    for (const model::ParamInfo& p : model_.params_info()) tensors.push_back({p.offset, p.numel, p.decay});
+    const std::vector<cuda::AdamWChunk> chunks = cuda::adamw_chunks(tensors);
+    chunks_ = cuda::DeviceBuffer<cuda::AdamWChunk>(chunks.size(), &model_.allocator());
+    TT_CUDA_CHECK(cudaMemcpyAsync(chunks_.data(), chunks.data(), sizeof(cuda::AdamWChunk) * chunks.size(),
+                                  cudaMemcpyHostToDevice, model_.stream()));
+    reset_optim();
+    TT_CUDA_CHECK(cudaStreamSynchronize(model_.stream()));
+  }
+
+  std::string name() const override { return "cuda"; }
+  const std::vector<model::ParamInfo>& params_info() const override { return model_.params_info(); }
+  int64_t num_params() const override { return model_.num_params(); }
+
+  void init(uint64_t seed) override {
+    model_.init(seed);
+    reset_optim();
+  }
+  void load_hf(const std::string& dir) override {
+    model::Model<float> host(model_.config());
+    model::load_hf_weights(dir, host);
+    model_.set_params(host.params());
+    reset_optim();
+  }
+  void save_hf(const std::string& dir) const override {
+    model::Model<float> host(model_.config());
+    const std::vector<float> p = model_.params_host();
+    std::copy(p.begin(), p.end(), host.params());
+    model::save_hf(dir, host, "F32");
+  }
+
+  void zero_grad() override { model_.zero_grad(); }
+  double forward_backward(const data::PackedBatch& batch, double loss_scale) override {
+    return model_.forward_backward(batch, loss_scale);
+  }
+  double forward_backward_partitioned(const data::Tree& split, const data::Partition& plan,
+                                      double loss_scale) override {
+    return model::forward_backward_partitioned(model_, split, plan, loss_scale);
+  }
+  double grad_sum_squares() const override { return model_.grad_sum_squares(); }
+
+  void adamw_step(const OptimStep& p) override {
+    cuda::AdamWParams ap;
+    ap.lr = p.lr;
+    ap.beta1 = p.beta1;
+    ap.beta2 = p.beta2;
+    ap.eps = p.eps;
+    ap.weight_decay = p.weight_decay;  // the chunk table applies it to decay tensors only
+    ap.step = p.step;
+    ap.grad_scale = p.grad_scale;
+    cuda::adamw_update(model_.params(), model_.params_bf16(), model_.grads(), m_.data(), v_.data(), chunks_.data(),
+                       (int)chunks_.size(), ap, nullptr, model_.stream());
+    // The step ends when its update has: step timings and host copies see the new weights.
+    TT_CUDA_CHECK(cudaStreamSynchronize(model_.stream()));
+  }
+
+  std::vector<float> params_host() const override { return model_.params_host(); }
+  std::vector<float> grads_host() const override { return model_.grads_host(); }
+  void optim_state_host(std::vector<float>* m, std::vector<float>* v) const override {
+    m->resize(num_params());
+    v->resize(num_params());
+    TT_CUDA_CHECK(cudaMemcpyAsync(m->data(), m_.data(), sizeof(float) * m->size(), cudaMemcpyDeviceToHost,
+                                  model_.stream()));
+    TT_CUDA_CHECK(cudaMemcpyAsync(v->data(), v_.data(), sizeof(float) * v->size(), cudaMemcpyDeviceToHost,
+                                  model_.stream()));
+    TT_CUDA_CHECK(cudaStreamSynchronize(model_.stream()));
+  }
+  void set_optim_state(const std::vector<float>& m, const std::vector<float>& v) override {
+    TT_CHECK((int64_t)m.size() == num_params() && (int64_t)v.size() == num_params(), "optimizer state has ",
+             m.size(), "/", v.size(), " values, the model ", num_params(), " parameters");
+    TT_CUDA_CHECK(cudaMemcpyAsync(m_.data(), m.data(), sizeof(float) * m.size(), cudaMemcpyHostToDevice,
+                                  model_.stream()));
+    TT_CUDA_CHECK(cudaMemcpyAsync(v_.data(), v.data(), sizeof(float) * v.size(), cudaMemcpyHostToDevice,
+                                  model_.stream()));
+    TT_CUDA_CHECK(cudaStreamSynchronize(model_.stream()));
+  }
+  int64_t device_malloc_count() const override { return model_.allocator().stats().num_cuda_malloc; }
+
+ private:
+  void reset_optim() {
+    m_.fill_bytes(0, model_.stream());
+    v_.fill_bytes(0, model_.stream());
+  }
+  // mutable: grad_sum_squares() is const in the interface but runs a reduction on the model's
+  // stream and scratch.
+  mutable model::CudaModel model_;
+  cuda::DeviceBuffer<float> m_;  // (num_params) AdamW first moment
+  cuda::DeviceBuffer<float> v_;  // (num_params) AdamW second moment
+  cuda::DeviceBuffer<cuda::AdamWChunk> chunks_;
+};
+
+// Visible CUDA devices; `why` says why there are none.
+int cuda_devices(std::string* why) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    *why = str("cudaGetDeviceCount: ", cudaGetErrorString(err));
+    return 0;
+  }
+  if (n == 0) *why = "cudaGetDeviceCount: 0 devices";
+  return n;
+}
+
 }  // namespace
 
 std::unique_ptr<Backend> make_backend(const std::string& device, const model::ModelConfig& cfg) {
-  if (device == "cuda") throw Error("device: cuda is not available in this build (CUDA backend pending)");
-  if (device == "auto") {
-    spdlog::info("device: auto -> cpu (the CUDA backend is not built yet; training runs on the CPU reference)");
-  } else if (device != "cpu") {
+  if (device != "auto" && device != "cpu" && device != "cuda")
     throw Error(str("device: expected one of auto|cpu|cuda, got '", device, "'"));
+  if (device == "cpu") return std::make_unique<CpuBackend>(cfg);
+  std::string why;
+  const int n = cuda_devices(&why);
+  if (device == "cuda") {
+    if (n == 0) throw Error(str("device: cuda but no CUDA device is visible (", why, ")"));
+    return std::make_unique<CudaBackend>(cfg);
   }
-  return std::make_unique<CpuBackend>(cfg);
+  if (n == 0) {
+    spdlog::info("device: auto -> cpu (no CUDA device is visible: {})", why);
+    return std::make_unique<CpuBackend>(cfg);
+  }
+  if (cfg.head_dim != 64 && cfg.head_dim != 128) {
+    spdlog::info("device: auto -> cpu (model.head_dim {}: the CUDA attention takes 64 or 128)", cfg.head_dim);
+    return std::make_unique<CpuBackend>(cfg);
+  }
+  cudaDeviceProp prop{};
+  TT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  spdlog::info("device: auto -> cuda (device 0 of {} visible: {})", n, prop.name);
+  return std::make_unique<CudaBackend>(cfg);
 }
 
 }  // namespace tt::trainer

@@ -1,9 +1,11 @@
 // The compute backend the trainer drives: one model's parameters, gradients and AdamW state.
 //
 // The trainer is written against this interface only; make_backend() is the one place where the
-// config's `device` picks an implementation (today the CPU reference, Model<float> with fp32
-// master weights and fp32 m/v; the CUDA backend slots in there). Parameters, gradients and
-// optimizer state use the flat layout of model::param_table (ParamInfo::offset / numel).
+// config's `device` picks an implementation: "cpu" (the reference, Model<float> with fp32 master
+// weights and fp32 m/v) or "cuda" (model::CudaModel: fp32 master weights, gradients and m/v on the
+// device, a bf16 working copy of the weights, AdamW and the gradient norm on the device). Both
+// keep parameters, gradients and optimizer state in the flat layout of model::param_table
+// (ParamInfo::offset / numel), so checkpoints read and write them the same way.
 #pragma once
 
 #include <cstdint>
@@ -56,9 +58,23 @@ class Backend {
   virtual std::vector<float> grads_host() const = 0;
   virtual void optim_state_host(std::vector<float>* m, std::vector<float>* v) const = 0;
   virtual void set_optim_state(const std::vector<float>& m, const std::vector<float>& v) = 0;
+
+  // cudaMalloc calls so far (0 on the CPU): once the largest batch has run, training steps must
+  // not change it (the caching allocator serves every buffer).
+  virtual int64_t device_malloc_count() const { return 0; }
+
+  // Data parallelism (distributed/): the flat gradient buffer, (num_params) floats, that the
+  // trainer sums over ranks after the step's backward passes. Device memory ordered on
+  // compute_stream() (a cudaStream_t) when grads_on_device(), else host memory; nullptr when the
+  // backend cannot train data-parallel.
+  virtual float* grads_data() { return nullptr; }
+  virtual bool grads_on_device() const { return false; }
+  virtual void* compute_stream() const { return nullptr; }
 };
 
-// device: "auto" | "cpu" | "cuda". Throws tt::Error for a device this build cannot run.
+// device: "auto" | "cpu" | "cuda". "auto" takes cuda when a CUDA device is visible and the model
+// runs there (head_dim 64 or 128), else cpu, and logs which. Throws tt::Error for "cuda" without a
+// visible device, naming the config key, or for a model the CUDA backend cannot run.
 std::unique_ptr<Backend> make_backend(const std::string& device, const model::ModelConfig& cfg);
 
 }  // namespace tt::trainer

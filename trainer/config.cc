@@ -78,6 +78,10 @@ const std::vector<Field>& fields() {
       TT_FIELD("schedule.decay", schedule.decay, {"cosine", "linear", "constant"}),
       TT_FIELD("schedule.min_lr_ratio", schedule.min_lr_ratio),
       TT_FIELD("partition.capacity_tokens", partition.capacity_tokens),
+      TT_FIELD("distributed.mode", distributed.mode, {"auto", "torchrun", "slurm", "off"}),
+      TT_FIELD("distributed.comm", distributed.comm, {"auto", "cpu", "nccl"}),
+      TT_FIELD("distributed.timeout_s", distributed.timeout_s),
+      TT_FIELD("distributed.collective_timeout_s", distributed.collective_timeout_s),
   };
   return kFields;
 }
@@ -86,7 +90,7 @@ const std::vector<Field>& fields() {
 
 // optim.betas: [b1, b2] is accepted as input; to_yaml writes beta1 and beta2.
 const char* const kBetasKey = "optim.betas";
-const std::vector<std::string> kSections = {"model", "data", "train", "optim", "schedule", "partition"};
+const std::vector<std::string> kSections = {"model", "data", "train", "optim", "schedule", "partition", "distributed"};
 
 const Field* find_field(const std::string& key) {
   for (const Field& f : fields())
@@ -408,6 +412,11 @@ void RunConfig::validate() const {
             "<= data.max_tokens_per_batch (" + i(data.max_tokens_per_batch) + "): a piece must fit a micro-batch",
             i(cap));
   }
+  in_set("distributed.mode", distributed.mode, {"auto", "torchrun", "slurm", "off"});
+  in_set("distributed.comm", distributed.comm, {"auto", "cpu", "nccl"});
+  require(distributed.timeout_s > 0, "distributed.timeout_s", "> 0", d(distributed.timeout_s));
+  require(distributed.collective_timeout_s > 0, "distributed.collective_timeout_s", "> 0",
+          d(distributed.collective_timeout_s));
 }
 
 std::string RunConfig::to_yaml() const {

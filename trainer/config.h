@@ -11,6 +11,7 @@
 //   optim:    lr, beta1, beta2 (or betas: [b1, b2]), eps, weight_decay
 //   schedule: warmup_steps, decay, min_lr_ratio
 //   partition: capacity_tokens (docs/PARTITIONING.md)
+//   distributed: mode, comm, timeout_s, collective_timeout_s (data parallelism, distributed/README.md)
 //
 // Paths:
 //  - run_dir: a relative run_dir is relative to the working directory of the process (the
@@ -76,6 +77,19 @@ struct PartitionConfig {
   int64_t capacity_tokens = 0;  // tokens per piece; 0 = off
 };
 
+// Data parallelism (distributed/README.md). Whether a run is distributed comes from the launcher's
+// environment (treetrain launch, torchrun, srun); this section says how to read it and how to
+// talk. The global batch is the same as one process's: train.grad_accum micro-batches per step
+// from the one seeded loader, whose trees are dealt to the ranks by estimated cost; the loss
+// normaliser and the gradients are summed over ranks before clipping and AdamW, so N ranks take
+// the update one process would. Only rank 0 writes metrics and checkpoints.
+struct DistributedConfig {
+  std::string mode = "auto";           // auto | torchrun | slurm | off (distributed/env.h)
+  std::string comm = "auto";           // auto | cpu | nccl; auto: nccl for device gradients, else cpu
+  double timeout_s = 60;               // joining the rendezvous; detecting a lost peer host
+  double collective_timeout_s = 1800;  // the longest wait inside one collective (a hung peer)
+};
+
 struct RunConfig {
   std::string source;    // the config file, for messages
   std::string run_dir = "runs/default";
@@ -87,6 +101,7 @@ struct RunConfig {
   OptimConfig optim;
   ScheduleConfig schedule;
   PartitionConfig partition;
+  DistributedConfig distributed;
 
   // Cross-field checks; throws tt::Error "<source>: <key> ..." naming the key.
   void validate() const;

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,9 @@
 #include "data/reader.h"
 #include "data/stats.h"
 #include "data/synthetic.h"
+#include "distributed/env.h"
+#include "distributed/launch.h"
+#include "distributed/sweep.h"
 #include "ops/check.h"
 #include "trainer/config.h"
 #include "trainer/train.h"
@@ -39,6 +43,17 @@ const char* const kUsage = R"(usage:
   treetrain generate --kind published-example --out FILE
       Write the one-tree episodes comb with the totals of the published partitioning example
       (tree format, vocab 32000; docs/PARTITIONING.md).
+  treetrain launch --nproc N [--master-port P] [--master-addr A] [--program PATH] -- <treetrain args>
+      Start N local ranks of `treetrain <args>` (data parallelism, distributed/README.md) with RANK,
+      WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set (a free port unless --master-port);
+      their output is prefixed "[rank r] ". When one fails, the others are stopped and launch
+      exits 1 naming it. --program runs PATH instead of treetrain.
+  treetrain sweep --config SWEEP.yaml [--mode local|slurm] [--out FILE] [--nproc N] [--binary PATH]
+      Expand a sweep (distributed/sweep.h: base config, grid: and list: of key paths) into runs,
+      each with its own run_dir and resolved config.yaml. --mode local (default) trains them one
+      after another (--nproc N ranks each) and prints a table of their final step, loss and
+      tokens/s; --mode slurm writes a SLURM array script to FILE (running --binary, default this
+      treetrain).
   treetrain --help
 
 Relative paths on the command line are relative to the working directory (under `bazel run`,
@@ -101,6 +116,8 @@ int64_t int_flag(const Args& a, const std::string& name, int64_t def) {
 int run_train(const std::vector<std::string>& argv) {
   const Args a = parse_flags(argv, {"config", "set"}, "train");
   const tt::trainer::RunConfig cfg = tt::trainer::load_config(required(a, "config"), a.sets);
+  // Data parallelism: rank 0 speaks for the job; the other ranks log warnings and errors only.
+  if (tt::distributed::read_env(cfg.distributed.mode).rank > 0) spdlog::set_level(spdlog::level::warn);
   spdlog::info("config {}: run_dir {}", cfg.source, cfg.run_dir);
   tt::trainer::Trainer trainer(cfg);
   trainer.run();
@@ -171,6 +188,56 @@ int run_generate(const std::vector<std::string>& argv) {
   return 0;
 }
 
+int run_launch(const std::vector<std::string>& argv) {
+  const auto dash = std::find(argv.begin(), argv.end(), "--");
+  if (dash == argv.end()) throw UsageError{"launch: expected -- before the arguments of the ranks"};
+  const Args a = parse_flags(std::vector<std::string>(argv.begin(), dash),
+                             {"nproc", "master-port", "master-addr", "program"}, "launch");
+  tt::distributed::LaunchOptions o;
+  o.nproc = (int)int_flag(a, "nproc", 0);
+  if (!a.flags.count("nproc") || o.nproc < 1 || o.nproc > 1024) throw UsageError{"launch: --nproc N (1..1024) is required"};
+  const int64_t port = int_flag(a, "master-port", 0);
+  if (port < 0 || port > 65535) throw UsageError{"--master-port: expected a port in 1..65535"};
+  o.master_port = (int)port;
+  if (a.flags.count("master-addr")) o.master_addr = a.flags.at("master-addr");
+  if (a.flags.count("program")) o.program = a.flags.at("program");
+  o.args.assign(dash + 1, argv.end());
+  if (o.args.empty()) throw UsageError{"launch: nothing to run after --"};
+  tt::distributed::launch(o);
+  return 0;
+}
+
+int run_sweep(const std::vector<std::string>& argv) {
+  const Args a = parse_flags(argv, {"config", "mode", "out", "nproc", "binary"}, "sweep");
+  const std::string mode = a.flags.count("mode") ? a.flags.at("mode") : "local";
+  if (mode != "local" && mode != "slurm") throw UsageError{"--mode: expected local|slurm, got '" + mode + "'"};
+  const int64_t nproc = int_flag(a, "nproc", 1);
+  if (nproc < 1) throw UsageError{"--nproc: expected a positive number of ranks"};
+  const tt::distributed::Sweep sweep = tt::distributed::load_sweep(required(a, "config"));
+  const std::string binary = a.flags.count("binary") ? a.flags.at("binary") : tt::distributed::self_executable();
+  if (mode == "slurm") {
+    const std::string& out = required(a, "out");
+    tt::distributed::write_run_configs(sweep);
+    const std::filesystem::path parent = std::filesystem::path(out).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent);
+    std::ofstream f(out, std::ios::trunc);
+    f << tt::distributed::slurm_script(sweep, binary);
+    if (!f) throw tt::Error(out + ": cannot write");
+    f.close();
+    std::filesystem::permissions(out, std::filesystem::perms::owner_exec, std::filesystem::perm_options::add);
+    for (const tt::distributed::SweepRun& run : sweep.runs) std::cout << run.config.run_dir << "/config.yaml\n";
+    spdlog::info("sweep: {} runs; their configs are written; submit the array job with: sbatch {}", sweep.runs.size(), out);
+    return 0;
+  }
+  if (a.flags.count("out")) throw UsageError{"--out is for --mode slurm"};
+  const std::vector<tt::distributed::RunResult> results = tt::distributed::run_local(sweep, binary, (int)nproc);
+  std::cout << tt::distributed::results_table(sweep, results) << std::flush;
+  int failed = 0;
+  for (const tt::distributed::RunResult& r : results) failed += r.status != "ok";
+  if (failed > 0) throw tt::Error(tt::str("sweep: ", failed, " of ", results.size(), " runs failed (see the table)"));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -188,11 +255,13 @@ int main(int argc, char** argv) {
       std::cout << kUsage;
       return 0;
     }
-    for (const std::string& a : args)
+    for (const std::string& a : args) {
+      if (a == "--") break;  // the arguments of `launch`'s ranks
       if (a == "--help" || a == "-h") {
         std::cout << kUsage;
         return 0;
       }
+    }
     std::string cmd = "train";
     if (args[0].rfind("--", 0) != 0) {
       cmd = args[0];
@@ -201,6 +270,8 @@ int main(int argc, char** argv) {
     if (cmd == "train") return run_train(args);
     if (cmd == "stats") return run_stats(args);
     if (cmd == "generate") return run_generate(args);
+    if (cmd == "launch") return run_launch(args);
+    if (cmd == "sweep") return run_sweep(args);
     throw UsageError{"unknown command '" + cmd + "'"};
   } catch (const UsageError& e) {
     std::cerr << "error: " << e.msg << "\n\n" << kUsage;

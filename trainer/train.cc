@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "data/reader.h"
+#include "distributed/env.h"
 #include "ops/check.h"
 #include "trainer/checkpoint.h"
 #include "trainer/schedule.h"
@@ -54,9 +55,19 @@ std::string human_rate(double x) {
 
 }  // namespace
 
-Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), t_start_(now_s()) {
+double model_flops(const model::ModelConfig& cfg, int64_t tokens, int64_t visible_pairs) {
+  int64_t params = 0;
+  for (const model::ParamInfo& p : model::param_table(cfg))
+    if (cfg.tie_word_embeddings || p.name != "model.embed_tokens.weight") params += p.numel;
+  const double attn = 12.0 * (double)cfg.num_hidden_layers * (double)cfg.num_attention_heads * (double)cfg.head_dim;
+  return 6.0 * (double)params * (double)tokens + attn * (double)visible_pairs;
+}
+
+Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator> comm)
+    : cfg_(cfg), t_start_(now_s()) {
   cfg_.validate();
   backend_ = make_backend(cfg_.device, cfg_.model);
+  connect(std::move(comm));
   spdlog::info("model: {} L={} C={} NH={} NKV={} HS={} I={} V={}: {} parameters on {}", cfg_.model.architecture,
                cfg_.model.num_hidden_layers, cfg_.model.hidden_size, cfg_.model.num_attention_heads,
                cfg_.model.num_key_value_heads, cfg_.model.head_dim, cfg_.model.intermediate_size,
@@ -101,6 +112,7 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), t_start_(now_s()) {
     loader_->restore(st.loader);
     step_ = start_step_ = last_saved_step_ = st.step;
     spdlog::info("resumed from {} (step {}, epoch {}, cursor {})", ckpt, st.step, st.loader.epoch, st.loader.cursor);
+    check_ranks_agree();
     return;
   }
   if (!ckpt.empty())
@@ -114,9 +126,91 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), t_start_(now_s()) {
     backend_->init(cfg_.train.seed);
     spdlog::info("fresh init, seed {}", cfg_.train.seed);
   }
+  check_ranks_agree();
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::connect(std::unique_ptr<distributed::Communicator> comm) {
+  if (!comm) {
+    const distributed::DistEnv env = distributed::read_env(cfg_.distributed.mode);
+    if (!env.distributed()) return;
+    const std::string kind =
+        cfg_.distributed.comm != "auto" ? cfg_.distributed.comm : (backend_->grads_on_device() ? "nccl" : "cpu");
+    if (kind == "nccl")
+      throw Error(str(env.describe(), ": distributed.comm: nccl is not wired into the trainer yet (the ", backend_->name(),
+                      " backend's data-parallel integration is pending); the cpu communicator reduces host gradients"));
+    spdlog::info("distributed: {} joining {} ranks at {}:{} (from the {} environment)", env.describe(), env.world_size,
+                 env.master_addr, env.master_port, env.source);
+    distributed::RendezvousOptions options;
+    options.timeout_s = cfg_.distributed.timeout_s;
+    options.collective_timeout_s = cfg_.distributed.collective_timeout_s;
+    comm = distributed::make_cpu_communicator(distributed::Rendezvous::connect(env, options));
+  }
+  if (comm->world_size() == 1) return;
+  if (backend_->grads_data() == nullptr)
+    throw Error(str(comm->tag(), ": the ", backend_->name(), " backend cannot train data-parallel (no gradient buffer)"));
+  if (comm->device_buffers() != backend_->grads_on_device())
+    throw Error(str(comm->tag(), ": the ", comm->name(), " communicator reduces ",
+                    comm->device_buffers() ? "device" : "host", " buffers, but the ", backend_->name(),
+                    " backend keeps its gradients on the ", backend_->grads_on_device() ? "device" : "host",
+                    " (distributed.comm)"));
+  comm_ = std::move(comm);
+  spdlog::info("distributed: {} of {} ranks, {} communicator; rank 0 writes metrics and checkpoints", comm_->tag(),
+               comm_->world_size(), comm_->name());
+}
+
+void Trainer::check_ranks_agree() {
+  if (!comm_) return;
+  // The resolved config (run_dir included) and the step every rank starts from.
+  const std::string mine = str("start step ", start_step_, "\n", cfg_.to_yaml());
+  const std::vector<std::string> all = comm_->all_gather_host(mine);
+  for (int r = 1; r < (int)all.size(); ++r) {
+    if (all[r] == all[0]) continue;
+    std::istringstream a(all[0]), b(all[r]);
+    std::string la, lb;
+    while (std::getline(a, la) && std::getline(b, lb) && la == lb) {
+    }
+    throw Error(str(comm_->tag(), ": rank ", r, " disagrees with rank 0: '", lb, "' vs '", la,
+                    "' (every rank needs the same config, --set overrides and checkpoints: a shared run_dir)"));
+  }
+}
+
+void Trainer::take_shard(std::vector<data::PackedBatch>* micro, std::vector<int64_t>* partition_tree,
+                         StepMetrics* m) {
+  const data::Packing packing = cfg_.data.packing == "per_path" ? data::Packing::kPerPath : data::Packing::kTree;
+  const std::vector<data::Tree>& trees = loader_->trees();
+  if (tree_cost_.empty()) tree_cost_.assign(trees.size(), -1.0);
+  const double pair_weight = distributed::attention_pair_weight(cfg_.model);
+  std::vector<int64_t> step_trees;  // the global batch, in loader order
+  for (int64_t i = 0; i < cfg_.train.grad_accum; ++i) {
+    const std::vector<int64_t> t = loader_->next_indices();
+    step_trees.insert(step_trees.end(), t.begin(), t.end());
+  }
+  std::vector<double> cost;
+  for (int64_t t : step_trees) {
+    if (tree_cost_[t] < 0) {
+      const distributed::TreeWork w = distributed::tree_work(trees[t], packing);
+      tree_cost_[t] = (double)w.tokens + pair_weight * (double)w.visible_pairs;
+    }
+    cost.push_back(tree_cost_[t]);
+  }
+  const distributed::Shards shards = distributed::balance(cost, world_size());
+  m->imbalance = shards.imbalance();
+  std::vector<int64_t> mine, sizes;
+  for (int64_t i : shards.items[rank()]) {
+    mine.push_back(step_trees[i]);
+    sizes.push_back(data::packed_size(trees[step_trees[i]], packing));
+  }
+  const int64_t capacity = cfg_.partition.capacity_tokens;
+  for (const std::vector<int64_t>& group : distributed::pack_greedy(sizes, cfg_.data.max_tokens_per_batch)) {
+    std::vector<const data::Tree*> batch;
+    for (int64_t g : group) batch.push_back(&trees[mine[g]]);
+    micro->push_back(data::pack(batch, packing));
+    const bool alone_and_large = capacity > 0 && group.size() == 1 && micro->back().n_tree > capacity;
+    partition_tree->push_back(alone_and_large ? mine[group[0]] : -1);
+  }
+}
 
 const Trainer::PartitionedTree& Trainer::partitioned(int64_t index) {
   auto it = partitioned_.find(index);
@@ -140,30 +234,45 @@ StepMetrics Trainer::train_step() {
   const int64_t n_micro = cfg_.train.grad_accum;
   const int64_t capacity = cfg_.partition.capacity_tokens;
   std::vector<data::PackedBatch> micro;
-  std::vector<int64_t> partition_tree;  // (n_micro) the tree to run partitioned, or -1
-  micro.reserve(n_micro);
-  for (int64_t i = 0; i < n_micro; ++i) {
-    micro.push_back(loader_->next());
-    const std::vector<int64_t>& trees = loader_->last_tree_indices();
-    const bool alone_and_large = capacity > 0 && trees.size() == 1 && micro.back().n_tree > capacity;
-    partition_tree.push_back(alone_and_large ? trees[0] : -1);
-  }
-
+  std::vector<int64_t> partition_tree;  // (micro.size()) the tree to run partitioned, or -1
   StepMetrics m;
   m.step = step_ + 1;
+  m.world_size = world_size();
+  if (comm_) {
+    take_shard(&micro, &partition_tree, &m);
+  } else {
+    micro.reserve(n_micro);
+    for (int64_t i = 0; i < n_micro; ++i) {
+      micro.push_back(loader_->next());
+      const std::vector<int64_t>& trees = loader_->last_tree_indices();
+      const bool alone_and_large = capacity > 0 && trees.size() == 1 && micro.back().n_tree > capacity;
+      partition_tree.push_back(alone_and_large ? trees[0] : -1);
+    }
+  }
+
   double normaliser = 0;
+  int64_t visible_pairs = 0;
   for (const data::PackedBatch& b : micro) {
     normaliser += cfg_.train.loss_norm == "token_mean" ? (double)b.n_flat_targets : (double)b.n_paths;
+    visible_pairs += b.visible_pairs;
     m.n_tree += b.n_tree;
     m.n_flat += b.n_flat;
     m.paths += b.n_paths;
+  }
+  if (comm_) {  // the step's totals over every rank (integers: exact in fp64)
+    double totals[4] = {normaliser, (double)m.n_tree, (double)m.n_flat, (double)m.paths};
+    comm_->all_reduce_host(totals, 4);
+    normaliser = totals[0];
+    m.n_tree = (int64_t)totals[1];
+    m.n_flat = (int64_t)totals[2];
+    m.paths = (int64_t)totals[3];
   }
   if (!(normaliser > 0))
     throw Error(str("step ", m.step, ": the step's batches have no ", cfg_.train.loss_norm == "token_mean" ? "targets" : "paths",
                     " (train.loss_norm: ", cfg_.train.loss_norm, ")"));
 
   backend_->zero_grad();
-  for (int64_t i = 0; i < n_micro; ++i) {
+  for (size_t i = 0; i < micro.size(); ++i) {
     if (partition_tree[i] < 0) {
       m.loss += backend_->forward_backward(micro[i], 1.0 / normaliser);
     } else {
@@ -171,6 +280,14 @@ StepMetrics Trainer::train_step() {
       m.loss += backend_->forward_backward_partitioned(p.split, p.plan, 1.0 / normaliser);
       m.pieces += p.plan.num_pieces();
     }
+  }
+  if (comm_) {  // gradients before the norm, clipping and AdamW: every rank takes the same update
+    comm_->all_reduce_sum(backend_->grads_data(), backend_->num_params());
+    comm_->wait();
+    double totals[2] = {m.loss, (double)m.pieces};
+    comm_->all_reduce_host(totals, 2);
+    m.loss = totals[0];
+    m.pieces = (int64_t)totals[1];
   }
   m.grad_norm = std::sqrt(backend_->grad_sum_squares());
   if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm))
@@ -188,13 +305,26 @@ StepMetrics Trainer::train_step() {
   step_ = m.step;
 
   const double t1 = now_s();
+  m.step_s = t1 - t0;
   m.tokens_per_s = t1 > t0 ? (double)m.n_tree / (t1 - t0) : 0.0;
+  if (t1 > t0) {
+    // Packed tokens: unique tokens under tree packing, every path's tokens under per_path.
+    int64_t packed = 0;
+    for (const data::PackedBatch& b : micro) packed += b.n_tokens;
+    const double flops = model_flops(cfg_.model, packed, visible_pairs);
+    m.model_tflops = flops / (t1 - t0) / 1e12;
+    m.mfu = flops / (kPeakFlops * (t1 - t0));
+  }
   m.por = m.n_flat > 0 ? 1.0 - (double)m.n_tree / (double)m.n_flat : 0.0;
   m.elapsed_s = t1 - t_start_;
   return m;
 }
 
 std::string Trainer::save_checkpoint() {
+  if (rank() != 0) {
+    last_saved_step_ = step_;
+    return "";
+  }
   TrainerState st;
   st.step = step_;
   st.loader = loader_->state();
@@ -211,11 +341,15 @@ std::string Trainer::save_checkpoint() {
 std::vector<StepMetrics> Trainer::run() {
   const int64_t total = cfg_.train.max_steps;
   std::vector<StepMetrics> out;
-  fs::create_directories(cfg_.run_dir);
+  const bool writer = rank() == 0;  // data parallelism: rank 0 writes metrics and checkpoints
   const std::string mpath = metrics_path(cfg_);
-  truncate_metrics(mpath, start_step_);
-  std::ofstream metrics(mpath, std::ios::app);
-  if (!metrics) throw Error(str(mpath, ": cannot open for writing"));
+  std::ofstream metrics;
+  if (writer) {
+    fs::create_directories(cfg_.run_dir);
+    truncate_metrics(mpath, start_step_);
+    metrics.open(mpath, std::ios::app);
+    if (!metrics) throw Error(str(mpath, ": cannot open for writing"));
+  }
 
   if (step_ >= total) {
     spdlog::info("already at step {} of train.max_steps {}: nothing to do", step_, total);
@@ -227,20 +361,27 @@ std::vector<StepMetrics> Trainer::run() {
   while (step_ < total) {
     const StepMetrics m = train_step();
     out.push_back(m);
-    const nlohmann::json j = {{"step", m.step},         {"loss", m.loss},       {"lr", m.lr},
+    nlohmann::json j = {{"step", m.step},         {"loss", m.loss},       {"lr", m.lr},
                               {"grad_norm", m.grad_norm}, {"tokens_per_s", m.tokens_per_s},
                               {"n_tree", m.n_tree},     {"n_flat", m.n_flat},   {"por", m.por},
-                              {"paths", m.paths},       {"pieces", m.pieces},   {"elapsed_s", m.elapsed_s}};
-    metrics << j.dump() << "\n";
-    metrics.flush();
+                              {"paths", m.paths},       {"pieces", m.pieces},   {"elapsed_s", m.elapsed_s},
+                              {"step_s", m.step_s},     {"model_tflops", m.model_tflops}, {"mfu", m.mfu}};
+    if (comm_) {
+      j["world_size"] = m.world_size;
+      j["imbalance"] = m.imbalance;
+    }
+    if (writer) {
+      metrics << j.dump() << "\n";
+      metrics.flush();
+    }
     if (m.step % cfg_.train.log_every == 0 || m.step == start_step_ + 1 || m.step == total)
-      spdlog::info("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | gnorm {:.3f} | {} tok/s | por {:.2f}{} | {:.1f}s", m.step,
-                   width, total, m.loss, m.lr, m.grad_norm, human_rate(m.tokens_per_s), m.por,
+      spdlog::info("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | gnorm {:.3f} | {} tok/s | mfu {:.1f}% | por {:.2f}{} | {:.1f}s",
+                   m.step, width, total, m.loss, m.lr, m.grad_norm, human_rate(m.tokens_per_s), 100 * m.mfu, m.por,
                    cfg_.partition.capacity_tokens > 0 ? " | pieces " + std::to_string(m.pieces) : "", m.elapsed_s);
     if (cfg_.train.checkpoint_every > 0 && m.step % cfg_.train.checkpoint_every == 0 && m.step < total)
       save_checkpoint();
   }
-  if (!metrics) throw Error(str(mpath, ": write failed"));
+  if (writer && !metrics) throw Error(str(mpath, ": write failed"));
   if (last_saved_step_ != step_) save_checkpoint();
   if (!out.empty())
     spdlog::info("done: {} steps in {:.1f}s, loss {:.4f} -> {:.4f}", out.size(), out.back().elapsed_s,

@@ -16,7 +16,18 @@
 //
 // A run resumed from a checkpoint (train.resume) restores weights, AdamW moments, the step and
 // the loader position, so it computes exactly (bitwise) the losses of an uninterrupted run.
-// Metrics go to run_dir/metrics.jsonl, one JSON object per step.
+// Metrics go to run_dir/metrics.jsonl, one JSON object per step, with throughput (tokens/s) and
+// model FLOP utilisation (model_flops below over kPeakFlops x step time) for every backend.
+//
+// Data parallelism (distributed/README.md): with a communicator of W > 1 ranks, every rank draws
+// the step's train.grad_accum micro-batches from the same seeded loader, keeps its share of their
+// trees (dealt by estimated cost, distributed/shard.h) and packs them into its own micro-batches;
+// the normaliser and the metrics' counts are summed over ranks before forward, the gradients
+// (fp64 sum in rank order, identical bytes on every rank) and the loss after backward, so every
+// rank takes the update of one process with the same global batch (up to fp32 summation order).
+// Only rank 0 writes metrics.jsonl and checkpoints; every rank resumes from rank 0's checkpoint
+// (run_dir on a shared filesystem), and ranks check at start that they agree on the config and
+// the step.
 #pragma once
 
 #include <cstdint>
@@ -28,10 +39,27 @@
 #include "data/loader.h"
 #include "data/partition.h"
 #include "data/tree.h"
+#include "distributed/communicator.h"
+#include "distributed/shard.h"
+#include "model/config.h"
 #include "trainer/backend.h"
 #include "trainer/config.h"
 
 namespace tt::trainer {
+
+// Dense bf16 peak of one H100/H200 SXM, the denominator of MFU.
+constexpr double kPeakFlops = 989e12;
+
+// Model FLOPs of one training step (forward + backward) over `tokens` tokens whose attention
+// sees `visible_pairs` (query, key) pairs:
+//   6 * parameters * tokens + 12 * L * NH * HS * visible_pairs,
+// parameters being those that enter a matmul: all of param_table but the input embedding table
+// when the LM head is untied (a lookup; the head itself is counted). The attention term is
+// 2 FLOPs per multiply-add for QK^T and PV (4 per pair, per head dim), times 3 for the backward.
+// The trainer passes its micro-batches' packed tokens and visible pairs (PackedBatch::
+// visible_pairs): under tree packing the unique tokens and the tree's pairs, so MFU counts only
+// the work the tree needs; under per_path packing every path's tokens and pairs.
+double model_flops(const model::ModelConfig& cfg, int64_t tokens, int64_t visible_pairs);
 
 struct StepMetrics {
   int64_t step = 0;  // 1-based: the update just taken
@@ -46,6 +74,11 @@ struct StepMetrics {
   int64_t paths = 0;
   int64_t pieces = 0;    // partition pieces run this step (0: no micro-batch was partitioned)
   double elapsed_s = 0;  // since the trainer started
+  double step_s = 0;     // wall time of the step (loader, forward/backward, norm, update)
+  double model_tflops = 0;  // model FLOPs of the step (model_flops) per second, in TFLOP/s
+  double mfu = 0;           // model_tflops * 1e12 / kPeakFlops
+  int64_t world_size = 1;   // data-parallel ranks; the counts, loss and tokens/s above are global
+  double imbalance = 1;     // max / mean of the ranks' estimated step cost (1: perfect balance)
 };
 
 class Trainer {
@@ -53,7 +86,9 @@ class Trainer {
   // Loads the data, picks the backend, and resumes from the newest checkpoint (train.resume)
   // or initialises the model (model.init_from or a seeded init). Starting fresh in a run_dir
   // that already holds checkpoints is an error (set train.resume or pick another run_dir).
-  explicit Trainer(const RunConfig& cfg);
+  // `comm`: the data-parallel communicator (tests pass one); without it, the launcher's
+  // environment decides (distributed.mode): one process, or a rendezvous at MASTER_ADDR.
+  explicit Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator> comm = nullptr);
   ~Trainer();
 
   int64_t step() const { return step_; }
@@ -61,10 +96,13 @@ class Trainer {
   const RunConfig& config() const { return cfg_; }
   Backend& backend() { return *backend_; }
   const data::BatchLoader& loader() const { return *loader_; }
+  int rank() const { return comm_ ? comm_->rank() : 0; }
+  int world_size() const { return comm_ ? comm_->world_size() : 1; }
 
   // One optimizer step (does not log, write metrics or checkpoint).
   StepMetrics train_step();
-  // Writes run_dir/checkpoints/step_<step()> and prunes old ones; returns its path.
+  // Writes run_dir/checkpoints/step_<step()> and prunes old ones; returns its path. Rank 0 only:
+  // other ranks write nothing and return "".
   std::string save_checkpoint();
   // Steps until train.max_steps with console logs, metrics.jsonl and checkpoints (every
   // checkpoint_every steps and at the end). Returns the metrics of the steps it took.
@@ -78,11 +116,19 @@ class Trainer {
   };
   // The plan of loader tree `index`, made (and logged) on first use.
   const PartitionedTree& partitioned(int64_t index);
+  // Data parallelism: joins the job the environment describes (or takes `comm`) and checks that
+  // every rank has the same config and start step.
+  void connect(std::unique_ptr<distributed::Communicator> comm);
+  void check_ranks_agree();
+  // This rank's micro-batches of the step (see the file comment) and the deal's imbalance.
+  void take_shard(std::vector<data::PackedBatch>* micro, std::vector<int64_t>* partition_tree, StepMetrics* m);
 
   RunConfig cfg_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<data::BatchLoader> loader_;
   std::unordered_map<int64_t, PartitionedTree> partitioned_;  // by tree index
+  std::unique_ptr<distributed::Communicator> comm_;  // null: one process
+  std::vector<double> tree_cost_;                     // (#trees) shard cost, -1 until first use
   int64_t data_size_ = -1;
   int64_t step_ = 0;
   int64_t start_step_ = 0;

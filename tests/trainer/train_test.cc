@@ -423,8 +423,17 @@ TEST(TrainTest, LossFallsOnSyntheticData) {
 
 TEST(TrainTest, DeviceChoice) {
   model::ModelConfig m;
-  EXPECT_EQ(error_of([&] { make_backend("cuda", m); }), "device: cuda is not available in this build (CUDA backend pending)");
-  EXPECT_EQ(make_backend("auto", m)->name(), "cpu");
+  m.head_dim = 64;  // the CUDA attention takes head dims 64 and 128
+  EXPECT_EQ(error_of([&] { make_backend("tpu", m); }), "device: expected one of auto|cpu|cuda, got 'tpu'");
+  EXPECT_EQ(make_backend("cpu", m)->name(), "cpu");
+  const std::string picked = make_backend("auto", m)->name();
+  if (picked == "cpu") {  // no CUDA device visible: asking for one names the key and the reason
+    EXPECT_EQ(error_of([&] { make_backend("cuda", m); }).rfind("device: cuda but no CUDA device is visible (cudaGetDeviceCount: ", 0),
+              0u);
+  } else {
+    EXPECT_EQ(picked, "cuda");
+    EXPECT_EQ(make_backend("cuda", m)->name(), "cuda");
+  }
 }
 
 }  // namespace

@@ -1,0 +1,50 @@
+// Data-parallel sharding of an optimizer step: which rank trains which of the step's trees.
+//
+// Every rank draws the step's micro-batches from the same seeded loader (so every rank knows the
+// step's trees and the loader position is the same everywhere, which makes rank 0's checkpoint
+// valid for all). The trees of the step are then dealt to ranks by estimated compute:
+//   cost(tree) = tokens + attention_pair_weight(model) * visible_pairs
+// tokens being the tree's packed tokens (linear layers, norms, loss: per token) and
+// visible_pairs the (query, key) pairs its tree attention visits (sum over tokens of depth + 1).
+// The deal is LPT: trees by decreasing cost (ties: earlier in the step first) each go to the rank
+// with the least load so far (ties: the lowest rank), within 4/3 of the best possible makespan.
+// It depends only on the step's trees, hence only on the seed: every rank computes the same deal.
+// A rank keeps its trees in step order and packs them greedily into micro-batches under
+// data.max_tokens_per_batch (the loader's rule; a tree larger than the budget goes alone).
+//
+// Trees are independent in the loss (a tree never attends to another), so this changes only the
+// fp32 summation order of the gradients, never what is summed.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "data/packing.h"
+#include "data/tree.h"
+#include "model/config.h"
+
+namespace tt::distributed {
+
+struct TreeWork {
+  int64_t tokens = 0;         // packed tokens under the packing
+  int64_t visible_pairs = 0;  // attention (query, key) pairs
+};
+TreeWork tree_work(const data::Tree& tree, data::Packing packing);
+
+// FLOPs of one visible attention pair (QK and PV, all layers) over the FLOPs of one token through
+// the linear layers and the LM head: the weight that puts pairs into token units.
+double attention_pair_weight(const model::ModelConfig& cfg);
+
+struct Shards {
+  std::vector<std::vector<int64_t>> items;  // (world) indices into the cost list, ascending
+  std::vector<double> load;                 // (world) summed cost
+  // max load / mean load: 1 is a perfect balance, W means one rank does everything.
+  double imbalance() const;
+};
+Shards balance(const std::vector<double>& cost, int world);
+
+// Consecutive groups of items whose sizes sum to at most max_tokens (a group holds at least one
+// item; an item larger than max_tokens is a group of its own).
+std::vector<std::vector<int64_t>> pack_greedy(const std::vector<int64_t>& sizes, int64_t max_tokens);
+
+}  // namespace tt::distributed

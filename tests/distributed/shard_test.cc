@@ -1,0 +1,128 @@
+// Sharding a step's trees over ranks: the cost inputs equal what packing reports, the deal is
+// LPT with deterministic ties and covers every tree once, and the per-rank packing follows the
+// loader's greedy rule.
+#include "distributed/shard.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "data/loader.h"
+#include "data/reader.h"
+#include "data/synthetic.h"
+#include "ops/check.h"
+#include "tests/distributed/test_util.h"
+
+namespace tt::distributed {
+namespace {
+
+std::vector<data::Tree> synthetic(const std::string& kind, int n, uint64_t seed) {
+  data::SyntheticSpec s;
+  s.kind = kind;
+  s.num_trees = n;
+  s.vocab_size = 64;
+  s.seed = seed;
+  s.prompt_len = 5;
+  s.turns = 3;
+  s.turn_len = 3;
+  s.branches = 3;
+  s.branch_turns = 2;
+  s.prefix_len = 7;
+  s.steps = 4;
+  s.history_len = 2;
+  s.leaf_len = 5;
+  const std::string path = (testing::test_dir("shard_" + kind) / "data.jsonl").string();
+  data::write_jsonl(s, path);
+  return data::read_trees(path, kind == "rollouts" ? data::Format::kRollouts : data::Format::kTree, 64);
+}
+
+TEST(ShardTest, TreeWorkEqualsThePackedBatch) {
+  for (const std::string kind : {"rollouts", "episodes"}) {
+    for (const data::Tree& t : synthetic(kind, 8, 11)) {
+      for (data::Packing p : {data::Packing::kTree, data::Packing::kPerPath}) {
+        const data::PackedBatch b = data::pack({&t}, p);
+        const TreeWork w = tree_work(t, p);
+        EXPECT_EQ(w.tokens, b.n_tokens) << kind << " " << t.id;
+        EXPECT_EQ(w.tokens, data::packed_size(t, p)) << kind << " " << t.id;
+        EXPECT_EQ(w.visible_pairs, b.visible_pairs) << kind << " " << t.id;
+      }
+    }
+  }
+}
+
+TEST(ShardTest, BalanceIsLptWithDeterministicTies) {
+  // Decreasing cost: 5 -> r0, 4 -> r1, 3 (item 2) -> r1 (4 < 5), 3 (item 3) -> r0 (5 < 7),
+  // 3 (item 4) -> r1 (7 < 8).
+  const Shards s = balance({5, 4, 3, 3, 3}, 2);
+  EXPECT_EQ(s.items[0], (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ(s.items[1], (std::vector<int64_t>{1, 2, 4}));
+  EXPECT_EQ(s.load, (std::vector<double>{8, 10}));
+  EXPECT_DOUBLE_EQ(s.imbalance(), 10.0 / 9.0);
+  // Equal costs alternate from rank 0; more ranks than trees leaves ranks empty.
+  const Shards t = balance({1, 1, 1}, 5);
+  EXPECT_EQ(t.items[0], (std::vector<int64_t>{0}));
+  EXPECT_EQ(t.items[2], (std::vector<int64_t>{2}));
+  EXPECT_TRUE(t.items[3].empty() && t.items[4].empty());
+  EXPECT_DOUBLE_EQ(t.imbalance(), 1.0 / (3.0 / 5.0));
+  EXPECT_DOUBLE_EQ(balance({}, 3).imbalance(), 1.0);
+  EXPECT_DOUBLE_EQ(balance({2, 7}, 1).imbalance(), 1.0);
+}
+
+TEST(ShardTest, BalanceCoversEveryTreeOnceAndStaysNearTheBound) {
+  const std::vector<data::Tree> trees = synthetic("rollouts", 40, 5);
+  model::ModelConfig cfg;
+  const double w = attention_pair_weight(cfg);
+  std::vector<double> cost;
+  for (const data::Tree& t : trees) {
+    const TreeWork tw = tree_work(t, data::Packing::kTree);
+    cost.push_back((double)tw.tokens + w * (double)tw.visible_pairs);
+  }
+  for (int world : {2, 3, 8}) {
+    const Shards s = balance(cost, world);
+    std::vector<int64_t> all;
+    for (const auto& v : s.items) {
+      EXPECT_TRUE(std::is_sorted(v.begin(), v.end()));
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    std::sort(all.begin(), all.end());
+    std::vector<int64_t> want(cost.size());
+    std::iota(want.begin(), want.end(), 0);
+    EXPECT_EQ(all, want) << world;
+    // LPT: the makespan is at most 4/3 of the optimum, itself >= max(mean load, largest item).
+    const double lower = std::max(std::accumulate(cost.begin(), cost.end(), 0.0) / world,
+                                  *std::max_element(cost.begin(), cost.end()));
+    EXPECT_LE(*std::max_element(s.load.begin(), s.load.end()), 4.0 / 3.0 * lower + 1e-9) << world;
+    EXPECT_EQ(balance(cost, world).items, s.items);  // deterministic
+  }
+}
+
+TEST(ShardTest, AttentionPairWeightIsTheFlopRatio) {
+  model::ModelConfig c;
+  c.vocab_size = 100;
+  c.hidden_size = 8;
+  c.intermediate_size = 16;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 4;
+  // Per token: 2 x (8 x (8 + 2 x 4) + 8 x 8 + 3 x 8 x 16) + 8 x 100 = 2 x 576 + 800 = 1952
+  // multiply-adds; per pair: 2 layers x 2 x 8 = 32.
+  EXPECT_DOUBLE_EQ(attention_pair_weight(c), 32.0 / 1952.0);
+}
+
+TEST(ShardTest, PackGreedyFollowsTheLoaderRule) {
+  EXPECT_EQ(pack_greedy({3, 4, 2, 9, 1, 1}, 8),
+            (std::vector<std::vector<int64_t>>{{0, 1}, {2}, {3}, {4, 5}}));  // 9 > 8 goes alone
+  EXPECT_TRUE(pack_greedy({}, 8).empty());
+  // The loader's batches of one epoch, unshuffled, are pack_greedy of the trees' sizes.
+  const std::vector<data::Tree> trees = synthetic("rollouts", 20, 9);
+  std::vector<int64_t> sizes;
+  for (const data::Tree& t : trees) sizes.push_back(data::packed_size(t, data::Packing::kTree));
+  const int64_t budget = 2 * *std::max_element(sizes.begin(), sizes.end()) - 1;
+  data::BatchLoader loader(trees, data::Packing::kTree, budget, 1, /*shuffle=*/false);
+  for (const std::vector<int64_t>& group : pack_greedy(sizes, budget)) EXPECT_EQ(loader.next_indices(), group);
+}
+
+}  // namespace
+}  // namespace tt::distributed

@@ -1,0 +1,202 @@
+// Sweeps: expansion of grid (cartesian) and list (zipped) parameters into runs with readable
+// run_dirs and resolved configs, strict keys with file:line errors, the SLURM array script, the
+// results table, the shipped example configs/sweep_example.yaml, and scripts/slurm/train.sbatch.
+#include "distributed/sweep.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "ops/check.h"
+#include "tests/distributed/test_util.h"
+
+namespace tt::distributed {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// A base run config in dir/base.yaml (its data file need not exist to expand a sweep).
+fs::path write_base(const fs::path& dir) {
+  std::ofstream(dir / "base.yaml") << "run_dir: " << (dir / "base_run").string() << "\n"
+                                   << "device: cpu\n"
+                                   << "model:\n  vocab_size: 32\n  hidden_size: 16\n  intermediate_size: 32\n"
+                                      "  num_hidden_layers: 1\n  num_attention_heads: 2\n  num_key_value_heads: 1\n"
+                                   << "data:\n  path: data.jsonl\n"
+                                   << "train:\n  max_steps: 10\n";
+  return dir / "base.yaml";
+}
+
+std::string error_of(const std::string& text, const fs::path& dir) {
+  try {
+    parse_sweep_text(text, "sweep.yaml", dir.string());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(SweepTest, GridTimesZippedListGivesNamedRuns) {
+  const fs::path dir = testing::test_dir("sweep_expand");
+  write_base(dir);
+  const std::string text = "base: base.yaml\n"
+                           "run_dir: " + (dir / "runs").string() + "\n"
+                           "set:\n  train.max_steps: 3\n"
+                           "grid:\n  optim.lr: [1.0e-3, 3.0e-3]\n  train.seed: [1, 2]\n"
+                           "list:\n  model.hidden_size: [16, 32]\n  model.intermediate_size: [32, 64]\n";
+  const Sweep sw = parse_sweep_text(text, "sweep.yaml", dir.string());
+  EXPECT_EQ(sw.base, (dir / "base.yaml").string());
+  ASSERT_EQ(sw.runs.size(), 8u);  // 2 zipped entries x 2 x 2
+  EXPECT_EQ(sw.runs[0].name, "0_hidden_size-16_intermediate_size-32_lr-1.0e-3_seed-1");
+  EXPECT_EQ(sw.runs[1].name, "1_hidden_size-16_intermediate_size-32_lr-1.0e-3_seed-2");  // last key fastest
+  EXPECT_EQ(sw.runs[2].name, "2_hidden_size-16_intermediate_size-32_lr-3.0e-3_seed-1");
+  EXPECT_EQ(sw.runs[7].name, "7_hidden_size-32_intermediate_size-64_lr-3.0e-3_seed-2");
+  const SweepRun& r = sw.runs[6];
+  EXPECT_EQ(r.params, (std::vector<std::pair<std::string, std::string>>{
+                          {"model.hidden_size", "32"}, {"model.intermediate_size", "64"},
+                          {"optim.lr", "3.0e-3"}, {"train.seed", "1"}}));
+  EXPECT_EQ(r.config.model.hidden_size, 32);
+  EXPECT_EQ(r.config.model.intermediate_size, 64);
+  EXPECT_EQ(r.config.optim.lr, 3e-3);
+  EXPECT_EQ(r.config.train.seed, 1u);
+  EXPECT_EQ(r.config.train.max_steps, 3);  // from set:
+  EXPECT_EQ(r.config.data.path, (dir / "data.jsonl").string());  // relative to the base config
+  EXPECT_EQ(r.config.run_dir, (dir / "runs" / r.name).string());
+  std::set<std::string> dirs;
+  for (const SweepRun& run : sw.runs) dirs.insert(run.config.run_dir);
+  EXPECT_EQ(dirs.size(), 8u);
+
+  // Without run_dir: the base config's; with neither grid nor list: the base run alone.
+  const Sweep one = parse_sweep_text("base: base.yaml\n", "s.yaml", dir.string());
+  ASSERT_EQ(one.runs.size(), 1u);
+  EXPECT_EQ(one.runs[0].config.run_dir, (dir / "base_run" / "0").string());
+  // Leaves shared by two keys keep the full key; list values name as written.
+  const Sweep two = parse_sweep_text("base: base.yaml\ngrid:\n  optim.beta1: [0.9]\n  optim.betas: [[0.8, 0.99]]\n",
+                                     "s.yaml", dir.string());
+  EXPECT_EQ(two.runs[0].name, "0_beta1-0.9_betas-0.8,0.99");
+  EXPECT_EQ(two.runs[0].config.optim.beta2, 0.99);
+}
+
+TEST(SweepTest, ErrorsNameTheFileAndLine) {
+  const fs::path dir = testing::test_dir("sweep_errors");
+  write_base(dir);
+  const std::string base = "base: base.yaml\n";
+  EXPECT_TRUE(has(error_of(base + "grd:\n  optim.lr: [1]\n", dir),
+                  "sweep.yaml:2: unknown key 'grd' (expected one of: base, run_dir, set, grid, list, slurm)"));
+  const std::string unknown = error_of(base + "grid:\n  optim.lrr: [1.0e-3]\n", dir);
+  EXPECT_TRUE(has(unknown, "sweep.yaml:3: grid: optim.lrr: unknown key 'optim.lrr' (expected one of: lr,")) << unknown;
+  const std::string bad_value = error_of(base + "grid:\n  optim.lr: [1.0e-3,\n    fast]\n", dir);
+  EXPECT_TRUE(has(bad_value, "sweep.yaml:4: grid: optim.lr: optim.lr: expected a number, got 'fast'")) << bad_value;
+  const std::string rule = error_of(base + "list:\n  optim.lr: [-1.0]\n", dir);
+  EXPECT_TRUE(has(rule, "sweep.yaml:3: list: optim.lr: ")) << rule;
+  EXPECT_TRUE(has(rule, "optim.lr must be > 0")) << rule;
+  const std::string lengths = error_of(base + "list:\n  optim.lr: [1.0e-3, 2.0e-3]\n  train.seed: [1]\n", dir);
+  EXPECT_TRUE(has(lengths, "sweep.yaml:4: list: train.seed has 1 values, but optim.lr has 2")) << lengths;
+  const std::string twice = error_of(base + "set:\n  optim.lr: 1.0e-3\ngrid:\n  optim.lr: [1.0e-3]\n", dir);
+  EXPECT_TRUE(has(twice, "sweep.yaml:5: key 'optim.lr' is already given at sweep.yaml:3")) << twice;
+  EXPECT_TRUE(has(error_of(base + "grid:\n  optim.lr: 1.0e-3\n", dir), "sweep.yaml:3: grid: optim.lr: expected a non-empty list"));
+  EXPECT_TRUE(has(error_of("grid:\n  optim.lr: [1]\n", dir), "sweep.yaml: base: expected the path of the run config"));
+  EXPECT_TRUE(has(error_of(base + "slurm:\n  gpus: 8\n", dir), "sweep.yaml:3: unknown key 'slurm.gpus'"));
+  EXPECT_TRUE(has(error_of(base + "slurm:\n  nodes: 0\n", dir), "sweep.yaml:3: slurm.nodes: expected an integer >= 1"));
+  EXPECT_TRUE(has(error_of(base + "grid: [\n", dir), "sweep.yaml:"));
+  // A value that breaks a cross-field rule with the base names its line; values that pass alone
+  // but break the rule together name the run.
+  const std::string alone = error_of(base + "grid:\n  schedule.warmup_steps: [5, 20]\n", dir);
+  EXPECT_TRUE(has(alone, "sweep.yaml:3: grid: schedule.warmup_steps: ")) << alone;
+  EXPECT_TRUE(has(alone, "schedule.warmup_steps must be <= train.max_steps (10) (got 20)")) << alone;
+  const std::string together =
+      error_of(base + "grid:\n  schedule.warmup_steps: [5]\n  train.max_steps: [3, 10]\n", dir);
+  EXPECT_TRUE(has(together, "sweep.yaml: run 0_warmup_steps-5_max_steps-3 (schedule.warmup_steps=5, "
+                            "train.max_steps=3): ")) << together;
+  EXPECT_TRUE(has(together, "schedule.warmup_steps must be <= train.max_steps (3) (got 5)")) << together;
+}
+
+TEST(SweepTest, RunConfigsAreWrittenAndLoadBack) {
+  const fs::path dir = testing::test_dir("sweep_write");
+  write_base(dir);
+  const Sweep sw = parse_sweep_text("base: base.yaml\nrun_dir: " + (dir / "runs").string() +
+                                        "\ngrid:\n  optim.lr: [1.0e-3, 3.0e-3]\n",
+                                    "s.yaml", dir.string());
+  const std::vector<std::string> paths = write_run_configs(sw);
+  ASSERT_EQ(paths.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(paths[i], (fs::path(sw.runs[i].config.run_dir) / "config.yaml").string());
+    EXPECT_EQ(trainer::load_config(paths[i], {}).to_yaml(), sw.runs[i].config.to_yaml());
+  }
+}
+
+TEST(SweepTest, SlurmArrayScript) {
+  const fs::path dir = testing::test_dir("sweep_slurm");
+  write_base(dir);
+  const Sweep sw = parse_sweep_text("base: base.yaml\nrun_dir: " + (dir / "runs").string() +
+                                        "\ngrid:\n  optim.lr: [1.0e-3, 3.0e-3, 1.0e-2]\n"
+                                        "slurm:\n  partition: gpu\n  time: \"02:00:00\"\n  nodes: 2\n"
+                                        "  gpus_per_node: 8\n  cpus_per_task: 12\n  sbatch: [\"--qos=high\"]\n",
+                                    "lr_sweep.yaml", dir.string());
+  const std::string s = slurm_script(sw, "/opt/treetrain/bin/treetrain");
+  for (const std::string line :
+       {"#!/bin/bash\n", "#SBATCH --job-name=lr_sweep\n", "#SBATCH --array=0-2\n", "#SBATCH --nodes=2\n",
+        "#SBATCH --ntasks-per-node=8\n", "#SBATCH --gpus-per-node=8\n", "#SBATCH --cpus-per-task=12\n",
+        "#SBATCH --partition=gpu\n", "#SBATCH --time=02:00:00\n", "#SBATCH --qos=high\n",
+        "export NCCL_NVLS_ENABLE=0\n", "config=\"${configs[$SLURM_ARRAY_TASK_ID]}\"\n",
+        "srun --kill-on-bad-exit=1 '/opt/treetrain/bin/treetrain' train --config \"$config\"\n"})
+    EXPECT_TRUE(has(s, line)) << line << "\n---\n" << s;
+  EXPECT_TRUE(has(s, "#SBATCH --output=" + (dir / "runs").string() + "/slurm-%A_%a.out\n")) << s;
+  for (const SweepRun& run : sw.runs)
+    EXPECT_TRUE(has(s, "  '" + run.config.run_dir + "/config.yaml'\n")) << run.name;
+  EXPECT_FALSE(has(s, "--account"));  // unset options are left out
+  // The #SBATCH lines come before the first command, or sbatch ignores them.
+  EXPECT_LT(s.rfind("#SBATCH"), s.find("set -euo pipefail"));
+}
+
+TEST(SweepTest, ResultsTableReadsTheLastMetrics) {
+  const fs::path dir = testing::test_dir("sweep_table");
+  write_base(dir);
+  const Sweep sw = parse_sweep_text("base: base.yaml\nrun_dir: " + (dir / "runs").string() +
+                                        "\ngrid:\n  optim.lr: [1.0e-3, 3.0e-3]\n",
+                                    "s.yaml", dir.string());
+  fs::create_directories(sw.runs[0].config.run_dir);
+  std::ofstream(fs::path(sw.runs[0].config.run_dir) / "metrics.jsonl")
+      << R"({"step": 1, "loss": 9.5, "tokens_per_s": 10.0})" << "\n"
+      << R"({"step": 2, "loss": 4.25, "tokens_per_s": 1234.5})" << "\n";
+  const RunResult a = read_result(sw.runs[0].config.run_dir, "ok");
+  EXPECT_EQ(a.step, 2);
+  EXPECT_EQ(a.loss, 4.25);
+  EXPECT_EQ(a.tokens_per_s, 1234.5);
+  const RunResult b = read_result(sw.runs[1].config.run_dir, "failed (exit 1)");
+  EXPECT_EQ(b.step, 0);
+  const std::string table = results_table(sw, {a, b});
+  EXPECT_EQ(table,
+            "run          status               step        loss      tokens/s\n"
+            "0_lr-1.0e-3  ok                      2      4.2500        1234.5\n"
+            "1_lr-3.0e-3  failed (exit 1)         0      0.0000           0.0\n");
+}
+
+TEST(SweepTest, TheShippedExampleExpands) {
+  const Sweep sw = load_sweep("configs/sweep_example.yaml");
+  EXPECT_EQ(sw.runs.size(), 4u);
+  for (const SweepRun& run : sw.runs) {
+    EXPECT_EQ(run.config.train.max_steps, 50) << run.name;
+    EXPECT_EQ(run.config.model.architecture, "qwen3");
+  }
+  EXPECT_TRUE(has(slurm_script(sw, "treetrain"), "#SBATCH --array=0-3\n"));
+}
+
+TEST(SlurmScriptTest, TrainScriptRunsOneTaskPerGpuWithNvlsOff) {
+  std::ifstream in("scripts/slurm/train.sbatch");
+  const std::string s((std::istreambuf_iterator<char>(in)), {});
+  ASSERT_FALSE(s.empty());
+  for (const std::string line : {"#!/bin/bash\n", "#SBATCH --ntasks-per-node=8\n", "#SBATCH --gpus-per-node=8\n",
+                                 "export NCCL_NVLS_ENABLE=0\n",
+                                 "srun --kill-on-bad-exit=1 \"$TREETRAIN\" train --config \"$config\" "
+                                 "--set distributed.mode=slurm \"$@\"\n"})
+    EXPECT_TRUE(has(s, line)) << line;
+  // sbatch reads #SBATCH lines only before the first command.
+  EXPECT_LT(s.rfind("#SBATCH"), s.find("set -euo pipefail"));
+  EXPECT_EQ(std::system("bash -n scripts/slurm/train.sbatch"), 0);
+}
+
+}  // namespace
+}  // namespace tt::distributed

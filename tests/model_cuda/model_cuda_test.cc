@@ -1,0 +1,179 @@
+// The CUDA decoder against the fp64 CPU decoder (tolerance rule in test_util.h):
+//  - GpuVsCpu: loss and every parameter's gradient on random tree batches (branch points,
+//    several trees, one-token nodes, partial masks, weights), qwen3 and llama, head dims 64 and
+//    128, GQA and MHA, tied and untied heads, the LM head in one chunk and in many.
+//  - TreeVsPerPath: the same trees packed per path on the GPU give the tree's loss and gradients.
+//  - Partitioned: a tree run piece by piece through gateways on the GPU gives the unpartitioned
+//    loss and gradients.
+//  - InitMatchesCpu: CudaModel::init draws Model::init's weights.
+//  - EmptyBatchAndErrors: an empty batch, a bad token, an unsupported head dim.
+// GpuVsCpu also checks that gradients accumulate and that the forward is deterministic.
+#include "model/cuda_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "data/partition.h"
+#include "model/cuda_partitioned.h"
+#include "model/model.h"
+#include "tests/model_cuda/test_util.h"
+
+namespace tt::model_cuda_test {
+namespace {
+
+class GpuVsCpu : public GpuTest, public ::testing::WithParamInterface<Shape> {};
+
+model::CudaModelOptions options_of(const Shape& s) {
+  model::CudaModelOptions o;
+  if (s.head_chunk_rows > 0) o.head_chunk_bytes = (int64_t)s.head_chunk_rows * 2 * s.V;
+  return o;
+}
+
+// The master weights of a seeded CPU init (fp32), loaded into the GPU model.
+std::vector<float> init_master(const model::ModelConfig& cfg, uint64_t seed) {
+  model::Model<float> m(cfg);
+  m.init(seed);
+  return std::vector<float>(m.params(), m.params() + m.num_params());
+}
+
+TEST_P(GpuVsCpu, LossAndGradients) {
+  const Shape& s = GetParam();
+  const model::ModelConfig cfg = config_of(s);
+  const std::vector<float> master = init_master(cfg, 7);
+  model::CudaModel gpu(cfg, options_of(s));
+  gpu.set_params(master.data());
+
+  const std::vector<data::Tree> trees = random_trees(11, 5, s.V);
+  const data::PackedBatch batch = pack_all(trees, data::Packing::kTree);
+  const double scale = 1.0 / (double)batch.n_paths;
+  std::printf("[ batch    ] %s: %d tokens, %zu targets, %d nodes, %d trees\n", s.name.c_str(), batch.n_tokens,
+              batch.tgt_src.size(), batch.num_nodes(), batch.num_trees());
+  const Reference ref = cpu_reference(cfg, bf16_weights(master), batch, scale);
+
+  gpu.zero_grad();
+  const double loss = gpu.forward_backward(batch, scale);
+  expect_loss_close(loss, ref.loss, s.name);
+  expect_grads_close(gpu.params_info(), gpu.grads_host(), ref.grads, s.name);
+
+  // Gradients accumulate: a second forward_backward doubles them.
+  const double loss2 = gpu.forward_backward(batch, scale);
+  EXPECT_EQ(loss2, loss) << "the forward is deterministic";
+  std::vector<double> twice(ref.grads);
+  for (double& g : twice) g *= 2;
+  expect_grads_close(gpu.params_info(), gpu.grads_host(), twice, s.name + " x2");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuVsCpu,
+    ::testing::Values(Shape{"qwen3_hs64_gqa2_untied", "qwen3", 384, 192, 384, 2, 4, 2, 64, false, 0},
+                      Shape{"qwen3_hs128_gqa4_tied_chunked", "qwen3", 250, 256, 512, 2, 4, 1, 128, true, 37},
+                      Shape{"llama_hs64_mha_tied_chunked", "llama", 512, 256, 384, 3, 4, 4, 64, true, 64},
+                      Shape{"llama_hs128_gqa2_untied", "llama", 320, 128, 256, 2, 4, 2, 128, false, 0}),
+    [](const ::testing::TestParamInfo<Shape>& i) { return i.param.name; });
+
+class CudaModelTest : public GpuTest {};
+
+const Shape kQwen{"qwen3_hs64", "qwen3", 384, 192, 384, 2, 4, 2, 64, false, 50};
+
+TEST_F(CudaModelTest, TreeVsPerPath) {
+  const model::ModelConfig cfg = config_of(kQwen);
+  const std::vector<float> master = init_master(cfg, 3);
+  const std::vector<data::Tree> trees = random_trees(21, 4, kQwen.V);
+  const data::PackedBatch tree = pack_all(trees, data::Packing::kTree);
+  const data::PackedBatch paths = pack_all(trees, data::Packing::kPerPath);
+  ASSERT_GT(paths.n_tokens, tree.n_tokens);
+  std::printf("[ batch    ] tree %d tokens, per-path %d tokens\n", tree.n_tokens, paths.n_tokens);
+  const double scale = 1.0 / (double)tree.n_paths;
+  const Reference ref = cpu_reference(cfg, bf16_weights(master), tree, scale);
+
+  model::CudaModel gpu(cfg, options_of(kQwen));
+  gpu.set_params(master.data());
+  gpu.zero_grad();
+  const double l_tree = gpu.forward_backward(tree, scale);
+  const std::vector<float> g_tree = gpu.grads_host();
+  gpu.zero_grad();
+  const double l_paths = gpu.forward_backward(paths, scale);
+  const std::vector<float> g_paths = gpu.grads_host();
+
+  expect_loss_close(l_tree, ref.loss, "tree");
+  expect_loss_close(l_paths, ref.loss, "per-path");
+  expect_grads_close(gpu.params_info(), g_tree, ref.grads, "tree");
+  expect_grads_close(gpu.params_info(), g_paths, ref.grads, "per-path");
+  expect_no_worse_than(gpu.params_info(), g_tree, g_paths, ref.grads, "tree vs per-path");
+}
+
+TEST_F(CudaModelTest, Partitioned) {
+  const model::ModelConfig cfg = config_of(kQwen);
+  const std::vector<float> master = init_master(cfg, 5);
+  const std::vector<data::Tree> trees = random_trees(31, 1, kQwen.V, /*max_depth=*/6, /*max_children=*/3,
+                                                     /*max_len=*/40, /*max_nodes=*/40);
+  const data::Tree& tree = trees[0];
+  const int64_t capacity = 96;
+  const data::Tree split = data::split_long_nodes(tree, capacity);
+  const data::Partition plan = data::plan_partition(split, capacity);
+  ASSERT_GT(plan.num_pieces(), 2) << "tree of " << tree.n_tree() << " tokens";
+  const data::PackedBatch batch = pack_all(trees, data::Packing::kTree);
+  const double scale = 1.0 / (double)batch.n_paths;
+  const Reference ref = cpu_reference(cfg, bf16_weights(master), batch, scale);
+  std::printf("[ batch    ] %lld tokens in %d pieces\n", (long long)tree.n_tree(), plan.num_pieces());
+
+  model::CudaModel gpu(cfg, options_of(kQwen));
+  gpu.set_params(master.data());
+  gpu.zero_grad();
+  model::PartitionRunStats st;
+  const double loss = model::forward_backward_partitioned(gpu, split, plan, scale, &st);
+  EXPECT_EQ(st.tokens_processed, tree.n_tree());
+  expect_loss_close(loss, ref.loss, "partitioned");
+  expect_grads_close(gpu.params_info(), gpu.grads_host(), ref.grads, "partitioned");
+}
+
+TEST_F(CudaModelTest, InitMatchesCpu) {
+  for (bool tied : {false, true}) {
+    Shape s = kQwen;
+    s.tied = tied;
+    const model::ModelConfig cfg = config_of(s);
+    const std::vector<float> cpu = init_master(cfg, 1234);
+    model::CudaModel gpu(cfg);
+    gpu.init(1234);
+    const std::vector<float> got = gpu.params_host();
+    ASSERT_EQ(got.size(), cpu.size());
+    int64_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (got[i] == cpu[i]) continue;
+      ++differ;
+      // At most one fp32 ulp apart (fp64 log/cos/sin may differ in their last bit).
+      EXPECT_LE(std::abs((double)got[i] - cpu[i]), std::ldexp(std::abs((double)cpu[i]), -23)) << "element " << i;
+    }
+    EXPECT_LE(differ, (int64_t)(got.size() * 1e-5) + 1) << differ << " of " << got.size() << " differ";
+    std::printf("[ init     ] tied=%d: %lld of %zu weights differ from Model::init (by one ulp)\n", tied,
+                (long long)differ, got.size());
+  }
+}
+
+TEST_F(CudaModelTest, EmptyBatchAndErrors) {
+  const model::ModelConfig cfg = config_of(kQwen);
+  model::CudaModel gpu(cfg);
+  gpu.init(1);
+  data::PackedBatch empty;
+  EXPECT_EQ(gpu.forward_backward(empty, 1.0), 0.0);
+  data::PackedBatch bad = pack_all(random_trees(3, 1, kQwen.V), data::Packing::kTree);
+  bad.tokens[0] = kQwen.V;
+  try {
+    gpu.forward_backward(bad, 1.0);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("outside vocab_size"), std::string::npos) << e.what();
+  }
+  model::ModelConfig hs32 = cfg;
+  hs32.head_dim = 32;
+  try {
+    model::CudaModel m(hs32);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim 32"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tt::model_cuda_test
