@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/qwen3_shapes.h"
 #include "data/packing.h"
 #include "data/reader.h"
 #include "data/synthetic.h"
@@ -59,24 +60,6 @@ namespace data = tt::data;
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-tt::model::ModelConfig qwen3_1_7b(int layers) {
-  tt::model::ModelConfig c;
-  c.architecture = "qwen3";
-  c.vocab_size = 151936;
-  c.hidden_size = 2048;
-  c.intermediate_size = 6144;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = 16;
-  c.num_key_value_heads = 8;
-  c.head_dim = 128;
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 1000000.0;
-  c.tie_word_embeddings = true;
-  c.initializer_range = 0.02;
-  c.max_position_embeddings = 40960;
-  return c;
 }
 
 data::SyntheticSpec workload_spec(const std::string& name, int vocab) {
@@ -295,7 +278,7 @@ int run(int argc, char** argv) {
     else if (a == "--no-profile") profile = false;
     else throw Error(str("unknown flag ", a, " (see bench/train_bench.cc)"));
   }
-  const tt::model::ModelConfig cfg = qwen3_1_7b(layers);
+  const tt::model::ModelConfig cfg = tt::bench::qwen3_1_7b(layers);
   if (dry_run) {
     for (const std::string& w : split(workloads)) {
       const std::vector<data::Tree> trees = read_workload(workload_spec(w, (int)cfg.vocab_size));

@@ -370,9 +370,9 @@ void CudaModel::ensure_scratch(int N) {
   }
 }
 
-double CudaModel::forward_backward(const data::PackedBatch& batch, double loss_scale) {
+double CudaModel::forward_backward(const data::PackedBatch& batch, double loss_scale, const GradReadyFn& on_ready) {
   forward(batch, loss_scale, own_, nullptr);
-  backward(own_, nullptr);
+  backward(own_, nullptr, on_ready);
   return loss(own_);
 }
 
@@ -543,11 +543,14 @@ const bf16* CudaModel::layer_v(const CudaActivations& acts, int l) const {
   return ActsLayout(cfg_, acts.n_, acts.n_tgt_, acts.n_rows_, const_cast<char*>(acts.buf_.data())).layers[l].v;
 }
 
-void CudaModel::backward(CudaActivations& acts, const CudaRelayedKVGrads* relayed) {
+void CudaModel::backward(CudaActivations& acts, const CudaRelayedKVGrads* relayed, const GradReadyFn& on_ready) {
   TT_CHECK(acts.pending_, "model: backward() without a preceding forward() on these activations");
   acts.pending_ = false;
   const int N = acts.n_;
-  if (N == 0) return;
+  if (N == 0) {
+    if (on_ready) on_ready(0, (int)info_.size());
+    return;
+  }
   const Dims d = dims_of(cfg_, N);
   const int L = d.L;
   TT_CHECK(relayed == nullptr || ((int)relayed->dk.size() == L && (int)relayed->dv.size() == L),
@@ -578,6 +581,7 @@ void CudaModel::backward(CudaActivations& acts, const CudaRelayedKVGrads* relaye
   mark(Op::kNorm);
   cuda::rmsnorm_backward(s.dx.data(), G + info_[k_norm].offset, a.dnf, a.x_final, W + info_[k_norm].offset, a.rstd_f,
                          N, d.C, ws, stream_);
+  if (on_ready) on_ready(k_norm, (int)info_.size());  // the final norm; an untied head's gradient came from forward()
   for (int l = L - 1; l >= 0; --l) {
     const LayerParams<const bf16> w = layer_params(W, info_, cfg_, l);
     const LayerParams<float> gw = layer_params(G, info_, cfg_, l);
@@ -644,10 +648,12 @@ void CudaModel::backward(CudaActivations& acts, const CudaRelayedKVGrads* relaye
     detail::f32_to_bf16(s.dn.data(), s.sum.data(), NC, stream_);
     mark(Op::kNorm);
     cuda::rmsnorm_backward(dx, gw.in_norm, s.dn.data(), x.x_in, w.in_norm, x.rstd1, N, d.C, ws, stream_);
+    if (on_ready) on_ready(1 + l * tensors_per_layer(cfg_), 1 + (l + 1) * tensors_per_layer(cfg_));
   }
   mark(Op::kOther);
   cuda::embedding_backward(G + info_.front().offset, s.dx.data(), a.tokens, N, d.C, d.V, ws, stream_);
   mark(Op::kEnd);
+  if (on_ready) on_ready(0, 1);  // the embedding (with a tied head, also the head's gradient from forward())
 }
 
 void CudaModel::mark(Op op) {

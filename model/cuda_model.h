@@ -33,6 +33,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -79,6 +80,16 @@ struct CudaProfile {
 };
 
 class CudaModel;
+
+// Gradient readiness, for overlapping the data-parallel gradient all-reduce with backward
+// (distributed/buckets.h): backward() calls it with a half-open range [begin, end) of
+// param_table indices as soon as every write of that backward to those parameters' gradients is
+// enqueued on stream(), so work enqueued on another stream after an event recorded on stream()
+// sees them final for this backward. Order: the final norm (and an untied LM head, whose
+// gradient forward() took), then layers L-1 ... 0 (one call each), the input embedding last;
+// every parameter exactly once per backward, also for an empty batch. It runs on the calling
+// thread between kernel launches: it must only enqueue work, never wait for the GPU.
+using GradReadyFn = std::function<void(int begin, int end)>;
 
 // The saved activations and batch metadata of one forward, owned by the caller so several
 // forwards can be alive at once (the chain of partition pieces). Reused across forwards: the
@@ -138,15 +149,15 @@ class CudaModel {
   void zero_grad();
 
   // forward + backward of one batch on the model's own activations; grads += d(loss)/d(params).
-  // Returns loss_scale * sum_t w_t * ce_t (waits for the stream).
-  double forward_backward(const data::PackedBatch& batch, double loss_scale);
+  // Returns loss_scale * sum_t w_t * ce_t (waits for the stream). on_ready: see GradReadyFn.
+  double forward_backward(const data::PackedBatch& batch, double loss_scale, const GradReadyFn& on_ready = nullptr);
 
   // The pair on caller-owned activations, with per-layer external prefixes (null: none; else one
   // list per layer; they must stay alive until backward) and relayed K/V gradients (null: none).
   // The batch is copied to the device by forward(): it need not outlive the call.
   void forward(const data::PackedBatch& batch, double loss_scale, CudaActivations& acts,
                const CudaLayerPrefixes* prefixes);
-  void backward(CudaActivations& acts, const CudaRelayedKVGrads* relayed);
+  void backward(CudaActivations& acts, const CudaRelayedKVGrads* relayed, const GradReadyFn& on_ready = nullptr);
   // loss_scale * sum_t w_t * ce_t of the last forward on acts (waits for the stream).
   double loss(const CudaActivations& acts) const;
   // Layer l's K and V of the last forward on acts, after norms and RoPE: (N, NKV, HS) device.

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <spdlog/spdlog.h>
 
+#include "distributed/env.h"
 #include "model/cuda_model.h"
 #include "model/cuda_partitioned.h"
 #include "model/hf_io.h"
@@ -15,6 +16,13 @@
 #include "ops/cuda/check.h"
 
 namespace tt::trainer {
+
+double Backend::forward_backward_notify(const data::PackedBatch& batch, double loss_scale, const GradReady& ready) {
+  const double loss = forward_backward(batch, loss_scale);
+  if (ready) ready(0, (int)params_info().size());
+  return loss;
+}
+
 namespace {
 
 // fp32 master weights are the model's float parameters; m and v are fp32 in the same layout.
@@ -95,10 +103,12 @@ class CpuBackend : public Backend {
 // The whole step on the GPU: CudaModel's fp32 master weights and gradients, fp32 m and v in the
 // same flat layout, AdamW over every tensor in one launch (ops/cuda/adamw.h; it also rewrites the
 // bf16 working copy), the gradient norm in fp64 on the device. Clipping arrives folded into
-// OptimStep::grad_scale. HF directories go through a host Model<float> made for the call.
+// OptimStep::grad_scale. HF directories go through a host Model<float> made for the call. Data
+// parallelism reduces the device gradient buffer in place, ordered on the model's stream.
 class CudaBackend : public Backend {
  public:
-  explicit CudaBackend(const model::ModelConfig& cfg) : model_(cfg) {
+  // gpu: the current device, where the model allocates.
+  CudaBackend(const model::ModelConfig& cfg, int gpu) : model_(cfg), gpu_(gpu) {
     const int64_t P = model_.num_params();
     m_ = cuda::DeviceBuffer<float>(P, &model_.allocator());
     v_ = cuda::DeviceBuffer<float>(P, &model_.allocator());
@@ -136,6 +146,10 @@ class CudaBackend : public Backend {
   void zero_grad() override { model_.zero_grad(); }
   double forward_backward(const data::PackedBatch& batch, double loss_scale) override {
     return model_.forward_backward(batch, loss_scale);
+  }
+  // Layer by layer as backward is enqueued (model::GradReadyFn), so buckets start early.
+  double forward_backward_notify(const data::PackedBatch& batch, double loss_scale, const GradReady& ready) override {
+    return model_.forward_backward(batch, loss_scale, ready);
   }
   double forward_backward_partitioned(const data::Tree& split, const data::Partition& plan,
                                       double loss_scale) override {
@@ -180,6 +194,11 @@ class CudaBackend : public Backend {
   }
   int64_t device_malloc_count() const override { return model_.allocator().stats().num_cuda_malloc; }
 
+  float* grads_data() override { return model_.grads(); }
+  bool grads_on_device() const override { return true; }
+  void* compute_stream() const override { return model_.stream(); }
+  int device() const override { return gpu_; }
+
  private:
   void reset_optim() {
     m_.fill_bytes(0, model_.stream());
@@ -188,6 +207,7 @@ class CudaBackend : public Backend {
   // mutable: grad_sum_squares() is const in the interface but runs a reduction on the model's
   // stream and scratch.
   mutable model::CudaModel model_;
+  int gpu_;
   cuda::DeviceBuffer<float> m_;  // (num_params) AdamW first moment
   cuda::DeviceBuffer<float> v_;  // (num_params) AdamW second moment
   cuda::DeviceBuffer<cuda::AdamWChunk> chunks_;
@@ -206,9 +226,17 @@ int cuda_devices(std::string* why) {
   return n;
 }
 
+// Makes this rank's GPU current (one process per GPU) and returns it.
+int bind_gpu(int local_rank, int local_world_size, int visible) {
+  const int gpu = distributed::pick_device(local_rank, local_world_size, visible);
+  TT_CUDA_CHECK(cudaSetDevice(gpu));
+  return gpu;
+}
+
 }  // namespace
 
-std::unique_ptr<Backend> make_backend(const std::string& device, const model::ModelConfig& cfg) {
+std::unique_ptr<Backend> make_backend(const std::string& device, const model::ModelConfig& cfg, int local_rank,
+                                      int local_world_size) {
   if (device != "auto" && device != "cpu" && device != "cuda")
     throw Error(str("device: expected one of auto|cpu|cuda, got '", device, "'"));
   if (device == "cpu") return std::make_unique<CpuBackend>(cfg);
@@ -216,7 +244,8 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const model::Mo
   const int n = cuda_devices(&why);
   if (device == "cuda") {
     if (n == 0) throw Error(str("device: cuda but no CUDA device is visible (", why, ")"));
-    return std::make_unique<CudaBackend>(cfg);
+    const int gpu = bind_gpu(local_rank, local_world_size, n);
+    return std::make_unique<CudaBackend>(cfg, gpu);
   }
   if (n == 0) {
     spdlog::info("device: auto -> cpu (no CUDA device is visible: {})", why);
@@ -226,10 +255,11 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const model::Mo
     spdlog::info("device: auto -> cpu (model.head_dim {}: the CUDA attention takes 64 or 128)", cfg.head_dim);
     return std::make_unique<CpuBackend>(cfg);
   }
+  const int gpu = bind_gpu(local_rank, local_world_size, n);
   cudaDeviceProp prop{};
-  TT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  spdlog::info("device: auto -> cuda (device 0 of {} visible: {})", n, prop.name);
-  return std::make_unique<CudaBackend>(cfg);
+  TT_CUDA_CHECK(cudaGetDeviceProperties(&prop, gpu));
+  spdlog::info("device: auto -> cuda (device {} of {} visible: {})", gpu, n, prop.name);
+  return std::make_unique<CudaBackend>(cfg, gpu);
 }
 
 }  // namespace tt::trainer

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,16 @@ class Backend {
   virtual void zero_grad() = 0;
   // forward(batch, loss_scale) and its backward; grads += d(loss)/d(params). Returns the loss.
   virtual double forward_backward(const data::PackedBatch& batch, double loss_scale) = 0;
+  // Parameters [begin, end) of params_info() whose gradients a forward_backward_notify call has
+  // finished writing.
+  using GradReady = std::function<void(int begin, int end)>;
+  // forward_backward that reports, while backward is being issued, each parameter whose gradient
+  // this call will not write again: ready(begin, end), every parameter exactly once per call. Data
+  // parallelism starts a gradient bucket's all-reduce from here, overlapping it with the rest of
+  // backward (distributed/buckets.h). On a device backend "written" means enqueued on
+  // compute_stream(): work ordered after it there sees the final values. The default runs
+  // forward_backward and then reports every parameter (no overlap).
+  virtual double forward_backward_notify(const data::PackedBatch& batch, double loss_scale, const GradReady& ready);
   // The same for one tree run piece by piece: `split` is data::split_long_nodes(tree, C) and
   // `plan` data::plan_partition(split, C) (model/partitioned.h). Equals forward_backward of the
   // tree's own batch: grads += d(loss)/d(params); returns loss_scale * sum w * ce.
@@ -64,17 +75,24 @@ class Backend {
   virtual int64_t device_malloc_count() const { return 0; }
 
   // Data parallelism (distributed/): the flat gradient buffer, (num_params) floats, that the
-  // trainer sums over ranks after the step's backward passes. Device memory ordered on
+  // trainer sums over ranks, bucket by bucket, as the step's last backward reports them final
+  // (forward_backward_notify) and after it. Device memory ordered on
   // compute_stream() (a cudaStream_t) when grads_on_device(), else host memory; nullptr when the
   // backend cannot train data-parallel.
   virtual float* grads_data() { return nullptr; }
   virtual bool grads_on_device() const { return false; }
   virtual void* compute_stream() const { return nullptr; }
+  virtual int device() const { return -1; }  // the CUDA device the backend lives on; -1: the CPU
 };
 
 // device: "auto" | "cpu" | "cuda". "auto" takes cuda when a CUDA device is visible and the model
 // runs there (head_dim 64 or 128), else cpu, and logs which. Throws tt::Error for "cuda" without a
 // visible device, naming the config key, or for a model the CUDA backend cannot run.
-std::unique_ptr<Backend> make_backend(const std::string& device, const model::ModelConfig& cfg);
+// One process per GPU (data parallelism): the CUDA backend makes GPU
+// distributed::pick_device(local_rank, local_world_size, visible) the calling thread's current
+// device before it allocates anything (NCCL is then set up on the same device, Backend::device());
+// a local rank without a GPU of its own is an error (pick_device). One process: GPU 0.
+std::unique_ptr<Backend> make_backend(const std::string& device, const model::ModelConfig& cfg, int local_rank = 0,
+                                      int local_world_size = 1);
 
 }  // namespace tt::trainer

@@ -117,10 +117,18 @@ int run_train(const std::vector<std::string>& argv) {
   const Args a = parse_flags(argv, {"config", "set"}, "train");
   const tt::trainer::RunConfig cfg = tt::trainer::load_config(required(a, "config"), a.sets);
   // Data parallelism: rank 0 speaks for the job; the other ranks log warnings and errors only.
-  if (tt::distributed::read_env(cfg.distributed.mode).rank > 0) spdlog::set_level(spdlog::level::warn);
+  const tt::distributed::DistEnv env = tt::distributed::read_env(cfg.distributed.mode);
+  if (env.rank > 0) spdlog::set_level(spdlog::level::warn);
   spdlog::info("config {}: run_dir {}", cfg.source, cfg.run_dir);
-  tt::trainer::Trainer trainer(cfg);
-  trainer.run();
+  try {
+    tt::trainer::Trainer trainer(cfg);
+    trainer.run();
+  } catch (const tt::Error& e) {
+    // Every error of a distributed run names its host and rank (once).
+    const std::string tag = env.describe();
+    if (!env.distributed() || std::string(e.what()).find(tag) != std::string::npos) throw;
+    throw tt::Error(tag + ": " + e.what());
+  }
   return 0;
 }
 

@@ -11,6 +11,8 @@
 
 #include "data/reader.h"
 #include "distributed/env.h"
+#include "distributed/nccl_communicator.h"
+#include "distributed/rendezvous.h"
 #include "ops/check.h"
 #include "trainer/checkpoint.h"
 #include "trainer/schedule.h"
@@ -66,8 +68,10 @@ double model_flops(const model::ModelConfig& cfg, int64_t tokens, int64_t visibl
 Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator> comm)
     : cfg_(cfg), t_start_(now_s()) {
   cfg_.validate();
-  backend_ = make_backend(cfg_.device, cfg_.model);
-  connect(std::move(comm));
+  // A communicator handed in (tests) says the world; else the launcher's environment does.
+  const distributed::DistEnv env = comm ? distributed::DistEnv{} : distributed::read_env(cfg_.distributed.mode);
+  backend_ = make_backend(cfg_.device, cfg_.model, env.local_rank, env.local_world_size);
+  connect(std::move(comm), env);
   spdlog::info("model: {} L={} C={} NH={} NKV={} HS={} I={} V={}: {} parameters on {}", cfg_.model.architecture,
                cfg_.model.num_hidden_layers, cfg_.model.hidden_size, cfg_.model.num_attention_heads,
                cfg_.model.num_key_value_heads, cfg_.model.head_dim, cfg_.model.intermediate_size,
@@ -131,21 +135,31 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
 
 Trainer::~Trainer() = default;
 
-void Trainer::connect(std::unique_ptr<distributed::Communicator> comm) {
+void Trainer::connect(std::unique_ptr<distributed::Communicator> comm, const distributed::DistEnv& env) {
   if (!comm) {
-    const distributed::DistEnv env = distributed::read_env(cfg_.distributed.mode);
     if (!env.distributed()) return;
     const std::string kind =
         cfg_.distributed.comm != "auto" ? cfg_.distributed.comm : (backend_->grads_on_device() ? "nccl" : "cpu");
-    if (kind == "nccl")
-      throw Error(str(env.describe(), ": distributed.comm: nccl is not wired into the trainer yet (the ", backend_->name(),
-                      " backend's data-parallel integration is pending); the cpu communicator reduces host gradients"));
-    spdlog::info("distributed: {} joining {} ranks at {}:{} (from the {} environment)", env.describe(), env.world_size,
-                 env.master_addr, env.master_port, env.source);
+    // Checked before joining: every rank has the same config, so all fail alike and at once.
+    if (kind == "nccl" && !backend_->grads_on_device())
+      throw Error(str(env.describe(), ": distributed.comm: nccl reduces device buffers, but the ", backend_->name(),
+                      " backend keeps its gradients on the host (device: cuda, or distributed.comm: auto|cpu)"));
+    if (kind == "cpu" && backend_->grads_on_device())
+      throw Error(str(env.describe(), ": distributed.comm: cpu reduces host buffers, but the ", backend_->name(),
+                      " backend keeps its gradients on the device (distributed.comm: auto|nccl)"));
+    spdlog::info("distributed: {} joining {} ranks at {}:{} (from the {} environment), {} communicator{}",
+                 env.describe(), env.world_size, env.master_addr, env.master_port, env.source, kind,
+                 backend_->device() >= 0 ? str(", GPU ", backend_->device()) : std::string());
     distributed::RendezvousOptions options;
     options.timeout_s = cfg_.distributed.timeout_s;
     options.collective_timeout_s = cfg_.distributed.collective_timeout_s;
-    comm = distributed::make_cpu_communicator(distributed::Rendezvous::connect(env, options));
+    std::unique_ptr<distributed::Rendezvous> rv = distributed::Rendezvous::connect(env, options);
+    if (kind == "nccl") {
+      comm = distributed::make_nccl_communicator(std::move(rv), backend_->device(),
+                                                 static_cast<cudaStream_t>(backend_->compute_stream()));
+    } else {
+      comm = distributed::make_cpu_communicator(std::move(rv));
+    }
   }
   if (comm->world_size() == 1) return;
   if (backend_->grads_data() == nullptr)
@@ -156,8 +170,13 @@ void Trainer::connect(std::unique_ptr<distributed::Communicator> comm) {
                     " backend keeps its gradients on the ", backend_->grads_on_device() ? "device" : "host",
                     " (distributed.comm)"));
   comm_ = std::move(comm);
-  spdlog::info("distributed: {} of {} ranks, {} communicator; rank 0 writes metrics and checkpoints", comm_->tag(),
-               comm_->world_size(), comm_->name());
+  std::vector<distributed::ParamRange> ranges;
+  for (const model::ParamInfo& p : backend_->params_info()) ranges.push_back({p.offset, p.numel});
+  buckets_ = std::make_unique<distributed::GradBuckets>(ranges);
+  spdlog::info("distributed: {} of {} ranks, {} communicator, gradients in {} buckets of about {} MiB; rank 0 writes "
+               "metrics and checkpoints",
+               comm_->tag(), comm_->world_size(), comm_->name(), buckets_->buckets().size(),
+               distributed::GradBuckets::kDefaultBucketBytes >> 20);
 }
 
 void Trainer::check_ranks_agree() {
@@ -272,8 +291,15 @@ StepMetrics Trainer::train_step() {
                     " (train.loss_norm: ", cfg_.train.loss_norm, ")"));
 
   backend_->zero_grad();
+  if (comm_) buckets_->begin(backend_->grads_data(), *comm_);
   for (size_t i = 0; i < micro.size(); ++i) {
-    if (partition_tree[i] < 0) {
+    if (partition_tree[i] < 0 && comm_ && i + 1 == micro.size()) {
+      // The step's last backward: each parameter's gradient is final once reported, and its
+      // bucket's all-reduce starts while backward goes on (buckets.h).
+      m.loss += backend_->forward_backward_notify(micro[i], 1.0 / normaliser, [&](int begin, int end) {
+        for (int p = begin; p < end; ++p) buckets_->mark_ready(p);
+      });
+    } else if (partition_tree[i] < 0) {
       m.loss += backend_->forward_backward(micro[i], 1.0 / normaliser);
     } else {
       const PartitionedTree& p = partitioned(partition_tree[i]);
@@ -281,15 +307,16 @@ StepMetrics Trainer::train_step() {
       m.pieces += p.plan.num_pieces();
     }
   }
+  const double t_backward = now_s();
   if (comm_) {  // gradients before the norm, clipping and AdamW: every rank takes the same update
-    comm_->all_reduce_sum(backend_->grads_data(), backend_->num_params());
-    comm_->wait();
+    buckets_->finish();  // the buckets not yet started; the compute stream waits for all
     double totals[2] = {m.loss, (double)m.pieces};
     comm_->all_reduce_host(totals, 2);
     m.loss = totals[0];
     m.pieces = (int64_t)totals[1];
   }
   m.grad_norm = std::sqrt(backend_->grad_sum_squares());
+  m.reduce_s = now_s() - t_backward;
   if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm))
     throw Error(str("step ", m.step, ": loss ", m.loss, ", grad norm ", m.grad_norm, " is not finite"));
 
@@ -366,6 +393,7 @@ std::vector<StepMetrics> Trainer::run() {
                               {"n_tree", m.n_tree},     {"n_flat", m.n_flat},   {"por", m.por},
                               {"paths", m.paths},       {"pieces", m.pieces},   {"elapsed_s", m.elapsed_s},
                               {"step_s", m.step_s},     {"model_tflops", m.model_tflops}, {"mfu", m.mfu}};
+    j["reduce_s"] = m.reduce_s;
     if (comm_) {
       j["world_size"] = m.world_size;
       j["imbalance"] = m.imbalance;

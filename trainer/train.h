@@ -23,11 +23,25 @@
 // the step's train.grad_accum micro-batches from the same seeded loader, keeps its share of their
 // trees (dealt by estimated cost, distributed/shard.h) and packs them into its own micro-batches;
 // the normaliser and the metrics' counts are summed over ranks before forward, the gradients
-// (fp64 sum in rank order, identical bytes on every rank) and the loss after backward, so every
-// rank takes the update of one process with the same global batch (up to fp32 summation order).
+// (identical bytes on every rank; the CPU communicator sums in fp64 in rank order) and the loss
+// after backward, so every rank takes the update of one process with the same global batch (up
+// to fp32 summation order).
 // Only rank 0 writes metrics.jsonl and checkpoints; every rank resumes from rank 0's checkpoint
 // (run_dir on a shared filesystem), and ranks check at start that they agree on the config and
 // the step.
+//
+// Communicators: distributed.comm cpu (host gradients: the CPU backend) or nccl (device
+// gradients: the CUDA backend; auto picks by Backend::grads_on_device()), one process per GPU
+// (make_backend binds the local rank's GPU). The gradients are reduced in
+// buckets (distributed::GradBuckets, ~25 MiB of whole parameters, last layers first): during the
+// step's last micro-batch the backend reports each layer's gradients as its backward is enqueued
+// (Backend::forward_backward_notify), and each bucket's all-reduce starts at once on the
+// communicator's own stream, ordered after that backward work by an event, so it overlaps the
+// rest of backward; after the last backward the remaining buckets start (the input embedding's,
+// ready only at the very end) and the compute stream waits for them by an event (no host sync)
+// before the norm, clipping and AdamW. A last micro-batch trained partitioned reports nothing
+// (its pieces accumulate until the end) and is reduced after its backward. Small host values (the
+// normaliser, the counts, the loss) go through the rendezvous (Communicator::all_reduce_host).
 #pragma once
 
 #include <cstdint>
@@ -39,7 +53,9 @@
 #include "data/loader.h"
 #include "data/partition.h"
 #include "data/tree.h"
+#include "distributed/buckets.h"
 #include "distributed/communicator.h"
+#include "distributed/env.h"
 #include "distributed/shard.h"
 #include "model/config.h"
 #include "trainer/backend.h"
@@ -79,6 +95,9 @@ struct StepMetrics {
   double mfu = 0;           // model_tflops * 1e12 / kPeakFlops
   int64_t world_size = 1;   // data-parallel ranks; the counts, loss and tokens/s above are global
   double imbalance = 1;     // max / mean of the ranks' estimated step cost (1: perfect balance)
+  double reduce_s = 0;      // wall time from the end of the step's last backward to the global
+                            // gradient norm: the gradient all-reduce that backward did not hide,
+                            // the loss all-reduce and the norm (one process: the norm alone)
 };
 
 class Trainer {
@@ -118,7 +137,7 @@ class Trainer {
   const PartitionedTree& partitioned(int64_t index);
   // Data parallelism: joins the job the environment describes (or takes `comm`) and checks that
   // every rank has the same config and start step.
-  void connect(std::unique_ptr<distributed::Communicator> comm);
+  void connect(std::unique_ptr<distributed::Communicator> comm, const distributed::DistEnv& env);
   void check_ranks_agree();
   // This rank's micro-batches of the step (see the file comment) and the deal's imbalance.
   void take_shard(std::vector<data::PackedBatch>* micro, std::vector<int64_t>* partition_tree, StepMetrics* m);
@@ -128,6 +147,7 @@ class Trainer {
   std::unique_ptr<data::BatchLoader> loader_;
   std::unordered_map<int64_t, PartitionedTree> partitioned_;  // by tree index
   std::unique_ptr<distributed::Communicator> comm_;  // null: one process
+  std::unique_ptr<distributed::GradBuckets> buckets_;  // with comm_: the gradient buffer's buckets
   std::vector<double> tree_cost_;                     // (#trees) shard cost, -1 until first use
   int64_t data_size_ = -1;
   int64_t step_ = 0;

@@ -129,6 +129,28 @@ TEST(DistributedCliTest, ATrainingRankThatCannotStartFailsTheLaunch) {
       << r.err;
 }
 
+TEST(DistributedCliTest, ErrorsOfADistributedRunNameHostAndRank) {
+  const fs::path dir = test_dir("dist_cli_tagged");
+  const fs::path cfg = write_run(dir);
+  // NCCL reduces device buffers; the CPU backend's gradients are on the host: every rank fails
+  // before joining, at once.
+  Result r = treetrain("launch --nproc 2 -- train --config " + cfg.string() + " --set distributed.comm=nccl");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_LT(r.seconds, 10.0);
+  EXPECT_TRUE(std::regex_search(r.err, std::regex("\\[rank [01]\\] error: rank [01]/2 on host [^ ]+ \\(local rank [01]\\): "
+                                                  "distributed.comm: nccl reduces device buffers, but the cpu backend "
+                                                  "keeps its gradients on the host")))
+      << r.err;
+  // An error that is not the communicator's gets the tag from main, once.
+  r = treetrain("launch --nproc 2 -- train --config " + cfg.string() + " --set data.path=" +
+                (dir / "missing.jsonl").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(std::regex_search(r.err, std::regex("\\[rank [01]\\] error: rank [01]/2 on host [^ ]+ \\(local rank [01]\\): "
+                                                  "data.path: cannot read")))
+      << r.err;
+  EXPECT_FALSE(std::regex_search(r.err, std::regex("\\(local rank [01]\\): rank [01]/2"))) << r.err;
+}
+
 TEST(DistributedCliTest, LaunchUsageErrors) {
   Result r = treetrain("launch --nproc 2");
   EXPECT_EQ(r.code, 2);

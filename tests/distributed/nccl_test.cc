@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <vector>
@@ -23,10 +24,19 @@ namespace {
 
 using namespace testing;
 
+// CUDA does not survive fork(): a child of a process that has initialised CUDA cannot use it. So
+// the GPUs are counted in a child of their own, and this process, which forks the ranks, never
+// touches CUDA.
 int visible_gpus() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
-  return n;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+    ::_exit(std::min(n, 100));
+  }
+  int status = 0;
+  if (pid < 0 || ::waitpid(pid, &status, 0) != pid) return 0;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 0;
 }
 
 // Runs body(rank) in two forked processes; returns their exit codes (0: body returned).
@@ -62,7 +72,7 @@ int run_rank(int rank, int port, const std::function<bool(Communicator&, cudaStr
 }
 
 TEST(NcclCommunicatorTest, CollectivesAreExactOnIntegerValuedData) {
-  if (visible_gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  if (const int n = visible_gpus(); n < 2) GTEST_SKIP() << "needs 2 GPUs, cudaGetDeviceCount sees " << n;
   int port;
   {
     Listener l = bind_free_port();
@@ -103,7 +113,7 @@ TEST(NcclCommunicatorTest, CollectivesAreExactOnIntegerValuedData) {
 }
 
 TEST(NcclCommunicatorTest, BucketedAllReduceEqualsWholeBuffer) {
-  if (visible_gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  if (const int n = visible_gpus(); n < 2) GTEST_SKIP() << "needs 2 GPUs, cudaGetDeviceCount sees " << n;
   int port;
   {
     Listener l = bind_free_port();
@@ -137,7 +147,7 @@ TEST(NcclCommunicatorTest, BucketedAllReduceEqualsWholeBuffer) {
 }
 
 TEST(NcclCommunicatorTest, ARankThatExitsFailsTheOtherWithinTheTimeout) {
-  if (visible_gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  if (const int n = visible_gpus(); n < 2) GTEST_SKIP() << "needs 2 GPUs, cudaGetDeviceCount sees " << n;
   int port;
   {
     Listener l = bind_free_port();

@@ -5,11 +5,20 @@
 //    (several micro-batch sizes, a partitioned tree, norm, update) call no cudaMalloc.
 //  - CheckpointRoundTrip: weights and AdamW moments through the host copies and an HF directory
 //    come back bit for bit, and the next forward gives the same loss bit for bit.
+//  - NotifyReportsEachGradientOnceWhenFinal: forward_backward_notify (the data-parallel overlap
+//    hook) reports every parameter once, the final norm first, layers last to first, the
+//    embedding last; a gradient copied at its report (ordered on the compute stream) equals the
+//    one at the end of the call bit for bit, so nothing writes it after the report; the loss is
+//    forward_backward's, bit for bit.
 #include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <utility>
+#include <vector>
 
 #include "data/partition.h"
 #include "tests/model_cuda/test_util.h"
@@ -122,6 +131,47 @@ TEST_F(BackendCudaTest, CheckpointRoundTrip) {
   gpu->zero_grad();
   back->zero_grad();
   EXPECT_EQ(back->forward_backward(batch, 0.1), gpu->forward_backward(batch, 0.1));
+}
+
+TEST_F(BackendCudaTest, NotifyReportsEachGradientOnceWhenFinal) {
+  const model::ModelConfig cfg = config_of(kShape);
+  std::unique_ptr<trainer::Backend> gpu = trainer::make_backend("cuda", cfg);
+  gpu->init(5);
+  ASSERT_TRUE(gpu->grads_on_device());
+  ASSERT_NE(gpu->grads_data(), nullptr);
+  const auto stream = static_cast<cudaStream_t>(gpu->compute_stream());
+  ASSERT_NE(stream, nullptr);
+  const std::vector<model::ParamInfo>& info = gpu->params_info();
+  const int n = (int)info.size();
+  const int per_layer = cfg.qk_norm() ? 11 : 9;
+  const data::PackedBatch batch = pack_all(random_trees(71, 3, kShape.V), data::Packing::kTree);
+
+  gpu->zero_grad();
+  const double want_loss = gpu->forward_backward(batch, 0.1);
+
+  gpu->zero_grad();
+  std::vector<std::pair<int, int>> calls;
+  std::vector<float> at_report(gpu->num_params());
+  const double loss = gpu->forward_backward_notify(batch, 0.1, [&](int begin, int end) {
+    calls.emplace_back(begin, end);
+    if (begin >= end) return;
+    const int64_t o = info[begin].offset, len = info[end - 1].offset + info[end - 1].numel - o;
+    ASSERT_EQ(cudaMemcpyAsync(at_report.data() + o, gpu->grads_data() + o, sizeof(float) * len,
+                              cudaMemcpyDeviceToHost, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);  // a test may wait; the trainer never does
+  });
+  EXPECT_EQ(loss, want_loss);
+
+  const int k_norm = 1 + (int)cfg.num_hidden_layers * per_layer;
+  std::vector<std::pair<int, int>> want = {{k_norm, n}};
+  for (int l = (int)cfg.num_hidden_layers - 1; l >= 0; --l) want.emplace_back(1 + l * per_layer, 1 + (l + 1) * per_layer);
+  want.emplace_back(0, 1);
+  EXPECT_EQ(calls, want);
+  std::vector<int> times(n, 0);
+  for (const auto& c : calls)
+    for (int p = c.first; p < c.second; ++p) ++times[p];
+  EXPECT_EQ(times, std::vector<int>(n, 1));
+  EXPECT_EQ(at_report, gpu->grads_host()) << "a gradient was written after it was reported";
 }
 
 }  // namespace

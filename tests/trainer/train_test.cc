@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "data/packing.h"
+#include "data/reader.h"
 #include "data/synthetic.h"
 #include "model/safetensors.h"
 #include "ops/check.h"
@@ -434,6 +436,32 @@ TEST(TrainTest, DeviceChoice) {
     EXPECT_EQ(picked, "cuda");
     EXPECT_EQ(make_backend("cuda", m)->name(), "cuda");
   }
+}
+
+TEST(TrainTest, NotifyDefaultReportsEveryParameterOnceAfterBackward) {
+  // The data-parallel overlap hook on a backend that cannot report early (the CPU reference):
+  // every parameter once, when the gradients are complete; loss and gradients are
+  // forward_backward's, bit for bit.
+  const fs::path dir = test_dir("notify_default");
+  const RunConfig c = tiny_config(dir);
+  const std::vector<data::Tree> trees = data::read_trees(c.data.path, data::Format::kRollouts, c.model.vocab_size);
+  const data::PackedBatch batch = data::pack({&trees[0], &trees[1]}, data::Packing::kTree);
+  std::unique_ptr<Backend> be = make_backend("cpu", c.model);
+  be->init(3);
+  be->zero_grad();
+  const double want_loss = be->forward_backward(batch, 0.25);
+  const std::vector<float> want_grads = be->grads_host();
+  be->zero_grad();
+  std::vector<int> times(be->params_info().size(), 0);
+  std::vector<float> at_report;
+  const double loss = be->forward_backward_notify(batch, 0.25, [&](int begin, int end) {
+    for (int p = begin; p < end; ++p) ++times[p];
+    at_report = be->grads_host();
+  });
+  EXPECT_EQ(loss, want_loss);
+  EXPECT_EQ(times, std::vector<int>(times.size(), 1));
+  EXPECT_EQ(at_report, want_grads);
+  EXPECT_EQ(be->grads_host(), want_grads);
 }
 
 }  // namespace
