@@ -193,6 +193,11 @@ class CudaBackend : public Backend {
     TT_CUDA_CHECK(cudaStreamSynchronize(model_.stream()));
   }
   int64_t device_malloc_count() const override { return model_.allocator().stats().num_cuda_malloc; }
+  int64_t take_device_peak_bytes() override {
+    const int64_t peak = model_.allocator().stats().peak_bytes_in_use;
+    model_.allocator().reset_peak();
+    return peak;
+  }
 
   float* grads_data() override { return model_.grads(); }
   bool grads_on_device() const override { return true; }

@@ -73,6 +73,8 @@ class Backend {
   // cudaMalloc calls so far (0 on the CPU): once the largest batch has run, training steps must
   // not change it (the caching allocator serves every buffer).
   virtual int64_t device_malloc_count() const { return 0; }
+  // Peak device bytes in use since the last call (the step's peak), then resets it; 0 on the CPU.
+  virtual int64_t take_device_peak_bytes() { return 0; }
 
   // Data parallelism (distributed/): the flat gradient buffer, (num_params) floats, that the
   // trainer sums over ranks, bucket by bucket, as the step's last backward reports them final

@@ -317,6 +317,7 @@ StepMetrics Trainer::train_step() {
   }
   m.grad_norm = std::sqrt(backend_->grad_sum_squares());
   m.reduce_s = now_s() - t_backward;
+  m.device_peak_gib = (double)backend_->take_device_peak_bytes() / (1024.0 * 1024.0 * 1024.0);
   if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm))
     throw Error(str("step ", m.step, ": loss ", m.loss, ", grad norm ", m.grad_norm, " is not finite"));
 
@@ -394,6 +395,7 @@ std::vector<StepMetrics> Trainer::run() {
                               {"paths", m.paths},       {"pieces", m.pieces},   {"elapsed_s", m.elapsed_s},
                               {"step_s", m.step_s},     {"model_tflops", m.model_tflops}, {"mfu", m.mfu}};
     j["reduce_s"] = m.reduce_s;
+    if (m.device_peak_gib > 0) j["device_peak_gib"] = m.device_peak_gib;
     if (comm_) {
       j["world_size"] = m.world_size;
       j["imbalance"] = m.imbalance;
@@ -410,7 +412,7 @@ std::vector<StepMetrics> Trainer::run() {
       save_checkpoint();
   }
   if (writer && !metrics) throw Error(str(mpath, ": write failed"));
-  if (last_saved_step_ != step_) save_checkpoint();
+  if (last_saved_step_ != step_ && cfg_.train.final_checkpoint) save_checkpoint();
   if (!out.empty())
     spdlog::info("done: {} steps in {:.1f}s, loss {:.4f} -> {:.4f}", out.size(), out.back().elapsed_s,
                  out.front().loss, out.back().loss);

@@ -98,6 +98,8 @@ struct StepMetrics {
   double reduce_s = 0;      // wall time from the end of the step's last backward to the global
                             // gradient norm: the gradient all-reduce that backward did not hide,
                             // the loss all-reduce and the norm (one process: the norm alone)
+  double device_peak_gib = 0;  // peak device memory held by the model's allocator in the step
+                               // (weights, gradients, optimizer state, activations); 0 on the CPU
 };
 
 class Trainer {

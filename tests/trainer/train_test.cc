@@ -137,6 +137,16 @@ TEST(TrainTest, ResumeWithoutCheckpointStartsFresh) {
   EXPECT_EQ(latest_checkpoint(c.run_dir), (fs::path(c.run_dir) / "checkpoints" / "step_1").string());
 }
 
+TEST(TrainTest, FinalCheckpointCanBeTurnedOff) {
+  const fs::path dir = test_dir("no_final_checkpoint");
+  RunConfig c = tiny_config(dir);
+  c.train.max_steps = 2;
+  c.train.final_checkpoint = false;
+  Trainer(c).run();
+  EXPECT_EQ(latest_checkpoint(c.run_dir), "");
+  EXPECT_TRUE(fs::exists(fs::path(c.run_dir) / "metrics.jsonl"));
+}
+
 TEST(TrainTest, FreshStartOverCheckpointsIsAnError) {
   const fs::path dir = test_dir("fresh_over");
   RunConfig c = tiny_config(dir);
