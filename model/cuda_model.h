@@ -57,8 +57,8 @@ using CudaLayerPrefixes = std::vector<std::vector<cuda::ExternalKV>>;
 // Gradients relayed into the batch's own per-layer K/V (after norms and RoPE): dk[l], dv[l] are
 // device (N, NKV, HS) bf16 or null.
 struct CudaRelayedKVGrads {
-  std::vector<const cuda::bf16*> dk;
-  std::vector<const cuda::bf16*> dv;
+  std::vector<const float*> dk;  // [layer] (N, NKV, HS) fp32, or null
+  std::vector<const float*> dv;
 };
 
 struct CudaModelOptions {

@@ -89,6 +89,11 @@ __global__ void add_inplace_scalar(bf16* __restrict__ y, const bf16* __restrict_
     y[i] = __float2bfloat16_rn(__bfloat162float(y[i]) + __bfloat162float(x[i]));
 }
 
+__global__ void add_inplace_f32(bf16* __restrict__ y, const float* __restrict__ x, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    y[i] = __float2bfloat16_rn(__bfloat162float(y[i]) + x[i]);
+}
+
 // One block per row: copies `cols` elements E (uint4 = 8 bf16, or one bf16) of row rows[r] (gather)
 // or of row r (scatter).
 template <class E, bool kScatter>
@@ -151,6 +156,13 @@ void residual_add(bf16* out, const bf16* x, const float* y, int64_t n, cudaStrea
   } else {
     residual_add_scalar<<<blocks_for(n), kThreads, 0, stream>>>(out, x, y, n);
   }
+  TT_CUDA_CHECK_LAUNCH();
+}
+
+void add_inplace(bf16* y, const float* x, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  TT_CHECK(y && x, "model::detail::add_inplace: null pointer");
+  add_inplace_f32<<<blocks_for(n), kThreads, 0, stream>>>(y, x, n);
   TT_CUDA_CHECK_LAUNCH();
 }
 

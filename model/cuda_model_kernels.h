@@ -22,6 +22,8 @@ void residual_add(bf16* out, const bf16* x, const float* y, int64_t n, cudaStrea
 
 // y (n) = bf16(float(y) + float(x)).
 void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t stream);
+// y (bf16) += x (fp32), rounded once.
+void add_inplace(bf16* y, const float* x, int64_t n, cudaStream_t stream);
 
 // out (R, C) = in[rows[r]] for r < R; in (*, C).
 void gather_rows(bf16* out, const bf16* in, const int32_t* rows, int R, int C, cudaStream_t stream);

@@ -17,10 +17,10 @@ namespace {
 struct LivePiece {
   CudaActivations acts;
   CudaLayerPrefixes prefixes;        // [layer][gateway segment]
-  cuda::DeviceBuffer<cuda::bf16> relay;  // (L, 2, N, NKV, HS): dk then dv per layer, from child gateways
+  cuda::DeviceBuffer<float> relay;  // (L, 2, N, NKV, HS) fp32: dk then dv per layer, from child gateways
   int n = 0;
-  cuda::bf16* relay_dk(int l, int64_t KD) { return relay.data() + (2 * (int64_t)l) * n * KD; }
-  cuda::bf16* relay_dv(int l, int64_t KD) { return relay.data() + (2 * (int64_t)l + 1) * n * KD; }
+  float* relay_dk(int l, int64_t KD) { return relay.data() + (2 * (int64_t)l) * n * KD; }
+  float* relay_dv(int l, int64_t KD) { return relay.data() + (2 * (int64_t)l + 1) * n * KD; }
 };
 
 }  // namespace
@@ -69,7 +69,7 @@ double forward_backward_partitioned(CudaModel& model, const data::Tree& split_tr
           lp->prefixes[l].push_back(e);
         }
       }
-      lp->relay = cuda::DeviceBuffer<cuda::bf16>((size_t)L * 2 * N * KD, &model.allocator());
+      lp->relay = cuda::DeviceBuffer<float>((size_t)L * 2 * N * KD, &model.allocator());
       lp->relay.fill_bytes(0, model.stream());
       model.forward(batch, loss_scale, lp->acts, &lp->prefixes);
       live_tokens += N;

@@ -1,6 +1,6 @@
 // Partitioned training of one tree on the GPU: the CUDA twin of model/partitioned.h, the same
 // schedule (forward a piece with its gateway as external KV prefixes, then its child pieces
-// recursively, then its backward) and the same gradient relay (per piece, per layer bf16 K/V
+// recursively, then its backward) and the same gradient relay (per piece, per layer fp32 K/V
 // gradient accumulators that child gateways add into and the piece's backward reads).
 //
 // Limits: one gateway segment is one external prefix of the attention, so a piece's gateway may

@@ -9,8 +9,8 @@
 // batch. All pointers are device pointers, 16-byte aligned, tensors dense and row-major.
 //
 // Forward saves lse (N, NH) fp32 (natural log of the softmax denominator, scale included).
-// Gradient contract: dq, dk, dv are overwritten; an external prefix's dk/dv are accumulated (+=)
-// when non-null (gradients on) and left alone when null (gradients off). dq sums its key tiles
+// Gradient contract: dq, dk, dv are overwritten; an external prefix's dk/dv (fp32) are accumulated
+// (+=) when non-null (gradients on) and left alone when null (gradients off). dq sums its key tiles
 // through fp32 atomics, so it is not bitwise reproducible from run to run (dk, dv are).
 #pragma once
 
@@ -30,8 +30,8 @@ constexpr int kMaxExternalKV = 8;
 struct ExternalKV {
   const bf16* k = nullptr;  // (len, NKV, HS), after norms and RoPE
   const bf16* v = nullptr;  // (len, NKV, HS)
-  bf16* dk = nullptr;       // (len, NKV, HS) +=; null: no gradient
-  bf16* dv = nullptr;       // (len, NKV, HS) +=; null: no gradient
+  float* dk = nullptr;      // (len, NKV, HS) += in fp32 (gradients of a prefix read by several
+  float* dv = nullptr;      // batches, e.g. a gateway shared by child pieces); null: no gradient
   int len = 0;
   int q_begin = 0;  // queries [q_begin, q_end) of the packed batch see this prefix
   int q_end = 0;

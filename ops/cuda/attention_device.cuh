@@ -79,10 +79,12 @@ __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* dst, float x, float 
   *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x, y);
 }
 
-// dst[0..1] += (x, y), in fp32, rounded once to bf16; dst 4-byte aligned.
-__device__ __forceinline__ void add_bf16x2(__nv_bfloat16* dst, float x, float y) {
-  const float2 old = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dst));
-  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(old.x + x, old.y + y);
+// dst[0] += x, dst[1] += y in fp32 (one writer per element); dst 8-byte aligned.
+__device__ __forceinline__ void add_f32x2(float* dst, float x, float y) {
+  float2 old = *reinterpret_cast<const float2*>(dst);
+  old.x += x;
+  old.y += y;
+  *reinterpret_cast<float2*>(dst) = old;
 }
 
 // a[0] b[0] + a[1] b[1] in fp32; a, b 4-byte aligned.

@@ -656,8 +656,8 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, BwdConfig<HS>::kMinBl
       const AttnExtParams& x = p.ext[e];
 #pragma unroll
       for (int nd = 0; nd < HS / 8; ++nd) {
-        if (x.dk) add_bf16x2(x.dk + off + nd * 8, dk[nd][2 * half] * p.scale, dk[nd][2 * half + 1] * p.scale);
-        if (x.dv) add_bf16x2(x.dv + off + nd * 8, dv[nd][2 * half], dv[nd][2 * half + 1]);
+        if (x.dk) add_f32x2(x.dk + off + nd * 8, dk[nd][2 * half] * p.scale, dk[nd][2 * half + 1] * p.scale);
+        if (x.dv) add_f32x2(x.dv + off + nd * 8, dv[nd][2 * half], dv[nd][2 * half + 1]);
       }
     }
   }

@@ -17,8 +17,8 @@ namespace tt::cuda {
 struct AttnExtParams {
   const bf16* k;  // (len, NKV, HS)
   const bf16* v;  // (len, NKV, HS)
-  bf16* dk;       // (len, NKV, HS) +=, or null
-  bf16* dv;       // (len, NKV, HS) +=, or null
+  float* dk;      // (len, NKV, HS) += in fp32, or null
+  float* dv;      // (len, NKV, HS) += in fp32, or null
   int len;
   int q_begin;
   int q_end;

@@ -64,12 +64,13 @@ EmuOutputs run_emulated(const Inputs& in) {
   tiles.n = N;
   tiles.num_granules = ng;
 
-  std::vector<std::vector<bf16>> ek, ev, edk, edv;
+  std::vector<std::vector<bf16>> ek, ev;
+  std::vector<std::vector<float>> edk, edv;  // fp32 prefix gradients
   for (const auto& x : in.ext) {
     ek.push_back(to_bf16(x.k));
     ev.push_back(to_bf16(x.v));
-    edk.push_back(to_bf16(x.dk0));
-    edv.push_back(to_bf16(x.dv0));
+    edk.push_back(x.dk0);
+    edv.push_back(x.dv0);
   }
   std::vector<ExternalKV> ext(in.ext.size());
   for (size_t e = 0; e < ext.size(); e++) {
@@ -105,8 +106,8 @@ EmuOutputs run_emulated(const Inputs& in) {
   r.dk = to_float(dk);
   r.dv = to_float(dv);
   for (size_t e = 0; e < ext.size(); e++) {
-    r.ext_dk.push_back(to_float(edk[e]));
-    r.ext_dv.push_back(to_float(edv[e]));
+    r.ext_dk.push_back(edk[e]);
+    r.ext_dv.push_back(edv[e]);
   }
   return r;
 }

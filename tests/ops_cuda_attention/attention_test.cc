@@ -63,13 +63,16 @@ GpuOutputs run_gpu(const Inputs& in) {
   const TreeTiles tiles =
       build_tree_tiles(subtree_end.data(), N, Workspace{tile_storage.data(), tile_storage.size()}, nullptr);
 
-  std::vector<DeviceBuffer<bf16>> ek, ev, edk, edv;
+  std::vector<DeviceBuffer<bf16>> ek, ev;
+  std::vector<DeviceBuffer<float>> edk, edv;  // fp32 prefix gradients
   std::vector<ExternalKV> ext;
   for (const auto& x : in.ext) {
     ek.push_back(upload(x.k));
     ev.push_back(upload(x.v));
-    edk.push_back(upload(x.dk0));
-    edv.push_back(upload(x.dv0));
+    edk.emplace_back(x.dk0.size());
+    edk.back().copy_from_host(x.dk0);
+    edv.emplace_back(x.dv0.size());
+    edv.back().copy_from_host(x.dv0);
   }
   for (size_t e = 0; e < in.ext.size(); e++) {
     const auto& x = in.ext[e];
@@ -93,8 +96,8 @@ GpuOutputs run_gpu(const Inputs& in) {
   r.dk = to_float(dk.to_host());
   r.dv = to_float(dv.to_host());
   for (size_t e = 0; e < ext.size(); e++) {
-    r.ext_dk.push_back(to_float(edk[e].to_host()));
-    r.ext_dv.push_back(to_float(edv[e].to_host()));
+    r.ext_dk.push_back(edk[e].to_host());
+    r.ext_dv.push_back(edv[e].to_host());
   }
   return r;
 }

@@ -357,11 +357,9 @@ inline void store_bf16x2(__nv_bfloat16* dst, float x, float y) {
   std::memcpy(static_cast<void*>(dst), &v, 4);
 }
 
-inline void add_bf16x2(__nv_bfloat16* dst, float x, float y) {
-  __nv_bfloat162 v;
-  std::memcpy(static_cast<void*>(&v), dst, 4);
-  const float2 old = __bfloat1622float2(v);
-  store_bf16x2(dst, old.x + x, old.y + y);
+inline void add_f32x2(float* dst, float x, float y) {
+  dst[0] += x;
+  dst[1] += y;
 }
 
 inline float dot_bf16x2(const __nv_bfloat16* a, const __nv_bfloat16* b) {
