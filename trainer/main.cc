@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "data/reader.h"
+#include "bench/attention_bench.h"
+#include "data/packing.h"
 #include "data/stats.h"
 #include "data/synthetic.h"
 #include "distributed/env.h"
@@ -54,6 +56,12 @@ const char* const kUsage = R"(usage:
       after another (--nproc N ranks each) and prints a table of their final step, loss and
       tokens/s; --mode slurm writes a SLURM array script to FILE (running --binary, default this
       treetrain).
+  treetrain bench attention --data FILE --format rollouts|tree [--vocab-size V] [--heads 16]
+                  [--kv-heads 16] [--head-dim 128] [--iters 10] [--warmup 3] [--dump PREFIX]
+      Time the CUDA tree attention (forward + backward) on the trees of FILE, tree-packed into one
+      batch, and print one JSON object: medians in ms, visible pairs, TFLOP/s of visible pairs
+      (14 x head_dim x heads FLOPs per pair). --dump writes PREFIXsubtree_end.npy and PREFIXpos.npy
+      for scripts/device/attention_compare.py (FlexAttention and SDPA on the same layout).
   treetrain --help
 
 Relative paths on the command line are relative to the working directory (under `bazel run`,
@@ -142,6 +150,30 @@ int run_stats(const std::vector<std::string>& argv) {
   nlohmann::json j = tt::data::tree_stats(trees);
   if (capacity > 0) j["partition"] = tt::data::partition_stats(trees, capacity);
   std::cout << j.dump() << std::endl;
+  return 0;
+}
+
+int run_bench(const std::vector<std::string>& argv) {
+  if (argv.empty() || argv[0] != "attention") throw UsageError{"bench: expected 'bench attention'"};
+  const std::vector<std::string> rest(argv.begin() + 1, argv.end());
+  const Args a = parse_flags(rest, {"data", "format", "vocab-size", "heads", "kv-heads", "head-dim", "iters", "warmup",
+                                    "dump"},
+                             "bench attention");
+  const std::string& path = required(a, "data");
+  const auto trees = tt::data::read_trees(path, tt::data::parse_format(required(a, "format"), "--format"),
+                                          int_flag(a, "vocab-size", 0));
+  std::vector<const tt::data::Tree*> ptrs;
+  for (const auto& t : trees) ptrs.push_back(&t);
+  const tt::data::PackedBatch batch = tt::data::pack(ptrs, tt::data::Packing::kTree);
+  tt::bench::AttentionBenchOptions opt;
+  opt.heads = (int)int_flag(a, "heads", opt.heads);
+  opt.kv_heads = (int)int_flag(a, "kv-heads", opt.kv_heads);
+  opt.head_dim = (int)int_flag(a, "head-dim", opt.head_dim);
+  opt.iters = (int)int_flag(a, "iters", opt.iters);
+  opt.warmup = (int)int_flag(a, "warmup", opt.warmup);
+  const auto dump = a.flags.find("dump");
+  if (dump != a.flags.end()) tt::bench::dump_layout_npy(batch, dump->second);
+  std::cout << tt::bench::to_json(tt::bench::bench_attention(batch, path, opt)) << std::endl;
   return 0;
 }
 
@@ -277,6 +309,7 @@ int main(int argc, char** argv) {
     }
     if (cmd == "train") return run_train(args);
     if (cmd == "stats") return run_stats(args);
+    if (cmd == "bench") return run_bench(args);
     if (cmd == "generate") return run_generate(args);
     if (cmd == "launch") return run_launch(args);
     if (cmd == "sweep") return run_sweep(args);
