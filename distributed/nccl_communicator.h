@@ -5,7 +5,7 @@
 // that never arrives fails the others with a tagged error instead of a hang (the communicator is
 // aborted).
 //
-// Streams (docs: /work/shared/STYLE.md, "collectives on their own stream tied by events"): every
+// Streams (docs: shared/STYLE.md, "collectives on their own stream tied by events"): every
 // collective runs on the communicator's own stream. Before each, an event recorded on the compute
 // stream makes the communication stream wait for the work already enqueued there (the gradients);
 // wait() records an event on the communication stream and makes the compute stream wait for it.

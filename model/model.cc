@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/layout.h"
 #include "ops/check.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/cross_entropy.h"
@@ -68,68 +69,6 @@ std::vector<ParamInfo> param_table(const ModelConfig& cfg) {
 }
 
 namespace {
-
-// Parameter-table entries per layer, in the order param_table() writes them.
-int tensors_per_layer(const ModelConfig& cfg) { return cfg.qk_norm() ? 11 : 9; }
-
-struct Dims {
-  int N, V, C, I, NH, NKV, HS, QD, KD;
-  double eps, theta;
-  bool qk_norm;
-};
-
-Dims dims_of(const ModelConfig& cfg, int N) {
-  Dims d;
-  d.N = N;
-  d.V = (int)cfg.vocab_size;
-  d.C = (int)cfg.hidden_size;
-  d.I = (int)cfg.intermediate_size;
-  d.NH = (int)cfg.num_attention_heads;
-  d.NKV = (int)cfg.num_key_value_heads;
-  d.HS = (int)cfg.head_dim;
-  d.QD = d.NH * d.HS;
-  d.KD = d.NKV * d.HS;
-  d.eps = cfg.rms_norm_eps;
-  d.theta = cfg.rope_theta;
-  d.qk_norm = cfg.qk_norm();
-  return d;
-}
-
-// One layer's weights (W) or gradients (G): pointers into the flat parameter / gradient buffer.
-template <class P>
-struct LayerParams {
-  P* in_norm;    // (C)
-  P* wq;         // (QD, C)
-  P* wk;         // (KD, C)
-  P* wv;         // (KD, C)
-  P* wo;         // (C, QD)
-  P* q_norm;     // (HS), qwen3 only
-  P* k_norm;     // (HS), qwen3 only
-  P* post_norm;  // (C)
-  P* wg;         // (I, C)
-  P* wu;         // (I, C)
-  P* wd;         // (C, I)
-};
-
-template <class P>
-LayerParams<P> layer_params(P* base, const std::vector<ParamInfo>& info, const ModelConfig& cfg, int l) {
-  const int k0 = 1 + l * tensors_per_layer(cfg);
-  int k = k0;
-  auto next = [&]() { return base + info[k++].offset; };
-  LayerParams<P> p;
-  p.in_norm = next();
-  p.wq = next();
-  p.wk = next();
-  p.wv = next();
-  p.wo = next();
-  p.q_norm = cfg.qk_norm() ? next() : nullptr;
-  p.k_norm = cfg.qk_norm() ? next() : nullptr;
-  p.post_norm = next();
-  p.wg = next();
-  p.wu = next();
-  p.wd = next();
-  return p;
-}
 
 // Saved activations of one layer.
 template <class T>
