@@ -30,69 +30,49 @@ double forward_backward_partitioned(CudaModel& model, const data::Tree& split_tr
   const ModelConfig& cfg = model.config();
   const int L = (int)cfg.num_hidden_layers;
   const int64_t KD = cfg.num_key_value_heads * cfg.head_dim;
-  const int P = plan.num_pieces();
-  TT_CHECK(P > 0, "partition of tree '", split_tree.id, "' has no pieces");
-  TT_CHECK(plan.schedule.size() == 2 * (size_t)P, "partition of tree '", split_tree.id, "': schedule has ",
-           plan.schedule.size(), " steps, expected ", 2 * P);
-
-  std::vector<std::unique_ptr<LivePiece>> live(P);
+  std::vector<std::unique_ptr<LivePiece>> live(plan.num_pieces());
   double loss = 0;
-  int64_t live_tokens = 0;
-  PartitionRunStats st;
-  st.pieces = P;
-  for (const data::Step& step : plan.schedule) {
-    const int k = step.piece;
+  auto forward = [&](int k) {
     const data::Piece& piece = plan.pieces[k];
-    if (step.phase == data::Phase::kForward) {
-      TT_CHECK(!live[k], "partition schedule runs the forward of piece ", k, " twice");
-      TT_CHECK((int)piece.gateway.size() <= cuda::kMaxExternalKV, "partition of tree '", split_tree.id, "': piece ", k,
-               " has a gateway of ", piece.gateway.size(), " segments; the CUDA attention reads at most ",
-               cuda::kMaxExternalKV, " external prefixes (use a larger partition.capacity_tokens)");
-      auto lp = std::make_unique<LivePiece>();
-      const data::PackedBatch batch = data::pack_piece(split_tree, plan, k);
-      const int N = batch.n_tokens;
-      lp->n = N;
-      lp->prefixes.assign(L, {});
-      for (const data::GatewaySegment& seg : piece.gateway) {
-        TT_CHECK(seg.piece < k && live[seg.piece], "piece ", k, " reads a gateway of piece ", seg.piece,
-                 ", which is not resident (schedule or plan is inconsistent)");
-        LivePiece& src = *live[seg.piece];
-        for (int l = 0; l < L; ++l) {
-          cuda::ExternalKV e;
-          e.k = model.layer_k(src.acts, l) + (int64_t)seg.row_begin * KD;
-          e.v = model.layer_v(src.acts, l) + (int64_t)seg.row_begin * KD;
-          e.dk = src.relay_dk(l, KD) + (int64_t)seg.row_begin * KD;
-          e.dv = src.relay_dv(l, KD) + (int64_t)seg.row_begin * KD;
-          e.len = seg.row_end - seg.row_begin;
-          e.q_begin = 0;
-          e.q_end = N;
-          lp->prefixes[l].push_back(e);
-        }
-      }
-      lp->relay = cuda::DeviceBuffer<float>((size_t)L * 2 * N * KD, &model.allocator());
-      lp->relay.fill_bytes(0, model.stream());
-      model.forward(batch, loss_scale, lp->acts, &lp->prefixes);
-      live_tokens += N;
-      st.tokens_processed += N;
-      st.peak_live_tokens = std::max(st.peak_live_tokens, live_tokens);
-      live[k] = std::move(lp);
-    } else {
-      TT_CHECK(live[k], "partition schedule runs the backward of piece ", k, " before its forward");
-      for (int c : piece.child_pieces)
-        TT_CHECK(!live[c], "partition schedule runs the backward of piece ", k, " before that of its child ", c);
-      LivePiece& lp = *live[k];
-      CudaRelayedKVGrads relayed;
+    TT_CHECK((int)piece.gateway.size() <= cuda::kMaxExternalKV, "partition of tree '", split_tree.id, "': piece ", k,
+             " has a gateway of ", piece.gateway.size(), " segments; the CUDA attention reads at most ",
+             cuda::kMaxExternalKV, " external prefixes (use a larger partition.capacity_tokens)");
+    auto lp = std::make_unique<LivePiece>();
+    const data::PackedBatch batch = data::pack_piece(split_tree, plan, k);
+    const int N = batch.n_tokens;
+    lp->n = N;
+    lp->prefixes.assign(L, {});
+    for (const data::GatewaySegment& seg : piece.gateway) {
+      LivePiece& src = *live[seg.piece];
       for (int l = 0; l < L; ++l) {
-        relayed.dk.push_back(lp.relay_dk(l, KD));
-        relayed.dv.push_back(lp.relay_dv(l, KD));
+        cuda::ExternalKV e;
+        e.k = model.layer_k(src.acts, l) + (int64_t)seg.row_begin * KD;
+        e.v = model.layer_v(src.acts, l) + (int64_t)seg.row_begin * KD;
+        e.dk = src.relay_dk(l, KD) + (int64_t)seg.row_begin * KD;
+        e.dv = src.relay_dv(l, KD) + (int64_t)seg.row_begin * KD;
+        e.len = seg.row_end - seg.row_begin;
+        e.q_begin = 0;
+        e.q_end = N;
+        lp->prefixes[l].push_back(e);
       }
-      model.backward(lp.acts, &relayed);
-      loss += model.loss(lp.acts);
-      live_tokens -= lp.n;
-      live[k].reset();
     }
-  }
-  for (int k = 0; k < P; ++k) TT_CHECK(!live[k], "partition schedule leaves piece ", k, " without a backward");
+    lp->relay = cuda::DeviceBuffer<float>((size_t)L * 2 * N * KD, &model.allocator());
+    lp->relay.fill_bytes(0, model.stream());
+    model.forward(batch, loss_scale, lp->acts, &lp->prefixes);
+    live[k] = std::move(lp);
+  };
+  auto backward = [&](int k) {
+    LivePiece& lp = *live[k];
+    CudaRelayedKVGrads relayed;
+    for (int l = 0; l < L; ++l) {
+      relayed.dk.push_back(lp.relay_dk(l, KD));
+      relayed.dv.push_back(lp.relay_dv(l, KD));
+    }
+    model.backward(lp.acts, &relayed);
+    loss += model.loss(lp.acts);
+    live[k].reset();
+  };
+  const PartitionRunStats st = walk_partition_schedule(plan, split_tree.id, forward, backward);
   if (stats) *stats = st;
   return loss;
 }

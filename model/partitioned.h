@@ -15,11 +15,15 @@
 // rows = the ancestor chain) and every K/V row receives the gradients of all its readers.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "data/partition.h"
 #include "data/tree.h"
 #include "model/model.h"
+#include "ops/check.h"
 
 namespace tt::model {
 
@@ -28,6 +32,48 @@ struct PartitionRunStats {
   int64_t peak_live_tokens = 0;   // most tokens whose activations were resident at once
   int pieces = 0;
 };
+
+// Walks plan.schedule for both backends' executors: forward(k) and backward(k) run piece k's
+// halves; the walk checks that each piece runs forward, then (after all its child pieces)
+// backward, exactly once, that gateways only read resident pieces, and counts the resident
+// tokens. Returns the run's statistics.
+template <class Forward, class Backward>
+PartitionRunStats walk_partition_schedule(const data::Partition& plan, const std::string& tree_id, Forward&& forward,
+                                          Backward&& backward) {
+  const int P = plan.num_pieces();
+  TT_CHECK(P > 0, "partition of tree '", tree_id, "' has no pieces");
+  TT_CHECK(plan.schedule.size() == 2 * (size_t)P, "partition of tree '", tree_id, "': schedule has ",
+           plan.schedule.size(), " steps, expected ", 2 * P);
+  std::vector<char> live(P, 0), done(P, 0);
+  int64_t live_tokens = 0;
+  PartitionRunStats st;
+  st.pieces = P;
+  for (const data::Step& step : plan.schedule) {
+    const int k = step.piece;
+    const data::Piece& piece = plan.pieces[k];
+    if (step.phase == data::Phase::kForward) {
+      TT_CHECK(!live[k] && !done[k], "partition schedule runs the forward of piece ", k, " twice");
+      for (const data::GatewaySegment& seg : piece.gateway)
+        TT_CHECK(seg.piece < k && live[seg.piece], "piece ", k, " reads a gateway of piece ", seg.piece,
+                 ", which is not resident (schedule or plan is inconsistent)");
+      forward(k);
+      live[k] = 1;
+      live_tokens += piece.tokens;
+      st.tokens_processed += piece.tokens;
+      st.peak_live_tokens = std::max(st.peak_live_tokens, live_tokens);
+    } else {
+      TT_CHECK(live[k], "partition schedule runs the backward of piece ", k, " before its forward");
+      for (int c : piece.child_pieces)
+        TT_CHECK(done[c], "partition schedule runs the backward of piece ", k, " before that of its child ", c);
+      backward(k);
+      live[k] = 0;
+      done[k] = 1;
+      live_tokens -= piece.tokens;
+    }
+  }
+  for (int k = 0; k < P; ++k) TT_CHECK(done[k], "partition schedule leaves piece ", k, " without a backward");
+  return st;
+}
 
 // Forward and backward of `split_tree` (data::split_long_nodes output) through `plan`
 // (data::plan_partition of it): grads() += d(loss)/d(params); returns loss_scale * sum w * ce.
