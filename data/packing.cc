@@ -140,4 +140,43 @@ PackedBatch pack(const std::vector<const Tree*>& trees, Packing packing) {
   return b;
 }
 
+void check_packed_batch(const PackedBatch& b, int64_t vocab_size) {
+  const int N = b.n_tokens;
+  const int64_t V = vocab_size;
+  TT_CHECK(N >= 0, "packed batch: n_tokens ", N, " is negative");
+  TT_CHECK((int)b.tokens.size() == N && (int)b.pos.size() == N && (int)b.subtree_end.size() == N,
+           "packed batch: tokens (", b.tokens.size(), "), pos (", b.pos.size(), ") and subtree_end (",
+           b.subtree_end.size(), ") must have n_tokens = ", N, " entries");
+  for (int i = 0; i < N; ++i) {
+    TT_CHECK(b.tokens[i] >= 0 && b.tokens[i] < V, "packed batch: token ", b.tokens[i], " at row ", i,
+             " outside vocab_size ", V);
+    TT_CHECK(b.pos[i] >= 0, "packed batch: negative position ", b.pos[i], " at row ", i);
+    TT_CHECK(b.subtree_end[i] > i && b.subtree_end[i] <= N, "packed batch: subtree_end ", b.subtree_end[i],
+             " at row ", i, ", expected in (", i, ", ", N, "]");
+  }
+  const int nn = b.num_nodes();
+  TT_CHECK((int)b.node_len.size() == nn && (int)b.node_parent.size() == nn,
+           "packed batch: node_start, node_len, node_parent sizes differ (", nn, ", ", b.node_len.size(),
+           ", ", b.node_parent.size(), ")");
+  int32_t next = 0;
+  for (int n = 0; n < nn; ++n) {
+    TT_CHECK(b.node_start[n] == next && b.node_len[n] > 0,
+             "packed batch: node ", n, " must start at ", next, " with a positive length, got start ",
+             b.node_start[n], " len ", b.node_len[n]);
+    TT_CHECK(b.node_parent[n] >= -1 && b.node_parent[n] < n, "packed batch: node ", n, " has parent ",
+             b.node_parent[n], " (expected -1 or an earlier node)");
+    next += b.node_len[n];
+  }
+  TT_CHECK(next == N, "packed batch: nodes cover ", next, " tokens, expected n_tokens = ", N);
+  const size_t nt = b.tgt_src.size();
+  TT_CHECK(b.tgt_tok.size() == nt && b.tgt_w.size() == nt, "packed batch: tgt_src, tgt_tok, tgt_w sizes differ (",
+           nt, ", ", b.tgt_tok.size(), ", ", b.tgt_w.size(), ")");
+  for (size_t t = 0; t < nt; ++t) {
+    TT_CHECK(b.tgt_src[t] >= 0 && b.tgt_src[t] < N, "packed batch: target ", t, " source row ", b.tgt_src[t],
+             " outside [0, ", N, ")");
+    TT_CHECK(b.tgt_tok[t] >= 0 && b.tgt_tok[t] < V, "packed batch: target ", t, " token ", b.tgt_tok[t],
+             " outside vocab_size ", V);
+  }
+}
+
 }  // namespace tt::data

@@ -51,6 +51,13 @@ struct PackedBatch {
   int num_trees() const { return (int)tree_start.size() - 1; }
 };
 
+// Checks that a batch is well formed before a model reads it (batches may come from pack(),
+// pack_piece() or be built by hand): array sizes agree with n_tokens, tokens lie in
+// [0, vocab_size), positions are >= 0, subtree_end[i] lies in (i, N], nodes tile [0, N) in order
+// with positive lengths and earlier parents, and targets name rows in [0, N) and tokens in the
+// vocabulary. Throws tt::Error saying which entry is wrong.
+void check_packed_batch(const PackedBatch& batch, int64_t vocab_size);
+
 // Packs the given trees, in order, into one batch (each checked with Tree::validate()).
 PackedBatch pack(const std::vector<const Tree*>& trees, Packing packing);
 

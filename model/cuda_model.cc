@@ -141,48 +141,6 @@ int head_chunk_rows(const CudaModelOptions& o, int V) {
   return (int)std::max<int64_t>(1, o.head_chunk_bytes / (2 * (int64_t)V));
 }
 
-// The host checks of model.cc's check_batch, plus subtree_end (which the GPU attention reads).
-void check_batch(const data::PackedBatch& b, const ModelConfig& cfg) {
-  const int N = b.n_tokens;
-  const int64_t V = cfg.vocab_size;
-  TT_CHECK(N >= 0, "packed batch: n_tokens ", N, " is negative");
-  TT_CHECK((int)b.tokens.size() == N && (int)b.pos.size() == N && (int)b.subtree_end.size() == N,
-           "packed batch: tokens (", b.tokens.size(), "), pos (", b.pos.size(), ") and subtree_end (",
-           b.subtree_end.size(), ") must have n_tokens = ", N, " entries");
-  for (int i = 0; i < N; ++i) {
-    TT_CHECK(b.tokens[i] >= 0 && b.tokens[i] < V, "packed batch: token ", b.tokens[i], " at row ", i,
-             " outside vocab_size ", V);
-    TT_CHECK(b.pos[i] >= 0, "packed batch: negative position ", b.pos[i], " at row ", i);
-    TT_CHECK(b.subtree_end[i] > i && b.subtree_end[i] <= N, "packed batch: subtree_end ", b.subtree_end[i],
-             " at row ", i, ", expected in (", i, ", ", N, "]");
-  }
-  const size_t nt = b.tgt_src.size();
-  TT_CHECK(b.tgt_tok.size() == nt && b.tgt_w.size() == nt, "packed batch: tgt_src, tgt_tok, tgt_w sizes differ (",
-           nt, ", ", b.tgt_tok.size(), ", ", b.tgt_w.size(), ")");
-  for (size_t t = 0; t < nt; ++t) {
-    TT_CHECK(b.tgt_src[t] >= 0 && b.tgt_src[t] < N, "packed batch: target ", t, " source row ", b.tgt_src[t],
-             " outside [0, ", N, ")");
-    TT_CHECK(b.tgt_tok[t] >= 0 && b.tgt_tok[t] < V, "packed batch: target ", t, " token ", b.tgt_tok[t],
-             " outside vocab_size ", V);
-  }
-}
-
-uint64_t fnv1a64(const std::string& s) {
-  uint64_t h = 14695981039346656037ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-uint64_t splitmix64_first(uint64_t state) {
-  uint64_t z = state + 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 template <class E>
 void ensure(cuda::DeviceBuffer<E>& b, size_t n, cuda::DeviceAllocator* alloc) {
   if (b.size() >= n) return;
@@ -243,13 +201,12 @@ CudaModel::~CudaModel() {
 }
 
 void CudaModel::init(uint64_t seed) {
-  const uint64_t seed_hash = splitmix64_first(seed);
   for (const ParamInfo& p : info_) {
     float* w = params_.data() + p.offset;
     if (p.shape.size() == 1) {
       detail::fill(w, p.numel, 1.0f, stream_);
     } else {
-      detail::init_normal(w, p.numel, seed_hash ^ fnv1a64(p.name), cfg_.initializer_range, stream_);
+      detail::init_normal(w, p.numel, param_init_seed(seed, p.name), cfg_.initializer_range, stream_);
     }
   }
   refresh_bf16();
@@ -317,7 +274,7 @@ double CudaModel::forward_backward(const data::PackedBatch& batch, double loss_s
 
 void CudaModel::forward(const data::PackedBatch& batch, double loss_scale, CudaActivations& acts,
                         const CudaLayerPrefixes* prefixes) {
-  check_batch(batch, cfg_);
+  data::check_packed_batch(batch, cfg_.vocab_size);
   const Dims d0 = dims_of(cfg_, batch.n_tokens);
   const int L = d0.L;
   TT_CHECK(prefixes == nullptr || (int)prefixes->size() == L, "model: external prefixes for ",

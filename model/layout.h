@@ -2,6 +2,8 @@
 // (cuda_model.cc) decoders so both read the flat parameter buffer of param_table() the same way.
 #pragma once
 
+#include <cstdint>
+#include <string>
 #include <vector>
 
 #include "model/config.h"
@@ -69,6 +71,21 @@ LayerParams<P> layer_params(P* base, const std::vector<ParamInfo>& info, const M
   p.wu = next();
   p.wd = next();
   return p;
+}
+
+// The seed of tensor `name`'s init stream: the first splitmix64 output of the run seed, xor the
+// FNV-1a hash of the name. Both decoders draw the same values from it (model.cc on the host,
+// cuda_model_kernels.cu on the device).
+inline uint64_t param_init_seed(uint64_t seed, const std::string& name) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char ch : name) {
+    h ^= ch;
+    h *= 1099511628211ull;
+  }
+  return (z ^ (z >> 31)) ^ h;
 }
 
 }  // namespace tt::model

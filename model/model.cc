@@ -206,51 +206,6 @@ void layer_backward(const Dims& d, const LayerParams<const T>& w, const LayerPar
   cpu::rmsnorm_backward(s.dx, g.in_norm, s.dn, a.x_in, w.in_norm, a.rstd1, N, d.C);
 }
 
-void check_batch(const data::PackedBatch& b, const ModelConfig& cfg) {
-  const int N = b.n_tokens;
-  const int64_t V = cfg.vocab_size;
-  TT_CHECK(N >= 0, "packed batch: n_tokens ", N, " is negative");
-  TT_CHECK((int)b.tokens.size() == N && (int)b.pos.size() == N, "packed batch: tokens (",
-           b.tokens.size(), ") and pos (", b.pos.size(), ") must have n_tokens = ", N, " entries");
-  for (int i = 0; i < N; ++i) {
-    TT_CHECK(b.tokens[i] >= 0 && b.tokens[i] < V, "packed batch: token ", b.tokens[i], " at row ", i,
-             " outside vocab_size ", V);
-    TT_CHECK(b.pos[i] >= 0, "packed batch: negative position ", b.pos[i], " at row ", i);
-  }
-  const int nn = b.num_nodes();
-  TT_CHECK((int)b.node_len.size() == nn && (int)b.node_parent.size() == nn,
-           "packed batch: node_start, node_len, node_parent sizes differ (", nn, ", ", b.node_len.size(),
-           ", ", b.node_parent.size(), ")");
-  int32_t next = 0;
-  for (int n = 0; n < nn; ++n) {
-    TT_CHECK(b.node_start[n] == next && b.node_len[n] > 0,
-             "packed batch: node ", n, " must start at ", next, " with a positive length, got start ",
-             b.node_start[n], " len ", b.node_len[n]);
-    TT_CHECK(b.node_parent[n] >= -1 && b.node_parent[n] < n, "packed batch: node ", n, " has parent ",
-             b.node_parent[n], " (expected -1 or an earlier node)");
-    next += b.node_len[n];
-  }
-  TT_CHECK(next == N, "packed batch: nodes cover ", next, " tokens, expected n_tokens = ", N);
-  const size_t nt = b.tgt_src.size();
-  TT_CHECK(b.tgt_tok.size() == nt && b.tgt_w.size() == nt, "packed batch: tgt_src, tgt_tok, tgt_w sizes differ (",
-           nt, ", ", b.tgt_tok.size(), ", ", b.tgt_w.size(), ")");
-  for (size_t t = 0; t < nt; ++t) {
-    TT_CHECK(b.tgt_src[t] >= 0 && b.tgt_src[t] < N, "packed batch: target ", t, " source row ", b.tgt_src[t],
-             " outside [0, ", N, ")");
-    TT_CHECK(b.tgt_tok[t] >= 0 && b.tgt_tok[t] < V, "packed batch: target ", t, " token ", b.tgt_tok[t],
-             " outside vocab_size ", V);
-  }
-}
-
-uint64_t fnv1a64(const std::string& s) {
-  uint64_t h = 14695981039346656037ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 // splitmix64 (Steele, Lea, Flood 2014): a portable, well-mixed 64-bit stream.
 struct SplitMix64 {
   uint64_t state;
@@ -339,15 +294,13 @@ T* Model<T>::param(const std::string& name) {
 
 template <class T>
 void Model<T>::init(uint64_t seed) {
-  SplitMix64 seed_mix{seed};
-  const uint64_t seed_hash = seed_mix.next();
   for (const ParamInfo& p : info_) {
     T* w = params_.data() + p.offset;
     if (p.shape.size() == 1) {
       std::fill(w, w + p.numel, T(1));
       continue;
     }
-    SplitMix64 rng{seed_hash ^ fnv1a64(p.name)};
+    SplitMix64 rng{param_init_seed(seed, p.name)};
     const double kTwoPi = 6.283185307179586476925286766559;
     for (int64_t i = 0; i < p.numel; i += 2) {
       // Box-Muller: u1 in (0, 1] keeps the log finite.
@@ -373,7 +326,7 @@ double Model<T>::forward(const data::PackedBatch& batch, double loss_scale) {
 template <class T>
 double Model<T>::forward(const data::PackedBatch& batch, double loss_scale, Activations<T>& out,
                          const LayerPrefixes<T>* prefixes) {
-  check_batch(batch, cfg_);
+  data::check_packed_batch(batch, cfg_.vocab_size);
   const int L = (int)cfg_.num_hidden_layers;
   TT_CHECK(prefixes == nullptr || (int)prefixes->size() == L, "model: external prefixes for ",
            prefixes ? prefixes->size() : 0, " layers, expected one list per layer (", L, ")");
