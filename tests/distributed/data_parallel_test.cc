@@ -23,6 +23,7 @@
 #include "data/synthetic.h"
 #include "ops/check.h"
 #include "tests/distributed/test_util.h"
+#include "tests/trainer/tiny_run.h"
 #include "trainer/checkpoint.h"
 #include "trainer/train.h"
 
@@ -40,41 +41,10 @@ bool has(const std::string& s, const std::string& part) { return s.find(part) !=
 // A tiny qwen3 on 12 synthetic rollout trees (dir/data.jsonl); 2 micro-batches of <= 40 tokens
 // per step, so a step holds 2 to 4 trees to deal.
 RunConfig tiny_config(const fs::path& dir) {
-  data::SyntheticSpec spec;
-  spec.kind = "rollouts";
-  spec.num_trees = 12;
-  spec.vocab_size = 32;
-  spec.seed = 3;
-  spec.prompt_len = 6;
-  spec.turns = 2;
-  spec.turn_len = 4;
-  spec.branches = 2;
-  spec.branch_turns = 1;
-  data::write_jsonl(spec, (dir / "data.jsonl").string());
-  RunConfig c;
-  c.source = "test";
-  c.run_dir = (dir / "run").string();
-  c.device = "cpu";
-  c.model.vocab_size = 32;
-  c.model.hidden_size = 16;
-  c.model.intermediate_size = 32;
-  c.model.num_hidden_layers = 2;
-  c.model.num_attention_heads = 2;
-  c.model.num_key_value_heads = 1;
-  c.model.head_dim = 8;
-  c.model.max_position_embeddings = 128;
-  c.data.path = (dir / "data.jsonl").string();
-  c.data.format = "rollouts";
-  c.data.max_tokens_per_batch = 40;
+  RunConfig c = trainer::testing::tiny_run_config(dir);
   c.train.max_steps = 4;
-  c.train.seed = 7;
-  c.train.grad_accum = 2;
   c.train.grad_clip = 0.5;  // active: the clip factor depends on the whole step's gradient
-  c.train.keep_checkpoints = 0;
-  c.optim.lr = 1e-2;
-  c.optim.eps = 1e-3;  // see the tolerance rule
-  c.optim.weight_decay = 0.1;
-  c.schedule.warmup_steps = 1;
+  c.optim.eps = 1e-3;       // see the tolerance rule
   c.distributed.mode = "off";  // the tests hand the trainers their communicators
   c.validate();
   return c;

@@ -15,6 +15,7 @@
 #include "data/synthetic.h"
 #include "model/safetensors.h"
 #include "ops/check.h"
+#include "tests/trainer/tiny_run.h"
 #include "trainer/checkpoint.h"
 
 namespace tt::trainer {
@@ -30,44 +31,8 @@ fs::path test_dir(const std::string& name) {
   return d;
 }
 
-// A tiny qwen3 on synthetic rollouts in dir/data.jsonl; run_dir dir/run.
-RunConfig tiny_config(const fs::path& dir) {
-  data::SyntheticSpec spec;
-  spec.kind = "rollouts";
-  spec.num_trees = 12;
-  spec.vocab_size = 32;
-  spec.seed = 3;
-  spec.prompt_len = 6;
-  spec.turns = 2;
-  spec.turn_len = 4;
-  spec.branches = 2;
-  spec.branch_turns = 1;
-  data::write_jsonl(spec, (dir / "data.jsonl").string());
-  RunConfig c;
-  c.source = "test";
-  c.run_dir = (dir / "run").string();
-  c.device = "cpu";
-  c.model.vocab_size = 32;
-  c.model.hidden_size = 16;
-  c.model.intermediate_size = 32;
-  c.model.num_hidden_layers = 2;
-  c.model.num_attention_heads = 2;
-  c.model.num_key_value_heads = 1;
-  c.model.head_dim = 8;
-  c.model.max_position_embeddings = 128;
-  c.data.path = (dir / "data.jsonl").string();
-  c.data.format = "rollouts";
-  c.data.max_tokens_per_batch = 40;
-  c.train.max_steps = 6;
-  c.train.seed = 7;
-  c.train.grad_accum = 2;
-  c.train.keep_checkpoints = 0;
-  c.optim.lr = 1e-2;
-  c.optim.weight_decay = 0.1;
-  c.schedule.warmup_steps = 1;
-  c.validate();
-  return c;
-}
+// A tiny qwen3 on synthetic rollouts in dir/data.jsonl; run_dir dir/run (tests/trainer/tiny_run.h).
+RunConfig tiny_config(const fs::path& dir) { return testing::tiny_run_config(dir); }
 
 std::vector<double> losses(const std::vector<StepMetrics>& ms) {
   std::vector<double> out;
