@@ -2,6 +2,7 @@
 // structs, and the one runtime -> template dispatch (head dim). Kernels: attention_kernels.cuh.
 #include "ops/cuda/attention.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -11,6 +12,8 @@
 
 namespace tt::cuda {
 namespace {
+
+std::atomic<AttentionImpl> g_impl{AttentionImpl::kWgmma};
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
@@ -67,6 +70,12 @@ void check_common(const TreeTiles& tiles, const ExternalKV* ext, int n_ext, int 
 
 }  // namespace
 
+void set_attention_impl(AttentionImpl impl) { g_impl.store(impl); }
+AttentionImpl attention_impl() { return g_impl.load(); }
+const char* attention_impl_name(AttentionImpl impl) {
+  return impl == AttentionImpl::kWgmma ? "wgmma" : "mma_sync";
+}
+
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                        const TreeTiles& tiles, const ExternalKV* ext, int n_ext, int N, int NH, int NKV,
                        int HS, cudaStream_t stream) {
@@ -79,7 +88,7 @@ void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, cons
   check_tensor(v, op, "v");
   TT_CHECK(lse != nullptr, op, ": lse is null");
   const AttnFwdParams p = make_fwd_params(out, lse, q, k, v, tiles, ext, n_ext, N, NH, NKV, HS);
-  dispatch_head_dim(HS, [&](auto hs) { run_attention_fwd<decltype(hs)::value>(p, stream); });
+  dispatch_head_dim(HS, [&](auto hs) { run_attention_fwd<decltype(hs)::value>(p, g_impl.load(), stream); });
 }
 
 size_t attention_backward_workspace_bytes(int N, int NH, int HS) { return bwd_workspace_bytes(N, NH, HS); }
@@ -106,7 +115,7 @@ void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf
   TT_CHECK((reinterpret_cast<uintptr_t>(workspace.ptr) & 255) == 0, op, ": workspace must be 256-byte aligned");
   const AttnBwdParams p = make_bwd_params(dq, dk, dv, dout, out, lse, q, k, v, tiles, ext, n_ext, N, NH, NKV, HS,
                                           workspace.ptr);
-  dispatch_head_dim(HS, [&](auto hs) { run_attention_bwd<decltype(hs)::value>(p, stream); });
+  dispatch_head_dim(HS, [&](auto hs) { run_attention_bwd<decltype(hs)::value>(p, g_impl.load(), stream); });
 }
 
 }  // namespace tt::cuda

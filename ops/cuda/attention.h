@@ -37,6 +37,15 @@ struct ExternalKV {
   int q_end = 0;
 };
 
+// The kernels behind attention_forward/backward, process-wide: kWgmma (default; Hopper warpgroup
+// MMA, attention_sm90.cuh) or kMmaSync (FlashAttention-2 style mma.sync, attention_kernels.cuh;
+// kept for side-by-side benchmarks and as the kernel the CPU emulation test runs). Both compute the
+// same function; set it before launching work, not while another thread launches attention.
+enum class AttentionImpl { kWgmma, kMmaSync };
+void set_attention_impl(AttentionImpl impl);
+AttentionImpl attention_impl();
+const char* attention_impl_name(AttentionImpl impl);
+
 // out (N, NH, HS), lse (N, NH); q (N, NH, HS); k, v (N, NKV, HS).
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                        const TreeTiles& tiles, const ExternalKV* ext, int n_ext, int N, int NH, int NKV,

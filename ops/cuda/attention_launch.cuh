@@ -1,6 +1,7 @@
 // Launchers of the CUDA tree attention: grid, block, shared memory and stream of each kernel of
-// attention_kernels.cuh. One attention_{fwd,bwd}_hdim{64,128}.cu instantiates each, so the head
-// dims compile in parallel; attention.cc owns the runtime -> template dispatch.
+// attention_kernels.cuh (mma.sync) and attention_sm90.cuh (wgmma). One
+// attention_{fwd,bwd}_hdim{64,128}.cu instantiates each, so the head dims compile in parallel;
+// attention.cc owns the runtime -> template dispatch.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,14 +9,13 @@
 #include "ops/cuda/attention_device.cuh"
 #include "ops/cuda/attention_kernels.cuh"
 #include "ops/cuda/attention_params.h"
+#include "ops/cuda/attention_sm90.cuh"
 #include "ops/cuda/check.h"
 
 namespace tt::cuda {
 
-template <int HS>
-void run_attention_fwd(const AttnFwdParams& p, cudaStream_t stream) {
-  using C = attn::FwdConfig<HS>;
-  auto* kernel = attn::attention_fwd_kernel<HS>;
+template <class C, class Kernel, class Params>
+void launch_fwd(Kernel* kernel, const Params& p, cudaStream_t stream) {
   TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmemBytes));
   const dim3 grid(p.nh, (p.n + C::BM - 1) / C::BM);
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
@@ -23,9 +23,19 @@ void run_attention_fwd(const AttnFwdParams& p, cudaStream_t stream) {
 }
 
 template <int HS>
-void run_attention_bwd(const AttnBwdParams& p, cudaStream_t stream) {
-  using C = attn::BwdConfig<HS>;
+void run_attention_fwd(const AttnFwdParams& p, AttentionImpl impl, cudaStream_t stream) {
+  if (impl == AttentionImpl::kWgmma) {
+    launch_fwd<attn::sm90::FwdConfig<HS>>(attn::sm90::attention_fwd_kernel<HS>, p, stream);
+  } else {
+    launch_fwd<attn::FwdConfig<HS>>(attn::attention_fwd_kernel<HS>, p, stream);
+  }
+}
+
+template <int HS>
+void run_attention_bwd(const AttnBwdParams& p, AttentionImpl impl, cudaStream_t stream) {
   constexpr int kSmallThreads = 256;
+  constexpr int BN = attn::BwdConfig<HS>::BN;
+  static_assert(BN == attn::sm90::BwdConfig<HS>::BN, "one key-tile grid for both kernels");
 
   const int64_t pre_threads = (int64_t)p.n_pad * p.nh * 32;
   attn::attention_bwd_preprocess_kernel<HS>
@@ -34,11 +44,19 @@ void run_attention_bwd(const AttnBwdParams& p, cudaStream_t stream) {
   TT_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, (size_t)p.n * p.nh * HS * sizeof(float), stream));
 
   int ext_tiles = 0;
-  for (int e = 0; e < p.n_ext; ++e) ext_tiles += (p.ext[e].len + C::BN - 1) / C::BN;
-  auto* kernel = attn::attention_bwd_kernel<HS>;
-  TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmemBytes));
-  const dim3 grid(p.nkv, ext_tiles + (p.n + C::BN - 1) / C::BN);
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  for (int e = 0; e < p.n_ext; ++e) ext_tiles += (p.ext[e].len + BN - 1) / BN;
+  const dim3 grid(p.nkv, ext_tiles + (p.n + BN - 1) / BN);
+  if (impl == AttentionImpl::kWgmma) {
+    using C = attn::sm90::BwdConfig<HS>;
+    auto* kernel = attn::sm90::attention_bwd_kernel<HS>;
+    TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmemBytes));
+    kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  } else {
+    using C = attn::BwdConfig<HS>;
+    auto* kernel = attn::attention_bwd_kernel<HS>;
+    TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmemBytes));
+    kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  }
   TT_CUDA_CHECK_LAUNCH();
 
   const int64_t chunks = (int64_t)p.n * p.nh * HS / 8;

@@ -121,8 +121,8 @@ inline AttnBwdParams make_bwd_params(bf16* dq, bf16* dk, bf16* dv, const bf16* d
 }
 
 template <int HS>
-void run_attention_fwd(const AttnFwdParams& p, cudaStream_t stream);
+void run_attention_fwd(const AttnFwdParams& p, AttentionImpl impl, cudaStream_t stream);
 template <int HS>
-void run_attention_bwd(const AttnBwdParams& p, cudaStream_t stream);
+void run_attention_bwd(const AttnBwdParams& p, AttentionImpl impl, cudaStream_t stream);
 
 }  // namespace tt::cuda

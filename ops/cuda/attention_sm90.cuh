@@ -1,0 +1,538 @@
+// Hopper (sm_90a) kernels of the CUDA tree attention: the same walks, visibility rules and outputs
+// as the mma.sync kernels of attention_kernels.cuh, with the matrix products on warpgroup MMA
+// (wgmma.mma_async, ops/cuda/wgmma.cuh) reading 128-byte-swizzled shared memory.
+//
+// Shared-memory tiles. A (ROWS x HS) bf16 tile is stored as HS / 64 "atoms" of ROWS rows x 128
+// bytes (64 columns); in an atom, the 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the
+// hardware's 128-byte swizzle, applied to address bits [4:6] ^ [7:9], so every tile starts
+// 1024-byte aligned). One stored tile serves both operand orders:
+//   K-major (the tile's columns are the MMA's K): 16 columns kk at atom kk / 4, +32 bytes per
+//     step inside the atom; 8-row groups 1024 bytes apart (SBO).
+//   MN-major (the tile's rows are the MMA's K, its columns M or N): 16 rows kk at +2048 bytes;
+//     8-row groups 1024 bytes apart (SBO), 64-column atoms ROWS * 128 bytes apart (LBO).
+// Copies into the tiles are cp.async (16 bytes per thread, coalesced); each thread fences the
+// async proxy after its copies land and before the barrier that precedes the MMAs.
+//
+// Forward, per (query tile of BM = 128 rows, head), 2 warpgroups of 64 rows each: for each visible
+// key tile of BN = 128 keys (the walk of attention_kernels.cuh), S = Q K^T (both K-major), mask
+// on partial tiles, online softmax in fp32 in registers, O += P V (P from registers, V MN-major).
+// K/V tiles are double-buffered: the next visible tile is in flight while this one computes.
+// Backward, per (key tile of BN = 128 keys, KV head), 2 warpgroups of 64 keys each: for each
+// query tile of BM = 64 rows (of every head of the GQA group) that sees the tile,
+// S^T = K Q^T and dP^T = V dO^T (K-major), P^T and dS^T in registers, dV += P^T dO and
+// dK += dS^T Q (A from registers, B MN-major), dS^T to shared memory, then dQ = dS K with each
+// warpgroup taking half of the head dim (A and B MN-major), added to the fp32 dQ buffer.
+#pragma once
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "ops/cuda/attention_kernels.cuh"
+#include "ops/cuda/attention_params.h"
+#include "ops/cuda/wgmma.cuh"
+
+namespace tt::cuda::attn::sm90 {
+
+// --- Warpgroup MMA protocol ------------------------------------------------------------------
+
+// Orders this thread's register writes (accumulators, A fragments) before the next wgmma.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from moving accesses of an accumulator across the asynchronous MMA.
+template <int K>
+__device__ __forceinline__ void fence_regs(float (&d)[K]) {
+#pragma unroll
+  for (int i = 0; i < K; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Makes this thread's completed generic-proxy shared-memory writes (cp.async, st.shared) visible
+// to the async proxy (wgmma operand reads); precedes the barrier.
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Barrier among `threads` threads (named barrier `id`, 1..15; 0 is __syncthreads).
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Shared-memory matrix descriptor of a 128-byte-swizzled operand (see the file comment).
+__device__ __forceinline__ uint64_t desc_sw128(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  const uint32_t addr = smem_addr(smem);
+  uint64_t d = (uint64_t)((addr & 0x3FFFF) >> 4);
+  d |= (uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16;
+  d |= (uint64_t)((sbo_bytes >> 4) & 0x3FFF) << 32;
+  d |= (uint64_t)1 << 62;  // layout type 1: 128-byte swizzle
+  return d;
+}
+
+constexpr uint32_t kSbo = 1024;  // 8 rows x 128 bytes
+
+// A descriptor the compiler cannot hoist: the operands' descriptors are a base plus constants,
+// and letting the compiler precompute all of them for a loop costs dozens of registers.
+__device__ __forceinline__ uint64_t opaque(uint64_t d) {
+  asm volatile("mov.b64 %0, %0;\n" : "+l"(d));
+  return d;
+}
+
+// The descriptor `d` moved by `bytes` (the start address field, in 16-byte units).
+__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
+
+// Base descriptor of a K-major operand of a (ROWS, HS) tile from row `row0` (a multiple of 8);
+// kmajor_step gives the offset of the 16 columns at `kk`.
+template <int ROWS>
+__device__ __forceinline__ uint64_t desc_kmajor(const bf16* tile, int row0) {
+  return opaque(desc_sw128(reinterpret_cast<const char*>(tile) + row0 * 128, 16, kSbo));
+}
+template <int ROWS>
+__device__ __forceinline__ constexpr uint32_t kmajor_step(int kk) {
+  return (kk / 4) * ROWS * 128 + (kk % 4) * 32;
+}
+
+// Base descriptor of an MN-major operand of a (ROWS, HS) tile from column `col0` (a multiple of
+// 64, or 32 for a half-atom 32-column operand); the 16 rows at `kk` are kk * 2048 bytes on.
+template <int ROWS>
+__device__ __forceinline__ uint64_t desc_mnmajor(const bf16* tile, int col0) {
+  return opaque(desc_sw128(reinterpret_cast<const char*>(tile) + (col0 / 64) * ROWS * 128 + (col0 % 64) * 2,
+                           ROWS * 128, kSbo));
+}
+constexpr uint32_t kMnStep = 2048;  // 16 rows x 128 bytes
+
+// Element offset of (row r, column c) in a swizzled (ROWS, HS) tile.
+template <int ROWS>
+__device__ __forceinline__ int sw_offset(int r, int c) {
+  return (c / 64) * ROWS * 64 + r * 64 + ((((c % 64) / 8) ^ (r % 8)) * 8) + (c % 8);
+}
+
+// Rows [row0, row0 + ROWS) of a (rows, HS) bf16 slab into a swizzled tile; rows at or past n_rows
+// are zero-filled.
+template <int ROWS, int HS, int THREADS>
+__device__ __forceinline__ void load_tile(bf16* s, const bf16* g, int64_t stride, int row0, int n_rows, int tid) {
+  constexpr int kChunksPerRow = HS / 8;
+  constexpr int kChunks = ROWS * kChunksPerRow;
+  static_assert(kChunks % THREADS == 0, "whole chunks per thread");
+#pragma unroll
+  for (int it = 0; it < kChunks / THREADS; ++it) {
+    const int c = tid + it * THREADS;
+    const int r = c / kChunksPerRow, c8 = c % kChunksPerRow;
+    const int row = row0 + r;
+    const bool ok = row < n_rows;
+    const bf16* src = g + (ok ? (int64_t)row * stride + c8 * 8 : 0);
+    cp_async_16(s + sw_offset<ROWS>(r, c8 * 8), src, ok ? 16 : 0);
+  }
+}
+
+// P (accumulator layout of a 64 x n tile) as the A fragment of keys [16 kk, 16 kk + 16).
+template <int K>
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&d)[K], int kk) {
+  a[0] = pack_bf16x2(d[8 * kk + 0], d[8 * kk + 1]);
+  a[1] = pack_bf16x2(d[8 * kk + 2], d[8 * kk + 3]);
+  a[2] = pack_bf16x2(d[8 * kk + 4], d[8 * kk + 5]);
+  a[3] = pack_bf16x2(d[8 * kk + 6], d[8 * kk + 7]);
+}
+
+// --- Forward ---------------------------------------------------------------------------------
+
+template <int HS>
+struct FwdConfig {
+  static constexpr int kThreads = 256;  // 2 warpgroups
+  static constexpr int BM = 128;        // 64 query rows per warpgroup
+  static constexpr int BN = 128;
+  static constexpr int kQElems = BM * HS;
+  static constexpr int kKVElems = BN * HS;
+  static constexpr size_t kSmemBytes =
+      1024 + (size_t)(kQElems + 4 * kKVElems) * sizeof(bf16) + 4 * BN * sizeof(int);  // + alignment slack
+  static_assert(HS % 64 == 0, "whole 128-byte atoms");
+};
+
+__device__ __forceinline__ unsigned char* smem_1024() {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(dynamic_smem());
+  return reinterpret_cast<unsigned char*>((a + 1023) & ~uintptr_t(1023));
+}
+
+template <int HS>
+__global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1) attention_fwd_kernel(const AttnFwdParams p) {
+  using C = FwdConfig<HS>;
+  constexpr int BM = C::BM, BN = C::BN;
+  bf16* sQ = reinterpret_cast<bf16*>(smem_1024());      // (BM, HS)
+  bf16* sK = sQ + C::kQElems;                           // (2, BN, HS)
+  bf16* sV = sK + 2 * C::kKVElems;                      // (2, BN, HS)
+  int* sLo = reinterpret_cast<int*>(sV + 2 * C::kKVElems);  // (2, BN)
+  int* sHi = sLo + 2 * BN;                                  // (2, BN)
+
+  const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int qt = gridDim.y - 1 - blockIdx.y;  // latest (largest) query tiles first
+  const int h = blockIdx.x, hk = h / p.group;
+  const int q0 = qt * BM, q_last = q0 + BM - 1;
+  const int row_base = q0 + wg * 64 + warp * 16 + g;  // this thread's rows: row_base, row_base + 8
+
+  load_tile<BM, HS, C::kThreads>(sQ, p.q + h * p.q_head_stride, p.q_row_stride, q0, p.n, tid);
+  cp_async_commit();
+
+  auto load_kv = [&](int v, int buf) {
+    int e, k0;
+    resolve_key_tile<BN>(p, v, e, k0);
+    const bool ext = e < p.n_ext;
+    const bf16* kb = (ext ? p.ext[e].k : p.k) + hk * p.k_head_stride;
+    const bf16* vb = (ext ? p.ext[e].v : p.v) + hk * p.k_head_stride;
+    const int n_keys = ext ? p.ext[e].len : p.n;
+    load_tile<BN, HS, C::kThreads>(sK + buf * C::kKVElems, kb, p.k_row_stride, k0, n_keys, tid);
+    load_tile<BN, HS, C::kThreads>(sV + buf * C::kKVElems, vb, p.k_row_stride, k0, n_keys, tid);
+    load_key_ranges<BN>(p, e, k0, sLo + buf * BN, sHi + buf * BN, tid);
+  };
+
+  const int v_end = ext_tile_total<BN>(p) + imin((p.n + BN - 1) / BN, q_last / BN + 1);
+  TileScan scan;
+  bool full = false;
+  int v = next_key_tile<BN>(p, scan, 0, v_end, q0, q_last, full);
+  if (v < v_end) load_kv(v, 0);
+  cp_async_commit();
+
+  float o[HS / 2];
+#pragma unroll
+  for (int i = 0; i < HS / 2; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  int buf = 0;
+  while (v < v_end) {
+    const bool tile_full = full;
+    const int v_next = next_key_tile<BN>(p, scan, v + 1, v_end, q0, q_last, full);
+    if (v_next < v_end) {
+      load_kv(v_next, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    fence_async_smem();
+    __syncthreads();
+    const bf16* k_s = sK + buf * C::kKVElems;
+    const bf16* v_s = sV + buf * C::kKVElems;
+
+    // S (64 rows of this warpgroup x BN keys) = Q K^T
+    float s[BN / 2];
+    const uint64_t dq_base = desc_kmajor<BM>(sQ, wg * 64), dk_base = desc_kmajor<BN>(k_s, 0);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; ++kk)
+      Wgmma<BN>::template ss<0, 0>(s, desc_add(dq_base, kmajor_step<BM>(kk)), desc_add(dk_base, kmajor_step<BN>(kk)),
+                                   kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(s);
+
+    if (!tile_full) {
+      const int* lo_s = sLo + buf * BN;
+      const int* hi_s = sHi + buf * BN;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          const int col = 8 * j + 2 * t + cc;
+          const int lo = lo_s[col], hi = hi_s[col];
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int row = row_base + 8 * half;
+            if (!(lo <= row && row < hi)) s[4 * j + 2 * half + cc] = -INFINITY;
+          }
+        }
+    }
+
+    // Online softmax: rows g and g + 8 of each warp live on the 4 lanes of a quad.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float mx = m[half];
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * half], s[4 * j + 2 * half + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float base = mx == -INFINITY ? 0.f : mx * p.scale_log2;  // a row with no key yet stays 0
+      const float corr = exp2f(m[half] * p.scale_log2 - base);
+      m[half] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          const float e = exp2f(fmaf(s[4 * j + 2 * half + cc], p.scale_log2, -base));
+          s[4 * j + 2 * half + cc] = e;
+          sum += e;
+        }
+      l[half] = l[half] * corr + sum;  // per-lane partial sums; reduced at the end
+#pragma unroll
+      for (int j = 0; j < HS / 8; ++j) {
+        o[4 * j + 2 * half] *= corr;
+        o[4 * j + 2 * half + 1] *= corr;
+      }
+    }
+
+    // O += P V: P from registers (keys as k), V MN-major.
+    uint32_t a[BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(a[kk], s, kk);
+    fence_regs(o);
+    wgmma_fence();
+#pragma unroll
+    const uint64_t dv_base = desc_mnmajor<BN>(v_s, 0);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) Wgmma<HS>::template rs<1>(o, a[kk], desc_add(dv_base, kk * kMnStep), true);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o);
+    __syncthreads();  // this buffer is refilled next iteration
+    v = v_next;
+    buf ^= 1;
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float sum = l[half];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int row = row_base + 8 * half;
+    if (row < p.n) {  // every row in range sees itself, so sum > 0
+      const float inv = 1.f / sum;
+      bf16* dst = p.out + row * p.o_row_stride + h * p.o_head_stride;
+#pragma unroll
+      for (int j = 0; j < HS / 8; ++j)
+        store_bf16x2(dst + 8 * j + 2 * t, o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
+      if (t == 0) p.lse[(int64_t)row * p.nh + h] = m[half] * p.scale + logf(sum);
+    }
+  }
+}
+
+// --- Backward --------------------------------------------------------------------------------
+
+template <int HS>
+struct BwdConfig {
+  static constexpr int kThreads = 256;  // 2 warpgroups
+  static constexpr int BN = 128;        // 64 keys per warpgroup
+  static constexpr int BM = 64;         // queries per step
+  static constexpr int kKVElems = BN * HS;
+  static constexpr int kQElems = BM * HS;
+  static constexpr int kDsElems = BN * BM;  // dS^T (BN, BM): one 64-column atom
+  static constexpr size_t kSmemBytes = 1024 + (size_t)(2 * kKVElems + 4 * kQElems + kDsElems) * sizeof(bf16) +
+                                       4 * BM * sizeof(float) + 2 * BN * sizeof(int);
+  static_assert(BM == 64, "dS^T is one swizzle atom wide");
+};
+
+template <int HS>
+__global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1) attention_bwd_kernel(const AttnBwdParams p) {
+  using C = BwdConfig<HS>;
+  constexpr int BM = C::BM, BN = C::BN;
+  bf16* sK = reinterpret_cast<bf16*>(smem_1024());  // (BN, HS)
+  bf16* sV = sK + C::kKVElems;                       // (BN, HS)
+  bf16* sQ = sV + C::kKVElems;                       // (2, BM, HS)
+  bf16* sdO = sQ + 2 * C::kQElems;                   // (2, BM, HS)
+  bf16* sdS = sdO + 2 * C::kQElems;                  // (BN, BM) dS^T
+  float* sLse = reinterpret_cast<float*>(sdS + C::kDsElems);  // (2, BM)
+  float* sD = sLse + 2 * BM;                                  // (2, BM)
+  int* sLo = reinterpret_cast<int*>(sD + 2 * BM);             // (BN)
+  int* sHi = sLo + BN;                                        // (BN)
+
+  const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int hk = blockIdx.x;
+  int e, k0;
+  resolve_key_tile<BN>(p, blockIdx.y, e, k0);
+  const bool ext = e < p.n_ext;
+
+  int q_lo, q_hi, lo_max, hi_min, n_keys;
+  if (ext) {
+    const AttnExtParams& x = p.ext[e];
+    q_lo = x.q_begin;
+    q_hi = x.q_end;
+    lo_max = x.q_begin;
+    hi_min = k0 + BN <= x.len ? x.q_end : 0;
+    n_keys = x.len;
+  } else {
+    int hmax;
+    tree_tile_hi<BN>(p.tiles, k0, hi_min, hmax);
+    q_lo = k0;
+    q_hi = hmax;
+    lo_max = k0 + BN - 1;
+    n_keys = p.n;
+  }
+  const bool want_dkv = !ext || p.ext[e].dk != nullptr || p.ext[e].dv != nullptr;
+  const bf16* kb = (ext ? p.ext[e].k : p.k) + hk * p.k_head_stride;
+  const bf16* vb = (ext ? p.ext[e].v : p.v) + hk * p.k_head_stride;
+  load_tile<BN, HS, C::kThreads>(sK, kb, p.k_row_stride, k0, n_keys, tid);
+  load_tile<BN, HS, C::kThreads>(sV, vb, p.k_row_stride, k0, n_keys, tid);
+  load_key_ranges<BN>(p, e, k0, sLo, sHi, tid);
+  cp_async_commit();
+
+  const int qt_begin = q_lo / BM;
+  const int n_qt = q_hi > q_lo ? (q_hi + BM - 1) / BM - qt_begin : 0;
+  const int n_iter = p.group * n_qt;
+
+  auto prefetch = [&](int it, int buf) {
+    const int h = hk * p.group + it / n_qt;
+    const int q0 = (qt_begin + it % n_qt) * BM;
+    load_tile<BM, HS, C::kThreads>(sQ + buf * C::kQElems, p.q + h * p.q_head_stride, p.q_row_stride, q0, p.n, tid);
+    load_tile<BM, HS, C::kThreads>(sdO + buf * C::kQElems, p.dout + h * p.o_head_stride, p.o_row_stride, q0, p.n,
+                                   tid);
+    if (tid < BM / 4) {
+      cp_async_16(sLse + buf * BM + 4 * tid, p.lse_log2 + (int64_t)h * p.n_pad + q0 + 4 * tid, 16);
+    } else if (tid < BM / 2) {
+      const int u = tid - BM / 4;
+      cp_async_16(sD + buf * BM + 4 * u, p.dsum + (int64_t)h * p.n_pad + q0 + 4 * u, 16);
+    }
+  };
+  if (n_iter > 0) prefetch(0, 0);
+  cp_async_commit();
+
+  float dv[HS / 2], dk[HS / 2];  // this warpgroup's 64 keys x HS
+#pragma unroll
+  for (int i = 0; i < HS / 2; ++i) dv[i] = dk[i] = 0.f;
+  const int key_row = wg * 64 + warp * 16 + g;  // local key rows key_row, key_row + 8 of this thread
+
+  for (int it = 0; it < n_iter; ++it) {
+    const int buf = it & 1;
+    if (it + 1 < n_iter) {
+      prefetch(it + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    fence_async_smem();
+    __syncthreads();
+    const int h = hk * p.group + it / n_qt;
+    const int q0 = (qt_begin + it % n_qt) * BM;
+    const bool full = lo_max <= q0 && hi_min > q0 + BM - 1;
+    const bf16* q_s = sQ + buf * C::kQElems;
+    const bf16* do_s = sdO + buf * C::kQElems;
+    const float* lse_s = sLse + buf * BM;
+    const float* d_s = sD + buf * BM;
+
+    // S^T = K Q^T and dP^T = V dO^T: this warpgroup's 64 keys x BM queries.
+    float st[BM / 2], dpt[BM / 2];
+    {
+      const uint64_t k_base = desc_kmajor<BN>(sK, wg * 64), q_base = desc_kmajor<BM>(q_s, 0);
+      const uint64_t v_base = desc_kmajor<BN>(sV, wg * 64), do_base = desc_kmajor<BM>(do_s, 0);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < HS / 16; ++kk)
+        Wgmma<BM>::template ss<0, 0>(st, desc_add(k_base, kmajor_step<BN>(kk)), desc_add(q_base, kmajor_step<BM>(kk)),
+                                     kk > 0);
+      wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < HS / 16; ++kk)
+        Wgmma<BM>::template ss<0, 0>(dpt, desc_add(v_base, kmajor_step<BN>(kk)),
+                                     desc_add(do_base, kmajor_step<BM>(kk)), kk > 0);
+      wgmma_commit();
+    }
+
+    // P^T = exp(S^T scale - lse), 0 where masked, while dP^T is in flight.
+    wgmma_wait<1>();
+    fence_regs(st);
+    const int lo_a = sLo[key_row], hi_a = sHi[key_row], lo_b = sLo[key_row + 8], hi_b = sHi[key_row + 8];
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        const int c = 8 * j + 2 * t + cc;
+        const int i = q0 + c;
+        const float lse2 = lse_s[c];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int lo = half ? lo_b : lo_a, hi = half ? hi_b : hi_a;
+          float pv = exp2f(fmaf(st[4 * j + 2 * half + cc], p.scale_log2, -lse2));
+          if (!full && !(lo <= i && i < hi)) pv = 0.f;
+          st[4 * j + 2 * half + cc] = pv;
+        }
+      }
+    // dS^T = P^T (dP^T - D), in place.
+    wgmma_wait<0>();
+    fence_regs(dpt);
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        const float dd = d_s[8 * j + 2 * t + cc];
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          dpt[4 * j + 2 * half + cc] = st[4 * j + 2 * half + cc] * (dpt[4 * j + 2 * half + cc] - dd);
+      }
+
+    // dS^T (bf16) to shared memory for the dQ step.
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        store_bf16x2(sdS + sw_offset<BN>(key_row + 8 * half, 8 * j + 2 * t), dpt[4 * j + 2 * half],
+                     dpt[4 * j + 2 * half + 1]);
+
+    // dV += P^T dO, dK += dS^T Q: A from registers (queries as k), B MN-major.
+    if (want_dkv) {
+      uint32_t ap[BM / 16][4], ads[BM / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk) {
+        acc_to_a(ap[kk], st, kk);
+        acc_to_a(ads[kk], dpt, kk);
+      }
+      fence_regs(dv);
+      fence_regs(dk);
+      const uint64_t do_base = desc_mnmajor<BM>(do_s, 0), q_base = desc_mnmajor<BM>(q_s, 0);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk) Wgmma<HS>::template rs<1>(dv, ap[kk], desc_add(do_base, kk * kMnStep), true);
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk) Wgmma<HS>::template rs<1>(dk, ads[kk], desc_add(q_base, kk * kMnStep), true);
+      wgmma_commit();
+      wgmma_wait<0>();  // P^T and dS^T registers free before the dQ accumulators
+      fence_regs(dv);
+      fence_regs(dk);
+    }
+
+    // dQ (BM x HS / 2 of this warpgroup) = dS K over all BN keys: dS^T MN-major as A, K MN-major.
+    fence_async_smem();
+    named_barrier(1, C::kThreads);  // both warpgroups' dS^T rows are in shared memory
+    float dq[HS / 4];
+    const uint64_t ds_base = desc_mnmajor<BN>(sdS, 0), kq_base = desc_mnmajor<BN>(sK, wg * (HS / 2));
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      Wgmma<HS / 2>::template ss<1, 1>(dq, desc_add(ds_base, kk * kMnStep), desc_add(kq_base, kk * kMnStep), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(dq);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = q0 + warp * 16 + g + 8 * half;
+      if (i < p.n) {
+        float* dst = p.dq_accum + ((int64_t)i * p.nh + h) * HS + wg * (HS / 2) + 2 * t;
+#pragma unroll
+        for (int j = 0; j < HS / 16; ++j) atomic_add_f32x2(dst + 8 * j, dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
+      }
+    }
+    // The next iteration's first barrier orders these reads of sdS, Q and dO before their rewrite.
+  }
+  cp_async_wait<0>();  // a block with no query step still has its K/V copies in flight
+
+  if (!want_dkv) return;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int j = k0 + key_row + 8 * half;
+    if (j >= n_keys) continue;
+    const int64_t off = j * p.k_row_stride + hk * p.k_head_stride + 2 * t;
+    if (!ext) {
+#pragma unroll
+      for (int nd = 0; nd < HS / 8; ++nd) {
+        store_bf16x2(p.dk + off + nd * 8, dk[4 * nd + 2 * half] * p.scale, dk[4 * nd + 2 * half + 1] * p.scale);
+        store_bf16x2(p.dv + off + nd * 8, dv[4 * nd + 2 * half], dv[4 * nd + 2 * half + 1]);
+      }
+    } else {
+      const AttnExtParams& x = p.ext[e];
+#pragma unroll
+      for (int nd = 0; nd < HS / 8; ++nd) {
+        if (x.dk) add_f32x2(x.dk + off + nd * 8, dk[4 * nd + 2 * half] * p.scale, dk[4 * nd + 2 * half + 1] * p.scale);
+        if (x.dv) add_f32x2(x.dv + off + nd * 8, dv[4 * nd + 2 * half], dv[4 * nd + 2 * half + 1]);
+      }
+    }
+  }
+}
+
+}  // namespace tt::cuda::attn::sm90
