@@ -171,61 +171,68 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1) attention_fwd_kern
   load_tile<BM, HS, C::kThreads>(sQ, p.q + h * p.q_head_stride, p.q_row_stride, q0, p.n, tid);
   cp_async_commit();
 
-  auto load_kv = [&](int v, int buf) {
+  // K (with the keys' query ranges) and V of key tile v into buffer b: K is needed one step
+  // earlier than V (S of a tile is computed while P V of the tile before runs), so they load
+  // separately.
+  auto load_k = [&](int v, int b) {
     int e, k0;
     resolve_key_tile<BN>(p, v, e, k0);
     const bool ext = e < p.n_ext;
     const bf16* kb = (ext ? p.ext[e].k : p.k) + hk * p.k_head_stride;
+    load_tile<BN, HS, C::kThreads>(sK + b * C::kKVElems, kb, p.k_row_stride, k0, ext ? p.ext[e].len : p.n, tid);
+    load_key_ranges<BN>(p, e, k0, sLo + b * BN, sHi + b * BN, tid);
+  };
+  auto load_v = [&](int v, int b) {
+    int e, k0;
+    resolve_key_tile<BN>(p, v, e, k0);
+    const bool ext = e < p.n_ext;
     const bf16* vb = (ext ? p.ext[e].v : p.v) + hk * p.k_head_stride;
-    const int n_keys = ext ? p.ext[e].len : p.n;
-    load_tile<BN, HS, C::kThreads>(sK + buf * C::kKVElems, kb, p.k_row_stride, k0, n_keys, tid);
-    load_tile<BN, HS, C::kThreads>(sV + buf * C::kKVElems, vb, p.k_row_stride, k0, n_keys, tid);
-    load_key_ranges<BN>(p, e, k0, sLo + buf * BN, sHi + buf * BN, tid);
+    load_tile<BN, HS, C::kThreads>(sV + b * C::kKVElems, vb, p.k_row_stride, k0, ext ? p.ext[e].len : p.n, tid);
   };
 
+  // The walk: v (this tile), v1 (the next), v2 (the one after); `full` flags travel with them.
+  // cp.async groups, in commit order: [Q, K v, V v], [K v1], [V v1], then per step [K v2] after
+  // the step's S is issued and [V v2] at its end (empty groups when there is no such tile), so
+  // "all but the newest group" is always what the step needs.
   const int v_end = ext_tile_total<BN>(p) + imin((p.n + BN - 1) / BN, q_last / BN + 1);
   TileScan scan;
-  bool full = false;
-  int v = next_key_tile<BN>(p, scan, 0, v_end, q0, q_last, full);
-  if (v < v_end) load_kv(v, 0);
+  bool full0 = false, full1 = false, full2 = false;
+  int v = next_key_tile<BN>(p, scan, 0, v_end, q0, q_last, full0);
+  if (v < v_end) {
+    load_k(v, 0);
+    load_v(v, 0);
+  }
+  cp_async_commit();
+  int v1 = v < v_end ? next_key_tile<BN>(p, scan, v + 1, v_end, q0, q_last, full1) : v_end;
+  if (v1 < v_end) load_k(v1, 1);
+  cp_async_commit();
+  if (v1 < v_end) load_v(v1, 1);
   cp_async_commit();
 
   float o[HS / 2];
 #pragma unroll
   for (int i = 0; i < HS / 2; ++i) o[i] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2] = {1.f, 1.f};
+  uint32_t pa[BN / 16][4];  // P of the tile whose P V is next, as A fragments
+  float s[BN / 2];
 
-  int buf = 0;
-  while (v < v_end) {
-    const bool tile_full = full;
-    const int v_next = next_key_tile<BN>(p, scan, v + 1, v_end, q0, q_last, full);
-    if (v_next < v_end) {
-      load_kv(v_next, buf ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    fence_async_smem();
-    __syncthreads();
-    const bf16* k_s = sK + buf * C::kKVElems;
-    const bf16* v_s = sV + buf * C::kKVElems;
-
-    // S (64 rows of this warpgroup x BN keys) = Q K^T
-    float s[BN / 2];
-    const uint64_t dq_base = desc_kmajor<BM>(sQ, wg * 64), dk_base = desc_kmajor<BN>(k_s, 0);
+  // S (64 rows of this warpgroup x BN keys) = Q K^T of the tile in buffer `b`, issued, not waited.
+  auto issue_s = [&](int b) {
+    const uint64_t dq_base = desc_kmajor<BM>(sQ, wg * 64), dk_base = desc_kmajor<BN>(sK + b * C::kKVElems, 0);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HS / 16; ++kk)
       Wgmma<BN>::template ss<0, 0>(s, desc_add(dq_base, kmajor_step<BM>(kk)), desc_add(dk_base, kmajor_step<BN>(kk)),
                                    kk > 0);
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(s);
-
+  };
+  // Mask (partial tiles), online softmax statistics, P = exp(S - max) in s; corr[] is the factor
+  // O must be scaled by before this tile's P V is added (applied by the caller once the previous
+  // P V has landed). Rows g and g + 8 of each warp live on the 4 lanes of a quad.
+  auto softmax = [&](int b, bool tile_full) {
     if (!tile_full) {
-      const int* lo_s = sLo + buf * BN;
-      const int* hi_s = sHi + buf * BN;
+      const int* lo_s = sLo + b * BN;
+      const int* hi_s = sHi + b * BN;
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
@@ -239,8 +246,6 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1) attention_fwd_kern
           }
         }
     }
-
-    // Online softmax: rows g and g + 8 of each warp live on the 4 lanes of a quad.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float mx = m[half];
@@ -249,7 +254,7 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1) attention_fwd_kern
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float base = mx == -INFINITY ? 0.f : mx * p.scale_log2;  // a row with no key yet stays 0
-      const float corr = exp2f(m[half] * p.scale_log2 - base);
+      corr[half] = exp2f(m[half] * p.scale_log2 - base);
       m[half] = mx;
       float sum = 0.f;
 #pragma unroll
@@ -260,29 +265,71 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1) attention_fwd_kern
           s[4 * j + 2 * half + cc] = e;
           sum += e;
         }
-      l[half] = l[half] * corr + sum;  // per-lane partial sums; reduced at the end
-#pragma unroll
-      for (int j = 0; j < HS / 8; ++j) {
-        o[4 * j + 2 * half] *= corr;
-        o[4 * j + 2 * half + 1] *= corr;
-      }
+      l[half] = l[half] * corr[half] + sum;  // per-lane partial sums; reduced at the end
     }
+  };
+  auto pack_p = [&] {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(pa[kk], s, kk);
+  };
+  auto rescale_o = [&] {
+#pragma unroll
+    for (int j = 0; j < HS / 8; ++j) {
+      o[4 * j + 0] *= corr[0];
+      o[4 * j + 1] *= corr[0];
+      o[4 * j + 2] *= corr[1];
+      o[4 * j + 3] *= corr[1];
+    }
+  };
 
-    // O += P V: P from registers (keys as k), V MN-major.
-    uint32_t a[BN / 16][4];
+  // Software pipeline over the visible tiles, one deep: while P V of tile v runs on the tensor
+  // cores, S of tile v1 is already done and its softmax computes.
+  int buf = 0;
+  if (v < v_end) {
+    cp_async_wait<2>();  // Q and tile v
+    fence_async_smem();
+    __syncthreads();
+    issue_s(buf);
+    wgmma_wait<0>();
+    fence_regs(s);
+    softmax(buf, full0);  // O is zero: no rescale
+    pack_p();
+  }
+  while (v < v_end) {
+    const bool has_next = v1 < v_end;
+    cp_async_wait<1>();  // K of v1 and V of v
+    fence_async_smem();
+    __syncthreads();
+    if (has_next) issue_s(buf ^ 1);
+    // K of tile v is no longer read (its S finished a step ago): refill with tile v2.
+    const int v2 = has_next ? next_key_tile<BN>(p, scan, v1 + 1, v_end, q0, q_last, full2) : v_end;
+    if (v2 < v_end) load_k(v2, buf);
+    cp_async_commit();
+    {  // O += P V of tile v: P from registers (keys as k), V MN-major.
+      const uint64_t dv_base = desc_mnmajor<BN>(sV + buf * C::kKVElems, 0);
+      fence_regs(o);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(a[kk], s, kk);
-    fence_regs(o);
-    wgmma_fence();
-#pragma unroll
-    const uint64_t dv_base = desc_mnmajor<BN>(v_s, 0);
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) Wgmma<HS>::template rs<1>(o, a[kk], desc_add(dv_base, kk * kMnStep), true);
-    wgmma_commit();
+      for (int kk = 0; kk < BN / 16; ++kk) Wgmma<HS>::template rs<1>(o, pa[kk], desc_add(dv_base, kk * kMnStep), true);
+      wgmma_commit();
+    }
+    if (has_next) {
+      wgmma_wait<1>();  // S of tile v1 (committed first)
+      fence_regs(s);
+      softmax(buf ^ 1, full1);  // overlaps the P V in flight, which still reads pa
+    }
     wgmma_wait<0>();
     fence_regs(o);
-    __syncthreads();  // this buffer is refilled next iteration
-    v = v_next;
+    if (has_next) {
+      pack_p();
+      rescale_o();
+    }
+    __syncthreads();  // every warp is done with V of tile v: refill with tile v2
+    if (v2 < v_end) load_v(v2, buf);
+    cp_async_commit();
+    v = v1;
+    v1 = v2;
+    full1 = full2;
     buf ^= 1;
   }
   cp_async_wait<0>();
@@ -465,39 +512,40 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1) attention_bwd_kern
         store_bf16x2(sdS + sw_offset<BN>(key_row + 8 * half, 8 * j + 2 * t), dpt[4 * j + 2 * half],
                      dpt[4 * j + 2 * half + 1]);
 
-    // dV += P^T dO, dK += dS^T Q: A from registers (queries as k), B MN-major.
-    if (want_dkv) {
-      uint32_t ap[BM / 16][4], ads[BM / 16][4];
+    // dQ (BM x HS / 2 of this warpgroup) = dS K over all BN keys (dS^T MN-major as A, K MN-major),
+    // then dV += P^T dO and dK += dS^T Q (A from registers, queries as k; B MN-major). The dQ
+    // atomics run while dV and dK are on the tensor cores.
+    uint32_t ap[BM / 16][4], ads[BM / 16][4];  // P^T and dS^T as A fragments (st, dpt die here)
 #pragma unroll
-      for (int kk = 0; kk < BM / 16; ++kk) {
-        acc_to_a(ap[kk], st, kk);
-        acc_to_a(ads[kk], dpt, kk);
-      }
+    for (int kk = 0; kk < BM / 16; ++kk) {
+      acc_to_a(ap[kk], st, kk);
+      acc_to_a(ads[kk], dpt, kk);
+    }
+    fence_async_smem();
+    named_barrier(1, C::kThreads);  // both warpgroups' dS^T rows are in shared memory
+    float dq[HS / 4];
+    {
+      const uint64_t ds_base = desc_mnmajor<BN>(sdS, 0), kq_base = desc_mnmajor<BN>(sK, wg * (HS / 2));
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        Wgmma<HS / 2>::template ss<1, 1>(dq, desc_add(ds_base, kk * kMnStep), desc_add(kq_base, kk * kMnStep), kk > 0);
+      wgmma_commit();
+    }
+    if (want_dkv) {
+      const uint64_t do_base = desc_mnmajor<BM>(do_s, 0), q_base = desc_mnmajor<BM>(q_s, 0);
       fence_regs(dv);
       fence_regs(dk);
-      const uint64_t do_base = desc_mnmajor<BM>(do_s, 0), q_base = desc_mnmajor<BM>(q_s, 0);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BM / 16; ++kk) Wgmma<HS>::template rs<1>(dv, ap[kk], desc_add(do_base, kk * kMnStep), true);
 #pragma unroll
       for (int kk = 0; kk < BM / 16; ++kk) Wgmma<HS>::template rs<1>(dk, ads[kk], desc_add(q_base, kk * kMnStep), true);
       wgmma_commit();
-      wgmma_wait<0>();  // P^T and dS^T registers free before the dQ accumulators
-      fence_regs(dv);
-      fence_regs(dk);
+      wgmma_wait<1>();  // dQ (committed first)
+    } else {
+      wgmma_wait<0>();
     }
-
-    // dQ (BM x HS / 2 of this warpgroup) = dS K over all BN keys: dS^T MN-major as A, K MN-major.
-    fence_async_smem();
-    named_barrier(1, C::kThreads);  // both warpgroups' dS^T rows are in shared memory
-    float dq[HS / 4];
-    const uint64_t ds_base = desc_mnmajor<BN>(sdS, 0), kq_base = desc_mnmajor<BN>(sK, wg * (HS / 2));
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-      Wgmma<HS / 2>::template ss<1, 1>(dq, desc_add(ds_base, kk * kMnStep), desc_add(kq_base, kk * kMnStep), kk > 0);
-    wgmma_commit();
-    wgmma_wait<0>();
     fence_regs(dq);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -507,6 +555,11 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1) attention_bwd_kern
 #pragma unroll
         for (int j = 0; j < HS / 16; ++j) atomic_add_f32x2(dst + 8 * j, dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
       }
+    }
+    if (want_dkv) {
+      wgmma_wait<0>();
+      fence_regs(dv);
+      fence_regs(dk);
     }
     // The next iteration's first barrier orders these reads of sdS, Q and dO before their rewrite.
   }
