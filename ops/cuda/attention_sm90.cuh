@@ -16,12 +16,17 @@
 // Forward, per (query tile of BM = 128 rows, head), 2 warpgroups of 64 rows each: for each visible
 // key tile of BN = 128 keys (the walk of attention_kernels.cuh), S = Q K^T (both K-major), mask
 // on partial tiles, online softmax in fp32 in registers, O += P V (P from registers, V MN-major).
-// K/V tiles are double-buffered: the next visible tile is in flight while this one computes.
+// Software-pipelined one tile deep: S of the next tile is issued with P V of this one, and the
+// next tile's softmax runs while P V is on the tensor cores. K and V load separately (K is needed
+// a step before V), each double-buffered.
 // Backward, per (key tile of BN = 128 keys, KV head), 2 warpgroups of 64 keys each: for each
 // query tile of BM = 64 rows (of every head of the GQA group) that sees the tile,
-// S^T = K Q^T and dP^T = V dO^T (K-major), P^T and dS^T in registers, dV += P^T dO and
-// dK += dS^T Q (A from registers, B MN-major), dS^T to shared memory, then dQ = dS K with each
-// warpgroup taking half of the head dim (A and B MN-major), added to the fp32 dQ buffer.
+// S^T = K Q^T and dP^T = V dO^T (K-major; P^T computed while dP^T is in flight), dS^T to shared
+// memory, then dQ = dS K with each warpgroup taking half of the head dim (A and B MN-major),
+// issued with dV += P^T dO and dK += dS^T Q (A from registers, B MN-major); the dQ atomics into
+// the fp32 buffer run while dV and dK are on the tensor cores.
+// No branch separates an MMA from its wait: ptxas would otherwise serialize the MMAs (C7514) or
+// insert waits (C7517); build with -Xptxas -v to see either.
 #pragma once
 
 #include <climits>
@@ -108,12 +113,12 @@ __device__ __forceinline__ int sw_offset(int r, int c) {
 
 // Rows [row0, row0 + ROWS) of a (rows, HS) bf16 slab into a swizzled tile; rows at or past n_rows
 // are zero-filled.
-template <int ROWS, int HS, int THREADS>
+template <int ROWS, int HS, int THREADS, bool kUnroll = true>
 __device__ __forceinline__ void load_tile(bf16* s, const bf16* g, int64_t stride, int row0, int n_rows, int tid) {
   constexpr int kChunksPerRow = HS / 8;
   constexpr int kChunks = ROWS * kChunksPerRow;
   static_assert(kChunks % THREADS == 0, "whole chunks per thread");
-#pragma unroll
+#pragma unroll(kUnroll ? kChunks / THREADS : 2)
   for (int it = 0; it < kChunks / THREADS; ++it) {
     const int c = tid + it * THREADS;
     const int r = c / kChunksPerRow, c8 = c % kChunksPerRow;
@@ -295,35 +300,33 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1) attention_fwd_kern
     softmax(buf, full0);  // O is zero: no rescale
     pack_p();
   }
-  while (v < v_end) {
-    const bool has_next = v1 < v_end;
+  // O += P V of the tile in buffer `b`: P from registers (keys as k), V MN-major; issued, not waited.
+  auto issue_pv = [&](int b) {
+    const uint64_t dv_base = desc_mnmajor<BN>(sV + b * C::kKVElems, 0);
+    fence_regs(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) Wgmma<HS>::template rs<1>(o, pa[kk], desc_add(dv_base, kk * kMnStep), true);
+    wgmma_commit();
+  };
+  // Steps with a next tile: no branch between the MMAs and their waits (ptxas would serialize).
+  while (v1 < v_end) {
     cp_async_wait<1>();  // K of v1 and V of v
     fence_async_smem();
     __syncthreads();
-    if (has_next) issue_s(buf ^ 1);
+    issue_s(buf ^ 1);
     // K of tile v is no longer read (its S finished a step ago): refill with tile v2.
-    const int v2 = has_next ? next_key_tile<BN>(p, scan, v1 + 1, v_end, q0, q_last, full2) : v_end;
+    const int v2 = next_key_tile<BN>(p, scan, v1 + 1, v_end, q0, q_last, full2);
     if (v2 < v_end) load_k(v2, buf);
     cp_async_commit();
-    {  // O += P V of tile v: P from registers (keys as k), V MN-major.
-      const uint64_t dv_base = desc_mnmajor<BN>(sV + buf * C::kKVElems, 0);
-      fence_regs(o);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) Wgmma<HS>::template rs<1>(o, pa[kk], desc_add(dv_base, kk * kMnStep), true);
-      wgmma_commit();
-    }
-    if (has_next) {
-      wgmma_wait<1>();  // S of tile v1 (committed first)
-      fence_regs(s);
-      softmax(buf ^ 1, full1);  // overlaps the P V in flight, which still reads pa
-    }
+    issue_pv(buf);
+    wgmma_wait<1>();  // S of tile v1 (committed first)
+    fence_regs(s);
+    softmax(buf ^ 1, full1);  // overlaps the P V in flight, which still reads pa
     wgmma_wait<0>();
     fence_regs(o);
-    if (has_next) {
-      pack_p();
-      rescale_o();
-    }
+    pack_p();
+    rescale_o();
     __syncthreads();  // every warp is done with V of tile v: refill with tile v2
     if (v2 < v_end) load_v(v2, buf);
     cp_async_commit();
@@ -331,6 +334,14 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1) attention_fwd_kern
     v1 = v2;
     full1 = full2;
     buf ^= 1;
+  }
+  if (v < v_end) {  // the last tile
+    cp_async_wait<1>();  // V of v
+    fence_async_smem();
+    __syncthreads();
+    issue_pv(buf);
+    wgmma_wait<0>();
+    fence_regs(o);
   }
   cp_async_wait<0>();
 
@@ -417,8 +428,8 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1) attention_bwd_kern
   auto prefetch = [&](int it, int buf) {
     const int h = hk * p.group + it / n_qt;
     const int q0 = (qt_begin + it % n_qt) * BM;
-    load_tile<BM, HS, C::kThreads>(sQ + buf * C::kQElems, p.q + h * p.q_head_stride, p.q_row_stride, q0, p.n, tid);
-    load_tile<BM, HS, C::kThreads>(sdO + buf * C::kQElems, p.dout + h * p.o_head_stride, p.o_row_stride, q0, p.n,
+    load_tile<BM, HS, C::kThreads, false>(sQ + buf * C::kQElems, p.q + h * p.q_head_stride, p.q_row_stride, q0, p.n, tid);
+    load_tile<BM, HS, C::kThreads, false>(sdO + buf * C::kQElems, p.dout + h * p.o_head_stride, p.o_row_stride, q0, p.n,
                                    tid);
     if (tid < BM / 4) {
       cp_async_16(sLse + buf * BM + 4 * tid, p.lse_log2 + (int64_t)h * p.n_pad + q0 + 4 * tid, 16);
@@ -437,15 +448,13 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1) attention_bwd_kern
 
   for (int it = 0; it < n_iter; ++it) {
     const int buf = it & 1;
-    if (it + 1 < n_iter) {
-      prefetch(it + 1, buf ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    cp_async_wait<0>();  // this step's Q, dO, lse, D (and K, V on the first)
     fence_async_smem();
+    // Past this barrier both warpgroups are done with the previous step, whose dV/dK MMAs read
+    // the other buffer asynchronously: only now may it be refilled.
     __syncthreads();
+    if (it + 1 < n_iter) prefetch(it + 1, buf ^ 1);
+    cp_async_commit();
     const int h = hk * p.group + it / n_qt;
     const int q0 = (qt_begin + it % n_qt) * BM;
     const bool full = lo_max <= q0 && hi_min > q0 + BM - 1;
@@ -532,7 +541,7 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1) attention_bwd_kern
         Wgmma<HS / 2>::template ss<1, 1>(dq, desc_add(ds_base, kk * kMnStep), desc_add(kq_base, kk * kMnStep), kk > 0);
       wgmma_commit();
     }
-    if (want_dkv) {
+    {  // also for a prefix without gradients (rare): no branch between the MMAs and their waits
       const uint64_t do_base = desc_mnmajor<BM>(do_s, 0), q_base = desc_mnmajor<BM>(q_s, 0);
       fence_regs(dv);
       fence_regs(dk);
@@ -542,10 +551,8 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1) attention_bwd_kern
 #pragma unroll
       for (int kk = 0; kk < BM / 16; ++kk) Wgmma<HS>::template rs<1>(dk, ads[kk], desc_add(q_base, kk * kMnStep), true);
       wgmma_commit();
-      wgmma_wait<1>();  // dQ (committed first)
-    } else {
-      wgmma_wait<0>();
     }
+    wgmma_wait<1>();  // dQ (committed first)
     fence_regs(dq);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -556,11 +563,9 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1) attention_bwd_kern
         for (int j = 0; j < HS / 16; ++j) atomic_add_f32x2(dst + 8 * j, dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
       }
     }
-    if (want_dkv) {
-      wgmma_wait<0>();
-      fence_regs(dv);
-      fence_regs(dk);
-    }
+    wgmma_wait<0>();
+    fence_regs(dv);
+    fence_regs(dk);
     // The next iteration's first barrier orders these reads of sdS, Q and dO before their rewrite.
   }
   cp_async_wait<0>();  // a block with no query step still has its K/V copies in flight
