@@ -7,8 +7,11 @@
 #include <cstdint>
 #include <type_traits>
 
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
 #include "ops/check.h"
 #include "ops/cuda/attention_params.h"
+#include "ops/cuda/check.h"
 
 namespace tt::cuda {
 namespace {
@@ -68,6 +71,35 @@ void check_common(const TreeTiles& tiles, const ExternalKV* ext, int n_ext, int 
            " keys (tree and prefixes): more tiles than a grid dimension holds (65535 x 128 keys)");
 }
 
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    TT_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
+    TT_CHECK(q == cudaDriverEntryPointSuccess && f != nullptr,
+             "tree attention: the driver has no cuTensorMapEncodeTiled (CUDA 12.0+ driver needed)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// TMA descriptor of a dense (rows, heads, HS) bf16 tensor: boxes of 64 columns x 1 head x
+// box_rows rows, 128-byte swizzle (the kernels' shared-memory tile layout), zeros past the end.
+CUtensorMap tensor_map(const bf16* base, int rows, int heads, int HS, int box_rows) {
+  CUtensorMap m;
+  const cuuint64_t dims[3] = {(cuuint64_t)HS, (cuuint64_t)heads, (cuuint64_t)rows};
+  const cuuint64_t strides[2] = {(cuuint64_t)HS * sizeof(bf16), (cuuint64_t)heads * HS * sizeof(bf16)};
+  const cuuint32_t box[3] = {64, 1, (cuuint32_t)box_rows};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r = encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bf16*>(base), dims, strides,
+                                    box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TT_CHECK(r == CUDA_SUCCESS, "tree attention: cuTensorMapEncodeTiled failed (error ", (int)r, ") for a (", rows,
+           ", ", heads, ", ", HS, ") tensor");
+  return m;
+}
+
 }  // namespace
 
 void set_attention_impl(AttentionImpl impl) { g_impl.store(impl); }
@@ -87,8 +119,17 @@ void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, cons
   check_tensor(k, op, "k");
   check_tensor(v, op, "v");
   TT_CHECK(lse != nullptr, op, ": lse is null");
-  const AttnFwdParams p = make_fwd_params(out, lse, q, k, v, tiles, ext, n_ext, N, NH, NKV, HS);
-  dispatch_head_dim(HS, [&](auto hs) { run_attention_fwd<decltype(hs)::value>(p, g_impl.load(), stream); });
+  const AttentionImpl impl = g_impl.load();
+  AttnFwdParams p = make_fwd_params(out, lse, q, k, v, tiles, ext, n_ext, N, NH, NKV, HS);
+  if (impl == AttentionImpl::kWgmma) {  // K/V tiles arrive by TMA
+    p.tm.k = tensor_map(k, N, NKV, HS, kTmaKeyRows);
+    p.tm.v = tensor_map(v, N, NKV, HS, kTmaKeyRows);
+    for (int e = 0; e < p.n_ext; e++) {
+      p.tm.ext_k[e] = tensor_map(p.ext[e].k, p.ext[e].len, NKV, HS, kTmaKeyRows);
+      p.tm.ext_v[e] = tensor_map(p.ext[e].v, p.ext[e].len, NKV, HS, kTmaKeyRows);
+    }
+  }
+  dispatch_head_dim(HS, [&](auto hs) { run_attention_fwd<decltype(hs)::value>(p, impl, stream); });
 }
 
 size_t attention_backward_workspace_bytes(int N, int NH, int HS) { return bwd_workspace_bytes(N, NH, HS); }
@@ -113,9 +154,14 @@ void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf
   TT_CHECK(workspace.ptr != nullptr && workspace.bytes >= need, op, ": workspace of ", workspace.bytes,
            " bytes, expected at least attention_backward_workspace_bytes = ", need);
   TT_CHECK((reinterpret_cast<uintptr_t>(workspace.ptr) & 255) == 0, op, ": workspace must be 256-byte aligned");
-  const AttnBwdParams p = make_bwd_params(dq, dk, dv, dout, out, lse, q, k, v, tiles, ext, n_ext, N, NH, NKV, HS,
-                                          workspace.ptr);
-  dispatch_head_dim(HS, [&](auto hs) { run_attention_bwd<decltype(hs)::value>(p, g_impl.load(), stream); });
+  const AttentionImpl impl = g_impl.load();
+  AttnBwdParams p = make_bwd_params(dq, dk, dv, dout, out, lse, q, k, v, tiles, ext, n_ext, N, NH, NKV, HS,
+                                    workspace.ptr);
+  if (impl == AttentionImpl::kWgmma) {  // Q/dO steps arrive by TMA
+    p.tm.q = tensor_map(q, N, NH, HS, kTmaQueryRows);
+    p.tm.dout = tensor_map(dout, N, NH, HS, kTmaQueryRows);
+  }
+  dispatch_head_dim(HS, [&](auto hs) { run_attention_bwd<decltype(hs)::value>(p, impl, stream); });
 }
 
 }  // namespace tt::cuda

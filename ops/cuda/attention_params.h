@@ -4,6 +4,7 @@
 // attention_{fwd,bwd}_hdim*.cu instantiates one launcher.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (the struct only; no driver call here)
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -24,6 +25,18 @@ struct AttnExtParams {
   int q_end;
 };
 
+// Tensor maps (TMA descriptors) of the wgmma kernels, filled by attention.cc (encode_tmaps) only
+// for them: 3-D views (HS, heads, rows) of a (rows, heads, HS) bf16 tensor, boxes of 64 columns x
+// 1 head x `box rows`, 128-byte swizzle, rows past the end read as zeros.
+constexpr int kTmaKeyRows = 128;   // = sm90::FwdConfig::BN
+constexpr int kTmaQueryRows = 64;  // = sm90::BwdConfig::BM
+struct AttnTmaps {
+  CUtensorMap k, v;                   // tree K, V: boxes of 128 rows (a forward key tile)
+  CUtensorMap ext_k[kMaxExternalKV];  // prefix K, V: boxes of 128 rows
+  CUtensorMap ext_v[kMaxExternalKV];
+  CUtensorMap q, dout;                // Q, dO: boxes of 64 rows (a backward query step)
+};
+
 struct AttnFwdParams {
   const bf16* q;  // (N, NH, HS)
   const bf16* k;  // (N, NKV, HS)
@@ -40,6 +53,7 @@ struct AttnFwdParams {
   TreeTiles tiles;
   int n_ext;
   AttnExtParams ext[kMaxExternalKV];
+  AttnTmaps tm;  // wgmma kernels only
 };
 
 struct AttnBwdParams : AttnFwdParams {

@@ -138,6 +138,48 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&d)[K], 
   a[3] = pack_bf16x2(d[8 * kk + 6], d[8 * kk + 7]);
 }
 
+// --- mbarriers and the tensor memory accelerator (TMA) -----------------------------------------
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+// Makes initialised barriers visible to the async proxy (TMA); precedes the barrier after init.
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival that also announces `bytes` of TMA transactions to complete this phase.
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+// Waits until the phase of parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred P1;\nLAB_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@P1 bra DONE;\nbra LAB_WAIT;\nDONE:\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// One box of a tensor map (attention_params.h AttnTmaps) at coordinates (c0, c1, c2) into shared
+// memory, completing on `bar`. The map must live in kernel parameter space (__grid_constant__).
+__device__ __forceinline__ void tma_load_3d(void* smem, const CUtensorMap* map, int c0, int c1, int c2,
+                                            uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(smem_addr(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+      : "memory");
+}
+// A (ROWS, HS) tile of rows [row0, row0 + ROWS) of `head`: HS / 64 boxes of 64 columns, the
+// whole tile announced on `bar` (called by one thread).
+template <int ROWS, int HS>
+__device__ __forceinline__ void tma_load_tile(bf16* s, const CUtensorMap* map, int head, int row0, uint64_t* bar) {
+#pragma unroll
+  for (int a = 0; a < HS / 64; ++a) tma_load_3d(s + a * ROWS * 64, map, a * 64, head, row0, bar);
+}
+
+
 // --- Forward ---------------------------------------------------------------------------------
 
 template <int HS>
@@ -147,9 +189,10 @@ struct FwdConfig {
   static constexpr int BN = 128;
   static constexpr int kQElems = BM * HS;
   static constexpr int kKVElems = BN * HS;
-  static constexpr size_t kSmemBytes =
-      1024 + (size_t)(kQElems + 4 * kKVElems) * sizeof(bf16) + 4 * BN * sizeof(int);  // + alignment slack
+  static constexpr size_t kSmemBytes = 1024 + (size_t)(kQElems + 4 * kKVElems) * sizeof(bf16) +
+                                       4 * BN * sizeof(int) + 4 * sizeof(uint64_t);  // + alignment slack
   static_assert(HS % 64 == 0, "whole 128-byte atoms");
+  static_assert(BN == kTmaKeyRows, "K/V tiles are single TMA boxes in rows");
 };
 
 __device__ __forceinline__ unsigned char* smem_1024() {
@@ -158,7 +201,8 @@ __device__ __forceinline__ unsigned char* smem_1024() {
 }
 
 template <int HS>
-__global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1) attention_fwd_kernel(const AttnFwdParams p) {
+__global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
+    attention_fwd_kernel(const __grid_constant__ AttnFwdParams p) {
   using C = FwdConfig<HS>;
   constexpr int BM = C::BM, BN = C::BN;
   bf16* sQ = reinterpret_cast<bf16*>(smem_1024());      // (BM, HS)
@@ -166,8 +210,18 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1) attention_fwd_kern
   bf16* sV = sK + 2 * C::kKVElems;                      // (2, BN, HS)
   int* sLo = reinterpret_cast<int*>(sV + 2 * C::kKVElems);  // (2, BN)
   int* sHi = sLo + 2 * BN;                                  // (2, BN)
+  uint64_t* k_full = reinterpret_cast<uint64_t*>(sHi + 2 * BN);  // (2) K tile of buffer b landed (TMA)
+  uint64_t* v_full = k_full + 2;                                  // (2) V tile of buffer b landed
 
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  if (tid == 0) {
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(k_full + b, 1);
+      mbar_init(v_full + b, 1);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
   const int qt = gridDim.y - 1 - blockIdx.y;  // latest (largest) query tiles first
   const int h = blockIdx.x, hk = h / p.group;
   const int q0 = qt * BM, q_last = q0 + BM - 1;
@@ -178,22 +232,25 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1) attention_fwd_kern
 
   // K (with the keys' query ranges) and V of key tile v into buffer b: K is needed one step
   // earlier than V (S of a tile is computed while P V of the tile before runs), so they load
-  // separately.
+  // separately. K and V by TMA (thread 0, completion on k_full / v_full), the ranges by cp.async.
   auto load_k = [&](int v, int b) {
     int e, k0;
     resolve_key_tile<BN>(p, v, e, k0);
-    const bool ext = e < p.n_ext;
-    const bf16* kb = (ext ? p.ext[e].k : p.k) + hk * p.k_head_stride;
-    load_tile<BN, HS, C::kThreads>(sK + b * C::kKVElems, kb, p.k_row_stride, k0, ext ? p.ext[e].len : p.n, tid);
+    if (tid == 0) {
+      mbar_expect_tx(k_full + b, C::kKVElems * sizeof(bf16));
+      tma_load_tile<BN, HS>(sK + b * C::kKVElems, e < p.n_ext ? &p.tm.ext_k[e] : &p.tm.k, hk, k0, k_full + b);
+    }
     load_key_ranges<BN>(p, e, k0, sLo + b * BN, sHi + b * BN, tid);
   };
   auto load_v = [&](int v, int b) {
     int e, k0;
     resolve_key_tile<BN>(p, v, e, k0);
-    const bool ext = e < p.n_ext;
-    const bf16* vb = (ext ? p.ext[e].v : p.v) + hk * p.k_head_stride;
-    load_tile<BN, HS, C::kThreads>(sV + b * C::kKVElems, vb, p.k_row_stride, k0, ext ? p.ext[e].len : p.n, tid);
+    if (tid == 0) {
+      mbar_expect_tx(v_full + b, C::kKVElems * sizeof(bf16));
+      tma_load_tile<BN, HS>(sV + b * C::kKVElems, e < p.n_ext ? &p.tm.ext_v[e] : &p.tm.v, hk, k0, v_full + b);
+    }
   };
+  uint32_t k_phase = 0, v_phase = 0;  // bit b: parity of the next completion of buffer b's barrier
 
   // The walk: v (this tile), v1 (the next), v2 (the one after); `full` flags travel with them.
   // cp.async groups, in commit order: [Q, K v, V v], [K v1], [V v1], then per step [K v2] after
@@ -223,6 +280,8 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1) attention_fwd_kern
 
   // S (64 rows of this warpgroup x BN keys) = Q K^T of the tile in buffer `b`, issued, not waited.
   auto issue_s = [&](int b) {
+    mbar_wait(k_full + b, (k_phase >> b) & 1);
+    k_phase ^= 1u << b;
     const uint64_t dq_base = desc_kmajor<BM>(sQ, wg * 64), dk_base = desc_kmajor<BN>(sK + b * C::kKVElems, 0);
     wgmma_fence();
 #pragma unroll
@@ -302,6 +361,8 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1) attention_fwd_kern
   }
   // O += P V of the tile in buffer `b`: P from registers (keys as k), V MN-major; issued, not waited.
   auto issue_pv = [&](int b) {
+    mbar_wait(v_full + b, (v_phase >> b) & 1);
+    v_phase ^= 1u << b;
     const uint64_t dv_base = desc_mnmajor<BN>(sV + b * C::kKVElems, 0);
     fence_regs(o);
     wgmma_fence();
@@ -373,12 +434,14 @@ struct BwdConfig {
   static constexpr int kQElems = BM * HS;
   static constexpr int kDsElems = BN * BM;  // dS^T (BN, BM): one 64-column atom
   static constexpr size_t kSmemBytes = 1024 + (size_t)(2 * kKVElems + 4 * kQElems + kDsElems) * sizeof(bf16) +
-                                       4 * BM * sizeof(float) + 2 * BN * sizeof(int);
+                                       4 * BM * sizeof(float) + 2 * BN * sizeof(int) + 2 * sizeof(uint64_t);
+  static_assert(BM == kTmaQueryRows, "Q/dO steps are single TMA boxes in rows");
   static_assert(BM == 64, "dS^T is one swizzle atom wide");
 };
 
 template <int HS>
-__global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1) attention_bwd_kernel(const AttnBwdParams p) {
+__global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
+    attention_bwd_kernel(const __grid_constant__ AttnBwdParams p) {
   using C = BwdConfig<HS>;
   constexpr int BM = C::BM, BN = C::BN;
   bf16* sK = reinterpret_cast<bf16*>(smem_1024());  // (BN, HS)
@@ -390,8 +453,15 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1) attention_bwd_kern
   float* sD = sLse + 2 * BM;                                  // (2, BM)
   int* sLo = reinterpret_cast<int*>(sD + 2 * BM);             // (BN)
   int* sHi = sLo + BN;                                        // (BN)
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(sHi + BN);   // (2) Q and dO of buffer b landed (TMA)
 
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  if (tid == 0) {
+    mbar_init(q_full, 1);
+    mbar_init(q_full + 1, 1);
+    fence_barrier_init();
+  }
+  __syncthreads();
   const int hk = blockIdx.x;
   int e, k0;
   resolve_key_tile<BN>(p, blockIdx.y, e, k0);
@@ -428,9 +498,11 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1) attention_bwd_kern
   auto prefetch = [&](int it, int buf) {
     const int h = hk * p.group + it / n_qt;
     const int q0 = (qt_begin + it % n_qt) * BM;
-    load_tile<BM, HS, C::kThreads, false>(sQ + buf * C::kQElems, p.q + h * p.q_head_stride, p.q_row_stride, q0, p.n, tid);
-    load_tile<BM, HS, C::kThreads, false>(sdO + buf * C::kQElems, p.dout + h * p.o_head_stride, p.o_row_stride, q0, p.n,
-                                   tid);
+    if (tid == 0) {  // Q and dO by TMA; rows past N read as zeros
+      mbar_expect_tx(q_full + buf, 2 * C::kQElems * sizeof(bf16));
+      tma_load_tile<BM, HS>(sQ + buf * C::kQElems, &p.tm.q, h, q0, q_full + buf);
+      tma_load_tile<BM, HS>(sdO + buf * C::kQElems, &p.tm.dout, h, q0, q_full + buf);
+    }
     if (tid < BM / 4) {
       cp_async_16(sLse + buf * BM + 4 * tid, p.lse_log2 + (int64_t)h * p.n_pad + q0 + 4 * tid, 16);
     } else if (tid < BM / 2) {
@@ -448,13 +520,14 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1) attention_bwd_kern
 
   for (int it = 0; it < n_iter; ++it) {
     const int buf = it & 1;
-    cp_async_wait<0>();  // this step's Q, dO, lse, D (and K, V on the first)
+    cp_async_wait<0>();  // this step's lse and D (and K, V on the first)
     fence_async_smem();
     // Past this barrier both warpgroups are done with the previous step, whose dV/dK MMAs read
     // the other buffer asynchronously: only now may it be refilled.
     __syncthreads();
     if (it + 1 < n_iter) prefetch(it + 1, buf ^ 1);
     cp_async_commit();
+    mbar_wait(q_full + buf, (it >> 1) & 1);  // this step's Q and dO
     const int h = hk * p.group + it / n_qt;
     const int q0 = (qt_begin + it % n_qt) * BM;
     const bool full = lo_max <= q0 && hi_min > q0 + BM - 1;
