@@ -122,6 +122,7 @@ void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, cons
   const AttentionImpl impl = g_impl.load();
   AttnFwdParams p = make_fwd_params(out, lse, q, k, v, tiles, ext, n_ext, N, NH, NKV, HS);
   if (impl == AttentionImpl::kWgmma) {  // K/V tiles arrive by TMA
+    p.tm.q = tensor_map(q, N, NH, HS, kTmaQueryRows);
     p.tm.k = tensor_map(k, N, NKV, HS, kTmaKeyRows);
     p.tm.v = tensor_map(v, N, NKV, HS, kTmaKeyRows);
     for (int e = 0; e < p.n_ext; e++) {

@@ -10,15 +10,17 @@
 //     step inside the atom; 8-row groups 1024 bytes apart (SBO).
 //   MN-major (the tile's rows are the MMA's K, its columns M or N): 16 rows kk at +2048 bytes;
 //     8-row groups 1024 bytes apart (SBO), 64-column atoms ROWS * 128 bytes apart (LBO).
-// Copies into the tiles are cp.async (16 bytes per thread, coalesced); each thread fences the
+// Q, K, V and dO tiles arrive by TMA (cp.async.bulk.tensor with the same 128-byte swizzle,
+// tensor maps in AttnTmaps, completion on mbarriers; rows past the end read as zeros); the
+// backward's K/V tiles, lse, D and the keys' query ranges by cp.async, each thread fencing the
 // async proxy after its copies land and before the barrier that precedes the MMAs.
 //
-// Forward, per (query tile of BM = 128 rows, head), 2 warpgroups of 64 rows each: for each visible
-// key tile of BN = 128 keys (the walk of attention_kernels.cuh), S = Q K^T (both K-major), mask
-// on partial tiles, online softmax in fp32 in registers, O += P V (P from registers, V MN-major).
-// Software-pipelined one tile deep: S of the next tile is issued with P V of this one, and the
-// next tile's softmax runs while P V is on the tensor cores. K and V load separately (K is needed
-// a step before V), each double-buffered.
+// Forward, per (query tile of BM = 128 rows, head): warp-specialised. Warpgroup 0 loads, two
+// consumer warpgroups of 64 rows each (240 registers through setmaxnreg) walk the visible key
+// tiles of BN = 128 keys (the walk of attention_kernels.cuh): S = Q K^T (both K-major), mask on
+// partial tiles, online softmax in fp32 in registers, O += P V (P from registers, V MN-major).
+// Each consumer is software-pipelined one tile deep, and the two take turns issuing their MMAs,
+// so one's softmax runs under the other's tensor-core work (FlashAttention-3's ping-pong).
 // Backward, per (key tile of BN = 128 keys, KV head), 2 warpgroups of 64 keys each: for each
 // query tile of BM = 64 rows (of every head of the GQA group) that sees the tile,
 // S^T = K Q^T and dP^T = V dO^T (K-major; P^T computed while dP^T is in flight), dS^T to shared
@@ -182,246 +184,272 @@ __device__ __forceinline__ void tma_load_tile(bf16* s, const CUtensorMap* map, i
 
 // --- Forward ---------------------------------------------------------------------------------
 
-template <int HS>
-struct FwdConfig {
-  static constexpr int kThreads = 256;  // 2 warpgroups
-  static constexpr int BM = 128;        // 64 query rows per warpgroup
-  static constexpr int BN = 128;
-  static constexpr int kQElems = BM * HS;
-  static constexpr int kKVElems = BN * HS;
-  static constexpr size_t kSmemBytes = 1024 + (size_t)(kQElems + 4 * kKVElems) * sizeof(bf16) +
-                                       4 * BN * sizeof(int) + 4 * sizeof(uint64_t);  // + alignment slack
-  static_assert(HS % 64 == 0, "whole 128-byte atoms");
-  static_assert(BN == kTmaKeyRows, "K/V tiles are single TMA boxes in rows");
-};
-
 __device__ __forceinline__ unsigned char* smem_1024() {
   const uintptr_t a = reinterpret_cast<uintptr_t>(dynamic_smem());
   return reinterpret_cast<unsigned char*>((a + 1023) & ~uintptr_t(1023));
 }
 
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// Warpgroup 0 loads (one thread issues the K boxes, another the V boxes, by TMA), warpgroups 1
+// and 2 compute 64 query rows each, pipelined one tile deep (S of the next tile is issued with
+// P V of this one; the next tile's softmax runs while P V is on the tensor cores), never
+// meeting at a CTA barrier, and taking turns on the tensor cores (named barriers 2 and 3) so one
+// warpgroup's softmax runs under the other's MMAs. K and V stages have "full" (TMA transactions)
+// and "empty" (256 consumer arrivals) barriers; K is released once its S is done, V once its
+// P V is. Partial tiles read the keys' query ranges from global memory (rare, L2-resident).
+template <int HS>
+struct FwdConfig {
+  static constexpr int kThreads = 384;
+  static constexpr int kStages = 2;
+  static constexpr int BM = 128;
+  static constexpr int BN = 128;
+  static constexpr int kQElems = BM * HS;
+  static constexpr int kKVElems = BN * HS;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 65536
+  static constexpr size_t kSmemBytes =
+      1024 + (size_t)(kQElems + 2 * kStages * kKVElems) * sizeof(bf16) + (1 + 4 * kStages) * sizeof(uint64_t);
+  static_assert(BN == kTmaKeyRows && BM == 2 * kTmaQueryRows, "tiles are whole TMA boxes");
+};
+
 template <int HS>
 __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
     attention_fwd_kernel(const __grid_constant__ AttnFwdParams p) {
   using C = FwdConfig<HS>;
-  constexpr int BM = C::BM, BN = C::BN;
-  bf16* sQ = reinterpret_cast<bf16*>(smem_1024());      // (BM, HS)
-  bf16* sK = sQ + C::kQElems;                           // (2, BN, HS)
-  bf16* sV = sK + 2 * C::kKVElems;                      // (2, BN, HS)
-  int* sLo = reinterpret_cast<int*>(sV + 2 * C::kKVElems);  // (2, BN)
-  int* sHi = sLo + 2 * BN;                                  // (2, BN)
-  uint64_t* k_full = reinterpret_cast<uint64_t*>(sHi + 2 * BN);  // (2) K tile of buffer b landed (TMA)
-  uint64_t* v_full = k_full + 2;                                  // (2) V tile of buffer b landed
+  constexpr int BM = C::BM, BN = C::BN, kStages = C::kStages;
+  bf16* sQ = reinterpret_cast<bf16*>(smem_1024());  // (BM, HS)
+  bf16* sK = sQ + C::kQElems;                       // (kStages, BN, HS)
+  bf16* sV = sK + kStages * C::kKVElems;            // (kStages, BN, HS)
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(sV + kStages * C::kKVElems);
+  uint64_t* k_full = q_full + 1;  // (kStages) each
+  uint64_t* k_empty = k_full + kStages;
+  uint64_t* v_full = k_empty + kStages;
+  uint64_t* v_empty = v_full + kStages;
 
-  const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int tid = threadIdx.x, wg = tid / 128;
+  const int qt = gridDim.y - 1 - blockIdx.y;  // latest (largest) query tiles first
+  const int h = blockIdx.x, hk = h / p.group;
+  const int q0 = qt * BM, q_last = q0 + BM - 1;
+  const int v_end = ext_tile_total<BN>(p) + imin((p.n + BN - 1) / BN, q_last / BN + 1);
+
   if (tid == 0) {
-    for (int b = 0; b < 2; ++b) {
-      mbar_init(k_full + b, 1);
-      mbar_init(v_full + b, 1);
+    mbar_init(q_full, 1);
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(k_full + st, 1);
+      mbar_init(v_full + st, 1);
+      mbar_init(k_empty + st, 256);
+      mbar_init(v_empty + st, 256);
     }
     fence_barrier_init();
   }
   __syncthreads();
-  const int qt = gridDim.y - 1 - blockIdx.y;  // latest (largest) query tiles first
-  const int h = blockIdx.x, hk = h / p.group;
-  const int q0 = qt * BM, q_last = q0 + BM - 1;
-  const int row_base = q0 + wg * 64 + warp * 16 + g;  // this thread's rows: row_base, row_base + 8
 
-  load_tile<BM, HS, C::kThreads>(sQ, p.q + h * p.q_head_stride, p.q_row_stride, q0, p.n, tid);
-  cp_async_commit();
-
-  // K (with the keys' query ranges) and V of key tile v into buffer b: K is needed one step
-  // earlier than V (S of a tile is computed while P V of the tile before runs), so they load
-  // separately. K and V by TMA (thread 0, completion on k_full / v_full), the ranges by cp.async.
-  auto load_k = [&](int v, int b) {
-    int e, k0;
-    resolve_key_tile<BN>(p, v, e, k0);
-    if (tid == 0) {
-      mbar_expect_tx(k_full + b, C::kKVElems * sizeof(bf16));
-      tma_load_tile<BN, HS>(sK + b * C::kKVElems, e < p.n_ext ? &p.tm.ext_k[e] : &p.tm.k, hk, k0, k_full + b);
-    }
-    load_key_ranges<BN>(p, e, k0, sLo + b * BN, sHi + b * BN, tid);
-  };
-  auto load_v = [&](int v, int b) {
-    int e, k0;
-    resolve_key_tile<BN>(p, v, e, k0);
-    if (tid == 0) {
-      mbar_expect_tx(v_full + b, C::kKVElems * sizeof(bf16));
-      tma_load_tile<BN, HS>(sV + b * C::kKVElems, e < p.n_ext ? &p.tm.ext_v[e] : &p.tm.v, hk, k0, v_full + b);
-    }
-  };
-  uint32_t k_phase = 0, v_phase = 0;  // bit b: parity of the next completion of buffer b's barrier
-
-  // The walk: v (this tile), v1 (the next), v2 (the one after); `full` flags travel with them.
-  // cp.async groups, in commit order: [Q, K v, V v], [K v1], [V v1], then per step [K v2] after
-  // the step's S is issued and [V v2] at its end (empty groups when there is no such tile), so
-  // "all but the newest group" is always what the step needs.
-  const int v_end = ext_tile_total<BN>(p) + imin((p.n + BN - 1) / BN, q_last / BN + 1);
-  TileScan scan;
-  bool full0 = false, full1 = false, full2 = false;
-  int v = next_key_tile<BN>(p, scan, 0, v_end, q0, q_last, full0);
-  if (v < v_end) {
-    load_k(v, 0);
-    load_v(v, 0);
-  }
-  cp_async_commit();
-  int v1 = v < v_end ? next_key_tile<BN>(p, scan, v + 1, v_end, q0, q_last, full1) : v_end;
-  if (v1 < v_end) load_k(v1, 1);
-  cp_async_commit();
-  if (v1 < v_end) load_v(v1, 1);
-  cp_async_commit();
-
-  float o[HS / 2];
+  if (wg == 0) {  // ---- loader: warp 0 Q and K, warp 1 V (lane 0 issues; the walk is warp-collective)
+    setmaxnreg_dec<C::kProducerRegs>();
+    const int warp = tid / 32, lane = tid % 32;
+    if (warp < 2) {
+      const bool is_k = warp == 0;
+      if (is_k && lane == 0) {
+        mbar_expect_tx(q_full, C::kQElems * sizeof(bf16));
 #pragma unroll
-  for (int i = 0; i < HS / 2; ++i) o[i] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2] = {1.f, 1.f};
-  uint32_t pa[BN / 16][4];  // P of the tile whose P V is next, as A fragments
-  float s[BN / 2];
-
-  // S (64 rows of this warpgroup x BN keys) = Q K^T of the tile in buffer `b`, issued, not waited.
-  auto issue_s = [&](int b) {
-    mbar_wait(k_full + b, (k_phase >> b) & 1);
-    k_phase ^= 1u << b;
-    const uint64_t dq_base = desc_kmajor<BM>(sQ, wg * 64), dk_base = desc_kmajor<BN>(sK + b * C::kKVElems, 0);
-    wgmma_fence();
+        for (int a = 0; a < HS / 64; ++a)
 #pragma unroll
-    for (int kk = 0; kk < HS / 16; ++kk)
-      Wgmma<BN>::template ss<0, 0>(s, desc_add(dq_base, kmajor_step<BM>(kk)), desc_add(dk_base, kmajor_step<BN>(kk)),
-                                   kk > 0);
-    wgmma_commit();
-  };
-  // Mask (partial tiles), online softmax statistics, P = exp(S - max) in s; corr[] is the factor
-  // O must be scaled by before this tile's P V is added (applied by the caller once the previous
-  // P V has landed). Rows g and g + 8 of each warp live on the 4 lanes of a quad.
-  auto softmax = [&](int b, bool tile_full) {
-    if (!tile_full) {
-      const int* lo_s = sLo + b * BN;
-      const int* hi_s = sHi + b * BN;
+          for (int r = 0; r < BM; r += kTmaQueryRows)
+            tma_load_3d(sQ + a * BM * 64 + r * 64, &p.tm.q, a * 64, h, q0 + r, q_full);
+      }
+      uint64_t* full = is_k ? k_full : v_full;
+      uint64_t* empty = is_k ? k_empty : v_empty;
+      bf16* dst = is_k ? sK : sV;
+      TileScan scan;
+      bool tile_full = false;
+      int i = 0;
+      for (int v = next_key_tile<BN>(p, scan, 0, v_end, q0, q_last, tile_full); v < v_end;
+           v = next_key_tile<BN>(p, scan, v + 1, v_end, q0, q_last, tile_full), ++i) {
+        if (lane == 0) {
+          const int st = i % kStages;
+          if (i >= kStages) mbar_wait(empty + st, ((i / kStages) - 1) & 1);
+          int e, k0;
+          resolve_key_tile<BN>(p, v, e, k0);
+          const CUtensorMap* map =
+              e < p.n_ext ? (is_k ? &p.tm.ext_k[e] : &p.tm.ext_v[e]) : (is_k ? &p.tm.k : &p.tm.v);
+          mbar_expect_tx(full + st, C::kKVElems * sizeof(bf16));
+          tma_load_tile<BN, HS>(dst + st * C::kKVElems, map, hk, k0, full + st);
+        }
+        __syncwarp();
+      }
+    }
+  } else {  // ---- compute: warpgroup cw = wg - 1 owns query rows q0 + 64 cw ..
+    setmaxnreg_inc<C::kConsumerRegs>();
+    const int cw = wg - 1, warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int row_base = q0 + cw * 64 + warp * 16 + g;  // this thread's rows: row_base, row_base + 8
+    const int my_turn = 2 + cw, other_turn = 3 - cw;      // named barriers of the MMA turns
+
+    float o[HS / 2];
+#pragma unroll
+    for (int i = 0; i < HS / 2; ++i) o[i] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2] = {1.f, 1.f};
+    uint32_t pa[BN / 16][4];  // P of the tile whose P V is next, as A fragments
+    float s[BN / 2];
+
+    auto issue_s = [&](int st) {
+      const uint64_t dq_base = desc_kmajor<BM>(sQ, cw * 64), dk_base = desc_kmajor<BN>(sK + st * C::kKVElems, 0);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < HS / 16; ++kk)
+        Wgmma<BN>::template ss<0, 0>(s, desc_add(dq_base, kmajor_step<BM>(kk)),
+                                     desc_add(dk_base, kmajor_step<BN>(kk)), kk > 0);
+      wgmma_commit();
+    };
+    auto issue_pv = [&](int st) {
+      const uint64_t dv_base = desc_mnmajor<BN>(sV + st * C::kKVElems, 0);
+      fence_regs(o);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        Wgmma<HS>::template rs<1>(o, pa[kk], desc_add(dv_base, kk * kMnStep), true);
+      wgmma_commit();
+    };
+    // Mask of a partial tile v from the keys' query ranges in global memory.
+    auto mask = [&](int v) {
+      int e, k0;
+      resolve_key_tile<BN>(p, v, e, k0);
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
         for (int cc = 0; cc < 2; ++cc) {
-          const int col = 8 * j + 2 * t + cc;
-          const int lo = lo_s[col], hi = hi_s[col];
+          const int key = k0 + 8 * j + 2 * t + cc;
+          int lo, hi;
+          if (e < p.n_ext) {
+            const bool ok = key < p.ext[e].len;
+            lo = ok ? p.ext[e].q_begin : INT_MAX;
+            hi = ok ? p.ext[e].q_end : 0;
+          } else {
+            lo = key;
+            hi = key < p.n ? __ldg(p.tiles.subtree_end + key) : 0;
+          }
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int row = row_base + 8 * half;
             if (!(lo <= row && row < hi)) s[4 * j + 2 * half + cc] = -INFINITY;
           }
         }
+    };
+    auto softmax = [&] {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float mx = m[half];
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * half], s[4 * j + 2 * half + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float base = mx == -INFINITY ? 0.f : mx * p.scale_log2;  // a row with no key yet stays 0
+        corr[half] = exp2f(m[half] * p.scale_log2 - base);
+        m[half] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+          for (int cc = 0; cc < 2; ++cc) {
+            const float e = exp2f(fmaf(s[4 * j + 2 * half + cc], p.scale_log2, -base));
+            s[4 * j + 2 * half + cc] = e;
+            sum += e;
+          }
+        l[half] = l[half] * corr[half] + sum;  // per-lane partial sums; reduced at the end
+      }
+    };
+    auto pack_rescale = [&] {
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(pa[kk], s, kk);
+#pragma unroll
+      for (int j = 0; j < HS / 8; ++j) {
+        o[4 * j + 0] *= corr[0];
+        o[4 * j + 1] *= corr[0];
+        o[4 * j + 2] *= corr[1];
+        o[4 * j + 3] *= corr[1];
+      }
+    };
+
+    TileScan scan;
+    bool full = false, full1 = false;
+    int v = next_key_tile<BN>(p, scan, 0, v_end, q0, q_last, full);
+    if (cw == 1) named_barrier_arrive(other_turn, 256);  // consumer 0 takes the first turn
+    mbar_wait(q_full, 0);
+    // Tile 0: S, softmax (O is zero: the rescale is a no-op).
+    mbar_wait(k_full, 0);
+    named_barrier(my_turn, 256);
+    issue_s(0);
+    named_barrier_arrive(other_turn, 256);
+    wgmma_wait<0>();
+    fence_regs(s);
+    mbar_arrive(k_empty);
+    if (!full) mask(v);
+    softmax();
+    pack_rescale();
+    int i = 0;
+    int v1 = next_key_tile<BN>(p, scan, v + 1, v_end, q0, q_last, full1);
+    // Steps with a next tile: no branch between the MMAs and their waits (ptxas would serialize).
+    while (v1 < v_end) {
+      const int st = i % kStages, st1 = (i + 1) % kStages;
+      mbar_wait(k_full + st1, ((i + 1) / kStages) & 1);
+      mbar_wait(v_full + st, (i / kStages) & 1);
+      named_barrier(my_turn, 256);
+      issue_s(st1);
+      issue_pv(st);
+      named_barrier_arrive(other_turn, 256);
+      wgmma_wait<1>();  // S of tile i + 1 (committed first)
+      fence_regs(s);
+      mbar_arrive(k_empty + st1);
+      if (!full1) mask(v1);
+      softmax();  // overlaps the P V in flight, which still reads pa
+      wgmma_wait<0>();
+      fence_regs(o);
+      mbar_arrive(v_empty + st);
+      pack_rescale();
+      ++i;
+      v1 = next_key_tile<BN>(p, scan, v1 + 1, v_end, q0, q_last, full1);
     }
+    {  // the last tile's P V
+      const int st = i % kStages;
+      mbar_wait(v_full + st, (i / kStages) & 1);
+      named_barrier(my_turn, 256);
+      issue_pv(st);
+      named_barrier_arrive(other_turn, 256);
+      wgmma_wait<0>();
+      fence_regs(o);
+    }
+
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float mx = m[half];
+      float sum = l[half];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int row = row_base + 8 * half;
+      if (row < p.n) {  // every row in range sees itself, so sum > 0
+        const float inv = 1.f / sum;
+        bf16* dst = p.out + row * p.o_row_stride + h * p.o_head_stride;
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * half], s[4 * j + 2 * half + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float base = mx == -INFINITY ? 0.f : mx * p.scale_log2;  // a row with no key yet stays 0
-      corr[half] = exp2f(m[half] * p.scale_log2 - base);
-      m[half] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {
-          const float e = exp2f(fmaf(s[4 * j + 2 * half + cc], p.scale_log2, -base));
-          s[4 * j + 2 * half + cc] = e;
-          sum += e;
-        }
-      l[half] = l[half] * corr[half] + sum;  // per-lane partial sums; reduced at the end
-    }
-  };
-  auto pack_p = [&] {
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(pa[kk], s, kk);
-  };
-  auto rescale_o = [&] {
-#pragma unroll
-    for (int j = 0; j < HS / 8; ++j) {
-      o[4 * j + 0] *= corr[0];
-      o[4 * j + 1] *= corr[0];
-      o[4 * j + 2] *= corr[1];
-      o[4 * j + 3] *= corr[1];
-    }
-  };
-
-  // Software pipeline over the visible tiles, one deep: while P V of tile v runs on the tensor
-  // cores, S of tile v1 is already done and its softmax computes.
-  int buf = 0;
-  if (v < v_end) {
-    cp_async_wait<2>();  // Q and tile v
-    fence_async_smem();
-    __syncthreads();
-    issue_s(buf);
-    wgmma_wait<0>();
-    fence_regs(s);
-    softmax(buf, full0);  // O is zero: no rescale
-    pack_p();
-  }
-  // O += P V of the tile in buffer `b`: P from registers (keys as k), V MN-major; issued, not waited.
-  auto issue_pv = [&](int b) {
-    mbar_wait(v_full + b, (v_phase >> b) & 1);
-    v_phase ^= 1u << b;
-    const uint64_t dv_base = desc_mnmajor<BN>(sV + b * C::kKVElems, 0);
-    fence_regs(o);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) Wgmma<HS>::template rs<1>(o, pa[kk], desc_add(dv_base, kk * kMnStep), true);
-    wgmma_commit();
-  };
-  // Steps with a next tile: no branch between the MMAs and their waits (ptxas would serialize).
-  while (v1 < v_end) {
-    cp_async_wait<1>();  // K of v1 and V of v
-    fence_async_smem();
-    __syncthreads();
-    issue_s(buf ^ 1);
-    // K of tile v is no longer read (its S finished a step ago): refill with tile v2.
-    const int v2 = next_key_tile<BN>(p, scan, v1 + 1, v_end, q0, q_last, full2);
-    if (v2 < v_end) load_k(v2, buf);
-    cp_async_commit();
-    issue_pv(buf);
-    wgmma_wait<1>();  // S of tile v1 (committed first)
-    fence_regs(s);
-    softmax(buf ^ 1, full1);  // overlaps the P V in flight, which still reads pa
-    wgmma_wait<0>();
-    fence_regs(o);
-    pack_p();
-    rescale_o();
-    __syncthreads();  // every warp is done with V of tile v: refill with tile v2
-    if (v2 < v_end) load_v(v2, buf);
-    cp_async_commit();
-    v = v1;
-    v1 = v2;
-    full1 = full2;
-    buf ^= 1;
-  }
-  if (v < v_end) {  // the last tile
-    cp_async_wait<1>();  // V of v
-    fence_async_smem();
-    __syncthreads();
-    issue_pv(buf);
-    wgmma_wait<0>();
-    fence_regs(o);
-  }
-  cp_async_wait<0>();
-
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float sum = l[half];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int row = row_base + 8 * half;
-    if (row < p.n) {  // every row in range sees itself, so sum > 0
-      const float inv = 1.f / sum;
-      bf16* dst = p.out + row * p.o_row_stride + h * p.o_head_stride;
-#pragma unroll
-      for (int j = 0; j < HS / 8; ++j)
-        store_bf16x2(dst + 8 * j + 2 * t, o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
-      if (t == 0) p.lse[(int64_t)row * p.nh + h] = m[half] * p.scale + logf(sum);
+        for (int j = 0; j < HS / 8; ++j)
+          store_bf16x2(dst + 8 * j + 2 * t, o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
+        if (t == 0) p.lse[(int64_t)row * p.nh + h] = m[half] * p.scale + logf(sum);
+      }
     }
   }
 }
+
 
 // --- Backward --------------------------------------------------------------------------------
 
