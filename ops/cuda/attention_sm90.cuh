@@ -22,7 +22,8 @@
 // Each consumer is software-pipelined one tile deep, and the two take turns issuing their MMAs,
 // so one's softmax runs under the other's tensor-core work (FlashAttention-3's ping-pong).
 // Backward, per (key tile of BN = 128 keys, KV head), 2 warpgroups of 64 keys each: for each
-// query tile of BM = 64 rows (of every head of the GQA group) that sees the tile,
+// query tile of BM = 64 rows (of every head of the GQA group) that sees the tile (its Q, dO, lse
+// and D loaded two steps ahead by thread 0 into one of three buffers; one CTA barrier per step),
 // S^T = K Q^T and dP^T = V dO^T (K-major; P^T computed while dP^T is in flight), dS^T to shared
 // memory, then dQ = dS K with each warpgroup taking half of the head dim (A and B MN-major),
 // issued with dV += P^T dO and dK += dS^T Q (A from registers, B MN-major); the dQ atomics into
@@ -181,6 +182,14 @@ __device__ __forceinline__ void tma_load_tile(bf16* s, const CUtensorMap* map, i
   for (int a = 0; a < HS / 64; ++a) tma_load_3d(s + a * ROWS * 64, map, a * 64, head, row0, bar);
 }
 
+
+// `bytes` (a multiple of 16) from global to shared memory by the copy engine, completing on `bar`.
+__device__ __forceinline__ void bulk_load(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_addr(smem)),
+               "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
 
 // --- Forward ---------------------------------------------------------------------------------
 
@@ -458,11 +467,14 @@ struct BwdConfig {
   static constexpr int kThreads = 256;  // 2 warpgroups
   static constexpr int BN = 128;        // 64 keys per warpgroup
   static constexpr int BM = 64;         // queries per step
+  static constexpr int kQBufs = 3;      // Q/dO/lse/D stages: step it + 2 loads while it runs
   static constexpr int kKVElems = BN * HS;
   static constexpr int kQElems = BM * HS;
-  static constexpr int kDsElems = BN * BM;  // dS^T (BN, BM): one 64-column atom
-  static constexpr size_t kSmemBytes = 1024 + (size_t)(2 * kKVElems + 4 * kQElems + kDsElems) * sizeof(bf16) +
-                                       4 * BM * sizeof(float) + 2 * BN * sizeof(int) + 2 * sizeof(uint64_t);
+  static constexpr int kDsElems = BN * BM;  // dS^T (BN, BM): one 64-column atom, double-buffered
+  static constexpr size_t kSmemBytes = 1024 +
+                                       (size_t)(2 * kKVElems + 2 * kQBufs * kQElems + 2 * kDsElems) * sizeof(bf16) +
+                                       2 * kQBufs * BM * sizeof(float) + 2 * BN * sizeof(int) +
+                                       kQBufs * sizeof(uint64_t);
   static_assert(BM == kTmaQueryRows, "Q/dO steps are single TMA boxes in rows");
   static_assert(BM == 64, "dS^T is one swizzle atom wide");
 };
@@ -472,21 +484,21 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
     attention_bwd_kernel(const __grid_constant__ AttnBwdParams p) {
   using C = BwdConfig<HS>;
   constexpr int BM = C::BM, BN = C::BN;
+  constexpr int kQBufs = C::kQBufs;
   bf16* sK = reinterpret_cast<bf16*>(smem_1024());  // (BN, HS)
   bf16* sV = sK + C::kKVElems;                       // (BN, HS)
-  bf16* sQ = sV + C::kKVElems;                       // (2, BM, HS)
-  bf16* sdO = sQ + 2 * C::kQElems;                   // (2, BM, HS)
-  bf16* sdS = sdO + 2 * C::kQElems;                  // (BN, BM) dS^T
-  float* sLse = reinterpret_cast<float*>(sdS + C::kDsElems);  // (2, BM)
-  float* sD = sLse + 2 * BM;                                  // (2, BM)
-  int* sLo = reinterpret_cast<int*>(sD + 2 * BM);             // (BN)
-  int* sHi = sLo + BN;                                        // (BN)
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(sHi + BN);   // (2) Q and dO of buffer b landed (TMA)
+  bf16* sQ = sV + C::kKVElems;                       // (kQBufs, BM, HS)
+  bf16* sdO = sQ + kQBufs * C::kQElems;              // (kQBufs, BM, HS)
+  bf16* sdS = sdO + kQBufs * C::kQElems;             // (2, BN, BM) dS^T
+  float* sLse = reinterpret_cast<float*>(sdS + 2 * C::kDsElems);  // (kQBufs, BM)
+  float* sD = sLse + kQBufs * BM;                                 // (kQBufs, BM)
+  int* sLo = reinterpret_cast<int*>(sD + kQBufs * BM);            // (BN)
+  int* sHi = sLo + BN;                                            // (BN)
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(sHi + BN);       // (kQBufs) a step's inputs landed
 
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   if (tid == 0) {
-    mbar_init(q_full, 1);
-    mbar_init(q_full + 1, 1);
+    for (int b = 0; b < kQBufs; ++b) mbar_init(q_full + b, 1);
     fence_barrier_init();
   }
   __syncthreads();
@@ -523,39 +535,32 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   const int n_qt = q_hi > q_lo ? (q_hi + BM - 1) / BM - qt_begin : 0;
   const int n_iter = p.group * n_qt;
 
-  auto prefetch = [&](int it, int buf) {
+  // Step it's Q, dO (TMA boxes) and lse, D (bulk copies) into buffer b, by thread 0.
+  auto prefetch = [&](int it, int b) {
     const int h = hk * p.group + it / n_qt;
     const int q0 = (qt_begin + it % n_qt) * BM;
-    if (tid == 0) {  // Q and dO by TMA; rows past N read as zeros
-      mbar_expect_tx(q_full + buf, 2 * C::kQElems * sizeof(bf16));
-      tma_load_tile<BM, HS>(sQ + buf * C::kQElems, &p.tm.q, h, q0, q_full + buf);
-      tma_load_tile<BM, HS>(sdO + buf * C::kQElems, &p.tm.dout, h, q0, q_full + buf);
-    }
-    if (tid < BM / 4) {
-      cp_async_16(sLse + buf * BM + 4 * tid, p.lse_log2 + (int64_t)h * p.n_pad + q0 + 4 * tid, 16);
-    } else if (tid < BM / 2) {
-      const int u = tid - BM / 4;
-      cp_async_16(sD + buf * BM + 4 * u, p.dsum + (int64_t)h * p.n_pad + q0 + 4 * u, 16);
-    }
+    mbar_expect_tx(q_full + b, 2 * C::kQElems * sizeof(bf16) + 2 * BM * sizeof(float));
+    tma_load_tile<BM, HS>(sQ + b * C::kQElems, &p.tm.q, h, q0, q_full + b);  // rows past N read as zeros
+    tma_load_tile<BM, HS>(sdO + b * C::kQElems, &p.tm.dout, h, q0, q_full + b);
+    bulk_load(sLse + b * BM, p.lse_log2 + (int64_t)h * p.n_pad + q0, BM * sizeof(float), q_full + b);
+    bulk_load(sD + b * BM, p.dsum + (int64_t)h * p.n_pad + q0, BM * sizeof(float), q_full + b);
   };
-  if (n_iter > 0) prefetch(0, 0);
-  cp_async_commit();
+  if (tid == 0)
+    for (int it = 0; it < imin(2, n_iter); ++it) prefetch(it, it);
+  cp_async_wait<0>();  // K, V and the key ranges
+  fence_async_smem();
+  __syncthreads();
 
   float dv[HS / 2], dk[HS / 2];  // this warpgroup's 64 keys x HS
 #pragma unroll
   for (int i = 0; i < HS / 2; ++i) dv[i] = dk[i] = 0.f;
   const int key_row = wg * 64 + warp * 16 + g;  // local key rows key_row, key_row + 8 of this thread
 
+  // One CTA barrier per step (the dS^T exchange): past it both warpgroups are done with the step
+  // before, so its Q/dO/lse/D buffer takes step it + 2 and its dS^T buffer is free again.
   for (int it = 0; it < n_iter; ++it) {
-    const int buf = it & 1;
-    cp_async_wait<0>();  // this step's lse and D (and K, V on the first)
-    fence_async_smem();
-    // Past this barrier both warpgroups are done with the previous step, whose dV/dK MMAs read
-    // the other buffer asynchronously: only now may it be refilled.
-    __syncthreads();
-    if (it + 1 < n_iter) prefetch(it + 1, buf ^ 1);
-    cp_async_commit();
-    mbar_wait(q_full + buf, (it >> 1) & 1);  // this step's Q and dO
+    const int buf = it % kQBufs;
+    mbar_wait(q_full + buf, (it / kQBufs) & 1);  // this step's Q, dO, lse, D
     const int h = hk * p.group + it / n_qt;
     const int q0 = (qt_begin + it % n_qt) * BM;
     const bool full = lo_max <= q0 && hi_min > q0 + BM - 1;
@@ -615,11 +620,12 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
       }
 
     // dS^T (bf16) to shared memory for the dQ step.
+    bf16* ds_s = sdS + (it & 1) * C::kDsElems;
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
       for (int half = 0; half < 2; ++half)
-        store_bf16x2(sdS + sw_offset<BN>(key_row + 8 * half, 8 * j + 2 * t), dpt[4 * j + 2 * half],
+        store_bf16x2(ds_s + sw_offset<BN>(key_row + 8 * half, 8 * j + 2 * t), dpt[4 * j + 2 * half],
                      dpt[4 * j + 2 * half + 1]);
 
     // dQ (BM x HS / 2 of this warpgroup) = dS K over all BN keys (dS^T MN-major as A, K MN-major),
@@ -633,9 +639,10 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
     }
     fence_async_smem();
     named_barrier(1, C::kThreads);  // both warpgroups' dS^T rows are in shared memory
+    if (tid == 0 && it + 2 < n_iter) prefetch(it + 2, (it + 2) % kQBufs);
     float dq[HS / 4];
     {
-      const uint64_t ds_base = desc_mnmajor<BN>(sdS, 0), kq_base = desc_mnmajor<BN>(sK, wg * (HS / 2));
+      const uint64_t ds_base = desc_mnmajor<BN>(ds_s, 0), kq_base = desc_mnmajor<BN>(sK, wg * (HS / 2));
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
@@ -667,10 +674,7 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
     wgmma_wait<0>();
     fence_regs(dv);
     fence_regs(dk);
-    // The next iteration's first barrier orders these reads of sdS, Q and dO before their rewrite.
   }
-  cp_async_wait<0>();  // a block with no query step still has its K/V copies in flight
-
   if (!want_dkv) return;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
