@@ -161,22 +161,22 @@ int run_bench(const std::vector<std::string>& argv) {
                                     "dump", "impl"},
                              "bench attention");
   const std::string& path = required(a, "data");
-  const auto trees = tt::data::read_trees(path, tt::data::parse_format(required(a, "format"), "--format"),
-                                          int_flag(a, "vocab-size", 0));
-  std::vector<const tt::data::Tree*> ptrs;
-  for (const auto& t : trees) ptrs.push_back(&t);
-  const tt::data::PackedBatch batch = tt::data::pack(ptrs, tt::data::Packing::kTree);
   tt::bench::AttentionBenchOptions opt;
-  opt.heads = (int)int_flag(a, "heads", opt.heads);
-  opt.kv_heads = (int)int_flag(a, "kv-heads", opt.kv_heads);
-  opt.head_dim = (int)int_flag(a, "head-dim", opt.head_dim);
-  opt.iters = (int)int_flag(a, "iters", opt.iters);
-  opt.warmup = (int)int_flag(a, "warmup", opt.warmup);
   if (a.flags.count("impl")) {
     opt.impl = a.flags.at("impl");
     if (opt.impl != "wgmma" && opt.impl != "mma_sync")
       throw UsageError{"bench attention: --impl " + opt.impl + ", expected wgmma or mma_sync"};
   }
+  const auto trees = tt::data::read_trees(path, tt::data::parse_format(required(a, "format"), "--format"),
+                                          int_flag(a, "vocab-size", 0));
+  std::vector<const tt::data::Tree*> ptrs;
+  for (const auto& t : trees) ptrs.push_back(&t);
+  const tt::data::PackedBatch batch = tt::data::pack(ptrs, tt::data::Packing::kTree);
+  opt.heads = (int)int_flag(a, "heads", opt.heads);
+  opt.kv_heads = (int)int_flag(a, "kv-heads", opt.kv_heads);
+  opt.head_dim = (int)int_flag(a, "head-dim", opt.head_dim);
+  opt.iters = (int)int_flag(a, "iters", opt.iters);
+  opt.warmup = (int)int_flag(a, "warmup", opt.warmup);
   const auto dump = a.flags.find("dump");
   if (dump != a.flags.end()) tt::bench::dump_layout_npy(batch, dump->second);
   std::cout << tt::bench::to_json(tt::bench::bench_attention(batch, path, opt)) << std::endl;
