@@ -95,6 +95,40 @@ __device__ int classify_key_tile(const AttnFwdParams& p, int v, int q0, int q_la
   return (k0 + BN - 1 <= q0 && hmin > q_last) ? kFull : kPartial;
 }
 
+// The backward's view of virtual key tile v (a block's keys): its prefix (or n_ext for the tree)
+// and first key, the queries that see it [q_lo, q_hi), the bounds of the full-tile test (every
+// key's range starts at or before lo_max and ends after hi_min - 1), the keys of its source, and
+// whether its dK/dV are wanted (tree keys always; a prefix when it takes gradients).
+struct KeyTileQueries {
+  int e, k0, q_lo, q_hi, lo_max, hi_min, n_keys;
+  bool ext, want_dkv;
+};
+
+template <int BN>
+__device__ __forceinline__ KeyTileQueries key_tile_queries(const AttnFwdParams& p, int v) {
+  KeyTileQueries r;
+  resolve_key_tile<BN>(p, v, r.e, r.k0);
+  r.ext = r.e < p.n_ext;
+  if (r.ext) {
+    const AttnExtParams& x = p.ext[r.e];
+    r.q_lo = x.q_begin;
+    r.q_hi = x.q_end;
+    r.lo_max = x.q_begin;
+    r.hi_min = r.k0 + BN <= x.len ? x.q_end : 0;
+    r.n_keys = x.len;
+    r.want_dkv = x.dk != nullptr || x.dv != nullptr;
+  } else {
+    int hmax;
+    tree_tile_hi<BN>(p.tiles, r.k0, r.hi_min, hmax);
+    r.q_lo = r.k0;
+    r.q_hi = hmax;
+    r.lo_max = r.k0 + BN - 1;
+    r.n_keys = p.n;
+    r.want_dkv = true;
+  }
+  return r;
+}
+
 // A warp's view of 32 consecutive virtual key tiles from `base`: which are visible, which full.
 struct TileScan {
   int base = -64;
@@ -452,28 +486,10 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, BwdConfig<HS>::kMinBl
   // KV heads vary fastest over the launch order: the tiles with the most queries (prefixes and the
   // first tree tiles) of every head start first.
   const int hk = blockIdx.x;
-  int e, k0;
-  resolve_key_tile<BN>(p, blockIdx.y, e, k0);
-  const bool ext = e < p.n_ext;
-
-  // The queries that see this tile, and the tile's bounds for the full-tile test.
-  int q_lo, q_hi, lo_max, hi_min, n_keys;
-  if (ext) {
-    const AttnExtParams& x = p.ext[e];
-    q_lo = x.q_begin;
-    q_hi = x.q_end;
-    lo_max = x.q_begin;
-    hi_min = k0 + BN <= x.len ? x.q_end : 0;
-    n_keys = x.len;
-  } else {
-    int hmax;
-    tree_tile_hi<BN>(p.tiles, k0, hi_min, hmax);
-    q_lo = k0;
-    q_hi = hmax;
-    lo_max = k0 + BN - 1;
-    n_keys = p.n;
-  }
-  const bool want_dkv = !ext || p.ext[e].dk != nullptr || p.ext[e].dv != nullptr;
+  const KeyTileQueries kt = key_tile_queries<BN>(p, blockIdx.y);
+  const int e = kt.e, k0 = kt.k0, q_lo = kt.q_lo, q_hi = kt.q_hi, lo_max = kt.lo_max, hi_min = kt.hi_min,
+            n_keys = kt.n_keys;
+  const bool ext = kt.ext, want_dkv = kt.want_dkv;
   const bf16* kb = (ext ? p.ext[e].k : p.k) + hk * p.k_head_stride;
   const bf16* vb = (ext ? p.ext[e].v : p.v) + hk * p.k_head_stride;
   load_rows<BN, HS, C::kThreads>(sK, kb, p.k_row_stride, k0, n_keys, tid);

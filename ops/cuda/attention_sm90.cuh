@@ -65,6 +65,20 @@ __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.a
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Arrives at named barrier `id` without waiting (the producer side of a bar.sync).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// Register budget of this warpgroup from here on (the kernel has a cap at entry:
+// __launch_bounds__(threads, 1)); the sum over warpgroups must fit the register file.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
 
 // Shared-memory matrix descriptor of a 128-byte-swizzled operand (see the file comment).
 __device__ __forceinline__ uint64_t desc_sw128(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
@@ -141,10 +155,20 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&d)[K], 
   a[3] = pack_bf16x2(d[8 * kk + 6], d[8 * kk + 7]);
 }
 
+// The dynamic shared memory, rounded up to 1024 bytes (the swizzle atom alignment).
+__device__ __forceinline__ unsigned char* smem_1024() {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(dynamic_smem());
+  return reinterpret_cast<unsigned char*>((a + 1023) & ~uintptr_t(1023));
+}
+
 // --- mbarriers and the tensor memory accelerator (TMA) -----------------------------------------
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+// One plain arrival (release: this thread's earlier accesses are ordered before the phase ends).
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
 // Makes initialised barriers visible to the async proxy (TMA); precedes the barrier after init.
 __device__ __forceinline__ void fence_barrier_init() {
@@ -174,14 +198,13 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const CUtensorMap* map, 
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
       : "memory");
 }
-// A (ROWS, HS) tile of rows [row0, row0 + ROWS) of `head`: HS / 64 boxes of 64 columns, the
-// whole tile announced on `bar` (called by one thread).
+// A (ROWS, HS) tile of rows [row0, row0 + ROWS) of `head`: HS / 64 boxes of 64 columns, all
+// completing on `bar` (one thread; the caller announces the bytes with mbar_expect_tx).
 template <int ROWS, int HS>
 __device__ __forceinline__ void tma_load_tile(bf16* s, const CUtensorMap* map, int head, int row0, uint64_t* bar) {
 #pragma unroll
   for (int a = 0; a < HS / 64; ++a) tma_load_3d(s + a * ROWS * 64, map, a * 64, head, row0, bar);
 }
-
 
 // `bytes` (a multiple of 16) from global to shared memory by the copy engine, completing on `bar`.
 __device__ __forceinline__ void bulk_load(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
@@ -192,26 +215,6 @@ __device__ __forceinline__ void bulk_load(void* smem, const void* gmem, uint32_t
 }
 
 // --- Forward ---------------------------------------------------------------------------------
-
-__device__ __forceinline__ unsigned char* smem_1024() {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(dynamic_smem());
-  return reinterpret_cast<unsigned char*>((a + 1023) & ~uintptr_t(1023));
-}
-
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
 
 // Warpgroup 0 loads (one thread issues the K boxes, another the V boxes, by TMA), warpgroups 1
 // and 2 compute 64 query rows each, pipelined one tile deep (S of the next tile is issued with
@@ -503,27 +506,10 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   }
   __syncthreads();
   const int hk = blockIdx.x;
-  int e, k0;
-  resolve_key_tile<BN>(p, blockIdx.y, e, k0);
-  const bool ext = e < p.n_ext;
-
-  int q_lo, q_hi, lo_max, hi_min, n_keys;
-  if (ext) {
-    const AttnExtParams& x = p.ext[e];
-    q_lo = x.q_begin;
-    q_hi = x.q_end;
-    lo_max = x.q_begin;
-    hi_min = k0 + BN <= x.len ? x.q_end : 0;
-    n_keys = x.len;
-  } else {
-    int hmax;
-    tree_tile_hi<BN>(p.tiles, k0, hi_min, hmax);
-    q_lo = k0;
-    q_hi = hmax;
-    lo_max = k0 + BN - 1;
-    n_keys = p.n;
-  }
-  const bool want_dkv = !ext || p.ext[e].dk != nullptr || p.ext[e].dv != nullptr;
+  const KeyTileQueries kt = key_tile_queries<BN>(p, blockIdx.y);
+  const int e = kt.e, k0 = kt.k0, q_lo = kt.q_lo, q_hi = kt.q_hi, lo_max = kt.lo_max, hi_min = kt.hi_min,
+            n_keys = kt.n_keys;
+  const bool ext = kt.ext, want_dkv = kt.want_dkv;
   const bf16* kb = (ext ? p.ext[e].k : p.k) + hk * p.k_head_stride;
   const bf16* vb = (ext ? p.ext[e].v : p.v) + hk * p.k_head_stride;
   load_tile<BN, HS, C::kThreads>(sK, kb, p.k_row_stride, k0, n_keys, tid);
