@@ -231,6 +231,16 @@ int cuda_devices(std::string* why) {
   return n;
 }
 
+// The CUDA kernels are built for sm_90a (tools/cuda.bzl): compute capability 9.0 only. Empty
+// when `gpu` is one, else what it is.
+std::string unsupported_gpu(int gpu) {
+  cudaDeviceProp prop{};
+  TT_CUDA_CHECK(cudaGetDeviceProperties(&prop, gpu));
+  if (prop.major == 9 && prop.minor == 0) return "";
+  return str(prop.name, " has compute capability ", prop.major, ".", prop.minor,
+             "; the CUDA backend is built for 9.0 (Hopper, sm_90a)");
+}
+
 // Makes this rank's GPU current (one process per GPU) and returns it.
 int bind_gpu(int local_rank, int local_world_size, int visible) {
   const int gpu = distributed::pick_device(local_rank, local_world_size, visible);
@@ -250,6 +260,7 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const model::Mo
   if (device == "cuda") {
     if (n == 0) throw Error(str("device: cuda but no CUDA device is visible (", why, ")"));
     const int gpu = bind_gpu(local_rank, local_world_size, n);
+    if (const std::string bad = unsupported_gpu(gpu); !bad.empty()) throw Error(str("device: cuda but ", bad));
     return std::make_unique<CudaBackend>(cfg, gpu);
   }
   if (n == 0) {
@@ -261,6 +272,10 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const model::Mo
     return std::make_unique<CpuBackend>(cfg);
   }
   const int gpu = bind_gpu(local_rank, local_world_size, n);
+  if (const std::string bad = unsupported_gpu(gpu); !bad.empty()) {
+    spdlog::info("device: auto -> cpu ({})", bad);
+    return std::make_unique<CpuBackend>(cfg);
+  }
   cudaDeviceProp prop{};
   TT_CUDA_CHECK(cudaGetDeviceProperties(&prop, gpu));
   spdlog::info("device: auto -> cuda (device {} of {} visible: {})", gpu, n, prop.name);

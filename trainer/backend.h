@@ -87,9 +87,10 @@ class Backend {
   virtual int device() const { return -1; }  // the CUDA device the backend lives on; -1: the CPU
 };
 
-// device: "auto" | "cpu" | "cuda". "auto" takes cuda when a CUDA device is visible and the model
-// runs there (head_dim 64 or 128), else cpu, and logs which. Throws tt::Error for "cuda" without a
-// visible device, naming the config key, or for a model the CUDA backend cannot run.
+// device: "auto" | "cpu" | "cuda". "auto" takes cuda when a CUDA device of compute capability
+// 9.0 (the kernels are sm_90a) is visible and the model runs there (head_dim 64 or 128), else
+// cpu, and logs which. Throws tt::Error for "cuda" without a visible device or on another GPU,
+// naming the config key, or for a model the CUDA backend cannot run.
 // One process per GPU (data parallelism): the CUDA backend makes GPU
 // distributed::pick_device(local_rank, local_world_size, visible) the calling thread's current
 // device before it allocates anything (NCCL is then set up on the same device, Backend::device());
