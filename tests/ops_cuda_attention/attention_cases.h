@@ -171,6 +171,19 @@ struct Inputs {
   std::vector<ExtCase> ext;
 };
 
+// Host conversions of a whole tensor (round to nearest even / exact widening).
+inline std::vector<cuda::bf16> to_bf16(const std::vector<float>& x) {
+  std::vector<cuda::bf16> r(x.size());
+  cuda::floats_to_bf16(r.data(), x.data(), x.size());
+  return r;
+}
+
+inline std::vector<float> to_float(const std::vector<cuda::bf16>& x) {
+  std::vector<float> r(x.size());
+  cuda::bf16_to_floats(r.data(), x.data(), x.size());
+  return r;
+}
+
 inline std::vector<float> random_bf16(std::mt19937_64& rng, size_t n, float sd) {
   std::normal_distribution<float> d(0.f, sd);
   std::vector<float> x(n);

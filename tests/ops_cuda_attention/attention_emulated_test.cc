@@ -22,18 +22,8 @@ namespace {
 
 using attn_test::Inputs;
 using attn_test::Reference;
-
-std::vector<bf16> to_bf16(const std::vector<float>& x) {
-  std::vector<bf16> r(x.size());
-  floats_to_bf16(r.data(), x.data(), x.size());
-  return r;
-}
-
-std::vector<float> to_float(const std::vector<bf16>& x) {
-  std::vector<float> r(x.size());
-  bf16_to_floats(r.data(), x.data(), x.size());
-  return r;
-}
+using attn_test::to_bf16;
+using attn_test::to_float;
 
 struct EmuOutputs {
   std::vector<float> out, lse, dq, dk, dv;
