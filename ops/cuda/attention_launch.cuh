@@ -9,6 +9,7 @@
 #include "ops/cuda/attention_device.cuh"
 #include "ops/cuda/attention_kernels.cuh"
 #include "ops/cuda/attention_params.h"
+#include "ops/cuda/attention_sm90_device.cuh"
 #include "ops/cuda/attention_sm90.cuh"
 #include "ops/cuda/check.h"
 
