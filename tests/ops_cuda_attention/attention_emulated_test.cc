@@ -1,10 +1,16 @@
-// The tree attention kernels run on the CPU through the warp emulator (warp_emulator.h): the same
-// kernel source as the GPU build, on small cases, against the fp64 CPU reference with the
-// tolerance rule of attention_cases.h. No GPU needed: this keeps the kernels' indexing, tile
-// classification and pipelining under CI. Timing races are out of its reach (see the GPU test).
+// The tree attention kernels run on the CPU through the emulators (warp_emulator.h for the
+// mma.sync kernels, wgmma_emulator.h on top of it for the Hopper kernels: warpgroup MMAs from
+// shared-memory descriptors, mbarriers, TMA, named barriers): the same kernel source as the GPU
+// build, on small cases, against the fp64 CPU reference with the tolerance rule of
+// attention_cases.h. No GPU needed: this keeps both kernel sets' indexing, layouts, tile
+// classification, pipelining and barrier protocol under CI. Timing races and asynchronous
+// hazards are out of its reach (see the GPU test and compute-sanitizer in
+// scripts/device/attention_check.sh).
 #include "tests/ops_cuda_attention/warp_emulator.h"
-// The kernels, compiled for the host against the emulator's primitives.
+#include "tests/ops_cuda_attention/wgmma_emulator.h"
+// The kernels, compiled for the host against the emulators' primitives.
 #include "ops/cuda/attention_kernels.cuh"
+#include "ops/cuda/attention_sm90.cuh"
 
 #include <gtest/gtest.h>
 
@@ -30,8 +36,9 @@ struct EmuOutputs {
   std::vector<std::vector<float>> ext_dk, ext_dv;
 };
 
-// The launch sequence of attention_launch.cuh, through the emulator, on host memory.
-template <int HS>
+// The launch sequence of attention_launch.cuh for either kernel set (kSm90: the wgmma kernels of
+// attention_sm90.cuh, with this emulator's tensor maps).
+template <int HS, bool kSm90>
 EmuOutputs run_emulated(const Inputs& in) {
   const int N = in.layout.n, NH = in.NH, NKV = in.NKV;
   std::vector<bf16> q = to_bf16(in.q), k = to_bf16(in.k), v = to_bf16(in.v), dout = to_bf16(in.dout);
@@ -69,24 +76,44 @@ EmuOutputs run_emulated(const Inputs& in) {
                         in.ext[e].q_end};
   }
 
-  using F = attn::FwdConfig<HS>;
-  const AttnFwdParams pf = make_fwd_params(out.data(), lse.data(), q.data(), k.data(), v.data(), tiles, ext.data(),
-                                           (int)ext.size(), N, NH, NKV, HS);
-  emu::launch(attn::attention_fwd_kernel<HS>, dim3(NH, (N + F::BM - 1) / F::BM), dim3(F::kThreads), F::kSmemBytes,
-              pf);
+  AttnFwdParams pf = make_fwd_params(out.data(), lse.data(), q.data(), k.data(), v.data(), tiles, ext.data(),
+                                     (int)ext.size(), N, NH, NKV, HS);
+  if constexpr (kSm90) {
+    using F = attn::sm90::FwdConfig<HS>;
+    pf.tm.q = emu::tensor_map(q.data(), N, NH, HS, kTmaQueryRows);
+    pf.tm.k = emu::tensor_map(k.data(), N, NKV, HS, kTmaKeyRows);
+    pf.tm.v = emu::tensor_map(v.data(), N, NKV, HS, kTmaKeyRows);
+    for (int e = 0; e < pf.n_ext; e++) {
+      pf.tm.ext_k[e] = emu::tensor_map(pf.ext[e].k, pf.ext[e].len, NKV, HS, kTmaKeyRows);
+      pf.tm.ext_v[e] = emu::tensor_map(pf.ext[e].v, pf.ext[e].len, NKV, HS, kTmaKeyRows);
+    }
+    emu::launch(attn::sm90::attention_fwd_kernel<HS>, dim3(NH, (N + F::BM - 1) / F::BM), dim3(F::kThreads),
+                F::kSmemBytes, pf);
+  } else {
+    using F = attn::FwdConfig<HS>;
+    emu::launch(attn::attention_fwd_kernel<HS>, dim3(NH, (N + F::BM - 1) / F::BM), dim3(F::kThreads), F::kSmemBytes,
+                pf);
+  }
 
   std::vector<float> ws(bwd_workspace_bytes(N, NH, HS) / sizeof(float) + 64, NAN);
   void* ws_ptr = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.data()) + 255) / 256 * 256);
-  const AttnBwdParams pb = make_bwd_params(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),
-                                           q.data(), k.data(), v.data(), tiles, ext.data(), (int)ext.size(), N, NH,
-                                           NKV, HS, ws_ptr);
-  using B = attn::BwdConfig<HS>;
+  AttnBwdParams pb = make_bwd_params(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(), q.data(),
+                                     k.data(), v.data(), tiles, ext.data(), (int)ext.size(), N, NH, NKV, HS, ws_ptr);
   emu::launch(attn::attention_bwd_preprocess_kernel<HS>, dim3((pb.n_pad * NH * 32 + 255) / 256), dim3(256), 0, pb);
   std::memset(pb.dq_accum, 0, (size_t)N * NH * HS * sizeof(float));
+  constexpr int BN = attn::BwdConfig<HS>::BN;
   int ext_tiles = 0;
-  for (int e = 0; e < pb.n_ext; ++e) ext_tiles += (pb.ext[e].len + B::BN - 1) / B::BN;
-  emu::launch(attn::attention_bwd_kernel<HS>, dim3(NKV, ext_tiles + (N + B::BN - 1) / B::BN), dim3(B::kThreads),
-              B::kSmemBytes, pb);
+  for (int e = 0; e < pb.n_ext; ++e) ext_tiles += (pb.ext[e].len + BN - 1) / BN;
+  const dim3 bwd_grid(NKV, ext_tiles + (N + BN - 1) / BN);
+  if constexpr (kSm90) {
+    using B = attn::sm90::BwdConfig<HS>;
+    pb.tm.q = emu::tensor_map(q.data(), N, NH, HS, kTmaQueryRows);
+    pb.tm.dout = emu::tensor_map(dout.data(), N, NH, HS, kTmaQueryRows);
+    emu::launch(attn::sm90::attention_bwd_kernel<HS>, bwd_grid, dim3(B::kThreads), B::kSmemBytes, pb);
+  } else {
+    using B = attn::BwdConfig<HS>;
+    emu::launch(attn::attention_bwd_kernel<HS>, bwd_grid, dim3(B::kThreads), B::kSmemBytes, pb);
+  }
   emu::launch(attn::attention_dq_convert_kernel<HS>, dim3(((int64_t)N * NH * HS / 8 + 255) / 256), dim3(256), 0, pb);
 
   EmuOutputs r;
@@ -105,10 +132,12 @@ EmuOutputs run_emulated(const Inputs& in) {
 struct EmuCase {
   std::string layout;
   int NH, NKV, HS, ext_mode;
+  bool sm90;
 };
 
 void PrintTo(const EmuCase& c, std::ostream* os) {
-  *os << c.layout << " NH=" << c.NH << " NKV=" << c.NKV << " HS=" << c.HS << " ext=" << c.ext_mode;
+  *os << (c.sm90 ? "wgmma " : "mma_sync ") << c.layout << " NH=" << c.NH << " NKV=" << c.NKV << " HS=" << c.HS
+      << " ext=" << c.ext_mode;
 }
 
 class EmulatedAttention : public ::testing::TestWithParam<EmuCase> {};
@@ -124,7 +153,8 @@ TEST_P(EmulatedAttention, MatchesCpuReference) {
   std::mt19937_64 rng(seed);
   const Inputs in = attn_test::make_inputs(lc, c.NH, c.NKV, c.HS, c.ext_mode, rng);
   const Reference ref = attn_test::reference(in);
-  const EmuOutputs got = c.HS == 64 ? run_emulated<64>(in) : run_emulated<128>(in);
+  const EmuOutputs got = c.HS == 64 ? (c.sm90 ? run_emulated<64, true>(in) : run_emulated<64, false>(in))
+                                    : (c.sm90 ? run_emulated<128, true>(in) : run_emulated<128, false>(in));
 
   using attn_test::kRelL2Bf16;
   EXPECT_LE(attn_test::rel_l2(got.out, ref.out), kRelL2Bf16) << "out";
@@ -152,10 +182,13 @@ TEST_P(EmulatedAttention, MatchesCpuReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(SmallTrees, EmulatedAttention,
-                         ::testing::Values(EmuCase{"chain97", 2, 1, 64, 1}, EmuCase{"comb", 2, 2, 128, 1},
-                                           EmuCase{"wide_fan", 4, 2, 64, 0}),
+                         ::testing::Values(EmuCase{"chain97", 2, 1, 64, 1, false}, EmuCase{"comb", 2, 2, 128, 1, false},
+                                           EmuCase{"wide_fan", 4, 2, 64, 0, false},
+                                           EmuCase{"chain97", 2, 1, 64, 1, true}, EmuCase{"comb", 2, 2, 128, 1, true},
+                                           EmuCase{"wide_fan", 4, 2, 64, 0, true}),
                          [](const ::testing::TestParamInfo<EmuCase>& i) {
-                           return i.param.layout + "_hs" + std::to_string(i.param.HS) + "_gqa" +
+                           return std::string(i.param.sm90 ? "wgmma_" : "mma_sync_") + i.param.layout + "_hs" +
+                                  std::to_string(i.param.HS) + "_gqa" +
                                   std::to_string(i.param.NH / i.param.NKV) + (i.param.ext_mode ? "_ext" : "");
                          });
 

@@ -20,12 +20,36 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <functional>
 #include <vector>
 
 namespace tt::cuda::emu {
 
-enum class Op { kRun, kSync, kShfl, kBallot, kLdm, kLdmT, kMma, kDone };
+// kWgmma: a warpgroup (4 warps) collective (wgmma_emulator.h); kYield: waiting on an mbarrier or
+// a named barrier, rescheduled every round until its condition holds.
+enum class Op { kRun, kSync, kShfl, kBallot, kLdm, kLdmT, kMma, kWgmma, kYield, kDone };
+
+// One thread's operands of a warpgroup MMA (wgmma_emulator.h).
+struct WgmmaOperands {
+  int n = 0;  // N of m64nNk16
+  bool rs = false, accumulate = false;
+  int ta = 0, tb = 0;
+  uint64_t desc_a = 0, desc_b = 0;
+  uint32_t a[4] = {};
+  float* d = nullptr;  // the thread's N / 2 accumulators
+};
+
+struct MbarState {
+  int count = 0, pending = 0;
+  int64_t tx = 0;
+  int phase = 0;
+};
+
+struct NamedBarrier {
+  int arrived = 0, expected = 0;
+  uint64_t generation = 0;
+};
 
 struct CopyOp {
   void* dst;
@@ -45,12 +69,18 @@ struct Fiber {
   int lane_mask = 0;
   std::vector<CopyOp> open;
   std::deque<std::vector<CopyOp>> groups;
+  WgmmaOperands wg;
 };
 
 struct BlockState {
   dim3 block_idx, grid_dim, block_dim;
   std::vector<Fiber> fibers;
   std::vector<unsigned char> smem;
+  unsigned char* base = nullptr;  // 1024-byte aligned in host memory: swizzles see the same bits
+  size_t smem_size = 0;
+  std::map<uint32_t, MbarState> mbar;  // by shared-memory offset
+  NamedBarrier named[16];
+  uint64_t epoch = 0;  // bumped by every arrival, phase flip or release: yields can progress
   ucontext_t sched;
   int current = -1;
   std::function<void()> body;
@@ -167,6 +197,12 @@ inline void run_warp_op(Fiber* lane, Op op) {
   for (int l = 0; l < 32; l++) lane[l].op = Op::kRun;
 }
 
+// Runs a warpgroup collective (set by wgmma_emulator.h; null when no kernel uses one).
+inline void (*&warpgroup_op())(Fiber* lanes) {
+  static void (*fn)(Fiber*) = nullptr;
+  return fn;
+}
+
 inline void fiber_entry() {
   block()->body();
   self().op = Op::kDone;
@@ -183,7 +219,9 @@ void launch(void (*kernel)(const Params), dim3 grid, dim3 blk, size_t smem_bytes
       b.block_idx = dim3(bx, by, 0);
       b.grid_dim = grid;
       b.block_dim = blk;
-      b.smem.assign(smem_bytes + 16, 0xff);  // NaN in bf16 and fp32
+      b.smem.assign(smem_bytes + 1024 + 16, 0xff);  // NaN in bf16 and fp32
+      b.base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(b.smem.data()) + 1023) & ~uintptr_t(1023));
+      b.smem_size = smem_bytes;
       b.body = [&] { kernel(params); };
       b.fibers.resize(blk.x);
       block() = &b;
@@ -196,6 +234,7 @@ void launch(void (*kernel)(const Params), dim3 grid, dim3 blk, size_t smem_bytes
         makecontext(&f.ctx, fiber_entry, 0);
       }
       const int n = (int)blk.x;
+      uint64_t seen_epoch = b.epoch;
       for (;;) {
         for (int i = 0; i < n; i++) {
           if (b.fibers[i].op != Op::kRun) continue;
@@ -208,11 +247,31 @@ void launch(void (*kernel)(const Params), dim3 grid, dim3 blk, size_t smem_bytes
           const Op op = lane[0].op;
           bool same = true;
           for (int l = 0; l < 32; l++) same = same && lane[l].op == op;
-          if (same && op != Op::kSync && op != Op::kDone && op != Op::kRun) {
+          if (same && op != Op::kSync && op != Op::kDone && op != Op::kRun && op != Op::kWgmma && op != Op::kYield) {
             run_warp_op(lane, op);
             progress = true;
           }
         }
+        for (int wgi = 0; wgi < n / 128; wgi++) {
+          Fiber* lane = &b.fibers[128 * wgi];
+          bool all = true;
+          for (int l = 0; l < 128; l++) all = all && lane[l].op == Op::kWgmma;
+          if (all) {
+            if (!warpgroup_op()) fail("warpgroup op without wgmma_emulator.h");
+            warpgroup_op()(lane);
+            for (int l = 0; l < 128; l++) lane[l].op = Op::kRun;
+            progress = true;
+          }
+        }
+        // Waiters re-check their condition next round; only a changed barrier state is progress.
+        bool any_yield = false;
+        for (auto& f : b.fibers)
+          if (f.op == Op::kYield) {
+            f.op = Op::kRun;
+            any_yield = true;
+          }
+        if (any_yield && b.epoch != seen_epoch) progress = true;
+        seen_epoch = b.epoch;
         for (auto& f : b.fibers) {
           all_done = all_done && f.op == Op::kDone;
           all_sync = all_sync && f.op == Op::kSync;
@@ -271,12 +330,20 @@ inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
 
 namespace tt::cuda::attn {
 
-inline unsigned char* dynamic_smem() { return ::tt::cuda::emu::block()->smem.data(); }
+inline unsigned char* dynamic_smem() { return ::tt::cuda::emu::block()->base; }
+
+// The shared-window address of p: its offset in the block's shared memory.
+inline uint32_t smem_addr(const void* p) {
+  auto& b = *::tt::cuda::emu::block();
+  const auto* s = static_cast<const unsigned char*>(p);
+  if (s < b.base || s > b.base + b.smem_size) ::tt::cuda::emu::fail("shared address outside the block's smem");
+  return (uint32_t)(s - b.base);
+}
 
 inline void cp_async_16(void* smem, const void* gmem, int src_bytes) {
   auto& b = *::tt::cuda::emu::block();
   const auto* s = static_cast<unsigned char*>(smem);
-  if (s < b.smem.data() || s + 16 > b.smem.data() + b.smem.size() - 16) ::tt::cuda::emu::fail("cp.async outside smem");
+  if (s < b.base || s + 16 > b.base + b.smem_size) ::tt::cuda::emu::fail("cp.async outside smem");
   if ((reinterpret_cast<uintptr_t>(smem) & 15) || (src_bytes > 0 && (reinterpret_cast<uintptr_t>(gmem) & 15)))
     ::tt::cuda::emu::fail("cp.async address not 16-byte aligned");
   ::tt::cuda::emu::self().open.push_back({smem, gmem, src_bytes});
@@ -285,7 +352,7 @@ inline void cp_async_16(void* smem, const void* gmem, int src_bytes) {
 inline void cp_async_4(void* smem, const void* gmem, int src_bytes) {
   auto& b = *::tt::cuda::emu::block();
   const auto* s = static_cast<unsigned char*>(smem);
-  if (s < b.smem.data() || s + 4 > b.smem.data() + b.smem.size() - 16) ::tt::cuda::emu::fail("cp.async outside smem");
+  if (s < b.base || s + 4 > b.base + b.smem_size) ::tt::cuda::emu::fail("cp.async outside smem");
   if ((reinterpret_cast<uintptr_t>(smem) & 3) || (src_bytes > 0 && (reinterpret_cast<uintptr_t>(gmem) & 3)))
     ::tt::cuda::emu::fail("cp.async address not 4-byte aligned");
   ::tt::cuda::emu::self().open.push_back({smem, gmem, -1 - src_bytes});
@@ -313,7 +380,7 @@ inline void cp_async_wait() {
 inline void check_ldm_addr(const void* p) {
   auto& b = *::tt::cuda::emu::block();
   const auto* s = static_cast<const unsigned char*>(p);
-  if (s < b.smem.data() || s + 16 > b.smem.data() + b.smem.size() - 16) ::tt::cuda::emu::fail("ldmatrix outside smem");
+  if (s < b.base || s + 16 > b.base + b.smem_size) ::tt::cuda::emu::fail("ldmatrix outside smem");
   if (reinterpret_cast<uintptr_t>(p) & 15) ::tt::cuda::emu::fail("ldmatrix row not 16-byte aligned");
 }
 
