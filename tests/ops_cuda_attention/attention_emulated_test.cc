@@ -185,7 +185,11 @@ INSTANTIATE_TEST_SUITE_P(SmallTrees, EmulatedAttention,
                          ::testing::Values(EmuCase{"chain97", 2, 1, 64, 1, false}, EmuCase{"comb", 2, 2, 128, 1, false},
                                            EmuCase{"wide_fan", 4, 2, 64, 0, false},
                                            EmuCase{"chain97", 2, 1, 64, 1, true}, EmuCase{"comb", 2, 2, 128, 1, true},
-                                           EmuCase{"wide_fan", 4, 2, 64, 0, true}),
+                                           EmuCase{"wide_fan", 4, 2, 64, 0, true},
+                                           EmuCase{"one_token_nodes", 4, 2, 64, 0, true},
+                                           EmuCase{"deep_chain", 2, 2, 128, 1, true},
+                                           EmuCase{"several_trees", 4, 1, 128, 0, true},
+                                           EmuCase{"random_tree", 4, 2, 128, 1, true}),
                          [](const ::testing::TestParamInfo<EmuCase>& i) {
                            return std::string(i.param.sm90 ? "wgmma_" : "mma_sync_") + i.param.layout + "_hs" +
                                   std::to_string(i.param.HS) + "_gqa" +
