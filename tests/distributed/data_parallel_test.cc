@@ -195,19 +195,8 @@ TEST(DataParallelTest, PartitionedTreesTrainDataParallel) {
   // Combs of 42 tokens larger than the 16-token budget: each is a micro-batch of its own, trained
   // piece by piece (8-token pieces) on whichever rank it is dealt to.
   const fs::path dir = test_dir("dp_partition");
-  data::SyntheticSpec spec;
-  spec.kind = "episodes";
-  spec.num_trees = 4;
-  spec.vocab_size = 32;
-  spec.seed = 5;
-  spec.prefix_len = 12;
-  spec.steps = 3;
-  spec.history_len = 4;
-  spec.leaf_len = 6;
-  data::write_jsonl(spec, (dir / "combs.jsonl").string());
   RunConfig c = tiny_config(dir);
-  c.data.path = (dir / "combs.jsonl").string();
-  c.data.format = "tree";
+  trainer::testing::use_combs(c, dir);
   c.data.max_tokens_per_batch = 16;
   c.partition.capacity_tokens = 8;
   const std::vector<float> p0 = Trainer(c).backend().params_host();

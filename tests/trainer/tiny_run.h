@@ -1,6 +1,7 @@
 // The tiny training run shared by the trainer and data-parallel tests: a small qwen3 on 12
 // synthetic rollout trees written to dir/data.jsonl, run_dir dir/run, CPU backend, micro-batches
-// of <= 40 tokens, grad_accum 2, 6 steps. Tests override what they vary.
+// of <= 40 tokens, grad_accum 2, 6 steps (use_combs swaps in four episode combs). Tests override
+// what they vary.
 #pragma once
 
 #include <filesystem>
@@ -46,6 +47,26 @@ inline RunConfig tiny_run_config(const std::filesystem::path& dir) {
   c.schedule.warmup_steps = 1;
   c.validate();
   return c;
+}
+
+// Unique tokens of one comb of use_combs (12 + 3 x (4 + 6)).
+constexpr int64_t kTinyCombTokens = 42;
+
+// Points c at four episode combs of kTinyCombTokens unique tokens each (tree format), written to
+// dir/combs.jsonl; the caller validates after its own overrides.
+inline void use_combs(RunConfig& c, const std::filesystem::path& dir) {
+  data::SyntheticSpec spec;
+  spec.kind = "episodes";
+  spec.num_trees = 4;
+  spec.vocab_size = 32;
+  spec.seed = 5;
+  spec.prefix_len = 12;
+  spec.steps = 3;
+  spec.history_len = 4;
+  spec.leaf_len = 6;
+  data::write_jsonl(spec, (dir / "combs.jsonl").string());
+  c.data.path = (dir / "combs.jsonl").string();
+  c.data.format = "tree";
 }
 
 }  // namespace tt::trainer::testing

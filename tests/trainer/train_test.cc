@@ -263,22 +263,11 @@ TEST(TrainTest, GradAccumUsesTheStepWideNormaliser) {
   }
 }
 
-// Four episode combs of 12 + 3 x (4 + 6) = 42 unique tokens each (tree format) in dir/combs.jsonl.
-constexpr int64_t kCombTokens = 42;
+// Four episode combs of 42 unique tokens each (tiny_run.h use_combs).
+constexpr int64_t kCombTokens = testing::kTinyCombTokens;
 RunConfig comb_config(const fs::path& dir) {
-  data::SyntheticSpec spec;
-  spec.kind = "episodes";
-  spec.num_trees = 4;
-  spec.vocab_size = 32;
-  spec.seed = 5;
-  spec.prefix_len = 12;
-  spec.steps = 3;
-  spec.history_len = 4;
-  spec.leaf_len = 6;
-  data::write_jsonl(spec, (dir / "combs.jsonl").string());
   RunConfig c = tiny_config(dir);
-  c.data.path = (dir / "combs.jsonl").string();
-  c.data.format = "tree";
+  testing::use_combs(c, dir);
   c.train.max_steps = 4;  // two epochs of 2 x 2 micro-batches: plans are reused
   c.train.grad_accum = 2;
   c.train.grad_clip = 0.5;
