@@ -44,6 +44,7 @@ struct MbarState {
   int count = 0, pending = 0;
   int64_t tx = 0;
   int phase = 0;
+  std::vector<std::function<void()>> copies;  // issued TMA / bulk copies, landed by the first wait
 };
 
 struct NamedBarrier {

@@ -6,9 +6,11 @@
 //     register fragments, so fence / commit / wait are no-ops.
 //   mbarriers: count, pending arrivals, transaction bytes and phase per barrier; a wait yields
 //     until the phase of its parity has completed.
-//   TMA and bulk copies: done at issue (swizzled like the hardware, zeros past the tensor's rows),
-//     then their bytes complete on the barrier. The tensor map is this file's own encoding
-//     (tensor_map below) in the CUtensorMap bytes, not the driver's.
+//   TMA and bulk copies: recorded at issue and landed (swizzled like the hardware, zeros past the
+//     tensor's rows) by the first wait on their barrier, their bytes then completing its phase:
+//     shared memory read without that wait still holds the NaN fill or older data. The tensor
+//     map is this file's own encoding (tensor_map below) in the CUtensorMap bytes, not the
+//     driver's.
 //   Named barriers: arrival counts per id; bar.sync yields until its generation completes.
 // It checks indexing, layouts, walks and the barrier protocol where CI has no GPU; it does not see
 // asynchronous hazards (an MMA reading shared memory that a later copy overwrites before the wait
@@ -20,6 +22,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 
 #include "ops/cuda/bf16.h"
 #include "tests/ops_cuda_attention/warp_emulator.h"
@@ -211,6 +214,12 @@ inline void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
   mbar_arrive(bar);
 }
 inline void mbar_wait(uint64_t* bar, uint32_t parity) {
+  auto& m = ::tt::cuda::emu::mbar_state(bar);
+  if (m.phase == (int)parity && m.pending == 0 && !m.copies.empty()) {  // land this phase's copies
+    auto copies = std::move(m.copies);
+    m.copies.clear();
+    for (auto& c : copies) c();
+  }
   while (::tt::cuda::emu::mbar_state(bar).phase == (int)parity) ::tt::cuda::emu::suspend(::tt::cuda::emu::Op::kYield);
 }
 
@@ -226,18 +235,21 @@ inline void tma_load_3d(void* smem, const CUtensorMap* map, int c0, int c1, int 
   const uint32_t dst = smem_addr(smem);
   if (dst % 1024) ::tt::cuda::emu::fail("TMA destination not 1024-byte aligned (128-byte swizzle)");
   if (c0 < 0 || c0 + t.box_cols > t.cols || c1 < 0 || c1 >= t.heads) ::tt::cuda::emu::fail("TMA box outside columns/heads");
-  auto& b = *::tt::cuda::emu::block();
-  for (int r = 0; r < t.box_rows; r++)
-    for (int c = 0; c < t.box_cols; c++) {
-      const uint32_t a = ::tt::cuda::emu::swizzle128(dst + r * t.box_cols * 2 + c * 2);
-      if (a + 2 > b.smem_size) ::tt::cuda::emu::fail("TMA box outside smem");
-      const int row = c2 + r;
-      uint16_t v = 0;  // rows outside the tensor read as zeros
-      if (row >= 0 && row < t.rows)
-        std::memcpy(&v, t.base + row * t.row_stride_bytes + c1 * t.head_stride_bytes + (c0 + c) * 2, 2);
-      std::memcpy(b.base + a, &v, 2);
-    }
-  complete_tx(bar, (uint32_t)(t.box_rows * t.box_cols * 2));
+  if (dst + (uint32_t)(t.box_rows * t.box_cols * 2) > ::tt::cuda::emu::block()->smem_size)
+    ::tt::cuda::emu::fail("TMA box outside smem");
+  ::tt::cuda::emu::mbar_state(bar).copies.push_back([t, dst, c0, c1, c2, bar] {
+    auto& b = *::tt::cuda::emu::block();
+    for (int r = 0; r < t.box_rows; r++)
+      for (int c = 0; c < t.box_cols; c++) {
+        const uint32_t a = ::tt::cuda::emu::swizzle128(dst + r * t.box_cols * 2 + c * 2);
+        const int row = c2 + r;
+        uint16_t v = 0;  // rows outside the tensor read as zeros
+        if (row >= 0 && row < t.rows)
+          std::memcpy(&v, t.base + row * t.row_stride_bytes + c1 * t.head_stride_bytes + (c0 + c) * 2, 2);
+        std::memcpy(b.base + a, &v, 2);
+      }
+    complete_tx(bar, (uint32_t)(t.box_rows * t.box_cols * 2));
+  });
 }
 
 template <int ROWS, int HS>
@@ -249,8 +261,10 @@ inline void bulk_load(void* smem, const void* gmem, uint32_t bytes, uint64_t* ba
   const uint32_t dst = smem_addr(smem);
   if (bytes % 16 || dst % 16 || reinterpret_cast<uintptr_t>(gmem) % 16) ::tt::cuda::emu::fail("bulk copy not 16-byte aligned");
   if (dst + bytes > ::tt::cuda::emu::block()->smem_size) ::tt::cuda::emu::fail("bulk copy outside smem");
-  std::memcpy(smem, gmem, bytes);
-  complete_tx(bar, bytes);
+  ::tt::cuda::emu::mbar_state(bar).copies.push_back([smem, gmem, bytes, bar] {
+    std::memcpy(smem, gmem, bytes);
+    complete_tx(bar, bytes);
+  });
 }
 
 }  // namespace tt::cuda::attn::sm90
