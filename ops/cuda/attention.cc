@@ -1,5 +1,7 @@
 // Checked entry points of the CUDA tree attention: shape and pointer validation, the params
-// structs, and the one runtime -> template dispatch (head dim). Kernels: attention_kernels.cuh.
+// structs (with the TMA tensor maps of the wgmma kernels), the kernel-set choice and the one
+// runtime -> template dispatch (head dim). Kernels: attention_sm90.cuh (wgmma, default) and
+// attention_kernels.cuh (mma.sync).
 #include "ops/cuda/attention.h"
 
 #include <atomic>

@@ -25,7 +25,7 @@ struct AttnExtParams {
   int q_end;
 };
 
-// Tensor maps (TMA descriptors) of the wgmma kernels, filled by attention.cc (encode_tmaps) only
+// Tensor maps (TMA descriptors) of the wgmma kernels, filled by attention.cc (tensor_map) only
 // for them: 3-D views (HS, heads, rows) of a (rows, heads, HS) bf16 tensor, boxes of 64 columns x
 // 1 head x `box rows`, 128-byte swizzle, rows past the end read as zeros.
 constexpr int kTmaKeyRows = 128;   // = sm90::FwdConfig::BN
@@ -34,7 +34,8 @@ struct AttnTmaps {
   CUtensorMap k, v;                   // tree K, V: boxes of 128 rows (a forward key tile)
   CUtensorMap ext_k[kMaxExternalKV];  // prefix K, V: boxes of 128 rows
   CUtensorMap ext_v[kMaxExternalKV];
-  CUtensorMap q, dout;                // Q, dO: boxes of 64 rows (a backward query step)
+  CUtensorMap q, dout;                // Q, dO: boxes of 64 rows (a backward query step; the
+                                      // forward's 128-row Q tile is two)
 };
 
 struct AttnFwdParams {
