@@ -123,15 +123,7 @@ void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, cons
   TT_CHECK(lse != nullptr, op, ": lse is null");
   const AttentionImpl impl = g_impl.load();
   AttnFwdParams p = make_fwd_params(out, lse, q, k, v, tiles, ext, n_ext, N, NH, NKV, HS);
-  if (impl == AttentionImpl::kWgmma) {  // K/V tiles arrive by TMA
-    p.tm.q = tensor_map(q, N, NH, HS, kTmaQueryRows);
-    p.tm.k = tensor_map(k, N, NKV, HS, kTmaKeyRows);
-    p.tm.v = tensor_map(v, N, NKV, HS, kTmaKeyRows);
-    for (int e = 0; e < p.n_ext; e++) {
-      p.tm.ext_k[e] = tensor_map(p.ext[e].k, p.ext[e].len, NKV, HS, kTmaKeyRows);
-      p.tm.ext_v[e] = tensor_map(p.ext[e].v, p.ext[e].len, NKV, HS, kTmaKeyRows);
-    }
-  }
+  if (impl == AttentionImpl::kWgmma) set_fwd_tensor_maps(p, HS, tensor_map);  // tiles arrive by TMA
   dispatch_head_dim(HS, [&](auto hs) { run_attention_fwd<decltype(hs)::value>(p, impl, stream); });
 }
 
@@ -160,10 +152,7 @@ void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf
   const AttentionImpl impl = g_impl.load();
   AttnBwdParams p = make_bwd_params(dq, dk, dv, dout, out, lse, q, k, v, tiles, ext, n_ext, N, NH, NKV, HS,
                                     workspace.ptr);
-  if (impl == AttentionImpl::kWgmma) {  // Q/dO steps arrive by TMA
-    p.tm.q = tensor_map(q, N, NH, HS, kTmaQueryRows);
-    p.tm.dout = tensor_map(dout, N, NH, HS, kTmaQueryRows);
-  }
+  if (impl == AttentionImpl::kWgmma) set_bwd_tensor_maps(p, HS, tensor_map);  // Q/dO steps arrive by TMA
   dispatch_head_dim(HS, [&](auto hs) { run_attention_bwd<decltype(hs)::value>(p, impl, stream); });
 }
 

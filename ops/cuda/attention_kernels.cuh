@@ -95,38 +95,67 @@ __device__ int classify_key_tile(const AttnFwdParams& p, int v, int q0, int q_la
   return (k0 + BN - 1 <= q0 && hmin > q_last) ? kFull : kPartial;
 }
 
-// The backward's view of virtual key tile v (a block's keys): its prefix (or n_ext for the tree)
-// and first key, the queries that see it [q_lo, q_hi), the bounds of the full-tile test (every
-// key's range starts at or before lo_max and ends after hi_min - 1), the keys of its source, and
-// whether its dK/dV are wanted (tree keys always; a prefix when it takes gradients).
+// The backward's view of virtual key tile v (a block's keys) for KV head hk: its prefix (or n_ext
+// for the tree) and first key, its K/V rows (this head), the keys of its source, the bounds of the
+// full-tile test (every key's range starts at or before lo_max and ends after hi_min - 1), whether
+// its dK/dV are wanted (tree keys always; a prefix when it takes gradients), and its schedule:
+// n_steps steps of BM queries, the query tiles that see it ([q_lo, q_hi) rounded out to BM) for
+// each query head of the GQA group in turn.
+template <int BM>
 struct KeyTileQueries {
-  int e, k0, q_lo, q_hi, lo_max, hi_min, n_keys;
+  int e, k0, n_keys, lo_max, hi_min;
   bool ext, want_dkv;
+  const bf16* k;  // (keys, NKV, HS) at this head: row j at k + j * k_row_stride
+  const bf16* v;
+  int head0, qt_begin, n_qt, n_steps;
+
+  __device__ __forceinline__ int step_head(int it) const { return head0 + it / n_qt; }
+  __device__ __forceinline__ int step_q0(int it) const { return (qt_begin + it % n_qt) * BM; }
+  // Every (query, key) pair of the step's query tile q0 is visible: no mask.
+  __device__ __forceinline__ bool step_full(int q0) const { return lo_max <= q0 && hi_min > q0 + BM - 1; }
 };
 
-template <int BN>
-__device__ __forceinline__ KeyTileQueries key_tile_queries(const AttnFwdParams& p, int v) {
-  KeyTileQueries r;
+template <int BN, int BM>
+__device__ __forceinline__ KeyTileQueries<BM> key_tile_queries(const AttnFwdParams& p, int v, int hk) {
+  KeyTileQueries<BM> r;
   resolve_key_tile<BN>(p, v, r.e, r.k0);
   r.ext = r.e < p.n_ext;
+  int q_lo, q_hi;
   if (r.ext) {
     const AttnExtParams& x = p.ext[r.e];
-    r.q_lo = x.q_begin;
-    r.q_hi = x.q_end;
+    q_lo = x.q_begin;
+    q_hi = x.q_end;
     r.lo_max = x.q_begin;
     r.hi_min = r.k0 + BN <= x.len ? x.q_end : 0;
     r.n_keys = x.len;
     r.want_dkv = x.dk != nullptr || x.dv != nullptr;
+    r.k = x.k;
+    r.v = x.v;
   } else {
     int hmax;
     tree_tile_hi<BN>(p.tiles, r.k0, r.hi_min, hmax);
-    r.q_lo = r.k0;
-    r.q_hi = hmax;
+    q_lo = r.k0;
+    q_hi = hmax;
     r.lo_max = r.k0 + BN - 1;
     r.n_keys = p.n;
     r.want_dkv = true;
+    r.k = p.k;
+    r.v = p.v;
   }
+  r.k += hk * p.k_head_stride;
+  r.v += hk * p.k_head_stride;
+  r.head0 = hk * p.group;
+  r.qt_begin = q_lo / BM;
+  r.n_qt = q_hi > q_lo ? (q_hi + BM - 1) / BM - r.qt_begin : 0;
+  r.n_steps = p.group * r.n_qt;
   return r;
+}
+
+// Query range [lo, hi) of key `key` of external prefix x; keys past its end see no query.
+__device__ __forceinline__ void ext_key_range(const AttnExtParams& x, int key, int& lo, int& hi) {
+  const bool ok = key < x.len;
+  lo = ok ? x.q_begin : INT_MAX;
+  hi = ok ? x.q_end : 0;
 }
 
 // A warp's view of 32 consecutive virtual key tiles from `base`: which are visible, which full.
@@ -186,12 +215,7 @@ template <int BN>
 __device__ __forceinline__ void load_key_ranges(const AttnFwdParams& p, int e, int k0, int* s_lo, int* s_hi,
                                                 int tid) {
   if (e < p.n_ext) {
-    const AttnExtParams& x = p.ext[e];
-    if (tid < BN) {
-      const bool ok = k0 + tid < x.len;
-      s_lo[tid] = ok ? x.q_begin : INT_MAX;
-      s_hi[tid] = ok ? x.q_end : 0;
-    }
+    if (tid < BN) ext_key_range(p.ext[e], k0 + tid, s_lo[tid], s_hi[tid]);
   } else {
     if (tid < BN) s_lo[tid] = k0 + tid;
     if (tid < BN / 4) {
@@ -486,24 +510,17 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, BwdConfig<HS>::kMinBl
   // KV heads vary fastest over the launch order: the tiles with the most queries (prefixes and the
   // first tree tiles) of every head start first.
   const int hk = blockIdx.x;
-  const KeyTileQueries kt = key_tile_queries<BN>(p, blockIdx.y);
-  const int e = kt.e, k0 = kt.k0, q_lo = kt.q_lo, q_hi = kt.q_hi, lo_max = kt.lo_max, hi_min = kt.hi_min,
-            n_keys = kt.n_keys;
+  const KeyTileQueries<BM> kt = key_tile_queries<BN, BM>(p, blockIdx.y, hk);
+  const int e = kt.e, k0 = kt.k0, n_keys = kt.n_keys, n_iter = kt.n_steps;
   const bool ext = kt.ext, want_dkv = kt.want_dkv;
-  const bf16* kb = (ext ? p.ext[e].k : p.k) + hk * p.k_head_stride;
-  const bf16* vb = (ext ? p.ext[e].v : p.v) + hk * p.k_head_stride;
-  load_rows<BN, HS, C::kThreads>(sK, kb, p.k_row_stride, k0, n_keys, tid);
-  load_rows<BN, HS, C::kThreads>(sV, vb, p.k_row_stride, k0, n_keys, tid);
+  load_rows<BN, HS, C::kThreads>(sK, kt.k, p.k_row_stride, k0, n_keys, tid);
+  load_rows<BN, HS, C::kThreads>(sV, kt.v, p.k_row_stride, k0, n_keys, tid);
   load_key_ranges<BN>(p, e, k0, sLo, sHi, tid);
   cp_async_commit();
 
-  const int qt_begin = q_lo / BM;
-  const int n_qt = q_hi > q_lo ? (q_hi + BM - 1) / BM - qt_begin : 0;
-  const int n_iter = p.group * n_qt;
-
   auto prefetch = [&](int it, int buf) {
-    const int h = hk * p.group + it / n_qt;
-    const int q0 = (qt_begin + it % n_qt) * BM;
+    const int h = kt.step_head(it);
+    const int q0 = kt.step_q0(it);
     load_rows<BM, HS, C::kThreads>(sQ + buf * C::kQElems, p.q + h * p.q_head_stride, p.q_row_stride, q0, p.n, tid);
     load_rows<BM, HS, C::kThreads>(sdO + buf * C::kQElems, p.dout + h * p.o_head_stride, p.o_row_stride, q0, p.n,
                                    tid);
@@ -534,9 +551,9 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, BwdConfig<HS>::kMinBl
       cp_async_wait<0>();
     }
     __syncthreads();
-    const int h = hk * p.group + it / n_qt;
-    const int q0 = (qt_begin + it % n_qt) * BM;
-    const bool full = lo_max <= q0 && hi_min > q0 + BM - 1;
+    const int h = kt.step_head(it);
+    const int q0 = kt.step_q0(it);
+    const bool full = kt.step_full(q0);
     const bf16* q_s = sQ + buf * C::kQElems;
     const bf16* do_s = sdO + buf * C::kQElems;
     const float* lse_s = sLse + buf * BM;

@@ -73,6 +73,25 @@ constexpr int kRowPad = 128;
 
 // Fills the params of a dense (N, heads, HS) layout; prefixes of no keys are dropped (nothing to
 // read, nothing to add). Shapes are checked by the caller (attention.cc).
+// The tensor maps the wgmma kernels read, made by encode(base, rows, heads, HS, box_rows) ->
+// CUtensorMap (attention.cc: the driver's encoder; the CPU emulation test: its own). Forward: Q,
+// K, V and every prefix's K, V; backward: Q and dO.
+template <class Encode>
+void set_fwd_tensor_maps(AttnFwdParams& p, int HS, Encode&& encode) {
+  p.tm.q = encode(p.q, p.n, p.nh, HS, kTmaQueryRows);
+  p.tm.k = encode(p.k, p.n, p.nkv, HS, kTmaKeyRows);
+  p.tm.v = encode(p.v, p.n, p.nkv, HS, kTmaKeyRows);
+  for (int e = 0; e < p.n_ext; e++) {
+    p.tm.ext_k[e] = encode(p.ext[e].k, p.ext[e].len, p.nkv, HS, kTmaKeyRows);
+    p.tm.ext_v[e] = encode(p.ext[e].v, p.ext[e].len, p.nkv, HS, kTmaKeyRows);
+  }
+}
+template <class Encode>
+void set_bwd_tensor_maps(AttnBwdParams& p, int HS, Encode&& encode) {
+  p.tm.q = encode(p.q, p.n, p.nh, HS, kTmaQueryRows);
+  p.tm.dout = encode(p.dout, p.n, p.nh, HS, kTmaQueryRows);
+}
+
 inline AttnFwdParams make_fwd_params(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                                      const TreeTiles& tiles, const ExternalKV* ext, int n_ext, int N, int NH,
                                      int NKV, int HS) {

@@ -249,15 +249,11 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
 #pragma unroll
         for (int cc = 0; cc < 2; ++cc) {
           const int key = k0 + 8 * j + 2 * t + cc;
-          int lo, hi;
-          if (e < p.n_ext) {
-            const bool ok = key < p.ext[e].len;
-            lo = ok ? p.ext[e].q_begin : INT_MAX;
-            hi = ok ? p.ext[e].q_end : 0;
-          } else {
-            lo = key;
-            hi = key < p.n ? __ldg(p.tiles.subtree_end + key) : 0;
-          }
+          int lo = key, hi = 0;
+          if (e < p.n_ext)
+            ext_key_range(p.ext[e], key, lo, hi);
+          else if (key < p.n)
+            hi = __ldg(p.tiles.subtree_end + key);
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int row = row_base + 8 * half;
@@ -411,25 +407,18 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   }
   __syncthreads();
   const int hk = blockIdx.x;
-  const KeyTileQueries kt = key_tile_queries<BN>(p, blockIdx.y);
-  const int e = kt.e, k0 = kt.k0, q_lo = kt.q_lo, q_hi = kt.q_hi, lo_max = kt.lo_max, hi_min = kt.hi_min,
-            n_keys = kt.n_keys;
+  const KeyTileQueries<BM> kt = key_tile_queries<BN, BM>(p, blockIdx.y, hk);
+  const int e = kt.e, k0 = kt.k0, n_keys = kt.n_keys, n_iter = kt.n_steps;
   const bool ext = kt.ext, want_dkv = kt.want_dkv;
-  const bf16* kb = (ext ? p.ext[e].k : p.k) + hk * p.k_head_stride;
-  const bf16* vb = (ext ? p.ext[e].v : p.v) + hk * p.k_head_stride;
-  load_tile<BN, HS, C::kThreads>(sK, kb, p.k_row_stride, k0, n_keys, tid);
-  load_tile<BN, HS, C::kThreads>(sV, vb, p.k_row_stride, k0, n_keys, tid);
+  load_tile<BN, HS, C::kThreads>(sK, kt.k, p.k_row_stride, k0, n_keys, tid);
+  load_tile<BN, HS, C::kThreads>(sV, kt.v, p.k_row_stride, k0, n_keys, tid);
   load_key_ranges<BN>(p, e, k0, sLo, sHi, tid);
   cp_async_commit();
 
-  const int qt_begin = q_lo / BM;
-  const int n_qt = q_hi > q_lo ? (q_hi + BM - 1) / BM - qt_begin : 0;
-  const int n_iter = p.group * n_qt;
-
   // Step it's Q, dO (TMA boxes) and lse, D (bulk copies) into buffer b, by thread 0.
   auto prefetch = [&](int it, int b) {
-    const int h = hk * p.group + it / n_qt;
-    const int q0 = (qt_begin + it % n_qt) * BM;
+    const int h = kt.step_head(it);
+    const int q0 = kt.step_q0(it);
     mbar_expect_tx(q_full + b, 2 * C::kQElems * sizeof(bf16) + 2 * BM * sizeof(float));
     tma_load_tile<BM, HS>(sQ + b * C::kQElems, &p.tm.q, h, q0, q_full + b);  // rows past N read as zeros
     tma_load_tile<BM, HS>(sdO + b * C::kQElems, &p.tm.dout, h, q0, q_full + b);
@@ -452,9 +441,9 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   for (int it = 0; it < n_iter; ++it) {
     const int buf = it % kQBufs;
     mbar_wait(q_full + buf, (it / kQBufs) & 1);  // this step's Q, dO, lse, D
-    const int h = hk * p.group + it / n_qt;
-    const int q0 = (qt_begin + it % n_qt) * BM;
-    const bool full = lo_max <= q0 && hi_min > q0 + BM - 1;
+    const int h = kt.step_head(it);
+    const int q0 = kt.step_q0(it);
+    const bool full = kt.step_full(q0);
     const bf16* q_s = sQ + buf * C::kQElems;
     const bf16* do_s = sdO + buf * C::kQElems;
     const float* lse_s = sLse + buf * BM;

@@ -80,13 +80,7 @@ EmuOutputs run_emulated(const Inputs& in) {
                                      (int)ext.size(), N, NH, NKV, HS);
   if constexpr (kSm90) {
     using F = attn::sm90::FwdConfig<HS>;
-    pf.tm.q = emu::tensor_map(q.data(), N, NH, HS, kTmaQueryRows);
-    pf.tm.k = emu::tensor_map(k.data(), N, NKV, HS, kTmaKeyRows);
-    pf.tm.v = emu::tensor_map(v.data(), N, NKV, HS, kTmaKeyRows);
-    for (int e = 0; e < pf.n_ext; e++) {
-      pf.tm.ext_k[e] = emu::tensor_map(pf.ext[e].k, pf.ext[e].len, NKV, HS, kTmaKeyRows);
-      pf.tm.ext_v[e] = emu::tensor_map(pf.ext[e].v, pf.ext[e].len, NKV, HS, kTmaKeyRows);
-    }
+    set_fwd_tensor_maps(pf, HS, emu::tensor_map);
     emu::launch(attn::sm90::attention_fwd_kernel<HS>, dim3(NH, (N + F::BM - 1) / F::BM), dim3(F::kThreads),
                 F::kSmemBytes, pf);
   } else {
@@ -107,8 +101,7 @@ EmuOutputs run_emulated(const Inputs& in) {
   const dim3 bwd_grid(NKV, ext_tiles + (N + BN - 1) / BN);
   if constexpr (kSm90) {
     using B = attn::sm90::BwdConfig<HS>;
-    pb.tm.q = emu::tensor_map(q.data(), N, NH, HS, kTmaQueryRows);
-    pb.tm.dout = emu::tensor_map(dout.data(), N, NH, HS, kTmaQueryRows);
+    set_bwd_tensor_maps(pb, HS, emu::tensor_map);
     emu::launch(attn::sm90::attention_bwd_kernel<HS>, bwd_grid, dim3(B::kThreads), B::kSmemBytes, pb);
   } else {
     using B = attn::BwdConfig<HS>;
