@@ -15,20 +15,23 @@
 
 namespace tt::cuda {
 
+// One block per grid cell with config C's threads and dynamic shared memory.
 template <class C, class Kernel, class Params>
-void launch_fwd(Kernel* kernel, const Params& p, cudaStream_t stream) {
+void launch(Kernel* kernel, dim3 grid, const Params& p, cudaStream_t stream) {
   TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmemBytes));
-  const dim3 grid(p.nh, (p.n + C::BM - 1) / C::BM);
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   TT_CUDA_CHECK_LAUNCH();
 }
 
 template <int HS>
 void run_attention_fwd(const AttnFwdParams& p, AttentionImpl impl, cudaStream_t stream) {
+  constexpr int BM = attn::FwdConfig<HS>::BM;
+  static_assert(BM == attn::sm90::FwdConfig<HS>::BM, "one query-tile grid for both kernels");
+  const dim3 grid(p.nh, (p.n + BM - 1) / BM);
   if (impl == AttentionImpl::kWgmma) {
-    launch_fwd<attn::sm90::FwdConfig<HS>>(attn::sm90::attention_fwd_kernel<HS>, p, stream);
+    launch<attn::sm90::FwdConfig<HS>>(attn::sm90::attention_fwd_kernel<HS>, grid, p, stream);
   } else {
-    launch_fwd<attn::FwdConfig<HS>>(attn::attention_fwd_kernel<HS>, p, stream);
+    launch<attn::FwdConfig<HS>>(attn::attention_fwd_kernel<HS>, grid, p, stream);
   }
 }
 
@@ -48,17 +51,10 @@ void run_attention_bwd(const AttnBwdParams& p, AttentionImpl impl, cudaStream_t 
   for (int e = 0; e < p.n_ext; ++e) ext_tiles += (p.ext[e].len + BN - 1) / BN;
   const dim3 grid(p.nkv, ext_tiles + (p.n + BN - 1) / BN);
   if (impl == AttentionImpl::kWgmma) {
-    using C = attn::sm90::BwdConfig<HS>;
-    auto* kernel = attn::sm90::attention_bwd_kernel<HS>;
-    TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmemBytes));
-    kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+    launch<attn::sm90::BwdConfig<HS>>(attn::sm90::attention_bwd_kernel<HS>, grid, p, stream);
   } else {
-    using C = attn::BwdConfig<HS>;
-    auto* kernel = attn::attention_bwd_kernel<HS>;
-    TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmemBytes));
-    kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+    launch<attn::BwdConfig<HS>>(attn::attention_bwd_kernel<HS>, grid, p, stream);
   }
-  TT_CUDA_CHECK_LAUNCH();
 
   const int64_t chunks = (int64_t)p.n * p.nh * HS / 8;
   attn::attention_dq_convert_kernel<HS>

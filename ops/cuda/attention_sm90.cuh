@@ -183,10 +183,8 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
       if (is_k && lane == 0) {
         mbar_expect_tx(q_full, C::kQElems * sizeof(bf16));
 #pragma unroll
-        for (int a = 0; a < HS / 64; ++a)
-#pragma unroll
-          for (int r = 0; r < BM; r += kTmaQueryRows)
-            tma_load_3d(sQ + a * BM * 64 + r * 64, &p.tm.q, a * 64, h, q0 + r, q_full);
+        for (int r = 0; r < BM; r += kTmaQueryRows)  // rows r.. of every atom: boxes of 64 rows
+          tma_load_tile<BM, HS>(sQ + r * 64, &p.tm.q, h, q0 + r, q_full);
       }
       uint64_t* full = is_k ? k_full : v_full;
       uint64_t* empty = is_k ? k_empty : v_empty;
