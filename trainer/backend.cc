@@ -231,11 +231,15 @@ int cuda_devices(std::string* why) {
   return n;
 }
 
-// The CUDA kernels are built for sm_90a (tools/cuda.bzl): compute capability 9.0 only. Empty
-// when `gpu` is one, else what it is.
-std::string unsupported_gpu(int gpu) {
+cudaDeviceProp device_props(int gpu) {
   cudaDeviceProp prop{};
   TT_CUDA_CHECK(cudaGetDeviceProperties(&prop, gpu));
+  return prop;
+}
+
+// The CUDA kernels are built for sm_90a (tools/cuda.bzl): compute capability 9.0 only. Empty
+// when the device is one, else what it is.
+std::string unsupported_gpu(const cudaDeviceProp& prop) {
   if (prop.major == 9 && prop.minor == 0) return "";
   return str(prop.name, " has compute capability ", prop.major, ".", prop.minor,
              "; the CUDA backend is built for 9.0 (Hopper, sm_90a)");
@@ -260,7 +264,8 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const model::Mo
   if (device == "cuda") {
     if (n == 0) throw Error(str("device: cuda but no CUDA device is visible (", why, ")"));
     const int gpu = bind_gpu(local_rank, local_world_size, n);
-    if (const std::string bad = unsupported_gpu(gpu); !bad.empty()) throw Error(str("device: cuda but ", bad));
+    if (const std::string bad = unsupported_gpu(device_props(gpu)); !bad.empty())
+      throw Error(str("device: cuda but ", bad));
     return std::make_unique<CudaBackend>(cfg, gpu);
   }
   if (n == 0) {
@@ -272,12 +277,11 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const model::Mo
     return std::make_unique<CpuBackend>(cfg);
   }
   const int gpu = bind_gpu(local_rank, local_world_size, n);
-  if (const std::string bad = unsupported_gpu(gpu); !bad.empty()) {
+  const cudaDeviceProp prop = device_props(gpu);
+  if (const std::string bad = unsupported_gpu(prop); !bad.empty()) {
     spdlog::info("device: auto -> cpu ({})", bad);
     return std::make_unique<CpuBackend>(cfg);
   }
-  cudaDeviceProp prop{};
-  TT_CUDA_CHECK(cudaGetDeviceProperties(&prop, gpu));
   spdlog::info("device: auto -> cuda (device {} of {} visible: {})", gpu, n, prop.name);
   return std::make_unique<CudaBackend>(cfg, gpu);
 }
