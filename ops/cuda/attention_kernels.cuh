@@ -158,6 +158,17 @@ __device__ __forceinline__ void ext_key_range(const AttnExtParams& x, int key, i
   hi = ok ? x.q_end : 0;
 }
 
+// Query range [lo, hi) of key `key` of source e (an external prefix when e < n_ext, else the
+// tree; tree keys past N see no query), from global memory.
+__device__ __forceinline__ void key_query_range(const AttnFwdParams& p, int e, int key, int& lo, int& hi) {
+  if (e < p.n_ext) {
+    ext_key_range(p.ext[e], key, lo, hi);
+  } else {
+    lo = key;
+    hi = key < p.n ? __ldg(p.tiles.subtree_end + key) : 0;
+  }
+}
+
 // A warp's view of 32 consecutive virtual key tiles from `base`: which are visible, which full.
 struct TileScan {
   int base = -64;
@@ -468,10 +479,20 @@ __global__ void attention_dq_convert_kernel(const AttnBwdParams p) {
   const int64_t i = c / per_row;
   const int rem = (int)(c % per_row) * 8;
   const int h = rem / HS, d = rem % HS;
-  const float* src = p.dq_accum + ((int64_t)i * p.nh + h) * HS + d;
   bf16* dst = p.dq + i * p.o_row_stride + h * p.o_head_stride + d;
+  if (p.dq_blocked) {
+    // Element (r, c) of a 64 x HS/2 half is float 2 ((r % 16) / 8) + c % 2 of float4 c / 8 of lane
+    // (r % 8) * 4 + (c % 8) / 2 of warp r / 16; the 8 columns from d are lanes +0..3.
+    const int r = (int)(i % 64), c = d % (HS / 2), lane = (r % 8) * 4, warp = r / 16, j = c / 8;
+    const float* src = p.dq_accum + ((int64_t)h * (p.n_pad / 64) + i / 64) * (64 * HS) + (d / (HS / 2)) * (32 * HS) +
+                       ((int64_t)warp * (2 * HS) + j * 32 + lane) * 4 + 2 * ((r % 16) / 8);
 #pragma unroll
-  for (int u = 0; u < 8; u += 2) store_bf16x2(dst + u, src[u] * p.scale, src[u + 1] * p.scale);
+    for (int u = 0; u < 4; ++u) store_bf16x2(dst + 2 * u, src[4 * u] * p.scale, src[4 * u + 1] * p.scale);
+  } else {
+    const float* src = p.dq_accum + ((int64_t)i * p.nh + h) * HS + d;
+#pragma unroll
+    for (int u = 0; u < 8; u += 2) store_bf16x2(dst + u, src[u] * p.scale, src[u + 1] * p.scale);
+  }
 }
 
 template <int HS>

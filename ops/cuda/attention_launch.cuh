@@ -45,20 +45,22 @@ void run_attention_bwd(const AttnBwdParams& p, AttentionImpl impl, cudaStream_t 
   attn::attention_bwd_preprocess_kernel<HS>
       <<<(unsigned)((pre_threads + kSmallThreads - 1) / kSmallThreads), kSmallThreads, 0, stream>>>(p);
   TT_CUDA_CHECK_LAUNCH();
-  TT_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, (size_t)p.n * p.nh * HS * sizeof(float), stream));
+  TT_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, (size_t)p.n_pad * p.nh * HS * sizeof(float), stream));
 
   int ext_tiles = 0;
   for (int e = 0; e < p.n_ext; ++e) ext_tiles += (p.ext[e].len + BN - 1) / BN;
   const dim3 grid(p.nkv, ext_tiles + (p.n + BN - 1) / BN);
+  AttnBwdParams pc = p;
+  pc.dq_blocked = impl == AttentionImpl::kWgmma;  // the sm90 kernel's bulk reduces
   if (impl == AttentionImpl::kWgmma) {
-    launch<attn::sm90::BwdConfig<HS>>(attn::sm90::attention_bwd_kernel<HS>, grid, p, stream);
+    launch<attn::sm90::BwdConfig<HS>>(attn::sm90::attention_bwd_kernel<HS>, grid, pc, stream);
   } else {
-    launch<attn::BwdConfig<HS>>(attn::attention_bwd_kernel<HS>, grid, p, stream);
+    launch<attn::BwdConfig<HS>>(attn::attention_bwd_kernel<HS>, grid, pc, stream);
   }
 
   const int64_t chunks = (int64_t)p.n * p.nh * HS / 8;
   attn::attention_dq_convert_kernel<HS>
-      <<<(unsigned)((chunks + kSmallThreads - 1) / kSmallThreads), kSmallThreads, 0, stream>>>(p);
+      <<<(unsigned)((chunks + kSmallThreads - 1) / kSmallThreads), kSmallThreads, 0, stream>>>(pc);
   TT_CUDA_CHECK_LAUNCH();
 }
 

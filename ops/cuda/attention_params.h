@@ -62,10 +62,13 @@ struct AttnBwdParams : AttnFwdParams {
   bf16* dq;          // (N, NH, HS)
   bf16* dk;          // (N, NKV, HS)
   bf16* dv;          // (N, NKV, HS)
-  float* dq_accum;   // (N, NH, HS) fp32, unscaled dS K sums
+  float* dq_accum;   // fp32, unscaled dS K sums: (n_pad, NH, HS), or blocked when dq_blocked
   float* lse_log2;   // (NH, n_pad) lse * log2(e); 0 on padding rows
   float* dsum;       // (NH, n_pad) D = dout . out; 0 on padding rows
   int n_pad;         // N rounded up to kRowPad
+  int dq_blocked;    // 0: dq_accum row-major; 1: (NH, n_pad / 64, 2, 4, HS / 16, 32, 4), per 64-query
+                     // block, two halves of the head dim, 4 warps of 16 rows, in wgmma accumulator
+                     // order (the sm90 kernel's per-warp bulk reduces)
 };
 
 // Rows of the (NH, n_pad) backward buffers: a multiple of every query tile.
@@ -125,11 +128,12 @@ inline AttnFwdParams make_fwd_params(bf16* out, float* lse, const bf16* q, const
 
 inline size_t bwd_align_up(size_t x) { return (x + 255) / 256 * 256; }
 
-// Scratch of the backward: dq_accum (N, NH, HS), lse_log2 and dsum (NH, n_pad), 256-byte aligned.
+// Scratch of the backward: dq_accum (n_pad * NH * HS), lse_log2 and dsum (NH, n_pad), 256-byte
+// aligned.
 inline size_t bwd_workspace_bytes(int N, int NH, int HS) {
   if (N <= 0) return 0;
   const int n_pad = (N + kRowPad - 1) / kRowPad * kRowPad;
-  return bwd_align_up((size_t)N * NH * HS * sizeof(float)) + 2 * bwd_align_up((size_t)NH * n_pad * sizeof(float));
+  return bwd_align_up((size_t)n_pad * NH * HS * sizeof(float)) + 2 * bwd_align_up((size_t)NH * n_pad * sizeof(float));
 }
 
 // The forward's params (out and lse as the backward's inputs) plus the gradients and scratch.
@@ -147,7 +151,7 @@ inline AttnBwdParams make_bwd_params(bf16* dq, bf16* dk, bf16* dv, const bf16* d
   p.n_pad = (N + kRowPad - 1) / kRowPad * kRowPad;
   char* base = static_cast<char*>(workspace);
   p.dq_accum = reinterpret_cast<float*>(base);
-  base += bwd_align_up((size_t)N * NH * HS * sizeof(float));
+  base += bwd_align_up((size_t)p.n_pad * NH * HS * sizeof(float));
   p.lse_log2 = reinterpret_cast<float*>(base);
   base += bwd_align_up((size_t)NH * p.n_pad * sizeof(float));
   p.dsum = reinterpret_cast<float*>(base);

@@ -12,8 +12,8 @@
 //     8-row groups 1024 bytes apart (SBO), 64-column atoms ROWS * 128 bytes apart (LBO).
 // Q, K, V and dO tiles arrive by TMA (cp.async.bulk.tensor with the same 128-byte swizzle,
 // tensor maps in AttnTmaps, completion on mbarriers; rows past the end read as zeros); the
-// backward's K/V tiles, lse, D and the keys' query ranges by cp.async, each thread fencing the
-// async proxy after its copies land and before the barrier that precedes the MMAs.
+// backward's K/V tiles by cp.async, each thread fencing the async proxy after its copies land and
+// before the barrier that precedes the MMAs.
 //
 // Forward, per (query tile of BM = 128 rows, head): warp-specialised. Warpgroup 0 loads, two
 // consumer warpgroups of 64 rows each (240 registers through setmaxnreg) walk the visible key
@@ -26,8 +26,10 @@
 // and D loaded two steps ahead by thread 0 into one of three buffers; one CTA barrier per step),
 // S^T = K Q^T and dP^T = V dO^T (K-major; P^T computed while dP^T is in flight), dS^T to shared
 // memory, then dQ = dS K with each warpgroup taking half of the head dim (A and B MN-major),
-// issued with dV += P^T dO and dK += dS^T Q (A from registers, B MN-major); the dQ atomics into
-// the fp32 buffer run while dV and dK are on the tensor cores.
+// issued with dV += P^T dO and dK += dS^T Q (A from registers, B MN-major); dQ goes to shared
+// memory while dV and dK are on the tensor cores, and each warp adds its 16 rows into the fp32
+// dq_accum with one bulk reduce-add (cp.reduce.async.bulk; blocked layout, see
+// AttnBwdParams::dq_blocked). Each thread keeps the query ranges of its two keys in registers.
 // No branch separates an MMA from its wait: ptxas would otherwise serialize the MMAs (C7514) or
 // insert waits (C7517); build with -Xptxas -v to see either.
 //
@@ -114,9 +116,11 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&d)[K], 
 }
 
 // The dynamic shared memory, rounded up to 1024 bytes (the swizzle atom alignment).
+// Offsetting the shared pointer (not rounding a generic address) keeps its address space known,
+// so loads through it compile to LDS rather than generic loads.
 __device__ __forceinline__ unsigned char* smem_1024() {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(dynamic_smem());
-  return reinterpret_cast<unsigned char*>((a + 1023) & ~uintptr_t(1023));
+  unsigned char* base = dynamic_smem();
+  return base + ((1024u - (smem_addr(base) & 1023u)) & 1023u);
 }
 
 // --- Forward ---------------------------------------------------------------------------------
@@ -247,11 +251,8 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
 #pragma unroll
         for (int cc = 0; cc < 2; ++cc) {
           const int key = k0 + 8 * j + 2 * t + cc;
-          int lo = key, hi = 0;
-          if (e < p.n_ext)
-            ext_key_range(p.ext[e], key, lo, hi);
-          else if (key < p.n)
-            hi = __ldg(p.tiles.subtree_end + key);
+          int lo, hi;
+          key_query_range(p, e, key, lo, hi);
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int row = row_base + 8 * half;
@@ -364,6 +365,14 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
 
 // --- Backward --------------------------------------------------------------------------------
 
+// Offset of the (BM, HS) block of query tile q0 / BM, head h, in the blocked dq_accum layout
+// (AttnBwdParams::dq_blocked): per (head, query tile) two warpgroup halves of BM * HS / 2 floats,
+// each four warps' 16 rows in accumulator order (see attention_dq_convert_kernel).
+template <int BM, int HS>
+__device__ __forceinline__ int64_t dq_block_offset(const AttnBwdParams& p, int h, int q0) {
+  return ((int64_t)h * (p.n_pad / BM) + q0 / BM) * (BM * HS);
+}
+
 template <int HS>
 struct BwdConfig {
   static constexpr int kThreads = 256;  // 2 warpgroups
@@ -373,9 +382,10 @@ struct BwdConfig {
   static constexpr int kKVElems = BN * HS;
   static constexpr int kQElems = BM * HS;
   static constexpr int kDsElems = BN * BM;  // dS^T (BN, BM): one 64-column atom, double-buffered
+  static constexpr int kDqFloats = BM * HS;  // both warpgroups' dQ halves, staged for the bulk reduce
   static constexpr size_t kSmemBytes = 1024 +
                                        (size_t)(2 * kKVElems + 2 * kQBufs * kQElems + 2 * kDsElems) * sizeof(bf16) +
-                                       2 * kQBufs * BM * sizeof(float) + 2 * BN * sizeof(int) +
+                                       (size_t)kDqFloats * sizeof(float) + 2 * kQBufs * BM * sizeof(float) +
                                        kQBufs * sizeof(uint64_t);
   static_assert(BM == kTmaQueryRows, "Q/dO steps are single TMA boxes in rows");
   static_assert(BM == 64, "dS^T is one swizzle atom wide");
@@ -392,11 +402,10 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   bf16* sQ = sV + C::kKVElems;                       // (kQBufs, BM, HS)
   bf16* sdO = sQ + kQBufs * C::kQElems;              // (kQBufs, BM, HS)
   bf16* sdS = sdO + kQBufs * C::kQElems;             // (2, BN, BM) dS^T
-  float* sLse = reinterpret_cast<float*>(sdS + 2 * C::kDsElems);  // (kQBufs, BM)
+  float* sDq = reinterpret_cast<float*>(sdS + 2 * C::kDsElems);  // (2 wg, 4 warps, HS / 16, 32, 4)
+  float* sLse = sDq + C::kDqFloats;                               // (kQBufs, BM)
   float* sD = sLse + kQBufs * BM;                                 // (kQBufs, BM)
-  int* sLo = reinterpret_cast<int*>(sD + kQBufs * BM);            // (BN)
-  int* sHi = sLo + BN;                                            // (BN)
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(sHi + BN);       // (kQBufs) a step's inputs landed
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(sD + kQBufs * BM);  // (kQBufs) a step's inputs landed
 
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   if (tid == 0) {
@@ -410,8 +419,11 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   const bool ext = kt.ext, want_dkv = kt.want_dkv;
   load_tile<BN, HS, C::kThreads>(sK, kt.k, p.k_row_stride, k0, n_keys, tid);
   load_tile<BN, HS, C::kThreads>(sV, kt.v, p.k_row_stride, k0, n_keys, tid);
-  load_key_ranges<BN>(p, e, k0, sLo, sHi, tid);
   cp_async_commit();
+  const int key_row = wg * 64 + warp * 16 + g;  // local key rows key_row, key_row + 8 of this thread
+  int lo_a, hi_a, lo_b, hi_b;                   // their query ranges
+  key_query_range(p, e, k0 + key_row, lo_a, hi_a);
+  key_query_range(p, e, k0 + key_row + 8, lo_b, hi_b);
 
   // Step it's Q, dO (TMA boxes) and lse, D (bulk copies) into buffer b, by thread 0.
   auto prefetch = [&](int it, int b) {
@@ -425,14 +437,13 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   };
   if (tid == 0)
     for (int it = 0; it < imin(2, n_iter); ++it) prefetch(it, it);
-  cp_async_wait<0>();  // K, V and the key ranges
+  cp_async_wait<0>();  // K and V
   fence_async_smem();
   __syncthreads();
 
   float dv[HS / 2], dk[HS / 2];  // this warpgroup's 64 keys x HS
 #pragma unroll
   for (int i = 0; i < HS / 2; ++i) dv[i] = dk[i] = 0.f;
-  const int key_row = wg * 64 + warp * 16 + g;  // local key rows key_row, key_row + 8 of this thread
 
   // One CTA barrier per step (the dS^T exchange): past it both warpgroups are done with the step
   // before, so its Q/dO/lse/D buffer takes step it + 2 and its dS^T buffer is free again.
@@ -468,7 +479,6 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
     // P^T = exp(S^T scale - lse), 0 where masked, while dP^T is in flight.
     wgmma_wait<1>();
     fence_regs(st);
-    const int lo_a = sLo[key_row], hi_a = sHi[key_row], lo_b = sLo[key_row + 8], hi_b = sHi[key_row + 8];
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
@@ -507,8 +517,8 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
                      dpt[4 * j + 2 * half + 1]);
 
     // dQ (BM x HS / 2 of this warpgroup) = dS K over all BN keys (dS^T MN-major as A, K MN-major),
-    // then dV += P^T dO and dK += dS^T Q (A from registers, queries as k; B MN-major). The dQ
-    // atomics run while dV and dK are on the tensor cores.
+    // then dV += P^T dO and dK += dS^T Q (A from registers, queries as k; B MN-major). dQ goes
+    // to shared memory while dV and dK are on the tensor cores.
     uint32_t ap[BM / 16][4], ads[BM / 16][4];  // P^T and dS^T as A fragments (st, dpt die here)
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk) {
@@ -516,8 +526,8 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
       acc_to_a(ads[kk], dpt, kk);
     }
     fence_async_smem();
-    named_barrier(1, C::kThreads);  // both warpgroups' dS^T rows are in shared memory
-    if (tid == 0 && it + 2 < n_iter) prefetch(it + 2, (it + 2) % kQBufs);
+    if (lane == 0) bulk_wait_read<0>();  // the step before's dQ reduce has read its staging (long done)
+    named_barrier(1, C::kThreads);       // both warpgroups' dS^T rows are in shared memory
     float dq[HS / 4];
     {
       const uint64_t ds_base = desc_mnmajor<BN>(ds_s, 0), kq_base = desc_mnmajor<BN>(sK, wg * (HS / 2));
@@ -538,21 +548,30 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
       for (int kk = 0; kk < BM / 16; ++kk) Wgmma<HS>::template rs<1>(dk, ads[kk], desc_add(q_base, kk * kMnStep), true);
       wgmma_commit();
     }
+    // Past the barrier both warpgroups are done with step it - 1: its buffer takes step it + 2.
+    if (tid == 0 && it + 2 < n_iter) prefetch(it + 2, (it + 2) % kQBufs);
     wgmma_wait<1>();  // dQ (committed first)
     fence_regs(dq);
+    // dQ in accumulator order (float4 j of lane l at (j * 32 + l) * 4 of its warp's 16 rows:
+    // conflict-free stores; the order of the blocked dq_accum), stored while dV and dK finish,
+    // then one bulk reduce-add per warp.
+    float* stage = sDq + wg * (BM * HS / 2) + warp * (8 * HS);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int i = q0 + warp * 16 + g + 8 * half;
-      if (i < p.n) {
-        float* dst = p.dq_accum + ((int64_t)i * p.nh + h) * HS + wg * (HS / 2) + 2 * t;
-#pragma unroll
-        for (int j = 0; j < HS / 16; ++j) atomic_add_f32x2(dst + 8 * j, dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
-      }
-    }
+    for (int j = 0; j < HS / 16; ++j)
+      *reinterpret_cast<float4*>(stage + (j * 32 + lane) * 4) =
+          make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
     wgmma_wait<0>();
     fence_regs(dv);
     fence_regs(dk);
+    fence_async_smem();
+    __syncwarp();
+    if (lane == 0) {
+      bulk_reduce_add_f32(p.dq_accum + dq_block_offset<BM, HS>(p, h, q0) + wg * (BM * HS / 2) + warp * (8 * HS), stage,
+                          8 * HS * sizeof(float));
+      bulk_commit();
+    }
   }
+  if (lane == 0) bulk_wait<0>();  // no exit with a reduce reading shared memory
   if (!want_dkv) return;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {

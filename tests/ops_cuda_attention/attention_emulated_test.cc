@@ -94,7 +94,7 @@ EmuOutputs run_emulated(const Inputs& in) {
   AttnBwdParams pb = make_bwd_params(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(), q.data(),
                                      k.data(), v.data(), tiles, ext.data(), (int)ext.size(), N, NH, NKV, HS, ws_ptr);
   emu::launch(attn::attention_bwd_preprocess_kernel<HS>, dim3((pb.n_pad * NH * 32 + 255) / 256), dim3(256), 0, pb);
-  std::memset(pb.dq_accum, 0, (size_t)N * NH * HS * sizeof(float));
+  std::memset(pb.dq_accum, 0, (size_t)pb.n_pad * NH * HS * sizeof(float));
   constexpr int BN = attn::BwdConfig<HS>::BN;
   int ext_tiles = 0;
   for (int e = 0; e < pb.n_ext; ++e) ext_tiles += (pb.ext[e].len + BN - 1) / BN;
@@ -102,6 +102,7 @@ EmuOutputs run_emulated(const Inputs& in) {
   if constexpr (kSm90) {
     using B = attn::sm90::BwdConfig<HS>;
     set_bwd_tensor_maps(pb, HS, emu::tensor_map);
+    pb.dq_blocked = 1;
     emu::launch(attn::sm90::attention_bwd_kernel<HS>, bwd_grid, dim3(B::kThreads), B::kSmemBytes, pb);
   } else {
     using B = attn::BwdConfig<HS>;

@@ -28,7 +28,7 @@ namespace tt::cuda::emu {
 
 // kWgmma: a warpgroup (4 warps) collective (wgmma_emulator.h); kYield: waiting on an mbarrier or
 // a named barrier, rescheduled every round until its condition holds.
-enum class Op { kRun, kSync, kShfl, kBallot, kLdm, kLdmT, kMma, kWgmma, kYield, kDone };
+enum class Op { kRun, kSync, kWarpSync, kShfl, kBallot, kLdm, kLdmT, kMma, kWgmma, kYield, kDone };
 
 // One thread's operands of a warpgroup MMA (wgmma_emulator.h).
 struct WgmmaOperands {
@@ -70,6 +70,10 @@ struct Fiber {
   int lane_mask = 0;
   std::vector<CopyOp> open;
   std::deque<std::vector<CopyOp>> groups;
+  // Bulk shared -> global operations (reduce-adds): run when a wait retires their group, so a
+  // source rewritten before the wait is what they read.
+  std::vector<std::function<void()>> bulk_open;
+  std::deque<std::vector<std::function<void()>>> bulk_groups;
   WgmmaOperands wg;
 };
 
@@ -133,6 +137,8 @@ inline uint16_t load_u16(const void* p) {
 // One warp's collective, all 32 lanes arrived with the same op.
 inline void run_warp_op(Fiber* lane, Op op) {
   switch (op) {
+    case Op::kWarpSync:  // all 32 lanes arrived: nothing to compute
+      break;
     case Op::kShfl:
       for (int l = 0; l < 32; l++) lane[l].out[0] = lane[l ^ lane[l].lane_mask].in[0];
       break;
@@ -206,6 +212,7 @@ inline void (*&warpgroup_op())(Fiber* lanes) {
 
 inline void fiber_entry() {
   block()->body();
+  if (!self().bulk_open.empty() || !self().bulk_groups.empty()) fail("thread exits with bulk operations outstanding");
   self().op = Op::kDone;
 }
 
