@@ -445,14 +445,16 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 2) attention_fwd_kern
 // ---------------------------------------------------------------------------------------------
 // Backward
 
-// D = dout . out per (row, head) and lse in base 2, into (NH, n_pad) buffers (0 on padding rows);
-// one warp per (row, head).
+// D = dout . out per (row, head) and lse in base 2, into (NH, n_pad) buffers (0 on padding rows),
+// and dq_accum zeroed; one warp per (row, head).
 template <int HS>
 __global__ void attention_bwd_preprocess_kernel(const AttnBwdParams p) {
   const int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (w >= (int64_t)p.n_pad * p.nh) return;
   const int i = (int)(w / p.nh), h = (int)(w % p.nh);
+  // dq_accum (n_pad * NH * HS floats, either layout) zeroed, HS floats per warp.
+  for (int c = 4 * lane; c < HS; c += 128) *reinterpret_cast<float4*>(p.dq_accum + w * HS + c) = make_float4(0.f, 0.f, 0.f, 0.f);
   float d = 0.f;
   if (i < p.n) {
     const bf16* o = p.out + i * p.o_row_stride + h * p.o_head_stride;
@@ -470,29 +472,48 @@ __global__ void attention_bwd_preprocess_kernel(const AttnBwdParams p) {
   }
 }
 
-// dq (N, NH, HS) = scale * dq_accum, 8 elements per thread.
+// dq (N, NH, HS) = scale * dq_accum; dq_convert_threads(p, HS) threads.
+// Row-major dq_accum: 8 elements per thread. Blocked (AttnBwdParams::dq_blocked): a thread takes
+// the four float4s of lanes 4g..4g+3 for column group j of one warp's 16 rows (64 contiguous
+// bytes: rows g and g + 8, 8 columns each), so reads use whole sectors and the 8 threads of a
+// row's column groups write it contiguously.
 template <int HS>
 __global__ void attention_dq_convert_kernel(const AttnBwdParams p) {
-  const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;  // chunk of 8
-  const int64_t per_row = (int64_t)p.nh * HS / 8;
+  const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (p.dq_blocked) {
+    constexpr int kGroups = HS / 16;  // column groups of 8 in a half of the head dim
+    const int64_t unit = c / (8 * kGroups);  // ((h, query block of 64), half, warp)
+    if (unit >= (int64_t)p.nh * (p.n_pad / 64) * 8) return;
+    const int w = (int)(c % (8 * kGroups)), g = w / kGroups, j = w % kGroups;
+    const int warp = (int)(unit % 4), half = (int)(unit / 4 % 2);
+    const int64_t hb = unit / 8;  // h * (n_pad / 64) + query block
+    const int h = (int)(hb / (p.n_pad / 64));
+    const int64_t row = (hb % (p.n_pad / 64)) * 64 + warp * 16 + g;
+    const float4* src = reinterpret_cast<const float4*>(p.dq_accum + unit * (8 * HS)) + j * 32 + 4 * g;
+    float4 f[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) f[t] = src[t];
+    const int col = half * (HS / 2) + 8 * j;
+#pragma unroll
+    for (int r8 = 0; r8 < 2; ++r8) {
+      const int64_t i = row + 8 * r8;
+      if (i >= p.n) continue;
+      bf16* dst = p.dq + i * p.o_row_stride + h * p.o_head_stride + col;
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+        store_bf16x2(dst + 2 * t, (r8 ? f[t].z : f[t].x) * p.scale, (r8 ? f[t].w : f[t].y) * p.scale);
+    }
+    return;
+  }
+  const int64_t per_row = (int64_t)p.nh * HS / 8;  // chunks of 8
   if (c >= (int64_t)p.n * per_row) return;
   const int64_t i = c / per_row;
   const int rem = (int)(c % per_row) * 8;
   const int h = rem / HS, d = rem % HS;
   bf16* dst = p.dq + i * p.o_row_stride + h * p.o_head_stride + d;
-  if (p.dq_blocked) {
-    // Element (r, c) of a 64 x HS/2 half is float 2 ((r % 16) / 8) + c % 2 of float4 c / 8 of lane
-    // (r % 8) * 4 + (c % 8) / 2 of warp r / 16; the 8 columns from d are lanes +0..3.
-    const int r = (int)(i % 64), c = d % (HS / 2), lane = (r % 8) * 4, warp = r / 16, j = c / 8;
-    const float* src = p.dq_accum + ((int64_t)h * (p.n_pad / 64) + i / 64) * (64 * HS) + (d / (HS / 2)) * (32 * HS) +
-                       ((int64_t)warp * (2 * HS) + j * 32 + lane) * 4 + 2 * ((r % 16) / 8);
+  const float* src = p.dq_accum + ((int64_t)i * p.nh + h) * HS + d;
 #pragma unroll
-    for (int u = 0; u < 4; ++u) store_bf16x2(dst + 2 * u, src[4 * u] * p.scale, src[4 * u + 1] * p.scale);
-  } else {
-    const float* src = p.dq_accum + ((int64_t)i * p.nh + h) * HS + d;
-#pragma unroll
-    for (int u = 0; u < 8; u += 2) store_bf16x2(dst + u, src[u] * p.scale, src[u + 1] * p.scale);
-  }
+  for (int u = 0; u < 8; u += 2) store_bf16x2(dst + u, src[u] * p.scale, src[u + 1] * p.scale);
 }
 
 template <int HS>

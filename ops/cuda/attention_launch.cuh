@@ -45,7 +45,6 @@ void run_attention_bwd(const AttnBwdParams& p, AttentionImpl impl, cudaStream_t 
   attn::attention_bwd_preprocess_kernel<HS>
       <<<(unsigned)((pre_threads + kSmallThreads - 1) / kSmallThreads), kSmallThreads, 0, stream>>>(p);
   TT_CUDA_CHECK_LAUNCH();
-  TT_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, (size_t)p.n_pad * p.nh * HS * sizeof(float), stream));
 
   int ext_tiles = 0;
   for (int e = 0; e < p.n_ext; ++e) ext_tiles += (p.ext[e].len + BN - 1) / BN;
@@ -58,7 +57,7 @@ void run_attention_bwd(const AttnBwdParams& p, AttentionImpl impl, cudaStream_t 
     launch<attn::BwdConfig<HS>>(attn::attention_bwd_kernel<HS>, grid, pc, stream);
   }
 
-  const int64_t chunks = (int64_t)p.n * p.nh * HS / 8;
+  const int64_t chunks = dq_convert_threads(pc, HS);
   attn::attention_dq_convert_kernel<HS>
       <<<(unsigned)((chunks + kSmallThreads - 1) / kSmallThreads), kSmallThreads, 0, stream>>>(pc);
   TT_CUDA_CHECK_LAUNCH();

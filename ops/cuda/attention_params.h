@@ -158,6 +158,11 @@ inline AttnBwdParams make_bwd_params(bf16* dq, bf16* dk, bf16* dv, const bf16* d
   return p;
 }
 
+// Threads of attention_dq_convert_kernel for p's dq_accum layout.
+inline int64_t dq_convert_threads(const AttnBwdParams& p, int HS) {
+  return p.dq_blocked ? (int64_t)p.nh * p.n_pad * HS / 16 : (int64_t)p.n * p.nh * HS / 8;
+}
+
 template <int HS>
 void run_attention_fwd(const AttnFwdParams& p, AttentionImpl impl, cudaStream_t stream);
 template <int HS>

@@ -94,7 +94,6 @@ EmuOutputs run_emulated(const Inputs& in) {
   AttnBwdParams pb = make_bwd_params(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(), q.data(),
                                      k.data(), v.data(), tiles, ext.data(), (int)ext.size(), N, NH, NKV, HS, ws_ptr);
   emu::launch(attn::attention_bwd_preprocess_kernel<HS>, dim3((pb.n_pad * NH * 32 + 255) / 256), dim3(256), 0, pb);
-  std::memset(pb.dq_accum, 0, (size_t)pb.n_pad * NH * HS * sizeof(float));
   constexpr int BN = attn::BwdConfig<HS>::BN;
   int ext_tiles = 0;
   for (int e = 0; e < pb.n_ext; ++e) ext_tiles += (pb.ext[e].len + BN - 1) / BN;
@@ -108,7 +107,8 @@ EmuOutputs run_emulated(const Inputs& in) {
     using B = attn::BwdConfig<HS>;
     emu::launch(attn::attention_bwd_kernel<HS>, bwd_grid, dim3(B::kThreads), B::kSmemBytes, pb);
   }
-  emu::launch(attn::attention_dq_convert_kernel<HS>, dim3(((int64_t)N * NH * HS / 8 + 255) / 256), dim3(256), 0, pb);
+  emu::launch(attn::attention_dq_convert_kernel<HS>, dim3((unsigned)((dq_convert_threads(pb, HS) + 255) / 256)), dim3(256),
+              0, pb);
 
   EmuOutputs r;
   r.out = to_float(out);
