@@ -454,7 +454,8 @@ __global__ void attention_bwd_preprocess_kernel(const AttnBwdParams p) {
   if (w >= (int64_t)p.n_pad * p.nh) return;
   const int i = (int)(w / p.nh), h = (int)(w % p.nh);
   // dq_accum (n_pad * NH * HS floats, either layout) zeroed, HS floats per warp.
-  for (int c = 4 * lane; c < HS; c += 128) *reinterpret_cast<float4*>(p.dq_accum + w * HS + c) = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int c = 4 * lane; c < HS; c += 128)
+    *reinterpret_cast<float4*>(p.dq_accum + w * HS + c) = make_float4(0.f, 0.f, 0.f, 0.f);
   float d = 0.f;
   if (i < p.n) {
     const bf16* o = p.out + i * p.o_row_stride + h * p.o_head_stride;
@@ -475,7 +476,7 @@ __global__ void attention_bwd_preprocess_kernel(const AttnBwdParams p) {
 // dq (N, NH, HS) = scale * dq_accum; dq_convert_threads(p, HS) threads.
 // Row-major dq_accum: 8 elements per thread. Blocked (AttnBwdParams::dq_blocked): a thread takes
 // the four float4s of lanes 4g..4g+3 for column group j of one warp's 16 rows (64 contiguous
-// bytes: rows g and g + 8, 8 columns each), so reads use whole sectors and the 8 threads of a
+// bytes: rows g and g + 8, 8 columns each), so reads use whole sectors and the threads of a
 // row's column groups write it contiguously.
 template <int HS>
 __global__ void attention_dq_convert_kernel(const AttnBwdParams p) {

@@ -107,8 +107,8 @@ EmuOutputs run_emulated(const Inputs& in) {
     using B = attn::BwdConfig<HS>;
     emu::launch(attn::attention_bwd_kernel<HS>, bwd_grid, dim3(B::kThreads), B::kSmemBytes, pb);
   }
-  emu::launch(attn::attention_dq_convert_kernel<HS>, dim3((unsigned)((dq_convert_threads(pb, HS) + 255) / 256)), dim3(256),
-              0, pb);
+  const unsigned convert_blocks = (unsigned)((dq_convert_threads(pb, HS) + 255) / 256);
+  emu::launch(attn::attention_dq_convert_kernel<HS>, dim3(convert_blocks), dim3(256), 0, pb);
 
   EmuOutputs r;
   r.out = to_float(out);

@@ -273,7 +273,8 @@ inline void bulk_load(void* smem, const void* gmem, uint32_t bytes, uint64_t* ba
 
 inline void bulk_reduce_add_f32(float* gmem, const float* smem, uint32_t bytes) {
   const uint32_t src = smem_addr(smem);
-  if (bytes % 16 || src % 16 || reinterpret_cast<uintptr_t>(gmem) % 16) ::tt::cuda::emu::fail("bulk reduce not 16-byte aligned");
+  if (bytes % 16 || src % 16 || reinterpret_cast<uintptr_t>(gmem) % 16)
+    ::tt::cuda::emu::fail("bulk reduce not 16-byte aligned");
   if (src + bytes > ::tt::cuda::emu::block()->smem_size) ::tt::cuda::emu::fail("bulk reduce outside smem");
   ::tt::cuda::emu::self().bulk_open.push_back([gmem, smem, bytes] {
     for (uint32_t i = 0; i < bytes / 4; ++i) gmem[i] += smem[i];
