@@ -517,6 +517,35 @@ __global__ void attention_dq_convert_kernel(const AttnBwdParams p) {
   for (int u = 0; u < 8; u += 2) store_bf16x2(dst + u, src[u] * p.scale, src[u + 1] * p.scale);
 }
 
+// One thread's share of a key tile's dK and dV: keys j0 and j0 + 8, columns 8 nd + 2t and
+// 8 nd + 2t + 1, read as dk_at(nd, c) / dv_at(nd, c) with c = 2 half + 0 / 1 (the MMA accumulator
+// layout of both kernel sets). Tree keys store bf16 (dK scaled); source e < n_ext adds into the
+// external prefix's fp32 gradients where it has them. Keys at or past n_keys are skipped.
+template <int HS, class DK, class DV>
+__device__ __forceinline__ void store_dkv(const AttnBwdParams& p, int e, int j0, int n_keys, int hk, int t, DK dk_at,
+                                          DV dv_at) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int j = j0 + 8 * half;
+    if (j >= n_keys) continue;
+    const int64_t off = j * p.k_row_stride + hk * p.k_head_stride + 2 * t;
+    if (e >= p.n_ext) {
+#pragma unroll
+      for (int nd = 0; nd < HS / 8; ++nd) {
+        store_bf16x2(p.dk + off + nd * 8, dk_at(nd, 2 * half) * p.scale, dk_at(nd, 2 * half + 1) * p.scale);
+        store_bf16x2(p.dv + off + nd * 8, dv_at(nd, 2 * half), dv_at(nd, 2 * half + 1));
+      }
+    } else {
+      const AttnExtParams& x = p.ext[e];
+#pragma unroll
+      for (int nd = 0; nd < HS / 8; ++nd) {
+        if (x.dk) add_f32x2(x.dk + off + nd * 8, dk_at(nd, 2 * half) * p.scale, dk_at(nd, 2 * half + 1) * p.scale);
+        if (x.dv) add_f32x2(x.dv + off + nd * 8, dv_at(nd, 2 * half), dv_at(nd, 2 * half + 1));
+      }
+    }
+  }
+}
+
 template <int HS>
 struct BwdConfig {
   static constexpr int kWarps = 8;
@@ -555,7 +584,7 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, BwdConfig<HS>::kMinBl
   const int hk = blockIdx.x;
   const KeyTileQueries<BM> kt = key_tile_queries<BN, BM>(p, blockIdx.y, hk);
   const int e = kt.e, k0 = kt.k0, n_keys = kt.n_keys, n_iter = kt.n_steps;
-  const bool ext = kt.ext, want_dkv = kt.want_dkv;
+  const bool want_dkv = kt.want_dkv;
   load_rows<BN, HS, C::kThreads>(sK, kt.k, p.k_row_stride, k0, n_keys, tid);
   load_rows<BN, HS, C::kThreads>(sV, kt.v, p.k_row_stride, k0, n_keys, tid);
   load_key_ranges<BN>(p, e, k0, sLo, sHi, tid);
@@ -717,26 +746,8 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, BwdConfig<HS>::kMinBl
 
 
   if (!want_dkv) return;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int j = k0 + jl + 8 * half;
-    if (j >= n_keys) continue;
-    const int64_t off = j * p.k_row_stride + hk * p.k_head_stride + 2 * t;
-    if (!ext) {
-#pragma unroll
-      for (int nd = 0; nd < HS / 8; ++nd) {
-        store_bf16x2(p.dk + off + nd * 8, dk[nd][2 * half] * p.scale, dk[nd][2 * half + 1] * p.scale);
-        store_bf16x2(p.dv + off + nd * 8, dv[nd][2 * half], dv[nd][2 * half + 1]);
-      }
-    } else {
-      const AttnExtParams& x = p.ext[e];
-#pragma unroll
-      for (int nd = 0; nd < HS / 8; ++nd) {
-        if (x.dk) add_f32x2(x.dk + off + nd * 8, dk[nd][2 * half] * p.scale, dk[nd][2 * half + 1] * p.scale);
-        if (x.dv) add_f32x2(x.dv + off + nd * 8, dv[nd][2 * half], dv[nd][2 * half + 1]);
-      }
-    }
-  }
+  store_dkv<HS>(p, e, k0 + jl, n_keys, hk, t, [&](int nd, int c) { return dk[nd][c]; },
+                [&](int nd, int c) { return dv[nd][c]; });
 }
 
 }  // namespace tt::cuda::attn

@@ -416,7 +416,7 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   const int hk = blockIdx.x;
   const KeyTileQueries<BM> kt = key_tile_queries<BN, BM>(p, blockIdx.y, hk);
   const int e = kt.e, k0 = kt.k0, n_keys = kt.n_keys, n_iter = kt.n_steps;
-  const bool ext = kt.ext, want_dkv = kt.want_dkv;
+  const bool want_dkv = kt.want_dkv;
   load_tile<BN, HS, C::kThreads>(sK, kt.k, p.k_row_stride, k0, n_keys, tid);
   load_tile<BN, HS, C::kThreads>(sV, kt.v, p.k_row_stride, k0, n_keys, tid);
   cp_async_commit();
@@ -573,26 +573,8 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   }
   if (lane == 0) bulk_wait<0>();  // no exit with a reduce reading shared memory
   if (!want_dkv) return;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int j = k0 + key_row + 8 * half;
-    if (j >= n_keys) continue;
-    const int64_t off = j * p.k_row_stride + hk * p.k_head_stride + 2 * t;
-    if (!ext) {
-#pragma unroll
-      for (int nd = 0; nd < HS / 8; ++nd) {
-        store_bf16x2(p.dk + off + nd * 8, dk[4 * nd + 2 * half] * p.scale, dk[4 * nd + 2 * half + 1] * p.scale);
-        store_bf16x2(p.dv + off + nd * 8, dv[4 * nd + 2 * half], dv[4 * nd + 2 * half + 1]);
-      }
-    } else {
-      const AttnExtParams& x = p.ext[e];
-#pragma unroll
-      for (int nd = 0; nd < HS / 8; ++nd) {
-        if (x.dk) add_f32x2(x.dk + off + nd * 8, dk[4 * nd + 2 * half] * p.scale, dk[4 * nd + 2 * half + 1] * p.scale);
-        if (x.dv) add_f32x2(x.dv + off + nd * 8, dv[4 * nd + 2 * half], dv[4 * nd + 2 * half + 1]);
-      }
-    }
-  }
+  store_dkv<HS>(p, e, k0 + key_row, n_keys, hk, t, [&](int nd, int c) { return dk[4 * nd + c]; },
+                [&](int nd, int c) { return dv[4 * nd + c]; });
 }
 
 }  // namespace tt::cuda::attn::sm90
