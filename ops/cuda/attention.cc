@@ -51,8 +51,10 @@ void check_common(const TreeTiles& tiles, const ExternalKV* ext, int n_ext, int 
   TT_CHECK((int64_t)N * NH * HS < ((int64_t)1 << 40), op, ": tensor of ", (int64_t)N * NH * HS, " elements");
   TT_CHECK(tiles.n == N, op, ": tile metadata was built for ", tiles.n, " tokens, expected N=", N,
            " (build_tree_tiles of this batch's subtree_end)");
-  TT_CHECK(N == 0 || (tiles.subtree_end && tiles.hi_min && tiles.hi_max), op, ": tile metadata has null pointers");
-  TT_CHECK(N == 0 || aligned16(tiles.subtree_end), op, ": subtree_end must be 16-byte aligned");
+  TT_CHECK(N == 0 || (tiles.subtree_end && tiles.hi_min && tiles.hi_max && tiles.subtree_end_pad), op,
+           ": tile metadata has null pointers");
+  TT_CHECK(N == 0 || (aligned16(tiles.subtree_end) && aligned16(tiles.subtree_end_pad)), op,
+           ": subtree_end and its padded copy must be 16-byte aligned");
   TT_CHECK(tiles.num_granules == (N + kTileGranule - 1) / kTileGranule, op, ": tile metadata has ",
            tiles.num_granules, " granules, expected ", (N + kTileGranule - 1) / kTileGranule);
   TT_CHECK(n_ext >= 0 && n_ext <= kMaxExternalKV, op, ": n_ext=", n_ext, ", expected 0..", kMaxExternalKV);

@@ -79,10 +79,14 @@ __device__ __forceinline__ void tree_tile_hi(const TreeTiles& t, int k0, int& hm
 }
 
 // Key tile v against query rows [q0, q_last]: skip, partial or full (tree_tiles.h has the rules).
+// A tree tile skipped because every key's subtree ends at or before q0 also sets skip_to: every
+// key from the tile's first to its largest subtree end lies in one of those subtrees (DFS order),
+// so no tile before skip_to is visible either. A walk thus steps over whole sibling subtrees.
 template <int BN>
-__device__ int classify_key_tile(const AttnFwdParams& p, int v, int q0, int q_last) {
+__device__ int classify_key_tile(const AttnFwdParams& p, int v, int q0, int q_last, int& skip_to) {
   int e, k0;
   resolve_key_tile<BN>(p, v, e, k0);
+  skip_to = v + 1;
   if (e < p.n_ext) {
     const AttnExtParams& x = p.ext[e];
     if (x.q_end <= q0 || x.q_begin > q_last) return kSkip;
@@ -91,7 +95,10 @@ __device__ int classify_key_tile(const AttnFwdParams& p, int v, int q0, int q_la
   if (k0 > q_last) return kSkip;
   int hmin, hmax;
   tree_tile_hi<BN>(p.tiles, k0, hmin, hmax);
-  if (hmax <= q0) return kSkip;
+  if (hmax <= q0) {
+    skip_to = imax(v + 1, v + hmax / BN - k0 / BN);
+    return kSkip;
+  }
   return (k0 + BN - 1 <= q0 && hmin > q_last) ? kFull : kPartial;
 }
 
@@ -169,15 +176,20 @@ __device__ __forceinline__ void key_query_range(const AttnFwdParams& p, int e, i
   }
 }
 
-// A warp's view of 32 consecutive virtual key tiles from `base`: which are visible, which full.
+// A warp's view of 32 consecutive virtual key tiles from `base`: which are visible, which full,
+// and the largest skip_to among them (classify_key_tile).
 struct TileScan {
   int base = -64;
   uint32_t visible = 0;
   uint32_t full = 0;
+  int skip_to = 0;
 };
 
 // The first visible key tile v >= from (v_end if none), and whether it is full. Warp-uniform:
-// every lane of the warp must call it with the same arguments.
+// every lane of the warp must call it with the same arguments. When no tile from `from` to the
+// end of the window is visible, the walk resumes at the window's largest skip_to if that is
+// further (each skipped tile's skip_to bounds invisible keys; together with the invisible window
+// they leave no gap).
 template <int BN>
 __device__ __forceinline__ int next_key_tile(const AttnFwdParams& p, TileScan& scan, int from, int v_end, int q0,
                                              int q_last, bool& full) {
@@ -186,9 +198,13 @@ __device__ __forceinline__ int next_key_tile(const AttnFwdParams& p, TileScan& s
     if (from < scan.base || from >= scan.base + 32) {
       scan.base = from;
       const int v = from + lane;
-      const int kind = v < v_end ? classify_key_tile<BN>(p, v, q0, q_last) : kSkip;
+      int skip_to = v + 1;
+      const int kind = v < v_end ? classify_key_tile<BN>(p, v, q0, q_last, skip_to) : kSkip;
       scan.visible = __ballot_sync(0xffffffffu, kind != kSkip);
       scan.full = __ballot_sync(0xffffffffu, kind == kFull);
+#pragma unroll
+      for (int s = 16; s > 0; s /= 2) skip_to = imax(skip_to, __shfl_xor_sync(0xffffffffu, skip_to, s));
+      scan.skip_to = skip_to;
     }
     const uint32_t rest = scan.visible >> (from - scan.base);
     if (rest != 0) {
@@ -196,7 +212,7 @@ __device__ __forceinline__ int next_key_tile(const AttnFwdParams& p, TileScan& s
       full = ((scan.full >> (v - scan.base)) & 1u) != 0;
       return v;
     }
-    from = scan.base + 32;
+    from = imax(scan.base + 32, scan.skip_to);
   }
   return v_end;
 }

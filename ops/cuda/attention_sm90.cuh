@@ -18,7 +18,8 @@
 // Forward, per (query tile of BM = 128 rows, head): warp-specialised. Warpgroup 0 loads, two
 // consumer warpgroups of 64 rows each (240 registers through setmaxnreg) walk the visible key
 // tiles of BN = 128 keys (the walk of attention_kernels.cuh): S = Q K^T (both K-major), mask on
-// partial tiles, online softmax in fp32 in registers, O += P V (P from registers, V MN-major).
+// partial tiles (key ranges staged in shared memory with K), online softmax in fp32 in registers,
+// O += P V (P from registers, V MN-major).
 // Each consumer is software-pipelined one tile deep, and the two take turns issuing their MMAs,
 // so one's softmax runs under the other's tensor-core work (FlashAttention-3's ping-pong).
 // Backward, per (key tile of BN = 128 keys, KV head), 2 warpgroups of 64 keys each: for each
@@ -130,8 +131,11 @@ __device__ __forceinline__ unsigned char* smem_1024() {
 // P V of this one; the next tile's softmax runs while P V is on the tensor cores), never
 // meeting at a CTA barrier, and taking turns on the tensor cores (named barriers 2 and 3) so one
 // warpgroup's softmax runs under the other's MMAs. K and V stages have "full" (TMA transactions)
-// and "empty" (256 consumer arrivals) barriers; K is released once its S is done, V once its
-// P V is. Partial tiles read the keys' query ranges from global memory (rare, L2-resident).
+// and "empty" (256 consumer arrivals) barriers; K is released once its S is masked, V once its
+// P V is. Only the loaders walk the key tiles: the K loader writes each stage's tile (and whether
+// it is full) next to it, then an end marker, and copies a partial tree tile's key ranges (its
+// subtree ends) into the stage, so the consumers' critical path has no tile scan and no global
+// load.
 template <int HS>
 struct FwdConfig {
   static constexpr int kThreads = 384;
@@ -142,10 +146,18 @@ struct FwdConfig {
   static constexpr int kKVElems = BN * HS;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 65536
-  static constexpr size_t kSmemBytes =
-      1024 + (size_t)(kQElems + 2 * kStages * kKVElems) * sizeof(bf16) + (1 + 4 * kStages) * sizeof(uint64_t);
+  static constexpr size_t kSmemBytes = 1024 + (size_t)(kQElems + 2 * kStages * kKVElems) * sizeof(bf16) +
+                                       (size_t)kStages * BN * sizeof(int32_t) + (1 + 4 * kStages) * sizeof(uint64_t) +
+                                       kStages * sizeof(int32_t);
   static_assert(BN == kTmaKeyRows && BM == 2 * kTmaQueryRows, "tiles are whole TMA boxes");
+  static_assert(BN == kTilePad, "a partial tile's ranges are one bulk copy of the padded subtree_end");
 };
+
+// What the K loader tells the consumers about the tile of a K stage (the consumers never walk the
+// tiles themselves): the virtual key tile, whether it is full, or the end of the walk.
+constexpr int kTileInfoFull = 1 << 30;
+constexpr int kTileInfoMask = kTileInfoFull - 1;
+constexpr int kTileInfoEnd = -1;
 
 template <int HS>
 __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
@@ -155,11 +167,13 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
   bf16* sQ = reinterpret_cast<bf16*>(smem_1024());  // (BM, HS)
   bf16* sK = sQ + C::kQElems;                       // (kStages, BN, HS)
   bf16* sV = sK + kStages * C::kKVElems;            // (kStages, BN, HS)
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(sV + kStages * C::kKVElems);
+  int32_t* sHi = reinterpret_cast<int32_t*>(sV + kStages * C::kKVElems);  // (kStages, BN) subtree_end
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(sHi + kStages * BN);
   uint64_t* k_full = q_full + 1;  // (kStages) each
   uint64_t* k_empty = k_full + kStages;
   uint64_t* v_full = k_empty + kStages;
   uint64_t* v_empty = v_full + kStages;
+  int32_t* sInfo = reinterpret_cast<int32_t*>(v_empty + kStages);  // (kStages) kTileInfo* of each K stage
 
   const int tid = threadIdx.x, wg = tid / 128;
   const int qt = gridDim.y - 1 - blockIdx.y;  // latest (largest) query tiles first
@@ -205,10 +219,20 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
           resolve_key_tile<BN>(p, v, e, k0);
           const CUtensorMap* map =
               e < p.n_ext ? (is_k ? &p.tm.ext_k[e] : &p.tm.ext_v[e]) : (is_k ? &p.tm.k : &p.tm.v);
-          mbar_expect_tx(full + st, C::kKVElems * sizeof(bf16));
+          // A partial tree tile's key ranges come with its K (a prefix's are two scalars).
+          const bool ranges = is_k && !tile_full && e == p.n_ext;
+          if (is_k) sInfo[st] = v | (tile_full ? kTileInfoFull : 0);  // published by the arrival below
+          mbar_expect_tx(full + st, C::kKVElems * sizeof(bf16) + (ranges ? BN * sizeof(int32_t) : 0));
+          if (ranges) bulk_load(sHi + st * BN, p.tiles.subtree_end_pad + k0, BN * sizeof(int32_t), full + st);
           tma_load_tile<BN, HS>(dst + st * C::kKVElems, map, hk, k0, full + st);
         }
         __syncwarp();
+      }
+      if (is_k && lane == 0) {  // the end of the walk, in the next K stage
+        const int st = i % kStages;
+        if (i >= kStages) mbar_wait(empty + st, ((i / kStages) - 1) & 1);
+        sInfo[st] = kTileInfoEnd;
+        mbar_arrive(full + st);
       }
     }
   } else {  // ---- compute: warpgroup cw = wg - 1 owns query rows q0 + 64 cw ..
@@ -242,17 +266,24 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
         Wgmma<HS>::template rs<1>(o, pa[kk], desc_add(dv_base, kk * kMnStep), true);
       wgmma_commit();
     };
-    // Mask of a partial tile v from the keys' query ranges in global memory.
-    auto mask = [&](int v) {
+    // Mask of a partial tile v in K stage st: a tree tile's key ranges are in sHi (their subtree
+    // ends, the loader's bulk copy), a prefix's are its query range.
+    auto mask = [&](int v, int st) {
       int e, k0;
       resolve_key_tile<BN>(p, v, e, k0);
+      const bool ext = e < p.n_ext;
+      const int32_t* hi_s = sHi + st * BN;
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
         for (int cc = 0; cc < 2; ++cc) {
           const int key = k0 + 8 * j + 2 * t + cc;
-          int lo, hi;
-          key_query_range(p, e, key, lo, hi);
+          int lo = key, hi;
+          if (ext) {
+            ext_key_range(p.ext[e], key, lo, hi);
+          } else {
+            hi = hi_s[8 * j + 2 * t + cc];
+          }
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int row = row_base + 8 * half;
@@ -295,28 +326,28 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
       }
     };
 
-    TileScan scan;
-    bool full = false, full1 = false;
-    int v = next_key_tile<BN>(p, scan, 0, v_end, q0, q_last, full);
     if (cw == 1) named_barrier_arrive(other_turn, 256);  // consumer 0 takes the first turn
     mbar_wait(q_full, 0);
-    // Tile 0: S, softmax (O is zero: the rescale is a no-op).
+    // Tile 0 (every walk has one: each query sees itself): S, softmax (O is zero: the rescale is
+    // a no-op).
     mbar_wait(k_full, 0);
+    const int info0 = sInfo[0];
     named_barrier(my_turn, 256);
     issue_s(0);
     named_barrier_arrive(other_turn, 256);
     wgmma_wait<0>();
     fence_regs(s);
-    mbar_arrive(k_empty);
-    if (!full) mask(v);
+    if (!(info0 & kTileInfoFull)) mask(info0 & kTileInfoMask, 0);
+    mbar_arrive(k_empty);  // after the mask, which reads the stage's key ranges
     softmax();
     pack_rescale();
     int i = 0;
-    int v1 = next_key_tile<BN>(p, scan, v + 1, v_end, q0, q_last, full1);
     // Steps with a next tile: no branch between the MMAs and their waits (ptxas would serialize).
-    while (v1 < v_end) {
+    for (;;) {
       const int st = i % kStages, st1 = (i + 1) % kStages;
       mbar_wait(k_full + st1, ((i + 1) / kStages) & 1);
+      const int info1 = sInfo[st1];
+      if (info1 == kTileInfoEnd) break;
       mbar_wait(v_full + st, (i / kStages) & 1);
       named_barrier(my_turn, 256);
       issue_s(st1);
@@ -324,15 +355,14 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
       named_barrier_arrive(other_turn, 256);
       wgmma_wait<1>();  // S of tile i + 1 (committed first)
       fence_regs(s);
+      if (!(info1 & kTileInfoFull)) mask(info1 & kTileInfoMask, st1);
       mbar_arrive(k_empty + st1);
-      if (!full1) mask(v1);
       softmax();  // overlaps the P V in flight, which still reads pa
       wgmma_wait<0>();
       fence_regs(o);
       mbar_arrive(v_empty + st);
       pack_rescale();
       ++i;
-      v1 = next_key_tile<BN>(p, scan, v1 + 1, v_end, q0, q_last, full1);
     }
     {  // the last tile's P V
       const int st = i % kStages;

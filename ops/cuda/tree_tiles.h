@@ -7,10 +7,12 @@
 // tile [q0, q1) it is, in O(1):
 //   skipped  when k0 > q1 - 1 or max subtree_end <= q0 (no pair visible),
 //   full     when k0 + BN - 1 <= q0 and min subtree_end > q1 - 1 (every pair visible, no mask),
-//   partial  otherwise (masked per element with j <= i < subtree_end[j], read from shared memory).
+//   partial  otherwise (masked per element with j <= i < subtree_end[j]).
 // A key tile is seen by exactly the queries [k0, max subtree_end), so the backward kernel walks
-// that range only. Storage: two int32 per granule, never an N x N mask. The metadata is built
-// once per batch and shared by every layer.
+// that range only. A copy of subtree_end padded with zeros to whole key tiles (kTilePad keys) lets
+// a kernel copy a partial tile's ranges into shared memory in one bulk copy. Storage: two int32 per
+// granule plus the padded copy, never an N x N mask. The metadata is built once per batch and
+// shared by every layer.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,12 +25,14 @@
 namespace tt::cuda {
 
 constexpr int kTileGranule = 64;
+constexpr int kTilePad = 128;  // subtree_end_pad holds a multiple of this many keys
 
 // Device pointers, passed by value into the attention kernels.
 struct TreeTiles {
   const int32_t* subtree_end = nullptr;  // (N) device
   const int32_t* hi_min = nullptr;       // (num_granules) min subtree_end per granule
   const int32_t* hi_max = nullptr;       // (num_granules) max subtree_end per granule
+  const int32_t* subtree_end_pad = nullptr;  // (N rounded up to kTilePad) subtree_end, then zeros
   int n = 0;                             // N, packed tokens
   int num_granules = 0;                  // ceil(N / kTileGranule)
 };

@@ -54,8 +54,11 @@ EmuOutputs run_emulated(const Inputs& in) {
     hi_min[j / kTileGranule] = std::min(hi_min[j / kTileGranule], hi);
     hi_max[j / kTileGranule] = std::max(hi_max[j / kTileGranule], hi);
   }
+  std::vector<int32_t> padded((N + kTilePad - 1) / kTilePad * kTilePad, 0);
+  std::copy(in.layout.subtree_end.begin(), in.layout.subtree_end.end(), padded.begin());
   TreeTiles tiles;
   tiles.subtree_end = in.layout.subtree_end.data();
+  tiles.subtree_end_pad = padded.data();
   tiles.hi_min = hi_min.data();
   tiles.hi_max = hi_max.data();
   tiles.n = N;
@@ -189,6 +192,103 @@ INSTANTIATE_TEST_SUITE_P(SmallTrees, EmulatedAttention,
                                   std::to_string(i.param.HS) + "_gqa" +
                                   std::to_string(i.param.NH / i.param.NKV) + (i.param.ext_mode ? "_ext" : "");
                          });
+
+// The forward's key-tile walk (next_key_tile: ballots over 32 tiles, jumps over sibling subtrees)
+// against classifying every tile one by one, on layouts long enough that whole windows of 32
+// tiles are invisible: a long first child followed by short siblings, several trees, random
+// trees, with and without an external prefix.
+struct WalkParams {
+  AttnFwdParams p;
+  int* out;    // (query tiles, stride): 2 + 2 x tiles, then -1
+  int stride;
+};
+
+constexpr int kWalkBN = 128, kWalkBM = 128;
+
+__global__ void walk_kernel(const WalkParams w) {
+  const AttnFwdParams& p = w.p;
+  const int q0 = blockIdx.x * kWalkBM, q_last = q0 + kWalkBM - 1;  // as the forward kernels
+  const int v_end = attn::ext_tile_total<kWalkBN>(p) + attn::imin((p.n + kWalkBN - 1) / kWalkBN, q_last / kWalkBN + 1);
+  attn::TileScan scan;
+  bool full = false;
+  int* out = w.out + (int64_t)blockIdx.x * w.stride;
+  int k = 0;
+  for (int v = attn::next_key_tile<kWalkBN>(p, scan, 0, v_end, q0, q_last, full); v < v_end;
+       v = attn::next_key_tile<kWalkBN>(p, scan, v + 1, v_end, q0, q_last, full)) {
+    if (threadIdx.x == 0 && k + 3 < w.stride) {
+      out[k++] = v;
+      out[k++] = full;
+    }
+  }
+  if (threadIdx.x == 0) out[k] = -1;
+}
+
+TEST(EmulatedWalk, MatchesTileByTileClassification) {
+  std::mt19937_64 rng(std::random_device{}());
+  auto long_sibling = [&] {  // the last children's queries skip a 9000-token subtree
+    attn_test::TreeLayout L;
+    std::vector<int> parent = {-1, 0, 0, 0, 1, 1}, len = {100, 5000, 300, 200, 2000, 2000};
+    attn_test::append_tree(L, parent, len);
+    return L;
+  };
+  auto many_trees = [&] {
+    attn_test::TreeLayout L;
+    for (int t = 0; t < 6; t++) attn_test::append_random_tree(L, rng, 30, 1, 400);
+    return L;
+  };
+  auto random_big = [&] {
+    attn_test::TreeLayout L;
+    attn_test::append_random_tree(L, rng, 120, 1, 600);
+    return L;
+  };
+  int checked = 0, jumps_possible = 0;
+  for (int trial = 0; trial < 6; trial++) {
+    const attn_test::TreeLayout L = trial % 3 == 0 ? long_sibling() : trial % 3 == 1 ? many_trees() : random_big();
+    const int N = L.n, ng = (N + kTileGranule - 1) / kTileGranule;
+    std::vector<int32_t> hi_min(ng, INT_MAX), hi_max(ng, 0);
+    for (int j = 0; j < ng * kTileGranule; j++) {
+      const int hi = j < N ? L.subtree_end[j] : 0;
+      hi_min[j / kTileGranule] = std::min(hi_min[j / kTileGranule], hi);
+      hi_max[j / kTileGranule] = std::max(hi_max[j / kTileGranule], hi);
+    }
+    TreeTiles tiles;
+    tiles.subtree_end = L.subtree_end.data();
+    tiles.hi_min = hi_min.data();
+    tiles.hi_max = hi_max.data();
+    tiles.n = N;
+    tiles.num_granules = ng;
+    static bf16 dummy[16];
+    ExternalKV ext{dummy, dummy, nullptr, nullptr, 300, N / 3, N / 2};  // visible to a middle range
+    AttnFwdParams p = make_fwd_params(nullptr, nullptr, dummy, dummy, dummy, tiles, &ext, trial % 2, N, 1, 1, 64);
+    const int n_qt = (N + kWalkBM - 1) / kWalkBM, n_kt = (N + kWalkBN - 1) / kWalkBN;
+    const int stride = 2 * (n_kt + 8) + 4;
+    std::vector<int> walked((size_t)n_qt * stride, -2);
+    emu::launch(walk_kernel, dim3(n_qt), dim3(32), 0, WalkParams{p, walked.data(), stride});
+    for (int qt = 0; qt < n_qt; qt++) {
+      const int q0 = qt * kWalkBM, q_last = q0 + kWalkBM - 1;
+      const int ext_tiles = trial % 2 ? (ext.len + kWalkBN - 1) / kWalkBN : 0;
+      const int v_end = ext_tiles + std::min(n_kt, q_last / kWalkBN + 1);
+      std::vector<int> want;
+      for (int v = 0; v < v_end; v++) {
+        int skip_to;
+        const int kind = attn::classify_key_tile<kWalkBN>(p, v, q0, q_last, skip_to);
+        if (kind != attn::kSkip) {
+          want.push_back(v);
+          want.push_back(kind == attn::kFull);
+        } else if (skip_to > v + 32) {
+          jumps_possible++;
+        }
+      }
+      want.push_back(-1);
+      const std::vector<int> got(walked.begin() + (int64_t)qt * stride,
+                                 walked.begin() + (int64_t)qt * stride + want.size());
+      ASSERT_EQ(got, want) << "layout " << trial << " (N=" << N << "), query tile " << qt;
+      checked++;
+    }
+  }
+  EXPECT_GT(jumps_possible, 0) << "no layout had a jump over a whole window";
+  std::printf("%d query tiles walked, %d skipped tiles with a jump past their window\n", checked, jumps_possible);
+}
 
 }  // namespace
 }  // namespace tt::cuda

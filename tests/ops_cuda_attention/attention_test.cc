@@ -7,6 +7,8 @@
 // CUDA call fails the test.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <ostream>
 #include <random>
@@ -16,6 +18,8 @@
 
 #include "ops/check.h"
 #include "ops/cuda/attention.h"
+#include "ops/cuda/check.h"
+#include "ops/cuda/tree_tiles.h"
 #include "ops/cuda/memory.h"
 #include "tests/ops_cuda_attention/attention_cases.h"
 
@@ -178,13 +182,52 @@ TEST(GpuAttentionDeterminism, DkDvBitwiseRepeatable) {
   set_attention_impl(AttentionImpl::kWgmma);
 }
 
+// build_tree_tiles against the host: per-granule min/max of subtree_end (keys past N count as 0)
+// and the zero-padded copy, on every layout case and lengths around the granule and pad sizes;
+// the storage is poisoned first.
+TEST(GpuTreeTiles, MatchesHost) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::vector<attn_test::TreeLayout> layouts;
+  for (const auto& lc : attn_test::layout_cases()) layouts.push_back(lc.make(rng));
+  for (int n : {1, 63, 64, 65, 127, 128, 129, 4097}) {
+    layouts.emplace_back();
+    attn_test::append_tree(layouts.back(), {-1}, {n});
+  }
+  for (const auto& L : layouts) {
+    const int N = L.n, ng = (N + kTileGranule - 1) / kTileGranule, np = (N + kTilePad - 1) / kTilePad * kTilePad;
+    SCOPED_TRACE("N=" + std::to_string(N));
+    DeviceBuffer<int32_t> subtree_end(N);
+    subtree_end.copy_from_host(L.subtree_end);
+    DeviceBuffer<char> storage(tree_tiles_bytes(N));
+    storage.fill_bytes(0xAB);
+    const TreeTiles t = build_tree_tiles(subtree_end.data(), N, Workspace{storage.data(), storage.size()}, nullptr);
+    ASSERT_EQ(t.n, N);
+    ASSERT_EQ(t.num_granules, ng);
+    std::vector<int32_t> lo(ng), hi(ng), padded(np);
+    TT_CUDA_CHECK(cudaMemcpy(lo.data(), t.hi_min, ng * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    TT_CUDA_CHECK(cudaMemcpy(hi.data(), t.hi_max, ng * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    TT_CUDA_CHECK(cudaMemcpy(padded.data(), t.subtree_end_pad, np * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    for (int gi = 0; gi < ng; gi++) {
+      int want_lo = INT_MAX, want_hi = 0;
+      for (int j = gi * kTileGranule; j < (gi + 1) * kTileGranule; j++) {
+        const int v = j < N ? L.subtree_end[j] : 0;
+        want_lo = std::min(want_lo, v);
+        want_hi = std::max(want_hi, v);
+      }
+      ASSERT_EQ(lo[gi], want_lo) << "granule " << gi;
+      ASSERT_EQ(hi[gi], want_hi) << "granule " << gi;
+    }
+    for (int j = 0; j < np; j++) ASSERT_EQ(padded[j], j < N ? L.subtree_end[j] : 0) << "key " << j;
+  }
+}
+
 // Shapes are checked before anything runs on the device.
 TEST(GpuAttentionChecks, RejectsBadShapes) {
   TreeTiles tiles;
   tiles.n = 64;
   tiles.num_granules = 1;
   alignas(16) static int32_t fake[64];
-  tiles.subtree_end = tiles.hi_min = tiles.hi_max = fake;
+  tiles.subtree_end = tiles.hi_min = tiles.hi_max = tiles.subtree_end_pad = fake;
   alignas(16) static bf16 t[64 * 4 * 128];
   static float lse[64 * 4];
   EXPECT_THROW(attention_forward(t, lse, t, t, t, tiles, nullptr, 0, 64, 4, 2, 96, nullptr), Error);  // HS

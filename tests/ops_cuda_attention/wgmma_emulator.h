@@ -217,14 +217,20 @@ inline void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
   ::tt::cuda::emu::mbar_state(bar).tx += bytes;
   mbar_arrive(bar);
 }
+// A phase's copies land when a waiter finds every arrival in (the latest moment a real copy can
+// complete), also when the arrivals come while it waits.
 inline void mbar_wait(uint64_t* bar, uint32_t parity) {
-  auto& m = ::tt::cuda::emu::mbar_state(bar);
-  if (m.phase == (int)parity && m.pending == 0 && !m.copies.empty()) {  // land this phase's copies
-    auto copies = std::move(m.copies);
-    m.copies.clear();
-    for (auto& c : copies) c();
+  for (;;) {
+    auto& m = ::tt::cuda::emu::mbar_state(bar);
+    if (m.phase != (int)parity) return;
+    if (m.pending == 0 && !m.copies.empty()) {  // land this phase's copies
+      auto copies = std::move(m.copies);
+      m.copies.clear();
+      for (auto& c : copies) c();
+      continue;
+    }
+    ::tt::cuda::emu::suspend(::tt::cuda::emu::Op::kYield);
   }
-  while (::tt::cuda::emu::mbar_state(bar).phase == (int)parity) ::tt::cuda::emu::suspend(::tt::cuda::emu::Op::kYield);
 }
 
 inline void complete_tx(uint64_t* bar, uint32_t bytes) {
