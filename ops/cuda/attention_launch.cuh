@@ -26,12 +26,11 @@ void launch(Kernel* kernel, dim3 grid, const Params& p, cudaStream_t stream) {
 template <int HS>
 void run_attention_fwd(const AttnFwdParams& p, AttentionImpl impl, cudaStream_t stream) {
   constexpr int BM = attn::FwdConfig<HS>::BM;
-  static_assert(BM == attn::sm90::FwdConfig<HS>::BM, "one query-tile grid for both kernels");
-  const dim3 grid(p.nh, (p.n + BM - 1) / BM);
+  static_assert(attn::sm90::FwdConfig<HS>::BM == kFwdItemRows, "items are the wgmma forward's query tiles");
   if (impl == AttentionImpl::kWgmma) {
-    launch<attn::sm90::FwdConfig<HS>>(attn::sm90::attention_fwd_kernel<HS>, grid, p, stream);
+    launch<attn::sm90::FwdConfig<HS>>(attn::sm90::attention_fwd_kernel<HS>, dim3(fwd_blocks(p)), p, stream);
   } else {
-    launch<attn::FwdConfig<HS>>(attn::attention_fwd_kernel<HS>, grid, p, stream);
+    launch<attn::FwdConfig<HS>>(attn::attention_fwd_kernel<HS>, dim3(p.nh, (p.n + BM - 1) / BM), p, stream);
   }
 }
 

@@ -55,7 +55,15 @@ struct AttnFwdParams {
   int n_ext;
   AttnExtParams ext[kMaxExternalKV];
   AttnTmaps tm;  // wgmma kernels only
+  int fwd_items;  // wgmma forward: (query tile, head) items per block, run back to back
 };
+
+// The wgmma forward's (query tile of 128 rows, head) items and blocks.
+constexpr int kFwdItemRows = 128;  // = sm90::FwdConfig::BM
+__host__ __device__ inline int fwd_items_total(const AttnFwdParams& p) {
+  return p.nh * ((p.n + kFwdItemRows - 1) / kFwdItemRows);
+}
+inline int fwd_blocks(const AttnFwdParams& p) { return (fwd_items_total(p) + p.fwd_items - 1) / p.fwd_items; }
 
 struct AttnBwdParams : AttnFwdParams {
   const bf16* dout;  // (N, NH, HS)
@@ -70,6 +78,11 @@ struct AttnBwdParams : AttnFwdParams {
                      // block, two halves of the head dim, 4 warps of 16 rows, in wgmma accumulator
                      // order (the sm90 kernel's per-warp bulk reduces)
 };
+
+// Items per block of the wgmma forward: a block's next item loads while it finishes one. H200,
+// 2026-11-30 (docs/BENCHMARKS.md): 4 items 607-629 TF/s forward vs 575-609 with 1 on comb and
+// causal, 2 in between; the rollouts +2-4% with 2 or 4.
+constexpr int kFwdItemsPerBlock = 4;
 
 // Rows of the (NH, n_pad) backward buffers: a multiple of every query tile.
 constexpr int kRowPad = 128;
@@ -117,6 +130,7 @@ inline AttnFwdParams make_fwd_params(bf16* out, float* lse, const bf16* q, const
   p.scale = (float)(1.0 / std::sqrt((double)HS));
   p.scale_log2 = (float)(1.4426950408889634 / std::sqrt((double)HS));
   p.tiles = tiles;
+  p.fwd_items = kFwdItemsPerBlock;
   p.n_ext = 0;
   for (int e = 0; e < n_ext; e++) {
     if (ext[e].len == 0) continue;

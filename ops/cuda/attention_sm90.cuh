@@ -15,8 +15,9 @@
 // backward's K/V tiles by cp.async, each thread fencing the async proxy after its copies land and
 // before the barrier that precedes the MMAs.
 //
-// Forward, per (query tile of BM = 128 rows, head): warp-specialised. Warpgroup 0 loads, two
-// consumer warpgroups of 64 rows each (240 registers through setmaxnreg) walk the visible key
+// Forward, per block: kFwdItemsPerBlock consecutive (query tile of BM = 128 rows, head) items,
+// back to back, warp-specialised. Warpgroup 0 loads, two
+// consumer warpgroups of 64 rows each (232 registers through setmaxnreg) walk the visible key
 // tiles of BN = 128 keys (the walk of attention_kernels.cuh): S = Q K^T (both K-major), mask on
 // partial tiles (key ranges staged in shared memory with K), online softmax in fp32 in registers,
 // O += P V (P from registers, V MN-major).
@@ -135,7 +136,9 @@ __device__ __forceinline__ unsigned char* smem_1024() {
 // P V is. Only the loaders walk the key tiles: the K loader writes each stage's tile (and whether
 // it is full) next to it, then an end marker, and copies a partial tree tile's key ranges (its
 // subtree ends) into the stage, so the consumers' critical path has no tile scan and no global
-// load.
+// load. Q is double-buffered (released once an item's last S is done) and the K/V stages run on
+// across items, so the next item's Q and first tiles load while the consumers finish an item
+// and store its O: a block's prologue and epilogue are paid once per kFwdItemsPerBlock items.
 template <int HS>
 struct FwdConfig {
   static constexpr int kThreads = 384;
@@ -144,14 +147,25 @@ struct FwdConfig {
   static constexpr int BN = 128;
   static constexpr int kQElems = BM * HS;
   static constexpr int kKVElems = BN * HS;
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 65536
-  static constexpr size_t kSmemBytes = 1024 + (size_t)(kQElems + 2 * kStages * kKVElems) * sizeof(bf16) +
-                                       (size_t)kStages * BN * sizeof(int32_t) + (1 + 4 * kStages) * sizeof(uint64_t) +
+  static constexpr int kProducerRegs = 32;
+  static constexpr int kConsumerRegs = 232;  // 128 x 32 + 256 x 232 <= 384 x 168 (the launch allocation)
+  static constexpr size_t kSmemBytes = 1024 + (size_t)(2 * kQElems + 2 * kStages * kKVElems) * sizeof(bf16) +
+                                       (size_t)kStages * BN * sizeof(int32_t) + (4 + 4 * kStages) * sizeof(uint64_t) +
                                        kStages * sizeof(int32_t);
   static_assert(BN == kTmaKeyRows && BM == 2 * kTmaQueryRows, "tiles are whole TMA boxes");
   static_assert(BN == kTilePad, "a partial tile's ranges are one bulk copy of the padded subtree_end");
+  // setmaxnreg only moves registers within the block's launch allocation (__launch_bounds__(384, 1):
+  // 168 per thread); asking for more hangs the consumers' setmaxnreg.inc.
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * (65536 / kThreads / 8 * 8),
+                "warpgroup register budgets exceed the launch allocation");
 };
+
+// Work items [begin, end) of this block: p.fwd_items consecutive (query tile, head) items in launch
+// order (fwd_blocks on the host).
+__device__ __forceinline__ void fwd_work_range(const AttnFwdParams& p, int& begin, int& end) {
+  begin = blockIdx.x * p.fwd_items;
+  end = imin(begin + p.fwd_items, fwd_items_total(p));
+}
 
 // What the K loader tells the consumers about the tile of a K stage (the consumers never walk the
 // tiles themselves): the virtual key tile, whether it is full, or the end of the walk.
@@ -164,25 +178,31 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
     attention_fwd_kernel(const __grid_constant__ AttnFwdParams p) {
   using C = FwdConfig<HS>;
   constexpr int BM = C::BM, BN = C::BN, kStages = C::kStages;
-  bf16* sQ = reinterpret_cast<bf16*>(smem_1024());  // (BM, HS)
-  bf16* sK = sQ + C::kQElems;                       // (kStages, BN, HS)
+  bf16* sQ = reinterpret_cast<bf16*>(smem_1024());  // (2, BM, HS)
+  bf16* sK = sQ + 2 * C::kQElems;                   // (kStages, BN, HS)
   bf16* sV = sK + kStages * C::kKVElems;            // (kStages, BN, HS)
   int32_t* sHi = reinterpret_cast<int32_t*>(sV + kStages * C::kKVElems);  // (kStages, BN) subtree_end
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(sHi + kStages * BN);
-  uint64_t* k_full = q_full + 1;  // (kStages) each
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(sHi + kStages * BN);    // (2) each
+  uint64_t* q_empty = q_full + 2;
+  uint64_t* k_full = q_empty + 2;  // (kStages) each
   uint64_t* k_empty = k_full + kStages;
   uint64_t* v_full = k_empty + kStages;
   uint64_t* v_empty = v_full + kStages;
   int32_t* sInfo = reinterpret_cast<int32_t*>(v_empty + kStages);  // (kStages) kTileInfo* of each K stage
 
   const int tid = threadIdx.x, wg = tid / 128;
-  const int qt = gridDim.y - 1 - blockIdx.y;  // latest (largest) query tiles first
-  const int h = blockIdx.x, hk = h / p.group;
-  const int q0 = qt * BM, q_last = q0 + BM - 1;
-  const int v_end = ext_tile_total<BN>(p) + imin((p.n + BN - 1) / BN, q_last / BN + 1);
+  // This block's (query tile, head) work items: fwd_work_range, in launch order (latest query
+  // tiles first, heads fastest), so consecutive items share their rows and walk.
+  int w_begin, w_end;
+  fwd_work_range(p, w_begin, w_end);
+  const int n_qt = (p.n + BM - 1) / BM;
+  auto item_qt = [&](int w) { return n_qt - 1 - w / p.nh; };
 
   if (tid == 0) {
-    mbar_init(q_full, 1);
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(q_full + b, 1);
+      mbar_init(q_empty + b, 256);
+    }
     for (int st = 0; st < kStages; ++st) {
       mbar_init(k_full + st, 1);
       mbar_init(v_full + st, 1);
@@ -198,58 +218,69 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
     const int warp = tid / 32, lane = tid % 32;
     if (warp < 2) {
       const bool is_k = warp == 0;
-      if (is_k && lane == 0) {
-        mbar_expect_tx(q_full, C::kQElems * sizeof(bf16));
-#pragma unroll
-        for (int r = 0; r < BM; r += kTmaQueryRows)  // rows r.. of every atom: boxes of 64 rows
-          tma_load_tile<BM, HS>(sQ + r * 64, &p.tm.q, h, q0 + r, q_full);
-      }
       uint64_t* full = is_k ? k_full : v_full;
       uint64_t* empty = is_k ? k_empty : v_empty;
       bf16* dst = is_k ? sK : sV;
-      TileScan scan;
-      bool tile_full = false;
-      int i = 0;
-      for (int v = next_key_tile<BN>(p, scan, 0, v_end, q0, q_last, tile_full); v < v_end;
-           v = next_key_tile<BN>(p, scan, v + 1, v_end, q0, q_last, tile_full), ++i) {
-        if (lane == 0) {
-          const int st = i % kStages;
-          if (i >= kStages) mbar_wait(empty + st, ((i / kStages) - 1) & 1);
-          int e, k0;
-          resolve_key_tile<BN>(p, v, e, k0);
-          const CUtensorMap* map =
-              e < p.n_ext ? (is_k ? &p.tm.ext_k[e] : &p.tm.ext_v[e]) : (is_k ? &p.tm.k : &p.tm.v);
-          // A partial tree tile's key ranges come with its K (a prefix's are two scalars).
-          const bool ranges = is_k && !tile_full && e == p.n_ext;
-          if (is_k) sInfo[st] = v | (tile_full ? kTileInfoFull : 0);  // published by the arrival below
-          mbar_expect_tx(full + st, C::kKVElems * sizeof(bf16) + (ranges ? BN * sizeof(int32_t) : 0));
-          if (ranges) bulk_load(sHi + st * BN, p.tiles.subtree_end_pad + k0, BN * sizeof(int32_t), full + st);
-          tma_load_tile<BN, HS>(dst + st * C::kKVElems, map, hk, k0, full + st);
+      int i = 0;  // position in this loader's stream of stages (the K stream has an end marker per item)
+      for (int w = w_begin; w < w_end; ++w) {
+        const int j = w - w_begin, qb = j & 1;
+        const int h = w % p.nh, hk = h / p.group;
+        const int q0 = item_qt(w) * BM, q_last = q0 + BM - 1;
+        const int v_end = ext_tile_total<BN>(p) + imin((p.n + BN - 1) / BN, q_last / BN + 1);
+        if (is_k && lane == 0) {
+          if (j >= 2) mbar_wait(q_empty + qb, ((j >> 1) - 1) & 1);
+          mbar_expect_tx(q_full + qb, C::kQElems * sizeof(bf16));
+#pragma unroll
+          for (int r = 0; r < BM; r += kTmaQueryRows)  // rows r.. of every atom: boxes of 64 rows
+            tma_load_tile<BM, HS>(sQ + qb * C::kQElems + r * 64, &p.tm.q, h, q0 + r, q_full + qb);
         }
-        __syncwarp();
-      }
-      if (is_k && lane == 0) {  // the end of the walk, in the next K stage
-        const int st = i % kStages;
-        if (i >= kStages) mbar_wait(empty + st, ((i / kStages) - 1) & 1);
-        sInfo[st] = kTileInfoEnd;
-        mbar_arrive(full + st);
+        TileScan scan;
+        bool tile_full = false;
+        for (int v = next_key_tile<BN>(p, scan, 0, v_end, q0, q_last, tile_full); v < v_end;
+             v = next_key_tile<BN>(p, scan, v + 1, v_end, q0, q_last, tile_full), ++i) {
+          if (lane == 0) {
+            const int st = i % kStages;
+            if (i >= kStages) mbar_wait(empty + st, ((i / kStages) - 1) & 1);
+            int e, k0;
+            resolve_key_tile<BN>(p, v, e, k0);
+            const CUtensorMap* map =
+                e < p.n_ext ? (is_k ? &p.tm.ext_k[e] : &p.tm.ext_v[e]) : (is_k ? &p.tm.k : &p.tm.v);
+            // A partial tree tile's key ranges come with its K (a prefix's are two scalars).
+            const bool ranges = is_k && !tile_full && e == p.n_ext;
+            if (is_k) sInfo[st] = v | (tile_full ? kTileInfoFull : 0);  // published by the arrival below
+            mbar_expect_tx(full + st, C::kKVElems * sizeof(bf16) + (ranges ? BN * sizeof(int32_t) : 0));
+            if (ranges) bulk_load(sHi + st * BN, p.tiles.subtree_end_pad + k0, BN * sizeof(int32_t), full + st);
+            tma_load_tile<BN, HS>(dst + st * C::kKVElems, map, hk, k0, full + st);
+          }
+          __syncwarp();
+        }
+        if (is_k) {  // the end of the item's walk, in the next K stage
+          if (lane == 0) {
+            const int st = i % kStages;
+            if (i >= kStages) mbar_wait(empty + st, ((i / kStages) - 1) & 1);
+            sInfo[st] = kTileInfoEnd;
+            mbar_arrive(full + st);
+          }
+          __syncwarp();
+          ++i;
+        }
       }
     }
-  } else {  // ---- compute: warpgroup cw = wg - 1 owns query rows q0 + 64 cw ..
+  } else {  // ---- compute: warpgroup cw = wg - 1 owns query rows q0 + 64 cw .. of each item
     setmaxnreg_inc<C::kConsumerRegs>();
     const int cw = wg - 1, warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int row_base = q0 + cw * 64 + warp * 16 + g;  // this thread's rows: row_base, row_base + 8
-    const int my_turn = 2 + cw, other_turn = 3 - cw;      // named barriers of the MMA turns
+    const int my_turn = 2 + cw, other_turn = 3 - cw;  // named barriers of the MMA turns
+    int qb = 0;                                        // the item's Q buffer
 
     float o[HS / 2];
-#pragma unroll
-    for (int i = 0; i < HS / 2; ++i) o[i] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2] = {1.f, 1.f};
+    float m[2], l[2], corr[2];
     uint32_t pa[BN / 16][4];  // P of the tile whose P V is next, as A fragments
     float s[BN / 2];
+    int row_base = 0;  // this thread's rows of the item: row_base, row_base + 8
 
     auto issue_s = [&](int st) {
-      const uint64_t dq_base = desc_kmajor<BM>(sQ, cw * 64), dk_base = desc_kmajor<BN>(sK + st * C::kKVElems, 0);
+      const uint64_t dq_base = desc_kmajor<BM>(sQ + qb * C::kQElems, cw * 64);
+      const uint64_t dk_base = desc_kmajor<BN>(sK + st * C::kKVElems, 0);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < HS / 16; ++kk)
@@ -327,66 +358,86 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
     };
 
     if (cw == 1) named_barrier_arrive(other_turn, 256);  // consumer 0 takes the first turn
-    mbar_wait(q_full, 0);
-    // Tile 0 (every walk has one: each query sees itself): S, softmax (O is zero: the rescale is
-    // a no-op).
-    mbar_wait(k_full, 0);
-    const int info0 = sInfo[0];
-    named_barrier(my_turn, 256);
-    issue_s(0);
-    named_barrier_arrive(other_turn, 256);
-    wgmma_wait<0>();
-    fence_regs(s);
-    if (!(info0 & kTileInfoFull)) mask(info0 & kTileInfoMask, 0);
-    mbar_arrive(k_empty);  // after the mask, which reads the stage's key ranges
-    softmax();
-    pack_rescale();
-    int i = 0;
-    // Steps with a next tile: no branch between the MMAs and their waits (ptxas would serialize).
-    for (;;) {
-      const int st = i % kStages, st1 = (i + 1) % kStages;
-      mbar_wait(k_full + st1, ((i + 1) / kStages) & 1);
-      const int info1 = sInfo[st1];
-      if (info1 == kTileInfoEnd) break;
-      mbar_wait(v_full + st, (i / kStages) & 1);
-      named_barrier(my_turn, 256);
-      issue_s(st1);
-      issue_pv(st);
-      named_barrier_arrive(other_turn, 256);
-      wgmma_wait<1>();  // S of tile i + 1 (committed first)
-      fence_regs(s);
-      if (!(info1 & kTileInfoFull)) mask(info1 & kTileInfoMask, st1);
-      mbar_arrive(k_empty + st1);
-      softmax();  // overlaps the P V in flight, which still reads pa
-      wgmma_wait<0>();
-      fence_regs(o);
-      mbar_arrive(v_empty + st);
+    int kpos = 0, vpos = 0;  // K and V stream positions of the item's first key tile
+    for (int w = w_begin; w < w_end; ++w) {
+      const int j = w - w_begin, h = w % p.nh;
+      qb = j & 1;
+      row_base = item_qt(w) * BM + cw * 64 + warp * 16 + g;
+#pragma unroll
+      for (int i = 0; i < HS / 2; ++i) o[i] = 0.f;
+      m[0] = m[1] = -INFINITY;
+      l[0] = l[1] = 0.f;
+      corr[0] = corr[1] = 1.f;
+      mbar_wait(q_full + qb, (j >> 1) & 1);
+      // Tile 0 (every walk has one: each query sees itself): S, softmax (O is zero: the rescale
+      // is a no-op).
+      {
+        const int st = kpos % kStages;
+        mbar_wait(k_full + st, (kpos / kStages) & 1);
+        const int info0 = sInfo[st];
+        named_barrier(my_turn, 256);
+        issue_s(st);
+        named_barrier_arrive(other_turn, 256);
+        wgmma_wait<0>();
+        fence_regs(s);
+        if (!(info0 & kTileInfoFull)) mask(info0 & kTileInfoMask, st);
+        mbar_arrive(k_empty + st);  // after the mask, which reads the stage's key ranges
+      }
+      softmax();
       pack_rescale();
-      ++i;
-    }
-    {  // the last tile's P V
-      const int st = i % kStages;
-      mbar_wait(v_full + st, (i / kStages) & 1);
-      named_barrier(my_turn, 256);
-      issue_pv(st);
-      named_barrier_arrive(other_turn, 256);
-      wgmma_wait<0>();
-      fence_regs(o);
-    }
+      int n = 0;  // the walk's tile whose P V is next
+      // Steps with a next tile: no branch between the MMAs and their waits (ptxas would serialize).
+      for (;;) {
+        const int k1 = kpos + n + 1, vi = vpos + n;
+        const int st = vi % kStages, st1 = k1 % kStages;
+        mbar_wait(k_full + st1, (k1 / kStages) & 1);
+        const int info1 = sInfo[st1];
+        if (info1 == kTileInfoEnd) break;
+        mbar_wait(v_full + st, (vi / kStages) & 1);
+        named_barrier(my_turn, 256);
+        issue_s(st1);
+        issue_pv(st);
+        named_barrier_arrive(other_turn, 256);
+        wgmma_wait<1>();  // S of tile n + 1 (committed first)
+        fence_regs(s);
+        if (!(info1 & kTileInfoFull)) mask(info1 & kTileInfoMask, st1);
+        mbar_arrive(k_empty + st1);
+        softmax();  // overlaps the P V in flight, which still reads pa
+        wgmma_wait<0>();
+        fence_regs(o);
+        mbar_arrive(v_empty + st);
+        pack_rescale();
+        ++n;
+      }
+      mbar_arrive(k_empty + (kpos + n + 1) % kStages);  // the end marker's stage
+      mbar_arrive(q_empty + qb);                        // every S of the item is done
+      {  // the last tile's P V
+        const int vi = vpos + n, st = vi % kStages;
+        mbar_wait(v_full + st, (vi / kStages) & 1);
+        named_barrier(my_turn, 256);
+        issue_pv(st);
+        named_barrier_arrive(other_turn, 256);
+        wgmma_wait<0>();
+        fence_regs(o);
+        mbar_arrive(v_empty + st);
+      }
+      kpos += n + 2;  // n + 1 tiles and the end marker
+      vpos += n + 1;
 
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float sum = l[half];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const int row = row_base + 8 * half;
-      if (row < p.n) {  // every row in range sees itself, so sum > 0
-        const float inv = 1.f / sum;
-        bf16* dst = p.out + row * p.o_row_stride + h * p.o_head_stride;
+      for (int half = 0; half < 2; ++half) {
+        float sum = l[half];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const int row = row_base + 8 * half;
+        if (row < p.n) {  // every row in range sees itself, so sum > 0
+          const float inv = 1.f / sum;
+          bf16* dst = p.out + row * p.o_row_stride + h * p.o_head_stride;
 #pragma unroll
-        for (int j = 0; j < HS / 8; ++j)
-          store_bf16x2(dst + 8 * j + 2 * t, o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
-        if (t == 0) p.lse[(int64_t)row * p.nh + h] = m[half] * p.scale + logf(sum);
+          for (int jj = 0; jj < HS / 8; ++jj)
+            store_bf16x2(dst + 8 * jj + 2 * t, o[4 * jj + 2 * half] * inv, o[4 * jj + 2 * half + 1] * inv);
+          if (t == 0) p.lse[(int64_t)row * p.nh + h] = m[half] * p.scale + logf(sum);
+        }
       }
     }
   }

@@ -71,7 +71,7 @@ echo "attention_compare rc=$?" >>"$summary"
 
 # 3. Correctness against the fp64 CPU reference.
 start=$SECONDS
-timeout 200 "$DIR/attention_test" --gtest_color=no >>"$OUT/tests.log" 2>&1
+timeout 120 "$DIR/attention_test" --gtest_color=no >>"$OUT/tests.log" 2>&1
 rc=$?
 printf "attention_test      rc=%d passed %d failed %d (%ds)\n" $rc "$(grep -c '^\[       OK \]' "$OUT/tests.log")" \
   "$(grep -c '^\[  FAILED  \].*(' "$OUT/tests.log")" $((SECONDS - start)) >>"$summary"

@@ -39,7 +39,7 @@ struct EmuOutputs {
 // The launch sequence of attention_launch.cuh for either kernel set (kSm90: the wgmma kernels of
 // attention_sm90.cuh, with this emulator's tensor maps).
 template <int HS, bool kSm90>
-EmuOutputs run_emulated(const Inputs& in) {
+EmuOutputs run_emulated(const Inputs& in, int fwd_items) {
   const int N = in.layout.n, NH = in.NH, NKV = in.NKV;
   std::vector<bf16> q = to_bf16(in.q), k = to_bf16(in.k), v = to_bf16(in.v), dout = to_bf16(in.dout);
   const bf16 nan = host_float_to_bf16(NAN);
@@ -84,8 +84,8 @@ EmuOutputs run_emulated(const Inputs& in) {
   if constexpr (kSm90) {
     using F = attn::sm90::FwdConfig<HS>;
     set_fwd_tensor_maps(pf, HS, emu::tensor_map);
-    emu::launch(attn::sm90::attention_fwd_kernel<HS>, dim3(NH, (N + F::BM - 1) / F::BM), dim3(F::kThreads),
-                F::kSmemBytes, pf);
+    pf.fwd_items = fwd_items;
+    emu::launch(attn::sm90::attention_fwd_kernel<HS>, dim3(fwd_blocks(pf)), dim3(F::kThreads), F::kSmemBytes, pf);
   } else {
     using F = attn::FwdConfig<HS>;
     emu::launch(attn::attention_fwd_kernel<HS>, dim3(NH, (N + F::BM - 1) / F::BM), dim3(F::kThreads), F::kSmemBytes,
@@ -130,11 +130,12 @@ struct EmuCase {
   std::string layout;
   int NH, NKV, HS, ext_mode;
   bool sm90;
+  int fwd_items = kFwdItemsPerBlock;  // wgmma forward: items per block (1: one each; 3: Q buffers reused)
 };
 
 void PrintTo(const EmuCase& c, std::ostream* os) {
   *os << (c.sm90 ? "wgmma " : "mma_sync ") << c.layout << " NH=" << c.NH << " NKV=" << c.NKV << " HS=" << c.HS
-      << " ext=" << c.ext_mode;
+      << " ext=" << c.ext_mode << " fwd_items=" << c.fwd_items;
 }
 
 class EmulatedAttention : public ::testing::TestWithParam<EmuCase> {};
@@ -150,8 +151,8 @@ TEST_P(EmulatedAttention, MatchesCpuReference) {
   std::mt19937_64 rng(seed);
   const Inputs in = attn_test::make_inputs(lc, c.NH, c.NKV, c.HS, c.ext_mode, rng);
   const Reference ref = attn_test::reference(in);
-  const EmuOutputs got = c.HS == 64 ? (c.sm90 ? run_emulated<64, true>(in) : run_emulated<64, false>(in))
-                                    : (c.sm90 ? run_emulated<128, true>(in) : run_emulated<128, false>(in));
+  const EmuOutputs got = c.HS == 64 ? (c.sm90 ? run_emulated<64, true>(in, c.fwd_items) : run_emulated<64, false>(in, 1))
+                                    : (c.sm90 ? run_emulated<128, true>(in, c.fwd_items) : run_emulated<128, false>(in, 1));
 
   using attn_test::kRelL2Bf16;
   EXPECT_LE(attn_test::rel_l2(got.out, ref.out), kRelL2Bf16) << "out";
@@ -181,16 +182,18 @@ TEST_P(EmulatedAttention, MatchesCpuReference) {
 INSTANTIATE_TEST_SUITE_P(SmallTrees, EmulatedAttention,
                          ::testing::Values(EmuCase{"chain97", 2, 1, 64, 1, false}, EmuCase{"comb", 2, 2, 128, 1, false},
                                            EmuCase{"wide_fan", 4, 2, 64, 0, false},
-                                           EmuCase{"chain97", 2, 1, 64, 1, true}, EmuCase{"comb", 2, 2, 128, 1, true},
+                                           EmuCase{"chain97", 2, 1, 64, 1, true, 1},
+                                           EmuCase{"comb", 2, 2, 128, 1, true, 3},
                                            EmuCase{"wide_fan", 4, 2, 64, 0, true},
-                                           EmuCase{"one_token_nodes", 4, 2, 64, 0, true},
+                                           EmuCase{"one_token_nodes", 4, 2, 64, 0, true, 5},
                                            EmuCase{"deep_chain", 2, 2, 128, 1, true},
-                                           EmuCase{"several_trees", 4, 1, 128, 0, true},
+                                           EmuCase{"several_trees", 4, 1, 128, 0, true, 3},
                                            EmuCase{"random_tree", 4, 2, 128, 1, true}),
                          [](const ::testing::TestParamInfo<EmuCase>& i) {
                            return std::string(i.param.sm90 ? "wgmma_" : "mma_sync_") + i.param.layout + "_hs" +
                                   std::to_string(i.param.HS) + "_gqa" +
-                                  std::to_string(i.param.NH / i.param.NKV) + (i.param.ext_mode ? "_ext" : "");
+                                  std::to_string(i.param.NH / i.param.NKV) + (i.param.ext_mode ? "_ext" : "") +
+                                  (i.param.sm90 ? "_items" + std::to_string(i.param.fwd_items) : "");
                          });
 
 // The forward's key-tile walk (next_key_tile: ballots over 32 tiles, jumps over sibling subtrees)
