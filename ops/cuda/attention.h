@@ -11,7 +11,8 @@
 // Forward saves lse (N, NH) fp32 (natural log of the softmax denominator, scale included).
 // Gradient contract: dq, dk, dv are overwritten; an external prefix's dk/dv (fp32) are accumulated
 // (+=) when non-null (gradients on) and left alone when null (gradients off). dq sums its key tiles
-// through fp32 atomics, so it is not bitwise reproducible from run to run (dk, dv are).
+// through fp32 atomic adds (bulk reduce-adds on Hopper) in arrival order, so it is not bitwise
+// reproducible from run to run (dk, dv are).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -11,6 +11,7 @@
 #include "ops/cuda/attention_params.h"
 #include "ops/cuda/attention_sm90_device.cuh"
 #include "ops/cuda/attention_sm90.cuh"
+#include "ops/check.h"
 #include "ops/cuda/check.h"
 
 namespace tt::cuda {
@@ -28,6 +29,7 @@ void run_attention_fwd(const AttnFwdParams& p, AttentionImpl impl, cudaStream_t 
   constexpr int BM = attn::FwdConfig<HS>::BM;
   static_assert(attn::sm90::FwdConfig<HS>::BM == kFwdItemRows, "items are the wgmma forward's query tiles");
   if (impl == AttentionImpl::kWgmma) {
+    TT_CHECK(p.fwd_items >= 1, "attention forward: fwd_items=", p.fwd_items, ", expected >= 1 (make_fwd_params)");
     launch<attn::sm90::FwdConfig<HS>>(attn::sm90::attention_fwd_kernel<HS>, dim3(fwd_blocks(p)), p, stream);
   } else {
     launch<attn::FwdConfig<HS>>(attn::attention_fwd_kernel<HS>, dim3(p.nh, (p.n + BM - 1) / BM), p, stream);
