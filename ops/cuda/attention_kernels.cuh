@@ -158,6 +158,17 @@ __device__ __forceinline__ KeyTileQueries<BM> key_tile_queries(const AttnFwdPara
   return r;
 }
 
+// The backward block's virtual key tile v and KV head hk. Launch order: KV heads in groups of
+// p.head_group, a group's key tiles in order (prefixes and the first tree tiles, which the most
+// queries see, first), the group's heads fastest; the last group may be smaller.
+__device__ __forceinline__ void bwd_block_work(const AttnBwdParams& p, int& v, int& hk) {
+  const int per_group = p.head_group * p.key_tiles;
+  const int g = (int)blockIdx.x / per_group, r = (int)blockIdx.x % per_group;
+  const int heads = imin(p.head_group, p.nkv - g * p.head_group);
+  v = r / heads;
+  hk = g * p.head_group + r % heads;
+}
+
 // Query range [lo, hi) of key `key` of external prefix x; keys past its end see no query.
 __device__ __forceinline__ void ext_key_range(const AttnExtParams& x, int key, int& lo, int& hi) {
   const bool ok = key < x.len;
@@ -595,10 +606,9 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, BwdConfig<HS>::kMinBl
   int* sHi = sLo + BN;                                        // (BN)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  // KV heads vary fastest over the launch order: the tiles with the most queries (prefixes and the
-  // first tree tiles) of every head start first.
-  const int hk = blockIdx.x;
-  const KeyTileQueries<BM> kt = key_tile_queries<BN, BM>(p, blockIdx.y, hk);
+  int v, hk;
+  bwd_block_work(p, v, hk);
+  const KeyTileQueries<BM> kt = key_tile_queries<BN, BM>(p, v, hk);
   const int e = kt.e, k0 = kt.k0, n_keys = kt.n_keys, n_iter = kt.n_steps;
   const bool want_dkv = kt.want_dkv;
   load_rows<BN, HS, C::kThreads>(sK, kt.k, p.k_row_stride, k0, n_keys, tid);

@@ -47,11 +47,10 @@ void run_attention_bwd(const AttnBwdParams& p, AttentionImpl impl, cudaStream_t 
       <<<(unsigned)((pre_threads + kSmallThreads - 1) / kSmallThreads), kSmallThreads, 0, stream>>>(p);
   TT_CUDA_CHECK_LAUNCH();
 
-  int ext_tiles = 0;
-  for (int e = 0; e < p.n_ext; ++e) ext_tiles += (p.ext[e].len + BN - 1) / BN;
-  const dim3 grid(p.nkv, ext_tiles + (p.n + BN - 1) / BN);
   AttnBwdParams pc = p;
   pc.dq_blocked = impl == AttentionImpl::kWgmma;  // the sm90 kernel's bulk reduces
+  set_bwd_schedule(pc, BN);
+  const dim3 grid((unsigned)pc.key_tiles * pc.nkv);
   if (impl == AttentionImpl::kWgmma) {
     launch<attn::sm90::BwdConfig<HS>>(attn::sm90::attention_bwd_kernel<HS>, grid, pc, stream);
   } else {

@@ -77,12 +77,22 @@ struct AttnBwdParams : AttnFwdParams {
   int dq_blocked;    // 0: dq_accum row-major; 1: (NH, n_pad / 64, 2, 4, HS / 16, 32, 4), per 64-query
                      // block, two halves of the head dim, 4 warps of 16 rows, in wgmma accumulator
                      // order (the sm90 kernel's per-warp bulk reduces)
+  int key_tiles;     // virtual key tiles of the backward (prefix tiles, then tree tiles)
+  int head_group;    // KV heads per group of the backward's launch order (bwd_block_work)
 };
 
 // Items per block of the wgmma forward: a block's next item loads while it finishes one. H200,
 // 2026-11-30 (docs/BENCHMARKS.md): 4 items 607-629 TF/s forward vs 575-609 with 1 on comb and
 // causal, 2 in between; the rollouts +2-4% with 2 or 4.
 constexpr int kFwdItemsPerBlock = 4;
+
+// The backward launches KV heads in groups of NKV / kBwdHeadGroupDiv, each group's key tiles in
+// order (heads fastest inside a group): the blocks running at once share their queries' Q/dO
+// and dq_accum rows with more of their neighbours than with every head at once (the rollout
+// streamed Q/dO and dq_accum from DRAM about 20 times over), while the tiles seen by the most
+// queries of a group still start early enough (simulated on the public trees: no tail with 2).
+constexpr int kBwdHeadGroupDiv = 2;
+inline int bwd_head_group(int nkv) { return nkv >= kBwdHeadGroupDiv ? nkv / kBwdHeadGroupDiv : 1; }
 
 // Rows of the (NH, n_pad) backward buffers: a multiple of every query tile.
 constexpr int kRowPad = 128;
@@ -170,6 +180,14 @@ inline AttnBwdParams make_bwd_params(bf16* dq, bf16* dk, bf16* dv, const bf16* d
   base += bwd_align_up((size_t)NH * p.n_pad * sizeof(float));
   p.dsum = reinterpret_cast<float*>(base);
   return p;
+}
+
+// The backward's key tiles of BN keys and launch-order head groups (bwd_block_work); its grid is
+// key_tiles * nkv blocks.
+inline void set_bwd_schedule(AttnBwdParams& p, int BN) {
+  p.key_tiles = (p.n + BN - 1) / BN;
+  for (int e = 0; e < p.n_ext; ++e) p.key_tiles += (p.ext[e].len + BN - 1) / BN;
+  p.head_group = bwd_head_group(p.nkv);
 }
 
 // Threads of attention_dq_convert_kernel for p's dq_accum layout.

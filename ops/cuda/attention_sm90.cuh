@@ -494,8 +494,9 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
     fence_barrier_init();
   }
   __syncthreads();
-  const int hk = blockIdx.x;
-  const KeyTileQueries<BM> kt = key_tile_queries<BN, BM>(p, blockIdx.y, hk);
+  int v, hk;
+  bwd_block_work(p, v, hk);
+  const KeyTileQueries<BM> kt = key_tile_queries<BN, BM>(p, v, hk);
   const int e = kt.e, k0 = kt.k0, n_keys = kt.n_keys, n_iter = kt.n_steps;
   const bool want_dkv = kt.want_dkv;
   load_tile<BN, HS, C::kThreads>(sK, kt.k, p.k_row_stride, k0, n_keys, tid);

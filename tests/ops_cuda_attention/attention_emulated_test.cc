@@ -97,10 +97,8 @@ EmuOutputs run_emulated(const Inputs& in, int fwd_items) {
   AttnBwdParams pb = make_bwd_params(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(), q.data(),
                                      k.data(), v.data(), tiles, ext.data(), (int)ext.size(), N, NH, NKV, HS, ws_ptr);
   emu::launch(attn::attention_bwd_preprocess_kernel<HS>, dim3((pb.n_pad * NH * 32 + 255) / 256), dim3(256), 0, pb);
-  constexpr int BN = attn::BwdConfig<HS>::BN;
-  int ext_tiles = 0;
-  for (int e = 0; e < pb.n_ext; ++e) ext_tiles += (pb.ext[e].len + BN - 1) / BN;
-  const dim3 bwd_grid(NKV, ext_tiles + (N + BN - 1) / BN);
+  set_bwd_schedule(pb, attn::BwdConfig<HS>::BN);
+  const dim3 bwd_grid((unsigned)pb.key_tiles * NKV);
   if constexpr (kSm90) {
     using B = attn::sm90::BwdConfig<HS>;
     set_bwd_tensor_maps(pb, HS, emu::tensor_map);
