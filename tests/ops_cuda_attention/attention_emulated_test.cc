@@ -31,6 +31,35 @@ using attn_test::Reference;
 using attn_test::to_bf16;
 using attn_test::to_float;
 
+// Tile metadata as tree_tiles.cu builds it, on the host: per-granule min/max of subtree_end
+// (keys past N count as 0) and the zero-padded copy. view() points a TreeTiles at them.
+struct HostTiles {
+  std::vector<int32_t> subtree_end, hi_min, hi_max, padded;
+
+  explicit HostTiles(const std::vector<int32_t>& se) : subtree_end(se) {
+    const int N = (int)se.size(), ng = (N + kTileGranule - 1) / kTileGranule;
+    hi_min.assign(ng, INT_MAX);
+    hi_max.assign(ng, 0);
+    for (int j = 0; j < ng * kTileGranule; j++) {
+      const int hi = j < N ? se[j] : 0;
+      hi_min[j / kTileGranule] = std::min(hi_min[j / kTileGranule], hi);
+      hi_max[j / kTileGranule] = std::max(hi_max[j / kTileGranule], hi);
+    }
+    padded.assign((N + kTilePad - 1) / kTilePad * kTilePad, 0);
+    std::copy(se.begin(), se.end(), padded.begin());
+  }
+  TreeTiles view() const {
+    TreeTiles t;
+    t.subtree_end = subtree_end.data();
+    t.subtree_end_pad = padded.data();
+    t.hi_min = hi_min.data();
+    t.hi_max = hi_max.data();
+    t.n = (int)subtree_end.size();
+    t.num_granules = (int)hi_min.size();
+    return t;
+  }
+};
+
 struct EmuOutputs {
   std::vector<float> out, lse, dq, dk, dv;
   std::vector<std::vector<float>> ext_dk, ext_dv;
@@ -46,23 +75,8 @@ EmuOutputs run_emulated(const Inputs& in, int fwd_items) {
   std::vector<bf16> out(q.size(), nan), dq(q.size(), nan), dk(k.size(), nan), dv(v.size(), nan);
   std::vector<float> lse((size_t)N * NH, NAN);
 
-  // Tile metadata as tree_tiles.cu builds it.
-  const int ng = (N + kTileGranule - 1) / kTileGranule;
-  std::vector<int32_t> hi_min(ng, INT_MAX), hi_max(ng, 0);
-  for (int j = 0; j < ng * kTileGranule; j++) {
-    const int hi = j < N ? in.layout.subtree_end[j] : 0;
-    hi_min[j / kTileGranule] = std::min(hi_min[j / kTileGranule], hi);
-    hi_max[j / kTileGranule] = std::max(hi_max[j / kTileGranule], hi);
-  }
-  std::vector<int32_t> padded((N + kTilePad - 1) / kTilePad * kTilePad, 0);
-  std::copy(in.layout.subtree_end.begin(), in.layout.subtree_end.end(), padded.begin());
-  TreeTiles tiles;
-  tiles.subtree_end = in.layout.subtree_end.data();
-  tiles.subtree_end_pad = padded.data();
-  tiles.hi_min = hi_min.data();
-  tiles.hi_max = hi_max.data();
-  tiles.n = N;
-  tiles.num_granules = ng;
+  const HostTiles host_tiles(in.layout.subtree_end);
+  const TreeTiles tiles = host_tiles.view();
 
   std::vector<std::vector<bf16>> ek, ev;
   std::vector<std::vector<float>> edk, edv;  // fp32 prefix gradients
@@ -245,19 +259,9 @@ TEST(EmulatedWalk, MatchesTileByTileClassification) {
   int checked = 0, jumps_possible = 0;
   for (int trial = 0; trial < 6; trial++) {
     const attn_test::TreeLayout L = trial % 3 == 0 ? long_sibling() : trial % 3 == 1 ? many_trees() : random_big();
-    const int N = L.n, ng = (N + kTileGranule - 1) / kTileGranule;
-    std::vector<int32_t> hi_min(ng, INT_MAX), hi_max(ng, 0);
-    for (int j = 0; j < ng * kTileGranule; j++) {
-      const int hi = j < N ? L.subtree_end[j] : 0;
-      hi_min[j / kTileGranule] = std::min(hi_min[j / kTileGranule], hi);
-      hi_max[j / kTileGranule] = std::max(hi_max[j / kTileGranule], hi);
-    }
-    TreeTiles tiles;
-    tiles.subtree_end = L.subtree_end.data();
-    tiles.hi_min = hi_min.data();
-    tiles.hi_max = hi_max.data();
-    tiles.n = N;
-    tiles.num_granules = ng;
+    const int N = L.n;
+    const HostTiles host_tiles(L.subtree_end);
+    const TreeTiles tiles = host_tiles.view();
     static bf16 dummy[16];
     ExternalKV ext{dummy, dummy, nullptr, nullptr, 300, N / 3, N / 2};  // visible to a middle range
     AttnFwdParams p = make_fwd_params(nullptr, nullptr, dummy, dummy, dummy, tiles, &ext, trial % 2, N, 1, 1, 64);
