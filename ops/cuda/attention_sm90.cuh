@@ -15,15 +15,16 @@
 // backward's K/V tiles by cp.async, each thread fencing the async proxy after its copies land and
 // before the barrier that precedes the MMAs.
 //
-// Forward, per block: kFwdItemsPerBlock consecutive (query tile of BM = 128 rows, head) items,
-// back to back, warp-specialised. Warpgroup 0 loads, two
-// consumer warpgroups of 64 rows each (232 registers through setmaxnreg) walk the visible key
-// tiles of BN = 128 keys (the walk of attention_kernels.cuh): S = Q K^T (both K-major), mask on
-// partial tiles (key ranges staged in shared memory with K), online softmax in fp32 in registers,
-// O += P V (P from registers, V MN-major).
+// Forward, per block: kFwdItemsPerBlock consecutive (query tile of BM = 128 rows, head) items, back
+// to back, warp-specialised. Warpgroup 0 loads, two consumer warpgroups of 64 rows each (232
+// registers through setmaxnreg) walk the visible key tiles of BN = 128 keys (the walk of
+// attention_kernels.cuh): S = Q K^T (both K-major), mask on partial tiles (key ranges staged in
+// shared memory with K), online softmax in fp32 in registers, O += P V (P from registers,
+// V MN-major).
 // Each consumer is software-pipelined one tile deep, and the two take turns issuing their MMAs,
 // so one's softmax runs under the other's tensor-core work (FlashAttention-3's ping-pong).
-// Backward, per (key tile of BN = 128 keys, KV head), 2 warpgroups of 64 keys each: for each
+// Backward, per (key tile of BN = 128 keys, KV head; launched in two groups of KV heads, see
+// bwd_block_work), 2 warpgroups of 64 keys each: for each
 // query tile of BM = 64 rows (of every head of the GQA group) that sees the tile (its Q, dO, lse
 // and D loaded two steps ahead by thread 0 into one of three buffers; one CTA barrier per step),
 // S^T = K Q^T and dP^T = V dO^T (K-major; P^T computed while dP^T is in flight), dS^T to shared
