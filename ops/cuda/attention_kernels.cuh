@@ -102,15 +102,26 @@ __device__ int classify_key_tile(const AttnFwdParams& p, int v, int q0, int q_la
   return (k0 + BN - 1 <= q0 && hmin > q_last) ? kFull : kPartial;
 }
 
-// The backward's view of virtual key tile v (a block's keys) for KV head hk: its prefix (or n_ext
-// for the tree) and first key, its K/V rows (this head), the keys of its source, the bounds of the
-// full-tile test (every key's range starts at or before lo_max and ends after hi_min - 1), whether
-// its dK/dV are wanted (tree keys always; a prefix when it takes gradients), and its schedule:
-// n_steps steps of BM queries, the query tiles that see it ([q_lo, q_hi) rounded out to BM) for
-// each query head of the GQA group in turn.
+// The backward block's virtual key tile v and KV head hk. Launch order: KV heads in groups of
+// p.head_group, a group's key tiles in order (prefixes and the first tree tiles, which the most
+// queries see, first), the group's heads fastest; the last group may be smaller.
+__device__ __forceinline__ void bwd_block_work(const AttnBwdParams& p, int& v, int& hk) {
+  const int per_group = p.head_group * p.key_tiles;
+  const int g = (int)blockIdx.x / per_group, r = (int)blockIdx.x % per_group;
+  const int heads = imin(p.head_group, p.nkv - g * p.head_group);
+  v = r / heads;
+  hk = g * p.head_group + r % heads;
+}
+
+// The backward block's view of its virtual key tile v for its KV head hk (bwd_block_work): its
+// prefix (or n_ext for the tree) and first key, its K/V rows (this head), the keys of its source,
+// the bounds of the full-tile test (every key's range starts at or before lo_max and ends after
+// hi_min - 1), whether its dK/dV are wanted (tree keys always; a prefix when it takes gradients),
+// and its schedule: n_steps steps of BM queries, the query tiles that see it ([q_lo, q_hi) rounded
+// out to BM) for each query head of the GQA group in turn.
 template <int BM>
 struct KeyTileQueries {
-  int e, k0, n_keys, lo_max, hi_min;
+  int hk, e, k0, n_keys, lo_max, hi_min;
   bool ext, want_dkv;
   const bf16* k;  // (keys, NKV, HS) at this head: row j at k + j * k_row_stride
   const bf16* v;
@@ -123,8 +134,11 @@ struct KeyTileQueries {
 };
 
 template <int BN, int BM>
-__device__ __forceinline__ KeyTileQueries<BM> key_tile_queries(const AttnFwdParams& p, int v, int hk) {
+__device__ __forceinline__ KeyTileQueries<BM> key_tile_queries(const AttnBwdParams& p) {
   KeyTileQueries<BM> r;
+  int v;
+  bwd_block_work(p, v, r.hk);
+  const int hk = r.hk;
   resolve_key_tile<BN>(p, v, r.e, r.k0);
   r.ext = r.e < p.n_ext;
   int q_lo, q_hi;
@@ -158,17 +172,6 @@ __device__ __forceinline__ KeyTileQueries<BM> key_tile_queries(const AttnFwdPara
   return r;
 }
 
-// The backward block's virtual key tile v and KV head hk. Launch order: KV heads in groups of
-// p.head_group, a group's key tiles in order (prefixes and the first tree tiles, which the most
-// queries see, first), the group's heads fastest; the last group may be smaller.
-__device__ __forceinline__ void bwd_block_work(const AttnBwdParams& p, int& v, int& hk) {
-  const int per_group = p.head_group * p.key_tiles;
-  const int g = (int)blockIdx.x / per_group, r = (int)blockIdx.x % per_group;
-  const int heads = imin(p.head_group, p.nkv - g * p.head_group);
-  v = r / heads;
-  hk = g * p.head_group + r % heads;
-}
-
 // Query range [lo, hi) of key `key` of external prefix x; keys past its end see no query.
 __device__ __forceinline__ void ext_key_range(const AttnExtParams& x, int key, int& lo, int& hi) {
   const bool ok = key < x.len;
@@ -185,6 +188,13 @@ __device__ __forceinline__ void key_query_range(const AttnFwdParams& p, int e, i
     lo = key;
     hi = key < p.n ? __ldg(p.tiles.subtree_end + key) : 0;
   }
+}
+
+// The end of a query tile's walk: every prefix tile, then the tree tiles up to the one holding
+// its last row q_last (rows past N included: keys past N are visible from nowhere).
+template <int BN>
+__device__ __forceinline__ int walk_end(const AttnFwdParams& p, int q_last) {
+  return ext_tile_total<BN>(p) + imin((p.n + BN - 1) / BN, q_last / BN + 1);
 }
 
 // A warp's view of 32 consecutive virtual key tiles from `base`: which are visible, which full,
@@ -318,7 +328,7 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 2) attention_fwd_kern
     load_key_ranges<BN>(p, e, k0, sLo + buf * BN, sHi + buf * BN, tid);
   };
 
-  const int v_end = ext_tile_total<BN>(p) + imin((p.n + BN - 1) / BN, q_last / BN + 1);
+  const int v_end = walk_end<BN>(p, q_last);
   TileScan scan;
   bool full = false;
   int v = next_key_tile<BN>(p, scan, 0, v_end, q0, q_last, full);
@@ -606,10 +616,8 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, BwdConfig<HS>::kMinBl
   int* sHi = sLo + BN;                                        // (BN)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  int v, hk;
-  bwd_block_work(p, v, hk);
-  const KeyTileQueries<BM> kt = key_tile_queries<BN, BM>(p, v, hk);
-  const int e = kt.e, k0 = kt.k0, n_keys = kt.n_keys, n_iter = kt.n_steps;
+  const KeyTileQueries<BM> kt = key_tile_queries<BN, BM>(p);
+  const int hk = kt.hk, e = kt.e, k0 = kt.k0, n_keys = kt.n_keys, n_iter = kt.n_steps;
   const bool want_dkv = kt.want_dkv;
   load_rows<BN, HS, C::kThreads>(sK, kt.k, p.k_row_stride, k0, n_keys, tid);
   load_rows<BN, HS, C::kThreads>(sV, kt.v, p.k_row_stride, k0, n_keys, tid);

@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
         const int j = w - w_begin, qb = j & 1;
         const int h = w % p.nh, hk = h / p.group;
         const int q0 = item_qt(w) * BM, q_last = q0 + BM - 1;
-        const int v_end = ext_tile_total<BN>(p) + imin((p.n + BN - 1) / BN, q_last / BN + 1);
+        const int v_end = walk_end<BN>(p, q_last);
         if (is_k && lane == 0) {
           if (j >= 2) mbar_wait(q_empty + qb, ((j >> 1) - 1) & 1);
           mbar_expect_tx(q_full + qb, C::kQElems * sizeof(bf16));
@@ -495,10 +495,8 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
     fence_barrier_init();
   }
   __syncthreads();
-  int v, hk;
-  bwd_block_work(p, v, hk);
-  const KeyTileQueries<BM> kt = key_tile_queries<BN, BM>(p, v, hk);
-  const int e = kt.e, k0 = kt.k0, n_keys = kt.n_keys, n_iter = kt.n_steps;
+  const KeyTileQueries<BM> kt = key_tile_queries<BN, BM>(p);
+  const int hk = kt.hk, e = kt.e, k0 = kt.k0, n_keys = kt.n_keys, n_iter = kt.n_steps;
   const bool want_dkv = kt.want_dkv;
   load_tile<BN, HS, C::kThreads>(sK, kt.k, p.k_row_stride, k0, n_keys, tid);
   load_tile<BN, HS, C::kThreads>(sV, kt.v, p.k_row_stride, k0, n_keys, tid);

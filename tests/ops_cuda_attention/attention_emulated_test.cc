@@ -223,7 +223,7 @@ constexpr int kWalkBN = 128, kWalkBM = 128;
 __global__ void walk_kernel(const WalkParams w) {
   const AttnFwdParams& p = w.p;
   const int q0 = blockIdx.x * kWalkBM, q_last = q0 + kWalkBM - 1;  // as the forward kernels
-  const int v_end = attn::ext_tile_total<kWalkBN>(p) + attn::imin((p.n + kWalkBN - 1) / kWalkBN, q_last / kWalkBN + 1);
+  const int v_end = attn::walk_end<kWalkBN>(p, q_last);
   attn::TileScan scan;
   bool full = false;
   int* out = w.out + (int64_t)blockIdx.x * w.stride;
