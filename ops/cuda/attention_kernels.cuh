@@ -129,6 +129,16 @@ struct KeyTileQueries {
 
   __device__ __forceinline__ int step_head(int it) const { return head0 + it / n_qt; }
   __device__ __forceinline__ int step_q0(int it) const { return (qt_begin + it % n_qt) * BM; }
+  // The same steps in order without a division per step: head h, query tile qt.
+  struct Cursor {
+    int h, qt;
+  };
+  __device__ __forceinline__ Cursor first_step() const { return {head0, qt_begin}; }
+  __device__ __forceinline__ void next_step(Cursor& c) const {
+    const bool wrap = c.qt + 1 == qt_begin + n_qt;
+    c.qt = wrap ? qt_begin : c.qt + 1;
+    c.h += wrap;
+  }
   // Every (query, key) pair of the step's query tile q0 is visible: no mask.
   __device__ __forceinline__ bool step_full(int q0) const { return lo_max <= q0 && hi_min > q0 + BM - 1; }
 };

@@ -109,6 +109,16 @@ __device__ __forceinline__ void load_tile(bf16* s, const bf16* g, int64_t stride
   }
 }
 
+// Bit c set where query q0 + c (0 <= c < COLS <= 64) lies in [lo, hi).
+template <int COLS>
+__device__ __forceinline__ uint64_t query_bits(int lo, int hi, int q0) {
+  static_assert(COLS <= 64, "one 64-bit word");
+  const int a = imin(imax(lo - q0, 0), COLS), b = imin(imax(hi - q0, 0), COLS);
+  const uint64_t below_b = b == 64 ? ~0ull : (1ull << b) - 1;
+  const uint64_t below_a = a == 64 ? ~0ull : (1ull << a) - 1;
+  return below_b & ~below_a;
+}
+
 // P (accumulator layout of a 64 x n tile) as the A fragment of keys [16 kk, 16 kk + 16).
 template <int K>
 __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&d)[K], int kk) {
@@ -489,7 +499,10 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   float* sD = sLse + kQBufs * BM;                                 // (kQBufs, BM)
   uint64_t* q_full = reinterpret_cast<uint64_t*>(sD + kQBufs * BM);  // (kQBufs) a step's inputs landed
 
-  const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  // wg through a shuffle: warp-uniform to the compiler, so the MMAs' descriptors can live in uniform
+  // registers.
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = (tid % 128) / 32, lane = tid % 32,
+            g = lane / 4, t = lane % 4;
   if (tid == 0) {
     for (int b = 0; b < kQBufs; ++b) mbar_init(q_full + b, 1);
     fence_barrier_init();
@@ -506,10 +519,11 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   key_query_range(p, e, k0 + key_row, lo_a, hi_a);
   key_query_range(p, e, k0 + key_row + 8, lo_b, hi_b);
 
-  // Step it's Q, dO (TMA boxes) and lse, D (bulk copies) into buffer b, by thread 0.
-  auto prefetch = [&](int it, int b) {
-    const int h = kt.step_head(it);
-    const int q0 = kt.step_q0(it);
+  // The next unloaded step's Q, dO (TMA boxes) and lse, D (bulk copies) into buffer b, by thread 0.
+  auto pf = kt.first_step();
+  auto prefetch = [&](int b) {
+    const int h = pf.h, q0 = pf.qt * BM;
+    kt.next_step(pf);
     mbar_expect_tx(q_full + b, 2 * C::kQElems * sizeof(bf16) + 2 * BM * sizeof(float));
     tma_load_tile<BM, HS>(sQ + b * C::kQElems, &p.tm.q, h, q0, q_full + b);  // rows past N read as zeros
     tma_load_tile<BM, HS>(sdO + b * C::kQElems, &p.tm.dout, h, q0, q_full + b);
@@ -517,7 +531,7 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
     bulk_load(sD + b * BM, p.dsum + (int64_t)h * p.n_pad + q0, BM * sizeof(float), q_full + b);
   };
   if (tid == 0)
-    for (int it = 0; it < imin(2, n_iter); ++it) prefetch(it, it);
+    for (int it = 0; it < imin(2, n_iter); ++it) prefetch(it);
   cp_async_wait<0>();  // K and V
   fence_async_smem();
   __syncthreads();
@@ -528,11 +542,11 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
 
   // One CTA barrier per step (the dS^T exchange): past it both warpgroups are done with the step
   // before, so its Q/dO/lse/D buffer takes step it + 2 and its dS^T buffer is free again.
-  for (int it = 0; it < n_iter; ++it) {
+  auto cur = kt.first_step();
+  for (int it = 0; it < n_iter; ++it, kt.next_step(cur)) {
     const int buf = it % kQBufs;
     mbar_wait(q_full + buf, (it / kQBufs) & 1);  // this step's Q, dO, lse, D
-    const int h = kt.step_head(it);
-    const int q0 = kt.step_q0(it);
+    const int h = cur.h, q0 = cur.qt * BM;
     const bool full = kt.step_full(q0);
     const bf16* q_s = sQ + buf * C::kQElems;
     const bf16* do_s = sdO + buf * C::kQElems;
@@ -557,6 +571,12 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
       wgmma_commit();
     }
 
+    // Which of this thread's columns 8 j + 2 t + cc its two keys see: bit 8 j + cc (a few
+    // instructions per step; a compare per element, which ptxas hoisted above the MMAs' issue,
+    // had held both warpgroups off the tensor cores for ~15% of the time).
+    const uint64_t vis_a = full ? ~0ull : query_bits<BM>(lo_a, hi_a, q0) >> (2 * t);
+    const uint64_t vis_b = full ? ~0ull : query_bits<BM>(lo_b, hi_b, q0) >> (2 * t);
+
     // P^T = exp(S^T scale - lse), 0 where masked, while dP^T is in flight.
     wgmma_wait<1>();
     fence_regs(st);
@@ -565,13 +585,11 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
 #pragma unroll
       for (int cc = 0; cc < 2; ++cc) {
         const int c = 8 * j + 2 * t + cc;
-        const int i = q0 + c;
         const float lse2 = lse_s[c];
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int lo = half ? lo_b : lo_a, hi = half ? hi_b : hi_a;
           float pv = exp2f(fmaf(st[4 * j + 2 * half + cc], p.scale_log2, -lse2));
-          if (!full && !(lo <= i && i < hi)) pv = 0.f;
+          if (!(((half ? vis_b : vis_a) >> (8 * j + cc)) & 1)) pv = 0.f;
           st[4 * j + 2 * half + cc] = pv;
         }
       }
@@ -630,7 +648,7 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
       wgmma_commit();
     }
     // Past the barrier both warpgroups are done with step it - 1: its buffer takes step it + 2.
-    if (tid == 0 && it + 2 < n_iter) prefetch(it + 2, (it + 2) % kQBufs);
+    if (tid == 0 && it + 2 < n_iter) prefetch((it + 2) % kQBufs);
     wgmma_wait<1>();  // dQ (committed first)
     fence_regs(dq);
     // dQ in accumulator order (float4 j of lane l at (j * 32 + l) * 4 of its warp's 16 rows:

@@ -326,6 +326,12 @@ inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
   return r;
 }
 
+// Lane src_lane's v, as the xor shuffle whose mask takes each lane to src_lane.
+template <class T>
+inline T __shfl_sync(unsigned mask, T v, int src_lane) {
+  return __shfl_xor_sync(mask, v, (int)(threadIdx.x % 32) ^ src_lane);
+}
+
 inline unsigned __ballot_sync(unsigned mask, int pred) {
   if (mask != 0xffffffffu) ::tt::cuda::emu::fail("partial-warp ballot");
   auto& f = ::tt::cuda::emu::self();
