@@ -11,7 +11,7 @@
 // Forward saves lse (N, NH) fp32 (natural log of the softmax denominator, scale included).
 // Gradient contract: dq, dk, dv are overwritten; an external prefix's dk/dv (fp32) are accumulated
 // (+=) when non-null (gradients on) and left alone when null (gradients off). dq sums its key tiles
-// through fp32 atomic adds (bulk reduce-adds on Hopper) in arrival order, so it is not bitwise
+// through fp32 atomic adds (vector reductions on Hopper) in arrival order, so it is not bitwise
 // reproducible from run to run (dk, dv are).
 #pragma once
 

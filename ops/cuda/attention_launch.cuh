@@ -48,7 +48,7 @@ void run_attention_bwd(const AttnBwdParams& p, AttentionImpl impl, cudaStream_t 
   TT_CUDA_CHECK_LAUNCH();
 
   AttnBwdParams pc = p;
-  pc.dq_blocked = impl == AttentionImpl::kWgmma;  // the sm90 kernel's bulk reduces
+  pc.dq_blocked = impl == AttentionImpl::kWgmma;  // the sm90 kernel's vector reductions
   set_bwd_schedule(pc, BN);
   const dim3 grid((unsigned)pc.key_tiles * pc.nkv);
   if (impl == AttentionImpl::kWgmma) {

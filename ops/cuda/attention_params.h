@@ -76,7 +76,7 @@ struct AttnBwdParams : AttnFwdParams {
   int n_pad;         // N rounded up to kRowPad
   int dq_blocked;    // 0: dq_accum row-major; 1: (NH, n_pad / 64, 2, 4, HS / 16, 32, 4), per 64-query
                      // block, two halves of the head dim, 4 warps of 16 rows, in wgmma accumulator
-                     // order (the sm90 kernel's per-warp bulk reduces)
+                     // order (a warp's vector reductions in the sm90 kernel are contiguous)
   int key_tiles;     // virtual key tiles of the backward (prefix tiles, then tree tiles)
   int head_group;    // KV heads per group of the backward's launch order (bwd_block_work)
 };

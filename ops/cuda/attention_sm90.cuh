@@ -29,10 +29,11 @@
 // and D loaded two steps ahead by thread 0 into one of three buffers; one CTA barrier per step),
 // S^T = K Q^T and dP^T = V dO^T (K-major; P^T computed while dP^T is in flight), dS^T to shared
 // memory, then dQ = dS K with each warpgroup taking half of the head dim (A and B MN-major),
-// issued with dV += P^T dO and dK += dS^T Q (A from registers, B MN-major); dQ goes to shared
-// memory while dV and dK are on the tensor cores, and each warp adds its 16 rows into the fp32
-// dq_accum with one bulk reduce-add (cp.reduce.async.bulk; blocked layout, see
-// AttnBwdParams::dq_blocked). Each thread keeps the query ranges of its two keys in registers.
+// issued with dV += P^T dO and dK += dS^T Q (A from registers, B MN-major); while dV and dK are
+// on the tensor cores, each thread adds its dQ into the fp32 dq_accum from registers with vector
+// reductions (red.global.add.v4.f32; blocked layout, see AttnBwdParams::dq_blocked: a warp's
+// reduction is 512 contiguous bytes). Each thread keeps the query ranges of its two keys in
+// registers; which of its columns they see is a bit mask per step.
 // No branch separates an MMA from its wait: ptxas would otherwise serialize the MMAs (C7514) or
 // insert waits (C7517); build with -Xptxas -v to see either.
 //
@@ -474,11 +475,9 @@ struct BwdConfig {
   static constexpr int kKVElems = BN * HS;
   static constexpr int kQElems = BM * HS;
   static constexpr int kDsElems = BN * BM;  // dS^T (BN, BM): one 64-column atom, double-buffered
-  static constexpr int kDqFloats = BM * HS;  // both warpgroups' dQ halves, staged for the bulk reduce
   static constexpr size_t kSmemBytes = 1024 +
                                        (size_t)(2 * kKVElems + 2 * kQBufs * kQElems + 2 * kDsElems) * sizeof(bf16) +
-                                       (size_t)kDqFloats * sizeof(float) + 2 * kQBufs * BM * sizeof(float) +
-                                       kQBufs * sizeof(uint64_t);
+                                       2 * kQBufs * BM * sizeof(float) + kQBufs * sizeof(uint64_t);
   static_assert(BM == kTmaQueryRows, "Q/dO steps are single TMA boxes in rows");
   static_assert(BM == 64, "dS^T is one swizzle atom wide");
 };
@@ -494,9 +493,8 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   bf16* sQ = sV + C::kKVElems;                       // (kQBufs, BM, HS)
   bf16* sdO = sQ + kQBufs * C::kQElems;              // (kQBufs, BM, HS)
   bf16* sdS = sdO + kQBufs * C::kQElems;             // (2, BN, BM) dS^T
-  float* sDq = reinterpret_cast<float*>(sdS + 2 * C::kDsElems);  // (2 wg, 4 warps, HS / 16, 32, 4)
-  float* sLse = sDq + C::kDqFloats;                               // (kQBufs, BM)
-  float* sD = sLse + kQBufs * BM;                                 // (kQBufs, BM)
+  float* sLse = reinterpret_cast<float*>(sdS + 2 * C::kDsElems);  // (kQBufs, BM)
+  float* sD = sLse + kQBufs * BM;                                  // (kQBufs, BM)
   uint64_t* q_full = reinterpret_cast<uint64_t*>(sD + kQBufs * BM);  // (kQBufs) a step's inputs landed
 
   // wg through a shuffle: warp-uniform to the compiler, so the MMAs' descriptors can live in uniform
@@ -625,8 +623,7 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
       acc_to_a(ads[kk], dpt, kk);
     }
     fence_async_smem();
-    if (lane == 0) bulk_wait_read<0>();  // the step before's dQ reduce has read its staging (long done)
-    named_barrier(1, C::kThreads);       // both warpgroups' dS^T rows are in shared memory
+    named_barrier(1, C::kThreads);  // both warpgroups' dS^T rows are in shared memory
     float dq[HS / 4];
     {
       const uint64_t ds_base = desc_mnmajor<BN>(ds_s, 0), kq_base = desc_mnmajor<BN>(sK, wg * (HS / 2));
@@ -651,26 +648,19 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
     if (tid == 0 && it + 2 < n_iter) prefetch((it + 2) % kQBufs);
     wgmma_wait<1>();  // dQ (committed first)
     fence_regs(dq);
-    // dQ in accumulator order (float4 j of lane l at (j * 32 + l) * 4 of its warp's 16 rows:
-    // conflict-free stores; the order of the blocked dq_accum), stored while dV and dK finish,
-    // then one bulk reduce-add per warp.
-    float* stage = sDq + wg * (BM * HS / 2) + warp * (8 * HS);
+    // dQ added into the blocked dq_accum in accumulator order (float4 j of lane l at (j * 32 + l) * 4
+    // of its warp's 16 rows: each vector reduction of a warp is 512 contiguous bytes) while dV and
+    // dK finish.
+    {
+      float* dst = p.dq_accum + dq_block_offset<BM, HS>(p, h, q0) + wg * (BM * HS / 2) + warp * (8 * HS);
 #pragma unroll
-    for (int j = 0; j < HS / 16; ++j)
-      *reinterpret_cast<float4*>(stage + (j * 32 + lane) * 4) =
-          make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+      for (int j = 0; j < HS / 16; ++j)
+        red_add_v4_f32(dst + (j * 32 + lane) * 4, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+    }
     wgmma_wait<0>();
     fence_regs(dv);
     fence_regs(dk);
-    fence_async_smem();
-    __syncwarp();
-    if (lane == 0) {
-      bulk_reduce_add_f32(p.dq_accum + dq_block_offset<BM, HS>(p, h, q0) + wg * (BM * HS / 2) + warp * (8 * HS), stage,
-                          8 * HS * sizeof(float));
-      bulk_commit();
-    }
   }
-  if (lane == 0) bulk_wait<0>();  // no exit with a reduce reading shared memory
   if (!want_dkv) return;
   store_dkv<HS>(p, e, k0 + key_row, n_keys, hk, t, [&](int nd, int c) { return dk[4 * nd + c]; },
                 [&](int nd, int c) { return dv[4 * nd + c]; });

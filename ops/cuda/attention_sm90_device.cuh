@@ -113,25 +113,11 @@ __device__ __forceinline__ void bulk_load(void* smem, const void* gmem, uint32_t
                : "memory");
 }
 
-// `bytes` (a multiple of 16) of fp32 in shared memory added element-wise into global memory by
-// the copy engine (one thread), in that thread's open bulk group; bulk_commit closes the group.
-// The shared source may be rewritten only after bulk_wait_read, and the kernel must not exit
-// with groups outstanding.
-__device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, const float* smem, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem),
-               "r"(smem_addr(smem)), "r"(bytes)
+// gmem[0..4) += (a, b, c, d): one vector reduction in L2 (sm_90; gmem 16-byte aligned).
+__device__ __forceinline__ void red_add_v4_f32(float* gmem, float a, float b, float c, float d) {
+  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(gmem), "f"(a), "f"(b), "f"(c),
+               "f"(d)
                : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// Until at most kPending of this thread's bulk groups still read shared memory.
-template <int kPending>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
-}
-// Until at most kPending of this thread's bulk groups are incomplete (writes done).
-template <int kPending>
-__device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 }  // namespace tt::cuda::attn::sm90

@@ -70,10 +70,6 @@ struct Fiber {
   int lane_mask = 0;
   std::vector<CopyOp> open;
   std::deque<std::vector<CopyOp>> groups;
-  // Bulk shared -> global operations (reduce-adds): run when a wait retires their group, so a
-  // source rewritten before the wait is what they read.
-  std::vector<std::function<void()>> bulk_open;
-  std::deque<std::vector<std::function<void()>>> bulk_groups;
   WgmmaOperands wg;
 };
 
@@ -212,7 +208,6 @@ inline void (*&warpgroup_op())(Fiber* lanes) {
 
 inline void fiber_entry() {
   block()->body();
-  if (!self().bulk_open.empty() || !self().bulk_groups.empty()) fail("thread exits with bulk operations outstanding");
   self().op = Op::kDone;
 }
 

@@ -277,34 +277,12 @@ inline void bulk_load(void* smem, const void* gmem, uint32_t bytes, uint64_t* ba
   });
 }
 
-inline void bulk_reduce_add_f32(float* gmem, const float* smem, uint32_t bytes) {
-  const uint32_t src = smem_addr(smem);
-  if (bytes % 16 || src % 16 || reinterpret_cast<uintptr_t>(gmem) % 16)
-    ::tt::cuda::emu::fail("bulk reduce not 16-byte aligned");
-  if (src + bytes > ::tt::cuda::emu::block()->smem_size) ::tt::cuda::emu::fail("bulk reduce outside smem");
-  ::tt::cuda::emu::self().bulk_open.push_back([gmem, smem, bytes] {
-    for (uint32_t i = 0; i < bytes / 4; ++i) gmem[i] += smem[i];
-  });
-}
-
-inline void bulk_commit() {
-  auto& f = ::tt::cuda::emu::self();
-  f.bulk_groups.push_back(std::move(f.bulk_open));
-  f.bulk_open.clear();
-}
-
-template <int kPending>
-inline void bulk_wait_read() {
-  auto& f = ::tt::cuda::emu::self();
-  while ((int)f.bulk_groups.size() > kPending) {
-    for (auto& op : f.bulk_groups.front()) op();
-    f.bulk_groups.pop_front();
-  }
-}
-
-template <int kPending>
-inline void bulk_wait() {
-  bulk_wait_read<kPending>();
+inline void red_add_v4_f32(float* gmem, float a, float b, float c, float d) {
+  if (reinterpret_cast<uintptr_t>(gmem) % 16) ::tt::cuda::emu::fail("vector reduction not 16-byte aligned");
+  gmem[0] += a;
+  gmem[1] += b;
+  gmem[2] += c;
+  gmem[3] += d;
 }
 
 }  // namespace tt::cuda::attn::sm90
