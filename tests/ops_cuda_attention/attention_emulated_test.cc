@@ -14,11 +14,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <ostream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/ops_cuda_attention/attention_cases.h"
@@ -293,6 +295,27 @@ TEST(EmulatedWalk, MatchesTileByTileClassification) {
   }
   EXPECT_GT(jumps_possible, 0) << "no layout had a jump over a whole window";
   std::printf("%d query tiles walked, %d skipped tiles with a jump past their window\n", checked, jumps_possible);
+}
+
+// The backward's per-step visibility masks against the range test they replace: bit c of
+// query_bits(lo, hi, q0) is set exactly when lo <= q0 + c < hi, for ranges before, across, inside
+// and past the step's 64 columns, empty ones, and a prefix key past its end (INT_MAX, 0).
+TEST(QueryBits, MatchesTheRangeTest) {
+  int64_t checked = 0;
+  for (const int q0 : {0, 64, 4096}) {
+    std::vector<std::pair<int, int>> ranges = {{INT_MAX, 0}, {0, INT_MAX}, {q0, q0}};
+    for (int lo = q0 - 70; lo <= q0 + 134; lo += 3)
+      for (int hi = lo - 2; hi <= q0 + 140; hi += 5) ranges.push_back({std::max(lo, 0), std::max(hi, 0)});
+    for (const auto& [lo, hi] : ranges) {
+      const uint64_t bits = attn::sm90::query_bits<64>(lo, hi, q0);
+      for (int c = 0; c < 64; ++c) {
+        const bool want = lo <= q0 + c && q0 + c < hi;
+        ASSERT_EQ((bits >> c) & 1, (uint64_t)want) << "lo=" << lo << " hi=" << hi << " q0=" << q0 << " c=" << c;
+      }
+      checked++;
+    }
+  }
+  EXPECT_GT(checked, 3000);
 }
 
 }  // namespace
