@@ -615,14 +615,14 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
 
     // dQ (BM x HS / 2 of this warpgroup) = dS K over all BN keys (dS^T MN-major as A, K MN-major),
     // then dV += P^T dO and dK += dS^T Q (A from registers, queries as k; B MN-major). dQ goes
-    // to shared memory while dV and dK are on the tensor cores.
+    // to dq_accum while dV and dK are on the tensor cores.
     uint32_t ap[BM / 16][4], ads[BM / 16][4];  // P^T and dS^T as A fragments (st, dpt die here)
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk) {
       acc_to_a(ap[kk], st, kk);
       acc_to_a(ads[kk], dpt, kk);
     }
-    fence_async_smem();
+    fence_async_smem();             // the dS^T stores, visible to the MMAs
     named_barrier(1, C::kThreads);  // both warpgroups' dS^T rows are in shared memory
     float dq[HS / 4];
     {
