@@ -127,9 +127,7 @@ struct KeyTileQueries {
   const bf16* v;
   int head0, qt_begin, n_qt, n_steps;
 
-  __device__ __forceinline__ int step_head(int it) const { return head0 + it / n_qt; }
-  __device__ __forceinline__ int step_q0(int it) const { return (qt_begin + it % n_qt) * BM; }
-  // The same steps in order without a division per step: head h, query tile qt.
+  // The steps in order (head h, query tile qt), walked without a division per step.
   struct Cursor {
     int h, qt;
   };
@@ -634,9 +632,11 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, BwdConfig<HS>::kMinBl
   load_key_ranges<BN>(p, e, k0, sLo, sHi, tid);
   cp_async_commit();
 
-  auto prefetch = [&](int it, int buf) {
-    const int h = kt.step_head(it);
-    const int q0 = kt.step_q0(it);
+  // The next unloaded step's Q, dO, lse and D into buffer buf (every thread: cp.async).
+  auto pf = kt.first_step();
+  auto prefetch = [&](int buf) {
+    const int h = pf.h, q0 = pf.qt * BM;
+    kt.next_step(pf);
     load_rows<BM, HS, C::kThreads>(sQ + buf * C::kQElems, p.q + h * p.q_head_stride, p.q_row_stride, q0, p.n, tid);
     load_rows<BM, HS, C::kThreads>(sdO + buf * C::kQElems, p.dout + h * p.o_head_stride, p.o_row_stride, q0, p.n,
                                    tid);
@@ -647,7 +647,7 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, BwdConfig<HS>::kMinBl
       cp_async_16(sD + buf * BM + 4 * u, p.dsum + (int64_t)h * p.n_pad + q0 + 4 * u, 16);
     }
   };
-  if (n_iter > 0) prefetch(0, 0);
+  if (n_iter > 0) prefetch(0);
   cp_async_commit();
 
   float dv[HS / 8][4], dk[HS / 8][4];  // this warp's 16 keys x HS
@@ -657,18 +657,18 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, BwdConfig<HS>::kMinBl
     for (int r = 0; r < 4; ++r) dv[nd][r] = dk[nd][r] = 0.f;
   const int jl = warp * 16 + g;  // local key rows jl and jl + 8 of this thread
 
-  for (int it = 0; it < n_iter; ++it) {
+  auto cur = kt.first_step();
+  for (int it = 0; it < n_iter; ++it, kt.next_step(cur)) {
     const int buf = it & 1;
     if (it + 1 < n_iter) {
-      prefetch(it + 1, buf ^ 1);
+      prefetch(buf ^ 1);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
-    const int h = kt.step_head(it);
-    const int q0 = kt.step_q0(it);
+    const int h = cur.h, q0 = cur.qt * BM;
     const bool full = kt.step_full(q0);
     const bf16* q_s = sQ + buf * C::kQElems;
     const bf16* do_s = sdO + buf * C::kQElems;
