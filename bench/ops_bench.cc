@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <cublasLt.h>
+
 #include "ops/cuda/adamw.h"
 #include "ops/cuda/bf16.h"
 #include "ops/cuda/check.h"
@@ -309,6 +311,273 @@ void bench_gemm() {
   }
 }
 
+// AdamW of step s overlapped with the forward GEMMs of step s + 1: the forward (28 layers' seven
+// projections at N tokens) on a high-priority stream, AdamW per layer on a low-priority one, the
+// forward of layer l waiting for that layer's update (the embedding's first). Prints the forward
+// alone, AdamW alone, and both (serial sum vs overlapped), and the fraction of AdamW hidden.
+void bench_overlap() {
+  int lo = 0, hi = 0;
+  TT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+  cudaStream_t s_hi = nullptr, s_lo = nullptr;
+  TT_CUDA_CHECK(cudaStreamCreateWithPriority(&s_hi, cudaStreamNonBlocking, hi));
+  TT_CUDA_CHECK(cudaStreamCreateWithPriority(&s_lo, cudaStreamNonBlocking, lo));
+  int64_t P = 0;
+  const auto tensors = qwen3_tensors(&P);
+  // Chunk ranges per group: the embedding, then each layer's 11 tensors.
+  std::vector<std::vector<tt::cuda::AdamWTensor>> groups(1 + kLayers);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const size_t gi = i == 0 ? 0 : std::min<size_t>(kLayers, 1 + (i - 1) / 11);
+    groups[gi].push_back(tensors[i]);
+  }
+  std::vector<tt::cuda::AdamWChunk> all;
+  std::vector<std::pair<int, int>> range;
+  for (auto& g : groups) {
+    auto c = tt::cuda::adamw_chunks(g);
+    range.push_back({(int)all.size(), (int)c.size()});
+    all.insert(all.end(), c.begin(), c.end());
+  }
+  DeviceBuffer<float> param(P), grad(P), m(P), v(P);
+  DeviceBuffer<bf16> pb(P);
+  fill_random(param.data(), P, 0.02f, 16);
+  fill_random(grad.data(), P, 1e-3f, 17);
+  TT_CUDA_CHECK(cudaMemset(m.data(), 0, m.bytes()));
+  TT_CUDA_CHECK(cudaMemset(v.data(), 0, v.bytes()));
+  DeviceBuffer<tt::cuda::AdamWChunk> d_chunks(all.size());
+  d_chunks.copy_from_host(all);
+  tt::cuda::AdamWParams p;
+  p.lr = 1e-5, p.weight_decay = 0.1, p.step = 10;
+
+  const int N = kTokens;
+  DeviceBuffer<bf16> x((size_t)N * kInter), y((size_t)N * kInter), w((size_t)kInter * kHidden);
+  fill_random(x.data(), x.size(), 1.f, 20);
+  fill_random(w.data(), w.size(), 0.02f, 21);
+  tt::cuda::GemmHandle h(s_hi);
+  std::vector<cudaEvent_t> ready(1 + kLayers);
+  for (auto& e : ready) TT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  cudaEvent_t t0, t1, start, lo_done;
+  TT_CUDA_CHECK(cudaEventCreate(&t0));
+  TT_CUDA_CHECK(cudaEventCreate(&t1));
+  TT_CUDA_CHECK(cudaEventCreateWithFlags(&start, cudaEventDisableTiming));
+  TT_CUDA_CHECK(cudaEventCreateWithFlags(&lo_done, cudaEventDisableTiming));
+  auto layer_gemms = [&] {
+    const int QD = kHeads * kHeadDim, KD = kKvHeads * kHeadDim;
+    tt::cuda::matmul_forward(h, y.data(), x.data(), w.data(), N, kHidden, QD);
+    tt::cuda::matmul_forward(h, y.data(), x.data(), w.data(), N, kHidden, KD);
+    tt::cuda::matmul_forward(h, y.data(), x.data(), w.data(), N, kHidden, KD);
+    tt::cuda::matmul_forward(h, y.data(), x.data(), w.data(), N, QD, kHidden);
+    tt::cuda::matmul_forward(h, y.data(), x.data(), w.data(), N, kHidden, kInter);
+    tt::cuda::matmul_forward(h, y.data(), x.data(), w.data(), N, kHidden, kInter);
+    tt::cuda::matmul_forward(h, y.data(), x.data(), w.data(), N, kInter, kHidden);
+  };
+  auto adamw_group = [&](int gi) {
+    tt::cuda::adamw_update(param.data(), pb.data(), grad.data(), m.data(), v.data(), d_chunks.data() + range[gi].first,
+                           range[gi].second, p, nullptr, s_lo);
+  };
+  // mode 0: forward alone; 1: AdamW alone; 2: AdamW then forward on one stream; 3: overlapped.
+  auto run = [&](int mode) {
+    TT_CUDA_CHECK(cudaEventRecord(t0, s_hi));
+    TT_CUDA_CHECK(cudaEventRecord(start, s_hi));
+    TT_CUDA_CHECK(cudaStreamWaitEvent(s_lo, start, 0));
+    if (mode == 1 || mode == 3)
+      for (int gi = 0; gi <= kLayers; ++gi) {
+        adamw_group(gi);
+        TT_CUDA_CHECK(cudaEventRecord(ready[gi], s_lo));
+      }
+    TT_CUDA_CHECK(cudaEventRecord(lo_done, s_lo));
+    if (mode == 2) {
+      TT_CUDA_CHECK(cudaStreamWaitEvent(s_hi, lo_done, 0));
+      for (int gi = 0; gi <= kLayers; ++gi)
+        tt::cuda::adamw_update(param.data(), pb.data(), grad.data(), m.data(), v.data(),
+                               d_chunks.data() + range[gi].first, range[gi].second, p, nullptr, s_hi);
+    }
+    if (mode != 1)
+      for (int l = 0; l < kLayers; ++l) {
+        if (mode == 3 && l == 0) TT_CUDA_CHECK(cudaStreamWaitEvent(s_hi, ready[0], 0));
+        if (mode == 3) TT_CUDA_CHECK(cudaStreamWaitEvent(s_hi, ready[l + 1], 0));
+        layer_gemms();
+      }
+    TT_CUDA_CHECK(cudaStreamWaitEvent(s_hi, lo_done, 0));
+    TT_CUDA_CHECK(cudaEventRecord(t1, s_hi));
+    TT_CUDA_CHECK(cudaEventSynchronize(t1));
+    float ms = 0;
+    TT_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+    return (double)ms;
+  };
+  const char* names[] = {"forward GEMMs alone", "AdamW alone", "AdamW then forward", "AdamW overlapped"};
+  std::vector<std::vector<double>> t(4);
+  for (int rep = 0; rep < 7; ++rep)
+    for (int mode = 0; mode < 4; ++mode) t[mode].push_back(run(mode));
+  std::vector<double> med(4);
+  for (int mode = 0; mode < 4; ++mode) {
+    std::sort(t[mode].begin() + 2, t[mode].end());
+    med[mode] = t[mode][2 + (t[mode].size() - 2) / 2];
+    std::printf("overlap: %-22s %8.3f ms\n", names[mode], med[mode]);
+  }
+  std::printf("overlap: AdamW hidden %.1f%% (serial - overlapped) / AdamW alone\n",
+              100 * (med[2] - med[3]) / med[1]);
+  for (auto& e : ready) TT_CUDA_CHECK(cudaEventDestroy(e));
+  for (cudaEvent_t e : {t0, t1, start, lo_done}) TT_CUDA_CHECK(cudaEventDestroy(e));
+  TT_CUDA_CHECK(cudaStreamDestroy(s_hi));
+  TT_CUDA_CHECK(cudaStreamDestroy(s_lo));
+}
+
+// The layer GEMMs (seven projections: forward, dx and dW+=) at several token counts: does the
+// rate depend on N (wave quantization)? Four weight sets in turn, so weights do not stay in L2.
+void bench_gemm_tokens() {
+  tt::cuda::GemmHandle h(g_stream);
+  const int QD = kHeads * kHeadDim, KD = kKvHeads * kHeadDim;
+  struct Lin {
+    int IC, OC;
+  };
+  const Lin lins[] = {{kHidden, QD}, {kHidden, KD}, {kHidden, KD}, {QD, kHidden},
+                      {kHidden, kInter}, {kHidden, kInter}, {kInter, kHidden}};
+  const int maxN = 17536, sets = 4;
+  DeviceBuffer<bf16> x((size_t)maxN * kInter), dout((size_t)maxN * kInter), y((size_t)maxN * kInter);
+  std::vector<DeviceBuffer<bf16>> w;
+  std::vector<DeviceBuffer<float>> dw;
+  for (int i = 0; i < sets * 7; ++i) {
+    w.emplace_back((size_t)kInter * kHidden);
+    dw.emplace_back((size_t)kInter * kHidden);
+    fill_random(w.back().data(), w.back().size(), 0.02f, 30 + i);
+    TT_CUDA_CHECK(cudaMemset(dw.back().data(), 0, dw.back().bytes()));
+  }
+  fill_random(x.data(), x.size(), 1.f, 20);
+  fill_random(dout.data(), dout.size(), 1.f, 21);
+  for (int N : {14720, 15168, 15872, 16384, 17536, 13568, 8192}) {
+    double flops = 0;
+    for (const Lin& l : lins) flops += 3 * 2.0 * N * l.IC * l.OC;
+    int set = 0;
+    for (int part = 0; part < 3; ++part) {
+      const char* nm[] = {"layer GEMMs fwd", "layer GEMMs dx", "layer GEMMs dW+="};
+      report_flops(nm[part], "N=" + std::to_string(N), flops / 3, [&] {
+        for (int i = 0; i < 7; ++i) {
+          const Lin& l = lins[i];
+          const int k = set * 7 + i;
+          if (part == 0) tt::cuda::matmul_forward(h, y.data(), x.data(), w[k].data(), N, l.IC, l.OC);
+          if (part == 1) tt::cuda::matmul_backward_dx(h, y.data(), dout.data(), w[k].data(), N, l.IC, l.OC, 0.f);
+          if (part == 2) tt::cuda::matmul_backward_dw(h, dw[k].data(), dout.data(), x.data(), N, l.IC, l.OC, 1.f);
+        }
+        set = (set + 1) % sets;
+      }, 24);
+    }
+  }
+}
+
+// cuBLASLt's candidate algorithms for the layer GEMMs at a few token counts: each of the
+// heuristic's first 16 timed (median of 15 calls over four operand sets), printed with its
+// configuration (algo id, tile, stages, split-k, swizzle, cluster): which choice the heuristic
+// makes, and how far from the fastest candidate it is.
+void bench_gemm_algos(const std::vector<int>& tokens) {
+  cublasLtHandle_t lt = nullptr;
+  TT_CUBLAS_CHECK(cublasLtCreate(&lt));
+  const size_t ws_bytes = size_t(32) << 20;
+  DeviceBuffer<char> ws(ws_bytes);
+  const int QD = kHeads * kHeadDim, KD = kKvHeads * kHeadDim;
+  struct Lin {
+    const char* name;
+    int IC, OC;
+  };
+  const Lin lins[] = {{"q/o", kHidden, QD}, {"k/v", kHidden, KD}, {"gate/up", kHidden, kInter}, {"down", kInter, kHidden}};
+  const int maxN = 17536, sets = 4;
+  DeviceBuffer<bf16> x((size_t)maxN * kInter), dout((size_t)maxN * kInter), y((size_t)maxN * kInter);
+  std::vector<DeviceBuffer<bf16>> w;
+  DeviceBuffer<float> dw((size_t)kInter * kHidden * sets);
+  for (int i = 0; i < sets; ++i) {
+    w.emplace_back((size_t)kInter * kHidden);
+    fill_random(w.back().data(), w.back().size(), 0.02f, 40 + i);
+  }
+  fill_random(x.data(), x.size(), 1.f, 20);
+  fill_random(dout.data(), dout.size(), 1.f, 21);
+  TT_CUDA_CHECK(cudaMemset(dw.data(), 0, dw.bytes()));
+  double sum_first = 0, sum_best = 0;
+  for (int N : tokens) {
+    for (const Lin& l : lins) {
+      for (int kind = 0; kind < 3; ++kind) {  // 0 forward, 1 dx, 2 dW+=
+        // Column-major forms as in ops/cuda/gemm.cc.
+        int m, n, k;
+        cublasOperation_t ta, tb;
+        if (kind == 0) m = l.OC, n = N, k = l.IC, ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+        else if (kind == 1) m = l.IC, n = N, k = l.OC, ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+        else m = l.IC, n = l.OC, k = N, ta = CUBLAS_OP_N, tb = CUBLAS_OP_T;
+        const int lda = kind == 0 ? l.IC : l.IC, ldb = kind == 0 ? l.IC : (kind == 1 ? l.OC : l.OC), ldd = m;
+        const cudaDataType_t dt = kind == 2 ? CUDA_R_32F : CUDA_R_16BF;
+        cublasLtMatmulDesc_t desc;
+        cublasLtMatrixLayout_t la, lb, ld;
+        TT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        TT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+        TT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+        const bool an = ta == CUBLAS_OP_N, bn = tb == CUBLAS_OP_N;
+        TT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, an ? m : k, an ? k : m, lda));
+        TT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, bn ? k : n, bn ? n : k, ldb));
+        TT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, dt, m, n, ldd));
+        cublasLtMatmulPreference_t pref;
+        TT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        const uint64_t wsb = ws_bytes;
+        TT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+                                                             sizeof(wsb)));
+        cublasLtMatmulHeuristicResult_t res[16];
+        int count = 0;
+        TT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 16, res, &count));
+        const float alpha = 1.f, beta = kind == 2 ? 1.f : 0.f;
+        std::vector<double> ms(count, 1e30);
+        for (int round = 0; round < 2; ++round)
+          for (int a = 0; a < count; ++a) {
+            if (res[a].state != CUBLAS_STATUS_SUCCESS) continue;
+            int set = 0;
+            const double t = median_ms([&] {
+              const bf16* A = kind == 2 ? x.data() : w[set].data();
+              const bf16* B = kind == 2 ? dout.data() : (kind == 0 ? x.data() : dout.data());
+              void* D = kind == 2 ? (void*)(dw.data() + (size_t)set * kInter * kHidden) : (void*)y.data();
+              TT_CUBLAS_CHECK(cublasLtMatmul(lt, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &res[a].algo,
+                                             ws.data(), ws_bytes, g_stream));
+              set = (set + 1) % sets;
+            }, 2, 15);
+            ms[a] = std::min(ms[a], t);
+          }
+        int best = 0;
+        for (int a = 1; a < count; ++a)
+          if (ms[a] < ms[best]) best = a;
+        auto cfg = [&](int a) {
+          int id = 0, tile = 0, stages = 0, splitk = 0, swz = 0, cluster = 0;
+          size_t sz;
+          cublasLtMatmulAlgoConfigGetAttribute(&res[a].algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &sz);
+          cublasLtMatmulAlgoConfigGetAttribute(&res[a].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &sz);
+          cublasLtMatmulAlgoConfigGetAttribute(&res[a].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages),
+                                               &sz);
+          cublasLtMatmulAlgoConfigGetAttribute(&res[a].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk),
+                                               &sz);
+          cublasLtMatmulAlgoConfigGetAttribute(&res[a].algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz, sizeof(swz),
+                                               &sz);
+          cublasLtMatmulAlgoConfigGetAttribute(&res[a].algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                               sizeof(cluster), &sz);
+          char b[96];
+          std::snprintf(b, sizeof(b), "algo %d tile %d stages %d splitk %d swz %d cluster %d", id, tile, stages,
+                        splitk, swz, cluster);
+          return std::string(b);
+        };
+        const double flops = 2.0 * N * l.IC * l.OC;
+        const char* kn[] = {"fwd", "dx", "dW"};
+        std::printf("algos N=%d %-8s %-3s n=%2d first %.3f ms %.0f TF/s [%s]  best #%d %.3f ms %.0f TF/s [%s]\n", N,
+                    l.name, kn[kind], count, ms[0], flops / ms[0] / 1e9, cfg(0).c_str(), best, ms[best],
+                    flops / ms[best] / 1e9, cfg(best).c_str());
+        std::fflush(stdout);
+        const int mult = l.IC == kInter ? 1 : 2;  // q and o (both 2048 x 2048), k and v, gate and up
+        sum_first += mult * ms[0];
+        sum_best += mult * ms[best];
+        cublasLtMatmulPreferenceDestroy(pref);
+        cublasLtMatrixLayoutDestroy(ld);
+        cublasLtMatrixLayoutDestroy(lb);
+        cublasLtMatrixLayoutDestroy(la);
+        cublasLtMatmulDescDestroy(desc);
+      }
+    }
+    std::printf("algos N=%d: one layer's GEMMs: heuristic %.3f ms, best candidates %.3f ms (%.3fx)\n", N, sum_first,
+                sum_best, sum_first / sum_best);
+    sum_first = sum_best = 0;
+  }
+  cublasLtDestroy(lt);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -330,6 +599,9 @@ int main(int argc, char** argv) {
     if (want("cross_entropy")) bench_cross_entropy();
     if (want("adamw")) bench_adamw();
     if (want("gemm")) bench_gemm();
+    if (only == "overlap") bench_overlap();
+    if (only == "gemm_tokens") bench_gemm_tokens();
+    if (only == "gemm_algos") bench_gemm_algos({14720, 15872, 17536, 13568});
     TT_CUDA_CHECK(cudaStreamSynchronize(g_stream));
     std::printf("\n%-30s %-36s %10s %10s %8s %9s\n", "op", "shape", "median ms", "GB/s", "% copy", "TFLOP/s");
     for (const Row& r : g_rows) {

@@ -154,8 +154,8 @@ void ensure(cuda::DeviceBuffer<E>& b, size_t n, cuda::DeviceAllocator* alloc) {
 struct CudaModel::Scratch {
   int n = 0;
   cuda::DeviceBuffer<bf16> dx;      // (N, C) gradient of the residual stream
-  cuda::DeviceBuffer<bf16> dn;      // (N, C) gradient of a norm output, bf16
   cuda::DeviceBuffer<float> sum;    // (N, C) fp32: GEMM output before a residual add, or a summed dx
+                                    // (a norm's output gradient, read by rmsnorm_backward in fp32)
   cuda::DeviceBuffer<bf16> datt;    // (N, QD) gradient of the attention output, then of q_pre
   cuda::DeviceBuffer<bf16> dq;      // (N, QD)
   cuda::DeviceBuffer<bf16> dk;      // (N, KD)
@@ -245,7 +245,6 @@ void CudaModel::ensure_scratch(int N) {
     const size_t n = (size_t)N;
     cuda::DeviceAllocator* a = alloc_.get();
     ensure(s.dx, n * d.C, a);
-    ensure(s.dn, n * d.C, a);
     ensure(s.sum, n * d.C, a);
     ensure(s.datt, n * d.QD, a);
     ensure(s.dq, n * d.QD, a);
@@ -469,14 +468,11 @@ void CudaModel::backward(CudaActivations& acts, const CudaRelayedKVGrads* relaye
   const bf16* W = params_bf16_.data();
   float* G = grads_.data();
   cuda::GemmHandle& g = *gemm_;
-  const int64_t NC = (int64_t)N * d.C;
   const int k_norm = 1 + L * tensors_per_layer(cfg_);
 
-  mark(Op::kOther);
-  TT_CUDA_CHECK(cudaMemsetAsync(s.dx.data(), 0, sizeof(bf16) * NC, stream_));
-  mark(Op::kNorm);
+  mark(Op::kNorm);  // dx starts as the final norm's input gradient (overwritten)
   cuda::rmsnorm_backward(s.dx.data(), G + info_[k_norm].offset, a.dnf, a.x_final, W + info_[k_norm].offset, a.rstd_f,
-                         N, d.C, ws, stream_);
+                         N, d.C, ws, stream_, /*accumulate_dx=*/false);
   if (on_ready) on_ready(k_norm, (int)info_.size());  // the final norm; an untied head's gradient came from forward()
   for (int l = L - 1; l >= 0; --l) {
     const LayerParams<const bf16> w = layer_params(W, info_, cfg_, l);
@@ -499,10 +495,8 @@ void CudaModel::backward(CudaActivations& acts, const CudaRelayedKVGrads* relaye
     cuda::matmul_backward_dx(g, s.sum.data(), dup, w.wu, N, d.C, d.I, 1.f);
     cuda::matmul_backward_dw(g, gw.wg, dgate, x.n2, N, d.C, d.I, 1.f);
     cuda::matmul_backward_dw(g, gw.wu, dup, x.n2, N, d.C, d.I, 1.f);
-    mark(Op::kOther);
-    detail::f32_to_bf16(s.dn.data(), s.sum.data(), NC, stream_);
-    mark(Op::kNorm);
-    cuda::rmsnorm_backward(dx, gw.post_norm, s.dn.data(), x.x_mid, w.post_norm, x.rstd2, N, d.C, ws, stream_);
+    mark(Op::kNorm);  // the fp32 sum of the two products, read without a bf16 rounding
+    cuda::rmsnorm_backward(dx, gw.post_norm, s.sum.data(), x.x_mid, w.post_norm, x.rstd2, N, d.C, ws, stream_);
 
     // Attention: x_mid = x_in + o_proj(attn(rope(qk_norm(q_pre)), rope(qk_norm(k_pre)), v)).
     mark(Op::kGemm);
@@ -521,15 +515,12 @@ void CudaModel::backward(CudaActivations& acts, const CudaRelayedKVGrads* relaye
     const bf16* dq_proj = s.dq.data();  // gradient of the q_proj output
     const bf16* dk_proj = s.dk.data();
     if (d.qk_norm) {
-      bf16* dq_pre = s.datt.data();  // datt is consumed; reuse it
-      mark(Op::kOther);
-      TT_CUDA_CHECK(cudaMemsetAsync(dq_pre, 0, sizeof(bf16) * (size_t)N * d.QD, stream_));
-      TT_CUDA_CHECK(cudaMemsetAsync(s.dk_pre.data(), 0, sizeof(bf16) * (size_t)N * d.KD, stream_));
+      bf16* dq_pre = s.datt.data();  // datt is consumed; reuse it (overwritten)
       mark(Op::kNorm);
       cuda::rmsnorm_backward(dq_pre, gw.q_norm, s.dq.data(), x.q_pre, w.q_norm, x.q_rstd, N * d.NH, d.HS, ws,
-                             stream_);
+                             stream_, /*accumulate_dx=*/false);
       cuda::rmsnorm_backward(s.dk_pre.data(), gw.k_norm, s.dk.data(), x.k_pre, w.k_norm, x.k_rstd, N * d.NKV, d.HS,
-                             ws, stream_);
+                             ws, stream_, /*accumulate_dx=*/false);
       dq_proj = dq_pre;
       dk_proj = s.dk_pre.data();
     }
@@ -540,10 +531,8 @@ void CudaModel::backward(CudaActivations& acts, const CudaRelayedKVGrads* relaye
     cuda::matmul_backward_dw(g, gw.wq, dq_proj, x.n1, N, d.C, d.QD, 1.f);
     cuda::matmul_backward_dw(g, gw.wk, dk_proj, x.n1, N, d.C, d.KD, 1.f);
     cuda::matmul_backward_dw(g, gw.wv, s.dv.data(), x.n1, N, d.C, d.KD, 1.f);
-    mark(Op::kOther);
-    detail::f32_to_bf16(s.dn.data(), s.sum.data(), NC, stream_);
     mark(Op::kNorm);
-    cuda::rmsnorm_backward(dx, gw.in_norm, s.dn.data(), x.x_in, w.in_norm, x.rstd1, N, d.C, ws, stream_);
+    cuda::rmsnorm_backward(dx, gw.in_norm, s.sum.data(), x.x_in, w.in_norm, x.rstd1, N, d.C, ws, stream_);
     if (on_ready) on_ready(1 + l * tensors_per_layer(cfg_), 1 + (l + 1) * tensors_per_layer(cfg_));
   }
   mark(Op::kOther);

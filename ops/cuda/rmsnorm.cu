@@ -1,12 +1,19 @@
 // RMSNorm forward and backward (see rmsnorm.h).
 // Gradient contract: forward overwrites out (rows, C) and rstd (rows); backward accumulates (+=)
-// into dx (rows, C) bf16 and dw (C) fp32.
+// into dx (rows, C) bf16 (or overwrites it, accumulate_dx false) and dw (C) fp32.
 //
 // With r = rstd and n = x r:  dx_c += r (dout_c w_c - x_c r^2 mean_k(dout_k w_k x_k)),
-// dw_c += sum_rows dout_c n_c. Forward and dx: one warp per row (rows are short: C = 128 for the
-// q/k norm, a few thousand for the hidden size). dw: stage 1 gives each block a fixed chunk of
-// rows and writes per-chunk column sums (G, C) to the workspace; stage 2 adds the G chunk sums of
-// each column in a fixed order, so the result does not depend on scheduling.
+// dw_c += sum_rows dout_c n_c.
+// Rows are short (C = 128 for the q/k norm, a few thousand for the hidden size), so a row belongs
+// to LANES lanes of a warp (32, or 16 / 8 when C / VEC is that small: several rows per warp, no
+// idle lanes); each lane owns the columns (it LANES + lane) VEC + k, it < IT.
+// Backward, C <= 32 VEC 8 (fused): block g takes a fixed chunk of rows, computes dx row by row and
+// keeps its lanes' dw column sums in registers; the sums are added over the row groups of a warp
+// (butterfly), then over the warps in warp order (shared memory), and written as the chunk's row
+// of the (G, C) workspace; a second kernel adds the G chunk sums of each column in a fixed order.
+// x and dout are read once. Wider rows (C > 32 VEC 8): dx by one warp per row, and a separate
+// stage-1 pass over x and dout for the chunk sums. Either way the result does not depend on
+// scheduling, and dw alone or dx alone are bitwise what the pair gives.
 #include "ops/cuda/rmsnorm.h"
 
 #include <algorithm>
@@ -29,6 +36,7 @@ constexpr int kPartialThreads = 256;                   // stage-1 block (bx * by
 constexpr int kMaxChunks = 1024;                       // G, the number of row chunks
 constexpr int kMinRowsPerChunk = 32;
 constexpr int kReduceCols = 32, kReduceLanes = 8;      // stage-2 block
+constexpr int kMaxIt = 8;                              // column steps per lane held in registers
 
 struct RmsnormFwdParams {
   bf16* out;        // (rows, C)
@@ -43,16 +51,76 @@ struct RmsnormBwdParams {
   bf16* dx;            // (rows, C) +=, or null
   float* dw;           // (C) +=, or null
   float* partial;      // (G, C) stage-1 column sums
-  const bf16* dout;    // (rows, C)
+  const void* dout;    // (rows, C), bf16 or fp32 (the kernels' Dout)
   const bf16* x;       // (rows, C)
   const bf16* w;       // (C)
   const float* rstd;   // (rows)
   int rows, C;
   int chunks, rows_per_chunk;  // G and the rows of each chunk
+  bool dx_accumulate;          // dx += (true) or dx = (false: dx is not read)
 };
 
+// (VEC) elements of a bf16 or fp32 row -> fp32.
 template <int VEC>
+__device__ __forceinline__ void load_row(float (&out)[VEC], const bf16* p) {
+  load_bf16<VEC>(out, p);
+}
+template <int VEC>
+__device__ __forceinline__ void load_row(float (&out)[VEC], const float* p) {
+  load_f32<VEC>(out, p);
+}
+
+// Sum over the LANES lanes of a row (aligned lane groups of the warp); every lane calls it.
+template <int LANES>
+__device__ __forceinline__ float row_sum(float v) {
+#pragma unroll
+  for (int o = LANES / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Blocks of kRowThreads; a warp holds kWarp / LANES rows at a time.
+template <int VEC, int LANES, int IT>
 __global__ void rmsnorm_forward_kernel(RmsnormFwdParams p) {
+  constexpr int kGroups = detail::kWarp / LANES;
+  const int lane = threadIdx.x % detail::kWarp;
+  const int64_t row = ((int64_t)blockIdx.x * kRowsPerWarpBlock + threadIdx.x / detail::kWarp) * kGroups + lane / LANES;
+  const int sub = lane % LANES;
+  const bool valid = row < p.rows;  // the shuffles need every lane: invalid rows compute on nothing
+  const bf16* x = p.x + (valid ? row : 0) * p.C;
+  float v[IT][VEC];
+  float ss = 0.f;
+#pragma unroll
+  for (int it = 0; it < IT; it++) {
+    const int c = (it * LANES + sub) * VEC;
+    if (valid && c < p.C) {
+      load_bf16<VEC>(v[it], x + c);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; k++) v[it][k] = 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < VEC; k++) ss += v[it][k] * v[it][k];
+  }
+  ss = row_sum<LANES>(ss);
+  if (!valid) return;
+  const float rs = rsqrtf(ss / (float)p.C + p.eps);
+  if (sub == 0) p.rstd[row] = rs;
+  bf16* o = p.out + row * p.C;
+#pragma unroll
+  for (int it = 0; it < IT; it++) {
+    const int c = (it * LANES + sub) * VEC;
+    if (c >= p.C) continue;
+    float w[VEC];
+    load_bf16<VEC>(w, p.w + c);
+#pragma unroll
+    for (int k = 0; k < VEC; k++) v[it][k] = v[it][k] * rs * w[k];
+    store_bf16<VEC>(o + c, v[it]);
+  }
+}
+
+// Forward for rows longer than kWarp * VEC * kMaxIt: one warp per row, columns in a loop.
+template <int VEC>
+__global__ void rmsnorm_forward_wide_kernel(RmsnormFwdParams p) {
   const int lane = threadIdx.x % detail::kWarp;
   const int64_t row = (int64_t)blockIdx.x * kRowsPerWarpBlock + threadIdx.x / detail::kWarp;
   if (row >= p.rows) return;
@@ -78,18 +146,110 @@ __global__ void rmsnorm_forward_kernel(RmsnormFwdParams p) {
   }
 }
 
-template <int VEC>
+// Fused backward: grid (G), block kRowThreads. Block g walks rows [g rpc, (g + 1) rpc) in steps of
+// the block's kRowsPerWarpBlock * kGroups rows; dx per row as in the wide kernel, dw column sums in
+// registers, then the fixed-order block reduction into partial[g].
+template <int VEC, int LANES, int IT, class Dout>
+__global__ void rmsnorm_backward_fused_kernel(RmsnormBwdParams p) {
+  constexpr int kGroups = detail::kWarp / LANES;
+  constexpr int kCols = LANES * IT * VEC;  // >= C
+  __shared__ float colsum[kCols];
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
+  const int sub = lane % LANES;
+  const int g = blockIdx.x;
+  const int r0 = g * p.rows_per_chunk, r1 = min(p.rows, r0 + p.rows_per_chunk);
+  const Dout* dout_all = static_cast<const Dout*>(p.dout);
+  float acc[IT][VEC];
+#pragma unroll
+  for (int it = 0; it < IT; it++)
+#pragma unroll
+    for (int k = 0; k < VEC; k++) acc[it][k] = 0.f;
+
+  for (int base = r0 + warp * kGroups; base < r1; base += kRowsPerWarpBlock * kGroups) {
+    const int64_t row = base + lane / LANES;
+    const bool valid = row < r1;  // warp-uniform loop; the shuffles need every lane
+    const bf16* x = p.x + (valid ? row : 0) * p.C;
+    const Dout* dout = dout_all + (valid ? row : 0) * p.C;
+    float dot = 0.f;  // sum_k dout_k w_k x_k
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+      const int c = (it * LANES + sub) * VEC;
+      if (!valid || c >= p.C) continue;
+      float xv[VEC], dv[VEC], wv[VEC];
+      load_bf16<VEC>(xv, x + c);
+      load_row<VEC>(dv, dout + c);
+      load_bf16<VEC>(wv, p.w + c);
+#pragma unroll
+      for (int k = 0; k < VEC; k++) dot += dv[k] * wv[k] * xv[k];
+    }
+    dot = row_sum<LANES>(dot);
+    if (!valid) continue;
+    const float rs = p.rstd[row];
+    const float kcoef = rs * rs * dot / (float)p.C;
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+      const int c = (it * LANES + sub) * VEC;
+      if (c >= p.C) continue;
+      float xv[VEC], dv[VEC];
+      load_bf16<VEC>(xv, x + c);
+      load_row<VEC>(dv, dout + c);
+      if (p.dw) {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) acc[it][k] += dv[k] * (xv[k] * rs);
+      }
+      if (p.dx) {
+        float wv[VEC], dx[VEC];
+        load_bf16<VEC>(wv, p.w + c);
+        bf16* dxp = p.dx + row * p.C + c;
+        if (p.dx_accumulate) {
+          load_bf16<VEC>(dx, dxp);
+        } else {
+#pragma unroll
+          for (int k = 0; k < VEC; k++) dx[k] = 0.f;
+        }
+#pragma unroll
+        for (int k = 0; k < VEC; k++) dx[k] += rs * (dv[k] * wv[k] - xv[k] * kcoef);
+        store_bf16<VEC>(dxp, dx);
+      }
+    }
+  }
+  if (!p.dw) return;
+  // Row groups of the warp (butterfly: every lane ends with the same sum, in the same order).
+#pragma unroll
+  for (int o = LANES; o < detail::kWarp; o *= 2)
+#pragma unroll
+    for (int it = 0; it < IT; it++)
+#pragma unroll
+      for (int k = 0; k < VEC; k++) acc[it][k] += __shfl_xor_sync(0xffffffffu, acc[it][k], o);
+  // Warps in order.
+  for (int w = 0; w < kRowsPerWarpBlock; w++) {
+    if (warp == w && lane < LANES) {
+#pragma unroll
+      for (int it = 0; it < IT; it++)
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+          const int c = (it * LANES + sub) * VEC + k;
+          colsum[c] = w == 0 ? acc[it][k] : colsum[c] + acc[it][k];
+        }
+    }
+    __syncthreads();
+  }
+  for (int c = threadIdx.x; c < p.C; c += kRowThreads) p.partial[(int64_t)g * p.C + c] = colsum[c];
+}
+
+// dx of rows longer than kWarp * VEC * kMaxIt: one warp per row.
+template <int VEC, class Dout>
 __global__ void rmsnorm_backward_dx_kernel(RmsnormBwdParams p) {
   const int lane = threadIdx.x % detail::kWarp;
   const int64_t row = (int64_t)blockIdx.x * kRowsPerWarpBlock + threadIdx.x / detail::kWarp;
   if (row >= p.rows) return;
   const bf16* x = p.x + row * p.C;
-  const bf16* dout = p.dout + row * p.C;
+  const Dout* dout = static_cast<const Dout*>(p.dout) + row * p.C;
   float dot = 0.f;  // sum_k dout_k w_k x_k
   for (int c = lane * VEC; c < p.C; c += detail::kWarp * VEC) {
     float xv[VEC], dv[VEC], wv[VEC];
     load_bf16<VEC>(xv, x + c);
-    load_bf16<VEC>(dv, dout + c);
+    load_row<VEC>(dv, dout + c);
     load_bf16<VEC>(wv, p.w + c);
 #pragma unroll
     for (int k = 0; k < VEC; k++) dot += dv[k] * wv[k] * xv[k];
@@ -101,24 +261,31 @@ __global__ void rmsnorm_backward_dx_kernel(RmsnormBwdParams p) {
   for (int c = lane * VEC; c < p.C; c += detail::kWarp * VEC) {
     float xv[VEC], dv[VEC], wv[VEC], acc[VEC];
     load_bf16<VEC>(xv, x + c);
-    load_bf16<VEC>(dv, dout + c);
+    load_row<VEC>(dv, dout + c);
     load_bf16<VEC>(wv, p.w + c);
-    load_bf16<VEC>(acc, dx + c);
+    if (p.dx_accumulate) {
+      load_bf16<VEC>(acc, dx + c);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; k++) acc[k] = 0.f;
+    }
 #pragma unroll
     for (int k = 0; k < VEC; k++) acc[k] += rs * (dv[k] * wv[k] - xv[k] * kcoef);
     store_bf16<VEC>(dx + c, acc);
   }
 }
 
-// Grid (column tiles, G); block (bx, by): tx picks a VEC-wide column group, ty strides the chunk's
-// rows. The by partial sums of a column are added in ty order.
-template <int VEC>
+// Stage 1 of dw for rows longer than kWarp * VEC * kMaxIt. Grid (column tiles, G); block (bx, by):
+// tx picks a VEC-wide column group, ty strides the chunk's rows. The by partial sums of a column
+// are added in ty order.
+template <int VEC, class Dout>
 __global__ void rmsnorm_dw_partial_kernel(RmsnormBwdParams p) {
   __shared__ float sums[kPartialThreads * VEC];
   const int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
   const int c = (blockIdx.x * bx + tx) * VEC;
   const int g = blockIdx.y;
   const int r0 = g * p.rows_per_chunk, r1 = min(p.rows, r0 + p.rows_per_chunk);
+  const Dout* dout = static_cast<const Dout*>(p.dout);
   float acc[VEC];
 #pragma unroll
   for (int k = 0; k < VEC; k++) acc[k] = 0.f;
@@ -126,7 +293,7 @@ __global__ void rmsnorm_dw_partial_kernel(RmsnormBwdParams p) {
     for (int r = r0 + ty; r < r1; r += by) {
       float xv[VEC], dv[VEC];
       load_bf16<VEC>(xv, p.x + (int64_t)r * p.C + c);
-      load_bf16<VEC>(dv, p.dout + (int64_t)r * p.C + c);
+      load_row<VEC>(dv, dout + (int64_t)r * p.C + c);
       const float rs = p.rstd[r];
 #pragma unroll
       for (int k = 0; k < VEC; k++) acc[k] += dv[k] * (xv[k] * rs);
@@ -163,35 +330,111 @@ int num_chunks(int rows) {
   return std::max(1, std::min(kMaxChunks, (rows + kMinRowsPerChunk - 1) / kMinRowsPerChunk));
 }
 
+// The row layout of C: LANES lanes per row and IT column steps per lane, or LANES = 0 when the row
+// is wider than kWarp * VEC * kMaxIt (the wide kernels).
+struct RowShape {
+  int lanes, it;
+};
+
+RowShape row_shape(int C, int vec) {
+  const int groups = (C + vec - 1) / vec;  // VEC-wide column groups
+  if (groups <= 8) return {8, 1};
+  if (groups <= 16) return {16, 1};
+  for (int it = 1; it <= kMaxIt; it *= 2)
+    if (groups <= detail::kWarp * it) return {detail::kWarp, it};
+  return {0, 0};
+}
+
+// The kernel for a row shape (lanes > 0): one switch per kernel template.
+template <int VEC>
+void launch_forward_rows(RowShape s, const RmsnormFwdParams& p, int blocks, cudaStream_t stream) {
+  if (s.lanes == 8) return rmsnorm_forward_kernel<VEC, 8, 1><<<blocks, kRowThreads, 0, stream>>>(p);
+  if (s.lanes == 16) return rmsnorm_forward_kernel<VEC, 16, 1><<<blocks, kRowThreads, 0, stream>>>(p);
+  switch (s.it) {
+    case 1: return rmsnorm_forward_kernel<VEC, 32, 1><<<blocks, kRowThreads, 0, stream>>>(p);
+    case 2: return rmsnorm_forward_kernel<VEC, 32, 2><<<blocks, kRowThreads, 0, stream>>>(p);
+    case 4: return rmsnorm_forward_kernel<VEC, 32, 4><<<blocks, kRowThreads, 0, stream>>>(p);
+    default: return rmsnorm_forward_kernel<VEC, 32, 8><<<blocks, kRowThreads, 0, stream>>>(p);
+  }
+}
+
+template <int VEC, class Dout>
+void launch_backward_rows(RowShape s, const RmsnormBwdParams& p, cudaStream_t stream) {
+  const int blocks = p.chunks;
+  if (s.lanes == 8) return rmsnorm_backward_fused_kernel<VEC, 8, 1, Dout><<<blocks, kRowThreads, 0, stream>>>(p);
+  if (s.lanes == 16) return rmsnorm_backward_fused_kernel<VEC, 16, 1, Dout><<<blocks, kRowThreads, 0, stream>>>(p);
+  switch (s.it) {
+    case 1: return rmsnorm_backward_fused_kernel<VEC, 32, 1, Dout><<<blocks, kRowThreads, 0, stream>>>(p);
+    case 2: return rmsnorm_backward_fused_kernel<VEC, 32, 2, Dout><<<blocks, kRowThreads, 0, stream>>>(p);
+    case 4: return rmsnorm_backward_fused_kernel<VEC, 32, 4, Dout><<<blocks, kRowThreads, 0, stream>>>(p);
+    default: return rmsnorm_backward_fused_kernel<VEC, 32, 8, Dout><<<blocks, kRowThreads, 0, stream>>>(p);
+  }
+}
+
 void launch_rmsnorm_forward(const RmsnormFwdParams& p, cudaStream_t stream) {
   const bool wide = p.C % 8 == 0 && detail::aligned16(p.x) && detail::aligned16(p.w) && detail::aligned16(p.out);
-  const int blocks = (p.rows + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock;
-  TT_VEC_SWITCH(wide, VEC, [&] { rmsnorm_forward_kernel<VEC><<<blocks, kRowThreads, 0, stream>>>(p); });
+  TT_VEC_SWITCH(wide, VEC, [&] {
+    const RowShape s = row_shape(p.C, VEC);
+    if (s.lanes == 0) {
+      const int blocks = (p.rows + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock;
+      rmsnorm_forward_wide_kernel<VEC><<<blocks, kRowThreads, 0, stream>>>(p);
+      return;
+    }
+    const int rows_per_block = kRowsPerWarpBlock * (detail::kWarp / s.lanes);
+    launch_forward_rows<VEC>(s, p, (p.rows + rows_per_block - 1) / rows_per_block, stream);
+  });
   TT_CUDA_CHECK_LAUNCH();
 }
 
+template <class Dout>
 void launch_rmsnorm_backward(const RmsnormBwdParams& p, cudaStream_t stream) {
   const bool wide = p.C % 8 == 0 && detail::aligned16(p.x) && detail::aligned16(p.w) &&
                     detail::aligned16(p.dout) && (!p.dx || detail::aligned16(p.dx));
   TT_VEC_SWITCH(wide, VEC, [&] {
-    if (p.dx) {
-      const int blocks = (p.rows + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock;
-      rmsnorm_backward_dx_kernel<VEC><<<blocks, kRowThreads, 0, stream>>>(p);
+    const RowShape s = row_shape(p.C, VEC);
+    if (s.lanes > 0) {
+      launch_backward_rows<VEC, Dout>(s, p, stream);
       TT_CUDA_CHECK_LAUNCH();
+    } else {
+      if (p.dx) {
+        const int blocks = (p.rows + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock;
+        rmsnorm_backward_dx_kernel<VEC, Dout><<<blocks, kRowThreads, 0, stream>>>(p);
+        TT_CUDA_CHECK_LAUNCH();
+      }
+      if (p.dw) {
+        const int groups = (p.C + VEC - 1) / VEC;
+        int bx = 1;
+        while (bx < groups && bx < kPartialThreads) bx *= 2;
+        const dim3 block(bx, kPartialThreads / bx);
+        const dim3 grid((groups + bx - 1) / bx, p.chunks);
+        rmsnorm_dw_partial_kernel<VEC, Dout><<<grid, block, 0, stream>>>(p);
+        TT_CUDA_CHECK_LAUNCH();
+      }
     }
     if (p.dw) {
-      const int groups = (p.C + VEC - 1) / VEC;
-      int bx = 1;
-      while (bx < groups && bx < kPartialThreads) bx *= 2;
-      const dim3 block(bx, kPartialThreads / bx);
-      const dim3 grid((groups + bx - 1) / bx, p.chunks);
-      rmsnorm_dw_partial_kernel<VEC><<<grid, block, 0, stream>>>(p);
-      TT_CUDA_CHECK_LAUNCH();
       rmsnorm_dw_reduce_kernel<<<(p.C + kReduceCols - 1) / kReduceCols, dim3(kReduceCols, kReduceLanes), 0,
                                  stream>>>(p);
       TT_CUDA_CHECK_LAUNCH();
     }
   });
+}
+
+template <class Dout>
+void rmsnorm_backward_impl(bf16* dx, float* dw, const Dout* dout, const bf16* x, const bf16* w, const float* rstd,
+                           int rows, int C, Workspace ws, cudaStream_t stream, bool accumulate_dx) {
+  TT_CHECK(rows >= 0 && C > 0, "cuda::rmsnorm_backward: expected rows >= 0 and C > 0, got rows=", rows,
+           " C=", C);
+  if (rows == 0 || (!dx && !dw)) return;
+  TT_CHECK(dout && x && w && rstd, "cuda::rmsnorm_backward: null pointer (dout, x, w or rstd)");
+  RmsnormBwdParams p{dx, dw, nullptr, dout, x, w, rstd, rows, C, 0, 0, accumulate_dx};
+  p.chunks = num_chunks(rows);  // the fused kernel's grid also when dw is not wanted
+  p.rows_per_chunk = (rows + p.chunks - 1) / p.chunks;
+  if (dw) {
+    detail::check_workspace(ws, rmsnorm_backward_workspace_bytes(rows, C), "cuda::rmsnorm_backward");
+    detail::WorkspaceCarver carve(ws.ptr);
+    p.partial = carve.take<float>((size_t)p.chunks * C);
+  }
+  launch_rmsnorm_backward<Dout>(p, stream);
 }
 
 }  // namespace
@@ -214,20 +457,13 @@ size_t rmsnorm_backward_workspace_bytes(int rows, int C) {
 }
 
 void rmsnorm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const float* rstd,
-                      int rows, int C, Workspace ws, cudaStream_t stream) {
-  TT_CHECK(rows >= 0 && C > 0, "cuda::rmsnorm_backward: expected rows >= 0 and C > 0, got rows=", rows,
-           " C=", C);
-  if (rows == 0 || (!dx && !dw)) return;
-  TT_CHECK(dout && x && w && rstd, "cuda::rmsnorm_backward: null pointer (dout, x, w or rstd)");
-  RmsnormBwdParams p{dx, dw, nullptr, dout, x, w, rstd, rows, C, 0, 0};
-  if (dw) {
-    detail::check_workspace(ws, rmsnorm_backward_workspace_bytes(rows, C), "cuda::rmsnorm_backward");
-    detail::WorkspaceCarver carve(ws.ptr);
-    p.chunks = num_chunks(rows);
-    p.rows_per_chunk = (rows + p.chunks - 1) / p.chunks;
-    p.partial = carve.take<float>((size_t)p.chunks * C);
-  }
-  launch_rmsnorm_backward(p, stream);
+                      int rows, int C, Workspace ws, cudaStream_t stream, bool accumulate_dx) {
+  rmsnorm_backward_impl(dx, dw, dout, x, w, rstd, rows, C, ws, stream, accumulate_dx);
+}
+
+void rmsnorm_backward(bf16* dx, float* dw, const float* dout, const bf16* x, const bf16* w, const float* rstd,
+                      int rows, int C, Workspace ws, cudaStream_t stream, bool accumulate_dx) {
+  rmsnorm_backward_impl(dx, dw, dout, x, w, rstd, rows, C, ws, stream, accumulate_dx);
 }
 
 }  // namespace tt::cuda

@@ -2,17 +2,20 @@
 // counts that are not multiples of the block, C not a multiple of the vector width.
 //
 // Bounds (see test_util.h). fp32 on the GPU: the sum of squares runs C/32 sequential adds per lane
-// plus a 5-level tree, so rstd has relative error d_r <= (C/32 + 8) u32 + 2^-21 (rsqrtf).
+// plus a 5-level tree (rows of C < 256 share a warp: at most 8 adds per lane and fewer levels), so
+// rstd has relative error d_r <= (max(C/32, 8) + 8) u32 + 2^-21 (rsqrtf).
 //   out:  bf16 of x r w:           rel 2^-8, abs 2 (d_r + 3 u32) |ref|
 //   rstd: fp32:                    abs 2 d_r |ref|
 //   dx:   bf16 of old + r (dout w - x r^2 dot / C); with T = r |dout w| + r^3 |x| sum|dout w x| / C
-//         and dot accumulated like the sum of squares: abs 2 (3 d_r + (C/32 + 8) u32) T + u32 |old|
-//   dw:   fp32 old + sum_rows dout x r: at most rows + 48 sequential adds (stage 1 chunk rows,
-//         in-block lanes, stage 2 chunks and lanes): abs 2 (d_r + (rows + 48) u32) sum|dout x r|.
+//         and dot accumulated like the sum of squares: abs 2 (3 d_r + (max(C/32, 8) + 8) u32) T + u32 |old|
+//   dw:   fp32 old + sum_rows dout x r: at most rows + 48 sequential adds (a chunk's rows per lane,
+//         the lane groups and warps of a block, stage 2 chunks and lanes):
+//         abs 2 (d_r + (rows + 48) u32) sum|dout x r|. dout may be fp32 (not rounded to bf16).
 #include "ops/cuda/rmsnorm.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -33,7 +36,7 @@ class RmsnormTest : public GpuTest, public ::testing::WithParamInterface<Shape> 
 
 constexpr double kEps = 1e-6;
 
-double rstd_rel(int C) { return (C / 32.0 + 8) * kF32U + std::ldexp(1.0, -21); }
+double rstd_rel(int C) { return (std::max(C / 32.0, 8.0) + 8) * kF32U + std::ldexp(1.0, -21); }
 
 TEST_P(RmsnormTest, ForwardMatchesCpu) {
   const auto [rows, C, name] = GetParam();
@@ -58,6 +61,35 @@ TEST_P(RmsnormTest, ForwardMatchesCpu) {
   EXPECT_TRUE(all_within("rstd", to_host(rstd), rstd_ref, 0.0, abs_r));
 }
 
+// The backward's reference and bounds for dout (bf16 or fp32 values), given dx0 / dw0 accumulated
+// into; checks dx and dw from the GPU.
+void expect_backward_matches(int rows, int C, const std::vector<double>& x, const std::vector<double>& w,
+                             const std::vector<double>& dout, const std::vector<double>& dx0,
+                             const std::vector<double>& dw0, const std::vector<double>& dx,
+                             const std::vector<double>& dw) {
+  std::vector<double> out_ref((size_t)rows * C), rstd_ref(rows);
+  tt::cpu::rmsnorm_forward<double>(out_ref.data(), rstd_ref.data(), x.data(), w.data(), rows, C, kEps);
+  std::vector<double> dx_ref = dx0, dw_ref = dw0;
+  tt::cpu::rmsnorm_backward<double>(dx_ref.data(), dw_ref.data(), dout.data(), x.data(), w.data(), rstd_ref.data(),
+                                    rows, C);
+  const double dr = rstd_rel(C);
+  std::vector<double> abs_dx(dx_ref.size()), abs_dw(C, 0.0);
+  for (int r = 0; r < rows; r++) {
+    const double rs = rstd_ref[r];
+    double sabs = 0;
+    for (int c = 0; c < C; c++) sabs += std::fabs(dout[(size_t)r * C + c] * w[c] * x[(size_t)r * C + c]);
+    for (int c = 0; c < C; c++) {
+      const size_t i = (size_t)r * C + c;
+      const double T = rs * std::fabs(dout[i] * w[c]) + rs * rs * rs * std::fabs(x[i]) * sabs / C;
+      abs_dx[i] = 2 * (3 * dr + (std::max(C / 32.0, 8.0) + 8) * kF32U) * T + kF32U * std::fabs(dx0[i]);
+      abs_dw[c] += std::fabs(dout[i] * x[i] * rs);
+    }
+  }
+  for (int c = 0; c < C; c++) abs_dw[c] = 2 * (dr + (rows + 48) * kF32U) * abs_dw[c] + kF32U * std::fabs(dw0[c]);
+  EXPECT_TRUE(all_within("dx", dx, dx_ref, kBf16U, abs_dx));
+  EXPECT_TRUE(all_within("dw", dw, dw_ref, kF32U, abs_dw));
+}
+
 TEST_P(RmsnormTest, BackwardMatchesCpuAndIsDeterministic) {
   const auto [rows, C, name] = GetParam();
   std::mt19937_64 rng(202 + rows + C);
@@ -66,11 +98,6 @@ TEST_P(RmsnormTest, BackwardMatchesCpuAndIsDeterministic) {
   const auto dout = randn_bf16(rng, (size_t)rows * C, 1.0);
   const auto dx0 = randn_bf16(rng, (size_t)rows * C, 0.1);
   const auto dw0 = randn_f32(rng, C, 0.1);
-  std::vector<double> out_ref((size_t)rows * C), rstd_ref(rows);
-  tt::cpu::rmsnorm_forward<double>(out_ref.data(), rstd_ref.data(), x.data(), w.data(), rows, C, kEps);
-  std::vector<double> dx_ref = dx0, dw_ref = dw0;
-  tt::cpu::rmsnorm_backward<double>(dx_ref.data(), dw_ref.data(), dout.data(), x.data(), w.data(), rstd_ref.data(),
-                                    rows, C);
 
   auto d_x = to_device_bf16(x);
   auto d_w = to_device_bf16(w);
@@ -94,22 +121,7 @@ TEST_P(RmsnormTest, BackwardMatchesCpuAndIsDeterministic) {
       EXPECT_TRUE(all_equal("dw repeat", to_host(dw), dw_first));
     }
   }
-  const double dr = rstd_rel(C);
-  std::vector<double> abs_dx(dx_ref.size()), abs_dw(C, 0.0);
-  for (int r = 0; r < rows; r++) {
-    const double rs = rstd_ref[r];
-    double sabs = 0;
-    for (int c = 0; c < C; c++) sabs += std::fabs(dout[(size_t)r * C + c] * w[c] * x[(size_t)r * C + c]);
-    for (int c = 0; c < C; c++) {
-      const size_t i = (size_t)r * C + c;
-      const double T = rs * std::fabs(dout[i] * w[c]) + rs * rs * rs * std::fabs(x[i]) * sabs / C;
-      abs_dx[i] = 2 * (3 * dr + (C / 32.0 + 8) * kF32U) * T + kF32U * std::fabs(dx0[i]);
-      abs_dw[c] += std::fabs(dout[i] * x[i] * rs);
-    }
-  }
-  for (int c = 0; c < C; c++) abs_dw[c] = 2 * (dr + (rows + 48) * kF32U) * abs_dw[c] + kF32U * std::fabs(dw0[c]);
-  EXPECT_TRUE(all_within("dx", dx_first, dx_ref, kBf16U, abs_dx));
-  EXPECT_TRUE(all_within("dw", dw_first, dw_ref, kF32U, abs_dw));
+  expect_backward_matches(rows, C, x, w, dout, dx0, dw0, dx_first, dw_first);
 
   // Either gradient alone.
   auto dx_only = to_device_bf16(dx0);
@@ -121,13 +133,63 @@ TEST_P(RmsnormTest, BackwardMatchesCpuAndIsDeterministic) {
   sync_and_check();
   EXPECT_TRUE(all_equal("dx alone", to_host(dx_only), dx_first));
   EXPECT_TRUE(all_equal("dw alone", to_host(dw_only), dw_first));
+
+  // Overwriting dx (a poisoned buffer, never read) is bitwise accumulating into zeros.
+  DeviceBuffer<bf16> dx_zero((size_t)rows * C), dx_over((size_t)rows * C);
+  dx_zero.fill_bytes(0, nullptr);
+  poison(dx_over);
+  tt::cuda::rmsnorm_backward(dx_zero.data(), nullptr, d_dout.data(), d_x.data(), d_w.data(), rstd.data(), rows, C, {},
+                             nullptr);
+  tt::cuda::rmsnorm_backward(dx_over.data(), nullptr, d_dout.data(), d_x.data(), d_w.data(), rstd.data(), rows, C, {},
+                             nullptr, /*accumulate_dx=*/false);
+  sync_and_check();
+  EXPECT_TRUE(all_equal("dx overwritten", to_host(dx_over), to_host(dx_zero)));
+
+  // The fp32-dout entry point on the same values is the bf16 one, bit for bit.
+  auto dout32 = to_device_f32(dout);
+  auto dx32 = to_device_bf16(dx0);
+  auto dw32 = to_device_f32(dw0);
+  tt::cuda::rmsnorm_backward(dx32.data(), dw32.data(), dout32.data(), d_x.data(), d_w.data(), rstd.data(), rows, C,
+                             {ws.data(), ws.size()}, nullptr);
+  sync_and_check();
+  EXPECT_TRUE(all_equal("dx from fp32 dout", to_host(dx32), dx_first));
+  EXPECT_TRUE(all_equal("dw from fp32 dout", to_host(dw32), dw_first));
+}
+
+// dout in fp32 with values bf16 cannot hold (a GEMM's fp32 sum): used as given, not rounded.
+TEST_P(RmsnormTest, BackwardFromFp32DoutMatchesCpu) {
+  const auto [rows, C, name] = GetParam();
+  std::mt19937_64 rng(303 + rows + C);
+  const auto x = randn_bf16(rng, (size_t)rows * C, 2.0);
+  const auto w = randn_bf16(rng, C, 1.0);
+  const auto dout = randn_f32(rng, (size_t)rows * C, 1.0);
+  const auto dx0 = randn_bf16(rng, (size_t)rows * C, 0.1);
+  const auto dw0 = randn_f32(rng, C, 0.1);
+  auto d_x = to_device_bf16(x);
+  auto d_w = to_device_bf16(w);
+  auto d_dout = to_device_f32(dout);
+  DeviceBuffer<bf16> out((size_t)rows * C);
+  DeviceBuffer<float> rstd(rows);
+  tt::cuda::rmsnorm_forward(out.data(), rstd.data(), d_x.data(), d_w.data(), rows, C, kEps, nullptr);
+  DeviceBuffer<char> ws(tt::cuda::rmsnorm_backward_workspace_bytes(rows, C));
+  auto dx = to_device_bf16(dx0);
+  auto dw = to_device_f32(dw0);
+  tt::cuda::rmsnorm_backward(dx.data(), dw.data(), d_dout.data(), d_x.data(), d_w.data(), rstd.data(), rows, C,
+                             {ws.data(), ws.size()}, nullptr);
+  sync_and_check();
+  expect_backward_matches(rows, C, x, w, dout, dx0, dw0, to_host(dx), to_host(dw));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, RmsnormTest,
                          ::testing::Values(Shape{37, 2048, "hidden_2048_odd_rows"},
+                                           Shape{1100, 2048, "hidden_2048_rows_over_chunks"},
+                                           Shape{70, 1000, "c_1000_four_steps_per_lane"},
+                                           Shape{301, 64, "c_64_four_rows_per_warp"},
+                                           Shape{17, 36, "c_36_scalar_two_steps"},
                                            Shape{1024, 128, "qk_norm_rows_n_times_heads"},
                                            Shape{5000, 128, "qk_norm_many_rows"}, Shape{13, 100, "c_not_multiple_of_8"},
-                                           Shape{3, 8, "tiny"}, Shape{1, 5120, "single_row_c_5120"}),
+                                           Shape{3, 8, "tiny"}, Shape{1, 5120, "single_row_c_5120"},
+                                           Shape{50, 2560, "c_2560_wide_path"}),
                          [](const ::testing::TestParamInfo<Shape>& info) { return info.param.name; });
 
 TEST_F(GpuTest, RmsnormBackwardRejectsSmallWorkspace) {
