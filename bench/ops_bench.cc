@@ -163,6 +163,21 @@ void bench_rmsnorm(const std::string& label, int rows, int C) {
     tt::cuda::rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), rows, C,
                                {ws.data(), ws.size()}, g_stream);
   });
+  // As the model calls it: the hidden norms read an fp32 dout (a GEMM sum) and accumulate into dx;
+  // the q/k norms overwrite dx.
+  if (C == kHidden) {
+    DeviceBuffer<float> dout32((size_t)rows * C);
+    fill_random(dout32.data(), dout32.size(), 1.f, 10);
+    report_bw(label + "_backward_f32dout", dims({rows, C}), 5 * a + rows * 4.0, [&] {
+      tt::cuda::rmsnorm_backward(dx.data(), dw.data(), dout32.data(), x.data(), w.data(), rstd.data(), rows, C,
+                                 {ws.data(), ws.size()}, g_stream);
+    });
+  } else {
+    report_bw(label + "_backward_overwrite", dims({rows, C}), 3 * a + rows * 4.0, [&] {
+      tt::cuda::rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), rows, C,
+                                 {ws.data(), ws.size()}, g_stream, /*accumulate_dx=*/false);
+    });
+  }
 }
 
 void bench_rope() {

@@ -237,6 +237,122 @@ __global__ void rmsnorm_backward_fused_kernel(RmsnormBwdParams p) {
   for (int c = threadIdx.x; c < p.C; c += kRowThreads) p.partial[(int64_t)g * p.C + c] = colsum[c];
 }
 
+// Eight elements of a bf16 or fp32 row held as loaded (16 or 32 bytes), converted on use.
+template <class T>
+struct Raw8;
+template <>
+struct Raw8<bf16> {
+  uint4 v;
+  __device__ __forceinline__ void load(const bf16* p) { v = *reinterpret_cast<const uint4*>(p); }
+  __device__ __forceinline__ void get(float (&o)[8]) const {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const float2 f = __bfloat1622float2(h[i]);
+      o[2 * i] = f.x, o[2 * i + 1] = f.y;
+    }
+  }
+};
+template <>
+struct Raw8<float> {
+  float4 a, b;
+  __device__ __forceinline__ void load(const float* p) {
+    a = reinterpret_cast<const float4*>(p)[0];
+    b = reinterpret_cast<const float4*>(p)[1];
+  }
+  __device__ __forceinline__ void get(float (&o)[8]) const {
+    o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+  }
+};
+
+// Fused backward for rows of 32 lanes x IT x 8 (256 < C <= 2048, VEC = 8): one row per warp at a
+// time with x, dout, the old dx and rstd all loaded before the first use (one memory round trip
+// per row), and each warp's dw column sums in its own slice of shared memory (IT * 1 KB per warp),
+// added over the warps in warp order at the end.
+template <int IT, class Dout>
+__global__ void __launch_bounds__(kRowThreads, sizeof(Dout) == 2 ? 2 : 1)
+    rmsnorm_backward_rows_kernel(RmsnormBwdParams p) {
+  constexpr int kCols = detail::kWarp * IT * 8;
+  extern __shared__ float colsum_warp[];  // (kRowsPerWarpBlock, kCols) when dw is wanted
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
+  const int g = blockIdx.x;
+  const int r0 = g * p.rows_per_chunk, r1 = min(p.rows, r0 + p.rows_per_chunk);
+  float* mine = colsum_warp + warp * kCols;
+  if (p.dw) {
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+      const int c = (it * detail::kWarp + lane) * 8;
+      reinterpret_cast<float4*>(mine + c)[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+      reinterpret_cast<float4*>(mine + c)[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+  const bool read_dx = p.dx && p.dx_accumulate;
+  for (int row = r0 + warp; row < r1; row += kRowsPerWarpBlock) {
+    const int64_t off = (int64_t)row * p.C;
+    Raw8<bf16> xr[IT], dxr[IT];
+    Raw8<Dout> dr[IT];
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+      const int c = (it * detail::kWarp + lane) * 8;
+      if (c >= p.C) continue;
+      xr[it].load(p.x + off + c);
+      dr[it].load(static_cast<const Dout*>(p.dout) + off + c);
+      if (read_dx) dxr[it].load(p.dx + off + c);
+    }
+    const float rs = p.rstd[row];
+    float dot = 0.f;  // sum_k dout_k w_k x_k
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+      const int c = (it * detail::kWarp + lane) * 8;
+      if (c >= p.C) continue;
+      float xv[8], dv[8], wv[8];
+      xr[it].get(xv);
+      dr[it].get(dv);
+      load_bf16<8>(wv, p.w + c);
+#pragma unroll
+      for (int k = 0; k < 8; k++) dot += dv[k] * wv[k] * xv[k];
+    }
+    dot = warp_sum(dot);
+    const float kcoef = rs * rs * dot / (float)p.C;
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+      const int c = (it * detail::kWarp + lane) * 8;
+      if (c >= p.C) continue;
+      float xv[8], dv[8];
+      xr[it].get(xv);
+      dr[it].get(dv);
+      if (p.dw) {
+        float4* m4 = reinterpret_cast<float4*>(mine + c);
+        float4 a = m4[0], b = m4[1];
+        a.x += dv[0] * (xv[0] * rs), a.y += dv[1] * (xv[1] * rs), a.z += dv[2] * (xv[2] * rs);
+        a.w += dv[3] * (xv[3] * rs), b.x += dv[4] * (xv[4] * rs), b.y += dv[5] * (xv[5] * rs);
+        b.z += dv[6] * (xv[6] * rs), b.w += dv[7] * (xv[7] * rs);
+        m4[0] = a, m4[1] = b;
+      }
+      if (p.dx) {
+        float wv[8], dx[8];
+        load_bf16<8>(wv, p.w + c);
+        if (read_dx) {
+          dxr[it].get(dx);
+        } else {
+#pragma unroll
+          for (int k = 0; k < 8; k++) dx[k] = 0.f;
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) dx[k] += rs * (dv[k] * wv[k] - xv[k] * kcoef);
+        store_bf16<8>(p.dx + off + c, dx);
+      }
+    }
+  }
+  if (!p.dw) return;
+  __syncthreads();
+  for (int c = threadIdx.x; c < p.C; c += kRowThreads) {
+    float sum = colsum_warp[c];
+    for (int w = 1; w < kRowsPerWarpBlock; w++) sum += colsum_warp[w * kCols + c];
+    p.partial[(int64_t)g * p.C + c] = sum;
+  }
+}
+
 // dx of rows longer than kWarp * VEC * kMaxIt: one warp per row.
 template <int VEC, class Dout>
 __global__ void rmsnorm_backward_dx_kernel(RmsnormBwdParams p) {
@@ -358,9 +474,27 @@ void launch_forward_rows(RowShape s, const RmsnormFwdParams& p, int blocks, cuda
   }
 }
 
+template <int IT, class Dout>
+void launch_backward_rows_smem(const RmsnormBwdParams& p, cudaStream_t stream) {
+  const size_t smem = p.dw ? sizeof(float) * kRowsPerWarpBlock * detail::kWarp * IT * 8 : 0;
+  static const bool attr_set = [] {  // once per instantiation (above 48 KB needs the opt-in)
+    TT_CUDA_CHECK(cudaFuncSetAttribute(rmsnorm_backward_rows_kernel<IT, Dout>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)(sizeof(float) * kRowsPerWarpBlock * detail::kWarp * IT * 8)));
+    return true;
+  }();
+  (void)attr_set;
+  rmsnorm_backward_rows_kernel<IT, Dout><<<p.chunks, kRowThreads, smem, stream>>>(p);
+}
+
 template <int VEC, class Dout>
 void launch_backward_rows(RowShape s, const RmsnormBwdParams& p, cudaStream_t stream) {
   const int blocks = p.chunks;
+  if constexpr (VEC == 8) {  // rows of 2-8 steps per lane: the one-round-trip kernel
+    if (s.lanes == 32 && s.it == 2) return launch_backward_rows_smem<2, Dout>(p, stream);
+    if (s.lanes == 32 && s.it == 4) return launch_backward_rows_smem<4, Dout>(p, stream);
+    if (s.lanes == 32 && s.it == 8) return launch_backward_rows_smem<8, Dout>(p, stream);
+  }
   if (s.lanes == 8) return rmsnorm_backward_fused_kernel<VEC, 8, 1, Dout><<<blocks, kRowThreads, 0, stream>>>(p);
   if (s.lanes == 16) return rmsnorm_backward_fused_kernel<VEC, 16, 1, Dout><<<blocks, kRowThreads, 0, stream>>>(p);
   switch (s.it) {
