@@ -7,11 +7,13 @@
 // Rows are short (C = 128 for the q/k norm, a few thousand for the hidden size), so a row belongs
 // to LANES lanes of a warp (32, or 16 / 8 when C / VEC is that small: several rows per warp, no
 // idle lanes); each lane owns the columns (it LANES + lane) VEC + k, it < IT.
-// Backward, C <= 32 VEC 8 (fused): block g takes a fixed chunk of rows, computes dx row by row and
-// keeps its lanes' dw column sums in registers; the sums are added over the row groups of a warp
-// (butterfly), then over the warps in warp order (shared memory), and written as the chunk's row
-// of the (G, C) workspace; a second kernel adds the G chunk sums of each column in a fixed order.
-// x and dout are read once. Wider rows (C > 32 VEC 8): dx by one warp per row, and a separate
+// Backward, C <= 32 VEC 8 (fused): block g takes a fixed chunk of rows and computes dx row by row;
+// its dw column sums are added over the rows of each warp, then over the warps in warp order, and
+// written as the chunk's row of the (G, C) workspace; a second kernel adds the G chunk sums of
+// each column in a fixed order. x and dout are read once. Rows of 2-8 steps per lane at VEC 8
+// (the hidden norms) load a row's x, dout, old dx and rstd before the first use and keep each
+// warp's column sums in shared memory; shorter rows keep them in registers (a butterfly over the
+// row groups of a warp). Wider rows (C > 32 VEC 8): dx by one warp per row, and a separate
 // stage-1 pass over x and dout for the chunk sums. Either way the result does not depend on
 // scheduling, and dw alone or dx alone are bitwise what the pair gives.
 #include "ops/cuda/rmsnorm.h"
