@@ -90,21 +90,35 @@ void expect_backward_matches(int rows, int C, const std::vector<double>& x, cons
   EXPECT_TRUE(all_within("dw", dw, dw_ref, kF32U, abs_dw));
 }
 
+// Random backward inputs (dout as bf16 values, or as fp32 values bf16 cannot hold) and the
+// forward's rstd on the GPU.
+struct BackwardCase {
+  std::vector<double> x, w, dout, dx0, dw0;
+  DeviceBuffer<bf16> d_x, d_w;
+  DeviceBuffer<float> rstd;
+  BackwardCase(int rows, int C, uint64_t seed, bool fp32_dout) {
+    std::mt19937_64 rng(seed + rows + C);
+    x = randn_bf16(rng, (size_t)rows * C, 2.0);
+    w = randn_bf16(rng, C, 1.0);
+    dout = fp32_dout ? randn_f32(rng, (size_t)rows * C, 1.0) : randn_bf16(rng, (size_t)rows * C, 1.0);
+    dx0 = randn_bf16(rng, (size_t)rows * C, 0.1);
+    dw0 = randn_f32(rng, C, 0.1);
+    d_x = to_device_bf16(x);
+    d_w = to_device_bf16(w);
+    rstd = DeviceBuffer<float>(rows);
+    DeviceBuffer<bf16> out((size_t)rows * C);
+    tt::cuda::rmsnorm_forward(out.data(), rstd.data(), d_x.data(), d_w.data(), rows, C, kEps, nullptr);
+    sync_and_check();
+  }
+};
+
 TEST_P(RmsnormTest, BackwardMatchesCpuAndIsDeterministic) {
   const auto [rows, C, name] = GetParam();
-  std::mt19937_64 rng(202 + rows + C);
-  const auto x = randn_bf16(rng, (size_t)rows * C, 2.0);
-  const auto w = randn_bf16(rng, C, 1.0);
-  const auto dout = randn_bf16(rng, (size_t)rows * C, 1.0);
-  const auto dx0 = randn_bf16(rng, (size_t)rows * C, 0.1);
-  const auto dw0 = randn_f32(rng, C, 0.1);
-
-  auto d_x = to_device_bf16(x);
-  auto d_w = to_device_bf16(w);
+  BackwardCase in(rows, C, 202, /*fp32_dout=*/false);
+  const auto &x = in.x, &w = in.w, &dout = in.dout, &dx0 = in.dx0, &dw0 = in.dw0;
+  const auto &d_x = in.d_x, &d_w = in.d_w;
+  const auto& rstd = in.rstd;
   auto d_dout = to_device_bf16(dout);
-  DeviceBuffer<bf16> out((size_t)rows * C);
-  DeviceBuffer<float> rstd(rows);
-  tt::cuda::rmsnorm_forward(out.data(), rstd.data(), d_x.data(), d_w.data(), rows, C, kEps, nullptr);
   DeviceBuffer<char> ws(tt::cuda::rmsnorm_backward_workspace_bytes(rows, C));
   std::vector<double> dx_first, dw_first;
   for (int rep = 0; rep < 2; rep++) {
@@ -159,25 +173,15 @@ TEST_P(RmsnormTest, BackwardMatchesCpuAndIsDeterministic) {
 // dout in fp32 with values bf16 cannot hold (a GEMM's fp32 sum): used as given, not rounded.
 TEST_P(RmsnormTest, BackwardFromFp32DoutMatchesCpu) {
   const auto [rows, C, name] = GetParam();
-  std::mt19937_64 rng(303 + rows + C);
-  const auto x = randn_bf16(rng, (size_t)rows * C, 2.0);
-  const auto w = randn_bf16(rng, C, 1.0);
-  const auto dout = randn_f32(rng, (size_t)rows * C, 1.0);
-  const auto dx0 = randn_bf16(rng, (size_t)rows * C, 0.1);
-  const auto dw0 = randn_f32(rng, C, 0.1);
-  auto d_x = to_device_bf16(x);
-  auto d_w = to_device_bf16(w);
-  auto d_dout = to_device_f32(dout);
-  DeviceBuffer<bf16> out((size_t)rows * C);
-  DeviceBuffer<float> rstd(rows);
-  tt::cuda::rmsnorm_forward(out.data(), rstd.data(), d_x.data(), d_w.data(), rows, C, kEps, nullptr);
+  BackwardCase in(rows, C, 303, /*fp32_dout=*/true);
+  auto d_dout = to_device_f32(in.dout);
   DeviceBuffer<char> ws(tt::cuda::rmsnorm_backward_workspace_bytes(rows, C));
-  auto dx = to_device_bf16(dx0);
-  auto dw = to_device_f32(dw0);
-  tt::cuda::rmsnorm_backward(dx.data(), dw.data(), d_dout.data(), d_x.data(), d_w.data(), rstd.data(), rows, C,
-                             {ws.data(), ws.size()}, nullptr);
+  auto dx = to_device_bf16(in.dx0);
+  auto dw = to_device_f32(in.dw0);
+  tt::cuda::rmsnorm_backward(dx.data(), dw.data(), d_dout.data(), in.d_x.data(), in.d_w.data(), in.rstd.data(), rows,
+                             C, {ws.data(), ws.size()}, nullptr);
   sync_and_check();
-  expect_backward_matches(rows, C, x, w, dout, dx0, dw0, to_host(dx), to_host(dw));
+  expect_backward_matches(rows, C, in.x, in.w, in.dout, in.dx0, in.dw0, to_host(dx), to_host(dw));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, RmsnormTest,
