@@ -492,18 +492,21 @@ void launch_backward_rows_smem(const RmsnormBwdParams& p, cudaStream_t stream) {
 template <int VEC, class Dout>
 void launch_backward_rows(RowShape s, const RmsnormBwdParams& p, cudaStream_t stream) {
   const int blocks = p.chunks;
-  if constexpr (VEC == 8) {  // rows of 2-8 steps per lane: the one-round-trip kernel
-    if (s.lanes == 32 && s.it == 2) return launch_backward_rows_smem<2, Dout>(p, stream);
-    if (s.lanes == 32 && s.it == 4) return launch_backward_rows_smem<4, Dout>(p, stream);
-    if (s.lanes == 32 && s.it == 8) return launch_backward_rows_smem<8, Dout>(p, stream);
-  }
   if (s.lanes == 8) return rmsnorm_backward_fused_kernel<VEC, 8, 1, Dout><<<blocks, kRowThreads, 0, stream>>>(p);
   if (s.lanes == 16) return rmsnorm_backward_fused_kernel<VEC, 16, 1, Dout><<<blocks, kRowThreads, 0, stream>>>(p);
-  switch (s.it) {
-    case 1: return rmsnorm_backward_fused_kernel<VEC, 32, 1, Dout><<<blocks, kRowThreads, 0, stream>>>(p);
-    case 2: return rmsnorm_backward_fused_kernel<VEC, 32, 2, Dout><<<blocks, kRowThreads, 0, stream>>>(p);
-    case 4: return rmsnorm_backward_fused_kernel<VEC, 32, 4, Dout><<<blocks, kRowThreads, 0, stream>>>(p);
-    default: return rmsnorm_backward_fused_kernel<VEC, 32, 8, Dout><<<blocks, kRowThreads, 0, stream>>>(p);
+  if (s.it == 1) return rmsnorm_backward_fused_kernel<VEC, 32, 1, Dout><<<blocks, kRowThreads, 0, stream>>>(p);
+  if constexpr (VEC == 8) {  // rows of 2-8 steps per lane: the one-round-trip kernel
+    switch (s.it) {
+      case 2: return launch_backward_rows_smem<2, Dout>(p, stream);
+      case 4: return launch_backward_rows_smem<4, Dout>(p, stream);
+      default: return launch_backward_rows_smem<8, Dout>(p, stream);
+    }
+  } else {
+    switch (s.it) {
+      case 2: return rmsnorm_backward_fused_kernel<VEC, 32, 2, Dout><<<blocks, kRowThreads, 0, stream>>>(p);
+      case 4: return rmsnorm_backward_fused_kernel<VEC, 32, 4, Dout><<<blocks, kRowThreads, 0, stream>>>(p);
+      default: return rmsnorm_backward_fused_kernel<VEC, 32, 8, Dout><<<blocks, kRowThreads, 0, stream>>>(p);
+    }
   }
 }
 
