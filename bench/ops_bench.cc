@@ -180,6 +180,44 @@ void bench_rmsnorm(const std::string& label, int rows, int C) {
   }
 }
 
+// Qwen3's q/k norm and rotation for the q heads, fused (one pass each way, the batch's rope table
+// built once) and as the two ops one after the other.
+void bench_qk_norm_rope() {
+  const int N = kTokens, H = kHeads, HS = kHeadDim, rows = N * H;
+  DeviceBuffer<bf16> x((size_t)rows * HS), out((size_t)rows * HS), dout((size_t)rows * HS), dx((size_t)rows * HS),
+      w(HS);
+  DeviceBuffer<float> rstd(rows), dw(HS);
+  DeviceBuffer<int32_t> pos(N);
+  DeviceBuffer<float2> cs((size_t)N * HS / 2);
+  fill_random(x.data(), x.size(), 1.f, 11);
+  fill_random(dout.data(), dout.size(), 1.f, 12);
+  fill_random(w.data(), w.size(), 1.f, 13);
+  TT_CUDA_CHECK(cudaMemset(dw.data(), 0, dw.bytes()));
+  std::vector<int32_t> hp(N);
+  for (int n = 0; n < N; n++) hp[n] = n;
+  pos.copy_from_host(hp);
+  tt::cuda::rope_table(cs.data(), pos.data(), N, HS, 1e6, g_stream);
+  DeviceBuffer<char> ws(tt::cuda::rmsnorm_backward_workspace_bytes(rows, HS));
+  const double a = (double)rows * HS * 2;
+  const std::string shape = dims({N, H, HS});
+  report_bw("qk_norm_rope_forward fused", shape, 2 * a + rows * 4.0, [&] {
+    tt::cuda::qk_norm_rope_forward(out.data(), rstd.data(), x.data(), w.data(), cs.data(), N, H, HS, 1e-6, g_stream);
+  });
+  report_bw("qk_norm + rope forward", shape, 2 * a + rows * 4.0, [&] {
+    tt::cuda::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), rows, HS, 1e-6, g_stream);
+    tt::cuda::rope_forward(out.data(), pos.data(), N, H, HS, 1e6, g_stream);
+  });
+  report_bw("qk_norm_rope_backward fused", shape, 3 * a + rows * 4.0, [&] {
+    tt::cuda::qk_norm_rope_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), cs.data(), N,
+                                    H, HS, {ws.data(), ws.size()}, g_stream, /*accumulate_dx=*/false);
+  });
+  report_bw("rope + qk_norm backward", shape, 3 * a + rows * 4.0, [&] {
+    tt::cuda::rope_backward(dout.data(), pos.data(), N, H, HS, 1e6, g_stream);  // dout rotated in place: timing only
+    tt::cuda::rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), rows, HS,
+                               {ws.data(), ws.size()}, g_stream, /*accumulate_dx=*/false);
+  });
+}
+
 void bench_rope() {
   const int N = kTokens, H = kHeads, HS = kHeadDim;
   DeviceBuffer<bf16> q((size_t)N * H * HS);
@@ -492,7 +530,8 @@ void bench_gemm_algos(const std::vector<int>& tokens) {
     const char* name;
     int IC, OC;
   };
-  const Lin lins[] = {{"q/o", kHidden, QD}, {"k/v", kHidden, KD}, {"gate/up", kHidden, kInter}, {"down", kInter, kHidden}};
+  const Lin lins[] = {
+      {"q/o", kHidden, QD}, {"k/v", kHidden, KD}, {"gate/up", kHidden, kInter}, {"down", kInter, kHidden}};
   const int maxN = 17536, sets = 4;
   DeviceBuffer<bf16> x((size_t)maxN * kInter), dout((size_t)maxN * kInter), y((size_t)maxN * kInter);
   std::vector<DeviceBuffer<bf16>> w;
@@ -610,6 +649,7 @@ int main(int argc, char** argv) {
       bench_rmsnorm("qk_norm", kTokens * kHeads, kHeadDim);
     }
     if (want("rope")) bench_rope();
+    if (want("rope") || want("qk_norm_rope")) bench_qk_norm_rope();
     if (want("swiglu")) bench_swiglu();
     if (want("cross_entropy")) bench_cross_entropy();
     if (want("adamw")) bench_adamw();

@@ -71,6 +71,10 @@ struct LayerActs {
   bf16* h;       // (N, I)
 };
 
+// Qwen3 models with head dim 64, 128 or 256 run the q/k norm and the rotation as one op each way
+// (cuda::qk_norm_rope_*), reading the batch's rope table; others run them one after the other.
+bool fused_qk_rope(const Dims& d) { return d.qk_norm && (d.HS == 64 || d.HS == 128 || d.HS == 256); }
+
 // The layout of a CudaActivations buffer for N rows, n_tgt targets and n_rows head rows.
 struct ActsLayout {
   // Metadata: one host image, uploaded in one copy (bytes [0, meta_bytes)).
@@ -85,6 +89,7 @@ struct ActsLayout {
   double* loss;          // (1) sum_t w_t ce_t
   char* tiles;           // tree_tiles_bytes(N)
   size_t tiles_bytes;
+  float2* rope_cs;       // (N, HS/2) rope table, when fused_qk_rope
   std::vector<LayerActs> layers;
   bf16* x_final;  // (N, C)
   bf16* nf;       // (N, C) final norm output
@@ -107,6 +112,7 @@ struct ActsLayout {
     loss = c.take<double>(1);
     tiles_bytes = cuda::tree_tiles_bytes(N);
     tiles = c.take<char>((int64_t)tiles_bytes);
+    rope_cs = c.take<float2>(fused_qk_rope(d) ? n * (d.HS / 2) : 0);
     layers.resize(d.L);
     for (LayerActs& a : layers) {
       a.x_in = c.take<bf16>(n * d.C);
@@ -336,6 +342,8 @@ void CudaModel::forward(const data::PackedBatch& batch, double loss_scale, CudaA
   const bf16* wte = W + info_.front().offset;
   cuda::GemmHandle& g = *gemm_;
 
+  const bool fused = fused_qk_rope(d);
+  if (fused) cuda::rope_table(a.rope_cs, a.pos, N, d.HS, d.theta, stream_);
   cuda::embedding_forward(a.layers[0].x_in, a.tokens, wte, N, d.C, d.V, stream_);
   for (int l = 0; l < L; ++l) {
     const LayerParams<const bf16> w = layer_params(W, info_, cfg_, l);
@@ -351,8 +359,13 @@ void CudaModel::forward(const data::PackedBatch& batch, double loss_scale, CudaA
       cuda::matmul_forward(g, x.q_pre, x.n1, w.wq, N, d.C, d.QD);
       cuda::matmul_forward(g, x.k_pre, x.n1, w.wk, N, d.C, d.KD);
       mark(Op::kNorm);
-      cuda::rmsnorm_forward(x.q, x.q_rstd, x.q_pre, w.q_norm, N * d.NH, d.HS, d.eps, stream_);
-      cuda::rmsnorm_forward(x.k, x.k_rstd, x.k_pre, w.k_norm, N * d.NKV, d.HS, d.eps, stream_);
+      if (fused) {
+        cuda::qk_norm_rope_forward(x.q, x.q_rstd, x.q_pre, w.q_norm, a.rope_cs, N, d.NH, d.HS, d.eps, stream_);
+        cuda::qk_norm_rope_forward(x.k, x.k_rstd, x.k_pre, w.k_norm, a.rope_cs, N, d.NKV, d.HS, d.eps, stream_);
+      } else {
+        cuda::rmsnorm_forward(x.q, x.q_rstd, x.q_pre, w.q_norm, N * d.NH, d.HS, d.eps, stream_);
+        cuda::rmsnorm_forward(x.k, x.k_rstd, x.k_pre, w.k_norm, N * d.NKV, d.HS, d.eps, stream_);
+      }
       mark(Op::kGemm);
     } else {
       mark(Op::kGemm);
@@ -360,9 +373,11 @@ void CudaModel::forward(const data::PackedBatch& batch, double loss_scale, CudaA
       cuda::matmul_forward(g, x.k, x.n1, w.wk, N, d.C, d.KD);
     }
     cuda::matmul_forward(g, x.v, x.n1, w.wv, N, d.C, d.KD);
-    mark(Op::kNorm);
-    cuda::rope_forward(x.q, a.pos, N, d.NH, d.HS, d.theta, stream_);
-    cuda::rope_forward(x.k, a.pos, N, d.NKV, d.HS, d.theta, stream_);
+    if (!fused) {
+      mark(Op::kNorm);
+      cuda::rope_forward(x.q, a.pos, N, d.NH, d.HS, d.theta, stream_);
+      cuda::rope_forward(x.k, a.pos, N, d.NKV, d.HS, d.theta, stream_);
+    }
     mark(Op::kAttention);
     cuda::attention_forward(x.att, x.lse, x.q, x.k, x.v, acts.tiles_, ext, n_ext, N, d.NH, d.NKV, d.HS, stream_);
     mark(Op::kGemm);
@@ -447,6 +462,7 @@ void CudaModel::backward(CudaActivations& acts, const CudaRelayedKVGrads* relaye
     return;
   }
   const Dims d = dims_of(cfg_, N);
+  const bool fused = fused_qk_rope(d);
   const int L = d.L;
   TT_CHECK(relayed == nullptr || ((int)relayed->dk.size() == L && (int)relayed->dv.size() == L),
            "model: relayed K/V gradients need one entry per layer (", L, ")");
@@ -510,17 +526,25 @@ void CudaModel::backward(CudaActivations& acts, const CudaRelayedKVGrads* relaye
     if (relayed && relayed->dk[l]) detail::add_inplace(s.dk.data(), relayed->dk[l], (int64_t)N * d.KD, stream_);
     if (relayed && relayed->dv[l]) detail::add_inplace(s.dv.data(), relayed->dv[l], (int64_t)N * d.KD, stream_);
     mark(Op::kNorm);
-    cuda::rope_backward(s.dq.data(), a.pos, N, d.NH, d.HS, d.theta, stream_);
-    cuda::rope_backward(s.dk.data(), a.pos, N, d.NKV, d.HS, d.theta, stream_);
+    if (!fused) {
+      cuda::rope_backward(s.dq.data(), a.pos, N, d.NH, d.HS, d.theta, stream_);
+      cuda::rope_backward(s.dk.data(), a.pos, N, d.NKV, d.HS, d.theta, stream_);
+    }
     const bf16* dq_proj = s.dq.data();  // gradient of the q_proj output
     const bf16* dk_proj = s.dk.data();
     if (d.qk_norm) {
       bf16* dq_pre = s.datt.data();  // datt is consumed; reuse it (overwritten)
-      mark(Op::kNorm);
-      cuda::rmsnorm_backward(dq_pre, gw.q_norm, s.dq.data(), x.q_pre, w.q_norm, x.q_rstd, N * d.NH, d.HS, ws,
-                             stream_, /*accumulate_dx=*/false);
-      cuda::rmsnorm_backward(s.dk_pre.data(), gw.k_norm, s.dk.data(), x.k_pre, w.k_norm, x.k_rstd, N * d.NKV, d.HS,
-                             ws, stream_, /*accumulate_dx=*/false);
+      if (fused) {  // dq, dk: gradients of the rotated q, k
+        cuda::qk_norm_rope_backward(dq_pre, gw.q_norm, s.dq.data(), x.q_pre, w.q_norm, x.q_rstd, a.rope_cs, N, d.NH,
+                                    d.HS, ws, stream_, /*accumulate_dx=*/false);
+        cuda::qk_norm_rope_backward(s.dk_pre.data(), gw.k_norm, s.dk.data(), x.k_pre, w.k_norm, x.k_rstd, a.rope_cs,
+                                    N, d.NKV, d.HS, ws, stream_, /*accumulate_dx=*/false);
+      } else {
+        cuda::rmsnorm_backward(dq_pre, gw.q_norm, s.dq.data(), x.q_pre, w.q_norm, x.q_rstd, N * d.NH, d.HS, ws,
+                               stream_, /*accumulate_dx=*/false);
+        cuda::rmsnorm_backward(s.dk_pre.data(), gw.k_norm, s.dk.data(), x.k_pre, w.k_norm, x.k_rstd, N * d.NKV,
+                               d.HS, ws, stream_, /*accumulate_dx=*/false);
+      }
       dq_proj = dq_pre;
       dk_proj = s.dk_pre.data();
     }

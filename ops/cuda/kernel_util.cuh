@@ -116,6 +116,18 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return warp_max(v);
 }
 
+// RoPE's cos and sin for element d < HS/2 at position pos: the angle pos * theta^(-2d/HS) and
+// its cos / sin in fp64 (as ops/cpu/rope.h computes them), each rounded once to fp32. An angle
+// reaches thousands of radians at deep positions, where fp32 sin/cos of an fp32 angle would lose
+// digits.
+__device__ __forceinline__ void rope_cos_sin(float* c, float* s, int32_t pos, int d, int HS, double theta) {
+  const double inv_freq = pow(theta, -2.0 * d / HS);
+  double sd, cd;
+  sincos((double)pos * inv_freq, &sd, &cd);
+  *c = (float)cd;
+  *s = (float)sd;
+}
+
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // Carves 256-byte-aligned pieces out of a workspace; with ptr null it only counts bytes, so

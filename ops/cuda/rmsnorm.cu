@@ -19,6 +19,8 @@
 #include "ops/cuda/rmsnorm.h"
 
 #include <algorithm>
+#include <initializer_list>
+#include <type_traits>
 
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernel_util.cuh"
@@ -47,6 +49,8 @@ struct RmsnormFwdParams {
   const bf16* w;    // (C)
   int rows, C;
   float eps;
+  const float2* rope_cs;  // (rows / heads, C / 2) for the q/k norm + rotation, else null
+  int heads;              // rows per position (rope)
 };
 
 struct RmsnormBwdParams {
@@ -60,6 +64,8 @@ struct RmsnormBwdParams {
   int rows, C;
   int chunks, rows_per_chunk;  // G and the rows of each chunk
   bool dx_accumulate;          // dx += (true) or dx = (false: dx is not read)
+  const float2* rope_cs;       // (rows / heads, C / 2): dout is the rotated output's gradient
+  int heads;
 };
 
 // (VEC) elements of a bf16 or fp32 row -> fp32.
@@ -80,9 +86,30 @@ __device__ __forceinline__ float row_sum(float v) {
   return v;
 }
 
-// Blocks of kRowThreads; a warp holds kWarp / LANES rows at a time.
-template <int VEC, int LANES, int IT>
+// RoPE on a row held by LANES lanes of 8 columns (C = 8 LANES): the lanes of the first half hold
+// elements d, their partners (lane ^ LANES/2) elements d + C/2. Forward (sign +1): o_d = v_d c -
+// v_{d+C/2} s, o_{d+C/2} = v_{d+C/2} c + v_d s; backward (sign -1) the inverse rotation. cs: the
+// row's position in the rope table. Every lane of the warp calls it.
+template <int LANES>
+__device__ __forceinline__ void rotate_row(float (&v)[8], const float2* cs, int sub, float sign) {
+  const bool first = sub < LANES / 2;
+  const int d0 = (sub % (LANES / 2)) * 8;
+  float other[8];
+#pragma unroll
+  for (int k = 0; k < 8; k++) other[k] = __shfl_xor_sync(0xffffffffu, v[k], LANES / 2);
+  const float so = first ? -sign : sign;
+#pragma unroll
+  for (int k = 0; k < 8; k++) {
+    const float2 t = cs[d0 + k];
+    v[k] = v[k] * t.x + so * other[k] * t.y;
+  }
+}
+
+// Blocks of kRowThreads; a warp holds kWarp / LANES rows at a time. ROPE: the normalized row is
+// rotated before its one rounding to bf16 (VEC 8, IT 1, C = 8 LANES).
+template <int VEC, int LANES, int IT, bool ROPE = false>
 __global__ void rmsnorm_forward_kernel(RmsnormFwdParams p) {
+  static_assert(!ROPE || (VEC == 8 && IT == 1), "the rotation takes rows of 8 LANES columns");
   constexpr int kGroups = detail::kWarp / LANES;
   const int lane = threadIdx.x % detail::kWarp;
   const int64_t row = ((int64_t)blockIdx.x * kRowsPerWarpBlock + threadIdx.x / detail::kWarp) * kGroups + lane / LANES;
@@ -104,10 +131,7 @@ __global__ void rmsnorm_forward_kernel(RmsnormFwdParams p) {
     for (int k = 0; k < VEC; k++) ss += v[it][k] * v[it][k];
   }
   ss = row_sum<LANES>(ss);
-  if (!valid) return;
   const float rs = rsqrtf(ss / (float)p.C + p.eps);
-  if (sub == 0) p.rstd[row] = rs;
-  bf16* o = p.out + row * p.C;
 #pragma unroll
   for (int it = 0; it < IT; it++) {
     const int c = (it * LANES + sub) * VEC;
@@ -116,7 +140,18 @@ __global__ void rmsnorm_forward_kernel(RmsnormFwdParams p) {
     load_bf16<VEC>(w, p.w + c);
 #pragma unroll
     for (int k = 0; k < VEC; k++) v[it][k] = v[it][k] * rs * w[k];
-    store_bf16<VEC>(o + c, v[it]);
+  }
+  if constexpr (ROPE) {
+    const int pos_row = valid ? (int)row / p.heads : 0;  // rows < 2^31: a 32-bit division
+    rotate_row<LANES>(v[0], p.rope_cs + (int64_t)pos_row * (p.C / 2), sub, 1.f);
+  }
+  if (!valid) return;
+  if (sub == 0) p.rstd[row] = rs;
+  bf16* o = p.out + row * p.C;
+#pragma unroll
+  for (int it = 0; it < IT; it++) {
+    const int c = (it * LANES + sub) * VEC;
+    if (c < p.C) store_bf16<VEC>(o + c, v[it]);
   }
 }
 
@@ -150,9 +185,12 @@ __global__ void rmsnorm_forward_wide_kernel(RmsnormFwdParams p) {
 
 // Fused backward: grid (G), block kRowThreads. Block g walks rows [g rpc, (g + 1) rpc) in steps of
 // the block's kRowsPerWarpBlock * kGroups rows; dx per row as in the wide kernel, dw column sums in
-// registers, then the fixed-order block reduction into partial[g].
-template <int VEC, int LANES, int IT, class Dout>
+// registers, then the fixed-order block reduction into partial[g]. A row's dout stays in registers
+// (IT VEC <= 8 here). ROPE: dout is the gradient of the rotated output; it is rotated back first.
+template <int VEC, int LANES, int IT, class Dout, bool ROPE = false>
 __global__ void rmsnorm_backward_fused_kernel(RmsnormBwdParams p) {
+  static_assert(IT * VEC <= 8, "wider rows take the shared-memory kernel");
+  static_assert(!ROPE || (VEC == 8 && IT == 1), "the rotation takes rows of 8 LANES columns");
   constexpr int kGroups = detail::kWarp / LANES;
   constexpr int kCols = LANES * IT * VEC;  // >= C
   __shared__ float colsum[kCols];
@@ -172,17 +210,31 @@ __global__ void rmsnorm_backward_fused_kernel(RmsnormBwdParams p) {
     const bool valid = row < r1;  // warp-uniform loop; the shuffles need every lane
     const bf16* x = p.x + (valid ? row : 0) * p.C;
     const Dout* dout = dout_all + (valid ? row : 0) * p.C;
+    float dy[IT][VEC];
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+      const int c = (it * LANES + sub) * VEC;
+      if (valid && c < p.C) {
+        load_row<VEC>(dy[it], dout + c);
+      } else {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) dy[it][k] = 0.f;
+      }
+    }
+    if constexpr (ROPE) {
+      const int pos_row = valid ? (int)row / p.heads : 0;  // rows < 2^31: a 32-bit division
+      rotate_row<LANES>(dy[0], p.rope_cs + (int64_t)pos_row * (p.C / 2), sub, -1.f);
+    }
     float dot = 0.f;  // sum_k dout_k w_k x_k
 #pragma unroll
     for (int it = 0; it < IT; it++) {
       const int c = (it * LANES + sub) * VEC;
       if (!valid || c >= p.C) continue;
-      float xv[VEC], dv[VEC], wv[VEC];
+      float xv[VEC], wv[VEC];
       load_bf16<VEC>(xv, x + c);
-      load_row<VEC>(dv, dout + c);
       load_bf16<VEC>(wv, p.w + c);
 #pragma unroll
-      for (int k = 0; k < VEC; k++) dot += dv[k] * wv[k] * xv[k];
+      for (int k = 0; k < VEC; k++) dot += dy[it][k] * wv[k] * xv[k];
     }
     dot = row_sum<LANES>(dot);
     if (!valid) continue;
@@ -192,12 +244,11 @@ __global__ void rmsnorm_backward_fused_kernel(RmsnormBwdParams p) {
     for (int it = 0; it < IT; it++) {
       const int c = (it * LANES + sub) * VEC;
       if (c >= p.C) continue;
-      float xv[VEC], dv[VEC];
+      float xv[VEC];
       load_bf16<VEC>(xv, x + c);
-      load_row<VEC>(dv, dout + c);
       if (p.dw) {
 #pragma unroll
-        for (int k = 0; k < VEC; k++) acc[it][k] += dv[k] * (xv[k] * rs);
+        for (int k = 0; k < VEC; k++) acc[it][k] += dy[it][k] * (xv[k] * rs);
       }
       if (p.dx) {
         float wv[VEC], dx[VEC];
@@ -210,7 +261,7 @@ __global__ void rmsnorm_backward_fused_kernel(RmsnormBwdParams p) {
           for (int k = 0; k < VEC; k++) dx[k] = 0.f;
         }
 #pragma unroll
-        for (int k = 0; k < VEC; k++) dx[k] += rs * (dv[k] * wv[k] - xv[k] * kcoef);
+        for (int k = 0; k < VEC; k++) dx[k] += rs * (dy[it][k] * wv[k] - xv[k] * kcoef);
         store_bf16<VEC>(dxp, dx);
       }
     }
@@ -510,7 +561,20 @@ void launch_backward_rows(RowShape s, const RmsnormBwdParams& p, cudaStream_t st
   }
 }
 
+// The q/k norm + rotation path: C = 8 LANES, LANES in {8, 16, 32} (checked by the entry points).
+bool rope_shape_ok(int C) { return C == 64 || C == 128 || C == 256; }
+
 void launch_rmsnorm_forward(const RmsnormFwdParams& p, cudaStream_t stream) {
+  if (p.rope_cs) {
+    const int lanes = p.C / 8;
+    const int blocks = (p.rows + kRowsPerWarpBlock * (detail::kWarp / lanes) - 1) /
+                       (kRowsPerWarpBlock * (detail::kWarp / lanes));
+    if (lanes == 8) rmsnorm_forward_kernel<8, 8, 1, true><<<blocks, kRowThreads, 0, stream>>>(p);
+    if (lanes == 16) rmsnorm_forward_kernel<8, 16, 1, true><<<blocks, kRowThreads, 0, stream>>>(p);
+    if (lanes == 32) rmsnorm_forward_kernel<8, 32, 1, true><<<blocks, kRowThreads, 0, stream>>>(p);
+    TT_CUDA_CHECK_LAUNCH();
+    return;
+  }
   const bool wide = p.C % 8 == 0 && detail::aligned16(p.x) && detail::aligned16(p.w) && detail::aligned16(p.out);
   TT_VEC_SWITCH(wide, VEC, [&] {
     const RowShape s = row_shape(p.C, VEC);
@@ -531,7 +595,16 @@ void launch_rmsnorm_backward(const RmsnormBwdParams& p, cudaStream_t stream) {
                     detail::aligned16(p.dout) && (!p.dx || detail::aligned16(p.dx));
   TT_VEC_SWITCH(wide, VEC, [&] {
     const RowShape s = row_shape(p.C, VEC);
-    if (s.lanes > 0) {
+    if constexpr (VEC == 8 && std::is_same_v<Dout, bf16>) {
+      if (p.rope_cs) {  // entry points check C and the alignment
+        if (s.lanes == 8) rmsnorm_backward_fused_kernel<8, 8, 1, Dout, true><<<p.chunks, kRowThreads, 0, stream>>>(p);
+        if (s.lanes == 16) rmsnorm_backward_fused_kernel<8, 16, 1, Dout, true><<<p.chunks, kRowThreads, 0, stream>>>(p);
+        if (s.lanes == 32) rmsnorm_backward_fused_kernel<8, 32, 1, Dout, true><<<p.chunks, kRowThreads, 0, stream>>>(p);
+        TT_CUDA_CHECK_LAUNCH();
+      }
+    }
+    if (p.rope_cs) {
+    } else if (s.lanes > 0) {
       launch_backward_rows<VEC, Dout>(s, p, stream);
       TT_CUDA_CHECK_LAUNCH();
     } else {
@@ -560,12 +633,13 @@ void launch_rmsnorm_backward(const RmsnormBwdParams& p, cudaStream_t stream) {
 
 template <class Dout>
 void rmsnorm_backward_impl(bf16* dx, float* dw, const Dout* dout, const bf16* x, const bf16* w, const float* rstd,
-                           int rows, int C, Workspace ws, cudaStream_t stream, bool accumulate_dx) {
+                           int rows, int C, Workspace ws, cudaStream_t stream, bool accumulate_dx,
+                           const float2* rope_cs = nullptr, int heads = 0) {
   TT_CHECK(rows >= 0 && C > 0, "cuda::rmsnorm_backward: expected rows >= 0 and C > 0, got rows=", rows,
            " C=", C);
   if (rows == 0 || (!dx && !dw)) return;
   TT_CHECK(dout && x && w && rstd, "cuda::rmsnorm_backward: null pointer (dout, x, w or rstd)");
-  RmsnormBwdParams p{dx, dw, nullptr, dout, x, w, rstd, rows, C, 0, 0, accumulate_dx};
+  RmsnormBwdParams p{dx, dw, nullptr, dout, x, w, rstd, rows, C, 0, 0, accumulate_dx, rope_cs, heads};
   p.chunks = num_chunks(rows);  // the fused kernel's grid also when dw is not wanted
   p.rows_per_chunk = (rows + p.chunks - 1) / p.chunks;
   if (dw) {
@@ -603,6 +677,37 @@ void rmsnorm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, cons
 void rmsnorm_backward(bf16* dx, float* dw, const float* dout, const bf16* x, const bf16* w, const float* rstd,
                       int rows, int C, Workspace ws, cudaStream_t stream, bool accumulate_dx) {
   rmsnorm_backward_impl(dx, dw, dout, x, w, rstd, rows, C, ws, stream, accumulate_dx);
+}
+
+namespace {
+
+void check_qk_rope(const char* op, int N, int H, int HS, const float2* rope_cs,
+                   std::initializer_list<const void*> vectors) {
+  TT_CHECK(N >= 0 && H > 0, op, ": expected N >= 0 and H > 0, got N=", N, " H=", H);
+  TT_CHECK(rope_shape_ok(HS), op, ": head dim ", HS, " not supported, expected 64, 128 or 256 (other head dims: ",
+           "rmsnorm and rope one after the other)");
+  if (N == 0) return;
+  TT_CHECK(rope_cs, op, ": null rope table");
+  for (const void* v : vectors)
+    TT_CHECK(v == nullptr || detail::aligned16(v), op, ": rows must be 16-byte aligned (allocator blocks are)");
+}
+
+}  // namespace
+
+void qk_norm_rope_forward(bf16* out, float* rstd, const bf16* x, const bf16* w, const float2* rope_cs, int N, int H,
+                          int HS, double eps, cudaStream_t stream) {
+  check_qk_rope("cuda::qk_norm_rope_forward", N, H, HS, rope_cs, {out, x, w});
+  TT_CHECK(eps >= 0, "cuda::qk_norm_rope_forward: expected eps >= 0, got ", eps);
+  if (N == 0) return;
+  TT_CHECK(out && rstd && x && w, "cuda::qk_norm_rope_forward: null pointer (out, rstd, x or w)");
+  launch_rmsnorm_forward(RmsnormFwdParams{out, rstd, x, w, N * H, HS, (float)eps, rope_cs, H}, stream);
+}
+
+void qk_norm_rope_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const float* rstd,
+                           const float2* rope_cs, int N, int H, int HS, Workspace ws, cudaStream_t stream,
+                           bool accumulate_dx) {
+  check_qk_rope("cuda::qk_norm_rope_backward", N, H, HS, rope_cs, {dx, dout, x, w});
+  rmsnorm_backward_impl(dx, dw, dout, x, w, rstd, N * H, HS, ws, stream, accumulate_dx, rope_cs, H);
 }
 
 }  // namespace tt::cuda

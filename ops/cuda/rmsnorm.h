@@ -30,4 +30,17 @@ void rmsnorm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, cons
 void rmsnorm_backward(bf16* dx, float* dw, const float* dout, const bf16* x, const bf16* w, const float* rstd,
                       int rows, int C, Workspace ws, cudaStream_t stream, bool accumulate_dx = true);
 
+// Qwen3's q/k norm followed by the rotary embedding (ops/cuda/rope.h), one pass each way; the
+// reference is ops/cpu rmsnorm then rope. x (N, H, HS) the projection's output, w (HS) the norm
+// weight, rope_cs (N, HS/2) from rope_table; HS 64, 128 or 256, rows 16-byte aligned.
+// Forward: out (N, H, HS) = rope(rmsnorm(x) w), rounded to bf16 once; rstd (N H) as
+// rmsnorm_forward. Backward: dout is the gradient of the rotated output; dx (N, H, HS) and dw (HS)
+// as rmsnorm_backward of the rotated-back gradient (kept in fp32), workspace
+// rmsnorm_backward_workspace_bytes(N H, HS).
+void qk_norm_rope_forward(bf16* out, float* rstd, const bf16* x, const bf16* w, const float2* rope_cs, int N, int H,
+                          int HS, double eps, cudaStream_t stream);
+void qk_norm_rope_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const float* rstd,
+                           const float2* rope_cs, int N, int H, int HS, Workspace ws, cudaStream_t stream,
+                           bool accumulate_dx = true);
+
 }  // namespace tt::cuda

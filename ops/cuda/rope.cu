@@ -31,13 +31,11 @@ __global__ void rope_kernel(RopeParams p) {
   __shared__ float cs[kMaxHalf], sn[kMaxHalf];
   const int n = blockIdx.x;
   const int half = p.HS / 2;
-  const double pos = (double)p.pos[n];
+  const int32_t pos = p.pos[n];
   for (int d = threadIdx.x; d < half; d += blockDim.x) {
-    const double inv_freq = pow(p.theta, -2.0 * d / p.HS);
-    double s, c;
-    sincos(pos * inv_freq, &s, &c);
-    cs[d] = (float)c;
-    sn[d] = (float)(p.sign * s);
+    float s;
+    detail::rope_cos_sin(&cs[d], &s, pos, d, p.HS, p.theta);
+    sn[d] = p.sign < 0 ? -s : s;
   }
   __syncthreads();
   const int groups = half / VEC;  // VEC-wide groups per head half
@@ -57,6 +55,17 @@ __global__ void rope_kernel(RopeParams p) {
     store_bf16<VEC>(x1p, o1);
     store_bf16<VEC>(x2p, o2);
   }
+}
+
+// cs[n * half + d] = (cos, sin) of position n's angle d.
+__global__ void rope_table_kernel(float2* cs, const int32_t* pos, int N, int HS, double theta) {
+  const int half = HS / 2;
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (int64_t)N * half) return;
+  const int n = (int)(i / half), d = (int)(i % half);
+  float c, s;
+  detail::rope_cos_sin(&c, &s, pos[n], d, HS, theta);
+  cs[i] = make_float2(c, s);
 }
 
 void launch_rope(const RopeParams& p, cudaStream_t stream) {
@@ -84,6 +93,19 @@ void rope_forward(bf16* x, const int32_t* pos, int N, int H, int HS, double thet
 
 void rope_backward(bf16* dx, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream) {
   rope(dx, pos, N, H, HS, theta, -1.0, "cuda::rope_backward", stream);
+}
+
+void rope_table(float2* cs, const int32_t* pos, int N, int HS, double theta, cudaStream_t stream) {
+  TT_CHECK(N >= 0 && HS > 0 && HS % 2 == 0, "cuda::rope_table: expected N >= 0 and an even HS > 0, got N=", N,
+           " HS=", HS);
+  TT_CHECK(theta > 0, "cuda::rope_table: expected rope theta > 0, got ", theta);
+  if (N == 0) return;
+  TT_CHECK(cs && pos, "cuda::rope_table: null pointer (cs or pos)");
+  const int64_t n = (int64_t)N * (HS / 2);
+  constexpr int kTableThreads = 256;
+  rope_table_kernel<<<(unsigned)((n + kTableThreads - 1) / kTableThreads), kTableThreads, 0, stream>>>(cs, pos, N, HS,
+                                                                                                   theta);
+  TT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace tt::cuda

@@ -19,4 +19,8 @@ void rope_forward(bf16* x, const int32_t* pos, int N, int H, int HS, double thet
 // dx (N, H, HS) in place.
 void rope_backward(bf16* dx, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream);
 
+// cs (N, HS/2): (cos, sin) of each position's angles, the values rope_forward uses (fp64, rounded
+// once to fp32); for the fused q/k norm + rotation of rmsnorm.h, built once per batch.
+void rope_table(float2* cs, const int32_t* pos, int N, int HS, double theta, cudaStream_t stream);
+
 }  // namespace tt::cuda

@@ -12,7 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 
 DIR=.device/ops_cuda
-TESTS="memory_test gemm_test embedding_test rmsnorm_test rope_test swiglu_test cross_entropy_test adamw_test"
+TESTS="memory_test gemm_test embedding_test rmsnorm_test rope_test qk_norm_rope_test swiglu_test cross_entropy_test adamw_test"
 
 if [ "${1:-run}" = "stage" ]; then
   targets=""
@@ -59,7 +59,8 @@ if [ -x "$san" ]; then
   set -f  # the gtest filters are patterns, not file globs
   for spec in "memcheck cross_entropy_test" "racecheck cross_entropy_test" \
               "memcheck rmsnorm_test:-*many_rows*:*rows_over_chunks*" \
-              "racecheck rmsnorm_test:-*many_rows*:*rows_over_chunks*" "memcheck embedding_test" \
+              "racecheck rmsnorm_test:-*many_rows*:*rows_over_chunks*" "memcheck qk_norm_rope_test" \
+              "racecheck qk_norm_rope_test" "memcheck embedding_test" \
               "memcheck adamw_test:-*SumSquares*"; do
     set -- $spec
     tool=$1 bin=${2%%:*} filter=""
