@@ -88,21 +88,26 @@ __device__ __forceinline__ float row_sum(float v) {
 
 // RoPE on a row held by LANES lanes of 8 columns (C = 8 LANES): the lanes of the first half hold
 // elements d, their partners (lane ^ LANES/2) elements d + C/2. Forward (sign +1): o_d = v_d c -
-// v_{d+C/2} s, o_{d+C/2} = v_{d+C/2} c + v_d s; backward (sign -1) the inverse rotation. cs: the
-// row's position in the rope table. Every lane of the warp calls it.
+// v_{d+C/2} s, o_{d+C/2} = v_{d+C/2} c + v_d s; backward (sign -1) the inverse rotation. t: the
+// lane's 8 (cos, sin) pairs from the rope table (load_cos_sin, issued early: the kernels do one
+// row per thread, so a load after the row's reduction would add a memory round trip). Every lane
+// of the warp calls rotate_row.
 template <int LANES>
-__device__ __forceinline__ void rotate_row(float (&v)[8], const float2* cs, int sub, float sign) {
-  const bool first = sub < LANES / 2;
+__device__ __forceinline__ void load_cos_sin(float2 (&t)[8], const float2* table_row, int sub) {
   const int d0 = (sub % (LANES / 2)) * 8;
+#pragma unroll
+  for (int k = 0; k < 8; k++) t[k] = table_row[d0 + k];
+}
+
+template <int LANES>
+__device__ __forceinline__ void rotate_row(float (&v)[8], const float2 (&t)[8], int sub, float sign) {
+  const bool first = sub < LANES / 2;
   float other[8];
 #pragma unroll
   for (int k = 0; k < 8; k++) other[k] = __shfl_xor_sync(0xffffffffu, v[k], LANES / 2);
   const float so = first ? -sign : sign;
 #pragma unroll
-  for (int k = 0; k < 8; k++) {
-    const float2 t = cs[d0 + k];
-    v[k] = v[k] * t.x + so * other[k] * t.y;
-  }
+  for (int k = 0; k < 8; k++) v[k] = v[k] * t[k].x + so * other[k] * t[k].y;
 }
 
 // Blocks of kRowThreads; a warp holds kWarp / LANES rows at a time. ROPE: the normalized row is
@@ -116,6 +121,11 @@ __global__ void rmsnorm_forward_kernel(RmsnormFwdParams p) {
   const int sub = lane % LANES;
   const bool valid = row < p.rows;  // the shuffles need every lane: invalid rows compute on nothing
   const bf16* x = p.x + (valid ? row : 0) * p.C;
+  float2 cs[ROPE ? 8 : 1];
+  if constexpr (ROPE) {
+    const int pos_row = valid ? (int)row / p.heads : 0;  // rows < 2^31: a 32-bit division
+    load_cos_sin<LANES>(cs, p.rope_cs + (int64_t)pos_row * (p.C / 2), sub);
+  }
   float v[IT][VEC];
   float ss = 0.f;
 #pragma unroll
@@ -141,10 +151,7 @@ __global__ void rmsnorm_forward_kernel(RmsnormFwdParams p) {
 #pragma unroll
     for (int k = 0; k < VEC; k++) v[it][k] = v[it][k] * rs * w[k];
   }
-  if constexpr (ROPE) {
-    const int pos_row = valid ? (int)row / p.heads : 0;  // rows < 2^31: a 32-bit division
-    rotate_row<LANES>(v[0], p.rope_cs + (int64_t)pos_row * (p.C / 2), sub, 1.f);
-  }
+  if constexpr (ROPE) rotate_row<LANES>(v[0], cs, sub, 1.f);
   if (!valid) return;
   if (sub == 0) p.rstd[row] = rs;
   bf16* o = p.out + row * p.C;
@@ -210,6 +217,11 @@ __global__ void rmsnorm_backward_fused_kernel(RmsnormBwdParams p) {
     const bool valid = row < r1;  // warp-uniform loop; the shuffles need every lane
     const bf16* x = p.x + (valid ? row : 0) * p.C;
     const Dout* dout = dout_all + (valid ? row : 0) * p.C;
+    float2 cs[ROPE ? 8 : 1];
+    if constexpr (ROPE) {
+      const int pos_row = valid ? (int)row / p.heads : 0;  // rows < 2^31: a 32-bit division
+      load_cos_sin<LANES>(cs, p.rope_cs + (int64_t)pos_row * (p.C / 2), sub);
+    }
     float dy[IT][VEC];
 #pragma unroll
     for (int it = 0; it < IT; it++) {
@@ -221,10 +233,7 @@ __global__ void rmsnorm_backward_fused_kernel(RmsnormBwdParams p) {
         for (int k = 0; k < VEC; k++) dy[it][k] = 0.f;
       }
     }
-    if constexpr (ROPE) {
-      const int pos_row = valid ? (int)row / p.heads : 0;  // rows < 2^31: a 32-bit division
-      rotate_row<LANES>(dy[0], p.rope_cs + (int64_t)pos_row * (p.C / 2), sub, -1.f);
-    }
+    if constexpr (ROPE) rotate_row<LANES>(dy[0], cs, sub, -1.f);
     float dot = 0.f;  // sum_k dout_k w_k x_k
 #pragma unroll
     for (int it = 0; it < IT; it++) {
