@@ -94,9 +94,10 @@ __device__ __forceinline__ float row_sum(float v) {
 // of the warp calls rotate_row.
 template <int LANES>
 __device__ __forceinline__ void load_cos_sin(float2 (&t)[8], const float2* table_row, int sub) {
-  const int d0 = (sub % (LANES / 2)) * 8;
+  // Angle d = 8 g + k at slot k (C / 16) + g (rope_table_slot; C / 16 = LANES / 2).
+  const int g = sub % (LANES / 2);
 #pragma unroll
-  for (int k = 0; k < 8; k++) t[k] = table_row[d0 + k];
+  for (int k = 0; k < 8; k++) t[k] = table_row[k * (LANES / 2) + g];
 }
 
 template <int LANES>

@@ -57,7 +57,7 @@ __global__ void rope_kernel(RopeParams p) {
   }
 }
 
-// cs[n * half + d] = (cos, sin) of position n's angle d.
+// cs[n * half + rope_table_slot(d)] = (cos, sin) of position n's angle d.
 __global__ void rope_table_kernel(float2* cs, const int32_t* pos, int N, int HS, double theta) {
   const int half = HS / 2;
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -65,7 +65,7 @@ __global__ void rope_table_kernel(float2* cs, const int32_t* pos, int N, int HS,
   const int n = (int)(i / half), d = (int)(i % half);
   float c, s;
   detail::rope_cos_sin(&c, &s, pos[n], d, HS, theta);
-  cs[i] = make_float2(c, s);
+  cs[(int64_t)n * half + rope_table_slot(d, HS)] = make_float2(c, s);
 }
 
 void launch_rope(const RopeParams& p, cudaStream_t stream) {
@@ -96,8 +96,8 @@ void rope_backward(bf16* dx, const int32_t* pos, int N, int H, int HS, double th
 }
 
 void rope_table(float2* cs, const int32_t* pos, int N, int HS, double theta, cudaStream_t stream) {
-  TT_CHECK(N >= 0 && HS > 0 && HS % 2 == 0, "cuda::rope_table: expected N >= 0 and an even HS > 0, got N=", N,
-           " HS=", HS);
+  TT_CHECK(N >= 0 && HS > 0 && HS % 16 == 0,
+           "cuda::rope_table: expected N >= 0 and HS a positive multiple of 16, got N=", N, " HS=", HS);
   TT_CHECK(theta > 0, "cuda::rope_table: expected rope theta > 0, got ", theta);
   if (N == 0) return;
   TT_CHECK(cs && pos, "cuda::rope_table: null pointer (cs or pos)");

@@ -20,7 +20,11 @@ void rope_forward(bf16* x, const int32_t* pos, int N, int H, int HS, double thet
 void rope_backward(bf16* dx, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream);
 
 // cs (N, HS/2): (cos, sin) of each position's angles, the values rope_forward uses (fp64, rounded
-// once to fp32); for the fused q/k norm + rotation of rmsnorm.h, built once per batch.
+// once to fp32); for the fused q/k norm + rotation of rmsnorm.h, built once per batch. HS is a
+// multiple of 16; angle d of a position sits at slot rope_table_slot(d, HS) of its row, so that
+// lanes holding 8 consecutive d each read the table coalesced.
 void rope_table(float2* cs, const int32_t* pos, int N, int HS, double theta, cudaStream_t stream);
+
+__host__ __device__ inline int rope_table_slot(int d, int HS) { return (d % 8) * (HS / 16) + d / 8; }
 
 }  // namespace tt::cuda

@@ -76,15 +76,21 @@ TEST_P(QkNormRopeTest, TableHoldsTheAnglesRopeUses) {
   std::vector<float2> table(c.cs.size());
   c.cs.copy_to_host(table.data(), table.size());
   std::vector<double> tc, ts, rc, rs;
+  const int slot = tt::cuda::rope_table_slot(1, c.HS);
   for (int n = 0; n < c.N; n++) {
-    tc.push_back(round_bf16({table[(size_t)n * half + 1].x})[0]);
-    ts.push_back(round_bf16({table[(size_t)n * half + 1].y})[0]);
+    const float2 t = table[(size_t)n * half + slot];
+    tc.push_back(round_bf16({t.x})[0]);
+    ts.push_back(round_bf16({t.y})[0]);
     rc.push_back(rotated[(size_t)n * c.HS + 1]);
     rs.push_back(rotated[(size_t)n * c.HS + 1 + half]);
     const double a = c.pos[n] * std::pow(c.theta, -2.0 * 1 / c.HS);
-    EXPECT_NEAR(table[(size_t)n * half + 1].x, std::cos(a), 2 * kF32U) << "position " << c.pos[n];
-    EXPECT_NEAR(table[(size_t)n * half + 1].y, std::sin(a), 2 * kF32U) << "position " << c.pos[n];
+    EXPECT_NEAR(t.x, std::cos(a), 2 * kF32U) << "position " << c.pos[n];
+    EXPECT_NEAR(t.y, std::sin(a), 2 * kF32U) << "position " << c.pos[n];
   }
+  // Every angle has its own slot.
+  std::vector<int> seen(half, 0);
+  for (int d = 0; d < half; d++) seen.at(tt::cuda::rope_table_slot(d, c.HS))++;
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), half);
   EXPECT_TRUE(all_equal("cos", rc, tc));
   EXPECT_TRUE(all_equal("sin", rs, ts));
 }
@@ -223,6 +229,8 @@ TEST_F(GpuTest, QkNormRopeRejectsBadInput) {
                                                cs.data(), 4, 2, 64, {}, nullptr),
                tt::Error);  // misaligned dx
   EXPECT_THROW(tt::cuda::rope_table(cs.data(), nullptr, 4, 64, 1e4, nullptr), tt::Error);
+  DeviceBuffer<int32_t> pos(4);
+  EXPECT_THROW(tt::cuda::rope_table(cs.data(), pos.data(), 4, 40, 1e4, nullptr), tt::Error);  // HS not 16k
 }
 
 }  // namespace
