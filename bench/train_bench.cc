@@ -27,6 +27,7 @@
 //
 // Flags: --steps N (timed tree steps, 5), --warmup N (2), --pp-steps N (timed per-path steps, 3),
 // --pp-warmup N (1), --layers L (28), --workloads agent,nav, --no-profile (skip the breakdown),
+// --gemm-autotune (cuBLASLt autotuning, train.gemm_autotune; the warm-up steps do the timing),
 // --dry-run (no GPU: the workloads' sizes and FLOPs only).
 #include <cuda_runtime.h>
 
@@ -261,7 +262,7 @@ std::vector<std::string> split(const std::string& s) {
 int run(int argc, char** argv) {
   int steps = 5, warmup = 2, pp_steps = 3, pp_warmup = 1, layers = 28;
   std::string workloads = "agent,nav";
-  bool dry_run = false, profile = true;
+  bool dry_run = false, profile = true, gemm_autotune = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -276,6 +277,7 @@ int run(int argc, char** argv) {
     else if (a == "--workloads") workloads = next();
     else if (a == "--dry-run") dry_run = true;
     else if (a == "--no-profile") profile = false;
+    else if (a == "--gemm-autotune") gemm_autotune = true;
     else throw Error(str("unknown flag ", a, " (see bench/train_bench.cc)"));
   }
   const tt::model::ModelConfig cfg = tt::bench::qwen3_1_7b(layers);
@@ -306,7 +308,7 @@ int run(int argc, char** argv) {
     }
     return 0;
   }
-  std::unique_ptr<tt::trainer::Backend> be = tt::trainer::make_backend("cuda", cfg);
+  std::unique_ptr<tt::trainer::Backend> be = tt::trainer::make_backend("cuda", cfg, 0, 1, gemm_autotune);
   const double t_init = now_s();
   be->init(1);
   cudaDeviceProp prop{};
@@ -320,7 +322,8 @@ int run(int argc, char** argv) {
                                    {"kv_heads", cfg.num_key_value_heads}, {"head_dim", cfg.head_dim},
                                    {"intermediate", cfg.intermediate_size}, {"vocab", cfg.vocab_size},
                                    {"tied", cfg.tie_word_embeddings}, {"parameters", be->num_params()}}},
-                        {"peak_flops", tt::trainer::kPeakFlops}};
+                        {"peak_flops", tt::trainer::kPeakFlops},
+                        {"gemm_autotune", gemm_autotune}};
   int64_t step_no = 0;
   struct Kept {
     std::string name;
@@ -378,6 +381,7 @@ int run(int argc, char** argv) {
   if (profile) {
     tt::model::CudaModelOptions o;
     o.profile = true;
+    o.gemm_autotune = gemm_autotune;
     tt::model::CudaModel m(cfg, o);
     m.init(1);
     for (const Kept& k : batches) {

@@ -186,6 +186,7 @@ CudaModel::CudaModel(const ModelConfig& cfg, const CudaModelOptions& options) : 
   TT_CUDA_CHECK(cudaStreamCreate(&stream_));
   alloc_ = std::make_unique<cuda::DeviceAllocator>();
   gemm_ = std::make_unique<cuda::GemmHandle>(stream_);
+  gemm_->set_autotune(options_.gemm_autotune);
   params_ = cuda::DeviceBuffer<float>(n_params_, alloc_.get());
   params_bf16_ = cuda::DeviceBuffer<bf16>(n_params_, alloc_.get());
   grads_ = cuda::DeviceBuffer<float>(n_params_, alloc_.get());

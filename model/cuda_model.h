@@ -66,6 +66,9 @@ struct CudaModelOptions {
   int64_t head_chunk_bytes = int64_t(1) << 30;
   // Record CUDA events around every op class of forward() and backward() (take_profile()).
   bool profile = false;
+  // cuBLASLt autotuning of every new GEMM shape (cuda::GemmHandle::set_autotune; off: the
+  // heuristic's first algorithm, the same every run).
+  bool gemm_autotune = false;
 };
 
 // GPU time per op class of the forward()/backward() calls since the last take_profile(), in

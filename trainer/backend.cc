@@ -100,6 +100,12 @@ class CpuBackend : public Backend {
   std::vector<float> v_;  // (num_params) AdamW second moment
 };
 
+model::CudaModelOptions model_options(bool gemm_autotune) {
+  model::CudaModelOptions o;
+  o.gemm_autotune = gemm_autotune;
+  return o;
+}
+
 // The whole step on the GPU: CudaModel's fp32 master weights and gradients, fp32 m and v in the
 // same flat layout, AdamW over every tensor in one launch (ops/cuda/adamw.h; it also rewrites the
 // bf16 working copy), the gradient norm in fp64 on the device. Clipping arrives folded into
@@ -108,7 +114,8 @@ class CpuBackend : public Backend {
 class CudaBackend : public Backend {
  public:
   // gpu: the current device, where the model allocates.
-  CudaBackend(const model::ModelConfig& cfg, int gpu) : model_(cfg), gpu_(gpu) {
+  CudaBackend(const model::ModelConfig& cfg, int gpu, bool gemm_autotune)
+      : model_(cfg, model_options(gemm_autotune)), gpu_(gpu) {
     const int64_t P = model_.num_params();
     m_ = cuda::DeviceBuffer<float>(P, &model_.allocator());
     v_ = cuda::DeviceBuffer<float>(P, &model_.allocator());
@@ -255,7 +262,7 @@ int bind_gpu(int local_rank, int local_world_size, int visible) {
 }  // namespace
 
 std::unique_ptr<Backend> make_backend(const std::string& device, const model::ModelConfig& cfg, int local_rank,
-                                      int local_world_size) {
+                                      int local_world_size, bool gemm_autotune) {
   if (device != "auto" && device != "cpu" && device != "cuda")
     throw Error(str("device: expected one of auto|cpu|cuda, got '", device, "'"));
   if (device == "cpu") return std::make_unique<CpuBackend>(cfg);
@@ -266,7 +273,7 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const model::Mo
     const int gpu = bind_gpu(local_rank, local_world_size, n);
     if (const std::string bad = unsupported_gpu(device_props(gpu)); !bad.empty())
       throw Error(str("device: cuda but ", bad));
-    return std::make_unique<CudaBackend>(cfg, gpu);
+    return std::make_unique<CudaBackend>(cfg, gpu, gemm_autotune);
   }
   if (n == 0) {
     spdlog::info("device: auto -> cpu (no CUDA device is visible: {})", why);
@@ -283,7 +290,7 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const model::Mo
     return std::make_unique<CpuBackend>(cfg);
   }
   spdlog::info("device: auto -> cuda (device {} of {} visible: {})", gpu, n, prop.name);
-  return std::make_unique<CudaBackend>(cfg, gpu);
+  return std::make_unique<CudaBackend>(cfg, gpu, gemm_autotune);
 }
 
 }  // namespace tt::trainer

@@ -95,7 +95,8 @@ class Backend {
 // distributed::pick_device(local_rank, local_world_size, visible) the calling thread's current
 // device before it allocates anything (NCCL is then set up on the same device, Backend::device());
 // a local rank without a GPU of its own is an error (pick_device). One process: GPU 0.
+// gemm_autotune: the CUDA backend's cuBLASLt autotuning (train.gemm_autotune); the CPU ignores it.
 std::unique_ptr<Backend> make_backend(const std::string& device, const model::ModelConfig& cfg, int local_rank = 0,
-                                      int local_world_size = 1);
+                                      int local_world_size = 1, bool gemm_autotune = false);
 
 }  // namespace tt::trainer

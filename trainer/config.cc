@@ -70,6 +70,7 @@ const std::vector<Field>& fields() {
       TT_FIELD("train.checkpoint_every", train.checkpoint_every),
       TT_FIELD("train.keep_checkpoints", train.keep_checkpoints),
       TT_FIELD("train.final_checkpoint", train.final_checkpoint),
+      TT_FIELD("train.gemm_autotune", train.gemm_autotune),
       TT_FIELD("optim.lr", optim.lr),
       TT_FIELD("optim.beta1", optim.beta1),
       TT_FIELD("optim.beta2", optim.beta2),

@@ -7,7 +7,7 @@
 //   model:    Hugging Face names (architecture, vocab_size, hidden_size, ...) and init_from
 //   data:     path, format, packing, max_tokens_per_batch, shuffle
 //   train:    max_steps, seed, loss_norm, grad_clip, grad_accum, resume, log_every,
-//             checkpoint_every, keep_checkpoints, final_checkpoint
+//             checkpoint_every, keep_checkpoints, final_checkpoint, gemm_autotune
 //   optim:    lr, beta1, beta2 (or betas: [b1, b2]), eps, weight_decay
 //   schedule: warmup_steps, decay, min_lr_ratio
 //   partition: capacity_tokens (docs/PARTITIONING.md)
@@ -52,6 +52,7 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;  // 0: only at the end
   int64_t keep_checkpoints = 2;  // newest checkpoints kept; 0 keeps all
   bool final_checkpoint = true;  // write a checkpoint at the end (off: benchmarks of big models)
+  bool gemm_autotune = false;    // cuda: time cuBLASLt's candidates per GEMM shape (not bitwise reproducible)
 };
 
 struct OptimConfig {

@@ -14,8 +14,10 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <array>
 #include <map>
+#include <vector>
 
 #include "ops/cuda/check.h"
 
@@ -29,6 +31,14 @@ struct Plan {
 };
 
 using PlanKey = std::array<int64_t, 12>;
+
+// Autotuning (GemmHandle::set_autotune): the heuristic's first kTuneCandidates algorithms, timed
+// on the call's own operands into a scratch output when that output is at most
+// kTuneMaxOutputBytes (larger products, such as the LM head's, keep the heuristic's first).
+constexpr int kTuneCandidates = 8;
+constexpr int kTuneRounds = 2;
+constexpr int kTuneCalls = 3;
+constexpr size_t kTuneMaxOutputBytes = size_t(256) << 20;
 
 uint32_t alignment(const void* p) {
   const uintptr_t u = reinterpret_cast<uintptr_t>(p);
@@ -53,8 +63,57 @@ struct GemmHandle::Impl {
   size_t workspace_bytes = 0;
   cudaStream_t stream = nullptr;
   std::map<PlanKey, Plan> plans;
+  bool autotune = false;
+  void* scratch = nullptr;  // the timing calls' output (autotune), grown to the largest D timed
+  size_t scratch_bytes = 0;
+  GemmTuneStats stats;
 
-  const Plan& plan(const GemmShape& s, uint32_t align_a, uint32_t align_b, uint32_t align_d) {
+  // Times the candidates on a and b into scratch (beta 0): kTuneRounds rounds in turn, each
+  // kTuneCalls calls after one warm-up call; the fastest mean of a round wins. Returns its index.
+  int fastest(const Plan& p, const cublasLtMatmulHeuristicResult_t* cand, int n, const bf16* a, const bf16* b,
+              size_t d_bytes) {
+    if (d_bytes > scratch_bytes) {
+      if (scratch) TT_CUDA_CHECK(cudaFree(scratch));
+      scratch = nullptr;
+      scratch_bytes = 0;
+      TT_CUDA_CHECK(cudaMalloc(&scratch, d_bytes));
+      scratch_bytes = d_bytes;
+    }
+    cudaEvent_t ev[2];
+    TT_CUDA_CHECK(cudaEventCreate(&ev[0]));
+    TT_CUDA_CHECK(cudaEventCreate(&ev[1]));
+    std::vector<float> best(n, 1e30f);
+    const float one = 1.f, zero = 0.f;
+    for (int round = 0; round < kTuneRounds; ++round)
+      for (int i = 0; i < n; ++i) {
+        if (cand[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        auto call = [&] {
+          return cublasLtMatmul(lt, p.desc, &one, a, p.a, b, p.b, &zero, scratch, p.d, scratch, p.d, &cand[i].algo,
+                                workspace, workspace_bytes, stream);
+        };
+        if (call() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate cuBLASLt cannot run here: skipped
+        TT_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+        for (int c = 0; c < kTuneCalls; ++c) TT_CUBLAS_CHECK(call());
+        TT_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+        TT_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+        float ms = 0;
+        TT_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+        best[i] = std::min(best[i], ms / kTuneCalls);
+      }
+    cudaEventDestroy(ev[0]);
+    cudaEventDestroy(ev[1]);
+    const int pick = (int)(std::min_element(best.begin(), best.end()) - best.begin());
+    TT_CHECK(best[pick] < 1e30f, "cuda::GemmHandle: no cuBLASLt candidate ran for m=", p_m, " n=", p_n, " k=", p_k);
+    ++stats.tuned_plans;
+    if (pick != 0) ++stats.changed_plans;
+    stats.heuristic_ms += best[0] < 1e30f ? best[0] : best[pick];
+    stats.tuned_ms += best[pick];
+    return pick;
+  }
+  int64_t p_m = 0, p_n = 0, p_k = 0;  // the shape being tuned, for messages
+
+  const Plan& plan(const GemmShape& s, uint32_t align_a, uint32_t align_b, uint32_t align_d, const bf16* a,
+                   const bf16* b) {
     const PlanKey key{s.m, s.n, s.k, (int64_t)s.op_a, (int64_t)s.op_b, s.lda, s.ldb, s.ldd, (int64_t)s.out,
                       align_a, align_b, align_d};
     auto it = plans.find(key);
@@ -75,7 +134,6 @@ struct GemmHandle::Impl {
       cublasLtMatmulPreference_t pref = nullptr;
       TT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
       const uint64_t ws = workspace_bytes;
-      cublasLtMatmulHeuristicResult_t result{};
       int count = 0;
       cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                                                sizeof(ws));
@@ -91,14 +149,19 @@ struct GemmHandle::Impl {
       if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
                                                   sizeof(align_d));
+      cublasLtMatmulHeuristicResult_t cand[kTuneCandidates];
+      const size_t d_bytes = (size_t)s.ldd * s.n * (s.out == GemmOut::kBf16 ? 2 : 4);
+      const bool tune = autotune && d_bytes <= kTuneMaxOutputBytes;
       if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &count);
+        st = cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, p.b, p.d, p.d, pref, tune ? kTuneCandidates : 1, cand,
+                                            &count);
       cublasLtMatmulPreferenceDestroy(pref);
       TT_CUBLAS_CHECK(st);
       TT_CHECK(count > 0, "cuda::GemmHandle: cuBLASLt has no algorithm for m=", s.m, " n=", s.n, " k=", s.k,
                " lda=", s.lda, " ldb=", s.ldb, " ldd=", s.ldd, " alignments ", align_a, "/", align_b, "/",
                align_d);
-      p.algo = result.algo;
+      p_m = s.m, p_n = s.n, p_k = s.k;
+      p.algo = cand[tune && count > 1 ? fastest(p, cand, count, a, b, d_bytes) : 0].algo;
     } catch (...) {
       destroy(p);
       throw;
@@ -122,6 +185,7 @@ GemmHandle::GemmHandle(cudaStream_t stream, size_t workspace_bytes) : impl_(std:
 
 GemmHandle::~GemmHandle() {
   for (auto& [key, plan] : impl_->plans) destroy(plan);
+  if (impl_->scratch) cudaFree(impl_->scratch);
   if (impl_->workspace) cudaFree(impl_->workspace);
   if (impl_->lt) cublasLtDestroy(impl_->lt);
 }
@@ -129,6 +193,9 @@ GemmHandle::~GemmHandle() {
 cudaStream_t GemmHandle::stream() const { return impl_->stream; }
 void GemmHandle::set_stream(cudaStream_t stream) { impl_->stream = stream; }
 int GemmHandle::num_plans() const { return (int)impl_->plans.size(); }
+void GemmHandle::set_autotune(bool on) { impl_->autotune = on; }
+bool GemmHandle::autotune() const { return impl_->autotune; }
+GemmTuneStats GemmHandle::tune_stats() const { return impl_->stats; }
 
 void GemmHandle::run(const GemmShape& s, const bf16* a, const bf16* b, void* d, float alpha, float beta) {
   TT_CHECK(s.m > 0 && s.n > 0 && s.k > 0, "cuda::GemmHandle::run: expected positive m, n, k, got m=", s.m, " n=", s.n,
@@ -138,7 +205,7 @@ void GemmHandle::run(const GemmShape& s, const bf16* a, const bf16* b, void* d, 
            "cuda::GemmHandle::run: leading dimensions too small: lda=", s.lda, " ldb=", s.ldb, " ldd=", s.ldd,
            " for m=", s.m, " n=", s.n, " k=", s.k);
   TT_CHECK(a && b && d, "cuda::GemmHandle::run: null pointer (A, B or D)");
-  const Plan& p = impl_->plan(s, alignment(a), alignment(b), alignment(d));
+  const Plan& p = impl_->plan(s, alignment(a), alignment(b), alignment(d), a, b);
   TT_CUBLAS_CHECK(cublasLtMatmul(impl_->lt, p.desc, &alpha, a, p.a, b, p.b, &beta, d, p.d, d, p.d, &p.algo,
                                  impl_->workspace, impl_->workspace_bytes, impl_->stream));
 }

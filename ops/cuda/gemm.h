@@ -38,6 +38,14 @@ struct GemmShape {
   GemmOut out = GemmOut::kBf16;
 };
 
+// What autotuning did so far (GemmHandle::tune_stats): plans timed, plans where a candidate other
+// than the heuristic's first won, and the summed per-call times of the heuristic's choice and of
+// the winner over the timed plans.
+struct GemmTuneStats {
+  int tuned_plans = 0, changed_plans = 0;
+  double heuristic_ms = 0, tuned_ms = 0;
+};
+
 class GemmHandle {
  public:
   static constexpr size_t kDefaultWorkspaceBytes = size_t(32) << 20;  // cuBLAS's advice for Hopper
@@ -51,6 +59,15 @@ class GemmHandle {
   cudaStream_t stream() const;
   void set_stream(cudaStream_t stream);
   int num_plans() const;  // cached plans so far
+
+  // Autotuning, off by default: a new plan times the heuristic's first 8 algorithms on the call's
+  // own operands (into a scratch output of the handle, so the call's output is written once, as
+  // without tuning) and keeps the fastest. The choice depends on timings, so two runs may pick
+  // different algorithms and differ in rounding; the first call of each shape takes ~50 products
+  // longer, and the scratch output (up to 256 MiB) stays allocated with the handle.
+  void set_autotune(bool on);
+  bool autotune() const;
+  GemmTuneStats tune_stats() const;
 
   // D = alpha op(A) op(B) + beta D (see GemmShape). A, B bf16; D bf16 or fp32 per shape.out.
   void run(const GemmShape& shape, const bf16* a, const bf16* b, void* d, float alpha, float beta);

@@ -1,5 +1,6 @@
 // cuBLASLt Linear GEMMs vs the CPU matmul (fp64) for the three products, with overwrite and
-// accumulate, bf16 and fp32 outputs, and shapes whose leading dimensions are not multiples of 8.
+// accumulate, bf16 and fp32 outputs, and shapes whose leading dimensions are not multiples of 8;
+// with the heuristic's algorithm and with autotuning.
 //
 // Bound per element: products of bf16 values are exact in fp32, so the only errors are the fp32
 // accumulation (at most k u32 sum_k |a b| for a sum of k terms; doubled for tensor-core
@@ -28,6 +29,7 @@ namespace {
 struct Shape {
   int N, IC, OC;
   std::string name;
+  bool autotune = false;  // GemmHandle::set_autotune: the same bounds hold for whichever algorithm wins
 };
 
 class GemmTest : public GpuTest, public ::testing::WithParamInterface<Shape> {};
@@ -74,6 +76,22 @@ TEST_P(GemmTest, ThreeProductsMatchCpu) {
                                    absv(w).data(), N, IC, OC);
 
   tt::cuda::GemmHandle h;
+  h.set_autotune(sh.autotune);
+  if (sh.autotune) {  // a tuned plan's first call accumulates: timing must not touch its output
+    tt::cuda::GemmHandle first;
+    first.set_autotune(true);
+    auto dw_acc = to_device_f32(dw_old);
+    tt::cuda::matmul_backward_dw(first, dw_acc.data(), d_dout.data(), d_x.data(), N, IC, OC, 1.f);
+    sync_and_check();
+    std::vector<double> ref(dw_ref.size());
+    for (size_t i = 0; i < ref.size(); i++) ref[i] = dw_old[i] + dw_ref[i];
+    EXPECT_TRUE(all_within("dw accumulate, first call tuned", to_host(dw_acc), ref, kF32U, bound(dw_abs, dw_old, N)));
+    const tt::cuda::GemmTuneStats st = first.tune_stats();
+    EXPECT_LE(st.tuned_plans, 1);
+    EXPECT_LE(st.tuned_ms, st.heuristic_ms);
+    std::printf("[ %s ] autotune: %d plan(s) timed, %d changed, heuristic %.4f ms -> %.4f ms\n", sh.name.c_str(),
+                st.tuned_plans, st.changed_plans, st.heuristic_ms, st.tuned_ms);
+  }
   {  // forward, bf16 and fp32 out, overwritten over NaN poison
     DeviceBuffer<bf16> out((size_t)N * OC);
     poison(out);
@@ -144,19 +162,24 @@ TEST_P(GemmTest, ThreeProductsMatchCpu) {
                            two_roundings(bound(dx_abs, dx_old, OC), dx_ref)));
     EXPECT_TRUE(all_within("backward dw +=", to_host(dw_acc), rw, kF32U, bound(dw_abs, dw_old, N)));
   }
-  // Plans are cached: repeating a product adds none.
+  // Plans are cached: repeating a product adds none (and tunes none).
   const int plans = h.num_plans();
+  const int tuned = h.tune_stats().tuned_plans;
   DeviceBuffer<bf16> out((size_t)N * OC);
   tt::cuda::matmul_forward(h, out.data(), d_x.data(), d_w.data(), N, IC, OC);
   sync_and_check();
   EXPECT_EQ(h.num_plans(), plans);
+  EXPECT_EQ(h.tune_stats().tuned_plans, tuned);
+  if (!sh.autotune) EXPECT_EQ(tuned, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GemmTest,
     ::testing::Values(Shape{64, 128, 256, "aligned"}, Shape{37, 72, 96, "rows_not_multiple_of_tile"},
                       Shape{33, 40, 100, "ld_not_multiple_of_8"}, Shape{256, 2048, 512, "hidden_2048"},
-                      Shape{1, 256, 64, "single_row"}),
+                      Shape{1, 256, 64, "single_row"}, Shape{256, 2048, 512, "hidden_2048_autotuned", true},
+                      Shape{37, 72, 96, "rows_not_multiple_of_tile_autotuned", true},
+                      Shape{33, 40, 100, "ld_not_multiple_of_8_autotuned", true}),
     [](const ::testing::TestParamInfo<Shape>& info) { return info.param.name; });
 
 TEST_F(GpuTest, GemmRejectsBadShapes) {

@@ -137,6 +137,8 @@ TEST(ConfigTest, SetUnknownKeyNamesTheOverride) {
             "--set train.max_steps=abc: train.max_steps: expected an integer, got 'abc'");
   EXPECT_EQ(parse_error(kMinimal, {"train.max_steps"}).rfind("--set train.max_steps: expected KEY=VALUE", 0), 0u);
   EXPECT_EQ(parse_error(kMinimal, {"train=3"}).rfind("--set train=3: unknown key 'train'", 0), 0u);
+  EXPECT_EQ(parse_error(kMinimal, {"train.gemm_autotune=maybe"}),
+            "--set train.gemm_autotune=maybe: train.gemm_autotune: expected a boolean (true|false), got 'maybe'");
 }
 
 TEST(ConfigTest, ValidateNamesTheKey) {
@@ -195,6 +197,7 @@ void expect_same(const RunConfig& a, const RunConfig& b) {
   EXPECT_EQ(a.schedule.min_lr_ratio, b.schedule.min_lr_ratio);
   EXPECT_EQ(a.data.shuffle, b.data.shuffle);
   EXPECT_EQ(a.partition.capacity_tokens, b.partition.capacity_tokens);
+  EXPECT_EQ(a.train.gemm_autotune, b.train.gemm_autotune);
 }
 
 TEST(ConfigTest, ToYamlRoundTrip) {
@@ -203,8 +206,9 @@ TEST(ConfigTest, ToYamlRoundTrip) {
                                          "schedule.min_lr_ratio=0.3333333333333333", "train.seed=18446744073709551615",
                                          "run_dir='runs/with: colon'", "data.path=null", "data.path='true'",
                                          "train.grad_clip=0", "model.rope_theta=1000000",
-                                         "partition.capacity_tokens=1024"});
+                                         "partition.capacity_tokens=1024", "train.gemm_autotune=true"});
   EXPECT_EQ(a.data.path, "true");
+  EXPECT_TRUE(a.train.gemm_autotune);
   EXPECT_NE(a.to_yaml().find("partition:\n  capacity_tokens: 1024\n"), std::string::npos) << a.to_yaml();
   const RunConfig b = parse_config_text(a.to_yaml(), "resolved.yaml", {});
   expect_same(a, b);
