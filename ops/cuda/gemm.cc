@@ -70,8 +70,8 @@ struct GemmHandle::Impl {
 
   // Times the candidates on a and b into scratch (beta 0): kTuneRounds rounds in turn, each
   // kTuneCalls calls after one warm-up call; the fastest mean of a round wins. Returns its index.
-  int fastest(const Plan& p, const cublasLtMatmulHeuristicResult_t* cand, int n, const bf16* a, const bf16* b,
-              size_t d_bytes) {
+  int fastest(const GemmShape& s, const Plan& p, const cublasLtMatmulHeuristicResult_t* cand, int n, const bf16* a,
+              const bf16* b, size_t d_bytes) {
     if (d_bytes > scratch_bytes) {
       if (scratch) TT_CUDA_CHECK(cudaFree(scratch));
       scratch = nullptr;
@@ -103,14 +103,13 @@ struct GemmHandle::Impl {
     cudaEventDestroy(ev[0]);
     cudaEventDestroy(ev[1]);
     const int pick = (int)(std::min_element(best.begin(), best.end()) - best.begin());
-    TT_CHECK(best[pick] < 1e30f, "cuda::GemmHandle: no cuBLASLt candidate ran for m=", p_m, " n=", p_n, " k=", p_k);
+    TT_CHECK(best[pick] < 1e30f, "cuda::GemmHandle: no cuBLASLt candidate ran for m=", s.m, " n=", s.n, " k=", s.k);
     ++stats.tuned_plans;
     if (pick != 0) ++stats.changed_plans;
     stats.heuristic_ms += best[0] < 1e30f ? best[0] : best[pick];
     stats.tuned_ms += best[pick];
     return pick;
   }
-  int64_t p_m = 0, p_n = 0, p_k = 0;  // the shape being tuned, for messages
 
   const Plan& plan(const GemmShape& s, uint32_t align_a, uint32_t align_b, uint32_t align_d, const bf16* a,
                    const bf16* b) {
@@ -160,8 +159,7 @@ struct GemmHandle::Impl {
       TT_CHECK(count > 0, "cuda::GemmHandle: cuBLASLt has no algorithm for m=", s.m, " n=", s.n, " k=", s.k,
                " lda=", s.lda, " ldb=", s.ldb, " ldd=", s.ldd, " alignments ", align_a, "/", align_b, "/",
                align_d);
-      p_m = s.m, p_n = s.n, p_k = s.k;
-      p.algo = cand[tune && count > 1 ? fastest(p, cand, count, a, b, d_bytes) : 0].algo;
+      p.algo = cand[tune && count > 1 ? fastest(s, p, cand, count, a, b, d_bytes) : 0].algo;
     } catch (...) {
       destroy(p);
       throw;
