@@ -540,13 +540,9 @@ void launch_forward_rows(RowShape s, const RmsnormFwdParams& p, int blocks, cuda
 template <int IT, class Dout>
 void launch_backward_rows_smem(const RmsnormBwdParams& p, cudaStream_t stream) {
   const size_t smem = p.dw ? sizeof(float) * kRowsPerWarpBlock * detail::kWarp * IT * 8 : 0;
-  static const bool attr_set = [] {  // once per instantiation (above 48 KB needs the opt-in)
+  if (smem > 48 * 1024)  // the opt-in, per launch as the other kernels (it holds per device)
     TT_CUDA_CHECK(cudaFuncSetAttribute(rmsnorm_backward_rows_kernel<IT, Dout>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)(sizeof(float) * kRowsPerWarpBlock * detail::kWarp * IT * 8)));
-    return true;
-  }();
-  (void)attr_set;
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   rmsnorm_backward_rows_kernel<IT, Dout><<<p.chunks, kRowThreads, smem, stream>>>(p);
 }
 
