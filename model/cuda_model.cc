@@ -71,9 +71,9 @@ struct LayerActs {
   bf16* h;       // (N, I)
 };
 
-// Qwen3 models with head dim 64, 128 or 256 run the q/k norm and the rotation as one op each way
-// (cuda::qk_norm_rope_*), reading the batch's rope table; others run them one after the other.
-bool fused_qk_rope(const Dims& d) { return d.qk_norm && (d.HS == 64 || d.HS == 128 || d.HS == 256); }
+// Qwen3 models whose head dim the fused op takes run the q/k norm and the rotation as one op each
+// way (cuda::qk_norm_rope_*), reading the batch's rope table; others run them one after the other.
+bool fused_qk_rope(const Dims& d) { return d.qk_norm && cuda::qk_norm_rope_supported(d.HS); }
 
 // The layout of a CudaActivations buffer for N rows, n_tgt targets and n_rows head rows.
 struct ActsLayout {

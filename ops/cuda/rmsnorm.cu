@@ -567,20 +567,33 @@ void launch_backward_rows(RowShape s, const RmsnormBwdParams& p, cudaStream_t st
   }
 }
 
-// The q/k norm + rotation path: C = 8 LANES, LANES in {8, 16, 32} (checked by the entry points).
-bool rope_shape_ok(int C) { return C == 64 || C == 128 || C == 256; }
+// The rotating kernels (rope_cs set): C = 8 LANES, LANES in {8, 16, 32}, VEC 8 and bf16 dout, as
+// the entry points check (qk_norm_rope_supported, 16-byte alignment).
+template <int VEC>
+void launch_forward_rope(RowShape s, const RmsnormFwdParams& p, int blocks, cudaStream_t stream) {
+  if constexpr (VEC == 8) {
+    if (s.lanes == 8) return rmsnorm_forward_kernel<8, 8, 1, true><<<blocks, kRowThreads, 0, stream>>>(p);
+    if (s.lanes == 16) return rmsnorm_forward_kernel<8, 16, 1, true><<<blocks, kRowThreads, 0, stream>>>(p);
+    if (s.lanes == 32 && s.it == 1)
+      return rmsnorm_forward_kernel<8, 32, 1, true><<<blocks, kRowThreads, 0, stream>>>(p);
+  }
+  TT_CHECK(false, "cuda::rmsnorm: no rotating kernel for C=", p.C);
+}
+
+template <int VEC, class Dout>
+void launch_backward_rope(RowShape s, const RmsnormBwdParams& p, cudaStream_t stream) {
+  if constexpr (VEC == 8 && std::is_same_v<Dout, bf16>) {
+    const int blocks = p.chunks;
+    if (s.lanes == 8) return rmsnorm_backward_fused_kernel<8, 8, 1, Dout, true><<<blocks, kRowThreads, 0, stream>>>(p);
+    if (s.lanes == 16)
+      return rmsnorm_backward_fused_kernel<8, 16, 1, Dout, true><<<blocks, kRowThreads, 0, stream>>>(p);
+    if (s.lanes == 32 && s.it == 1)
+      return rmsnorm_backward_fused_kernel<8, 32, 1, Dout, true><<<blocks, kRowThreads, 0, stream>>>(p);
+  }
+  TT_CHECK(false, "cuda::rmsnorm: no rotating backward kernel for C=", p.C);
+}
 
 void launch_rmsnorm_forward(const RmsnormFwdParams& p, cudaStream_t stream) {
-  if (p.rope_cs) {
-    const int lanes = p.C / 8;
-    const int blocks = (p.rows + kRowsPerWarpBlock * (detail::kWarp / lanes) - 1) /
-                       (kRowsPerWarpBlock * (detail::kWarp / lanes));
-    if (lanes == 8) rmsnorm_forward_kernel<8, 8, 1, true><<<blocks, kRowThreads, 0, stream>>>(p);
-    if (lanes == 16) rmsnorm_forward_kernel<8, 16, 1, true><<<blocks, kRowThreads, 0, stream>>>(p);
-    if (lanes == 32) rmsnorm_forward_kernel<8, 32, 1, true><<<blocks, kRowThreads, 0, stream>>>(p);
-    TT_CUDA_CHECK_LAUNCH();
-    return;
-  }
   const bool wide = p.C % 8 == 0 && detail::aligned16(p.x) && detail::aligned16(p.w) && detail::aligned16(p.out);
   TT_VEC_SWITCH(wide, VEC, [&] {
     const RowShape s = row_shape(p.C, VEC);
@@ -590,7 +603,12 @@ void launch_rmsnorm_forward(const RmsnormFwdParams& p, cudaStream_t stream) {
       return;
     }
     const int rows_per_block = kRowsPerWarpBlock * (detail::kWarp / s.lanes);
-    launch_forward_rows<VEC>(s, p, (p.rows + rows_per_block - 1) / rows_per_block, stream);
+    const int blocks = (p.rows + rows_per_block - 1) / rows_per_block;
+    if (p.rope_cs) {
+      launch_forward_rope<VEC>(s, p, blocks, stream);
+    } else {
+      launch_forward_rows<VEC>(s, p, blocks, stream);
+    }
   });
   TT_CUDA_CHECK_LAUNCH();
 }
@@ -601,15 +619,9 @@ void launch_rmsnorm_backward(const RmsnormBwdParams& p, cudaStream_t stream) {
                     detail::aligned16(p.dout) && (!p.dx || detail::aligned16(p.dx));
   TT_VEC_SWITCH(wide, VEC, [&] {
     const RowShape s = row_shape(p.C, VEC);
-    if constexpr (VEC == 8 && std::is_same_v<Dout, bf16>) {
-      if (p.rope_cs) {  // entry points check C and the alignment
-        if (s.lanes == 8) rmsnorm_backward_fused_kernel<8, 8, 1, Dout, true><<<p.chunks, kRowThreads, 0, stream>>>(p);
-        if (s.lanes == 16) rmsnorm_backward_fused_kernel<8, 16, 1, Dout, true><<<p.chunks, kRowThreads, 0, stream>>>(p);
-        if (s.lanes == 32) rmsnorm_backward_fused_kernel<8, 32, 1, Dout, true><<<p.chunks, kRowThreads, 0, stream>>>(p);
-        TT_CUDA_CHECK_LAUNCH();
-      }
-    }
     if (p.rope_cs) {
+      launch_backward_rope<VEC, Dout>(s, p, stream);
+      TT_CUDA_CHECK_LAUNCH();
     } else if (s.lanes > 0) {
       launch_backward_rows<VEC, Dout>(s, p, stream);
       TT_CUDA_CHECK_LAUNCH();
@@ -685,13 +697,16 @@ void rmsnorm_backward(bf16* dx, float* dw, const float* dout, const bf16* x, con
   rmsnorm_backward_impl(dx, dw, dout, x, w, rstd, rows, C, ws, stream, accumulate_dx);
 }
 
+// C = 8 LANES with LANES in {8, 16, 32}: the rows the rotation's lane pairing takes.
+bool qk_norm_rope_supported(int HS) { return HS == 64 || HS == 128 || HS == 256; }
+
 namespace {
 
 void check_qk_rope(const char* op, int N, int H, int HS, const float2* rope_cs,
                    std::initializer_list<const void*> vectors) {
   TT_CHECK(N >= 0 && H > 0, op, ": expected N >= 0 and H > 0, got N=", N, " H=", H);
-  TT_CHECK(rope_shape_ok(HS), op, ": head dim ", HS, " not supported, expected 64, 128 or 256 (other head dims: ",
-           "rmsnorm and rope one after the other)");
+  TT_CHECK(qk_norm_rope_supported(HS), op, ": head dim ", HS,
+           " not supported, expected 64, 128 or 256 (other head dims: rmsnorm and rope one after the other)");
   if (N == 0) return;
   TT_CHECK(rope_cs, op, ": null rope table");
   for (const void* v : vectors)

@@ -37,6 +37,8 @@ void rmsnorm_backward(bf16* dx, float* dw, const float* dout, const bf16* x, con
 // rmsnorm_forward. Backward: dout is the gradient of the rotated output; dx (N, H, HS) and dw (HS)
 // as rmsnorm_backward of the rotated-back gradient (kept in fp32), workspace
 // rmsnorm_backward_workspace_bytes(N H, HS).
+// Whether the fused op takes head dim HS (64, 128 or 256); other head dims run rmsnorm and rope.
+bool qk_norm_rope_supported(int HS);
 void qk_norm_rope_forward(bf16* out, float* rstd, const bf16* x, const bf16* w, const float2* rope_cs, int N, int H,
                           int HS, double eps, cudaStream_t stream);
 void qk_norm_rope_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const float* rstd,
