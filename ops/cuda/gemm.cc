@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ops/cuda/check.h"
+#include "ops/cuda/memory.h"
 
 namespace tt::cuda {
 namespace {
@@ -64,21 +65,18 @@ struct GemmHandle::Impl {
   cudaStream_t stream = nullptr;
   std::map<PlanKey, Plan> plans;
   bool autotune = false;
-  void* scratch = nullptr;  // the timing calls' output (autotune), grown to the largest D timed
-  size_t scratch_bytes = 0;
+  DeviceBuffer<char> scratch;  // the timing calls' output (autotune), grown to the largest D timed
   GemmTuneStats stats;
 
   // Times the candidates on a and b into scratch (beta 0): kTuneRounds rounds in turn, each
   // kTuneCalls calls after one warm-up call; the fastest mean of a round wins. Returns its index.
   int fastest(const GemmShape& s, const Plan& p, const cublasLtMatmulHeuristicResult_t* cand, int n, const bf16* a,
               const bf16* b, size_t d_bytes) {
-    if (d_bytes > scratch_bytes) {
-      if (scratch) TT_CUDA_CHECK(cudaFree(scratch));
-      scratch = nullptr;
-      scratch_bytes = 0;
-      TT_CUDA_CHECK(cudaMalloc(&scratch, d_bytes));
-      scratch_bytes = d_bytes;
+    if (d_bytes > scratch.size()) {
+      scratch = DeviceBuffer<char>();  // the old one goes first
+      scratch = DeviceBuffer<char>(d_bytes);
     }
+    void* out = scratch.data();
     cudaEvent_t ev[2];
     TT_CUDA_CHECK(cudaEventCreate(&ev[0]));
     TT_CUDA_CHECK(cudaEventCreate(&ev[1]));
@@ -88,8 +86,8 @@ struct GemmHandle::Impl {
       for (int i = 0; i < n; ++i) {
         if (cand[i].state != CUBLAS_STATUS_SUCCESS) continue;
         auto call = [&] {
-          return cublasLtMatmul(lt, p.desc, &one, a, p.a, b, p.b, &zero, scratch, p.d, scratch, p.d, &cand[i].algo,
-                                workspace, workspace_bytes, stream);
+          return cublasLtMatmul(lt, p.desc, &one, a, p.a, b, p.b, &zero, out, p.d, out, p.d, &cand[i].algo, workspace,
+                                workspace_bytes, stream);
         };
         if (call() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate cuBLASLt cannot run here: skipped
         TT_CUDA_CHECK(cudaEventRecord(ev[0], stream));
@@ -183,7 +181,6 @@ GemmHandle::GemmHandle(cudaStream_t stream, size_t workspace_bytes) : impl_(std:
 
 GemmHandle::~GemmHandle() {
   for (auto& [key, plan] : impl_->plans) destroy(plan);
-  if (impl_->scratch) cudaFree(impl_->scratch);
   if (impl_->workspace) cudaFree(impl_->workspace);
   if (impl_->lt) cublasLtDestroy(impl_->lt);
 }
