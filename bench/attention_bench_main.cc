@@ -10,12 +10,12 @@
 #include <exception>
 #include <string>
 
-#include "bench/attention_bench.h"
-#include "ops/check.h"
+#include "trainer/attention_bench.h"
+#include "base/check.h"
 
 int main(int argc, char** argv) {
   try {
-    tt::bench::AttentionBenchOptions opt;
+    tt::trainer::AttentionBenchOptions opt;
     std::string workload = "comb", dump;
     int n = 16384;
     for (int i = 1; i < argc; i++) {
@@ -34,13 +34,13 @@ int main(int argc, char** argv) {
       else TT_CHECK(false, "attention_bench: unknown option ", a);
     }
     tt::data::PackedBatch batch;
-    if (workload == "comb") batch = tt::bench::episode_comb_batch();
-    else if (workload == "rollout") batch = tt::bench::agent_rollout_batch();
-    else if (workload == "causal") batch = tt::bench::causal_batch(n);
+    if (workload == "comb") batch = tt::trainer::episode_comb_batch();
+    else if (workload == "rollout") batch = tt::trainer::agent_rollout_batch();
+    else if (workload == "causal") batch = tt::trainer::causal_batch(n);
     else TT_CHECK(false, "attention_bench: --workload ", workload, ", expected comb, rollout or causal");
-    if (!dump.empty()) tt::bench::dump_layout_npy(batch, dump);
-    const auto r = tt::bench::bench_attention(batch, workload, opt);
-    std::string json = tt::bench::to_json(r);
+    if (!dump.empty()) tt::trainer::dump_layout_npy(batch, dump);
+    const auto r = tt::trainer::bench_attention(batch, workload, opt);
+    std::string json = tt::trainer::to_json(r);
     if (!dump.empty()) json.insert(json.size() - 1, ", \"layout\": \"" + dump + "\"");
     std::printf("%s\n", json.c_str());
     return 0;

@@ -40,7 +40,7 @@
 #include "distributed/nccl_communicator.h"
 #include "distributed/rendezvous.h"
 #include "model/model.h"
-#include "ops/check.h"
+#include "base/check.h"
 #include "ops/cuda/check.h"
 #include "trainer/config.h"
 #include "trainer/train.h"

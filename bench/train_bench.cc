@@ -49,7 +49,7 @@
 #include "data/tree.h"
 #include "model/config.h"
 #include "model/cuda_model.h"
-#include "ops/check.h"
+#include "base/check.h"
 #include "trainer/backend.h"
 #include "trainer/train.h"
 

@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "data/rng.h"
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::data {
 

@@ -15,7 +15,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::data {
 namespace {

@@ -10,7 +10,7 @@
 #include <limits>
 #include <unordered_map>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::data {
 namespace {

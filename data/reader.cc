@@ -18,7 +18,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::data {
 namespace {

@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "data/partition.h"
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::data {
 

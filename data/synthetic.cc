@@ -25,7 +25,7 @@
 #include <fstream>
 
 #include "data/rng.h"
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::data {
 namespace {

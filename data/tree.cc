@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::data {
 

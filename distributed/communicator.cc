@@ -5,7 +5,7 @@
 #include <cstring>
 #include <vector>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::distributed {
 namespace {

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::distributed {
 namespace {

@@ -18,7 +18,7 @@
 #include <sstream>
 
 #include "distributed/net.h"
-#include "ops/check.h"
+#include "base/check.h"
 
 extern char** environ;
 

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "ops/check.h"
+#include "base/check.h"
 #include "ops/cuda/check.h"
 
 namespace tt::distributed {

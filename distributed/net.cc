@@ -15,7 +15,7 @@
 #include <cstring>
 #include <thread>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::distributed::net {
 namespace {

@@ -10,7 +10,7 @@
 #include <set>
 #include <sstream>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::distributed {
 namespace {

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::distributed {
 

@@ -3,7 +3,7 @@
 // attention/MLP biases, activations other than SiLU) and lenient about fields it ignores.
 #include "model/config.h"
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::model {
 

@@ -18,7 +18,7 @@
 
 #include "model/cuda_model_kernels.h"
 #include "model/layout.h"
-#include "ops/check.h"
+#include "base/check.h"
 #include "ops/cuda/adamw.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/check.h"

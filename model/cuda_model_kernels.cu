@@ -7,7 +7,7 @@
 
 #include <algorithm>
 
-#include "ops/check.h"
+#include "base/check.h"
 #include "ops/cuda/check.h"
 
 namespace tt::model::detail {

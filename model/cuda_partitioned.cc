@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "ops/check.h"
+#include "base/check.h"
 #include "ops/cuda/check.h"
 
 namespace tt::model {

@@ -15,7 +15,7 @@
 #include <type_traits>
 
 #include "model/safetensors.h"
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::model {
 

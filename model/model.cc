@@ -18,7 +18,7 @@
 #include <cmath>
 
 #include "model/layout.h"
-#include "ops/check.h"
+#include "base/check.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/cross_entropy.h"
 #include "ops/cpu/embedding.h"

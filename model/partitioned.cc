@@ -5,7 +5,7 @@
 #include <memory>
 #include <vector>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::model {
 

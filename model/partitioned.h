@@ -23,7 +23,7 @@
 #include "data/partition.h"
 #include "data/tree.h"
 #include "model/model.h"
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::model {
 

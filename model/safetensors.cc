@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::model {
 

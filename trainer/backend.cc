@@ -10,7 +10,7 @@
 #include "model/cuda_partitioned.h"
 #include "model/hf_io.h"
 #include "model/partitioned.h"
-#include "ops/check.h"
+#include "base/check.h"
 #include "ops/cpu/adamw.h"
 #include "ops/cuda/adamw.h"
 #include "ops/cuda/check.h"

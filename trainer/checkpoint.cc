@@ -13,7 +13,7 @@
 
 #include "model/hf_io.h"
 #include "model/safetensors.h"
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::trainer {
 namespace {

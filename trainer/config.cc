@@ -18,7 +18,7 @@
 #include <sstream>
 #include <variant>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::trainer {
 namespace {

@@ -17,14 +17,14 @@
 #include <vector>
 
 #include "data/reader.h"
-#include "bench/attention_bench.h"
+#include "trainer/attention_bench.h"
 #include "data/packing.h"
 #include "data/stats.h"
 #include "data/synthetic.h"
 #include "distributed/env.h"
 #include "distributed/launch.h"
-#include "distributed/sweep.h"
-#include "ops/check.h"
+#include "trainer/sweep.h"
+#include "base/check.h"
 #include "trainer/config.h"
 #include "trainer/train.h"
 
@@ -161,7 +161,7 @@ int run_bench(const std::vector<std::string>& argv) {
                                     "dump", "impl"},
                              "bench attention");
   const std::string& path = required(a, "data");
-  tt::bench::AttentionBenchOptions opt;
+  tt::trainer::AttentionBenchOptions opt;
   if (a.flags.count("impl")) {
     opt.impl = a.flags.at("impl");
     if (opt.impl != "wgmma" && opt.impl != "mma_sync")
@@ -178,8 +178,8 @@ int run_bench(const std::vector<std::string>& argv) {
   opt.iters = (int)int_flag(a, "iters", opt.iters);
   opt.warmup = (int)int_flag(a, "warmup", opt.warmup);
   const auto dump = a.flags.find("dump");
-  if (dump != a.flags.end()) tt::bench::dump_layout_npy(batch, dump->second);
-  std::cout << tt::bench::to_json(tt::bench::bench_attention(batch, path, opt)) << std::endl;
+  if (dump != a.flags.end()) tt::trainer::dump_layout_npy(batch, dump->second);
+  std::cout << tt::trainer::to_json(tt::trainer::bench_attention(batch, path, opt)) << std::endl;
   return 0;
 }
 
@@ -259,27 +259,27 @@ int run_sweep(const std::vector<std::string>& argv) {
   if (mode != "local" && mode != "slurm") throw UsageError{"--mode: expected local|slurm, got '" + mode + "'"};
   const int64_t nproc = int_flag(a, "nproc", 1);
   if (nproc < 1) throw UsageError{"--nproc: expected a positive number of ranks"};
-  const tt::distributed::Sweep sweep = tt::distributed::load_sweep(required(a, "config"));
+  const tt::trainer::Sweep sweep = tt::trainer::load_sweep(required(a, "config"));
   const std::string binary = a.flags.count("binary") ? a.flags.at("binary") : tt::distributed::self_executable();
   if (mode == "slurm") {
     const std::string& out = required(a, "out");
-    tt::distributed::write_run_configs(sweep);
+    tt::trainer::write_run_configs(sweep);
     const std::filesystem::path parent = std::filesystem::path(out).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent);
     std::ofstream f(out, std::ios::trunc);
-    f << tt::distributed::slurm_script(sweep, binary);
+    f << tt::trainer::slurm_script(sweep, binary);
     if (!f) throw tt::Error(out + ": cannot write");
     f.close();
     std::filesystem::permissions(out, std::filesystem::perms::owner_exec, std::filesystem::perm_options::add);
-    for (const tt::distributed::SweepRun& run : sweep.runs) std::cout << run.config.run_dir << "/config.yaml\n";
+    for (const tt::trainer::SweepRun& run : sweep.runs) std::cout << run.config.run_dir << "/config.yaml\n";
     spdlog::info("sweep: {} runs; their configs are written; submit the array job with: sbatch {}", sweep.runs.size(), out);
     return 0;
   }
   if (a.flags.count("out")) throw UsageError{"--out is for --mode slurm"};
-  const std::vector<tt::distributed::RunResult> results = tt::distributed::run_local(sweep, binary, (int)nproc);
-  std::cout << tt::distributed::results_table(sweep, results) << std::flush;
+  const std::vector<tt::trainer::RunResult> results = tt::trainer::run_local(sweep, binary, (int)nproc);
+  std::cout << tt::trainer::results_table(sweep, results) << std::flush;
   int failed = 0;
-  for (const tt::distributed::RunResult& r : results) failed += r.status != "ok";
+  for (const tt::trainer::RunResult& r : results) failed += r.status != "ok";
   if (failed > 0) throw tt::Error(tt::str("sweep: ", failed, " of ", results.size(), " runs failed (see the table)"));
   return 0;
 }

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::trainer {
 

@@ -13,7 +13,7 @@
 #include "distributed/env.h"
 #include "distributed/nccl_communicator.h"
 #include "distributed/rendezvous.h"
-#include "ops/check.h"
+#include "base/check.h"
 #include "trainer/checkpoint.h"
 #include "trainer/schedule.h"
 

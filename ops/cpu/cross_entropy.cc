@@ -10,7 +10,7 @@
 #include <limits>
 #include <vector>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::cpu {
 namespace {

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::cpu {
 

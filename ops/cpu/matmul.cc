@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::cpu {
 namespace {

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <vector>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::cpu {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::cpu {
 

@@ -11,7 +11,7 @@
 
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
-#include "ops/check.h"
+#include "base/check.h"
 #include "ops/cuda/attention_params.h"
 #include "ops/cuda/check.h"
 

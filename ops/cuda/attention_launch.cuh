@@ -11,7 +11,7 @@
 #include "ops/cuda/attention_params.h"
 #include "ops/cuda/attention_sm90_device.cuh"
 #include "ops/cuda/attention_sm90.cuh"
-#include "ops/check.h"
+#include "base/check.h"
 #include "ops/cuda/check.h"
 
 namespace tt::cuda {

@@ -5,7 +5,7 @@
 
 #include <cuda_runtime.h>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::cuda {
 

@@ -5,7 +5,7 @@
 
 #include <climits>
 
-#include "ops/check.h"
+#include "base/check.h"
 #include "ops/cuda/check.h"
 
 namespace tt::cuda {

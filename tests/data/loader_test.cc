@@ -8,7 +8,7 @@
 #include <algorithm>
 
 #include "data/rng.h"
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::data {
 namespace {

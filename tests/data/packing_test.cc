@@ -8,7 +8,7 @@
 #include <random>
 
 #include "data/reader.h"
-#include "ops/check.h"
+#include "base/check.h"
 #include "tests/data/test_util.h"
 
 namespace tt::data {

@@ -19,7 +19,7 @@
 #include "data/reader.h"
 #include "data/stats.h"
 #include "data/synthetic.h"
-#include "ops/check.h"
+#include "base/check.h"
 #include "tests/data/test_util.h"
 
 namespace tt::data {

@@ -6,7 +6,7 @@
 
 #include <random>
 
-#include "ops/check.h"
+#include "base/check.h"
 #include "tests/data/test_util.h"
 
 namespace tt::data {

@@ -9,7 +9,7 @@
 
 #include "data/reader.h"
 #include "data/stats.h"
-#include "ops/check.h"
+#include "base/check.h"
 #include "tests/data/test_util.h"
 
 namespace tt::data {

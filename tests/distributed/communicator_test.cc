@@ -12,7 +12,7 @@
 #include <random>
 
 #include "distributed/buckets.h"
-#include "ops/check.h"
+#include "base/check.h"
 #include "tests/distributed/test_util.h"
 
 namespace tt::distributed {

@@ -21,7 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/synthetic.h"
-#include "ops/check.h"
+#include "base/check.h"
 #include "tests/distributed/test_util.h"
 #include "tests/trainer/tiny_run.h"
 #include "trainer/checkpoint.h"

@@ -7,7 +7,7 @@
 #include <map>
 #include <string>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::distributed {
 namespace {

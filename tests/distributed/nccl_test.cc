@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "distributed/buckets.h"
-#include "ops/check.h"
+#include "base/check.h"
 #include "tests/distributed/test_util.h"
 
 namespace tt::distributed {

@@ -11,7 +11,7 @@
 #include <chrono>
 #include <thread>
 
-#include "ops/check.h"
+#include "base/check.h"
 #include "tests/distributed/test_util.h"
 
 namespace tt::distributed {

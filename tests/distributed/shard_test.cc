@@ -11,7 +11,7 @@
 #include "data/loader.h"
 #include "data/reader.h"
 #include "data/synthetic.h"
-#include "ops/check.h"
+#include "base/check.h"
 #include "tests/distributed/test_util.h"
 
 namespace tt::distributed {

@@ -17,7 +17,7 @@
 #include "data/packing.h"
 #include "model/hf_io.h"
 #include "model/model.h"
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace {
 

@@ -10,7 +10,7 @@
 #include <fstream>
 
 #include "model/safetensors.h"
-#include "ops/check.h"
+#include "base/check.h"
 #include "tests/model/model_test_util.h"
 
 namespace tt::model {

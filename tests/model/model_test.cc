@@ -10,7 +10,7 @@
 #include <random>
 
 #include "model/config.h"
-#include "ops/check.h"
+#include "base/check.h"
 #include "tests/model/model_test_util.h"
 
 namespace tt::model {

@@ -11,7 +11,7 @@
 #include <limits>
 #include <unistd.h>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::model {
 namespace {

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/check.h"
+#include "base/check.h"
 #include "ops/cpu/attention.h"
 #include "tests/ops/test_util.h"
 

@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "ops/check.h"
+#include "base/check.h"
 #include "ops/cpu/adamw.h"
 #include "ops/cpu/cross_entropy.h"
 #include "ops/cpu/embedding.h"

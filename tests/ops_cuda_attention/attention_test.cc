@@ -16,7 +16,7 @@
 #include <tuple>
 #include <vector>
 
-#include "ops/check.h"
+#include "base/check.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/check.h"
 #include "ops/cuda/tree_tiles.h"

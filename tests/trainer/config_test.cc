@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "ops/check.h"
+#include "base/check.h"
 
 namespace tt::trainer {
 namespace {

@@ -14,7 +14,7 @@
 #include "data/reader.h"
 #include "data/synthetic.h"
 #include "model/safetensors.h"
-#include "ops/check.h"
+#include "base/check.h"
 #include "tests/trainer/tiny_run.h"
 #include "trainer/checkpoint.h"
 

@@ -13,7 +13,7 @@
 
 #include "data/packing.h"
 
-namespace tt::bench {
+namespace tt::trainer {
 
 struct AttentionBenchOptions {
   int heads = 16;
@@ -55,4 +55,4 @@ data::PackedBatch agent_rollout_batch(int prompt_len = 4096, int turns = 6, int 
 // one chain of n tokens: plain causal attention, for the kernel's own dense baseline.
 data::PackedBatch causal_batch(int n);
 
-}  // namespace tt::bench
+}  // namespace tt::trainer

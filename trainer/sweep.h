@@ -40,7 +40,7 @@
 
 #include "trainer/config.h"
 
-namespace tt::distributed {
+namespace tt::trainer {
 
 struct SlurmOptions {
   std::string partition;
@@ -93,4 +93,4 @@ std::string results_table(const Sweep& sweep, const std::vector<RunResult>& resu
 // does not stop the others.
 std::vector<RunResult> run_local(const Sweep& sweep, const std::string& binary, int nproc);
 
-}  // namespace tt::distributed
+}  // namespace tt::trainer

@@ -1,5 +1,5 @@
 // Benchmark of the CUDA tree attention; see attention_bench.h.
-#include "bench/attention_bench.h"
+#include "trainer/attention_bench.h"
 
 #include <cuda_runtime.h>
 
@@ -11,12 +11,12 @@
 #include <vector>
 
 #include "data/tree.h"
-#include "ops/check.h"
+#include "base/check.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/check.h"
 #include "ops/cuda/memory.h"
 
-namespace tt::bench {
+namespace tt::trainer {
 namespace {
 
 using cuda::bf16;
@@ -233,4 +233,4 @@ std::string to_json(const AttentionBenchResult& r) {
   return buf;
 }
 
-}  // namespace tt::bench
+}  // namespace tt::trainer

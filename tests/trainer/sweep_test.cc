@@ -1,17 +1,17 @@
 // Sweeps: expansion of grid (cartesian) and list (zipped) parameters into runs with readable
 // run_dirs and resolved configs, strict keys with file:line errors, the SLURM array script, the
 // results table, the shipped example configs/sweep_example.yaml, and scripts/slurm/train.sbatch.
-#include "distributed/sweep.h"
+#include "trainer/sweep.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <fstream>
 
-#include "ops/check.h"
+#include "base/check.h"
 #include "tests/distributed/test_util.h"
 
-namespace tt::distributed {
+namespace tt::trainer {
 namespace {
 
 namespace fs = std::filesystem;
@@ -39,7 +39,7 @@ std::string error_of(const std::string& text, const fs::path& dir) {
 }
 
 TEST(SweepTest, GridTimesZippedListGivesNamedRuns) {
-  const fs::path dir = testing::test_dir("sweep_expand");
+  const fs::path dir = distributed::testing::test_dir("sweep_expand");
   write_base(dir);
   const std::string text = "base: base.yaml\n"
                            "run_dir: " + (dir / "runs").string() + "\n"
@@ -80,7 +80,7 @@ TEST(SweepTest, GridTimesZippedListGivesNamedRuns) {
 }
 
 TEST(SweepTest, ErrorsNameTheFileAndLine) {
-  const fs::path dir = testing::test_dir("sweep_errors");
+  const fs::path dir = distributed::testing::test_dir("sweep_errors");
   write_base(dir);
   const std::string base = "base: base.yaml\n";
   EXPECT_TRUE(has(error_of(base + "grd:\n  optim.lr: [1]\n", dir),
@@ -114,7 +114,7 @@ TEST(SweepTest, ErrorsNameTheFileAndLine) {
 }
 
 TEST(SweepTest, RunConfigsAreWrittenAndLoadBack) {
-  const fs::path dir = testing::test_dir("sweep_write");
+  const fs::path dir = distributed::testing::test_dir("sweep_write");
   write_base(dir);
   const Sweep sw = parse_sweep_text("base: base.yaml\nrun_dir: " + (dir / "runs").string() +
                                         "\ngrid:\n  optim.lr: [1.0e-3, 3.0e-3]\n",
@@ -128,7 +128,7 @@ TEST(SweepTest, RunConfigsAreWrittenAndLoadBack) {
 }
 
 TEST(SweepTest, SlurmArrayScript) {
-  const fs::path dir = testing::test_dir("sweep_slurm");
+  const fs::path dir = distributed::testing::test_dir("sweep_slurm");
   write_base(dir);
   const Sweep sw = parse_sweep_text("base: base.yaml\nrun_dir: " + (dir / "runs").string() +
                                         "\ngrid:\n  optim.lr: [1.0e-3, 3.0e-3, 1.0e-2]\n"
@@ -152,7 +152,7 @@ TEST(SweepTest, SlurmArrayScript) {
 }
 
 TEST(SweepTest, ResultsTableReadsTheLastMetrics) {
-  const fs::path dir = testing::test_dir("sweep_table");
+  const fs::path dir = distributed::testing::test_dir("sweep_table");
   write_base(dir);
   const Sweep sw = parse_sweep_text("base: base.yaml\nrun_dir: " + (dir / "runs").string() +
                                         "\ngrid:\n  optim.lr: [1.0e-3, 3.0e-3]\n",
@@ -199,4 +199,4 @@ TEST(SlurmScriptTest, TrainScriptRunsOneTaskPerGpuWithNvlsOff) {
 }
 
 }  // namespace
-}  // namespace tt::distributed
+}  // namespace tt::trainer

@@ -1,5 +1,5 @@
 // Sweep files -> runs, resolved configs, SLURM array scripts, local runs (see sweep.h).
-#include "distributed/sweep.h"
+#include "trainer/sweep.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -13,9 +13,9 @@
 #include <sstream>
 
 #include "distributed/launch.h"
-#include "ops/check.h"
+#include "base/check.h"
 
-namespace tt::distributed {
+namespace tt::trainer {
 namespace {
 
 namespace fs = std::filesystem;
@@ -396,10 +396,10 @@ std::vector<RunResult> run_local(const Sweep& sweep, const std::string& binary, 
     }
     argv.insert(argv.end(), {"train", "--config", configs[i]});
     std::fprintf(stderr, "sweep: run %zu/%zu %s\n", i + 1, sweep.runs.size(), sweep.runs[i].name.c_str());
-    const int code = run_process(argv);
+    const int code = distributed::run_process(argv);
     results.push_back(read_result(sweep.runs[i].config.run_dir, code == 0 ? "ok" : str("failed (exit ", code, ")")));
   }
   return results;
 }
 
-}  // namespace tt::distributed
+}  // namespace tt::trainer
