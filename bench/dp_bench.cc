@@ -39,7 +39,7 @@
 #include "distributed/env.h"
 #include "distributed/nccl_communicator.h"
 #include "distributed/rendezvous.h"
-#include "model/model.h"
+#include "model/decoder.h"
 #include "base/check.h"
 #include "ops/cuda/check.h"
 #include "trainer/config.h"

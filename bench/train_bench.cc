@@ -15,13 +15,13 @@
 // that ends a step waits for the GPU).
 //
 // Output: one JSON object (stdout): per run the step time, tokens/s (unique tree tokens per
-// second, the trainer's metric), packed tokens/s, model TFLOP/s and MFU (trainer::model_flops
-// over the packing's own tokens and visible pairs, against 989 TFLOP/s), the forward+backward
+// second, the trainer's metric), packed tokens/s, model TFLOP/s and MFU (the FLOP API,
+// model::Architecture::flops, over the packing's own work, against 989 TFLOP/s), the forward+backward
 // and optimizer parts; per workload the per-path/tree step-time ratio (speedup), the per-path/tree
 // FLOP ratio and speedup / FLOP ratio (1.0: the tree saves exactly the FLOPs it skips). The LM
-// head runs only on rows that predict a target (model/cuda_model.h), so the executed FLOPs are
-// the model FLOPs less 6 V C per row without a target: reported as executed_tflop and the
-// ratio speedup / executed FLOP ratio. Then, with the backend released, a profiled CudaModel runs
+// head runs only on rows that predict a target (model/lm_head.h), so the executed FLOPs (the
+// same API) are the model FLOPs less 6 V C per row without a target: reported as executed_tflop
+// and the ratio speedup / executed FLOP ratio. Then, with the backend released, a profiled CudaModel runs
 // one forward_backward of the tree batch and of the first per-path micro-batch: GPU time per op
 // class (GEMMs, attention, LM head, norms, other) and the GEMMs', attention's and head's TFLOP/s.
 //
@@ -48,7 +48,7 @@
 #include "data/synthetic.h"
 #include "data/tree.h"
 #include "model/config.h"
-#include "model/cuda_model.h"
+#include "model/decoder.h"
 #include "base/check.h"
 #include "trainer/backend.h"
 #include "trainer/train.h"
@@ -196,9 +196,9 @@ nlohmann::json breakdown(tt::model::CudaModel& m, const data::PackedBatch& b, do
   const tt::model::ModelConfig& c = m.config();
   m.zero_grad();
   m.forward_backward(b, loss_scale);
-  m.take_profile();
+  m.exec().take_profile();
   m.forward_backward(b, loss_scale);
-  const tt::model::CudaProfile p = m.take_profile();
+  const tt::model::CudaProfile p = m.exec().take_profile();
   const double L = (double)c.num_hidden_layers, C = (double)c.hidden_size, I = (double)c.intermediate_size;
   const double QD = (double)(c.num_attention_heads * c.head_dim), KD = (double)(c.num_key_value_heads * c.head_dim);
   const double layer_params = L * (C * QD + 2 * C * KD + QD * C + 3 * C * I);
@@ -219,18 +219,24 @@ nlohmann::json breakdown(tt::model::CudaModel& m, const data::PackedBatch& b, do
           {"head_tflops", head / (p.head_ms * 1e-3) / 1e12}};
 }
 
-nlohmann::json report(const tt::model::ModelConfig& cfg, const std::vector<data::PackedBatch>& batches, const Run& r,
+// Model and executed FLOPs of a training step over the batches (the FLOP API).
+tt::model::Flops step_flops(const tt::model::Architecture& arch, const std::vector<data::PackedBatch>& batches) {
+  tt::model::Work w;
+  for (const data::PackedBatch& b : batches) w += tt::model::Work::of(b);
+  return arch.flops(w, tt::model::Pass::kTrain);
+}
+
+nlohmann::json report(const tt::model::Architecture& arch, const std::vector<data::PackedBatch>& batches, const Run& r,
                       int64_t n_tree, double* flops_out, double* step_out) {
   int64_t tokens = 0, pairs = 0, targets = 0;
-  double flops = 0;
   for (const data::PackedBatch& b : batches) {
     tokens += b.n_tokens;
     pairs += b.visible_pairs;
     targets += (int64_t)b.tgt_src.size();
-    flops += tt::trainer::model_flops(cfg, b.n_tokens, b.visible_pairs);
   }
+  const tt::model::Flops f = step_flops(arch, batches);
+  const double flops = f.model, executed = f.executed;
   const double t = median(r.step_s);
-  const double executed = flops - 6.0 * (double)cfg.vocab_size * (double)cfg.hidden_size * (double)(tokens - head_rows(batches));
   *flops_out = flops;
   *step_out = t;
   return {{"micro_batches", batches.size()},
@@ -281,6 +287,7 @@ int run(int argc, char** argv) {
     else throw Error(str("unknown flag ", a, " (see bench/train_bench.cc)"));
   }
   const tt::model::ModelConfig cfg = tt::bench::qwen3_1_7b(layers);
+  const tt::model::Architecture arch(cfg);
   if (dry_run) {
     for (const std::string& w : split(workloads)) {
       const std::vector<data::Tree> trees = read_workload(workload_spec(w, (int)cfg.vocab_size));
@@ -296,11 +303,11 @@ int run(int argc, char** argv) {
       int64_t tok_pp = 0, tgt_pp = 0;
       const std::vector<data::PackedBatch> pp = per_path_batches(trees, std::max(n_tree, longest));
       for (const data::PackedBatch& b : pp) {
-        f_pp += tt::trainer::model_flops(cfg, b.n_tokens, b.visible_pairs);
         tok_pp += b.n_tokens;
         tgt_pp += (int64_t)b.tgt_src.size();
       }
-      const double f_tree = tt::trainer::model_flops(cfg, tree.n_tokens, tree.visible_pairs);
+      f_pp = step_flops(arch, pp).model;
+      const double f_tree = step_flops(arch, {tree}).model;
       std::printf("%s: tree %d tokens, %zu targets, %lld pairs, %.1f TFLOP; per-path %zu micro-batches, %lld tokens, "
                   "%lld targets, %.1f TFLOP; FLOP ratio %.3f\n",
                   w.c_str(), tree.n_tokens, tree.tgt_src.size(), (long long)tree.visible_pairs, f_tree / 1e12,
@@ -353,8 +360,8 @@ int run(int argc, char** argv) {
     const Run rp = time_steps(*be, paths, scale, pp_warmup, pp_steps, &step_no);
 
     double f_tree = 0, t_tree = 0, f_pp = 0, t_pp = 0;
-    nlohmann::json jt = report(cfg, tree, rt, n_tree, &f_tree, &t_tree);
-    nlohmann::json jp = report(cfg, paths, rp, n_tree, &f_pp, &t_pp);
+    nlohmann::json jt = report(arch, tree, rt, n_tree, &f_tree, &t_tree);
+    nlohmann::json jp = report(arch, paths, rp, n_tree, &f_pp, &t_pp);
     const double speedup = t_pp / t_tree, flop_ratio = f_pp / f_tree;
     out["workloads"][w] = {{"spec", {{"kind", spec.kind}, {"prompt_len", spec.prompt_len}, {"turns", spec.turns},
                                      {"turn_len", spec.turn_len}, {"branches", spec.branches},
@@ -379,10 +386,10 @@ int run(int argc, char** argv) {
   out["device_mallocs"] = be->device_malloc_count();
   be.reset();
   if (profile) {
-    tt::model::CudaModelOptions o;
+    tt::model::CudaExecOptions o;
     o.profile = true;
     o.gemm_autotune = gemm_autotune;
-    tt::model::CudaModel m(cfg, o);
+    tt::model::CudaModel m(cfg, tt::model::DecoderOptions{}, o);
     m.init(1);
     for (const Kept& k : batches) {
       std::fprintf(stderr, "%s: profiled forward_backward\n", k.name.c_str());

@@ -8,38 +8,39 @@
 
 namespace tt::distributed {
 
-TreeWork tree_work(const data::Tree& tree, data::Packing packing) {
-  TreeWork w;
+model::Work tree_work(const data::Tree& tree, data::Packing packing) {
+  model::Work w;
   if (packing == data::Packing::kPerPath) {
     for (int64_t k = 0; k < tree.n_paths(); ++k) {
-      const int64_t len = (int64_t)tree.path_tokens(k).size();
+      const std::vector<double>& tw = tree.paths[k].target_weight;
+      const int64_t len = (int64_t)tw.size();
       w.tokens += len;
       w.visible_pairs += len * (len + 1) / 2;
+      for (int64_t i = 1; i < len; ++i) w.head_rows += tw[i] != 0;  // row i - 1 predicts token i
     }
     return w;
   }
-  // Node v's token j sits at depth[v] + j and sees itself and every token above it.
-  std::vector<int64_t> depth(tree.nodes.size(), 0);
-  for (size_t v = 0; v < tree.nodes.size(); ++v) {
-    const int p = tree.nodes[v].parent;
+  // Node v's token j sits at depth[v] + j and sees itself and every token above it. Token j > 0
+  // is predicted by the row before it; token 0 by the parent's last row, shared by its children.
+  const size_t n = tree.nodes.size();
+  std::vector<int64_t> depth(n, 0);
+  std::vector<char> last_row_predicts(n, 0);
+  for (size_t v = 0; v < n; ++v) {
+    const data::Node& node = tree.nodes[v];
+    const int p = node.parent;
     if (p >= 0) depth[v] = depth[p] + (int64_t)tree.nodes[p].tokens.size();
-    const int64_t len = (int64_t)tree.nodes[v].tokens.size();
+    const int64_t len = (int64_t)node.tokens.size();
     w.tokens += len;
     w.visible_pairs += len * (depth[v] + 1) + len * (len - 1) / 2;
+    for (int64_t j = 1; j < len; ++j) w.head_rows += node.target_count[j] > 0;
+    if (p >= 0 && len > 0 && node.target_count[0] > 0) last_row_predicts[p] = 1;
   }
+  for (size_t v = 0; v < n; ++v) w.head_rows += last_row_predicts[v];
   return w;
 }
 
-double attention_pair_weight(const model::ModelConfig& c) {
-  const double q = (double)c.num_attention_heads * c.head_dim;
-  const double kv = (double)c.num_key_value_heads * c.head_dim;
-  // Multiply-adds per token: q, k, v, o projections and the SwiGLU MLP per layer, plus the head.
-  const double linear = c.num_hidden_layers * (c.hidden_size * (q + 2 * kv) + q * c.hidden_size +
-                                               3.0 * c.hidden_size * c.intermediate_size) +
-                        (double)c.hidden_size * c.vocab_size;
-  // Multiply-adds per visible pair: one score (q . k) and one value row (p * v) per head, per layer.
-  const double pair = c.num_hidden_layers * 2.0 * q;
-  return linear > 0 ? pair / linear : 0.0;
+double tree_cost(const model::Architecture& arch, const data::Tree& tree, data::Packing packing) {
+  return arch.flops(tree_work(tree, packing), model::Pass::kTrain).executed;
 }
 
 double Shards::imbalance() const {

@@ -21,19 +21,16 @@
 
 #include "data/packing.h"
 #include "data/tree.h"
-#include "model/config.h"
+#include "model/decoder.h"
+#include "model/flops.h"
 
 namespace tt::distributed {
 
-struct TreeWork {
-  int64_t tokens = 0;         // packed tokens under the packing
-  int64_t visible_pairs = 0;  // attention (query, key) pairs
-};
-TreeWork tree_work(const data::Tree& tree, data::Packing packing);
+// The tree's work under the packing, equal to model::Work::of its packed batch.
+model::Work tree_work(const data::Tree& tree, data::Packing packing);
 
-// FLOPs of one visible attention pair (QK and PV, all layers) over the FLOPs of one token through
-// the linear layers and the LM head: the weight that puts pairs into token units.
-double attention_pair_weight(const model::ModelConfig& cfg);
+// Executed FLOPs of a training step (forward + backward) on the tree.
+double tree_cost(const model::Architecture& arch, const data::Tree& tree, data::Packing packing);
 
 struct Shards {
   std::vector<std::vector<int64_t>> items;  // (world) indices into the cost list, ascending

@@ -3,6 +3,8 @@
 // attention/MLP biases, activations other than SiLU) and lenient about fields it ignores.
 #include "model/config.h"
 
+#include <algorithm>
+
 #include "base/check.h"
 
 namespace tt::model {
@@ -29,6 +31,22 @@ void ModelConfig::validate() const {
   TT_CHECK(rope_theta > 0, "model config: rope_theta must be > 0, got ", rope_theta);
   TT_CHECK(initializer_range >= 0, "model config: initializer_range must be >= 0, got ",
            initializer_range);
+  if (!layer_types.empty()) {
+    TT_CHECK((int64_t)layer_types.size() == num_hidden_layers, "model config: layer_types has ",
+             layer_types.size(), " entries, expected one per layer (num_hidden_layers = ", num_hidden_layers, ")");
+    for (size_t l = 0; l < layer_types.size(); ++l)
+      TT_CHECK(layer_types[l] == "full_attention", "model config: layer_types[", l, "] = \"", layer_types[l],
+               "\" is not a layer kind of this model (supported: \"full_attention\")");
+  }
+}
+
+std::vector<LayerSpec> ModelConfig::layer_specs() const {
+  std::vector<LayerSpec> specs(num_hidden_layers);
+  for (int64_t l = 0; l < num_hidden_layers; ++l) {
+    if (!layer_types.empty()) specs[l].mixer = layer_types[l];
+    specs[l].qk_norm = qk_norm();
+  }
+  return specs;
 }
 
 nlohmann::json ModelConfig::to_hf_json(const std::string& torch_dtype) const {
@@ -49,6 +67,7 @@ nlohmann::json ModelConfig::to_hf_json(const std::string& torch_dtype) const {
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["initializer_range"] = initializer_range;
   j["max_position_embeddings"] = max_position_embeddings;
+  if (!layer_types.empty()) j["layer_types"] = layer_types;
   j["hidden_act"] = "silu";
   j["attention_bias"] = false;
   j["attention_dropout"] = 0.0;
@@ -147,6 +166,18 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   c.tie_word_embeddings = get_bool_or(j, "tie_word_embeddings", false, where);
   c.initializer_range = get_double_or(j, "initializer_range", c.initializer_range, where);
   c.max_position_embeddings = get_int_or(j, "max_position_embeddings", c.max_position_embeddings, where);
+  if (has(j, "layer_types")) {
+    const auto& lt = j.at("layer_types");
+    if (!lt.is_array()) throw Error(str(where, ": field \"layer_types\" must be a list of strings, got ", lt.dump()));
+    for (const auto& e : lt) {
+      if (!e.is_string()) throw Error(str(where, ": field \"layer_types\" must be a list of strings, got ", lt.dump()));
+      c.layer_types.push_back(e.get<std::string>());
+    }
+    // Every layer full attention is the default form (what Qwen3Config writes for no sliding window).
+    if (std::all_of(c.layer_types.begin(), c.layer_types.end(), [](const std::string& t) { return t == "full_attention"; }) &&
+        (int64_t)c.layer_types.size() == c.num_hidden_layers)
+      c.layer_types.clear();
+  }
 
   // Newer transformers write RoPE settings as rope_parameters {"rope_type", "rope_theta"}.
   if (has(j, "rope_parameters")) {

@@ -4,8 +4,15 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace tt::model {
+
+// One decoder layer as the model builds it: its mixer kind (the layer_types entry) and variants.
+struct LayerSpec {
+  std::string mixer = "full_attention";
+  bool qk_norm = false;  // Qwen3's per-head q/k RMSNorm
+};
 
 struct ModelConfig {
   std::string architecture = "qwen3";  // "qwen3" | "llama"
@@ -21,8 +28,13 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   double initializer_range = 0.02;
   int64_t max_position_embeddings = 4096;
+  // HF's layer_types: the mixer of each layer ("full_attention"; the only kind so far). Empty
+  // means every layer is full_attention; otherwise one entry per layer.
+  std::vector<std::string> layer_types;
 
   bool qk_norm() const { return architecture == "qwen3"; }
+  // The layers as the model builds them (layer_types and the architecture's variants).
+  std::vector<LayerSpec> layer_specs() const;
   // Throws tt::Error naming the field and what was expected.
   void validate() const;
   // Hugging Face config.json (architectures, model_type, torch_dtype, ...).

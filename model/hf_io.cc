@@ -66,20 +66,21 @@ ModelConfig read_hf_config(const std::string& dir) {
 }
 
 template <class T>
-void save_hf(const std::string& dir, const Model<T>& model, const std::string& dtype) {
+void save_hf(const std::string& dir, const ModelConfig& cfg, const std::vector<ParamInfo>& table, const T* params,
+             const std::string& dtype) {
   TT_CHECK(dtype == "F32" || dtype == "BF16", "save_hf: dtype must be \"F32\" or \"BF16\", got \"", dtype, "\"");
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw Error(str(dir, ": cannot create directory: ", ec.message()));
   const std::string torch_dtype = dtype == "F32" ? "float32" : "bfloat16";
   write_text_atomic((fs::path(dir) / "config.json").string(),
-                    model.config().to_hf_json(torch_dtype).dump(2) + "\n");
+                    cfg.to_hf_json(torch_dtype).dump(2) + "\n");
   std::vector<StWriteTensor> tensors;
-  for (const ParamInfo& p : model.params_info()) {
+  for (const ParamInfo& p : table) {
     StWriteTensor t;
     t.name = p.name;
     t.shape = p.shape;
-    const T* w = model.params() + p.offset;
+    const T* w = params + p.offset;
     if constexpr (std::is_same_v<T, float>) {
       t.f32 = w;
     } else {
@@ -91,7 +92,7 @@ void save_hf(const std::string& dir, const Model<T>& model, const std::string& d
 }
 
 template <class T>
-void load_hf_weights(const std::string& dir, Model<T>& model) {
+void load_hf_weights(const std::string& dir, const ModelConfig& cfg, const std::vector<ParamInfo>& table, T* params) {
   // Files to read: model.safetensors, or the shards named by model.safetensors.index.json.
   std::vector<std::string> files;
   const fs::path single = fs::path(dir) / "model.safetensors";
@@ -112,11 +113,15 @@ void load_hf_weights(const std::string& dir, Model<T>& model) {
     throw Error(str(single.string(), ": not found (nor ", index.string(), ")"));
   }
 
-  const bool tied = model.config().tie_word_embeddings;
+  const bool tied = cfg.tie_word_embeddings;
   std::map<std::string, const ParamInfo*> wanted;
-  for (const ParamInfo& p : model.params_info()) wanted[p.name] = &p;
-  // Staged so that a failed load leaves the model untouched.
-  std::vector<T> staged(model.params(), model.params() + model.num_params());
+  int64_t n = 0;
+  for (const ParamInfo& p : table) {
+    wanted[p.name] = &p;
+    n = std::max(n, p.offset + p.numel);
+  }
+  // Staged so that a failed load leaves the parameters untouched.
+  std::vector<T> staged(params, params + n);
   std::set<std::string> loaded;
   for (const std::string& file : files) {
     const std::map<std::string, StTensor> st = read_safetensors(file);
@@ -124,7 +129,7 @@ void load_hf_weights(const std::string& dir, Model<T>& model) {
       auto it = wanted.find(name);
       if (it == wanted.end()) {
         if (tied && name == "lm_head.weight") continue;
-        throw Error(str(file, ": unexpected tensor \"", name, "\" for a ", model.config().architecture,
+        throw Error(str(file, ": unexpected tensor \"", name, "\" for a ", cfg.architecture,
                         " model", tied ? " with tied embeddings" : ""));
       }
       const ParamInfo& p = *it->second;
@@ -136,17 +141,19 @@ void load_hf_weights(const std::string& dir, Model<T>& model) {
       for (int64_t i = 0; i < p.numel; ++i) w[i] = (T)t.values[i];
     }
   }
-  for (const ParamInfo& p : model.params_info()) {
+  for (const ParamInfo& p : table) {
     if (!loaded.count(p.name))
       throw Error(str(files.size() == 1 ? files[0] : dir, ": missing tensor \"", p.name, "\" with shape ",
                       shape_str(p.shape)));
   }
-  std::copy(staged.begin(), staged.end(), model.params());
+  std::copy(staged.begin(), staged.end(), params);
 }
 
-template void save_hf<float>(const std::string&, const Model<float>&, const std::string&);
-template void save_hf<double>(const std::string&, const Model<double>&, const std::string&);
-template void load_hf_weights<float>(const std::string&, Model<float>&);
-template void load_hf_weights<double>(const std::string&, Model<double>&);
+template void save_hf<float>(const std::string&, const ModelConfig&, const std::vector<ParamInfo>&, const float*,
+                             const std::string&);
+template void save_hf<double>(const std::string&, const ModelConfig&, const std::vector<ParamInfo>&, const double*,
+                              const std::string&);
+template void load_hf_weights<float>(const std::string&, const ModelConfig&, const std::vector<ParamInfo>&, float*);
+template void load_hf_weights<double>(const std::string&, const ModelConfig&, const std::vector<ParamInfo>&, double*);
 
 }  // namespace tt::model

@@ -8,22 +8,35 @@
 #include <vector>
 
 #include "model/config.h"
-#include "model/model.h"
+#include "model/decoder.h"
+#include "model/param_table.h"
 
 namespace tt::model {
 
 // Reads DIR/config.json. Throws tt::Error naming the file.
 ModelConfig read_hf_config(const std::string& dir);
 
-// Writes config.json and model.safetensors (dtype "F32" or "BF16") into dir (created).
+// Writes config.json and model.safetensors (dtype "F32" or "BF16") into dir (created): the
+// tensors of `table` read from the flat host buffer `params` (table offsets).
 template <class T>
-void save_hf(const std::string& dir, const Model<T>& model, const std::string& dtype);
+void save_hf(const std::string& dir, const ModelConfig& cfg, const std::vector<ParamInfo>& table, const T* params,
+             const std::string& dtype);
 
-// Loads DIR/model.safetensors (or the shards named by DIR/model.safetensors.index.json) into
-// model; every parameter must be present with the right shape, and other tensors are errors
-// except lm_head.weight of a tied model (errors name the tensor and the file). On error the
-// model's parameters are unchanged.
+// Loads DIR/model.safetensors (or the shards named by DIR/model.safetensors.index.json) into the
+// flat host buffer `params` (table offsets); every parameter must be present with the right
+// shape, and other tensors are errors except lm_head.weight of a tied model (errors name the
+// tensor and the file). On error `params` is unchanged.
 template <class T>
-void load_hf_weights(const std::string& dir, Model<T>& model);
+void load_hf_weights(const std::string& dir, const ModelConfig& cfg, const std::vector<ParamInfo>& table, T* params);
+
+// The same for a CPU decoder's own parameters.
+template <class T>
+void save_hf(const std::string& dir, const Model<T>& model, const std::string& dtype) {
+  save_hf(dir, model.config(), model.params_info(), model.params(), dtype);
+}
+template <class T>
+void load_hf_weights(const std::string& dir, Model<T>& model) {
+  load_hf_weights(dir, model.config(), model.params_info(), model.params());
+}
 
 }  // namespace tt::model

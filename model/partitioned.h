@@ -1,14 +1,19 @@
-// Partitioned training of one tree: its pieces (data/partition.h) run through the model one at a
-// time, ancestors crossing each cut as differentiable gateways.
+// Partitioned training of one tree: its pieces (data/partition.h) run through the decoder one at
+// a time, ancestors crossing each cut as differentiable gateways. One scheduler for every
+// backend (the decoder's Carry is the gateway).
 //
-// Schedule (Partition::schedule): forward a piece with its gateway as external KV prefixes (one
-// per gateway segment, per layer, pointing straight at the resident ancestor pieces' K/V: nothing
-// is recomputed or copied); then its child pieces, recursively; then the piece's backward. Each
-// piece owns per-layer K/V gradient accumulators (N_piece, NKV, HS); a child's backward adds (+=)
-// its gateway gradients into the accumulators of the ancestor pieces its segments point at, and a
-// piece's backward adds its own accumulators to the gradient of its K/V (RelayedKVGrads). Since
-// every descendant finishes before its ancestor's backward, those gradients are complete when
-// they are used. Activations live only for the pieces on the current root-to-piece chain.
+// Schedule (Partition::schedule): forward a piece with its gateway as its carry (per layer one
+// external KV prefix per gateway segment, pointing straight at the resident ancestor pieces'
+// exported rows: nothing is recomputed or copied); then its child pieces, recursively; then the
+// piece's backward. Each piece owns per-layer carry-gradient accumulators (N_piece rows, in the
+// backend's Acc precision: fp32 on the GPU); a child's backward adds (+=) its gateway gradients
+// into the accumulators of the ancestor pieces its segments point at, and a piece's backward adds
+// its own accumulators to the gradient of its rows (the relay carry). Since every descendant
+// finishes before its ancestor's backward, those gradients are complete when they are used.
+// Activations live only for the pieces on the current root-to-piece chain.
+//
+// Limits: one gateway segment is one external prefix of the attention, so a piece's gateway may
+// have at most E::kMaxExternalKV segments (a tt::Error says so otherwise).
 //
 // Exactness: the loss, parameter gradients and hence the update equal unpartitioned training of
 // the tree (tests/model/partitioned_test.cc), because every query sees the same keys (gateway
@@ -20,10 +25,10 @@
 #include <string>
 #include <vector>
 
+#include "base/check.h"
 #include "data/partition.h"
 #include "data/tree.h"
-#include "model/model.h"
-#include "base/check.h"
+#include "model/decoder.h"
 
 namespace tt::model {
 
@@ -77,8 +82,8 @@ PartitionRunStats walk_partition_schedule(const data::Partition& plan, const std
 
 // Forward and backward of `split_tree` (data::split_long_nodes output) through `plan`
 // (data::plan_partition of it): grads() += d(loss)/d(params); returns loss_scale * sum w * ce.
-template <class T>
-double forward_backward_partitioned(Model<T>& model, const data::Tree& split_tree, const data::Partition& plan,
+template <class E>
+double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_tree, const data::Partition& plan,
                                     double loss_scale, PartitionRunStats* stats = nullptr);
 
 }  // namespace tt::model

@@ -18,7 +18,7 @@
 #include "data/partition.h"
 #include "data/tree.h"
 #include "model/config.h"
-#include "model/model.h"
+#include "model/param_table.h"
 
 namespace tt::trainer {
 

@@ -55,19 +55,15 @@ std::string human_rate(double x) {
   return os.str();
 }
 
-}  // namespace
-
-double model_flops(const model::ModelConfig& cfg, int64_t tokens, int64_t visible_pairs) {
-  int64_t params = 0;
-  for (const model::ParamInfo& p : model::param_table(cfg))
-    if (cfg.tie_word_embeddings || p.name != "model.embed_tokens.weight") params += p.numel;
-  const double attn = 12.0 * (double)cfg.num_hidden_layers * (double)cfg.num_attention_heads * (double)cfg.head_dim;
-  return 6.0 * (double)params * (double)tokens + attn * (double)visible_pairs;
+RunConfig validated(const RunConfig& cfg) {
+  cfg.validate();
+  return cfg;
 }
 
+}  // namespace
+
 Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator> comm)
-    : cfg_(cfg), t_start_(now_s()) {
-  cfg_.validate();
+    : cfg_(validated(cfg)), arch_(cfg_.model), t_start_(now_s()) {
   // A communicator handed in (tests) says the world; else the launcher's environment does.
   const distributed::DistEnv env = comm ? distributed::DistEnv{} : distributed::read_env(cfg_.distributed.mode);
   backend_ = make_backend(cfg_.device, cfg_.model, env.local_rank, env.local_world_size, cfg_.train.gemm_autotune);
@@ -200,7 +196,6 @@ void Trainer::take_shard(std::vector<data::PackedBatch>* micro, std::vector<int6
   const data::Packing packing = cfg_.data.packing == "per_path" ? data::Packing::kPerPath : data::Packing::kTree;
   const std::vector<data::Tree>& trees = loader_->trees();
   if (tree_cost_.empty()) tree_cost_.assign(trees.size(), -1.0);
-  const double pair_weight = distributed::attention_pair_weight(cfg_.model);
   std::vector<int64_t> step_trees;  // the global batch, in loader order
   for (int64_t i = 0; i < cfg_.train.grad_accum; ++i) {
     const std::vector<int64_t> t = loader_->next_indices();
@@ -208,10 +203,7 @@ void Trainer::take_shard(std::vector<data::PackedBatch>* micro, std::vector<int6
   }
   std::vector<double> cost;
   for (int64_t t : step_trees) {
-    if (tree_cost_[t] < 0) {
-      const distributed::TreeWork w = distributed::tree_work(trees[t], packing);
-      tree_cost_[t] = (double)w.tokens + pair_weight * (double)w.visible_pairs;
-    }
+    if (tree_cost_[t] < 0) tree_cost_[t] = distributed::tree_cost(arch_, trees[t], packing);
     cost.push_back(tree_cost_[t]);
   }
   const distributed::Shards shards = distributed::balance(cost, world_size());
@@ -270,10 +262,10 @@ StepMetrics Trainer::train_step() {
   }
 
   double normaliser = 0;
-  int64_t visible_pairs = 0;
+  model::Work work;
   for (const data::PackedBatch& b : micro) {
     normaliser += cfg_.train.loss_norm == "token_mean" ? (double)b.n_flat_targets : (double)b.n_paths;
-    visible_pairs += b.visible_pairs;
+    work += model::Work::of(b);
     m.n_tree += b.n_tree;
     m.n_flat += b.n_flat;
     m.paths += b.n_paths;
@@ -335,13 +327,11 @@ StepMetrics Trainer::train_step() {
   const double t1 = now_s();
   m.step_s = t1 - t0;
   m.tokens_per_s = t1 > t0 ? (double)m.n_tree / (t1 - t0) : 0.0;
+  const model::Flops flops = arch_.flops(work, model::Pass::kTrain);
+  m.executed_flops = flops.executed;
   if (t1 > t0) {
-    // Packed tokens: unique tokens under tree packing, every path's tokens under per_path.
-    int64_t packed = 0;
-    for (const data::PackedBatch& b : micro) packed += b.n_tokens;
-    const double flops = model_flops(cfg_.model, packed, visible_pairs);
-    m.model_tflops = flops / (t1 - t0) / 1e12;
-    m.mfu = flops / (kPeakFlops * (t1 - t0));
+    m.model_tflops = flops.model / (t1 - t0) / 1e12;
+    m.mfu = flops.model / (kPeakFlops * (t1 - t0));
   }
   m.por = m.n_flat > 0 ? 1.0 - (double)m.n_tree / (double)m.n_flat : 0.0;
   m.elapsed_s = t1 - t_start_;
@@ -394,6 +384,7 @@ std::vector<StepMetrics> Trainer::run() {
                               {"n_tree", m.n_tree},     {"n_flat", m.n_flat},   {"por", m.por},
                               {"paths", m.paths},       {"pieces", m.pieces},   {"elapsed_s", m.elapsed_s},
                               {"step_s", m.step_s},     {"model_tflops", m.model_tflops}, {"mfu", m.mfu}};
+    j["executed_flops"] = m.executed_flops;
     j["reduce_s"] = m.reduce_s;
     if (m.device_peak_gib > 0) j["device_peak_gib"] = m.device_peak_gib;
     if (comm_) {

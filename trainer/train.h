@@ -58,6 +58,7 @@
 #include "distributed/env.h"
 #include "distributed/shard.h"
 #include "model/config.h"
+#include "model/decoder.h"
 #include "trainer/backend.h"
 #include "trainer/config.h"
 
@@ -66,16 +67,11 @@ namespace tt::trainer {
 // Dense bf16 peak of one H100/H200 SXM, the denominator of MFU.
 constexpr double kPeakFlops = 989e12;
 
-// Model FLOPs of one training step (forward + backward) over `tokens` tokens whose attention
-// sees `visible_pairs` (query, key) pairs:
-//   6 * parameters * tokens + 12 * L * NH * HS * visible_pairs,
-// parameters being those that enter a matmul: all of param_table but the input embedding table
-// when the LM head is untied (a lookup; the head itself is counted). The attention term is
-// 2 FLOPs per multiply-add for QK^T and PV (4 per pair, per head dim), times 3 for the backward.
-// The trainer passes its micro-batches' packed tokens and visible pairs (PackedBatch::
-// visible_pairs): under tree packing the unique tokens and the tree's pairs, so MFU counts only
-// the work the tree needs; under per_path packing every path's tokens and pairs.
-double model_flops(const model::ModelConfig& cfg, int64_t tokens, int64_t visible_pairs);
+// FLOPs of one training step come from the layer kinds' FLOP API (model/flops.h,
+// model::Architecture::flops) over the step's micro-batches (model::Work::of each): under tree
+// packing the unique tokens and the tree's pairs, so MFU counts only the work the tree needs;
+// under per_path packing every path's tokens and pairs. Model FLOPs (the MFU numerator) charge the
+// LM head on every packed row; executed FLOPs only on rows that predict a target.
 
 struct StepMetrics {
   int64_t step = 0;  // 1-based: the update just taken
@@ -91,8 +87,9 @@ struct StepMetrics {
   int64_t pieces = 0;    // partition pieces run this step (0: no micro-batch was partitioned)
   double elapsed_s = 0;  // since the trainer started
   double step_s = 0;     // wall time of the step (loader, forward/backward, norm, update)
-  double model_tflops = 0;  // model FLOPs of the step (model_flops) per second, in TFLOP/s
+  double model_tflops = 0;  // model FLOPs of the step per second, in TFLOP/s
   double mfu = 0;           // model_tflops * 1e12 / kPeakFlops
+  double executed_flops = 0;  // FLOPs the step executed (this rank's micro-batches)
   int64_t world_size = 1;   // data-parallel ranks; the counts, loss and tokens/s above are global
   double imbalance = 1;     // max / mean of the ranks' estimated step cost (1: perfect balance)
   double reduce_s = 0;      // wall time from the end of the step's last backward to the global
@@ -145,6 +142,7 @@ class Trainer {
   void take_shard(std::vector<data::PackedBatch>* micro, std::vector<int64_t>* partition_tree, StepMetrics* m);
 
   RunConfig cfg_;
+  model::Architecture arch_;  // the model's kinds: FLOPs and shard costs
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<data::BatchLoader> loader_;
   std::unordered_map<int64_t, PartitionedTree> partitioned_;  // by tree index

@@ -42,10 +42,12 @@ TEST(ShardTest, TreeWorkEqualsThePackedBatch) {
     for (const data::Tree& t : synthetic(kind, 8, 11)) {
       for (data::Packing p : {data::Packing::kTree, data::Packing::kPerPath}) {
         const data::PackedBatch b = data::pack({&t}, p);
-        const TreeWork w = tree_work(t, p);
+        const model::Work w = tree_work(t, p);
         EXPECT_EQ(w.tokens, b.n_tokens) << kind << " " << t.id;
         EXPECT_EQ(w.tokens, data::packed_size(t, p)) << kind << " " << t.id;
         EXPECT_EQ(w.visible_pairs, b.visible_pairs) << kind << " " << t.id;
+        EXPECT_EQ(w.head_rows, model::Work::of(b).head_rows) << kind << " " << t.id;
+        EXPECT_GT(w.head_rows, 0) << kind << " " << t.id;
       }
     }
   }
@@ -71,13 +73,9 @@ TEST(ShardTest, BalanceIsLptWithDeterministicTies) {
 
 TEST(ShardTest, BalanceCoversEveryTreeOnceAndStaysNearTheBound) {
   const std::vector<data::Tree> trees = synthetic("rollouts", 40, 5);
-  model::ModelConfig cfg;
-  const double w = attention_pair_weight(cfg);
+  const model::Architecture arch{model::ModelConfig{}};
   std::vector<double> cost;
-  for (const data::Tree& t : trees) {
-    const TreeWork tw = tree_work(t, data::Packing::kTree);
-    cost.push_back((double)tw.tokens + w * (double)tw.visible_pairs);
-  }
+  for (const data::Tree& t : trees) cost.push_back(tree_cost(arch, t, data::Packing::kTree));
   for (int world : {2, 3, 8}) {
     const Shards s = balance(cost, world);
     std::vector<int64_t> all;
@@ -97,7 +95,8 @@ TEST(ShardTest, BalanceCoversEveryTreeOnceAndStaysNearTheBound) {
   }
 }
 
-TEST(ShardTest, AttentionPairWeightIsTheFlopRatio) {
+// The cost of a tree is the executed FLOPs of a training step on it (the FLOP API).
+TEST(ShardTest, TreeCostIsTheExecutedTrainingFlops) {
   model::ModelConfig c;
   c.vocab_size = 100;
   c.hidden_size = 8;
@@ -106,9 +105,20 @@ TEST(ShardTest, AttentionPairWeightIsTheFlopRatio) {
   c.num_attention_heads = 2;
   c.num_key_value_heads = 1;
   c.head_dim = 4;
-  // Per token: 2 x (8 x (8 + 2 x 4) + 8 x 8 + 3 x 8 x 16) + 8 x 100 = 2 x 576 + 800 = 1952
-  // multiply-adds; per pair: 2 layers x 2 x 8 = 32.
-  EXPECT_DOUBLE_EQ(attention_pair_weight(c), 32.0 / 1952.0);
+  // Weights per packed row: 2 layers x (attention: norm 8 + q, k, v, o 8 x 8 + 2 x 8 x 4 + 8 x 8 +
+  // q/k norms 2 x 4 = 208; MLP: norm 8 + 3 x 8 x 16 = 392) + final norm 8 = 1208; the LM head
+  // 8 x 100 = 800 per head row; per visible pair 2 layers x 2 x 8 = 32 multiply-adds. Training:
+  // 6 FLOPs per weight and row (2 forward, 4 backward).
+  const model::Architecture arch(c);
+  for (const std::string kind : {"rollouts", "episodes"}) {
+    for (const data::Tree& t : synthetic(kind, 4, 3)) {
+      for (data::Packing p : {data::Packing::kTree, data::Packing::kPerPath}) {
+        const model::Work w = model::Work::of(data::pack({&t}, p));
+        const double want = 6.0 * (1208.0 * w.tokens + 800.0 * w.head_rows + 32.0 * w.visible_pairs);
+        EXPECT_DOUBLE_EQ(tree_cost(arch, t, p), want) << kind << " " << t.id;
+      }
+    }
+  }
 }
 
 TEST(ShardTest, PackGreedyFollowsTheLoaderRule) {

@@ -11,7 +11,7 @@
 
 #include "data/packing.h"
 #include "data/reader.h"
-#include "model/model.h"
+#include "model/decoder.h"
 #include "tests/equivalence/random_trees.h"
 
 namespace tt {
@@ -71,7 +71,7 @@ std::vector<int> dfs_order(const std::vector<SpecNode>& nodes) {
 Logits run(model::Model<double>& m, const std::vector<SpecNode>& nodes) {
   data::Tree tree = make_tree(nodes);
   data::PackedBatch b = data::pack({&tree}, data::Packing::kTree);
-  m.forward(b, 1.0);
+  const std::vector<double> logits = m.infer(b, model::InferRequest::all_logits()).logits;
   const int64_t V = m.config().vocab_size;
   std::vector<int> order = dfs_order(nodes);
   EXPECT_EQ((int)order.size(), b.num_nodes());
@@ -81,7 +81,7 @@ Logits run(model::Model<double>& m, const std::vector<SpecNode>& nodes) {
     int n = order[k];
     EXPECT_EQ(b.node_len[k], (int)nodes[n].tokens.size());
     for (int j = 0; j < b.node_len[k]; ++j) {
-      const double* row = m.logits() + (int64_t)(b.node_start[k] + j) * V;
+      const double* row = logits.data() + (int64_t)(b.node_start[k] + j) * V;
       out.by_node[n].emplace_back(row, row + V);
     }
   }
@@ -175,8 +175,7 @@ TEST(Leakage, TargetsNeverEnterTheirOwnPredictionRow) {
   data::PackedBatch b = data::pack({&tree}, data::Packing::kTree);
   ASSERT_GT(b.tgt_src.size(), 0u);
   const int64_t V = m.config().vocab_size;
-  m.forward(b, 1.0);
-  std::vector<double> base(m.logits(), m.logits() + (int64_t)b.n_tokens * V);
+  const std::vector<double> base = m.infer(b, model::InferRequest::all_logits()).logits;
   for (size_t t = 0; t < b.tgt_src.size(); ++t) {
     // the target token sits at the packed position whose source is tgt_src[t]; find it by value
     // and by being the next token of the source's chain: the first position p > src in the
@@ -190,8 +189,8 @@ TEST(Leakage, TargetsNeverEnterTheirOwnPredictionRow) {
     ASSERT_GE(p, 0);
     data::PackedBatch changed = b;
     changed.tokens[p] = (changed.tokens[p] + 7) % (int)V;
-    m.forward(changed, 1.0);
-    for (int64_t v = 0; v < V; ++v) ASSERT_EQ(m.logits()[(int64_t)src * V + v], base[(int64_t)src * V + v]);
+    const std::vector<double> after = m.infer(changed, model::InferRequest::all_logits()).logits;
+    for (int64_t v = 0; v < V; ++v) ASSERT_EQ(after[(int64_t)src * V + v], base[(int64_t)src * V + v]);
   }
 }
 

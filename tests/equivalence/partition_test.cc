@@ -15,7 +15,7 @@
 #include "data/packing.h"
 #include "data/partition.h"
 #include "data/reader.h"
-#include "model/model.h"
+#include "model/decoder.h"
 #include "model/partitioned.h"
 #include "tests/equivalence/random_trees.h"
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "data/tree.h"
-#include "model/model.h"
+#include "model/decoder.h"
 #include "ops/cpu/adamw.h"
 
 namespace tt::testing {

@@ -17,7 +17,7 @@
 
 #include "data/packing.h"
 #include "data/reader.h"
-#include "model/model.h"
+#include "model/decoder.h"
 #include "tests/equivalence/random_trees.h"
 
 namespace tt {
@@ -79,7 +79,9 @@ RunResult run(model::Model<T>& m, const PackedBatch& b, double norm) {
   m.zero_grad();
   r.loss = m.forward(b, 1.0 / norm);
   const int64_t V = m.config().vocab_size;
-  r.logits.assign(m.logits(), m.logits() + (int64_t)b.n_tokens * V);
+  const std::vector<double> logits = m.infer(b, model::InferRequest::all_logits()).logits;
+  EXPECT_EQ((int64_t)logits.size(), (int64_t)b.n_tokens * V);
+  r.logits.assign(logits.begin(), logits.end());
   m.backward();
   r.grads.assign(m.grads(), m.grads() + m.num_params());
   r.stepped = testing::params_after_adamw_step(m);

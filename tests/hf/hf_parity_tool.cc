@@ -16,7 +16,7 @@
 
 #include "data/packing.h"
 #include "model/hf_io.h"
-#include "model/model.h"
+#include "model/decoder.h"
 #include "base/check.h"
 
 namespace {
@@ -46,9 +46,9 @@ tt::data::PackedBatch chain(const std::vector<int32_t>& tokens) {
   return b;
 }
 
-void write_logits(const tt::model::Model<double>& m, const tt::data::PackedBatch& b, const std::string& path) {
-  const int64_t n = (int64_t)b.n_tokens * m.config().vocab_size;
-  std::vector<float> out(m.logits(), m.logits() + n);
+void write_logits(tt::model::Model<double>& m, const tt::data::PackedBatch& b, const std::string& path) {
+  const std::vector<double> logits = m.infer(b, tt::model::InferRequest::all_logits()).logits;
+  std::vector<float> out(logits.begin(), logits.end());
   std::ofstream f(path, std::ios::binary);
   f.write(reinterpret_cast<const char*>(out.data()), (std::streamsize)(out.size() * sizeof(float)));
   if (!f) throw tt::Error(tt::str(path, ": cannot write logits"));
@@ -78,7 +78,6 @@ int main(int argc, char** argv) {
       // Reload what was written so the logits come from exactly the saved (F32) weights.
       tt::model::load_hf_weights(argv[2], m);
       const auto b = chain(parse_tokens(argv[6]));
-      m.forward(b, 1.0);
       write_logits(m, b, argv[7]);
       return 0;
     }
@@ -86,7 +85,6 @@ int main(int argc, char** argv) {
       tt::model::Model<double> m(tt::model::read_hf_config(argv[2]));
       tt::model::load_hf_weights(argv[2], m);
       const auto b = chain(parse_tokens(argv[3]));
-      m.forward(b, 1.0);
       write_logits(m, b, argv[4]);
       return 0;
     }

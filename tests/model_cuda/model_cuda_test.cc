@@ -5,18 +5,19 @@
 //  - TreeVsPerPath: the same trees packed per path on the GPU give the tree's loss and gradients.
 //  - Partitioned: a tree run piece by piece through gateways on the GPU gives the unpartitioned
 //    loss and gradients.
+//  - MixedLayers: a decoder whose layers differ (q/k norm in some) against the CPU one.
+//  - NoGradForward: infer()'s loss equals the training forward's, its logits the CPU's.
 //  - InitMatchesCpu: CudaModel::init draws Model::init's weights.
 //  - EmptyBatchAndErrors: an empty batch, a bad token, an unsupported head dim.
 // GpuVsCpu also checks that gradients accumulate and that the forward is deterministic.
-#include "model/cuda_model.h"
+#include "model/decoder.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdio>
 
 #include "data/partition.h"
-#include "model/cuda_partitioned.h"
-#include "model/model.h"
+#include "model/partitioned.h"
 #include "tests/model_cuda/test_util.h"
 
 namespace tt::model_cuda_test {
@@ -24,15 +25,17 @@ namespace {
 
 class GpuVsCpu : public GpuTest, public ::testing::WithParamInterface<Shape> {};
 
-model::CudaModelOptions options_of(const Shape& s) {
-  model::CudaModelOptions o;
+model::DecoderOptions options_of(const Shape& s) {
+  model::DecoderOptions o;
   if (s.head_chunk_rows > 0) o.head_chunk_bytes = (int64_t)s.head_chunk_rows * 2 * s.V;
   return o;
 }
 
 // The master weights of a seeded CPU init (fp32), loaded into the GPU model.
-std::vector<float> init_master(const model::ModelConfig& cfg, uint64_t seed) {
-  model::Model<float> m(cfg);
+std::vector<float> init_master(const model::ModelConfig& cfg, uint64_t seed, const model::DecoderOptions& o = {}) {
+  model::DecoderOptions co = o;
+  co.head_chunk_bytes = 0;
+  model::Model<float> m(cfg, co);
   m.init(seed);
   return std::vector<float>(m.params(), m.params() + m.num_params());
 }
@@ -54,14 +57,14 @@ TEST_P(GpuVsCpu, LossAndGradients) {
   gpu.zero_grad();
   const double loss = gpu.forward_backward(batch, scale);
   expect_loss_close(loss, ref.loss, s.name);
-  expect_grads_close(gpu.params_info(), gpu.grads_host(), ref.grads, s.name);
+  expect_grads_close(gpu.params_info(), gpu.grads_host(), ref.grads, s.L, s.name);
 
   // Gradients accumulate: a second forward_backward doubles them.
   const double loss2 = gpu.forward_backward(batch, scale);
   EXPECT_EQ(loss2, loss) << "the forward is deterministic";
   std::vector<double> twice(ref.grads);
   for (double& g : twice) g *= 2;
-  expect_grads_close(gpu.params_info(), gpu.grads_host(), twice, s.name + " x2");
+  expect_grads_close(gpu.params_info(), gpu.grads_host(), twice, s.L, s.name + " x2");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -98,8 +101,8 @@ TEST_F(CudaModelTest, TreeVsPerPath) {
 
   expect_loss_close(l_tree, ref.loss, "tree");
   expect_loss_close(l_paths, ref.loss, "per-path");
-  expect_grads_close(gpu.params_info(), g_tree, ref.grads, "tree");
-  expect_grads_close(gpu.params_info(), g_paths, ref.grads, "per-path");
+  expect_grads_close(gpu.params_info(), g_tree, ref.grads, kQwen.L, "tree");
+  expect_grads_close(gpu.params_info(), g_paths, ref.grads, kQwen.L, "per-path");
   expect_no_worse_than(gpu.params_info(), g_tree, g_paths, ref.grads, "tree vs per-path");
 }
 
@@ -125,7 +128,68 @@ TEST_F(CudaModelTest, Partitioned) {
   const double loss = model::forward_backward_partitioned(gpu, split, plan, scale, &st);
   EXPECT_EQ(st.tokens_processed, tree.n_tree());
   expect_loss_close(loss, ref.loss, "partitioned");
-  expect_grads_close(gpu.params_info(), gpu.grads_host(), ref.grads, "partitioned");
+  expect_grads_close(gpu.params_info(), gpu.grads_host(), ref.grads, kQwen.L, "partitioned");
+}
+
+TEST_F(CudaModelTest, MixedLayers) {
+  Shape s = kQwen;
+  s.L = 3;
+  const model::ModelConfig cfg = config_of(s);
+  model::DecoderOptions o = options_of(s);
+  o.layers.assign(3, model::LayerSpec{});
+  o.layers[0].qk_norm = true;
+  o.layers[2].qk_norm = true;
+  const std::vector<float> master = init_master(cfg, 9, o);
+  model::CudaModel gpu(cfg, o);
+  gpu.set_params(master.data());
+  const std::vector<data::Tree> trees = random_trees(41, 4, s.V);
+  const data::PackedBatch batch = pack_all(trees, data::Packing::kTree);
+  const double scale = 1.0 / (double)batch.n_paths;
+  const Reference ref = cpu_reference(cfg, bf16_weights(master), batch, scale, o);
+  gpu.zero_grad();
+  const double loss = gpu.forward_backward(batch, scale);
+  expect_loss_close(loss, ref.loss, "mixed layers");
+  expect_grads_close(gpu.params_info(), gpu.grads_host(), ref.grads, s.L, "mixed layers");
+  EXPECT_LT(gpu.table().find("model.layers.1.self_attn.q_norm.weight"), 0);
+}
+
+TEST_F(CudaModelTest, NoGradForward) {
+  const model::ModelConfig cfg = config_of(kQwen);
+  const std::vector<float> master = init_master(cfg, 13);
+  model::CudaModel gpu(cfg, options_of(kQwen));
+  gpu.set_params(master.data());
+  const data::PackedBatch batch = pack_all(random_trees(51, 3, kQwen.V), data::Packing::kTree);
+  gpu.zero_grad();
+  model::Activations<model::CudaExec> acts;
+  gpu.forward(batch, 1.0, acts);
+  const double l_train = gpu.loss(acts);
+  gpu.backward(acts);
+  const std::vector<float> g = gpu.grads_host();
+
+  model::InferRequest all = model::InferRequest::all_logits();
+  all.loss = true;
+  const model::InferResult r = gpu.infer(batch, all);
+  // The same kernels on the same bf16 values; the fused loss-and-gradient kernel and the loss-only
+  // one share the forward pass.
+  EXPECT_NEAR(r.loss, l_train, kLossRel * std::abs(l_train));
+  std::printf("[ nograd   ] loss %.10f vs training %.10f (%s)\n", r.loss, l_train,
+              r.loss == l_train ? "bitwise" : "not bitwise");
+  EXPECT_EQ(gpu.grads_host(), g) << "infer() changed a gradient";
+
+  model::Model<double> cpu(cfg);
+  const std::vector<double> w = bf16_weights(master);
+  std::copy(w.begin(), w.end(), cpu.params());
+  const model::InferResult c = cpu.infer(batch, all);
+  ASSERT_EQ(r.logits.size(), c.logits.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < c.logits.size(); ++i) {
+    num += (r.logits[i] - c.logits[i]) * (r.logits[i] - c.logits[i]);
+    den += c.logits[i] * c.logits[i];
+  }
+  const double e = std::sqrt(num / den);
+  EXPECT_LT(e, logit_bound(kQwen.L)) << "logits' relative L2 error";
+  std::printf("[ errors   ] no-grad logits rel L2 %.3e (bound %.3e)\n", e, logit_bound(kQwen.L));
+  expect_loss_close(r.loss, c.loss, "no-grad loss");
 }
 
 TEST_F(CudaModelTest, InitMatchesCpu) {

@@ -1,7 +1,7 @@
-// Elementwise glue kernels of the CUDA decoder (see cuda_model_kernels.h). Grid-stride loops;
+// Elementwise glue kernels of the CUDA execution backend (see exec_cuda_kernels.h). Grid-stride loops;
 // 8-wide (16-byte) accesses when every pointer is 16-byte aligned and the length a multiple of
 // 8, else scalar.
-#include "model/cuda_model_kernels.h"
+#include "model/exec_cuda_kernels.h"
 
 #include <cuda_bf16.h>
 
@@ -71,22 +71,6 @@ __global__ void residual_add_scalar(bf16* __restrict__ out, const bf16* __restri
                                     int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     out[i] = __float2bfloat16_rn(__bfloat162float(x[i]) + y[i]);
-}
-
-__global__ void add_inplace_vec(bf16* __restrict__ y, const bf16* __restrict__ x, int64_t n8) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
-    float a[8], b[8];
-    unpack8(reinterpret_cast<const uint4*>(y)[i], a);
-    unpack8(reinterpret_cast<const uint4*>(x)[i], b);
-#pragma unroll
-    for (int j = 0; j < 8; j++) a[j] += b[j];
-    reinterpret_cast<uint4*>(y)[i] = pack8(a);
-  }
-}
-
-__global__ void add_inplace_scalar(bf16* __restrict__ y, const bf16* __restrict__ x, int64_t n) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    y[i] = __float2bfloat16_rn(__bfloat162float(y[i]) + __bfloat162float(x[i]));
 }
 
 __global__ void add_inplace_f32(bf16* __restrict__ y, const float* __restrict__ x, int64_t n) {
@@ -163,17 +147,6 @@ void add_inplace(bf16* y, const float* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   TT_CHECK(y && x, "model::detail::add_inplace: null pointer");
   add_inplace_f32<<<blocks_for(n), kThreads, 0, stream>>>(y, x, n);
-  TT_CUDA_CHECK_LAUNCH();
-}
-
-void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t stream) {
-  if (n <= 0) return;
-  TT_CHECK(y && x, "model::detail::add_inplace: null pointer");
-  if (n % 8 == 0 && aligned16(y) && aligned16(x)) {
-    add_inplace_vec<<<blocks_for(n / 8), kThreads, 0, stream>>>(y, x, n / 8);
-  } else {
-    add_inplace_scalar<<<blocks_for(n), kThreads, 0, stream>>>(y, x, n);
-  }
   TT_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,6 +1,6 @@
-// Small elementwise kernels of the CUDA decoder (model/cuda_model.cc), private to it: the glue
-// between the ops of ops/cuda (residual adds from fp32 GEMM outputs, fp32 -> bf16 rounding, row
-// gather/scatter for the LM head, the device twin of Model::init). All enqueue on `stream`; every
+// Small elementwise kernels of the CUDA execution backend (model/exec_cuda.cc), private to it: the
+// glue between the ops of ops/cuda (residual adds from fp32 GEMM outputs, fp32 -> bf16 rounding,
+// row gather/scatter for the LM head, the device side of model/init.h). All enqueue on `stream`; every
 // launch is checked. Pointers are device pointers.
 #pragma once
 
@@ -20,8 +20,6 @@ void f32_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream);
 // out (n) = bf16(float(x) + y): a residual add with one rounding (x bf16, y fp32 GEMM output).
 void residual_add(bf16* out, const bf16* x, const float* y, int64_t n, cudaStream_t stream);
 
-// y (n) = bf16(float(y) + float(x)).
-void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t stream);
 // y (bf16) += x (fp32), rounded once.
 void add_inplace(bf16* y, const float* x, int64_t n, cudaStream_t stream);
 
@@ -31,7 +29,7 @@ void gather_rows(bf16* out, const bf16* in, const int32_t* rows, int R, int C, c
 // out[rows[r]] = in (R, C) for r < R; other rows of out untouched.
 void scatter_rows(bf16* out, const bf16* in, const int32_t* rows, int R, int C, cudaStream_t stream);
 
-// w (n) fp32: Model::init's normal draws for one tensor (model/model.cc): splitmix64 seeded with
+// w (n) fp32: init_normal_host's draws for one tensor (model/init.h): splitmix64 seeded with
 // `state`, Box-Muller pairs in fp64, times stddev, rounded to fp32.
 void init_normal(float* w, int64_t n, uint64_t state, double stddev, cudaStream_t stream);
 

@@ -1,0 +1,127 @@
+// What the decoder loop and the layer kinds share: the batch as the ops see it, the carry (what
+// crosses a cut), and the interface of a residual block.
+//
+// The decoder (model/decoder.h) is an input stage, a list of residual blocks and a head. A layer
+// of the Hugging Face model is two blocks: its mixer (attention; later Gated DeltaNet) and its
+// MLP. A block computes x_out = x_in + f(norm(x_in)) and its exact reverse; it owns its
+// parameters (a slice of the table), the layout of what its forward saves, and its FLOP count.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/exec.h"
+#include "model/flops.h"
+#include "model/param_table.h"
+
+namespace tt::model {
+
+// A packed batch as the ops read it, on the backend's memory (the decoder uploads it once per
+// forward). Head rows are the rows that are the source of a target, ascending; targets are
+// sorted stably by their source and their src indexes head_rows.
+template <class E>
+struct BatchView {
+  int N = 0;
+  const int32_t* tokens = nullptr;  // (N)
+  const int32_t* pos = nullptr;     // (N) depth positions
+  typename E::Layout layout{};      // the attention's view of the DFS layout
+  typename E::Rope rope{};
+  int n_rows = 0;
+  const int32_t* head_rows = nullptr;  // (n_rows)
+  typename E::Targets targets{};       // (n_tgt)
+};
+
+// The carry: what one piece of a sequence or tree hands to the pieces that read it, per layer,
+// with the gradient that comes back. A partition gateway, a segment's carried KV tail and the
+// inference KV cache are all carries.
+//   Reading side: carry[l].kv lists the external KV prefixes layer l's attention reads (each a
+//   span of rows with its own query range; its dk/dv, when set, accumulate the readers' gradient
+//   in Acc precision, fp32 on the GPU).
+//   Writing side: Decoder::export_carry gives a forward's own rows (K/V as attention reads them,
+//   after norms and RoPE) as one entry per layer; the caller points dk/dv at its accumulators and
+//   passes the same carry to backward(), which adds them to the gradient of those rows.
+// Layers without cross-piece state (the MLP) have an empty entry. Later state kinds (recurrent
+// state and conv context of SSM layers, keys kept before RoPE for re-indexed positions) are
+// further members of LayerCarry.
+template <class E>
+struct LayerCarry {
+  std::vector<typename E::KV> kv;
+};
+template <class E>
+using Carry = std::vector<LayerCarry<E>>;  // [decoder layer]
+
+// The arguments of one block call. Pointers are on the backend's memory.
+template <class E>
+struct BlockCall {
+  Mode mode = Mode::kTrain;
+  const BatchView<E>* batch = nullptr;
+  const typename E::Weight* w = nullptr;  // the flat weight buffer (table offsets)
+  typename E::Param* g = nullptr;         // the flat gradient buffer (backward: +=)
+  char* saved = nullptr;                  // this block's region of saved_bytes(N)
+  char* scratch = nullptr;                // backward's region of scratch_bytes(N), shared by all blocks
+  const typename E::Act* x_in = nullptr;  // (N, C) forward: the residual stream entering
+  typename E::Act* x_out = nullptr;       // (N, C) forward: the residual stream leaving
+  typename E::Act* dx = nullptr;          // (N, C) backward: d x_out in, d x_in out
+  typename E::Acc* sum = nullptr;         // (N, C) an Acc buffer shared by all blocks
+  const LayerCarry<E>* carry = nullptr;   // what this layer reads from outside the batch, or null
+  const LayerCarry<E>* relay = nullptr;   // backward: gradients relayed into this batch's rows
+};
+
+// A layer kind's backend-independent half: which decoder layer it belongs to, its parameter
+// slice, and its FLOP count. Its math lives in templates over the backend (forward<E>,
+// backward<E>, saved_bytes<E>, ...), which BlockOf<K, E> turns into a Block<E>.
+class LayerKind {
+ public:
+  virtual ~LayerKind() = default;
+  virtual std::string kind() const = 0;  // "full_attention", "swiglu_mlp", ...
+  virtual Flops flops(const Work& w, Pass p) const = 0;
+  int layer() const { return layer_; }
+  const ParamSlice& params() const { return slice_; }
+
+ protected:
+  LayerKind(int layer, const ParamSlice& slice) : layer_(layer), slice_(slice) {}
+  int layer_;
+  ParamSlice slice_;
+};
+
+// A residual block as the decoder loop runs it on backend E.
+template <class E>
+class Block {
+ public:
+  virtual ~Block() = default;
+  virtual const LayerKind& spec() const = 0;
+  // Bytes of what forward saves for N rows, and of backward's scratch (shared by all blocks).
+  virtual size_t saved_bytes(int N) const = 0;
+  virtual size_t scratch_bytes(int N) const = 0;
+  virtual void forward(E& e, const BlockCall<E>& c) const = 0;
+  virtual void backward(E& e, const BlockCall<E>& c) const = 0;
+  // The rows this block offers to readers outside the batch (its carry entry), from its saved
+  // region of a forward of N rows; dk/dv are left null. Kinds without cross-piece state leave it
+  // empty.
+  virtual void export_carry(const char* saved, int N, LayerCarry<E>& out) const = 0;
+  // Elements per row of the gradient accumulators of export_carry's entries (dk and dv each).
+  virtual int64_t carry_row_elems() const = 0;
+};
+
+// Block<E> of a kind K that provides, as templates over E: saved_bytes, scratch_bytes, forward,
+// backward, export_carry, carry_row_elems (the kind's .cc instantiates them for every backend).
+template <class K, class E>
+class BlockOf final : public Block<E> {
+ public:
+  explicit BlockOf(const K& k) : k_(k) {}
+  const LayerKind& spec() const override { return k_; }
+  size_t saved_bytes(int N) const override { return k_.template saved_bytes<E>(N); }
+  size_t scratch_bytes(int N) const override { return k_.template scratch_bytes<E>(N); }
+  void forward(E& e, const BlockCall<E>& c) const override { k_.template forward<E>(e, c); }
+  void backward(E& e, const BlockCall<E>& c) const override { k_.template backward<E>(e, c); }
+  void export_carry(const char* saved, int N, LayerCarry<E>& out) const override {
+    k_.template export_carry<E>(saved, N, out);
+  }
+  int64_t carry_row_elems() const override { return k_.carry_row_elems(); }
+
+ private:
+  const K& k_;
+};
+
+}  // namespace tt::model

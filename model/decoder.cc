@@ -1,0 +1,518 @@
+// The decoder loop (see decoder.h): architecture, buffers, the training and no-grad forward, and
+// the exact reverse.
+//
+// An Activations buffer is carved (256-byte aligned regions, model/carve.h) into the batch
+// metadata first (tokens, pos, subtree_end, node ranges, head rows, targets, logit rows: one host
+// image, one copy), the loss, the attention layout and rope storage, the residual stream (B + 1
+// buffers in training, block b reading buffer b; two in turn without gradients), each block's
+// saved region (one shared region without gradients) and the head's. The decoder's scratch holds
+// what one backward (or one head chunk) needs at a time: the residual gradient dx, the Acc sum
+// buffer (also the forward's GEMM output before a residual add), the largest block scratch and the
+// head chunk. Every buffer grows to the largest batch seen and is then reused.
+#include "model/decoder.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "base/check.h"
+#include "model/carve.h"
+#include "model/init.h"
+
+namespace tt::model {
+
+Architecture::Architecture(const ModelConfig& cfg) : Architecture(cfg, cfg.layer_specs()) {}
+
+Architecture::Architecture(const ModelConfig& cfg, const std::vector<LayerSpec>& layers) : cfg_(cfg), layers_(layers) {
+  cfg_.validate();
+  TT_CHECK((int64_t)layers_.size() == cfg_.num_hidden_layers, "model: ", layers_.size(),
+           " layer specs for num_hidden_layers = ", cfg_.num_hidden_layers);
+  ParamTable::Builder b(table_);
+  input_ = std::make_unique<EmbeddingKind>(cfg_, b);
+  for (int l = 0; l < (int)layers_.size(); ++l) {
+    const LayerSpec& s = layers_[l];
+    TT_CHECK(s.mixer == "full_attention", "model: layer ", l, " has mixer '", s.mixer,
+             "', expected full_attention");
+    blocks_.push_back(std::make_unique<AttentionKind>(cfg_, s, l, b));
+    blocks_.push_back(std::make_unique<MlpKind>(cfg_, l, b));
+  }
+  head_ = std::make_unique<LmHeadKind>(cfg_, input_->weight_offset(), b);
+}
+
+Flops Architecture::flops(const Work& w, Pass p) const {
+  Flops f = input_->flops(w, p);
+  for (const auto& k : blocks_) f += k->flops(w, p);
+  f += head_->flops(w, p);
+  return f;
+}
+
+std::vector<ParamInfo> param_table(const ModelConfig& cfg) { return Architecture(cfg).table().entries(); }
+
+Work Work::of(const data::PackedBatch& batch) {
+  Work w;
+  w.tokens = batch.n_tokens;
+  w.visible_pairs = batch.visible_pairs;
+  std::vector<int32_t> rows(batch.tgt_src.begin(), batch.tgt_src.end());
+  std::sort(rows.begin(), rows.end());
+  w.head_rows = std::unique(rows.begin(), rows.end()) - rows.begin();
+  return w;
+}
+
+namespace {
+
+// The one place that turns a layer kind into its block on backend E.
+template <class E>
+std::unique_ptr<Block<E>> make_block(const LayerKind& k) {
+  if (auto* a = dynamic_cast<const AttentionKind*>(&k)) return std::make_unique<BlockOf<AttentionKind, E>>(*a);
+  if (auto* m = dynamic_cast<const MlpKind*>(&k)) return std::make_unique<BlockOf<MlpKind, E>>(*m);
+  throw Error(str("model: layer kind '", k.kind(), "' has no block on the ", E::kName, " backend"));
+}
+
+// The regions of an Activations buffer (see the file comment).
+template <class E>
+struct ActsLayout {
+  // Metadata (one host image, bytes [0, meta_bytes)).
+  int32_t* tokens;
+  int32_t* pos;
+  int32_t* subtree_end;
+  int32_t* node_start;
+  int32_t* node_len;
+  int32_t* node_parent;
+  int32_t* head_rows;
+  int32_t* tgt_src;  // indexes head_rows; targets stably sorted by it
+  int32_t* tgt_tok;
+  double* tgt_w;
+  int32_t* logit_rows;
+  size_t meta_bytes;
+  double* loss;
+  char* layout;
+  char* rope;
+  std::vector<char*> xs;
+  std::vector<char*> saved;
+  char* head_saved;
+  size_t total;
+
+  ActsLayout(const Architecture& arch, const std::vector<std::unique_ptr<Block<E>>>& blocks, Mode mode, int N,
+             int num_nodes, int n_rows, int n_tgt, int n_logit, char* base) {
+    const int64_t n = N, C = arch.config().hidden_size;
+    Carver c{base};
+    tokens = c.take<int32_t>(n);
+    pos = c.take<int32_t>(n);
+    subtree_end = c.take<int32_t>(n);
+    node_start = c.take<int32_t>(num_nodes);
+    node_len = c.take<int32_t>(num_nodes);
+    node_parent = c.take<int32_t>(num_nodes);
+    head_rows = c.take<int32_t>(n_rows);
+    tgt_src = c.take<int32_t>(n_tgt);
+    tgt_tok = c.take<int32_t>(n_tgt);
+    tgt_w = c.take<double>(n_tgt);
+    logit_rows = c.take<int32_t>(n_logit);
+    meta_bytes = c.bytes();
+    loss = c.take<double>(1);
+    layout = c.take_bytes(E::layout_bytes(N));
+    rope = c.take_bytes(E::rope_bytes(N, (int)arch.config().head_dim));
+    const int B = (int)blocks.size();
+    const bool train = mode == Mode::kTrain;
+    for (int i = 0; i < (train ? B + 1 : 2); ++i) xs.push_back(c.take_bytes(sizeof(typename E::Act) * n * C));
+    if (train) {
+      for (const auto& b : blocks) saved.push_back(c.take_bytes(b->saved_bytes(N)));
+    } else {
+      size_t most = 0;
+      for (const auto& b : blocks) most = std::max(most, b->saved_bytes(N));
+      saved.assign(B, c.take_bytes(most));
+    }
+    head_saved = c.take_bytes(arch.head().template saved_bytes<E>(N, n_rows, mode));
+    total = c.bytes();
+  }
+};
+
+}  // namespace
+
+template <class E>
+Decoder<E>::Decoder(const ModelConfig& cfg, const DecoderOptions& options, const typename E::Options& exec_options)
+    : arch_(cfg, options.layers.empty() ? cfg.layer_specs() : options.layers), options_(options), exec_(exec_options) {
+  E::check_model(arch_.config());
+  TT_CHECK(options_.head_chunk_bytes >= 0, "DecoderOptions: head_chunk_bytes must be >= 0");
+  if (options_.head_chunk_bytes == 0) options_.head_chunk_bytes = E::kDefaultHeadChunkBytes;
+  for (const auto& k : arch_.blocks()) blocks_.push_back(make_block<E>(*k));
+  const int64_t P = num_params();
+  exec_.ensure(params_, bytes_of(P));
+  exec_.ensure(grads_, bytes_of(P));
+  if (E::kSeparateWeights) exec_.ensure(weights_, sizeof(Weight) * (size_t)P);
+  exec_.zero(params_.data(), bytes_of(P));
+  exec_.zero(grads_.data(), bytes_of(P));
+  refresh_weights();
+  exec_.sync();
+}
+
+template <class E>
+Decoder<E>::~Decoder() {
+  exec_.sync();
+}
+
+template <class E>
+typename E::Weight* Decoder<E>::weights() {
+  if constexpr (E::kSeparateWeights) {
+    return reinterpret_cast<Weight*>(weights_.data());
+  } else {
+    return params();
+  }
+}
+
+template <class E>
+typename E::Param* Decoder<E>::param(const std::string& name) {
+  const int i = table().find(name);
+  if (i < 0)
+    throw Error(str("model: unknown parameter \"", name, "\" for architecture ", config().architecture,
+                    config().tie_word_embeddings ? " (tied embeddings)" : ""));
+  return params() + table()[i].offset;
+}
+
+template <class E>
+void Decoder<E>::init(uint64_t seed) {
+  for (const ParamInfo& p : params_info()) {
+    Param* w = params() + p.offset;
+    switch (p.role) {
+      case ParamRole::kNormWeight: exec_.fill(w, p.numel, 1.0f); break;
+      case ParamRole::kMatrix:
+        exec_.init_normal(w, p.numel, param_init_seed(seed, p.name), config().initializer_range);
+        break;
+    }
+  }
+  refresh_weights();
+}
+
+template <class E>
+void Decoder<E>::zero_grad() {
+  exec_.zero(grads_.data(), bytes_of(num_params()));
+}
+
+template <class E>
+void Decoder<E>::set_params(const Param* host) {
+  exec_.upload(params_.data(), host, bytes_of(num_params()));
+  refresh_weights();
+  exec_.sync();
+}
+
+template <class E>
+std::vector<typename E::Param> Decoder<E>::params_host() const {
+  std::vector<Param> out(num_params());
+  exec_.download(out.data(), params_.data(), bytes_of(num_params()));
+  return out;
+}
+
+template <class E>
+std::vector<typename E::Param> Decoder<E>::grads_host() const {
+  std::vector<Param> out(num_params());
+  exec_.download(out.data(), grads_.data(), bytes_of(num_params()));
+  return out;
+}
+
+template <class E>
+void Decoder<E>::refresh_weights() {
+  if constexpr (E::kSeparateWeights) exec_.to_weights(weights(), params(), num_params());
+}
+
+template <class E>
+void Decoder<E>::ensure_scratch(int N, int R) {
+  if (N <= scratch_n_ && R <= scratch_R_) return;
+  scratch_n_ = std::max(N, scratch_n_);
+  scratch_R_ = std::max(R, scratch_R_);
+  const int64_t n = scratch_n_, C = config().hidden_size;
+  size_t block = 0;
+  for (const auto& b : blocks_) block = std::max(block, b->scratch_bytes(scratch_n_));
+  const LmHeadKind& h = arch_.head();
+  const size_t head = std::max(h.template scratch_bytes<E>(scratch_R_, Mode::kTrain),
+                               h.template scratch_bytes<E>(scratch_R_, Mode::kNoGrad));
+  const auto layout = [&](char* base) {
+    Carver c{base};
+    dx_ = reinterpret_cast<char*>(c.take<Act>(n * C));
+    sum_ = reinterpret_cast<char*>(c.take<typename E::Acc>(n * C));
+    block_scratch_ = c.take_bytes(block);
+    head_scratch_ = c.take_bytes(head);
+    return c.bytes();
+  };
+  exec_.ensure(scratch_, layout(nullptr));
+  layout(scratch_.data());
+}
+
+template <class E>
+BlockCall<E> Decoder<E>::call(const Activations<E>& a, int b) const {
+  BlockCall<E> c;
+  c.mode = a.mode_;
+  c.batch = &a.view_;
+  c.w = const_cast<Decoder*>(this)->weights();
+  c.g = const_cast<Decoder*>(this)->grads();
+  c.saved = a.saved_[b];
+  c.scratch = block_scratch_;
+  c.dx = reinterpret_cast<Act*>(dx_);
+  c.sum = reinterpret_cast<typename E::Acc*>(sum_);
+  const int layer = blocks_[b]->spec().layer();
+  c.carry = a.carry_ ? &(*a.carry_)[layer] : nullptr;
+  return c;
+}
+
+template <class E>
+HeadCall<E> Decoder<E>::head_call(const Activations<E>& a) const {
+  HeadCall<E> h;
+  h.mode = a.mode_;
+  h.batch = &a.view_;
+  h.w = const_cast<Decoder*>(this)->weights();
+  h.g = const_cast<Decoder*>(this)->grads();
+  h.saved = a.head_saved_;
+  h.scratch = head_scratch_;
+  h.x = reinterpret_cast<const Act*>(a.xs_[a.mode_ == Mode::kTrain ? blocks_.size() : blocks_.size() % 2]);
+  h.dx = reinterpret_cast<Act*>(dx_);
+  h.loss = a.loss_;
+  h.loss_scale = a.loss_scale_;
+  h.chunks = &a.chunks_;
+  h.R = a.R_;
+  return h;
+}
+
+template <class E>
+void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, Mode mode, Activations<E>& a,
+                             const Carry<E>* carry, const std::vector<int32_t>* logit_rows, int logit_count,
+                             bool want_loss) {
+  const ModelConfig& cfg = config();
+  data::check_packed_batch(batch, cfg.vocab_size);
+  const int L = arch_.num_layers();
+  TT_CHECK(carry == nullptr || (int)carry->size() == L, "model: a carry of ", carry ? carry->size() : 0,
+           " layers, expected one entry per layer (", L, ")");
+  if (carry) {
+    for (int l = 0; l < L; ++l)
+      TT_CHECK((int)(*carry)[l].kv.size() <= E::kMaxExternalKV, "model: layer ", l, " reads ", (*carry)[l].kv.size(),
+               " external KV prefixes; the ", E::kName, " attention reads at most ", E::kMaxExternalKV);
+  }
+  const int N = batch.n_tokens, n_tgt = (int)batch.tgt_src.size(), num_nodes = batch.num_nodes();
+  if (logit_rows)
+    for (int32_t r : *logit_rows) TT_CHECK(r >= 0 && r < N, "model: logits of row ", r, " of a batch of ", N, " rows");
+
+  // Head rows (sources of targets, ascending) and the targets stably sorted by them.
+  std::vector<int32_t> head_rows(batch.tgt_src.begin(), batch.tgt_src.end());
+  std::sort(head_rows.begin(), head_rows.end());
+  head_rows.erase(std::unique(head_rows.begin(), head_rows.end()), head_rows.end());
+  const int n_rows = (int)head_rows.size();
+  std::vector<int32_t> compact(N, -1);
+  for (int r = 0; r < n_rows; ++r) compact[head_rows[r]] = r;
+  std::vector<int> order(n_tgt);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return batch.tgt_src[x] < batch.tgt_src[y]; });
+  std::vector<int32_t> sorted_src(n_tgt);
+  for (int t = 0; t < n_tgt; ++t) sorted_src[t] = compact[batch.tgt_src[order[t]]];
+  const int n_logit = logit_rows ? (int)logit_rows->size() : 0;
+
+  a.mode_ = mode;
+  a.n_ = N;
+  a.n_rows_ = n_rows;
+  a.n_tgt_ = n_tgt;
+  a.loss_scale_ = loss_scale;
+  a.carry_ = carry;
+  a.pending_ = mode == Mode::kTrain;
+  a.trained_ = mode == Mode::kTrain;
+  const LmHeadKind& head = arch_.head();
+  a.R_ = head.template chunk_rows<E>(options_.head_chunk_bytes, std::max({n_rows, logit_count, 1}));
+  a.chunks_ = LmHeadKind::plan_chunks(n_rows, a.R_, sorted_src);
+
+  const ActsLayout<E> size(arch_, blocks_, mode, N, num_nodes, n_rows, n_tgt, n_logit, nullptr);
+  exec_.ensure(a.buf_, size.total);
+  const ActsLayout<E> r(arch_, blocks_, mode, N, num_nodes, n_rows, n_tgt, n_logit, a.buf_.data());
+  a.loss_ = r.loss;
+  a.xs_ = r.xs;
+  a.saved_ = r.saved;
+  a.head_saved_ = r.head_saved;
+  a.logit_rows_ = n_logit ? r.logit_rows : nullptr;
+  a.n_logit_rows_ = n_logit;
+  exec_.zero(r.loss, sizeof(double));
+  a.view_ = BatchView<E>{};
+  a.view_.N = N;
+  if (N == 0) {
+    exec_.profile_gap();
+    return;
+  }
+
+  // The metadata's host image, at the same offsets as on the backend; one copy.
+  {
+    if (staging_.size() < r.meta_bytes) staging_.resize(r.meta_bytes);
+    const ActsLayout<E> img(arch_, blocks_, mode, N, num_nodes, n_rows, n_tgt, n_logit, staging_.data());
+    std::copy(batch.tokens.begin(), batch.tokens.end(), img.tokens);
+    std::copy(batch.pos.begin(), batch.pos.end(), img.pos);
+    std::copy(batch.subtree_end.begin(), batch.subtree_end.end(), img.subtree_end);
+    std::copy(batch.node_start.begin(), batch.node_start.end(), img.node_start);
+    std::copy(batch.node_len.begin(), batch.node_len.end(), img.node_len);
+    std::copy(batch.node_parent.begin(), batch.node_parent.end(), img.node_parent);
+    std::copy(head_rows.begin(), head_rows.end(), img.head_rows);
+    for (int t = 0; t < n_tgt; ++t) {
+      img.tgt_src[t] = sorted_src[t];
+      img.tgt_tok[t] = batch.tgt_tok[order[t]];
+      img.tgt_w[t] = batch.tgt_w[order[t]];
+    }
+    if (n_logit) std::copy(logit_rows->begin(), logit_rows->end(), img.logit_rows);
+    exec_.upload(a.buf_.data(), staging_.data(), r.meta_bytes);
+  }
+  BatchView<E>& v = a.view_;
+  v.tokens = r.tokens;
+  v.pos = r.pos;
+  v.layout = exec_.make_layout(N, num_nodes, r.node_start, r.node_len, r.node_parent, r.subtree_end, r.layout);
+  v.rope = exec_.make_rope(r.pos, N, (int)cfg.head_dim, cfg.rope_theta, r.rope);
+  v.n_rows = n_rows;
+  v.head_rows = r.head_rows;
+  v.targets.src = r.tgt_src;
+  v.targets.tok = r.tgt_tok;
+  v.targets.w = r.tgt_w;
+  v.targets.n_tgt = n_tgt;
+  ensure_scratch(N, a.R_);
+
+  arch_.input().forward(exec_, v, weights(), reinterpret_cast<Act*>(a.xs_[0]));
+  const int B = (int)blocks_.size();
+  for (int b = 0; b < B; ++b) {
+    BlockCall<E> c = call(a, b);
+    const bool train = mode == Mode::kTrain;
+    c.x_in = reinterpret_cast<const Act*>(a.xs_[train ? b : b % 2]);
+    c.x_out = reinterpret_cast<Act*>(a.xs_[train ? b + 1 : (b + 1) % 2]);
+    blocks_[b]->forward(exec_, c);
+  }
+  HeadCall<E> h = head_call(a);
+  if (!want_loss) h.loss = nullptr;
+  head.forward(exec_, h);
+  exec_.profile_gap();
+}
+
+template <class E>
+void Decoder<E>::forward(const data::PackedBatch& batch, double loss_scale, Activations<E>& acts,
+                         const Carry<E>* carry) {
+  run_forward(batch, loss_scale, Mode::kTrain, acts, carry, nullptr, 0, /*want_loss=*/true);
+}
+
+template <class E>
+void Decoder<E>::backward(Activations<E>& a, const Carry<E>* relay, const GradReadyFn& on_ready) {
+  if constexpr (E::kBackwardConsumesSaved) {
+    TT_CHECK(a.pending_, "model: backward() without a preceding training forward() on these activations");
+  } else {
+    TT_CHECK(a.trained_ && a.mode_ == Mode::kTrain,
+             "model: backward() without a preceding training forward() on these activations");
+  }
+  a.pending_ = false;
+  const int L = arch_.num_layers();
+  TT_CHECK(relay == nullptr || (int)relay->size() == L, "model: relayed carry gradients for ",
+           relay ? relay->size() : 0, " layers, expected one entry per layer (", L, ")");
+  const ParamTable& t = table();
+  if (a.n_ == 0) {
+    if (on_ready) on_ready(0, t.size());
+    return;
+  }
+  const LmHeadKind& head = arch_.head();
+  head.backward(exec_, head_call(a));
+  if (on_ready) on_ready(head.params().begin, head.params().end);
+  for (int b = (int)blocks_.size() - 1; b >= 0; --b) {
+    BlockCall<E> c = call(a, b);
+    c.x_in = reinterpret_cast<const Act*>(a.xs_[b]);
+    const int layer = blocks_[b]->spec().layer();
+    c.relay = relay ? &(*relay)[layer] : nullptr;
+    blocks_[b]->backward(exec_, c);
+    if (on_ready) on_ready(blocks_[b]->spec().params().begin, blocks_[b]->spec().params().end);
+  }
+  arch_.input().backward(exec_, a.view_, grads(), reinterpret_cast<const Act*>(dx_));
+  exec_.profile_gap();
+  if (on_ready) on_ready(arch_.input().params().begin, arch_.input().params().end);
+}
+
+template <class E>
+double Decoder<E>::loss(const Activations<E>& a) const {
+  if (a.n_ == 0 || !a.loss_) return 0.0;
+  return a.loss_scale_ * exec_.read(a.loss_);
+}
+
+template <class E>
+Carry<E> Decoder<E>::export_carry(const Activations<E>& a) const {
+  TT_CHECK(a.trained_ && a.mode_ == Mode::kTrain && a.n_ > 0,
+           "model: export_carry needs a training forward of a non-empty batch on these activations");
+  Carry<E> out(arch_.num_layers());
+  for (size_t b = 0; b < blocks_.size(); ++b)
+    blocks_[b]->export_carry(a.saved_[b], a.n_, out[blocks_[b]->spec().layer()]);
+  return out;
+}
+
+template <class E>
+int64_t Decoder<E>::carry_row_elems(int layer) const {
+  int64_t n = 0;
+  for (const auto& b : blocks_)
+    if (b->spec().layer() == layer) n += b->carry_row_elems();
+  return n;
+}
+
+template <class E>
+double Decoder<E>::forward(const data::PackedBatch& batch, double loss_scale) {
+  forward(batch, loss_scale, own_, nullptr);
+  return loss(own_);
+}
+
+template <class E>
+void Decoder<E>::backward(const GradReadyFn& on_ready) {
+  backward(own_, nullptr, on_ready);
+}
+
+template <class E>
+double Decoder<E>::forward_backward(const data::PackedBatch& batch, double loss_scale, const GradReadyFn& on_ready) {
+  forward(batch, loss_scale, own_, nullptr);
+  backward(own_, nullptr, on_ready);
+  return loss(own_);
+}
+
+template <class E>
+InferResult Decoder<E>::infer(const data::PackedBatch& batch, const InferRequest& req, const Carry<E>* carry) {
+  std::vector<int32_t> rows;
+  bool all = false;
+  switch (req.rows) {
+    case InferRequest::Rows::kNone: break;
+    case InferRequest::Rows::kAll: all = true; break;
+    case InferRequest::Rows::kTargets:
+      rows.assign(batch.tgt_src.begin(), batch.tgt_src.end());
+      std::sort(rows.begin(), rows.end());
+      rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+      break;
+    case InferRequest::Rows::kList: rows = req.list; break;
+  }
+  run_forward(batch, 1.0, Mode::kNoGrad, infer_acts_, carry, all || rows.empty() ? nullptr : &rows,
+              all ? batch.n_tokens : (int)rows.size(), req.loss);
+  InferResult out;
+  out.loss = req.loss ? loss(infer_acts_) : 0.0;
+  const int N = batch.n_tokens;
+  if (all) {
+    rows.resize(N);
+    std::iota(rows.begin(), rows.end(), 0);
+  }
+  if (!rows.empty() && N > 0) {
+    const int V = arch_.head().vocab();
+    out.logits.resize(rows.size() * (size_t)V);
+    HeadCall<E> h = head_call(infer_acts_);
+    arch_.head().logits(exec_, h, all ? nullptr : infer_acts_.logit_rows_, (int)rows.size(), out.logits.data());
+    exec_.profile_gap();
+  }
+  out.rows = std::move(rows);
+  return out;
+}
+
+template <class E>
+std::vector<int32_t> Decoder<E>::saved_head_rows(const Activations<E>& a) const {
+  std::vector<int32_t> rows(a.n_rows_);
+  if (a.n_rows_) exec_.download(rows.data(), a.view_.head_rows, sizeof(int32_t) * rows.size());
+  return rows;
+}
+
+template <class E>
+std::vector<double> Decoder<E>::saved_logits(const Activations<E>& a) const {
+  TT_CHECK(a.trained_, "model: saved_logits needs a training forward on these activations");
+  if (a.n_rows_ == 0) return {};
+  return arch_.head().saved_logits(exec_, head_call(a));
+}
+
+template <class E>
+double Decoder<E>::grad_sum_squares() {
+  return exec_.sum_squares(grads(), num_params());
+}
+
+template class Decoder<CpuExec<float>>;
+template class Decoder<CpuExec<double>>;
+template class Decoder<CudaExec>;
+
+}  // namespace tt::model

@@ -1,0 +1,242 @@
+// The decoder, written once: input stage -> list of residual blocks -> final norm + LM head,
+// generic over the execution backend E (model/exec.h). The CPU reference (Model<T> =
+// Decoder<CpuExec<T>>) and the GPU model (CudaModel = Decoder<CudaExec>) are two instances of
+// this loop.
+//
+// Architecture (backend-independent) turns a config into the kinds and the parameter table: the
+// token embedding, per layer its mixer (layer_types: full_attention) and its SwiGLU MLP, and the
+// head. It also answers the FLOP API (Architecture::flops) that MFU, the load balancer and the
+// benchmarks use.
+//
+// Forward modes (Mode): kTrain saves what backward needs into a caller-owned Activations (so
+// several forwards can be alive at once: the chain of partition pieces) and computes the loss;
+// kNoGrad (infer()) saves nothing, keeping one block's working set at a time, and returns the loss
+// and/or logits of chosen rows. Both read the same carry (external KV prefixes per layer).
+//
+// Gradient contract: backward() accumulates (+=) into grads(). On a backend with
+// kHeadGradInForward (the GPU) the training forward already accumulates the LM head's part, so
+// every training forward must be followed by exactly one backward; on the CPU the head's gradient
+// is taken in backward and a backward may be repeated on the same activations (adding the same
+// gradient again). The batch is copied to the backend by forward(): it need not outlive the call.
+//
+// Parameters, gradients and (GPU) the bf16 working copy are flat buffers in table order on the
+// backend's memory. The trainer, the optimizer and checkpoints read them through the table.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/packing.h"
+#include "model/attention.h"
+#include "model/block.h"
+#include "model/config.h"
+#include "model/embedding.h"
+#include "model/exec_cpu.h"
+#include "model/exec_cuda.h"
+#include "model/lm_head.h"
+#include "model/mlp.h"
+#include "model/param_table.h"
+
+namespace tt::model {
+
+// The kinds of a config and its parameter table.
+class Architecture {
+ public:
+  explicit Architecture(const ModelConfig& cfg);  // cfg.layer_specs()
+  // A decoder whose layers may differ from what the config alone describes (e.g. layers with and
+  // without q/k norm).
+  Architecture(const ModelConfig& cfg, const std::vector<LayerSpec>& layers);
+
+  const ModelConfig& config() const { return cfg_; }
+  const std::vector<LayerSpec>& layers() const { return layers_; }
+  const ParamTable& table() const { return table_; }
+  const EmbeddingKind& input() const { return *input_; }
+  // Two per decoder layer, in order: the mixer, then the MLP.
+  const std::vector<std::unique_ptr<LayerKind>>& blocks() const { return blocks_; }
+  const LmHeadKind& head() const { return *head_; }
+  int num_layers() const { return (int)layers_.size(); }
+  // Model and executed FLOPs of a batch's work: the sum over the input stage, blocks and head.
+  Flops flops(const Work& w, Pass p) const;
+
+ private:
+  ModelConfig cfg_;
+  std::vector<LayerSpec> layers_;
+  ParamTable table_;
+  std::unique_ptr<EmbeddingKind> input_;
+  std::vector<std::unique_ptr<LayerKind>> blocks_;
+  std::unique_ptr<LmHeadKind> head_;
+};
+
+// The parameter table of a config (Architecture(cfg).table().entries()).
+std::vector<ParamInfo> param_table(const ModelConfig& cfg);
+
+template <class E>
+class Decoder;
+
+// The saved activations and batch metadata of one forward, on the backend's memory; reused
+// across forwards (the buffer only grows). Move-only.
+template <class E>
+class Activations {
+ public:
+  Activations() = default;
+  Activations(Activations&&) = default;
+  Activations& operator=(Activations&&) = default;
+  int n_tokens() const { return n_; }
+
+ private:
+  friend class Decoder<E>;
+  typename E::Buffer buf_;
+  Mode mode_ = Mode::kTrain;
+  int n_ = 0, n_rows_ = 0, n_tgt_ = 0;
+  int R_ = 1;  // head rows per chunk
+  bool pending_ = false;  // a training forward whose backward has not run
+  bool trained_ = false;  // a training forward was run on these activations
+  double loss_scale_ = 1.0;
+  const Carry<E>* carry_ = nullptr;
+  std::vector<HeadChunk> chunks_;
+  BatchView<E> view_;
+  double* loss_ = nullptr;
+  std::vector<char*> xs_;     // residual stream buffers: training B + 1 (block b reads b), no-grad 2
+  std::vector<char*> saved_;  // (B) each block's saved region (no-grad: one shared region)
+  char* head_saved_ = nullptr;
+  const int32_t* logit_rows_ = nullptr;  // no-grad: the rows whose logits infer() returns
+  int n_logit_rows_ = 0;
+};
+
+struct DecoderOptions {
+  // Bytes of logits one LM-head chunk may hold (0: the backend's default, E::kDefaultHeadChunkBytes).
+  int64_t head_chunk_bytes = 0;
+  // The layers (empty: the config's layer_specs()).
+  std::vector<LayerSpec> layers;
+};
+
+// What infer() computes: the loss of the batch's targets and/or the logits of some rows.
+struct InferRequest {
+  bool loss = true;
+  enum class Rows { kNone, kAll, kTargets, kList } rows = Rows::kNone;
+  std::vector<int32_t> list;  // with Rows::kList: packed row indices
+
+  // The logits of every packed row, no loss.
+  static InferRequest all_logits() { return InferRequest{false, Rows::kAll, {}}; }
+};
+struct InferResult {
+  double loss = 0;               // loss_scale 1: sum_t w_t ce_t (0 without targets or unrequested)
+  std::vector<int32_t> rows;     // the rows whose logits follow
+  std::vector<double> logits;    // (rows.size(), V)
+};
+
+// Gradient readiness (data-parallel overlap, distributed/buckets.h): backward() calls it with a
+// half-open range [begin, end) of table indices as soon as every write of that backward to those
+// parameters' gradients is enqueued on the backend's stream. Order: the head's slice (the final
+// norm and an untied LM head), then each block's slice from the last block to the first, the
+// input embedding last; every parameter exactly once per backward, also for an empty batch. It
+// runs on the calling thread between launches: it must only enqueue work, never wait.
+using GradReadyFn = std::function<void(int begin, int end)>;
+
+template <class E>
+class Decoder {
+ public:
+  using Act = typename E::Act;
+  using Param = typename E::Param;
+  using Weight = typename E::Weight;
+
+  // Throws tt::Error for a config the backend cannot run (E::check_model).
+  explicit Decoder(const ModelConfig& cfg, const DecoderOptions& options = {},
+                   const typename E::Options& exec_options = {});
+  Decoder(const Decoder&) = delete;
+  Decoder& operator=(const Decoder&) = delete;
+  ~Decoder();
+
+  const ModelConfig& config() const { return arch_.config(); }
+  const Architecture& architecture() const { return arch_; }
+  const ParamTable& table() const { return arch_.table(); }
+  const std::vector<ParamInfo>& params_info() const { return arch_.table().entries(); }
+  int64_t num_params() const { return arch_.table().num_params(); }
+  E& exec() { return exec_; }
+  const E& exec() const { return exec_; }
+
+  // Flat buffers (num_params) on the backend's memory, in table order.
+  Param* params() { return reinterpret_cast<Param*>(params_.data()); }
+  const Param* params() const { return reinterpret_cast<const Param*>(params_.data()); }
+  Param* grads() { return reinterpret_cast<Param*>(grads_.data()); }
+  const Param* grads() const { return reinterpret_cast<const Param*>(grads_.data()); }
+  Weight* weights();  // what the ops read: params() itself, or its rounded copy
+  // The parameter `name` (params() + its offset); throws tt::Error for an unknown name.
+  Param* param(const std::string& name);
+
+  // Deterministic initialisation (model/init.h): matrices normal(0, initializer_range), norm
+  // weights ones.
+  void init(uint64_t seed);
+  void zero_grad();
+  // Host copies (num_params); set_params also refreshes the working copy.
+  void set_params(const Param* host);
+  std::vector<Param> params_host() const;
+  std::vector<Param> grads_host() const;
+  // Re-derives the working copy after params() changed on the backend (no-op on the CPU).
+  void refresh_weights();
+
+  // Training forward on caller-owned activations: saves what backward needs and the loss
+  // (loss_scale * sum_t w_t ce_t, read by loss()). carry: one entry per layer of external KV
+  // prefixes (null: none); it must stay alive until backward.
+  void forward(const data::PackedBatch& batch, double loss_scale, Activations<E>& acts,
+               const Carry<E>* carry = nullptr);
+  // grads += d(loss)/d(params) of the last training forward on acts; relay: gradients of this
+  // batch's own carry rows from readers outside it (export_carry's entries with dk/dv set), or null.
+  void backward(Activations<E>& acts, const Carry<E>* relay = nullptr, const GradReadyFn& on_ready = nullptr);
+  // loss_scale * sum_t w_t ce_t of the last forward on acts (waits for the backend).
+  double loss(const Activations<E>& acts) const;
+  // The rows a forward on acts offers to readers outside the batch, per layer (dk/dv null).
+  Carry<E> export_carry(const Activations<E>& acts) const;
+  // Elements per row of layer l's carry-gradient accumulators (dk and dv each).
+  int64_t carry_row_elems(int layer) const;
+
+  // The pair on the model's own activations.
+  double forward(const data::PackedBatch& batch, double loss_scale);  // returns the loss
+  void backward(const GradReadyFn& on_ready = nullptr);
+  double forward_backward(const data::PackedBatch& batch, double loss_scale, const GradReadyFn& on_ready = nullptr);
+
+  // The rows the LM head ran on in the last forward on acts (sources of targets, ascending), and
+  // where the backend keeps them (the CPU), the training forward's logits of those rows
+  // (n_rows, V); a tt::Error on a backend that keeps none.
+  std::vector<int32_t> saved_head_rows(const Activations<E>& acts) const;
+  std::vector<double> saved_logits(const Activations<E>& acts) const;
+
+  // No-grad forward: saves nothing, touches no gradient.
+  InferResult infer(const data::PackedBatch& batch, const InferRequest& request, const Carry<E>* carry = nullptr);
+
+  // Sum of squares of every gradient, fp64 accumulation (waits for the backend).
+  double grad_sum_squares();
+
+ private:
+  // logit_rows: a no-grad forward's rows for logits() (null: none, or all of them); logit_count:
+  // how many rows logits() will take (sizes the head chunk).
+  void run_forward(const data::PackedBatch& batch, double loss_scale, Mode mode, Activations<E>& acts,
+                   const Carry<E>* carry, const std::vector<int32_t>* logit_rows, int logit_count, bool want_loss);
+  void ensure_scratch(int N, int R);
+  BlockCall<E> call(const Activations<E>& a, int b) const;
+  HeadCall<E> head_call(const Activations<E>& a) const;
+  static size_t bytes_of(int64_t n) { return sizeof(Param) * (size_t)n; }
+
+  Architecture arch_;
+  DecoderOptions options_;
+  E exec_;
+  std::vector<std::unique_ptr<Block<E>>> blocks_;
+  typename E::Buffer params_, weights_, grads_;
+  typename E::Buffer scratch_;  // backward's dx and Acc sum, the blocks' and the head's scratch
+  int scratch_n_ = -1, scratch_R_ = -1;
+  char* dx_ = nullptr;
+  char* sum_ = nullptr;
+  char* block_scratch_ = nullptr;
+  char* head_scratch_ = nullptr;
+  std::vector<char> staging_;  // host image of a batch's metadata
+  Activations<E> own_;         // forward(batch, scale) / backward()
+  Activations<E> infer_acts_;  // infer()'s working set
+};
+
+template <class T>
+using Model = Decoder<CpuExec<T>>;
+using CudaModel = Decoder<CudaExec>;
+
+}  // namespace tt::model

@@ -1,0 +1,49 @@
+// The execution backends of the decoder and the op vocabulary the layer kinds are written in.
+//
+// A layer kind's forward and backward are written once, as templates over an execution backend E
+// (model/exec_cpu.h: CpuExec<float|double>, the reference; model/exec_cuda.h: CudaExec, bf16 on
+// the GPU). E names its element types and provides the ops below, each with one meaning on every
+// backend; where the GPU fuses or keeps a sum in fp32, the CPU computes the same function in T.
+//
+// Types: Act (activations: T | bf16), Stat (rstd, lse: T | fp32), Acc (fp32 sums of several GEMM
+// products and relayed gradients: T | fp32), Param (master weights and gradients: T | fp32),
+// Weight (what the ops read: the master weights | their bf16 copy), KV (an external KV prefix of
+// the attention primitive: ops/cpu/attention.h | ops/cuda/attention.h), Layout (a batch's
+// attention layout: node ranges | tree tiles), Rope (positions, theta, and on the GPU a cos/sin
+// table), Buffer (grow-only memory of the backend), Targets (a head chunk's target list).
+//
+// Traits: kSeparateWeights (Weight is a rounded copy of Param), kBackwardConsumesSaved (backward
+// may overwrite what forward saved: the GPU reuses gate/up for their gradients; the CPU keeps them,
+// so a backward can be repeated), kHeadGradInForward (the GPU takes the LM head's gradient inside
+// the training forward, chunk by chunk, and never holds the batch's logits; the CPU keeps logits
+// and their gradient and takes it in backward), kMaxExternalKV, kDefaultHeadChunkBytes.
+//
+// Ops (shapes: N rows, C hidden, H heads, HS head dim, IC/OC a Linear's in/out features). Outputs
+// are overwritten unless a gradient contract says +=; every backend enqueues in order on its own
+// stream (the CPU runs at once).
+//   embedding_forward(out (N,C), tokens (N), wte (V,C))          embedding_backward(dwte +=)
+//   rmsnorm_forward(out, rstd (rows), x (rows,C), w (C))        rmsnorm_backward(dx, dw +=, dout:
+//       Act or Acc; accumulate_dx: dx += (true) or dx = (false))
+//   linear(out (N,OC): Act or Acc, x (N,IC), w (OC,IC))         out = x w^T
+//   linear_dx(dx (N,IC): Act or Acc, dout (N,OC), w, accumulate) dx (+)= dout w
+//   linear_dw(dw (OC,IC) +=, dout (N,OC), x (N,IC))
+//   residual_add(out, x: Act, y: Acc)  out = x + y (one rounding)   add_inplace(y: Act, x: Acc)
+//   swiglu_forward(h, gate, up)   swiglu_backward(dgate, dup, dh, gate, up) (may alias gate/up)
+//   rope_forward(x (N,H,HS) in place, rope)   rope_backward(dx in place)
+//   qk_norm_rope_forward(out (N,H,HS), rstd (N H), x, w (HS), rope): rope(rmsnorm(x) w)
+//   qk_norm_rope_backward(dx =, dw +=, dout (destroyed), x, w, rstd, rope)
+//   attention_forward / attention_backward: the one attention primitive (ops/*/attention.h)
+//   gather_rows(out (R,C), in, rows (R))   scatter_rows(out[rows[r]] = in[r])
+//   cross_entropy(loss +=, lse (rows), dlogits (rows,V) or null, logits (rows,V), targets,
+//       row_begin, rows, V, dloss): the weighted loss of the chunk's targets, and its gradient
+//       dloss * d(loss)/d(logits) when dlogits is set (may alias logits)
+//   begin_head() / end_head(): the ops between them are the LM head's (GPU profile class)
+#pragma once
+
+namespace tt::model {
+
+// What a forward keeps. kTrain saves what backward needs; kNoGrad saves nothing (one layer's
+// working set at a time) and returns logits and/or the loss.
+enum class Mode { kTrain, kNoGrad };
+
+}  // namespace tt::model

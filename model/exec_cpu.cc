@@ -1,0 +1,193 @@
+// CpuExec: the op vocabulary of model/exec.h on the reference ops of ops/cpu.
+#include "model/exec_cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "base/check.h"
+#include "model/carve.h"
+#include "ops/cpu/adamw.h"
+#include "ops/cpu/cross_entropy.h"
+#include "ops/cpu/embedding.h"
+#include "ops/cpu/matmul.h"
+#include "ops/cpu/rmsnorm.h"
+#include "ops/cpu/rope.h"
+#include "ops/cpu/swiglu.h"
+#include "model/init.h"
+
+namespace tt::model {
+
+void HostBuffer::ensure(size_t bytes) {
+  if (bytes <= n_ && p_) return;
+  const size_t n = std::max<size_t>((bytes + kCarveAlign - 1) / kCarveAlign * kCarveAlign, kCarveAlign);
+  char* p = static_cast<char*>(std::aligned_alloc(kCarveAlign, n));
+  if (!p) throw std::bad_alloc();
+  p_.reset(p);
+  n_ = n;
+}
+
+template <class T>
+void CpuExec<T>::upload(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+
+template <class T>
+void CpuExec<T>::download(void* dst, const void* src, size_t bytes) const {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+
+template <class T>
+void CpuExec<T>::zero(void* p, size_t bytes) {
+  if (bytes) std::memset(p, 0, bytes);
+}
+
+template <class T>
+typename CpuExec<T>::Layout CpuExec<T>::make_layout(int, int num_nodes, const int32_t* node_start,
+                                                    const int32_t* node_len, const int32_t* node_parent,
+                                                    const int32_t*, char*) {
+  return Layout{num_nodes, node_start, node_len, node_parent};
+}
+
+template <class T>
+typename CpuExec<T>::Rope CpuExec<T>::make_rope(const int32_t* pos, int, int, double theta, char*) {
+  return Rope{pos, theta};
+}
+
+template <class T>
+void CpuExec<T>::init_normal(Param* w, int64_t n, uint64_t seed, double stddev) {
+  init_normal_host(w, n, seed, stddev);
+}
+
+template <class T>
+void CpuExec<T>::fill(Param* w, int64_t n, float value) {
+  std::fill(w, w + n, T(value));
+}
+
+template <class T>
+double CpuExec<T>::sum_squares(const Param* x, int64_t n) {
+  return cpu::sum_squares(x, n);
+}
+
+template <class T>
+void CpuExec<T>::embedding_forward(Act* out, const int32_t* tokens, const Weight* wte, int N, int C, int) {
+  cpu::embedding_forward(out, tokens, wte, N, C);
+}
+
+template <class T>
+void CpuExec<T>::embedding_backward(Param* dwte, const Act* dout, const int32_t* tokens, int N, int C, int) {
+  cpu::embedding_backward(dwte, dout, tokens, N, C);
+}
+
+template <class T>
+void CpuExec<T>::rmsnorm_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, int rows, int C, double eps) {
+  cpu::rmsnorm_forward(out, rstd, x, w, rows, C, eps);
+}
+
+template <class T>
+void CpuExec<T>::rmsnorm_backward(Act* dx, Param* dw, const Act* dout, const Act* x, const Weight* w,
+                                  const Stat* rstd, int rows, int C, bool accumulate_dx) {
+  if (!accumulate_dx) zero(dx, sizeof(T) * (size_t)rows * C);
+  cpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, rows, C);
+}
+
+template <class T>
+void CpuExec<T>::linear(Act* out, const Act* x, const Weight* w, int N, int IC, int OC) {
+  cpu::matmul_forward(out, x, w, N, IC, OC);
+}
+
+template <class T>
+void CpuExec<T>::linear_dx(Act* dx, const Act* dout, const Weight* w, int N, int IC, int OC, bool accumulate) {
+  if (!accumulate) zero(dx, sizeof(T) * (size_t)N * IC);
+  cpu::matmul_backward<T>(dx, nullptr, dout, nullptr, w, N, IC, OC);
+}
+
+template <class T>
+void CpuExec<T>::linear_dw(Param* dw, const Act* dout, const Act* x, int N, int IC, int OC) {
+  cpu::matmul_backward<T>(nullptr, dw, dout, x, nullptr, N, IC, OC);
+}
+
+template <class T>
+void CpuExec<T>::residual_add(Act* out, const Act* x, const Acc* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = y[i] + x[i];
+}
+
+template <class T>
+void CpuExec<T>::add_inplace(Act* y, const Acc* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+template <class T>
+void CpuExec<T>::swiglu_forward(Act* h, const Act* gate, const Act* up, int64_t n) {
+  cpu::swiglu_forward(h, gate, up, n);
+}
+
+template <class T>
+void CpuExec<T>::swiglu_backward(Act* dgate, Act* dup, const Act* dh, const Act* gate, const Act* up, int64_t n) {
+  cpu::swiglu_backward(dgate, dup, dh, gate, up, n);
+}
+
+template <class T>
+void CpuExec<T>::rope_forward(Act* x, const Rope& r, int N, int H, int HS) {
+  cpu::rope_forward(x, r.pos, N, H, HS, r.theta);
+}
+
+template <class T>
+void CpuExec<T>::rope_backward(Act* dx, const Rope& r, int N, int H, int HS) {
+  cpu::rope_backward(dx, r.pos, N, H, HS, r.theta);
+}
+
+template <class T>
+void CpuExec<T>::qk_norm_rope_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, const Rope& r, int N,
+                                      int H, int HS, double eps) {
+  cpu::rmsnorm_forward(out, rstd, x, w, N * H, HS, eps);
+  cpu::rope_forward(out, r.pos, N, H, HS, r.theta);
+}
+
+template <class T>
+void CpuExec<T>::qk_norm_rope_backward(Act* dx, Param* dw, Act* dout, const Act* x, const Weight* w,
+                                       const Stat* rstd, const Rope& r, int N, int H, int HS) {
+  cpu::rope_backward(dout, r.pos, N, H, HS, r.theta);
+  zero(dx, sizeof(T) * (size_t)N * H * HS);
+  cpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, N * H, HS);
+}
+
+template <class T>
+void CpuExec<T>::attention_forward(Act* out, Stat* lse, const Act* q, const Act* k, const Act* v,
+                                   const Layout& layout, const KV* ext, int n_ext, int N, int NH, int NKV, int HS) {
+  cpu::attention_forward(out, lse, q, k, v, layout, ext, n_ext, N, NH, NKV, HS);
+}
+
+template <class T>
+void CpuExec<T>::attention_backward(Act* dq, Act* dk, Act* dv, const Act* dout, const Act* out, const Stat* lse,
+                                    const Act* q, const Act* k, const Act* v, const Layout& layout, const KV* ext,
+                                    int n_ext, int N, int NH, int NKV, int HS) {
+  cpu::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, layout, ext, n_ext, N, NH, NKV, HS);
+}
+
+template <class T>
+void CpuExec<T>::gather_rows(Act* out, const Act* in, const int32_t* rows, int R, int C) {
+  for (int r = 0; r < R; ++r) std::copy(in + (int64_t)rows[r] * C, in + (int64_t)(rows[r] + 1) * C, out + (int64_t)r * C);
+}
+
+template <class T>
+void CpuExec<T>::scatter_rows(Act* out, const Act* in, const int32_t* rows, int R, int C) {
+  for (int r = 0; r < R; ++r) std::copy(in + (int64_t)r * C, in + (int64_t)(r + 1) * C, out + (int64_t)rows[r] * C);
+}
+
+template <class T>
+void CpuExec<T>::cross_entropy(double* loss, Stat* lse, Act* dlogits, const Act* logits, const Targets& tgt,
+                               int row_begin, int rows, int V, double dloss) {
+  // ops/cpu counts a target's source from the first row it is given.
+  std::vector<int32_t> src(tgt.src, tgt.src + tgt.n_tgt);
+  for (int32_t& s : src) s -= row_begin;
+  *loss += cpu::cross_entropy_forward(lse, logits, src.data(), tgt.tok, tgt.w, tgt.n_tgt, rows, V);
+  if (dlogits) cpu::cross_entropy_backward(dlogits, logits, lse, src.data(), tgt.tok, tgt.w, tgt.n_tgt, rows, V, dloss);
+}
+
+template class CpuExec<float>;
+template class CpuExec<double>;
+
+}  // namespace tt::model

@@ -1,0 +1,132 @@
+// The CPU execution backend of the decoder: the reference ops of ops/cpu behind the op vocabulary
+// every layer kind is written in (model/exec.h states it; model/exec_cuda.h is the GPU backend).
+//
+// Everything is T (float for training, double for the exactness tests): activations, statistics,
+// accumulators, master weights and the weights the ops read (one buffer: no working copy). The
+// CPU backend is the oracle, so its backward never consumes what forward saved (a backward can be
+// repeated on the same activations and adds the same gradient again) and the LM head's gradient
+// is taken in backward(), like every other gradient.
+#pragma once
+
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "model/config.h"
+#include "model/exec.h"
+#include "ops/cpu/attention.h"
+
+namespace tt::model {
+
+// A grow-only host buffer, 256-byte aligned (model/carve.h).
+class HostBuffer {
+ public:
+  char* data() { return p_.get(); }
+  const char* data() const { return p_.get(); }
+  size_t size() const { return n_; }
+  // Grows to at least `bytes` (contents are not kept when it grows).
+  void ensure(size_t bytes);
+
+ private:
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, Free> p_;
+  size_t n_ = 0;
+};
+
+template <class T>
+class CpuExec {
+ public:
+  using Act = T;     // activations
+  using Stat = T;    // per-row statistics (rstd, lse)
+  using Acc = T;     // sums of several products, relayed gradients
+  using Param = T;   // master weights and their gradients
+  using Weight = T;  // what the ops read as weights (the master weights themselves)
+  using KV = cpu::ExternalKV<T>;
+  using Layout = cpu::AttnLayout;
+  using Buffer = HostBuffer;
+  struct Rope {
+    const int32_t* pos = nullptr;  // (N)
+    double theta = 0;
+  };
+  // A head chunk's targets: src indexes the batch's head rows (the chunk starts at row_begin).
+  struct Targets {
+    const int32_t* src = nullptr;
+    const int32_t* tok = nullptr;
+    const double* w = nullptr;
+    int n_tgt = 0;
+  };
+
+  struct Options {};
+  static constexpr const char* kName = "cpu";
+  static constexpr bool kSeparateWeights = false;      // Weight buffer == Param buffer
+  static constexpr bool kBackwardConsumesSaved = false;
+  static constexpr bool kHeadGradInForward = false;
+  static constexpr int kMaxExternalKV = INT_MAX;
+  static constexpr int64_t kDefaultHeadChunkBytes = INT64_MAX;  // one chunk: every head row at once
+
+  explicit CpuExec(const Options& = {}) {}
+  // Every config the model accepts runs here.
+  static void check_model(const ModelConfig&) {}
+
+  // Memory: host pointers everywhere.
+  void ensure(Buffer& b, size_t bytes) { b.ensure(bytes); }
+  void upload(void* dst, const void* src, size_t bytes);
+  void download(void* dst, const void* src, size_t bytes) const;
+  void zero(void* p, size_t bytes);
+  void sync() const {}
+  double read(const double* p) const { return *p; }
+  static double to_double(Act x) { return (double)x; }
+
+  // Batch preparation (ops/cpu/attention.h reads the node ranges directly).
+  static size_t layout_bytes(int) { return 0; }
+  Layout make_layout(int N, int num_nodes, const int32_t* node_start, const int32_t* node_len,
+                     const int32_t* node_parent, const int32_t* subtree_end, char* storage);
+  static size_t rope_bytes(int, int) { return 0; }
+  Rope make_rope(const int32_t* pos, int N, int HS, double theta, char* storage);
+
+  // Parameters.
+  void init_normal(Param* w, int64_t n, uint64_t seed, double stddev);
+  void fill(Param* w, int64_t n, float value);
+  void to_weights(Weight*, const Param*, int64_t) {}  // no working copy
+  double sum_squares(const Param* x, int64_t n);
+
+  // The op vocabulary (model/exec.h).
+  void embedding_forward(Act* out, const int32_t* tokens, const Weight* wte, int N, int C, int V);
+  void embedding_backward(Param* dwte, const Act* dout, const int32_t* tokens, int N, int C, int V);
+  void rmsnorm_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, int rows, int C, double eps);
+  void rmsnorm_backward(Act* dx, Param* dw, const Act* dout, const Act* x, const Weight* w, const Stat* rstd,
+                        int rows, int C, bool accumulate_dx);
+  void linear(Act* out, const Act* x, const Weight* w, int N, int IC, int OC);
+  void linear_dx(Act* dx, const Act* dout, const Weight* w, int N, int IC, int OC, bool accumulate);
+  void linear_dw(Param* dw, const Act* dout, const Act* x, int N, int IC, int OC);
+  void residual_add(Act* out, const Act* x, const Acc* y, int64_t n);
+  void add_inplace(Act* y, const Acc* x, int64_t n);
+  void swiglu_forward(Act* h, const Act* gate, const Act* up, int64_t n);
+  void swiglu_backward(Act* dgate, Act* dup, const Act* dh, const Act* gate, const Act* up, int64_t n);
+  void rope_forward(Act* x, const Rope& r, int N, int H, int HS);
+  void rope_backward(Act* dx, const Rope& r, int N, int H, int HS);
+  void qk_norm_rope_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, const Rope& r, int N, int H, int HS,
+                            double eps);
+  void qk_norm_rope_backward(Act* dx, Param* dw, Act* dout, const Act* x, const Weight* w, const Stat* rstd,
+                             const Rope& r, int N, int H, int HS);
+  void attention_forward(Act* out, Stat* lse, const Act* q, const Act* k, const Act* v, const Layout& layout,
+                         const KV* ext, int n_ext, int N, int NH, int NKV, int HS);
+  void attention_backward(Act* dq, Act* dk, Act* dv, const Act* dout, const Act* out, const Stat* lse, const Act* q,
+                          const Act* k, const Act* v, const Layout& layout, const KV* ext, int n_ext, int N, int NH,
+                          int NKV, int HS);
+  void gather_rows(Act* out, const Act* in, const int32_t* rows, int R, int C);
+  void scatter_rows(Act* out, const Act* in, const int32_t* rows, int R, int C);
+  void cross_entropy(double* loss, Stat* lse, Act* dlogits, const Act* logits, const Targets& tgt, int row_begin,
+                     int rows, int V, double dloss);
+  // Profiling scopes are a GPU notion; here they do nothing.
+  void begin_head() {}
+  void end_head() {}
+  void profile_gap() {}
+};
+
+}  // namespace tt::model

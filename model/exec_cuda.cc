@@ -1,0 +1,302 @@
+// CudaExec: the op vocabulary of model/exec.h on the kernels of ops/cuda (see exec_cuda.h).
+#include "model/exec_cuda.h"
+
+#include <algorithm>
+
+#include "base/check.h"
+#include "model/exec_cuda_kernels.h"
+#include "ops/cuda/adamw.h"
+#include "ops/cuda/check.h"
+#include "ops/cuda/embedding.h"
+#include "ops/cuda/rmsnorm.h"
+#include "ops/cuda/rope.h"
+#include "ops/cuda/swiglu.h"
+
+namespace tt::model {
+
+using cuda::bf16;
+
+CudaExec::CudaExec(const CudaExecOptions& options) : options_(options) {
+  TT_CUDA_CHECK(cudaStreamCreate(&stream_));
+  alloc_ = std::make_unique<cuda::DeviceAllocator>();
+  gemm_ = std::make_unique<cuda::GemmHandle>(stream_);
+  gemm_->set_autotune(options_.gemm_autotune);
+  reduce_ = cuda::DeviceBuffer<double>(1, alloc_.get());
+}
+
+CudaExec::~CudaExec() {
+  if (stream_) cudaStreamSynchronize(stream_);
+  for (auto& m : marks_) cudaEventDestroy(m.first);
+  for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
+  workspace_.reset();
+  reduce_.reset();
+  gemm_.reset();
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void CudaExec::check_model(const ModelConfig& cfg) {
+  if (cfg.head_dim != 64 && cfg.head_dim != 128)
+    throw Error(str("model.head_dim ", cfg.head_dim, " is not supported on cuda (the tree attention kernels take 64 or 128)"));
+}
+
+void CudaExec::ensure(Buffer& b, size_t bytes) {
+  if (b.size() >= bytes && b.data()) return;
+  b.reset();
+  b = Buffer(std::max<size_t>(bytes, 1), alloc_.get());
+}
+
+void CudaExec::upload(void* dst, const void* src, size_t bytes) {
+  mark(Op::kOther);
+  if (bytes) TT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+}
+
+void CudaExec::download(void* dst, const void* src, size_t bytes) const {
+  if (bytes) TT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  TT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaExec::zero(void* p, size_t bytes) {
+  mark(Op::kOther);
+  if (bytes) TT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+}
+
+void CudaExec::sync() const { TT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+double CudaExec::read(const double* p) const {
+  double out = 0;
+  download(&out, p, sizeof(double));
+  return out;
+}
+
+cuda::Workspace CudaExec::workspace(size_t bytes) {
+  ensure(workspace_, bytes);
+  return cuda::Workspace{workspace_.data(), workspace_.size()};
+}
+
+CudaExec::Layout CudaExec::make_layout(int N, int, const int32_t*, const int32_t*, const int32_t*,
+                                       const int32_t* subtree_end, char* storage) {
+  mark(Op::kOther);
+  return cuda::build_tree_tiles(subtree_end, N, cuda::Workspace{storage, cuda::tree_tiles_bytes(N)}, stream_);
+}
+
+size_t CudaExec::rope_bytes(int N, int HS) {
+  return cuda::qk_norm_rope_supported(HS) ? sizeof(float2) * (size_t)N * (HS / 2) : 0;
+}
+
+CudaExec::Rope CudaExec::make_rope(const int32_t* pos, int N, int HS, double theta, char* storage) {
+  Rope r{pos, theta, nullptr};
+  if (cuda::qk_norm_rope_supported(HS) && N > 0) {
+    mark(Op::kNorm);
+    float2* table = reinterpret_cast<float2*>(storage);
+    cuda::rope_table(table, pos, N, HS, theta, stream_);
+    r.table = table;
+  }
+  return r;
+}
+
+void CudaExec::init_normal(Param* w, int64_t n, uint64_t seed, double stddev) {
+  detail::init_normal(w, n, seed, stddev, stream_);
+}
+
+void CudaExec::fill(Param* w, int64_t n, float value) { detail::fill(w, n, value, stream_); }
+
+void CudaExec::to_weights(Weight* out, const Param* in, int64_t n) {
+  mark(Op::kOther);
+  detail::f32_to_bf16(out, in, n, stream_);
+}
+
+double CudaExec::sum_squares(const Param* x, int64_t n) {
+  cuda::sum_squares(reduce_.data(), x, n, workspace(cuda::sum_squares_workspace_bytes(n)), stream_);
+  return read(reduce_.data());
+}
+
+void CudaExec::embedding_forward(Act* out, const int32_t* tokens, const Weight* wte, int N, int C, int V) {
+  mark(Op::kOther);
+  cuda::embedding_forward(out, tokens, wte, N, C, V, stream_);
+}
+
+void CudaExec::embedding_backward(Param* dwte, const Act* dout, const int32_t* tokens, int N, int C, int V) {
+  mark(Op::kOther);
+  cuda::embedding_backward(dwte, dout, tokens, N, C, V, workspace(cuda::embedding_backward_workspace_bytes(N)),
+                           stream_);
+}
+
+void CudaExec::rmsnorm_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, int rows, int C, double eps) {
+  mark(Op::kNorm);
+  cuda::rmsnorm_forward(out, rstd, x, w, rows, C, eps, stream_);
+}
+
+void CudaExec::rmsnorm_backward(Act* dx, Param* dw, const Act* dout, const Act* x, const Weight* w,
+                                const Stat* rstd, int rows, int C, bool accumulate_dx) {
+  mark(Op::kNorm);
+  cuda::rmsnorm_backward(dx, dw, dout, x, w, rstd, rows, C, workspace(cuda::rmsnorm_backward_workspace_bytes(rows, C)),
+                         stream_, accumulate_dx);
+}
+
+void CudaExec::rmsnorm_backward(Act* dx, Param* dw, const Acc* dout, const Act* x, const Weight* w,
+                                const Stat* rstd, int rows, int C, bool accumulate_dx) {
+  mark(Op::kNorm);
+  cuda::rmsnorm_backward(dx, dw, dout, x, w, rstd, rows, C, workspace(cuda::rmsnorm_backward_workspace_bytes(rows, C)),
+                         stream_, accumulate_dx);
+}
+
+void CudaExec::linear(Act* out, const Act* x, const Weight* w, int N, int IC, int OC) {
+  mark(Op::kGemm);
+  cuda::matmul_forward(*gemm_, out, x, w, N, IC, OC);
+}
+
+void CudaExec::linear(Acc* out, const Act* x, const Weight* w, int N, int IC, int OC) {
+  mark(Op::kGemm);
+  cuda::matmul_forward(*gemm_, out, x, w, N, IC, OC);
+}
+
+void CudaExec::linear_dx(Act* dx, const Act* dout, const Weight* w, int N, int IC, int OC, bool accumulate) {
+  mark(Op::kGemm);
+  cuda::matmul_backward_dx(*gemm_, dx, dout, w, N, IC, OC, accumulate ? 1.f : 0.f);
+}
+
+void CudaExec::linear_dx(Acc* dx, const Act* dout, const Weight* w, int N, int IC, int OC, bool accumulate) {
+  mark(Op::kGemm);
+  cuda::matmul_backward_dx(*gemm_, dx, dout, w, N, IC, OC, accumulate ? 1.f : 0.f);
+}
+
+void CudaExec::linear_dw(Param* dw, const Act* dout, const Act* x, int N, int IC, int OC) {
+  mark(Op::kGemm);
+  cuda::matmul_backward_dw(*gemm_, dw, dout, x, N, IC, OC, 1.f);
+}
+
+void CudaExec::residual_add(Act* out, const Act* x, const Acc* y, int64_t n) {
+  mark(Op::kOther);
+  detail::residual_add(out, x, y, n, stream_);
+}
+
+void CudaExec::add_inplace(Act* y, const Acc* x, int64_t n) {
+  mark(Op::kOther);
+  detail::add_inplace(y, x, n, stream_);
+}
+
+void CudaExec::swiglu_forward(Act* h, const Act* gate, const Act* up, int64_t n) {
+  mark(Op::kNorm);
+  cuda::swiglu_forward(h, gate, up, n, stream_);
+}
+
+void CudaExec::swiglu_backward(Act* dgate, Act* dup, const Act* dh, const Act* gate, const Act* up, int64_t n) {
+  mark(Op::kNorm);
+  cuda::swiglu_backward(dgate, dup, dh, gate, up, n, stream_);
+}
+
+void CudaExec::rope_forward(Act* x, const Rope& r, int N, int H, int HS) {
+  mark(Op::kNorm);
+  cuda::rope_forward(x, r.pos, N, H, HS, r.theta, stream_);
+}
+
+void CudaExec::rope_backward(Act* dx, const Rope& r, int N, int H, int HS) {
+  mark(Op::kNorm);
+  cuda::rope_backward(dx, r.pos, N, H, HS, r.theta, stream_);
+}
+
+void CudaExec::qk_norm_rope_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, const Rope& r, int N, int H,
+                                    int HS, double eps) {
+  mark(Op::kNorm);
+  if (r.table) {
+    cuda::qk_norm_rope_forward(out, rstd, x, w, r.table, N, H, HS, eps, stream_);
+  } else {
+    cuda::rmsnorm_forward(out, rstd, x, w, N * H, HS, eps, stream_);
+    cuda::rope_forward(out, r.pos, N, H, HS, r.theta, stream_);
+  }
+}
+
+void CudaExec::qk_norm_rope_backward(Act* dx, Param* dw, Act* dout, const Act* x, const Weight* w, const Stat* rstd,
+                                     const Rope& r, int N, int H, int HS) {
+  mark(Op::kNorm);
+  const cuda::Workspace ws = workspace(cuda::rmsnorm_backward_workspace_bytes(N * H, HS));
+  if (r.table) {
+    cuda::qk_norm_rope_backward(dx, dw, dout, x, w, rstd, r.table, N, H, HS, ws, stream_, /*accumulate_dx=*/false);
+  } else {
+    cuda::rope_backward(dout, r.pos, N, H, HS, r.theta, stream_);
+    cuda::rmsnorm_backward(dx, dw, dout, x, w, rstd, N * H, HS, ws, stream_, /*accumulate_dx=*/false);
+  }
+}
+
+void CudaExec::attention_forward(Act* out, Stat* lse, const Act* q, const Act* k, const Act* v, const Layout& layout,
+                                 const KV* ext, int n_ext, int N, int NH, int NKV, int HS) {
+  mark(Op::kAttention);
+  cuda::attention_forward(out, lse, q, k, v, layout, ext, n_ext, N, NH, NKV, HS, stream_);
+}
+
+void CudaExec::attention_backward(Act* dq, Act* dk, Act* dv, const Act* dout, const Act* out, const Stat* lse,
+                                  const Act* q, const Act* k, const Act* v, const Layout& layout, const KV* ext,
+                                  int n_ext, int N, int NH, int NKV, int HS) {
+  mark(Op::kAttention);
+  cuda::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, layout, ext, n_ext, N, NH, NKV, HS,
+                           workspace(cuda::attention_backward_workspace_bytes(N, NH, HS)), stream_);
+}
+
+void CudaExec::gather_rows(Act* out, const Act* in, const int32_t* rows, int R, int C) {
+  mark(Op::kOther);
+  detail::gather_rows(out, in, rows, R, C, stream_);
+}
+
+void CudaExec::scatter_rows(Act* out, const Act* in, const int32_t* rows, int R, int C) {
+  mark(Op::kOther);
+  detail::scatter_rows(out, in, rows, R, C, stream_);
+}
+
+void CudaExec::cross_entropy(double* loss, Stat* lse, Act* dlogits, const Act* logits, const Targets& tgt,
+                             int row_begin, int rows, int V, double dloss) {
+  mark(Op::kOther);
+  const cuda::Workspace ws = workspace(cuda::cross_entropy_workspace_bytes(rows, tgt.n_tgt));
+  if (dlogits) {
+    cuda::cross_entropy_forward_backward(loss, lse, dlogits, logits, tgt, row_begin, rows, V, (float)dloss, ws, stream_);
+  } else {
+    cuda::cross_entropy_forward(loss, lse, logits, tgt, row_begin, rows, V, ws, stream_);
+  }
+}
+
+void CudaExec::begin_head() {
+  mark(Op::kHead);
+  in_head_ = true;
+}
+
+void CudaExec::end_head() { in_head_ = false; }
+
+void CudaExec::mark(Op op) {
+  if (!options_.profile) return;
+  if (in_head_) op = Op::kHead;
+  if (op == current_) return;
+  current_ = op;
+  cudaEvent_t e = nullptr;
+  if (!spare_events_.empty()) {
+    e = spare_events_.back();
+    spare_events_.pop_back();
+  } else {
+    TT_CUDA_CHECK(cudaEventCreate(&e));
+  }
+  TT_CUDA_CHECK(cudaEventRecord(e, stream_));
+  marks_.emplace_back(e, op);
+}
+
+CudaProfile CudaExec::take_profile() {
+  CudaProfile p;
+  if (marks_.empty()) return p;
+  mark(Op::kNone);
+  TT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (size_t i = 0; i + 1 < marks_.size(); ++i) {
+    if (marks_[i].second == Op::kNone) continue;
+    float ms = 0;
+    TT_CUDA_CHECK(cudaEventElapsedTime(&ms, marks_[i].first, marks_[i + 1].first));
+    switch (marks_[i].second) {
+      case Op::kGemm: p.gemm_ms += ms; break;
+      case Op::kAttention: p.attention_ms += ms; break;
+      case Op::kHead: p.head_ms += ms; break;
+      case Op::kNorm: p.norm_ms += ms; break;
+      default: p.other_ms += ms; break;
+    }
+  }
+  for (auto& m : marks_) spare_events_.push_back(m.first);
+  marks_.clear();
+  current_ = Op::kNone;
+  return p;
+}
+
+}  // namespace tt::model

@@ -1,0 +1,179 @@
+// The CUDA execution backend of the decoder: the op vocabulary of model/exec.h on the kernels of
+// ops/cuda, on one stream.
+//
+// Precision: bf16 activations and weight copy (the GEMM operands), fp32 statistics (rstd, lse),
+// fp32 master weights and gradients. GEMMs run through cuBLASLt with fp32 accumulation; where a
+// GEMM result is added to something (residual adds, the sum of the q/k/v or gate/up input
+// gradients) it is written in fp32 (Acc) and rounded to bf16 once after the sum.
+//
+// Memory: one caching allocator (ops/cuda/memory.h) serves every buffer, so once the largest batch
+// has been seen a step calls no cudaMalloc; one op workspace, grown to the largest request (the
+// ops on the stream run one at a time, so one region serves them all). Everything is enqueued on
+// the exec's stream; nothing here waits for the GPU except read() and sync().
+//
+// Profile (options.profile): every op records which class it belongs to (GEMM, attention, LM head,
+// norm, other), an event marking each change of class; take_profile() turns the events into GPU
+// time per class. The LM head's ops (between begin_head() and end_head()) all count as head.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "model/config.h"
+#include "model/exec.h"
+#include "ops/cuda/attention.h"
+#include "ops/cuda/bf16.h"
+#include "ops/cuda/cross_entropy.h"
+#include "ops/cuda/gemm.h"
+#include "ops/cuda/memory.h"
+#include "ops/cuda/tree_tiles.h"
+
+namespace tt::model {
+
+struct CudaExecOptions {
+  // Record an event at every change of op class (take_profile()).
+  bool profile = false;
+  // cuBLASLt autotuning of every new GEMM shape (cuda::GemmHandle::set_autotune; off: the
+  // heuristic's first algorithm, the same every run).
+  bool gemm_autotune = false;
+};
+
+// GPU time per op class since the last take_profile(), in milliseconds. The classes partition the
+// stream time of the decoder's calls.
+struct CudaProfile {
+  double gemm_ms = 0;       // the layers' projections, forward and backward (cuBLASLt)
+  double attention_ms = 0;  // tree attention forward and backward
+  double head_ms = 0;       // LM head: row gather/scatter, logits GEMM, fused loss, dW and dX GEMMs
+  double norm_ms = 0;       // rmsnorm (also q/k norm), RoPE, SwiGLU, forward and backward
+  double other_ms = 0;      // metadata upload, tiles, embedding, residual adds, conversions, memsets
+  double total_ms() const { return gemm_ms + attention_ms + head_ms + norm_ms + other_ms; }
+};
+
+class CudaExec {
+ public:
+  using Act = cuda::bf16;
+  using Stat = float;
+  using Acc = float;
+  using Param = float;
+  using Weight = cuda::bf16;
+  using KV = cuda::ExternalKV;
+  using Layout = cuda::TreeTiles;
+  using Buffer = cuda::DeviceBuffer<char>;
+  struct Rope {
+    const int32_t* pos = nullptr;  // (N) device
+    double theta = 0;
+    const float2* table = nullptr;  // (N, HS/2) cos/sin (cuda::rope_table), when the fused q/k op takes HS
+  };
+  using Targets = cuda::CeTargets;  // src indexes the batch's head rows
+
+  using Options = CudaExecOptions;
+  static constexpr const char* kName = "cuda";
+  static constexpr bool kSeparateWeights = true;
+  static constexpr bool kBackwardConsumesSaved = true;
+  static constexpr bool kHeadGradInForward = true;
+  static constexpr int kMaxExternalKV = cuda::kMaxExternalKV;
+  static constexpr int64_t kDefaultHeadChunkBytes = int64_t(1) << 30;  // of bf16 logits per chunk
+
+  // Creates the stream, the allocator and the GEMM handle on the current device. Throws
+  // tt::Error when no CUDA device is usable.
+  explicit CudaExec(const CudaExecOptions& options = {});
+  ~CudaExec();
+  CudaExec(const CudaExec&) = delete;
+  CudaExec& operator=(const CudaExec&) = delete;
+
+  // Throws tt::Error naming the key for a config the kernels cannot run (head_dim other than 64
+  // or 128).
+  static void check_model(const ModelConfig& cfg);
+
+  cudaStream_t stream() const { return stream_; }
+  cuda::DeviceAllocator& allocator() { return *alloc_; }
+  const cuda::DeviceAllocator& allocator() const { return *alloc_; }
+  cuda::GemmHandle& gemm() { return *gemm_; }
+
+  // Memory.
+  void ensure(Buffer& b, size_t bytes);
+  void upload(void* dst, const void* src, size_t bytes);  // pageable host source: staged on return
+  void download(void* dst, const void* src, size_t bytes) const;  // waits
+  void zero(void* p, size_t bytes);
+  void sync() const;
+  double read(const double* p) const;  // waits
+  static double to_double(Act x) { return cuda::host_bf16_to_float(x); }
+
+  // Batch preparation.
+  static size_t layout_bytes(int N) { return cuda::tree_tiles_bytes(N); }
+  Layout make_layout(int N, int num_nodes, const int32_t* node_start, const int32_t* node_len,
+                     const int32_t* node_parent, const int32_t* subtree_end, char* storage);
+  static size_t rope_bytes(int N, int HS);
+  Rope make_rope(const int32_t* pos, int N, int HS, double theta, char* storage);
+
+  // Parameters.
+  void init_normal(Param* w, int64_t n, uint64_t seed, double stddev);
+  void fill(Param* w, int64_t n, float value);
+  void to_weights(Weight* out, const Param* in, int64_t n);  // round to the bf16 copy
+  double sum_squares(const Param* x, int64_t n);              // fp64 on the device; waits
+
+  // The op vocabulary (model/exec.h).
+  void embedding_forward(Act* out, const int32_t* tokens, const Weight* wte, int N, int C, int V);
+  void embedding_backward(Param* dwte, const Act* dout, const int32_t* tokens, int N, int C, int V);
+  void rmsnorm_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, int rows, int C, double eps);
+  void rmsnorm_backward(Act* dx, Param* dw, const Act* dout, const Act* x, const Weight* w, const Stat* rstd,
+                        int rows, int C, bool accumulate_dx);
+  void rmsnorm_backward(Act* dx, Param* dw, const Acc* dout, const Act* x, const Weight* w, const Stat* rstd,
+                        int rows, int C, bool accumulate_dx);
+  void linear(Act* out, const Act* x, const Weight* w, int N, int IC, int OC);
+  void linear(Acc* out, const Act* x, const Weight* w, int N, int IC, int OC);
+  void linear_dx(Act* dx, const Act* dout, const Weight* w, int N, int IC, int OC, bool accumulate);
+  void linear_dx(Acc* dx, const Act* dout, const Weight* w, int N, int IC, int OC, bool accumulate);
+  void linear_dw(Param* dw, const Act* dout, const Act* x, int N, int IC, int OC);
+  void residual_add(Act* out, const Act* x, const Acc* y, int64_t n);
+  void add_inplace(Act* y, const Acc* x, int64_t n);
+  void swiglu_forward(Act* h, const Act* gate, const Act* up, int64_t n);
+  void swiglu_backward(Act* dgate, Act* dup, const Act* dh, const Act* gate, const Act* up, int64_t n);
+  void rope_forward(Act* x, const Rope& r, int N, int H, int HS);
+  void rope_backward(Act* dx, const Rope& r, int N, int H, int HS);
+  void qk_norm_rope_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, const Rope& r, int N, int H, int HS,
+                            double eps);
+  void qk_norm_rope_backward(Act* dx, Param* dw, Act* dout, const Act* x, const Weight* w, const Stat* rstd,
+                             const Rope& r, int N, int H, int HS);
+  void attention_forward(Act* out, Stat* lse, const Act* q, const Act* k, const Act* v, const Layout& layout,
+                         const KV* ext, int n_ext, int N, int NH, int NKV, int HS);
+  void attention_backward(Act* dq, Act* dk, Act* dv, const Act* dout, const Act* out, const Stat* lse, const Act* q,
+                          const Act* k, const Act* v, const Layout& layout, const KV* ext, int n_ext, int N, int NH,
+                          int NKV, int HS);
+  void gather_rows(Act* out, const Act* in, const int32_t* rows, int R, int C);
+  void scatter_rows(Act* out, const Act* in, const int32_t* rows, int R, int C);
+  void cross_entropy(double* loss, Stat* lse, Act* dlogits, const Act* logits, const Targets& tgt, int row_begin,
+                     int rows, int V, double dloss);
+  void begin_head();
+  void end_head();
+  // The stream time from here to the next op is not counted in the profile (host gaps between
+  // the decoder's calls).
+  void profile_gap() { mark(Op::kNone); }
+
+  // GPU time per op class since the last call (zeros unless options.profile); waits.
+  CudaProfile take_profile();
+
+ private:
+  enum class Op { kGemm, kAttention, kHead, kNorm, kOther, kNone };
+  // The ops enqueued from here to the next change belong to class `op` (with options.profile).
+  void mark(Op op);
+  // The op workspace, grown to at least `bytes` (stream-ordered reuse).
+  cuda::Workspace workspace(size_t bytes);
+
+  CudaExecOptions options_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cuda::DeviceAllocator> alloc_;  // declared before every buffer it serves
+  std::unique_ptr<cuda::GemmHandle> gemm_;
+  Buffer workspace_;
+  cuda::DeviceBuffer<double> reduce_;  // (1) sum of squares
+  bool in_head_ = false;
+  Op current_ = Op::kNone;
+  std::vector<std::pair<cudaEvent_t, Op>> marks_;  // profile marks since take_profile()
+  std::vector<cudaEvent_t> spare_events_;
+};
+
+}  // namespace tt::model
