@@ -18,7 +18,7 @@
 // Forward, per block: kFwdItemsPerBlock consecutive (query tile of BM = 128 rows, head) items, back
 // to back, warp-specialised. Warpgroup 0 loads, two consumer warpgroups of 64 rows each (232
 // registers through setmaxnreg) walk the visible key tiles of BN = 128 keys (the walk of
-// attention_kernels.cuh): S = Q K^T (both K-major), mask on partial tiles (key ranges staged in
+// attention_walk.cuh): S = Q K^T (both K-major), mask on partial tiles (key ranges staged in
 // shared memory with K), online softmax in fp32 in registers, O += P V (P from registers,
 // V MN-major).
 // Each consumer is software-pipelined one tile deep, and the two take turns issuing their MMAs,
@@ -46,8 +46,9 @@
 #include <cmath>
 #include <cstdint>
 
-#include "ops/cuda/attention_kernels.cuh"
+#include "ops/cuda/attention_bwd_rows.cuh"
 #include "ops/cuda/attention_params.h"
+#include "ops/cuda/attention_walk.cuh"
 
 namespace tt::cuda::attn::sm90 {
 
