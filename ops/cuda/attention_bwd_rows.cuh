@@ -86,8 +86,8 @@ __global__ void attention_dq_convert_kernel(const AttnBwdParams p) {
 }
 
 // One thread's share of a key tile's dK and dV: keys j0 and j0 + 8, columns 8 nd + 2t and
-// 8 nd + 2t + 1, read as dk_at(nd, c) / dv_at(nd, c) with c = 2 half + 0 / 1 (the MMA accumulator
-// layout of both kernel sets). Tree keys store bf16 (dK scaled); source e < n_ext adds into the
+// 8 nd + 2t + 1, read as dk_at(nd, c) / dv_at(nd, c) with c = 2 half + 0 / 1 (the wgmma accumulator
+// layout, ops/cuda/wgmma.cuh). Tree keys store bf16 (dK scaled); source e < n_ext adds into the
 // external prefix's fp32 gradients where it has them. Keys at or past n_keys are skipped.
 template <int HS, class DK, class DV>
 __device__ __forceinline__ void store_dkv(const AttnBwdParams& p, int e, int j0, int n_keys, int hk, int t, DK dk_at,
