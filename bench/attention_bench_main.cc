@@ -2,7 +2,6 @@
 //
 //   attention_bench --workload comb|rollout|causal [--n N (causal)] [--heads 16] [--kv-heads 16]
 //                   [--head-dim 128] [--iters 10] [--warmup 3] [--dump PREFIX]
-//                   [--impl wgmma|mma_sync]
 // --dump writes PREFIXsubtree_end.npy and PREFIXpos.npy for scripts/device/attention_compare.py.
 #include <cstdio>
 #include <cstdlib>
@@ -30,7 +29,6 @@ int main(int argc, char** argv) {
       else if (a == "--iters") opt.iters = std::atoi(val);
       else if (a == "--warmup") opt.warmup = std::atoi(val);
       else if (a == "--dump") dump = val;
-      else if (a == "--impl") opt.impl = val;
       else TT_CHECK(false, "attention_bench: unknown option ", a);
     }
     tt::data::PackedBatch batch;

@@ -139,11 +139,6 @@ AttentionBenchResult bench_attention(const data::PackedBatch& batch, const std::
   const int N = batch.n_tokens, NH = opt.heads, NKV = opt.kv_heads, HS = opt.head_dim;
   TT_CHECK(N > 0, "bench_attention: empty batch");
   TT_CHECK(opt.iters > 0 && opt.warmup >= 0, "bench_attention: iters=", opt.iters, " warmup=", opt.warmup);
-  TT_CHECK(opt.impl == "wgmma" || opt.impl == "mma_sync", "bench_attention: impl '", opt.impl,
-           "', expected wgmma or mma_sync");
-  const cuda::AttentionImpl impl = opt.impl == "wgmma" ? cuda::AttentionImpl::kWgmma : cuda::AttentionImpl::kMmaSync;
-  const cuda::AttentionImpl saved_impl = cuda::attention_impl();
-  cuda::set_attention_impl(impl);
   const size_t nq = (size_t)N * NH * HS, nk = (size_t)N * NKV * HS;
   DeviceBuffer<bf16> q(nq), k(nk), v(nk), dout(nq), out(nq), dq(nq), dk(nk), dv(nk);
   DeviceBuffer<float> lse((size_t)N * NH);
@@ -199,11 +194,9 @@ AttentionBenchResult bench_attention(const data::PackedBatch& batch, const std::
   TT_CUDA_CHECK(cudaEventDestroy(e1));
   TT_CUDA_CHECK(cudaEventDestroy(e2));
   TT_CUDA_CHECK(cudaStreamDestroy(stream));
-  cuda::set_attention_impl(saved_impl);
 
   AttentionBenchResult r;
   r.workload = workload;
-  r.impl = opt.impl;
   r.n = N;
   r.heads = NH;
   r.kv_heads = NKV;
@@ -225,10 +218,10 @@ AttentionBenchResult bench_attention(const data::PackedBatch& batch, const std::
 std::string to_json(const AttentionBenchResult& r) {
   char buf[640];
   std::snprintf(buf, sizeof buf,
-                "{\"workload\": \"%s\", \"impl\": \"%s\", \"n\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"trees\": %d, "
+                "{\"workload\": \"%s\", \"n\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"trees\": %d, "
                 "\"nodes\": %d, \"visible_pairs\": %lld, \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"total_ms\": %.4f, "
                 "\"fwd_tflops\": %.1f, \"bwd_tflops\": %.1f, \"total_tflops\": %.1f}",
-                r.workload.c_str(), r.impl.c_str(), r.n, r.heads, r.kv_heads, r.head_dim, r.trees, r.nodes, (long long)r.visible_pairs,
+                r.workload.c_str(), r.n, r.heads, r.kv_heads, r.head_dim, r.trees, r.nodes, (long long)r.visible_pairs,
                 r.fwd_ms, r.bwd_ms, r.total_ms, r.fwd_tflops, r.bwd_tflops, r.total_tflops);
   return buf;
 }

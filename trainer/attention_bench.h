@@ -22,11 +22,10 @@ struct AttentionBenchOptions {
   int warmup = 3;
   int iters = 10;
   uint64_t seed = 1;
-  std::string impl = "wgmma";  // kernel set: wgmma or mma_sync (ops/cuda/attention.h AttentionImpl)
 };
 
 struct AttentionBenchResult {
-  std::string workload, impl;
+  std::string workload;
   int n = 0, heads = 0, kv_heads = 0, head_dim = 0, trees = 0, nodes = 0;
   int64_t visible_pairs = 0;
   double fwd_ms = 0, bwd_ms = 0, total_ms = 0;           // medians

@@ -58,7 +58,6 @@ const char* const kUsage = R"(usage:
       treetrain).
   treetrain bench attention --data FILE --format rollouts|tree [--vocab-size V] [--heads 16]
                   [--kv-heads 16] [--head-dim 128] [--iters 10] [--warmup 3] [--dump PREFIX]
-                  [--impl wgmma|mma_sync]
       Time the CUDA tree attention (forward + backward) on the trees of FILE, tree-packed into one
       batch, and print one JSON object: medians in ms, visible pairs, TFLOP/s of visible pairs
       (14 x head_dim x heads FLOPs per pair). --dump writes PREFIXsubtree_end.npy and PREFIXpos.npy
@@ -158,15 +157,10 @@ int run_bench(const std::vector<std::string>& argv) {
   if (argv.empty() || argv[0] != "attention") throw UsageError{"bench: expected 'bench attention'"};
   const std::vector<std::string> rest(argv.begin() + 1, argv.end());
   const Args a = parse_flags(rest, {"data", "format", "vocab-size", "heads", "kv-heads", "head-dim", "iters", "warmup",
-                                    "dump", "impl"},
+                                    "dump"},
                              "bench attention");
   const std::string& path = required(a, "data");
   tt::trainer::AttentionBenchOptions opt;
-  if (a.flags.count("impl")) {
-    opt.impl = a.flags.at("impl");
-    if (opt.impl != "wgmma" && opt.impl != "mma_sync")
-      throw UsageError{"bench attention: --impl " + opt.impl + ", expected wgmma or mma_sync"};
-  }
   const auto trees = tt::data::read_trees(path, tt::data::parse_format(required(a, "format"), "--format"),
                                           int_flag(a, "vocab-size", 0));
   std::vector<const tt::data::Tree*> ptrs;

@@ -1,10 +1,8 @@
 // Checked entry points of the CUDA tree attention: shape and pointer validation, the params
-// structs (with the TMA tensor maps of the wgmma kernels), the kernel-set choice and the one
-// runtime -> template dispatch (head dim). Kernels: attention_sm90.cuh (wgmma, default) and
-// attention_kernels.cuh (mma.sync).
+// structs (with the kernels' TMA tensor maps) and the one runtime -> template dispatch (head dim).
+// Kernels: attention_sm90.cuh.
 #include "ops/cuda/attention.h"
 
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -17,8 +15,6 @@
 
 namespace tt::cuda {
 namespace {
-
-std::atomic<AttentionImpl> g_impl{AttentionImpl::kWgmma};
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
@@ -106,12 +102,6 @@ CUtensorMap tensor_map(const bf16* base, int rows, int heads, int HS, int box_ro
 
 }  // namespace
 
-void set_attention_impl(AttentionImpl impl) { g_impl.store(impl); }
-AttentionImpl attention_impl() { return g_impl.load(); }
-const char* attention_impl_name(AttentionImpl impl) {
-  return impl == AttentionImpl::kWgmma ? "wgmma" : "mma_sync";
-}
-
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                        const TreeTiles& tiles, const ExternalKV* ext, int n_ext, int N, int NH, int NKV,
                        int HS, cudaStream_t stream) {
@@ -123,10 +113,9 @@ void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, cons
   check_tensor(k, op, "k");
   check_tensor(v, op, "v");
   TT_CHECK(lse != nullptr, op, ": lse is null");
-  const AttentionImpl impl = g_impl.load();
   AttnFwdParams p = make_fwd_params(out, lse, q, k, v, tiles, ext, n_ext, N, NH, NKV, HS);
-  if (impl == AttentionImpl::kWgmma) set_fwd_tensor_maps(p, HS, tensor_map);  // tiles arrive by TMA
-  dispatch_head_dim(HS, [&](auto hs) { run_attention_fwd<decltype(hs)::value>(p, impl, stream); });
+  set_fwd_tensor_maps(p, HS, tensor_map);  // tiles arrive by TMA
+  dispatch_head_dim(HS, [&](auto hs) { run_attention_fwd<decltype(hs)::value>(p, stream); });
 }
 
 size_t attention_backward_workspace_bytes(int N, int NH, int HS) { return bwd_workspace_bytes(N, NH, HS); }
@@ -151,11 +140,10 @@ void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf
   TT_CHECK(workspace.ptr != nullptr && workspace.bytes >= need, op, ": workspace of ", workspace.bytes,
            " bytes, expected at least attention_backward_workspace_bytes = ", need);
   TT_CHECK((reinterpret_cast<uintptr_t>(workspace.ptr) & 255) == 0, op, ": workspace must be 256-byte aligned");
-  const AttentionImpl impl = g_impl.load();
   AttnBwdParams p = make_bwd_params(dq, dk, dv, dout, out, lse, q, k, v, tiles, ext, n_ext, N, NH, NKV, HS,
                                     workspace.ptr);
-  if (impl == AttentionImpl::kWgmma) set_bwd_tensor_maps(p, HS, tensor_map);  // Q/dO steps arrive by TMA
-  dispatch_head_dim(HS, [&](auto hs) { run_attention_bwd<decltype(hs)::value>(p, impl, stream); });
+  set_bwd_tensor_maps(p, HS, tensor_map);  // Q/dO steps arrive by TMA
+  dispatch_head_dim(HS, [&](auto hs) { run_attention_bwd<decltype(hs)::value>(p, stream); });
 }
 
 }  // namespace tt::cuda

@@ -11,8 +11,8 @@
 // Forward saves lse (N, NH) fp32 (natural log of the softmax denominator, scale included).
 // Gradient contract: dq, dk, dv are overwritten; an external prefix's dk/dv (fp32) are accumulated
 // (+=) when non-null (gradients on) and left alone when null (gradients off). dq sums its key tiles
-// through fp32 atomic adds (vector reductions on Hopper) in arrival order, so it is not bitwise
-// reproducible from run to run (dk, dv are).
+// through fp32 vector reductions in arrival order, so it is not bitwise reproducible from run to
+// run (dk, dv are). The kernels are Hopper's (sm_90a, warpgroup MMA and TMA: attention_sm90.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,15 +37,6 @@ struct ExternalKV {
   int q_begin = 0;  // queries [q_begin, q_end) of the packed batch see this prefix
   int q_end = 0;
 };
-
-// The kernels behind attention_forward/backward, process-wide: kWgmma (default; Hopper warpgroup
-// MMA, attention_sm90.cuh) or kMmaSync (FlashAttention-2 style mma.sync, attention_kernels.cuh;
-// kept for side-by-side benchmarks and as the kernel the CPU emulation test runs). Both compute the
-// same function; set it before launching work, not while another thread launches attention.
-enum class AttentionImpl { kWgmma, kMmaSync };
-void set_attention_impl(AttentionImpl impl);
-AttentionImpl attention_impl();
-const char* attention_impl_name(AttentionImpl impl);
 
 // out (N, NH, HS), lse (N, NH); q (N, NH, HS); k, v (N, NKV, HS).
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,

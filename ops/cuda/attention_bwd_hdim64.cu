@@ -2,5 +2,5 @@
 #include "ops/cuda/attention_launch.cuh"
 
 namespace tt::cuda {
-template void run_attention_bwd<64>(const AttnBwdParams& p, AttentionImpl impl, cudaStream_t stream);
+template void run_attention_bwd<64>(const AttnBwdParams& p, cudaStream_t stream);
 }  // namespace tt::cuda

@@ -1,5 +1,5 @@
 // Launchers of the CUDA tree attention: grid, block, shared memory and stream of each kernel of
-// attention_kernels.cuh (mma.sync) and attention_sm90.cuh (wgmma). One
+// attention_sm90.cuh (wgmma) and attention_bwd_rows.cuh (the backward's row passes). One
 // attention_{fwd,bwd}_hdim{64,128}.cu instantiates each, so the head dims compile in parallel;
 // attention.cc owns the runtime -> template dispatch.
 #pragma once
@@ -7,7 +7,6 @@
 #include <cuda_runtime.h>
 
 #include "ops/cuda/attention_device.cuh"
-#include "ops/cuda/attention_kernels.cuh"
 #include "ops/cuda/attention_params.h"
 #include "ops/cuda/attention_sm90_device.cuh"
 #include "ops/cuda/attention_sm90.cuh"
@@ -25,22 +24,16 @@ void launch(Kernel* kernel, dim3 grid, const Params& p, cudaStream_t stream) {
 }
 
 template <int HS>
-void run_attention_fwd(const AttnFwdParams& p, AttentionImpl impl, cudaStream_t stream) {
-  constexpr int BM = attn::FwdConfig<HS>::BM;
-  static_assert(attn::sm90::FwdConfig<HS>::BM == kFwdItemRows, "items are the wgmma forward's query tiles");
-  if (impl == AttentionImpl::kWgmma) {
-    TT_CHECK(p.fwd_items >= 1, "attention forward: fwd_items=", p.fwd_items, ", expected >= 1 (make_fwd_params)");
-    launch<attn::sm90::FwdConfig<HS>>(attn::sm90::attention_fwd_kernel<HS>, dim3(fwd_blocks(p)), p, stream);
-  } else {
-    launch<attn::FwdConfig<HS>>(attn::attention_fwd_kernel<HS>, dim3(p.nh, (p.n + BM - 1) / BM), p, stream);
-  }
+void run_attention_fwd(const AttnFwdParams& p, cudaStream_t stream) {
+  static_assert(attn::sm90::FwdConfig<HS>::BM == kFwdItemRows, "items are the forward's query tiles");
+  TT_CHECK(p.fwd_items >= 1, "attention forward: fwd_items=", p.fwd_items, ", expected >= 1 (make_fwd_params)");
+  launch<attn::sm90::FwdConfig<HS>>(attn::sm90::attention_fwd_kernel<HS>, dim3(fwd_blocks(p)), p, stream);
 }
 
 template <int HS>
-void run_attention_bwd(const AttnBwdParams& p, AttentionImpl impl, cudaStream_t stream) {
+void run_attention_bwd(const AttnBwdParams& p, cudaStream_t stream) {
   constexpr int kSmallThreads = 256;
-  constexpr int BN = attn::BwdConfig<HS>::BN;
-  static_assert(BN == attn::sm90::BwdConfig<HS>::BN, "one key-tile grid for both kernels");
+  using C = attn::sm90::BwdConfig<HS>;
 
   const int64_t pre_threads = (int64_t)p.n_pad * p.nh * 32;
   attn::attention_bwd_preprocess_kernel<HS>
@@ -48,14 +41,9 @@ void run_attention_bwd(const AttnBwdParams& p, AttentionImpl impl, cudaStream_t 
   TT_CUDA_CHECK_LAUNCH();
 
   AttnBwdParams pc = p;
-  pc.dq_blocked = impl == AttentionImpl::kWgmma;  // the sm90 kernel's vector reductions
-  set_bwd_schedule(pc, BN);
-  const dim3 grid((unsigned)pc.key_tiles * pc.nkv);
-  if (impl == AttentionImpl::kWgmma) {
-    launch<attn::sm90::BwdConfig<HS>>(attn::sm90::attention_bwd_kernel<HS>, grid, pc, stream);
-  } else {
-    launch<attn::BwdConfig<HS>>(attn::attention_bwd_kernel<HS>, grid, pc, stream);
-  }
+  pc.dq_blocked = 1;  // the key-tile kernel's vector reductions write the blocked layout
+  set_bwd_schedule(pc, C::BN);
+  launch<C>(attn::sm90::attention_bwd_kernel<HS>, dim3((unsigned)pc.key_tiles * pc.nkv), pc, stream);
 
   const int64_t chunks = dq_convert_threads(pc, HS);
   attn::attention_dq_convert_kernel<HS>

@@ -25,9 +25,9 @@ struct AttnExtParams {
   int q_end;
 };
 
-// Tensor maps (TMA descriptors) of the wgmma kernels, filled by attention.cc (tensor_map) only
-// for them: 3-D views (HS, heads, rows) of a (rows, heads, HS) bf16 tensor, boxes of 64 columns x
-// 1 head x `box rows`, 128-byte swizzle, rows past the end read as zeros.
+// Tensor maps (TMA descriptors) of the kernels, filled by attention.cc (tensor_map): 3-D views
+// (HS, heads, rows) of a (rows, heads, HS) bf16 tensor, boxes of 64 columns x 1 head x `box rows`,
+// 128-byte swizzle, rows past the end read as zeros.
 constexpr int kTmaKeyRows = 128;   // = sm90::FwdConfig::BN
 constexpr int kTmaQueryRows = 64;  // = sm90::BwdConfig::BM
 struct AttnTmaps {
@@ -54,11 +54,11 @@ struct AttnFwdParams {
   TreeTiles tiles;
   int n_ext;
   AttnExtParams ext[kMaxExternalKV];
-  AttnTmaps tm;  // wgmma kernels only
-  int fwd_items;  // wgmma forward: (query tile, head) items per block, run back to back
+  AttnTmaps tm;
+  int fwd_items;  // forward: (query tile, head) items per block, run back to back
 };
 
-// The wgmma forward's (query tile of 128 rows, head) items and blocks.
+// The forward's (query tile of 128 rows, head) items and blocks.
 constexpr int kFwdItemRows = 128;  // = sm90::FwdConfig::BM
 __host__ __device__ inline int fwd_items_total(const AttnFwdParams& p) {
   return p.nh * ((p.n + kFwdItemRows - 1) / kFwdItemRows);
@@ -70,18 +70,20 @@ struct AttnBwdParams : AttnFwdParams {
   bf16* dq;          // (N, NH, HS)
   bf16* dk;          // (N, NKV, HS)
   bf16* dv;          // (N, NKV, HS)
-  float* dq_accum;   // fp32, unscaled dS K sums: (n_pad, NH, HS), or blocked when dq_blocked
+  float* dq_accum;   // fp32, unscaled dS K sums: blocked (dq_blocked = 1), or (n_pad, NH, HS)
   float* lse_log2;   // (NH, n_pad) lse * log2(e); 0 on padding rows
   float* dsum;       // (NH, n_pad) D = dout . out; 0 on padding rows
   int n_pad;         // N rounded up to kRowPad
-  int dq_blocked;    // 0: dq_accum row-major; 1: (NH, n_pad / 64, 2, 4, HS / 16, 32, 4), per 64-query
-                     // block, two halves of the head dim, 4 warps of 16 rows, in wgmma accumulator
-                     // order (a warp's vector reductions in the sm90 kernel are contiguous)
+  int dq_blocked;    // 1 (what the backward writes): (NH, n_pad / 64, 2, 4, HS / 16, 32, 4), per
+                     // 64-query block, two halves of the head dim, 4 warps of 16 rows, in wgmma
+                     // accumulator order (a warp's vector reductions are contiguous); 0: row-major,
+                     // which no kernel writes (removing the field would move the parameter offsets
+                     // the backward kernel's machine code reads)
   int key_tiles;     // virtual key tiles of the backward (prefix tiles, then tree tiles)
   int head_group;    // KV heads per group of the backward's launch order (bwd_block_work)
 };
 
-// Items per block of the wgmma forward: a block's next item loads while it finishes one. H200,
+// Items per block of the forward: a block's next item loads while it finishes one. H200,
 // 2026-11-30 (docs/BENCHMARKS.md): 4 items 607-629 TF/s forward vs 575-609 with 1 on comb and
 // causal, 2 in between; the rollouts +2-4% with 2 or 4.
 constexpr int kFwdItemsPerBlock = 4;
@@ -99,7 +101,7 @@ constexpr int kRowPad = 128;
 
 // Fills the params of a dense (N, heads, HS) layout; prefixes of no keys are dropped (nothing to
 // read, nothing to add). Shapes are checked by the caller (attention.cc).
-// The tensor maps the wgmma kernels read, made by encode(base, rows, heads, HS, box_rows) ->
+// The tensor maps the kernels read, made by encode(base, rows, heads, HS, box_rows) ->
 // CUtensorMap (attention.cc: the driver's encoder; the CPU emulation test: its own). Forward: Q,
 // K, V and every prefix's K, V; backward: Q and dO.
 template <class Encode>
@@ -196,8 +198,8 @@ inline int64_t dq_convert_threads(const AttnBwdParams& p, int HS) {
 }
 
 template <int HS>
-void run_attention_fwd(const AttnFwdParams& p, AttentionImpl impl, cudaStream_t stream);
+void run_attention_fwd(const AttnFwdParams& p, cudaStream_t stream);
 template <int HS>
-void run_attention_bwd(const AttnBwdParams& p, AttentionImpl impl, cudaStream_t stream);
+void run_attention_bwd(const AttnBwdParams& p, cudaStream_t stream);
 
 }  // namespace tt::cuda

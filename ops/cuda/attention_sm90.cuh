@@ -1,6 +1,7 @@
-// Hopper (sm_90a) kernels of the CUDA tree attention: the same walks, visibility rules and outputs
-// as the mma.sync kernels of attention_kernels.cuh, with the matrix products on warpgroup MMA
-// (wgmma.mma_async, ops/cuda/wgmma.cuh) reading 128-byte-swizzled shared memory.
+// Hopper (sm_90a) kernels of the CUDA tree attention: forward and backward with the matrix
+// products on warpgroup MMA (wgmma.mma_async, ops/cuda/wgmma.cuh) reading 128-byte-swizzled
+// shared memory, the tree visibility of ops/cuda/tree_tiles.h applied per key tile (skip / full /
+// partial, the walks of attention_walk.cuh) and per element on partial tiles.
 //
 // Shared-memory tiles. A (ROWS x HS) bf16 tile is stored as HS / 64 "atoms" of ROWS rows x 128
 // bytes (64 columns); in an atom, the 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the
@@ -18,7 +19,7 @@
 // Forward, per block: kFwdItemsPerBlock consecutive (query tile of BM = 128 rows, head) items, back
 // to back, warp-specialised. Warpgroup 0 loads, two consumer warpgroups of 64 rows each (232
 // registers through setmaxnreg) walk the visible key tiles of BN = 128 keys (the walk of
-// attention_kernels.cuh): S = Q K^T (both K-major), mask on partial tiles (key ranges staged in
+// attention_walk.cuh): S = Q K^T (both K-major), mask on partial tiles (key ranges staged in
 // shared memory with K), online softmax in fp32 in registers, O += P V (P from registers,
 // V MN-major).
 // Each consumer is software-pipelined one tile deep, and the two take turns issuing their MMAs,
@@ -37,17 +38,19 @@
 // No branch separates an MMA from its wait: ptxas would otherwise serialize the MMAs (C7514) or
 // insert waits (C7517); build with -Xptxas -v to see either.
 //
-// Written against the primitives of attention_sm90_device.cuh and the wrappers of wgmma.cuh
-// (which the includer brings in first; tests/ops_cuda_attention/wgmma_emulator.h provides the
-// same names to run these kernels on the CPU).
+// Written against the primitives of attention_device.cuh and attention_sm90_device.cuh and the
+// wrappers of wgmma.cuh (which the includer brings in first; tests/ops_cuda_attention's
+// warp_emulator.h and wgmma_emulator.h provide the same names to run these kernels on the CPU).
+// The backward's row passes around its key-tile kernel are attention_bwd_rows.cuh's.
 #pragma once
 
 #include <climits>
 #include <cmath>
 #include <cstdint>
 
-#include "ops/cuda/attention_kernels.cuh"
+#include "ops/cuda/attention_bwd_rows.cuh"
 #include "ops/cuda/attention_params.h"
+#include "ops/cuda/attention_walk.cuh"
 
 namespace tt::cuda::attn::sm90 {
 
@@ -120,7 +123,9 @@ __device__ __forceinline__ uint64_t query_bits(int lo, int hi, int q0) {
   return below_b & ~below_a;
 }
 
-// P (accumulator layout of a 64 x n tile) as the A fragment of keys [16 kk, 16 kk + 16).
+// P (accumulator layout of a 64 x n tile) as the A fragment of keys [16 kk, 16 kk + 16): the PTX
+// mma.m16n8k16 A layout of the warp's 16 rows, lane = 4 g + t holding a[0..3] = (g, 2t..2t+1),
+// (g + 8, 2t..), (g, 2t + 8..), (g + 8, 2t + 8..).
 template <int K>
 __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&d)[K], int kk) {
   a[0] = pack_bf16x2(d[8 * kk + 0], d[8 * kk + 1]);

@@ -1,15 +1,14 @@
-// The tree attention kernels run on the CPU through the emulators (warp_emulator.h for the
-// mma.sync kernels, wgmma_emulator.h on top of it for the Hopper kernels: warpgroup MMAs from
+// The tree attention kernels run on the CPU through the emulators (warp_emulator.h: threads as
+// fibers, warp collectives, cp.async; wgmma_emulator.h on top of it: warpgroup MMAs from
 // shared-memory descriptors, mbarriers, TMA, named barriers): the same kernel source as the GPU
 // build, on small cases, against the fp64 CPU reference with the tolerance rule of
-// attention_cases.h. No GPU needed: this keeps both kernel sets' indexing, layouts, tile
+// attention_cases.h. No GPU needed: this keeps the kernels' indexing, layouts, tile
 // classification, pipelining and barrier protocol under CI. Timing races and asynchronous
 // hazards are out of its reach (see the GPU test and compute-sanitizer in
 // scripts/device/attention_check.sh).
 #include "tests/ops_cuda_attention/warp_emulator.h"
 #include "tests/ops_cuda_attention/wgmma_emulator.h"
 // The kernels, compiled for the host against the emulators' primitives.
-#include "ops/cuda/attention_kernels.cuh"
 #include "ops/cuda/attention_sm90.cuh"
 
 #include <gtest/gtest.h>
@@ -67,9 +66,8 @@ struct EmuOutputs {
   std::vector<std::vector<float>> ext_dk, ext_dv;
 };
 
-// The launch sequence of attention_launch.cuh for either kernel set (kSm90: the wgmma kernels of
-// attention_sm90.cuh, with this emulator's tensor maps).
-template <int HS, bool kSm90>
+// The launch sequence of attention_launch.cuh, with this emulator's tensor maps.
+template <int HS>
 EmuOutputs run_emulated(const Inputs& in, int fwd_items) {
   const int N = in.layout.n, NH = in.NH, NKV = in.NKV;
   std::vector<bf16> q = to_bf16(in.q), k = to_bf16(in.k), v = to_bf16(in.v), dout = to_bf16(in.dout);
@@ -97,33 +95,22 @@ EmuOutputs run_emulated(const Inputs& in, int fwd_items) {
 
   AttnFwdParams pf = make_fwd_params(out.data(), lse.data(), q.data(), k.data(), v.data(), tiles, ext.data(),
                                      (int)ext.size(), N, NH, NKV, HS);
-  if constexpr (kSm90) {
-    using F = attn::sm90::FwdConfig<HS>;
-    set_fwd_tensor_maps(pf, HS, emu::tensor_map);
-    pf.fwd_items = fwd_items;
-    emu::launch(attn::sm90::attention_fwd_kernel<HS>, dim3(fwd_blocks(pf)), dim3(F::kThreads), F::kSmemBytes, pf);
-  } else {
-    using F = attn::FwdConfig<HS>;
-    emu::launch(attn::attention_fwd_kernel<HS>, dim3(NH, (N + F::BM - 1) / F::BM), dim3(F::kThreads), F::kSmemBytes,
-                pf);
-  }
+  using F = attn::sm90::FwdConfig<HS>;
+  set_fwd_tensor_maps(pf, HS, emu::tensor_map);
+  pf.fwd_items = fwd_items;
+  emu::launch(attn::sm90::attention_fwd_kernel<HS>, dim3(fwd_blocks(pf)), dim3(F::kThreads), F::kSmemBytes, pf);
 
   std::vector<float> ws(bwd_workspace_bytes(N, NH, HS) / sizeof(float) + 64, NAN);
   void* ws_ptr = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.data()) + 255) / 256 * 256);
   AttnBwdParams pb = make_bwd_params(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(), q.data(),
                                      k.data(), v.data(), tiles, ext.data(), (int)ext.size(), N, NH, NKV, HS, ws_ptr);
   emu::launch(attn::attention_bwd_preprocess_kernel<HS>, dim3((pb.n_pad * NH * 32 + 255) / 256), dim3(256), 0, pb);
-  set_bwd_schedule(pb, attn::BwdConfig<HS>::BN);
-  const dim3 bwd_grid((unsigned)pb.key_tiles * NKV);
-  if constexpr (kSm90) {
-    using B = attn::sm90::BwdConfig<HS>;
-    set_bwd_tensor_maps(pb, HS, emu::tensor_map);
-    pb.dq_blocked = 1;
-    emu::launch(attn::sm90::attention_bwd_kernel<HS>, bwd_grid, dim3(B::kThreads), B::kSmemBytes, pb);
-  } else {
-    using B = attn::BwdConfig<HS>;
-    emu::launch(attn::attention_bwd_kernel<HS>, bwd_grid, dim3(B::kThreads), B::kSmemBytes, pb);
-  }
+  using B = attn::sm90::BwdConfig<HS>;
+  set_bwd_schedule(pb, B::BN);
+  set_bwd_tensor_maps(pb, HS, emu::tensor_map);
+  pb.dq_blocked = 1;
+  emu::launch(attn::sm90::attention_bwd_kernel<HS>, dim3((unsigned)pb.key_tiles * NKV), dim3(B::kThreads),
+              B::kSmemBytes, pb);
   const unsigned convert_blocks = (unsigned)((dq_convert_threads(pb, HS) + 255) / 256);
   emu::launch(attn::attention_dq_convert_kernel<HS>, dim3(convert_blocks), dim3(256), 0, pb);
 
@@ -143,12 +130,11 @@ EmuOutputs run_emulated(const Inputs& in, int fwd_items) {
 struct EmuCase {
   std::string layout;
   int NH, NKV, HS, ext_mode;
-  bool sm90;
-  int fwd_items = kFwdItemsPerBlock;  // wgmma forward: items per block (1: one each; 3: Q buffers reused)
+  int fwd_items = kFwdItemsPerBlock;  // forward: items per block (1: one each; 3: Q buffers reused)
 };
 
 void PrintTo(const EmuCase& c, std::ostream* os) {
-  *os << (c.sm90 ? "wgmma " : "mma_sync ") << c.layout << " NH=" << c.NH << " NKV=" << c.NKV << " HS=" << c.HS
+  *os << c.layout << " NH=" << c.NH << " NKV=" << c.NKV << " HS=" << c.HS
       << " ext=" << c.ext_mode << " fwd_items=" << c.fwd_items;
 }
 
@@ -165,8 +151,7 @@ TEST_P(EmulatedAttention, MatchesCpuReference) {
   std::mt19937_64 rng(seed);
   const Inputs in = attn_test::make_inputs(lc, c.NH, c.NKV, c.HS, c.ext_mode, rng);
   const Reference ref = attn_test::reference(in);
-  const EmuOutputs got = c.HS == 64 ? (c.sm90 ? run_emulated<64, true>(in, c.fwd_items) : run_emulated<64, false>(in, 1))
-                                    : (c.sm90 ? run_emulated<128, true>(in, c.fwd_items) : run_emulated<128, false>(in, 1));
+  const EmuOutputs got = c.HS == 64 ? run_emulated<64>(in, c.fwd_items) : run_emulated<128>(in, c.fwd_items);
 
   using attn_test::kRelL2Bf16;
   EXPECT_LE(attn_test::rel_l2(got.out, ref.out), kRelL2Bf16) << "out";
@@ -194,20 +179,16 @@ TEST_P(EmulatedAttention, MatchesCpuReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(SmallTrees, EmulatedAttention,
-                         ::testing::Values(EmuCase{"chain97", 2, 1, 64, 1, false}, EmuCase{"comb", 2, 2, 128, 1, false},
-                                           EmuCase{"wide_fan", 4, 2, 64, 0, false},
-                                           EmuCase{"chain97", 2, 1, 64, 1, true, 1},
-                                           EmuCase{"comb", 2, 2, 128, 1, true, 3},
-                                           EmuCase{"wide_fan", 4, 2, 64, 0, true},
-                                           EmuCase{"one_token_nodes", 4, 2, 64, 0, true, 5},
-                                           EmuCase{"deep_chain", 2, 2, 128, 1, true},
-                                           EmuCase{"several_trees", 4, 1, 128, 0, true, 3},
-                                           EmuCase{"random_tree", 4, 2, 128, 1, true}),
+                         ::testing::Values(EmuCase{"chain97", 2, 1, 64, 1, 1}, EmuCase{"comb", 2, 2, 128, 1, 3},
+                                           EmuCase{"wide_fan", 4, 2, 64, 0},
+                                           EmuCase{"one_token_nodes", 4, 2, 64, 0, 5},
+                                           EmuCase{"deep_chain", 2, 2, 128, 1},
+                                           EmuCase{"several_trees", 4, 1, 128, 0, 3},
+                                           EmuCase{"random_tree", 4, 2, 128, 1}),
                          [](const ::testing::TestParamInfo<EmuCase>& i) {
-                           return std::string(i.param.sm90 ? "wgmma_" : "mma_sync_") + i.param.layout + "_hs" +
-                                  std::to_string(i.param.HS) + "_gqa" +
+                           return i.param.layout + "_hs" + std::to_string(i.param.HS) + "_gqa" +
                                   std::to_string(i.param.NH / i.param.NKV) + (i.param.ext_mode ? "_ext" : "") +
-                                  (i.param.sm90 ? "_items" + std::to_string(i.param.fwd_items) : "");
+                                  "_items" + std::to_string(i.param.fwd_items);
                          });
 
 // The forward's key-tile walk (next_key_tile: ballots over 32 tiles, jumps over sibling subtrees)
@@ -224,7 +205,7 @@ constexpr int kWalkBN = 128, kWalkBM = 128;
 
 __global__ void walk_kernel(const WalkParams w) {
   const AttnFwdParams& p = w.p;
-  const int q0 = blockIdx.x * kWalkBM, q_last = q0 + kWalkBM - 1;  // as the forward kernels
+  const int q0 = blockIdx.x * kWalkBM, q_last = q0 + kWalkBM - 1;  // as the forward kernel
   const int v_end = attn::walk_end<kWalkBN>(p, q_last);
   attn::TileScan scan;
   bool full = false;

@@ -13,7 +13,6 @@
 #include <ostream>
 #include <random>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "base/check.h"
@@ -106,15 +105,10 @@ void PrintTo(const GpuCase& c, std::ostream* os) {
   *os << c.layout << " NH=" << c.NH << " NKV=" << c.NKV << " HS=" << c.HS << " ext=" << c.ext_mode;
 }
 
-// Both kernel sets (ops/cuda/attention.h AttentionImpl) against the same reference.
-class GpuAttention : public ::testing::TestWithParam<std::tuple<GpuCase, AttentionImpl>> {
- protected:
-  void SetUp() override { set_attention_impl(std::get<1>(GetParam())); }
-  void TearDown() override { set_attention_impl(AttentionImpl::kWgmma); }
-};
+class GpuAttention : public ::testing::TestWithParam<GpuCase> {};
 
 TEST_P(GpuAttention, MatchesCpuReference) {
-  const GpuCase c = std::get<0>(GetParam());
+  const GpuCase c = GetParam();
   attn_test::LayoutCase lc;
   for (const auto& x : attn_test::layout_cases())
     if (x.name == c.layout) lc = x;
@@ -145,41 +139,33 @@ TEST_P(GpuAttention, MatchesCpuReference) {
       EXPECT_EQ(got.ext_dv[e], x.dv0) << "ext " << e << " dv must stay untouched (gradients off)";
     }
   }
-  std::printf("%-8s %-16s N=%5d NH=%d NKV=%d HS=%3d: rel L2 out %.2e (bf16 rounding alone %.2e) dq %.2e dk %.2e dv %.2e;"
+  std::printf("%-16s N=%5d NH=%d NKV=%d HS=%3d: rel L2 out %.2e (bf16 rounding alone %.2e) dq %.2e dk %.2e dv %.2e;"
               " lse max rel %.2e\n",
-              attention_impl_name(attention_impl()), c.layout.c_str(), in.layout.n, c.NH, c.NKV, c.HS, attn_test::rel_l2(got.out, ref.out),
+              c.layout.c_str(), in.layout.n, c.NH, c.NKV, c.HS, attn_test::rel_l2(got.out, ref.out),
               attn_test::bf16_floor(ref.out), attn_test::rel_l2(got.dq, ref.dq), attn_test::rel_l2(got.dk, ref.dk),
               attn_test::rel_l2(got.dv, ref.dv), attn_test::max_rel(got.lse, ref.lse));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Trees, GpuAttention,
-    ::testing::Combine(::testing::Values(GpuCase{"chain97", 2, 2, 64, 1}, GpuCase{"chain1025", 4, 2, 128, 0},
-                                         GpuCase{"one_token_nodes", 8, 2, 64, 0}, GpuCase{"deep_chain", 2, 2, 128, 1},
-                                         GpuCase{"wide_fan", 4, 2, 64, 1}, GpuCase{"several_trees", 8, 2, 128, 0},
-                                         GpuCase{"random_tree", 4, 2, 128, 1}, GpuCase{"random_tree", 2, 2, 64, 0},
-                                         GpuCase{"comb", 4, 1, 128, 1}, GpuCase{"comb", 4, 2, 64, 1}),
-                       ::testing::Values(AttentionImpl::kWgmma, AttentionImpl::kMmaSync)),
-    [](const ::testing::TestParamInfo<std::tuple<GpuCase, AttentionImpl>>& i) {
-      const GpuCase& c = std::get<0>(i.param);
-      return std::string(attention_impl_name(std::get<1>(i.param))) + "_" + c.layout + "_hs" + std::to_string(c.HS) +
-             "_gqa" + std::to_string(c.NH / c.NKV) + (c.ext_mode ? "_ext" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(Trees, GpuAttention,
+                         ::testing::Values(GpuCase{"chain97", 2, 2, 64, 1}, GpuCase{"chain1025", 4, 2, 128, 0},
+                                           GpuCase{"one_token_nodes", 8, 2, 64, 0}, GpuCase{"deep_chain", 2, 2, 128, 1},
+                                           GpuCase{"wide_fan", 4, 2, 64, 1}, GpuCase{"several_trees", 8, 2, 128, 0},
+                                           GpuCase{"random_tree", 4, 2, 128, 1}, GpuCase{"random_tree", 2, 2, 64, 0},
+                                           GpuCase{"comb", 4, 1, 128, 1}, GpuCase{"comb", 4, 2, 64, 1}),
+                         [](const ::testing::TestParamInfo<GpuCase>& i) {
+                           const GpuCase& c = i.param;
+                           return c.layout + "_hs" + std::to_string(c.HS) + "_gqa" + std::to_string(c.NH / c.NKV) +
+                                  (c.ext_mode ? "_ext" : "");
+                         });
 
-// dk and dv have one writer per element and a fixed order: two runs agree bit for bit, with
-// either kernel set.
+// dk and dv have one writer per element and a fixed order: two runs agree bit for bit.
 TEST(GpuAttentionDeterminism, DkDvBitwiseRepeatable) {
-  for (AttentionImpl impl : {AttentionImpl::kWgmma, AttentionImpl::kMmaSync}) {
-    SCOPED_TRACE(attention_impl_name(impl));
-    set_attention_impl(impl);
-    std::mt19937_64 rng(7);
-    const Inputs in = attn_test::make_inputs(attn_test::layout_cases()[6], 4, 2, 128, 1, rng);
-    const GpuOutputs a = run_gpu(in), b = run_gpu(in);
-    EXPECT_EQ(a.dk, b.dk);
-    EXPECT_EQ(a.dv, b.dv);
-    EXPECT_EQ(a.out, b.out);
-  }
-  set_attention_impl(AttentionImpl::kWgmma);
+  std::mt19937_64 rng(7);
+  const Inputs in = attn_test::make_inputs(attn_test::layout_cases()[6], 4, 2, 128, 1, rng);
+  const GpuOutputs a = run_gpu(in), b = run_gpu(in);
+  EXPECT_EQ(a.dk, b.dk);
+  EXPECT_EQ(a.dv, b.dv);
+  EXPECT_EQ(a.out, b.out);
 }
 
 // build_tree_tiles against the host: per-granule min/max of subtree_end (keys past N count as 0)

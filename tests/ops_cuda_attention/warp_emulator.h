@@ -1,13 +1,14 @@
-// Runs the attention kernels (ops/cuda/attention_kernels.cuh) on the CPU: every CUDA thread of a
+// Runs CUDA kernels of the tree attention on the CPU, threads and warps: every CUDA thread of a
 // block is a fiber (ucontext) scheduled on one OS thread; warp collectives (shuffles, ballots,
-// ldmatrix, mma.sync) and __syncthreads suspend a fiber until its warp (or block) has arrived,
-// then compute every lane's result from the PTX fragment layouts (attention_device.cuh). cp.async
-// copies are deferred to the cp.async.wait that covers them, so a read before its wait sees stale
-// shared memory, which starts filled with NaN.
+// __syncwarp) and __syncthreads suspend a fiber until its warp (or block) has arrived, then
+// compute every lane's result. The primitives of ops/cuda/attention_device.cuh are emulated too:
+// cp.async copies are deferred to the cp.async.wait that covers them, so a read before its wait
+// sees stale shared memory, which starts filled with NaN. wgmma_emulator.h adds warpgroup
+// collectives and the Hopper primitives on top of it.
 //
 // It checks the kernels' indexing, pipelining and tile logic where CI has no GPU; it does not see
-// timing races between warps or bank conflicts. Include it before attention_kernels.cuh, in one
-// translation unit, and nothing of CUDA device code besides.
+// timing races between warps or bank conflicts. Include it (through wgmma_emulator.h) before the
+// kernels, in one translation unit, and nothing of CUDA device code besides.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -28,7 +29,7 @@ namespace tt::cuda::emu {
 
 // kWgmma: a warpgroup (4 warps) collective (wgmma_emulator.h); kYield: waiting on an mbarrier or
 // a named barrier, rescheduled every round until its condition holds.
-enum class Op { kRun, kSync, kWarpSync, kShfl, kBallot, kLdm, kLdmT, kMma, kWgmma, kYield, kDone };
+enum class Op { kRun, kSync, kWarpSync, kShfl, kBallot, kWgmma, kYield, kDone };
 
 // One thread's operands of a warpgroup MMA (wgmma_emulator.h).
 struct WgmmaOperands {
@@ -55,18 +56,14 @@ struct NamedBarrier {
 struct CopyOp {
   void* dst;
   const void* src;
-  int bytes;  // source bytes of a 16-byte copy; -1 - source bytes of a 4-byte copy
+  int bytes;  // source bytes of a 16-byte copy (the rest zero-filled)
 };
 
 struct Fiber {
   ucontext_t ctx;
   Op op = Op::kRun;
-  // Collective operands and results.
-  const void* addr = nullptr;
-  uint32_t in[6] = {};
-  float acc[4] = {};
-  uint32_t out[4] = {};
-  float facc[4] = {};
+  // Operand and result of a shuffle or ballot.
+  uint32_t in = 0, out = 0;
   int lane_mask = 0;
   std::vector<CopyOp> open;
   std::deque<std::vector<CopyOp>> groups;
@@ -119,16 +116,6 @@ inline float bf16_hi(uint32_t u) {
   std::memcpy(&f, &b, 4);
   return f;
 }
-inline uint32_t load_u32(const void* p) {
-  uint32_t u;
-  std::memcpy(&u, p, 4);
-  return u;
-}
-inline uint16_t load_u16(const void* p) {
-  uint16_t u;
-  std::memcpy(&u, p, 2);
-  return u;
-}
 
 // One warp's collective, all 32 lanes arrived with the same op.
 inline void run_warp_op(Fiber* lane, Op op) {
@@ -136,62 +123,12 @@ inline void run_warp_op(Fiber* lane, Op op) {
     case Op::kWarpSync:  // all 32 lanes arrived: nothing to compute
       break;
     case Op::kShfl:
-      for (int l = 0; l < 32; l++) lane[l].out[0] = lane[l ^ lane[l].lane_mask].in[0];
+      for (int l = 0; l < 32; l++) lane[l].out = lane[l ^ lane[l].lane_mask].in;
       break;
     case Op::kBallot: {
       uint32_t bits = 0;
-      for (int l = 0; l < 32; l++) bits |= (lane[l].in[0] ? 1u : 0u) << l;
-      for (int l = 0; l < 32; l++) lane[l].out[0] = bits;
-      break;
-    }
-    case Op::kLdm:
-      for (int l = 0; l < 32; l++)
-        for (int m = 0; m < 4; m++) {
-          const char* row = static_cast<const char*>(lane[8 * m + l / 4].addr);
-          lane[l].out[m] = load_u32(row + 4 * (l % 4));
-        }
-      break;
-    case Op::kLdmT:
-      for (int l = 0; l < 32; l++)
-        for (int m = 0; m < 4; m++) {
-          const char* r0 = static_cast<const char*>(lane[8 * m + 2 * (l % 4)].addr);
-          const char* r1 = static_cast<const char*>(lane[8 * m + 2 * (l % 4) + 1].addr);
-          lane[l].out[m] = (uint32_t)load_u16(r0 + 2 * (l / 4)) | ((uint32_t)load_u16(r1 + 2 * (l / 4)) << 16);
-        }
-      break;
-    case Op::kMma: {
-      float A[16][16], B[16][8], C[16][8];
-      for (int l = 0; l < 32; l++) {
-        const int g = l / 4, t = l % 4;
-        const uint32_t* a = lane[l].in;
-        const int ar[4] = {g, g + 8, g, g + 8}, ac[4] = {2 * t, 2 * t, 2 * t + 8, 2 * t + 8};
-        for (int r = 0; r < 4; r++) {
-          A[ar[r]][ac[r]] = bf16_lo(a[r]);
-          A[ar[r]][ac[r] + 1] = bf16_hi(a[r]);
-        }
-        B[2 * t][g] = bf16_lo(a[4]);
-        B[2 * t + 1][g] = bf16_hi(a[4]);
-        B[2 * t + 8][g] = bf16_lo(a[5]);
-        B[2 * t + 9][g] = bf16_hi(a[5]);
-        C[g][2 * t] = lane[l].acc[0];
-        C[g][2 * t + 1] = lane[l].acc[1];
-        C[g + 8][2 * t] = lane[l].acc[2];
-        C[g + 8][2 * t + 1] = lane[l].acc[3];
-      }
-      float D[16][8];
-      for (int i = 0; i < 16; i++)
-        for (int j = 0; j < 8; j++) {
-          double s = C[i][j];
-          for (int k = 0; k < 16; k++) s += (double)A[i][k] * B[k][j];
-          D[i][j] = (float)s;
-        }
-      for (int l = 0; l < 32; l++) {
-        const int g = l / 4, t = l % 4;
-        lane[l].facc[0] = D[g][2 * t];
-        lane[l].facc[1] = D[g][2 * t + 1];
-        lane[l].facc[2] = D[g + 8][2 * t];
-        lane[l].facc[3] = D[g + 8][2 * t + 1];
-      }
+      for (int l = 0; l < 32; l++) bits |= (lane[l].in ? 1u : 0u) << l;
+      for (int l = 0; l < 32; l++) lane[l].out = bits;
       break;
     }
     default:
@@ -313,11 +250,11 @@ inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
   static_assert(sizeof(T) == 4, "32-bit shuffles");
   if (mask != 0xffffffffu) ::tt::cuda::emu::fail("partial-warp shuffle");
   auto& f = ::tt::cuda::emu::self();
-  std::memcpy(&f.in[0], &v, 4);
+  std::memcpy(&f.in, &v, 4);
   f.lane_mask = lane_mask;
   ::tt::cuda::emu::suspend(::tt::cuda::emu::Op::kShfl);
   T r;
-  std::memcpy(&r, &f.out[0], 4);
+  std::memcpy(&r, &f.out, 4);
   return r;
 }
 
@@ -330,9 +267,9 @@ inline T __shfl_sync(unsigned mask, T v, int src_lane) {
 inline unsigned __ballot_sync(unsigned mask, int pred) {
   if (mask != 0xffffffffu) ::tt::cuda::emu::fail("partial-warp ballot");
   auto& f = ::tt::cuda::emu::self();
-  f.in[0] = pred ? 1u : 0u;
+  f.in = pred ? 1u : 0u;
   ::tt::cuda::emu::suspend(::tt::cuda::emu::Op::kBallot);
-  return f.out[0];
+  return f.out;
 }
 
 inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
@@ -358,15 +295,6 @@ inline void cp_async_16(void* smem, const void* gmem, int src_bytes) {
   ::tt::cuda::emu::self().open.push_back({smem, gmem, src_bytes});
 }
 
-inline void cp_async_4(void* smem, const void* gmem, int src_bytes) {
-  auto& b = *::tt::cuda::emu::block();
-  const auto* s = static_cast<unsigned char*>(smem);
-  if (s < b.base || s + 4 > b.base + b.smem_size) ::tt::cuda::emu::fail("cp.async outside smem");
-  if ((reinterpret_cast<uintptr_t>(smem) & 3) || (src_bytes > 0 && (reinterpret_cast<uintptr_t>(gmem) & 3)))
-    ::tt::cuda::emu::fail("cp.async address not 4-byte aligned");
-  ::tt::cuda::emu::self().open.push_back({smem, gmem, -1 - src_bytes});
-}
-
 inline void cp_async_commit() {
   auto& f = ::tt::cuda::emu::self();
   f.groups.push_back(std::move(f.open));
@@ -378,47 +306,11 @@ inline void cp_async_wait() {
   auto& f = ::tt::cuda::emu::self();
   while ((int)f.groups.size() > kPending) {
     for (const auto& c : f.groups.front()) {
-      const int size = c.bytes < 0 ? 4 : 16, bytes = c.bytes < 0 ? -1 - c.bytes : c.bytes;  // 4-byte copies: -1 - n
-      std::memset(c.dst, 0, size);
-      if (bytes > 0) std::memcpy(c.dst, c.src, bytes);
+      std::memset(c.dst, 0, 16);
+      if (c.bytes > 0) std::memcpy(c.dst, c.src, c.bytes);
     }
     f.groups.pop_front();
   }
-}
-
-inline void check_ldm_addr(const void* p) {
-  auto& b = *::tt::cuda::emu::block();
-  const auto* s = static_cast<const unsigned char*>(p);
-  if (s < b.base || s + 16 > b.base + b.smem_size) ::tt::cuda::emu::fail("ldmatrix outside smem");
-  if (reinterpret_cast<uintptr_t>(p) & 15) ::tt::cuda::emu::fail("ldmatrix row not 16-byte aligned");
-}
-
-inline void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
-  check_ldm_addr(row);
-  auto& f = ::tt::cuda::emu::self();
-  f.addr = row;
-  ::tt::cuda::emu::suspend(::tt::cuda::emu::Op::kLdm);
-  for (int m = 0; m < 4; m++) r[m] = f.out[m];
-}
-
-inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
-  check_ldm_addr(row);
-  auto& f = ::tt::cuda::emu::self();
-  f.addr = row;
-  ::tt::cuda::emu::suspend(::tt::cuda::emu::Op::kLdmT);
-  for (int m = 0; m < 4; m++) r[m] = f.out[m];
-}
-
-inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  auto& f = ::tt::cuda::emu::self();
-  for (int r = 0; r < 4; r++) {
-    f.in[r] = a[r];
-    f.acc[r] = d[r];
-  }
-  f.in[4] = b0;
-  f.in[5] = b1;
-  ::tt::cuda::emu::suspend(::tt::cuda::emu::Op::kMma);
-  for (int r = 0; r < 4; r++) d[r] = f.facc[r];
 }
 
 inline uint32_t pack_bf16x2(float lo, float hi) {
@@ -444,11 +336,6 @@ inline float dot_bf16x2(const __nv_bfloat16* a, const __nv_bfloat16* b) {
   std::memcpy(static_cast<void*>(&y), b, 4);
   const float2 fx = __bfloat1622float2(x), fy = __bfloat1622float2(y);
   return fx.x * fy.x + fx.y * fy.y;
-}
-
-inline void atomic_add_f32x2(float* addr, float x, float y) {
-  addr[0] += x;
-  addr[1] += y;
 }
 
 }  // namespace tt::cuda::attn
