@@ -403,13 +403,18 @@ void Decoder<E>::backward(Activations<E>& a, const Carry<E>* relay, const GradRe
   const LmHeadKind& head = arch_.head();
   head.backward(exec_, head_call(a));
   if (on_ready) on_ready(head.params().begin, head.params().end);
+  int layer_end = 0;  // the end of the current layer's parameter slices
   for (int b = (int)blocks_.size() - 1; b >= 0; --b) {
     BlockCall<E> c = call(a, b);
     c.x_in = reinterpret_cast<const Act*>(a.xs_[b]);
     const int layer = blocks_[b]->spec().layer();
     c.relay = relay ? &(*relay)[layer] : nullptr;
+    if (b + 1 == (int)blocks_.size() || blocks_[b + 1]->spec().layer() != layer)
+      layer_end = blocks_[b]->spec().params().end;
     blocks_[b]->backward(exec_, c);
-    if (on_ready) on_ready(blocks_[b]->spec().params().begin, blocks_[b]->spec().params().end);
+    // A decoder layer's gradients are final once its first block's backward is enqueued.
+    if (on_ready && (b == 0 || blocks_[b - 1]->spec().layer() != layer))
+      on_ready(blocks_[b]->spec().params().begin, layer_end);
   }
   arch_.input().backward(exec_, a.view_, grads(), reinterpret_cast<const Act*>(dx_));
   exec_.profile_gap();

@@ -130,8 +130,9 @@ struct InferResult {
 // Gradient readiness (data-parallel overlap, distributed/buckets.h): backward() calls it with a
 // half-open range [begin, end) of table indices as soon as every write of that backward to those
 // parameters' gradients is enqueued on the backend's stream. Order: the head's slice (the final
-// norm and an untied LM head), then each block's slice from the last block to the first, the
-// input embedding last; every parameter exactly once per backward, also for an empty batch. It
+// norm and an untied LM head), then each decoder layer's slices (its blocks) from the last layer
+// to the first, the input embedding last; every parameter exactly once per backward, also for an
+// empty batch. It
 // runs on the calling thread between launches: it must only enqueue work, never wait.
 using GradReadyFn = std::function<void(int begin, int end)>;
 
