@@ -136,6 +136,10 @@ void AttentionKind::forward(E& e, const BlockCall<E>& c) const {
     e.rope_forward(s.q, b.rope, N, NH, HS);
     e.rope_forward(s.k, b.rope, N, NKV, HS);
   }
+  if (c.store_k) {  // the inference cache keeps the rows as attention reads them
+    e.scatter_rows(c.store_k, s.k, c.store_rows, N, KD);
+    e.scatter_rows(c.store_v, s.v, c.store_rows, N, KD);
+  }
   e.attention_forward(s.att, s.lse, s.q, s.k, s.v, b.layout, ext, n_ext, N, NH, NKV, HS);
   e.linear(c.sum, s.att, w + wo_, N, QD, C);
   e.residual_add(c.x_out, c.x_in, c.sum, (int64_t)N * C);

@@ -51,6 +51,15 @@ struct LayerCarry {
 template <class E>
 using Carry = std::vector<LayerCarry<E>>;  // [decoder layer]
 
+// Where a no-grad forward stores what later batches read (the inference KV cache): batch row i's
+// K and V of layer l go to row rows[i] of k[l], v[l] ((capacity, NKV, HS) each, after norms and
+// RoPE, as attention reads them). Layers without a cache entry have null pointers.
+template <class E>
+struct CacheWrite {
+  std::vector<typename E::Act*> k, v;  // [decoder layer]
+  std::vector<int32_t> rows;           // (N) host
+};
+
 // The arguments of one block call. Pointers are on the backend's memory.
 template <class E>
 struct BlockCall {
@@ -66,6 +75,10 @@ struct BlockCall {
   typename E::Acc* sum = nullptr;         // (N, C) an Acc buffer shared by all blocks
   const LayerCarry<E>* carry = nullptr;   // what this layer reads from outside the batch, or null
   const LayerCarry<E>* relay = nullptr;   // backward: gradients relayed into this batch's rows
+  // No-grad forward with a CacheWrite: this layer's cache buffers and the batch's rows there.
+  typename E::Act* store_k = nullptr;
+  typename E::Act* store_v = nullptr;
+  const int32_t* store_rows = nullptr;  // (N) on the backend's memory
 };
 
 // A layer kind's backend-independent half: which decoder layer it belongs to, its parameter

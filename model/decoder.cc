@@ -82,6 +82,7 @@ struct ActsLayout {
   int32_t* tgt_tok;
   double* tgt_w;
   int32_t* logit_rows;
+  int32_t* store_rows;
   size_t meta_bytes;
   double* loss;
   char* layout;
@@ -92,7 +93,7 @@ struct ActsLayout {
   size_t total;
 
   ActsLayout(const Architecture& arch, const std::vector<std::unique_ptr<Block<E>>>& blocks, Mode mode, int N,
-             int num_nodes, int n_rows, int n_tgt, int n_logit, char* base) {
+             int num_nodes, int n_rows, int n_tgt, int n_logit, int n_store, char* base) {
     const int64_t n = N, C = arch.config().hidden_size;
     Carver c{base};
     tokens = c.take<int32_t>(n);
@@ -106,6 +107,7 @@ struct ActsLayout {
     tgt_tok = c.take<int32_t>(n_tgt);
     tgt_w = c.take<double>(n_tgt);
     logit_rows = c.take<int32_t>(n_logit);
+    store_rows = c.take<int32_t>(n_store);
     meta_bytes = c.bytes();
     loss = c.take<double>(1);
     layout = c.take_bytes(E::layout_bytes(N));
@@ -135,11 +137,19 @@ Decoder<E>::Decoder(const ModelConfig& cfg, const DecoderOptions& options, const
   if (options_.head_chunk_bytes == 0) options_.head_chunk_bytes = E::kDefaultHeadChunkBytes;
   for (const auto& k : arch_.blocks()) blocks_.push_back(make_block<E>(*k));
   const int64_t P = num_params();
-  exec_.ensure(params_, bytes_of(P));
-  exec_.ensure(grads_, bytes_of(P));
-  if (E::kSeparateWeights) exec_.ensure(weights_, sizeof(Weight) * (size_t)P);
-  exec_.zero(params_.data(), bytes_of(P));
-  exec_.zero(grads_.data(), bytes_of(P));
+  const bool master = !(E::kSeparateWeights && options_.inference);  // an fp32 master copy
+  if (master) {
+    exec_.ensure(params_, bytes_of(P));
+    exec_.zero(params_.data(), bytes_of(P));
+  }
+  if (!options_.inference) {
+    exec_.ensure(grads_, bytes_of(P));
+    exec_.zero(grads_.data(), bytes_of(P));
+  }
+  if (E::kSeparateWeights) {
+    exec_.ensure(weights_, sizeof(Weight) * (size_t)P);
+    exec_.zero(weights_.data(), sizeof(Weight) * (size_t)P);
+  }
   refresh_weights();
   exec_.sync();
 }
@@ -168,9 +178,21 @@ typename E::Param* Decoder<E>::param(const std::string& name) {
 }
 
 template <class E>
+void Decoder<E>::require_training(const char* what) const {
+  TT_CHECK(!options_.inference, "model: ", what, " on an inference-only model (it keeps no gradients",
+           E::kSeparateWeights ? " and no fp32 master weights" : "", ")");
+}
+
+template <class E>
 void Decoder<E>::init(uint64_t seed) {
+  typename E::Buffer temp;  // an inference model on the GPU draws into a temporary fp32 copy
+  Param* base = params();
+  if (!params_.data()) {
+    exec_.ensure(temp, bytes_of(num_params()));
+    base = reinterpret_cast<Param*>(temp.data());
+  }
   for (const ParamInfo& p : params_info()) {
-    Param* w = params() + p.offset;
+    Param* w = base + p.offset;
     switch (p.role) {
       case ParamRole::kNormWeight: exec_.fill(w, p.numel, 1.0f); break;
       case ParamRole::kMatrix:
@@ -178,16 +200,24 @@ void Decoder<E>::init(uint64_t seed) {
         break;
     }
   }
-  refresh_weights();
+  if constexpr (E::kSeparateWeights) exec_.to_weights(weights(), base, num_params());
+  exec_.sync();
 }
 
 template <class E>
 void Decoder<E>::zero_grad() {
+  require_training("zero_grad");
   exec_.zero(grads_.data(), bytes_of(num_params()));
 }
 
 template <class E>
 void Decoder<E>::set_params(const Param* host) {
+  if constexpr (E::kSeparateWeights) {
+    if (!params_.data()) {  // inference on the GPU: the bf16 weights only
+      exec_.upload_weights(weights(), host, num_params());
+      return;
+    }
+  }
   exec_.upload(params_.data(), host, bytes_of(num_params()));
   refresh_weights();
   exec_.sync();
@@ -196,12 +226,19 @@ void Decoder<E>::set_params(const Param* host) {
 template <class E>
 std::vector<typename E::Param> Decoder<E>::params_host() const {
   std::vector<Param> out(num_params());
+  if constexpr (E::kSeparateWeights) {
+    if (!params_.data()) {
+      exec_.download_weights(out.data(), reinterpret_cast<const Weight*>(weights_.data()), num_params());
+      return out;
+    }
+  }
   exec_.download(out.data(), params_.data(), bytes_of(num_params()));
   return out;
 }
 
 template <class E>
 std::vector<typename E::Param> Decoder<E>::grads_host() const {
+  require_training("grads_host");
   std::vector<Param> out(num_params());
   exec_.download(out.data(), grads_.data(), bytes_of(num_params()));
   return out;
@@ -209,7 +246,9 @@ std::vector<typename E::Param> Decoder<E>::grads_host() const {
 
 template <class E>
 void Decoder<E>::refresh_weights() {
-  if constexpr (E::kSeparateWeights) exec_.to_weights(weights(), params(), num_params());
+  if constexpr (E::kSeparateWeights) {
+    if (params_.data()) exec_.to_weights(weights(), params(), num_params());
+  }
 }
 
 template <class E>
@@ -272,18 +311,31 @@ HeadCall<E> Decoder<E>::head_call(const Activations<E>& a) const {
 template <class E>
 void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, Mode mode, Activations<E>& a,
                              const Carry<E>* carry, const std::vector<int32_t>* logit_rows, int logit_count,
-                             bool want_loss) {
+                             bool want_loss, const CacheWrite<E>* cache) {
   const ModelConfig& cfg = config();
+  if (mode == Mode::kTrain) require_training("a training forward");
   data::check_packed_batch(batch, cfg.vocab_size);
   const int L = arch_.num_layers();
+  const int N = batch.n_tokens, n_tgt = (int)batch.tgt_src.size(), num_nodes = batch.num_nodes();
+  // Every row its own one-token tree: a decode step (the backend may serve it with other kernels).
+  bool singletons = num_nodes == N;
+  for (int n = 0; singletons && n < num_nodes; ++n) singletons = batch.node_parent[n] < 0;
   TT_CHECK(carry == nullptr || (int)carry->size() == L, "model: a carry of ", carry ? carry->size() : 0,
            " layers, expected one entry per layer (", L, ")");
   if (carry) {
+    const int most = E::max_external_kv(singletons);
     for (int l = 0; l < L; ++l)
-      TT_CHECK((int)(*carry)[l].kv.size() <= E::kMaxExternalKV, "model: layer ", l, " reads ", (*carry)[l].kv.size(),
-               " external KV prefixes; the ", E::kName, " attention reads at most ", E::kMaxExternalKV);
+      TT_CHECK((int)(*carry)[l].kv.size() <= most, "model: layer ", l, " reads ", (*carry)[l].kv.size(),
+               " external KV prefixes; the ", E::kName, " attention reads at most ", most,
+               singletons ? "" : " (outside a decode batch)");
   }
-  const int N = batch.n_tokens, n_tgt = (int)batch.tgt_src.size(), num_nodes = batch.num_nodes();
+  TT_CHECK(cache == nullptr || mode == Mode::kNoGrad, "model: a cache write needs a no-grad forward");
+  if (cache) {
+    TT_CHECK((int)cache->rows.size() == N && (int)cache->k.size() == L && (int)cache->v.size() == L,
+             "model: a cache write of ", cache->rows.size(), " rows and ", cache->k.size(), " layers, expected ", N,
+             " rows and ", L, " layers");
+  }
+  const int n_store = cache ? N : 0;
   if (logit_rows)
     for (int32_t r : *logit_rows) TT_CHECK(r >= 0 && r < N, "model: logits of row ", r, " of a batch of ", N, " rows");
 
@@ -307,21 +359,23 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
   a.n_tgt_ = n_tgt;
   a.loss_scale_ = loss_scale;
   a.carry_ = carry;
+  a.cache_ = cache;
   a.pending_ = mode == Mode::kTrain;
   a.trained_ = mode == Mode::kTrain;
   const LmHeadKind& head = arch_.head();
   a.R_ = head.template chunk_rows<E>(options_.head_chunk_bytes, std::max({n_rows, logit_count, 1}));
   a.chunks_ = LmHeadKind::plan_chunks(n_rows, a.R_, sorted_src);
 
-  const ActsLayout<E> size(arch_, blocks_, mode, N, num_nodes, n_rows, n_tgt, n_logit, nullptr);
+  const ActsLayout<E> size(arch_, blocks_, mode, N, num_nodes, n_rows, n_tgt, n_logit, n_store, nullptr);
   exec_.ensure(a.buf_, size.total);
-  const ActsLayout<E> r(arch_, blocks_, mode, N, num_nodes, n_rows, n_tgt, n_logit, a.buf_.data());
+  const ActsLayout<E> r(arch_, blocks_, mode, N, num_nodes, n_rows, n_tgt, n_logit, n_store, a.buf_.data());
   a.loss_ = r.loss;
   a.xs_ = r.xs;
   a.saved_ = r.saved;
   a.head_saved_ = r.head_saved;
   a.logit_rows_ = n_logit ? r.logit_rows : nullptr;
   a.n_logit_rows_ = n_logit;
+  a.store_rows_ = n_store ? r.store_rows : nullptr;
   exec_.zero(r.loss, sizeof(double));
   a.view_ = BatchView<E>{};
   a.view_.N = N;
@@ -333,7 +387,7 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
   // The metadata's host image, at the same offsets as on the backend; one copy.
   {
     if (staging_.size() < r.meta_bytes) staging_.resize(r.meta_bytes);
-    const ActsLayout<E> img(arch_, blocks_, mode, N, num_nodes, n_rows, n_tgt, n_logit, staging_.data());
+    const ActsLayout<E> img(arch_, blocks_, mode, N, num_nodes, n_rows, n_tgt, n_logit, n_store, staging_.data());
     std::copy(batch.tokens.begin(), batch.tokens.end(), img.tokens);
     std::copy(batch.pos.begin(), batch.pos.end(), img.pos);
     std::copy(batch.subtree_end.begin(), batch.subtree_end.end(), img.subtree_end);
@@ -347,12 +401,14 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
       img.tgt_w[t] = batch.tgt_w[order[t]];
     }
     if (n_logit) std::copy(logit_rows->begin(), logit_rows->end(), img.logit_rows);
+    if (n_store) std::copy(cache->rows.begin(), cache->rows.end(), img.store_rows);
     exec_.upload(a.buf_.data(), staging_.data(), r.meta_bytes);
   }
   BatchView<E>& v = a.view_;
   v.tokens = r.tokens;
   v.pos = r.pos;
-  v.layout = exec_.make_layout(N, num_nodes, r.node_start, r.node_len, r.node_parent, r.subtree_end, r.layout);
+  v.layout = exec_.make_layout(N, num_nodes, r.node_start, r.node_len, r.node_parent, r.subtree_end, singletons,
+                               r.layout);
   v.rope = exec_.make_rope(r.pos, N, (int)cfg.head_dim, cfg.rope_theta, r.rope);
   v.n_rows = n_rows;
   v.head_rows = r.head_rows;
@@ -369,6 +425,12 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
     const bool train = mode == Mode::kTrain;
     c.x_in = reinterpret_cast<const Act*>(a.xs_[train ? b : b % 2]);
     c.x_out = reinterpret_cast<Act*>(a.xs_[train ? b + 1 : (b + 1) % 2]);
+    if (cache) {
+      const int layer = blocks_[b]->spec().layer();
+      c.store_k = cache->k[layer];
+      c.store_v = cache->v[layer];
+      c.store_rows = a.store_rows_;
+    }
     blocks_[b]->forward(exec_, c);
   }
   HeadCall<E> h = head_call(a);
@@ -385,6 +447,7 @@ void Decoder<E>::forward(const data::PackedBatch& batch, double loss_scale, Acti
 
 template <class E>
 void Decoder<E>::backward(Activations<E>& a, const Carry<E>* relay, const GradReadyFn& on_ready) {
+  require_training("backward");
   if constexpr (E::kBackwardConsumesSaved) {
     TT_CHECK(a.pending_, "model: backward() without a preceding training forward() on these activations");
   } else {
@@ -464,7 +527,8 @@ double Decoder<E>::forward_backward(const data::PackedBatch& batch, double loss_
 }
 
 template <class E>
-InferResult Decoder<E>::infer(const data::PackedBatch& batch, const InferRequest& req, const Carry<E>* carry) {
+InferResult Decoder<E>::infer(const data::PackedBatch& batch, const InferRequest& req, const Carry<E>* carry,
+                              const CacheWrite<E>* cache) {
   std::vector<int32_t> rows;
   bool all = false;
   switch (req.rows) {
@@ -478,7 +542,7 @@ InferResult Decoder<E>::infer(const data::PackedBatch& batch, const InferRequest
     case InferRequest::Rows::kList: rows = req.list; break;
   }
   run_forward(batch, 1.0, Mode::kNoGrad, infer_acts_, carry, all || rows.empty() ? nullptr : &rows,
-              all ? batch.n_tokens : (int)rows.size(), req.loss);
+              all ? batch.n_tokens : (int)rows.size(), req.loss, cache);
   InferResult out;
   out.loss = req.loss ? loss(infer_acts_) : 0.0;
   const int N = batch.n_tokens;
@@ -513,6 +577,7 @@ std::vector<double> Decoder<E>::saved_logits(const Activations<E>& a) const {
 
 template <class E>
 double Decoder<E>::grad_sum_squares() {
+  require_training("grad_sum_squares");
   return exec_.sum_squares(grads(), num_params());
 }
 

@@ -103,6 +103,8 @@ class Activations {
   char* head_saved_ = nullptr;
   const int32_t* logit_rows_ = nullptr;  // no-grad: the rows whose logits infer() returns
   int n_logit_rows_ = 0;
+  const CacheWrite<E>* cache_ = nullptr;  // no-grad: where the attention layers store K/V rows
+  const int32_t* store_rows_ = nullptr;   // (N) their rows, on the backend's memory
 };
 
 struct DecoderOptions {
@@ -110,6 +112,9 @@ struct DecoderOptions {
   int64_t head_chunk_bytes = 0;
   // The layers (empty: the config's layer_specs()).
   std::vector<LayerSpec> layers;
+  // Inference only: the weights the ops read and nothing else (on the GPU the bf16 copy: no fp32
+  // master weights, no gradients); training calls are errors.
+  bool inference = false;
 };
 
 // What infer() computes: the loss of the batch's targets and/or the logits of some rows.
@@ -158,7 +163,10 @@ class Decoder {
   E& exec() { return exec_; }
   const E& exec() const { return exec_; }
 
-  // Flat buffers (num_params) on the backend's memory, in table order.
+  bool inference() const { return options_.inference; }
+
+  // Flat buffers (num_params) on the backend's memory, in table order (an inference model on the
+  // GPU has neither params() nor grads(): null).
   Param* params() { return reinterpret_cast<Param*>(params_.data()); }
   const Param* params() const { return reinterpret_cast<const Param*>(params_.data()); }
   Param* grads() { return reinterpret_cast<Param*>(grads_.data()); }
@@ -171,7 +179,8 @@ class Decoder {
   // weights ones.
   void init(uint64_t seed);
   void zero_grad();
-  // Host copies (num_params); set_params also refreshes the working copy.
+  // Host copies (num_params); set_params also refreshes the working copy. An inference model
+  // takes fp32 host values for its weights (rounded to bf16 on the GPU) and returns them widened.
   void set_params(const Param* host);
   std::vector<Param> params_host() const;
   std::vector<Param> grads_host() const;
@@ -204,8 +213,11 @@ class Decoder {
   std::vector<int32_t> saved_head_rows(const Activations<E>& acts) const;
   std::vector<double> saved_logits(const Activations<E>& acts) const;
 
-  // No-grad forward: saves nothing, touches no gradient.
-  InferResult infer(const data::PackedBatch& batch, const InferRequest& request, const Carry<E>* carry = nullptr);
+  // No-grad forward: saves nothing, touches no gradient. carry: external KV prefixes per layer
+  // (the inference cache's rows this batch reads); cache: where each attention layer stores the
+  // batch's own K/V rows (null: nowhere).
+  InferResult infer(const data::PackedBatch& batch, const InferRequest& request, const Carry<E>* carry = nullptr,
+                    const CacheWrite<E>* cache = nullptr);
 
   // Sum of squares of every gradient, fp64 accumulation (waits for the backend).
   double grad_sum_squares();
@@ -214,7 +226,9 @@ class Decoder {
   // logit_rows: a no-grad forward's rows for logits() (null: none, or all of them); logit_count:
   // how many rows logits() will take (sizes the head chunk).
   void run_forward(const data::PackedBatch& batch, double loss_scale, Mode mode, Activations<E>& acts,
-                   const Carry<E>* carry, const std::vector<int32_t>* logit_rows, int logit_count, bool want_loss);
+                   const Carry<E>* carry, const std::vector<int32_t>* logit_rows, int logit_count, bool want_loss,
+                   const CacheWrite<E>* cache = nullptr);
+  void require_training(const char* what) const;
   void ensure_scratch(int N, int R);
   BlockCall<E> call(const Activations<E>& a, int b) const;
   HeadCall<E> head_call(const Activations<E>& a) const;

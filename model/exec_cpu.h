@@ -8,6 +8,7 @@
 // is taken in backward(), like every other gradient.
 #pragma once
 
+#include <algorithm>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -67,6 +68,7 @@ class CpuExec {
   static constexpr bool kBackwardConsumesSaved = false;
   static constexpr bool kHeadGradInForward = false;
   static constexpr int kMaxExternalKV = INT_MAX;
+  static int max_external_kv(bool) { return INT_MAX; }
   static constexpr int64_t kDefaultHeadChunkBytes = INT64_MAX;  // one chunk: every head row at once
 
   explicit CpuExec(const Options& = {}) {}
@@ -85,7 +87,7 @@ class CpuExec {
   // Batch preparation (ops/cpu/attention.h reads the node ranges directly).
   static size_t layout_bytes(int) { return 0; }
   Layout make_layout(int N, int num_nodes, const int32_t* node_start, const int32_t* node_len,
-                     const int32_t* node_parent, const int32_t* subtree_end, char* storage);
+                     const int32_t* node_parent, const int32_t* subtree_end, bool singletons, char* storage);
   static size_t rope_bytes(int, int) { return 0; }
   Rope make_rope(const int32_t* pos, int N, int HS, double theta, char* storage);
 
@@ -93,6 +95,8 @@ class CpuExec {
   void init_normal(Param* w, int64_t n, uint64_t seed, double stddev);
   void fill(Param* w, int64_t n, float value);
   void to_weights(Weight*, const Param*, int64_t) {}  // no working copy
+  void upload_weights(Weight* out, const float* host, int64_t n) { std::copy(host, host + n, out); }
+  void download_weights(float* host, const Weight* in, int64_t n) const { std::copy(in, in + n, host); }
   double sum_squares(const Param* x, int64_t n);
 
   // The op vocabulary (model/exec.h).

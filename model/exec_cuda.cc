@@ -2,10 +2,12 @@
 #include "model/exec_cuda.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "base/check.h"
 #include "model/exec_cuda_kernels.h"
 #include "ops/cuda/adamw.h"
+#include "ops/cuda/attention_decode.h"
 #include "ops/cuda/check.h"
 #include "ops/cuda/embedding.h"
 #include "ops/cuda/rmsnorm.h"
@@ -74,9 +76,12 @@ cuda::Workspace CudaExec::workspace(size_t bytes) {
 }
 
 CudaExec::Layout CudaExec::make_layout(int N, int, const int32_t*, const int32_t*, const int32_t*,
-                                       const int32_t* subtree_end, char* storage) {
+                                       const int32_t* subtree_end, bool singletons, char* storage) {
   mark(Op::kOther);
-  return cuda::build_tree_tiles(subtree_end, N, cuda::Workspace{storage, cuda::tree_tiles_bytes(N)}, stream_);
+  Layout l;
+  l.tiles = cuda::build_tree_tiles(subtree_end, N, cuda::Workspace{storage, cuda::tree_tiles_bytes(N)}, stream_);
+  l.singletons = singletons;
+  return l;
 }
 
 size_t CudaExec::rope_bytes(int N, int HS) {
@@ -103,6 +108,19 @@ void CudaExec::fill(Param* w, int64_t n, float value) { detail::fill(w, n, value
 void CudaExec::to_weights(Weight* out, const Param* in, int64_t n) {
   mark(Op::kOther);
   detail::f32_to_bf16(out, in, n, stream_);
+}
+
+void CudaExec::upload_weights(Weight* out, const float* host, int64_t n) {
+  std::vector<cuda::bf16> staged((size_t)n);
+  cuda::floats_to_bf16(staged.data(), host, (size_t)n);
+  upload(out, staged.data(), sizeof(cuda::bf16) * (size_t)n);
+  sync();  // the staging vector goes out of scope
+}
+
+void CudaExec::download_weights(float* host, const Weight* in, int64_t n) const {
+  std::vector<cuda::bf16> staged((size_t)n);
+  download(staged.data(), in, sizeof(cuda::bf16) * (size_t)n);
+  cuda::bf16_to_floats(host, staged.data(), (size_t)n);
 }
 
 double CudaExec::sum_squares(const Param* x, int64_t n) {
@@ -221,14 +239,20 @@ void CudaExec::qk_norm_rope_backward(Act* dx, Param* dw, Act* dout, const Act* x
 void CudaExec::attention_forward(Act* out, Stat* lse, const Act* q, const Act* k, const Act* v, const Layout& layout,
                                  const KV* ext, int n_ext, int N, int NH, int NKV, int HS) {
   mark(Op::kAttention);
-  cuda::attention_forward(out, lse, q, k, v, layout, ext, n_ext, N, NH, NKV, HS, stream_);
+  if (layout.singletons) {
+    cuda::attention_decode_forward(out, lse, q, k, v, ext, n_ext, N, NH, NKV, HS,
+                                   workspace(cuda::attention_decode_workspace_bytes(ext, n_ext, N, NH, NKV, HS)),
+                                   stream_);
+  } else {
+    cuda::attention_forward(out, lse, q, k, v, layout.tiles, ext, n_ext, N, NH, NKV, HS, stream_);
+  }
 }
 
 void CudaExec::attention_backward(Act* dq, Act* dk, Act* dv, const Act* dout, const Act* out, const Stat* lse,
                                   const Act* q, const Act* k, const Act* v, const Layout& layout, const KV* ext,
                                   int n_ext, int N, int NH, int NKV, int HS) {
   mark(Op::kAttention);
-  cuda::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, layout, ext, n_ext, N, NH, NKV, HS,
+  cuda::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, layout.tiles, ext, n_ext, N, NH, NKV, HS,
                            workspace(cuda::attention_backward_workspace_bytes(N, NH, HS)), stream_);
 }
 

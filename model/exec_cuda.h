@@ -18,6 +18,7 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -61,7 +62,12 @@ class CudaExec {
   using Param = float;
   using Weight = cuda::bf16;
   using KV = cuda::ExternalKV;
-  using Layout = cuda::TreeTiles;
+  // The attention's view of a batch: the tree tiles, and whether every row is its own one-token
+  // tree (a decode step), which the decode kernels serve (ops/cuda/attention_decode.h).
+  struct Layout {
+    cuda::TreeTiles tiles;
+    bool singletons = false;
+  };
   using Buffer = cuda::DeviceBuffer<char>;
   struct Rope {
     const int32_t* pos = nullptr;  // (N) device
@@ -76,6 +82,9 @@ class CudaExec {
   static constexpr bool kBackwardConsumesSaved = true;
   static constexpr bool kHeadGradInForward = true;
   static constexpr int kMaxExternalKV = cuda::kMaxExternalKV;
+  // External prefixes one attention call may read: the tree kernels' limit, none for a decode
+  // batch (every row its own one-token tree).
+  static int max_external_kv(bool singletons) { return singletons ? INT_MAX : kMaxExternalKV; }
   static constexpr int64_t kDefaultHeadChunkBytes = int64_t(1) << 30;  // of bf16 logits per chunk
 
   // Creates the stream, the allocator and the GEMM handle on the current device. Throws
@@ -105,8 +114,9 @@ class CudaExec {
 
   // Batch preparation.
   static size_t layout_bytes(int N) { return cuda::tree_tiles_bytes(N); }
+  // singletons: every row is its own one-token tree (the caller knows it from the host batch).
   Layout make_layout(int N, int num_nodes, const int32_t* node_start, const int32_t* node_len,
-                     const int32_t* node_parent, const int32_t* subtree_end, char* storage);
+                     const int32_t* node_parent, const int32_t* subtree_end, bool singletons, char* storage);
   static size_t rope_bytes(int N, int HS);
   Rope make_rope(const int32_t* pos, int N, int HS, double theta, char* storage);
 
@@ -114,6 +124,10 @@ class CudaExec {
   void init_normal(Param* w, int64_t n, uint64_t seed, double stddev);
   void fill(Param* w, int64_t n, float value);
   void to_weights(Weight* out, const Param* in, int64_t n);  // round to the bf16 copy
+  // out (n) on the device = the host values rounded to bf16 (an inference model's weights).
+  void upload_weights(Weight* out, const float* host, int64_t n);
+  // host (n) = the device bf16 values widened.
+  void download_weights(float* host, const Weight* in, int64_t n) const;
   double sum_squares(const Param* x, int64_t n);              // fp64 on the device; waits
 
   // The op vocabulary (model/exec.h).

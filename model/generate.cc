@@ -1,0 +1,274 @@
+// Generation with the KV cache (see generate.h).
+#include "model/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "base/check.h"
+#include "model/init.h"
+
+namespace tt::model {
+
+template <class E>
+KVCache<E>::KVCache(Decoder<E>& model, int64_t capacity)
+    : layers_(model.architecture().num_layers()), capacity_(capacity), row_elems_(layers_), k_(layers_), v_(layers_) {
+  TT_CHECK(capacity >= 0, "KVCache: capacity ", capacity);
+  for (int l = 0; l < layers_; ++l) {
+    row_elems_[l] = model.carry_row_elems(l);
+    if (row_elems_[l] == 0) continue;
+    const size_t bytes = sizeof(typename E::Act) * (size_t)capacity * (size_t)row_elems_[l];
+    model.exec().ensure(k_[l], bytes);
+    model.exec().ensure(v_[l], bytes);
+  }
+}
+
+template <class E>
+int64_t KVCache<E>::reserve(int64_t rows) {
+  TT_CHECK(rows >= 0 && used_ + rows <= capacity_, "KVCache: ", rows, " more rows past ", used_, " of ", capacity_);
+  const int64_t first = used_;
+  used_ += rows;
+  return first;
+}
+
+template <class E>
+void KVCache<E>::read(Carry<E>& carry, int64_t begin, int len, int q_begin, int q_end) const {
+  TT_CHECK((int)carry.size() == layers_, "KVCache: a carry of ", carry.size(), " layers, expected ", layers_);
+  TT_CHECK(begin >= 0 && len >= 0 && begin + len <= used_, "KVCache: rows [", begin, ", ", begin + len,
+           ") outside the ", used_, " reserved");
+  if (len == 0) return;
+  for (int l = 0; l < layers_; ++l) {
+    const int64_t e = row_elems_[l];
+    if (e == 0) continue;
+    typename E::KV kv;
+    kv.k = reinterpret_cast<const typename E::Act*>(k_[l].data()) + begin * e;
+    kv.v = reinterpret_cast<const typename E::Act*>(v_[l].data()) + begin * e;
+    kv.dk = nullptr;
+    kv.dv = nullptr;
+    kv.len = len;
+    kv.q_begin = q_begin;
+    kv.q_end = q_end;
+    carry[l].kv.push_back(kv);
+  }
+}
+
+template <class E>
+CacheWrite<E> KVCache<E>::write(std::vector<int32_t> rows) const {
+  CacheWrite<E> w;
+  for (int32_t r : rows) TT_CHECK(r >= 0 && r < used_, "KVCache: write to row ", r, " outside the ", used_, " reserved");
+  for (int l = 0; l < layers_; ++l) {
+    const bool has = row_elems_[l] > 0;
+    w.k.push_back(has ? reinterpret_cast<typename E::Act*>(const_cast<char*>(k_[l].data())) : nullptr);
+    w.v.push_back(has ? reinterpret_cast<typename E::Act*>(const_cast<char*>(v_[l].data())) : nullptr);
+  }
+  w.rows = std::move(rows);
+  return w;
+}
+
+void SamplingOptions::validate() const {
+  TT_CHECK(max_new_tokens >= 1, "--max-new-tokens: ", max_new_tokens, ", expected >= 1");
+  TT_CHECK(std::isfinite(temperature) && temperature >= 0, "--temperature: ", temperature, ", expected >= 0");
+  TT_CHECK(top_p > 0 && top_p <= 1, "--top-p: ", top_p, ", expected in (0, 1]");
+  TT_CHECK(num_samples >= 1, "--num-samples: ", num_samples, ", expected >= 1");
+  TT_CHECK(max_batch_tokens >= 1, "max_batch_tokens: ", max_batch_tokens, ", expected >= 1");
+}
+
+Draw sample_token(const double* x, int V, double temperature, double top_p, double u) {
+  int best = 0;
+  for (int i = 1; i < V; ++i)
+    if (x[i] > x[best]) best = i;
+  const double mx = x[best];
+  double z = 0;
+  for (int i = 0; i < V; ++i) z += std::exp(x[i] - mx);
+  const double lse = mx + std::log(z);
+  if (temperature == 0) return Draw{best, x[best] - lse};
+  std::vector<double> p(V);
+  double total = 0;
+  for (int i = 0; i < V; ++i) total += p[i] = std::exp((x[i] - mx) / temperature);
+  std::vector<int> order(V);
+  std::iota(order.begin(), order.end(), 0);
+  double mass = total;
+  int kept = V;
+  if (top_p < 1) {  // most likely first, ties by id; keep the smallest prefix reaching top_p
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
+    double c = 0;
+    for (kept = 0; kept < V;) {
+      c += p[order[kept++]];
+      if (c >= top_p * total) break;
+    }
+    mass = c;
+  }
+  const double target = u * mass;
+  double c = 0;
+  int tok = order[kept - 1];
+  for (int j = 0; j < kept; ++j) {
+    c += p[order[j]];
+    if (target < c) {
+      tok = order[j];
+      break;
+    }
+  }
+  return Draw{tok, x[tok] - lse};
+}
+
+namespace {
+
+// The stream of prompt p's sample s.
+SplitMix64 stream_of(uint64_t seed, int64_t p, int s) {
+  SplitMix64 r{seed ^ ((uint64_t)p * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)s * 0xc2b2ae3d27d4eb4full)};
+  r.next();
+  return r;
+}
+
+bool contains(const std::vector<int32_t>& v, int32_t x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+// One sample in flight.
+struct Live {
+  int p, s;               // prompt (in the group), sample
+  int64_t gen_row;        // first cache row of its generated tokens
+  SplitMix64 rng;
+  Sample* out;
+  bool done = false;
+};
+
+}  // namespace
+
+template <class E>
+std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& prompts, const SamplingOptions& opt,
+                                 GenerateStats* stats) {
+  opt.validate();
+  GenerateStats st;
+  const ModelConfig& cfg = model.config();
+  const int V = (int)cfg.vocab_size, K = opt.num_samples, L = model.architecture().num_layers();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Prompt& pr = prompts[i];
+    TT_CHECK(!pr.tokens.empty(), "prompt ", i + 1, " ('", pr.id, "'): no tokens");
+    for (int32_t t : pr.tokens)
+      TT_CHECK(t >= 0 && t < V, "prompt ", i + 1, " ('", pr.id, "'): token ", t, " outside vocab_size ", V);
+    TT_CHECK((int64_t)pr.tokens.size() + opt.max_new_tokens <= cfg.max_position_embeddings, "prompt ", i + 1, " ('",
+             pr.id, "'): ", pr.tokens.size(), " tokens + --max-new-tokens ", opt.max_new_tokens,
+             " exceed model.max_position_embeddings ", cfg.max_position_embeddings);
+  }
+  auto rows_of = [&](const Prompt& p) { return (int64_t)p.tokens.size() + (int64_t)K * opt.max_new_tokens; };
+  // Groups of consecutive prompts within max_batch_tokens cache rows (a larger prompt goes alone).
+  std::vector<std::pair<size_t, size_t>> groups;
+  int64_t most = 0;
+  for (size_t i = 0; i < prompts.size();) {
+    size_t j = i;
+    int64_t rows = 0;
+    while (j < prompts.size() && (j == i || rows + rows_of(prompts[j]) <= opt.max_batch_tokens)) rows += rows_of(prompts[j++]);
+    groups.emplace_back(i, j);
+    most = std::max(most, rows);
+    i = j;
+  }
+  std::vector<Completion> out(prompts.size());
+  KVCache<E> cache(model, most);
+  for (const auto& [g0, g1] : groups) {
+    cache.clear();
+    // Prefill: every prompt of the group as its own tree, its rows into its cache span.
+    data::PackedBatch pre;
+    std::vector<int64_t> span(g1 - g0);
+    std::vector<int32_t> rows, last;
+    for (size_t i = g0; i < g1; ++i) {
+      const std::vector<int32_t>& t = prompts[i].tokens;
+      const int n = (int)t.size(), start = pre.n_tokens;
+      span[i - g0] = cache.reserve(n);
+      pre.node_start.push_back(start);
+      pre.node_len.push_back(n);
+      pre.node_parent.push_back(-1);
+      pre.tree_start.push_back(start);
+      for (int j = 0; j < n; ++j) {
+        pre.tokens.push_back(t[j]);
+        pre.pos.push_back(j);
+        pre.subtree_end.push_back(start + n);
+        rows.push_back((int32_t)(span[i - g0] + j));
+      }
+      pre.n_tokens += n;
+      last.push_back(pre.n_tokens - 1);
+    }
+    pre.tree_start.push_back(pre.n_tokens);
+    InferRequest req;
+    req.loss = false;
+    req.rows = InferRequest::Rows::kList;
+    req.list = last;
+    const CacheWrite<E> pre_write = cache.write(rows);
+    const InferResult first = model.infer(pre, req, nullptr, &pre_write);
+    st.prefill_rows += pre.n_tokens;
+    ++st.forwards;
+
+    std::vector<Live> live;
+    for (size_t i = g0; i < g1; ++i) {
+      out[i].id = prompts[i].id;
+      out[i].samples.resize(K);
+      for (int s = 0; s < K; ++s) {
+        Live x{(int)(i - g0), s, cache.reserve(opt.max_new_tokens), stream_of(opt.seed, (int64_t)i, s), &out[i].samples[s]};
+        live.push_back(x);
+      }
+    }
+    // Appends a drawn token to a sample and says whether it goes on.
+    auto take = [&](Live& x, const double* logits) {
+      const Draw d = sample_token(logits, V, opt.temperature, opt.top_p, x.rng.uniform());
+      x.out->tokens.push_back(d.token);
+      x.out->logprobs.push_back(d.logprob);
+      if (contains(opt.stop, d.token)) x.out->finish = "stop";
+      else if (contains(opt.eos, d.token)) x.out->finish = "eos";
+      else if ((int)x.out->tokens.size() == opt.max_new_tokens) x.out->finish = "length";
+      x.done = !x.out->finish.empty();
+    };
+    for (Live& x : live) take(x, first.logits.data() + (size_t)x.p * V);
+
+    // Decode: one row per live sample, reading its prompt's span and its own generated rows.
+    while (true) {
+      std::vector<Live*> act;
+      for (Live& x : live)
+        if (!x.done) act.push_back(&x);
+      if (act.empty()) break;
+      const int B = (int)act.size();
+      data::PackedBatch step;
+      step.n_tokens = B;
+      Carry<E> carry(L);
+      std::vector<int32_t> write_rows;
+      for (int r = 0; r < B; ++r) {
+        const Live& x = *act[r];
+        const int j = (int)x.out->tokens.size();  // the row computes token j's K/V and the next logits
+        const int plen = (int)prompts[g0 + x.p].tokens.size();
+        step.tokens.push_back(x.out->tokens.back());
+        step.pos.push_back(plen + j - 1);
+        step.subtree_end.push_back(r + 1);
+        step.node_start.push_back(r);
+        step.node_len.push_back(1);
+        step.node_parent.push_back(-1);
+        step.tree_start.push_back(r);
+        write_rows.push_back((int32_t)(x.gen_row + j - 1));
+      }
+      step.tree_start.push_back(B);
+      // The prompt span is visible to that prompt's rows (consecutive: live is prompt-major).
+      for (int r = 0; r < B;) {
+        int e = r;
+        while (e < B && act[e]->p == act[r]->p) ++e;
+        cache.read(carry, span[act[r]->p], (int)prompts[g0 + act[r]->p].tokens.size(), r, e);
+        r = e;
+      }
+      for (int r = 0; r < B; ++r) cache.read(carry, act[r]->gen_row, (int)act[r]->out->tokens.size() - 1, r, r + 1);
+      const CacheWrite<E> w = cache.write(write_rows);
+      const InferResult res = model.infer(step, InferRequest{false, InferRequest::Rows::kAll, {}}, &carry, &w);
+      st.decode_rows += B;
+      ++st.forwards;
+      for (int r = 0; r < B; ++r) take(*act[r], res.logits.data() + (size_t)r * V);
+    }
+  }
+  if (stats) *stats = st;
+  return out;
+}
+
+template class KVCache<CpuExec<float>>;
+template class KVCache<CpuExec<double>>;
+template class KVCache<CudaExec>;
+template std::vector<Completion> generate<CpuExec<float>>(Decoder<CpuExec<float>>&, const std::vector<Prompt>&,
+                                                          const SamplingOptions&, GenerateStats*);
+template std::vector<Completion> generate<CpuExec<double>>(Decoder<CpuExec<double>>&, const std::vector<Prompt>&,
+                                                           const SamplingOptions&, GenerateStats*);
+template std::vector<Completion> generate<CudaExec>(Decoder<CudaExec>&, const std::vector<Prompt>&,
+                                                    const SamplingOptions&, GenerateStats*);
+
+}  // namespace tt::model

@@ -1,0 +1,109 @@
+// Generation: prefill, KV-cache decode and sampling, on either backend, written once over the
+// decoder's no-grad forward.
+//
+// The KV cache (KVCache) holds, per attention layer, K and V rows as attention reads them (after
+// norms and RoPE) in one buffer of `capacity` rows; spans of it are handed out to prompts and
+// samples. A forward writes its rows there through a CacheWrite and later batches read spans of
+// it as their carry (external KV prefixes with query ranges): the cache is the decoder's carry.
+//
+// generate() takes prompts in groups that fit max_batch_tokens cache rows. For a group: one
+// prefill forward of every prompt (each its own tree; logits of its last row only), then decode
+// steps until every sample has stopped: one row per live sample (each its own one-token tree at
+// position len(prompt) + tokens generated before it), reading its prompt's span (visible to all
+// of that prompt's samples: the K samples of a prompt share its prefill and its cache rows) and
+// its own generated span, and writing its own K/V at the end of that span. Only new rows are
+// computed; the logits of a decode step equal those of a full forward of the same sequence (up
+// to float rounding: tests/model/generate_test.cc).
+//
+// Sampling: temperature 0 is greedy (argmax, ties to the lower id); otherwise softmax(logits / T)
+// restricted to the smallest set of most likely tokens whose probability reaches top_p (nucleus;
+// top_p = 1 keeps all), drawn with a splitmix64 stream per (seed, prompt index, sample index), so
+// a seed reproduces a run on a given backend. A sample ends at max_new_tokens, or after emitting
+// a stop id or an eos id (the stopping token is kept). logprobs[j] = log p(token j | context) under
+// the model at temperature 1 (the policy's own probability, what RL objectives use).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/decoder.h"
+
+namespace tt::model {
+
+template <class E>
+class KVCache {
+ public:
+  // capacity rows for every attention layer of `model` (on its backend's memory).
+  KVCache(Decoder<E>& model, int64_t capacity);
+  int64_t capacity() const { return capacity_; }
+  int64_t used() const { return used_; }
+  // The first row of a fresh span of `rows` rows; throws tt::Error past the capacity.
+  int64_t reserve(int64_t rows);
+  void clear() { used_ = 0; }
+  // Adds to every layer of `carry` the span [begin, begin + len) as a prefix visible to queries
+  // [q_begin, q_end) (no gradient).
+  void read(Carry<E>& carry, int64_t begin, int len, int q_begin, int q_end) const;
+  // Batch row i's K/V go to row rows[i].
+  CacheWrite<E> write(std::vector<int32_t> rows) const;
+
+ private:
+  int layers_ = 0;
+  int64_t capacity_ = 0, used_ = 0;
+  std::vector<int64_t> row_elems_;                 // [layer] 0 where the layer keeps no K/V
+  std::vector<typename E::Buffer> k_, v_;          // [layer] (capacity, row_elems)
+};
+
+struct SamplingOptions {
+  int max_new_tokens = 128;
+  double temperature = 1.0;  // 0: greedy
+  double top_p = 1.0;        // (0, 1]
+  int num_samples = 1;       // per prompt
+  uint64_t seed = 0;
+  std::vector<int32_t> stop;  // ids that end a sample, besides eos
+  std::vector<int32_t> eos;   // the model's eos_token_id(s)
+  int64_t max_batch_tokens = 1 << 16;  // cache rows of one group of prompts (a prompt's rows plus
+                                       // num_samples x max_new_tokens)
+  // Throws tt::Error naming the option for a value out of range.
+  void validate() const;
+};
+
+struct Prompt {
+  std::string id;
+  std::vector<int32_t> tokens;
+};
+
+struct Sample {
+  std::vector<int32_t> tokens;    // generated, after the prompt
+  std::vector<double> logprobs;   // (tokens.size())
+  std::string finish;             // "length" | "stop" | "eos"
+};
+
+struct Completion {
+  std::string id;
+  std::vector<Sample> samples;  // (num_samples)
+};
+
+// What generate() computed: rows of prefill (each prompt once, whatever num_samples) and of
+// decode steps, and the forwards it ran.
+struct GenerateStats {
+  int64_t prefill_rows = 0;
+  int64_t decode_rows = 0;
+  int64_t forwards = 0;
+};
+
+// Prompts must be non-empty with token ids in the vocabulary, and len + max_new_tokens at most
+// max_position_embeddings (tt::Error naming the prompt otherwise).
+template <class E>
+std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& prompts, const SamplingOptions& opt,
+                                 GenerateStats* stats = nullptr);
+
+// The sampler on one row of logits (V): the token drawn with uniform u in [0, 1) (greedy ignores
+// u) and its log-probability at temperature 1.
+struct Draw {
+  int32_t token;
+  double logprob;
+};
+Draw sample_token(const double* logits, int V, double temperature, double top_p, double u);
+
+}  // namespace tt::model

@@ -1,0 +1,256 @@
+// Generation on the CPU backend in fp64 (model/generate.h):
+//  - a decode step computes only the new rows, and its logits equal the full forward's logits of
+//    the same sequence at every position (1e-10 relative: the same sums in other orders), for one
+//    sequence and for K samples sharing a prompt's cache rows;
+//  - greedy generation is the argmax of the full forward at every step, with its logprobs;
+//  - the K samples of a prompt share one prefill; a seed reproduces a run, another seed changes it;
+//  - the sampler's nucleus and temperature; errors name the prompt or option.
+#include "model/generate.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+
+#include "base/check.h"
+#include "tests/model/model_test_util.h"
+
+namespace tt::model {
+namespace {
+
+using testing::chain_batch;
+using testing::tiny_config;
+
+ModelConfig config(const std::string& arch) {
+  ModelConfig c = tiny_config(arch, arch == "llama");
+  c.vocab_size = 13;
+  return c;
+}
+
+void init(Model<double>& m, uint64_t seed) {
+  m.init(seed);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(-0.3, 0.3);
+  for (const ParamInfo& p : m.params_info())
+    if (p.role == ParamRole::kNormWeight)
+      for (int64_t i = 0; i < p.numel; ++i) m.params()[p.offset + i] += u(rng);
+}
+
+std::vector<double> full_logits(Model<double>& m, const std::vector<int32_t>& tokens) {
+  return m.infer(chain_batch(tokens), InferRequest::all_logits()).logits;
+}
+
+double max_rel(const double* a, const double* b, int n) {
+  double d = 0, s = 0;
+  for (int i = 0; i < n; ++i) {
+    d = std::max(d, std::fabs(a[i] - b[i]));
+    s = std::max(s, std::fabs(b[i]));
+  }
+  return d / std::max(s, 1e-300);
+}
+
+// One-token trees: row r has token tokens[r] at position pos[r].
+data::PackedBatch decode_batch(const std::vector<int32_t>& tokens, const std::vector<int32_t>& pos) {
+  data::PackedBatch b;
+  b.n_tokens = (int)tokens.size();
+  b.tokens = tokens;
+  b.pos = pos;
+  for (int r = 0; r < b.n_tokens; ++r) {
+    b.subtree_end.push_back(r + 1);
+    b.node_start.push_back(r);
+    b.node_len.push_back(1);
+    b.node_parent.push_back(-1);
+    b.tree_start.push_back(r);
+  }
+  b.tree_start.push_back(b.n_tokens);
+  return b;
+}
+
+// Prefill a prompt into the cache, then two samples decode different continuations one token a
+// step, each reading the shared prompt rows and its own rows: every decode row's logits equal the
+// full forward of that sample's sequence.
+TEST(Decode, LogitsEqualTheFullForwardAtEveryPosition) {
+  for (const std::string arch : {"qwen3", "llama"}) {
+    Model<double> m(config(arch));
+    init(m, 3);
+    const int V = (int)m.config().vocab_size, L = m.architecture().num_layers();
+    const std::vector<int32_t> prompt = {1, 7, 2, 9, 4};
+    const std::vector<std::vector<int32_t>> cont = {{3, 3, 8, 0, 12}, {5, 1, 1, 6, 2}};
+    const int P = (int)prompt.size(), T = (int)cont[0].size();
+    KVCache<CpuExec<double>> cache(m, P + 2 * T);
+    const int64_t span = cache.reserve(P);
+    std::vector<int32_t> rows(P);
+    for (int i = 0; i < P; ++i) rows[i] = (int32_t)(span + i);
+    const CacheWrite<CpuExec<double>> w0 = cache.write(rows);
+    const InferResult pre = m.infer(chain_batch(prompt), InferRequest::all_logits(), nullptr, &w0);
+    const std::vector<double> ref0 = full_logits(m, prompt);
+    EXPECT_LE(max_rel(pre.logits.data(), ref0.data(), P * V), 1e-12) << arch << ": prefill";
+    const int64_t gen[2] = {cache.reserve(T), cache.reserve(T)};
+    for (int j = 0; j < T; ++j) {
+      Carry<CpuExec<double>> carry(L);
+      cache.read(carry, span, P, 0, 2);
+      for (int s = 0; s < 2; ++s) cache.read(carry, gen[s], j, s, s + 1);
+      const CacheWrite<CpuExec<double>> w = cache.write({(int32_t)(gen[0] + j), (int32_t)(gen[1] + j)});
+      const InferResult step =
+          m.infer(decode_batch({cont[0][j], cont[1][j]}, {P + j, P + j}), InferRequest::all_logits(), &carry, &w);
+      for (int s = 0; s < 2; ++s) {
+        std::vector<int32_t> seq = prompt;
+        seq.insert(seq.end(), cont[s].begin(), cont[s].begin() + j + 1);
+        const std::vector<double> ref = full_logits(m, seq);
+        EXPECT_LE(max_rel(step.logits.data() + (size_t)s * V, ref.data() + (size_t)(P + j) * V, V), 1e-10)
+            << arch << " sample " << s << " step " << j;
+      }
+    }
+  }
+}
+
+TEST(Generate, GreedyIsTheArgmaxOfTheFullForward) {
+  for (const std::string arch : {"qwen3", "llama"}) {
+    Model<double> m(config(arch));
+    init(m, 5);
+    const int V = (int)m.config().vocab_size;
+    SamplingOptions o;
+    o.temperature = 0;
+    o.max_new_tokens = 8;
+    const std::vector<Prompt> prompts = {{"a", {2, 4, 6}}, {"b", {11, 0, 5, 5, 1, 9}}};
+    const std::vector<Completion> out = generate(m, prompts, o);
+    ASSERT_EQ(out.size(), 2u);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_EQ(out[i].id, prompts[i].id);
+      ASSERT_EQ(out[i].samples.size(), 1u);
+      const Sample& s = out[i].samples[0];
+      ASSERT_EQ((int)s.tokens.size(), o.max_new_tokens);
+      EXPECT_EQ(s.finish, "length");
+      std::vector<int32_t> seq = prompts[i].tokens;
+      seq.insert(seq.end(), s.tokens.begin(), s.tokens.end());
+      const std::vector<double> ref = full_logits(m, seq);
+      for (size_t j = 0; j < s.tokens.size(); ++j) {
+        const double* row = ref.data() + (prompts[i].tokens.size() + j - 1) * V;
+        int best = 0;
+        double z = 0;
+        for (int v = 0; v < V; ++v) best = row[v] > row[best] ? v : best;
+        for (int v = 0; v < V; ++v) z += std::exp(row[v] - row[best]);
+        EXPECT_EQ(s.tokens[j], best) << arch << " prompt " << i << " token " << j;
+        EXPECT_NEAR(s.logprobs[j], -std::log(z), 1e-10) << arch << " prompt " << i << " token " << j;
+      }
+    }
+  }
+}
+
+// K samples of a prompt share its prefill; sampling is reproducible per seed; a stop id ends a
+// sample and is kept; every sample's logprobs are the full forward's.
+TEST(Generate, SamplesShareThePrefillAndFollowTheSeed) {
+  Model<double> m(config("qwen3"));
+  init(m, 7);
+  const int V = (int)m.config().vocab_size;
+  SamplingOptions o;
+  o.temperature = 1.3;
+  o.top_p = 0.9;
+  o.num_samples = 5;
+  o.max_new_tokens = 6;
+  o.seed = 42;
+  o.stop = {3};
+  const std::vector<Prompt> prompts = {{"p0", {1, 2, 3, 4}}, {"p1", {9, 8, 7}}};
+  GenerateStats st;
+  const std::vector<Completion> a = generate(m, prompts, o, &st);
+  EXPECT_EQ(st.prefill_rows, 7) << "each prompt is prefilled once, not once per sample";
+  const std::vector<Completion> b = generate(m, prompts, o);
+  o.seed = 43;
+  const std::vector<Completion> c = generate(m, prompts, o);
+  bool differs = false;
+  std::map<std::vector<int32_t>, int> distinct;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    for (int s = 0; s < 5; ++s) {
+      const Sample& x = a[i].samples[s];
+      EXPECT_EQ(x.tokens, b[i].samples[s].tokens) << "same seed, same samples";
+      EXPECT_EQ(x.logprobs, b[i].samples[s].logprobs);
+      differs |= x.tokens != c[i].samples[s].tokens;
+      distinct[x.tokens]++;
+      for (size_t j = 0; j + 1 < x.tokens.size(); ++j) EXPECT_NE(x.tokens[j], 3) << "a stop id ends the sample";
+      if (x.finish == "stop") EXPECT_EQ(x.tokens.back(), 3);
+      if (x.finish == "length") EXPECT_EQ((int)x.tokens.size(), o.max_new_tokens);
+      std::vector<int32_t> seq = prompts[i].tokens;
+      seq.insert(seq.end(), x.tokens.begin(), x.tokens.end());
+      const std::vector<double> ref = full_logits(m, seq);
+      for (size_t j = 0; j < x.tokens.size(); ++j) {
+        const double* row = ref.data() + (prompts[i].tokens.size() + j - 1) * V;
+        double mx = row[0], z = 0;
+        for (int v = 1; v < V; ++v) mx = std::max(mx, row[v]);
+        for (int v = 0; v < V; ++v) z += std::exp(row[v] - mx);
+        EXPECT_NEAR(x.logprobs[j], row[x.tokens[j]] - mx - std::log(z), 1e-10);
+      }
+    }
+  }
+  EXPECT_TRUE(differs) << "another seed draws other samples";
+  EXPECT_GT(distinct.size(), 2u) << "samples of a prompt differ";
+}
+
+TEST(Sampler, NucleusAndTemperature) {
+  // p = (0.1, 0.2, 0.3, 0.4): top_p 0.5 keeps {3, 2}; the draw follows the kept mass in order.
+  const double x[4] = {std::log(0.1), std::log(0.2), std::log(0.3), std::log(0.4)};
+  EXPECT_EQ(sample_token(x, 4, 1.0, 0.5, 0.0).token, 3);
+  EXPECT_EQ(sample_token(x, 4, 1.0, 0.5, 0.56).token, 3);   // 0.4 / 0.7 = 0.571
+  EXPECT_EQ(sample_token(x, 4, 1.0, 0.5, 0.58).token, 2);
+  EXPECT_EQ(sample_token(x, 4, 1.0, 1.0, 0.05).token, 0);   // all kept, id order
+  EXPECT_EQ(sample_token(x, 4, 1.0, 1.0, 0.95).token, 3);
+  EXPECT_EQ(sample_token(x, 4, 0.0, 1.0, 0.99).token, 3);   // greedy ignores u
+  EXPECT_NEAR(sample_token(x, 4, 0.5, 1.0, 0.3).logprob, std::log(sample_token(x, 4, 0.5, 1.0, 0.3).token + 1) -
+                                                              std::log(10.0), 1e-12);  // logprob at T = 1
+  // Frequencies over a fine grid of u: exactly the tempered probabilities.
+  int count[4] = {0, 0, 0, 0};
+  for (int i = 0; i < 10000; ++i) count[sample_token(x, 4, 2.0, 1.0, (i + 0.5) / 10000).token]++;
+  double z = 0;
+  for (double p : {0.1, 0.2, 0.3, 0.4}) z += std::sqrt(p);
+  EXPECT_NEAR(count[0] / 10000.0, std::sqrt(0.1) / z, 2e-4);
+  EXPECT_NEAR(count[3] / 10000.0, std::sqrt(0.4) / z, 2e-4);
+}
+
+TEST(Generate, ErrorsNameThePromptOrOption) {
+  Model<double> m(config("qwen3"));
+  m.init(1);
+  SamplingOptions o;
+  o.max_new_tokens = 60;
+  try {
+    generate(m, {{"long", {1, 2, 3, 4, 5}}}, o);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("prompt 1 ('long'): 5 tokens + --max-new-tokens 60 exceed "
+                                         "model.max_position_embeddings 64"),
+              std::string::npos)
+        << e.what();
+  }
+  o.max_new_tokens = 4;
+  try {
+    generate(m, {{"ok", {1}}, {"bad", {1, 13}}}, o);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("prompt 2 ('bad'): token 13 outside vocab_size 13"), std::string::npos)
+        << e.what();
+  }
+  o.top_p = 0;
+  EXPECT_THROW(generate(m, {{"ok", {1}}}, o), Error);
+}
+
+// An inference-only model holds the weights and nothing else: training calls are errors.
+TEST(Inference, ModelHasNoGradients) {
+  DecoderOptions io;
+  io.inference = true;
+  Model<double> m(config("qwen3"), io);
+  m.init(2);
+  Model<double> t(config("qwen3"));
+  t.init(2);
+  const data::PackedBatch b = chain_batch({1, 2, 3, 4});
+  EXPECT_EQ(m.infer(b, InferRequest::all_logits()).logits, t.infer(b, InferRequest::all_logits()).logits);
+  try {
+    m.forward(b, 1.0);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a training forward on an inference-only model"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(m.zero_grad(), Error);
+}
+
+}  // namespace
+}  // namespace tt::model
