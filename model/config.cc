@@ -74,7 +74,13 @@ nlohmann::json ModelConfig::to_hf_json(const std::string& torch_dtype) const {
   j["torch_dtype"] = torch_dtype;
   j["use_cache"] = true;
   j["bos_token_id"] = nullptr;
-  j["eos_token_id"] = nullptr;
+  if (eos_token_id.empty()) {
+    j["eos_token_id"] = nullptr;
+  } else if (eos_token_id.size() == 1) {
+    j["eos_token_id"] = eos_token_id[0];
+  } else {
+    j["eos_token_id"] = eos_token_id;
+  }
   if (qwen) {
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
@@ -166,6 +172,25 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
   c.tie_word_embeddings = get_bool_or(j, "tie_word_embeddings", false, where);
   c.initializer_range = get_double_or(j, "initializer_range", c.initializer_range, where);
   c.max_position_embeddings = get_int_or(j, "max_position_embeddings", c.max_position_embeddings, where);
+  if (has(j, "eos_token_id")) {  // an id or a list of ids
+    const auto& e = j.at("eos_token_id");
+    const auto bad = [&] {
+      return Error(str(where, ": field \"eos_token_id\" must be a token id or a list of them, got ", e.dump()));
+    };
+    if (e.is_number_integer()) {
+      c.eos_token_id.push_back(e.get<int64_t>());
+    } else if (e.is_array()) {
+      for (const auto& x : e) {
+        if (!x.is_number_integer()) throw bad();
+        c.eos_token_id.push_back(x.get<int64_t>());
+      }
+    } else {
+      throw bad();
+    }
+    for (int64_t id : c.eos_token_id)
+      if (id < 0 || id >= c.vocab_size)
+        throw Error(str(where, ": eos_token_id ", id, " outside vocab_size ", c.vocab_size));
+  }
   if (has(j, "layer_types")) {
     const auto& lt = j.at("layer_types");
     if (!lt.is_array()) throw Error(str(where, ": field \"layer_types\" must be a list of strings, got ", lt.dump()));

@@ -31,6 +31,8 @@ struct ModelConfig {
   // HF's layer_types: the mixer of each layer ("full_attention"; the only kind so far). Empty
   // means every layer is full_attention; otherwise one entry per layer.
   std::vector<std::string> layer_types;
+  // HF's eos_token_id: generation stops after emitting one of them (empty: none).
+  std::vector<int64_t> eos_token_id;
 
   bool qk_norm() const { return architecture == "qwen3"; }
   // The layers as the model builds them (layer_types and the architecture's variants).

@@ -2,9 +2,6 @@
 // model.safetensors.index.json on read). Tensor names and shapes come from param_table().
 #include "model/hf_io.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -14,8 +11,9 @@
 #include <set>
 #include <type_traits>
 
-#include "model/safetensors.h"
 #include "base/check.h"
+#include "base/files.h"
+#include "model/safetensors.h"
 
 namespace tt::model {
 
@@ -30,25 +28,6 @@ nlohmann::json read_json(const std::string& path) {
     return nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
     throw Error(str(path, ": invalid JSON: ", e.what()));
-  }
-}
-
-// Writes text to path atomically (temporary file, fsync, rename).
-void write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = str(path, ".tmp.", (long)::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(str(path, ": cannot create ", tmp));
-    out << text;
-    out.flush();
-    if (!out) throw Error(str(path, ": write failed"));
-  }
-  const int fd = ::open(tmp.c_str(), O_RDONLY);
-  const bool synced = fd >= 0 && ::fsync(fd) == 0;
-  if (fd >= 0) ::close(fd);
-  if (!synced || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw Error(str(path, ": fsync or rename from ", tmp, " failed"));
   }
 }
 

@@ -217,11 +217,10 @@ int bind_gpu(int local_rank, int local_world_size, int visible) {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_backend(const std::string& device, const model::ModelConfig& cfg, int local_rank,
-                                      int local_world_size, bool gemm_autotune) {
+int resolve_device(const std::string& device, const model::ModelConfig& cfg, int local_rank, int local_world_size) {
   if (device != "auto" && device != "cpu" && device != "cuda")
     throw Error(str("device: expected one of auto|cpu|cuda, got '", device, "'"));
-  if (device == "cpu") return std::make_unique<CpuBackend>(cfg, model::CpuExec<float>::Options{}, -1);
+  if (device == "cpu") return -1;
   std::string why;
   const int n = cuda_devices(&why);
   if (device == "cuda") {
@@ -229,23 +228,31 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const model::Mo
     const int gpu = bind_gpu(local_rank, local_world_size, n);
     if (const std::string bad = unsupported_gpu(device_props(gpu)); !bad.empty())
       throw Error(str("device: cuda but ", bad));
-    return std::make_unique<CudaBackend>(cfg, exec_options(gemm_autotune), gpu);
+    model::CudaExec::check_model(cfg);
+    return gpu;
   }
   if (n == 0) {
     spdlog::info("device: auto -> cpu (no CUDA device is visible: {})", why);
-    return std::make_unique<CpuBackend>(cfg, model::CpuExec<float>::Options{}, -1);
+    return -1;
   }
   if (cfg.head_dim != 64 && cfg.head_dim != 128) {
     spdlog::info("device: auto -> cpu (model.head_dim {}: the CUDA attention takes 64 or 128)", cfg.head_dim);
-    return std::make_unique<CpuBackend>(cfg, model::CpuExec<float>::Options{}, -1);
+    return -1;
   }
   const int gpu = bind_gpu(local_rank, local_world_size, n);
   const cudaDeviceProp prop = device_props(gpu);
   if (const std::string bad = unsupported_gpu(prop); !bad.empty()) {
     spdlog::info("device: auto -> cpu ({})", bad);
-    return std::make_unique<CpuBackend>(cfg, model::CpuExec<float>::Options{}, -1);
+    return -1;
   }
   spdlog::info("device: auto -> cuda (device {} of {} visible: {})", gpu, n, prop.name);
+  return gpu;
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& device, const model::ModelConfig& cfg, int local_rank,
+                                      int local_world_size, bool gemm_autotune) {
+  const int gpu = resolve_device(device, cfg, local_rank, local_world_size);
+  if (gpu < 0) return std::make_unique<CpuBackend>(cfg, model::CpuExec<float>::Options{}, -1);
   return std::make_unique<CudaBackend>(cfg, exec_options(gemm_autotune), gpu);
 }
 

@@ -99,4 +99,9 @@ class Backend {
 std::unique_ptr<Backend> make_backend(const std::string& device, const model::ModelConfig& cfg, int local_rank = 0,
                                       int local_world_size = 1, bool gemm_autotune = false);
 
+// The device choice of make_backend alone: the GPU it made current for "cuda" (or "auto" picking
+// one), or -1 for the CPU; the same errors and logs.
+int resolve_device(const std::string& device, const model::ModelConfig& cfg, int local_rank = 0,
+                   int local_world_size = 1);
+
 }  // namespace tt::trainer

@@ -1,10 +1,13 @@
 // treetrain: train a model on tree-structured data, report dataset statistics, generate data.
 // The only place that exits: tt::Error -> "error: <msg>", exit 1; bad usage -> exit 2.
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +16,7 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -26,6 +30,7 @@
 #include "trainer/sweep.h"
 #include "base/check.h"
 #include "trainer/config.h"
+#include "trainer/sample.h"
 #include "trainer/train.h"
 
 namespace {
@@ -45,6 +50,16 @@ const char* const kUsage = R"(usage:
   treetrain generate --kind published-example --out FILE
       Write the one-tree episodes comb with the totals of the published partitioning example
       (tree format, vocab 32000; docs/PARTITIONING.md).
+  treetrain sample --checkpoint DIR --prompts FILE [--max-new-tokens 128] [--temperature 1]
+                   [--top-p 1] [--num-samples 1] [--seed 0] [--stop ID,...] [--device auto|cpu|cuda]
+                   [--set KEY=VALUE ...] [--out FILE]
+      Generate from a checkpoint or Hugging Face directory (or a run_dir's newest checkpoint) with
+      the KV cache: prompts are JSONL lines {"id": ..., "tokens": [...]}; temperature 0 is greedy;
+      a sample stops at --max-new-tokens, a --stop id or the model's eos_token_id. Writes one JSON
+      line per prompt to FILE (or stdout): with one sample its tokens and logprobs, with K > 1 a
+      rollouts line (prompt masked, weight 1.0 for your reward) that `treetrain train` reads.
+      --set keys: model.max_position_embeddings, model.eos_token_id, sample.max_batch_tokens
+      (trainer/sample.h).
   treetrain launch --nproc N [--master-port P] [--master-addr A] [--program PATH] -- <treetrain args>
       Start N local ranks of `treetrain <args>` (data parallelism, distributed/README.md) with RANK,
       WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set (a free port unless --master-port);
@@ -228,6 +243,57 @@ int run_generate(const std::vector<std::string>& argv) {
   return 0;
 }
 
+double float_flag(const Args& a, const std::string& name, double def) {
+  auto it = a.flags.find(name);
+  if (it == a.flags.end()) return def;
+  const std::string& s = it->second;
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
+    throw UsageError{"--" + name + ": expected a number, got '" + s + "'"};
+  return v;
+}
+
+int run_sample(const std::vector<std::string>& argv) {
+  const Args a = parse_flags(argv,
+                             {"checkpoint", "prompts", "max-new-tokens", "temperature", "top-p", "num-samples", "seed",
+                              "stop", "device", "set", "out"},
+                             "sample");
+  // The completions may go to stdout: the log goes to stderr.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("treetrain-sample"));
+  tt::trainer::SampleCommand c;
+  c.checkpoint = required(a, "checkpoint");
+  c.prompts = required(a, "prompts");
+  if (a.flags.count("out")) c.out = a.flags.at("out");
+  if (a.flags.count("device")) c.device = a.flags.at("device");
+  c.sets = a.sets;
+  tt::model::SamplingOptions& o = c.sampling;
+  const int64_t max_new = int_flag(a, "max-new-tokens", o.max_new_tokens);
+  const int64_t k = int_flag(a, "num-samples", o.num_samples);
+  if (max_new < 1 || max_new > (1 << 24)) throw UsageError{"--max-new-tokens: expected 1..16777216"};
+  if (k < 1 || k > (1 << 16)) throw UsageError{"--num-samples: expected 1..65536"};
+  o.max_new_tokens = (int)max_new;
+  o.num_samples = (int)k;
+  o.temperature = float_flag(a, "temperature", o.temperature);
+  o.top_p = float_flag(a, "top-p", o.top_p);
+  const int64_t seed = int_flag(a, "seed", 0);
+  if (seed < 0) throw UsageError{"--seed: expected a non-negative integer"};
+  o.seed = (uint64_t)seed;
+  if (a.flags.count("stop")) {
+    std::stringstream ss(a.flags.at("stop"));
+    for (std::string id; std::getline(ss, id, ',');) {
+      char* end = nullptr;
+      const long v = std::strtol(id.c_str(), &end, 10);
+      if (id.empty() || *end != '\0' || v < 0 || v > INT32_MAX)
+        throw UsageError{"--stop: expected token ids separated by commas, got '" + a.flags.at("stop") + "'"};
+      o.stop.push_back((int32_t)v);
+    }
+  }
+  tt::trainer::run_sample(c);
+  return 0;
+}
+
 int run_launch(const std::vector<std::string>& argv) {
   const auto dash = std::find(argv.begin(), argv.end(), "--");
   if (dash == argv.end()) throw UsageError{"launch: expected -- before the arguments of the ranks"};
@@ -311,6 +377,7 @@ int main(int argc, char** argv) {
     if (cmd == "stats") return run_stats(args);
     if (cmd == "bench") return run_bench(args);
     if (cmd == "generate") return run_generate(args);
+    if (cmd == "sample") return run_sample(args);
     if (cmd == "launch") return run_launch(args);
     if (cmd == "sweep") return run_sweep(args);
     throw UsageError{"unknown command '" + cmd + "'"};

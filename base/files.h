@@ -1,0 +1,13 @@
+// Files written so that nothing already there is lost: a temporary file in the same folder,
+// fsynced, then renamed over the target (readers see the old file or the new one, never a part).
+#pragma once
+
+#include <string>
+
+namespace tt {
+
+// Writes text to path atomically. Throws tt::Error naming the path when any step fails (the
+// temporary file is removed).
+void write_text_atomic(const std::string& path, const std::string& text);
+
+}  // namespace tt

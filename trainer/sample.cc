@@ -1,0 +1,188 @@
+// `treetrain sample` (see sample.h).
+#include "trainer/sample.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "base/check.h"
+#include "base/files.h"
+#include "model/decoder.h"
+#include "model/hf_io.h"
+#include "trainer/backend.h"
+#include "trainer/checkpoint.h"
+
+namespace tt::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+int64_t parse_int(const std::string& key, const std::string& v) {
+  size_t used = 0;
+  int64_t x = 0;
+  try {
+    x = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != v.size() || v.empty()) throw Error(str("--set ", key, "=", v, ": expected an integer"));
+  return x;
+}
+
+// Applies --set KEY=VALUE to the model config and the sampling options.
+void apply_sets(const std::vector<std::string>& sets, model::ModelConfig* cfg, model::SamplingOptions* opt) {
+  for (const std::string& s : sets) {
+    const size_t eq = s.find('=');
+    if (eq == std::string::npos) throw Error(str("--set ", s, ": expected KEY=VALUE"));
+    const std::string key = s.substr(0, eq), value = s.substr(eq + 1);
+    if (key == "model.max_position_embeddings") {
+      cfg->max_position_embeddings = parse_int(key, value);
+    } else if (key == "model.eos_token_id") {
+      cfg->eos_token_id.clear();
+      std::stringstream ss(value);
+      for (std::string id; std::getline(ss, id, ',');) cfg->eos_token_id.push_back(parse_int(key, id));
+    } else if (key == "sample.max_batch_tokens") {
+      opt->max_batch_tokens = parse_int(key, value);
+    } else {
+      throw Error(str("--set ", key, ": unknown key for 'sample' (expected model.max_position_embeddings, "
+                      "model.eos_token_id or sample.max_batch_tokens)"));
+    }
+  }
+}
+
+template <class E>
+std::vector<model::Completion> run_on(const model::ModelConfig& cfg, const std::string& dir,
+                                      const std::vector<model::Prompt>& prompts, const model::SamplingOptions& opt,
+                                      model::GenerateStats* st) {
+  model::DecoderOptions o;
+  o.inference = true;
+  model::Decoder<E> m(cfg, o);
+  std::vector<float> host(m.num_params(), 0.0f);
+  model::load_hf_weights(dir, cfg, m.params_info(), host.data());
+  m.set_params(host.data());
+  host = {};
+  return model::generate(m, prompts, opt, st);
+}
+
+}  // namespace
+
+std::string resolve_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  if (fs::is_regular_file(fs::path(dir) / "config.json", ec)) return dir;
+  if (fs::is_directory(fs::path(dir) / "checkpoints", ec)) {
+    const std::string latest = latest_checkpoint(dir);
+    if (!latest.empty()) return latest;
+    throw Error(str("--checkpoint ", dir, ": a run_dir without checkpoints (", checkpoints_dir(dir), " is empty)"));
+  }
+  throw Error(str("--checkpoint ", dir, ": expected a checkpoint or Hugging Face directory (with config.json) or a "
+                  "run_dir (with checkpoints/)"));
+}
+
+std::vector<model::Prompt> read_prompts(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(str(path, ": cannot open (--prompts)"));
+  std::vector<model::Prompt> out;
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = str(path, ":", n);
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::exception& e) {
+      throw Error(str(where, ": invalid JSON: ", e.what()));
+    }
+    if (!j.is_object()) throw Error(str(where, ": expected an object {\"id\": ..., \"tokens\": [...]}"));
+    model::Prompt p;
+    p.id = where;
+    if (j.contains("id")) {
+      if (j["id"].is_string()) p.id = j["id"].get<std::string>();
+      else if (j["id"].is_number_integer()) p.id = std::to_string(j["id"].get<int64_t>());
+      else throw Error(str(where, ": id: ", j["id"].dump(), ", expected a string or an integer"));
+    }
+    if (!j.contains("tokens") || !j["tokens"].is_array() || j["tokens"].empty())
+      throw Error(str(where, ": tokens: expected a non-empty list of token ids"));
+    for (const json& t : j["tokens"]) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
+        throw Error(str(where, ": tokens: ", t.dump(), " is not a token id"));
+      p.tokens.push_back((int32_t)t.get<int64_t>());
+    }
+    out.push_back(std::move(p));
+  }
+  if (out.empty()) throw Error(str(path, ": no prompts (--prompts)"));
+  return out;
+}
+
+std::string completions_jsonl(const std::vector<model::Prompt>& prompts, const std::vector<model::Completion>& done,
+                              int num_samples) {
+  std::string out;
+  for (size_t i = 0; i < done.size(); ++i) {
+    const model::Completion& c = done[i];
+    json j;
+    j["id"] = c.id;
+    if (num_samples == 1) {
+      j["tokens"] = c.samples[0].tokens;
+      j["logprobs"] = c.samples[0].logprobs;
+      j["finish_reason"] = c.samples[0].finish;
+    } else {
+      json seqs = json::array();
+      for (const model::Sample& s : c.samples) {
+        std::vector<int32_t> tokens = prompts[i].tokens;
+        tokens.insert(tokens.end(), s.tokens.begin(), s.tokens.end());
+        std::vector<int> mask(prompts[i].tokens.size(), 0);
+        mask.resize(tokens.size(), 1);
+        seqs.push_back(json{{"tokens", tokens},
+                            {"loss_mask", mask},
+                            {"weight", 1.0},
+                            {"logprobs", s.logprobs},
+                            {"finish_reason", s.finish}});
+      }
+      j["sequences"] = seqs;
+    }
+    out += j.dump() + "\n";
+  }
+  return out;
+}
+
+int64_t run_sample(const SampleCommand& c) {
+  model::SamplingOptions opt = c.sampling;
+  const std::string dir = resolve_checkpoint(c.checkpoint);
+  model::ModelConfig cfg = model::read_hf_config(dir);
+  apply_sets(c.sets, &cfg, &opt);
+  cfg.validate();
+  for (int64_t id : cfg.eos_token_id) opt.eos.push_back((int32_t)id);
+  opt.validate();
+  const std::vector<model::Prompt> prompts = read_prompts(c.prompts);
+  if (!c.out.empty()) {  // fail before the work if the output cannot be written
+    const fs::path parent = fs::path(c.out).parent_path();
+    std::error_code ec;
+    if (!parent.empty() && !fs::is_directory(parent, ec)) throw Error(str("--out ", c.out, ": no folder ", parent.string()));
+  }
+  const int gpu = resolve_device(c.device, cfg);
+  spdlog::info("sample: {} prompts from {}, model {} ({} layers, vocab {}) on {}, {} samples each, up to {} new tokens",
+               prompts.size(), c.prompts, dir, cfg.num_hidden_layers, cfg.vocab_size, gpu < 0 ? "cpu" : "cuda",
+               opt.num_samples, opt.max_new_tokens);
+  const auto t0 = std::chrono::steady_clock::now();
+  model::GenerateStats st;
+  const std::vector<model::Completion> done =
+      gpu < 0 ? run_on<model::CpuExec<float>>(cfg, dir, prompts, opt, &st)
+              : run_on<model::CudaExec>(cfg, dir, prompts, opt, &st);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string text = completions_jsonl(prompts, done, opt.num_samples);
+  if (c.out.empty()) {
+    std::cout << text << std::flush;
+  } else {
+    write_text_atomic(c.out, text);
+  }
+  spdlog::info("sample: {} prefill rows, {} decode rows in {} forwards, {:.2f} s{}", st.prefill_rows, st.decode_rows,
+               st.forwards, s, c.out.empty() ? "" : ", written to " + c.out);
+  return (int64_t)prompts.size();
+}
+
+}  // namespace tt::trainer
