@@ -386,20 +386,32 @@ void RunConfig::validate() const {
   require(!data.path.empty(), "data.path", "set to a JSONL file", "''");
   in_set("data.format", data.format, {"rollouts", "tree"});
   in_set("data.packing", data.packing, {"tree", "per_path"});
-  require(data.max_tokens_per_batch > 0, "data.max_tokens_per_batch", "> 0", i(data.max_tokens_per_batch));
-  require(train.max_steps > 0, "train.max_steps", "> 0", i(train.max_steps));
+  require(data.max_tokens_per_batch >= 1 && data.max_tokens_per_batch <= kMaxTokensPerBatch,
+          "data.max_tokens_per_batch", "in [1, " + i(kMaxTokensPerBatch) + "]", i(data.max_tokens_per_batch));
+  // The per-head q/k norm runs N x num_attention_heads rows, an int32 count (model/config.h).
+  const int64_t max_rows = kMaxTokensPerBatch / model.num_attention_heads;
+  require(data.max_tokens_per_batch <= max_rows, "data.max_tokens_per_batch",
+          "<= " + i(max_rows) + " with model.num_attention_heads " + i(model.num_attention_heads) +
+              " (tokens x heads must stay below 2^31)",
+          i(data.max_tokens_per_batch));
+  require(train.max_steps > 0 && train.max_steps <= kMaxSteps, "train.max_steps",
+          train.max_steps < 1 ? "> 0" : "<= 2^53", i(train.max_steps));
   in_set("train.loss_norm", train.loss_norm, {"path_mean", "token_mean"});
-  require(train.grad_clip >= 0, "train.grad_clip", ">= 0 (0 disables clipping)", d(train.grad_clip));
-  require(train.grad_accum >= 1, "train.grad_accum", ">= 1", i(train.grad_accum));
+  require(train.grad_clip >= 0 && std::isfinite(train.grad_clip), "train.grad_clip", ">= 0 (0 disables clipping)",
+          d(train.grad_clip));
+  require(train.grad_accum >= 1 && train.grad_accum <= kMaxGradAccum, "train.grad_accum",
+          train.grad_accum < 1 ? ">= 1" : "<= " + i(kMaxGradAccum), i(train.grad_accum));
   require(train.log_every >= 1, "train.log_every", ">= 1", i(train.log_every));
   require(train.checkpoint_every >= 0, "train.checkpoint_every", ">= 0 (0: only at the end)", i(train.checkpoint_every));
   require(train.keep_checkpoints >= 0, "train.keep_checkpoints", ">= 0 (0 keeps all)", i(train.keep_checkpoints));
-  require(optim.lr > 0, "optim.lr", "> 0", d(optim.lr));
+  require(optim.lr > 0 && std::isfinite(optim.lr), "optim.lr", "> 0", d(optim.lr));
   require(optim.beta1 >= 0 && optim.beta1 < 1, "optim.beta1", "in [0, 1)", d(optim.beta1));
   require(optim.beta2 >= 0 && optim.beta2 < 1, "optim.beta2", "in [0, 1)", d(optim.beta2));
-  require(optim.eps > 0, "optim.eps", "> 0", d(optim.eps));
-  require(optim.weight_decay >= 0, "optim.weight_decay", ">= 0", d(optim.weight_decay));
-  require(schedule.warmup_steps >= 0, "schedule.warmup_steps", ">= 0", i(schedule.warmup_steps));
+  require(optim.eps > 0 && std::isfinite(optim.eps), "optim.eps", "> 0", d(optim.eps));
+  require(optim.weight_decay >= 0 && std::isfinite(optim.weight_decay), "optim.weight_decay", ">= 0",
+          d(optim.weight_decay));
+  require(schedule.warmup_steps >= 0 && schedule.warmup_steps <= kMaxSteps, "schedule.warmup_steps",
+          schedule.warmup_steps < 0 ? ">= 0" : "<= 2^53", i(schedule.warmup_steps));
   require(schedule.warmup_steps <= train.max_steps, "schedule.warmup_steps",
           "<= train.max_steps (" + i(train.max_steps) + ")", i(schedule.warmup_steps));
   in_set("schedule.decay", schedule.decay, {"cosine", "linear", "constant"});
@@ -416,8 +428,10 @@ void RunConfig::validate() const {
   }
   in_set("distributed.mode", distributed.mode, {"auto", "torchrun", "slurm", "off"});
   in_set("distributed.comm", distributed.comm, {"auto", "cpu", "nccl"});
-  require(distributed.timeout_s > 0, "distributed.timeout_s", "> 0", d(distributed.timeout_s));
-  require(distributed.collective_timeout_s > 0, "distributed.collective_timeout_s", "> 0",
+  require(distributed.timeout_s > 0 && distributed.timeout_s <= kMaxTimeoutS, "distributed.timeout_s",
+          "in (0, " + d(kMaxTimeoutS) + "] seconds", d(distributed.timeout_s));
+  require(distributed.collective_timeout_s > 0 && distributed.collective_timeout_s <= kMaxTimeoutS,
+          "distributed.collective_timeout_s", "in (0, " + d(kMaxTimeoutS) + "] seconds",
           d(distributed.collective_timeout_s));
 }
 

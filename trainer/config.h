@@ -33,6 +33,17 @@
 
 namespace tt::trainer {
 
+// Bounds RunConfig::validate() checks beside the model's (model/config.h):
+//  - data.max_tokens_per_batch in [1, 2^31 - 1]: packed indices are int32, and tokens x
+//    model.num_attention_heads < 2^31 (the rows of the per-head q/k norm);
+//  - train.max_steps, schedule.warmup_steps <= 2^53: steps are exact in the fp64 schedule;
+//  - train.grad_accum <= 2^20 micro-batches per step;
+//  - distributed.timeout_s, collective_timeout_s <= 10^7 s (they become clock durations).
+constexpr int64_t kMaxTokensPerBatch = (int64_t{1} << 31) - 1;
+constexpr int64_t kMaxSteps = int64_t{1} << 53;
+constexpr int64_t kMaxGradAccum = int64_t{1} << 20;
+constexpr double kMaxTimeoutS = 1e7;
+
 struct DataConfig {
   std::string path;                     // JSONL file (relative paths: to the config file's folder)
   std::string format = "rollouts";      // rollouts | tree

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "base/check.h"
+#include "model/model.h"
 
 namespace tt::trainer {
 namespace {
@@ -153,9 +154,70 @@ TEST(ConfigTest, ValidateNamesTheKey) {
   EXPECT_EQ(parse_error(kMinimal, {"schedule.min_lr_ratio=1.5"}),
             "run.yaml: schedule.min_lr_ratio must be in [0, 1] (got 1.5)");
   EXPECT_EQ(parse_error(kMinimal, {"data.max_tokens_per_batch=0"}),
-            "run.yaml: data.max_tokens_per_batch must be > 0 (got 0)");
+            "run.yaml: data.max_tokens_per_batch must be in [1, 2147483647] (got 0)");
   const std::string e = parse_error(kMinimal, {"model.num_attention_heads=3", "model.num_key_value_heads=2"});
   EXPECT_EQ(e.rfind("run.yaml: model: ", 0), 0u) << e;
+}
+
+TEST(ConfigTest, HugeSizesAreErrorsNamingTheKey) {
+  // Any positive size used to pass, and the parameter count overflowed when the model was built.
+  EXPECT_EQ(parse_error(kMinimal, {"model.vocab_size=9223372036854775807"}),
+            "run.yaml: model: model config: vocab_size must be in [1, 16777216] (got 9223372036854775807)");
+  const std::vector<std::pair<std::string, int64_t>> bounds = {
+      {"vocab_size", model::kMaxVocabSize},           {"hidden_size", model::kMaxHiddenSize},
+      {"intermediate_size", model::kMaxIntermediateSize}, {"num_hidden_layers", model::kMaxLayers},
+      {"num_attention_heads", model::kMaxHeads},      {"num_key_value_heads", model::kMaxHeads},
+      {"head_dim", model::kMaxHeadDim},               {"max_position_embeddings", model::kMaxPositions}};
+  for (const auto& [key, bound] : bounds) {
+    for (int64_t v : {bound + 1, int64_t{0}, int64_t{-1}}) {
+      const std::string e = parse_error(kMinimal, {"model." + key + "=" + std::to_string(v)});
+      EXPECT_NE(e.find("model config: " + key + " must be in [1, " + std::to_string(bound) + "] (got " +
+                       std::to_string(v) + ")"),
+                std::string::npos)
+          << e;
+    }
+  }
+  // Each size within its bound, the product over the parameter limit.
+  const std::string big = parse_error(kMinimal, {"model.hidden_size=65536", "model.intermediate_size=262144",
+                                                 "model.num_hidden_layers=1024", "model.head_dim=64"});
+  EXPECT_NE(big.find("parameters, more than the limit of 2^40 (1099511627776)"), std::string::npos) << big;
+  // The trainer's sizes.
+  EXPECT_EQ(parse_error(kMinimal, {"data.max_tokens_per_batch=2147483648"}),
+            "run.yaml: data.max_tokens_per_batch must be in [1, 2147483647] (got 2147483648)");
+  EXPECT_EQ(parse_error(kMinimal, {"model.num_attention_heads=1024", "model.num_key_value_heads=1",
+                                   "model.head_dim=64", "data.max_tokens_per_batch=4194304"}),
+            "run.yaml: data.max_tokens_per_batch must be <= 2097151 with model.num_attention_heads 1024 (tokens x "
+            "heads must stay below 2^31) (got 4194304)");
+  EXPECT_EQ(parse_error(kMinimal, {"train.grad_accum=9223372036854775807"}),
+            "run.yaml: train.grad_accum must be <= 1048576 (got 9223372036854775807)");
+  EXPECT_EQ(parse_error(kMinimal, {"train.max_steps=9223372036854775807"}),
+            "run.yaml: train.max_steps must be <= 2^53 (got 9223372036854775807)");
+  EXPECT_EQ(parse_error(kMinimal, {"distributed.timeout_s=1e300"}),
+            "run.yaml: distributed.timeout_s must be in (0, 10000000.0] seconds (got 1e+300)");
+}
+
+TEST(ConfigTest, ParameterCountIsTheParamTables) {
+  for (const bool tied : {false, true}) {
+    for (const std::string arch : {"qwen3", "llama"}) {
+      model::ModelConfig m;
+      m.architecture = arch;
+      m.tie_word_embeddings = tied;
+      m.vocab_size = 97;
+      m.hidden_size = 24;
+      m.intermediate_size = 40;
+      m.num_hidden_layers = 3;
+      m.num_attention_heads = 6;
+      m.num_key_value_heads = 2;
+      m.head_dim = 10;
+      int64_t n = 0;
+      for (const model::ParamInfo& p : model::param_table(m)) n += p.numel;
+      EXPECT_EQ(m.parameter_count(), n) << arch << (tied ? " tied" : "");
+    }
+  }
+  model::ModelConfig huge;
+  huge.vocab_size = huge.hidden_size = huge.intermediate_size = huge.num_hidden_layers = INT64_MAX;
+  huge.num_attention_heads = huge.num_key_value_heads = huge.head_dim = INT64_MAX;
+  EXPECT_EQ(huge.parameter_count(), INT64_MAX);
 }
 
 TEST(ConfigTest, PartitionKeys) {
