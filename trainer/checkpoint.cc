@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -96,7 +97,56 @@ Error naming(const std::string& file, const Error& e) {
   return Error(msg.find(file) != std::string::npos ? msg : file + ": " + msg);
 }
 
+// The value at a dotted path of j ("loader.epoch"); errors name the file and the field.
+const nlohmann::json& field_at(const nlohmann::json& j, const std::string& path, const std::string& file) {
+  const nlohmann::json* v = &j;
+  size_t at = 0;
+  while (true) {
+    const size_t dot = path.find('.', at);
+    const std::string name = path.substr(at, dot == std::string::npos ? std::string::npos : dot - at);
+    if (!v->is_object() || !v->contains(name)) throw Error(str(file, ": missing field \"", path, "\""));
+    v = &v->at(name);
+    if (dot == std::string::npos) return *v;
+    at = dot + 1;
+  }
+}
+
+int64_t int_field(const nlohmann::json& j, const std::string& path, const std::string& file, int64_t min) {
+  const nlohmann::json& v = field_at(j, path, file);
+  const bool ok = v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > (uint64_t)INT64_MAX);
+  if (!ok || v.get<int64_t>() < min)
+    throw Error(str(file, ": field \"", path, "\": expected an integer >= ", min, ", got ", v.dump()));
+  return v.get<int64_t>();
+}
+
 }  // namespace
+
+TrainerState read_trainer_state(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) throw Error(str(file, ": cannot open"));
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const std::exception& e) {
+    throw Error(str(file, ": invalid JSON: ", e.what()));
+  }
+  if (!j.is_object()) throw Error(str(file, ": expected a JSON object, got ", j.type_name()));
+  const int64_t version = int_field(j, "version", file, 0);
+  if (version != kStateVersion) throw Error(str(file, ": field \"version\": ", version, ", expected ", kStateVersion));
+  TrainerState st;
+  st.step = int_field(j, "step", file, 0);
+  st.loader.epoch = int_field(j, "loader.epoch", file, 0);
+  st.loader.cursor = int_field(j, "loader.cursor", file, 0);
+  const nlohmann::json& seed = field_at(j, "seed", file);
+  if (!seed.is_number_unsigned() && !(seed.is_number_integer() && seed.get<int64_t>() >= 0))
+    throw Error(str(file, ": field \"seed\": expected an integer >= 0, got ", seed.dump()));
+  st.seed = seed.get<uint64_t>();
+  const nlohmann::json& path = field_at(j, "data.path", file);
+  if (!path.is_string()) throw Error(str(file, ": field \"data.path\": expected a string, got ", path.dump()));
+  st.data_path = path.get<std::string>();
+  st.data_size = int_field(j, "data.size_bytes", file, -1);
+  return st;
+}
 
 std::string checkpoints_dir(const std::string& run_dir) { return (fs::path(run_dir) / "checkpoints").string(); }
 
@@ -170,27 +220,7 @@ TrainerState load_checkpoint(const std::string& dir, const RunConfig& cfg, Backe
   const fs::path d = dir;
   // Trainer state.
   const std::string state_file = (d / kStateFile).string();
-  TrainerState st;
-  {
-    std::ifstream in(state_file);
-    if (!in) throw Error(str(state_file, ": cannot open"));
-    try {
-      nlohmann::json j;
-      in >> j;
-      if (j.at("version").get<int>() != kStateVersion)
-        throw Error(str("version ", j.at("version").dump(), ", expected ", kStateVersion));
-      st.step = j.at("step").get<int64_t>();
-      st.loader.epoch = j.at("loader").at("epoch").get<int64_t>();
-      st.loader.cursor = j.at("loader").at("cursor").get<int64_t>();
-      st.seed = j.at("seed").get<uint64_t>();
-      st.data_path = j.at("data").at("path").get<std::string>();
-      st.data_size = j.at("data").at("size_bytes").get<int64_t>();
-    } catch (const std::exception& e) {
-      throw Error(str(state_file, ": bad trainer state: ", e.what()));
-    }
-    if (st.step < 0 || st.loader.epoch < 0 || st.loader.cursor < 0)
-      throw Error(str(state_file, ": negative step or loader position"));
-  }
+  const TrainerState st = read_trainer_state(state_file);
   // Same model.
   const std::string hf_config = (d / "config.json").string();
   model::ModelConfig saved;

@@ -38,6 +38,10 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 // The newest complete checkpoint, or "" when there is none.
 std::string latest_checkpoint(const std::string& run_dir);
 
+// Reads a checkpoint's trainer_state.json; throws tt::Error naming the file and the field that is
+// missing or mistyped.
+TrainerState read_trainer_state(const std::string& file);
+
 // Loads weights, AdamW state and trainer state from a checkpoint folder into backend. Checks the
 // model config against cfg.model and the data file against cfg.data.path. Errors name the file.
 TrainerState load_checkpoint(const std::string& dir, const RunConfig& cfg, Backend& backend);

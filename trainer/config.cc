@@ -2,6 +2,7 @@
 // overrides and to_yaml() all walk it, so a key added there is parsed, overridable and written.
 #include "trainer/config.h"
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -252,6 +253,7 @@ void set_betas(RunConfig& cfg, const YAML::Node& n, const std::string& where) {
   if (!n.IsSequence() || n.size() != 2) type_error(where, kBetasKey, "a list [beta1, beta2]", n);
   cfg.optim.beta1 = parse_double(n[0], "optim.betas[0]", where);
   cfg.optim.beta2 = parse_double(n[1], "optim.betas[1]", where);
+  cfg.origin["optim.beta1"] = cfg.origin["optim.beta2"] = where;
 }
 
 // Parser state: which model keys were written (for the init_from agreement check).
@@ -267,6 +269,7 @@ void apply(RunConfig& cfg, const std::string& key, const YAML::Node& value, cons
   const Field* f = find_field(key);
   TT_CHECK(f != nullptr, "no field ", key);
   set_field(cfg, *f, value, o);
+  cfg.origin[key] = o.where;
   if (key.rfind("model.", 0) == 0 && key != "model.init_from") st.model_keys[key] = o.where;
 }
 
@@ -361,14 +364,27 @@ void resolve_init_from(RunConfig& cfg, const ParseState& st) {
                       " (model.init_from); drop the key or make it agree"));
   }
   cfg.model = from_hf.model;
+  for (const Field& f : fields())
+    if (f.key.rfind("model.", 0) == 0 && f.key != "model.init_from" && !cfg.origin.count(f.key))
+      cfg.origin[f.key] = file;
 }
 
 }  // namespace
 
+std::string RunConfig::where(const std::string& key) const {
+  auto it = origin.find(key);
+  if (it != origin.end()) return it->second;
+  return source.empty() ? "<config>" : source;
+}
+
 void RunConfig::validate() const {
-  const std::string at = source.empty() ? "<config>" : source;
-  auto require = [&](bool ok, const std::string& key, const std::string& rule, const std::string& got) {
-    if (!ok) throw Error(str(at, ": ", key, " must be ", rule, " (got ", got, ")"));
+  // A rule about `key` names where the key was set; a cross-field rule about a key left at its
+  // default names where the other key was set (`also`).
+  auto require = [&](bool ok, const std::string& key, const std::string& rule, const std::string& got,
+                     const std::string& also = "") {
+    if (ok) return;
+    const std::string at = origin.count(key) || also.empty() ? where(key) : where(also);
+    throw Error(str(at, ": ", key, " must be ", rule, " (got ", got, ")"));
   };
   auto in_set = [&](const std::string& key, const std::string& v, const std::vector<std::string>& allowed) {
     require(std::find(allowed.begin(), allowed.end(), v) != allowed.end(), key, "one of " + join(allowed, "|"),
@@ -380,8 +396,8 @@ void RunConfig::validate() const {
   in_set("device", device, {"auto", "cpu", "cuda"});
   try {
     model.validate();
-  } catch (const Error& e) {
-    throw Error(str(at, ": model: ", e.what()));
+  } catch (const KeyError& e) {
+    throw Error(str(where("model." + e.key()), ": model.", e.detail()));
   }
   require(!data.path.empty(), "data.path", "set to a JSONL file", "''");
   in_set("data.format", data.format, {"rollouts", "tree"});
@@ -393,7 +409,7 @@ void RunConfig::validate() const {
   require(data.max_tokens_per_batch <= max_rows, "data.max_tokens_per_batch",
           "<= " + i(max_rows) + " with model.num_attention_heads " + i(model.num_attention_heads) +
               " (tokens x heads must stay below 2^31)",
-          i(data.max_tokens_per_batch));
+          i(data.max_tokens_per_batch), "model.num_attention_heads");
   require(train.max_steps > 0 && train.max_steps <= kMaxSteps, "train.max_steps",
           train.max_steps < 1 ? "> 0" : "<= 2^53", i(train.max_steps));
   in_set("train.loss_norm", train.loss_norm, {"path_mean", "token_mean"});
@@ -413,7 +429,7 @@ void RunConfig::validate() const {
   require(schedule.warmup_steps >= 0 && schedule.warmup_steps <= kMaxSteps, "schedule.warmup_steps",
           schedule.warmup_steps < 0 ? ">= 0" : "<= 2^53", i(schedule.warmup_steps));
   require(schedule.warmup_steps <= train.max_steps, "schedule.warmup_steps",
-          "<= train.max_steps (" + i(train.max_steps) + ")", i(schedule.warmup_steps));
+          "<= train.max_steps (" + i(train.max_steps) + ")", i(schedule.warmup_steps), "train.max_steps");
   in_set("schedule.decay", schedule.decay, {"cosine", "linear", "constant"});
   require(schedule.min_lr_ratio >= 0 && schedule.min_lr_ratio <= 1, "schedule.min_lr_ratio", "in [0, 1]",
           d(schedule.min_lr_ratio));
@@ -421,10 +437,10 @@ void RunConfig::validate() const {
   require(cap >= 0, "partition.capacity_tokens", ">= 0 (0: off)", i(cap));
   if (cap > 0) {
     require(data.packing == "tree", "data.packing", "tree when partition.capacity_tokens > 0 (" + i(cap) + ")",
-            "'" + data.packing + "'");
+            "'" + data.packing + "'", "partition.capacity_tokens");
     require(cap <= data.max_tokens_per_batch, "partition.capacity_tokens",
             "<= data.max_tokens_per_batch (" + i(data.max_tokens_per_batch) + "): a piece must fit a micro-batch",
-            i(cap));
+            i(cap), "data.max_tokens_per_batch");
   }
   in_set("distributed.mode", distributed.mode, {"auto", "torchrun", "slurm", "off"});
   in_set("distributed.comm", distributed.comm, {"auto", "cpu", "nccl"});
@@ -466,10 +482,15 @@ RunConfig parse_config_text(const std::string& yaml_text, const std::string& sou
   cfg.source = source;
   ParseState st;
   YAML::Node root;
+  const std::string file = source.empty() ? "<config>" : source;
   try {
     root = YAML::Load(yaml_text);
-  } catch (const YAML::ParserException& e) {
-    throw Error(str(source.empty() ? "<config>" : source, ":", e.mark.line + 1, ": invalid YAML: ", e.msg));
+  } catch (const YAML::DeepRecursion& e) {
+    // yaml-cpp stops at 500 levels of nesting and reports it as "bad file".
+    throw Error(str(file, ":", e.mark.line + 1, ": invalid YAML: nested deeper than 500 levels (yaml-cpp's limit)"));
+  } catch (const YAML::Exception& e) {
+    if (e.mark.is_null()) throw Error(str(file, ": invalid YAML: ", e.msg));
+    throw Error(str(file, ":", e.mark.line + 1, ": invalid YAML: ", e.msg));
   }
   parse_document(cfg, root, source, base_dir, st);
   for (const std::string& ov : overrides) apply_override(cfg, ov, st);
@@ -479,6 +500,8 @@ RunConfig parse_config_text(const std::string& yaml_text, const std::string& sou
 }
 
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw Error(str(path, ": is a directory, expected a YAML config file"));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(str(path, ": cannot open config file"));
   std::stringstream ss;

@@ -1,6 +1,7 @@
 // Typed, strict run configuration: YAML parses into one struct per concern.
-// Unknown keys and bad values are errors that name the key and file:line; cross-field checks live
-// in RunConfig::validate(). The resolved config is written next to every checkpoint.
+// Unknown keys and bad values are errors that name the key and file:line (or the --set override);
+// range and cross-field checks live in RunConfig::validate() and name them too. The resolved
+// config is written next to every checkpoint.
 //
 // Layout of a config file (every key optional except data.path):
 //   run_dir: runs/quickstart        device: auto | cpu | cuda
@@ -26,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -105,6 +107,10 @@ struct DistributedConfig {
 
 struct RunConfig {
   std::string source;    // the config file, for messages
+  // Where each key got its value, for messages: "file:line" (the config file, or the
+  // config.json of model.init_from), or "--set key=value". Keys left at their defaults are absent
+  // (messages then name `source`). Not part of the config itself (to_yaml does not write it).
+  std::map<std::string, std::string> origin;
   std::string run_dir = "runs/default";
   std::string device = "auto";  // auto | cpu | cuda
   model::ModelConfig model;
@@ -116,8 +122,11 @@ struct RunConfig {
   PartitionConfig partition;
   DistributedConfig distributed;
 
-  // Cross-field checks; throws tt::Error "<source>: <key> ..." naming the key.
+  // Range and cross-field checks; throws tt::Error "<where>: <key> must be ... (got ...)", where
+  // is the key's origin (file:line or --set key=value), else `source`.
   void validate() const;
+  // Where `key` was set (origin), else `source` ("<config>" when empty).
+  std::string where(const std::string& key) const;
   std::string to_yaml() const;  // resolved config, loads back to the same RunConfig
 };
 

@@ -73,6 +73,34 @@ struct UsageError {
   std::string msg;
 };
 
+// Prints "error: <msg>" as exactly one line: control characters in the message (a path or a data
+// id holding a newline, a trailing newline of a library's text) are written escaped, and the line
+// goes out in one write after what stdout holds, so a log or a launcher's rank prefix never splits
+// it.
+void print_error(const std::string& msg, const std::string& after = "") {
+  std::string line = "error: ";
+  size_t end = msg.size();
+  while (end > 0 && (msg[end - 1] == '\n' || msg[end - 1] == '\r' || msg[end - 1] == ' ')) --end;
+  for (size_t i = 0; i < end; ++i) {
+    const unsigned char c = (unsigned char)msg[i];
+    if (c == '\n') {
+      line += "\\n";
+    } else if (c == '\r') {
+      line += "\\r";
+    } else if (c < 0x20 && c != '\t') {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+      line += buf;
+    } else {
+      line += (char)c;
+    }
+  }
+  line += "\n" + after;
+  std::cout.flush();
+  std::fflush(stdout);
+  std::cerr << line << std::flush;
+}
+
 // --name value / --name=value flags after the subcommand; --set may repeat.
 struct Args {
   std::map<std::string, std::string> flags;
@@ -321,13 +349,13 @@ int main(int argc, char** argv) {
     if (cmd == "sweep") return run_sweep(args);
     throw UsageError{"unknown command '" + cmd + "'"};
   } catch (const UsageError& e) {
-    std::cerr << "error: " << e.msg << "\n\n" << kUsage;
+    print_error(e.msg, std::string("\n") + kUsage);
     return 2;
   } catch (const tt::Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    print_error(e.what());
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    print_error(e.what());
     return 1;
   }
 }

@@ -15,6 +15,7 @@
 #include "distributed/rendezvous.h"
 #include "base/check.h"
 #include "trainer/checkpoint.h"
+#include "trainer/run_dir.h"
 #include "trainer/schedule.h"
 
 namespace tt::trainer {
@@ -68,6 +69,7 @@ double model_flops(const model::ModelConfig& cfg, int64_t tokens, int64_t visibl
 Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator> comm)
     : cfg_(cfg), t_start_(now_s()) {
   cfg_.validate();
+  prepare_run_dir(cfg_);
   // A communicator handed in (tests) says the world; else the launcher's environment does.
   const distributed::DistEnv env = comm ? distributed::DistEnv{} : distributed::read_env(cfg_.distributed.mode);
   backend_ = make_backend(cfg_.device, cfg_.model, env.local_rank, env.local_world_size, cfg_.train.gemm_autotune);

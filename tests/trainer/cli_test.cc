@@ -78,6 +78,25 @@ TEST(CliTest, ErrorsExitOne) {
   EXPECT_EQ(r.err, "error: /nonexistent/run.yaml: cannot open config file\n");
 }
 
+TEST(CliTest, AnErrorIsOneLine) {
+  // A newline inside the message (here from the path) is written escaped: the error stays one line.
+  const Result r = treetrain("--config \"$(printf '/nonexistent/a\\nb.yaml')\"");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err, "error: /nonexistent/a\\nb.yaml: cannot open config file\n");
+}
+
+TEST(CliTest, BadRunDirNamesTheKeyAndPath) {
+  const fs::path dir = tmp("cli_bad_run_dir");
+  { std::ofstream(dir / "a_file") << "x"; }
+  {
+    std::ofstream(dir / "run.yaml") << "run_dir: " << (dir / "a_file" / "run").string() << "\ndata:\n  path: d.jsonl\n";
+  }
+  const Result r = treetrain("--config " + (dir / "run.yaml").string() + " --set device=cpu");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err, "error: " + (dir / "run.yaml").string() + ":1: run_dir '" + (dir / "a_file" / "run").string() +
+                       "': cannot create the folder: Not a directory\n");
+}
+
 TEST(CliTest, GenerateStatsAndTrain) {
   const fs::path dir = tmp("cli_run");
   const std::string data = (dir / "data.jsonl").string();

@@ -146,6 +146,40 @@ TEST(TrainTest, TornCheckpointsAreIgnoredAndPruningKeepsTheNewest) {
   EXPECT_EQ(t.start_step(), 4);
 }
 
+TEST(TrainTest, BadRunDirNamesTheKeyAndPath) {
+  const fs::path dir = test_dir("bad_run_dir");
+  RunConfig c = tiny_config(dir);
+  { std::ofstream(dir / "a_file") << "x"; }
+  c.run_dir = (dir / "a_file" / "run").string();
+  c.origin["run_dir"] = "run.yaml:1";
+  EXPECT_EQ(error_of([&] { Trainer t(c); }),
+            "run.yaml:1: run_dir '" + c.run_dir + "': cannot create the folder: Not a directory");
+  c.run_dir = (dir / "a_file").string();
+  EXPECT_EQ(error_of([&] { Trainer t(c); }), "run.yaml:1: run_dir '" + c.run_dir + "' exists and is not a folder");
+}
+
+TEST(TrainTest, TrainerStateErrorsNameTheField) {
+  const fs::path dir = test_dir("state_fields");
+  const fs::path file = dir / "trainer_state.json";
+  auto error_for = [&](const std::string& text) {
+    { std::ofstream(file) << text; }
+    return error_of([&] { read_trainer_state(file.string()); });
+  };
+  const std::string good_loader =
+      R"("loader": {"epoch": 0, "cursor": 3}, "seed": 7, "data": {"path": "d", "size_bytes": 10})";
+  EXPECT_EQ(error_for(R"({"version": 1, "step": "two", )" + good_loader + "}"),
+            file.string() + ": field \"step\": expected an integer >= 0, got \"two\"");
+  EXPECT_EQ(error_for(R"({"version": 1, "step": 2, "loader": {"epoch": 0, "cursor": -1}, "seed": 7})"),
+            file.string() + ": field \"loader.cursor\": expected an integer >= 0, got -1");
+  EXPECT_EQ(error_for(R"({"version": 1, "step": 2, "loader": {"epoch": 0}, "seed": 7})"),
+            file.string() + ": missing field \"loader.cursor\"");
+  EXPECT_EQ(
+      error_for(
+          R"({"version": 1, "step": 2, "loader": {"epoch": 0, "cursor": 3}, "seed": 7, "data": {"path": 5, "size_bytes": 10}})"),
+      file.string() + ": field \"data.path\": expected a string, got 5");
+  EXPECT_EQ(error_for(R"({"version": 1, "step": 2, )" + good_loader + "}"), "");
+}
+
 TEST(TrainTest, CorruptOptimizerStateNamesTheFile) {
   const fs::path dir = test_dir("corrupt");
   RunConfig c = tiny_config(dir);
