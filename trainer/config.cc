@@ -428,8 +428,6 @@ void RunConfig::validate() const {
           d(optim.weight_decay));
   require(schedule.warmup_steps >= 0 && schedule.warmup_steps <= kMaxSteps, "schedule.warmup_steps",
           schedule.warmup_steps < 0 ? ">= 0" : "<= 2^53", i(schedule.warmup_steps));
-  require(schedule.warmup_steps <= train.max_steps, "schedule.warmup_steps",
-          "<= train.max_steps (" + i(train.max_steps) + ")", i(schedule.warmup_steps), "train.max_steps");
   in_set("schedule.decay", schedule.decay, {"cosine", "linear", "constant"});
   require(schedule.min_lr_ratio >= 0 && schedule.min_lr_ratio <= 1, "schedule.min_lr_ratio", "in [0, 1]",
           d(schedule.min_lr_ratio));
@@ -449,6 +447,16 @@ void RunConfig::validate() const {
   require(distributed.collective_timeout_s > 0 && distributed.collective_timeout_s <= kMaxTimeoutS,
           "distributed.collective_timeout_s", "in (0, " + d(kMaxTimeoutS) + "] seconds",
           d(distributed.collective_timeout_s));
+}
+
+std::vector<std::string> RunConfig::warnings() const {
+  std::vector<std::string> out;
+  if (schedule.warmup_steps > train.max_steps)
+    out.push_back(str(where(origin.count("schedule.warmup_steps") ? "schedule.warmup_steps" : "train.max_steps"),
+                      ": schedule.warmup_steps (", schedule.warmup_steps, ") is longer than train.max_steps (",
+                      train.max_steps, "): the learning rate rises to ", train.max_steps, "/", schedule.warmup_steps,
+                      " of optim.lr and does not decay"));
+  return out;
 }
 
 std::string RunConfig::to_yaml() const {

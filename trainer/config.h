@@ -10,7 +10,7 @@
 //   train:    max_steps, seed, loss_norm, grad_clip, grad_accum, resume, log_every,
 //             checkpoint_every, keep_checkpoints, final_checkpoint, gemm_autotune
 //   optim:    lr, beta1, beta2 (or betas: [b1, b2]), eps, weight_decay
-//   schedule: warmup_steps, decay, min_lr_ratio
+//   schedule: warmup_steps (longer than train.max_steps: a warning), decay, min_lr_ratio
 //   partition: capacity_tokens (docs/PARTITIONING.md)
 //   distributed: mode, comm, timeout_s, collective_timeout_s (data parallelism, distributed/README.md)
 //
@@ -125,6 +125,10 @@ struct RunConfig {
   // Range and cross-field checks; throws tt::Error "<where>: <key> must be ... (got ...)", where
   // is the key's origin (file:line or --set key=value), else `source`.
   void validate() const;
+  // What is allowed but likely unintended (schedule.warmup_steps > train.max_steps: the schedule
+  // is defined, the lr never reaches optim.lr), one message each, naming the key and where it
+  // was set; treetrain logs them as warnings.
+  std::vector<std::string> warnings() const;
   // Where `key` was set (origin), else `source` ("<config>" when empty).
   std::string where(const std::string& key) const;
   std::string to_yaml() const;  // resolved config, loads back to the same RunConfig

@@ -157,6 +157,8 @@ int run_train(const std::vector<std::string>& argv) {
   const tt::distributed::DistEnv env = tt::distributed::read_env(cfg.distributed.mode);
   if (env.rank > 0) spdlog::set_level(spdlog::level::warn);
   spdlog::info("config {}: run_dir {}", cfg.source, cfg.run_dir);
+  if (env.rank <= 0)
+    for (const std::string& w : cfg.warnings()) spdlog::warn("{}", w);
   try {
     tt::trainer::Trainer trainer(cfg);
     trainer.run();

@@ -262,6 +262,21 @@ TEST(ConfigTest, ParameterCountIsTheParamTables) {
   EXPECT_EQ(huge.parameter_count(), INT64_MAX);
 }
 
+TEST(ConfigTest, WarmupLongerThanTheRunIsAWarning) {
+  // A short run of a config with warmup (e.g. --set train.max_steps=5) still trains: the schedule
+  // is defined (the lr rises linearly and never reaches optim.lr), and warnings() says so.
+  const RunConfig c = parse_config_text(kMinimal, "run.yaml", {"train.max_steps=10", "schedule.warmup_steps=11"});
+  ASSERT_EQ(c.warnings().size(), 1u);
+  EXPECT_EQ(c.warnings()[0],
+            "--set schedule.warmup_steps=11: schedule.warmup_steps (11) is longer than train.max_steps (10): the "
+            "learning rate rises to 10/11 of optim.lr and does not decay");
+  EXPECT_TRUE(parse_config_text(kMinimal, "run.yaml", {"train.max_steps=10", "schedule.warmup_steps=10"})
+                  .warnings()
+                  .empty());
+  EXPECT_EQ(parse_error(kMinimal, {"schedule.warmup_steps=-1"}),
+            "--set schedule.warmup_steps=-1: schedule.warmup_steps must be >= 0 (got -1)");
+}
+
 TEST(ConfigTest, PartitionKeys) {
   EXPECT_EQ(parse_config_text(kMinimal, "run.yaml", {}).partition.capacity_tokens, 0);  // off by default
   const RunConfig c = parse_config_text(
