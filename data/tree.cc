@@ -51,6 +51,17 @@ int64_t Tree::n_flat_targets() const {
   return n;
 }
 
+int64_t Tree::max_depth() const {
+  std::vector<int64_t> end_depth(nodes.size());
+  int64_t m = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const int p = nodes[i].parent;
+    end_depth[i] = (p >= 0 ? end_depth[p] : 0) + (int64_t)nodes[i].tokens.size();
+    m = std::max(m, end_depth[i]);
+  }
+  return m;
+}
+
 void Tree::validate() const {
   const std::string t = "tree '" + id + "'";
   if (nodes.empty()) throw Error(str(t, ": has no nodes, expected a root node 0"));

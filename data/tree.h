@@ -52,6 +52,7 @@ struct Tree {
   int64_t n_flat() const;          // sum of path lengths
   int64_t n_paths() const { return (int64_t)paths.size(); }
   int64_t n_flat_targets() const;  // targets summed over all flattened paths
+  int64_t max_depth() const;       // tokens on the longest root-to-node chain: the largest position id + 1
 };
 
 }  // namespace tt::data

@@ -312,6 +312,21 @@ void parse_document(RunConfig& cfg, const YAML::Node& root, const std::string& s
   }
 }
 
+// ":N", N the line of the "---" that starts the second YAML document of text ("" when not found).
+std::string second_document_line(const std::string& text) {
+  std::istringstream in(text);
+  bool started = false;  // a first document has begun: content, or its own "---"
+  int n = 0;
+  for (std::string l; std::getline(in, l);) {
+    ++n;
+    const bool marker = l.rfind("---", 0) == 0 && (l.size() == 3 || l[3] == ' ' || l[3] == '\t' || l[3] == '\r');
+    if (marker && started) return str(":", n);
+    const size_t c = l.find_first_not_of(" \t\r");
+    if (marker || (c != std::string::npos && l[c] != '#' && l[c] != '%')) started = true;
+  }
+  return "";
+}
+
 void apply_override(RunConfig& cfg, const std::string& ov, ParseState& st) {
   const std::string ctx = "--set " + ov;
   const size_t eq = ov.find('=');
@@ -340,8 +355,17 @@ void apply_override(RunConfig& cfg, const std::string& ov, ParseState& st) {
 // With model.init_from, the model section comes from DIR/config.json; written keys must agree.
 void resolve_init_from(RunConfig& cfg, const ParseState& st) {
   if (cfg.init_from.empty()) {
-    if (!st.model_keys.count("model.head_dim") && cfg.model.num_attention_heads > 0)
-      cfg.model.head_dim = cfg.model.hidden_size / cfg.model.num_attention_heads;
+    // Out-of-range sizes are left to validate(), which names their bounds.
+    const int64_t heads = cfg.model.num_attention_heads, hidden = cfg.model.hidden_size;
+    const bool in_range = heads >= 1 && heads <= model::kMaxHeads && hidden >= 1 && hidden <= model::kMaxHiddenSize;
+    if (!st.model_keys.count("model.head_dim") && in_range) {
+      if (cfg.model.hidden_size % heads != 0)
+        throw Error(str(
+            cfg.where(cfg.origin.count("model.hidden_size") ? "model.hidden_size" : "model.num_attention_heads"),
+            ": model.hidden_size (", cfg.model.hidden_size, ") is not a multiple of model.num_attention_heads (", heads,
+            "), so model.head_dim cannot default to hidden_size / num_attention_heads: set model.head_dim"));
+      cfg.model.head_dim = cfg.model.hidden_size / heads;
+    }
     return;
   }
   const std::string file = (fs::path(cfg.init_from) / "config.json").string();
@@ -491,8 +515,14 @@ RunConfig parse_config_text(const std::string& yaml_text, const std::string& sou
   ParseState st;
   YAML::Node root;
   const std::string file = source.empty() ? "<config>" : source;
+  // A UTF-8 byte order mark (editors on Windows write one) is not part of the text.
+  const std::string kBom = "\xEF\xBB\xBF";
+  const std::string text = yaml_text.rfind(kBom, 0) == 0 ? yaml_text.substr(kBom.size()) : yaml_text;
   try {
-    root = YAML::Load(yaml_text);
+    const std::vector<YAML::Node> docs = YAML::LoadAll(text);
+    if (docs.size() > 1)
+      throw Error(str(file, second_document_line(text), ": a second YAML document, expected one config per file"));
+    if (!docs.empty()) root = docs[0];
   } catch (const YAML::DeepRecursion& e) {
     // yaml-cpp stops at 500 levels of nesting and reports it as "bad file".
     throw Error(str(file, ":", e.mark.line + 1, ": invalid YAML: nested deeper than 500 levels (yaml-cpp's limit)"));

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <system_error>
@@ -14,9 +15,37 @@ namespace tt::trainer {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// Why `dir` must not be a run folder ("" when it may be): the trainer rewrites metrics.jsonl and
+// prunes checkpoints/ there, so the filesystem root, system folders and the home folder itself
+// are refused (a folder below them is fine).
+std::string refusal(const fs::path& dir) {
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::absolute(dir, ec), ec);
+  if (ec) p = fs::absolute(dir).lexically_normal();
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();  // "/x/" -> "/x"
+  if (p == p.root_path()) return "is the filesystem root";
+  static const char* const kSystem[] = {"/bin",  "/boot", "/dev", "/etc",  "/lib", "/lib32", "/lib64",
+                                        "/proc", "/root", "/run", "/sbin", "/sys", "/usr",   "/var"};
+  for (const char* s : kSystem)
+    if (p == fs::path(s)) return str("is the system folder ", s);
+  if (const char* home = std::getenv("HOME"); home != nullptr && home[0] != '\0') {
+    const fs::path h = fs::weakly_canonical(fs::absolute(home, ec), ec);
+    if (!ec && p == h) return "is the home folder itself";
+  }
+  return "";
+}
+
+}  // namespace
+
 void prepare_run_dir(const RunConfig& cfg) {
   const std::string at = str(cfg.where("run_dir"), ": run_dir '", cfg.run_dir, "'");
   const fs::path dir = cfg.run_dir;
+  if (const std::string why = refusal(dir); !why.empty())
+    throw Error(str(at, " ", why,
+                    "; the trainer writes metrics.jsonl and checkpoints/ into run_dir and prunes them: use a folder "
+                    "of its own, e.g. runs/<name>"));
   std::error_code ec;
   const fs::file_status st = fs::status(dir, ec);
   if (fs::exists(st) && !fs::is_directory(st)) throw Error(str(at, " exists and is not a folder"));

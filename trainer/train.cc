@@ -15,6 +15,7 @@
 #include "distributed/rendezvous.h"
 #include "base/check.h"
 #include "trainer/checkpoint.h"
+#include "trainer/data_checks.h"
 #include "trainer/run_dir.h"
 #include "trainer/schedule.h"
 
@@ -87,6 +88,7 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   std::vector<data::Tree> trees =
       data::read_trees(cfg_.data.path, data::parse_format(cfg_.data.format, "data.format"), cfg_.model.vocab_size);
   if (trees.empty()) throw Error(str(cfg_.data.path, ": no trees (data.path)"));
+  for (const std::string& w : check_training_data(trees, cfg_)) spdlog::warn("{}", w);
   int64_t n_tree = 0, n_flat = 0, n_paths = 0;
   for (const data::Tree& t : trees) {
     n_tree += t.n_tree();

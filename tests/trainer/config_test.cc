@@ -157,7 +157,7 @@ TEST(ConfigTest, ValidateNamesTheKey) {
   EXPECT_EQ(parse_error(kMinimal, {"data.max_tokens_per_batch=0"}),
             "--set data.max_tokens_per_batch=0: data.max_tokens_per_batch must be in [1, 2147483647] (got 0)");
   // Model keys name where they were set too, with the model's own rule.
-  EXPECT_EQ(parse_error(kMinimal, {"model.num_attention_heads=3", "model.num_key_value_heads=2"}),
+  EXPECT_EQ(parse_error(kMinimal, {"model.num_attention_heads=3", "model.num_key_value_heads=2", "model.head_dim=32"}),
             "--set model.num_key_value_heads=2: model.num_key_value_heads must divide num_attention_heads (3) "
             "(got 2)");
 }
@@ -275,6 +275,35 @@ TEST(ConfigTest, WarmupLongerThanTheRunIsAWarning) {
                   .empty());
   EXPECT_EQ(parse_error(kMinimal, {"schedule.warmup_steps=-1"}),
             "--set schedule.warmup_steps=-1: schedule.warmup_steps must be >= 0 (got -1)");
+}
+
+TEST(ConfigTest, HeadDimDefaultNeedsDivisibleHiddenSize) {
+  // hidden_size / num_attention_heads used to round down silently (33 / 2 -> 16).
+  EXPECT_EQ(parse_error("model:\n  hidden_size: 33\n  num_attention_heads: 2\ndata:\n  path: x\n"),
+            "run.yaml:2: model.hidden_size (33) is not a multiple of model.num_attention_heads (2), so model.head_dim "
+            "cannot default to hidden_size / num_attention_heads: set model.head_dim");
+  const RunConfig c = parse_config_text(
+      "model:\n  hidden_size: 33\n  num_attention_heads: 2\n  head_dim: 16\ndata:\n  path: x\n", "run.yaml", {});
+  EXPECT_EQ(c.model.head_dim, 16);
+}
+
+TEST(ConfigTest, ASecondYamlDocumentIsAnError) {
+  EXPECT_EQ(parse_error("data:\n  path: x\n---\ntrain:\n  max_steps: 3\n"),
+            "run.yaml:3: a second YAML document, expected one config per file");
+  EXPECT_EQ(parse_error("---\ndata:\n  path: x\n---\ntrain:\n  max_steps: 3\n"),
+            "run.yaml:4: a second YAML document, expected one config per file");
+  // One document with its own start marker is fine.
+  EXPECT_EQ(parse_config_text("---\ndata:\n  path: x\n", "run.yaml", {}).data.path, "x");
+}
+
+TEST(ConfigTest, AUtf8ByteOrderMarkIsAccepted) {
+  const std::string bom = "\xEF\xBB\xBF";
+  const RunConfig c = parse_config_text(bom + "data:\n  path: x\ntrain:\n  max_steps: 3\n", "run.yaml", {});
+  EXPECT_EQ(c.data.path, "x");
+  EXPECT_EQ(c.train.max_steps, 3);
+  // Lines still count from the first.
+  EXPECT_EQ(parse_error(bom + "data:\n  path: x\ntrain:\n  max_steps: 0\n"),
+            "run.yaml:4: train.max_steps must be > 0 (got 0)");
 }
 
 TEST(ConfigTest, PartitionKeys) {

@@ -17,6 +17,8 @@
 #include "base/check.h"
 #include "tests/trainer/tiny_run.h"
 #include "trainer/checkpoint.h"
+#include "trainer/data_checks.h"
+#include "trainer/run_dir.h"
 
 namespace tt::trainer {
 namespace {
@@ -156,6 +158,80 @@ TEST(TrainTest, BadRunDirNamesTheKeyAndPath) {
             "run.yaml:1: run_dir '" + c.run_dir + "': cannot create the folder: Not a directory");
   c.run_dir = (dir / "a_file").string();
   EXPECT_EQ(error_of([&] { Trainer t(c); }), "run.yaml:1: run_dir '" + c.run_dir + "' exists and is not a folder");
+}
+
+TEST(TrainTest, DangerousRunDirsAreRefused) {
+  const fs::path dir = test_dir("dangerous_run_dir");
+  RunConfig c = tiny_config(dir);
+  c.origin["run_dir"] = "run.yaml:1";
+  const std::string tail =
+      "; the trainer writes metrics.jsonl and checkpoints/ into run_dir and prunes them: use a folder of its own, "
+      "e.g. runs/<name>";
+  for (const std::string root : {"/", "//", "/.", "/tmp/.."}) {
+    c.run_dir = root;
+    EXPECT_EQ(error_of([&] { prepare_run_dir(c); }),
+              "run.yaml:1: run_dir '" + root + "' is the filesystem root" + tail);
+  }
+  c.run_dir = "/etc/";
+  EXPECT_EQ(error_of([&] { prepare_run_dir(c); }), "run.yaml:1: run_dir '/etc/' is the system folder /etc" + tail);
+  const char* old_home = std::getenv("HOME");
+  const std::string saved = old_home ? old_home : "";
+  ::setenv("HOME", (dir / "home").string().c_str(), 1);
+  fs::create_directories(dir / "home");
+  c.run_dir = (dir / "home").string();
+  const std::string home_error = error_of([&] { prepare_run_dir(c); });
+  c.run_dir = (dir / "home" / "runs" / "a").string();  // below it is fine
+  const std::string below_error = error_of([&] { prepare_run_dir(c); });
+  if (old_home)
+    ::setenv("HOME", saved.c_str(), 1);
+  else
+    ::unsetenv("HOME");
+  EXPECT_EQ(home_error, "run.yaml:1: run_dir '" + (dir / "home").string() + "' is the home folder itself" + tail);
+  EXPECT_EQ(below_error, "");
+  EXPECT_TRUE(fs::is_directory(dir / "home" / "runs" / "a"));
+}
+
+TEST(TrainTest, PositionsBeyondMaxPositionEmbeddingsAreAnError) {
+  const fs::path dir = test_dir("max_positions");
+  RunConfig c = tiny_config(dir);
+  {
+    std::ofstream(dir / "long.jsonl") << R"({"id": "long", "sequences": [{"tokens": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}, )"
+                                      << R"({"tokens": [1, 2, 3]}]})"
+                                      << "\n";
+  }
+  c.data.path = (dir / "long.jsonl").string();
+  c.model.max_position_embeddings = 9;
+  c.origin["model.max_position_embeddings"] = "run.yaml:7";
+  EXPECT_EQ(error_of([&] { Trainer t(c); }), "run.yaml:7: model.max_position_embeddings is 9, but tree 'long' of " +
+                                                 c.data.path + " has a path of 10 tokens (positions 0..9)");
+  c.model.max_position_embeddings = 10;
+  EXPECT_EQ(error_of([&] { Trainer t(c); }), "");
+}
+
+TEST(TrainTest, DataWithoutTargetsWarnsOrFails) {
+  const fs::path dir = test_dir("no_targets");
+  RunConfig c = tiny_config(dir);
+  const std::string masked = R"({"id": "masked", "sequences": [{"tokens": [1, 2, 3], "loss_mask": [0, 0, 0]}, )"
+                             R"({"tokens": [1, 4], "loss_mask": [1, 0]}]})";
+  { std::ofstream(dir / "masked.jsonl") << masked << "\n"; }
+  c.data.path = (dir / "masked.jsonl").string();
+  c.origin["data.path"] = "run.yaml:9";
+  EXPECT_EQ(error_of([&] { Trainer t(c); }),
+            "run.yaml:9: data.path " + c.data.path +
+                ": no token is a target (every loss_mask is 0 in all 1 trees): nothing to train");
+  {
+    std::ofstream(dir / "some.jsonl") << masked << "\n"
+                                      << R"({"id": "b", "sequences": [{"tokens": [5, 6, 7]}]})"
+                                      << "\n";
+  }
+  c.data.path = (dir / "some.jsonl").string();
+  const std::vector<data::Tree> trees = data::read_trees(c.data.path, data::Format::kRollouts, 32);
+  const std::vector<std::string> w = check_training_data(trees, c);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0],
+            "data: 1 of 2 trees (2 of 3 paths) have no target (every loss_mask is 0): they add no loss, but their "
+            "paths count in the path_mean normaliser");
+  EXPECT_EQ(error_of([&] { Trainer t(c); }), "");
 }
 
 TEST(TrainTest, TrainerStateErrorsNameTheField) {
