@@ -78,9 +78,9 @@ void Tree::validate() const {
       throw Error(str(t, ": node ", i, " has ", nd.tokens.size(), " tokens but ", nd.target_weight.size(),
                       " target weights and ", nd.target_count.size(), " target counts, expected one each per token"));
     for (size_t j = 0; j < nd.tokens.size(); ++j) {
-      if (!std::isfinite(nd.target_weight[j]) || nd.target_weight[j] < 0 || nd.target_count[j] < 0)
+      if (!std::isfinite(nd.target_weight[j]) || nd.target_count[j] < 0)
         throw Error(str(t, ": node ", i, " token ", j, " has target weight ", nd.target_weight[j], " and count ",
-                        nd.target_count[j], ", expected finite and >= 0"));
+                        nd.target_count[j], ", expected a finite weight (of any sign) and a count >= 0"));
       if (nd.target_weight[j] != 0 && nd.target_count[j] == 0)
         throw Error(str(t, ": node ", i, " token ", j, " has target weight ", nd.target_weight[j],
                         " but target count 0, expected a count > 0 for every weighted token"));

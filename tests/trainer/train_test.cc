@@ -373,6 +373,49 @@ TEST(TrainTest, GradAccumUsesTheStepWideNormaliser) {
   }
 }
 
+TEST(TrainTest, SignedWeightsTrainLikeThePerPathBaseline) {
+  // RL advantages: negative and zero weights train, with the same normalisers; one step of tree
+  // packing equals one step of the per-path baseline.
+  for (const std::string norm : {"path_mean", "token_mean"}) {
+    const fs::path dir = test_dir("signed_" + norm);
+    {
+      std::ofstream out(dir / "signed.jsonl");
+      out << R"({"id": "a", "sequences": [{"tokens": [1, 2, 3, 4, 5, 6, 7], "weight": -1.172}, )"
+          << R"({"tokens": [1, 2, 3, 4, 8, 9, 10], "weight": 2.0}, {"tokens": [1, 2, 3, 11], "weight": 0}]})"
+          << "\n"
+          << R"({"id": "b", "sequences": [{"tokens": [11, 12, 13, 14, 15], "loss_mask": [0, 0, 1, 1, 1], )"
+          << R"("weight": -0.5}, {"tokens": [11, 12, 16]}]})"
+          << "\n";
+    }
+    RunConfig c = tiny_config(dir);
+    c.data.path = (dir / "signed.jsonl").string();
+    c.data.shuffle = false;
+    c.data.max_tokens_per_batch = 64;
+    c.train.grad_accum = 1;
+    c.train.loss_norm = norm;
+    c.train.max_steps = 1;
+    c.schedule.warmup_steps = 0;
+    c.optim.eps = 1e-3;  // as in GradAccumUsesTheStepWideNormaliser: fp32-sized differences stay fp32-sized
+    RunConfig tree = c, path = c;
+    tree.run_dir = (dir / "tree").string();
+    path.run_dir = (dir / "path").string();
+    path.data.packing = "per_path";
+    Trainer tt(tree), tp(path);
+    ASSERT_EQ(tt.backend().params_host(), tp.backend().params_host());
+    const StepMetrics mt = tt.train_step(), mp = tp.train_step();
+    EXPECT_EQ(mt.paths, 5);
+    // fp32 against fp32 in another summation order: relative 1e-4 (the loss is a sum of O(1)
+    // terms of both signs, so its scale is the sum of their magnitudes, at least 1 here).
+    EXPECT_NEAR(mt.loss, mp.loss, 1e-4 * std::max(1.0, std::abs(mp.loss))) << norm;
+    EXPECT_NEAR(mt.grad_norm, mp.grad_norm, 1e-4 * mp.grad_norm) << norm;
+    const std::vector<float> gt = tt.backend().grads_host(), gp = tp.backend().grads_host();
+    double gmax = 0;
+    for (float g : gp) gmax = std::max(gmax, (double)std::abs(g));
+    ASSERT_GT(gmax, 0.0);
+    for (size_t i = 0; i < gt.size(); ++i) ASSERT_NEAR(gt[i], gp[i], 1e-4 * gmax) << norm << " grad " << i;
+  }
+}
+
 // Four episode combs of 42 unique tokens each (tiny_run.h use_combs).
 constexpr int64_t kCombTokens = testing::kTinyCombTokens;
 RunConfig comb_config(const fs::path& dir) {
