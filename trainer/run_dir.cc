@@ -1,12 +1,15 @@
 // The run folder: checks before the trainer writes there (see run_dir.h).
 #include "trainer/run_dir.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <system_error>
 
 #include "base/check.h"
@@ -38,6 +41,43 @@ std::string refusal(const fs::path& dir) {
 }
 
 }  // namespace
+
+void fsync_path(const std::string& path, bool is_dir) {
+  const int fd = ::open(path.c_str(), O_RDONLY | (is_dir ? O_DIRECTORY : 0));
+  if (fd < 0) throw Error(str(path, ": cannot open for fsync: ", std::strerror(errno)));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) throw Error(str(path, ": fsync failed: ", std::strerror(err)));
+}
+
+void rewrite_metrics(const std::string& path, int64_t last_step) {
+  std::string kept;
+  {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= last_step)
+        kept += line + "\n";
+    }
+  }
+  const fs::path file = path;
+  const fs::path folder = file.has_parent_path() ? file.parent_path() : fs::path(".");
+  const fs::path tmp = folder / ("." + file.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << kept;
+    out.close();
+    if (!out) throw Error(str(tmp.string(), ": cannot write (rewriting ", path, ")"));
+  }
+  fsync_path(tmp.string(), false);
+  std::error_code ec;
+  fs::rename(tmp, file, ec);
+  if (ec) throw Error(str(path, ": cannot replace it with ", tmp.string(), ": ", ec.message()));
+  fsync_path(folder.string(), true);
+}
 
 void prepare_run_dir(const RunConfig& cfg) {
   const std::string at = str(cfg.where("run_dir"), ": run_dir '", cfg.run_dir, "'");

@@ -30,24 +30,6 @@ double now_s() {
 
 std::string metrics_path(const RunConfig& cfg) { return (fs::path(cfg.run_dir) / "metrics.jsonl").string(); }
 
-// Keeps the metrics of steps <= last_step (a resumed run rewrites what follows its checkpoint).
-void truncate_metrics(const std::string& path, int64_t last_step) {
-  std::vector<std::string> kept;
-  {
-    std::ifstream in(path);
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.empty()) continue;
-      const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= last_step)
-        kept.push_back(line);
-    }
-  }
-  std::ofstream out(path, std::ios::trunc);
-  for (const std::string& l : kept) out << l << "\n";
-  if (!out) throw Error(str(path, ": cannot write"));
-}
-
 std::string human_rate(double x) {
   std::ostringstream os;
   os.precision(3);
@@ -378,7 +360,7 @@ std::vector<StepMetrics> Trainer::run() {
   std::ofstream metrics;
   if (writer) {
     fs::create_directories(cfg_.run_dir);
-    truncate_metrics(mpath, start_step_);
+    rewrite_metrics(mpath, start_step_);  // atomic: a resumed run drops what follows its checkpoint
     metrics.open(mpath, std::ios::app);
     if (!metrics) throw Error(str(mpath, ": cannot open for writing"));
   }

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "data/packing.h"
 #include "data/reader.h"
@@ -91,6 +92,42 @@ TEST(TrainTest, ResumeGivesBitwiseTheSameRun) {
 
   // The first process wrote no metrics (train_step() alone does not); the resumed run wrote 4..6.
   EXPECT_EQ(count_lines(fs::path(b.run_dir) / "metrics.jsonl"), 3);
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(TrainTest, ResumeRewritesMetricsAtomically) {
+  // A resumed run drops the metrics after its checkpoint by writing a new file and renaming it
+  // over metrics.jsonl: the old file is never truncated in place (a kill there lost history).
+  const fs::path dir = test_dir("metrics_atomic");
+  RunConfig c = tiny_config(dir);
+  c.train.checkpoint_every = 3;
+  Trainer(c).run();
+  const fs::path run = c.run_dir, metrics = run / "metrics.jsonl";
+  ASSERT_EQ(count_lines(metrics), 6);
+  fs::remove_all(run / "checkpoints" / "step_6");  // resume from step 3
+  fs::create_hard_link(metrics, dir / "metrics.before");
+  const std::string before = slurp(metrics);
+  c.train.resume = true;
+  Trainer resumed(c);
+  ASSERT_EQ(resumed.start_step(), 3);
+  resumed.run();
+  EXPECT_FALSE(fs::equivalent(metrics, dir / "metrics.before"));
+  EXPECT_EQ(slurp(dir / "metrics.before"), before);  // the old file, untouched
+  EXPECT_EQ(count_lines(metrics), 6);
+  std::istringstream kept(before);
+  std::string first3;
+  for (int i = 0; i < 3; ++i) {
+    std::string l;
+    std::getline(kept, l);
+    first3 += l + "\n";
+  }
+  EXPECT_EQ(slurp(metrics).substr(0, first3.size()), first3);
+  for (const auto& e : fs::directory_iterator(run))
+    EXPECT_EQ(e.path().filename().string().find(".metrics.jsonl.tmp-"), std::string::npos) << e.path();
 }
 
 TEST(TrainTest, ResumeWithoutCheckpointStartsFresh) {
