@@ -95,8 +95,11 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
                                                 cfg_.train.seed, cfg_.data.shuffle,
                                                 capacity > 0 ? data::Oversize::kAlone : data::Oversize::kError);
 
-  // Model state: resume, or start fresh.
-  const std::string ckpt = latest_checkpoint(cfg_.run_dir);
+  // Model state: resume (from the newest valid checkpoint; rank 0 moves invalid ones aside), or
+  // start fresh.
+  const std::string ckpt = cfg_.train.resume
+                               ? resume_checkpoint(cfg_.run_dir, cfg_.model, backend_->params_info(), rank() == 0)
+                               : latest_checkpoint(cfg_.run_dir);
   if (cfg_.train.resume && !ckpt.empty()) {
     const TrainerState st = load_checkpoint(ckpt, cfg_, *backend_);
     loader_->restore(st.loader);
