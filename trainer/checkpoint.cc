@@ -1,6 +1,7 @@
 // Checkpoints: atomic writes, the manifest, validity checks and resume (see checkpoint.h).
 #include "trainer/checkpoint.h"
 
+#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -161,6 +162,56 @@ std::string tensors_problem(const fs::path& file,
                  " bytes");
   }
   return "";
+}
+
+// A leftover of a checkpoint write or removal: ".step_<N>.<kind>-<pid>" -> (N, kind, pid); N < 0
+// when the name is not one.
+struct Leftover {
+  int64_t step = -1;
+  std::string kind;  // "tmp" | "old" | "deleting"
+  int64_t pid = -1;
+};
+
+Leftover parse_leftover(const std::string& name) {
+  Leftover l;
+  if (name.rfind(".step_", 0) != 0) return l;
+  const size_t dot = name.find('.', 1), dash = name.rfind('-');
+  if (dot == std::string::npos || dash == std::string::npos || dash < dot) return l;
+  const int64_t step = parse_step_dir(name.substr(1, dot - 1));
+  const std::string kind = name.substr(dot + 1, dash - dot - 1), pid = name.substr(dash + 1);
+  if (step < 0 || (kind != "tmp" && kind != "old" && kind != "deleting") || pid.empty() || pid.size() > 9 ||
+      pid.find_first_not_of("0123456789") != std::string::npos)
+    return l;
+  l.step = step;
+  l.kind = kind;
+  l.pid = std::stoll(pid);
+  return l;
+}
+
+// Whether `pid` may still be writing: another live process of this host. This process at start
+// writes nothing yet, so a leftover named with its own pid (a container reusing pids) is stale.
+bool pid_in_progress(int64_t pid) {
+  if (pid <= 0 || pid == (int64_t)::getpid()) return false;
+  return ::kill((pid_t)pid, 0) == 0 || errno == EPERM;
+}
+
+// A step_N folder missing some of its files and older than a valid checkpoint: what an
+// interrupted removal (of an older treetrain, which removed step_N in place) leaves.
+bool half_deleted(const fs::path& dir) {
+  std::vector<std::string> expected = kRequiredFiles;
+  if (fs::is_regular_file(dir / kStateFile)) {
+    try {
+      const TrainerState st = read_trainer_state((dir / kStateFile).string());
+      for (const auto& [name, bytes] : st.files) expected.push_back(name);
+    } catch (const Error&) {
+      return false;  // not a removal: its state is there but unreadable
+    }
+  } else {
+    expected.push_back(kStateFile);
+  }
+  for (const std::string& f : expected)
+    if (!fs::exists(dir / f)) return true;
+  return false;
 }
 
 // A step_N folder renamed aside: step_N.invalid-<UTC time>[-k].
@@ -350,6 +401,50 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   return out;
 }
 
+void clean_checkpoint_leftovers(const std::string& run_dir) {
+  std::error_code ec;
+  const fs::path root = checkpoints_dir(run_dir);
+  if (fs::is_directory(root, ec)) {
+    std::vector<fs::path> entries;
+    for (const auto& e : fs::directory_iterator(root)) entries.push_back(e.path());
+    std::sort(entries.begin(), entries.end());
+    for (const fs::path& p : entries) {
+      const Leftover l = parse_leftover(p.filename().string());
+      if (l.step < 0 || pid_in_progress(l.pid)) continue;
+      const fs::path step_dir = root / ("step_" + std::to_string(l.step));
+      if (l.kind == "old" && !fs::exists(step_dir)) {
+        // The write of a new step_N stopped between moving the old one aside and renaming the new
+        // one in: the old one is whole (the new one, .tmp-, goes below or went already).
+        fs::rename(p, step_dir);
+        spdlog::warn("restored checkpoint {} from {}, left by process {} (gone)", step_dir.string(), p.string(), l.pid);
+        continue;
+      }
+      fs::remove_all(p);
+      spdlog::info("removed {}, left by process {} (gone)", p.string(), l.pid);
+    }
+    const auto valid = list_checkpoints(run_dir);
+    if (!valid.empty())
+      for (const auto& [step, path] : step_folders(run_dir))
+        if (step < valid.back().first && half_deleted(path) && checkpoint_problem(path) != "") {
+          fs::remove_all(path);
+          spdlog::info("removed {}: a half-deleted checkpoint (files missing) older than {}", path,
+                       valid.back().second);
+        }
+  }
+  // The atomic rewrite of metrics.jsonl (run_dir.h) stopped before its rename.
+  if (fs::is_directory(run_dir, ec))
+    for (const auto& e : fs::directory_iterator(run_dir)) {
+      const std::string name = e.path().filename().string();
+      const std::string prefix = ".metrics.jsonl.tmp-";
+      if (name.rfind(prefix, 0) != 0) continue;
+      const std::string pid = name.substr(prefix.size());
+      if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+      if (pid_in_progress(std::stoll(pid))) continue;
+      fs::remove(e.path(), ec);
+      spdlog::info("removed {}, left by process {} (gone)", e.path().string(), pid);
+    }
+}
+
 std::string resume_checkpoint(const std::string& run_dir, const model::ModelConfig& model,
                               const std::vector<model::ParamInfo>& params, bool writer) {
   auto folders = step_folders(run_dir);
@@ -435,7 +530,13 @@ void prune_checkpoints(const std::string& run_dir, int64_t keep) {
   const auto all = list_checkpoints(run_dir);
   for (size_t i = 0; i + keep < all.size(); ++i) {
     spdlog::info("removing old checkpoint {}", all[i].second);
-    fs::remove_all(all[i].second);
+    // Renamed first, so an interrupted removal leaves a .step_N.deleting-<pid> leftover (removed at
+    // the next start), never a step_N folder with files missing.
+    const fs::path p = all[i].second;
+    const fs::path doomed = p.parent_path() / ("." + p.filename().string() + ".deleting-" + std::to_string(::getpid()));
+    fs::remove_all(doomed);
+    fs::rename(p, doomed);
+    fs::remove_all(doomed);
   }
 }
 

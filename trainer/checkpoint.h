@@ -28,7 +28,16 @@
 // Resume (resume_checkpoint) takes the newest valid checkpoint; each invalid step_N newer than it
 // is renamed step_N.invalid-<UTC time> with a warning (by the writer, rank 0; other ranks skip
 // it), so a stray step_999999999999999999 or a step_4 whose state says step 2 is never taken.
-// keep_checkpoints counts valid checkpoints only.
+// keep_checkpoints counts valid checkpoints only, and holds at every start (the writer prunes after
+// resuming: a run killed between a checkpoint and its pruning keeps one more until then).
+//
+// Leftovers of a killed writer are removed at start by the writer (clean_checkpoint_leftovers),
+// when the process that made them is gone (no live process of that pid on this host; one writer
+// per run_dir, rank 0): .step_N.tmp-<pid> (a write that did not finish), .step_N.deleting-<pid>
+// (a removal: prune_checkpoints renames step_N so before removing it), .step_N.old-<pid> (a
+// replaced step_N: restored as step_N when the write stopped before the new one was renamed in,
+// else removed), run_dir/.metrics.jsonl.tmp-<pid>, and a step_N folder with files missing that is
+// older than the newest valid checkpoint (a removal interrupted by an older treetrain).
 #pragma once
 
 #include <cstdint>
@@ -76,6 +85,9 @@ std::string latest_checkpoint(const std::string& run_dir);
 std::string checkpoint_problem(const std::string& dir, const model::ModelConfig* model = nullptr,
                                const std::vector<model::ParamInfo>* params = nullptr);
 
+// Removes the leftovers of writers that are gone (see above); logs what it removed or restored.
+void clean_checkpoint_leftovers(const std::string& run_dir);
+
 // The checkpoint a resumed run starts from: the newest valid one with the run's `model`
 // (safetensors headers included), or "" when there is none. When `writer`, each invalid step_N
 // newer than it is moved aside (step_N.invalid-<time>) with a warning; other ranks skip them.
@@ -93,6 +105,7 @@ TrainerState load_checkpoint(const std::string& dir, const RunConfig& cfg, Backe
 
 // Removes all but the newest `keep` valid checkpoints (keep = 0 keeps all); invalid folders are
 // neither counted nor removed.
+// Each goes by a rename to .step_N.deleting-<pid>, then removal.
 void prune_checkpoints(const std::string& run_dir, int64_t keep);
 
 }  // namespace tt::trainer

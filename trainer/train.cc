@@ -96,7 +96,8 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
                                                 capacity > 0 ? data::Oversize::kAlone : data::Oversize::kError);
 
   // Model state: resume (from the newest valid checkpoint; rank 0 moves invalid ones aside), or
-  // start fresh.
+  // start fresh. Rank 0, the writer, first removes what killed writers left.
+  if (rank() == 0) clean_checkpoint_leftovers(cfg_.run_dir);
   const std::string ckpt = cfg_.train.resume
                                ? resume_checkpoint(cfg_.run_dir, cfg_.model, backend_->params_info(), rank() == 0)
                                : latest_checkpoint(cfg_.run_dir);
@@ -105,6 +106,7 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
     loader_->restore(st.loader);
     step_ = start_step_ = last_saved_step_ = st.step;
     spdlog::info("resumed from {} (step {}, epoch {}, cursor {})", ckpt, st.step, st.loader.epoch, st.loader.cursor);
+    if (rank() == 0) prune_checkpoints(cfg_.run_dir, cfg_.train.keep_checkpoints);
     check_ranks_agree();
     return;
   }

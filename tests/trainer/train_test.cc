@@ -4,6 +4,8 @@
 #include "trainer/train.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -439,6 +441,57 @@ TEST(TrainTest, OlderFormatVersionsAreReadAndNewerOnesRefused) {
                 ": checkpoint format version 3 is newer than this treetrain reads (1 to 2); resume it with the "
                 "treetrain that wrote it, or a newer one");
   EXPECT_TRUE(fs::is_directory(v3));
+}
+
+// A pid no process has: a child that has exited and been reaped.
+int64_t dead_pid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return pid;
+}
+
+TEST(TrainTest, CrashLeftoversAreCleanedAtStartAndKeepHolds) {
+  const fs::path dir = test_dir("leftovers");
+  RunConfig c = tiny_config(dir);
+  c.train.max_steps = 3;
+  c.train.checkpoint_every = 1;
+  c.train.keep_checkpoints = 0;
+  Trainer(c).run();
+  const fs::path run = c.run_dir, ck = run / "checkpoints";
+  const std::string dead = std::to_string(dead_pid()), live = std::to_string(::getppid());
+  // A write of step_3 killed between its two renames: the old step_3 aside, the new one complete.
+  fs::rename(ck / "step_3", ck / (".step_3.old-" + dead));
+  fs::copy(ck / (".step_3.old-" + dead), ck / (".step_3.tmp-" + dead), fs::copy_options::recursive);
+  // A write killed before its rename, an interrupted removal, one in progress (a live process),
+  // a checkpoint half deleted by an older treetrain, an interrupted metrics rewrite.
+  fs::create_directories(ck / (".step_4.tmp-" + dead));
+  { std::ofstream(ck / (".step_4.tmp-" + dead) / "model.safetensors") << "partial"; }
+  fs::copy(ck / "step_1", ck / (".step_1.deleting-" + dead), fs::copy_options::recursive);
+  fs::create_directories(ck / (".step_5.tmp-" + live));
+  fs::create_directories(ck / "step_0");
+  { std::ofstream(ck / "step_0" / "config.yaml") << "x"; }
+  { std::ofstream(run / (".metrics.jsonl.tmp-" + dead)) << "{}\n"; }
+
+  c.train.resume = true;
+  c.train.keep_checkpoints = 2;
+  c.train.max_steps = 4;
+  Trainer t(c);
+  EXPECT_EQ(t.start_step(), 3);  // the restored step_3
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(ck)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  // keep_checkpoints holds at start already (step_1 went), only the live leftover stays.
+  EXPECT_EQ(names, std::vector<std::string>({".step_5.tmp-" + live, "step_2", "step_3"}));
+  EXPECT_FALSE(fs::exists(run / (".metrics.jsonl.tmp-" + dead)));
+  t.run();
+  const auto valid = list_checkpoints(c.run_dir);
+  ASSERT_EQ(valid.size(), 2u);
+  EXPECT_EQ(valid[0].first, 3);
+  EXPECT_EQ(valid[1].first, 4);
+  for (const auto& e : fs::directory_iterator(ck))
+    EXPECT_EQ(e.path().filename().string().find(".deleting-"), std::string::npos) << e.path();
 }
 
 TEST(TrainTest, ACorruptOnlyCheckpointIsMovedAsideAndTheRunStartsFresh) {
