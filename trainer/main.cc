@@ -25,6 +25,7 @@
 #include "distributed/launch.h"
 #include "trainer/sweep.h"
 #include "base/check.h"
+#include "base/omp_env.h"
 #include "trainer/config.h"
 #include "trainer/train.h"
 
@@ -317,6 +318,9 @@ int run_sweep(const std::vector<std::string>& argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First of all: libgomp has read its environment already; re-execute once with passive waiting
+  // and a share of the host's CPUs per local rank, unless the user set them (base/omp_env.h).
+  tt::reexec_with_omp_defaults(argv);
   // Under `bazel run` the process starts in the runfiles tree; relative paths mean the user's folder.
   if (const char* wd = std::getenv("BUILD_WORKING_DIRECTORY")) {
     if (::chdir(wd) != 0) {
