@@ -5,12 +5,28 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace tt {
 
 class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
+};
+
+// An Error about one configuration key. what() is the whole message; key() names the key (as the
+// thrower knows it, e.g. "vocab_size" inside a model config) and detail() is the message from the
+// key on ("vocab_size must be ..."), so a caller that knows where the key was set (file:line, a
+// --set override) can say so.
+class KeyError : public Error {
+ public:
+  KeyError(std::string key, const std::string& context, std::string detail)
+      : Error(context + detail), key_(std::move(key)), detail_(std::move(detail)) {}
+  const std::string& key() const { return key_; }
+  const std::string& detail() const { return detail_; }
+
+ private:
+  std::string key_, detail_;
 };
 
 namespace detail {

@@ -15,7 +15,7 @@
 // Packing kPerPath is the baseline: every path becomes its own chain (its own causal sequence:
 // one node and one tree per path, in Tree::paths order) with its own weights (a target for each
 // token with Path::target_weight != 0), so tree and per-path batches define the same loss
-// sum_t w_t * CE_t.
+// sum_t w_t * CE_t, for weights of any sign.
 #pragma once
 
 #include <cstdint>

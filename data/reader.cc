@@ -101,13 +101,14 @@ std::vector<uint8_t> parse_mask(const json& obj, const std::string& name, const 
   return out;
 }
 
-// obj["weight"]: a finite number >= 0; missing means 1.
+// obj["weight"]: any finite number (negative for RL advantages, 0 for a path that only counts in
+// the normaliser); missing means 1.
 double parse_weight(const json& obj, const std::string& name, const std::string& where) {
   auto it = obj.find("weight");
   if (it == obj.end()) return 1.0;
   if (!it->is_number()) fail(where, str(name, ".weight: expected a number, got ", it->type_name()));
   double w = it->get<double>();
-  if (!std::isfinite(w) || w < 0) fail(where, str(name, ".weight = ", w, ", expected a finite number >= 0"));
+  if (!std::isfinite(w)) fail(where, str(name, ".weight = ", w, ", expected a finite number"));
   return w;
 }
 

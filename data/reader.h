@@ -5,7 +5,9 @@
 //   shared segment, split where sequences diverge and where a sequence ends inside a longer one
 //   (every sequence ends at a node end). loss_mask[i] = 1 makes token i a target (predicted from
 //   the tokens before it); token 0 is never a target; a missing mask means every token but the
-//   first is a target; weight (default 1) multiplies the sequence's token losses. Each sequence is
+//   first is a target; weight (default 1, any finite number: RL advantages are negative as often as
+//   not) multiplies the sequence's token losses, and the mask alone decides what is a target (a
+//   weight of 0 keeps its targets, which count in token_mean's normaliser). Each sequence is
 //   one Path, in record order (identical sequences are separate paths). Nodes are numbered in DFS
 //   preorder, children in the order the sequences first reach them. Sequences that do not share
 //   their first token cannot form one tree: the group becomes one tree per distinct first token,
@@ -13,14 +15,14 @@
 //   keeps its id).
 // tree: {"id": ..., "nodes": [{"parent": -1, "tokens": [...], "loss_mask": [...], "weight": 1.0}, ...]}
 //   Nodes already form a tree (node 0 the only root, parent an earlier node). A path is each
-//   root-to-leaf chain, in leaf index order; a node's weight multiplies the losses of that node's
-//   targets on every path through it; its loss_mask defaults to all ones (the root's first token
-//   is never a target).
+//   root-to-leaf chain, in leaf index order; a node's weight (any finite number) multiplies the
+//   losses of that node's targets on every path through it; its loss_mask defaults to all ones
+//   (the root's first token is never a target).
 // "id" is optional (a string or an integer; default "file:line"); unknown fields are ignored.
 //
 // Errors (bad JSON, missing or mistyped field, token outside [0, vocab_size), empty sequence or
-// node, mask length mismatch, mask value other than 0/1 (true/false also accepted), negative or
-// non-finite weight, parent not an earlier node, second root) throw tt::Error
+// node, mask length mismatch, mask value other than 0/1 (true/false also accepted), non-finite
+// weight, parent not an earlier node, second root) throw tt::Error
 // "file:line: <field>: <what was found>, expected <what>".
 #pragma once
 

@@ -51,6 +51,17 @@ int64_t Tree::n_flat_targets() const {
   return n;
 }
 
+int64_t Tree::max_depth() const {
+  std::vector<int64_t> end_depth(nodes.size());
+  int64_t m = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const int p = nodes[i].parent;
+    end_depth[i] = (p >= 0 ? end_depth[p] : 0) + (int64_t)nodes[i].tokens.size();
+    m = std::max(m, end_depth[i]);
+  }
+  return m;
+}
+
 void Tree::validate() const {
   const std::string t = "tree '" + id + "'";
   if (nodes.empty()) throw Error(str(t, ": has no nodes, expected a root node 0"));
@@ -67,9 +78,9 @@ void Tree::validate() const {
       throw Error(str(t, ": node ", i, " has ", nd.tokens.size(), " tokens but ", nd.target_weight.size(),
                       " target weights and ", nd.target_count.size(), " target counts, expected one each per token"));
     for (size_t j = 0; j < nd.tokens.size(); ++j) {
-      if (!std::isfinite(nd.target_weight[j]) || nd.target_weight[j] < 0 || nd.target_count[j] < 0)
+      if (!std::isfinite(nd.target_weight[j]) || nd.target_count[j] < 0)
         throw Error(str(t, ": node ", i, " token ", j, " has target weight ", nd.target_weight[j], " and count ",
-                        nd.target_count[j], ", expected finite and >= 0"));
+                        nd.target_count[j], ", expected a finite weight (of any sign) and a count >= 0"));
       if (nd.target_weight[j] != 0 && nd.target_count[j] == 0)
         throw Error(str(t, ": node ", i, " token ", j, " has target weight ", nd.target_weight[j],
                         " but target count 0, expected a count > 0 for every weighted token"));

@@ -17,7 +17,8 @@ namespace tt::data {
 struct Node {
   int parent = -1;
   std::vector<int32_t> tokens;
-  // (tokens.size()) sum over the paths through this token of path_weight * loss_mask; the
+  // (tokens.size()) sum over the paths through this token of path_weight * loss_mask (weights
+  // have any sign, so the sum can be 0 or negative for a target); the
   // node's first token is predicted by the parent's last token (a branch point when the parent
   // has several children). Token 0 of the root is never a target.
   std::vector<double> target_weight;
@@ -44,7 +45,8 @@ struct Tree {
   std::vector<int> path_nodes(int64_t k) const;       // nodes of path k, root first
 
   // Checks the invariants that packing relies on (node 0 the only root, parent[i] < i, non-empty
-  // nodes, per-token vectors sized like the tokens, a weighted token has a count, valid paths);
+  // nodes, per-token vectors sized like the tokens, finite weights of any sign, counts >= 0, a
+  // weighted token has a count, valid paths);
   // throws tt::Error naming the tree id and what was expected.
   void validate() const;
 
@@ -52,6 +54,7 @@ struct Tree {
   int64_t n_flat() const;          // sum of path lengths
   int64_t n_paths() const { return (int64_t)paths.size(); }
   int64_t n_flat_targets() const;  // targets summed over all flattened paths
+  int64_t max_depth() const;       // tokens on the longest root-to-node chain: the largest position id + 1
 };
 
 }  // namespace tt::data

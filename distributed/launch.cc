@@ -13,12 +13,14 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <sstream>
 
 #include "distributed/net.h"
 #include "base/check.h"
+#include "base/omp_env.h"
 
 extern char** environ;
 
@@ -208,6 +210,12 @@ void launch(const LaunchOptions& o) {
   const std::string program = o.program.empty() ? self_executable() : o.program;
   SignalScope signals;
 
+  // The ranks share this host's CPUs and wait passively, unless the user set OMP_* (omp_env.h).
+  std::vector<std::string> omp;
+  for (const auto& [name, value] :
+       omp_defaults([](const char* n) { return std::getenv(n); }, available_cpus(), o.nproc))
+    omp.push_back(name + "=" + value);
+
   std::vector<Child> children(o.nproc);
   for (int r = 0; r < o.nproc; ++r) {
     Child& c = children[r];
@@ -217,14 +225,16 @@ void launch(const LaunchOptions& o) {
       if (::pipe2(p, O_CLOEXEC) != 0) throw Error(str("launch: pipe(): ", std::strerror(errno)));
     std::vector<std::string> argv = {program};
     argv.insert(argv.end(), o.args.begin(), o.args.end());
-    const std::vector<std::string> env = child_env({
+    std::vector<std::string> vars = {
         "RANK=" + std::to_string(r),
         "WORLD_SIZE=" + std::to_string(o.nproc),
         "LOCAL_RANK=" + std::to_string(r),
         "LOCAL_WORLD_SIZE=" + std::to_string(o.nproc),
         "MASTER_ADDR=" + o.master_addr,
         "MASTER_PORT=" + std::to_string(port),
-    });
+    };
+    vars.insert(vars.end(), omp.begin(), omp.end());
+    const std::vector<std::string> env = child_env(vars);
     c.pid = spawn(argv, env, pipes[0][1], pipes[1][1], /*own_group=*/true);
     for (int k = 0; k < 2; ++k) {
       ::close(pipes[k][1]);

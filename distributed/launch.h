@@ -9,6 +9,8 @@
 // runs in a process group of its own, and signals go to the whole group, so whatever a rank
 // started (a wrapper script's children) stops with it. SIGINT or SIGTERM to the launcher is
 // passed on to the children. Children get SIGTERM if the launcher dies (PR_SET_PDEATHSIG).
+// Unless the user set them, the children get OMP_NUM_THREADS = CPUs / N (the ranks share the
+// host) and OMP_WAIT_POLICY=passive (no spinning threads; base/omp_env.h).
 #pragma once
 
 #include <string>

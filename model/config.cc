@@ -4,40 +4,55 @@
 #include "model/config.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "base/check.h"
 
 namespace tt::model {
 
 void ModelConfig::validate() const {
-  TT_CHECK(architecture == "qwen3" || architecture == "llama",
-           "model config: architecture must be \"qwen3\" or \"llama\", got \"", architecture, "\"");
-  auto positive = [](const char* key, int64_t v) {
-    if (v <= 0) throw Error(str("model config: ", key, " must be positive, got ", v));
+  const std::string ctx = "model config: ";
+  auto fail = [&](const char* key, const std::string& detail) { throw KeyError(key, ctx, str(key, " ", detail)); };
+  if (architecture != "qwen3" && architecture != "llama")
+    fail("architecture", str("must be \"qwen3\" or \"llama\" (got \"", architecture, "\")"));
+  auto in_range = [&](const char* key, int64_t v, int64_t lo, int64_t hi) {
+    if (v < lo || v > hi) fail(key, str("must be in [", lo, ", ", hi, "] (got ", v, ")"));
   };
-  positive("vocab_size", vocab_size);
-  positive("hidden_size", hidden_size);
-  positive("intermediate_size", intermediate_size);
-  positive("num_hidden_layers", num_hidden_layers);
-  positive("num_attention_heads", num_attention_heads);
-  positive("num_key_value_heads", num_key_value_heads);
-  positive("head_dim", head_dim);
-  positive("max_position_embeddings", max_position_embeddings);
-  TT_CHECK(num_attention_heads % num_key_value_heads == 0,
-           "model config: num_attention_heads (", num_attention_heads,
-           ") must be a multiple of num_key_value_heads (", num_key_value_heads, ")");
-  TT_CHECK(head_dim % 2 == 0, "model config: head_dim must be even for RoPE, got ", head_dim);
-  TT_CHECK(rms_norm_eps > 0, "model config: rms_norm_eps must be > 0, got ", rms_norm_eps);
-  TT_CHECK(rope_theta > 0, "model config: rope_theta must be > 0, got ", rope_theta);
-  TT_CHECK(initializer_range >= 0, "model config: initializer_range must be >= 0, got ",
-           initializer_range);
+  in_range("vocab_size", vocab_size, 1, kMaxVocabSize);
+  in_range("hidden_size", hidden_size, 1, kMaxHiddenSize);
+  in_range("intermediate_size", intermediate_size, 1, kMaxIntermediateSize);
+  in_range("num_hidden_layers", num_hidden_layers, 1, kMaxLayers);
+  in_range("num_attention_heads", num_attention_heads, 1, kMaxHeads);
+  in_range("num_key_value_heads", num_key_value_heads, 1, kMaxHeads);
+  in_range("head_dim", head_dim, 1, kMaxHeadDim);
+  in_range("max_position_embeddings", max_position_embeddings, 1, kMaxPositions);
+  if (num_attention_heads % num_key_value_heads != 0)
+    fail("num_key_value_heads", str("must divide num_attention_heads (", num_attention_heads, ") (got ",
+                                    num_key_value_heads, ")"));
+  if (head_dim % 2 != 0) fail("head_dim", str("must be even for RoPE (got ", head_dim, ")"));
+  auto positive_finite = [&](const char* key, double v) {
+    if (!(v > 0) || !std::isfinite(v)) fail(key, str("must be a finite number > 0 (got ", v, ")"));
+  };
+  positive_finite("rms_norm_eps", rms_norm_eps);
+  positive_finite("rope_theta", rope_theta);
+  if (!(initializer_range >= 0) || !std::isfinite(initializer_range))
+    fail("initializer_range", str("must be a finite number >= 0 (got ", initializer_range, ")"));
   if (!layer_types.empty()) {
-    TT_CHECK((int64_t)layer_types.size() == num_hidden_layers, "model config: layer_types has ",
-             layer_types.size(), " entries, expected one per layer (num_hidden_layers = ", num_hidden_layers, ")");
+    if ((int64_t)layer_types.size() != num_hidden_layers)
+      fail("layer_types", str("has ", layer_types.size(), " entries, expected one per layer (num_hidden_layers = ",
+                              num_hidden_layers, ")"));
     for (size_t l = 0; l < layer_types.size(); ++l)
-      TT_CHECK(layer_types[l] == "full_attention", "model config: layer_types[", l, "] = \"", layer_types[l],
-               "\" is not a layer kind of this model (supported: \"full_attention\")");
+      if (layer_types[l] != "full_attention")
+        fail("layer_types", str("entry ", l, " is \"", layer_types[l],
+                                "\", not a layer kind of this model (supported: \"full_attention\")"));
   }
+  const int64_t params = parameter_count();
+  if (params > kMaxParameters)
+    throw KeyError("hidden_size", ctx,
+                   str("hidden_size ", hidden_size, ", intermediate_size ", intermediate_size, ", num_hidden_layers ",
+                       num_hidden_layers, ", vocab_size ", vocab_size, " and the heads make ", params,
+                       " parameters, more than the limit of 2^40 (", kMaxParameters, ")"));
 }
 
 std::vector<LayerSpec> ModelConfig::layer_specs() const {
@@ -47,6 +62,21 @@ std::vector<LayerSpec> ModelConfig::layer_specs() const {
     specs[l].qk_norm = qk_norm();
   }
   return specs;
+}
+
+int64_t ModelConfig::parameter_count() const {
+  // 128-bit arithmetic on sizes clamped to [0, 2^32]: a product of three is below 2^96 and the
+  // few sums below stay far from 2^127; the result saturates at INT64_MAX.
+  using Wide = __int128;
+  auto w = [](int64_t v) { return (Wide)std::min<int64_t>(std::max<int64_t>(v, 0), int64_t{1} << 32); };
+  const Wide qd = w(num_attention_heads) * w(head_dim), kd = w(num_key_value_heads) * w(head_dim);
+  const Wide per_layer = 2 * w(hidden_size) + 2 * qd * w(hidden_size) + 2 * kd * w(hidden_size) +
+                         3 * w(hidden_size) * w(intermediate_size) + (qk_norm() ? 2 * w(head_dim) : 0);
+  const Wide embed = w(vocab_size) * w(hidden_size) * (tie_word_embeddings ? 1 : 2);
+  const Wide max = (Wide)std::numeric_limits<int64_t>::max();
+  if (per_layer > max) return std::numeric_limits<int64_t>::max();  // per_layer * L would pass 2^127
+  const Wide total = embed + w(hidden_size) + per_layer * w(num_hidden_layers);
+  return total > max ? std::numeric_limits<int64_t>::max() : (int64_t)total;
 }
 
 nlohmann::json ModelConfig::to_hf_json(const std::string& torch_dtype) const {

@@ -14,6 +14,28 @@ struct LayerSpec {
   bool qk_norm = false;  // Qwen3's per-head q/k RMSNorm
 };
 
+// Bounds of every size, checked by ModelConfig::validate() (an error names the key). They are
+// chosen so that every product the decoder (model/decoder.h) and the CUDA kernels form
+// fits its type:
+//  - single dimensions (V, C, I, NH, NKV, HS, L) and the head widths NH * HS, NKV * HS (<= 2^20)
+//    are int32;
+//  - row counts of the per-head q/k norm, N * NH, are int32: a batch of N tokens needs
+//    N * NH < 2^31 (RunConfig::validate checks it against data.max_tokens_per_batch; N itself and
+//    the position ids are int32, so max_position_embeddings < 2^31);
+//  - element counts (N * V logits, V * C, I * C, N * I, ...) are int64, and the parameter count is
+//    at most kMaxParameters (2^40), so parameters, gradients and AdamW state in bytes fit int64.
+// These are limits of the arithmetic, not of memory: a model within them can still be too large
+// for the host or the device.
+constexpr int64_t kMaxVocabSize = int64_t{1} << 24;          // 16,777,216
+constexpr int64_t kMaxHiddenSize = int64_t{1} << 16;         // 65,536
+constexpr int64_t kMaxIntermediateSize = int64_t{1} << 18;   // 262,144
+constexpr int64_t kMaxLayers = int64_t{1} << 10;             // 1,024
+constexpr int64_t kMaxHeads = int64_t{1} << 10;              // 1,024 (query heads; KV heads divide them)
+constexpr int64_t kMaxHeadDim = int64_t{1} << 10;            // 1,024
+constexpr int64_t kMaxPositions = (int64_t{1} << 31) - 1;    // int32 position ids
+constexpr int64_t kMaxParameters = int64_t{1} << 40;
+static_assert(kMaxHeads * kMaxHeadDim <= (int64_t{1} << 20), "head widths NH * HS must stay far below 2^31");
+
 struct ModelConfig {
   std::string architecture = "qwen3";  // "qwen3" | "llama"
   int64_t vocab_size = 256;
@@ -37,8 +59,12 @@ struct ModelConfig {
   bool qk_norm() const { return architecture == "qwen3"; }
   // The layers as the model builds them (layer_types and the architecture's variants).
   std::vector<LayerSpec> layer_specs() const;
-  // Throws tt::Error naming the field and what was expected.
+  // Checks every field against its bound above and the cross-field rules (heads, even head_dim,
+  // the parameter count); throws tt::KeyError naming the field and what was expected.
   void validate() const;
+  // Parameters of the decoder (the sizes of param_table), computed without overflow for any
+  // field values; saturates at INT64_MAX.
+  int64_t parameter_count() const;
   // Hugging Face config.json (architectures, model_type, torch_dtype, ...).
   nlohmann::json to_hf_json(const std::string& torch_dtype = "float32") const;
   // Reads a Hugging Face config.json object; `where` names the file for errors.

@@ -9,7 +9,6 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 bazel build //:treetrain
 bin=bazel-bin/trainer/treetrain
-export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"  # no busy-waiting threads on a shared machine
 
 run_dir=runs/quickstart
 rm -rf "$run_dir"   # the quickstart always starts fresh

@@ -1,12 +1,15 @@
+// Checkpoints: atomic writes, the manifest, validity checks and resume (see checkpoint.h).
 #include "trainer/checkpoint.h"
 
-#include <fcntl.h>
+#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -14,6 +17,7 @@
 #include "model/hf_io.h"
 #include "model/safetensors.h"
 #include "base/check.h"
+#include "trainer/run_dir.h"
 
 namespace tt::trainer {
 namespace {
@@ -21,20 +25,11 @@ namespace {
 namespace fs = std::filesystem;
 
 const char* const kStateFile = "trainer_state.json";
+const char* const kModelFile = "model.safetensors";
 const char* const kOptimFile = "optimizer.safetensors";
 const char* const kConfigFile = "config.yaml";
-const std::vector<std::string> kCheckpointFiles = {"config.json", "model.safetensors", kOptimFile, kStateFile,
-                                                   kConfigFile};
-constexpr int kStateVersion = 1;
-
-void fsync_path(const fs::path& p, bool is_dir) {
-  const int fd = ::open(p.c_str(), O_RDONLY | (is_dir ? O_DIRECTORY : 0));
-  if (fd < 0) throw Error(str(p.string(), ": cannot open for fsync: ", std::strerror(errno)));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) throw Error(str(p.string(), ": fsync failed: ", std::strerror(err)));
-}
+// Files every checkpoint holds besides trainer_state.json (a version 2 manifest lists at least these).
+const std::vector<std::string> kRequiredFiles = {"config.json", kModelFile, kOptimFile, kConfigFile};
 
 void write_file(const fs::path& p, const std::string& text) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
@@ -53,9 +48,9 @@ int64_t parse_step_dir(const std::string& name) {
 }
 
 bool is_complete(const fs::path& dir) {
-  for (const std::string& f : kCheckpointFiles)
+  for (const std::string& f : kRequiredFiles)
     if (!fs::is_regular_file(dir / f)) return false;
-  return true;
+  return fs::is_regular_file(dir / kStateFile);
 }
 
 std::vector<model::StWriteTensor> optimizer_tensors(const std::vector<model::ParamInfo>& info,
@@ -96,7 +91,184 @@ Error naming(const std::string& file, const Error& e) {
   return Error(msg.find(file) != std::string::npos ? msg : file + ": " + msg);
 }
 
+// The value at a dotted path of j ("loader.epoch"); errors name the file and the field.
+const nlohmann::json& field_at(const nlohmann::json& j, const std::string& path, const std::string& file) {
+  const nlohmann::json* v = &j;
+  size_t at = 0;
+  while (true) {
+    const size_t dot = path.find('.', at);
+    const std::string name = path.substr(at, dot == std::string::npos ? std::string::npos : dot - at);
+    if (!v->is_object() || !v->contains(name)) throw Error(str(file, ": missing field \"", path, "\""));
+    v = &v->at(name);
+    if (dot == std::string::npos) return *v;
+    at = dot + 1;
+  }
+}
+
+int64_t int_field(const nlohmann::json& j, const std::string& path, const std::string& file, int64_t min) {
+  const nlohmann::json& v = field_at(j, path, file);
+  const bool ok = v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > (uint64_t)INT64_MAX);
+  if (!ok || v.get<int64_t>() < min)
+    throw Error(str(file, ": field \"", path, "\": expected an integer >= ", min, ", got ", v.dump()));
+  return v.get<int64_t>();
+}
+
+// The format version of a trainer_state.json object: 1 without "version" (or with 1), 2 with the
+// manifest; a newer one is refused.
+int64_t state_version(const nlohmann::json& j, const std::string& file) {
+  if (!j.contains("version")) return 1;
+  const int64_t v = int_field(j, "version", file, 1);
+  if (v > kCheckpointVersion)
+    throw Error(str(file, ": checkpoint format version ", v, " is newer than this treetrain reads (1 to ",
+                    kCheckpointVersion, "); resume it with the treetrain that wrote it, or a newer one"));
+  return v;
+}
+
+// What is wrong with the tensors `want` (name -> shape, F32) in safetensors `file` ("" when
+// nothing), from its header alone: present, F32, the shape, the data inside the file.
+std::string tensors_problem(const fs::path& file,
+                            const std::vector<std::pair<std::string, std::vector<int64_t>>>& want) {
+  std::error_code ec;
+  const uint64_t size = fs::file_size(file, ec);
+  if (ec) return str(file.string(), ": ", ec.message());
+  std::ifstream in(file, std::ios::binary);
+  unsigned char len_bytes[8];
+  if (!in.read(reinterpret_cast<char*>(len_bytes), 8)) return str(file.string(), ": shorter than a safetensors header");
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
+  if (header_len > size - 8 || header_len > (uint64_t{100} << 20))
+    return str(file.string(), ": header of ", header_len, " bytes in a file of ", size);
+  std::string text(header_len, '\0');
+  if (!in.read(text.data(), (std::streamsize)header_len)) return str(file.string(), ": cannot read the header");
+  const nlohmann::json h = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!h.is_object()) return str(file.string(), ": the header is not a JSON object");
+  const uint64_t data_len = size - 8 - header_len;
+  for (const auto& [name, shape] : want) {
+    if (!h.contains(name)) return str(file.string(), ": no tensor '", name, "'");
+    const nlohmann::json& t = h.at(name);
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    const bool typed = t.is_object() && t.value("dtype", "") == "F32" && t.contains("shape") &&
+                       t.at("shape").is_array() && t.contains("data_offsets") && t.at("data_offsets").is_array() &&
+                       t.at("data_offsets").size() == 2 && t.at("data_offsets")[0].is_number_unsigned() &&
+                       t.at("data_offsets")[1].is_number_unsigned();
+    if (!typed) return str(file.string(), ": tensor '", name, "' is not an F32 entry with shape and data_offsets");
+    if (t.at("shape") != nlohmann::json(shape))
+      return str(file.string(), ": tensor '", name, "' has shape ", t.at("shape").dump(), ", the model's is ",
+                 nlohmann::json(shape).dump());
+    const uint64_t b = t.at("data_offsets")[0].get<uint64_t>(), e = t.at("data_offsets")[1].get<uint64_t>();
+    if (b > e || e - b != (uint64_t)numel * 4 || e > data_len)
+      return str(file.string(), ": tensor '", name, "' has data [", b, ", ", e, ") in a data buffer of ", data_len,
+                 " bytes");
+  }
+  return "";
+}
+
+// A leftover of a checkpoint write or removal: ".step_<N>.<kind>-<pid>" -> (N, kind, pid); N < 0
+// when the name is not one.
+struct Leftover {
+  int64_t step = -1;
+  std::string kind;  // "tmp" | "old" | "deleting"
+  int64_t pid = -1;
+};
+
+Leftover parse_leftover(const std::string& name) {
+  Leftover l;
+  if (name.rfind(".step_", 0) != 0) return l;
+  const size_t dot = name.find('.', 1), dash = name.rfind('-');
+  if (dot == std::string::npos || dash == std::string::npos || dash < dot) return l;
+  const int64_t step = parse_step_dir(name.substr(1, dot - 1));
+  const std::string kind = name.substr(dot + 1, dash - dot - 1), pid = name.substr(dash + 1);
+  if (step < 0 || (kind != "tmp" && kind != "old" && kind != "deleting") || pid.empty() || pid.size() > 9 ||
+      pid.find_first_not_of("0123456789") != std::string::npos)
+    return l;
+  l.step = step;
+  l.kind = kind;
+  l.pid = std::stoll(pid);
+  return l;
+}
+
+// Whether `pid` may still be writing: another live process of this host. This process at start
+// writes nothing yet, so a leftover named with its own pid (a container reusing pids) is stale.
+bool pid_in_progress(int64_t pid) {
+  if (pid <= 0 || pid == (int64_t)::getpid()) return false;
+  return ::kill((pid_t)pid, 0) == 0 || errno == EPERM;
+}
+
+// A step_N folder missing some of its files and older than a valid checkpoint: what an
+// interrupted removal (of an older treetrain, which removed step_N in place) leaves.
+bool half_deleted(const fs::path& dir) {
+  std::vector<std::string> expected = kRequiredFiles;
+  if (fs::is_regular_file(dir / kStateFile)) {
+    try {
+      const TrainerState st = read_trainer_state((dir / kStateFile).string());
+      for (const auto& [name, bytes] : st.files) expected.push_back(name);
+    } catch (const Error&) {
+      return false;  // not a removal: its state is there but unreadable
+    }
+  } else {
+    expected.push_back(kStateFile);
+  }
+  for (const std::string& f : expected)
+    if (!fs::exists(dir / f)) return true;
+  return false;
+}
+
+// A step_N folder renamed aside: step_N.invalid-<UTC time>[-k].
+fs::path aside_name(const fs::path& dir) {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &tm);
+  fs::path out = dir.string() + ".invalid-" + stamp;
+  for (int k = 2; fs::exists(out); ++k) out = dir.string() + ".invalid-" + stamp + "-" + std::to_string(k);
+  return out;
+}
+
 }  // namespace
+
+TrainerState read_trainer_state(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) throw Error(str(file, ": cannot open"));
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const std::exception& e) {
+    throw Error(str(file, ": invalid JSON: ", e.what()));
+  }
+  if (!j.is_object()) throw Error(str(file, ": expected a JSON object, got ", j.type_name()));
+  TrainerState st;
+  st.version = state_version(j, file);
+  st.step = int_field(j, "step", file, 0);
+  st.loader.epoch = int_field(j, "loader.epoch", file, 0);
+  st.loader.cursor = int_field(j, "loader.cursor", file, 0);
+  const nlohmann::json& seed = field_at(j, "seed", file);
+  if (!seed.is_number_unsigned() && !(seed.is_number_integer() && seed.get<int64_t>() >= 0))
+    throw Error(str(file, ": field \"seed\": expected an integer >= 0, got ", seed.dump()));
+  st.seed = seed.get<uint64_t>();
+  const nlohmann::json& path = field_at(j, "data.path", file);
+  if (!path.is_string()) throw Error(str(file, ": field \"data.path\": expected a string, got ", path.dump()));
+  st.data_path = path.get<std::string>();
+  st.data_size = int_field(j, "data.size_bytes", file, -1);
+  if (st.version >= 2) {
+    const nlohmann::json& files = field_at(j, "files", file);
+    if (!files.is_object()) throw Error(str(file, ": field \"files\": expected an object, got ", files.dump()));
+    for (const auto& [name, entry] : files.items()) {
+      if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos || name == kStateFile)
+        throw Error(str(file, ": field \"files\": '", name, "' is not a file name of the checkpoint"));
+      const bool ok = entry.is_object() && entry.contains("bytes") && entry.at("bytes").is_number_unsigned() &&
+                      entry.at("bytes").get<uint64_t>() <= (uint64_t)INT64_MAX;
+      if (!ok)
+        throw Error(
+            str(file, ": field \"files\": '", name, "': expected {\"bytes\": <integer >= 0>}, got ", entry.dump()));
+      st.files[name] = entry.at("bytes").get<int64_t>();
+    }
+    for (const std::string& f : kRequiredFiles)
+      if (!st.files.count(f)) throw Error(str(file, ": field \"files\": the manifest does not list ", f));
+  }
+  return st;
+}
 
 std::string checkpoints_dir(const std::string& run_dir) { return (fs::path(run_dir) / "checkpoints").string(); }
 
@@ -116,19 +288,23 @@ std::string save_checkpoint(const std::string& run_dir, const RunConfig& cfg, co
   model::write_safetensors((tmp / kOptimFile).string(), optimizer_tensors(backend.params_info(), m, v), "F32",
                            {{"step", std::to_string(state.step)}, {"format", "treetrain-adamw"}});
   write_file(tmp / kConfigFile, cfg.to_yaml());
+  nlohmann::json files = nlohmann::json::object();
+  for (const auto& e : fs::directory_iterator(tmp))
+    if (e.is_regular_file()) files[e.path().filename().string()] = {{"bytes", (int64_t)e.file_size()}};
   nlohmann::json j = {
-      {"version", kStateVersion},
+      {"version", kCheckpointVersion},
       {"step", state.step},
       {"loader", {{"epoch", state.loader.epoch}, {"cursor", state.loader.cursor}}},
       {"seed", state.seed},
       {"data", {{"path", state.data_path}, {"size_bytes", state.data_size}}},
       {"backend", backend.name()},
+      {"files", files},
   };
   write_file(tmp / kStateFile, j.dump(2) + "\n");
 
   for (const auto& e : fs::directory_iterator(tmp))
-    if (e.is_regular_file()) fsync_path(e.path(), false);
-  fsync_path(tmp, true);
+    if (e.is_regular_file()) fsync_path(e.path().string(), false);
+  fsync_path(tmp.string(), true);
   if (!is_complete(tmp)) throw Error(str(tmp.string(), ": checkpoint is missing files after writing"));
 
   // Replacing an existing step_N: move it aside first, so step_N is always a complete folder.
@@ -139,26 +315,155 @@ std::string save_checkpoint(const std::string& run_dir, const RunConfig& cfg, co
     fs::rename(final_dir, old);
   }
   fs::rename(tmp, final_dir);
-  fsync_path(root, true);
+  fsync_path(root.string(), true);
   if (!old.empty()) fs::remove_all(old);
   return final_dir.string();
 }
 
-std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& run_dir) {
+namespace {
+
+// Every step_<digits> folder of run_dir, valid or not, oldest first (step, path).
+std::vector<std::pair<int64_t, std::string>> step_folders(const std::string& run_dir) {
   std::vector<std::pair<int64_t, std::string>> out;
   const fs::path root = checkpoints_dir(run_dir);
-  if (!fs::is_directory(root)) return out;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return out;
   for (const auto& e : fs::directory_iterator(root)) {
     const int64_t step = parse_step_dir(e.path().filename().string());
-    if (step < 0 || !e.is_directory()) continue;
-    if (!is_complete(e.path())) {
-      spdlog::warn("ignoring incomplete checkpoint {}", e.path().string());
-      continue;
-    }
-    out.emplace_back(step, e.path().string());
+    if (step >= 0 && e.is_directory()) out.emplace_back(step, e.path().string());
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+}  // namespace
+
+std::string checkpoint_problem(const std::string& dir, const model::ModelConfig* model,
+                               const std::vector<model::ParamInfo>* params) {
+  const fs::path d = dir;
+  const int64_t step = parse_step_dir(d.filename().string());
+  if (step < 0) return str(dir, ": not a step_<N> folder");
+  const std::string state_file = (d / kStateFile).string();
+  if (!fs::is_regular_file(d / kStateFile)) return str(state_file, ": missing");
+  {  // A newer version is an error, not a problem of the checkpoint.
+    std::ifstream in(state_file);
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("version") && j.at("version").is_number_integer() &&
+        j.at("version").get<int64_t>() > kCheckpointVersion)
+      state_version(j, state_file);
+  }
+  TrainerState st;
+  try {
+    st = read_trainer_state(state_file);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  if (st.step != step) return str(state_file, ": says step ", st.step, ", but the folder is step_", step);
+  if (st.version >= 2) {
+    for (const auto& [name, bytes] : st.files) {
+      std::error_code ec;
+      const uint64_t size = fs::file_size(d / name, ec);
+      if (ec) return str((d / name).string(), ": listed in the manifest, but ", ec.message());
+      if ((int64_t)size != bytes) return str((d / name).string(), ": ", size, " bytes, the manifest says ", bytes);
+    }
+  } else {
+    for (const std::string& f : kRequiredFiles)
+      if (!fs::is_regular_file(d / f)) return str((d / f).string(), ": missing");
+  }
+  if (model == nullptr || params == nullptr) return "";
+  model::ModelConfig saved;
+  try {
+    saved = model::read_hf_config(dir);
+  } catch (const Error& e) {
+    return naming((d / "config.json").string(), e).what();
+  }
+  if (saved.to_hf_json() != model->to_hf_json()) return "";  // another model: load_checkpoint names the difference
+  std::vector<std::pair<std::string, std::vector<int64_t>>> weights, moments;
+  for (const model::ParamInfo& p : *params) {
+    weights.emplace_back(p.name, p.shape);
+    moments.emplace_back("m." + p.name, p.shape);
+    moments.emplace_back("v." + p.name, p.shape);
+  }
+  std::string problem = tensors_problem(d / kModelFile, weights);
+  if (problem.empty()) problem = tensors_problem(d / kOptimFile, moments);
+  return problem;
+}
+
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& run_dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (const auto& [step, path] : step_folders(run_dir)) {
+    try {
+      if (checkpoint_problem(path).empty()) out.emplace_back(step, path);
+    } catch (const Error&) {
+      // A newer format version: not this treetrain's to count or remove.
+    }
+  }
+  return out;
+}
+
+void clean_checkpoint_leftovers(const std::string& run_dir) {
+  std::error_code ec;
+  const fs::path root = checkpoints_dir(run_dir);
+  if (fs::is_directory(root, ec)) {
+    std::vector<fs::path> entries;
+    for (const auto& e : fs::directory_iterator(root)) entries.push_back(e.path());
+    std::sort(entries.begin(), entries.end());
+    for (const fs::path& p : entries) {
+      const Leftover l = parse_leftover(p.filename().string());
+      if (l.step < 0 || pid_in_progress(l.pid)) continue;
+      const fs::path step_dir = root / ("step_" + std::to_string(l.step));
+      if (l.kind == "old" && !fs::exists(step_dir)) {
+        // The write of a new step_N stopped between moving the old one aside and renaming the new
+        // one in: the old one is whole (the new one, .tmp-, goes below or went already).
+        fs::rename(p, step_dir);
+        spdlog::warn("restored checkpoint {} from {}, left by process {} (gone)", step_dir.string(), p.string(), l.pid);
+        continue;
+      }
+      fs::remove_all(p);
+      spdlog::info("removed {}, left by process {} (gone)", p.string(), l.pid);
+    }
+    const auto valid = list_checkpoints(run_dir);
+    if (!valid.empty())
+      for (const auto& [step, path] : step_folders(run_dir))
+        if (step < valid.back().first && half_deleted(path) && checkpoint_problem(path) != "") {
+          fs::remove_all(path);
+          spdlog::info("removed {}: a half-deleted checkpoint (files missing) older than {}", path,
+                       valid.back().second);
+        }
+  }
+  // The atomic rewrite of metrics.jsonl (run_dir.h) stopped before its rename.
+  if (fs::is_directory(run_dir, ec))
+    for (const auto& e : fs::directory_iterator(run_dir)) {
+      const std::string name = e.path().filename().string();
+      const std::string prefix = ".metrics.jsonl.tmp-";
+      if (name.rfind(prefix, 0) != 0) continue;
+      const std::string pid = name.substr(prefix.size());
+      if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+      if (pid_in_progress(std::stoll(pid))) continue;
+      fs::remove(e.path(), ec);
+      spdlog::info("removed {}, left by process {} (gone)", e.path().string(), pid);
+    }
+}
+
+std::string resume_checkpoint(const std::string& run_dir, const model::ModelConfig& model,
+                              const std::vector<model::ParamInfo>& params, bool writer) {
+  auto folders = step_folders(run_dir);
+  for (auto it = folders.rbegin(); it != folders.rend(); ++it) {
+    const std::string problem = checkpoint_problem(it->second, &model, &params);
+    if (problem.empty()) return it->second;
+    if (!writer) {
+      spdlog::info("skipping invalid checkpoint {}: {}", it->second, problem);
+      continue;
+    }
+    const fs::path aside = aside_name(it->second);
+    std::error_code ec;
+    fs::rename(it->second, aside, ec);
+    if (ec)
+      throw Error(str(it->second, ": invalid (", problem, "), and it cannot be moved aside to ", aside.string(), ": ",
+                      ec.message()));
+    spdlog::warn("checkpoint {} is invalid ({}); moved it aside to {}", it->second, problem, aside.string());
+  }
+  return "";
 }
 
 std::string latest_checkpoint(const std::string& run_dir) {
@@ -170,27 +475,7 @@ TrainerState load_checkpoint(const std::string& dir, const RunConfig& cfg, Backe
   const fs::path d = dir;
   // Trainer state.
   const std::string state_file = (d / kStateFile).string();
-  TrainerState st;
-  {
-    std::ifstream in(state_file);
-    if (!in) throw Error(str(state_file, ": cannot open"));
-    try {
-      nlohmann::json j;
-      in >> j;
-      if (j.at("version").get<int>() != kStateVersion)
-        throw Error(str("version ", j.at("version").dump(), ", expected ", kStateVersion));
-      st.step = j.at("step").get<int64_t>();
-      st.loader.epoch = j.at("loader").at("epoch").get<int64_t>();
-      st.loader.cursor = j.at("loader").at("cursor").get<int64_t>();
-      st.seed = j.at("seed").get<uint64_t>();
-      st.data_path = j.at("data").at("path").get<std::string>();
-      st.data_size = j.at("data").at("size_bytes").get<int64_t>();
-    } catch (const std::exception& e) {
-      throw Error(str(state_file, ": bad trainer state: ", e.what()));
-    }
-    if (st.step < 0 || st.loader.epoch < 0 || st.loader.cursor < 0)
-      throw Error(str(state_file, ": negative step or loader position"));
-  }
+  const TrainerState st = read_trainer_state(state_file);
   // Same model.
   const std::string hf_config = (d / "config.json").string();
   model::ModelConfig saved;
@@ -245,7 +530,13 @@ void prune_checkpoints(const std::string& run_dir, int64_t keep) {
   const auto all = list_checkpoints(run_dir);
   for (size_t i = 0; i + keep < all.size(); ++i) {
     spdlog::info("removing old checkpoint {}", all[i].second);
-    fs::remove_all(all[i].second);
+    // Renamed first, so an interrupted removal leaves a .step_N.deleting-<pid> leftover (removed at
+    // the next start), never a step_N folder with files missing.
+    const fs::path p = all[i].second;
+    const fs::path doomed = p.parent_path() / ("." + p.filename().string() + ".deleting-" + std::to_string(::getpid()));
+    fs::remove_all(doomed);
+    fs::rename(p, doomed);
+    fs::remove_all(doomed);
   }
 }
 

@@ -1,29 +1,69 @@
-// Checkpoints: run_dir/checkpoints/step_N/ holding
+// Checkpoints: run_dir/checkpoints/step_N/, N the optimizer steps taken. This file owns the layout.
+//
+// Files of format version 2 (what this treetrain writes):
 //   config.json, model.safetensors   Hugging Face layout weights (F32), loadable by transformers
 //   optimizer.safetensors            AdamW state: "m.<param name>" and "v.<param name>" (F32)
-//   trainer_state.json               step, loader position, data file path and size
 //   config.yaml                      the resolved RunConfig (RunConfig::to_yaml)
+//   trainer_state.json               {"version": 2, "step": N, "loader": {"epoch", "cursor"}, "seed",
+//                                     "data": {"path", "size_bytes"}, "backend",
+//                                     "files": {"<name>": {"bytes": B}, ...}}
+// "files" is the manifest: every other file of the folder and its size. A later feature that adds
+// a file (action statistics, tuning tables, ...) lists it there; readers check that each listed
+// file is present with its size and ignore files they do not know, so adding a file needs no new
+// version. A version is for a change that an older reader would misread.
+// Version 1 (treetrain before the manifest; trainer_state.json says "version": 1, or has no
+// "version") is still read: its files are the five above, without sizes. A version above 2 is
+// refused with an error naming it (a newer treetrain wrote it; it is left where it is).
+//
 // Writes are atomic: everything goes into checkpoints/.step_N.tmp-<pid>, each file and the folder
-// are fsynced, and the folder is renamed to step_N. Only folders named exactly step_<digits>
-// holding all five files are ever picked, so a torn write (a leftover .tmp folder) is ignored.
+// are fsynced, and the folder is renamed to step_N (an existing step_N is first renamed to
+// .step_N.old-<pid>, then removed). Only folders named step_<digits> are checkpoints.
+//
+// Validity: a step_N folder is valid when trainer_state.json reads (a known version, every field
+// typed) and says step N, and every file of the manifest (version 1: of the five) is there with
+// its size. Resuming also checks the safetensors headers of the newest valid one: every parameter
+// of the run's model, F32, with its shape, its data inside the file (when the checkpoint's
+// config.json is the run's model; a checkpoint of another model is an error naming the
+// difference, since the run's config is what is wrong then, not the checkpoint).
+// Resume (resume_checkpoint) takes the newest valid checkpoint; each invalid step_N newer than it
+// is renamed step_N.invalid-<UTC time> with a warning (by the writer, rank 0; other ranks skip
+// it), so a stray step_999999999999999999 or a step_4 whose state says step 2 is never taken.
+// keep_checkpoints counts valid checkpoints only, and holds at every start (the writer prunes after
+// resuming: a run killed between a checkpoint and its pruning keeps one more until then).
+//
+// Leftovers of a killed writer are removed at start by the writer (clean_checkpoint_leftovers),
+// when the process that made them is gone (no live process of that pid on this host; one writer
+// per run_dir, rank 0): .step_N.tmp-<pid> (a write that did not finish), .step_N.deleting-<pid>
+// (a removal: prune_checkpoints renames step_N so before removing it), .step_N.old-<pid> (a
+// replaced step_N: restored as step_N when the write stopped before the new one was renamed in,
+// else removed), run_dir/.metrics.jsonl.tmp-<pid>, and a step_N folder with files missing that is
+// older than the newest valid checkpoint (a removal interrupted by an older treetrain).
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "data/loader.h"
+#include "model/config.h"
+#include "model/param_table.h"
 #include "trainer/backend.h"
 #include "trainer/config.h"
 
 namespace tt::trainer {
 
+// The format version save_checkpoint writes; read_trainer_state reads 1 and 2.
+constexpr int kCheckpointVersion = 2;
+
 struct TrainerState {
-  int64_t step = 0;  // optimizer steps taken
+  int64_t version = kCheckpointVersion;  // format of the checkpoint it was read from
+  int64_t step = 0;                      // optimizer steps taken
   data::LoaderState loader;
   uint64_t seed = 0;       // train.seed the loader order was drawn with
   std::string data_path;   // the data file, and its size, for a sanity check on resume
   int64_t data_size = -1;
+  std::map<std::string, int64_t> files;  // the manifest (version 2): file name -> bytes
 };
 
 std::string checkpoints_dir(const std::string& run_dir);
@@ -33,16 +73,39 @@ std::string checkpoints_dir(const std::string& run_dir);
 std::string save_checkpoint(const std::string& run_dir, const RunConfig& cfg, const Backend& backend,
                             const TrainerState& state);
 
-// Complete checkpoints of run_dir, oldest first (step, path).
+// Valid checkpoints of run_dir (the checks above without the safetensors headers), oldest first
+// (step, path).
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& run_dir);
-// The newest complete checkpoint, or "" when there is none.
+// The newest valid checkpoint, or "" when there is none.
 std::string latest_checkpoint(const std::string& run_dir);
+
+// What is wrong with checkpoint folder `dir` ("" when it is valid). With `model` and `params`
+// also the safetensors headers against that model (when the checkpoint's config.json is it).
+// Throws tt::Error for a version newer than this treetrain reads.
+std::string checkpoint_problem(const std::string& dir, const model::ModelConfig* model = nullptr,
+                               const std::vector<model::ParamInfo>* params = nullptr);
+
+// Removes the leftovers of writers that are gone (see above); logs what it removed or restored.
+void clean_checkpoint_leftovers(const std::string& run_dir);
+
+// The checkpoint a resumed run starts from: the newest valid one with the run's `model`
+// (safetensors headers included), or "" when there is none. When `writer`, each invalid step_N
+// newer than it is moved aside (step_N.invalid-<time>) with a warning; other ranks skip them.
+// Throws tt::Error when the newest checkpoint is of a newer format version.
+std::string resume_checkpoint(const std::string& run_dir, const model::ModelConfig& model,
+                              const std::vector<model::ParamInfo>& params, bool writer);
+
+// Reads a checkpoint's trainer_state.json (versions 1 and 2); throws tt::Error naming the file and
+// the field that is missing or mistyped, or the version when it is newer.
+TrainerState read_trainer_state(const std::string& file);
 
 // Loads weights, AdamW state and trainer state from a checkpoint folder into backend. Checks the
 // model config against cfg.model and the data file against cfg.data.path. Errors name the file.
 TrainerState load_checkpoint(const std::string& dir, const RunConfig& cfg, Backend& backend);
 
-// Removes all but the newest `keep` complete checkpoints (keep = 0 keeps all).
+// Removes all but the newest `keep` valid checkpoints (keep = 0 keeps all); invalid folders are
+// neither counted nor removed.
+// Each goes by a rename to .step_N.deleting-<pid>, then removal.
 void prune_checkpoints(const std::string& run_dir, int64_t keep);
 
 }  // namespace tt::trainer

@@ -2,6 +2,7 @@
 // overrides and to_yaml() all walk it, so a key added there is parsed, overridable and written.
 #include "trainer/config.h"
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -252,6 +253,7 @@ void set_betas(RunConfig& cfg, const YAML::Node& n, const std::string& where) {
   if (!n.IsSequence() || n.size() != 2) type_error(where, kBetasKey, "a list [beta1, beta2]", n);
   cfg.optim.beta1 = parse_double(n[0], "optim.betas[0]", where);
   cfg.optim.beta2 = parse_double(n[1], "optim.betas[1]", where);
+  cfg.origin["optim.beta1"] = cfg.origin["optim.beta2"] = where;
 }
 
 // Parser state: which model keys were written (for the init_from agreement check).
@@ -267,6 +269,7 @@ void apply(RunConfig& cfg, const std::string& key, const YAML::Node& value, cons
   const Field* f = find_field(key);
   TT_CHECK(f != nullptr, "no field ", key);
   set_field(cfg, *f, value, o);
+  cfg.origin[key] = o.where;
   if (key.rfind("model.", 0) == 0 && key != "model.init_from") st.model_keys[key] = o.where;
 }
 
@@ -309,6 +312,21 @@ void parse_document(RunConfig& cfg, const YAML::Node& root, const std::string& s
   }
 }
 
+// ":N", N the line of the "---" that starts the second YAML document of text ("" when not found).
+std::string second_document_line(const std::string& text) {
+  std::istringstream in(text);
+  bool started = false;  // a first document has begun: content, or its own "---"
+  int n = 0;
+  for (std::string l; std::getline(in, l);) {
+    ++n;
+    const bool marker = l.rfind("---", 0) == 0 && (l.size() == 3 || l[3] == ' ' || l[3] == '\t' || l[3] == '\r');
+    if (marker && started) return str(":", n);
+    const size_t c = l.find_first_not_of(" \t\r");
+    if (marker || (c != std::string::npos && l[c] != '#' && l[c] != '%')) started = true;
+  }
+  return "";
+}
+
 void apply_override(RunConfig& cfg, const std::string& ov, ParseState& st) {
   const std::string ctx = "--set " + ov;
   const size_t eq = ov.find('=');
@@ -337,8 +355,17 @@ void apply_override(RunConfig& cfg, const std::string& ov, ParseState& st) {
 // With model.init_from, the model section comes from DIR/config.json; written keys must agree.
 void resolve_init_from(RunConfig& cfg, const ParseState& st) {
   if (cfg.init_from.empty()) {
-    if (!st.model_keys.count("model.head_dim") && cfg.model.num_attention_heads > 0)
-      cfg.model.head_dim = cfg.model.hidden_size / cfg.model.num_attention_heads;
+    // Out-of-range sizes are left to validate(), which names their bounds.
+    const int64_t heads = cfg.model.num_attention_heads, hidden = cfg.model.hidden_size;
+    const bool in_range = heads >= 1 && heads <= model::kMaxHeads && hidden >= 1 && hidden <= model::kMaxHiddenSize;
+    if (!st.model_keys.count("model.head_dim") && in_range) {
+      if (cfg.model.hidden_size % heads != 0)
+        throw Error(str(
+            cfg.where(cfg.origin.count("model.hidden_size") ? "model.hidden_size" : "model.num_attention_heads"),
+            ": model.hidden_size (", cfg.model.hidden_size, ") is not a multiple of model.num_attention_heads (", heads,
+            "), so model.head_dim cannot default to hidden_size / num_attention_heads: set model.head_dim"));
+      cfg.model.head_dim = cfg.model.hidden_size / heads;
+    }
     return;
   }
   const std::string file = (fs::path(cfg.init_from) / "config.json").string();
@@ -361,14 +388,27 @@ void resolve_init_from(RunConfig& cfg, const ParseState& st) {
                       " (model.init_from); drop the key or make it agree"));
   }
   cfg.model = from_hf.model;
+  for (const Field& f : fields())
+    if (f.key.rfind("model.", 0) == 0 && f.key != "model.init_from" && !cfg.origin.count(f.key))
+      cfg.origin[f.key] = file;
 }
 
 }  // namespace
 
+std::string RunConfig::where(const std::string& key) const {
+  auto it = origin.find(key);
+  if (it != origin.end()) return it->second;
+  return source.empty() ? "<config>" : source;
+}
+
 void RunConfig::validate() const {
-  const std::string at = source.empty() ? "<config>" : source;
-  auto require = [&](bool ok, const std::string& key, const std::string& rule, const std::string& got) {
-    if (!ok) throw Error(str(at, ": ", key, " must be ", rule, " (got ", got, ")"));
+  // A rule about `key` names where the key was set; a cross-field rule about a key left at its
+  // default names where the other key was set (`also`).
+  auto require = [&](bool ok, const std::string& key, const std::string& rule, const std::string& got,
+                     const std::string& also = "") {
+    if (ok) return;
+    const std::string at = origin.count(key) || also.empty() ? where(key) : where(also);
+    throw Error(str(at, ": ", key, " must be ", rule, " (got ", got, ")"));
   };
   auto in_set = [&](const std::string& key, const std::string& v, const std::vector<std::string>& allowed) {
     require(std::find(allowed.begin(), allowed.end(), v) != allowed.end(), key, "one of " + join(allowed, "|"),
@@ -380,28 +420,38 @@ void RunConfig::validate() const {
   in_set("device", device, {"auto", "cpu", "cuda"});
   try {
     model.validate();
-  } catch (const Error& e) {
-    throw Error(str(at, ": model: ", e.what()));
+  } catch (const KeyError& e) {
+    throw Error(str(where("model." + e.key()), ": model.", e.detail()));
   }
   require(!data.path.empty(), "data.path", "set to a JSONL file", "''");
   in_set("data.format", data.format, {"rollouts", "tree"});
   in_set("data.packing", data.packing, {"tree", "per_path"});
-  require(data.max_tokens_per_batch > 0, "data.max_tokens_per_batch", "> 0", i(data.max_tokens_per_batch));
-  require(train.max_steps > 0, "train.max_steps", "> 0", i(train.max_steps));
+  require(data.max_tokens_per_batch >= 1 && data.max_tokens_per_batch <= kMaxTokensPerBatch,
+          "data.max_tokens_per_batch", "in [1, " + i(kMaxTokensPerBatch) + "]", i(data.max_tokens_per_batch));
+  // The per-head q/k norm runs N x num_attention_heads rows, an int32 count (model/config.h).
+  const int64_t max_rows = kMaxTokensPerBatch / model.num_attention_heads;
+  require(data.max_tokens_per_batch <= max_rows, "data.max_tokens_per_batch",
+          "<= " + i(max_rows) + " with model.num_attention_heads " + i(model.num_attention_heads) +
+              " (tokens x heads must stay below 2^31)",
+          i(data.max_tokens_per_batch), "model.num_attention_heads");
+  require(train.max_steps > 0 && train.max_steps <= kMaxSteps, "train.max_steps",
+          train.max_steps < 1 ? "> 0" : "<= 2^53", i(train.max_steps));
   in_set("train.loss_norm", train.loss_norm, {"path_mean", "token_mean"});
-  require(train.grad_clip >= 0, "train.grad_clip", ">= 0 (0 disables clipping)", d(train.grad_clip));
-  require(train.grad_accum >= 1, "train.grad_accum", ">= 1", i(train.grad_accum));
+  require(train.grad_clip >= 0 && std::isfinite(train.grad_clip), "train.grad_clip", ">= 0 (0 disables clipping)",
+          d(train.grad_clip));
+  require(train.grad_accum >= 1 && train.grad_accum <= kMaxGradAccum, "train.grad_accum",
+          train.grad_accum < 1 ? ">= 1" : "<= " + i(kMaxGradAccum), i(train.grad_accum));
   require(train.log_every >= 1, "train.log_every", ">= 1", i(train.log_every));
   require(train.checkpoint_every >= 0, "train.checkpoint_every", ">= 0 (0: only at the end)", i(train.checkpoint_every));
   require(train.keep_checkpoints >= 0, "train.keep_checkpoints", ">= 0 (0 keeps all)", i(train.keep_checkpoints));
-  require(optim.lr > 0, "optim.lr", "> 0", d(optim.lr));
+  require(optim.lr > 0 && std::isfinite(optim.lr), "optim.lr", "> 0", d(optim.lr));
   require(optim.beta1 >= 0 && optim.beta1 < 1, "optim.beta1", "in [0, 1)", d(optim.beta1));
   require(optim.beta2 >= 0 && optim.beta2 < 1, "optim.beta2", "in [0, 1)", d(optim.beta2));
-  require(optim.eps > 0, "optim.eps", "> 0", d(optim.eps));
-  require(optim.weight_decay >= 0, "optim.weight_decay", ">= 0", d(optim.weight_decay));
-  require(schedule.warmup_steps >= 0, "schedule.warmup_steps", ">= 0", i(schedule.warmup_steps));
-  require(schedule.warmup_steps <= train.max_steps, "schedule.warmup_steps",
-          "<= train.max_steps (" + i(train.max_steps) + ")", i(schedule.warmup_steps));
+  require(optim.eps > 0 && std::isfinite(optim.eps), "optim.eps", "> 0", d(optim.eps));
+  require(optim.weight_decay >= 0 && std::isfinite(optim.weight_decay), "optim.weight_decay", ">= 0",
+          d(optim.weight_decay));
+  require(schedule.warmup_steps >= 0 && schedule.warmup_steps <= kMaxSteps, "schedule.warmup_steps",
+          schedule.warmup_steps < 0 ? ">= 0" : "<= 2^53", i(schedule.warmup_steps));
   in_set("schedule.decay", schedule.decay, {"cosine", "linear", "constant"});
   require(schedule.min_lr_ratio >= 0 && schedule.min_lr_ratio <= 1, "schedule.min_lr_ratio", "in [0, 1]",
           d(schedule.min_lr_ratio));
@@ -409,16 +459,28 @@ void RunConfig::validate() const {
   require(cap >= 0, "partition.capacity_tokens", ">= 0 (0: off)", i(cap));
   if (cap > 0) {
     require(data.packing == "tree", "data.packing", "tree when partition.capacity_tokens > 0 (" + i(cap) + ")",
-            "'" + data.packing + "'");
+            "'" + data.packing + "'", "partition.capacity_tokens");
     require(cap <= data.max_tokens_per_batch, "partition.capacity_tokens",
             "<= data.max_tokens_per_batch (" + i(data.max_tokens_per_batch) + "): a piece must fit a micro-batch",
-            i(cap));
+            i(cap), "data.max_tokens_per_batch");
   }
   in_set("distributed.mode", distributed.mode, {"auto", "torchrun", "slurm", "off"});
   in_set("distributed.comm", distributed.comm, {"auto", "cpu", "nccl"});
-  require(distributed.timeout_s > 0, "distributed.timeout_s", "> 0", d(distributed.timeout_s));
-  require(distributed.collective_timeout_s > 0, "distributed.collective_timeout_s", "> 0",
+  require(distributed.timeout_s > 0 && distributed.timeout_s <= kMaxTimeoutS, "distributed.timeout_s",
+          "in (0, " + d(kMaxTimeoutS) + "] seconds", d(distributed.timeout_s));
+  require(distributed.collective_timeout_s > 0 && distributed.collective_timeout_s <= kMaxTimeoutS,
+          "distributed.collective_timeout_s", "in (0, " + d(kMaxTimeoutS) + "] seconds",
           d(distributed.collective_timeout_s));
+}
+
+std::vector<std::string> RunConfig::warnings() const {
+  std::vector<std::string> out;
+  if (schedule.warmup_steps > train.max_steps)
+    out.push_back(str(where(origin.count("schedule.warmup_steps") ? "schedule.warmup_steps" : "train.max_steps"),
+                      ": schedule.warmup_steps (", schedule.warmup_steps, ") is longer than train.max_steps (",
+                      train.max_steps, "): the learning rate rises to ", train.max_steps, "/", schedule.warmup_steps,
+                      " of optim.lr and does not decay"));
+  return out;
 }
 
 std::string RunConfig::to_yaml() const {
@@ -452,10 +514,21 @@ RunConfig parse_config_text(const std::string& yaml_text, const std::string& sou
   cfg.source = source;
   ParseState st;
   YAML::Node root;
+  const std::string file = source.empty() ? "<config>" : source;
+  // A UTF-8 byte order mark (editors on Windows write one) is not part of the text.
+  const std::string kBom = "\xEF\xBB\xBF";
+  const std::string text = yaml_text.rfind(kBom, 0) == 0 ? yaml_text.substr(kBom.size()) : yaml_text;
   try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::ParserException& e) {
-    throw Error(str(source.empty() ? "<config>" : source, ":", e.mark.line + 1, ": invalid YAML: ", e.msg));
+    const std::vector<YAML::Node> docs = YAML::LoadAll(text);
+    if (docs.size() > 1)
+      throw Error(str(file, second_document_line(text), ": a second YAML document, expected one config per file"));
+    if (!docs.empty()) root = docs[0];
+  } catch (const YAML::DeepRecursion& e) {
+    // yaml-cpp stops at 500 levels of nesting and reports it as "bad file".
+    throw Error(str(file, ":", e.mark.line + 1, ": invalid YAML: nested deeper than 500 levels (yaml-cpp's limit)"));
+  } catch (const YAML::Exception& e) {
+    if (e.mark.is_null()) throw Error(str(file, ": invalid YAML: ", e.msg));
+    throw Error(str(file, ":", e.mark.line + 1, ": invalid YAML: ", e.msg));
   }
   parse_document(cfg, root, source, base_dir, st);
   for (const std::string& ov : overrides) apply_override(cfg, ov, st);
@@ -465,6 +538,8 @@ RunConfig parse_config_text(const std::string& yaml_text, const std::string& sou
 }
 
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw Error(str(path, ": is a directory, expected a YAML config file"));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(str(path, ": cannot open config file"));
   std::stringstream ss;

@@ -1,6 +1,7 @@
 // Typed, strict run configuration: YAML parses into one struct per concern.
-// Unknown keys and bad values are errors that name the key and file:line; cross-field checks live
-// in RunConfig::validate(). The resolved config is written next to every checkpoint.
+// Unknown keys and bad values are errors that name the key and file:line (or the --set override);
+// range and cross-field checks live in RunConfig::validate() and name them too. The resolved
+// config is written next to every checkpoint.
 //
 // Layout of a config file (every key optional except data.path):
 //   run_dir: runs/quickstart        device: auto | cpu | cuda
@@ -9,7 +10,7 @@
 //   train:    max_steps, seed, loss_norm, grad_clip, grad_accum, resume, log_every,
 //             checkpoint_every, keep_checkpoints, final_checkpoint, gemm_autotune
 //   optim:    lr, beta1, beta2 (or betas: [b1, b2]), eps, weight_decay
-//   schedule: warmup_steps, decay, min_lr_ratio
+//   schedule: warmup_steps (longer than train.max_steps: a warning), decay, min_lr_ratio
 //   partition: capacity_tokens (docs/PARTITIONING.md)
 //   distributed: mode, comm, timeout_s, collective_timeout_s (data parallelism, distributed/README.md)
 //
@@ -26,12 +27,24 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "model/config.h"
 
 namespace tt::trainer {
+
+// Bounds RunConfig::validate() checks beside the model's (model/config.h):
+//  - data.max_tokens_per_batch in [1, 2^31 - 1]: packed indices are int32, and tokens x
+//    model.num_attention_heads < 2^31 (the rows of the per-head q/k norm);
+//  - train.max_steps, schedule.warmup_steps <= 2^53: steps are exact in the fp64 schedule;
+//  - train.grad_accum <= 2^20 micro-batches per step;
+//  - distributed.timeout_s, collective_timeout_s <= 10^7 s (they become clock durations).
+constexpr int64_t kMaxTokensPerBatch = (int64_t{1} << 31) - 1;
+constexpr int64_t kMaxSteps = int64_t{1} << 53;
+constexpr int64_t kMaxGradAccum = int64_t{1} << 20;
+constexpr double kMaxTimeoutS = 1e7;
 
 struct DataConfig {
   std::string path;                     // JSONL file (relative paths: to the config file's folder)
@@ -94,6 +107,10 @@ struct DistributedConfig {
 
 struct RunConfig {
   std::string source;    // the config file, for messages
+  // Where each key got its value, for messages: "file:line" (the config file, or the
+  // config.json of model.init_from), or "--set key=value". Keys left at their defaults are absent
+  // (messages then name `source`). Not part of the config itself (to_yaml does not write it).
+  std::map<std::string, std::string> origin;
   std::string run_dir = "runs/default";
   std::string device = "auto";  // auto | cpu | cuda
   model::ModelConfig model;
@@ -105,8 +122,15 @@ struct RunConfig {
   PartitionConfig partition;
   DistributedConfig distributed;
 
-  // Cross-field checks; throws tt::Error "<source>: <key> ..." naming the key.
+  // Range and cross-field checks; throws tt::Error "<where>: <key> must be ... (got ...)", where
+  // is the key's origin (file:line or --set key=value), else `source`.
   void validate() const;
+  // What is allowed but likely unintended (schedule.warmup_steps > train.max_steps: the schedule
+  // is defined, the lr never reaches optim.lr), one message each, naming the key and where it
+  // was set; treetrain logs them as warnings.
+  std::vector<std::string> warnings() const;
+  // Where `key` was set (origin), else `source` ("<config>" when empty).
+  std::string where(const std::string& key) const;
   std::string to_yaml() const;  // resolved config, loads back to the same RunConfig
 };
 

@@ -29,6 +29,7 @@
 #include "distributed/launch.h"
 #include "trainer/sweep.h"
 #include "base/check.h"
+#include "base/omp_env.h"
 #include "trainer/config.h"
 #include "trainer/sample.h"
 #include "trainer/train.h"
@@ -87,6 +88,34 @@ struct UsageError {
   std::string msg;
 };
 
+// Prints "error: <msg>" as exactly one line: control characters in the message (a path or a data
+// id holding a newline, a trailing newline of a library's text) are written escaped, and the line
+// goes out in one write after what stdout holds, so a log or a launcher's rank prefix never splits
+// it.
+void print_error(const std::string& msg, const std::string& after = "") {
+  std::string line = "error: ";
+  size_t end = msg.size();
+  while (end > 0 && (msg[end - 1] == '\n' || msg[end - 1] == '\r' || msg[end - 1] == ' ')) --end;
+  for (size_t i = 0; i < end; ++i) {
+    const unsigned char c = (unsigned char)msg[i];
+    if (c == '\n') {
+      line += "\\n";
+    } else if (c == '\r') {
+      line += "\\r";
+    } else if (c < 0x20 && c != '\t') {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+      line += buf;
+    } else {
+      line += (char)c;
+    }
+  }
+  line += "\n" + after;
+  std::cout.flush();
+  std::fflush(stdout);
+  std::cerr << line << std::flush;
+}
+
 // --name value / --name=value flags after the subcommand; --set may repeat.
 struct Args {
   std::map<std::string, std::string> flags;
@@ -143,6 +172,8 @@ int run_train(const std::vector<std::string>& argv) {
   const tt::distributed::DistEnv env = tt::distributed::read_env(cfg.distributed.mode);
   if (env.rank > 0) spdlog::set_level(spdlog::level::warn);
   spdlog::info("config {}: run_dir {}", cfg.source, cfg.run_dir);
+  if (env.rank <= 0)
+    for (const std::string& w : cfg.warnings()) spdlog::warn("{}", w);
   try {
     tt::trainer::Trainer trainer(cfg);
     trainer.run();
@@ -347,6 +378,9 @@ int run_sweep(const std::vector<std::string>& argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First of all: libgomp has read its environment already; re-execute once with passive waiting
+  // and a share of the host's CPUs per local rank, unless the user set them (base/omp_env.h).
+  tt::reexec_with_omp_defaults(argv);
   // Under `bazel run` the process starts in the runfiles tree; relative paths mean the user's folder.
   if (const char* wd = std::getenv("BUILD_WORKING_DIRECTORY")) {
     if (::chdir(wd) != 0) {
@@ -382,13 +416,13 @@ int main(int argc, char** argv) {
     if (cmd == "sweep") return run_sweep(args);
     throw UsageError{"unknown command '" + cmd + "'"};
   } catch (const UsageError& e) {
-    std::cerr << "error: " << e.msg << "\n\n" << kUsage;
+    print_error(e.msg, std::string("\n") + kUsage);
     return 2;
   } catch (const tt::Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    print_error(e.what());
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    print_error(e.what());
     return 1;
   }
 }

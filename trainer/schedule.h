@@ -5,7 +5,8 @@
 //   cosine:   lr * (r + (1 - r) * (1 + cos(pi p)) / 2)
 //   linear:   lr * (1 - (1 - r) p)
 //   constant: lr
-// where r = min_lr_ratio, so cosine and linear reach lr * min_lr_ratio at s = max_steps.
+// where r = min_lr_ratio, so cosine and linear reach lr * min_lr_ratio at s = max_steps. With
+// warmup_steps > max_steps (a warning, RunConfig::warnings) the run ends inside the warmup.
 #pragma once
 
 #include <cstdint>

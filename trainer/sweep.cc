@@ -372,16 +372,16 @@ std::string results_table(const Sweep& sweep, const std::vector<RunResult>& resu
     name_w = std::max(name_w, sweep.runs[i].name.size());
     if (i < results.size()) status_w = std::max(status_w, results[i].status.size());
   }
+  // Padded columns, then the numbers (a fixed buffer would cut a long run name and its newline).
+  auto pad = [](const std::string& v, size_t w) { return v + std::string(w > v.size() ? w - v.size() : 0, ' '); };
   std::ostringstream o;
-  char buf[512];
-  std::snprintf(buf, sizeof(buf), "%-*s  %-*s  %8s  %10s  %12s\n", (int)name_w, "run", (int)status_w, "status", "step",
-                "loss", "tokens/s");
-  o << buf;
+  char buf[128];
+  std::snprintf(buf, sizeof(buf), "  %8s  %10s  %12s\n", "step", "loss", "tokens/s");
+  o << pad("run", name_w) << "  " << pad("status", status_w) << buf;
   for (size_t i = 0; i < sweep.runs.size(); ++i) {
     const RunResult r = i < results.size() ? results[i] : RunResult{"not run"};
-    std::snprintf(buf, sizeof(buf), "%-*s  %-*s  %8lld  %10.4f  %12.1f\n", (int)name_w, sweep.runs[i].name.c_str(),
-                  (int)status_w, r.status.c_str(), (long long)r.step, r.loss, r.tokens_per_s);
-    o << buf;
+    std::snprintf(buf, sizeof(buf), "  %8lld  %10.4f  %12.1f\n", (long long)r.step, r.loss, r.tokens_per_s);
+    o << pad(sweep.runs[i].name, name_w) << "  " << pad(r.status, status_w) << buf;
   }
   return o.str();
 }

@@ -15,6 +15,8 @@
 #include "distributed/rendezvous.h"
 #include "base/check.h"
 #include "trainer/checkpoint.h"
+#include "trainer/data_checks.h"
+#include "trainer/run_dir.h"
 #include "trainer/schedule.h"
 
 namespace tt::trainer {
@@ -27,24 +29,6 @@ double now_s() {
 }
 
 std::string metrics_path(const RunConfig& cfg) { return (fs::path(cfg.run_dir) / "metrics.jsonl").string(); }
-
-// Keeps the metrics of steps <= last_step (a resumed run rewrites what follows its checkpoint).
-void truncate_metrics(const std::string& path, int64_t last_step) {
-  std::vector<std::string> kept;
-  {
-    std::ifstream in(path);
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.empty()) continue;
-      const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= last_step)
-        kept.push_back(line);
-    }
-  }
-  std::ofstream out(path, std::ios::trunc);
-  for (const std::string& l : kept) out << l << "\n";
-  if (!out) throw Error(str(path, ": cannot write"));
-}
 
 std::string human_rate(double x) {
   std::ostringstream os;
@@ -64,6 +48,7 @@ RunConfig validated(const RunConfig& cfg) {
 
 Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator> comm)
     : cfg_(validated(cfg)), arch_(cfg_.model), t_start_(now_s()) {
+  prepare_run_dir(cfg_);
   // A communicator handed in (tests) says the world; else the launcher's environment does.
   const distributed::DistEnv env = comm ? distributed::DistEnv{} : distributed::read_env(cfg_.distributed.mode);
   backend_ = make_backend(cfg_.device, cfg_.model, env.local_rank, env.local_world_size, cfg_.train.gemm_autotune);
@@ -81,6 +66,7 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   std::vector<data::Tree> trees =
       data::read_trees(cfg_.data.path, data::parse_format(cfg_.data.format, "data.format"), cfg_.model.vocab_size);
   if (trees.empty()) throw Error(str(cfg_.data.path, ": no trees (data.path)"));
+  for (const std::string& w : check_training_data(trees, cfg_)) spdlog::warn("{}", w);
   int64_t n_tree = 0, n_flat = 0, n_paths = 0;
   for (const data::Tree& t : trees) {
     n_tree += t.n_tree();
@@ -105,13 +91,18 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
                                                 cfg_.train.seed, cfg_.data.shuffle,
                                                 capacity > 0 ? data::Oversize::kAlone : data::Oversize::kError);
 
-  // Model state: resume, or start fresh.
-  const std::string ckpt = latest_checkpoint(cfg_.run_dir);
+  // Model state: resume (from the newest valid checkpoint; rank 0 moves invalid ones aside), or
+  // start fresh. Rank 0, the writer, first removes what killed writers left.
+  if (rank() == 0) clean_checkpoint_leftovers(cfg_.run_dir);
+  const std::string ckpt = cfg_.train.resume
+                               ? resume_checkpoint(cfg_.run_dir, cfg_.model, backend_->params_info(), rank() == 0)
+                               : latest_checkpoint(cfg_.run_dir);
   if (cfg_.train.resume && !ckpt.empty()) {
     const TrainerState st = load_checkpoint(ckpt, cfg_, *backend_);
     loader_->restore(st.loader);
     step_ = start_step_ = last_saved_step_ = st.step;
     spdlog::info("resumed from {} (step {}, epoch {}, cursor {})", ckpt, st.step, st.loader.epoch, st.loader.cursor);
+    if (rank() == 0) prune_checkpoints(cfg_.run_dir, cfg_.train.keep_checkpoints);
     check_ranks_agree();
     return;
   }
@@ -364,7 +355,7 @@ std::vector<StepMetrics> Trainer::run() {
   std::ofstream metrics;
   if (writer) {
     fs::create_directories(cfg_.run_dir);
-    truncate_metrics(mpath, start_step_);
+    rewrite_metrics(mpath, start_step_);  // atomic: a resumed run drops what follows its checkpoint
     metrics.open(mpath, std::ios::app);
     if (!metrics) throw Error(str(mpath, ": cannot open for writing"));
   }

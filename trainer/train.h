@@ -75,7 +75,8 @@ constexpr double kPeakFlops = 989e12;
 
 struct StepMetrics {
   int64_t step = 0;  // 1-based: the update just taken
-  double loss = 0;   // normalised loss of the step, before the update
+  double loss = 0;   // normalised loss of the step, before the update (sum_t w_t CE_t / normaliser:
+                     // with signed weights the weighted objective, which can be negative)
   double lr = 0;
   double grad_norm = 0;     // global norm before clipping
   double tokens_per_s = 0;  // unique (tree) tokens processed per second of the step (gateway

@@ -176,7 +176,7 @@ if train:
     if 1 in train and 2 in train:
         r1, r2 = train[1], train[2]
         print(f"same global batch: {r1['tokens_per_step'] == r2['tokens_per_step']}; last-step loss rel diff "
-              f"{abs(r2['last_loss'] - r1['last_loss']) / r1['last_loss']:.2e}")
+              f"{abs(r2['last_loss'] - r1['last_loss']) / abs(r1['last_loss']):.2e}")
 ar = [r for r in rows if r.get("mode") == "allreduce"]
 if ar:
     print(f"{'all-reduce':14} {'GB':>6} {'calls':>5} {'ms':>8} {'algbw GB/s':>10} {'busbw GB/s':>10}")

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 
 #include "data/reader.h"
@@ -127,6 +128,33 @@ TEST(Pack, EmptyListGivesAnEmptyBatch) {
   EXPECT_EQ(b.n_tokens, 0);
   EXPECT_EQ(b.tree_start, I({0}));
   EXPECT_EQ(b.num_trees(), 0);
+}
+
+TEST(Pack, SignedWeightsPackAsTargets) {
+  // Weights of any sign; a target's summed weight may be 0 (it stays a target under tree
+  // packing: the mask decides) and the per-path baseline lists only the nonzero ones.
+  Tree t;
+  t.id = "signed";
+  t.nodes.resize(1);
+  t.nodes[0].tokens = {1, 2, 3};
+  t.nodes[0].target_weight = {0, -1.5, 0};
+  t.nodes[0].target_count = {0, 1, 1};
+  t.paths.push_back({0, {0, -1.5, 0}});
+  const PackedBatch tree = pack({&t}, Packing::kTree);
+  EXPECT_EQ(tree.tgt_w, std::vector<double>({-1.5, 0}));
+  const PackedBatch path = pack({&t}, Packing::kPerPath);
+  EXPECT_EQ(path.tgt_w, std::vector<double>({-1.5}));
+  EXPECT_EQ(tree.n_flat_targets, 2);
+  EXPECT_EQ(path.n_flat_targets, 2);
+  t.nodes[0].target_weight[1] = NAN;
+  try {
+    pack({&t}, Packing::kTree);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "tree 'signed': node 0 token 1 has target weight nan and count 1, expected a finite weight (of any "
+              "sign) and a count >= 0");
+  }
 }
 
 TEST(Pack, RejectsMalformedHandBuiltTrees) {

@@ -91,6 +91,37 @@ TEST(Rollouts, FirstTokenMaskIsIgnoredAndZeroWeightKeepsTheCount) {
   EXPECT_EQ(t.paths[0].target_weight, W({0, 0}));
 }
 
+TEST(Rollouts, SignedWeightsSumPerToken) {
+  // RL advantages: negative and zero weights are read as written; a shared token sums them (here
+  // to -0.672), and a zero weight keeps its targets and their count.
+  const Tree t = parse_rollouts_line(
+      R"({"sequences": [{"tokens": [4, 5, 6], "weight": -1.172}, {"tokens": [4, 5, 7], "weight": 0.5}, )"
+      R"({"tokens": [4, 5, 8], "weight": 0}]})",
+      "f:1", 0);
+  ASSERT_EQ(t.nodes.size(), 4u);
+  EXPECT_EQ(t.nodes[0].target_weight, W({0, -1.172 + 0.5 + 0}));
+  EXPECT_EQ(t.nodes[0].target_count, V({0, 3}));
+  EXPECT_EQ(t.nodes[1].target_weight, W({-1.172}));
+  EXPECT_EQ(t.nodes[2].target_weight, W({0.5}));
+  EXPECT_EQ(t.nodes[3].target_weight, W({0}));
+  EXPECT_EQ(t.nodes[3].target_count, V({1}));
+  EXPECT_EQ(t.paths[0].target_weight, W({0, -1.172, -1.172}));
+  EXPECT_EQ(t.paths[2].target_weight, W({0, 0, 0}));
+  EXPECT_EQ(t.n_flat_targets(), 6);
+  t.validate();
+}
+
+TEST(TreeFormat, SignedNodeWeightsMultiplyThePathCount) {
+  const Tree t =
+      parse_tree_line(R"({"nodes": [{"parent": -1, "tokens": [1, 2], "weight": -0.5}, {"parent": 0, "tokens": [3]}, )"
+                      R"({"parent": 0, "tokens": [4], "weight": -2}]})",
+                      "f:1", 0);
+  EXPECT_EQ(t.nodes[0].target_weight, W({0, -1}));  // two leaves below, weight -0.5 each
+  EXPECT_EQ(t.nodes[2].target_weight, W({-2}));
+  EXPECT_EQ(t.paths[1].target_weight, W({0, -0.5, -2}));
+  t.validate();
+}
+
 TEST(Rollouts, ChildrenInOrderOfFirstAppearance) {
   const Tree t = parse_rollouts_line(
       R"({"sequences": [{"tokens": [1, 9]}, {"tokens": [1, 5, 1]}, {"tokens": [1, 5, 0]}, {"tokens": [1, 2]}]})", "f:1",
@@ -252,8 +283,6 @@ const BadCase kBadCases[] = {
      "sequences[0].loss_mask[1] = 2, expected 0 or 1"},
     {"mask_float", Format::kRollouts, R"({"sequences": [{"tokens": [1, 2], "loss_mask": [0, 0.5]}]})",
      "sequences[0].loss_mask[1] = 0.5, expected 0 or 1"},
-    {"negative_weight", Format::kRollouts, R"({"sequences": [{"tokens": [1, 2], "weight": -0.5}]})",
-     "sequences[0].weight = -0.5, expected a finite number >= 0"},
     {"weight_not_number", Format::kRollouts, R"({"sequences": [{"tokens": [1, 2], "weight": "1"}]})",
      "sequences[0].weight: expected a number, got string"},
     {"id_wrong_type", Format::kRollouts, R"({"id": [1], "sequences": [{"tokens": [1]}]})",
@@ -283,8 +312,6 @@ const BadCase kBadCases[] = {
      "nodes[0].loss_mask has 1 entries, expected 2 (one per token)"},
     {"node_mask_value", Format::kTree, R"({"nodes": [{"parent": -1, "tokens": [1, 2], "loss_mask": [0, -1]}]})",
      "nodes[0].loss_mask[1] = -1, expected 0 or 1"},
-    {"node_negative_weight", Format::kTree, R"({"nodes": [{"parent": -1, "tokens": [1, 2], "weight": -1}]})",
-     "nodes[0].weight = -1, expected a finite number >= 0"},
 };
 
 void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }

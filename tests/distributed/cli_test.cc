@@ -4,8 +4,10 @@
 // is named, usage errors exit 2, and `sweep` runs its runs and prints their table or writes the
 // SLURM array script.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -32,10 +34,12 @@ std::string slurp(const fs::path& p) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-Result treetrain(const std::string& args) {
+// `env` goes before the binary (e.g. "env -u OMP_NUM_THREADS ").
+Result treetrain_env(const std::string& env, const std::string& args) {
   static int n = 0;
   const fs::path dir = test_dir("dist_cli_out_" + std::to_string(n++));
-  const std::string cmd = "trainer/treetrain " + args + " >" + (dir / "out").string() + " 2>" + (dir / "err").string();
+  const std::string cmd =
+      env + "trainer/treetrain " + args + " >" + (dir / "out").string() + " 2>" + (dir / "err").string();
   const auto t0 = std::chrono::steady_clock::now();
   const int status = std::system(cmd.c_str());
   Result r;
@@ -45,6 +49,8 @@ Result treetrain(const std::string& args) {
   r.err = slurp(dir / "err");
   return r;
 }
+
+Result treetrain(const std::string& args) { return treetrain_env("", args); }
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
@@ -149,6 +155,27 @@ TEST(DistributedCliTest, ErrorsOfADistributedRunNameHostAndRank) {
                                                   "data.path: cannot read")))
       << r.err;
   EXPECT_FALSE(std::regex_search(r.err, std::regex("\\(local rank [01]\\): rank [01]/2"))) << r.err;
+}
+
+TEST(DistributedCliTest, LaunchDividesTheCpusAndWaitsPassively) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  sched_getaffinity(0, sizeof(set), &set);
+  const std::string want = std::to_string(std::max(1, CPU_COUNT(&set) / 2));
+  const std::string clean = "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT -u OMP_NUM_THREADS -u TREETRAIN_OMP_DEFAULTS ";
+  const std::string show =
+      "launch --nproc 2 --program /bin/sh -- -c 'echo threads=$OMP_NUM_THREADS "
+      "policy=$OMP_WAIT_POLICY spin=$GOMP_SPINCOUNT'";
+  Result r = treetrain_env(clean, show);
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* rank : {"[rank 0] ", "[rank 1] "})
+    EXPECT_TRUE(has(r.out, rank + ("threads=" + want + " policy=passive spin=\n"))) << r.out;
+  // What the user set is kept.
+  r = treetrain_env(clean + "OMP_NUM_THREADS=3 OMP_WAIT_POLICY=active ", show);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "[rank 1] threads=3 policy=active spin=\n")) << r.out;
+  r = treetrain_env(clean + "GOMP_SPINCOUNT=10 ", show);
+  EXPECT_TRUE(has(r.out, "[rank 0] threads=" + want + " policy= spin=10\n")) << r.out;
 }
 
 TEST(DistributedCliTest, LaunchUsageErrors) {

@@ -32,6 +32,18 @@ void write_mask(std::ostringstream& os, int n, Rng& rng) {
   os << "]";
 }
 
+// A node or sequence weight of the shape ("" when the shape has none).
+std::string random_weight(const TreeShape& shape, Rng& rng) {
+  std::ostringstream os;
+  if (shape.signed_weights) {
+    os.precision(17);
+    os << ", \"weight\": " << (rng.unit() < 0.25 ? 0.0 : -2.0 + 4.0 * rng.unit());
+  } else if (shape.weights) {
+    os << ", \"weight\": " << 0.25 + 2.0 * rng.unit();
+  }
+  return os.str();
+}
+
 }  // namespace
 
 std::string random_tree_line(const TreeShape& shape, int vocab, Rng& rng, const std::string& id) {
@@ -51,8 +63,7 @@ std::string random_tree_line(const TreeShape& shape, int vocab, Rng& rng, const 
     os << (i ? ", " : "") << "{\"parent\": " << nodes[i].parent << ", ";
     write_tokens(os, "tokens", len, vocab, rng);
     if (shape.partial_masks) { os << ", "; write_mask(os, len, rng); }
-    if (shape.weights) os << ", \"weight\": " << 0.25 + 2.0 * rng.unit();
-    os << "}";
+    os << random_weight(shape, rng) << "}";
   }
   os << "]}";
   return os.str();
@@ -85,8 +96,7 @@ std::string random_rollouts_line(const TreeShape& shape, int vocab, Rng& rng, co
     for (size_t i = 0; i < seqs[s].size(); ++i) os << (i ? "," : "") << seqs[s][i];
     os << "]";
     if (shape.partial_masks) { os << ", "; write_mask(os, (int)seqs[s].size(), rng); }
-    if (shape.weights) os << ", \"weight\": " << 0.25 + 2.0 * rng.unit();
-    os << "}";
+    os << random_weight(shape, rng) << "}";
   }
   os << "]}";
   return os.str();
@@ -111,6 +121,7 @@ const std::vector<TreeShape>& tree_shapes() {
       {"DeepChain", 12, 1, 1, 4, false, false},
       {"WideFan", 2, 8, 1, 3, false, false},
       {"BranchPointsMasksWeights", 4, 3, 1, 5, true, true},
+      {"SignedWeights", 4, 3, 1, 5, true, false, true},
       {"Mixed", 5, 2, 1, 6, true, true},
   };
   return shapes;

@@ -19,7 +19,8 @@ struct TreeShape {
   int max_children;     // children per inner node
   int min_len, max_len; // tokens per node
   bool partial_masks;   // random 0/1 loss masks
-  bool weights;         // random node / sequence weights
+  bool weights;         // random node / sequence weights in [0.25, 2.25)
+  bool signed_weights = false;  // weights of any sign instead: a quarter exactly 0, the rest in [-2, 2)
 };
 
 // Small portable RNG (splitmix64).
@@ -36,7 +37,7 @@ std::string random_tree_line(const TreeShape& shape, int vocab, Rng& rng, const 
 std::string random_rollouts_line(const TreeShape& shape, int vocab, Rng& rng, const std::string& id);
 
 // The shapes the tests sweep: single-token nodes, deep chains, wide fans, branch points, partial
-// masks, path weights.
+// masks, path weights, signed and zero weights (RL advantages).
 const std::vector<TreeShape>& tree_shapes();
 
 double max_abs(const std::vector<double>& a);

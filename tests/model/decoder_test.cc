@@ -294,7 +294,7 @@ TEST(LayerTypes, UnknownEntryIsAnErrorNamingIt) {
     c.validate();
     FAIL() << "expected tt::Error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("layer_types[1] = \"linear_attention\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("layer_types entry 1 is \"linear_attention\""), std::string::npos) << e.what();
   }
   c.layer_types = {"full_attention"};
   EXPECT_THROW(c.validate(), Error);  // one per layer

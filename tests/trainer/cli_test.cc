@@ -1,15 +1,19 @@
 // The treetrain binary: usage errors exit 2 with the usage, tt::Error exits 1 with "error: ...",
 // stats prints one JSON object, generate + train run end to end.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -34,11 +38,13 @@ std::string slurp(const fs::path& p) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-// Runs the binary (from the test's runfiles) with args, capturing stdout and stderr.
-Result treetrain(const std::string& args) {
+// Runs the binary (from the test's runfiles) with args, capturing stdout and stderr; `env` goes
+// before it (e.g. "env -u OMP_NUM_THREADS").
+Result treetrain(const std::string& args, const std::string& env = "") {
   static int n = 0;
   const fs::path dir = tmp("cli_out_" + std::to_string(n++));
-  const std::string cmd = "trainer/treetrain " + args + " >" + (dir / "out").string() + " 2>" + (dir / "err").string();
+  const std::string cmd =
+      env + " trainer/treetrain " + args + " >" + (dir / "out").string() + " 2>" + (dir / "err").string();
   const int status = std::system(cmd.c_str());
   Result r;
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -77,6 +83,77 @@ TEST(CliTest, ErrorsExitOne) {
   const Result r = treetrain("--config /nonexistent/run.yaml");
   EXPECT_EQ(r.code, 1);
   EXPECT_EQ(r.err, "error: /nonexistent/run.yaml: cannot open config file\n");
+}
+
+// The values libgomp reports for `name` (OMP_DISPLAY_ENV=verbose), one per process that loaded it,
+// in order: the first process, then the re-executed one.
+std::vector<std::string> omp_display(const std::string& err, const std::string& name) {
+  std::vector<std::string> out;
+  std::istringstream in(err);
+  for (std::string l; std::getline(in, l);) {
+    const std::string key = "  " + name + " = '";
+    if (l.rfind(key, 0) == 0) out.push_back(l.substr(key.size(), l.size() - key.size() - 1));
+  }
+  return out;
+}
+
+int cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  sched_getaffinity(0, sizeof(set), &set);
+  return CPU_COUNT(&set);
+}
+
+TEST(CliTest, OpenMpWaitsPassivelyUnlessTheUserSaysOtherwise) {
+  // libgomp reads OMP_* when it is loaded, before main: the binary re-executes itself once with
+  // OMP_WAIT_POLICY=passive, and libgomp's own report (GOMP_SPINCOUNT 0: no spinning) shows it.
+  const std::string clean =
+      "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT -u OMP_NUM_THREADS -u LOCAL_WORLD_SIZE -u TREETRAIN_OMP_DEFAULTS "
+      "OMP_DISPLAY_ENV=verbose";
+  Result r = treetrain("--help", clean);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::vector<std::string> spin = omp_display(r.err, "GOMP_SPINCOUNT");
+  ASSERT_EQ(spin.size(), 2u) << r.err;  // the first process and the re-executed one
+  EXPECT_NE(spin[0], "0");
+  EXPECT_EQ(spin[1], "0");
+  EXPECT_NE(r.out.find("usage:"), std::string::npos);
+  // A user's explicit choice is kept, without a re-exec.
+  for (const std::string user : {"OMP_WAIT_POLICY=active", "GOMP_SPINCOUNT=1000"}) {
+    r = treetrain("--help", clean + " " + user);
+    ASSERT_EQ(r.code, 0) << r.err;
+    spin = omp_display(r.err, "GOMP_SPINCOUNT");
+    ASSERT_EQ(spin.size(), 1u) << user << ": " << r.err;
+    EXPECT_NE(spin[0], "0") << user;
+  }
+  // A rank of a launcher that does not set the threads (torchrun): the host's CPUs divided by the
+  // local ranks; the user's OMP_NUM_THREADS is kept.
+  r = treetrain("--help", clean + " LOCAL_WORLD_SIZE=2");
+  std::vector<std::string> threads = omp_display(r.err, "OMP_NUM_THREADS");
+  ASSERT_EQ(threads.size(), 2u) << r.err;
+  EXPECT_EQ(threads[1], std::to_string(std::max(1, cpus() / 2)));
+  r = treetrain("--help", clean + " LOCAL_WORLD_SIZE=2 OMP_NUM_THREADS=3");
+  threads = omp_display(r.err, "OMP_NUM_THREADS");
+  ASSERT_EQ(threads.size(), 2u) << r.err;
+  EXPECT_EQ(threads[1], "3");
+}
+
+TEST(CliTest, AnErrorIsOneLine) {
+  // A newline inside the message (here from the path) is written escaped: the error stays one line.
+  const Result r = treetrain("--config \"$(printf '/nonexistent/a\\nb.yaml')\"");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err, "error: /nonexistent/a\\nb.yaml: cannot open config file\n");
+}
+
+TEST(CliTest, BadRunDirNamesTheKeyAndPath) {
+  const fs::path dir = tmp("cli_bad_run_dir");
+  { std::ofstream(dir / "a_file") << "x"; }
+  {
+    std::ofstream(dir / "run.yaml") << "run_dir: " << (dir / "a_file" / "run").string() << "\ndata:\n  path: d.jsonl\n";
+  }
+  const Result r = treetrain("--config " + (dir / "run.yaml").string() + " --set device=cpu");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err, "error: " + (dir / "run.yaml").string() + ":1: run_dir '" + (dir / "a_file" / "run").string() +
+                       "': cannot create the folder: Not a directory\n");
 }
 
 TEST(CliTest, GenerateStatsAndTrain) {

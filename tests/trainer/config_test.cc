@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "base/check.h"
+#include "model/decoder.h"
 
 namespace tt::trainer {
 namespace {
@@ -143,19 +144,166 @@ TEST(ConfigTest, SetUnknownKeyNamesTheOverride) {
 
 TEST(ConfigTest, ValidateNamesTheKey) {
   EXPECT_EQ(parse_error("train:\n  max_steps: 3\n"), "run.yaml: data.path must be set to a JSONL file (got '')");
-  EXPECT_EQ(parse_error(kMinimal, {"train.max_steps=0"}), "run.yaml: train.max_steps must be > 0 (got 0)");
-  EXPECT_EQ(parse_error(kMinimal, {"train.grad_accum=0"}), "run.yaml: train.grad_accum must be >= 1 (got 0)");
-  EXPECT_EQ(parse_error(kMinimal, {"optim.lr=0"}), "run.yaml: optim.lr must be > 0 (got 0.0)");
-  EXPECT_EQ(parse_error(kMinimal, {"optim.beta1=1"}), "run.yaml: optim.beta1 must be in [0, 1) (got 1.0)");
-  EXPECT_EQ(parse_error(kMinimal, {"optim.beta2=-0.1"}), "run.yaml: optim.beta2 must be in [0, 1) (got -0.1)");
-  EXPECT_EQ(parse_error(kMinimal, {"train.max_steps=10", "schedule.warmup_steps=11"}),
-            "run.yaml: schedule.warmup_steps must be <= train.max_steps (10) (got 11)");
+  EXPECT_EQ(parse_error(kMinimal, {"train.max_steps=0"}),
+            "--set train.max_steps=0: train.max_steps must be > 0 (got 0)");
+  EXPECT_EQ(parse_error(kMinimal, {"train.grad_accum=0"}),
+            "--set train.grad_accum=0: train.grad_accum must be >= 1 (got 0)");
+  EXPECT_EQ(parse_error(kMinimal, {"optim.lr=0"}), "--set optim.lr=0: optim.lr must be > 0 (got 0.0)");
+  EXPECT_EQ(parse_error(kMinimal, {"optim.beta1=1"}), "--set optim.beta1=1: optim.beta1 must be in [0, 1) (got 1.0)");
+  EXPECT_EQ(parse_error(kMinimal, {"optim.betas=[0.9, -0.1]"}),
+            "--set optim.betas=[0.9, -0.1]: optim.beta2 must be in [0, 1) (got -0.1)");
   EXPECT_EQ(parse_error(kMinimal, {"schedule.min_lr_ratio=1.5"}),
-            "run.yaml: schedule.min_lr_ratio must be in [0, 1] (got 1.5)");
+            "--set schedule.min_lr_ratio=1.5: schedule.min_lr_ratio must be in [0, 1] (got 1.5)");
   EXPECT_EQ(parse_error(kMinimal, {"data.max_tokens_per_batch=0"}),
-            "run.yaml: data.max_tokens_per_batch must be > 0 (got 0)");
-  const std::string e = parse_error(kMinimal, {"model.num_attention_heads=3", "model.num_key_value_heads=2"});
-  EXPECT_EQ(e.rfind("run.yaml: model: ", 0), 0u) << e;
+            "--set data.max_tokens_per_batch=0: data.max_tokens_per_batch must be in [1, 2147483647] (got 0)");
+  // Model keys name where they were set too, with the model's own rule.
+  EXPECT_EQ(parse_error(kMinimal, {"model.num_attention_heads=3", "model.num_key_value_heads=2", "model.head_dim=32"}),
+            "--set model.num_key_value_heads=2: model.num_key_value_heads must divide num_attention_heads (3) "
+            "(got 2)");
+}
+
+TEST(ConfigTest, RangeAndCrossFieldErrorsNameFileAndLine) {
+  EXPECT_EQ(parse_error("data:\n  path: x\ntrain:\n  grad_accum: 0\n"),
+            "run.yaml:4: train.grad_accum must be >= 1 (got 0)");
+  EXPECT_EQ(parse_error("data:\n  path: x\noptim:\n  betas: [1.5, 0.9]\n"),
+            "run.yaml:4: optim.beta1 must be in [0, 1) (got 1.5)");
+  EXPECT_EQ(parse_error("model:\n  hidden_size: 64\n  num_attention_heads: 0\ndata:\n  path: x\n"),
+            "run.yaml:3: model.num_attention_heads must be in [1, 1024] (got 0)");
+  // Cross-field: the key the rule is about, where it was set.
+  EXPECT_EQ(parse_error("data:\n  path: x\n  max_tokens_per_batch: 64\npartition:\n  capacity_tokens: 128\n"),
+            "run.yaml:5: partition.capacity_tokens must be <= data.max_tokens_per_batch (64): a piece must fit a "
+            "micro-batch (got 128)");
+  EXPECT_EQ(parse_error("data:\n  path: x\n  packing: per_path\n", {"partition.capacity_tokens=8"}),
+            "run.yaml:3: data.packing must be tree when partition.capacity_tokens > 0 (8) (got 'per_path')");
+}
+
+TEST(ConfigTest, DeeplyNestedYamlNamesTheLimit) {
+  std::string text = "data:\n  path: x\nrun_dir:\n";
+  for (int i = 0; i < 600; ++i) text += std::string(2 * i + 2, ' ') + "- \n";
+  const std::string e = parse_error(text);
+  EXPECT_EQ(e.find("bad file"), std::string::npos) << e;
+  EXPECT_EQ(e.rfind("run.yaml:", 0), 0u) << e;
+  EXPECT_NE(e.find(": invalid YAML: nested deeper than 500 levels"), std::string::npos) << e;
+  // Flow style nests the same way.
+  const std::string flow = "data:\n  path: x\nrun_dir: " + std::string(600, '[') + std::string(600, ']') + "\n";
+  const std::string f = parse_error(flow);
+  EXPECT_EQ(f.rfind("run.yaml:3: invalid YAML: nested deeper than 500 levels", 0), 0u) << f;
+}
+
+TEST(ConfigTest, ConfigPathThatIsADirectoryIsAnError) {
+  const fs::path dir = tmpdir() / "cfg_is_dir";
+  fs::create_directories(dir);
+  EXPECT_EQ(error_of([&] { load_config(dir.string(), {}); }),
+            dir.string() + ": is a directory, expected a YAML config file");
+}
+
+TEST(ConfigTest, HugeSizesAreErrorsNamingTheKey) {
+  // Any positive size used to pass, and the parameter count overflowed when the model was built.
+  EXPECT_EQ(parse_error(kMinimal, {"model.vocab_size=9223372036854775807"}),
+            "--set model.vocab_size=9223372036854775807: model.vocab_size must be in [1, 16777216] (got "
+            "9223372036854775807)");
+  const std::vector<std::pair<std::string, int64_t>> bounds = {
+      {"vocab_size", model::kMaxVocabSize},           {"hidden_size", model::kMaxHiddenSize},
+      {"intermediate_size", model::kMaxIntermediateSize}, {"num_hidden_layers", model::kMaxLayers},
+      {"num_attention_heads", model::kMaxHeads},      {"num_key_value_heads", model::kMaxHeads},
+      {"head_dim", model::kMaxHeadDim},               {"max_position_embeddings", model::kMaxPositions}};
+  for (const auto& [key, bound] : bounds) {
+    for (int64_t v : {bound + 1, int64_t{0}, int64_t{-1}}) {
+      const std::string e = parse_error(kMinimal, {"model." + key + "=" + std::to_string(v)});
+      EXPECT_NE(
+          e.find(": model." + key + " must be in [1, " + std::to_string(bound) + "] (got " + std::to_string(v) + ")"),
+          std::string::npos)
+          << e;
+    }
+  }
+  // Each size within its bound, the product over the parameter limit.
+  const std::string big = parse_error(kMinimal, {"model.hidden_size=65536", "model.intermediate_size=262144",
+                                                 "model.num_hidden_layers=1024", "model.head_dim=64"});
+  EXPECT_NE(big.find("parameters, more than the limit of 2^40 (1099511627776)"), std::string::npos) << big;
+  // The trainer's sizes.
+  EXPECT_EQ(parse_error(kMinimal, {"data.max_tokens_per_batch=2147483648"}),
+            "--set data.max_tokens_per_batch=2147483648: data.max_tokens_per_batch must be in [1, 2147483647] (got "
+            "2147483648)");
+  EXPECT_EQ(parse_error(kMinimal, {"model.num_attention_heads=1024", "model.num_key_value_heads=1", "model.head_dim=64",
+                                   "data.max_tokens_per_batch=4194304"}),
+            "--set data.max_tokens_per_batch=4194304: data.max_tokens_per_batch must be <= 2097151 with "
+            "model.num_attention_heads 1024 (tokens x "
+            "heads must stay below 2^31) (got 4194304)");
+  EXPECT_EQ(
+      parse_error(kMinimal, {"train.grad_accum=9223372036854775807"}),
+      "--set train.grad_accum=9223372036854775807: train.grad_accum must be <= 1048576 (got 9223372036854775807)");
+  EXPECT_EQ(parse_error(kMinimal, {"train.max_steps=9223372036854775807"}),
+            "--set train.max_steps=9223372036854775807: train.max_steps must be <= 2^53 (got 9223372036854775807)");
+  EXPECT_EQ(parse_error(kMinimal, {"distributed.timeout_s=1e300"}),
+            "--set distributed.timeout_s=1e300: distributed.timeout_s must be in (0, 10000000.0] seconds (got 1e+300)");
+}
+
+TEST(ConfigTest, ParameterCountIsTheParamTables) {
+  for (const bool tied : {false, true}) {
+    for (const std::string arch : {"qwen3", "llama"}) {
+      model::ModelConfig m;
+      m.architecture = arch;
+      m.tie_word_embeddings = tied;
+      m.vocab_size = 97;
+      m.hidden_size = 24;
+      m.intermediate_size = 40;
+      m.num_hidden_layers = 3;
+      m.num_attention_heads = 6;
+      m.num_key_value_heads = 2;
+      m.head_dim = 10;
+      int64_t n = 0;
+      for (const model::ParamInfo& p : model::param_table(m)) n += p.numel;
+      EXPECT_EQ(m.parameter_count(), n) << arch << (tied ? " tied" : "");
+    }
+  }
+  model::ModelConfig huge;
+  huge.vocab_size = huge.hidden_size = huge.intermediate_size = huge.num_hidden_layers = INT64_MAX;
+  huge.num_attention_heads = huge.num_key_value_heads = huge.head_dim = INT64_MAX;
+  EXPECT_EQ(huge.parameter_count(), INT64_MAX);
+}
+
+TEST(ConfigTest, WarmupLongerThanTheRunIsAWarning) {
+  // A short run of a config with warmup (e.g. --set train.max_steps=5) still trains: the schedule
+  // is defined (the lr rises linearly and never reaches optim.lr), and warnings() says so.
+  const RunConfig c = parse_config_text(kMinimal, "run.yaml", {"train.max_steps=10", "schedule.warmup_steps=11"});
+  ASSERT_EQ(c.warnings().size(), 1u);
+  EXPECT_EQ(c.warnings()[0],
+            "--set schedule.warmup_steps=11: schedule.warmup_steps (11) is longer than train.max_steps (10): the "
+            "learning rate rises to 10/11 of optim.lr and does not decay");
+  EXPECT_TRUE(parse_config_text(kMinimal, "run.yaml", {"train.max_steps=10", "schedule.warmup_steps=10"})
+                  .warnings()
+                  .empty());
+  EXPECT_EQ(parse_error(kMinimal, {"schedule.warmup_steps=-1"}),
+            "--set schedule.warmup_steps=-1: schedule.warmup_steps must be >= 0 (got -1)");
+}
+
+TEST(ConfigTest, HeadDimDefaultNeedsDivisibleHiddenSize) {
+  // hidden_size / num_attention_heads used to round down silently (33 / 2 -> 16).
+  EXPECT_EQ(parse_error("model:\n  hidden_size: 33\n  num_attention_heads: 2\ndata:\n  path: x\n"),
+            "run.yaml:2: model.hidden_size (33) is not a multiple of model.num_attention_heads (2), so model.head_dim "
+            "cannot default to hidden_size / num_attention_heads: set model.head_dim");
+  const RunConfig c = parse_config_text(
+      "model:\n  hidden_size: 33\n  num_attention_heads: 2\n  head_dim: 16\ndata:\n  path: x\n", "run.yaml", {});
+  EXPECT_EQ(c.model.head_dim, 16);
+}
+
+TEST(ConfigTest, ASecondYamlDocumentIsAnError) {
+  EXPECT_EQ(parse_error("data:\n  path: x\n---\ntrain:\n  max_steps: 3\n"),
+            "run.yaml:3: a second YAML document, expected one config per file");
+  EXPECT_EQ(parse_error("---\ndata:\n  path: x\n---\ntrain:\n  max_steps: 3\n"),
+            "run.yaml:4: a second YAML document, expected one config per file");
+  // One document with its own start marker is fine.
+  EXPECT_EQ(parse_config_text("---\ndata:\n  path: x\n", "run.yaml", {}).data.path, "x");
+}
+
+TEST(ConfigTest, AUtf8ByteOrderMarkIsAccepted) {
+  const std::string bom = "\xEF\xBB\xBF";
+  const RunConfig c = parse_config_text(bom + "data:\n  path: x\ntrain:\n  max_steps: 3\n", "run.yaml", {});
+  EXPECT_EQ(c.data.path, "x");
+  EXPECT_EQ(c.train.max_steps, 3);
+  // Lines still count from the first.
+  EXPECT_EQ(parse_error(bom + "data:\n  path: x\ntrain:\n  max_steps: 0\n"),
+            "run.yaml:4: train.max_steps must be > 0 (got 0)");
 }
 
 TEST(ConfigTest, PartitionKeys) {
@@ -173,11 +321,13 @@ TEST(ConfigTest, PartitionKeys) {
   EXPECT_EQ(parse_error(kMinimal, {"partition.capacity=8"}),
             "--set partition.capacity=8: unknown key 'partition.capacity' (expected one of: capacity_tokens)");
   EXPECT_EQ(parse_error(kMinimal, {"partition.capacity_tokens=-1"}),
-            "run.yaml: partition.capacity_tokens must be >= 0 (0: off) (got -1)");
+            "--set partition.capacity_tokens=-1: partition.capacity_tokens must be >= 0 (0: off) (got -1)");
   EXPECT_EQ(parse_error(kMinimal, {"partition.capacity_tokens=64", "data.packing=per_path"}),
-            "run.yaml: data.packing must be tree when partition.capacity_tokens > 0 (64) (got 'per_path')");
+            "--set data.packing=per_path: data.packing must be tree when partition.capacity_tokens > 0 (64) (got "
+            "'per_path')");
   EXPECT_EQ(parse_error(kMinimal, {"partition.capacity_tokens=4097"}),
-            "run.yaml: partition.capacity_tokens must be <= data.max_tokens_per_batch (4096): a piece must fit a "
+            "--set partition.capacity_tokens=4097: partition.capacity_tokens must be <= data.max_tokens_per_batch "
+            "(4096): a piece must fit a "
             "micro-batch (got 4097)");
   // Off: per_path packing and any budget are fine.
   EXPECT_EQ(parse_error(kMinimal, {"partition.capacity_tokens=0", "data.packing=per_path"}), "");

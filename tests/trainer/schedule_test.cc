@@ -55,5 +55,12 @@ TEST(ScheduleTest, WarmupAsLongAsTheRun) {
   EXPECT_EQ(lr_at(c, 8), 1e-3);
 }
 
+TEST(ScheduleTest, WarmupLongerThanTheRun) {
+  // Still defined (a warning, not an error): the lr rises linearly and the run ends before warmup.
+  const RunConfig c = cfg("cosine", 10, 4, 0.1);
+  expect_lr(lr_at(c, 1), 1e-4);
+  expect_lr(lr_at(c, 4), 4e-4);
+}
+
 }  // namespace
 }  // namespace tt::trainer

@@ -103,14 +103,17 @@ TEST(SweepTest, ErrorsNameTheFileAndLine) {
   EXPECT_TRUE(has(error_of(base + "grid: [\n", dir), "sweep.yaml:"));
   // A value that breaks a cross-field rule with the base names its line; values that pass alone
   // but break the rule together name the run.
-  const std::string alone = error_of(base + "grid:\n  schedule.warmup_steps: [5, 20]\n", dir);
-  EXPECT_TRUE(has(alone, "sweep.yaml:3: grid: schedule.warmup_steps: ")) << alone;
-  EXPECT_TRUE(has(alone, "schedule.warmup_steps must be <= train.max_steps (10) (got 20)")) << alone;
-  const std::string together =
-      error_of(base + "grid:\n  schedule.warmup_steps: [5]\n  train.max_steps: [3, 10]\n", dir);
-  EXPECT_TRUE(has(together, "sweep.yaml: run 0_warmup_steps-5_max_steps-3 (schedule.warmup_steps=5, "
-                            "train.max_steps=3): ")) << together;
-  EXPECT_TRUE(has(together, "schedule.warmup_steps must be <= train.max_steps (3) (got 5)")) << together;
+  const std::string alone = error_of(base + "grid:\n  partition.capacity_tokens: [8, 5000]\n", dir);
+  EXPECT_TRUE(has(alone, "sweep.yaml:3: grid: partition.capacity_tokens: ")) << alone;
+  EXPECT_TRUE(has(alone, "partition.capacity_tokens must be <= data.max_tokens_per_batch (4096): a piece must fit a "
+                         "micro-batch (got 5000)"))
+      << alone;
+  const std::string together = error_of(
+      base + "grid:\n  partition.capacity_tokens: [64]\n  data.max_tokens_per_batch: [32, 128]\n", dir);
+  EXPECT_TRUE(has(together, "sweep.yaml: run 0_capacity_tokens-64_max_tokens_per_batch-32 "
+                            "(partition.capacity_tokens=64, data.max_tokens_per_batch=32): "))
+      << together;
+  EXPECT_TRUE(has(together, "partition.capacity_tokens must be <= data.max_tokens_per_batch (32)")) << together;
 }
 
 TEST(SweepTest, RunConfigsAreWrittenAndLoadBack) {
