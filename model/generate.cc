@@ -2,6 +2,7 @@
 #include "model/generate.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 
@@ -120,6 +121,10 @@ SplitMix64 stream_of(uint64_t seed, int64_t p, int s) {
   return r;
 }
 
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 bool contains(const std::vector<int32_t>& v, int32_t x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 
 // One sample in flight.
@@ -192,7 +197,9 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
     req.rows = InferRequest::Rows::kList;
     req.list = last;
     const CacheWrite<E> pre_write = cache.write(rows);
+    const double t_pre = now_s();
     const InferResult first = model.infer(pre, req, nullptr, &pre_write);
+    st.prefill_s += now_s() - t_pre;
     st.prefill_rows += pre.n_tokens;
     ++st.forwards;
 
@@ -218,6 +225,7 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
     for (Live& x : live) take(x, first.logits.data() + (size_t)x.p * V);
 
     // Decode: one row per live sample, reading its prompt's span and its own generated rows.
+    const double t_dec = now_s();
     while (true) {
       std::vector<Live*> act;
       for (Live& x : live)
@@ -254,8 +262,10 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
       const InferResult res = model.infer(step, InferRequest{false, InferRequest::Rows::kAll, {}}, &carry, &w);
       st.decode_rows += B;
       ++st.forwards;
+      ++st.decode_steps;
       for (int r = 0; r < B; ++r) take(*act[r], res.logits.data() + (size_t)r * V);
     }
+    st.decode_s += now_s() - t_dec;
   }
   if (stats) *stats = st;
   return out;

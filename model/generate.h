@@ -90,6 +90,9 @@ struct GenerateStats {
   int64_t prefill_rows = 0;
   int64_t decode_rows = 0;
   int64_t forwards = 0;
+  int64_t decode_steps = 0;
+  double prefill_s = 0;  // wall time of the prefill forwards (their logits on the host)
+  double decode_s = 0;   // wall time of the decode steps, sampling included
 };
 
 // Prompts must be non-empty with token ids in the vocabulary, and len + max_new_tokens at most

@@ -5,7 +5,10 @@
 //
 //   hf_parity_tool export DIR ARCH TIED SEED TOKENS OUT   (ARCH qwen3|llama, TIED 0|1, TOKENS 1,2,3)
 //   hf_parity_tool import DIR TOKENS OUT
-// OUT receives the logits (T, V) as little-endian float32.
+//   hf_parity_tool greedy DIR TOKENS N OUT  (fp64 greedy generation of N tokens with the KV cache,
+//                                          eos ignored: OUT gets one JSON line {"tokens": [...],
+//                                          "gaps": [top-1 minus top-2 logit at each step]})
+// OUT receives the logits (T, V) as little-endian float32 (export, import).
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -15,8 +18,9 @@
 #include <vector>
 
 #include "data/packing.h"
-#include "model/hf_io.h"
 #include "model/decoder.h"
+#include "model/generate.h"
+#include "model/hf_io.h"
 #include "base/check.h"
 
 namespace {
@@ -88,7 +92,42 @@ int main(int argc, char** argv) {
       write_logits(m, b, argv[4]);
       return 0;
     }
-    std::cerr << "usage: hf_parity_tool export DIR ARCH TIED SEED TOKENS OUT | import DIR TOKENS OUT\n";
+    if (mode == "greedy" && argc == 6) {
+      tt::model::ModelConfig cfg = tt::model::read_hf_config(argv[2]);
+      cfg.eos_token_id.clear();
+      tt::model::Model<double> m(cfg);
+      tt::model::load_hf_weights(argv[2], m);
+      const std::vector<int32_t> prompt = parse_tokens(argv[3]);
+      tt::model::SamplingOptions o;
+      o.temperature = 0;
+      o.max_new_tokens = std::atoi(argv[4]);
+      const std::vector<tt::model::Completion> c = tt::model::generate(m, {{"p", prompt}}, o);
+      const std::vector<int32_t>& gen = c[0].samples[0].tokens;
+      std::vector<int32_t> seq = prompt;
+      seq.insert(seq.end(), gen.begin(), gen.end());
+      const std::vector<double> logits = m.infer(chain(seq), tt::model::InferRequest::all_logits()).logits;
+      const int V = (int)cfg.vocab_size;
+      std::ofstream f(argv[5]);
+      f << "{\"tokens\": [";
+      for (size_t j = 0; j < gen.size(); ++j) f << (j ? ", " : "") << gen[j];
+      f << "], \"gaps\": [";
+      for (size_t j = 0; j < gen.size(); ++j) {
+        const double* row = logits.data() + (prompt.size() + j - 1) * V;
+        double top = -1e300, second = -1e300;
+        for (int v = 0; v < V; ++v) {
+          if (row[v] > top) second = top, top = row[v];
+          else if (row[v] > second) second = row[v];
+        }
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%.17g", top - second);
+        f << (j ? ", " : "") << buf;
+      }
+      f << "]}\n";
+      if (!f) throw tt::Error(tt::str(argv[5], ": cannot write"));
+      return 0;
+    }
+    std::cerr << "usage: hf_parity_tool export DIR ARCH TIED SEED TOKENS OUT | import DIR TOKENS OUT | "
+                 "greedy DIR TOKENS N OUT\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";

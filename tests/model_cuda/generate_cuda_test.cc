@@ -1,0 +1,203 @@
+// Generation on the GPU (model/generate.h on CudaModel) against the fp64 CPU decoder on the same
+// (bf16) weights:
+//  - DecodeLogits: a prompt prefilled into the KV cache, then two samples decoding different
+//    continuations (the decode mode of the attention: one-token rows reading the shared prompt and
+//    their own rows): every decode row's logits are the CPU full forward's within the logit rule
+//    (test_util.h: logit_bound).
+//  - GreedyAgreesWithTheCpu: greedy generation on both backends gives the same tokens wherever
+//    the CPU's top-2 logit gap exceeds the GPU's logit error; the first disagreement must sit at a
+//    near tie (gap below that error), after which the sequences differ by design.
+//  - InferenceModelHoldsWeightsOnly: an inference-only CudaModel holds the bf16 weights and
+//    nothing else (no fp32 master weights, no gradients).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "model/decoder.h"
+#include "model/generate.h"
+#include "tests/model_cuda/test_util.h"
+
+namespace tt::model_cuda_test {
+namespace {
+
+const Shape kShape{"qwen3_hs128", "qwen3", 300, 256, 512, 2, 4, 2, 128, false, 0};
+
+class GenerateCuda : public GpuTest {};
+
+model::DecoderOptions inference() {
+  model::DecoderOptions o;
+  o.inference = true;
+  return o;
+}
+
+// The master weights of a seeded CPU init, rounded to bf16 (what the GPU computes with).
+std::vector<float> weights(const model::ModelConfig& cfg, uint64_t seed) {
+  model::Model<float> m(cfg);
+  m.init(seed);
+  std::vector<float> w(m.params(), m.params() + m.num_params());
+  for (float& x : w) x = cuda::round_to_bf16(x);
+  return w;
+}
+
+std::vector<double> cpu_logits(model::Model<double>& m, const std::vector<int32_t>& tokens) {
+  data::PackedBatch b;
+  b.n_tokens = (int)tokens.size();
+  b.tokens = tokens;
+  for (int i = 0; i < b.n_tokens; ++i) {
+    b.pos.push_back(i);
+    b.subtree_end.push_back(b.n_tokens);
+  }
+  b.node_start = {0};
+  b.node_len = {b.n_tokens};
+  b.node_parent = {-1};
+  b.tree_start = {0, b.n_tokens};
+  return m.infer(b, model::InferRequest::all_logits()).logits;
+}
+
+double rel_l2(const double* a, const double* ref, int n) {
+  double num = 0, den = 0;
+  for (int i = 0; i < n; ++i) {
+    num += (a[i] - ref[i]) * (a[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+TEST_F(GenerateCuda, DecodeLogits) {
+  const model::ModelConfig cfg = config_of(kShape);
+  const std::vector<float> w = weights(cfg, 3);
+  model::CudaModel gpu(cfg, inference());
+  gpu.set_params(w.data());
+  model::Model<double> cpu(cfg);
+  std::copy(w.begin(), w.end(), cpu.params());
+  const int V = kShape.V, L = kShape.L;
+  std::mt19937_64 rng(5);
+  std::uniform_int_distribution<int> tok(0, V - 1);
+  std::vector<int32_t> prompt(300);
+  for (int32_t& t : prompt) t = tok(rng);
+  std::vector<std::vector<int32_t>> cont(2, std::vector<int32_t>(20));
+  for (auto& c : cont)
+    for (int32_t& t : c) t = tok(rng);
+  const int P = (int)prompt.size(), T = 20;
+  model::KVCache<model::CudaExec> cache(gpu, P + 2 * T);
+  const int64_t span = cache.reserve(P);
+  std::vector<int32_t> rows(P);
+  for (int i = 0; i < P; ++i) rows[i] = (int32_t)(span + i);
+  const model::CacheWrite<model::CudaExec> w0 = cache.write(rows);
+  data::PackedBatch pre;
+  pre.n_tokens = P;
+  pre.tokens = prompt;
+  for (int i = 0; i < P; ++i) {
+    pre.pos.push_back(i);
+    pre.subtree_end.push_back(P);
+  }
+  pre.node_start = {0};
+  pre.node_len = {P};
+  pre.node_parent = {-1};
+  pre.tree_start = {0, P};
+  gpu.infer(pre, model::InferRequest{false, model::InferRequest::Rows::kNone, {}}, nullptr, &w0);
+  const int64_t gen[2] = {cache.reserve(T), cache.reserve(T)};
+  double worst = 0;
+  for (int j = 0; j < T; ++j) {
+    model::Carry<model::CudaExec> carry(L);
+    cache.read(carry, span, P, 0, 2);
+    for (int s = 0; s < 2; ++s) cache.read(carry, gen[s], j, s, s + 1);
+    const model::CacheWrite<model::CudaExec> wj = cache.write({(int32_t)(gen[0] + j), (int32_t)(gen[1] + j)});
+    data::PackedBatch step;
+    step.n_tokens = 2;
+    step.tokens = {cont[0][j], cont[1][j]};
+    step.pos = {P + j, P + j};
+    step.subtree_end = {1, 2};
+    step.node_start = {0, 1};
+    step.node_len = {1, 1};
+    step.node_parent = {-1, -1};
+    step.tree_start = {0, 1, 2};
+    const model::InferResult r = gpu.infer(step, model::InferRequest::all_logits(), &carry, &wj);
+    for (int s = 0; s < 2; ++s) {
+      std::vector<int32_t> seq = prompt;
+      seq.insert(seq.end(), cont[s].begin(), cont[s].begin() + j + 1);
+      const std::vector<double> ref = cpu_logits(cpu, seq);
+      const double e = rel_l2(r.logits.data() + (size_t)s * V, ref.data() + (size_t)(P + j) * V, V);
+      EXPECT_LT(e, logit_bound(L)) << "sample " << s << " step " << j;
+      worst = std::max(worst, e);
+    }
+  }
+  std::printf("[ errors   ] decode logits vs fp64 full forward: worst rel L2 %.3e (bound %.3e)\n", worst,
+              logit_bound(L));
+}
+
+TEST_F(GenerateCuda, GreedyAgreesWithTheCpu) {
+  const model::ModelConfig cfg = config_of(kShape);
+  const std::vector<float> w = weights(cfg, 11);
+  model::CudaModel gpu(cfg, inference());
+  gpu.set_params(w.data());
+  model::Model<double> cpu(cfg);
+  std::copy(w.begin(), w.end(), cpu.params());
+  std::mt19937_64 rng(7);
+  std::uniform_int_distribution<int> tok(0, kShape.V - 1);
+  std::vector<model::Prompt> prompts;
+  for (int p = 0; p < 4; ++p) {
+    model::Prompt pr;
+    pr.id = "p" + std::to_string(p);
+    pr.tokens.resize(20 + 37 * p);
+    for (int32_t& t : pr.tokens) t = tok(rng);
+    prompts.push_back(pr);
+  }
+  model::SamplingOptions o;
+  o.temperature = 0;
+  o.max_new_tokens = 24;
+  const std::vector<model::Completion> g = model::generate(gpu, prompts, o);
+  const std::vector<model::Completion> c = model::generate(cpu, prompts, o);
+  const int V = kShape.V;
+  int agreed = 0, ties = 0;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    const std::vector<int32_t>& gt = g[p].samples[0].tokens;
+    const std::vector<int32_t>& ct = c[p].samples[0].tokens;
+    ASSERT_EQ(gt.size(), ct.size());
+    std::vector<int32_t> seq = prompts[p].tokens;
+    seq.insert(seq.end(), ct.begin(), ct.end());
+    const std::vector<double> ref = cpu_logits(cpu, seq);
+    for (size_t j = 0; j < ct.size(); ++j) {
+      const double* row = ref.data() + (prompts[p].tokens.size() + j - 1) * V;
+      double top = -INFINITY, second = -INFINITY, ss = 0;
+      for (int v = 0; v < V; ++v) {
+        ss += row[v] * row[v];
+        if (row[v] > top) second = top, top = row[v];
+        else if (row[v] > second) second = row[v];
+      }
+      // The GPU's logit error: within logit_bound(L) of the row's RMS (relative L2), taken 6 x.
+      const double err = 6 * logit_bound(kShape.L) * std::sqrt(ss / V);
+      if (gt[j] == ct[j]) {
+        ++agreed;
+        continue;
+      }
+      EXPECT_LT(top - second, err) << "prompt " << p << " token " << j << ": the GPU chose " << gt[j] << ", the CPU "
+                                   << ct[j] << " with a top-2 gap " << top - second << " above the logit error " << err;
+      ++ties;
+      break;  // past a near tie the two continuations differ by design
+    }
+  }
+  std::printf("[ greedy   ] %d tokens agreed, %d near-tie divergences\n", agreed, ties);
+  EXPECT_GT(agreed, 40);
+}
+
+TEST_F(GenerateCuda, InferenceModelHoldsWeightsOnly) {
+  const model::ModelConfig cfg = config_of(kShape);
+  model::CudaModel gpu(cfg, inference());
+  const int64_t P = gpu.num_params();
+  const int64_t used = gpu.exec().allocator().stats().bytes_in_use;
+  model::CudaModel train(cfg);
+  const int64_t used_train = train.exec().allocator().stats().bytes_in_use;
+  EXPECT_GE(used, 2 * P);
+  EXPECT_GE(used_train - used, 8 * P) << "no fp32 master weights and no fp32 gradients";
+  EXPECT_EQ(gpu.params(), nullptr);
+  EXPECT_EQ(gpu.grads(), nullptr);
+  EXPECT_THROW(gpu.zero_grad(), Error);
+  const std::vector<float> w = weights(cfg, 1);
+  gpu.set_params(w.data());
+  EXPECT_EQ(gpu.params_host(), w) << "the weights are the bf16 values given";
+}
+
+}  // namespace
+}  // namespace tt::model_cuda_test

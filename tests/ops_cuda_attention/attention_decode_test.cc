@@ -1,0 +1,156 @@
+// The attention primitive's decode mode on the GPU (ops/cuda/attention_decode.h) against the fp64
+// CPU reference (ops/cpu/attention.h) on the same batch: every row its own one-token tree, reading
+// external prefixes with their query ranges. Cases: one row with a long prefix (many key chunks),
+// K samples sharing a prompt prefix plus one own prefix each (more prefixes than the tree
+// kernels take), prefixes of length 0 and 1, rows that see no prefix, more rows than a row group,
+// HS 64 and 128, GQA ratios 1, 2 and 8. Outputs are poisoned before the run. Tolerance rule:
+// attention_cases.h (kRelL2Bf16 for out: its only bf16 rounding is the output's; kLseRel for lse).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ops/cpu/attention.h"
+#include "ops/cuda/attention_decode.h"
+#include "ops/cuda/check.h"
+#include "ops/cuda/memory.h"
+#include "tests/ops_cuda_attention/attention_cases.h"
+
+namespace tt::cuda {
+namespace {
+
+using attn_test::kLseRel;
+using attn_test::kRelL2Bf16;
+using attn_test::random_bf16;
+using attn_test::rel_l2;
+using attn_test::to_bf16;
+using attn_test::to_float;
+
+struct Prefix {
+  int len, q_begin, q_end;
+};
+
+struct DecodeCase {
+  std::string name;
+  int N, NH, NKV, HS;
+  std::vector<Prefix> prefixes;
+};
+
+std::ostream& operator<<(std::ostream& os, const DecodeCase& c) { return os << c.name; }
+
+std::vector<DecodeCase> cases() {
+  std::vector<DecodeCase> v;
+  v.push_back({"one_row_long_prefix_hs128", 1, 16, 8, 128, {{3000, 0, 1}}});
+  v.push_back({"one_row_long_prefix_hs64_mha", 1, 4, 4, 64, {{1100, 0, 1}}});
+  // 16 samples of one prompt: the prompt visible to all, one generated span per sample.
+  DecodeCase k{"samples16_shared_prompt", 16, 16, 8, 128, {{700, 0, 16}}};
+  for (int s = 0; s < 16; s++) k.prefixes.push_back({s * 3, s, s + 1});  // 0 .. 45 keys each
+  v.push_back(k);
+  // Two prompts of 3 and 5 samples; a row with no prefix at all; GQA 8.
+  DecodeCase m{"two_prompts_gqa8", 9, 16, 2, 128, {{300, 0, 3}, {1, 3, 8}}};
+  for (int s = 0; s < 8; s++) m.prefixes.push_back({17 + s, s, s + 1});
+  v.push_back(m);
+  v.push_back({"rows_without_prefix_hs64", 5, 8, 2, 64, {{0, 0, 5}, {64, 1, 3}}});
+  return v;
+}
+
+class AttentionDecode : public ::testing::TestWithParam<DecodeCase> {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    ASSERT_EQ(cudaGetDeviceCount(&n), cudaSuccess) << "no CUDA driver/device";
+    ASSERT_GT(n, 0) << "no CUDA device";
+  }
+};
+
+TEST_P(AttentionDecode, MatchesTheCpuReference) {
+  const DecodeCase& c = GetParam();
+  const int N = c.N, NH = c.NH, NKV = c.NKV, HS = c.HS;
+  std::mt19937_64 rng(std::hash<std::string>{}(c.name));
+  const std::vector<float> q = random_bf16(rng, (size_t)N * NH * HS, 1.f);
+  const std::vector<float> k = random_bf16(rng, (size_t)N * NKV * HS, 1.f);
+  const std::vector<float> v = random_bf16(rng, (size_t)N * NKV * HS, 1.f);
+  std::vector<std::vector<float>> pk, pv;
+  for (const Prefix& p : c.prefixes) {
+    pk.push_back(random_bf16(rng, (size_t)p.len * NKV * HS, 1.f));
+    pv.push_back(random_bf16(rng, (size_t)p.len * NKV * HS, 1.f));
+  }
+
+  // fp64 reference: N one-token trees and the same prefixes.
+  std::vector<int32_t> start(N), len(N, 1), parent(N, -1);
+  for (int i = 0; i < N; i++) start[i] = i;
+  const cpu::AttnLayout layout{N, start.data(), len.data(), parent.data()};
+  auto d = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+  const std::vector<double> qd = d(q), kd = d(k), vd = d(v);
+  std::vector<std::vector<double>> pkd, pvd;
+  std::vector<cpu::ExternalKV<double>> ext_ref;
+  for (size_t e = 0; e < c.prefixes.size(); e++) {
+    pkd.push_back(d(pk[e]));
+    pvd.push_back(d(pv[e]));
+  }
+  for (size_t e = 0; e < c.prefixes.size(); e++) {
+    cpu::ExternalKV<double> x;
+    x.k = pkd[e].data();
+    x.v = pvd[e].data();
+    x.len = c.prefixes[e].len;
+    x.q_begin = c.prefixes[e].q_begin;
+    x.q_end = c.prefixes[e].q_end;
+    ext_ref.push_back(x);
+  }
+  std::vector<double> ref_out((size_t)N * NH * HS), ref_lse((size_t)N * NH);
+  cpu::attention_forward<double>(ref_out.data(), ref_lse.data(), qd.data(), kd.data(), vd.data(), layout,
+                                 ext_ref.data(), (int)ext_ref.size(), N, NH, NKV, HS);
+
+  // GPU.
+  auto upload = [](const std::vector<float>& x) {
+    DeviceBuffer<bf16> b(std::max<size_t>(x.size(), 1));
+    if (!x.empty()) b.copy_from_host(to_bf16(x));
+    return b;
+  };
+  DeviceBuffer<bf16> qg = upload(q), kg = upload(k), vg = upload(v), out(q.size());
+  DeviceBuffer<float> lse((size_t)N * NH);
+  out.fill_bytes(0xFF);
+  lse.fill_bytes(0xFF);
+  std::vector<DeviceBuffer<bf16>> pkg, pvg;
+  std::vector<ExternalKV> ext;
+  for (size_t e = 0; e < c.prefixes.size(); e++) {
+    pkg.push_back(upload(pk[e]));
+    pvg.push_back(upload(pv[e]));
+  }
+  for (size_t e = 0; e < c.prefixes.size(); e++) {
+    ExternalKV x;
+    x.k = pkg[e].data();
+    x.v = pvg[e].data();
+    x.len = c.prefixes[e].len;
+    x.q_begin = c.prefixes[e].q_begin;
+    x.q_end = c.prefixes[e].q_end;
+    ext.push_back(x);
+  }
+  const size_t ws_bytes = attention_decode_workspace_bytes(ext.data(), (int)ext.size(), N, NH, NKV, HS);
+  DeviceBuffer<char> ws(std::max<size_t>(ws_bytes, 1));
+  attention_decode_forward(out.data(), lse.data(), qg.data(), kg.data(), vg.data(), ext.data(), (int)ext.size(), N,
+                           NH, NKV, HS, Workspace{ws.data(), ws.size()}, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<bf16> out_h(out.size());
+  std::vector<float> lse_h(lse.size());
+  out.copy_to_host(out_h.data(), out_h.size());
+  lse.copy_to_host(lse_h.data(), lse_h.size());
+
+  const double e_out = rel_l2(to_float(out_h), ref_out);
+  double e_lse = 0;
+  for (size_t i = 0; i < lse_h.size(); i++)
+    e_lse = std::max(e_lse, std::fabs(lse_h[i] - ref_lse[i]) / std::max(1.0, std::fabs(ref_lse[i])));
+  EXPECT_LE(e_out, kRelL2Bf16) << c.name;
+  EXPECT_LE(e_lse, kLseRel) << c.name;
+  std::printf("%-32s N=%d NH=%d NKV=%d HS=%d prefixes=%zu: out rel L2 %.3e (bf16 rounding alone %.3e), lse %.2e\n",
+              c.name.c_str(), N, NH, NKV, HS, c.prefixes.size(), e_out, attn_test::bf16_floor(ref_out), e_lse);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, AttentionDecode, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<DecodeCase>& i) { return i.param.name; });
+
+}  // namespace
+}  // namespace tt::cuda

@@ -1,0 +1,194 @@
+// `treetrain sample` (trainer/sample.h) on the CPU:
+//  - K > 1 writes a rollouts line per prompt that the trainer reads as it is, and the sampled
+//    group trained with tree packing gives the loss and gradients of per-path packing (fp64,
+//    1e-10 relative: the same sums in other orders);
+//  - K = 1 writes tokens, logprobs and the finish reason; a seed reproduces the file;
+//  - a run_dir resolves to its newest checkpoint; bad prompts, flags and directories are errors
+//    naming the file, line or key.
+#include "trainer/sample.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "base/check.h"
+#include "data/packing.h"
+#include "data/reader.h"
+#include "model/decoder.h"
+#include "model/hf_io.h"
+
+namespace tt::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path test_dir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const fs::path d = fs::path(tmp ? tmp : "/tmp") / ("sample_test_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+model::ModelConfig tiny() {
+  model::ModelConfig c;
+  c.vocab_size = 40;
+  c.hidden_size = 16;
+  c.intermediate_size = 32;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 8;
+  c.initializer_range = 0.2;
+  c.max_position_embeddings = 64;
+  return c;
+}
+
+// A saved HF directory of a seeded model.
+std::string saved_model(const fs::path& dir) {
+  model::Model<float> m(tiny());
+  m.init(9);
+  model::save_hf(dir.string(), m, "F32");
+  return dir.string();
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_file(const fs::path& p, const std::string& text) {
+  std::ofstream out(p);
+  out << text;
+}
+
+TEST(Sample, GroupsTrainAsTreesLikePerPath) {
+  const fs::path d = test_dir("groups");
+  SampleCommand c;
+  c.checkpoint = saved_model(d / "model");
+  c.prompts = (d / "prompts.jsonl").string();
+  write_file(c.prompts, "{\"id\": \"a\", \"tokens\": [1, 2, 3]}\n\n{\"id\": 7, \"tokens\": [5, 4, 3, 2, 1]}\n");
+  c.out = (d / "out.jsonl").string();
+  c.device = "cpu";
+  c.sampling.num_samples = 4;
+  c.sampling.max_new_tokens = 5;
+  c.sampling.temperature = 1.5;
+  c.sampling.seed = 3;
+  EXPECT_EQ(run_sample(c), 2);
+
+  const std::string text = read_file(c.out);
+  std::istringstream lines(text);
+  std::string line;
+  std::getline(lines, line);
+  const nlohmann::json j = nlohmann::json::parse(line);
+  EXPECT_EQ(j["id"], "a");
+  ASSERT_EQ(j["sequences"].size(), 4u);
+  for (const auto& s : j["sequences"]) {
+    EXPECT_EQ(s["tokens"].size(), 8u);
+    EXPECT_EQ(s["loss_mask"], nlohmann::json({0, 0, 0, 1, 1, 1, 1, 1}));
+    EXPECT_EQ(s["weight"], 1.0);
+    EXPECT_EQ(s["logprobs"].size(), 5u);
+    EXPECT_EQ(s["finish_reason"], "length");
+  }
+
+  // The trainer's reader takes the file as it is; tree and per-path packings agree.
+  const std::vector<data::Tree> trees = data::read_trees(c.out, data::Format::kRollouts, 40);
+  ASSERT_EQ(trees.size(), 2u);
+  EXPECT_EQ(trees[0].n_paths(), 4);
+  EXPECT_LT(trees[0].n_tree(), trees[0].n_flat()) << "the samples share the prompt";
+  std::vector<const data::Tree*> ptrs = {&trees[0], &trees[1]};
+  const data::PackedBatch tree = data::pack(ptrs, data::Packing::kTree);
+  const data::PackedBatch paths = data::pack(ptrs, data::Packing::kPerPath);
+  model::Model<double> m(tiny());
+  model::load_hf_weights(c.checkpoint, m);
+  m.zero_grad();
+  const double lt = m.forward(tree, 1.0 / 8);
+  m.backward();
+  const std::vector<double> gt(m.grads(), m.grads() + m.num_params());
+  m.zero_grad();
+  const double lp = m.forward(paths, 1.0 / 8);
+  m.backward();
+  EXPECT_NEAR(lt, lp, 1e-10 * std::fabs(lp));
+  double diff = 0, scale = 0;
+  for (int64_t i = 0; i < m.num_params(); ++i) {
+    diff = std::max(diff, std::fabs(gt[i] - m.grads()[i]));
+    scale = std::max(scale, std::fabs(m.grads()[i]));
+  }
+  EXPECT_LE(diff, 1e-10 * scale);
+}
+
+TEST(Sample, OneSampleLinesAndSeeds) {
+  const fs::path d = test_dir("one");
+  SampleCommand c;
+  c.checkpoint = saved_model(d / "model");
+  c.prompts = (d / "prompts.jsonl").string();
+  write_file(c.prompts, "{\"tokens\": [1, 2]}\n");
+  c.out = (d / "a.jsonl").string();
+  c.device = "cpu";
+  c.sampling.max_new_tokens = 6;
+  c.sampling.seed = 11;
+  run_sample(c);
+  const nlohmann::json j = nlohmann::json::parse(read_file(c.out));
+  EXPECT_EQ(j["id"], c.prompts + ":1");
+  EXPECT_EQ(j["tokens"].size(), 6u);
+  EXPECT_EQ(j["logprobs"].size(), 6u);
+  EXPECT_EQ(j["finish_reason"], "length");
+  c.out = (d / "b.jsonl").string();
+  run_sample(c);
+  EXPECT_EQ(read_file(d / "a.jsonl"), read_file(d / "b.jsonl")) << "the seed reproduces the run";
+  // A stop id at the first greedy token ends every sample there.
+  c.sampling.temperature = 0;
+  c.out = (d / "g.jsonl").string();
+  run_sample(c);
+  const int first = nlohmann::json::parse(read_file(c.out))["tokens"][0];
+  c.sampling.stop = {first};
+  run_sample(c);
+  const nlohmann::json s = nlohmann::json::parse(read_file(c.out));
+  EXPECT_EQ(s["tokens"], nlohmann::json({first}));
+  EXPECT_EQ(s["finish_reason"], "stop");
+  // --set model.eos_token_id does the same as eos.
+  c.sampling.stop = {};
+  c.sets = {"model.eos_token_id=" + std::to_string(first)};
+  run_sample(c);
+  EXPECT_EQ(nlohmann::json::parse(read_file(c.out))["finish_reason"], "eos");
+}
+
+TEST(Sample, ErrorsNameTheFileLineOrKey) {
+  const fs::path d = test_dir("errors");
+  SampleCommand c;
+  c.checkpoint = saved_model(d / "model");
+  c.prompts = (d / "prompts.jsonl").string();
+  c.device = "cpu";
+  c.out = (d / "out.jsonl").string();
+  auto expect_error = [&](const std::string& want) {
+    try {
+      run_sample(c);
+      ADD_FAILURE() << "expected tt::Error containing: " << want;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  write_file(c.prompts, "{\"tokens\": [1]}\n{\"tokens\": [1, \"x\"]}\n");
+  expect_error(c.prompts + ":2: tokens: \"x\" is not a token id");
+  write_file(c.prompts, "{\"tokens\": []}\n");
+  expect_error(c.prompts + ":1: tokens: expected a non-empty list of token ids");
+  write_file(c.prompts, "{\"tokens\": [1, 99]}\n");
+  expect_error("prompt 1 ('" + c.prompts + ":1'): token 99 outside vocab_size 40");
+  write_file(c.prompts, "{\"tokens\": [1]}\n");
+  c.sets = {"train.lr=1"};
+  expect_error("--set train.lr: unknown key for 'sample'");
+  c.sets = {};
+  c.checkpoint = (d / "nothing").string();
+  expect_error("--checkpoint " + c.checkpoint + ": expected a checkpoint or Hugging Face directory");
+  EXPECT_FALSE(fs::exists(c.out)) << "nothing is written on an error";
+}
+
+}  // namespace
+}  // namespace tt::trainer
