@@ -83,7 +83,10 @@ struct ActsLayout {
   double* tgt_w;
   int32_t* logit_rows;
   int32_t* store_rows;
+  uint64_t* sample_keys;
   size_t meta_bytes;
+  int32_t* sample_tokens;
+  double* sample_logprobs;
   double* loss;
   char* layout;
   char* rope;
@@ -93,7 +96,7 @@ struct ActsLayout {
   size_t total;
 
   ActsLayout(const Architecture& arch, const std::vector<std::unique_ptr<Block<E>>>& blocks, Mode mode, int N,
-             int num_nodes, int n_rows, int n_tgt, int n_logit, int n_store, char* base) {
+             int num_nodes, int n_rows, int n_tgt, int n_logit, int n_store, int n_sample, char* base) {
     const int64_t n = N, C = arch.config().hidden_size;
     Carver c{base};
     tokens = c.take<int32_t>(n);
@@ -108,7 +111,10 @@ struct ActsLayout {
     tgt_w = c.take<double>(n_tgt);
     logit_rows = c.take<int32_t>(n_logit);
     store_rows = c.take<int32_t>(n_store);
+    sample_keys = c.take<uint64_t>(n_sample);
     meta_bytes = c.bytes();
+    sample_tokens = c.take<int32_t>(n_sample);
+    sample_logprobs = c.take<double>(n_sample);
     loss = c.take<double>(1);
     layout = c.take_bytes(E::layout_bytes(N));
     rope = c.take_bytes(E::rope_bytes(N, (int)arch.config().head_dim));
@@ -311,7 +317,7 @@ HeadCall<E> Decoder<E>::head_call(const Activations<E>& a) const {
 template <class E>
 void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, Mode mode, Activations<E>& a,
                              const Carry<E>* carry, const std::vector<int32_t>* logit_rows, int logit_count,
-                             bool want_loss, const CacheWrite<E>* cache) {
+                             bool want_loss, const CacheWrite<E>* cache, const std::vector<uint64_t>* sample_keys) {
   const ModelConfig& cfg = config();
   if (mode == Mode::kTrain) require_training("a training forward");
   data::check_packed_batch(batch, cfg.vocab_size);
@@ -336,6 +342,8 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
              " rows and ", L, " layers");
   }
   const int n_store = cache ? N : 0;
+  const int n_sample = sample_keys ? (int)sample_keys->size() : 0;
+  TT_CHECK(n_sample == 0 || n_sample == logit_count, "model: ", n_sample, " sampling keys for ", logit_count, " rows");
   if (logit_rows)
     for (int32_t r : *logit_rows) TT_CHECK(r >= 0 && r < N, "model: logits of row ", r, " of a batch of ", N, " rows");
 
@@ -366,9 +374,9 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
   a.R_ = head.template chunk_rows<E>(options_.head_chunk_bytes, std::max({n_rows, logit_count, 1}));
   a.chunks_ = LmHeadKind::plan_chunks(n_rows, a.R_, sorted_src);
 
-  const ActsLayout<E> size(arch_, blocks_, mode, N, num_nodes, n_rows, n_tgt, n_logit, n_store, nullptr);
+  const ActsLayout<E> size(arch_, blocks_, mode, N, num_nodes, n_rows, n_tgt, n_logit, n_store, n_sample, nullptr);
   exec_.ensure(a.buf_, size.total);
-  const ActsLayout<E> r(arch_, blocks_, mode, N, num_nodes, n_rows, n_tgt, n_logit, n_store, a.buf_.data());
+  const ActsLayout<E> r(arch_, blocks_, mode, N, num_nodes, n_rows, n_tgt, n_logit, n_store, n_sample, a.buf_.data());
   a.loss_ = r.loss;
   a.xs_ = r.xs;
   a.saved_ = r.saved;
@@ -376,6 +384,9 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
   a.logit_rows_ = n_logit ? r.logit_rows : nullptr;
   a.n_logit_rows_ = n_logit;
   a.store_rows_ = n_store ? r.store_rows : nullptr;
+  a.sample_keys_ = n_sample ? r.sample_keys : nullptr;
+  a.sample_tokens_ = n_sample ? r.sample_tokens : nullptr;
+  a.sample_logprobs_ = n_sample ? r.sample_logprobs : nullptr;
   exec_.zero(r.loss, sizeof(double));
   a.view_ = BatchView<E>{};
   a.view_.N = N;
@@ -387,7 +398,8 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
   // The metadata's host image, at the same offsets as on the backend; one copy.
   {
     if (staging_.size() < r.meta_bytes) staging_.resize(r.meta_bytes);
-    const ActsLayout<E> img(arch_, blocks_, mode, N, num_nodes, n_rows, n_tgt, n_logit, n_store, staging_.data());
+    const ActsLayout<E> img(arch_, blocks_, mode, N, num_nodes, n_rows, n_tgt, n_logit, n_store, n_sample,
+                            staging_.data());
     std::copy(batch.tokens.begin(), batch.tokens.end(), img.tokens);
     std::copy(batch.pos.begin(), batch.pos.end(), img.pos);
     std::copy(batch.subtree_end.begin(), batch.subtree_end.end(), img.subtree_end);
@@ -402,6 +414,7 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
     }
     if (n_logit) std::copy(logit_rows->begin(), logit_rows->end(), img.logit_rows);
     if (n_store) std::copy(cache->rows.begin(), cache->rows.end(), img.store_rows);
+    if (n_sample) std::copy(sample_keys->begin(), sample_keys->end(), img.sample_keys);
     exec_.upload(a.buf_.data(), staging_.data(), r.meta_bytes);
   }
   BatchView<E>& v = a.view_;
@@ -541,8 +554,11 @@ InferResult Decoder<E>::infer(const data::PackedBatch& batch, const InferRequest
       break;
     case InferRequest::Rows::kList: rows = req.list; break;
   }
-  run_forward(batch, 1.0, Mode::kNoGrad, infer_acts_, carry, all || rows.empty() ? nullptr : &rows,
-              all ? batch.n_tokens : (int)rows.size(), req.loss, cache);
+  const int count = all ? batch.n_tokens : (int)rows.size();
+  TT_CHECK(!req.sample || (int)req.keys.size() == count, "model: infer samples ", count, " rows with ", req.keys.size(),
+           " keys");
+  run_forward(batch, 1.0, Mode::kNoGrad, infer_acts_, carry, all || rows.empty() ? nullptr : &rows, count, req.loss,
+              cache, req.sample ? &req.keys : nullptr);
   InferResult out;
   out.loss = req.loss ? loss(infer_acts_) : 0.0;
   const int N = batch.n_tokens;
@@ -550,7 +566,17 @@ InferResult Decoder<E>::infer(const data::PackedBatch& batch, const InferRequest
     rows.resize(N);
     std::iota(rows.begin(), rows.end(), 0);
   }
-  if (!rows.empty() && N > 0) {
+  if (req.sample && !rows.empty() && N > 0) {
+    HeadCall<E> h = head_call(infer_acts_);
+    const Activations<E>& a = infer_acts_;
+    arch_.head().sample(exec_, h, all ? nullptr : a.logit_rows_, count, req.temperature, a.sample_keys_,
+                        a.sample_tokens_, a.sample_logprobs_);
+    out.tokens.resize(count);
+    out.logprobs.resize(count);
+    exec_.download(out.tokens.data(), a.sample_tokens_, sizeof(int32_t) * count);
+    exec_.download(out.logprobs.data(), a.sample_logprobs_, sizeof(double) * count);
+    exec_.profile_gap();
+  } else if (!rows.empty() && N > 0) {
     const int V = arch_.head().vocab();
     out.logits.resize(rows.size() * (size_t)V);
     HeadCall<E> h = head_call(infer_acts_);

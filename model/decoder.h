@@ -105,6 +105,9 @@ class Activations {
   int n_logit_rows_ = 0;
   const CacheWrite<E>* cache_ = nullptr;  // no-grad: where the attention layers store K/V rows
   const int32_t* store_rows_ = nullptr;   // (N) their rows, on the backend's memory
+  const uint64_t* sample_keys_ = nullptr;  // no-grad with sampling: (n_logit_rows) keys
+  int32_t* sample_tokens_ = nullptr;       // and the draws' outputs
+  double* sample_logprobs_ = nullptr;
 };
 
 struct DecoderOptions {
@@ -122,14 +125,21 @@ struct InferRequest {
   bool loss = true;
   enum class Rows { kNone, kAll, kTargets, kList } rows = Rows::kNone;
   std::vector<int32_t> list;  // with Rows::kList: packed row indices
+  // Instead of the rows' logits, a token drawn on the backend from each (ops/cpu/sampling.h:
+  // greedy at temperature 0, else the Gumbel-max draw with the row's key) and its log-probability.
+  bool sample = false;
+  double temperature = 0;
+  std::vector<uint64_t> keys;  // (rows) one per row, in row order
 
   // The logits of every packed row, no loss.
   static InferRequest all_logits() { return InferRequest{false, Rows::kAll, {}}; }
 };
 struct InferResult {
   double loss = 0;               // loss_scale 1: sum_t w_t ce_t (0 without targets or unrequested)
-  std::vector<int32_t> rows;     // the rows whose logits follow
-  std::vector<double> logits;    // (rows.size(), V)
+  std::vector<int32_t> rows;     // the rows whose logits (or draws) follow
+  std::vector<double> logits;    // (rows.size(), V), unless the request samples
+  std::vector<int32_t> tokens;   // (rows.size()) with sample
+  std::vector<double> logprobs;  // (rows.size()) with sample
 };
 
 // Gradient readiness (data-parallel overlap, distributed/buckets.h): backward() calls it with a
@@ -227,7 +237,7 @@ class Decoder {
   // how many rows logits() will take (sizes the head chunk).
   void run_forward(const data::PackedBatch& batch, double loss_scale, Mode mode, Activations<E>& acts,
                    const Carry<E>* carry, const std::vector<int32_t>* logit_rows, int logit_count, bool want_loss,
-                   const CacheWrite<E>* cache = nullptr);
+                   const CacheWrite<E>* cache = nullptr, const std::vector<uint64_t>* sample_keys = nullptr);
   void require_training(const char* what) const;
   void ensure_scratch(int N, int R);
   BlockCall<E> call(const Activations<E>& a, int b) const;

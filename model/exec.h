@@ -37,6 +37,8 @@
 //   cross_entropy(loss +=, lse (rows), dlogits (rows,V) or null, logits (rows,V), targets,
 //       row_begin, rows, V, dloss): the weighted loss of the chunk's targets, and its gradient
 //       dloss * d(loss)/d(logits) when dlogits is set (may alias logits)
+//   sample_rows(token (R), logprob (R) fp64, logits (R,V), temperature, keys (R)): greedy or the
+//       Gumbel-max draw per row and the token's log-probability (ops/cpu/sampling.h)
 //   begin_head() / end_head(): the ops between them are the LM head's (GPU profile class)
 #pragma once
 

@@ -15,6 +15,7 @@
 #include "ops/cpu/matmul.h"
 #include "ops/cpu/rmsnorm.h"
 #include "ops/cpu/rope.h"
+#include "ops/cpu/sampling.h"
 #include "ops/cpu/swiglu.h"
 #include "model/init.h"
 
@@ -185,6 +186,12 @@ void CpuExec<T>::cross_entropy(double* loss, Stat* lse, Act* dlogits, const Act*
   for (int32_t& s : src) s -= row_begin;
   *loss += cpu::cross_entropy_forward(lse, logits, src.data(), tgt.tok, tgt.w, tgt.n_tgt, rows, V);
   if (dlogits) cpu::cross_entropy_backward(dlogits, logits, lse, src.data(), tgt.tok, tgt.w, tgt.n_tgt, rows, V, dloss);
+}
+
+template <class T>
+void CpuExec<T>::sample_rows(int32_t* token, double* logprob, const Act* logits, int R, int V, double temperature,
+                             const uint64_t* keys) {
+  cpu::sample_rows(token, logprob, logits, R, V, temperature, keys);
 }
 
 template class CpuExec<float>;

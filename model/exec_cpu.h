@@ -127,6 +127,8 @@ class CpuExec {
   void scatter_rows(Act* out, const Act* in, const int32_t* rows, int R, int C);
   void cross_entropy(double* loss, Stat* lse, Act* dlogits, const Act* logits, const Targets& tgt, int row_begin,
                      int rows, int V, double dloss);
+  void sample_rows(int32_t* token, double* logprob, const Act* logits, int R, int V, double temperature,
+                   const uint64_t* keys);
   // Profiling scopes are a GPU notion; here they do nothing.
   void begin_head() {}
   void end_head() {}

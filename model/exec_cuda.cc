@@ -12,6 +12,7 @@
 #include "ops/cuda/embedding.h"
 #include "ops/cuda/rmsnorm.h"
 #include "ops/cuda/rope.h"
+#include "ops/cuda/sampling.h"
 #include "ops/cuda/swiglu.h"
 
 namespace tt::model {
@@ -31,6 +32,7 @@ CudaExec::~CudaExec() {
   for (auto& m : marks_) cudaEventDestroy(m.first);
   for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
   workspace_.reset();
+  decode_tables_.reset();
   reduce_.reset();
   gemm_.reset();
   if (stream_) cudaStreamDestroy(stream_);
@@ -240,9 +242,13 @@ void CudaExec::attention_forward(Act* out, Stat* lse, const Act* q, const Act* k
                                  const KV* ext, int n_ext, int N, int NH, int NKV, int HS) {
   mark(Op::kAttention);
   if (layout.singletons) {
-    cuda::attention_decode_forward(out, lse, q, k, v, ext, n_ext, N, NH, NKV, HS,
-                                   workspace(cuda::attention_decode_workspace_bytes(ext, n_ext, N, NH, NKV, HS)),
-                                   stream_);
+    if (!decode_plan_.matches(ext, n_ext, N, NH, NKV, HS)) {  // the first layer of a decode batch
+      decode_plan_.make(ext, n_ext, N, NH, NKV, HS);
+      ensure(decode_tables_, decode_plan_.table_bytes());
+      decode_plan_.upload(decode_tables_.data(), stream_);
+    }
+    cuda::attention_decode_forward(out, lse, q, k, v, ext, n_ext, N, NH, NKV, HS, decode_plan_,
+                                   workspace(decode_plan_.workspace_bytes()), stream_);
   } else {
     cuda::attention_forward(out, lse, q, k, v, layout.tiles, ext, n_ext, N, NH, NKV, HS, stream_);
   }
@@ -275,6 +281,12 @@ void CudaExec::cross_entropy(double* loss, Stat* lse, Act* dlogits, const Act* l
   } else {
     cuda::cross_entropy_forward(loss, lse, logits, tgt, row_begin, rows, V, ws, stream_);
   }
+}
+
+void CudaExec::sample_rows(int32_t* token, double* logprob, const Act* logits, int R, int V, double temperature,
+                           const uint64_t* keys) {
+  mark(Op::kOther);
+  cuda::sample_rows(token, logprob, logits, R, V, temperature, keys, stream_);
 }
 
 void CudaExec::begin_head() {

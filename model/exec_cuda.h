@@ -27,6 +27,7 @@
 #include "model/config.h"
 #include "model/exec.h"
 #include "ops/cuda/attention.h"
+#include "ops/cuda/attention_decode.h"
 #include "ops/cuda/bf16.h"
 #include "ops/cuda/cross_entropy.h"
 #include "ops/cuda/gemm.h"
@@ -162,6 +163,8 @@ class CudaExec {
   void scatter_rows(Act* out, const Act* in, const int32_t* rows, int R, int C);
   void cross_entropy(double* loss, Stat* lse, Act* dlogits, const Act* logits, const Targets& tgt, int row_begin,
                      int rows, int V, double dloss);
+  void sample_rows(int32_t* token, double* logprob, const Act* logits, int R, int V, double temperature,
+                   const uint64_t* keys);
   void begin_head();
   void end_head();
   // The stream time from here to the next op is not counted in the profile (host gaps between
@@ -183,6 +186,9 @@ class CudaExec {
   std::unique_ptr<cuda::DeviceAllocator> alloc_;  // declared before every buffer it serves
   std::unique_ptr<cuda::GemmHandle> gemm_;
   Buffer workspace_;
+  // The decode-mode attention's work tables, built once per decode batch and shared by its layers.
+  cuda::AttentionDecodePlan decode_plan_;
+  Buffer decode_tables_;
   cuda::DeviceBuffer<double> reduce_;  // (1) sum of squares
   bool in_head_ = false;
   Op current_ = Op::kNone;

@@ -131,9 +131,12 @@ bool contains(const std::vector<int32_t>& v, int32_t x) { return std::find(v.beg
 struct Live {
   int p, s;               // prompt (in the group), sample
   int64_t gen_row;        // first cache row of its generated tokens
-  SplitMix64 rng;
+  SplitMix64 rng;         // the host sampler's stream (top_p < 1)
+  uint64_t key;           // the backend sampler's key of its stream (top_p = 1)
   Sample* out;
   bool done = false;
+  // The key of the draw of its next token.
+  uint64_t next_key() const { return SplitMix64{key + out->tokens.size()}.next(); }
 };
 
 }  // namespace
@@ -192,29 +195,52 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
       last.push_back(pre.n_tokens - 1);
     }
     pre.tree_start.push_back(pre.n_tokens);
-    InferRequest req;
-    req.loss = false;
-    req.rows = InferRequest::Rows::kList;
-    req.list = last;
-    const CacheWrite<E> pre_write = cache.write(rows);
-    const double t_pre = now_s();
-    const InferResult first = model.infer(pre, req, nullptr, &pre_write);
-    st.prefill_s += now_s() - t_pre;
-    st.prefill_rows += pre.n_tokens;
-    ++st.forwards;
-
     std::vector<Live> live;
     for (size_t i = g0; i < g1; ++i) {
       out[i].id = prompts[i].id;
       out[i].samples.resize(K);
       for (int s = 0; s < K; ++s) {
-        Live x{(int)(i - g0), s, cache.reserve(opt.max_new_tokens), stream_of(opt.seed, (int64_t)i, s), &out[i].samples[s]};
+        Live x{(int)(i - g0), s, cache.reserve(opt.max_new_tokens), stream_of(opt.seed, (int64_t)i, s), 0,
+               &out[i].samples[s]};
+        x.key = stream_of(opt.seed ^ 0x5bd1e995ull, (int64_t)i, s).next();
         live.push_back(x);
       }
     }
-    // Appends a drawn token to a sample and says whether it goes on.
-    auto take = [&](Live& x, const double* logits) {
-      const Draw d = sample_token(logits, V, opt.temperature, opt.top_p, x.rng.uniform());
+    const bool on_backend = opt.top_p == 1;  // the backend draws; else the host (nucleus)
+    // The request for rows `rows` of a forward: draws with the samples' keys, or logits.
+    auto request = [&](std::vector<int32_t> rows, const std::vector<Live*>& who) {
+      InferRequest r;
+      r.loss = false;
+      r.rows = InferRequest::Rows::kList;
+      r.list = std::move(rows);
+      r.sample = on_backend;
+      r.temperature = opt.temperature;
+      if (on_backend)
+        for (const Live* x : who) r.keys.push_back(x->next_key());
+      return r;
+    };
+    // The prefill draws every sample's first token: prompt p's last row once per sample.
+    std::vector<int32_t> first_rows;
+    std::vector<Live*> everyone;
+    for (Live& x : live) {
+      first_rows.push_back(last[x.p]);
+      everyone.push_back(&x);
+    }
+    const CacheWrite<E> pre_write = cache.write(rows);
+    const double t_pre = now_s();
+    const InferResult first = model.infer(pre, request(first_rows, everyone), nullptr, &pre_write);
+    st.prefill_s += now_s() - t_pre;
+    st.prefill_rows += pre.n_tokens;
+    ++st.forwards;
+
+    // Appends row r's draw to a sample and says whether it goes on.
+    auto take = [&](Live& x, const InferResult& res, int r) {
+      Draw d;
+      if (on_backend) {
+        d = Draw{res.tokens[r], res.logprobs[r]};
+      } else {
+        d = sample_token(res.logits.data() + (size_t)r * V, V, opt.temperature, opt.top_p, x.rng.uniform());
+      }
       x.out->tokens.push_back(d.token);
       x.out->logprobs.push_back(d.logprob);
       if (contains(opt.stop, d.token)) x.out->finish = "stop";
@@ -222,7 +248,7 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
       else if ((int)x.out->tokens.size() == opt.max_new_tokens) x.out->finish = "length";
       x.done = !x.out->finish.empty();
     };
-    for (Live& x : live) take(x, first.logits.data() + (size_t)x.p * V);
+    for (size_t r = 0; r < live.size(); ++r) take(live[r], first, (int)r);
 
     // Decode: one row per live sample, reading its prompt's span and its own generated rows.
     const double t_dec = now_s();
@@ -259,11 +285,13 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
       }
       for (int r = 0; r < B; ++r) cache.read(carry, act[r]->gen_row, (int)act[r]->out->tokens.size() - 1, r, r + 1);
       const CacheWrite<E> w = cache.write(write_rows);
-      const InferResult res = model.infer(step, InferRequest{false, InferRequest::Rows::kAll, {}}, &carry, &w);
+      std::vector<int32_t> all_rows(B);
+      std::iota(all_rows.begin(), all_rows.end(), 0);
+      const InferResult res = model.infer(step, request(all_rows, act), &carry, &w);
       st.decode_rows += B;
       ++st.forwards;
       ++st.decode_steps;
-      for (int r = 0; r < B; ++r) take(*act[r], res.logits.data() + (size_t)r * V);
+      for (int r = 0; r < B; ++r) take(*act[r], res, r);
     }
     st.decode_s += now_s() - t_dec;
   }

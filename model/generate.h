@@ -15,10 +15,13 @@
 // computed; the logits of a decode step equal those of a full forward of the same sequence (up
 // to float rounding: tests/model/generate_test.cc).
 //
-// Sampling: temperature 0 is greedy (argmax, ties to the lower id); otherwise softmax(logits / T)
-// restricted to the smallest set of most likely tokens whose probability reaches top_p (nucleus;
-// top_p = 1 keeps all), drawn with a splitmix64 stream per (seed, prompt index, sample index), so
-// a seed reproduces a run on a given backend. A sample ends at max_new_tokens, or after emitting
+// Sampling: temperature 0 is greedy (argmax, ties to the lower id); otherwise a draw from
+// softmax(logits / T). With top_p = 1 the backend draws (the Gumbel-max trick of
+// ops/cpu/sampling.h, keyed by (seed, prompt index, sample index, step)), so a decode step copies
+// a token and a logprob per row, not its logits; with top_p < 1 the logits come to the host and
+// the draw is restricted to the smallest set of most likely tokens whose probability reaches
+// top_p (nucleus; sample_token, a splitmix64 stream per sample). A seed reproduces a run on a
+// given backend. A sample ends at max_new_tokens, or after emitting
 // a stop id or an eos id (the stopping token is kept). logprobs[j] = log p(token j | context) under
 // the model at temperature 1 (the policy's own probability, what RL objectives use).
 #pragma once

@@ -196,6 +196,26 @@ void LmHeadKind::logits(E& e, const HeadCall<E>& c, const int32_t* rows, int n, 
 }
 
 template <class E>
+void LmHeadKind::sample(E& e, const HeadCall<E>& c, const int32_t* rows, int n, double temperature,
+                        const uint64_t* keys, int32_t* token, double* logprob) const {
+  const BatchView<E>& b = *c.batch;
+  const Saved<E> s(*this, b.N, b.n_rows, c.mode, c.saved);
+  const Scratch<E> t(*this, c.R, c.mode, c.scratch);
+  e.begin_head();
+  for (int r0 = 0; r0 < n; r0 += c.R) {
+    const int m = std::min(c.R, n - r0);
+    const typename E::Act* x_rows = s.nf + (int64_t)r0 * C_;
+    if (rows) {
+      e.gather_rows(t.x_rows, s.nf, rows + r0, m, C_);
+      x_rows = t.x_rows;
+    }
+    e.linear(t.logits, x_rows, c.w + lm_, m, C_, V_);
+    e.sample_rows(token + r0, logprob + r0, t.logits, m, V_, temperature, keys + r0);
+  }
+  e.end_head();
+}
+
+template <class E>
 std::vector<double> LmHeadKind::saved_logits(const E& e, const HeadCall<E>& c) const {
   TT_CHECK(!E::kHeadGradInForward && c.mode == Mode::kTrain, "model: the ", E::kName,
            " backend keeps no logits in a training forward (use infer())");
@@ -213,7 +233,9 @@ std::vector<double> LmHeadKind::saved_logits(const E& e, const HeadCall<E>& c) c
   template void LmHeadKind::forward<E>(E&, const HeadCall<E>&) const;                              \
   template void LmHeadKind::backward<E>(E&, const HeadCall<E>&) const;                             \
   template void LmHeadKind::logits<E>(E&, const HeadCall<E>&, const int32_t*, int, double*) const; \
-  template std::vector<double> LmHeadKind::saved_logits<E>(const E&, const HeadCall<E>&) const;
+  template std::vector<double> LmHeadKind::saved_logits<E>(const E&, const HeadCall<E>&) const;   \
+  template void LmHeadKind::sample<E>(E&, const HeadCall<E>&, const int32_t*, int, double, const uint64_t*, int32_t*, \
+                                      double*) const;
 TT_HEAD_INSTANTIATE(CpuExec<float>)
 TT_HEAD_INSTANTIATE(CpuExec<double>)
 TT_HEAD_INSTANTIATE(CudaExec)

@@ -75,6 +75,12 @@ class LmHeadKind final : public LayerKind {
   // forward() on the same call.
   template <class E>
   void logits(E& e, const HeadCall<E>& c, const int32_t* rows, int n, double* out) const;
+  // No-grad: a token drawn from the logits of rows[0..n) (device list; null: rows 0..n-1) and its
+  // log-probability (ops/cpu/sampling.h), into token (n) and logprob (n) on the device, after
+  // forward() on the same call; keys (n) on the device.
+  template <class E>
+  void sample(E& e, const HeadCall<E>& c, const int32_t* rows, int n, double temperature, const uint64_t* keys,
+              int32_t* token, double* logprob) const;
   // Training without kHeadGradInForward: the head rows' logits the forward kept, (n_rows, V).
   template <class E>
   std::vector<double> saved_logits(const E& e, const HeadCall<E>& c) const;

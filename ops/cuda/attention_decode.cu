@@ -78,25 +78,33 @@ Plan make_plan(const ExternalKV* ext, int n_ext, int N, int G) {
   return p;
 }
 
-// Workspace layout: the tables (one host image, one copy), then the partials.
-struct Layout {
-  DecodePrefix* prefixes;
+// The tables' layout (one host image, one copy), and the per-call workspace: the prefix
+// pointer table (past kDecodeByValue prefixes), then the partials.
+struct Tables {
   DecodeItem* items;
   int* row_ptr;
   int2* row_refs;
-  size_t table_bytes;
+  size_t bytes;
+
+  Tables(const Plan& p, void* base) {
+    detail::WorkspaceCarver c(base);
+    items = c.take<DecodeItem>(p.items.size());
+    row_ptr = c.take<int>(p.row_ptr.size());
+    row_refs = c.take<int2>(p.row_refs.size());
+    bytes = c.bytes();
+  }
+};
+
+struct CallSpace {
+  DecodePrefix* prefixes;  // (n_ext) when n_ext > kDecodeByValue
   float* m;    // (items, NKV, kQMax)
   float* l;    // (items, NKV, kQMax)
   float* acc;  // (items, NKV, kQMax, HS)
   size_t bytes;
 
-  Layout(const Plan& p, int NKV, int HS, void* base) {
+  CallSpace(const Plan& p, int NKV, int HS, void* base) {
     detail::WorkspaceCarver c(base);
-    prefixes = c.take<DecodePrefix>(p.prefixes.size());
-    items = c.take<DecodeItem>(p.items.size());
-    row_ptr = c.take<int>(p.row_ptr.size());
-    row_refs = c.take<int2>(p.row_refs.size());
-    table_bytes = c.bytes();
+    prefixes = c.take<DecodePrefix>(p.prefixes.size() > (size_t)kDecodeByValue ? p.prefixes.size() : 0);
     const size_t slots = p.items.size() * (size_t)NKV * kQMax;
     m = c.take<float>(slots);
     l = c.take<float>(slots);
@@ -107,7 +115,9 @@ struct Layout {
 
 struct PartialParams {
   const bf16* q;  // (N, NH, HS)
-  const DecodePrefix* prefixes;
+  const DecodePrefix* prefixes;  // (n_ext) device table, when n_ext > kDecodeByValue
+  DecodePrefix by_value[kDecodeByValue];  // the prefixes, when n_ext <= kDecodeByValue
+  int n_by_value;                         // n_ext when the prefixes come by value, else 0
   const DecodeItem* items;
   float* m;
   float* l;
@@ -118,7 +128,7 @@ struct PartialParams {
 
 // One item (blockIdx.x) and KV head (blockIdx.y).
 template <int HS>
-__global__ void __launch_bounds__(kThreads) decode_partial_kernel(PartialParams p) {
+__global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_constant__ PartialParams p) {
   constexpr int KS = HS + 2;  // K row stride in bf16: an odd number of 4-byte words
   __shared__ float q_s[kQMax][HS];
   __shared__ __align__(16) bf16 k_s[kTile][KS];
@@ -129,7 +139,7 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(PartialParams 
   const DecodeItem it = p.items[blockIdx.x];
   const int g = blockIdx.y, NKV = p.NKV, G = p.G;
   const int Q = it.nrows * G;  // query vectors: local row r, head g G + gg at r G + gg
-  const DecodePrefix pre = p.prefixes[it.prefix];
+  const DecodePrefix pre = p.n_by_value ? p.by_value[it.prefix] : p.prefixes[it.prefix];
 
   for (int e = tid; e < Q * HS; e += kThreads) {
     const int qi = e / HS, d = e % HS;
@@ -182,6 +192,7 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(PartialParams 
       s_s[qi][lane] = pa;
       s_s[qi][lane + 32] = pb;
       const float sum = detail::warp_sum(pa + pb);
+      __syncwarp();  // every lane has read m_s[qi] before lane 0 rewrites it
       if (lane == 0) {
         const float alpha = m_old == -INFINITY ? 0.f : __expf(m_old - m_new);
         alpha_s[qi] = alpha;
@@ -275,40 +286,107 @@ void check_args(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS
 
 }  // namespace
 
-size_t attention_decode_workspace_bytes(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS) {
+struct AttentionDecodePlan::Impl {
+  Plan plan;
+  std::vector<int> sig;  // N, NH, NKV, HS, n_ext, then (len, q_begin, q_end) per prefix
+  const DecodeItem* items = nullptr;
+  const int* row_ptr = nullptr;
+  const int2* row_refs = nullptr;
+  std::vector<char> image;  // the tables' host image (kept until the copy has surely run)
+};
+
+namespace {
+
+std::vector<int> signature(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS) {
+  std::vector<int> s = {N, NH, NKV, HS, n_ext};
+  for (int e = 0; e < n_ext; e++) s.insert(s.end(), {ext[e].len, ext[e].q_begin, ext[e].q_end});
+  return s;
+}
+
+}  // namespace
+
+AttentionDecodePlan::AttentionDecodePlan() : impl_(std::make_unique<Impl>()) {}
+AttentionDecodePlan::~AttentionDecodePlan() = default;
+AttentionDecodePlan::AttentionDecodePlan(AttentionDecodePlan&&) noexcept = default;
+AttentionDecodePlan& AttentionDecodePlan::operator=(AttentionDecodePlan&&) noexcept = default;
+
+bool AttentionDecodePlan::matches(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS) const {
+  return impl_->items != nullptr && impl_->sig == signature(ext, n_ext, N, NH, NKV, HS);
+}
+
+size_t AttentionDecodePlan::table_bytes() const { return Tables(impl_->plan, nullptr).bytes; }
+
+size_t AttentionDecodePlan::workspace_bytes() const {
+  if (impl_->sig.size() < 5) return 0;
+  return CallSpace(impl_->plan, impl_->sig[2], impl_->sig[3], nullptr).bytes;
+}
+
+void AttentionDecodePlan::make(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS) {
   check_args(ext, n_ext, N, NH, NKV, HS);
-  return Layout(make_plan(ext, n_ext, N, NH / NKV), NKV, HS, nullptr).bytes;
+  Impl& m = *impl_;
+  m.plan = make_plan(ext, n_ext, N, NH / NKV);
+  m.sig = signature(ext, n_ext, N, NH, NKV, HS);
+  m.items = nullptr;
+}
+
+void AttentionDecodePlan::upload(void* tables, cudaStream_t stream) {
+  Impl& m = *impl_;
+  TT_CHECK(m.sig.size() >= 5, "AttentionDecodePlan::upload before make");
+  const Tables sizes(m.plan, nullptr);
+  TT_CHECK(tables != nullptr || sizes.bytes == 0, "AttentionDecodePlan::build: null table storage");
+  m.image.assign(sizes.bytes, 0);
+  const Tables img(m.plan, m.image.data());
+  std::copy(m.plan.items.begin(), m.plan.items.end(), img.items);
+  std::copy(m.plan.row_ptr.begin(), m.plan.row_ptr.end(), img.row_ptr);
+  std::copy(m.plan.row_refs.begin(), m.plan.row_refs.end(), img.row_refs);
+  // Pageable source: staged before the call returns (the image also outlives it).
+  if (sizes.bytes) TT_CUDA_CHECK(cudaMemcpyAsync(tables, m.image.data(), sizes.bytes, cudaMemcpyHostToDevice, stream));
+  const Tables dev(m.plan, tables);
+  m.items = dev.items;
+  m.row_ptr = dev.row_ptr;
+  m.row_refs = dev.row_refs;
 }
 
 void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const ExternalKV* ext,
-                              int n_ext, int N, int NH, int NKV, int HS, Workspace ws, cudaStream_t stream) {
+                              int n_ext, int N, int NH, int NKV, int HS, const AttentionDecodePlan& plan, Workspace ws,
+                              cudaStream_t stream) {
   check_args(ext, n_ext, N, NH, NKV, HS);
+  TT_CHECK(plan.matches(ext, n_ext, N, NH, NKV, HS),
+           "attention_decode_forward: the plan was built for other shapes, prefix lengths or query ranges");
   if (N == 0) return;
   TT_CHECK(out && lse && q && k && v, "attention_decode_forward: null tensor");
+  const AttentionDecodePlan::Impl& m = *plan.impl_;
   const int G = NH / NKV;
-  const Plan plan = make_plan(ext, n_ext, N, G);
-  const Layout sizes(plan, NKV, HS, nullptr);
+  const CallSpace sizes(m.plan, NKV, HS, nullptr);
   detail::check_workspace(ws, sizes.bytes, "attention_decode_forward");
-  const Layout lay(plan, NKV, HS, ws.ptr);
-  // The tables' host image at the workspace's offsets; one copy (pageable: staged on return).
-  std::vector<char> image(sizes.table_bytes);
-  {
-    const Layout img(plan, NKV, HS, image.data());
-    std::copy(plan.prefixes.begin(), plan.prefixes.end(), img.prefixes);
-    std::copy(plan.items.begin(), plan.items.end(), img.items);
-    std::copy(plan.row_ptr.begin(), plan.row_ptr.end(), img.row_ptr);
-    std::copy(plan.row_refs.begin(), plan.row_refs.end(), img.row_refs);
+  const CallSpace cs(m.plan, NKV, HS, ws.ptr);
+  PartialParams pp{};
+  pp.q = q;
+  if (n_ext <= kDecodeByValue) {
+    for (int e = 0; e < n_ext; e++) pp.by_value[e] = DecodePrefix{ext[e].k, ext[e].v};
+    pp.n_by_value = n_ext;
+  } else {  // a table of this layer's pointers (pageable: staged before the call returns)
+    std::vector<DecodePrefix> table(n_ext);
+    for (int e = 0; e < n_ext; e++) table[e] = DecodePrefix{ext[e].k, ext[e].v};
+    TT_CUDA_CHECK(cudaMemcpyAsync(cs.prefixes, table.data(), sizeof(DecodePrefix) * n_ext, cudaMemcpyHostToDevice,
+                                  stream));
+    pp.prefixes = cs.prefixes;
   }
-  TT_CUDA_CHECK(cudaMemcpyAsync(ws.ptr, image.data(), image.size(), cudaMemcpyHostToDevice, stream));
-  const float scale = 1.0f / std::sqrt((float)HS);
+  pp.items = m.items;
+  pp.m = cs.m;
+  pp.l = cs.l;
+  pp.acc = cs.acc;
+  pp.NH = NH;
+  pp.NKV = NKV;
+  pp.G = G;
+  pp.scale = 1.0f / std::sqrt((float)HS);
   auto launch = [&](auto hs) {
     constexpr int kHS = decltype(hs)::value;
-    if (!plan.items.empty()) {
-      PartialParams pp{q, lay.prefixes, lay.items, lay.m, lay.l, lay.acc, NH, NKV, G, scale};
-      decode_partial_kernel<kHS><<<dim3((unsigned)plan.items.size(), NKV), kThreads, 0, stream>>>(pp);
+    if (!m.plan.items.empty()) {
+      decode_partial_kernel<kHS><<<dim3((unsigned)m.plan.items.size(), NKV), kThreads, 0, stream>>>(pp);
       TT_CUDA_CHECK_LAUNCH();
     }
-    MergeParams mp{out, lse, q, k, v, lay.row_ptr, lay.row_refs, lay.items, lay.m, lay.l, lay.acc, NH, NKV, G, scale};
+    MergeParams mp{out, lse, q, k, v, m.row_ptr, m.row_refs, m.items, cs.m, cs.l, cs.acc, NH, NKV, G, pp.scale};
     decode_merge_kernel<kHS><<<dim3(N, NH), kHS, 0, stream>>>(mp);
     TT_CUDA_CHECK_LAUNCH();
   };
@@ -317,6 +395,24 @@ void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* 
   } else {
     launch(std::integral_constant<int, 128>{});
   }
+}
+
+size_t attention_decode_workspace_bytes(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS) {
+  check_args(ext, n_ext, N, NH, NKV, HS);
+  const Plan p = make_plan(ext, n_ext, N, NH / NKV);
+  return Tables(p, nullptr).bytes + CallSpace(p, NKV, HS, nullptr).bytes;
+}
+
+void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const ExternalKV* ext,
+                              int n_ext, int N, int NH, int NKV, int HS, Workspace ws, cudaStream_t stream) {
+  AttentionDecodePlan plan;
+  plan.make(ext, n_ext, N, NH, NKV, HS);
+  const size_t t = plan.table_bytes();
+  detail::check_workspace(ws, t + plan.workspace_bytes(), "attention_decode_forward");
+  plan.upload(ws.ptr, stream);
+  attention_decode_forward(out, lse, q, k, v, ext, n_ext, N, NH, NKV, HS, plan,
+                           Workspace{static_cast<char*>(ws.ptr) + t, ws.bytes - t}, stream);
+  // The plan's host image must outlive the pageable copy's staging, which the copy call did.
 }
 
 }  // namespace tt::cuda

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <memory>
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda/bf16.h"
@@ -27,8 +28,47 @@ namespace tt::cuda {
 size_t attention_decode_workspace_bytes(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS);
 
 // out (N, NH, HS), lse (N, NH) overwritten; q (N, NH, HS); k, v (N, NKV, HS) the rows' own keys;
-// ext[0..n_ext) as in attention.h (len >= 0, q ranges within [0, N)). HS 64 or 128.
+// ext[0..n_ext) as in attention.h (len >= 0, q ranges within [0, N)). HS 64 or 128. Builds and
+// uploads its work tables on every call (see AttentionDecodePlan to build them once per batch).
 void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const ExternalKV* ext,
                               int n_ext, int N, int NH, int NKV, int HS, Workspace ws, cudaStream_t stream);
+
+// The work tables of a decode step depend only on the shapes and the prefixes' lengths and query
+// ranges, which every layer of a batch shares (only the prefixes' K/V pointers differ). A plan
+// builds them on the host and uploads them once (build), then each layer's forward reuses them
+// and passes its prefix pointers in the kernel's parameters (up to kDecodeByValue prefixes; more
+// go through a table in the workspace, uploaded per call). No stream synchronisation happens
+// between the layers of a step.
+constexpr int kDecodeByValue = 96;
+class AttentionDecodePlan {
+ public:
+  AttentionDecodePlan();
+  ~AttentionDecodePlan();
+  AttentionDecodePlan(AttentionDecodePlan&&) noexcept;
+  AttentionDecodePlan& operator=(AttentionDecodePlan&&) noexcept;
+  // Whether the plan holds the tables of these shapes, lengths and query ranges.
+  bool matches(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS) const;
+  // Builds the tables for these arguments on the host (the prefix pointers are not kept).
+  void make(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS);
+  // Device bytes of the tables, and of the per-call workspace (partials; the pointer table past
+  // kDecodeByValue prefixes), after make().
+  size_t table_bytes() const;
+  size_t workspace_bytes() const;
+  // Copies the tables to `tables` (device, at least table_bytes()), enqueued on stream; the plan
+  // then refers to them (keep them alive and unchanged while it is used).
+  void upload(void* tables, cudaStream_t stream);
+  struct Impl;
+
+ private:
+  friend void attention_decode_forward(bf16*, float*, const bf16*, const bf16*, const bf16*, const ExternalKV*, int,
+                                       int, int, int, int, const AttentionDecodePlan&, Workspace, cudaStream_t);
+  std::unique_ptr<Impl> impl_;
+};
+
+// attention_decode_forward with a plan built for the same shapes, lengths and query ranges
+// (checked), whose tables are on the device.
+void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const ExternalKV* ext,
+                              int n_ext, int N, int NH, int NKV, int HS, const AttentionDecodePlan& plan, Workspace ws,
+                              cudaStream_t stream);
 
 }  // namespace tt::cuda

@@ -40,7 +40,8 @@ for arch, cls in (("qwen3", transformers.Qwen3Config), ("llama", transformers.Ll
         ok = True
         for k, prompt in enumerate(prompts):
             with torch.no_grad():
-                hf = ref.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False,
+                ids = torch.tensor([prompt])  # an explicit mask: a prompt token equal to pad_token_id is not padding
+                hf = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False,
                                   eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
             path = os.path.join(out, f"{arch}_tied{int(tied)}_{k}.json")
             subprocess.run([tool, "greedy", d, ",".join(map(str, prompt)), str(NEW), path], check=True)

@@ -3,7 +3,7 @@
 # against transformers, `treetrain sample` end to end, and the inference benchmark.
 #
 #   scripts/device/infer_check.sh stage   here (no GPU): bazel build the gpu tests
-#                                         (attention_decode_test, generate_cuda_test), bench:infer_bench,
+#                                         (attention_decode_test, sampling_test, generate_cuda_test), bench:infer_bench,
 #                                         tests/hf:hf_parity_tool and treetrain; copy the stripped
 #                                         binaries to .device/infer/ (ignored by git; carried)
 #   scripts/device/infer_check.sh [run]   there: the tests, scripts/device/hf_parity.py and
@@ -17,13 +17,15 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 
 DIR=.device/infer
-TESTS="attention_decode_test generate_cuda_test"
+TESTS="attention_decode_test sampling_test generate_cuda_test"
 
 if [ "${1:-run}" = "stage" ]; then
-  bazel build //tests/ops_cuda_attention:attention_decode_test //tests/model_cuda:generate_cuda_test \
+  bazel build //tests/ops_cuda_attention:attention_decode_test //tests/ops_cuda:sampling_test \
+    //tests/model_cuda:generate_cuda_test \
     //bench:infer_bench //tests/hf:hf_parity_tool //trainer:treetrain || exit 1
   rm -rf "$DIR" && mkdir -p "$DIR/lib"
-  cp bazel-bin/tests/ops_cuda_attention/attention_decode_test bazel-bin/tests/model_cuda/generate_cuda_test \
+  cp bazel-bin/tests/ops_cuda_attention/attention_decode_test bazel-bin/tests/ops_cuda/sampling_test \
+    bazel-bin/tests/model_cuda/generate_cuda_test \
     bazel-bin/bench/infer_bench bazel-bin/tests/hf/hf_parity_tool bazel-bin/trainer/treetrain "$DIR/"
   chmod u+w "$DIR"/* && strip "$DIR"/* 2>/dev/null
   cp -L /usr/lib/x86_64-linux-gnu/libgomp.so.1 "$DIR/lib/"  # fallback only
