@@ -61,6 +61,7 @@ void pack_tree(const Tree& tree, PackedBatch& b) {
         b.tgt_src.push_back(src);
         b.tgt_tok.push_back(node.tokens[j]);
         b.tgt_w.push_back(node.target_weight[j]);
+        b.tgt_cnt.push_back(node.target_count[j]);
       }
     }
   }
@@ -83,7 +84,8 @@ void pack_tree(const Tree& tree, PackedBatch& b) {
 void pack_paths(const Tree& tree, PackedBatch& b) {
   for (int64_t k = 0; k < tree.n_paths(); ++k) {
     const std::vector<int32_t> toks = tree.path_tokens(k);
-    const std::vector<double>& w = tree.paths[k].target_weight;
+    const Path& path = tree.paths[k];
+    const std::vector<double>& w = path.target_weight;
     const int32_t start = (int32_t)b.tokens.size();
     const int32_t len = (int32_t)toks.size();
     b.node_start.push_back(start);
@@ -94,10 +96,11 @@ void pack_paths(const Tree& tree, PackedBatch& b) {
       b.tokens.push_back(toks[j]);
       b.pos.push_back(j);
       b.subtree_end.push_back(start + len);
-      if (j > 0 && w[j] != 0) {
+      if (j > 0 && path.is_target(j)) {
         b.tgt_src.push_back(start + j - 1);
         b.tgt_tok.push_back(toks[j]);
         b.tgt_w.push_back(w[j]);
+        b.tgt_cnt.push_back(1);
       }
     }
     b.visible_pairs += (int64_t)len * (len + 1) / 2;
@@ -171,6 +174,8 @@ void check_packed_batch(const PackedBatch& b, int64_t vocab_size) {
   const size_t nt = b.tgt_src.size();
   TT_CHECK(b.tgt_tok.size() == nt && b.tgt_w.size() == nt, "packed batch: tgt_src, tgt_tok, tgt_w sizes differ (",
            nt, ", ", b.tgt_tok.size(), ", ", b.tgt_w.size(), ")");
+  TT_CHECK(b.tgt_cnt.empty() || b.tgt_cnt.size() == nt, "packed batch: ", b.tgt_cnt.size(), " target counts for ",
+           nt, " targets (tgt_cnt is empty or one per target)");
   for (size_t t = 0; t < nt; ++t) {
     TT_CHECK(b.tgt_src[t] >= 0 && b.tgt_src[t] < N, "packed batch: target ", t, " source row ", b.tgt_src[t],
              " outside [0, ", N, ")");

@@ -14,8 +14,9 @@
 //
 // Packing kPerPath is the baseline: every path becomes its own chain (its own causal sequence:
 // one node and one tree per path, in Tree::paths order) with its own weights (a target for each
-// token with Path::target_weight != 0), so tree and per-path batches define the same loss
-// sum_t w_t * CE_t, for weights of any sign.
+// token its loss mask selects, Path::is_target, zero weights included), so tree and per-path
+// batches define the same loss sum_t w_t * CE_t, for weights of any sign, and the same unweighted
+// NLL sum_t cnt_t * CE_t.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,9 @@ struct PackedBatch {
   std::vector<int32_t> tgt_src;      // (n_tgt)
   std::vector<int32_t> tgt_tok;      // (n_tgt)
   std::vector<double> tgt_w;         // (n_tgt) unnormalised
+  // (n_tgt) how many flattened paths make the target one (Node::target_count; 1 per target under
+  // kPerPath): the weights of the unweighted mean NLL. Empty in a hand-built batch: all ones.
+  std::vector<int32_t> tgt_cnt;
   // Statistics of the trees in the batch (the same for both packings, except visible_pairs,
   // which counts this packing's attention: sum of (pos + 1) over the packed tokens).
   int64_t n_paths = 0;

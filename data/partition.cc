@@ -205,6 +205,7 @@ PackedBatch pack_piece(const Tree& split_tree, const Partition& plan, int piece)
         b.tgt_src.push_back(j > 0 ? start + j - 1 : b.node_start[parent_local] + b.node_len[parent_local] - 1);
         b.tgt_tok.push_back(node.tokens[j]);
         b.tgt_w.push_back(node.target_weight[j]);
+        b.tgt_cnt.push_back(node.target_count[j]);
       }
     }
   }
@@ -216,6 +217,7 @@ PackedBatch pack_piece(const Tree& split_tree, const Partition& plan, int piece)
     b.tgt_src.push_back(b.node_start[q] + b.node_len[q] - 1);
     b.tgt_tok.push_back(root.tokens[0]);
     b.tgt_w.push_back(root.target_weight[0]);
+    b.tgt_cnt.push_back(root.target_count[0]);
   }
   // Subtree ends within the piece (children follow parents in preorder).
   std::vector<int32_t> end(m);

@@ -193,7 +193,11 @@ Tree build_trie(const std::vector<Sequence>& seqs, const std::vector<int>& membe
     Path path;
     path.end_node = end_node[s];
     path.target_weight.resize(seq.tokens.size());
-    for (size_t j = 0; j < seq.tokens.size(); ++j) path.target_weight[j] = seq.mask[j] ? seq.weight : 0.0;
+    path.target_mask.resize(seq.tokens.size());
+    for (size_t j = 0; j < seq.tokens.size(); ++j) {
+      path.target_weight[j] = seq.mask[j] ? seq.weight : 0.0;
+      path.target_mask[j] = j > 0 && seq.mask[j] ? 1 : 0;
+    }
     tree.paths.push_back(std::move(path));
   }
   return tree;
@@ -300,8 +304,12 @@ Tree parse_tree_line(const std::string& line, const std::string& where, int64_t 
     path.end_node = i;
     std::vector<int> chain;
     for (int c = i; c >= 0; c = tree.nodes[c].parent) chain.push_back(c);
-    for (auto c = chain.rbegin(); c != chain.rend(); ++c)
-      for (uint8_t m : masks[*c]) path.target_weight.push_back(m ? weights[*c] : 0.0);
+    for (auto c = chain.rbegin(); c != chain.rend(); ++c) {
+      for (uint8_t m : masks[*c]) {
+        path.target_weight.push_back(m ? weights[*c] : 0.0);
+        path.target_mask.push_back(m && !path.target_mask.empty() ? 1 : 0);  // token 0 is never a target
+      }
+    }
     tree.paths.push_back(std::move(path));
   }
   return tree;

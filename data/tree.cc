@@ -98,6 +98,9 @@ void Tree::validate() const {
                       end_depth[p.end_node], " (one per token of the path)"));
     if (p.target_weight[0] != 0)
       throw Error(str(t, ": path ", k, " gives its first token a target weight, expected 0"));
+    if (!p.target_mask.empty() && (p.target_mask.size() != p.target_weight.size() || p.target_mask[0] != 0))
+      throw Error(str(t, ": path ", k, " has a target mask of ", p.target_mask.size(), " entries for ",
+                      p.target_weight.size(), " tokens (expected one per token, the first 0)"));
   }
 }
 

@@ -32,6 +32,10 @@ struct Node {
 struct Path {
   int end_node = 0;
   std::vector<double> target_weight;  // (path length)
+  // (path length) 1 where the sequence's loss mask makes the token a target (whatever its
+  // weight, zero included); empty: where target_weight != 0.
+  std::vector<uint8_t> target_mask;
+  bool is_target(size_t j) const { return target_mask.empty() ? target_weight[j] != 0 : target_mask[j] != 0; }
 };
 
 struct Tree {

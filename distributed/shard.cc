@@ -12,11 +12,11 @@ model::Work tree_work(const data::Tree& tree, data::Packing packing) {
   model::Work w;
   if (packing == data::Packing::kPerPath) {
     for (int64_t k = 0; k < tree.n_paths(); ++k) {
-      const std::vector<double>& tw = tree.paths[k].target_weight;
-      const int64_t len = (int64_t)tw.size();
+      const data::Path& path = tree.paths[k];
+      const int64_t len = (int64_t)path.target_weight.size();
       w.tokens += len;
       w.visible_pairs += len * (len + 1) / 2;
-      for (int64_t i = 1; i < len; ++i) w.head_rows += tw[i] != 0;  // row i - 1 predicts token i
+      for (int64_t i = 1; i < len; ++i) w.head_rows += path.is_target(i);  // row i - 1 predicts token i
     }
     return w;
   }

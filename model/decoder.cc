@@ -81,6 +81,7 @@ struct ActsLayout {
   int32_t* tgt_src;  // indexes head_rows; targets stably sorted by it
   int32_t* tgt_tok;
   double* tgt_w;
+  double* tgt_c;  // the targets' path counts, the unweighted NLL's weights
   int32_t* logit_rows;
   int32_t* store_rows;
   uint64_t* sample_keys;
@@ -109,13 +110,14 @@ struct ActsLayout {
     tgt_src = c.take<int32_t>(n_tgt);
     tgt_tok = c.take<int32_t>(n_tgt);
     tgt_w = c.take<double>(n_tgt);
+    tgt_c = c.take<double>(n_tgt);
     logit_rows = c.take<int32_t>(n_logit);
     store_rows = c.take<int32_t>(n_store);
     sample_keys = c.take<uint64_t>(n_sample);
     meta_bytes = c.bytes();
     sample_tokens = c.take<int32_t>(n_sample);
     sample_logprobs = c.take<double>(n_sample);
-    loss = c.take<double>(1);
+    loss = c.take<double>(2);  // sum_t w_t ce_t, sum_t cnt_t ce_t
     layout = c.take_bytes(E::layout_bytes(N));
     rope = c.take_bytes(E::rope_bytes(N, (int)arch.config().head_dim));
     const int B = (int)blocks.size();
@@ -387,7 +389,7 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
   a.sample_keys_ = n_sample ? r.sample_keys : nullptr;
   a.sample_tokens_ = n_sample ? r.sample_tokens : nullptr;
   a.sample_logprobs_ = n_sample ? r.sample_logprobs : nullptr;
-  exec_.zero(r.loss, sizeof(double));
+  exec_.zero(r.loss, 2 * sizeof(double));
   a.view_ = BatchView<E>{};
   a.view_.N = N;
   if (N == 0) {
@@ -411,6 +413,7 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
       img.tgt_src[t] = sorted_src[t];
       img.tgt_tok[t] = batch.tgt_tok[order[t]];
       img.tgt_w[t] = batch.tgt_w[order[t]];
+      img.tgt_c[t] = batch.tgt_cnt.empty() ? 1.0 : (double)batch.tgt_cnt[order[t]];
     }
     if (n_logit) std::copy(logit_rows->begin(), logit_rows->end(), img.logit_rows);
     if (n_store) std::copy(cache->rows.begin(), cache->rows.end(), img.store_rows);
@@ -429,6 +432,8 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
   v.targets.tok = r.tgt_tok;
   v.targets.w = r.tgt_w;
   v.targets.n_tgt = n_tgt;
+  v.targets.c = r.tgt_c;
+  v.targets.c_loss = r.loss + 1;
   ensure_scratch(N, a.R_);
 
   arch_.input().forward(exec_, v, weights(), reinterpret_cast<Act*>(a.xs_[0]));
@@ -499,8 +504,15 @@ void Decoder<E>::backward(Activations<E>& a, const Carry<E>* relay, const GradRe
 
 template <class E>
 double Decoder<E>::loss(const Activations<E>& a) const {
-  if (a.n_ == 0 || !a.loss_) return 0.0;
-  return a.loss_scale_ * exec_.read(a.loss_);
+  return losses(a).loss;
+}
+
+template <class E>
+Losses Decoder<E>::losses(const Activations<E>& a) const {
+  if (a.n_ == 0 || !a.loss_) return Losses{};
+  double sums[2] = {0, 0};
+  exec_.download(sums, a.loss_, sizeof sums);
+  return Losses{a.loss_scale_ * sums[0], sums[1]};
 }
 
 template <class E>
@@ -560,7 +572,11 @@ InferResult Decoder<E>::infer(const data::PackedBatch& batch, const InferRequest
   run_forward(batch, 1.0, Mode::kNoGrad, infer_acts_, carry, all || rows.empty() ? nullptr : &rows, count, req.loss,
               cache, req.sample ? &req.keys : nullptr);
   InferResult out;
-  out.loss = req.loss ? loss(infer_acts_) : 0.0;
+  if (req.loss) {
+    const Losses l = losses(infer_acts_);
+    out.loss = l.loss;
+    out.nll_sum = l.nll_sum;
+  }
   const int N = batch.n_tokens;
   if (all) {
     rows.resize(N);

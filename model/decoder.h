@@ -134,8 +134,17 @@ struct InferRequest {
   // The logits of every packed row, no loss.
   static InferRequest all_logits() { return InferRequest{false, Rows::kAll, {}}; }
 };
+// What a forward's loss is: loss_scale * sum_t w_t ce_t, and the unweighted NLL sum
+// sum_t cnt_t ce_t (cnt_t: the paths that make target t one; divided by the targets over the
+// flattened paths, n_flat_targets, it is the mean token NLL, whatever the weights' signs).
+struct Losses {
+  double loss = 0;
+  double nll_sum = 0;
+};
+
 struct InferResult {
   double loss = 0;               // loss_scale 1: sum_t w_t ce_t (0 without targets or unrequested)
+  double nll_sum = 0;            // sum_t cnt_t ce_t (with the loss)
   std::vector<int32_t> rows;     // the rows whose logits (or draws) follow
   std::vector<double> logits;    // (rows.size(), V), unless the request samples
   std::vector<int32_t> tokens;   // (rows.size()) with sample
@@ -207,6 +216,8 @@ class Decoder {
   void backward(Activations<E>& acts, const Carry<E>* relay = nullptr, const GradReadyFn& on_ready = nullptr);
   // loss_scale * sum_t w_t ce_t of the last forward on acts (waits for the backend).
   double loss(const Activations<E>& acts) const;
+  // The loss and the unweighted NLL sum of the last forward on acts (one read; waits).
+  Losses losses(const Activations<E>& acts) const;
   // The rows a forward on acts offers to readers outside the batch, per layer (dk/dv null).
   Carry<E> export_carry(const Activations<E>& acts) const;
   // Elements per row of layer l's carry-gradient accumulators (dk and dv each).

@@ -35,7 +35,8 @@
 //   attention_forward / attention_backward: the one attention primitive (ops/*/attention.h)
 //   gather_rows(out (R,C), in, rows (R))   scatter_rows(out[rows[r]] = in[r])
 //   cross_entropy(loss +=, lse (rows), dlogits (rows,V) or null, logits (rows,V), targets,
-//       row_begin, rows, V, dloss): the weighted loss of the chunk's targets, and its gradient
+//       row_begin, rows, V, dloss): the weighted loss of the chunk's targets (and with the
+//       targets' second weights c, *c_loss += sum c ce: the unweighted NLL), and its gradient
 //       dloss * d(loss)/d(logits) when dlogits is set (may alias logits)
 //   sample_rows(token (R), logprob (R) fp64, logits (R,V), temperature, keys (R)): greedy or the
 //       Gumbel-max draw per row and the token's log-probability (ops/cpu/sampling.h)

@@ -184,7 +184,7 @@ void CpuExec<T>::cross_entropy(double* loss, Stat* lse, Act* dlogits, const Act*
   // ops/cpu counts a target's source from the first row it is given.
   std::vector<int32_t> src(tgt.src, tgt.src + tgt.n_tgt);
   for (int32_t& s : src) s -= row_begin;
-  *loss += cpu::cross_entropy_forward(lse, logits, src.data(), tgt.tok, tgt.w, tgt.n_tgt, rows, V);
+  *loss += cpu::cross_entropy_forward(lse, logits, src.data(), tgt.tok, tgt.w, tgt.n_tgt, rows, V, tgt.c, tgt.c_loss);
   if (dlogits) cpu::cross_entropy_backward(dlogits, logits, lse, src.data(), tgt.tok, tgt.w, tgt.n_tgt, rows, V, dloss);
 }
 

@@ -60,6 +60,8 @@ class CpuExec {
     const int32_t* tok = nullptr;
     const double* w = nullptr;
     int n_tgt = 0;
+    const double* c = nullptr;  // (n_tgt) second weights: *c_loss += sum_t c_t ce_t (the NLL's counts)
+    double* c_loss = nullptr;
   };
 
   struct Options {};

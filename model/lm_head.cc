@@ -146,6 +146,7 @@ void LmHeadKind::forward(E& e, const HeadCall<E>& c) const {
     tgt.src += ch.t_begin;
     tgt.tok += ch.t_begin;
     tgt.w += ch.t_begin;
+    if (tgt.c) tgt.c += ch.t_begin;
     tgt.n_tgt = ch.t_end - ch.t_begin;
     e.cross_entropy(c.loss, lse, dlogits, logits, tgt, ch.r0, ch.rows, V_, c.loss_scale);
     if (train && fused) chunk_backward(e, c, s, t, ch, x_rows, dlogits);

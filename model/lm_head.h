@@ -40,7 +40,8 @@ struct HeadCall {
   char* scratch = nullptr;  // scratch_bytes(R, mode)
   const typename E::Act* x = nullptr;  // (N, C) the residual stream after the last block
   typename E::Act* dx = nullptr;       // backward: (N, C) overwritten with d x
-  double* loss = nullptr;              // (1) on the backend's memory: += sum_t w_t ce_t
+  double* loss = nullptr;              // (1) on the backend's memory: += sum_t w_t ce_t (and the
+                                       // batch targets' c_loss: sum_t cnt_t ce_t)
   double loss_scale = 1.0;             // the gradient's dloss
   const std::vector<HeadChunk>* chunks = nullptr;
   int R = 0;                           // rows per chunk

@@ -45,7 +45,7 @@ double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_t
   std::vector<int64_t> row_elems(L);
   for (int l = 0; l < L; ++l) row_elems[l] = model.carry_row_elems(l);
   std::vector<std::unique_ptr<LivePiece<E>>> live(plan.num_pieces());
-  double loss = 0;
+  double loss = 0, nll = 0;
   auto forward = [&](int k) {
     const data::Piece& piece = plan.pieces[k];
     TT_CHECK((int)piece.gateway.size() <= E::kMaxExternalKV, "partition of tree '", split_tree.id, "': piece ", k,
@@ -84,10 +84,13 @@ double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_t
   auto backward = [&](int k) {
     LivePiece<E>& lp = *live[k];
     model.backward(lp.acts, &lp.rows);
-    loss += model.loss(lp.acts);
+    const Losses l = model.losses(lp.acts);
+    loss += l.loss;
+    nll += l.nll_sum;
     live[k].reset();
   };
-  const PartitionRunStats st = walk_partition_schedule(plan, split_tree.id, forward, backward);
+  PartitionRunStats st = walk_partition_schedule(plan, split_tree.id, forward, backward);
+  st.nll_sum = nll;
   if (stats) *stats = st;
   return loss;
 }

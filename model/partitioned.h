@@ -36,6 +36,7 @@ struct PartitionRunStats {
   int64_t tokens_processed = 0;   // sum of piece tokens (== n_tree: no recomputation)
   int64_t peak_live_tokens = 0;   // most tokens whose activations were resident at once
   int pieces = 0;
+  double nll_sum = 0;             // the pieces' unweighted NLL sums (Losses::nll_sum)
 };
 
 // Walks plan.schedule for both backends' executors: forward(k) and backward(k) run piece k's

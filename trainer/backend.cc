@@ -74,18 +74,29 @@ class DecoderBackend : public Backend {
     model::save_hf(dir, model_.config(), model_.params_info(), host.data(), "F32");
   }
 
-  void zero_grad() override { model_.zero_grad(); }
-  double forward_backward(const data::PackedBatch& batch, double loss_scale) override {
-    return model_.forward_backward(batch, loss_scale);
+  void zero_grad() override {
+    model_.zero_grad();
+    nll_ = 0;
   }
-  // Block by block as backward is enqueued (model::GradReadyFn), so buckets start early.
+  double forward_backward(const data::PackedBatch& batch, double loss_scale) override {
+    return forward_backward_notify(batch, loss_scale, nullptr);
+  }
+  // Layer by layer as backward is enqueued (model::GradReadyFn), so buckets start early.
   double forward_backward_notify(const data::PackedBatch& batch, double loss_scale, const GradReady& ready) override {
-    return model_.forward_backward(batch, loss_scale, ready);
+    model_.forward(batch, loss_scale, acts_);
+    model_.backward(acts_, nullptr, ready);
+    const model::Losses l = model_.losses(acts_);
+    nll_ += l.nll_sum;
+    return l.loss;
   }
   double forward_backward_partitioned(const data::Tree& split, const data::Partition& plan,
                                       double loss_scale) override {
-    return model::forward_backward_partitioned(model_, split, plan, loss_scale);
+    model::PartitionRunStats st;
+    const double loss = model::forward_backward_partitioned(model_, split, plan, loss_scale, &st);
+    nll_ += st.nll_sum;
+    return loss;
   }
+  double nll_sum() const override { return nll_; }
   double grad_sum_squares() const override { return model_.grad_sum_squares(); }
 
   void adamw_step(const OptimStep& p) override {
@@ -165,6 +176,8 @@ class DecoderBackend : public Backend {
   // mutable: grad_sum_squares() and the host copies are const in the interface but run on the
   // model's stream and scratch.
   mutable model::Decoder<E> model_;
+  model::Activations<E> acts_;  // forward_backward's
+  double nll_ = 0;              // since zero_grad
   int gpu_;
   typename E::Buffer m_;  // (num_params) AdamW first moment
   typename E::Buffer v_;  // (num_params) AdamW second moment

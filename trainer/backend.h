@@ -62,6 +62,9 @@ class Backend {
   virtual double forward_backward_partitioned(const data::Tree& split, const data::Partition& plan,
                                               double loss_scale) = 0;
   virtual double grad_sum_squares() const = 0;  // over every gradient, fp64 accumulation
+  // The unweighted NLL sum (sum_t cnt_t ce_t, model::Losses) of the forward_backward calls since
+  // zero_grad(): divided by the step's flattened targets, the mean token NLL.
+  virtual double nll_sum() const = 0;
   virtual void adamw_step(const OptimStep& p) = 0;
 
   // Host copies in the flat layout, for checkpoints and tests.

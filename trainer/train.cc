@@ -252,22 +252,24 @@ StepMetrics Trainer::train_step() {
     }
   }
 
-  double normaliser = 0;
+  double normaliser = 0, flat_targets = 0;
   model::Work work;
   for (const data::PackedBatch& b : micro) {
     normaliser += cfg_.train.loss_norm == "token_mean" ? (double)b.n_flat_targets : (double)b.n_paths;
+    flat_targets += (double)b.n_flat_targets;
     work += model::Work::of(b);
     m.n_tree += b.n_tree;
     m.n_flat += b.n_flat;
     m.paths += b.n_paths;
   }
   if (comm_) {  // the step's totals over every rank (integers: exact in fp64)
-    double totals[4] = {normaliser, (double)m.n_tree, (double)m.n_flat, (double)m.paths};
-    comm_->all_reduce_host(totals, 4);
+    double totals[5] = {normaliser, (double)m.n_tree, (double)m.n_flat, (double)m.paths, flat_targets};
+    comm_->all_reduce_host(totals, 5);
     normaliser = totals[0];
     m.n_tree = (int64_t)totals[1];
     m.n_flat = (int64_t)totals[2];
     m.paths = (int64_t)totals[3];
+    flat_targets = totals[4];
   }
   if (!(normaliser > 0))
     throw Error(str("step ", m.step, ": the step's batches have no ", cfg_.train.loss_norm == "token_mean" ? "targets" : "paths",
@@ -291,13 +293,16 @@ StepMetrics Trainer::train_step() {
     }
   }
   const double t_backward = now_s();
+  double nll_sum = backend_->nll_sum();
   if (comm_) {  // gradients before the norm, clipping and AdamW: every rank takes the same update
     buckets_->finish();  // the buckets not yet started; the compute stream waits for all
-    double totals[2] = {m.loss, (double)m.pieces};
-    comm_->all_reduce_host(totals, 2);
+    double totals[3] = {m.loss, (double)m.pieces, nll_sum};
+    comm_->all_reduce_host(totals, 3);
     m.loss = totals[0];
     m.pieces = (int64_t)totals[1];
+    nll_sum = totals[2];
   }
+  m.nll = flat_targets > 0 ? nll_sum / flat_targets : 0.0;
   m.grad_norm = std::sqrt(backend_->grad_sum_squares());
   m.reduce_s = now_s() - t_backward;
   m.device_peak_gib = (double)backend_->take_device_peak_bytes() / (1024.0 * 1024.0 * 1024.0);
@@ -370,7 +375,7 @@ std::vector<StepMetrics> Trainer::run() {
   while (step_ < total) {
     const StepMetrics m = train_step();
     out.push_back(m);
-    nlohmann::json j = {{"step", m.step},         {"loss", m.loss},       {"lr", m.lr},
+    nlohmann::json j = {{"step", m.step},         {"loss", m.loss},       {"nll", m.nll},    {"lr", m.lr},
                               {"grad_norm", m.grad_norm}, {"tokens_per_s", m.tokens_per_s},
                               {"n_tree", m.n_tree},     {"n_flat", m.n_flat},   {"por", m.por},
                               {"paths", m.paths},       {"pieces", m.pieces},   {"elapsed_s", m.elapsed_s},
@@ -387,8 +392,8 @@ std::vector<StepMetrics> Trainer::run() {
       metrics.flush();
     }
     if (m.step % cfg_.train.log_every == 0 || m.step == start_step_ + 1 || m.step == total)
-      spdlog::info("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | gnorm {:.3f} | {} tok/s | mfu {:.1f}% | por {:.2f}{} | {:.1f}s",
-                   m.step, width, total, m.loss, m.lr, m.grad_norm, human_rate(m.tokens_per_s), 100 * m.mfu, m.por,
+      spdlog::info("step {:>{}}/{} | loss {:.4f} | nll {:.4f} | lr {:.2e} | gnorm {:.3f} | {} tok/s | mfu {:.1f}% | por {:.2f}{} | {:.1f}s",
+                   m.step, width, total, m.loss, m.nll, m.lr, m.grad_norm, human_rate(m.tokens_per_s), 100 * m.mfu, m.por,
                    cfg_.partition.capacity_tokens > 0 ? " | pieces " + std::to_string(m.pieces) : "", m.elapsed_s);
     if (cfg_.train.checkpoint_every > 0 && m.step % cfg_.train.checkpoint_every == 0 && m.step < total)
       save_checkpoint();

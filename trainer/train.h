@@ -77,6 +77,8 @@ struct StepMetrics {
   int64_t step = 0;  // 1-based: the update just taken
   double loss = 0;   // normalised loss of the step, before the update (sum_t w_t CE_t / normaliser:
                      // with signed weights the weighted objective, which can be negative)
+  double nll = 0;    // unweighted mean token NLL over the step's flattened targets (the weights'
+                     // signs and the normaliser aside: a language-model loss to watch)
   double lr = 0;
   double grad_norm = 0;     // global norm before clipping
   double tokens_per_s = 0;  // unique (tree) tokens processed per second of the step (gateway

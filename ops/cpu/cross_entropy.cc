@@ -41,7 +41,7 @@ double row_lse(const T* row, int V) {
 
 template <class T>
 double cross_entropy_forward(T* lse, const T* logits, const int32_t* tgt_src, const int32_t* tgt_tok,
-                             const double* tgt_w, int n_tgt, int N, int V) {
+                             const double* tgt_w, int n_tgt, int N, int V, const double* tgt_c, double* c_loss) {
   check_targets(tgt_src, tgt_tok, n_tgt, N, V, "cross_entropy_forward");
   std::vector<double> lse64(N);  // (N)
 #pragma omp parallel for schedule(static)
@@ -49,11 +49,14 @@ double cross_entropy_forward(T* lse, const T* logits, const int32_t* tgt_src, co
     lse64[r] = row_lse(logits + (int64_t)r * V, V);
     lse[r] = (T)lse64[r];
   }
-  double loss = 0.0;
+  double loss = 0.0, c = 0.0;
   for (int t = 0; t < n_tgt; t++) {
     const int r = tgt_src[t];
-    loss += tgt_w[t] * (lse64[r] - (double)logits[(int64_t)r * V + tgt_tok[t]]);
+    const double ce = lse64[r] - (double)logits[(int64_t)r * V + tgt_tok[t]];
+    loss += tgt_w[t] * ce;
+    if (tgt_c) c += tgt_c[t] * ce;
   }
+  if (tgt_c && c_loss) *c_loss += c;
   return loss;
 }
 
@@ -92,9 +95,9 @@ void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int
 }
 
 template double cross_entropy_forward<float>(float*, const float*, const int32_t*, const int32_t*,
-                                             const double*, int, int, int);
+                                             const double*, int, int, int, const double*, double*);
 template double cross_entropy_forward<double>(double*, const double*, const int32_t*, const int32_t*,
-                                              const double*, int, int, int);
+                                              const double*, int, int, int, const double*, double*);
 template void cross_entropy_backward<float>(float*, const float*, const float*, const int32_t*,
                                             const int32_t*, const double*, int, int, int, double);
 template void cross_entropy_backward<double>(double*, const double*, const double*, const int32_t*,

@@ -10,9 +10,12 @@
 namespace tt::cpu {
 
 // logits (N, V); lse (N) out; tgt_src, tgt_tok (n_tgt); tgt_w (n_tgt). Returns the loss (fp64 sum).
+// With tgt_c (n_tgt) set, *c_loss += sum_t tgt_c[t] * ce_t as well: the same cross-entropies under
+// other weights (the trainer's unweighted NLL takes the targets' path counts).
 template <class T>
 double cross_entropy_forward(T* lse, const T* logits, const int32_t* tgt_src, const int32_t* tgt_tok,
-                             const double* tgt_w, int n_tgt, int N, int V);
+                             const double* tgt_w, int n_tgt, int N, int V, const double* tgt_c = nullptr,
+                             double* c_loss = nullptr);
 
 // dlogits (N, V) = dloss * d(loss)/d(logits).
 template <class T>

@@ -50,8 +50,10 @@ struct CeParams {
   const uint32_t* sorted_src; // (n_tgt) target source rows, ascending
   const int32_t* sorted_tok;  // (n_tgt) in sorted order
   const double* sorted_w;     // (n_tgt) in sorted order
+  const double* sorted_c;     // (n_tgt) second weights in sorted order, or null
   float* stash;               // (n_tgt) logit of each target, in sorted order
   double* row_loss;           // (rows)
+  double* row_c_loss;         // (rows) with sorted_c
   int n_tgt, row_begin, rows, V;
   int cached;                 // leading elements of a row kept in shared memory (fused mode)
   float dloss;
@@ -127,12 +129,17 @@ __global__ void __launch_bounds__(kLargeThreads) ce_row_kernel(CeParams p) {
   }
   __syncthreads();
   if (tid == 0) {
-    double loss = 0.0, c = 0.0;
+    double loss = 0.0, c = 0.0, c_loss = 0.0;
     for (int i = b; i < e; i++) {
-      loss += p.sorted_w[i] * ((double)lse - (double)p.stash[i]);
+      const double ce = (double)lse - (double)p.stash[i];
+      loss += p.sorted_w[i] * ce;
       c += p.sorted_w[i];
+      if (p.sorted_c) c_loss += p.sorted_c[i] * ce;
     }
-    if constexpr ((MODE & kFwd) != 0) p.row_loss[r] = loss;
+    if constexpr ((MODE & kFwd) != 0) {
+      p.row_loss[r] = loss;
+      if (p.sorted_c) p.row_c_loss[r] = c_loss;
+    }
     row_c = (float)c;
   }
   if constexpr ((MODE & kBwd) != 0) {
@@ -179,22 +186,33 @@ __global__ void iota_kernel(int32_t* x, int n) {
   if (i < n) x[i] = i;
 }
 
-__global__ void gather_targets_kernel(int32_t* sorted_tok, double* sorted_w, const int32_t* sorted_idx,
-                                      const int32_t* tok, const double* w, int n) {
+__global__ void gather_targets_kernel(int32_t* sorted_tok, double* sorted_w, double* sorted_c,
+                                      const int32_t* sorted_idx, const int32_t* tok, const double* w,
+                                      const double* c, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const int t = sorted_idx[i];
   sorted_tok[i] = tok[t];
   sorted_w[i] = w[t];
+  if (c) sorted_c[i] = c[t];
 }
 
-// One block: thread i adds rows i, i + blockDim, ... in order; then a fixed-order block sum.
-__global__ void loss_reduce_kernel(double* loss, const double* row_loss, int rows) {
+// One block: thread i adds rows i, i + blockDim, ... in order; then a fixed-order block sum. The
+// same for the second weights' sums when c_loss is set.
+__global__ void loss_reduce_kernel(double* loss, const double* row_loss, double* c_loss, const double* row_c_loss,
+                                   int rows) {
   __shared__ double red[detail::kWarp];
-  double s = 0.0;
-  for (int r = threadIdx.x; r < rows; r += blockDim.x) s += row_loss[r];
+  double s = 0.0, sc = 0.0;
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    s += row_loss[r];
+    if (c_loss) sc += row_c_loss[r];
+  }
   s = detail::block_sum(s, red);
   if (threadIdx.x == 0) *loss += s;
+  if (c_loss) {
+    sc = detail::block_sum(sc, red);
+    if (threadIdx.x == 0) *c_loss += sc;
+  }
 }
 
 struct CeLayout {
@@ -203,8 +221,10 @@ struct CeLayout {
   int32_t* sorted_idx;
   int32_t* sorted_tok;
   double* sorted_w;
+  double* sorted_c;
   float* stash;
   double* row_loss;
+  double* row_c_loss;
   void* sort_temp;
   size_t sort_temp_bytes;
   size_t bytes;
@@ -218,8 +238,10 @@ CeLayout carve(void* base, int rows, int n_tgt) {
   l.sorted_idx = w.take<int32_t>(n_tgt);
   l.sorted_tok = w.take<int32_t>(n_tgt);
   l.sorted_w = w.take<double>(n_tgt);
+  l.sorted_c = w.take<double>(n_tgt);
   l.stash = w.take<float>(n_tgt);
   l.row_loss = w.take<double>(rows);
+  l.row_c_loss = w.take<double>(rows);
   l.sort_temp_bytes = 0;
   if (n_tgt > 0) {
     TT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, l.sort_temp_bytes, (const uint32_t*)nullptr,
@@ -241,8 +263,8 @@ void sort_targets(const CeTargets& tgt, const CeLayout& l, cudaStream_t stream) 
   // All 32 bits, stable: negative rows sort last as large unsigned keys and match no row.
   TT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(l.sort_temp, temp_bytes, reinterpret_cast<const uint32_t*>(tgt.src),
                                                 l.sorted_src, l.iota, l.sorted_idx, tgt.n_tgt, 0, 32, stream));
-  gather_targets_kernel<<<blocks, kThreads, 0, stream>>>(l.sorted_tok, l.sorted_w, l.sorted_idx, tgt.tok, tgt.w,
-                                                         tgt.n_tgt);
+  gather_targets_kernel<<<blocks, kThreads, 0, stream>>>(l.sorted_tok, l.sorted_w, l.sorted_c, l.sorted_idx, tgt.tok,
+                                                         tgt.w, tgt.c, tgt.n_tgt);
   TT_CUDA_CHECK_LAUNCH();
 }
 
@@ -252,8 +274,10 @@ void launch_ce(CeParams p, const CeTargets& tgt, const CeLayout& l, cudaStream_t
   p.sorted_src = l.sorted_src;
   p.sorted_tok = l.sorted_tok;
   p.sorted_w = l.sorted_w;
+  p.sorted_c = tgt.c && tgt.n_tgt > 0 ? l.sorted_c : nullptr;
   p.stash = l.stash;
   p.row_loss = l.row_loss;
+  p.row_c_loss = l.row_c_loss;
   const int threads = p.V >= kLargeVocab ? kLargeThreads : kSmallThreads;
   bool wide = p.V % 8 == 0 && detail::aligned16(p.logits);
   if constexpr ((MODE & kBwd) != 0) wide = wide && detail::aligned16(p.dlogits);
@@ -269,7 +293,10 @@ void launch_ce(CeParams p, const CeTargets& tgt, const CeLayout& l, cudaStream_t
   });
   TT_CUDA_CHECK_LAUNCH();
   if constexpr ((MODE & kFwd) != 0) {
-    loss_reduce_kernel<<<1, kReduceThreads, 0, stream>>>(p.loss, p.row_loss, p.rows);
+    // Rows without the second weights' sums (c null, or no targets) hold no row_c_loss: only add
+    // them when every row wrote one.
+    double* c_loss = p.sorted_c ? tgt.c_loss : nullptr;
+    loss_reduce_kernel<<<1, kReduceThreads, 0, stream>>>(p.loss, p.row_loss, c_loss, p.row_c_loss, p.rows);
     TT_CUDA_CHECK_LAUNCH();
   }
 }
@@ -280,6 +307,7 @@ void check_args(const CeTargets& tgt, int row_begin, int rows, int V, const Work
            " V=", V, " n_tgt=", tgt.n_tgt);
   TT_CHECK((int64_t)row_begin + rows < ((int64_t)1 << 31), op, ": row_begin + rows overflows int32");
   TT_CHECK(tgt.n_tgt == 0 || (tgt.src && tgt.tok && tgt.w), op, ": null target arrays with n_tgt=", tgt.n_tgt);
+  TT_CHECK(tgt.c == nullptr || tgt.c_loss != nullptr, op, ": second weights without c_loss");
   detail::check_workspace(ws, cross_entropy_workspace_bytes(rows, tgt.n_tgt), op);
 }
 

@@ -4,8 +4,8 @@
 //   loss = sum_t w[t] * (lse(row src[t]) - logits[src[t], tok[t]])
 //   dlogits[r] = dloss * (c_r softmax(r) - sum_{t: src[t]=r} w[t] onehot(tok[t])), c_r = sum w.
 // Gradient contract: lse is overwritten (fp32); loss (one fp64 on the device) is accumulated
-// (+=); dlogits (bf16) is overwritten, rows without targets get zeros, and dlogits may alias
-// logits (in place).
+// (+=), and with CeTargets::c so is *CeTargets::c_loss; dlogits (bf16) is overwritten, rows
+// without targets get zeros, and dlogits may alias logits (in place).
 //
 // Row chunks: the calls work on rows [row_begin, row_begin + rows) of a batch, with logits, lse
 // and dlogits pointing at row row_begin; targets whose source row lies outside are ignored. So an
@@ -34,6 +34,10 @@ struct CeTargets {
   const int32_t* tok = nullptr;
   const double* w = nullptr;
   int n_tgt = 0;
+  // (n_tgt) optional second weights: the forward also adds sum_t c[t] * ce_t to *c_loss (the
+  // unweighted NLL of the trainer takes the targets' path counts). The gradient ignores them.
+  const double* c = nullptr;
+  double* c_loss = nullptr;  // (1) on the device, += ; with c
 };
 
 // Workspace bytes the calls below need for `rows` rows and n_tgt targets.

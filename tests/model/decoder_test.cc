@@ -143,6 +143,49 @@ TEST(MixedLayers, TreeEqualsPerPath) {
   EXPECT_LE(max_diff(g_tree.data(), m.grads(), m.num_params()), 1e-10 * max_abs(g_tree));
 }
 
+// The unweighted NLL sum (Losses::nll_sum): for a tree with signed and zero weights and partial
+// masks, tree packing, per-path packing and a direct sum over the paths' masked tokens (each
+// path's own full forward) agree; with every weight 1 it is the loss.
+TEST(Nll, IsTheSumOverThePathsMaskedTokens) {
+  Model<double> m(tiny_config("qwen3", false));
+  init_for_test(m, 12);
+  const data::Tree tree = data::parse_tree_line(
+      R"({"id":"t","nodes":[{"parent":-1,"tokens":[1,2,3]},{"parent":0,"tokens":[4,5],"weight":-2.0},)"
+      R"({"parent":1,"tokens":[6]},{"parent":0,"tokens":[7,8,9],"loss_mask":[1,0,1],"weight":0.0},)"
+      R"({"parent":3,"tokens":[10]},{"parent":3,"tokens":[2,2],"weight":0.5}]})",
+      "test:1", m.config().vocab_size);
+  const int V = (int)m.config().vocab_size;
+  double direct = 0;
+  for (int64_t k = 0; k < tree.n_paths(); ++k) {
+    const std::vector<int32_t> toks = tree.path_tokens(k);
+    const std::vector<double> z = m.infer(testing::chain_batch(toks), InferRequest::all_logits()).logits;
+    for (size_t j = 1; j < toks.size(); ++j) {
+      if (!tree.paths[k].is_target(j)) continue;
+      const double* row = z.data() + (j - 1) * V;
+      double mx = row[0], s = 0;
+      for (int v = 1; v < V; ++v) mx = std::max(mx, row[v]);
+      for (int v = 0; v < V; ++v) s += std::exp(row[v] - mx);
+      direct += mx + std::log(s) - row[toks[j]];
+    }
+  }
+  Activations<CpuExec<double>> acts;
+  double sums[2];
+  int i = 0;
+  for (data::Packing p : {data::Packing::kTree, data::Packing::kPerPath}) {
+    m.forward(data::pack({&tree}, p), 1.0, acts);
+    sums[i++] = m.losses(acts).nll_sum;
+  }
+  EXPECT_NEAR(sums[0], direct, 1e-10 * direct);
+  EXPECT_NEAR(sums[1], direct, 1e-10 * direct);
+  // Unit weights: the NLL sum is the loss.
+  data::PackedBatch b = data::pack({&tree}, data::Packing::kTree);
+  for (size_t t = 0; t < b.tgt_w.size(); ++t) b.tgt_w[t] = b.tgt_cnt[t];
+  m.forward(b, 1.0, acts);
+  const Losses l = m.losses(acts);
+  EXPECT_NEAR(l.nll_sum, l.loss, 1e-12 * l.loss);
+  EXPECT_NEAR(l.nll_sum, direct, 1e-10 * direct);
+}
+
 // The no-grad forward returns the training forward's loss and logits (the same ops in the same
 // order: bitwise), on every row or a chosen list, and leaves the gradients alone.
 TEST(NoGrad, EqualsTheTrainingForward) {

@@ -171,6 +171,49 @@ TEST_P(CrossEntropyTest, FusedMatchesCpu) {
               ref.loss_err, rel_l2(r.dlogits, ref.dlogits));
 }
 
+// Second weights (the trainer's path counts): *c_loss gets sum_t c_t ce_t, within the same rule as
+// the loss (sum_t c_t lse_err), in the fused and the forward-only call, and the loss, lse and
+// dlogits are bitwise those of the call without them.
+TEST_P(CrossEntropyTest, SecondWeightsGiveTheUnweightedLoss) {
+  const auto [rows, V, name] = GetParam();
+  const Problem p = make_problem(rows, V, 3000 + rows + V);
+  const int n_tgt = (int)p.src.size();
+  std::mt19937_64 rng(rows * 7 + V);
+  std::vector<double> c(n_tgt);
+  for (double& x : c) x = (double)(1 + rng() % 4);
+  const Reference ref = reference(p);
+  std::vector<double> lse(p.rows);
+  double c_ref = 0;
+  tt::cpu::cross_entropy_forward<double>(lse.data(), p.logits.data(), p.src.data(), p.tok.data(), p.w.data(), n_tgt,
+                                         p.rows, p.V, c.data(), &c_ref);
+  double c_err = 0;
+  for (int t = 0; t < n_tgt; t++) c_err += c[t] * ref.lse_err[p.src[t]];
+  DeviceProblem d = upload(p);
+  const Result plain = run_fused(d, p, false);
+  DeviceBuffer<double> cw = to_device(c), c_loss(1), loss(1);
+  tt::cuda::CeTargets tgt = d.targets();
+  tgt.c = cw.data();
+  tgt.c_loss = c_loss.data();
+  for (int fused = 0; fused < 2; fused++) {
+    c_loss.copy_from_host(&kLossInit, 1);
+    loss.copy_from_host(&kLossInit, 1);
+    DeviceBuffer<float> l(p.rows);
+    DeviceBuffer<bf16> dl((size_t)p.rows * p.V);
+    const tt::cuda::Workspace ws{d.ws.data(), d.ws.size()};
+    if (fused) {
+      tt::cuda::cross_entropy_forward_backward(loss.data(), l.data(), dl.data(), d.logits.data(), tgt, 0, p.rows, p.V,
+                                               kDloss, ws, nullptr);
+    } else {
+      tt::cuda::cross_entropy_forward(loss.data(), l.data(), d.logits.data(), tgt, 0, p.rows, p.V, ws, nullptr);
+    }
+    sync_and_check();
+    EXPECT_NEAR(c_loss.to_host()[0] - kLossInit, c_ref, c_err) << name << (fused ? " fused" : " forward");
+    EXPECT_EQ(loss.to_host()[0] - kLossInit, plain.loss) << "the second weights leave the loss alone";
+    EXPECT_EQ(to_host(l), plain.lse);
+    if (fused) EXPECT_EQ(to_host(dl), plain.dlogits) << "and the gradient";
+  }
+}
+
 TEST_P(CrossEntropyTest, SeparateEqualsFusedAndInPlaceAndRepeatable) {
   const auto [rows, V, name] = GetParam();
   const Problem p = make_problem(rows, V, 2000 + rows + V);

@@ -655,7 +655,29 @@ TEST(TrainTest, SignedWeightsTrainLikeThePerPathBaseline) {
     for (float g : gp) gmax = std::max(gmax, (double)std::abs(g));
     ASSERT_GT(gmax, 0.0);
     for (size_t i = 0; i < gt.size(); ++i) ASSERT_NEAR(gt[i], gp[i], 1e-4 * gmax) << norm << " grad " << i;
+    // The unweighted mean token NLL does not see the weights: the same in both packings, and
+    // positive where the weighted objective is not.
+    EXPECT_NEAR(mt.nll, mp.nll, 1e-5 * mp.nll) << norm;
+    EXPECT_GT(mt.nll, 1.0) << norm;
   }
+}
+
+// With every weight 1 and loss_norm token_mean the loss is the mean token NLL; metrics.jsonl
+// records both.
+TEST(TrainTest, NllIsTheLossForUnitWeightsAndTokenMean) {
+  const fs::path dir = test_dir("nll");
+  RunConfig c = tiny_config(dir);
+  c.train.loss_norm = "token_mean";
+  c.train.max_steps = 3;
+  Trainer t(c);
+  const std::vector<StepMetrics> ms = t.run();
+  ASSERT_EQ(ms.size(), 3u);
+  for (const StepMetrics& m : ms) EXPECT_NEAR(m.nll, m.loss, 1e-5 * m.loss) << "step " << m.step;
+  std::ifstream in(fs::path(c.run_dir) / "metrics.jsonl");
+  std::string line;
+  std::getline(in, line);
+  const nlohmann::json j = nlohmann::json::parse(line);
+  EXPECT_NEAR(j.at("nll").get<double>(), ms[0].nll, 1e-12 * ms[0].nll);
 }
 
 // Four episode combs of 42 unique tokens each (tiny_run.h use_combs).
