@@ -623,6 +623,32 @@ double Decoder<E>::grad_sum_squares() {
   return exec_.sum_squares(grads(), num_params());
 }
 
+template <class E>
+MemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t tokens, const DecoderOptions& options) {
+  const Architecture arch(cfg, options.layers.empty() ? cfg.layer_specs() : options.layers);
+  std::vector<std::unique_ptr<Block<E>>> blocks;
+  for (const auto& k : arch.blocks()) blocks.push_back(make_block<E>(*k));
+  const int64_t P = arch.table().num_params();
+  MemoryEstimate m;
+  m.weights = P * (int64_t)sizeof(typename E::Param) + (E::kSeparateWeights ? P * (int64_t)sizeof(typename E::Weight) : 0);
+  m.grads = P * (int64_t)sizeof(typename E::Param);
+  const int N = (int)std::min<int64_t>(tokens, INT32_MAX);
+  const ActsLayout<E> acts(arch, blocks, Mode::kTrain, N, N, N, N, 0, 0, 0, nullptr);
+  size_t scratch = 0;
+  for (const auto& b : blocks) scratch = std::max(scratch, b->scratch_bytes(N));
+  const int64_t chunk = options.head_chunk_bytes > 0 ? options.head_chunk_bytes : E::kDefaultHeadChunkBytes;
+  const int R = arch.head().template chunk_rows<E>(chunk, std::max(N, 1));
+  const int64_t C = cfg.hidden_size;
+  m.activations = (int64_t)acts.total + (int64_t)scratch +
+                  (int64_t)arch.head().template scratch_bytes<E>(R, Mode::kTrain) +
+                  N * C * (int64_t)(sizeof(typename E::Act) + sizeof(typename E::Acc));
+  return m;
+}
+
+template MemoryEstimate estimate_training_memory<CpuExec<float>>(const ModelConfig&, int64_t, const DecoderOptions&);
+template MemoryEstimate estimate_training_memory<CpuExec<double>>(const ModelConfig&, int64_t, const DecoderOptions&);
+template MemoryEstimate estimate_training_memory<CudaExec>(const ModelConfig&, int64_t, const DecoderOptions&);
+
 template class Decoder<CpuExec<float>>;
 template class Decoder<CpuExec<double>>;
 template class Decoder<CudaExec>;

@@ -271,6 +271,16 @@ class Decoder {
   Activations<E> infer_acts_;  // infer()'s working set
 };
 
+// Bytes a training decoder takes on its backend: its parameter buffers (master weights, the
+// working copy, gradients) and, for micro-batches of `tokens` packed tokens, the saved activations
+// and scratch of a forward and backward (every row a target source: the most the head may hold).
+struct MemoryEstimate {
+  int64_t weights = 0, grads = 0, activations = 0;
+  int64_t total() const { return weights + grads + activations; }
+};
+template <class E>
+MemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t tokens, const DecoderOptions& options = {});
+
 template <class T>
 using Model = Decoder<CpuExec<T>>;
 using CudaModel = Decoder<CudaExec>;

@@ -5,7 +5,10 @@
 #include <cuda_runtime.h>
 #include <spdlog/spdlog.h>
 
+#include <cmath>
+#include <fstream>
 #include <type_traits>
+#include <utility>
 
 #include "distributed/env.h"
 #include "model/decoder.h"
@@ -44,6 +47,7 @@ class DecoderBackend : public Backend {
     const size_t bytes = sizeof(float) * (size_t)model_.num_params();
     e.ensure(m_, bytes);
     e.ensure(v_, bytes);
+    e.ensure(flag_, sizeof(int));
     if constexpr (kDevice) {
       std::vector<cuda::AdamWTensor> tensors;
       for (const model::ParamInfo& p : model_.params_info()) tensors.push_back({p.offset, p.numel, p.decay});
@@ -99,7 +103,7 @@ class DecoderBackend : public Backend {
   double nll_sum() const override { return nll_; }
   double grad_sum_squares() const override { return model_.grad_sum_squares(); }
 
-  void adamw_step(const OptimStep& p) override {
+  bool adamw_step(const OptimStep& p) override {
     if constexpr (kDevice) {
       cuda::AdamWParams ap;
       ap.lr = p.lr;
@@ -109,11 +113,16 @@ class DecoderBackend : public Backend {
       ap.weight_decay = p.weight_decay;  // the chunk table applies it to decay tensors only
       ap.step = p.step;
       ap.grad_scale = p.grad_scale;
+      int* flag = reinterpret_cast<int*>(flag_.data());
+      model_.exec().zero(flag, sizeof(int));
       cuda::adamw_update(model_.params(), model_.weights(), model_.grads(), m(), v(),
                          reinterpret_cast<const cuda::AdamWChunk*>(chunks_.data()), (int)chunks_host_.size(), ap,
-                         nullptr, model_.exec().stream());
-      // The step ends when its update has: step timings and host copies see the new weights.
-      model_.exec().sync();
+                         nullptr, model_.exec().stream(), flag);
+      // The step ends when its update has (the flag's read waits): step timings and host copies
+      // see the new weights.
+      int bad = 0;
+      model_.exec().download(&bad, flag, sizeof(int));
+      return bad == 0;
     } else {
       for (const model::ParamInfo& info : model_.params_info()) {
         cpu::AdamWParams ap;
@@ -127,7 +136,23 @@ class DecoderBackend : public Backend {
         const int64_t o = info.offset;
         cpu::adamw_update(model_.params() + o, model_.grads() + o, m() + o, v() + o, info.numel, ap);
       }
+      return first_nonfinite(true, false, true).empty();
     }
+  }
+
+  std::string first_nonfinite(bool params, bool grads, bool optim) override {
+    E& e = model_.exec();
+    for (const model::ParamInfo& p : model_.params_info()) {
+      const std::pair<bool, const float*> bufs[4] = {{params, model_.params()},
+                                                     {grads, model_.grads()},
+                                                     {optim, m()},
+                                                     {optim, v()}};
+      const char* what[4] = {"weights", "gradient", "AdamW m", "AdamW v"};
+      for (int k = 0; k < 4; ++k)
+        if (bufs[k].first && !std::isfinite(e.sum_squares(bufs[k].second + p.offset, p.numel)))
+          return str(p.name, " (", what[k], ")");
+    }
+    return "";
   }
 
   std::vector<float> params_host() const override { return model_.params_host(); }
@@ -182,6 +207,7 @@ class DecoderBackend : public Backend {
   typename E::Buffer m_;  // (num_params) AdamW first moment
   typename E::Buffer v_;  // (num_params) AdamW second moment
   typename E::Buffer chunks_;  // the CUDA AdamW chunk table
+  typename E::Buffer flag_;    // (1) int: the CUDA update left a non-finite value
   std::vector<cuda::AdamWChunk> chunks_host_;
 };
 
@@ -262,9 +288,57 @@ int resolve_device(const std::string& device, const model::ModelConfig& cfg, int
   return gpu;
 }
 
+namespace {
+
+// Host memory the kernel says is available (MemAvailable of /proc/meminfo), or -1 when unknown.
+int64_t host_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return -1;
+}
+
+std::string gib(double bytes) { return str(std::round(bytes / (1 << 30) * 100) / 100, " GiB"); }
+
+// Throws when the training state and a micro-batch's activations cannot fit (see make_backend).
+template <class E>
+void check_memory(const model::ModelConfig& cfg, int64_t tokens, int gpu) {
+  const model::MemoryEstimate m = model::estimate_training_memory<E>(cfg, tokens);
+  const int64_t optim = 2 * (int64_t)sizeof(float) * model::Architecture(cfg).table().num_params();
+  const int64_t need = m.total() + optim;
+  int64_t have = -1;
+  std::string where;
+  if (gpu >= 0) {
+    size_t free_b = 0, total_b = 0;
+    TT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    have = (int64_t)free_b;
+    where = str("GPU ", gpu, " has ", gib((double)have), " free");
+  } else {
+    have = host_available_bytes();
+    where = str("the host has ", gib((double)have), " available");
+  }
+  if (have < 0 || need <= have) return;
+  throw Error(str("the model (", model::Architecture(cfg).table().num_params(),
+                  " parameters from model.hidden_size, model.intermediate_size, model.num_hidden_layers, "
+                  "model.vocab_size) and data.max_tokens_per_batch = ", tokens, " need about ", gib((double)need),
+                  " on ", E::kName, " (weights ", gib((double)m.weights), ", gradients ", gib((double)m.grads),
+                  ", AdamW state ", gib((double)optim), ", activations ", gib((double)m.activations), "), but ", where,
+                  ": make the model or data.max_tokens_per_batch smaller (partition.capacity_tokens bounds a large "
+                  "tree's pieces)"));
+}
+
+}  // namespace
+
 std::unique_ptr<Backend> make_backend(const std::string& device, const model::ModelConfig& cfg, int local_rank,
-                                      int local_world_size, bool gemm_autotune) {
+                                      int local_world_size, bool gemm_autotune, int64_t max_tokens) {
   const int gpu = resolve_device(device, cfg, local_rank, local_world_size);
+  if (max_tokens > 0) {
+    if (gpu < 0) check_memory<model::CpuExec<float>>(cfg, max_tokens, gpu);
+    else check_memory<model::CudaExec>(cfg, max_tokens, gpu);
+  }
   if (gpu < 0) return std::make_unique<CpuBackend>(cfg, model::CpuExec<float>::Options{}, -1);
   return std::make_unique<CudaBackend>(cfg, exec_options(gemm_autotune), gpu);
 }

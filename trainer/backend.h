@@ -65,7 +65,14 @@ class Backend {
   // The unweighted NLL sum (sum_t cnt_t ce_t, model::Losses) of the forward_backward calls since
   // zero_grad(): divided by the step's flattened targets, the mean token NLL.
   virtual double nll_sum() const = 0;
-  virtual void adamw_step(const OptimStep& p) = 0;
+  // Returns false when the update left a parameter or AdamW moment non-finite (detected in the
+  // update's own pass on the GPU; a scan on the CPU).
+  virtual bool adamw_step(const OptimStep& p) = 0;
+  // The first tensor (table order) holding a non-finite value among the parameters, their
+  // gradients or their AdamW moments (as asked), "<name> (<what>)", or "" when all are finite.
+  // A reduction per tensor on the backend (the sum of squares is finite exactly when every value is,
+  // since |x| < 2^128 keeps sums of squares far inside fp64).
+  virtual std::string first_nonfinite(bool params, bool grads, bool optim) = 0;
 
   // Host copies in the flat layout, for checkpoints and tests.
   virtual std::vector<float> params_host() const = 0;
@@ -99,8 +106,12 @@ class Backend {
 // device before it allocates anything (NCCL is then set up on the same device, Backend::device());
 // a local rank without a GPU of its own is an error (pick_device). One process: GPU 0.
 // gemm_autotune: the CUDA backend's cuBLASLt autotuning (train.gemm_autotune); the CPU ignores it.
+// max_tokens > 0 (the trainer's data.max_tokens_per_batch): before allocating, the memory the
+// backend will need (weights, gradients, AdamW state, the activations of such a micro-batch:
+// model::estimate_training_memory) is compared with what the host (MemAvailable) or the GPU
+// (cudaMemGetInfo) has free, and a tt::Error naming the keys says when it cannot fit.
 std::unique_ptr<Backend> make_backend(const std::string& device, const model::ModelConfig& cfg, int local_rank = 0,
-                                      int local_world_size = 1, bool gemm_autotune = false);
+                                      int local_world_size = 1, bool gemm_autotune = false, int64_t max_tokens = 0);
 
 // The device choice of make_backend alone: the GPU it made current for "cuda" (or "auto" picking
 // one), or -1 for the CPU; the same errors and logs.

@@ -8,7 +8,8 @@
 //   model:    Hugging Face names (architecture, vocab_size, hidden_size, ...) and init_from
 //   data:     path, format, packing, max_tokens_per_batch, shuffle
 //   train:    max_steps, seed, loss_norm, grad_clip, grad_accum, resume, log_every,
-//             checkpoint_every, keep_checkpoints, final_checkpoint, gemm_autotune
+//             checkpoint_every, keep_checkpoints, final_checkpoint, gemm_autotune, on_nonfinite,
+//             max_skipped_steps
 //   optim:    lr, beta1, beta2 (or betas: [b1, b2]), eps, weight_decay
 //   schedule: warmup_steps (longer than train.max_steps: a warning), decay, min_lr_ratio
 //   partition: capacity_tokens (docs/PARTITIONING.md)
@@ -66,6 +67,12 @@ struct TrainConfig {
   int64_t keep_checkpoints = 2;  // newest checkpoints kept; 0 keeps all
   bool final_checkpoint = true;  // write a checkpoint at the end (off: benchmarks of big models)
   bool gemm_autotune = false;    // cuda: time cuBLASLt's candidates per GEMM shape (not bitwise reproducible)
+  // A step whose loss or gradient norm is not finite: stop (an error naming the step and the first
+  // tensor with a non-finite gradient; exit code 3), or skip_step (no update, counted in the
+  // metrics; more than max_skipped_steps in a row stops). An update that leaves a weight or AdamW
+  // moment non-finite always stops, before any checkpoint is written.
+  std::string on_nonfinite = "stop";  // stop | skip_step
+  int64_t max_skipped_steps = 10;     // consecutive skipped steps allowed with skip_step
 };
 
 struct OptimConfig {

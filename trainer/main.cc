@@ -81,7 +81,8 @@ const char* const kUsage = R"(usage:
   treetrain --help
 
 Relative paths on the command line are relative to the working directory (under `bazel run`,
-the directory it was started from).
+the directory it was started from). Exit codes: 0 done, 1 an error, 2 a usage error, 3 training
+stopped on a non-finite loss, gradient, weight or optimizer state (train.on_nonfinite).
 )";
 
 struct UsageError {
@@ -181,6 +182,7 @@ int run_train(const std::vector<std::string>& argv) {
     // Every error of a distributed run names its host and rank (once).
     const std::string tag = env.describe();
     if (!env.distributed() || std::string(e.what()).find(tag) != std::string::npos) throw;
+    if (dynamic_cast<const tt::trainer::NonFiniteError*>(&e)) throw tt::trainer::NonFiniteError(tag + ": " + e.what());
     throw tt::Error(tag + ": " + e.what());
   }
   return 0;
@@ -418,6 +420,9 @@ int main(int argc, char** argv) {
   } catch (const UsageError& e) {
     print_error(e.msg, std::string("\n") + kUsage);
     return 2;
+  } catch (const tt::trainer::NonFiniteError& e) {
+    print_error(e.what());
+    return 3;
   } catch (const tt::Error& e) {
     print_error(e.what());
     return 1;

@@ -51,7 +51,8 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   prepare_run_dir(cfg_);
   // A communicator handed in (tests) says the world; else the launcher's environment does.
   const distributed::DistEnv env = comm ? distributed::DistEnv{} : distributed::read_env(cfg_.distributed.mode);
-  backend_ = make_backend(cfg_.device, cfg_.model, env.local_rank, env.local_world_size, cfg_.train.gemm_autotune);
+  backend_ = make_backend(cfg_.device, cfg_.model, env.local_rank, env.local_world_size, cfg_.train.gemm_autotune,
+                          cfg_.data.max_tokens_per_batch);
   connect(std::move(comm), env);
   spdlog::info("model: {} L={} C={} NH={} NKV={} HS={} I={} V={}: {} parameters on {}", cfg_.model.architecture,
                cfg_.model.num_hidden_layers, cfg_.model.hidden_size, cfg_.model.num_attention_heads,
@@ -99,6 +100,9 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
                                : latest_checkpoint(cfg_.run_dir);
   if (cfg_.train.resume && !ckpt.empty()) {
     const TrainerState st = load_checkpoint(ckpt, cfg_, *backend_);
+    if (const std::string bad = backend_->first_nonfinite(true, false, true); !bad.empty())
+      throw NonFiniteError(str(ckpt, ": ", bad, " holds non-finite values (train.resume); move the checkpoint aside "
+                               "to resume from an earlier one"));
     loader_->restore(st.loader);
     step_ = start_step_ = last_saved_step_ = st.step;
     spdlog::info("resumed from {} (step {}, epoch {}, cursor {})", ckpt, st.step, st.loader.epoch, st.loader.cursor);
@@ -112,6 +116,8 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   if (cfg_.train.resume) spdlog::info("train.resume: no checkpoint in {}, starting fresh", checkpoints_dir(cfg_.run_dir));
   if (!cfg_.init_from.empty()) {
     backend_->load_hf(cfg_.init_from);
+    if (const std::string bad = backend_->first_nonfinite(true, false, false); !bad.empty())
+      throw NonFiniteError(str(cfg_.init_from, ": ", bad, " holds non-finite values (model.init_from)"));
     spdlog::info("weights from {} (model.init_from)", cfg_.init_from);
   } else {
     backend_->init(cfg_.train.seed);
@@ -306,20 +312,51 @@ StepMetrics Trainer::train_step() {
   m.grad_norm = std::sqrt(backend_->grad_sum_squares());
   m.reduce_s = now_s() - t_backward;
   m.device_peak_gib = (double)backend_->take_device_peak_bytes() / (1024.0 * 1024.0 * 1024.0);
-  if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm))
-    throw Error(str("step ", m.step, ": loss ", m.loss, ", grad norm ", m.grad_norm, " is not finite"));
+  m.lr = lr_at(cfg_, m.step);
+  if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
+    const std::string bad = backend_->first_nonfinite(false, true, false);
+    const std::string what = str("step ", m.step, ": loss ", m.loss, ", grad norm ", m.grad_norm, " is not finite",
+                                 bad.empty() ? "" : str(" (first non-finite gradient: ", bad, ")"));
+    if (cfg_.train.on_nonfinite == "skip_step" && consecutive_skips_ < cfg_.train.max_skipped_steps) {
+      ++consecutive_skips_;
+      ++skipped_steps_;
+      spdlog::warn("{}: skipped, no update (train.on_nonfinite: skip_step; {} in a row, at most {})", what,
+                   consecutive_skips_, cfg_.train.max_skipped_steps);
+      step_ = m.step;
+      m.skipped = true;
+      m.skipped_steps = skipped_steps_;
+      finish_metrics(m, t0, work);
+      return m;
+    }
+    throw NonFiniteError(str(what, cfg_.train.on_nonfinite == "skip_step"
+                                       ? str("; more than train.max_skipped_steps (", cfg_.train.max_skipped_steps,
+                                             ") in a row")
+                                       : " (train.on_nonfinite: stop; skip_step skips such steps)"));
+  }
 
   OptimStep p;
-  p.lr = m.lr = lr_at(cfg_, m.step);
+  p.lr = m.lr;
   p.beta1 = cfg_.optim.beta1;
   p.beta2 = cfg_.optim.beta2;
   p.eps = cfg_.optim.eps;
   p.weight_decay = cfg_.optim.weight_decay;
   p.step = m.step;
   if (cfg_.train.grad_clip > 0) p.grad_scale = std::min(1.0, cfg_.train.grad_clip / (m.grad_norm + 1e-6));
-  backend_->adamw_step(p);
+  if (!backend_->adamw_step(p)) {
+    const std::string bad = backend_->first_nonfinite(true, false, true);
+    throw NonFiniteError(str("step ", m.step, ": the update (lr ", p.lr, ") left ",
+                             bad.empty() ? std::string("a value") : bad,
+                             " non-finite; nothing of this step is written (the newest checkpoint is step ",
+                             last_saved_step_ < 0 ? std::string("none") : std::to_string(last_saved_step_), ")"));
+  }
   step_ = m.step;
+  consecutive_skips_ = 0;
+  m.skipped_steps = skipped_steps_;
+  finish_metrics(m, t0, work);
+  return m;
+}
 
+void Trainer::finish_metrics(StepMetrics& m, double t0, const model::Work& work) const {
   const double t1 = now_s();
   m.step_s = t1 - t0;
   m.tokens_per_s = t1 > t0 ? (double)m.n_tree / (t1 - t0) : 0.0;
@@ -331,7 +368,6 @@ StepMetrics Trainer::train_step() {
   }
   m.por = m.n_flat > 0 ? 1.0 - (double)m.n_tree / (double)m.n_flat : 0.0;
   m.elapsed_s = t1 - t_start_;
-  return m;
 }
 
 std::string Trainer::save_checkpoint() {
@@ -345,6 +381,9 @@ std::string Trainer::save_checkpoint() {
   st.seed = cfg_.train.seed;
   st.data_path = cfg_.data.path;
   st.data_size = data_size_;
+  // Never a non-finite checkpoint (the update checks each step; this is the last line of defence).
+  if (const std::string bad = backend_->first_nonfinite(true, false, true); !bad.empty())
+    throw NonFiniteError(str("step ", step_, ": ", bad, " is not finite; the checkpoint is not written"));
   const std::string dir = trainer::save_checkpoint(cfg_.run_dir, cfg_, *backend_, st);
   last_saved_step_ = step_;
   spdlog::info("checkpoint {}", dir);
@@ -381,6 +420,10 @@ std::vector<StepMetrics> Trainer::run() {
                               {"paths", m.paths},       {"pieces", m.pieces},   {"elapsed_s", m.elapsed_s},
                               {"step_s", m.step_s},     {"model_tflops", m.model_tflops}, {"mfu", m.mfu}};
     j["executed_flops"] = m.executed_flops;
+    if (m.skipped_steps > 0 || cfg_.train.on_nonfinite == "skip_step") {
+      j["skipped"] = m.skipped;
+      j["skipped_steps"] = m.skipped_steps;
+    }
     j["reduce_s"] = m.reduce_s;
     if (m.device_peak_gib > 0) j["device_peak_gib"] = m.device_peak_gib;
     if (comm_) {

@@ -93,6 +93,8 @@ struct StepMetrics {
   double model_tflops = 0;  // model FLOPs of the step per second, in TFLOP/s
   double mfu = 0;           // model_tflops * 1e12 / kPeakFlops
   double executed_flops = 0;  // FLOPs the step executed (this rank's micro-batches)
+  bool skipped = false;       // train.on_nonfinite: skip_step skipped this step's update
+  int64_t skipped_steps = 0;  // steps skipped so far in this process
   int64_t world_size = 1;   // data-parallel ranks; the counts, loss and tokens/s above are global
   double imbalance = 1;     // max / mean of the ranks' estimated step cost (1: perfect balance)
   double reduce_s = 0;      // wall time from the end of the step's last backward to the global
@@ -100,6 +102,13 @@ struct StepMetrics {
                             // the loss all-reduce and the norm (one process: the norm alone)
   double device_peak_gib = 0;  // peak device memory held by the model's allocator in the step
                                // (weights, gradients, optimizer state, activations); 0 on the CPU
+};
+
+// A non-finite loss, gradient norm, weight or AdamW moment that stops the run (treetrain exits
+// with code 3 for it).
+class NonFiniteError : public Error {
+ public:
+  explicit NonFiniteError(const std::string& msg) : Error(msg) {}
 };
 
 class Trainer {
@@ -143,6 +152,8 @@ class Trainer {
   void check_ranks_agree();
   // This rank's micro-batches of the step (see the file comment) and the deal's imbalance.
   void take_shard(std::vector<data::PackedBatch>* micro, std::vector<int64_t>* partition_tree, StepMetrics* m);
+  // Time, throughput and FLOP fields of a step that began at t0.
+  void finish_metrics(StepMetrics& m, double t0, const model::Work& work) const;
 
   RunConfig cfg_;
   model::Architecture arch_;  // the model's kinds: FLOPs and shard costs
@@ -156,6 +167,8 @@ class Trainer {
   int64_t step_ = 0;
   int64_t start_step_ = 0;
   int64_t last_saved_step_ = -1;
+  int64_t consecutive_skips_ = 0;
+  int64_t skipped_steps_ = 0;
   double t_start_ = 0;  // seconds, steady clock
 };
 

@@ -28,6 +28,7 @@ struct AdamWKernelParams {
   float* v;                 // (P)
   const AdamWChunk* chunks; // (n_chunks)
   const float* grad_scale_dev;
+  int* nonfinite;           // (1) or null: set when an updated value is not finite
   float grad_scale, beta1, beta2, one_minus_beta1, one_minus_beta2;
   float step_size;          // lr / (1 - beta1^step)
   float inv_bc2_sqrt;       // 1 / sqrt(1 - beta2^step)
@@ -48,8 +49,12 @@ __device__ __forceinline__ Elem adamw_elem(float param, float grad, float m, flo
   return Elem{param * decay - p.step_size * m / denom, m, v};
 }
 
-__device__ __forceinline__ void adamw_scalar(const AdamWKernelParams& p, int64_t i, float scale, float decay) {
+__device__ __forceinline__ bool finite(const Elem& e) { return isfinite(e.param) && isfinite(e.m) && isfinite(e.v); }
+
+__device__ __forceinline__ void adamw_scalar(const AdamWKernelParams& p, int64_t i, float scale, float decay,
+                                             bool& bad) {
   const Elem e = adamw_elem(p.param[i], p.grad[i], p.m[i], p.v[i], scale, decay, p);
+  bad |= !finite(e);
   p.param[i] = e.param;
   p.m[i] = e.m;
   p.v[i] = e.v;
@@ -62,15 +67,16 @@ __global__ void adamw_kernel(AdamWKernelParams p) {
   const float decay = ch.decay ? p.decay_factor : 1.f;
   const float scale = p.grad_scale_dev ? p.grad_scale * *p.grad_scale_dev : p.grad_scale;
   const int tid = threadIdx.x, nt = blockDim.x;
+  bool bad = false;
   if constexpr (!kVec4) {
-    for (int i = tid; i < ch.len; i += nt) adamw_scalar(p, ch.offset + i, scale, decay);
+    for (int i = tid; i < ch.len; i += nt) adamw_scalar(p, ch.offset + i, scale, decay, bad);
   } else {
     const int head = min(ch.len, (int)((4 - (ch.offset & 3)) & 3));
     const int64_t body = ch.offset + head;  // multiple of 4
     const int n_vec = (ch.len - head) / 4;
     const int tail = (ch.len - head) % 4;
-    if (tid < head) adamw_scalar(p, ch.offset + tid, scale, decay);
-    if (tid < tail) adamw_scalar(p, body + 4 * (int64_t)n_vec + tid, scale, decay);
+    if (tid < head) adamw_scalar(p, ch.offset + tid, scale, decay, bad);
+    if (tid < tail) adamw_scalar(p, body + 4 * (int64_t)n_vec + tid, scale, decay, bad);
     for (int i = tid; i < n_vec; i += nt) {
       const int64_t j = body + 4 * (int64_t)i;
       float4 pw = *reinterpret_cast<const float4*>(p.param + j);
@@ -78,10 +84,10 @@ __global__ void adamw_kernel(AdamWKernelParams p) {
       float4 mw = *reinterpret_cast<const float4*>(p.m + j);
       float4 vw = *reinterpret_cast<const float4*>(p.v + j);
       Elem e;
-      e = adamw_elem(pw.x, gw.x, mw.x, vw.x, scale, decay, p), pw.x = e.param, mw.x = e.m, vw.x = e.v;
-      e = adamw_elem(pw.y, gw.y, mw.y, vw.y, scale, decay, p), pw.y = e.param, mw.y = e.m, vw.y = e.v;
-      e = adamw_elem(pw.z, gw.z, mw.z, vw.z, scale, decay, p), pw.z = e.param, mw.z = e.m, vw.z = e.v;
-      e = adamw_elem(pw.w, gw.w, mw.w, vw.w, scale, decay, p), pw.w = e.param, mw.w = e.m, vw.w = e.v;
+      e = adamw_elem(pw.x, gw.x, mw.x, vw.x, scale, decay, p), pw.x = e.param, mw.x = e.m, vw.x = e.v, bad |= !finite(e);
+      e = adamw_elem(pw.y, gw.y, mw.y, vw.y, scale, decay, p), pw.y = e.param, mw.y = e.m, vw.y = e.v, bad |= !finite(e);
+      e = adamw_elem(pw.z, gw.z, mw.z, vw.z, scale, decay, p), pw.z = e.param, mw.z = e.m, vw.z = e.v, bad |= !finite(e);
+      e = adamw_elem(pw.w, gw.w, mw.w, vw.w, scale, decay, p), pw.w = e.param, mw.w = e.m, vw.w = e.v, bad |= !finite(e);
       *reinterpret_cast<float4*>(p.param + j) = pw;
       *reinterpret_cast<float4*>(p.m + j) = mw;
       *reinterpret_cast<float4*>(p.v + j) = vw;
@@ -94,6 +100,7 @@ __global__ void adamw_kernel(AdamWKernelParams p) {
       }
     }
   }
+  if (bad && p.nonfinite) atomicOr(p.nonfinite, 1);
 }
 
 struct NormParams {
@@ -193,7 +200,8 @@ std::vector<AdamWChunk> adamw_chunks(const std::vector<AdamWTensor>& tensors, in
 }
 
 void adamw_update(float* param, bf16* param_bf16, const float* grad, float* m, float* v, const AdamWChunk* chunks,
-                  int n_chunks, const AdamWParams& p, const float* grad_scale_dev, cudaStream_t stream) {
+                  int n_chunks, const AdamWParams& p, const float* grad_scale_dev, cudaStream_t stream,
+                  int* nonfinite) {
   TT_CHECK(n_chunks >= 0, "cuda::adamw_update: expected n_chunks >= 0, got ", n_chunks);
   TT_CHECK(p.step >= 1, "cuda::adamw_update: step is 1-based, got ", p.step);
   TT_CHECK(p.beta1 >= 0 && p.beta1 < 1 && p.beta2 >= 0 && p.beta2 < 1,
@@ -203,6 +211,7 @@ void adamw_update(float* param, bf16* param_bf16, const float* grad, float* m, f
   AdamWKernelParams k{};
   k.param = param, k.param_bf16 = param_bf16, k.grad = grad, k.m = m, k.v = v, k.chunks = chunks;
   k.grad_scale_dev = grad_scale_dev;
+  k.nonfinite = nonfinite;
   k.grad_scale = (float)p.grad_scale;
   k.beta1 = (float)p.beta1, k.beta2 = (float)p.beta2;
   k.one_minus_beta1 = (float)(1.0 - p.beta1), k.one_minus_beta2 = (float)(1.0 - p.beta2);

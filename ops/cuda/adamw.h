@@ -55,9 +55,12 @@ constexpr int64_t kAdamWChunkElems = 1 << 16;
 std::vector<AdamWChunk> adamw_chunks(const std::vector<AdamWTensor>& tensors, int64_t chunk_elems = kAdamWChunkElems);
 
 // param (P) fp32, param_bf16 (P) or null, grad (P) fp32, m, v (P) fp32; chunks (n_chunks) on the
-// device; grad_scale_dev: one fp32 on the device, or null.
+// device; grad_scale_dev: one fp32 on the device, or null. nonfinite: one int on the device, or
+// null: set to 1 when the update leaves any param, m or v value non-finite (left alone otherwise;
+// the check rides on the update's own pass over the values).
 void adamw_update(float* param, bf16* param_bf16, const float* grad, float* m, float* v, const AdamWChunk* chunks,
-                  int n_chunks, const AdamWParams& p, const float* grad_scale_dev, cudaStream_t stream);
+                  int n_chunks, const AdamWParams& p, const float* grad_scale_dev, cudaStream_t stream,
+                  int* nonfinite = nullptr);
 
 // Workspace bytes sum_squares needs.
 size_t sum_squares_workspace_bytes(int64_t n);

@@ -85,9 +85,12 @@ void check_step(const std::vector<int64_t>& sizes, int64_t chunk_elems, const tt
     EXPECT_NEAR(norm.to_host()[0], std::sqrt(ref_sumsq), 1e-12 * std::sqrt(ref_sumsq));
     scale = p.grad_scale * (double)got;
   }
+  DeviceBuffer<int> flag(1);
+  flag.fill_bytes(0);
   tt::cuda::adamw_update(param.data(), pb.data(), grad.data(), m.data(), v.data(), d_chunks.data(),
-                         (int)chunks.size(), gp, device_scale ? dscale.data() : nullptr, nullptr);
+                         (int)chunks.size(), gp, device_scale ? dscale.data() : nullptr, nullptr, flag.data());
   sync_and_check();
+  EXPECT_EQ(flag.to_host()[0], 0) << "a finite update raises no flag";
 
   State ref = s;
   for (const AdamWTensor& t : tensors) {
@@ -126,6 +129,31 @@ TEST_F(AdamWTest, DefaultChunksLaterStep) {
   tt::cuda::AdamWParams p;
   p.lr = 3e-4, p.weight_decay = 0.01, p.step = 7, p.beta2 = 0.999;
   check_step({2048 * 64, 64, 5 * 65536 + 3, 2048}, tt::cuda::kAdamWChunkElems, p, false);
+}
+
+// The update flags non-finite results: an lr that overflows fp32 (1e39 -> inf), and a NaN
+// gradient in one element of the last chunk (the scalar tail of a misaligned tensor).
+TEST_F(AdamWTest, NonFiniteUpdatesRaiseTheFlag) {
+  const std::vector<AdamWTensor> tensors = {{0, 1000, true}, {1000, 70003, true}};
+  const int64_t P = 71003;
+  const State s = random_state(P, 77);
+  const std::vector<AdamWChunk> chunks = tt::cuda::adamw_chunks(tensors, 4096);
+  for (int c = 0; c < 2; c++) {
+    auto param = to_device_f32(s.param), m = to_device_f32(s.m), v = to_device_f32(s.v);
+    std::vector<double> g = s.grad;
+    tt::cuda::AdamWParams p;
+    p.lr = 1e-3;
+    if (c == 0) p.lr = 1e39;
+    if (c == 1) g[P - 2] = std::nan("");
+    auto grad = to_device_f32(g);
+    auto d_chunks = to_device(chunks);
+    DeviceBuffer<int> flag(1);
+    flag.fill_bytes(0);
+    tt::cuda::adamw_update(param.data(), nullptr, grad.data(), m.data(), v.data(), d_chunks.data(), (int)chunks.size(),
+                           p, nullptr, nullptr, flag.data());
+    sync_and_check();
+    EXPECT_EQ(flag.to_host()[0], 1) << (c == 0 ? "lr 1e39" : "a NaN gradient");
+  }
 }
 
 TEST_F(AdamWTest, DeviceClipScale) {

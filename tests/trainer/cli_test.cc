@@ -189,6 +189,13 @@ TEST(CliTest, GenerateStatsAndTrain) {
   }
   EXPECT_EQ(lines, 3);
 
+  // A non-finite update exits with code 3 and writes no checkpoint.
+  r = treetrain("train --config " + (dir / "run.yaml").string() + " --set run_dir=" + (dir / "nan").string() +
+                " --set train.max_steps=3 --set device=cpu --set optim.lr=1e39");
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_NE(r.err.find("error: step 1: the update (lr "), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir / "nan" / "checkpoints" / "step_1"));
+
   r = treetrain("--config " + (dir / "run.yaml").string() + " --set train.foo=1");
   EXPECT_EQ(r.code, 1);
   EXPECT_EQ(r.err.rfind("error: --set train.foo=1: unknown key 'train.foo'", 0), 0u) << r.err;

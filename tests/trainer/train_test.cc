@@ -662,6 +662,141 @@ TEST(TrainTest, SignedWeightsTrainLikeThePerPathBaseline) {
   }
 }
 
+// A learning rate that overflows fp32 makes the first update non-finite: the run stops with a
+// NonFiniteError naming the step and the tensor, before any checkpoint exists.
+TEST(TrainTest, ANonFiniteUpdateStopsBeforeAnyCheckpoint) {
+  const fs::path dir = test_dir("nonfinite_update");
+  RunConfig c = tiny_config(dir);
+  c.optim.lr = 1e39;
+  c.schedule.warmup_steps = 0;
+  c.train.checkpoint_every = 1;
+  Trainer t(c);
+  try {
+    t.run();
+    FAIL() << "expected NonFiniteError";
+  } catch (const NonFiniteError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("step 1: the update (lr "), std::string::npos) << msg;
+    EXPECT_NE(msg.find(") left model.embed_tokens.weight (weights) non-finite"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("the newest checkpoint is step none"), std::string::npos) << msg;
+  }
+  EXPECT_TRUE(list_checkpoints(c.run_dir).empty()) << "nothing non-finite is written";
+}
+
+// Logits that overflow (weights of size 1e30) make the loss non-finite: skip_step skips the update
+// and counts it, up to train.max_skipped_steps in a row; stop (the default) stops at once.
+TEST(TrainTest, NonFiniteStepsAreSkippedUpToTheCap) {
+  const fs::path dir = test_dir("nonfinite_skip");
+  RunConfig c = tiny_config(dir);
+  c.model.initializer_range = 1e30;
+  c.train.max_steps = 4;
+  c.train.on_nonfinite = "skip_step";
+  c.train.max_skipped_steps = 2;
+  {
+    Trainer t(c);
+    const std::vector<float> w0 = t.backend().params_host();
+    const StepMetrics a = t.train_step(), b = t.train_step();
+    EXPECT_TRUE(a.skipped && b.skipped);
+    EXPECT_EQ(b.skipped_steps, 2);
+    EXPECT_EQ(t.step(), 2);
+    EXPECT_EQ(t.backend().params_host(), w0) << "a skipped step updates nothing";
+    try {
+      t.train_step();
+      FAIL() << "expected NonFiniteError";
+    } catch (const NonFiniteError& e) {
+      EXPECT_NE(std::string(e.what()).find("step 3: loss"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("more than train.max_skipped_steps (2) in a row"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("first non-finite gradient: "), std::string::npos) << e.what();
+    }
+  }
+  c.train.on_nonfinite = "stop";
+  c.run_dir = (dir / "stop").string();
+  Trainer s(c);
+  try {
+    s.train_step();
+    FAIL() << "expected NonFiniteError";
+  } catch (const NonFiniteError& e) {
+    EXPECT_NE(std::string(e.what()).find("(train.on_nonfinite: stop; skip_step skips such steps)"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Non-finite values read from disk are errors naming the file and the tensor: an init_from model
+// and a checkpoint's optimizer state (which a resumed run would otherwise carry on).
+TEST(TrainTest, NonFiniteInitFromAndResumeAreRefused) {
+  const fs::path dir = test_dir("nonfinite_load");
+  RunConfig c = tiny_config(dir);
+  c.train.max_steps = 2;
+  c.train.checkpoint_every = 1;
+  c.train.keep_checkpoints = 1;
+  Trainer(c).run();
+  const fs::path ckpt = fs::path(c.run_dir) / "checkpoints" / "step_2";
+  // A NaN in the optimizer state of the newest checkpoint, patched in place (the file keeps its
+  // size: the checkpoint stays valid by its manifest).
+  auto poke_nan = [](const fs::path& file, const std::string& tensor, int64_t index) {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t header = 0;
+    f.read(reinterpret_cast<char*>(&header), 8);
+    std::string json(header, '\0');
+    f.read(json.data(), (std::streamsize)header);
+    const nlohmann::json h = nlohmann::json::parse(json);
+    ASSERT_EQ(h.at(tensor).at("dtype"), "F32");
+    const int64_t begin = h.at(tensor).at("data_offsets")[0].get<int64_t>();
+    const float nan = NAN;
+    f.seekp(8 + (std::streamoff)header + begin + 4 * index);
+    f.write(reinterpret_cast<const char*>(&nan), 4);
+    ASSERT_TRUE(f.good());
+  };
+  poke_nan(ckpt / "optimizer.safetensors", "v.model.norm.weight", 3);
+  RunConfig r = c;
+  r.train.resume = true;
+  r.train.max_steps = 3;
+  try {
+    Trainer t(r);
+    FAIL() << "expected NonFiniteError";
+  } catch (const NonFiniteError& e) {
+    EXPECT_NE(std::string(e.what()).find(ckpt.string() + ": model.norm.weight (AdamW v) holds non-finite values"),
+              std::string::npos)
+        << e.what();
+  }
+  // The same checkpoint's weights with a NaN, as an init_from model.
+  poke_nan(ckpt / "model.safetensors", "model.layers.1.mlp.up_proj.weight", 0);
+  RunConfig f = c;
+  f.run_dir = (dir / "fresh").string();
+  f.init_from = ckpt.string();
+  try {
+    Trainer t(f);
+    FAIL() << "expected NonFiniteError";
+  } catch (const NonFiniteError& e) {
+    EXPECT_NE(std::string(e.what()).find(ckpt.string() +
+                                         ": model.layers.1.mlp.up_proj.weight (weights) holds non-finite values "
+                                         "(model.init_from)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// A model that cannot fit is an error naming the keys before anything is allocated: 69 billion
+// parameters need about a terabyte of weights, gradients and AdamW state.
+TEST(TrainTest, AModelThatCannotFitIsAnErrorBeforeAllocating) {
+  const fs::path dir = test_dir("too_big");
+  RunConfig c = tiny_config(dir);
+  c.model.hidden_size = 8192;
+  c.model.intermediate_size = 32768;
+  c.model.num_hidden_layers = 64;
+  c.model.num_attention_heads = 64;
+  c.model.num_key_value_heads = 8;
+  c.model.head_dim = 128;
+  const std::string err = error_of([&] { Trainer t(c); });
+  EXPECT_NE(err.find(" parameters from model.hidden_size, model.intermediate_size, model.num_hidden_layers, "
+                     "model.vocab_size) and data.max_tokens_per_batch = 40 need about "),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("on cpu (weights "), std::string::npos) << err;
+  EXPECT_NE(err.find("but the host has "), std::string::npos) << err;
+}
+
 // With every weight 1 and loss_norm token_mean the loss is the mean token NLL; metrics.jsonl
 // records both.
 TEST(TrainTest, NllIsTheLossForUnitWeightsAndTokenMean) {
