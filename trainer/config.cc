@@ -26,7 +26,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-using Ref = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*>;
+using Ref = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<std::string>*>;
 
 struct Field {
   std::string key;                        // "train.max_steps"
@@ -55,6 +55,7 @@ const std::vector<Field>& fields() {
       TT_FIELD("model.tie_word_embeddings", model.tie_word_embeddings),
       TT_FIELD("model.initializer_range", model.initializer_range),
       TT_FIELD("model.max_position_embeddings", model.max_position_embeddings),
+      TT_FIELD("model.layer_types", model.layer_types),
       TT_FIELD("model.init_from", init_from, {}, true),
       TT_FIELD("data.path", data.path, {}, true),
       TT_FIELD("data.format", data.format, {"rollouts", "tree"}),
@@ -213,6 +214,13 @@ std::string format_value(const Ref& r) {
     std::string operator()(double* p) const { return format_double(*p); }
     std::string operator()(bool* p) const { return *p ? "true" : "false"; }
     std::string operator()(std::string* p) const { return *p; }
+    std::string operator()(std::vector<std::string>* p) const {
+      YAML::Emitter e;  // a flow list of double-quoted strings: read back verbatim
+      e.SetSeqFormat(YAML::Flow);
+      e.SetStringFormat(YAML::DoubleQuoted);
+      e << *p;
+      return e.c_str();
+    }
   } v;
   return std::visit(v, r);
 }
@@ -233,6 +241,15 @@ void set_field(RunConfig& cfg, const Field& f, const YAML::Node& n, const Origin
     **p = parse_double(n, f.key, o.where);
   } else if (auto* p = std::get_if<bool*>(&r)) {
     **p = parse_bool(n, f.key, o.where);
+  } else if (auto* p = std::get_if<std::vector<std::string>*>(&r)) {
+    // A list of strings; null or [] is the empty list. What the entries may be is the model's rule.
+    (*p)->clear();
+    if (n.IsNull()) return;
+    if (!n.IsSequence()) type_error(o.where, f.key, "a list of strings", n);
+    for (size_t k = 0; k < n.size(); ++k) {
+      if (!n[k].IsScalar()) type_error(o.where, str(f.key, "[", k, "]"), "a string", n[k]);
+      (*p)->push_back(n[k].Scalar());
+    }
   } else {
     std::string* s = std::get<std::string*>(r);
     if (!f.allowed.empty()) {
@@ -354,6 +371,13 @@ void apply_override(RunConfig& cfg, const std::string& ov, ParseState& st) {
   apply(cfg, key, value, Origin{ctx, ""}, st);
 }
 
+// model.layer_types as one entry per layer ([] is every layer full_attention), for comparison.
+std::string explicit_layer_types(const model::ModelConfig& m, int64_t layers) {
+  std::vector<std::string> v = m.layer_types;
+  if (v.empty()) v.assign((size_t)std::max<int64_t>(layers, 0), "full_attention");
+  return format_value(Ref(&v));
+}
+
 // With model.init_from, the model section comes from DIR/config.json; written keys must agree.
 void resolve_init_from(RunConfig& cfg, const ParseState& st) {
   if (cfg.init_from.empty()) {
@@ -383,8 +407,12 @@ void resolve_init_from(RunConfig& cfg, const ParseState& st) {
   from_hf.model = model::ModelConfig::from_hf_json(j, file);
   for (const auto& [key, where] : st.model_keys) {
     const Field* f = find_field(key);
-    const std::string mine = format_value(f->ref(cfg));
-    const std::string theirs = format_value(f->ref(from_hf));
+    std::string mine = format_value(f->ref(cfg));
+    std::string theirs = format_value(f->ref(from_hf));
+    if (key == "model.layer_types") {  // [] means every layer full_attention: compare the explicit lists
+      mine = explicit_layer_types(cfg.model, from_hf.model.num_hidden_layers);
+      theirs = explicit_layer_types(from_hf.model, from_hf.model.num_hidden_layers);
+    }
     if (mine != theirs)
       throw Error(str(where, ": ", key, " = ", mine, " does not match ", theirs, " in ", file,
                       " (model.init_from); drop the key or make it agree"));

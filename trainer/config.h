@@ -5,7 +5,8 @@
 //
 // Layout of a config file (every key optional except data.path):
 //   run_dir: runs/quickstart        device: auto | cpu | cuda
-//   model:    Hugging Face names (architecture, vocab_size, hidden_size, ...) and init_from
+//   model:    Hugging Face names (architecture, vocab_size, hidden_size, ..., layer_types: a list,
+//             one mixer per layer, [] = all full_attention) and init_from
 //   data:     path, format, packing, max_tokens_per_batch, shuffle
 //   train:    max_steps, seed, loss_norm, grad_clip, grad_accum, resume, log_every,
 //             checkpoint_every, keep_checkpoints, final_checkpoint, gemm_autotune, on_nonfinite,

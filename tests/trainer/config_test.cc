@@ -364,6 +364,36 @@ TEST(ConfigTest, ToYamlRoundTrip) {
   expect_same(a, b);
 }
 
+// model.layer_types: a list of strings, one entry per layer; the model says what an entry may be.
+TEST(ConfigTest, LayerTypes) {
+  const RunConfig a = parse_config_text(
+      "data:\n  path: d.jsonl\nmodel:\n  num_hidden_layers: 2\n  layer_types: [full_attention, full_attention]\n",
+      "run.yaml", {});
+  EXPECT_EQ(a.model.layer_types, (std::vector<std::string>{"full_attention", "full_attention"}));
+  EXPECT_NE(a.to_yaml().find("  layer_types: [\"full_attention\", \"full_attention\"]\n"), std::string::npos)
+      << a.to_yaml();
+  expect_same(a, parse_config_text(a.to_yaml(), "resolved.yaml", {}));
+  EXPECT_TRUE(parse_config_text(kMinimal, "run.yaml", {}).model.layer_types.empty());
+  EXPECT_NE(parse_config_text(kMinimal, "run.yaml", {}).to_yaml().find("  layer_types: []\n"), std::string::npos);
+  EXPECT_EQ(parse_config_text(kMinimal, "run.yaml", {"model.layer_types=[full_attention, full_attention]"})
+                .model.layer_types.size(),
+            2u);
+  // Errors name where the value was written and what was expected.
+  EXPECT_EQ(parse_error("data:\n  path: d.jsonl\nmodel:\n  layer_types: full_attention\n"),
+            "run.yaml:4: model.layer_types: expected a list of strings, got 'full_attention'");
+  EXPECT_EQ(parse_error("data:\n  path: d.jsonl\nmodel:\n  layer_types: [full_attention, {a: 1}]\n"),
+            "run.yaml:4: model.layer_types[1]: expected a string, got a mapping");
+  EXPECT_EQ(parse_error(kMinimal, {"model.layer_types=[full_attention]"}),
+            "--set model.layer_types=[full_attention]: model.layer_types has 1 entries, expected one per layer "
+            "(num_hidden_layers = 2)");
+  const std::string e = parse_error(kMinimal, {"model.layer_types=[full_attention, linear_attention]"});
+  EXPECT_EQ(e.rfind("--set model.layer_types=[full_attention, linear_attention]: model.layer_types entry 1 is "
+                    "\"linear_attention\"",
+                    0),
+            0u)
+      << e;
+}
+
 TEST(ConfigTest, RelativePathsResolveAgainstTheConfigFolder) {
   const fs::path dir = tmpdir() / "cfg_paths";
   fs::create_directories(dir / "sub");
@@ -407,6 +437,16 @@ TEST(ConfigTest, InitFromReadsModelAndChecksAgreement) {
 
   const std::string e = error_of([&] { load_config((dir / "run.yaml").string(), {"model.vocab_size=100"}); });
   EXPECT_EQ(e.rfind("--set model.vocab_size=100: model.vocab_size = 100 does not match 256 in ", 0), 0u) << e;
+  // layer_types written out in full agrees with a config.json that leaves it to the default.
+  EXPECT_EQ(load_config((dir / "run.yaml").string(), {"model.layer_types=[full_attention, full_attention]"})
+                .model.layer_types.size(),
+            0u);
+  const std::string lt = error_of([&] { load_config((dir / "run.yaml").string(), {"model.layer_types=[x]"}); });
+  EXPECT_EQ(lt.rfind("--set model.layer_types=[x]: model.layer_types = [\"x\"] does not match "
+                     "[\"full_attention\", \"full_attention\"] in ",
+                     0),
+            0u)
+      << lt;
 }
 
 }  // namespace

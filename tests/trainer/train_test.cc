@@ -364,7 +364,7 @@ TEST(TrainTest, ResumeMovesInvalidCheckpointsAsideAndTakesTheNewestValid) {
   EXPECT_EQ(resumed.backend().params_host(), full.backend().params_host());
   const std::vector<std::string> aside = folders_starting(c, "step_");
   ASSERT_EQ(aside.size(), 9u);  // step_1..6 and the three moved aside
-  for (const std::string& name : {"step_4.invalid-", "step_5.invalid-", "step_999999999999999999.invalid-"})
+  for (const char* name : {"step_4.invalid-", "step_5.invalid-", "step_999999999999999999.invalid-"})
     EXPECT_EQ(folders_starting(c, name).size(), 1u) << name;
 }
 
