@@ -115,6 +115,19 @@ TEST(DistributedCliTest, LaunchStopsTheOthersAndNamesTheRankThatFailed) {
       << r.err;
 }
 
+TEST(DistributedCliTest, LaunchGivesItsRanksOneJobIdOrKeepsTheCallers) {
+  Result r = treetrain("launch --nproc 2 --program /bin/sh -- -c 'echo job $TT_JOB_ID'");
+  EXPECT_EQ(r.code, 0) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("\\[rank 0\\] job (launch-[^ ]+-[0-9]+-[0-9]+)\n"))) << r.out;
+  EXPECT_TRUE(has(r.out, "[rank 1] job " + m[1].str() + "\n")) << r.out;
+  ::setenv("TT_JOB_ID", "sweep-run-3", 1);
+  r = treetrain("launch --nproc 2 --program /bin/sh -- -c 'echo job $TT_JOB_ID'");
+  ::unsetenv("TT_JOB_ID");
+  EXPECT_TRUE(has(r.out, "[rank 0] job sweep-run-3\n")) << r.out;
+  EXPECT_TRUE(has(r.out, "[rank 1] job sweep-run-3\n")) << r.out;
+}
+
 TEST(DistributedCliTest, ATrainingRankThatCannotStartFailsTheLaunch) {
   // Rank 1 cannot run at all; rank 0 waits in the rendezvous until the launcher stops it.
   const fs::path dir = test_dir("dist_cli_no_start");
