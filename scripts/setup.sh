@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(bazel-bootstrap build-essential libyaml-cpp-dev libspdlog-dev libfmt-dev
-          libgtest-dev libgmock-dev nlohmann-json3-dev)
+          libgtest-dev libgmock-dev nlohmann-json3-dev libprotobuf-dev protobuf-compiler)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -16,6 +16,7 @@
 #include "base/check.h"
 #include "trainer/checkpoint.h"
 #include "trainer/schedule.h"
+#include "trainer/tensorboard.h"
 
 namespace tt::trainer {
 namespace {
@@ -53,6 +54,19 @@ std::string human_rate(double x) {
   else if (x >= 1e3) os << x / 1e3 << "k";
   else os << x;
   return os.str();
+}
+
+// The scalars TensorBoard shows (run_dir/tb), named as in metrics.jsonl: one line each.
+std::vector<EventWriter::Scalar> tensorboard_scalars(const StepMetrics& m) {
+  return {
+      {"loss", m.loss},
+      {"lr", m.lr},
+      {"grad_norm", m.grad_norm},
+      {"tokens_per_s", m.tokens_per_s},
+      {"mfu", m.mfu},
+      {"por", m.por},
+      {"executed_flops", m.executed_flops},
+  };
 }
 
 RunConfig validated(const RunConfig& cfg) {
@@ -375,10 +389,16 @@ std::vector<StepMetrics> Trainer::run() {
   }
   spdlog::info("training steps {}..{} (grad_accum {}, {} tokens per micro-batch, {} packing, {})", step_ + 1, total,
                cfg_.train.grad_accum, cfg_.data.max_tokens_per_batch, cfg_.data.packing, cfg_.train.loss_norm);
+  std::unique_ptr<EventWriter> tb;  // rank 0: TensorBoard events in run_dir/tb
+  if (writer) {
+    tb = std::make_unique<EventWriter>((fs::path(cfg_.run_dir) / "tb").string(), step_ + 1);
+    spdlog::info("tensorboard: {} (tensorboard --logdir {})", tb->path(), (fs::path(cfg_.run_dir) / "tb").string());
+  }
   const int width = (int)std::to_string(total).size();
   while (step_ < total) {
     const StepMetrics m = train_step();
     out.push_back(m);
+    if (tb) tb->write_scalars(m.step, tensorboard_scalars(m));
     nlohmann::json j = {{"step", m.step},         {"loss", m.loss},       {"lr", m.lr},
                               {"grad_norm", m.grad_norm}, {"tokens_per_s", m.tokens_per_s},
                               {"n_tree", m.n_tree},     {"n_flat", m.n_flat},   {"por", m.por},

@@ -88,6 +88,9 @@ TEST(DistributedCliTest, LaunchTwoRanksTakesTheUpdateOfOneProcess) {
   const std::vector<nlohmann::json> a = metrics(dir / "one"), b = metrics(dir / "two");
   ASSERT_EQ(a.size(), 3u);
   ASSERT_EQ(b.size(), 3u);  // rank 0 alone wrote
+  int events_files = 0;  // and its TensorBoard events, one file
+  for (const auto& e : fs::directory_iterator(dir / "two" / "tb")) events_files += has(e.path().string(), "tfevents");
+  EXPECT_EQ(events_files, 1);
   for (size_t s = 0; s < 3; ++s) {
     EXPECT_EQ(b[s].at("world_size").get<int>(), 2);
     EXPECT_EQ(b[s].at("n_tree"), a[s].at("n_tree"));
