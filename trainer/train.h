@@ -19,7 +19,8 @@
 // Metrics go to run_dir/metrics.jsonl, one JSON object per step, with throughput (tokens/s) and
 // model FLOP utilisation (model_flops below over kPeakFlops x step time) for every backend, and
 // to TensorBoard events in run_dir/tb (trainer/tensorboard.h; the scalars are listed in
-// tensorboard_scalars, train.cc, one line each).
+// tensorboard_scalars, train.cc, one line each). The console line adds steps/s and an ETA over
+// the steps since its last line, and shows MFU only on a GPU backend.
 //
 // Data parallelism (distributed/README.md): with a communicator of W > 1 ranks, every rank draws
 // the step's train.grad_accum micro-batches from the same seeded loader, keeps its share of their

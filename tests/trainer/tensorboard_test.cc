@@ -2,15 +2,19 @@
 // back by an independent reader (tests/trainer/tfevents_reader.h), a second writer in the same
 // folder (a resumed run) leaving the first file untouched, the error naming the folder when it
 // cannot be made, and the trainer's events equal to its metrics.jsonl, across a kill and resume.
+// Also the console line: steps/s and an ETA, and no MFU on the CPU backend.
 #include "trainer/tensorboard.h"
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 
 #include "base/check.h"
 #include "tests/trainer/tfevents_reader.h"
@@ -221,6 +225,27 @@ TEST(TensorBoardTest, ARunDirWhoseTbCannotBeMadeFailsNamingIt) {
   Trainer t(c);
   EXPECT_EQ(error_of([&] { t.run(); }),
             (fs::path(c.run_dir) / "tb").string() + ": cannot create the TensorBoard folder (a file of that name is in the way)");
+}
+
+TEST(TensorBoardTest, TheConsoleLineShowsStepsPerSecondAndAnEtaAndNoMfuOnTheCpu) {
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("test", sink));
+  const fs::path dir = test_dir("tb_console");
+  RunConfig c = testing::tiny_run_config(dir);
+  c.train.max_steps = 3;
+  c.validate();
+  Trainer(c).run();
+  spdlog::set_default_logger(previous);
+  const std::string text = log.str();
+  const std::regex line("step [123]/3 \\| loss [0-9.]+ \\| lr [0-9.e+-]+ \\| gnorm [0-9.]+ \\| [0-9.kM]+ tok/s \\| "
+                        "[0-9.e+]+ steps/s \\| eta [0-9hms]+ \\| por [0-9.]+ \\| [0-9.]+s");
+  int lines = 0;
+  for (std::sregex_iterator it(text.begin(), text.end(), line), end; it != end; ++it) ++lines;
+  EXPECT_EQ(lines, 3) << text;
+  EXPECT_EQ(text.find("mfu"), std::string::npos) << text;
+  EXPECT_NE(text.find("| eta 0s |"), std::string::npos) << text;  // the last step
 }
 
 }  // namespace
