@@ -181,7 +181,7 @@ std::map<std::string, StTensor> read_safetensors(std::istream& in, const std::st
         std::memcpy(&b, raw.data() + 2 * i, 2);
         t.values[i] = bf16_to_double(b);
       }
-    } else {
+    } else if (nbytes > 0) {  // an empty tensor's buffers may be null, which memcpy may not take
       std::memcpy(t.values.data(), raw.data(), nbytes);
     }
   }
