@@ -14,7 +14,7 @@
 #     crash, an uncaught exception, a sanitizer report, a leak or a hang fails. A failing input is
 #     kept as $FUZZ_OUT/<name>/crash-* (default /tmp/treetrain-fuzz) and can be replayed with
 #     `bazel-bin/tests/fuzz/<name> FILE` from the sanitize output base's bazel-bin.
-# Measured on the 2-core development machine: see docs/CONVENTIONS.md ("Sanitizers and fuzzing").
+# Its time on 2 cores is recorded in docs/CONVENTIONS.md ("Sanitizers and fuzzing").
 # Environment: FUZZ_RUNS, FUZZ_SEED, FUZZ_OUT, SANITIZE_SKIP_TESTS=1, SANITIZE_SKIP_FUZZ=1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
