@@ -126,6 +126,22 @@ std::vector<std::string> expand_ranges(const std::string& body, const std::strin
   return out;
 }
 
+// The first of the job id variables that is set; at most 256 printable characters.
+void read_job_id(const EnvLookup& env, DistEnv* e) {
+  for (const char* name : {"TT_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"}) {
+    if (!is_set(env, name)) continue;
+    const std::string id = env(name);
+    bool printable = id.size() <= 256;
+    for (unsigned char c : id) printable &= c >= ' ' && c < 0x7f;
+    if (!printable)
+      throw Error(str("distributed: ", name, ": expected a job id of at most 256 printable characters, got ",
+                      id.size(), " bytes"));
+    e->job_id = id;
+    e->job_id_var = name;
+    return;
+  }
+}
+
 }  // namespace
 
 std::string DistEnv::describe() const {
@@ -147,6 +163,7 @@ DistEnv read_env(const std::string& mode, const EnvLookup& lookup) {
   } else if (mode != "off") {
     throw Error(str("distributed.mode: expected one of auto|torchrun|slurm|off, got '", mode, "'"));
   }
+  read_job_id(lookup, &e);
   e.host = hostname();
   return e;
 }

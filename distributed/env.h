@@ -14,6 +14,10 @@
 //             SLURM_PROCID=0 and the allocation's SLURM_NTASKS, and must not wait for tasks that
 //             srun never started); else one process.
 //   off       one process, whatever the environment says.
+// The job id (DistEnv::job_id), whatever the mode: TT_JOB_ID (treetrain launch sets it for its
+// ranks), else TORCHELASTIC_RUN_ID (torchrun), else SLURM_JOB_ID, else none (""). The rendezvous
+// accepts only ranks with rank 0's job id, so another job's ranks that reach this master port are
+// refused instead of joining.
 // A variable that is missing or malformed is an error that names it and what was expected.
 #pragma once
 
@@ -32,6 +36,8 @@ struct DistEnv {
   int master_port = 0;
   std::string host;            // this host's name, for messages
   std::string source = "none";  // "torchrun" | "slurm" | "none"
+  std::string job_id;           // "" when no variable names one
+  std::string job_id_var;       // the variable it came from ("TT_JOB_ID", ...), for messages
 
   bool distributed() const { return world_size > 1; }
   // "rank 3/8 on host gpu07 (local rank 3)": the tag of every distributed message.

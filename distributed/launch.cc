@@ -15,9 +15,11 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <optional>
 #include <sstream>
 
+#include "distributed/env.h"
 #include "distributed/net.h"
 #include "base/check.h"
 #include "base/omp_env.h"
@@ -208,6 +210,12 @@ void launch(const LaunchOptions& o) {
   if (o.master_port < 0 || o.master_port > 65535) throw Error(str("launch: --master-port ", o.master_port, " is not a port"));
   const int port = o.master_port > 0 ? o.master_port : free_port();
   const std::string program = o.program.empty() ? self_executable() : o.program;
+  // One job id for the ranks, so the rendezvous refuses any other job's (env.h); a TT_JOB_ID of
+  // the caller's (a sweep, a wrapper) is kept.
+  const char* given_id = std::getenv("TT_JOB_ID");
+  const std::string job_id = given_id != nullptr && given_id[0] != '\0'
+                                 ? std::string(given_id)
+                                 : str("launch-", hostname(), "-", ::getpid(), "-", (long long)::time(nullptr));
   SignalScope signals;
 
   // The ranks share this host's CPUs and wait passively, unless the user set OMP_* (omp_env.h).
@@ -232,6 +240,7 @@ void launch(const LaunchOptions& o) {
         "LOCAL_WORLD_SIZE=" + std::to_string(o.nproc),
         "MASTER_ADDR=" + o.master_addr,
         "MASTER_PORT=" + std::to_string(port),
+        "TT_JOB_ID=" + job_id,
     };
     vars.insert(vars.end(), omp.begin(), omp.end());
     const std::vector<std::string> env = child_env(vars);

@@ -2,7 +2,9 @@
 //
 // Starts N copies of treetrain (or, with LaunchOptions::program, of any program) with the
 // torchrun-style variables RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
-// MASTER_PORT set (distributed/env.h), and forwards each child's stdout and stderr line by line
+// MASTER_PORT set (distributed/env.h), and TT_JOB_ID (the caller's, else a new
+// "launch-<host>-<pid>-<unix time>") so that the rendezvous admits only this launch's ranks, and
+// forwards each child's stdout and stderr line by line
 // with a "[rank r] " prefix. When a child fails (non-zero exit or a signal), the others get
 // SIGTERM, then SIGKILL after grace_s, and launch() throws tt::Error naming the rank that failed
 // first, e.g. "launch: rank 1 (pid 4242) exited with code 1; stopped ranks 0, 2, 3". Each child

@@ -208,4 +208,32 @@ IoStatus recv_all(const Socket& s, void* data, size_t bytes, Deadline deadline, 
   return IoStatus::kOk;
 }
 
+IoStatus recv_some(const Socket& s, void* data, size_t bytes, size_t* got, std::string* error) {
+  *got = 0;
+  for (;;) {
+    const ssize_t n = ::recv(s.fd(), data, bytes, 0);
+    if (n > 0) {
+      *got = (size_t)n;
+      return IoStatus::kOk;
+    }
+    if (n == 0 && bytes > 0) {
+      *error = "connection closed";
+      return IoStatus::kClosed;
+    }
+    if (n == 0 || errno == EAGAIN || errno == EWOULDBLOCK) return IoStatus::kOk;
+    if (errno == EINTR) continue;
+    *error = std::strerror(errno);
+    return (errno == ECONNRESET || errno == ETIMEDOUT) ? IoStatus::kClosed : IoStatus::kError;
+  }
+}
+
+std::string peer_address(const Socket& s) {
+  sockaddr_in a{};
+  socklen_t len = sizeof(a);
+  if (::getpeername(s.fd(), (sockaddr*)&a, &len) != 0 || a.sin_family != AF_INET) return "?";
+  char ip[INET_ADDRSTRLEN] = {0};
+  if (::inet_ntop(AF_INET, &a.sin_addr, ip, sizeof(ip)) == nullptr) return "?";
+  return str(ip, ":", ntohs(a.sin_port));
+}
+
 }  // namespace tt::distributed::net

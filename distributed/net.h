@@ -62,5 +62,10 @@ void configure(const Socket& s, double keepalive_s);
 // Moves exactly `bytes`. *error receives a description when the status is not kOk.
 IoStatus send_all(const Socket& s, const void* data, size_t bytes, Deadline deadline, std::string* error);
 IoStatus recv_all(const Socket& s, void* data, size_t bytes, Deadline deadline, std::string* error);
+// What has arrived, up to `bytes`, without waiting: *got = 0 when nothing is there yet.
+IoStatus recv_some(const Socket& s, void* data, size_t bytes, size_t* got, std::string* error);
+
+// "10.0.0.7:41234": the peer's address, for messages ("?" when unknown).
+std::string peer_address(const Socket& s);
 
 }  // namespace tt::distributed::net

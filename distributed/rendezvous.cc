@@ -1,35 +1,28 @@
-// The star rendezvous (see rendezvous.h).
-//
-// Wire format: every message is a 24-byte header {magic, op, collective number, payload bytes}
-// followed by the payload, in host byte order (all ranks of a job run the same build on the same
-// architecture). The hello payload is "<rank> <world_size> <host>".
+// The star rendezvous (see rendezvous.h; the wire format is wire.h).
 #include "distributed/rendezvous.h"
 
+#include <poll.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
-#include <set>
 #include <sstream>
 
 #include "base/check.h"
+#include "distributed/wire.h"
 
 namespace tt::distributed {
 namespace {
-
-constexpr uint32_t kMagic = 0x50447454;  // "TtDP"
-constexpr uint64_t kMaxBlob = uint64_t(1) << 30;
-
-struct Header {
-  uint32_t magic;
-  uint32_t op;
-  uint64_t seq;
-  uint64_t bytes;
-};
-static_assert(sizeof(Header) == 24, "the wire header is 24 bytes");
 
 std::string seconds(double s) {
   std::ostringstream os;
   os << s;
   return os.str() + " s";
+}
+
+std::string job_name(const std::string& id, const std::string& var) {
+  return id.empty() ? std::string("none (no TT_JOB_ID, TORCHELASTIC_RUN_ID or SLURM_JOB_ID)")
+                    : str("'", id, "' (", var.empty() ? "?" : var, ")");
 }
 
 }  // namespace
@@ -107,31 +100,38 @@ uint64_t Rendezvous::begin(Op op) {
   return seq_;
 }
 
+std::string Rendezvous::peer_name(int peer) const {
+  return str("rank ", peer, " (host ", hosts_[peer].empty() ? "?" : hosts_[peer], ")");
+}
+
 void Rendezvous::send(int peer, const void* data, size_t bytes) {
   net::Socket& s = link(peer);
-  const Header h{kMagic, (uint32_t)op_, seq_, (uint64_t)bytes};
+  TT_CHECK(bytes <= wire::kMaxMessageBytes, tag(), ": a message of ", bytes, " bytes to ", peer_name(peer), " during ",
+           current(), " is larger than the protocol's maximum of ", wire::kMaxMessageBytes, " bytes");
+  char h[wire::kHeaderBytes];
+  wire::encode_header({wire::kMagic, (uint32_t)op_, seq_, (uint64_t)bytes}, h);
   std::string err;
-  net::IoStatus st = net::send_all(s, &h, sizeof(h), deadline_, &err);
+  net::IoStatus st = net::send_all(s, h, sizeof(h), deadline_, &err);
   if (st == net::IoStatus::kOk && bytes > 0) st = net::send_all(s, data, bytes, deadline_, &err);
   if (st != net::IoStatus::kOk) fail_io(peer, st, "take data", err);
 }
 
 uint64_t Rendezvous::recv_header(int peer) {
   net::Socket& s = link(peer);
-  Header h{};
+  char bytes[wire::kHeaderBytes];
   std::string err;
-  const net::IoStatus st = net::recv_all(s, &h, sizeof(h), deadline_, &err);
+  const net::IoStatus st = net::recv_all(s, bytes, sizeof(bytes), deadline_, &err);
   if (st != net::IoStatus::kOk) fail_io(peer, st, "send", err);
-  const std::string who = str("rank ", peer, " (host ", hosts_[peer], ")");
-  if (h.magic != kMagic || h.bytes > kMaxBlob)
-    throw Error(str(tag(), ": ", who, " sent a message that is not treetrain's protocol"));
+  const wire::Header h = wire::decode_header(bytes);
+  const std::string problem = wire::header_problem(h, wire::kMaxMessageBytes);
+  if (!problem.empty()) throw Error(str(tag(), ": ", peer_name(peer), " ", problem, " during ", current()));
   if (h.op == (uint32_t)Op::kReject) {
-    std::string why(std::min<uint64_t>(h.bytes, 4096), '\0');
+    std::string why(std::min<uint64_t>(h.bytes, wire::kMaxHelloBytes), '\0');
     net::recv_all(s, why.data(), why.size(), deadline_, &err);
     throw Error(str(tag(), ": rejected by rank 0: ", why));
   }
   if (h.op != (uint32_t)op_ || h.seq != seq_)
-    throw Error(str(tag(), ": collective mismatch with ", who, ": it is in ", op_name((Op)h.op), " #", h.seq,
+    throw Error(str(tag(), ": collective mismatch with ", peer_name(peer), ": it is in ", op_name((Op)h.op), " #", h.seq,
                     ", this rank in ", current(), " (every rank must call the same collectives in the same order)"));
   return h.bytes;
 }
@@ -146,79 +146,168 @@ void Rendezvous::recv_payload(int peer, void* data, size_t bytes) {
 void Rendezvous::recv(int peer, void* data, size_t bytes) {
   const uint64_t got = recv_header(peer);
   if (got != bytes)
-    throw Error(str(tag(), ": rank ", peer, " (host ", hosts_[peer], ") sent ", got, " bytes for ", current(),
-                    ", expected ", bytes, " (buffers of different sizes on different ranks?)"));
+    throw Error(str(tag(), ": ", peer_name(peer), " sent ", got, " bytes for ", current(), ", expected ", bytes,
+                    " (buffers of different sizes on different ranks?)"));
   recv_payload(peer, data, bytes);
 }
 
-void Rendezvous::send_blob(int peer, const std::string& blob) {
-  TT_CHECK(blob.size() <= kMaxBlob, tag(), ": blob of ", blob.size(), " bytes is larger than 1 GiB");
-  send(peer, blob.data(), blob.size());
-}
+void Rendezvous::send_blob(int peer, const std::string& blob) { send(peer, blob.data(), blob.size()); }
 
 std::string Rendezvous::recv_blob(int peer) {
-  std::string blob(recv_header(peer), '\0');
-  recv_payload(peer, blob.data(), blob.size());
+  const uint64_t n = recv_header(peer);
+  // The buffer grows as the bytes arrive (1 MiB, then doubling), so a length that the peer never
+  // sends costs no memory.
+  std::string blob;
+  while (blob.size() < n) {
+    const size_t at = blob.size();
+    const size_t len = (size_t)std::min<uint64_t>(n - at, std::max<size_t>(size_t(1) << 20, at));
+    blob.resize(at + len);
+    recv_payload(peer, blob.data() + at, len);
+  }
   return blob;
 }
 
 void Rendezvous::connect_root(net::Socket listener) {
   const int world = world_size();
   const net::Deadline deadline = net::deadline_after(options_.timeout_s);
+  const double hello_s = std::min(options_.timeout_s, 10.0);
   op_ = Op::kHello;
   seq_ = 0;
+  // Connections whose hello has not fully arrived, read together so none delays another.
+  struct Pending {
+    net::Socket s;
+    std::string from;  // the peer's address
+    net::Deadline deadline;
+    std::string got;   // the header and then the hello, as they arrive
+  };
+  std::vector<Pending> pending;
+  std::vector<std::string> dropped;  // "127.0.0.1:4242 sent no hello within 10 s", for the timeout error
+  auto drop = [&](size_t i, const std::string& why) {
+    dropped.push_back(str(pending[i].from, " ", why));
+    pending.erase(pending.begin() + (long)i);
+  };
+  auto refuse = [&](Pending& p, const std::string& why) {
+    char h[wire::kHeaderBytes];
+    const std::string reason = why.substr(0, wire::kMaxHelloBytes);
+    wire::encode_header({wire::kMagic, (uint32_t)Op::kReject, 0, reason.size()}, h);
+    std::string err;
+    const net::Deadline d = net::deadline_after(1);
+    if (net::send_all(p.s, h, sizeof(h), d, &err) == net::IoStatus::kOk)
+      net::send_all(p.s, reason.data(), reason.size(), d, &err);
+  };
   int joined = 1;
   while (joined < world) {
-    net::Socket s = net::accept_until(listener, deadline);
-    if (!s.valid()) {
+    const net::Clock::time_point now = net::Clock::now();
+    for (size_t i = pending.size(); i-- > 0;) {
+      if (now < pending[i].deadline) continue;
+      drop(i, pending[i].got.empty() ? str("sent no hello within ", seconds(hello_s))
+                                     : str("sent ", pending[i].got.size(), " bytes of a hello, not all of it, within ",
+                                           seconds(hello_s)));
+    }
+    if (now >= deadline) {
       std::vector<int> missing;
       for (int r = 1; r < world; ++r)
         if (!links_[r].valid()) missing.push_back(r);
       std::ostringstream m;
       for (size_t i = 0; i < missing.size(); ++i) m << (i ? ", " : "") << missing[i];
+      std::ostringstream d;
+      for (size_t i = 0; i < dropped.size() && i < 8; ++i) d << (i ? "; " : "") << dropped[i];
+      if (dropped.size() > 8) d << "; and " << dropped.size() - 8 << " more";
       throw Error(str(tag(), ": only ", joined, " of ", world, " ranks joined within ", seconds(options_.timeout_s),
                       " on port ", env_.master_port, " (missing rank", missing.size() > 1 ? "s " : " ", m.str(),
-                      "); did they start, and can they reach MASTER_ADDR=", env_.master_addr, "?"));
+                      "); did they start, and can they reach MASTER_ADDR=", env_.master_addr, "?",
+                      dropped.empty() ? "" : " Connections that were not ranks of this job: ", d.str()));
     }
-    net::configure(s, options_.timeout_s);
-    // The hello must follow the connection promptly; a silent connection is dropped.
-    const net::Deadline hello_deadline = std::min(deadline, net::deadline_after(std::min(options_.timeout_s, 10.0)));
-    Header h{};
-    std::string err;
-    if (net::recv_all(s, &h, sizeof(h), hello_deadline, &err) != net::IoStatus::kOk || h.magic != kMagic ||
-        h.op != (uint32_t)Op::kHello || h.bytes > 4096)
-      continue;  // not a treetrain rank (a port scan, a health check): ignore it
-    std::string text(h.bytes, '\0');
-    if (net::recv_all(s, text.data(), text.size(), hello_deadline, &err) != net::IoStatus::kOk) continue;
-    std::istringstream in(text);
-    int peer = -1, peer_world = -1;
-    std::string peer_host;
-    in >> peer >> peer_world >> peer_host;
-    std::string problem;
-    if (!in || peer_host.empty()) {
-      problem = "a malformed hello";
-    } else if (peer_world != world) {
-      problem = str("rank ", peer, " on host ", peer_host, " has world size ", peer_world, ", rank 0 has ", world);
-    } else if (peer < 1 || peer >= world) {
-      problem = str("host ", peer_host, " claims rank ", peer, ", outside 1..", world - 1);
-    } else if (links_[peer].valid()) {
-      problem = str("rank ", peer, " joined twice (from host ", hosts_[peer], " and host ", peer_host, ")");
+    // Wait for a connection or hello bytes, or the next deadline.
+    net::Deadline wake = deadline;
+    for (const Pending& p : pending) wake = std::min(wake, p.deadline);
+    std::vector<pollfd> fds = {{listener.fd(), POLLIN, 0}};
+    for (const Pending& p : pending) fds.push_back({p.s.fd(), POLLIN, 0});
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(wake - net::Clock::now()).count();
+    const int ready = ::poll(fds.data(), fds.size(), (int)std::clamp<long long>(ms + 1, 0, 1 << 30));
+    if (ready < 0 && errno != EINTR) throw Error(str(tag(), ": poll() while ranks join: ", std::strerror(errno)));
+    if (ready <= 0) continue;
+    if (fds[0].revents != 0) {
+      for (;;) {
+        net::Socket s = net::accept_until(listener, net::Clock::now());
+        if (!s.valid()) break;
+        net::configure(s, options_.timeout_s);
+        const std::string from = net::peer_address(s);
+        pending.push_back({std::move(s), from, std::min(deadline, net::deadline_after(hello_s)), ""});
+      }
     }
-    if (!problem.empty()) {
-      const Header r{kMagic, (uint32_t)Op::kReject, 0, problem.size()};
-      net::send_all(s, &r, sizeof(r), hello_deadline, &err);
-      net::send_all(s, problem.data(), problem.size(), hello_deadline, &err);
-      throw Error(str(tag(), ": bad rendezvous: ", problem, " (check RANK/WORLD_SIZE or the srun task count)"));
+    for (size_t i = std::min(fds.size() - 1, pending.size()); i-- > 0;) {
+      if (fds[i + 1].revents == 0) continue;
+      Pending& p = pending[i];
+      // The header first, then exactly the payload it announces (nothing beyond the hello).
+      size_t want = wire::kHeaderBytes;
+      wire::Header h;
+      if (p.got.size() >= wire::kHeaderBytes) {
+        h = wire::decode_header(p.got.data());
+        want += (size_t)h.bytes;
+      }
+      char buf[4096];
+      size_t n = 0;
+      std::string err;
+      if (net::recv_some(p.s, buf, std::min(sizeof(buf), want - p.got.size()), &n, &err) != net::IoStatus::kOk) {
+        drop(i, str("closed the connection (", err, ") after ", p.got.size(), " bytes, before its hello"));
+        continue;
+      }
+      const bool had_header = p.got.size() >= wire::kHeaderBytes;
+      p.got.append(buf, n);
+      if (!had_header && p.got.size() >= wire::kHeaderBytes) {
+        h = wire::decode_header(p.got.data());
+        std::string problem = wire::header_problem(h, wire::kMaxHelloBytes);
+        if (problem.empty() && h.op != (uint32_t)Op::kHello)
+          problem = str("sent a ", op_name((Op)h.op), " message instead of a hello");
+        if (!problem.empty()) {
+          drop(i, problem);
+          continue;
+        }
+      }
+      if (p.got.size() < wire::kHeaderBytes || p.got.size() < wire::kHeaderBytes + h.bytes) continue;
+
+      wire::Hello hello;
+      try {
+        hello = wire::decode_hello(p.got.substr(wire::kHeaderBytes));
+      } catch (const Error& e) {
+        refuse(p, str("rank 0 got ", e.what()));
+        drop(i, str("sent ", e.what()));
+        continue;
+      }
+      if (hello.job_id != env_.job_id) {
+        // Another job's rank (two jobs on one master port): refused; this job goes on waiting.
+        const std::string why =
+            str("job id mismatch: rank ", hello.rank, " on host ", hello.host, " is of job ", job_name(hello.job_id, hello.job_id_var),
+                ", rank 0 on host ", env_.host, " of job ", job_name(env_.job_id, env_.job_id_var),
+                " (another job's rank 0 on this master port, or a launcher that gave its ranks different ids)");
+        refuse(p, why);
+        drop(i, str("was refused: ", why));
+        continue;
+      }
+      std::string problem;
+      if (hello.world_size != world) {
+        problem = str("rank ", hello.rank, " on host ", hello.host, " has world size ", hello.world_size, ", rank 0 has ",
+                      world);
+      } else if (hello.rank < 1 || hello.rank >= world) {
+        problem = str("host ", hello.host, " claims rank ", hello.rank, ", outside 1..", world - 1);
+      } else if (links_[hello.rank].valid()) {
+        problem = str("rank ", hello.rank, " joined twice (from host ", hosts_[hello.rank], " and host ", hello.host, ")");
+      }
+      if (!problem.empty()) {
+        refuse(p, problem);
+        throw Error(str(tag(), ": bad rendezvous: ", problem, " (check RANK/WORLD_SIZE or the srun task count)"));
+      }
+      hosts_[hello.rank] = hello.host;
+      links_[hello.rank] = std::move(p.s);
+      pending.erase(pending.begin() + (long)i);
+      ++joined;
     }
-    hosts_[peer] = peer_host;
-    links_[peer] = std::move(s);
-    ++joined;
   }
-  // Welcome: the host table, one name per line.
+  // Welcome: the host table.
   op_ = Op::kWelcome;
   deadline_ = net::deadline_after(options_.timeout_s);
-  std::string table;
-  for (const std::string& h : hosts_) table += h + "\n";
+  const std::string table = wire::encode_host_table(hosts_);
   for (int r = 1; r < world; ++r) send_blob(r, table);
 }
 
@@ -238,14 +327,13 @@ void Rendezvous::connect_worker() {
   // Rank 0 accepts for timeout_s from its start, which is before this connection: the welcome
   // comes within timeout_s from now, or rank 0 has failed (and closed the connection).
   deadline_ = net::deadline_after(options_.timeout_s + 1);
-  send_blob(0, str(rank(), " ", world_size(), " ", env_.host));
+  send_blob(0, wire::encode_hello({rank(), world_size(), env_.host, env_.job_id, env_.job_id_var}));
   op_ = Op::kWelcome;
   const std::string table = recv_blob(0);
-  std::istringstream in(table);
-  for (int r = 0; r < world_size(); ++r) {
-    std::string h;
-    std::getline(in, h);
-    if (!h.empty()) hosts_[r] = h;
+  try {
+    hosts_ = wire::decode_host_table(table, world_size());
+  } catch (const Error& e) {
+    throw Error(str(tag(), ": ", peer_name(0), " sent ", e.what(), " during ", current()));
   }
 }
 
@@ -273,25 +361,14 @@ std::vector<std::string> Rendezvous::all_gather(const std::string& blob) {
   if (rank() == 0) {
     all[0] = blob;
     for (int r = 1; r < world_size(); ++r) all[r] = recv_blob(r);
-    std::string packed;
-    for (const std::string& b : all) {
-      const uint64_t n = b.size();
-      packed.append(reinterpret_cast<const char*>(&n), sizeof(n));
-      packed += b;
-    }
+    const std::string packed = wire::pack_blobs(all);
     for (int r = 1; r < world_size(); ++r) send_blob(r, packed);
   } else {
     send_blob(0, blob);
-    const std::string packed = recv_blob(0);
-    size_t at = 0;
-    for (int r = 0; r < world_size(); ++r) {
-      uint64_t n = 0;
-      TT_CHECK(at + sizeof(n) <= packed.size(), tag(), ": truncated all_gather reply");
-      std::memcpy(&n, packed.data() + at, sizeof(n));
-      at += sizeof(n);
-      TT_CHECK(at + n <= packed.size(), tag(), ": truncated all_gather reply");
-      all[r] = packed.substr(at, n);
-      at += n;
+    try {
+      all = wire::unpack_blobs(recv_blob(0), world_size());
+    } catch (const Error& e) {
+      throw Error(str(tag(), ": ", peer_name(0), " sent ", e.what(), " during ", current()));
     }
   }
   return all;

@@ -2,11 +2,20 @@
 // blobs (the NCCL unique id, fingerprints, host names) and, for the CPU communicator, buffers.
 //
 // Rank 0 listens on every interface at MASTER_PORT; the others connect to MASTER_ADDR:MASTER_PORT,
-// retrying until options.timeout_s. Each sends a hello (rank, world size, host); rank 0 checks it
-// (rank in range, not taken, same world size) and, once all have arrived, sends everyone the host
-// table. Every failure is a tt::Error tagged with this process's rank and host, e.g.
+// retrying until options.timeout_s. Each sends a hello (rank, world size, host, job id); rank 0
+// checks it (rank in range, not taken, same world size) and, once all have arrived, sends everyone
+// the host table. Every failure is a tt::Error tagged with this process's rank and host, e.g.
 //   "rank 3/4 on host gpu07 (local rank 3): cannot connect to master 10.0.0.1:29500 within 60 s
 //    (last error: Connection refused)".
+//
+// Only ranks of one job join (DistEnv::job_id, env.h): rank 0 refuses a hello with another job id,
+// telling that peer both ids (it fails at once: "rejected by rank 0: job id mismatch: ..."), and
+// keeps waiting for its own ranks. Rank 0 reads the hellos of all pending connections at once, so
+// a connection that is not a rank of this job (silent, garbage, a port scan, another job) never
+// delays the others; each is dropped after min(timeout_s, 10 s) of silence, at its first bad
+// bytes or at its refusal, and the error of a rendezvous that does not complete names them.
+// Every message length is bounded (wire.h: 64 MiB, a hello 4 KiB): a longer length prefix is an
+// error naming the peer, never an allocation, and a blob's buffer grows only as its bytes arrive.
 //
 // Collectives (broadcast, all_gather, barrier, and the communicator's all-reduce) are numbered;
 // each message carries its collective's kind and number, so ranks that call different
@@ -80,6 +89,7 @@ class Rendezvous {
   net::Socket& link(int peer);
   uint64_t recv_header(int peer);  // checks the protocol and the collective; returns payload bytes
   void recv_payload(int peer, void* data, size_t bytes);
+  std::string peer_name(int peer) const;  // "rank 1 (host b)"
   [[noreturn]] void fail_io(int peer, net::IoStatus status, const std::string& what, const std::string& err) const;
   std::string current() const;  // "all_reduce #7"
 

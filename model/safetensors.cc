@@ -73,6 +73,10 @@ std::string errno_text() { return std::strerror(errno); }
 std::map<std::string, StTensor> read_safetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(str(path, ": cannot open safetensors file (", errno_text(), ")"));
+  return read_safetensors(in, path);
+}
+
+std::map<std::string, StTensor> read_safetensors(std::istream& in, const std::string& path) {
   in.seekg(0, std::ios::end);
   const uint64_t file_size = (uint64_t)in.tellg();
   in.seekg(0, std::ios::beg);
@@ -177,7 +181,7 @@ std::map<std::string, StTensor> read_safetensors(const std::string& path) {
         std::memcpy(&b, raw.data() + 2 * i, 2);
         t.values[i] = bf16_to_double(b);
       }
-    } else {
+    } else if (nbytes > 0) {  // an empty tensor's buffers may be null, which memcpy may not take
       std::memcpy(t.values.data(), raw.data(), nbytes);
     }
   }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <istream>
 #include <map>
 #include <string>
 #include <vector>
@@ -19,6 +20,9 @@ struct StTensor {
 // name -> tensor. Throws tt::Error naming the file and what is wrong (truncated, bad header,
 // unsupported dtype, offsets out of range).
 std::map<std::string, StTensor> read_safetensors(const std::string& path);
+// The same from a seekable stream; `name` stands for the file in messages (the fuzz target reads
+// bytes in memory).
+std::map<std::string, StTensor> read_safetensors(std::istream& in, const std::string& name);
 
 struct StWriteTensor {
   std::string name;

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs what treetrain builds with, from Debian packages, idempotently: Bazel (bazel-bootstrap),
-# a C++ toolchain and the libraries wrapped in third_party/. The CUDA toolkit is expected in
-# /usr/local/cuda (nvcc, cuBLAS, cuDNN, NCCL); without it the build fails with a message.
+# a C++ toolchain, the libraries wrapped in third_party/ and clang for the sanitizers and fuzzers.
+# The CUDA toolkit is expected in /usr/local/cuda (nvcc, cuBLAS, cuDNN, NCCL); without it the
+# build fails with a message.
 set -euo pipefail
 
 packages=(bazel-bootstrap build-essential libyaml-cpp-dev libspdlog-dev libfmt-dev
-          libgtest-dev libgmock-dev nlohmann-json3-dev)
+          libgtest-dev libgmock-dev nlohmann-json3-dev libprotobuf-dev protobuf-compiler
+          clang-14 libclang-rt-14-dev lld-14 llvm-14)  # the last four: scripts/sanitize.sh
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command of the README (and of CI): installs what is missing, builds everything
 # (CUDA code included) and runs the test suite. Tests tagged "gpu" run only where a GPU is
-# visible; elsewhere they are listed as skipped.
+# visible; elsewhere they are listed as skipped. Then scripts/sanitize.sh (ASan + UBSan tests and
+# fuzzing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +30,14 @@ if [ -n "$filters" ]; then
   fi
 fi
 rm -f "$log"
+# Sanitizers and fuzzing (scripts/sanitize.sh: an output base of its own, about 10 minutes on 2
+# cores); SKIP_SANITIZE=1 leaves them out. A failure there counts as one failed test here.
+if [ "${SKIP_SANITIZE:-0}" != 1 ]; then
+  if ! scripts/sanitize.sh; then
+    failed=$((failed + 1))
+    status=1
+  fi
+fi
 if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
   failed=1  # the build itself failed
 fi

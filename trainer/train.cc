@@ -2,8 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -18,6 +20,7 @@
 #include "trainer/data_checks.h"
 #include "trainer/run_dir.h"
 #include "trainer/schedule.h"
+#include "trainer/tensorboard.h"
 
 namespace tt::trainer {
 namespace {
@@ -37,6 +40,30 @@ std::string human_rate(double x) {
   else if (x >= 1e3) os << x / 1e3 << "k";
   else os << x;
   return os.str();
+}
+
+// "1h02m", "3m05s", "12s".
+std::string human_duration(double s) {
+  const int64_t t = (int64_t)std::llround(std::max(0.0, std::min(s, 1e9)));
+  char buf[32];
+  if (t >= 3600) std::snprintf(buf, sizeof(buf), "%lldh%02lldm", (long long)(t / 3600), (long long)(t % 3600 / 60));
+  else if (t >= 60) std::snprintf(buf, sizeof(buf), "%lldm%02llds", (long long)(t / 60), (long long)(t % 60));
+  else std::snprintf(buf, sizeof(buf), "%llds", (long long)t);
+  return buf;
+}
+
+// The scalars TensorBoard shows (run_dir/tb), named as in metrics.jsonl: one line each.
+std::vector<EventWriter::Scalar> tensorboard_scalars(const StepMetrics& m) {
+  return {
+      {"loss", m.loss},
+      {"nll", m.nll},
+      {"lr", m.lr},
+      {"grad_norm", m.grad_norm},
+      {"tokens_per_s", m.tokens_per_s},
+      {"mfu", m.mfu},
+      {"por", m.por},
+      {"executed_flops", m.executed_flops},
+  };
 }
 
 RunConfig validated(const RunConfig& cfg) {
@@ -410,10 +437,19 @@ std::vector<StepMetrics> Trainer::run() {
   }
   spdlog::info("training steps {}..{} (grad_accum {}, {} tokens per micro-batch, {} packing, {})", step_ + 1, total,
                cfg_.train.grad_accum, cfg_.data.max_tokens_per_batch, cfg_.data.packing, cfg_.train.loss_norm);
+  std::unique_ptr<EventWriter> tb;  // rank 0: TensorBoard events in run_dir/tb
+  if (writer) {
+    tb = std::make_unique<EventWriter>((fs::path(cfg_.run_dir) / "tb").string(), step_ + 1);
+    spdlog::info("tensorboard: {} (tensorboard --logdir {})", tb->path(), (fs::path(cfg_.run_dir) / "tb").string());
+  }
   const int width = (int)std::to_string(total).size();
+  const bool show_mfu = backend_->name() != "cpu";  // MFU against a GPU's peak means nothing on the CPU
+  int64_t window_step = step_;               // the console's steps/s: over the steps since its last line
+  double window_start = now_s() - t_start_;
   while (step_ < total) {
     const StepMetrics m = train_step();
     out.push_back(m);
+    if (tb) tb->write_scalars(m.step, tensorboard_scalars(m));
     nlohmann::json j = {{"step", m.step},         {"loss", m.loss},       {"nll", m.nll},    {"lr", m.lr},
                               {"grad_norm", m.grad_norm}, {"tokens_per_s", m.tokens_per_s},
                               {"n_tree", m.n_tree},     {"n_flat", m.n_flat},   {"por", m.por},
@@ -434,10 +470,18 @@ std::vector<StepMetrics> Trainer::run() {
       metrics << j.dump() << "\n";
       metrics.flush();
     }
-    if (m.step % cfg_.train.log_every == 0 || m.step == start_step_ + 1 || m.step == total)
-      spdlog::info("step {:>{}}/{} | loss {:.4f} | nll {:.4f} | lr {:.2e} | gnorm {:.3f} | {} tok/s | mfu {:.1f}% | por {:.2f}{} | {:.1f}s",
-                   m.step, width, total, m.loss, m.nll, m.lr, m.grad_norm, human_rate(m.tokens_per_s), 100 * m.mfu, m.por,
+    if (m.step % cfg_.train.log_every == 0 || m.step == start_step_ + 1 || m.step == total) {
+      const double window_s = m.elapsed_s - window_start;
+      const double steps_per_s = window_s > 0 ? (double)(m.step - window_step) / window_s : 0.0;
+      window_step = m.step;
+      window_start = m.elapsed_s;
+      spdlog::info("step {:>{}}/{} | loss {:.4f} | nll {:.4f} | lr {:.2e} | gnorm {:.3f} | {} tok/s | {:.3g} steps/s | eta {}{} | "
+                   "por {:.2f}{} | {:.1f}s",
+                   m.step, width, total, m.loss, m.nll, m.lr, m.grad_norm, human_rate(m.tokens_per_s), steps_per_s,
+                   steps_per_s > 0 ? human_duration((double)(total - m.step) / steps_per_s) : "?",
+                   show_mfu ? fmt::format(" | mfu {:.1f}%", 100 * m.mfu) : "", m.por,
                    cfg_.partition.capacity_tokens > 0 ? " | pieces " + std::to_string(m.pieces) : "", m.elapsed_s);
+    }
     if (cfg_.train.checkpoint_every > 0 && m.step % cfg_.train.checkpoint_every == 0 && m.step < total)
       save_checkpoint();
   }

@@ -17,7 +17,10 @@
 // A run resumed from a checkpoint (train.resume) restores weights, AdamW moments, the step and
 // the loader position, so it computes exactly (bitwise) the losses of an uninterrupted run.
 // Metrics go to run_dir/metrics.jsonl, one JSON object per step, with throughput (tokens/s) and
-// model FLOP utilisation (model_flops below over kPeakFlops x step time) for every backend.
+// model FLOP utilisation (model_flops below over kPeakFlops x step time) for every backend, and
+// to TensorBoard events in run_dir/tb (trainer/tensorboard.h; the scalars are listed in
+// tensorboard_scalars, train.cc, one line each). The console line adds steps/s and an ETA over
+// the steps since its last line, and shows MFU only on a GPU backend.
 //
 // Data parallelism (distributed/README.md): with a communicator of W > 1 ranks, every rank draws
 // the step's train.grad_accum micro-batches from the same seeded loader, keeps its share of their
@@ -26,9 +29,9 @@
 // (identical bytes on every rank; the CPU communicator sums in fp64 in rank order) and the loss
 // after backward, so every rank takes the update of one process with the same global batch (up
 // to fp32 summation order).
-// Only rank 0 writes metrics.jsonl and checkpoints; every rank resumes from rank 0's checkpoint
-// (run_dir on a shared filesystem), and ranks check at start that they agree on the config and
-// the step.
+// Only rank 0 writes metrics.jsonl, TensorBoard events and checkpoints; every rank resumes from
+// rank 0's checkpoint (run_dir on a shared filesystem), and ranks check at start that they agree
+// on the config and the step.
 //
 // Communicators: distributed.comm cpu (host gradients: the CPU backend) or nccl (device
 // gradients: the CUDA backend; auto picks by Backend::grads_on_device()), one process per GPU

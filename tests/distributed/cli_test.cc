@@ -94,6 +94,9 @@ TEST(DistributedCliTest, LaunchTwoRanksTakesTheUpdateOfOneProcess) {
   const std::vector<nlohmann::json> a = metrics(dir / "one"), b = metrics(dir / "two");
   ASSERT_EQ(a.size(), 3u);
   ASSERT_EQ(b.size(), 3u);  // rank 0 alone wrote
+  int events_files = 0;  // and its TensorBoard events, one file
+  for (const auto& e : fs::directory_iterator(dir / "two" / "tb")) events_files += has(e.path().string(), "tfevents");
+  EXPECT_EQ(events_files, 1);
   for (size_t s = 0; s < 3; ++s) {
     EXPECT_EQ(b[s].at("world_size").get<int>(), 2);
     EXPECT_EQ(b[s].at("n_tree"), a[s].at("n_tree"));
@@ -119,6 +122,19 @@ TEST(DistributedCliTest, LaunchStopsTheOthersAndNamesTheRankThatFailed) {
   EXPECT_TRUE(std::regex_search(r.err, std::regex("error: launch: rank 1 \\(pid [0-9]+\\) exited with code 3; "
                                                   "stopped ranks 0, 2\n")))
       << r.err;
+}
+
+TEST(DistributedCliTest, LaunchGivesItsRanksOneJobIdOrKeepsTheCallers) {
+  Result r = treetrain("launch --nproc 2 --program /bin/sh -- -c 'echo job $TT_JOB_ID'");
+  EXPECT_EQ(r.code, 0) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("\\[rank 0\\] job (launch-[^ ]+-[0-9]+-[0-9]+)\n"))) << r.out;
+  EXPECT_TRUE(has(r.out, "[rank 1] job " + m[1].str() + "\n")) << r.out;
+  ::setenv("TT_JOB_ID", "sweep-run-3", 1);
+  r = treetrain("launch --nproc 2 --program /bin/sh -- -c 'echo job $TT_JOB_ID'");
+  ::unsetenv("TT_JOB_ID");
+  EXPECT_TRUE(has(r.out, "[rank 0] job sweep-run-3\n")) << r.out;
+  EXPECT_TRUE(has(r.out, "[rank 1] job sweep-run-3\n")) << r.out;
 }
 
 TEST(DistributedCliTest, ATrainingRankThatCannotStartFailsTheLaunch) {

@@ -144,5 +144,32 @@ TEST(EnvTest, PickDevice) {
   EXPECT_THROW(pick_device(0, 1, 0), Error);
 }
 
+TEST(EnvTest, JobIdFromTheLauncherTorchrunOrSlurmInThatOrder) {
+  const Vars torchrun = {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "a"},
+                         {"MASTER_PORT", "29500"}};
+  auto with = [&](Vars v, const Vars& extra) {
+    v.insert(extra.begin(), extra.end());
+    return v;
+  };
+  DistEnv e = read("torchrun", torchrun);
+  EXPECT_EQ(e.job_id, "");
+  EXPECT_EQ(e.job_id_var, "");
+  e = read("torchrun", with(torchrun, {{"SLURM_JOB_ID", "4242"}}));
+  EXPECT_EQ(e.job_id, "4242");
+  EXPECT_EQ(e.job_id_var, "SLURM_JOB_ID");
+  e = read("torchrun", with(torchrun, {{"SLURM_JOB_ID", "4242"}, {"TORCHELASTIC_RUN_ID", "run-9"}}));
+  EXPECT_EQ(e.job_id, "run-9");
+  EXPECT_EQ(e.job_id_var, "TORCHELASTIC_RUN_ID");
+  e = read("auto", with(torchrun, {{"SLURM_JOB_ID", "4242"}, {"TORCHELASTIC_RUN_ID", "run-9"}, {"TT_JOB_ID", "mine"}}));
+  EXPECT_EQ(e.job_id, "mine");
+  EXPECT_EQ(e.job_id_var, "TT_JOB_ID");
+  e = read("slurm", {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_LOCALID", "0"}, {"SLURM_JOB_ID", "77"}});
+  EXPECT_EQ(e.job_id, "77");
+  EXPECT_EQ(error_of("torchrun", with(torchrun, {{"TT_JOB_ID", "a\nb"}})),
+            "distributed: TT_JOB_ID: expected a job id of at most 256 printable characters, got 3 bytes");
+  EXPECT_EQ(error_of("torchrun", with(torchrun, {{"TT_JOB_ID", std::string(257, 'x')}})),
+            "distributed: TT_JOB_ID: expected a job id of at most 256 printable characters, got 257 bytes");
+}
+
 }  // namespace
 }  // namespace tt::distributed

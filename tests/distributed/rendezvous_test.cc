@@ -1,9 +1,13 @@
 // The TCP rendezvous on loopback: blobs move between ranks, and every failure (a rank that never
 // comes, a master that is not there, a rank that dies or hangs mid-collective, ranks out of step,
-// a bad hello) ends every rank with an error naming host and rank within its time bound.
+// a bad hello; a peer that is silent, sends garbage, is of another job or announces a 1 TB
+// message) ends every rank with an error naming host and rank within its time bound.
 #include "distributed/rendezvous.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +16,7 @@
 #include <thread>
 
 #include "base/check.h"
+#include "distributed/wire.h"
 #include "tests/distributed/test_util.h"
 
 namespace tt::distributed {
@@ -226,6 +231,250 @@ TEST(RendezvousTest, AProcessThatExitsEarlyFailsItsPeerAtOnce) {
   EXPECT_TRUE(has(error, "rank 0/2 on host host0 (local rank 0): lost rank 1 (host host1) during all_gather #1"))
       << error;
   EXPECT_LT(seconds_since(t0), 2.0);
+}
+
+// Fake peers: raw sockets speaking as much of the protocol as a case needs.
+net::Socket fake_connect(int port) {
+  std::string err;
+  net::Socket s = net::connect_until("127.0.0.1", port, net::deadline_after(3), &err);
+  if (!s.valid()) throw Error("fake peer: cannot connect: " + err);
+  return s;
+}
+
+std::string local_address(const net::Socket& s) {
+  sockaddr_in a{};
+  socklen_t len = sizeof(a);
+  ::getsockname(s.fd(), (sockaddr*)&a, &len);
+  return "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+}
+
+void fake_send(const net::Socket& s, const std::string& bytes) {
+  std::string err;
+  ASSERT_EQ(net::send_all(s, bytes.data(), bytes.size(), net::deadline_after(3), &err), net::IoStatus::kOk) << err;
+}
+
+std::string header_bytes(Op op, uint64_t seq, uint64_t bytes) {
+  char h[wire::kHeaderBytes];
+  wire::encode_header({wire::kMagic, (uint32_t)op, seq, bytes}, h);
+  return std::string(h, sizeof(h));
+}
+
+std::string message(Op op, uint64_t seq, const std::string& payload) { return header_bytes(op, seq, payload.size()) + payload; }
+
+// Seconds until the other end closes `s` (reading and discarding what comes); -1 after 5 s.
+double seconds_until_closed(const net::Socket& s) {
+  const auto t0 = Clock::now();
+  char buf[4096];
+  for (;;) {
+    std::string err;
+    size_t n = 0;
+    const net::IoStatus st = net::recv_some(s, buf, sizeof(buf), &n, &err);
+    if (st != net::IoStatus::kOk) return seconds_since(t0);
+    if (seconds_since(t0) > 5) return -1;
+    if (n == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+constexpr uint64_t kTerabyte = uint64_t(1) << 40;
+
+TEST(RendezvousTest, ConnectionsThatAreNotRanksAreDroppedAndNamedWhenTheRendezvousTimesOut) {
+  // Rank 0 of 2 waits 2 s; rank 1 never comes. A connection sending garbage and one announcing a
+  // 1 TB hello are dropped at once; a silent one when its hello time (here the 2 s) ends.
+  Listener l = bind_free_port();
+  const int port = l.port;
+  std::string error;
+  const auto t0 = Clock::now();
+  std::thread root([&] {
+    try {
+      Rendezvous::connect_with_listener(loopback_env(0, 2, port), short_timeouts(2), std::move(l.socket));
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  net::Socket garbage = fake_connect(port);
+  fake_send(garbage, "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+  const double garbage_closed = seconds_until_closed(garbage);
+  net::Socket huge = fake_connect(port);
+  fake_send(huge, header_bytes(Op::kHello, 0, kTerabyte));
+  const double huge_closed = seconds_until_closed(huge);
+  net::Socket silent = fake_connect(port);
+  const double silent_closed = seconds_until_closed(silent);
+  root.join();
+  const double took = seconds_since(t0);
+  EXPECT_EQ(error, "rank 0/2 on host host0 (local rank 0): only 1 of 2 ranks joined within 2 s on port " +
+                       std::to_string(port) +
+                       " (missing rank 1); did they start, and can they reach MASTER_ADDR=127.0.0.1? Connections that "
+                       "were not ranks of this job: " +
+                       local_address(garbage) +
+                       " sent a message that is not treetrain's protocol (magic 0x20544547, expected 0x50447454); " +
+                       local_address(huge) +
+                       " announced a message of 1099511627776 bytes, more than the protocol's maximum of 4096 bytes; " +
+                       local_address(silent) + " sent no hello within 2 s");
+  EXPECT_GE(garbage_closed, 0);
+  EXPECT_LT(garbage_closed, 1.0);  // at once, not after the 2 s
+  EXPECT_GE(huge_closed, 0);
+  EXPECT_LT(huge_closed, 1.0);
+  EXPECT_GE(silent_closed, 0);  // every peer ends: rank 0 closed even the silent one
+  EXPECT_GE(took, 1.9);
+  EXPECT_LT(took, 4.0);
+}
+
+TEST(RendezvousTest, ASilentOrGarbageConnectionDelaysNoRank) {
+  // With 3 s to join (and so 3 s for each hello), the real rank 1 joins at once although a silent
+  // connection and a garbage one came first.
+  Listener l = bind_free_port();
+  const int port = l.port;
+  net::Socket silent = fake_connect(port);
+  net::Socket garbage = fake_connect(port);
+  fake_send(garbage, std::string(100, '\x7f'));
+  std::vector<std::unique_ptr<Rendezvous>> rv(2);
+  const auto t0 = Clock::now();
+  expect_no_errors(on_ranks(2, [&](int r) {
+    const DistEnv env = loopback_env(r, 2, port);
+    rv[r] = r == 0 ? Rendezvous::connect_with_listener(env, short_timeouts(3), std::move(l.socket))
+                   : Rendezvous::connect(env, short_timeouts(3));
+    rv[r]->barrier();
+  }));
+  EXPECT_LT(seconds_since(t0), 1.5);  // not after the silent connection's 3 s
+  rv.clear();
+  EXPECT_GE(seconds_until_closed(silent), 0);  // dropped when rank 0 ended
+}
+
+TEST(RendezvousTest, ARankOfAnotherJobIsRefusedNamingBothJobIdsAndTheJobGoesOn) {
+  Listener l = bind_free_port();
+  const int port = l.port;
+  std::vector<std::unique_ptr<Rendezvous>> rv(3);
+  std::atomic<bool> refused{false};
+  const auto t0 = Clock::now();
+  const auto errors = on_ranks(3, [&](int r) {
+    DistEnv env = loopback_env(r == 0 ? 0 : 1, 2, port);
+    env.job_id = r == 2 ? "4242" : "launch-a-17";
+    env.job_id_var = r == 2 ? "SLURM_JOB_ID" : "TT_JOB_ID";
+    if (r == 0) {
+      rv[0] = Rendezvous::connect_with_listener(env, short_timeouts(3), std::move(l.socket));
+    } else if (r == 2) {  // another job's rank 1 reaches this port first
+      try {
+        rv[2] = Rendezvous::connect(env, short_timeouts(3));
+      } catch (...) {
+        refused = true;
+        throw;
+      }
+    } else {
+      while (!refused) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      rv[1] = Rendezvous::connect(env, short_timeouts(3));
+    }
+    if (r != 2) rv[r]->barrier();
+  });
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_EQ(errors[2],
+            "rank 1/2 on host host1 (local rank 1): rejected by rank 0: job id mismatch: rank 1 on host host1 is of job "
+            "'4242' (SLURM_JOB_ID), rank 0 on host host0 of job 'launch-a-17' (TT_JOB_ID) (another job's rank 0 on "
+            "this master port, or a launcher that gave its ranks different ids)");
+  EXPECT_LT(seconds_since(t0), 1.0);
+}
+
+TEST(RendezvousTest, ARankWithoutAJobIdIsRefusedByAJobWithOne) {
+  Listener l = bind_free_port();
+  const int port = l.port;
+  std::vector<std::unique_ptr<Rendezvous>> rv(2);
+  const auto errors = on_ranks(2, [&](int r) {
+    DistEnv env = loopback_env(r, 2, port);
+    if (r == 0) {
+      env.job_id = "7";
+      env.job_id_var = "TT_JOB_ID";
+      rv[0] = Rendezvous::connect_with_listener(env, short_timeouts(1), std::move(l.socket));
+    } else {
+      rv[1] = Rendezvous::connect(env, short_timeouts(1));
+    }
+  });
+  EXPECT_EQ(errors[1],
+            "rank 1/2 on host host1 (local rank 1): rejected by rank 0: job id mismatch: rank 1 on host host1 is of job "
+            "none (no TT_JOB_ID, TORCHELASTIC_RUN_ID or SLURM_JOB_ID), rank 0 on host host0 of job '7' (TT_JOB_ID) "
+            "(another job's rank 0 on this master port, or a launcher that gave its ranks different ids)");
+  EXPECT_TRUE(has(errors[0], "only 1 of 2 ranks joined within 1 s")) << errors[0];
+  EXPECT_TRUE(has(errors[0], " was refused: job id mismatch: rank 1 on host host1 is of job none")) << errors[0];
+}
+
+// A fake rank 1 that joins properly, then announces a 1 TB message in the first collective.
+TEST(RendezvousTest, AJoinedRankAnnouncingATerabyteMessageFailsRankZeroAtOnce) {
+  Listener l = bind_free_port();
+  const int port = l.port;
+  std::string error;
+  const auto t0 = Clock::now();
+  std::thread root([&] {
+    try {
+      auto rv = Rendezvous::connect_with_listener(loopback_env(0, 2, port), short_timeouts(3, 30), std::move(l.socket));
+      rv->all_gather("mine");
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  net::Socket fake = fake_connect(port);
+  fake_send(fake, message(Op::kHello, 0, "1 2 fake\n\n"));
+  fake_send(fake, header_bytes(Op::kAllGather, 1, kTerabyte));
+  const double closed = seconds_until_closed(fake);
+  root.join();
+  EXPECT_EQ(error, "rank 0/2 on host host0 (local rank 0): rank 1 (host fake) announced a message of 1099511627776 "
+                   "bytes, more than the protocol's maximum of 67108864 bytes during all_gather #1");
+  EXPECT_GE(closed, 0);
+  EXPECT_LT(seconds_since(t0), 1.0);  // far below collective_timeout_s = 30
+}
+
+// Fake masters: what a worker does when the process at MASTER_ADDR:MASTER_PORT is not rank 0.
+std::string worker_against_fake_master(const std::function<void(net::Socket&)>& master, double timeout_s) {
+  Listener l = bind_free_port();
+  std::thread fake([&] {
+    net::Socket s = net::accept_until(l.socket, net::deadline_after(3));
+    if (s.valid()) master(s);
+  });
+  std::string error;
+  try {
+    Rendezvous::connect(loopback_env(1, 2, l.port), short_timeouts(timeout_s));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  fake.join();
+  return error;
+}
+
+TEST(RendezvousTest, AWorkerFailsOnASilentMasterWithinTheTimeout) {
+  const auto t0 = Clock::now();
+  const std::string error = worker_against_fake_master(
+      [](net::Socket& s) {
+        EXPECT_GE(seconds_until_closed(s), 0);  // the worker gives up and closes
+      },
+      1);
+  const double took = seconds_since(t0);
+  EXPECT_EQ(error, "rank 1/2 on host host1 (local rank 1): rank 0 (host 127.0.0.1) did not complete the rendezvous "
+                   "within 1 s (distributed.timeout_s); did every rank start?");
+  EXPECT_GE(took, 0.9);
+  EXPECT_LT(took, 3.0);  // timeout_s + 1: rank 0 may have started accepting before this worker
+}
+
+TEST(RendezvousTest, AWorkerFailsAtOnceOnAGarbageOrTerabyteWelcome) {
+  const auto t0 = Clock::now();
+  std::string error = worker_against_fake_master([](net::Socket& s) { fake_send(s, std::string(64, 'A')); }, 3);
+  EXPECT_EQ(error, "rank 1/2 on host host1 (local rank 1): rank 0 (host 127.0.0.1) sent a message that is not "
+                   "treetrain's protocol (magic 0x41414141, expected 0x50447454) during welcome #0");
+  error = worker_against_fake_master([](net::Socket& s) { fake_send(s, header_bytes(Op::kWelcome, 0, kTerabyte)); }, 3);
+  EXPECT_EQ(error, "rank 1/2 on host host1 (local rank 1): rank 0 (host 127.0.0.1) announced a message of "
+                   "1099511627776 bytes, more than the protocol's maximum of 67108864 bytes during welcome #0");
+  error = worker_against_fake_master([](net::Socket& s) { fake_send(s, message(Op::kWelcome, 0, "a\nb c\n")); }, 3);
+  EXPECT_EQ(error, "rank 1/2 on host host1 (local rank 1): rank 0 (host 127.0.0.1) sent a host table with a bad host "
+                   "name 'b c' on line 2 during welcome #0");
+  EXPECT_LT(seconds_since(t0), 1.0);
+}
+
+TEST(RendezvousTest, ABlobOverTheMessageLimitIsRefusedBeforeSending) {
+  auto rv = loopback_rendezvous(2, short_timeouts());
+  const auto errors = run_and_drop_on_error(rv, [&](int r) {
+    rv[r]->broadcast(r == 0 ? std::string(wire::kMaxMessageBytes + 1, 'x') : "");
+  });
+  EXPECT_TRUE(has(errors[0], "rank 0/2 on host host0 (local rank 0): a message of 67108865 bytes to rank 1 (host "
+                             "host1) during broadcast #1 is larger than the protocol's maximum of 67108864 bytes"))
+      << errors[0];
+  EXPECT_TRUE(has(errors[1], "lost rank 0 (host host0) during broadcast #1")) << errors[1];
 }
 
 }  // namespace

@@ -207,6 +207,21 @@ TEST(Safetensors, ReadsForeignLayoutWithMetadataAndPadding) {
   EXPECT_EQ(st.at("w").values, (std::vector<double>{1.0, 3.140625}));
 }
 
+// Found by tests/fuzz/safetensors_fuzz (UBSan: memcpy from a null pointer for an empty F64
+// tensor); the sanitizer run of this test guards the fix.
+TEST(Safetensors, EmptyTensorsOfEveryDtypeRead) {
+  const std::string path = temp_path("empty.safetensors");
+  write_bytes(path, file_with_header(R"({"a": {"dtype": "F64", "shape": [0, 3], "data_offsets": [0, 0]},)"
+                                     R"( "b": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]},)"
+                                     R"( "c": {"dtype": "BF16", "shape": [2, 0], "data_offsets": [0, 0]}})",
+                                     0));
+  const auto t = read_safetensors(path);
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(t.at("a").shape, (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ(t.at("c").shape, (std::vector<int64_t>{2, 0}));
+  for (const auto& [name, tensor] : t) EXPECT_TRUE(tensor.values.empty()) << name;
+}
+
 TEST(Safetensors, WriterRejectsBadInput) {
   const std::string p = temp_path("reject.safetensors");
   const float x = 1;
