@@ -55,6 +55,12 @@ void ModelConfig::validate() const {
                        " parameters, more than the limit of 2^40 (", kMaxParameters, ")"));
 }
 
+void ModelConfig::canonicalize() {
+  if ((int64_t)layer_types.size() == num_hidden_layers &&
+      std::all_of(layer_types.begin(), layer_types.end(), [](const std::string& t) { return t == "full_attention"; }))
+    layer_types.clear();
+}
+
 std::vector<LayerSpec> ModelConfig::layer_specs() const {
   std::vector<LayerSpec> specs(num_hidden_layers);
   for (int64_t l = 0; l < num_hidden_layers; ++l) {
@@ -97,7 +103,9 @@ nlohmann::json ModelConfig::to_hf_json(const std::string& torch_dtype) const {
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["initializer_range"] = initializer_range;
   j["max_position_embeddings"] = max_position_embeddings;
-  if (!layer_types.empty()) j["layer_types"] = layer_types;
+  ModelConfig canonical = *this;  // every layer full_attention is written as no layer_types
+  canonical.canonicalize();
+  if (!canonical.layer_types.empty()) j["layer_types"] = canonical.layer_types;
   j["hidden_act"] = "silu";
   j["attention_bias"] = false;
   j["attention_dropout"] = 0.0;
@@ -228,10 +236,7 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
       if (!e.is_string()) throw Error(str(where, ": field \"layer_types\" must be a list of strings, got ", lt.dump()));
       c.layer_types.push_back(e.get<std::string>());
     }
-    // Every layer full attention is the default form (what Qwen3Config writes for no sliding window).
-    if (std::all_of(c.layer_types.begin(), c.layer_types.end(), [](const std::string& t) { return t == "full_attention"; }) &&
-        (int64_t)c.layer_types.size() == c.num_hidden_layers)
-      c.layer_types.clear();
+    c.canonicalize();
   }
 
   // Newer transformers write RoPE settings as rope_parameters {"rope_type", "rope_theta"}.

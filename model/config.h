@@ -59,6 +59,10 @@ struct ModelConfig {
   bool qk_norm() const { return architecture == "qwen3"; }
   // The layers as the model builds them (layer_types and the architecture's variants).
   std::vector<LayerSpec> layer_specs() const;
+  // The one spelling of each config: layer_types naming full_attention for every layer becomes []
+  // (what Qwen3Config writes, and what from_hf_json returns), so two configs of the same model
+  // compare equal however they spelt it.
+  void canonicalize();
   // Checks every field against its bound above and the cross-field rules (heads, even head_dim,
   // the parameter count); throws tt::KeyError naming the field and what was expected.
   void validate() const;

@@ -20,6 +20,7 @@
 #include <variant>
 
 #include "base/check.h"
+#include "trainer/yaml_doc.h"
 
 namespace tt::trainer {
 namespace {
@@ -331,21 +332,6 @@ void parse_document(RunConfig& cfg, const YAML::Node& root, const std::string& s
   }
 }
 
-// ":N", N the line of the "---" that starts the second YAML document of text ("" when not found).
-std::string second_document_line(const std::string& text) {
-  std::istringstream in(text);
-  bool started = false;  // a first document has begun: content, or its own "---"
-  int n = 0;
-  for (std::string l; std::getline(in, l);) {
-    ++n;
-    const bool marker = l.rfind("---", 0) == 0 && (l.size() == 3 || l[3] == ' ' || l[3] == '\t' || l[3] == '\r');
-    if (marker && started) return str(":", n);
-    const size_t c = l.find_first_not_of(" \t\r");
-    if (marker || (c != std::string::npos && l[c] != '#' && l[c] != '%')) started = true;
-  }
-  return "";
-}
-
 void apply_override(RunConfig& cfg, const std::string& ov, ParseState& st) {
   const std::string ctx = "--set " + ov;
   const size_t eq = ov.find('=');
@@ -364,7 +350,7 @@ void apply_override(RunConfig& cfg, const std::string& ov, ParseState& st) {
   }
   YAML::Node value;
   try {
-    value = YAML::Load(text);
+    value = load_one_document(text, ctx, ctx);
   } catch (const YAML::Exception& e) {
     throw Error(str(ctx, ": value is not valid YAML: ", e.msg));
   }
@@ -551,10 +537,7 @@ RunConfig parse_config_text(const std::string& yaml_text, const std::string& sou
   const std::string kBom = "\xEF\xBB\xBF";
   const std::string text = yaml_text.rfind(kBom, 0) == 0 ? yaml_text.substr(kBom.size()) : yaml_text;
   try {
-    const std::vector<YAML::Node> docs = YAML::LoadAll(text);
-    if (docs.size() > 1)
-      throw Error(str(file, second_document_line(text), ": a second YAML document, expected one config per file"));
-    if (!docs.empty()) root = docs[0];
+    root = load_one_document(text, file);
   } catch (const YAML::DeepRecursion& e) {
     // yaml-cpp stops at 500 levels of nesting and reports it as "bad file".
     throw Error(str(file, ":", e.mark.line + 1, ": invalid YAML: nested deeper than 500 levels (yaml-cpp's limit)"));
@@ -565,6 +548,7 @@ RunConfig parse_config_text(const std::string& yaml_text, const std::string& sou
   parse_document(cfg, root, source, base_dir, st);
   for (const std::string& ov : overrides) apply_override(cfg, ov, st);
   resolve_init_from(cfg, st);
+  cfg.model.canonicalize();
   cfg.validate();
   return cfg;
 }

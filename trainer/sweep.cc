@@ -14,6 +14,7 @@
 
 #include "distributed/launch.h"
 #include "base/check.h"
+#include "trainer/yaml_doc.h"
 
 namespace tt::trainer {
 namespace {
@@ -172,7 +173,7 @@ std::string shell_quote(const std::string& s) {
 Sweep parse_sweep_text(const std::string& yaml_text, const std::string& source, const std::string& base_dir) {
   YAML::Node root;
   try {
-    root = YAML::Load(yaml_text);
+    root = load_one_document(yaml_text, source);
   } catch (const YAML::ParserException& e) {
     throw Error(str(source, ":", e.mark.line + 1, ": invalid YAML: ", e.msg));
   }

@@ -105,6 +105,11 @@ int cpus() {
 }
 
 TEST(CliTest, OpenMpWaitsPassivelyUnlessTheUserSaysOtherwise) {
+#if defined(__clang__)
+  // clang's -fopenmp links LLVM's libomp (the sanitizer build), which reports OMP_DISPLAY_ENV at
+  // its first parallel region, not when loaded; the product's gcc build links libgomp.
+  GTEST_SKIP() << "libgomp's load-time report is what this test reads; clang builds link libomp";
+#endif
   // libgomp reads OMP_* when it is loaded, before main: the binary re-executes itself once with
   // OMP_WAIT_POLICY=passive, and libgomp's own report (GOMP_SPINCOUNT 0: no spinning) shows it.
   const std::string clean =

@@ -101,6 +101,10 @@ TEST(SweepTest, ErrorsNameTheFileAndLine) {
   EXPECT_TRUE(has(error_of(base + "slurm:\n  gpus: 8\n", dir), "sweep.yaml:3: unknown key 'slurm.gpus'"));
   EXPECT_TRUE(has(error_of(base + "slurm:\n  nodes: 0\n", dir), "sweep.yaml:3: slurm.nodes: expected an integer >= 1"));
   EXPECT_TRUE(has(error_of(base + "grid: [\n", dir), "sweep.yaml:"));
+  // Text after the document (YAML::Load would drop it) and a second document.
+  EXPECT_EQ(error_of("{base: base.yaml}, grid\n", dir),
+            "sweep.yaml:1:18: invalid YAML: ',' after the end of the document, expected one config per file");
+  EXPECT_EQ(error_of(base + "---\ngrid: {}\n", dir), "sweep.yaml:2: a second YAML document, expected one config per file");
   // A value that breaks a cross-field rule with the base names its line; values that pass alone
   // but break the rule together name the run.
   const std::string alone = error_of(base + "grid:\n  partition.capacity_tokens: [8, 5000]\n", dir);

@@ -104,6 +104,19 @@ std::string slurp(const fs::path& p) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// A config that spells every layer out (layer_types) resumes from a checkpoint whose config.json
+// leaves them to the default.
+TEST(TrainTest, ResumeAcceptsEitherSpellingOfLayerTypes) {
+  const fs::path dir = test_dir("resume_layer_types");
+  RunConfig c = testing::tiny_run_config(dir);
+  c.train.max_steps = 2;
+  Trainer(c).run();
+  c.train.max_steps = 3;
+  c.train.resume = true;
+  c.model.layer_types = {"full_attention", "full_attention"};
+  EXPECT_EQ(Trainer(c).run().back().step, 3);
+}
+
 TEST(TrainTest, ResumeRewritesMetricsAtomically) {
   // A resumed run drops the metrics after its checkpoint by writing a new file and renaming it
   // over metrics.jsonl: the old file is never truncated in place (a kill there lost history).
