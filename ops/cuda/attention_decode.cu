@@ -2,11 +2,15 @@
 // (key chunk, row group, KV head) items, then a merge per (row, query head) with the row's own key.
 //
 // Item table (built on the host, copied once per call into the workspace): prefix e's keys are cut
-// into chunks of kChunk, its query range into groups of at most rows_per_item rows (so that
-// rows x query heads per KV head <= kQMax). Per item and KV head the partial kernel stages each
-// tile of kTile keys (K padded to an odd word stride, so the score loop reads shared memory without
-// bank conflicts; V unpadded, read along the head dim) and keeps for each of its Q query vectors
-// the running max m, sum l and the weighted values acc (fp32, online softmax). The merge kernel
+// into chunks, its query range into groups of at most rows_per_item rows (so that rows x query
+// heads per KV head <= kQMax). The chunk is the smallest power of two >= kTile whose (item, KV
+// head) blocks number at most kTargetBlocks: a batch-1 step at 1k context still spreads over the
+// GPU (128 blocks of one tile), a long or wide one keeps its partials few. Per item and KV head
+// the partial kernel stages each tile of kTile keys with 16-byte loads, the next tile's loads in
+// flight while the current one is computed (K padded to an odd word stride, so the score loop
+// reads shared memory without bank conflicts; V unpadded, read along the head dim), and keeps for
+// each of its Q query vectors the running max m, sum l and the weighted values acc (fp32, online
+// softmax). The merge kernel
 // takes, for row i and query head h, every item holding row i (a CSR list) and the row's own key:
 // M = max(m_j, s_own), out = (sum_j acc_j e^(m_j - M) + e^(s_own - M) v_own) / L,
 // L = sum_j l_j e^(m_j - M) + e^(s_own - M), lse = M + log L. Deterministic: fixed orders.
@@ -24,8 +28,8 @@ namespace tt::cuda {
 namespace {
 
 constexpr int kThreads = 128;  // partial kernel
-constexpr int kTile = 64;      // keys per shared-memory tile
-constexpr int kChunk = 256;    // keys per item
+constexpr int kTile = 64;      // keys per shared-memory tile, and the smallest chunk
+constexpr int kTargetBlocks = 512;  // partial-kernel blocks the chunk size aims at (at most)
 constexpr int kQMax = 16;      // query vectors (rows x heads of a KV head group) per item
 
 struct DecodeItem {
@@ -48,21 +52,36 @@ struct Plan {
   std::vector<int> row_ptr;  // (N + 1) CSR over row_refs
   std::vector<int2> row_refs;  // (item, local row)
   int rows_per_item = 1;
+  int chunk = kTile;  // keys per item
 };
 
-Plan make_plan(const ExternalKV* ext, int n_ext, int N, int G) {
+// Partial-kernel blocks of a chunk size: (chunks x row groups) per visible prefix, x NKV.
+int64_t blocks_for(const ExternalKV* ext, int n_ext, int rows_per_item, int NKV, int64_t chunk) {
+  int64_t items = 0;
+  for (int e = 0; e < n_ext; e++) {
+    if (ext[e].len == 0 || ext[e].q_begin == ext[e].q_end) continue;
+    const int64_t groups = (ext[e].q_end - ext[e].q_begin + rows_per_item - 1) / rows_per_item;
+    items += (ext[e].len + chunk - 1) / chunk * groups;
+  }
+  return items * NKV;
+}
+
+Plan make_plan(const ExternalKV* ext, int n_ext, int N, int G, int NKV) {
   Plan p;
   p.rows_per_item = std::max(1, kQMax / G);
+  int chunk = kTile;
+  while (chunk < (1 << 24) && blocks_for(ext, n_ext, p.rows_per_item, NKV, chunk) > kTargetBlocks) chunk *= 2;
+  p.chunk = chunk;
   std::vector<std::vector<int2>> per_row(N);
   for (int e = 0; e < n_ext; e++) {
     p.prefixes.push_back(DecodePrefix{ext[e].k, ext[e].v});
     if (ext[e].len == 0 || ext[e].q_begin == ext[e].q_end) continue;
-    for (int k0 = 0; k0 < ext[e].len; k0 += kChunk) {
+    for (int k0 = 0; k0 < ext[e].len; k0 += chunk) {
       for (int r0 = ext[e].q_begin; r0 < ext[e].q_end; r0 += p.rows_per_item) {
         DecodeItem it;
         it.prefix = e;
         it.key_begin = k0;
-        it.key_end = std::min(ext[e].len, k0 + kChunk);
+        it.key_end = std::min(ext[e].len, k0 + chunk);
         it.row0 = r0;
         it.nrows = std::min(p.rows_per_item, ext[e].q_end - r0);
         for (int r = 0; r < it.nrows; r++) per_row[r0 + r].push_back(int2{(int)p.items.size(), r});
@@ -141,11 +160,6 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
   const int Q = it.nrows * G;  // query vectors: local row r, head g G + gg at r G + gg
   const DecodePrefix pre = p.n_by_value ? p.by_value[it.prefix] : p.prefixes[it.prefix];
 
-  for (int e = tid; e < Q * HS; e += kThreads) {
-    const int qi = e / HS, d = e % HS;
-    const int row = it.row0 + qi / G, h = g * G + qi % G;
-    q_s[qi][d] = __bfloat162float(p.q[((int64_t)row * p.NH + h) * HS + d]);
-  }
   if (tid < kQMax) {
     m_s[tid] = -INFINITY;
     l_s[tid] = 0.f;
@@ -155,17 +169,46 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
 #pragma unroll
   for (int j = 0; j < kAcc; j++) acc[j] = 0.f;
 
+  // A tile's K and V for KV head g: kLoads 16-byte vectors of each per thread, held in registers
+  // from their load (issued a tile ahead) to their store into shared memory.
+  constexpr int kVecs = HS / 8;                     // 16-byte vectors per key row
+  constexpr int kLoads = kTile * kVecs / kThreads;  // per thread and tensor
+  static_assert(kTile * kVecs % kThreads == 0, "tile vectors must split evenly over the threads");
+  uint4 kr[kLoads], vr[kLoads];
+  auto load = [&](int t0, int nk) {
+#pragma unroll
+    for (int j = 0; j < kLoads; j++) {
+      const int w = tid + j * kThreads, key = w / kVecs, c = w % kVecs;
+      if (key < nk) {
+        const int64_t off = ((int64_t)(t0 + key) * NKV + g) * HS + 8 * c;
+        kr[j] = *reinterpret_cast<const uint4*>(pre.k + off);
+        vr[j] = *reinterpret_cast<const uint4*>(pre.v + off);
+      } else {
+        kr[j] = vr[j] = make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  load(it.key_begin, min(kTile, it.key_end - it.key_begin));  // in flight while q is staged
+  for (int e = tid; e < Q * HS; e += kThreads) {
+    const int qi = e / HS, d = e % HS;
+    const int row = it.row0 + qi / G, h = g * G + qi % G;
+    q_s[qi][d] = __bfloat162float(p.q[((int64_t)row * p.NH + h) * HS + d]);
+  }
   for (int t0 = it.key_begin; t0 < it.key_end; t0 += kTile) {
     const int nk = min(kTile, it.key_end - t0);
     __syncthreads();  // the previous tile is consumed; q_s and the stats are written
-    // Stage K and V of keys [t0, t0 + nk) for KV head g, 4 bytes a thread.
-    for (int w = tid; w < nk * (HS / 2); w += kThreads) {
-      const int key = w / (HS / 2), d = 2 * (w % (HS / 2));
-      const int64_t off = ((int64_t)(t0 + key) * NKV + g) * HS + d;
-      *reinterpret_cast<__nv_bfloat162*>(&k_s[key][d]) = *reinterpret_cast<const __nv_bfloat162*>(pre.k + off);
-      *reinterpret_cast<__nv_bfloat162*>(&v_s[key][d]) = *reinterpret_cast<const __nv_bfloat162*>(pre.v + off);
+#pragma unroll
+    for (int j = 0; j < kLoads; j++) {
+      const int w = tid + j * kThreads, key = w / kVecs, c = w % kVecs;
+      uint32_t* kw = reinterpret_cast<uint32_t*>(&k_s[key][8 * c]);  // 4-byte aligned rows (odd word stride)
+      kw[0] = kr[j].x;
+      kw[1] = kr[j].y;
+      kw[2] = kr[j].z;
+      kw[3] = kr[j].w;
+      *reinterpret_cast<uint4*>(&v_s[key][8 * c]) = vr[j];
     }
     __syncthreads();
+    if (t0 + kTile < it.key_end) load(t0 + kTile, min(kTile, it.key_end - t0 - kTile));  // in flight meanwhile
     // Scores of every (query vector, key).
     for (int e = tid; e < Q * kTile; e += kThreads) {
       const int qi = e / kTile, key = e % kTile;
@@ -250,13 +293,16 @@ __global__ void __launch_bounds__(HS) decode_merge_kernel(MergeParams p) {
   const int64_t kv = ((int64_t)i * p.NKV + g) * HS + d;
   const float s_own = detail::block_sum(qd * __bfloat162float(p.k[kv]), red) * p.scale;
   float M = s_own;
-  for (int r = p.row_ptr[i]; r < p.row_ptr[i + 1]; r++) {
+  const int r0 = p.row_ptr[i], r1 = p.row_ptr[i + 1];
+#pragma unroll 8
+  for (int r = r0; r < r1; r++) {  // unrolled: the partials' loads overlap
     const int2 ref = p.row_refs[r];
     M = fmaxf(M, p.m[((int64_t)ref.x * p.NKV + g) * kQMax + ref.y * p.G + gg]);
   }
   const float w_own = __expf(s_own - M);
   float L = w_own, o = w_own * __bfloat162float(p.v[kv]);
-  for (int r = p.row_ptr[i]; r < p.row_ptr[i + 1]; r++) {
+#pragma unroll 8
+  for (int r = r0; r < r1; r++) {
     const int2 ref = p.row_refs[r];
     const int64_t slot = ((int64_t)ref.x * p.NKV + g) * kQMax + ref.y * p.G + gg;
     const float w = __expf(p.m[slot] - M);
@@ -324,7 +370,7 @@ size_t AttentionDecodePlan::workspace_bytes() const {
 void AttentionDecodePlan::make(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS) {
   check_args(ext, n_ext, N, NH, NKV, HS);
   Impl& m = *impl_;
-  m.plan = make_plan(ext, n_ext, N, NH / NKV);
+  m.plan = make_plan(ext, n_ext, N, NH / NKV, NKV);
   m.sig = signature(ext, n_ext, N, NH, NKV, HS);
   m.items = nullptr;
 }
@@ -399,7 +445,7 @@ void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* 
 
 size_t attention_decode_workspace_bytes(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS) {
   check_args(ext, n_ext, N, NH, NKV, HS);
-  const Plan p = make_plan(ext, n_ext, N, NH / NKV);
+  const Plan p = make_plan(ext, n_ext, N, NH / NKV, NKV);
   return Tables(p, nullptr).bytes + CallSpace(p, NKV, HS, nullptr).bytes;
 }
 

@@ -19,6 +19,7 @@
 #include <map>
 #include <vector>
 
+#include "ops/cuda/gemv.h"
 #include "ops/cuda/check.h"
 #include "ops/cuda/memory.h"
 
@@ -234,12 +235,14 @@ GemmShape dx_shape(int N, int IC, int OC, GemmOut out) {
 void matmul_forward(GemmHandle& h, bf16* out, const bf16* x, const bf16* w, int N, int IC, int OC) {
   check_linear(N, IC, OC, "cuda::matmul_forward");
   if (N == 0) return;
+  if (gemv_supported(x, w, N, IC)) return gemv_forward(out, x, w, N, IC, OC, h.stream());
   h.run(forward_shape(N, IC, OC, GemmOut::kBf16), w, x, out, 1.f, 0.f);
 }
 
 void matmul_forward(GemmHandle& h, float* out, const bf16* x, const bf16* w, int N, int IC, int OC) {
   check_linear(N, IC, OC, "cuda::matmul_forward");
   if (N == 0) return;
+  if (gemv_supported(x, w, N, IC)) return gemv_forward(out, x, w, N, IC, OC, h.stream());
   h.run(forward_shape(N, IC, OC, GemmOut::kF32), w, x, out, 1.f, 0.f);
 }
 

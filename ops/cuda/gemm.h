@@ -77,7 +77,8 @@ class GemmHandle {
   std::unique_ptr<Impl> impl_;
 };
 
-// out (N, OC) = x (N, IC) @ w (OC, IC)^T; overwritten.
+// out (N, OC) = x (N, IC) @ w (OC, IC)^T; overwritten. Up to kGemvMaxRows rows (a decode step)
+// with IC % 8 == 0 and 16-byte aligned x, w go to gemv_forward (gemv.h) instead of cuBLASLt.
 void matmul_forward(GemmHandle& h, bf16* out, const bf16* x, const bf16* w, int N, int IC, int OC);
 void matmul_forward(GemmHandle& h, float* out, const bf16* x, const bf16* w, int N, int IC, int OC);
 

@@ -169,8 +169,12 @@ TEST(Generate, SamplesShareThePrefillAndFollowTheSeed) {
       differs |= x.tokens != c[i].samples[s].tokens;
       distinct[x.tokens]++;
       for (size_t j = 0; j + 1 < x.tokens.size(); ++j) EXPECT_NE(x.tokens[j], 3) << "a stop id ends the sample";
-      if (x.finish == "stop") EXPECT_EQ(x.tokens.back(), 3);
-      if (x.finish == "length") EXPECT_EQ((int)x.tokens.size(), o.max_new_tokens);
+      if (x.finish == "stop") {
+        EXPECT_EQ(x.tokens.back(), 3);
+      }
+      if (x.finish == "length") {
+        EXPECT_EQ((int)x.tokens.size(), o.max_new_tokens);
+      }
       std::vector<int32_t> seq = prompts[i].tokens;
       seq.insert(seq.end(), x.tokens.begin(), x.tokens.end());
       const std::vector<double> ref = full_logits(m, seq);

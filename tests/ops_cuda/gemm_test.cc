@@ -1,6 +1,7 @@
 // cuBLASLt Linear GEMMs vs the CPU matmul (fp64) for the three products, with overwrite and
 // accumulate, bf16 and fp32 outputs, and shapes whose leading dimensions are not multiples of 8;
-// with the heuristic's algorithm and with autotuning.
+// with the heuristic's algorithm and with autotuning; forwards of up to 8 rows (gemv.h), with a
+// column count that is odd, one column, and an IC that gemv does not take (cuBLASLt's path).
 //
 // Bound per element: products of bf16 values are exact in fp32, so the only errors are the fp32
 // accumulation (at most k u32 sum_k |a b| for a sum of k terms; doubled for tensor-core
@@ -170,7 +171,9 @@ TEST_P(GemmTest, ThreeProductsMatchCpu) {
   sync_and_check();
   EXPECT_EQ(h.num_plans(), plans);
   EXPECT_EQ(h.tune_stats().tuned_plans, tuned);
-  if (!sh.autotune) EXPECT_EQ(tuned, 0);
+  if (!sh.autotune) {
+    EXPECT_EQ(tuned, 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -179,7 +182,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{33, 40, 100, "ld_not_multiple_of_8"}, Shape{256, 2048, 512, "hidden_2048"},
                       Shape{1, 256, 64, "single_row"}, Shape{256, 2048, 512, "hidden_2048_autotuned", true},
                       Shape{37, 72, 96, "rows_not_multiple_of_tile_autotuned", true},
-                      Shape{33, 40, 100, "ld_not_multiple_of_8_autotuned", true}),
+                      Shape{33, 40, 100, "ld_not_multiple_of_8_autotuned", true},
+                      // Up to 8 rows: the forward goes to gemv (gemv.h); the backward stays cuBLASLt's.
+                      Shape{1, 2048, 4096, "gemv_one_row"}, Shape{3, 6144, 2048, "gemv_three_rows"},
+                      Shape{8, 2048, 1001, "gemv_eight_rows_odd_oc"}, Shape{5, 40, 1, "gemv_one_column"},
+                      Shape{2, 4096, 64, "gemv_few_columns_long_rows"}, Shape{4, 512, 3000, "gemv_two_slices"},
+                      Shape{2, 36, 50, "few_rows_ic_not_multiple_of_8"}),
     [](const ::testing::TestParamInfo<Shape>& info) { return info.param.name; });
 
 TEST_F(GpuTest, GemmRejectsBadShapes) {

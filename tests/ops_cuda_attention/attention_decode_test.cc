@@ -1,6 +1,7 @@
 // The attention primitive's decode mode on the GPU (ops/cuda/attention_decode.h) against the fp64
 // CPU reference (ops/cpu/attention.h) on the same batch: every row its own one-token tree, reading
-// external prefixes with their query ranges. Cases: one row with a long prefix (many key chunks),
+// external prefixes with their query ranges. Cases: one row with a long prefix (many key chunks;
+// at 16k, chunks of several tiles),
 // K samples sharing a prompt prefix plus one own prefix each (more prefixes than the tree
 // kernels take), prefixes of length 0 and 1, rows that see no prefix, more rows than a row group,
 // HS 64 and 128, GQA ratios 1, 2 and 8. Outputs are poisoned before the run. Tolerance rule:
@@ -45,6 +46,8 @@ std::vector<DecodeCase> cases() {
   std::vector<DecodeCase> v;
   v.push_back({"one_row_long_prefix_hs128", 1, 16, 8, 128, {{3000, 0, 1}}});
   v.push_back({"one_row_long_prefix_hs64_mha", 1, 4, 4, 64, {{1100, 0, 1}}});
+  // 16k keys: the chunk grows past one tile (at most kTargetBlocks blocks), the last one partial.
+  v.push_back({"one_row_16k_hs128", 1, 16, 8, 128, {{16385, 0, 1}}});
   // 16 samples of one prompt: the prompt visible to all, one generated span per sample.
   DecodeCase k{"samples16_shared_prompt", 16, 16, 8, 128, {{700, 0, 16}}};
   for (int s = 0; s < 16; s++) k.prefixes.push_back({s * 3, s, s + 1});  // 0 .. 45 keys each
