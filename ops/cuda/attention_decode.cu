@@ -160,6 +160,11 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
   const int Q = it.nrows * G;  // query vectors: local row r, head g G + gg at r G + gg
   const DecodePrefix pre = p.n_by_value ? p.by_value[it.prefix] : p.prefixes[it.prefix];
 
+  for (int e = tid; e < Q * HS; e += kThreads) {
+    const int qi = e / HS, d = e % HS;
+    const int row = it.row0 + qi / G, h = g * G + qi % G;
+    q_s[qi][d] = __bfloat162float(p.q[((int64_t)row * p.NH + h) * HS + d]);
+  }
   if (tid < kQMax) {
     m_s[tid] = -INFINITY;
     l_s[tid] = 0.f;
@@ -188,12 +193,7 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
       }
     }
   };
-  load(it.key_begin, min(kTile, it.key_end - it.key_begin));  // in flight while q is staged
-  for (int e = tid; e < Q * HS; e += kThreads) {
-    const int qi = e / HS, d = e % HS;
-    const int row = it.row0 + qi / G, h = g * G + qi % G;
-    q_s[qi][d] = __bfloat162float(p.q[((int64_t)row * p.NH + h) * HS + d]);
-  }
+  load(it.key_begin, min(kTile, it.key_end - it.key_begin));
   for (int t0 = it.key_begin; t0 < it.key_end; t0 += kTile) {
     const int nk = min(kTile, it.key_end - t0);
     __syncthreads();  // the previous tile is consumed; q_s and the stats are written
