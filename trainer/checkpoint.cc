@@ -251,6 +251,13 @@ TrainerState read_trainer_state(const std::string& file) {
   if (!path.is_string()) throw Error(str(file, ": field \"data.path\": expected a string, got ", path.dump()));
   st.data_path = path.get<std::string>();
   st.data_size = int_field(j, "data.size_bytes", file, -1);
+  if (j.contains("skipped")) {
+    st.skipped_steps = int_field(j, "skipped.total", file, 0);
+    st.consecutive_skips = int_field(j, "skipped.in_a_row", file, 0);
+    if (st.consecutive_skips > st.skipped_steps)
+      throw Error(str(file, ": field \"skipped.in_a_row\": expected at most skipped.total (", st.skipped_steps,
+                      "), got ", st.consecutive_skips));
+  }
   if (st.version >= 2) {
     const nlohmann::json& files = field_at(j, "files", file);
     if (!files.is_object()) throw Error(str(file, ": field \"files\": expected an object, got ", files.dump()));
@@ -298,6 +305,7 @@ std::string save_checkpoint(const std::string& run_dir, const RunConfig& cfg, co
       {"seed", state.seed},
       {"data", {{"path", state.data_path}, {"size_bytes", state.data_size}}},
       {"backend", backend.name()},
+      {"skipped", {{"total", state.skipped_steps}, {"in_a_row", state.consecutive_skips}}},
       {"files", files},
   };
   write_file(tmp / kStateFile, j.dump(2) + "\n");

@@ -6,8 +6,10 @@
 //   config.yaml                      the resolved RunConfig (RunConfig::to_yaml)
 //   trainer_state.json               {"version": 2, "step": N, "loader": {"epoch", "cursor"}, "seed",
 //                                     "data": {"path", "size_bytes"}, "backend",
+//                                     "skipped": {"total", "in_a_row"},
 //                                     "files": {"<name>": {"bytes": B}, ...}}
-// "files" is the manifest: every other file of the folder and its size. A later feature that adds
+// "skipped" counts the updates train.on_nonfinite: skip_step skipped (absent: none; an older
+// treetrain wrote no such field). "files" is the manifest: every other file of the folder and its size. A later feature that adds
 // a file (action statistics, tuning tables, ...) lists it there; readers check that each listed
 // file is present with its size and ignore files they do not know, so adding a file needs no new
 // version. A version is for a change that an older reader would misread.
@@ -63,6 +65,8 @@ struct TrainerState {
   uint64_t seed = 0;       // train.seed the loader order was drawn with
   std::string data_path;   // the data file, and its size, for a sanity check on resume
   int64_t data_size = -1;
+  int64_t skipped_steps = 0;      // updates skipped so far (train.on_nonfinite: skip_step)
+  int64_t consecutive_skips = 0;  // of them, the ones just before this checkpoint
   std::map<std::string, int64_t> files;  // the manifest (version 2): file name -> bytes
 };
 

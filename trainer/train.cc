@@ -63,6 +63,7 @@ std::vector<EventWriter::Scalar> tensorboard_scalars(const StepMetrics& m) {
       {"mfu", m.mfu},
       {"por", m.por},
       {"executed_flops", m.executed_flops},
+      {"skipped_steps", (double)m.skipped_steps},
   };
 }
 
@@ -131,6 +132,8 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
       throw NonFiniteError(str(ckpt, ": ", bad, " holds non-finite values (train.resume); move the checkpoint aside "
                                "to resume from an earlier one"));
     loader_->restore(st.loader);
+    skipped_steps_ = st.skipped_steps;
+    consecutive_skips_ = st.consecutive_skips;
     step_ = start_step_ = last_saved_step_ = st.step;
     spdlog::info("resumed from {} (step {}, epoch {}, cursor {})", ckpt, st.step, st.loader.epoch, st.loader.cursor);
     if (rank() == 0) prune_checkpoints(cfg_.run_dir, cfg_.train.keep_checkpoints);
@@ -408,6 +411,8 @@ std::string Trainer::save_checkpoint() {
   st.seed = cfg_.train.seed;
   st.data_path = cfg_.data.path;
   st.data_size = data_size_;
+  st.skipped_steps = skipped_steps_;
+  st.consecutive_skips = consecutive_skips_;
   // Never a non-finite checkpoint (the update checks each step; this is the last line of defence).
   if (const std::string bad = backend_->first_nonfinite(true, false, true); !bad.empty())
     throw NonFiniteError(str("step ", step_, ": ", bad, " is not finite; the checkpoint is not written"));
@@ -456,10 +461,8 @@ std::vector<StepMetrics> Trainer::run() {
                               {"paths", m.paths},       {"pieces", m.pieces},   {"elapsed_s", m.elapsed_s},
                               {"step_s", m.step_s},     {"model_tflops", m.model_tflops}, {"mfu", m.mfu}};
     j["executed_flops"] = m.executed_flops;
-    if (m.skipped_steps > 0 || cfg_.train.on_nonfinite == "skip_step") {
-      j["skipped"] = m.skipped;
-      j["skipped_steps"] = m.skipped_steps;
-    }
+    j["skipped"] = m.skipped;              // this step's update was skipped (train.on_nonfinite: skip_step)
+    j["skipped_steps"] = m.skipped_steps;  // skipped updates so far in the run
     j["reduce_s"] = m.reduce_s;
     if (m.device_peak_gib > 0) j["device_peak_gib"] = m.device_peak_gib;
     if (comm_) {

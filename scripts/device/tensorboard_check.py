@@ -30,7 +30,7 @@ import struct
 import subprocess
 import sys
 
-TAGS = ["loss", "nll", "lr", "grad_norm", "tokens_per_s", "mfu", "por", "executed_flops"]
+TAGS = ["loss", "nll", "lr", "grad_norm", "tokens_per_s", "mfu", "por", "executed_flops", "skipped_steps"]
 
 
 def f32(x):

@@ -182,7 +182,7 @@ void expect_events_equal_metrics(const fs::path& run_dir) {
     std::vector<std::string> names;
     for (const auto& [tag, v] : tags) names.push_back(tag);
     EXPECT_EQ(names, (std::vector<std::string>{"executed_flops", "grad_norm", "loss", "lr", "mfu", "nll", "por",
-                                               "tokens_per_s"}));
+                                               "skipped_steps", "tokens_per_s"}));
     for (const auto& [tag, v] : tags) EXPECT_EQ(v, (float)m[tag].get<double>()) << tag << " at step " << step;
   }
 }

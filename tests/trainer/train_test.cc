@@ -308,6 +308,12 @@ TEST(TrainTest, TrainerStateErrorsNameTheField) {
       error_for(
           R"({"version": 1, "step": 2, "loader": {"epoch": 0, "cursor": 3}, "seed": 7, "data": {"path": 5, "size_bytes": 10}})"),
       file.string() + ": field \"data.path\": expected a string, got 5");
+  EXPECT_EQ(error_for(R"({"version": 1, "step": 2, "skipped": {"total": 1}, )" + good_loader + "}"),
+            file.string() + ": missing field \"skipped.in_a_row\"");
+  EXPECT_EQ(error_for(R"({"version": 1, "step": 2, "skipped": {"total": 1, "in_a_row": 2}, )" + good_loader + "}"),
+            file.string() + ": field \"skipped.in_a_row\": expected at most skipped.total (1), got 2");
+  EXPECT_EQ(error_for(R"({"version": 1, "step": 2, "skipped": {"total": 2, "in_a_row": 1}, )" + good_loader + "}"),
+            "");
   EXPECT_EQ(error_for(R"({"version": 1, "step": 2, )" + good_loader + "}"), "");
 }
 
@@ -733,6 +739,48 @@ TEST(TrainTest, NonFiniteStepsAreSkippedUpToTheCap) {
     EXPECT_NE(std::string(e.what()).find("(train.on_nonfinite: stop; skip_step skips such steps)"), std::string::npos)
         << e.what();
   }
+}
+
+// The skip counts are part of the run's state: a resumed run goes on counting (metrics and the
+// in-a-row cap) where the checkpoint left off, so a kill never resets the cap.
+TEST(TrainTest, SkippedStepCountsSurviveAResume) {
+  const fs::path dir = test_dir("nonfinite_skip_resume");
+  RunConfig c = tiny_config(dir);
+  c.model.initializer_range = 1e30;
+  c.train.max_steps = 2;
+  c.train.on_nonfinite = "skip_step";
+  c.train.max_skipped_steps = 3;
+  const std::vector<StepMetrics> first = Trainer(c).run();
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_EQ(first.back().skipped_steps, 2);
+  const TrainerState st =
+      read_trainer_state((fs::path(c.run_dir) / "checkpoints" / "step_2" / "trainer_state.json").string());
+  EXPECT_EQ(st.skipped_steps, 2);
+  EXPECT_EQ(st.consecutive_skips, 2);
+  c.train.resume = true;
+  c.train.max_steps = 4;
+  Trainer t(c);
+  const StepMetrics third = t.train_step();
+  EXPECT_TRUE(third.skipped);
+  EXPECT_EQ(third.skipped_steps, 3);
+  try {
+    t.train_step();
+    FAIL() << "expected NonFiniteError: the fourth skip in a row, two of them before the resume";
+  } catch (const NonFiniteError& e) {
+    EXPECT_NE(std::string(e.what()).find("more than train.max_skipped_steps (3) in a row"), std::string::npos)
+        << e.what();
+  }
+  // metrics.jsonl carries the counts on every line, whatever train.on_nonfinite says.
+  std::ifstream in(fs::path(c.run_dir) / "metrics.jsonl");
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    ++n;
+    EXPECT_EQ(j.at("skipped_steps").get<int64_t>(), n);
+    EXPECT_TRUE(j.at("skipped").get<bool>());
+  }
+  EXPECT_EQ(n, 2);
 }
 
 // Non-finite values read from disk are errors naming the file and the tensor: an init_from model
