@@ -29,6 +29,10 @@ BatchLoader::BatchLoader(std::vector<Tree> trees, Packing packing, int64_t max_t
                       packing_ == Packing::kTree ? "tree" : "per_path",
                       " packing, which exceeds data.max_tokens_per_batch = ", max_tokens_,
                       "; expected every tree to fit one micro-batch"));
+    if (size > max_tokens_ && oversize == Oversize::kSplitPaths) {
+      TT_CHECK(packing_ == Packing::kPerPath, "Oversize::kSplitPaths needs per_path packing");
+      path_ranges(t, max_tokens_);  // throws for a path longer than the budget
+    }
     sizes_.push_back(size);
   }
   start_epoch();

@@ -11,7 +11,10 @@
 // A tree larger than max_tokens is an error (Oversize::kError), or, when the trainer partitions
 // trees (Oversize::kAlone, partition.capacity_tokens > 0), a micro-batch of its own: the greedy
 // rule already closes a batch before a tree that does not fit and after one that overflows it,
-// so such a tree never shares a batch and the order of the epoch is unchanged.
+// so such a tree never shares a batch and the order of the epoch is unchanged. Under per_path
+// packing (Oversize::kSplitPaths) a tree whose paths do not fit together comes alone the same way,
+// and the trainer spreads its paths over micro-batches of one step (data::path_ranges); each path
+// must fit the budget.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +29,9 @@ namespace tt::data {
 enum class Oversize {
   kError,  // the constructor throws tt::Error naming the tree
   kAlone,  // the tree is emitted alone, as its own micro-batch (to be partitioned by the trainer)
+  // per_path packing: the tree is emitted alone, its paths to be spread over micro-batches by the
+  // trainer; the constructor throws tt::Error naming a path longer than max_tokens.
+  kSplitPaths,
 };
 
 struct LoaderState {

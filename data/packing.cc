@@ -80,9 +80,9 @@ void pack_tree(const Tree& tree, PackedBatch& b) {
   }
 }
 
-// Appends every path of a tree as its own chain (kPerPath).
-void pack_paths(const Tree& tree, PackedBatch& b) {
-  for (int64_t k = 0; k < tree.n_paths(); ++k) {
+// Appends the paths [first, end) of a tree, each as its own chain (kPerPath).
+void pack_paths(const Tree& tree, int64_t first, int64_t end, PackedBatch& b) {
+  for (int64_t k = first; k < end; ++k) {
     const std::vector<int32_t> toks = tree.path_tokens(k);
     const Path& path = tree.paths[k];
     const std::vector<double>& w = path.target_weight;
@@ -131,7 +131,7 @@ PackedBatch pack(const std::vector<const Tree*>& trees, Packing packing) {
       b.tree_start.push_back((int32_t)b.tokens.size());
       pack_tree(*t, b);
     } else {
-      pack_paths(*t, b);
+      pack_paths(*t, 0, t->n_paths(), b);
     }
     b.n_paths += t->n_paths();
     b.n_flat += t->n_flat();
@@ -140,6 +140,41 @@ PackedBatch pack(const std::vector<const Tree*>& trees, Packing packing) {
   }
   b.tree_start.push_back((int32_t)b.tokens.size());
   b.n_tokens = (int)b.tokens.size();
+  return b;
+}
+
+std::vector<std::pair<int64_t, int64_t>> path_ranges(const Tree& tree, int64_t max_tokens) {
+  TT_CHECK(max_tokens >= 1, "path_ranges: max_tokens ", max_tokens, ", expected >= 1");
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t first = 0, used = 0;
+  for (int64_t k = 0; k < tree.n_paths(); ++k) {
+    const int64_t len = (int64_t)tree.path_tokens(k).size();
+    if (len > max_tokens)
+      throw Error(str("tree '", tree.id, "': path ", k, " has ", len, " tokens, which exceeds data.max_tokens_per_batch = ",
+                      max_tokens, "; expected every path to fit one micro-batch under per_path packing"));
+    if (k > first && used + len > max_tokens) {
+      out.emplace_back(first, k);
+      first = k;
+      used = 0;
+    }
+    used += len;
+  }
+  if (tree.n_paths() > first) out.emplace_back(first, tree.n_paths());
+  return out;
+}
+
+PackedBatch pack_path_range(const Tree& tree, int64_t first, int64_t end) {
+  tree.validate();
+  TT_CHECK(0 <= first && first < end && end <= tree.n_paths(), "pack_path_range: paths [", first, ", ", end,
+           ") of tree '", tree.id, "', which has ", tree.n_paths());
+  PackedBatch b;
+  pack_paths(tree, first, end, b);
+  b.tree_start.push_back((int32_t)b.tokens.size());
+  b.n_tokens = (int)b.tokens.size();
+  b.n_paths = end - first;
+  b.n_flat = b.n_tokens;
+  b.n_tree = first == 0 ? tree.n_tree() : 0;
+  b.n_flat_targets = (int64_t)b.tgt_src.size();
   return b;
 }
 

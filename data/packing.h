@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "data/tree.h"
@@ -67,5 +68,17 @@ PackedBatch pack(const std::vector<const Tree*>& trees, Packing packing);
 
 // Tokens a tree occupies in a batch under the given packing (n_tree or n_flat).
 int64_t packed_size(const Tree& tree, Packing packing);
+
+// Per-path packing of a tree too large for one micro-batch: its paths, in Tree::paths order, cut
+// into consecutive ranges [first, end) of at most max_tokens flattened tokens each (greedy: a
+// range closes before the path that would overflow it). Throws tt::Error naming the tree and the
+// path when a single path is longer than max_tokens.
+std::vector<std::pair<int64_t, int64_t>> path_ranges(const Tree& tree, int64_t max_tokens);
+
+// The paths [first, end) of a tree packed per_path: exactly the rows and targets that
+// pack({&tree}, kPerPath) gives them, so the batches of a tree's ranges together hold its per-path
+// batch (the same loss, NLL, n_paths, n_flat, n_flat_targets and visible_pairs when summed).
+// n_tree, a statistic of the whole tree, is counted in the range that starts at path 0 only.
+PackedBatch pack_path_range(const Tree& tree, int64_t first, int64_t end);
 
 }  // namespace tt::data

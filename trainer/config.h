@@ -52,7 +52,9 @@ struct DataConfig {
   std::string path;                     // JSONL file (relative paths: to the config file's folder)
   std::string format = "rollouts";      // rollouts | tree
   std::string packing = "tree";         // tree | per_path (the baseline)
-  int64_t max_tokens_per_batch = 4096;  // budget of one micro-batch
+  // Budget of one micro-batch. per_path: a tree over it spreads its paths over micro-batches of
+  // one step (each path must fit); tree: a tree over it is an error unless partitioning is on.
+  int64_t max_tokens_per_batch = 4096;
   bool shuffle = true;
 };
 

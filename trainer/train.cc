@@ -116,9 +116,19 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
                  "data.max_tokens_per_batch {}, each a micro-batch of its own)",
                  capacity, over_capacity, trees.size(), over_budget, cfg_.data.max_tokens_per_batch);
   }
+  if (packing == data::Packing::kPerPath) {
+    int64_t spread = 0;
+    for (const data::Tree& t : trees) spread += t.n_flat() > cfg_.data.max_tokens_per_batch;
+    if (spread > 0)
+      spdlog::info("data: {} of {} trees have more than data.max_tokens_per_batch = {} tokens per_path; each comes "
+                   "alone, its paths spread over micro-batches of one step",
+                   spread, trees.size(), cfg_.data.max_tokens_per_batch);
+  }
   loader_ = std::make_unique<data::BatchLoader>(std::move(trees), packing, cfg_.data.max_tokens_per_batch,
                                                 cfg_.train.seed, cfg_.data.shuffle,
-                                                capacity > 0 ? data::Oversize::kAlone : data::Oversize::kError);
+                                                packing == data::Packing::kPerPath ? data::Oversize::kSplitPaths
+                                                : capacity > 0                     ? data::Oversize::kAlone
+                                                                                   : data::Oversize::kError);
 
   // Model state: resume (from the newest valid checkpoint; rank 0 moves invalid ones aside), or
   // start fresh. Rank 0, the writer, first removes what killed writers left.
@@ -240,14 +250,33 @@ void Trainer::take_shard(std::vector<data::PackedBatch>* micro, std::vector<int6
     mine.push_back(step_trees[i]);
     sizes.push_back(data::packed_size(trees[step_trees[i]], packing));
   }
-  const int64_t capacity = cfg_.partition.capacity_tokens;
   for (const std::vector<int64_t>& group : distributed::pack_greedy(sizes, cfg_.data.max_tokens_per_batch)) {
-    std::vector<const data::Tree*> batch;
-    for (int64_t g : group) batch.push_back(&trees[mine[g]]);
-    micro->push_back(data::pack(batch, packing));
-    const bool alone_and_large = capacity > 0 && group.size() == 1 && micro->back().n_tree > capacity;
-    partition_tree->push_back(alone_and_large ? mine[group[0]] : -1);
+    std::vector<int64_t> indices;
+    for (int64_t g : group) indices.push_back(mine[g]);
+    append_micro(indices, micro, partition_tree);
   }
+}
+
+void Trainer::append_micro(const std::vector<int64_t>& group, std::vector<data::PackedBatch>* micro,
+                           std::vector<int64_t>* partition_tree) {
+  const data::Packing packing = cfg_.data.packing == "per_path" ? data::Packing::kPerPath : data::Packing::kTree;
+  const std::vector<data::Tree>& trees = loader_->trees();
+  const int64_t budget = cfg_.data.max_tokens_per_batch;
+  if (packing == data::Packing::kPerPath && group.size() == 1 && trees[group[0]].n_flat() > budget) {
+    // Its paths over several micro-batches of this step: the step's normaliser counts each once.
+    const data::Tree& tree = trees[group[0]];
+    for (const auto& [first, end] : data::path_ranges(tree, budget)) {
+      micro->push_back(data::pack_path_range(tree, first, end));
+      partition_tree->push_back(-1);
+    }
+    return;
+  }
+  std::vector<const data::Tree*> batch;
+  for (int64_t t : group) batch.push_back(&trees[t]);
+  micro->push_back(data::pack(batch, packing));
+  const int64_t capacity = cfg_.partition.capacity_tokens;
+  const bool alone_and_large = capacity > 0 && group.size() == 1 && micro->back().n_tree > capacity;
+  partition_tree->push_back(alone_and_large ? group[0] : -1);
 }
 
 const Trainer::PartitionedTree& Trainer::partitioned(int64_t index) {
@@ -270,7 +299,6 @@ const Trainer::PartitionedTree& Trainer::partitioned(int64_t index) {
 StepMetrics Trainer::train_step() {
   const double t0 = now_s();
   const int64_t n_micro = cfg_.train.grad_accum;
-  const int64_t capacity = cfg_.partition.capacity_tokens;
   std::vector<data::PackedBatch> micro;
   std::vector<int64_t> partition_tree;  // (micro.size()) the tree to run partitioned, or -1
   StepMetrics m;
@@ -280,12 +308,7 @@ StepMetrics Trainer::train_step() {
     take_shard(&micro, &partition_tree, &m);
   } else {
     micro.reserve(n_micro);
-    for (int64_t i = 0; i < n_micro; ++i) {
-      micro.push_back(loader_->next());
-      const std::vector<int64_t>& trees = loader_->last_tree_indices();
-      const bool alone_and_large = capacity > 0 && trees.size() == 1 && micro.back().n_tree > capacity;
-      partition_tree.push_back(alone_and_large ? trees[0] : -1);
-    }
+    for (int64_t i = 0; i < n_micro; ++i) append_micro(loader_->next_indices(), &micro, &partition_tree);
   }
 
   double normaliser = 0, flat_targets = 0;

@@ -155,6 +155,12 @@ class Trainer {
   void check_ranks_agree();
   // This rank's micro-batches of the step (see the file comment) and the deal's imbalance.
   void take_shard(std::vector<data::PackedBatch>* micro, std::vector<int64_t>* partition_tree, StepMetrics* m);
+  // Appends the micro-batches of one group of trees (a loader batch, or a rank's greedy group):
+  // one packed batch; or, for a tree alone that exceeds the budget, its pieces to be run
+  // partitioned (tree packing, partition_tree = its index) or its paths spread over several
+  // micro-batches (per_path packing: data::path_ranges).
+  void append_micro(const std::vector<int64_t>& group, std::vector<data::PackedBatch>* micro,
+                    std::vector<int64_t>* partition_tree);
   // Time, throughput and FLOP fields of a step that began at t0.
   void finish_metrics(StepMetrics& m, double t0, const model::Work& work) const;
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "data/reader.h"
 #include "data/rng.h"
 #include "base/check.h"
 
@@ -162,6 +163,33 @@ TEST(Loader, RejectsATreeLargerThanTheBudgetAndBadStates) {
   ok.restore({3, 4});  // at the end of epoch 3: next() starts epoch 4
   ok.next();
   EXPECT_EQ(ok.state().epoch, 4);
+}
+
+// Under per_path packing a tree too large for the budget comes alone (its paths are spread by
+// the trainer), unless one of its paths is itself too long.
+TEST(Loader, PerPathOversizeTreesComeAloneUnlessAPathIsTooLong) {
+  std::vector<Tree> trees = {chain_tree(0, 2), chain_tree(1, 3), chain_tree(2, 2), chain_tree(3, 1)};
+  trees.push_back(parse_rollouts_trees(
+      R"({"id": "wide", "sequences": [{"tokens": [1, 2, 3, 4]}, {"tokens": [1, 2, 5, 6]}, {"tokens": [1, 7, 8]}]})",
+      "f:1", 16)[0]);
+  BatchLoader loader(trees, Packing::kPerPath, 6, 1, false, Oversize::kSplitPaths);
+  bool seen = false;
+  for (int b = 0; b < 5; ++b) {
+    const std::vector<int64_t> t = loader.next_indices();
+    if (std::find(t.begin(), t.end(), 4) != t.end()) {
+      EXPECT_EQ(t, std::vector<int64_t>{4});
+      seen = true;
+    }
+  }
+  EXPECT_TRUE(seen);
+  try {
+    BatchLoader(trees, Packing::kPerPath, 3, 1, false, Oversize::kSplitPaths);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "tree 'wide': path 0 has 4 tokens, which exceeds data.max_tokens_per_batch = 3; expected every path "
+              "to fit one micro-batch under per_path packing");
+  }
 }
 
 // Trees 3, 7 and 11 (those below n) exceed the budget of 20 tokens; the others are 1..11 tokens.

@@ -244,6 +244,76 @@ TEST(PackRandom, RolloutsTreeAndPerPathHoldTheRecordsTargets) {
   }
 }
 
+// A tree's paths cut into ranges under a budget: each range fits it, the ranges cover the paths
+// in order, and their batches together are the tree's per-path batch, row for row and target for
+// target (statistics summed; n_tree counted once).
+TEST(PackRandom, PathRangesTogetherAreThePerPathBatch) {
+  std::mt19937 rng(13);
+  for (int iter = 0; iter < 300; ++iter) {
+    const std::vector<testing::RawSequence> g = testing::random_rollouts(rng, 3, 2);
+    const std::vector<Tree> trees = parse_rollouts_trees(testing::rollouts_json("r", g), "f:1", 3);
+    const Tree& t = trees[0];
+    int64_t longest = 0;
+    for (int64_t k = 0; k < t.n_paths(); ++k) longest = std::max<int64_t>(longest, (int64_t)t.path_tokens(k).size());
+    const int64_t budget = longest + (int64_t)(rng() % 8);
+    const PackedBatch whole = pack({&t}, Packing::kPerPath);
+    PackedBatch joined;
+    int64_t next = 0, n_tree = 0;
+    for (const auto& [first, end] : path_ranges(t, budget)) {
+      ASSERT_EQ(first, next);
+      ASSERT_LT(first, end);
+      const PackedBatch b = pack_path_range(t, first, end);
+      ASSERT_NO_FATAL_FAILURE(check_layout(b));
+      EXPECT_LE(b.n_tokens, budget);
+      EXPECT_EQ(b.n_paths, end - first);
+      EXPECT_EQ(b.n_flat, b.n_tokens);
+      EXPECT_EQ(b.n_flat_targets, (int64_t)b.tgt_src.size());
+      const int32_t base = (int32_t)joined.tokens.size();
+      for (int i = 0; i < b.n_tokens; ++i) {
+        joined.tokens.push_back(b.tokens[i]);
+        joined.pos.push_back(b.pos[i]);
+        joined.subtree_end.push_back(base + b.subtree_end[i]);
+      }
+      for (size_t k = 0; k < b.tgt_src.size(); ++k) {
+        joined.tgt_src.push_back(base + b.tgt_src[k]);
+        joined.tgt_tok.push_back(b.tgt_tok[k]);
+        joined.tgt_w.push_back(b.tgt_w[k]);
+      }
+      joined.n_paths += b.n_paths;
+      joined.n_flat_targets += b.n_flat_targets;
+      joined.visible_pairs += b.visible_pairs;
+      n_tree += b.n_tree;
+      next = end;
+    }
+    EXPECT_EQ(next, t.n_paths());
+    EXPECT_EQ(n_tree, t.n_tree());
+    EXPECT_EQ(joined.tokens, whole.tokens);
+    EXPECT_EQ(joined.pos, whole.pos);
+    EXPECT_EQ(joined.subtree_end, whole.subtree_end);
+    EXPECT_EQ(joined.tgt_src, whole.tgt_src);
+    EXPECT_EQ(joined.tgt_tok, whole.tgt_tok);
+    EXPECT_EQ(joined.tgt_w, whole.tgt_w);
+    EXPECT_EQ(joined.n_paths, whole.n_paths);
+    EXPECT_EQ(joined.n_flat_targets, whole.n_flat_targets);
+    EXPECT_EQ(joined.visible_pairs, whole.visible_pairs);
+  }
+}
+
+TEST(Pack, PathRangesNameAPathLongerThanTheBudget) {
+  const std::vector<Tree> trees = parse_rollouts_trees(
+      R"({"id": "g", "sequences": [{"tokens": [1, 2, 3]}, {"tokens": [1, 4, 5, 6, 7]}]})", "f:1", 8);
+  EXPECT_EQ(path_ranges(trees[0], 5), (std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {1, 2}}));
+  EXPECT_EQ(path_ranges(trees[0], 8), (std::vector<std::pair<int64_t, int64_t>>{{0, 2}}));
+  try {
+    path_ranges(trees[0], 4);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "tree 'g': path 1 has 5 tokens, which exceeds data.max_tokens_per_batch = 4; expected every path to "
+              "fit one micro-batch under per_path packing");
+  }
+}
+
 TEST(PackRandom, TreeFormatTreeAndPerPathHoldTheRecordsTargets) {
   std::mt19937 rng(11);
   for (int iter = 0; iter < 300; ++iter) {

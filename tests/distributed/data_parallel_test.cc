@@ -209,6 +209,24 @@ TEST(DataParallelTest, PartitionedTreesTrainDataParallel) {
   expect_same_update(want, got[0], p0, "partitioned");
 }
 
+TEST(DataParallelTest, PerPathSpreadTreesTrainDataParallel) {
+  // Combs of 78 tokens per_path over a 32-token budget: each is dealt whole to one rank, which
+  // runs its three paths as three micro-batches.
+  const fs::path dir = test_dir("dp_spread");
+  RunConfig c = tiny_config(dir);
+  trainer::testing::use_combs(c, dir);
+  c.data.packing = "per_path";
+  c.data.max_tokens_per_batch = 32;
+  const std::vector<float> p0 = Trainer(c).backend().params_host();
+  const RunResult want = single(c, 4);
+  const std::vector<RunResult> got = distributed_run(c, 2, 4);
+  for (const StepMetrics& m : got[0].steps) {
+    EXPECT_EQ(m.paths, 6);  // two combs a step
+    EXPECT_DOUBLE_EQ(m.imbalance, 1.0);  // one comb per rank
+  }
+  expect_same_update(want, got[0], p0, "per_path spread");
+}
+
 int count_lines(const fs::path& file) {
   std::ifstream in(file);
   int lines = 0;

@@ -974,6 +974,104 @@ TEST(TrainTest, PartitionedResumeGivesBitwiseTheSameRun) {
   EXPECT_EQ(resumed.backend().params_host(), want_params);
 }
 
+// per_path accepts a tree whose paths do not fit one micro-batch: they spread over micro-batches
+// of the step, under the step's normaliser, so the step equals one that holds the whole tree in a
+// single micro-batch (the signed data of SignedWeightsTrainLikeThePerPathBaseline: tree 'a' has
+// paths of 7, 7 and 4 tokens, 18 in all, and an 8-token budget runs it as three micro-batches).
+TEST(TrainTest, PerPathSpreadsATreesPathsOverMicroBatches) {
+  for (const std::string norm : {"path_mean", "token_mean"}) {
+    const fs::path dir = test_dir("spread_" + norm);
+    {
+      std::ofstream out(dir / "signed.jsonl");
+      out << R"({"id": "a", "sequences": [{"tokens": [1, 2, 3, 4, 5, 6, 7], "weight": -1.172}, )"
+          << R"({"tokens": [1, 2, 3, 4, 8, 9, 10], "weight": 2.0}, {"tokens": [1, 2, 3, 11], "weight": 0}]})"
+          << "\n"
+          << R"({"id": "b", "sequences": [{"tokens": [11, 12, 13, 14, 15], "loss_mask": [0, 0, 1, 1, 1], )"
+          << R"("weight": -0.5}, {"tokens": [11, 12, 16]}]})"
+          << "\n";
+    }
+    RunConfig c = tiny_config(dir);
+    c.data.path = (dir / "signed.jsonl").string();
+    c.data.packing = "per_path";
+    c.data.shuffle = false;
+    c.train.loss_norm = norm;
+    c.train.max_steps = 1;
+    c.train.grad_clip = 0.5;  // active: the clip factor depends on the step's whole gradient
+    c.schedule.warmup_steps = 0;
+    c.optim.eps = 1e-3;  // as in GradAccumUsesTheStepWideNormaliser: fp32-sized differences stay fp32-sized
+    RunConfig whole = c, spread = c;
+    whole.run_dir = (dir / "whole").string();
+    whole.data.max_tokens_per_batch = 64;
+    whole.train.grad_accum = 1;
+    spread.run_dir = (dir / "spread").string();
+    spread.data.max_tokens_per_batch = 8;
+    spread.train.grad_accum = 2;  // tree 'a' (three micro-batches), then tree 'b' (8 tokens)
+    Trainer tw(whole), ts(spread);
+    const std::vector<float> p0 = tw.backend().params_host();
+    ASSERT_EQ(p0, ts.backend().params_host());
+    const StepMetrics mw = tw.train_step(), ms = ts.train_step();
+    EXPECT_EQ(ms.paths, 5);
+    EXPECT_EQ(ms.n_flat, mw.n_flat);
+    EXPECT_EQ(ms.n_tree, mw.n_tree);
+    EXPECT_EQ(ms.executed_flops, mw.executed_flops) << "the same rows, visible pairs and targets";
+    // fp32 against fp32 in another summation order: relative 1e-4 (scale: at least 1, see above).
+    EXPECT_NEAR(ms.loss, mw.loss, 1e-4 * std::max(1.0, std::abs(mw.loss))) << norm;
+    EXPECT_NEAR(ms.nll, mw.nll, 1e-5 * mw.nll) << norm;
+    EXPECT_NEAR(ms.grad_norm, mw.grad_norm, 1e-4 * mw.grad_norm) << norm;
+    const std::vector<float> pw = tw.backend().params_host(), ps = ts.backend().params_host();
+    double dmax = 0;
+    for (size_t i = 0; i < p0.size(); ++i) dmax = std::max(dmax, (double)std::abs(pw[i] - p0[i]));
+    ASSERT_GT(dmax, 0.0);
+    for (size_t i = 0; i < pw.size(); ++i)
+      ASSERT_NEAR(ps[i], pw[i], 1e-4 * dmax + 1e-6 * std::abs(p0[i])) << norm << " param " << i;
+  }
+  // A path longer than the budget cannot be spread: the error names the tree and the path.
+  const fs::path dir = test_dir("spread_too_long");
+  RunConfig c = tiny_config(dir);
+  testing::use_combs(c, dir);  // combs whose longest path has 30 tokens
+  c.data.packing = "per_path";
+  c.data.max_tokens_per_batch = 29;
+  EXPECT_NE(error_of([&] { Trainer t(c); }).find("': path 2 has 30 tokens, which exceeds data.max_tokens_per_batch = "
+                                                   "29; expected every path to fit one micro-batch under per_path"),
+            std::string::npos);
+}
+
+// Spread trees keep the loader's position per tree: a resumed run is bitwise the uninterrupted one.
+TEST(TrainTest, PerPathSpreadTreesResumeBitwise) {
+  const fs::path dir = test_dir("spread_resume");
+  RunConfig a = tiny_config(dir);
+  testing::use_combs(a, dir);  // per_path: 22 + 26 + 30 tokens a comb, over a 32-token budget
+  a.data.packing = "per_path";
+  a.data.max_tokens_per_batch = 32;
+  a.train.max_steps = 4;
+  a.train.grad_accum = 1;
+  a.train.final_checkpoint = false;
+  std::vector<double> want;
+  std::vector<float> want_params;
+  {
+    Trainer full(a);
+    const std::vector<StepMetrics> ms = full.run();
+    for (const StepMetrics& m : ms) {
+      EXPECT_EQ(m.paths, 3) << "one comb a step, its three paths in three micro-batches";
+      want.push_back(m.loss);
+    }
+    want_params = full.backend().params_host();
+  }
+  RunConfig b = a;
+  b.run_dir = (dir / "run_b").string();
+  std::vector<double> got;
+  {
+    Trainer first(b);
+    for (int i = 0; i < 2; ++i) got.push_back(first.train_step().loss);
+    first.save_checkpoint();
+  }
+  b.train.resume = true;
+  Trainer resumed(b);
+  for (double l : losses(resumed.run())) got.push_back(l);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(resumed.backend().params_host(), want_params);
+}
+
 TEST(TrainTest, OversizeTreeWithoutPartitioningIsAnError) {
   const fs::path dir = test_dir("oversize_off");
   RunConfig c = comb_config(dir);
