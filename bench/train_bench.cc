@@ -4,7 +4,7 @@
 //   agent: an agent-rollout tree {rollouts, prompt_len 4096, turns 6, turn_len 160, branches 4,
 //          branch_turns 2}: the public rollout shape (4096-token prompt, 6 turns, 4 x 4
 //          branches) with turns shortened to 160 tokens so the tree holds 17536 tokens;
-//   nav:   a navigation-episode comb {episodes, prefix_len 512, steps 40, history_len 128,
+//   nav:   a navigation-episode comb {comb, prefix_len 512, steps 40, history_len 128,
 //          leaf_len 256}: 15872 tokens.
 // Each in tree packing (one micro-batch: the tree) and per-path packing (every path its own
 // causal sequence, the same trees, packed greedily into micro-batches of at most the tree's token
@@ -76,7 +76,7 @@ data::SyntheticSpec workload_spec(const std::string& name, int vocab) {
     s.branches = 4;
     s.branch_turns = 2;
   } else if (name == "nav") {
-    s.kind = "episodes";
+    s.kind = "comb";
     s.prefix_len = 512;
     s.steps = 40;
     s.history_len = 128;

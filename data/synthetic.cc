@@ -11,7 +11,7 @@
 //  - rollouts: a prompt of prompt_len tokens (mask 0), then `turns` turns of turn_len tokens
 //    (mask 1); each of the first branch_turns turns forks into `branches` children, so a group has
 //    branches^branch_turns sequences, written out flat (the reader merges them back).
-//  - episodes (tree format): a prefix node (mask 0), then per step a history node on the trunk
+//  - comb (tree format): a prefix node (mask 0), then per step a history node on the trunk
 //    (mask 0) and a leaf hanging off it whose last max(1, leaf_len / 4) tokens are the action
 //    (mask 1), the rest the observation (mask 0). Nodes are listed prefix, h1, l1, h2, l2, ...
 // Every tree has its own generator seeded from (seed, tree index), and lines are written with
@@ -77,8 +77,8 @@ void check_spec(const SyntheticSpec& spec) {
   auto positive = [](int v, const char* name) {
     if (v < 1) throw Error(str("synthetic.", name, " = ", v, ", expected >= 1"));
   };
-  if (spec.kind != "rollouts" && spec.kind != "episodes")
-    throw Error(str("synthetic.kind = '", spec.kind, "', expected \"rollouts\" or \"episodes\""));
+  if (spec.kind != "rollouts" && spec.kind != "comb")
+    throw Error(str("synthetic.kind = '", spec.kind, "', expected \"rollouts\" or \"comb\""));
   positive(spec.num_trees, "num_trees");
   if (spec.vocab_size < 2) throw Error(str("synthetic.vocab_size = ", spec.vocab_size, ", expected >= 2"));
   if (spec.kind == "rollouts") {
@@ -159,7 +159,7 @@ std::string rollouts_line(const SyntheticSpec& spec, int index, SplitMix64& rng,
   return line;
 }
 
-std::string episodes_line(const SyntheticSpec& spec, int index, SplitMix64& rng, const Stream& s) {
+std::string comb_line(const SyntheticSpec& spec, int index, SplitMix64& rng, const Stream& s) {
   std::string line = "{\"id\":\"" + tree_id(spec, index) + "\",\"nodes\":[";
   std::vector<int32_t> tokens;
   std::vector<int32_t> mask;
@@ -204,14 +204,14 @@ std::vector<std::string> generate_jsonl(const SyntheticSpec& spec) {
     const int64_t n_keys = std::min<int64_t>(kNumKeys, spec.vocab_size);
     const Stream stream{spec.vocab_size, (int64_t)((2 * rng.below(n_keys) + 1) % spec.vocab_size)};
     lines.push_back(spec.kind == "rollouts" ? rollouts_line(spec, i, rng, stream)
-                                            : episodes_line(spec, i, rng, stream));
+                                            : comb_line(spec, i, rng, stream));
   }
   return lines;
 }
 
 SyntheticSpec published_example_spec() {
   SyntheticSpec spec;
-  spec.kind = "episodes";
+  spec.kind = "comb";
   spec.num_trees = 1;
   spec.vocab_size = 32000;
   spec.prefix_len = 8960;

@@ -3,14 +3,14 @@
 //
 // kinds:
 //  - "rollouts": groups of sequences sharing a prompt, branching at a few turns (agent rollouts).
-//  - "episodes": navigation-episode combs: an instruction prefix, then steps; each step adds a
+//  - "comb": navigation-episode combs (token ids only): an instruction prefix, then steps; each step adds a
 //    history node on the trunk and a leaf for the current observation and action (tree format).
 // Token streams follow a rule the model can learn (each token determined by the previous ones
 // most of the time), so the training loss falls clearly within a few hundred steps: per tree a key
 // k from 8 odd values, x[t+1] = (5 x[t] + k) mod V, a random token at each branch start.
-// Masks as in real data: rollouts mask the prompt 0 and the turns 1; episodes mask prefix,
+// Masks as in real data: rollouts mask the prompt 0 and the turns 1; combs mask prefix,
 // history and observation 0 and the action (the last max(1, leaf_len / 4) tokens of each leaf) 1.
-// Benchmark shapes: the navigation comb is {episodes, prefix_len 512, steps 40, history_len 128,
+// Benchmark shapes: the navigation comb is {comb, prefix_len 512, steps 40, history_len 128,
 // leaf_len 256}; the agent rollout tree is {rollouts, prompt_len 4096, turns 6, turn_len 1024,
 // branches 4, branch_turns 2}.
 #pragma once
@@ -22,7 +22,7 @@
 namespace tt::data {
 
 struct SyntheticSpec {
-  std::string kind = "rollouts";  // "rollouts" | "episodes"
+  std::string kind = "rollouts";  // "rollouts" | "comb"
   int num_trees = 64;
   int vocab_size = 256;
   uint64_t seed = 1;
@@ -33,7 +33,7 @@ struct SyntheticSpec {
   int turn_len = 16;
   int branches = 2;
   int branch_turns = 2;
-  // episodes: prefix, then `steps` steps of a history node and a leaf.
+  // comb: prefix, then `steps` steps of a history node and a leaf.
   int prefix_len = 32;
   int steps = 8;
   int history_len = 8;
@@ -48,7 +48,7 @@ std::vector<std::string> generate_jsonl(const SyntheticSpec& spec);
 void write_jsonl(const SyntheticSpec& spec, const std::string& path);
 
 // A tree with the totals of the published partitioning example (about 164k tokens flattened,
-// 83k unique, 102k when a naive partitioner re-runs every piece's ancestors): one episodes comb
+// 83k unique, 102k when a naive partitioner re-runs every piece's ancestors): one comb
 // {prefix_len 8960, steps 9, history_len 256, leaf_len 7936}, V = 32000. Only the totals are
 // matched, not the published tree's shape. n_flat 163584, n_tree 82688; at capacity
 // kPublishedExampleCapacity the planner (data/partition.h) makes 3 pieces (17152, 32768 and

@@ -44,12 +44,12 @@ const char* const kUsage = R"(usage:
       Print one JSON object of dataset statistics (trees, paths, n_tree, n_flat, por, ...). With
       --capacity, its "partition" object holds the cost of partitioning every tree into pieces of
       at most C tokens (pieces, tokens_with_gateways, tokens_naive, peak_tokens, ...).
-  treetrain generate --kind rollouts|episodes --out FILE [--num-trees N] [--vocab-size V] [--seed S]
+  treetrain generate --kind rollouts|comb --out FILE [--num-trees N] [--vocab-size V] [--seed S]
                      [--prompt-len N] [--turns N] [--turn-len N] [--branches N] [--branch-turns N]
                      [--prefix-len N] [--steps N] [--history-len N] [--leaf-len N]
-      Write synthetic tree-structured JSONL (rollouts format for rollouts, tree format for episodes).
+      Write synthetic tree-structured JSONL (rollouts format for rollouts, tree format for comb).
   treetrain generate --kind published-example --out FILE
-      Write the one-tree episodes comb with the totals of the published partitioning example
+      Write the one-tree navigation comb with the totals of the published partitioning example
       (tree format, vocab 32000; docs/PARTITIONING.md).
   treetrain sample --checkpoint DIR --prompts FILE [--max-new-tokens 128] [--temperature 1]
                    [--top-p 1] [--num-samples 1] [--seed 0] [--stop ID,...] [--device auto|cpu|cuda]
@@ -241,15 +241,18 @@ int run_generate(const std::vector<std::string>& argv) {
     const tt::data::SyntheticSpec s = tt::data::published_example_spec();
     if (!parent.empty()) std::filesystem::create_directories(parent);
     tt::data::write_jsonl(s, out);
-    spdlog::info("wrote the published-example tree (episodes: prefix {}, {} steps of {} + {} tokens, vocab {}) to {} "
+    spdlog::info("wrote the published-example tree (comb: prefix {}, {} steps of {} + {} tokens, vocab {}) to {} "
                  "(--format tree)",
                  s.prefix_len, s.steps, s.history_len, s.leaf_len, s.vocab_size, out);
     return 0;
   }
   tt::data::SyntheticSpec s;
   s.kind = kind;
-  if (s.kind != "rollouts" && s.kind != "episodes")
-    throw UsageError{"--kind: expected rollouts|episodes|published-example, got '" + s.kind + "'"};
+  if (s.kind == "episodes")  // the synthetic navigation combs were once --kind episodes
+    throw UsageError{"--kind: 'episodes' names the robot-episode data format, not a synthetic kind; the synthetic "
+                     "navigation combs are --kind comb (expected rollouts|comb|published-example)"};
+  if (s.kind != "rollouts" && s.kind != "comb")
+    throw UsageError{"--kind: expected rollouts|comb|published-example, got '" + s.kind + "'"};
   auto get = [&](const char* name, int& field) {
     const int64_t v = int_flag(a, name, field);
     if (v < 0 || v > (1 << 30)) throw UsageError{std::string("--") + name + ": out of range"};

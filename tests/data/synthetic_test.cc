@@ -29,7 +29,7 @@ std::vector<Tree> parse_all(const std::vector<std::string>& lines, Format format
 }
 
 TEST(Synthetic, DeterministicForASeed) {
-  for (const char* kind : {"rollouts", "episodes"}) {
+  for (const char* kind : {"rollouts", "comb"}) {
     SyntheticSpec spec;
     spec.kind = kind;
     spec.num_trees = 6;
@@ -67,7 +67,7 @@ TEST(Synthetic, RolloutsShapeAndMasks) {
 
 TEST(Synthetic, EpisodesCombShapeAndActionMasks) {
   SyntheticSpec spec;
-  spec.kind = "episodes";
+  spec.kind = "comb";
   spec.num_trees = 3;  // prefix 32, 8 steps of history 8 and leaf 16 (4 action tokens)
   const std::vector<Tree> trees = parse_all(generate_jsonl(spec), Format::kTree, spec.vocab_size);
   for (const Tree& t : trees) {
@@ -88,7 +88,7 @@ TEST(Synthetic, EpisodesCombShapeAndActionMasks) {
 
 // Within a node, every token follows x' = (5 x + k) mod V with one key per tree.
 TEST(Synthetic, TokensFollowTheKeyedRule) {
-  for (const char* kind : {"rollouts", "episodes"}) {
+  for (const char* kind : {"rollouts", "comb"}) {
     SyntheticSpec spec;
     spec.kind = kind;
     spec.num_trees = 5;
@@ -137,7 +137,7 @@ TEST(Synthetic, BenchmarkShapesHaveTheirExactSizes) {
   EXPECT_EQ(a["n_flat"], 16 * (4096 + 6 * 1024));
 
   SyntheticSpec comb;
-  comb.kind = "episodes";
+  comb.kind = "comb";
   comb.num_trees = 1;
   comb.vocab_size = 32000;
   comb.prefix_len = 512;
@@ -159,7 +159,7 @@ TEST(Synthetic, InvalidSpecNamesTheField) {
     generate_jsonl(spec);
     FAIL() << "expected tt::Error";
   } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()), "synthetic.kind = 'trees', expected \"rollouts\" or \"episodes\"");
+    EXPECT_EQ(std::string(e.what()), "synthetic.kind = 'trees', expected \"rollouts\" or \"comb\"");
   }
   spec.kind = "rollouts";
   spec.branch_turns = 4;

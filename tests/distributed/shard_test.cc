@@ -38,7 +38,7 @@ std::vector<data::Tree> synthetic(const std::string& kind, int n, uint64_t seed)
 }
 
 TEST(ShardTest, TreeWorkEqualsThePackedBatch) {
-  for (const std::string kind : {"rollouts", "episodes"}) {
+  for (const std::string kind : {"rollouts", "comb"}) {
     for (const data::Tree& t : synthetic(kind, 8, 11)) {
       for (data::Packing p : {data::Packing::kTree, data::Packing::kPerPath}) {
         const data::PackedBatch b = data::pack({&t}, p);
@@ -110,7 +110,7 @@ TEST(ShardTest, TreeCostIsTheExecutedTrainingFlops) {
   // 8 x 100 = 800 per head row; per visible pair 2 layers x 2 x 8 = 32 multiply-adds. Training:
   // 6 FLOPs per weight and row (2 forward, 4 backward).
   const model::Architecture arch(c);
-  for (const std::string kind : {"rollouts", "episodes"}) {
+  for (const std::string kind : {"rollouts", "comb"}) {
     for (const data::Tree& t : synthetic(kind, 4, 3)) {
       for (data::Packing p : {data::Packing::kTree, data::Packing::kPerPath}) {
         const model::Work w = model::Work::of(data::pack({&t}, p));

@@ -73,6 +73,11 @@ TEST(CliTest, UsageErrorsExitTwo) {
   EXPECT_NE(treetrain("frobnicate").err.find("unknown command 'frobnicate'"), std::string::npos);
   EXPECT_NE(treetrain("--config x --bogus 1").err.find("unknown flag --bogus"), std::string::npos);
   EXPECT_NE(treetrain("bench matmul").err.find("expected 'bench attention'"), std::string::npos);
+  // The synthetic combs were --kind episodes; that name now means the robot-episode data format.
+  EXPECT_NE(treetrain("generate --kind episodes --out x")
+                .err.find("error: --kind: 'episodes' names the robot-episode data format, not a synthetic kind; "
+                          "the synthetic navigation combs are --kind comb"),
+            std::string::npos);
   // One attention kernel set: --impl is no flag of bench attention.
   EXPECT_NE(treetrain("bench attention --data x.jsonl --format tree --impl wgmma")
                 .err.find("unknown flag --impl for 'bench attention'"),
@@ -215,7 +220,7 @@ TEST(CliTest, GenerateStatsAndTrain) {
 TEST(CliTest, StatsWithCapacityReportsThePartition) {
   const fs::path dir = tmp("cli_partition");
   const std::string data = (dir / "combs.jsonl").string();
-  Result r = treetrain("generate --kind episodes --out " + data +
+  Result r = treetrain("generate --kind comb --out " + data +
                        " --num-trees 3 --vocab-size 32 --prefix-len 10 --steps 2 --history-len 3 --leaf-len 5");
   ASSERT_EQ(r.code, 0) << r.err;
   r = treetrain("stats --data " + data + " --format tree --capacity 8");

@@ -56,7 +56,7 @@ constexpr int64_t kTinyCombTokens = 42;
 // dir/combs.jsonl; the caller validates after its own overrides.
 inline void use_combs(RunConfig& c, const std::filesystem::path& dir) {
   data::SyntheticSpec spec;
-  spec.kind = "episodes";
+  spec.kind = "comb";
   spec.num_trees = 4;
   spec.vocab_size = 32;
   spec.seed = 5;
