@@ -27,7 +27,8 @@
 //
 // Flags: --steps N (timed tree steps, 5), --warmup N (2), --pp-steps N (timed per-path steps, 3),
 // --pp-warmup N (1), --layers L (28), --workloads agent,nav, --no-profile (skip the breakdown),
-// --gemm-autotune (cuBLASLt autotuning, train.gemm_autotune; the warm-up steps do the timing),
+// --no-gemm-autotune (autotuning is on, as train.gemm_autotune is by default; the warm-up steps do
+// the timing),
 // --dry-run (no GPU: the workloads' sizes and FLOPs only).
 #include <cuda_runtime.h>
 
@@ -268,7 +269,7 @@ std::vector<std::string> split(const std::string& s) {
 int run(int argc, char** argv) {
   int steps = 5, warmup = 2, pp_steps = 3, pp_warmup = 1, layers = 28;
   std::string workloads = "agent,nav";
-  bool dry_run = false, profile = true, gemm_autotune = false;
+  bool dry_run = false, profile = true, gemm_autotune = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -284,6 +285,7 @@ int run(int argc, char** argv) {
     else if (a == "--dry-run") dry_run = true;
     else if (a == "--no-profile") profile = false;
     else if (a == "--gemm-autotune") gemm_autotune = true;
+    else if (a == "--no-gemm-autotune") gemm_autotune = false;
     else throw Error(str("unknown flag ", a, " (see bench/train_bench.cc)"));
   }
   const tt::model::ModelConfig cfg = tt::bench::qwen3_1_7b(layers);

@@ -18,6 +18,7 @@
 #include "ops/cpu/adamw.h"
 #include "ops/cuda/adamw.h"
 #include "ops/cuda/check.h"
+#include "ops/cuda/gemm.h"
 
 namespace tt::trainer {
 
@@ -190,6 +191,29 @@ class DecoderBackend : public Backend {
     return nullptr;
   }
   int device() const override { return gpu_; }
+
+  std::string gemm_tuning_signature() const override {
+    if constexpr (kDevice)
+      if (model_.exec().gemm().autotune()) return cuda::gemm_tuning_signature();
+    return "";
+  }
+  std::vector<cuda::GemmTuned> gemm_tuning() const override {
+    if constexpr (kDevice) return model_.exec().gemm().tuned();
+    return {};
+  }
+  void set_gemm_tuning(const std::vector<cuda::GemmTuned>& table) override {
+    if constexpr (kDevice) model_.exec().gemm().set_tuned(table);
+  }
+  GemmTuneTotals gemm_tune_totals() const override {
+    GemmTuneTotals t;
+    if constexpr (kDevice) {
+      const cuda::GemmTuneStats s = model_.exec().gemm().tune_stats();
+      t.tuned = s.tuned_plans;
+      t.reused = s.reused_plans;
+      t.tune_s = s.tune_s;
+    }
+    return t;
+  }
 
  private:
   float* m() { return reinterpret_cast<float*>(m_.data()); }

@@ -19,6 +19,7 @@
 #include "data/tree.h"
 #include "model/config.h"
 #include "model/param_table.h"
+#include "ops/cuda/gemm_tuned.h"
 
 namespace tt::trainer {
 
@@ -95,6 +96,19 @@ class Backend {
   virtual bool grads_on_device() const { return false; }
   virtual void* compute_stream() const { return nullptr; }
   virtual int device() const { return -1; }  // the CUDA device the backend lives on; -1: the CPU
+
+  // GEMM autotuning (the CUDA backend with train.gemm_autotune; trainer/gemm_tuning.h): the
+  // signature of the library and GPU its table is for ("" when the backend tunes nothing), the
+  // table, replacing it, and the totals so far (shape buckets timed, plans that took a table
+  // entry, seconds spent timing).
+  struct GemmTuneTotals {
+    int64_t tuned = 0, reused = 0;
+    double tune_s = 0;
+  };
+  virtual std::string gemm_tuning_signature() const { return ""; }
+  virtual std::vector<cuda::GemmTuned> gemm_tuning() const { return {}; }
+  virtual void set_gemm_tuning(const std::vector<cuda::GemmTuned>& table) { (void)table; }
+  virtual GemmTuneTotals gemm_tune_totals() const { return {}; }
 };
 
 // device: "auto" | "cpu" | "cuda". "auto" takes cuda when a CUDA device of compute capability

@@ -17,6 +17,7 @@
 #include "model/hf_io.h"
 #include "model/safetensors.h"
 #include "base/check.h"
+#include "trainer/gemm_tuning.h"
 #include "trainer/run_dir.h"
 
 namespace tt::trainer {
@@ -295,6 +296,8 @@ std::string save_checkpoint(const std::string& run_dir, const RunConfig& cfg, co
   model::write_safetensors((tmp / kOptimFile).string(), optimizer_tensors(backend.params_info(), m, v), "F32",
                            {{"step", std::to_string(state.step)}, {"format", "treetrain-adamw"}});
   write_file(tmp / kConfigFile, cfg.to_yaml());
+  if (const std::string sig = backend.gemm_tuning_signature(); !sig.empty())  // listed by the manifest
+    write_file(tmp / kGemmTuningFile, gemm_tuning_json({sig, backend.gemm_tuning()}));
   nlohmann::json files = nlohmann::json::object();
   for (const auto& e : fs::directory_iterator(tmp))
     if (e.is_regular_file()) files[e.path().filename().string()] = {{"bytes", (int64_t)e.file_size()}};

@@ -4,6 +4,8 @@
 //   config.json, model.safetensors   Hugging Face layout weights (F32), loadable by transformers
 //   optimizer.safetensors            AdamW state: "m.<param name>" and "v.<param name>" (F32)
 //   config.yaml                      the resolved RunConfig (RunConfig::to_yaml)
+//   gemm_tuning.json                 the GEMM tuning table (CUDA with train.gemm_autotune;
+//                                     trainer/gemm_tuning.h), when there is one
 //   trainer_state.json               {"version": 2, "step": N, "loader": {"epoch", "cursor"}, "seed",
 //                                     "data": {"path", "size_bytes"}, "backend",
 //                                     "skipped": {"total", "in_a_row"},

@@ -69,7 +69,10 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;  // 0: only at the end
   int64_t keep_checkpoints = 2;  // newest checkpoints kept; 0 keeps all
   bool final_checkpoint = true;  // write a checkpoint at the end (off: benchmarks of big models)
-  bool gemm_autotune = false;    // cuda: time cuBLASLt's candidates per GEMM shape (not bitwise reproducible)
+  // cuda: time cuBLASLt's candidates once per GEMM shape bucket, the choices kept in
+  // run_dir/gemm_tuning.json and restored on resume (trainer/gemm_tuning.h); off: the heuristic's
+  // first algorithm.
+  bool gemm_autotune = true;
   // A step whose loss or gradient norm is not finite: stop (an error naming the step and the first
   // tensor with a non-finite gradient; exit code 3), or skip_step (no update, counted in the
   // metrics; more than max_skipped_steps in a row stops). An update that leaves a weight or AdamW

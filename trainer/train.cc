@@ -16,8 +16,10 @@
 #include "distributed/nccl_communicator.h"
 #include "distributed/rendezvous.h"
 #include "base/check.h"
+#include "base/files.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data_checks.h"
+#include "trainer/gemm_tuning.h"
 #include "trainer/run_dir.h"
 #include "trainer/schedule.h"
 #include "trainer/tensorboard.h"
@@ -147,6 +149,7 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
     step_ = start_step_ = last_saved_step_ = st.step;
     spdlog::info("resumed from {} (step {}, epoch {}, cursor {})", ckpt, st.step, st.loader.epoch, st.loader.cursor);
     if (rank() == 0) prune_checkpoints(cfg_.run_dir, cfg_.train.keep_checkpoints);
+    restore_gemm_tuning(ckpt);
     check_ranks_agree();
     return;
   }
@@ -163,7 +166,60 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
     backend_->init(cfg_.train.seed);
     spdlog::info("fresh init, seed {}", cfg_.train.seed);
   }
+  restore_gemm_tuning("");
   check_ranks_agree();
+}
+
+void Trainer::restore_gemm_tuning(const std::string& ckpt) {
+  const std::string signature = backend_->gemm_tuning_signature();
+  if (signature.empty()) return;
+  std::string file = (fs::path(cfg_.run_dir) / kGemmTuningFile).string();
+  if (!fs::exists(file) && !ckpt.empty()) file = (fs::path(ckpt) / kGemmTuningFile).string();
+  if (!fs::exists(file)) {
+    spdlog::info("gemm autotune: no table yet; each new GEMM shape bucket is timed once, and the table kept in {}",
+                 (fs::path(cfg_.run_dir) / kGemmTuningFile).string());
+    return;
+  }
+  std::ifstream in(file, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in) throw Error(str(file, ": cannot read the GEMM tuning table"));
+  const GemmTuning t = parse_gemm_tuning(text.str(), file);
+  if (t.signature != signature) {
+    spdlog::warn("gemm autotune: {} was tuned for '{}', this is '{}': not restored, tuning anew (the run will not "
+                 "choose the interrupted run's algorithms)",
+                 file, t.signature, signature);
+    return;
+  }
+  backend_->set_gemm_tuning(t.entries);
+  spdlog::info("gemm autotune: {} tuned GEMM shape buckets restored from {}", t.entries.size(), file);
+}
+
+void Trainer::share_gemm_tuning(int64_t step, int64_t tuned_anywhere) {
+  if (tuned_anywhere == 0) return;
+  const std::string signature = backend_->gemm_tuning_signature();
+  std::vector<cuda::GemmTuned> table = backend_->gemm_tuning();
+  if (comm_) {  // the lowest rank's choice for every key any rank tuned: all ranks from the next step on
+    const std::vector<std::string> all = comm_->all_gather_host(gemm_tuning_json({signature, table}));
+    std::vector<std::vector<cuda::GemmTuned>> by_rank;
+    for (int r = 0; r < (int)all.size(); ++r) {
+      const GemmTuning t = parse_gemm_tuning(all[r], str(comm_->tag(), ": rank ", r, "'s GEMM tuning table"));
+      if (t.signature != signature)
+        throw Error(str(comm_->tag(), ": rank ", r, " tunes GEMMs for '", t.signature, "', rank ", rank(), " for '",
+                        signature, "' (data parallelism needs the same GPU and cuBLASLt on every rank)"));
+      by_rank.push_back(t.entries);
+    }
+    table = merge_gemm_tuning(by_rank);
+    backend_->set_gemm_tuning(table);
+  }
+  if (rank() != 0) return;
+  const std::string file = (fs::path(cfg_.run_dir) / kGemmTuningFile).string();
+  write_text_atomic(file, gemm_tuning_json({signature, table}));
+  const Backend::GemmTuneTotals now = backend_->gemm_tune_totals();
+  spdlog::info("gemm autotune: step {} timed {} new GEMM shape buckets in {:.2f} s ({} on all ranks; {} plans took a "
+               "table entry so far); {} entries in {}",
+               step, now.tuned - tune_seen_.tuned, now.tune_s - tune_seen_.tune_s, tuned_anywhere, now.reused,
+               table.size(), file);
 }
 
 Trainer::~Trainer() = default;
@@ -353,14 +409,20 @@ StepMetrics Trainer::train_step() {
   }
   const double t_backward = now_s();
   double nll_sum = backend_->nll_sum();
+  const Backend::GemmTuneTotals tune_now = backend_->gemm_tune_totals();
+  double tuned_anywhere = (double)(tune_now.tuned - tune_seen_.tuned);  // GEMM buckets timed in this step
+  m.gemm_tune_s = tune_now.tune_s - tune_seen_.tune_s;
   if (comm_) {  // gradients before the norm, clipping and AdamW: every rank takes the same update
     buckets_->finish();  // the buckets not yet started; the compute stream waits for all
-    double totals[3] = {m.loss, (double)m.pieces, nll_sum};
-    comm_->all_reduce_host(totals, 3);
+    double totals[4] = {m.loss, (double)m.pieces, nll_sum, tuned_anywhere};
+    comm_->all_reduce_host(totals, 4);
     m.loss = totals[0];
     m.pieces = (int64_t)totals[1];
     nll_sum = totals[2];
+    tuned_anywhere = totals[3];
   }
+  share_gemm_tuning(m.step, (int64_t)tuned_anywhere);  // every rank or none (the count is reduced)
+  tune_seen_ = backend_->gemm_tune_totals();
   m.nll = flat_targets > 0 ? nll_sum / flat_targets : 0.0;
   m.grad_norm = std::sqrt(backend_->grad_sum_squares());
   m.reduce_s = now_s() - t_backward;
@@ -484,6 +546,7 @@ std::vector<StepMetrics> Trainer::run() {
                               {"paths", m.paths},       {"pieces", m.pieces},   {"elapsed_s", m.elapsed_s},
                               {"step_s", m.step_s},     {"model_tflops", m.model_tflops}, {"mfu", m.mfu}};
     j["executed_flops"] = m.executed_flops;
+    j["gemm_tune_s"] = m.gemm_tune_s;
     j["skipped"] = m.skipped;              // this step's update was skipped (train.on_nonfinite: skip_step)
     j["skipped_steps"] = m.skipped_steps;  // skipped updates so far in the run
     j["reduce_s"] = m.reduce_s;

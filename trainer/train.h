@@ -96,6 +96,7 @@ struct StepMetrics {
   double model_tflops = 0;  // model FLOPs of the step per second, in TFLOP/s
   double mfu = 0;           // model_tflops * 1e12 / kPeakFlops
   double executed_flops = 0;  // FLOPs the step executed (this rank's micro-batches)
+  double gemm_tune_s = 0;     // seconds this rank spent timing GEMM candidates (train.gemm_autotune)
   bool skipped = false;       // train.on_nonfinite: skip_step skipped this step's update
   int64_t skipped_steps = 0;  // steps skipped so far in this process
   int64_t world_size = 1;   // data-parallel ranks; the counts, loss and tokens/s above are global
@@ -161,6 +162,11 @@ class Trainer {
   // micro-batches (per_path packing: data::path_ranges).
   void append_micro(const std::vector<int64_t>& group, std::vector<data::PackedBatch>* micro,
                     std::vector<int64_t>* partition_tree);
+  // GEMM autotuning (trainer/gemm_tuning.h): restores the table of run_dir (else of the
+  // checkpoint `ckpt` resumed from); after a step, agrees the ranks' new entries and writes the
+  // table. tuned_anywhere: buckets tuned in the step on any rank.
+  void restore_gemm_tuning(const std::string& ckpt);
+  void share_gemm_tuning(int64_t step, int64_t tuned_anywhere);
   // Time, throughput and FLOP fields of a step that began at t0.
   void finish_metrics(StepMetrics& m, double t0, const model::Work& work) const;
 
@@ -178,6 +184,7 @@ class Trainer {
   int64_t last_saved_step_ = -1;
   int64_t consecutive_skips_ = 0;
   int64_t skipped_steps_ = 0;
+  Backend::GemmTuneTotals tune_seen_;  // the backend's tuning totals at the end of the last step
   double t_start_ = 0;  // seconds, steady clock
 };
 

@@ -16,6 +16,8 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <cstring>
 #include <map>
 #include <vector>
 
@@ -41,6 +43,9 @@ constexpr int kTuneCandidates = 8;
 constexpr int kTuneRounds = 2;
 constexpr int kTuneCalls = 3;
 constexpr size_t kTuneMaxOutputBytes = size_t(256) << 20;
+
+using TuneKey = std::array<int64_t, 10>;
+static_assert(sizeof(cublasLtMatmulAlgo_t) == sizeof(GemmTuned::algo), "cublasLtMatmulAlgo_t is 8 uint64_t");
 
 uint32_t alignment(const void* p) {
   const uintptr_t u = reinterpret_cast<uintptr_t>(p);
@@ -68,6 +73,23 @@ struct GemmHandle::Impl {
   bool autotune = false;
   DeviceBuffer<char> scratch;  // the timing calls' output (autotune), grown to the largest D timed
   GemmTuneStats stats;
+  std::map<TuneKey, cublasLtMatmulAlgo_t> table;  // the tuning table (GemmTuned)
+
+  // The table's algorithm for a shape (its exact entry, else its bucket's), when cuBLASLt accepts
+  // it for this shape within the workspace.
+  bool from_table(const Plan& p, const TuneKey& exact, const TuneKey& bucket, cublasLtMatmulAlgo_t* algo) {
+    for (const TuneKey& key : {exact, bucket}) {
+      auto it = table.find(key);
+      if (it == table.end()) continue;
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoCheck(lt, p.desc, p.a, p.b, p.d, p.d, &it->second, &check) == CUBLAS_STATUS_SUCCESS &&
+          check.workspaceSize <= workspace_bytes) {
+        *algo = it->second;
+        return true;
+      }
+    }
+    return false;
+  }
 
   // Times the candidates on a and b into scratch (beta 0): kTuneRounds rounds in turn, each
   // kTuneCalls calls after one warm-up call; the fastest mean of a round wins. Returns its index.
@@ -150,6 +172,14 @@ struct GemmHandle::Impl {
       cublasLtMatmulHeuristicResult_t cand[kTuneCandidates];
       const size_t d_bytes = (size_t)s.ldd * s.n * (s.out == GemmOut::kBf16 ? 2 : 4);
       const bool tune = autotune && d_bytes <= kTuneMaxOutputBytes;
+      const TuneKey exact{s.m, s.n, s.k, (int64_t)s.op_a, (int64_t)s.op_b, (int64_t)s.out, align_a, align_b, align_d, 1};
+      const TuneKey bucket{gemm_tune_bucket(s.m), gemm_tune_bucket(s.n), gemm_tune_bucket(s.k), (int64_t)s.op_a,
+                           (int64_t)s.op_b, (int64_t)s.out, align_a, align_b, align_d, 0};
+      if (st == CUBLAS_STATUS_SUCCESS && tune && from_table(p, exact, bucket, &p.algo)) {
+        cublasLtMatmulPreferenceDestroy(pref);
+        ++stats.reused_plans;
+        return plans.emplace(key, p).first->second;
+      }
       if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, p.b, p.d, p.d, pref, tune ? kTuneCandidates : 1, cand,
                                             &count);
@@ -158,7 +188,14 @@ struct GemmHandle::Impl {
       TT_CHECK(count > 0, "cuda::GemmHandle: cuBLASLt has no algorithm for m=", s.m, " n=", s.n, " k=", s.k,
                " lda=", s.lda, " ldb=", s.ldb, " ldd=", s.ldd, " alignments ", align_a, "/", align_b, "/",
                align_d);
-      p.algo = cand[tune && count > 1 ? fastest(s, p, cand, count, a, b, d_bytes) : 0].algo;
+      if (tune && count > 1) {
+        const auto t0 = std::chrono::steady_clock::now();
+        p.algo = cand[fastest(s, p, cand, count, a, b, d_bytes)].algo;
+        stats.tune_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      } else {
+        p.algo = cand[0].algo;
+      }
+      if (tune) table[table.count(bucket) ? exact : bucket] = p.algo;
     } catch (...) {
       destroy(p);
       throw;
@@ -192,6 +229,39 @@ int GemmHandle::num_plans() const { return (int)impl_->plans.size(); }
 void GemmHandle::set_autotune(bool on) { impl_->autotune = on; }
 bool GemmHandle::autotune() const { return impl_->autotune; }
 GemmTuneStats GemmHandle::tune_stats() const { return impl_->stats; }
+
+std::vector<GemmTuned> GemmHandle::tuned() const {
+  std::vector<GemmTuned> out;
+  for (const auto& [key, algo] : impl_->table) {
+    GemmTuned t;
+    t.key = key;
+    std::memcpy(t.algo.data(), &algo, sizeof(algo));
+    out.push_back(t);
+  }
+  return out;
+}
+
+void GemmHandle::set_tuned(const std::vector<GemmTuned>& table) {
+  impl_->table.clear();
+  for (const GemmTuned& t : table) {
+    cublasLtMatmulAlgo_t algo;
+    std::memcpy(&algo, t.algo.data(), sizeof(algo));
+    impl_->table[t.key] = algo;
+  }
+  // Plans cached so far may hold other algorithms: rebuilt on their next call. (cuBLASLt reads a
+  // descriptor when a call is enqueued, so calls in flight do not need them.)
+  for (auto& [key, plan] : impl_->plans) destroy(plan);
+  impl_->plans.clear();
+}
+
+std::string gemm_tuning_signature() {
+  int dev = 0;
+  TT_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  TT_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  return str("cublasLt ", cublasLtGetVersion(), ", ", prop.name, ", sm_", prop.major, prop.minor, ", ",
+             prop.multiProcessorCount, " SMs");
+}
 
 void GemmHandle::run(const GemmShape& s, const bf16* a, const bf16* b, void* d, float alpha, float beta) {
   TT_CHECK(s.m > 0 && s.n > 0 && s.k > 0, "cuda::GemmHandle::run: expected positive m, n, k, got m=", s.m, " n=", s.n,

@@ -18,11 +18,15 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "ops/cuda/bf16.h"
+#include "ops/cuda/gemm_tuned.h"
 
 namespace tt::cuda {
 
@@ -41,10 +45,17 @@ struct GemmShape {
 // What autotuning did so far (GemmHandle::tune_stats): plans timed, plans where a candidate other
 // than the heuristic's first won, and the summed per-call times of the heuristic's choice and of
 // the winner over the timed plans.
+// reused_plans: plans whose algorithm came from the tuning table (set_tuned or an earlier shape of
+// the same bucket) without timing; tune_s: wall time spent timing candidates.
 struct GemmTuneStats {
-  int tuned_plans = 0, changed_plans = 0;
+  int tuned_plans = 0, changed_plans = 0, reused_plans = 0;
   double heuristic_ms = 0, tuned_ms = 0;
+  double tune_s = 0;
 };
+
+// "cublasLt <version>, <GPU name>, sm_<major><minor>, <SMs> SMs" of the current device: a table
+// tuned under another signature is not to be restored.
+std::string gemm_tuning_signature();
 
 class GemmHandle {
  public:
@@ -65,9 +76,18 @@ class GemmHandle {
   // without tuning) and keeps the fastest. The choice depends on timings, so two runs may pick
   // different algorithms and differ in rounding; the first call of each shape takes ~50 products
   // longer, and the scratch output (up to 256 MiB) stays allocated with the handle.
+  //
+  // With autotuning on, the winner is kept in a tuning table by bucket (GemmTuned), and a new
+  // shape of a bucket already in the table takes its algorithm without timing, so a run tunes
+  // once per token-count bucket; tuned() is the table (sorted by key) and set_tuned replaces it
+  // (cached plans are rebuilt on their next call, so a restored or agreed table decides every
+  // later GEMM: runs that share a table choose the same algorithms and round alike). With
+  // autotuning off the table is not used: the heuristic's first algorithm runs.
   void set_autotune(bool on);
   bool autotune() const;
   GemmTuneStats tune_stats() const;
+  std::vector<GemmTuned> tuned() const;
+  void set_tuned(const std::vector<GemmTuned>& table);
 
   // D = alpha op(A) op(B) + beta D (see GemmShape). A, B bf16; D bf16 or fp32 per shape.out.
   void run(const GemmShape& shape, const bf16* a, const bf16* b, void* d, float alpha, float beta);

@@ -76,9 +76,35 @@ if [ "${SKIP_TRAINER:-0}" != 1 ]; then
     timeout 60 "$tt" train $common --set run_dir=$T/run --set train.max_steps=60 --set train.checkpoint_every=30 &&
     timeout 60 "$tt" train $common --set run_dir=$T/run --set train.max_steps=80 --set train.resume=true &&
     timeout 60 "$tt" train $common --set run_dir=$T/part --set train.max_steps=20 \
-      --set data.max_tokens_per_batch=128 --set partition.capacity_tokens=64
+      --set data.max_tokens_per_batch=128 --set partition.capacity_tokens=64 &&
+    # A kill after step 8, before its checkpoint: the copy resumes from step 4 with the run's GEMM
+    # tuning table and must repeat steps 5..8 bitwise (autotuning on, the default).
+    timeout 60 "$tt" train $common --set run_dir=$T/full --set train.max_steps=8 --set train.checkpoint_every=4 \
+      --set train.keep_checkpoints=0 &&
+    cp -r $T/full $T/cut && rm -rf $T/cut/checkpoints/step_8 &&
+    timeout 60 "$tt" train $common --set run_dir=$T/cut --set train.max_steps=8 --set train.checkpoint_every=4 \
+      --set train.keep_checkpoints=0 --set train.resume=true
   } >"$OUT/trainer.log" 2>&1
   echo "treetrain rc=$?" >>"$summary"
+  python3 - "$T" >>"$summary" <<'EOF' || true
+import json, os, sys, filecmp
+T = sys.argv[1]
+try:
+    full = [json.loads(l) for l in open(f"{T}/full/metrics.jsonl")]
+    cut = [json.loads(l) for l in open(f"{T}/cut/metrics.jsonl")]
+    table = json.load(open(f"{T}/full/gemm_tuning.json"))
+    in_ckpt = os.path.exists(f"{T}/full/checkpoints/step_4/gemm_tuning.json")
+    manifest = "gemm_tuning.json" in json.load(open(f"{T}/full/checkpoints/step_4/trainer_state.json"))["files"]
+    same_loss = [a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"] for a, b in zip(full, cut)]
+    same_model = filecmp.cmp(f"{T}/full/checkpoints/step_8/model.safetensors",
+                             f"{T}/cut/checkpoints/step_8/model.safetensors", shallow=False)
+    ok = len(full) == len(cut) == 8 and all(same_loss) and same_model and in_ckpt and manifest and table["entries"]
+    print(f"gemm tuning resume {'PASS' if ok else 'FAIL'}: {len(table['entries'])} entries ({table['signature']}); "
+          f"in checkpoint {in_ckpt}, manifest {manifest}; steps equal {same_loss}; step_8 model bitwise {same_model}; "
+          f"tune s per step {[round(r.get('gemm_tune_s', -1), 3) for r in full]}")
+except Exception as e:
+    print(f"gemm tuning resume FAIL: {e!r}")
+EOF
   python3 - "$T" >>"$summary" <<'EOF' || true
 import json, sys
 for run in ("run", "part"):

@@ -198,5 +198,63 @@ TEST_F(GpuTest, GemmRejectsBadShapes) {
   EXPECT_THROW(tt::cuda::matmul_forward(h, (bf16*)nullptr, a.data(), b.data(), 4, 4, 4), tt::Error);
 }
 
+// The tuning table: a shape of a bucket already tuned takes its algorithm without timing; a
+// second handle given the table (a resumed run) times nothing and computes bitwise the same
+// output; replacing the table drops the cached plans; without autotuning the table is not used.
+TEST_F(GpuTest, GemmTuningTableCarriesOverBucketsAndHandles) {
+  const int IC = 2048, OC = 2048;
+  std::mt19937_64 rng(99);
+  const auto x = randn_bf16(rng, (size_t)1010 * IC);
+  const auto w = randn_bf16(rng, (size_t)OC * IC, 0.05);
+  auto d_x = to_device_bf16(x);
+  auto d_w = to_device_bf16(w);
+  DeviceBuffer<bf16> out1((size_t)1010 * OC), out2((size_t)1010 * OC);
+
+  tt::cuda::GemmHandle h1;
+  h1.set_autotune(true);
+  tt::cuda::matmul_forward(h1, out1.data(), d_x.data(), d_w.data(), 1000, IC, OC);
+  EXPECT_EQ(h1.tune_stats().tuned_plans, 1);
+  const std::vector<tt::cuda::GemmTuned> table = h1.tuned();
+  ASSERT_EQ(table.size(), 1u);
+  EXPECT_EQ(table[0].key[0], 2048);  // m = OC
+  EXPECT_EQ(table[0].key[1], 1024);  // n = N: 1000 in the bucket (896, 1024]
+  EXPECT_EQ(table[0].key[2], 2048);  // k = IC
+  EXPECT_EQ(table[0].key[9], 0);     // a bucket entry, not an exact one
+  tt::cuda::matmul_forward(h1, out1.data(), d_x.data(), d_w.data(), 1010, IC, OC);
+  sync_and_check();
+  EXPECT_EQ(h1.num_plans(), 2);
+  EXPECT_EQ(h1.tune_stats().tuned_plans, 1) << "1010 rows share the bucket of 1000";
+  EXPECT_EQ(h1.tune_stats().reused_plans, 1);
+  EXPECT_EQ(h1.tuned().size(), 1u);
+
+  tt::cuda::GemmHandle h2;
+  h2.set_autotune(true);
+  h2.set_tuned(table);
+  poison(out2);
+  tt::cuda::matmul_forward(h2, out2.data(), d_x.data(), d_w.data(), 1010, IC, OC);
+  sync_and_check();
+  EXPECT_EQ(h2.tune_stats().tuned_plans, 0);
+  EXPECT_EQ(h2.tune_stats().reused_plans, 1);
+  EXPECT_EQ(to_host(out2), to_host(out1)) << "the same algorithm: bitwise the same output";
+
+  h1.set_tuned({});
+  EXPECT_EQ(h1.num_plans(), 0);
+  tt::cuda::matmul_forward(h1, out1.data(), d_x.data(), d_w.data(), 1010, IC, OC);
+  sync_and_check();
+  EXPECT_EQ(h1.tune_stats().tuned_plans, 2) << "an emptied table: the bucket is timed again";
+
+  tt::cuda::GemmHandle off;
+  off.set_tuned(table);
+  tt::cuda::matmul_forward(off, out2.data(), d_x.data(), d_w.data(), 1010, IC, OC);
+  sync_and_check();
+  EXPECT_EQ(off.tune_stats().reused_plans, 0);
+  EXPECT_EQ(off.tune_stats().tuned_plans, 0);
+
+  const std::string sig = tt::cuda::gemm_tuning_signature();
+  EXPECT_NE(sig.find("cublasLt "), std::string::npos) << sig;
+  EXPECT_NE(sig.find(", sm_90, "), std::string::npos) << sig;
+  std::printf("[ tuning ] signature: %s\n", sig.c_str());
+}
+
 }  // namespace
 }  // namespace tt::cuda_test
