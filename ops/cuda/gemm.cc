@@ -38,11 +38,15 @@ using PlanKey = std::array<int64_t, 12>;
 
 // Autotuning (GemmHandle::set_autotune): the heuristic's first kTuneCandidates algorithms, timed
 // on the call's own operands into a scratch output when that output is at most
-// kTuneMaxOutputBytes (larger products, such as the LM head's, keep the heuristic's first).
+// kTuneMaxOutputBytes and the product at most kTuneMaxFlops (larger products, such as the LM
+// head's, keep the heuristic's first).
 constexpr int kTuneCandidates = 8;
 constexpr int kTuneRounds = 2;
 constexpr int kTuneCalls = 3;
 constexpr size_t kTuneMaxOutputBytes = size_t(256) << 20;
+// Products above 2^40 FLOPs (the LM head's backward over many target rows: ~9 ms each, so ~0.6 s
+// of timing calls per bucket) keep the heuristic's first: at that size it runs near peak anyway.
+constexpr double kTuneMaxFlops = 1099511627776.0;
 
 using TuneKey = std::array<int64_t, 10>;
 static_assert(sizeof(cublasLtMatmulAlgo_t) == sizeof(GemmTuned::algo), "cublasLtMatmulAlgo_t is 8 uint64_t");
@@ -171,7 +175,8 @@ struct GemmHandle::Impl {
                                                   sizeof(align_d));
       cublasLtMatmulHeuristicResult_t cand[kTuneCandidates];
       const size_t d_bytes = (size_t)s.ldd * s.n * (s.out == GemmOut::kBf16 ? 2 : 4);
-      const bool tune = autotune && d_bytes <= kTuneMaxOutputBytes;
+      const bool tune =
+          autotune && d_bytes <= kTuneMaxOutputBytes && 2.0 * (double)s.m * (double)s.n * (double)s.k <= kTuneMaxFlops;
       const TuneKey exact{s.m, s.n, s.k, (int64_t)s.op_a, (int64_t)s.op_b, (int64_t)s.out, align_a, align_b, align_d, 1};
       const TuneKey bucket{gemm_tune_bucket(s.m), gemm_tune_bucket(s.n), gemm_tune_bucket(s.k), (int64_t)s.op_a,
                            (int64_t)s.op_b, (int64_t)s.out, align_a, align_b, align_d, 0};
@@ -189,6 +194,8 @@ struct GemmHandle::Impl {
                " lda=", s.lda, " ldb=", s.ldb, " ldd=", s.ldd, " alignments ", align_a, "/", align_b, "/",
                align_d);
       if (tune && count > 1) {
+        // Queued work first, so that tune_s counts the timing calls only (it waits on them anyway).
+        TT_CUDA_CHECK(cudaStreamSynchronize(stream));
         const auto t0 = std::chrono::steady_clock::now();
         p.algo = cand[fastest(s, p, cand, count, a, b, d_bytes)].algo;
         stats.tune_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -75,7 +75,8 @@ class GemmHandle {
   // own operands (into a scratch output of the handle, so the call's output is written once, as
   // without tuning) and keeps the fastest. The choice depends on timings, so two runs may pick
   // different algorithms and differ in rounding; the first call of each shape takes ~50 products
-  // longer, and the scratch output (up to 256 MiB) stays allocated with the handle.
+  // longer, and the scratch output (up to 256 MiB) stays allocated with the handle. Products of
+  // more than 2^40 FLOPs or outputs over 256 MiB (the LM head's) are not timed.
   //
   // With autotuning on, the winner is kept in a tuning table by bucket (GemmTuned), and a new
   // shape of a bucket already in the table takes its algorithm without timing, so a run tunes
