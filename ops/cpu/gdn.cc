@@ -1,0 +1,490 @@
+// Gated DeltaNet ops on DFS-packed trees, CPU reference (see gdn.h).
+//
+// Derivatives used below (per value head; S (dk, dv), k, q (dk), v, delta (dv)):
+//   conv:   out = silu(a), a = sum_j w_j x_j  =>  da = dout silu'(a), dx_j += w_j da, dw_j += x_j da,
+//           silu'(a) = s (1 + a (1 - s)), s = sigmoid(a).
+//   l2norm: y = x r, r = (|x|^2 + eps)^-1/2  =>  dx = r (dy - y (y . dy)).
+//   gated rmsnorm: y = w n silu(z), n = x r, r = (mean x^2 + eps)^-1/2  =>  dz = dy w n silu'(z),
+//           dw = dy n silu(z), dn = dy w silu(z), dx = r (dn - n mean(dn n)).
+//   delta rule, one token backwards, dS the gradient of S_t (from o_t and the later tokens):
+//           dS += scale q do^T, dq += scale S_t do; d delta = dS^T k, dk += dS delta;
+//           dv += beta d delta, dbeta += (v - pred) . d delta, dpred = -beta d delta (pred = S'^T k);
+//           dS' = dS + k dpred^T, dk += S' dpred; dg += exp(g) sum(S_{t-1} o dS'), dS_{t-1} = exp(g) dS'.
+// Nodes are in DFS order with parents first, so a forward pass in node order has every parent's
+// end state ready, and a backward pass in reverse node order has every child's initial-state
+// gradient summed into its parent's end-state gradient before the parent runs.
+#include "ops/cpu/gdn.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "base/check.h"
+
+namespace tt::cpu {
+namespace {
+
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double silu(double x) { return x * sigmoid(x); }
+double dsilu(double x) {
+  const double s = sigmoid(x);
+  return s * (1.0 + x * (1.0 - s));
+}
+
+void check_tree(const GdnTree& t, const char* op) {
+  TT_CHECK(t.num_nodes >= 0 && t.N >= 0, op, ": expected num_nodes, N >= 0, got ", t.num_nodes, ", ", t.N);
+  TT_CHECK(t.nk > 0 && t.nv > 0 && t.nv % t.nk == 0, op, ": expected nv a positive multiple of nk, got nk=", t.nk,
+           " nv=", t.nv);
+  TT_CHECK(t.dk > 0 && t.dv > 0, op, ": expected positive head dims, got dk=", t.dk, " dv=", t.dv);
+  int32_t next = 0;
+  for (int n = 0; n < t.num_nodes; n++) {
+    TT_CHECK(t.node_start[n] == next && t.node_len[n] > 0, op, ": node ", n, " must start at ", next,
+             " with a positive length, got start ", t.node_start[n], " len ", t.node_len[n]);
+    TT_CHECK(t.node_parent[n] >= -1 && t.node_parent[n] < n, op, ": node ", n, " has parent ", t.node_parent[n],
+             " (expected -1 or an earlier node)");
+    next += t.node_len[n];
+  }
+  TT_CHECK(next == t.N, op, ": nodes cover ", next, " rows, expected N = ", t.N);
+}
+
+// (num_nodes) index of each root among the roots, -1 for other nodes.
+std::vector<int> root_index(const GdnTree& t) {
+  std::vector<int> r(t.num_nodes, -1);
+  int k = 0;
+  for (int n = 0; n < t.num_nodes; n++)
+    if (t.node_parent[n] < 0) r[n] = k++;
+  return r;
+}
+
+// S <- state after token t for value head h: the recurrence step of gdn.h. pred (dv) and delta
+// (dv) are left for the caller.
+template <class T>
+void step(double* S, double* pred, double* delta, const T* kt, const T* vt, double alpha, double b, int dk, int dv) {
+  for (int i = 0; i < dk * dv; i++) S[i] *= alpha;
+  for (int c = 0; c < dv; c++) {
+    double p = 0;
+    for (int i = 0; i < dk; i++) p += S[(size_t)i * dv + c] * (double)kt[i];
+    pred[c] = p;
+    delta[c] = b * ((double)vt[c] - p);
+  }
+  for (int i = 0; i < dk; i++)
+    for (int c = 0; c < dv; c++) S[(size_t)i * dv + c] += (double)kt[i] * delta[c];
+}
+
+}  // namespace
+
+int GdnTree::num_roots() const {
+  int r = 0;
+  for (int n = 0; n < num_nodes; n++) r += node_parent[n] < 0;
+  return r;
+}
+
+void path_prev(int32_t* prev, const int32_t* node_start, const int32_t* node_len, const int32_t* node_parent,
+               int num_nodes, int N) {
+  int32_t next = 0;
+  for (int n = 0; n < num_nodes; n++) {
+    TT_CHECK(node_start[n] == next && node_len[n] > 0, "path_prev: node ", n, " must start at ", next,
+             " with a positive length, got start ", node_start[n], " len ", node_len[n]);
+    TT_CHECK(node_parent[n] >= -1 && node_parent[n] < n, "path_prev: node ", n, " has parent ", node_parent[n],
+             " (expected -1 or an earlier node)");
+    const int p = node_parent[n];
+    prev[next] = p < 0 ? -1 : node_start[p] + node_len[p] - 1;
+    for (int j = 1; j < node_len[n]; j++) prev[next + j] = next + j - 1;
+    next += node_len[n];
+  }
+  TT_CHECK(next == N, "path_prev: nodes cover ", next, " rows, expected N = ", N);
+}
+
+template <class T>
+void conv1d_silu_forward(T* out, const T* x, const T* w, const int32_t* prev, int N, int C, int K) {
+  TT_CHECK(N >= 0 && C > 0 && K > 0 && K <= 64, "conv1d_silu_forward: expected N >= 0, C > 0, 0 < K <= 64, got ", N,
+           ", ", C, ", ", K);
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < N; i++) {
+    int32_t rows[64];
+    // rows[j]: the token of tap j (j = K - 1 is i itself), -1 before the root.
+    int32_t r = i;
+    for (int j = K - 1; j >= 0; j--) {
+      rows[j] = r;
+      if (r >= 0) r = prev[r];
+    }
+    for (int c = 0; c < C; c++) {
+      double a = 0;
+      for (int j = 0; j < K; j++)
+        if (rows[j] >= 0) a += (double)w[(size_t)c * K + j] * (double)x[(size_t)rows[j] * C + c];
+      out[(size_t)i * C + c] = (T)silu(a);
+    }
+  }
+}
+
+template <class T>
+void conv1d_silu_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const int32_t* prev, int N, int C,
+                          int K) {
+  TT_CHECK(N >= 0 && C > 0 && K > 0 && K <= 64, "conv1d_silu_backward: expected N >= 0, C > 0, 0 < K <= 64, got ", N,
+           ", ", C, ", ", K);
+  // Serial over tokens (a token's taps reach its ancestors: scatter); fp64 accumulators.
+  std::vector<double> gx(dx ? (size_t)N * C : 0, 0.0), gw(dw ? (size_t)C * K : 0, 0.0);
+  for (int i = 0; i < N; i++) {
+    int32_t rows[64];
+    int32_t r = i;
+    for (int j = K - 1; j >= 0; j--) {
+      rows[j] = r;
+      if (r >= 0) r = prev[r];
+    }
+    for (int c = 0; c < C; c++) {
+      double a = 0;
+      for (int j = 0; j < K; j++)
+        if (rows[j] >= 0) a += (double)w[(size_t)c * K + j] * (double)x[(size_t)rows[j] * C + c];
+      const double da = (double)dout[(size_t)i * C + c] * dsilu(a);
+      for (int j = 0; j < K; j++) {
+        if (rows[j] < 0) continue;
+        if (dx) gx[(size_t)rows[j] * C + c] += (double)w[(size_t)c * K + j] * da;
+        if (dw) gw[(size_t)c * K + j] += (double)x[(size_t)rows[j] * C + c] * da;
+      }
+    }
+  }
+  if (dx)
+    for (size_t e = 0; e < gx.size(); e++) dx[e] = (T)((double)dx[e] + gx[e]);
+  if (dw)
+    for (size_t e = 0; e < gw.size(); e++) dw[e] = (T)((double)dw[e] + gw[e]);
+}
+
+template <class T>
+void l2norm_forward(T* y, T* rstd, const T* x, int rows, int D, double eps) {
+  TT_CHECK(rows >= 0 && D > 0 && eps >= 0, "l2norm_forward: expected rows >= 0, D > 0, eps >= 0, got ", rows, ", ", D,
+           ", ", eps);
+#pragma omp parallel for schedule(static)
+  for (int r = 0; r < rows; r++) {
+    const T* xr = x + (size_t)r * D;
+    double ss = 0;
+    for (int c = 0; c < D; c++) ss += (double)xr[c] * (double)xr[c];
+    const double rs = 1.0 / std::sqrt(ss + eps);
+    for (int c = 0; c < D; c++) y[(size_t)r * D + c] = (T)((double)xr[c] * rs);
+    rstd[r] = (T)rs;
+  }
+}
+
+template <class T>
+void l2norm_backward(T* dx, const T* dy, const T* x, const T* rstd, int rows, int D) {
+  TT_CHECK(rows >= 0 && D > 0, "l2norm_backward: expected rows >= 0, D > 0, got ", rows, ", ", D);
+#pragma omp parallel for schedule(static)
+  for (int r = 0; r < rows; r++) {
+    const T* xr = x + (size_t)r * D;
+    const T* dr = dy + (size_t)r * D;
+    const double rs = rstd[r];
+    double dot = 0;  // y . dy
+    for (int c = 0; c < D; c++) dot += (double)xr[c] * rs * (double)dr[c];
+    for (int c = 0; c < D; c++)
+      dx[(size_t)r * D + c] = (T)((double)dx[(size_t)r * D + c] + rs * ((double)dr[c] - (double)xr[c] * rs * dot));
+  }
+}
+
+template <class T>
+void gated_rmsnorm_forward(T* y, T* rstd, const T* x, const T* z, const T* w, int rows, int D, double eps) {
+  TT_CHECK(rows >= 0 && D > 0 && eps >= 0, "gated_rmsnorm_forward: expected rows >= 0, D > 0, eps >= 0, got ", rows,
+           ", ", D, ", ", eps);
+#pragma omp parallel for schedule(static)
+  for (int r = 0; r < rows; r++) {
+    const T* xr = x + (size_t)r * D;
+    double ss = 0;
+    for (int c = 0; c < D; c++) ss += (double)xr[c] * (double)xr[c];
+    const double rs = 1.0 / std::sqrt(ss / D + eps);
+    for (int c = 0; c < D; c++)
+      y[(size_t)r * D + c] = (T)((double)w[c] * (double)xr[c] * rs * silu((double)z[(size_t)r * D + c]));
+    rstd[r] = (T)rs;
+  }
+}
+
+template <class T>
+void gated_rmsnorm_backward(T* dx, T* dz, T* dw, const T* dy, const T* x, const T* z, const T* w, const T* rstd,
+                            int rows, int D) {
+  TT_CHECK(rows >= 0 && D > 0, "gated_rmsnorm_backward: expected rows >= 0, D > 0, got ", rows, ", ", D);
+  std::vector<double> gw(dw ? D : 0, 0.0);
+  for (int r = 0; r < rows; r++) {  // serial: dw sums over rows in a fixed order
+    const size_t o = (size_t)r * D;
+    const double rs = rstd[r];
+    double dot = 0;  // sum_c dn_c n_c
+    for (int c = 0; c < D; c++) {
+      const double n = (double)x[o + c] * rs;
+      const double dn = (double)dy[o + c] * (double)w[c] * silu((double)z[o + c]);
+      dot += dn * n;
+    }
+    for (int c = 0; c < D; c++) {
+      const double n = (double)x[o + c] * rs, zc = (double)z[o + c], d = (double)dy[o + c];
+      if (dz) dz[o + c] = (T)((double)dz[o + c] + d * (double)w[c] * n * dsilu(zc));
+      if (dw) gw[c] += d * n * silu(zc);
+      if (dx) {
+        const double dn = d * (double)w[c] * silu(zc);
+        dx[o + c] = (T)((double)dx[o + c] + rs * (dn - n * dot / D));
+      }
+    }
+  }
+  if (dw)
+    for (int c = 0; c < D; c++) dw[c] = (T)((double)dw[c] + gw[c]);
+}
+
+template <class T>
+void gdn_tree_forward(T* o, double* end, const T* q, const T* k, const T* v, const T* g, const T* beta,
+                      const double* init, const GdnTree& t) {
+  check_tree(t, "gdn_tree_forward");
+  const int dk = t.dk, dv = t.dv, nv = t.nv, nk = t.nk, r = nv / nk;
+  const size_t SS = (size_t)dk * dv;
+  const std::vector<int> roots = root_index(t);
+  // Every node's end state (the children's initial states), kept here when end is null.
+  std::vector<double> own(end ? 0 : (size_t)t.num_nodes * nv * SS);
+  double* ends = end ? end : own.data();
+#pragma omp parallel for schedule(static)
+  for (int h = 0; h < nv; h++) {
+    const int kh = h / r;
+    std::vector<double> pred(dv), delta(dv);
+    for (int n = 0; n < t.num_nodes; n++) {
+      double* S = ends + ((size_t)n * nv + h) * SS;
+      const int p = t.node_parent[n];
+      if (p >= 0) std::copy_n(ends + ((size_t)p * nv + h) * SS, SS, S);
+      else if (init) std::copy_n(init + ((size_t)roots[n] * nv + h) * SS, SS, S);
+      else std::fill_n(S, SS, 0.0);
+      for (int i = t.node_start[n]; i < t.node_start[n] + t.node_len[n]; i++) {
+        const T* kt = k + ((size_t)i * nk + kh) * dk;
+        const T* qt = q + ((size_t)i * nk + kh) * dk;
+        step(S, pred.data(), delta.data(), kt, v + ((size_t)i * nv + h) * dv,
+             std::exp((double)g[(size_t)i * nv + h]), (double)beta[(size_t)i * nv + h], dk, dv);
+        for (int c = 0; c < dv; c++) {
+          double acc = 0;
+          for (int a = 0; a < dk; a++) acc += S[(size_t)a * dv + c] * (double)qt[a];
+          o[((size_t)i * nv + h) * dv + c] = (T)(t.scale * acc);
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+void gdn_tree_forward_chunked(T* o, double* end, const T* q, const T* k, const T* v, const T* g, const T* beta,
+                              const double* init, const GdnTree& t, int chunk) {
+  check_tree(t, "gdn_tree_forward_chunked");
+  TT_CHECK(chunk > 0, "gdn_tree_forward_chunked: chunk = ", chunk, ", expected > 0");
+  const int dk = t.dk, dv = t.dv, nv = t.nv, nk = t.nk, r = nv / nk;
+  const size_t SS = (size_t)dk * dv;
+  const std::vector<int> roots = root_index(t);
+  std::vector<double> own(end ? 0 : (size_t)t.num_nodes * nv * SS);
+  double* ends = end ? end : own.data();
+#pragma omp parallel for schedule(static)
+  for (int h = 0; h < nv; h++) {
+    const int kh = h / r;
+    std::vector<double> gam(chunk), M((size_t)chunk * chunk), U((size_t)chunk * dv), W((size_t)chunk * dk),
+        vn((size_t)chunk * dv), S2(SS);
+    for (int n = 0; n < t.num_nodes; n++) {
+      double* S = ends + ((size_t)n * nv + h) * SS;
+      const int p = t.node_parent[n];
+      if (p >= 0) std::copy_n(ends + ((size_t)p * nv + h) * SS, SS, S);
+      else if (init) std::copy_n(init + ((size_t)roots[n] * nv + h) * SS, SS, S);
+      else std::fill_n(S, SS, 0.0);
+      const int begin = t.node_start[n], stop = begin + t.node_len[n];
+      for (int c0 = begin; c0 < stop; c0 += chunk) {
+        const int L = std::min(chunk, stop - c0);
+        auto K_ = [&](int row, int a) { return (double)k[((size_t)(c0 + row) * nk + kh) * dk + a]; };
+        auto Q_ = [&](int row, int a) { return (double)q[((size_t)(c0 + row) * nk + kh) * dk + a]; };
+        auto V_ = [&](int row, int c) { return (double)v[((size_t)(c0 + row) * nv + h) * dv + c]; };
+        auto B_ = [&](int row) { return (double)beta[(size_t)(c0 + row) * nv + h]; };
+        double acc = 0;
+        for (int a = 0; a < L; a++) gam[a] = acc += (double)g[(size_t)(c0 + a) * nv + h];
+        auto kk = [&](int a, int b) {
+          double s = 0;
+          for (int e = 0; e < dk; e++) s += K_(a, e) * K_(b, e);
+          return s;
+        };
+        // M = I + strictly_lower(beta_a k_a . k_b exp(gam_a - gam_b)): unit lower triangular.
+        for (int a = 0; a < L; a++)
+          for (int b = 0; b < L; b++)
+            M[(size_t)a * L + b] = a == b ? 1.0 : b < a ? B_(a) * kk(a, b) * std::exp(gam[a] - gam[b]) : 0.0;
+        // U = M^-1 (beta v), W = M^-1 (beta exp(gam) k): forward substitution, row by row.
+        for (int a = 0; a < L; a++) {
+          for (int c = 0; c < dv; c++) {
+            double x = B_(a) * V_(a, c);
+            for (int b = 0; b < a; b++) x -= M[(size_t)a * L + b] * U[(size_t)b * dv + c];
+            U[(size_t)a * dv + c] = x;
+          }
+          for (int e = 0; e < dk; e++) {
+            double x = B_(a) * std::exp(gam[a]) * K_(a, e);
+            for (int b = 0; b < a; b++) x -= M[(size_t)a * L + b] * W[(size_t)b * dk + e];
+            W[(size_t)a * dk + e] = x;
+          }
+        }
+        // v_new = U - W S.
+        for (int a = 0; a < L; a++)
+          for (int c = 0; c < dv; c++) {
+            double x = U[(size_t)a * dv + c];
+            for (int e = 0; e < dk; e++) x -= W[(size_t)a * dk + e] * S[(size_t)e * dv + c];
+            vn[(size_t)a * dv + c] = x;
+          }
+        // Outputs: the state entering the chunk, decayed, plus the chunk's own writes.
+        for (int a = 0; a < L; a++) {
+          std::vector<double> qk(a + 1);
+          for (int b = 0; b <= a; b++) {
+            double s = 0;
+            for (int e = 0; e < dk; e++) s += Q_(a, e) * K_(b, e);
+            qk[b] = s * std::exp(gam[a] - gam[b]);
+          }
+          for (int c = 0; c < dv; c++) {
+            double x = 0;
+            for (int e = 0; e < dk; e++) x += Q_(a, e) * S[(size_t)e * dv + c];
+            x *= std::exp(gam[a]);
+            for (int b = 0; b <= a; b++) x += qk[b] * vn[(size_t)b * dv + c];
+            o[((size_t)(c0 + a) * nv + h) * dv + c] = (T)(t.scale * x);
+          }
+        }
+        // S <- exp(gam_L) S + sum_b exp(gam_L - gam_b) k_b v_new_b^T.
+        const double gl = gam[L - 1];
+        for (int e = 0; e < dk; e++)
+          for (int c = 0; c < dv; c++) {
+            double x = std::exp(gl) * S[(size_t)e * dv + c];
+            for (int b = 0; b < L; b++) x += std::exp(gl - gam[b]) * K_(b, e) * vn[(size_t)b * dv + c];
+            S2[(size_t)e * dv + c] = x;
+          }
+        std::copy(S2.begin(), S2.end(), S);
+      }
+    }
+  }
+}
+
+template <class T>
+void gdn_tree_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, double* d_init, const T* d_o, const double* d_end,
+                       const T* q, const T* k, const T* v, const T* g, const T* beta, const double* init,
+                       const GdnTree& t) {
+  check_tree(t, "gdn_tree_backward");
+  const int DK = t.dk, DV = t.dv, nv = t.nv, nk = t.nk, r = nv / nk;
+  const size_t SS = (size_t)DK * DV;
+  const std::vector<int> roots = root_index(t);
+  // Forward again for every node's end state (each node's initial state is its parent's).
+  std::vector<double> ends((size_t)t.num_nodes * nv * SS);
+  {
+    std::vector<T> o_scratch((size_t)t.N * nv * DV);
+    gdn_tree_forward(o_scratch.data(), ends.data(), q, k, v, g, beta, init, t);
+  }
+  // Gradients in fp64, per value head; q and k gradients of a key head sum over its value heads,
+  // added in head order after the parallel loop so the result does not depend on threads.
+  std::vector<double> gq((size_t)t.N * nv * DK, 0.0), gk((size_t)t.N * nv * DK, 0.0);
+  std::vector<double> dend((size_t)t.num_nodes * nv * SS, 0.0);
+  if (d_end) std::copy_n(d_end, dend.size(), dend.data());
+#pragma omp parallel for schedule(static)
+  for (int h = 0; h < nv; h++) {
+    const int kh = h / r;
+    std::vector<double> states, pred(DV), delta(DV), dS(SS), Sp(SS), ddelta(DV), dpred(DV);
+    for (int n = t.num_nodes - 1; n >= 0; n--) {
+      const int begin = t.node_start[n], len = t.node_len[n];
+      // The node's states: states[j] is the state before token begin + j (j = 0: the initial one).
+      states.assign((size_t)(len + 1) * SS, 0.0);
+      const int p = t.node_parent[n];
+      if (p >= 0) std::copy_n(ends.data() + ((size_t)p * nv + h) * SS, SS, states.data());
+      else if (init) std::copy_n(init + ((size_t)roots[n] * nv + h) * SS, SS, states.data());
+      for (int j = 0; j < len; j++) {
+        const int i = begin + j;
+        double* S = states.data() + (size_t)(j + 1) * SS;
+        std::copy_n(states.data() + (size_t)j * SS, SS, S);
+        step(S, pred.data(), delta.data(), k + ((size_t)i * nk + kh) * DK,
+             v + ((size_t)i * nv + h) * DV, std::exp((double)g[(size_t)i * nv + h]), (double)beta[(size_t)i * nv + h],
+             DK, DV);
+      }
+      std::copy_n(dend.data() + ((size_t)n * nv + h) * SS, SS, dS.data());
+      for (int j = len - 1; j >= 0; j--) {
+        const int i = begin + j;
+        const T* kt = k + ((size_t)i * nk + kh) * DK;
+        const T* qt = q + ((size_t)i * nk + kh) * DK;
+        const T* vt = v + ((size_t)i * nv + h) * DV;
+        const T* dot = d_o + ((size_t)i * nv + h) * DV;
+        const double alpha = std::exp((double)g[(size_t)i * nv + h]), b = (double)beta[(size_t)i * nv + h];
+        const double* Sprev = states.data() + (size_t)j * SS;
+        const double* St = states.data() + (size_t)(j + 1) * SS;
+        for (size_t e = 0; e < SS; e++) Sp[e] = alpha * Sprev[e];
+        for (int c = 0; c < DV; c++) {
+          double pr = 0;
+          for (int a = 0; a < DK; a++) pr += Sp[(size_t)a * DV + c] * (double)kt[a];
+          pred[c] = pr;
+          delta[c] = b * ((double)vt[c] - pr);
+        }
+        // o_t = scale S_t^T q_t.
+        for (int a = 0; a < DK; a++) {
+          double x = 0;
+          for (int c = 0; c < DV; c++) {
+            dS[(size_t)a * DV + c] += t.scale * (double)qt[a] * (double)dot[c];
+            x += St[(size_t)a * DV + c] * (double)dot[c];
+          }
+          gq[((size_t)i * nv + h) * DK + a] += t.scale * x;
+        }
+        // S_t = S' + k delta^T.
+        for (int c = 0; c < DV; c++) {
+          double x = 0;
+          for (int a = 0; a < DK; a++) x += dS[(size_t)a * DV + c] * (double)kt[a];
+          ddelta[c] = x;
+        }
+        for (int a = 0; a < DK; a++) {
+          double x = 0;
+          for (int c = 0; c < DV; c++) x += dS[(size_t)a * DV + c] * delta[c];
+          gk[((size_t)i * nv + h) * DK + a] += x;
+        }
+        // delta = beta (v - S'^T k).
+        double db = 0;
+        for (int c = 0; c < DV; c++) {
+          dv[((size_t)i * nv + h) * DV + c] = (T)((double)dv[((size_t)i * nv + h) * DV + c] + b * ddelta[c]);
+          db += ((double)vt[c] - pred[c]) * ddelta[c];
+          dpred[c] = -b * ddelta[c];
+        }
+        dbeta[(size_t)i * nv + h] = (T)((double)dbeta[(size_t)i * nv + h] + db);
+        for (int a = 0; a < DK; a++) {
+          double x = 0;
+          for (int c = 0; c < DV; c++) {
+            dS[(size_t)a * DV + c] += (double)kt[a] * dpred[c];
+            x += Sp[(size_t)a * DV + c] * dpred[c];
+          }
+          gk[((size_t)i * nv + h) * DK + a] += x;
+        }
+        // S' = alpha S_{t-1}.
+        double da = 0;
+        for (size_t e = 0; e < SS; e++) {
+          da += Sprev[e] * dS[e];
+          dS[e] *= alpha;
+        }
+        dg[(size_t)i * nv + h] = (T)((double)dg[(size_t)i * nv + h] + alpha * da);
+      }
+      // dS is the gradient of the node's initial state: its parent's end state, or the root's init.
+      if (p >= 0) {
+        double* dp = dend.data() + ((size_t)p * nv + h) * SS;
+        for (size_t e = 0; e < SS; e++) dp[e] += dS[e];
+      } else if (d_init) {
+        double* di = d_init + ((size_t)roots[n] * nv + h) * SS;
+        for (size_t e = 0; e < SS; e++) di[e] += dS[e];
+      }
+    }
+  }
+  for (int i = 0; i < t.N; i++)
+    for (int kh = 0; kh < nk; kh++)
+      for (int a = 0; a < DK; a++) {
+        double xq = 0, xk = 0;
+        for (int h = kh * r; h < (kh + 1) * r; h++) {
+          xq += gq[((size_t)i * nv + h) * DK + a];
+          xk += gk[((size_t)i * nv + h) * DK + a];
+        }
+        const size_t e = ((size_t)i * nk + kh) * DK + a;
+        dq[e] = (T)((double)dq[e] + xq);
+        dk[e] = (T)((double)dk[e] + xk);
+      }
+}
+
+#define TT_GDN_INSTANTIATE(T)                                                                                     \
+  template void conv1d_silu_forward<T>(T*, const T*, const T*, const int32_t*, int, int, int);                  \
+  template void conv1d_silu_backward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, int, int, int);   \
+  template void l2norm_forward<T>(T*, T*, const T*, int, int, double);                                          \
+  template void l2norm_backward<T>(T*, const T*, const T*, const T*, int, int);                                 \
+  template void gated_rmsnorm_forward<T>(T*, T*, const T*, const T*, const T*, int, int, double);               \
+  template void gated_rmsnorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, int); \
+  template void gdn_tree_forward<T>(T*, double*, const T*, const T*, const T*, const T*, const T*, const double*, \
+                                    const GdnTree&);                                                            \
+  template void gdn_tree_forward_chunked<T>(T*, double*, const T*, const T*, const T*, const T*, const T*,      \
+                                            const double*, const GdnTree&, int);                                \
+  template void gdn_tree_backward<T>(T*, T*, T*, T*, T*, double*, const T*, const double*, const T*, const T*,  \
+                                     const T*, const T*, const T*, const double*, const GdnTree&);
+TT_GDN_INSTANTIATE(float)
+TT_GDN_INSTANTIATE(double)
+#undef TT_GDN_INSTANTIATE
+
+}  // namespace tt::cpu
