@@ -43,9 +43,24 @@ void ModelConfig::validate() const {
       fail("layer_types", str("has ", layer_types.size(), " entries, expected one per layer (num_hidden_layers = ",
                               num_hidden_layers, ")"));
     for (size_t l = 0; l < layer_types.size(); ++l)
-      if (layer_types[l] != "full_attention")
+      if (layer_types[l] != "full_attention" && layer_types[l] != "linear_attention")
         fail("layer_types", str("entry ", l, " is \"", layer_types[l],
-                                "\", not a layer kind of this model (supported: \"full_attention\")"));
+                                "\", not a layer kind of this model (supported: \"full_attention\", "
+                                "\"linear_attention\")"));
+  }
+  if (has_linear_attention()) {  // the Gated DeltaNet sizes (names as in HF's Qwen3NextConfig)
+    const char* need = " (a linear_attention layer needs it)";
+    auto sized = [&](const char* key, int64_t v, int64_t hi) {
+      if (v < 1 || v > hi) fail(key, str("must be in [1, ", hi, "] (got ", v, ")", need));
+    };
+    sized("linear_num_key_heads", linear_num_key_heads, kMaxHeads);
+    sized("linear_num_value_heads", linear_num_value_heads, kMaxHeads);
+    sized("linear_key_head_dim", linear_key_head_dim, kMaxHeadDim);
+    sized("linear_value_head_dim", linear_value_head_dim, kMaxHeadDim);
+    sized("linear_conv_kernel_dim", linear_conv_kernel_dim, kMaxConvKernel);
+    if (linear_num_value_heads % linear_num_key_heads != 0)
+      fail("linear_num_value_heads", str("must be a multiple of linear_num_key_heads (", linear_num_key_heads,
+                                         ") (got ", linear_num_value_heads, ")"));
   }
   const int64_t params = parameter_count();
   if (params > kMaxParameters)
@@ -59,6 +74,10 @@ void ModelConfig::canonicalize() {
   if ((int64_t)layer_types.size() == num_hidden_layers &&
       std::all_of(layer_types.begin(), layer_types.end(), [](const std::string& t) { return t == "full_attention"; }))
     layer_types.clear();
+}
+
+bool ModelConfig::has_linear_attention() const {
+  return std::find(layer_types.begin(), layer_types.end(), "linear_attention") != layer_types.end();
 }
 
 std::vector<LayerSpec> ModelConfig::layer_specs() const {
@@ -76,12 +95,25 @@ int64_t ModelConfig::parameter_count() const {
   using Wide = __int128;
   auto w = [](int64_t v) { return (Wide)std::min<int64_t>(std::max<int64_t>(v, 0), int64_t{1} << 32); };
   const Wide qd = w(num_attention_heads) * w(head_dim), kd = w(num_key_value_heads) * w(head_dim);
-  const Wide per_layer = 2 * w(hidden_size) + 2 * qd * w(hidden_size) + 2 * kd * w(hidden_size) +
-                         3 * w(hidden_size) * w(intermediate_size) + (qk_norm() ? 2 * w(head_dim) : 0);
+  const Wide mlp = w(hidden_size) + 3 * w(hidden_size) * w(intermediate_size);
+  const Wide attention = w(hidden_size) + 2 * qd * w(hidden_size) + 2 * kd * w(hidden_size) +
+                         (qk_norm() ? 2 * w(head_dim) : 0);
+  // Gated DeltaNet (model/gdn.h): input norm, in_proj_qkv, in_proj_z, in_proj_b/a, conv1d, A_log,
+  // dt_bias, norm, out_proj.
+  const Wide kd_lin = w(linear_num_key_heads) * w(linear_key_head_dim);
+  const Wide vd_lin = w(linear_num_value_heads) * w(linear_value_head_dim);
+  const Wide conv_dim = 2 * kd_lin + vd_lin;
+  const Wide gdn = w(hidden_size) + conv_dim * w(hidden_size) + vd_lin * w(hidden_size) +
+                   2 * w(linear_num_value_heads) * w(hidden_size) + conv_dim * w(linear_conv_kernel_dim) +
+                   2 * w(linear_num_value_heads) + w(linear_value_head_dim) + w(hidden_size) * vd_lin;
   const Wide embed = w(vocab_size) * w(hidden_size) * (tie_word_embeddings ? 1 : 2);
   const Wide max = (Wide)std::numeric_limits<int64_t>::max();
-  if (per_layer > max) return std::numeric_limits<int64_t>::max();  // per_layer * L would pass 2^127
-  const Wide total = embed + w(hidden_size) + per_layer * w(num_hidden_layers);
+  if (mlp + attention + gdn > max) return std::numeric_limits<int64_t>::max();  // * L would pass 2^127
+  const Wide n_linear = has_linear_attention() ? (Wide)std::count(layer_types.begin(), layer_types.end(),
+                                                                  std::string("linear_attention"))
+                                               : 0;
+  const Wide n_full = w(num_hidden_layers) - n_linear;
+  const Wide total = embed + w(hidden_size) + mlp * w(num_hidden_layers) + attention * n_full + gdn * n_linear;
   return total > max ? std::numeric_limits<int64_t>::max() : (int64_t)total;
 }
 
@@ -106,6 +138,13 @@ nlohmann::json ModelConfig::to_hf_json(const std::string& torch_dtype) const {
   ModelConfig canonical = *this;  // every layer full_attention is written as no layer_types
   canonical.canonicalize();
   if (!canonical.layer_types.empty()) j["layer_types"] = canonical.layer_types;
+  if (has_linear_attention()) {
+    j["linear_num_key_heads"] = linear_num_key_heads;
+    j["linear_num_value_heads"] = linear_num_value_heads;
+    j["linear_key_head_dim"] = linear_key_head_dim;
+    j["linear_value_head_dim"] = linear_value_head_dim;
+    j["linear_conv_kernel_dim"] = linear_conv_kernel_dim;
+  }
   j["hidden_act"] = "silu";
   j["attention_bias"] = false;
   j["attention_dropout"] = 0.0;
@@ -238,6 +277,11 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
     }
     c.canonicalize();
   }
+  c.linear_num_key_heads = get_int_or(j, "linear_num_key_heads", 0, where);
+  c.linear_num_value_heads = get_int_or(j, "linear_num_value_heads", 0, where);
+  c.linear_key_head_dim = get_int_or(j, "linear_key_head_dim", 0, where);
+  c.linear_value_head_dim = get_int_or(j, "linear_value_head_dim", 0, where);
+  c.linear_conv_kernel_dim = get_int_or(j, "linear_conv_kernel_dim", 0, where);
 
   // Newer transformers write RoPE settings as rope_parameters {"rope_type", "rope_theta"}.
   if (has(j, "rope_parameters")) {

@@ -34,6 +34,7 @@ constexpr int64_t kMaxHeads = int64_t{1} << 10;              // 1,024 (query hea
 constexpr int64_t kMaxHeadDim = int64_t{1} << 10;            // 1,024
 constexpr int64_t kMaxPositions = (int64_t{1} << 31) - 1;    // int32 position ids
 constexpr int64_t kMaxParameters = int64_t{1} << 40;
+constexpr int64_t kMaxConvKernel = 64;                       // linear_conv_kernel_dim
 static_assert(kMaxHeads * kMaxHeadDim <= (int64_t{1} << 20), "head widths NH * HS must stay far below 2^31");
 
 struct ModelConfig {
@@ -50,9 +51,19 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   double initializer_range = 0.02;
   int64_t max_position_embeddings = 4096;
-  // HF's layer_types: the mixer of each layer ("full_attention"; the only kind so far). Empty
-  // means every layer is full_attention; otherwise one entry per layer.
+  // HF's layer_types: the mixer of each layer, "full_attention" or "linear_attention" (Gated
+  // DeltaNet, model/gdn.h: CPU backend only so far). Empty means every layer is full_attention;
+  // otherwise one entry per layer.
   std::vector<std::string> layer_types;
+  // Gated DeltaNet ("linear_attention" layers; HF Qwen3-Next / Qwen3.5 names): key heads, value
+  // heads (a multiple of the key heads), their head dims and the causal conv's kernel. 0: unset
+  // (required, each in [1, its bound], when a layer is linear_attention).
+  int64_t linear_num_key_heads = 0;
+  int64_t linear_num_value_heads = 0;
+  int64_t linear_key_head_dim = 0;
+  int64_t linear_value_head_dim = 0;
+  int64_t linear_conv_kernel_dim = 0;
+  bool has_linear_attention() const;
   // HF's eos_token_id: generation stops after emitting one of them (empty: none).
   std::vector<int64_t> eos_token_id;
 

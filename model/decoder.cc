@@ -12,10 +12,13 @@
 #include "model/decoder.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
+#include <vector>
 
 #include "base/check.h"
 #include "model/carve.h"
+#include "model/gdn.h"
 #include "model/init.h"
 
 namespace tt::model {
@@ -30,9 +33,13 @@ Architecture::Architecture(const ModelConfig& cfg, const std::vector<LayerSpec>&
   input_ = std::make_unique<EmbeddingKind>(cfg_, b);
   for (int l = 0; l < (int)layers_.size(); ++l) {
     const LayerSpec& s = layers_[l];
-    TT_CHECK(s.mixer == "full_attention", "model: layer ", l, " has mixer '", s.mixer,
-             "', expected full_attention");
-    blocks_.push_back(std::make_unique<AttentionKind>(cfg_, s, l, b));
+    if (s.mixer == "linear_attention") {
+      blocks_.push_back(std::make_unique<GdnKind>(cfg_, l, b));
+    } else {
+      TT_CHECK(s.mixer == "full_attention", "model: layer ", l, " has mixer '", s.mixer,
+               "', expected full_attention or linear_attention");
+      blocks_.push_back(std::make_unique<AttentionKind>(cfg_, s, l, b));
+    }
     blocks_.push_back(std::make_unique<MlpKind>(cfg_, l, b));
   }
   head_ = std::make_unique<LmHeadKind>(cfg_, input_->weight_offset(), b);
@@ -64,6 +71,8 @@ template <class E>
 std::unique_ptr<Block<E>> make_block(const LayerKind& k) {
   if (auto* a = dynamic_cast<const AttentionKind*>(&k)) return std::make_unique<BlockOf<AttentionKind, E>>(*a);
   if (auto* m = dynamic_cast<const MlpKind*>(&k)) return std::make_unique<BlockOf<MlpKind, E>>(*m);
+  if constexpr (E::kHasGdn)
+    if (auto* g = dynamic_cast<const GdnKind*>(&k)) return std::make_unique<BlockOf<GdnKind, E>>(*g);
   throw Error(str("model: layer kind '", k.kind(), "' has no block on the ", E::kName, " backend"));
 }
 
@@ -203,6 +212,13 @@ void Decoder<E>::init(uint64_t seed) {
     Param* w = base + p.offset;
     switch (p.role) {
       case ParamRole::kNormWeight: exec_.fill(w, p.numel, 1.0f); break;
+      case ParamRole::kLogDecay: {  // log of uniform (0, 16], from the tensor's own stream
+        SplitMix64 rng{param_init_seed(seed, p.name)};
+        std::vector<Param> host(p.numel);
+        for (Param& x : host) x = (Param)std::log(16.0 * (1.0 - rng.uniform()));
+        exec_.upload(w, host.data(), sizeof(Param) * host.size());
+        break;
+      }
       case ParamRole::kMatrix:
         exec_.init_normal(w, p.numel, param_init_seed(seed, p.name), config().initializer_range);
         break;

@@ -12,6 +12,7 @@
 #include "ops/cpu/adamw.h"
 #include "ops/cpu/cross_entropy.h"
 #include "ops/cpu/embedding.h"
+#include "ops/cpu/gdn.h"
 #include "ops/cpu/matmul.h"
 #include "ops/cpu/rmsnorm.h"
 #include "ops/cpu/rope.h"
@@ -192,6 +193,98 @@ template <class T>
 void CpuExec<T>::sample_rows(int32_t* token, double* logprob, const Act* logits, int R, int V, double temperature,
                              const uint64_t* keys) {
   cpu::sample_rows(token, logprob, logits, R, V, temperature, keys);
+}
+
+template <class T>
+void CpuExec<T>::path_prev(int32_t* prev, const Layout& l, int N) {
+  cpu::path_prev(prev, l.node_start, l.node_len, l.node_parent, l.num_nodes, N);
+}
+
+template <class T>
+void CpuExec<T>::conv1d_silu_forward(Act* out, const Act* x, const Weight* w, const int32_t* prev, int N, int C,
+                                     int K) {
+  cpu::conv1d_silu_forward(out, x, w, prev, N, C, K);
+}
+
+template <class T>
+void CpuExec<T>::conv1d_silu_backward(Act* dx, Param* dw, const Act* dout, const Act* x, const Weight* w,
+                                      const int32_t* prev, int N, int C, int K) {
+  cpu::conv1d_silu_backward(dx, dw, dout, x, w, prev, N, C, K);
+}
+
+template <class T>
+void CpuExec<T>::copy_cols(Act* out, const Act* in, int N, int in_cols, int col0, int cols) {
+  for (int i = 0; i < N; i++) std::copy_n(in + (size_t)i * in_cols + col0, cols, out + (size_t)i * cols);
+}
+
+template <class T>
+void CpuExec<T>::add_cols(Act* out, const Act* in, int N, int out_cols, int col0, int cols) {
+  for (int i = 0; i < N; i++)
+    for (int c = 0; c < cols; c++) out[(size_t)i * out_cols + col0 + c] += in[(size_t)i * cols + c];
+}
+
+template <class T>
+void CpuExec<T>::l2norm_forward(Act* y, Stat* rstd, const Act* x, int rows, int D, double eps) {
+  cpu::l2norm_forward(y, rstd, x, rows, D, eps);
+}
+
+template <class T>
+void CpuExec<T>::l2norm_backward(Act* dx, const Act* dy, const Act* x, const Stat* rstd, int rows, int D) {
+  cpu::l2norm_backward(dx, dy, x, rstd, rows, D);
+}
+
+template <class T>
+void CpuExec<T>::gated_rmsnorm_forward(Act* y, Stat* rstd, const Act* x, const Act* z, const Weight* w, int rows,
+                                       int D, double eps) {
+  cpu::gated_rmsnorm_forward(y, rstd, x, z, w, rows, D, eps);
+}
+
+template <class T>
+void CpuExec<T>::gated_rmsnorm_backward(Act* dx, Act* dz, Param* dw, const Act* dy, const Act* x, const Act* z,
+                                        const Weight* w, const Stat* rstd, int rows, int D) {
+  cpu::gated_rmsnorm_backward(dx, dz, dw, dy, x, z, w, rstd, rows, D);
+}
+
+template <class T>
+void CpuExec<T>::gdn_gates_forward(Act* g, Act* beta, const Act* a, const Act* b, const Weight* A_log,
+                                   const Weight* dt_bias, int N, int H) {
+  cpu::gdn_gates_forward(g, beta, a, b, A_log, dt_bias, N, H);
+}
+
+template <class T>
+void CpuExec<T>::gdn_gates_backward(Act* da, Act* db, Param* dA_log, Param* ddt_bias, const Act* dg, const Act* dbeta,
+                                    const Act* a, const Act* b, const Weight* A_log, const Weight* dt_bias, int N,
+                                    int H) {
+  cpu::gdn_gates_backward(da, db, dA_log, ddt_bias, dg, dbeta, a, b, A_log, dt_bias, N, H);
+}
+
+namespace {
+template <class L>
+cpu::GdnTree gdn_tree(const L& l, int N, int nk, int nv, int dk, int dv, double scale) {
+  cpu::GdnTree t;
+  t.node_start = l.node_start;
+  t.node_len = l.node_len;
+  t.node_parent = l.node_parent;
+  t.num_nodes = l.num_nodes;
+  t.N = N;
+  t.nk = nk, t.nv = nv, t.dk = dk, t.dv = dv;
+  t.scale = scale;
+  return t;
+}
+}  // namespace
+
+template <class T>
+void CpuExec<T>::gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Act* g, const Act* beta,
+                             const Layout& layout, int N, int nk, int nv, int dk, int dv, double scale) {
+  cpu::gdn_tree_forward(o, nullptr, q, k, v, g, beta, nullptr, gdn_tree(layout, N, nk, nv, dk, dv, scale));
+}
+
+template <class T>
+void CpuExec<T>::gdn_backward(Act* dq, Act* dk, Act* dv, Act* dg, Act* dbeta, const Act* d_o, const Act* q,
+                              const Act* k, const Act* v, const Act* g, const Act* beta, const Layout& layout, int N,
+                              int nk, int nv, int dk_, int dv_, double scale) {
+  cpu::gdn_tree_backward(dq, dk, dv, dg, dbeta, nullptr, d_o, nullptr, q, k, v, g, beta, nullptr,
+                         gdn_tree(layout, N, nk, nv, dk_, dv_, scale));
 }
 
 template class CpuExec<float>;

@@ -72,6 +72,7 @@ class CpuExec {
   static constexpr int kMaxExternalKV = INT_MAX;
   static int max_external_kv(bool) { return INT_MAX; }
   static constexpr int64_t kDefaultHeadChunkBytes = INT64_MAX;  // one chunk: every head row at once
+  static constexpr bool kHasGdn = true;  // the Gated DeltaNet ops below (model/gdn.h)
 
   explicit CpuExec(const Options& = {}) {}
   // Every config the model accepts runs here.
@@ -131,6 +132,29 @@ class CpuExec {
                      int rows, int V, double dloss);
   void sample_rows(int32_t* token, double* logprob, const Act* logits, int R, int V, double temperature,
                    const uint64_t* keys);
+  // Gated DeltaNet (ops/cpu/gdn.h; dx-style outputs +=, as there, except gdn_gates_backward's da, db).
+  void path_prev(int32_t* prev, const Layout& layout, int N);
+  void conv1d_silu_forward(Act* out, const Act* x, const Weight* w, const int32_t* prev, int N, int C, int K);
+  void conv1d_silu_backward(Act* dx, Param* dw, const Act* dout, const Act* x, const Weight* w, const int32_t* prev,
+                            int N, int C, int K);
+  // out (N, cols) = in[:, col0 : col0 + cols] of in (N, in_cols); add_cols adds back the other way.
+  void copy_cols(Act* out, const Act* in, int N, int in_cols, int col0, int cols);
+  void add_cols(Act* out, const Act* in, int N, int out_cols, int col0, int cols);
+  void l2norm_forward(Act* y, Stat* rstd, const Act* x, int rows, int D, double eps);
+  void l2norm_backward(Act* dx, const Act* dy, const Act* x, const Stat* rstd, int rows, int D);
+  void gated_rmsnorm_forward(Act* y, Stat* rstd, const Act* x, const Act* z, const Weight* w, int rows, int D,
+                             double eps);
+  void gated_rmsnorm_backward(Act* dx, Act* dz, Param* dw, const Act* dy, const Act* x, const Act* z, const Weight* w,
+                              const Stat* rstd, int rows, int D);
+  void gdn_gates_forward(Act* g, Act* beta, const Act* a, const Act* b, const Weight* A_log, const Weight* dt_bias,
+                         int N, int H);
+  void gdn_gates_backward(Act* da, Act* db, Param* dA_log, Param* ddt_bias, const Act* dg, const Act* dbeta,
+                          const Act* a, const Act* b, const Weight* A_log, const Weight* dt_bias, int N, int H);
+  void gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Act* g, const Act* beta,
+                   const Layout& layout, int N, int nk, int nv, int dk, int dv, double scale);
+  void gdn_backward(Act* dq, Act* dk, Act* dv, Act* dg, Act* dbeta, const Act* d_o, const Act* q, const Act* k,
+                    const Act* v, const Act* g, const Act* beta, const Layout& layout, int N, int nk, int nv,
+                    int k_dim, int v_dim, double scale);
   // Profiling scopes are a GPU notion; here they do nothing.
   void begin_head() {}
   void end_head() {}

@@ -87,6 +87,7 @@ class CudaExec {
   // batch (every row its own one-token tree).
   static int max_external_kv(bool singletons) { return singletons ? INT_MAX : kMaxExternalKV; }
   static constexpr int64_t kDefaultHeadChunkBytes = int64_t(1) << 30;  // of bf16 logits per chunk
+  static constexpr bool kHasGdn = false;  // no Gated DeltaNet kernels yet: check_model refuses such layers
 
   // Creates the stream, the allocator and the GEMM handle on the current device. Throws
   // tt::Error when no CUDA device is usable.
@@ -96,7 +97,7 @@ class CudaExec {
   CudaExec& operator=(const CudaExec&) = delete;
 
   // Throws tt::Error naming the key for a config the kernels cannot run (head_dim other than 64
-  // or 128).
+  // or 128, linear_attention layers).
   static void check_model(const ModelConfig& cfg);
 
   cudaStream_t stream() const { return stream_; }

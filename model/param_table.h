@@ -18,7 +18,8 @@ namespace tt::model {
 // What a tensor is, which fixes its initialisation and whether weight decay applies.
 enum class ParamRole {
   kMatrix,      // a projection or embedding: normal(0, initializer_range), weight decay
-  kNormWeight,  // an RMSNorm scale: ones, no weight decay
+  kNormWeight,  // an RMSNorm scale (and a Gated DeltaNet dt_bias): ones, no weight decay
+  kLogDecay,    // a Gated DeltaNet A_log: log(A), A uniform in (0, 16] (HF's init), no weight decay
 };
 
 struct ParamInfo {

@@ -302,6 +302,10 @@ int resolve_device(const std::string& device, const model::ModelConfig& cfg, int
     spdlog::info("device: auto -> cpu (model.head_dim {}: the CUDA attention takes 64 or 128)", cfg.head_dim);
     return -1;
   }
+  if (cfg.has_linear_attention()) {
+    spdlog::info("device: auto -> cpu (linear_attention layers: no CUDA Gated DeltaNet kernels yet)");
+    return -1;
+  }
   const int gpu = bind_gpu(local_rank, local_world_size, n);
   const cudaDeviceProp prop = device_props(gpu);
   if (const std::string bad = unsupported_gpu(prop); !bad.empty()) {

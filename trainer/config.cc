@@ -57,6 +57,11 @@ const std::vector<Field>& fields() {
       TT_FIELD("model.initializer_range", model.initializer_range),
       TT_FIELD("model.max_position_embeddings", model.max_position_embeddings),
       TT_FIELD("model.layer_types", model.layer_types),
+      TT_FIELD("model.linear_num_key_heads", model.linear_num_key_heads),
+      TT_FIELD("model.linear_num_value_heads", model.linear_num_value_heads),
+      TT_FIELD("model.linear_key_head_dim", model.linear_key_head_dim),
+      TT_FIELD("model.linear_value_head_dim", model.linear_value_head_dim),
+      TT_FIELD("model.linear_conv_kernel_dim", model.linear_conv_kernel_dim),
       TT_FIELD("model.init_from", init_from, {}, true),
       TT_FIELD("data.path", data.path, {}, true),
       TT_FIELD("data.format", data.format, {"rollouts", "tree"}),
@@ -481,6 +486,10 @@ void RunConfig::validate() const {
     require(cap <= data.max_tokens_per_batch, "partition.capacity_tokens",
             "<= data.max_tokens_per_batch (" + i(data.max_tokens_per_batch) + "): a piece must fit a micro-batch",
             i(cap), "data.max_tokens_per_batch");
+    require(!model.has_linear_attention(), "partition.capacity_tokens",
+            "0 with linear_attention layers in model.layer_types (partition gateways do not carry their recurrent "
+            "state and conv tail yet)",
+            i(cap), "model.layer_types");
   }
   in_set("distributed.mode", distributed.mode, {"auto", "torchrun", "slurm", "off"});
   in_set("distributed.comm", distributed.comm, {"auto", "cpu", "nccl"});

@@ -26,6 +26,8 @@ namespace {
 
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 double silu(double x) { return x * sigmoid(x); }
+// softplus(x) = log(1 + e^x), computed without overflow; its derivative is sigmoid(x).
+double softplus(double x) { return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x)); }
 double dsilu(double x) {
   const double s = sigmoid(x);
   return s * (1.0 + x * (1.0 - s));
@@ -221,6 +223,39 @@ void gated_rmsnorm_backward(T* dx, T* dz, T* dw, const T* dy, const T* x, const 
   }
   if (dw)
     for (int c = 0; c < D; c++) dw[c] = (T)((double)dw[c] + gw[c]);
+}
+
+template <class T>
+void gdn_gates_forward(T* g, T* beta, const T* a, const T* b, const T* A_log, const T* dt_bias, int N, int H) {
+  TT_CHECK(N >= 0 && H > 0, "gdn_gates_forward: expected N >= 0, H > 0, got ", N, ", ", H);
+  for (int i = 0; i < N; i++)
+    for (int h = 0; h < H; h++) {
+      const size_t e = (size_t)i * H + h;
+      beta[e] = (T)sigmoid((double)b[e]);
+      g[e] = (T)(-std::exp((double)A_log[h]) * softplus((double)a[e] + (double)dt_bias[h]));
+    }
+}
+
+template <class T>
+void gdn_gates_backward(T* da, T* db, T* dA_log, T* ddt_bias, const T* dg, const T* dbeta, const T* a, const T* b,
+                        const T* A_log, const T* dt_bias, int N, int H) {
+  TT_CHECK(N >= 0 && H > 0, "gdn_gates_backward: expected N >= 0, H > 0, got ", N, ", ", H);
+  std::vector<double> gA(H, 0.0), gdt(H, 0.0);
+  for (int i = 0; i < N; i++)
+    for (int h = 0; h < H; h++) {
+      const size_t e = (size_t)i * H + h;
+      const double sb = sigmoid((double)b[e]);
+      db[e] = (T)((double)dbeta[e] * sb * (1.0 - sb));
+      const double x = (double)a[e] + (double)dt_bias[h], A = std::exp((double)A_log[h]);
+      const double dx = -(double)dg[e] * A * sigmoid(x);  // d g / d x = -A sigmoid(x)
+      da[e] = (T)dx;
+      gdt[h] += dx;
+      gA[h] += (double)dg[e] * (-A * softplus(x));  // d g / d A_log = g
+    }
+  for (int h = 0; h < H; h++) {
+    if (dA_log) dA_log[h] = (T)((double)dA_log[h] + gA[h]);
+    if (ddt_bias) ddt_bias[h] = (T)((double)ddt_bias[h] + gdt[h]);
+  }
 }
 
 template <class T>
@@ -477,6 +512,9 @@ void gdn_tree_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, double* d_init, con
   template void l2norm_backward<T>(T*, const T*, const T*, const T*, int, int);                                 \
   template void gated_rmsnorm_forward<T>(T*, T*, const T*, const T*, const T*, int, int, double);               \
   template void gated_rmsnorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, int); \
+  template void gdn_gates_forward<T>(T*, T*, const T*, const T*, const T*, const T*, int, int);                 \
+  template void gdn_gates_backward<T>(T*, T*, T*, T*, const T*, const T*, const T*, const T*, const T*, const T*,  \
+                                      int, int);                                                                 \
   template void gdn_tree_forward<T>(T*, double*, const T*, const T*, const T*, const T*, const T*, const double*, \
                                     const GdnTree&);                                                            \
   template void gdn_tree_forward_chunked<T>(T*, double*, const T*, const T*, const T*, const T*, const T*,      \

@@ -51,6 +51,15 @@ template <class T>
 void gated_rmsnorm_backward(T* dx, T* dz, T* dw, const T* dy, const T* x, const T* z, const T* w, const T* rstd,
                             int rows, int D);
 
+// The gates per row and value head (HF Qwen3NextGatedDeltaNet): beta = sigmoid(b),
+// g = -exp(A_log[h]) softplus(a + dt_bias[h]). a, b, g, beta (N, H); A_log, dt_bias (H).
+template <class T>
+void gdn_gates_forward(T* g, T* beta, const T* a, const T* b, const T* A_log, const T* dt_bias, int N, int H);
+// da, db (N, H) overwritten; dA_log, ddt_bias (H) += (either may be null).
+template <class T>
+void gdn_gates_backward(T* da, T* db, T* dA_log, T* ddt_bias, const T* dg, const T* dbeta, const T* a, const T* b,
+                        const T* A_log, const T* dt_bias, int N, int H);
+
 // The packed tree and the head shape of a gated delta rule call.
 struct GdnTree {
   const int32_t* node_start = nullptr;  // (num_nodes)

@@ -332,12 +332,15 @@ TEST(Flops, MatchTheFormerCount) {
 
 TEST(LayerTypes, UnknownEntryIsAnErrorNamingIt) {
   ModelConfig c = tiny_config("qwen3", false);
-  c.layer_types = {"full_attention", "linear_attention"};
+  c.layer_types = {"full_attention", "mamba"};
   try {
     c.validate();
     FAIL() << "expected tt::Error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("layer_types entry 1 is \"linear_attention\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("layer_types entry 1 is \"mamba\", not a layer kind of this model (supported: "
+                                         "\"full_attention\", \"linear_attention\")"),
+              std::string::npos)
+        << e.what();
   }
   c.layer_types = {"full_attention"};
   EXPECT_THROW(c.validate(), Error);  // one per layer

@@ -185,6 +185,29 @@ TEST(Gdn, GatedRmsNormGradientByFiniteDifferences) {
   check_gradient("dw", &w, dw, objective);
 }
 
+TEST(Gdn, GatesGradientByFiniteDifferences) {
+  std::mt19937_64 rng(11);
+  const int N = 4, H = 3;
+  std::vector<double> a = randn(rng, N * H), b = randn(rng, N * H), A_log = randn(rng, H, 0.5),
+                      dt = randn(rng, H, 0.5), Rg = randn(rng, N * H), Rb = randn(rng, N * H);
+  std::vector<double> g(N * H), beta(N * H);
+  auto objective = [&] {
+    gdn_gates_forward(g.data(), beta.data(), a.data(), b.data(), A_log.data(), dt.data(), N, H);
+    return dot_objective(g, Rg) + dot_objective(beta, Rb);
+  };
+  objective();
+  const double x = a[4] + dt[1];
+  EXPECT_NEAR(g[4], -std::exp(A_log[1]) * std::log1p(std::exp(x)), 1e-14);
+  EXPECT_NEAR(beta[4], 1 / (1 + std::exp(-b[4])), 1e-15);
+  std::vector<double> da(N * H), db(N * H), dA(H, 0.0), ddt(H, 0.0);
+  gdn_gates_backward(da.data(), db.data(), dA.data(), ddt.data(), Rg.data(), Rb.data(), a.data(), b.data(),
+                     A_log.data(), dt.data(), N, H);
+  check_gradient("da", &a, da, objective);
+  check_gradient("db", &b, db, objective);
+  check_gradient("dA_log", &A_log, dA, objective);
+  check_gradient("ddt_bias", &dt, ddt, objective);
+}
+
 // Inputs of one gated delta rule call on a layout.
 struct GdnInputs {
   GdnTree t;

@@ -1,0 +1,244 @@
+// Layer kind "linear_attention" (Gated DeltaNet): parameters, FLOPs, forward and backward (see
+// gdn.h). Written once over the op vocabulary; instantiated for the backends that have the GDN
+// ops (E::kHasGdn: the CPU reference so far).
+#include "model/gdn.h"
+
+#include <cmath>
+
+#include "base/check.h"
+#include "model/carve.h"
+#include "model/exec_cpu.h"
+
+namespace tt::model {
+
+GdnKind::GdnKind(const ModelConfig& cfg, int layer, ParamTable::Builder& b)
+    : LayerKind(layer, ParamSlice{}),
+      C_((int)cfg.hidden_size),
+      nk_((int)cfg.linear_num_key_heads),
+      nv_((int)cfg.linear_num_value_heads),
+      dk_((int)cfg.linear_key_head_dim),
+      dv_((int)cfg.linear_value_head_dim),
+      K_((int)cfg.linear_conv_kernel_dim),
+      eps_(cfg.rms_norm_eps) {
+  TT_CHECK(nk_ > 0 && nv_ > 0 && dk_ > 0 && dv_ > 0 && K_ > 0, "model: layer ", layer,
+           " is linear_attention but the linear_* sizes are not set (ModelConfig::validate says which)");
+  KD_ = nk_ * dk_;
+  VD_ = nv_ * dv_;
+  CD_ = 2 * KD_ + VD_;
+  const std::string pre = str("model.layers.", layer, ".");
+  const std::string la = pre + "linear_attn.";
+  const int64_t C = C_;
+  b.begin_block(pre + "linear_attn");
+  const int first = b.add(pre + "input_layernorm.weight", {C}, ParamRole::kNormWeight);
+  in_norm_ = b.offset(first);
+  w_qkv_ = b.offset(b.add(la + "in_proj_qkv.weight", {CD_, C}, ParamRole::kMatrix));
+  w_z_ = b.offset(b.add(la + "in_proj_z.weight", {VD_, C}, ParamRole::kMatrix));
+  w_b_ = b.offset(b.add(la + "in_proj_b.weight", {nv_, C}, ParamRole::kMatrix));
+  w_a_ = b.offset(b.add(la + "in_proj_a.weight", {nv_, C}, ParamRole::kMatrix));
+  conv_ = b.offset(b.add(la + "conv1d.weight", {CD_, 1, K_}, ParamRole::kMatrix));
+  a_log_ = b.offset(b.add(la + "A_log", {nv_}, ParamRole::kLogDecay));
+  dt_bias_ = b.offset(b.add(la + "dt_bias", {nv_}, ParamRole::kNormWeight));  // ones, no decay
+  norm_ = b.offset(b.add(la + "norm.weight", {dv_}, ParamRole::kNormWeight));
+  const int last = b.add(la + "out_proj.weight", {C, VD_}, ParamRole::kMatrix);
+  w_out_ = b.offset(last);
+  b.end_block();
+  slice_ = ParamSlice{pre + "linear_attn", first, last + 1};
+}
+
+Flops GdnKind::flops(const Work& w, Pass p) const {
+  // Per token: the projections' and the conv's multiply-adds (pass_factor counts a multiply-add
+  // as 2 forward and 4 backward FLOPs), and the delta rule's per value head: decay, S^T k, the
+  // rank-1 update and S^T q, 4 dk dv multiply-adds (the chunked form's extra O(chunk dk) work per
+  // token is not counted: it is an implementation's, not the model's).
+  const double per_token = (double)C_ * (CD_ + VD_ + 2.0 * nv_) + (double)VD_ * C_ + (double)CD_ * K_ +
+                           4.0 * nv_ * (double)dk_ * dv_ + (double)C_;
+  const double f = pass_factor(p) * per_token * (double)w.tokens;
+  return Flops{f, f};
+}
+
+template <class E>
+struct GdnKind::Saved {
+  using Act = typename E::Act;
+  using Stat = typename E::Stat;
+  Act* n;            // (N, C) input_layernorm output
+  Stat* rstd;        // (N)
+  Act* qkv;          // (N, CD) before the conv
+  Act* z;            // (N, VD)
+  Act* a;            // (N, nv)
+  Act* b;            // (N, nv)
+  Act* u;            // (N, CD) after conv + SiLU
+  Act* q;            // (N, nk, dk) before the L2 norm
+  Act* k;            // (N, nk, dk)
+  Stat* q_rstd;      // (N nk)
+  Stat* k_rstd;      // (N nk)
+  Act* qn;           // (N, nk, dk)
+  Act* kn;           // (N, nk, dk)
+  Act* v;            // (N, nv, dv)
+  Act* g;            // (N, nv) log decay
+  Act* beta;         // (N, nv)
+  Act* o;            // (N, nv, dv) the delta rule's output
+  Act* y;            // (N, nv, dv) gated norm output
+  Stat* y_rstd;      // (N nv)
+  int32_t* prev;     // (N) path_prev
+  size_t bytes;
+
+  Saved(const GdnKind& m, int N, char* base) {
+    const int64_t n = N;
+    Carver c{base};
+    this->n = c.take<Act>(n * m.C_);
+    rstd = c.take<Stat>(n);
+    qkv = c.take<Act>(n * m.CD_);
+    z = c.take<Act>(n * m.VD_);
+    a = c.take<Act>(n * m.nv_);
+    b = c.take<Act>(n * m.nv_);
+    u = c.take<Act>(n * m.CD_);
+    q = c.take<Act>(n * m.KD_);
+    k = c.take<Act>(n * m.KD_);
+    q_rstd = c.take<Stat>(n * m.nk_);
+    k_rstd = c.take<Stat>(n * m.nk_);
+    qn = c.take<Act>(n * m.KD_);
+    kn = c.take<Act>(n * m.KD_);
+    v = c.take<Act>(n * m.VD_);
+    g = c.take<Act>(n * m.nv_);
+    beta = c.take<Act>(n * m.nv_);
+    o = c.take<Act>(n * m.VD_);
+    y = c.take<Act>(n * m.VD_);
+    y_rstd = c.take<Stat>(n * m.nv_);
+    prev = c.take<int32_t>(n);
+    bytes = c.bytes();
+  }
+};
+
+template <class E>
+struct GdnKind::Scratch {
+  using Act = typename E::Act;
+  Act* dy;    // (N, VD)
+  Act* d_o;   // (N, VD)
+  Act* dz;    // (N, VD)
+  Act* dqn;   // (N, KD)
+  Act* dkn;   // (N, KD)
+  Act* dv;    // (N, VD)
+  Act* dg;    // (N, nv)
+  Act* dbeta; // (N, nv)
+  Act* da;    // (N, nv)
+  Act* db;    // (N, nv)
+  Act* dq;    // (N, KD)
+  Act* dk;    // (N, KD)
+  Act* du;    // (N, CD)
+  Act* dqkv;  // (N, CD)
+  size_t bytes;
+
+  Scratch(const GdnKind& m, int N, char* base) {
+    const int64_t n = N;
+    Carver c{base};
+    dy = c.take<Act>(n * m.VD_);
+    d_o = c.take<Act>(n * m.VD_);
+    dz = c.take<Act>(n * m.VD_);
+    dqn = c.take<Act>(n * m.KD_);
+    dkn = c.take<Act>(n * m.KD_);
+    dv = c.take<Act>(n * m.VD_);
+    dg = c.take<Act>(n * m.nv_);
+    dbeta = c.take<Act>(n * m.nv_);
+    da = c.take<Act>(n * m.nv_);
+    db = c.take<Act>(n * m.nv_);
+    dq = c.take<Act>(n * m.KD_);
+    dk = c.take<Act>(n * m.KD_);
+    du = c.take<Act>(n * m.CD_);
+    dqkv = c.take<Act>(n * m.CD_);
+    bytes = c.bytes();
+  }
+};
+
+template <class E>
+size_t GdnKind::saved_bytes(int N) const {
+  return Saved<E>(*this, N, nullptr).bytes;
+}
+
+template <class E>
+size_t GdnKind::scratch_bytes(int N) const {
+  return Scratch<E>(*this, N, nullptr).bytes;
+}
+
+template <class E>
+void GdnKind::forward(E& e, const BlockCall<E>& c) const {
+  if (c.carry || c.store_k || c.store_v)
+    throw Error(str("model: layer ", layer_, " is linear_attention, which does not read or write a carry yet (its "
+                    "recurrent state and conv tail across a partition cut or in the inference cache): train it "
+                    "unpartitioned (partition.capacity_tokens: 0); generation needs full_attention layers"));
+  const int N = c.batch->N, C = C_;
+  const Saved<E> s(*this, N, c.saved);  // no-grad: the region every block shares
+  const auto* w = c.w;
+  e.rmsnorm_forward(s.n, s.rstd, c.x_in, w + in_norm_, N, C, eps_);
+  e.linear(s.qkv, s.n, w + w_qkv_, N, C, CD_);
+  e.linear(s.z, s.n, w + w_z_, N, C, VD_);
+  e.linear(s.b, s.n, w + w_b_, N, C, nv_);
+  e.linear(s.a, s.n, w + w_a_, N, C, nv_);
+  e.path_prev(s.prev, c.batch->layout, N);
+  e.conv1d_silu_forward(s.u, s.qkv, w + conv_, s.prev, N, CD_, K_);
+  e.copy_cols(s.q, s.u, N, CD_, 0, KD_);
+  e.copy_cols(s.k, s.u, N, CD_, KD_, KD_);
+  e.copy_cols(s.v, s.u, N, CD_, 2 * KD_, VD_);
+  e.l2norm_forward(s.qn, s.q_rstd, s.q, N * nk_, dk_, 1e-6);
+  e.l2norm_forward(s.kn, s.k_rstd, s.k, N * nk_, dk_, 1e-6);
+  e.gdn_gates_forward(s.g, s.beta, s.a, s.b, w + a_log_, w + dt_bias_, N, nv_);
+  e.gdn_forward(s.o, s.qn, s.kn, s.v, s.g, s.beta, c.batch->layout, N, nk_, nv_, dk_, dv_, 1.0 / std::sqrt((double)dk_));
+  e.gated_rmsnorm_forward(s.y, s.y_rstd, s.o, s.z, w + norm_, N * nv_, dv_, eps_);
+  e.linear(c.sum, s.y, w + w_out_, N, VD_, C);
+  e.residual_add(c.x_out, c.x_in, c.sum, (int64_t)N * C);
+}
+
+template <class E>
+void GdnKind::backward(E& e, const BlockCall<E>& c) const {
+  const int N = c.batch->N, C = C_;
+  const Saved<E> s(*this, N, c.saved);
+  const Scratch<E> t(*this, N, c.scratch);
+  const auto* w = c.w;
+  auto* g = c.g;
+  using Act = typename E::Act;
+  auto zero = [&](Act* p, int64_t n) { e.zero(p, sizeof(Act) * (size_t)n); };
+  const int64_t n = N;
+  e.linear_dx(t.dy, c.dx, w + w_out_, N, VD_, C, /*accumulate=*/false);
+  e.linear_dw(g + w_out_, c.dx, s.y, N, VD_, C);
+  zero(t.d_o, n * VD_);
+  zero(t.dz, n * VD_);
+  e.gated_rmsnorm_backward(t.d_o, t.dz, g + norm_, t.dy, s.o, s.z, w + norm_, s.y_rstd, N * nv_, dv_);
+  zero(t.dqn, n * KD_);
+  zero(t.dkn, n * KD_);
+  zero(t.dv, n * VD_);
+  zero(t.dg, n * nv_);
+  zero(t.dbeta, n * nv_);
+  e.gdn_backward(t.dqn, t.dkn, t.dv, t.dg, t.dbeta, t.d_o, s.qn, s.kn, s.v, s.g, s.beta, c.batch->layout, N, nk_, nv_,
+                 dk_, dv_, 1.0 / std::sqrt((double)dk_));
+  e.gdn_gates_backward(t.da, t.db, g + a_log_, g + dt_bias_, t.dg, t.dbeta, s.a, s.b, w + a_log_, w + dt_bias_, N,
+                       nv_);
+  zero(t.dq, n * KD_);
+  zero(t.dk, n * KD_);
+  e.l2norm_backward(t.dq, t.dqn, s.q, s.q_rstd, N * nk_, dk_);
+  e.l2norm_backward(t.dk, t.dkn, s.k, s.k_rstd, N * nk_, dk_);
+  zero(t.du, n * CD_);
+  e.add_cols(t.du, t.dq, N, CD_, 0, KD_);
+  e.add_cols(t.du, t.dk, N, CD_, KD_, KD_);
+  e.add_cols(t.du, t.dv, N, CD_, 2 * KD_, VD_);
+  zero(t.dqkv, n * CD_);
+  e.conv1d_silu_backward(t.dqkv, g + conv_, t.du, s.qkv, w + conv_, s.prev, N, CD_, K_);
+  e.linear_dx(c.sum, t.dqkv, w + w_qkv_, N, C, CD_, /*accumulate=*/false);
+  e.linear_dx(c.sum, t.dz, w + w_z_, N, C, VD_, /*accumulate=*/true);
+  e.linear_dx(c.sum, t.db, w + w_b_, N, C, nv_, /*accumulate=*/true);
+  e.linear_dx(c.sum, t.da, w + w_a_, N, C, nv_, /*accumulate=*/true);
+  e.linear_dw(g + w_qkv_, t.dqkv, s.n, N, C, CD_);
+  e.linear_dw(g + w_z_, t.dz, s.n, N, C, VD_);
+  e.linear_dw(g + w_b_, t.db, s.n, N, C, nv_);
+  e.linear_dw(g + w_a_, t.da, s.n, N, C, nv_);
+  e.rmsnorm_backward(c.dx, g + in_norm_, c.sum, c.x_in, w + in_norm_, s.rstd, N, C, /*accumulate_dx=*/true);
+}
+
+#define TT_GDN_INSTANTIATE(E)                                                \
+  template size_t GdnKind::saved_bytes<E>(int) const;                        \
+  template size_t GdnKind::scratch_bytes<E>(int) const;                      \
+  template void GdnKind::forward<E>(E&, const BlockCall<E>&) const;          \
+  template void GdnKind::backward<E>(E&, const BlockCall<E>&) const;
+TT_GDN_INSTANTIATE(CpuExec<float>)
+TT_GDN_INSTANTIATE(CpuExec<double>)
+#undef TT_GDN_INSTANTIATE
+
+}  // namespace tt::model

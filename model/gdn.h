@@ -1,0 +1,66 @@
+// Layer kind "linear_attention": a Gated DeltaNet mixer block (Qwen3-Next / Qwen3.5's linear
+// attention; ../shared/research/anchors-ssm-vla.md section 1.4) whose conv window and recurrent
+// state follow the tree:
+//
+//   n = input_layernorm(x_in);  qkv = in_proj_qkv(n), z = in_proj_z(n), b = in_proj_b(n), a = in_proj_a(n)
+//   u = silu(conv1d(qkv)) along root-to-token paths (the window crosses ancestors; ops/cpu/gdn.h)
+//   q, k, v = split(u) (nk dk | nk dk | nv dv);  q, k L2-normalised per head (eps 1e-6)
+//   beta = sigmoid(b),  g = -exp(A_log) softplus(a + dt_bias)
+//   o = the gated delta rule (scale dk^-1/2; a node starts from its parent's end state)
+//   x_out = x_in + out_proj(gated_rmsnorm(o, z) per value head, weight norm.weight)
+//
+// Parameters (Qwen3.5's split projections, HF names under model.layers.<l>.):
+// input_layernorm.weight (C), linear_attn.{in_proj_qkv (2 nk dk + nv dv, C), in_proj_z (nv dv, C),
+// in_proj_b (nv, C), in_proj_a (nv, C)}.weight, linear_attn.conv1d.weight (2 nk dk + nv dv, 1, K),
+// linear_attn.A_log (nv), linear_attn.dt_bias (nv), linear_attn.norm.weight (dv),
+// linear_attn.out_proj.weight (C, nv dv). The norms here are plain-weight RMSNorms like the rest of
+// treetrain's Qwen3/Llama decoder (Qwen3.5 writes its layer norms zero-centred, 1 + w: that
+// belongs to the qwen3_5_text architecture, not yet here).
+// Saved (training forward): n, rstd, qkv (pre-conv), z, a, b, u, q, k (pre-norm), their rstds, qn,
+// kn, v, g, beta, o, y, y's rstd, and the batch's path_prev rows.
+// Carry: none yet. A batch that reads a carry (a partition gateway, the inference cache) would
+// need the recurrent state and conv tail of its ancestors, so forward refuses one (an error naming
+// the layer) instead of starting from a zero state. Runs on the CPU backend (E::kHasGdn); the CUDA
+// backend rejects such models in check_model.
+#pragma once
+
+#include <string>
+
+#include "model/block.h"
+#include "model/config.h"
+
+namespace tt::model {
+
+class GdnKind final : public LayerKind {
+ public:
+  // Adds the layer's tensors to the table (a block slice "model.layers.<l>.linear_attn").
+  GdnKind(const ModelConfig& cfg, int layer, ParamTable::Builder& b);
+
+  std::string kind() const override { return "linear_attention"; }
+  Flops flops(const Work& w, Pass p) const override;
+
+  template <class E>
+  size_t saved_bytes(int N) const;
+  template <class E>
+  size_t scratch_bytes(int N) const;
+  template <class E>
+  void forward(E& e, const BlockCall<E>& c) const;
+  template <class E>
+  void backward(E& e, const BlockCall<E>& c) const;
+  template <class E>
+  void export_carry(const char*, int, LayerCarry<E>&) const {}
+  int64_t carry_row_elems() const { return 0; }
+
+ private:
+  template <class E>
+  struct Saved;
+  template <class E>
+  struct Scratch;
+
+  int C_, nk_, nv_, dk_, dv_, K_;
+  int KD_, VD_, CD_;  // nk dk, nv dv, 2 KD + VD (the conv channels)
+  double eps_;
+  int64_t in_norm_, w_qkv_, w_z_, w_b_, w_a_, conv_, a_log_, dt_bias_, norm_, w_out_;
+};
+
+}  // namespace tt::model

@@ -1,0 +1,229 @@
+// A hybrid decoder (model/gdn.h: Gated DeltaNet "linear_attention" layers between full-attention
+// ones) on the CPU backend in fp64: its parameter table (HF names and shapes), gradients against
+// finite differences, tree == per-path (the exactness contract: a node's conv window and state
+// come from its own ancestors), a sibling's change leaving the other branch alone, and the
+// clear errors where a carry would be needed (partition gateways, the inference cache).
+// Bounds: fp64 against fp64, 1e-10 relative (the same terms summed in another order), as
+// tests/model/decoder_test.cc.
+#include "model/gdn.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "base/check.h"
+#include "data/packing.h"
+#include "data/reader.h"
+#include "model/decoder.h"
+#include "tests/model/model_test_util.h"
+
+namespace tt::model {
+namespace {
+
+using testing::tiny_config;
+
+ModelConfig hybrid_config() {
+  ModelConfig c = tiny_config("qwen3", false);
+  c.num_hidden_layers = 3;
+  c.layer_types = {"linear_attention", "full_attention", "linear_attention"};
+  c.linear_num_key_heads = 1;
+  c.linear_num_value_heads = 2;
+  c.linear_key_head_dim = 4;
+  c.linear_value_head_dim = 3;
+  c.linear_conv_kernel_dim = 4;
+  return c;
+}
+
+void init_for_test(Model<double>& m, uint64_t seed) {
+  m.init(seed);
+  std::mt19937_64 rng(seed + 17);
+  std::uniform_real_distribution<double> u(-0.2, 0.2);
+  for (const ParamInfo& p : m.params_info()) {
+    if (p.role == ParamRole::kMatrix) continue;
+    for (int64_t i = 0; i < p.numel; ++i) m.params()[p.offset + i] += u(rng);
+  }
+}
+
+double max_abs(const double* a, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(a[i]));
+  return m;
+}
+
+// A tree with branch points, one-token nodes (shorter than the conv window) and a fan of three.
+data::Tree test_tree(int64_t vocab) {
+  return data::parse_tree_line(
+      R"({"id":"t","nodes":[{"parent":-1,"tokens":[1,2]},{"parent":0,"tokens":[3]},{"parent":1,"tokens":[4]},)"
+      R"({"parent":2,"tokens":[5,6,7],"weight":2.0},{"parent":2,"tokens":[8]},{"parent":0,"tokens":[9,10,1,2]},)"
+      R"({"parent":0,"tokens":[3,3],"loss_mask":[1,0],"weight":-0.5}]})",
+      "test:1", vocab);
+}
+
+TEST(GdnDecoder, TableHasTheGatedDeltaNetTensors) {
+  Model<double> m(hybrid_config());
+  const ParamTable& t = m.table();
+  const int conv_dim = 2 * 1 * 4 + 2 * 3;
+  auto shape = [&](const std::string& name) {
+    const int i = t.find(name);
+    return i < 0 ? std::vector<int64_t>{} : t[i].shape;
+  };
+  const std::string la = "model.layers.0.linear_attn.";
+  EXPECT_EQ(shape("model.layers.0.input_layernorm.weight"), (std::vector<int64_t>{8}));
+  EXPECT_EQ(shape(la + "in_proj_qkv.weight"), (std::vector<int64_t>{conv_dim, 8}));
+  EXPECT_EQ(shape(la + "in_proj_z.weight"), (std::vector<int64_t>{6, 8}));
+  EXPECT_EQ(shape(la + "in_proj_b.weight"), (std::vector<int64_t>{2, 8}));
+  EXPECT_EQ(shape(la + "in_proj_a.weight"), (std::vector<int64_t>{2, 8}));
+  EXPECT_EQ(shape(la + "conv1d.weight"), (std::vector<int64_t>{conv_dim, 1, 4}));
+  EXPECT_EQ(shape(la + "A_log"), (std::vector<int64_t>{2}));
+  EXPECT_EQ(shape(la + "dt_bias"), (std::vector<int64_t>{2}));
+  EXPECT_EQ(shape(la + "norm.weight"), (std::vector<int64_t>{3}));
+  EXPECT_EQ(shape(la + "out_proj.weight"), (std::vector<int64_t>{8, 6}));
+  EXPECT_GE(t.find("model.layers.1.self_attn.q_proj.weight"), 0);
+  EXPECT_LT(t.find("model.layers.1.linear_attn.A_log"), 0);
+  EXPECT_GE(t.find("model.layers.2.linear_attn.out_proj.weight"), 0);
+  // A_log, dt_bias and the norms take no weight decay; the matrices and the conv do.
+  EXPECT_FALSE(t[t.find(la + "A_log")].decay);
+  EXPECT_FALSE(t[t.find(la + "dt_bias")].decay);
+  EXPECT_TRUE(t[t.find(la + "conv1d.weight")].decay);
+  EXPECT_EQ(m.num_params(), m.config().parameter_count());
+  // A_log is the log of a decay rate in (0, 16]: finite, at most log 16.
+  m.init(1);
+  const ParamInfo& a = t[t.find(la + "A_log")];
+  for (int64_t i = 0; i < a.numel; ++i) {
+    EXPECT_TRUE(std::isfinite(m.params()[a.offset + i]));
+    EXPECT_LE(m.params()[a.offset + i], std::log(16.0));
+  }
+}
+
+// Central differences on sampled entries of every tensor, Richardson-extrapolated: with
+// D(h) = (L(w + h) - L(w - h)) / 2h, (4 D(h/2) - D(h)) / 3 cancels the h^2 term, so the estimate's
+// truncation error is O(h^4) (the hybrid's gated products make the third derivative large enough
+// that plain D(1e-5) is off by ~1e-6 relative) and its rounding error ~1e-16 |L| / h = 1e-12 |L|
+// at h = 1e-4, far inside the bound 1e-6 |grad| + 1e-9 of decoder_test.cc.
+TEST(GdnDecoder, GradientsMatchFiniteDifferences) {
+  Model<double> m(hybrid_config());
+  init_for_test(m, 3);
+  const data::Tree tree = test_tree(m.config().vocab_size);
+  const data::PackedBatch b = data::pack({&tree}, data::Packing::kTree);
+  m.zero_grad();
+  m.forward(b, 0.5);
+  m.backward();
+  const std::vector<double> grad(m.grads(), m.grads() + m.num_params());
+  std::mt19937_64 rng(9);
+  const double h = 1e-4;
+  for (const ParamInfo& p : m.params_info()) {
+    std::vector<int64_t> idx(p.numel);
+    for (int64_t i = 0; i < p.numel; ++i) idx[i] = i;
+    std::shuffle(idx.begin(), idx.end(), rng);
+    idx.resize(std::min<int64_t>(p.numel, 6));
+    for (int64_t i : idx) {
+      double& w = m.params()[p.offset + i];
+      const double w0 = w;
+      auto central = [&](double step) {
+        w = w0 + step;
+        const double lp = m.forward(b, 0.5);
+        w = w0 - step;
+        const double lm = m.forward(b, 0.5);
+        w = w0;
+        return (lp - lm) / (2 * step);
+      };
+      const double fd = (4 * central(h / 2) - central(h)) / 3, an = grad[p.offset + i];
+      EXPECT_NEAR(an, fd, 1e-6 * std::fabs(an) + 1e-9) << p.name << "[" << i << "]";
+    }
+  }
+}
+
+TEST(GdnDecoder, TreeEqualsPerPath) {
+  Model<double> m(hybrid_config());
+  init_for_test(m, 4);
+  const data::Tree tree = test_tree(m.config().vocab_size);
+  const data::PackedBatch t = data::pack({&tree}, data::Packing::kTree);
+  const data::PackedBatch p = data::pack({&tree}, data::Packing::kPerPath);
+  ASSERT_GT(p.n_tokens, t.n_tokens);
+  m.zero_grad();
+  const double l_tree = m.forward(t, 1.0 / 4);
+  m.backward();
+  const std::vector<double> g_tree(m.grads(), m.grads() + m.num_params());
+  m.zero_grad();
+  const double l_paths = m.forward(p, 1.0 / 4);
+  m.backward();
+  EXPECT_NEAR(l_tree, l_paths, 1e-10 * std::fabs(l_tree));
+  double diff = 0;
+  for (int64_t i = 0; i < m.num_params(); ++i) diff = std::max(diff, std::fabs(g_tree[i] - m.grads()[i]));
+  EXPECT_LE(diff, 1e-10 * max_abs(g_tree.data(), m.num_params()));
+  EXPECT_GT(max_abs(g_tree.data(), m.num_params()), 1e-3);
+}
+
+// Changing the tokens of one branch changes nothing in its sibling's rows, however the siblings
+// sit in packed order (the recurrent state of a finished sibling must not flow into the next).
+TEST(GdnDecoder, ASiblingsChangeLeavesTheOtherBranchAlone) {
+  Model<double> m(hybrid_config());
+  init_for_test(m, 5);
+  auto logits = [&](const std::string& json) {
+    const data::Tree tree = data::parse_tree_line(json, "test:1", m.config().vocab_size);
+    const data::PackedBatch b = data::pack({&tree}, data::Packing::kTree);
+    return m.infer(b, InferRequest::all_logits()).logits;
+  };
+  const int V = (int)m.config().vocab_size;
+  // Root [1 2] (rows 0-1), first child [3 4 5] (rows 2-4), second child [6 7] (rows 5-6).
+  const std::vector<double> a =
+      logits(R"({"id":"t","nodes":[{"parent":-1,"tokens":[1,2]},{"parent":0,"tokens":[3,4,5]},{"parent":0,"tokens":[6,7]}]})");
+  const std::vector<double> b =
+      logits(R"({"id":"t","nodes":[{"parent":-1,"tokens":[1,2]},{"parent":0,"tokens":[9,8,7]},{"parent":0,"tokens":[6,7]}]})");
+  ASSERT_EQ(a.size(), (size_t)7 * V);
+  for (int r = 5; r < 7; ++r)
+    for (int v = 0; v < V; ++v) EXPECT_EQ(a[(size_t)r * V + v], b[(size_t)r * V + v]) << "row " << r;
+  bool changed = false;
+  for (int r = 2; r < 5; ++r)
+    for (int v = 0; v < V; ++v) changed |= a[(size_t)r * V + v] != b[(size_t)r * V + v];
+  EXPECT_TRUE(changed) << "the changed branch's own rows do change";
+}
+
+TEST(GdnDecoder, ACarryIsAnErrorNamingTheLayer) {
+  Model<double> m(hybrid_config());
+  init_for_test(m, 6);
+  const data::Tree tree = test_tree(m.config().vocab_size);
+  const data::PackedBatch b = data::pack({&tree}, data::Packing::kTree);
+  Carry<CpuExec<double>> carry(3);
+  Activations<CpuExec<double>> acts;
+  try {
+    m.forward(b, 1.0, acts, &carry);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model: layer 0 is linear_attention, which does not read or write a carry"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(GdnDecoder, ConfigNamesWhatALinearAttentionLayerNeeds) {
+  ModelConfig c = hybrid_config();
+  c.validate();
+  c.linear_conv_kernel_dim = 0;
+  try {
+    c.validate();
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("linear_conv_kernel_dim"), std::string::npos) << e.what();
+  }
+  c = hybrid_config();
+  c.linear_num_value_heads = 3;  // not a multiple of linear_num_key_heads = 2
+  c.linear_num_key_heads = 2;
+  try {
+    c.validate();
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("linear_num_value_heads"), std::string::npos) << e.what();
+  }
+  // The config.json round trip keeps the hybrid's fields.
+  const ModelConfig r = ModelConfig::from_hf_json(hybrid_config().to_hf_json(), "config.json");
+  EXPECT_EQ(r.layer_types, hybrid_config().layer_types);
+  EXPECT_EQ(r.linear_num_value_heads, 2);
+  EXPECT_EQ(r.linear_value_head_dim, 3);
+  EXPECT_EQ(r.linear_conv_kernel_dim, 4);
+}
+
+}  // namespace
+}  // namespace tt::model
