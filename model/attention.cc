@@ -16,20 +16,24 @@ AttentionKind::AttentionKind(const ModelConfig& cfg, const LayerSpec& spec, int 
       NKV_((int)cfg.num_key_value_heads),
       HS_((int)cfg.head_dim),
       eps_(cfg.rms_norm_eps),
-      qk_norm_(spec.qk_norm) {
+      qk_norm_(spec.qk_norm),
+      gate_(spec.output_gate),
+      norm_offset_(cfg.qwen3_5() ? 1.0 : 0.0) {
+  TT_CHECK(!gate_ || qk_norm_, "model: layer ", layer, ": the output gate is Qwen3.5's, which has q/k norms");
   const std::string pre = str("model.layers.", layer, ".");
   const int64_t C = C_, QD = (int64_t)NH_ * HS_, KD = (int64_t)NKV_ * HS_;
   b.begin_block(pre + "self_attn");
-  const int first = b.add(pre + "input_layernorm.weight", {C}, ParamRole::kNormWeight);
+  const ParamRole norm = cfg.qwen3_5() ? ParamRole::kZeroNorm : ParamRole::kNormWeight;
+  const int first = b.add(pre + "input_layernorm.weight", {C}, norm);
   in_norm_ = b.offset(first);
-  wq_ = b.offset(b.add(pre + "self_attn.q_proj.weight", {QD, C}, ParamRole::kMatrix));
+  wq_ = b.offset(b.add(pre + "self_attn.q_proj.weight", {gate_ ? 2 * QD : QD, C}, ParamRole::kMatrix));
   wk_ = b.offset(b.add(pre + "self_attn.k_proj.weight", {KD, C}, ParamRole::kMatrix));
   wv_ = b.offset(b.add(pre + "self_attn.v_proj.weight", {KD, C}, ParamRole::kMatrix));
   int last = b.add(pre + "self_attn.o_proj.weight", {C, QD}, ParamRole::kMatrix);
   wo_ = b.offset(last);
   if (qk_norm_) {
-    q_norm_ = b.offset(b.add(pre + "self_attn.q_norm.weight", {(int64_t)HS_}, ParamRole::kNormWeight));
-    last = b.add(pre + "self_attn.k_norm.weight", {(int64_t)HS_}, ParamRole::kNormWeight);
+    q_norm_ = b.offset(b.add(pre + "self_attn.q_norm.weight", {(int64_t)HS_}, norm));
+    last = b.add(pre + "self_attn.k_norm.weight", {(int64_t)HS_}, norm);
     k_norm_ = b.offset(last);
   }
   b.end_block();
@@ -38,7 +42,7 @@ AttentionKind::AttentionKind(const ModelConfig& cfg, const LayerSpec& spec, int 
 
 Flops AttentionKind::flops(const Work& w, Pass p) const {
   const double QD = (double)NH_ * HS_, KD = (double)NKV_ * HS_;
-  const double weights = (double)C_ + 2 * QD * C_ + 2 * KD * C_ + (qk_norm_ ? 2.0 * HS_ : 0.0);
+  const double weights = (double)C_ + (gate_ ? 3 : 2) * QD * C_ + 2 * KD * C_ + (qk_norm_ ? 2.0 * HS_ : 0.0);
   const double f = pass_factor(p) * (weights * (double)w.tokens + 2.0 * QD * (double)w.visible_pairs);
   return Flops{f, f};
 }
@@ -59,6 +63,9 @@ struct AttentionKind::Saved {
   Act* v;       // (N, NKV, HS)
   Act* att;     // (N, NH, HS) attention output
   Stat* lse;    // (N, NH)
+  Act* qg;      // (N, NH, 2 HS) q_proj output with the gate (gate_ only)
+  Act* gate;    // (N, NH, HS) (gate_ only)
+  Act* gated;   // (N, NH, HS) att sigmoid(gate), o_proj's input (gate_ only)
   size_t bytes;
 
   Saved(const AttentionKind& a, int N, char* base) {
@@ -76,6 +83,9 @@ struct AttentionKind::Saved {
     v = c.take<Act>(n * KD);
     att = c.take<Act>(n * QD);
     lse = c.take<Stat>(n * a.NH_);
+    qg = c.take<Act>(a.gate_ ? 2 * n * QD : 0);
+    gate = c.take<Act>(a.gate_ ? n * QD : 0);
+    gated = c.take<Act>(a.gate_ ? n * QD : 0);
     bytes = c.bytes();
   }
 };
@@ -89,6 +99,8 @@ struct AttentionKind::Scratch {
   Act* dk;      // (N, KD)
   Act* dv;      // (N, KD)
   Act* dk_pre;  // (N, KD)
+  Act* dgate;   // (N, QD) (gate_ only)
+  Act* dqg;     // (N, 2 QD) (gate_ only)
   size_t bytes;
 
   Scratch(const AttentionKind& a, int N, char* base) {
@@ -99,6 +111,8 @@ struct AttentionKind::Scratch {
     dk = c.take<Act>(n * KD);
     dv = c.take<Act>(n * KD);
     dk_pre = c.take<Act>(a.qk_norm_ ? n * KD : 0);
+    dgate = c.take<Act>(a.gate_ ? n * QD : 0);
+    dqg = c.take<Act>(a.gate_ ? 2 * n * QD : 0);
     bytes = c.bytes();
   }
 };
@@ -122,12 +136,21 @@ void AttentionKind::forward(E& e, const BlockCall<E>& c) const {
   const typename E::KV* ext = c.carry ? c.carry->kv.data() : nullptr;
   const int n_ext = c.carry ? (int)c.carry->kv.size() : 0;
 
-  e.rmsnorm_forward(s.n, s.rstd, c.x_in, w + in_norm_, N, C, eps_);
+  norm_forward(e, norm_offset_, s.n, s.rstd, c.x_in, w + in_norm_, N, C, eps_);
   if (qk_norm_) {
-    e.linear(s.q_pre, s.n, w + wq_, N, C, QD);
+    if (gate_) {
+      if constexpr (E::kHybridOps) {
+        e.linear(s.qg, s.n, w + wq_, N, C, 2 * QD);
+        e.split_heads(s.q_pre, s.gate, s.qg, N, NH, HS);
+      } else {
+        throw Error("model: the attention output gate runs on the cpu backend only");
+      }
+    } else {
+      e.linear(s.q_pre, s.n, w + wq_, N, C, QD);
+    }
     e.linear(s.k_pre, s.n, w + wk_, N, C, KD);
-    e.qk_norm_rope_forward(s.q, s.q_rstd, s.q_pre, w + q_norm_, b.rope, N, NH, HS, eps_);
-    e.qk_norm_rope_forward(s.k, s.k_rstd, s.k_pre, w + k_norm_, b.rope, N, NKV, HS, eps_);
+    qk_norm_forward(e, norm_offset_, s.q, s.q_rstd, s.q_pre, w + q_norm_, b.rope, N, NH, HS, eps_);
+    qk_norm_forward(e, norm_offset_, s.k, s.k_rstd, s.k_pre, w + k_norm_, b.rope, N, NKV, HS, eps_);
     e.linear(s.v, s.n, w + wv_, N, C, KD);
   } else {
     e.linear(s.q, s.n, w + wq_, N, C, QD);
@@ -141,7 +164,14 @@ void AttentionKind::forward(E& e, const BlockCall<E>& c) const {
     e.scatter_rows(c.store_v, s.v, c.store_rows, N, KD);
   }
   e.attention_forward(s.att, s.lse, s.q, s.k, s.v, b.layout, ext, n_ext, N, NH, NKV, HS);
-  e.linear(c.sum, s.att, w + wo_, N, QD, C);
+  const typename E::Act* o_in = s.att;  // o_proj's input
+  if constexpr (E::kHybridOps) {
+    if (gate_) {
+      e.sigmoid_gate_forward(s.gated, s.att, s.gate, (int64_t)N * QD);
+      o_in = s.gated;
+    }
+  }
+  e.linear(c.sum, o_in, w + wo_, N, QD, C);
   e.residual_add(c.x_out, c.x_in, c.sum, (int64_t)N * C);
 }
 
@@ -158,7 +188,12 @@ void AttentionKind::backward(E& e, const BlockCall<E>& c) const {
 
   // x_out = x_in + o_proj(att): the residual passes dx through; o_proj's output gradient is dx.
   e.linear_dx(t.datt, c.dx, w + wo_, N, QD, C, /*accumulate=*/false);
-  e.linear_dw(g + wo_, c.dx, s.att, N, QD, C);
+  e.linear_dw(g + wo_, c.dx, gate_ ? s.gated : s.att, N, QD, C);
+  if constexpr (E::kHybridOps) {
+    if (gate_) {  // datt holds d(gated): d att = d(gated) sigmoid(gate), and the gate's gradient
+      e.sigmoid_gate_backward(t.datt, t.dgate, t.datt, s.att, s.gate, (int64_t)N * QD);
+    }
+  }
   e.attention_backward(t.dq, t.dk, t.dv, t.datt, s.att, s.lse, s.q, s.k, s.v, b.layout, ext, n_ext, N, NH, NKV, HS);
   // Readers of this batch's K/V outside it (child pieces' gateways) add their gradients here.
   if (c.relay && !c.relay->kv.empty()) {
@@ -172,22 +207,31 @@ void AttentionKind::backward(E& e, const BlockCall<E>& c) const {
   const typename E::Act* dk_proj = t.dk;
   if (qk_norm_) {
     typename E::Act* dq_pre = t.datt;  // datt is consumed; reuse it
-    e.qk_norm_rope_backward(dq_pre, g + q_norm_, t.dq, s.q_pre, w + q_norm_, s.q_rstd, b.rope, N, NH, HS);
-    e.qk_norm_rope_backward(t.dk_pre, g + k_norm_, t.dk, s.k_pre, w + k_norm_, s.k_rstd, b.rope, N, NKV, HS);
+    qk_norm_backward(e, norm_offset_, dq_pre, g + q_norm_, t.dq, s.q_pre, w + q_norm_, s.q_rstd, b.rope, N, NH, HS);
+    qk_norm_backward(e, norm_offset_, t.dk_pre, g + k_norm_, t.dk, s.k_pre, w + k_norm_, s.k_rstd, b.rope, N, NKV,
+                     HS);
     dq_proj = dq_pre;
     dk_proj = t.dk_pre;
+    if constexpr (E::kHybridOps) {
+      if (gate_) {
+        e.merge_heads(t.dqg, dq_pre, t.dgate, N, NH, HS);
+        dq_proj = t.dqg;
+      }
+    }
   } else {
     e.rope_backward(t.dq, b.rope, N, NH, HS);
     e.rope_backward(t.dk, b.rope, N, NKV, HS);
   }
-  e.linear_dx(c.sum, dq_proj, w + wq_, N, C, QD, /*accumulate=*/false);
+  const int QO = gate_ ? 2 * QD : QD;  // q_proj's outputs
+  e.linear_dx(c.sum, dq_proj, w + wq_, N, C, QO, /*accumulate=*/false);
   e.linear_dx(c.sum, dk_proj, w + wk_, N, C, KD, /*accumulate=*/true);
   e.linear_dx(c.sum, t.dv, w + wv_, N, C, KD, /*accumulate=*/true);
-  e.linear_dw(g + wq_, dq_proj, s.n, N, C, QD);
+  e.linear_dw(g + wq_, dq_proj, s.n, N, C, QO);
   e.linear_dw(g + wk_, dk_proj, s.n, N, C, KD);
   e.linear_dw(g + wv_, t.dv, s.n, N, C, KD);
   // The fp32 (Acc) sum of the three products is read without a bf16 rounding.
-  e.rmsnorm_backward(c.dx, g + in_norm_, c.sum, c.x_in, w + in_norm_, s.rstd, N, C, /*accumulate_dx=*/true);
+  norm_backward(e, norm_offset_, c.dx, g + in_norm_, c.sum, c.x_in, w + in_norm_, s.rstd, N, C,
+                /*accumulate_dx=*/true);
 }
 
 template <class E>

@@ -11,6 +11,9 @@
 // and with qk_norm self_attn.{q_norm, k_norm}.weight (HS).
 // Saved (training forward): n (N,C), rstd (N), [q_pre (N,NH,HS), k_pre (N,NKV,HS) before the norm,
 // q_rstd (N,NH), k_rstd (N,NKV)], q, k after norm and RoPE, v, att (N,NH,HS), lse (N,NH).
+// Qwen3.5 (qwen3_5_text; CPU backend): q_proj is (2 NH HS, C), per head [q_h | gate_h], o_proj
+// reads att sigmoid(gate); the norms apply 1 + w; RoPE covers the first rotary_dim dims. Saved in
+// addition: qg (N, 2 NH HS), gate and the gated output (N, NH, HS).
 // Carry: the layer's K/V rows as attention reads them (after norm and RoPE), (N, NKV, HS) each.
 // Backward overwrites dx with d x_in (+= of the residual path) and adds parameter gradients.
 #pragma once
@@ -53,6 +56,8 @@ class AttentionKind final : public LayerKind {
   int C_, NH_, NKV_, HS_;
   double eps_;
   bool qk_norm_;
+  bool gate_;           // Qwen3.5's output gate (LayerSpec::output_gate)
+  double norm_offset_;  // 1: Qwen3.5's zero-centred input, q and k norm weights
   // Offsets of the tensors in the flat buffers.
   int64_t in_norm_, wq_, wk_, wv_, wo_, q_norm_ = -1, k_norm_ = -1;
 };

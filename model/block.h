@@ -81,6 +81,30 @@ struct BlockCall {
   const int32_t* store_rows = nullptr;  // (N) on the backend's memory
 };
 
+// RMSNorm calls with a weight offset (1: Qwen3.5's zero-centred weights, applied as 1 + w): the
+// backends with the Qwen3.5 ops take it (E::kHybridOps); the others only run offset 0 (their
+// check_model refuses Qwen3.5), so the argument is dropped for them.
+template <class E, class... A>
+void norm_forward(E& e, double offset, A... a) {
+  if constexpr (E::kHybridOps) e.rmsnorm_forward(a..., offset);
+  else e.rmsnorm_forward(a...);
+}
+template <class E, class... A>
+void norm_backward(E& e, double offset, A... a) {
+  if constexpr (E::kHybridOps) e.rmsnorm_backward(a..., offset);
+  else e.rmsnorm_backward(a...);
+}
+template <class E, class... A>
+void qk_norm_forward(E& e, double offset, A... a) {
+  if constexpr (E::kHybridOps) e.qk_norm_rope_forward(a..., offset);
+  else e.qk_norm_rope_forward(a...);
+}
+template <class E, class... A>
+void qk_norm_backward(E& e, double offset, A... a) {
+  if constexpr (E::kHybridOps) e.qk_norm_rope_backward(a..., offset);
+  else e.qk_norm_rope_backward(a...);
+}
+
 // A layer kind's backend-independent half: which decoder layer it belongs to, its parameter
 // slice, and its FLOP count. Its math lives in templates over the backend (forward<E>,
 // backward<E>, saved_bytes<E>, ...), which BlockOf<K, E> turns into a Block<E>.

@@ -14,8 +14,8 @@ namespace tt::model {
 void ModelConfig::validate() const {
   const std::string ctx = "model config: ";
   auto fail = [&](const char* key, const std::string& detail) { throw KeyError(key, ctx, str(key, " ", detail)); };
-  if (architecture != "qwen3" && architecture != "llama")
-    fail("architecture", str("must be \"qwen3\" or \"llama\" (got \"", architecture, "\")"));
+  if (architecture != "qwen3" && architecture != "llama" && architecture != "qwen3_5_text")
+    fail("architecture", str("must be \"qwen3\", \"llama\" or \"qwen3_5_text\" (got \"", architecture, "\")"));
   auto in_range = [&](const char* key, int64_t v, int64_t lo, int64_t hi) {
     if (v < lo || v > hi) fail(key, str("must be in [", lo, ", ", hi, "] (got ", v, ")"));
   };
@@ -31,6 +31,15 @@ void ModelConfig::validate() const {
     fail("num_key_value_heads", str("must divide num_attention_heads (", num_attention_heads, ") (got ",
                                     num_key_value_heads, ")"));
   if (head_dim % 2 != 0) fail("head_dim", str("must be even for RoPE (got ", head_dim, ")"));
+  if (!(partial_rotary_factor > 0 && partial_rotary_factor <= 1))
+    fail("partial_rotary_factor", str("must be in (0, 1] (got ", partial_rotary_factor, ")"));
+  if (!qwen3_5() && partial_rotary_factor != 1)
+    fail("partial_rotary_factor", str("must be 1 for architecture ", architecture, " (got ", partial_rotary_factor,
+                                      "); partial RoPE is qwen3_5_text's"));
+  if (rotary_dim() < 2 || rotary_dim() % 2 != 0 ||
+      std::fabs((double)rotary_dim() - (double)head_dim * partial_rotary_factor) > 1e-9)
+    fail("partial_rotary_factor", str("times head_dim (", head_dim, ") must be an even whole number >= 2 (got ",
+                                      partial_rotary_factor, ")"));
   auto positive_finite = [&](const char* key, double v) {
     if (!(v > 0) || !std::isfinite(v)) fail(key, str("must be a finite number > 0 (got ", v, ")"));
   };
@@ -85,6 +94,8 @@ std::vector<LayerSpec> ModelConfig::layer_specs() const {
   for (int64_t l = 0; l < num_hidden_layers; ++l) {
     if (!layer_types.empty()) specs[l].mixer = layer_types[l];
     specs[l].qk_norm = qk_norm();
+    specs[l].output_gate = qwen3_5();
+    specs[l].rotary_dim = rotary_dim() == head_dim ? 0 : rotary_dim();
   }
   return specs;
 }
@@ -96,7 +107,7 @@ int64_t ModelConfig::parameter_count() const {
   auto w = [](int64_t v) { return (Wide)std::min<int64_t>(std::max<int64_t>(v, 0), int64_t{1} << 32); };
   const Wide qd = w(num_attention_heads) * w(head_dim), kd = w(num_key_value_heads) * w(head_dim);
   const Wide mlp = w(hidden_size) + 3 * w(hidden_size) * w(intermediate_size);
-  const Wide attention = w(hidden_size) + 2 * qd * w(hidden_size) + 2 * kd * w(hidden_size) +
+  const Wide attention = w(hidden_size) + (qwen3_5() ? 3 : 2) * qd * w(hidden_size) + 2 * kd * w(hidden_size) +
                          (qk_norm() ? 2 * w(head_dim) : 0);
   // Gated DeltaNet (model/gdn.h): input norm, in_proj_qkv, in_proj_z, in_proj_b/a, conv1d, A_log,
   // dt_bias, norm, out_proj.
@@ -118,10 +129,11 @@ int64_t ModelConfig::parameter_count() const {
 }
 
 nlohmann::json ModelConfig::to_hf_json(const std::string& torch_dtype) const {
-  const bool qwen = architecture == "qwen3";
+  const bool qwen = architecture == "qwen3" || qwen3_5();
   nlohmann::json j;
-  j["architectures"] = nlohmann::json::array({qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"});
-  j["model_type"] = qwen ? "qwen3" : "llama";
+  j["architectures"] =
+      nlohmann::json::array({qwen3_5() ? "Qwen3_5ForCausalLM" : qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"});
+  j["model_type"] = qwen3_5() ? "qwen3_5_text" : qwen ? "qwen3" : "llama";
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
@@ -130,14 +142,21 @@ nlohmann::json ModelConfig::to_hf_json(const std::string& torch_dtype) const {
   j["num_key_value_heads"] = num_key_value_heads;
   j["head_dim"] = head_dim;
   j["rms_norm_eps"] = rms_norm_eps;
-  j["rope_theta"] = rope_theta;
-  j["rope_scaling"] = nullptr;
+  if (qwen3_5()) {  // Qwen3_5TextConfig reads RoPE from rope_parameters (1-D RoPE: text positions)
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", rope_theta},
+                            {"partial_rotary_factor", partial_rotary_factor}};
+  } else {
+    j["rope_theta"] = rope_theta;
+    j["rope_scaling"] = nullptr;
+  }
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["initializer_range"] = initializer_range;
   j["max_position_embeddings"] = max_position_embeddings;
   ModelConfig canonical = *this;  // every layer full_attention is written as no layer_types
   canonical.canonicalize();
   if (!canonical.layer_types.empty()) j["layer_types"] = canonical.layer_types;
+  if (qwen3_5() && canonical.layer_types.empty())  // Qwen3.5 would build its own 3:1 list otherwise
+    j["layer_types"] = std::vector<std::string>(num_hidden_layers, "full_attention");
   if (has_linear_attention()) {
     j["linear_num_key_heads"] = linear_num_key_heads;
     j["linear_num_value_heads"] = linear_num_value_heads;
@@ -158,7 +177,9 @@ nlohmann::json ModelConfig::to_hf_json(const std::string& torch_dtype) const {
   } else {
     j["eos_token_id"] = eos_token_id;
   }
-  if (qwen) {
+  if (qwen3_5()) {
+    j["full_attention_interval"] = 4;  // unused: layer_types is written
+  } else if (qwen) {
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = num_hidden_layers;
@@ -207,14 +228,16 @@ std::string architecture_of(const nlohmann::json& j, const std::string& where) {
     const auto& v = j.at("model_type");
     if (!v.is_string()) throw Error(str(where, ": field \"model_type\" must be a string, got ", v.dump()));
     const std::string t = v.get<std::string>();
-    if (t == "qwen3" || t == "llama") return t;
-    throw Error(str(where, ": unsupported model_type \"", t, "\" (expected \"qwen3\" or \"llama\")"));
+    if (t == "qwen3" || t == "llama" || t == "qwen3_5_text") return t;
+    throw Error(str(where, ": unsupported model_type \"", t,
+                    "\" (expected \"qwen3\", \"llama\" or \"qwen3_5_text\")"));
   }
   if (has(j, "architectures")) {
     const auto& a = j.at("architectures");
     if (a.is_array()) {
       for (const auto& e : a) {
         if (e == "Qwen3ForCausalLM") return "qwen3";
+        if (e == "Qwen3_5ForCausalLM") return "qwen3_5_text";
         if (e == "LlamaForCausalLM") return "llama";
       }
     }
@@ -277,6 +300,7 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
     }
     c.canonicalize();
   }
+  if (c.qwen3_5()) c.partial_rotary_factor = get_double_or(j, "partial_rotary_factor", 0.25, where);
   c.linear_num_key_heads = get_int_or(j, "linear_num_key_heads", 0, where);
   c.linear_num_value_heads = get_int_or(j, "linear_num_value_heads", 0, where);
   c.linear_key_head_dim = get_int_or(j, "linear_key_head_dim", 0, where);
@@ -290,6 +314,10 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
     if (has(rp, "rope_type") && rp.at("rope_type") != "default")
       throw Error(str(where, ": rope_parameters.rope_type ", rp.at("rope_type").dump(),
                       " is unsupported (only plain RoPE: expected \"default\")"));
+    if (has(rp, "partial_rotary_factor"))
+      c.partial_rotary_factor = get_double_or(rp, "partial_rotary_factor", 1.0, where + " rope_parameters");
+    // Qwen3.5's multimodal RoPE (mrope_section, interleaved): with the equal temporal, height and
+    // width positions of text it is the 1-D RoPE computed here.
     if (has(rp, "rope_theta")) {
       const double theta = get_double_or(rp, "rope_theta", c.rope_theta, where + " rope_parameters");
       if (has(j, "rope_theta") && theta != c.rope_theta)

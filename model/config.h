@@ -1,6 +1,7 @@
 // Model configuration with Hugging Face config.json field names (Llama and Qwen3 families).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -11,7 +12,9 @@ namespace tt::model {
 // One decoder layer as the model builds it: its mixer kind (the layer_types entry) and variants.
 struct LayerSpec {
   std::string mixer = "full_attention";
-  bool qk_norm = false;  // Qwen3's per-head q/k RMSNorm
+  bool qk_norm = false;      // Qwen3's per-head q/k RMSNorm
+  bool output_gate = false;  // Qwen3.5's gated attention: q_proj also gives a per-head gate, o_proj reads att sigmoid(gate)
+  int rotary_dim = 0;        // RoPE on the first rotary_dim dims of a head (0: all; Qwen3.5's partial RoPE)
 };
 
 // Bounds of every size, checked by ModelConfig::validate() (an error names the key). They are
@@ -38,7 +41,7 @@ constexpr int64_t kMaxConvKernel = 64;                       // linear_conv_kern
 static_assert(kMaxHeads * kMaxHeadDim <= (int64_t{1} << 20), "head widths NH * HS must stay far below 2^31");
 
 struct ModelConfig {
-  std::string architecture = "qwen3";  // "qwen3" | "llama"
+  std::string architecture = "qwen3";  // "qwen3" | "llama" | "qwen3_5_text" (dense Qwen3.5, text only)
   int64_t vocab_size = 256;
   int64_t hidden_size = 128;
   int64_t intermediate_size = 384;
@@ -67,7 +70,14 @@ struct ModelConfig {
   // HF's eos_token_id: generation stops after emitting one of them (empty: none).
   std::vector<int64_t> eos_token_id;
 
-  bool qk_norm() const { return architecture == "qwen3"; }
+  // qwen3_5_text: RoPE on head_dim * partial_rotary_factor dims (HF default 0.25; others 1).
+  double partial_rotary_factor = 1.0;
+
+  bool qk_norm() const { return architecture == "qwen3" || architecture == "qwen3_5_text"; }
+  // Qwen3.5: every RMSNorm weight but the Gated DeltaNet's gated norm is stored zero-centred (the
+  // layer applies 1 + w; ParamInfo::hf_offset), attention has an output gate, RoPE is partial.
+  bool qwen3_5() const { return architecture == "qwen3_5_text"; }
+  int rotary_dim() const { return (int)std::lround((double)head_dim * partial_rotary_factor); }
   // The layers as the model builds them (layer_types and the architecture's variants).
   std::vector<LayerSpec> layer_specs() const;
   // The one spelling of each config: layer_types naming full_attention for every layer becomes []

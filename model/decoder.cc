@@ -71,7 +71,7 @@ template <class E>
 std::unique_ptr<Block<E>> make_block(const LayerKind& k) {
   if (auto* a = dynamic_cast<const AttentionKind*>(&k)) return std::make_unique<BlockOf<AttentionKind, E>>(*a);
   if (auto* m = dynamic_cast<const MlpKind*>(&k)) return std::make_unique<BlockOf<MlpKind, E>>(*m);
-  if constexpr (E::kHasGdn)
+  if constexpr (E::kHybridOps)
     if (auto* g = dynamic_cast<const GdnKind*>(&k)) return std::make_unique<BlockOf<GdnKind, E>>(*g);
   throw Error(str("model: layer kind '", k.kind(), "' has no block on the ", E::kName, " backend"));
 }
@@ -212,6 +212,7 @@ void Decoder<E>::init(uint64_t seed) {
     Param* w = base + p.offset;
     switch (p.role) {
       case ParamRole::kNormWeight: exec_.fill(w, p.numel, 1.0f); break;
+      case ParamRole::kZeroNorm: exec_.fill(w, p.numel, 0.0f); break;
       case ParamRole::kLogDecay: {  // log of uniform (0, 16], from the tensor's own stream
         SplitMix64 rng{param_init_seed(seed, p.name)};
         std::vector<Param> host(p.numel);
@@ -442,6 +443,7 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
   v.layout = exec_.make_layout(N, num_nodes, r.node_start, r.node_len, r.node_parent, r.subtree_end, singletons,
                                r.layout);
   v.rope = exec_.make_rope(r.pos, N, (int)cfg.head_dim, cfg.rope_theta, r.rope);
+  if constexpr (E::kHybridOps) v.rope.rotary_dim = cfg.rotary_dim() == cfg.head_dim ? 0 : cfg.rotary_dim();
   v.n_rows = n_rows;
   v.head_rows = r.head_rows;
   v.targets.src = r.tgt_src;

@@ -12,6 +12,7 @@
 #include "ops/cpu/adamw.h"
 #include "ops/cpu/cross_entropy.h"
 #include "ops/cpu/embedding.h"
+#include "ops/cpu/gated_attention.h"
 #include "ops/cpu/gdn.h"
 #include "ops/cpu/matmul.h"
 #include "ops/cpu/rmsnorm.h"
@@ -84,15 +85,16 @@ void CpuExec<T>::embedding_backward(Param* dwte, const Act* dout, const int32_t*
 }
 
 template <class T>
-void CpuExec<T>::rmsnorm_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, int rows, int C, double eps) {
-  cpu::rmsnorm_forward(out, rstd, x, w, rows, C, eps);
+void CpuExec<T>::rmsnorm_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, int rows, int C, double eps,
+                                 double w_offset) {
+  cpu::rmsnorm_forward(out, rstd, x, w, rows, C, eps, w_offset);
 }
 
 template <class T>
 void CpuExec<T>::rmsnorm_backward(Act* dx, Param* dw, const Act* dout, const Act* x, const Weight* w,
-                                  const Stat* rstd, int rows, int C, bool accumulate_dx) {
+                                  const Stat* rstd, int rows, int C, bool accumulate_dx, double w_offset) {
   if (!accumulate_dx) zero(dx, sizeof(T) * (size_t)rows * C);
-  cpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, rows, C);
+  cpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, rows, C, w_offset);
 }
 
 template <class T>
@@ -133,27 +135,27 @@ void CpuExec<T>::swiglu_backward(Act* dgate, Act* dup, const Act* dh, const Act*
 
 template <class T>
 void CpuExec<T>::rope_forward(Act* x, const Rope& r, int N, int H, int HS) {
-  cpu::rope_forward(x, r.pos, N, H, HS, r.theta);
+  cpu::rope_forward(x, r.pos, N, H, HS, r.theta, r.rotary_dim);
 }
 
 template <class T>
 void CpuExec<T>::rope_backward(Act* dx, const Rope& r, int N, int H, int HS) {
-  cpu::rope_backward(dx, r.pos, N, H, HS, r.theta);
+  cpu::rope_backward(dx, r.pos, N, H, HS, r.theta, r.rotary_dim);
 }
 
 template <class T>
 void CpuExec<T>::qk_norm_rope_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, const Rope& r, int N,
-                                      int H, int HS, double eps) {
-  cpu::rmsnorm_forward(out, rstd, x, w, N * H, HS, eps);
-  cpu::rope_forward(out, r.pos, N, H, HS, r.theta);
+                                      int H, int HS, double eps, double w_offset) {
+  cpu::rmsnorm_forward(out, rstd, x, w, N * H, HS, eps, w_offset);
+  cpu::rope_forward(out, r.pos, N, H, HS, r.theta, r.rotary_dim);
 }
 
 template <class T>
 void CpuExec<T>::qk_norm_rope_backward(Act* dx, Param* dw, Act* dout, const Act* x, const Weight* w,
-                                       const Stat* rstd, const Rope& r, int N, int H, int HS) {
-  cpu::rope_backward(dout, r.pos, N, H, HS, r.theta);
+                                       const Stat* rstd, const Rope& r, int N, int H, int HS, double w_offset) {
+  cpu::rope_backward(dout, r.pos, N, H, HS, r.theta, r.rotary_dim);
   zero(dx, sizeof(T) * (size_t)N * H * HS);
-  cpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, N * H, HS);
+  cpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, N * H, HS, w_offset);
 }
 
 template <class T>
@@ -193,6 +195,26 @@ template <class T>
 void CpuExec<T>::sample_rows(int32_t* token, double* logprob, const Act* logits, int R, int V, double temperature,
                              const uint64_t* keys) {
   cpu::sample_rows(token, logprob, logits, R, V, temperature, keys);
+}
+
+template <class T>
+void CpuExec<T>::split_heads(Act* a, Act* b, const Act* ab, int N, int H, int D) {
+  cpu::split_heads(a, b, ab, N, H, D);
+}
+
+template <class T>
+void CpuExec<T>::merge_heads(Act* ab, const Act* a, const Act* b, int N, int H, int D) {
+  cpu::merge_heads(ab, a, b, N, H, D);
+}
+
+template <class T>
+void CpuExec<T>::sigmoid_gate_forward(Act* y, const Act* x, const Act* gate, int64_t n) {
+  cpu::sigmoid_gate_forward(y, x, gate, n);
+}
+
+template <class T>
+void CpuExec<T>::sigmoid_gate_backward(Act* dx, Act* dgate, const Act* dy, const Act* x, const Act* gate, int64_t n) {
+  cpu::sigmoid_gate_backward(dx, dgate, dy, x, gate, n);
 }
 
 template <class T>

@@ -53,6 +53,7 @@ class CpuExec {
   struct Rope {
     const int32_t* pos = nullptr;  // (N)
     double theta = 0;
+    int rotary_dim = 0;  // RoPE on the first rotary_dim dims of a head (0: all; Qwen3.5's partial RoPE)
   };
   // A head chunk's targets: src indexes the batch's head rows (the chunk starts at row_begin).
   struct Targets {
@@ -72,7 +73,9 @@ class CpuExec {
   static constexpr int kMaxExternalKV = INT_MAX;
   static int max_external_kv(bool) { return INT_MAX; }
   static constexpr int64_t kDefaultHeadChunkBytes = INT64_MAX;  // one chunk: every head row at once
-  static constexpr bool kHasGdn = true;  // the Gated DeltaNet ops below (model/gdn.h)
+  // The Qwen3.5 ops below (Gated DeltaNet, gated attention, zero-centred norms, partial RoPE;
+  // model/gdn.h, model/attention.h): the CPU reference has them, the CUDA backend not yet.
+  static constexpr bool kHybridOps = true;
 
   explicit CpuExec(const Options& = {}) {}
   // Every config the model accepts runs here.
@@ -105,9 +108,11 @@ class CpuExec {
   // The op vocabulary (model/exec.h).
   void embedding_forward(Act* out, const int32_t* tokens, const Weight* wte, int N, int C, int V);
   void embedding_backward(Param* dwte, const Act* dout, const int32_t* tokens, int N, int C, int V);
-  void rmsnorm_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, int rows, int C, double eps);
+  // w_offset (kHybridOps): the scale is w + w_offset (1: Qwen3.5's zero-centred norm weights).
+  void rmsnorm_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, int rows, int C, double eps,
+                       double w_offset = 0);
   void rmsnorm_backward(Act* dx, Param* dw, const Act* dout, const Act* x, const Weight* w, const Stat* rstd,
-                        int rows, int C, bool accumulate_dx);
+                        int rows, int C, bool accumulate_dx, double w_offset = 0);
   void linear(Act* out, const Act* x, const Weight* w, int N, int IC, int OC);
   void linear_dx(Act* dx, const Act* dout, const Weight* w, int N, int IC, int OC, bool accumulate);
   void linear_dw(Param* dw, const Act* dout, const Act* x, int N, int IC, int OC);
@@ -118,9 +123,9 @@ class CpuExec {
   void rope_forward(Act* x, const Rope& r, int N, int H, int HS);
   void rope_backward(Act* dx, const Rope& r, int N, int H, int HS);
   void qk_norm_rope_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, const Rope& r, int N, int H, int HS,
-                            double eps);
+                            double eps, double w_offset = 0);
   void qk_norm_rope_backward(Act* dx, Param* dw, Act* dout, const Act* x, const Weight* w, const Stat* rstd,
-                             const Rope& r, int N, int H, int HS);
+                             const Rope& r, int N, int H, int HS, double w_offset = 0);
   void attention_forward(Act* out, Stat* lse, const Act* q, const Act* k, const Act* v, const Layout& layout,
                          const KV* ext, int n_ext, int N, int NH, int NKV, int HS);
   void attention_backward(Act* dq, Act* dk, Act* dv, const Act* dout, const Act* out, const Stat* lse, const Act* q,
@@ -132,6 +137,11 @@ class CpuExec {
                      int rows, int V, double dloss);
   void sample_rows(int32_t* token, double* logprob, const Act* logits, int R, int V, double temperature,
                    const uint64_t* keys);
+  // Gated attention (ops/cpu/gated_attention.h): per-head split and merge, y = x sigmoid(gate).
+  void split_heads(Act* a, Act* b, const Act* ab, int N, int H, int D);
+  void merge_heads(Act* ab, const Act* a, const Act* b, int N, int H, int D);
+  void sigmoid_gate_forward(Act* y, const Act* x, const Act* gate, int64_t n);
+  void sigmoid_gate_backward(Act* dx, Act* dgate, const Act* dy, const Act* x, const Act* gate, int64_t n);
   // Gated DeltaNet (ops/cpu/gdn.h; dx-style outputs +=, as there, except gdn_gates_backward's da, db).
   void path_prev(int32_t* prev, const Layout& layout, int N);
   void conv1d_silu_forward(Act* out, const Act* x, const Weight* w, const int32_t* prev, int N, int C, int K);

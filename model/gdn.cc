@@ -1,6 +1,6 @@
 // Layer kind "linear_attention" (Gated DeltaNet): parameters, FLOPs, forward and backward (see
 // gdn.h). Written once over the op vocabulary; instantiated for the backends that have the GDN
-// ops (E::kHasGdn: the CPU reference so far).
+// ops (E::kHybridOps: the CPU reference so far).
 #include "model/gdn.h"
 
 #include <cmath>
@@ -19,7 +19,8 @@ GdnKind::GdnKind(const ModelConfig& cfg, int layer, ParamTable::Builder& b)
       dk_((int)cfg.linear_key_head_dim),
       dv_((int)cfg.linear_value_head_dim),
       K_((int)cfg.linear_conv_kernel_dim),
-      eps_(cfg.rms_norm_eps) {
+      eps_(cfg.rms_norm_eps),
+      norm_offset_(cfg.qwen3_5() ? 1.0 : 0.0) {
   TT_CHECK(nk_ > 0 && nv_ > 0 && dk_ > 0 && dv_ > 0 && K_ > 0, "model: layer ", layer,
            " is linear_attention but the linear_* sizes are not set (ModelConfig::validate says which)");
   KD_ = nk_ * dk_;
@@ -29,7 +30,8 @@ GdnKind::GdnKind(const ModelConfig& cfg, int layer, ParamTable::Builder& b)
   const std::string la = pre + "linear_attn.";
   const int64_t C = C_;
   b.begin_block(pre + "linear_attn");
-  const int first = b.add(pre + "input_layernorm.weight", {C}, ParamRole::kNormWeight);
+  const int first = b.add(pre + "input_layernorm.weight", {C},
+                          cfg.qwen3_5() ? ParamRole::kZeroNorm : ParamRole::kNormWeight);
   in_norm_ = b.offset(first);
   w_qkv_ = b.offset(b.add(la + "in_proj_qkv.weight", {CD_, C}, ParamRole::kMatrix));
   w_z_ = b.offset(b.add(la + "in_proj_z.weight", {VD_, C}, ParamRole::kMatrix));
@@ -168,7 +170,7 @@ void GdnKind::forward(E& e, const BlockCall<E>& c) const {
   const int N = c.batch->N, C = C_;
   const Saved<E> s(*this, N, c.saved);  // no-grad: the region every block shares
   const auto* w = c.w;
-  e.rmsnorm_forward(s.n, s.rstd, c.x_in, w + in_norm_, N, C, eps_);
+  norm_forward(e, norm_offset_, s.n, s.rstd, c.x_in, w + in_norm_, N, C, eps_);
   e.linear(s.qkv, s.n, w + w_qkv_, N, C, CD_);
   e.linear(s.z, s.n, w + w_z_, N, C, VD_);
   e.linear(s.b, s.n, w + w_b_, N, C, nv_);
@@ -229,7 +231,8 @@ void GdnKind::backward(E& e, const BlockCall<E>& c) const {
   e.linear_dw(g + w_z_, t.dz, s.n, N, C, VD_);
   e.linear_dw(g + w_b_, t.db, s.n, N, C, nv_);
   e.linear_dw(g + w_a_, t.da, s.n, N, C, nv_);
-  e.rmsnorm_backward(c.dx, g + in_norm_, c.sum, c.x_in, w + in_norm_, s.rstd, N, C, /*accumulate_dx=*/true);
+  norm_backward(e, norm_offset_, c.dx, g + in_norm_, c.sum, c.x_in, w + in_norm_, s.rstd, N, C,
+                /*accumulate_dx=*/true);
 }
 
 #define TT_GDN_INSTANTIATE(E)                                                \

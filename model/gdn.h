@@ -13,14 +13,13 @@
 // input_layernorm.weight (C), linear_attn.{in_proj_qkv (2 nk dk + nv dv, C), in_proj_z (nv dv, C),
 // in_proj_b (nv, C), in_proj_a (nv, C)}.weight, linear_attn.conv1d.weight (2 nk dk + nv dv, 1, K),
 // linear_attn.A_log (nv), linear_attn.dt_bias (nv), linear_attn.norm.weight (dv),
-// linear_attn.out_proj.weight (C, nv dv). The norms here are plain-weight RMSNorms like the rest of
-// treetrain's Qwen3/Llama decoder (Qwen3.5 writes its layer norms zero-centred, 1 + w: that
-// belongs to the qwen3_5_text architecture, not yet here).
+// linear_attn.out_proj.weight (C, nv dv). Under qwen3_5_text input_layernorm is zero-centred (the
+// layer applies 1 + w, as HF's Qwen3.5); the gated norm's weight is plain (HF's one exception).
 // Saved (training forward): n, rstd, qkv (pre-conv), z, a, b, u, q, k (pre-norm), their rstds, qn,
 // kn, v, g, beta, o, y, y's rstd, and the batch's path_prev rows.
 // Carry: none yet. A batch that reads a carry (a partition gateway, the inference cache) would
 // need the recurrent state and conv tail of its ancestors, so forward refuses one (an error naming
-// the layer) instead of starting from a zero state. Runs on the CPU backend (E::kHasGdn); the CUDA
+// the layer) instead of starting from a zero state. Runs on the CPU backend (E::kHybridOps); the CUDA
 // backend rejects such models in check_model.
 #pragma once
 
@@ -60,6 +59,7 @@ class GdnKind final : public LayerKind {
   int C_, nk_, nv_, dk_, dv_, K_;
   int KD_, VD_, CD_;  // nk dk, nv dv, 2 KD + VD (the conv channels)
   double eps_;
+  double norm_offset_;  // input_layernorm: 1 under qwen3_5_text (zero-centred)
   int64_t in_norm_, w_qkv_, w_z_, w_b_, w_a_, conv_, a_log_, dt_bias_, norm_, w_out_;
 };
 

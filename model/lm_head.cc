@@ -11,9 +11,14 @@
 namespace tt::model {
 
 LmHeadKind::LmHeadKind(const ModelConfig& cfg, int64_t wte_offset, ParamTable::Builder& b)
-    : LayerKind(-1, ParamSlice{}), C_((int)cfg.hidden_size), V_((int)cfg.vocab_size), eps_(cfg.rms_norm_eps) {
+    : LayerKind(-1, ParamSlice{}),
+      C_((int)cfg.hidden_size),
+      V_((int)cfg.vocab_size),
+      eps_(cfg.rms_norm_eps),
+      norm_offset_(cfg.qwen3_5() ? 1.0 : 0.0) {
   b.begin_block("lm_head");
-  const int first = b.add("model.norm.weight", {cfg.hidden_size}, ParamRole::kNormWeight);
+  const int first =
+      b.add("model.norm.weight", {cfg.hidden_size}, cfg.qwen3_5() ? ParamRole::kZeroNorm : ParamRole::kNormWeight);
   norm_ = b.offset(first);
   int last = first;
   if (cfg.tie_word_embeddings) {
@@ -129,7 +134,7 @@ void LmHeadKind::forward(E& e, const HeadCall<E>& c) const {
   const bool train = c.mode == Mode::kTrain, fused = E::kHeadGradInForward;
   const Saved<E> s(*this, N, b.n_rows, c.mode, c.saved);
   const Scratch<E> t(*this, c.R, c.mode, c.scratch);
-  e.rmsnorm_forward(s.nf, s.rstd, c.x, c.w + norm_, N, C_, eps_);
+  norm_forward(e, norm_offset_, s.nf, s.rstd, c.x, c.w + norm_, N, C_, eps_);
   if (!c.loss) return;  // no-grad without the loss: logits() reads nf
   const bool all_rows = b.n_rows == N;  // head rows are then 0..N-1: no gather or scatter
   e.begin_head();
@@ -172,7 +177,7 @@ void LmHeadKind::backward(E& e, const HeadCall<E>& c) const {
     e.end_head();
   }
   // dx starts as the final norm's input gradient (overwritten).
-  e.rmsnorm_backward(c.dx, c.g + norm_, s.dnf, c.x, c.w + norm_, s.rstd, N, C_, /*accumulate_dx=*/false);
+  norm_backward(e, norm_offset_, c.dx, c.g + norm_, s.dnf, c.x, c.w + norm_, s.rstd, N, C_, /*accumulate_dx=*/false);
 }
 
 template <class E>

@@ -97,6 +97,7 @@ class LmHeadKind final : public LayerKind {
 
   int C_, V_;
   double eps_;
+  double norm_offset_;  // model.norm: 1 under qwen3_5_text (zero-centred)
   int64_t norm_, lm_;  // offsets; lm_ is the embedding's when tied
 };
 

@@ -9,11 +9,16 @@
 namespace tt::model {
 
 MlpKind::MlpKind(const ModelConfig& cfg, int layer, ParamTable::Builder& b)
-    : LayerKind(layer, ParamSlice{}), C_((int)cfg.hidden_size), I_((int)cfg.intermediate_size), eps_(cfg.rms_norm_eps) {
+    : LayerKind(layer, ParamSlice{}),
+      C_((int)cfg.hidden_size),
+      I_((int)cfg.intermediate_size),
+      eps_(cfg.rms_norm_eps),
+      norm_offset_(cfg.qwen3_5() ? 1.0 : 0.0) {
   const std::string pre = str("model.layers.", layer, ".");
   const int64_t C = C_, I = I_;
   b.begin_block(pre + "mlp");
-  const int first = b.add(pre + "post_attention_layernorm.weight", {C}, ParamRole::kNormWeight);
+  const int first = b.add(pre + "post_attention_layernorm.weight", {C},
+                          cfg.qwen3_5() ? ParamRole::kZeroNorm : ParamRole::kNormWeight);
   norm_ = b.offset(first);
   wg_ = b.offset(b.add(pre + "mlp.gate_proj.weight", {I, C}, ParamRole::kMatrix));
   wu_ = b.offset(b.add(pre + "mlp.up_proj.weight", {I, C}, ParamRole::kMatrix));
@@ -83,7 +88,7 @@ void MlpKind::forward(E& e, const BlockCall<E>& c) const {
   const int N = c.batch->N, C = C_, I = I_;
   const Saved<E> s(*this, N, c.saved);
   const auto* w = c.w;
-  e.rmsnorm_forward(s.n, s.rstd, c.x_in, w + norm_, N, C, eps_);
+  norm_forward(e, norm_offset_, s.n, s.rstd, c.x_in, w + norm_, N, C, eps_);
   e.linear(s.gate, s.n, w + wg_, N, C, I);
   e.linear(s.up, s.n, w + wu_, N, C, I);
   e.swiglu_forward(s.h, s.gate, s.up, (int64_t)N * I);
@@ -108,7 +113,7 @@ void MlpKind::backward(E& e, const BlockCall<E>& c) const {
   e.linear_dw(g + wg_, dgate, s.n, N, C, I);
   e.linear_dw(g + wu_, dup, s.n, N, C, I);
   // The Acc sum of the two products is read without a bf16 rounding.
-  e.rmsnorm_backward(c.dx, g + norm_, c.sum, c.x_in, w + norm_, s.rstd, N, C, /*accumulate_dx=*/true);
+  norm_backward(e, norm_offset_, c.dx, g + norm_, c.sum, c.x_in, w + norm_, s.rstd, N, C, /*accumulate_dx=*/true);
 }
 
 #define TT_MLP_INSTANTIATE(E)                                                \

@@ -45,6 +45,7 @@ class MlpKind final : public LayerKind {
 
   int C_, I_;
   double eps_;
+  double norm_offset_;  // 1: Qwen3.5's zero-centred norm weight
   int64_t norm_, wg_, wu_, wd_;  // offsets in the flat buffers
 };
 

@@ -20,6 +20,7 @@ enum class ParamRole {
   kMatrix,      // a projection or embedding: normal(0, initializer_range), weight decay
   kNormWeight,  // an RMSNorm scale (and a Gated DeltaNet dt_bias): ones, no weight decay
   kLogDecay,    // a Gated DeltaNet A_log: log(A), A uniform in (0, 16] (HF's init), no weight decay
+  kZeroNorm,    // a zero-centred RMSNorm scale (Qwen3.5: the layer applies 1 + w): zeros, no weight decay
 };
 
 struct ParamInfo {

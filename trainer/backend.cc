@@ -302,8 +302,9 @@ int resolve_device(const std::string& device, const model::ModelConfig& cfg, int
     spdlog::info("device: auto -> cpu (model.head_dim {}: the CUDA attention takes 64 or 128)", cfg.head_dim);
     return -1;
   }
-  if (cfg.has_linear_attention()) {
-    spdlog::info("device: auto -> cpu (linear_attention layers: no CUDA Gated DeltaNet kernels yet)");
+  if (cfg.has_linear_attention() || cfg.qwen3_5()) {
+    spdlog::info("device: auto -> cpu ({}: no CUDA kernels for its layers yet)",
+                 cfg.qwen3_5() ? "qwen3_5_text" : "linear_attention layers");
     return -1;
   }
   const int gpu = bind_gpu(local_rank, local_world_size, n);

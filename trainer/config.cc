@@ -43,7 +43,7 @@ const std::vector<Field>& fields() {
   static const std::vector<Field> kFields = {
       TT_FIELD("run_dir", run_dir),
       TT_FIELD("device", device, {"auto", "cpu", "cuda"}),
-      TT_FIELD("model.architecture", model.architecture, {"qwen3", "llama"}),
+      TT_FIELD("model.architecture", model.architecture, {"qwen3", "llama", "qwen3_5_text"}),
       TT_FIELD("model.vocab_size", model.vocab_size),
       TT_FIELD("model.hidden_size", model.hidden_size),
       TT_FIELD("model.intermediate_size", model.intermediate_size),
@@ -53,6 +53,7 @@ const std::vector<Field>& fields() {
       TT_FIELD("model.head_dim", model.head_dim),
       TT_FIELD("model.rms_norm_eps", model.rms_norm_eps),
       TT_FIELD("model.rope_theta", model.rope_theta),
+      TT_FIELD("model.partial_rotary_factor", model.partial_rotary_factor),
       TT_FIELD("model.tie_word_embeddings", model.tie_word_embeddings),
       TT_FIELD("model.initializer_range", model.initializer_range),
       TT_FIELD("model.max_position_embeddings", model.max_position_embeddings),

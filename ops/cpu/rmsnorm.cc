@@ -14,7 +14,7 @@
 namespace tt::cpu {
 
 template <class T>
-void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int rows, int C, double eps) {
+void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int rows, int C, double eps, double w_offset) {
   TT_CHECK(rows >= 0 && C > 0, "rmsnorm_forward: expected rows >= 0 and C > 0, got rows=", rows,
            " C=", C);
   TT_CHECK(eps >= 0, "rmsnorm_forward: expected eps >= 0, got ", eps);
@@ -25,14 +25,14 @@ void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int rows, int C, d
     double ss = 0.0;
     for (int c = 0; c < C; c++) ss += (double)xr[c] * (double)xr[c];
     const double rs = 1.0 / std::sqrt(ss / C + eps);
-    for (int c = 0; c < C; c++) o[c] = (T)((double)xr[c] * rs * (double)w[c]);
+    for (int c = 0; c < C; c++) o[c] = (T)((double)xr[c] * rs * ((double)w[c] + w_offset));
     rstd[r] = (T)rs;
   }
 }
 
 template <class T>
 void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const T* rstd, int rows,
-                      int C) {
+                      int C, double w_offset) {
   TT_CHECK(rows >= 0 && C > 0, "rmsnorm_backward: expected rows >= 0 and C > 0, got rows=", rows,
            " C=", C);
 #pragma omp parallel for schedule(static)
@@ -42,10 +42,10 @@ void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const
     T* dxr = dx + (int64_t)r * C;         // (C)
     const double rs = rstd[r];
     double dot = 0.0;  // sum_k dout_k w_k x_k
-    for (int c = 0; c < C; c++) dot += (double)dr[c] * (double)w[c] * (double)xr[c];
+    for (int c = 0; c < C; c++) dot += (double)dr[c] * ((double)w[c] + w_offset) * (double)xr[c];
     const double k = rs * rs * dot / C;
     for (int c = 0; c < C; c++) {
-      dxr[c] = (T)((double)dxr[c] + rs * ((double)dr[c] * (double)w[c] - (double)xr[c] * k));
+      dxr[c] = (T)((double)dxr[c] + rs * ((double)dr[c] * ((double)w[c] + w_offset) - (double)xr[c] * k));
     }
   }
   // dw (C): column chunks of 64, each reduced over all rows in order by one thread.
@@ -65,11 +65,11 @@ void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const
   }
 }
 
-template void rmsnorm_forward<float>(float*, float*, const float*, const float*, int, int, double);
-template void rmsnorm_forward<double>(double*, double*, const double*, const double*, int, int, double);
+template void rmsnorm_forward<float>(float*, float*, const float*, const float*, int, int, double, double);
+template void rmsnorm_forward<double>(double*, double*, const double*, const double*, int, int, double, double);
 template void rmsnorm_backward<float>(float*, float*, const float*, const float*, const float*,
-                                      const float*, int, int);
+                                      const float*, int, int, double);
 template void rmsnorm_backward<double>(double*, double*, const double*, const double*, const double*,
-                                       const double*, int, int);
+                                       const double*, int, int, double);
 
 }  // namespace tt::cpu

@@ -1,6 +1,7 @@
 // Rotary position embedding (Hugging Face rotate_half), CPU reference, in place.
-// For d < HS/2: inv_freq_d = theta^(-2d/HS), a = pos * inv_freq_d (fp64), and the pair
-// (x_d, x_{d+HS/2}) is rotated by a: forward by R(a), backward by R(a)^T = R(-a).
+// With R the rotary dims (HS, or the first R of a head for Qwen3.5's partial RoPE): for d < R/2,
+// inv_freq_d = theta^(-2d/R), a = pos * inv_freq_d (fp64), and the pair (x_d, x_{d+R/2}) is
+// rotated by a: forward by R(a), backward by R(a)^T = R(-a); dims R.. pass through.
 #include "ops/cpu/rope.h"
 
 #include <cmath>
@@ -13,13 +14,15 @@ namespace {
 
 // Rotates every head of every row by +angle (sign = 1) or -angle (sign = -1).
 template <class T>
-void rotate(T* x, const int32_t* pos, int N, int H, int HS, double theta, double sign, const char* op) {
-  TT_CHECK(N >= 0 && H > 0 && HS > 0 && HS % 2 == 0, op,
-           ": expected N >= 0, H > 0 and an even HS > 0, got N=", N, " H=", H, " HS=", HS);
+void rotate(T* x, const int32_t* pos, int N, int H, int HS, double theta, double sign, const char* op,
+            int rotary_dim) {
+  const int R = rotary_dim > 0 ? rotary_dim : HS;
+  TT_CHECK(N >= 0 && H > 0 && HS > 0 && R % 2 == 0 && R <= HS, op,
+           ": expected N >= 0, H > 0 and an even rotary_dim <= HS, got N=", N, " H=", H, " HS=", HS, " rotary_dim=", R);
   TT_CHECK(theta > 0, op, ": expected rope theta > 0, got ", theta);
-  const int half = HS / 2;
-  std::vector<double> inv_freq(half);  // (HS/2)
-  for (int d = 0; d < half; d++) inv_freq[d] = std::pow(theta, -2.0 * d / HS);
+  const int half = R / 2;
+  std::vector<double> inv_freq(half);  // (R/2)
+  for (int d = 0; d < half; d++) inv_freq[d] = std::pow(theta, -2.0 * d / R);
 #pragma omp parallel
   {
     std::vector<double> cs(half), sn(half);  // (HS/2)
@@ -45,18 +48,18 @@ void rotate(T* x, const int32_t* pos, int N, int H, int HS, double theta, double
 }  // namespace
 
 template <class T>
-void rope_forward(T* x, const int32_t* pos, int N, int H, int HS, double theta) {
-  rotate(x, pos, N, H, HS, theta, 1.0, "rope_forward");
+void rope_forward(T* x, const int32_t* pos, int N, int H, int HS, double theta, int rotary_dim) {
+  rotate(x, pos, N, H, HS, theta, 1.0, "rope_forward", rotary_dim);
 }
 
 template <class T>
-void rope_backward(T* dx, const int32_t* pos, int N, int H, int HS, double theta) {
-  rotate(dx, pos, N, H, HS, theta, -1.0, "rope_backward");
+void rope_backward(T* dx, const int32_t* pos, int N, int H, int HS, double theta, int rotary_dim) {
+  rotate(dx, pos, N, H, HS, theta, -1.0, "rope_backward", rotary_dim);
 }
 
-template void rope_forward<float>(float*, const int32_t*, int, int, int, double);
-template void rope_forward<double>(double*, const int32_t*, int, int, int, double);
-template void rope_backward<float>(float*, const int32_t*, int, int, int, double);
-template void rope_backward<double>(double*, const int32_t*, int, int, int, double);
+template void rope_forward<float>(float*, const int32_t*, int, int, int, double, int);
+template void rope_forward<double>(double*, const int32_t*, int, int, int, double, int);
+template void rope_backward<float>(float*, const int32_t*, int, int, int, double, int);
+template void rope_backward<double>(double*, const int32_t*, int, int, int, double, int);
 
 }  // namespace tt::cpu

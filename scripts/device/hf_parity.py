@@ -2,7 +2,7 @@
 
 Run on a machine with torch + transformers (the GPU machine), with the probe binary built here:
   python3 scripts/device/hf_parity.py .device/hf_parity_tool OUTDIR
-For qwen3/llama, tied/untied: (1) we export a model; transformers loads it; logits must match
+For qwen3/llama/qwen3_5_text (3 Gated DeltaNet layers : 1 gated attention), tied/untied: (1) we export a model; transformers loads it; logits must match
 ours; (2) transformers writes a randomly initialised model; we load it; logits must match theirs.
 Rule: fp32 vs fp64 computations of the same function: max |diff| / max |logit| < 1e-4.
 """
@@ -34,7 +34,7 @@ def ours(args, vocab):
     return np.fromfile(args[-1], dtype=np.float32).reshape(len(tokens), vocab).astype(np.float64)
 
 
-for arch in ["qwen3", "llama"]:
+for arch in ["qwen3", "llama", "qwen3_5_text"]:
     for tied in ["0", "1"]:
         name = f"{arch}_tied{tied}"
         d = os.path.join(out, "ours_" + name)

@@ -3,7 +3,8 @@
 // compute for a token sequence; `import` loads an HF directory written by transformers and writes
 // our logits for the sequence. The script compares both with transformers' own logits.
 //
-//   hf_parity_tool export DIR ARCH TIED SEED TOKENS OUT   (ARCH qwen3|llama, TIED 0|1, TOKENS 1,2,3)
+//   hf_parity_tool export DIR ARCH TIED SEED TOKENS OUT   (ARCH qwen3|llama|qwen3_5_text, TIED 0|1,
+//                                                         TOKENS 1,2,3; qwen3_5_text: 3 GDN : 1 attention)
 //   hf_parity_tool import DIR TOKENS OUT
 //   hf_parity_tool greedy DIR TOKENS N OUT  (fp64 greedy generation of N tokens with the KV cache,
 //                                          eos ignored: OUT gets one JSON line {"tokens": [...],
@@ -76,6 +77,16 @@ int main(int argc, char** argv) {
       cfg.rope_theta = 1000000.0;
       cfg.tie_word_embeddings = std::string(argv[4]) == "1";
       cfg.initializer_range = 0.1;
+      if (cfg.architecture == "qwen3_5_text") {  // 3 Gated DeltaNet layers : 1 gated attention
+        cfg.num_hidden_layers = 4;
+        cfg.layer_types = {"linear_attention", "linear_attention", "linear_attention", "full_attention"};
+        cfg.partial_rotary_factor = 0.25;
+        cfg.linear_num_key_heads = 2;
+        cfg.linear_num_value_heads = 4;
+        cfg.linear_key_head_dim = 16;
+        cfg.linear_value_head_dim = 16;
+        cfg.linear_conv_kernel_dim = 4;
+      }
       tt::model::Model<double> m(cfg);
       m.init(std::strtoull(argv[5], nullptr, 10));
       tt::model::save_hf(argv[2], m, "F32");

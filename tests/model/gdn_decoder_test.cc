@@ -36,6 +36,16 @@ ModelConfig hybrid_config() {
   return c;
 }
 
+// Qwen3.5 as transformers builds it (qwen3_5_text): zero-centred norms, gated attention, partial
+// RoPE (half of head_dim 8 here), the Gated DeltaNet layers.
+ModelConfig qwen35_config() {
+  ModelConfig c = hybrid_config();
+  c.architecture = "qwen3_5_text";
+  c.head_dim = 8;
+  c.partial_rotary_factor = 0.5;
+  return c;
+}
+
 void init_for_test(Model<double>& m, uint64_t seed) {
   m.init(seed);
   std::mt19937_64 rng(seed + 17);
@@ -102,8 +112,8 @@ TEST(GdnDecoder, TableHasTheGatedDeltaNetTensors) {
 // truncation error is O(h^4) (the hybrid's gated products make the third derivative large enough
 // that plain D(1e-5) is off by ~1e-6 relative) and its rounding error ~1e-16 |L| / h = 1e-12 |L|
 // at h = 1e-4, far inside the bound 1e-6 |grad| + 1e-9 of decoder_test.cc.
-TEST(GdnDecoder, GradientsMatchFiniteDifferences) {
-  Model<double> m(hybrid_config());
+void check_gradients(const ModelConfig& cfg) {
+  Model<double> m(cfg);
   init_for_test(m, 3);
   const data::Tree tree = test_tree(m.config().vocab_size);
   const data::PackedBatch b = data::pack({&tree}, data::Packing::kTree);
@@ -130,13 +140,16 @@ TEST(GdnDecoder, GradientsMatchFiniteDifferences) {
         return (lp - lm) / (2 * step);
       };
       const double fd = (4 * central(h / 2) - central(h)) / 3, an = grad[p.offset + i];
-      EXPECT_NEAR(an, fd, 1e-6 * std::fabs(an) + 1e-9) << p.name << "[" << i << "]";
+      EXPECT_NEAR(an, fd, 1e-6 * std::fabs(an) + 1e-9) << cfg.architecture << " " << p.name << "[" << i << "]";
     }
   }
 }
 
-TEST(GdnDecoder, TreeEqualsPerPath) {
-  Model<double> m(hybrid_config());
+TEST(GdnDecoder, GradientsMatchFiniteDifferences) { check_gradients(hybrid_config()); }
+TEST(Qwen35, GradientsMatchFiniteDifferences) { check_gradients(qwen35_config()); }
+
+void check_tree_equals_per_path(const ModelConfig& cfg) {
+  Model<double> m(cfg);
   init_for_test(m, 4);
   const data::Tree tree = test_tree(m.config().vocab_size);
   const data::PackedBatch t = data::pack({&tree}, data::Packing::kTree);
@@ -154,6 +167,39 @@ TEST(GdnDecoder, TreeEqualsPerPath) {
   for (int64_t i = 0; i < m.num_params(); ++i) diff = std::max(diff, std::fabs(g_tree[i] - m.grads()[i]));
   EXPECT_LE(diff, 1e-10 * max_abs(g_tree.data(), m.num_params()));
   EXPECT_GT(max_abs(g_tree.data(), m.num_params()), 1e-3);
+}
+
+TEST(GdnDecoder, TreeEqualsPerPath) { check_tree_equals_per_path(hybrid_config()); }
+TEST(Qwen35, TreeEqualsPerPath) { check_tree_equals_per_path(qwen35_config()); }
+
+TEST(Qwen35, TableAndConfigAreTransformers) {
+  Model<double> m(qwen35_config());
+  const ParamTable& t = m.table();
+  // q_proj holds the query and the output gate per head; norms are zero-centred (init 0).
+  EXPECT_EQ(t[t.find("model.layers.1.self_attn.q_proj.weight")].shape, (std::vector<int64_t>{2 * 2 * 8, 8}));
+  EXPECT_EQ(t[t.find("model.layers.1.self_attn.q_norm.weight")].role, ParamRole::kZeroNorm);
+  EXPECT_EQ(t[t.find("model.norm.weight")].role, ParamRole::kZeroNorm);
+  EXPECT_EQ(t[t.find("model.layers.0.input_layernorm.weight")].role, ParamRole::kZeroNorm);
+  EXPECT_EQ(t[t.find("model.layers.0.linear_attn.norm.weight")].role, ParamRole::kNormWeight) << "plain, HF's exception";
+  EXPECT_EQ(m.num_params(), m.config().parameter_count());
+  m.init(2);
+  const ParamInfo& n = t[t.find("model.norm.weight")];
+  for (int64_t i = 0; i < n.numel; ++i) EXPECT_EQ(m.params()[n.offset + i], 0.0);
+  const nlohmann::json j = m.config().to_hf_json();
+  EXPECT_EQ(j["model_type"], "qwen3_5_text");
+  EXPECT_EQ(j["architectures"][0], "Qwen3_5ForCausalLM");
+  EXPECT_EQ(j["rope_parameters"]["partial_rotary_factor"], 0.5);
+  const ModelConfig r = ModelConfig::from_hf_json(j, "config.json");
+  EXPECT_EQ(r.architecture, "qwen3_5_text");
+  EXPECT_EQ(r.partial_rotary_factor, 0.5);
+  EXPECT_EQ(r.layer_types, qwen35_config().layer_types);
+  // transformers' default when the file has no partial_rotary_factor: 0.25.
+  nlohmann::json k = j;
+  k["rope_parameters"].erase("partial_rotary_factor");
+  EXPECT_EQ(ModelConfig::from_hf_json(k, "config.json").partial_rotary_factor, 0.25);
+  ModelConfig bad = tiny_config("qwen3", false);
+  bad.partial_rotary_factor = 0.5;
+  EXPECT_THROW(bad.validate(), Error);
 }
 
 // Changing the tokens of one branch changes nothing in its sibling's rows, however the siblings

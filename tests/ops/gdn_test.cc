@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "ops/cpu/gated_attention.h"
 #include "tests/ops/test_util.h"
 
 namespace tt::cpu {
@@ -206,6 +207,29 @@ TEST(Gdn, GatesGradientByFiniteDifferences) {
   check_gradient("db", &b, db, objective);
   check_gradient("dA_log", &A_log, dA, objective);
   check_gradient("ddt_bias", &dt, ddt, objective);
+}
+
+TEST(GatedAttention, GateGradientAndHeadSplit) {
+  std::mt19937_64 rng(12);
+  const int n = 10;
+  std::vector<double> x = randn(rng, n), gate = randn(rng, n), R = randn(rng, n), y(n);
+  auto objective = [&] {
+    sigmoid_gate_forward(y.data(), x.data(), gate.data(), n);
+    return dot_objective(y, R);
+  };
+  objective();
+  std::vector<double> dx(n), dgate(n);
+  sigmoid_gate_backward(dx.data(), dgate.data(), R.data(), x.data(), gate.data(), n);
+  check_gradient("dx", &x, dx, objective);
+  check_gradient("dgate", &gate, dgate, objective);
+  // (N, H, 2D) per head [a | b]: split then merge is the identity.
+  const std::vector<double> ab = randn(rng, 2 * 3 * 2 * 4);
+  std::vector<double> a(2 * 3 * 4), b(2 * 3 * 4), back(ab.size());
+  split_heads(a.data(), b.data(), ab.data(), 2, 3, 4);
+  EXPECT_EQ(a[4], ab[8]) << "head 1's first a element";
+  EXPECT_EQ(b[4], ab[12]) << "head 1's first b element";
+  merge_heads(back.data(), a.data(), b.data(), 2, 3, 4);
+  EXPECT_EQ(back, ab);
 }
 
 // Inputs of one gated delta rule call on a layout.
