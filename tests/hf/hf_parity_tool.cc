@@ -6,6 +6,8 @@
 //   hf_parity_tool export DIR ARCH TIED SEED TOKENS OUT   (ARCH qwen3|llama|qwen3_5_text, TIED 0|1,
 //                                                         TOKENS 1,2,3; qwen3_5_text: 3 GDN : 1 attention)
 //   hf_parity_tool import DIR TOKENS OUT
+//   hf_parity_tool step DIR TOKENS LR OUTDIR (one AdamW step on the mean token cross entropy, as
+//                                          transformers' labels=input_ids; OUTDIR: the HF weights after)
 //   hf_parity_tool greedy DIR TOKENS N OUT  (fp64 greedy generation of N tokens with the KV cache,
 //                                          eos ignored: OUT gets one JSON line {"tokens": [...],
 //                                          "gaps": [top-1 minus top-2 logit at each step]})
@@ -22,6 +24,7 @@
 #include "model/decoder.h"
 #include "model/generate.h"
 #include "model/hf_io.h"
+#include "ops/cpu/adamw.h"
 #include "base/check.h"
 
 namespace {
@@ -137,8 +140,34 @@ int main(int argc, char** argv) {
       if (!f) throw tt::Error(tt::str(argv[5], ": cannot write"));
       return 0;
     }
+    if (mode == "step" && argc == 6) {
+      // One training step as transformers takes it with labels = input_ids: the mean cross
+      // entropy of tokens[1:], then AdamW (betas 0.9/0.999, eps 1e-3, no weight decay, step 1).
+      tt::model::Model<double> m(tt::model::read_hf_config(argv[2]));
+      tt::model::load_hf_weights(argv[2], m);
+      const std::vector<int32_t> toks = parse_tokens(argv[3]);
+      tt::data::PackedBatch b = chain(toks);
+      for (int i = 1; i < (int)toks.size(); ++i) {
+        b.tgt_src.push_back(i - 1);
+        b.tgt_tok.push_back(toks[i]);
+        b.tgt_w.push_back(1.0);
+      }
+      m.zero_grad();
+      m.forward_backward(b, 1.0 / (double)(toks.size() - 1));
+      std::vector<double> mom((size_t)m.num_params(), 0.0), vel((size_t)m.num_params(), 0.0);
+      tt::cpu::AdamWParams p;
+      p.lr = std::strtod(argv[4], nullptr);
+      p.beta1 = 0.9;
+      p.beta2 = 0.999;
+      p.eps = 1e-3;
+      p.weight_decay = 0;
+      p.step = 1;
+      tt::cpu::adamw_update(m.params(), m.grads(), mom.data(), vel.data(), m.num_params(), p);
+      tt::model::save_hf(argv[5], m, "F32");
+      return 0;
+    }
     std::cerr << "usage: hf_parity_tool export DIR ARCH TIED SEED TOKENS OUT | import DIR TOKENS OUT | "
-                 "greedy DIR TOKENS N OUT\n";
+                 "greedy DIR TOKENS N OUT | step DIR TOKENS LR OUTDIR\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
