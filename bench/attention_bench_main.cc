@@ -1,6 +1,6 @@
 // attention_bench: times the CUDA tree attention on a public workload and prints one JSON line.
 //
-//   attention_bench --workload comb|rollout|causal [--n N (causal)] [--heads 16] [--kv-heads 16]
+//   attention_bench --workload comb|rollout|causal|comb_short|trunk [--n N (causal)] [--heads 16] [--kv-heads 16]
 //                   [--head-dim 128] [--iters 10] [--warmup 3] [--dump PREFIX]
 // --dump writes PREFIXsubtree_end.npy and PREFIXpos.npy for scripts/device/attention_compare.py.
 #include <cstdio>
@@ -35,7 +35,9 @@ int main(int argc, char** argv) {
     if (workload == "comb") batch = tt::trainer::episode_comb_batch();
     else if (workload == "rollout") batch = tt::trainer::agent_rollout_batch();
     else if (workload == "causal") batch = tt::trainer::causal_batch(n);
-    else TT_CHECK(false, "attention_bench: --workload ", workload, ", expected comb, rollout or causal");
+    else if (workload == "comb_short") batch = tt::trainer::comb_short_batch();
+    else if (workload == "trunk") batch = tt::trainer::trunk_batch();
+    else TT_CHECK(false, "attention_bench: --workload ", workload, ", expected comb, rollout, causal, comb_short or trunk");
     if (!dump.empty()) tt::trainer::dump_layout_npy(batch, dump);
     const auto r = tt::trainer::bench_attention(batch, workload, opt);
     std::string json = tt::trainer::to_json(r);

@@ -129,6 +129,45 @@ data::PackedBatch agent_rollout_batch(int prompt_len, int turns, int turn_len, i
 
 data::PackedBatch causal_batch(int n) { return pack_one(make_tree("causal", {-1}, {n})); }
 
+data::PackedBatch comb_short_batch() { return episode_comb_batch(1024, 200, 24, 40); }
+
+data::PackedBatch trunk_batch(int max_tokens, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> trunk_len(5, 40), leaf_len(8, 24), one_in(0, 9);
+  std::vector<int> parent = {-1}, len = {trunk_len(rng)};
+  int trunk = 0, total = len[0];
+  while (true) {
+    const int t = one_in(rng) == 0 ? 1 : trunk_len(rng), l = leaf_len(rng);
+    if (total + t + l > max_tokens) break;
+    parent.push_back(trunk);
+    len.push_back(t);
+    trunk = (int)parent.size() - 1;
+    parent.push_back(trunk);
+    len.push_back(l);
+    total += t + l;
+  }
+  return pack_one(make_tree("trunk", parent, len));
+}
+
+double tile_occupancy(const data::PackedBatch& batch, int bm, int bn) {
+  const int N = batch.n_tokens;
+  TT_CHECK(bm > 0 && bn > 0, "tile_occupancy: expected positive tile sizes, got ", bm, " x ", bn);
+  if (N == 0) return 1.0;
+  const int nq = (N + bm - 1) / bm, nk = (N + bn - 1) / bn;
+  int64_t tiles = 0;
+  std::vector<char> hit(nq);
+  for (int kb = 0; kb < nk; kb++) {
+    std::fill(hit.begin(), hit.end(), 0);
+    for (int j = kb * bn; j < std::min(N, (kb + 1) * bn); j++) {
+      // Key j is seen by queries [j, subtree_end[j]): mark the query tiles that interval touches.
+      const int q_end = batch.subtree_end[j];
+      for (int qb = j / bm; qb * bm < q_end; qb++) hit[qb] = 1;
+    }
+    for (int qb = 0; qb < nq; qb++) tiles += hit[qb];
+  }
+  return (double)batch.visible_pairs / ((double)tiles * bm * bn);
+}
+
 void dump_layout_npy(const data::PackedBatch& batch, const std::string& prefix) {
   write_npy_i32(prefix + "subtree_end.npy", batch.subtree_end);
   write_npy_i32(prefix + "pos.npy", batch.pos);
@@ -212,6 +251,8 @@ AttentionBenchResult bench_attention(const data::PackedBatch& batch, const std::
   r.fwd_tflops = tflops(4, r.fwd_ms);
   r.bwd_tflops = tflops(10, r.bwd_ms);
   r.total_tflops = tflops(14, r.total_ms);
+  r.fwd_occupancy = tile_occupancy(batch, 128, 128);
+  r.bwd_occupancy = tile_occupancy(batch, 64, 128);
   return r;
 }
 
@@ -220,9 +261,11 @@ std::string to_json(const AttentionBenchResult& r) {
   std::snprintf(buf, sizeof buf,
                 "{\"workload\": \"%s\", \"n\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"trees\": %d, "
                 "\"nodes\": %d, \"visible_pairs\": %lld, \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"total_ms\": %.4f, "
-                "\"fwd_tflops\": %.1f, \"bwd_tflops\": %.1f, \"total_tflops\": %.1f}",
+                "\"fwd_tflops\": %.1f, \"bwd_tflops\": %.1f, \"total_tflops\": %.1f, \"fwd_occupancy\": %.4f, "
+                "\"bwd_occupancy\": %.4f}",
                 r.workload.c_str(), r.n, r.heads, r.kv_heads, r.head_dim, r.trees, r.nodes, (long long)r.visible_pairs,
-                r.fwd_ms, r.bwd_ms, r.total_ms, r.fwd_tflops, r.bwd_tflops, r.total_tflops);
+                r.fwd_ms, r.bwd_ms, r.total_ms, r.fwd_tflops, r.bwd_tflops, r.total_tflops, r.fwd_occupancy,
+                r.bwd_occupancy);
   return buf;
 }
 

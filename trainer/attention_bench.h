@@ -30,7 +30,15 @@ struct AttentionBenchResult {
   int64_t visible_pairs = 0;
   double fwd_ms = 0, bwd_ms = 0, total_ms = 0;           // medians
   double fwd_tflops = 0, bwd_tflops = 0, total_tflops = 0;  // of visible pairs
+  // Tile occupancy: visible pairs over the pairs of the tiles that hold at least one visible pair
+  // (the tiles a kernel that skips empty tiles computes), for the forward's 128 x 128 and the
+  // backward's 64 x 128 (query x key) tiles.
+  double fwd_occupancy = 0, bwd_occupancy = 0;
 };
+
+// Visible pairs / pairs of the (bm queries x bn keys) tiles holding a visible pair (key j is seen
+// by queries j .. subtree_end[j] - 1); 1 for a layout whose every touched tile is full.
+double tile_occupancy(const data::PackedBatch& batch, int bm, int bn);
 
 // Runs the benchmark on the GPU (throws tt::Error on CUDA errors or bad shapes).
 AttentionBenchResult bench_attention(const data::PackedBatch& batch, const std::string& workload,
@@ -53,5 +61,12 @@ data::PackedBatch agent_rollout_batch(int prompt_len = 4096, int turns = 6, int 
                                       int branch_turns = 2, int jitter = 64, uint64_t seed = 1);
 // one chain of n tokens: plain causal attention, for the kernel's own dense baseline.
 data::PackedBatch causal_batch(int n);
+// Fine-grained trees (issue 20), fixed shapes and seeds:
+// "comb_short": a navigation comb with short history nodes: prefix 1024, 200 steps of a 24-token
+// history node and a 40-token leaf (13,824 tokens);
+// "trunk": a long trunk of nodes of 5..40 tokens, one in ten of one token, each with a leaf of
+// 8..24 tokens, seed 7, up to 16,384 tokens.
+data::PackedBatch comb_short_batch();
+data::PackedBatch trunk_batch(int max_tokens = 16384, uint64_t seed = 7);
 
 }  // namespace tt::trainer

@@ -43,8 +43,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.g
 
 # 1. Our timings, dumping each layout for the comparison.
 : >"$OUT/bench.jsonl"
-for wl in comb rollout; do
-  for kv in 16 8; do
+for wl in ${WORKLOADS:-comb rollout comb_short trunk}; do
+  for kv in ${KV_HEADS:-16 8}; do
     timeout 60 "$DIR/attention_bench" --workload $wl --heads 16 --kv-heads $kv --head-dim 128 \
       --dump "/tmp/attn_${wl}_" >>"$OUT/bench.jsonl" 2>>"$OUT/tests.log" ||
       echo "bench $wl kv=$kv failed" >>"$summary"

@@ -5,7 +5,9 @@ Reads the JSON lines that bench/attention_bench printed (one per workload and he
 names the layout it dumped: <prefix>subtree_end.npy), and for each times, in this process:
   - FlexAttention (torch.compile'd flex_attention) with the tree mask
     mask_mod = (kv <= q) & (q < subtree_end[kv]) as a block mask on the packed length N;
-  - dense causal SDPA (F.scaled_dot_product_attention, is_causal=True) on the same N.
+  - dense causal SDPA (F.scaled_dot_product_attention, is_causal=True) on the same N, on
+    cuDNN's attention (SDPBackend.CUDNN_ATTENTION; the default flash backend if cuDNN cannot
+    run, said in the table's backend column).
 Same heads / KV heads / head dim, bf16, batch 1, forward + backward (torch.autograd.grad), CUDA
 events after warm-up, medians. TFLOP/s count 14 * head_dim * heads FLOPs per visible pair
 (4 forward, 10 backward): the tree's pairs for ours and Flex, N (N + 1) / 2 for causal SDPA.
@@ -22,6 +24,7 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 
@@ -119,10 +122,23 @@ def compare_row(o, args, flex, start, rows, out_f):
     # SDPA on full heads (KV heads repeated outside the timing), so every backend applies.
     ke = k.detach().repeat_interleave(h // hkv, dim=1).requires_grad_(True)
     ve = v.detach().repeat_interleave(h // hkv, dim=1).requires_grad_(True)
-    sdpa = lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_, is_causal=True)
-    sdpa_fwd, sdpa_total = fwd_bwd_times(sdpa, q, ke, ve, dout, args.warmup, args.iters)
+    def sdpa_on(backend):
+        def run(q_, k_, v_):
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q_, k_, v_, is_causal=True)
+        return run
+
+    backend = "cudnn"
+    try:
+        sdpa_fwd, sdpa_total = fwd_bwd_times(sdpa_on(SDPBackend.CUDNN_ATTENTION), q, ke, ve, dout, args.warmup,
+                                             args.iters)
+    except RuntimeError as e:
+        print(f"{tag}: cuDNN SDPA cannot run ({str(e)[:120]}); flash instead", flush=True)
+        backend = "flash"
+        sdpa_fwd, sdpa_total = fwd_bwd_times(sdpa_on(SDPBackend.FLASH_ATTENTION), q, ke, ve, dout, args.warmup,
+                                             args.iters)
     causal_pairs = n * (n + 1) // 2
-    print(f"[{time.time() - start:6.1f}s] {tag}: sdpa causal fwd {sdpa_fwd:.2f} ms, fwd+bwd {sdpa_total:.2f} ms "
+    print(f"[{time.time() - start:6.1f}s] {tag}: sdpa ({backend}) causal fwd {sdpa_fwd:.2f} ms, fwd+bwd {sdpa_total:.2f} ms "
           f"({tflops(fpp, causal_pairs, sdpa_total):.0f} TFLOP/s)", flush=True)
     del q, k, v, ke, ve, dout, bm
     torch.cuda.empty_cache()
@@ -139,6 +155,8 @@ def compare_row(o, args, flex, start, rows, out_f):
         "sdpa_tflops": tflops(fpp, causal_pairs, sdpa_total),
         "sdpa_fwd_tflops": tflops(4 * d * h, causal_pairs, sdpa_fwd),
         "flex_setup_s": t_flex,
+        "sdpa_backend": backend,
+        "fwd_occupancy": o.get("fwd_occupancy", float("nan")), "bwd_occupancy": o.get("bwd_occupancy", float("nan")),
     }
     row["ours_over_flex"] = row["ours_tflops"] / row["flex_tflops"]
     row["ours_over_sdpa"] = row["ours_tflops"] / row["sdpa_tflops"]
@@ -148,15 +166,16 @@ def compare_row(o, args, flex, start, rows, out_f):
 
 
 def print_table(rows):
-    hdr = (f"{'workload':<9}{'N':>7}{'H/KV':>7}{'pairs':>9} | {'ours ms':>8}{'TF/s':>6} (fwd {'TF/s':>4})"
-           f" | {'flex ms':>8}{'TF/s':>6} | {'sdpa ms':>8}{'TF/s':>6} | {'/flex':>6}{'/sdpa':>6}")
+    hdr = (f"{'workload':<11}{'N':>7}{'H/KV':>7}{'pairs':>9} {'occ f/b':>10} | {'ours ms':>8}{'TF/s':>6} (fwd {'TF/s':>4})"
+           f" | {'flex ms':>8}{'TF/s':>6} | {'sdpa ms':>8}{'TF/s':>6} {'':>5} | {'/flex':>6}{'/sdpa':>6}")
     print(hdr)
     for r in rows:
         ours_fwd_tf = 4 * r["head_dim"] * r["heads"] * r["visible_pairs"] / (r["ours_fwd_ms"] * 1e-3) / 1e12
-        print(f"{r['workload']:<9}{r['n']:>7}{str(r['heads']) + '/' + str(r['kv_heads']):>7}"
-              f"{r['visible_pairs'] / 1e6:>8.1f}M | {r['ours_total_ms']:>8.2f}{r['ours_tflops']:>6.0f} (fwd {ours_fwd_tf:>4.0f})"
+        print(f"{r['workload']:<11}{r['n']:>7}{str(r['heads']) + '/' + str(r['kv_heads']):>7}"
+              f"{r['visible_pairs'] / 1e6:>8.1f}M {r['fwd_occupancy']:>5.2f}/{r['bwd_occupancy']:<4.2f}"
+              f" | {r['ours_total_ms']:>8.2f}{r['ours_tflops']:>6.0f} (fwd {ours_fwd_tf:>4.0f})"
               f" | {r['flex_total_ms']:>8.2f}{r['flex_tflops']:>6.0f} | {r['sdpa_total_ms']:>8.2f}{r['sdpa_tflops']:>6.0f}"
-              f" | {r['ours_over_flex']:>6.2f}{r['ours_over_sdpa']:>6.2f}")
+              f" {r['sdpa_backend']:>5} | {r['ours_over_flex']:>6.2f}{r['ours_over_sdpa']:>6.2f}")
 
 
 if __name__ == "__main__":
