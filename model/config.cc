@@ -57,6 +57,9 @@ void ModelConfig::validate() const {
                                 "\", not a layer kind of this model (supported: \"full_attention\", "
                                 "\"linear_attention\")"));
   }
+  if (has_linear_attention() && !qwen3_5())  // Qwen3_5ForCausalLM is the transformers class with the layer
+    fail("layer_types", str("names linear_attention layers, which architecture qwen3_5_text has (transformers' "
+                            "Qwen3_5ForCausalLM), not ", architecture));
   if (has_linear_attention()) {  // the Gated DeltaNet sizes (names as in HF's Qwen3NextConfig)
     const char* need = " (a linear_attention layer needs it)";
     auto sized = [&](const char* key, int64_t v, int64_t hi) {
@@ -300,7 +303,16 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
     }
     c.canonicalize();
   }
-  if (c.qwen3_5()) c.partial_rotary_factor = get_double_or(j, "partial_rotary_factor", 0.25, where);
+  if (c.qwen3_5()) {
+    c.partial_rotary_factor = get_double_or(j, "partial_rotary_factor", 0.25, where);
+    if (c.layer_types.empty()) {  // transformers' default: every full_attention_interval-th layer is full
+      const int64_t every = get_int_or(j, "full_attention_interval", 4, where);
+      if (every < 1) throw Error(str(where, ": field \"full_attention_interval\" must be >= 1, got ", every));
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+        c.layer_types.push_back((l + 1) % every == 0 ? "full_attention" : "linear_attention");
+      c.canonicalize();
+    }
+  }
   c.linear_num_key_heads = get_int_or(j, "linear_num_key_heads", 0, where);
   c.linear_num_value_heads = get_int_or(j, "linear_num_value_heads", 0, where);
   c.linear_key_head_dim = get_int_or(j, "linear_key_head_dim", 0, where);

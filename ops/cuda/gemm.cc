@@ -202,7 +202,9 @@ struct GemmHandle::Impl {
       } else {
         p.algo = cand[0].algo;
       }
-      if (tune) table[table.count(bucket) ? exact : bucket] = p.algo;
+      // Entries are only added, never replaced: a plan already built from one keeps agreeing with
+      // the table (the exact key leaves out the leading dimensions, which the plan cache keys on).
+      if (tune) table.emplace(table.count(bucket) ? exact : bucket, p.algo);
     } catch (...) {
       destroy(p);
       throw;

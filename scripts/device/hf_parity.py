@@ -5,8 +5,8 @@ Run on a machine with torch + transformers (the GPU machine), with the probe bin
 For qwen3/llama/qwen3_5_text (3 Gated DeltaNet layers : 1 gated attention), tied/untied: (1) we export a model; transformers loads it; logits must match
 ours; (2) transformers writes a randomly initialised model; we load it; logits must match theirs.
 Rule: fp32 vs fp64 computations of the same function: max |diff| / max |logit| < 1e-4.
-(3) one AdamW step from (2)'s weights, ours against torch.optim.AdamW: max |update diff| / lr
-within 1e-4 + 1e-5 max|g| / eps (the first update's slope in g is at most 1/eps; eps 1e-3).
+(3) one AdamW step from (2)'s weights, ours against torch.optim.AdamW, with eps = lr = 1e3 so the
+update is about the gradient itself: per tensor max |update diff| / max |update| < 1e-4.
 """
 import os
 import subprocess
@@ -56,17 +56,15 @@ for arch in ["qwen3", "llama", "qwen3_5_text"]:
         mine2 = ours(["import", d2, tok_arg, os.path.join(out, name + "_import.f32")], 96)
         err2 = np.abs(mine2 - theirs2).max() / np.abs(theirs2).max()
         # (3) One AdamW step on the same sequence from the transformers-written weights: ours
-        # (fp64) against torch.optim.AdamW on transformers' loss (labels = input_ids, fp32).
-        # eps 1e-3 keeps the first update g / (|g| + eps) Lipschitz in g (slope <= 1/eps), so the
-        # fp32 gradient's rounding (at most ~1e-5 max|g| for sums of a few thousand terms) moves it
-        # by at most 1e-5 max|g| / eps of lr; 1e-4 covers the fp32 storage of the weights.
-        lr = 1e-2
+        # (fp64) against torch.optim.AdamW on transformers' loss (labels = input_ids, fp32). With
+        # eps = lr = 1e3 the first update lr g / (|g| + eps) is g (1 - |g| / eps + ...): it carries
+        # the gradient itself, so a wrong gradient term shows; compared per tensor, normwise.
+        lr = eps = 1e3
         subprocess.run([tool, "step", d2, tok_arg, str(lr), os.path.join(out, name + "_step")], check=True)
         step_model = transformers.AutoModelForCausalLM.from_pretrained(d2, torch_dtype=torch.float32)
         step_model.train()
-        opt = torch.optim.AdamW(step_model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-3, weight_decay=0.0)
+        opt = torch.optim.AdamW(step_model.parameters(), lr=lr, betas=(0.9, 0.999), eps=eps, weight_decay=0.0)
         step_model(torch.tensor([tokens]), labels=torch.tensor([tokens])).loss.backward()
-        gmax = max(p.grad.abs().max().item() for p in step_model.parameters() if p.grad is not None)
         before = {k: v.detach().clone() for k, v in step_model.state_dict().items()}
         opt.step()
         import safetensors.torch
@@ -77,8 +75,10 @@ for arch in ["qwen3", "llama", "qwen3_5_text"]:
                 continue  # a tied lm_head
             delta_theirs = (v - before[k]).double()
             delta_mine = (mine_after[k].double() - before[k].double())
-            err3 = max(err3, (delta_mine - delta_theirs).abs().max().item() / lr)
-        bound3 = 1e-4 + 1e-5 * gmax / 1e-3
+            scale = delta_theirs.abs().max().item()
+            if scale > 0:
+                err3 = max(err3, (delta_mine - delta_theirs).abs().max().item() / scale)
+        bound3 = 1e-4  # fp32 against fp64 gradients of the same loss, as the logits' rule
         ok = err1 < 1e-4 and err2 < 1e-4 and err3 < bound3
         failures += 0 if ok else 1
         rows.append((name, type(model).__name__, err1, err2, err3, bound3, "ok" if ok else "FAIL"))

@@ -24,8 +24,12 @@ namespace {
 
 using testing::tiny_config;
 
+// A hybrid of Qwen3.5's layer kinds (the architecture whose transformers class has them), head
+// dim 4 with RoPE on half of it.
 ModelConfig hybrid_config() {
   ModelConfig c = tiny_config("qwen3", false);
+  c.architecture = "qwen3_5_text";
+  c.partial_rotary_factor = 0.5;
   c.num_hidden_layers = 3;
   c.layer_types = {"linear_attention", "full_attention", "linear_attention"};
   c.linear_num_key_heads = 1;
@@ -263,6 +267,25 @@ TEST(GdnDecoder, ConfigNamesWhatALinearAttentionLayerNeeds) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("linear_num_value_heads"), std::string::npos) << e.what();
   }
+  // linear_attention is Qwen3.5's layer: another architecture is an error naming the key.
+  c = hybrid_config();
+  c.architecture = "qwen3";
+  c.partial_rotary_factor = 1;
+  try {
+    c.validate();
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer_types names linear_attention layers, which architecture qwen3_5_text"),
+              std::string::npos)
+        << e.what();
+  }
+  // A Qwen3.5 config.json without layer_types gets transformers' default: every
+  // full_attention_interval-th layer full.
+  nlohmann::json j = hybrid_config().to_hf_json();
+  j.erase("layer_types");
+  j["full_attention_interval"] = 3;
+  EXPECT_EQ(ModelConfig::from_hf_json(j, "config.json").layer_types,
+            (std::vector<std::string>{"linear_attention", "linear_attention", "full_attention"}));
   // The config.json round trip keeps the hybrid's fields.
   const ModelConfig r = ModelConfig::from_hf_json(hybrid_config().to_hf_json(), "config.json");
   EXPECT_EQ(r.layer_types, hybrid_config().layer_types);

@@ -368,6 +368,25 @@ TEST(Gdn, GroupedHeadsShareKeysAndRejectBadShapes) {
                     in.k.data(), in.v.data(), in.g.data(), in.beta.data(), nullptr, in.t);
   check_gradient("dq", &in.q, dq, objective);
   check_gradient("dk", &in.k, dk_, objective);
+  // Value head h reads key head h / (nv / nk) (HF's repeat_interleave): nk = 2, nv = 4 equals
+  // nk = 4 with each key head written twice in a row.
+  {
+    const Layout l2 = random_layout(rng, 6, 3);
+    GdnInputs g2 = random_inputs(rng, l2, 2, 4, 3, 2, false);
+    std::vector<double> o2((size_t)l2.N * 4 * 2), o4(o2.size()), q4, k4;
+    for (int i = 0; i < l2.N; i++)
+      for (int h = 0; h < 4; h++)
+        for (int a = 0; a < 3; a++) {
+          q4.push_back(g2.q[((size_t)i * 2 + h / 2) * 3 + a]);
+          k4.push_back(g2.k[((size_t)i * 2 + h / 2) * 3 + a]);
+        }
+    gdn_tree_forward(o2.data(), nullptr, g2.q.data(), g2.k.data(), g2.v.data(), g2.g.data(), g2.beta.data(), nullptr,
+                     g2.t);
+    GdnTree t4 = g2.t;
+    t4.nk = 4;
+    gdn_tree_forward(o4.data(), nullptr, q4.data(), k4.data(), g2.v.data(), g2.g.data(), g2.beta.data(), nullptr, t4);
+    EXPECT_EQ(o2, o4);
+  }
   GdnTree bad = in.t;
   bad.nv = 3;  // not a multiple of nk = 2
   bad.nk = 2;

@@ -404,18 +404,21 @@ TEST(ConfigTest, LayerTypes) {
   EXPECT_EQ(e.rfind("--set model.layer_types=[full_attention, mamba]: model.layer_types entry 1 is \"mamba\"", 0), 0u)
       << e;
   // A linear_attention (Gated DeltaNet) layer needs its sizes: the first missing one is named.
-  const std::string l = parse_error(kMinimal, {"model.layer_types=[full_attention, linear_attention]"});
+  const std::string l = parse_error(kMinimal, {"model.architecture=qwen3_5_text", "model.head_dim=8",
+                                               "model.layer_types=[full_attention, linear_attention]"});
   EXPECT_NE(l.find("model.linear_num_key_heads must be in [1, 1024] (got 0) (a linear_attention layer needs it)"),
             std::string::npos)
       << l;
   RunConfig ok = parse_config_text(kMinimal, "run.yaml",
-                                   {"model.layer_types=[full_attention, linear_attention]", "model.linear_num_key_heads=1",
+                                   {"model.architecture=qwen3_5_text", "model.head_dim=8",
+                                    "model.layer_types=[full_attention, linear_attention]", "model.linear_num_key_heads=1",
                                     "model.linear_num_value_heads=2", "model.linear_key_head_dim=8",
                                     "model.linear_value_head_dim=8", "model.linear_conv_kernel_dim=4"});
   EXPECT_EQ(ok.model.linear_num_value_heads, 2);
   EXPECT_NE(ok.to_yaml().find("linear_conv_kernel_dim: 4"), std::string::npos) << ok.to_yaml();
   const std::string part = parse_error(
-      kMinimal, {"model.layer_types=[full_attention, linear_attention]", "model.linear_num_key_heads=1",
+      kMinimal, {"model.architecture=qwen3_5_text", "model.head_dim=8",
+                 "model.layer_types=[full_attention, linear_attention]", "model.linear_num_key_heads=1",
                  "model.linear_num_value_heads=2", "model.linear_key_head_dim=8", "model.linear_value_head_dim=8",
                  "model.linear_conv_kernel_dim=4", "partition.capacity_tokens=64"});
   EXPECT_NE(part.find("partition.capacity_tokens"), std::string::npos) << part;
