@@ -168,6 +168,12 @@ Run time_steps(tt::trainer::Backend& be, const std::vector<data::PackedBatch>& b
     p.step = ++*step_no;
     p.grad_scale = std::min(1.0, 1.0 / (norm + 1e-6));
     be.adamw_step(p);
+    // The step's new GEMM winners take effect from the next step, as in the trainer.
+    if (std::vector<tt::cuda::GemmTuned> won = be.take_gemm_pending(); !won.empty()) {
+      std::vector<tt::cuda::GemmTuned> table = be.gemm_tuning();
+      table.insert(table.end(), won.begin(), won.end());
+      be.set_gemm_tuning(table);
+    }
     const double t2 = now_s();
     if (!std::isfinite(loss) || !std::isfinite(norm)) throw Error(str("train_bench: loss ", loss, " norm ", norm));
     std::fprintf(stderr, "  step %d: %.3f s (fwd+bwd %.3f, opt %.3f) loss %.4f gnorm %.3f%s\n", i, t2 - t0, t1 - t0,
@@ -196,7 +202,12 @@ int64_t head_rows(const std::vector<data::PackedBatch>& batches) {
 nlohmann::json breakdown(tt::model::CudaModel& m, const data::PackedBatch& b, double loss_scale) {
   const tt::model::ModelConfig& c = m.config();
   m.zero_grad();
-  m.forward_backward(b, loss_scale);
+  m.forward_backward(b, loss_scale);  // warm-up; its GEMM winners are adopted for the profiled run
+  if (std::vector<tt::cuda::GemmTuned> won = m.exec().gemm().take_pending(); !won.empty()) {
+    std::vector<tt::cuda::GemmTuned> table = m.exec().gemm().tuned();
+    table.insert(table.end(), won.begin(), won.end());
+    m.exec().gemm().set_tuned(table);
+  }
   m.exec().take_profile();
   m.forward_backward(b, loss_scale);
   const tt::model::CudaProfile p = m.exec().take_profile();

@@ -204,6 +204,13 @@ class DecoderBackend : public Backend {
   void set_gemm_tuning(const std::vector<cuda::GemmTuned>& table) override {
     if constexpr (kDevice) model_.exec().gemm().set_tuned(table);
   }
+  void set_gemm_hints(const std::vector<cuda::GemmTuned>& hints) override {
+    if constexpr (kDevice) model_.exec().gemm().set_hints(hints);
+  }
+  std::vector<cuda::GemmTuned> take_gemm_pending() override {
+    if constexpr (kDevice) return model_.exec().gemm().take_pending();
+    return {};
+  }
   GemmTuneTotals gemm_tune_totals() const override {
     GemmTuneTotals t;
     if constexpr (kDevice) {

@@ -105,9 +105,13 @@ class Backend {
     int64_t tuned = 0, reused = 0;
     double tune_s = 0;
   };
+  // Winners the backend timed (or took from a hint) since the last call, not yet adopted: the
+  // GEMMs run the heuristic's choice until set_gemm_tuning adopts them (cuda::GemmHandle).
   virtual std::string gemm_tuning_signature() const { return ""; }
   virtual std::vector<cuda::GemmTuned> gemm_tuning() const { return {}; }
   virtual void set_gemm_tuning(const std::vector<cuda::GemmTuned>& table) { (void)table; }
+  virtual void set_gemm_hints(const std::vector<cuda::GemmTuned>& hints) { (void)hints; }
+  virtual std::vector<cuda::GemmTuned> take_gemm_pending() { return {}; }
   virtual GemmTuneTotals gemm_tune_totals() const { return {}; }
 };
 

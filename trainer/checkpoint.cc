@@ -281,7 +281,7 @@ TrainerState read_trainer_state(const std::string& file) {
 std::string checkpoints_dir(const std::string& run_dir) { return (fs::path(run_dir) / "checkpoints").string(); }
 
 std::string save_checkpoint(const std::string& run_dir, const RunConfig& cfg, const Backend& backend,
-                            const TrainerState& state) {
+                            const TrainerState& state, const std::string& gemm_tuning) {
   const fs::path root = checkpoints_dir(run_dir);
   fs::create_directories(root);
   const std::string name = "step_" + std::to_string(state.step);
@@ -296,8 +296,7 @@ std::string save_checkpoint(const std::string& run_dir, const RunConfig& cfg, co
   model::write_safetensors((tmp / kOptimFile).string(), optimizer_tensors(backend.params_info(), m, v), "F32",
                            {{"step", std::to_string(state.step)}, {"format", "treetrain-adamw"}});
   write_file(tmp / kConfigFile, cfg.to_yaml());
-  if (const std::string sig = backend.gemm_tuning_signature(); !sig.empty())  // listed by the manifest
-    write_file(tmp / kGemmTuningFile, gemm_tuning_json({sig, backend.gemm_tuning()}));
+  if (!gemm_tuning.empty()) write_file(tmp / kGemmTuningFile, gemm_tuning);  // listed by the manifest
   nlohmann::json files = nlohmann::json::object();
   for (const auto& e : fs::directory_iterator(tmp))
     if (e.is_regular_file()) files[e.path().filename().string()] = {{"bytes", (int64_t)e.file_size()}};

@@ -75,9 +75,11 @@ struct TrainerState {
 std::string checkpoints_dir(const std::string& run_dir);
 
 // Writes run_dir/checkpoints/step_<state.step> atomically (replacing one of that step) and
-// returns its path.
+// returns its path. gemm_tuning: the text of its gemm_tuning.json (trainer/gemm_tuning.h), or ""
+// for none.
 std::string save_checkpoint(const std::string& run_dir, const RunConfig& cfg, const Backend& backend,
-                            const TrainerState& state);
+                            const TrainerState& state,
+                            const std::string& gemm_tuning = "");
 
 // Valid checkpoints of run_dir (the checks above without the safetensors headers), oldest first
 // (step, path).

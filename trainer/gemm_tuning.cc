@@ -43,7 +43,8 @@ bool unhex(const std::string& s, std::array<uint64_t, 8>* a) {
 
 std::string gemm_tuning_json(const GemmTuning& t) {
   nlohmann::json entries = nlohmann::json::array();
-  for (const cuda::GemmTuned& e : t.entries) entries.push_back({{"key", e.key}, {"algo", hex(e.algo)}});
+  for (const cuda::GemmTuned& e : t.entries)
+    entries.push_back({{"key", e.key}, {"algo", hex(e.algo)}, {"step", e.step}});
   const nlohmann::json j = {
       {"format", kFormat}, {"version", kVersion}, {"signature", t.signature}, {"entries", entries}};
   return j.dump(1) + "\n";
@@ -86,17 +87,23 @@ GemmTuning parse_gemm_tuning(const std::string& text, const std::string& file) {
     const nlohmann::json& algo = field(entries[i], "algo", at + ".algo");
     if (!algo.is_string() || !unhex(algo.get<std::string>(), &e.algo))
       throw Error(str(file, ": field \"", at, ".algo\": expected 128 lowercase hex digits, got ", algo.dump()));
+    if (entries[i].contains("step")) {
+      const nlohmann::json& st = entries[i].at("step");
+      if (!st.is_number_integer() || st.get<int64_t>() < 0)
+        throw Error(str(file, ": field \"", at, ".step\": expected an integer >= 0, got ", st.dump()));
+      e.step = st.get<int64_t>();
+    }
     t.entries.push_back(e);
   }
   return t;
 }
 
 std::vector<cuda::GemmTuned> merge_gemm_tuning(const std::vector<std::vector<cuda::GemmTuned>>& by_rank) {
-  std::map<std::array<int64_t, 10>, std::array<uint64_t, 8>> merged;
+  std::map<std::array<int64_t, 10>, cuda::GemmTuned> merged;
   for (const std::vector<cuda::GemmTuned>& table : by_rank)
-    for (const cuda::GemmTuned& e : table) merged.emplace(e.key, e.algo);  // the first (lowest) rank's stays
+    for (const cuda::GemmTuned& e : table) merged.emplace(e.key, e);  // the first (lowest) rank's stays
   std::vector<cuda::GemmTuned> out;
-  for (const auto& [key, algo] : merged) out.push_back({key, algo});
+  for (const auto& [key, e] : merged) out.push_back(e);
   return out;
 }
 

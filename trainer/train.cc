@@ -191,16 +191,31 @@ void Trainer::restore_gemm_tuning(const std::string& ckpt) {
                  file, t.signature, signature);
     return;
   }
-  backend_->set_gemm_tuning(t.entries);
-  spdlog::info("gemm autotune: {} tuned GEMM shape buckets restored from {}", t.entries.size(), file);
+  // Adopted at the resume point: entries of steps <= step_; later ones replay as hints.
+  for (const cuda::GemmTuned& e : t.entries) (e.step <= step_ ? tuning_ : hints_).push_back(e);
+  backend_->set_gemm_tuning(tuning_);
+  backend_->set_gemm_hints(hints_);
+  spdlog::info("gemm autotune: {} tuned GEMM shape buckets restored from {} ({} adopted by step {}, {} as hints for "
+               "later steps)",
+               t.entries.size(), file, tuning_.size(), step_, hints_.size());
 }
 
-void Trainer::share_gemm_tuning(int64_t step, int64_t tuned_anywhere) {
-  if (tuned_anywhere == 0) return;
+std::string Trainer::gemm_tuning_file_text() const {
+  std::vector<cuda::GemmTuned> all = tuning_;
+  for (const cuda::GemmTuned& h : hints_) {
+    const bool adopted = std::any_of(all.begin(), all.end(), [&](const cuda::GemmTuned& e) { return e.key == h.key; });
+    if (!adopted) all.push_back(h);
+  }
+  std::sort(all.begin(), all.end(), [](const cuda::GemmTuned& a, const cuda::GemmTuned& b) { return a.key < b.key; });
+  return gemm_tuning_json({backend_->gemm_tuning_signature(), all});
+}
+
+void Trainer::share_gemm_tuning(int64_t step, const std::vector<cuda::GemmTuned>& pending, int64_t pending_anywhere) {
+  if (pending_anywhere == 0) return;
   const std::string signature = backend_->gemm_tuning_signature();
-  std::vector<cuda::GemmTuned> table = backend_->gemm_tuning();
-  if (comm_) {  // the lowest rank's choice for every key any rank tuned: all ranks from the next step on
-    const std::vector<std::string> all = comm_->all_gather_host(gemm_tuning_json({signature, table}));
+  std::vector<cuda::GemmTuned> adopted = pending;
+  if (comm_) {  // the lowest rank's winner for every key any rank timed: all ranks adopt the same
+    const std::vector<std::string> all = comm_->all_gather_host(gemm_tuning_json({signature, pending}));
     std::vector<std::vector<cuda::GemmTuned>> by_rank;
     for (int r = 0; r < (int)all.size(); ++r) {
       const GemmTuning t = parse_gemm_tuning(all[r], str(comm_->tag(), ": rank ", r, "'s GEMM tuning table"));
@@ -209,17 +224,24 @@ void Trainer::share_gemm_tuning(int64_t step, int64_t tuned_anywhere) {
                         signature, "' (data parallelism needs the same GPU and cuBLASLt on every rank)"));
       by_rank.push_back(t.entries);
     }
-    table = merge_gemm_tuning(by_rank);
-    backend_->set_gemm_tuning(table);
+    adopted = merge_gemm_tuning(by_rank);
   }
+  for (cuda::GemmTuned e : adopted) {
+    const bool known = std::any_of(tuning_.begin(), tuning_.end(), [&](const cuda::GemmTuned& t) { return t.key == e.key; });
+    if (known) continue;
+    e.step = step;
+    tuning_.push_back(e);
+  }
+  std::sort(tuning_.begin(), tuning_.end(), [](const cuda::GemmTuned& a, const cuda::GemmTuned& b) { return a.key < b.key; });
+  backend_->set_gemm_tuning(tuning_);
   if (rank() != 0) return;
   const std::string file = (fs::path(cfg_.run_dir) / kGemmTuningFile).string();
-  write_text_atomic(file, gemm_tuning_json({signature, table}));
+  write_text_atomic(file, gemm_tuning_file_text());
   const Backend::GemmTuneTotals now = backend_->gemm_tune_totals();
-  spdlog::info("gemm autotune: step {} timed {} new GEMM shape buckets in {:.2f} s ({} on all ranks; {} plans took a "
-               "table entry so far); {} entries in {}",
-               step, now.tuned - tune_seen_.tuned, now.tune_s - tune_seen_.tune_s, tuned_anywhere, now.reused,
-               table.size(), file);
+  spdlog::info("gemm autotune: step {} timed {} new GEMM shape buckets in {:.2f} s ({} winners adopted on all ranks, "
+               "from the next step; {} plans took a table entry so far); {} entries in {}",
+               step, now.tuned - tune_seen_.tuned, now.tune_s - tune_seen_.tune_s, adopted.size(), now.reused,
+               tuning_.size(), file);
 }
 
 Trainer::~Trainer() = default;
@@ -410,18 +432,19 @@ StepMetrics Trainer::train_step() {
   const double t_backward = now_s();
   double nll_sum = backend_->nll_sum();
   const Backend::GemmTuneTotals tune_now = backend_->gemm_tune_totals();
-  double tuned_anywhere = (double)(tune_now.tuned - tune_seen_.tuned);  // GEMM buckets timed in this step
   m.gemm_tune_s = tune_now.tune_s - tune_seen_.tune_s;
+  const std::vector<cuda::GemmTuned> pending = backend_->take_gemm_pending();  // winners of this step's new buckets
+  double pending_anywhere = (double)pending.size();
   if (comm_) {  // gradients before the norm, clipping and AdamW: every rank takes the same update
     buckets_->finish();  // the buckets not yet started; the compute stream waits for all
-    double totals[4] = {m.loss, (double)m.pieces, nll_sum, tuned_anywhere};
+    double totals[4] = {m.loss, (double)m.pieces, nll_sum, pending_anywhere};
     comm_->all_reduce_host(totals, 4);
     m.loss = totals[0];
     m.pieces = (int64_t)totals[1];
     nll_sum = totals[2];
-    tuned_anywhere = totals[3];
+    pending_anywhere = totals[3];
   }
-  share_gemm_tuning(m.step, (int64_t)tuned_anywhere);  // every rank or none (the count is reduced)
+  share_gemm_tuning(m.step, pending, (int64_t)pending_anywhere);  // every rank or none (the count is reduced)
   tune_seen_ = backend_->gemm_tune_totals();
   m.nll = flat_targets > 0 ? nll_sum / flat_targets : 0.0;
   m.grad_norm = std::sqrt(backend_->grad_sum_squares());
@@ -501,7 +524,8 @@ std::string Trainer::save_checkpoint() {
   // Never a non-finite checkpoint (the update checks each step; this is the last line of defence).
   if (const std::string bad = backend_->first_nonfinite(true, false, true); !bad.empty())
     throw NonFiniteError(str("step ", step_, ": ", bad, " is not finite; the checkpoint is not written"));
-  const std::string dir = trainer::save_checkpoint(cfg_.run_dir, cfg_, *backend_, st);
+  const std::string dir = trainer::save_checkpoint(
+      cfg_.run_dir, cfg_, *backend_, st, backend_->gemm_tuning_signature().empty() ? "" : gemm_tuning_file_text());
   last_saved_step_ = step_;
   spdlog::info("checkpoint {}", dir);
   prune_checkpoints(cfg_.run_dir, cfg_.train.keep_checkpoints);

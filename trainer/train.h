@@ -166,7 +166,8 @@ class Trainer {
   // checkpoint `ckpt` resumed from); after a step, agrees the ranks' new entries and writes the
   // table. tuned_anywhere: buckets tuned in the step on any rank.
   void restore_gemm_tuning(const std::string& ckpt);
-  void share_gemm_tuning(int64_t step, int64_t tuned_anywhere);
+  void share_gemm_tuning(int64_t step, const std::vector<cuda::GemmTuned>& pending, int64_t pending_anywhere);
+  std::string gemm_tuning_file_text() const;  // tuning_ and the hints not adopted yet
   // Time, throughput and FLOP fields of a step that began at t0.
   void finish_metrics(StepMetrics& m, double t0, const model::Work& work) const;
 
@@ -185,6 +186,8 @@ class Trainer {
   int64_t consecutive_skips_ = 0;
   int64_t skipped_steps_ = 0;
   Backend::GemmTuneTotals tune_seen_;  // the backend's tuning totals at the end of the last step
+  std::vector<cuda::GemmTuned> tuning_;  // adopted entries, tagged with their step (sorted by key)
+  std::vector<cuda::GemmTuned> hints_;   // restored entries of steps after the resume point
   double t_start_ = 0;  // seconds, steady clock
 };
 

@@ -77,7 +77,9 @@ struct GemmHandle::Impl {
   bool autotune = false;
   DeviceBuffer<char> scratch;  // the timing calls' output (autotune), grown to the largest D timed
   GemmTuneStats stats;
-  std::map<TuneKey, cublasLtMatmulAlgo_t> table;  // the tuning table (GemmTuned)
+  std::map<TuneKey, cublasLtMatmulAlgo_t> table;    // the tuning table (GemmTuned)
+  std::map<TuneKey, cublasLtMatmulAlgo_t> pending;  // winners not adopted yet (take_pending)
+  std::map<TuneKey, cublasLtMatmulAlgo_t> hints;    // winners known from an earlier run (set_hints)
 
   // The table's algorithm for a shape (its exact entry, else its bucket's), when cuBLASLt accepts
   // it for this shape within the workspace.
@@ -185,6 +187,11 @@ struct GemmHandle::Impl {
         ++stats.reused_plans;
         return plans.emplace(key, p).first->second;
       }
+      // The key a winner of this shape goes under: its bucket's, or its own where the table's
+      // entry for the bucket is refused for it. Timed once: a pending or hinted winner stands.
+      const TuneKey entry = table.count(bucket) ? exact : bucket;
+      const bool known = pending.count(entry) > 0;
+      auto hint = hints.find(entry);
       if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, p.b, p.d, p.d, pref, tune ? kTuneCandidates : 1, cand,
                                             &count);
@@ -193,18 +200,21 @@ struct GemmHandle::Impl {
       TT_CHECK(count > 0, "cuda::GemmHandle: cuBLASLt has no algorithm for m=", s.m, " n=", s.n, " k=", s.k,
                " lda=", s.lda, " ldb=", s.ldb, " ldd=", s.ldd, " alignments ", align_a, "/", align_b, "/",
                align_d);
-      if (tune && count > 1) {
-        // Queued work first, so that tune_s counts the timing calls only (it waits on them anyway).
-        TT_CUDA_CHECK(cudaStreamSynchronize(stream));
-        const auto t0 = std::chrono::steady_clock::now();
-        p.algo = cand[fastest(s, p, cand, count, a, b, d_bytes)].algo;
-        stats.tune_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      } else {
-        p.algo = cand[0].algo;
+      p.algo = cand[0].algo;  // until the caller adopts a winner, the heuristic's first runs
+      if (tune && !known) {
+        if (hint != hints.end()) {
+          pending.emplace(entry, hint->second);
+          ++stats.hinted_plans;
+        } else if (count > 1) {
+          // Queued work first, so that tune_s counts the timing calls only (it waits on them anyway).
+          TT_CUDA_CHECK(cudaStreamSynchronize(stream));
+          const auto t0 = std::chrono::steady_clock::now();
+          pending.emplace(entry, cand[fastest(s, p, cand, count, a, b, d_bytes)].algo);
+          stats.tune_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        } else {
+          pending.emplace(entry, cand[0].algo);
+        }
       }
-      // Entries are only added, never replaced: a plan already built from one keeps agreeing with
-      // the table (the exact key leaves out the leading dimensions, which the plan cache keys on).
-      if (tune) table.emplace(table.count(bucket) ? exact : bucket, p.algo);
     } catch (...) {
       destroy(p);
       throw;
@@ -247,6 +257,27 @@ std::vector<GemmTuned> GemmHandle::tuned() const {
     std::memcpy(t.algo.data(), &algo, sizeof(algo));
     out.push_back(t);
   }
+  return out;
+}
+
+void GemmHandle::set_hints(const std::vector<GemmTuned>& hints) {
+  impl_->hints.clear();
+  for (const GemmTuned& t : hints) {
+    cublasLtMatmulAlgo_t algo;
+    std::memcpy(&algo, t.algo.data(), sizeof(algo));
+    impl_->hints[t.key] = algo;
+  }
+}
+
+std::vector<GemmTuned> GemmHandle::take_pending() {
+  std::vector<GemmTuned> out;
+  for (const auto& [key, algo] : impl_->pending) {
+    GemmTuned t;
+    t.key = key;
+    std::memcpy(t.algo.data(), &algo, sizeof(algo));
+    out.push_back(t);
+  }
+  impl_->pending.clear();
   return out;
 }
 

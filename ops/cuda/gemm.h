@@ -45,10 +45,10 @@ struct GemmShape {
 // What autotuning did so far (GemmHandle::tune_stats): plans timed, plans where a candidate other
 // than the heuristic's first won, and the summed per-call times of the heuristic's choice and of
 // the winner over the timed plans.
-// reused_plans: plans whose algorithm came from the tuning table (set_tuned or an earlier shape of
-// the same bucket) without timing; tune_s: wall time spent timing candidates.
+// reused_plans: plans whose algorithm came from the tuning table without timing; hinted_plans:
+// pending winners taken from a hint instead of timing; tune_s: wall time spent timing candidates.
 struct GemmTuneStats {
-  int tuned_plans = 0, changed_plans = 0, reused_plans = 0;
+  int tuned_plans = 0, changed_plans = 0, reused_plans = 0, hinted_plans = 0;
   double heuristic_ms = 0, tuned_ms = 0;
   double tune_s = 0;
 };
@@ -78,17 +78,23 @@ class GemmHandle {
   // longer, and the scratch output (up to 256 MiB) stays allocated with the handle. Products of
   // more than 2^40 FLOPs or outputs over 256 MiB (the LM head's) are not timed.
   //
-  // With autotuning on, the winner is kept in a tuning table by bucket (GemmTuned), and a new
-  // shape of a bucket already in the table takes its algorithm without timing, so a run tunes
-  // once per token-count bucket; tuned() is the table (sorted by key) and set_tuned replaces it
-  // (cached plans are rebuilt on their next call, so a restored or agreed table decides every
-  // later GEMM: runs that share a table choose the same algorithms and round alike). With
-  // autotuning off the table is not used: the heuristic's first algorithm runs.
+  // With autotuning on, winners are kept in a tuning table by bucket (GemmTuned), and a new shape
+  // of a bucket in the table takes its algorithm without timing, so a run tunes once per
+  // token-count bucket. A winner is pending until the caller adopts it: the call that timed it,
+  // and every call of its bucket until then, run the heuristic's first algorithm (so what a
+  // computation rounds like never depends on timing noise: data-parallel ranks agree on the
+  // winners between steps, and a resumed run repeats the interrupted one). take_pending() hands
+  // the winners over (and forgets them); set_tuned replaces the table (cached plans are rebuilt
+  // on their next call); a hint (set_hints: a winner known from an earlier run of the same
+  // steps) is taken as the pending winner of its bucket instead of timing. tuned() is the table,
+  // sorted by key. With autotuning off neither table nor hints are used.
   void set_autotune(bool on);
   bool autotune() const;
   GemmTuneStats tune_stats() const;
   std::vector<GemmTuned> tuned() const;
   void set_tuned(const std::vector<GemmTuned>& table);
+  void set_hints(const std::vector<GemmTuned>& hints);
+  std::vector<GemmTuned> take_pending();
 
   // D = alpha op(A) op(B) + beta D (see GemmShape). A, B bf16; D bf16 or fp32 per shape.out.
   void run(const GemmShape& shape, const bf16* a, const bf16* b, void* d, float alpha, float beta);

@@ -13,9 +13,12 @@ namespace tt::cuda {
 // refuses for it (cublasLtMatmulAlgoCheck), and is looked up before the bucket. algo: the bytes
 // of cuBLASLt's cublasLtMatmulAlgo_t, which cuBLASLt documents as restorable with the same
 // library version (gemm_tuning_signature names it with the GPU).
+// step: the optimizer step whose GEMMs timed it (the trainer's tag; the entry takes effect from
+// the next step, trainer/gemm_tuning.h).
 struct GemmTuned {
   std::array<int64_t, 10> key{};
   std::array<uint64_t, 8> algo{};
+  int64_t step = 0;
 };
 
 // The bucket of a GEMM dimension: x rounded up to the next of 2^e * {1, 1.25, 1.5, 1.75} (values

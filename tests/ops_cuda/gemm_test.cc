@@ -198,9 +198,11 @@ TEST_F(GpuTest, GemmRejectsBadShapes) {
   EXPECT_THROW(tt::cuda::matmul_forward(h, (bf16*)nullptr, a.data(), b.data(), 4, 4, 4), tt::Error);
 }
 
-// The tuning table: a shape of a bucket already tuned takes its algorithm without timing; a
-// second handle given the table (a resumed run) times nothing and computes bitwise the same
-// output; replacing the table drops the cached plans; without autotuning the table is not used.
+// The tuning table: a timed winner stays pending (the calls run the heuristic's algorithm: the
+// same bytes as without autotuning) until adopted; a shape of an adopted bucket takes its
+// algorithm without timing; a second handle given the table (a resumed run) times nothing and
+// computes bitwise the same; a hint stands in for timing; replacing the table drops the cached
+// plans; without autotuning neither table nor hints are used.
 TEST_F(GpuTest, GemmTuningTableCarriesOverBucketsAndHandles) {
   const int IC = 2048, OC = 2048;
   std::mt19937_64 rng(99);
@@ -208,34 +210,53 @@ TEST_F(GpuTest, GemmTuningTableCarriesOverBucketsAndHandles) {
   const auto w = randn_bf16(rng, (size_t)OC * IC, 0.05);
   auto d_x = to_device_bf16(x);
   auto d_w = to_device_bf16(w);
-  DeviceBuffer<bf16> out1((size_t)1010 * OC), out2((size_t)1010 * OC);
+  DeviceBuffer<bf16> out1((size_t)1010 * OC), out2((size_t)1010 * OC), ref((size_t)1010 * OC);
+  tt::cuda::GemmHandle heuristic;
+  tt::cuda::matmul_forward(heuristic, ref.data(), d_x.data(), d_w.data(), 1000, IC, OC);
 
   tt::cuda::GemmHandle h1;
   h1.set_autotune(true);
   tt::cuda::matmul_forward(h1, out1.data(), d_x.data(), d_w.data(), 1000, IC, OC);
+  sync_and_check();
   EXPECT_EQ(h1.tune_stats().tuned_plans, 1);
-  const std::vector<tt::cuda::GemmTuned> table = h1.tuned();
-  ASSERT_EQ(table.size(), 1u);
-  EXPECT_EQ(table[0].key[0], 2048);  // m = OC
-  EXPECT_EQ(table[0].key[1], 1024);  // n = N: 1000 in the bucket (896, 1024]
-  EXPECT_EQ(table[0].key[2], 2048);  // k = IC
-  EXPECT_EQ(table[0].key[9], 0);     // a bucket entry, not an exact one
+  EXPECT_EQ(to_host(out1), to_host(ref)) << "a pending winner does not run yet";
+  EXPECT_TRUE(h1.tuned().empty());
+  tt::cuda::matmul_forward(h1, out1.data(), d_x.data(), d_w.data(), 1010, IC, OC);
+  EXPECT_EQ(h1.tune_stats().tuned_plans, 1) << "1010 rows share the pending bucket of 1000: not timed again";
+  const std::vector<tt::cuda::GemmTuned> won = h1.take_pending();
+  ASSERT_EQ(won.size(), 1u);
+  EXPECT_EQ(won[0].key[0], 2048);  // m = OC
+  EXPECT_EQ(won[0].key[1], 1024);  // n = N: 1000 in the bucket (896, 1024]
+  EXPECT_EQ(won[0].key[2], 2048);  // k = IC
+  EXPECT_EQ(won[0].key[9], 0);     // a bucket entry, not an exact one
+  EXPECT_TRUE(h1.take_pending().empty());
+  h1.set_tuned(won);
   tt::cuda::matmul_forward(h1, out1.data(), d_x.data(), d_w.data(), 1010, IC, OC);
   sync_and_check();
-  EXPECT_EQ(h1.num_plans(), 2);
-  EXPECT_EQ(h1.tune_stats().tuned_plans, 1) << "1010 rows share the bucket of 1000";
-  EXPECT_EQ(h1.tune_stats().reused_plans, 1);
-  EXPECT_EQ(h1.tuned().size(), 1u);
+  EXPECT_EQ(h1.tune_stats().tuned_plans, 1);
+  EXPECT_EQ(h1.tune_stats().reused_plans, 1) << "the adopted winner, without timing";
 
   tt::cuda::GemmHandle h2;
   h2.set_autotune(true);
-  h2.set_tuned(table);
+  h2.set_tuned(won);
   poison(out2);
   tt::cuda::matmul_forward(h2, out2.data(), d_x.data(), d_w.data(), 1010, IC, OC);
   sync_and_check();
   EXPECT_EQ(h2.tune_stats().tuned_plans, 0);
   EXPECT_EQ(h2.tune_stats().reused_plans, 1);
   EXPECT_EQ(to_host(out2), to_host(out1)) << "the same algorithm: bitwise the same output";
+
+  tt::cuda::GemmHandle h3;  // a resumed run reaching the step that timed the bucket
+  h3.set_autotune(true);
+  h3.set_hints(won);
+  tt::cuda::matmul_forward(h3, out2.data(), d_x.data(), d_w.data(), 1000, IC, OC);
+  sync_and_check();
+  EXPECT_EQ(h3.tune_stats().tuned_plans, 0);
+  EXPECT_EQ(h3.tune_stats().hinted_plans, 1);
+  const std::vector<tt::cuda::GemmTuned> replay = h3.take_pending();
+  ASSERT_EQ(replay.size(), 1u);
+  EXPECT_EQ(replay[0].key, won[0].key);
+  EXPECT_EQ(replay[0].algo, won[0].algo);
 
   h1.set_tuned({});
   EXPECT_EQ(h1.num_plans(), 0);
@@ -244,11 +265,13 @@ TEST_F(GpuTest, GemmTuningTableCarriesOverBucketsAndHandles) {
   EXPECT_EQ(h1.tune_stats().tuned_plans, 2) << "an emptied table: the bucket is timed again";
 
   tt::cuda::GemmHandle off;
-  off.set_tuned(table);
+  off.set_tuned(won);
+  off.set_hints(won);
   tt::cuda::matmul_forward(off, out2.data(), d_x.data(), d_w.data(), 1010, IC, OC);
   sync_and_check();
   EXPECT_EQ(off.tune_stats().reused_plans, 0);
   EXPECT_EQ(off.tune_stats().tuned_plans, 0);
+  EXPECT_TRUE(off.take_pending().empty());
 
   const std::string sig = tt::cuda::gemm_tuning_signature();
   EXPECT_NE(sig.find("cublasLt "), std::string::npos) << sig;

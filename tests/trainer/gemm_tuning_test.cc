@@ -42,12 +42,14 @@ TEST(GemmTuning, BucketsRoundUpToQuarterOctaves) {
 
 TEST(GemmTuning, JsonRoundTrip) {
   GemmTuning t{"cublasLt 120900, NVIDIA H200, sm_90, 132 SMs", {entry(1024, 7), entry(16384, 9)}};
+  t.entries[1].step = 12;  // the step that timed it
   const GemmTuning back = parse_gemm_tuning(gemm_tuning_json(t), "f");
   EXPECT_EQ(back.signature, t.signature);
   ASSERT_EQ(back.entries.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_EQ(back.entries[i].key, t.entries[i].key);
     EXPECT_EQ(back.entries[i].algo, t.entries[i].algo);
+    EXPECT_EQ(back.entries[i].step, t.entries[i].step);
   }
 }
 
@@ -80,6 +82,14 @@ TEST(GemmTuning, BadFilesNameTheField) {
             "run/gemm_tuning.json: field \"entries[0].key\": expected 10 integers >= 0, got [1,2,3]");
   EXPECT_EQ(error_of(head + R"("entries": [{"key": [1, 2, 3, 4, 5, 6, 7, 8, 9, 0], "algo": "xyz"}]})"),
             "run/gemm_tuning.json: field \"entries[0].algo\": expected 128 lowercase hex digits, got \"xyz\"");
+  EXPECT_EQ(error_of(head + R"("entries": [{"key": [1, 2, 3, 4, 5, 6, 7, 8, 9, 0], "algo": ")" + algo + R"(", "step": -1}]})"),
+            "run/gemm_tuning.json: field \"entries[0].step\": expected an integer >= 0, got -1");
+  EXPECT_EQ(parse_gemm_tuning(head + R"("entries": [{"key": [1, 2, 3, 4, 5, 6, 7, 8, 9, 0], "algo": ")" + algo + R"("}]})",
+                              "f")
+                .entries[0]
+                .step,
+            0)
+      << "no step: 0";
 }
 
 TEST(GemmTuning, MergeTakesTheLowestRanksChoice) {
