@@ -49,6 +49,25 @@ void check_tree(const GdnTree& t, const char* op) {
   TT_CHECK(next == t.N, op, ": nodes cover ", next, " rows, expected N = ", t.N);
 }
 
+// rows[j] (K): the token of conv tap j of row i (j = K - 1 is i itself), walking prev; -1 before
+// the root.
+void conv_taps(int32_t* rows, int i, const int32_t* prev, int K) {
+  int32_t r = i;
+  for (int j = K - 1; j >= 0; j--) {
+    rows[j] = r;
+    if (r >= 0) r = prev[r];
+  }
+}
+
+// The conv's pre-activation of channel c over the taps.
+template <class T>
+double conv_pre(const int32_t* rows, const T* x, const T* w, int c, int C, int K) {
+  double a = 0;
+  for (int j = 0; j < K; j++)
+    if (rows[j] >= 0) a += (double)w[(size_t)c * K + j] * (double)x[(size_t)rows[j] * C + c];
+  return a;
+}
+
 // (num_nodes) index of each root among the roots, -1 for other nodes.
 std::vector<int> root_index(const GdnTree& t) {
   std::vector<int> r(t.num_nodes, -1);
@@ -104,18 +123,8 @@ void conv1d_silu_forward(T* out, const T* x, const T* w, const int32_t* prev, in
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < N; i++) {
     int32_t rows[64];
-    // rows[j]: the token of tap j (j = K - 1 is i itself), -1 before the root.
-    int32_t r = i;
-    for (int j = K - 1; j >= 0; j--) {
-      rows[j] = r;
-      if (r >= 0) r = prev[r];
-    }
-    for (int c = 0; c < C; c++) {
-      double a = 0;
-      for (int j = 0; j < K; j++)
-        if (rows[j] >= 0) a += (double)w[(size_t)c * K + j] * (double)x[(size_t)rows[j] * C + c];
-      out[(size_t)i * C + c] = (T)silu(a);
-    }
+    conv_taps(rows, i, prev, K);
+    for (int c = 0; c < C; c++) out[(size_t)i * C + c] = (T)silu(conv_pre(rows, x, w, c, C, K));
   }
 }
 
@@ -128,16 +137,9 @@ void conv1d_silu_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, c
   std::vector<double> gx(dx ? (size_t)N * C : 0, 0.0), gw(dw ? (size_t)C * K : 0, 0.0);
   for (int i = 0; i < N; i++) {
     int32_t rows[64];
-    int32_t r = i;
-    for (int j = K - 1; j >= 0; j--) {
-      rows[j] = r;
-      if (r >= 0) r = prev[r];
-    }
+    conv_taps(rows, i, prev, K);
     for (int c = 0; c < C; c++) {
-      double a = 0;
-      for (int j = 0; j < K; j++)
-        if (rows[j] >= 0) a += (double)w[(size_t)c * K + j] * (double)x[(size_t)rows[j] * C + c];
-      const double da = (double)dout[(size_t)i * C + c] * dsilu(a);
+      const double da = (double)dout[(size_t)i * C + c] * dsilu(conv_pre(rows, x, w, c, C, K));
       for (int j = 0; j < K; j++) {
         if (rows[j] < 0) continue;
         if (dx) gx[(size_t)rows[j] * C + c] += (double)w[(size_t)c * K + j] * da;

@@ -85,36 +85,13 @@ TEST(MixedLayers, TableHasEachLayersOwnTensors) {
   EXPECT_EQ(s.back().end, m.table().size());
 }
 
-// Central differences on sampled entries of every tensor; bound as in model_test.cc.
+// Central differences on sampled entries of every tensor (model_test_util.h states the bound).
 TEST(MixedLayers, GradientsMatchFiniteDifferences) {
   DecoderOptions o;
   o.layers = mixed_layers();
   Model<double> m(mixed_config(), o);
   init_for_test(m, 3);
-  const data::PackedBatch b = tree_batch().batch;
-  m.zero_grad();
-  m.forward(b, 0.5);
-  m.backward();
-  const std::vector<double> grad(m.grads(), m.grads() + m.num_params());
-  std::mt19937_64 rng(9);
-  const double h = 1e-5;
-  for (const ParamInfo& p : m.params_info()) {
-    std::vector<int64_t> idx(p.numel);
-    for (int64_t i = 0; i < p.numel; ++i) idx[i] = i;
-    std::shuffle(idx.begin(), idx.end(), rng);
-    idx.resize(std::min<int64_t>(p.numel, 8));
-    for (int64_t i : idx) {
-      double& w = m.params()[p.offset + i];
-      const double w0 = w;
-      w = w0 + h;
-      const double lp = m.forward(b, 0.5);
-      w = w0 - h;
-      const double lm = m.forward(b, 0.5);
-      w = w0;
-      const double fd = (lp - lm) / (2 * h), an = grad[p.offset + i];
-      EXPECT_NEAR(an, fd, 1e-6 * std::fabs(an) + 1e-9) << p.name << "[" << i << "]";
-    }
-  }
+  testing::expect_sampled_gradients(m, tree_batch().batch, 0.5, 9, 8, "mixed layers");
 }
 
 // The mixed decoder keeps the exactness contract: a tree (branch points, a one-token node,

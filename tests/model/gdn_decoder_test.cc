@@ -111,42 +111,11 @@ TEST(GdnDecoder, TableHasTheGatedDeltaNetTensors) {
   }
 }
 
-// Central differences on sampled entries of every tensor, Richardson-extrapolated: with
-// D(h) = (L(w + h) - L(w - h)) / 2h, (4 D(h/2) - D(h)) / 3 cancels the h^2 term, so the estimate's
-// truncation error is O(h^4) (the hybrid's gated products make the third derivative large enough
-// that plain D(1e-5) is off by ~1e-6 relative) and its rounding error ~1e-16 |L| / h = 1e-12 |L|
-// at h = 1e-4, far inside the bound 1e-6 |grad| + 1e-9 of decoder_test.cc.
 void check_gradients(const ModelConfig& cfg) {
   Model<double> m(cfg);
   init_for_test(m, 3);
   const data::Tree tree = test_tree(m.config().vocab_size);
-  const data::PackedBatch b = data::pack({&tree}, data::Packing::kTree);
-  m.zero_grad();
-  m.forward(b, 0.5);
-  m.backward();
-  const std::vector<double> grad(m.grads(), m.grads() + m.num_params());
-  std::mt19937_64 rng(9);
-  const double h = 1e-4;
-  for (const ParamInfo& p : m.params_info()) {
-    std::vector<int64_t> idx(p.numel);
-    for (int64_t i = 0; i < p.numel; ++i) idx[i] = i;
-    std::shuffle(idx.begin(), idx.end(), rng);
-    idx.resize(std::min<int64_t>(p.numel, 6));
-    for (int64_t i : idx) {
-      double& w = m.params()[p.offset + i];
-      const double w0 = w;
-      auto central = [&](double step) {
-        w = w0 + step;
-        const double lp = m.forward(b, 0.5);
-        w = w0 - step;
-        const double lm = m.forward(b, 0.5);
-        w = w0;
-        return (lp - lm) / (2 * step);
-      };
-      const double fd = (4 * central(h / 2) - central(h)) / 3, an = grad[p.offset + i];
-      EXPECT_NEAR(an, fd, 1e-6 * std::fabs(an) + 1e-9) << cfg.architecture << " " << p.name << "[" << i << "]";
-    }
-  }
+  testing::expect_sampled_gradients(m, data::pack({&tree}, data::Packing::kTree), 0.5, 9, 6, cfg.architecture);
 }
 
 TEST(GdnDecoder, GradientsMatchFiniteDifferences) { check_gradients(hybrid_config()); }

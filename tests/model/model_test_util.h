@@ -2,12 +2,18 @@
 // the first with branch points, so no test depends on the data/ readers or packer.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "data/packing.h"
 #include "model/config.h"
+#include "model/decoder.h"
 
 namespace tt::model::testing {
 
@@ -79,6 +85,42 @@ inline data::PackedBatch chain_batch(const std::vector<int32_t>& tokens) {
     b.tgt_w.push_back(1.0);
   }
   return b;
+}
+
+// The training gradient of m on b (loss scale `scale`) against central differences on up to
+// `per_tensor` sampled entries of every tensor, Richardson-extrapolated: with D(h) = (L(w + h) -
+// L(w - h)) / 2h, (4 D(h/2) - D(h)) / 3 cancels the h^2 term, so the estimate's truncation error is
+// O(h^4) (gated products, as in the hybrids, make the third derivative large enough that plain
+// D(1e-5) is off by ~1e-6 relative) and its rounding error ~1e-16 |L| / h = 1e-12 |L| at h = 1e-4,
+// far inside the bound 1e-6 |grad| + 1e-9.
+inline void expect_sampled_gradients(Model<double>& m, const data::PackedBatch& b, double scale, uint64_t seed,
+                                     int per_tensor, const std::string& what = "") {
+  m.zero_grad();
+  m.forward(b, scale);
+  m.backward();
+  const std::vector<double> grad(m.grads(), m.grads() + m.num_params());
+  std::mt19937_64 rng(seed);
+  const double h = 1e-4;
+  for (const ParamInfo& p : m.params_info()) {
+    std::vector<int64_t> idx(p.numel);
+    for (int64_t i = 0; i < p.numel; ++i) idx[i] = i;
+    std::shuffle(idx.begin(), idx.end(), rng);
+    idx.resize(std::min<int64_t>(p.numel, per_tensor));
+    for (int64_t i : idx) {
+      double& w = m.params()[p.offset + i];
+      const double w0 = w;
+      auto central = [&](double step) {
+        w = w0 + step;
+        const double lp = m.forward(b, scale);
+        w = w0 - step;
+        const double lm = m.forward(b, scale);
+        w = w0;
+        return (lp - lm) / (2 * step);
+      };
+      const double fd = (4 * central(h / 2) - central(h)) / 3, an = grad[p.offset + i];
+      EXPECT_NEAR(an, fd, 1e-6 * std::fabs(an) + 1e-9) << what << " " << p.name << "[" << i << "]";
+    }
+  }
 }
 
 }  // namespace tt::model::testing

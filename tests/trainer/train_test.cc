@@ -634,20 +634,24 @@ TEST(TrainTest, GradAccumUsesTheStepWideNormaliser) {
   }
 }
 
+// Two rollout groups with negative, zero and positive weights and a partial mask: tree 'a' has
+// paths of 7, 7 and 4 tokens, tree 'b' of 5 and 3.
+void write_signed_trees(const fs::path& file) {
+  std::ofstream out(file);
+  out << R"({"id": "a", "sequences": [{"tokens": [1, 2, 3, 4, 5, 6, 7], "weight": -1.172}, )"
+      << R"({"tokens": [1, 2, 3, 4, 8, 9, 10], "weight": 2.0}, {"tokens": [1, 2, 3, 11], "weight": 0}]})"
+      << "\n"
+      << R"({"id": "b", "sequences": [{"tokens": [11, 12, 13, 14, 15], "loss_mask": [0, 0, 1, 1, 1], )"
+      << R"("weight": -0.5}, {"tokens": [11, 12, 16]}]})"
+      << "\n";
+}
+
 TEST(TrainTest, SignedWeightsTrainLikeThePerPathBaseline) {
   // RL advantages: negative and zero weights train, with the same normalisers; one step of tree
   // packing equals one step of the per-path baseline.
   for (const std::string norm : {"path_mean", "token_mean"}) {
     const fs::path dir = test_dir("signed_" + norm);
-    {
-      std::ofstream out(dir / "signed.jsonl");
-      out << R"({"id": "a", "sequences": [{"tokens": [1, 2, 3, 4, 5, 6, 7], "weight": -1.172}, )"
-          << R"({"tokens": [1, 2, 3, 4, 8, 9, 10], "weight": 2.0}, {"tokens": [1, 2, 3, 11], "weight": 0}]})"
-          << "\n"
-          << R"({"id": "b", "sequences": [{"tokens": [11, 12, 13, 14, 15], "loss_mask": [0, 0, 1, 1, 1], )"
-          << R"("weight": -0.5}, {"tokens": [11, 12, 16]}]})"
-          << "\n";
-    }
+    write_signed_trees(dir / "signed.jsonl");
     RunConfig c = tiny_config(dir);
     c.data.path = (dir / "signed.jsonl").string();
     c.data.shuffle = false;
@@ -981,15 +985,7 @@ TEST(TrainTest, PartitionedResumeGivesBitwiseTheSameRun) {
 TEST(TrainTest, PerPathSpreadsATreesPathsOverMicroBatches) {
   for (const std::string norm : {"path_mean", "token_mean"}) {
     const fs::path dir = test_dir("spread_" + norm);
-    {
-      std::ofstream out(dir / "signed.jsonl");
-      out << R"({"id": "a", "sequences": [{"tokens": [1, 2, 3, 4, 5, 6, 7], "weight": -1.172}, )"
-          << R"({"tokens": [1, 2, 3, 4, 8, 9, 10], "weight": 2.0}, {"tokens": [1, 2, 3, 11], "weight": 0}]})"
-          << "\n"
-          << R"({"id": "b", "sequences": [{"tokens": [11, 12, 13, 14, 15], "loss_mask": [0, 0, 1, 1, 1], )"
-          << R"("weight": -0.5}, {"tokens": [11, 12, 16]}]})"
-          << "\n";
-    }
+    write_signed_trees(dir / "signed.jsonl");
     RunConfig c = tiny_config(dir);
     c.data.path = (dir / "signed.jsonl").string();
     c.data.packing = "per_path";
