@@ -68,6 +68,17 @@ double conv_pre(const int32_t* rows, const T* x, const T* w, int c, int C, int K
   return a;
 }
 
+// S (dk, dv) = value head h's state entering node n: its parent's end state (ends: (num_nodes,
+// nv, dk, dv)), or its root's init (null: zero).
+void initial_state(double* S, const double* ends, const double* init, const std::vector<int>& roots,
+                   const GdnTree& t, int n, int h) {
+  const size_t SS = (size_t)t.dk * t.dv;
+  const int p = t.node_parent[n];
+  if (p >= 0) std::copy_n(ends + ((size_t)p * t.nv + h) * SS, SS, S);
+  else if (init) std::copy_n(init + ((size_t)roots[n] * t.nv + h) * SS, SS, S);
+  else std::fill_n(S, SS, 0.0);
+}
+
 // (num_nodes) index of each root among the roots, -1 for other nodes.
 std::vector<int> root_index(const GdnTree& t) {
   std::vector<int> r(t.num_nodes, -1);
@@ -276,10 +287,7 @@ void gdn_tree_forward(T* o, double* end, const T* q, const T* k, const T* v, con
     std::vector<double> pred(dv), delta(dv);
     for (int n = 0; n < t.num_nodes; n++) {
       double* S = ends + ((size_t)n * nv + h) * SS;
-      const int p = t.node_parent[n];
-      if (p >= 0) std::copy_n(ends + ((size_t)p * nv + h) * SS, SS, S);
-      else if (init) std::copy_n(init + ((size_t)roots[n] * nv + h) * SS, SS, S);
-      else std::fill_n(S, SS, 0.0);
+      initial_state(S, ends, init, roots, t, n, h);
       for (int i = t.node_start[n]; i < t.node_start[n] + t.node_len[n]; i++) {
         const T* kt = k + ((size_t)i * nk + kh) * dk;
         const T* qt = q + ((size_t)i * nk + kh) * dk;
@@ -312,10 +320,7 @@ void gdn_tree_forward_chunked(T* o, double* end, const T* q, const T* k, const T
         vn((size_t)chunk * dv), S2(SS);
     for (int n = 0; n < t.num_nodes; n++) {
       double* S = ends + ((size_t)n * nv + h) * SS;
-      const int p = t.node_parent[n];
-      if (p >= 0) std::copy_n(ends + ((size_t)p * nv + h) * SS, SS, S);
-      else if (init) std::copy_n(init + ((size_t)roots[n] * nv + h) * SS, SS, S);
-      else std::fill_n(S, SS, 0.0);
+      initial_state(S, ends, init, roots, t, n, h);
       const int begin = t.node_start[n], stop = begin + t.node_len[n];
       for (int c0 = begin; c0 < stop; c0 += chunk) {
         const int L = std::min(chunk, stop - c0);
@@ -412,8 +417,7 @@ void gdn_tree_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, double* d_init, con
       // The node's states: states[j] is the state before token begin + j (j = 0: the initial one).
       states.assign((size_t)(len + 1) * SS, 0.0);
       const int p = t.node_parent[n];
-      if (p >= 0) std::copy_n(ends.data() + ((size_t)p * nv + h) * SS, SS, states.data());
-      else if (init) std::copy_n(init + ((size_t)roots[n] * nv + h) * SS, SS, states.data());
+      initial_state(states.data(), ends.data(), init, roots, t, n, h);
       for (int j = 0; j < len; j++) {
         const int i = begin + j;
         double* S = states.data() + (size_t)(j + 1) * SS;
