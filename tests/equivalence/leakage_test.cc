@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "data/packing.h"
@@ -22,8 +23,11 @@ struct SpecNode {
   std::vector<int> tokens;
 };
 
-model::ModelConfig config() {
+// qwen3 (attention only) and qwen3_5_text (a Gated DeltaNet layer whose conv window and
+// recurrent state must follow the tree, then gated attention).
+model::ModelConfig config(const std::string& arch) {
   model::ModelConfig c;
+  c.architecture = arch;
   c.vocab_size = 24;
   c.hidden_size = 16;
   c.intermediate_size = 32;
@@ -32,8 +36,19 @@ model::ModelConfig config() {
   c.num_key_value_heads = 2;
   c.head_dim = 8;
   c.initializer_range = 0.3;
+  if (arch == "qwen3_5_text") {
+    c.layer_types = {"linear_attention", "full_attention"};
+    c.partial_rotary_factor = 0.5;
+    c.linear_num_key_heads = 2;
+    c.linear_num_value_heads = 4;
+    c.linear_key_head_dim = 8;
+    c.linear_value_head_dim = 8;
+    c.linear_conv_kernel_dim = 4;
+  }
   return c;
 }
+
+class Leakage : public ::testing::TestWithParam<std::string> {};
 
 data::Tree make_tree(const std::vector<SpecNode>& nodes) {
   std::ostringstream os;
@@ -119,15 +134,15 @@ const std::vector<SpecNode> kTree = {
     {-1, {1, 2, 3}}, {0, {4, 5}}, {0, {6, 7, 8}}, {1, {9, 10}}, {1, {11}}, {2, {12, 13, 14}},
 };
 
-TEST(Leakage, ChangingASiblingBranchLeavesTheOtherBranchUnchanged) {
-  model::Model<double> m(config());
+TEST_P(Leakage, ChangingASiblingBranchLeavesTheOtherBranchUnchanged) {
+  model::Model<double> m(config(GetParam()));
   m.init(1);
   expect_only_subtree_changes(m, kTree, /*B*/ 2, 0);
   expect_only_subtree_changes(m, kTree, /*A2*/ 4, 0);
 }
 
-TEST(Leakage, ChangingASiblingsLengthLeavesTheOtherBranchUnchanged) {
-  model::Model<double> m(config());
+TEST_P(Leakage, ChangingASiblingsLengthLeavesTheOtherBranchUnchanged) {
+  model::Model<double> m(config(GetParam()));
   m.init(1);
   Logits before = run(m, kTree);
   auto longer = kTree;
@@ -137,22 +152,22 @@ TEST(Leakage, ChangingASiblingsLengthLeavesTheOtherBranchUnchanged) {
     for (size_t j = 0; j < kTree[n].tokens.size(); ++j) EXPECT_EQ(before.by_node[n][j], after.by_node[n][j]);
 }
 
-TEST(Leakage, ChangingAnAncestorChangesAllDescendants) {
-  model::Model<double> m(config());
+TEST_P(Leakage, ChangingAnAncestorChangesAllDescendants) {
+  model::Model<double> m(config(GetParam()));
   m.init(2);
   expect_only_subtree_changes(m, kTree, /*root*/ 0, 2);
   expect_only_subtree_changes(m, kTree, /*A*/ 1, 0);
 }
 
-TEST(Leakage, ChangingAChildLeavesAncestorsAndOtherBranchesUnchanged) {
-  model::Model<double> m(config());
+TEST_P(Leakage, ChangingAChildLeavesAncestorsAndOtherBranchesUnchanged) {
+  model::Model<double> m(config(GetParam()));
   m.init(3);
   expect_only_subtree_changes(m, kTree, /*A1*/ 3, 1);
   expect_only_subtree_changes(m, kTree, /*B1*/ 5, 0);
 }
 
-TEST(Leakage, SwappingSiblingOrderLeavesEveryPathUnchanged) {
-  model::Model<double> m(config());
+TEST_P(Leakage, SwappingSiblingOrderLeavesEveryPathUnchanged) {
+  model::Model<double> m(config(GetParam()));
   m.init(4);
   Logits before = run(m, kTree);
   // same tree with the children of root and of A listed in the opposite order
@@ -166,10 +181,10 @@ TEST(Leakage, SwappingSiblingOrderLeavesEveryPathUnchanged) {
       EXPECT_EQ(after.by_node[n][j], before.by_node[old_of_new[n]][j]) << "node " << n << " offset " << j;
 }
 
-TEST(Leakage, TargetsNeverEnterTheirOwnPredictionRow) {
+TEST_P(Leakage, TargetsNeverEnterTheirOwnPredictionRow) {
   // For every target: changing the target token (an input at its own position) leaves the logits
   // of the row that predicts it unchanged.
-  model::Model<double> m(config());
+  model::Model<double> m(config(GetParam()));
   m.init(5);
   data::Tree tree = make_tree(kTree);
   data::PackedBatch b = data::pack({&tree}, data::Packing::kTree);
@@ -194,8 +209,8 @@ TEST(Leakage, TargetsNeverEnterTheirOwnPredictionRow) {
   }
 }
 
-TEST(Leakage, RandomTreesOnlyTheChangedSubtreeMoves) {
-  model::Model<double> m(config());
+TEST_P(Leakage, RandomTreesOnlyTheChangedSubtreeMoves) {
+  model::Model<double> m(config(GetParam()));
   m.init(6);
   testing::Rng rng(99);
   for (int trial = 0; trial < 12; ++trial) {
@@ -211,6 +226,8 @@ TEST(Leakage, RandomTreesOnlyTheChangedSubtreeMoves) {
     expect_only_subtree_changes(m, nodes, changed, from);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Architectures, Leakage, ::testing::Values("qwen3", "qwen3_5_text"));
 
 }  // namespace
 }  // namespace tt

@@ -42,6 +42,15 @@ model::ModelConfig tiny_config(const std::string& arch, bool tied) {
   c.head_dim = 8;
   c.tie_word_embeddings = tied;
   c.initializer_range = 0.3;  // large enough that attention is far from uniform
+  if (arch == "qwen3_5_text") {  // a Gated DeltaNet layer, then gated attention with partial RoPE
+    c.layer_types = {"linear_attention", "full_attention"};
+    c.partial_rotary_factor = 0.5;
+    c.linear_num_key_heads = 2;
+    c.linear_num_value_heads = 4;
+    c.linear_key_head_dim = 8;
+    c.linear_value_head_dim = 8;
+    c.linear_conv_kernel_dim = 4;
+  }
   return c;
 }
 
@@ -201,6 +210,9 @@ std::vector<Case> all_cases() {
   cases.push_back({mixed, false, 2, "llama", true});
   cases.push_back({mixed, true, 2, "llama", false});
   cases.push_back({mixed, true, 2, "qwen3", true});
+  // Hybrids (Qwen3.5): the recurrent state and conv window must follow the tree on every shape.
+  for (const auto& s : testing::tree_shapes())
+    for (bool rollouts : {false, true}) cases.push_back({s, rollouts, rollouts ? 3 : 1, "qwen3_5_text", false});
   return cases;
 }
 
