@@ -303,6 +303,9 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
     }
     c.canonicalize();
   }
+  if (get_int_or(j, "num_experts", 0, where) > 0)  // Qwen3-Next / Qwen3.5-MoE: not a dense model
+    throw Error(str(where, ": num_experts = ", j.at("num_experts").dump(),
+                    " (a mixture-of-experts model) is unsupported; expected 0 or absent (dense MLPs)"));
   if (c.qwen3_5()) {
     c.partial_rotary_factor = get_double_or(j, "partial_rotary_factor", 0.25, where);
     if (c.layer_types.empty()) {  // transformers' default: every full_attention_interval-th layer is full

@@ -173,6 +173,18 @@ TEST(Qwen35, TableAndConfigAreTransformers) {
   ModelConfig bad = tiny_config("qwen3", false);
   bad.partial_rotary_factor = 0.5;
   EXPECT_THROW(bad.validate(), Error);
+  // A mixture-of-experts config is an error naming the key, not a silently dense model.
+  nlohmann::json moe = j;
+  moe["num_experts"] = 8;
+  try {
+    ModelConfig::from_hf_json(moe, "moe/config.json");
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "moe/config.json: num_experts = 8 (a mixture-of-experts model) is unsupported; "
+                                     "expected 0 or absent (dense MLPs)");
+  }
+  moe["num_experts"] = 0;
+  EXPECT_EQ(ModelConfig::from_hf_json(moe, "config.json").architecture, "qwen3_5_text");
 }
 
 // Changing the tokens of one branch changes nothing in its sibling's rows, however the siblings
