@@ -217,6 +217,22 @@ TEST(CliTest, GenerateStatsAndTrain) {
       << r.err;
 }
 
+// The shipped hybrid config trains on the CPU (device auto) and writes a transformers checkpoint.
+TEST(CliTest, TheShippedQwen35ConfigTrains) {
+  const fs::path dir = tmp("cli_qwen35");
+  const std::string data = (dir / "data.jsonl").string();
+  Result r = treetrain("generate --kind rollouts --out " + data + " --num-trees 4 --vocab-size 256 --seed 3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = treetrain("train --config configs/qwen3_5_tiny.yaml --set run_dir=" + (dir / "run").string() +
+                " --set data.path=" + data + " --set train.max_steps=2 --set train.checkpoint_every=0");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  std::ifstream cfg(dir / "run" / "checkpoints" / "step_2" / "config.json");
+  const nlohmann::json j = nlohmann::json::parse(cfg);
+  EXPECT_EQ(j.at("architectures")[0], "Qwen3_5ForCausalLM");
+  EXPECT_EQ(j.at("layer_types").size(), 4u);
+  EXPECT_EQ(j.at("linear_num_value_heads"), 4);
+}
+
 TEST(CliTest, StatsWithCapacityReportsThePartition) {
   const fs::path dir = tmp("cli_partition");
   const std::string data = (dir / "combs.jsonl").string();
