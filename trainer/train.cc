@@ -200,11 +200,13 @@ void Trainer::restore_gemm_tuning(const std::string& ckpt) {
                t.entries.size(), file, tuning_.size(), step_, hints_.size());
 }
 
-std::string Trainer::gemm_tuning_file_text() const {
+std::string Trainer::gemm_tuning_file_text(int64_t done) const {
   std::vector<cuda::GemmTuned> all = tuning_;
-  for (const cuda::GemmTuned& h : hints_) {
+  for (cuda::GemmTuned h : hints_) {
     const bool adopted = std::any_of(all.begin(), all.end(), [&](const cuda::GemmTuned& e) { return e.key == h.key; });
-    if (!adopted) all.push_back(h);
+    if (adopted) continue;
+    h.step = std::max(h.step, done + 1);  // not adopted by step `done`: still a hint for a resume there
+    all.push_back(h);
   }
   std::sort(all.begin(), all.end(), [](const cuda::GemmTuned& a, const cuda::GemmTuned& b) { return a.key < b.key; });
   return gemm_tuning_json({backend_->gemm_tuning_signature(), all});
@@ -226,17 +228,20 @@ void Trainer::share_gemm_tuning(int64_t step, const std::vector<cuda::GemmTuned>
     }
     adopted = merge_gemm_tuning(by_rank);
   }
+  int64_t added = 0;  // the same on every rank: the merged list and tuning_ are
   for (cuda::GemmTuned e : adopted) {
     const bool known = std::any_of(tuning_.begin(), tuning_.end(), [&](const cuda::GemmTuned& t) { return t.key == e.key; });
     if (known) continue;
     e.step = step;
     tuning_.push_back(e);
+    ++added;
   }
+  if (added == 0) return;
   std::sort(tuning_.begin(), tuning_.end(), [](const cuda::GemmTuned& a, const cuda::GemmTuned& b) { return a.key < b.key; });
   backend_->set_gemm_tuning(tuning_);
   if (rank() != 0) return;
   const std::string file = (fs::path(cfg_.run_dir) / kGemmTuningFile).string();
-  write_text_atomic(file, gemm_tuning_file_text());
+  write_text_atomic(file, gemm_tuning_file_text(step));
   const Backend::GemmTuneTotals now = backend_->gemm_tune_totals();
   spdlog::info("gemm autotune: step {} timed {} new GEMM shape buckets in {:.2f} s ({} winners adopted on all ranks, "
                "from the next step; {} plans took a table entry so far); {} entries in {}",
@@ -525,7 +530,7 @@ std::string Trainer::save_checkpoint() {
   if (const std::string bad = backend_->first_nonfinite(true, false, true); !bad.empty())
     throw NonFiniteError(str("step ", step_, ": ", bad, " is not finite; the checkpoint is not written"));
   const std::string dir = trainer::save_checkpoint(
-      cfg_.run_dir, cfg_, *backend_, st, backend_->gemm_tuning_signature().empty() ? "" : gemm_tuning_file_text());
+      cfg_.run_dir, cfg_, *backend_, st, backend_->gemm_tuning_signature().empty() ? "" : gemm_tuning_file_text(step_));
   last_saved_step_ = step_;
   spdlog::info("checkpoint {}", dir);
   prune_checkpoints(cfg_.run_dir, cfg_.train.keep_checkpoints);

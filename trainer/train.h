@@ -163,11 +163,13 @@ class Trainer {
   void append_micro(const std::vector<int64_t>& group, std::vector<data::PackedBatch>* micro,
                     std::vector<int64_t>* partition_tree);
   // GEMM autotuning (trainer/gemm_tuning.h): restores the table of run_dir (else of the
-  // checkpoint `ckpt` resumed from); after a step, agrees the ranks' new entries and writes the
-  // table. tuned_anywhere: buckets tuned in the step on any rank.
+  // checkpoint `ckpt` resumed from); after a step, agrees the ranks' pending winners (this rank's:
+  // pending; pending_anywhere: their count summed over ranks), adopts them and writes the table.
   void restore_gemm_tuning(const std::string& ckpt);
   void share_gemm_tuning(int64_t step, const std::vector<cuda::GemmTuned>& pending, int64_t pending_anywhere);
-  std::string gemm_tuning_file_text() const;  // tuning_ and the hints not adopted yet
+  // The file's text after step `done`: tuning_ and the hints not adopted yet, each of those tagged
+  // after `done` at the earliest (a resume at `done` or before still takes them as hints).
+  std::string gemm_tuning_file_text(int64_t done) const;
   // Time, throughput and FLOP fields of a step that began at t0.
   void finish_metrics(StepMetrics& m, double t0, const model::Work& work) const;
 

@@ -190,7 +190,9 @@ struct GemmHandle::Impl {
       // The key a winner of this shape goes under: its bucket's, or its own where the table's
       // entry for the bucket is refused for it. Timed once: a pending or hinted winner stands.
       const TuneKey entry = table.count(bucket) ? exact : bucket;
-      const bool known = pending.count(entry) > 0;
+      // Pending already, or adopted but refused for this shape (the exact key leaves out the
+      // leading dimensions): the heuristic's first, without timing again.
+      const bool known = pending.count(entry) > 0 || table.count(entry) > 0;
       auto hint = hints.find(entry);
       if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, p.b, p.d, p.d, pref, tune ? kTuneCandidates : 1, cand,
