@@ -1,0 +1,145 @@
+// PNG and JPEG decoding (libpng's simplified API, libjpeg-turbo) and the tower's resize and
+// normalisation (see image.h).
+#include "data/image.h"
+
+#include <png.h>
+#include <setjmp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include <jpeglib.h>
+
+#include "base/check.h"
+
+namespace tt::data {
+namespace {
+
+struct FileCloser {
+  void operator()(FILE* f) const {
+    if (f) std::fclose(f);
+  }
+};
+
+Image decode_png(const std::string& path) {
+  png_image png;
+  std::memset(&png, 0, sizeof png);
+  png.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_file(&png, path.c_str()))
+    throw Error(str(path, ": not a readable PNG (", png.message, ")"));
+  if ((int64_t)png.width > kMaxImageSide || (int64_t)png.height > kMaxImageSide || png.width == 0 || png.height == 0) {
+    png_image_free(&png);
+    throw Error(str(path, ": PNG of ", png.width, " x ", png.height, " pixels, expected sides in [1, ", kMaxImageSide,
+                    "]"));
+  }
+  png.format = PNG_FORMAT_RGB;  // grey and palette expanded; alpha composited onto black
+  Image img;
+  img.width = (int)png.width;
+  img.height = (int)png.height;
+  img.rgb.resize(PNG_IMAGE_SIZE(png));
+  if (!png_image_finish_read(&png, nullptr, img.rgb.data(), 0, nullptr)) {
+    const std::string why = png.message;
+    png_image_free(&png);
+    throw Error(str(path, ": corrupt or truncated PNG (", why, ")"));
+  }
+  return img;
+}
+
+struct JpegError {
+  jpeg_error_mgr mgr;
+  jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+void jpeg_error_exit(j_common_ptr cinfo) {
+  JpegError* e = reinterpret_cast<JpegError*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, e->message);
+  longjmp(e->jump, 1);
+}
+
+// Decodes into *out (owned by the caller: no automatic object of this frame that setjmp's
+// longjmp could leave indeterminate is touched after an error).
+void decode_jpeg(const std::string& path, FILE* f, Image* out) {
+  jpeg_decompress_struct cinfo;
+  JpegError err;
+  cinfo.err = jpeg_std_error(&err.mgr);
+  err.mgr.error_exit = jpeg_error_exit;
+  err.mgr.output_message = [](j_common_ptr) {};  // warnings (a truncated tail) are not printed
+  Image& img = *out;
+  if (setjmp(err.jump)) {
+    jpeg_destroy_decompress(&cinfo);
+    throw Error(str(path, ": corrupt or truncated JPEG (", err.message, ")"));
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_stdio_src(&cinfo, f);
+  jpeg_read_header(&cinfo, TRUE);
+  if (cinfo.image_width == 0 || cinfo.image_height == 0 || (int64_t)cinfo.image_width > kMaxImageSide ||
+      (int64_t)cinfo.image_height > kMaxImageSide) {
+    const unsigned w = cinfo.image_width, h = cinfo.image_height;
+    jpeg_destroy_decompress(&cinfo);
+    throw Error(str(path, ": JPEG of ", w, " x ", h, " pixels, expected sides in [1, ", kMaxImageSide, "]"));
+  }
+  cinfo.out_color_space = JCS_RGB;
+  jpeg_start_decompress(&cinfo);
+  img.width = (int)cinfo.output_width;
+  img.height = (int)cinfo.output_height;
+  img.rgb.resize((size_t)img.width * img.height * 3);
+  while (cinfo.output_scanline < cinfo.output_height) {
+    JSAMPROW row = img.rgb.data() + (size_t)cinfo.output_scanline * img.width * 3;
+    jpeg_read_scanlines(&cinfo, &row, 1);
+  }
+  // libjpeg fills a truncated file's missing rows with grey and only warns: that is an error here.
+  const bool truncated = err.mgr.num_warnings > 0;
+  jpeg_finish_decompress(&cinfo);
+  jpeg_destroy_decompress(&cinfo);
+  if (truncated) throw Error(str(path, ": corrupt or truncated JPEG (libjpeg warned while decoding)"));
+}
+
+}  // namespace
+
+Image decode_image(const std::string& path) {
+  std::unique_ptr<FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
+  if (!f) throw Error(str(path, ": cannot open the image file"));
+  unsigned char sig[8] = {};
+  const size_t n = std::fread(sig, 1, sizeof sig, f.get());
+  static const unsigned char kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  if (n == 8 && std::memcmp(sig, kPng, 8) == 0) return decode_png(path);
+  if (n >= 3 && sig[0] == 0xFF && sig[1] == 0xD8 && sig[2] == 0xFF) {
+    std::rewind(f.get());
+    Image img;
+    decode_jpeg(path, f.get(), &img);
+    return img;
+  }
+  throw Error(str(path, ": not a PNG or JPEG file (", n, " bytes read: no PNG or JPEG signature)"));
+}
+
+std::vector<float> tower_pixels(const Image& img, int size, const std::array<float, 3>& mean,
+                                const std::array<float, 3>& std) {
+  TT_CHECK(size > 0 && size <= kMaxImageSide, "tower_pixels: size ", size, ", expected in [1, ", kMaxImageSide, "]");
+  TT_CHECK(img.width > 0 && img.height > 0 && img.rgb.size() == (size_t)img.width * img.height * 3,
+           "tower_pixels: an image of ", img.width, " x ", img.height, " with ", img.rgb.size(), " bytes");
+  for (int c = 0; c < 3; ++c) TT_CHECK(std[c] > 0, "tower_pixels: std[", c, "] = ", std[c], ", expected > 0");
+  std::vector<float> out((size_t)3 * size * size);
+  const double sx = (double)img.width / size, sy = (double)img.height / size;
+  for (int y = 0; y < size; ++y) {
+    const double fy = std::clamp((y + 0.5) * sy - 0.5, 0.0, (double)img.height - 1);
+    const int y0 = (int)fy, y1 = std::min(y0 + 1, img.height - 1);
+    const double wy = fy - y0;
+    for (int x = 0; x < size; ++x) {
+      const double fx = std::clamp((x + 0.5) * sx - 0.5, 0.0, (double)img.width - 1);
+      const int x0 = (int)fx, x1 = std::min(x0 + 1, img.width - 1);
+      const double wx = fx - x0;
+      for (int c = 0; c < 3; ++c) {
+        auto at = [&](int yy, int xx) { return (double)img.rgb[((size_t)yy * img.width + xx) * 3 + c]; };
+        const double v = (1 - wy) * ((1 - wx) * at(y0, x0) + wx * at(y0, x1)) + wy * ((1 - wx) * at(y1, x0) + wx * at(y1, x1));
+        out[((size_t)c * size + y) * size + x] = (float)((v / 255.0 - mean[c]) / std[c]);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace tt::data

@@ -1,0 +1,34 @@
+// Camera frames for the VLA data path (issue 16): PNG and JPEG files decoded with Debian's libpng
+// and libjpeg-turbo (linked statically), then resized and normalised as a vision tower's
+// processor does.
+//
+// decode_image reads 8-bit RGB (grey and palette images expanded, alpha dropped, 16-bit PNG
+// channels reduced to their high byte); the format is told by the file's signature, not its name.
+// Every failure is a tt::Error naming the file and what is wrong (missing, not PNG or JPEG,
+// truncated or corrupt, larger than kMaxImageSide).
+// tower_pixels resizes to size x size with bilinear interpolation (half-pixel centres, the
+// antialias-free convention) and maps each channel c to (x / 255 - mean[c]) / std[c], in
+// channel-first order (3, size, size), as SigLIP's processor feeds its patch embedding
+// (mean = std = 0.5).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tt::data {
+
+constexpr int kMaxImageSide = 16384;
+
+struct Image {
+  int width = 0, height = 0;
+  std::vector<uint8_t> rgb;  // (height, width, 3)
+};
+
+Image decode_image(const std::string& path);
+
+std::vector<float> tower_pixels(const Image& img, int size, const std::array<float, 3>& mean,
+                                const std::array<float, 3>& std);
+
+}  // namespace tt::data
