@@ -1,0 +1,40 @@
+// Robot and navigation episodes, the VLA data format (issue 16): JSONL, one episode a line:
+//   {"id": ..., "instruction": [token ids],
+//    "steps": [{"images": ["frames/0001.png", ...], "state": [floats], "action": [floats]}, ...]}
+// `images` are PNG or JPEG files relative to the JSONL's folder, one per camera and the same count
+// every step; `state` is optional (the same length every step when present); `action` is a
+// continuous vector (the same length every step), or `action_ids: [ints]` replaces it for
+// discrete actions. read_episodes checks the structure and that every image file exists (it
+// decodes none: data/image.h does, per batch); any problem is a tt::Error naming file:line, the
+// step and the field, and what was expected (NaN or infinite values included).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tt::data {
+
+struct EpisodeStep {
+  std::vector<std::string> images;  // resolved paths, one per camera
+  std::vector<float> state;         // empty: none
+  std::vector<float> action;        // continuous actions, or empty
+  std::vector<int32_t> action_ids;  // discrete actions, or empty
+};
+
+struct Episode {
+  std::string id;
+  std::vector<int32_t> instruction;
+  std::vector<EpisodeStep> steps;
+};
+
+// One line; `where` is "file:line", `dir` the folder image paths are relative to. vocab_size > 0
+// bounds the instruction's token ids and the discrete action ids.
+Episode parse_episode_line(const std::string& line, const std::string& where, const std::string& dir,
+                           int64_t vocab_size);
+
+// Every non-empty line of a file; also checks that all episodes agree on cameras, state length and
+// the action kind and length (an error names the first line that differs).
+std::vector<Episode> read_episodes(const std::string& path, int64_t vocab_size);
+
+}  // namespace tt::data
