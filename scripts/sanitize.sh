@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 FUZZ_RUNS=${FUZZ_RUNS:-20000}
 FUZZ_SEED=${FUZZ_SEED:-1}
 FUZZ_OUT=${FUZZ_OUT:-/tmp/treetrain-fuzz}
-FUZZERS="jsonl_reader config safetensors rendezvous"
+FUZZERS="jsonl_reader config safetensors rendezvous image episodes"
 
 main_base=$(bazel info output_base 2>/dev/null) || { echo "sanitize: bazel info failed" >&2; exit 1; }
 sbazel() { bazel --output_base="${main_base}-sanitize" "$@"; }
