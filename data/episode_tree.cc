@@ -1,0 +1,90 @@
+// Episode -> prefix tree (see episode_tree.h).
+#include "data/episode_tree.h"
+
+#include <map>
+#include <utility>
+
+#include "base/check.h"
+
+namespace tt::data {
+namespace {
+
+Node make_node(int parent, std::vector<int32_t> tokens) {
+  Node n;
+  n.parent = parent;
+  n.target_weight.assign(tokens.size(), 0.0);
+  n.target_count.assign(tokens.size(), 0);
+  n.tokens = std::move(tokens);
+  return n;
+}
+
+}  // namespace
+
+EpisodeTree episode_tree(const Episode& ep, int64_t episode_index, const ActionBins* bins, const EpisodeTreeSpec& spec) {
+  const std::string what = str("episode '", ep.id, "'");
+  if (spec.tokens_per_frame < 1) throw Error(str(what, ": tokens_per_frame ", spec.tokens_per_frame, ", expected >= 1"));
+  if (spec.window < 0) throw Error(str(what, ": history window ", spec.window, ", expected 0 (full) or >= 1"));
+  if (ep.instruction.empty()) throw Error(str(what, ": an empty instruction (the tree's root needs a token)"));
+  EpisodeTree out;
+  Tree& t = out.tree;
+  t.id = ep.id;
+  t.nodes.push_back(make_node(-1, ep.instruction));
+  const int T = (int)ep.steps.size();
+  // Frames: one per (step, camera), in step order.
+  std::vector<std::vector<int>> frame_of(T);
+  for (int s = 0; s < T; ++s)
+    for (int c = 0; c < (int)ep.steps[s].images.size(); ++c) {
+      frame_of[s].push_back((int)out.frames.size());
+      out.frames.push_back({episode_index, s, c, ep.steps[s].images[c]});
+    }
+  // The observation node of step s under parent p, made once (the trie: window histories share
+  // the nodes of equal observation sequences).
+  std::map<std::pair<int, int>, int> obs_node;  // (parent node, step) -> node
+  auto observation = [&](int parent, int s) {
+    auto it = obs_node.find({parent, s});
+    if (it != obs_node.end()) return it->second;
+    std::vector<int32_t> toks;
+    const int node = (int)t.nodes.size();
+    for (int f : frame_of[s]) {
+      out.slots.push_back({node, (int)toks.size(), f});
+      toks.insert(toks.end(), spec.tokens_per_frame, spec.image_token);
+    }
+    if (!ep.steps[s].state.empty()) toks.push_back(spec.state_token);
+    t.nodes.push_back(make_node(parent, std::move(toks)));
+    obs_node[{parent, s}] = node;
+    return node;
+  };
+  for (int s = 0; s < T; ++s) {
+    const int first = spec.window == 0 ? 0 : std::max(0, s - spec.window + 1);
+    int node = 0;
+    for (int o = first; o <= s; ++o) node = observation(node, o);
+    std::vector<int32_t> action;
+    if (!ep.steps[s].action_ids.empty()) {
+      action = ep.steps[s].action_ids;
+    } else {
+      if (!bins) throw Error(str(what, ": step ", s, " has a continuous action, but no action bins were given"));
+      try {
+        action = bins->encode(ep.steps[s].action);
+      } catch (const Error& e) {
+        throw Error(str(what, ": step ", s, ": ", e.what()));
+      }
+    }
+    const int leaf = (int)t.nodes.size();
+    t.nodes.push_back(make_node(node, action));
+    Node& a = t.nodes[leaf];
+    a.target_weight.assign(a.tokens.size(), 1.0);  // one path through each action token
+    a.target_count.assign(a.tokens.size(), 1);
+    // The path: its tokens' weights (the action's only).
+    int64_t len = (int64_t)a.tokens.size();
+    for (int p = node; p >= 0; p = t.nodes[p].parent) len += (int64_t)t.nodes[p].tokens.size();
+    Path path;
+    path.end_node = leaf;
+    path.target_weight.assign(len, 0.0);
+    for (size_t j = 0; j < a.tokens.size(); ++j) path.target_weight[len - a.tokens.size() + j] = 1.0;
+    t.paths.push_back(std::move(path));
+  }
+  t.validate();
+  return out;
+}
+
+}  // namespace tt::data

@@ -1,0 +1,106 @@
+// Episode -> prefix tree (data/episode_tree.h): the full-history comb and the window trie, the
+// frame table and its slots, each step's path equal to that step's own sample, action tokens only
+// as leaves (no step sees another's action), and the loss on action tokens only.
+#include "data/episode_tree.h"
+
+#include <gtest/gtest.h>
+
+#include "base/check.h"
+#include "data/packing.h"
+
+namespace tt::data {
+namespace {
+
+// Three steps, one camera, state, discrete actions {20 + s, 30 + s}.
+Episode episode(bool with_state) {
+  Episode ep;
+  ep.id = "ep";
+  ep.instruction = {5, 6};
+  for (int s = 0; s < 3; ++s) {
+    EpisodeStep st;
+    st.images = {"f" + std::to_string(s) + ".png"};
+    if (with_state) st.state = {0.5f};
+    st.action_ids = {20 + s, 30 + s};
+    ep.steps.push_back(st);
+  }
+  return ep;
+}
+
+EpisodeTreeSpec spec(int window) {
+  EpisodeTreeSpec sp;
+  sp.tokens_per_frame = 2;
+  sp.image_token = 1;
+  sp.state_token = 2;
+  sp.window = window;
+  return sp;
+}
+
+TEST(EpisodeTree, FullHistoryIsACombWithActionLeaves) {
+  const EpisodeTree et = episode_tree(episode(true), 4, nullptr, spec(0));
+  const Tree& t = et.tree;
+  // root, then per step an observation on the trunk and its action leaf.
+  ASSERT_EQ(t.nodes.size(), 7u);
+  EXPECT_EQ(t.nodes[1].parent, 0);
+  EXPECT_EQ(t.nodes[1].tokens, (std::vector<int32_t>{1, 1, 2}));  // 2 image rows + the state row
+  EXPECT_EQ(t.nodes[2].parent, 1);
+  EXPECT_EQ(t.nodes[2].tokens, (std::vector<int32_t>{20, 30}));
+  EXPECT_EQ(t.nodes[3].parent, 1) << "step 1's observation follows step 0's, not its action";
+  ASSERT_EQ(et.frames.size(), 3u);
+  EXPECT_EQ(et.frames[2].episode, 4);
+  EXPECT_EQ(et.frames[2].step, 2);
+  EXPECT_EQ(et.frames[2].path, "f2.png");
+  EXPECT_EQ(et.frame_occurrences(), 3);
+  // Each path is its step's own sample: instruction, observations 0..t, action t.
+  ASSERT_EQ(t.paths.size(), 3u);
+  EXPECT_EQ(t.path_tokens(2), (std::vector<int32_t>{5, 6, 1, 1, 2, 1, 1, 2, 1, 1, 2, 22, 32}));
+  // Targets: the action tokens only, the first predicted by the observation's last row.
+  const PackedBatch b = pack({&t}, Packing::kTree);
+  EXPECT_EQ(b.tgt_src.size(), 6u);
+  for (size_t k = 0; k < b.tgt_tok.size(); ++k) EXPECT_GE(b.tgt_tok[k], 20) << "only action tokens are targets";
+  EXPECT_EQ(b.n_flat_targets, 6);
+  // No action token is an input of another step: action nodes are leaves.
+  for (size_t n = 1; n < t.nodes.size(); ++n)
+    if (t.nodes[t.nodes[n].parent].tokens[0] >= 20) ADD_FAILURE() << "node " << n << " hangs off an action";
+}
+
+TEST(EpisodeTree, WindowHistoryBranchesAndReusesFrames) {
+  const EpisodeTree et = episode_tree(episode(false), 0, nullptr, spec(2));
+  const Tree& t = et.tree;
+  // Contexts: step 0 [o0], step 1 [o0 o1], step 2 [o1 o2]: step 2 cannot share step 1's prefix.
+  EXPECT_EQ(t.path_tokens(1), (std::vector<int32_t>{5, 6, 1, 1, 1, 1, 21, 31}));
+  EXPECT_EQ(t.path_tokens(2), (std::vector<int32_t>{5, 6, 1, 1, 1, 1, 22, 32}));
+  int children_of_root = 0;
+  for (const Node& n : t.nodes) children_of_root += n.parent == 0;
+  EXPECT_EQ(children_of_root, 2) << "o0 (steps 0 and 1) and o1 (step 2's window start)";
+  EXPECT_EQ(et.frames.size(), 3u) << "three frames";
+  EXPECT_EQ(et.frame_occurrences(), 4) << "frame 1 is shown by two observation nodes";
+  int shows_frame1 = 0;
+  for (const FrameSlot& s : et.slots) shows_frame1 += s.frame == 1;
+  EXPECT_EQ(shows_frame1, 2);
+  // Window 1: each step sees only its own observation.
+  const EpisodeTree w1 = episode_tree(episode(false), 0, nullptr, spec(1));
+  EXPECT_EQ(w1.tree.path_tokens(2), (std::vector<int32_t>{5, 6, 1, 1, 22, 32}));
+}
+
+TEST(EpisodeTree, ContinuousActionsNeedBinsAndBadSpecsAreErrors) {
+  Episode ep = episode(false);
+  for (EpisodeStep& s : ep.steps) {
+    s.action_ids.clear();
+    s.action = {0.25f, -0.5f};
+  }
+  try {
+    episode_tree(ep, 0, nullptr, spec(0));
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "episode 'ep': step 0 has a continuous action, but no action bins were given");
+  }
+  const ActionBins bins = fit_action_bins({{0, -1}, {1, 0}}, 100, 10);
+  const EpisodeTree et = episode_tree(ep, 0, &bins, spec(0));
+  EXPECT_EQ(et.tree.nodes[2].tokens, bins.encode({0.25f, -0.5f}));
+  EpisodeTreeSpec bad = spec(0);
+  bad.window = -1;
+  EXPECT_THROW(episode_tree(ep, 0, &bins, bad), Error);
+}
+
+}  // namespace
+}  // namespace tt::data
