@@ -24,6 +24,7 @@
 #include "trainer/attention_bench.h"
 #include "data/packing.h"
 #include "data/stats.h"
+#include "data/episode_tree.h"
 #include "data/synthetic.h"
 #include "distributed/env.h"
 #include "distributed/launch.h"
@@ -40,10 +41,14 @@ const char* const kUsage = R"(usage:
   treetrain [train] --config FILE [--set KEY=VALUE ...]
       Train as the YAML config says. --set overrides one key (e.g. --set train.max_steps=50);
       repeatable. Keys and their meaning: trainer/config.h.
-  treetrain stats --data FILE --format rollouts|tree [--vocab-size V] [--capacity C]
+  treetrain stats --data FILE --format rollouts|tree|episodes [--vocab-size V] [--capacity C]
+                  [--tokens-per-frame 196] [--window W]
       Print one JSON object of dataset statistics (trees, paths, n_tree, n_flat, por, ...). With
       --capacity, its "partition" object holds the cost of partitioning every tree into pieces of
-      at most C tokens (pieces, tokens_with_gateways, tokens_naive, peak_tokens, ...).
+      at most C tokens (pieces, tokens_with_gateways, tokens_naive, peak_tokens, ...). --format
+      episodes (robot/navigation episodes, data/episodes.h) counts each episode as its tree
+      (--tokens-per-frame rows per image, --window W observations of history, 0 = all; needs
+      --vocab-size) and adds episodes, unique_frames, frame_occurrences and frame_reuse.
   treetrain generate --kind rollouts|comb --out FILE [--num-trees N] [--vocab-size V] [--seed S]
                      [--prompt-len N] [--turns N] [--turn-len N] [--branches N] [--branch-turns N]
                      [--prefix-len N] [--steps N] [--history-len N] [--leaf-len N]
@@ -188,9 +193,47 @@ int run_train(const std::vector<std::string>& argv) {
   return 0;
 }
 
+// stats --format episodes: each episode as its tree (data/episode_tree.h), with the frame counts.
+int run_episode_stats(const Args& a, const std::string& path) {
+  const int64_t vocab = int_flag(a, "vocab-size", 0);
+  if (vocab < 2) throw UsageError{"--vocab-size: expected the model's vocabulary (>= 2) for --format episodes"};
+  tt::data::EpisodeTreeSpec spec;
+  spec.tokens_per_frame = (int)int_flag(a, "tokens-per-frame", 196);
+  spec.window = (int)int_flag(a, "window", 0);
+  if (spec.tokens_per_frame < 1) throw UsageError{"--tokens-per-frame: expected >= 1"};
+  if (spec.window < 0) throw UsageError{"--window: expected 0 (full history) or >= 1"};
+  const std::vector<tt::data::Episode> eps = tt::data::read_episodes(path, vocab);
+  std::vector<std::vector<float>> actions;
+  for (const auto& ep : eps)
+    for (const auto& st : ep.steps)
+      if (!st.action.empty()) actions.push_back(st.action);
+  tt::data::ActionBins bins;
+  if (!actions.empty()) bins = tt::data::fit_action_bins(actions, vocab);
+  std::vector<tt::data::Tree> trees;
+  int64_t frames = 0, occurrences = 0;
+  for (size_t e = 0; e < eps.size(); ++e) {
+    tt::data::EpisodeTree et = tt::data::episode_tree(eps[e], (int64_t)e, actions.empty() ? nullptr : &bins, spec);
+    frames += (int64_t)et.frames.size();
+    occurrences += et.frame_occurrences();
+    trees.push_back(std::move(et.tree));
+  }
+  nlohmann::json j = tt::data::tree_stats(trees);
+  j["episodes"] = eps.size();
+  j["unique_frames"] = frames;
+  j["frame_occurrences"] = occurrences;          // in the tree's observation nodes
+  j["frame_reuse"] = frames > 0 ? (double)occurrences / (double)frames : 0.0;
+  j["tokens_per_frame"] = spec.tokens_per_frame;
+  j["history_window"] = spec.window;
+  std::cout << j.dump() << std::endl;
+  return 0;
+}
+
 int run_stats(const std::vector<std::string>& argv) {
-  const Args a = parse_flags(argv, {"data", "format", "vocab-size", "capacity"}, "stats");
+  const Args a = parse_flags(argv, {"data", "format", "vocab-size", "capacity", "tokens-per-frame", "window"}, "stats");
   const std::string& path = required(a, "data");
+  if (required(a, "format") == "episodes") return run_episode_stats(a, path);
+  if (a.flags.count("tokens-per-frame") || a.flags.count("window"))
+    throw UsageError{"--tokens-per-frame and --window are for --format episodes"};
   const tt::data::Format format = tt::data::parse_format(required(a, "format"), "--format");
   const int64_t capacity = int_flag(a, "capacity", 0);
   if (a.flags.count("capacity") && capacity < 1) throw UsageError{"--capacity: expected a positive number of tokens"};

@@ -233,6 +233,33 @@ TEST(CliTest, TheShippedQwen35ConfigTrains) {
   EXPECT_EQ(j.at("linear_num_value_heads"), 4);
 }
 
+// stats on robot episodes: each episode as its tree, with frame counts (a window of 2 shows
+// frame 1 in two observation nodes).
+TEST(CliTest, StatsOnEpisodesCountsFrames) {
+  const fs::path dir = tmp("cli_episodes");
+  fs::create_directories(dir / "frames");
+  for (const char* f : {"0.png", "1.png", "2.png"}) std::ofstream(dir / "frames" / f) << "x";
+  const std::string data = (dir / "ep.jsonl").string();
+  std::ofstream(data) << R"({"id": "e", "instruction": [3, 4], "steps": [)"
+                      << R"({"images": ["frames/0.png"], "action": [0.1]}, {"images": ["frames/1.png"], "action": [0.5]},)"
+                      << R"({"images": ["frames/2.png"], "action": [0.9]}]})" << "\n";
+  Result r = treetrain("stats --data " + data + " --format episodes --vocab-size 300 --tokens-per-frame 4 --window 2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("episodes").get<int>(), 1);
+  EXPECT_EQ(j.at("paths").get<int>(), 3);
+  EXPECT_EQ(j.at("unique_frames").get<int>(), 3);
+  EXPECT_EQ(j.at("frame_occurrences").get<int>(), 4);
+  // Flattened: step t's sample is the instruction, its window's frames and its action token.
+  EXPECT_EQ(j.at("n_flat").get<int>(), (2 + 4 + 1) + (2 + 8 + 1) + (2 + 8 + 1));
+  r = treetrain("stats --data " + data + " --format episodes");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--vocab-size: expected the model's vocabulary"), std::string::npos) << r.err;
+  r = treetrain("stats --data " + data + " --format tree --window 2");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--tokens-per-frame and --window are for --format episodes"), std::string::npos) << r.err;
+}
+
 TEST(CliTest, StatsWithCapacityReportsThePartition) {
   const fs::path dir = tmp("cli_partition");
   const std::string data = (dir / "combs.jsonl").string();
