@@ -1,0 +1,96 @@
+// LayerNorm and GELU (tanh), CPU reference (see vision.h).
+//   LayerNorm: n = (x - m) r, out = n w + b  =>  g = dout w, dx = r (g - mean(g) - n mean(g n)),
+//              dw = sum_rows dout n, db = sum_rows dout.
+//   GELU tanh: u = k (x + a x^3), y = x (1 + tanh u) / 2
+//              =>  y' = (1 + tanh u) / 2 + x (1 - tanh^2 u) k (1 + 3 a x^2) / 2.
+#include "ops/cpu/vision.h"
+
+#include <cmath>
+#include <vector>
+
+#include "base/check.h"
+
+namespace tt::cpu {
+namespace {
+
+constexpr double kGeluK = 0.7978845608028654;  // sqrt(2 / pi)
+constexpr double kGeluA = 0.044715;
+
+}  // namespace
+
+template <class T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, int rows, int C, double eps) {
+  TT_CHECK(rows >= 0 && C > 0 && eps >= 0, "layernorm_forward: expected rows >= 0, C > 0, eps >= 0, got ", rows, ", ",
+           C, ", ", eps);
+#pragma omp parallel for schedule(static)
+  for (int r = 0; r < rows; r++) {
+    const T* xr = x + (size_t)r * C;
+    double m = 0;
+    for (int c = 0; c < C; c++) m += (double)xr[c];
+    m /= C;
+    double v = 0;
+    for (int c = 0; c < C; c++) v += ((double)xr[c] - m) * ((double)xr[c] - m);
+    const double rs = 1.0 / std::sqrt(v / C + eps);
+    for (int c = 0; c < C; c++)
+      out[(size_t)r * C + c] = (T)(((double)xr[c] - m) * rs * (double)w[c] + (b ? (double)b[c] : 0.0));
+    mean[r] = (T)m;
+    rstd[r] = (T)rs;
+  }
+}
+
+template <class T>
+void layernorm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w, const T* mean, const T* rstd,
+                        int rows, int C) {
+  TT_CHECK(rows >= 0 && C > 0, "layernorm_backward: expected rows >= 0, C > 0, got ", rows, ", ", C);
+  std::vector<double> gw(dw ? C : 0, 0.0), gb(db ? C : 0, 0.0);
+  for (int r = 0; r < rows; r++) {  // serial: dw, db sum over rows in a fixed order
+    const size_t o = (size_t)r * C;
+    const double m = mean[r], rs = rstd[r];
+    double sg = 0, sgn = 0;
+    for (int c = 0; c < C; c++) {
+      const double n = ((double)x[o + c] - m) * rs, g = (double)dout[o + c] * (double)w[c];
+      sg += g;
+      sgn += g * n;
+      if (dw) gw[c] += (double)dout[o + c] * n;
+      if (db) gb[c] += (double)dout[o + c];
+    }
+    if (dx)
+      for (int c = 0; c < C; c++) {
+        const double n = ((double)x[o + c] - m) * rs, g = (double)dout[o + c] * (double)w[c];
+        dx[o + c] = (T)((double)dx[o + c] + rs * (g - sg / C - n * sgn / C));
+      }
+  }
+  for (int c = 0; dw && c < C; c++) dw[c] = (T)((double)dw[c] + gw[c]);
+  for (int c = 0; db && c < C; c++) db[c] = (T)((double)db[c] + gb[c]);
+}
+
+template <class T>
+void gelu_tanh_forward(T* y, const T* x, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) {
+    const double v = (double)x[i];
+    y[i] = (T)(0.5 * v * (1.0 + std::tanh(kGeluK * (v + kGeluA * v * v * v))));
+  }
+}
+
+template <class T>
+void gelu_tanh_backward(T* dx, const T* dy, const T* x, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) {
+    const double v = (double)x[i], t = std::tanh(kGeluK * (v + kGeluA * v * v * v));
+    const double d = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * kGeluK * (1.0 + 3.0 * kGeluA * v * v);
+    dx[i] = (T)((double)dx[i] + (double)dy[i] * d);
+  }
+}
+
+#define TT_VISION_INSTANTIATE(T)                                                                        \
+  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, double);       \
+  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, \
+                                      int);                                                             \
+  template void gelu_tanh_forward<T>(T*, const T*, int64_t);                                            \
+  template void gelu_tanh_backward<T>(T*, const T*, const T*, int64_t);
+TT_VISION_INSTANTIATE(float)
+TT_VISION_INSTANTIATE(double)
+#undef TT_VISION_INSTANTIATE
+
+}  // namespace tt::cpu

@@ -1,0 +1,26 @@
+// The SigLIP vision tower's elementwise and norm ops (issue 16), CPU reference: plain loops, fp64
+// accumulation, templated on float and double. Gradient contract as elsewhere in ops/cpu: dx and
+// parameter gradients are accumulated (+=).
+#pragma once
+
+#include <cstdint>
+
+namespace tt::cpu {
+
+// LayerNorm over the last dimension (nn.LayerNorm): out = (x - mean) rstd w + b,
+// rstd = (var + eps)^-1/2 with the biased variance; mean and rstd (rows) saved.
+template <class T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, int rows, int C, double eps);
+// dx (rows, C) +=, dw, db (C) += (any may be null).
+template <class T>
+void layernorm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w, const T* mean, const T* rstd,
+                        int rows, int C);
+
+// GELU, tanh approximation (HF "gelu_pytorch_tanh", SigLIP's hidden_act):
+//   y = x / 2 (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))); n elements.
+template <class T>
+void gelu_tanh_forward(T* y, const T* x, int64_t n);
+template <class T>
+void gelu_tanh_backward(T* dx, const T* dy, const T* x, int64_t n);  // dx +=
+
+}  // namespace tt::cpu

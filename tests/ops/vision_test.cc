@@ -1,0 +1,62 @@
+// The vision tower's CPU ops (ops/cpu/vision.h): finite-difference gradient checks in fp64 (the
+// bound rule of tests/ops/test_util.h) and the forwards against their formulas.
+#include "ops/cpu/vision.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "base/check.h"
+#include "tests/ops/test_util.h"
+
+namespace tt::cpu {
+namespace {
+
+using test::check_gradient;
+using test::dot_objective;
+using test::randn;
+
+TEST(LayerNorm, GradientByFiniteDifferences) {
+  std::mt19937_64 rng(21);
+  const int rows = 5, C = 7;
+  std::vector<double> x = randn(rng, rows * C, 2.0), w = randn(rng, C), b = randn(rng, C), R = randn(rng, rows * C);
+  std::vector<double> out(rows * C), mean(rows), rstd(rows);
+  auto objective = [&] {
+    layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), rows, C, 1e-6);
+    return dot_objective(out, R);
+  };
+  objective();
+  // Row 1, channel 3 by the formula: (x - mean) / sqrt(var + eps) w + b.
+  double m = 0, v = 0;
+  for (int c = 0; c < C; c++) m += x[C + c] / C;
+  for (int c = 0; c < C; c++) v += (x[C + c] - m) * (x[C + c] - m) / C;
+  EXPECT_NEAR(out[C + 3], (x[C + 3] - m) / std::sqrt(v + 1e-6) * w[3] + b[3], 1e-12);
+  std::vector<double> dx(rows * C, 0.0), dw(C, 0.0), db(C, 0.0);
+  layernorm_backward(dx.data(), dw.data(), db.data(), R.data(), x.data(), w.data(), mean.data(), rstd.data(), rows, C);
+  check_gradient("dx", &x, dx, objective);
+  check_gradient("dw", &w, dw, objective);
+  check_gradient("db", &b, db, objective);
+}
+
+TEST(GeluTanh, GradientByFiniteDifferencesAndFormula) {
+  std::mt19937_64 rng(22);
+  const int n = 40;
+  std::vector<double> x = randn(rng, n, 2.0), R = randn(rng, n), y(n);
+  auto objective = [&] {
+    gelu_tanh_forward(y.data(), x.data(), n);
+    return dot_objective(y, R);
+  };
+  objective();
+  for (int i = 0; i < n; ++i) {
+    const double v = x[i];
+    EXPECT_NEAR(y[i], 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))), 1e-15);
+  }
+  std::vector<double> dx(n, 0.0);
+  gelu_tanh_backward(dx.data(), R.data(), x.data(), n);
+  check_gradient("dx", &x, dx, objective);
+}
+
+}  // namespace
+}  // namespace tt::cpu
