@@ -83,12 +83,43 @@ void gelu_tanh_backward(T* dx, const T* dy, const T* x, int64_t n) {
   }
 }
 
+namespace {
+
+// Calls f(row element index, pixel index) for every element of the patch matrix.
+template <class F>
+void for_patch_elements(int H, int W, int patch, F&& f) {
+  TT_CHECK(patch > 0 && H > 0 && W > 0 && H % patch == 0 && W % patch == 0, "patchify: a ", H, " x ", W,
+           " image does not split into ", patch, " x ", patch, " patches");
+  const int pw = W / patch, row = 3 * patch * patch;
+  for (int py = 0; py < H / patch; py++)
+    for (int px = 0; px < pw; px++)
+      for (int c = 0; c < 3; c++)
+        for (int dy = 0; dy < patch; dy++)
+          for (int dx = 0; dx < patch; dx++)
+            f(((size_t)py * pw + px) * row + ((size_t)c * patch + dy) * patch + dx,
+              ((size_t)c * H + py * patch + dy) * W + px * patch + dx);
+}
+
+}  // namespace
+
+template <class T>
+void patchify(T* out, const T* pixels, int H, int W, int patch) {
+  for_patch_elements(H, W, patch, [&](size_t o, size_t p) { out[o] = pixels[p]; });
+}
+
+template <class T>
+void unpatchify_add(T* dpixels, const T* dout, int H, int W, int patch) {
+  for_patch_elements(H, W, patch, [&](size_t o, size_t p) { dpixels[p] += dout[o]; });
+}
+
 #define TT_VISION_INSTANTIATE(T)                                                                        \
   template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, double);       \
   template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, \
                                       int);                                                             \
   template void gelu_tanh_forward<T>(T*, const T*, int64_t);                                            \
-  template void gelu_tanh_backward<T>(T*, const T*, const T*, int64_t);
+  template void gelu_tanh_backward<T>(T*, const T*, const T*, int64_t);                                 \
+  template void patchify<T>(T*, const T*, int, int, int);                                               \
+  template void unpatchify_add<T>(T*, const T*, int, int, int);
 TT_VISION_INSTANTIATE(float)
 TT_VISION_INSTANTIATE(double)
 #undef TT_VISION_INSTANTIATE

@@ -23,4 +23,14 @@ void gelu_tanh_forward(T* y, const T* x, int64_t n);
 template <class T>
 void gelu_tanh_backward(T* dx, const T* dy, const T* x, int64_t n);  // dx +=
 
+// The patch embedding's input (SigLIP's Conv2d with stride = kernel = patch, as a GEMM):
+// pixels (3, H, W) channel first -> out (P, 3 patch patch), P = (H / patch) (W / patch) patches in
+// row-major order, each row laid out (channel, dy, dx) like a Conv2d weight's (out, 3, patch,
+// patch) rows, so out @ weight^T is the convolution. H and W must be multiples of patch.
+template <class T>
+void patchify(T* out, const T* pixels, int H, int W, int patch);
+// The reverse, accumulated: dpixels (3, H, W) += the rows of dout (P, 3 patch patch).
+template <class T>
+void unpatchify_add(T* dpixels, const T* dout, int H, int W, int patch);
+
 }  // namespace tt::cpu

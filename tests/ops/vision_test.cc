@@ -58,5 +58,32 @@ TEST(GeluTanh, GradientByFiniteDifferencesAndFormula) {
   check_gradient("dx", &x, dx, objective);
 }
 
+// patchify + matmul is the stride-patch convolution, computed here directly; unpatchify_add is
+// patchify's transpose (<patchify(x), y> == <x, unpatchify(y)>).
+TEST(Patchify, IsTheConvolutionsGemmInput) {
+  std::mt19937_64 rng(23);
+  const int H = 6, W = 4, p = 2, P = (H / p) * (W / p), K = 3 * p * p, OC = 5;
+  const std::vector<double> px = randn(rng, 3 * H * W), w = randn(rng, (size_t)OC * K);
+  std::vector<double> rows((size_t)P * K);
+  patchify(rows.data(), px.data(), H, W, p);
+  for (int py = 0; py < H / p; py++)
+    for (int qx = 0; qx < W / p; qx++)
+      for (int o = 0; o < OC; o++) {
+        double conv = 0, gemm = 0;
+        for (int c = 0; c < 3; c++)
+          for (int dy = 0; dy < p; dy++)
+            for (int dx = 0; dx < p; dx++)
+              conv += w[(size_t)o * K + (c * p + dy) * p + dx] * px[((size_t)c * H + py * p + dy) * W + qx * p + dx];
+        const int patch = py * (W / p) + qx;
+        for (int k = 0; k < K; k++) gemm += rows[(size_t)patch * K + k] * w[(size_t)o * K + k];
+        EXPECT_NEAR(gemm, conv, 1e-12);
+      }
+  const std::vector<double> y = randn(rng, (size_t)P * K);
+  std::vector<double> back(3 * H * W, 0.0);
+  unpatchify_add(back.data(), y.data(), H, W, p);
+  EXPECT_NEAR(dot_objective(rows, y), dot_objective(px, back), 1e-12);
+  EXPECT_THROW(patchify(rows.data(), px.data(), 5, 4, 2), Error);
+}
+
 }  // namespace
 }  // namespace tt::cpu
