@@ -6,6 +6,8 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iterator>
+#include <string>
 
 #include "base/check.h"
 
@@ -30,6 +32,14 @@ void write_text_atomic(const std::string& path, const std::string& text) {
     std::remove(tmp.c_str());
     throw Error(str(path, ": fsync or rename from ", tmp, " failed"));
   }
+}
+
+std::string read_text(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(str(path, ": cannot open ", what));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw Error(str(path, ": cannot read ", what));
+  return text;
 }
 
 }  // namespace tt

@@ -10,4 +10,7 @@ namespace tt {
 // temporary file is removed).
 void write_text_atomic(const std::string& path, const std::string& text);
 
+// The whole file as bytes. Throws tt::Error "<path>: cannot open <what>" when it cannot be read.
+std::string read_text(const std::string& path, const std::string& what);
+
 }  // namespace tt

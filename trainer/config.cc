@@ -20,6 +20,7 @@
 #include <variant>
 
 #include "base/check.h"
+#include "base/files.h"
 #include "trainer/yaml_doc.h"
 
 namespace tt::trainer {
@@ -566,12 +567,9 @@ RunConfig parse_config_text(const std::string& yaml_text, const std::string& sou
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) throw Error(str(path, ": is a directory, expected a YAML config file"));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(str(path, ": cannot open config file"));
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const std::string text = read_text(path, "config file");
   const std::string base = fs::absolute(fs::path(path)).parent_path().lexically_normal().string();
-  return parse_config_text(ss.str(), path, overrides, base);
+  return parse_config_text(text, path, overrides, base);
 }
 
 }  // namespace tt::trainer

@@ -14,6 +14,7 @@
 
 #include "distributed/launch.h"
 #include "base/check.h"
+#include "base/files.h"
 #include "trainer/yaml_doc.h"
 
 namespace tt::trainer {
@@ -296,11 +297,8 @@ Sweep parse_sweep_text(const std::string& yaml_text, const std::string& source, 
 }
 
 Sweep load_sweep(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(str(path, ": cannot open sweep file"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_sweep_text(ss.str(), path, fs::absolute(fs::path(path)).parent_path().lexically_normal().string());
+  return parse_sweep_text(read_text(path, "sweep file"), path,
+                          fs::absolute(fs::path(path)).parent_path().lexically_normal().string());
 }
 
 std::vector<std::string> write_run_configs(const Sweep& sweep) {

@@ -180,11 +180,7 @@ void Trainer::restore_gemm_tuning(const std::string& ckpt) {
                  (fs::path(cfg_.run_dir) / kGemmTuningFile).string());
     return;
   }
-  std::ifstream in(file, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (!in) throw Error(str(file, ": cannot read the GEMM tuning table"));
-  const GemmTuning t = parse_gemm_tuning(text.str(), file);
+  const GemmTuning t = parse_gemm_tuning(read_text(file, "the GEMM tuning table"), file);
   if (t.signature != signature) {
     spdlog::warn("gemm autotune: {} was tuned for '{}', this is '{}': not restored, tuning anew (the run will not "
                  "choose the interrupted run's algorithms)",
