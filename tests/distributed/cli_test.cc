@@ -16,6 +16,7 @@
 #include <regex>
 
 #include "tests/distributed/test_util.h"
+#include "tests/trainer/test_util.h"
 
 namespace {
 
@@ -29,10 +30,7 @@ struct Result {
   double seconds = 0;
 };
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using tt::trainer::testing::slurp;
 
 // `env` goes before the binary (e.g. "env -u OMP_NUM_THREADS ").
 Result treetrain_env(const std::string& env, const std::string& args) {
@@ -71,13 +69,7 @@ fs::path write_run(const fs::path& dir) {
   return dir / "run.yaml";
 }
 
-std::vector<nlohmann::json> metrics(const fs::path& run_dir) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(run_dir / "metrics.jsonl");
-  for (std::string l; std::getline(in, l);)
-    if (!l.empty()) out.push_back(nlohmann::json::parse(l));
-  return out;
-}
+std::vector<nlohmann::json> metrics(const fs::path& run_dir) { return tt::trainer::testing::read_metrics(run_dir); }
 
 TEST(DistributedCliTest, LaunchTwoRanksTakesTheUpdateOfOneProcess) {
   const fs::path dir = test_dir("dist_cli_equal");

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/trainer/test_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -25,18 +27,9 @@ struct Result {
   std::string err;  // stderr
 };
 
-fs::path tmp(const std::string& name) {
-  const char* t = std::getenv("TEST_TMPDIR");
-  const fs::path d = (t ? fs::path(t) : fs::temp_directory_path()) / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path tmp(const std::string& name) { return tt::trainer::testing::fresh_dir(name); }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using tt::trainer::testing::slurp;
 
 // Runs the binary (from the test's runfiles) with args, capturing stdout and stderr; `env` goes
 // before it (e.g. "env -u OMP_NUM_THREADS").

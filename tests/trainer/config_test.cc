@@ -9,6 +9,7 @@
 
 #include "base/check.h"
 #include "model/decoder.h"
+#include "tests/trainer/test_util.h"
 
 namespace tt::trainer {
 namespace {
@@ -17,16 +18,7 @@ namespace fs = std::filesystem;
 
 const char* const kMinimal = "data:\n  path: data.jsonl\n";
 
-// The message of the tt::Error that f throws ("" when none).
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 std::string parse_error(const std::string& text, const std::vector<std::string>& sets = {}) {
   return error_of([&] { parse_config_text(text, "run.yaml", sets); });

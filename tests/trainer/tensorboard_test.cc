@@ -20,6 +20,7 @@
 #include "tests/trainer/tfevents_reader.h"
 #include "tests/trainer/tiny_run.h"
 #include "trainer/train.h"
+#include "tests/trainer/test_util.h"
 
 namespace tt::trainer {
 namespace {
@@ -28,28 +29,10 @@ namespace fs = std::filesystem;
 using testing::read_tfevents;
 using testing::TbFile;
 
-fs::path test_dir(const std::string& name) {
-  const char* t = std::getenv("TEST_TMPDIR");
-  const fs::path d = (t ? fs::path(t) : fs::temp_directory_path()) / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path test_dir(const std::string& name) { return testing::fresh_dir(name); }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
+using testing::slurp;
 
 TEST(TensorBoardTest, Crc32cOfKnownVectors) {
   // The check value of CRC-32C and the vectors of RFC 3720, B.4.
@@ -161,13 +144,7 @@ TEST(TensorBoardTest, AFolderThatCannotBeMadeIsAnErrorNamingIt) {
             (dir / "tb" / "sub").string() + ": cannot create the TensorBoard folder (Not a directory)");
 }
 
-std::vector<nlohmann::json> metrics(const fs::path& run_dir) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(run_dir / "metrics.jsonl");
-  for (std::string l; std::getline(in, l);)
-    if (!l.empty()) out.push_back(nlohmann::json::parse(l));
-  return out;
-}
+std::vector<nlohmann::json> metrics(const fs::path& run_dir) { return testing::read_metrics(run_dir); }
 
 // Every step of metrics.jsonl is in TensorBoard with these scalars, equal to the float32 rounding
 // of the logged value, and TensorBoard shows no other step.

@@ -25,19 +25,14 @@
 #include "trainer/checkpoint.h"
 #include "trainer/data_checks.h"
 #include "trainer/run_dir.h"
+#include "tests/trainer/test_util.h"
 
 namespace tt::trainer {
 namespace {
 
 namespace fs = std::filesystem;
 
-fs::path test_dir(const std::string& name) {
-  const char* t = std::getenv("TEST_TMPDIR");
-  const fs::path d = (t ? fs::path(t) : fs::temp_directory_path()) / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path test_dir(const std::string& name) { return testing::fresh_dir(name); }
 
 // A tiny qwen3 on synthetic rollouts in dir/data.jsonl; run_dir dir/run (tests/trainer/tiny_run.h).
 RunConfig tiny_config(const fs::path& dir) { return testing::tiny_run_config(dir); }
@@ -55,15 +50,7 @@ int count_lines(const fs::path& file) {
   return lines;
 }
 
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(TrainTest, ResumeGivesBitwiseTheSameRun) {
   const fs::path dir = test_dir("resume");
@@ -99,10 +86,7 @@ TEST(TrainTest, ResumeGivesBitwiseTheSameRun) {
   EXPECT_EQ(count_lines(fs::path(b.run_dir) / "metrics.jsonl"), 3);
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using testing::slurp;
 
 // A config that spells every layer out (layer_types) resumes from a checkpoint whose config.json
 // leaves them to the default.
