@@ -106,18 +106,7 @@ TEST(MixedLayers, TreeEqualsPerPath) {
       R"({"parent":1,"tokens":[6]},{"parent":0,"tokens":[7,8,9],"loss_mask":[1,0,1]},)"
       R"({"parent":3,"tokens":[10]},{"parent":3,"tokens":[2,2],"weight":0.5}]})",
       "test:1", m.config().vocab_size);
-  const data::PackedBatch t = data::pack({&tree}, data::Packing::kTree);
-  const data::PackedBatch p = data::pack({&tree}, data::Packing::kPerPath);
-  ASSERT_GT(p.n_tokens, t.n_tokens);
-  m.zero_grad();
-  const double l_tree = m.forward(t, 1.0 / 3);
-  m.backward();
-  const std::vector<double> g_tree(m.grads(), m.grads() + m.num_params());
-  m.zero_grad();
-  const double l_paths = m.forward(p, 1.0 / 3);
-  m.backward();
-  EXPECT_NEAR(l_tree, l_paths, 1e-10 * std::fabs(l_tree));
-  EXPECT_LE(max_diff(g_tree.data(), m.grads(), m.num_params()), 1e-10 * max_abs(g_tree));
+  testing::expect_tree_equals_per_path(m, tree, 1.0 / 3);
 }
 
 // The unweighted NLL sum (Losses::nll_sum): for a tree with signed and zero weights and partial

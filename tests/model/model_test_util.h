@@ -123,4 +123,28 @@ inline void expect_sampled_gradients(Model<double>& m, const data::PackedBatch& 
   }
 }
 
+// One step's loss and gradients of `tree` packed as a tree and packed per path (every path its
+// own sequence) agree to 1e-10 relative (fp64: the same terms in another order). Returns the
+// largest |gradient|, for the caller to check the comparison was not of zeros.
+inline double expect_tree_equals_per_path(Model<double>& m, const data::Tree& tree, double scale) {
+  const data::PackedBatch t = data::pack({&tree}, data::Packing::kTree);
+  const data::PackedBatch p = data::pack({&tree}, data::Packing::kPerPath);
+  EXPECT_GT(p.n_tokens, t.n_tokens);
+  m.zero_grad();
+  const double l_tree = m.forward(t, scale);
+  m.backward();
+  const std::vector<double> g_tree(m.grads(), m.grads() + m.num_params());
+  m.zero_grad();
+  const double l_paths = m.forward(p, scale);
+  m.backward();
+  EXPECT_NEAR(l_tree, l_paths, 1e-10 * std::fabs(l_tree));
+  double diff = 0, scale_g = 0;
+  for (int64_t i = 0; i < m.num_params(); ++i) {
+    diff = std::max(diff, std::fabs(g_tree[i] - m.grads()[i]));
+    scale_g = std::max(scale_g, std::fabs(g_tree[i]));
+  }
+  EXPECT_LE(diff, 1e-10 * scale_g);
+  return scale_g;
+}
+
 }  // namespace tt::model::testing
