@@ -55,4 +55,19 @@ std::vector<double> params_after_adamw_step(const model::Model<T>& m) {
   return std::vector<double>(p.begin(), p.end());
 }
 
+// Makes c the Qwen3.5 hybrid the equivalence suites run (qwen3_5_text: a Gated DeltaNet layer,
+// whose conv window and recurrent state must follow the tree, then gated attention with RoPE on
+// half of each head); c's other sizes stay.
+inline void make_qwen35_hybrid(model::ModelConfig& c) {
+  c.architecture = "qwen3_5_text";
+  c.num_hidden_layers = 2;
+  c.layer_types = {"linear_attention", "full_attention"};
+  c.partial_rotary_factor = 0.5;
+  c.linear_num_key_heads = 2;
+  c.linear_num_value_heads = 4;
+  c.linear_key_head_dim = 8;
+  c.linear_value_head_dim = 8;
+  c.linear_conv_kernel_dim = 4;
+}
+
 }  // namespace tt::testing

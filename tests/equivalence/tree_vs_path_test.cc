@@ -42,15 +42,7 @@ model::ModelConfig tiny_config(const std::string& arch, bool tied) {
   c.head_dim = 8;
   c.tie_word_embeddings = tied;
   c.initializer_range = 0.3;  // large enough that attention is far from uniform
-  if (arch == "qwen3_5_text") {  // a Gated DeltaNet layer, then gated attention with partial RoPE
-    c.layer_types = {"linear_attention", "full_attention"};
-    c.partial_rotary_factor = 0.5;
-    c.linear_num_key_heads = 2;
-    c.linear_num_value_heads = 4;
-    c.linear_key_head_dim = 8;
-    c.linear_value_head_dim = 8;
-    c.linear_conv_kernel_dim = 4;
-  }
+  if (arch == "qwen3_5_text") testing::make_qwen35_hybrid(c);
   return c;
 }
 
