@@ -251,9 +251,13 @@ void GemmHandle::set_autotune(bool on) { impl_->autotune = on; }
 bool GemmHandle::autotune() const { return impl_->autotune; }
 GemmTuneStats GemmHandle::tune_stats() const { return impl_->stats; }
 
-std::vector<GemmTuned> GemmHandle::tuned() const {
+namespace {
+
+using AlgoMap = std::map<TuneKey, cublasLtMatmulAlgo_t>;
+
+std::vector<GemmTuned> entries_of(const AlgoMap& m) {
   std::vector<GemmTuned> out;
-  for (const auto& [key, algo] : impl_->table) {
+  for (const auto& [key, algo] : m) {
     GemmTuned t;
     t.key = key;
     std::memcpy(t.algo.data(), &algo, sizeof(algo));
@@ -262,34 +266,30 @@ std::vector<GemmTuned> GemmHandle::tuned() const {
   return out;
 }
 
-void GemmHandle::set_hints(const std::vector<GemmTuned>& hints) {
-  impl_->hints.clear();
-  for (const GemmTuned& t : hints) {
+AlgoMap map_of(const std::vector<GemmTuned>& entries) {
+  AlgoMap m;
+  for (const GemmTuned& t : entries) {
     cublasLtMatmulAlgo_t algo;
     std::memcpy(&algo, t.algo.data(), sizeof(algo));
-    impl_->hints[t.key] = algo;
+    m[t.key] = algo;
   }
+  return m;
 }
 
+}  // namespace
+
+std::vector<GemmTuned> GemmHandle::tuned() const { return entries_of(impl_->table); }
+
+void GemmHandle::set_hints(const std::vector<GemmTuned>& hints) { impl_->hints = map_of(hints); }
+
 std::vector<GemmTuned> GemmHandle::take_pending() {
-  std::vector<GemmTuned> out;
-  for (const auto& [key, algo] : impl_->pending) {
-    GemmTuned t;
-    t.key = key;
-    std::memcpy(t.algo.data(), &algo, sizeof(algo));
-    out.push_back(t);
-  }
+  std::vector<GemmTuned> out = entries_of(impl_->pending);
   impl_->pending.clear();
   return out;
 }
 
 void GemmHandle::set_tuned(const std::vector<GemmTuned>& table) {
-  impl_->table.clear();
-  for (const GemmTuned& t : table) {
-    cublasLtMatmulAlgo_t algo;
-    std::memcpy(&algo, t.algo.data(), sizeof(algo));
-    impl_->table[t.key] = algo;
-  }
+  impl_->table = map_of(table);
   // Plans cached so far may hold other algorithms: rebuilt on their next call. (cuBLASLt reads a
   // descriptor when a call is enqueued, so calls in flight do not need them.)
   for (auto& [key, plan] : impl_->plans) destroy(plan);
