@@ -180,12 +180,11 @@ void LmHeadKind::backward(E& e, const HeadCall<E>& c) const {
   norm_backward(e, norm_offset_, c.dx, c.g + norm_, s.dnf, c.x, c.w + norm_, s.rstd, N, C_, /*accumulate_dx=*/false);
 }
 
-template <class E>
-void LmHeadKind::logits(E& e, const HeadCall<E>& c, const int32_t* rows, int n, double* out) const {
+template <class E, class F>
+void LmHeadKind::for_each_chunk(E& e, const HeadCall<E>& c, const int32_t* rows, int n, F&& f) const {
   const BatchView<E>& b = *c.batch;
   const Saved<E> s(*this, b.N, b.n_rows, c.mode, c.saved);
   const Scratch<E> t(*this, c.R, c.mode, c.scratch);
-  std::vector<typename E::Act> host((size_t)c.R * V_);
   e.begin_head();
   for (int r0 = 0; r0 < n; r0 += c.R) {
     const int m = std::min(c.R, n - r0);
@@ -195,30 +194,26 @@ void LmHeadKind::logits(E& e, const HeadCall<E>& c, const int32_t* rows, int n, 
       x_rows = t.x_rows;
     }
     e.linear(t.logits, x_rows, c.w + lm_, m, C_, V_);
-    e.download(host.data(), t.logits, sizeof(typename E::Act) * (size_t)m * V_);
-    for (int64_t i = 0; i < (int64_t)m * V_; ++i) out[(int64_t)r0 * V_ + i] = E::to_double(host[i]);
+    f(r0, m, t.logits);
   }
   e.end_head();
 }
 
 template <class E>
+void LmHeadKind::logits(E& e, const HeadCall<E>& c, const int32_t* rows, int n, double* out) const {
+  std::vector<typename E::Act> host((size_t)c.R * V_);
+  for_each_chunk(e, c, rows, n, [&](int r0, int m, const typename E::Act* logits) {
+    e.download(host.data(), logits, sizeof(typename E::Act) * (size_t)m * V_);
+    for (int64_t i = 0; i < (int64_t)m * V_; ++i) out[(int64_t)r0 * V_ + i] = E::to_double(host[i]);
+  });
+}
+
+template <class E>
 void LmHeadKind::sample(E& e, const HeadCall<E>& c, const int32_t* rows, int n, double temperature,
                         const uint64_t* keys, int32_t* token, double* logprob) const {
-  const BatchView<E>& b = *c.batch;
-  const Saved<E> s(*this, b.N, b.n_rows, c.mode, c.saved);
-  const Scratch<E> t(*this, c.R, c.mode, c.scratch);
-  e.begin_head();
-  for (int r0 = 0; r0 < n; r0 += c.R) {
-    const int m = std::min(c.R, n - r0);
-    const typename E::Act* x_rows = s.nf + (int64_t)r0 * C_;
-    if (rows) {
-      e.gather_rows(t.x_rows, s.nf, rows + r0, m, C_);
-      x_rows = t.x_rows;
-    }
-    e.linear(t.logits, x_rows, c.w + lm_, m, C_, V_);
-    e.sample_rows(token + r0, logprob + r0, t.logits, m, V_, temperature, keys + r0);
-  }
-  e.end_head();
+  for_each_chunk(e, c, rows, n, [&](int r0, int m, const typename E::Act* logits) {
+    e.sample_rows(token + r0, logprob + r0, logits, m, V_, temperature, keys + r0);
+  });
 }
 
 template <class E>

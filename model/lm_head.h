@@ -87,6 +87,11 @@ class LmHeadKind final : public LayerKind {
   std::vector<double> saved_logits(const E& e, const HeadCall<E>& c) const;
 
  private:
+  // The head over rows[0..n) (or head rows 0..n-1 when rows is null) in chunks of c.R rows:
+  // f(r0, m, logits (m, V) of rows r0..r0+m) per chunk, inside begin_head / end_head.
+  template <class E, class F>
+  void for_each_chunk(E& e, const HeadCall<E>& c, const int32_t* rows, int n, F&& f) const;
+
   template <class E>
   struct Saved;
   template <class E>
