@@ -23,6 +23,7 @@
 #include "data/synthetic.h"
 #include "base/check.h"
 #include "tests/distributed/test_util.h"
+#include "tests/trainer/test_util.h"
 #include "tests/trainer/tiny_run.h"
 #include "trainer/checkpoint.h"
 #include "trainer/train.h"
@@ -90,11 +91,7 @@ void expect_same_update(const RunResult& want, const RunResult& got, const std::
     EXPECT_NEAR(b.loss, a.loss, 1e-4 * a.loss) << what << " step " << s + 1;
     EXPECT_NEAR(b.grad_norm, a.grad_norm, 1e-4 * a.grad_norm) << what << " step " << s + 1;
   }
-  double dmax = 0;
-  for (size_t i = 0; i < p0.size(); ++i) dmax = std::max(dmax, (double)std::abs(want.params[i] - p0[i]));
-  ASSERT_GT(dmax, 0.0);
-  for (size_t i = 0; i < p0.size(); ++i)
-    ASSERT_NEAR(got.params[i], want.params[i], 1e-4 * dmax + 1e-6 * std::abs(p0[i])) << what << " param " << i;
+  trainer::testing::expect_params_match(got.params, want.params, p0, what);
 }
 
 TEST(DataParallelTest, RanksTakeTheUpdateOfOneProcess) {

@@ -3,6 +3,10 @@
 // run's metrics.jsonl lines.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -48,6 +52,20 @@ inline std::vector<nlohmann::json> read_metrics(const std::filesystem::path& run
   for (std::string l; std::getline(in, l);)
     if (!l.empty()) out.push_back(nlohmann::json::parse(l));
   return out;
+}
+
+// Parameters after updates taken by fp32 arithmetic in another summation order: every one of got
+// within 1e-4 of want's largest update (from p0) plus 1e-6 of the parameter (the fp32 rounding of
+// p itself); want's update must not be zero (a comparison of unchanged weights proves nothing).
+inline void expect_params_match(const std::vector<float>& got, const std::vector<float>& want,
+                                const std::vector<float>& p0, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  ASSERT_EQ(p0.size(), want.size());
+  double dmax = 0;
+  for (size_t i = 0; i < p0.size(); ++i) dmax = std::max(dmax, (double)std::abs(want[i] - p0[i]));
+  ASSERT_GT(dmax, 0.0) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 1e-4 * dmax + 1e-6 * std::abs(p0[i])) << what << " param " << i;
 }
 
 }  // namespace tt::trainer::testing

@@ -610,11 +610,7 @@ TEST(TrainTest, GradAccumUsesTheStepWideNormaliser) {
     double gmax = 0;
     for (float g : g1) gmax = std::max(gmax, (double)std::abs(g));
     for (size_t i = 0; i < g1.size(); ++i) ASSERT_NEAR(g1[i], g2[i], 1e-4 * gmax) << norm << " grad " << i;
-    const std::vector<float> p1 = t1.backend().params_host(), p2 = t2.backend().params_host();
-    double dmax = 0;
-    for (size_t i = 0; i < p0.size(); ++i) dmax = std::max(dmax, (double)std::abs(p1[i] - p0[i]));
-    EXPECT_GT(dmax, 0.0);
-    for (size_t i = 0; i < p1.size(); ++i) ASSERT_NEAR(p1[i], p2[i], 1e-4 * dmax + 1e-6 * std::abs(p0[i])) << norm << " param " << i;
+    testing::expect_params_match(t2.backend().params_host(), t1.backend().params_host(), p0, norm);
   }
 }
 
@@ -905,9 +901,6 @@ TEST(TrainTest, PartitionedTrainingEqualsUnpartitioned) {
     std::vector<StepMetrics> want;
     for (int s = 0; s < 4; ++s) want.push_back(ref.train_step());
     const std::vector<float> want_params = ref.backend().params_host();
-    double dmax = 0;
-    for (size_t i = 0; i < p0.size(); ++i) dmax = std::max(dmax, (double)std::abs(want_params[i] - p0[i]));
-    ASSERT_GT(dmax, 0.0);
 
     for (const RunConfig* run : {&oversize, &fits}) {
       Trainer t(*run);
@@ -926,9 +919,7 @@ TEST(TrainTest, PartitionedTrainingEqualsUnpartitioned) {
       }
       // Parameters after four updates: the rule of GradAccumUsesTheStepWideNormaliser (1e-4 of the
       // largest update, plus 1e-6 of the parameter for fp32 rounding of p itself).
-      const std::vector<float> got = t.backend().params_host();
-      for (size_t i = 0; i < got.size(); ++i)
-        ASSERT_NEAR(got[i], want_params[i], 1e-4 * dmax + 1e-6 * std::abs(p0[i])) << run->run_dir << " param " << i;
+      testing::expect_params_match(t.backend().params_host(), want_params, p0, run->run_dir);
     }
   }
 }
@@ -998,12 +989,7 @@ TEST(TrainTest, PerPathSpreadsATreesPathsOverMicroBatches) {
     EXPECT_NEAR(ms.loss, mw.loss, 1e-4 * std::max(1.0, std::abs(mw.loss))) << norm;
     EXPECT_NEAR(ms.nll, mw.nll, 1e-5 * mw.nll) << norm;
     EXPECT_NEAR(ms.grad_norm, mw.grad_norm, 1e-4 * mw.grad_norm) << norm;
-    const std::vector<float> pw = tw.backend().params_host(), ps = ts.backend().params_host();
-    double dmax = 0;
-    for (size_t i = 0; i < p0.size(); ++i) dmax = std::max(dmax, (double)std::abs(pw[i] - p0[i]));
-    ASSERT_GT(dmax, 0.0);
-    for (size_t i = 0; i < pw.size(); ++i)
-      ASSERT_NEAR(ps[i], pw[i], 1e-4 * dmax + 1e-6 * std::abs(p0[i])) << norm << " param " << i;
+    testing::expect_params_match(ts.backend().params_host(), tw.backend().params_host(), p0, norm);
   }
   // A path longer than the budget cannot be spread: the error names the tree and the path.
   const fs::path dir = test_dir("spread_too_long");
