@@ -20,13 +20,14 @@ Node make_node(int parent, std::vector<int32_t> tokens) {
 
 }  // namespace
 
-EpisodeTree episode_tree(const Episode& ep, int64_t episode_index, const ActionBins* bins, const EpisodeTreeSpec& spec) {
+Tree episode_tree(const Episode& ep, int64_t episode_index, const ActionBins* bins, const EpisodeTreeSpec& spec) {
   const std::string what = str("episode '", ep.id, "'");
   if (spec.tokens_per_frame < 1) throw Error(str(what, ": tokens_per_frame ", spec.tokens_per_frame, ", expected >= 1"));
   if (spec.window < 0) throw Error(str(what, ": history window ", spec.window, ", expected 0 (full) or >= 1"));
   if (ep.instruction.empty()) throw Error(str(what, ": an empty instruction (the tree's root needs a token)"));
-  EpisodeTree out;
-  Tree& t = out.tree;
+  Tree t;
+  TreeMedia& out = t.media;
+  out.tokens_per_frame = spec.tokens_per_frame;
   t.id = ep.id;
   t.nodes.push_back(make_node(-1, ep.instruction));
   const int T = (int)ep.steps.size();
@@ -35,7 +36,7 @@ EpisodeTree episode_tree(const Episode& ep, int64_t episode_index, const ActionB
   for (int s = 0; s < T; ++s)
     for (int c = 0; c < (int)ep.steps[s].images.size(); ++c) {
       frame_of[s].push_back((int)out.frames.size());
-      out.frames.push_back({episode_index, s, c, ep.steps[s].images[c]});
+      out.frames.push_back({episode_index, s, c, ep.steps[s].images[c], nullptr});
     }
   // The observation node of step s under parent p, made once (the trie: window histories share
   // the nodes of equal observation sequences).
@@ -49,7 +50,10 @@ EpisodeTree episode_tree(const Episode& ep, int64_t episode_index, const ActionB
       out.slots.push_back({node, (int)toks.size(), f});
       toks.insert(toks.end(), spec.tokens_per_frame, spec.image_token);
     }
-    if (!ep.steps[s].state.empty()) toks.push_back(spec.state_token);
+    if (!ep.steps[s].state.empty()) {
+      out.states.push_back({node, (int)toks.size(), ep.steps[s].state});
+      toks.push_back(spec.state_token);
+    }
     t.nodes.push_back(make_node(parent, std::move(toks)));
     obs_node[{parent, s}] = node;
     return node;
@@ -84,7 +88,7 @@ EpisodeTree episode_tree(const Episode& ep, int64_t episode_index, const ActionB
     t.paths.push_back(std::move(path));
   }
   t.validate();
-  return out;
+  return t;
 }
 
 }  // namespace tt::data

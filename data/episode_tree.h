@@ -8,10 +8,11 @@
 // History: `window` 0 is the full history (the steps' contexts are prefixes of each other: a
 // comb); window W > 0 shows step t the instruction and observations t-W+1..t, so contexts stop
 // being prefixes and the tree branches where they differ (a trie over the observation sequence).
-// A frame is identified by (episode, step, camera): the tree lists each once (frames) however
-// many observation nodes show it (window histories repeat frames), and node_frames says which
-// rows of which node are which frame's slot, so a vision tower runs once per frame and its
-// gradient sums over every node that shows it. Actions: continuous ones through ActionBins
+// A frame is identified by (episode, step, camera): the tree lists each once (Tree::media.frames)
+// however many observation nodes show it (window histories repeat frames), and media.slots says
+// which rows of which node are which frame's slot, so a vision tower runs once per frame and its
+// gradient sums over every node that shows it. The state row (media.states) is the observation
+// node's last row, after its frames. Actions: continuous ones through ActionBins
 // (data/actions.h), discrete ids as they are.
 #pragma once
 
@@ -32,26 +33,9 @@ struct EpisodeTreeSpec {
   int window = 0;            // 0: full history; W > 0: the last W observations
 };
 
-struct FrameRef {
-  int64_t episode = 0;
-  int step = 0, camera = 0;
-  std::string path;
-};
-
-struct FrameSlot {
-  int node = 0, offset = 0;  // the slot's first row: `offset` tokens into `node`
-  int frame = 0;             // index into EpisodeTree::frames
-};
-
-struct EpisodeTree {
-  Tree tree;
-  std::vector<FrameRef> frames;     // unique frames, in order of first appearance
-  std::vector<FrameSlot> slots;     // every slot of every observation node
-  int64_t frame_occurrences() const { return (int64_t)slots.size(); }
-};
-
 // `bins` is required for continuous actions (and ignored for discrete ones). Throws tt::Error
 // naming the episode for a bad spec or an action the bins cannot encode.
-EpisodeTree episode_tree(const Episode& ep, int64_t episode_index, const ActionBins* bins, const EpisodeTreeSpec& spec);
+// The tree carries its frames, slots and state rows in Tree::media.
+Tree episode_tree(const Episode& ep, int64_t episode_index, const ActionBins* bins, const EpisodeTreeSpec& spec);
 
 }  // namespace tt::data

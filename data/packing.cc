@@ -20,6 +20,52 @@
 namespace tt::data {
 namespace {
 
+// The batch's media fields agree with a tree's (the first tree with media sets them).
+void adopt_media_shape(const Tree& tree, PackedBatch& b) {
+  const TreeMedia& m = tree.media;
+  if (m.empty()) return;
+  if (!m.slots.empty()) {
+    TT_CHECK(b.tokens_per_frame == 0 || b.tokens_per_frame == m.tokens_per_frame, "pack: tree '", tree.id, "' has ",
+             m.tokens_per_frame, " tokens per frame, another tree of the batch ", b.tokens_per_frame);
+    b.tokens_per_frame = m.tokens_per_frame;
+  }
+  if (!m.states.empty()) {
+    const int d = (int)m.states[0].values.size();
+    TT_CHECK(b.state_dim == 0 || b.state_dim == d, "pack: tree '", tree.id, "' has states of ", d,
+             " values, another tree of the batch ", b.state_dim);
+    b.state_dim = d;
+  }
+}
+
+// Slots and state rows of each node of a tree, in the tree's order.
+struct NodeMedia {
+  std::vector<std::vector<int>> slots, states;
+  explicit NodeMedia(const Tree& t) : slots(t.nodes.size()), states(t.nodes.size()) {
+    for (size_t k = 0; k < t.media.slots.size(); ++k) slots[t.media.slots[k].node].push_back((int)k);
+    for (size_t k = 0; k < t.media.states.size(); ++k) states[t.media.states[k].node].push_back((int)k);
+  }
+};
+
+// Appends node `v`'s media rows, the node starting at packed row `start`; frame_index maps the
+// tree's frames to the batch's (-1: not yet in the batch; per_path passes a fresh map per path).
+void pack_node_media(const Tree& tree, const NodeMedia& nm, int v, int32_t start, std::vector<int>& frame_index,
+                     PackedBatch& b) {
+  for (int k : nm.slots[v]) {
+    const FrameSlot& s = tree.media.slots[k];
+    if (frame_index[s.frame] < 0) {
+      frame_index[s.frame] = (int)b.frames.size();
+      b.frames.push_back(tree.media.frames[s.frame]);
+    }
+    b.slot_row.push_back(start + s.offset);
+    b.slot_frame.push_back(frame_index[s.frame]);
+  }
+  for (int k : nm.states[v]) {
+    const StateRow& s = tree.media.states[k];
+    b.state_row.push_back(start + s.offset);
+    b.state.insert(b.state.end(), s.values.begin(), s.values.end());
+  }
+}
+
 // Appends one tree in DFS order to the batch (kTree).
 void pack_tree(const Tree& tree, PackedBatch& b) {
   const int n = (int)tree.nodes.size();
@@ -37,6 +83,9 @@ void pack_tree(const Tree& tree, PackedBatch& b) {
     for (auto c = children[v].rbegin(); c != children[v].rend(); ++c) stack.push_back(*c);
   }
 
+  adopt_media_shape(tree, b);
+  const NodeMedia nm(tree);
+  std::vector<int> frame_index(tree.media.frames.size(), -1);  // each unique frame once
   const int node_base = b.num_nodes();
   std::vector<int> packed_node(n);  // tree node -> packed node index
   std::vector<int32_t> depth(n);    // tokens on the root-to-node path before the node
@@ -51,6 +100,7 @@ void pack_tree(const Tree& tree, PackedBatch& b) {
     b.node_start.push_back(start);
     b.node_len.push_back(len);
     b.node_parent.push_back(p < 0 ? -1 : packed_node[p]);
+    pack_node_media(tree, nm, v, start, frame_index, b);
     for (int32_t j = 0; j < len; ++j) {
       b.tokens.push_back(node.tokens[j]);
       b.pos.push_back(depth[v] + j);
@@ -82,11 +132,21 @@ void pack_tree(const Tree& tree, PackedBatch& b) {
 
 // Appends the paths [first, end) of a tree, each as its own chain (kPerPath).
 void pack_paths(const Tree& tree, int64_t first, int64_t end, PackedBatch& b) {
+  adopt_media_shape(tree, b);
+  const NodeMedia nm(tree);
   for (int64_t k = first; k < end; ++k) {
     const std::vector<int32_t> toks = tree.path_tokens(k);
     const Path& path = tree.paths[k];
     const std::vector<double>& w = path.target_weight;
     const int32_t start = (int32_t)b.tokens.size();
+    if (!tree.media.empty()) {  // every occurrence of a frame its own (a per-timestep sample's)
+      std::vector<int> frame_index(tree.media.frames.size(), -1);
+      int32_t at = start;
+      for (int v : tree.path_nodes(k)) {
+        pack_node_media(tree, nm, v, at, frame_index, b);
+        at += (int32_t)tree.nodes[v].tokens.size();
+      }
+    }
     const int32_t len = (int32_t)toks.size();
     b.node_start.push_back(start);
     b.node_len.push_back(len);
@@ -217,6 +277,45 @@ void check_packed_batch(const PackedBatch& b, int64_t vocab_size) {
     TT_CHECK(b.tgt_tok[t] >= 0 && b.tgt_tok[t] < V, "packed batch: target ", t, " token ", b.tgt_tok[t],
              " outside vocab_size ", V);
   }
+  check_media(b);
+}
+
+void check_media(const PackedBatch& b) {
+  const int N = b.n_tokens, F = (int)b.frames.size();
+  const size_t ns = b.slot_row.size(), nst = b.state_row.size();
+  TT_CHECK(b.slot_frame.size() == ns, "packed batch: ", ns, " slot rows but ", b.slot_frame.size(), " slot frames");
+  TT_CHECK(ns == 0 || b.tokens_per_frame >= 1, "packed batch: ", ns, " frame slots with tokens_per_frame ",
+           b.tokens_per_frame, ", expected >= 1");
+  TT_CHECK(nst == 0 || b.state_dim >= 1, "packed batch: ", nst, " state rows with state_dim ", b.state_dim);
+  TT_CHECK(b.state.size() == nst * (size_t)std::max(b.state_dim, 0), "packed batch: ", b.state.size(),
+           " state values for ", nst, " state rows of ", b.state_dim);
+  if (ns == 0 && nst == 0) return;
+  // node of each row, to check that a slot lies inside one node; no row is claimed twice.
+  std::vector<int32_t> node_of(N);
+  for (int n = 0; n < b.num_nodes(); ++n)
+    for (int j = 0; j < b.node_len[n]; ++j) node_of[b.node_start[n] + j] = n;
+  std::vector<uint8_t> used(N, 0);
+  const int P = b.tokens_per_frame;
+  for (size_t k = 0; k < ns; ++k) {
+    const int32_t r = b.slot_row[k];
+    TT_CHECK(r >= 0 && (int64_t)r + P <= N && node_of[r] == node_of[r + P - 1], "packed batch: frame slot ", k,
+             " at rows [", r, ", ", (int64_t)r + P, "), expected ", P, " rows inside one node of the ", N);
+    TT_CHECK(b.slot_frame[k] >= 0 && b.slot_frame[k] < F, "packed batch: frame slot ", k, " shows frame ",
+             b.slot_frame[k], ", expected one of the batch's ", F);
+    for (int j = r; j < r + P; ++j) {
+      TT_CHECK(!used[j], "packed batch: frame slot ", k, " overlaps another media row at row ", j);
+      used[j] = 1;
+    }
+  }
+  for (size_t k = 0; k < nst; ++k) {
+    const int32_t r = b.state_row[k];
+    TT_CHECK(r >= 0 && r < N && !used[r], "packed batch: state row ", k, " at row ", r,
+             ", expected a row in [0, ", N, ") that no frame slot covers");
+    used[r] = 1;
+  }
+  if (b.image_size > 0)
+    TT_CHECK(b.pixels.size() == (size_t)F * 3 * b.image_size * b.image_size, "packed batch: ", b.pixels.size(),
+             " pixel values for ", F, " frames of 3 x ", b.image_size, " x ", b.image_size);
 }
 
 }  // namespace tt::data

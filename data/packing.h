@@ -51,6 +51,19 @@ struct PackedBatch {
   int64_t n_tree = 0;          // unique tokens
   int64_t n_flat_targets = 0;  // targets counted over all flattened paths
   int64_t visible_pairs = 0;   // (query, key) pairs visible in this batch's attention
+  // Media rows (empty for token-only data; Tree::media): the batch's frames (under kTree one per
+  // unique frame of each tree, however many slots show it; under kPerPath one per occurrence, as
+  // per-timestep samples would run the tower), each slot's first packed row and frame, and the
+  // state rows with their values. pixels (frames, 3, S, S) are filled by data::load_frames.
+  int tokens_per_frame = 0;
+  std::vector<FrameRef> frames;     // (n_frames)
+  std::vector<int32_t> slot_row;    // (n_slots) rows [slot_row, slot_row + tokens_per_frame)
+  std::vector<int32_t> slot_frame;  // (n_slots) index into frames
+  std::vector<int32_t> state_row;   // (n_state)
+  std::vector<float> state;         // (n_state, state_dim)
+  int state_dim = 0;
+  int image_size = 0;               // S of pixels (0: not loaded)
+  std::vector<float> pixels;        // (n_frames, 3, S, S)
 
   int num_nodes() const { return (int)node_start.size(); }
   int num_trees() const { return (int)tree_start.size() - 1; }
@@ -59,11 +72,14 @@ struct PackedBatch {
 // Checks that a batch is well formed before a model reads it (batches may come from pack(),
 // pack_piece() or be built by hand): array sizes agree with n_tokens, tokens lie in
 // [0, vocab_size), positions are >= 0, subtree_end[i] lies in (i, N], nodes tile [0, N) in order
-// with positive lengths and earlier parents, and targets name rows in [0, N) and tokens in the
-// vocabulary. Throws tt::Error saying which entry is wrong.
+// with positive lengths and earlier parents, targets name rows in [0, N) and tokens in the
+// vocabulary, and media rows (frame slots, state rows) lie inside one node each, apart, with frames
+// and values sized as stated. Throws tt::Error saying which entry is wrong.
 void check_packed_batch(const PackedBatch& batch, int64_t vocab_size);
+void check_media(const PackedBatch& batch);  // the media part of check_packed_batch
 
-// Packs the given trees, in order, into one batch (each checked with Tree::validate()).
+// Packs the given trees, in order, into one batch (each checked with Tree::validate()); trees with
+// media must agree on tokens_per_frame and the state length.
 PackedBatch pack(const std::vector<const Tree*>& trees, Packing packing);
 
 // Tokens a tree occupies in a batch under the given packing (n_tree or n_flat).

@@ -38,6 +38,9 @@ std::vector<int> preorder(const std::vector<std::vector<int>>& children) {
 }  // namespace
 
 Tree split_long_nodes(const Tree& tree, int64_t max_len) {
+  if (!tree.media.empty())  // a frame's tower output would have to cross a cut as a gateway too
+    throw Error(str("tree '", tree.id, "' has frame slots or state rows; partitioning trees with media is not "
+                    "supported yet (expected partition.capacity_tokens: 0 for episode data)"));
   TT_CHECK(max_len >= 1, "split_long_nodes: max_len = ", max_len, ", expected >= 1");
   tree.validate();
   Tree out;
@@ -65,6 +68,9 @@ Tree split_long_nodes(const Tree& tree, int64_t max_len) {
 }
 
 Partition plan_partition(const Tree& tree, int64_t capacity) {
+  if (!tree.media.empty())
+    throw Error(str("tree '", tree.id, "' has frame slots or state rows; partitioning trees with media is not "
+                    "supported yet (expected partition.capacity_tokens: 0 for episode data)"));
   TT_CHECK(capacity >= 1, "plan_partition: capacity = ", capacity, ", expected >= 1");
   tree.validate();
   const int n = (int)tree.nodes.size();

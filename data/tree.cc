@@ -102,6 +102,47 @@ void Tree::validate() const {
       throw Error(str(t, ": path ", k, " has a target mask of ", p.target_mask.size(), " entries for ",
                       p.target_weight.size(), " tokens (expected one per token, the first 0)"));
   }
+  validate_media(t);
+}
+
+void Tree::validate_media(const std::string& t) const {
+  if (media.empty()) return;
+  const TreeMedia& m = media;
+  if (!m.slots.empty() && m.tokens_per_frame < 1)
+    throw Error(str(t, ": ", m.slots.size(), " frame slots with tokens_per_frame ", m.tokens_per_frame,
+                    ", expected >= 1"));
+  std::vector<std::vector<uint8_t>> used(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) used[i].assign(nodes[i].tokens.size(), 0);
+  // Rows [offset, offset + len) of node: inside it, no other media row, and never a target (a
+  // media row's token is a placeholder: predicting it would train on nothing).
+  auto claim = [&](const char* what, size_t k, int node, int offset, int len) {
+    if (node < 0 || node >= (int)nodes.size() || offset < 0 || offset + len > (int)nodes[node].tokens.size())
+      throw Error(str(t, ": ", what, " ", k, " covers rows [", offset, ", ", (int64_t)offset + len, ") of node ", node,
+                      ", expected rows inside an existing node"));
+    for (int j = offset; j < offset + len; ++j) {
+      if (used[node][j]) throw Error(str(t, ": ", what, " ", k, " overlaps another media row at node ", node, " row ", j));
+      if (nodes[node].target_count[j] != 0)
+        throw Error(str(t, ": ", what, " ", k, " covers row ", j, " of node ", node,
+                        ", which is a target; expected media rows never to be predicted"));
+      used[node][j] = 1;
+    }
+  };
+  for (size_t k = 0; k < m.slots.size(); ++k) {
+    const FrameSlot& s = m.slots[k];
+    if (s.frame < 0 || s.frame >= (int)m.frames.size())
+      throw Error(str(t, ": frame slot ", k, " shows frame ", s.frame, ", expected one of the tree's ", m.frames.size(),
+                      " frames"));
+    claim("frame slot", k, s.node, s.offset, m.tokens_per_frame);
+  }
+  for (size_t k = 0; k < m.states.size(); ++k) {
+    const StateRow& s = m.states[k];
+    if (s.values.empty() || s.values.size() != m.states[0].values.size())
+      throw Error(str(t, ": state row ", k, " has ", s.values.size(), " values, expected ", m.states[0].values.size(),
+                      " (every state row of a tree the same length, at least one)"));
+    for (float v : s.values)
+      if (!std::isfinite(v)) throw Error(str(t, ": state row ", k, " holds ", v, ", expected finite values"));
+    claim("state row", k, s.node, s.offset, 1);
+  }
 }
 
 }  // namespace tt::data

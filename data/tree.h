@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,21 +39,53 @@ struct Path {
   bool is_target(size_t j) const { return target_mask.empty() ? target_weight[j] != 0 : target_mask[j] != 0; }
 };
 
+// Media rows (VLA episodes, data/episode_tree.h): rows of a node whose input is not their token's
+// embedding. A frame slot is `tokens_per_frame` consecutive rows of one node showing a camera frame
+// (the vision tower's projected tokens replace them); a state row holds a proprioceptive state
+// vector (a learned projection replaces it). A frame is identified by (episode, step, camera) and
+// listed once per tree however many slots show it.
+struct FrameRef {
+  int64_t episode = 0;
+  int step = 0, camera = 0;
+  std::string path;  // the image file (decoded per batch: data/frames.h)
+  // In-memory pixels (3, S, S) of the tower's size instead of a file (tests, generated data); null: decode path.
+  std::shared_ptr<const std::vector<float>> pixels;
+};
+struct FrameSlot {
+  int node = 0, offset = 0;  // the slot's first row: `offset` tokens into `node`
+  int frame = 0;             // index into TreeMedia::frames
+};
+struct StateRow {
+  int node = 0, offset = 0;
+  std::vector<float> values;  // (state dim)
+};
+struct TreeMedia {
+  int tokens_per_frame = 0;
+  std::vector<FrameRef> frames;  // unique frames, in order of first appearance
+  std::vector<FrameSlot> slots;  // every slot of every node
+  std::vector<StateRow> states;
+  bool empty() const { return slots.empty() && states.empty(); }
+};
+
 struct Tree {
   std::string id;
   std::vector<Node> nodes;  // node 0 is the root; parent[i] < i
   // The paths as read, with their own masks and weights; packing per_path uses them, and
   // statistics count them.
   std::vector<Path> paths;
+  TreeMedia media;  // empty for token-only data
+  int64_t frame_occurrences() const { return (int64_t)media.slots.size(); }
 
   std::vector<int32_t> path_tokens(int64_t k) const;  // tokens of path k, root first
   std::vector<int> path_nodes(int64_t k) const;       // nodes of path k, root first
 
   // Checks the invariants that packing relies on (node 0 the only root, parent[i] < i, non-empty
   // nodes, per-token vectors sized like the tokens, finite weights of any sign, counts >= 0, a
-  // weighted token has a count, valid paths);
+  // weighted token has a count, valid paths; media: slots and state rows inside their node and
+  // not overlapping, frames indexed in range, one state length, no media row a target);
   // throws tt::Error naming the tree id and what was expected.
   void validate() const;
+  void validate_media(const std::string& what) const;  // the media part of validate()
 
   int64_t n_tree() const;          // unique tokens = sum of node lengths
   int64_t n_flat() const;          // sum of path lengths

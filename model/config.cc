@@ -74,6 +74,44 @@ void ModelConfig::validate() const {
       fail("linear_num_value_heads", str("must be a multiple of linear_num_key_heads (", linear_num_key_heads,
                                          ") (got ", linear_num_value_heads, ")"));
   }
+  if (vision.enabled()) {
+    const VisionConfig& v = vision;
+    auto vfail = [&](const char* key, const std::string& detail) {
+      throw KeyError(str("vision.", key), ctx, str("vision.", key, " ", detail));
+    };
+    auto vrange = [&](const char* key, int64_t x, int64_t lo, int64_t hi) {
+      if (x < lo || x > hi) vfail(key, str("must be in [", lo, ", ", hi, "] (got ", x, ")"));
+    };
+    vrange("hidden_size", v.hidden_size, 1, kMaxHiddenSize);
+    vrange("intermediate_size", v.intermediate_size, 1, kMaxIntermediateSize);
+    vrange("num_hidden_layers", v.num_hidden_layers, 1, kMaxLayers);
+    vrange("num_attention_heads", v.num_attention_heads, 1, kMaxHeads);
+    vrange("image_size", v.image_size, 1, 4096);
+    vrange("patch_size", v.patch_size, 1, v.image_size);
+    if (v.num_channels != 3) vfail("num_channels", str("must be 3: RGB frames (got ", v.num_channels, ")"));
+    if (v.image_size % v.patch_size != 0)
+      vfail("patch_size", str("must divide vision.image_size (", v.image_size, ") (got ", v.patch_size, ")"));
+    if (v.hidden_size % v.num_attention_heads != 0)
+      vfail("num_attention_heads", str("must divide vision.hidden_size (", v.hidden_size, ") (got ",
+                                       v.num_attention_heads, ")"));
+    if (v.hidden_act != "gelu_pytorch_tanh" && v.hidden_act != "gelu")
+      vfail("hidden_act", str("must be \"gelu_pytorch_tanh\" or \"gelu\" (got \"", v.hidden_act, "\")"));
+    if (v.projector_hidden_act != "gelu_pytorch_tanh" && v.projector_hidden_act != "gelu")
+      vfail("projector_hidden_act", str("must be \"gelu\" or \"gelu_pytorch_tanh\" (got \"",
+                                        v.projector_hidden_act, "\")"));
+    if (!(v.layer_norm_eps > 0) || !std::isfinite(v.layer_norm_eps))
+      vfail("layer_norm_eps", str("must be a finite number > 0 (got ", v.layer_norm_eps, ")"));
+    if (v.vision_feature_layer != -1)
+      vfail("vision_feature_layer", str("must be -1 (the last encoder layer's patch tokens; other layers are not "
+                                        "supported yet) (got ", v.vision_feature_layer, ")"));
+    vrange("image_token_index", v.image_token_index, 0, vocab_size - 1);
+    vrange("state_dim", v.state_dim, 0, kMaxHiddenSize);
+    if (v.state_dim > 0) {
+      vrange("state_token_index", v.state_token_index, 0, vocab_size - 1);
+      if (v.state_token_index == v.image_token_index)
+        vfail("state_token_index", str("must differ from vision.image_token_index (both ", v.image_token_index, ")"));
+    }
+  }
   const int64_t params = parameter_count();
   if (params > kMaxParameters)
     throw KeyError("hidden_size", ctx,
@@ -127,7 +165,23 @@ int64_t ModelConfig::parameter_count() const {
                                                                   std::string("linear_attention"))
                                                : 0;
   const Wide n_full = w(num_hidden_layers) - n_linear;
-  const Wide total = embed + w(hidden_size) + mlp * w(num_hidden_layers) + attention * n_full + gdn * n_linear;
+  const Wide vis = vision.enabled() ? (Wide)vision.parameter_count(hidden_size) : 0;
+  const Wide total =
+      embed + w(hidden_size) + mlp * w(num_hidden_layers) + attention * n_full + gdn * n_linear + vis;
+  return total > max ? std::numeric_limits<int64_t>::max() : (int64_t)total;
+}
+
+int64_t VisionConfig::parameter_count(int64_t text_hidden) const {
+  using Wide = __int128;
+  auto w = [](int64_t v) { return (Wide)std::min<int64_t>(std::max<int64_t>(v, 0), int64_t{1} << 32); };
+  const Wide D = w(hidden_size), I = w(intermediate_size), C = w(text_hidden), p = w(patch_size);
+  const Wide P = w(tokens_per_frame());
+  const Wide embed = D * 3 * p * p + D + P * D;
+  const Wide layer = 4 * D + 4 * (D * D + D) + (I * D + I) + (D * I + D);  // two LayerNorms, attention, MLP
+  const Wide projector = (C * D + C) + (C * C + C);
+  const Wide state = state_dim > 0 ? C * w(state_dim) + C : 0;
+  const Wide total = embed + layer * w(num_hidden_layers) + projector + state;
+  const Wide max = (Wide)std::numeric_limits<int64_t>::max();
   return total > max ? std::numeric_limits<int64_t>::max() : (int64_t)total;
 }
 

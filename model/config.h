@@ -40,6 +40,37 @@ constexpr int64_t kMaxParameters = int64_t{1} << 40;
 constexpr int64_t kMaxConvKernel = 64;                       // linear_conv_kernel_dim
 static_assert(kMaxHeads * kMaxHeadDim <= (int64_t{1} << 20), "head widths NH * HS must stay far below 2^31");
 
+// The vision tower and its connector (issue 16; model/vision.h): a SigLIP vision transformer
+// (HF SiglipVisionConfig names) whose last layer's patch tokens go through a LLaVA projector
+// (multi_modal_projector.linear_1, GELU, linear_2) into the decoder's rows of each frame slot,
+// and a state projection (one Linear) into each state row. Off while num_hidden_layers is 0.
+struct VisionConfig {
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_channels = 3;
+  int64_t image_size = 0;
+  int64_t patch_size = 0;
+  std::string hidden_act = "gelu_pytorch_tanh";  // the tower MLP's: gelu_pytorch_tanh | gelu
+  double layer_norm_eps = 1e-6;
+  bool freeze = false;  // the tower's weights take no gradient and no update (the projector trains)
+  // LLaVA's connector fields (LlavaConfig names).
+  std::string projector_hidden_act = "gelu";  // gelu | gelu_pytorch_tanh
+  int64_t image_token_index = 0;   // the placeholder token id of frame-slot rows
+  int64_t vision_feature_layer = -1;  // hidden_states[-1]: the last encoder layer (no post_layernorm)
+  // Proprioceptive state (ours: model.state_projector): values per state row (0: none) and the
+  // placeholder id of state rows.
+  int64_t state_dim = 0;
+  int64_t state_token_index = 1;
+
+  bool enabled() const { return num_hidden_layers > 0; }
+  int64_t grid() const { return patch_size > 0 ? image_size / patch_size : 0; }
+  int64_t tokens_per_frame() const { return grid() * grid(); }  // (image_size / patch_size)^2, no CLS
+  int64_t head_dim() const { return num_attention_heads > 0 ? hidden_size / num_attention_heads : 0; }
+  int64_t parameter_count(int64_t text_hidden) const;
+};
+
 struct ModelConfig {
   std::string architecture = "qwen3";  // "qwen3" | "llama" | "qwen3_5_text" (dense Qwen3.5, text only)
   int64_t vocab_size = 256;
@@ -69,6 +100,9 @@ struct ModelConfig {
   bool has_linear_attention() const;
   // HF's eos_token_id: generation stops after emitting one of them (empty: none).
   std::vector<int64_t> eos_token_id;
+
+  // The vision tower, projector and state projection of a VLA (off by default).
+  VisionConfig vision;
 
   // qwen3_5_text: RoPE on head_dim * partial_rotary_factor dims (HF default 0.25; others 1).
   double partial_rotary_factor = 1.0;

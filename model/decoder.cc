@@ -43,12 +43,14 @@ Architecture::Architecture(const ModelConfig& cfg, const std::vector<LayerSpec>&
     blocks_.push_back(std::make_unique<MlpKind>(cfg_, l, b));
   }
   head_ = std::make_unique<LmHeadKind>(cfg_, input_->weight_offset(), b);
+  if (cfg_.vision.enabled()) vision_ = std::make_unique<VisionKind>(cfg_, b);
 }
 
 Flops Architecture::flops(const Work& w, Pass p) const {
   Flops f = input_->flops(w, p);
   for (const auto& k : blocks_) f += k->flops(w, p);
   f += head_->flops(w, p);
+  if (vision_) f += vision_->flops(w, p);
   return f;
 }
 
@@ -61,6 +63,8 @@ Work Work::of(const data::PackedBatch& batch) {
   std::vector<int32_t> rows(batch.tgt_src.begin(), batch.tgt_src.end());
   std::sort(rows.begin(), rows.end());
   w.head_rows = std::unique(rows.begin(), rows.end()) - rows.begin();
+  w.frames = (int64_t)batch.frames.size();
+  w.state_rows = (int64_t)batch.state_row.size();
   return w;
 }
 
@@ -73,6 +77,11 @@ std::unique_ptr<Block<E>> make_block(const LayerKind& k) {
   if (auto* m = dynamic_cast<const MlpKind*>(&k)) return std::make_unique<BlockOf<MlpKind, E>>(*m);
   if constexpr (E::kHybridOps)
     if (auto* g = dynamic_cast<const GdnKind*>(&k)) return std::make_unique<BlockOf<GdnKind, E>>(*g);
+  if constexpr (E::kVisionOps) {
+    if (auto* v = dynamic_cast<const SiglipAttentionKind*>(&k))
+      return std::make_unique<BlockOf<SiglipAttentionKind, E>>(*v);
+    if (auto* v = dynamic_cast<const SiglipMlpKind*>(&k)) return std::make_unique<BlockOf<SiglipMlpKind, E>>(*v);
+  }
   throw Error(str("model: layer kind '", k.kind(), "' has no block on the ", E::kName, " backend"));
 }
 
@@ -153,6 +162,8 @@ Decoder<E>::Decoder(const ModelConfig& cfg, const DecoderOptions& options, const
   TT_CHECK(options_.head_chunk_bytes >= 0, "DecoderOptions: head_chunk_bytes must be >= 0");
   if (options_.head_chunk_bytes == 0) options_.head_chunk_bytes = E::kDefaultHeadChunkBytes;
   for (const auto& k : arch_.blocks()) blocks_.push_back(make_block<E>(*k));
+  if (arch_.vision())
+    for (const auto& k : arch_.vision()->tower()) vision_blocks_.push_back(make_block<E>(*k));
   const int64_t P = num_params();
   const bool master = !(E::kSeparateWeights && options_.inference);  // an fp32 master copy
   if (master) {
@@ -212,7 +223,8 @@ void Decoder<E>::init(uint64_t seed) {
     Param* w = base + p.offset;
     switch (p.role) {
       case ParamRole::kNormWeight: exec_.fill(w, p.numel, 1.0f); break;
-      case ParamRole::kZeroNorm: exec_.fill(w, p.numel, 0.0f); break;
+      case ParamRole::kZeroNorm:
+      case ParamRole::kBias: exec_.fill(w, p.numel, 0.0f); break;
       case ParamRole::kLogDecay: {  // log of uniform (0, 16], from the tensor's own stream
         SplitMix64 rng{param_init_seed(seed, p.name)};
         std::vector<Param> host(p.numel);
@@ -340,6 +352,10 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
   const ModelConfig& cfg = config();
   if (mode == Mode::kTrain) require_training("a training forward");
   data::check_packed_batch(batch, cfg.vocab_size);
+  if (!arch_.vision() && (!batch.slot_row.empty() || !batch.state_row.empty()))
+    throw Error(str("model: the batch has ", batch.slot_row.size(), " frame slots and ", batch.state_row.size(),
+                    " state rows, but the model has no vision section (vision.num_hidden_layers is 0)"));
+  if (arch_.vision()) arch_.vision()->check_batch(batch);
   const int L = arch_.num_layers();
   const int N = batch.n_tokens, n_tgt = (int)batch.tgt_src.size(), num_nodes = batch.num_nodes();
   // Every row its own one-token tree: a decode step (the backend may serve it with other kernels).
@@ -455,6 +471,8 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
   ensure_scratch(N, a.R_);
 
   arch_.input().forward(exec_, v, weights(), reinterpret_cast<Act*>(a.xs_[0]));
+  a.vision_frames_ = a.vision_slots_ = a.vision_states_ = 0;
+  if (arch_.vision()) vision_forward(batch, a, reinterpret_cast<Act*>(a.xs_[0]));
   const int B = (int)blocks_.size();
   for (int b = 0; b < B; ++b) {
     BlockCall<E> c = call(a, b);
@@ -515,9 +533,49 @@ void Decoder<E>::backward(Activations<E>& a, const Carry<E>* relay, const GradRe
     if (on_ready && (b == 0 || blocks_[b - 1]->spec().layer() != layer))
       on_ready(blocks_[b]->spec().params().begin, layer_end);
   }
+  if (arch_.vision()) vision_backward(a);  // reads and clears the media rows of dx
   arch_.input().backward(exec_, a.view_, grads(), reinterpret_cast<const Act*>(dx_));
   exec_.profile_gap();
   if (on_ready) on_ready(arch_.input().params().begin, arch_.input().params().end);
+  if (on_ready && arch_.vision()) on_ready(arch_.vision()->begin(), arch_.vision()->end());
+}
+
+template <class E>
+void Decoder<E>::vision_forward(const data::PackedBatch& batch, Activations<E>& a, Act* x0) {
+  if constexpr (E::kVisionOps) {
+    const VisionKind& vk = *arch_.vision();
+    a.vision_frames_ = (int)batch.frames.size();
+    a.vision_slots_ = (int)batch.slot_row.size();
+    a.vision_states_ = (int)batch.state_row.size();
+    if (a.vision_slots_ == 0 && a.vision_states_ == 0) return;
+    exec_.ensure(a.vision_buf_, vk.bytes<E>(vision_blocks_, a.mode_, a.vision_frames_, a.vision_slots_,
+                                            a.vision_states_));
+    VisionCall<E> c;
+    c.mode = a.mode_;
+    c.w = weights();
+    c.tower = &vision_blocks_;
+    c.x = x0;
+    vk.forward(exec_, c, batch, a.vision_buf_.data());
+  } else {
+    (void)batch, (void)a, (void)x0;
+    throw Error(str("model: the vision stage has no ", E::kName, " kernels yet"));
+  }
+}
+
+template <class E>
+void Decoder<E>::vision_backward(Activations<E>& a) {
+  if constexpr (E::kVisionOps) {
+    if (a.vision_slots_ == 0 && a.vision_states_ == 0) return;
+    VisionCall<E> c;
+    c.mode = Mode::kTrain;
+    c.w = weights();
+    c.g = grads();
+    c.tower = &vision_blocks_;
+    c.dx = reinterpret_cast<Act*>(dx_);
+    arch_.vision()->backward(exec_, c, a.vision_buf_.data(), a.vision_frames_, a.vision_slots_, a.vision_states_);
+  } else {
+    (void)a;
+  }
 }
 
 template <class E>

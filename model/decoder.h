@@ -38,6 +38,7 @@
 #include "model/lm_head.h"
 #include "model/mlp.h"
 #include "model/param_table.h"
+#include "model/vision.h"
 
 namespace tt::model {
 
@@ -56,6 +57,8 @@ class Architecture {
   // Two per decoder layer, in order: the mixer, then the MLP.
   const std::vector<std::unique_ptr<LayerKind>>& blocks() const { return blocks_; }
   const LmHeadKind& head() const { return *head_; }
+  // The media stage (vision tower, projector, state projection), or null without vision.
+  const VisionKind* vision() const { return vision_.get(); }
   int num_layers() const { return (int)layers_.size(); }
   // Model and executed FLOPs of a batch's work: the sum over the input stage, blocks and head.
   Flops flops(const Work& w, Pass p) const;
@@ -67,6 +70,7 @@ class Architecture {
   std::unique_ptr<EmbeddingKind> input_;
   std::vector<std::unique_ptr<LayerKind>> blocks_;
   std::unique_ptr<LmHeadKind> head_;
+  std::unique_ptr<VisionKind> vision_;
 };
 
 // The parameter table of a config (Architecture(cfg).table().entries()).
@@ -105,6 +109,9 @@ class Activations {
   int n_logit_rows_ = 0;
   const CacheWrite<E>* cache_ = nullptr;  // no-grad: where the attention layers store K/V rows
   const int32_t* store_rows_ = nullptr;   // (N) their rows, on the backend's memory
+  // The media stage's region (model/vision.h) and the sizes its last forward had.
+  typename E::Buffer vision_buf_;
+  int vision_frames_ = 0, vision_slots_ = 0, vision_states_ = 0;
   const uint64_t* sample_keys_ = nullptr;  // no-grad with sampling: (n_logit_rows) keys
   int32_t* sample_tokens_ = nullptr;       // and the draws' outputs
   double* sample_logprobs_ = nullptr;
@@ -250,6 +257,9 @@ class Decoder {
                    const Carry<E>* carry, const std::vector<int32_t>* logit_rows, int logit_count, bool want_loss,
                    const CacheWrite<E>* cache = nullptr, const std::vector<uint64_t>* sample_keys = nullptr);
   void require_training(const char* what) const;
+  // The media stage's forward into the input rows x0, and its backward from the decoder's dx.
+  void vision_forward(const data::PackedBatch& batch, Activations<E>& a, Act* x0);
+  void vision_backward(Activations<E>& a);
   void ensure_scratch(int N, int R);
   BlockCall<E> call(const Activations<E>& a, int b) const;
   HeadCall<E> head_call(const Activations<E>& a) const;
@@ -259,6 +269,7 @@ class Decoder {
   DecoderOptions options_;
   E exec_;
   std::vector<std::unique_ptr<Block<E>>> blocks_;
+  std::vector<std::unique_ptr<Block<E>>> vision_blocks_;  // the tower's blocks (with vision)
   typename E::Buffer params_, weights_, grads_;
   typename E::Buffer scratch_;  // backward's dx and Acc sum, the blocks' and the head's scratch
   int scratch_n_ = -1, scratch_R_ = -1;

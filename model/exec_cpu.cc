@@ -11,6 +11,7 @@
 #include "model/carve.h"
 #include "ops/cpu/adamw.h"
 #include "ops/cpu/cross_entropy.h"
+#include "ops/cpu/vision.h"
 #include "ops/cpu/embedding.h"
 #include "ops/cpu/gated_attention.h"
 #include "ops/cpu/gdn.h"
@@ -243,6 +244,65 @@ template <class T>
 void CpuExec<T>::add_cols(Act* out, const Act* in, int N, int out_cols, int col0, int cols) {
   for (int i = 0; i < N; i++)
     for (int c = 0; c < cols; c++) out[(size_t)i * out_cols + col0 + c] += in[(size_t)i * cols + c];
+}
+
+template <class T>
+void CpuExec<T>::layernorm_forward(Act* out, Stat* mean, Stat* rstd, const Act* x, const Weight* w, const Weight* b,
+                                   int rows, int C, double eps) {
+  cpu::layernorm_forward(out, mean, rstd, x, w, b, rows, C, eps);
+}
+
+template <class T>
+void CpuExec<T>::layernorm_backward(Act* dx, Param* dw, Param* db, const Act* dout, const Act* x, const Weight* w,
+                                    const Stat* mean, const Stat* rstd, int rows, int C) {
+  cpu::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, rows, C);
+}
+
+template <class T>
+void CpuExec<T>::gelu_forward(Act* y, const Act* x, int64_t n, bool tanh) {
+  if (tanh) cpu::gelu_tanh_forward(y, x, n);
+  else cpu::gelu_erf_forward(y, x, n);
+}
+
+template <class T>
+void CpuExec<T>::gelu_backward(Act* dx, const Act* dy, const Act* x, int64_t n, bool tanh) {
+  if (tanh) cpu::gelu_tanh_backward(dx, dy, x, n);
+  else cpu::gelu_erf_backward(dx, dy, x, n);
+}
+
+template <class T>
+void CpuExec<T>::bias_add(Act* out, const Weight* b, int rows, int C) {
+  cpu::bias_add(out, b, rows, C);
+}
+
+template <class T>
+void CpuExec<T>::bias_backward(Param* db, const Act* dout, int rows, int C) {
+  cpu::bias_backward(db, dout, rows, C);
+}
+
+template <class T>
+void CpuExec<T>::copy_rows(Act* dst, const int32_t* dst_rows, const Act* src, const int32_t* src_rows, int n, int C) {
+  cpu::copy_rows(dst, dst_rows, src, src_rows, n, C);
+}
+
+template <class T>
+void CpuExec<T>::add_rows(Act* dst, const int32_t* dst_rows, const Act* src, const int32_t* src_rows, int n, int C) {
+  cpu::add_rows(dst, dst_rows, src, src_rows, n, C);
+}
+
+template <class T>
+void CpuExec<T>::zero_rows(Act* dst, const int32_t* rows, int n, int C) {
+  cpu::zero_rows(dst, rows, n, C);
+}
+
+template <class T>
+void CpuExec<T>::patchify(Act* patches, const float* pixels, int F, int S, int patch) {
+  const int64_t frame = (int64_t)3 * S * S, P = (int64_t)(S / patch) * (S / patch), row = (int64_t)3 * patch * patch;
+  std::vector<T> px(frame);
+  for (int f = 0; f < F; ++f) {
+    std::copy(pixels + f * frame, pixels + (f + 1) * frame, px.begin());
+    cpu::patchify(patches + f * P * row, px.data(), S, S, patch);
+  }
 }
 
 template <class T>

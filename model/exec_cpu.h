@@ -76,6 +76,9 @@ class CpuExec {
   // The Qwen3.5 ops below (Gated DeltaNet, gated attention, zero-centred norms, partial RoPE;
   // model/gdn.h, model/attention.h): the CPU reference has them, the CUDA backend not yet.
   static constexpr bool kHybridOps = true;
+  // The vision tower's ops below (LayerNorm, GELU, biases, row moves, patchify; model/vision.h):
+  // the CPU reference has them, the CUDA backend not yet.
+  static constexpr bool kVisionOps = true;
 
   explicit CpuExec(const Options& = {}) {}
   // Every config the model accepts runs here.
@@ -165,6 +168,21 @@ class CpuExec {
   void gdn_backward(Act* dq, Act* dk, Act* dv, Act* dg, Act* dbeta, const Act* d_o, const Act* q, const Act* k,
                     const Act* v, const Act* g, const Act* beta, const Layout& layout, int N, int nk, int nv,
                     int k_dim, int v_dim, double scale);
+  // The vision tower (ops/cpu/vision.h; dx-style outputs and bias gradients +=, as there).
+  void layernorm_forward(Act* out, Stat* mean, Stat* rstd, const Act* x, const Weight* w, const Weight* b, int rows,
+                         int C, double eps);
+  void layernorm_backward(Act* dx, Param* dw, Param* db, const Act* dout, const Act* x, const Weight* w,
+                          const Stat* mean, const Stat* rstd, int rows, int C);
+  // GELU, tanh (HF gelu_pytorch_tanh) or exact (HF gelu).
+  void gelu_forward(Act* y, const Act* x, int64_t n, bool tanh);
+  void gelu_backward(Act* dx, const Act* dy, const Act* x, int64_t n, bool tanh);
+  void bias_add(Act* out, const Weight* b, int rows, int C);
+  void bias_backward(Param* db, const Act* dout, int rows, int C);
+  void copy_rows(Act* dst, const int32_t* dst_rows, const Act* src, const int32_t* src_rows, int n, int C);
+  void add_rows(Act* dst, const int32_t* dst_rows, const Act* src, const int32_t* src_rows, int n, int C);
+  void zero_rows(Act* dst, const int32_t* rows, int n, int C);
+  // patches (F P, 3 p p) of F frames' pixels (F, 3, S, S).
+  void patchify(Act* patches, const float* pixels, int F, int S, int patch);
   // Profiling scopes are a GPU notion; here they do nothing.
   void begin_head() {}
   void end_head() {}

@@ -45,6 +45,9 @@ void CudaExec::check_model(const ModelConfig& cfg) {
   if (cfg.has_linear_attention())
     throw Error("model.layer_types: linear_attention (Gated DeltaNet) layers run on the cpu backend only so far (their "
                 "CUDA kernels are not written yet); set device: cpu");
+  if (cfg.vision.enabled())
+    throw Error("vision: the vision tower and its projector run on the cpu backend only so far (LayerNorm, GELU, "
+                "biases and the bidirectional attention have no CUDA kernels yet); set device: cpu");
   if (cfg.head_dim != 64 && cfg.head_dim != 128)
     throw Error(str("model.head_dim ", cfg.head_dim, " is not supported on cuda (the tree attention kernels take 64 or 128)"));
 }

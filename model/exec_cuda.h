@@ -87,6 +87,7 @@ class CudaExec {
   // batch (every row its own one-token tree).
   static int max_external_kv(bool singletons) { return singletons ? INT_MAX : kMaxExternalKV; }
   static constexpr int64_t kDefaultHeadChunkBytes = int64_t(1) << 30;  // of bf16 logits per chunk
+  static constexpr bool kVisionOps = false;  // no vision tower kernels yet (exec_cpu.h): check_model refuses
   static constexpr bool kHybridOps = false;  // no Qwen3.5 kernels yet (exec_cpu.h): check_model refuses such models
 
   // Creates the stream, the allocator and the GEMM handle on the current device. Throws

@@ -21,6 +21,8 @@ struct Work {
   int64_t tokens = 0;         // packed rows
   int64_t visible_pairs = 0;  // attention (query, key) pairs, external prefixes included
   int64_t head_rows = 0;      // rows the LM head runs on: sources of at least one target
+  int64_t frames = 0;         // frames the vision tower runs on (PackedBatch::frames)
+  int64_t state_rows = 0;     // rows the state projection fills
 
   // The batch's rows, pairs (PackedBatch::visible_pairs) and distinct target source rows.
   static Work of(const data::PackedBatch& batch);
@@ -28,6 +30,8 @@ struct Work {
     tokens += o.tokens;
     visible_pairs += o.visible_pairs;
     head_rows += o.head_rows;
+    frames += o.frames;
+    state_rows += o.state_rows;
     return *this;
   }
 };

@@ -36,6 +36,10 @@ int ParamTable::Builder::add(const std::string& name, std::vector<int64_t> shape
   return t_.size() - 1;
 }
 
+void ParamTable::Builder::freeze_from(int first) {
+  for (int i = first; i < t_.size(); ++i) t_.entries_[i].trainable = false;
+}
+
 void ParamTable::Builder::end_block() {
   TT_CHECK(open_, "param table: end_block without begin_block");
   open_ = false;

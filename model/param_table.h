@@ -21,6 +21,7 @@ enum class ParamRole {
   kNormWeight,  // an RMSNorm scale (and a Gated DeltaNet dt_bias): ones, no weight decay
   kLogDecay,    // a Gated DeltaNet A_log: log(A), A uniform in (0, 16] (HF's init), no weight decay
   kZeroNorm,    // a zero-centred RMSNorm scale (Qwen3.5: the layer applies 1 + w): zeros, no weight decay
+  kBias,        // a Linear's or LayerNorm's bias (the vision tower, the projector): zeros, no weight decay
 };
 
 struct ParamInfo {
@@ -30,6 +31,8 @@ struct ParamInfo {
   int64_t numel = 0;
   bool decay = true;           // weight decay applies (matrices), not to norm weights
   ParamRole role = ParamRole::kMatrix;
+  // false: frozen (vision.freeze): backward writes no gradient and the optimizer leaves it as it is.
+  bool trainable = true;
 };
 
 // The tensors of one block: entries [begin, end) of the table.
@@ -47,6 +50,8 @@ class ParamTable {
     void begin_block(const std::string& block);
     // Adds a tensor to the open block; returns its index in the table.
     int add(const std::string& name, std::vector<int64_t> shape, ParamRole role);
+    // Marks the tensors added so far from index `first` on as frozen (ParamInfo::trainable).
+    void freeze_from(int first);
     // Offset in the flat buffer of the tensor with index i.
     int64_t offset(int i) const { return t_.entries_[i].offset; }
     void end_block();

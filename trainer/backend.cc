@@ -51,7 +51,8 @@ class DecoderBackend : public Backend {
     e.ensure(flag_, sizeof(int));
     if constexpr (kDevice) {
       std::vector<cuda::AdamWTensor> tensors;
-      for (const model::ParamInfo& p : model_.params_info()) tensors.push_back({p.offset, p.numel, p.decay});
+      for (const model::ParamInfo& p : model_.params_info())
+        if (p.trainable) tensors.push_back({p.offset, p.numel, p.decay});  // frozen tensors: no update
       chunks_host_ = cuda::adamw_chunks(tensors);
       e.ensure(chunks_, sizeof(cuda::AdamWChunk) * chunks_host_.size());
       e.upload(chunks_.data(), chunks_host_.data(), sizeof(cuda::AdamWChunk) * chunks_host_.size());
@@ -126,6 +127,7 @@ class DecoderBackend : public Backend {
       return bad == 0;
     } else {
       for (const model::ParamInfo& info : model_.params_info()) {
+        if (!info.trainable) continue;  // frozen (vision.freeze): left as it is
         cpu::AdamWParams ap;
         ap.lr = p.lr;
         ap.beta1 = p.beta1;

@@ -212,10 +212,10 @@ int run_episode_stats(const Args& a, const std::string& path) {
   std::vector<tt::data::Tree> trees;
   int64_t frames = 0, occurrences = 0;
   for (size_t e = 0; e < eps.size(); ++e) {
-    tt::data::EpisodeTree et = tt::data::episode_tree(eps[e], (int64_t)e, actions.empty() ? nullptr : &bins, spec);
-    frames += (int64_t)et.frames.size();
+    tt::data::Tree et = tt::data::episode_tree(eps[e], (int64_t)e, actions.empty() ? nullptr : &bins, spec);
+    frames += (int64_t)et.media.frames.size();
     occurrences += et.frame_occurrences();
-    trees.push_back(std::move(et.tree));
+    trees.push_back(std::move(et));
   }
   nlohmann::json j = tt::data::tree_stats(trees);
   j["episodes"] = eps.size();

@@ -144,17 +144,19 @@ int block_spans(const AttnLayout& layout, int node, int i0, int i1, const std::v
     if (ext[e].q_begin < i1 && i0 < ext[e].q_end) add(Span::kPrefix, e, 0, ext[e].len);
   }
   for (size_t r = 0; r < anc.size(); r += 2) add(Span::kAncestor, n_ext, anc[r], anc[r + 1]);
-  add(Span::kOwn, n_ext, layout.node_start[node], i1);
+  // Bidirectional nodes: every query sees the whole node (an image inside a vision tower).
+  add(Span::kOwn, n_ext, layout.node_start[node],
+      layout.bidirectional ? layout.node_start[node] + layout.node_len[node] : i1);
   return off;
 }
 
 // Keys [a, b) of a span that query i sees (a == b: none).
 template <class T>
-inline void visible(const Span& s, int i, const ExternalKV<T>* ext, int* a, int* b) {
+inline void visible(const Span& s, int i, const ExternalKV<T>* ext, bool bidirectional, int* a, int* b) {
   *a = 0;
   *b = s.j1 - s.j0;
   if (s.kind == Span::kPrefix && (i < ext[s.src].q_begin || i >= ext[s.src].q_end)) *b = 0;
-  if (s.kind == Span::kOwn) *b = i + 1 - s.j0;
+  if (s.kind == Span::kOwn && !bidirectional) *b = i + 1 - s.j0;
 }
 
 constexpr int kQuad = 4;  // register block: 4 rows x 4 keys of fp64 sums
@@ -355,7 +357,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
         double mx = -std::numeric_limits<double>::infinity();
         for (const Span& sp : spans) {
           int a, b;
-          visible(sp, i, ext, &a, &b);
+          visible(sp, i, ext, layout.bidirectional, &a, &b);
           for (int t = a; t < b; t++) {
             Sr[sp.off + t] *= scale;
             mx = std::max(mx, Sr[sp.off + t]);
@@ -364,7 +366,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
         double sum = 0.0;
         for (const Span& sp : spans) {
           int a, b;
-          visible(sp, i, ext, &a, &b);
+          visible(sp, i, ext, layout.bidirectional, &a, &b);
           for (int t = 0; t < sp.j1 - sp.j0; t++) {
             const double p = t >= a && t < b ? std::exp(Sr[sp.off + t] - mx) : 0.0;
             Sr[sp.off + t] = p;
@@ -462,7 +464,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
             double* DSr = DS.data() + (int64_t)r * nk;
             for (const Span& sp : spans) {
               int a, b;
-              visible(sp, i, ext, &a, &b);
+              visible(sp, i, ext, layout.bidirectional, &a, &b);
               for (int c = sp.off; c < sp.off + sp.j1 - sp.j0; c++) {
                 const bool seen = c >= sp.off + a && c < sp.off + b;
                 const double p = seen ? std::exp(scale * Pr[c] - l) : 0.0;

@@ -4,7 +4,7 @@
 // (b) optional external KV prefixes (a parent partition's gateway, a carried KV tail, a
 // retrieval prefix). Visibility inside the tree comes from DFS intervals: the packed batch is a
 // list of nodes in DFS order; a query in node n sees the tokens of n up to itself and every token
-// of n's ancestor nodes. No N x N mask is built: keys are enumerated node by node along the
+// of n's ancestor nodes (with AttnLayout::bidirectional: all of n). No N x N mask is built: keys are enumerated node by node along the
 // ancestor chain. External prefix e is visible to queries in [q_begin, q_end) and is read before
 // the tree's own keys. Grouped-query attention: query head h reads KV head h / (NH / NKV).
 //
@@ -24,6 +24,10 @@ struct AttnLayout {
   const int32_t* node_start = nullptr;   // (num_nodes) first packed index of the node
   const int32_t* node_len = nullptr;     // (num_nodes)
   const int32_t* node_parent = nullptr;  // (num_nodes)
+  // Visibility mode: false, causal inside a node (a query sees its node up to itself); true,
+  // bidirectional inside a node (every query of a node sees all of it: an image's tokens in a
+  // vision tower, each image a one-node tree). Ancestors and external prefixes are unchanged.
+  bool bidirectional = false;
 };
 
 template <class T>

@@ -1,10 +1,12 @@
 // LayerNorm and GELU (tanh), CPU reference (see vision.h).
 //   LayerNorm: n = (x - m) r, out = n w + b  =>  g = dout w, dx = r (g - mean(g) - n mean(g n)),
 //              dw = sum_rows dout n, db = sum_rows dout.
+//   GELU exact: y = x Phi(x)  =>  y' = Phi(x) + x phi(x).
 //   GELU tanh: u = k (x + a x^3), y = x (1 + tanh u) / 2
 //              =>  y' = (1 + tanh u) / 2 + x (1 - tanh^2 u) k (1 + 3 a x^2) / 2.
 #include "ops/cpu/vision.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -15,6 +17,8 @@ namespace {
 
 constexpr double kGeluK = 0.7978845608028654;  // sqrt(2 / pi)
 constexpr double kGeluA = 0.044715;
+constexpr double kSqrtHalf = 0.7071067811865476;     // 1 / sqrt(2)
+constexpr double kInvSqrt2Pi = 0.3989422804014327;   // 1 / sqrt(2 pi)
 
 }  // namespace
 
@@ -103,6 +107,57 @@ void for_patch_elements(int H, int W, int patch, F&& f) {
 }  // namespace
 
 template <class T>
+void gelu_erf_forward(T* y, const T* x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const double v = (double)x[i];
+    y[i] = (T)(0.5 * v * (1.0 + std::erf(v * kSqrtHalf)));
+  }
+}
+
+template <class T>
+void gelu_erf_backward(T* dx, const T* dy, const T* x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {  // y' = Phi(x) + x phi(x)
+    const double v = (double)x[i];
+    const double d = 0.5 * (1.0 + std::erf(v * kSqrtHalf)) + v * kInvSqrt2Pi * std::exp(-0.5 * v * v);
+    dx[i] = (T)((double)dx[i] + (double)dy[i] * d);
+  }
+}
+
+template <class T>
+void bias_add(T* out, const T* b, int rows, int C) {
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < C; c++) out[(size_t)r * C + c] = (T)((double)out[(size_t)r * C + c] + (double)b[c]);
+}
+
+template <class T>
+void bias_backward(T* db, const T* dout, int rows, int C) {
+  std::vector<double> s(C, 0.0);
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < C; c++) s[c] += (double)dout[(size_t)r * C + c];
+  for (int c = 0; c < C; c++) db[c] = (T)((double)db[c] + s[c]);
+}
+
+template <class T>
+void copy_rows(T* dst, const int32_t* dst_rows, const T* src, const int32_t* src_rows, int n, int C) {
+  for (int i = 0; i < n; i++)
+    std::copy(src + (size_t)src_rows[i] * C, src + (size_t)(src_rows[i] + 1) * C, dst + (size_t)dst_rows[i] * C);
+}
+
+template <class T>
+void add_rows(T* dst, const int32_t* dst_rows, const T* src, const int32_t* src_rows, int n, int C) {
+  for (int i = 0; i < n; i++) {
+    T* d = dst + (size_t)dst_rows[i] * C;
+    const T* s = src + (size_t)src_rows[i] * C;
+    for (int c = 0; c < C; c++) d[c] = (T)((double)d[c] + (double)s[c]);
+  }
+}
+
+template <class T>
+void zero_rows(T* dst, const int32_t* rows, int n, int C) {
+  for (int i = 0; i < n; i++) std::fill(dst + (size_t)rows[i] * C, dst + (size_t)(rows[i] + 1) * C, T(0));
+}
+
+template <class T>
 void patchify(T* out, const T* pixels, int H, int W, int patch) {
   for_patch_elements(H, W, patch, [&](size_t o, size_t p) { out[o] = pixels[p]; });
 }
@@ -118,6 +173,13 @@ void unpatchify_add(T* dpixels, const T* dout, int H, int W, int patch) {
                                       int);                                                             \
   template void gelu_tanh_forward<T>(T*, const T*, int64_t);                                            \
   template void gelu_tanh_backward<T>(T*, const T*, const T*, int64_t);                                 \
+  template void gelu_erf_forward<T>(T*, const T*, int64_t);                                             \
+  template void gelu_erf_backward<T>(T*, const T*, const T*, int64_t);                                  \
+  template void bias_add<T>(T*, const T*, int, int);                                                    \
+  template void bias_backward<T>(T*, const T*, int, int);                                               \
+  template void copy_rows<T>(T*, const int32_t*, const T*, const int32_t*, int, int);                   \
+  template void add_rows<T>(T*, const int32_t*, const T*, const int32_t*, int, int);                    \
+  template void zero_rows<T>(T*, const int32_t*, int, int);                                             \
   template void patchify<T>(T*, const T*, int, int, int);                                               \
   template void unpatchify_add<T>(T*, const T*, int, int, int);
 TT_VISION_INSTANTIATE(float)

@@ -23,6 +23,29 @@ void gelu_tanh_forward(T* y, const T* x, int64_t n);
 template <class T>
 void gelu_tanh_backward(T* dx, const T* dy, const T* x, int64_t n);  // dx +=
 
+// GELU, exact (HF "gelu", LLaVA's projector_hidden_act): y = x Phi(x) = x / 2 (1 + erf(x / sqrt 2)).
+template <class T>
+void gelu_erf_forward(T* y, const T* x, int64_t n);
+template <class T>
+void gelu_erf_backward(T* dx, const T* dy, const T* x, int64_t n);  // dx +=
+
+// A Linear's bias: out (rows, C) += b (C); db (C) += sum over rows of dout (fp64, rows in order).
+template <class T>
+void bias_add(T* out, const T* b, int rows, int C);
+template <class T>
+void bias_backward(T* db, const T* dout, int rows, int C);
+
+// Row moves between two row spaces (a tower's frame tokens and a decoder's packed rows):
+// copy_rows: dst[dst_rows[i]] = src[src_rows[i]]; add_rows: dst[dst_rows[i]] += src[src_rows[i]],
+// i in order (several i may name one dst row: the sum of a frame's slots runs in slot order).
+// zero_rows: dst[rows[i]] = 0. Rows are C elements.
+template <class T>
+void copy_rows(T* dst, const int32_t* dst_rows, const T* src, const int32_t* src_rows, int n, int C);
+template <class T>
+void add_rows(T* dst, const int32_t* dst_rows, const T* src, const int32_t* src_rows, int n, int C);
+template <class T>
+void zero_rows(T* dst, const int32_t* rows, int n, int C);
+
 // The patch embedding's input (SigLIP's Conv2d with stride = kernel = patch, as a GEMM):
 // pixels (3, H, W) channel first -> out (P, 3 patch patch), P = (H / patch) (W / patch) patches in
 // row-major order, each row laid out (channel, dy, dx) like a Conv2d weight's (out, 3, patch,

@@ -36,8 +36,8 @@ EpisodeTreeSpec spec(int window) {
 }
 
 TEST(EpisodeTree, FullHistoryIsACombWithActionLeaves) {
-  const EpisodeTree et = episode_tree(episode(true), 4, nullptr, spec(0));
-  const Tree& t = et.tree;
+  const Tree et = episode_tree(episode(true), 4, nullptr, spec(0));
+  const Tree& t = et;
   // root, then per step an observation on the trunk and its action leaf.
   ASSERT_EQ(t.nodes.size(), 7u);
   EXPECT_EQ(t.nodes[1].parent, 0);
@@ -45,10 +45,10 @@ TEST(EpisodeTree, FullHistoryIsACombWithActionLeaves) {
   EXPECT_EQ(t.nodes[2].parent, 1);
   EXPECT_EQ(t.nodes[2].tokens, (std::vector<int32_t>{20, 30}));
   EXPECT_EQ(t.nodes[3].parent, 1) << "step 1's observation follows step 0's, not its action";
-  ASSERT_EQ(et.frames.size(), 3u);
-  EXPECT_EQ(et.frames[2].episode, 4);
-  EXPECT_EQ(et.frames[2].step, 2);
-  EXPECT_EQ(et.frames[2].path, "f2.png");
+  ASSERT_EQ(et.media.frames.size(), 3u);
+  EXPECT_EQ(et.media.frames[2].episode, 4);
+  EXPECT_EQ(et.media.frames[2].step, 2);
+  EXPECT_EQ(et.media.frames[2].path, "f2.png");
   EXPECT_EQ(et.frame_occurrences(), 3);
   // Each path is its step's own sample: instruction, observations 0..t, action t.
   ASSERT_EQ(t.paths.size(), 3u);
@@ -64,22 +64,22 @@ TEST(EpisodeTree, FullHistoryIsACombWithActionLeaves) {
 }
 
 TEST(EpisodeTree, WindowHistoryBranchesAndReusesFrames) {
-  const EpisodeTree et = episode_tree(episode(false), 0, nullptr, spec(2));
-  const Tree& t = et.tree;
+  const Tree et = episode_tree(episode(false), 0, nullptr, spec(2));
+  const Tree& t = et;
   // Contexts: step 0 [o0], step 1 [o0 o1], step 2 [o1 o2]: step 2 cannot share step 1's prefix.
   EXPECT_EQ(t.path_tokens(1), (std::vector<int32_t>{5, 6, 1, 1, 1, 1, 21, 31}));
   EXPECT_EQ(t.path_tokens(2), (std::vector<int32_t>{5, 6, 1, 1, 1, 1, 22, 32}));
   int children_of_root = 0;
   for (const Node& n : t.nodes) children_of_root += n.parent == 0;
   EXPECT_EQ(children_of_root, 2) << "o0 (steps 0 and 1) and o1 (step 2's window start)";
-  EXPECT_EQ(et.frames.size(), 3u) << "three frames";
+  EXPECT_EQ(et.media.frames.size(), 3u) << "three frames";
   EXPECT_EQ(et.frame_occurrences(), 4) << "frame 1 is shown by two observation nodes";
   int shows_frame1 = 0;
-  for (const FrameSlot& s : et.slots) shows_frame1 += s.frame == 1;
+  for (const FrameSlot& s : et.media.slots) shows_frame1 += s.frame == 1;
   EXPECT_EQ(shows_frame1, 2);
   // Window 1: each step sees only its own observation.
-  const EpisodeTree w1 = episode_tree(episode(false), 0, nullptr, spec(1));
-  EXPECT_EQ(w1.tree.path_tokens(2), (std::vector<int32_t>{5, 6, 1, 1, 22, 32}));
+  const Tree w1 = episode_tree(episode(false), 0, nullptr, spec(1));
+  EXPECT_EQ(w1.path_tokens(2), (std::vector<int32_t>{5, 6, 1, 1, 22, 32}));
 }
 
 TEST(EpisodeTree, ContinuousActionsNeedBinsAndBadSpecsAreErrors) {
@@ -95,8 +95,8 @@ TEST(EpisodeTree, ContinuousActionsNeedBinsAndBadSpecsAreErrors) {
     EXPECT_EQ(std::string(e.what()), "episode 'ep': step 0 has a continuous action, but no action bins were given");
   }
   const ActionBins bins = fit_action_bins({{0, -1}, {1, 0}}, 100, 10);
-  const EpisodeTree et = episode_tree(ep, 0, &bins, spec(0));
-  EXPECT_EQ(et.tree.nodes[2].tokens, bins.encode({0.25f, -0.5f}));
+  const Tree et = episode_tree(ep, 0, &bins, spec(0));
+  EXPECT_EQ(et.nodes[2].tokens, bins.encode({0.25f, -0.5f}));
   EpisodeTreeSpec bad = spec(0);
   bad.window = -1;
   EXPECT_THROW(episode_tree(ep, 0, &bins, bad), Error);

@@ -27,7 +27,10 @@ enum class Shape { kRandom, kChain, kFan, kSingleToken };
 struct Layout {
   int N = 0;
   std::vector<int32_t> start, len, parent;
-  AttnLayout view() const { return AttnLayout{(int)start.size(), start.data(), len.data(), parent.data()}; }
+  bool bidirectional = false;
+  AttnLayout view() const {
+    return AttnLayout{(int)start.size(), start.data(), len.data(), parent.data(), bidirectional};
+  }
 };
 
 // Appends one random tree of n_nodes nodes, renumbered into DFS preorder.
@@ -91,7 +94,7 @@ std::vector<ExternalKV<T>> views(std::vector<Prefix>& ps, std::vector<std::vecto
 }
 
 // Dense reference in fp64: key j of the batch is visible from query i exactly when j's node is
-// i's node or one of its ancestors, and j <= i.
+// i's node or one of its ancestors, and j <= i (bidirectional layouts: or j is in i's node).
 void reference_forward(std::vector<double>* out, std::vector<double>* lse, const std::vector<double>& q,
                        const std::vector<double>& k, const std::vector<double>& v, const Layout& L,
                        const std::vector<Prefix>& ext, int NH, int NKV, int HS) {
@@ -127,8 +130,9 @@ void reference_forward(std::vector<double>* out, std::vector<double>* lse, const
           add(p.k.data() + ((size_t)j * NKV + g) * HS, p.v.data() + ((size_t)j * NKV + g) * HS);
         }
       }
-      for (int j = 0; j <= i; j++) {
+      for (int j = 0; j < N; j++) {
         if (!ancestor_or_self(node_of[j], node_of[i])) continue;
+        if (j > i && !(L.bidirectional && node_of[j] == node_of[i])) continue;
         add(k.data() + ((size_t)j * NKV + g) * HS, v.data() + ((size_t)j * NKV + g) * HS);
       }
       const double mx = *std::max_element(s.begin(), s.end());
@@ -296,6 +300,45 @@ INSTANTIATE_TEST_SUITE_P(Small, AttentionGradient, ::testing::ValuesIn(kSmallCas
 // the float path differs by the rounding of its inputs out and lse and of its results (~6e-8
 // relative each), which p = exp(scale s - lse) and D = dout . out carry into the gradients with
 // O(1) factors, so 1e-5 relative leaves two orders of magnitude of margin.
+// The bidirectional visibility mode (a vision tower's images: every query of a node sees all of
+// it; ancestors and prefixes as usual): forward against the dense reference, gradients by finite
+// differences, on a forest of random trees with prefixes.
+TEST(Attention, BidirectionalNodesMatchReferenceAndFiniteDifferences) {
+  std::mt19937_64 rng(240);
+  Layout L;
+  for (int t = 0; t < 3; t++) add_tree(rng, Shape::kRandom, 3, 5, &L);
+  add_tree(rng, Shape::kChain, 1, 9, &L);  // one image: a one-node tree
+  L.bidirectional = true;
+  const int NH = 4, NKV = 2, HS = 8;
+  Problem p = make_problem(rng, L, NH, NKV, HS, 2, true);
+  std::vector<double> out, lse, ref_out, ref_lse;
+  run_forward<double>(p, &out, &lse);
+  reference_forward(&ref_out, &ref_lse, p.q, p.k, p.v, p.L, p.ext, NH, NKV, HS);
+  for (size_t x = 0; x < out.size(); x++) ASSERT_NEAR(out[x], ref_out[x], 1e-12) << "out " << x;
+  for (size_t x = 0; x < lse.size(); x++) ASSERT_NEAR(lse[x], ref_lse[x], 1e-12) << "lse " << x;
+  // The mode changes the result (the 9-token image's early queries see later keys).
+  Problem causal = p;
+  causal.L.bidirectional = false;
+  std::vector<double> cout_, clse;
+  run_forward<double>(causal, &cout_, &clse);
+  EXPECT_NE(out, cout_);
+  const std::vector<double> R = randn(rng, out.size());
+  auto objective = [&] {
+    std::vector<double> o, l;
+    run_forward<double>(p, &o, &l);
+    return test::dot_objective(o, R);
+  };
+  std::vector<Prefix> ext = p.ext;
+  std::vector<std::vector<double>> store;
+  const std::vector<ExternalKV<double>> xv = views<double>(ext, &store);
+  std::vector<double> dq(p.q.size()), dk(p.k.size()), dv(p.v.size());
+  attention_backward(dq.data(), dk.data(), dv.data(), R.data(), out.data(), lse.data(), p.q.data(), p.k.data(),
+                     p.v.data(), p.L.view(), xv.data(), (int)xv.size(), p.L.N, NH, NKV, HS);
+  test::check_gradient("dq", &p.q, dq, objective);
+  test::check_gradient("dk", &p.k, dk, objective);
+  test::check_gradient("dv", &p.v, dv, objective);
+}
+
 TEST(Attention, FloatBackwardMatchesDouble) {
   std::mt19937_64 rng(250);
   Layout L;

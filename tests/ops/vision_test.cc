@@ -58,6 +58,55 @@ TEST(GeluTanh, GradientByFiniteDifferencesAndFormula) {
   check_gradient("dx", &x, dx, objective);
 }
 
+TEST(GeluErf, GradientByFiniteDifferencesAndFormula) {
+  std::mt19937_64 rng(25);
+  const int n = 40;
+  std::vector<double> x = randn(rng, n, 2.0), R = randn(rng, n), y(n);
+  auto objective = [&] {
+    gelu_erf_forward(y.data(), x.data(), n);
+    return dot_objective(y, R);
+  };
+  objective();
+  for (int i = 0; i < n; ++i) EXPECT_NEAR(y[i], 0.5 * x[i] * std::erfc(-x[i] / std::sqrt(2.0)), 1e-15);
+  std::vector<double> dx(n, 0.0);
+  gelu_erf_backward(dx.data(), R.data(), x.data(), n);
+  check_gradient("dx", &x, dx, objective);
+}
+
+TEST(Bias, AddAndGradientByFiniteDifferences) {
+  std::mt19937_64 rng(26);
+  const int rows = 4, C = 5;
+  std::vector<double> x = randn(rng, rows * C), b = randn(rng, C), R = randn(rng, rows * C), out;
+  auto objective = [&] {
+    out = x;
+    bias_add(out.data(), b.data(), rows, C);
+    return dot_objective(out, R);
+  };
+  objective();
+  EXPECT_DOUBLE_EQ(out[2 * C + 3], x[2 * C + 3] + b[3]);
+  std::vector<double> db(C, 1.0);  // accumulates
+  bias_backward(db.data(), R.data(), rows, C);
+  for (double& v : db) v -= 1.0;
+  check_gradient("db", &b, db, objective);
+}
+
+// copy_rows / add_rows move rows between two row spaces; add_rows sums repeated destinations (a
+// frame shown by two slots); zero_rows clears rows.
+TEST(Rows, CopyAddAndZero) {
+  const int C = 2;
+  const std::vector<double> src = {1, 2, 3, 4, 5, 6};  // rows 0..2
+  std::vector<double> dst(8, -1.0);                    // rows 0..3
+  const int32_t to[] = {3, 0}, from[] = {1, 2};
+  copy_rows(dst.data(), to, src.data(), from, 2, C);
+  EXPECT_EQ(dst, (std::vector<double>{5, 6, -1, -1, -1, -1, 3, 4}));
+  const int32_t to2[] = {1, 1}, from2[] = {0, 2};
+  add_rows(dst.data(), to2, src.data(), from2, 2, C);
+  EXPECT_EQ(dst, (std::vector<double>{5, 6, 5, 7, -1, -1, 3, 4}));
+  const int32_t z[] = {0, 3};
+  zero_rows(dst.data(), z, 2, C);
+  EXPECT_EQ(dst, (std::vector<double>{0, 0, 5, 7, -1, -1, 0, 0}));
+}
+
 // patchify + matmul is the stride-patch convolution, computed here directly; unpatchify_add is
 // patchify's transpose (<patchify(x), y> == <x, unpatchify(y)>).
 TEST(Patchify, IsTheConvolutionsGemmInput) {

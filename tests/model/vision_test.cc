@@ -1,0 +1,120 @@
+// The VLA media stage (model/vision.h), CPU fp64: every gradient of a tiny VLA (the decoder, the
+// LLaVA projector, the state projection, the SigLIP tower down to the patch embedding) against
+// finite differences on an episode tree; the parameter table's names, shapes and frozen flags;
+// the FLOP API's tower count; and the errors a batch that does not fit the model gets.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "base/check.h"
+#include "model/decoder.h"
+#include "tests/equivalence/vla_fixture.h"
+#include "tests/model/model_test_util.h"
+
+namespace tt::model {
+namespace {
+
+TEST(Vision, EveryGradientMatchesFiniteDifferences) {
+  const ModelConfig cfg = tt::testing::tiny_vla_config();
+  Model<double> m(cfg);
+  m.init(5);
+  const data::Episode ep = tt::testing::tiny_episode(3, 2, 1);
+  for (int window : {0, 2}) {
+    const data::Tree tree = tt::testing::vla_tree(ep, window, cfg, 2);
+    const data::PackedBatch b = tt::testing::vla_batch(tree, data::Packing::kTree, cfg);
+    testing::expect_sampled_gradients(m, b, 0.5, 17 + window, 3, "window " + std::to_string(window));
+  }
+}
+
+TEST(Vision, TableHasLlavaNamesAndFreezesOnlyTheTower) {
+  const ModelConfig cfg = tt::testing::tiny_vla_config(/*freeze=*/true);
+  const Architecture arch(cfg);
+  const ParamTable& t = arch.table();
+  EXPECT_EQ(t.num_params(), cfg.parameter_count());
+  const ParamInfo& pe = t[t.find("model.vision_tower.vision_model.embeddings.patch_embedding.weight")];
+  EXPECT_EQ(pe.shape, (std::vector<int64_t>{8, 3, 2, 2}));
+  EXPECT_EQ(t[t.find("model.vision_tower.vision_model.embeddings.position_embedding.weight")].shape,
+            (std::vector<int64_t>{4, 8}));
+  for (const std::string n : {"encoder.layers.1.self_attn.out_proj.bias", "encoder.layers.0.layer_norm1.weight",
+                              "encoder.layers.1.mlp.fc2.weight"}) {
+    const int i = t.find("model.vision_tower.vision_model." + n);
+    ASSERT_GE(i, 0) << n;
+    EXPECT_FALSE(t[i].trainable) << n;
+  }
+  for (const std::string n : {"model.multi_modal_projector.linear_1.weight", "model.multi_modal_projector.linear_2.bias",
+                              "model.state_projector.weight", "model.layers.0.mlp.up_proj.weight"}) {
+    const int i = t.find(n);
+    ASSERT_GE(i, 0) << n;
+    EXPECT_TRUE(t[i].trainable) << n;
+  }
+  EXPECT_FALSE(t[t.find("model.multi_modal_projector.linear_1.bias")].decay);
+  EXPECT_LT(t.find("post_layernorm.weight"), 0) << "LLaVA reads the last layer without SigLIP's post_layernorm";
+  // The tower's FLOPs scale with the frames it runs on: the tree runs each frame once.
+  const data::Tree tree = tt::testing::vla_tree(tt::testing::tiny_episode(4, 1, 2), 0, cfg, 3);
+  const Work wt = Work::of(tt::testing::vla_batch(tree, data::Packing::kTree, cfg));
+  const Work wp = Work::of(tt::testing::vla_batch(tree, data::Packing::kPerPath, cfg));
+  EXPECT_EQ(wt.frames, 4);
+  EXPECT_EQ(wp.frames, 1 + 2 + 3 + 4);
+  Work frames_only;
+  frames_only.frames = 1;
+  ModelConfig trained = cfg;
+  trained.vision.freeze = false;
+  // One frame of P = 4 tokens, D = 8, I = 12, 2 layers, forward: patch embedding, q/k/v/o with
+  // biases, attention pairs, the MLP, the projector.
+  const double P = 4, D = 8, I = 12, C = 8, K = 12;
+  const double fwd = 2 * (K * D + D) * P + 2 * 2 * (4 * (D * D + D) * P + 2 * D * P * P) +
+                     2 * 2 * (2 * D * I + I + D) * P + 2 * ((D * C + C) + (C * C + C)) * P;
+  EXPECT_DOUBLE_EQ(Architecture(trained).vision()->flops(frames_only, Pass::kForward).model, fwd);
+}
+
+TEST(Vision, BatchesThatDoNotFitTheModelAreErrors) {
+  const ModelConfig cfg = tt::testing::tiny_vla_config();
+  const data::Tree tree = tt::testing::vla_tree(tt::testing::tiny_episode(2, 1, 2), 0, cfg, 3);
+  ModelConfig text = cfg;
+  text.vision = VisionConfig{};
+  Model<double> plain(text);
+  data::PackedBatch b = tt::testing::vla_batch(tree, data::Packing::kTree, cfg);
+  try {
+    plain.forward(b, 1.0);
+    FAIL() << "media rows on a model without vision";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has no vision section"), std::string::npos) << e.what();
+  }
+  Model<double> m(cfg);
+  data::PackedBatch unloaded = data::pack({&tree}, data::Packing::kTree);
+  try {
+    m.forward(unloaded, 1.0);
+    FAIL() << "frames without pixels";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not loaded"), std::string::npos) << e.what();
+  }
+  ModelConfig wide = cfg;
+  wide.vision.image_size = 8;  // 16 tokens a frame
+  Model<double> w(wide);
+  try {
+    w.forward(b, 1.0);
+    FAIL() << "slots of 4 rows for a tower of 16 tokens";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gives 16 tokens per frame"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Vision, ConfigErrorsNameTheKey) {
+  ModelConfig c = tt::testing::tiny_vla_config();
+  c.vision.patch_size = 3;
+  try {
+    c.validate();
+    FAIL();
+  } catch (const KeyError& e) {
+    EXPECT_EQ(e.key(), "vision.patch_size");
+  }
+  c = tt::testing::tiny_vla_config();
+  c.vision.vision_feature_layer = -2;
+  EXPECT_THROW(c.validate(), KeyError);
+  c = tt::testing::tiny_vla_config();
+  c.vision.state_token_index = c.vision.image_token_index;
+  EXPECT_THROW(c.validate(), KeyError);
+}
+
+}  // namespace
+}  // namespace tt::model
