@@ -91,4 +91,27 @@ Tree episode_tree(const Episode& ep, int64_t episode_index, const ActionBins* bi
   return t;
 }
 
+std::vector<Tree> read_episode_trees(const std::string& path, int64_t vocab_size, const EpisodeTreeSpec& spec,
+                                     int bins, ActionBins* bins_out) {
+  const std::vector<Episode> eps = read_episodes(path, vocab_size);
+  std::vector<std::vector<float>> actions;
+  for (const Episode& ep : eps)
+    for (const EpisodeStep& st : ep.steps)
+      if (!st.action.empty()) actions.push_back(st.action);
+  ActionBins fitted;
+  if (!actions.empty()) {
+    try {
+      fitted = fit_action_bins(actions, vocab_size, bins);
+    } catch (const Error& e) {
+      throw Error(str(path, ": ", e.what()));
+    }
+  }
+  std::vector<Tree> trees;
+  trees.reserve(eps.size());
+  for (size_t e = 0; e < eps.size(); ++e)
+    trees.push_back(episode_tree(eps[e], (int64_t)e, actions.empty() ? nullptr : &fitted, spec));
+  if (bins_out) *bins_out = fitted;
+  return trees;
+}
+
 }  // namespace tt::data

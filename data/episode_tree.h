@@ -38,4 +38,10 @@ struct EpisodeTreeSpec {
 // The tree carries its frames, slots and state rows in Tree::media.
 Tree episode_tree(const Episode& ep, int64_t episode_index, const ActionBins* bins, const EpisodeTreeSpec& spec);
 
+// Every episode of a JSONL file (read_episodes) as its tree, episode index = line order. Continuous
+// actions are binned with `bins` bins per dimension fitted on the file's actions, returned in
+// *bins_out (dims() == 0 for discrete actions).
+std::vector<Tree> read_episode_trees(const std::string& path, int64_t vocab_size, const EpisodeTreeSpec& spec,
+                                     int bins, ActionBins* bins_out);
+
 }  // namespace tt::data

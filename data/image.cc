@@ -116,6 +116,19 @@ Image decode_image(const std::string& path) {
   throw Error(str(path, ": not a PNG or JPEG file (", n, " bytes read: no PNG or JPEG signature)"));
 }
 
+void write_png(const std::string& path, const Image& img) {
+  TT_CHECK(img.width > 0 && img.height > 0 && img.rgb.size() == (size_t)img.width * img.height * 3, path,
+           ": an image of ", img.width, " x ", img.height, " with ", img.rgb.size(), " bytes to write");
+  png_image png;
+  std::memset(&png, 0, sizeof png);
+  png.version = PNG_IMAGE_VERSION;
+  png.width = (png_uint_32)img.width;
+  png.height = (png_uint_32)img.height;
+  png.format = PNG_FORMAT_RGB;
+  if (!png_image_write_to_file(&png, path.c_str(), 0, img.rgb.data(), 0, nullptr))
+    throw Error(str(path, ": cannot write the PNG (", png.message, ")"));
+}
+
 std::vector<float> tower_pixels(const Image& img, int size, const std::array<float, 3>& mean,
                                 const std::array<float, 3>& std) {
   TT_CHECK(size > 0 && size <= kMaxImageSide, "tower_pixels: size ", size, ", expected in [1, ", kMaxImageSide, "]");

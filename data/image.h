@@ -28,6 +28,10 @@ struct Image {
 
 Image decode_image(const std::string& path);
 
+// Writes an 8-bit RGB PNG (libpng's simplified API); a tt::Error names the file on failure.
+// Generated episodes (tests, the built-in environment) write their frames with it.
+void write_png(const std::string& path, const Image& img);
+
 std::vector<float> tower_pixels(const Image& img, int size, const std::array<float, 3>& mean,
                                 const std::array<float, 3>& std);
 

@@ -186,6 +186,39 @@ int64_t VisionConfig::parameter_count(int64_t text_hidden) const {
 }
 
 nlohmann::json ModelConfig::to_hf_json(const std::string& torch_dtype) const {
+  if (vision.enabled()) {  // LlavaForConditionalGeneration: the decoder is its text_config
+    ModelConfig text = *this;
+    text.vision = VisionConfig{};
+    const VisionConfig& v = vision;
+    nlohmann::json j;
+    j["architectures"] = nlohmann::json::array({"LlavaForConditionalGeneration"});
+    j["model_type"] = "llava";
+    j["text_config"] = text.to_hf_json(torch_dtype);
+    j["vision_config"] = {{"model_type", "siglip_vision_model"},
+                          {"hidden_size", v.hidden_size},
+                          {"intermediate_size", v.intermediate_size},
+                          {"num_hidden_layers", v.num_hidden_layers},
+                          {"num_attention_heads", v.num_attention_heads},
+                          {"num_channels", v.num_channels},
+                          {"image_size", v.image_size},
+                          {"patch_size", v.patch_size},
+                          {"hidden_act", v.hidden_act},
+                          {"layer_norm_eps", v.layer_norm_eps},
+                          {"attention_dropout", 0.0},
+                          {"vision_use_head", false}};
+    j["image_token_index"] = v.image_token_index;
+    j["projector_hidden_act"] = v.projector_hidden_act;
+    j["multimodal_projector_bias"] = true;
+    j["vision_feature_select_strategy"] = "full";  // SigLIP has no CLS token to drop
+    j["vision_feature_layer"] = v.vision_feature_layer;
+    j["image_seq_length"] = v.tokens_per_frame();
+    j["tie_word_embeddings"] = tie_word_embeddings;
+    j["torch_dtype"] = torch_dtype;
+    // Ours (transformers keeps unknown fields): the state projection and the freeze flag.
+    j["treetrain_vision"] = {{"state_dim", v.state_dim}, {"state_token_index", v.state_token_index},
+                             {"freeze", v.freeze}};
+    return j;
+  }
   const bool qwen = architecture == "qwen3" || qwen3_5();
   nlohmann::json j;
   j["architectures"] =
@@ -308,6 +341,65 @@ std::string architecture_of(const nlohmann::json& j, const std::string& where) {
 
 ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) throw Error(str(where, ": config must be a JSON object"));
+  const bool llava = (has(j, "model_type") && j.at("model_type") == "llava") ||
+                     (!has(j, "model_type") && has(j, "architectures") && j.at("architectures").is_array() &&
+                      std::find(j.at("architectures").begin(), j.at("architectures").end(),
+                                "LlavaForConditionalGeneration") != j.at("architectures").end());
+  if (llava) {
+    for (const char* key : {"text_config", "vision_config"})
+      if (!has(j, key) || !j.at(key).is_object())
+        throw Error(str(where, ": a llava config needs a \"", key, "\" object"));
+    ModelConfig c = from_hf_json(j.at("text_config"), where + " text_config");
+    const nlohmann::json& vj = j.at("vision_config");
+    const std::string vw = where + " vision_config";
+    if (has(vj, "model_type") && vj.at("model_type") != "siglip_vision_model")
+      throw Error(str(vw, ": model_type ", vj.at("model_type").dump(),
+                      " is unsupported (expected \"siglip_vision_model\": the SigLIP tower)"));
+    VisionConfig& v = c.vision;
+    v.hidden_size = get_int(vj, "hidden_size", vw);
+    v.intermediate_size = get_int(vj, "intermediate_size", vw);
+    v.num_hidden_layers = get_int(vj, "num_hidden_layers", vw);
+    v.num_attention_heads = get_int(vj, "num_attention_heads", vw);
+    v.num_channels = get_int_or(vj, "num_channels", 3, vw);
+    v.image_size = get_int(vj, "image_size", vw);
+    v.patch_size = get_int(vj, "patch_size", vw);
+    v.layer_norm_eps = get_double_or(vj, "layer_norm_eps", 1e-6, vw);
+    if (has(vj, "hidden_act")) {
+      if (!vj.at("hidden_act").is_string()) throw Error(str(vw, ": field \"hidden_act\" must be a string"));
+      v.hidden_act = vj.at("hidden_act").get<std::string>();
+    }
+    if (has(j, "projector_hidden_act")) {
+      if (!j.at("projector_hidden_act").is_string())
+        throw Error(str(where, ": field \"projector_hidden_act\" must be a string"));
+      v.projector_hidden_act = j.at("projector_hidden_act").get<std::string>();
+    }
+    v.image_token_index = get_int_or(j, has(j, "image_token_index") ? "image_token_index" : "image_token_id", 32000, where);
+    if (!get_bool_or(j, "multimodal_projector_bias", true, where))
+      throw Error(str(where, ": multimodal_projector_bias = false is unsupported (expected true)"));
+    if (has(j, "vision_feature_select_strategy") && j.at("vision_feature_select_strategy") != "full")
+      throw Error(str(where, ": vision_feature_select_strategy ", j.at("vision_feature_select_strategy").dump(),
+                      " is unsupported (expected \"full\": a SigLIP tower has no CLS token to drop)"));
+    if (has(j, "vision_feature_layer")) {
+      if (!j.at("vision_feature_layer").is_number_integer())
+        throw Error(str(where, ": vision_feature_layer ", j.at("vision_feature_layer").dump(),
+                        " is unsupported (expected -1: one layer, the last)"));
+      v.vision_feature_layer = j.at("vision_feature_layer").get<int64_t>();
+    }
+    if (has(j, "tie_word_embeddings")) c.tie_word_embeddings = get_bool_or(j, "tie_word_embeddings", false, where);
+    if (has(j, "treetrain_vision")) {
+      const nlohmann::json& tv = j.at("treetrain_vision");
+      if (!tv.is_object()) throw Error(str(where, ": field \"treetrain_vision\" must be an object"));
+      v.state_dim = get_int_or(tv, "state_dim", 0, where + " treetrain_vision");
+      v.state_token_index = get_int_or(tv, "state_token_index", 1, where + " treetrain_vision");
+      v.freeze = get_bool_or(tv, "freeze", false, where + " treetrain_vision");
+    }
+    try {
+      c.validate();
+    } catch (const Error& e) {
+      throw Error(str(where, ": ", e.what()));
+    }
+    return c;
+  }
   ModelConfig c;
   c.architecture = architecture_of(j, where);
   c.vocab_size = get_int(j, "vocab_size", where);

@@ -37,7 +37,23 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return r + ")";
 }
 
+// Tensors of a SigLIP checkpoint that LLaVA never reads (the pooling head, post_layernorm): skipped
+// on read.
+bool unused_by_llava(const std::string& name) {
+  const std::string tower = "model.vision_tower.vision_model.";
+  return name.rfind(tower + "head.", 0) == 0 || name.rfind(tower + "post_layernorm.", 0) == 0;
+}
+
 }  // namespace
+
+std::string hf_tensor_name(const ModelConfig& cfg, const std::string& name) {
+  if (!cfg.vision.enabled()) return name;
+  const std::string m = "model.";
+  if (name.rfind(m, 0) != 0) return name;  // lm_head.weight
+  for (const char* own : {"model.vision_tower.", "model.multi_modal_projector.", "model.state_projector."})
+    if (name.rfind(own, 0) == 0) return name;
+  return "model.language_model." + name.substr(m.size());
+}
 
 ModelConfig read_hf_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / "config.json").string();
@@ -57,7 +73,7 @@ void save_hf(const std::string& dir, const ModelConfig& cfg, const std::vector<P
   std::vector<StWriteTensor> tensors;
   for (const ParamInfo& p : table) {
     StWriteTensor t;
-    t.name = p.name;
+    t.name = hf_tensor_name(cfg, p.name);
     t.shape = p.shape;
     const T* w = params + p.offset;
     if constexpr (std::is_same_v<T, float>) {
@@ -96,7 +112,7 @@ void load_hf_weights(const std::string& dir, const ModelConfig& cfg, const std::
   std::map<std::string, const ParamInfo*> wanted;
   int64_t n = 0;
   for (const ParamInfo& p : table) {
-    wanted[p.name] = &p;
+    wanted[hf_tensor_name(cfg, p.name)] = &p;
     n = std::max(n, p.offset + p.numel);
   }
   // Staged so that a failed load leaves the parameters untouched.
@@ -108,6 +124,7 @@ void load_hf_weights(const std::string& dir, const ModelConfig& cfg, const std::
       auto it = wanted.find(name);
       if (it == wanted.end()) {
         if (tied && name == "lm_head.weight") continue;
+        if (cfg.vision.enabled() && unused_by_llava(name)) continue;
         throw Error(str(file, ": unexpected tensor \"", name, "\" for a ", cfg.architecture,
                         " model", tied ? " with tied embeddings" : ""));
       }
@@ -115,14 +132,15 @@ void load_hf_weights(const std::string& dir, const ModelConfig& cfg, const std::
       if (t.shape != p.shape)
         throw Error(str(file, ": tensor \"", name, "\" has shape ", shape_str(t.shape), ", expected ",
                         shape_str(p.shape)));
-      if (!loaded.insert(name).second) throw Error(str(file, ": tensor \"", name, "\" appears in two shards"));
+      if (!loaded.insert(p.name).second) throw Error(str(file, ": tensor \"", name, "\" appears in two shards"));
       T* w = staged.data() + p.offset;
       for (int64_t i = 0; i < p.numel; ++i) w[i] = (T)t.values[i];
     }
   }
   for (const ParamInfo& p : table) {
     if (!loaded.count(p.name))
-      throw Error(str(files.size() == 1 ? files[0] : dir, ": missing tensor \"", p.name, "\" with shape ",
+      throw Error(str(files.size() == 1 ? files[0] : dir, ": missing tensor \"", hf_tensor_name(cfg, p.name),
+                      "\" with shape ",
                       shape_str(p.shape)));
   }
   std::copy(staged.begin(), staged.end(), params);

@@ -1,5 +1,8 @@
 // Hugging Face layout directories: config.json + model.safetensors with HF tensor names.
-// A checkpoint written here loads in transformers (Qwen3ForCausalLM / LlamaForCausalLM), and a
+// A checkpoint written here loads in transformers (Qwen3ForCausalLM / LlamaForCausalLM; with a
+// vision section LlavaForConditionalGeneration: the SigLIP tower, the projector, the decoder as
+// text_config; a SigLIP checkpoint's pooling head and post_layernorm, which LLaVA never reads,
+// are skipped on read), and a
 // model they write loads here (`model.init_from: DIR`). With tied embeddings lm_head.weight is
 // not written, and is ignored when present on read.
 #pragma once
@@ -12,6 +15,10 @@
 #include "model/param_table.h"
 
 namespace tt::model {
+
+// The name of table tensor `name` in the HF layout: itself, except for a VLA
+// (LlavaForConditionalGeneration), whose decoder tensors live under model.language_model.
+std::string hf_tensor_name(const ModelConfig& cfg, const std::string& name);
 
 // Reads DIR/config.json. Throws tt::Error naming the file.
 ModelConfig read_hf_config(const std::string& dir);

@@ -281,7 +281,8 @@ TrainerState read_trainer_state(const std::string& file) {
 std::string checkpoints_dir(const std::string& run_dir) { return (fs::path(run_dir) / "checkpoints").string(); }
 
 std::string save_checkpoint(const std::string& run_dir, const RunConfig& cfg, const Backend& backend,
-                            const TrainerState& state, const std::string& gemm_tuning) {
+                            const TrainerState& state, const std::string& gemm_tuning,
+                            const std::string& action_bins) {
   const fs::path root = checkpoints_dir(run_dir);
   fs::create_directories(root);
   const std::string name = "step_" + std::to_string(state.step);
@@ -297,6 +298,7 @@ std::string save_checkpoint(const std::string& run_dir, const RunConfig& cfg, co
                            {{"step", std::to_string(state.step)}, {"format", "treetrain-adamw"}});
   write_file(tmp / kConfigFile, cfg.to_yaml());
   if (!gemm_tuning.empty()) write_file(tmp / kGemmTuningFile, gemm_tuning);  // listed by the manifest
+  if (!action_bins.empty()) write_file(tmp / "action_bins.json", action_bins);
   nlohmann::json files = nlohmann::json::object();
   for (const auto& e : fs::directory_iterator(tmp))
     if (e.is_regular_file()) files[e.path().filename().string()] = {{"bytes", (int64_t)e.file_size()}};
@@ -390,7 +392,7 @@ std::string checkpoint_problem(const std::string& dir, const model::ModelConfig*
   if (saved.to_hf_json() != model->to_hf_json()) return "";  // another model: load_checkpoint names the difference
   std::vector<std::pair<std::string, std::vector<int64_t>>> weights, moments;
   for (const model::ParamInfo& p : *params) {
-    weights.emplace_back(p.name, p.shape);
+    weights.emplace_back(model::hf_tensor_name(*model, p.name), p.shape);  // the HF layout's names
     moments.emplace_back("m." + p.name, p.shape);
     moments.emplace_back("v." + p.name, p.shape);
   }

@@ -6,6 +6,8 @@
 //   config.yaml                      the resolved RunConfig (RunConfig::to_yaml)
 //   gemm_tuning.json                 the GEMM tuning table (CUDA with train.gemm_autotune;
 //                                     trainer/gemm_tuning.h), when there is one
+//   action_bins.json                 the action bins of episode data with continuous actions
+//                                     (data/actions.h), to decode the model's action tokens
 //   trainer_state.json               {"version": 2, "step": N, "loader": {"epoch", "cursor"}, "seed",
 //                                     "data": {"path", "size_bytes"}, "backend",
 //                                     "skipped": {"total", "in_a_row"},
@@ -76,10 +78,11 @@ std::string checkpoints_dir(const std::string& run_dir);
 
 // Writes run_dir/checkpoints/step_<state.step> atomically (replacing one of that step) and
 // returns its path. gemm_tuning: the text of its gemm_tuning.json (trainer/gemm_tuning.h), or ""
-// for none.
+// for none; action_bins: the text of its action_bins.json (data/actions.h: the continuous-action
+// bins of episode data), or "" for none. Both are listed by the manifest.
 std::string save_checkpoint(const std::string& run_dir, const RunConfig& cfg, const Backend& backend,
                             const TrainerState& state,
-                            const std::string& gemm_tuning = "");
+                            const std::string& gemm_tuning = "", const std::string& action_bins = "");
 
 // Valid checkpoints of run_dir (the checks above without the safetensors headers), oldest first
 // (step, path).

@@ -66,10 +66,26 @@ const std::vector<Field>& fields() {
       TT_FIELD("model.linear_conv_kernel_dim", model.linear_conv_kernel_dim),
       TT_FIELD("model.init_from", init_from, {}, true),
       TT_FIELD("data.path", data.path, {}, true),
-      TT_FIELD("data.format", data.format, {"rollouts", "tree"}),
+      TT_FIELD("data.format", data.format, {"rollouts", "tree", "episodes"}),
       TT_FIELD("data.packing", data.packing, {"tree", "per_path"}),
       TT_FIELD("data.max_tokens_per_batch", data.max_tokens_per_batch),
       TT_FIELD("data.shuffle", data.shuffle),
+      TT_FIELD("data.action_bins", data.action_bins),
+      TT_FIELD("vision.hidden_size", model.vision.hidden_size),
+      TT_FIELD("vision.intermediate_size", model.vision.intermediate_size),
+      TT_FIELD("vision.num_hidden_layers", model.vision.num_hidden_layers),
+      TT_FIELD("vision.num_attention_heads", model.vision.num_attention_heads),
+      TT_FIELD("vision.num_channels", model.vision.num_channels),
+      TT_FIELD("vision.image_size", model.vision.image_size),
+      TT_FIELD("vision.patch_size", model.vision.patch_size),
+      TT_FIELD("vision.hidden_act", model.vision.hidden_act, {"gelu_pytorch_tanh", "gelu"}),
+      TT_FIELD("vision.layer_norm_eps", model.vision.layer_norm_eps),
+      TT_FIELD("vision.freeze", model.vision.freeze),
+      TT_FIELD("vision.projector_hidden_act", model.vision.projector_hidden_act, {"gelu", "gelu_pytorch_tanh"}),
+      TT_FIELD("vision.image_token_index", model.vision.image_token_index),
+      TT_FIELD("vision.vision_feature_layer", model.vision.vision_feature_layer),
+      TT_FIELD("vision.state_dim", model.vision.state_dim),
+      TT_FIELD("vision.state_token_index", model.vision.state_token_index),
       TT_FIELD("train.max_steps", train.max_steps),
       TT_FIELD("train.seed", train.seed),
       TT_FIELD("train.loss_norm", train.loss_norm, {"path_mean", "token_mean"}),
@@ -104,7 +120,10 @@ const std::vector<Field>& fields() {
 
 // optim.betas: [b1, b2] is accepted as input; to_yaml writes beta1 and beta2.
 const char* const kBetasKey = "optim.betas";
-const std::vector<std::string> kSections = {"model", "data", "train", "optim", "schedule", "partition", "distributed"};
+// data.history: `full` or `{window: W}` (DataConfig::history_window).
+const char* const kHistoryKey = "data.history";
+const std::vector<std::string> kSections = {"model",    "vision",   "data",       "train",
+                                            "optim",    "schedule", "partition", "distributed"};
 
 const Field* find_field(const std::string& key) {
   for (const Field& f : fields())
@@ -128,6 +147,7 @@ std::vector<std::string> keys_of(const std::string& section) {
     } else if (dot != std::string::npos && f.key.compare(0, dot, section) == 0 && dot == section.size()) {
       out.push_back(f.key.substr(dot + 1));
       if (f.key == "optim.beta2") out.push_back("betas");
+      if (f.key == "data.shuffle") out.push_back("history");
     }
   }
   if (section.empty()) out.insert(out.end(), kSections.begin(), kSections.end());
@@ -288,16 +308,36 @@ struct ParseState {
   std::map<std::string, std::string> model_keys;  // key -> where it was set
 };
 
+void set_history(RunConfig& cfg, const YAML::Node& n, const std::string& where) {
+  const char* expected = "full or {window: W} with W >= 1";
+  if (n.IsScalar() && n.Scalar() == "full") {
+    cfg.data.history_window = 0;
+  } else if (n.IsMap() && n.size() == 1 && n["window"]) {
+    const YAML::Node w = n["window"];
+    int64_t v = 0;
+    if (!w.IsScalar() || !YAML::convert<int64_t>::decode(w, v) || v < 1) type_error(where, kHistoryKey, expected, n);
+    cfg.data.history_window = v;
+  } else {
+    type_error(where, kHistoryKey, expected, n);
+  }
+  cfg.origin[kHistoryKey] = where;
+}
+
 void apply(RunConfig& cfg, const std::string& key, const YAML::Node& value, const Origin& o, ParseState& st) {
   if (key == kBetasKey) {
     set_betas(cfg, value, o.where);
+    return;
+  }
+  if (key == kHistoryKey) {
+    set_history(cfg, value, o.where);
     return;
   }
   const Field* f = find_field(key);
   TT_CHECK(f != nullptr, "no field ", key);
   set_field(cfg, *f, value, o);
   cfg.origin[key] = o.where;
-  if (key.rfind("model.", 0) == 0 && key != "model.init_from") st.model_keys[key] = o.where;
+  if ((key.rfind("model.", 0) == 0 && key != "model.init_from") || (key.rfind("vision.", 0) == 0 && key != "vision.freeze"))
+    st.model_keys[key] = o.where;
 }
 
 void parse_section(RunConfig& cfg, const std::string& section, const YAML::Node& node, const std::string& source,
@@ -345,7 +385,7 @@ void apply_override(RunConfig& cfg, const std::string& ov, ParseState& st) {
   if (eq == std::string::npos || eq == 0) throw Error(str(ctx, ": expected KEY=VALUE, e.g. train.max_steps=10"));
   const std::string key = ov.substr(0, eq);
   const std::string text = ov.substr(eq + 1);
-  if (key != kBetasKey && find_field(key) == nullptr) {
+  if (key != kBetasKey && key != kHistoryKey && find_field(key) == nullptr) {
     const size_t dot = key.find('.');
     const std::string section = dot == std::string::npos ? "" : key.substr(0, dot);
     std::string hint;
@@ -410,9 +450,12 @@ void resolve_init_from(RunConfig& cfg, const ParseState& st) {
       throw Error(str(where, ": ", key, " = ", mine, " does not match ", theirs, " in ", file,
                       " (model.init_from); drop the key or make it agree"));
   }
+  const bool freeze = cfg.model.vision.freeze;  // a training choice, not part of the checkpoint's model
   cfg.model = from_hf.model;
+  if (cfg.origin.count("vision.freeze")) cfg.model.vision.freeze = freeze;
   for (const Field& f : fields())
-    if (f.key.rfind("model.", 0) == 0 && f.key != "model.init_from" && !cfg.origin.count(f.key))
+    if ((f.key.rfind("model.", 0) == 0 || f.key.rfind("vision.", 0) == 0) && f.key != "model.init_from" &&
+        !cfg.origin.count(f.key))
       cfg.origin[f.key] = file;
 }
 
@@ -444,10 +487,20 @@ void RunConfig::validate() const {
   try {
     model.validate();
   } catch (const KeyError& e) {
+    if (e.key().rfind("vision.", 0) == 0) throw Error(str(where(e.key()), ": ", e.detail()));
     throw Error(str(where("model." + e.key()), ": model.", e.detail()));
   }
   require(!data.path.empty(), "data.path", "set to a JSONL file", "''");
-  in_set("data.format", data.format, {"rollouts", "tree"});
+  in_set("data.format", data.format, {"rollouts", "tree", "episodes"});
+  require(data.format != "episodes" || model.vision.enabled(), "data.format",
+          "rollouts or tree without a vision section (episodes need vision.num_hidden_layers >= 1 and the tower's "
+          "sizes)", "'episodes'");
+  require(data.history_window == 0 || data.format == "episodes", kHistoryKey,
+          "full unless data.format is episodes", str("{window: ", data.history_window, "}"));
+  require(data.format != "episodes" || (data.action_bins >= 2 && data.action_bins <= model.vocab_size), "data.action_bins",
+          "in [2, model.vocab_size = " + i(model.vocab_size) + "]", i(data.action_bins));
+  require(!model.vision.enabled() || partition.capacity_tokens == 0, "partition.capacity_tokens",
+          "0 with a vision section (partition gateways do not carry frames yet)", i(partition.capacity_tokens));
   in_set("data.packing", data.packing, {"tree", "per_path"});
   require(data.max_tokens_per_batch >= 1 && data.max_tokens_per_batch <= kMaxTokensPerBatch,
           "data.max_tokens_per_batch", "in [1, " + i(kMaxTokensPerBatch) + "]", i(data.max_tokens_per_batch));
@@ -533,6 +586,9 @@ std::string RunConfig::to_yaml() const {
       v = e.c_str();
     }
     out << (sec.empty() ? "" : "  ") << name << ": " << v << "\n";
+    if (f.key == "data.shuffle")
+      out << "  history: " << (data.history_window == 0 ? std::string("full") : str("{window: ", data.history_window, "}"))
+          << "\n";
   }
   return out.str();
 }

@@ -7,7 +7,11 @@
 //   run_dir: runs/quickstart        device: auto | cpu | cuda
 //   model:    Hugging Face names (architecture, vocab_size, hidden_size, ..., layer_types: a list,
 //             one mixer per layer, [] = all full_attention) and init_from
-//   data:     path, format, packing, max_tokens_per_batch, shuffle
+//   data:     path, format, packing, max_tokens_per_batch, shuffle, history (episodes: full |
+//             {window: W}), action_bins
+//   vision:   the VLA's tower and connector, HF SiglipVisionConfig / LlavaConfig names
+//             (hidden_size, ..., image_size, patch_size, freeze, image_token_index, state_dim, ...;
+//             model/config.h VisionConfig); absent: a text model
 //   train:    max_steps, seed, loss_norm, grad_clip, grad_accum, resume, log_every,
 //             checkpoint_every, keep_checkpoints, final_checkpoint, gemm_autotune, on_nonfinite,
 //             max_skipped_steps
@@ -50,12 +54,16 @@ constexpr double kMaxTimeoutS = 1e7;
 
 struct DataConfig {
   std::string path;                     // JSONL file (relative paths: to the config file's folder)
-  std::string format = "rollouts";      // rollouts | tree
+  std::string format = "rollouts";      // rollouts | tree | episodes (data/episodes.h: needs a vision section)
   std::string packing = "tree";         // tree | per_path (the baseline)
   // Budget of one micro-batch. per_path: a tree over it spreads its paths over micro-batches of
   // one step (each path must fit); tree: a tree over it is an error unless partitioning is on.
   int64_t max_tokens_per_batch = 4096;
   bool shuffle = true;
+  // episodes: what each step's context holds. YAML `history: full` (0: every earlier observation)
+  // or `history: {window: W}` (the instruction and the last W observations).
+  int64_t history_window = 0;
+  int64_t action_bins = 256;  // episodes with continuous actions: bins per dimension (data/actions.h)
 };
 
 struct TrainConfig {

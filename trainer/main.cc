@@ -25,6 +25,7 @@
 #include "data/packing.h"
 #include "data/stats.h"
 #include "data/episode_tree.h"
+#include "data/toy_episodes.h"
 #include "data/synthetic.h"
 #include "distributed/env.h"
 #include "distributed/launch.h"
@@ -53,6 +54,10 @@ const char* const kUsage = R"(usage:
                      [--prompt-len N] [--turns N] [--turn-len N] [--branches N] [--branch-turns N]
                      [--prefix-len N] [--steps N] [--history-len N] [--leaf-len N]
       Write synthetic tree-structured JSONL (rollouts format for rollouts, tree format for comb).
+  treetrain generate --kind toy-episodes --out FILE [--num-episodes 32] [--steps 8] [--image-size 16]
+                     [--seed 1]
+      Write robot episodes (data.format: episodes) with PNG frames in frames/ beside FILE: a bright
+      square per frame whose place is the step's 2-dim continuous action (configs/vla_tiny.yaml).
   treetrain generate --kind published-example --out FILE
       Write the one-tree navigation comb with the totals of the published partitioning example
       (tree format, vocab 32000; docs/PARTITIONING.md).
@@ -272,7 +277,7 @@ int run_generate(const std::vector<std::string>& argv) {
   const std::vector<std::string> ints = {"num-trees", "vocab-size", "seed", "prompt-len", "turns", "turn-len",
                                          "branches", "branch-turns", "prefix-len", "steps", "history-len",
                                          "leaf-len"};
-  std::vector<std::string> known = {"kind", "out"};
+  std::vector<std::string> known = {"kind", "out", "num-episodes", "image-size"};
   known.insert(known.end(), ints.begin(), ints.end());
   const Args a = parse_flags(argv, known, "generate");
   const std::string& kind = required(a, "kind");
@@ -289,13 +294,37 @@ int run_generate(const std::vector<std::string>& argv) {
                  s.prefix_len, s.steps, s.history_len, s.leaf_len, s.vocab_size, out);
     return 0;
   }
+  if (kind == "toy-episodes") {
+    for (const std::string& name : ints)
+      if (a.flags.count(name) && name != "seed" && name != "steps")
+        throw UsageError{"--kind toy-episodes takes --num-episodes, --steps, --image-size and --seed; drop --" + name};
+    tt::data::ToyEpisodeSpec t;
+    auto get = [&](const char* name, int& field, int lo) {
+      const int64_t v = int_flag(a, name, field);
+      if (v < lo || v > 4096) throw UsageError{tt::str("--", name, ": expected an integer in [", lo, ", 4096]")};
+      field = (int)v;
+    };
+    get("num-episodes", t.num_episodes, 1);
+    get("steps", t.steps, 1);
+    get("image-size", t.image_size, t.square + 1);
+    const int64_t seed = int_flag(a, "seed", (int64_t)t.seed);
+    if (seed < 0) throw UsageError{"--seed: expected a non-negative integer"};
+    t.seed = (uint64_t)seed;
+    const int64_t frames = tt::data::write_toy_episodes(t, out);
+    spdlog::info("wrote {} toy episodes of {} steps ({} PNG frames of {} x {} in {}) to {} (data.format: episodes)",
+                 t.num_episodes, t.steps, frames, t.image_size, t.image_size,
+                 (std::filesystem::path(out).parent_path() / "frames").string(), out);
+    return 0;
+  }
+  for (const char* name : {"num-episodes", "image-size"})
+    if (a.flags.count(name)) throw UsageError{tt::str("--", name, " belongs to --kind toy-episodes")};
   tt::data::SyntheticSpec s;
   s.kind = kind;
   if (s.kind == "episodes")  // the synthetic navigation combs were once --kind episodes
     throw UsageError{"--kind: 'episodes' names the robot-episode data format, not a synthetic kind; the synthetic "
-                     "navigation combs are --kind comb (expected rollouts|comb|published-example)"};
+                     "navigation combs are --kind comb (expected rollouts|comb|published-example|toy-episodes)"};
   if (s.kind != "rollouts" && s.kind != "comb")
-    throw UsageError{"--kind: expected rollouts|comb|published-example, got '" + s.kind + "'"};
+    throw UsageError{"--kind: expected rollouts|comb|published-example|toy-episodes, got '" + s.kind + "'"};
   auto get = [&](const char* name, int& field) {
     const int64_t v = int_flag(a, name, field);
     if (v < 0 || v > (1 << 30)) throw UsageError{std::string("--") + name + ": out of range"};

@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "data/episode_tree.h"
+#include "data/frames.h"
 #include "data/reader.h"
 #include "distributed/env.h"
 #include "distributed/nccl_communicator.h"
@@ -94,8 +96,34 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   const auto size = fs::file_size(cfg_.data.path, ec);
   if (ec) throw Error(str("data.path: cannot read '", cfg_.data.path, "': ", ec.message()));
   data_size_ = (int64_t)size;
-  std::vector<data::Tree> trees =
-      data::read_trees(cfg_.data.path, data::parse_format(cfg_.data.format, "data.format"), cfg_.model.vocab_size);
+  std::vector<data::Tree> trees;
+  if (cfg_.data.format == "episodes") {
+    const model::VisionConfig& v = cfg_.model.vision;
+    data::EpisodeTreeSpec spec;
+    spec.tokens_per_frame = (int)v.tokens_per_frame();
+    spec.image_token = (int32_t)v.image_token_index;
+    spec.state_token = (int32_t)v.state_token_index;
+    spec.window = (int)cfg_.data.history_window;
+    data::ActionBins bins;
+    trees = data::read_episode_trees(cfg_.data.path, cfg_.model.vocab_size, spec, (int)cfg_.data.action_bins, &bins);
+    if (bins.dims() > 0) action_bins_json_ = bins.to_json();
+    int64_t frames = 0, slots = 0, states = 0;
+    for (const data::Tree& t : trees) {
+      frames += (int64_t)t.media.frames.size();
+      slots += t.frame_occurrences();
+      states += (int64_t)t.media.states.size();
+      if (!t.media.states.empty() && (int64_t)t.media.states[0].values.size() != v.state_dim)
+        throw Error(str(cfg_.data.path, ": episode '", t.id, "' has states of ", t.media.states[0].values.size(),
+                        " values, but vision.state_dim is ", v.state_dim, " (", cfg_.where("vision.state_dim"), ")"));
+    }
+    spdlog::info("data: {} episodes, {} unique frames shown {} times ({:.2f}x reuse), {} state rows, {}", trees.size(),
+                 frames, slots, frames > 0 ? (double)slots / frames : 0.0, states,
+                 bins.dims() > 0 ? str(bins.dims(), "-dim continuous actions in ", bins.bins, " bins") : "discrete actions");
+  } else {
+    trees = data::read_trees(cfg_.data.path, data::parse_format(cfg_.data.format, "data.format"), cfg_.model.vocab_size);
+    if (cfg_.model.vision.enabled())
+      spdlog::warn("data: a vision section with data.format {}: the tower runs on no frames", cfg_.data.format);
+  }
   if (trees.empty()) throw Error(str(cfg_.data.path, ": no trees (data.path)"));
   for (const std::string& w : check_training_data(trees, cfg_)) spdlog::warn("{}", w);
   int64_t n_tree = 0, n_flat = 0, n_paths = 0;
@@ -346,6 +374,7 @@ void Trainer::append_micro(const std::vector<int64_t>& group, std::vector<data::
     const data::Tree& tree = trees[group[0]];
     for (const auto& [first, end] : data::path_ranges(tree, budget)) {
       micro->push_back(data::pack_path_range(tree, first, end));
+      load_frames(micro->back());
       partition_tree->push_back(-1);
     }
     return;
@@ -353,6 +382,7 @@ void Trainer::append_micro(const std::vector<int64_t>& group, std::vector<data::
   std::vector<const data::Tree*> batch;
   for (int64_t t : group) batch.push_back(&trees[t]);
   micro->push_back(data::pack(batch, packing));
+  load_frames(micro->back());
   const int64_t capacity = cfg_.partition.capacity_tokens;
   const bool alone_and_large = capacity > 0 && group.size() == 1 && micro->back().n_tree > capacity;
   partition_tree->push_back(alone_and_large ? group[0] : -1);
@@ -509,6 +539,13 @@ void Trainer::finish_metrics(StepMetrics& m, double t0, const model::Work& work)
   m.elapsed_s = t1 - t_start_;
 }
 
+void Trainer::load_frames(data::PackedBatch& b) const {
+  if (b.frames.empty()) return;
+  data::FrameSpec spec;
+  spec.image_size = (int)cfg_.model.vision.image_size;  // SigLIP's processor: mean = std = 0.5
+  data::load_frames(b, spec);
+}
+
 std::string Trainer::save_checkpoint() {
   if (rank() != 0) {
     last_saved_step_ = step_;
@@ -526,7 +563,8 @@ std::string Trainer::save_checkpoint() {
   if (const std::string bad = backend_->first_nonfinite(true, false, true); !bad.empty())
     throw NonFiniteError(str("step ", step_, ": ", bad, " is not finite; the checkpoint is not written"));
   const std::string dir = trainer::save_checkpoint(
-      cfg_.run_dir, cfg_, *backend_, st, backend_->gemm_tuning_signature().empty() ? "" : gemm_tuning_file_text(step_));
+      cfg_.run_dir, cfg_, *backend_, st, backend_->gemm_tuning_signature().empty() ? "" : gemm_tuning_file_text(step_),
+      action_bins_json_);
   last_saved_step_ = step_;
   spdlog::info("checkpoint {}", dir);
   prune_checkpoints(cfg_.run_dir, cfg_.train.keep_checkpoints);

@@ -170,6 +170,8 @@ class Trainer {
   // The file's text after step `done`: tuning_ and the hints not adopted yet, each of those tagged
   // after `done` at the earliest (a resume at `done` or before still takes them as hints).
   std::string gemm_tuning_file_text(int64_t done) const;
+  // Decodes a micro-batch's frames into its pixels (data::load_frames at vision.image_size).
+  void load_frames(data::PackedBatch& b) const;
   // Time, throughput and FLOP fields of a step that began at t0.
   void finish_metrics(StepMetrics& m, double t0, const model::Work& work) const;
 
@@ -182,6 +184,7 @@ class Trainer {
   std::unique_ptr<distributed::GradBuckets> buckets_;  // with comm_: the gradient buffer's buckets
   std::vector<double> tree_cost_;                     // (#trees) shard cost, -1 until first use
   int64_t data_size_ = -1;
+  std::string action_bins_json_;  // episodes with continuous actions: written into every checkpoint
   int64_t step_ = 0;
   int64_t start_step_ = 0;
   int64_t last_saved_step_ = -1;

@@ -1,6 +1,7 @@
 // Hugging Face directories and config.json: save / load round trips, tied embeddings, errors that
 // name the tensor and the file, and the config mapping's strictness.
 #include "model/hf_io.h"
+#include "tests/equivalence/vla_fixture.h"
 
 #include <gtest/gtest.h>
 
@@ -100,6 +101,58 @@ INSTANTIATE_TEST_SUITE_P(Archs, HfRoundTrip,
                                            std::make_pair(std::string("qwen3"), true),
                                            std::make_pair(std::string("llama"), false),
                                            std::make_pair(std::string("llama"), true)));
+
+// A VLA checkpoint is LlavaForConditionalGeneration's layout: the decoder under
+// model.language_model, the tower and projector under their LLaVA names, the config's text and
+// vision sections; it loads back exactly, skips what LLaVA never reads, and refuses feature
+// selections it cannot represent.
+TEST(HfIo, VlaRoundTripInLlavaLayout) {
+  const ModelConfig c = tt::testing::tiny_vla_config();
+  Model<float> m(c);
+  m.init(3);
+  const std::string dir = temp_dir("rt_vla");
+  save_hf(dir, m, "F32");
+  const ModelConfig c2 = read_hf_config(dir);
+  expect_same_config(c2, c);
+  EXPECT_EQ(c2.vision.hidden_size, 8);
+  EXPECT_EQ(c2.vision.image_size, 4);
+  EXPECT_EQ(c2.vision.patch_size, 2);
+  EXPECT_EQ(c2.vision.state_dim, 3);
+  EXPECT_EQ(c2.vision.image_token_index, 0);
+  EXPECT_EQ(c2.vision.projector_hidden_act, "gelu");
+  Model<float> m2(c2);
+  load_hf_weights(dir, m2);
+  for (int64_t i = 0; i < m.num_params(); ++i) ASSERT_EQ(m2.params()[i], m.params()[i]) << i;
+  const auto st = read_safetensors(dir + "/model.safetensors");
+  for (const char* name : {"model.language_model.embed_tokens.weight", "model.language_model.layers.1.mlp.up_proj.weight",
+                           "model.language_model.norm.weight", "lm_head.weight",
+                           "model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.bias",
+                           "model.multi_modal_projector.linear_2.weight", "model.state_projector.weight"})
+    EXPECT_EQ(st.count(name), 1u) << name;
+  EXPECT_EQ(st.count("model.embed_tokens.weight"), 0u);
+  std::ifstream in(dir + "/config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j.at("architectures")[0], "LlavaForConditionalGeneration");
+  EXPECT_EQ(j.at("model_type"), "llava");
+  EXPECT_EQ(j.at("text_config").at("model_type"), "qwen3");
+  EXPECT_EQ(j.at("vision_config").at("model_type"), "siglip_vision_model");
+  EXPECT_EQ(j.at("vision_feature_select_strategy"), "full");
+  EXPECT_EQ(j.at("image_seq_length"), 4);
+  // A SigLIP checkpoint's pooling head and post_layernorm (unused by LLaVA) are skipped on read.
+  write_weights(dir, m, [&](std::vector<StWriteTensor>& ts) {
+    for (StWriteTensor& t : ts) t.name = hf_tensor_name(c, t.name);
+    static const float extra[8] = {};
+    ts.push_back({"model.vision_tower.vision_model.post_layernorm.weight", {8}, extra, nullptr});
+  });
+  Model<float> m3(c2);
+  load_hf_weights(dir, m3);
+  for (int64_t i = 0; i < m.num_params(); ++i) ASSERT_EQ(m3.params()[i], m.params()[i]) << i;
+  j["vision_feature_select_strategy"] = "default";
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg.json"); }, {"cfg.json", "vision_feature_select_strategy", "full"});
+  j["vision_feature_select_strategy"] = "full";
+  j["vision_feature_layer"] = -2;
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg.json"); }, {"cfg.json", "vision.vision_feature_layer", "-1"});
+}
 
 TEST(HfIo, DoubleModelSavesBf16) {
   const ModelConfig c = tiny_config("qwen3", false);

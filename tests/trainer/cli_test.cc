@@ -226,6 +226,30 @@ TEST(CliTest, TheShippedQwen35ConfigTrains) {
   EXPECT_EQ(j.at("linear_num_value_heads"), 4);
 }
 
+// The shipped VLA config trains on generated episodes (PNG frames) and writes a LLaVA checkpoint
+// with its action bins.
+TEST(CliTest, TheShippedVlaConfigTrainsOnGeneratedEpisodes) {
+  const fs::path dir = tmp("cli_vla");
+  const std::string data = (dir / "episodes.jsonl").string();
+  Result r = treetrain("generate --kind toy-episodes --out " + data + " --num-episodes 3 --steps 3 --seed 2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::is_regular_file(dir / "frames" / "2_2.png"));
+  r = treetrain("train --config configs/vla_tiny.yaml --set run_dir=" + (dir / "run").string() + " --set data.path=" +
+                data + " --set train.max_steps=2 --set train.checkpoint_every=0");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const fs::path ckpt = dir / "run" / "checkpoints" / "step_2";
+  std::ifstream cfg(ckpt / "config.json");
+  const nlohmann::json j = nlohmann::json::parse(cfg);
+  EXPECT_EQ(j.at("architectures")[0], "LlavaForConditionalGeneration");
+  EXPECT_EQ(j.at("vision_config").at("image_size"), 16);
+  EXPECT_TRUE(fs::is_regular_file(ckpt / "action_bins.json"));
+  r = treetrain("generate --kind toy-episodes --out " + data + " --num-trees 3");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--kind toy-episodes takes --num-episodes, --steps, --image-size and --seed; drop --num-trees"),
+            std::string::npos)
+      << r.err;
+}
+
 // stats on robot episodes: each episode as its tree, with frame counts (a window of 2 shows
 // frame 1 in two observation nodes).
 TEST(CliTest, StatsOnEpisodesCountsFrames) {
