@@ -37,22 +37,44 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return r + ")";
 }
 
-// Tensors of a SigLIP checkpoint that LLaVA never reads (the pooling head, post_layernorm): skipped
-// on read.
+// Tensors of a SigLIP checkpoint that LLaVA never reads (the pooling head, post_layernorm), by
+// table name: skipped on read.
 bool unused_by_llava(const std::string& name) {
   const std::string tower = "model.vision_tower.vision_model.";
   return name.rfind(tower + "head.", 0) == 0 || name.rfind(tower + "post_layernorm.", 0) == 0;
 }
 
+bool starts(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+
 }  // namespace
 
+// A VLA is written as transformers 5.17 writes LlavaForConditionalGeneration (the layout older
+// releases read too): language_model.model.* and language_model.lm_head.weight for the decoder,
+// vision_tower.* (no vision_model level) for the SigLIP tower, multi_modal_projector.*, and our
+// state_projector.*.
 std::string hf_tensor_name(const ModelConfig& cfg, const std::string& name) {
   if (!cfg.vision.enabled()) return name;
-  const std::string m = "model.";
-  if (name.rfind(m, 0) != 0) return name;  // lm_head.weight
-  for (const char* own : {"model.vision_tower.", "model.multi_modal_projector.", "model.state_projector."})
-    if (name.rfind(own, 0) == 0) return name;
-  return "model.language_model." + name.substr(m.size());
+  const std::string tower = "model.vision_tower.vision_model.";
+  if (starts(name, tower)) return "vision_tower." + name.substr(tower.size());
+  for (const char* own : {"model.multi_modal_projector.", "model.state_projector."})
+    if (starts(name, own)) return name.substr(6);
+  if (starts(name, "model.")) return "language_model." + name;
+  return "language_model." + name;  // lm_head.weight
+}
+
+std::string table_tensor_name(const ModelConfig& cfg, const std::string& file_name) {
+  if (!cfg.vision.enabled()) return file_name;
+  std::string n = file_name;
+  // transformers' in-memory prefix (model.language_model.*, model.vision_tower.*, ...) and the
+  // on-disk one (language_model.model.*, vision_tower.*, ...) both name the same tensors.
+  if (starts(n, "model.language_model.")) return "model." + n.substr(21);
+  if (starts(n, "language_model.model.")) return "model." + n.substr(21);
+  if (starts(n, "language_model.lm_head.")) return n.substr(15);
+  if (starts(n, "model.")) n = n.substr(6);
+  if (starts(n, "vision_tower.vision_model.")) return "model.vision_tower.vision_model." + n.substr(26);
+  if (starts(n, "vision_tower.")) return "model.vision_tower.vision_model." + n.substr(13);
+  if (starts(n, "multi_modal_projector.") || starts(n, "state_projector.")) return "model." + n;
+  return file_name;
 }
 
 ModelConfig read_hf_config(const std::string& dir) {
@@ -112,7 +134,7 @@ void load_hf_weights(const std::string& dir, const ModelConfig& cfg, const std::
   std::map<std::string, const ParamInfo*> wanted;
   int64_t n = 0;
   for (const ParamInfo& p : table) {
-    wanted[hf_tensor_name(cfg, p.name)] = &p;
+    wanted[p.name] = &p;
     n = std::max(n, p.offset + p.numel);
   }
   // Staged so that a failed load leaves the parameters untouched.
@@ -121,10 +143,11 @@ void load_hf_weights(const std::string& dir, const ModelConfig& cfg, const std::
   for (const std::string& file : files) {
     const std::map<std::string, StTensor> st = read_safetensors(file);
     for (const auto& [name, t] : st) {
-      auto it = wanted.find(name);
+      const std::string own = table_tensor_name(cfg, name);
+      auto it = wanted.find(own);
       if (it == wanted.end()) {
-        if (tied && name == "lm_head.weight") continue;
-        if (cfg.vision.enabled() && unused_by_llava(name)) continue;
+        if (tied && own == "lm_head.weight") continue;
+        if (cfg.vision.enabled() && unused_by_llava(own)) continue;
         throw Error(str(file, ": unexpected tensor \"", name, "\" for a ", cfg.architecture,
                         " model", tied ? " with tied embeddings" : ""));
       }

@@ -17,8 +17,12 @@
 namespace tt::model {
 
 // The name of table tensor `name` in the HF layout: itself, except for a VLA
-// (LlavaForConditionalGeneration), whose decoder tensors live under model.language_model.
+// (LlavaForConditionalGeneration as transformers writes it: language_model.model.*,
+// language_model.lm_head.weight, vision_tower.*, multi_modal_projector.*; ours: state_projector.*).
 std::string hf_tensor_name(const ModelConfig& cfg, const std::string& name);
+// The table name of a tensor named `file_name` in an HF file (a VLA's on-disk or in-memory
+// transformers names, with or without SiglipVisionModel's vision_model level); other names as they are.
+std::string table_tensor_name(const ModelConfig& cfg, const std::string& file_name);
 
 // Reads DIR/config.json. Throws tt::Error naming the file.
 ModelConfig read_hf_config(const std::string& dir);

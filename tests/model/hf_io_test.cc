@@ -124,12 +124,26 @@ TEST(HfIo, VlaRoundTripInLlavaLayout) {
   load_hf_weights(dir, m2);
   for (int64_t i = 0; i < m.num_params(); ++i) ASSERT_EQ(m2.params()[i], m.params()[i]) << i;
   const auto st = read_safetensors(dir + "/model.safetensors");
-  for (const char* name : {"model.language_model.embed_tokens.weight", "model.language_model.layers.1.mlp.up_proj.weight",
-                           "model.language_model.norm.weight", "lm_head.weight",
-                           "model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.bias",
-                           "model.multi_modal_projector.linear_2.weight", "model.state_projector.weight"})
+  // transformers 5.17's own on-disk names for LlavaForConditionalGeneration.
+  for (const char* name : {"language_model.model.embed_tokens.weight", "language_model.model.layers.1.mlp.up_proj.weight",
+                           "language_model.model.norm.weight", "language_model.lm_head.weight",
+                           "vision_tower.encoder.layers.0.self_attn.q_proj.bias",
+                           "vision_tower.embeddings.patch_embedding.weight", "multi_modal_projector.linear_2.weight",
+                           "state_projector.weight"})
     EXPECT_EQ(st.count(name), 1u) << name;
-  EXPECT_EQ(st.count("model.embed_tokens.weight"), 0u);
+  EXPECT_EQ(st.size(), m.params_info().size());
+  // Every spelling transformers uses for the same tensor reads back to it.
+  for (const auto& [file, table] : std::vector<std::pair<std::string, std::string>>{
+           {"model.language_model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.up_proj.weight"},
+           {"language_model.model.norm.weight", "model.norm.weight"},
+           {"language_model.lm_head.weight", "lm_head.weight"},
+           {"vision_tower.vision_model.encoder.layers.0.mlp.fc1.bias",
+            "model.vision_tower.vision_model.encoder.layers.0.mlp.fc1.bias"},
+           {"model.vision_tower.encoder.layers.0.mlp.fc1.bias",
+            "model.vision_tower.vision_model.encoder.layers.0.mlp.fc1.bias"},
+           {"model.multi_modal_projector.linear_1.weight", "model.multi_modal_projector.linear_1.weight"},
+           {"multi_modal_projector.linear_1.weight", "model.multi_modal_projector.linear_1.weight"}})
+    EXPECT_EQ(table_tensor_name(c, file), table) << file;
   std::ifstream in(dir + "/config.json");
   nlohmann::json j = nlohmann::json::parse(in);
   EXPECT_EQ(j.at("architectures")[0], "LlavaForConditionalGeneration");
@@ -142,7 +156,7 @@ TEST(HfIo, VlaRoundTripInLlavaLayout) {
   write_weights(dir, m, [&](std::vector<StWriteTensor>& ts) {
     for (StWriteTensor& t : ts) t.name = hf_tensor_name(c, t.name);
     static const float extra[8] = {};
-    ts.push_back({"model.vision_tower.vision_model.post_layernorm.weight", {8}, extra, nullptr});
+    ts.push_back({"vision_tower.post_layernorm.weight", {8}, extra, nullptr});
   });
   Model<float> m3(c2);
   load_hf_weights(dir, m3);
