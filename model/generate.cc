@@ -25,6 +25,12 @@ KVCache<E>::KVCache(Decoder<E>& model, int64_t capacity)
 }
 
 template <class E>
+void KVCache<E>::truncate(int64_t rows) {
+  TT_CHECK(rows >= 0 && rows <= used_, "KVCache: truncate to ", rows, " rows of ", used_, " in use");
+  used_ = rows;
+}
+
+template <class E>
 int64_t KVCache<E>::reserve(int64_t rows) {
   TT_CHECK(rows >= 0 && used_ + rows <= capacity_, "KVCache: ", rows, " more rows past ", used_, " of ", capacity_);
   const int64_t first = used_;

@@ -44,6 +44,8 @@ class KVCache {
   // The first row of a fresh span of `rows` rows; throws tt::Error past the capacity.
   int64_t reserve(int64_t rows);
   void clear() { used_ = 0; }
+  // Gives back every row from `rows` on (rows <= used()).
+  void truncate(int64_t rows);
   // Adds to every layer of `carry` the span [begin, begin + len) as a prefix visible to queries
   // [q_begin, q_end) (no gradient).
   void read(Carry<E>& carry, int64_t begin, int len, int q_begin, int q_end) const;

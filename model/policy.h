@@ -1,0 +1,58 @@
+// A VLA policy in closed loop (issue 17): the context the episode tree gives step t in training
+// (data/episode_tree.h: the instruction, then the observations of the history, each its frame
+// slots and state row), built incrementally in the KV cache, and the step's action tokens
+// decoded from it (greedy, restricted to a range of ids).
+//
+// reset() prefills the instruction (rows [0, L) of the cache). observe() appends one observation:
+// with the full history it is one more node after the last (its rows stay in the cache, so each
+// step computes only its own rows); with a window of W it re-prefills the instruction's
+// successors from the last W observations (their positions start after the instruction, as in
+// the window trie). Action tokens are never part of a later step's context: they go to rows past
+// the context, given back after the step. Positions are depths, as in training.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "data/packing.h"
+#include "model/generate.h"
+
+namespace tt::model {
+
+// One observation: its frames' pixels (each (3, S, S), as data::tower_pixels gives them) and
+// its state (empty: none).
+struct Observation {
+  std::vector<std::vector<float>> frames;
+  std::vector<float> state;
+};
+
+template <class E>
+class VlaPolicy {
+ public:
+  // window 0: full history. capacity: cache rows (the longest context plus the action).
+  VlaPolicy(Decoder<E>& model, int window, int64_t capacity = 1 << 14);
+
+  void reset(const std::vector<int32_t>& instruction);
+  // Appends the step's observation and decodes `n_tokens` action tokens greedily among ids
+  // [first_id, end_id). logits (optional): the first token's logits (V) before the restriction.
+  std::vector<int32_t> act(const Observation& obs, int n_tokens, int32_t first_id, int32_t end_id,
+                           std::vector<double>* logits = nullptr);
+
+  // The context of the last act() as one packed sequence (tokens, positions, frame slots; pixels
+  // loaded): what the episode tree's path of that step holds before its action.
+  data::PackedBatch context() const;
+
+ private:
+  data::PackedBatch observation_batch(const Observation& obs, int depth) const;
+  // The observation's node forward reading the cache's [0, used) and writing its rows after it;
+  // returns the last row's logits.
+  std::vector<double> prefill(const data::PackedBatch& b);
+
+  Decoder<E>& m_;
+  int window_;
+  KVCache<E> cache_;
+  std::vector<int32_t> instruction_;
+  std::vector<Observation> history_;  // the context's observations (the window's, or all)
+};
+
+}  // namespace tt::model

@@ -1,0 +1,88 @@
+// The closed-loop VLA policy (model/policy.h), CPU fp64: the context it builds in the KV cache at
+// step t is, token for token and frame for frame, the episode tree's path of step t (its action
+// aside), and its logits equal a full forward of that path, with the full history and with a
+// window; later action tokens are decoded from the cache like a full forward of the context
+// with the earlier ones appended.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "data/packing.h"
+#include "model/decoder.h"
+#include "model/policy.h"
+#include "tests/equivalence/vla_fixture.h"
+
+namespace tt::model {
+namespace {
+
+// The largest |a - b| relative to the largest |b|.
+double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double d = 0, m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d = std::max(d, std::fabs(a[i] - b[i]));
+    m = std::max(m, std::fabs(b[i]));
+  }
+  return d / m;
+}
+
+std::vector<double> row_logits(Model<double>& m, const data::PackedBatch& b, int row) {
+  InferRequest req;
+  req.loss = false;
+  req.rows = InferRequest::Rows::kList;
+  req.list = {row};
+  return m.infer(b, req).logits;
+}
+
+class PolicyVsTree : public ::testing::TestWithParam<int> {};
+
+TEST_P(PolicyVsTree, ContextAndLogitsAreTheTreesPath) {
+  const int window = GetParam();
+  const ModelConfig cfg = tt::testing::tiny_vla_config();
+  Model<double> m(cfg);
+  m.init(4);
+  const data::Episode ep = tt::testing::tiny_episode(5, 2, 8);
+  const data::Tree tree = tt::testing::vla_tree(ep, window, cfg, 13);
+  VlaPolicy<CpuExec<double>> policy(m, window);
+  policy.reset(ep.instruction);
+  const int A = 2;  // action tokens a step
+  for (int t = 0; t < 5; ++t) {
+    Observation obs;
+    for (const data::FrameRef& f : tree.media.frames)
+      if (f.step == t) obs.frames.push_back(*f.pixels);
+    obs.state = ep.steps[t].state;
+    std::vector<double> logits;
+    const std::vector<int32_t> acts = policy.act(obs, A, 10, 24, &logits);
+    // The path of step t, packed alone as the per-timestep baseline packs it.
+    data::PackedBatch path = data::pack_path_range(tree, t, t + 1);
+    data::FrameSpec fs;
+    fs.image_size = (int)cfg.vision.image_size;
+    data::load_frames(path, fs);
+    const data::PackedBatch ctx = policy.context();
+    const int n = path.n_tokens - A;  // the path without its action
+    ASSERT_EQ(ctx.n_tokens, n) << "step " << t;
+    EXPECT_TRUE(std::equal(ctx.tokens.begin(), ctx.tokens.end(), path.tokens.begin())) << "step " << t;
+    EXPECT_EQ(ctx.slot_row, path.slot_row) << "step " << t;
+    EXPECT_EQ(ctx.slot_frame, path.slot_frame) << "step " << t;
+    EXPECT_EQ(ctx.pixels, path.pixels) << "step " << t;
+    EXPECT_EQ(ctx.state_row, path.state_row) << "step " << t;
+    EXPECT_EQ(ctx.state, path.state) << "step " << t;
+    // The first action token's logits: the path's row before its action.
+    EXPECT_LT(rel_diff(logits, row_logits(m, path, n - 1)), 1e-12) << "step " << t;
+    EXPECT_EQ(acts[0], 10 + std::max_element(logits.begin() + 10, logits.begin() + 24) - (logits.begin() + 10));
+    // The second token: a full forward of the context with the first token appended.
+    data::PackedBatch more = path;
+    more.tokens[n] = acts[0];
+    const std::vector<double> second = row_logits(m, more, n);
+    EXPECT_EQ(acts[1], 10 + std::max_element(second.begin() + 10, second.begin() + 24) - (second.begin() + 10));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Histories, PolicyVsTree, ::testing::Values(0, 2),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return i.param == 0 ? std::string("full") : "window" + std::to_string(i.param);
+                         });
+
+}  // namespace
+}  // namespace tt::model
