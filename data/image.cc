@@ -24,11 +24,14 @@ struct FileCloser {
   }
 };
 
-Image decode_png(const std::string& path) {
+// From the file `path`, or (bytes non-null) from memory, `path` naming it in messages.
+Image decode_png(const std::string& path, const std::string* bytes = nullptr) {
   png_image png;
   std::memset(&png, 0, sizeof png);
   png.version = PNG_IMAGE_VERSION;
-  if (!png_image_begin_read_from_file(&png, path.c_str()))
+  const bool begun = bytes ? png_image_begin_read_from_memory(&png, bytes->data(), bytes->size())
+                           : png_image_begin_read_from_file(&png, path.c_str());
+  if (!begun)
     throw Error(str(path, ": not a readable PNG (", png.message, ")"));
   if ((int64_t)png.width > kMaxImageSide || (int64_t)png.height > kMaxImageSide || png.width == 0 || png.height == 0) {
     png_image_free(&png);
@@ -62,7 +65,7 @@ void jpeg_error_exit(j_common_ptr cinfo) {
 
 // Decodes into *out (owned by the caller: no automatic object of this frame that setjmp's
 // longjmp could leave indeterminate is touched after an error).
-void decode_jpeg(const std::string& path, FILE* f, Image* out) {
+void decode_jpeg(const std::string& path, FILE* f, const std::string* bytes, Image* out) {
   jpeg_decompress_struct cinfo;
   JpegError err;
   cinfo.err = jpeg_std_error(&err.mgr);
@@ -74,7 +77,11 @@ void decode_jpeg(const std::string& path, FILE* f, Image* out) {
     throw Error(str(path, ": corrupt or truncated JPEG (", err.message, ")"));
   }
   jpeg_create_decompress(&cinfo);
-  jpeg_stdio_src(&cinfo, f);
+  if (bytes) {
+    jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(bytes->data()), (unsigned long)bytes->size());
+  } else {
+    jpeg_stdio_src(&cinfo, f);
+  }
   jpeg_read_header(&cinfo, TRUE);
   if (cinfo.image_width == 0 || cinfo.image_height == 0 || (int64_t)cinfo.image_width > kMaxImageSide ||
       (int64_t)cinfo.image_height > kMaxImageSide) {
@@ -110,10 +117,41 @@ Image decode_image(const std::string& path) {
   if (n >= 3 && sig[0] == 0xFF && sig[1] == 0xD8 && sig[2] == 0xFF) {
     std::rewind(f.get());
     Image img;
-    decode_jpeg(path, f.get(), &img);
+    decode_jpeg(path, f.get(), nullptr, &img);
     return img;
   }
   throw Error(str(path, ": not a PNG or JPEG file (", n, " bytes read: no PNG or JPEG signature)"));
+}
+
+Image decode_image_bytes(const std::string& bytes, const std::string& what) {
+  static const unsigned char kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
+  if (bytes.size() >= 8 && std::memcmp(b, kPng, 8) == 0) return decode_png(what, &bytes);
+  if (bytes.size() >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF) {
+    Image img;
+    decode_jpeg(what, nullptr, &bytes, &img);
+    return img;
+  }
+  throw Error(str(what, ": not a PNG or JPEG image (", bytes.size(), " bytes: no PNG or JPEG signature)"));
+}
+
+std::string encode_png(const Image& img) {
+  TT_CHECK(img.width > 0 && img.height > 0 && img.rgb.size() == (size_t)img.width * img.height * 3,
+           "encode_png: an image of ", img.width, " x ", img.height, " with ", img.rgb.size(), " bytes");
+  png_image png;
+  std::memset(&png, 0, sizeof png);
+  png.version = PNG_IMAGE_VERSION;
+  png.width = (png_uint_32)img.width;
+  png.height = (png_uint_32)img.height;
+  png.format = PNG_FORMAT_RGB;
+  png_alloc_size_t size = 0;
+  if (!png_image_write_to_memory(&png, nullptr, &size, 0, img.rgb.data(), 0, nullptr))
+    throw Error(str("encode_png: ", png.message));
+  std::string out(size, '\0');
+  if (!png_image_write_to_memory(&png, out.data(), &size, 0, img.rgb.data(), 0, nullptr))
+    throw Error(str("encode_png: ", png.message));
+  out.resize(size);
+  return out;
 }
 
 void write_png(const std::string& path, const Image& img) {

@@ -27,6 +27,10 @@ struct Image {
 };
 
 Image decode_image(const std::string& path);
+// The same from bytes in memory (a policy server's base64 payload); `what` names them in errors.
+Image decode_image_bytes(const std::string& bytes, const std::string& what);
+// An 8-bit RGB PNG in memory.
+std::string encode_png(const Image& img);
 
 // Writes an 8-bit RGB PNG (libpng's simplified API); a tt::Error names the file on failure.
 // Generated episodes (tests, the built-in environment) write their frames with it.

@@ -249,7 +249,6 @@ void SiglipMlpKind::backward(E& e, const BlockCall<E>& c) const {
 VisionKind::VisionKind(const ModelConfig& cfg, ParamTable::Builder& b)
     : C_((int)cfg.hidden_size),
       D_((int)cfg.vision.hidden_size),
-      I_((int)cfg.vision.intermediate_size),
       L_((int)cfg.vision.num_hidden_layers),
       P_((int)cfg.vision.tokens_per_frame()),
       S_((int)cfg.vision.image_size),

@@ -145,7 +145,7 @@ class VisionKind {
  private:
   template <class E>
   struct Acts;
-  int C_, D_, I_, L_, P_, S_, p_, K_, Sd_;
+  int C_, D_, L_, P_, S_, p_, K_, Sd_;
   bool freeze_, proj_tanh_;
   int begin_ = 0, end_ = 0;
   int64_t pe_w_, pe_b_, pos_, l1_w_, l1_b_, l2_w_, l2_b_, st_w_ = -1, st_b_ = -1;

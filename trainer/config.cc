@@ -497,8 +497,9 @@ void RunConfig::validate() const {
           "sizes)", "'episodes'");
   require(data.history_window == 0 || data.format == "episodes", kHistoryKey,
           "full unless data.format is episodes", str("{window: ", data.history_window, "}"));
-  require(data.format != "episodes" || (data.action_bins >= 2 && data.action_bins <= model.vocab_size), "data.action_bins",
-          "in [2, model.vocab_size = " + i(model.vocab_size) + "]", i(data.action_bins));
+  // (Bins beyond the vocabulary are an error when continuous actions are read: data/actions.h.)
+  require(data.action_bins >= 2 && data.action_bins <= (1 << 20), "data.action_bins", "in [2, 2^20]",
+          i(data.action_bins));
   require(!model.vision.enabled() || partition.capacity_tokens == 0, "partition.capacity_tokens",
           "0 with a vision section (partition gateways do not carry frames yet)", i(partition.capacity_tokens));
   in_set("data.packing", data.packing, {"tree", "per_path"});

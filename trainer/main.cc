@@ -26,6 +26,10 @@
 #include "data/stats.h"
 #include "data/episode_tree.h"
 #include "data/toy_episodes.h"
+#include "data/nav_env.h"
+#include "trainer/eval.h"
+#include "trainer/serve.h"
+#include "base/base64.h"
 #include "data/synthetic.h"
 #include "distributed/env.h"
 #include "distributed/launch.h"
@@ -58,6 +62,25 @@ const char* const kUsage = R"(usage:
                      [--seed 1]
       Write robot episodes (data.format: episodes) with PNG frames in frames/ beside FILE: a bright
       square per frame whose place is the step's 2-dim continuous action (configs/vla_tiny.yaml).
+  treetrain generate --kind nav-episodes --out FILE [--num-episodes 200] [--seed 1] [--noise 0.2]
+                     [--image-size 16] [--size 5] [--landmarks 3] [--walls 2] [--max-steps 24]
+      Write expert episodes of the built-in navigation environment (data/nav_env.h) with their PNG
+      frames: the shortest path's action per step (discrete action_ids 8..11: stop, forward,
+      left, right); --noise: the probability of executing a random move instead (labels stay the
+      expert's), so the data covers states off the path.
+  treetrain eval --env nav --checkpoint DIR [--episodes 50] [--seed 7777] [--size 5] [--landmarks 3]
+                 [--walls 2] [--max-steps 24] [--window W]
+      Closed-loop rollouts of a trained VLA in the navigation environment on layouts of --seed
+      (held out from generate's): prints JSON with success rate and SPL of the model, a random
+      policy and the model with every frame black.
+  treetrain serve --checkpoint DIR [--port 0] [--host 127.0.0.1] [--action-ids FIRST:END]
+                  [--action-tokens 1] [--window W] [--max-sessions 1024] [--max-message-bytes 16777216]
+      A VLA policy server: JSON lines over TCP, sessions with reset / images (base64 PNG or JPEG)
+      / close, answered by the action (trainer/serve.h); prints "listening on HOST:PORT" first.
+      Continuous actions decode with the checkpoint's action_bins.json; discrete ones need
+      --action-ids (the nav environment's: 8:12).
+  treetrain nav-env [--size 5] [--landmarks 3] [--walls 2] [--max-steps 24] [--image-size 16]
+      The navigation environment over stdin/stdout JSON lines (scripts/nav_client.py drives it).
   treetrain generate --kind published-example --out FILE
       Write the one-tree navigation comb with the totals of the published partitioning example
       (tree format, vocab 32000; docs/PARTITIONING.md).
@@ -273,11 +296,124 @@ int run_bench(const std::vector<std::string>& argv) {
   return 0;
 }
 
+double float_flag(const Args& a, const std::string& name, double def);
+
+// The nav environment's flags (generate --kind nav-episodes, eval --env nav).
+tt::data::NavSpec nav_spec_flags(const Args& a) {
+  tt::data::NavSpec s;
+  auto get = [&](const char* name, int& field, int lo, int hi) {
+    const int64_t v = int_flag(a, name, field);
+    if (v < lo || v > hi) throw UsageError{tt::str("--", name, ": expected an integer in [", lo, ", ", hi, "]")};
+    field = (int)v;
+  };
+  get("size", s.size, 3, 64);
+  get("landmarks", s.landmarks, 3, 4);
+  get("walls", s.walls, 0, s.size * s.size / 4);
+  get("max-steps", s.max_steps, 1, 100000);
+  if (a.flags.count("image-size")) get("image-size", s.image_size, 4, 1024);
+  return s;
+}
+
+int run_eval(const std::vector<std::string>& argv) {
+  const Args a = parse_flags(argv, {"env", "checkpoint", "episodes", "seed", "size", "landmarks", "walls", "max-steps",
+                                    "window", "device"},
+                             "eval");
+  if (required(a, "env") != "nav") throw UsageError{"--env: expected nav (the built-in navigation environment)"};
+  tt::trainer::NavEvalOptions o;
+  o.checkpoint = required(a, "checkpoint");
+  o.episodes = int_flag(a, "episodes", o.episodes);
+  if (o.episodes < 1 || o.episodes > (1 << 24)) throw UsageError{"--episodes: expected an integer in [1, 2^24]"};
+  const int64_t seed = int_flag(a, "seed", (int64_t)o.seed);
+  if (seed < 0) throw UsageError{"--seed: expected a non-negative integer"};
+  o.seed = (uint64_t)seed;
+  o.spec = nav_spec_flags(a);
+  o.window = (int)int_flag(a, "window", -1);
+  if (o.window < -1) throw UsageError{"--window: expected 0 (full history) or >= 1 (default: the checkpoint's)"};
+  const auto dev = a.flags.find("device");
+  if (dev != a.flags.end() && dev->second != "auto" && dev->second != "cpu")
+    throw UsageError{"--device: the vision tower runs on the cpu backend only so far (expected auto or cpu)"};
+  std::cout << tt::trainer::to_json(tt::trainer::run_nav_eval(o)) << std::endl;
+  return 0;
+}
+
+int run_serve(const std::vector<std::string>& argv) {
+  const Args a = parse_flags(argv, {"checkpoint", "host", "port", "window", "action-ids", "action-tokens",
+                                    "max-message-bytes", "max-sessions", "max-requests", "device"},
+                             "serve");
+  tt::trainer::ServeOptions o;
+  o.checkpoint = required(a, "checkpoint");
+  if (a.flags.count("host")) o.host = a.flags.at("host");
+  const int64_t port = int_flag(a, "port", 0);
+  if (port < 0 || port > 65535) throw UsageError{"--port: expected 0 (any free port) to 65535"};
+  o.port = (int)port;
+  o.window = (int)int_flag(a, "window", -1);
+  if (o.window < -1) throw UsageError{"--window: expected 0 (full history) or >= 1 (default: the checkpoint's)"};
+  if (a.flags.count("action-ids")) {
+    const std::string& v = a.flags.at("action-ids");
+    const size_t colon = v.find(':');
+    char* end = nullptr;
+    const long first = colon == std::string::npos ? -1 : std::strtol(v.c_str(), &end, 10);
+    const long last = colon == std::string::npos ? -1 : std::strtol(v.c_str() + colon + 1, &end, 10);
+    if (colon == std::string::npos || first < 0 || last <= first || *end != '\0')
+      throw UsageError{"--action-ids: expected FIRST:END (ids FIRST .. END - 1), e.g. 8:12"};
+    o.action_first = (int32_t)first;
+    o.action_end = (int32_t)last;
+  }
+  o.action_tokens = (int)int_flag(a, "action-tokens", 1);
+  if (o.action_tokens < 1) throw UsageError{"--action-tokens: expected >= 1"};
+  o.max_message_bytes = int_flag(a, "max-message-bytes", o.max_message_bytes);
+  if (o.max_message_bytes < 1024) throw UsageError{"--max-message-bytes: expected >= 1024"};
+  o.max_sessions = (int)int_flag(a, "max-sessions", o.max_sessions);
+  if (o.max_sessions < 1) throw UsageError{"--max-sessions: expected >= 1"};
+  o.max_requests = int_flag(a, "max-requests", -1);
+  const auto dev = a.flags.find("device");
+  if (dev != a.flags.end() && dev->second != "auto" && dev->second != "cpu")
+    throw UsageError{"--device: the vision tower runs on the cpu backend only so far (expected auto or cpu)"};
+  tt::trainer::run_serve(o);
+  return 0;
+}
+
+// The navigation environment over stdin / stdout, JSON lines (the reference client drives it):
+//   {"reset": {"seed": S, "episode": e}} -> {"instruction": [...], "image": base64 PNG, "done": false}
+//   {"step": a}                          -> {"image": ..., "done": bool, "success": bool, "spl": x, "steps": n}
+int run_nav_env(const std::vector<std::string>& argv) {
+  const Args a = parse_flags(argv, {"image-size", "size", "landmarks", "walls", "max-steps"}, "nav-env");
+  const tt::data::NavSpec spec = nav_spec_flags(a);
+  std::unique_ptr<tt::data::NavEnv> env;
+  for (std::string line; std::getline(std::cin, line);) {
+    nlohmann::json out;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("reset")) {
+        const nlohmann::json& r = j.at("reset");
+        env = std::make_unique<tt::data::NavEnv>(
+            spec, tt::data::nav_layout_seed(r.at("seed").get<uint64_t>(), r.at("episode").get<int64_t>()));
+        out["instruction"] = env->instruction();
+      } else if (j.contains("step")) {
+        if (!env) throw tt::Error("step before reset");
+        env->step(j.at("step").get<int>());
+      } else {
+        throw tt::Error("expected {\"reset\": {...}} or {\"step\": action}");
+      }
+      out["done"] = env->done();
+      out["image"] = tt::base64_encode(tt::data::encode_png(env->render()));
+      out["success"] = env->success();
+      out["spl"] = env->spl();
+      out["steps"] = env->steps_taken();
+    } catch (const std::exception& e) {
+      out = {{"error", e.what()}};
+    }
+    std::cout << out.dump() << std::endl;
+  }
+  return 0;
+}
+
 int run_generate(const std::vector<std::string>& argv) {
   const std::vector<std::string> ints = {"num-trees", "vocab-size", "seed", "prompt-len", "turns", "turn-len",
                                          "branches", "branch-turns", "prefix-len", "steps", "history-len",
                                          "leaf-len"};
-  std::vector<std::string> known = {"kind", "out", "num-episodes", "image-size"};
+  std::vector<std::string> known = {"kind", "out", "num-episodes", "image-size", "noise", "size", "landmarks",
+                                    "walls", "max-steps"};
   known.insert(known.end(), ints.begin(), ints.end());
   const Args a = parse_flags(argv, known, "generate");
   const std::string& kind = required(a, "kind");
@@ -316,15 +452,34 @@ int run_generate(const std::vector<std::string>& argv) {
                  (std::filesystem::path(out).parent_path() / "frames").string(), out);
     return 0;
   }
-  for (const char* name : {"num-episodes", "image-size"})
-    if (a.flags.count(name)) throw UsageError{tt::str("--", name, " belongs to --kind toy-episodes")};
+  if (kind == "nav-episodes") {
+    for (const std::string& name : ints)
+      if (a.flags.count(name) && name != "seed")
+        throw UsageError{"--kind nav-episodes takes --num-episodes, --seed, --noise, --image-size, --size, --landmarks, "
+                         "--walls and --max-steps; drop --" + name};
+    const tt::data::NavSpec spec = nav_spec_flags(a);
+    const int64_t n = int_flag(a, "num-episodes", 200);
+    if (n < 1 || n > (1 << 24)) throw UsageError{"--num-episodes: expected an integer in [1, 2^24]"};
+    const int64_t seed = int_flag(a, "seed", 1);
+    if (seed < 0) throw UsageError{"--seed: expected a non-negative integer"};
+    const double noise = float_flag(a, "noise", 0.2);
+    if (noise < 0 || noise >= 1) throw UsageError{"--noise: expected a probability in [0, 1)"};
+    const int64_t frames = tt::data::write_nav_episodes(spec, n, (uint64_t)seed, noise, out);
+    spdlog::info("wrote {} expert nav episodes ({} frames of {} x {}, room {}x{}, {} landmarks, noise {}) to {} "
+                 "(data.format: episodes)",
+                 n, frames, spec.image_size, spec.image_size, spec.size, spec.size, spec.landmarks, noise, out);
+    return 0;
+  }
+  for (const char* name : {"num-episodes", "image-size", "noise", "size", "landmarks", "walls", "max-steps"})
+    if (a.flags.count(name)) throw UsageError{tt::str("--", name, " belongs to --kind toy-episodes or nav-episodes")};
   tt::data::SyntheticSpec s;
   s.kind = kind;
   if (s.kind == "episodes")  // the synthetic navigation combs were once --kind episodes
     throw UsageError{"--kind: 'episodes' names the robot-episode data format, not a synthetic kind; the synthetic "
-                     "navigation combs are --kind comb (expected rollouts|comb|published-example|toy-episodes)"};
+                     "navigation combs are --kind comb (expected rollouts|comb|published-example|toy-episodes|nav-episodes)"};
   if (s.kind != "rollouts" && s.kind != "comb")
-    throw UsageError{"--kind: expected rollouts|comb|published-example|toy-episodes, got '" + s.kind + "'"};
+    throw UsageError{"--kind: expected rollouts|comb|published-example|toy-episodes|nav-episodes, got '" + s.kind +
+                     "'"};
   auto get = [&](const char* name, int& field) {
     const int64_t v = int_flag(a, name, field);
     if (v < 0 || v > (1 << 30)) throw UsageError{std::string("--") + name + ": out of range"};
@@ -489,6 +644,9 @@ int main(int argc, char** argv) {
     if (cmd == "bench") return run_bench(args);
     if (cmd == "generate") return run_generate(args);
     if (cmd == "sample") return run_sample(args);
+    if (cmd == "eval") return run_eval(args);
+    if (cmd == "serve") return run_serve(args);
+    if (cmd == "nav-env") return run_nav_env(args);
     if (cmd == "launch") return run_launch(args);
     if (cmd == "sweep") return run_sweep(args);
     throw UsageError{"unknown command '" + cmd + "'"};
