@@ -318,6 +318,7 @@ int run_eval(const std::vector<std::string>& argv) {
   const Args a = parse_flags(argv, {"env", "checkpoint", "episodes", "seed", "size", "landmarks", "walls", "max-steps",
                                     "window", "device"},
                              "eval");
+  spdlog::set_default_logger(spdlog::stderr_color_mt("treetrain-eval"));  // stdout: the JSON result
   if (required(a, "env") != "nav") throw UsageError{"--env: expected nav (the built-in navigation environment)"};
   tt::trainer::NavEvalOptions o;
   o.checkpoint = required(a, "checkpoint");
@@ -340,6 +341,7 @@ int run_serve(const std::vector<std::string>& argv) {
   const Args a = parse_flags(argv, {"checkpoint", "host", "port", "window", "action-ids", "action-tokens",
                                     "max-message-bytes", "max-sessions", "max-requests", "device"},
                              "serve");
+  spdlog::set_default_logger(spdlog::stderr_color_mt("treetrain-serve"));  // stdout: the "listening on" line
   tt::trainer::ServeOptions o;
   o.checkpoint = required(a, "checkpoint");
   if (a.flags.count("host")) o.host = a.flags.at("host");

@@ -9,6 +9,10 @@
 #include <cmath>
 
 #include "data/packing.h"
+#include "data/episode_tree.h"
+#include "data/frames.h"
+#include "data/image.h"
+#include "data/nav_env.h"
 #include "model/decoder.h"
 #include "model/policy.h"
 #include "tests/equivalence/vla_fixture.h"
@@ -83,6 +87,46 @@ INSTANTIATE_TEST_SUITE_P(Histories, PolicyVsTree, ::testing::Values(0, 2),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return i.param == 0 ? std::string("full") : "window" + std::to_string(i.param);
                          });
+
+// The evaluator's context in the real environment: an expert episode written as training data
+// (PNG frames, data/nav_env.h) and read back as its tree, against the policy fed the frames the
+// environment renders while the expert drives: token for token, frame for frame (PNG is lossless).
+TEST(PolicyVsTree, TheEvaluatorsContextIsTheTrainingTreesInTheNavEnvironment) {
+  ModelConfig cfg = tt::testing::tiny_vla_config();
+  cfg.vision.image_size = 16;
+  cfg.vision.patch_size = 4;
+  cfg.vision.state_dim = 0;
+  Model<double> m(cfg);
+  m.init(6);
+  const std::string dir = std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/policy_nav";
+  data::NavSpec spec;
+  data::write_nav_episodes(spec, 3, 5, 0.0, dir + "/ep.jsonl");
+  data::EpisodeTreeSpec ts;
+  ts.tokens_per_frame = 16;
+  const std::vector<data::Tree> trees = data::read_episode_trees(dir + "/ep.jsonl", cfg.vocab_size, ts, 256, nullptr);
+  for (int e = 0; e < 3; ++e) {
+    data::NavEnv env(spec, data::nav_layout_seed(5, e));
+    VlaPolicy<CpuExec<double>> policy(m, 0);
+    policy.reset(env.instruction());
+    for (int t = 0; !env.done(); ++t) {
+      Observation obs;
+      obs.frames.push_back(data::tower_pixels(env.render(), 16, {0.5f, 0.5f, 0.5f}, {0.5f, 0.5f, 0.5f}));
+      std::vector<double> logits;
+      policy.act(obs, 1, 8, 12, &logits);
+      data::PackedBatch path = data::pack_path_range(trees[e], t, t + 1);
+      data::FrameSpec fs;
+      fs.image_size = 16;
+      data::load_frames(path, fs);
+      const data::PackedBatch ctx = policy.context();
+      ASSERT_EQ(ctx.n_tokens, path.n_tokens - 1) << "episode " << e << " step " << t;
+      EXPECT_TRUE(std::equal(ctx.tokens.begin(), ctx.tokens.end(), path.tokens.begin()));
+      EXPECT_EQ(ctx.slot_row, path.slot_row);
+      EXPECT_EQ(ctx.pixels, path.pixels) << "episode " << e << " step " << t;
+      EXPECT_LT(rel_diff(logits, row_logits(m, path, ctx.n_tokens - 1)), 1e-12);
+      env.step(env.expert_action());
+    }
+  }
+}
 
 }  // namespace
 }  // namespace tt::model
