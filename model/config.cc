@@ -14,8 +14,10 @@ namespace tt::model {
 void ModelConfig::validate() const {
   const std::string ctx = "model config: ";
   auto fail = [&](const char* key, const std::string& detail) { throw KeyError(key, ctx, str(key, " ", detail)); };
-  if (architecture != "qwen3" && architecture != "llama" && architecture != "qwen3_5_text")
-    fail("architecture", str("must be \"qwen3\", \"llama\" or \"qwen3_5_text\" (got \"", architecture, "\")"));
+  if (architecture != "qwen3" && architecture != "llama" && architecture != "qwen3_5_text" &&
+      architecture != "qwen3_next")
+    fail("architecture", str("must be \"qwen3\", \"llama\", \"qwen3_5_text\" or \"qwen3_next\" (got \"", architecture,
+                             "\")"));
   auto in_range = [&](const char* key, int64_t v, int64_t lo, int64_t hi) {
     if (v < lo || v > hi) fail(key, str("must be in [", lo, ", ", hi, "] (got ", v, ")"));
   };
@@ -35,7 +37,7 @@ void ModelConfig::validate() const {
     fail("partial_rotary_factor", str("must be in (0, 1] (got ", partial_rotary_factor, ")"));
   if (!qwen3_5() && partial_rotary_factor != 1)
     fail("partial_rotary_factor", str("must be 1 for architecture ", architecture, " (got ", partial_rotary_factor,
-                                      "); partial RoPE is qwen3_5_text's"));
+                                      "); partial RoPE is qwen3_5_text's and qwen3_next's"));
   if (rotary_dim() < 2 || rotary_dim() % 2 != 0 ||
       std::fabs((double)rotary_dim() - (double)head_dim * partial_rotary_factor) > 1e-9)
     fail("partial_rotary_factor", str("times head_dim (", head_dim, ") must be an even whole number >= 2 (got ",
@@ -58,8 +60,8 @@ void ModelConfig::validate() const {
                                 "\"linear_attention\")"));
   }
   if (has_linear_attention() && !qwen3_5())  // Qwen3_5ForCausalLM is the transformers class with the layer
-    fail("layer_types", str("names linear_attention layers, which architecture qwen3_5_text has (transformers' "
-                            "Qwen3_5ForCausalLM), not ", architecture));
+    fail("layer_types", str("names linear_attention layers, which architectures qwen3_5_text and qwen3_next have "
+                            "(transformers' Qwen3_5ForCausalLM, Qwen3NextForCausalLM), not ", architecture));
   if (has_linear_attention()) {  // the Gated DeltaNet sizes (names as in HF's Qwen3NextConfig)
     const char* need = " (a linear_attention layer needs it)";
     auto sized = [&](const char* key, int64_t v, int64_t hi) {
@@ -221,9 +223,11 @@ nlohmann::json ModelConfig::to_hf_json(const std::string& torch_dtype) const {
   }
   const bool qwen = architecture == "qwen3" || qwen3_5();
   nlohmann::json j;
-  j["architectures"] =
-      nlohmann::json::array({qwen3_5() ? "Qwen3_5ForCausalLM" : qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"});
-  j["model_type"] = qwen3_5() ? "qwen3_5_text" : qwen ? "qwen3" : "llama";
+  j["architectures"] = nlohmann::json::array({qwen3_next() ? "Qwen3NextForCausalLM"
+                                              : qwen3_5()  ? "Qwen3_5ForCausalLM"
+                                              : qwen       ? "Qwen3ForCausalLM"
+                                                           : "LlamaForCausalLM"});
+  j["model_type"] = qwen3_next() ? "qwen3_next" : qwen3_5() ? "qwen3_5_text" : qwen ? "qwen3" : "llama";
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
@@ -266,6 +270,11 @@ nlohmann::json ModelConfig::to_hf_json(const std::string& torch_dtype) const {
     j["eos_token_id"] = eos_token_id[0];
   } else {
     j["eos_token_id"] = eos_token_id;
+  }
+  if (qwen3_next()) {  // dense: no expert anywhere (transformers' default is 512 experts)
+    j["num_experts"] = 0;
+    j["mlp_only_layers"] = nlohmann::json::array();
+    j["decoder_sparse_step"] = 1;
   }
   if (qwen3_5()) {
     j["full_attention_interval"] = 4;  // unused: layer_types is written
@@ -318,9 +327,9 @@ std::string architecture_of(const nlohmann::json& j, const std::string& where) {
     const auto& v = j.at("model_type");
     if (!v.is_string()) throw Error(str(where, ": field \"model_type\" must be a string, got ", v.dump()));
     const std::string t = v.get<std::string>();
-    if (t == "qwen3" || t == "llama" || t == "qwen3_5_text") return t;
+    if (t == "qwen3" || t == "llama" || t == "qwen3_5_text" || t == "qwen3_next") return t;
     throw Error(str(where, ": unsupported model_type \"", t,
-                    "\" (expected \"qwen3\", \"llama\" or \"qwen3_5_text\")"));
+                    "\" (expected \"qwen3\", \"llama\", \"qwen3_5_text\" or \"qwen3_next\")"));
   }
   if (has(j, "architectures")) {
     const auto& a = j.at("architectures");
@@ -328,6 +337,7 @@ std::string architecture_of(const nlohmann::json& j, const std::string& where) {
       for (const auto& e : a) {
         if (e == "Qwen3ForCausalLM") return "qwen3";
         if (e == "Qwen3_5ForCausalLM") return "qwen3_5_text";
+        if (e == "Qwen3NextForCausalLM") return "qwen3_next";
         if (e == "LlamaForCausalLM") return "llama";
       }
     }
@@ -448,6 +458,16 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
       c.layer_types.push_back(e.get<std::string>());
     }
     c.canonicalize();
+  }
+  if (c.architecture == "qwen3_next" && !has(j, "num_experts")) {
+    // transformers' Qwen3NextConfig defaults to 512 experts: dense only when every layer is
+    // mlp_only or num_experts is 0.
+    bool all_dense = false;
+    if (has(j, "mlp_only_layers") && j.at("mlp_only_layers").is_array())
+      all_dense = (int64_t)j.at("mlp_only_layers").size() >= c.num_hidden_layers;
+    if (!all_dense)
+      throw Error(str(where, ": a qwen3_next config without num_experts is transformers' default mixture of 512 "
+                             "experts, which is unsupported; expected num_experts: 0 (dense MLPs)"));
   }
   if (get_int_or(j, "num_experts", 0, where) > 0)  // Qwen3-Next / Qwen3.5-MoE: not a dense model
     throw Error(str(where, ": num_experts = ", j.at("num_experts").dump(),

@@ -72,7 +72,7 @@ struct VisionConfig {
 };
 
 struct ModelConfig {
-  std::string architecture = "qwen3";  // "qwen3" | "llama" | "qwen3_5_text" (dense Qwen3.5, text only)
+  std::string architecture = "qwen3";  // "qwen3" | "llama" | "qwen3_5_text" (dense Qwen3.5, text only) | "qwen3_next" (dense)
   int64_t vocab_size = 256;
   int64_t hidden_size = 128;
   int64_t intermediate_size = 384;
@@ -107,10 +107,13 @@ struct ModelConfig {
   // qwen3_5_text: RoPE on head_dim * partial_rotary_factor dims (HF default 0.25; others 1).
   double partial_rotary_factor = 1.0;
 
-  bool qk_norm() const { return architecture == "qwen3" || architecture == "qwen3_5_text"; }
+  bool qk_norm() const { return architecture == "qwen3" || qwen3_5(); }
   // Qwen3.5: every RMSNorm weight but the Gated DeltaNet's gated norm is stored zero-centred (the
   // layer applies 1 + w; ParamInfo::hf_offset), attention has an output gate, RoPE is partial.
-  bool qwen3_5() const { return architecture == "qwen3_5_text"; }
+  // The Qwen3.5 family: qwen3_5_text and the dense qwen3_next (the same model; Qwen3-Next fuses
+  // the Gated DeltaNet's input projections, grouped per key head: in_proj_qkvz, in_proj_ba).
+  bool qwen3_5() const { return architecture == "qwen3_5_text" || architecture == "qwen3_next"; }
+  bool qwen3_next() const { return architecture == "qwen3_next"; }
   int rotary_dim() const { return (int)std::lround((double)head_dim * partial_rotary_factor); }
   // The layers as the model builds them (layer_types and the architecture's variants).
   std::vector<LayerSpec> layer_specs() const;

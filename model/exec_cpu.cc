@@ -247,6 +247,13 @@ void CpuExec<T>::add_cols(Act* out, const Act* in, int N, int out_cols, int col0
 }
 
 template <class T>
+void CpuExec<T>::move_cols(Act* dst, int dst_cols, int dst_col0, const Act* src, int src_cols, int src_col0, int N,
+                           int cols) {
+  for (int i = 0; i < N; i++)
+    std::copy_n(src + (size_t)i * src_cols + src_col0, cols, dst + (size_t)i * dst_cols + dst_col0);
+}
+
+template <class T>
 void CpuExec<T>::layernorm_forward(Act* out, Stat* mean, Stat* rstd, const Act* x, const Weight* w, const Weight* b,
                                    int rows, int C, double eps) {
   cpu::layernorm_forward(out, mean, rstd, x, w, b, rows, C, eps);

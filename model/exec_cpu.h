@@ -153,6 +153,9 @@ class CpuExec {
   // out (N, cols) = in[:, col0 : col0 + cols] of in (N, in_cols); add_cols adds back the other way.
   void copy_cols(Act* out, const Act* in, int N, int in_cols, int col0, int cols);
   void add_cols(Act* out, const Act* in, int N, int out_cols, int col0, int cols);
+  // dst[:, dst_col0 : dst_col0 + cols] = src[:, src_col0 : src_col0 + cols] (rows of dst_cols and
+  // src_cols elements): Qwen3-Next's grouped projections to and from the flat layout.
+  void move_cols(Act* dst, int dst_cols, int dst_col0, const Act* src, int src_cols, int src_col0, int N, int cols);
   void l2norm_forward(Act* y, Stat* rstd, const Act* x, int rows, int D, double eps);
   void l2norm_backward(Act* dx, const Act* dy, const Act* x, const Stat* rstd, int rows, int D);
   void gated_rmsnorm_forward(Act* y, Stat* rstd, const Act* x, const Act* z, const Weight* w, int rows, int D,

@@ -40,8 +40,9 @@ CudaExec::~CudaExec() {
 
 void CudaExec::check_model(const ModelConfig& cfg) {
   if (cfg.qwen3_5())
-    throw Error("model.architecture: qwen3_5_text runs on the cpu backend only so far (its Gated DeltaNet, gated "
-                "attention and partial RoPE have no CUDA kernels yet); set device: cpu");
+    throw Error(str("model.architecture: ", cfg.architecture,
+                    " runs on the cpu backend only so far (its Gated DeltaNet, gated attention and partial RoPE have "
+                    "no CUDA kernels yet); set device: cpu"));
   if (cfg.has_linear_attention())
     throw Error("model.layer_types: linear_attention (Gated DeltaNet) layers run on the cpu backend only so far (their "
                 "CUDA kernels are not written yet); set device: cpu");

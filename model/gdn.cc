@@ -20,7 +20,8 @@ GdnKind::GdnKind(const ModelConfig& cfg, int layer, ParamTable::Builder& b)
       dv_((int)cfg.linear_value_head_dim),
       K_((int)cfg.linear_conv_kernel_dim),
       eps_(cfg.rms_norm_eps),
-      norm_offset_(cfg.qwen3_5() ? 1.0 : 0.0) {
+      norm_offset_(cfg.qwen3_5() ? 1.0 : 0.0),
+      fused_(cfg.qwen3_next()) {
   TT_CHECK(nk_ > 0 && nv_ > 0 && dk_ > 0 && dv_ > 0 && K_ > 0, "model: layer ", layer,
            " is linear_attention but the linear_* sizes are not set (ModelConfig::validate says which)");
   KD_ = nk_ * dk_;
@@ -33,10 +34,15 @@ GdnKind::GdnKind(const ModelConfig& cfg, int layer, ParamTable::Builder& b)
   const int first = b.add(pre + "input_layernorm.weight", {C},
                           cfg.qwen3_5() ? ParamRole::kZeroNorm : ParamRole::kNormWeight);
   in_norm_ = b.offset(first);
-  w_qkv_ = b.offset(b.add(la + "in_proj_qkv.weight", {CD_, C}, ParamRole::kMatrix));
-  w_z_ = b.offset(b.add(la + "in_proj_z.weight", {VD_, C}, ParamRole::kMatrix));
-  w_b_ = b.offset(b.add(la + "in_proj_b.weight", {nv_, C}, ParamRole::kMatrix));
-  w_a_ = b.offset(b.add(la + "in_proj_a.weight", {nv_, C}, ParamRole::kMatrix));
+  if (fused_) {  // Qwen3-Next: rows grouped per key head (see gdn.h)
+    w_qkv_ = b.offset(b.add(la + "in_proj_qkvz.weight", {CD_ + VD_, C}, ParamRole::kMatrix));
+    w_b_ = b.offset(b.add(la + "in_proj_ba.weight", {2 * nv_, C}, ParamRole::kMatrix));
+  } else {
+    w_qkv_ = b.offset(b.add(la + "in_proj_qkv.weight", {CD_, C}, ParamRole::kMatrix));
+    w_z_ = b.offset(b.add(la + "in_proj_z.weight", {VD_, C}, ParamRole::kMatrix));
+    w_b_ = b.offset(b.add(la + "in_proj_b.weight", {nv_, C}, ParamRole::kMatrix));
+    w_a_ = b.offset(b.add(la + "in_proj_a.weight", {nv_, C}, ParamRole::kMatrix));
+  }
   conv_ = b.offset(b.add(la + "conv1d.weight", {CD_, 1, K_}, ParamRole::kMatrix));
   a_log_ = b.offset(b.add(la + "A_log", {nv_}, ParamRole::kLogDecay));
   dt_bias_ = b.offset(b.add(la + "dt_bias", {nv_}, ParamRole::kNormWeight));  // ones, no decay
@@ -82,6 +88,8 @@ struct GdnKind::Saved {
   Act* y;            // (N, nv, dv) gated norm output
   Stat* y_rstd;      // (N nv)
   int32_t* prev;     // (N) path_prev
+  Act* qkvz;         // (N, CD + VD) Qwen3-Next's fused projection, grouped per key head (else none)
+  Act* ba;           // (N, 2 nv) likewise
   size_t bytes;
 
   Saved(const GdnKind& m, int N, char* base) {
@@ -107,9 +115,42 @@ struct GdnKind::Saved {
     y = c.take<Act>(n * m.VD_);
     y_rstd = c.take<Stat>(n * m.nv_);
     prev = c.take<int32_t>(n);
+    qkvz = c.take<Act>(m.fused_ ? n * (m.CD_ + m.VD_) : 0);
+    ba = c.take<Act>(m.fused_ ? n * 2 * m.nv_ : 0);
     bytes = c.bytes();
   }
 };
+
+// Qwen3-Next's grouped layout <-> the flat one: per key head g (r = nv / nk value heads each),
+// in_proj_qkvz rows [q_g (dk) | k_g (dk) | v_g (r dv) | z_g (r dv)] and in_proj_ba rows
+// [b_g (r) | a_g (r)]; the flat layout is [q (all heads) | k | v], z, b, a. to_flat copies
+// grouped -> flat, else flat -> grouped (both cover every column: no accumulation needed).
+template <class E>
+void GdnKind::regroup(E& e, bool to_flat, typename E::Act* qkvz, typename E::Act* ba, typename E::Act* qkv,
+                      typename E::Act* z, typename E::Act* b, typename E::Act* a, int N) const {
+  const int r = nv_ / nk_, gw = 2 * dk_ + 2 * r * dv_, QZ = CD_ + VD_;
+  for (int g = 0; g < nk_; ++g) {
+    struct Move {
+      typename E::Act* flat;
+      int flat_cols, flat_col0, grouped_col0, cols;
+    };
+    const Move moves[4] = {{qkv, CD_, g * dk_, g * gw, dk_},
+                           {qkv, CD_, KD_ + g * dk_, g * gw + dk_, dk_},
+                           {qkv, CD_, 2 * KD_ + g * r * dv_, g * gw + 2 * dk_, r * dv_},
+                           {z, VD_, g * r * dv_, g * gw + 2 * dk_ + r * dv_, r * dv_}};
+    for (const Move& m : moves) {
+      if (to_flat) e.move_cols(m.flat, m.flat_cols, m.flat_col0, qkvz, QZ, m.grouped_col0, N, m.cols);
+      else e.move_cols(qkvz, QZ, m.grouped_col0, m.flat, m.flat_cols, m.flat_col0, N, m.cols);
+    }
+    if (to_flat) {
+      e.move_cols(b, nv_, g * r, ba, 2 * nv_, g * 2 * r, N, r);
+      e.move_cols(a, nv_, g * r, ba, 2 * nv_, g * 2 * r + r, N, r);
+    } else {
+      e.move_cols(ba, 2 * nv_, g * 2 * r, b, nv_, g * r, N, r);
+      e.move_cols(ba, 2 * nv_, g * 2 * r + r, a, nv_, g * r, N, r);
+    }
+  }
+}
 
 template <class E>
 struct GdnKind::Scratch {
@@ -171,10 +212,16 @@ void GdnKind::forward(E& e, const BlockCall<E>& c) const {
   const Saved<E> s(*this, N, c.saved);  // no-grad: the region every block shares
   const auto* w = c.w;
   norm_forward(e, norm_offset_, s.n, s.rstd, c.x_in, w + in_norm_, N, C, eps_);
-  e.linear(s.qkv, s.n, w + w_qkv_, N, C, CD_);
-  e.linear(s.z, s.n, w + w_z_, N, C, VD_);
-  e.linear(s.b, s.n, w + w_b_, N, C, nv_);
-  e.linear(s.a, s.n, w + w_a_, N, C, nv_);
+  if (fused_) {
+    e.linear(s.qkvz, s.n, w + w_qkv_, N, C, CD_ + VD_);
+    e.linear(s.ba, s.n, w + w_b_, N, C, 2 * nv_);
+    regroup(e, /*to_flat=*/true, s.qkvz, s.ba, s.qkv, s.z, s.b, s.a, N);
+  } else {
+    e.linear(s.qkv, s.n, w + w_qkv_, N, C, CD_);
+    e.linear(s.z, s.n, w + w_z_, N, C, VD_);
+    e.linear(s.b, s.n, w + w_b_, N, C, nv_);
+    e.linear(s.a, s.n, w + w_a_, N, C, nv_);
+  }
   e.path_prev(s.prev, c.batch->layout, N);
   e.conv1d_silu_forward(s.u, s.qkv, w + conv_, s.prev, N, CD_, K_);
   e.copy_cols(s.q, s.u, N, CD_, 0, KD_);
@@ -223,14 +270,23 @@ void GdnKind::backward(E& e, const BlockCall<E>& c) const {
   e.add_cols(t.du, t.dv, N, CD_, 2 * KD_, VD_);
   zero(t.dqkv, n * CD_);
   e.conv1d_silu_backward(t.dqkv, g + conv_, t.du, s.qkv, w + conv_, s.prev, N, CD_, K_);
-  e.linear_dx(c.sum, t.dqkv, w + w_qkv_, N, C, CD_, /*accumulate=*/false);
-  e.linear_dx(c.sum, t.dz, w + w_z_, N, C, VD_, /*accumulate=*/true);
-  e.linear_dx(c.sum, t.db, w + w_b_, N, C, nv_, /*accumulate=*/true);
-  e.linear_dx(c.sum, t.da, w + w_a_, N, C, nv_, /*accumulate=*/true);
-  e.linear_dw(g + w_qkv_, t.dqkv, s.n, N, C, CD_);
-  e.linear_dw(g + w_z_, t.dz, s.n, N, C, VD_);
-  e.linear_dw(g + w_b_, t.db, s.n, N, C, nv_);
-  e.linear_dw(g + w_a_, t.da, s.n, N, C, nv_);
+  if (fused_) {  // the gradients back into the grouped layout (reusing the fused outputs' buffers,
+                 // which backward does not read)
+    regroup(e, /*to_flat=*/false, s.qkvz, s.ba, t.dqkv, t.dz, t.db, t.da, N);
+    e.linear_dx(c.sum, s.qkvz, w + w_qkv_, N, C, CD_ + VD_, /*accumulate=*/false);
+    e.linear_dx(c.sum, s.ba, w + w_b_, N, C, 2 * nv_, /*accumulate=*/true);
+    e.linear_dw(g + w_qkv_, s.qkvz, s.n, N, C, CD_ + VD_);
+    e.linear_dw(g + w_b_, s.ba, s.n, N, C, 2 * nv_);
+  } else {
+    e.linear_dx(c.sum, t.dqkv, w + w_qkv_, N, C, CD_, /*accumulate=*/false);
+    e.linear_dx(c.sum, t.dz, w + w_z_, N, C, VD_, /*accumulate=*/true);
+    e.linear_dx(c.sum, t.db, w + w_b_, N, C, nv_, /*accumulate=*/true);
+    e.linear_dx(c.sum, t.da, w + w_a_, N, C, nv_, /*accumulate=*/true);
+    e.linear_dw(g + w_qkv_, t.dqkv, s.n, N, C, CD_);
+    e.linear_dw(g + w_z_, t.dz, s.n, N, C, VD_);
+    e.linear_dw(g + w_b_, t.db, s.n, N, C, nv_);
+    e.linear_dw(g + w_a_, t.da, s.n, N, C, nv_);
+  }
   norm_backward(e, norm_offset_, c.dx, g + in_norm_, c.sum, c.x_in, w + in_norm_, s.rstd, N, C,
                 /*accumulate_dx=*/true);
 }

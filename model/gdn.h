@@ -13,8 +13,12 @@
 // input_layernorm.weight (C), linear_attn.{in_proj_qkv (2 nk dk + nv dv, C), in_proj_z (nv dv, C),
 // in_proj_b (nv, C), in_proj_a (nv, C)}.weight, linear_attn.conv1d.weight (2 nk dk + nv dv, 1, K),
 // linear_attn.A_log (nv), linear_attn.dt_bias (nv), linear_attn.norm.weight (dv),
-// linear_attn.out_proj.weight (C, nv dv). Under qwen3_5_text input_layernorm is zero-centred (the
-// layer applies 1 + w, as HF's Qwen3.5); the gated norm's weight is plain (HF's one exception).
+// linear_attn.out_proj.weight (C, nv dv). Under qwen3_next the four input projections are two,
+// linear_attn.in_proj_qkvz (2 nk dk + 2 nv dv, C) and in_proj_ba (2 nv, C), their rows grouped per
+// key head g (r = nv / nk): [q_g (dk) | k_g (dk) | v_g (r dv) | z_g (r dv)] and [b_g (r) | a_g (r)];
+// the layer computes them fused and moves the columns to the flat layout (and the gradients back).
+// Under qwen3_5_text and qwen3_next input_layernorm is zero-centred (the layer applies 1 + w, as
+// HF's); the gated norm's weight is plain (HF's one exception).
 // Saved (training forward): n, rstd, qkv (pre-conv), z, a, b, u, q, k (pre-norm), their rstds, qn,
 // kn, v, g, beta, o, y, y's rstd, and the batch's path_prev rows.
 // Carry: none yet. A batch that reads a carry (a partition gateway, the inference cache) would
@@ -55,12 +59,18 @@ class GdnKind final : public LayerKind {
   struct Saved;
   template <class E>
   struct Scratch;
+  // qwen3_next: the fused outputs (grouped per key head) to the flat qkv, z, b, a (to_flat), or
+  // the flat gradients back into the grouped buffers.
+  template <class E>
+  void regroup(E& e, bool to_flat, typename E::Act* qkvz, typename E::Act* ba, typename E::Act* qkv,
+               typename E::Act* z, typename E::Act* b, typename E::Act* a, int N) const;
 
   int C_, nk_, nv_, dk_, dv_, K_;
   int KD_, VD_, CD_;  // nk dk, nv dv, 2 KD + VD (the conv channels)
   double eps_;
-  double norm_offset_;  // input_layernorm: 1 under qwen3_5_text (zero-centred)
-  int64_t in_norm_, w_qkv_, w_z_, w_b_, w_a_, conv_, a_log_, dt_bias_, norm_, w_out_;
+  double norm_offset_;  // input_layernorm: 1 under qwen3_5_text and qwen3_next (zero-centred)
+  bool fused_;          // qwen3_next: in_proj_qkvz (at w_qkv_) and in_proj_ba (at w_b_)
+  int64_t in_norm_, w_qkv_, w_z_ = -1, w_b_, w_a_ = -1, conv_, a_log_, dt_bias_, norm_, w_out_;
 };
 
 }  // namespace tt::model

@@ -313,7 +313,7 @@ int resolve_device(const std::string& device, const model::ModelConfig& cfg, int
   }
   if (cfg.has_linear_attention() || cfg.qwen3_5()) {
     spdlog::info("device: auto -> cpu ({}: no CUDA kernels for its layers yet)",
-                 cfg.qwen3_5() ? "qwen3_5_text" : "linear_attention layers");
+                 cfg.qwen3_5() ? cfg.architecture : std::string("linear_attention layers"));
     return -1;
   }
   const int gpu = bind_gpu(local_rank, local_world_size, n);

@@ -44,7 +44,7 @@ const std::vector<Field>& fields() {
   static const std::vector<Field> kFields = {
       TT_FIELD("run_dir", run_dir),
       TT_FIELD("device", device, {"auto", "cpu", "cuda"}),
-      TT_FIELD("model.architecture", model.architecture, {"qwen3", "llama", "qwen3_5_text"}),
+      TT_FIELD("model.architecture", model.architecture, {"qwen3", "llama", "qwen3_5_text", "qwen3_next"}),
       TT_FIELD("model.vocab_size", model.vocab_size),
       TT_FIELD("model.hidden_size", model.hidden_size),
       TT_FIELD("model.intermediate_size", model.intermediate_size),

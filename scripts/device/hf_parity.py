@@ -2,7 +2,8 @@
 
 Run on a machine with torch + transformers (the GPU machine), with the probe binary built here:
   python3 scripts/device/hf_parity.py .device/hf_parity_tool OUTDIR
-For qwen3/llama/qwen3_5_text (3 Gated DeltaNet layers : 1 gated attention), tied/untied: (1) we export a model; transformers loads it; logits must match
+For qwen3/llama/qwen3_5_text/qwen3_next (the last two: 3 Gated DeltaNet layers : 1 gated attention;
+qwen3_next dense, num_experts 0, its fused in_proj_qkvz / in_proj_ba), tied/untied: (1) we export a model; transformers loads it; logits must match
 ours; (2) transformers writes a randomly initialised model; we load it; logits must match theirs.
 Rule: fp32 vs fp64 computations of the same function: max |diff| / max |logit| < 1e-4.
 (3) one AdamW step from (2)'s weights, ours against torch.optim.AdamW, with eps = lr = 1e3 so the
@@ -36,7 +37,7 @@ def ours(args, vocab):
     return np.fromfile(args[-1], dtype=np.float32).reshape(len(tokens), vocab).astype(np.float64)
 
 
-for arch in ["qwen3", "llama", "qwen3_5_text"]:
+for arch in ["qwen3", "llama", "qwen3_5_text", "qwen3_next"]:
     for tied in ["0", "1"]:
         name = f"{arch}_tied{tied}"
         d = os.path.join(out, "ours_" + name)

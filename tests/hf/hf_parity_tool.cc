@@ -3,8 +3,9 @@
 // compute for a token sequence; `import` loads an HF directory written by transformers and writes
 // our logits for the sequence. The script compares both with transformers' own logits.
 //
-//   hf_parity_tool export DIR ARCH TIED SEED TOKENS OUT   (ARCH qwen3|llama|qwen3_5_text, TIED 0|1,
-//                                                         TOKENS 1,2,3; qwen3_5_text: 3 GDN : 1 attention)
+//   hf_parity_tool export DIR ARCH TIED SEED TOKENS OUT   (ARCH qwen3|llama|qwen3_5_text|qwen3_next,
+//                                                         TIED 0|1, TOKENS 1,2,3; qwen3_5_text and
+//                                                         qwen3_next: 3 GDN : 1 attention)
 //   hf_parity_tool import DIR TOKENS OUT
 //   hf_parity_tool step DIR TOKENS LR OUTDIR (one AdamW step on the mean token cross entropy, as
 //                                          transformers' labels=input_ids; OUTDIR: the HF weights after)
@@ -80,7 +81,7 @@ int main(int argc, char** argv) {
       cfg.rope_theta = 1000000.0;
       cfg.tie_word_embeddings = std::string(argv[4]) == "1";
       cfg.initializer_range = 0.1;
-      if (cfg.architecture == "qwen3_5_text") {  // 3 Gated DeltaNet layers : 1 gated attention
+      if (cfg.qwen3_5()) {  // qwen3_5_text, qwen3_next: 3 Gated DeltaNet layers : 1 gated attention
         cfg.num_hidden_layers = 4;
         cfg.layer_types = {"linear_attention", "linear_attention", "linear_attention", "full_attention"};
         cfg.partial_rotary_factor = 0.25;

@@ -124,6 +124,110 @@ void check_tree_equals_per_path(const ModelConfig& cfg) {
 TEST(GdnDecoder, TreeEqualsPerPath) { check_tree_equals_per_path(hybrid_config()); }
 TEST(Qwen35, TreeEqualsPerPath) { check_tree_equals_per_path(qwen35_config()); }
 
+// Qwen3-Next (dense): Qwen3.5's layers with the Gated DeltaNet's input projections fused and
+// grouped per key head; two key heads of two value heads each, so the grouping is not trivial.
+ModelConfig next_config() {
+  ModelConfig c = qwen35_config();
+  c.architecture = "qwen3_next";
+  c.linear_num_key_heads = 2;
+  c.linear_num_value_heads = 4;
+  return c;
+}
+
+TEST(Qwen3Next, GradientsMatchFiniteDifferences) { check_gradients(next_config()); }
+TEST(Qwen3Next, TreeEqualsPerPath) { check_tree_equals_per_path(next_config()); }
+
+// The rows of in_proj_qkvz / in_proj_ba of key head g and the rows of the split projections they
+// are (anchors-ssm-vla.md 1.3), as (fused row, split tensor suffix, split row) for every row.
+struct RowMap {
+  int64_t fused;
+  const char* split;
+  int64_t row;
+};
+std::vector<RowMap> grouped_rows(const ModelConfig& c, bool ba) {
+  const int64_t nk = c.linear_num_key_heads, nv = c.linear_num_value_heads, dk = c.linear_key_head_dim,
+                dv = c.linear_value_head_dim, r = nv / nk, KD = nk * dk;
+  std::vector<RowMap> out;
+  for (int64_t g = 0; g < nk; ++g) {
+    if (ba) {
+      for (int64_t i = 0; i < r; ++i) out.push_back({g * 2 * r + i, "in_proj_b.weight", g * r + i});
+      for (int64_t i = 0; i < r; ++i) out.push_back({g * 2 * r + r + i, "in_proj_a.weight", g * r + i});
+      continue;
+    }
+    const int64_t base = g * (2 * dk + 2 * r * dv);
+    for (int64_t i = 0; i < dk; ++i) out.push_back({base + i, "in_proj_qkv.weight", g * dk + i});
+    for (int64_t i = 0; i < dk; ++i) out.push_back({base + dk + i, "in_proj_qkv.weight", KD + g * dk + i});
+    for (int64_t i = 0; i < r * dv; ++i) out.push_back({base + 2 * dk + i, "in_proj_qkv.weight", 2 * KD + g * r * dv + i});
+    for (int64_t i = 0; i < r * dv; ++i) out.push_back({base + 2 * dk + r * dv + i, "in_proj_z.weight", g * r * dv + i});
+  }
+  return out;
+}
+
+// A qwen3_next model is the qwen3_5_text model whose split projections are its fused rows
+// ungrouped: the same loss, and the same gradients row for row.
+TEST(Qwen3Next, IsQwen35WithGroupedFusedProjections) {
+  const ModelConfig nc = next_config();
+  ModelConfig sc = nc;
+  sc.architecture = "qwen3_5_text";
+  Model<double> next(nc), split(sc);
+  init_for_test(next, 5);
+  const int64_t C = nc.hidden_size;
+  auto copy_rows = [&](bool to_split, const std::string& fused_name, bool ba) {
+    const ParamInfo& f = next.params_info()[next.table().find(fused_name)];
+    const std::string la = fused_name.substr(0, fused_name.rfind('.', fused_name.size() - 8) + 1);
+    for (const RowMap& m : grouped_rows(nc, ba)) {
+      const int si = split.table().find(la + m.split);
+      EXPECT_GE(si, 0) << la + m.split;
+      double* s = (to_split ? split.params() : split.grads()) + split.params_info()[si].offset + m.row * C;
+      const double* n = (to_split ? next.params() : next.grads()) + f.offset + m.fused * C;
+      if (to_split) std::copy(n, n + C, s);
+      else
+        for (int64_t j = 0; j < C; ++j) EXPECT_NEAR(n[j], s[j], 1e-10 * (1 + std::fabs(s[j]))) << fused_name;
+    }
+  };
+  for (const ParamInfo& p : split.params_info()) {
+    const int i = next.table().find(p.name);
+    if (i >= 0) std::copy_n(next.params() + next.params_info()[i].offset, p.numel, split.params() + p.offset);
+  }
+  std::vector<std::string> fused;
+  for (const ParamInfo& p : next.params_info())
+    if (p.name.find("in_proj_qkvz") != std::string::npos || p.name.find("in_proj_ba") != std::string::npos)
+      fused.push_back(p.name);
+  ASSERT_EQ(fused.size(), 4u) << "two linear_attention layers";
+  for (const std::string& n : fused) copy_rows(true, n, n.find("in_proj_ba") != std::string::npos);
+  const data::Tree tree = test_tree(nc.vocab_size);
+  const data::PackedBatch b = data::pack({&tree}, data::Packing::kTree);
+  next.zero_grad();
+  split.zero_grad();
+  const double ln = next.forward_backward(b, 0.5), ls = split.forward_backward(b, 0.5);
+  EXPECT_NEAR(ln, ls, 1e-12 * std::fabs(ls));
+  for (const std::string& n : fused) copy_rows(false, n, n.find("in_proj_ba") != std::string::npos);
+  for (const ParamInfo& p : split.params_info()) {
+    const int i = next.table().find(p.name);
+    if (i < 0) continue;
+    for (int64_t j = 0; j < p.numel; ++j)
+      EXPECT_NEAR(next.grads()[next.params_info()[i].offset + j], split.grads()[p.offset + j],
+                  1e-10 * (1 + std::fabs(split.grads()[p.offset + j])))
+          << p.name;
+  }
+  // transformers' config: Qwen3NextForCausalLM, dense; a config that leaves num_experts to
+  // transformers' default (512 experts) is refused.
+  nlohmann::json j = nc.to_hf_json();
+  EXPECT_EQ(j.at("architectures")[0], "Qwen3NextForCausalLM");
+  EXPECT_EQ(j.at("model_type"), "qwen3_next");
+  EXPECT_EQ(j.at("num_experts"), 0);
+  const ModelConfig back = ModelConfig::from_hf_json(j, "config.json");
+  EXPECT_EQ(back.architecture, "qwen3_next");
+  EXPECT_EQ(back.layer_types, nc.layer_types);
+  j.erase("num_experts");
+  try {
+    ModelConfig::from_hf_json(j, "config.json");
+    FAIL() << "a qwen3_next config without num_experts is a mixture of experts";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expected num_experts: 0"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Qwen35, TableAndConfigAreTransformers) {
   Model<double> m(qwen35_config());
   const ParamTable& t = m.table();
@@ -235,7 +339,7 @@ TEST(GdnDecoder, ConfigNamesWhatALinearAttentionLayerNeeds) {
     c.validate();
     FAIL() << "expected tt::Error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("layer_types names linear_attention layers, which architecture qwen3_5_text"),
+    EXPECT_NE(std::string(e.what()).find("layer_types names linear_attention layers, which architectures qwen3_5_text and qwen3_next"),
               std::string::npos)
         << e.what();
   }
