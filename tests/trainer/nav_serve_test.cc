@@ -183,6 +183,40 @@ TEST(NavServe, BadRequestsGetErrorsAndNeverStopTheServer) {
             std::string::npos);
 }
 
+// Continuous actions: a checkpoint with action_bins.json (configs/vla_tiny.yaml on toy episodes,
+// 2-dim actions in 16 bins, a 2-value state) is served without --action-ids: two tokens among the
+// last 16 ids, decoded into an action inside the bins' range.
+TEST(NavServe, ContinuousActionsDecodeThroughTheCheckpointsBins) {
+  const fs::path dir = fresh_dir("serve_continuous");
+  const std::string data = (dir / "episodes.jsonl").string();
+  ASSERT_EQ(sh("trainer/treetrain generate --kind toy-episodes --out " + data + " --num-episodes 3 --steps 3 2>/dev/null"), 0);
+  ASSERT_EQ(sh("trainer/treetrain --config configs/vla_tiny.yaml --set run_dir=" + (dir / "run").string() +
+               " --set data.path=" + data + " --set train.max_steps=2 --set train.checkpoint_every=0 2>/dev/null"),
+            0);
+  ServeProcess s("--checkpoint " + (dir / "run").string());
+  Client c(s.port);
+  tt::data::Image img;
+  img.width = img.height = 16;
+  img.rgb.assign(16 * 16 * 3, 30);
+  const std::string b64 = tt::base64_encode(tt::data::encode_png(img));
+  EXPECT_EQ(c.ask(R"({"session": "r", "reset": true, "instruction": [2, 3, 4]})").at("ok"), true);
+  const json r = c.ask(R"({"session": "r", "images": [")" + b64 + R"("], "state": [0.5, 1.0]})");
+  ASSERT_TRUE(r.contains("action")) << r.dump();
+  ASSERT_EQ(r.at("tokens").size(), 2u);
+  for (const json& t : r.at("tokens")) {
+    EXPECT_GE(t.get<int>(), 64 - 16);
+    EXPECT_LT(t.get<int>(), 64);
+  }
+  ASSERT_EQ(r.at("action").size(), 2u);
+  for (const json& a : r.at("action")) {
+    EXPECT_GE(a.get<double>(), -1.0 - 1e-6);  // the toy actions' range, [-1, 1]
+    EXPECT_LE(a.get<double>(), 1.0 + 1e-6);
+  }
+  EXPECT_NE(c.ask(R"({"session": "r", "images": [")" + b64 + R"("]})").at("error").get<std::string>().find(
+                "\"state\" has 0 values, expected vision.state_dim = 2"),
+            std::string::npos);
+}
+
 TEST(NavServe, TheReferenceClientReproducesEval) {
   if (sh("python3 -c 'import json, socket' 2>/dev/null") != 0) GTEST_SKIP() << "no python3 on this machine";
   const fs::path dir = fresh_dir("nav_client");
