@@ -96,15 +96,12 @@ class Server {
         if (errno == EINTR) continue;
         throw Error(str("serve: poll: ", std::strerror(errno)));
       }
-      if (fds[0].revents & POLLIN) {
-        const int fd = accept(lfd, nullptr, nullptr);
-        if (fd >= 0) conns.push_back(Conn{fd, ""});
-      }
       std::vector<Conn> keep;
-      for (size_t i = 0; i < conns.size(); ++i) {
+      for (size_t i = 0; i + 1 < fds.size(); ++i) {  // the connections polled (fds[i + 1])
         Conn c = conns[i];
         bool open = true;
-        if (fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) {
+        const bool limit = opt_.max_requests >= 0 && answered >= opt_.max_requests;
+        if (!limit && (fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR))) {
           char buf[1 << 16];
           const ssize_t n = recv(c.fd, buf, sizeof buf, 0);
           if (n <= 0) {
@@ -134,6 +131,10 @@ class Server {
         } else {
           close(c.fd);
         }
+      }
+      if (fds[0].revents & POLLIN) {  // a new connection joins the next poll
+        const int fd = accept(lfd, nullptr, nullptr);
+        if (fd >= 0) keep.push_back(Conn{fd, ""});
       }
       conns = std::move(keep);
     }
