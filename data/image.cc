@@ -107,6 +107,23 @@ void decode_jpeg(const std::string& path, FILE* f, const std::string* bytes, Ima
 
 }  // namespace
 
+namespace {
+
+// libpng's simplified-API description of an 8-bit RGB image (checked; `what` names it).
+png_image rgb_png(const Image& img, const std::string& what) {
+  TT_CHECK(img.width > 0 && img.height > 0 && img.rgb.size() == (size_t)img.width * img.height * 3, what,
+           ": an image of ", img.width, " x ", img.height, " with ", img.rgb.size(), " bytes to write");
+  png_image png;
+  std::memset(&png, 0, sizeof png);
+  png.version = PNG_IMAGE_VERSION;
+  png.width = (png_uint_32)img.width;
+  png.height = (png_uint_32)img.height;
+  png.format = PNG_FORMAT_RGB;
+  return png;
+}
+
+}  // namespace
+
 Image decode_image(const std::string& path) {
   std::unique_ptr<FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
   if (!f) throw Error(str(path, ": cannot open the image file"));
@@ -136,14 +153,7 @@ Image decode_image_bytes(const std::string& bytes, const std::string& what) {
 }
 
 std::string encode_png(const Image& img) {
-  TT_CHECK(img.width > 0 && img.height > 0 && img.rgb.size() == (size_t)img.width * img.height * 3,
-           "encode_png: an image of ", img.width, " x ", img.height, " with ", img.rgb.size(), " bytes");
-  png_image png;
-  std::memset(&png, 0, sizeof png);
-  png.version = PNG_IMAGE_VERSION;
-  png.width = (png_uint_32)img.width;
-  png.height = (png_uint_32)img.height;
-  png.format = PNG_FORMAT_RGB;
+  png_image png = rgb_png(img, "encode_png");
   png_alloc_size_t size = 0;
   if (!png_image_write_to_memory(&png, nullptr, &size, 0, img.rgb.data(), 0, nullptr))
     throw Error(str("encode_png: ", png.message));
@@ -154,15 +164,9 @@ std::string encode_png(const Image& img) {
   return out;
 }
 
+
 void write_png(const std::string& path, const Image& img) {
-  TT_CHECK(img.width > 0 && img.height > 0 && img.rgb.size() == (size_t)img.width * img.height * 3, path,
-           ": an image of ", img.width, " x ", img.height, " with ", img.rgb.size(), " bytes to write");
-  png_image png;
-  std::memset(&png, 0, sizeof png);
-  png.version = PNG_IMAGE_VERSION;
-  png.width = (png_uint_32)img.width;
-  png.height = (png_uint_32)img.height;
-  png.format = PNG_FORMAT_RGB;
+  png_image png = rgb_png(img, path);
   if (!png_image_write_to_file(&png, path.c_str(), 0, img.rgb.data(), 0, nullptr))
     throw Error(str(path, ": cannot write the PNG (", png.message, ")"));
 }

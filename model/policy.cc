@@ -7,6 +7,21 @@
 #include "base/check.h"
 
 namespace tt::model {
+namespace {
+
+// n rows as one causal node at positions first_pos.. (a chain; its metadata only).
+void one_node(data::PackedBatch& b, int n, int first_pos) {
+  b.n_tokens = n;
+  b.pos.clear();
+  b.subtree_end.assign(n, n);
+  for (int i = 0; i < n; ++i) b.pos.push_back(first_pos + i);
+  b.node_start = {0};
+  b.node_len = {n};
+  b.node_parent = {-1};
+  b.tree_start = {0, n};
+}
+
+}  // namespace
 
 template <class E>
 VlaPolicy<E>::VlaPolicy(Decoder<E>& model, int window, int64_t capacity)
@@ -22,17 +37,8 @@ void VlaPolicy<E>::reset(const std::vector<int32_t>& instruction) {
   history_.clear();
   instruction_ = instruction;
   data::PackedBatch b;
-  const int n = (int)instruction.size();
-  b.n_tokens = n;
   b.tokens = instruction;
-  for (int i = 0; i < n; ++i) {
-    b.pos.push_back(i);
-    b.subtree_end.push_back(n);
-  }
-  b.node_start = {0};
-  b.node_len = {n};
-  b.node_parent = {-1};
-  b.tree_start = {0, n};
+  one_node(b, (int)instruction.size(), 0);
   prefill(b);
 }
 
@@ -57,17 +63,8 @@ data::PackedBatch VlaPolicy<E>::observation_batch(const Observation& obs, int de
     b.state = obs.state;
     b.tokens.push_back((int32_t)v.state_token_index);
   }
-  const int n = (int)b.tokens.size();
-  TT_CHECK(n > 0, "policy: an observation without frames or state");
-  b.n_tokens = n;
-  for (int i = 0; i < n; ++i) {
-    b.pos.push_back(depth + i);
-    b.subtree_end.push_back(n);
-  }
-  b.node_start = {0};
-  b.node_len = {n};
-  b.node_parent = {-1};
-  b.tree_start = {0, n};
+  TT_CHECK(!b.tokens.empty(), "policy: an observation without frames or state");
+  one_node(b, (int)b.tokens.size(), depth);
   return b;
 }
 
@@ -120,14 +117,8 @@ std::vector<int32_t> VlaPolicy<E>::act(const Observation& obs, int n_tokens, int
     out.push_back(tok);
     if (k + 1 == n_tokens) break;
     data::PackedBatch b;  // the token, reading the context and the action's earlier tokens
-    b.n_tokens = 1;
     b.tokens = {tok};
-    b.pos = {depth + k};
-    b.subtree_end = {1};
-    b.node_start = {0};
-    b.node_len = {1};
-    b.node_parent = {-1};
-    b.tree_start = {0, 1};
+    one_node(b, 1, depth + k);
     logits = prefill(b);
   }
   cache_.truncate(context_rows);  // actions are no later step's context
@@ -154,16 +145,7 @@ data::PackedBatch VlaPolicy<E>::context() const {
     c.image_size = b.image_size;
     c.state_dim = std::max(c.state_dim, b.state_dim);
   }
-  const int n = (int)c.tokens.size();
-  c.n_tokens = n;
-  for (int i = 0; i < n; ++i) {
-    c.pos.push_back(i);
-    c.subtree_end.push_back(n);
-  }
-  c.node_start = {0};
-  c.node_len = {n};
-  c.node_parent = {-1};
-  c.tree_start = {0, n};
+  one_node(c, (int)c.tokens.size(), 0);
   return c;
 }
 
