@@ -95,10 +95,11 @@ std::vector<int32_t> VlaPolicy<E>::act(const Observation& obs, int n_tokens, int
   history_.push_back(obs);
   int depth = (int)instruction_.size();
   std::vector<double> logits;
-  if (window_ == 0) {
-    for (size_t k = 0; k + 1 < history_.size(); ++k) depth += observation_batch(history_[k], 0).n_tokens;
-    logits = prefill(observation_batch(obs, depth));
-    depth += observation_batch(obs, 0).n_tokens;
+  if (window_ == 0) {  // the earlier observations' rows are in the cache already
+    depth = (int)cache_.used();
+    const data::PackedBatch b = observation_batch(obs, depth);
+    logits = prefill(b);
+    depth += b.n_tokens;
   } else {
     if ((int)history_.size() > window_) history_.erase(history_.begin());
     cache_.truncate((int64_t)instruction_.size());

@@ -390,9 +390,23 @@ size_t VisionKind::bytes(const std::vector<std::unique_ptr<Block<E>>>& tower, Mo
   return Acts<E>(*this, tower, mode, F, n_slots, n_state, nullptr).bytes;
 }
 
+namespace {
+
+// The frames as the tower's blocks read them: F one-node trees of P rows, bidirectional.
+template <class E>
+BatchView<E> tower_view(E& e, int F, int P, const int32_t* node_start, const int32_t* node_len,
+                        const int32_t* node_parent) {
+  BatchView<E> tv;
+  tv.N = F * P;
+  tv.layout = e.make_layout(tv.N, F, node_start, node_len, node_parent, nullptr, P == 1, nullptr);
+  tv.layout.bidirectional = true;
+  return tv;
+}
+
+}  // namespace
+
 template <class E>
 void VisionKind::forward(E& e, const VisionCall<E>& c, const data::PackedBatch& batch, char* buf) const {
-  check_batch(batch);
   const int F = (int)batch.frames.size(), n_slots = (int)batch.slot_row.size(), n_state = (int)batch.state_row.size();
   const int M = F * P_, C = C_, D = D_;
   const Acts<E> a(*this, *c.tower, c.mode, F, n_slots, n_state, buf);
@@ -424,10 +438,7 @@ void VisionKind::forward(E& e, const VisionCall<E>& c, const data::PackedBatch& 
     e.linear(a.xs[0], a.patches, w + pe_w_, M, K_, D);
     e.bias_add(a.xs[0], w + pe_b_, M, D);
     e.bias_add(a.xs[0], w + pos_, F, P_ * D);
-    BatchView<E> tv;
-    tv.N = M;
-    tv.layout = e.make_layout(M, F, a.node_start, a.node_len, a.node_parent, nullptr, P_ == 1, nullptr);
-    tv.layout.bidirectional = true;
+    const BatchView<E> tv = tower_view(e, F, P_, a.node_start, a.node_len, a.node_parent);
     const bool train = c.mode == Mode::kTrain && !freeze_;
     const int B = (int)c.tower->size();
     for (int b = 0; b < B; ++b) {
@@ -485,10 +496,7 @@ void VisionKind::backward(E& e, const VisionCall<E>& c, char* buf, int F, int n_
   e.linear_dw(g + l1_w_, a.dh, feat, M, D, C);
   if (freeze_) return;
   e.linear_dx(a.dxv, a.dh, w + l1_w_, M, D, C, /*accumulate=*/false);
-  BatchView<E> tv;
-  tv.N = M;
-  tv.layout = e.make_layout(M, F, a.node_start, a.node_len, a.node_parent, nullptr, P_ == 1, nullptr);
-  tv.layout.bidirectional = true;
+  const BatchView<E> tv = tower_view(e, F, P_, a.node_start, a.node_len, a.node_parent);
   for (int b = B - 1; b >= 0; --b) {
     BlockCall<E> bc;
     bc.mode = Mode::kTrain;

@@ -134,7 +134,8 @@ class VisionKind {
   // backward's scratch), carved from one buffer; held by the decoder's Activations.
   template <class E>
   size_t bytes(const std::vector<std::unique_ptr<Block<E>>>& tower, Mode mode, int F, int n_slots, int n_state) const;
-  // Uploads the batch's media into `buf` (sized by bytes()) and writes the media rows of c.x.
+  // Uploads the batch's media into `buf` (sized by bytes()) and writes the media rows of c.x; the
+  // caller has checked the batch (check_batch).
   template <class E>
   void forward(E& e, const VisionCall<E>& c, const data::PackedBatch& batch, char* buf) const;
   // Gradients of the last forward on `buf` (F, n_slots, n_state as it had), from the media rows of

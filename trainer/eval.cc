@@ -3,22 +3,19 @@
 
 #include <spdlog/spdlog.h>
 
-#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "base/check.h"
+#include "data/frames.h"
 #include "data/image.h"
 #include "data/rng.h"
 #include "model/decoder.h"
 #include "model/hf_io.h"
 #include "model/policy.h"
-#include "trainer/config.h"
 #include "trainer/sample.h"
 
 namespace tt::trainer {
 namespace {
-
-namespace fs = std::filesystem;
 
 enum class Policy { kModel, kRandom, kZeroed };
 
@@ -40,7 +37,8 @@ NavScore run_episodes(model::Decoder<model::CpuExec<float>>& m, const NavEvalOpt
         data::Image img = env.render();
         if (kind == Policy::kZeroed) std::fill(img.rgb.begin(), img.rgb.end(), 0);
         model::Observation obs;
-        obs.frames.push_back(data::tower_pixels(img, S, {0.5f, 0.5f, 0.5f}, {0.5f, 0.5f, 0.5f}));
+        const data::FrameSpec fs;  // the tower's normalisation, as training frames get it
+        obs.frames.push_back(data::tower_pixels(img, S, fs.mean, fs.std));
         action = policy.act(obs, 1, spec.action_base, spec.action_base + data::kNavActions)[0] - spec.action_base;
       }
       env.step(action);
@@ -71,18 +69,10 @@ NavEvalResult run_nav_eval(const NavEvalOptions& opt) {
                     spec.action_base + data::kNavActions - 1));
   if (cfg.vision.state_dim != 0)
     throw Error(str(dir, ": vision.state_dim ", cfg.vision.state_dim, ", but the nav environment has no state"));
-  int window = opt.window;
-  if (window < 0) {
-    window = 0;
-    const fs::path yaml = fs::path(dir) / "config.yaml";
-    if (fs::exists(yaml)) window = (int)load_config(yaml.string(), {}).data.history_window;
-  }
-  model::DecoderOptions o;
-  o.inference = true;
-  model::Decoder<model::CpuExec<float>> m(cfg, o);
-  std::vector<float> host(m.num_params(), 0.0f);
-  model::load_hf_weights(dir, cfg, m.params_info(), host.data());
-  m.set_params(host.data());
+  const int window = opt.window >= 0 ? opt.window : checkpoint_history_window(dir);
+  const std::unique_ptr<model::Decoder<model::CpuExec<float>>> model =
+      load_inference_model<model::CpuExec<float>>(cfg, dir);
+  model::Decoder<model::CpuExec<float>>& m = *model;
   NavEvalResult r;
   r.checkpoint = dir;
   r.episodes = opt.episodes;

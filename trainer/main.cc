@@ -230,23 +230,14 @@ int run_episode_stats(const Args& a, const std::string& path) {
   spec.window = (int)int_flag(a, "window", 0);
   if (spec.tokens_per_frame < 1) throw UsageError{"--tokens-per-frame: expected >= 1"};
   if (spec.window < 0) throw UsageError{"--window: expected 0 (full history) or >= 1"};
-  const std::vector<tt::data::Episode> eps = tt::data::read_episodes(path, vocab);
-  std::vector<std::vector<float>> actions;
-  for (const auto& ep : eps)
-    for (const auto& st : ep.steps)
-      if (!st.action.empty()) actions.push_back(st.action);
-  tt::data::ActionBins bins;
-  if (!actions.empty()) bins = tt::data::fit_action_bins(actions, vocab);
-  std::vector<tt::data::Tree> trees;
+  const std::vector<tt::data::Tree> trees = tt::data::read_episode_trees(path, vocab, spec, 256, nullptr);
   int64_t frames = 0, occurrences = 0;
-  for (size_t e = 0; e < eps.size(); ++e) {
-    tt::data::Tree et = tt::data::episode_tree(eps[e], (int64_t)e, actions.empty() ? nullptr : &bins, spec);
-    frames += (int64_t)et.media.frames.size();
-    occurrences += et.frame_occurrences();
-    trees.push_back(std::move(et));
+  for (const tt::data::Tree& t : trees) {
+    frames += (int64_t)t.media.frames.size();
+    occurrences += t.frame_occurrences();
   }
   nlohmann::json j = tt::data::tree_stats(trees);
-  j["episodes"] = eps.size();
+  j["episodes"] = trees.size();
   j["unique_frames"] = frames;
   j["frame_occurrences"] = occurrences;          // in the tree's observation nodes
   j["frame_reuse"] = frames > 0 ? (double)occurrences / (double)frames : 0.0;

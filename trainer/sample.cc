@@ -16,6 +16,7 @@
 #include "model/hf_io.h"
 #include "trainer/backend.h"
 #include "trainer/checkpoint.h"
+#include "trainer/config.h"
 
 namespace tt::trainer {
 namespace {
@@ -60,17 +61,31 @@ template <class E>
 std::vector<model::Completion> run_on(const model::ModelConfig& cfg, const std::string& dir,
                                       const std::vector<model::Prompt>& prompts, const model::SamplingOptions& opt,
                                       model::GenerateStats* st) {
-  model::DecoderOptions o;
-  o.inference = true;
-  model::Decoder<E> m(cfg, o);
-  std::vector<float> host(m.num_params(), 0.0f);
-  model::load_hf_weights(dir, cfg, m.params_info(), host.data());
-  m.set_params(host.data());
-  host = {};
-  return model::generate(m, prompts, opt, st);
+  return model::generate(*load_inference_model<E>(cfg, dir), prompts, opt, st);
 }
 
 }  // namespace
+
+template <class E>
+std::unique_ptr<model::Decoder<E>> load_inference_model(const model::ModelConfig& cfg, const std::string& dir) {
+  model::DecoderOptions o;
+  o.inference = true;
+  auto m = std::make_unique<model::Decoder<E>>(cfg, o);
+  std::vector<float> host(m->num_params(), 0.0f);
+  model::load_hf_weights(dir, cfg, m->params_info(), host.data());
+  m->set_params(host.data());
+  return m;
+}
+
+template std::unique_ptr<model::Decoder<model::CpuExec<float>>> load_inference_model(const model::ModelConfig&,
+                                                                                     const std::string&);
+template std::unique_ptr<model::Decoder<model::CudaExec>> load_inference_model(const model::ModelConfig&,
+                                                                               const std::string&);
+
+int checkpoint_history_window(const std::string& dir) {
+  const fs::path yaml = fs::path(dir) / "config.yaml";
+  return fs::exists(yaml) ? (int)load_config(yaml.string(), {}).data.history_window : 0;
+}
 
 std::string resolve_checkpoint(const std::string& dir) {
   std::error_code ec;

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,13 @@ int64_t run_sample(const SampleCommand& cmd);
 
 // The HF directory DIR names (itself, or a run_dir's newest checkpoint).
 std::string resolve_checkpoint(const std::string& dir);
+// An inference-only model of `cfg` holding the weights of HF directory `dir` (on the GPU, its
+// bf16 weights only): what sample, eval and serve run. E: CpuExec<float> or CudaExec.
+template <class E>
+std::unique_ptr<model::Decoder<E>> load_inference_model(const model::ModelConfig& cfg, const std::string& dir);
+// data.history of the run that wrote checkpoint `dir` (its config.yaml): the window, 0 for the full
+// history or for a directory without a config.yaml (a model transformers wrote).
+int checkpoint_history_window(const std::string& dir);
 // Reads the prompts JSONL; errors name file:line.
 std::vector<model::Prompt> read_prompts(const std::string& path);
 // The output lines (see the file comment), each ending in a newline.

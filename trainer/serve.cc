@@ -21,11 +21,11 @@
 #include "base/check.h"
 #include "base/files.h"
 #include "data/actions.h"
+#include "data/frames.h"
 #include "data/image.h"
 #include "model/decoder.h"
 #include "model/hf_io.h"
 #include "model/policy.h"
-#include "trainer/config.h"
 #include "trainer/sample.h"
 
 namespace tt::trainer {
@@ -47,12 +47,7 @@ class Server {
     cfg_ = model::read_hf_config(dir_);
     if (!cfg_.vision.enabled())
       throw Error(str(dir_, "/config.json: a text model (no vision_config); serve needs a VLA checkpoint"));
-    window_ = opt.window;
-    if (window_ < 0) {
-      window_ = 0;
-      const fs::path yaml = fs::path(dir_) / "config.yaml";
-      if (fs::exists(yaml)) window_ = (int)load_config(yaml.string(), {}).data.history_window;
-    }
+    window_ = opt.window >= 0 ? opt.window : checkpoint_history_window(dir_);
     const fs::path bins = fs::path(dir_) / "action_bins.json";
     if (opt.action_first >= 0) {
       tokens_ = opt.action_tokens;
@@ -70,12 +65,7 @@ class Server {
       throw Error(str(dir_, ": no action_bins.json (continuous actions); for discrete actions pass --action-ids "
                             "FIRST:END and --action-tokens N"));
     }
-    model::DecoderOptions o;
-    o.inference = true;
-    model_ = std::make_unique<model::Decoder<Exec>>(cfg_, o);
-    std::vector<float> host(model_->num_params(), 0.0f);
-    model::load_hf_weights(dir_, cfg_, model_->params_info(), host.data());
-    model_->set_params(host.data());
+    model_ = load_inference_model<Exec>(cfg_, dir_);
   }
 
   int64_t run() {
@@ -219,7 +209,8 @@ class Server {
         if (img.width != S || img.height != S)
           throw Error(str(what, ": ", img.width, " x ", img.height, " pixels, expected ", S, " x ", S,
                           " (the tower's vision.image_size)"));
-        obs.frames.push_back(data::tower_pixels(img, S, {0.5f, 0.5f, 0.5f}, {0.5f, 0.5f, 0.5f}));
+        const data::FrameSpec fs;  // the tower's normalisation, as training frames get it
+        obs.frames.push_back(data::tower_pixels(img, S, fs.mean, fs.std));
       }
       if (j.contains("state")) {
         if (!j.at("state").is_array()) throw Error("\"state\" must be a list of numbers");
