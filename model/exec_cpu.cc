@@ -293,8 +293,9 @@ void CpuExec<T>::copy_rows(Act* dst, const int32_t* dst_rows, const Act* src, co
 }
 
 template <class T>
-void CpuExec<T>::add_rows(Act* dst, const int32_t* dst_rows, const Act* src, const int32_t* src_rows, int n, int C) {
-  cpu::add_rows(dst, dst_rows, src, src_rows, n, C);
+void CpuExec<T>::sum_rows(Act* dst, const Act* src, const int32_t* offsets, const int32_t* src_rows, int n_dst,
+                          int C) {
+  cpu::sum_rows(dst, src, offsets, src_rows, n_dst, C);
 }
 
 template <class T>

@@ -182,7 +182,8 @@ class CpuExec {
   void bias_add(Act* out, const Weight* b, int rows, int C);
   void bias_backward(Param* db, const Act* dout, int rows, int C);
   void copy_rows(Act* dst, const int32_t* dst_rows, const Act* src, const int32_t* src_rows, int n, int C);
-  void add_rows(Act* dst, const int32_t* dst_rows, const Act* src, const int32_t* src_rows, int n, int C);
+  // dst[d] = sum of src[src_rows[k]], k in [offsets[d], offsets[d + 1]) (ops/cpu/vision.h).
+  void sum_rows(Act* dst, const Act* src, const int32_t* offsets, const int32_t* src_rows, int n_dst, int C);
   void zero_rows(Act* dst, const int32_t* rows, int n, int C);
   // patches (F P, 3 p p) of F frames' pixels (F, 3, S, S).
   void patchify(Act* patches, const float* pixels, int F, int S, int patch);

@@ -326,6 +326,7 @@ struct VisionKind::Acts {
   using Act = typename E::Act;
   int32_t *node_start, *node_len, *node_parent;  // (F) one bidirectional node per frame
   int32_t *dst_rows, *src_rows;                  // (n_slots P) decoder row <- tower row
+  int32_t *tok_off, *tok_src;                    // (M + 1), (n_slots P) per tower row: its decoder rows
   int32_t *state_rows, *state_src;               // (n_state) decoder row, 0..n_state-1
   float* pixels;                                 // (F, 3, S, S)
   Act* state_in;                                 // (n_state, Sd)
@@ -351,6 +352,8 @@ struct VisionKind::Acts {
     node_parent = c.take<int32_t>(F);
     dst_rows = c.take<int32_t>(moves);
     src_rows = c.take<int32_t>(moves);
+    tok_off = c.take<int32_t>(M + 1);
+    tok_src = c.take<int32_t>(moves);
     state_rows = c.take<int32_t>(n_state);
     state_src = c.take<int32_t>(n_state);
     pixels = c.take<float>((int64_t)F * 3 * v.S_ * v.S_);
@@ -423,6 +426,18 @@ void VisionKind::forward(E& e, const VisionCall<E>& c, const data::PackedBatch& 
         h.dst_rows[(int64_t)s * P_ + i] = batch.slot_row[s] + i;
         h.src_rows[(int64_t)s * P_ + i] = batch.slot_frame[s] * P_ + i;
       }
+    // The reverse map in CSR (slot order within a frame): the backward's gather-sum.
+    std::vector<int32_t> shown(F + 1, 0);
+    for (int s = 0; s < n_slots; ++s) ++shown[batch.slot_frame[s] + 1];
+    for (int f = 0; f < F; ++f) shown[f + 1] += shown[f];
+    for (int f = 0; f < F; ++f)
+      for (int i = 0; i < P_; ++i) h.tok_off[f * P_ + i] = shown[f] * P_ + i * (shown[f + 1] - shown[f]);
+    h.tok_off[M] = n_slots * P_;
+    std::vector<int32_t> next(shown.begin(), shown.end() - 1);  // next slot index of each frame
+    for (int s = 0; s < n_slots; ++s) {
+      const int f = batch.slot_frame[s], k = next[f]++ - shown[f], n = shown[f + 1] - shown[f];
+      for (int i = 0; i < P_; ++i) h.tok_src[shown[f] * P_ + i * n + k] = batch.slot_row[s] + i;
+    }
     for (int r = 0; r < n_state; ++r) {
       h.state_rows[r] = batch.state_row[r];
       h.state_src[r] = r;
@@ -481,8 +496,7 @@ void VisionKind::backward(E& e, const VisionCall<E>& c, char* buf, int F, int n_
   }
   if (F == 0) return;
   // d tokens_f = sum over the slots showing f (in slot order); the slot rows' dx then cleared.
-  e.zero(a.dh, sizeof(typename E::Act) * (size_t)M * C);
-  e.add_rows(a.dh, a.src_rows, c.dx, a.dst_rows, n_slots * P_, C);
+  e.sum_rows(a.dh, c.dx, a.tok_off, a.tok_src, M, C);
   e.zero_rows(c.dx, a.dst_rows, n_slots * P_, C);
   e.bias_backward(g + l2_b_, a.dh, M, C);
   e.linear_dw(g + l2_w_, a.dh, a.a1, M, C, C);

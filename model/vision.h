@@ -10,7 +10,7 @@
 // The projector reads hidden_states[vision_feature_layer = -1] as LLaVA does: the last encoder
 // layer's output, without SigLIP's post_layernorm (LLaVA never applies it, so the model has none).
 // A frame shown by several slots runs the tower once and its tokens' gradient is the sum over the
-// slots (ops/cpu/vision.h add_rows, in slot order); the embedding of the placeholder ids at media
+// slots (ops/cpu/vision.h sum_rows, in slot order); the embedding of the placeholder ids at media
 // rows gets no gradient (those rows of dx are cleared before the token embedding's backward).
 //
 // Tower attention: every image is a one-node tree of P tokens in the one attention primitive's

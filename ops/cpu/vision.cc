@@ -144,11 +144,16 @@ void copy_rows(T* dst, const int32_t* dst_rows, const T* src, const int32_t* src
 }
 
 template <class T>
-void add_rows(T* dst, const int32_t* dst_rows, const T* src, const int32_t* src_rows, int n, int C) {
-  for (int i = 0; i < n; i++) {
-    T* d = dst + (size_t)dst_rows[i] * C;
-    const T* s = src + (size_t)src_rows[i] * C;
-    for (int c = 0; c < C; c++) d[c] = (T)((double)d[c] + (double)s[c]);
+void sum_rows(T* dst, const T* src, const int32_t* offsets, const int32_t* src_rows, int n_dst, int C) {
+  std::vector<double> acc((size_t)C);
+  for (int d = 0; d < n_dst; d++) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int k = offsets[d]; k < offsets[d + 1]; k++) {
+      const T* s = src + (size_t)src_rows[k] * C;
+      for (int c = 0; c < C; c++) acc[c] += (double)s[c];
+    }
+    T* o = dst + (size_t)d * C;
+    for (int c = 0; c < C; c++) o[c] = (T)acc[c];
   }
 }
 
@@ -178,7 +183,7 @@ void unpatchify_add(T* dpixels, const T* dout, int H, int W, int patch) {
   template void bias_add<T>(T*, const T*, int, int);                                                    \
   template void bias_backward<T>(T*, const T*, int, int);                                               \
   template void copy_rows<T>(T*, const int32_t*, const T*, const int32_t*, int, int);                   \
-  template void add_rows<T>(T*, const int32_t*, const T*, const int32_t*, int, int);                    \
+  template void sum_rows<T>(T*, const T*, const int32_t*, const int32_t*, int, int);                    \
   template void zero_rows<T>(T*, const int32_t*, int, int);                                             \
   template void patchify<T>(T*, const T*, int, int, int);                                               \
   template void unpatchify_add<T>(T*, const T*, int, int, int);

@@ -36,13 +36,14 @@ template <class T>
 void bias_backward(T* db, const T* dout, int rows, int C);
 
 // Row moves between two row spaces (a tower's frame tokens and a decoder's packed rows):
-// copy_rows: dst[dst_rows[i]] = src[src_rows[i]]; add_rows: dst[dst_rows[i]] += src[src_rows[i]],
-// i in order (several i may name one dst row: the sum of a frame's slots runs in slot order).
-// zero_rows: dst[rows[i]] = 0. Rows are C elements.
+// copy_rows: dst[dst_rows[i]] = src[src_rows[i]]; sum_rows (a CSR gather-sum): dst[d] = the sum,
+// k in order, of src[src_rows[k]] for k in [offsets[d], offsets[d + 1]) (a frame token's gradient
+// over the slots that show it, in slot order; an empty range writes zeros). zero_rows:
+// dst[rows[i]] = 0. Rows are C elements.
 template <class T>
 void copy_rows(T* dst, const int32_t* dst_rows, const T* src, const int32_t* src_rows, int n, int C);
 template <class T>
-void add_rows(T* dst, const int32_t* dst_rows, const T* src, const int32_t* src_rows, int n, int C);
+void sum_rows(T* dst, const T* src, const int32_t* offsets, const int32_t* src_rows, int n_dst, int C);
 template <class T>
 void zero_rows(T* dst, const int32_t* rows, int n, int C);
 

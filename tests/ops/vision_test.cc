@@ -90,8 +90,8 @@ TEST(Bias, AddAndGradientByFiniteDifferences) {
   check_gradient("db", &b, db, objective);
 }
 
-// copy_rows / add_rows move rows between two row spaces; add_rows sums repeated destinations (a
-// frame shown by two slots); zero_rows clears rows.
+// copy_rows moves rows between two row spaces; sum_rows gathers and sums a CSR list per
+// destination (a frame shown by two slots; an empty list writes zeros); zero_rows clears rows.
 TEST(Rows, CopyAddAndZero) {
   const int C = 2;
   const std::vector<double> src = {1, 2, 3, 4, 5, 6};  // rows 0..2
@@ -99,12 +99,12 @@ TEST(Rows, CopyAddAndZero) {
   const int32_t to[] = {3, 0}, from[] = {1, 2};
   copy_rows(dst.data(), to, src.data(), from, 2, C);
   EXPECT_EQ(dst, (std::vector<double>{5, 6, -1, -1, -1, -1, 3, 4}));
-  const int32_t to2[] = {1, 1}, from2[] = {0, 2};
-  add_rows(dst.data(), to2, src.data(), from2, 2, C);
-  EXPECT_EQ(dst, (std::vector<double>{5, 6, 5, 7, -1, -1, 3, 4}));
+  const int32_t offsets[] = {0, 0, 2, 3}, from2[] = {0, 2, 1};
+  sum_rows(dst.data() + 2, src.data(), offsets, from2, 3, C);  // rows 1..3 of dst
+  EXPECT_EQ(dst, (std::vector<double>{5, 6, 0, 0, 6, 8, 3, 4}));
   const int32_t z[] = {0, 3};
   zero_rows(dst.data(), z, 2, C);
-  EXPECT_EQ(dst, (std::vector<double>{0, 0, 5, 7, -1, -1, 0, 0}));
+  EXPECT_EQ(dst, (std::vector<double>{0, 0, 0, 0, 6, 8, 0, 0}));
 }
 
 // patchify + matmul is the stride-patch convolution, computed here directly; unpatchify_add is
