@@ -51,6 +51,8 @@ void check_common(const TreeTiles& tiles, const ExternalKV* ext, int n_ext, int 
            ": tile metadata has null pointers");
   TT_CHECK(N == 0 || (aligned16(tiles.subtree_end) && aligned16(tiles.subtree_end_pad)), op,
            ": subtree_end and its padded copy must be 16-byte aligned");
+  TT_CHECK(N == 0 || !tiles.key_lo || (tiles.lo_min && tiles.lo_max && aligned16(tiles.key_lo_pad)), op,
+           ": bidirectional tile metadata (key_lo) has null or unaligned pointers");
   TT_CHECK(tiles.num_granules == (N + kTileGranule - 1) / kTileGranule, op, ": tile metadata has ",
            tiles.num_granules, " granules, expected ", (N + kTileGranule - 1) / kTileGranule);
   TT_CHECK(n_ext >= 0 && n_ext <= kMaxExternalKV, op, ": n_ext=", n_ext, ", expected 0..", kMaxExternalKV);

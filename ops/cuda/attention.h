@@ -2,8 +2,9 @@
 // meaning, bf16 tensors with fp32 softmax statistics and fp32 accumulation.
 //
 // Queries of a DFS-packed batch see key j when j <= i < subtree_end[j] (their ancestors and the
-// tokens of their own node up to themselves), plus optional external KV prefixes: prefix e is
-// visible to queries [q_begin, q_end) and is read before the tree's keys. Grouped-query
+// tokens of their own node up to themselves; in the bidirectional mode, TreeTiles::key_lo, every
+// token of their own node: an image's tokens in a vision tower), plus optional external KV
+// prefixes: prefix e is visible to queries [q_begin, q_end) and is read before the tree's keys. Grouped-query
 // attention: query head h reads KV head h / (NH / NKV). scale = 1 / sqrt(HS); HS is 64 or 128.
 // The layout is a TreeTiles (ops/cuda/tree_tiles.h) built on the GPU from subtree_end, once per
 // batch. All pointers are device pointers, 16-byte aligned, tensors dense and row-major.

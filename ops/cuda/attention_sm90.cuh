@@ -167,7 +167,7 @@ struct FwdConfig {
   static constexpr int kProducerRegs = 32;
   static constexpr int kConsumerRegs = 232;  // 128 x 32 + 256 x 232 <= 384 x 168 (the launch allocation)
   static constexpr size_t kSmemBytes = 1024 + (size_t)(2 * kQElems + 2 * kStages * kKVElems) * sizeof(bf16) +
-                                       (size_t)kStages * BN * sizeof(int32_t) + (4 + 4 * kStages) * sizeof(uint64_t) +
+                                       (size_t)2 * kStages * BN * sizeof(int32_t) + (4 + 4 * kStages) * sizeof(uint64_t) +
                                        kStages * sizeof(int32_t);
   static_assert(BN == kTmaKeyRows && BM == 2 * kTmaQueryRows, "tiles are whole TMA boxes");
   static_assert(BN == kTilePad, "a partial tile's ranges are one bulk copy of the padded subtree_end");
@@ -199,7 +199,8 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
   bf16* sK = sQ + 2 * C::kQElems;                   // (kStages, BN, HS)
   bf16* sV = sK + kStages * C::kKVElems;            // (kStages, BN, HS)
   int32_t* sHi = reinterpret_cast<int32_t*>(sV + kStages * C::kKVElems);  // (kStages, BN) subtree_end
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(sHi + kStages * BN);    // (2) each
+  int32_t* sLo = sHi + kStages * BN;  // (kStages, BN) key_lo (bidirectional mode only)
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(sLo + kStages * BN);    // (2) each
   uint64_t* q_empty = q_full + 2;
   uint64_t* k_full = q_empty + 2;  // (kStages) each
   uint64_t* k_empty = k_full + kStages;
@@ -265,8 +266,11 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
             // A partial tree tile's key ranges come with its K (a prefix's are two scalars).
             const bool ranges = is_k && !tile_full && e == p.n_ext;
             if (is_k) sInfo[st] = v | (tile_full ? kTileInfoFull : 0);  // published by the arrival below
-            mbar_expect_tx(full + st, C::kKVElems * sizeof(bf16) + (ranges ? BN * sizeof(int32_t) : 0));
+            const bool lows = ranges && p.tiles.key_lo;  // the bidirectional mode's range starts too
+            mbar_expect_tx(full + st, C::kKVElems * sizeof(bf16) + (ranges ? BN * sizeof(int32_t) : 0) +
+                                          (lows ? BN * sizeof(int32_t) : 0));
             if (ranges) bulk_load(sHi + st * BN, p.tiles.subtree_end_pad + k0, BN * sizeof(int32_t), full + st);
+            if (lows) bulk_load(sLo + st * BN, p.tiles.key_lo_pad + k0, BN * sizeof(int32_t), full + st);
             tma_load_tile<BN, HS>(dst + st * C::kKVElems, map, hk, k0, full + st);
           }
           __syncwarp();
@@ -315,12 +319,15 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
       wgmma_commit();
     };
     // Mask of a partial tile v in K stage st: a tree tile's key ranges are in sHi (their subtree
-    // ends, the loader's bulk copy), a prefix's are its query range.
+    // ends, the loader's bulk copy) and, in the bidirectional mode, sLo; a prefix's are its query
+    // range.
+    const bool bidirectional = p.tiles.key_lo != nullptr;
     auto mask = [&](int v, int st) {
       int e, k0;
       resolve_key_tile<BN>(p, v, e, k0);
       const bool ext = e < p.n_ext;
       const int32_t* hi_s = sHi + st * BN;
+      const int32_t* lo_s = sLo + st * BN;
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
@@ -331,6 +338,7 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
             ext_key_range(p.ext[e], key, lo, hi);
           } else {
             hi = hi_s[8 * j + 2 * t + cc];
+            if (bidirectional) lo = lo_s[8 * j + 2 * t + cc];
           }
 #pragma unroll
           for (int half = 0; half < 2; ++half) {

@@ -6,8 +6,9 @@
 // provides.
 //
 // Visibility, one rule for every key: key j (of the tree or of an external prefix) carries a query
-// range [lo_j, hi_j): tree key j has [j, subtree_end[j]), a prefix key [q_begin, q_end), a key past
-// the end of its source [lo, 0) (visible from nowhere). Virtual key tiles number the external
+// range [lo_j, hi_j): tree key j has [j, subtree_end[j]) ([key_lo[j], subtree_end[j]) in the
+// bidirectional mode, tree_tiles.h), a prefix key [q_begin, q_end), a key past the end of its
+// source [lo, 0) (visible from nowhere). Virtual key tiles number the external
 // prefixes' tiles first, then the tree's.
 #pragma once
 
@@ -65,6 +66,29 @@ __device__ __forceinline__ void tree_tile_hi(const TreeTiles& t, int k0, int& hm
   }
 }
 
+// min and max of lo_j over tree keys [k0, k0 + BN): k0 and k0 + BN - 1 in the causal tree, from the
+// granules of key_lo in the bidirectional mode (keys past N count as INT_MAX).
+template <int BN>
+__device__ __forceinline__ void tree_tile_lo(const TreeTiles& t, int k0, int& lmin, int& lmax) {
+  if (t.key_lo == nullptr) {
+    lmin = k0;
+    lmax = k0 + BN - 1;
+    return;
+  }
+  lmin = INT_MAX;
+  lmax = 0;
+#pragma unroll
+  for (int s = 0; s < BN / kTileGranule; ++s) {
+    const int gi = k0 / kTileGranule + s;
+    if (gi < t.num_granules) {
+      lmin = imin(lmin, t.lo_min[gi]);
+      lmax = imax(lmax, t.lo_max[gi]);
+    } else {
+      lmax = INT_MAX;
+    }
+  }
+}
+
 // Key tile v against query rows [q0, q_last]: skip, partial or full (tree_tiles.h has the rules).
 // A tree tile skipped because every key's subtree ends at or before q0 also sets skip_to: every
 // key from the tile's first to its largest subtree end lies in one of those subtrees (DFS order),
@@ -79,14 +103,16 @@ __device__ int classify_key_tile(const AttnFwdParams& p, int v, int q0, int q_la
     if (x.q_end <= q0 || x.q_begin > q_last) return kSkip;
     return (x.q_begin <= q0 && x.q_end > q_last && k0 + BN <= x.len) ? kFull : kPartial;
   }
-  if (k0 > q_last) return kSkip;
+  int lmin, lmax;
+  tree_tile_lo<BN>(p.tiles, k0, lmin, lmax);
+  if (lmin > q_last) return kSkip;
   int hmin, hmax;
   tree_tile_hi<BN>(p.tiles, k0, hmin, hmax);
   if (hmax <= q0) {
     skip_to = imax(v + 1, v + hmax / BN - k0 / BN);
     return kSkip;
   }
-  return (k0 + BN - 1 <= q0 && hmin > q_last) ? kFull : kPartial;
+  return (lmax <= q0 && hmin > q_last) ? kFull : kPartial;
 }
 
 // The backward block's virtual key tile v and KV head hk. Launch order: KV heads in groups of
@@ -150,9 +176,8 @@ __device__ __forceinline__ KeyTileQueries<BM> key_tile_queries(const AttnBwdPara
   } else {
     int hmax;
     tree_tile_hi<BN>(p.tiles, r.k0, r.hi_min, hmax);
-    q_lo = r.k0;
+    tree_tile_lo<BN>(p.tiles, r.k0, q_lo, r.lo_max);
     q_hi = hmax;
-    r.lo_max = r.k0 + BN - 1;
     r.n_keys = p.n;
     r.want_dkv = true;
     r.k = p.k;
@@ -180,16 +205,20 @@ __device__ __forceinline__ void key_query_range(const AttnFwdParams& p, int e, i
   if (e < p.n_ext) {
     ext_key_range(p.ext[e], key, lo, hi);
   } else {
-    lo = key;
-    hi = key < p.n ? __ldg(p.tiles.subtree_end + key) : 0;
+    const bool ok = key < p.n;
+    lo = !p.tiles.key_lo ? key : ok ? __ldg(p.tiles.key_lo + key) : INT_MAX;
+    hi = ok ? __ldg(p.tiles.subtree_end + key) : 0;
   }
 }
 
 // The end of a query tile's walk: every prefix tile, then the tree tiles up to the one holding
-// its last row q_last (rows past N included: keys past N are visible from nowhere).
+// its last row q_last (rows past N included: keys past N are visible from nowhere); in the
+// bidirectional mode every tree tile (a node's later keys are visible too; the walk's ballots
+// skip the invisible ones 32 at a time).
 template <int BN>
 __device__ __forceinline__ int walk_end(const AttnFwdParams& p, int q_last) {
-  return ext_tile_total<BN>(p) + imin((p.n + BN - 1) / BN, q_last / BN + 1);
+  const int tree_tiles = (p.n + BN - 1) / BN;
+  return ext_tile_total<BN>(p) + (p.tiles.key_lo ? tree_tiles : imin(tree_tiles, q_last / BN + 1));
 }
 
 // A warp's view of 32 consecutive virtual key tiles from `base`: which are visible, which full,

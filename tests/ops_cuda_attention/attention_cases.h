@@ -48,10 +48,19 @@ constexpr double kBf16Roundoff = 1.0 / 256;                         // u = 2^-8
 constexpr double kRelL2Bf16 = 1.7320508075688772 * kBf16Roundoff;  // sqrt(3) u = 6.77e-3
 constexpr double kLseRel = 1e-4;
 
-// A DFS-packed batch: node ranges in DFS order and subtree_end per token.
+// A DFS-packed batch: node ranges in DFS order and subtree_end per token; bidirectional: every
+// token of a node sees all of it (key_lo, the first token of each key's node; cpu::AttnLayout's
+// bidirectional mode), else the causal tree.
 struct TreeLayout {
   std::vector<int32_t> node_start, node_len, node_parent, subtree_end;
   int n = 0;
+  bool bidirectional = false;
+  std::vector<int32_t> key_lo() const {
+    std::vector<int32_t> lo(n);
+    for (size_t q = 0; q < node_start.size(); q++)
+      for (int j = 0; j < node_len[q]; j++) lo[node_start[q] + j] = node_start[q];
+    return lo;
+  }
 };
 
 // Appends one tree given as (parent, len) per node, parent[0] = -1 and parent[i] < i (children
@@ -157,6 +166,29 @@ inline std::vector<LayoutCase> layout_cases() {
        [](std::mt19937_64& rng) {
          TreeLayout L;
          while (L.n < 1000) append_random_tree(L, rng, 60, 1, 40);
+         return L;
+       }},
+      // Bidirectional: a vision tower's frames (one-node trees of 196 and 16 tokens: tiles that
+      // straddle frames) and a random tree whose nodes are bidirectional inside.
+      {"frames196",
+       [](std::mt19937_64&) {
+         TreeLayout L;
+         for (int f = 0; f < 5; f++) append_tree(L, {-1}, {196});
+         L.bidirectional = true;
+         return L;
+       }},
+      {"frames16",
+       [](std::mt19937_64&) {
+         TreeLayout L;
+         for (int f = 0; f < 37; f++) append_tree(L, {-1}, {16});
+         L.bidirectional = true;
+         return L;
+       }},
+      {"bidirectional_tree",
+       [](std::mt19937_64& rng) {
+         TreeLayout L;
+         while (L.n < 700) append_random_tree(L, rng, 30, 1, 90);
+         L.bidirectional = true;
          return L;
        }},
       {"comb",
@@ -265,6 +297,7 @@ inline Reference reference(const Inputs& in) {
   L.node_start = in.layout.node_start.data();
   L.node_len = in.layout.node_len.data();
   L.node_parent = in.layout.node_parent.data();
+  L.bidirectional = in.layout.bidirectional;
   Reference r;
   std::vector<std::vector<double>> ek, ev;
   r.ext_dk.resize(in.ext.size());

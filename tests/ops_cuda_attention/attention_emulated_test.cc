@@ -33,22 +33,31 @@ using attn_test::to_bf16;
 using attn_test::to_float;
 
 // Tile metadata as tree_tiles.cu builds it, on the host: per-granule min/max of subtree_end
-// (keys past N count as 0) and the zero-padded copy. view() points a TreeTiles at them.
+// (keys past N count as 0) and the zero-padded copy; with key_lo (bidirectional) the same of
+// key_lo (keys past N count as INT_MAX). view() points a TreeTiles at them.
 struct HostTiles {
   std::vector<int32_t> subtree_end, hi_min, hi_max, padded;
+  std::vector<int32_t> key_lo, lo_min, lo_max, lo_padded;
 
-  explicit HostTiles(const std::vector<int32_t>& se) : subtree_end(se) {
-    const int N = (int)se.size(), ng = (N + kTileGranule - 1) / kTileGranule;
-    hi_min.assign(ng, INT_MAX);
-    hi_max.assign(ng, 0);
+  static void minmax(const std::vector<int32_t>& x, int past, std::vector<int32_t>& mn, std::vector<int32_t>& mx,
+                     std::vector<int32_t>& pad) {
+    const int N = (int)x.size(), ng = (N + kTileGranule - 1) / kTileGranule;
+    mn.assign(ng, INT_MAX);
+    mx.assign(ng, INT_MIN);
     for (int j = 0; j < ng * kTileGranule; j++) {
-      const int hi = j < N ? se[j] : 0;
-      hi_min[j / kTileGranule] = std::min(hi_min[j / kTileGranule], hi);
-      hi_max[j / kTileGranule] = std::max(hi_max[j / kTileGranule], hi);
+      const int v = j < N ? x[j] : past;
+      mn[j / kTileGranule] = std::min(mn[j / kTileGranule], v);
+      mx[j / kTileGranule] = std::max(mx[j / kTileGranule], v);
     }
-    padded.assign((N + kTilePad - 1) / kTilePad * kTilePad, 0);
-    std::copy(se.begin(), se.end(), padded.begin());
+    pad.assign((N + kTilePad - 1) / kTilePad * kTilePad, past);
+    std::copy(x.begin(), x.end(), pad.begin());
   }
+  explicit HostTiles(const std::vector<int32_t>& se, std::vector<int32_t> lo = {}) : subtree_end(se), key_lo(std::move(lo)) {
+    minmax(se, 0, hi_min, hi_max, padded);
+    if (!key_lo.empty()) minmax(key_lo, INT_MAX, lo_min, lo_max, lo_padded);
+  }
+  explicit HostTiles(const attn_test::TreeLayout& L)
+      : HostTiles(L.subtree_end, L.bidirectional ? L.key_lo() : std::vector<int32_t>{}) {}
   TreeTiles view() const {
     TreeTiles t;
     t.subtree_end = subtree_end.data();
@@ -57,6 +66,12 @@ struct HostTiles {
     t.hi_max = hi_max.data();
     t.n = (int)subtree_end.size();
     t.num_granules = (int)hi_min.size();
+    if (!key_lo.empty()) {
+      t.key_lo = key_lo.data();
+      t.lo_min = lo_min.data();
+      t.lo_max = lo_max.data();
+      t.key_lo_pad = lo_padded.data();
+    }
     return t;
   }
 };
@@ -75,7 +90,7 @@ EmuOutputs run_emulated(const Inputs& in, int fwd_items) {
   std::vector<bf16> out(q.size(), nan), dq(q.size(), nan), dk(k.size(), nan), dv(v.size(), nan);
   std::vector<float> lse((size_t)N * NH, NAN);
 
-  const HostTiles host_tiles(in.layout.subtree_end);
+  const HostTiles host_tiles(in.layout);
   const TreeTiles tiles = host_tiles.view();
 
   std::vector<std::vector<bf16>> ek, ev;
@@ -184,6 +199,9 @@ INSTANTIATE_TEST_SUITE_P(SmallTrees, EmulatedAttention,
                                            EmuCase{"one_token_nodes", 4, 2, 64, 0, 5},
                                            EmuCase{"deep_chain", 2, 2, 128, 1},
                                            EmuCase{"several_trees", 4, 1, 128, 0, 3},
+                                           EmuCase{"frames196", 2, 2, 64, 0},
+                                           EmuCase{"frames16", 2, 1, 128, 0, 3},
+                                           EmuCase{"bidirectional_tree", 4, 2, 64, 1},
                                            EmuCase{"random_tree", 4, 2, 128, 1}),
                          [](const ::testing::TestParamInfo<EmuCase>& i) {
                            return i.param.layout + "_hs" + std::to_string(i.param.HS) + "_gqa" +
@@ -194,7 +212,7 @@ INSTANTIATE_TEST_SUITE_P(SmallTrees, EmulatedAttention,
 // The forward's key-tile walk (next_key_tile: ballots over 32 tiles, jumps over sibling subtrees)
 // against classifying every tile one by one, on layouts long enough that whole windows of 32
 // tiles are invisible: a long first child followed by short siblings, several trees, random
-// trees, with and without an external prefix.
+// trees, with and without an external prefix, causal and bidirectional (a tower's frames).
 struct WalkParams {
   AttnFwdParams p;
   int* out;    // (query tiles, stride): 2 + 2 x tiles, then -1
@@ -239,11 +257,19 @@ TEST(EmulatedWalk, MatchesTileByTileClassification) {
     attn_test::append_random_tree(L, rng, 120, 1, 600);
     return L;
   };
+  auto frames = [&] {  // a tower's frames, bidirectional: later keys of a query's frame are visible
+    attn_test::TreeLayout L;
+    for (int f = 0; f < 60; f++) attn_test::append_tree(L, {-1}, {196});
+    L.bidirectional = true;
+    return L;
+  };
   int checked = 0, jumps_possible = 0;
-  for (int trial = 0; trial < 6; trial++) {
-    const attn_test::TreeLayout L = trial % 3 == 0 ? long_sibling() : trial % 3 == 1 ? many_trees() : random_big();
+  for (int trial = 0; trial < 9; trial++) {
+    attn_test::TreeLayout L = trial % 3 == 0 ? long_sibling() : trial % 3 == 1 ? many_trees() : random_big();
+    if (trial == 6) L = frames();
+    if (trial >= 7) L.bidirectional = true;
     const int N = L.n;
-    const HostTiles host_tiles(L.subtree_end);
+    const HostTiles host_tiles(L);
     const TreeTiles tiles = host_tiles.view();
     static bf16 dummy[16];
     ExternalKV ext{dummy, dummy, nullptr, nullptr, 300, N / 3, N / 2};  // visible to a middle range
@@ -255,7 +281,7 @@ TEST(EmulatedWalk, MatchesTileByTileClassification) {
     for (int qt = 0; qt < n_qt; qt++) {
       const int q0 = qt * kWalkBM, q_last = q0 + kWalkBM - 1;
       const int ext_tiles = trial % 2 ? (ext.len + kWalkBN - 1) / kWalkBN : 0;
-      const int v_end = ext_tiles + std::min(n_kt, q_last / kWalkBN + 1);
+      const int v_end = ext_tiles + (L.bidirectional ? n_kt : std::min(n_kt, q_last / kWalkBN + 1));
       std::vector<int> want;
       for (int v = 0; v < v_end; v++) {
         int skip_to;

@@ -51,11 +51,12 @@ GpuOutputs run_gpu(const Inputs& in) {
   for (auto* b : {&out, &dq, &dk, &dv}) b->fill_bytes(0xFF);
   lse.fill_bytes(0xFF);
 
-  DeviceBuffer<int32_t> subtree_end(N);
+  DeviceBuffer<int32_t> subtree_end(N), key_lo(N);
   subtree_end.copy_from_host(in.layout.subtree_end);
+  if (in.layout.bidirectional) key_lo.copy_from_host(in.layout.key_lo());
   DeviceBuffer<char> tile_storage(tree_tiles_bytes(N));
-  const TreeTiles tiles =
-      build_tree_tiles(subtree_end.data(), N, Workspace{tile_storage.data(), tile_storage.size()}, nullptr);
+  const TreeTiles tiles = build_tree_tiles(subtree_end.data(), N, Workspace{tile_storage.data(), tile_storage.size()},
+                                           nullptr, in.layout.bidirectional ? key_lo.data() : nullptr);
 
   std::vector<DeviceBuffer<bf16>> ek, ev;
   std::vector<DeviceBuffer<float>> edk, edv;  // fp32 prefix gradients
@@ -151,7 +152,10 @@ INSTANTIATE_TEST_SUITE_P(Trees, GpuAttention,
                                            GpuCase{"one_token_nodes", 8, 2, 64, 0}, GpuCase{"deep_chain", 2, 2, 128, 1},
                                            GpuCase{"wide_fan", 4, 2, 64, 1}, GpuCase{"several_trees", 8, 2, 128, 0},
                                            GpuCase{"random_tree", 4, 2, 128, 1}, GpuCase{"random_tree", 2, 2, 64, 0},
-                                           GpuCase{"comb", 4, 1, 128, 1}, GpuCase{"comb", 4, 2, 64, 1}),
+                                           GpuCase{"comb", 4, 1, 128, 1}, GpuCase{"comb", 4, 2, 64, 1},
+                                           GpuCase{"frames196", 12, 12, 64, 0}, GpuCase{"frames16", 4, 4, 128, 0},
+                                           GpuCase{"bidirectional_tree", 4, 2, 64, 1},
+                                           GpuCase{"bidirectional_tree", 4, 1, 128, 0}),
                          [](const ::testing::TestParamInfo<GpuCase>& i) {
                            const GpuCase& c = i.param;
                            return c.layout + "_hs" + std::to_string(c.HS) + "_gqa" + std::to_string(c.NH / c.NKV) +
@@ -169,8 +173,8 @@ TEST(GpuAttentionDeterminism, DkDvBitwiseRepeatable) {
 }
 
 // build_tree_tiles against the host: per-granule min/max of subtree_end (keys past N count as 0)
-// and the zero-padded copy, on every layout case and lengths around the granule and pad sizes;
-// the storage is poisoned first.
+// and the zero-padded copy (with key_lo, the same of key_lo, keys past N as INT_MAX), on every
+// layout case and lengths around the granule and pad sizes; the storage is poisoned first.
 TEST(GpuTreeTiles, MatchesHost) {
   std::mt19937_64 rng(std::random_device{}());
   std::vector<attn_test::TreeLayout> layouts;
@@ -182,11 +186,14 @@ TEST(GpuTreeTiles, MatchesHost) {
   for (const auto& L : layouts) {
     const int N = L.n, ng = (N + kTileGranule - 1) / kTileGranule, np = (N + kTilePad - 1) / kTilePad * kTilePad;
     SCOPED_TRACE("N=" + std::to_string(N));
-    DeviceBuffer<int32_t> subtree_end(N);
+    DeviceBuffer<int32_t> subtree_end(N), key_lo(N);
     subtree_end.copy_from_host(L.subtree_end);
+    const std::vector<int32_t> host_lo = L.key_lo();
+    key_lo.copy_from_host(host_lo);
     DeviceBuffer<char> storage(tree_tiles_bytes(N));
     storage.fill_bytes(0xAB);
-    const TreeTiles t = build_tree_tiles(subtree_end.data(), N, Workspace{storage.data(), storage.size()}, nullptr);
+    const TreeTiles t =
+        build_tree_tiles(subtree_end.data(), N, Workspace{storage.data(), storage.size()}, nullptr, key_lo.data());
     ASSERT_EQ(t.n, N);
     ASSERT_EQ(t.num_granules, ng);
     std::vector<int32_t> lo(ng), hi(ng), padded(np);
@@ -204,6 +211,20 @@ TEST(GpuTreeTiles, MatchesHost) {
       ASSERT_EQ(hi[gi], want_hi) << "granule " << gi;
     }
     for (int j = 0; j < np; j++) ASSERT_EQ(padded[j], j < N ? L.subtree_end[j] : 0) << "key " << j;
+    TT_CUDA_CHECK(cudaMemcpy(lo.data(), t.lo_min, ng * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    TT_CUDA_CHECK(cudaMemcpy(hi.data(), t.lo_max, ng * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    TT_CUDA_CHECK(cudaMemcpy(padded.data(), t.key_lo_pad, np * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    for (int gi = 0; gi < ng; gi++) {
+      int want_lo = INT_MAX, want_hi = INT_MIN;
+      for (int j = gi * kTileGranule; j < (gi + 1) * kTileGranule; j++) {
+        const int v = j < N ? host_lo[j] : INT_MAX;
+        want_lo = std::min(want_lo, v);
+        want_hi = std::max(want_hi, v);
+      }
+      ASSERT_EQ(lo[gi], want_lo) << "key_lo granule " << gi;
+      ASSERT_EQ(hi[gi], want_hi) << "key_lo granule " << gi;
+    }
+    for (int j = 0; j < np; j++) ASSERT_EQ(padded[j], j < N ? host_lo[j] : INT_MAX) << "key_lo key " << j;
   }
 }
 
