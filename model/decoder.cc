@@ -555,7 +555,9 @@ void Decoder<E>::vision_forward(const data::PackedBatch& batch, Activations<E>& 
     c.w = weights();
     c.tower = &vision_blocks_;
     c.x = x0;
+    exec_.begin_vision();
     vk.forward(exec_, c, batch, a.vision_buf_.data());
+    exec_.end_vision();
   } else {
     (void)batch, (void)a, (void)x0;
     throw Error(str("model: the vision stage has no ", E::kName, " kernels yet"));
@@ -572,7 +574,9 @@ void Decoder<E>::vision_backward(Activations<E>& a) {
     c.g = grads();
     c.tower = &vision_blocks_;
     c.dx = reinterpret_cast<Act*>(dx_);
+    exec_.begin_vision();
     arch_.vision()->backward(exec_, c, a.vision_buf_.data(), a.vision_frames_, a.vision_slots_, a.vision_states_);
+    exec_.end_vision();
   } else {
     (void)a;
   }
@@ -718,6 +722,16 @@ MemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t tokens, 
   m.activations = (int64_t)acts.total + (int64_t)scratch +
                   (int64_t)arch.head().template scratch_bytes<E>(R, Mode::kTrain) +
                   N * C * (int64_t)(sizeof(typename E::Act) + sizeof(typename E::Acc));
+  if constexpr (E::kVisionOps) {
+    if (const VisionKind* vk = arch.vision()) {
+      // The media stage at its largest for N rows: every row in a frame slot, each slot its own
+      // frame (per_path packing), a state row per observation.
+      std::vector<std::unique_ptr<Block<E>>> tower;
+      for (const auto& k : vk->tower()) tower.push_back(make_block<E>(*k));
+      const int slots = N / vk->tokens_per_frame();
+      m.activations += (int64_t)vk->bytes<E>(tower, Mode::kTrain, slots, slots, vk->state_dim() > 0 ? slots : 0);
+    }
+  }
   return m;
 }
 

@@ -284,7 +284,8 @@ class Decoder {
 
 // Bytes a training decoder takes on its backend: its parameter buffers (master weights, the
 // working copy, gradients) and, for micro-batches of `tokens` packed tokens, the saved activations
-// and scratch of a forward and backward (every row a target source: the most the head may hold).
+// and scratch of a forward and backward (every row a target source: the most the head may hold;
+// with a vision tower, every row in a frame slot of its own frame: the most the tower may hold).
 struct MemoryEstimate {
   int64_t weights = 0, grads = 0, activations = 0;
   int64_t total() const { return weights + grads + activations; }

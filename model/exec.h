@@ -40,7 +40,8 @@
 //       dloss * d(loss)/d(logits) when dlogits is set (may alias logits)
 //   sample_rows(token (R), logprob (R) fp64, logits (R,V), temperature, keys (R)): greedy or the
 //       Gumbel-max draw per row and the token's log-probability (ops/cpu/sampling.h)
-//   begin_head() / end_head(): the ops between them are the LM head's (GPU profile class)
+//   begin_head() / end_head(): the ops between them are the LM head's (GPU profile class);
+//   begin_vision() / end_vision() the same for the VLA media stage
 #pragma once
 
 namespace tt::model {

@@ -51,8 +51,10 @@ void CpuExec<T>::zero(void* p, size_t bytes) {
 template <class T>
 typename CpuExec<T>::Layout CpuExec<T>::make_layout(int, int num_nodes, const int32_t* node_start,
                                                     const int32_t* node_len, const int32_t* node_parent,
-                                                    const int32_t*, bool, char*) {
-  return Layout{num_nodes, node_start, node_len, node_parent};
+                                                    const int32_t*, bool, char*, const int32_t* key_lo) {
+  Layout l{num_nodes, node_start, node_len, node_parent};
+  l.bidirectional = key_lo != nullptr;
+  return l;
 }
 
 template <class T>

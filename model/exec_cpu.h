@@ -76,8 +76,7 @@ class CpuExec {
   // The Qwen3.5 ops below (Gated DeltaNet, gated attention, zero-centred norms, partial RoPE;
   // model/gdn.h, model/attention.h): the CPU reference has them, the CUDA backend not yet.
   static constexpr bool kHybridOps = true;
-  // The vision tower's ops below (LayerNorm, GELU, biases, row moves, patchify; model/vision.h):
-  // the CPU reference has them, the CUDA backend not yet.
+  // The vision tower's ops below (LayerNorm, GELU, biases, row moves, patchify; model/vision.h).
   static constexpr bool kVisionOps = true;
 
   explicit CpuExec(const Options& = {}) {}
@@ -95,8 +94,11 @@ class CpuExec {
 
   // Batch preparation (ops/cpu/attention.h reads the node ranges directly).
   static size_t layout_bytes(int) { return 0; }
+  // key_lo (N; the first token of each key's node): the bidirectional mode (ops/cpu/attention.h
+  // AttnLayout::bidirectional reads the node ranges, so only its presence matters here).
   Layout make_layout(int N, int num_nodes, const int32_t* node_start, const int32_t* node_len,
-                     const int32_t* node_parent, const int32_t* subtree_end, bool singletons, char* storage);
+                     const int32_t* node_parent, const int32_t* subtree_end, bool singletons, char* storage,
+                     const int32_t* key_lo = nullptr);
   static size_t rope_bytes(int, int) { return 0; }
   Rope make_rope(const int32_t* pos, int N, int HS, double theta, char* storage);
 
@@ -190,6 +192,8 @@ class CpuExec {
   // Profiling scopes are a GPU notion; here they do nothing.
   void begin_head() {}
   void end_head() {}
+  void begin_vision() {}
+  void end_vision() {}
   void profile_gap() {}
 };
 

@@ -14,6 +14,7 @@
 #include "ops/cuda/rope.h"
 #include "ops/cuda/sampling.h"
 #include "ops/cuda/swiglu.h"
+#include "ops/cuda/vision.h"
 
 namespace tt::model {
 
@@ -46,9 +47,10 @@ void CudaExec::check_model(const ModelConfig& cfg) {
   if (cfg.has_linear_attention())
     throw Error("model.layer_types: linear_attention (Gated DeltaNet) layers run on the cpu backend only so far (their "
                 "CUDA kernels are not written yet); set device: cpu");
-  if (cfg.vision.enabled())
-    throw Error("vision: the vision tower and its projector run on the cpu backend only so far (LayerNorm, GELU, "
-                "biases and the bidirectional attention have no CUDA kernels yet); set device: cpu");
+  if (cfg.vision.enabled() && cfg.vision.head_dim() != 64 && cfg.vision.head_dim() != 128)
+    throw Error(str("vision: head dim hidden_size / num_attention_heads = ", cfg.vision.hidden_size, " / ",
+                    cfg.vision.num_attention_heads, " = ", cfg.vision.head_dim(),
+                    " is not supported on cuda (the tree attention kernels take 64 or 128); set device: cpu"));
   if (cfg.head_dim != 64 && cfg.head_dim != 128)
     throw Error(str("model.head_dim ", cfg.head_dim, " is not supported on cuda (the tree attention kernels take 64 or 128)"));
 }
@@ -88,10 +90,12 @@ cuda::Workspace CudaExec::workspace(size_t bytes) {
 }
 
 CudaExec::Layout CudaExec::make_layout(int N, int, const int32_t*, const int32_t*, const int32_t*,
-                                       const int32_t* subtree_end, bool singletons, char* storage) {
+                                       const int32_t* subtree_end, bool singletons, char* storage,
+                                       const int32_t* key_lo) {
   mark(Op::kOther);
   Layout l;
-  l.tiles = cuda::build_tree_tiles(subtree_end, N, cuda::Workspace{storage, cuda::tree_tiles_bytes(N)}, stream_);
+  l.tiles =
+      cuda::build_tree_tiles(subtree_end, N, cuda::Workspace{storage, cuda::tree_tiles_bytes(N)}, stream_, key_lo);
   l.singletons = singletons;
   return l;
 }
@@ -282,6 +286,64 @@ void CudaExec::scatter_rows(Act* out, const Act* in, const int32_t* rows, int R,
   detail::scatter_rows(out, in, rows, R, C, stream_);
 }
 
+void CudaExec::layernorm_forward(Act* out, Stat* mean, Stat* rstd, const Act* x, const Weight* w, const Weight* b,
+                                 int rows, int C, double eps) {
+  mark(Op::kNorm);
+  cuda::layernorm_forward(out, mean, rstd, x, w, b, rows, C, eps, stream_);
+}
+
+void CudaExec::layernorm_backward(Act* dx, Param* dw, Param* db, const Act* dout, const Act* x, const Weight* w,
+                                  const Stat* mean, const Stat* rstd, int rows, int C) {
+  mark(Op::kNorm);
+  cuda::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, rows, C, /*accumulate_dx=*/true,
+                           workspace(cuda::layernorm_backward_workspace_bytes(rows, C)), stream_);
+}
+
+void CudaExec::gelu_forward(Act* y, const Act* x, int64_t n, bool tanh) {
+  mark(Op::kNorm);
+  cuda::gelu_forward(y, x, n, tanh, stream_);
+}
+
+void CudaExec::gelu_backward(Act* dx, const Act* dy, const Act* x, int64_t n, bool tanh) {
+  mark(Op::kNorm);
+  cuda::gelu_backward(dx, dy, x, n, tanh, /*accumulate=*/true, stream_);
+}
+
+void CudaExec::bias_add(Act* out, const Weight* b, int rows, int C) {
+  mark(Op::kOther);
+  cuda::bias_add(out, b, rows, C, stream_);
+}
+
+void CudaExec::bias_add(Acc* out, const Weight* b, int rows, int C) {
+  mark(Op::kOther);
+  cuda::bias_add(out, b, rows, C, stream_);
+}
+
+void CudaExec::bias_backward(Param* db, const Act* dout, int rows, int C) {
+  mark(Op::kOther);
+  cuda::bias_backward(db, dout, rows, C, workspace(cuda::bias_backward_workspace_bytes(rows, C)), stream_);
+}
+
+void CudaExec::copy_rows(Act* dst, const int32_t* dst_rows, const Act* src, const int32_t* src_rows, int n, int C) {
+  mark(Op::kOther);
+  cuda::copy_rows(dst, dst_rows, src, src_rows, n, C, stream_);
+}
+
+void CudaExec::sum_rows(Act* dst, const Act* src, const int32_t* offsets, const int32_t* src_rows, int n_dst, int C) {
+  mark(Op::kOther);
+  cuda::sum_rows(dst, src, offsets, src_rows, n_dst, C, stream_);
+}
+
+void CudaExec::zero_rows(Act* dst, const int32_t* rows, int n, int C) {
+  mark(Op::kOther);
+  cuda::zero_rows(dst, rows, n, C, stream_);
+}
+
+void CudaExec::patchify(Act* patches, const float* pixels, int F, int S, int patch) {
+  mark(Op::kOther);
+  cuda::patchify(patches, pixels, F, S, patch, stream_);
+}
+
 void CudaExec::cross_entropy(double* loss, Stat* lse, Act* dlogits, const Act* logits, const Targets& tgt,
                              int row_begin, int rows, int V, double dloss) {
   mark(Op::kOther);
@@ -306,9 +368,17 @@ void CudaExec::begin_head() {
 
 void CudaExec::end_head() { in_head_ = false; }
 
+void CudaExec::begin_vision() {
+  mark(Op::kVision);
+  in_vision_ = true;
+}
+
+void CudaExec::end_vision() { in_vision_ = false; }
+
 void CudaExec::mark(Op op) {
   if (!options_.profile) return;
   if (in_head_) op = Op::kHead;
+  if (in_vision_) op = Op::kVision;
   if (op == current_) return;
   current_ = op;
   cudaEvent_t e = nullptr;
@@ -336,6 +406,7 @@ CudaProfile CudaExec::take_profile() {
       case Op::kAttention: p.attention_ms += ms; break;
       case Op::kHead: p.head_ms += ms; break;
       case Op::kNorm: p.norm_ms += ms; break;
+      case Op::kVision: p.vision_ms += ms; break;
       default: p.other_ms += ms; break;
     }
   }

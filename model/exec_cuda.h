@@ -52,7 +52,8 @@ struct CudaProfile {
   double head_ms = 0;       // LM head: row gather/scatter, logits GEMM, fused loss, dW and dX GEMMs
   double norm_ms = 0;       // rmsnorm (also q/k norm), RoPE, SwiGLU, forward and backward
   double other_ms = 0;      // metadata upload, tiles, embedding, residual adds, conversions, memsets
-  double total_ms() const { return gemm_ms + attention_ms + head_ms + norm_ms + other_ms; }
+  double vision_ms = 0;     // the VLA media stage: tower, projector, state projection, row moves
+  double total_ms() const { return gemm_ms + attention_ms + head_ms + norm_ms + other_ms + vision_ms; }
 };
 
 class CudaExec {
@@ -87,7 +88,7 @@ class CudaExec {
   // batch (every row its own one-token tree).
   static int max_external_kv(bool singletons) { return singletons ? INT_MAX : kMaxExternalKV; }
   static constexpr int64_t kDefaultHeadChunkBytes = int64_t(1) << 30;  // of bf16 logits per chunk
-  static constexpr bool kVisionOps = false;  // no vision tower kernels yet (exec_cpu.h): check_model refuses
+  static constexpr bool kVisionOps = true;  // the tower's ops below (ops/cuda/vision.h)
   static constexpr bool kHybridOps = false;  // no Qwen3.5 kernels yet (exec_cpu.h): check_model refuses such models
 
   // Creates the stream, the allocator and the GEMM handle on the current device. Throws
@@ -98,7 +99,7 @@ class CudaExec {
   CudaExec& operator=(const CudaExec&) = delete;
 
   // Throws tt::Error naming the key for a config the kernels cannot run (head_dim other than 64
-  // or 128, linear_attention layers).
+  // or 128 in the decoder or the vision tower, linear_attention layers).
   static void check_model(const ModelConfig& cfg);
 
   cudaStream_t stream() const { return stream_; }
@@ -117,9 +118,12 @@ class CudaExec {
 
   // Batch preparation.
   static size_t layout_bytes(int N) { return cuda::tree_tiles_bytes(N); }
-  // singletons: every row is its own one-token tree (the caller knows it from the host batch).
+  // singletons: every row is its own one-token tree (the caller knows it from the host batch);
+  // key_lo (device, (N): the first token of each key's node) the bidirectional mode
+  // (ops/cuda/tree_tiles.h). storage: layout_bytes(N) device bytes.
   Layout make_layout(int N, int num_nodes, const int32_t* node_start, const int32_t* node_len,
-                     const int32_t* node_parent, const int32_t* subtree_end, bool singletons, char* storage);
+                     const int32_t* node_parent, const int32_t* subtree_end, bool singletons, char* storage,
+                     const int32_t* key_lo = nullptr);
   static size_t rope_bytes(int N, int HS);
   Rope make_rope(const int32_t* pos, int N, int HS, double theta, char* storage);
 
@@ -163,12 +167,31 @@ class CudaExec {
                           int NKV, int HS);
   void gather_rows(Act* out, const Act* in, const int32_t* rows, int R, int C);
   void scatter_rows(Act* out, const Act* in, const int32_t* rows, int R, int C);
+  // The vision tower's ops (model/vision.h; CPU meaning in exec_cpu.h and ops/cpu/vision.h):
+  // LayerNorm, GELU (tanh or erf), Linear biases, row moves between the tower's and the decoder's
+  // rows, patchify. dx, dw, db accumulate (+=) as on the CPU.
+  void layernorm_forward(Act* out, Stat* mean, Stat* rstd, const Act* x, const Weight* w, const Weight* b, int rows,
+                         int C, double eps);
+  void layernorm_backward(Act* dx, Param* dw, Param* db, const Act* dout, const Act* x, const Weight* w,
+                          const Stat* mean, const Stat* rstd, int rows, int C);
+  void gelu_forward(Act* y, const Act* x, int64_t n, bool tanh);
+  void gelu_backward(Act* dx, const Act* dy, const Act* x, int64_t n, bool tanh);
+  void bias_add(Act* out, const Weight* b, int rows, int C);
+  void bias_add(Acc* out, const Weight* b, int rows, int C);
+  void bias_backward(Param* db, const Act* dout, int rows, int C);
+  void copy_rows(Act* dst, const int32_t* dst_rows, const Act* src, const int32_t* src_rows, int n, int C);
+  void sum_rows(Act* dst, const Act* src, const int32_t* offsets, const int32_t* src_rows, int n_dst, int C);
+  void zero_rows(Act* dst, const int32_t* rows, int n, int C);
+  void patchify(Act* patches, const float* pixels, int F, int S, int patch);
   void cross_entropy(double* loss, Stat* lse, Act* dlogits, const Act* logits, const Targets& tgt, int row_begin,
                      int rows, int V, double dloss);
   void sample_rows(int32_t* token, double* logprob, const Act* logits, int R, int V, double temperature,
                    const uint64_t* keys);
   void begin_head();
   void end_head();
+  // The ops between them are the media stage's (profile class vision).
+  void begin_vision();
+  void end_vision();
   // The stream time from here to the next op is not counted in the profile (host gaps between
   // the decoder's calls).
   void profile_gap() { mark(Op::kNone); }
@@ -177,7 +200,7 @@ class CudaExec {
   CudaProfile take_profile();
 
  private:
-  enum class Op { kGemm, kAttention, kHead, kNorm, kOther, kNone };
+  enum class Op { kGemm, kAttention, kHead, kNorm, kOther, kVision, kNone };
   // The ops enqueued from here to the next change belong to class `op` (with options.profile).
   void mark(Op op);
   // The op workspace, grown to at least `bytes` (stream-ordered reuse).
@@ -193,6 +216,7 @@ class CudaExec {
   Buffer decode_tables_;
   cuda::DeviceBuffer<double> reduce_;  // (1) sum of squares
   bool in_head_ = false;
+  bool in_vision_ = false;
   Op current_ = Op::kNone;
   std::vector<std::pair<cudaEvent_t, Op>> marks_;  // profile marks since take_profile()
   std::vector<cudaEvent_t> spare_events_;

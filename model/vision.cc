@@ -1,5 +1,5 @@
 // The VLA media stage: the SigLIP tower's layer kinds, the projector and the state projection (see
-// vision.h). Written over the op vocabulary; instantiated for the CPU backends (E::kVisionOps).
+// vision.h). Written over the op vocabulary; instantiated for every backend.
 #include "model/vision.h"
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include "base/check.h"
 #include "model/carve.h"
 #include "model/exec_cpu.h"
+#include "model/exec_cuda.h"
 
 namespace tt::model {
 namespace {
@@ -325,12 +326,14 @@ template <class E>
 struct VisionKind::Acts {
   using Act = typename E::Act;
   int32_t *node_start, *node_len, *node_parent;  // (F) one bidirectional node per frame
+  int32_t *subtree_end, *key_lo;                 // (M) each token's frame end and start
   int32_t *dst_rows, *src_rows;                  // (n_slots P) decoder row <- tower row
   int32_t *tok_off, *tok_src;                    // (M + 1), (n_slots P) per tower row: its decoder rows
   int32_t *state_rows, *state_src;               // (n_state) decoder row, 0..n_state-1
   float* pixels;                                 // (F, 3, S, S)
   Act* state_in;                                 // (n_state, Sd)
   size_t meta_bytes;
+  char* layout;                // the tower's attention layout (E::layout_bytes)
   Act* patches;                // (M, K)
   std::vector<Act*> xs;        // tower residual stream: training 2 L + 1, else 2 in turn
   std::vector<char*> saved;    // per tower block (else one shared region)
@@ -350,6 +353,8 @@ struct VisionKind::Acts {
     node_start = c.take<int32_t>(F);
     node_len = c.take<int32_t>(F);
     node_parent = c.take<int32_t>(F);
+    subtree_end = c.take<int32_t>(M);
+    key_lo = c.take<int32_t>(M);
     dst_rows = c.take<int32_t>(moves);
     src_rows = c.take<int32_t>(moves);
     tok_off = c.take<int32_t>(M + 1);
@@ -359,6 +364,7 @@ struct VisionKind::Acts {
     pixels = c.take<float>((int64_t)F * 3 * v.S_ * v.S_);
     state_in = c.take<Act>((int64_t)n_state * v.Sd_);
     meta_bytes = c.bytes();
+    layout = c.take_bytes(E::layout_bytes((int)M));
     patches = c.take<Act>(M * v.K_);
     const int B = (int)tower.size();
     for (int i = 0; i < (train ? B + 1 : 2); ++i) xs.push_back(c.take<Act>(M * v.D_));
@@ -396,13 +402,12 @@ size_t VisionKind::bytes(const std::vector<std::unique_ptr<Block<E>>>& tower, Mo
 namespace {
 
 // The frames as the tower's blocks read them: F one-node trees of P rows, bidirectional.
-template <class E>
-BatchView<E> tower_view(E& e, int F, int P, const int32_t* node_start, const int32_t* node_len,
-                        const int32_t* node_parent) {
+template <class E, class A>
+BatchView<E> tower_view(E& e, int F, int P, const A& a) {
   BatchView<E> tv;
   tv.N = F * P;
-  tv.layout = e.make_layout(tv.N, F, node_start, node_len, node_parent, nullptr, P == 1, nullptr);
-  tv.layout.bidirectional = true;
+  tv.layout = e.make_layout(tv.N, F, a.node_start, a.node_len, a.node_parent, a.subtree_end, P == 1, a.layout,
+                            a.key_lo);
   return tv;
 }
 
@@ -420,6 +425,10 @@ void VisionKind::forward(E& e, const VisionCall<E>& c, const data::PackedBatch& 
       h.node_start[f] = f * P_;
       h.node_len[f] = P_;
       h.node_parent[f] = -1;
+      for (int i = 0; i < P_; ++i) {
+        h.subtree_end[f * P_ + i] = (f + 1) * P_;
+        h.key_lo[f * P_ + i] = f * P_;
+      }
     }
     for (int s = 0; s < n_slots; ++s)
       for (int i = 0; i < P_; ++i) {
@@ -453,7 +462,7 @@ void VisionKind::forward(E& e, const VisionCall<E>& c, const data::PackedBatch& 
     e.linear(a.xs[0], a.patches, w + pe_w_, M, K_, D);
     e.bias_add(a.xs[0], w + pe_b_, M, D);
     e.bias_add(a.xs[0], w + pos_, F, P_ * D);
-    const BatchView<E> tv = tower_view(e, F, P_, a.node_start, a.node_len, a.node_parent);
+    const BatchView<E> tv = tower_view(e, F, P_, a);
     const bool train = c.mode == Mode::kTrain && !freeze_;
     const int B = (int)c.tower->size();
     for (int b = 0; b < B; ++b) {
@@ -510,7 +519,7 @@ void VisionKind::backward(E& e, const VisionCall<E>& c, char* buf, int F, int n_
   e.linear_dw(g + l1_w_, a.dh, feat, M, D, C);
   if (freeze_) return;
   e.linear_dx(a.dxv, a.dh, w + l1_w_, M, D, C, /*accumulate=*/false);
-  const BatchView<E> tv = tower_view(e, F, P_, a.node_start, a.node_len, a.node_parent);
+  const BatchView<E> tv = tower_view(e, F, P_, a);
   for (int b = B - 1; b >= 0; --b) {
     BlockCall<E> bc;
     bc.mode = Mode::kTrain;
@@ -543,6 +552,7 @@ void VisionKind::backward(E& e, const VisionCall<E>& c, char* buf, int F, int n_
   template void VisionKind::backward<E>(E&, const VisionCall<E>&, char*, int, int, int) const;
 TT_VISION_INSTANTIATE(CpuExec<float>)
 TT_VISION_INSTANTIATE(CpuExec<double>)
+TT_VISION_INSTANTIATE(CudaExec)
 #undef TT_VISION_INSTANTIATE
 
 }  // namespace tt::model

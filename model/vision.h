@@ -28,7 +28,7 @@
 //   model.state_projector.{weight (C, state_dim), bias (C)} (ours; only with vision.state_dim > 0)
 // vision.freeze: the tower's tensors are frozen (ParamInfo::trainable false): the tower runs without
 // saving, backward stops at the projector's input.
-// CPU backend only so far (E::kVisionOps); CudaExec::check_model refuses vision configs.
+// Both backends (E::kVisionOps); on CUDA the tower's head dim must be 64 or 128 (check_model).
 #pragma once
 
 #include <memory>

@@ -311,11 +311,13 @@ int resolve_device(const std::string& device, const model::ModelConfig& cfg, int
     spdlog::info("device: auto -> cpu (model.head_dim {}: the CUDA attention takes 64 or 128)", cfg.head_dim);
     return -1;
   }
-  if (cfg.has_linear_attention() || cfg.qwen3_5() || cfg.vision.enabled()) {
+  if (cfg.has_linear_attention() || cfg.qwen3_5()) {
     spdlog::info("device: auto -> cpu ({}: no CUDA kernels for its layers yet)",
-                 cfg.qwen3_5()             ? cfg.architecture
-                 : cfg.vision.enabled()    ? std::string("the vision tower and projector")
-                                           : std::string("linear_attention layers"));
+                 cfg.qwen3_5() ? cfg.architecture : std::string("linear_attention layers"));
+    return -1;
+  }
+  if (cfg.vision.enabled() && cfg.vision.head_dim() != 64 && cfg.vision.head_dim() != 128) {
+    spdlog::info("device: auto -> cpu (vision head dim {}: the CUDA attention takes 64 or 128)", cfg.vision.head_dim());
     return -1;
   }
   const int gpu = bind_gpu(local_rank, local_world_size, n);

@@ -5,7 +5,7 @@
 // the checkpoint's data.history, in the KV cache), decodes the action token greedily among the
 // four action ids and executes it. Reported beside the model: a uniformly random policy and the
 // same model with every frame black ("zeroed images": a policy that ignores vision scores the
-// same as the model). CPU backend (the vision tower has no CUDA kernels yet).
+// same as the model). CPU backend (the policy's one-step decode runs there; training runs on either).
 #pragma once
 
 #include <cstdint>

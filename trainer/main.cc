@@ -323,7 +323,7 @@ int run_eval(const std::vector<std::string>& argv) {
   if (o.window < -1) throw UsageError{"--window: expected 0 (full history) or >= 1 (default: the checkpoint's)"};
   const auto dev = a.flags.find("device");
   if (dev != a.flags.end() && dev->second != "auto" && dev->second != "cpu")
-    throw UsageError{"--device: the vision tower runs on the cpu backend only so far (expected auto or cpu)"};
+    throw UsageError{"--device: the closed-loop policy runs on the cpu backend only so far (expected auto or cpu)"};
   std::cout << tt::trainer::to_json(tt::trainer::run_nav_eval(o)) << std::endl;
   return 0;
 }
@@ -361,7 +361,7 @@ int run_serve(const std::vector<std::string>& argv) {
   o.max_requests = int_flag(a, "max-requests", -1);
   const auto dev = a.flags.find("device");
   if (dev != a.flags.end() && dev->second != "auto" && dev->second != "cpu")
-    throw UsageError{"--device: the vision tower runs on the cpu backend only so far (expected auto or cpu)"};
+    throw UsageError{"--device: the closed-loop policy runs on the cpu backend only so far (expected auto or cpu)"};
   tt::trainer::run_serve(o);
   return 0;
 }
