@@ -41,12 +41,19 @@ struct BatchView {
 //   Writing side: Decoder::export_carry gives a forward's own rows (K/V as attention reads them,
 //   after norms and RoPE) as one entry per layer; the caller points dk/dv at its accumulators and
 //   passes the same carry to backward(), which adds them to the gradient of those rows.
-// Layers without cross-piece state (the MLP) have an empty entry. Later state kinds (recurrent
-// state and conv context of SSM layers, keys kept before RoPE for re-indexed positions) are
-// further members of LayerCarry.
+// Layers without cross-piece state (the MLP) have an empty entry.
+//   Recurrent layers (Gated DeltaNet) read, per root of the batch (roots in node order), the state
+//   it starts from and its conv context (the last K - 1 pre-conv rows of its path before the root,
+//   oldest first) from slot state_slot[r] of `state` and `conv`; slot -1 (or no carry) starts
+//   from zeros. The inference cache keeps them per prompt and per sample (model/generate.h).
+//   No gradient flows through them yet (a partition gateway of a hybrid is refused).
+// Keys kept before RoPE for re-indexed positions (segments) will be a further member.
 template <class E>
 struct LayerCarry {
   std::vector<typename E::KV> kv;
+  const typename E::Acc* state = nullptr;  // (slots, recurrent_state_elems) fp32 or wider
+  const typename E::Act* conv = nullptr;   // (slots, conv_context_elems)
+  std::vector<int32_t> state_slot;         // (num_roots) host; empty: every root from zeros
 };
 template <class E>
 using Carry = std::vector<LayerCarry<E>>;  // [decoder layer]
@@ -54,10 +61,16 @@ using Carry = std::vector<LayerCarry<E>>;  // [decoder layer]
 // Where a no-grad forward stores what later batches read (the inference KV cache): batch row i's
 // K and V of layer l go to row rows[i] of k[l], v[l] ((capacity, NKV, HS) each, after norms and
 // RoPE, as attention reads them). Layers without a cache entry have null pointers.
+// A recurrent layer stores, per root r with state_slot[r] >= 0, its state after the root's last
+// row and the last K - 1 pre-conv rows of that row's path into slot state_slot[r] of state[l] and
+// conv[l] (each tree of such a batch is one node: a prompt, a decode row).
 template <class E>
 struct CacheWrite {
   std::vector<typename E::Act*> k, v;  // [decoder layer]
   std::vector<int32_t> rows;           // (N) host
+  std::vector<typename E::Acc*> state;  // [decoder layer] null where the layer keeps none
+  std::vector<typename E::Act*> conv;   // [decoder layer]
+  std::vector<int32_t> state_slot;      // (num_roots) host; empty: no state stored
 };
 
 // The arguments of one block call. Pointers are on the backend's memory.
@@ -79,6 +92,10 @@ struct BlockCall {
   typename E::Act* store_k = nullptr;
   typename E::Act* store_v = nullptr;
   const int32_t* store_rows = nullptr;  // (N) on the backend's memory
+  // ... and a recurrent layer's state and conv slots (CacheWrite::state_slot, host).
+  typename E::Acc* store_state = nullptr;
+  typename E::Act* store_conv = nullptr;
+  const std::vector<int32_t>* store_slot = nullptr;
 };
 
 // RMSNorm calls with a weight offset (1: Qwen3.5's zero-centred weights, applied as 1 + w): the
@@ -115,6 +132,10 @@ class LayerKind {
   virtual Flops flops(const Work& w, Pass p) const = 0;
   int layer() const { return layer_; }
   const ParamSlice& params() const { return slice_; }
+  // A recurrent layer's per-sequence state kept by the inference cache (LayerCarry::state, conv):
+  // elements of its recurrent state and of its conv context; 0 for stateless kinds.
+  virtual int64_t recurrent_state_elems() const { return 0; }
+  virtual int64_t conv_context_elems() const { return 0; }
 
  protected:
   LayerKind(int layer, const ParamSlice& slice) : layer_(layer), slice_(slice) {}

@@ -484,6 +484,11 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
       c.store_k = cache->k[layer];
       c.store_v = cache->v[layer];
       c.store_rows = a.store_rows_;
+      if (!cache->state.empty()) {
+        c.store_state = cache->state[layer];
+        c.store_conv = cache->conv[layer];
+        c.store_slot = &cache->state_slot;
+      }
     }
     blocks_[b]->forward(exec_, c);
   }
@@ -603,6 +608,22 @@ Carry<E> Decoder<E>::export_carry(const Activations<E>& a) const {
   for (size_t b = 0; b < blocks_.size(); ++b)
     blocks_[b]->export_carry(a.saved_[b], a.n_, out[blocks_[b]->spec().layer()]);
   return out;
+}
+
+template <class E>
+int64_t Decoder<E>::recurrent_state_elems(int layer) const {
+  int64_t n = 0;
+  for (const auto& b : blocks_)
+    if (b->spec().layer() == layer) n += b->spec().recurrent_state_elems();
+  return n;
+}
+
+template <class E>
+int64_t Decoder<E>::conv_context_elems(int layer) const {
+  int64_t n = 0;
+  for (const auto& b : blocks_)
+    if (b->spec().layer() == layer) n += b->spec().conv_context_elems();
+  return n;
 }
 
 template <class E>

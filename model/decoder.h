@@ -229,6 +229,10 @@ class Decoder {
   Carry<E> export_carry(const Activations<E>& acts) const;
   // Elements per row of layer l's carry-gradient accumulators (dk and dv each).
   int64_t carry_row_elems(int layer) const;
+  // Layer l's recurrent state and conv context elements (LayerKind::recurrent_state_elems; 0, 0
+  // for a layer without recurrent state).
+  int64_t recurrent_state_elems(int layer) const;
+  int64_t conv_context_elems(int layer) const;
 
   // The pair on the model's own activations.
   double forward(const data::PackedBatch& batch, double loss_scale);  // returns the loss

@@ -367,8 +367,9 @@ cpu::GdnTree gdn_tree(const L& l, int N, int nk, int nv, int dk, int dv, double 
 
 template <class T>
 void CpuExec<T>::gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Act* g, const Act* beta,
-                             const Layout& layout, int N, int nk, int nv, int dk, int dv, double scale) {
-  cpu::gdn_tree_forward(o, nullptr, q, k, v, g, beta, nullptr, gdn_tree(layout, N, nk, nv, dk, dv, scale));
+                             const Layout& layout, int N, int nk, int nv, int dk, int dv, double scale,
+                             const double* init, double* end) {
+  cpu::gdn_tree_forward(o, end, q, k, v, g, beta, init, gdn_tree(layout, N, nk, nv, dk, dv, scale));
 }
 
 template <class T>

@@ -168,8 +168,10 @@ class CpuExec {
                          int N, int H);
   void gdn_gates_backward(Act* da, Act* db, Param* dA_log, Param* ddt_bias, const Act* dg, const Act* dbeta,
                           const Act* a, const Act* b, const Weight* A_log, const Weight* dt_bias, int N, int H);
+  // init (num_roots, nv, dk, dv) or null (zeros); end (num_nodes, nv, dk, dv) or null.
   void gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Act* g, const Act* beta,
-                   const Layout& layout, int N, int nk, int nv, int dk, int dv, double scale);
+                   const Layout& layout, int N, int nk, int nv, int dk, int dv, double scale,
+                   const double* init = nullptr, double* end = nullptr);
   void gdn_backward(Act* dq, Act* dk, Act* dv, Act* dg, Act* dbeta, const Act* d_o, const Act* q, const Act* k,
                     const Act* v, const Act* g, const Act* beta, const Layout& layout, int N, int nk, int nv,
                     int k_dim, int v_dim, double scale);

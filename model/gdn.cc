@@ -3,7 +3,9 @@
 // ops (E::kHybridOps: the CPU reference so far).
 #include "model/gdn.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "base/check.h"
 #include "model/carve.h"
@@ -202,12 +204,95 @@ size_t GdnKind::scratch_bytes(int N) const {
   return Scratch<E>(*this, N, nullptr).bytes;
 }
 
+// The carried path of a no-grad forward (the inference cache; CPU backends, host memory): each
+// root's conv context becomes K - 1 rows chained before its first row (rows N + r (K - 1) ..), so
+// the conv reads them through the same path walk, and its state slot the delta rule's init.
+template <class E>
+struct GdnKind::Recurrent {
+  std::vector<int> root_node;               // (R) node of each root, in node order
+  std::vector<typename E::Act> x, u;        // (N + R (K - 1), CD) pre- and post-conv rows
+  std::vector<int32_t> prev;                // (N + R (K - 1))
+  std::vector<double> init, end;            // (R, nv dk dv), (num_nodes, nv dk dv)
+};
+
+template <class E>
+GdnKind::Recurrent<E> GdnKind::recurrent_begin(E& e, const BlockCall<E>& c, const typename E::Act* qkv,
+                                               const int32_t* prev, const typename E::Weight* conv_w) const {
+  const auto& l = c.batch->layout;
+  const int N = c.batch->N, Kc = K_ - 1;
+  const int64_t SE = recurrent_state_elems(), CE = conv_context_elems();
+  Recurrent<E> r;
+  for (int n = 0; n < l.num_nodes; ++n)
+    if (l.node_parent[n] < 0) r.root_node.push_back(n);
+  const int R = (int)r.root_node.size();
+  const LayerCarry<E>* cr = c.carry && !c.carry->state_slot.empty() ? c.carry : nullptr;
+  if (cr)
+    TT_CHECK((int)cr->state_slot.size() == R && cr->state && cr->conv, "model: layer ", layer_, ": a carry of ",
+             cr->state_slot.size(), " state slots for a batch of ", R, " roots");
+  const int64_t Na = N + (int64_t)R * Kc;
+  r.x.assign((size_t)Na * CD_, typename E::Act(0));
+  std::copy(qkv, qkv + (size_t)N * CD_, r.x.begin());
+  r.prev.assign(prev, prev + N);
+  r.prev.resize(Na);
+  r.init.assign(cr ? (size_t)R * SE : 0, 0.0);
+  for (int q = 0; q < R; ++q) {
+    const int64_t base = N + (int64_t)q * Kc;
+    const int slot = cr ? cr->state_slot[q] : -1;
+    for (int m = 0; m < Kc; ++m) {
+      r.prev[base + m] = m == 0 ? -1 : (int32_t)(base + m - 1);
+      if (slot >= 0) std::copy(cr->conv + slot * CE + (int64_t)m * CD_, cr->conv + slot * CE + (int64_t)(m + 1) * CD_,
+                               r.x.begin() + (base + m) * CD_);
+    }
+    if (Kc > 0) r.prev[l.node_start[r.root_node[q]]] = (int32_t)(base + Kc - 1);
+    if (slot >= 0)
+      for (int64_t i = 0; i < SE; ++i) r.init[(size_t)q * SE + i] = (double)cr->state[slot * SE + i];
+  }
+  r.u.assign(r.x.size(), typename E::Act(0));
+  e.conv1d_silu_forward(r.u.data(), r.x.data(), conv_w, r.prev.data(), (int)Na, CD_, K_);
+  r.end.assign((size_t)l.num_nodes * SE, 0.0);
+  return r;
+}
+
+// Each stored root's end state and the last K - 1 pre-conv rows of its path (oldest first).
+template <class E>
+void GdnKind::recurrent_store(const BlockCall<E>& c, const Recurrent<E>& r) const {
+  const auto& l = c.batch->layout;
+  const int Kc = K_ - 1, R = (int)r.root_node.size();
+  const int64_t SE = recurrent_state_elems(), CE = conv_context_elems();
+  TT_CHECK((int)c.store_slot->size() == R && c.store_conv, "model: layer ", layer_, ": ", c.store_slot->size(),
+           " state slots to store for a batch of ", R, " roots");
+  for (int q = 0; q < R; ++q) {
+    const int slot = (*c.store_slot)[q];
+    if (slot < 0) continue;
+    const int n = r.root_node[q];
+    TT_CHECK((q + 1 < R ? r.root_node[q + 1] : l.num_nodes) == n + 1, "model: layer ", layer_,
+             ": stores the state of one-node trees only (tree ", q, " has several nodes)");
+    const double* end = r.end.data() + (size_t)n * SE;
+    for (int64_t i = 0; i < SE; ++i) c.store_state[slot * SE + i] = (typename E::Acc)end[i];
+    int32_t row = l.node_start[n] + l.node_len[n] - 1;
+    typename E::Act* dst = c.store_conv + slot * CE;
+    for (int m = Kc - 1; m >= 0; --m) {  // newest last
+      if (row >= 0) {
+        std::copy(r.x.begin() + (int64_t)row * CD_, r.x.begin() + (int64_t)(row + 1) * CD_, dst + (int64_t)m * CD_);
+        row = r.prev[row];
+      } else {
+        std::fill(dst + (int64_t)m * CD_, dst + (int64_t)(m + 1) * CD_, typename E::Act(0));
+      }
+    }
+  }
+}
+
 template <class E>
 void GdnKind::forward(E& e, const BlockCall<E>& c) const {
-  if (c.carry || c.store_k || c.store_v)
-    throw Error(str("model: layer ", layer_, " is linear_attention, which does not read or write a carry yet (its "
-                    "recurrent state and conv tail across a partition cut or in the inference cache): train it "
-                    "unpartitioned (partition.capacity_tokens: 0); generation needs full_attention layers"));
+  // A training forward's carry is a partition gateway; a no-grad one must say where each root's
+  // state is (KVCache::read_state), never default to zeros behind the caller's back.
+  if ((c.carry && (c.mode == Mode::kTrain || !c.carry->kv.empty())) || c.relay)
+    throw Error(str("model: layer ", layer_, " is linear_attention, which does not carry its recurrent state and conv "
+                    "tail across a partition cut yet (no gradient through them): train it unpartitioned "
+                    "(partition.capacity_tokens: 0)"));
+  if (c.carry && c.carry->state_slot.empty())
+    throw Error(str("model: layer ", layer_, " is linear_attention: a no-grad carry must give each root's recurrent "
+                    "state slot (KVCache::read_state; slot -1 for a root that starts from zeros)"));
   const int N = c.batch->N, C = C_;
   const Saved<E> s(*this, N, c.saved);  // no-grad: the region every block shares
   const auto* w = c.w;
@@ -223,14 +308,24 @@ void GdnKind::forward(E& e, const BlockCall<E>& c) const {
     e.linear(s.a, s.n, w + w_a_, N, C, nv_);
   }
   e.path_prev(s.prev, c.batch->layout, N);
-  e.conv1d_silu_forward(s.u, s.qkv, w + conv_, s.prev, N, CD_, K_);
+  const bool carried = c.carry && !c.carry->state_slot.empty();
+  const bool stores = c.store_slot && !c.store_slot->empty() && c.store_state;
+  Recurrent<E> rec;
+  if (carried || stores) {
+    rec = recurrent_begin(e, c, s.qkv, s.prev, w + conv_);
+    std::copy(rec.u.begin(), rec.u.begin() + (size_t)N * CD_, s.u);
+  } else {
+    e.conv1d_silu_forward(s.u, s.qkv, w + conv_, s.prev, N, CD_, K_);
+  }
   e.copy_cols(s.q, s.u, N, CD_, 0, KD_);
   e.copy_cols(s.k, s.u, N, CD_, KD_, KD_);
   e.copy_cols(s.v, s.u, N, CD_, 2 * KD_, VD_);
   e.l2norm_forward(s.qn, s.q_rstd, s.q, N * nk_, dk_, 1e-6);
   e.l2norm_forward(s.kn, s.k_rstd, s.k, N * nk_, dk_, 1e-6);
   e.gdn_gates_forward(s.g, s.beta, s.a, s.b, w + a_log_, w + dt_bias_, N, nv_);
-  e.gdn_forward(s.o, s.qn, s.kn, s.v, s.g, s.beta, c.batch->layout, N, nk_, nv_, dk_, dv_, 1.0 / std::sqrt((double)dk_));
+  e.gdn_forward(s.o, s.qn, s.kn, s.v, s.g, s.beta, c.batch->layout, N, nk_, nv_, dk_, dv_, 1.0 / std::sqrt((double)dk_),
+                carried ? rec.init.data() : nullptr, stores ? rec.end.data() : nullptr);
+  if (stores) recurrent_store(c, rec);
   e.gated_rmsnorm_forward(s.y, s.y_rstd, s.o, s.z, w + norm_, N * nv_, dv_, eps_);
   e.linear(c.sum, s.y, w + w_out_, N, VD_, C);
   e.residual_add(c.x_out, c.x_in, c.sum, (int64_t)N * C);

@@ -21,9 +21,11 @@
 // HF's); the gated norm's weight is plain (HF's one exception).
 // Saved (training forward): n, rstd, qkv (pre-conv), z, a, b, u, q, k (pre-norm), their rstds, qn,
 // kn, v, g, beta, o, y, y's rstd, and the batch's path_prev rows.
-// Carry: none yet. A batch that reads a carry (a partition gateway, the inference cache) would
-// need the recurrent state and conv tail of its ancestors, so forward refuses one (an error naming
-// the layer) instead of starting from a zero state. Runs on the CPU backend (E::kHybridOps); the CUDA
+// Carry (model/block.h): a no-grad forward reads each root's recurrent state and conv context from
+// the carry's state slots and stores each root's end state and conv tail through the CacheWrite
+// (the inference cache: prompts, then one-token decode rows). Reading K/V prefixes (a partition
+// gateway) or a state in training is refused (an error naming the layer): no gradient flows
+// through the state across pieces yet. Runs on the CPU backend (E::kHybridOps); the CUDA
 // backend rejects such models in check_model.
 #pragma once
 
@@ -53,10 +55,19 @@ class GdnKind final : public LayerKind {
   template <class E>
   void export_carry(const char*, int, LayerCarry<E>&) const {}
   int64_t carry_row_elems() const { return 0; }
+  int64_t recurrent_state_elems() const override { return (int64_t)nv_ * dk_ * dv_; }
+  int64_t conv_context_elems() const override { return (int64_t)(K_ - 1) * CD_; }
 
  private:
   template <class E>
   struct Saved;
+  template <class E>
+  struct Recurrent;
+  template <class E>
+  Recurrent<E> recurrent_begin(E& e, const BlockCall<E>& c, const typename E::Act* qkv, const int32_t* prev,
+                               const typename E::Weight* conv_w) const;
+  template <class E>
+  void recurrent_store(const BlockCall<E>& c, const Recurrent<E>& r) const;
   template <class E>
   struct Scratch;
   // qwen3_next: the fused outputs (grouped per key head) to the flat qkv, z, b, a (to_flat), or

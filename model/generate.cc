@@ -12,10 +12,27 @@
 namespace tt::model {
 
 template <class E>
-KVCache<E>::KVCache(Decoder<E>& model, int64_t capacity)
-    : layers_(model.architecture().num_layers()), capacity_(capacity), row_elems_(layers_), k_(layers_), v_(layers_) {
-  TT_CHECK(capacity >= 0, "KVCache: capacity ", capacity);
+KVCache<E>::KVCache(Decoder<E>& model, int64_t capacity, int64_t state_slots)
+    : layers_(model.architecture().num_layers()),
+      capacity_(capacity),
+      slots_(state_slots),
+      state_elems_(layers_),
+      conv_elems_(layers_),
+      state_(layers_),
+      conv_(layers_),
+      row_elems_(layers_),
+      k_(layers_),
+      v_(layers_) {
+  TT_CHECK(capacity >= 0 && state_slots >= 0, "KVCache: capacity ", capacity, ", state slots ", state_slots);
   for (int l = 0; l < layers_; ++l) {
+    state_elems_[l] = model.recurrent_state_elems(l);
+    conv_elems_[l] = model.conv_context_elems(l);
+    if (state_elems_[l] > 0) {
+      recurrent_ = true;
+      model.exec().ensure(state_[l], sizeof(typename E::Acc) * (size_t)std::max<int64_t>(slots_, 1) * state_elems_[l]);
+      model.exec().ensure(conv_[l], sizeof(typename E::Act) * (size_t)std::max<int64_t>(slots_, 1) *
+                                        std::max<int64_t>(conv_elems_[l], 1));
+    }
     row_elems_[l] = model.carry_row_elems(l);
     if (row_elems_[l] == 0) continue;
     const size_t bytes = sizeof(typename E::Act) * (size_t)capacity * (size_t)row_elems_[l];
@@ -60,15 +77,42 @@ void KVCache<E>::read(Carry<E>& carry, int64_t begin, int len, int q_begin, int 
 }
 
 template <class E>
-CacheWrite<E> KVCache<E>::write(std::vector<int32_t> rows) const {
+int64_t KVCache<E>::reserve_slots(int64_t n) {
+  TT_CHECK(n >= 0 && slots_used_ + n <= slots_, "KVCache: ", n, " more state slots past ", slots_used_, " of ", slots_);
+  const int64_t first = slots_used_;
+  slots_used_ += n;
+  return first;
+}
+
+template <class E>
+void KVCache<E>::read_state(Carry<E>& carry, std::vector<int32_t> slots) const {
+  TT_CHECK((int)carry.size() == layers_, "KVCache: a carry of ", carry.size(), " layers, expected ", layers_);
+  for (int32_t s : slots)
+    TT_CHECK(s >= -1 && s < slots_used_, "KVCache: state slot ", s, " outside the ", slots_used_, " reserved");
+  for (int l = 0; l < layers_; ++l) {
+    if (state_elems_[l] == 0) continue;
+    carry[l].state = reinterpret_cast<const typename E::Acc*>(state_[l].data());
+    carry[l].conv = reinterpret_cast<const typename E::Act*>(conv_[l].data());
+    carry[l].state_slot = slots;
+  }
+}
+
+template <class E>
+CacheWrite<E> KVCache<E>::write(std::vector<int32_t> rows, std::vector<int32_t> state_slots) const {
   CacheWrite<E> w;
   for (int32_t r : rows) TT_CHECK(r >= 0 && r < used_, "KVCache: write to row ", r, " outside the ", used_, " reserved");
+  for (int32_t s : state_slots)
+    TT_CHECK(s >= -1 && s < slots_used_, "KVCache: state slot ", s, " outside the ", slots_used_, " reserved");
   for (int l = 0; l < layers_; ++l) {
     const bool has = row_elems_[l] > 0;
     w.k.push_back(has ? reinterpret_cast<typename E::Act*>(const_cast<char*>(k_[l].data())) : nullptr);
     w.v.push_back(has ? reinterpret_cast<typename E::Act*>(const_cast<char*>(v_[l].data())) : nullptr);
+    const bool rec = state_elems_[l] > 0 && !state_slots.empty();
+    w.state.push_back(rec ? reinterpret_cast<typename E::Acc*>(const_cast<char*>(state_[l].data())) : nullptr);
+    w.conv.push_back(rec ? reinterpret_cast<typename E::Act*>(const_cast<char*>(conv_[l].data())) : nullptr);
   }
   w.rows = std::move(rows);
+  w.state_slot = std::move(state_slots);
   return w;
 }
 
@@ -140,6 +184,7 @@ struct Live {
   SplitMix64 rng;         // the host sampler's stream (top_p < 1)
   uint64_t key;           // the backend sampler's key of its stream (top_p = 1)
   Sample* out;
+  int32_t slot = -1;      // recurrent models: its state slot
   bool done = false;
   // The key of the draw of its next token.
   uint64_t next_key() const { return SplitMix64{key + out->tokens.size()}.next(); }
@@ -176,7 +221,12 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
     i = j;
   }
   std::vector<Completion> out(prompts.size());
-  KVCache<E> cache(model, most);
+  size_t most_prompts = 0;
+  for (const auto& [g0, g1] : groups) most_prompts = std::max(most_prompts, g1 - g0);
+  // State slots of the recurrent layers: one per prompt and one per sample.
+  bool recurrent = false;
+  for (int l = 0; l < L; ++l) recurrent = recurrent || model.recurrent_state_elems(l) > 0;
+  KVCache<E> cache(model, most, recurrent ? (int64_t)most_prompts * (1 + K) : 0);
   for (const auto& [g0, g1] : groups) {
     cache.clear();
     // Prefill: every prompt of the group as its own tree, its rows into its cache span.
@@ -201,6 +251,9 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
       last.push_back(pre.n_tokens - 1);
     }
     pre.tree_start.push_back(pre.n_tokens);
+    std::vector<int32_t> prompt_slot;  // recurrent models: each prompt's state after its prefill
+    if (cache.recurrent())
+      for (size_t i = g0; i < g1; ++i) prompt_slot.push_back((int32_t)cache.reserve_slots(1));
     std::vector<Live> live;
     for (size_t i = g0; i < g1; ++i) {
       out[i].id = prompts[i].id;
@@ -209,6 +262,7 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
         Live x{(int)(i - g0), s, cache.reserve(opt.max_new_tokens), stream_of(opt.seed, (int64_t)i, s), 0,
                &out[i].samples[s]};
         x.key = stream_of(opt.seed ^ 0x5bd1e995ull, (int64_t)i, s).next();
+        if (cache.recurrent()) x.slot = (int32_t)cache.reserve_slots(1);
         live.push_back(x);
       }
     }
@@ -232,7 +286,7 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
       first_rows.push_back(last[x.p]);
       everyone.push_back(&x);
     }
-    const CacheWrite<E> pre_write = cache.write(rows);
+    const CacheWrite<E> pre_write = cache.write(rows, prompt_slot);
     const double t_pre = now_s();
     const InferResult first = model.infer(pre, request(first_rows, everyone), nullptr, &pre_write);
     st.prefill_s += now_s() - t_pre;
@@ -290,7 +344,16 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
         r = e;
       }
       for (int r = 0; r < B; ++r) cache.read(carry, act[r]->gen_row, (int)act[r]->out->tokens.size() - 1, r, r + 1);
-      const CacheWrite<E> w = cache.write(write_rows);
+      // Recurrent layers: a sample's first step starts from its prompt's state, later ones from its own.
+      std::vector<int32_t> slot_in, slot_out;
+      if (cache.recurrent()) {
+        for (const Live* x : act) {
+          slot_in.push_back(x->out->tokens.size() == 1 ? prompt_slot[x->p] : x->slot);
+          slot_out.push_back(x->slot);
+        }
+        cache.read_state(carry, slot_in);
+      }
+      const CacheWrite<E> w = cache.write(write_rows, slot_out);
       std::vector<int32_t> all_rows(B);
       std::iota(all_rows.begin(), all_rows.end(), 0);
       const InferResult res = model.infer(step, request(all_rows, act), &carry, &w);

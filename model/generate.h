@@ -3,7 +3,10 @@
 //
 // The KV cache (KVCache) holds, per attention layer, K and V rows as attention reads them (after
 // norms and RoPE) in one buffer of `capacity` rows; spans of it are handed out to prompts and
-// samples. A forward writes its rows there through a CacheWrite and later batches read spans of
+// samples. Per recurrent layer (Gated DeltaNet) it holds state slots: the recurrent state (fp32 or
+// wider) and the conv context (the last K - 1 pre-conv rows) of one sequence each; a prompt's
+// prefill stores its slot, each sample's first decode step reads the prompt's slot and stores
+// its own, later steps read and store their own (the state follows each sample's path). A forward writes its rows there through a CacheWrite and later batches read spans of
 // it as their carry (external KV prefixes with query ranges): the cache is the decoder's carry.
 //
 // generate() takes prompts in groups that fit max_batch_tokens cache rows. For a group: one
@@ -37,24 +40,36 @@ namespace tt::model {
 template <class E>
 class KVCache {
  public:
-  // capacity rows for every attention layer of `model` (on its backend's memory).
-  KVCache(Decoder<E>& model, int64_t capacity);
+  // capacity rows for every attention layer of `model` (on its backend's memory), and
+  // state_slots slots of every recurrent layer's state and conv context (LayerCarry::state).
+  KVCache(Decoder<E>& model, int64_t capacity, int64_t state_slots = 0);
+  // Whether the model has recurrent layers (then prompts and samples need state slots).
+  bool recurrent() const { return recurrent_; }
+  // The first of `n` fresh state slots; throws tt::Error past state_slots.
+  int64_t reserve_slots(int64_t n);
+  // Every recurrent layer of `carry` starts root r from slot slots[r] (-1: zeros).
+  void read_state(Carry<E>& carry, std::vector<int32_t> slots) const;
   int64_t capacity() const { return capacity_; }
   int64_t used() const { return used_; }
   // The first row of a fresh span of `rows` rows; throws tt::Error past the capacity.
   int64_t reserve(int64_t rows);
-  void clear() { used_ = 0; }
+  void clear() { used_ = slots_used_ = 0; }
   // Gives back every row from `rows` on (rows <= used()).
   void truncate(int64_t rows);
   // Adds to every layer of `carry` the span [begin, begin + len) as a prefix visible to queries
   // [q_begin, q_end) (no gradient).
   void read(Carry<E>& carry, int64_t begin, int len, int q_begin, int q_end) const;
-  // Batch row i's K/V go to row rows[i].
-  CacheWrite<E> write(std::vector<int32_t> rows) const;
+  // Batch row i's K/V go to row rows[i]; root r's recurrent state and conv tail to slot
+  // state_slots[r] (empty: none stored; -1: that root's not stored).
+  CacheWrite<E> write(std::vector<int32_t> rows, std::vector<int32_t> state_slots = {}) const;
 
  private:
   int layers_ = 0;
   int64_t capacity_ = 0, used_ = 0;
+  bool recurrent_ = false;
+  int64_t slots_ = 0, slots_used_ = 0;
+  std::vector<int64_t> state_elems_, conv_elems_;  // [layer]
+  std::vector<typename E::Buffer> state_, conv_;   // [layer] (slots, elems)
   std::vector<int64_t> row_elems_;                 // [layer] 0 where the layer keeps no K/V
   std::vector<typename E::Buffer> k_, v_;          // [layer] (capacity, row_elems)
 };

@@ -306,7 +306,7 @@ TEST(GdnDecoder, ACarryIsAnErrorNamingTheLayer) {
     m.forward(b, 1.0, acts, &carry);
     FAIL() << "expected tt::Error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("model: layer 0 is linear_attention, which does not read or write a carry"),
+    EXPECT_NE(std::string(e.what()).find("model: layer 0 is linear_attention, which does not carry its recurrent state"),
               std::string::npos)
         << e.what();
   }

@@ -23,11 +23,28 @@ namespace {
 using testing::chain_batch;
 using testing::tiny_config;
 
+// The dense models, and the hybrids (Gated DeltaNet layers around gated attention: qwen3_5_text
+// with split projections, qwen3_next with fused ones, conv window 4).
 ModelConfig config(const std::string& arch) {
-  ModelConfig c = tiny_config(arch, arch == "llama");
+  const bool hybrid = arch == "qwen3_5_text" || arch == "qwen3_next";
+  ModelConfig c = tiny_config(hybrid ? "qwen3" : arch, arch == "llama");
   c.vocab_size = 13;
+  if (hybrid) {
+    c.architecture = arch;
+    c.head_dim = 8;
+    c.partial_rotary_factor = 0.5;
+    c.num_hidden_layers = 3;
+    c.layer_types = {"linear_attention", "full_attention", "linear_attention"};
+    c.linear_num_key_heads = arch == "qwen3_next" ? 2 : 1;
+    c.linear_num_value_heads = arch == "qwen3_next" ? 4 : 2;
+    c.linear_key_head_dim = 4;
+    c.linear_value_head_dim = 3;
+    c.linear_conv_kernel_dim = 4;
+  }
   return c;
 }
+
+const char* const kArchs[] = {"qwen3", "llama", "qwen3_5_text", "qwen3_next"};
 
 void init(Model<double>& m, uint64_t seed) {
   m.init(seed);
@@ -69,21 +86,26 @@ data::PackedBatch decode_batch(const std::vector<int32_t>& tokens, const std::ve
 }
 
 // Prefill a prompt into the cache, then two samples decode different continuations one token a
-// step, each reading the shared prompt rows and its own rows: every decode row's logits equal the
-// full forward of that sample's sequence.
+// step, each reading the shared prompt rows and its own rows (and, in a hybrid, starting from
+// the prompt's recurrent state and conv tail, then from its own): every decode row's logits
+// equal the full forward of that sample's sequence. Prompts of 1, 2 and 5 tokens: shorter than
+// the conv window, a decode row's window reaches into the zeros before the prompt.
 TEST(Decode, LogitsEqualTheFullForwardAtEveryPosition) {
-  for (const std::string arch : {"qwen3", "llama"}) {
+  for (const std::string arch : kArchs)
+    for (const std::vector<int32_t> prompt : {std::vector<int32_t>{1, 7, 2, 9, 4}, {6}, {10, 3}}) {
     Model<double> m(config(arch));
     init(m, 3);
     const int V = (int)m.config().vocab_size, L = m.architecture().num_layers();
-    const std::vector<int32_t> prompt = {1, 7, 2, 9, 4};
     const std::vector<std::vector<int32_t>> cont = {{3, 3, 8, 0, 12}, {5, 1, 1, 6, 2}};
     const int P = (int)prompt.size(), T = (int)cont[0].size();
-    KVCache<CpuExec<double>> cache(m, P + 2 * T);
+    KVCache<CpuExec<double>> cache(m, P + 2 * T, 3);
+    EXPECT_EQ(cache.recurrent(), arch == "qwen3_5_text" || arch == "qwen3_next") << arch;
+    const int32_t prompt_slot = (int32_t)cache.reserve_slots(1);
+    const int32_t own[2] = {(int32_t)cache.reserve_slots(1), (int32_t)cache.reserve_slots(1)};
     const int64_t span = cache.reserve(P);
     std::vector<int32_t> rows(P);
     for (int i = 0; i < P; ++i) rows[i] = (int32_t)(span + i);
-    const CacheWrite<CpuExec<double>> w0 = cache.write(rows);
+    const CacheWrite<CpuExec<double>> w0 = cache.write(rows, {prompt_slot});
     const InferResult pre = m.infer(chain_batch(prompt), InferRequest::all_logits(), nullptr, &w0);
     const std::vector<double> ref0 = full_logits(m, prompt);
     EXPECT_LE(max_rel(pre.logits.data(), ref0.data(), P * V), 1e-12) << arch << ": prefill";
@@ -92,7 +114,9 @@ TEST(Decode, LogitsEqualTheFullForwardAtEveryPosition) {
       Carry<CpuExec<double>> carry(L);
       cache.read(carry, span, P, 0, 2);
       for (int s = 0; s < 2; ++s) cache.read(carry, gen[s], j, s, s + 1);
-      const CacheWrite<CpuExec<double>> w = cache.write({(int32_t)(gen[0] + j), (int32_t)(gen[1] + j)});
+      cache.read_state(carry, j == 0 ? std::vector<int32_t>{prompt_slot, prompt_slot} : std::vector<int32_t>{own[0], own[1]});
+      const CacheWrite<CpuExec<double>> w =
+          cache.write({(int32_t)(gen[0] + j), (int32_t)(gen[1] + j)}, {own[0], own[1]});
       const InferResult step =
           m.infer(decode_batch({cont[0][j], cont[1][j]}, {P + j, P + j}), InferRequest::all_logits(), &carry, &w);
       for (int s = 0; s < 2; ++s) {
@@ -100,14 +124,46 @@ TEST(Decode, LogitsEqualTheFullForwardAtEveryPosition) {
         seq.insert(seq.end(), cont[s].begin(), cont[s].begin() + j + 1);
         const std::vector<double> ref = full_logits(m, seq);
         EXPECT_LE(max_rel(step.logits.data() + (size_t)s * V, ref.data() + (size_t)(P + j) * V, V), 1e-10)
-            << arch << " sample " << s << " step " << j;
+            << arch << " prompt of " << P << ", sample " << s << " step " << j;
       }
     }
   }
 }
 
+// A recurrent layer refuses what it cannot do yet: a state in a training forward (no gradient
+// through it), and storing the state of a tree with several nodes (whose end state is ambiguous).
+TEST(Decode, RecurrentCarryErrors) {
+  Model<double> m(config("qwen3_5_text"));
+  init(m, 4);
+  const int L = m.architecture().num_layers();
+  KVCache<CpuExec<double>> cache(m, 16, 2);
+  const int32_t slot = (int32_t)cache.reserve_slots(1);
+  Carry<CpuExec<double>> carry(L);
+  cache.read_state(carry, {slot});
+  try {
+    Activations<CpuExec<double>> acts;
+    m.forward(chain_batch({1, 2, 3}), 1.0, acts, &carry);
+    ADD_FAILURE() << "a training forward read a recurrent state";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("linear_attention"), std::string::npos) << e.what();
+  }
+  data::PackedBatch two = chain_batch({1, 2, 3, 4});
+  two.node_start = {0, 2};
+  two.node_len = {2, 2};
+  two.node_parent = {-1, 0};
+  cache.reserve(4);
+  const CacheWrite<CpuExec<double>> w = cache.write({0, 1, 2, 3}, {slot});
+  try {
+    m.infer(two, InferRequest::all_logits(), nullptr, &w);
+    ADD_FAILURE() << "stored the state of a two-node tree";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("one-node trees"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(cache.read_state(carry, {5}), Error);  // a slot never reserved
+}
+
 TEST(Generate, GreedyIsTheArgmaxOfTheFullForward) {
-  for (const std::string arch : {"qwen3", "llama"}) {
+  for (const std::string arch : kArchs) {
     Model<double> m(config(arch));
     init(m, 5);
     const int V = (int)m.config().vocab_size;

@@ -1,7 +1,7 @@
 // `treetrain sample` (trainer/sample.h) on the CPU:
 //  - K > 1 writes a rollouts line per prompt that the trainer reads as it is, and the sampled
 //    group trained with tree packing gives the loss and gradients of per-path packing (fp64,
-//    1e-10 relative: the same sums in other orders);
+//    1e-10 relative: the same sums in other orders), for a dense and a hybrid (qwen3_5_text) model;
 //  - K = 1 writes tokens, logprobs and the finish reason; a seed reproduces the file;
 //  - a run_dir resolves to its newest checkpoint; bad prompts, flags and directories are errors
 //    naming the file, line or key.
@@ -35,7 +35,9 @@ fs::path test_dir(const std::string& name) {
   return d;
 }
 
-model::ModelConfig tiny() {
+// A dense Qwen3, or (hybrid) a qwen3_5_text whose Gated DeltaNet layers sample with their
+// recurrent state and conv window in the cache.
+model::ModelConfig tiny(bool hybrid = false) {
   model::ModelConfig c;
   c.vocab_size = 40;
   c.hidden_size = 16;
@@ -46,12 +48,23 @@ model::ModelConfig tiny() {
   c.head_dim = 8;
   c.initializer_range = 0.2;
   c.max_position_embeddings = 64;
+  if (hybrid) {
+    c.architecture = "qwen3_5_text";
+    c.partial_rotary_factor = 0.5;
+    c.num_hidden_layers = 3;
+    c.layer_types = {"linear_attention", "full_attention", "linear_attention"};
+    c.linear_num_key_heads = 1;
+    c.linear_num_value_heads = 2;
+    c.linear_key_head_dim = 4;
+    c.linear_value_head_dim = 4;
+    c.linear_conv_kernel_dim = 4;
+  }
   return c;
 }
 
 // A saved HF directory of a seeded model.
-std::string saved_model(const fs::path& dir) {
-  model::Model<float> m(tiny());
+std::string saved_model(const fs::path& dir, bool hybrid = false) {
+  model::Model<float> m(tiny(hybrid));
   m.init(9);
   model::save_hf(dir.string(), m, "F32");
   return dir.string();
@@ -69,10 +82,13 @@ void write_file(const fs::path& p, const std::string& text) {
   out << text;
 }
 
-TEST(Sample, GroupsTrainAsTreesLikePerPath) {
-  const fs::path d = test_dir("groups");
+class SampleGroups : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SampleGroups, TrainAsTreesLikePerPath) {
+  const bool hybrid = GetParam();
+  const fs::path d = test_dir(hybrid ? "groups_hybrid" : "groups");
   SampleCommand c;
-  c.checkpoint = saved_model(d / "model");
+  c.checkpoint = saved_model(d / "model", hybrid);
   c.prompts = (d / "prompts.jsonl").string();
   write_file(c.prompts, "{\"id\": \"a\", \"tokens\": [1, 2, 3]}\n\n{\"id\": 7, \"tokens\": [5, 4, 3, 2, 1]}\n");
   c.out = (d / "out.jsonl").string();
@@ -106,7 +122,7 @@ TEST(Sample, GroupsTrainAsTreesLikePerPath) {
   std::vector<const data::Tree*> ptrs = {&trees[0], &trees[1]};
   const data::PackedBatch tree = data::pack(ptrs, data::Packing::kTree);
   const data::PackedBatch paths = data::pack(ptrs, data::Packing::kPerPath);
-  model::Model<double> m(tiny());
+  model::Model<double> m(tiny(hybrid));
   model::load_hf_weights(c.checkpoint, m);
   m.zero_grad();
   const double lt = m.forward(tree, 1.0 / 8);
@@ -123,6 +139,9 @@ TEST(Sample, GroupsTrainAsTreesLikePerPath) {
   }
   EXPECT_LE(diff, 1e-10 * scale);
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, SampleGroups, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "hybrid" : "dense"; });
 
 TEST(Sample, OneSampleLinesAndSeeds) {
   const fs::path d = test_dir("one");
