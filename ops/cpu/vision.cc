@@ -68,21 +68,38 @@ void layernorm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T*
   for (int c = 0; db && c < C; c++) db[c] = (T)((double)db[c] + gb[c]);
 }
 
+// Both GELU forms in a shape without cancellation, so the oracle keeps its relative accuracy in
+// the tails (1 + tanh(u) and 1 + erf(z) round to 0 in fp64 for large negative arguments, where the
+// values are tiny but not 0): x (1 + tanh u) / 2 = x sigmoid(2u), with sigmoid and 1 - sigmoid
+// each from the exponential of a non-positive argument, and 1 + erf(z) = erfc(-z).
+namespace {
+inline void sigmoid_pair(double z, double* s, double* oms) {
+  const double e = std::exp(-std::fabs(z));  // <= 1
+  const double big = 1.0 / (1.0 + e), small = e / (1.0 + e);
+  *s = z >= 0 ? big : small;
+  *oms = z >= 0 ? small : big;
+}
+}  // namespace
+
 template <class T>
 void gelu_tanh_forward(T* y, const T* x, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; i++) {
     const double v = (double)x[i];
-    y[i] = (T)(0.5 * v * (1.0 + std::tanh(kGeluK * (v + kGeluA * v * v * v))));
+    double s, oms;
+    sigmoid_pair(2.0 * kGeluK * (v + kGeluA * v * v * v), &s, &oms);
+    y[i] = (T)(v * s);
   }
 }
 
 template <class T>
 void gelu_tanh_backward(T* dx, const T* dy, const T* x, int64_t n) {
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; i++) {
-    const double v = (double)x[i], t = std::tanh(kGeluK * (v + kGeluA * v * v * v));
-    const double d = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * kGeluK * (1.0 + 3.0 * kGeluA * v * v);
+  for (int64_t i = 0; i < n; i++) {  // y' = s + x s (1 - s) 2 u', s = sigmoid(2u)
+    const double v = (double)x[i];
+    double s, oms;
+    sigmoid_pair(2.0 * kGeluK * (v + kGeluA * v * v * v), &s, &oms);
+    const double d = s + v * s * oms * 2.0 * kGeluK * (1.0 + 3.0 * kGeluA * v * v);
     dx[i] = (T)((double)dx[i] + (double)dy[i] * d);
   }
 }
@@ -110,7 +127,7 @@ template <class T>
 void gelu_erf_forward(T* y, const T* x, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
     const double v = (double)x[i];
-    y[i] = (T)(0.5 * v * (1.0 + std::erf(v * kSqrtHalf)));
+    y[i] = (T)(0.5 * v * std::erfc(-v * kSqrtHalf));
   }
 }
 
@@ -118,7 +135,7 @@ template <class T>
 void gelu_erf_backward(T* dx, const T* dy, const T* x, int64_t n) {
   for (int64_t i = 0; i < n; i++) {  // y' = Phi(x) + x phi(x)
     const double v = (double)x[i];
-    const double d = 0.5 * (1.0 + std::erf(v * kSqrtHalf)) + v * kInvSqrt2Pi * std::exp(-0.5 * v * v);
+    const double d = 0.5 * std::erfc(-v * kSqrtHalf) + v * kInvSqrt2Pi * std::exp(-0.5 * v * v);
     dx[i] = (T)((double)dx[i] + (double)dy[i] * d);
   }
 }
