@@ -78,6 +78,40 @@ __device__ __forceinline__ void store_f32(float* p, const float (&in)[VEC]) {
   }
 }
 
+// (VEC) elements of a bf16 or fp32 row <-> fp32 registers (the overload picks the width).
+template <int VEC>
+__device__ __forceinline__ void load_row(float (&out)[VEC], const __nv_bfloat16* p) {
+  load_bf16<VEC>(out, p);
+}
+template <int VEC>
+__device__ __forceinline__ void load_row(float (&out)[VEC], const float* p) {
+  load_f32<VEC>(out, p);
+}
+template <int VEC>
+__device__ __forceinline__ void store_row(__nv_bfloat16* p, const float (&in)[VEC]) {
+  store_bf16<VEC>(p, in);
+}
+template <int VEC>
+__device__ __forceinline__ void store_row(float* p, const float (&in)[VEC]) {
+  store_f32<VEC>(p, in);
+}
+
+template <int VEC>
+__device__ __forceinline__ void fill(float (&v)[VEC], float value) {
+#pragma unroll
+  for (int k = 0; k < VEC; k++) v[k] = value;
+}
+
+// An accumulating gradient's old value: (VEC) bf16 at p when `accumulate`, else zeros (p unread).
+template <int VEC>
+__device__ __forceinline__ void load_bf16_or_zero(float (&out)[VEC], const __nv_bfloat16* p, bool accumulate) {
+  if (accumulate) {
+    load_bf16<VEC>(out, p);
+  } else {
+    fill<VEC>(out, 0.f);
+  }
+}
+
 template <class T>
 __device__ __forceinline__ T warp_sum(T v) {
 #pragma unroll

@@ -29,7 +29,9 @@ namespace tt::cuda {
 namespace {
 
 using detail::load_bf16;
+using detail::load_bf16_or_zero;
 using detail::load_f32;
+using detail::load_row;
 using detail::store_bf16;
 using detail::store_f32;
 using detail::warp_sum;
@@ -67,16 +69,6 @@ struct RmsnormBwdParams {
   const float2* rope_cs;       // (rows / heads, C / 2): dout is the rotated output's gradient
   int heads;
 };
-
-// (VEC) elements of a bf16 or fp32 row -> fp32.
-template <int VEC>
-__device__ __forceinline__ void load_row(float (&out)[VEC], const bf16* p) {
-  load_bf16<VEC>(out, p);
-}
-template <int VEC>
-__device__ __forceinline__ void load_row(float (&out)[VEC], const float* p) {
-  load_f32<VEC>(out, p);
-}
 
 // Sum over the LANES lanes of a row (aligned lane groups of the warp); every lane calls it.
 template <int LANES>
@@ -264,12 +256,7 @@ __global__ void rmsnorm_backward_fused_kernel(RmsnormBwdParams p) {
         float wv[VEC], dx[VEC];
         load_bf16<VEC>(wv, p.w + c);
         bf16* dxp = p.dx + row * p.C + c;
-        if (p.dx_accumulate) {
-          load_bf16<VEC>(dx, dxp);
-        } else {
-#pragma unroll
-          for (int k = 0; k < VEC; k++) dx[k] = 0.f;
-        }
+        load_bf16_or_zero<VEC>(dx, dxp, p.dx_accumulate);
 #pragma unroll
         for (int k = 0; k < VEC; k++) dx[k] += rs * (dy[it][k] * wv[k] - xv[k] * kcoef);
         store_bf16<VEC>(dxp, dx);
@@ -442,12 +429,7 @@ __global__ void rmsnorm_backward_dx_kernel(RmsnormBwdParams p) {
     load_bf16<VEC>(xv, x + c);
     load_row<VEC>(dv, dout + c);
     load_bf16<VEC>(wv, p.w + c);
-    if (p.dx_accumulate) {
-      load_bf16<VEC>(acc, dx + c);
-    } else {
-#pragma unroll
-      for (int k = 0; k < VEC; k++) acc[k] = 0.f;
-    }
+    load_bf16_or_zero<VEC>(acc, dx + c, p.dx_accumulate);
 #pragma unroll
     for (int k = 0; k < VEC; k++) acc[k] += rs * (dv[k] * wv[k] - xv[k] * kcoef);
     store_bf16<VEC>(dx + c, acc);

@@ -32,11 +32,15 @@ namespace tt::cuda {
 namespace {
 
 using detail::block_sum;
+using detail::fill;
 using detail::kWarp;
 using detail::load_bf16;
+using detail::load_bf16_or_zero;
 using detail::load_f32;
+using detail::load_row;
 using detail::store_bf16;
 using detail::store_f32;
+using detail::store_row;
 using detail::warp_sum;
 
 constexpr int kThreads = 256;                      // elementwise blocks and warp-per-row blocks
@@ -122,31 +126,6 @@ struct PatchifyParams {
   int S, patch, grid;   // grid = S / patch patches per side
 };
 
-// ---- loads and stores of bf16 or fp32 rows as fp32 registers ----
-
-template <int VEC>
-__device__ __forceinline__ void load_row(float (&out)[VEC], const bf16* p) {
-  load_bf16<VEC>(out, p);
-}
-template <int VEC>
-__device__ __forceinline__ void load_row(float (&out)[VEC], const float* p) {
-  load_f32<VEC>(out, p);
-}
-template <int VEC>
-__device__ __forceinline__ void store_row(bf16* p, const float (&in)[VEC]) {
-  store_bf16<VEC>(p, in);
-}
-template <int VEC>
-__device__ __forceinline__ void store_row(float* p, const float (&in)[VEC]) {
-  store_f32<VEC>(p, in);
-}
-
-template <int VEC>
-__device__ __forceinline__ void fill(float (&v)[VEC], float value) {
-#pragma unroll
-  for (int k = 0; k < VEC; k++) v[k] = value;
-}
-
 // ---- LayerNorm forward ----
 
 // One warp per row, the row in registers (IT VEC-wide steps per lane).
@@ -188,11 +167,7 @@ __global__ void layernorm_forward_warp_kernel(LayernormFwdParams p) {
     if (c >= p.C) continue;
     float wv[VEC], bv[VEC];
     load_bf16<VEC>(wv, p.w + c);
-    if (p.b) {
-      load_bf16<VEC>(bv, p.b + c);
-    } else {
-      fill<VEC>(bv, 0.f);
-    }
+    load_bf16_or_zero<VEC>(bv, p.b ? p.b + c : nullptr, p.b != nullptr);
 #pragma unroll
     for (int k = 0; k < VEC; k++) v[it][k] = (v[it][k] - mu) * rs * wv[k] + bv[k];
     store_bf16<VEC>(o + c, v[it]);
@@ -233,11 +208,7 @@ __global__ void layernorm_forward_block_kernel(LayernormFwdParams p) {
     float v[VEC], wv[VEC], bv[VEC];
     load_bf16<VEC>(v, x + c);
     load_bf16<VEC>(wv, p.w + c);
-    if (p.b) {
-      load_bf16<VEC>(bv, p.b + c);
-    } else {
-      fill<VEC>(bv, 0.f);
-    }
+    load_bf16_or_zero<VEC>(bv, p.b ? p.b + c : nullptr, p.b != nullptr);
 #pragma unroll
     for (int k = 0; k < VEC; k++) v[k] = (v[k] - mu) * rs * wv[k] + bv[k];
     store_bf16<VEC>(o + c, v);
@@ -287,11 +258,7 @@ __global__ void layernorm_dx_warp_kernel(LayernormDxParams p) {
     const int c = (it * kWarp + lane) * VEC;
     if (c >= p.C) continue;
     float acc[VEC];
-    if (p.accumulate) {
-      load_bf16<VEC>(acc, dx + c);
-    } else {
-      fill<VEC>(acc, 0.f);
-    }
+    load_bf16_or_zero<VEC>(acc, dx + c, p.accumulate);
 #pragma unroll
     for (int k = 0; k < VEC; k++) acc[k] += rs * (g[it][k] - mg - xh[it][k] * mgx);
     store_bf16<VEC>(dx + c, acc);
@@ -326,11 +293,7 @@ __global__ void layernorm_dx_block_kernel(LayernormDxParams p) {
     load_bf16<VEC>(xv, x + c);
     load_row<VEC>(dv, dout + c);
     load_bf16<VEC>(wv, p.w + c);
-    if (p.accumulate) {
-      load_bf16<VEC>(acc, dx + c);
-    } else {
-      fill<VEC>(acc, 0.f);
-    }
+    load_bf16_or_zero<VEC>(acc, dx + c, p.accumulate);
 #pragma unroll
     for (int k = 0; k < VEC; k++) acc[k] += rs * (dv[k] * wv[k] - mg - (xv[k] - mu) * rs * mgx);
     store_bf16<VEC>(dx + c, acc);
@@ -459,11 +422,7 @@ __global__ void gelu_backward_kernel(GeluBwdParams p) {
   float v[VEC], d[VEC], acc[VEC];
   load_bf16<VEC>(v, p.x + i);
   load_bf16<VEC>(d, p.dy + i);
-  if (p.accumulate) {
-    load_bf16<VEC>(acc, p.dx + i);
-  } else {
-    fill<VEC>(acc, 0.f);
-  }
+  load_bf16_or_zero<VEC>(acc, p.dx + i, p.accumulate);
 #pragma unroll
   for (int k = 0; k < VEC; k++) acc[k] += gelu_grad(v[k], p.tanh) * d[k];
   store_bf16<VEC>(p.dx + i, acc);
