@@ -48,22 +48,27 @@ __device__ __forceinline__ void resolve_key_tile(const AttnFwdParams& p, int v, 
   k0 = v * BN;
 }
 
-// min and max of subtree_end over tree keys [k0, k0 + BN) (keys past N count as 0).
+// min and max over tree keys [k0, k0 + BN) of a per-key value kept per granule (gmin, gmax);
+// keys past N count as `past`.
 template <int BN>
-__device__ __forceinline__ void tree_tile_hi(const TreeTiles& t, int k0, int& hmin, int& hmax) {
+__device__ __forceinline__ void tree_tile_min_max(const int32_t* gmin, const int32_t* gmax, int num_granules, int k0,
+                                                  int past, int& mn, int& mx) {
   static_assert(BN % kTileGranule == 0, "key tiles are whole granules");
-  hmin = INT_MAX;
-  hmax = 0;
+  mn = INT_MAX;
+  mx = INT_MIN;
 #pragma unroll
   for (int s = 0; s < BN / kTileGranule; ++s) {
     const int gi = k0 / kTileGranule + s;
-    if (gi < t.num_granules) {
-      hmin = imin(hmin, t.hi_min[gi]);
-      hmax = imax(hmax, t.hi_max[gi]);
-    } else {
-      hmin = 0;
-    }
+    const bool in = gi < num_granules;
+    mn = imin(mn, in ? gmin[gi] : past);
+    mx = imax(mx, in ? gmax[gi] : past);
   }
+}
+
+// min and max of subtree_end over tree keys [k0, k0 + BN) (keys past N count as 0).
+template <int BN>
+__device__ __forceinline__ void tree_tile_hi(const TreeTiles& t, int k0, int& hmin, int& hmax) {
+  tree_tile_min_max<BN>(t.hi_min, t.hi_max, t.num_granules, k0, 0, hmin, hmax);
 }
 
 // min and max of lo_j over tree keys [k0, k0 + BN): k0 and k0 + BN - 1 in the causal tree, from the
@@ -75,18 +80,7 @@ __device__ __forceinline__ void tree_tile_lo(const TreeTiles& t, int k0, int& lm
     lmax = k0 + BN - 1;
     return;
   }
-  lmin = INT_MAX;
-  lmax = 0;
-#pragma unroll
-  for (int s = 0; s < BN / kTileGranule; ++s) {
-    const int gi = k0 / kTileGranule + s;
-    if (gi < t.num_granules) {
-      lmin = imin(lmin, t.lo_min[gi]);
-      lmax = imax(lmax, t.lo_max[gi]);
-    } else {
-      lmax = INT_MAX;
-    }
-  }
+  tree_tile_min_max<BN>(t.lo_min, t.lo_max, t.num_granules, k0, INT_MAX, lmin, lmax);
 }
 
 // Key tile v against query rows [q0, q_last]: skip, partial or full (tree_tiles.h has the rules).
