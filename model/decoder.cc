@@ -610,28 +610,30 @@ Carry<E> Decoder<E>::export_carry(const Activations<E>& a) const {
   return out;
 }
 
+namespace {
+// f(block) summed over the blocks of decoder layer `layer`.
+template <class E, class F>
+int64_t layer_sum(const std::vector<std::unique_ptr<Block<E>>>& blocks, int layer, F f) {
+  int64_t n = 0;
+  for (const auto& b : blocks)
+    if (b->spec().layer() == layer) n += f(*b);
+  return n;
+}
+}  // namespace
+
 template <class E>
 int64_t Decoder<E>::recurrent_state_elems(int layer) const {
-  int64_t n = 0;
-  for (const auto& b : blocks_)
-    if (b->spec().layer() == layer) n += b->spec().recurrent_state_elems();
-  return n;
+  return layer_sum(blocks_, layer, [](const Block<E>& b) { return b.spec().recurrent_state_elems(); });
 }
 
 template <class E>
 int64_t Decoder<E>::conv_context_elems(int layer) const {
-  int64_t n = 0;
-  for (const auto& b : blocks_)
-    if (b->spec().layer() == layer) n += b->spec().conv_context_elems();
-  return n;
+  return layer_sum(blocks_, layer, [](const Block<E>& b) { return b.spec().conv_context_elems(); });
 }
 
 template <class E>
 int64_t Decoder<E>::carry_row_elems(int layer) const {
-  int64_t n = 0;
-  for (const auto& b : blocks_)
-    if (b->spec().layer() == layer) n += b->carry_row_elems();
-  return n;
+  return layer_sum(blocks_, layer, [](const Block<E>& b) { return b.carry_row_elems(); });
 }
 
 template <class E>
