@@ -204,20 +204,25 @@ size_t GdnKind::scratch_bytes(int N) const {
   return Scratch<E>(*this, N, nullptr).bytes;
 }
 
-// The carried path of a no-grad forward (the inference cache; CPU backends, host memory): each
-// root's conv context becomes K - 1 rows chained before its first row (rows N + r (K - 1) ..), so
-// the conv reads them through the same path walk, and its state slot the delta rule's init.
+// The cache path of a no-grad forward (the inference cache; CPU backends, host memory). Reading
+// (carried): each root's conv context becomes K - 1 rows chained before its first row (rows
+// N + r (K - 1) ..), so the conv reads them through the same path walk, and its state slot the
+// delta rule's init. Storing: the roots' end states, and the conv tails walked back from each
+// root's last row through `rows` / `links` (the extended rows when carried, else the batch's).
 template <class E>
 struct GdnKind::Recurrent {
   std::vector<int> root_node;               // (R) node of each root, in node order
-  std::vector<typename E::Act> x, u;        // (N + R (K - 1), CD) pre- and post-conv rows
-  std::vector<int32_t> prev;                // (N + R (K - 1))
-  std::vector<double> init, end;            // (R, nv dk dv), (num_nodes, nv dk dv)
+  std::vector<typename E::Act> x, u;        // carried: (N + R (K - 1), CD) pre- and post-conv rows
+  std::vector<int32_t> prev;                // carried: (N + R (K - 1))
+  std::vector<double> init, end;            // carried: (R, nv dk dv); stored: (num_nodes, nv dk dv)
+  const typename E::Act* rows = nullptr;    // the pre-conv rows the tails are read from
+  const int32_t* links = nullptr;           // their path_prev
 };
 
 template <class E>
 GdnKind::Recurrent<E> GdnKind::recurrent_begin(E& e, const BlockCall<E>& c, const typename E::Act* qkv,
-                                               const int32_t* prev, const typename E::Weight* conv_w) const {
+                                               const int32_t* prev, const typename E::Weight* conv_w, bool carried,
+                                               bool stores) const {
   const auto& l = c.batch->layout;
   const int N = c.batch->N, Kc = K_ - 1;
   const int64_t SE = recurrent_state_elems(), CE = conv_context_elems();
@@ -225,31 +230,35 @@ GdnKind::Recurrent<E> GdnKind::recurrent_begin(E& e, const BlockCall<E>& c, cons
   for (int n = 0; n < l.num_nodes; ++n)
     if (l.node_parent[n] < 0) r.root_node.push_back(n);
   const int R = (int)r.root_node.size();
-  const LayerCarry<E>* cr = c.carry && !c.carry->state_slot.empty() ? c.carry : nullptr;
-  if (cr)
-    TT_CHECK((int)cr->state_slot.size() == R && cr->state && cr->conv, "model: layer ", layer_, ": a carry of ",
-             cr->state_slot.size(), " state slots for a batch of ", R, " roots");
+  if (stores) r.end.assign((size_t)l.num_nodes * SE, 0.0);
+  r.rows = qkv;
+  r.links = prev;
+  if (!carried) return r;
+  const LayerCarry<E>& cr = *c.carry;
+  TT_CHECK((int)cr.state_slot.size() == R && cr.state && cr.conv, "model: layer ", layer_, ": a carry of ",
+           cr.state_slot.size(), " state slots for a batch of ", R, " roots");
   const int64_t Na = N + (int64_t)R * Kc;
   r.x.assign((size_t)Na * CD_, typename E::Act(0));
   std::copy(qkv, qkv + (size_t)N * CD_, r.x.begin());
   r.prev.assign(prev, prev + N);
   r.prev.resize(Na);
-  r.init.assign(cr ? (size_t)R * SE : 0, 0.0);
+  r.init.assign((size_t)R * SE, 0.0);
   for (int q = 0; q < R; ++q) {
     const int64_t base = N + (int64_t)q * Kc;
-    const int slot = cr ? cr->state_slot[q] : -1;
+    const int slot = cr.state_slot[q];
     for (int m = 0; m < Kc; ++m) {
       r.prev[base + m] = m == 0 ? -1 : (int32_t)(base + m - 1);
-      if (slot >= 0) std::copy(cr->conv + slot * CE + (int64_t)m * CD_, cr->conv + slot * CE + (int64_t)(m + 1) * CD_,
+      if (slot >= 0) std::copy(cr.conv + slot * CE + (int64_t)m * CD_, cr.conv + slot * CE + (int64_t)(m + 1) * CD_,
                                r.x.begin() + (base + m) * CD_);
     }
     if (Kc > 0) r.prev[l.node_start[r.root_node[q]]] = (int32_t)(base + Kc - 1);
     if (slot >= 0)
-      for (int64_t i = 0; i < SE; ++i) r.init[(size_t)q * SE + i] = (double)cr->state[slot * SE + i];
+      for (int64_t i = 0; i < SE; ++i) r.init[(size_t)q * SE + i] = (double)cr.state[slot * SE + i];
   }
   r.u.assign(r.x.size(), typename E::Act(0));
   e.conv1d_silu_forward(r.u.data(), r.x.data(), conv_w, r.prev.data(), (int)Na, CD_, K_);
-  r.end.assign((size_t)l.num_nodes * SE, 0.0);
+  r.rows = r.x.data();
+  r.links = r.prev.data();
   return r;
 }
 
@@ -273,8 +282,8 @@ void GdnKind::recurrent_store(const BlockCall<E>& c, const Recurrent<E>& r) cons
     typename E::Act* dst = c.store_conv + slot * CE;
     for (int m = Kc - 1; m >= 0; --m) {  // newest last
       if (row >= 0) {
-        std::copy(r.x.begin() + (int64_t)row * CD_, r.x.begin() + (int64_t)(row + 1) * CD_, dst + (int64_t)m * CD_);
-        row = r.prev[row];
+        std::copy(r.rows + (int64_t)row * CD_, r.rows + (int64_t)(row + 1) * CD_, dst + (int64_t)m * CD_);
+        row = r.links[row];
       } else {
         std::fill(dst + (int64_t)m * CD_, dst + (int64_t)(m + 1) * CD_, typename E::Act(0));
       }
@@ -311,8 +320,8 @@ void GdnKind::forward(E& e, const BlockCall<E>& c) const {
   const bool carried = c.carry && !c.carry->state_slot.empty();
   const bool stores = c.store_slot && !c.store_slot->empty() && c.store_state;
   Recurrent<E> rec;
-  if (carried || stores) {
-    rec = recurrent_begin(e, c, s.qkv, s.prev, w + conv_);
+  if (carried || stores) rec = recurrent_begin(e, c, s.qkv, s.prev, w + conv_, carried, stores);
+  if (carried) {
     std::copy(rec.u.begin(), rec.u.begin() + (size_t)N * CD_, s.u);
   } else {
     e.conv1d_silu_forward(s.u, s.qkv, w + conv_, s.prev, N, CD_, K_);

@@ -65,7 +65,7 @@ class GdnKind final : public LayerKind {
   struct Recurrent;
   template <class E>
   Recurrent<E> recurrent_begin(E& e, const BlockCall<E>& c, const typename E::Act* qkv, const int32_t* prev,
-                               const typename E::Weight* conv_w) const;
+                               const typename E::Weight* conv_w, bool carried, bool stores) const;
   template <class E>
   void recurrent_store(const BlockCall<E>& c, const Recurrent<E>& r) const;
   template <class E>
