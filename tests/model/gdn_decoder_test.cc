@@ -25,18 +25,10 @@ namespace {
 using testing::tiny_config;
 
 // A hybrid of Qwen3.5's layer kinds (the architecture whose transformers class has them), head
-// dim 4 with RoPE on half of it.
+// dim 4 with RoPE on half of it (testing::make_hybrid).
 ModelConfig hybrid_config() {
   ModelConfig c = tiny_config("qwen3", false);
-  c.architecture = "qwen3_5_text";
-  c.partial_rotary_factor = 0.5;
-  c.num_hidden_layers = 3;
-  c.layer_types = {"linear_attention", "full_attention", "linear_attention"};
-  c.linear_num_key_heads = 1;
-  c.linear_num_value_heads = 2;
-  c.linear_key_head_dim = 4;
-  c.linear_value_head_dim = 3;
-  c.linear_conv_kernel_dim = 4;
+  testing::make_hybrid(c, "qwen3_5_text");
   return c;
 }
 
@@ -44,9 +36,7 @@ ModelConfig hybrid_config() {
 // RoPE (half of head_dim 8 here), the Gated DeltaNet layers.
 ModelConfig qwen35_config() {
   ModelConfig c = hybrid_config();
-  c.architecture = "qwen3_5_text";
   c.head_dim = 8;
-  c.partial_rotary_factor = 0.5;
   return c;
 }
 
@@ -125,12 +115,11 @@ TEST(GdnDecoder, TreeEqualsPerPath) { check_tree_equals_per_path(hybrid_config()
 TEST(Qwen35, TreeEqualsPerPath) { check_tree_equals_per_path(qwen35_config()); }
 
 // Qwen3-Next (dense): Qwen3.5's layers with the Gated DeltaNet's input projections fused and
-// grouped per key head; two key heads of two value heads each, so the grouping is not trivial.
+// grouped per key head; two key heads of two value heads each (testing::make_hybrid).
 ModelConfig next_config() {
-  ModelConfig c = qwen35_config();
-  c.architecture = "qwen3_next";
-  c.linear_num_key_heads = 2;
-  c.linear_num_value_heads = 4;
+  ModelConfig c = tiny_config("qwen3", false);
+  testing::make_hybrid(c, "qwen3_next");
+  c.head_dim = 8;
   return c;
 }
 

@@ -30,16 +30,8 @@ ModelConfig config(const std::string& arch) {
   ModelConfig c = tiny_config(hybrid ? "qwen3" : arch, arch == "llama");
   c.vocab_size = 13;
   if (hybrid) {
-    c.architecture = arch;
+    testing::make_hybrid(c, arch);
     c.head_dim = 8;
-    c.partial_rotary_factor = 0.5;
-    c.num_hidden_layers = 3;
-    c.layer_types = {"linear_attention", "full_attention", "linear_attention"};
-    c.linear_num_key_heads = arch == "qwen3_next" ? 2 : 1;
-    c.linear_num_value_heads = arch == "qwen3_next" ? 4 : 2;
-    c.linear_key_head_dim = 4;
-    c.linear_value_head_dim = 3;
-    c.linear_conv_kernel_dim = 4;
   }
   return c;
 }

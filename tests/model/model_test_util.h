@@ -36,6 +36,22 @@ inline ModelConfig tiny_config(const std::string& arch, bool tied) {
   return c;
 }
 
+// Turns c into a tiny hybrid of arch (qwen3_5_text: split projections; qwen3_next: fused ones
+// grouped per key head): 3 layers, Gated DeltaNet around gated attention, RoPE on half of the
+// head dim, 1 key head of 2 value heads (qwen3_next: 2 of 4, so the grouping is not trivial), key
+// head dim 4, conv window 4.
+inline void make_hybrid(ModelConfig& c, const std::string& arch, int value_head_dim = 3) {
+  c.architecture = arch;
+  c.partial_rotary_factor = 0.5;
+  c.num_hidden_layers = 3;
+  c.layer_types = {"linear_attention", "full_attention", "linear_attention"};
+  c.linear_num_key_heads = arch == "qwen3_next" ? 2 : 1;
+  c.linear_num_value_heads = arch == "qwen3_next" ? 4 : 2;
+  c.linear_key_head_dim = 4;
+  c.linear_value_head_dim = value_head_dim;
+  c.linear_conv_kernel_dim = 4;
+}
+
 // Tree 1: A (3 tokens, root) -> B (2) -> D (2), and A -> C (2); tree 2: E (2 tokens).
 // DFS packing: A rows 0-2, B 3-4, D 5-6, C 7-8, E 9-10. Row 2 (A's last token) is a branch point
 // predicting both B[0] and C[0]; row 4 predicts D[0]. Leaf rows 6 and 8 and 10 predict nothing.

@@ -21,6 +21,7 @@
 #include "data/reader.h"
 #include "model/decoder.h"
 #include "model/hf_io.h"
+#include "tests/model/model_test_util.h"
 
 namespace tt::trainer {
 namespace {
@@ -48,17 +49,7 @@ model::ModelConfig tiny(bool hybrid = false) {
   c.head_dim = 8;
   c.initializer_range = 0.2;
   c.max_position_embeddings = 64;
-  if (hybrid) {
-    c.architecture = "qwen3_5_text";
-    c.partial_rotary_factor = 0.5;
-    c.num_hidden_layers = 3;
-    c.layer_types = {"linear_attention", "full_attention", "linear_attention"};
-    c.linear_num_key_heads = 1;
-    c.linear_num_value_heads = 2;
-    c.linear_key_head_dim = 4;
-    c.linear_value_head_dim = 4;
-    c.linear_conv_kernel_dim = 4;
-  }
+  if (hybrid) model::testing::make_hybrid(c, "qwen3_5_text", /*value_head_dim=*/4);
   return c;
 }
 
