@@ -31,14 +31,6 @@ model::DecoderOptions options_of(const Shape& s) {
   return o;
 }
 
-// The master weights of a seeded CPU init (fp32), loaded into the GPU model.
-std::vector<float> init_master(const model::ModelConfig& cfg, uint64_t seed, const model::DecoderOptions& o = {}) {
-  model::DecoderOptions co = o;
-  co.head_chunk_bytes = 0;
-  model::Model<float> m(cfg, co);
-  m.init(seed);
-  return std::vector<float>(m.params(), m.params() + m.num_params());
-}
 
 TEST_P(GpuVsCpu, LossAndGradients) {
   const Shape& s = GetParam();

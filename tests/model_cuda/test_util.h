@@ -135,6 +135,16 @@ inline data::PackedBatch pack_all(const std::vector<data::Tree>& trees, data::Pa
   return data::pack(ptrs, packing);
 }
 
+// The master weights of a seeded CPU init (fp32), loaded into the GPU model.
+inline std::vector<float> init_master(const model::ModelConfig& cfg, uint64_t seed,
+                                      const model::DecoderOptions& o = {}) {
+  model::DecoderOptions co = o;
+  co.head_chunk_bytes = 0;
+  model::Model<float> m(cfg, co);
+  m.init(seed);
+  return std::vector<float>(m.params(), m.params() + m.num_params());
+}
+
 // The weights the GPU computes with: the fp32 master rounded to bf16.
 inline std::vector<double> bf16_weights(const std::vector<float>& master) {
   std::vector<double> w(master.size());

@@ -96,12 +96,6 @@ void expect_vla_grads_close(const std::vector<model::ParamInfo>& info, const std
   expect_grads_close(rest, got, ref, layers, what);
 }
 
-std::vector<float> init_master(const model::ModelConfig& cfg, uint64_t seed) {
-  model::Model<float> m(cfg, model::DecoderOptions{});
-  m.init(seed);
-  return std::vector<float>(m.params(), m.params() + m.num_params());
-}
-
 class VlaCuda : public GpuTest, public ::testing::WithParamInterface<int> {};
 
 TEST_P(VlaCuda, LossAndGradients) {
