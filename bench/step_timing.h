@@ -1,4 +1,4 @@
-// Timed training steps of a benchmark (bench/train_bench.cc, bench/vla_bench.cc): the trainer's
+// Timed and profiled training steps of a benchmark (bench/train_bench.cc, bench/vla_bench.cc): the trainer's
 // step (zero_grad, forward_backward per micro-batch, the gradient norm, AdamW with lr 0 so the
 // weights stay put), wall-clock medians after warm-up, and the per-run report (step time,
 // tokens/s, model and executed FLOPs from the FLOP API, MFU against trainer::kPeakFlops).
@@ -117,6 +117,21 @@ inline nlohmann::json report(const tt::model::Architecture& arch, const std::vec
           {"model_tflops", flops / t / 1e12},
           {"mfu", flops / (tt::trainer::kPeakFlops * t)},
           {"loss", r.loss}};
+}
+
+// One profiled forward_backward of `b` after an unprofiled warm-up (whose GEMM winners are
+// adopted for the profiled run): GPU time per op class (m built with CudaExecOptions::profile).
+inline tt::model::CudaProfile profiled_step(tt::model::CudaModel& m, const tt::data::PackedBatch& b, double loss_scale) {
+  m.zero_grad();
+  m.forward_backward(b, loss_scale);
+  if (std::vector<tt::cuda::GemmTuned> won = m.exec().gemm().take_pending(); !won.empty()) {
+    std::vector<tt::cuda::GemmTuned> table = m.exec().gemm().tuned();
+    table.insert(table.end(), won.begin(), won.end());
+    m.exec().gemm().set_tuned(table);
+  }
+  m.exec().take_profile();
+  m.forward_backward(b, loss_scale);
+  return m.exec().take_profile();
 }
 
 }  // namespace tt::bench

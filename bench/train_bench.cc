@@ -145,19 +145,10 @@ std::vector<data::PackedBatch> per_path_batches(const std::vector<data::Tree>& t
   return out;
 }
 
-// One profiled forward_backward of `b` (after one unprofiled): GPU time per op class and rates.
+// The profiled step of `b` (step_timing.h profiled_step) as JSON: GPU time per op class and rates.
 nlohmann::json breakdown(tt::model::CudaModel& m, const data::PackedBatch& b, double loss_scale) {
   const tt::model::ModelConfig& c = m.config();
-  m.zero_grad();
-  m.forward_backward(b, loss_scale);  // warm-up; its GEMM winners are adopted for the profiled run
-  if (std::vector<tt::cuda::GemmTuned> won = m.exec().gemm().take_pending(); !won.empty()) {
-    std::vector<tt::cuda::GemmTuned> table = m.exec().gemm().tuned();
-    table.insert(table.end(), won.begin(), won.end());
-    m.exec().gemm().set_tuned(table);
-  }
-  m.exec().take_profile();
-  m.forward_backward(b, loss_scale);
-  const tt::model::CudaProfile p = m.exec().take_profile();
+  const tt::model::CudaProfile p = tt::bench::profiled_step(m, b, loss_scale);
   const double L = (double)c.num_hidden_layers, C = (double)c.hidden_size, I = (double)c.intermediate_size;
   const double QD = (double)(c.num_attention_heads * c.head_dim), KD = (double)(c.num_key_value_heads * c.head_dim);
   const double layer_params = L * (C * QD + 2 * C * KD + QD * C + 3 * C * I);

@@ -38,6 +38,7 @@
 #include "bench/step_timing.h"
 #include "data/episode_tree.h"
 #include "data/episodes.h"
+#include "data/frames.h"
 #include "data/packing.h"
 #include "data/tree.h"
 #include "model/config.h"
@@ -101,12 +102,11 @@ std::vector<data::PackedBatch> per_timestep_batches(const std::vector<data::Tree
   return out;
 }
 
+// The batches' pixels as the trainer loads them (data::load_frames: in-memory frames here).
 void fill_pixels(std::vector<data::PackedBatch>& batches, int S) {
-  for (data::PackedBatch& b : batches) {
-    b.image_size = b.frames.empty() ? 0 : S;
-    b.pixels.clear();
-    for (const data::FrameRef& f : b.frames) b.pixels.insert(b.pixels.end(), f.pixels->begin(), f.pixels->end());
-  }
+  data::FrameSpec spec;
+  spec.image_size = S;
+  for (data::PackedBatch& b : batches) data::load_frames(b, spec);
 }
 
 struct Sizes {
@@ -123,13 +123,9 @@ Sizes sizes(const std::vector<data::PackedBatch>& batches) {
   return z;
 }
 
-// One profiled forward_backward of `b` (after one unprofiled): GPU time per op class.
+// The profiled step of `b` (step_timing.h profiled_step) as JSON: GPU time per op class.
 nlohmann::json breakdown(tt::model::CudaModel& m, const data::PackedBatch& b, double loss_scale) {
-  m.zero_grad();
-  m.forward_backward(b, loss_scale);
-  m.exec().take_profile();
-  m.forward_backward(b, loss_scale);
-  const tt::model::CudaProfile p = m.exec().take_profile();
+  const tt::model::CudaProfile p = bench::profiled_step(m, b, loss_scale);
   return {{"tokens", b.n_tokens},         {"frames", b.frames.size()},  {"total_ms", p.total_ms()},
           {"vision_ms", p.vision_ms},     {"vision_share", p.vision_ms / p.total_ms()},
           {"gemm_ms", p.gemm_ms},         {"attention_ms", p.attention_ms},
@@ -211,8 +207,6 @@ int run(int argc, char** argv) {
     }
     std::vector<data::PackedBatch> tree = {data::pack(ptrs, data::Packing::kTree)};
     std::vector<data::PackedBatch> pp = per_timestep_batches(trees, s.budget);
-    fill_pixels(tree, S);
-    fill_pixels(pp, S);
     const Sizes zt = sizes(tree), zp = sizes(pp);
     nlohmann::json j = {{"window", window},
                         {"episodes", n_ep},
@@ -233,6 +227,8 @@ int run(int argc, char** argv) {
                  name.c_str(), (long long)n_tree, (long long)n_flat, (double)n_flat / n_tree, (long long)zt.frames,
                  (long long)zp.frames, pp.size());
     if (!dry_run) {
+      fill_pixels(tree, S);
+      fill_pixels(pp, S);
       const bench::Run rt = bench::time_steps(*be, tree, scale, warmup, tree_steps, &step_no);
       const bench::Run rp = bench::time_steps(*be, pp, scale, warmup > 0 ? 1 : 0, pp_steps, &step_no);
       double f_tree = 0, t_tree = 0, f_pp = 0, t_pp = 0;
