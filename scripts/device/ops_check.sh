@@ -13,43 +13,24 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 
 DIR=.device/ops_cuda
-TESTS="memory_test gemm_test embedding_test rmsnorm_test rope_test qk_norm_rope_test swiglu_test cross_entropy_test adamw_test"
+TESTS="memory_test gemm_test embedding_test rmsnorm_test rope_test qk_norm_rope_test swiglu_test cross_entropy_test adamw_test vision_test"
+
+. scripts/device/lib.sh
 
 if [ "${1:-run}" = "stage" ]; then
-  targets=""
-  for t in $TESTS; do targets="$targets //tests/ops_cuda:$t"; done
+  targets="" files=""
+  for t in $TESTS; do
+    targets="$targets //tests/ops_cuda:$t"
+    files="$files bazel-bin/tests/ops_cuda/$t"
+  done
   bazel build $targets //bench:ops_bench || exit 1
-  rm -rf "$DIR" && mkdir -p "$DIR"
-  for t in $TESTS; do cp bazel-bin/tests/ops_cuda/$t "$DIR/"; done
-  cp bazel-bin/bench/ops_bench "$DIR/"
-  chmod u+w "$DIR"/* && strip "$DIR"/*
-  mkdir -p "$DIR/lib" && cp -L /usr/lib/x86_64-linux-gnu/libgomp.so.1 "$DIR/lib/"  # fallback only
-  du -sh "$DIR"
+  stage_binaries "$DIR" $files bazel-bin/bench/ops_bench
   exit 0
 fi
 
-if ! ldconfig -p | grep -q 'libgomp.so.1 '; then
-  export LD_LIBRARY_PATH="$PWD/$DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
-OUT=${OUT:-/tmp/ops_check}
-mkdir -p "$OUT"
-summary="$OUT/summary.txt"
-: >"$summary"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,memory.used --format=csv \
-  >"$OUT/tests.log" 2>&1
+device_setup "$DIR" /tmp/ops_check
 
-for t in $TESTS; do
-  echo "===== $t" >>"$OUT/tests.log"
-  start=$SECONDS
-  timeout 150 "$DIR/$t" --gtest_color=no >>"$OUT/tests.log" 2>&1
-  rc=$?
-  section=$(sed -n "/^===== $t\$/,\$p" "$OUT/tests.log")
-  passed=$(grep -c '^\[       OK \]' <<<"$section")
-  failed=$(grep -c '^\[  FAILED  \].*(' <<<"$section")
-  status=PASS
-  [ $rc -ne 0 ] && status="FAIL(rc=$rc)"
-  printf "%-22s %-12s passed %3d failed %3d %4ds\n" "$t" "$status" "$passed" "$failed" $((SECONDS - start)) >>"$summary"
-done
+for t in $TESTS; do run_gtest "$t" 150; done
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   timeout 200 "$DIR/ops_bench" >"$OUT/bench.txt" 2>&1

@@ -18,50 +18,21 @@ cd "$(dirname "$0")/../.."
 DIR=.device/model_cuda
 TESTS="model_cuda_test backend_cuda_test"
 
+. scripts/device/lib.sh
+
 if [ "${1:-run}" = "stage" ]; then
   bazel build //tests/model_cuda:model_cuda_test //tests/model_cuda:backend_cuda_test //bench:train_bench \
     //trainer:treetrain || exit 1
-  rm -rf "$DIR" && mkdir -p "$DIR"
-  for t in $TESTS; do cp bazel-bin/tests/model_cuda/$t "$DIR/"; done
-  cp bazel-bin/bench/train_bench bazel-bin/trainer/treetrain "$DIR/"
-  chmod u+w "$DIR"/* && strip "$DIR"/*
-  mkdir -p "$DIR/lib" && cp -L /usr/lib/x86_64-linux-gnu/libgomp.so.1 "$DIR/lib/"  # fallback only
-  du -sh "$DIR"
+  files=""
+  for t in $TESTS; do files="$files bazel-bin/tests/model_cuda/$t"; done
+  stage_binaries "$DIR" $files bazel-bin/bench/train_bench bazel-bin/trainer/treetrain
   exit 0
 fi
 
-if ! ldconfig -p | grep -q 'libgomp.so.1 '; then
-  export LD_LIBRARY_PATH="$PWD/$DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
-OUT=${OUT:-/tmp/train_check}
-mkdir -p "$OUT"
-summary="$OUT/summary.txt"
-: >"$summary"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,memory.used --format=csv \
-  >"$OUT/tests.log" 2>&1
+device_setup "$DIR" /tmp/train_check
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  for t in $TESTS; do
-    echo "===== $t" >>"$OUT/tests.log"
-    start=$SECONDS
-    timeout 70 "$DIR/$t" --gtest_color=no >>"$OUT/tests.log" 2>&1
-    rc=$?
-    section=$(sed -n "/^===== $t\$/,\$p" "$OUT/tests.log")
-    passed=$(grep -c '^\[       OK \]' <<<"$section")
-    failed=$(grep -c '^\[  FAILED  \].*(' <<<"$section")
-    status=PASS
-    [ $rc -ne 0 ] && status="FAIL(rc=$rc)"
-    printf "%-20s %-12s passed %3d failed %3d %4ds\n" "$t" "$status" "$passed" "$failed" $((SECONDS - start)) >>"$summary"
-    first=$(grep -m1 '^\[  FAILED  \].*(' <<<"$section" | sed 's/^\[  FAILED  \] \([^ ]*\).*/\1/')
-    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    if [ -n "$first" ] && [ -x "$san" ] && [ -z "${checked:-}" ]; then
-      checked=1  # one sanitizer run per call: it is slow
-      echo "===== memcheck $t $first" >>"$OUT/tests.log"
-      timeout 40 "$san" --tool memcheck --error-exitcode 9 "$DIR/$t" --gtest_brief=1 --gtest_filter="$first" \
-        >>"$OUT/tests.log" 2>&1
-      printf "%-20s memcheck rc=%s on %s\n" "$t" "$?" "$first" >>"$summary"
-    fi
-  done
+  for t in $TESTS; do run_gtest "$t" 70 40; done
 fi
 
 # The trainer end to end on the GPU: the quickstart model with head dim 64, 60 steps with a

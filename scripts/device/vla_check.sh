@@ -17,51 +17,22 @@ cd "$(dirname "$0")/../.."
 DIR=.device/vla
 TESTS="vision_test attention_test vla_cuda_test model_cuda_test"
 
+. scripts/device/lib.sh
+
 if [ "${1:-run}" = "stage" ]; then
   bazel build //tests/ops_cuda:vision_test //tests/ops_cuda_attention:attention_test //tests/model_cuda:vla_cuda_test \
     //tests/model_cuda:model_cuda_test //bench:vla_bench //trainer:treetrain || exit 1
-  rm -rf "$DIR" && mkdir -p "$DIR"
-  cp bazel-bin/tests/ops_cuda/vision_test bazel-bin/tests/ops_cuda_attention/attention_test \
+  stage_binaries "$DIR" bazel-bin/tests/ops_cuda/vision_test bazel-bin/tests/ops_cuda_attention/attention_test \
     bazel-bin/tests/model_cuda/vla_cuda_test bazel-bin/tests/model_cuda/model_cuda_test \
-    bazel-bin/bench/vla_bench bazel-bin/trainer/treetrain "$DIR/"
-  chmod u+w "$DIR"/* && strip "$DIR"/*
-  mkdir -p "$DIR/lib" && cp -L /usr/lib/x86_64-linux-gnu/libgomp.so.1 "$DIR/lib/"  # fallback only
-  du -sh "$DIR"
+    bazel-bin/bench/vla_bench bazel-bin/trainer/treetrain
   exit 0
 fi
 
-if ! ldconfig -p | grep -q 'libgomp.so.1 '; then
-  export LD_LIBRARY_PATH="$PWD/$DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
-OUT=${OUT:-/tmp/vla_check}
-mkdir -p "$OUT"
-summary="$OUT/summary.txt"
-: >"$summary"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,memory.used --format=csv \
-  >"$OUT/tests.log" 2>&1
+device_setup "$DIR" /tmp/vla_check
 san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  for t in $TESTS; do
-    echo "===== $t" >>"$OUT/tests.log"
-    start=$SECONDS
-    timeout 150 "$DIR/$t" --gtest_color=no >>"$OUT/tests.log" 2>&1
-    rc=$?
-    section=$(sed -n "/^===== $t\$/,\$p" "$OUT/tests.log")
-    passed=$(grep -c '^\[       OK \]' <<<"$section")
-    failed=$(grep -c '^\[  FAILED  \].*(' <<<"$section")
-    status=PASS
-    [ $rc -ne 0 ] && status="FAIL(rc=$rc)"
-    printf "%-20s %-12s passed %3d failed %3d %4ds\n" "$t" "$status" "$passed" "$failed" $((SECONDS - start)) >>"$summary"
-    first=$(grep -m1 '^\[  FAILED  \].*(' <<<"$section" | sed 's/^\[  FAILED  \] \([^ ]*\).*/\1/')
-    if [ -n "$first" ] && [ -x "$san" ] && [ -z "${checked:-}" ]; then
-      checked=1
-      echo "===== memcheck $t $first" >>"$OUT/tests.log"
-      timeout 60 "$san" --tool memcheck --error-exitcode 9 "$DIR/$t" --gtest_brief=1 --gtest_filter="$first" \
-        >>"$OUT/tests.log" 2>&1
-      printf "%-20s memcheck rc=%d (%s)\n" "$t" $? "$first" >>"$summary"
-    fi
-  done
+  for t in $TESTS; do run_gtest "$t" 150 60; done
   if [ -x "$san" ]; then  # the new kernels' memory accesses, on their smaller cases
     set -f
     for spec in "vision_test" "attention_test:*frames16*:*bidirectional_tree_hs64*"; do
@@ -69,7 +40,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
       [ "$bin" != "$spec" ] && filter="--gtest_filter=${spec#*:}"
       echo "===== memcheck $bin $filter" >>"$OUT/tests.log"
       timeout 120 "$san" --tool memcheck --error-exitcode 9 "$DIR/$bin" --gtest_brief=1 $filter >>"$OUT/tests.log" 2>&1
-      printf "%-20s memcheck rc=%d %s\n" "$bin" $? "$filter" >>"$summary"
+      printf "%-22s memcheck rc=%d %s\n" "$bin" $? "$filter" >>"$summary"
     done
     set +f
   fi
