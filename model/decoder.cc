@@ -560,6 +560,7 @@ void Decoder<E>::vision_forward(const data::PackedBatch& batch, Activations<E>& 
     c.w = weights();
     c.tower = &vision_blocks_;
     c.x = x0;
+    c.tower_view = &a.vision_view_;
     exec_.begin_vision();
     vk.forward(exec_, c, batch, a.vision_buf_.data());
     exec_.end_vision();
@@ -579,6 +580,7 @@ void Decoder<E>::vision_backward(Activations<E>& a) {
     c.g = grads();
     c.tower = &vision_blocks_;
     c.dx = reinterpret_cast<Act*>(dx_);
+    c.tower_view = &a.vision_view_;
     exec_.begin_vision();
     arch_.vision()->backward(exec_, c, a.vision_buf_.data(), a.vision_frames_, a.vision_slots_, a.vision_states_);
     exec_.end_vision();

@@ -112,6 +112,7 @@ class Activations {
   // The media stage's region (model/vision.h) and the sizes its last forward had.
   typename E::Buffer vision_buf_;
   int vision_frames_ = 0, vision_slots_ = 0, vision_states_ = 0;
+  BatchView<E> vision_view_;  // the tower's view of the last forward's frames
   const uint64_t* sample_keys_ = nullptr;  // no-grad with sampling: (n_logit_rows) keys
   int32_t* sample_tokens_ = nullptr;       // and the draws' outputs
   double* sample_logprobs_ = nullptr;

@@ -462,7 +462,8 @@ void VisionKind::forward(E& e, const VisionCall<E>& c, const data::PackedBatch& 
     e.linear(a.xs[0], a.patches, w + pe_w_, M, K_, D);
     e.bias_add(a.xs[0], w + pe_b_, M, D);
     e.bias_add(a.xs[0], w + pos_, F, P_ * D);
-    const BatchView<E> tv = tower_view(e, F, P_, a);
+    *c.tower_view = tower_view(e, F, P_, a);
+    const BatchView<E>& tv = *c.tower_view;
     const bool train = c.mode == Mode::kTrain && !freeze_;
     const int B = (int)c.tower->size();
     for (int b = 0; b < B; ++b) {
@@ -519,7 +520,7 @@ void VisionKind::backward(E& e, const VisionCall<E>& c, char* buf, int F, int n_
   e.linear_dw(g + l1_w_, a.dh, feat, M, D, C);
   if (freeze_) return;
   e.linear_dx(a.dxv, a.dh, w + l1_w_, M, D, C, /*accumulate=*/false);
-  const BatchView<E> tv = tower_view(e, F, P_, a);
+  const BatchView<E>& tv = *c.tower_view;  // the forward's
   for (int b = B - 1; b >= 0; --b) {
     BlockCall<E> bc;
     bc.mode = Mode::kTrain;

@@ -109,6 +109,9 @@ struct VisionCall {
   const std::vector<std::unique_ptr<Block<E>>>* tower = nullptr;  // the tower's blocks on E
   typename E::Act* x = nullptr;   // (N, C) forward: the decoder's input rows (media rows overwritten)
   typename E::Act* dx = nullptr;  // (N, C) backward: d x0 (media rows read, then cleared)
+  // The tower's view of the frames (F one-node trees, bidirectional; its layout in the stage's
+  // buffer): forward builds it, backward reads it (the tile metadata is built once per batch).
+  BatchView<E>* tower_view = nullptr;
 };
 
 class VisionKind {
