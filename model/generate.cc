@@ -223,10 +223,8 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
   std::vector<Completion> out(prompts.size());
   size_t most_prompts = 0;
   for (const auto& [g0, g1] : groups) most_prompts = std::max(most_prompts, g1 - g0);
-  // State slots of the recurrent layers: one per prompt and one per sample.
-  bool recurrent = false;
-  for (int l = 0; l < L; ++l) recurrent = recurrent || model.recurrent_state_elems(l) > 0;
-  KVCache<E> cache(model, most, recurrent ? (int64_t)most_prompts * (1 + K) : 0);
+  // State slots of the recurrent layers (none allocated without them): one per prompt and sample.
+  KVCache<E> cache(model, most, (int64_t)most_prompts * (1 + K));
   for (const auto& [g0, g1] : groups) {
     cache.clear();
     // Prefill: every prompt of the group as its own tree, its rows into its cache span.
