@@ -35,23 +35,26 @@ std::vector<int> preorder(const std::vector<std::vector<int>>& children) {
   return order;
 }
 
-}  // namespace
-
-Tree split_long_nodes(const Tree& tree, int64_t max_len) {
-  if (!tree.media.empty())  // a frame's tower output would have to cross a cut as a gateway too
-    throw Error(str("tree '", tree.id, "' has frame slots or state rows; partitioning trees with media is not "
-                    "supported yet (expected partition.capacity_tokens: 0 for episode data)"));
-  TT_CHECK(max_len >= 1, "split_long_nodes: max_len = ", max_len, ", expected >= 1");
+// Cuts every node of `tree` at the offsets cuts(first token's depth, length) gives (ascending,
+// inside (0, length)); see split_long_nodes for why nothing else changes.
+template <class Cuts>
+Tree split_nodes(const Tree& tree, Cuts&& cuts) {
   tree.validate();
   Tree out;
   out.id = tree.id;
-  std::vector<int> last(tree.nodes.size());  // original node -> index of its last segment
+  std::vector<int> last(tree.nodes.size());     // original node -> index of its last segment
+  std::vector<int64_t> depth(tree.nodes.size());  // of the node's first token
+  std::vector<int64_t> at;
   for (size_t i = 0; i < tree.nodes.size(); ++i) {
     const Node& node = tree.nodes[i];
     const int64_t len = (int64_t)node.tokens.size();
+    depth[i] = node.parent < 0 ? 0 : depth[node.parent] + (int64_t)tree.nodes[node.parent].tokens.size();
     int parent = node.parent < 0 ? -1 : last[node.parent];
-    for (int64_t begin = 0; begin < len; begin += max_len) {
-      const int64_t end = std::min(len, begin + max_len);
+    at.clear();
+    cuts(depth[i], len, &at);
+    at.push_back(len);
+    int64_t begin = 0;
+    for (int64_t end : at) {
       Node seg;
       seg.parent = parent;
       seg.tokens.assign(node.tokens.begin() + begin, node.tokens.begin() + end);
@@ -59,6 +62,7 @@ Tree split_long_nodes(const Tree& tree, int64_t max_len) {
       seg.target_count.assign(node.target_count.begin() + begin, node.target_count.begin() + end);
       out.nodes.push_back(std::move(seg));
       parent = (int)out.nodes.size() - 1;
+      begin = end;
     }
     last[i] = parent;
   }
@@ -67,41 +71,20 @@ Tree split_long_nodes(const Tree& tree, int64_t max_len) {
   return out;
 }
 
-Partition plan_partition(const Tree& tree, int64_t capacity) {
+// A frame's tower output would have to cross a cut as a gateway too.
+void refuse_media(const Tree& tree, const char* what, const char* expected) {
   if (!tree.media.empty())
-    throw Error(str("tree '", tree.id, "' has frame slots or state rows; partitioning trees with media is not "
-                    "supported yet (expected partition.capacity_tokens: 0 for episode data)"));
-  TT_CHECK(capacity >= 1, "plan_partition: capacity = ", capacity, ", expected >= 1");
-  tree.validate();
+    throw Error(str("tree '", tree.id, "' has frame slots or state rows; ", what,
+                    " trees with media is not supported yet (expected ", expected, ")"));
+}
+constexpr const char* kPartitionMedia = "partition.capacity_tokens: 0 for episode data";
+
+// The pieces whose roots are the nodes marked in is_root (node 0 among them), in DFS preorder,
+// with their gateways, statistics and schedule (see Partition).
+Partition build_partition(const Tree& tree, const std::vector<char>& is_root, int64_t capacity) {
   const int n = (int)tree.nodes.size();
-  for (int i = 0; i < n; ++i) {
-    const int64_t len = (int64_t)tree.nodes[i].tokens.size();
-    if (len > capacity)
-      throw Error(str("plan_partition: tree '", tree.id, "' node ", i, " has ", len, " tokens, expected <= capacity ",
-                      capacity, " (split it first with split_long_nodes(tree, capacity))"));
-  }
-  TT_CHECK(tree.n_tree() <= std::numeric_limits<int32_t>::max(), "plan_partition: tree '", tree.id, "' has ",
-           tree.n_tree(), " tokens, expected fewer than 2^31 (int32 rows)");
   const std::vector<std::vector<int>> children = children_of(tree);
   auto len = [&](int v) { return (int64_t)tree.nodes[v].tokens.size(); };
-
-  // Greedy cut, children before parents.
-  std::vector<int64_t> residual(n);
-  std::vector<char> is_root(n, 0);
-  is_root[0] = 1;
-  std::vector<int> kept;
-  for (int v = n - 1; v >= 0; --v) {
-    int64_t r = len(v);
-    for (int c : children[v]) r += residual[c];
-    kept = children[v];
-    std::stable_sort(kept.begin(), kept.end(), [&](int a, int b) { return residual[a] > residual[b]; });
-    for (size_t k = 0; r > capacity; ++k) {  // every residual is <= capacity, so this ends with r <= capacity
-      is_root[kept[k]] = 1;
-      r -= residual[kept[k]];
-    }
-    residual[v] = r;
-  }
-
   // Pieces in DFS preorder of their roots; nodes and rows in DFS preorder within each piece.
   Partition plan;
   plan.capacity = capacity;
@@ -169,6 +152,78 @@ Partition plan_partition(const Tree& tree, int64_t capacity) {
       stack.pop_back();
     }
   }
+  return plan;
+}
+
+}  // namespace
+
+Tree split_long_nodes(const Tree& tree, int64_t max_len) {
+  refuse_media(tree, "partitioning", kPartitionMedia);
+  TT_CHECK(max_len >= 1, "split_long_nodes: max_len = ", max_len, ", expected >= 1");
+  return split_nodes(tree, [&](int64_t, int64_t len, std::vector<int64_t>* at) {
+    for (int64_t c = max_len; c < len; c += max_len) at->push_back(c);
+  });
+}
+
+Partition plan_partition(const Tree& tree, int64_t capacity) {
+  refuse_media(tree, "partitioning", kPartitionMedia);
+  TT_CHECK(capacity >= 1, "plan_partition: capacity = ", capacity, ", expected >= 1");
+  tree.validate();
+  const int n = (int)tree.nodes.size();
+  for (int i = 0; i < n; ++i) {
+    const int64_t len = (int64_t)tree.nodes[i].tokens.size();
+    if (len > capacity)
+      throw Error(str("plan_partition: tree '", tree.id, "' node ", i, " has ", len, " tokens, expected <= capacity ",
+                      capacity, " (split it first with split_long_nodes(tree, capacity))"));
+  }
+  TT_CHECK(tree.n_tree() <= std::numeric_limits<int32_t>::max(), "plan_partition: tree '", tree.id, "' has ",
+           tree.n_tree(), " tokens, expected fewer than 2^31 (int32 rows)");
+  const std::vector<std::vector<int>> children = children_of(tree);
+  auto len = [&](int v) { return (int64_t)tree.nodes[v].tokens.size(); };
+
+  // Greedy cut, children before parents.
+  std::vector<int64_t> residual(n);
+  std::vector<char> is_root(n, 0);
+  is_root[0] = 1;
+  std::vector<int> kept;
+  for (int v = n - 1; v >= 0; --v) {
+    int64_t r = len(v);
+    for (int c : children[v]) r += residual[c];
+    kept = children[v];
+    std::stable_sort(kept.begin(), kept.end(), [&](int a, int b) { return residual[a] > residual[b]; });
+    for (size_t k = 0; r > capacity; ++k) {  // every residual is <= capacity, so this ends with r <= capacity
+      is_root[kept[k]] = 1;
+      r -= residual[kept[k]];
+    }
+    residual[v] = r;
+  }
+
+  return build_partition(tree, is_root, capacity);
+}
+
+SegmentPlan plan_segments(const Tree& tree, int64_t length) {
+  refuse_media(tree, "segmenting", "segments.length: 0 for episode data");
+  TT_CHECK(length >= 1, "plan_segments: length = ", length, ", expected >= 1");
+  TT_CHECK(tree.n_tree() <= std::numeric_limits<int32_t>::max(), "plan_segments: tree '", tree.id, "' has ",
+           tree.n_tree(), " tokens, expected fewer than 2^31 (int32 rows)");
+  SegmentPlan plan;
+  plan.length = length;
+  plan.split = split_nodes(tree, [&](int64_t depth, int64_t len, std::vector<int64_t>* at) {
+    for (int64_t c = (length - depth % length) % length; c < len; c += length)
+      if (c > 0) at->push_back(c);
+  });
+  const Tree& split = plan.split;
+  const int n = (int)split.nodes.size();
+  std::vector<int64_t> depth(n, 0);
+  std::vector<char> is_root(n, 0);
+  for (int v = 0; v < n; ++v) {
+    const int p = split.nodes[v].parent;
+    depth[v] = p < 0 ? 0 : depth[p] + (int64_t)split.nodes[p].tokens.size();
+    is_root[v] = p < 0 || depth[v] % length == 0;
+  }
+  plan.pieces = build_partition(split, is_root, 0);
+  plan.pieces.capacity = plan.pieces.max_piece_tokens;
+  for (const Piece& piece : plan.pieces.pieces) plan.segment.push_back(piece.prefix_tokens / length);
   return plan;
 }
 

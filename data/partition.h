@@ -108,6 +108,22 @@ struct Partition {
 // not minimised. Each node's children are sorted once: O(n log n).
 Partition plan_partition(const Tree& tree, int64_t capacity);
 
+// Segment-level execution (model/segments.h): every path cut into segments of `length` tokens by
+// depth (segment i holds depths [i length, (i + 1) length)). The tree's nodes are cut at depths
+// that are multiples of `length` (split_long_nodes' argument: the token-level tree is unchanged),
+// and the pieces are the connected parts of one segment: a piece's root node starts at depth
+// i length (or is the tree root), so all its tokens lie in segment i, and its gateway (the
+// ancestor chain) is its paths' history: the last rows of that chain, all in the parent piece,
+// form its carried tail, and the chain over every ancestor piece is its retrieval pool (its own
+// ancestors only: no sibling branch). A chain (one long sequence) gives one piece per segment.
+struct SegmentPlan {
+  int64_t length = 0;
+  Tree split;               // nodes cut at depths that are multiples of length
+  Partition pieces;         // planned on `split`; capacity = the largest piece
+  std::vector<int> segment;  // (pieces) the segment index i of each piece (prefix_tokens / length)
+};
+SegmentPlan plan_segments(const Tree& tree, int64_t length);
+
 // Piece k of `plan` (planned on `split_tree`) as its own batch (one tree):
 //  - nodes in the piece's DFS order; node_parent within the piece (-1 for the piece root);
 //  - pos: TRUE depth positions in the whole tree (the piece root's first token has pos =

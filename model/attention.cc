@@ -163,6 +163,7 @@ void AttentionKind::forward(E& e, const BlockCall<E>& c) const {
     e.scatter_rows(c.store_k, s.k, c.store_rows, N, KD);
     e.scatter_rows(c.store_v, s.v, c.store_rows, N, KD);
   }
+  if (c.store_q) e.copy(c.store_q, s.q, (int64_t)N * QD);
   e.attention_forward(s.att, s.lse, s.q, s.k, s.v, b.layout, ext, n_ext, N, NH, NKV, HS);
   const typename E::Act* o_in = s.att;  // o_proj's input
   if constexpr (E::kHybridOps) {
@@ -244,6 +245,7 @@ void AttentionKind::export_carry(const char* saved, int N, LayerCarry<E>& out) c
   kv.q_begin = 0;
   kv.q_end = 0;
   out.kv.assign(1, kv);
+  out.q = s.q;
 }
 
 #define TT_ATTENTION_INSTANTIATE(E)                                                          \

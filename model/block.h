@@ -47,10 +47,15 @@ struct BatchView {
 //   oldest first) from slot state_slot[r] of `state` and `conv`; slot -1 (or no carry) starts
 //   from zeros. The inference cache keeps them per prompt and per sample (model/generate.h).
 //   No gradient flows through them yet (a partition gateway of a hybrid is refused).
-// Keys kept before RoPE for re-indexed positions (segments) will be a further member.
+//   Segments (model/segments.h) read their carried tail and retrieval prefix as kv entries whose
+//   head sets (KV::heads) split local from long-range heads; their keys, kept at the positions
+//   they were computed at, are re-rotated to the segment's positions by the segment operator.
+//   export_carry also gives an attention layer's queries (q): a segment's end query scores the
+//   retrieval pool.
 template <class E>
 struct LayerCarry {
   std::vector<typename E::KV> kv;
+  const typename E::Act* q = nullptr;      // export_carry: (N, NH, HS) the rows' queries, after RoPE
   const typename E::Acc* state = nullptr;  // (slots, recurrent_state_elems) fp32 or wider
   const typename E::Act* conv = nullptr;   // (slots, conv_context_elems)
   std::vector<int32_t> state_slot;         // (num_roots) host; empty: every root from zeros
@@ -64,9 +69,12 @@ using Carry = std::vector<LayerCarry<E>>;  // [decoder layer]
 // A recurrent layer stores, per root r with state_slot[r] >= 0, its state after the root's last
 // row and the last K - 1 pre-conv rows of that row's path into slot state_slot[r] of state[l] and
 // conv[l] (each tree of such a batch is one node: a prompt, a decode row).
+// q[l], where set, receives the batch's query rows of attention layer l as attention read them,
+// (N, NH, HS) in batch order (segmented inference keeps a segment's end query for retrieval).
 template <class E>
 struct CacheWrite {
   std::vector<typename E::Act*> k, v;  // [decoder layer]
+  std::vector<typename E::Act*> q;     // [decoder layer] or empty; null where not kept
   std::vector<int32_t> rows;           // (N) host
   std::vector<typename E::Acc*> state;  // [decoder layer] null where the layer keeps none
   std::vector<typename E::Act*> conv;   // [decoder layer]
@@ -92,6 +100,7 @@ struct BlockCall {
   typename E::Act* store_k = nullptr;
   typename E::Act* store_v = nullptr;
   const int32_t* store_rows = nullptr;  // (N) on the backend's memory
+  typename E::Act* store_q = nullptr;   // (N, NH, HS) the batch's queries (CacheWrite::q), or null
   // ... and a recurrent layer's state and conv slots (CacheWrite::state_slot, host).
   typename E::Acc* store_state = nullptr;
   typename E::Act* store_conv = nullptr;

@@ -372,7 +372,8 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
   }
   TT_CHECK(cache == nullptr || mode == Mode::kNoGrad, "model: a cache write needs a no-grad forward");
   if (cache) {
-    TT_CHECK((int)cache->rows.size() == N && (int)cache->k.size() == L && (int)cache->v.size() == L,
+    TT_CHECK((int)cache->rows.size() == N && (int)cache->k.size() == L && (int)cache->v.size() == L &&
+                 (cache->q.empty() || (int)cache->q.size() == L),
              "model: a cache write of ", cache->rows.size(), " rows and ", cache->k.size(), " layers, expected ", N,
              " rows and ", L, " layers");
   }
@@ -484,6 +485,7 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
       c.store_k = cache->k[layer];
       c.store_v = cache->v[layer];
       c.store_rows = a.store_rows_;
+      if (!cache->q.empty()) c.store_q = cache->q[layer];
       if (!cache->state.empty()) {
         c.store_state = cache->state[layer];
         c.store_conv = cache->conv[layer];
@@ -505,7 +507,7 @@ void Decoder<E>::forward(const data::PackedBatch& batch, double loss_scale, Acti
 }
 
 template <class E>
-void Decoder<E>::backward(Activations<E>& a, const Carry<E>* relay, const GradReadyFn& on_ready) {
+void Decoder<E>::backward(Activations<E>& a, const Carry<E>* relay, const GradReadyFn& on_ready, bool with_loss) {
   require_training("backward");
   if constexpr (E::kBackwardConsumesSaved) {
     TT_CHECK(a.pending_, "model: backward() without a preceding training forward() on these activations");
@@ -523,7 +525,13 @@ void Decoder<E>::backward(Activations<E>& a, const Carry<E>* relay, const GradRe
     return;
   }
   const LmHeadKind& head = arch_.head();
-  head.backward(exec_, head_call(a));
+  if (with_loss) {
+    head.backward(exec_, head_call(a));
+  } else {
+    TT_CHECK(!E::kHeadGradInForward, "model: a backward without the batch's loss needs a backend that takes the "
+             "head's gradient in backward (the ", E::kName, " backend takes it in forward)");
+    exec_.zero(dx_, sizeof(Act) * (size_t)a.n_ * (size_t)config().hidden_size);
+  }
   if (on_ready) on_ready(head.params().begin, head.params().end);
   int layer_end = 0;  // the end of the current layer's parameter slices
   for (int b = (int)blocks_.size() - 1; b >= 0; --b) {

@@ -221,7 +221,11 @@ class Decoder {
                const Carry<E>* carry = nullptr);
   // grads += d(loss)/d(params) of the last training forward on acts; relay: gradients of this
   // batch's own carry rows from readers outside it (export_carry's entries with dk/dv set), or null.
-  void backward(Activations<E>& acts, const Carry<E>* relay = nullptr, const GradReadyFn& on_ready = nullptr);
+  // with_loss false: the batch's own loss is left out, only the relayed gradients flow back (a
+  // segment's truncated-BPTT columns, model/segments.h); the backends that take the head's
+  // gradient in forward (kHeadGradInForward) refuse it.
+  void backward(Activations<E>& acts, const Carry<E>* relay = nullptr, const GradReadyFn& on_ready = nullptr,
+                bool with_loss = true);
   // loss_scale * sum_t w_t ce_t of the last forward on acts (waits for the backend).
   double loss(const Activations<E>& acts) const;
   // The loss and the unweighted NLL sum of the last forward on acts (one read; waits).

@@ -16,6 +16,7 @@
 #include "ops/cpu/gated_attention.h"
 #include "ops/cpu/gdn.h"
 #include "ops/cpu/matmul.h"
+#include "ops/cpu/retrieval.h"
 #include "ops/cpu/rmsnorm.h"
 #include "ops/cpu/rope.h"
 #include "ops/cpu/sampling.h"
@@ -177,6 +178,29 @@ void CpuExec<T>::attention_backward(Act* dq, Act* dk, Act* dv, const Act* dout, 
 template <class T>
 void CpuExec<T>::gather_rows(Act* out, const Act* in, const int32_t* rows, int R, int C) {
   for (int r = 0; r < R; ++r) std::copy(in + (int64_t)rows[r] * C, in + (int64_t)(rows[r] + 1) * C, out + (int64_t)r * C);
+}
+
+template <class T>
+void CpuExec<T>::copy(Act* dst, const Act* src, int64_t n) {
+  std::copy(src, src + n, dst);
+}
+
+template <class T>
+void CpuExec<T>::add_rows(Acc* dst, const int32_t* rows, const Acc* src, int R, int C) {
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) dst[(int64_t)rows[r] * C + c] += src[(int64_t)r * C + c];
+}
+
+template <class T>
+void CpuExec<T>::retrieval_select(int32_t* idx, const Act* q, const Act* pool_k, int P, int NH, int NKV, int HS,
+                                  uint64_t heads, int R) {
+  cpu::retrieval_select(idx, q, pool_k, P, NH, NKV, HS, heads, R);
+}
+
+template <class T>
+void CpuExec<T>::retrieval_gather(Act* out, const Act* pool, const int32_t* idx, int R, int NKV, int HS,
+                                  uint64_t heads) {
+  cpu::retrieval_gather(out, pool, idx, R, NKV, HS, heads);
 }
 
 template <class T>

@@ -138,6 +138,14 @@ class CpuExec {
                           int NKV, int HS);
   void gather_rows(Act* out, const Act* in, const int32_t* rows, int R, int C);
   void scatter_rows(Act* out, const Act* in, const int32_t* rows, int R, int C);
+  void copy(Act* dst, const Act* src, int64_t n);
+  // dst[rows[r]] += src[r] (R rows of C; rows distinct): relayed gradients into their rows.
+  void add_rows(Acc* dst, const int32_t* rows, const Acc* src, int R, int C);
+  // Segment retrieval (ops/cpu/retrieval.h): per KV head in `heads`, the R pool rows whose keys
+  // score highest against the head's query group; then those rows gathered into a prefix.
+  void retrieval_select(int32_t* idx, const Act* q, const Act* pool_k, int P, int NH, int NKV, int HS,
+                        uint64_t heads, int R);
+  void retrieval_gather(Act* out, const Act* pool, const int32_t* idx, int R, int NKV, int HS, uint64_t heads);
   void cross_entropy(double* loss, Stat* lse, Act* dlogits, const Act* logits, const Targets& tgt, int row_begin,
                      int rows, int V, double dloss);
   void sample_rows(int32_t* token, double* logprob, const Act* logits, int R, int V, double temperature,

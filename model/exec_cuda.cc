@@ -281,6 +281,11 @@ void CudaExec::gather_rows(Act* out, const Act* in, const int32_t* rows, int R, 
   detail::gather_rows(out, in, rows, R, C, stream_);
 }
 
+void CudaExec::copy(Act* dst, const Act* src, int64_t n) {
+  mark(Op::kOther);
+  if (n) TT_CUDA_CHECK(cudaMemcpyAsync(dst, src, sizeof(Act) * (size_t)n, cudaMemcpyDeviceToDevice, stream_));
+}
+
 void CudaExec::scatter_rows(Act* out, const Act* in, const int32_t* rows, int R, int C) {
   mark(Op::kOther);
   detail::scatter_rows(out, in, rows, R, C, stream_);

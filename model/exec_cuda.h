@@ -167,6 +167,7 @@ class CudaExec {
                           int NKV, int HS);
   void gather_rows(Act* out, const Act* in, const int32_t* rows, int R, int C);
   void scatter_rows(Act* out, const Act* in, const int32_t* rows, int R, int C);
+  void copy(Act* dst, const Act* src, int64_t n);
   // The vision tower's ops (model/vision.h; CPU meaning in exec_cpu.h and ops/cpu/vision.h):
   // LayerNorm, GELU (tanh or erf), Linear biases, row moves between the tower's and the decoder's
   // rows, patchify. dx, dw, db accumulate (+=) as on the CPU.

@@ -47,6 +47,7 @@ void check_layout(const AttnLayout& layout, const ExternalKV<T>* ext, int n_ext,
   TT_CHECK(N >= 0 && NH > 0 && NKV > 0 && HS > 0, op,
            ": expected N >= 0 and positive NH, NKV, HS, got N=", N, " NH=", NH, " NKV=", NKV, " HS=", HS);
   TT_CHECK(NH % NKV == 0, op, ": query heads NH=", NH, " must be a multiple of KV heads NKV=", NKV);
+  TT_CHECK(NKV <= 64 || n_ext == 0, op, ": external prefixes take head sets of at most 64 KV heads, got NKV=", NKV);
   TT_CHECK(layout.num_nodes >= 0, op, ": negative num_nodes ", layout.num_nodes);
   TT_CHECK(layout.num_nodes == 0 || (layout.node_start && layout.node_len && layout.node_parent), op,
            ": layout has ", layout.num_nodes, " nodes but a null node_start/node_len/node_parent");
@@ -68,6 +69,8 @@ void check_layout(const AttnLayout& layout, const ExternalKV<T>* ext, int n_ext,
     TT_CHECK(x.len == 0 || (x.k && x.v), op, ": external prefix ", e, " has len ", x.len, " but a null k or v");
     TT_CHECK(0 <= x.q_begin && x.q_begin <= x.q_end && x.q_end <= N, op, ": external prefix ", e,
              " has query range [", x.q_begin, ", ", x.q_end, "), expected 0 <= q_begin <= q_end <= N=", N);
+    TT_CHECK(NKV >= 64 || (x.heads >> NKV) == 0 || x.heads == ~uint64_t(0), op, ": external prefix ", e,
+             " names KV heads past NKV=", NKV, " in its head set");
   }
 }
 
@@ -128,10 +131,10 @@ struct Span {
   int src, j0, j1, off;
 };
 
-// The keys of queries [i0, i1) of node `node`, in the documented order: the external prefixes
-// any of them sees, the ancestors' tokens, and the node's tokens up to i1 - 1. Returns the count.
+// The keys of queries [i0, i1) of node `node` for KV head g, in the documented order: the external
+// prefixes any of them sees, the ancestors' tokens, and the node's tokens up to i1 - 1. Returns the count.
 template <class T>
-int block_spans(const AttnLayout& layout, int node, int i0, int i1, const std::vector<int>& anc,
+int block_spans(const AttnLayout& layout, int node, int i0, int i1, int g, const std::vector<int>& anc,
                 const ExternalKV<T>* ext, int n_ext, std::vector<Span>* spans) {
   spans->clear();
   int off = 0;
@@ -141,7 +144,7 @@ int block_spans(const AttnLayout& layout, int node, int i0, int i1, const std::v
     off += j1 - j0;
   };
   for (int e = 0; e < n_ext; e++) {
-    if (ext[e].q_begin < i1 && i0 < ext[e].q_end) add(Span::kPrefix, e, 0, ext[e].len);
+    if (ext[e].q_begin < i1 && i0 < ext[e].q_end && ext[e].read_by(g)) add(Span::kPrefix, e, 0, ext[e].len);
   }
   for (size_t r = 0; r < anc.size(); r += 2) add(Span::kAncestor, n_ext, anc[r], anc[r + 1]);
   // Bidirectional nodes: every query sees the whole node (an image inside a vision tower).
@@ -341,7 +344,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
       const int R = (i1 - i0) * group;
       auto row_index = [&](int r) { return ((int64_t)i0 + r / group) * NH + g * group + r % group; };
       ancestor_ranges(layout, node, &anc);
-      const int nk = block_spans(layout, node, i0, i1, anc, ext, n_ext, &spans);
+      const int nk = block_spans(layout, node, i0, i1, g, anc, ext, n_ext, &spans);
       for (int r = 0; r < R; r++) {
         for (int d = 0; d < HS; d++) rows[r * HS + d] = (double)q[row_index(r) * HS + d];
       }
@@ -441,7 +444,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
           // Row r of the block: query i0 + r / group, head g * group + r % group.
           const int R = (i1 - i0) * group;
           auto row_index = [&](int r) { return ((int64_t)i0 + r / group) * NH + g * group + r % group; };
-          const int nk = block_spans(layout, node, i0, i1, anc, ext, n_ext, &spans);
+          const int nk = block_spans(layout, node, i0, i1, g, anc, ext, n_ext, &spans);
           for (int r = 0; r < R; r++) {
             for (int d = 0; d < HS; d++) {
               qrows[r * HS + d] = (double)q[row_index(r) * HS + d];
@@ -510,6 +513,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
 #pragma omp for schedule(dynamic, 4)
       for (int64_t jg = 0; jg < (int64_t)x.len * NKV; jg++) {
         const int g = (int)(jg % NKV);
+        if (!x.read_by(g)) continue;  // heads outside the prefix's set neither read it nor add to it
         for (int d = 0; d < HS; d++) {
           kd[d] = (double)x.k[jg * HS + d];
           vd[d] = (double)x.v[jg * HS + d];

@@ -5,8 +5,8 @@
 // retrieval prefix). Visibility inside the tree comes from DFS intervals: the packed batch is a
 // list of nodes in DFS order; a query in node n sees the tokens of n up to itself and every token
 // of n's ancestor nodes (with AttnLayout::bidirectional: all of n). No N x N mask is built: keys are enumerated node by node along the
-// ancestor chain. External prefix e is visible to queries in [q_begin, q_end) and is read before
-// the tree's own keys. Grouped-query attention: query head h reads KV head h / (NH / NKV).
+// ancestor chain. External prefix e is visible to queries in [q_begin, q_end) of the KV heads in
+// its head set, and is read before the tree's own keys. Grouped-query attention: query head h reads KV head h / (NH / NKV).
 //
 // Forward saves lse (N, NH) (natural log of the softmax denominator, scale included).
 // Gradient contract: dq, dk, dv are overwritten; an external prefix's dk/dv are accumulated (+=)
@@ -39,6 +39,11 @@ struct ExternalKV {
   int len = 0;
   int q_begin = 0;  // queries [q_begin, q_end) of the packed batch see this prefix
   int q_end = 0;
+  // The KV heads that read this prefix: bit g set = KV head g and its query heads see it (a
+  // segment's carried tail is read by the local heads only, its retrieval prefix by the
+  // long-range heads); the others ignore it and give it no gradient. All heads by default.
+  uint64_t heads = ~uint64_t(0);
+  bool read_by(int g) const { return (heads >> g) & 1; }
 };
 
 // out (N, NH, HS), lse (N, NH); q (N, NH, HS); k, v (N, NKV, HS).

@@ -67,6 +67,7 @@ struct Prefix {
   std::vector<double> k, v, dk, dv;
   int len = 0, q_begin = 0, q_end = 0;
   bool grad = true;
+  uint64_t heads = ~uint64_t(0);  // the KV heads that read it
 };
 
 template <class T>
@@ -88,6 +89,7 @@ std::vector<ExternalKV<T>> views(std::vector<Prefix>& ps, std::vector<std::vecto
     x.len = ps[e].len;
     x.q_begin = ps[e].q_begin;
     x.q_end = ps[e].q_end;
+    x.heads = ps[e].heads;
     ext.push_back(x);
   }
   return ext;
@@ -125,7 +127,7 @@ void reference_forward(std::vector<double>* out, std::vector<double>* lse, const
         vs.push_back(vj);
       };
       for (const Prefix& p : ext) {
-        if (i < p.q_begin || i >= p.q_end) continue;
+        if (i < p.q_begin || i >= p.q_end || !((p.heads >> g) & 1)) continue;
         for (int j = 0; j < p.len; j++) {
           add(p.k.data() + ((size_t)j * NKV + g) * HS, p.v.data() + ((size_t)j * NKV + g) * HS);
         }
@@ -156,7 +158,10 @@ struct Problem {
   std::vector<Prefix> ext;
 };
 
-Problem make_problem(std::mt19937_64& rng, Layout L, int NH, int NKV, int HS, int n_ext, bool ext_grad) {
+// head_sets: each prefix is read by a random non-empty subset of the KV heads (a segment's tail
+// by the local heads, its retrieval prefix by the long-range ones).
+Problem make_problem(std::mt19937_64& rng, Layout L, int NH, int NKV, int HS, int n_ext, bool ext_grad,
+                     bool head_sets = false) {
   Problem p{std::move(L), NH, NKV, HS, {}, {}, {}, {}};
   const int N = p.L.N;
   p.q = randn(rng, (size_t)N * NH * HS);
@@ -174,6 +179,7 @@ Problem make_problem(std::mt19937_64& rng, Layout L, int NH, int NKV, int HS, in
     x.q_begin = std::min(a, b);
     x.q_end = std::max(a, b);
     x.grad = ext_grad;
+    if (head_sets) x.heads = std::uniform_int_distribution<uint64_t>(1, (uint64_t(1) << NKV) - 1)(rng);
     p.ext.push_back(x);
   }
   return p;
@@ -199,6 +205,7 @@ struct AttnCase {
   int n_trees, nodes_per_tree, max_len;
   int NH, NKV, HS;
   int n_ext;
+  bool head_sets = false;  // prefixes read by subsets of the KV heads
 };
 
 Layout make_layout(std::mt19937_64& rng, const AttnCase& c) {
@@ -218,6 +225,8 @@ const AttnCase kSmallCases[] = {
     {"wide_fan_hs16", Shape::kFan, 1, 12, 3, 2, 1, 16, 1},
     {"one_long_node", Shape::kChain, 1, 1, 40, 2, 2, 8, 1},
     {"long_nodes_gqa4_partial_prefixes", Shape::kRandom, 1, 4, 20, 4, 1, 8, 3},
+    {"prefix_head_sets_gqa2", Shape::kRandom, 1, 6, 4, 8, 4, 8, 3, true},
+    {"prefix_head_sets_mha", Shape::kChain, 1, 5, 3, 3, 3, 8, 2, true},
 };
 const AttnCase kLargeCases[] = {
     {"large_random_forest_gqa2_hs16", Shape::kRandom, 5, 30, 8, 8, 4, 16, 3},
@@ -233,7 +242,7 @@ class AttentionGradient : public ::testing::TestWithParam<AttnCase> {};
 TEST_P(AttentionForward, MatchesDenseReference) {
   const AttnCase c = GetParam();
   std::mt19937_64 rng(100);
-  const Problem p = make_problem(rng, make_layout(rng, c), c.NH, c.NKV, c.HS, c.n_ext, true);
+  const Problem p = make_problem(rng, make_layout(rng, c), c.NH, c.NKV, c.HS, c.n_ext, true, c.head_sets);
   std::vector<double> ref_out, ref_lse;
   reference_forward(&ref_out, &ref_lse, p.q, p.k, p.v, p.L, p.ext, c.NH, c.NKV, c.HS);
   std::vector<double> out, lse;
@@ -262,7 +271,7 @@ TEST_P(AttentionForward, MatchesDenseReference) {
 TEST_P(AttentionGradient, MatchesFiniteDifferences) {
   const AttnCase c = GetParam();
   std::mt19937_64 rng(200);
-  Problem p = make_problem(rng, make_layout(rng, c), c.NH, c.NKV, c.HS, c.n_ext, true);
+  Problem p = make_problem(rng, make_layout(rng, c), c.NH, c.NKV, c.HS, c.n_ext, true, c.head_sets);
   const int N = p.L.N;
   const std::vector<double> R = randn(rng, (size_t)N * c.NH * c.HS);
   auto objective = [&] {

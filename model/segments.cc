@@ -1,0 +1,536 @@
+// Segment-level execution: the configuration, the segment operator's prefixes and the truncated
+// BPTT scheduler (see segments.h).
+#include "model/segments.h"
+
+#include <algorithm>
+#include <functional>
+#include <numeric>
+#include <type_traits>
+
+#include "base/check.h"
+
+namespace tt::model {
+
+// ---- Configuration ----
+
+void SegmentConfig::validate(const ModelConfig& m) const {
+  if (!enabled()) {
+    TT_CHECK(length == 0, "segments.length: ", length, ", expected >= 1 (or 0: segments off)");
+    return;
+  }
+  TT_CHECK(tail >= 0 && tail <= length, "segments.tail: ", tail, ", expected 0 <= tail <= segments.length (",
+           length, "): the tail is the previous segment's last rows");
+  TT_CHECK(tbptt >= 0, "segments.tbptt: ", tbptt, ", expected >= 0 (0: the carried tail is detached)");
+  TT_CHECK(long_range.retrieve >= 0, "segments.long_range.retrieve: ", long_range.retrieve, ", expected >= 0");
+  const int L = (int)m.num_hidden_layers, NKV = (int)m.num_key_value_heads;
+  const std::vector<LayerSpec> specs = m.layer_specs();
+  for (int l = 0; l < L; ++l)
+    TT_CHECK(specs[l].mixer == "full_attention", "segments: layer ", l, " is ", specs[l].mixer,
+             "; segments carry only attention K/V across segments so far (expected every layer_types entry "
+             "full_attention, or segments.length: 0)");
+  TT_CHECK(!m.vision.enabled(), "segments: a model with a vision tower (vision.num_hidden_layers ",
+           m.vision.num_hidden_layers, ") cannot run segments yet (expected segments.length: 0)");
+  std::vector<char> seen(std::max(L, 0), 0);
+  for (int l : long_range.layers) {
+    TT_CHECK(l >= 0 && l < L, "segments.long_range.layers: layer ", l, ", expected an index in [0, ", L, ")");
+    TT_CHECK(!seen[l], "segments.long_range.layers: layer ", l, " is listed twice");
+    seen[l] = 1;
+  }
+  TT_CHECK(NKV <= 64, "segments: head sets take at most 64 KV heads, the model has num_key_value_heads ", NKV);
+  std::vector<char> seen_h(std::max(NKV, 0), 0);
+  for (int h : long_range.heads) {
+    TT_CHECK(h >= 0 && h < NKV, "segments.long_range.heads: KV head ", h, ", expected an index in [0, ", NKV,
+             ") (num_key_value_heads)");
+    TT_CHECK(!seen_h[h], "segments.long_range.heads: KV head ", h, " is listed twice");
+    seen_h[h] = 1;
+  }
+  TT_CHECK(long_range.retrieve == 0 || (!long_range.layers.empty() && !long_range.heads.empty()),
+           "segments.long_range.retrieve: ", long_range.retrieve,
+           " pairs with no long-range layers or heads (expected both long_range.layers and long_range.heads, or "
+           "retrieve: 0)");
+  TT_CHECK(max_position() < m.max_position_embeddings, "segments: positions reach ", max_position(),
+           " (length + max(tail, long_range.retrieve) - 1), expected below model.max_position_embeddings ",
+           m.max_position_embeddings);
+}
+
+uint64_t SegmentConfig::long_heads() const {
+  uint64_t m = 0;
+  for (int h : long_range.heads) m |= uint64_t(1) << h;
+  return m;
+}
+
+uint64_t SegmentConfig::local_heads(int num_kv_heads) const {
+  const uint64_t all = num_kv_heads >= 64 ? ~uint64_t(0) : (uint64_t(1) << num_kv_heads) - 1;
+  return all & ~long_heads();
+}
+
+bool SegmentConfig::long_layer(int layer) const {
+  return std::find(long_range.layers.begin(), long_range.layers.end(), layer) != long_range.layers.end();
+}
+
+int64_t SegmentConfig::retrieved_rows(int64_t i) const {
+  return retrieval() ? std::min(long_range.retrieve, i * length) : 0;
+}
+
+int64_t SegmentConfig::shift(int64_t i) const { return std::max(tail_rows(i), retrieved_rows(i)); }
+
+int64_t SegmentConfig::position(int64_t depth) const {
+  const int64_t i = depth / length;
+  return shift(i) + depth - i * length;
+}
+
+int64_t SegmentConfig::max_position() const {
+  return length + std::max(tail, retrieval() ? long_range.retrieve : int64_t(0)) - 1;
+}
+
+// ---- The prefixes of one segment ----
+
+template <class E>
+SegmentReads<E>::SegmentReads(Decoder<E>& model, const SegmentConfig& cfg)
+    : model_(&model),
+      cfg_(&cfg),
+      L_(model.architecture().num_layers()),
+      NH_((int)model.config().num_attention_heads),
+      NKV_((int)model.config().num_key_value_heads),
+      HS_((int)model.config().head_dim),
+      attention_(L_),
+      tk_(L_),
+      tv_(L_),
+      dk_(L_),
+      dv_(L_),
+      rk_(L_),
+      rv_(L_),
+      idx_(L_) {
+  for (int l = 0; l < L_; ++l) attention_[l] = model.carry_row_elems(l) > 0;
+}
+
+template <class E>
+typename E::Rope SegmentReads<E>::rope(const int32_t* pos, int n) const {
+  const ModelConfig& c = model_->config();
+  typename E::Rope r = model_->exec().make_rope(pos, n, (int)c.head_dim, c.rope_theta, nullptr);
+  if constexpr (E::kHybridOps) r.rotary_dim = c.rotary_dim() == c.head_dim ? 0 : c.rotary_dim();
+  return r;
+}
+
+template <class E>
+void SegmentReads<E>::build(const SegmentHistory<E>& h, bool tail_grads) {
+  static_assert(std::is_same_v<typename E::Act, typename E::Acc>,
+                "the tail's gradients are rotated back in place: a backend whose Acc differs from Act needs an "
+                "Acc RoPE first");
+  E& e = model_->exec();
+  const SegmentConfig& cfg = *cfg_;
+  const int64_t KD = (int64_t)NKV_ * HS_, QD = (int64_t)NH_ * HS_;
+  const int64_t i = h.segment;
+  tail_len_ = cfg.tail_rows(i);
+  ret_len_ = cfg.retrieved_rows(i);
+  grads_ = tail_grads && tail_len_ > 0;
+  if (cfg.local_heads(NKV_) == 0) tail_len_ = 0;  // every head is long-range: nobody reads a tail
+  const int M = (int)tail_len_, R = (int)ret_len_;
+  const int64_t P = cfg.shift(i);
+  if (M > 0) {
+    TT_CHECK((int64_t)h.tail_rows.size() >= M, "segments: segment ", i, " needs ", M, " tail rows, its history has ",
+             h.tail_rows.size());
+    // Rows computed at segment i - 1's positions move to P_i - M .. P_i - 1: one shift for all.
+    const int32_t delta = (int32_t)(P - cfg.shift(i - 1) - cfg.length);
+    const std::vector<int32_t> pos(M, delta);
+    const std::vector<int32_t> rows(h.tail_rows.end() - M, h.tail_rows.end());
+    e.ensure(tail_pos_, sizeof(int32_t) * M);
+    e.ensure(tail_rows_, sizeof(int32_t) * M);
+    e.upload(tail_pos_.data(), pos.data(), sizeof(int32_t) * M);
+    e.upload(tail_rows_.data(), rows.data(), sizeof(int32_t) * M);
+    const int32_t* d_rows = reinterpret_cast<const int32_t*>(tail_rows_.data());
+    for (int l = 0; l < L_; ++l) {
+      if (!attention_[l]) continue;
+      TT_CHECK(h.k[l] && h.v[l], "segments: segment ", i, " has no tail source in layer ", l);
+      e.ensure(tk_[l], sizeof(Act) * M * KD);
+      e.ensure(tv_[l], sizeof(Act) * M * KD);
+      Act* tk = reinterpret_cast<Act*>(tk_[l].data());
+      e.gather_rows(tk, h.k[l], d_rows, M, (int)KD);
+      e.gather_rows(reinterpret_cast<Act*>(tv_[l].data()), h.v[l], d_rows, M, (int)KD);
+      e.rope_forward(tk, rope(reinterpret_cast<const int32_t*>(tail_pos_.data()), M), M, NKV_, HS_);
+      if (grads_) {
+        e.ensure(dk_[l], sizeof(Acc) * M * KD);
+        e.ensure(dv_[l], sizeof(Acc) * M * KD);
+      }
+    }
+  }
+  if (R > 0) {
+    int64_t pool_rows = 0;
+    for (const PoolSpan<E>& s : h.pool) pool_rows += s.rows;
+    TT_CHECK(pool_rows >= R, "segments: segment ", i, " retrieves ", R, " rows from a pool of ", pool_rows);
+    std::vector<int32_t> pos(R);
+    for (int j = 0; j < R; ++j) pos[j] = (int32_t)(P - R + j);
+    e.ensure(ret_pos_, sizeof(int32_t) * R);
+    e.upload(ret_pos_.data(), pos.data(), sizeof(int32_t) * R);
+    e.ensure(q_pos_, sizeof(int32_t));
+    e.upload(q_pos_.data(), &h.q_pos, sizeof(int32_t));
+    e.ensure(qn_, sizeof(Act) * QD);
+    e.ensure(pool_k_, sizeof(Act) * pool_rows * KD);
+    e.ensure(pool_v_, sizeof(Act) * pool_rows * KD);
+    Act* pk = reinterpret_cast<Act*>(pool_k_.data());
+    Act* pv = reinterpret_cast<Act*>(pool_v_.data());
+    Act* qn = reinterpret_cast<Act*>(qn_.data());
+    for (int l = 0; l < L_; ++l) {
+      if (!attention_[l] || !cfg.long_layer(l)) continue;
+      int64_t at = 0;
+      for (const PoolSpan<E>& s : h.pool) {
+        TT_CHECK(s.k[l] && s.v[l], "segments: the pool has no rows of long-range layer ", l);
+        e.copy(pk + at * KD, s.k[l], s.rows * KD);
+        e.copy(pv + at * KD, s.v[l], s.rows * KD);
+        at += s.rows;
+      }
+      TT_CHECK(h.q[l], "segments: segment ", i, " has no end query in long-range layer ", l);
+      e.copy(qn, h.q[l], QD);
+      e.rope_backward(qn, rope(reinterpret_cast<const int32_t*>(q_pos_.data()), 1), 1, NH_, HS_);
+      e.ensure(idx_[l], sizeof(int32_t) * NKV_ * R);
+      int32_t* idx = reinterpret_cast<int32_t*>(idx_[l].data());
+      e.retrieval_select(idx, qn, pk, (int)pool_rows, NH_, NKV_, HS_, cfg.long_heads(), R);
+      e.ensure(rk_[l], sizeof(Act) * R * KD);
+      e.ensure(rv_[l], sizeof(Act) * R * KD);
+      Act* rk = reinterpret_cast<Act*>(rk_[l].data());
+      e.retrieval_gather(rk, pk, idx, R, NKV_, HS_, cfg.long_heads());
+      e.retrieval_gather(reinterpret_cast<Act*>(rv_[l].data()), pv, idx, R, NKV_, HS_, cfg.long_heads());
+      e.rope_forward(rk, rope(reinterpret_cast<const int32_t*>(ret_pos_.data()), R), R, NKV_, HS_);
+    }
+  }
+}
+
+template <class E>
+void SegmentReads<E>::append_to(Carry<E>& carry, int q_begin, int q_end) const {
+  TT_CHECK((int)carry.size() == L_, "segments: a carry of ", carry.size(), " layers, expected ", L_);
+  for (int l = 0; l < L_; ++l) {
+    if (!attention_[l]) continue;
+    if (tail_len_ > 0) {
+      typename E::KV kv;
+      kv.k = reinterpret_cast<const Act*>(tk_[l].data());
+      kv.v = reinterpret_cast<const Act*>(tv_[l].data());
+      kv.len = (int)tail_len_;
+      kv.q_begin = q_begin;
+      kv.q_end = q_end;
+      kv.heads = cfg_->local_heads(NKV_);
+      carry[l].kv.push_back(kv);
+    }
+    if (ret_len_ > 0 && cfg_->long_layer(l)) {
+      typename E::KV kv;  // detached: dk, dv stay null
+      kv.k = reinterpret_cast<const Act*>(rk_[l].data());
+      kv.v = reinterpret_cast<const Act*>(rv_[l].data());
+      kv.len = (int)ret_len_;
+      kv.q_begin = q_begin;
+      kv.q_end = q_end;
+      kv.heads = cfg_->long_heads();
+      carry[l].kv.push_back(kv);
+    }
+  }
+}
+
+template <class E>
+void SegmentReads<E>::set_tail_grads(Carry<E>& carry, bool on) {
+  if (tail_len_ == 0) return;
+  TT_CHECK(!on || grads_, "segments: the tail was built without gradient accumulators");
+  const int64_t KD = (int64_t)NKV_ * HS_;
+  for (int l = 0; l < L_; ++l) {
+    if (!attention_[l]) continue;
+    for (typename E::KV& kv : carry[l].kv) {
+      if (kv.k != reinterpret_cast<const Act*>(tk_[l].data())) continue;
+      kv.dk = on ? reinterpret_cast<Acc*>(dk_[l].data()) : nullptr;
+      kv.dv = on ? reinterpret_cast<Acc*>(dv_[l].data()) : nullptr;
+    }
+    if (on) {
+      model_->exec().zero(dk_[l].data(), sizeof(Acc) * tail_len_ * KD);
+      model_->exec().zero(dv_[l].data(), sizeof(Acc) * tail_len_ * KD);
+    }
+  }
+}
+
+template <class E>
+void SegmentReads<E>::push_tail_grads(const std::vector<Acc*>& dk, const std::vector<Acc*>& dv) {
+  if (tail_len_ == 0) return;
+  TT_CHECK(grads_, "segments: the tail was built without gradient accumulators");
+  E& e = model_->exec();
+  const int M = (int)tail_len_, KD = NKV_ * HS_;
+  const int32_t* rows = reinterpret_cast<const int32_t*>(tail_rows_.data());
+  for (int l = 0; l < L_; ++l) {
+    if (!attention_[l]) continue;
+    Acc* gk = reinterpret_cast<Acc*>(dk_[l].data());
+    // d(rotated key) -> d(key at the position it was computed at): the inverse rotation.
+    e.rope_backward(gk, rope(reinterpret_cast<const int32_t*>(tail_pos_.data()), M), M, NKV_, HS_);
+    e.add_rows(dk[l], rows, gk, M, KD);
+    e.add_rows(dv[l], rows, reinterpret_cast<const Acc*>(dv_[l].data()), M, KD);
+  }
+}
+
+template <class E>
+std::vector<int32_t> SegmentReads<E>::retrieved_rows(int layer) const {
+  std::vector<int32_t> out((size_t)NKV_ * ret_len_);
+  if (ret_len_ > 0 && cfg_->long_layer(layer))
+    model_->exec().download(out.data(), idx_[layer].data(), sizeof(int32_t) * out.size());
+  return out;
+}
+
+// ---- The pool ----
+
+template <class E>
+void PoolChunk<E>::assign(Decoder<E>& model, const SegmentConfig& cfg, const Carry<E>& rows,
+                          const std::vector<int32_t>& pos) {
+  using Act = typename E::Act;
+  E& e = model.exec();
+  const ModelConfig& mc = model.config();
+  const int L = model.architecture().num_layers(), N = (int)pos.size();
+  const int NKV = (int)mc.num_key_value_heads, HS = (int)mc.head_dim;
+  rows_ = N;
+  k_.resize(L);
+  v_.resize(L);
+  row_elems_.assign(L, 0);
+  typename E::Buffer d_pos;
+  e.ensure(d_pos, sizeof(int32_t) * std::max(N, 1));
+  e.upload(d_pos.data(), pos.data(), sizeof(int32_t) * N);
+  typename E::Rope r = e.make_rope(reinterpret_cast<const int32_t*>(d_pos.data()), N, HS, mc.rope_theta, nullptr);
+  if constexpr (E::kHybridOps) r.rotary_dim = mc.rotary_dim() == mc.head_dim ? 0 : mc.rotary_dim();
+  for (int l = 0; l < L; ++l) {
+    if (!cfg.long_layer(l) || model.carry_row_elems(l) == 0) continue;
+    TT_CHECK(rows[l].kv.size() == 1 && rows[l].kv[0].len == N, "segments: the pool takes one entry of ", N,
+             " rows per layer");
+    row_elems_[l] = model.carry_row_elems(l);
+    const int64_t n = (int64_t)N * row_elems_[l];
+    e.ensure(k_[l], sizeof(Act) * std::max<int64_t>(n, 1));
+    e.ensure(v_[l], sizeof(Act) * std::max<int64_t>(n, 1));
+    Act* k = reinterpret_cast<Act*>(k_[l].data());
+    e.copy(k, rows[l].kv[0].k, n);
+    e.copy(reinterpret_cast<Act*>(v_[l].data()), rows[l].kv[0].v, n);
+    e.rope_backward(k, r, N, NKV, HS);
+  }
+  e.sync();  // d_pos is freed on return
+}
+
+template <class E>
+PoolSpan<E> PoolChunk<E>::span(int begin, int end) const {
+  using Act = typename E::Act;
+  TT_CHECK(0 <= begin && begin <= end && end <= rows_, "segments: pool rows [", begin, ", ", end, ") of ", rows_);
+  PoolSpan<E> s;
+  s.rows = end - begin;
+  s.k.assign(k_.size(), nullptr);
+  s.v.assign(v_.size(), nullptr);
+  for (size_t l = 0; l < k_.size(); ++l) {
+    if (row_elems_[l] == 0) continue;
+    s.k[l] = reinterpret_cast<const Act*>(k_[l].data()) + (int64_t)begin * row_elems_[l];
+    s.v[l] = reinterpret_cast<const Act*>(v_[l].data()) + (int64_t)begin * row_elems_[l];
+  }
+  return s;
+}
+
+data::PackedBatch segment_batch(const SegmentConfig& cfg, const data::SegmentPlan& plan, int piece) {
+  data::PackedBatch b = data::pack_piece(plan.split, plan.pieces, piece);
+  for (int32_t& p : b.pos) p = (int32_t)cfg.position(p);
+  return b;
+}
+
+// ---- Training ----
+
+namespace {
+
+// Everything a live piece holds between its forward and its last column.
+template <class E>
+struct LivePiece {
+  explicit LivePiece(Decoder<E>& m, const SegmentConfig& c) : reads(m, c) {}
+  Activations<E> acts;
+  SegmentReads<E> reads;
+  Carry<E> carry;                        // [layer] what it reads (its prefixes)
+  Carry<E> rows;                         // [layer] its own rows (export_carry)
+  std::vector<typename E::Buffer> acc;   // [d] for d = 1..K: per layer (dk, dv) of its rows ([0] unused)
+  std::vector<Carry<E>> relay;           // [d] its rows with dk, dv pointing into acc[d]
+  std::vector<int> pending;              // [d] children whose column d - 1 has not pushed
+  int columns_left = 0;
+  int children_left = 0;
+  int N = 0;
+};
+
+template <class E>
+std::vector<typename E::Acc*> layer_ptrs(const Carry<E>& c, bool dk) {
+  std::vector<typename E::Acc*> p(c.size(), nullptr);
+  for (size_t l = 0; l < c.size(); ++l)
+    if (!c[l].kv.empty()) p[l] = dk ? c[l].kv[0].dk : c[l].kv[0].dv;
+  return p;
+}
+
+// The scheduler of forward_backward_segmented; on_forward (optional) sees each piece's
+// activations after its forward.
+template <class E>
+double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::SegmentPlan& plan, double loss_scale,
+                     bool train, SegmentRunStats* stats,
+                     const std::function<void(int, const Activations<E>&)>& on_forward) {
+  using Act = typename E::Act;
+  using Acc = typename E::Acc;
+  cfg.validate(model.config());
+  TT_CHECK(plan.length == cfg.length, "segments: a plan of ", plan.length, "-token segments for segments.length ",
+           cfg.length);
+  E& e = model.exec();
+  const data::Partition& parts = plan.pieces;
+  const int P = parts.num_pieces(), L = model.architecture().num_layers();
+  const int NKV = (int)model.config().num_key_value_heads;
+  // Depth of the gradient through the tails (none without a tail read by some head).
+  const int K = train && cfg.tail > 0 && cfg.local_heads(NKV) != 0 ? cfg.tbptt : 0;
+  const int NH = (int)model.config().num_attention_heads, HS = (int)model.config().head_dim;
+  std::vector<int64_t> row_elems(L);
+  for (int l = 0; l < L; ++l) row_elems[l] = model.carry_row_elems(l);
+  // Height of each piece in the piece tree (children have larger indices).
+  std::vector<int> height(P, 0);
+  for (int k = P - 1; k > 0; --k) {
+    const int p = parts.pieces[k].parent_piece;
+    height[p] = std::max(height[p], height[k] + 1);
+  }
+  std::vector<std::unique_ptr<LivePiece<E>>> live(P);
+  std::vector<PoolChunk<E>> pool(cfg.retrieval() ? P : 0);
+  SegmentRunStats st;
+  st.pieces = P;
+  double loss = 0, nll = 0;
+  int64_t live_tokens = 0;
+
+  std::function<void(int)> maybe_free = [&](int k) {
+    LivePiece<E>& lp = *live[k];
+    if (lp.columns_left > 0 || lp.children_left > 0) return;
+    live_tokens -= lp.N;
+    live[k].reset();
+  };
+  // Column d of piece k: the backward of the losses d pieces below it (d = 0: its own), whose
+  // tail gradients go on into the parent's accumulator of depth d + 1 while d < K.
+  std::function<void(int, int)> column = [&](int k, int d) {
+    LivePiece<E>& lp = *live[k];
+    const int parent = parts.pieces[k].parent_piece;
+    const bool push = d < K && parent >= 0;
+    lp.reads.set_tail_grads(lp.carry, push);
+    if (d == 0) {
+      model.backward(lp.acts, nullptr, nullptr, /*with_loss=*/true);
+    } else {
+      model.backward(lp.acts, &lp.relay[d], nullptr, /*with_loss=*/false);
+    }
+    ++st.backwards;
+    --lp.columns_left;
+    if (push) {
+      LivePiece<E>& pp = *live[parent];
+      lp.reads.push_tail_grads(layer_ptrs(pp.relay[d + 1], true), layer_ptrs(pp.relay[d + 1], false));
+      if (--pp.pending[d + 1] == 0) column(parent, d + 1);
+    }
+    maybe_free(k);
+  };
+
+  for (int k = 0; k < P; ++k) {
+    const data::Piece& piece = parts.pieces[k];
+    const int64_t i = plan.segment[k];
+    auto lp = std::make_unique<LivePiece<E>>(model, cfg);
+    const data::PackedBatch batch = segment_batch(cfg, plan, k);
+    const int N = batch.n_tokens;
+    lp->N = N;
+    lp->carry.assign(L, {});
+    const int parent = piece.parent_piece;
+    if (parent >= 0) {
+      const LivePiece<E>& pp = *live[parent];
+      SegmentHistory<E> h;
+      h.segment = i;
+      // The path's rows before the piece: the gateway chain; its last rows lie in the parent.
+      std::vector<int32_t> chain_rows;
+      for (const data::GatewaySegment& s : piece.gateway)
+        if (s.piece == parent)
+          for (int32_t r = s.row_begin; r < s.row_end; ++r) chain_rows.push_back(r);
+      TT_CHECK((int64_t)chain_rows.size() == cfg.length, "segments: piece ", k, " of tree '", plan.split.id,
+               "' has ", chain_rows.size(), " rows of its path in its parent piece, expected ", cfg.length);
+      h.tail_rows = chain_rows;
+      h.k.assign(L, nullptr);
+      h.v.assign(L, nullptr);
+      h.q.assign(L, nullptr);
+      for (int l = 0; l < L; ++l) {
+        if (pp.rows[l].kv.empty()) continue;
+        h.k[l] = pp.rows[l].kv[0].k;
+        h.v[l] = pp.rows[l].kv[0].v;
+        if (pp.rows[l].q) h.q[l] = pp.rows[l].q + (int64_t)chain_rows.back() * NH * HS;
+      }
+      h.q_pos = (int32_t)cfg.position(i * cfg.length - 1);
+      if (cfg.retrieval()) {
+        for (const data::GatewaySegment& s : piece.gateway) h.pool.push_back(pool[s.piece].span(s.row_begin, s.row_end));
+        st.pool_rows = std::max<int64_t>(st.pool_rows, piece.prefix_tokens);
+      }
+      lp->reads.build(h, K > 0);
+      lp->reads.append_to(lp->carry, 0, N);
+    }
+    model.forward(batch, loss_scale, lp->acts, &lp->carry);
+    ++st.forwards;
+    st.tokens += N;
+    live_tokens += N;
+    st.peak_live_tokens = std::max(st.peak_live_tokens, live_tokens);
+    if (on_forward) on_forward(k, lp->acts);
+    lp->rows = N > 0 ? model.export_carry(lp->acts) : Carry<E>(L);
+    if (cfg.retrieval() && N > 0) pool[k].assign(model, cfg, lp->rows, batch.pos);  // detached copies
+    if (train) {
+      // Columns 1..min(K, height): one accumulator of the rows' relayed gradients per depth d,
+      // which the children's column d - 1 fill and column d reads.
+      const int depth = std::min(K, height[k]);
+      lp->columns_left = 1 + depth;
+      lp->pending.assign(depth + 1, 0);
+      for (int c : piece.child_pieces)
+        for (int d = 1; d <= depth; ++d)
+          if (height[c] >= d - 1) ++lp->pending[d];
+      lp->acc.resize(depth + 1);
+      lp->relay.resize(depth + 1);
+      int64_t total = 0;
+      for (int l = 0; l < L; ++l) total += 2 * (int64_t)N * row_elems[l];
+      for (int d = 1; d <= depth; ++d) {
+        e.ensure(lp->acc[d], sizeof(Acc) * (size_t)total);
+        e.zero(lp->acc[d].data(), sizeof(Acc) * (size_t)total);
+        Acc* next = reinterpret_cast<Acc*>(lp->acc[d].data());
+        lp->relay[d] = lp->rows;
+        for (int l = 0; l < L; ++l) {
+          for (typename E::KV& kv : lp->relay[d][l].kv) {
+            kv.dk = next;
+            kv.dv = next + (int64_t)N * row_elems[l];
+          }
+          next += 2 * (int64_t)N * row_elems[l];
+        }
+      }
+    }
+    {
+      const Losses l = model.losses(lp->acts);
+      loss += l.loss;
+      nll += l.nll_sum;
+    }
+    lp->children_left = (int)piece.child_pieces.size();
+    live[k] = std::move(lp);
+    if (parent >= 0) --live[parent]->children_left;
+    if (train) column(k, 0);
+    if (parent >= 0 && live[parent]) maybe_free(parent);
+    if (live[k]) maybe_free(k);
+  }
+  for (int k = 0; k < P; ++k)
+    TT_CHECK(!live[k], "segments: piece ", k, " of tree '", plan.split.id, "' is still live after the schedule");
+  st.nll_sum = nll;
+  if (stats) *stats = st;
+  return loss;
+}
+
+}  // namespace
+
+template <class E>
+double forward_backward_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::SegmentPlan& plan,
+                                  double loss_scale, SegmentRunStats* stats) {
+  return run_segmented<E>(model, cfg, plan, loss_scale, /*train=*/true, stats, nullptr);
+}
+
+template <class E>
+std::vector<std::vector<double>> segmented_piece_logits(Decoder<E>& model, const SegmentConfig& cfg,
+                                                        const data::SegmentPlan& plan) {
+  std::vector<std::vector<double>> out(plan.pieces.num_pieces());
+  run_segmented<E>(model, cfg, plan, 1.0, /*train=*/false, nullptr,
+                [&](int k, const Activations<E>& a) { out[k] = model.saved_logits(a); });
+  return out;
+}
+
+#define TT_SEGMENTS_INSTANTIATE(E)                                                                                 \
+  template class SegmentReads<E>;                                                                                  \
+  template class PoolChunk<E>;                                                                                     \
+  template double forward_backward_segmented<E>(Decoder<E>&, const SegmentConfig&, const data::SegmentPlan&,      \
+                                                double, SegmentRunStats*);                                         \
+  template std::vector<std::vector<double>> segmented_piece_logits<E>(Decoder<E>&, const SegmentConfig&,           \
+                                                                      const data::SegmentPlan&);
+TT_SEGMENTS_INSTANTIATE(CpuExec<float>)
+TT_SEGMENTS_INSTANTIATE(CpuExec<double>)
+#undef TT_SEGMENTS_INSTANTIATE
+
+}  // namespace tt::model

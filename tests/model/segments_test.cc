@@ -1,0 +1,412 @@
+// Segment-level execution on the CPU in fp64 (model/segments.h): the segment operator against the
+// ordinary decoder where the two must agree (one segment; a whole-segment tail; retrieval of the
+// whole history by every head), the truncated-BPTT scheduler against an independent reference
+// for K = 0, 1, 2, finite differences where nothing is truncated, the detached retrieval, and the
+// configuration's errors.
+//
+// Tolerances: fp64 throughout. Where the two sides compute the same sums in another order or
+// with RoPE applied in two rotations instead of one (a rounding of ~1e-16 per element), results
+// agree to 1e-10 relative to the largest element (errors grow by ~1e3 over a few layers at most).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/check.h"
+#include "data/packing.h"
+#include "data/partition.h"
+#include "data/reader.h"
+#include "model/decoder.h"
+#include "model/segments.h"
+#include "tests/model/model_test_util.h"
+
+namespace tt::model {
+namespace {
+
+using testing::tiny_config;
+
+// qwen3 (q/k norms), 3 layers, 4 query heads on 2 KV heads of 4 dims.
+ModelConfig seg_model() {
+  ModelConfig c = tiny_config("qwen3", false);
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 4;
+  return c;
+}
+
+std::vector<int32_t> random_tokens(int n, uint64_t seed, int V = 11) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = (int32_t)std::uniform_int_distribution<int>(0, V - 1)(rng);
+  return t;
+}
+
+std::string tokens_json(const std::vector<int32_t>& t) {
+  std::string s = "[";
+  for (size_t i = 0; i < t.size(); ++i) s += (i ? "," : "") + std::to_string(t[i]);
+  return s + "]";
+}
+
+// A rollouts group: the sequences merge into a prefix tree.
+data::Tree group_tree(const std::vector<std::vector<int32_t>>& seqs, const std::vector<double>& weights = {}) {
+  std::string line = R"({"id": "g", "sequences": [)";
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    line += (i ? "," : "") + std::string(R"({"tokens": )") + tokens_json(seqs[i]);
+    if (!weights.empty()) line += R"(, "weight": )" + std::to_string(weights[i]);
+    line += "}";
+  }
+  return data::parse_rollouts_line(line + "]}", "test", 0);
+}
+
+double rel_max(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0, mx = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    diff = std::max(diff, std::abs(a[i] - b[i]));
+    mx = std::max(mx, std::abs(b[i]));
+  }
+  return diff / std::max(mx, 1e-300);
+}
+
+std::vector<double> grads_of(const Model<double>& m) { return std::vector<double>(m.grads(), m.grads() + m.num_params()); }
+
+// Loss and gradients of ordinary (unsegmented) training of a tree.
+std::pair<double, std::vector<double>> ordinary(Model<double>& m, const data::Tree& t, double scale) {
+  m.zero_grad();
+  const double loss = m.forward_backward(data::pack({&t}, data::Packing::kTree), scale);
+  return {loss, grads_of(m)};
+}
+
+std::pair<double, std::vector<double>> segmented(Model<double>& m, const SegmentConfig& cfg, const data::Tree& t,
+                                                 double scale, SegmentRunStats* st = nullptr) {
+  m.zero_grad();
+  const double loss = forward_backward_segmented(m, cfg, data::plan_segments(t, cfg.length), scale, st);
+  return {loss, grads_of(m)};
+}
+
+TEST(Segments, OneSegmentLongerThanTheTreeIsOrdinaryTraining) {
+  Model<double> m(seg_model());
+  m.init(3);
+  std::vector<int32_t> a = random_tokens(17, 1), b(a.begin(), a.begin() + 5);
+  for (int32_t x : random_tokens(4, 2)) b.push_back(x);
+  const data::Tree t = group_tree({a, b});
+  SegmentConfig cfg;
+  cfg.length = 32;
+  cfg.tail = 8;
+  cfg.long_range = {{1}, {0}, 4};
+  const auto [l0, g0] = ordinary(m, t, 0.5);
+  SegmentRunStats st;
+  const auto [l1, g1] = segmented(m, cfg, t, 0.5, &st);
+  EXPECT_EQ(st.pieces, 1);
+  EXPECT_EQ(st.backwards, 1);
+  EXPECT_NEAR(l1, l0, 1e-12 * std::abs(l0));
+  EXPECT_LE(rel_max(g1, g0), 1e-12);
+}
+
+// With M = S, a path of at most two segments sees its whole history through the tail, at
+// re-indexed positions whose distances are the true ones, and K = 1 lets every gradient through:
+// ordinary training, on a chain and on a tree whose branches start in either segment.
+TEST(Segments, WholeSegmentTailOverTwoSegmentsIsOrdinaryTraining) {
+  Model<double> m(seg_model());
+  m.init(5);
+  const std::vector<int32_t> base = random_tokens(12, 7);
+  std::vector<int32_t> b1(base.begin(), base.begin() + 4), b2(base.begin(), base.begin() + 8);
+  for (int32_t x : random_tokens(6, 8)) b1.push_back(x);
+  for (int32_t x : random_tokens(3, 9)) b2.push_back(x);
+  const std::vector<data::Tree> trees = {group_tree({base}), group_tree({base, b1, b2}, {1.0, -0.5, 2.0})};
+  for (const data::Tree& t : trees) {
+    SegmentConfig cfg;
+    cfg.length = 6;
+    cfg.tail = 6;
+    cfg.tbptt = 1;
+    const auto [l0, g0] = ordinary(m, t, 1.0);
+    SegmentRunStats st;
+    const auto [l1, g1] = segmented(m, cfg, t, 1.0, &st);
+    EXPECT_GE(st.pieces, 2);
+    EXPECT_NEAR(l1, l0, 1e-10 * std::abs(l0));
+    EXPECT_LE(rel_max(g1, g0), 1e-10) << st.pieces << " pieces";
+  }
+}
+
+// Every KV head long-range in every layer, no tail, retrieval of R >= the whole history: each
+// segment's queries see every earlier key at its true position, so the forward is ordinary
+// attention (the gradient is not: retrieved pairs are detached).
+TEST(Segments, RetrievingTheWholeHistoryGivesTheOrdinaryForward) {
+  Model<double> m(seg_model());
+  m.init(11);
+  const data::Tree t = group_tree({random_tokens(18, 12)});
+  SegmentConfig cfg;
+  cfg.length = 6;
+  cfg.tail = 0;
+  cfg.long_range = {{0, 1, 2}, {1, 0}, 12};
+  const auto [l0, g0] = ordinary(m, t, 1.0);
+  const auto [l1, g1] = segmented(m, cfg, t, 1.0);
+  EXPECT_NEAR(l1, l0, 1e-10 * std::abs(l0));
+  // Logits row by row: on a chain the pieces' head rows are the rows 0 .. n - 2 in order.
+  const InferResult ref = m.infer(data::pack({&t}, data::Packing::kTree), InferRequest::all_logits());
+  std::vector<double> seg;
+  for (const std::vector<double>& x : segmented_piece_logits(m, cfg, data::plan_segments(t, cfg.length)))
+    seg.insert(seg.end(), x.begin(), x.end());
+  ASSERT_EQ(seg.size(), ref.logits.size() - 11);  // every row but the last, V = 11
+  EXPECT_LE(rel_max(seg, std::vector<double>(ref.logits.begin(), ref.logits.end() - 11)), 1e-10);
+  EXPECT_GT(rel_max(g1, g0), 1e-3) << "retrieved pairs take no gradient, so the gradients must differ";
+}
+
+// ---- The independent truncated-BPTT reference ----
+//
+// L_K = sum_j l_j, where l_j is segment j's loss with the tail entering segment j - K detached.
+// For every j it runs the chain of segments max(0, j - K) .. j from scratch (fresh activations),
+// the first reading its tail from a plain forward of the whole sequence (detached), the others
+// from the chain's own rows with gradient accumulators, and back-propagates l_j alone through
+// the chain. Pools and end queries come from the plain forward (they are detached anyway). It
+// shares the segment operator (SegmentReads, PoolChunk, segment_batch) with the scheduler, but
+// none of the scheduler's bookkeeping (columns, depths, pushes, freeing).
+std::vector<double> tbptt_reference(Model<double>& m, const SegmentConfig& cfg, const data::Tree& t) {
+  using E = CpuExec<double>;
+  const data::SegmentPlan plan = data::plan_segments(t, cfg.length);
+  const int P = plan.pieces.num_pieces(), L = m.architecture().num_layers();
+  const int NH = (int)m.config().num_attention_heads, HS = (int)m.config().head_dim;
+  for (int k = 1; k < P; ++k) TT_CHECK(plan.pieces.pieces[k].parent_piece == k - 1, "the reference runs chains");
+  // The plain forward: every segment's rows, pool chunk and activations.
+  std::vector<Activations<E>> plain(P);
+  std::vector<Carry<E>> rows(P);
+  std::vector<PoolChunk<E>> pool(P);
+  std::vector<std::unique_ptr<SegmentReads<E>>> reads(P);
+  std::vector<Carry<E>> carry(P, Carry<E>(L));
+  auto history = [&](int k, const Carry<E>& prev_rows) {
+    SegmentHistory<E> h;
+    h.segment = k;
+    for (int r = 0; r < (int)cfg.length; ++r) h.tail_rows.push_back(r);
+    h.k.assign(L, nullptr);
+    h.v.assign(L, nullptr);
+    h.q.assign(L, nullptr);
+    for (int l = 0; l < L; ++l) {
+      h.k[l] = prev_rows[l].kv[0].k;
+      h.v[l] = prev_rows[l].kv[0].v;
+      h.q[l] = rows[k - 1][l].q + (cfg.length - 1) * NH * HS;
+    }
+    h.q_pos = (int32_t)cfg.position(k * cfg.length - 1);
+    for (int a = 0; a < k; ++a) h.pool.push_back(pool[a].span(0, pool[a].rows()));
+    return h;
+  };
+  for (int k = 0; k < P; ++k) {
+    const data::PackedBatch b = segment_batch(cfg, plan, k);
+    if (k > 0) {
+      reads[k] = std::make_unique<SegmentReads<E>>(m, cfg);
+      reads[k]->build(history(k, rows[k - 1]), false);
+      reads[k]->append_to(carry[k], 0, b.n_tokens);
+    }
+    m.forward(b, 1.0, plain[k], &carry[k]);
+    rows[k] = m.export_carry(plain[k]);
+    pool[k].assign(m, cfg, rows[k], b.pos);
+  }
+  m.zero_grad();
+  for (int j = 0; j < P; ++j) {
+    const int first = std::max(0, j - cfg.tbptt);
+    const int n = j - first + 1;
+    std::vector<Activations<E>> acts(n);
+    std::vector<Carry<E>> own(n), chain_carry(n, Carry<E>(L));
+    std::vector<std::vector<double>> acc(n);
+    std::vector<std::unique_ptr<SegmentReads<E>>> rd(n);
+    for (int s = first; s <= j; ++s) {
+      const int x = s - first;
+      const data::PackedBatch b = segment_batch(cfg, plan, s);
+      if (s > 0) {
+        rd[x] = std::make_unique<SegmentReads<E>>(m, cfg);
+        rd[x]->build(history(s, s == first ? rows[s - 1] : own[x - 1]), s > first);
+        rd[x]->append_to(chain_carry[x], 0, b.n_tokens);
+        rd[x]->set_tail_grads(chain_carry[x], s > first);
+      }
+      m.forward(b, 1.0, acts[x], &chain_carry[x]);
+      own[x] = m.export_carry(acts[x]);
+      int64_t total = 0;
+      for (int l = 0; l < L; ++l) total += 2 * (int64_t)b.n_tokens * m.carry_row_elems(l);
+      acc[x].assign(total, 0.0);
+      double* next = acc[x].data();
+      for (int l = 0; l < L; ++l) {
+        own[x][l].kv[0].dk = next;
+        own[x][l].kv[0].dv = next + (int64_t)b.n_tokens * m.carry_row_elems(l);
+        next += 2 * (int64_t)b.n_tokens * m.carry_row_elems(l);
+      }
+    }
+    for (int s = j; s >= first; --s) {
+      const int x = s - first;
+      m.backward(acts[x], s == j ? nullptr : &own[x], nullptr, /*with_loss=*/s == j);
+      if (s > first) {
+        std::vector<double*> dk(L), dv(L);
+        for (int l = 0; l < L; ++l) dk[l] = own[x - 1][l].kv[0].dk, dv[l] = own[x - 1][l].kv[0].dv;
+        rd[x]->push_tail_grads(dk, dv);
+      }
+    }
+  }
+  return grads_of(m);
+}
+
+// A mixed configuration: a tail of 2 rows, KV head 1 long-range, retrieval in layer 1.
+SegmentConfig mixed(int K) {
+  SegmentConfig cfg;
+  cfg.length = 4;
+  cfg.tail = 2;
+  cfg.tbptt = K;
+  cfg.long_range = {{1}, {1}, 3};
+  return cfg;
+}
+
+class Tbptt : public ::testing::TestWithParam<int> {};
+
+TEST_P(Tbptt, GradientEqualsTheIndependentReference) {
+  const int K = GetParam();
+  Model<double> m(seg_model());
+  m.init(21);
+  const data::Tree t = group_tree({random_tokens(21, 22)});  // 6 segments, the last of one token
+  const SegmentConfig cfg = mixed(K);
+  SegmentRunStats st;
+  const auto [loss, g] = segmented(m, cfg, t, 1.0, &st);
+  const std::vector<double> ref = tbptt_reference(m, cfg, t);
+  EXPECT_LE(rel_max(g, ref), 1e-10) << "K=" << K;
+  EXPECT_EQ(st.pieces, 6);
+  EXPECT_EQ(st.forwards, 6);
+  // Every segment runs its own column and one per depth below it that has a loss: K + 1 at most.
+  int expect_backwards = 0;
+  for (int k = 0; k < 6; ++k) expect_backwards += 1 + std::min(K, 5 - k);
+  EXPECT_EQ(st.backwards, expect_backwards);
+  EXPECT_LE(st.peak_live_tokens, (int64_t)(K + 2) * cfg.length) << "K + 1 segments live, plus the next one";
+  // Truncation matters: the gradients of different depths differ.
+  if (K > 0) {
+    const std::vector<double> shallower = tbptt_reference(m, mixed(K - 1), t);
+    EXPECT_GT(rel_max(g, shallower), 1e-6);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Depths, Tbptt, ::testing::Values(0, 1, 2));
+
+// Without retrieval and with K >= segments - 1 nothing is truncated: the gradient is the loss's
+// own, checked by central differences on sampled entries of every tensor (Richardson-
+// extrapolated as in model_test_util.h).
+TEST(Segments, UntruncatedGradientMatchesFiniteDifferences) {
+  Model<double> m(seg_model());
+  m.init(31);
+  const data::Tree t = group_tree({random_tokens(11, 32)});  // 3 segments of 4
+  SegmentConfig cfg;
+  cfg.length = 4;
+  cfg.tail = 3;
+  cfg.tbptt = 2;
+  const auto [loss, g] = segmented(m, cfg, t, 1.0);
+  const data::SegmentPlan plan = data::plan_segments(t, cfg.length);
+  auto objective = [&] {
+    m.zero_grad();
+    return forward_backward_segmented(m, cfg, plan, 1.0);
+  };
+  std::mt19937_64 rng(33);
+  const double h = 1e-4;
+  int checked = 0;
+  for (const ParamInfo& p : m.params_info()) {
+    for (int s = 0; s < 3; ++s) {
+      const int64_t i = p.offset + std::uniform_int_distribution<int64_t>(0, p.numel - 1)(rng);
+      double* w = m.params() + i;
+      const double w0 = *w;
+      auto d = [&](double step) {
+        *w = w0 + step;
+        const double a = objective();
+        *w = w0 - step;
+        const double b = objective();
+        *w = w0;
+        return (a - b) / (2 * step);
+      };
+      const double fd = (4 * d(h / 2) - d(h)) / 3;
+      EXPECT_NEAR(g[i], fd, 1e-6 * std::abs(fd) + 1e-9) << p.name << " entry " << i - p.offset;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 20);
+}
+
+// Retrieved pairs change the forward but take no gradient: with no tail, the segmented gradient is
+// the sum of each segment's gradient with its prefixes as constants (the K = 0 reference), the
+// loss moves when an early segment's tokens change (only retrieval links the segments), and the
+// true derivative of the loss (finite differences) differs from that gradient.
+TEST(Segments, RetrievedPairsTakeNoGradient) {
+  Model<double> m(seg_model());
+  m.init(41);
+  std::vector<int32_t> tok = random_tokens(12, 42);
+  SegmentConfig cfg;
+  cfg.length = 4;
+  cfg.tail = 0;
+  cfg.tbptt = 2;
+  cfg.long_range = {{0, 1, 2}, {0}, 3};
+  const data::Tree t = group_tree({tok});
+  const auto [loss, g] = segmented(m, cfg, t, 1.0);
+  SegmentConfig k0 = cfg;
+  k0.tbptt = 0;
+  EXPECT_LE(rel_max(g, tbptt_reference(m, k0, t)), 1e-12);
+  // The last segment's logits depend on the first segment's tokens.
+  const data::SegmentPlan plan = data::plan_segments(t, cfg.length);
+  const std::vector<std::vector<double>> before = segmented_piece_logits(m, cfg, plan);
+  tok[1] = (tok[1] + 1) % 11;
+  const data::SegmentPlan changed = data::plan_segments(group_tree({tok}), cfg.length);
+  const std::vector<std::vector<double>> after = segmented_piece_logits(m, cfg, changed);
+  EXPECT_GT(rel_max(after[2], before[2]), 1e-6) << "retrieval must carry information forward";
+  // d loss / d w by differences differs from the gradient somewhere.
+  const ParamInfo& wk = m.params_info()[m.table().find("model.layers.0.self_attn.k_proj.weight")];
+  double worst = 0;
+  for (int64_t j = 0; j < std::min<int64_t>(wk.numel, 8); ++j) {
+    double* w = m.params() + wk.offset + j;
+    const double w0 = *w, h = 1e-5;
+    *w = w0 + h;
+    m.zero_grad();
+    const double a = forward_backward_segmented(m, cfg, plan, 1.0);
+    *w = w0 - h;
+    m.zero_grad();
+    const double b = forward_backward_segmented(m, cfg, plan, 1.0);
+    *w = w0;
+    worst = std::max(worst, std::abs((a - b) / (2 * h) - g[wk.offset + j]));
+  }
+  EXPECT_GT(worst, 1e-6);
+}
+
+TEST(Segments, ConfigErrorsNameTheKey) {
+  const ModelConfig mc = seg_model();
+  auto error_of = [&](const SegmentConfig& c) {
+    try {
+      c.validate(mc);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  SegmentConfig c;
+  c.length = 8;
+  c.tail = 9;
+  EXPECT_NE(error_of(c).find("segments.tail: 9"), std::string::npos) << error_of(c);
+  c.tail = 4;
+  c.tbptt = -1;
+  EXPECT_NE(error_of(c).find("segments.tbptt"), std::string::npos);
+  c.tbptt = 1;
+  c.long_range = {{3}, {0}, 2};
+  EXPECT_NE(error_of(c).find("segments.long_range.layers: layer 3"), std::string::npos) << error_of(c);
+  c.long_range = {{1, 1}, {0}, 2};
+  EXPECT_NE(error_of(c).find("listed twice"), std::string::npos);
+  c.long_range = {{1}, {2}, 2};
+  EXPECT_NE(error_of(c).find("segments.long_range.heads: KV head 2"), std::string::npos);
+  c.long_range = {{}, {}, 2};
+  EXPECT_NE(error_of(c).find("segments.long_range.retrieve"), std::string::npos);
+  c.long_range = {{1}, {0}, 60};
+  EXPECT_NE(error_of(c).find("max_position_embeddings"), std::string::npos) << error_of(c);
+  c.long_range = {{1}, {0}, 2};
+  EXPECT_EQ(error_of(c), "");
+  ModelConfig hybrid = mc;
+  testing::make_hybrid(hybrid, "qwen3_5_text");
+  try {
+    c.validate(hybrid);
+    ADD_FAILURE() << "a hybrid must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("linear_attention"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tt::model
