@@ -358,7 +358,6 @@ template <class E>
 double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::SegmentPlan& plan, double loss_scale,
                      bool train, SegmentRunStats* stats,
                      const std::function<void(int, const Activations<E>&)>& on_forward) {
-  using Act = typename E::Act;
   using Acc = typename E::Acc;
   cfg.validate(model.config());
   TT_CHECK(plan.length == cfg.length, "segments: a plan of ", plan.length, "-token segments for segments.length ",
