@@ -8,6 +8,7 @@
 
 #include "base/check.h"
 #include "model/init.h"
+#include "model/sampler.h"
 
 namespace tt::model {
 
@@ -171,26 +172,69 @@ SplitMix64 stream_of(uint64_t seed, int64_t p, int s) {
   return r;
 }
 
+bool contains(const std::vector<int32_t>& v, int32_t x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+// One sample in flight: its draws and where its rows go.
+struct Live : SampleStream {
+  Live(const SamplingOptions& opt, int64_t prompt_index, int p_in_group, int s, int64_t gen_row_, Sample* out)
+      : SampleStream(opt, prompt_index, s, out), pg(p_in_group), gen_row(gen_row_) {}
+  int pg;                 // prompt index within the group
+  int64_t gen_row;        // first cache row of its generated tokens
+  int32_t slot = -1;      // recurrent models: its state slot
+};
+
+}  // namespace
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-bool contains(const std::vector<int32_t>& v, int32_t x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+void check_prompts(const ModelConfig& cfg, const std::vector<Prompt>& prompts, const SamplingOptions& opt,
+                   bool bounded_positions) {
+  const int64_t V = cfg.vocab_size;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Prompt& pr = prompts[i];
+    TT_CHECK(!pr.tokens.empty(), "prompt ", i + 1, " ('", pr.id, "'): no tokens");
+    for (int32_t t : pr.tokens)
+      TT_CHECK(t >= 0 && t < V, "prompt ", i + 1, " ('", pr.id, "'): token ", t, " outside vocab_size ", V);
+    if (bounded_positions) continue;
+    TT_CHECK((int64_t)pr.tokens.size() + opt.max_new_tokens <= cfg.max_position_embeddings, "prompt ", i + 1, " ('",
+             pr.id, "'): ", pr.tokens.size(), " tokens + --max-new-tokens ", opt.max_new_tokens,
+             " exceed model.max_position_embeddings ", cfg.max_position_embeddings);
+  }
+}
 
-// One sample in flight.
-struct Live {
-  int p, s;               // prompt (in the group), sample
-  int64_t gen_row;        // first cache row of its generated tokens
-  SplitMix64 rng;         // the host sampler's stream (top_p < 1)
-  uint64_t key;           // the backend sampler's key of its stream (top_p = 1)
-  Sample* out;
-  int32_t slot = -1;      // recurrent models: its state slot
-  bool done = false;
-  // The key of the draw of its next token.
-  uint64_t next_key() const { return SplitMix64{key + out->tokens.size()}.next(); }
-};
+SampleStream::SampleStream(const SamplingOptions& opt, int64_t p_, int s_, Sample* out_)
+    : p(p_), s(s_), rng(stream_of(opt.seed, p_, s_)), key(stream_of(opt.seed ^ 0x5bd1e995ull, p_, s_).next()),
+      out(out_) {}
 
-}  // namespace
+InferRequest draw_request(std::vector<int32_t> rows, const std::vector<SampleStream*>& who, const SamplingOptions& opt,
+                          bool on_backend) {
+  InferRequest r;
+  r.loss = false;
+  r.rows = InferRequest::Rows::kList;
+  r.list = std::move(rows);
+  r.sample = on_backend;
+  r.temperature = opt.temperature;
+  if (on_backend)
+    for (const SampleStream* x : who) r.keys.push_back(x->next_key());
+  return r;
+}
+
+void take_draw(SampleStream& x, const InferResult& res, int r, int V, const SamplingOptions& opt, bool on_backend) {
+  Draw d;
+  if (on_backend) {
+    d = Draw{res.tokens[r], res.logprobs[r]};
+  } else {
+    d = sample_token(res.logits.data() + (size_t)r * V, V, opt.temperature, opt.top_p, x.rng.uniform());
+  }
+  x.out->tokens.push_back(d.token);
+  x.out->logprobs.push_back(d.logprob);
+  if (contains(opt.stop, d.token)) x.out->finish = "stop";
+  else if (contains(opt.eos, d.token)) x.out->finish = "eos";
+  else if ((int)x.out->tokens.size() == opt.max_new_tokens) x.out->finish = "length";
+  x.done = !x.out->finish.empty();
+}
 
 template <class E>
 std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& prompts, const SamplingOptions& opt,
@@ -199,15 +243,7 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
   GenerateStats st;
   const ModelConfig& cfg = model.config();
   const int V = (int)cfg.vocab_size, K = opt.num_samples, L = model.architecture().num_layers();
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const Prompt& pr = prompts[i];
-    TT_CHECK(!pr.tokens.empty(), "prompt ", i + 1, " ('", pr.id, "'): no tokens");
-    for (int32_t t : pr.tokens)
-      TT_CHECK(t >= 0 && t < V, "prompt ", i + 1, " ('", pr.id, "'): token ", t, " outside vocab_size ", V);
-    TT_CHECK((int64_t)pr.tokens.size() + opt.max_new_tokens <= cfg.max_position_embeddings, "prompt ", i + 1, " ('",
-             pr.id, "'): ", pr.tokens.size(), " tokens + --max-new-tokens ", opt.max_new_tokens,
-             " exceed model.max_position_embeddings ", cfg.max_position_embeddings);
-  }
+  check_prompts(cfg, prompts, opt);
   auto rows_of = [&](const Prompt& p) { return (int64_t)p.tokens.size() + (int64_t)K * opt.max_new_tokens; };
   // Groups of consecutive prompts within max_batch_tokens cache rows (a larger prompt goes alone).
   std::vector<std::pair<size_t, size_t>> groups;
@@ -257,31 +293,19 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
       out[i].id = prompts[i].id;
       out[i].samples.resize(K);
       for (int s = 0; s < K; ++s) {
-        Live x{(int)(i - g0), s, cache.reserve(opt.max_new_tokens), stream_of(opt.seed, (int64_t)i, s), 0,
-               &out[i].samples[s]};
-        x.key = stream_of(opt.seed ^ 0x5bd1e995ull, (int64_t)i, s).next();
-        if (cache.recurrent()) x.slot = (int32_t)cache.reserve_slots(1);
-        live.push_back(x);
+        live.emplace_back(opt, (int64_t)i, (int)(i - g0), s, cache.reserve(opt.max_new_tokens), &out[i].samples[s]);
+        if (cache.recurrent()) live.back().slot = (int32_t)cache.reserve_slots(1);
       }
     }
-    const bool on_backend = opt.top_p == 1;  // the backend draws; else the host (nucleus)
-    // The request for rows `rows` of a forward: draws with the samples' keys, or logits.
+    const bool on_backend = draws_on_backend(opt, false);  // the backend draws; else the host (nucleus)
     auto request = [&](std::vector<int32_t> rows, const std::vector<Live*>& who) {
-      InferRequest r;
-      r.loss = false;
-      r.rows = InferRequest::Rows::kList;
-      r.list = std::move(rows);
-      r.sample = on_backend;
-      r.temperature = opt.temperature;
-      if (on_backend)
-        for (const Live* x : who) r.keys.push_back(x->next_key());
-      return r;
+      return draw_request(std::move(rows), std::vector<SampleStream*>(who.begin(), who.end()), opt, on_backend);
     };
     // The prefill draws every sample's first token: prompt p's last row once per sample.
     std::vector<int32_t> first_rows;
     std::vector<Live*> everyone;
     for (Live& x : live) {
-      first_rows.push_back(last[x.p]);
+      first_rows.push_back(last[x.pg]);
       everyone.push_back(&x);
     }
     const CacheWrite<E> pre_write = cache.write(rows, prompt_slot);
@@ -291,21 +315,7 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
     st.prefill_rows += pre.n_tokens;
     ++st.forwards;
 
-    // Appends row r's draw to a sample and says whether it goes on.
-    auto take = [&](Live& x, const InferResult& res, int r) {
-      Draw d;
-      if (on_backend) {
-        d = Draw{res.tokens[r], res.logprobs[r]};
-      } else {
-        d = sample_token(res.logits.data() + (size_t)r * V, V, opt.temperature, opt.top_p, x.rng.uniform());
-      }
-      x.out->tokens.push_back(d.token);
-      x.out->logprobs.push_back(d.logprob);
-      if (contains(opt.stop, d.token)) x.out->finish = "stop";
-      else if (contains(opt.eos, d.token)) x.out->finish = "eos";
-      else if ((int)x.out->tokens.size() == opt.max_new_tokens) x.out->finish = "length";
-      x.done = !x.out->finish.empty();
-    };
+    auto take = [&](Live& x, const InferResult& res, int r) { take_draw(x, res, r, V, opt, on_backend); };
     for (size_t r = 0; r < live.size(); ++r) take(live[r], first, (int)r);
 
     // Decode: one row per live sample, reading its prompt's span and its own generated rows.
@@ -323,7 +333,7 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
       for (int r = 0; r < B; ++r) {
         const Live& x = *act[r];
         const int j = (int)x.out->tokens.size();  // the row computes token j's K/V and the next logits
-        const int plen = (int)prompts[g0 + x.p].tokens.size();
+        const int plen = (int)prompts[g0 + x.pg].tokens.size();
         step.tokens.push_back(x.out->tokens.back());
         step.pos.push_back(plen + j - 1);
         step.subtree_end.push_back(r + 1);
@@ -337,8 +347,8 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
       // The prompt span is visible to that prompt's rows (consecutive: live is prompt-major).
       for (int r = 0; r < B;) {
         int e = r;
-        while (e < B && act[e]->p == act[r]->p) ++e;
-        cache.read(carry, span[act[r]->p], (int)prompts[g0 + act[r]->p].tokens.size(), r, e);
+        while (e < B && act[e]->pg == act[r]->pg) ++e;
+        cache.read(carry, span[act[r]->pg], (int)prompts[g0 + act[r]->pg].tokens.size(), r, e);
         r = e;
       }
       for (int r = 0; r < B; ++r) cache.read(carry, act[r]->gen_row, (int)act[r]->out->tokens.size() - 1, r, r + 1);
@@ -346,7 +356,7 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
       std::vector<int32_t> slot_in, slot_out;
       if (cache.recurrent()) {
         for (const Live* x : act) {
-          slot_in.push_back(x->out->tokens.size() == 1 ? prompt_slot[x->p] : x->slot);
+          slot_in.push_back(x->out->tokens.size() == 1 ? prompt_slot[x->pg] : x->slot);
           slot_out.push_back(x->slot);
         }
         cache.read_state(carry, slot_in);

@@ -56,6 +56,9 @@ class KVCache {
   void clear() { used_ = slots_used_ = 0; }
   // Gives back every row from `rows` on (rows <= used()).
   void truncate(int64_t rows);
+  // Layer l's K and V rows ((capacity, row elems) on the backend; null where the layer keeps none).
+  const typename E::Act* k(int layer) const { return reinterpret_cast<const typename E::Act*>(k_[layer].data()); }
+  const typename E::Act* v(int layer) const { return reinterpret_cast<const typename E::Act*>(v_[layer].data()); }
   // Adds to every layer of `carry` the span [begin, begin + len) as a prefix visible to queries
   // [q_begin, q_end) (no gradient).
   void read(Carry<E>& carry, int64_t begin, int len, int q_begin, int q_end) const;

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "base/check.h"
+#include "model/sampler.h"
 
 namespace tt::model {
 
@@ -270,36 +271,40 @@ std::vector<int32_t> SegmentReads<E>::retrieved_rows(int layer) const {
 // ---- The pool ----
 
 template <class E>
-void PoolChunk<E>::assign(Decoder<E>& model, const SegmentConfig& cfg, const Carry<E>& rows,
+void PoolChunk<E>::assign(Decoder<E>& model, const SegmentConfig& cfg, const std::vector<const typename E::Act*>& k,
+                          const std::vector<const typename E::Act*>& v, const std::vector<int32_t>& rows,
                           const std::vector<int32_t>& pos) {
   using Act = typename E::Act;
   E& e = model.exec();
   const ModelConfig& mc = model.config();
   const int L = model.architecture().num_layers(), N = (int)pos.size();
   const int NKV = (int)mc.num_key_value_heads, HS = (int)mc.head_dim;
+  TT_CHECK(rows.size() == pos.size(), "segments: ", rows.size(), " pool rows with ", pos.size(), " positions");
   rows_ = N;
   k_.resize(L);
   v_.resize(L);
   row_elems_.assign(L, 0);
-  typename E::Buffer d_pos;
+  typename E::Buffer d_pos, d_rows;
   e.ensure(d_pos, sizeof(int32_t) * std::max(N, 1));
+  e.ensure(d_rows, sizeof(int32_t) * std::max(N, 1));
   e.upload(d_pos.data(), pos.data(), sizeof(int32_t) * N);
+  e.upload(d_rows.data(), rows.data(), sizeof(int32_t) * N);
   typename E::Rope r = e.make_rope(reinterpret_cast<const int32_t*>(d_pos.data()), N, HS, mc.rope_theta, nullptr);
   if constexpr (E::kHybridOps) r.rotary_dim = mc.rotary_dim() == mc.head_dim ? 0 : mc.rotary_dim();
   for (int l = 0; l < L; ++l) {
     if (!cfg.long_layer(l) || model.carry_row_elems(l) == 0) continue;
-    TT_CHECK(rows[l].kv.size() == 1 && rows[l].kv[0].len == N, "segments: the pool takes one entry of ", N,
-             " rows per layer");
+    TT_CHECK(k[l] && v[l], "segments: the pool has no rows of long-range layer ", l);
     row_elems_[l] = model.carry_row_elems(l);
     const int64_t n = (int64_t)N * row_elems_[l];
     e.ensure(k_[l], sizeof(Act) * std::max<int64_t>(n, 1));
     e.ensure(v_[l], sizeof(Act) * std::max<int64_t>(n, 1));
-    Act* k = reinterpret_cast<Act*>(k_[l].data());
-    e.copy(k, rows[l].kv[0].k, n);
-    e.copy(reinterpret_cast<Act*>(v_[l].data()), rows[l].kv[0].v, n);
-    e.rope_backward(k, r, N, NKV, HS);
+    Act* kk = reinterpret_cast<Act*>(k_[l].data());
+    const int32_t* dr = reinterpret_cast<const int32_t*>(d_rows.data());
+    e.gather_rows(kk, k[l], dr, N, (int)row_elems_[l]);
+    e.gather_rows(reinterpret_cast<Act*>(v_[l].data()), v[l], dr, N, (int)row_elems_[l]);
+    e.rope_backward(kk, r, N, NKV, HS);
   }
-  e.sync();  // d_pos is freed on return
+  e.sync();  // d_pos and d_rows are freed on return
 }
 
 template <class E>
@@ -457,7 +462,14 @@ double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::Se
     st.peak_live_tokens = std::max(st.peak_live_tokens, live_tokens);
     if (on_forward) on_forward(k, lp->acts);
     lp->rows = N > 0 ? model.export_carry(lp->acts) : Carry<E>(L);
-    if (cfg.retrieval() && N > 0) pool[k].assign(model, cfg, lp->rows, batch.pos);  // detached copies
+    if (cfg.retrieval() && N > 0) {  // detached copies of the rows
+      std::vector<const typename E::Act*> kb(L, nullptr), vb(L, nullptr);
+      for (int l = 0; l < L; ++l)
+        if (!lp->rows[l].kv.empty()) kb[l] = lp->rows[l].kv[0].k, vb[l] = lp->rows[l].kv[0].v;
+      std::vector<int32_t> all(N);
+      std::iota(all.begin(), all.end(), 0);
+      pool[k].assign(model, cfg, kb, vb, all, batch.pos);
+    }
     if (train) {
       // Columns 1..min(K, height): one accumulator of the rows' relayed gradients per depth d,
       // which the children's column d - 1 fill and column d reads.
@@ -521,13 +533,258 @@ std::vector<std::vector<double>> segmented_piece_logits(Decoder<E>& model, const
   return out;
 }
 
+// ---- Inference ----
+
+namespace {
+
+// One sequence's segments in inference: the open segment (the one its next row falls in), its
+// prefixes, its rows in the KV cache so far, the pool of its closed segments, and the query of
+// its last row (the end query once the segment closes). A prompt's state is copied into each of
+// its samples, which share its prefixes and pool chunks until they roll into segments of their own.
+template <class E>
+struct SeqSegments {
+  int64_t open = 0;
+  std::shared_ptr<SegmentReads<E>> reads;           // null for segment 0
+  std::vector<int32_t> rows;                        // cache rows of the open segment, in order
+  std::vector<std::shared_ptr<PoolChunk<E>>> pool;  // closed segments, oldest first (with retrieval)
+  std::shared_ptr<typename E::Buffer> last_q;       // [layer] (NH HS): the last row's queries
+};
+
+template <class E>
+class SegmentedInference {
+ public:
+  using Act = typename E::Act;
+  SegmentedInference(Decoder<E>& model, const SegmentConfig& cfg, const KVCache<E>& cache)
+      : model_(model), cfg_(cfg), cache_(cache), L_(model.architecture().num_layers()),
+        QD_(model.config().num_attention_heads * model.config().head_dim) {}
+
+  SeqSegments<E> start() {
+    SeqSegments<E> st;
+    st.last_q = std::make_shared<typename E::Buffer>();
+    model_.exec().ensure(*st.last_q, sizeof(Act) * (size_t)std::max<int64_t>(1, L_ * QD_));
+    return st;
+  }
+  // A copy whose last query is its own (the prefixes and pool chunks are shared, read-only).
+  SeqSegments<E> fork(const SeqSegments<E>& a) {
+    SeqSegments<E> b = a;
+    b.last_q = std::make_shared<typename E::Buffer>();
+    model_.exec().ensure(*b.last_q, sizeof(Act) * (size_t)std::max<int64_t>(1, L_ * QD_));
+    model_.exec().copy(q_of(b, 0), q_of(a, 0), L_ * QD_);
+    return b;
+  }
+  // Adds what row(s) [q_begin, q_end) of the open segment read: its prefixes and its earlier rows.
+  void read(const SeqSegments<E>& st, Carry<E>& carry, int q_begin, int q_end) const {
+    if (st.reads) st.reads->append_to(carry, q_begin, q_end);
+    for (size_t a = 0; a < st.rows.size();) {  // runs of consecutive cache rows
+      size_t b = a + 1;
+      while (b < st.rows.size() && st.rows[b] == st.rows[b - 1] + 1) ++b;
+      cache_.read(carry, st.rows[a], (int)(b - a), q_begin, q_end);
+      a = b;
+    }
+  }
+  // The batch's query rows land in q_buf (per layer (rows, NH HS)); the write for cache rows `rows`.
+  CacheWrite<E> write(const std::vector<int32_t>& rows) {
+    CacheWrite<E> w = cache_.write(rows);
+    if (cfg_.retrieval()) {
+      model_.exec().ensure(q_buf_, sizeof(Act) * (size_t)L_ * QD_ * std::max<size_t>(rows.size(), 1));
+      w.q.assign(L_, nullptr);
+      for (int l = 0; l < L_; ++l)
+        if (cfg_.long_layer(l)) w.q[l] = reinterpret_cast<Act*>(q_buf_.data()) + (int64_t)l * QD_ * rows.size();
+    }
+    return w;
+  }
+  // After a forward: batch row r (of n) at cache row `row` joins the open segment of st, and its
+  // queries become st's last; a full segment closes and the next one opens.
+  void append(SeqSegments<E>& st, int r, int n, int32_t row) {
+    st.rows.push_back(row);
+    if (cfg_.retrieval())
+      for (int l = 0; l < L_; ++l)
+        if (cfg_.long_layer(l))
+          model_.exec().copy(q_of(st, l), reinterpret_cast<const Act*>(q_buf_.data()) + ((int64_t)l * n + r) * QD_, QD_);
+    if ((int64_t)st.rows.size() == cfg_.length) roll(st);
+  }
+
+ private:
+  Act* q_of(const SeqSegments<E>& st, int l) const { return reinterpret_cast<Act*>(st.last_q->data()) + (int64_t)l * QD_; }
+
+  void roll(SeqSegments<E>& st) {
+    const int64_t i = st.open, S = cfg_.length;
+    std::vector<const Act*> k(L_, nullptr), v(L_, nullptr), q(L_, nullptr);
+    for (int l = 0; l < L_; ++l)
+      if (model_.carry_row_elems(l) > 0) k[l] = cache_.k(l), v[l] = cache_.v(l), q[l] = q_of(st, l);
+    if (cfg_.retrieval()) {
+      std::vector<int32_t> pos(S);
+      for (int64_t j = 0; j < S; ++j) pos[j] = (int32_t)cfg_.position(i * S + j);
+      auto chunk = std::make_shared<PoolChunk<E>>();
+      chunk->assign(model_, cfg_, k, v, st.rows, pos);
+      st.pool.push_back(chunk);
+    }
+    SegmentHistory<E> h;
+    h.segment = i + 1;
+    h.k = k;
+    h.v = v;
+    h.tail_rows = st.rows;
+    for (const auto& c : st.pool) h.pool.push_back(c->span(0, c->rows()));
+    h.q = q;
+    h.q_pos = (int32_t)cfg_.position((i + 1) * S - 1);
+    st.reads = std::make_shared<SegmentReads<E>>(model_, cfg_);
+    st.reads->build(h, false);
+    st.open = i + 1;
+    st.rows.clear();
+  }
+
+  Decoder<E>& model_;
+  const SegmentConfig& cfg_;
+  const KVCache<E>& cache_;
+  int L_;
+  int64_t QD_;
+  typename E::Buffer q_buf_;
+};
+
+// One node of `tokens` at depths [d0, d0 + n) as a batch (positions of the segment).
+data::PackedBatch segment_rows(const SegmentConfig& cfg, const int32_t* tokens, int n, int64_t d0) {
+  data::PackedBatch b;
+  b.n_tokens = n;
+  b.tokens.assign(tokens, tokens + n);
+  for (int j = 0; j < n; ++j) {
+    b.pos.push_back((int32_t)cfg.position(d0 + j));
+    b.subtree_end.push_back(n);
+  }
+  b.node_start = {0};
+  b.node_len = {n};
+  b.node_parent = {-1};
+  b.tree_start = {0, n};
+  return b;
+}
+
+}  // namespace
+
+template <class E>
+std::vector<Completion> generate_segmented(Decoder<E>& model, const SegmentConfig& cfg,
+                                           const std::vector<Prompt>& prompts, const SamplingOptions& opt,
+                                           GenerateStats* stats, std::vector<std::vector<double>>* logits_out) {
+  opt.validate();
+  cfg.validate(model.config());
+  TT_CHECK(cfg.enabled(), "generate_segmented: segments are off (segments.length 0)");
+  check_prompts(model.config(), prompts, opt, /*bounded_positions=*/true);
+  const int V = (int)model.config().vocab_size, K = opt.num_samples;
+  const int64_t S = cfg.length;
+  const bool on_backend = draws_on_backend(opt, logits_out != nullptr);
+  GenerateStats st;
+  std::vector<Completion> out(prompts.size());
+  if (logits_out) logits_out->clear();
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    const std::vector<int32_t>& tok = prompts[p].tokens;
+    const int64_t plen = (int64_t)tok.size();
+    KVCache<E> cache(model, plen + (int64_t)K * opt.max_new_tokens);
+    SegmentedInference<E> seg(model, cfg, cache);
+    const int64_t prompt_rows = cache.reserve(plen);
+    out[p].id = prompts[p].id;
+    out[p].samples.resize(K);
+    std::vector<SampleStream> streams;
+    std::vector<int64_t> gen_row;
+    for (int s = 0; s < K; ++s) {
+      streams.emplace_back(opt, (int64_t)p, s, &out[p].samples[s]);
+      gen_row.push_back(cache.reserve(opt.max_new_tokens));
+    }
+    const bool capture = logits_out && p == 0;
+    // Prefill, segment by segment through the same prefixes as training.
+    SeqSegments<E> prompt = seg.start();
+    InferResult last;
+    const double t_pre = now_s();
+    for (int64_t d0 = 0; d0 < plen; d0 += S) {
+      const int n = (int)std::min<int64_t>(S, plen - d0);
+      const data::PackedBatch b = segment_rows(cfg, tok.data() + d0, n, d0);
+      Carry<E> carry(model.architecture().num_layers());
+      seg.read(prompt, carry, 0, n);
+      std::vector<int32_t> rows(n);
+      for (int j = 0; j < n; ++j) rows[j] = (int32_t)(prompt_rows + d0 + j);
+      const CacheWrite<E> w = seg.write(rows);
+      const bool final = d0 + n == plen;
+      std::vector<int32_t> want;
+      if (capture) {
+        for (int j = 0; j < n; ++j) want.push_back(j);
+      } else if (final) {
+        want.assign(K, n - 1);  // every sample's first draw
+      }
+      std::vector<SampleStream*> who;
+      for (SampleStream& x : streams) who.push_back(&x);
+      InferRequest req = draw_request(want, final && on_backend ? who : std::vector<SampleStream*>{}, opt,
+                                      final && on_backend);
+      if (want.empty()) req.rows = InferRequest::Rows::kNone;
+      const InferResult res = model.infer(b, req, &carry, &w);
+      ++st.forwards;
+      st.prefill_rows += n;
+      if (capture)
+        for (int j = 0; j < n; ++j) logits_out->emplace_back(res.logits.begin() + (size_t)j * V, res.logits.begin() + (size_t)(j + 1) * V);
+      for (int j = 0; j < n; ++j) seg.append(prompt, j, n, rows[j]);
+      if (final) last = res;
+    }
+    st.prefill_s += now_s() - t_pre;
+    std::vector<SeqSegments<E>> state;
+    for (int s = 0; s < K; ++s) {
+      state.push_back(seg.fork(prompt));
+      take_draw(streams[s], last, capture ? (int)(plen - 1 - (plen - 1) / S * S) : s, V, opt, on_backend);
+    }
+    // Decode: one row per live sample, each in its own open segment.
+    const double t_dec = now_s();
+    while (true) {
+      std::vector<int> act;
+      for (int s = 0; s < K; ++s)
+        if (!streams[s].done) act.push_back(s);
+      if (act.empty()) break;
+      const int B = (int)act.size();
+      data::PackedBatch step;
+      step.n_tokens = B;
+      Carry<E> carry(model.architecture().num_layers());
+      std::vector<int32_t> rows;
+      std::vector<SampleStream*> who;
+      for (int r = 0; r < B; ++r) {
+        const SampleStream& x = streams[act[r]];
+        const int64_t j = (int64_t)x.out->tokens.size();  // the row computes token j - 1's K/V
+        const int64_t depth = plen + j - 1;
+        step.tokens.push_back(x.out->tokens.back());
+        step.pos.push_back((int32_t)cfg.position(depth));
+        step.subtree_end.push_back(r + 1);
+        step.node_start.push_back(r);
+        step.node_len.push_back(1);
+        step.node_parent.push_back(-1);
+        step.tree_start.push_back(r);
+        rows.push_back((int32_t)(gen_row[act[r]] + j - 1));
+        seg.read(state[act[r]], carry, r, r + 1);
+        who.push_back(&streams[act[r]]);
+      }
+      step.tree_start.push_back(B);
+      const CacheWrite<E> w = seg.write(rows);
+      std::vector<int32_t> all(B);
+      std::iota(all.begin(), all.end(), 0);
+      const InferResult res = model.infer(step, draw_request(all, who, opt, on_backend), &carry, &w);
+      ++st.forwards;
+      ++st.decode_steps;
+      st.decode_rows += B;
+      for (int r = 0; r < B; ++r) {
+        if (capture && act[r] == 0)
+          logits_out->emplace_back(res.logits.begin() + (size_t)r * V, res.logits.begin() + (size_t)(r + 1) * V);
+        seg.append(state[act[r]], r, B, rows[r]);
+        take_draw(streams[act[r]], res, r, V, opt, on_backend);
+      }
+    }
+    st.decode_s += now_s() - t_dec;
+  }
+  if (stats) *stats = st;
+  return out;
+}
+
 #define TT_SEGMENTS_INSTANTIATE(E)                                                                                 \
   template class SegmentReads<E>;                                                                                  \
   template class PoolChunk<E>;                                                                                     \
   template double forward_backward_segmented<E>(Decoder<E>&, const SegmentConfig&, const data::SegmentPlan&,      \
                                                 double, SegmentRunStats*);                                         \
   template std::vector<std::vector<double>> segmented_piece_logits<E>(Decoder<E>&, const SegmentConfig&,           \
-                                                                      const data::SegmentPlan&);
+                                                                      const data::SegmentPlan&);                  \
+  template std::vector<Completion> generate_segmented<E>(Decoder<E>&, const SegmentConfig&,                        \
+                                                         const std::vector<Prompt>&, const SamplingOptions&,       \
+                                                         GenerateStats*, std::vector<std::vector<double>>*);
 TT_SEGMENTS_INSTANTIATE(CpuExec<float>)
 TT_SEGMENTS_INSTANTIATE(CpuExec<double>)
 #undef TT_SEGMENTS_INSTANTIATE

@@ -99,8 +99,10 @@ struct PoolSpan {
 template <class E>
 class PoolChunk {
  public:
-  // rows[l].kv[0] holds layer l's N rows (after RoPE at pos (N), host).
-  void assign(Decoder<E>& model, const SegmentConfig& cfg, const Carry<E>& rows, const std::vector<int32_t>& pos);
+  // Rows rows[j] of layer l's k[l], v[l] (after RoPE at pos[j]; rows and pos host).
+  void assign(Decoder<E>& model, const SegmentConfig& cfg, const std::vector<const typename E::Act*>& k,
+              const std::vector<const typename E::Act*>& v, const std::vector<int32_t>& rows,
+              const std::vector<int32_t>& pos);
   // Rows [begin, end) as a span of the pool.
   PoolSpan<E> span(int begin, int end) const;
   int rows() const { return rows_; }
