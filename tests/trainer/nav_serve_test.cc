@@ -122,6 +122,24 @@ std::string frame_b64() {
   return json::parse(slurp(dir / "o")).at("image").get<std::string>();
 }
 
+// The GPU recipe (configs/vla_quickstart_gpu.yaml, device: cuda) loads and trains as shipped;
+// here on the CPU for two steps of a small budget, and without a GPU `device: cuda` as written is
+// the clear error, never a silent fall-back to the CPU.
+TEST(NavServe, GpuRecipeLoadsAndTrains) {
+  const fs::path dir = fresh_dir("nav_gpu_recipe");
+  const std::string data = (dir / "episodes.jsonl").string();
+  ASSERT_EQ(sh("trainer/treetrain generate --kind nav-episodes --out " + data + " --num-episodes 4 --seed 5 2>/dev/null"), 0);
+  const std::string common = "trainer/treetrain --config configs/vla_quickstart_gpu.yaml --set run_dir=" +
+                             (dir / "run").string() + " --set data.path=" + data + " --set train.max_steps=2";
+  EXPECT_EQ(sh(common + " --set device=cpu --set data.max_tokens_per_batch=1024 2>/dev/null"), 0);
+  EXPECT_TRUE(fs::exists(dir / "run" / "metrics.jsonl"));
+  if (sh("nvidia-smi -L >/dev/null 2>&1") != 0) {
+    const std::string log = (dir / "cuda.log").string();
+    EXPECT_NE(sh(common + " --set run_dir=" + (dir / "run_cuda").string() + " 2>" + log), 0);
+    EXPECT_NE(slurp(log).find("cuda"), std::string::npos) << slurp(log);
+  }
+}
+
 TEST(NavServe, EvalReportsTheModelAndBothBaselines) {
   const fs::path dir = fresh_dir("nav_eval");
   ASSERT_EQ(sh("trainer/treetrain eval --env nav --checkpoint " + trained_run().string() +
