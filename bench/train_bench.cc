@@ -108,27 +108,12 @@ std::vector<data::Tree> read_workload(const data::SyntheticSpec& spec) {
   return trees;
 }
 
-// Path k of t as a one-node tree with the path's own weights: packed, exactly the per-path
-// packing of that path.
-data::Tree path_tree(const data::Tree& t, int64_t k) {
-  data::Tree p;
-  p.id = str(t.id, "/path", k);
-  data::Node n;
-  n.parent = -1;
-  n.tokens = t.path_tokens(k);
-  n.target_weight = t.paths[k].target_weight;
-  for (double w : n.target_weight) n.target_count.push_back(w != 0 ? 1 : 0);
-  p.paths.push_back(data::Path{0, n.target_weight});
-  p.nodes.push_back(std::move(n));
-  return p;
-}
-
 // Every path of the trees as its own sequence, packed greedily (in path order) into
 // micro-batches of at most `budget` tokens.
 std::vector<data::PackedBatch> per_path_batches(const std::vector<data::Tree>& trees, int64_t budget) {
   std::vector<data::Tree> paths;
   for (const data::Tree& t : trees)
-    for (int64_t k = 0; k < t.n_paths(); ++k) paths.push_back(path_tree(t, k));
+    for (int64_t k = 0; k < t.n_paths(); ++k) paths.push_back(data::path_tree(t, k));
   std::vector<data::PackedBatch> out;
   std::vector<const data::Tree*> group;
   int64_t tokens = 0;

@@ -208,7 +208,18 @@ Tree build_trie(const std::vector<Sequence>& seqs, const std::vector<int>& membe
 Format parse_format(const std::string& name, const std::string& context) {
   if (name == "rollouts") return Format::kRollouts;
   if (name == "tree") return Format::kTree;
-  throw Error(str(context, ": unknown data format '", name, "', expected \"rollouts\" or \"tree\""));
+  if (name == "tokens") return Format::kTokens;
+  throw Error(str(context, ": unknown data format '", name, "', expected \"rollouts\", \"tree\" or \"tokens\""));
+}
+
+Tree parse_tokens_line(const std::string& line, const std::string& where, int64_t vocab_size) {
+  const json rec = parse_object(line, where);
+  std::vector<Sequence> seq(1);
+  seq[0].tokens = parse_tokens(rec, "record", where, vocab_size);
+  seq[0].mask = parse_mask(rec, "record", where, seq[0].tokens.size());
+  seq[0].mask[0] = 0;  // nothing predicts the document's first token
+  seq[0].weight = parse_weight(rec, "record", where);
+  return build_trie(seq, {0}, parse_id(rec, where));
 }
 
 std::vector<Tree> parse_rollouts_trees(const std::string& line, const std::string& where, int64_t vocab_size) {
@@ -326,6 +337,8 @@ std::vector<Tree> read_trees(const std::string& path, Format format, int64_t voc
     const std::string where = str(path, ":", lineno);
     if (format == Format::kRollouts) {
       for (Tree& t : parse_rollouts_trees(line, where, vocab_size)) trees.push_back(std::move(t));
+    } else if (format == Format::kTokens) {
+      trees.push_back(parse_tokens_line(line, where, vocab_size));
     } else {
       trees.push_back(parse_tree_line(line, where, vocab_size));
     }

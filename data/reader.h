@@ -18,6 +18,10 @@
 //   root-to-leaf chain, in leaf index order; a node's weight (any finite number) multiplies the
 //   losses of that node's targets on every path through it; its loss_mask defaults to all ones
 //   (the root's first token is never a target).
+// tokens: {"id": ..., "tokens": [...], "loss_mask": [...], "weight": 1.0}
+//   One long document a line (segment-level training: model/segments.h): a one-path tree, its
+//   mask and weight as a rollouts sequence's. Its segments stay together in one micro-batch
+//   order (a document is never shuffled apart).
 // "id" is optional (a string or an integer; default "file:line"); unknown fields are ignored.
 //
 // Errors (bad JSON, missing or mistyped field, token outside [0, vocab_size), empty sequence or
@@ -35,9 +39,9 @@
 
 namespace tt::data {
 
-enum class Format { kRollouts, kTree };
+enum class Format { kRollouts, kTree, kTokens };
 
-// "rollouts" | "tree"; throws tt::Error naming `context` for anything else.
+// "rollouts" | "tree" | "tokens"; throws tt::Error naming `context` for anything else.
 Format parse_format(const std::string& name, const std::string& context);
 
 // One JSONL line to a tree. `where` is "file:line" for errors. vocab_size <= 0 skips the range
@@ -46,6 +50,7 @@ Format parse_format(const std::string& name, const std::string& context);
 Tree parse_rollouts_line(const std::string& line, const std::string& where, int64_t vocab_size);
 std::vector<Tree> parse_rollouts_trees(const std::string& line, const std::string& where, int64_t vocab_size);
 Tree parse_tree_line(const std::string& line, const std::string& where, int64_t vocab_size);
+Tree parse_tokens_line(const std::string& line, const std::string& where, int64_t vocab_size);
 
 // Every tree of a file, in file order (blank lines are skipped; a rollouts group whose sequences
 // start with different tokens gives several trees). A file without records is an error.

@@ -145,4 +145,22 @@ void Tree::validate_media(const std::string& t) const {
   }
 }
 
+Tree path_tree(const Tree& tree, int64_t k) {
+  TT_CHECK(k >= 0 && k < tree.n_paths(), "path_tree: path ", k, " of tree '", tree.id, "' with ", tree.n_paths(),
+           " paths");
+  TT_CHECK(tree.media.empty(), "path_tree: tree '", tree.id, "' has media");
+  const Path& p = tree.paths[k];
+  Tree out;
+  out.id = str(tree.id, "/path", k);
+  Node n;
+  n.tokens = tree.path_tokens(k);
+  n.target_weight = p.target_weight;
+  for (size_t j = 0; j < n.tokens.size(); ++j) n.target_count.push_back(j > 0 && p.is_target(j) ? 1 : 0);
+  out.nodes.push_back(std::move(n));
+  Path q = p;
+  q.end_node = 0;
+  out.paths.push_back(std::move(q));
+  return out;
+}
+
 }  // namespace tt::data

@@ -94,4 +94,8 @@ struct Tree {
   int64_t max_depth() const;       // tokens on the longest root-to-node chain: the largest position id + 1
 };
 
+// Path k of a tree as a tree of its own (one node), with that sequence's own weights and mask:
+// the per-path baseline of a run that executes trees as trees (segments, model/segments.h).
+Tree path_tree(const Tree& tree, int64_t k);
+
 }  // namespace tt::data

@@ -12,78 +12,6 @@
 
 namespace tt::model {
 
-// ---- Configuration ----
-
-void SegmentConfig::validate(const ModelConfig& m) const {
-  if (!enabled()) {
-    TT_CHECK(length == 0, "segments.length: ", length, ", expected >= 1 (or 0: segments off)");
-    return;
-  }
-  TT_CHECK(tail >= 0 && tail <= length, "segments.tail: ", tail, ", expected 0 <= tail <= segments.length (",
-           length, "): the tail is the previous segment's last rows");
-  TT_CHECK(tbptt >= 0, "segments.tbptt: ", tbptt, ", expected >= 0 (0: the carried tail is detached)");
-  TT_CHECK(long_range.retrieve >= 0, "segments.long_range.retrieve: ", long_range.retrieve, ", expected >= 0");
-  const int L = (int)m.num_hidden_layers, NKV = (int)m.num_key_value_heads;
-  const std::vector<LayerSpec> specs = m.layer_specs();
-  for (int l = 0; l < L; ++l)
-    TT_CHECK(specs[l].mixer == "full_attention", "segments: layer ", l, " is ", specs[l].mixer,
-             "; segments carry only attention K/V across segments so far (expected every layer_types entry "
-             "full_attention, or segments.length: 0)");
-  TT_CHECK(!m.vision.enabled(), "segments: a model with a vision tower (vision.num_hidden_layers ",
-           m.vision.num_hidden_layers, ") cannot run segments yet (expected segments.length: 0)");
-  std::vector<char> seen(std::max(L, 0), 0);
-  for (int l : long_range.layers) {
-    TT_CHECK(l >= 0 && l < L, "segments.long_range.layers: layer ", l, ", expected an index in [0, ", L, ")");
-    TT_CHECK(!seen[l], "segments.long_range.layers: layer ", l, " is listed twice");
-    seen[l] = 1;
-  }
-  TT_CHECK(NKV <= 64, "segments: head sets take at most 64 KV heads, the model has num_key_value_heads ", NKV);
-  std::vector<char> seen_h(std::max(NKV, 0), 0);
-  for (int h : long_range.heads) {
-    TT_CHECK(h >= 0 && h < NKV, "segments.long_range.heads: KV head ", h, ", expected an index in [0, ", NKV,
-             ") (num_key_value_heads)");
-    TT_CHECK(!seen_h[h], "segments.long_range.heads: KV head ", h, " is listed twice");
-    seen_h[h] = 1;
-  }
-  TT_CHECK(long_range.retrieve == 0 || (!long_range.layers.empty() && !long_range.heads.empty()),
-           "segments.long_range.retrieve: ", long_range.retrieve,
-           " pairs with no long-range layers or heads (expected both long_range.layers and long_range.heads, or "
-           "retrieve: 0)");
-  TT_CHECK(max_position() < m.max_position_embeddings, "segments: positions reach ", max_position(),
-           " (length + max(tail, long_range.retrieve) - 1), expected below model.max_position_embeddings ",
-           m.max_position_embeddings);
-}
-
-uint64_t SegmentConfig::long_heads() const {
-  uint64_t m = 0;
-  for (int h : long_range.heads) m |= uint64_t(1) << h;
-  return m;
-}
-
-uint64_t SegmentConfig::local_heads(int num_kv_heads) const {
-  const uint64_t all = num_kv_heads >= 64 ? ~uint64_t(0) : (uint64_t(1) << num_kv_heads) - 1;
-  return all & ~long_heads();
-}
-
-bool SegmentConfig::long_layer(int layer) const {
-  return std::find(long_range.layers.begin(), long_range.layers.end(), layer) != long_range.layers.end();
-}
-
-int64_t SegmentConfig::retrieved_rows(int64_t i) const {
-  return retrieval() ? std::min(long_range.retrieve, i * length) : 0;
-}
-
-int64_t SegmentConfig::shift(int64_t i) const { return std::max(tail_rows(i), retrieved_rows(i)); }
-
-int64_t SegmentConfig::position(int64_t depth) const {
-  const int64_t i = depth / length;
-  return shift(i) + depth - i * length;
-}
-
-int64_t SegmentConfig::max_position() const {
-  return length + std::max(tail, retrieval() ? long_range.retrieve : int64_t(0)) - 1;
-}
-
 // ---- The prefixes of one segment ----
 
 template <class E>
@@ -329,6 +257,25 @@ data::PackedBatch segment_batch(const SegmentConfig& cfg, const data::SegmentPla
   return b;
 }
 
+Work segment_work(const SegmentConfig& cfg, const data::SegmentPlan& plan, const ModelConfig& model) {
+  const int NKV = (int)model.num_key_value_heads, L = (int)model.num_hidden_layers;
+  const double local = (double)__builtin_popcountll(cfg.local_heads(NKV)) / NKV;
+  const double long_layers = L > 0 ? (double)cfg.long_range.layers.size() / L : 0.0;
+  Work w;
+  for (int k = 0; k < plan.pieces.num_pieces(); ++k) {
+    const data::PackedBatch b = segment_batch(cfg, plan, k);
+    Work piece = Work::of(b);
+    const int64_t i = plan.segment[k];
+    double pairs = 0;
+    for (int32_t p : b.pos) pairs += (double)(p - cfg.shift(i) + 1);  // in-segment ancestors and itself
+    pairs += (double)b.n_tokens * (local * (double)cfg.tail_rows(i) +
+                                   (1 - local) * long_layers * (double)cfg.retrieved_rows(i));
+    piece.visible_pairs = (int64_t)std::llround(pairs);
+    w += piece;
+  }
+  return w;
+}
+
 // ---- Training ----
 
 namespace {
@@ -372,7 +319,7 @@ double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::Se
   const int P = parts.num_pieces(), L = model.architecture().num_layers();
   const int NKV = (int)model.config().num_key_value_heads;
   // Depth of the gradient through the tails (none without a tail read by some head).
-  const int K = train && cfg.tail > 0 && cfg.local_heads(NKV) != 0 ? cfg.tbptt : 0;
+  const int K = train && cfg.tail > 0 && cfg.local_heads(NKV) != 0 ? (int)cfg.tbptt : 0;
   const int NH = (int)model.config().num_attention_heads, HS = (int)model.config().head_dim;
   std::vector<int64_t> row_elems(L);
   for (int l = 0; l < L; ++l) row_elems[l] = model.carry_row_elems(l);

@@ -51,39 +51,11 @@
 
 #include "data/partition.h"
 #include "model/config.h"
+#include "model/segment_config.h"
 #include "model/decoder.h"
 #include "model/generate.h"
 
 namespace tt::model {
-
-struct SegmentConfig {
-  int64_t length = 0;  // S, tokens per segment; 0: segments off
-  int64_t tail = 0;    // M, carried K/V rows per layer (local heads), <= length
-  int tbptt = 1;       // K, segment transitions a loss's gradient crosses (0: detached tail)
-  struct LongRange {
-    std::vector<int> layers;  // L_long: decoder layers whose long-range heads read retrieved pairs
-    std::vector<int> heads;   // long-range KV heads (any order, not necessarily contiguous)
-    int64_t retrieve = 0;     // R, pairs retrieved per segment
-  } long_range;
-
-  bool enabled() const { return length > 0; }
-  bool retrieval() const { return !long_range.layers.empty() && !long_range.heads.empty() && long_range.retrieve > 0; }
-  // Throws tt::Error naming the `segments.` key for a value the model cannot run: sizes, layer
-  // and head indices out of range or repeated, positions past max_position_embeddings, models
-  // whose layers carry other state (linear_attention) or a vision tower.
-  void validate(const ModelConfig& model) const;
-  uint64_t long_heads() const;                     // bit g: KV head g is long-range
-  uint64_t local_heads(int num_kv_heads) const;    // the others
-  bool long_layer(int layer) const;
-  // Segment i's carried tail rows, retrieved rows and position shift P_i.
-  int64_t tail_rows(int64_t i) const { return i > 0 ? tail : 0; }
-  int64_t retrieved_rows(int64_t i) const;
-  int64_t shift(int64_t i) const;
-  // The position of the token at depth d.
-  int64_t position(int64_t depth) const;
-  // The largest position any token gets: S + max(M, R) - 1.
-  int64_t max_position() const;
-};
 
 // The retrieval pool of a path, per long-range layer: K rows (without RoPE) and V rows of every
 // earlier segment, as spans of the chunks that hold them (a piece's or a closed segment's rows).
@@ -175,6 +147,12 @@ struct SegmentRunStats {
 // Piece k of `plan` as its batch: data::pack_piece with the segment's positions (cfg.position of
 // each token's depth).
 data::PackedBatch segment_batch(const SegmentConfig& cfg, const data::SegmentPlan& plan, int piece);
+
+// What the segments of a plan execute (the FLOP API's Work): their rows and head rows, and the
+// attention pairs each query sees, on average over heads and layers: its in-segment ancestors,
+// the tail for the local heads and the retrieved pairs for the long-range heads of the
+// long_range.layers (the paper's effective context S + a M + b (1 - a) R).
+Work segment_work(const SegmentConfig& cfg, const data::SegmentPlan& plan, const ModelConfig& model);
 
 // Training forward and backward of a tree under `cfg` (plan = data::plan_segments(tree, S)):
 // grads() += the gradient of loss_scale * L_K; returns loss_scale * sum of the targets' w ce.

@@ -16,6 +16,7 @@
 
 #include "data/packing.h"
 #include "data/partition.h"
+#include "model/segments.h"
 #include "data/tree.h"
 #include "model/config.h"
 #include "model/param_table.h"
@@ -62,6 +63,11 @@ class Backend {
   // tree's own batch: grads += d(loss)/d(params); returns loss_scale * sum w * ce.
   virtual double forward_backward_partitioned(const data::Tree& split, const data::Partition& plan,
                                               double loss_scale) = 0;
+  // The same for one tree run segment by segment (model/segments.h; plan: data::plan_segments):
+  // grads += the gradient of loss_scale * L_K (truncated BPTT); returns loss_scale * sum w * ce.
+  // The CPU backend only so far (a tt::Error on the GPU).
+  virtual double forward_backward_segmented(const data::SegmentPlan& plan, const model::SegmentConfig& cfg,
+                                            double loss_scale) = 0;
   virtual double grad_sum_squares() const = 0;  // over every gradient, fp64 accumulation
   // The unweighted NLL sum (sum_t cnt_t ce_t, model::Losses) of the forward_backward calls since
   // zero_grad(): divided by the step's flattened targets, the mean token NLL.

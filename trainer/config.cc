@@ -28,7 +28,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-using Ref = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<std::string>*>;
+using Ref = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<std::string>*,
+                         std::vector<int>*>;
 
 struct Field {
   std::string key;                        // "train.max_steps"
@@ -66,7 +67,7 @@ const std::vector<Field>& fields() {
       TT_FIELD("model.linear_conv_kernel_dim", model.linear_conv_kernel_dim),
       TT_FIELD("model.init_from", init_from, {}, true),
       TT_FIELD("data.path", data.path, {}, true),
-      TT_FIELD("data.format", data.format, {"rollouts", "tree", "episodes"}),
+      TT_FIELD("data.format", data.format, {"rollouts", "tree", "tokens", "episodes"}),
       TT_FIELD("data.packing", data.packing, {"tree", "per_path"}),
       TT_FIELD("data.max_tokens_per_batch", data.max_tokens_per_batch),
       TT_FIELD("data.shuffle", data.shuffle),
@@ -108,6 +109,12 @@ const std::vector<Field>& fields() {
       TT_FIELD("schedule.decay", schedule.decay, {"cosine", "linear", "constant"}),
       TT_FIELD("schedule.min_lr_ratio", schedule.min_lr_ratio),
       TT_FIELD("partition.capacity_tokens", partition.capacity_tokens),
+      TT_FIELD("segments.length", segments.length),
+      TT_FIELD("segments.tail", segments.tail),
+      TT_FIELD("segments.tbptt", segments.tbptt),
+      TT_FIELD("segments.long_range.layers", segments.long_range.layers),
+      TT_FIELD("segments.long_range.heads", segments.long_range.heads),
+      TT_FIELD("segments.long_range.retrieve", segments.long_range.retrieve),
       TT_FIELD("distributed.mode", distributed.mode, {"auto", "torchrun", "slurm", "off"}),
       TT_FIELD("distributed.comm", distributed.comm, {"auto", "cpu", "nccl"}),
       TT_FIELD("distributed.timeout_s", distributed.timeout_s),
@@ -122,8 +129,8 @@ const std::vector<Field>& fields() {
 const char* const kBetasKey = "optim.betas";
 // data.history: `full` or `{window: W}` (DataConfig::history_window).
 const char* const kHistoryKey = "data.history";
-const std::vector<std::string> kSections = {"model",    "vision",   "data",       "train",
-                                            "optim",    "schedule", "partition", "distributed"};
+const std::vector<std::string> kSections = {"model",    "vision",    "data",     "train",      "optim",
+                                            "schedule", "partition", "segments", "distributed"};
 
 const Field* find_field(const std::string& key) {
   for (const Field& f : fields())
@@ -137,21 +144,33 @@ std::string join(const std::vector<std::string>& v, const std::string& sep) {
   return out;
 }
 
-// The keys one level below `section` ("" for the top level), as written in YAML.
+// The keys one level below `section` ("" for the top level; "segments.long_range" for a
+// subsection), as written in YAML, in field order.
 std::vector<std::string> keys_of(const std::string& section) {
   std::vector<std::string> out;
+  auto add = [&](const std::string& k) {
+    if (std::find(out.begin(), out.end(), k) == out.end()) out.push_back(k);
+  };
   for (const Field& f : fields()) {
-    const size_t dot = f.key.find('.');
     if (section.empty()) {
-      if (dot == std::string::npos) out.push_back(f.key);
-    } else if (dot != std::string::npos && f.key.compare(0, dot, section) == 0 && dot == section.size()) {
-      out.push_back(f.key.substr(dot + 1));
-      if (f.key == "optim.beta2") out.push_back("betas");
-      if (f.key == "data.shuffle") out.push_back("history");
+      if (f.key.find('.') == std::string::npos) add(f.key);
+      continue;
     }
+    if (f.key.size() <= section.size() + 1 || f.key.compare(0, section.size() + 1, section + ".") != 0) continue;
+    const std::string rest = f.key.substr(section.size() + 1);
+    add(rest.substr(0, rest.find('.')));
+    if (f.key == "optim.beta2") add("betas");
+    if (f.key == "data.shuffle") add("history");
   }
   if (section.empty()) out.insert(out.end(), kSections.begin(), kSections.end());
   return out;
+}
+
+// Whether `key` names a subsection (a mapping of further keys: segments.long_range).
+bool is_subsection(const std::string& key) {
+  for (const Field& f : fields())
+    if (f.key.size() > key.size() + 1 && f.key.compare(0, key.size() + 1, key + ".") == 0) return true;
+  return false;
 }
 
 std::string where_of(const std::string& source, const YAML::Node& node) {
@@ -242,6 +261,11 @@ std::string format_value(const Ref& r) {
     std::string operator()(double* p) const { return format_double(*p); }
     std::string operator()(bool* p) const { return *p ? "true" : "false"; }
     std::string operator()(std::string* p) const { return *p; }
+    std::string operator()(std::vector<int>* p) const {
+      std::string out = "[";
+      for (size_t i = 0; i < p->size(); ++i) out += (i ? ", " : "") + std::to_string((*p)[i]);
+      return out + "]";
+    }
     std::string operator()(std::vector<std::string>* p) const {
       YAML::Emitter e;  // a flow list of double-quoted strings: read back verbatim
       e.SetSeqFormat(YAML::Flow);
@@ -269,6 +293,16 @@ void set_field(RunConfig& cfg, const Field& f, const YAML::Node& n, const Origin
     **p = parse_double(n, f.key, o.where);
   } else if (auto* p = std::get_if<bool*>(&r)) {
     **p = parse_bool(n, f.key, o.where);
+  } else if (auto* p = std::get_if<std::vector<int>*>(&r)) {
+    // A list of integers; null or [] is the empty list. Their range is the section's rule.
+    (*p)->clear();
+    if (n.IsNull()) return;
+    if (!n.IsSequence()) type_error(o.where, f.key, "a list of integers", n);
+    for (size_t k = 0; k < n.size(); ++k) {
+      const int64_t v = parse_int(n[k], str(f.key, "[", k, "]"), o.where);
+      if (v < INT32_MIN || v > INT32_MAX) throw Error(str(o.where, ": ", f.key, "[", k, "]: integer out of range"));
+      (*p)->push_back((int)v);
+    }
   } else if (auto* p = std::get_if<std::vector<std::string>*>(&r)) {
     // A list of strings; null or [] is the empty list. What the entries may be is the model's rule.
     (*p)->clear();
@@ -353,6 +387,10 @@ void parse_section(RunConfig& cfg, const std::string& section, const YAML::Node&
     if (std::find(allowed.begin(), allowed.end(), name) == allowed.end())
       throw Error(str(where, ": unknown key '", key, "' (expected one of: ", join(allowed, ", "), ")"));
     if (!seen.insert(name).second) throw Error(str(where, ": duplicate key '", key, "'"));
+    if (is_subsection(key)) {
+      parse_section(cfg, key, kv.second, source, base_dir, st);
+      continue;
+    }
     apply(cfg, key, kv.second, Origin{where_of(source, kv.second), base_dir}, st);
   }
   if (seen.count("betas") && (seen.count("beta1") || seen.count("beta2")))
@@ -491,7 +529,7 @@ void RunConfig::validate() const {
     throw Error(str(where("model." + e.key()), ": model.", e.detail()));
   }
   require(!data.path.empty(), "data.path", "set to a JSONL file", "''");
-  in_set("data.format", data.format, {"rollouts", "tree", "episodes"});
+  in_set("data.format", data.format, {"rollouts", "tree", "tokens", "episodes"});
   require(data.format != "episodes" || model.vision.enabled(), "data.format",
           "rollouts or tree without a vision section (episodes need vision.num_hidden_layers >= 1 and the tower's "
           "sizes)", "'episodes'");
@@ -547,6 +585,21 @@ void RunConfig::validate() const {
             "state and conv tail yet)",
             i(cap), "model.layer_types");
   }
+  try {
+    segments.validate(model);
+  } catch (const Error& e) {  // "segments.<key>: ..." names the key; place it where it was set
+    const std::string msg = e.what();
+    const std::string key = msg.substr(0, msg.find(':'));
+    throw Error(str(where(find_field(key) ? key : "segments.length"), ": ", msg));
+  }
+  if (segments.enabled()) {
+    const std::string len = i(segments.length);
+    require(cap == 0, "partition.capacity_tokens",
+            "0 with segments (segment pieces already bound a micro-batch: segments.length " + len + ")", i(cap),
+            "segments.length");
+    require(device != "cuda", "device", "cpu or auto with segments (segment-level execution runs on the cpu backend so "
+            "far)", "'cuda'", "segments.length");
+  }
   in_set("distributed.mode", distributed.mode, {"auto", "torchrun", "slurm", "off"});
   in_set("distributed.comm", distributed.comm, {"auto", "cpu", "nccl"});
   require(distributed.timeout_s > 0 && distributed.timeout_s <= kMaxTimeoutS, "distributed.timeout_s",
@@ -570,15 +623,19 @@ std::string RunConfig::to_yaml() const {
   RunConfig copy = *this;
   std::ostringstream out;
   out << "# treetrain resolved config\n";
-  std::string section;
+  std::vector<std::string> open;  // the (sub)sections of the previous key
   for (const Field& f : fields()) {
-    const size_t dot = f.key.find('.');
-    const std::string sec = dot == std::string::npos ? "" : f.key.substr(0, dot);
-    const std::string name = dot == std::string::npos ? f.key : f.key.substr(dot + 1);
-    if (sec != section) {
-      out << sec << ":\n";
-      section = sec;
+    std::vector<std::string> parts;
+    for (size_t a = 0, b; a <= f.key.size(); a = b + 1) {
+      b = f.key.find('.', a);
+      if (b == std::string::npos) b = f.key.size();
+      parts.push_back(f.key.substr(a, b - a));
     }
+    const std::vector<std::string> path(parts.begin(), parts.end() - 1);
+    size_t common = 0;
+    while (common < open.size() && common < path.size() && open[common] == path[common]) ++common;
+    for (size_t d = common; d < path.size(); ++d) out << std::string(2 * d, ' ') << path[d] << ":\n";
+    open = path;
     const Ref r = f.ref(copy);
     std::string v = format_value(r);
     if (std::holds_alternative<std::string*>(r)) {
@@ -586,7 +643,7 @@ std::string RunConfig::to_yaml() const {
       e << YAML::DoubleQuoted << v;
       v = e.c_str();
     }
-    out << (sec.empty() ? "" : "  ") << name << ": " << v << "\n";
+    out << std::string(2 * path.size(), ' ') << parts.back() << ": " << v << "\n";
     if (f.key == "data.shuffle")
       out << "  history: " << (data.history_window == 0 ? std::string("full") : str("{window: ", data.history_window, "}"))
           << "\n";

@@ -18,6 +18,8 @@
 //   optim:    lr, beta1, beta2 (or betas: [b1, b2]), eps, weight_decay
 //   schedule: warmup_steps (longer than train.max_steps: a warning), decay, min_lr_ratio
 //   partition: capacity_tokens (docs/PARTITIONING.md)
+//   segments: length, tail, tbptt, long_range: {layers, heads, retrieve} (segment-level
+//             execution, model/segments.h; off by default)
 //   distributed: mode, comm, timeout_s, collective_timeout_s (data parallelism, distributed/README.md)
 //
 // Paths:
@@ -38,6 +40,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/segment_config.h"
 
 namespace tt::trainer {
 
@@ -54,7 +57,8 @@ constexpr double kMaxTimeoutS = 1e7;
 
 struct DataConfig {
   std::string path;                     // JSONL file (relative paths: to the config file's folder)
-  std::string format = "rollouts";      // rollouts | tree | episodes (data/episodes.h: needs a vision section)
+  std::string format = "rollouts";      // rollouts | tree | tokens (one document a line) | episodes
+                                        // (data/episodes.h: needs a vision section)
   std::string packing = "tree";         // tree | per_path (the baseline)
   // Budget of one micro-batch. per_path: a tree over it spreads its paths over micro-batches of
   // one step (each path must fit); tree: a tree over it is an error unless partitioning is on.
@@ -141,6 +145,10 @@ struct RunConfig {
   OptimConfig optim;
   ScheduleConfig schedule;
   PartitionConfig partition;
+  // Segment-level execution (model/segments.h): paths longer than segments.length train segment by
+  // segment (carried tail, truncated BPTT, retrieval), data.max_tokens_per_batch then bounds a
+  // segment's piece, not a sequence; the CPU backend runs it so far.
+  model::SegmentConfig segments;
   DistributedConfig distributed;
 
   // Range and cross-field checks; throws tt::Error "<where>: <key> must be ... (got ...)", where

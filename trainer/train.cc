@@ -83,7 +83,12 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   prepare_run_dir(cfg_);
   // A communicator handed in (tests) says the world; else the launcher's environment does.
   const distributed::DistEnv env = comm ? distributed::DistEnv{} : distributed::read_env(cfg_.distributed.mode);
-  backend_ = make_backend(cfg_.device, cfg_.model, env.local_rank, env.local_world_size, cfg_.train.gemm_autotune,
+  std::string device = cfg_.device;
+  if (cfg_.segments.enabled() && device == "auto") {
+    spdlog::info("device: auto -> cpu (segments run on the cpu backend so far)");
+    device = "cpu";
+  }
+  backend_ = make_backend(device, cfg_.model, env.local_rank, env.local_world_size, cfg_.train.gemm_autotune,
                           cfg_.data.max_tokens_per_batch);
   connect(std::move(comm), env);
   spdlog::info("model: {} L={} C={} NH={} NKV={} HS={} I={} V={}: {} parameters on {}", cfg_.model.architecture,
@@ -154,11 +159,19 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
                    "alone, its paths spread over micro-batches of one step",
                    spread, trees.size(), cfg_.data.max_tokens_per_batch);
   }
+  if (cfg_.segments.enabled()) {
+    int64_t deeper = 0;
+    for (const data::Tree& t : trees) deeper += t.max_depth() > cfg_.segments.length;
+    spdlog::info("segments: {} of {} trees are deeper than segments.length {} and train segment by segment "
+                 "(tail {}, tbptt {}, {} long-range layers, retrieve {})",
+                 deeper, trees.size(), cfg_.segments.length, cfg_.segments.tail, cfg_.segments.tbptt,
+                 cfg_.segments.long_range.layers.size(), cfg_.segments.long_range.retrieve);
+  }
   loader_ = std::make_unique<data::BatchLoader>(std::move(trees), packing, cfg_.data.max_tokens_per_batch,
                                                 cfg_.train.seed, cfg_.data.shuffle,
-                                                packing == data::Packing::kPerPath ? data::Oversize::kSplitPaths
-                                                : capacity > 0                     ? data::Oversize::kAlone
-                                                                                   : data::Oversize::kError);
+                                                capacity > 0 || cfg_.segments.enabled() ? data::Oversize::kAlone
+                                                : packing == data::Packing::kPerPath    ? data::Oversize::kSplitPaths
+                                                                                        : data::Oversize::kError);
 
   // Model state: resume (from the newest valid checkpoint; rank 0 moves invalid ones aside), or
   // start fresh. Rank 0, the writer, first removes what killed writers left.
@@ -335,7 +348,7 @@ void Trainer::check_ranks_agree() {
   }
 }
 
-void Trainer::take_shard(std::vector<data::PackedBatch>* micro, std::vector<int64_t>* partition_tree,
+void Trainer::take_shard(std::vector<data::PackedBatch>* micro, std::vector<MicroRun>* runs,
                          StepMetrics* m) {
   const data::Packing packing = cfg_.data.packing == "per_path" ? data::Packing::kPerPath : data::Packing::kTree;
   const std::vector<data::Tree>& trees = loader_->trees();
@@ -360,32 +373,73 @@ void Trainer::take_shard(std::vector<data::PackedBatch>* micro, std::vector<int6
   for (const std::vector<int64_t>& group : distributed::pack_greedy(sizes, cfg_.data.max_tokens_per_batch)) {
     std::vector<int64_t> indices;
     for (int64_t g : group) indices.push_back(mine[g]);
-    append_micro(indices, micro, partition_tree);
+    append_micro(indices, micro, runs);
   }
 }
 
 void Trainer::append_micro(const std::vector<int64_t>& group, std::vector<data::PackedBatch>* micro,
-                           std::vector<int64_t>* partition_tree) {
+                           std::vector<MicroRun>* runs) {
   const data::Packing packing = cfg_.data.packing == "per_path" ? data::Packing::kPerPath : data::Packing::kTree;
   const std::vector<data::Tree>& trees = loader_->trees();
   const int64_t budget = cfg_.data.max_tokens_per_batch;
-  if (packing == data::Packing::kPerPath && group.size() == 1 && trees[group[0]].n_flat() > budget) {
+  std::vector<int64_t> whole;  // the trees that run as one batch
+  for (int64_t t : group) {
+    if (!cfg_.segments.enabled() || trees[t].max_depth() <= cfg_.segments.length) {
+      whole.push_back(t);
+      continue;
+    }
+    // Only its counts are read from this batch (the normaliser, n_tree, n_flat, paths).
+    data::PackedBatch counts;
+    counts.n_paths = trees[t].n_paths();
+    counts.n_flat = trees[t].n_flat();
+    counts.n_tree = packing == data::Packing::kTree ? trees[t].n_tree() : trees[t].n_flat();
+    counts.n_flat_targets = trees[t].n_flat_targets();
+    micro->push_back(std::move(counts));
+    runs->push_back(MicroRun{t, true});
+  }
+  if (whole.empty()) return;
+  if (packing == data::Packing::kPerPath && whole.size() == 1 && trees[whole[0]].n_flat() > budget) {
     // Its paths over several micro-batches of this step: the step's normaliser counts each once.
-    const data::Tree& tree = trees[group[0]];
+    const data::Tree& tree = trees[whole[0]];
     for (const auto& [first, end] : data::path_ranges(tree, budget)) {
       micro->push_back(data::pack_path_range(tree, first, end));
       load_frames(micro->back());
-      partition_tree->push_back(-1);
+      runs->push_back(MicroRun{});
     }
     return;
   }
   std::vector<const data::Tree*> batch;
-  for (int64_t t : group) batch.push_back(&trees[t]);
+  for (int64_t t : whole) batch.push_back(&trees[t]);
   micro->push_back(data::pack(batch, packing));
   load_frames(micro->back());
   const int64_t capacity = cfg_.partition.capacity_tokens;
-  const bool alone_and_large = capacity > 0 && group.size() == 1 && micro->back().n_tree > capacity;
-  partition_tree->push_back(alone_and_large ? group[0] : -1);
+  const bool alone_and_large = capacity > 0 && whole.size() == 1 && micro->back().n_tree > capacity;
+  runs->push_back(MicroRun{alone_and_large ? whole[0] : -1, false});
+}
+
+const Trainer::SegmentedTree& Trainer::segmented(int64_t index) {
+  auto it = segmented_.find(index);
+  if (it != segmented_.end()) return it->second;
+  const data::Tree& tree = loader_->trees()[index];
+  SegmentedTree s;
+  if (cfg_.data.packing == "per_path") {
+    for (int64_t k = 0; k < tree.n_paths(); ++k) s.plans.push_back(data::plan_segments(data::path_tree(tree, k), cfg_.segments.length));
+  } else {
+    s.plans.push_back(data::plan_segments(tree, cfg_.segments.length));
+  }
+  int pieces = 0;
+  for (const data::SegmentPlan& plan : s.plans) {
+    pieces += plan.pieces.num_pieces();
+    if (plan.pieces.max_piece_tokens > cfg_.data.max_tokens_per_batch)
+      throw Error(str("tree '", tree.id, "': a segment piece of ", plan.pieces.max_piece_tokens,
+                      " tokens exceeds data.max_tokens_per_batch ", cfg_.data.max_tokens_per_batch,
+                      " (with segments the budget bounds a piece: the branches of one segment; raise the budget or "
+                      "lower segments.length ", cfg_.segments.length, ")"));
+    s.work += model::segment_work(cfg_.segments, plan, cfg_.model);
+  }
+  spdlog::info("segments: tree '{}' ({} tokens, depth {}) -> {} segment pieces", tree.id, tree.n_tree(),
+               tree.max_depth(), pieces);
+  return segmented_.emplace(index, std::move(s)).first->second;
 }
 
 const Trainer::PartitionedTree& Trainer::partitioned(int64_t index) {
@@ -409,23 +463,24 @@ StepMetrics Trainer::train_step() {
   const double t0 = now_s();
   const int64_t n_micro = cfg_.train.grad_accum;
   std::vector<data::PackedBatch> micro;
-  std::vector<int64_t> partition_tree;  // (micro.size()) the tree to run partitioned, or -1
+  std::vector<MicroRun> runs;  // (micro.size()) how each runs
   StepMetrics m;
   m.step = step_ + 1;
   m.world_size = world_size();
   if (comm_) {
-    take_shard(&micro, &partition_tree, &m);
+    take_shard(&micro, &runs, &m);
   } else {
     micro.reserve(n_micro);
-    for (int64_t i = 0; i < n_micro; ++i) append_micro(loader_->next_indices(), &micro, &partition_tree);
+    for (int64_t i = 0; i < n_micro; ++i) append_micro(loader_->next_indices(), &micro, &runs);
   }
 
   double normaliser = 0, flat_targets = 0;
   model::Work work;
-  for (const data::PackedBatch& b : micro) {
+  for (size_t i = 0; i < micro.size(); ++i) {
+    const data::PackedBatch& b = micro[i];
     normaliser += cfg_.train.loss_norm == "token_mean" ? (double)b.n_flat_targets : (double)b.n_paths;
     flat_targets += (double)b.n_flat_targets;
-    work += model::Work::of(b);
+    work += runs[i].segments ? segmented(runs[i].tree).work : model::Work::of(b);
     m.n_tree += b.n_tree;
     m.n_flat += b.n_flat;
     m.paths += b.n_paths;
@@ -446,16 +501,21 @@ StepMetrics Trainer::train_step() {
   backend_->zero_grad();
   if (comm_) buckets_->begin(backend_->grads_data(), *comm_);
   for (size_t i = 0; i < micro.size(); ++i) {
-    if (partition_tree[i] < 0 && comm_ && i + 1 == micro.size()) {
+    if (runs[i].tree < 0 && comm_ && i + 1 == micro.size()) {
       // The step's last backward: each parameter's gradient is final once reported, and its
       // bucket's all-reduce starts while backward goes on (buckets.h).
       m.loss += backend_->forward_backward_notify(micro[i], 1.0 / normaliser, [&](int begin, int end) {
         for (int p = begin; p < end; ++p) buckets_->mark_ready(p);
       });
-    } else if (partition_tree[i] < 0) {
+    } else if (runs[i].tree < 0) {
       m.loss += backend_->forward_backward(micro[i], 1.0 / normaliser);
+    } else if (runs[i].segments) {
+      for (const data::SegmentPlan& plan : segmented(runs[i].tree).plans) {
+        m.loss += backend_->forward_backward_segmented(plan, cfg_.segments, 1.0 / normaliser);
+        m.pieces += plan.pieces.num_pieces();
+      }
     } else {
-      const PartitionedTree& p = partitioned(partition_tree[i]);
+      const PartitionedTree& p = partitioned(runs[i].tree);
       m.loss += backend_->forward_backward_partitioned(p.split, p.plan, 1.0 / normaliser);
       m.pieces += p.plan.num_pieces();
     }

@@ -14,6 +14,13 @@
 // gradients are those of the unpartitioned batch, so the normaliser and metrics are unchanged.
 // Micro-batches of several trees, or of one tree of at most C tokens, run unpartitioned.
 //
+// Segments (segments.length = S > 0, model/segments.h): a tree deeper than S tokens runs
+// segment by segment (Backend::forward_backward_segmented on data::plan_segments of the tree, or
+// under per_path packing of each of its paths), a micro-batch of its own; shallower trees pack
+// as usual (one segment is ordinary training). The loader emits trees over the budget alone;
+// every segment piece must fit data.max_tokens_per_batch. Metrics count what the segments
+// execute (model::segment_work).
+//
 // A run resumed from a checkpoint (train.resume) restores weights, AdamW moments, the step and
 // the loader position, so it computes exactly (bitwise) the losses of an uninterrupted run.
 // Metrics go to run_dir/metrics.jsonl, one JSON object per step, with throughput (tokens/s) and
@@ -55,6 +62,7 @@
 
 #include "data/loader.h"
 #include "data/partition.h"
+#include "model/segments.h"
 #include "data/tree.h"
 #include "distributed/buckets.h"
 #include "distributed/communicator.h"
@@ -90,7 +98,7 @@ struct StepMetrics {
   int64_t n_flat = 0;
   double por = 0;  // 1 - n_tree / n_flat
   int64_t paths = 0;
-  int64_t pieces = 0;    // partition pieces run this step (0: no micro-batch was partitioned)
+  int64_t pieces = 0;    // partition or segment pieces run this step (0: none)
   double elapsed_s = 0;  // since the trainer started
   double step_s = 0;     // wall time of the step (loader, forward/backward, norm, update)
   double model_tflops = 0;  // model FLOPs of the step per second, in TFLOP/s
@@ -150,18 +158,32 @@ class Trainer {
   };
   // The plan of loader tree `index`, made (and logged) on first use.
   const PartitionedTree& partitioned(int64_t index);
+  // A tree trained segment by segment: one plan (tree packing) or one per path (per_path), and
+  // the work they execute.
+  struct SegmentedTree {
+    std::vector<data::SegmentPlan> plans;
+    model::Work work;
+  };
+  // The plans of loader tree `index`, made and checked against the budget on first use.
+  const SegmentedTree& segmented(int64_t index);
+  // How a micro-batch runs: whole (tree -1), or loader tree `tree` partitioned or segmented.
+  struct MicroRun {
+    int64_t tree = -1;
+    bool segments = false;
+  };
   // Data parallelism: joins the job the environment describes (or takes `comm`) and checks that
   // every rank has the same config and start step.
   void connect(std::unique_ptr<distributed::Communicator> comm, const distributed::DistEnv& env);
   void check_ranks_agree();
   // This rank's micro-batches of the step (see the file comment) and the deal's imbalance.
-  void take_shard(std::vector<data::PackedBatch>* micro, std::vector<int64_t>* partition_tree, StepMetrics* m);
+  void take_shard(std::vector<data::PackedBatch>* micro, std::vector<MicroRun>* runs, StepMetrics* m);
   // Appends the micro-batches of one group of trees (a loader batch, or a rank's greedy group):
   // one packed batch; or, for a tree alone that exceeds the budget, its pieces to be run
-  // partitioned (tree packing, partition_tree = its index) or its paths spread over several
-  // micro-batches (per_path packing: data::path_ranges).
+  // partitioned (tree packing, runs: its index) or its paths spread over several micro-batches
+  // (per_path packing: data::path_ranges); with segments, each tree deeper than a segment its
+  // own micro-batch (runs: its index, segments), its batch there only for the step's counts.
   void append_micro(const std::vector<int64_t>& group, std::vector<data::PackedBatch>* micro,
-                    std::vector<int64_t>* partition_tree);
+                    std::vector<MicroRun>* runs);
   // GEMM autotuning (trainer/gemm_tuning.h): restores the table of run_dir (else of the
   // checkpoint `ckpt` resumed from); after a step, agrees the ranks' pending winners (this rank's:
   // pending; pending_anywhere: their count summed over ranks), adopts them and writes the table.
@@ -180,6 +202,7 @@ class Trainer {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<data::BatchLoader> loader_;
   std::unordered_map<int64_t, PartitionedTree> partitioned_;  // by tree index
+  std::unordered_map<int64_t, SegmentedTree> segmented_;      // by tree index
   std::unique_ptr<distributed::Communicator> comm_;  // null: one process
   std::unique_ptr<distributed::GradBuckets> buckets_;  // with comm_: the gradient buffer's buckets
   std::vector<double> tree_cost_;                     // (#trees) shard cost, -1 until first use

@@ -231,15 +231,32 @@ TEST(TreeFormat, RootMaskOnFirstTokenIsIgnored) {
   EXPECT_EQ(t.paths[0].target_weight, W({0, 1}));
 }
 
+// A `tokens` record: one long document, a one-path tree with the rollouts sequence's mask and
+// weight rules.
+TEST(TokensFormat, OneDocumentIsOnePathWithItsMaskAndWeight) {
+  const Tree t = parse_tokens_line(R"({"id": 7, "tokens": [3, 4, 5, 6], "loss_mask": [1, 0, 1, 1], "weight": -0.5})",
+                                   "f:1", 10);
+  EXPECT_EQ(t.id, "7");
+  ASSERT_EQ(t.nodes.size(), 1u);
+  EXPECT_EQ(t.nodes[0].tokens, V({3, 4, 5, 6}));
+  EXPECT_EQ(t.nodes[0].target_count, V({0, 0, 1, 1}));
+  EXPECT_EQ(t.nodes[0].target_weight, W({0, 0, -0.5, -0.5}));
+  ASSERT_EQ(t.n_paths(), 1);
+  const Tree d = parse_tokens_line(R"({"tokens": [1, 2, 3]})", "f:2", 10);
+  EXPECT_EQ(d.nodes[0].target_count, V({0, 1, 1}));
+  EXPECT_EQ(d.id, "f:2");
+}
+
 TEST(Format, ParsesNamesAndRejectsOthers) {
   EXPECT_EQ(parse_format("rollouts", "c"), Format::kRollouts);
   EXPECT_EQ(parse_format("tree", "c"), Format::kTree);
+  EXPECT_EQ(parse_format("tokens", "c"), Format::kTokens);
   try {
     parse_format("trees", "run.yaml: data.format");
     FAIL() << "expected tt::Error";
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()),
-              "run.yaml: data.format: unknown data format 'trees', expected \"rollouts\" or \"tree\"");
+              "run.yaml: data.format: unknown data format 'trees', expected \"rollouts\", \"tree\" or \"tokens\"");
   }
 }
 
@@ -312,6 +329,14 @@ const BadCase kBadCases[] = {
      "nodes[0].loss_mask has 1 entries, expected 2 (one per token)"},
     {"node_mask_value", Format::kTree, R"({"nodes": [{"parent": -1, "tokens": [1, 2], "loss_mask": [0, -1]}]})",
      "nodes[0].loss_mask[1] = -1, expected 0 or 1"},
+    {"document_without_tokens", Format::kTokens, R"({"id": "d", "text": "abc"})",
+     "record: missing field \"tokens\" (expected an array of token ids)"},
+    {"document_token_out_of_range", Format::kTokens, R"({"tokens": [1, 2, 11]})",
+     "record.tokens[2] = 11 is outside the vocabulary, expected a token id in [0, 10)"},
+    {"document_mask_length", Format::kTokens, R"({"tokens": [1, 2, 3], "loss_mask": [1]})",
+     "record.loss_mask has 1 entries, expected 3 (one per token)"},
+    {"document_weight", Format::kTokens, R"({"tokens": [1, 2], "weight": null})",
+     "record.weight: expected a number, got null"},
 };
 
 void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
@@ -321,7 +346,8 @@ class MalformedInput : public ::testing::TestWithParam<BadCase> {};
 TEST_P(MalformedInput, ErrorNamesFileLineFieldAndExpectation) {
   const BadCase& c = GetParam();
   const char* good = c.format == Format::kRollouts ? R"({"sequences": [{"tokens": [1, 2]}]})"
-                                                   : R"({"nodes": [{"parent": -1, "tokens": [1, 2]}]})";
+                     : c.format == Format::kTree   ? R"({"nodes": [{"parent": -1, "tokens": [1, 2]}]})"
+                                                   : R"({"tokens": [1, 2]})";
   const std::string path =
       testing::write_temp(std::string(c.name) + ".jsonl", std::string(good) + "\n\n" + c.line + "\n");
   try {

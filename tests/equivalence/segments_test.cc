@@ -42,22 +42,6 @@ model::ModelConfig config() {
   return c;
 }
 
-// Path k of a tree as a tree of its own, with that sequence's own weights and mask.
-data::Tree path_tree(const data::Tree& t, int64_t k) {
-  const data::Path& p = t.paths[k];
-  data::Tree out;
-  out.id = t.id + "/path" + std::to_string(k);
-  data::Node n;
-  n.tokens = t.path_tokens(k);
-  n.target_weight = p.target_weight;
-  for (size_t j = 0; j < n.tokens.size(); ++j) n.target_count.push_back(j > 0 && p.is_target(j) ? 1 : 0);
-  out.nodes.push_back(n);
-  data::Path q = p;
-  q.end_node = 0;
-  out.paths.push_back(q);
-  return out;
-}
-
 struct Result {
   double loss = 0;
   std::vector<double> grads, stepped;
@@ -118,7 +102,7 @@ TEST_P(SegmentedTrees, TreeEqualsEveryPathSegmentedInFp64) {
     const std::vector<data::Tree> trees = random_trees(c.shape, c.rollouts, 2, seed * 7919);
     std::vector<data::Tree> paths;
     for (const data::Tree& t : trees)
-      for (int64_t k = 0; k < t.n_paths(); ++k) paths.push_back(path_tree(t, k));
+      for (int64_t k = 0; k < t.n_paths(); ++k) paths.push_back(data::path_tree(t, k));
     model::Model<double> m(config());
     m.init(seed);
     const double scale = 1.0 / (double)paths.size();

@@ -210,7 +210,7 @@ std::vector<double> tbptt_reference(Model<double>& m, const SegmentConfig& cfg, 
   }
   m.zero_grad();
   for (int j = 0; j < P; ++j) {
-    const int first = std::max(0, j - cfg.tbptt);
+    const int first = std::max(0, j - (int)cfg.tbptt);
     const int n = j - first + 1;
     std::vector<Activations<E>> acts(n);
     std::vector<Carry<E>> own(n), chain_carry(n, Carry<E>(L));

@@ -338,6 +338,50 @@ TEST(ConfigTest, PartitionKeys) {
   EXPECT_EQ(parse_error(kMinimal, {"partition.capacity_tokens=0", "data.packing=per_path"}), "");
 }
 
+// segments: flat keys and the long_range subsection, in the file and through --set; the errors
+// of the section name the key and where it was set; the resolved config writes it back nested.
+TEST(ConfigTest, SegmentKeys) {
+  const RunConfig off = parse_config_text(kMinimal, "run.yaml", {});
+  EXPECT_FALSE(off.segments.enabled());
+  const std::string text =
+      "data:\n  path: x\nmodel:\n  num_attention_heads: 4\n  num_key_value_heads: 2\n  hidden_size: 64\n"
+      "segments:\n  length: 64\n  tail: 16\n  tbptt: 2\n  long_range:\n    layers: [1, 0]\n    heads: [1]\n"
+      "    retrieve: 32\n";
+  const RunConfig c = parse_config_text(text, "run.yaml", {});
+  EXPECT_EQ(c.segments.length, 64);
+  EXPECT_EQ(c.segments.tail, 16);
+  EXPECT_EQ(c.segments.tbptt, 2);
+  EXPECT_EQ(c.segments.long_range.layers, (std::vector<int>{1, 0}));
+  EXPECT_EQ(c.segments.long_range.heads, (std::vector<int>{1}));
+  EXPECT_EQ(c.segments.long_range.retrieve, 32);
+  EXPECT_NE(c.to_yaml().find("segments:\n  length: 64\n  tail: 16\n  tbptt: 2\n  long_range:\n    layers: [1, 0]\n"
+                             "    heads: [1]\n    retrieve: 32\n"),
+            std::string::npos)
+      << c.to_yaml();
+  const RunConfig back = parse_config_text(c.to_yaml(), "resolved.yaml", {});
+  EXPECT_EQ(back.to_yaml(), c.to_yaml());
+  const RunConfig set = parse_config_text(text, "run.yaml", {"segments.long_range.heads=[0, 1]", "segments.tail=0"});
+  EXPECT_EQ(set.segments.long_range.heads, (std::vector<int>{0, 1}));
+  EXPECT_EQ(set.segments.tail, 0);
+
+  EXPECT_EQ(parse_error(text + "    window: 3\n"),
+            "run.yaml:15: unknown key 'segments.long_range.window' (expected one of: layers, heads, retrieve)");
+  EXPECT_EQ(parse_error(text, {"segments.long_range.layers=[1, x]"}),
+            "--set segments.long_range.layers=[1, x]: segments.long_range.layers[1]: expected an integer, got 'x'");
+  EXPECT_EQ(parse_error(text, {"segments.tail=65"}),
+            "--set segments.tail=65: segments.tail: 65, expected 0 <= tail <= segments.length (64): the tail is the "
+            "previous segment's last rows");
+  EXPECT_EQ(parse_error(text, {"segments.long_range.heads=[2]"}),
+            "--set segments.long_range.heads=[2]: segments.long_range.heads: KV head 2, expected an index in [0, 2) "
+            "(num_key_value_heads)");
+  EXPECT_EQ(parse_error(text, {"device=cuda"}),
+            "--set device=cuda: device must be cpu or auto with segments (segment-level execution runs on the cpu "
+            "backend so far) (got 'cuda')");
+  EXPECT_EQ(parse_error(text, {"partition.capacity_tokens=64"}),
+            "--set partition.capacity_tokens=64: partition.capacity_tokens must be 0 with segments (segment pieces "
+            "already bound a micro-batch: segments.length 64) (got 64)");
+}
+
 void expect_same(const RunConfig& a, const RunConfig& b) {
   EXPECT_EQ(a.to_yaml(), b.to_yaml());
   EXPECT_EQ(a.model.to_hf_json(), b.model.to_hf_json());

@@ -1,0 +1,154 @@
+// Segment-level training through the trainer (segments config section, model/segments.h): a step
+// is the model's segment scheduler on the step's trees with the step's normaliser; tree and
+// per_path packing train alike; trees shallower than a segment train as usual; a resumed run
+// repeats the uninterrupted one bitwise; `tokens` documents train; a segment piece over the
+// budget is an error naming the tree.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "data/partition.h"
+#include "data/reader.h"
+#include "model/decoder.h"
+#include "model/segments.h"
+#include "tests/trainer/test_util.h"
+#include "tests/trainer/tiny_run.h"
+#include "trainer/train.h"
+
+namespace tt::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::error_of;
+
+// Four combs of 42 tokens, 30 deep; segments of 8 tokens with a 4-row tail, K = 1, retrieval of
+// 6 pairs by KV head 0 of layer 1 (2 query heads on 2 KV heads).
+RunConfig seg_config(const fs::path& dir) {
+  RunConfig c = testing::tiny_run_config(dir);
+  testing::use_combs(c, dir);
+  c.model.num_key_value_heads = 2;
+  c.train.max_steps = 4;
+  c.train.grad_accum = 2;
+  c.optim.eps = 1e-3;  // as in train_test: fp32 summation-order differences stay fp32-sized
+  c.data.max_tokens_per_batch = testing::kTinyCombTokens;
+  c.segments.length = 8;
+  c.segments.tail = 4;
+  c.segments.tbptt = 1;
+  c.segments.long_range = {{1}, {0}, 6};
+  c.validate();
+  return c;
+}
+
+// One step, grad_accum 1, no shuffle: the first comb alone. Its loss and every gradient are the
+// model's segment scheduler on that tree with the step's normaliser (its paths), bitwise: the
+// trainer adds nothing in between.
+TEST(SegmentsTrain, AStepIsTheSchedulerOnTheStepsTrees) {
+  const fs::path dir = testing::fresh_dir("seg_step");
+  RunConfig c = seg_config(dir);
+  c.data.shuffle = false;
+  c.train.grad_accum = 1;
+  Trainer t(c);
+  const std::vector<float> p0 = t.backend().params_host();
+  const StepMetrics m = t.train_step();
+  const std::vector<float> got = t.backend().grads_host();
+
+  const std::vector<data::Tree> trees = data::read_trees(c.data.path, data::Format::kTree, c.model.vocab_size);
+  model::Model<float> ref(c.model);
+  ref.set_params(p0.data());
+  ref.zero_grad();
+  const data::SegmentPlan plan = data::plan_segments(trees[0], c.segments.length);
+  const double loss = model::forward_backward_segmented(ref, c.segments, plan, 1.0 / (double)trees[0].n_paths());
+  EXPECT_EQ(m.loss, loss);
+  EXPECT_EQ(m.pieces, plan.pieces.num_pieces());
+  EXPECT_GT(m.pieces, 4);
+  EXPECT_EQ(got, ref.grads_host());
+  // What the step executed: the segments' own work, less than the whole tree's attention.
+  const model::Work w = model::segment_work(c.segments, plan, c.model);
+  EXPECT_EQ(w.tokens, trees[0].n_tree());
+  EXPECT_LT(w.visible_pairs, model::Work::of(data::pack({&trees[0]}, data::Packing::kTree)).visible_pairs);
+}
+
+// Tree packing and the per_path baseline (each path segmented on its own) take the same steps.
+TEST(SegmentsTrain, TreeAndPerPathTrainAlike) {
+  const fs::path dir = testing::fresh_dir("seg_packing");
+  RunConfig tree = seg_config(dir), path = seg_config(dir);
+  tree.run_dir = (dir / "tree").string();
+  path.run_dir = (dir / "path").string();
+  path.data.packing = "per_path";
+  Trainer tt(tree), tp(path);
+  ASSERT_EQ(tt.backend().params_host(), tp.backend().params_host());
+  for (int s = 0; s < 4; ++s) {
+    const StepMetrics a = tt.train_step(), b = tp.train_step();
+    EXPECT_EQ(a.paths, b.paths);
+    // fp32 against fp32 in another summation order: relative 1e-5 (PartitionedTrainingEqualsUnpartitioned's rule).
+    EXPECT_NEAR(a.loss, b.loss, 1e-5 * std::abs(b.loss)) << "step " << s + 1;
+    EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-5 * b.grad_norm) << "step " << s + 1;
+    EXPECT_GT(b.pieces, a.pieces) << "per_path runs every path's segments";
+  }
+}
+
+// A resumed segmented run repeats the uninterrupted one bitwise (the CPU backend is deterministic,
+// the plans are remade the same).
+TEST(SegmentsTrain, ResumeGivesBitwiseTheSameRun) {
+  const fs::path dir = testing::fresh_dir("seg_resume");
+  RunConfig a = seg_config(dir);
+  std::vector<double> want;
+  std::vector<float> want_params;
+  {
+    Trainer full(a);
+    for (const StepMetrics& m : full.run()) want.push_back(m.loss);
+    want_params = full.backend().params_host();
+  }
+  RunConfig b = a;
+  b.run_dir = (dir / "run_b").string();
+  std::vector<double> got;
+  {
+    Trainer first(b);
+    for (int i = 0; i < 2; ++i) got.push_back(first.train_step().loss);
+    first.save_checkpoint();
+  }
+  b.train.resume = true;
+  Trainer resumed(b);
+  for (const StepMetrics& m : resumed.run()) got.push_back(m.loss);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(resumed.backend().params_host(), want_params);
+}
+
+// Long documents in the `tokens` format train segment by segment; a segment's piece over the
+// budget is an error naming the tree.
+TEST(SegmentsTrain, TokenDocumentsTrainAndOversizePiecesAreErrors) {
+  const fs::path dir = testing::fresh_dir("seg_tokens");
+  {
+    std::ofstream out(dir / "docs.jsonl");
+    for (int d = 0; d < 3; ++d) {
+      out << "{\"id\": \"doc" << d << "\", \"tokens\": [";
+      for (int i = 0; i < 60; ++i) out << (i ? ", " : "") << (i * 7 + d * 3) % 32;
+      out << "]}\n";
+    }
+  }
+  RunConfig c = seg_config(dir);
+  c.data.path = (dir / "docs.jsonl").string();
+  c.data.format = "tokens";
+  c.data.max_tokens_per_batch = 16;  // a document (60) is over it, a segment (8) is not
+  c.validate();
+  Trainer t(c);
+  const StepMetrics m = t.train_step();
+  EXPECT_EQ(m.pieces, 2 * 8) << "two documents of 8 segments each";
+  EXPECT_EQ(m.n_tree, 120);
+  EXPECT_TRUE(std::isfinite(m.loss));
+
+  RunConfig wide = seg_config(dir);
+  wide.run_dir = (dir / "wide").string();
+  wide.data.max_tokens_per_batch = 6;  // a comb's segments hold 8 to 12 tokens (branches)
+  wide.validate();
+  Trainer tw(wide);
+  const std::string err = error_of([&] { tw.train_step(); });
+  EXPECT_NE(err.find("tokens exceeds data.max_tokens_per_batch 6 (with segments the budget bounds a piece"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("tree '"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace tt::trainer
