@@ -92,8 +92,9 @@ const char* const kUsage = R"(usage:
       a sample stops at --max-new-tokens, a --stop id or the model's eos_token_id. Writes one JSON
       line per prompt to FILE (or stdout): with one sample its tokens and logprobs, with K > 1 a
       rollouts line (prompt masked, weight 1.0 for your reward) that `treetrain train` reads.
-      --set keys: model.max_position_embeddings, model.eos_token_id, sample.max_batch_tokens
-      (trainer/sample.h).
+      --set keys: model.max_position_embeddings, model.eos_token_id, sample.max_batch_tokens,
+      segments.length, .tail, .long_range.{layers,heads,retrieve} (trainer/sample.h); a run
+      trained with segments samples with them (the same segment operator; cpu).
   treetrain launch --nproc N [--master-port P] [--master-addr A] [--program PATH] -- <treetrain args>
       Start N local ranks of `treetrain <args>` (data parallelism, distributed/README.md) with RANK,
       WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set (a free port unless --master-port);

@@ -14,6 +14,7 @@
 #include "base/files.h"
 #include "model/decoder.h"
 #include "model/hf_io.h"
+#include "model/segments.h"
 #include "trainer/backend.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
@@ -37,7 +38,21 @@ int64_t parse_int(const std::string& key, const std::string& v) {
 }
 
 // Applies --set KEY=VALUE to the model config and the sampling options.
-void apply_sets(const std::vector<std::string>& sets, model::ModelConfig* cfg, model::SamplingOptions* opt) {
+// "[1, 2]" or "1,2" (brackets optional, empty for none).
+std::vector<int> parse_int_list(const std::string& key, std::string value) {
+  if (!value.empty() && value.front() == '[' && value.back() == ']') value = value.substr(1, value.size() - 2);
+  std::vector<int> out;
+  std::stringstream ss(value);
+  for (std::string x; std::getline(ss, x, ',');) {
+    x.erase(0, x.find_first_not_of(' '));
+    x.erase(x.find_last_not_of(' ') + 1);
+    if (!x.empty()) out.push_back((int)parse_int(key, x));
+  }
+  return out;
+}
+
+void apply_sets(const std::vector<std::string>& sets, model::ModelConfig* cfg, model::SamplingOptions* opt,
+                model::SegmentConfig* seg) {
   for (const std::string& s : sets) {
     const size_t eq = s.find('=');
     if (eq == std::string::npos) throw Error(str("--set ", s, ": expected KEY=VALUE"));
@@ -50,9 +65,20 @@ void apply_sets(const std::vector<std::string>& sets, model::ModelConfig* cfg, m
       for (std::string id; std::getline(ss, id, ',');) cfg->eos_token_id.push_back(parse_int(key, id));
     } else if (key == "sample.max_batch_tokens") {
       opt->max_batch_tokens = parse_int(key, value);
+    } else if (key == "segments.length") {
+      seg->length = parse_int(key, value);
+    } else if (key == "segments.tail") {
+      seg->tail = parse_int(key, value);
+    } else if (key == "segments.long_range.layers") {
+      seg->long_range.layers = parse_int_list(key, value);
+    } else if (key == "segments.long_range.heads") {
+      seg->long_range.heads = parse_int_list(key, value);
+    } else if (key == "segments.long_range.retrieve") {
+      seg->long_range.retrieve = parse_int(key, value);
     } else {
       throw Error(str("--set ", key, ": unknown key for 'sample' (expected model.max_position_embeddings, "
-                      "model.eos_token_id or sample.max_batch_tokens)"));
+                      "model.eos_token_id, sample.max_batch_tokens or segments.{length, tail, long_range.layers, "
+                      "long_range.heads, long_range.retrieve})"));
     }
   }
 }
@@ -85,6 +111,11 @@ template std::unique_ptr<model::Decoder<model::CudaExec>> load_inference_model(c
 int checkpoint_history_window(const std::string& dir) {
   const fs::path yaml = fs::path(dir) / "config.yaml";
   return fs::exists(yaml) ? (int)load_config(yaml.string(), {}).data.history_window : 0;
+}
+
+model::SegmentConfig checkpoint_segments(const std::string& dir) {
+  const fs::path yaml = fs::path(dir) / "config.yaml";
+  return fs::exists(yaml) ? load_config(yaml.string(), {}).segments : model::SegmentConfig{};
 }
 
 std::string resolve_checkpoint(const std::string& dir) {
@@ -169,8 +200,10 @@ int64_t run_sample(const SampleCommand& c) {
   model::SamplingOptions opt = c.sampling;
   const std::string dir = resolve_checkpoint(c.checkpoint);
   model::ModelConfig cfg = model::read_hf_config(dir);
-  apply_sets(c.sets, &cfg, &opt);
+  model::SegmentConfig seg = checkpoint_segments(dir);
+  apply_sets(c.sets, &cfg, &opt, &seg);
   cfg.validate();
+  seg.validate(cfg);
   for (int64_t id : cfg.eos_token_id) opt.eos.push_back((int32_t)id);
   opt.validate();
   const std::vector<model::Prompt> prompts = read_prompts(c.prompts);
@@ -179,15 +212,22 @@ int64_t run_sample(const SampleCommand& c) {
     std::error_code ec;
     if (!parent.empty() && !fs::is_directory(parent, ec)) throw Error(str("--out ", c.out, ": no folder ", parent.string()));
   }
-  const int gpu = resolve_device(c.device, cfg);
+  if (seg.enabled() && c.device == "cuda")
+    throw Error("--device cuda: segments (segments.length " + std::to_string(seg.length) +
+                ") run on the cpu backend so far (--device cpu or auto)");
+  const int gpu = seg.enabled() ? -1 : resolve_device(c.device, cfg);
+  if (seg.enabled())
+    spdlog::info("sample: segments of {} tokens, tail {}, {} long-range layers retrieving {} (cpu)", seg.length,
+                 seg.tail, seg.long_range.layers.size(), seg.long_range.retrieve);
   spdlog::info("sample: {} prompts from {}, model {} ({} layers, vocab {}) on {}, {} samples each, up to {} new tokens",
                prompts.size(), c.prompts, dir, cfg.num_hidden_layers, cfg.vocab_size, gpu < 0 ? "cpu" : "cuda",
                opt.num_samples, opt.max_new_tokens);
   const auto t0 = std::chrono::steady_clock::now();
   model::GenerateStats st;
   const std::vector<model::Completion> done =
-      gpu < 0 ? run_on<model::CpuExec<float>>(cfg, dir, prompts, opt, &st)
-              : run_on<model::CudaExec>(cfg, dir, prompts, opt, &st);
+      seg.enabled() ? model::generate_segmented(*load_inference_model<model::CpuExec<float>>(cfg, dir), seg, prompts, opt, &st)
+      : gpu < 0     ? run_on<model::CpuExec<float>>(cfg, dir, prompts, opt, &st)
+                    : run_on<model::CudaExec>(cfg, dir, prompts, opt, &st);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string text = completions_jsonl(prompts, done, opt.num_samples);
   if (c.out.empty()) {

@@ -16,7 +16,12 @@
 //          advantage), "logprobs", "finish_reason"}, ...]} that `treetrain train` reads as it is
 //          (data.format: rollouts: the K sequences share the prompt and form one tree).
 // --set keys: model.max_position_embeddings, model.eos_token_id (ids, comma-separated; empty for
-// none), sample.max_batch_tokens (cache rows per group of prompts).
+// none), sample.max_batch_tokens (cache rows per group of prompts), segments.length, .tail,
+// .long_range.layers, .long_range.heads, .long_range.retrieve.
+// Segments: a checkpoint of a run trained with a segments section (its config.yaml) generates
+// with the same segment operator (model/segments.h: prefill segment by segment, decode inside
+// the open segment, a new segment every segments.length tokens), on the CPU so far; --set can
+// turn segments on for any model (segments.length) or change them.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +30,7 @@
 #include <vector>
 
 #include "model/generate.h"
+#include "model/segment_config.h"
 
 namespace tt::trainer {
 
@@ -49,6 +55,8 @@ std::unique_ptr<model::Decoder<E>> load_inference_model(const model::ModelConfig
 // data.history of the run that wrote checkpoint `dir` (its config.yaml): the window, 0 for the full
 // history or for a directory without a config.yaml (a model transformers wrote).
 int checkpoint_history_window(const std::string& dir);
+// The segments section of the run that wrote checkpoint `dir` (off without a config.yaml).
+model::SegmentConfig checkpoint_segments(const std::string& dir);
 // Reads the prompts JSONL; errors name file:line.
 std::vector<model::Prompt> read_prompts(const std::string& path);
 // The output lines (see the file comment), each ending in a newline.

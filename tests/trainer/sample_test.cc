@@ -21,6 +21,7 @@
 #include "data/reader.h"
 #include "model/decoder.h"
 #include "model/hf_io.h"
+#include "model/segments.h"
 #include "tests/model/model_test_util.h"
 
 namespace tt::trainer {
@@ -168,6 +169,61 @@ TEST(Sample, OneSampleLinesAndSeeds) {
   c.sets = {"model.eos_token_id=" + std::to_string(first)};
   run_sample(c);
   EXPECT_EQ(nlohmann::json::parse(read_file(c.out))["finish_reason"], "eos");
+}
+
+// Segments: --set turns them on; a prompt longer than max_position_embeddings then generates
+// (positions stay below segments.length + tail); the file equals generate_segmented on the same
+// weights; a checkpoint whose run trained with segments (its config.yaml) generates with them;
+// --device cuda is refused with them.
+TEST(Sample, SegmentsFromSetAndFromTheRunsConfig) {
+  const fs::path d = test_dir("segments");
+  SampleCommand c;
+  c.checkpoint = saved_model(d / "model");
+  c.prompts = (d / "prompts.jsonl").string();
+  std::string long_prompt = "{\"id\": \"long\", \"tokens\": [";
+  std::vector<int32_t> toks;
+  for (int i = 0; i < 70; ++i) {
+    toks.push_back((i * 5 + 1) % 40);
+    long_prompt += (i ? ", " : "") + std::to_string(toks.back());
+  }
+  write_file(c.prompts, long_prompt + "]}\n");
+  c.device = "cpu";
+  c.out = (d / "seg.jsonl").string();
+  c.sampling.max_new_tokens = 9;
+  c.sampling.temperature = 0;
+  c.sets = {"segments.length=16", "segments.tail=8", "segments.long_range.layers=[1]", "segments.long_range.heads=0",
+            "segments.long_range.retrieve=8"};
+  run_sample(c);
+  const nlohmann::json j = nlohmann::json::parse(read_file(c.out));
+  ASSERT_EQ(j["tokens"].size(), 9u);
+
+  model::SegmentConfig seg;
+  seg.length = 16;
+  seg.tail = 8;
+  seg.long_range = {{1}, {0}, 8};
+  model::Model<float> m(tiny());
+  m.init(9);
+  model::SamplingOptions opt = c.sampling;
+  const std::vector<model::Completion> want = model::generate_segmented(m, seg, {model::Prompt{"long", toks}}, opt);
+  EXPECT_EQ(j["tokens"], nlohmann::json(want[0].samples[0].tokens));
+
+  // The run's config.yaml beside the checkpoint carries the segments section.
+  write_file(fs::path(c.checkpoint) / "config.yaml",
+             "data:\n  path: x\nmodel:\n  vocab_size: 40\n  hidden_size: 16\n  intermediate_size: 32\n"
+             "  num_hidden_layers: 2\n  num_attention_heads: 2\n  num_key_value_heads: 1\n  head_dim: 8\n"
+             "  max_position_embeddings: 64\nsegments:\n  length: 16\n  tail: 8\n  long_range:\n    layers: [1]\n"
+             "    heads: [0]\n    retrieve: 8\n");
+  c.sets = {};
+  c.out = (d / "from_run.jsonl").string();
+  run_sample(c);
+  EXPECT_EQ(read_file(d / "from_run.jsonl"), read_file(d / "seg.jsonl"));
+  c.device = "cuda";
+  try {
+    run_sample(c);
+    ADD_FAILURE() << "segments on cuda must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--device cuda: segments"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Sample, ErrorsNameTheFileLineOrKey) {
