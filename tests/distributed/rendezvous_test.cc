@@ -453,14 +453,22 @@ TEST(RendezvousTest, AWorkerFailsOnASilentMasterWithinTheTimeout) {
 }
 
 TEST(RendezvousTest, AWorkerFailsAtOnceOnAGarbageOrTerabyteWelcome) {
+  // Each fake master keeps its end open until the worker gives up: closing it at once would race the worker's
+  // hello (a reset connection fails the hello with EPIPE before the welcome is read).
+  const auto answer = [](const std::string& bytes) {
+    return [bytes](net::Socket& s) {
+      fake_send(s, bytes);
+      EXPECT_GE(seconds_until_closed(s), 0);
+    };
+  };
   const auto t0 = Clock::now();
-  std::string error = worker_against_fake_master([](net::Socket& s) { fake_send(s, std::string(64, 'A')); }, 3);
+  std::string error = worker_against_fake_master(answer(std::string(64, 'A')), 3);
   EXPECT_EQ(error, "rank 1/2 on host host1 (local rank 1): rank 0 (host 127.0.0.1) sent a message that is not "
                    "treetrain's protocol (magic 0x41414141, expected 0x50447454) during welcome #0");
-  error = worker_against_fake_master([](net::Socket& s) { fake_send(s, header_bytes(Op::kWelcome, 0, kTerabyte)); }, 3);
+  error = worker_against_fake_master(answer(header_bytes(Op::kWelcome, 0, kTerabyte)), 3);
   EXPECT_EQ(error, "rank 1/2 on host host1 (local rank 1): rank 0 (host 127.0.0.1) announced a message of "
                    "1099511627776 bytes, more than the protocol's maximum of 67108864 bytes during welcome #0");
-  error = worker_against_fake_master([](net::Socket& s) { fake_send(s, message(Op::kWelcome, 0, "a\nb c\n")); }, 3);
+  error = worker_against_fake_master(answer(message(Op::kWelcome, 0, "a\nb c\n")), 3);
   EXPECT_EQ(error, "rank 1/2 on host host1 (local rank 1): rank 0 (host 127.0.0.1) sent a host table with a bad host "
                    "name 'b c' on line 2 during welcome #0");
   EXPECT_LT(seconds_since(t0), 1.0);
