@@ -437,7 +437,7 @@ const Trainer::SegmentedTree& Trainer::segmented(int64_t index) {
                       "lower segments.length ", cfg_.segments.length, ")"));
     s.work += model::segment_work(cfg_.segments, plan, cfg_.model);
   }
-  spdlog::info("segments: tree '{}' ({} tokens, depth {}) -> {} segment pieces", tree.id, tree.n_tree(),
+  spdlog::debug("segments: tree '{}' ({} tokens, depth {}) -> {} segment pieces", tree.id, tree.n_tree(),
                tree.max_depth(), pieces);
   return segmented_.emplace(index, std::move(s)).first->second;
 }
