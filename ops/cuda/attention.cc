@@ -66,6 +66,8 @@ void check_common(const TreeTiles& tiles, const ExternalKV* ext, int n_ext, int 
     TT_CHECK(x.k && x.v && aligned16(x.k) && aligned16(x.v), op, ": external prefix ", e, " has len ", x.len,
              " but a null or unaligned k or v (16 bytes)");
     TT_CHECK(aligned16(x.dk) && aligned16(x.dv), op, ": external prefix ", e, " dk/dv must be 16-byte aligned");
+    TT_CHECK(NKV >= 64 || (x.heads >> NKV) == 0 || x.heads == ~uint64_t(0), op, ": external prefix ", e,
+             " names KV heads past NKV=", NKV, " in its head set");
   }
   int64_t keys = N;
   for (int e = 0; e < n_ext; e++) keys += ext[e].len;

@@ -4,7 +4,8 @@
 // Queries of a DFS-packed batch see key j when j <= i < subtree_end[j] (their ancestors and the
 // tokens of their own node up to themselves; in the bidirectional mode, TreeTiles::key_lo, every
 // token of their own node: an image's tokens in a vision tower), plus optional external KV
-// prefixes: prefix e is visible to queries [q_begin, q_end) and is read before the tree's keys. Grouped-query
+// prefixes: prefix e is visible to queries [q_begin, q_end) of the KV heads in its head set and is
+// read before the tree's keys. Grouped-query
 // attention: query head h reads KV head h / (NH / NKV). scale = 1 / sqrt(HS); HS is 64 or 128.
 // The layout is a TreeTiles (ops/cuda/tree_tiles.h) built on the GPU from subtree_end, once per
 // batch. All pointers are device pointers, 16-byte aligned, tensors dense and row-major.
@@ -19,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "ops/cuda/bf16.h"
 #include "ops/cuda/tree_tiles.h"
@@ -37,6 +39,10 @@ struct ExternalKV {
   int len = 0;
   int q_begin = 0;  // queries [q_begin, q_end) of the packed batch see this prefix
   int q_end = 0;
+  // The KV heads that read this prefix (bit g: KV head g and its query heads; as
+  // cpu::ExternalKV::heads): the others skip its tiles and give it no gradient. All by default.
+  uint64_t heads = ~uint64_t(0);
+  bool read_by(int g) const { return (heads >> g) & 1; }
 };
 
 // out (N, NH, HS), lse (N, NH); q (N, NH, HS); k, v (N, NKV, HS).

@@ -43,6 +43,7 @@ struct DecodeItem {
 struct DecodePrefix {
   const bf16* k;  // (len, NKV, HS)
   const bf16* v;
+  uint64_t heads;  // the KV heads that read it (ExternalKV::heads)
 };
 
 // The host-side plan of one call: the tables and where they go in the workspace.
@@ -74,7 +75,7 @@ Plan make_plan(const ExternalKV* ext, int n_ext, int N, int G, int NKV) {
   p.chunk = chunk;
   std::vector<std::vector<int2>> per_row(N);
   for (int e = 0; e < n_ext; e++) {
-    p.prefixes.push_back(DecodePrefix{ext[e].k, ext[e].v});
+    p.prefixes.push_back(DecodePrefix{ext[e].k, ext[e].v, ext[e].heads});
     if (ext[e].len == 0 || ext[e].q_begin == ext[e].q_end) continue;
     for (int k0 = 0; k0 < ext[e].len; k0 += chunk) {
       for (int r0 = ext[e].q_begin; r0 < ext[e].q_end; r0 += p.rows_per_item) {
@@ -159,6 +160,15 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
   const int g = blockIdx.y, NKV = p.NKV, G = p.G;
   const int Q = it.nrows * G;  // query vectors: local row r, head g G + gg at r G + gg
   const DecodePrefix pre = p.n_by_value ? p.by_value[it.prefix] : p.prefixes[it.prefix];
+  const int64_t slot0 = ((int64_t)blockIdx.x * NKV + g) * kQMax;
+  if (!((pre.heads >> g) & 1)) {  // outside the prefix's head set: an empty partial (m = -inf, l = 0)
+    for (int e = tid; e < Q * HS; e += kThreads) p.acc[slot0 * HS + e] = 0.f;
+    if (tid < Q) {
+      p.m[slot0 + tid] = -INFINITY;
+      p.l[slot0 + tid] = 0.f;
+    }
+    return;
+  }
 
   for (int e = tid; e < Q * HS; e += kThreads) {
     const int qi = e / HS, d = e % HS;
@@ -254,7 +264,6 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
       acc[j] = a;
     }
   }
-  const int64_t slot0 = ((int64_t)blockIdx.x * NKV + g) * kQMax;
 #pragma unroll
   for (int j = 0; j < kAcc; j++) {
     const int e = tid + j * kThreads, qi = e / HS, d = e % HS;
@@ -409,11 +418,11 @@ void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* 
   PartialParams pp{};
   pp.q = q;
   if (n_ext <= kDecodeByValue) {
-    for (int e = 0; e < n_ext; e++) pp.by_value[e] = DecodePrefix{ext[e].k, ext[e].v};
+    for (int e = 0; e < n_ext; e++) pp.by_value[e] = DecodePrefix{ext[e].k, ext[e].v, ext[e].heads};
     pp.n_by_value = n_ext;
   } else {  // a table of this layer's pointers (pageable: staged before the call returns)
     std::vector<DecodePrefix> table(n_ext);
-    for (int e = 0; e < n_ext; e++) table[e] = DecodePrefix{ext[e].k, ext[e].v};
+    for (int e = 0; e < n_ext; e++) table[e] = DecodePrefix{ext[e].k, ext[e].v, ext[e].heads};
     TT_CUDA_CHECK(cudaMemcpyAsync(cs.prefixes, table.data(), sizeof(DecodePrefix) * n_ext, cudaMemcpyHostToDevice,
                                   stream));
     pp.prefixes = cs.prefixes;

@@ -23,6 +23,7 @@ struct AttnExtParams {
   int len;
   int q_begin;
   int q_end;
+  uint64_t heads;  // bit g: KV head g reads it (ExternalKV::heads)
 };
 
 // Tensor maps (TMA descriptors) of the kernels, filled by attention.cc (tensor_map): 3-D views
@@ -99,8 +100,8 @@ inline int bwd_head_group(int nkv) { return nkv >= kBwdHeadGroupDiv ? nkv / kBwd
 // Rows of the (NH, n_pad) backward buffers: a multiple of every query tile.
 constexpr int kRowPad = 128;
 
-// Fills the params of a dense (N, heads, HS) layout; prefixes of no keys are dropped (nothing to
-// read, nothing to add). Shapes are checked by the caller (attention.cc).
+// Fills the params of a dense (N, heads, HS) layout; prefixes of no keys, or read by none of the
+// NKV heads, are dropped (nothing to read, nothing to add). Shapes are checked by the caller (attention.cc).
 // The tensor maps the kernels read, made by encode(base, rows, heads, HS, box_rows) ->
 // CUtensorMap (attention.cc: the driver's encoder; the CPU emulation test: its own). Forward: Q,
 // K, V and every prefix's K, V; backward: Q and dO.
@@ -144,10 +145,11 @@ inline AttnFwdParams make_fwd_params(bf16* out, float* lse, const bf16* q, const
   p.tiles = tiles;
   p.fwd_items = kFwdItemsPerBlock;
   p.n_ext = 0;
+  const uint64_t all = NKV >= 64 ? ~uint64_t(0) : (uint64_t(1) << NKV) - 1;
   for (int e = 0; e < n_ext; e++) {
-    if (ext[e].len == 0) continue;
-    p.ext[p.n_ext++] =
-        AttnExtParams{ext[e].k, ext[e].v, ext[e].dk, ext[e].dv, ext[e].len, ext[e].q_begin, ext[e].q_end};
+    if (ext[e].len == 0 || (ext[e].heads & all) == 0) continue;
+    p.ext[p.n_ext++] = AttnExtParams{ext[e].k,     ext[e].v,       ext[e].dk,    ext[e].dv,
+                                     ext[e].len,   ext[e].q_begin, ext[e].q_end, ext[e].heads};
   }
   return p;
 }

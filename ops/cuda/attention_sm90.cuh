@@ -254,8 +254,8 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
         }
         TileScan scan;
         bool tile_full = false;
-        for (int v = next_key_tile<BN>(p, scan, 0, v_end, q0, q_last, tile_full); v < v_end;
-             v = next_key_tile<BN>(p, scan, v + 1, v_end, q0, q_last, tile_full), ++i) {
+        for (int v = next_key_tile<BN>(p, scan, 0, v_end, hk, q0, q_last, tile_full); v < v_end;
+             v = next_key_tile<BN>(p, scan, v + 1, v_end, hk, q0, q_last, tile_full), ++i) {
           if (lane == 0) {
             const int st = i % kStages;
             if (i >= kStages) mbar_wait(empty + st, ((i / kStages) - 1) & 1);

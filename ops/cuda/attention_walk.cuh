@@ -8,8 +8,8 @@
 // Visibility, one rule for every key: key j (of the tree or of an external prefix) carries a query
 // range [lo_j, hi_j): tree key j has [j, subtree_end[j]) ([key_lo[j], subtree_end[j]) in the
 // bidirectional mode, tree_tiles.h), a prefix key [q_begin, q_end), a key past the end of its
-// source [lo, 0) (visible from nowhere). Virtual key tiles number the external
-// prefixes' tiles first, then the tree's.
+// source [lo, 0) (visible from nowhere); a prefix not in KV head hk's head set is invisible to
+// its queries. Virtual key tiles number the external prefixes' tiles first, then the tree's.
 #pragma once
 
 #include <climits>
@@ -83,18 +83,19 @@ __device__ __forceinline__ void tree_tile_lo(const TreeTiles& t, int k0, int& lm
   tree_tile_min_max<BN>(t.lo_min, t.lo_max, t.num_granules, k0, INT_MAX, lmin, lmax);
 }
 
-// Key tile v against query rows [q0, q_last]: skip, partial or full (tree_tiles.h has the rules).
+// Key tile v against query rows [q0, q_last] of KV head hk: skip, partial or full (tree_tiles.h
+// has the rules; a prefix outside hk's head set is skipped).
 // A tree tile skipped because every key's subtree ends at or before q0 also sets skip_to: every
 // key from the tile's first to its largest subtree end lies in one of those subtrees (DFS order),
 // so no tile before skip_to is visible either. A walk thus steps over whole sibling subtrees.
 template <int BN>
-__device__ int classify_key_tile(const AttnFwdParams& p, int v, int q0, int q_last, int& skip_to) {
+__device__ int classify_key_tile(const AttnFwdParams& p, int v, int hk, int q0, int q_last, int& skip_to) {
   int e, k0;
   resolve_key_tile<BN>(p, v, e, k0);
   skip_to = v + 1;
   if (e < p.n_ext) {
     const AttnExtParams& x = p.ext[e];
-    if (x.q_end <= q0 || x.q_begin > q_last) return kSkip;
+    if (x.q_end <= q0 || x.q_begin > q_last || !((x.heads >> hk) & 1)) return kSkip;
     return (x.q_begin <= q0 && x.q_end > q_last && k0 + BN <= x.len) ? kFull : kPartial;
   }
   int lmin, lmax;
@@ -123,7 +124,8 @@ __device__ __forceinline__ void bwd_block_work(const AttnBwdParams& p, int& v, i
 // The backward block's view of its virtual key tile v for its KV head hk (bwd_block_work): its
 // prefix (or n_ext for the tree) and first key, its K/V rows (this head), the keys of its source,
 // the bounds of the full-tile test (every key's range starts at or before lo_max and ends after
-// hi_min - 1), whether its dK/dV are wanted (tree keys always; a prefix when it takes gradients),
+// hi_min - 1), whether its dK/dV are wanted (tree keys always; a prefix when it takes gradients
+// and hk is in its head set; outside it the tile has no step),
 // and its schedule: n_steps steps of BM queries, the query tiles that see it ([q_lo, q_hi) rounded
 // out to BM) for each query head of the GQA group in turn.
 template <int BM>
@@ -159,12 +161,13 @@ __device__ __forceinline__ KeyTileQueries<BM> key_tile_queries(const AttnBwdPara
   int q_lo, q_hi;
   if (r.ext) {
     const AttnExtParams& x = p.ext[r.e];
+    const bool read = (x.heads >> hk) & 1;  // outside the head set: no step, no gradient
     q_lo = x.q_begin;
-    q_hi = x.q_end;
+    q_hi = read ? x.q_end : x.q_begin;
     r.lo_max = x.q_begin;
     r.hi_min = r.k0 + BN <= x.len ? x.q_end : 0;
     r.n_keys = x.len;
-    r.want_dkv = x.dk != nullptr || x.dv != nullptr;
+    r.want_dkv = read && (x.dk != nullptr || x.dv != nullptr);
     r.k = x.k;
     r.v = x.v;
   } else {
@@ -224,21 +227,22 @@ struct TileScan {
   int skip_to = 0;
 };
 
-// The first visible key tile v >= from (v_end if none), and whether it is full. Warp-uniform:
+// The first key tile v >= from visible to KV head hk's rows [q0, q_last] (v_end if none), and
+// whether it is full. Warp-uniform:
 // every lane of the warp must call it with the same arguments. When no tile from `from` to the
 // end of the window is visible, the walk resumes at the window's largest skip_to if that is
 // further (each skipped tile's skip_to bounds invisible keys; together with the invisible window
 // they leave no gap).
 template <int BN>
-__device__ __forceinline__ int next_key_tile(const AttnFwdParams& p, TileScan& scan, int from, int v_end, int q0,
-                                             int q_last, bool& full) {
+__device__ __forceinline__ int next_key_tile(const AttnFwdParams& p, TileScan& scan, int from, int v_end, int hk,
+                                             int q0, int q_last, bool& full) {
   const int lane = threadIdx.x % 32;
   while (from < v_end) {
     if (from < scan.base || from >= scan.base + 32) {
       scan.base = from;
       const int v = from + lane;
       int skip_to = v + 1;
-      const int kind = v < v_end ? classify_key_tile<BN>(p, v, q0, q_last, skip_to) : kSkip;
+      const int kind = v < v_end ? classify_key_tile<BN>(p, v, hk, q0, q_last, skip_to) : kSkip;
       scan.visible = __ballot_sync(0xffffffffu, kind != kSkip);
       scan.full = __ballot_sync(0xffffffffu, kind == kFull);
 #pragma unroll

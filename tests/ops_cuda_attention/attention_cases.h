@@ -215,6 +215,7 @@ inline std::vector<LayoutCase> layout_cases() {
 struct ExtCase {
   int len = 0, q_begin = 0, q_end = 0;
   bool grad = false;
+  uint64_t heads = ~uint64_t(0);  // the KV heads that read it
   std::vector<float> k, v;        // (len, NKV, HS) bf16-representable
   std::vector<float> dk0, dv0;    // (len, NKV, HS) initial gradient buffers, bf16-representable
 };
@@ -247,7 +248,9 @@ inline std::vector<float> random_bf16(std::mt19937_64& rng, size_t n, float sd) 
 }
 
 // ext_mode: 0 none; 1 a prefix with gradients seen by all queries and one without gradients seen
-// by a middle range.
+// by a middle range; 2 head sets, as a segment's: a carried tail with gradients read by the even
+// KV heads (the local ones) and a retrieval prefix without gradients read by the odd ones, both
+// seen by all queries, and a prefix with gradients read by no head (it must stay untouched).
 inline Inputs make_inputs(const LayoutCase& lc, int NH, int NKV, int HS, int ext_mode, std::mt19937_64& rng) {
   Inputs in;
   in.layout = lc.make(rng);
@@ -279,7 +282,48 @@ inline Inputs make_inputs(const LayoutCase& lc, int NH, int NKV, int HS, int ext
       in.ext.push_back(*x);
     }
   }
+  if (ext_mode == 2) {
+    uint64_t even = 0;
+    for (int g = 0; g < NKV; g += 2) even |= uint64_t(1) << g;
+    ExtCase tail, ret, none;
+    tail.len = 130;  // past one 128-key tile
+    tail.grad = true;
+    tail.heads = even;
+    ret.len = 64;
+    ret.heads = ~even & (NKV >= 64 ? ~uint64_t(0) : (uint64_t(1) << NKV) - 1);
+    none.len = 50;
+    none.grad = true;
+    none.heads = 0;
+    for (ExtCase* x : {&tail, &ret, &none}) {
+      x->q_begin = 0;
+      x->q_end = N;
+      const size_t sz = (size_t)x->len * NKV * HS;
+      x->k = random_bf16(rng, sz, 1.f);
+      x->v = random_bf16(rng, sz, 1.f);
+      x->dk0 = random_bf16(rng, sz, 0.05f);
+      x->dv0 = random_bf16(rng, sz, 0.05f);
+      in.ext.push_back(*x);
+    }
+  }
   return in;
+}
+
+// Whether some KV head of NKV reads prefix x, and the elements of a gradient buffer of x (got,
+// (len, NKV, HS)) in the heads that do not read it that differ from the initial buffer `init`
+// (they must stay untouched).
+inline bool read_by_some_head(const ExtCase& x, int NKV) {
+  return (x.heads & (NKV >= 64 ? ~uint64_t(0) : (uint64_t(1) << NKV) - 1)) != 0;
+}
+inline int64_t unread_heads_changed(const std::vector<float>& got, const std::vector<float>& init, const ExtCase& x,
+                                    int NKV, int HS) {
+  int64_t changed = 0;
+  for (int j = 0; j < x.len; j++)
+    for (int g = 0; g < NKV; g++)
+      for (int d = 0; d < HS; d++) {
+        const size_t i = ((size_t)j * NKV + g) * HS + d;
+        changed += !((x.heads >> g) & 1) && got[i] != init[i];
+      }
+  return changed;
 }
 
 // fp64 reference outputs on the same (bf16-representable) inputs.
@@ -318,6 +362,7 @@ inline Reference reference(const Inputs& in) {
     ext[e].len = x.len;
     ext[e].q_begin = x.q_begin;
     ext[e].q_end = x.q_end;
+    ext[e].heads = x.heads;
   }
   r.out.resize((size_t)N * NH * HS);
   r.lse.resize((size_t)N * NH);

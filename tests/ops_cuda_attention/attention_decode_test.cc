@@ -4,7 +4,7 @@
 // at 16k, chunks of several tiles),
 // K samples sharing a prompt prefix plus one own prefix each (more prefixes than the tree
 // kernels take), prefixes of length 0 and 1, rows that see no prefix, more rows than a row group,
-// HS 64 and 128, GQA ratios 1, 2 and 8. Outputs are poisoned before the run. Tolerance rule:
+// HS 64 and 128, GQA ratios 1, 2 and 8, prefixes read by some KV heads only (head sets). Outputs are poisoned before the run. Tolerance rule:
 // attention_cases.h (kRelL2Bf16 for out: its only bf16 rounding is the output's; kLseRel for lse).
 #include <gtest/gtest.h>
 
@@ -32,6 +32,7 @@ using attn_test::to_float;
 
 struct Prefix {
   int len, q_begin, q_end;
+  uint64_t heads = ~uint64_t(0);  // the KV heads that read it
 };
 
 struct DecodeCase {
@@ -57,6 +58,10 @@ std::vector<DecodeCase> cases() {
   for (int s = 0; s < 8; s++) m.prefixes.push_back({17 + s, s, s + 1});
   v.push_back(m);
   v.push_back({"rows_without_prefix_hs64", 5, 8, 2, 64, {{0, 0, 5}, {64, 1, 3}}});
+  // A segment's decode step: the carried tail read by the local KV heads (even), the retrieval
+  // prefix by the long-range ones (odd), the segment's cache rows by all; a prefix read by none.
+  v.push_back({"segment_head_sets_hs128", 3, 16, 4, 128,
+               {{512, 0, 3, 0x5}, {300, 0, 3, ~uint64_t(0x5)}, {900, 0, 3}, {40, 1, 2, 0}}});
   return v;
 }
 
@@ -101,6 +106,7 @@ TEST_P(AttentionDecode, MatchesTheCpuReference) {
     x.len = c.prefixes[e].len;
     x.q_begin = c.prefixes[e].q_begin;
     x.q_end = c.prefixes[e].q_end;
+    x.heads = c.prefixes[e].heads;
     ext_ref.push_back(x);
   }
   std::vector<double> ref_out((size_t)N * NH * HS), ref_lse((size_t)N * NH);
@@ -130,6 +136,7 @@ TEST_P(AttentionDecode, MatchesTheCpuReference) {
     x.len = c.prefixes[e].len;
     x.q_begin = c.prefixes[e].q_begin;
     x.q_end = c.prefixes[e].q_end;
+    x.heads = c.prefixes[e].heads;
     ext.push_back(x);
   }
   const size_t ws_bytes = attention_decode_workspace_bytes(ext.data(), (int)ext.size(), N, NH, NKV, HS);

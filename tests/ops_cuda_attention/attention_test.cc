@@ -72,7 +72,7 @@ GpuOutputs run_gpu(const Inputs& in) {
   for (size_t e = 0; e < in.ext.size(); e++) {
     const auto& x = in.ext[e];
     ext.push_back(ExternalKV{ek[e].data(), ev[e].data(), x.grad ? edk[e].data() : nullptr,
-                             x.grad ? edv[e].data() : nullptr, x.len, x.q_begin, x.q_end});
+                             x.grad ? edv[e].data() : nullptr, x.len, x.q_begin, x.q_end, x.heads});
   }
 
   attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), tiles, ext.data(), (int)ext.size(), N, NH,
@@ -128,7 +128,9 @@ TEST_P(GpuAttention, MatchesCpuReference) {
   EXPECT_LE(attn_test::rel_l2(got.dv, ref.dv), kRelL2Bf16) << "dv";
   for (size_t e = 0; e < in.ext.size(); e++) {
     const auto& x = in.ext[e];
-    if (x.grad) {
+    if (x.grad && attn_test::read_by_some_head(x, c.NKV)) {
+      EXPECT_EQ(attn_test::unread_heads_changed(got.ext_dk[e], x.dk0, x, c.NKV, c.HS), 0) << "ext " << e << " dk";
+      EXPECT_EQ(attn_test::unread_heads_changed(got.ext_dv[e], x.dv0, x, c.NKV, c.HS), 0) << "ext " << e << " dv";
       EXPECT_LE(attn_test::rel_l2(attn_test::minus(got.ext_dk[e], x.dk0), attn_test::minus(ref.ext_dk[e], x.dk0)),
                 kRelL2Bf16)
           << "ext " << e << " dk (+=)";
@@ -155,11 +157,13 @@ INSTANTIATE_TEST_SUITE_P(Trees, GpuAttention,
                                            GpuCase{"comb", 4, 1, 128, 1}, GpuCase{"comb", 4, 2, 64, 1},
                                            GpuCase{"frames196", 12, 12, 64, 0}, GpuCase{"frames16", 4, 4, 128, 0},
                                            GpuCase{"bidirectional_tree", 4, 2, 64, 1},
-                                           GpuCase{"bidirectional_tree", 4, 1, 128, 0}),
+                                           GpuCase{"bidirectional_tree", 4, 1, 128, 0},
+                                           GpuCase{"random_tree", 8, 4, 128, 2}, GpuCase{"comb", 4, 2, 64, 2},
+                                           GpuCase{"chain1025", 16, 8, 128, 2}),
                          [](const ::testing::TestParamInfo<GpuCase>& i) {
                            const GpuCase& c = i.param;
                            return c.layout + "_hs" + std::to_string(c.HS) + "_gqa" + std::to_string(c.NH / c.NKV) +
-                                  (c.ext_mode ? "_ext" : "");
+                                  (c.ext_mode == 1 ? "_ext" : c.ext_mode == 2 ? "_headsets" : "");
                          });
 
 // dk and dv have one writer per element and a fixed order: two runs agree bit for bit.
