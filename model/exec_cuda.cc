@@ -11,6 +11,7 @@
 #include "ops/cuda/check.h"
 #include "ops/cuda/embedding.h"
 #include "ops/cuda/rmsnorm.h"
+#include "ops/cuda/retrieval.h"
 #include "ops/cuda/rope.h"
 #include "ops/cuda/sampling.h"
 #include "ops/cuda/swiglu.h"
@@ -284,6 +285,19 @@ void CudaExec::gather_rows(Act* out, const Act* in, const int32_t* rows, int R, 
 void CudaExec::copy(Act* dst, const Act* src, int64_t n) {
   mark(Op::kOther);
   if (n) TT_CUDA_CHECK(cudaMemcpyAsync(dst, src, sizeof(Act) * (size_t)n, cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaExec::retrieval_select(int32_t* idx, const Act* q, const Act* pool_k, int P, int NH, int NKV, int HS,
+                                uint64_t heads, int R) {
+  mark(Op::kOther);
+  cuda::retrieval_select(idx, q, pool_k, P, NH, NKV, HS, heads, R,
+                         workspace(cuda::retrieval_select_workspace_bytes(P, R)), stream_);
+}
+
+void CudaExec::retrieval_gather(Act* out, const Act* pool, const int32_t* idx, int R, int NKV, int HS,
+                                uint64_t heads) {
+  mark(Op::kOther);
+  cuda::retrieval_gather(out, pool, idx, R, NKV, HS, heads, stream_);
 }
 
 void CudaExec::scatter_rows(Act* out, const Act* in, const int32_t* rows, int R, int C) {

@@ -168,6 +168,11 @@ class CudaExec {
   void gather_rows(Act* out, const Act* in, const int32_t* rows, int R, int C);
   void scatter_rows(Act* out, const Act* in, const int32_t* rows, int R, int C);
   void copy(Act* dst, const Act* src, int64_t n);
+  // Segment retrieval (ops/cuda/retrieval.h; CPU meaning in exec_cpu.h): fp32 scores, so near-ties
+  // may order differently from the fp64 reference.
+  void retrieval_select(int32_t* idx, const Act* q, const Act* pool_k, int P, int NH, int NKV, int HS,
+                        uint64_t heads, int R);
+  void retrieval_gather(Act* out, const Act* pool, const int32_t* idx, int R, int NKV, int HS, uint64_t heads);
   // The vision tower's ops (model/vision.h; CPU meaning in exec_cpu.h and ops/cpu/vision.h):
   // LayerNorm, GELU (tanh or erf), Linear biases, row moves between the tower's and the decoder's
   // rows, patchify. dx, dw, db accumulate (+=) as on the CPU.

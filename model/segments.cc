@@ -36,16 +36,19 @@ SegmentReads<E>::SegmentReads(Decoder<E>& model, const SegmentConfig& cfg)
 template <class E>
 typename E::Rope SegmentReads<E>::rope(const int32_t* pos, int n) const {
   const ModelConfig& c = model_->config();
-  typename E::Rope r = model_->exec().make_rope(pos, n, (int)c.head_dim, c.rope_theta, nullptr);
+  // One table at a time (stream-ordered: each is used before the next is built); build() sizes
+  // the storage for its largest first.
+  model_->exec().ensure(rope_store_, std::max<size_t>(E::rope_bytes(n, (int)c.head_dim), 1));
+  typename E::Rope r = model_->exec().make_rope(pos, n, (int)c.head_dim, c.rope_theta, rope_store_.data());
   if constexpr (E::kHybridOps) r.rotary_dim = c.rotary_dim() == c.head_dim ? 0 : c.rotary_dim();
   return r;
 }
 
 template <class E>
 void SegmentReads<E>::build(const SegmentHistory<E>& h, bool tail_grads) {
-  static_assert(std::is_same_v<typename E::Act, typename E::Acc>,
-                "the tail's gradients are rotated back in place: a backend whose Acc differs from Act needs an "
-                "Acc RoPE first");
+  if constexpr (!std::is_same_v<Act, Acc>)
+    TT_CHECK(!tail_grads, "segments: training with segments runs on the CPU backend so far (the tail's gradients are "
+                          "rotated back in fp32, which needs a RoPE on this backend's accumulators)");
   E& e = model_->exec();
   const SegmentConfig& cfg = *cfg_;
   const int64_t KD = (int64_t)NKV_ * HS_, QD = (int64_t)NH_ * HS_;
@@ -56,6 +59,7 @@ void SegmentReads<E>::build(const SegmentHistory<E>& h, bool tail_grads) {
   if (cfg.local_heads(NKV_) == 0) tail_len_ = 0;  // every head is long-range: nobody reads a tail
   const int M = (int)tail_len_, R = (int)ret_len_;
   const int64_t P = cfg.shift(i);
+  e.ensure(rope_store_, std::max<size_t>(E::rope_bytes(std::max(M, R), HS_), 1));
   if (M > 0) {
     TT_CHECK((int64_t)h.tail_rows.size() >= M, "segments: segment ", i, " needs ", M, " tail rows, its history has ",
              h.tail_rows.size());
@@ -175,6 +179,7 @@ template <class E>
 void SegmentReads<E>::push_tail_grads(const std::vector<Acc*>& dk, const std::vector<Acc*>& dv) {
   if (tail_len_ == 0) return;
   TT_CHECK(grads_, "segments: the tail was built without gradient accumulators");
+  if constexpr (std::is_same_v<Act, Acc>) {
   E& e = model_->exec();
   const int M = (int)tail_len_, KD = NKV_ * HS_;
   const int32_t* rows = reinterpret_cast<const int32_t*>(tail_rows_.data());
@@ -185,6 +190,7 @@ void SegmentReads<E>::push_tail_grads(const std::vector<Acc*>& dk, const std::ve
     e.rope_backward(gk, rope(reinterpret_cast<const int32_t*>(tail_pos_.data()), M), M, NKV_, HS_);
     e.add_rows(dk[l], rows, gk, M, KD);
     e.add_rows(dv[l], rows, reinterpret_cast<const Acc*>(dv_[l].data()), M, KD);
+  }
   }
 }
 
@@ -212,12 +218,13 @@ void PoolChunk<E>::assign(Decoder<E>& model, const SegmentConfig& cfg, const std
   k_.resize(L);
   v_.resize(L);
   row_elems_.assign(L, 0);
-  typename E::Buffer d_pos, d_rows;
+  typename E::Buffer d_pos, d_rows, d_rope;
+  e.ensure(d_rope, std::max<size_t>(E::rope_bytes(N, HS), 1));
   e.ensure(d_pos, sizeof(int32_t) * std::max(N, 1));
   e.ensure(d_rows, sizeof(int32_t) * std::max(N, 1));
   e.upload(d_pos.data(), pos.data(), sizeof(int32_t) * N);
   e.upload(d_rows.data(), rows.data(), sizeof(int32_t) * N);
-  typename E::Rope r = e.make_rope(reinterpret_cast<const int32_t*>(d_pos.data()), N, HS, mc.rope_theta, nullptr);
+  typename E::Rope r = e.make_rope(reinterpret_cast<const int32_t*>(d_pos.data()), N, HS, mc.rope_theta, d_rope.data());
   if constexpr (E::kHybridOps) r.rotary_dim = mc.rotary_dim() == mc.head_dim ? 0 : mc.rotary_dim();
   for (int l = 0; l < L; ++l) {
     if (!cfg.long_layer(l) || model.carry_row_elems(l) == 0) continue;
@@ -544,7 +551,9 @@ class SegmentedInference {
   // queries become st's last; a full segment closes and the next one opens.
   void append(SeqSegments<E>& st, int r, int n, int32_t row) {
     st.rows.push_back(row);
-    if (cfg_.retrieval())
+    // Only the batch's last row, or the row closing the segment, is ever read as the last query.
+    const bool needed = r == n - 1 || (int64_t)st.rows.size() == cfg_.length;
+    if (cfg_.retrieval() && needed)
       for (int l = 0; l < L_; ++l)
         if (cfg_.long_layer(l))
           model_.exec().copy(q_of(st, l), reinterpret_cast<const Act*>(q_buf_.data()) + ((int64_t)l * n + r) * QD_, QD_);
@@ -623,16 +632,20 @@ std::vector<Completion> generate_segmented(Decoder<E>& model, const SegmentConfi
   for (size_t p = 0; p < prompts.size(); ++p) {
     const std::vector<int32_t>& tok = prompts[p].tokens;
     const int64_t plen = (int64_t)tok.size();
-    KVCache<E> cache(model, plen + (int64_t)K * opt.max_new_tokens);
+    // The cache holds open segments only: a closed segment's rows live on as its successor's tail
+    // and in the pool (both copies), so the prompt's segments reuse one span of S rows, and each
+    // sample's rows a ring of S (a segment's rows are consecutive modulo S: at most two runs).
+    const int64_t ring = std::min<int64_t>(S, opt.max_new_tokens);
+    KVCache<E> cache(model, std::min(plen, S) + (int64_t)K * ring);
     SegmentedInference<E> seg(model, cfg, cache);
-    const int64_t prompt_rows = cache.reserve(plen);
+    const int64_t prompt_rows = cache.reserve(std::min(plen, S));
     out[p].id = prompts[p].id;
     out[p].samples.resize(K);
     std::vector<SampleStream> streams;
     std::vector<int64_t> gen_row;
     for (int s = 0; s < K; ++s) {
       streams.emplace_back(opt, (int64_t)p, s, &out[p].samples[s]);
-      gen_row.push_back(cache.reserve(opt.max_new_tokens));
+      gen_row.push_back(cache.reserve(ring));
     }
     const bool capture = logits_out && p == 0;
     // Prefill, segment by segment through the same prefixes as training.
@@ -645,7 +658,7 @@ std::vector<Completion> generate_segmented(Decoder<E>& model, const SegmentConfi
       Carry<E> carry(model.architecture().num_layers());
       seg.read(prompt, carry, 0, n);
       std::vector<int32_t> rows(n);
-      for (int j = 0; j < n; ++j) rows[j] = (int32_t)(prompt_rows + d0 + j);
+      for (int j = 0; j < n; ++j) rows[j] = (int32_t)(prompt_rows + j);
       const CacheWrite<E> w = seg.write(rows);
       const bool final = d0 + n == plen;
       std::vector<int32_t> want;
@@ -697,7 +710,7 @@ std::vector<Completion> generate_segmented(Decoder<E>& model, const SegmentConfi
         step.node_len.push_back(1);
         step.node_parent.push_back(-1);
         step.tree_start.push_back(r);
-        rows.push_back((int32_t)(gen_row[act[r]] + j - 1));
+        rows.push_back((int32_t)(gen_row[act[r]] + (j - 1) % ring));
         seg.read(state[act[r]], carry, r, r + 1);
         who.push_back(&streams[act[r]]);
       }
@@ -735,5 +748,12 @@ std::vector<Completion> generate_segmented(Decoder<E>& model, const SegmentConfi
 TT_SEGMENTS_INSTANTIATE(CpuExec<float>)
 TT_SEGMENTS_INSTANTIATE(CpuExec<double>)
 #undef TT_SEGMENTS_INSTANTIATE
+// The GPU runs the segment operator in inference (training needs the repeated backward and the
+// fp32 tail rotation there first).
+template class SegmentReads<CudaExec>;
+template class PoolChunk<CudaExec>;
+template std::vector<Completion> generate_segmented<CudaExec>(Decoder<CudaExec>&, const SegmentConfig&,
+                                                              const std::vector<Prompt>&, const SamplingOptions&,
+                                                              GenerateStats*, std::vector<std::vector<double>>*);
 
 }  // namespace tt::model

@@ -36,12 +36,15 @@
 // parameter gradients are the sum over columns. A segment's activations stay live until its
 // last column ran and its children read their tails: K + 1 segments of a long sequence at once
 // (the pool, detached, is kept for the whole path). The CPU backend backs it so far (backward
-// without the loss, repeated backwards on one forward's activations).
+// without the loss, repeated backwards on one forward's activations; the GPU's backward
+// consumes its saved activations and rotates fp32 tail gradients it has no RoPE for).
 //
 // Inference (SegmentedSequence, generate_segmented): a prompt is prefilled segment by segment
 // through the same prefixes, then decoding runs inside the current segment with the KV cache,
 // rolling into a new segment every S tokens; the logits equal the training forward's (bitwise on
-// the CPU: tests/model/segments_test.cc).
+// the CPU: tests/model/segments_test.cc). Both backends; the KV cache holds open segments only (a
+// closed segment lives on in its successor's tail and in the pool), so the memory of a prefill
+// is bounded by S rows of cache plus the pool of the long-range layers.
 #pragma once
 
 #include <cstdint>
@@ -133,6 +136,7 @@ class SegmentReads {
   std::vector<typename E::Buffer> tk_, tv_, dk_, dv_;  // [layer] (M_i, KD)
   std::vector<typename E::Buffer> rk_, rv_, idx_;      // [layer] (R_i, KD), (NKV, R_i)
   typename E::Buffer ret_pos_, q_pos_, qn_, pool_k_, pool_v_;
+  mutable typename E::Buffer rope_store_;  // the RoPE table of rope() (a backend's storage)
 };
 
 struct SegmentRunStats {

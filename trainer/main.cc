@@ -94,7 +94,7 @@ const char* const kUsage = R"(usage:
       rollouts line (prompt masked, weight 1.0 for your reward) that `treetrain train` reads.
       --set keys: model.max_position_embeddings, model.eos_token_id, sample.max_batch_tokens,
       segments.length, .tail, .long_range.{layers,heads,retrieve} (trainer/sample.h); a run
-      trained with segments samples with them (the same segment operator; cpu).
+      trained with segments samples with them (the same segment operator; cpu or cuda).
   treetrain launch --nproc N [--master-port P] [--master-addr A] [--program PATH] -- <treetrain args>
       Start N local ranks of `treetrain <args>` (data parallelism, distributed/README.md) with RANK,
       WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set (a free port unless --master-port);

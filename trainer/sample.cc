@@ -212,22 +212,23 @@ int64_t run_sample(const SampleCommand& c) {
     std::error_code ec;
     if (!parent.empty() && !fs::is_directory(parent, ec)) throw Error(str("--out ", c.out, ": no folder ", parent.string()));
   }
-  if (seg.enabled() && c.device == "cuda")
-    throw Error("--device cuda: segments (segments.length " + std::to_string(seg.length) +
-                ") run on the cpu backend so far (--device cpu or auto)");
-  const int gpu = seg.enabled() ? -1 : resolve_device(c.device, cfg);
+  const int gpu = resolve_device(c.device, cfg);
   if (seg.enabled())
-    spdlog::info("sample: segments of {} tokens, tail {}, {} long-range layers retrieving {} (cpu)", seg.length,
-                 seg.tail, seg.long_range.layers.size(), seg.long_range.retrieve);
+    spdlog::info("sample: segments of {} tokens, tail {}, {} long-range layers retrieving {}", seg.length, seg.tail,
+                 seg.long_range.layers.size(), seg.long_range.retrieve);
   spdlog::info("sample: {} prompts from {}, model {} ({} layers, vocab {}) on {}, {} samples each, up to {} new tokens",
                prompts.size(), c.prompts, dir, cfg.num_hidden_layers, cfg.vocab_size, gpu < 0 ? "cpu" : "cuda",
                opt.num_samples, opt.max_new_tokens);
   const auto t0 = std::chrono::steady_clock::now();
   model::GenerateStats st;
   const std::vector<model::Completion> done =
-      seg.enabled() ? model::generate_segmented(*load_inference_model<model::CpuExec<float>>(cfg, dir), seg, prompts, opt, &st)
-      : gpu < 0     ? run_on<model::CpuExec<float>>(cfg, dir, prompts, opt, &st)
-                    : run_on<model::CudaExec>(cfg, dir, prompts, opt, &st);
+      seg.enabled()
+          ? (gpu < 0 ? model::generate_segmented(*load_inference_model<model::CpuExec<float>>(cfg, dir), seg, prompts,
+                                                 opt, &st)
+                     : model::generate_segmented(*load_inference_model<model::CudaExec>(cfg, dir), seg, prompts, opt,
+                                                 &st))
+      : gpu < 0 ? run_on<model::CpuExec<float>>(cfg, dir, prompts, opt, &st)
+                : run_on<model::CudaExec>(cfg, dir, prompts, opt, &st);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string text = completions_jsonl(prompts, done, opt.num_samples);
   if (c.out.empty()) {

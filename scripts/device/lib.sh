@@ -46,7 +46,7 @@ run_gtest() {
   [ $rc -ne 0 ] && status="FAIL(rc=$rc)"
   printf "%-22s %-12s passed %3d failed %3d %4ds\n" "$t" "$status" "$passed" "$failed" $((SECONDS - start)) >>"$summary"
   [ -n "$san_limit" ] || return 0
-  first=$(grep -m1 '^\[  FAILED  \].*(' <<<"$section" | sed 's/^\[  FAILED  \] \([^ ]*\).*/\1/')
+  first=$(grep -m1 '^\[  FAILED  \].*(' <<<"$section" | sed 's/^\[  FAILED  \] \([^ ,]*\).*/\1/')
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   if [ -n "$first" ] && [ -x "$san" ] && [ -z "${memchecked:-}" ]; then
     memchecked=1

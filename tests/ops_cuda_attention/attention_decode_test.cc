@@ -61,7 +61,7 @@ std::vector<DecodeCase> cases() {
   // A segment's decode step: the carried tail read by the local KV heads (even), the retrieval
   // prefix by the long-range ones (odd), the segment's cache rows by all; a prefix read by none.
   v.push_back({"segment_head_sets_hs128", 3, 16, 4, 128,
-               {{512, 0, 3, 0x5}, {300, 0, 3, ~uint64_t(0x5)}, {900, 0, 3}, {40, 1, 2, 0}}});
+               {{512, 0, 3, 0x5}, {300, 0, 3, 0xA}, {900, 0, 3}, {40, 1, 2, 0}}});
   return v;
 }
 
