@@ -1,0 +1,184 @@
+// Segment-level prefill against full-context prefill on the "cuda" backend (issue 18): an
+// inference-only model (bf16 weights only, random) prefills one prompt of N tokens and computes
+// the logits of its last row, either
+//   full:      model::generate, the whole prompt one batch: the KV cache of every row and layer
+//              plus one layer's working set at a time;
+//   segmented: model::generate_segmented with segments of S tokens, a carried tail of M rows, R
+//              retrieved pairs for the long-range KV heads of 4 layers: the cache holds the open
+//              segment, the tail and the pool (every earlier row of the long-range layers).
+// Per (shape, N, mode), on a model of its own (a model keeps its working buffers between calls,
+// so a mode measured after another would count the other's): a warm-up prefill of 4096 tokens,
+// then the prefill time (the faster of 2) and the allocator's peak bytes in use over both, whole
+// and above the weights. Shapes: llama2_7b (the paper's: 32
+// layers, 32 heads of 128, no GQA, long-range layers {6, 8, 11, 18}) and qwen3_1_7b
+// (bench/qwen3_shapes.h, long-range layers {4, 8, 12, 18}); the long-range KV heads are the last
+// quarter (the paper does not say how many). Output: one JSON object (stdout).
+// Flags: --shape llama2_7b|qwen3_1_7b, --tokens 32768,65536,131072, --modes full,segmented,
+// --segment 4096, --tail 512, --retrieve 512.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "base/check.h"
+#include "bench/qwen3_shapes.h"
+#include "model/decoder.h"
+#include "model/generate.h"
+#include "model/segments.h"
+#include "ops/cuda/check.h"
+
+namespace {
+
+using tt::Error;
+using tt::str;
+namespace model = tt::model;
+
+model::ModelConfig llama2_7b() {
+  model::ModelConfig c;
+  c.architecture = "llama";
+  c.vocab_size = 32000;
+  c.hidden_size = 4096;
+  c.intermediate_size = 11008;
+  c.num_hidden_layers = 32;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 32;
+  c.head_dim = 128;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 10000.0;
+  c.tie_word_embeddings = false;
+  c.initializer_range = 0.02;
+  return c;
+}
+
+std::vector<int64_t> ints(const std::string& s) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string x;
+  while (std::getline(ss, x, ',')) out.push_back(std::stoll(x));
+  return out;
+}
+
+int run(int argc, char** argv) {
+  std::string shape = "llama2_7b", modes = "full,segmented";
+  std::vector<int64_t> tokens = {32768, 65536, 131072};
+  int64_t S = 4096, M = 512, R = 512;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw Error(str(a, ": missing value"));
+      return argv[++i];
+    };
+    if (a == "--shape") shape = next();
+    else if (a == "--tokens") tokens = ints(next());
+    else if (a == "--modes") modes = next();
+    else if (a == "--segment") S = std::stoll(next());
+    else if (a == "--tail") M = std::stoll(next());
+    else if (a == "--retrieve") R = std::stoll(next());
+    else throw Error(str("unknown flag ", a, " (see bench/segments_bench.cc)"));
+  }
+  model::ModelConfig cfg;
+  std::vector<int> long_layers;
+  if (shape == "llama2_7b") {
+    cfg = llama2_7b();
+    long_layers = {6, 8, 11, 18};
+  } else if (shape == "qwen3_1_7b") {
+    cfg = tt::bench::qwen3_1_7b();
+    long_layers = {4, 8, 12, 18};
+  } else {
+    throw Error(str("--shape ", shape, ": expected llama2_7b or qwen3_1_7b"));
+  }
+  cfg.max_position_embeddings = *std::max_element(tokens.begin(), tokens.end()) + 16;
+  model::SegmentConfig seg;
+  seg.length = S;
+  seg.tail = M;
+  seg.tbptt = 1;
+  seg.long_range.layers = long_layers;
+  const int NKV = (int)cfg.num_key_value_heads;
+  for (int g = NKV - NKV / 4; g < NKV; ++g) seg.long_range.heads.push_back(g);
+  seg.long_range.retrieve = R;
+  seg.validate(cfg);
+
+  model::DecoderOptions o;
+  o.inference = true;
+  int64_t weights = 0;
+  {
+    model::CudaModel m(cfg, o);
+    weights = m.exec().allocator().stats().bytes_in_use;
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  nlohmann::json out = {{"device", prop.name},
+                        {"shape", shape},
+                        {"parameters", model::CudaModel(cfg, o).num_params()},
+                        {"weights_gib", weights / 1073741824.0},
+                        {"segments", {{"length", S}, {"tail", M}, {"retrieve", R}, {"long_layers", long_layers},
+                                      {"long_kv_heads", seg.long_range.heads}}}};
+  auto want = [&](const std::string& x) { return ("," + modes + ",").find("," + x + ",") != std::string::npos; };
+  std::mt19937_64 rng(3);
+  std::uniform_int_distribution<int> tok(0, (int)cfg.vocab_size - 1);
+  for (const int64_t N : tokens) {
+    model::Prompt p;
+    p.id = "p";
+    p.tokens.resize(N);
+    for (int32_t& t : p.tokens) t = tok(rng);
+    model::SamplingOptions so;
+    so.temperature = 0;
+    so.max_new_tokens = 1;
+    so.max_batch_tokens = N + 1;
+    nlohmann::json row = {{"tokens", N}};
+    for (const std::string mode : {"full", "segmented"}) {
+      if (!want(mode)) continue;
+      model::CudaModel m(cfg, o);
+      m.init(1);
+      auto& alloc = m.exec().allocator();
+      auto once = [&](const model::Prompt& x) {
+        model::GenerateStats st;
+        if (mode == "full") model::generate(m, {x}, so, &st);
+        else model::generate_segmented(m, seg, {x}, so, &st);
+        return st.prefill_s;
+      };
+      model::Prompt small = p;
+      small.tokens.resize(std::min<int64_t>(N, 4096));
+      once(small);  // plans, workspaces, GEMM handles
+      std::vector<double> t;
+      int64_t peak = 0;
+      for (int r = 0; r < 2; ++r) {
+        TT_CUDA_CHECK(cudaDeviceSynchronize());
+        alloc.reset_peak();
+        t.push_back(once(p));
+        peak = std::max(peak, alloc.stats().peak_bytes_in_use);
+      }
+      std::sort(t.begin(), t.end());
+      row[mode] = {{"prefill_s", t[0]}, {"peak_gib", peak / 1073741824.0},
+                   {"peak_above_weights_gib", (peak - weights) / 1073741824.0}, {"tokens_per_s", N / t[0]}};
+      std::fprintf(stderr, "%s N=%lld %s: %.3f s, peak %.2f GiB (%.2f above the weights)\n", shape.c_str(),
+                   (long long)N, mode.c_str(), t[0], peak / 1073741824.0, (peak - weights) / 1073741824.0);
+    }
+    if (row.contains("full") && row.contains("segmented")) {
+      row["peak_ratio"] = row["full"]["peak_gib"].get<double>() / row["segmented"]["peak_gib"].get<double>();
+      row["peak_above_weights_ratio"] = row["full"]["peak_above_weights_gib"].get<double>() /
+                                        row["segmented"]["peak_above_weights_gib"].get<double>();
+      row["speedup"] = row["full"]["prefill_s"].get<double>() / row["segmented"]["prefill_s"].get<double>();
+    }
+    out["runs"].push_back(row);
+  }
+  std::cout << out.dump(2) << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "segments_bench: error: %s\n", e.what());
+    return 1;
+  }
+}
