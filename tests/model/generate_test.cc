@@ -84,7 +84,7 @@ data::PackedBatch decode_batch(const std::vector<int32_t>& tokens, const std::ve
 // the conv window, a decode row's window reaches into the zeros before the prompt.
 TEST(Decode, LogitsEqualTheFullForwardAtEveryPosition) {
   for (const std::string arch : kArchs)
-    for (const std::vector<int32_t> prompt : {std::vector<int32_t>{1, 7, 2, 9, 4}, {6}, {10, 3}}) {
+    for (const std::vector<int32_t>& prompt : {std::vector<int32_t>{1, 7, 2, 9, 4}, {6}, {10, 3}}) {
     Model<double> m(config(arch));
     init(m, 3);
     const int V = (int)m.config().vocab_size, L = m.architecture().num_layers();
