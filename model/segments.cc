@@ -179,18 +179,20 @@ template <class E>
 void SegmentReads<E>::push_tail_grads(const std::vector<Acc*>& dk, const std::vector<Acc*>& dv) {
   if (tail_len_ == 0) return;
   TT_CHECK(grads_, "segments: the tail was built without gradient accumulators");
-  if constexpr (std::is_same_v<Act, Acc>) {
-  E& e = model_->exec();
-  const int M = (int)tail_len_, KD = NKV_ * HS_;
-  const int32_t* rows = reinterpret_cast<const int32_t*>(tail_rows_.data());
-  for (int l = 0; l < L_; ++l) {
-    if (!attention_[l]) continue;
-    Acc* gk = reinterpret_cast<Acc*>(dk_[l].data());
-    // d(rotated key) -> d(key at the position it was computed at): the inverse rotation.
-    e.rope_backward(gk, rope(reinterpret_cast<const int32_t*>(tail_pos_.data()), M), M, NKV_, HS_);
-    e.add_rows(dk[l], rows, gk, M, KD);
-    e.add_rows(dv[l], rows, reinterpret_cast<const Acc*>(dv_[l].data()), M, KD);
-  }
+  if constexpr (!std::is_same_v<Act, Acc>) {
+    TT_CHECK(false, "segments: the tail's gradients need a RoPE on this backend's accumulators");  // build refused
+  } else {
+    E& e = model_->exec();
+    const int M = (int)tail_len_, KD = NKV_ * HS_;
+    const int32_t* rows = reinterpret_cast<const int32_t*>(tail_rows_.data());
+    for (int l = 0; l < L_; ++l) {
+      if (!attention_[l]) continue;
+      Acc* gk = reinterpret_cast<Acc*>(dk_[l].data());
+      // d(rotated key) -> d(key at the position it was computed at): the inverse rotation.
+      e.rope_backward(gk, rope(reinterpret_cast<const int32_t*>(tail_pos_.data()), M), M, NKV_, HS_);
+      e.add_rows(dk[l], rows, gk, M, KD);
+      e.add_rows(dv[l], rows, reinterpret_cast<const Acc*>(dv_[l].data()), M, KD);
+    }
   }
 }
 

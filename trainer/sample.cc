@@ -83,11 +83,13 @@ void apply_sets(const std::vector<std::string>& sets, model::ModelConfig* cfg, m
   }
 }
 
+// Generation on backend E, through the segment operator when segments are on.
 template <class E>
 std::vector<model::Completion> run_on(const model::ModelConfig& cfg, const std::string& dir,
-                                      const std::vector<model::Prompt>& prompts, const model::SamplingOptions& opt,
-                                      model::GenerateStats* st) {
-  return model::generate(*load_inference_model<E>(cfg, dir), prompts, opt, st);
+                                      const model::SegmentConfig& seg, const std::vector<model::Prompt>& prompts,
+                                      const model::SamplingOptions& opt, model::GenerateStats* st) {
+  const std::unique_ptr<model::Decoder<E>> m = load_inference_model<E>(cfg, dir);
+  return seg.enabled() ? model::generate_segmented(*m, seg, prompts, opt, st) : model::generate(*m, prompts, opt, st);
 }
 
 }  // namespace
@@ -222,13 +224,8 @@ int64_t run_sample(const SampleCommand& c) {
   const auto t0 = std::chrono::steady_clock::now();
   model::GenerateStats st;
   const std::vector<model::Completion> done =
-      seg.enabled()
-          ? (gpu < 0 ? model::generate_segmented(*load_inference_model<model::CpuExec<float>>(cfg, dir), seg, prompts,
-                                                 opt, &st)
-                     : model::generate_segmented(*load_inference_model<model::CudaExec>(cfg, dir), seg, prompts, opt,
-                                                 &st))
-      : gpu < 0 ? run_on<model::CpuExec<float>>(cfg, dir, prompts, opt, &st)
-                : run_on<model::CudaExec>(cfg, dir, prompts, opt, &st);
+      gpu < 0 ? run_on<model::CpuExec<float>>(cfg, dir, seg, prompts, opt, &st)
+              : run_on<model::CudaExec>(cfg, dir, seg, prompts, opt, &st);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string text = completions_jsonl(prompts, done, opt.num_samples);
   if (c.out.empty()) {

@@ -45,6 +45,9 @@ struct ExternalKV {
   bool read_by(int g) const { return (heads >> g) & 1; }
 };
 
+// The head set of every one of NKV KV heads.
+inline uint64_t all_kv_heads(int NKV) { return NKV >= 64 ? ~uint64_t(0) : (uint64_t(1) << NKV) - 1; }
+
 // out (N, NH, HS), lse (N, NH); q (N, NH, HS); k, v (N, NKV, HS).
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                        const TreeTiles& tiles, const ExternalKV* ext, int n_ext, int N, int NH, int NKV,

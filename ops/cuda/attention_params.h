@@ -145,9 +145,8 @@ inline AttnFwdParams make_fwd_params(bf16* out, float* lse, const bf16* q, const
   p.tiles = tiles;
   p.fwd_items = kFwdItemsPerBlock;
   p.n_ext = 0;
-  const uint64_t all = NKV >= 64 ? ~uint64_t(0) : (uint64_t(1) << NKV) - 1;
   for (int e = 0; e < n_ext; e++) {
-    if (ext[e].len == 0 || (ext[e].heads & all) == 0) continue;
+    if (ext[e].len == 0 || (ext[e].heads & all_kv_heads(NKV)) == 0) continue;
     p.ext[p.n_ext++] = AttnExtParams{ext[e].k,     ext[e].v,       ext[e].dk,    ext[e].dv,
                                      ext[e].len,   ext[e].q_begin, ext[e].q_end, ext[e].heads};
   }

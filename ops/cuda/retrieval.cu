@@ -90,8 +90,8 @@ void retrieval_select(int32_t* idx, const bf16* q, const bf16* pool_k, int P, in
   TT_CHECK(G * HS <= kMaxQ, "retrieval_select: ", G, " query heads of ", HS, " per KV head, at most ", kMaxQ,
            " values");
   if (R == 0) return;
-  detail::check_workspace(ws, retrieval_select_workspace_bytes(P, R), "retrieval_select");
   Scratch s(P, R, ws.ptr);
+  detail::check_workspace(ws, s.bytes, "retrieval_select");
   for (int g = 0; g < NKV; ++g) {
     int32_t* out = idx + (int64_t)g * R;
     if (!((heads >> g) & 1)) {

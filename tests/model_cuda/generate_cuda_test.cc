@@ -55,15 +55,6 @@ std::vector<double> cpu_logits(model::Model<double>& m, const std::vector<int32_
   return m.infer(b, model::InferRequest::all_logits()).logits;
 }
 
-double rel_l2(const double* a, const double* ref, int n) {
-  double num = 0, den = 0;
-  for (int i = 0; i < n; ++i) {
-    num += (a[i] - ref[i]) * (a[i] - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  return std::sqrt(num / den);
-}
-
 TEST_F(GenerateCuda, DecodeLogits) {
   const model::ModelConfig cfg = config_of(kShape);
   const std::vector<float> w = weights(cfg, 3);

@@ -35,21 +35,10 @@ double segment_logit_bound(int layers) { return 3.0 * std::sqrt((15.0 * layers +
 
 class SegmentsCuda : public GpuTest {};
 
-double rel_l2(const std::vector<double>& a, const std::vector<double>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (a[i] - ref[i]) * (a[i] - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  return std::sqrt(num / den);
-}
-
 TEST_F(SegmentsCuda, SegmentedGenerationMatchesTheCpu) {
   const model::ModelConfig cfg = config_of(kShape);
-  model::Model<float> init(cfg);
-  init.init(21);
-  std::vector<float> w(init.params(), init.params() + init.num_params());
-  for (float& x : w) x = cuda::round_to_bf16(x);
+  const std::vector<double> wd = bf16_weights(init_master(cfg, 21));
+  const std::vector<float> w(wd.begin(), wd.end());
   model::DecoderOptions o;
   o.inference = true;
   model::CudaModel gpu(cfg, o);
@@ -79,7 +68,7 @@ TEST_F(SegmentsCuda, SegmentedGenerationMatchesTheCpu) {
   const double bound = segment_logit_bound(kShape.L);
   double worst = 0;
   for (size_t j = 0; j < p.tokens.size(); ++j) {
-    const double e = rel_l2(lg[j], lc[j]);
+    const double e = rel_l2(lg[j].data(), lc[j].data(), kShape.V);
     EXPECT_LT(e, bound) << "prompt row " << j << " (segment " << j / 64 << ")";
     worst = std::max(worst, e);
   }
@@ -99,7 +88,7 @@ TEST_F(SegmentsCuda, SegmentedGenerationMatchesTheCpu) {
       break;
     }
     if (t + 1 < ct.size()) {  // decode step t read token t
-      const double e = rel_l2(lg[p.tokens.size() + t], lc[p.tokens.size() + t]);
+      const double e = rel_l2(lg[p.tokens.size() + t].data(), lc[p.tokens.size() + t].data(), kShape.V);
       EXPECT_LT(e, bound) << "decode step " << t << " (depth " << p.tokens.size() + t << ")";
       worst = std::max(worst, e);
       ++steps;

@@ -173,7 +173,8 @@ inline Reference cpu_reference(const model::ModelConfig& cfg, const std::vector<
   return r;
 }
 
-inline double rel_l2(const float* got, const double* ref, int64_t n) {
+template <class T>
+double rel_l2(const T* got, const double* ref, int64_t n) {
   double num = 0, den = 0;
   for (int64_t i = 0; i < n; ++i) {
     const double d = (double)got[i] - ref[i];

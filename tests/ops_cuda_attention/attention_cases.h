@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ops/cpu/attention.h"
+#include "ops/cuda/attention.h"
 #include "ops/cuda/bf16.h"
 
 namespace tt::cuda::attn_test {
@@ -290,7 +291,7 @@ inline Inputs make_inputs(const LayoutCase& lc, int NH, int NKV, int HS, int ext
     tail.grad = true;
     tail.heads = even;
     ret.len = 64;
-    ret.heads = ~even & (NKV >= 64 ? ~uint64_t(0) : (uint64_t(1) << NKV) - 1);
+    ret.heads = ~even & cuda::all_kv_heads(NKV);
     none.len = 50;
     none.grad = true;
     none.heads = 0;
@@ -312,7 +313,7 @@ inline Inputs make_inputs(const LayoutCase& lc, int NH, int NKV, int HS, int ext
 // (len, NKV, HS)) in the heads that do not read it that differ from the initial buffer `init`
 // (they must stay untouched).
 inline bool read_by_some_head(const ExtCase& x, int NKV) {
-  return (x.heads & (NKV >= 64 ? ~uint64_t(0) : (uint64_t(1) << NKV) - 1)) != 0;
+  return (x.heads & cuda::all_kv_heads(NKV)) != 0;
 }
 inline int64_t unread_heads_changed(const std::vector<float>& got, const std::vector<float>& init, const ExtCase& x,
                                     int NKV, int HS) {
