@@ -44,9 +44,14 @@ struct BatchView {
 // Layers without cross-piece state (the MLP) have an empty entry.
 //   Recurrent layers (Gated DeltaNet) read, per root of the batch (roots in node order), the state
 //   it starts from and its conv context (the last K - 1 pre-conv rows of its path before the root,
-//   oldest first) from slot state_slot[r] of `state` and `conv`; slot -1 (or no carry) starts
-//   from zeros. The inference cache keeps them per prompt and per sample (model/generate.h).
-//   No gradient flows through them yet (a partition gateway of a hybrid is refused).
+//   oldest first) from slot state_slot[r] of `state` and `conv`; slot -1 starts from zeros (a
+//   carry given to a recurrent layer lists every root's slot; no carry: zeros). The inference
+//   cache keeps them per prompt and per sample (model/generate.h). In training (a partition
+//   gateway) the reader's backward adds its roots' state and conv-context gradients into slot
+//   state_slot[r] of d_state and d_conv (Acc, +=). The offering side of a training forward:
+//   node offer_node[s] of the batch leaves its end state and conv tail in slot s of offer_state /
+//   offer_conv (what its child pieces read), and its backward adds the gradients the readers left
+//   in slot s of offer_d_state / offer_d_conv (complete by then: readers run backward first).
 //   Segments (model/segments.h) read their carried tail and retrieval prefix as kv entries whose
 //   head sets (KV::heads) split local from long-range heads; their keys, kept at the positions
 //   they were computed at, are re-rotated to the segment's positions by the segment operator.
@@ -59,6 +64,13 @@ struct LayerCarry {
   const typename E::Acc* state = nullptr;  // (slots, recurrent_state_elems) fp32 or wider
   const typename E::Act* conv = nullptr;   // (slots, conv_context_elems)
   std::vector<int32_t> state_slot;         // (num_roots) host; empty: every root from zeros
+  typename E::Acc* d_state = nullptr;      // training: (slots, recurrent_state_elems) +=
+  typename E::Acc* d_conv = nullptr;       // training: (slots, conv_context_elems) +=
+  std::vector<int32_t> offer_node;         // training: (offers) host, nodes of the batch
+  typename E::Acc* offer_state = nullptr;  // (offers, recurrent_state_elems) forward writes
+  typename E::Act* offer_conv = nullptr;   // (offers, conv_context_elems) forward writes
+  const typename E::Acc* offer_d_state = nullptr;  // (offers, recurrent_state_elems) backward reads
+  const typename E::Acc* offer_d_conv = nullptr;   // (offers, conv_context_elems) backward reads
 };
 template <class E>
 using Carry = std::vector<LayerCarry<E>>;  // [decoder layer]

@@ -399,8 +399,9 @@ void CpuExec<T>::gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, c
 template <class T>
 void CpuExec<T>::gdn_backward(Act* dq, Act* dk, Act* dv, Act* dg, Act* dbeta, const Act* d_o, const Act* q,
                               const Act* k, const Act* v, const Act* g, const Act* beta, const Layout& layout, int N,
-                              int nk, int nv, int dk_, int dv_, double scale) {
-  cpu::gdn_tree_backward(dq, dk, dv, dg, dbeta, nullptr, d_o, nullptr, q, k, v, g, beta, nullptr,
+                              int nk, int nv, int dk_, int dv_, double scale, const double* init,
+                              double* d_init, const double* d_end) {
+  cpu::gdn_tree_backward(dq, dk, dv, dg, dbeta, d_init, d_o, d_end, q, k, v, g, beta, init,
                          gdn_tree(layout, N, nk, nv, dk_, dv_, scale));
 }
 

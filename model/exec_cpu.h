@@ -180,9 +180,12 @@ class CpuExec {
   void gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Act* g, const Act* beta,
                    const Layout& layout, int N, int nk, int nv, int dk, int dv, double scale,
                    const double* init = nullptr, double* end = nullptr);
+  // d_init (num_roots, nv, dk, dv) += when not null; d_end (num_nodes, nv, dk, dv) or null: the
+  // gradient arriving at each node's end state from outside the batch.
   void gdn_backward(Act* dq, Act* dk, Act* dv, Act* dg, Act* dbeta, const Act* d_o, const Act* q, const Act* k,
                     const Act* v, const Act* g, const Act* beta, const Layout& layout, int N, int nk, int nv,
-                    int k_dim, int v_dim, double scale);
+                    int k_dim, int v_dim, double scale, const double* init = nullptr, double* d_init = nullptr,
+                    const double* d_end = nullptr);
   // The vision tower (ops/cpu/vision.h; dx-style outputs and bias gradients +=, as there).
   void layernorm_forward(Act* out, Stat* mean, Stat* rstd, const Act* x, const Weight* w, const Weight* b, int rows,
                          int C, double eps);

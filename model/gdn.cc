@@ -204,25 +204,26 @@ size_t GdnKind::scratch_bytes(int N) const {
   return Scratch<E>(*this, N, nullptr).bytes;
 }
 
-// The cache path of a no-grad forward (the inference cache; CPU backends, host memory). Reading
-// (carried): each root's conv context becomes K - 1 rows chained before its first row (rows
-// N + r (K - 1) ..), so the conv reads them through the same path walk, and its state slot the
-// delta rule's init. Storing: the roots' end states, and the conv tails walked back from each
-// root's last row through `rows` / `links` (the extended rows when carried, else the batch's).
+// A batch's recurrent context (host memory: the CPU backends). Carried (a carry lists each root's
+// slot): each root's conv context becomes K - 1 rows chained before its first row (rows
+// N + r (K - 1) ..), so the conv reads them through the same path walk in forward and backward,
+// and its state slot the delta rule's init. Outputs (the inference cache, or a partition piece's
+// offers): each node's end state, and conv tails walked back through `links` (the extended rows
+// when carried, else the batch's).
 template <class E>
 struct GdnKind::Recurrent {
   std::vector<int> root_node;               // (R) node of each root, in node order
-  std::vector<typename E::Act> x, u;        // carried: (N + R (K - 1), CD) pre- and post-conv rows
+  std::vector<typename E::Act> x;           // carried: (N + R (K - 1), CD) pre-conv rows
   std::vector<int32_t> prev;                // carried: (N + R (K - 1))
-  std::vector<double> init, end;            // carried: (R, nv dk dv); stored: (num_nodes, nv dk dv)
-  const typename E::Act* rows = nullptr;    // the pre-conv rows the tails are read from
+  std::vector<double> init, end;            // carried: (R, nv dk dv); with outputs: (num_nodes, nv dk dv)
+  const typename E::Act* rows = nullptr;    // the pre-conv rows tails are read from
   const int32_t* links = nullptr;           // their path_prev
+  int64_t rows_n = 0;                       // N, or N + R (K - 1) when carried
 };
 
 template <class E>
-GdnKind::Recurrent<E> GdnKind::recurrent_begin(E& e, const BlockCall<E>& c, const typename E::Act* qkv,
-                                               const int32_t* prev, const typename E::Weight* conv_w, bool carried,
-                                               bool stores) const {
+GdnKind::Recurrent<E> GdnKind::recurrent_begin(const BlockCall<E>& c, const typename E::Act* qkv,
+                                               const int32_t* prev, bool carried, bool outputs) const {
   const auto& l = c.batch->layout;
   const int N = c.batch->N, Kc = K_ - 1;
   const int64_t SE = recurrent_state_elems(), CE = conv_context_elems();
@@ -230,13 +231,14 @@ GdnKind::Recurrent<E> GdnKind::recurrent_begin(E& e, const BlockCall<E>& c, cons
   for (int n = 0; n < l.num_nodes; ++n)
     if (l.node_parent[n] < 0) r.root_node.push_back(n);
   const int R = (int)r.root_node.size();
-  if (stores) r.end.assign((size_t)l.num_nodes * SE, 0.0);
+  if (outputs) r.end.assign((size_t)l.num_nodes * SE, 0.0);
   r.rows = qkv;
   r.links = prev;
+  r.rows_n = N;
   if (!carried) return r;
   const LayerCarry<E>& cr = *c.carry;
-  TT_CHECK((int)cr.state_slot.size() == R && cr.state && cr.conv, "model: layer ", layer_, ": a carry of ",
-           cr.state_slot.size(), " state slots for a batch of ", R, " roots");
+  TT_CHECK((int)cr.state_slot.size() == R, "model: layer ", layer_, ": a carry of ", cr.state_slot.size(),
+           " state slots for a batch of ", R, " roots");
   const int64_t Na = N + (int64_t)R * Kc;
   r.x.assign((size_t)Na * CD_, typename E::Act(0));
   std::copy(qkv, qkv + (size_t)N * CD_, r.x.begin());
@@ -246,6 +248,8 @@ GdnKind::Recurrent<E> GdnKind::recurrent_begin(E& e, const BlockCall<E>& c, cons
   for (int q = 0; q < R; ++q) {
     const int64_t base = N + (int64_t)q * Kc;
     const int slot = cr.state_slot[q];
+    TT_CHECK(slot < 0 || (cr.state && cr.conv), "model: layer ", layer_, ": root ", q, " reads state slot ", slot,
+             " of a carry without state buffers");
     for (int m = 0; m < Kc; ++m) {
       r.prev[base + m] = m == 0 ? -1 : (int32_t)(base + m - 1);
       if (slot >= 0) std::copy(cr.conv + slot * CE + (int64_t)m * CD_, cr.conv + slot * CE + (int64_t)(m + 1) * CD_,
@@ -255,19 +259,42 @@ GdnKind::Recurrent<E> GdnKind::recurrent_begin(E& e, const BlockCall<E>& c, cons
     if (slot >= 0)
       for (int64_t i = 0; i < SE; ++i) r.init[(size_t)q * SE + i] = (double)cr.state[slot * SE + i];
   }
-  r.u.assign(r.x.size(), typename E::Act(0));
-  e.conv1d_silu_forward(r.u.data(), r.x.data(), conv_w, r.prev.data(), (int)Na, CD_, K_);
   r.rows = r.x.data();
   r.links = r.prev.data();
+  r.rows_n = Na;
   return r;
 }
 
-// Each stored root's end state and the last K - 1 pre-conv rows of its path (oldest first).
+// Calls f(m, row) for m = K - 2 .. 0 (newest first) along the path ending at node n's last row:
+// row is the pre-conv row (of r.rows) at tail position m (oldest first), or -1 past the root.
+template <class E, class F>
+static void walk_tail(const typename E::Layout& l, const int32_t* links, int n, int Kc, F f) {
+  int32_t row = l.node_start[n] + l.node_len[n] - 1;
+  for (int m = Kc - 1; m >= 0; --m) {
+    f(m, row);
+    if (row >= 0) row = links[row];
+  }
+}
+
+// Node n's end state and the last K - 1 pre-conv rows of its path (oldest first).
+template <class E>
+void GdnKind::recurrent_write(const BlockCall<E>& c, const Recurrent<E>& r, int n, typename E::Acc* state,
+                              typename E::Act* conv) const {
+  const int64_t SE = recurrent_state_elems();
+  const double* end = r.end.data() + (size_t)n * SE;
+  for (int64_t i = 0; i < SE; ++i) state[i] = (typename E::Acc)end[i];
+  walk_tail<E>(c.batch->layout, r.links, n, K_ - 1, [&](int m, int32_t row) {
+    typename E::Act* dst = conv + (int64_t)m * CD_;
+    if (row >= 0) std::copy(r.rows + (int64_t)row * CD_, r.rows + (int64_t)(row + 1) * CD_, dst);
+    else std::fill(dst, dst + CD_, typename E::Act(0));
+  });
+}
+
+// The inference cache: each stored root's end state and conv tail (one-node trees only).
 template <class E>
 void GdnKind::recurrent_store(const BlockCall<E>& c, const Recurrent<E>& r) const {
   const auto& l = c.batch->layout;
-  const int Kc = K_ - 1, R = (int)r.root_node.size();
-  const int64_t SE = recurrent_state_elems(), CE = conv_context_elems();
+  const int R = (int)r.root_node.size();
   TT_CHECK((int)c.store_slot->size() == R && c.store_conv, "model: layer ", layer_, ": ", c.store_slot->size(),
            " state slots to store for a batch of ", R, " roots");
   for (int q = 0; q < R; ++q) {
@@ -276,32 +303,37 @@ void GdnKind::recurrent_store(const BlockCall<E>& c, const Recurrent<E>& r) cons
     const int n = r.root_node[q];
     TT_CHECK((q + 1 < R ? r.root_node[q + 1] : l.num_nodes) == n + 1, "model: layer ", layer_,
              ": stores the state of one-node trees only (tree ", q, " has several nodes)");
-    const double* end = r.end.data() + (size_t)n * SE;
-    for (int64_t i = 0; i < SE; ++i) c.store_state[slot * SE + i] = (typename E::Acc)end[i];
-    int32_t row = l.node_start[n] + l.node_len[n] - 1;
-    typename E::Act* dst = c.store_conv + slot * CE;
-    for (int m = Kc - 1; m >= 0; --m) {  // newest last
-      if (row >= 0) {
-        std::copy(r.rows + (int64_t)row * CD_, r.rows + (int64_t)(row + 1) * CD_, dst + (int64_t)m * CD_);
-        row = r.links[row];
-      } else {
-        std::fill(dst + (int64_t)m * CD_, dst + (int64_t)(m + 1) * CD_, typename E::Act(0));
-      }
-    }
+    recurrent_write(c, r, n, c.store_state + slot * recurrent_state_elems(),
+                    c.store_conv + slot * conv_context_elems());
+  }
+}
+
+// What a carry may hold for this layer: no K/V prefixes, and the roots' slots when it reads state.
+template <class E>
+void GdnKind::check_carry(const BlockCall<E>& c) const {
+  if ((c.carry && !c.carry->kv.empty()) || (c.relay && !c.relay->kv.empty()))
+    throw Error(str("model: layer ", layer_, " is linear_attention: its carry holds a recurrent state and conv "
+                    "context, not K/V prefixes"));
+  if (c.carry && c.carry->state_slot.empty())
+    throw Error(str("model: layer ", layer_, " is linear_attention: a carry must give each root's recurrent state "
+                    "slot (KVCache::read_state; slot -1 for a root that starts from zeros)"));
+  if (c.carry && c.mode == Mode::kTrain)  // a state read in training sends its gradient back
+    for (int32_t slot : c.carry->state_slot)
+      if (slot >= 0 && !(c.carry->d_state && c.carry->d_conv))
+        throw Error(str("model: layer ", layer_, " is linear_attention: a training forward reads state slot ", slot,
+                        " without d_state / d_conv accumulators for its gradient"));
+  if (c.carry && !c.carry->offer_node.empty()) {
+    TT_CHECK(c.mode == Mode::kTrain && c.carry->offer_state && c.carry->offer_conv, "model: layer ", layer_,
+             ": offers end states from a training forward into offer_state / offer_conv only");
+    for (int32_t n : c.carry->offer_node)
+      TT_CHECK(n >= 0 && n < c.batch->layout.num_nodes, "model: layer ", layer_, ": offers node ", n,
+               " of a batch of ", c.batch->layout.num_nodes, " nodes");
   }
 }
 
 template <class E>
 void GdnKind::forward(E& e, const BlockCall<E>& c) const {
-  // A training forward's carry is a partition gateway; a no-grad one must say where each root's
-  // state is (KVCache::read_state), never default to zeros behind the caller's back.
-  if ((c.carry && (c.mode == Mode::kTrain || !c.carry->kv.empty())) || c.relay)
-    throw Error(str("model: layer ", layer_, " is linear_attention, which does not carry its recurrent state and conv "
-                    "tail across a partition cut yet (no gradient through them): train it unpartitioned "
-                    "(partition.capacity_tokens: 0)"));
-  if (c.carry && c.carry->state_slot.empty())
-    throw Error(str("model: layer ", layer_, " is linear_attention: a no-grad carry must give each root's recurrent "
-                    "state slot (KVCache::read_state; slot -1 for a root that starts from zeros)"));
+  check_carry(c);
   const int N = c.batch->N, C = C_;
   const Saved<E> s(*this, N, c.saved);  // no-grad: the region every block shares
   const auto* w = c.w;
@@ -317,12 +349,15 @@ void GdnKind::forward(E& e, const BlockCall<E>& c) const {
     e.linear(s.a, s.n, w + w_a_, N, C, nv_);
   }
   e.path_prev(s.prev, c.batch->layout, N);
-  const bool carried = c.carry && !c.carry->state_slot.empty();
+  const bool carried = c.carry != nullptr;
   const bool stores = c.store_slot && !c.store_slot->empty() && c.store_state;
+  const bool offers = carried && !c.carry->offer_node.empty();
   Recurrent<E> rec;
-  if (carried || stores) rec = recurrent_begin(e, c, s.qkv, s.prev, w + conv_, carried, stores);
-  if (carried) {
-    std::copy(rec.u.begin(), rec.u.begin() + (size_t)N * CD_, s.u);
+  if (carried || stores || offers) rec = recurrent_begin(c, s.qkv, s.prev, carried, stores || offers);
+  if (carried) {  // the conv over the context rows too; the batch's rows come first
+    std::vector<typename E::Act> u((size_t)rec.rows_n * CD_);
+    e.conv1d_silu_forward(u.data(), rec.rows, w + conv_, rec.links, (int)rec.rows_n, CD_, K_);
+    std::copy(u.begin(), u.begin() + (size_t)N * CD_, s.u);
   } else {
     e.conv1d_silu_forward(s.u, s.qkv, w + conv_, s.prev, N, CD_, K_);
   }
@@ -333,8 +368,12 @@ void GdnKind::forward(E& e, const BlockCall<E>& c) const {
   e.l2norm_forward(s.kn, s.k_rstd, s.k, N * nk_, dk_, 1e-6);
   e.gdn_gates_forward(s.g, s.beta, s.a, s.b, w + a_log_, w + dt_bias_, N, nv_);
   e.gdn_forward(s.o, s.qn, s.kn, s.v, s.g, s.beta, c.batch->layout, N, nk_, nv_, dk_, dv_, 1.0 / std::sqrt((double)dk_),
-                carried ? rec.init.data() : nullptr, stores ? rec.end.data() : nullptr);
+                carried ? rec.init.data() : nullptr, stores || offers ? rec.end.data() : nullptr);
   if (stores) recurrent_store(c, rec);
+  if (offers)
+    for (size_t o = 0; o < c.carry->offer_node.size(); ++o)
+      recurrent_write(c, rec, c.carry->offer_node[o], c.carry->offer_state + o * recurrent_state_elems(),
+                      c.carry->offer_conv + o * conv_context_elems());
   e.gated_rmsnorm_forward(s.y, s.y_rstd, s.o, s.z, w + norm_, N * nv_, dv_, eps_);
   e.linear(c.sum, s.y, w + w_out_, N, VD_, C);
   e.residual_add(c.x_out, c.x_in, c.sum, (int64_t)N * C);
@@ -342,14 +381,32 @@ void GdnKind::forward(E& e, const BlockCall<E>& c) const {
 
 template <class E>
 void GdnKind::backward(E& e, const BlockCall<E>& c) const {
+  check_carry(c);
   const int N = c.batch->N, C = C_;
   const Saved<E> s(*this, N, c.saved);
   const Scratch<E> t(*this, N, c.scratch);
   const auto* w = c.w;
   auto* g = c.g;
   using Act = typename E::Act;
+  using Acc = typename E::Acc;
   auto zero = [&](Act* p, int64_t n) { e.zero(p, sizeof(Act) * (size_t)n); };
-  const int64_t n = N;
+  const int64_t n = N, SE = recurrent_state_elems(), CE = conv_context_elems();
+  const int Kc = K_ - 1;
+  // A carry: the roots' context (their init states, the context rows the conv reads) and, for a
+  // partition piece, the gradients its readers left at the offered nodes' end states and tails.
+  const bool carried = c.carry != nullptr;
+  const bool offers = carried && !c.carry->offer_node.empty();
+  Recurrent<E> rec;
+  if (carried) rec = recurrent_begin(c, s.qkv, s.prev, /*carried=*/true, /*outputs=*/false);
+  const int R = (int)rec.root_node.size();
+  std::vector<double> d_init, d_end;
+  if (carried) d_init.assign((size_t)R * SE, 0.0);
+  if (offers) {
+    d_end.assign((size_t)c.batch->layout.num_nodes * SE, 0.0);
+    for (size_t o = 0; o < c.carry->offer_node.size(); ++o)
+      for (int64_t i = 0; i < SE; ++i)
+        d_end[(size_t)c.carry->offer_node[o] * SE + i] += (double)c.carry->offer_d_state[o * SE + i];
+  }
   e.linear_dx(t.dy, c.dx, w + w_out_, N, VD_, C, /*accumulate=*/false);
   e.linear_dw(g + w_out_, c.dx, s.y, N, VD_, C);
   zero(t.d_o, n * VD_);
@@ -361,7 +418,8 @@ void GdnKind::backward(E& e, const BlockCall<E>& c) const {
   zero(t.dg, n * nv_);
   zero(t.dbeta, n * nv_);
   e.gdn_backward(t.dqn, t.dkn, t.dv, t.dg, t.dbeta, t.d_o, s.qn, s.kn, s.v, s.g, s.beta, c.batch->layout, N, nk_, nv_,
-                 dk_, dv_, 1.0 / std::sqrt((double)dk_));
+                 dk_, dv_, 1.0 / std::sqrt((double)dk_), carried ? rec.init.data() : nullptr,
+                 carried ? d_init.data() : nullptr, offers ? d_end.data() : nullptr);
   e.gdn_gates_backward(t.da, t.db, g + a_log_, g + dt_bias_, t.dg, t.dbeta, s.a, s.b, w + a_log_, w + dt_bias_, N,
                        nv_);
   zero(t.dq, n * KD_);
@@ -373,7 +431,31 @@ void GdnKind::backward(E& e, const BlockCall<E>& c) const {
   e.add_cols(t.du, t.dk, N, CD_, KD_, KD_);
   e.add_cols(t.du, t.dv, N, CD_, 2 * KD_, VD_);
   zero(t.dqkv, n * CD_);
-  e.conv1d_silu_backward(t.dqkv, g + conv_, t.du, s.qkv, w + conv_, s.prev, N, CD_, K_);
+  if (!carried) {
+    e.conv1d_silu_backward(t.dqkv, g + conv_, t.du, s.qkv, w + conv_, s.prev, N, CD_, K_);
+  } else {
+    // Over the extended rows: the context rows' outputs have no gradient, their inputs receive the
+    // gradient of the batch's first K - 1 rows' windows (and of offered tails reaching back).
+    const size_t Na = (size_t)rec.rows_n;
+    std::vector<Act> du(Na * CD_, Act(0)), dx(Na * CD_, Act(0));
+    std::copy(t.du, t.du + (size_t)N * CD_, du.begin());
+    e.conv1d_silu_backward(dx.data(), g + conv_, du.data(), rec.rows, w + conv_, rec.links, (int)Na, CD_, K_);
+    if (offers)
+      for (size_t o = 0; o < c.carry->offer_node.size(); ++o)
+        walk_tail<E>(c.batch->layout, rec.links, c.carry->offer_node[o], Kc, [&](int m, int32_t row) {
+          if (row < 0) return;
+          const Acc* src = c.carry->offer_d_conv + (int64_t)o * CE + (int64_t)m * CD_;
+          for (int j = 0; j < CD_; ++j) dx[(size_t)row * CD_ + j] += (Act)src[j];
+        });
+    std::copy(dx.begin(), dx.begin() + (size_t)N * CD_, t.dqkv);
+    const LayerCarry<E>& cr = *c.carry;
+    for (int q = 0; q < R; ++q) {
+      const int slot = cr.state_slot[q];
+      if (slot < 0) continue;  // check_carry: slots >= 0 have accumulators
+      for (int64_t i = 0; i < SE; ++i) cr.d_state[slot * SE + i] += (Acc)d_init[(size_t)q * SE + i];
+      for (int64_t i = 0; i < CE; ++i) cr.d_conv[slot * CE + i] += (Acc)dx[((size_t)N + (size_t)q * Kc) * CD_ + i];
+    }
+  }
   if (fused_) {  // the gradients back into the grouped layout (reusing the fused outputs' buffers,
                  // which backward does not read)
     regroup(e, /*to_flat=*/false, s.qkvz, s.ba, t.dqkv, t.dz, t.db, t.da, N);

@@ -21,12 +21,16 @@
 // HF's); the gated norm's weight is plain (HF's one exception).
 // Saved (training forward): n, rstd, qkv (pre-conv), z, a, b, u, q, k (pre-norm), their rstds, qn,
 // kn, v, g, beta, o, y, y's rstd, and the batch's path_prev rows.
-// Carry (model/block.h): a no-grad forward reads each root's recurrent state and conv context from
-// the carry's state slots and stores each root's end state and conv tail through the CacheWrite
-// (the inference cache: prompts, then one-token decode rows). Reading K/V prefixes (a partition
-// gateway) or a state in training is refused (an error naming the layer): no gradient flows
-// through the state across pieces yet. Runs on the CPU backend (E::kHybridOps); the CUDA
-// backend rejects such models in check_model.
+// Carry (model/block.h): a forward reads each root's recurrent state and conv context from the
+// carry's state slots (the conv runs over the context rows chained before the root, so windows
+// cross the cut). A no-grad forward stores each root's end state and conv tail through the
+// CacheWrite (the inference cache: prompts, then one-token decode rows). A partition piece's
+// training forward offers the end states and conv tails of the nodes its child pieces hang from;
+// its backward adds the gradients those readers left there (the end-state gradient enters the
+// delta rule's backward, the tail gradient the conv's inputs) and adds its own roots' init-state
+// and context gradients into the slots it read (fp32 or wider): partitioned training of a hybrid
+// equals unpartitioned training. Runs on the CPU backend (E::kHybridOps); the CUDA backend
+// rejects such models in check_model.
 #pragma once
 
 #include <string>
@@ -64,10 +68,15 @@ class GdnKind final : public LayerKind {
   template <class E>
   struct Recurrent;
   template <class E>
-  Recurrent<E> recurrent_begin(E& e, const BlockCall<E>& c, const typename E::Act* qkv, const int32_t* prev,
-                               const typename E::Weight* conv_w, bool carried, bool stores) const;
+  Recurrent<E> recurrent_begin(const BlockCall<E>& c, const typename E::Act* qkv, const int32_t* prev, bool carried,
+                               bool outputs) const;
+  template <class E>
+  void recurrent_write(const BlockCall<E>& c, const Recurrent<E>& r, int node, typename E::Acc* state,
+                       typename E::Act* conv) const;
   template <class E>
   void recurrent_store(const BlockCall<E>& c, const Recurrent<E>& r) const;
+  template <class E>
+  void check_carry(const BlockCall<E>& c) const;
   template <class E>
   struct Scratch;
   // qwen3_next: the fused outputs (grouped per key head) to the flat qkv, z, b, a (to_flat), or

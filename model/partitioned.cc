@@ -18,6 +18,11 @@ struct LivePiece {
   Carry<E> gateway;              // [layer] what the piece reads: one prefix per gateway segment
   Carry<E> rows;                 // [layer] its own rows, dk/dv pointing into relay
   typename E::Buffer relay;      // per layer (dk, dv) accumulators of its rows
+  // Recurrent layers: the nodes its child pieces hang from (offers, batch node indices), their end
+  // states and conv tails, and the gradients the children add there (per layer, into `offers`).
+  std::vector<int32_t> offer_node;
+  typename E::Buffer offers, offer_rows;               // Acc: state, d_state, d_conv; Act: conv
+  std::vector<typename E::Acc*> d_state, d_conv;       // [layer]
 };
 
 // Rows [begin, end) of an exported entry (row_elems elements per row), visible to queries [0, q_end).
@@ -44,8 +49,70 @@ double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_t
   const int L = model.architecture().num_layers();
   std::vector<int64_t> row_elems(L);
   for (int l = 0; l < L; ++l) row_elems[l] = model.carry_row_elems(l);
+  // Recurrent layers (Gated DeltaNet): a child piece's root starts from the end state of the node
+  // it hangs from and reads that node's conv tail (the parent piece offers both); their gradients
+  // come back into the parent's accumulators.
+  std::vector<int64_t> state_elems(L), conv_elems(L);
+  bool recurrent = false;
+  for (int l = 0; l < L; ++l) {
+    state_elems[l] = model.recurrent_state_elems(l);
+    conv_elems[l] = model.conv_context_elems(l);
+    recurrent = recurrent || state_elems[l] > 0;
+  }
+  std::vector<int32_t> local_of(recurrent ? split_tree.nodes.size() : 0, -1);  // node -> index in its piece
+  if (recurrent)
+    for (const data::Piece& p : plan.pieces)
+      for (size_t i = 0; i < p.nodes.size(); ++i) local_of[p.nodes[i]] = (int32_t)i;
   std::vector<std::unique_ptr<LivePiece<E>>> live(plan.num_pieces());
   double loss = 0, nll = 0;
+  auto recurrent_gateway = [&](int k, LivePiece<E>& lp) {
+    const data::Piece& piece = plan.pieces[k];
+    for (int c : piece.child_pieces) {
+      const int32_t n = local_of[split_tree.nodes[plan.pieces[c].root_node].parent];
+      if (std::find(lp.offer_node.begin(), lp.offer_node.end(), n) == lp.offer_node.end()) lp.offer_node.push_back(n);
+    }
+    const int64_t O = (int64_t)lp.offer_node.size();
+    int64_t acc = 0, act = 0;
+    for (int l = 0; l < L; ++l) {
+      acc += O * (2 * state_elems[l] + conv_elems[l]);
+      act += O * conv_elems[l];
+    }
+    e.ensure(lp.offers, sizeof(Acc) * (size_t)acc);
+    e.ensure(lp.offer_rows, sizeof(typename E::Act) * (size_t)act);
+    e.zero(lp.offers.data(), sizeof(Acc) * (size_t)acc);
+    Acc* next = reinterpret_cast<Acc*>(lp.offers.data());
+    auto* next_row = reinterpret_cast<typename E::Act*>(lp.offer_rows.data());
+    lp.d_state.assign(L, nullptr);
+    lp.d_conv.assign(L, nullptr);
+    int32_t read_node = -1;  // the node of the parent piece this piece's root hangs from
+    if (piece.parent_piece >= 0) read_node = local_of[split_tree.nodes[piece.root_node].parent];
+    for (int l = 0; l < L; ++l) {
+      if (state_elems[l] == 0) continue;
+      LayerCarry<E>& g = lp.gateway[l];
+      g.state_slot = {-1};
+      if (piece.parent_piece >= 0) {
+        const LivePiece<E>& par = *live[piece.parent_piece];
+        const auto it = std::find(par.offer_node.begin(), par.offer_node.end(), read_node);
+        TT_CHECK(it != par.offer_node.end(), "partition of tree '", split_tree.id, "': piece ", k,
+                 " hangs from a node its parent piece does not offer");
+        g.state_slot = {(int32_t)(it - par.offer_node.begin())};
+        g.state = par.gateway[l].offer_state;
+        g.conv = par.gateway[l].offer_conv;
+        g.d_state = par.d_state[l];
+        g.d_conv = par.d_conv[l];
+      }
+      if (O == 0) continue;
+      g.offer_node = lp.offer_node;
+      g.offer_state = next;
+      lp.d_state[l] = next + O * state_elems[l];
+      lp.d_conv[l] = next + 2 * O * state_elems[l];
+      next += O * (2 * state_elems[l] + conv_elems[l]);
+      g.offer_d_state = lp.d_state[l];
+      g.offer_d_conv = lp.d_conv[l];
+      g.offer_conv = next_row;
+      next_row += O * conv_elems[l];
+    }
+  };
   auto forward = [&](int k) {
     const data::Piece& piece = plan.pieces[k];
     TT_CHECK((int)piece.gateway.size() <= E::kMaxExternalKV, "partition of tree '", split_tree.id, "': piece ", k,
@@ -61,6 +128,7 @@ double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_t
         for (const typename E::KV& kv : src.rows[l].kv)
           lp->gateway[l].kv.push_back(slice(kv, row_elems[l], seg.row_begin, seg.row_end, N));
     }
+    if (recurrent) recurrent_gateway(k, *lp);
     model.forward(batch, loss_scale, lp->acts, &lp->gateway);
     if (N > 0) {
       lp->rows = model.export_carry(lp->acts);

@@ -15,9 +15,16 @@
 // Limits: one gateway segment is one external prefix of the attention, so a piece's gateway may
 // have at most E::kMaxExternalKV segments (a tt::Error says so otherwise).
 //
+// Recurrent layers (a hybrid's Gated DeltaNet): a piece offers the end state and conv tail of
+// each node a child piece hangs from (LayerCarry::offer_*); the child's root starts from that
+// state, its conv window reads that tail, and its backward adds their gradients (fp32 or wider)
+// into the parent's accumulators, which the parent's backward feeds into the delta rule's
+// end-state gradient and its conv inputs (and, through its own root, further up).
+//
 // Exactness: the loss, parameter gradients and hence the update equal unpartitioned training of
-// the tree (tests/model/partitioned_test.cc), because every query sees the same keys (gateway
-// rows = the ancestor chain) and every K/V row receives the gradients of all its readers.
+// the tree (tests/equivalence/partition_test.cc), because every query sees the same keys (gateway
+// rows = the ancestor chain), every recurrent root the same state and conv window, and every K/V
+// row, state and conv row receives the gradients of all its readers.
 #pragma once
 
 #include <algorithm>

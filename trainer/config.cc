@@ -580,10 +580,6 @@ void RunConfig::validate() const {
     require(cap <= data.max_tokens_per_batch, "partition.capacity_tokens",
             "<= data.max_tokens_per_batch (" + i(data.max_tokens_per_batch) + "): a piece must fit a micro-batch",
             i(cap), "data.max_tokens_per_batch");
-    require(!model.has_linear_attention(), "partition.capacity_tokens",
-            "0 with linear_attention layers in model.layer_types (partition gateways do not carry their recurrent "
-            "state and conv tail yet)",
-            i(cap), "model.layer_types");
   }
   try {
     segments.validate(model);

@@ -1,5 +1,6 @@
 // Partitioned training equals unpartitioned training: loss, every parameter's gradient and the
-// parameters after one AdamW step, for random trees of every shape in tree_shapes(), many
+// parameters after one AdamW step, for dense models and a hybrid (Gated DeltaNet state and conv
+// tails crossing the cuts), on random trees of every shape in tree_shapes(), many
 // capacities (1 token, smaller than a node, a few nodes, half the tree, the whole tree) and
 // several trees per batch; and the tokens processed equal N_tree (no ancestor is recomputed).
 //
@@ -27,6 +28,13 @@ using testing::max_diff;
 
 model::ModelConfig config(const std::string& arch) {
   model::ModelConfig c;
+  if (arch == "hybrid") {  // Gated DeltaNet layers around gated attention: state and conv tails cross cuts
+    c = config("qwen3");
+    testing::make_qwen35_hybrid(c);
+    c.num_hidden_layers = 3;
+    c.layer_types = {"linear_attention", "full_attention", "linear_attention"};
+    return c;
+  }
   c.architecture = arch;
   c.vocab_size = 32;
   c.hidden_size = 16;
@@ -106,9 +114,9 @@ struct Case {
 
 class Partitioned : public ::testing::TestWithParam<Case> {};
 
-TEST_P(Partitioned, LossGradientsAndUpdateMatchUnpartitionedInFp64) {
-  const Case& c = GetParam();
-  for (uint64_t seed = 1; seed <= 3; ++seed) {
+// Every capacity of the fp64 check, on `seeds` seeds of the architectures `archs` cycles through.
+void expect_partitioned_equals_unpartitioned(const Case& c, const std::vector<std::string>& archs, int seeds) {
+  for (uint64_t seed = 1; seed <= (uint64_t)seeds; ++seed) {
     auto trees = random_trees(c.shape, c.rollouts, c.trees, seed * 104729 + c.trees);
     int64_t n_tree = 0, n_paths = 0, max_node = 1;
     for (const auto& t : trees) {
@@ -116,7 +124,7 @@ TEST_P(Partitioned, LossGradientsAndUpdateMatchUnpartitionedInFp64) {
       n_paths += t.n_paths();
       for (const auto& n : t.nodes) max_node = std::max<int64_t>(max_node, (int64_t)n.tokens.size());
     }
-    model::Model<double> m(config(seed % 2 ? "qwen3" : "llama"));
+    model::Model<double> m(config(archs[seed % archs.size()]));
     m.init(seed);
     const double scale = 1.0 / (double)n_paths;
     const Result ref = unpartitioned(m, trees, scale);
@@ -130,22 +138,34 @@ TEST_P(Partitioned, LossGradientsAndUpdateMatchUnpartitionedInFp64) {
   }
 }
 
+TEST_P(Partitioned, LossGradientsAndUpdateMatchUnpartitionedInFp64) {
+  expect_partitioned_equals_unpartitioned(GetParam(), {"llama", "qwen3"}, 3);
+}
+
+// A hybrid: the recurrent state and the conv window (4 taps: one-token nodes and capacities of 1
+// and 2 make the window span several pieces) cross every cut, with their gradients relayed back.
+TEST_P(Partitioned, HybridLossGradientsAndUpdateMatchUnpartitionedInFp64) {
+  expect_partitioned_equals_unpartitioned(GetParam(), {"hybrid"}, 2);
+}
+
 TEST_P(Partitioned, Fp32PartitionedErrorWithinTwiceFp32Unpartitioned) {
   const Case& c = GetParam();
   auto trees = random_trees(c.shape, c.rollouts, c.trees, 777 + c.trees);
   int64_t n_paths = 0;
   for (const auto& t : trees) n_paths += t.n_paths();
   const double scale = 1.0 / (double)n_paths;
-  model::Model<double> ref(config("qwen3"));
-  ref.init(9);
-  const Result truth = unpartitioned(ref, trees, scale);
-  model::Model<float> m(config("qwen3"));
-  m.init(9);
-  const Result base = unpartitioned(m, trees, scale);
-  const Result got = partitioned(m, trees, 3, scale);
-  auto tol = [](double err, double scale_) { return 2.0 * err + 1e-6 * scale_; };
-  EXPECT_LE(std::fabs(got.loss - truth.loss), tol(std::fabs(base.loss - truth.loss), std::fabs(truth.loss)));
-  EXPECT_LE(max_diff(got.grads, truth.grads), tol(max_diff(base.grads, truth.grads), max_abs(truth.grads)));
+  for (const std::string arch : {"qwen3", "hybrid"}) {
+    model::Model<double> ref(config(arch));
+    ref.init(9);
+    const Result truth = unpartitioned(ref, trees, scale);
+    model::Model<float> m(config(arch));
+    m.init(9);
+    const Result base = unpartitioned(m, trees, scale);
+    const Result got = partitioned(m, trees, 3, scale);
+    auto tol = [](double err, double scale_) { return 2.0 * err + 1e-6 * scale_; };
+    EXPECT_LE(std::fabs(got.loss - truth.loss), tol(std::fabs(base.loss - truth.loss), std::fabs(truth.loss))) << arch;
+    EXPECT_LE(max_diff(got.grads, truth.grads), tol(max_diff(base.grads, truth.grads), max_abs(truth.grads))) << arch;
+  }
 }
 
 std::vector<Case> cases() {

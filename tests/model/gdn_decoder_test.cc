@@ -284,18 +284,41 @@ TEST(GdnDecoder, ASiblingsChangeLeavesTheOtherBranchAlone) {
   EXPECT_TRUE(changed) << "the changed branch's own rows do change";
 }
 
-TEST(GdnDecoder, ACarryIsAnErrorNamingTheLayer) {
+// A carry must say where each root's state is (never zeros behind the caller's back), and a
+// recurrent layer reads no K/V prefixes: both are errors naming the layer.
+TEST(GdnDecoder, ABadCarryIsAnErrorNamingTheLayer) {
   Model<double> m(hybrid_config());
   init_for_test(m, 6);
   const data::Tree tree = test_tree(m.config().vocab_size);
   const data::PackedBatch b = data::pack({&tree}, data::Packing::kTree);
+  auto expect_error = [&](const Carry<CpuExec<double>>& carry, const std::string& what) {
+    Activations<CpuExec<double>> acts;
+    try {
+      m.forward(b, 1.0, acts, &carry);
+      FAIL() << "expected tt::Error: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
   Carry<CpuExec<double>> carry(3);
-  Activations<CpuExec<double>> acts;
+  expect_error(carry, "model: layer 0 is linear_attention: a carry must give each root's recurrent state slot");
+  std::vector<double> k(8), v(8);
+  carry[0].state_slot = {-1};
+  carry[0].kv.push_back({});
+  carry[0].kv[0].k = k.data();
+  carry[0].kv[0].v = v.data();
+  carry[0].kv[0].len = 1;
+  expect_error(carry, "model: layer 0 is linear_attention: its carry holds a recurrent state and conv context, not "
+                      "K/V prefixes");
+  carry[0].kv.clear();
+  carry[0].state_slot = {0};
+  expect_error(carry, "model: layer 0 is linear_attention: a training forward reads state slot 0 without d_state / "
+                      "d_conv accumulators for its gradient");
   try {
-    m.forward(b, 1.0, acts, &carry);
+    m.infer(b, InferRequest::all_logits(), &carry);
     FAIL() << "expected tt::Error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("model: layer 0 is linear_attention, which does not carry its recurrent state"),
+    EXPECT_NE(std::string(e.what()).find("model: layer 0: root 0 reads state slot 0 of a carry without state buffers"),
               std::string::npos)
         << e.what();
   }

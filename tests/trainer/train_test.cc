@@ -875,10 +875,21 @@ RunConfig comb_config(const fs::path& dir) {
 }
 
 TEST(TrainTest, PartitionedTrainingEqualsUnpartitioned) {
-  for (const std::string norm : {"path_mean", "token_mean"}) {
+  for (const std::string norm : {"path_mean", "token_mean", "hybrid"}) {
     const fs::path dir = test_dir("partition_" + norm);
     RunConfig c = comb_config(dir);
-    c.train.loss_norm = norm;
+    c.train.loss_norm = norm == "hybrid" ? "path_mean" : norm;
+    if (norm == "hybrid") {  // Qwen3.5's Gated DeltaNet state and conv window cross every cut
+      c.model.architecture = "qwen3_5_text";
+      c.model.partial_rotary_factor = 0.5;
+      c.model.num_hidden_layers = 3;
+      c.model.layer_types = {"linear_attention", "full_attention", "linear_attention"};
+      c.model.linear_num_key_heads = 1;
+      c.model.linear_num_value_heads = 2;
+      c.model.linear_key_head_dim = 4;
+      c.model.linear_value_head_dim = 4;
+      c.model.linear_conv_kernel_dim = 4;
+    }
     // Reference: a budget of exactly one comb, so every micro-batch is one whole tree. The loader
     // order depends only on (seed, epoch), so every run below sees the same trees in each batch.
     RunConfig whole = c;
