@@ -108,6 +108,7 @@ struct BlockCall {
   typename E::Acc* sum = nullptr;         // (N, C) an Acc buffer shared by all blocks
   const LayerCarry<E>* carry = nullptr;   // what this layer reads from outside the batch, or null
   const LayerCarry<E>* relay = nullptr;   // backward: gradients relayed into this batch's rows
+  bool keep_saved = false;                // backward: leave `saved` intact (another backward follows)
   // No-grad forward with a CacheWrite: this layer's cache buffers and the batch's rows there.
   typename E::Act* store_k = nullptr;
   typename E::Act* store_v = nullptr;

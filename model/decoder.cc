@@ -406,6 +406,8 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
   a.cache_ = cache;
   a.pending_ = mode == Mode::kTrain;
   a.trained_ = mode == Mode::kTrain;
+  a.kept_ = false;
+  a.loss_backward_ = false;
   const LmHeadKind& head = arch_.head();
   a.R_ = head.template chunk_rows<E>(options_.head_chunk_bytes, std::max({n_rows, logit_count, 1}));
   a.chunks_ = LmHeadKind::plan_chunks(n_rows, a.R_, sorted_src);
@@ -507,15 +509,24 @@ void Decoder<E>::forward(const data::PackedBatch& batch, double loss_scale, Acti
 }
 
 template <class E>
-void Decoder<E>::backward(Activations<E>& a, const Carry<E>* relay, const GradReadyFn& on_ready, bool with_loss) {
+void Decoder<E>::backward(Activations<E>& a, const Carry<E>* relay, const GradReadyFn& on_ready, bool with_loss,
+                          bool again) {
   require_training("backward");
   if constexpr (E::kBackwardConsumesSaved) {
-    TT_CHECK(a.pending_, "model: backward() without a preceding training forward() on these activations");
+    TT_CHECK(a.pending_ || a.kept_, "model: backward() without a preceding training forward() on these activations "
+             "(or after a backward that did not keep them: again = false)");
   } else {
     TT_CHECK(a.trained_ && a.mode_ == Mode::kTrain,
              "model: backward() without a preceding training forward() on these activations");
   }
+  if constexpr (E::kHeadGradInForward) {  // the forward took the loss's head gradient once
+    TT_CHECK(with_loss ? !a.loss_backward_ : a.loss_backward_, "model: on the ", E::kName,
+             " backend (the head's gradient is taken in forward) a forward's activations get exactly one backward "
+             "with the loss, before any without it");
+  }
   a.pending_ = false;
+  a.kept_ = again;
+  a.loss_backward_ = a.loss_backward_ || with_loss;
   const int L = arch_.num_layers();
   TT_CHECK(relay == nullptr || (int)relay->size() == L, "model: relayed carry gradients for ",
            relay ? relay->size() : 0, " layers, expected one entry per layer (", L, ")");
@@ -528,8 +539,6 @@ void Decoder<E>::backward(Activations<E>& a, const Carry<E>* relay, const GradRe
   if (with_loss) {
     head.backward(exec_, head_call(a));
   } else {
-    TT_CHECK(!E::kHeadGradInForward, "model: a backward without the batch's loss needs a backend that takes the "
-             "head's gradient in backward (the ", E::kName, " backend takes it in forward)");
     exec_.zero(dx_, sizeof(Act) * (size_t)a.n_ * (size_t)config().hidden_size);
   }
   if (on_ready) on_ready(head.params().begin, head.params().end);
@@ -539,6 +548,7 @@ void Decoder<E>::backward(Activations<E>& a, const Carry<E>* relay, const GradRe
     c.x_in = reinterpret_cast<const Act*>(a.xs_[b]);
     const int layer = blocks_[b]->spec().layer();
     c.relay = relay ? &(*relay)[layer] : nullptr;
+    c.keep_saved = again;
     if (b + 1 == (int)blocks_.size() || blocks_[b + 1]->spec().layer() != layer)
       layer_end = blocks_[b]->spec().params().end;
     blocks_[b]->backward(exec_, c);

@@ -97,6 +97,8 @@ class Activations {
   int R_ = 1;  // head rows per chunk
   bool pending_ = false;  // a training forward whose backward has not run
   bool trained_ = false;  // a training forward was run on these activations
+  bool kept_ = false;     // the last backward left the saved activations intact (again = true)
+  bool loss_backward_ = false;  // a backward with the batch's loss ran on these activations
   double loss_scale_ = 1.0;
   const Carry<E>* carry_ = nullptr;
   std::vector<HeadChunk> chunks_;
@@ -222,10 +224,12 @@ class Decoder {
   // grads += d(loss)/d(params) of the last training forward on acts; relay: gradients of this
   // batch's own carry rows from readers outside it (export_carry's entries with dk/dv set), or null.
   // with_loss false: the batch's own loss is left out, only the relayed gradients flow back (a
-  // segment's truncated-BPTT columns, model/segments.h); the backends that take the head's
-  // gradient in forward (kHeadGradInForward) refuse it.
+  // segment's truncated-BPTT columns, model/segments.h); on the backends that take the head's
+  // gradient in forward (kHeadGradInForward) it must follow the one backward with the loss.
+  // again: another backward will run on these activations, so this one leaves them intact (on
+  // the GPU the MLP, which takes its gate/up gradients in their saved buffers, recomputes them).
   void backward(Activations<E>& acts, const Carry<E>* relay = nullptr, const GradReadyFn& on_ready = nullptr,
-                bool with_loss = true);
+                bool with_loss = true, bool again = false);
   // loss_scale * sum_t w_t ce_t of the last forward on acts (waits for the backend).
   double loss(const Activations<E>& acts) const;
   // The loss and the unweighted NLL sum of the last forward on acts (one read; waits).

@@ -230,6 +230,16 @@ void CudaExec::rope_backward(Act* dx, const Rope& r, int N, int H, int HS) {
   cuda::rope_backward(dx, r.pos, N, H, HS, r.theta, stream_);
 }
 
+void CudaExec::rope_backward(Acc* dx, const Rope& r, int N, int H, int HS) {
+  mark(Op::kNorm);
+  cuda::rope_backward(dx, r.pos, N, H, HS, r.theta, stream_);
+}
+
+void CudaExec::add_rows(Acc* dst, const int32_t* rows, const Acc* src, int R, int C) {
+  mark(Op::kOther);
+  detail::add_rows(dst, rows, src, R, C, stream_);
+}
+
 void CudaExec::qk_norm_rope_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, const Rope& r, int N, int H,
                                     int HS, double eps) {
   mark(Op::kNorm);

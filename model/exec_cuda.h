@@ -156,6 +156,8 @@ class CudaExec {
   void swiglu_backward(Act* dgate, Act* dup, const Act* dh, const Act* gate, const Act* up, int64_t n);
   void rope_forward(Act* x, const Rope& r, int N, int H, int HS);
   void rope_backward(Act* dx, const Rope& r, int N, int H, int HS);
+  // On fp32 rows (a segment's tail-key gradients, rotated back before they reach their rows).
+  void rope_backward(Acc* dx, const Rope& r, int N, int H, int HS);
   void qk_norm_rope_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, const Rope& r, int N, int H, int HS,
                             double eps);
   void qk_norm_rope_backward(Act* dx, Param* dw, Act* dout, const Act* x, const Weight* w, const Stat* rstd,
@@ -168,6 +170,8 @@ class CudaExec {
   void gather_rows(Act* out, const Act* in, const int32_t* rows, int R, int C);
   void scatter_rows(Act* out, const Act* in, const int32_t* rows, int R, int C);
   void copy(Act* dst, const Act* src, int64_t n);
+  // dst[rows[r]] += src[r] (R rows of C; rows distinct): relayed gradients into their rows.
+  void add_rows(Acc* dst, const int32_t* rows, const Acc* src, int R, int C);
   // Segment retrieval (ops/cuda/retrieval.h; CPU meaning in exec_cpu.h): fp32 scores, so near-ties
   // may order differently from the fp64 reference.
   void retrieval_select(int32_t* idx, const Act* q, const Act* pool_k, int P, int NH, int NKV, int HS,

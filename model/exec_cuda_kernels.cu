@@ -78,6 +78,15 @@ __global__ void add_inplace_f32(bf16* __restrict__ y, const float* __restrict__ 
     y[i] = __float2bfloat16_rn(__bfloat162float(y[i]) + x[i]);
 }
 
+// One block per source row r: dst[rows[r]] += src[r] in fp32 (rows distinct within a call).
+__global__ void add_rows_f32(float* __restrict__ dst, const int32_t* __restrict__ rows, const float* __restrict__ src,
+                             int cols) {
+  const int r = blockIdx.x;
+  float* d = dst + (int64_t)rows[r] * cols;
+  const float* s = src + (int64_t)r * cols;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) d[c] += s[c];
+}
+
 // One block per row: copies `cols` elements E (uint4 = 8 bf16, or one bf16) of row rows[r] (gather)
 // or of row r (scatter).
 template <class E, bool kScatter>
@@ -147,6 +156,13 @@ void add_inplace(bf16* y, const float* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   TT_CHECK(y && x, "model::detail::add_inplace: null pointer");
   add_inplace_f32<<<blocks_for(n), kThreads, 0, stream>>>(y, x, n);
+  TT_CUDA_CHECK_LAUNCH();
+}
+
+void add_rows(float* dst, const int32_t* rows, const float* src, int R, int C, cudaStream_t stream) {
+  if (R <= 0 || C <= 0) return;
+  TT_CHECK(dst && rows && src, "model::detail::add_rows: null pointer");
+  add_rows_f32<<<R, 128, 0, stream>>>(dst, rows, src, C);
   TT_CUDA_CHECK_LAUNCH();
 }
 

@@ -23,6 +23,9 @@ void residual_add(bf16* out, const bf16* x, const float* y, int64_t n, cudaStrea
 // y (bf16) += x (fp32), rounded once.
 void add_inplace(bf16* y, const float* x, int64_t n, cudaStream_t stream);
 
+// dst[rows[r]] += src (R, C) in fp32, rows distinct (a segment's tail gradients into its source rows).
+void add_rows(float* dst, const int32_t* rows, const float* src, int R, int C, cudaStream_t stream);
+
 // out (R, C) = in[rows[r]] for r < R; in (*, C).
 void gather_rows(bf16* out, const bf16* in, const int32_t* rows, int R, int C, cudaStream_t stream);
 

@@ -112,6 +112,10 @@ void MlpKind::backward(E& e, const BlockCall<E>& c) const {
   e.linear_dx(c.sum, dup, w + wu_, N, C, I, /*accumulate=*/true);
   e.linear_dw(g + wg_, dgate, s.n, N, C, I);
   e.linear_dw(g + wu_, dup, s.n, N, C, I);
+  if (E::kBackwardConsumesSaved && c.keep_saved) {  // another backward reads gate and up: recompute them
+    e.linear(s.gate, s.n, w + wg_, N, C, I);
+    e.linear(s.up, s.n, w + wu_, N, C, I);
+  }
   // The Acc sum of the two products is read without a bf16 rounding.
   norm_backward(e, norm_offset_, c.dx, g + norm_, c.sum, c.x_in, w + norm_, s.rstd, N, C, /*accumulate_dx=*/true);
 }

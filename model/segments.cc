@@ -46,9 +46,6 @@ typename E::Rope SegmentReads<E>::rope(const int32_t* pos, int n) const {
 
 template <class E>
 void SegmentReads<E>::build(const SegmentHistory<E>& h, bool tail_grads) {
-  if constexpr (!std::is_same_v<Act, Acc>)
-    TT_CHECK(!tail_grads, "segments: training with segments runs on the CPU backend so far (the tail's gradients are "
-                          "rotated back in fp32, which needs a RoPE on this backend's accumulators)");
   E& e = model_->exec();
   const SegmentConfig& cfg = *cfg_;
   const int64_t KD = (int64_t)NKV_ * HS_, QD = (int64_t)NH_ * HS_;
@@ -179,20 +176,17 @@ template <class E>
 void SegmentReads<E>::push_tail_grads(const std::vector<Acc*>& dk, const std::vector<Acc*>& dv) {
   if (tail_len_ == 0) return;
   TT_CHECK(grads_, "segments: the tail was built without gradient accumulators");
-  if constexpr (!std::is_same_v<Act, Acc>) {
-    TT_CHECK(false, "segments: the tail's gradients need a RoPE on this backend's accumulators");  // build refused
-  } else {
-    E& e = model_->exec();
-    const int M = (int)tail_len_, KD = NKV_ * HS_;
-    const int32_t* rows = reinterpret_cast<const int32_t*>(tail_rows_.data());
-    for (int l = 0; l < L_; ++l) {
-      if (!attention_[l]) continue;
-      Acc* gk = reinterpret_cast<Acc*>(dk_[l].data());
-      // d(rotated key) -> d(key at the position it was computed at): the inverse rotation.
-      e.rope_backward(gk, rope(reinterpret_cast<const int32_t*>(tail_pos_.data()), M), M, NKV_, HS_);
-      e.add_rows(dk[l], rows, gk, M, KD);
-      e.add_rows(dv[l], rows, reinterpret_cast<const Acc*>(dv_[l].data()), M, KD);
-    }
+  E& e = model_->exec();
+  const int M = (int)tail_len_, KD = NKV_ * HS_;
+  const int32_t* rows = reinterpret_cast<const int32_t*>(tail_rows_.data());
+  for (int l = 0; l < L_; ++l) {
+    if (!attention_[l]) continue;
+    Acc* gk = reinterpret_cast<Acc*>(dk_[l].data());
+    // d(rotated key) -> d(key at the position it was computed at): the inverse rotation, in the
+    // accumulators' precision (fp32 on the GPU).
+    e.rope_backward(gk, rope(reinterpret_cast<const int32_t*>(tail_pos_.data()), M), M, NKV_, HS_);
+    e.add_rows(dk[l], rows, gk, M, KD);
+    e.add_rows(dv[l], rows, reinterpret_cast<const Acc*>(dv_[l].data()), M, KD);
   }
 }
 
@@ -358,10 +352,11 @@ double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::Se
     const int parent = parts.pieces[k].parent_piece;
     const bool push = d < K && parent >= 0;
     lp.reads.set_tail_grads(lp.carry, push);
+    const bool again = lp.columns_left > 1;  // a later column runs on the same activations
     if (d == 0) {
-      model.backward(lp.acts, nullptr, nullptr, /*with_loss=*/true);
+      model.backward(lp.acts, nullptr, nullptr, /*with_loss=*/true, again);
     } else {
-      model.backward(lp.acts, &lp.relay[d], nullptr, /*with_loss=*/false);
+      model.backward(lp.acts, &lp.relay[d], nullptr, /*with_loss=*/false, again);
     }
     ++st.backwards;
     --lp.columns_left;
@@ -750,8 +745,10 @@ std::vector<Completion> generate_segmented(Decoder<E>& model, const SegmentConfi
 TT_SEGMENTS_INSTANTIATE(CpuExec<float>)
 TT_SEGMENTS_INSTANTIATE(CpuExec<double>)
 #undef TT_SEGMENTS_INSTANTIATE
-// The GPU runs the segment operator in inference (training needs the repeated backward and the
-// fp32 tail rotation there first).
+// The GPU runs the segment operator in inference and training (segmented_piece_logits reads the
+// training forward's logits, which only the CPU keeps).
+template double forward_backward_segmented<CudaExec>(Decoder<CudaExec>&, const SegmentConfig&,
+                                                     const data::SegmentPlan&, double, SegmentRunStats*);
 template class SegmentReads<CudaExec>;
 template class PoolChunk<CudaExec>;
 template std::vector<Completion> generate_segmented<CudaExec>(Decoder<CudaExec>&, const SegmentConfig&,

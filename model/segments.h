@@ -35,9 +35,12 @@
 // parent. So every segment runs its forward once and up to K + 1 backwards (K = 1: two), and
 // parameter gradients are the sum over columns. A segment's activations stay live until its
 // last column ran and its children read their tails: K + 1 segments of a long sequence at once
-// (the pool, detached, is kept for the whole path). The CPU backend backs it so far (backward
-// without the loss, repeated backwards on one forward's activations; the GPU's backward
-// consumes its saved activations and rotates fp32 tail gradients it has no RoPE for).
+// (the pool, detached, is kept for the whole path). Both backends: a column is a backward on
+// the same forward's activations (Decoder::backward with `again` while columns remain, so the
+// GPU's MLP recomputes the gate/up it takes its gradients in: 2 N C I multiply-adds per layer
+// and extra column, no extra forward; with_loss false past column 0, so the head runs once), and
+// the tail's key gradients are rotated back in the accumulators' precision (fp32 on the GPU).
+// Cost per segment of a long sequence: one forward and 1 + K backwards of the blocks.
 //
 // Inference (SegmentedSequence, generate_segmented): a prompt is prefilled segment by segment
 // through the same prefixes, then decoding runs inside the current segment with the KV cache,

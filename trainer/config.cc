@@ -593,8 +593,6 @@ void RunConfig::validate() const {
     require(cap == 0, "partition.capacity_tokens",
             "0 with segments (segment pieces already bound a micro-batch: segments.length " + len + ")", i(cap),
             "segments.length");
-    require(device != "cuda", "device", "cpu or auto with segments (segment-level execution runs on the cpu backend so "
-            "far)", "'cuda'", "segments.length");
   }
   in_set("distributed.mode", distributed.mode, {"auto", "torchrun", "slurm", "off"});
   in_set("distributed.comm", distributed.comm, {"auto", "cpu", "nccl"});

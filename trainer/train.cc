@@ -83,11 +83,7 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   prepare_run_dir(cfg_);
   // A communicator handed in (tests) says the world; else the launcher's environment does.
   const distributed::DistEnv env = comm ? distributed::DistEnv{} : distributed::read_env(cfg_.distributed.mode);
-  std::string device = cfg_.device;
-  if (cfg_.segments.enabled() && device == "auto") {
-    spdlog::info("device: auto -> cpu (segments run on the cpu backend so far)");
-    device = "cpu";
-  }
+  const std::string& device = cfg_.device;
   backend_ = make_backend(device, cfg_.model, env.local_rank, env.local_world_size, cfg_.train.gemm_autotune,
                           cfg_.data.max_tokens_per_batch);
   connect(std::move(comm), env);

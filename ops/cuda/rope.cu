@@ -1,4 +1,4 @@
-// Rotary position embedding forward and backward (see rope.h).
+// Rotary position embedding forward and backward (see rope.h), on bf16 or fp32 rows.
 // Gradient contract: both rotate x (N, H, HS) in place; the backward by the inverse angle.
 //
 // One block per token: its HS/2 cos/sin pairs are computed once in fp64 into shared memory (an
@@ -12,22 +12,23 @@
 namespace tt::cuda {
 namespace {
 
-using detail::load_bf16;
-using detail::store_bf16;
+using detail::load_row;
+using detail::store_row;
 
 constexpr int kThreads = 128;
 constexpr int kMaxHalf = 512;  // HS <= 1024
 
+template <class T>
 struct RopeParams {
-  bf16* x;               // (N, H, HS) in place
+  T* x;                  // (N, H, HS) in place, bf16 or fp32
   const int32_t* pos;    // (N)
   int N, H, HS;
   double theta;
   double sign;           // +1 forward, -1 backward
 };
 
-template <int VEC>
-__global__ void rope_kernel(RopeParams p) {
+template <class T, int VEC>
+__global__ void rope_kernel(RopeParams<T> p) {
   __shared__ float cs[kMaxHalf], sn[kMaxHalf];
   const int n = blockIdx.x;
   const int half = p.HS / 2;
@@ -39,21 +40,21 @@ __global__ void rope_kernel(RopeParams p) {
   }
   __syncthreads();
   const int groups = half / VEC;  // VEC-wide groups per head half
-  bf16* xt = p.x + (int64_t)n * p.H * p.HS;
+  T* xt = p.x + (int64_t)n * p.H * p.HS;
   for (int i = threadIdx.x; i < p.H * groups; i += blockDim.x) {
     const int h = i / groups, d = (i % groups) * VEC;
-    bf16* x1p = xt + (int64_t)h * p.HS + d;
-    bf16* x2p = x1p + half;
+    T* x1p = xt + (int64_t)h * p.HS + d;
+    T* x2p = x1p + half;
     float x1[VEC], x2[VEC], o1[VEC], o2[VEC];
-    load_bf16<VEC>(x1, x1p);
-    load_bf16<VEC>(x2, x2p);
+    load_row<VEC>(x1, x1p);
+    load_row<VEC>(x2, x2p);
 #pragma unroll
     for (int k = 0; k < VEC; k++) {
       o1[k] = x1[k] * cs[d + k] - x2[k] * sn[d + k];
       o2[k] = x2[k] * cs[d + k] + x1[k] * sn[d + k];
     }
-    store_bf16<VEC>(x1p, o1);
-    store_bf16<VEC>(x2p, o2);
+    store_row<VEC>(x1p, o1);
+    store_row<VEC>(x2p, o2);
   }
 }
 
@@ -68,13 +69,16 @@ __global__ void rope_table_kernel(float2* cs, const int32_t* pos, int N, int HS,
   cs[(int64_t)n * half + rope_table_slot(d, HS)] = make_float2(c, s);
 }
 
-void launch_rope(const RopeParams& p, cudaStream_t stream) {
+template <class T>
+void launch_rope(const RopeParams<T>& p, cudaStream_t stream) {
+  // 8-wide accesses: 16 bytes of bf16, two 16-byte vectors of fp32 (every row and half stays aligned).
   const bool wide = (p.HS / 2) % 8 == 0 && detail::aligned16(p.x);
-  TT_VEC_SWITCH(wide, VEC, [&] { rope_kernel<VEC><<<p.N, kThreads, 0, stream>>>(p); });
+  TT_VEC_SWITCH(wide, VEC, [&] { rope_kernel<T, VEC><<<p.N, kThreads, 0, stream>>>(p); });
   TT_CUDA_CHECK_LAUNCH();
 }
 
-void rope(bf16* x, const int32_t* pos, int N, int H, int HS, double theta, double sign, const char* op,
+template <class T>
+void rope(T* x, const int32_t* pos, int N, int H, int HS, double theta, double sign, const char* op,
           cudaStream_t stream) {
   TT_CHECK(N >= 0 && H > 0 && HS > 0 && HS % 2 == 0 && HS / 2 <= kMaxHalf, op,
            ": expected N >= 0, H > 0 and an even HS in [2, ", 2 * kMaxHalf, "], got N=", N, " H=", H,
@@ -82,7 +86,7 @@ void rope(bf16* x, const int32_t* pos, int N, int H, int HS, double theta, doubl
   TT_CHECK(theta > 0, op, ": expected rope theta > 0, got ", theta);
   if (N == 0) return;
   TT_CHECK(x && pos, op, ": null pointer (x or pos)");
-  launch_rope(RopeParams{x, pos, N, H, HS, theta, sign}, stream);
+  launch_rope(RopeParams<T>{x, pos, N, H, HS, theta, sign}, stream);
 }
 
 }  // namespace
@@ -92,6 +96,14 @@ void rope_forward(bf16* x, const int32_t* pos, int N, int H, int HS, double thet
 }
 
 void rope_backward(bf16* dx, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream) {
+  rope(dx, pos, N, H, HS, theta, -1.0, "cuda::rope_backward", stream);
+}
+
+void rope_forward(float* x, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream) {
+  rope(x, pos, N, H, HS, theta, 1.0, "cuda::rope_forward", stream);
+}
+
+void rope_backward(float* dx, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream) {
   rope(dx, pos, N, H, HS, theta, -1.0, "cuda::rope_backward", stream);
 }
 

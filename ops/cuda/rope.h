@@ -1,4 +1,5 @@
-// Rotary position embedding, Hugging Face rotate_half convention, CUDA, in place on bf16.
+// Rotary position embedding, Hugging Face rotate_half convention, CUDA, in place on bf16 (or on
+// fp32: gradients kept in fp32 accumulators, such as a segment's carried-tail key gradients).
 // Element d < HS/2 pairs with d + HS/2; angle = pos * theta^(-2d/HS). Angles, cos and sin are
 // computed in fp64 (as ops/cpu/rope.h) and rounded to fp32 once; the rotation is fp32 math.
 // Gradient contract: rope_backward applies the inverse rotation to the gradient in place (the
@@ -18,6 +19,10 @@ void rope_forward(bf16* x, const int32_t* pos, int N, int H, int HS, double thet
 
 // dx (N, H, HS) in place.
 void rope_backward(bf16* dx, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream);
+
+// The same on fp32 rows (no rounding between the rotation and the store).
+void rope_forward(float* x, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream);
+void rope_backward(float* dx, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream);
 
 // cs (N, HS/2): (cos, sin) of each position's angles, the values rope_forward uses (fp64, rounded
 // once to fp32); for the fused q/k norm + rotation of rmsnorm.h, built once per batch. HS is a

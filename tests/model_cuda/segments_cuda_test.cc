@@ -1,5 +1,7 @@
-// Segment-level inference on the GPU (model/segments.h on CudaModel) against the fp64 CPU, and
-// the retrieval op (ops/cuda/retrieval.h) against its CPU reference:
+// Segment-level inference and training on the GPU (model/segments.h on CudaModel) against the
+// fp64 CPU, and the retrieval op (ops/cuda/retrieval.h) against its CPU reference:
+//  - SegmentedTrainingMatchesTheCpu: truncated BPTT with K = 0, 1, 2 on a branching tree whose
+//    paths cross five segments (rule at the test);
 //  - SegmentedGenerationMatchesTheCpu: a 300-token prompt prefilled in segments of 64 (carried
 //    tail of 16 for the local KV head, the whole pool retrieved for the long-range one, so the
 //    selection has no near tie), then greedy decoding across a segment boundary: every prompt
@@ -17,6 +19,8 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <sstream>
+#include <string>
 
 #include "model/decoder.h"
 #include "model/segments.h"
@@ -97,6 +101,64 @@ TEST_F(SegmentsCuda, SegmentedGenerationMatchesTheCpu) {
   std::printf("[ segments ] %zu prompt rows and %d decode steps: worst logit rel L2 %.3e (bound %.3e)\n",
               p.tokens.size(), steps, worst, bound);
   EXPECT_GT(steps, 20) << "the decode must reach past the segment boundary at depth 320";
+}
+
+// A tree whose paths cross several 64-token segments, with boundaries inside nodes and at a
+// branch point: a 150-token root, two 100-token children, each with two 70-token leaves (depths
+// up to 320); random tokens, all targets weighted 1.
+std::string segment_tree_line(std::mt19937_64& rng, int vocab) {
+  std::uniform_int_distribution<int> tok(0, vocab - 1);
+  const int parent[7] = {-1, 0, 0, 1, 1, 2, 2}, len[7] = {150, 100, 100, 70, 70, 70, 70};
+  std::ostringstream os;
+  os << "{\"id\":\"seg\",\"nodes\":[";
+  for (int n = 0; n < 7; ++n) {
+    os << (n ? "," : "") << "{\"parent\":" << parent[n] << ",\"tokens\":[";
+    for (int t = 0; t < len[n]; ++t) os << (t ? "," : "") << tok(rng);
+    os << "]}";
+  }
+  os << "]}";
+  return os.str();
+}
+
+// Segmented training on the GPU against the fp64 CPU scheduler, for K = 0, 1, 2: each TBPTT
+// column is a backward on the same forward's activations (Decoder::backward with `again`), the
+// tail's key gradients are rotated back in fp32 and added to their rows. Loss within kLossRel;
+// gradients by the grad_bound rule with a path of (K + 1) L + 1 layers: a gradient crosses at
+// most K + 1 segments' layer stacks, each with 24 roundings per layer plus the re-rotated tail
+// key (25 (K + 1) L + 5 <= 24 ((K + 1) L + 1) + 5 here). Retrieval takes the whole pool in order,
+// so no near tie can pick other rows on the GPU.
+TEST_F(SegmentsCuda, SegmentedTrainingMatchesTheCpu) {
+  const model::ModelConfig cfg = config_of(kShape);
+  const std::vector<float> master = init_master(cfg, 23);
+  const std::vector<double> wd = bf16_weights(master);
+  std::mt19937_64 rng(5);
+  const data::Tree tree = data::parse_tree_line(segment_tree_line(rng, kShape.V), "segments:1", kShape.V);
+  model::CudaModel gpu(cfg);
+  gpu.set_params(master.data());
+  model::Model<double> cpu(cfg);
+  std::copy(wd.begin(), wd.end(), cpu.params());
+  for (int K : {0, 1, 2}) {
+    model::SegmentConfig seg;
+    seg.length = 64;
+    seg.tail = 16;
+    seg.tbptt = K;
+    seg.long_range.layers = {1};
+    seg.long_range.heads = {1};
+    seg.long_range.retrieve = 1024;
+    const data::SegmentPlan plan = data::plan_segments(tree, seg.length);
+    const double scale = 1.0 / (double)tree.n_paths();
+    cpu.zero_grad();
+    model::SegmentRunStats cs, gs;
+    const double lc = model::forward_backward_segmented(cpu, seg, plan, scale, &cs);
+    gpu.zero_grad();
+    const double lg = model::forward_backward_segmented(gpu, seg, plan, scale, &gs);
+    EXPECT_EQ(gs.backwards, cs.backwards) << "K = " << K << ": the same columns";
+    EXPECT_GT(cs.backwards, K > 0 ? cs.forwards : cs.forwards - 1) << "K = " << K << ": columns past the first ran";
+    const std::string what = "segments K = " + std::to_string(K);
+    expect_loss_close(lg, lc, what);
+    const std::vector<double> ref(cpu.grads(), cpu.grads() + cpu.num_params());
+    expect_grads_close(gpu.params_info(), gpu.grads_host(), ref, (K + 1) * kShape.L + 1, what);
+  }
 }
 
 TEST_F(SegmentsCuda, RetrievalSelectMatchesTheCpu) {

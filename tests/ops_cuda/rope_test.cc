@@ -1,5 +1,5 @@
 // RoPE forward/backward vs the CPU reference (fp64) at deep positions, head dims 128, 64 and an
-// odd half (HS = 6: the scalar path).
+// odd half (HS = 6: the scalar path), on bf16 and on fp32 rows.
 //
 // Bound: cos and sin are fp64 rounded once to fp32 (relative u32 each), then x1 c - x2 s is two
 // fp32 products and a difference: |err| <= 3 u32 (|x1| + |x2|) before the bf16 rounding; doubled:
@@ -61,6 +61,22 @@ TEST_P(RopeTest, ForwardAndBackwardMatchCpu) {
   tt::cuda::rope_backward(d_g.data(), d_pos.data(), N, H, HS, theta, nullptr);
   sync_and_check();
   EXPECT_TRUE(all_within("backward", to_host(d_g), gref, kBf16U, pair_bound(g, N, H, HS)));
+
+  // On fp32 rows (a segment's tail-key gradients in their fp32 accumulators): no bf16 rounding,
+  // the same 6 u32 (|x_d| + |x_{d+HS/2}|) bound.
+  std::vector<double> g32(g.size());
+  std::normal_distribution<double> nd;
+  for (double& v : g32) v = (double)(float)nd(rng);
+  for (bool fwd : {true, false}) {
+    std::vector<double> want = g32;
+    if (fwd) tt::cpu::rope_forward<double>(want.data(), pos.data(), N, H, HS, theta);
+    else tt::cpu::rope_backward<double>(want.data(), pos.data(), N, H, HS, theta);
+    auto d32 = to_device_f32(g32);
+    if (fwd) tt::cuda::rope_forward(d32.data(), d_pos.data(), N, H, HS, theta, nullptr);
+    else tt::cuda::rope_backward(d32.data(), d_pos.data(), N, H, HS, theta, nullptr);
+    sync_and_check();
+    EXPECT_TRUE(all_within(fwd ? "fp32 forward" : "fp32 backward", to_host(d32), want, 0.0, pair_bound(g32, N, H, HS)));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, RopeTest,

@@ -374,9 +374,7 @@ TEST(ConfigTest, SegmentKeys) {
   EXPECT_EQ(parse_error(text, {"segments.long_range.heads=[2]"}),
             "--set segments.long_range.heads=[2]: segments.long_range.heads: KV head 2, expected an index in [0, 2) "
             "(num_key_value_heads)");
-  EXPECT_EQ(parse_error(text, {"device=cuda"}),
-            "--set device=cuda: device must be cpu or auto with segments (segment-level execution runs on the cpu "
-            "backend so far) (got 'cuda')");
+  EXPECT_EQ(parse_error(text, {"device=cuda"}), "");  // segments train on both backends
   EXPECT_EQ(parse_error(text, {"partition.capacity_tokens=64"}),
             "--set partition.capacity_tokens=64: partition.capacity_tokens must be 0 with segments (segment pieces "
             "already bound a micro-batch: segments.length 64) (got 64)");
