@@ -15,10 +15,23 @@
 // quarter (the paper does not say how many). Output: one JSON object (stdout).
 // Flags: --shape llama2_7b|qwen3_1_7b, --tokens 32768,65536,131072, --modes full,segmented,
 // --segment 4096, --tail 512, --retrieve 512.
+//
+// --train (issue 18's training figures): a training step (forward, backward, AdamW on the
+// trainer's CUDA backend: fp32 master weights, gradients and moments, bf16 working copy) on one
+// sequence of N tokens, full context (one batch) against segmented (S, M, R as above, truncated
+// BPTT K = --tbptt, default 1): the step time (the faster of 2 after a warm-up step), tokens/s
+// and the peak bytes in use; then the longest sequence each trains: N doubled from --ladder-from
+// (default 32768) until a step fails (out of memory) or takes longer than --ladder-s seconds
+// (default 60; then the figure is a lower bound, said in the output).
+#include "data/partition.h"
+#include "data/reader.h"
+#include "trainer/backend.h"
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <memory>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -64,10 +77,115 @@ std::vector<int64_t> ints(const std::string& s) {
   return out;
 }
 
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// One sequence of N random tokens as a one-node tree, every token a target.
+tt::data::Tree sequence(int64_t N, int vocab, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> tok(0, vocab - 1);
+  std::string line = "{\"id\":\"s\",\"nodes\":[{\"parent\":-1,\"tokens\":[";
+  for (int64_t i = 0; i < N; ++i) {
+    if (i) line += ',';
+    line += std::to_string(tok(rng));
+  }
+  line += "]}]}";
+  return tt::data::parse_tree_line(line, "segments_bench", vocab);
+}
+
+// One training step of `mode` on `tree` (zero_grad, forward and backward, AdamW): seconds.
+double train_step(tt::trainer::Backend& be, const std::string& mode, const tt::data::Tree& tree,
+                  const model::SegmentConfig& seg, int64_t step) {
+  TT_CUDA_CHECK(cudaDeviceSynchronize());
+  const double t0 = now_s();
+  be.zero_grad();
+  const double scale = 1.0 / (double)tree.n_tree();
+  if (mode == "full") {
+    be.forward_backward(tt::data::pack({&tree}, tt::data::Packing::kTree), scale);
+  } else {
+    be.forward_backward_segmented(tt::data::plan_segments(tree, seg.length), seg, scale);
+  }
+  tt::trainer::OptimStep o;
+  o.lr = 1e-5;
+  o.step = step;
+  be.adamw_step(o);
+  TT_CUDA_CHECK(cudaDeviceSynchronize());
+  return now_s() - t0;
+}
+
+nlohmann::json train(const model::ModelConfig& cfg, const model::SegmentConfig& seg, const std::string& modes,
+                     const std::vector<int64_t>& tokens, int64_t ladder_from, double ladder_s) {
+  auto want = [&](const std::string& x) { return ("," + modes + ",").find("," + x + ",") != std::string::npos; };
+  nlohmann::json out;
+  std::mt19937_64 rng(5);
+  for (const int64_t N : tokens) {
+    const tt::data::Tree tree = sequence(N, (int)cfg.vocab_size, rng);
+    nlohmann::json row = {{"tokens", N}};
+    for (const std::string mode : {"full", "segmented"}) {
+      if (!want(mode)) continue;
+      try {
+        std::unique_ptr<tt::trainer::Backend> be = tt::trainer::make_backend("cuda", cfg);
+        be->init(1);
+        train_step(*be, mode, tree, seg, 1);  // warm-up: plans, workspaces, GEMM handles
+        be->take_device_peak_bytes();
+        std::vector<double> t;
+        for (int r = 0; r < 2; ++r) t.push_back(train_step(*be, mode, tree, seg, 2 + r));
+        std::sort(t.begin(), t.end());
+        const int64_t peak = be->take_device_peak_bytes();
+        row[mode] = {{"step_s", t[0]}, {"tokens_per_s", N / t[0]}, {"peak_gib", peak / 1073741824.0}};
+        std::fprintf(stderr, "train N=%lld %s: %.3f s a step, %.0f tokens/s, peak %.2f GiB\n", (long long)N,
+                     mode.c_str(), t[0], N / t[0], peak / 1073741824.0);
+      } catch (const std::exception& e) {
+        row[mode] = {{"error", e.what()}};
+        std::fprintf(stderr, "train N=%lld %s: %s\n", (long long)N, mode.c_str(), e.what());
+      }
+    }
+    if (row.contains("full") && row.contains("segmented") && row["full"].contains("step_s") &&
+        row["segmented"].contains("step_s")) {
+      row["peak_ratio"] = row["full"]["peak_gib"].get<double>() / row["segmented"]["peak_gib"].get<double>();
+      row["speedup"] = row["full"]["step_s"].get<double>() / row["segmented"]["step_s"].get<double>();
+    }
+    out["runs"].push_back(row);
+  }
+  // The longest sequence each trains: one step per length, doubling.
+  for (const std::string mode : {"full", "segmented"}) {
+    if (!want(mode) || ladder_from <= 0) continue;
+    nlohmann::json lad = nlohmann::json::array();
+    int64_t longest = 0;
+    std::string stop = "";
+    for (int64_t N = ladder_from;; N *= 2) {
+      try {
+        const tt::data::Tree tree = sequence(N, (int)cfg.vocab_size, rng);
+        std::unique_ptr<tt::trainer::Backend> be = tt::trainer::make_backend("cuda", cfg);
+        be->init(1);
+        be->take_device_peak_bytes();
+        const double s = train_step(*be, mode, tree, seg, 1);
+        const int64_t peak = be->take_device_peak_bytes();
+        lad.push_back({{"tokens", N}, {"step_s", s}, {"peak_gib", peak / 1073741824.0}});
+        std::fprintf(stderr, "ladder %s N=%lld: %.2f s, peak %.2f GiB\n", mode.c_str(), (long long)N, s,
+                     peak / 1073741824.0);
+        longest = N;
+        if (s > ladder_s) {
+          stop = tt::str("time: a step of ", N, " tokens took ", s, " s (> ", ladder_s, "): a lower bound");
+          break;
+        }
+      } catch (const std::exception& e) {
+        stop = tt::str("failed at ", N, " tokens: ", e.what());
+        std::fprintf(stderr, "ladder %s N=%lld: %s\n", mode.c_str(), (long long)N, e.what());
+        break;
+      }
+    }
+    out["longest"][mode] = {{"tokens", longest}, {"stopped", stop}, {"steps", lad}};
+  }
+  return out;
+}
+
 int run(int argc, char** argv) {
   std::string shape = "llama2_7b", modes = "full,segmented";
   std::vector<int64_t> tokens = {32768, 65536, 131072};
-  int64_t S = 4096, M = 512, R = 512;
+  int64_t S = 4096, M = 512, R = 512, K = 1, ladder_from = 32768;
+  double ladder_s = 60;
+  bool training = false, tokens_set = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -75,7 +193,11 @@ int run(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--shape") shape = next();
-    else if (a == "--tokens") tokens = ints(next());
+    else if (a == "--tokens") tokens = ints(next()), tokens_set = true;
+    else if (a == "--train") training = true;
+    else if (a == "--tbptt") K = std::stoll(next());
+    else if (a == "--ladder-from") ladder_from = std::stoll(next());
+    else if (a == "--ladder-s") ladder_s = std::stod(next());
     else if (a == "--modes") modes = next();
     else if (a == "--segment") S = std::stoll(next());
     else if (a == "--tail") M = std::stoll(next());
@@ -93,17 +215,29 @@ int run(int argc, char** argv) {
   } else {
     throw Error(str("--shape ", shape, ": expected llama2_7b or qwen3_1_7b"));
   }
-  cfg.max_position_embeddings = *std::max_element(tokens.begin(), tokens.end()) + 16;
+  if (training && !tokens_set) tokens = {32768};
+  cfg.max_position_embeddings = std::max<int64_t>(*std::max_element(tokens.begin(), tokens.end()), 1 << 24) + 16;
   model::SegmentConfig seg;
   seg.length = S;
   seg.tail = M;
-  seg.tbptt = 1;
+  seg.tbptt = K;
   seg.long_range.layers = long_layers;
   const int NKV = (int)cfg.num_key_value_heads;
   for (int g = NKV - NKV / 4; g < NKV; ++g) seg.long_range.heads.push_back(g);
   seg.long_range.retrieve = R;
   seg.validate(cfg);
 
+  if (training) {
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, 0);
+    nlohmann::json out = train(cfg, seg, modes, tokens, ladder_from, ladder_s);
+    out["device"] = prop.name;
+    out["shape"] = shape;
+    out["segments"] = {{"length", S}, {"tail", M}, {"retrieve", R}, {"tbptt", K}, {"long_layers", long_layers},
+                       {"long_kv_heads", seg.long_range.heads}};
+    std::cout << out.dump(2) << std::endl;
+    return 0;
+  }
   model::DecoderOptions o;
   o.inference = true;
   int64_t weights = 0;
