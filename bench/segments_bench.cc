@@ -126,15 +126,19 @@ nlohmann::json train(const model::ModelConfig& cfg, const model::SegmentConfig& 
       try {
         std::unique_ptr<tt::trainer::Backend> be = tt::trainer::make_backend("cuda", cfg);
         be->init(1);
+        // The model's state: master weights, working copy, gradients, AdamW moments.
+        const int64_t state = be->take_device_peak_bytes();
         train_step(*be, mode, tree, seg, 1);  // warm-up: plans, workspaces, GEMM handles
         be->take_device_peak_bytes();
         std::vector<double> t;
         for (int r = 0; r < 2; ++r) t.push_back(train_step(*be, mode, tree, seg, 2 + r));
         std::sort(t.begin(), t.end());
         const int64_t peak = be->take_device_peak_bytes();
-        row[mode] = {{"step_s", t[0]}, {"tokens_per_s", N / t[0]}, {"peak_gib", peak / 1073741824.0}};
-        std::fprintf(stderr, "train N=%lld %s: %.3f s a step, %.0f tokens/s, peak %.2f GiB\n", (long long)N,
-                     mode.c_str(), t[0], N / t[0], peak / 1073741824.0);
+        row[mode] = {{"step_s", t[0]}, {"tokens_per_s", N / t[0]}, {"peak_gib", peak / 1073741824.0},
+                     {"state_gib", state / 1073741824.0}, {"peak_above_state_gib", (peak - state) / 1073741824.0}};
+        std::fprintf(stderr, "train N=%lld %s: %.3f s a step, %.0f tokens/s, peak %.2f GiB (%.2f above the %.2f GiB "
+                     "of weights, gradients and moments)\n", (long long)N, mode.c_str(), t[0], N / t[0],
+                     peak / 1073741824.0, (peak - state) / 1073741824.0, state / 1073741824.0);
       } catch (const std::exception& e) {
         row[mode] = {{"error", e.what()}};
         std::fprintf(stderr, "train N=%lld %s: %s\n", (long long)N, mode.c_str(), e.what());
@@ -143,6 +147,8 @@ nlohmann::json train(const model::ModelConfig& cfg, const model::SegmentConfig& 
     if (row.contains("full") && row.contains("segmented") && row["full"].contains("step_s") &&
         row["segmented"].contains("step_s")) {
       row["peak_ratio"] = row["full"]["peak_gib"].get<double>() / row["segmented"]["peak_gib"].get<double>();
+      row["peak_above_state_ratio"] = row["full"]["peak_above_state_gib"].get<double>() /
+                                      row["segmented"]["peak_above_state_gib"].get<double>();
       row["speedup"] = row["full"]["step_s"].get<double>() / row["segmented"]["step_s"].get<double>();
     }
     out["runs"].push_back(row);

@@ -297,6 +297,17 @@ void CudaExec::copy(Act* dst, const Act* src, int64_t n) {
   if (n) TT_CUDA_CHECK(cudaMemcpyAsync(dst, src, sizeof(Act) * (size_t)n, cudaMemcpyDeviceToDevice, stream_));
 }
 
+void CudaExec::move_cols(Act* dst, int dst_cols, int dst_col0, const Act* src, int src_cols, int src_col0, int N,
+                         int cols) {
+  mark(Op::kOther);
+  if (N <= 0 || cols <= 0) return;
+  TT_CHECK(dst_col0 + cols <= dst_cols && src_col0 + cols <= src_cols, "CudaExec::move_cols: columns [", src_col0,
+           ", +", cols, ") of ", src_cols, " into [", dst_col0, ", +", cols, ") of ", dst_cols);
+  TT_CUDA_CHECK(cudaMemcpy2DAsync(dst + dst_col0, sizeof(Act) * (size_t)dst_cols, src + src_col0,
+                                  sizeof(Act) * (size_t)src_cols, sizeof(Act) * (size_t)cols, (size_t)N,
+                                  cudaMemcpyDeviceToDevice, stream_));
+}
+
 void CudaExec::retrieval_select(int32_t* idx, const Act* q, const Act* pool_k, int P, int NH, int NKV, int HS,
                                 uint64_t heads, int R) {
   mark(Op::kOther);

@@ -172,6 +172,9 @@ class CudaExec {
   void copy(Act* dst, const Act* src, int64_t n);
   // dst[rows[r]] += src[r] (R rows of C; rows distinct): relayed gradients into their rows.
   void add_rows(Acc* dst, const int32_t* rows, const Acc* src, int R, int C);
+  // dst[:, dst_col0 : dst_col0 + cols] = src[:, src_col0 : src_col0 + cols] for N rows of dst_cols
+  // and src_cols elements (one strided copy; the retrieval pool keeps the long-range heads' columns).
+  void move_cols(Act* dst, int dst_cols, int dst_col0, const Act* src, int src_cols, int src_col0, int N, int cols);
   // Segment retrieval (ops/cuda/retrieval.h; CPU meaning in exec_cpu.h): fp32 scores, so near-ties
   // may order differently from the fp64 reference.
   void retrieval_select(int32_t* idx, const Act* q, const Act* pool_k, int P, int NH, int NKV, int HS,

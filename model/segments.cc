@@ -94,9 +94,10 @@ void SegmentReads<E>::build(const SegmentHistory<E>& h, bool tail_grads) {
     e.upload(ret_pos_.data(), pos.data(), sizeof(int32_t) * R);
     e.ensure(q_pos_, sizeof(int32_t));
     e.upload(q_pos_.data(), &h.q_pos, sizeof(int32_t));
+    const int64_t PD = (int64_t)__builtin_popcountll(cfg.long_heads()) * HS_;  // a pool row: long-range heads
     e.ensure(qn_, sizeof(Act) * QD);
-    e.ensure(pool_k_, sizeof(Act) * pool_rows * KD);
-    e.ensure(pool_v_, sizeof(Act) * pool_rows * KD);
+    e.ensure(pool_k_, sizeof(Act) * pool_rows * PD);
+    e.ensure(pool_v_, sizeof(Act) * pool_rows * PD);
     Act* pk = reinterpret_cast<Act*>(pool_k_.data());
     Act* pv = reinterpret_cast<Act*>(pool_v_.data());
     Act* qn = reinterpret_cast<Act*>(qn_.data());
@@ -105,8 +106,8 @@ void SegmentReads<E>::build(const SegmentHistory<E>& h, bool tail_grads) {
       int64_t at = 0;
       for (const PoolSpan<E>& s : h.pool) {
         TT_CHECK(s.k[l] && s.v[l], "segments: the pool has no rows of long-range layer ", l);
-        e.copy(pk + at * KD, s.k[l], s.rows * KD);
-        e.copy(pv + at * KD, s.v[l], s.rows * KD);
+        e.copy(pk + at * PD, s.k[l], s.rows * PD);
+        e.copy(pv + at * PD, s.v[l], s.rows * PD);
         at += s.rows;
       }
       TT_CHECK(h.q[l], "segments: segment ", i, " has no end query in long-range layer ", l);
@@ -222,20 +223,32 @@ void PoolChunk<E>::assign(Decoder<E>& model, const SegmentConfig& cfg, const std
   e.upload(d_rows.data(), rows.data(), sizeof(int32_t) * N);
   typename E::Rope r = e.make_rope(reinterpret_cast<const int32_t*>(d_pos.data()), N, HS, mc.rope_theta, d_rope.data());
   if constexpr (E::kHybridOps) r.rotary_dim = mc.rotary_dim() == mc.head_dim ? 0 : mc.rotary_dim();
+  // The long-range heads' columns only: every row gathered whole into `full`, its keys rotated
+  // back, then head g's columns moved to slot pool_slot(heads, g).
+  const uint64_t heads = cfg.long_heads();
+  const int NL = __builtin_popcountll(heads), KD = NKV * HS;
+  typename E::Buffer full;
   for (int l = 0; l < L; ++l) {
     if (!cfg.long_layer(l) || model.carry_row_elems(l) == 0) continue;
     TT_CHECK(k[l] && v[l], "segments: the pool has no rows of long-range layer ", l);
-    row_elems_[l] = model.carry_row_elems(l);
+    TT_CHECK(model.carry_row_elems(l) == KD, "segments: layer ", l, " offers rows of ", model.carry_row_elems(l),
+             " elements, expected ", KD);
+    row_elems_[l] = (int64_t)NL * HS;
     const int64_t n = (int64_t)N * row_elems_[l];
     e.ensure(k_[l], sizeof(Act) * std::max<int64_t>(n, 1));
     e.ensure(v_[l], sizeof(Act) * std::max<int64_t>(n, 1));
-    Act* kk = reinterpret_cast<Act*>(k_[l].data());
+    e.ensure(full, sizeof(Act) * std::max<int64_t>((int64_t)N * KD, 1));
+    Act* f = reinterpret_cast<Act*>(full.data());
     const int32_t* dr = reinterpret_cast<const int32_t*>(d_rows.data());
-    e.gather_rows(kk, k[l], dr, N, (int)row_elems_[l]);
-    e.gather_rows(reinterpret_cast<Act*>(v_[l].data()), v[l], dr, N, (int)row_elems_[l]);
-    e.rope_backward(kk, r, N, NKV, HS);
+    for (int kv = 0; kv < 2; ++kv) {
+      e.gather_rows(f, kv == 0 ? k[l] : v[l], dr, N, KD);
+      if (kv == 0) e.rope_backward(f, r, N, NKV, HS);
+      Act* dst = reinterpret_cast<Act*>((kv == 0 ? k_[l] : v_[l]).data());
+      for (int g = 0, slot = 0; g < NKV; ++g)
+        if ((heads >> g) & 1) e.move_cols(dst, NL * HS, slot++ * HS, f, KD, g * HS, N, HS);
+    }
   }
-  e.sync();  // d_pos and d_rows are freed on return
+  e.sync();  // d_pos, d_rows and full are freed on return
 }
 
 template <class E>

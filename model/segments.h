@@ -67,13 +67,14 @@ namespace tt::model {
 // earlier segment, as spans of the chunks that hold them (a piece's or a closed segment's rows).
 template <class E>
 struct PoolSpan {
-  std::vector<const typename E::Act*> k, v;  // [decoder layer] null outside long_range.layers; (rows, NKV, HS)
+  std::vector<const typename E::Act*> k, v;  // [decoder layer] null outside long_range.layers; (rows, NL, HS)
   int rows = 0;
 };
 
-// Rows of a piece or a segment as the retrieval pool keeps them, per long-range layer: K without
-// RoPE (rotated back from the positions `pos` they were computed at) and V, copied from the
-// rows' carry (export_carry, or the KV cache's rows).
+// Rows of a piece or a segment as the retrieval pool keeps them, per long-range layer and for the
+// long-range KV heads only (NL = |long_range.heads| of NKV: slot s the s-th such head, as
+// ops/cpu/retrieval.h's pool_slot): K without RoPE (rotated back from the positions `pos` they
+// were computed at) and V, copied from the rows' carry (export_carry, or the KV cache's rows).
 template <class E>
 class PoolChunk {
  public:
@@ -86,7 +87,7 @@ class PoolChunk {
   int rows() const { return rows_; }
 
  private:
-  std::vector<typename E::Buffer> k_, v_;  // [layer] (rows, NKV, HS); empty outside long_range.layers
+  std::vector<typename E::Buffer> k_, v_;  // [layer] (rows, NL, HS); empty outside long_range.layers
   std::vector<int64_t> row_elems_;
   int rows_ = 0;
 };

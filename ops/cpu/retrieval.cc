@@ -15,7 +15,7 @@ void retrieval_select(int32_t* idx, const T* q, const T* pool_k, int P, int NH, 
   TT_CHECK(P >= 0 && NH > 0 && NKV > 0 && NH % NKV == 0 && HS > 0 && NKV <= 64, "retrieval_select: P=", P,
            " NH=", NH, " NKV=", NKV, " HS=", HS, ", expected NH a multiple of NKV <= 64");
   TT_CHECK(R >= 0 && R <= P, "retrieval_select: R=", R, " rows of a pool of ", P);
-  const int G = NH / NKV;
+  const int G = NH / NKV, NL = __builtin_popcountll(heads);
   std::vector<double> score(P);
   std::vector<int32_t> order(P);
   for (int g = 0; g < NKV; g++) {
@@ -28,7 +28,7 @@ void retrieval_select(int32_t* idx, const T* q, const T* pool_k, int P, int NH, 
       double s = 0;
       for (int h = g * G; h < (g + 1) * G; h++) {
         const T* qh = q + (int64_t)h * HS;
-        const T* kj = pool_k + ((int64_t)j * NKV + g) * HS;
+        const T* kj = pool_k + ((int64_t)j * NL + pool_slot(heads, g)) * HS;
         for (int d = 0; d < HS; d++) s += (double)qh[d] * (double)kj[d];
       }
       score[j] = s;
@@ -45,6 +45,7 @@ void retrieval_select(int32_t* idx, const T* q, const T* pool_k, int P, int NH, 
 
 template <class T>
 void retrieval_gather(T* out, const T* pool, const int32_t* idx, int R, int NKV, int HS, uint64_t heads) {
+  const int NL = __builtin_popcountll(heads);
   for (int r = 0; r < R; r++) {
     for (int g = 0; g < NKV; g++) {
       T* o = out + ((int64_t)r * NKV + g) * HS;
@@ -52,7 +53,7 @@ void retrieval_gather(T* out, const T* pool, const int32_t* idx, int R, int NKV,
         std::fill(o, o + HS, T(0));
         continue;
       }
-      const T* p = pool + ((int64_t)idx[(int64_t)g * R + r] * NKV + g) * HS;
+      const T* p = pool + ((int64_t)idx[(int64_t)g * R + r] * NL + pool_slot(heads, g)) * HS;
       std::copy(p, p + HS, o);
     }
   }

@@ -12,14 +12,18 @@
 
 namespace tt::cpu {
 
+// The pool keeps the long-range heads only: a pool row is (NL, HS), NL = popcount(heads), slot s
+// holding the s-th KV head of `heads` in increasing order (pool_slot).
+inline int pool_slot(uint64_t heads, int g) { return __builtin_popcountll(heads & ((uint64_t{1} << g) - 1)); }
+
 // idx (NKV, R): for each KV head g in `heads` (bit g), its R selected rows, ascending; rows of
-// the other heads are -1. q (NH, HS); pool_k (P, NKV, HS); 0 <= R <= P.
+// the other heads are -1. q (NH, HS); pool_k (P, NL, HS); 0 <= R <= P.
 template <class T>
 void retrieval_select(int32_t* idx, const T* q, const T* pool_k, int P, int NH, int NKV, int HS, uint64_t heads,
                       int R);
 
-// out (R, NKV, HS): head g's slice of row r is pool[idx[g][r]]'s for g in `heads`, zero for the
-// other heads (which never read the prefix). pool (P, NKV, HS).
+// out (R, NKV, HS): head g's slice of row r is pool row idx[g][r]'s slot pool_slot(heads, g) for
+// g in `heads`, zero for the other heads (which never read the prefix). pool (P, NL, HS).
 template <class T>
 void retrieval_gather(T* out, const T* pool, const int32_t* idx, int R, int NKV, int HS, uint64_t heads);
 

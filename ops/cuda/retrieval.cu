@@ -23,8 +23,8 @@ __device__ __forceinline__ uint32_t order_bits(float s) {  // monotone: a < b  <
 }
 
 // Warp per pool row: score = sum over h in g's group of q_h . k_{row, g}.
-__global__ void score_keys_kernel(uint64_t* keys, const bf16* q, const bf16* pool_k, int P, int NKV, int HS, int G,
-                                  int g) {
+__global__ void score_keys_kernel(uint64_t* keys, const bf16* q, const bf16* pool_k, int P, int NL, int HS, int G,
+                                  int g, int slot) {
   __shared__ float qs[kMaxQ];
   for (int e = threadIdx.x; e < G * HS; e += blockDim.x)
     qs[e] = __bfloat162float(q[(int64_t)g * G * HS + e]);  // heads g G .. g G + G - 1 are contiguous
@@ -32,7 +32,7 @@ __global__ void score_keys_kernel(uint64_t* keys, const bf16* q, const bf16* poo
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
   const int row = blockIdx.x * (kThreads / detail::kWarp) + warp;
   if (row >= P) return;
-  const bf16* k = pool_k + ((int64_t)row * NKV + g) * HS;
+  const bf16* k = pool_k + ((int64_t)row * NL + slot) * HS;
   float s = 0.f;
   for (int d = lane; d < HS; d += detail::kWarp) {
     const float kd = __bfloat162float(k[d]);
@@ -52,7 +52,8 @@ __global__ void gather_kernel(bf16* out, const bf16* pool, const int32_t* idx, i
   const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= (int64_t)R * NKV * HS) return;
   const int d = (int)(e % HS), g = (int)(e / HS % NKV), r = (int)(e / HS / NKV);
-  out[e] = ((heads >> g) & 1) ? pool[((int64_t)idx[(int64_t)g * R + r] * NKV + g) * HS + d] : __float2bfloat16(0.f);
+  const int NL = __popcll(heads), slot = __popcll(heads & ((1ull << g) - 1));
+  out[e] = ((heads >> g) & 1) ? pool[((int64_t)idx[(int64_t)g * R + r] * NL + slot) * HS + d] : __float2bfloat16(0.f);
 }
 
 struct Scratch {
@@ -86,13 +87,13 @@ void retrieval_select(int32_t* idx, const bf16* q, const bf16* pool_k, int P, in
   TT_CHECK(P >= 0 && NH > 0 && NKV > 0 && NH % NKV == 0 && HS > 0 && NKV <= 64, "retrieval_select: P=", P, " NH=", NH,
            " NKV=", NKV, " HS=", HS, ", expected NH a multiple of NKV <= 64");
   TT_CHECK(R >= 0 && R <= P, "retrieval_select: R=", R, " rows of a pool of ", P);
-  const int G = NH / NKV;
+  const int G = NH / NKV, NL = __builtin_popcountll(heads);
   TT_CHECK(G * HS <= kMaxQ, "retrieval_select: ", G, " query heads of ", HS, " per KV head, at most ", kMaxQ,
            " values");
   if (R == 0) return;
   Scratch s(P, R, ws.ptr);
   detail::check_workspace(ws, s.bytes, "retrieval_select");
-  for (int g = 0; g < NKV; ++g) {
+  for (int g = 0, slot = 0; g < NKV; ++g) {
     int32_t* out = idx + (int64_t)g * R;
     if (!((heads >> g) & 1)) {
       TT_CUDA_CHECK(cudaMemsetAsync(out, 0xFF, sizeof(int32_t) * (size_t)R, stream));  // -1
@@ -100,7 +101,7 @@ void retrieval_select(int32_t* idx, const bf16* q, const bf16* pool_k, int P, in
     }
     const int rows_per_block = kThreads / detail::kWarp;
     score_keys_kernel<<<(P + rows_per_block - 1) / rows_per_block, kThreads, 0, stream>>>(s.keys_in, q, pool_k, P,
-                                                                                          NKV, HS, G, g);
+                                                                                          NL, HS, G, g, slot++);
     TT_CUDA_CHECK(cudaGetLastError());
     size_t temp = s.temp_bytes;
     TT_CUDA_CHECK(cub::DeviceRadixSort::SortKeysDescending(s.temp, temp, s.keys_in, s.keys_out, P, 0, 64, stream));

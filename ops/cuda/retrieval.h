@@ -20,13 +20,15 @@ namespace tt::cuda {
 size_t retrieval_select_workspace_bytes(int P, int R);
 
 // idx (NKV, R) int32, overwritten: for each KV head g in `heads` (bit g) its R selected rows,
-// ascending; -1 for the other heads. q (NH, HS); pool_k (P, NKV, HS); 0 <= R <= P, NKV <= 64.
+// ascending; -1 for the other heads. q (NH, HS); pool_k (P, NL, HS), the long-range heads only
+// (NL = popcount(heads), slot s the s-th head of `heads`: ops/cpu/retrieval.h pool_slot);
+// 0 <= R <= P, NKV <= 64.
 // Device pointers; ws at least retrieval_select_workspace_bytes(P, R).
 void retrieval_select(int32_t* idx, const bf16* q, const bf16* pool_k, int P, int NH, int NKV, int HS,
                       uint64_t heads, int R, Workspace ws, cudaStream_t stream);
 
-// out (R, NKV, HS): head g's slice of row r is pool[idx[g][r]]'s for g in `heads`, zero for the
-// other heads. pool (P, NKV, HS).
+// out (R, NKV, HS): head g's slice of row r is pool row idx[g][r]'s slot of g for g in `heads`,
+// zero for the other heads. pool (P, NL, HS).
 void retrieval_gather(bf16* out, const bf16* pool, const int32_t* idx, int R, int NKV, int HS, uint64_t heads,
                       cudaStream_t stream);
 

@@ -164,16 +164,17 @@ TEST_F(SegmentsCuda, SegmentedTrainingMatchesTheCpu) {
 TEST_F(SegmentsCuda, RetrievalSelectMatchesTheCpu) {
   const int P = 3000, NH = 8, NKV = 4, HS = 128, R = 200, distinct = 50;
   const uint64_t heads = 0b1011;
+  const int NL = 3;  // the pool keeps the long-range heads only: slots 0, 1, 2 hold heads 0, 1, 3
   std::mt19937_64 rng(4);
   std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> q((size_t)NH * HS), keys((size_t)distinct * NKV * HS), pool((size_t)P * NKV * HS);
+  std::vector<float> q((size_t)NH * HS), keys((size_t)distinct * NL * HS), pool((size_t)P * NL * HS);
   for (float& x : q) x = cuda::round_to_bf16(nd(rng));
   for (float& x : keys) x = cuda::round_to_bf16(nd(rng));
   std::uniform_int_distribution<int> pick(0, distinct - 1);
   for (int j = 0; j < P; ++j) {  // each row a copy of a random distinct key: exact ties, 60 each on average
     const int s = pick(rng);
-    std::copy(keys.begin() + (size_t)s * NKV * HS, keys.begin() + (size_t)(s + 1) * NKV * HS,
-              pool.begin() + (size_t)j * NKV * HS);
+    std::copy(keys.begin() + (size_t)s * NL * HS, keys.begin() + (size_t)(s + 1) * NL * HS,
+              pool.begin() + (size_t)j * NL * HS);
   }
   std::vector<int32_t> want((size_t)NKV * R);
   cpu::retrieval_select<float>(want.data(), q.data(), pool.data(), P, NH, NKV, HS, heads, R);

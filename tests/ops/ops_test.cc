@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -14,6 +15,7 @@
 #include "ops/cpu/cross_entropy.h"
 #include "ops/cpu/embedding.h"
 #include "ops/cpu/matmul.h"
+#include "ops/cpu/retrieval.h"
 #include "ops/cpu/rmsnorm.h"
 #include "ops/cpu/rope.h"
 #include "ops/cpu/swiglu.h"
@@ -369,6 +371,51 @@ TEST(SumSquares, ExactOnIntegers) {
   EXPECT_EQ(sum_squares(xf.data(), n), expected);
   EXPECT_EQ(sum_squares(xd.data(), n), expected);
   EXPECT_EQ(sum_squares(xd.data(), 0), 0.0);
+}
+
+// Retrieval on a pool that keeps the long-range heads only (heads 0 and 2 of 4, non-contiguous):
+// the selection equals a brute-force ranking of q . k over each head's query group (ties to the
+// lower row), and the gather puts slot pool_slot(heads, g) of each selected row at head g, zeros
+// at the local heads.
+TEST(Retrieval, CompactPoolSelectsAndGathersTheLongRangeHeads) {
+  const int P = 40, NH = 8, NKV = 4, HS = 6, R = 7, NL = 2, G = NH / NKV;
+  const uint64_t heads = 0b0101;
+  const int slot_of[NKV] = {0, -1, 1, -1};
+  EXPECT_EQ(pool_slot(heads, 0), 0);
+  EXPECT_EQ(pool_slot(heads, 2), 1);
+  std::mt19937_64 rng(11);
+  std::uniform_int_distribution<int> small(-3, 3);  // integers: exact scores, many ties
+  std::vector<double> q((size_t)NH * HS), pool((size_t)P * NL * HS);
+  for (double& x : q) x = small(rng);
+  for (double& x : pool) x = small(rng);
+  std::vector<int32_t> idx((size_t)NKV * R);
+  retrieval_select<double>(idx.data(), q.data(), pool.data(), P, NH, NKV, HS, heads, R);
+  for (int g = 0; g < NKV; ++g) {
+    std::vector<int32_t> want(R, -1);
+    if (slot_of[g] >= 0) {
+      std::vector<std::pair<double, int>> ranked;
+      for (int j = 0; j < P; ++j) {
+        double sc = 0;
+        for (int h = g * G; h < (g + 1) * G; ++h)
+          for (int d = 0; d < HS; ++d) sc += q[(size_t)h * HS + d] * pool[((size_t)j * NL + slot_of[g]) * HS + d];
+        ranked.push_back({-sc, j});  // ascending: the highest score first, then the lower row
+      }
+      std::sort(ranked.begin(), ranked.end());
+      for (int r = 0; r < R; ++r) want[r] = ranked[r].second;
+      std::sort(want.begin(), want.end());
+    }
+    EXPECT_EQ(std::vector<int32_t>(idx.begin() + (size_t)g * R, idx.begin() + (size_t)(g + 1) * R), want)
+        << "KV head " << g;
+  }
+  std::vector<double> out((size_t)R * NKV * HS, 99.0);
+  retrieval_gather<double>(out.data(), pool.data(), idx.data(), R, NKV, HS, heads);
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < NKV; ++g)
+      for (int d = 0; d < HS; ++d) {
+        const double want =
+            slot_of[g] >= 0 ? pool[((size_t)idx[(size_t)g * R + r] * NL + slot_of[g]) * HS + d] : 0.0;
+        EXPECT_EQ(out[((size_t)r * NKV + g) * HS + d], want) << "row " << r << " head " << g << " d " << d;
+      }
 }
 
 }  // namespace
