@@ -8,12 +8,12 @@
 #                                       to $OUT (tests.log, bench.txt, summary.txt); a short table
 #                                       is printed last.
 # Device run:  run(command="scripts/device/ops_check.sh", carry=[".device"])
-# Environment: SKIP_BENCH=1 (tests only), SKIP_SANITIZER=1.
+# Environment: SKIP_BENCH=1 (tests only), SKIP_SANITIZER=1, TESTS (default below).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
 DIR=.device/ops_cuda
-TESTS="memory_test gemm_test embedding_test rmsnorm_test rope_test qk_norm_rope_test swiglu_test cross_entropy_test adamw_test vision_test"
+TESTS=${TESTS:-"memory_test gemm_test embedding_test rmsnorm_test rope_test qk_norm_rope_test swiglu_test cross_entropy_test adamw_test vision_test gdn_test"}
 
 . scripts/device/lib.sh
 
@@ -45,9 +45,10 @@ if [ -x "$san" ] && [ "${SKIP_SANITIZER:-0}" != 1 ]; then
               "memcheck rmsnorm_test:-*many_rows*:*rows_over_chunks*" \
               "racecheck rmsnorm_test:-*many_rows*:*rows_over_chunks*" "memcheck qk_norm_rope_test" \
               "racecheck qk_norm_rope_test" "memcheck embedding_test" \
-              "memcheck adamw_test:-*SumSquares*"; do
+              "memcheck adamw_test:-*SumSquares*" "memcheck gdn_test" "racecheck gdn_test"; do
     set -- $spec
     tool=$1 bin=${2%%:*} filter=""
+    case " $TESTS " in *" $bin "*) ;; *) continue ;; esac  # only the tests of this call
     [ "$bin" != "$2" ] && filter="--gtest_filter=${2#*:}"
     echo "===== sanitizer $tool $bin $filter" >>"$OUT/tests.log"
     timeout 60 "$san" --tool "$tool" --error-exitcode 9 "$DIR/$bin" --gtest_brief=1 $filter \

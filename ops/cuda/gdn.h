@@ -1,0 +1,71 @@
+// Gated DeltaNet's row ops on DFS-packed trees, CUDA (issue 15): the same meaning as
+// ops/cpu/gdn.h on bf16 tensors with fp32 math and statistics; the gated delta rule itself comes
+// next. Every op follows root-to-token paths, never the packed order: a conv window reads the
+// token's own ancestors (prev), and the conv's input gradient is gathered from the token's own
+// descendants (pos, subtree_end), so no finished sibling leaks in either direction.
+//
+// Gradient contract as elsewhere in ops/cuda: dx-style outputs (bf16) are accumulated (+=, one
+// rounding of the fp32 sum) unless accumulate is false, weight gradients (fp32, the master
+// gradient buffer) are accumulated; sums over rows (dw, dA_log, ddt_bias) run in two fixed stages
+// (row chunks, then the chunks in order) and are deterministic, as is every op here.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ops/cuda/bf16.h"
+#include "ops/cuda/workspace.h"
+
+namespace tt::cuda {
+
+// prev (N): the row before row i on its root-to-row path (ops/cpu/gdn.h path_prev) from the
+// node arrays (num_nodes) on the device; the layout is the caller's (data::pack's) to be valid.
+void gdn_path_prev(int32_t* prev, const int32_t* node_start, const int32_t* node_len, const int32_t* node_parent,
+                   int num_nodes, cudaStream_t stream);
+
+// Depthwise causal conv1d + SiLU along paths: out (N, C) = silu(sum_j w[c, j] x[tap_j(i), c]),
+// tap_{K-1}(i) = i, tap_{j-1} = prev[tap_j] (zero past a root). x (N, C), w (C, K), K <= 64.
+void conv1d_silu_forward(bf16* out, const bf16* x, const bf16* w, const int32_t* prev, int N, int C, int K,
+                         cudaStream_t stream);
+
+// Workspace of conv1d_silu_backward.
+size_t conv1d_silu_backward_workspace_bytes(int N, int C, int K);
+
+// dx (N, C) bf16 (+= unless !accumulate), dw (C, K) fp32 += (either may be null). The gradient of
+// row r's input gathers, for each descendant d of r at path distance m < K (rows after r in its
+// subtree with pos[d] - pos[r] = m; deeper subtrees are skipped whole through subtree_end), the
+// term w[c, K - 1 - m] da[d, c], da = dout silu'(pre). pos (N) depths, subtree_end (N) as in
+// data/packing.h.
+void conv1d_silu_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const int32_t* prev,
+                          const int32_t* pos, const int32_t* subtree_end, int N, int C, int K, Workspace ws,
+                          cudaStream_t stream, bool accumulate = true);
+
+// L2 norm per row (HF l2norm): y = x rsqrt(sum x^2 + eps); rstd (rows) fp32.
+void l2norm_forward(bf16* y, float* rstd, const bf16* x, int rows, int D, double eps, cudaStream_t stream);
+// dx (rows, D) += rstd (dy - y (y . dy)), y = x rstd.
+void l2norm_backward(bf16* dx, const bf16* dy, const bf16* x, const float* rstd, int rows, int D, cudaStream_t stream,
+                     bool accumulate = true);
+
+// Gated RMSNorm per row (HF Qwen3NextRMSNormGated): y = w x rsqrt(mean x^2 + eps) silu(z);
+// rstd (rows) fp32. x, z, y (rows, D), w (D).
+void gated_rmsnorm_forward(bf16* y, float* rstd, const bf16* x, const bf16* z, const bf16* w, int rows, int D,
+                           double eps, cudaStream_t stream);
+size_t gated_rmsnorm_backward_workspace_bytes(int rows, int D);
+// dx, dz (rows, D) bf16 (+= unless !accumulate), dw (D) fp32 += (any may be null).
+void gated_rmsnorm_backward(bf16* dx, bf16* dz, float* dw, const bf16* dy, const bf16* x, const bf16* z,
+                            const bf16* w, const float* rstd, int rows, int D, Workspace ws, cudaStream_t stream,
+                            bool accumulate = true);
+
+// The gates per row and value head: beta = sigmoid(b), g = -exp(A_log[h]) softplus(a + dt_bias[h]).
+// a, b, g, beta (N, H) bf16; A_log, dt_bias (H) bf16 (the working copy of the weights).
+void gdn_gates_forward(bf16* g, bf16* beta, const bf16* a, const bf16* b, const bf16* A_log, const bf16* dt_bias, int N,
+                       int H, cudaStream_t stream);
+size_t gdn_gates_backward_workspace_bytes(int N, int H);
+// da, db (N, H) overwritten; dA_log, ddt_bias (H) fp32 += (either may be null).
+void gdn_gates_backward(bf16* da, bf16* db, float* dA_log, float* ddt_bias, const bf16* dg, const bf16* dbeta,
+                        const bf16* a, const bf16* b, const bf16* A_log, const bf16* dt_bias, int N, int H,
+                        Workspace ws, cudaStream_t stream);
+
+}  // namespace tt::cuda

@@ -1,0 +1,240 @@
+// The Gated DeltaNet's row ops on the GPU (ops/cuda/gdn.h) against the CPU reference
+// (ops/cpu/gdn.h, fp64 on the same bf16 inputs), on awkward DFS-packed trees: one-token nodes,
+// nodes shorter than the conv window (so a window crosses several ancestors), a deep chain of
+// one-token nodes ending in a wide fan (one row whose input gradient gathers from many branches),
+// several roots, node lengths that are not multiples of anything.
+//
+// Bounds. bf16 outputs: elementwise |got - ref| <= 2^-8 |ref| + 2^-10 max|ref| (one
+// round-to-nearest bf16 rounding is 2^-9 relative, doubled; the floor covers fp32 sums of at most
+// 64 terms, 64 2^-24 of their magnitude, where they cancel), and normwise relative L2 <= 2^-8.
+// fp32 sums over rows (dw, dA_log, ddt_bias): normwise relative L2 <= 1e-4 (at most a few hundred
+// fp32 terms: n 2^-24 < 2e-5 of their magnitude, with room for cancellation). path_prev: exact.
+#include "ops/cuda/gdn.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ops/cpu/gdn.h"
+#include "tests/ops_cuda/test_util.h"
+
+namespace tt::cuda_test {
+namespace {
+
+// A DFS-packed forest with its per-row positions (depths) and subtree ends (data/packing.h).
+struct Forest {
+  std::vector<int32_t> start, len, parent, pos, subtree_end;
+  int N = 0;
+  int nodes() const { return (int)start.size(); }
+  void add(int p, int l) {
+    start.push_back(N);
+    len.push_back(l);
+    parent.push_back(p);
+    const int d0 = p < 0 ? 0 : pos[start[p] + len[p] - 1] + 1;
+    for (int j = 0; j < l; ++j) pos.push_back(d0 + j);
+    N += l;
+  }
+  void finish() {
+    std::vector<int32_t> end(nodes());
+    for (int n = nodes() - 1; n >= 0; --n) {
+      end[n] = std::max(end[n], start[n] + len[n]);
+      if (parent[n] >= 0) end[parent[n]] = std::max(end[parent[n]], end[n]);
+    }
+    subtree_end.assign(N, 0);
+    for (int n = 0; n < nodes(); ++n)
+      for (int j = 0; j < len[n]; ++j) subtree_end[start[n] + j] = end[n];
+  }
+};
+
+// Random subtree in preorder: nodes of 1 token with probability 0.4, else 2..max_len.
+void grow(Forest& f, std::mt19937_64& rng, int parent, int depth, int max_len, int& budget) {
+  std::uniform_real_distribution<double> u(0, 1);
+  std::uniform_int_distribution<int> len(2, max_len), kids(0, 3);
+  f.add(parent, u(rng) < 0.4 ? 1 : len(rng));
+  const int me = f.nodes() - 1;
+  const int k = depth < 6 ? kids(rng) : 0;
+  for (int c = 0; c < k && --budget > 0; ++c) grow(f, rng, me, depth + 1, max_len, budget);
+}
+
+Forest awkward_forest(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Forest f;
+  // A deep chain of one-token nodes ending in a fan of 9 short leaves.
+  f.add(-1, 3);
+  for (int i = 0; i < 12; ++i) f.add(f.nodes() - 1, 1);
+  const int hub = f.nodes() - 1;
+  for (int i = 0; i < 9; ++i) f.add(hub, 1 + i % 3);
+  // Random trees.
+  for (int t = 0; t < 3; ++t) {
+    int budget = 25;
+    grow(f, rng, -1, 0, 70, budget);
+  }
+  f.finish();
+  return f;
+}
+
+::testing::AssertionResult close_bf16(const std::string& name, const std::vector<double>& got,
+                                      const std::vector<double>& ref) {
+  double mx = 0;
+  for (double r : ref) mx = std::max(mx, std::fabs(r));
+  ::testing::AssertionResult a = all_within(name, got, ref, kBf16U, {mx / 1024});
+  if (!a) return a;
+  const double e = rel_l2(got, ref);
+  if (e > kBf16U) return ::testing::AssertionFailure() << name << ": normwise relative error " << e;
+  return ::testing::AssertionSuccess() << name << ": normwise " << e;
+}
+
+::testing::AssertionResult close_f32_sum(const std::string& name, const std::vector<double>& got,
+                                         const std::vector<double>& ref) {
+  const double e = rel_l2(got, ref);
+  if (e > 1e-4) return ::testing::AssertionFailure() << name << ": normwise relative error " << e;
+  return ::testing::AssertionSuccess() << name << ": normwise " << e;
+}
+
+template <class T>
+DeviceBuffer<T> dev(const std::vector<T>& x) {
+  return to_device(x);
+}
+
+class GdnOps : public GpuTest {};
+
+TEST_F(GdnOps, PathPrevAndConvMatchTheCpuOnAwkwardTrees) {
+  for (uint64_t seed : {1, 2, 3}) {
+    const Forest f = awkward_forest(seed);
+    const int N = f.N, C = 40, K = 4;
+    std::vector<int32_t> prev(N);
+    cpu::path_prev(prev.data(), f.start.data(), f.len.data(), f.parent.data(), f.nodes(), N);
+    auto d_start = dev(f.start), d_len = dev(f.len), d_parent = dev(f.parent), d_pos = dev(f.pos),
+         d_end = dev(f.subtree_end);
+    DeviceBuffer<int32_t> d_prev(N);
+    cuda::gdn_path_prev(d_prev.data(), d_start.data(), d_len.data(), d_parent.data(), f.nodes(), nullptr);
+    sync_and_check();
+    ASSERT_EQ(d_prev.to_host(), prev) << "seed " << seed;
+
+    std::mt19937_64 rng(seed + 40);
+    const auto x = randn_bf16(rng, (size_t)N * C), w = randn_bf16(rng, (size_t)C * K, 0.5);
+    std::vector<double> out((size_t)N * C);
+    cpu::conv1d_silu_forward<double>(out.data(), x.data(), w.data(), prev.data(), N, C, K);
+    auto d_x = to_device_bf16(x), d_w = to_device_bf16(w);
+    DeviceBuffer<bf16> d_out((size_t)N * C);
+    cuda::conv1d_silu_forward(d_out.data(), d_x.data(), d_w.data(), d_prev.data(), N, C, K, nullptr);
+    sync_and_check();
+    EXPECT_TRUE(close_bf16("conv forward", to_host(d_out), out));
+
+    const auto dout = randn_bf16(rng, (size_t)N * C), dx0 = randn_bf16(rng, (size_t)N * C);
+    const auto dw0 = randn_f32(rng, (size_t)C * K);
+    std::vector<double> dx = dx0, dw = dw0;
+    cpu::conv1d_silu_backward<double>(dx.data(), dw.data(), dout.data(), x.data(), w.data(), prev.data(), N, C, K);
+    auto d_dout = to_device_bf16(dout), d_dx = to_device_bf16(dx0);
+    auto d_dw = to_device_f32(dw0);
+    DeviceBuffer<char> ws(cuda::conv1d_silu_backward_workspace_bytes(N, C, K));
+    cuda::conv1d_silu_backward(d_dx.data(), d_dw.data(), d_dout.data(), d_x.data(), d_w.data(), d_prev.data(),
+                               d_pos.data(), d_end.data(), N, C, K, cuda::Workspace{ws.data(), ws.size()}, nullptr);
+    sync_and_check();
+    EXPECT_TRUE(close_bf16("conv dx (accumulated)", to_host(d_dx), dx));
+    EXPECT_TRUE(close_f32_sum("conv dw", to_host(d_dw), dw));
+
+    // Overwriting dx: the gradient alone.
+    std::vector<double> dx_only((size_t)N * C, 0.0);
+    cpu::conv1d_silu_backward<double>(dx_only.data(), nullptr, dout.data(), x.data(), w.data(), prev.data(), N, C, K);
+    poison(d_dx);
+    cuda::conv1d_silu_backward(d_dx.data(), nullptr, d_dout.data(), d_x.data(), d_w.data(), d_prev.data(), d_pos.data(),
+                               d_end.data(), N, C, K, cuda::Workspace{ws.data(), ws.size()}, nullptr,
+                               /*accumulate=*/false);
+    sync_and_check();
+    EXPECT_TRUE(close_bf16("conv dx (overwritten)", to_host(d_dx), dx_only));
+  }
+}
+
+TEST_F(GdnOps, NormsMatchTheCpu) {
+  std::mt19937_64 rng(7);
+  const int rows = 300, D = 128;
+  const auto x = randn_bf16(rng, (size_t)rows * D), z = randn_bf16(rng, (size_t)rows * D),
+             w = randn_bf16(rng, D, 0.5), dy = randn_bf16(rng, (size_t)rows * D),
+             dx0 = randn_bf16(rng, (size_t)rows * D), dz0 = randn_bf16(rng, (size_t)rows * D);
+  const auto dw0 = randn_f32(rng, D);
+  auto d_x = to_device_bf16(x), d_z = to_device_bf16(z), d_w = to_device_bf16(w), d_dy = to_device_bf16(dy);
+  DeviceBuffer<bf16> d_y((size_t)rows * D);
+  DeviceBuffer<float> d_rstd(rows);
+
+  // L2 norm.
+  std::vector<double> y((size_t)rows * D), rstd(rows);
+  cpu::l2norm_forward<double>(y.data(), rstd.data(), x.data(), rows, D, 1e-6);
+  cuda::l2norm_forward(d_y.data(), d_rstd.data(), d_x.data(), rows, D, 1e-6, nullptr);
+  sync_and_check();
+  EXPECT_TRUE(close_bf16("l2norm forward", to_host(d_y), y));
+  EXPECT_TRUE(all_within("l2norm rstd", to_host(d_rstd), rstd, 1e-6, {}));
+  std::vector<double> dx = dx0;
+  cpu::l2norm_backward<double>(dx.data(), dy.data(), x.data(), rstd.data(), rows, D);
+  auto d_dx = to_device_bf16(dx0);
+  cuda::l2norm_backward(d_dx.data(), d_dy.data(), d_x.data(), d_rstd.data(), rows, D, nullptr);
+  sync_and_check();
+  EXPECT_TRUE(close_bf16("l2norm dx", to_host(d_dx), dx));
+
+  // Gated RMSNorm.
+  cpu::gated_rmsnorm_forward<double>(y.data(), rstd.data(), x.data(), z.data(), w.data(), rows, D, 1e-6);
+  cuda::gated_rmsnorm_forward(d_y.data(), d_rstd.data(), d_x.data(), d_z.data(), d_w.data(), rows, D, 1e-6, nullptr);
+  sync_and_check();
+  EXPECT_TRUE(close_bf16("gated rmsnorm forward", to_host(d_y), y));
+  EXPECT_TRUE(all_within("gated rmsnorm rstd", to_host(d_rstd), rstd, 1e-6, {}));
+  dx = dx0;
+  std::vector<double> dz = dz0, dw = dw0;
+  cpu::gated_rmsnorm_backward<double>(dx.data(), dz.data(), dw.data(), dy.data(), x.data(), z.data(), w.data(),
+                                      rstd.data(), rows, D);
+  d_dx = to_device_bf16(dx0);
+  auto d_dz = to_device_bf16(dz0);
+  auto d_dw = to_device_f32(dw0);
+  DeviceBuffer<char> ws(cuda::gated_rmsnorm_backward_workspace_bytes(rows, D));
+  cuda::gated_rmsnorm_backward(d_dx.data(), d_dz.data(), d_dw.data(), d_dy.data(), d_x.data(), d_z.data(), d_w.data(),
+                               d_rstd.data(), rows, D, cuda::Workspace{ws.data(), ws.size()}, nullptr);
+  sync_and_check();
+  EXPECT_TRUE(close_bf16("gated rmsnorm dx", to_host(d_dx), dx));
+  EXPECT_TRUE(close_bf16("gated rmsnorm dz", to_host(d_dz), dz));
+  EXPECT_TRUE(close_f32_sum("gated rmsnorm dw", to_host(d_dw), dw));
+}
+
+TEST_F(GdnOps, GatesMatchTheCpu) {
+  std::mt19937_64 rng(9);
+  const int N = 333, H = 12;
+  const auto a = randn_bf16(rng, (size_t)N * H, 2.0), b = randn_bf16(rng, (size_t)N * H, 2.0),
+             A_log = randn_bf16(rng, H, 1.0), dt_bias = randn_bf16(rng, H, 1.0),
+             dg = randn_bf16(rng, (size_t)N * H), dbeta = randn_bf16(rng, (size_t)N * H);
+  const auto dA0 = randn_f32(rng, H), ddt0 = randn_f32(rng, H);
+  std::vector<double> g((size_t)N * H), beta((size_t)N * H);
+  cpu::gdn_gates_forward<double>(g.data(), beta.data(), a.data(), b.data(), A_log.data(), dt_bias.data(), N, H);
+  auto d_a = to_device_bf16(a), d_b = to_device_bf16(b), d_A = to_device_bf16(A_log), d_dt = to_device_bf16(dt_bias);
+  DeviceBuffer<bf16> d_g((size_t)N * H), d_beta((size_t)N * H);
+  cuda::gdn_gates_forward(d_g.data(), d_beta.data(), d_a.data(), d_b.data(), d_A.data(), d_dt.data(), N, H, nullptr);
+  sync_and_check();
+  EXPECT_TRUE(close_bf16("gates g", to_host(d_g), g));
+  EXPECT_TRUE(close_bf16("gates beta", to_host(d_beta), beta));
+
+  std::vector<double> da((size_t)N * H), db((size_t)N * H), dA = dA0, ddt = ddt0;
+  cpu::gdn_gates_backward<double>(da.data(), db.data(), dA.data(), ddt.data(), dg.data(), dbeta.data(), a.data(),
+                                  b.data(), A_log.data(), dt_bias.data(), N, H);
+  auto d_dg = to_device_bf16(dg), d_dbeta = to_device_bf16(dbeta);
+  DeviceBuffer<bf16> d_da((size_t)N * H), d_db((size_t)N * H);
+  auto d_dA = to_device_f32(dA0), d_ddt = to_device_f32(ddt0);
+  DeviceBuffer<char> ws(cuda::gdn_gates_backward_workspace_bytes(N, H));
+  cuda::gdn_gates_backward(d_da.data(), d_db.data(), d_dA.data(), d_ddt.data(), d_dg.data(), d_dbeta.data(), d_a.data(),
+                           d_b.data(), d_A.data(), d_dt.data(), N, H, cuda::Workspace{ws.data(), ws.size()}, nullptr);
+  sync_and_check();
+  EXPECT_TRUE(close_bf16("gates da", to_host(d_da), da));
+  EXPECT_TRUE(close_bf16("gates db", to_host(d_db), db));
+  EXPECT_TRUE(close_f32_sum("gates dA_log", to_host(d_dA), dA));
+  EXPECT_TRUE(close_f32_sum("gates ddt_bias", to_host(d_ddt), ddt));
+}
+
+TEST_F(GdnOps, BadShapesAreErrors) {
+  DeviceBuffer<bf16> x(64);
+  DeviceBuffer<int32_t> prev(8);
+  EXPECT_THROW(cuda::conv1d_silu_forward(x.data(), x.data(), x.data(), prev.data(), 8, 8, 65, nullptr), tt::Error);
+  EXPECT_THROW(cuda::l2norm_forward(x.data(), nullptr, x.data(), 2, 0, 1e-6, nullptr), tt::Error);
+}
+
+}  // namespace
+}  // namespace tt::cuda_test
