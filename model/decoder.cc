@@ -524,12 +524,12 @@ void Decoder<E>::backward(Activations<E>& a, const Carry<E>* relay, const GradRe
              " backend (the head's gradient is taken in forward) a forward's activations get exactly one backward "
              "with the loss, before any without it");
   }
-  a.pending_ = false;
-  a.kept_ = again;
-  a.loss_backward_ = a.loss_backward_ || with_loss;
   const int L = arch_.num_layers();
   TT_CHECK(relay == nullptr || (int)relay->size() == L, "model: relayed carry gradients for ",
            relay ? relay->size() : 0, " layers, expected one entry per layer (", L, ")");
+  a.pending_ = false;
+  a.kept_ = again;
+  a.loss_backward_ = a.loss_backward_ || with_loss;
   const ParamTable& t = table();
   if (a.n_ == 0) {
     if (on_ready) on_ready(0, t.size());

@@ -323,8 +323,12 @@ void GdnKind::check_carry(const BlockCall<E>& c) const {
         throw Error(str("model: layer ", layer_, " is linear_attention: a training forward reads state slot ", slot,
                         " without d_state / d_conv accumulators for its gradient"));
   if (c.carry && !c.carry->offer_node.empty()) {
-    TT_CHECK(c.mode == Mode::kTrain && c.carry->offer_state && c.carry->offer_conv, "model: layer ", layer_,
-             ": offers end states from a training forward into offer_state / offer_conv only");
+    const LayerCarry<E>& cr = *c.carry;
+    TT_CHECK(c.mode == Mode::kTrain, "model: layer ", layer_, ": offers end states from a training forward only");
+    TT_CHECK(cr.offer_state && cr.offer_conv && cr.offer_d_state && cr.offer_d_conv, "model: layer ", layer_,
+             " offers ", cr.offer_node.size(), " nodes without ", !cr.offer_state ? "offer_state" : !cr.offer_conv ?
+             "offer_conv" : !cr.offer_d_state ? "offer_d_state" : "offer_d_conv", " (a partition piece's offers need "
+             "the state, conv tail and their gradient buffers)");
     for (int32_t n : c.carry->offer_node)
       TT_CHECK(n >= 0 && n < c.batch->layout.num_nodes, "model: layer ", layer_, ": offers node ", n,
                " of a batch of ", c.batch->layout.num_nodes, " nodes");

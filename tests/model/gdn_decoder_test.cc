@@ -322,6 +322,13 @@ TEST(GdnDecoder, ABadCarryIsAnErrorNamingTheLayer) {
               std::string::npos)
         << e.what();
   }
+  // Offers (a partition piece's end states for its child pieces) need their gradient buffers.
+  std::vector<double> state(m.recurrent_state_elems(0)), conv(m.conv_context_elems(0));
+  carry[0].state_slot = {-1};
+  carry[0].offer_node = {0};
+  carry[0].offer_state = state.data();
+  carry[0].offer_conv = conv.data();
+  expect_error(carry, "model: layer 0 offers 1 nodes without offer_d_state");
 }
 
 TEST(GdnDecoder, ConfigNamesWhatALinearAttentionLayerNeeds) {

@@ -231,5 +231,42 @@ TEST_F(CudaModelTest, EmptyBatchAndErrors) {
   }
 }
 
+// The repeated backward of truncated BPTT (Decoder::backward with `again`): on the GPU the
+// forward takes the head's gradient, so a forward's activations get exactly one backward with the
+// loss, first; further ones need `again` on the one before. Repeats without the loss and without
+// relayed gradients add exact zeros (dx starts at zero), so the gradient stays bitwise that of
+// the loss; the wrong orders are errors naming the rule.
+TEST_F(CudaModelTest, RepeatedBackwardOrder) {
+  const model::ModelConfig cfg = config_of(kQwen);
+  model::CudaModel gpu(cfg);
+  gpu.init(2);
+  const data::PackedBatch b = pack_all(random_trees(5, 2, kQwen.V), data::Packing::kTree);
+  model::Activations<model::CudaExec> acts;
+  auto error_of = [&](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  gpu.zero_grad();
+  gpu.forward(b, 1.0, acts);
+  EXPECT_NE(error_of([&] { gpu.backward(acts, nullptr, nullptr, /*with_loss=*/false); })
+                .find("exactly one backward with the loss, before any without it"),
+            std::string::npos);
+  gpu.backward(acts, nullptr, nullptr, /*with_loss=*/true, /*again=*/true);
+  const std::vector<float> once = gpu.grads_host();
+  EXPECT_NE(error_of([&] { gpu.backward(acts, nullptr, nullptr, /*with_loss=*/true, /*again=*/true); })
+                .find("exactly one backward with the loss"),
+            std::string::npos);
+  gpu.backward(acts, nullptr, nullptr, /*with_loss=*/false, /*again=*/true);
+  gpu.backward(acts, nullptr, nullptr, /*with_loss=*/false, /*again=*/false);
+  EXPECT_NE(error_of([&] { gpu.backward(acts, nullptr, nullptr, /*with_loss=*/false); })
+                .find("after a backward that did not keep them"),
+            std::string::npos);
+  EXPECT_EQ(gpu.grads_host(), once) << "repeats without the loss and without relayed gradients add nothing";
+}
+
 }  // namespace
 }  // namespace tt::model_cuda_test
