@@ -6,6 +6,9 @@
 // rows, then reduce_partials adds the chunks in order: deterministic.
 #include "ops/cuda/gdn.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "base/check.h"
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernel_util.cuh"
@@ -258,6 +261,177 @@ __global__ void gates_partial_kernel(float* partial, const bf16* dg, const bf16*
   }
 }
 
+// ---- The gated delta rule, chunked ----
+
+struct RuleParams {
+  GdnPlan::Device plan;
+  const bf16 *q, *k, *v, *g, *beta;
+  const float* init;
+  float *U, *W, *gam, *vnew, *sin, *node_end;
+  bf16* o;
+  int nk, nv, dk, dv;
+  float scale;
+  int num_chunks;
+};
+
+// Per (chunk, value head): gamma (the in-chunk cumulative log decay), A = strictly_lower(beta_r
+// k_r . k_s exp(gamma_r - gamma_s)), then U = (I + A)^-1 (beta v) and W = (I + A)^-1 (beta
+// exp(gamma) k) by forward substitution, each thread owning columns of [U | W].
+__global__ void rule_prep_kernel(RuleParams p) {
+  extern __shared__ float sm[];
+  const int c = blockIdx.x, h = blockIdx.y, kh = h / (p.nv / p.nk);
+  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], dk = p.dk, dv = p.dv, X = dv + dk;
+  float* Ks = sm;                          // (64, dk)
+  float* A = Ks + kGdnChunk * dk;          // (64, 64)
+  float* gam = A + kGdnChunk * kGdnChunk;  // (64)
+  float* bet = gam + kGdnChunk;            // (64)
+  float* Xs = bet + kGdnChunk;             // (64, dv + dk): U | W
+  for (int e = threadIdx.x; e < L * dk; e += blockDim.x)
+    Ks[e] = ld(p.k + ((int64_t)(r0 + e / dk) * p.nk + kh) * dk + e % dk);
+  for (int r = threadIdx.x; r < L; r += blockDim.x) {
+    bet[r] = ld(p.beta + (int64_t)(r0 + r) * p.nv + h);
+    gam[r] = ld(p.g + (int64_t)(r0 + r) * p.nv + h);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int r = 1; r < L; ++r) gam[r] += gam[r - 1];
+  __syncthreads();
+  for (int e = threadIdx.x; e < L * L; e += blockDim.x) {
+    const int r = e / L, s = e % L;
+    float a = 0.f;
+    if (s < r) {
+      for (int i = 0; i < dk; ++i) a = fmaf(Ks[r * dk + i], Ks[s * dk + i], a);
+      a *= bet[r] * __expf(gam[r] - gam[s]);
+    }
+    A[r * kGdnChunk + s] = a;
+  }
+  __syncthreads();
+  for (int col = threadIdx.x; col < X; col += blockDim.x) {
+    for (int r = 0; r < L; ++r) {
+      float x = bet[r] * (col < dv ? ld(p.v + ((int64_t)(r0 + r) * p.nv + h) * dv + col)
+                                   : __expf(gam[r]) * Ks[r * dk + col - dv]);
+      for (int s = 0; s < r; ++s) x = fmaf(-A[r * kGdnChunk + s], Xs[s * X + col], x);
+      Xs[r * X + col] = x;
+      const int64_t row = (int64_t)(r0 + r) * p.nv + h;
+      if (col < dv) p.U[row * dv + col] = x;
+      else p.W[row * dk + col - dv] = x;
+    }
+  }
+  for (int r = threadIdx.x; r < L; r += blockDim.x) p.gam[(int64_t)(r0 + r) * p.nv + h] = gam[r];
+}
+
+constexpr int kWalkCols = 32;  // state columns per walking block
+
+// Per (value head, 32 state columns): the chunks in packed order. A node's first chunk starts
+// from its parent's end state (node_end, written earlier by this block: parents come first), or
+// its root's init; each chunk stores the state it starts from (sin) and v_new = U - W S, then
+// S <- exp(gamma_L) S + sum_s exp(gamma_L - gamma_s) k_s v_new_s^T; a node's last chunk stores
+// its end state.
+__global__ void rule_walk_kernel(RuleParams p) {
+  extern __shared__ float sm[];
+  const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv;
+  float* S = sm;                        // (dk, 32)
+  float* Vn = S + dk * kWalkCols;       // (64, 32)
+  float* dec = Vn + kGdnChunk * kWalkCols;  // (64) exp(gamma_L - gamma_s)
+  const int64_t SS = (int64_t)dk * dv;
+  for (int c = 0; c < p.num_chunks; ++c) {
+    const int n = p.plan.chunk_node[c], flags = p.plan.chunk_flags[c];
+    const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
+    if (flags & 1) {
+      const int parent = p.plan.node_parent[n], root = p.plan.node_root[n];
+      const float* src = parent >= 0 ? p.node_end + ((int64_t)parent * p.nv + h) * SS
+                                     : (p.init && root >= 0 ? p.init + ((int64_t)root * p.nv + h) * SS : nullptr);
+      for (int e = threadIdx.x; e < dk * kWalkCols; e += blockDim.x)
+        S[e] = src ? src[(int64_t)(e / kWalkCols) * dv + j0 + e % kWalkCols] : 0.f;
+      __syncthreads();
+    }
+    float* sin = p.sin + ((int64_t)c * p.nv + h) * SS;
+    for (int e = threadIdx.x; e < dk * kWalkCols; e += blockDim.x)
+      sin[(int64_t)(e / kWalkCols) * dv + j0 + e % kWalkCols] = S[e];
+    for (int e = threadIdx.x; e < L * kWalkCols; e += blockDim.x) {
+      const int r = e / kWalkCols, jj = e % kWalkCols;
+      const int64_t row = (int64_t)(r0 + r) * p.nv + h;
+      float x = p.U[row * dv + j0 + jj];
+      const float* w = p.W + row * dk;
+      for (int i = 0; i < dk; ++i) x = fmaf(-w[i], S[i * kWalkCols + jj], x);
+      Vn[r * kWalkCols + jj] = x;
+      p.vnew[row * dv + j0 + jj] = x;
+    }
+    __syncthreads();
+    const float gl = p.gam[(int64_t)(r0 + L - 1) * p.nv + h];
+    for (int s = threadIdx.x; s < L; s += blockDim.x) dec[s] = __expf(gl - p.gam[(int64_t)(r0 + s) * p.nv + h]);
+    __syncthreads();
+    for (int e = threadIdx.x; e < dk * kWalkCols; e += blockDim.x) {
+      const int i = e / kWalkCols, jj = e % kWalkCols;
+      float x = __expf(gl) * S[e];
+      for (int s = 0; s < L; ++s)
+        x = fmaf(dec[s] * ld(p.k + ((int64_t)(r0 + s) * p.nk + kh) * dk + i), Vn[s * kWalkCols + jj], x);
+      S[e] = x;
+    }
+    __syncthreads();
+    if (flags & 2) {
+      float* dst = p.node_end + ((int64_t)n * p.nv + h) * SS;
+      for (int e = threadIdx.x; e < dk * kWalkCols; e += blockDim.x)
+        dst[(int64_t)(e / kWalkCols) * dv + j0 + e % kWalkCols] = S[e];
+      __syncthreads();
+    }
+  }
+}
+
+// Per (chunk, value head): o_r = scale (exp(gamma_r) q_r^T S_in + sum_{s <= r} (q_r . k_s)
+// exp(gamma_r - gamma_s) v_new_s).
+__global__ void rule_out_kernel(RuleParams p) {
+  extern __shared__ float sm[];
+  const int c = blockIdx.x, h = blockIdx.y, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv;
+  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
+  float* Qs = sm;                          // (64, dk)
+  float* Ks = Qs + kGdnChunk * dk;         // (64, dk)
+  float* P = Ks + kGdnChunk * dk;          // (64, 64)
+  float* gam = P + kGdnChunk * kGdnChunk;  // (64)
+  for (int e = threadIdx.x; e < L * dk; e += blockDim.x) {
+    const int64_t at = ((int64_t)(r0 + e / dk) * p.nk + kh) * dk + e % dk;
+    Qs[e] = ld(p.q + at);
+    Ks[e] = ld(p.k + at);
+  }
+  for (int r = threadIdx.x; r < L; r += blockDim.x) gam[r] = p.gam[(int64_t)(r0 + r) * p.nv + h];
+  __syncthreads();
+  for (int e = threadIdx.x; e < L * L; e += blockDim.x) {
+    const int r = e / L, s = e % L;
+    float a = 0.f;
+    if (s <= r) {
+      for (int i = 0; i < dk; ++i) a = fmaf(Qs[r * dk + i], Ks[s * dk + i], a);
+      a *= __expf(gam[r] - gam[s]);
+    }
+    P[r * kGdnChunk + s] = a;
+  }
+  __syncthreads();
+  const float* sin = p.sin + ((int64_t)c * p.nv + h) * dk * dv;
+  for (int e = threadIdx.x; e < L * dv; e += blockDim.x) {
+    const int r = e / dv, j = e % dv;
+    float x = 0.f;
+    for (int i = 0; i < dk; ++i) x = fmaf(Qs[r * dk + i], sin[(int64_t)i * dv + j], x);
+    x *= __expf(gam[r]);
+    for (int s = 0; s <= r; ++s) x = fmaf(P[r * kGdnChunk + s], p.vnew[((int64_t)(r0 + s) * p.nv + h) * dv + j], x);
+    p.o[((int64_t)(r0 + r) * p.nv + h) * dv + j] = __float2bfloat16(p.scale * x);
+  }
+}
+
+struct RuleScratch {
+  float *U, *W, *gam, *vnew, *sin, *node_end;
+  size_t bytes;
+  RuleScratch(const GdnPlan& plan, int nv, int dk, int dv, bool end_given, void* base) {
+    detail::WorkspaceCarver w(base);
+    const size_t rows = (size_t)plan.rows() * nv, SS = (size_t)dk * dv;
+    U = w.take<float>(rows * dv);
+    W = w.take<float>(rows * dk);
+    gam = w.take<float>(rows);
+    vnew = w.take<float>(rows * dv);
+    sin = w.take<float>((size_t)plan.num_chunks() * nv * SS);
+    node_end = w.take<float>(end_given ? 0 : (size_t)plan.num_nodes() * nv * SS);
+    bytes = w.bytes();
+  }
+};
+
 int warp_blocks(int rows) { return (rows + kThreads / detail::kWarp - 1) / (kThreads / detail::kWarp); }
 
 void check_rows(int rows, int D, const char* op) {
@@ -388,6 +562,86 @@ void gdn_gates_backward(bf16* da, bf16* db, float* dA_log, float* ddt_bias, cons
     if (dA_log) reduce_partials(dA_log, partial, chunks, H, stream);
     if (ddt_bias) reduce_partials(ddt_bias, partial + (size_t)chunks * H, chunks, H, stream);
   }
+}
+
+void GdnPlan::make(const int32_t* node_start, const int32_t* node_len, const int32_t* node_parent, int num_nodes) {
+  TT_CHECK(num_nodes >= 0, "GdnPlan: num_nodes = ", num_nodes);
+  std::vector<int32_t> row0, len, node, flags, root(num_nodes, -1);
+  int32_t next = 0;
+  roots_ = 0;
+  for (int n = 0; n < num_nodes; ++n) {
+    TT_CHECK(node_start[n] == next && node_len[n] > 0, "GdnPlan: node ", n, " must start at ", next,
+             " with a positive length, got start ", node_start[n], " len ", node_len[n]);
+    TT_CHECK(node_parent[n] >= -1 && node_parent[n] < n, "GdnPlan: node ", n, " has parent ", node_parent[n],
+             " (expected -1 or an earlier node)");
+    if (node_parent[n] < 0) root[n] = roots_++;
+    for (int32_t c0 = 0; c0 < node_len[n]; c0 += kGdnChunk) {
+      row0.push_back(node_start[n] + c0);
+      len.push_back(std::min<int32_t>(kGdnChunk, node_len[n] - c0));
+      node.push_back(n);
+      flags.push_back((c0 == 0 ? 1 : 0) | (c0 + kGdnChunk >= node_len[n] ? 2 : 0));
+    }
+    next += node_len[n];
+  }
+  chunks_ = (int)row0.size();
+  nodes_ = num_nodes;
+  N_ = next;
+  host_.clear();
+  for (const std::vector<int32_t>* t : {&row0, &len, &node, &flags}) host_.insert(host_.end(), t->begin(), t->end());
+  host_.insert(host_.end(), node_parent, node_parent + num_nodes);
+  host_.insert(host_.end(), root.begin(), root.end());
+  dev_ = Device{};
+}
+
+void GdnPlan::upload(void* tables, cudaStream_t stream) {
+  if (host_.empty()) return;
+  TT_CUDA_CHECK(cudaMemcpyAsync(tables, host_.data(), table_bytes(), cudaMemcpyHostToDevice, stream));
+  const int32_t* t = static_cast<const int32_t*>(tables);
+  dev_.chunk_row0 = t;
+  dev_.chunk_len = t + chunks_;
+  dev_.chunk_node = t + 2 * chunks_;
+  dev_.chunk_flags = t + 3 * chunks_;
+  dev_.node_parent = t + 4 * chunks_;
+  dev_.node_root = t + 4 * chunks_ + nodes_;
+}
+
+size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, bool end_given) {
+  return RuleScratch(plan, nv, dk, dv, end_given, nullptr).bytes;
+}
+
+void gdn_forward(bf16* o, float* end, const bf16* q, const bf16* k, const bf16* v, const bf16* g, const bf16* beta,
+                 const float* init, const GdnPlan& plan, int nk, int nv, int dk, int dv, double scale, Workspace ws,
+                 cudaStream_t stream) {
+  TT_CHECK(nk > 0 && nv > 0 && nv % nk == 0 && dk > 0 && dk <= 128 && dv > 0 && dv <= 128 && dv % kWalkCols == 0,
+           "gdn_forward: expected nv a positive multiple of nk, dk in [1, 128], dv a multiple of ", kWalkCols,
+           " in [32, 128], got nk=", nk, " nv=", nv, " dk=", dk, " dv=", dv);
+  if (plan.num_chunks() == 0) return;
+  TT_CHECK(plan.device().chunk_row0, "gdn_forward: the plan's tables are not uploaded");
+  const RuleScratch s(plan, nv, dk, dv, end != nullptr, ws.ptr);
+  detail::check_workspace(ws, s.bytes, "gdn_forward");
+  RuleParams p;
+  p.plan = plan.device();
+  p.q = q, p.k = k, p.v = v, p.g = g, p.beta = beta;
+  p.init = init;
+  p.U = s.U, p.W = s.W, p.gam = s.gam, p.vnew = s.vnew, p.sin = s.sin;
+  p.node_end = end ? end : s.node_end;
+  p.o = o;
+  p.nk = nk, p.nv = nv, p.dk = dk, p.dv = dv;
+  p.scale = (float)scale;
+  p.num_chunks = plan.num_chunks();
+  const size_t prep_smem = sizeof(float) * ((size_t)kGdnChunk * dk + kGdnChunk * kGdnChunk + 2 * kGdnChunk +
+                                            (size_t)kGdnChunk * (dv + dk));
+  const size_t walk_smem = sizeof(float) * ((size_t)dk * kWalkCols + kGdnChunk * kWalkCols + kGdnChunk);
+  const size_t out_smem = sizeof(float) * (2 * (size_t)kGdnChunk * dk + kGdnChunk * kGdnChunk + kGdnChunk);
+  TT_CUDA_CHECK(cudaFuncSetAttribute(rule_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem));
+  TT_CUDA_CHECK(cudaFuncSetAttribute(rule_out_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)out_smem));
+  const dim3 per_chunk(plan.num_chunks(), nv);
+  rule_prep_kernel<<<per_chunk, kThreads, prep_smem, stream>>>(p);
+  TT_CUDA_CHECK_LAUNCH();
+  rule_walk_kernel<<<dim3(nv, dv / kWalkCols), kThreads, walk_smem, stream>>>(p);
+  TT_CUDA_CHECK_LAUNCH();
+  rule_out_kernel<<<per_chunk, kThreads, out_smem, stream>>>(p);
+  TT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace tt::cuda

@@ -1,6 +1,6 @@
-// Gated DeltaNet's row ops on DFS-packed trees, CUDA (issue 15): the same meaning as
-// ops/cpu/gdn.h on bf16 tensors with fp32 math and statistics; the gated delta rule itself comes
-// next. Every op follows root-to-token paths, never the packed order: a conv window reads the
+// Gated DeltaNet's ops on DFS-packed trees, CUDA (issue 15): the same meaning as ops/cpu/gdn.h on
+// bf16 tensors with fp32 math, statistics and state: the row ops, and the gated delta rule's
+// forward (its backward comes next). Every op follows root-to-token paths, never the packed order: a conv window reads the
 // token's own ancestors (prev), and the conv's input gradient is gathered from the token's own
 // descendants (pos, subtree_end), so no finished sibling leaks in either direction.
 //
@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "ops/cuda/bf16.h"
 #include "ops/cuda/workspace.h"
@@ -67,5 +68,53 @@ size_t gdn_gates_backward_workspace_bytes(int N, int H);
 void gdn_gates_backward(bf16* da, bf16* db, float* dA_log, float* ddt_bias, const bf16* dg, const bf16* dbeta,
                         const bf16* a, const bf16* b, const bf16* A_log, const bf16* dt_bias, int N, int H,
                         Workspace ws, cudaStream_t stream);
+
+// ---- The gated delta rule, chunked (ops/cpu/gdn.h gdn_tree_forward_chunked) ----
+//
+// A batch's chunk plan: every node cut into chunks of at most kGdnChunk rows from its first row
+// (no chunk straddles a node), in packed order; built on the host from the node arrays once per
+// batch (the layers share it) and uploaded.
+constexpr int kGdnChunk = 64;
+class GdnPlan {
+ public:
+  // Host node arrays of a DFS-packed batch (parents before children).
+  void make(const int32_t* node_start, const int32_t* node_len, const int32_t* node_parent, int num_nodes);
+  size_t table_bytes() const { return sizeof(int32_t) * host_.size(); }
+  // Copies the tables to `tables` (device, table_bytes()), enqueued on stream; the plan then
+  // refers to them.
+  void upload(void* tables, cudaStream_t stream);
+  int num_chunks() const { return chunks_; }
+  int num_nodes() const { return nodes_; }
+  int num_roots() const { return roots_; }
+  int rows() const { return N_; }
+  struct Device {
+    const int32_t* chunk_row0 = nullptr;  // (chunks) first row
+    const int32_t* chunk_len = nullptr;   // (chunks) rows, <= kGdnChunk
+    const int32_t* chunk_node = nullptr;  // (chunks) node
+    const int32_t* chunk_flags = nullptr; // (chunks) bit 0: the node's first chunk, bit 1: its last
+    const int32_t* node_parent = nullptr; // (nodes)
+    const int32_t* node_root = nullptr;   // (nodes) index among the roots, -1 for other nodes
+  };
+  const Device& device() const { return dev_; }
+
+ private:
+  std::vector<int32_t> host_;
+  Device dev_;
+  int chunks_ = 0, nodes_ = 0, roots_ = 0, N_ = 0;
+};
+
+size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, bool end_given);
+
+// The gated delta rule along every root-to-row path (ops/cpu/gdn.h), chunked (WY / UT form):
+// o (N, nv, dv) bf16; q, k (N, nk, dk) L2-normalised, v (N, nv, dv), g, beta (N, nv) bf16; value
+// head h reads key head h / (nv / nk). init (num_roots, nv, dk, dv) fp32 or null (zeros); end
+// (num_nodes, nv, dk, dv) fp32 or null: each node's state after its last row. A node starts from
+// its parent's end state. fp32 math and state. dk <= 128, dv <= 128 a multiple of 32.
+// Three kernels whatever the tree: per (chunk, head) the chunk's U, W and decay sums; one walk per
+// (value head, 32 state columns) over the chunks in packed order carrying the state (a node's
+// first chunk starts from its parent's end state, kept per node); per (chunk, head) the outputs.
+void gdn_forward(bf16* o, float* end, const bf16* q, const bf16* k, const bf16* v, const bf16* g, const bf16* beta,
+                 const float* init, const GdnPlan& plan, int nk, int nv, int dk, int dv, double scale, Workspace ws,
+                 cudaStream_t stream);
 
 }  // namespace tt::cuda

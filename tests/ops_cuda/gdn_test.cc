@@ -6,7 +6,8 @@
 //
 // Bounds. bf16 outputs: elementwise |got - ref| <= 2^-8 |ref| + 2^-10 max|ref| (one
 // round-to-nearest bf16 rounding is 2^-9 relative, doubled; the floor covers fp32 sums of at most
-// 64 terms, 64 2^-24 of their magnitude, where they cancel), and normwise relative L2 <= 2^-8.
+// 64 terms, 64 2^-24 of their magnitude, where they cancel; the delta rule's outputs sum 64 + 128
+// fp32 terms per chunk on top of an fp32 state), and normwise relative L2 <= 2^-8.
 // fp32 sums over rows (dw, dA_log, ddt_bias): normwise relative L2 <= 1e-4 (at most a few hundred
 // fp32 terms: n 2^-24 < 2e-5 of their magnitude, with room for cancellation). path_prev: exact.
 #include "ops/cuda/gdn.h"
@@ -227,6 +228,90 @@ TEST_F(GdnOps, GatesMatchTheCpu) {
   EXPECT_TRUE(close_bf16("gates db", to_host(d_db), db));
   EXPECT_TRUE(close_f32_sum("gates dA_log", to_host(d_dA), dA));
   EXPECT_TRUE(close_f32_sum("gates ddt_bias", to_host(d_ddt), ddt));
+}
+
+// The chunked delta rule against the fp64 recurrent oracle: nodes of 1 to 150 rows (several
+// chunks, a chunk ending exactly at 64), one-token chains into a fan, several roots with their
+// own initial states; grouped key heads (nk 2, nv 4), head dims 128. Outputs: the bf16 rule above;
+// end states (fp32, carried through at most ~300 rows of fp32 updates with __expf decays of
+// relative error 2^-21): normwise relative L2 <= 1e-4.
+TEST_F(GdnOps, DeltaRuleForwardMatchesTheRecurrentOracle) {
+  const int nk = 2, nv = 4, dk = 128, dv = 128;
+  for (uint64_t seed : {4, 5}) {
+    Forest f;
+    f.add(-1, 150);
+    f.add(0, 64);
+    f.add(1, 1);
+    f.add(0, 1);
+    f.add(3, 70);
+    {
+      std::mt19937_64 grow_rng(seed);
+      int budget = 20;
+      grow(f, grow_rng, -1, 0, 70, budget);
+      f.add(-1, 2);
+    }
+    f.finish();
+    const int N = f.N, roots = (int)std::count(f.parent.begin(), f.parent.end(), -1);
+    std::mt19937_64 rng(seed * 31);
+    auto normed = [&](int heads, int d) {  // L2-normalised per head, then rounded to bf16
+      std::vector<double> x = randn_bf16(rng, (size_t)N * heads * d);
+      for (size_t r = 0; r < (size_t)N * heads; ++r) {
+        double ss = 0;
+        for (int i = 0; i < d; ++i) ss += x[r * d + i] * x[r * d + i];
+        for (int i = 0; i < d; ++i) x[r * d + i] = tt::cuda::round_to_bf16((float)(x[r * d + i] / std::sqrt(ss)));
+      }
+      return x;
+    };
+    const std::vector<double> q = normed(nk, dk), k = normed(nk, dk), v = randn_bf16(rng, (size_t)N * nv * dv);
+    std::uniform_real_distribution<double> u(0, 1);
+    std::vector<double> g((size_t)N * nv), beta((size_t)N * nv);
+    for (double& x : g) x = tt::cuda::round_to_bf16((float)(-0.02 - 0.6 * u(rng)));
+    for (double& x : beta) x = tt::cuda::round_to_bf16((float)(0.05 + 0.9 * u(rng)));
+    const std::vector<double> init = randn_f32(rng, (size_t)roots * nv * dk * dv, 0.1);
+    const double scale = 1.0 / std::sqrt((double)dk);
+
+    cpu::GdnTree t;
+    t.node_start = f.start.data();
+    t.node_len = f.len.data();
+    t.node_parent = f.parent.data();
+    t.num_nodes = f.nodes();
+    t.N = N;
+    t.nk = nk, t.nv = nv, t.dk = dk, t.dv = dv;
+    t.scale = scale;
+    std::vector<double> o((size_t)N * nv * dv), end((size_t)f.nodes() * nv * dk * dv);
+    cpu::gdn_tree_forward<double>(o.data(), end.data(), q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(),
+                                  t);
+
+    cuda::GdnPlan plan;
+    plan.make(f.start.data(), f.len.data(), f.parent.data(), f.nodes());
+    DeviceBuffer<char> tables(std::max<size_t>(plan.table_bytes(), 1));
+    plan.upload(tables.data(), nullptr);
+    DeviceBuffer<char> ws(cuda::gdn_forward_workspace_bytes(plan, nv, dk, dv, /*end_given=*/true));
+    auto d_q = to_device_bf16(q), d_k = to_device_bf16(k), d_v = to_device_bf16(v), d_g = to_device_bf16(g),
+         d_b = to_device_bf16(beta);
+    auto d_init = to_device_f32(init);
+    DeviceBuffer<bf16> d_o((size_t)N * nv * dv);
+    DeviceBuffer<float> d_end(end.size());
+    cuda::gdn_forward(d_o.data(), d_end.data(), d_q.data(), d_k.data(), d_v.data(), d_g.data(), d_b.data(),
+                      d_init.data(), plan, nk, nv, dk, dv, scale, cuda::Workspace{ws.data(), ws.size()}, nullptr);
+    sync_and_check();
+    EXPECT_EQ(plan.num_chunks(), [&] {
+      int c = 0;
+      for (int32_t l : f.len) c += (l + 63) / 64;
+      return c;
+    }());
+    EXPECT_TRUE(close_bf16("delta rule o, seed " + std::to_string(seed), to_host(d_o), o));
+    const double e = rel_l2(to_host(d_end), end);
+    EXPECT_LE(e, 1e-4) << "end states, seed " << seed;
+    // Without init and end: roots start from zero, the ends stay in the workspace.
+    std::vector<double> o0((size_t)N * nv * dv);
+    cpu::gdn_tree_forward<double>(o0.data(), nullptr, q.data(), k.data(), v.data(), g.data(), beta.data(), nullptr, t);
+    DeviceBuffer<char> ws0(cuda::gdn_forward_workspace_bytes(plan, nv, dk, dv, /*end_given=*/false));
+    cuda::gdn_forward(d_o.data(), nullptr, d_q.data(), d_k.data(), d_v.data(), d_g.data(), d_b.data(), nullptr, plan,
+                      nk, nv, dk, dv, scale, cuda::Workspace{ws0.data(), ws0.size()}, nullptr);
+    sync_and_check();
+    EXPECT_TRUE(close_bf16("delta rule o from zero states, seed " + std::to_string(seed), to_host(d_o), o0));
+  }
 }
 
 TEST_F(GdnOps, BadShapesAreErrors) {
