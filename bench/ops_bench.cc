@@ -25,6 +25,7 @@
 #include "ops/cuda/check.h"
 #include "ops/cuda/cross_entropy.h"
 #include "ops/cuda/embedding.h"
+#include "ops/cuda/gdn.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/memory.h"
 #include "ops/cuda/rmsnorm.h"
@@ -632,6 +633,59 @@ void bench_gemm_algos(const std::vector<int>& tokens) {
   cublasLtDestroy(lt);
 }
 
+// The gated delta rule's chunked forward (ops/cuda/gdn.h) at issue 15's benchmark shape: 32k
+// tokens, 32 value heads of 128 (16 key heads), as one sequence, a GRPO group (a 2,048-token
+// prompt and 16 responses of 1,920) and a comb (a 1,024-token prefix, 64 steps of a 128-token
+// history node with a 256-token leaf). FLOPs: the layer kind's model count, 4 dk dv multiply-adds
+// per token and value head.
+void bench_gdn() {
+  const int nk = 16, nv = 32, dk = 128, dv = 128;
+  struct Tree {
+    std::string name;
+    std::vector<int32_t> start, len, parent;
+    int N = 0;
+    void add(int p, int l) {
+      start.push_back(N);
+      len.push_back(l);
+      parent.push_back(p);
+      N += l;
+    }
+  };
+  std::vector<Tree> trees(3);
+  trees[0].name = "one sequence";
+  trees[0].add(-1, 32768);
+  trees[1].name = "GRPO 2048 + 16 x 1920";
+  trees[1].add(-1, 2048);
+  for (int i = 0; i < 16; ++i) trees[1].add(0, 1920);
+  trees[2].name = "comb 1024 + 64 x (128 + 256)";
+  trees[2].add(-1, 1024);
+  for (int i = 0, h = 0; i < 64; ++i) {
+    trees[2].add(h, 128);
+    h = (int)trees[2].start.size() - 1;
+    trees[2].add(h, 256);
+  }
+  for (const Tree& t : trees) {
+    const int N = t.N;
+    tt::cuda::GdnPlan plan;
+    plan.make(t.start.data(), t.len.data(), t.parent.data(), (int)t.start.size());
+    DeviceBuffer<char> tables(plan.table_bytes());
+    plan.upload(tables.data(), g_stream);
+    DeviceBuffer<bf16> q((size_t)N * nk * dk), k((size_t)N * nk * dk), v((size_t)N * nv * dv), g((size_t)N * nv),
+        beta((size_t)N * nv), o((size_t)N * nv * dv);
+    fill_random(q.data(), q.size(), 0.09f, 31);  // about unit rows of 128
+    fill_random(k.data(), k.size(), 0.09f, 32);
+    fill_random(v.data(), v.size(), 1.f, 33);
+    fill_random(g.data(), g.size(), 0.05f, 34);   // small log decays of either sign: timing only
+    fill_random(beta.data(), beta.size(), 0.5f, 35);
+    DeviceBuffer<char> ws(tt::cuda::gdn_forward_workspace_bytes(plan, nv, dk, dv, false));
+    report_flops("gdn_forward (" + t.name + ")", dims({N, nv, dk}), 2.0 * 4 * N * nv * (double)dk * dv, [&] {
+      tt::cuda::gdn_forward(o.data(), nullptr, q.data(), k.data(), v.data(), g.data(), beta.data(), nullptr, plan, nk,
+                            nv, dk, dv, 1.0 / std::sqrt((double)dk), tt::cuda::Workspace{ws.data(), ws.size()},
+                            g_stream);
+    }, 5);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -657,6 +711,7 @@ int main(int argc, char** argv) {
     if (only == "overlap") bench_overlap();
     if (only == "gemm_tokens") bench_gemm_tokens();
     if (only == "gemm_algos") bench_gemm_algos({14720, 15872, 17536, 13568});
+    if (only == "gdn") bench_gdn();
     TT_CUDA_CHECK(cudaStreamSynchronize(g_stream));
     std::printf("\n%-30s %-36s %10s %10s %8s %9s\n", "op", "shape", "median ms", "GB/s", "% copy", "TFLOP/s");
     for (const Row& r : g_rows) {
