@@ -281,13 +281,14 @@ __global__ void rule_prep_kernel(RuleParams p) {
   extern __shared__ float sm[];
   const int c = blockIdx.x, h = blockIdx.y, kh = h / (p.nv / p.nk);
   const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], dk = p.dk, dv = p.dv, X = dv + dk;
-  float* Ks = sm;                          // (64, dk)
-  float* A = Ks + kGdnChunk * dk;          // (64, 64)
+  const int ks = dk + 1;                   // padded rows: A's dot products read 32 rows at once
+  float* Ks = sm;                          // (64, dk + 1)
+  float* A = Ks + kGdnChunk * ks;          // (64, 64)
   float* gam = A + kGdnChunk * kGdnChunk;  // (64)
   float* bet = gam + kGdnChunk;            // (64)
   float* Xs = bet + kGdnChunk;             // (64, dv + dk): U | W
   for (int e = threadIdx.x; e < L * dk; e += blockDim.x)
-    Ks[e] = ld(p.k + ((int64_t)(r0 + e / dk) * p.nk + kh) * dk + e % dk);
+    Ks[(e / dk) * ks + e % dk] = ld(p.k + ((int64_t)(r0 + e / dk) * p.nk + kh) * dk + e % dk);
   for (int r = threadIdx.x; r < L; r += blockDim.x) {
     bet[r] = ld(p.beta + (int64_t)(r0 + r) * p.nv + h);
     gam[r] = ld(p.g + (int64_t)(r0 + r) * p.nv + h);
@@ -300,7 +301,7 @@ __global__ void rule_prep_kernel(RuleParams p) {
     const int r = e / L, s = e % L;
     float a = 0.f;
     if (s < r) {
-      for (int i = 0; i < dk; ++i) a = fmaf(Ks[r * dk + i], Ks[s * dk + i], a);
+      for (int i = 0; i < dk; ++i) a = fmaf(Ks[r * ks + i], Ks[s * ks + i], a);
       a *= bet[r] * __expf(gam[r] - gam[s]);
     }
     A[r * kGdnChunk + s] = a;
@@ -309,7 +310,7 @@ __global__ void rule_prep_kernel(RuleParams p) {
   for (int col = threadIdx.x; col < X; col += blockDim.x) {
     for (int r = 0; r < L; ++r) {
       float x = bet[r] * (col < dv ? ld(p.v + ((int64_t)(r0 + r) * p.nv + h) * dv + col)
-                                   : __expf(gam[r]) * Ks[r * dk + col - dv]);
+                                   : __expf(gam[r]) * Ks[r * ks + col - dv]);
       for (int s = 0; s < r; ++s) x = fmaf(-A[r * kGdnChunk + s], Xs[s * X + col], x);
       Xs[r * X + col] = x;
       const int64_t row = (int64_t)(r0 + r) * p.nv + h;
@@ -330,9 +331,11 @@ constexpr int kWalkCols = 32;  // state columns per walking block
 __global__ void rule_walk_kernel(RuleParams p) {
   extern __shared__ float sm[];
   const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv;
-  float* S = sm;                        // (dk, 32)
-  float* Vn = S + dk * kWalkCols;       // (64, 32)
+  float* S = sm;                            // (dk, 32)
+  float* Vn = S + dk * kWalkCols;           // (64, 32)
   float* dec = Vn + kGdnChunk * kWalkCols;  // (64) exp(gamma_L - gamma_s)
+  float* Wc = dec + kGdnChunk;              // (64, dk) the chunk's W rows
+  float* Kc = Wc + kGdnChunk * dk;          // (64, dk) its keys
   const int64_t SS = (int64_t)dk * dv;
   for (int c = 0; c < p.num_chunks; ++c) {
     const int n = p.plan.chunk_node[c], flags = p.plan.chunk_flags[c];
@@ -348,24 +351,28 @@ __global__ void rule_walk_kernel(RuleParams p) {
     float* sin = p.sin + ((int64_t)c * p.nv + h) * SS;
     for (int e = threadIdx.x; e < dk * kWalkCols; e += blockDim.x)
       sin[(int64_t)(e / kWalkCols) * dv + j0 + e % kWalkCols] = S[e];
+    const float gl = p.gam[(int64_t)(r0 + L - 1) * p.nv + h];
+    for (int e = threadIdx.x; e < L * dk; e += blockDim.x) {  // the chunk's operands, coalesced
+      const int r = e / dk, i = e % dk;
+      Wc[e] = p.W[((int64_t)(r0 + r) * p.nv + h) * dk + i];
+      Kc[e] = ld(p.k + ((int64_t)(r0 + r) * p.nk + kh) * dk + i);
+    }
+    for (int s = threadIdx.x; s < L; s += blockDim.x) dec[s] = __expf(gl - p.gam[(int64_t)(r0 + s) * p.nv + h]);
+    __syncthreads();
     for (int e = threadIdx.x; e < L * kWalkCols; e += blockDim.x) {
       const int r = e / kWalkCols, jj = e % kWalkCols;
       const int64_t row = (int64_t)(r0 + r) * p.nv + h;
       float x = p.U[row * dv + j0 + jj];
-      const float* w = p.W + row * dk;
+      const float* w = Wc + r * dk;
       for (int i = 0; i < dk; ++i) x = fmaf(-w[i], S[i * kWalkCols + jj], x);
       Vn[r * kWalkCols + jj] = x;
       p.vnew[row * dv + j0 + jj] = x;
     }
     __syncthreads();
-    const float gl = p.gam[(int64_t)(r0 + L - 1) * p.nv + h];
-    for (int s = threadIdx.x; s < L; s += blockDim.x) dec[s] = __expf(gl - p.gam[(int64_t)(r0 + s) * p.nv + h]);
-    __syncthreads();
     for (int e = threadIdx.x; e < dk * kWalkCols; e += blockDim.x) {
       const int i = e / kWalkCols, jj = e % kWalkCols;
       float x = __expf(gl) * S[e];
-      for (int s = 0; s < L; ++s)
-        x = fmaf(dec[s] * ld(p.k + ((int64_t)(r0 + s) * p.nk + kh) * dk + i), Vn[s * kWalkCols + jj], x);
+      for (int s = 0; s < L; ++s) x = fmaf(dec[s] * Kc[s * dk + i], Vn[s * kWalkCols + jj], x);
       S[e] = x;
     }
     __syncthreads();
@@ -384,34 +391,40 @@ __global__ void rule_out_kernel(RuleParams p) {
   extern __shared__ float sm[];
   const int c = blockIdx.x, h = blockIdx.y, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv;
   const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
-  float* Qs = sm;                          // (64, dk)
-  float* Ks = Qs + kGdnChunk * dk;         // (64, dk)
-  float* P = Ks + kGdnChunk * dk;          // (64, 64)
+  const int ks = dk + 1;                   // padded rows (see rule_prep_kernel)
+  float* Qs = sm;                          // (64, dk + 1)
+  float* Ks = Qs + kGdnChunk * ks;         // (64, dk + 1)
+  float* P = Ks + kGdnChunk * ks;          // (64, 64)
   float* gam = P + kGdnChunk * kGdnChunk;  // (64)
+  float* Ss = gam + kGdnChunk;             // (dk, dv) the state entering the chunk
+  float* Vs = Ss + dk * dv;                // (64, dv) its v_new
   for (int e = threadIdx.x; e < L * dk; e += blockDim.x) {
     const int64_t at = ((int64_t)(r0 + e / dk) * p.nk + kh) * dk + e % dk;
-    Qs[e] = ld(p.q + at);
-    Ks[e] = ld(p.k + at);
+    Qs[(e / dk) * ks + e % dk] = ld(p.q + at);
+    Ks[(e / dk) * ks + e % dk] = ld(p.k + at);
   }
+  const float* sin = p.sin + ((int64_t)c * p.nv + h) * dk * dv;
+  for (int e = threadIdx.x; e < dk * dv; e += blockDim.x) Ss[e] = sin[e];
+  for (int e = threadIdx.x; e < L * dv; e += blockDim.x)
+    Vs[e] = p.vnew[((int64_t)(r0 + e / dv) * p.nv + h) * dv + e % dv];
   for (int r = threadIdx.x; r < L; r += blockDim.x) gam[r] = p.gam[(int64_t)(r0 + r) * p.nv + h];
   __syncthreads();
   for (int e = threadIdx.x; e < L * L; e += blockDim.x) {
     const int r = e / L, s = e % L;
     float a = 0.f;
     if (s <= r) {
-      for (int i = 0; i < dk; ++i) a = fmaf(Qs[r * dk + i], Ks[s * dk + i], a);
+      for (int i = 0; i < dk; ++i) a = fmaf(Qs[r * ks + i], Ks[s * ks + i], a);
       a *= __expf(gam[r] - gam[s]);
     }
     P[r * kGdnChunk + s] = a;
   }
   __syncthreads();
-  const float* sin = p.sin + ((int64_t)c * p.nv + h) * dk * dv;
   for (int e = threadIdx.x; e < L * dv; e += blockDim.x) {
     const int r = e / dv, j = e % dv;
     float x = 0.f;
-    for (int i = 0; i < dk; ++i) x = fmaf(Qs[r * dk + i], sin[(int64_t)i * dv + j], x);
+    for (int i = 0; i < dk; ++i) x = fmaf(Qs[r * ks + i], Ss[i * dv + j], x);
     x *= __expf(gam[r]);
-    for (int s = 0; s <= r; ++s) x = fmaf(P[r * kGdnChunk + s], p.vnew[((int64_t)(r0 + s) * p.nv + h) * dv + j], x);
+    for (int s = 0; s <= r; ++s) x = fmaf(P[r * kGdnChunk + s], Vs[s * dv + j], x);
     p.o[((int64_t)(r0 + r) * p.nv + h) * dv + j] = __float2bfloat16(p.scale * x);
   }
 }
@@ -629,12 +642,15 @@ void gdn_forward(bf16* o, float* end, const bf16* q, const bf16* k, const bf16* 
   p.nk = nk, p.nv = nv, p.dk = dk, p.dv = dv;
   p.scale = (float)scale;
   p.num_chunks = plan.num_chunks();
-  const size_t prep_smem = sizeof(float) * ((size_t)kGdnChunk * dk + kGdnChunk * kGdnChunk + 2 * kGdnChunk +
+  const size_t prep_smem = sizeof(float) * ((size_t)kGdnChunk * (dk + 1) + kGdnChunk * kGdnChunk + 2 * kGdnChunk +
                                             (size_t)kGdnChunk * (dv + dk));
-  const size_t walk_smem = sizeof(float) * ((size_t)dk * kWalkCols + kGdnChunk * kWalkCols + kGdnChunk);
-  const size_t out_smem = sizeof(float) * (2 * (size_t)kGdnChunk * dk + kGdnChunk * kGdnChunk + kGdnChunk);
+  const size_t walk_smem =
+      sizeof(float) * ((size_t)dk * kWalkCols + kGdnChunk * kWalkCols + kGdnChunk + 2 * (size_t)kGdnChunk * dk);
+  const size_t out_smem = sizeof(float) * (2 * (size_t)kGdnChunk * (dk + 1) + kGdnChunk * kGdnChunk + kGdnChunk +
+                                           (size_t)dk * dv + (size_t)kGdnChunk * dv);
   TT_CUDA_CHECK(cudaFuncSetAttribute(rule_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem));
   TT_CUDA_CHECK(cudaFuncSetAttribute(rule_out_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)out_smem));
+  TT_CUDA_CHECK(cudaFuncSetAttribute(rule_walk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)walk_smem));
   const dim3 per_chunk(plan.num_chunks(), nv);
   rule_prep_kernel<<<per_chunk, kThreads, prep_smem, stream>>>(p);
   TT_CUDA_CHECK_LAUNCH();
