@@ -321,7 +321,10 @@ __global__ void rule_prep_kernel(RuleParams p) {
   for (int r = threadIdx.x; r < L; r += blockDim.x) p.gam[(int64_t)(r0 + r) * p.nv + h] = gam[r];
 }
 
-constexpr int kWalkCols = 32;  // state columns per walking block
+constexpr int kWalkCols = 32;                        // state columns per walking block (a lane each)
+constexpr int kWalkWarps = kThreads / kWalkCols;     // 8
+constexpr int kWalkRowsV = kGdnChunk / kWalkWarps;   // v_new rows per thread
+constexpr int kWalkRowsS = 128 / kWalkWarps;         // state rows per thread (dk <= 128)
 
 // Per (value head, 32 state columns): the chunks in packed order. A node's first chunk starts
 // from its parent's end state (node_end, written earlier by this block: parents come first), or
@@ -359,21 +362,52 @@ __global__ void rule_walk_kernel(RuleParams p) {
     }
     for (int s = threadIdx.x; s < L; s += blockDim.x) dec[s] = __expf(gl - p.gam[(int64_t)(r0 + s) * p.nv + h]);
     __syncthreads();
-    for (int e = threadIdx.x; e < L * kWalkCols; e += blockDim.x) {
-      const int r = e / kWalkCols, jj = e % kWalkCols;
-      const int64_t row = (int64_t)(r0 + r) * p.nv + h;
-      float x = p.U[row * dv + j0 + jj];
-      const float* w = Wc + r * dk;
-      for (int i = 0; i < dk; ++i) x = fmaf(-w[i], S[i * kWalkCols + jj], x);
-      Vn[r * kWalkCols + jj] = x;
-      p.vnew[row * dv + j0 + jj] = x;
+    // Register tiles: a warp owns rows w, w + 8, ... (of v_new) or state rows (of S), a lane one
+    // column, so each thread runs 8 or dk / 8 independent accumulations.
+    const int w = threadIdx.x / kWalkCols, jj = threadIdx.x % kWalkCols;
+    {
+      float acc[kWalkRowsV];
+#pragma unroll
+      for (int t = 0; t < kWalkRowsV; ++t) {
+        const int r = w + kWalkWarps * t;
+        acc[t] = r < L ? p.U[((int64_t)(r0 + r) * p.nv + h) * dv + j0 + jj] : 0.f;
+      }
+      for (int i = 0; i < dk; ++i) {
+        const float sv = S[i * kWalkCols + jj];
+#pragma unroll
+        for (int t = 0; t < kWalkRowsV; ++t) acc[t] = fmaf(-Wc[(w + kWalkWarps * t) * dk + i], sv, acc[t]);
+      }
+#pragma unroll
+      for (int t = 0; t < kWalkRowsV; ++t) {
+        const int r = w + kWalkWarps * t;
+        if (r < L) {
+          Vn[r * kWalkCols + jj] = acc[t];
+          p.vnew[((int64_t)(r0 + r) * p.nv + h) * dv + j0 + jj] = acc[t];
+        }
+      }
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < dk * kWalkCols; e += blockDim.x) {
-      const int i = e / kWalkCols, jj = e % kWalkCols;
-      float x = __expf(gl) * S[e];
-      for (int s = 0; s < L; ++s) x = fmaf(dec[s] * Kc[s * dk + i], Vn[s * kWalkCols + jj], x);
-      S[e] = x;
+    {
+      float acc[kWalkRowsS];
+      const float el = __expf(gl);
+#pragma unroll
+      for (int t = 0; t < kWalkRowsS; ++t) {
+        const int i = w + kWalkWarps * t;
+        acc[t] = i < dk ? el * S[i * kWalkCols + jj] : 0.f;
+      }
+      for (int s = 0; s < L; ++s) {
+        const float v = dec[s] * Vn[s * kWalkCols + jj];
+#pragma unroll
+        for (int t = 0; t < kWalkRowsS; ++t) {
+          const int i = w + kWalkWarps * t;
+          if (i < dk) acc[t] = fmaf(Kc[s * dk + i], v, acc[t]);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kWalkRowsS; ++t) {
+        const int i = w + kWalkWarps * t;
+        if (i < dk) S[i * kWalkCols + jj] = acc[t];
+      }
     }
     __syncthreads();
     if (flags & 2) {
@@ -419,13 +453,32 @@ __global__ void rule_out_kernel(RuleParams p) {
     P[r * kGdnChunk + s] = a;
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < L * dv; e += blockDim.x) {
-    const int r = e / dv, j = e % dv;
-    float x = 0.f;
-    for (int i = 0; i < dk; ++i) x = fmaf(Qs[r * ks + i], Ss[i * dv + j], x);
-    x *= __expf(gam[r]);
-    for (int s = 0; s <= r; ++s) x = fmaf(P[r * kGdnChunk + s], Vs[s * dv + j], x);
-    p.o[((int64_t)(r0 + r) * p.nv + h) * dv + j] = __float2bfloat16(p.scale * x);
+  // Register tiles: a thread owns column j and rows g, g + G, ... (G = 256 / dv row groups).
+  const int G = blockDim.x / dv, j = threadIdx.x % dv, g0 = threadIdx.x / dv, rows = kGdnChunk / G;
+  constexpr int kMaxRows = kGdnChunk / (kThreads / 128);  // 32 at dv = 128; fewer rows for smaller dv
+  if (g0 >= G) return;
+  float acc[kMaxRows];
+#pragma unroll
+  for (int t = 0; t < kMaxRows; ++t) acc[t] = 0.f;
+  for (int i = 0; i < dk; ++i) {
+    const float sv = Ss[i * dv + j];
+#pragma unroll
+    for (int t = 0; t < kMaxRows; ++t)
+      if (t < rows) acc[t] = fmaf(Qs[(g0 + G * t) * ks + i], sv, acc[t]);
+  }
+#pragma unroll
+  for (int t = 0; t < kMaxRows; ++t)
+    if (t < rows && g0 + G * t < L) acc[t] *= __expf(gam[g0 + G * t]);
+  for (int s = 0; s < L; ++s) {
+    const float v = Vs[s * dv + j];
+#pragma unroll
+    for (int t = 0; t < kMaxRows; ++t)
+      if (t < rows) acc[t] = fmaf(P[(g0 + G * t) * kGdnChunk + s], v, acc[t]);  // P is 0 past the diagonal
+  }
+#pragma unroll
+  for (int t = 0; t < kMaxRows; ++t) {
+    const int r = g0 + G * t;
+    if (t < rows && r < L) p.o[((int64_t)(r0 + r) * p.nv + h) * dv + j] = __float2bfloat16(p.scale * acc[t]);
   }
 }
 
