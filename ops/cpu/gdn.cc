@@ -511,6 +511,257 @@ void gdn_tree_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, double* d_init, con
       }
 }
 
+template <class T>
+void gdn_tree_backward_chunked(T* dq, T* dk, T* dv, T* dg, T* dbeta, double* d_init, const T* d_o,
+                               const double* d_end, const T* q, const T* k, const T* v, const T* g, const T* beta,
+                               const double* init, const GdnTree& t, int chunk) {
+  check_tree(t, "gdn_tree_backward_chunked");
+  TT_CHECK(chunk > 0, "gdn_tree_backward_chunked: chunk = ", chunk, ", expected > 0");
+  const int DK = t.dk, DV = t.dv, nv = t.nv, nk = t.nk, r = nv / nk;
+  const size_t SS = (size_t)DK * DV;
+  const std::vector<int> roots = root_index(t);
+  std::vector<double> ends((size_t)t.num_nodes * nv * SS);
+  {
+    std::vector<T> o_scratch((size_t)t.N * nv * DV);
+    gdn_tree_forward_chunked(o_scratch.data(), ends.data(), q, k, v, g, beta, init, t, chunk);
+  }
+  std::vector<double> gq((size_t)t.N * nv * DK, 0.0), gk((size_t)t.N * nv * DK, 0.0);
+  std::vector<double> dend((size_t)t.num_nodes * nv * SS, 0.0);
+  if (d_end) std::copy_n(d_end, dend.size(), dend.data());
+#pragma omp parallel for schedule(static)
+  for (int h = 0; h < nv; h++) {
+    const int kh = h / r;
+    const int C = chunk;
+    std::vector<double> gam(C), A((size_t)C * C), U((size_t)C * DV), W((size_t)C * DK), vn((size_t)C * DV),
+        dvn((size_t)C * DV), dB1((size_t)C * DV), dB2((size_t)C * DK), dA((size_t)C * C), dgam(C), dS(SS), dSin(SS),
+        states;
+    for (int n = t.num_nodes - 1; n >= 0; n--) {
+      const int begin = t.node_start[n], stop = begin + t.node_len[n];
+      const int nc = (t.node_len[n] + C - 1) / C;
+      // The state entering each chunk of the node (the chunked recurrence from its initial state).
+      states.assign((size_t)(nc + 1) * SS, 0.0);
+      initial_state(states.data(), ends.data(), init, roots, t, n, h);
+      // Per chunk c0: gamma, A = strictly_lower(beta_a k_a . k_b exp(gam_a - gam_b)), U, W by forward
+      // substitution, v_new = U - W S; returns L.
+      auto chunk_forward = [&](int c0, const double* S) {
+        const int L = std::min(C, stop - c0);
+        double acc = 0;
+        for (int a = 0; a < L; a++) gam[a] = acc += (double)g[(size_t)(c0 + a) * nv + h];
+        for (int a = 0; a < L; a++)
+          for (int b = 0; b < L; b++) {
+            double x = 0;
+            if (b < a) {
+              for (int e = 0; e < DK; e++)
+                x += (double)k[((size_t)(c0 + a) * nk + kh) * DK + e] * (double)k[((size_t)(c0 + b) * nk + kh) * DK + e];
+              x *= (double)beta[(size_t)(c0 + a) * nv + h] * std::exp(gam[a] - gam[b]);
+            }
+            A[(size_t)a * C + b] = x;
+          }
+        for (int a = 0; a < L; a++) {
+          const double ba = (double)beta[(size_t)(c0 + a) * nv + h];
+          for (int c = 0; c < DV; c++) {
+            double x = ba * (double)v[((size_t)(c0 + a) * nv + h) * DV + c];
+            for (int b = 0; b < a; b++) x -= A[(size_t)a * C + b] * U[(size_t)b * DV + c];
+            U[(size_t)a * DV + c] = x;
+          }
+          for (int e = 0; e < DK; e++) {
+            double x = ba * std::exp(gam[a]) * (double)k[((size_t)(c0 + a) * nk + kh) * DK + e];
+            for (int b = 0; b < a; b++) x -= A[(size_t)a * C + b] * W[(size_t)b * DK + e];
+            W[(size_t)a * DK + e] = x;
+          }
+        }
+        for (int a = 0; a < L; a++)
+          for (int c = 0; c < DV; c++) {
+            double x = U[(size_t)a * DV + c];
+            for (int e = 0; e < DK; e++) x -= W[(size_t)a * DK + e] * S[(size_t)e * DV + c];
+            vn[(size_t)a * DV + c] = x;
+          }
+        return L;
+      };
+      for (int ci = 0; ci < nc; ci++) {
+        const int c0 = begin + ci * C;
+        const double* S = states.data() + (size_t)ci * SS;
+        double* S2 = states.data() + (size_t)(ci + 1) * SS;
+        const int L = chunk_forward(c0, S);
+        const double gl = gam[L - 1];
+        for (int e = 0; e < DK; e++)
+          for (int c = 0; c < DV; c++) {
+            double x = std::exp(gl) * S[(size_t)e * DV + c];
+            for (int b = 0; b < L; b++)
+              x += std::exp(gl - gam[b]) * (double)k[((size_t)(c0 + b) * nk + kh) * DK + e] * vn[(size_t)b * DV + c];
+            S2[(size_t)e * DV + c] = x;
+          }
+      }
+      // Backward through the chunks, last first; dS is the gradient of the chunk's end state.
+      std::copy_n(dend.data() + ((size_t)n * nv + h) * SS, SS, dS.data());
+      for (int ci = nc - 1; ci >= 0; ci--) {
+        const int c0 = begin + ci * C;
+        const double* S = states.data() + (size_t)ci * SS;
+        const int L = chunk_forward(c0, S);
+        const double gl = gam[L - 1], sc = t.scale;
+        auto K_ = [&](int a, int e) { return (double)k[((size_t)(c0 + a) * nk + kh) * DK + e]; };
+        auto Q_ = [&](int a, int e) { return sc * (double)q[((size_t)(c0 + a) * nk + kh) * DK + e]; };  // q~
+        auto DO = [&](int a, int c) { return (double)d_o[((size_t)(c0 + a) * nv + h) * DV + c]; };
+        auto B_ = [&](int a) { return (double)beta[(size_t)(c0 + a) * nv + h]; };
+        std::fill(dgam.begin(), dgam.end(), 0.0);
+        // qk[a][b] = q~_a . k_b, dov[a][b] = dO_a . v_new_b, SdO[a] (DK) = S dO_a.
+        std::vector<double> qk((size_t)L * L), dov((size_t)L * L), kdS((size_t)L * DV), SdO((size_t)L * DK);
+        for (int a = 0; a < L; a++)
+          for (int b = 0; b < L; b++) {
+            double x = 0, y = 0;
+            for (int e = 0; e < DK; e++) x += Q_(a, e) * K_(b, e);
+            for (int c = 0; c < DV; c++) y += DO(a, c) * vn[(size_t)b * DV + c];
+            qk[(size_t)a * L + b] = x;
+            dov[(size_t)a * L + b] = y;
+          }
+        for (int b = 0; b < L; b++)
+          for (int c = 0; c < DV; c++) {
+            double x = 0;
+            for (int e = 0; e < DK; e++) x += K_(b, e) * dS[(size_t)e * DV + c];
+            kdS[(size_t)b * DV + c] = x;
+          }
+        for (int a = 0; a < L; a++)
+          for (int e = 0; e < DK; e++) {
+            double x = 0;
+            for (int c = 0; c < DV; c++) x += S[(size_t)e * DV + c] * DO(a, c);
+            SdO[(size_t)a * DK + e] = x;
+          }
+        // dv_new_b = sum_{a >= b} (q~_a . k_b) e^(gam_a - gam_b) dO_a + e^(gam_L - gam_b) k_b^T dS.
+        for (int b = 0; b < L; b++)
+          for (int c = 0; c < DV; c++) {
+            double x = std::exp(gl - gam[b]) * kdS[(size_t)b * DV + c];
+            for (int a = b; a < L; a++) x += qk[(size_t)a * L + b] * std::exp(gam[a] - gam[b]) * DO(a, c);
+            dvn[(size_t)b * DV + c] = x;
+          }
+        // The outputs: o_a = e^(gam_a) q~_a^T S + sum_{b <= a} (q~_a . k_b) e^(gam_a - gam_b) v_new_b.
+        for (int a = 0; a < L; a++) {
+          const size_t row = (size_t)(c0 + a) * nv + h;
+          double qSdO = 0;
+          for (int e = 0; e < DK; e++) qSdO += Q_(a, e) * SdO[(size_t)a * DK + e];
+          dgam[a] += std::exp(gam[a]) * qSdO;
+          for (int e = 0; e < DK; e++) {
+            double x = std::exp(gam[a]) * SdO[(size_t)a * DK + e];
+            for (int b = 0; b <= a; b++) x += std::exp(gam[a] - gam[b]) * dov[(size_t)a * L + b] * K_(b, e);
+            gq[row * DK + e] += sc * x;
+          }
+          for (int b = 0; b <= a; b++) {
+            const double tt = qk[(size_t)a * L + b] * std::exp(gam[a] - gam[b]) * dov[(size_t)a * L + b];
+            dgam[a] += tt;
+            dgam[b] -= tt;
+          }
+        }
+        for (int b = 0; b < L; b++) {
+          const size_t row = (size_t)(c0 + b) * nv + h;
+          for (int e = 0; e < DK; e++) {
+            double x = 0;
+            for (int a = b; a < L; a++) x += std::exp(gam[a] - gam[b]) * dov[(size_t)a * L + b] * Q_(a, e);
+            double y = 0;  // (dS v_new_b)_e
+            for (int c = 0; c < DV; c++) y += dS[(size_t)e * DV + c] * vn[(size_t)b * DV + c];
+            gk[row * DK + e] += x + std::exp(gl - gam[b]) * y;
+          }
+        }
+        // The end state: S' = e^(gam_L) S + sum_b e^(gam_L - gam_b) k_b v_new_b^T.
+        {
+          double sds = 0;
+          for (size_t e = 0; e < SS; e++) sds += S[e] * dS[e];
+          dgam[L - 1] += std::exp(gl) * sds;
+          for (int b = 0; b < L; b++) {
+            double x = 0;
+            for (int c = 0; c < DV; c++) x += kdS[(size_t)b * DV + c] * vn[(size_t)b * DV + c];
+            const double tt = std::exp(gl - gam[b]) * x;
+            dgam[L - 1] += tt;
+            dgam[b] -= tt;
+          }
+        }
+        // The entering state's gradient.
+        for (int e = 0; e < DK; e++)
+          for (int c = 0; c < DV; c++) {
+            double x = std::exp(gl) * dS[(size_t)e * DV + c];
+            for (int a = 0; a < L; a++) x += std::exp(gam[a]) * Q_(a, e) * DO(a, c);
+            for (int b = 0; b < L; b++) x -= W[(size_t)b * DK + e] * dvn[(size_t)b * DV + c];
+            dSin[(size_t)e * DV + c] = x;
+          }
+        // Through v_new = U - W S, U = M^-1 B1, W = M^-1 B2 (M = I + A): dB = M^-T dU, dM = -dB U^T.
+        for (int a = L - 1; a >= 0; a--) {
+          for (int c = 0; c < DV; c++) {
+            double x = dvn[(size_t)a * DV + c];
+            for (int b = a + 1; b < L; b++) x -= A[(size_t)b * C + a] * dB1[(size_t)b * DV + c];
+            dB1[(size_t)a * DV + c] = x;
+          }
+          for (int e = 0; e < DK; e++) {
+            double dw = 0;  // dW_a = -dv_new_a S^T
+            for (int c = 0; c < DV; c++) dw -= dvn[(size_t)a * DV + c] * S[(size_t)e * DV + c];
+            for (int b = a + 1; b < L; b++) dw -= A[(size_t)b * C + a] * dB2[(size_t)b * DK + e];
+            dB2[(size_t)a * DK + e] = dw;
+          }
+        }
+        for (int a = 0; a < L; a++) {
+          const size_t row = (size_t)(c0 + a) * nv + h;
+          const double ba = B_(a), ea = std::exp(gam[a]);
+          double db = 0, b2k = 0;
+          for (int c = 0; c < DV; c++) {
+            const double d1 = dB1[(size_t)a * DV + c];
+            dv[row * DV + c] = (T)((double)dv[row * DV + c] + ba * d1);
+            db += d1 * (double)v[row * DV + c];
+          }
+          for (int e = 0; e < DK; e++) {
+            b2k += dB2[(size_t)a * DK + e] * K_(a, e);
+            gk[row * DK + e] += ba * ea * dB2[(size_t)a * DK + e];
+          }
+          db += ea * b2k;
+          dgam[a] += ba * ea * b2k;
+          for (int b = 0; b < a; b++) {
+            double dAab = 0;
+            for (int c = 0; c < DV; c++) dAab -= dB1[(size_t)a * DV + c] * U[(size_t)b * DV + c];
+            for (int e = 0; e < DK; e++) dAab -= dB2[(size_t)a * DK + e] * W[(size_t)b * DK + e];
+            const double dec = std::exp(gam[a] - gam[b]);
+            double kk = 0;
+            for (int e = 0; e < DK; e++) kk += K_(a, e) * K_(b, e);
+            db += dAab * dec * kk;
+            const double tt = dAab * A[(size_t)a * C + b];
+            dgam[a] += tt;
+            dgam[b] -= tt;
+            const size_t rowb = (size_t)(c0 + b) * nv + h;
+            for (int e = 0; e < DK; e++) {
+              gk[row * DK + e] += dAab * ba * dec * K_(b, e);
+              gk[rowb * DK + e] += dAab * ba * dec * K_(a, e);
+            }
+          }
+          dbeta[row] = (T)((double)dbeta[row] + db);
+        }
+        // gam_a = sum_{b <= a} g_b: dg_b = sum_{a >= b} dgam_a.
+        double acc = 0;
+        for (int a = L - 1; a >= 0; a--) {
+          acc += dgam[a];
+          const size_t row = (size_t)(c0 + a) * nv + h;
+          dg[row] = (T)((double)dg[row] + acc);
+        }
+        std::copy(dSin.begin(), dSin.end(), dS.begin());
+      }
+      const int p = t.node_parent[n];
+      if (p >= 0) {
+        double* dp = dend.data() + ((size_t)p * nv + h) * SS;
+        for (size_t e = 0; e < SS; e++) dp[e] += dS[e];
+      } else if (d_init) {
+        double* di = d_init + ((size_t)roots[n] * nv + h) * SS;
+        for (size_t e = 0; e < SS; e++) di[e] += dS[e];
+      }
+    }
+  }
+  for (int i = 0; i < t.N; i++)
+    for (int kh = 0; kh < nk; kh++)
+      for (int a = 0; a < DK; a++) {
+        double xq = 0, xk = 0;
+        for (int h = kh * r; h < (kh + 1) * r; h++) {
+          xq += gq[((size_t)i * nv + h) * DK + a];
+          xk += gk[((size_t)i * nv + h) * DK + a];
+        }
+        const size_t e = ((size_t)i * nk + kh) * DK + a;
+        dq[e] = (T)((double)dq[e] + xq);
+        dk[e] = (T)((double)dk[e] + xk);
+      }
+}
+
 #define TT_GDN_INSTANTIATE(T)                                                                                     \
   template void conv1d_silu_forward<T>(T*, const T*, const T*, const int32_t*, int, int, int);                  \
   template void conv1d_silu_backward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, int, int, int);   \
@@ -526,7 +777,10 @@ void gdn_tree_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, double* d_init, con
   template void gdn_tree_forward_chunked<T>(T*, double*, const T*, const T*, const T*, const T*, const T*,      \
                                             const double*, const GdnTree&, int);                                \
   template void gdn_tree_backward<T>(T*, T*, T*, T*, T*, double*, const T*, const double*, const T*, const T*,  \
-                                     const T*, const T*, const T*, const double*, const GdnTree&);
+                                     const T*, const T*, const T*, const double*, const GdnTree&);                 \
+  template void gdn_tree_backward_chunked<T>(T*, T*, T*, T*, T*, double*, const T*, const double*, const T*,   \
+                                             const T*, const T*, const T*, const T*, const double*,             \
+                                             const GdnTree&, int);
 TT_GDN_INSTANTIATE(float)
 TT_GDN_INSTANTIATE(double)
 #undef TT_GDN_INSTANTIATE

@@ -106,4 +106,18 @@ void gdn_tree_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, double* d_init, con
                        const T* q, const T* k, const T* v, const T* g, const T* beta, const double* init,
                        const GdnTree& t);
 
+// The same gradients by the chunked form (the algorithm a GPU kernel follows): per chunk of at
+// most `chunk` rows (never straddling a node), in reverse, with dS the gradient of the chunk's end
+// state S' and q~ = scale q:
+//   dv_new_b = sum_{a >= b} (q~_a . k_b) e^(gam_a - gam_b) dO_a + e^(gam_L - gam_b) dS^T k_b,
+//   dS_in = e^(gam_L) dS + sum_a e^(gam_a) q~_a dO_a^T - W^T dv_new,
+//   dB1 = M^-T dv_new, dB2 = -M^-T (dv_new S_in^T) (B1 = beta v, B2 = beta e^gam k, M = I + A),
+//   dA = -strictly_lower(dB1 U^T + dB2 W^T), then the chain into q, k, v, beta and gam, and
+//   dg = the reverse cumulative sum of dgam within the chunk; a node's first chunk's dS_in goes to
+// its parent's end state (or d_init).
+template <class T>
+void gdn_tree_backward_chunked(T* dq, T* dk, T* dv, T* dg, T* dbeta, double* d_init, const T* d_o,
+                               const double* d_end, const T* q, const T* k, const T* v, const T* g, const T* beta,
+                               const double* init, const GdnTree& t, int chunk = 64);
+
 }  // namespace tt::cpu
