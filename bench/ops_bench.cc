@@ -636,8 +636,8 @@ void bench_gemm_algos(const std::vector<int>& tokens) {
 // The gated delta rule's chunked forward (ops/cuda/gdn.h) at issue 15's benchmark shape: 32k
 // tokens, 32 value heads of 128 (16 key heads), as one sequence, a GRPO group (a 2,048-token
 // prompt and 16 responses of 1,920) and a comb (a 1,024-token prefix, 64 steps of a 128-token
-// history node with a 256-token leaf). FLOPs: the layer kind's model count, 4 dk dv multiply-adds
-// per token and value head.
+// history node with a 256-token leaf), forward and backward. FLOPs: the layer kind's model count,
+// 4 dk dv multiply-adds per token and value head (twice that for the backward).
 void bench_gdn() {
   const int nk = 16, nv = 32, dk = 128, dv = 128;
   struct Tree {
@@ -683,6 +683,16 @@ void bench_gdn() {
                             nv, dk, dv, 1.0 / std::sqrt((double)dk), tt::cuda::Workspace{ws.data(), ws.size()},
                             g_stream);
     }, 5);
+    DeviceBuffer<bf16> d_o((size_t)N * nv * dv), gq(q.size()), gk(k.size()), gv(v.size()), gg(g.size()),
+        gb(beta.size());
+    fill_random(d_o.data(), d_o.size(), 1.f, 36);
+    DeviceBuffer<char> wsb(tt::cuda::gdn_backward_workspace_bytes(plan, nv, dk, dv));
+    report_flops("gdn_backward (" + t.name + ")", dims({N, nv, dk}), 2.0 * 2 * 4 * N * nv * (double)dk * dv, [&] {
+      tt::cuda::gdn_backward(gq.data(), gk.data(), gv.data(), gg.data(), gb.data(), nullptr, d_o.data(), nullptr,
+                             q.data(), k.data(), v.data(), g.data(), beta.data(), nullptr, plan, nk, nv, dk, dv,
+                             1.0 / std::sqrt((double)dk), tt::cuda::Workspace{wsb.data(), wsb.size()}, g_stream,
+                             /*accumulate=*/false);
+    }, 3);
   }
 }
 

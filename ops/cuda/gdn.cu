@@ -482,6 +482,306 @@ __global__ void rule_out_kernel(RuleParams p) {
   }
 }
 
+// ---- The gated delta rule's backward (ops/cpu/gdn.h gdn_tree_backward_chunked) ----
+
+struct RuleBwdParams {
+  RuleParams f;                 // the forward's tensors and recomputed intermediates (U, W, gam, vnew, sin)
+  const bf16* d_o;              // (N, nv, dv)
+  const float* d_end;           // (num_nodes, nv, dk, dv) or null
+  float* d_init;                // (num_roots, nv, dk, dv) or null, +=
+  float *dvn, *qo, *dsout, *acc;  // (N nv dv), (chunks nv dk dv), (chunks nv dk dv), (nodes nv dk dv)
+  float *db1, *db2;             // (N nv dv), (N nv dk): M^-T dv_new, M^-T dW
+  float *gq, *gk;               // (N, nv, dk) per value head
+  bf16 *dv, *dg, *dbeta;        // outputs
+  bool accumulate;
+};
+
+// Per (chunk, value head): dvn_b = sum_{a >= b} (q~_a . k_b) e^(gam_a - gam_b) dO_a (the walk adds
+// the end-state term) and qo = sum_a e^(gam_a) q~_a dO_a^T (dk, dv), q~ = scale q.
+__global__ void rule_bwd_local_kernel(RuleBwdParams b) {
+  extern __shared__ float sm[];
+  const RuleParams& p = b.f;
+  const int c = blockIdx.x, h = blockIdx.y, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv, ks = dk + 1;
+  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
+  float* Qs = sm;                          // (64, dk + 1) q~
+  float* Ks = Qs + kGdnChunk * ks;         // (64, dk + 1)
+  float* P = Ks + kGdnChunk * ks;          // (64, 64) (q~_a . k_b) e^(gam_a - gam_b), b <= a
+  float* gam = P + kGdnChunk * kGdnChunk;  // (64)
+  for (int e = threadIdx.x; e < L * dk; e += blockDim.x) {
+    const int64_t at = ((int64_t)(r0 + e / dk) * p.nk + kh) * dk + e % dk;
+    Qs[(e / dk) * ks + e % dk] = p.scale * ld(p.q + at);
+    Ks[(e / dk) * ks + e % dk] = ld(p.k + at);
+  }
+  for (int r = threadIdx.x; r < L; r += blockDim.x) gam[r] = p.gam[(int64_t)(r0 + r) * p.nv + h];
+  __syncthreads();
+  for (int e = threadIdx.x; e < L * L; e += blockDim.x) {
+    const int a = e / L, bb = e % L;
+    float x = 0.f;
+    if (bb <= a) {
+      for (int i = 0; i < dk; ++i) x = fmaf(Qs[a * ks + i], Ks[bb * ks + i], x);
+      x *= __expf(gam[a] - gam[bb]);
+    }
+    P[a * kGdnChunk + bb] = x;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < L * dv; e += blockDim.x) {
+    const int bb = e / dv, j = e % dv;
+    float x = 0.f;
+    for (int a = bb; a < L; ++a) x = fmaf(P[a * kGdnChunk + bb], ld(b.d_o + ((int64_t)(r0 + a) * p.nv + h) * dv + j), x);
+    b.dvn[((int64_t)(r0 + bb) * p.nv + h) * dv + j] = x;
+  }
+  float* qo = b.qo + ((int64_t)c * p.nv + h) * dk * dv;
+  for (int e = threadIdx.x; e < dk * dv; e += blockDim.x) {
+    const int i = e / dv, j = e % dv;
+    float x = 0.f;
+    for (int a = 0; a < L; ++a)
+      x = fmaf(__expf(gam[a]) * Qs[a * ks + i], ld(b.d_o + ((int64_t)(r0 + a) * p.nv + h) * dv + j), x);
+    qo[e] = x;
+  }
+}
+
+// Per (value head, 32 state columns): the chunks in reverse packed order carrying dS, the gradient
+// of the chunk's end state. A node's last chunk starts from d_end plus its child nodes' initial-
+// state gradients (acc, complete: children come later in packed order); each chunk stores dS
+// (dsout), adds e^(gam_L - gam_b) k_b^T dS to dvn, and passes dS_in = e^(gam_L) dS + qo - W^T dvn
+// back; a node's first chunk adds dS_in to its parent's acc (or its root's d_init).
+__global__ void rule_bwd_walk_kernel(RuleBwdParams b) {
+  extern __shared__ float sm[];
+  const RuleParams& p = b.f;
+  const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv;
+  float* dS = sm;                           // (dk, 32)
+  float* Dv = dS + dk * kWalkCols;          // (64, 32) dvn
+  float* dec = Dv + kGdnChunk * kWalkCols;  // (64)
+  float* Wc = dec + kGdnChunk;              // (64, dk)
+  float* Kc = Wc + kGdnChunk * dk;          // (64, dk)
+  const int64_t SS = (int64_t)dk * dv;
+  const int w = threadIdx.x / kWalkCols, jj = threadIdx.x % kWalkCols;
+  for (int c = p.num_chunks - 1; c >= 0; --c) {
+    const int n = p.plan.chunk_node[c], flags = p.plan.chunk_flags[c];
+    const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
+    if (flags & 2) {
+      const float* acc = b.acc + ((int64_t)n * p.nv + h) * SS;
+      const float* de = b.d_end ? b.d_end + ((int64_t)n * p.nv + h) * SS : nullptr;
+      for (int e = threadIdx.x; e < dk * kWalkCols; e += blockDim.x) {
+        const int64_t at = (int64_t)(e / kWalkCols) * dv + j0 + e % kWalkCols;
+        dS[e] = acc[at] + (de ? de[at] : 0.f);
+      }
+      __syncthreads();
+    }
+    float* so = b.dsout + ((int64_t)c * p.nv + h) * SS;
+    for (int e = threadIdx.x; e < dk * kWalkCols; e += blockDim.x)
+      so[(int64_t)(e / kWalkCols) * dv + j0 + e % kWalkCols] = dS[e];
+    const float gl = p.gam[(int64_t)(r0 + L - 1) * p.nv + h];
+    for (int e = threadIdx.x; e < L * dk; e += blockDim.x) {
+      const int r = e / dk, i = e % dk;
+      Wc[e] = p.W[((int64_t)(r0 + r) * p.nv + h) * dk + i];
+      Kc[e] = ld(p.k + ((int64_t)(r0 + r) * p.nk + kh) * dk + i);
+    }
+    for (int s = threadIdx.x; s < L; s += blockDim.x) dec[s] = __expf(gl - p.gam[(int64_t)(r0 + s) * p.nv + h]);
+    __syncthreads();
+    for (int t = 0; t < kWalkRowsV; ++t) {  // dvn_b += e^(gam_L - gam_b) (k_b^T dS)
+      const int r = w + kWalkWarps * t;
+      if (r >= L) continue;
+      float x = 0.f;
+      for (int i = 0; i < dk; ++i) x = fmaf(Kc[r * dk + i], dS[i * kWalkCols + jj], x);
+      const int64_t at = ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + jj;
+      const float y = b.dvn[at] + dec[r] * x;
+      b.dvn[at] = y;
+      Dv[r * kWalkCols + jj] = y;
+    }
+    __syncthreads();
+    const float* qo = b.qo + ((int64_t)c * p.nv + h) * SS;
+    const float el = __expf(gl);
+    for (int t = 0; t < kWalkRowsS; ++t) {  // dS_in = e^(gam_L) dS + qo - W^T dvn
+      const int i = w + kWalkWarps * t;
+      if (i >= dk) continue;
+      float x = el * dS[i * kWalkCols + jj] + qo[(int64_t)i * dv + j0 + jj];
+      for (int s = 0; s < L; ++s) x = fmaf(-Wc[s * dk + i], Dv[s * kWalkCols + jj], x);
+      dS[i * kWalkCols + jj] = x;
+    }
+    __syncthreads();
+    if (flags & 1) {
+      const int parent = p.plan.node_parent[n], root = p.plan.node_root[n];
+      float* dst = parent >= 0 ? b.acc + ((int64_t)parent * p.nv + h) * SS
+                               : (b.d_init && root >= 0 ? b.d_init + ((int64_t)root * p.nv + h) * SS : nullptr);
+      if (dst)
+        for (int e = threadIdx.x; e < dk * kWalkCols; e += blockDim.x)
+          dst[(int64_t)(e / kWalkCols) * dv + j0 + e % kWalkCols] += dS[e];
+      __syncthreads();
+    }
+  }
+}
+
+// Per (chunk, value head): the gradients of the chunk's inputs (see ops/cpu/gdn.h
+// gdn_tree_backward_chunked). q~ and k gradients go to per-value-head fp32 buffers (gq, gk), summed
+// over each key head's group afterwards.
+__global__ void rule_bwd_grad_kernel(RuleBwdParams b) {
+  extern __shared__ float sm[];
+  const RuleParams& p = b.f;
+  const int c = blockIdx.x, h = blockIdx.y, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv, ks = dk + 1;
+  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], C = kGdnChunk;
+  float* Qs = sm;                   // (64, dk + 1) q~
+  float* Ks = Qs + C * ks;          // (64, dk + 1)
+  float* A = Ks + C * ks;           // (64, 64) beta_a e^(gam_a - gam_b) k_a . k_b, b < a
+  float* QK = A + C * C;            // (64, 64) q~_a . k_b
+  float* DOV = QK + C * C;          // (64, 64) dO_a . v_new_b
+  float* DA = DOV + C * C;          // (64, 64) pair terms for dgam, then dA
+  float* gam = DA + C * C;          // (64)
+  float* bet = gam + C;             // (64)
+  float* dgam = bet + C;            // (64)
+  float* tend = dgam + C;           // (64) e^(gam_L - gam_a) k_a^T dS v_new_a
+  const float* S = p.sin + ((int64_t)c * p.nv + h) * dk * dv;
+  const float* dS = b.dsout + ((int64_t)c * p.nv + h) * dk * dv;
+  auto rowi = [&](int a) { return (int64_t)(r0 + a) * p.nv + h; };
+  for (int e = threadIdx.x; e < L * dk; e += blockDim.x) {
+    const int64_t at = ((int64_t)(r0 + e / dk) * p.nk + kh) * dk + e % dk;
+    Qs[(e / dk) * ks + e % dk] = p.scale * ld(p.q + at);
+    Ks[(e / dk) * ks + e % dk] = ld(p.k + at);
+  }
+  for (int r = threadIdx.x; r < L; r += blockDim.x) {
+    gam[r] = p.gam[rowi(r)];
+    bet[r] = ld(p.beta + rowi(r));
+    dgam[r] = 0.f;
+  }
+  __syncthreads();
+  const float gl = gam[L - 1];
+  for (int e = threadIdx.x; e < L * L; e += blockDim.x) {
+    const int a = e / L, bb = e % L;
+    float kk = 0.f, qk = 0.f, dov = 0.f;
+    for (int i = 0; i < dk; ++i) {
+      kk = fmaf(Ks[a * ks + i], Ks[bb * ks + i], kk);
+      qk = fmaf(Qs[a * ks + i], Ks[bb * ks + i], qk);
+    }
+    for (int j = 0; j < dv; ++j) dov = fmaf(ld(b.d_o + rowi(a) * dv + j), p.vnew[rowi(bb) * dv + j], dov);
+    A[a * C + bb] = bb < a ? bet[a] * __expf(gam[a] - gam[bb]) * kk : 0.f;
+    QK[a * C + bb] = qk;
+    DOV[a * C + bb] = dov;
+  }
+  __syncthreads();
+  // dB1 = M^-T dvn, dB2 = M^-T dW with dW_a = -dvn_a S^T: one column per thread, rows last to first.
+  for (int col = threadIdx.x; col < dv + dk; col += blockDim.x) {
+    for (int a = L - 1; a >= 0; --a) {
+      float x;
+      if (col < dv) {
+        x = b.dvn[rowi(a) * dv + col];
+        for (int bb = a + 1; bb < L; ++bb) x = fmaf(-A[bb * C + a], b.db1[rowi(bb) * dv + col], x);
+        b.db1[rowi(a) * dv + col] = x;
+      } else {
+        const int e = col - dv;
+        x = 0.f;
+        for (int j = 0; j < dv; ++j) x = fmaf(-b.dvn[rowi(a) * dv + j], S[(int64_t)e * dv + j], x);
+        for (int bb = a + 1; bb < L; ++bb) x = fmaf(-A[bb * C + a], b.db2[rowi(bb) * dk + e], x);
+        b.db2[rowi(a) * dk + e] = x;
+      }
+    }
+  }
+  __syncthreads();
+  // Pair terms: DA[a][b] = dA_ab (b < a); dgam pairs from the outputs and from A.
+  for (int e = threadIdx.x; e < L * L; e += blockDim.x) {
+    const int a = e / L, bb = e % L;
+    float pair = 0.f, da = 0.f;
+    if (bb <= a) pair = QK[a * C + bb] * __expf(gam[a] - gam[bb]) * DOV[a * C + bb];
+    if (bb < a) {
+      for (int j = 0; j < dv; ++j) da = fmaf(-b.db1[rowi(a) * dv + j], p.U[rowi(bb) * dv + j], da);
+      for (int i = 0; i < dk; ++i) da = fmaf(-b.db2[rowi(a) * dk + i], p.W[rowi(bb) * dk + i], da);
+      pair += da * A[a * C + bb];
+    }
+    QK[a * C + bb] = pair;  // QK is read no more: reuse it for the pair terms
+    DA[a * C + bb] = da;
+  }
+  __syncthreads();
+  // Per row a: its gradients. Row terms of dgam first (each row by one thread, in a fixed order).
+  for (int a = threadIdx.x; a < L; a += blockDim.x) {
+    float x = 0.f;
+    for (int bb = 0; bb < L; ++bb) x += QK[a * C + bb] - QK[bb * C + a];
+    // e^(gam_a) q~_a . (S dO_a)
+    float qsd = 0.f;
+    for (int i = 0; i < dk; ++i) {
+      float sd = 0.f;
+      for (int j = 0; j < dv; ++j) sd = fmaf(S[(int64_t)i * dv + j], ld(b.d_o + rowi(a) * dv + j), sd);
+      qsd = fmaf(Qs[a * ks + i], sd, qsd);
+    }
+    x += __expf(gam[a]) * qsd;
+    // The end state: -e^(gam_L - gam_a) k_a^T dS v_new_a here, its sum at row L - 1, and e^(gam_L) <S, dS>.
+    float kdsv = 0.f;
+    for (int i = 0; i < dk; ++i) {
+      float t = 0.f;
+      for (int j = 0; j < dv; ++j) t = fmaf(dS[(int64_t)i * dv + j], p.vnew[rowi(a) * dv + j], t);
+      kdsv = fmaf(Ks[a * ks + i], t, kdsv);
+    }
+    const float te = __expf(gl - gam[a]) * kdsv;
+    tend[a] = te;
+    x -= te;
+    // B2: beta_a e^(gam_a) dB2_a . k_a.
+    float b2k = 0.f;
+    for (int i = 0; i < dk; ++i) b2k = fmaf(b.db2[rowi(a) * dk + i], Ks[a * ks + i], b2k);
+    x += bet[a] * __expf(gam[a]) * b2k;
+    dgam[a] = x;
+    // dbeta_a = dB1_a . v_a + e^(gam_a) dB2_a . k_a + sum_{b < a} dA_ab e^(gam_a - gam_b) k_a . k_b.
+    float db = __expf(gam[a]) * b2k;
+    for (int j = 0; j < dv; ++j) {
+      const float d1 = b.db1[rowi(a) * dv + j];
+      db = fmaf(d1, ld(p.v + rowi(a) * dv + j), db);
+      const int64_t at = rowi(a) * dv + j;
+      const float g = bet[a] * d1;
+      b.dv[at] = __float2bfloat16(b.accumulate ? ld(b.dv + at) + g : g);
+    }
+    for (int bb = 0; bb < a; ++bb) db += DA[a * C + bb] * (bet[a] > 0.f || bet[a] < 0.f ? A[a * C + bb] / bet[a] : 0.f);
+    b.dbeta[rowi(a)] = __float2bfloat16(b.accumulate ? ld(b.dbeta + rowi(a)) + db : db);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // the end-state terms that land on row L - 1
+    float s = 0.f;
+    for (int64_t e = 0; e < (int64_t)dk * dv; ++e) s = fmaf(S[e], dS[e], s);
+    float t = 0.f;
+    for (int a = 0; a < L; ++a) t += tend[a];
+    dgam[L - 1] += __expf(gl) * s + t;
+    // dg_t = sum_{a >= t} dgam_a.
+    float acc = 0.f;
+    for (int a = L - 1; a >= 0; --a) {
+      acc += dgam[a];
+      const int64_t at = rowi(a);
+      b.dg[at] = __float2bfloat16(b.accumulate ? ld(b.dg + at) + acc : acc);
+    }
+  }
+  // dq~_a = e^(gam_a) S dO_a + sum_{b <= a} e^(gam_a - gam_b) dov_ab k_b;
+  // dk_b = sum_{a >= b} e^(gam_a - gam_b) dov_ab q~_a + e^(gam_L - gam_b) dS v_new_b
+  //        + beta_b e^(gam_b) dB2_b + sum_{a > b} dA_ab beta_a e^(gam_a - gam_b) k_a
+  //        + sum_{c < b} dA_bc beta_b e^(gam_b - gam_c) k_c.
+  for (int e = threadIdx.x; e < L * dk; e += blockDim.x) {
+    const int a = e / dk, i = e % dk;
+    float sd = 0.f, dsv = 0.f;
+    for (int j = 0; j < dv; ++j) {
+      sd = fmaf(S[(int64_t)i * dv + j], ld(b.d_o + rowi(a) * dv + j), sd);
+      dsv = fmaf(dS[(int64_t)i * dv + j], p.vnew[rowi(a) * dv + j], dsv);
+    }
+    float xq = __expf(gam[a]) * sd;
+    for (int bb = 0; bb <= a; ++bb) xq = fmaf(__expf(gam[a] - gam[bb]) * DOV[a * C + bb], Ks[bb * ks + i], xq);
+    b.gq[rowi(a) * dk + i] = xq;  // q~'s gradient; scaled into dq by the group reduction
+    float xk = __expf(gl - gam[a]) * dsv + bet[a] * __expf(gam[a]) * b.db2[rowi(a) * dk + i];
+    for (int r = a; r < L; ++r) xk = fmaf(__expf(gam[r] - gam[a]) * DOV[r * C + a], Qs[r * ks + i], xk);
+    for (int r = a + 1; r < L; ++r) xk = fmaf(DA[r * C + a] * bet[r] * __expf(gam[r] - gam[a]), Ks[r * ks + i], xk);
+    for (int cc = 0; cc < a; ++cc) xk = fmaf(DA[a * C + cc] * bet[a] * __expf(gam[a] - gam[cc]), Ks[cc * ks + i], xk);
+    b.gk[rowi(a) * dk + i] = xk;
+  }
+}
+
+// dq (+)= scale sum over the key head's value heads of gq; dk likewise (no scale).
+__global__ void rule_bwd_group_kernel(bf16* dq, bf16* dk, const float* gq, const float* gk, int N, int nk, int nv, int D,
+                                      float scale, bool accumulate) {
+  const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= (int64_t)N * nk * D) return;
+  const int i = (int)(e % D), kh = (int)(e / D % nk), row = (int)(e / D / nk), r = nv / nk;
+  float xq = 0.f, xk = 0.f;
+  for (int h = kh * r; h < (kh + 1) * r; ++h) {
+    xq += gq[((int64_t)row * nv + h) * D + i];
+    xk += gk[((int64_t)row * nv + h) * D + i];
+  }
+  xq *= scale;
+  dq[e] = __float2bfloat16(accumulate ? ld(dq + e) + xq : xq);
+  dk[e] = __float2bfloat16(accumulate ? ld(dk + e) + xk : xk);
+}
+
 struct RuleScratch {
   float *U, *W, *gam, *vnew, *sin, *node_end;
   size_t bytes;
@@ -495,6 +795,25 @@ struct RuleScratch {
     sin = w.take<float>((size_t)plan.num_chunks() * nv * SS);
     node_end = w.take<float>(end_given ? 0 : (size_t)plan.num_nodes() * nv * SS);
     bytes = w.bytes();
+  }
+};
+
+struct RuleBwdScratch {
+  RuleScratch f;
+  float *dvn, *qo, *dsout, *acc, *db1, *db2, *gq, *gk;
+  size_t bytes;
+  RuleBwdScratch(const GdnPlan& plan, int nv, int dk, int dv, void* base) : f(plan, nv, dk, dv, false, base) {
+    detail::WorkspaceCarver w(base ? static_cast<char*>(base) + f.bytes : nullptr);
+    const size_t rows = (size_t)plan.rows() * nv, SS = (size_t)dk * dv, per_chunk = (size_t)plan.num_chunks() * nv * SS;
+    dvn = w.take<float>(rows * dv);
+    qo = w.take<float>(per_chunk);
+    dsout = w.take<float>(per_chunk);
+    acc = w.take<float>((size_t)plan.num_nodes() * nv * SS);
+    db1 = w.take<float>(rows * dv);
+    db2 = w.take<float>(rows * dk);
+    gq = w.take<float>(rows * dk);
+    gk = w.take<float>(rows * dk);
+    bytes = f.bytes + w.bytes();
   }
 };
 
@@ -675,41 +994,108 @@ size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, 
   return RuleScratch(plan, nv, dk, dv, end_given, nullptr).bytes;
 }
 
-void gdn_forward(bf16* o, float* end, const bf16* q, const bf16* k, const bf16* v, const bf16* g, const bf16* beta,
-                 const float* init, const GdnPlan& plan, int nk, int nv, int dk, int dv, double scale, Workspace ws,
-                 cudaStream_t stream) {
+namespace {
+
+void check_rule_shape(int nk, int nv, int dk, int dv, const char* op) {
   TT_CHECK(nk > 0 && nv > 0 && nv % nk == 0 && dk > 0 && dk <= 128 && dv > 0 && dv <= 128 && dv % kWalkCols == 0,
-           "gdn_forward: expected nv a positive multiple of nk, dk in [1, 128], dv a multiple of ", kWalkCols,
+           op, ": expected nv a positive multiple of nk, dk in [1, 128], dv a multiple of ", kWalkCols,
            " in [32, 128], got nk=", nk, " nv=", nv, " dk=", dk, " dv=", dv);
-  if (plan.num_chunks() == 0) return;
-  TT_CHECK(plan.device().chunk_row0, "gdn_forward: the plan's tables are not uploaded");
-  const RuleScratch s(plan, nv, dk, dv, end != nullptr, ws.ptr);
-  detail::check_workspace(ws, s.bytes, "gdn_forward");
+}
+
+RuleParams rule_params(const bf16* q, const bf16* k, const bf16* v, const bf16* g, const bf16* beta, const float* init,
+                       const GdnPlan& plan, int nk, int nv, int dk, int dv, double scale, const RuleScratch& s,
+                       float* end) {
   RuleParams p;
   p.plan = plan.device();
   p.q = q, p.k = k, p.v = v, p.g = g, p.beta = beta;
   p.init = init;
   p.U = s.U, p.W = s.W, p.gam = s.gam, p.vnew = s.vnew, p.sin = s.sin;
   p.node_end = end ? end : s.node_end;
-  p.o = o;
+  p.o = nullptr;
   p.nk = nk, p.nv = nv, p.dk = dk, p.dv = dv;
   p.scale = (float)scale;
   p.num_chunks = plan.num_chunks();
+  return p;
+}
+
+// The forward's first two kernels: U, W and gam per chunk, then the walk (sin, vnew, node ends).
+void rule_prep_and_walk(const RuleParams& p, cudaStream_t stream) {
+  const int dk = p.dk, dv = p.dv;
   const size_t prep_smem = sizeof(float) * ((size_t)kGdnChunk * (dk + 1) + kGdnChunk * kGdnChunk + 2 * kGdnChunk +
                                             (size_t)kGdnChunk * (dv + dk));
   const size_t walk_smem =
       sizeof(float) * ((size_t)dk * kWalkCols + kGdnChunk * kWalkCols + kGdnChunk + 2 * (size_t)kGdnChunk * dk);
+  TT_CUDA_CHECK(cudaFuncSetAttribute(rule_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem));
+  TT_CUDA_CHECK(cudaFuncSetAttribute(rule_walk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)walk_smem));
+  rule_prep_kernel<<<dim3(p.num_chunks, p.nv), kThreads, prep_smem, stream>>>(p);
+  TT_CUDA_CHECK_LAUNCH();
+  rule_walk_kernel<<<dim3(p.nv, dv / kWalkCols), kThreads, walk_smem, stream>>>(p);
+  TT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+size_t gdn_backward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv) {
+  return RuleBwdScratch(plan, nv, dk, dv, nullptr).bytes;
+}
+
+void gdn_backward(bf16* dq, bf16* dk, bf16* dv, bf16* dg, bf16* dbeta, float* d_init, const bf16* d_o,
+                  const float* d_end, const bf16* q, const bf16* k, const bf16* v, const bf16* g, const bf16* beta,
+                  const float* init, const GdnPlan& plan, int nk, int nv, int dk_, int dv_, double scale, Workspace ws,
+                  cudaStream_t stream, bool accumulate) {
+  check_rule_shape(nk, nv, dk_, dv_, "gdn_backward");
+  if (plan.num_chunks() == 0) return;
+  TT_CHECK(plan.device().chunk_row0, "gdn_backward: the plan's tables are not uploaded");
+  const RuleBwdScratch s(plan, nv, dk_, dv_, ws.ptr);
+  detail::check_workspace(ws, s.bytes, "gdn_backward");
+  RuleBwdParams b;
+  b.f = rule_params(q, k, v, g, beta, init, plan, nk, nv, dk_, dv_, scale, s.f, nullptr);
+  b.d_o = d_o;
+  b.d_end = d_end;
+  b.d_init = d_init;
+  b.dvn = s.dvn, b.qo = s.qo, b.dsout = s.dsout, b.acc = s.acc, b.db1 = s.db1, b.db2 = s.db2, b.gq = s.gq,
+  b.gk = s.gk;
+  b.dv = dv, b.dg = dg, b.dbeta = dbeta;
+  b.accumulate = accumulate;
+  rule_prep_and_walk(b.f, stream);  // the forward again: U, W, gam, v_new, the entering states
+  TT_CUDA_CHECK(cudaMemsetAsync(s.acc, 0, sizeof(float) * (size_t)plan.num_nodes() * nv * dk_ * dv_, stream));
+  const dim3 per_chunk(plan.num_chunks(), nv);
+  const size_t local_smem = sizeof(float) * (2 * (size_t)kGdnChunk * (dk_ + 1) + kGdnChunk * kGdnChunk + kGdnChunk);
+  const size_t walk_smem =
+      sizeof(float) * ((size_t)dk_ * kWalkCols + kGdnChunk * kWalkCols + kGdnChunk + 2 * (size_t)kGdnChunk * dk_);
+  const size_t grad_smem =
+      sizeof(float) * (2 * (size_t)kGdnChunk * (dk_ + 1) + 4 * kGdnChunk * kGdnChunk + 4 * kGdnChunk);
+  TT_CUDA_CHECK(cudaFuncSetAttribute(rule_bwd_local_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)local_smem));
+  TT_CUDA_CHECK(cudaFuncSetAttribute(rule_bwd_walk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)walk_smem));
+  TT_CUDA_CHECK(cudaFuncSetAttribute(rule_bwd_grad_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)grad_smem));
+  rule_bwd_local_kernel<<<per_chunk, kThreads, local_smem, stream>>>(b);
+  TT_CUDA_CHECK_LAUNCH();
+  rule_bwd_walk_kernel<<<dim3(nv, dv_ / kWalkCols), kThreads, walk_smem, stream>>>(b);
+  TT_CUDA_CHECK_LAUNCH();
+  rule_bwd_grad_kernel<<<per_chunk, kThreads, grad_smem, stream>>>(b);
+  TT_CUDA_CHECK_LAUNCH();
+  const int64_t n = (int64_t)plan.rows() * nk * dk_;
+  rule_bwd_group_kernel<<<(unsigned)((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      dq, dk, s.gq, s.gk, plan.rows(), nk, nv, dk_, (float)scale, accumulate);
+  TT_CUDA_CHECK_LAUNCH();
+}
+
+void gdn_forward(bf16* o, float* end, const bf16* q, const bf16* k, const bf16* v, const bf16* g, const bf16* beta,
+                 const float* init, const GdnPlan& plan, int nk, int nv, int dk, int dv, double scale, Workspace ws,
+                 cudaStream_t stream) {
+  check_rule_shape(nk, nv, dk, dv, "gdn_forward");
+  if (plan.num_chunks() == 0) return;
+  TT_CHECK(plan.device().chunk_row0, "gdn_forward: the plan's tables are not uploaded");
+  const RuleScratch s(plan, nv, dk, dv, end != nullptr, ws.ptr);
+  detail::check_workspace(ws, s.bytes, "gdn_forward");
+  RuleParams p = rule_params(q, k, v, g, beta, init, plan, nk, nv, dk, dv, scale, s, end);
+  p.o = o;
+  rule_prep_and_walk(p, stream);
   const size_t out_smem = sizeof(float) * (2 * (size_t)kGdnChunk * (dk + 1) + kGdnChunk * kGdnChunk + kGdnChunk +
                                            (size_t)dk * dv + (size_t)kGdnChunk * dv);
-  TT_CUDA_CHECK(cudaFuncSetAttribute(rule_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem));
   TT_CUDA_CHECK(cudaFuncSetAttribute(rule_out_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)out_smem));
-  TT_CUDA_CHECK(cudaFuncSetAttribute(rule_walk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)walk_smem));
-  const dim3 per_chunk(plan.num_chunks(), nv);
-  rule_prep_kernel<<<per_chunk, kThreads, prep_smem, stream>>>(p);
-  TT_CUDA_CHECK_LAUNCH();
-  rule_walk_kernel<<<dim3(nv, dv / kWalkCols), kThreads, walk_smem, stream>>>(p);
-  TT_CUDA_CHECK_LAUNCH();
-  rule_out_kernel<<<per_chunk, kThreads, out_smem, stream>>>(p);
+  rule_out_kernel<<<dim3(plan.num_chunks(), nv), kThreads, out_smem, stream>>>(p);
   TT_CUDA_CHECK_LAUNCH();
 }
 

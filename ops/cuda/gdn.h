@@ -1,6 +1,6 @@
 // Gated DeltaNet's ops on DFS-packed trees, CUDA (issue 15): the same meaning as ops/cpu/gdn.h on
 // bf16 tensors with fp32 math, statistics and state: the row ops, and the gated delta rule's
-// forward (its backward comes next). Every op follows root-to-token paths, never the packed order: a conv window reads the
+// forward and backward. Every op follows root-to-token paths, never the packed order: a conv window reads the
 // token's own ancestors (prev), and the conv's input gradient is gathered from the token's own
 // descendants (pos, subtree_end), so no finished sibling leaks in either direction.
 //
@@ -116,5 +116,20 @@ size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, 
 void gdn_forward(bf16* o, float* end, const bf16* q, const bf16* k, const bf16* v, const bf16* g, const bf16* beta,
                  const float* init, const GdnPlan& plan, int nk, int nv, int dk, int dv, double scale, Workspace ws,
                  cudaStream_t stream);
+
+size_t gdn_backward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv);
+
+// Its backward (ops/cpu/gdn.h gdn_tree_backward_chunked, the algorithm followed): dq, dk (N, nk,
+// dk), dv (N, nv, dv), dg, dbeta (N, nv) bf16 (+= unless !accumulate); d_init (num_roots, nv, dk,
+// dv) fp32 += or null; d_end (num_nodes, nv, dk, dv) fp32 or null: the gradient reaching each
+// node's end state from outside the batch. A parent's end-state gradient sums its children's
+// initial-state gradients in reverse packed order (deterministic, no atomics). Recomputes the
+// forward's walk, then: per (chunk, head) the dO terms; one reverse walk per (value head, 32 state
+// columns) carrying the end-state gradient; per (chunk, head) the inputs' gradients; the key-head
+// group sums: six launches whatever the tree.
+void gdn_backward(bf16* dq, bf16* dk, bf16* dv, bf16* dg, bf16* dbeta, float* d_init, const bf16* d_o,
+                  const float* d_end, const bf16* q, const bf16* k, const bf16* v, const bf16* g, const bf16* beta,
+                  const float* init, const GdnPlan& plan, int nk, int nv, int dk_, int dv_, double scale, Workspace ws,
+                  cudaStream_t stream, bool accumulate = true);
 
 }  // namespace tt::cuda

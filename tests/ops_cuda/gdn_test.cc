@@ -314,6 +314,84 @@ TEST_F(GdnOps, DeltaRuleForwardMatchesTheRecurrentOracle) {
   }
 }
 
+// The delta rule's backward against the fp64 recurrent backward on the forward test's trees, with
+// initial states and end-state gradients. Bounds, normwise relative L2: bf16 outputs 2^-7 (the
+// output's rounding, 2^-9, plus the fp32 error of chunk sums of 64 to 128 terms carried through
+// the state over ~300 rows and the two triangular solves, whose unit-diagonal factors stay O(1)
+// for beta < 1 and unit keys: 4x headroom); d_init (fp32) 1e-3.
+TEST_F(GdnOps, DeltaRuleBackwardMatchesTheRecurrentOracle) {
+  const int nk = 2, nv = 4, dk = 128, dv = 128;
+  for (uint64_t seed : {6, 7}) {
+    Forest f;
+    f.add(-1, 150);
+    f.add(0, 64);
+    f.add(1, 1);
+    f.add(0, 1);
+    f.add(3, 70);
+    {
+      std::mt19937_64 grow_rng(seed);
+      int budget = 12;
+      grow(f, grow_rng, -1, 0, 40, budget);
+    }
+    f.finish();
+    const int N = f.N, roots = (int)std::count(f.parent.begin(), f.parent.end(), -1);
+    std::mt19937_64 rng(seed * 37);
+    auto normed = [&](int heads, int d) {
+      std::vector<double> x = randn_bf16(rng, (size_t)N * heads * d);
+      for (size_t r = 0; r < (size_t)N * heads; ++r) {
+        double ss = 0;
+        for (int i = 0; i < d; ++i) ss += x[r * d + i] * x[r * d + i];
+        for (int i = 0; i < d; ++i) x[r * d + i] = tt::cuda::round_to_bf16((float)(x[r * d + i] / std::sqrt(ss)));
+      }
+      return x;
+    };
+    const std::vector<double> q = normed(nk, dk), k = normed(nk, dk), v = randn_bf16(rng, (size_t)N * nv * dv),
+                              dO = randn_bf16(rng, (size_t)N * nv * dv);
+    std::uniform_real_distribution<double> u(0, 1);
+    std::vector<double> g((size_t)N * nv), beta((size_t)N * nv);
+    for (double& x : g) x = tt::cuda::round_to_bf16((float)(-0.02 - 0.6 * u(rng)));
+    for (double& x : beta) x = tt::cuda::round_to_bf16((float)(0.05 + 0.9 * u(rng)));
+    const size_t SS = (size_t)dk * dv;
+    const std::vector<double> init = randn_f32(rng, (size_t)roots * nv * SS, 0.1),
+                              dE = randn_f32(rng, (size_t)f.nodes() * nv * SS, 0.05);
+    const double scale = 1.0 / std::sqrt((double)dk);
+    cpu::GdnTree t;
+    t.node_start = f.start.data();
+    t.node_len = f.len.data();
+    t.node_parent = f.parent.data();
+    t.num_nodes = f.nodes();
+    t.N = N;
+    t.nk = nk, t.nv = nv, t.dk = dk, t.dv = dv;
+    t.scale = scale;
+    std::vector<double> dq(q.size(), 0.0), dk_(k.size(), 0.0), dv_(v.size(), 0.0), dg(g.size(), 0.0),
+        db(beta.size(), 0.0), di(init.size(), 0.0);
+    cpu::gdn_tree_backward<double>(dq.data(), dk_.data(), dv_.data(), dg.data(), db.data(), di.data(), dO.data(),
+                                   dE.data(), q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(), t);
+
+    cuda::GdnPlan plan;
+    plan.make(f.start.data(), f.len.data(), f.parent.data(), f.nodes());
+    DeviceBuffer<char> tables(std::max<size_t>(plan.table_bytes(), 1));
+    plan.upload(tables.data(), nullptr);
+    DeviceBuffer<char> ws(cuda::gdn_backward_workspace_bytes(plan, nv, dk, dv));
+    auto d_q = to_device_bf16(q), d_k = to_device_bf16(k), d_v = to_device_bf16(v), d_g = to_device_bf16(g),
+         d_b = to_device_bf16(beta), d_dO = to_device_bf16(dO);
+    auto d_init = to_device_f32(init), d_dE = to_device_f32(dE), d_di = to_device_f32(std::vector<double>(init.size()));
+    DeviceBuffer<bf16> g_q(q.size()), g_k(k.size()), g_v(v.size()), g_g(g.size()), g_b(beta.size());
+    for (auto* buf : {&g_q, &g_k, &g_v, &g_g, &g_b}) poison(*buf);
+    cuda::gdn_backward(g_q.data(), g_k.data(), g_v.data(), g_g.data(), g_b.data(), d_di.data(), d_dO.data(),
+                       d_dE.data(), d_q.data(), d_k.data(), d_v.data(), d_g.data(), d_b.data(), d_init.data(), plan,
+                       nk, nv, dk, dv, scale, cuda::Workspace{ws.data(), ws.size()}, nullptr, /*accumulate=*/false);
+    sync_and_check();
+    const std::string at = ", seed " + std::to_string(seed);
+    EXPECT_LE(rel_l2(to_host(g_q), dq), 2 * kBf16U) << "dq" << at;
+    EXPECT_LE(rel_l2(to_host(g_k), dk_), 2 * kBf16U) << "dk" << at;
+    EXPECT_LE(rel_l2(to_host(g_v), dv_), 2 * kBf16U) << "dv" << at;
+    EXPECT_LE(rel_l2(to_host(g_g), dg), 2 * kBf16U) << "dg" << at;
+    EXPECT_LE(rel_l2(to_host(g_b), db), 2 * kBf16U) << "dbeta" << at;
+    EXPECT_LE(rel_l2(to_host(d_di), di), 1e-3) << "d_init" << at;
+  }
+}
+
 TEST_F(GdnOps, BadShapesAreErrors) {
   DeviceBuffer<bf16> x(64);
   DeviceBuffer<int32_t> prev(8);
