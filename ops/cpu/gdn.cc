@@ -103,6 +103,103 @@ void step(double* S, double* pred, double* delta, const T* kt, const T* vt, doub
     for (int c = 0; c < dv; c++) S[(size_t)i * dv + c] += (double)kt[i] * delta[c];
 }
 
+// One chunk of value head h in the WY form (rows c0 .. c0 + L - 1, key head kh): gam, the in-chunk
+// cumulative log decay; A = strictly_lower(beta_a k_a . k_b exp(gam_a - gam_b)) (stride C);
+// U = (I + A)^-1 (beta v) and W = (I + A)^-1 (beta exp(gam) k) by forward substitution; v_new =
+// U - W S for the entering state S. The forward and the backward of the chunked form share it.
+struct ChunkWY {
+  int C, dk, dv, L = 0;
+  std::vector<double> gam, A, U, W, vn;
+  ChunkWY(int chunk, int dk_, int dv_)
+      : C(chunk), dk(dk_), dv(dv_), gam(chunk), A((size_t)chunk * chunk), U((size_t)chunk * dv_),
+        W((size_t)chunk * dk_), vn((size_t)chunk * dv_) {}
+
+  template <class T>
+  void compute(const T* k, const T* v, const T* g, const T* beta, const GdnTree& t, int h, int c0, int len,
+               const double* S) {
+    L = len;
+    const int kh = h / (t.nv / t.nk);
+    auto K_ = [&](int row, int a) { return (double)k[((size_t)(c0 + row) * t.nk + kh) * dk + a]; };
+    auto B_ = [&](int row) { return (double)beta[(size_t)(c0 + row) * t.nv + h]; };
+    double acc = 0;
+    for (int a = 0; a < L; a++) gam[a] = acc += (double)g[(size_t)(c0 + a) * t.nv + h];
+    for (int a = 0; a < L; a++)
+      for (int b = 0; b < L; b++) {
+        double x = 0;
+        if (b < a) {
+          double kk = 0;
+          for (int e = 0; e < dk; e++) kk += K_(a, e) * K_(b, e);
+          x = B_(a) * kk * std::exp(gam[a] - gam[b]);
+        }
+        A[(size_t)a * C + b] = x;
+      }
+    for (int a = 0; a < L; a++) {
+      for (int c = 0; c < dv; c++) {
+        double x = B_(a) * (double)v[((size_t)(c0 + a) * t.nv + h) * dv + c];
+        for (int b = 0; b < a; b++) x -= A[(size_t)a * C + b] * U[(size_t)b * dv + c];
+        U[(size_t)a * dv + c] = x;
+      }
+      for (int e = 0; e < dk; e++) {
+        double x = B_(a) * std::exp(gam[a]) * K_(a, e);
+        for (int b = 0; b < a; b++) x -= A[(size_t)a * C + b] * W[(size_t)b * dk + e];
+        W[(size_t)a * dk + e] = x;
+      }
+    }
+    for (int a = 0; a < L; a++)
+      for (int c = 0; c < dv; c++) {
+        double x = U[(size_t)a * dv + c];
+        for (int e = 0; e < dk; e++) x -= W[(size_t)a * dk + e] * S[(size_t)e * dv + c];
+        vn[(size_t)a * dv + c] = x;
+      }
+  }
+
+  // S2 = exp(gam_L) S + sum_b exp(gam_L - gam_b) k_b v_new_b^T (after compute).
+  template <class T>
+  void end_state(double* S2, const double* S, const T* k, const GdnTree& t, int h, int c0) const {
+    const int kh = h / (t.nv / t.nk);
+    const double gl = gam[L - 1];
+    for (int e = 0; e < dk; e++)
+      for (int c = 0; c < dv; c++) {
+        double x = std::exp(gl) * S[(size_t)e * dv + c];
+        for (int b = 0; b < L; b++)
+          x += std::exp(gl - gam[b]) * (double)k[((size_t)(c0 + b) * t.nk + kh) * dk + e] * vn[(size_t)b * dv + c];
+        S2[(size_t)e * dv + c] = x;
+      }
+  }
+};
+
+// A node's initial-state gradient dS (value head h) to its parent's end-state gradient, or to its
+// root's d_init.
+void pass_initial_gradient(const double* dS, std::vector<double>& dend, double* d_init, const std::vector<int>& roots,
+                           const GdnTree& t, int n, int h) {
+  const size_t SS = (size_t)t.dk * t.dv;
+  const int p = t.node_parent[n];
+  double* dst = p >= 0 ? dend.data() + ((size_t)p * t.nv + h) * SS
+                       : (d_init ? d_init + ((size_t)roots[n] * t.nv + h) * SS : nullptr);
+  if (dst)
+    for (size_t e = 0; e < SS; e++) dst[e] += dS[e];
+}
+
+// dq, dk (N, nk, dk) += the per-value-head gradients gq, gk (N, nv, dk) summed over each key head's
+// value heads, in head order.
+template <class T>
+void add_group_gradients(T* dq, T* dk, const std::vector<double>& gq, const std::vector<double>& gk,
+                         const GdnTree& t) {
+  const int DK = t.dk, nv = t.nv, nk = t.nk, r = nv / nk;
+  for (int i = 0; i < t.N; i++)
+    for (int kh = 0; kh < nk; kh++)
+      for (int a = 0; a < DK; a++) {
+        double xq = 0, xk = 0;
+        for (int h = kh * r; h < (kh + 1) * r; h++) {
+          xq += gq[((size_t)i * nv + h) * DK + a];
+          xk += gk[((size_t)i * nv + h) * DK + a];
+        }
+        const size_t e = ((size_t)i * nk + kh) * DK + a;
+        dq[e] = (T)((double)dq[e] + xq);
+        dk[e] = (T)((double)dk[e] + xk);
+      }
+}
+
 }  // namespace
 
 int GdnTree::num_roots() const {
@@ -316,49 +413,18 @@ void gdn_tree_forward_chunked(T* o, double* end, const T* q, const T* k, const T
 #pragma omp parallel for schedule(static)
   for (int h = 0; h < nv; h++) {
     const int kh = h / r;
-    std::vector<double> gam(chunk), M((size_t)chunk * chunk), U((size_t)chunk * dv), W((size_t)chunk * dk),
-        vn((size_t)chunk * dv), S2(SS);
+    ChunkWY wy(chunk, dk, dv);
+    std::vector<double> S2(SS);
     for (int n = 0; n < t.num_nodes; n++) {
       double* S = ends + ((size_t)n * nv + h) * SS;
       initial_state(S, ends, init, roots, t, n, h);
       const int begin = t.node_start[n], stop = begin + t.node_len[n];
       for (int c0 = begin; c0 < stop; c0 += chunk) {
         const int L = std::min(chunk, stop - c0);
+        wy.compute(k, v, g, beta, t, h, c0, L, S);
+        const std::vector<double>& gam = wy.gam;
         auto K_ = [&](int row, int a) { return (double)k[((size_t)(c0 + row) * nk + kh) * dk + a]; };
         auto Q_ = [&](int row, int a) { return (double)q[((size_t)(c0 + row) * nk + kh) * dk + a]; };
-        auto V_ = [&](int row, int c) { return (double)v[((size_t)(c0 + row) * nv + h) * dv + c]; };
-        auto B_ = [&](int row) { return (double)beta[(size_t)(c0 + row) * nv + h]; };
-        double acc = 0;
-        for (int a = 0; a < L; a++) gam[a] = acc += (double)g[(size_t)(c0 + a) * nv + h];
-        auto kk = [&](int a, int b) {
-          double s = 0;
-          for (int e = 0; e < dk; e++) s += K_(a, e) * K_(b, e);
-          return s;
-        };
-        // M = I + strictly_lower(beta_a k_a . k_b exp(gam_a - gam_b)): unit lower triangular.
-        for (int a = 0; a < L; a++)
-          for (int b = 0; b < L; b++)
-            M[(size_t)a * L + b] = a == b ? 1.0 : b < a ? B_(a) * kk(a, b) * std::exp(gam[a] - gam[b]) : 0.0;
-        // U = M^-1 (beta v), W = M^-1 (beta exp(gam) k): forward substitution, row by row.
-        for (int a = 0; a < L; a++) {
-          for (int c = 0; c < dv; c++) {
-            double x = B_(a) * V_(a, c);
-            for (int b = 0; b < a; b++) x -= M[(size_t)a * L + b] * U[(size_t)b * dv + c];
-            U[(size_t)a * dv + c] = x;
-          }
-          for (int e = 0; e < dk; e++) {
-            double x = B_(a) * std::exp(gam[a]) * K_(a, e);
-            for (int b = 0; b < a; b++) x -= M[(size_t)a * L + b] * W[(size_t)b * dk + e];
-            W[(size_t)a * dk + e] = x;
-          }
-        }
-        // v_new = U - W S.
-        for (int a = 0; a < L; a++)
-          for (int c = 0; c < dv; c++) {
-            double x = U[(size_t)a * dv + c];
-            for (int e = 0; e < dk; e++) x -= W[(size_t)a * dk + e] * S[(size_t)e * dv + c];
-            vn[(size_t)a * dv + c] = x;
-          }
         // Outputs: the state entering the chunk, decayed, plus the chunk's own writes.
         for (int a = 0; a < L; a++) {
           std::vector<double> qk(a + 1);
@@ -371,18 +437,11 @@ void gdn_tree_forward_chunked(T* o, double* end, const T* q, const T* k, const T
             double x = 0;
             for (int e = 0; e < dk; e++) x += Q_(a, e) * S[(size_t)e * dv + c];
             x *= std::exp(gam[a]);
-            for (int b = 0; b <= a; b++) x += qk[b] * vn[(size_t)b * dv + c];
+            for (int b = 0; b <= a; b++) x += qk[b] * wy.vn[(size_t)b * dv + c];
             o[((size_t)(c0 + a) * nv + h) * dv + c] = (T)(t.scale * x);
           }
         }
-        // S <- exp(gam_L) S + sum_b exp(gam_L - gam_b) k_b v_new_b^T.
-        const double gl = gam[L - 1];
-        for (int e = 0; e < dk; e++)
-          for (int c = 0; c < dv; c++) {
-            double x = std::exp(gl) * S[(size_t)e * dv + c];
-            for (int b = 0; b < L; b++) x += std::exp(gl - gam[b]) * K_(b, e) * vn[(size_t)b * dv + c];
-            S2[(size_t)e * dv + c] = x;
-          }
+        wy.end_state(S2.data(), S, k, t, h, c0);
         std::copy(S2.begin(), S2.end(), S);
       }
     }
@@ -416,7 +475,6 @@ void gdn_tree_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, double* d_init, con
       const int begin = t.node_start[n], len = t.node_len[n];
       // The node's states: states[j] is the state before token begin + j (j = 0: the initial one).
       states.assign((size_t)(len + 1) * SS, 0.0);
-      const int p = t.node_parent[n];
       initial_state(states.data(), ends.data(), init, roots, t, n, h);
       for (int j = 0; j < len; j++) {
         const int i = begin + j;
@@ -488,27 +546,10 @@ void gdn_tree_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, double* d_init, con
         dg[(size_t)i * nv + h] = (T)((double)dg[(size_t)i * nv + h] + alpha * da);
       }
       // dS is the gradient of the node's initial state: its parent's end state, or the root's init.
-      if (p >= 0) {
-        double* dp = dend.data() + ((size_t)p * nv + h) * SS;
-        for (size_t e = 0; e < SS; e++) dp[e] += dS[e];
-      } else if (d_init) {
-        double* di = d_init + ((size_t)roots[n] * nv + h) * SS;
-        for (size_t e = 0; e < SS; e++) di[e] += dS[e];
-      }
+      pass_initial_gradient(dS.data(), dend, d_init, roots, t, n, h);
     }
   }
-  for (int i = 0; i < t.N; i++)
-    for (int kh = 0; kh < nk; kh++)
-      for (int a = 0; a < DK; a++) {
-        double xq = 0, xk = 0;
-        for (int h = kh * r; h < (kh + 1) * r; h++) {
-          xq += gq[((size_t)i * nv + h) * DK + a];
-          xk += gk[((size_t)i * nv + h) * DK + a];
-        }
-        const size_t e = ((size_t)i * nk + kh) * DK + a;
-        dq[e] = (T)((double)dq[e] + xq);
-        dk[e] = (T)((double)dk[e] + xk);
-      }
+  add_group_gradients(dq, dk, gq, gk, t);
 }
 
 template <class T>
@@ -532,8 +573,9 @@ void gdn_tree_backward_chunked(T* dq, T* dk, T* dv, T* dg, T* dbeta, double* d_i
   for (int h = 0; h < nv; h++) {
     const int kh = h / r;
     const int C = chunk;
-    std::vector<double> gam(C), A((size_t)C * C), U((size_t)C * DV), W((size_t)C * DK), vn((size_t)C * DV),
-        dvn((size_t)C * DV), dB1((size_t)C * DV), dB2((size_t)C * DK), dA((size_t)C * C), dgam(C), dS(SS), dSin(SS),
+    ChunkWY wy(C, DK, DV);
+    const std::vector<double>&gam = wy.gam, &A = wy.A, &U = wy.U, &W = wy.W, &vn = wy.vn;
+    std::vector<double> dvn((size_t)C * DV), dB1((size_t)C * DV), dB2((size_t)C * DK), dgam(C), dS(SS), dSin(SS),
         states;
     for (int n = t.num_nodes - 1; n >= 0; n--) {
       const int begin = t.node_start[n], stop = begin + t.node_len[n];
@@ -541,56 +583,17 @@ void gdn_tree_backward_chunked(T* dq, T* dk, T* dv, T* dg, T* dbeta, double* d_i
       // The state entering each chunk of the node (the chunked recurrence from its initial state).
       states.assign((size_t)(nc + 1) * SS, 0.0);
       initial_state(states.data(), ends.data(), init, roots, t, n, h);
-      // Per chunk c0: gamma, A = strictly_lower(beta_a k_a . k_b exp(gam_a - gam_b)), U, W by forward
-      // substitution, v_new = U - W S; returns L.
       auto chunk_forward = [&](int c0, const double* S) {
         const int L = std::min(C, stop - c0);
-        double acc = 0;
-        for (int a = 0; a < L; a++) gam[a] = acc += (double)g[(size_t)(c0 + a) * nv + h];
-        for (int a = 0; a < L; a++)
-          for (int b = 0; b < L; b++) {
-            double x = 0;
-            if (b < a) {
-              for (int e = 0; e < DK; e++)
-                x += (double)k[((size_t)(c0 + a) * nk + kh) * DK + e] * (double)k[((size_t)(c0 + b) * nk + kh) * DK + e];
-              x *= (double)beta[(size_t)(c0 + a) * nv + h] * std::exp(gam[a] - gam[b]);
-            }
-            A[(size_t)a * C + b] = x;
-          }
-        for (int a = 0; a < L; a++) {
-          const double ba = (double)beta[(size_t)(c0 + a) * nv + h];
-          for (int c = 0; c < DV; c++) {
-            double x = ba * (double)v[((size_t)(c0 + a) * nv + h) * DV + c];
-            for (int b = 0; b < a; b++) x -= A[(size_t)a * C + b] * U[(size_t)b * DV + c];
-            U[(size_t)a * DV + c] = x;
-          }
-          for (int e = 0; e < DK; e++) {
-            double x = ba * std::exp(gam[a]) * (double)k[((size_t)(c0 + a) * nk + kh) * DK + e];
-            for (int b = 0; b < a; b++) x -= A[(size_t)a * C + b] * W[(size_t)b * DK + e];
-            W[(size_t)a * DK + e] = x;
-          }
-        }
-        for (int a = 0; a < L; a++)
-          for (int c = 0; c < DV; c++) {
-            double x = U[(size_t)a * DV + c];
-            for (int e = 0; e < DK; e++) x -= W[(size_t)a * DK + e] * S[(size_t)e * DV + c];
-            vn[(size_t)a * DV + c] = x;
-          }
+        wy.compute(k, v, g, beta, t, h, c0, L, S);
         return L;
       };
       for (int ci = 0; ci < nc; ci++) {
         const int c0 = begin + ci * C;
         const double* S = states.data() + (size_t)ci * SS;
         double* S2 = states.data() + (size_t)(ci + 1) * SS;
-        const int L = chunk_forward(c0, S);
-        const double gl = gam[L - 1];
-        for (int e = 0; e < DK; e++)
-          for (int c = 0; c < DV; c++) {
-            double x = std::exp(gl) * S[(size_t)e * DV + c];
-            for (int b = 0; b < L; b++)
-              x += std::exp(gl - gam[b]) * (double)k[((size_t)(c0 + b) * nk + kh) * DK + e] * vn[(size_t)b * DV + c];
-            S2[(size_t)e * DV + c] = x;
-          }
+        chunk_forward(c0, S);
+        wy.end_state(S2, S, k, t, h, c0);
       }
       // Backward through the chunks, last first; dS is the gradient of the chunk's end state.
       std::copy_n(dend.data() + ((size_t)n * nv + h) * SS, SS, dS.data());
@@ -738,28 +741,10 @@ void gdn_tree_backward_chunked(T* dq, T* dk, T* dv, T* dg, T* dbeta, double* d_i
         }
         std::copy(dSin.begin(), dSin.end(), dS.begin());
       }
-      const int p = t.node_parent[n];
-      if (p >= 0) {
-        double* dp = dend.data() + ((size_t)p * nv + h) * SS;
-        for (size_t e = 0; e < SS; e++) dp[e] += dS[e];
-      } else if (d_init) {
-        double* di = d_init + ((size_t)roots[n] * nv + h) * SS;
-        for (size_t e = 0; e < SS; e++) di[e] += dS[e];
-      }
+      pass_initial_gradient(dS.data(), dend, d_init, roots, t, n, h);
     }
   }
-  for (int i = 0; i < t.N; i++)
-    for (int kh = 0; kh < nk; kh++)
-      for (int a = 0; a < DK; a++) {
-        double xq = 0, xk = 0;
-        for (int h = kh * r; h < (kh + 1) * r; h++) {
-          xq += gq[((size_t)i * nv + h) * DK + a];
-          xk += gk[((size_t)i * nv + h) * DK + a];
-        }
-        const size_t e = ((size_t)i * nk + kh) * DK + a;
-        dq[e] = (T)((double)dq[e] + xq);
-        dk[e] = (T)((double)dk[e] + xk);
-      }
+  add_group_gradients(dq, dk, gq, gk, t);
 }
 
 #define TT_GDN_INSTANTIATE(T)                                                                                     \
