@@ -321,6 +321,46 @@ __global__ void rule_prep_kernel(RuleParams p) {
   for (int r = threadIdx.x; r < L; r += blockDim.x) p.gam[(int64_t)(r0 + r) * p.nv + h] = gam[r];
 }
 
+// The chunk's queries (times q_scale) and keys into padded rows (dk + 1: the dot products read 32
+// rows at once), by the whole block.
+__device__ __forceinline__ void load_chunk_qk(float* Qs, float* Ks, const RuleParams& p, int r0, int L, int kh,
+                                              float q_scale) {
+  const int dk = p.dk, ks = dk + 1;
+  for (int e = threadIdx.x; e < L * dk; e += blockDim.x) {
+    const int64_t at = ((int64_t)(r0 + e / dk) * p.nk + kh) * dk + e % dk;
+    Qs[(e / dk) * ks + e % dk] = q_scale * ld(p.q + at);
+    Ks[(e / dk) * ks + e % dk] = ld(p.k + at);
+  }
+}
+
+// P (64, 64) = (q_a . k_b) e^(gam_a - gam_b) for b <= a, 0 above the diagonal (after load_chunk_qk
+// and gam are in shared memory and the block has synchronised).
+__device__ __forceinline__ void decayed_qk(float* P, const float* Qs, const float* Ks, const float* gam, int L,
+                                           int dk) {
+  const int ks = dk + 1;
+  for (int e = threadIdx.x; e < L * L; e += blockDim.x) {
+    const int a = e / L, b = e % L;
+    float x = 0.f;
+    if (b <= a) {
+      for (int i = 0; i < dk; ++i) x = fmaf(Qs[a * ks + i], Ks[b * ks + i], x);
+      x *= __expf(gam[a] - gam[b]);
+    }
+    P[a * kGdnChunk + b] = x;
+  }
+}
+
+// A walking block's chunk operands: its W rows and keys (coalesced) and dec_s = e^(gam_L - gam_s).
+__device__ __forceinline__ void load_walk_chunk(float* Wc, float* Kc, float* dec, const RuleParams& p, int r0, int L,
+                                                int h, int kh, float gl) {
+  const int dk = p.dk;
+  for (int e = threadIdx.x; e < L * dk; e += blockDim.x) {
+    const int r = e / dk, i = e % dk;
+    Wc[e] = p.W[((int64_t)(r0 + r) * p.nv + h) * dk + i];
+    Kc[e] = ld(p.k + ((int64_t)(r0 + r) * p.nk + kh) * dk + i);
+  }
+  for (int s = threadIdx.x; s < L; s += blockDim.x) dec[s] = __expf(gl - p.gam[(int64_t)(r0 + s) * p.nv + h]);
+}
+
 constexpr int kWalkCols = 32;                        // state columns per walking block (a lane each)
 constexpr int kWalkWarps = kThreads / kWalkCols;     // 8
 constexpr int kWalkRowsV = kGdnChunk / kWalkWarps;   // v_new rows per thread
@@ -355,12 +395,7 @@ __global__ void rule_walk_kernel(RuleParams p) {
     for (int e = threadIdx.x; e < dk * kWalkCols; e += blockDim.x)
       sin[(int64_t)(e / kWalkCols) * dv + j0 + e % kWalkCols] = S[e];
     const float gl = p.gam[(int64_t)(r0 + L - 1) * p.nv + h];
-    for (int e = threadIdx.x; e < L * dk; e += blockDim.x) {  // the chunk's operands, coalesced
-      const int r = e / dk, i = e % dk;
-      Wc[e] = p.W[((int64_t)(r0 + r) * p.nv + h) * dk + i];
-      Kc[e] = ld(p.k + ((int64_t)(r0 + r) * p.nk + kh) * dk + i);
-    }
-    for (int s = threadIdx.x; s < L; s += blockDim.x) dec[s] = __expf(gl - p.gam[(int64_t)(r0 + s) * p.nv + h]);
+    load_walk_chunk(Wc, Kc, dec, p, r0, L, h, kh, gl);
     __syncthreads();
     // Register tiles: a warp owns rows w, w + 8, ... (of v_new) or state rows (of S), a lane one
     // column, so each thread runs 8 or dk / 8 independent accumulations.
@@ -432,26 +467,14 @@ __global__ void rule_out_kernel(RuleParams p) {
   float* gam = P + kGdnChunk * kGdnChunk;  // (64)
   float* Ss = gam + kGdnChunk;             // (dk, dv) the state entering the chunk
   float* Vs = Ss + dk * dv;                // (64, dv) its v_new
-  for (int e = threadIdx.x; e < L * dk; e += blockDim.x) {
-    const int64_t at = ((int64_t)(r0 + e / dk) * p.nk + kh) * dk + e % dk;
-    Qs[(e / dk) * ks + e % dk] = ld(p.q + at);
-    Ks[(e / dk) * ks + e % dk] = ld(p.k + at);
-  }
+  load_chunk_qk(Qs, Ks, p, r0, L, kh, 1.f);
   const float* sin = p.sin + ((int64_t)c * p.nv + h) * dk * dv;
   for (int e = threadIdx.x; e < dk * dv; e += blockDim.x) Ss[e] = sin[e];
   for (int e = threadIdx.x; e < L * dv; e += blockDim.x)
     Vs[e] = p.vnew[((int64_t)(r0 + e / dv) * p.nv + h) * dv + e % dv];
   for (int r = threadIdx.x; r < L; r += blockDim.x) gam[r] = p.gam[(int64_t)(r0 + r) * p.nv + h];
   __syncthreads();
-  for (int e = threadIdx.x; e < L * L; e += blockDim.x) {
-    const int r = e / L, s = e % L;
-    float a = 0.f;
-    if (s <= r) {
-      for (int i = 0; i < dk; ++i) a = fmaf(Qs[r * ks + i], Ks[s * ks + i], a);
-      a *= __expf(gam[r] - gam[s]);
-    }
-    P[r * kGdnChunk + s] = a;
-  }
+  decayed_qk(P, Qs, Ks, gam, L, dk);
   __syncthreads();
   // Register tiles: a thread owns column j and rows g, g + G, ... (G = 256 / dv row groups).
   const int G = blockDim.x / dv, j = threadIdx.x % dv, g0 = threadIdx.x / dv, rows = kGdnChunk / G;
@@ -507,22 +530,10 @@ __global__ void rule_bwd_local_kernel(RuleBwdParams b) {
   float* Ks = Qs + kGdnChunk * ks;         // (64, dk + 1)
   float* P = Ks + kGdnChunk * ks;          // (64, 64) (q~_a . k_b) e^(gam_a - gam_b), b <= a
   float* gam = P + kGdnChunk * kGdnChunk;  // (64)
-  for (int e = threadIdx.x; e < L * dk; e += blockDim.x) {
-    const int64_t at = ((int64_t)(r0 + e / dk) * p.nk + kh) * dk + e % dk;
-    Qs[(e / dk) * ks + e % dk] = p.scale * ld(p.q + at);
-    Ks[(e / dk) * ks + e % dk] = ld(p.k + at);
-  }
+  load_chunk_qk(Qs, Ks, p, r0, L, kh, p.scale);
   for (int r = threadIdx.x; r < L; r += blockDim.x) gam[r] = p.gam[(int64_t)(r0 + r) * p.nv + h];
   __syncthreads();
-  for (int e = threadIdx.x; e < L * L; e += blockDim.x) {
-    const int a = e / L, bb = e % L;
-    float x = 0.f;
-    if (bb <= a) {
-      for (int i = 0; i < dk; ++i) x = fmaf(Qs[a * ks + i], Ks[bb * ks + i], x);
-      x *= __expf(gam[a] - gam[bb]);
-    }
-    P[a * kGdnChunk + bb] = x;
-  }
+  decayed_qk(P, Qs, Ks, gam, L, dk);
   __syncthreads();
   for (int e = threadIdx.x; e < L * dv; e += blockDim.x) {
     const int bb = e / dv, j = e % dv;
@@ -572,12 +583,7 @@ __global__ void rule_bwd_walk_kernel(RuleBwdParams b) {
     for (int e = threadIdx.x; e < dk * kWalkCols; e += blockDim.x)
       so[(int64_t)(e / kWalkCols) * dv + j0 + e % kWalkCols] = dS[e];
     const float gl = p.gam[(int64_t)(r0 + L - 1) * p.nv + h];
-    for (int e = threadIdx.x; e < L * dk; e += blockDim.x) {
-      const int r = e / dk, i = e % dk;
-      Wc[e] = p.W[((int64_t)(r0 + r) * p.nv + h) * dk + i];
-      Kc[e] = ld(p.k + ((int64_t)(r0 + r) * p.nk + kh) * dk + i);
-    }
-    for (int s = threadIdx.x; s < L; s += blockDim.x) dec[s] = __expf(gl - p.gam[(int64_t)(r0 + s) * p.nv + h]);
+    load_walk_chunk(Wc, Kc, dec, p, r0, L, h, kh, gl);
     __syncthreads();
     for (int t = 0; t < kWalkRowsV; ++t) {  // dvn_b += e^(gam_L - gam_b) (k_b^T dS)
       const int r = w + kWalkWarps * t;
@@ -633,11 +639,7 @@ __global__ void rule_bwd_grad_kernel(RuleBwdParams b) {
   const float* S = p.sin + ((int64_t)c * p.nv + h) * dk * dv;
   const float* dS = b.dsout + ((int64_t)c * p.nv + h) * dk * dv;
   auto rowi = [&](int a) { return (int64_t)(r0 + a) * p.nv + h; };
-  for (int e = threadIdx.x; e < L * dk; e += blockDim.x) {
-    const int64_t at = ((int64_t)(r0 + e / dk) * p.nk + kh) * dk + e % dk;
-    Qs[(e / dk) * ks + e % dk] = p.scale * ld(p.q + at);
-    Ks[(e / dk) * ks + e % dk] = ld(p.k + at);
-  }
+  load_chunk_qk(Qs, Ks, p, r0, L, kh, p.scale);
   for (int r = threadIdx.x; r < L; r += blockDim.x) {
     gam[r] = p.gam[rowi(r)];
     bet[r] = ld(p.beta + rowi(r));

@@ -230,29 +230,33 @@ TEST_F(GdnOps, GatesMatchTheCpu) {
   EXPECT_TRUE(close_f32_sum("gates ddt_bias", to_host(d_ddt), ddt));
 }
 
-// The chunked delta rule against the fp64 recurrent oracle: nodes of 1 to 150 rows (several
-// chunks, a chunk ending exactly at 64), one-token chains into a fan, several roots with their
-// own initial states; grouped key heads (nk 2, nv 4), head dims 128. Outputs: the bf16 rule above;
-// end states (fp32, carried through at most ~300 rows of fp32 updates with __expf decays of
-// relative error 2^-21): normwise relative L2 <= 1e-4.
-TEST_F(GdnOps, DeltaRuleForwardMatchesTheRecurrentOracle) {
-  const int nk = 2, nv = 4, dk = 128, dv = 128;
-  for (uint64_t seed : {4, 5}) {
-    Forest f;
+// A delta-rule case: a forest of nodes of 1 to 150 rows (several chunks, a chunk ending exactly
+// at 64, one-token nodes) plus a random subtree of `budget` nodes up to `max_len` rows, grouped key
+// heads (nk 2, nv 4), head dims 128; q and k L2-normalised per head, decays in [-0.62, -0.02],
+// beta in [0.05, 0.95], all rounded to bf16 (drawn from `rng` in that order); the plan uploaded.
+struct RuleCase {
+  static constexpr int nk = 2, nv = 4, dk = 128, dv = 128;
+  Forest f;
+  int N = 0, roots = 0;
+  double scale = 1.0 / std::sqrt((double)dk);
+  std::vector<double> q, k, v, g, beta;
+  cpu::GdnTree t;
+  cuda::GdnPlan plan;
+  DeviceBuffer<char> tables;
+  DeviceBuffer<bf16> d_q, d_k, d_v, d_g, d_b;
+
+  RuleCase(uint64_t seed, int budget, int max_len, bool extra_root, std::mt19937_64& rng) {
     f.add(-1, 150);
     f.add(0, 64);
     f.add(1, 1);
     f.add(0, 1);
     f.add(3, 70);
-    {
-      std::mt19937_64 grow_rng(seed);
-      int budget = 20;
-      grow(f, grow_rng, -1, 0, 70, budget);
-      f.add(-1, 2);
-    }
+    std::mt19937_64 grow_rng(seed);
+    grow(f, grow_rng, -1, 0, max_len, budget);
+    if (extra_root) f.add(-1, 2);
     f.finish();
-    const int N = f.N, roots = (int)std::count(f.parent.begin(), f.parent.end(), -1);
-    std::mt19937_64 rng(seed * 31);
+    N = f.N;
+    roots = (int)std::count(f.parent.begin(), f.parent.end(), -1);
     auto normed = [&](int heads, int d) {  // L2-normalised per head, then rounded to bf16
       std::vector<double> x = randn_bf16(rng, (size_t)N * heads * d);
       for (size_t r = 0; r < (size_t)N * heads; ++r) {
@@ -262,15 +266,14 @@ TEST_F(GdnOps, DeltaRuleForwardMatchesTheRecurrentOracle) {
       }
       return x;
     };
-    const std::vector<double> q = normed(nk, dk), k = normed(nk, dk), v = randn_bf16(rng, (size_t)N * nv * dv);
+    q = normed(nk, dk);
+    k = normed(nk, dk);
+    v = randn_bf16(rng, (size_t)N * nv * dv);
     std::uniform_real_distribution<double> u(0, 1);
-    std::vector<double> g((size_t)N * nv), beta((size_t)N * nv);
+    g.resize((size_t)N * nv);
+    beta.resize((size_t)N * nv);
     for (double& x : g) x = tt::cuda::round_to_bf16((float)(-0.02 - 0.6 * u(rng)));
     for (double& x : beta) x = tt::cuda::round_to_bf16((float)(0.05 + 0.9 * u(rng)));
-    const std::vector<double> init = randn_f32(rng, (size_t)roots * nv * dk * dv, 0.1);
-    const double scale = 1.0 / std::sqrt((double)dk);
-
-    cpu::GdnTree t;
     t.node_start = f.start.data();
     t.node_len = f.len.data();
     t.node_parent = f.parent.data();
@@ -278,26 +281,40 @@ TEST_F(GdnOps, DeltaRuleForwardMatchesTheRecurrentOracle) {
     t.N = N;
     t.nk = nk, t.nv = nv, t.dk = dk, t.dv = dv;
     t.scale = scale;
-    std::vector<double> o((size_t)N * nv * dv), end((size_t)f.nodes() * nv * dk * dv);
-    cpu::gdn_tree_forward<double>(o.data(), end.data(), q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(),
-                                  t);
-
-    cuda::GdnPlan plan;
     plan.make(f.start.data(), f.len.data(), f.parent.data(), f.nodes());
-    DeviceBuffer<char> tables(std::max<size_t>(plan.table_bytes(), 1));
+    tables = DeviceBuffer<char>(std::max<size_t>(plan.table_bytes(), 1));
     plan.upload(tables.data(), nullptr);
-    DeviceBuffer<char> ws(cuda::gdn_forward_workspace_bytes(plan, nv, dk, dv, /*end_given=*/true));
-    auto d_q = to_device_bf16(q), d_k = to_device_bf16(k), d_v = to_device_bf16(v), d_g = to_device_bf16(g),
-         d_b = to_device_bf16(beta);
+    d_q = to_device_bf16(q), d_k = to_device_bf16(k), d_v = to_device_bf16(v), d_g = to_device_bf16(g),
+    d_b = to_device_bf16(beta);
+  }
+  size_t state_elems() const { return (size_t)nv * dk * dv; }
+};
+
+// The chunked delta rule against the fp64 recurrent oracle on RuleCase's trees (with a second
+// root), with the roots' own initial states. Outputs: the bf16 rule above; end states (fp32,
+// carried through at most ~300 rows of fp32 updates with __expf decays of relative error 2^-21):
+// normwise relative L2 <= 1e-4.
+TEST_F(GdnOps, DeltaRuleForwardMatchesTheRecurrentOracle) {
+  const int nk = RuleCase::nk, nv = RuleCase::nv, dk = RuleCase::dk, dv = RuleCase::dv;
+  for (uint64_t seed : {4, 5}) {
+    std::mt19937_64 rng(seed * 31);
+    RuleCase rc(seed, 20, 70, /*extra_root=*/true, rng);
+    const int N = rc.N;
+    const std::vector<double> init = randn_f32(rng, (size_t)rc.roots * rc.state_elems(), 0.1);
+    std::vector<double> o((size_t)N * nv * dv), end((size_t)rc.f.nodes() * rc.state_elems());
+    cpu::gdn_tree_forward<double>(o.data(), end.data(), rc.q.data(), rc.k.data(), rc.v.data(), rc.g.data(),
+                                  rc.beta.data(), init.data(), rc.t);
+    DeviceBuffer<char> ws(cuda::gdn_forward_workspace_bytes(rc.plan, nv, dk, dv, /*end_given=*/true));
     auto d_init = to_device_f32(init);
     DeviceBuffer<bf16> d_o((size_t)N * nv * dv);
     DeviceBuffer<float> d_end(end.size());
-    cuda::gdn_forward(d_o.data(), d_end.data(), d_q.data(), d_k.data(), d_v.data(), d_g.data(), d_b.data(),
-                      d_init.data(), plan, nk, nv, dk, dv, scale, cuda::Workspace{ws.data(), ws.size()}, nullptr);
+    cuda::gdn_forward(d_o.data(), d_end.data(), rc.d_q.data(), rc.d_k.data(), rc.d_v.data(), rc.d_g.data(),
+                      rc.d_b.data(), d_init.data(), rc.plan, nk, nv, dk, dv, rc.scale,
+                      cuda::Workspace{ws.data(), ws.size()}, nullptr);
     sync_and_check();
-    EXPECT_EQ(plan.num_chunks(), [&] {
+    EXPECT_EQ(rc.plan.num_chunks(), [&] {
       int c = 0;
-      for (int32_t l : f.len) c += (l + 63) / 64;
+      for (int32_t l : rc.f.len) c += (l + 63) / 64;
       return c;
     }());
     EXPECT_TRUE(close_bf16("delta rule o, seed " + std::to_string(seed), to_host(d_o), o));
@@ -305,82 +322,44 @@ TEST_F(GdnOps, DeltaRuleForwardMatchesTheRecurrentOracle) {
     EXPECT_LE(e, 1e-4) << "end states, seed " << seed;
     // Without init and end: roots start from zero, the ends stay in the workspace.
     std::vector<double> o0((size_t)N * nv * dv);
-    cpu::gdn_tree_forward<double>(o0.data(), nullptr, q.data(), k.data(), v.data(), g.data(), beta.data(), nullptr, t);
-    DeviceBuffer<char> ws0(cuda::gdn_forward_workspace_bytes(plan, nv, dk, dv, /*end_given=*/false));
-    cuda::gdn_forward(d_o.data(), nullptr, d_q.data(), d_k.data(), d_v.data(), d_g.data(), d_b.data(), nullptr, plan,
-                      nk, nv, dk, dv, scale, cuda::Workspace{ws0.data(), ws0.size()}, nullptr);
+    cpu::gdn_tree_forward<double>(o0.data(), nullptr, rc.q.data(), rc.k.data(), rc.v.data(), rc.g.data(),
+                                  rc.beta.data(), nullptr, rc.t);
+    DeviceBuffer<char> ws0(cuda::gdn_forward_workspace_bytes(rc.plan, nv, dk, dv, /*end_given=*/false));
+    cuda::gdn_forward(d_o.data(), nullptr, rc.d_q.data(), rc.d_k.data(), rc.d_v.data(), rc.d_g.data(), rc.d_b.data(),
+                      nullptr, rc.plan, nk, nv, dk, dv, rc.scale, cuda::Workspace{ws0.data(), ws0.size()}, nullptr);
     sync_and_check();
     EXPECT_TRUE(close_bf16("delta rule o from zero states, seed " + std::to_string(seed), to_host(d_o), o0));
   }
 }
 
-// The delta rule's backward against the fp64 recurrent backward on the forward test's trees, with
+// The delta rule's backward against the fp64 recurrent backward on RuleCase's trees, with
 // initial states and end-state gradients. Bounds, normwise relative L2: bf16 outputs 2^-7 (the
 // output's rounding, 2^-9, plus the fp32 error of chunk sums of 64 to 128 terms carried through
 // the state over ~300 rows and the two triangular solves, whose unit-diagonal factors stay O(1)
 // for beta < 1 and unit keys: 4x headroom); d_init (fp32) 1e-3.
 TEST_F(GdnOps, DeltaRuleBackwardMatchesTheRecurrentOracle) {
-  const int nk = 2, nv = 4, dk = 128, dv = 128;
+  const int nk = RuleCase::nk, nv = RuleCase::nv, dk = RuleCase::dk, dv = RuleCase::dv;
   for (uint64_t seed : {6, 7}) {
-    Forest f;
-    f.add(-1, 150);
-    f.add(0, 64);
-    f.add(1, 1);
-    f.add(0, 1);
-    f.add(3, 70);
-    {
-      std::mt19937_64 grow_rng(seed);
-      int budget = 12;
-      grow(f, grow_rng, -1, 0, 40, budget);
-    }
-    f.finish();
-    const int N = f.N, roots = (int)std::count(f.parent.begin(), f.parent.end(), -1);
     std::mt19937_64 rng(seed * 37);
-    auto normed = [&](int heads, int d) {
-      std::vector<double> x = randn_bf16(rng, (size_t)N * heads * d);
-      for (size_t r = 0; r < (size_t)N * heads; ++r) {
-        double ss = 0;
-        for (int i = 0; i < d; ++i) ss += x[r * d + i] * x[r * d + i];
-        for (int i = 0; i < d; ++i) x[r * d + i] = tt::cuda::round_to_bf16((float)(x[r * d + i] / std::sqrt(ss)));
-      }
-      return x;
-    };
-    const std::vector<double> q = normed(nk, dk), k = normed(nk, dk), v = randn_bf16(rng, (size_t)N * nv * dv),
-                              dO = randn_bf16(rng, (size_t)N * nv * dv);
-    std::uniform_real_distribution<double> u(0, 1);
-    std::vector<double> g((size_t)N * nv), beta((size_t)N * nv);
-    for (double& x : g) x = tt::cuda::round_to_bf16((float)(-0.02 - 0.6 * u(rng)));
-    for (double& x : beta) x = tt::cuda::round_to_bf16((float)(0.05 + 0.9 * u(rng)));
-    const size_t SS = (size_t)dk * dv;
-    const std::vector<double> init = randn_f32(rng, (size_t)roots * nv * SS, 0.1),
-                              dE = randn_f32(rng, (size_t)f.nodes() * nv * SS, 0.05);
-    const double scale = 1.0 / std::sqrt((double)dk);
-    cpu::GdnTree t;
-    t.node_start = f.start.data();
-    t.node_len = f.len.data();
-    t.node_parent = f.parent.data();
-    t.num_nodes = f.nodes();
-    t.N = N;
-    t.nk = nk, t.nv = nv, t.dk = dk, t.dv = dv;
-    t.scale = scale;
-    std::vector<double> dq(q.size(), 0.0), dk_(k.size(), 0.0), dv_(v.size(), 0.0), dg(g.size(), 0.0),
-        db(beta.size(), 0.0), di(init.size(), 0.0);
+    RuleCase rc(seed, 12, 40, /*extra_root=*/false, rng);
+    const int N = rc.N;
+    const std::vector<double> dO = randn_bf16(rng, (size_t)N * nv * dv),
+                              init = randn_f32(rng, (size_t)rc.roots * rc.state_elems(), 0.1),
+                              dE = randn_f32(rng, (size_t)rc.f.nodes() * rc.state_elems(), 0.05);
+    std::vector<double> dq(rc.q.size(), 0.0), dk_(rc.k.size(), 0.0), dv_(rc.v.size(), 0.0), dg(rc.g.size(), 0.0),
+        db(rc.beta.size(), 0.0), di(init.size(), 0.0);
     cpu::gdn_tree_backward<double>(dq.data(), dk_.data(), dv_.data(), dg.data(), db.data(), di.data(), dO.data(),
-                                   dE.data(), q.data(), k.data(), v.data(), g.data(), beta.data(), init.data(), t);
-
-    cuda::GdnPlan plan;
-    plan.make(f.start.data(), f.len.data(), f.parent.data(), f.nodes());
-    DeviceBuffer<char> tables(std::max<size_t>(plan.table_bytes(), 1));
-    plan.upload(tables.data(), nullptr);
-    DeviceBuffer<char> ws(cuda::gdn_backward_workspace_bytes(plan, nv, dk, dv));
-    auto d_q = to_device_bf16(q), d_k = to_device_bf16(k), d_v = to_device_bf16(v), d_g = to_device_bf16(g),
-         d_b = to_device_bf16(beta), d_dO = to_device_bf16(dO);
+                                   dE.data(), rc.q.data(), rc.k.data(), rc.v.data(), rc.g.data(), rc.beta.data(),
+                                   init.data(), rc.t);
+    DeviceBuffer<char> ws(cuda::gdn_backward_workspace_bytes(rc.plan, nv, dk, dv));
+    auto d_dO = to_device_bf16(dO);
     auto d_init = to_device_f32(init), d_dE = to_device_f32(dE), d_di = to_device_f32(std::vector<double>(init.size()));
-    DeviceBuffer<bf16> g_q(q.size()), g_k(k.size()), g_v(v.size()), g_g(g.size()), g_b(beta.size());
+    DeviceBuffer<bf16> g_q(rc.q.size()), g_k(rc.k.size()), g_v(rc.v.size()), g_g(rc.g.size()), g_b(rc.beta.size());
     for (auto* buf : {&g_q, &g_k, &g_v, &g_g, &g_b}) poison(*buf);
     cuda::gdn_backward(g_q.data(), g_k.data(), g_v.data(), g_g.data(), g_b.data(), d_di.data(), d_dO.data(),
-                       d_dE.data(), d_q.data(), d_k.data(), d_v.data(), d_g.data(), d_b.data(), d_init.data(), plan,
-                       nk, nv, dk, dv, scale, cuda::Workspace{ws.data(), ws.size()}, nullptr, /*accumulate=*/false);
+                       d_dE.data(), rc.d_q.data(), rc.d_k.data(), rc.d_v.data(), rc.d_g.data(), rc.d_b.data(),
+                       d_init.data(), rc.plan, nk, nv, dk, dv, rc.scale, cuda::Workspace{ws.data(), ws.size()},
+                       nullptr, /*accumulate=*/false);
     sync_and_check();
     const std::string at = ", seed " + std::to_string(seed);
     EXPECT_LE(rel_l2(to_host(g_q), dq), 2 * kBf16U) << "dq" << at;
