@@ -236,9 +236,7 @@ GdnKind::Recurrent<E> GdnKind::recurrent_begin(const BlockCall<E>& c, const type
   r.links = prev;
   r.rows_n = N;
   if (!carried) return r;
-  const LayerCarry<E>& cr = *c.carry;
-  TT_CHECK((int)cr.state_slot.size() == R, "model: layer ", layer_, ": a carry of ", cr.state_slot.size(),
-           " state slots for a batch of ", R, " roots");
+  const LayerCarry<E>& cr = *c.carry;  // check_carry: one slot per root
   const int64_t Na = N + (int64_t)R * Kc;
   r.x.assign((size_t)Na * CD_, typename E::Act(0));
   std::copy(qkv, qkv + (size_t)N * CD_, r.x.begin());
@@ -308,6 +306,13 @@ void GdnKind::recurrent_store(const BlockCall<E>& c, const Recurrent<E>& r) cons
   }
 }
 
+// Whether the batch reads a recurrent state from its carry (some root's slot >= 0): only then do
+// context rows and initial states enter; a carry whose roots all start from zeros is no carry.
+template <class E>
+static bool reads_state(const BlockCall<E>& c) {
+  return c.carry && std::any_of(c.carry->state_slot.begin(), c.carry->state_slot.end(), [](int32_t s) { return s >= 0; });
+}
+
 // What a carry may hold for this layer: no K/V prefixes, and the roots' slots when it reads state.
 template <class E>
 void GdnKind::check_carry(const BlockCall<E>& c) const {
@@ -317,6 +322,12 @@ void GdnKind::check_carry(const BlockCall<E>& c) const {
   if (c.carry && c.carry->state_slot.empty())
     throw Error(str("model: layer ", layer_, " is linear_attention: a carry must give each root's recurrent state "
                     "slot (KVCache::read_state; slot -1 for a root that starts from zeros)"));
+  if (c.carry) {
+    const auto& l = c.batch->layout;
+    const int roots = (int)std::count_if(l.node_parent, l.node_parent + l.num_nodes, [](int32_t p) { return p < 0; });
+    TT_CHECK((int)c.carry->state_slot.size() == roots, "model: layer ", layer_, ": a carry of ",
+             c.carry->state_slot.size(), " state slots for a batch of ", roots, " roots");
+  }
   if (c.carry && c.mode == Mode::kTrain)  // a state read in training sends its gradient back
     for (int32_t slot : c.carry->state_slot)
       if (slot >= 0 && !(c.carry->d_state && c.carry->d_conv))
@@ -353,18 +364,13 @@ void GdnKind::forward(E& e, const BlockCall<E>& c) const {
     e.linear(s.a, s.n, w + w_a_, N, C, nv_);
   }
   e.path_prev(s.prev, c.batch->layout, N);
-  const bool carried = c.carry != nullptr;
+  const bool carried = reads_state(c);
   const bool stores = c.store_slot && !c.store_slot->empty() && c.store_state;
-  const bool offers = carried && !c.carry->offer_node.empty();
+  const bool offers = c.carry && !c.carry->offer_node.empty();
   Recurrent<E> rec;
   if (carried || stores || offers) rec = recurrent_begin(c, s.qkv, s.prev, carried, stores || offers);
-  if (carried) {  // the conv over the context rows too; the batch's rows come first
-    std::vector<typename E::Act> u((size_t)rec.rows_n * CD_);
-    e.conv1d_silu_forward(u.data(), rec.rows, w + conv_, rec.links, (int)rec.rows_n, CD_, K_);
-    std::copy(u.begin(), u.begin() + (size_t)N * CD_, s.u);
-  } else {
-    e.conv1d_silu_forward(s.u, s.qkv, w + conv_, s.prev, N, CD_, K_);
-  }
+  // The batch's rows only; their windows reach the context rows (after them) through the links.
+  e.conv1d_silu_forward(s.u, carried ? rec.rows : s.qkv, w + conv_, carried ? rec.links : s.prev, N, CD_, K_);
   e.copy_cols(s.q, s.u, N, CD_, 0, KD_);
   e.copy_cols(s.k, s.u, N, CD_, KD_, KD_);
   e.copy_cols(s.v, s.u, N, CD_, 2 * KD_, VD_);
@@ -398,8 +404,8 @@ void GdnKind::backward(E& e, const BlockCall<E>& c) const {
   const int Kc = K_ - 1;
   // A carry: the roots' context (their init states, the context rows the conv reads) and, for a
   // partition piece, the gradients its readers left at the offered nodes' end states and tails.
-  const bool carried = c.carry != nullptr;
-  const bool offers = carried && !c.carry->offer_node.empty();
+  const bool carried = reads_state(c);
+  const bool offers = c.carry && !c.carry->offer_node.empty();
   Recurrent<E> rec;
   if (carried) rec = recurrent_begin(c, s.qkv, s.prev, /*carried=*/true, /*outputs=*/false);
   const int R = (int)rec.root_node.size();
@@ -435,29 +441,37 @@ void GdnKind::backward(E& e, const BlockCall<E>& c) const {
   e.add_cols(t.du, t.dk, N, CD_, KD_, KD_);
   e.add_cols(t.du, t.dv, N, CD_, 2 * KD_, VD_);
   zero(t.dqkv, n * CD_);
-  if (!carried) {
-    e.conv1d_silu_backward(t.dqkv, g + conv_, t.du, s.qkv, w + conv_, s.prev, N, CD_, K_);
-  } else {
-    // Over the extended rows: the context rows' outputs have no gradient, their inputs receive the
-    // gradient of the batch's first K - 1 rows' windows (and of offered tails reaching back).
+  // With context rows the conv runs over the extended rows: the context rows' outputs have no
+  // gradient, their inputs receive the gradient of the batch's first K - 1 rows' windows (and of
+  // offered tails reaching back).
+  Act* dx = t.dqkv;
+  std::vector<Act> du_ext, dx_ext;
+  if (carried) {
     const size_t Na = (size_t)rec.rows_n;
-    std::vector<Act> du(Na * CD_, Act(0)), dx(Na * CD_, Act(0));
-    std::copy(t.du, t.du + (size_t)N * CD_, du.begin());
-    e.conv1d_silu_backward(dx.data(), g + conv_, du.data(), rec.rows, w + conv_, rec.links, (int)Na, CD_, K_);
-    if (offers)
-      for (size_t o = 0; o < c.carry->offer_node.size(); ++o)
-        walk_tail<E>(c.batch->layout, rec.links, c.carry->offer_node[o], Kc, [&](int m, int32_t row) {
-          if (row < 0) return;
-          const Acc* src = c.carry->offer_d_conv + (int64_t)o * CE + (int64_t)m * CD_;
-          for (int j = 0; j < CD_; ++j) dx[(size_t)row * CD_ + j] += (Act)src[j];
-        });
-    std::copy(dx.begin(), dx.begin() + (size_t)N * CD_, t.dqkv);
+    du_ext.assign(Na * CD_, Act(0));
+    dx_ext.assign(Na * CD_, Act(0));
+    std::copy(t.du, t.du + (size_t)N * CD_, du_ext.begin());
+    e.conv1d_silu_backward(dx_ext.data(), g + conv_, du_ext.data(), rec.rows, w + conv_, rec.links, (int)Na, CD_, K_);
+    dx = dx_ext.data();
+  } else {
+    e.conv1d_silu_backward(t.dqkv, g + conv_, t.du, s.qkv, w + conv_, s.prev, N, CD_, K_);
+  }
+  if (offers)
+    for (size_t o = 0; o < c.carry->offer_node.size(); ++o)
+      walk_tail<E>(c.batch->layout, carried ? rec.links : s.prev, c.carry->offer_node[o], Kc, [&](int m, int32_t row) {
+        if (row < 0) return;
+        const Acc* src = c.carry->offer_d_conv + (int64_t)o * CE + (int64_t)m * CD_;
+        for (int j = 0; j < CD_; ++j) dx[(size_t)row * CD_ + j] += (Act)src[j];
+      });
+  if (carried) {
+    std::copy(dx_ext.begin(), dx_ext.begin() + (size_t)N * CD_, t.dqkv);
     const LayerCarry<E>& cr = *c.carry;
     for (int q = 0; q < R; ++q) {
       const int slot = cr.state_slot[q];
       if (slot < 0) continue;  // check_carry: slots >= 0 have accumulators
       for (int64_t i = 0; i < SE; ++i) cr.d_state[slot * SE + i] += (Acc)d_init[(size_t)q * SE + i];
-      for (int64_t i = 0; i < CE; ++i) cr.d_conv[slot * CE + i] += (Acc)dx[((size_t)N + (size_t)q * Kc) * CD_ + i];
+      for (int64_t i = 0; i < CE; ++i)
+        cr.d_conv[slot * CE + i] += (Acc)dx_ext[((size_t)N + (size_t)q * Kc) * CD_ + i];
     }
   }
   if (fused_) {  // the gradients back into the grouped layout (reusing the fused outputs' buffers,
