@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "ops/cuda/attention_device.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernel_util.cuh"
 
@@ -262,6 +263,14 @@ __global__ void gates_partial_kernel(float* partial, const bf16* dg, const bf16*
 }
 
 // ---- The gated delta rule, chunked ----
+//
+// Shared-memory tiles of a chunk: bf16 rows of q, k or v at a stride of kRowStride elements (272
+// bytes: eight consecutive rows read at one column land in distinct banks), fp32 64 x 64 matrices
+// at a stride of kPairStride (16-byte aligned rows). Loads are cp.async copies issued at once
+// (rows past the chunk's end zero-filled), so a block waits for its loads once, not once per row.
+
+constexpr int kRowStride = 136;
+constexpr int kPairStride = kGdnChunk + 4;
 
 struct RuleParams {
   GdnPlan::Device plan;
@@ -274,44 +283,124 @@ struct RuleParams {
   int num_chunks;
 };
 
+// 4 bytes global -> shared (zero-filled when src_bytes is 0).
+__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(attn::smem_addr(smem)), "l"(gmem),
+               "r"(src_bytes));
+}
+
+// dst (R rows, default 64, of `cols` elements of T at a stride of `stride`) <- rows r0 .. r0 + L of src, row r
+// at src + (r0 + r) * row_pitch; rows >= L zero-filled. cols * sizeof(T) a multiple of 16.
+template <class T>
+__device__ __forceinline__ void load_chunk_rows(T* dst, int stride, const T* src, int64_t row_pitch, int r0, int L,
+                                                int cols, int R = kGdnChunk) {
+  constexpr int kPer = 16 / sizeof(T);
+  const int pieces = cols / kPer;
+  for (int e = threadIdx.x; e < R * pieces; e += blockDim.x) {
+    const int r = e / pieces, c = (e % pieces) * kPer;
+    const bool in = r < L;
+    attn::cp_async_16(dst + r * stride + c, src + (int64_t)(r0 + (in ? r : 0)) * row_pitch + c, in ? 16 : 0);
+  }
+}
+
+// The chunk's per-row value-head scalars (gam or beta, (rows, nv) fp32 or bf16) -> dst[64], zeros past L.
+__device__ __forceinline__ void load_chunk_gam(float* dst, const float* gam, int nv, int h, int r0, int L) {
+  for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x)
+    cp_async_4(dst + r, gam + (int64_t)(r0 + (r < L ? r : 0)) * nv + h, r < L ? 4 : 0);
+}
+
+// x[0..64) <- inclusive prefix sums, by warp 0 (two values a lane).
+__device__ __forceinline__ void chunk_cumsum(float* x) {
+  if (threadIdx.x >= detail::kWarp) return;
+  const int lane = threadIdx.x;
+  float a = x[lane], b = x[lane + 32];
+#pragma unroll
+  for (int o = 1; o < 32; o *= 2) {
+    const float ua = __shfl_up_sync(0xffffffffu, a, o), ub = __shfl_up_sync(0xffffffffu, b, o);
+    if (lane >= o) a += ua, b += ub;
+  }
+  b += __shfl_sync(0xffffffffu, a, 31);
+  x[lane] = a;
+  x[lane + 32] = b;
+}
+
+// acc[u][v] = X_(ta + 16u) . Y_(tb + 16v) over d columns (u, v < 4) for bf16 rows at kRowStride:
+// with ta = threadIdx.x / 16 and tb = threadIdx.x % 16, the block's 256 threads cover all 64 x 64
+// pairs. d a multiple of 8.
+__device__ __forceinline__ void chunk_dots(float (&acc)[4][4], const bf16* X, const bf16* Y, int d) {
+  const int ta = threadIdx.x / 16, tb = threadIdx.x % 16;
+#pragma unroll
+  for (int u = 0; u < 4; ++u)
+#pragma unroll
+    for (int v = 0; v < 4; ++v) acc[u][v] = 0.f;
+  for (int i = 0; i < d; i += 8) {
+    float x[4][8], y[4][8];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) detail::load_bf16<8>(x[u], X + (ta + 16 * u) * kRowStride + i);
+#pragma unroll
+    for (int v = 0; v < 4; ++v) detail::load_bf16<8>(y[v], Y + (tb + 16 * v) * kRowStride + i);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < 4; ++v)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[u][v] = fmaf(x[u][e], y[v][e], acc[u][v]);
+  }
+}
+
+__device__ __forceinline__ float bf(const bf16& x) { return __bfloat162float(x); }
+
 // Per (chunk, value head): gamma (the in-chunk cumulative log decay), A = strictly_lower(beta_r
 // k_r . k_s exp(gamma_r - gamma_s)), then U = (I + A)^-1 (beta v) and W = (I + A)^-1 (beta
-// exp(gamma) k) by forward substitution, each thread owning columns of [U | W].
-__global__ void rule_prep_kernel(RuleParams p) {
-  extern __shared__ float sm[];
+// exp(gamma) k) by forward substitution, each thread owning a column of [U | W].
+__global__ void __launch_bounds__(kThreads) rule_prep_kernel(RuleParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
   const int c = blockIdx.x, h = blockIdx.y, kh = h / (p.nv / p.nk);
   const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], dk = p.dk, dv = p.dv, X = dv + dk;
-  const int ks = dk + 1;                   // padded rows: A's dot products read 32 rows at once
-  float* Ks = sm;                          // (64, dk + 1)
-  float* A = Ks + kGdnChunk * ks;          // (64, 64)
-  float* gam = A + kGdnChunk * kGdnChunk;  // (64)
-  float* bet = gam + kGdnChunk;            // (64)
-  float* Xs = bet + kGdnChunk;             // (64, dv + dk): U | W
-  for (int e = threadIdx.x; e < L * dk; e += blockDim.x)
-    Ks[(e / dk) * ks + e % dk] = ld(p.k + ((int64_t)(r0 + e / dk) * p.nk + kh) * dk + e % dk);
-  for (int r = threadIdx.x; r < L; r += blockDim.x) {
-    bet[r] = ld(p.beta + (int64_t)(r0 + r) * p.nv + h);
-    gam[r] = ld(p.g + (int64_t)(r0 + r) * p.nv + h);
+  bf16* Kb = reinterpret_cast<bf16*>(smem);                // (64, kRowStride)
+  bf16* Vb = Kb + kGdnChunk * kRowStride;                  // (64, kRowStride)
+  float* A = reinterpret_cast<float*>(Vb + kGdnChunk * kRowStride);  // (64, kPairStride)
+  float* gam = A + kGdnChunk * kPairStride;                // (64)
+  float* bet = gam + kGdnChunk;                            // (64)
+  float* Xs = bet + kGdnChunk;                             // (64, X): U | W
+  load_chunk_rows(Kb, kRowStride, p.k + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
+  load_chunk_rows(Vb, kRowStride, p.v + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  attn::cp_async_commit();
+  for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x) {
+    const bool in = r < L;
+    bet[r] = in ? ld(p.beta + (int64_t)(r0 + r) * p.nv + h) : 0.f;
+    gam[r] = in ? ld(p.g + (int64_t)(r0 + r) * p.nv + h) : 0.f;
+  }
+  for (int e = threadIdx.x; e < kGdnChunk * X; e += blockDim.x) Xs[e] = 0.f;
+  __syncthreads();
+  chunk_cumsum(gam);
+  attn::cp_async_wait<0>();
+  __syncthreads();
+  {
+    float acc[4][4];
+    chunk_dots(acc, Kb, Kb, dk);
+    const int ta = threadIdx.x / 16, tb = threadIdx.x % 16;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const int r = ta + 16 * u, s = tb + 16 * v;
+        A[r * kPairStride + s] = s < r && r < L ? bet[r] * __expf(gam[r] - gam[s]) * acc[u][v] : 0.f;
+      }
   }
   __syncthreads();
-  if (threadIdx.x == 0)
-    for (int r = 1; r < L; ++r) gam[r] += gam[r - 1];
-  __syncthreads();
-  for (int e = threadIdx.x; e < L * L; e += blockDim.x) {
-    const int r = e / L, s = e % L;
-    float a = 0.f;
-    if (s < r) {
-      for (int i = 0; i < dk; ++i) a = fmaf(Ks[r * ks + i], Ks[s * ks + i], a);
-      a *= bet[r] * __expf(gam[r] - gam[s]);
-    }
-    A[r * kGdnChunk + s] = a;
-  }
-  __syncthreads();
-  for (int col = threadIdx.x; col < X; col += blockDim.x) {
+  const int col = threadIdx.x;
+  if (col < X) {
     for (int r = 0; r < L; ++r) {
-      float x = bet[r] * (col < dv ? ld(p.v + ((int64_t)(r0 + r) * p.nv + h) * dv + col)
-                                   : __expf(gam[r]) * Ks[r * ks + col - dv]);
-      for (int s = 0; s < r; ++s) x = fmaf(-A[r * kGdnChunk + s], Xs[s * X + col], x);
+      float x = bet[r] * (col < dv ? bf(Vb[r * kRowStride + col]) : __expf(gam[r]) * bf(Kb[r * kRowStride + col - dv]));
+      // A[r][s] is 0 for s >= r and Xs's rows >= r are still 0: whole float4s of A.
+      for (int s = 0; s < r; s += 4) {
+        const float4 a = *reinterpret_cast<const float4*>(A + r * kPairStride + s);
+        x = fmaf(-a.x, Xs[s * X + col], x);
+        x = fmaf(-a.y, Xs[(s + 1) * X + col], x);
+        x = fmaf(-a.z, Xs[(s + 2) * X + col], x);
+        x = fmaf(-a.w, Xs[(s + 3) * X + col], x);
+      }
       Xs[r * X + col] = x;
       const int64_t row = (int64_t)(r0 + r) * p.nv + h;
       if (col < dv) p.U[row * dv + col] = x;
@@ -320,6 +409,232 @@ __global__ void rule_prep_kernel(RuleParams p) {
   }
   for (int r = threadIdx.x; r < L; r += blockDim.x) p.gam[(int64_t)(r0 + r) * p.nv + h] = gam[r];
 }
+
+size_t prep_smem_bytes(int dk, int dv) {
+  return 2 * sizeof(bf16) * kGdnChunk * kRowStride +
+         sizeof(float) * ((size_t)kGdnChunk * kPairStride + 2 * kGdnChunk + (size_t)kGdnChunk * (dv + dk));
+}
+
+constexpr int kWalkCols = 32;                     // state columns per walking block (a lane each)
+constexpr int kWalkWarps = kThreads / kWalkCols;  // 8
+constexpr int kWalkRowsV = kGdnChunk / kWalkWarps;  // v_new rows per thread: 8
+constexpr int kWalkRowsS = 128 / kWalkWarps;        // state rows per thread: 16 (dk <= 128)
+
+// One stage of a walking block's chunk operands: W rows (64, dk) fp32, keys (64, 128) bf16, the
+// block's U columns (64, 32) fp32, gam (64).
+struct WalkStage {
+  float* W;
+  bf16* K;
+  float* U;
+  float* gam;
+  __device__ WalkStage(float* base, int dk) {
+    W = base;
+    K = reinterpret_cast<bf16*>(W + kGdnChunk * dk);
+    U = reinterpret_cast<float*>(K + kGdnChunk * 128);
+    gam = U + kGdnChunk * kWalkCols;
+  }
+  __host__ __device__ static constexpr size_t floats(int dk) {
+    return (size_t)kGdnChunk * dk + kGdnChunk * 128 / 2 + kGdnChunk * kWalkCols + kGdnChunk;
+  }
+};
+
+__device__ __forceinline__ void walk_prefetch(const WalkStage& st, const RuleParams& p, int c, int h, int kh, int j0) {
+  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
+  load_chunk_rows(st.W, p.dk, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.K, 128, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.U, kWalkCols, p.U + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L, kWalkCols);
+  load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
+}
+
+// S (dk, 32) <-> global rows of dv floats at columns j0 .. j0 + 32 (float4s).
+__device__ __forceinline__ void state_to_global(float* dst, const float* S, int dk, int dv, int j0) {
+  for (int e = threadIdx.x; e < dk * kWalkCols / 4; e += blockDim.x) {
+    const int i = e / (kWalkCols / 4), j = (e % (kWalkCols / 4)) * 4;
+    *reinterpret_cast<float4*>(dst + (int64_t)i * dv + j0 + j) = *reinterpret_cast<const float4*>(S + i * kWalkCols + j);
+  }
+}
+__device__ __forceinline__ void state_from_global(float* S, const float* src, int dk, int dv, int j0) {
+  for (int e = threadIdx.x; e < dk * kWalkCols / 4; e += blockDim.x) {
+    const int i = e / (kWalkCols / 4), j = (e % (kWalkCols / 4)) * 4;
+    *reinterpret_cast<float4*>(S + i * kWalkCols + j) =
+        src ? *reinterpret_cast<const float4*>(src + (int64_t)i * dv + j0 + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
+// Per (value head, 32 state columns): the chunks in packed order, the next chunk's operands in
+// flight (cp.async, two stages) while this one computes. A node's first chunk starts from its
+// parent's end state (node_end, written earlier by this block: parents come first), or its root's
+// init; each chunk stores the state it starts from (sin) and v_new = U - W S, then
+// S <- exp(gamma_L) S + sum_s exp(gamma_L - gamma_s) k_s v_new_s^T; a node's last chunk stores
+// its end state.
+__global__ void __launch_bounds__(kThreads) rule_walk_kernel(RuleParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv;
+  float* S = reinterpret_cast<float*>(smem);  // (dk, 32)
+  float* Vn = S + 128 * kWalkCols;            // (64, 32)
+  float* dec = Vn + kGdnChunk * kWalkCols;    // (64) exp(gamma_L - gamma_s)
+  float* stages = dec + kGdnChunk;            // two WalkStages
+  const size_t stage_floats = WalkStage::floats(dk);
+  const int64_t SS = (int64_t)dk * dv;
+  const int w = threadIdx.x / kWalkCols, jj = threadIdx.x % kWalkCols;
+  if (p.num_chunks > 0) walk_prefetch(WalkStage(stages, dk), p, 0, h, kh, j0);
+  attn::cp_async_commit();
+  for (int c = 0; c < p.num_chunks; ++c) {
+    if (c + 1 < p.num_chunks) walk_prefetch(WalkStage(stages + ((c + 1) & 1) * stage_floats, dk), p, c + 1, h, kh, j0);
+    attn::cp_async_commit();
+    attn::cp_async_wait<1>();
+    const WalkStage st(stages + (c & 1) * stage_floats, dk);
+    const int n = p.plan.chunk_node[c], flags = p.plan.chunk_flags[c];
+    const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
+    if (flags & 1) {
+      const int parent = p.plan.node_parent[n], root = p.plan.node_root[n];
+      const float* src = parent >= 0 ? p.node_end + ((int64_t)parent * p.nv + h) * SS
+                                     : (p.init && root >= 0 ? p.init + ((int64_t)root * p.nv + h) * SS : nullptr);
+      state_from_global(S, src, dk, dv, j0);
+    }
+    __syncthreads();
+    state_to_global(p.sin + ((int64_t)c * p.nv + h) * SS, S, dk, dv, j0);
+    const float gl = st.gam[L - 1];
+    if (threadIdx.x < kGdnChunk) dec[threadIdx.x] = threadIdx.x < L ? __expf(gl - st.gam[threadIdx.x]) : 0.f;
+    {  // v_new rows w * 8 + t = U - W S
+      float acc[kWalkRowsV];
+#pragma unroll
+      for (int t = 0; t < kWalkRowsV; ++t) acc[t] = st.U[(w * kWalkRowsV + t) * kWalkCols + jj];
+      for (int i = 0; i < dk; i += 4) {
+        const float s0 = S[i * kWalkCols + jj], s1 = S[(i + 1) * kWalkCols + jj], s2 = S[(i + 2) * kWalkCols + jj],
+                    s3 = S[(i + 3) * kWalkCols + jj];
+#pragma unroll
+        for (int t = 0; t < kWalkRowsV; ++t) {
+          const float4 wv = *reinterpret_cast<const float4*>(st.W + (w * kWalkRowsV + t) * dk + i);
+          acc[t] = fmaf(-wv.x, s0, acc[t]);
+          acc[t] = fmaf(-wv.y, s1, acc[t]);
+          acc[t] = fmaf(-wv.z, s2, acc[t]);
+          acc[t] = fmaf(-wv.w, s3, acc[t]);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kWalkRowsV; ++t) {
+        const int r = w * kWalkRowsV + t;
+        Vn[r * kWalkCols + jj] = acc[t];  // 0 past L (W and U rows are zero-filled)
+        if (r < L) p.vnew[((int64_t)(r0 + r) * p.nv + h) * dv + j0 + jj] = acc[t];
+      }
+    }
+    __syncthreads();
+    {  // state rows w * 16 + t
+      float acc[kWalkRowsS];
+      const float el = __expf(gl);
+#pragma unroll
+      for (int t = 0; t < kWalkRowsS; ++t) {
+        const int i = w * kWalkRowsS + t;
+        acc[t] = i < dk ? el * S[i * kWalkCols + jj] : 0.f;
+      }
+      if (w * kWalkRowsS < dk)
+        for (int s = 0; s < kGdnChunk; ++s) {
+          const float v = dec[s] * Vn[s * kWalkCols + jj];
+          float kv[kWalkRowsS];
+          detail::load_bf16<8>(*reinterpret_cast<float(*)[8]>(kv), st.K + s * 128 + w * kWalkRowsS);
+          detail::load_bf16<8>(*reinterpret_cast<float(*)[8]>(kv + 8), st.K + s * 128 + w * kWalkRowsS + 8);
+#pragma unroll
+          for (int t = 0; t < kWalkRowsS; ++t) acc[t] = fmaf(kv[t], v, acc[t]);
+        }
+#pragma unroll
+      for (int t = 0; t < kWalkRowsS; ++t) {
+        const int i = w * kWalkRowsS + t;
+        if (i < dk) S[i * kWalkCols + jj] = acc[t];
+      }
+    }
+    __syncthreads();
+    if (flags & 2) state_to_global(p.node_end + ((int64_t)n * p.nv + h) * SS, S, dk, dv, j0);
+  }
+  attn::cp_async_wait<0>();
+}
+
+size_t walk_smem_bytes(int dk) {
+  return sizeof(float) * (128 * kWalkCols + kGdnChunk * kWalkCols + kGdnChunk + 2 * WalkStage::floats(dk));
+}
+
+constexpr int kOutCols = 64;  // output columns per block
+
+// Per (chunk, value head, 64 output columns): o_r = scale (exp(gamma_r) q_r^T S_in + sum_{s <= r}
+// (q_r . k_s) exp(gamma_r - gamma_s) v_new_s).
+__global__ void __launch_bounds__(kThreads, 2) rule_out_kernel(RuleParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int c = blockIdx.x, h = blockIdx.y, j0 = blockIdx.z * kOutCols, kh = h / (p.nv / p.nk), dk = p.dk,
+            dv = p.dv;
+  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], cols = min(kOutCols, dv - j0);
+  bf16* Qb = reinterpret_cast<bf16*>(smem);                          // (64, kRowStride)
+  bf16* Kb = Qb + kGdnChunk * kRowStride;                            // (64, kRowStride)
+  float* P = reinterpret_cast<float*>(Kb + kGdnChunk * kRowStride);  // (64, kPairStride)
+  float* gam = P + kGdnChunk * kPairStride;                          // (64)
+  float* Ss = gam + kGdnChunk;                                       // (dk, 64) the entering state's columns
+  float* Vs = Ss + 128 * kOutCols;                                   // (64, 64) v_new's columns
+  load_chunk_rows(Qb, kRowStride, p.q + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
+  load_chunk_rows(Kb, kRowStride, p.k + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
+  load_chunk_gam(gam, p.gam, p.nv, h, r0, L);
+  load_chunk_rows(Ss, kOutCols, p.sin + ((int64_t)c * p.nv + h) * dk * dv + j0, dv, 0, dk, cols, dk);
+  load_chunk_rows(Vs, kOutCols, p.vnew + (int64_t)h * dv + j0, (int64_t)p.nv * dv, r0, L, cols);
+  attn::cp_async_commit();
+  attn::cp_async_wait<0>();
+  __syncthreads();
+  {
+    float acc[4][4];
+    chunk_dots(acc, Qb, Kb, dk);
+    const int ta = threadIdx.x / 16, tb = threadIdx.x % 16;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const int a = ta + 16 * u, b = tb + 16 * v;
+        P[a * kPairStride + b] = b <= a && a < L ? __expf(gam[a] - gam[b]) * acc[u][v] : 0.f;
+      }
+  }
+  __syncthreads();
+  // A thread owns column j and rows g0 + 4t.
+  const int j = threadIdx.x % kOutCols, g0 = threadIdx.x / kOutCols;
+  constexpr int kRows = kGdnChunk / (kThreads / kOutCols);  // 16
+  float acc[kRows];
+#pragma unroll
+  for (int t = 0; t < kRows; ++t) acc[t] = 0.f;
+  for (int i = 0; i < dk; i += 8) {
+    float sv[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sv[e] = Ss[(i + e) * kOutCols + j];
+#pragma unroll
+    for (int t = 0; t < kRows; ++t) {
+      float qv[8];
+      detail::load_bf16<8>(qv, Qb + (g0 + 4 * t) * kRowStride + i);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[t] = fmaf(qv[e], sv[e], acc[t]);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kRows; ++t) acc[t] *= __expf(gam[g0 + 4 * t]);
+  for (int s = 0; s < kGdnChunk; s += 4) {  // P is 0 past the diagonal and v_new's rows past L are 0
+    const float v0 = Vs[s * kOutCols + j], v1 = Vs[(s + 1) * kOutCols + j], v2 = Vs[(s + 2) * kOutCols + j],
+                v3 = Vs[(s + 3) * kOutCols + j];
+#pragma unroll
+    for (int t = 0; t < kRows; ++t) {
+      const float4 pv = *reinterpret_cast<const float4*>(P + (g0 + 4 * t) * kPairStride + s);
+      acc[t] = fmaf(pv.x, v0, acc[t]);
+      acc[t] = fmaf(pv.y, v1, acc[t]);
+      acc[t] = fmaf(pv.z, v2, acc[t]);
+      acc[t] = fmaf(pv.w, v3, acc[t]);
+    }
+  }
+  if (j < cols)
+#pragma unroll
+    for (int t = 0; t < kRows; ++t) {
+      const int r = g0 + 4 * t;
+      if (r < L) p.o[((int64_t)(r0 + r) * p.nv + h) * dv + j0 + j] = __float2bfloat16(p.scale * acc[t]);
+    }
+}
+
+size_t out_smem_bytes() {
+  return 2 * sizeof(bf16) * kGdnChunk * kRowStride +
+         sizeof(float) * ((size_t)kGdnChunk * kPairStride + kGdnChunk + 128 * kOutCols + kGdnChunk * kOutCols);
+}
+
+// ---- The gated delta rule's backward (ops/cpu/gdn.h gdn_tree_backward_chunked) ----
 
 // The chunk's queries (times q_scale) and keys into padded rows (dk + 1: the dot products read 32
 // rows at once), by the whole block.
@@ -333,180 +648,6 @@ __device__ __forceinline__ void load_chunk_qk(float* Qs, float* Ks, const RulePa
   }
 }
 
-// P (64, 64) = (q_a . k_b) e^(gam_a - gam_b) for b <= a, 0 above the diagonal (after load_chunk_qk
-// and gam are in shared memory and the block has synchronised).
-__device__ __forceinline__ void decayed_qk(float* P, const float* Qs, const float* Ks, const float* gam, int L,
-                                           int dk) {
-  const int ks = dk + 1;
-  for (int e = threadIdx.x; e < L * L; e += blockDim.x) {
-    const int a = e / L, b = e % L;
-    float x = 0.f;
-    if (b <= a) {
-      for (int i = 0; i < dk; ++i) x = fmaf(Qs[a * ks + i], Ks[b * ks + i], x);
-      x *= __expf(gam[a] - gam[b]);
-    }
-    P[a * kGdnChunk + b] = x;
-  }
-}
-
-// A walking block's chunk operands: its W rows and keys (coalesced) and dec_s = e^(gam_L - gam_s).
-__device__ __forceinline__ void load_walk_chunk(float* Wc, float* Kc, float* dec, const RuleParams& p, int r0, int L,
-                                                int h, int kh, float gl) {
-  const int dk = p.dk;
-  for (int e = threadIdx.x; e < L * dk; e += blockDim.x) {
-    const int r = e / dk, i = e % dk;
-    Wc[e] = p.W[((int64_t)(r0 + r) * p.nv + h) * dk + i];
-    Kc[e] = ld(p.k + ((int64_t)(r0 + r) * p.nk + kh) * dk + i);
-  }
-  for (int s = threadIdx.x; s < L; s += blockDim.x) dec[s] = __expf(gl - p.gam[(int64_t)(r0 + s) * p.nv + h]);
-}
-
-constexpr int kWalkCols = 32;                        // state columns per walking block (a lane each)
-constexpr int kWalkWarps = kThreads / kWalkCols;     // 8
-constexpr int kWalkRowsV = kGdnChunk / kWalkWarps;   // v_new rows per thread
-constexpr int kWalkRowsS = 128 / kWalkWarps;         // state rows per thread (dk <= 128)
-
-// Per (value head, 32 state columns): the chunks in packed order. A node's first chunk starts
-// from its parent's end state (node_end, written earlier by this block: parents come first), or
-// its root's init; each chunk stores the state it starts from (sin) and v_new = U - W S, then
-// S <- exp(gamma_L) S + sum_s exp(gamma_L - gamma_s) k_s v_new_s^T; a node's last chunk stores
-// its end state.
-__global__ void rule_walk_kernel(RuleParams p) {
-  extern __shared__ float sm[];
-  const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv;
-  float* S = sm;                            // (dk, 32)
-  float* Vn = S + dk * kWalkCols;           // (64, 32)
-  float* dec = Vn + kGdnChunk * kWalkCols;  // (64) exp(gamma_L - gamma_s)
-  float* Wc = dec + kGdnChunk;              // (64, dk) the chunk's W rows
-  float* Kc = Wc + kGdnChunk * dk;          // (64, dk) its keys
-  const int64_t SS = (int64_t)dk * dv;
-  for (int c = 0; c < p.num_chunks; ++c) {
-    const int n = p.plan.chunk_node[c], flags = p.plan.chunk_flags[c];
-    const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
-    if (flags & 1) {
-      const int parent = p.plan.node_parent[n], root = p.plan.node_root[n];
-      const float* src = parent >= 0 ? p.node_end + ((int64_t)parent * p.nv + h) * SS
-                                     : (p.init && root >= 0 ? p.init + ((int64_t)root * p.nv + h) * SS : nullptr);
-      for (int e = threadIdx.x; e < dk * kWalkCols; e += blockDim.x)
-        S[e] = src ? src[(int64_t)(e / kWalkCols) * dv + j0 + e % kWalkCols] : 0.f;
-      __syncthreads();
-    }
-    float* sin = p.sin + ((int64_t)c * p.nv + h) * SS;
-    for (int e = threadIdx.x; e < dk * kWalkCols; e += blockDim.x)
-      sin[(int64_t)(e / kWalkCols) * dv + j0 + e % kWalkCols] = S[e];
-    const float gl = p.gam[(int64_t)(r0 + L - 1) * p.nv + h];
-    load_walk_chunk(Wc, Kc, dec, p, r0, L, h, kh, gl);
-    __syncthreads();
-    // Register tiles: a warp owns rows w, w + 8, ... (of v_new) or state rows (of S), a lane one
-    // column, so each thread runs 8 or dk / 8 independent accumulations.
-    const int w = threadIdx.x / kWalkCols, jj = threadIdx.x % kWalkCols;
-    {
-      float acc[kWalkRowsV];
-#pragma unroll
-      for (int t = 0; t < kWalkRowsV; ++t) {
-        const int r = w + kWalkWarps * t;
-        acc[t] = r < L ? p.U[((int64_t)(r0 + r) * p.nv + h) * dv + j0 + jj] : 0.f;
-      }
-      for (int i = 0; i < dk; ++i) {
-        const float sv = S[i * kWalkCols + jj];
-#pragma unroll
-        for (int t = 0; t < kWalkRowsV; ++t) acc[t] = fmaf(-Wc[(w + kWalkWarps * t) * dk + i], sv, acc[t]);
-      }
-#pragma unroll
-      for (int t = 0; t < kWalkRowsV; ++t) {
-        const int r = w + kWalkWarps * t;
-        if (r < L) {
-          Vn[r * kWalkCols + jj] = acc[t];
-          p.vnew[((int64_t)(r0 + r) * p.nv + h) * dv + j0 + jj] = acc[t];
-        }
-      }
-    }
-    __syncthreads();
-    {
-      float acc[kWalkRowsS];
-      const float el = __expf(gl);
-#pragma unroll
-      for (int t = 0; t < kWalkRowsS; ++t) {
-        const int i = w + kWalkWarps * t;
-        acc[t] = i < dk ? el * S[i * kWalkCols + jj] : 0.f;
-      }
-      for (int s = 0; s < L; ++s) {
-        const float v = dec[s] * Vn[s * kWalkCols + jj];
-#pragma unroll
-        for (int t = 0; t < kWalkRowsS; ++t) {
-          const int i = w + kWalkWarps * t;
-          if (i < dk) acc[t] = fmaf(Kc[s * dk + i], v, acc[t]);
-        }
-      }
-#pragma unroll
-      for (int t = 0; t < kWalkRowsS; ++t) {
-        const int i = w + kWalkWarps * t;
-        if (i < dk) S[i * kWalkCols + jj] = acc[t];
-      }
-    }
-    __syncthreads();
-    if (flags & 2) {
-      float* dst = p.node_end + ((int64_t)n * p.nv + h) * SS;
-      for (int e = threadIdx.x; e < dk * kWalkCols; e += blockDim.x)
-        dst[(int64_t)(e / kWalkCols) * dv + j0 + e % kWalkCols] = S[e];
-      __syncthreads();
-    }
-  }
-}
-
-// Per (chunk, value head): o_r = scale (exp(gamma_r) q_r^T S_in + sum_{s <= r} (q_r . k_s)
-// exp(gamma_r - gamma_s) v_new_s).
-__global__ void rule_out_kernel(RuleParams p) {
-  extern __shared__ float sm[];
-  const int c = blockIdx.x, h = blockIdx.y, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv;
-  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
-  const int ks = dk + 1;                   // padded rows (see rule_prep_kernel)
-  float* Qs = sm;                          // (64, dk + 1)
-  float* Ks = Qs + kGdnChunk * ks;         // (64, dk + 1)
-  float* P = Ks + kGdnChunk * ks;          // (64, 64)
-  float* gam = P + kGdnChunk * kGdnChunk;  // (64)
-  float* Ss = gam + kGdnChunk;             // (dk, dv) the state entering the chunk
-  float* Vs = Ss + dk * dv;                // (64, dv) its v_new
-  load_chunk_qk(Qs, Ks, p, r0, L, kh, 1.f);
-  const float* sin = p.sin + ((int64_t)c * p.nv + h) * dk * dv;
-  for (int e = threadIdx.x; e < dk * dv; e += blockDim.x) Ss[e] = sin[e];
-  for (int e = threadIdx.x; e < L * dv; e += blockDim.x)
-    Vs[e] = p.vnew[((int64_t)(r0 + e / dv) * p.nv + h) * dv + e % dv];
-  for (int r = threadIdx.x; r < L; r += blockDim.x) gam[r] = p.gam[(int64_t)(r0 + r) * p.nv + h];
-  __syncthreads();
-  decayed_qk(P, Qs, Ks, gam, L, dk);
-  __syncthreads();
-  // Register tiles: a thread owns column j and rows g, g + G, ... (G = 256 / dv row groups).
-  const int G = blockDim.x / dv, j = threadIdx.x % dv, g0 = threadIdx.x / dv, rows = kGdnChunk / G;
-  constexpr int kMaxRows = kGdnChunk / (kThreads / 128);  // 32 at dv = 128; fewer rows for smaller dv
-  if (g0 >= G) return;
-  float acc[kMaxRows];
-#pragma unroll
-  for (int t = 0; t < kMaxRows; ++t) acc[t] = 0.f;
-  for (int i = 0; i < dk; ++i) {
-    const float sv = Ss[i * dv + j];
-#pragma unroll
-    for (int t = 0; t < kMaxRows; ++t)
-      if (t < rows) acc[t] = fmaf(Qs[(g0 + G * t) * ks + i], sv, acc[t]);
-  }
-#pragma unroll
-  for (int t = 0; t < kMaxRows; ++t)
-    if (t < rows && g0 + G * t < L) acc[t] *= __expf(gam[g0 + G * t]);
-  for (int s = 0; s < L; ++s) {
-    const float v = Vs[s * dv + j];
-#pragma unroll
-    for (int t = 0; t < kMaxRows; ++t)
-      if (t < rows) acc[t] = fmaf(P[(g0 + G * t) * kGdnChunk + s], v, acc[t]);  // P is 0 past the diagonal
-  }
-#pragma unroll
-  for (int t = 0; t < kMaxRows; ++t) {
-    const int r = g0 + G * t;
-    if (t < rows && r < L) p.o[((int64_t)(r0 + r) * p.nv + h) * dv + j] = __float2bfloat16(p.scale * acc[t]);
-  }
-}
-
-// ---- The gated delta rule's backward (ops/cpu/gdn.h gdn_tree_backward_chunked) ----
-
 struct RuleBwdParams {
   RuleParams f;                 // the forward's tensors and recomputed intermediates (U, W, gam, vnew, sin)
   const bf16* d_o;              // (N, nv, dv)
@@ -515,95 +656,223 @@ struct RuleBwdParams {
   float *dvn, *qo, *dsout, *acc;  // (N nv dv), (chunks nv dk dv), (chunks nv dk dv), (nodes nv dk dv)
   float *db1, *db2;             // (N nv dv), (N nv dk): M^-T dv_new, M^-T dW
   float *gq, *gk;               // (N, nv, dk) per value head
+  float* sds;                   // (chunks, nv, ceil(dk / 32)) partial <S, dS>
   bf16 *dv, *dg, *dbeta;        // outputs
   bool accumulate;
 };
 
-// Per (chunk, value head): dvn_b = sum_{a >= b} (q~_a . k_b) e^(gam_a - gam_b) dO_a (the walk adds
-// the end-state term) and qo = sum_a e^(gam_a) q~_a dO_a^T (dk, dv), q~ = scale q.
-__global__ void rule_bwd_local_kernel(RuleBwdParams b) {
-  extern __shared__ float sm[];
+// Per (chunk, value head, 64 columns j): dvn_b = sum_{a >= b} (q~_a . k_b) e^(gam_a - gam_b) dO_a
+// (the walk adds the end-state term) and qo = sum_a e^(gam_a) q~_a dO_a^T (dk, dv), q~ = scale q.
+__global__ void __launch_bounds__(kThreads, 2) rule_bwd_local_kernel(RuleBwdParams b) {
+  extern __shared__ __align__(16) unsigned char smem[];
   const RuleParams& p = b.f;
-  const int c = blockIdx.x, h = blockIdx.y, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv, ks = dk + 1;
+  const int c = blockIdx.x, h = blockIdx.y, j0 = blockIdx.z * kOutCols, kh = h / (p.nv / p.nk), dk = p.dk,
+            dv = p.dv;
+  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], cols = min(kOutCols, dv - j0);
+  constexpr int kDoStride = kOutCols + 8;
+  bf16* Qb = reinterpret_cast<bf16*>(smem);                           // (64, kRowStride)
+  bf16* Kb = Qb + kGdnChunk * kRowStride;                             // (64, kRowStride)
+  bf16* Db = Kb + kGdnChunk * kRowStride;                             // (64, kDoStride) dO's columns
+  float* PT = reinterpret_cast<float*>(Db + kGdnChunk * kDoStride);   // (64, kPairStride): PT[b][a] = P[a][b]
+  float* gam = PT + kGdnChunk * kPairStride;                          // (64)
+  float* eg = gam + kGdnChunk;                                        // (64) scale e^(gam_a)
+  load_chunk_rows(Qb, kRowStride, p.q + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
+  load_chunk_rows(Kb, kRowStride, p.k + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
+  load_chunk_rows(Db, kDoStride, b.d_o + (int64_t)h * dv + j0, (int64_t)p.nv * dv, r0, L, cols);
+  load_chunk_gam(gam, p.gam, p.nv, h, r0, L);
+  attn::cp_async_commit();
+  attn::cp_async_wait<0>();
+  __syncthreads();
+  if (threadIdx.x < kGdnChunk) eg[threadIdx.x] = threadIdx.x < L ? p.scale * __expf(gam[threadIdx.x]) : 0.f;
+  {
+    float acc[4][4];
+    chunk_dots(acc, Qb, Kb, dk);
+    const int ta = threadIdx.x / 16, tb = threadIdx.x % 16;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const int a = ta + 16 * u, bb = tb + 16 * v;
+        PT[bb * kPairStride + a] = bb <= a && a < L ? p.scale * __expf(gam[a] - gam[bb]) * acc[u][v] : 0.f;
+      }
+  }
+  __syncthreads();
+  const int j = threadIdx.x % kOutCols, g0 = threadIdx.x / kOutCols;
+  if (j >= cols) return;  // (whole warps: cols is a multiple of 32)
+  {  // dvn rows g0 + 4t
+    constexpr int kRows = kGdnChunk / (kThreads / kOutCols);  // 16
+    float acc[kRows];
+#pragma unroll
+    for (int t = 0; t < kRows; ++t) acc[t] = 0.f;
+    for (int a = 0; a < kGdnChunk; a += 4) {  // PT is 0 where a < b or a >= L
+      const float d0 = bf(Db[a * kDoStride + j]), d1 = bf(Db[(a + 1) * kDoStride + j]),
+                  d2 = bf(Db[(a + 2) * kDoStride + j]), d3 = bf(Db[(a + 3) * kDoStride + j]);
+#pragma unroll
+      for (int t = 0; t < kRows; ++t) {
+        const float4 pv = *reinterpret_cast<const float4*>(PT + (g0 + 4 * t) * kPairStride + a);
+        acc[t] = fmaf(pv.x, d0, fmaf(pv.y, d1, fmaf(pv.z, d2, fmaf(pv.w, d3, acc[t]))));
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kRows; ++t) {
+      const int bb = g0 + 4 * t;
+      if (bb < L) b.dvn[((int64_t)(r0 + bb) * p.nv + h) * dv + j0 + j] = acc[t];
+    }
+  }
+  // qo rows g0 * 32 + t
+  const int i0 = g0 * 32;
+  if (i0 >= dk) return;
+  float acc[32];
+#pragma unroll
+  for (int t = 0; t < 32; ++t) acc[t] = 0.f;
+  for (int a = 0; a < L; ++a) {
+    const float x = eg[a] * bf(Db[a * kDoStride + j]);
+#pragma unroll
+    for (int q8 = 0; q8 < 4; ++q8) {
+      float qv[8];
+      detail::load_bf16<8>(qv, Qb + a * kRowStride + i0 + 8 * q8);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[8 * q8 + e] = fmaf(qv[e], x, acc[8 * q8 + e]);
+    }
+  }
+  float* qo = b.qo + ((int64_t)c * p.nv + h) * dk * dv + j0 + j;
+#pragma unroll
+  for (int t = 0; t < 32; ++t)
+    if (i0 + t < dk) qo[(int64_t)(i0 + t) * dv] = acc[t];
+}
+
+size_t bwd_local_smem_bytes() {
+  return sizeof(bf16) * ((size_t)2 * kGdnChunk * kRowStride + kGdnChunk * (kOutCols + 8)) +
+         sizeof(float) * ((size_t)kGdnChunk * kPairStride + 2 * kGdnChunk);
+}
+
+// One stage of the reverse walk's chunk operands: W rows (64, dk) fp32, keys (64, 128) bf16, the
+// block's dvn columns (64, 32), qo's columns (dk, 32), gam (64).
+struct BwdWalkStage {
+  float* W;
+  bf16* K;
+  float* dvn;
+  float* qo;
+  float* gam;
+  __device__ BwdWalkStage(float* base, int dk) {
+    W = base;
+    K = reinterpret_cast<bf16*>(W + kGdnChunk * dk);
+    dvn = reinterpret_cast<float*>(K + kGdnChunk * 128);
+    qo = dvn + kGdnChunk * kWalkCols;
+    gam = qo + 128 * kWalkCols;
+  }
+  __host__ __device__ static constexpr size_t floats(int dk) {
+    return (size_t)kGdnChunk * dk + kGdnChunk * 128 / 2 + kGdnChunk * kWalkCols + 128 * kWalkCols + kGdnChunk;
+  }
+};
+
+__device__ __forceinline__ void bwd_walk_prefetch(const BwdWalkStage& st, const RuleBwdParams& b, int c, int h, int kh,
+                                                  int j0) {
+  const RuleParams& p = b.f;
   const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
-  float* Qs = sm;                          // (64, dk + 1) q~
-  float* Ks = Qs + kGdnChunk * ks;         // (64, dk + 1)
-  float* P = Ks + kGdnChunk * ks;          // (64, 64) (q~_a . k_b) e^(gam_a - gam_b), b <= a
-  float* gam = P + kGdnChunk * kGdnChunk;  // (64)
-  load_chunk_qk(Qs, Ks, p, r0, L, kh, p.scale);
-  for (int r = threadIdx.x; r < L; r += blockDim.x) gam[r] = p.gam[(int64_t)(r0 + r) * p.nv + h];
-  __syncthreads();
-  decayed_qk(P, Qs, Ks, gam, L, dk);
-  __syncthreads();
-  for (int e = threadIdx.x; e < L * dv; e += blockDim.x) {
-    const int bb = e / dv, j = e % dv;
-    float x = 0.f;
-    for (int a = bb; a < L; ++a) x = fmaf(P[a * kGdnChunk + bb], ld(b.d_o + ((int64_t)(r0 + a) * p.nv + h) * dv + j), x);
-    b.dvn[((int64_t)(r0 + bb) * p.nv + h) * dv + j] = x;
-  }
-  float* qo = b.qo + ((int64_t)c * p.nv + h) * dk * dv;
-  for (int e = threadIdx.x; e < dk * dv; e += blockDim.x) {
-    const int i = e / dv, j = e % dv;
-    float x = 0.f;
-    for (int a = 0; a < L; ++a)
-      x = fmaf(__expf(gam[a]) * Qs[a * ks + i], ld(b.d_o + ((int64_t)(r0 + a) * p.nv + h) * dv + j), x);
-    qo[e] = x;
-  }
+  load_chunk_rows(st.W, p.dk, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.K, 128, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.dvn, kWalkCols, b.dvn + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L, kWalkCols);
+  load_chunk_rows(st.qo, kWalkCols, b.qo + ((int64_t)c * p.nv + h) * p.dk * p.dv + j0, p.dv, 0, p.dk, kWalkCols,
+                  p.dk);
+  load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
 }
 
 // Per (value head, 32 state columns): the chunks in reverse packed order carrying dS, the gradient
-// of the chunk's end state. A node's last chunk starts from d_end plus its child nodes' initial-
-// state gradients (acc, complete: children come later in packed order); each chunk stores dS
-// (dsout), adds e^(gam_L - gam_b) k_b^T dS to dvn, and passes dS_in = e^(gam_L) dS + qo - W^T dvn
-// back; a node's first chunk adds dS_in to its parent's acc (or its root's d_init).
-__global__ void rule_bwd_walk_kernel(RuleBwdParams b) {
-  extern __shared__ float sm[];
+// of the chunk's end state (the previous chunk's operands in flight meanwhile). A node's last chunk
+// starts from d_end plus its child nodes' initial-state gradients (acc, complete: children come
+// later in packed order); each chunk stores dS (dsout), adds e^(gam_L - gam_b) k_b^T dS to dvn,
+// and passes dS_in = e^(gam_L) dS + qo - W^T dvn back; a node's first chunk adds dS_in to its
+// parent's acc (or its root's d_init).
+__global__ void __launch_bounds__(kThreads) rule_bwd_walk_kernel(RuleBwdParams b) {
+  extern __shared__ __align__(16) unsigned char smem[];
   const RuleParams& p = b.f;
   const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv;
-  float* dS = sm;                           // (dk, 32)
-  float* Dv = dS + dk * kWalkCols;          // (64, 32) dvn
-  float* dec = Dv + kGdnChunk * kWalkCols;  // (64)
-  float* Wc = dec + kGdnChunk;              // (64, dk)
-  float* Kc = Wc + kGdnChunk * dk;          // (64, dk)
+  float* dS = reinterpret_cast<float*>(smem);  // (128, 32)
+  float* Dv = dS + 128 * kWalkCols;            // (64, 32) dvn
+  float* dec = Dv + kGdnChunk * kWalkCols;     // (64)
+  float* stages = dec + kGdnChunk;             // two BwdWalkStages
+  const size_t stage_floats = BwdWalkStage::floats(dk);
   const int64_t SS = (int64_t)dk * dv;
   const int w = threadIdx.x / kWalkCols, jj = threadIdx.x % kWalkCols;
-  for (int c = p.num_chunks - 1; c >= 0; --c) {
+  const int last = p.num_chunks - 1;
+  if (last >= 0) bwd_walk_prefetch(BwdWalkStage(stages, dk), b, last, h, kh, j0);
+  attn::cp_async_commit();
+  for (int c = last; c >= 0; --c) {
+    if (c > 0) bwd_walk_prefetch(BwdWalkStage(stages + ((last - c + 1) & 1) * stage_floats, dk), b, c - 1, h, kh, j0);
+    attn::cp_async_commit();
+    attn::cp_async_wait<1>();
+    const BwdWalkStage st(stages + ((last - c) & 1) * stage_floats, dk);
     const int n = p.plan.chunk_node[c], flags = p.plan.chunk_flags[c];
     const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
-    if (flags & 2) {
+    if (flags & 2) {  // (each thread its own elements, as the stores below: no hazard with them)
       const float* acc = b.acc + ((int64_t)n * p.nv + h) * SS;
       const float* de = b.d_end ? b.d_end + ((int64_t)n * p.nv + h) * SS : nullptr;
-      for (int e = threadIdx.x; e < dk * kWalkCols; e += blockDim.x) {
-        const int64_t at = (int64_t)(e / kWalkCols) * dv + j0 + e % kWalkCols;
-        dS[e] = acc[at] + (de ? de[at] : 0.f);
+      for (int e = threadIdx.x; e < dk * kWalkCols / 4; e += blockDim.x) {
+        const int i = e / (kWalkCols / 4), jq = (e % (kWalkCols / 4)) * 4;
+        const int64_t at = (int64_t)i * dv + j0 + jq;
+        float4 x = *reinterpret_cast<const float4*>(acc + at);
+        if (de) {
+          const float4 y = *reinterpret_cast<const float4*>(de + at);
+          x.x += y.x, x.y += y.y, x.z += y.z, x.w += y.w;
+        }
+        *reinterpret_cast<float4*>(dS + i * kWalkCols + jq) = x;
       }
-      __syncthreads();
-    }
-    float* so = b.dsout + ((int64_t)c * p.nv + h) * SS;
-    for (int e = threadIdx.x; e < dk * kWalkCols; e += blockDim.x)
-      so[(int64_t)(e / kWalkCols) * dv + j0 + e % kWalkCols] = dS[e];
-    const float gl = p.gam[(int64_t)(r0 + L - 1) * p.nv + h];
-    load_walk_chunk(Wc, Kc, dec, p, r0, L, h, kh, gl);
-    __syncthreads();
-    for (int t = 0; t < kWalkRowsV; ++t) {  // dvn_b += e^(gam_L - gam_b) (k_b^T dS)
-      const int r = w + kWalkWarps * t;
-      if (r >= L) continue;
-      float x = 0.f;
-      for (int i = 0; i < dk; ++i) x = fmaf(Kc[r * dk + i], dS[i * kWalkCols + jj], x);
-      const int64_t at = ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + jj;
-      const float y = b.dvn[at] + dec[r] * x;
-      b.dvn[at] = y;
-      Dv[r * kWalkCols + jj] = y;
     }
     __syncthreads();
-    const float* qo = b.qo + ((int64_t)c * p.nv + h) * SS;
-    const float el = __expf(gl);
-    for (int t = 0; t < kWalkRowsS; ++t) {  // dS_in = e^(gam_L) dS + qo - W^T dvn
-      const int i = w + kWalkWarps * t;
-      if (i >= dk) continue;
-      float x = el * dS[i * kWalkCols + jj] + qo[(int64_t)i * dv + j0 + jj];
-      for (int s = 0; s < L; ++s) x = fmaf(-Wc[s * dk + i], Dv[s * kWalkCols + jj], x);
-      dS[i * kWalkCols + jj] = x;
+    state_to_global(b.dsout + ((int64_t)c * p.nv + h) * SS, dS, dk, dv, j0);
+    const float gl = st.gam[L - 1];
+    if (threadIdx.x < kGdnChunk) dec[threadIdx.x] = threadIdx.x < L ? __expf(gl - st.gam[threadIdx.x]) : 0.f;
+    __syncthreads();
+    {  // dvn rows w * 8 + t += e^(gam_L - gam_r) k_r . dS[:, jj]
+      float acc[kWalkRowsV];
+#pragma unroll
+      for (int t = 0; t < kWalkRowsV; ++t) acc[t] = 0.f;
+      for (int i = 0; i < dk; i += 8) {
+        float ds[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ds[e] = dS[(i + e) * kWalkCols + jj];
+#pragma unroll
+        for (int t = 0; t < kWalkRowsV; ++t) {
+          float kv[8];
+          detail::load_bf16<8>(kv, st.K + (w * kWalkRowsV + t) * 128 + i);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[t] = fmaf(kv[e], ds[e], acc[t]);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kWalkRowsV; ++t) {
+        const int r = w * kWalkRowsV + t;
+        const float y = st.dvn[r * kWalkCols + jj] + dec[r] * acc[t];  // 0 past L
+        Dv[r * kWalkCols + jj] = y;
+        if (r < L) b.dvn[((int64_t)(r0 + r) * p.nv + h) * dv + j0 + jj] = y;
+      }
+    }
+    __syncthreads();
+    if (w * kWalkRowsS < dk) {  // dS rows w * 16 + t: e^(gam_L) dS + qo - W^T dvn
+      float acc[kWalkRowsS];
+      const float el = __expf(gl);
+#pragma unroll
+      for (int t = 0; t < kWalkRowsS; ++t) {
+        const int i = min(w * kWalkRowsS + t, dk - 1);
+        acc[t] = el * dS[i * kWalkCols + jj] + st.qo[i * kWalkCols + jj];
+      }
+      for (int s = 0; s < kGdnChunk; ++s) {
+        const float d = Dv[s * kWalkCols + jj];
+#pragma unroll
+        for (int q4 = 0; q4 < kWalkRowsS / 4; ++q4) {
+          const float4 wv = *reinterpret_cast<const float4*>(st.W + s * dk + w * kWalkRowsS + 4 * q4);
+          acc[4 * q4] = fmaf(-wv.x, d, acc[4 * q4]);
+          acc[4 * q4 + 1] = fmaf(-wv.y, d, acc[4 * q4 + 1]);
+          acc[4 * q4 + 2] = fmaf(-wv.z, d, acc[4 * q4 + 2]);
+          acc[4 * q4 + 3] = fmaf(-wv.w, d, acc[4 * q4 + 3]);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kWalkRowsS; ++t) {
+        const int i = w * kWalkRowsS + t;
+        if (i < dk) dS[i * kWalkCols + jj] = acc[t];
+      }
     }
     __syncthreads();
     if (flags & 1) {
@@ -611,11 +880,88 @@ __global__ void rule_bwd_walk_kernel(RuleBwdParams b) {
       float* dst = parent >= 0 ? b.acc + ((int64_t)parent * p.nv + h) * SS
                                : (b.d_init && root >= 0 ? b.d_init + ((int64_t)root * p.nv + h) * SS : nullptr);
       if (dst)
-        for (int e = threadIdx.x; e < dk * kWalkCols; e += blockDim.x)
-          dst[(int64_t)(e / kWalkCols) * dv + j0 + e % kWalkCols] += dS[e];
-      __syncthreads();
+        for (int e = threadIdx.x; e < dk * kWalkCols / 4; e += blockDim.x) {
+          const int i = e / (kWalkCols / 4), jq = (e % (kWalkCols / 4)) * 4;
+          float4* at = reinterpret_cast<float4*>(dst + (int64_t)i * dv + j0 + jq);
+          const float4 x = *reinterpret_cast<const float4*>(dS + i * kWalkCols + jq);
+          float4 y = *at;
+          y.x += x.x, y.y += x.y, y.z += x.z, y.w += x.w;
+          *at = y;
+        }
     }
   }
+  attn::cp_async_wait<0>();
+}
+
+size_t bwd_walk_smem_bytes(int dk) {
+  return sizeof(float) * (128 * kWalkCols + kGdnChunk * kWalkCols + kGdnChunk + 2 * BwdWalkStage::floats(dk));
+}
+
+// Per (chunk, value head, 32 state rows i0 + i): the products with the chunk's entering state S
+// and end-state gradient dS that its input gradients need, over dv:
+//   SdO_a[i] = S[i] . dO_a -> gq,  dSv_a[i] = dS[i] . v_new_a -> gk,  dW_a[i] = -S[i] . dvn_a -> db2,
+// and the rows' share of <S, dS> -> sds[(c nv + h) ceil(dk / 32) + blockIdx.z].
+constexpr int kStateRows = 32;
+__global__ void __launch_bounds__(kThreads) rule_bwd_state_kernel(RuleBwdParams b) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const RuleParams& p = b.f;
+  const int c = blockIdx.x, h = blockIdx.y, i0 = blockIdx.z * kStateRows, dk = p.dk, dv = p.dv, fs = dv + 4;
+  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], R = min(kStateRows, dk - i0);
+  float* Ss = reinterpret_cast<float*>(smem);  // (32, dv + 4)
+  float* dSs = Ss + kStateRows * fs;           // (32, dv + 4)
+  float* Dvn = dSs + kStateRows * fs;          // (64, dv + 4)
+  float* Vn = Dvn + kGdnChunk * fs;            // (64, dv + 4)
+  bf16* Db = reinterpret_cast<bf16*>(Vn + kGdnChunk * fs);  // (64, kRowStride)
+  const int64_t SS = (int64_t)dk * dv;
+  load_chunk_rows(Ss, fs, p.sin + ((int64_t)c * p.nv + h) * SS + (int64_t)i0 * dv, dv, 0, R, dv, kStateRows);
+  load_chunk_rows(dSs, fs, b.dsout + ((int64_t)c * p.nv + h) * SS + (int64_t)i0 * dv, dv, 0, R, dv, kStateRows);
+  load_chunk_rows(Dvn, fs, b.dvn + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  load_chunk_rows(Vn, fs, p.vnew + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  load_chunk_rows(Db, kRowStride, b.d_o + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  attn::cp_async_commit();
+  attn::cp_async_wait<0>();
+  __syncthreads();
+  const int i = threadIdx.x % kStateRows, w = threadIdx.x / kStateRows;
+  constexpr int kRows = kGdnChunk / (kThreads / kStateRows);  // 8: rows w + 8t
+  float sdo[kRows], dsv[kRows], dw[kRows], sds = 0.f;
+#pragma unroll
+  for (int t = 0; t < kRows; ++t) sdo[t] = dsv[t] = dw[t] = 0.f;
+  for (int j = 0; j < dv; j += 4) {
+    const float4 s = *reinterpret_cast<const float4*>(Ss + i * fs + j);
+    const float4 d = *reinterpret_cast<const float4*>(dSs + i * fs + j);
+    sds = fmaf(s.x, d.x, fmaf(s.y, d.y, fmaf(s.z, d.z, fmaf(s.w, d.w, sds))));
+#pragma unroll
+    for (int t = 0; t < kRows; ++t) {
+      const int a = w + 8 * t;
+      const float4 n = *reinterpret_cast<const float4*>(Vn + a * fs + j);
+      const float4 r = *reinterpret_cast<const float4*>(Dvn + a * fs + j);
+      const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(Db + a * kRowStride + j);
+      const float2 o01 = __bfloat1622float2(o2[0]), o23 = __bfloat1622float2(o2[1]);
+      sdo[t] = fmaf(s.x, o01.x, fmaf(s.y, o01.y, fmaf(s.z, o23.x, fmaf(s.w, o23.y, sdo[t]))));
+      dsv[t] = fmaf(d.x, n.x, fmaf(d.y, n.y, fmaf(d.z, n.z, fmaf(d.w, n.w, dsv[t]))));
+      dw[t] = fmaf(-s.x, r.x, fmaf(-s.y, r.y, fmaf(-s.z, r.z, fmaf(-s.w, r.w, dw[t]))));
+    }
+  }
+  if (i < R) {
+#pragma unroll
+    for (int t = 0; t < kRows; ++t) {
+      const int a = w + 8 * t;
+      if (a >= L) continue;
+      const int64_t at = ((int64_t)(r0 + a) * p.nv + h) * dk + i0 + i;
+      b.gq[at] = sdo[t];
+      b.gk[at] = dsv[t];
+      b.db2[at] = dw[t];
+    }
+  }
+  if (w == 0) {
+    sds = detail::warp_sum(i < R ? sds : 0.f);
+    if (i == 0) b.sds[((int64_t)c * p.nv + h) * gridDim.z + blockIdx.z] = sds;
+  }
+}
+
+size_t bwd_state_smem_bytes(int dv) {
+  return sizeof(float) * (size_t)(2 * kStateRows + 2 * kGdnChunk) * (dv + 4) +
+         sizeof(bf16) * (size_t)kGdnChunk * kRowStride;
 }
 
 // Per (chunk, value head): the gradients of the chunk's inputs (see ops/cpu/gdn.h
@@ -636,8 +982,6 @@ __global__ void rule_bwd_grad_kernel(RuleBwdParams b) {
   float* bet = gam + C;             // (64)
   float* dgam = bet + C;            // (64)
   float* tend = dgam + C;           // (64) e^(gam_L - gam_a) k_a^T dS v_new_a
-  const float* S = p.sin + ((int64_t)c * p.nv + h) * dk * dv;
-  const float* dS = b.dsout + ((int64_t)c * p.nv + h) * dk * dv;
   auto rowi = [&](int a) { return (int64_t)(r0 + a) * p.nv + h; };
   load_chunk_qk(Qs, Ks, p, r0, L, kh, p.scale);
   for (int r = threadIdx.x; r < L; r += blockDim.x) {
@@ -670,8 +1014,7 @@ __global__ void rule_bwd_grad_kernel(RuleBwdParams b) {
         b.db1[rowi(a) * dv + col] = x;
       } else {
         const int e = col - dv;
-        x = 0.f;
-        for (int j = 0; j < dv; ++j) x = fmaf(-b.dvn[rowi(a) * dv + j], S[(int64_t)e * dv + j], x);
+        x = b.db2[rowi(a) * dk + e];  // dW_a = -dvn_a S^T (rule_bwd_state_kernel), replaced by dB2_a
         for (int bb = a + 1; bb < L; ++bb) x = fmaf(-A[bb * C + a], b.db2[rowi(bb) * dk + e], x);
         b.db2[rowi(a) * dk + e] = x;
       }
@@ -697,20 +1040,12 @@ __global__ void rule_bwd_grad_kernel(RuleBwdParams b) {
     float x = 0.f;
     for (int bb = 0; bb < L; ++bb) x += QK[a * C + bb] - QK[bb * C + a];
     // e^(gam_a) q~_a . (S dO_a)
-    float qsd = 0.f;
-    for (int i = 0; i < dk; ++i) {
-      float sd = 0.f;
-      for (int j = 0; j < dv; ++j) sd = fmaf(S[(int64_t)i * dv + j], ld(b.d_o + rowi(a) * dv + j), sd);
-      qsd = fmaf(Qs[a * ks + i], sd, qsd);
-    }
+    float qsd = 0.f;  // (S dO_a is in gq: rule_bwd_state_kernel)
+    for (int i = 0; i < dk; ++i) qsd = fmaf(Qs[a * ks + i], b.gq[rowi(a) * dk + i], qsd);
     x += __expf(gam[a]) * qsd;
     // The end state: -e^(gam_L - gam_a) k_a^T dS v_new_a here, its sum at row L - 1, and e^(gam_L) <S, dS>.
-    float kdsv = 0.f;
-    for (int i = 0; i < dk; ++i) {
-      float t = 0.f;
-      for (int j = 0; j < dv; ++j) t = fmaf(dS[(int64_t)i * dv + j], p.vnew[rowi(a) * dv + j], t);
-      kdsv = fmaf(Ks[a * ks + i], t, kdsv);
-    }
+    float kdsv = 0.f;  // (dS v_new_a is in gk)
+    for (int i = 0; i < dk; ++i) kdsv = fmaf(Ks[a * ks + i], b.gk[rowi(a) * dk + i], kdsv);
     const float te = __expf(gl - gam[a]) * kdsv;
     tend[a] = te;
     x -= te;
@@ -733,8 +1068,9 @@ __global__ void rule_bwd_grad_kernel(RuleBwdParams b) {
   }
   __syncthreads();
   if (threadIdx.x == 0) {  // the end-state terms that land on row L - 1
+    const int parts = (dk + kStateRows - 1) / kStateRows;
     float s = 0.f;
-    for (int64_t e = 0; e < (int64_t)dk * dv; ++e) s = fmaf(S[e], dS[e], s);
+    for (int z = 0; z < parts; ++z) s += b.sds[((int64_t)c * p.nv + h) * parts + z];
     float t = 0.f;
     for (int a = 0; a < L; ++a) t += tend[a];
     dgam[L - 1] += __expf(gl) * s + t;
@@ -752,11 +1088,7 @@ __global__ void rule_bwd_grad_kernel(RuleBwdParams b) {
   //        + sum_{c < b} dA_bc beta_b e^(gam_b - gam_c) k_c.
   for (int e = threadIdx.x; e < L * dk; e += blockDim.x) {
     const int a = e / dk, i = e % dk;
-    float sd = 0.f, dsv = 0.f;
-    for (int j = 0; j < dv; ++j) {
-      sd = fmaf(S[(int64_t)i * dv + j], ld(b.d_o + rowi(a) * dv + j), sd);
-      dsv = fmaf(dS[(int64_t)i * dv + j], p.vnew[rowi(a) * dv + j], dsv);
-    }
+    const float sd = b.gq[rowi(a) * dk + i], dsv = b.gk[rowi(a) * dk + i];  // replaced below (same thread)
     float xq = __expf(gam[a]) * sd;
     for (int bb = 0; bb <= a; ++bb) xq = fmaf(__expf(gam[a] - gam[bb]) * DOV[a * C + bb], Ks[bb * ks + i], xq);
     b.gq[rowi(a) * dk + i] = xq;  // q~'s gradient; scaled into dq by the group reduction
@@ -802,7 +1134,7 @@ struct RuleScratch {
 
 struct RuleBwdScratch {
   RuleScratch f;
-  float *dvn, *qo, *dsout, *acc, *db1, *db2, *gq, *gk;
+  float *dvn, *qo, *dsout, *acc, *db1, *db2, *gq, *gk, *sds;
   size_t bytes;
   RuleBwdScratch(const GdnPlan& plan, int nv, int dk, int dv, void* base) : f(plan, nv, dk, dv, false, base) {
     detail::WorkspaceCarver w(base ? static_cast<char*>(base) + f.bytes : nullptr);
@@ -815,6 +1147,7 @@ struct RuleBwdScratch {
     db2 = w.take<float>(rows * dk);
     gq = w.take<float>(rows * dk);
     gk = w.take<float>(rows * dk);
+    sds = w.take<float>((size_t)plan.num_chunks() * nv * ((dk + 31) / 32));
     bytes = f.bytes + w.bytes();
   }
 };
@@ -999,8 +1332,9 @@ size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, 
 namespace {
 
 void check_rule_shape(int nk, int nv, int dk, int dv, const char* op) {
-  TT_CHECK(nk > 0 && nv > 0 && nv % nk == 0 && dk > 0 && dk <= 128 && dv > 0 && dv <= 128 && dv % kWalkCols == 0,
-           op, ": expected nv a positive multiple of nk, dk in [1, 128], dv a multiple of ", kWalkCols,
+  TT_CHECK(nk > 0 && nv > 0 && nv % nk == 0 && dk > 0 && dk <= 128 && dk % 8 == 0 && dv > 0 && dv <= 128 &&
+               dv % kWalkCols == 0,
+           op, ": expected nv a positive multiple of nk, dk a multiple of 8 in [8, 128], dv a multiple of ", kWalkCols,
            " in [32, 128], got nk=", nk, " nv=", nv, " dk=", dk, " dv=", dv);
 }
 
@@ -1022,16 +1356,12 @@ RuleParams rule_params(const bf16* q, const bf16* k, const bf16* v, const bf16* 
 
 // The forward's first two kernels: U, W and gam per chunk, then the walk (sin, vnew, node ends).
 void rule_prep_and_walk(const RuleParams& p, cudaStream_t stream) {
-  const int dk = p.dk, dv = p.dv;
-  const size_t prep_smem = sizeof(float) * ((size_t)kGdnChunk * (dk + 1) + kGdnChunk * kGdnChunk + 2 * kGdnChunk +
-                                            (size_t)kGdnChunk * (dv + dk));
-  const size_t walk_smem =
-      sizeof(float) * ((size_t)dk * kWalkCols + kGdnChunk * kWalkCols + kGdnChunk + 2 * (size_t)kGdnChunk * dk);
+  const size_t prep_smem = prep_smem_bytes(p.dk, p.dv), walk_smem = walk_smem_bytes(p.dk);
   TT_CUDA_CHECK(cudaFuncSetAttribute(rule_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem));
   TT_CUDA_CHECK(cudaFuncSetAttribute(rule_walk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)walk_smem));
   rule_prep_kernel<<<dim3(p.num_chunks, p.nv), kThreads, prep_smem, stream>>>(p);
   TT_CUDA_CHECK_LAUNCH();
-  rule_walk_kernel<<<dim3(p.nv, dv / kWalkCols), kThreads, walk_smem, stream>>>(p);
+  rule_walk_kernel<<<dim3(p.nv, p.dv / kWalkCols), kThreads, walk_smem, stream>>>(p);
   TT_CUDA_CHECK_LAUNCH();
 }
 
@@ -1056,24 +1386,29 @@ void gdn_backward(bf16* dq, bf16* dk, bf16* dv, bf16* dg, bf16* dbeta, float* d_
   b.d_end = d_end;
   b.d_init = d_init;
   b.dvn = s.dvn, b.qo = s.qo, b.dsout = s.dsout, b.acc = s.acc, b.db1 = s.db1, b.db2 = s.db2, b.gq = s.gq,
-  b.gk = s.gk;
+  b.gk = s.gk, b.sds = s.sds;
   b.dv = dv, b.dg = dg, b.dbeta = dbeta;
   b.accumulate = accumulate;
   rule_prep_and_walk(b.f, stream);  // the forward again: U, W, gam, v_new, the entering states
   TT_CUDA_CHECK(cudaMemsetAsync(s.acc, 0, sizeof(float) * (size_t)plan.num_nodes() * nv * dk_ * dv_, stream));
   const dim3 per_chunk(plan.num_chunks(), nv);
-  const size_t local_smem = sizeof(float) * (2 * (size_t)kGdnChunk * (dk_ + 1) + kGdnChunk * kGdnChunk + kGdnChunk);
-  const size_t walk_smem =
-      sizeof(float) * ((size_t)dk_ * kWalkCols + kGdnChunk * kWalkCols + kGdnChunk + 2 * (size_t)kGdnChunk * dk_);
+  const size_t local_smem = bwd_local_smem_bytes(), walk_smem = bwd_walk_smem_bytes(dk_),
+               state_smem = bwd_state_smem_bytes(dv_);
   const size_t grad_smem =
       sizeof(float) * (2 * (size_t)kGdnChunk * (dk_ + 1) + 4 * kGdnChunk * kGdnChunk + 4 * kGdnChunk);
   TT_CUDA_CHECK(cudaFuncSetAttribute(rule_bwd_local_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)local_smem));
   TT_CUDA_CHECK(cudaFuncSetAttribute(rule_bwd_walk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)walk_smem));
+  TT_CUDA_CHECK(cudaFuncSetAttribute(rule_bwd_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)state_smem));
   TT_CUDA_CHECK(cudaFuncSetAttribute(rule_bwd_grad_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)grad_smem));
-  rule_bwd_local_kernel<<<per_chunk, kThreads, local_smem, stream>>>(b);
+  rule_bwd_local_kernel<<<dim3(plan.num_chunks(), nv, (dv_ + kOutCols - 1) / kOutCols), kThreads, local_smem,
+                          stream>>>(b);
   TT_CUDA_CHECK_LAUNCH();
   rule_bwd_walk_kernel<<<dim3(nv, dv_ / kWalkCols), kThreads, walk_smem, stream>>>(b);
+  TT_CUDA_CHECK_LAUNCH();
+  rule_bwd_state_kernel<<<dim3(plan.num_chunks(), nv, (dk_ + kStateRows - 1) / kStateRows), kThreads, state_smem,
+                          stream>>>(b);
   TT_CUDA_CHECK_LAUNCH();
   rule_bwd_grad_kernel<<<per_chunk, kThreads, grad_smem, stream>>>(b);
   TT_CUDA_CHECK_LAUNCH();
@@ -1094,10 +1429,9 @@ void gdn_forward(bf16* o, float* end, const bf16* q, const bf16* k, const bf16* 
   RuleParams p = rule_params(q, k, v, g, beta, init, plan, nk, nv, dk, dv, scale, s, end);
   p.o = o;
   rule_prep_and_walk(p, stream);
-  const size_t out_smem = sizeof(float) * (2 * (size_t)kGdnChunk * (dk + 1) + kGdnChunk * kGdnChunk + kGdnChunk +
-                                           (size_t)dk * dv + (size_t)kGdnChunk * dv);
+  const size_t out_smem = out_smem_bytes();
   TT_CUDA_CHECK(cudaFuncSetAttribute(rule_out_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)out_smem));
-  rule_out_kernel<<<dim3(plan.num_chunks(), nv), kThreads, out_smem, stream>>>(p);
+  rule_out_kernel<<<dim3(plan.num_chunks(), nv, (dv + kOutCols - 1) / kOutCols), kThreads, out_smem, stream>>>(p);
   TT_CUDA_CHECK_LAUNCH();
 }
 

@@ -109,7 +109,7 @@ size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, 
 // o (N, nv, dv) bf16; q, k (N, nk, dk) L2-normalised, v (N, nv, dv), g, beta (N, nv) bf16; value
 // head h reads key head h / (nv / nk). init (num_roots, nv, dk, dv) fp32 or null (zeros); end
 // (num_nodes, nv, dk, dv) fp32 or null: each node's state after its last row. A node starts from
-// its parent's end state. fp32 math and state. dk <= 128, dv <= 128 a multiple of 32.
+// its parent's end state. fp32 math and state. dk <= 128 a multiple of 8, dv <= 128 a multiple of 32.
 // Three kernels whatever the tree: per (chunk, head) the chunk's U, W and decay sums; one walk per
 // (value head, 32 state columns) over the chunks in packed order carrying the state (a node's
 // first chunk starts from its parent's end state, kept per node); per (chunk, head) the outputs.

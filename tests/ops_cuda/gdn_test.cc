@@ -234,18 +234,23 @@ TEST_F(GdnOps, GatesMatchTheCpu) {
 // at 64, one-token nodes) plus a random subtree of `budget` nodes up to `max_len` rows, grouped key
 // heads (nk 2, nv 4), head dims 128; q and k L2-normalised per head, decays in [-0.62, -0.02],
 // beta in [0.05, 0.95], all rounded to bf16 (drawn from `rng` in that order); the plan uploaded.
+struct RuleShape {
+  int nk = 2, nv = 4, dk = 128, dv = 128;
+};
+
 struct RuleCase {
-  static constexpr int nk = 2, nv = 4, dk = 128, dv = 128;
+  int nk, nv, dk, dv;
   Forest f;
   int N = 0, roots = 0;
-  double scale = 1.0 / std::sqrt((double)dk);
+  double scale;
   std::vector<double> q, k, v, g, beta;
   cpu::GdnTree t;
   cuda::GdnPlan plan;
   DeviceBuffer<char> tables;
   DeviceBuffer<bf16> d_q, d_k, d_v, d_g, d_b;
 
-  RuleCase(uint64_t seed, int budget, int max_len, bool extra_root, std::mt19937_64& rng) {
+  RuleCase(uint64_t seed, int budget, int max_len, bool extra_root, std::mt19937_64& rng, RuleShape shape = {})
+      : nk(shape.nk), nv(shape.nv), dk(shape.dk), dv(shape.dv), scale(1.0 / std::sqrt((double)shape.dk)) {
     f.add(-1, 150);
     f.add(0, 64);
     f.add(1, 1);
@@ -295,10 +300,11 @@ struct RuleCase {
 // carried through at most ~300 rows of fp32 updates with __expf decays of relative error 2^-21):
 // normwise relative L2 <= 1e-4.
 TEST_F(GdnOps, DeltaRuleForwardMatchesTheRecurrentOracle) {
-  const int nk = RuleCase::nk, nv = RuleCase::nv, dk = RuleCase::dk, dv = RuleCase::dv;
-  for (uint64_t seed : {4, 5}) {
+  // Seed 6: narrower heads (dk 64 of 128 rows of the walk's tiles, dv 96: a half-empty output block).
+  for (uint64_t seed : {4, 5, 6}) {
     std::mt19937_64 rng(seed * 31);
-    RuleCase rc(seed, 20, 70, /*extra_root=*/true, rng);
+    RuleCase rc(seed, 20, 70, /*extra_root=*/true, rng, seed == 6 ? RuleShape{1, 3, 64, 96} : RuleShape{});
+    const int nk = rc.nk, nv = rc.nv, dk = rc.dk, dv = rc.dv;
     const int N = rc.N;
     const std::vector<double> init = randn_f32(rng, (size_t)rc.roots * rc.state_elems(), 0.1);
     std::vector<double> o((size_t)N * nv * dv), end((size_t)rc.f.nodes() * rc.state_elems());
@@ -338,10 +344,10 @@ TEST_F(GdnOps, DeltaRuleForwardMatchesTheRecurrentOracle) {
 // the state over ~300 rows and the two triangular solves, whose unit-diagonal factors stay O(1)
 // for beta < 1 and unit keys: 4x headroom); d_init (fp32) 1e-3.
 TEST_F(GdnOps, DeltaRuleBackwardMatchesTheRecurrentOracle) {
-  const int nk = RuleCase::nk, nv = RuleCase::nv, dk = RuleCase::dk, dv = RuleCase::dv;
-  for (uint64_t seed : {6, 7}) {
+  for (uint64_t seed : {6, 7, 8}) {
     std::mt19937_64 rng(seed * 37);
-    RuleCase rc(seed, 12, 40, /*extra_root=*/false, rng);
+    RuleCase rc(seed, 12, 40, /*extra_root=*/false, rng, seed == 8 ? RuleShape{1, 3, 64, 96} : RuleShape{});
+    const int nk = rc.nk, nv = rc.nv, dk = rc.dk, dv = rc.dv;
     const int N = rc.N;
     const std::vector<double> dO = randn_bf16(rng, (size_t)N * nv * dv),
                               init = randn_f32(rng, (size_t)rc.roots * rc.state_elems(), 0.1),
@@ -376,6 +382,17 @@ TEST_F(GdnOps, BadShapesAreErrors) {
   DeviceBuffer<int32_t> prev(8);
   EXPECT_THROW(cuda::conv1d_silu_forward(x.data(), x.data(), x.data(), prev.data(), 8, 8, 65, nullptr), tt::Error);
   EXPECT_THROW(cuda::l2norm_forward(x.data(), nullptr, x.data(), 2, 0, 1e-6, nullptr), tt::Error);
+  // The delta rule's head shapes: dk a multiple of 8 up to 128, dv a multiple of 32 up to 128, nk | nv.
+  cuda::GdnPlan empty;
+  auto forward = [&](int nk, int nv, int dk, int dv) {
+    cuda::gdn_forward(x.data(), nullptr, x.data(), x.data(), x.data(), x.data(), x.data(), nullptr, empty, nk, nv, dk,
+                      dv, 1.0, cuda::Workspace{}, nullptr);
+  };
+  EXPECT_NO_THROW(forward(2, 4, 64, 96));
+  EXPECT_THROW(forward(2, 4, 100, 128), tt::Error);
+  EXPECT_THROW(forward(2, 4, 136, 128), tt::Error);
+  EXPECT_THROW(forward(2, 4, 128, 48), tt::Error);
+  EXPECT_THROW(forward(3, 4, 128, 128), tt::Error);
 }
 
 }  // namespace
