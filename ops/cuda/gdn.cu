@@ -636,25 +636,13 @@ size_t out_smem_bytes() {
 
 // ---- The gated delta rule's backward (ops/cpu/gdn.h gdn_tree_backward_chunked) ----
 
-// The chunk's queries (times q_scale) and keys into padded rows (dk + 1: the dot products read 32
-// rows at once), by the whole block.
-__device__ __forceinline__ void load_chunk_qk(float* Qs, float* Ks, const RuleParams& p, int r0, int L, int kh,
-                                              float q_scale) {
-  const int dk = p.dk, ks = dk + 1;
-  for (int e = threadIdx.x; e < L * dk; e += blockDim.x) {
-    const int64_t at = ((int64_t)(r0 + e / dk) * p.nk + kh) * dk + e % dk;
-    Qs[(e / dk) * ks + e % dk] = q_scale * ld(p.q + at);
-    Ks[(e / dk) * ks + e % dk] = ld(p.k + at);
-  }
-}
-
 struct RuleBwdParams {
   RuleParams f;                 // the forward's tensors and recomputed intermediates (U, W, gam, vnew, sin)
   const bf16* d_o;              // (N, nv, dv)
   const float* d_end;           // (num_nodes, nv, dk, dv) or null
   float* d_init;                // (num_roots, nv, dk, dv) or null, +=
   float *dvn, *qo, *dsout, *acc;  // (N nv dv), (chunks nv dk dv), (chunks nv dk dv), (nodes nv dk dv)
-  float *db1, *db2;             // (N nv dv), (N nv dk): M^-T dv_new, M^-T dW
+  float* db2;                   // (N, nv, dk): dW = -dvn S^T (rule_bwd_state_kernel)
   float *gq, *gk;               // (N, nv, dk) per value head
   float* sds;                   // (chunks, nv, ceil(dk / 32)) partial <S, dS>
   bf16 *dv, *dg, *dbeta;        // outputs
@@ -964,140 +952,269 @@ size_t bwd_state_smem_bytes(int dv) {
          sizeof(bf16) * (size_t)kGdnChunk * kRowStride;
 }
 
-// Per (chunk, value head): the gradients of the chunk's inputs (see ops/cpu/gdn.h
-// gdn_tree_backward_chunked). q~ and k gradients go to per-value-head fp32 buffers (gq, gk), summed
-// over each key head's group afterwards.
-__global__ void rule_bwd_grad_kernel(RuleBwdParams b) {
-  extern __shared__ float sm[];
+// acc[u][v] = X_(ta + 16u) . Y_(tb + 16v) over d columns (as chunk_dots) for bf16 rows X (stride
+// kRowStride) and fp32 rows Y (stride ys, a multiple of 4).
+__device__ __forceinline__ void chunk_dots_f32(float (&acc)[4][4], const bf16* X, const float* Y, int ys, int d) {
+  const int ta = threadIdx.x / 16, tb = threadIdx.x % 16;
+#pragma unroll
+  for (int u = 0; u < 4; ++u)
+#pragma unroll
+    for (int v = 0; v < 4; ++v) acc[u][v] = 0.f;
+  for (int i = 0; i < d; i += 8) {
+    float x[4][8], y[4][8];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) detail::load_bf16<8>(x[u], X + (ta + 16 * u) * kRowStride + i);
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const float4 lo = *reinterpret_cast<const float4*>(Y + (tb + 16 * v) * ys + i);
+      const float4 hi = *reinterpret_cast<const float4*>(Y + (tb + 16 * v) * ys + i + 4);
+      y[v][0] = lo.x, y[v][1] = lo.y, y[v][2] = lo.z, y[v][3] = lo.w;
+      y[v][4] = hi.x, y[v][5] = hi.y, y[v][6] = hi.z, y[v][7] = hi.w;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < 4; ++v)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[u][v] = fmaf(x[u][e], y[v][e], acc[u][v]);
+  }
+}
+
+// Per (chunk, value head): the gradients of the chunk's inputs (ops/cpu/gdn.h
+// gdn_tree_backward_chunked), with S dO_a, dS v_new_a and dW_a = -dvn_a S^T from
+// rule_bwd_state_kernel (in gq, gk, db2). In phases, each from shared memory:
+//   A: the chunk's pair matrices KKd = e^(gam_a - gam_b) k_a . k_b (b < a; A = beta_a KKd),
+//      QK = q~_a . k_b and DOVd = e^(gam_a - gam_b) dO_a . v_new_b (b <= a);
+//   B: [dB1 | dB2] = M^-T [dvn | dW] by back substitution, a column a thread;
+//   C: dA_ab = -(dB1_a . U_b + dB2_a . W_b) (b < a), MK = dA beta_a e^(gam_a - gam_b), the pair
+//      terms QK DOVd + dA A and dA KKd;
+//   D: a warp per row: dgam's row terms, dbeta, dv = beta dB1;
+//   E: dg, the reverse cumulative sum of dgam;
+//   F: dq~ = e^(gam) S dO + DOVd K and dk = e^(gam_L - gam) dS v_new + beta e^(gam) dB2
+//      + DOVd^T q~ + MK^T K + MK K, a 4 x 8 register tile a thread. q~'s and k's gradients go to
+//      per-value-head fp32 rows (gq, gk), summed over each key head's group afterwards.
+__global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b) {
+  extern __shared__ __align__(16) unsigned char smem[];
   const RuleParams& p = b.f;
-  const int c = blockIdx.x, h = blockIdx.y, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv, ks = dk + 1;
-  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], C = kGdnChunk;
-  float* Qs = sm;                   // (64, dk + 1) q~
-  float* Ks = Qs + C * ks;          // (64, dk + 1)
-  float* A = Ks + C * ks;           // (64, 64) beta_a e^(gam_a - gam_b) k_a . k_b, b < a
-  float* QK = A + C * C;            // (64, 64) q~_a . k_b
-  float* DOV = QK + C * C;          // (64, 64) dO_a . v_new_b
-  float* DA = DOV + C * C;          // (64, 64) pair terms for dgam, then dA
-  float* gam = DA + C * C;          // (64)
-  float* bet = gam + C;             // (64)
-  float* dgam = bet + C;            // (64)
-  float* tend = dgam + C;           // (64) e^(gam_L - gam_a) k_a^T dS v_new_a
+  const int c = blockIdx.x, h = blockIdx.y, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv, X = dv + dk;
+  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
+  constexpr int C = kGdnChunk, PS = kPairStride;
+  constexpr int kFs = 128 + 4;  // v_new's fp32 row stride in phase A
+  bf16* Qb = reinterpret_cast<bf16*>(smem);                         // (64, kRowStride) q
+  bf16* Kb = Qb + C * kRowStride;                                   // (64, kRowStride) k
+  float* KKd = reinterpret_cast<float*>(Kb + C * kRowStride);       // (64, PS), then dA KKd
+  float* QK = KKd + C * PS;                                         // (64, PS), then the pair terms
+  float* DOVd = QK + C * PS;                                        // (64, PS)
+  float* MK = DOVd + C * PS;                                        // (64, PS)
+  float* gam = MK + C * PS;                                         // (64)
+  float* bet = gam + C;                                             // (64)
+  float* dgam = bet + C;                                            // (64)
+  float* te = dgam + C;                                             // (64) e^(gam_L - gam_a) k_a . dS v_new_a
+  float* R = te + C;                                                // phase A: dO, v_new; then [dB1 | dB2] (64, X)
+  bf16* Db = reinterpret_cast<bf16*>(R);                            // (64, kRowStride) dO
+  float* Vn = reinterpret_cast<float*>(Db + C * kRowStride);        // (64, kFs) v_new
+  float* XB = R;
   auto rowi = [&](int a) { return (int64_t)(r0 + a) * p.nv + h; };
-  load_chunk_qk(Qs, Ks, p, r0, L, kh, p.scale);
-  for (int r = threadIdx.x; r < L; r += blockDim.x) {
-    gam[r] = p.gam[rowi(r)];
-    bet[r] = ld(p.beta + rowi(r));
+  load_chunk_rows(Qb, kRowStride, p.q + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
+  load_chunk_rows(Kb, kRowStride, p.k + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
+  load_chunk_rows(Db, kRowStride, b.d_o + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  load_chunk_rows(Vn, kFs, p.vnew + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  load_chunk_gam(gam, p.gam, p.nv, h, r0, L);
+  attn::cp_async_commit();
+  for (int r = threadIdx.x; r < C; r += blockDim.x) {
+    bet[r] = r < L ? ld(p.beta + rowi(r)) : 0.f;
     dgam[r] = 0.f;
   }
+  attn::cp_async_wait<0>();
   __syncthreads();
   const float gl = gam[L - 1];
-  for (int e = threadIdx.x; e < L * L; e += blockDim.x) {
-    const int a = e / L, bb = e % L;
-    float kk = 0.f, qk = 0.f, dov = 0.f;
-    for (int i = 0; i < dk; ++i) {
-      kk = fmaf(Ks[a * ks + i], Ks[bb * ks + i], kk);
-      qk = fmaf(Qs[a * ks + i], Ks[bb * ks + i], qk);
-    }
-    for (int j = 0; j < dv; ++j) dov = fmaf(ld(b.d_o + rowi(a) * dv + j), p.vnew[rowi(bb) * dv + j], dov);
-    A[a * C + bb] = bb < a ? bet[a] * __expf(gam[a] - gam[bb]) * kk : 0.f;
-    QK[a * C + bb] = qk;
-    DOV[a * C + bb] = dov;
+  const int ta = threadIdx.x / 16, tb = threadIdx.x % 16;
+  {  // A
+    float acc[4][4];
+    chunk_dots(acc, Kb, Kb, dk);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const int a = ta + 16 * u, bb = tb + 16 * v;
+        KKd[a * PS + bb] = bb < a && a < L ? __expf(gam[a] - gam[bb]) * acc[u][v] : 0.f;
+      }
+    chunk_dots(acc, Qb, Kb, dk);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const int a = ta + 16 * u, bb = tb + 16 * v;
+        QK[a * PS + bb] = bb <= a && a < L ? p.scale * acc[u][v] : 0.f;
+      }
+    chunk_dots_f32(acc, Db, Vn, kFs, dv);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const int a = ta + 16 * u, bb = tb + 16 * v;
+        DOVd[a * PS + bb] = bb <= a && a < L ? __expf(gam[a] - gam[bb]) * acc[u][v] : 0.f;
+      }
+  }
+  __syncthreads();  // dO and v_new are read no more: R becomes [dB1 | dB2]
+  load_chunk_rows(XB, X, b.dvn + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  load_chunk_rows(XB + dv, X, b.db2 + (int64_t)h * dk, (int64_t)p.nv * dk, r0, L, dk);
+  attn::cp_async_commit();
+  attn::cp_async_wait<0>();
+  __syncthreads();
+  {  // B: x_a = rhs_a - sum_{b > a} A_ba x_b, rows last to first (two accumulators)
+    const int col = threadIdx.x;
+    if (col < X)
+      for (int a = L - 1; a >= 0; --a) {
+        float x0 = XB[a * X + col], x1 = 0.f;
+        int bb = a + 1;
+        for (; bb + 1 < L; bb += 2) {
+          x0 = fmaf(-bet[bb] * KKd[bb * PS + a], XB[bb * X + col], x0);
+          x1 = fmaf(-bet[bb + 1] * KKd[(bb + 1) * PS + a], XB[(bb + 1) * X + col], x1);
+        }
+        if (bb < L) x0 = fmaf(-bet[bb] * KKd[bb * PS + a], XB[bb * X + col], x0);
+        XB[a * X + col] = x0 + x1;
+      }
   }
   __syncthreads();
-  // dB1 = M^-T dvn, dB2 = M^-T dW with dW_a = -dvn_a S^T: one column per thread, rows last to first.
-  for (int col = threadIdx.x; col < dv + dk; col += blockDim.x) {
-    for (int a = L - 1; a >= 0; --a) {
-      float x;
-      if (col < dv) {
-        x = b.dvn[rowi(a) * dv + col];
-        for (int bb = a + 1; bb < L; ++bb) x = fmaf(-A[bb * C + a], b.db1[rowi(bb) * dv + col], x);
-        b.db1[rowi(a) * dv + col] = x;
-      } else {
-        const int e = col - dv;
-        x = b.db2[rowi(a) * dk + e];  // dW_a = -dvn_a S^T (rule_bwd_state_kernel), replaced by dB2_a
-        for (int bb = a + 1; bb < L; ++bb) x = fmaf(-A[bb * C + a], b.db2[rowi(bb) * dk + e], x);
-        b.db2[rowi(a) * dk + e] = x;
+  {  // C: dA from dB1 . U_b + dB2 . W_b (U, W rows from global memory, cached)
+    float acc[4][4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) acc[u][v] = 0.f;
+    for (int part = 0; part < 2; ++part) {
+      const int d = part ? dk : dv, x0 = part ? dv : 0;
+      const float* Y = part ? p.W : p.U;
+      for (int i = 0; i < d; i += 4) {
+        float4 x[4], y[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) x[u] = *reinterpret_cast<const float4*>(XB + (ta + 16 * u) * X + x0 + i);
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+          const int bb = tb + 16 * v;
+          y[v] = bb < L ? *reinterpret_cast<const float4*>(Y + rowi(bb) * d + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+          for (int v = 0; v < 4; ++v)
+            acc[u][v] = fmaf(x[u].x, y[v].x, fmaf(x[u].y, y[v].y, fmaf(x[u].z, y[v].z, fmaf(x[u].w, y[v].w, acc[u][v]))));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const int a = ta + 16 * u, bb = tb + 16 * v, e = a * PS + bb;
+        const float da = bb < a && a < L ? -acc[u][v] : 0.f, kkd = KKd[e];
+        QK[e] = QK[e] * DOVd[e] + da * bet[a] * kkd;  // the pair term (0 where b > a)
+        MK[e] = da * bet[a] * (bb < a ? __expf(gam[a] - gam[bb]) : 0.f);
+        KKd[e] = da * kkd;
+      }
+  }
+  __syncthreads();
+  {  // D: a warp per row
+    const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
+    for (int a = warp; a < L; a += kThreads / detail::kWarp) {
+      const float eg = __expf(gam[a]);
+      float pair = 0.f, qsd = 0.f, kdsv = 0.f, b2k = 0.f, b1v = 0.f, dak = 0.f;
+      for (int bb = lane; bb < C; bb += detail::kWarp) {
+        pair += QK[a * PS + bb] - QK[bb * PS + a];
+        dak += KKd[a * PS + bb];
+      }
+      for (int i = lane; i < dk; i += detail::kWarp) {
+        const float q = bf(Qb[a * kRowStride + i]), k = bf(Kb[a * kRowStride + i]);
+        qsd = fmaf(q, b.gq[rowi(a) * dk + i], qsd);
+        kdsv = fmaf(k, b.gk[rowi(a) * dk + i], kdsv);
+        b2k = fmaf(XB[a * X + dv + i], k, b2k);
+      }
+      for (int j = lane; j < dv; j += detail::kWarp) {
+        const float d1 = XB[a * X + j];
+        b1v = fmaf(d1, ld(p.v + rowi(a) * dv + j), b1v);
+        const int64_t at = rowi(a) * dv + j;
+        const float g = bet[a] * d1;
+        b.dv[at] = __float2bfloat16(b.accumulate ? ld(b.dv + at) + g : g);
+      }
+      pair = detail::warp_sum(pair), dak = detail::warp_sum(dak), qsd = detail::warp_sum(qsd);
+      kdsv = detail::warp_sum(kdsv), b2k = detail::warp_sum(b2k), b1v = detail::warp_sum(b1v);
+      if (lane == 0) {
+        const float t = __expf(gl - gam[a]) * kdsv;
+        te[a] = t;
+        dgam[a] = pair + eg * p.scale * qsd - t + bet[a] * eg * b2k;
+        const float db = b1v + eg * b2k + dak;
+        b.dbeta[rowi(a)] = __float2bfloat16(b.accumulate ? ld(b.dbeta + rowi(a)) + db : db);
       }
     }
   }
   __syncthreads();
-  // Pair terms: DA[a][b] = dA_ab (b < a); dgam pairs from the outputs and from A.
-  for (int e = threadIdx.x; e < L * L; e += blockDim.x) {
-    const int a = e / L, bb = e % L;
-    float pair = 0.f, da = 0.f;
-    if (bb <= a) pair = QK[a * C + bb] * __expf(gam[a] - gam[bb]) * DOV[a * C + bb];
-    if (bb < a) {
-      for (int j = 0; j < dv; ++j) da = fmaf(-b.db1[rowi(a) * dv + j], p.U[rowi(bb) * dv + j], da);
-      for (int i = 0; i < dk; ++i) da = fmaf(-b.db2[rowi(a) * dk + i], p.W[rowi(bb) * dk + i], da);
-      pair += da * A[a * C + bb];
-    }
-    QK[a * C + bb] = pair;  // QK is read no more: reuse it for the pair terms
-    DA[a * C + bb] = da;
-  }
-  __syncthreads();
-  // Per row a: its gradients. Row terms of dgam first (each row by one thread, in a fixed order).
-  for (int a = threadIdx.x; a < L; a += blockDim.x) {
-    float x = 0.f;
-    for (int bb = 0; bb < L; ++bb) x += QK[a * C + bb] - QK[bb * C + a];
-    // e^(gam_a) q~_a . (S dO_a)
-    float qsd = 0.f;  // (S dO_a is in gq: rule_bwd_state_kernel)
-    for (int i = 0; i < dk; ++i) qsd = fmaf(Qs[a * ks + i], b.gq[rowi(a) * dk + i], qsd);
-    x += __expf(gam[a]) * qsd;
-    // The end state: -e^(gam_L - gam_a) k_a^T dS v_new_a here, its sum at row L - 1, and e^(gam_L) <S, dS>.
-    float kdsv = 0.f;  // (dS v_new_a is in gk)
-    for (int i = 0; i < dk; ++i) kdsv = fmaf(Ks[a * ks + i], b.gk[rowi(a) * dk + i], kdsv);
-    const float te = __expf(gl - gam[a]) * kdsv;
-    tend[a] = te;
-    x -= te;
-    // B2: beta_a e^(gam_a) dB2_a . k_a.
-    float b2k = 0.f;
-    for (int i = 0; i < dk; ++i) b2k = fmaf(b.db2[rowi(a) * dk + i], Ks[a * ks + i], b2k);
-    x += bet[a] * __expf(gam[a]) * b2k;
-    dgam[a] = x;
-    // dbeta_a = dB1_a . v_a + e^(gam_a) dB2_a . k_a + sum_{b < a} dA_ab e^(gam_a - gam_b) k_a . k_b.
-    float db = __expf(gam[a]) * b2k;
-    for (int j = 0; j < dv; ++j) {
-      const float d1 = b.db1[rowi(a) * dv + j];
-      db = fmaf(d1, ld(p.v + rowi(a) * dv + j), db);
-      const int64_t at = rowi(a) * dv + j;
-      const float g = bet[a] * d1;
-      b.dv[at] = __float2bfloat16(b.accumulate ? ld(b.dv + at) + g : g);
-    }
-    for (int bb = 0; bb < a; ++bb) db += DA[a * C + bb] * (bet[a] > 0.f || bet[a] < 0.f ? A[a * C + bb] / bet[a] : 0.f);
-    b.dbeta[rowi(a)] = __float2bfloat16(b.accumulate ? ld(b.dbeta + rowi(a)) + db : db);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {  // the end-state terms that land on row L - 1
-    const int parts = (dk + kStateRows - 1) / kStateRows;
+  if (threadIdx.x < detail::kWarp) {  // E: dg_t = sum_{a >= t} dgam_a, by warp 0
+    const int lane = threadIdx.x, parts = (dk + kStateRows - 1) / kStateRows;
     float s = 0.f;
     for (int z = 0; z < parts; ++z) s += b.sds[((int64_t)c * p.nv + h) * parts + z];
-    float t = 0.f;
-    for (int a = 0; a < L; ++a) t += tend[a];
-    dgam[L - 1] += __expf(gl) * s + t;
-    // dg_t = sum_{a >= t} dgam_a.
-    float acc = 0.f;
-    for (int a = L - 1; a >= 0; --a) {
-      acc += dgam[a];
-      const int64_t at = rowi(a);
-      b.dg[at] = __float2bfloat16(b.accumulate ? ld(b.dg + at) + acc : acc);
+    const float tsum = detail::warp_sum((lane < L ? te[lane] : 0.f) + (lane + 32 < L ? te[lane + 32] : 0.f));
+    if (lane == 0) dgam[L - 1] += __expf(gl) * s + tsum;
+    __syncwarp();
+    // Reverse inclusive scan of the 64 values: lane holds dgam[63 - lane] and dgam[31 - lane].
+    float hi = dgam[C - 1 - lane], lo = dgam[C / 2 - 1 - lane];
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+      const float uh = __shfl_up_sync(0xffffffffu, hi, o), ul = __shfl_up_sync(0xffffffffu, lo, o);
+      if (lane >= o) hi += uh, lo += ul;
+    }
+    lo += __shfl_sync(0xffffffffu, hi, 31);
+    const int ah = C - 1 - lane, al = C / 2 - 1 - lane;
+    if (ah < L) b.dg[rowi(ah)] = __float2bfloat16(b.accumulate ? ld(b.dg + rowi(ah)) + hi : hi);
+    if (al < L) b.dg[rowi(al)] = __float2bfloat16(b.accumulate ? ld(b.dg + rowi(al)) + lo : lo);
+  }
+  {  // F: rows tr + 16u, columns 8 tc .. 8 tc + 8
+    const int tr = threadIdx.x / 16, tc = threadIdx.x % 16, i0 = 8 * tc;
+    if (i0 < dk) {
+      float aq[4][8], ak[4][8];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) aq[u][e] = ak[u][e] = 0.f;
+      for (int x = 0; x < L; ++x) {
+        float qv[8], kv[8];
+        detail::load_bf16<8>(qv, Qb + x * kRowStride + i0);
+        detail::load_bf16<8>(kv, Kb + x * kRowStride + i0);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int r = tr + 16 * u;
+          const float cq = DOVd[r * PS + x];                                   // dq~_r += DOVd_rx k_x
+          const float kq = p.scale * DOVd[x * PS + r];                         // dk_r += DOVd_xr q~_x
+          const float kk = MK[x * PS + r] + MK[r * PS + x];                    // dk_r += (MK_xr + MK_rx) k_x
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            aq[u][e] = fmaf(cq, kv[e], aq[u][e]);
+            ak[u][e] = fmaf(kq, qv[e], fmaf(kk, kv[e], ak[u][e]));
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int r = tr + 16 * u;
+        if (r >= L) continue;
+        const float eg = __expf(gam[r]), el = __expf(gl - gam[r]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int i = i0 + e;
+          if (i >= dk) break;
+          const int64_t at = rowi(r) * dk + i;
+          b.gq[at] = eg * b.gq[at] + aq[u][e];                                  // gq held S dO_r
+          b.gk[at] = el * b.gk[at] + bet[r] * eg * XB[r * X + dv + i] + ak[u][e];  // gk held dS v_new_r
+        }
+      }
     }
   }
-  // dq~_a = e^(gam_a) S dO_a + sum_{b <= a} e^(gam_a - gam_b) dov_ab k_b;
-  // dk_b = sum_{a >= b} e^(gam_a - gam_b) dov_ab q~_a + e^(gam_L - gam_b) dS v_new_b
-  //        + beta_b e^(gam_b) dB2_b + sum_{a > b} dA_ab beta_a e^(gam_a - gam_b) k_a
-  //        + sum_{c < b} dA_bc beta_b e^(gam_b - gam_c) k_c.
-  for (int e = threadIdx.x; e < L * dk; e += blockDim.x) {
-    const int a = e / dk, i = e % dk;
-    const float sd = b.gq[rowi(a) * dk + i], dsv = b.gk[rowi(a) * dk + i];  // replaced below (same thread)
-    float xq = __expf(gam[a]) * sd;
-    for (int bb = 0; bb <= a; ++bb) xq = fmaf(__expf(gam[a] - gam[bb]) * DOV[a * C + bb], Ks[bb * ks + i], xq);
-    b.gq[rowi(a) * dk + i] = xq;  // q~'s gradient; scaled into dq by the group reduction
-    float xk = __expf(gl - gam[a]) * dsv + bet[a] * __expf(gam[a]) * b.db2[rowi(a) * dk + i];
-    for (int r = a; r < L; ++r) xk = fmaf(__expf(gam[r] - gam[a]) * DOV[r * C + a], Qs[r * ks + i], xk);
-    for (int r = a + 1; r < L; ++r) xk = fmaf(DA[r * C + a] * bet[r] * __expf(gam[r] - gam[a]), Ks[r * ks + i], xk);
-    for (int cc = 0; cc < a; ++cc) xk = fmaf(DA[a * C + cc] * bet[a] * __expf(gam[a] - gam[cc]), Ks[cc * ks + i], xk);
-    b.gk[rowi(a) * dk + i] = xk;
-  }
+}
+
+size_t bwd_grad_smem_bytes(int dk, int dv) {
+  const size_t phase_a = sizeof(bf16) * kGdnChunk * kRowStride + sizeof(float) * kGdnChunk * (128 + 4);
+  const size_t xb = sizeof(float) * (size_t)kGdnChunk * (dk + dv);
+  return sizeof(bf16) * 2 * kGdnChunk * kRowStride + sizeof(float) * (4 * kGdnChunk * kPairStride + 4 * kGdnChunk) +
+         std::max(phase_a, xb);
 }
 
 // dq (+)= scale sum over the key head's value heads of gq; dk likewise (no scale).
@@ -1134,7 +1251,7 @@ struct RuleScratch {
 
 struct RuleBwdScratch {
   RuleScratch f;
-  float *dvn, *qo, *dsout, *acc, *db1, *db2, *gq, *gk, *sds;
+  float *dvn, *qo, *dsout, *acc, *db2, *gq, *gk, *sds;
   size_t bytes;
   RuleBwdScratch(const GdnPlan& plan, int nv, int dk, int dv, void* base) : f(plan, nv, dk, dv, false, base) {
     detail::WorkspaceCarver w(base ? static_cast<char*>(base) + f.bytes : nullptr);
@@ -1143,7 +1260,6 @@ struct RuleBwdScratch {
     qo = w.take<float>(per_chunk);
     dsout = w.take<float>(per_chunk);
     acc = w.take<float>((size_t)plan.num_nodes() * nv * SS);
-    db1 = w.take<float>(rows * dv);
     db2 = w.take<float>(rows * dk);
     gq = w.take<float>(rows * dk);
     gk = w.take<float>(rows * dk);
@@ -1385,7 +1501,7 @@ void gdn_backward(bf16* dq, bf16* dk, bf16* dv, bf16* dg, bf16* dbeta, float* d_
   b.d_o = d_o;
   b.d_end = d_end;
   b.d_init = d_init;
-  b.dvn = s.dvn, b.qo = s.qo, b.dsout = s.dsout, b.acc = s.acc, b.db1 = s.db1, b.db2 = s.db2, b.gq = s.gq,
+  b.dvn = s.dvn, b.qo = s.qo, b.dsout = s.dsout, b.acc = s.acc, b.db2 = s.db2, b.gq = s.gq,
   b.gk = s.gk, b.sds = s.sds;
   b.dv = dv, b.dg = dg, b.dbeta = dbeta;
   b.accumulate = accumulate;
@@ -1394,8 +1510,7 @@ void gdn_backward(bf16* dq, bf16* dk, bf16* dv, bf16* dg, bf16* dbeta, float* d_
   const dim3 per_chunk(plan.num_chunks(), nv);
   const size_t local_smem = bwd_local_smem_bytes(), walk_smem = bwd_walk_smem_bytes(dk_),
                state_smem = bwd_state_smem_bytes(dv_);
-  const size_t grad_smem =
-      sizeof(float) * (2 * (size_t)kGdnChunk * (dk_ + 1) + 4 * kGdnChunk * kGdnChunk + 4 * kGdnChunk);
+  const size_t grad_smem = bwd_grad_smem_bytes(dk_, dv_);
   TT_CUDA_CHECK(cudaFuncSetAttribute(rule_bwd_local_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)local_smem));
   TT_CUDA_CHECK(cudaFuncSetAttribute(rule_bwd_walk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)walk_smem));

@@ -125,8 +125,9 @@ size_t gdn_backward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv)
 // node's end state from outside the batch. A parent's end-state gradient sums its children's
 // initial-state gradients in reverse packed order (deterministic, no atomics). Recomputes the
 // forward's walk, then: per (chunk, head) the dO terms; one reverse walk per (value head, 32 state
-// columns) carrying the end-state gradient; per (chunk, head) the inputs' gradients; the key-head
-// group sums: six launches whatever the tree.
+// columns) carrying the end-state gradient; per (chunk, head, 32 state rows) the products with the
+// entering state and its gradient; per (chunk, head) the inputs' gradients; the key-head group
+// sums: seven launches whatever the tree.
 void gdn_backward(bf16* dq, bf16* dk, bf16* dv, bf16* dg, bf16* dbeta, float* d_init, const bf16* d_o,
                   const float* d_end, const bf16* q, const bf16* k, const bf16* v, const bf16* g, const bf16* beta,
                   const float* init, const GdnPlan& plan, int nk, int nv, int dk_, int dv_, double scale, Workspace ws,
