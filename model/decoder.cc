@@ -108,6 +108,7 @@ struct ActsLayout {
   double* sample_logprobs;
   double* loss;
   char* layout;
+  char* recurrent;  // the recurrent layers' chunk plan (E::plan_recurrent), when the model has any
   char* rope;
   std::vector<char*> xs;
   std::vector<char*> saved;
@@ -137,6 +138,7 @@ struct ActsLayout {
     sample_logprobs = c.take<double>(n_sample);
     loss = c.take<double>(2);  // sum_t w_t ce_t, sum_t cnt_t ce_t
     layout = c.take_bytes(E::layout_bytes(N));
+    recurrent = c.take_bytes(arch.config().has_linear_attention() ? E::recurrent_plan_bytes(N, num_nodes) : 0);
     rope = c.take_bytes(E::rope_bytes(N, (int)arch.config().head_dim));
     const int B = (int)blocks.size();
     const bool train = mode == Mode::kTrain;
@@ -461,6 +463,10 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
   v.pos = r.pos;
   v.layout = exec_.make_layout(N, num_nodes, r.node_start, r.node_len, r.node_parent, r.subtree_end, singletons,
                                r.layout);
+  if (cfg.has_linear_attention())
+    exec_.plan_recurrent(v.layout, N, num_nodes, batch.node_start.data(), batch.node_len.data(),
+                         batch.node_parent.data(), r.node_start, r.node_len, r.node_parent, r.pos, r.subtree_end,
+                         r.recurrent);
   v.rope = exec_.make_rope(r.pos, N, (int)cfg.head_dim, cfg.rope_theta, r.rope);
   if constexpr (E::kHybridOps) v.rope.rotary_dim = cfg.rotary_dim() == cfg.head_dim ? 0 : cfg.rotary_dim();
   v.n_rows = n_rows;

@@ -257,7 +257,7 @@ void CpuExec<T>::conv1d_silu_forward(Act* out, const Act* x, const Weight* w, co
 
 template <class T>
 void CpuExec<T>::conv1d_silu_backward(Act* dx, Param* dw, const Act* dout, const Act* x, const Weight* w,
-                                      const int32_t* prev, int N, int C, int K) {
+                                      const int32_t* prev, const Layout&, int N, int C, int K) {
   cpu::conv1d_silu_backward(dx, dw, dout, x, w, prev, N, C, K);
 }
 

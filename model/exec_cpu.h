@@ -74,8 +74,10 @@ class CpuExec {
   static int max_external_kv(bool) { return INT_MAX; }
   static constexpr int64_t kDefaultHeadChunkBytes = INT64_MAX;  // one chunk: every head row at once
   // The Qwen3.5 ops below (Gated DeltaNet, gated attention, zero-centred norms, partial RoPE;
-  // model/gdn.h, model/attention.h): the CPU reference has them, the CUDA backend not yet.
+  // model/gdn.h, model/attention.h).
   static constexpr bool kHybridOps = true;
+  // A recurrent layer's carried state (init / end states, conv context) is host memory here.
+  static constexpr bool kHostRecurrent = true;
   // The vision tower's ops below (LayerNorm, GELU, biases, row moves, patchify; model/vision.h).
   static constexpr bool kVisionOps = true;
 
@@ -99,6 +101,10 @@ class CpuExec {
   Layout make_layout(int N, int num_nodes, const int32_t* node_start, const int32_t* node_len,
                      const int32_t* node_parent, const int32_t* subtree_end, bool singletons, char* storage,
                      const int32_t* key_lo = nullptr);
+  // The recurrent layers read the node ranges from the layout directly: nothing to plan.
+  static size_t recurrent_plan_bytes(int, int) { return 0; }
+  void plan_recurrent(Layout&, int, int, const int32_t*, const int32_t*, const int32_t*, const int32_t*,
+                      const int32_t*, const int32_t*, const int32_t*, const int32_t*, char*) {}
   static size_t rope_bytes(int, int) { return 0; }
   Rope make_rope(const int32_t* pos, int N, int HS, double theta, char* storage);
 
@@ -158,8 +164,10 @@ class CpuExec {
   // Gated DeltaNet (ops/cpu/gdn.h; dx-style outputs +=, as there, except gdn_gates_backward's da, db).
   void path_prev(int32_t* prev, const Layout& layout, int N);
   void conv1d_silu_forward(Act* out, const Act* x, const Weight* w, const int32_t* prev, int N, int C, int K);
+  // (layout: the batch's, for backends that walk descendants through it; N may exceed its rows
+  // here, a carried conv's extended rows, which prev links.)
   void conv1d_silu_backward(Act* dx, Param* dw, const Act* dout, const Act* x, const Weight* w, const int32_t* prev,
-                            int N, int C, int K);
+                            const Layout& layout, int N, int C, int K);
   // out (N, cols) = in[:, col0 : col0 + cols] of in (N, in_cols); add_cols adds back the other way.
   void copy_cols(Act* out, const Act* in, int N, int in_cols, int col0, int cols);
   void add_cols(Act* out, const Act* in, int N, int out_cols, int col0, int cols);

@@ -10,6 +10,8 @@
 #include "ops/cuda/attention_decode.h"
 #include "ops/cuda/check.h"
 #include "ops/cuda/embedding.h"
+#include "ops/cuda/gated_attention.h"
+#include "ops/cuda/gdn.h"
 #include "ops/cuda/rmsnorm.h"
 #include "ops/cuda/retrieval.h"
 #include "ops/cuda/rope.h"
@@ -41,19 +43,28 @@ CudaExec::~CudaExec() {
 }
 
 void CudaExec::check_model(const ModelConfig& cfg) {
-  if (cfg.qwen3_5())
-    throw Error(str("model.architecture: ", cfg.architecture,
-                    " runs on the cpu backend only so far (its Gated DeltaNet, gated attention and partial RoPE have "
-                    "no CUDA kernels yet); set device: cpu"));
-  if (cfg.has_linear_attention())
-    throw Error("model.layer_types: linear_attention (Gated DeltaNet) layers run on the cpu backend only so far (their "
-                "CUDA kernels are not written yet); set device: cpu");
+  if (cfg.has_linear_attention()) {
+    const int64_t nk = cfg.linear_num_key_heads, nv = cfg.linear_num_value_heads, dk = cfg.linear_key_head_dim,
+                  dv = cfg.linear_value_head_dim, K = cfg.linear_conv_kernel_dim;
+    if (dk % 8 != 0 || dk > 128)
+      throw Error(str("model.linear_key_head_dim ", dk,
+                      " is not supported on cuda (the delta rule's kernels take a multiple of 8 up to 128); "
+                      "set device: cpu"));
+    if (dv % 32 != 0 || dv > 128)
+      throw Error(str("model.linear_value_head_dim ", dv,
+                      " is not supported on cuda (the delta rule's kernels take a multiple of 32 up to 128); "
+                      "set device: cpu"));
+    if (K > 64)
+      throw Error(str("model.linear_conv_kernel_dim ", K, " is not supported on cuda (at most 64 taps); set device: cpu"));
+    (void)nk, (void)nv;  // nv % nk: ModelConfig::validate
+  }
   if (cfg.vision.enabled() && cfg.vision.head_dim() != 64 && cfg.vision.head_dim() != 128)
     throw Error(str("vision: head dim hidden_size / num_attention_heads = ", cfg.vision.hidden_size, " / ",
                     cfg.vision.num_attention_heads, " = ", cfg.vision.head_dim(),
                     " is not supported on cuda (the tree attention kernels take 64 or 128); set device: cpu"));
   if (cfg.head_dim != 64 && cfg.head_dim != 128)
-    throw Error(str("model.head_dim ", cfg.head_dim, " is not supported on cuda (the tree attention kernels take 64 or 128)"));
+    throw Error(str("model.head_dim ", cfg.head_dim, " is not supported on cuda (the tree attention kernels take 64 or "
+                    "128; Qwen3-Next's and Qwen3.5's 256 is not written yet)"));
 }
 
 void CudaExec::ensure(Buffer& b, size_t bytes) {
@@ -101,12 +112,27 @@ CudaExec::Layout CudaExec::make_layout(int N, int, const int32_t*, const int32_t
   return l;
 }
 
+void CudaExec::plan_recurrent(Layout& l, int N, int num_nodes, const int32_t* host_start, const int32_t* host_len,
+                              const int32_t* host_parent, const int32_t* node_start, const int32_t* node_len,
+                              const int32_t* node_parent, const int32_t* pos, const int32_t* subtree_end,
+                              char* storage) {
+  mark(Op::kOther);
+  l.num_nodes = num_nodes;
+  l.node_start = node_start, l.node_len = node_len, l.node_parent = node_parent;
+  l.pos = pos, l.subtree_end = subtree_end;
+  l.gdn.make(host_start, host_len, host_parent, num_nodes);
+  TT_CHECK(l.gdn.rows() == N && l.gdn.table_bytes() <= recurrent_plan_bytes(N, num_nodes),
+           "CudaExec::plan_recurrent: a plan of ", l.gdn.rows(), " rows and ", l.gdn.table_bytes(),
+           " table bytes for a batch of ", N, " rows");
+  l.gdn.upload(storage, stream_);
+}
+
 size_t CudaExec::rope_bytes(int N, int HS) {
   return cuda::qk_norm_rope_supported(HS) ? sizeof(float2) * (size_t)N * (HS / 2) : 0;
 }
 
 CudaExec::Rope CudaExec::make_rope(const int32_t* pos, int N, int HS, double theta, char* storage) {
-  Rope r{pos, theta, nullptr};
+  Rope r{pos, theta, nullptr, 0};
   if (cuda::qk_norm_rope_supported(HS) && N > 0) {
     mark(Op::kNorm);
     float2* table = reinterpret_cast<float2*>(storage);
@@ -156,23 +182,24 @@ void CudaExec::embedding_backward(Param* dwte, const Act* dout, const int32_t* t
                            stream_);
 }
 
-void CudaExec::rmsnorm_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, int rows, int C, double eps) {
+void CudaExec::rmsnorm_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, int rows, int C, double eps,
+                               double w_offset) {
   mark(Op::kNorm);
-  cuda::rmsnorm_forward(out, rstd, x, w, rows, C, eps, stream_);
+  cuda::rmsnorm_forward(out, rstd, x, w, rows, C, eps, stream_, w_offset);
 }
 
 void CudaExec::rmsnorm_backward(Act* dx, Param* dw, const Act* dout, const Act* x, const Weight* w,
-                                const Stat* rstd, int rows, int C, bool accumulate_dx) {
+                                const Stat* rstd, int rows, int C, bool accumulate_dx, double w_offset) {
   mark(Op::kNorm);
   cuda::rmsnorm_backward(dx, dw, dout, x, w, rstd, rows, C, workspace(cuda::rmsnorm_backward_workspace_bytes(rows, C)),
-                         stream_, accumulate_dx);
+                         stream_, accumulate_dx, w_offset);
 }
 
 void CudaExec::rmsnorm_backward(Act* dx, Param* dw, const Acc* dout, const Act* x, const Weight* w,
-                                const Stat* rstd, int rows, int C, bool accumulate_dx) {
+                                const Stat* rstd, int rows, int C, bool accumulate_dx, double w_offset) {
   mark(Op::kNorm);
   cuda::rmsnorm_backward(dx, dw, dout, x, w, rstd, rows, C, workspace(cuda::rmsnorm_backward_workspace_bytes(rows, C)),
-                         stream_, accumulate_dx);
+                         stream_, accumulate_dx, w_offset);
 }
 
 void CudaExec::linear(Act* out, const Act* x, const Weight* w, int N, int IC, int OC) {
@@ -222,17 +249,17 @@ void CudaExec::swiglu_backward(Act* dgate, Act* dup, const Act* dh, const Act* g
 
 void CudaExec::rope_forward(Act* x, const Rope& r, int N, int H, int HS) {
   mark(Op::kNorm);
-  cuda::rope_forward(x, r.pos, N, H, HS, r.theta, stream_);
+  cuda::rope_forward(x, r.pos, N, H, HS, r.theta, stream_, r.rotary_dim);
 }
 
 void CudaExec::rope_backward(Act* dx, const Rope& r, int N, int H, int HS) {
   mark(Op::kNorm);
-  cuda::rope_backward(dx, r.pos, N, H, HS, r.theta, stream_);
+  cuda::rope_backward(dx, r.pos, N, H, HS, r.theta, stream_, r.rotary_dim);
 }
 
 void CudaExec::rope_backward(Acc* dx, const Rope& r, int N, int H, int HS) {
   mark(Op::kNorm);
-  cuda::rope_backward(dx, r.pos, N, H, HS, r.theta, stream_);
+  cuda::rope_backward(dx, r.pos, N, H, HS, r.theta, stream_, r.rotary_dim);
 }
 
 void CudaExec::add_rows(Acc* dst, const int32_t* rows, const Acc* src, int R, int C) {
@@ -240,26 +267,33 @@ void CudaExec::add_rows(Acc* dst, const int32_t* rows, const Acc* src, int R, in
   detail::add_rows(dst, rows, src, R, C, stream_);
 }
 
+// The fused kernel rotates whole heads; partial RoPE runs the norm and the rotation one after
+// the other.
+static bool fused_rope(const CudaExec::Rope& r, int HS) {
+  return r.table && (r.rotary_dim == 0 || r.rotary_dim == HS);
+}
+
 void CudaExec::qk_norm_rope_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, const Rope& r, int N, int H,
-                                    int HS, double eps) {
+                                    int HS, double eps, double w_offset) {
   mark(Op::kNorm);
-  if (r.table) {
-    cuda::qk_norm_rope_forward(out, rstd, x, w, r.table, N, H, HS, eps, stream_);
+  if (fused_rope(r, HS)) {
+    cuda::qk_norm_rope_forward(out, rstd, x, w, r.table, N, H, HS, eps, stream_, w_offset);
   } else {
-    cuda::rmsnorm_forward(out, rstd, x, w, N * H, HS, eps, stream_);
-    cuda::rope_forward(out, r.pos, N, H, HS, r.theta, stream_);
+    cuda::rmsnorm_forward(out, rstd, x, w, N * H, HS, eps, stream_, w_offset);
+    cuda::rope_forward(out, r.pos, N, H, HS, r.theta, stream_, r.rotary_dim);
   }
 }
 
 void CudaExec::qk_norm_rope_backward(Act* dx, Param* dw, Act* dout, const Act* x, const Weight* w, const Stat* rstd,
-                                     const Rope& r, int N, int H, int HS) {
+                                     const Rope& r, int N, int H, int HS, double w_offset) {
   mark(Op::kNorm);
   const cuda::Workspace ws = workspace(cuda::rmsnorm_backward_workspace_bytes(N * H, HS));
-  if (r.table) {
-    cuda::qk_norm_rope_backward(dx, dw, dout, x, w, rstd, r.table, N, H, HS, ws, stream_, /*accumulate_dx=*/false);
+  if (fused_rope(r, HS)) {
+    cuda::qk_norm_rope_backward(dx, dw, dout, x, w, rstd, r.table, N, H, HS, ws, stream_, /*accumulate_dx=*/false,
+                                w_offset);
   } else {
-    cuda::rope_backward(dout, r.pos, N, H, HS, r.theta, stream_);
-    cuda::rmsnorm_backward(dx, dw, dout, x, w, rstd, N * H, HS, ws, stream_, /*accumulate_dx=*/false);
+    cuda::rope_backward(dout, r.pos, N, H, HS, r.theta, stream_, r.rotary_dim);
+    cuda::rmsnorm_backward(dx, dw, dout, x, w, rstd, N * H, HS, ws, stream_, /*accumulate_dx=*/false, w_offset);
   }
 }
 
@@ -306,6 +340,121 @@ void CudaExec::move_cols(Act* dst, int dst_cols, int dst_col0, const Act* src, i
   TT_CUDA_CHECK(cudaMemcpy2DAsync(dst + dst_col0, sizeof(Act) * (size_t)dst_cols, src + src_col0,
                                   sizeof(Act) * (size_t)src_cols, sizeof(Act) * (size_t)cols, (size_t)N,
                                   cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaExec::split_heads(Act* a, Act* b, const Act* ab, int N, int H, int D) {
+  mark(Op::kOther);
+  cuda::split_heads(a, b, ab, N, H, D, stream_);
+}
+
+void CudaExec::merge_heads(Act* ab, const Act* a, const Act* b, int N, int H, int D) {
+  mark(Op::kOther);
+  cuda::merge_heads(ab, a, b, N, H, D, stream_);
+}
+
+void CudaExec::sigmoid_gate_forward(Act* y, const Act* x, const Act* gate, int64_t n) {
+  mark(Op::kNorm);
+  cuda::sigmoid_gate_forward(y, x, gate, n, stream_);
+}
+
+void CudaExec::sigmoid_gate_backward(Act* dx, Act* dgate, const Act* dy, const Act* x, const Act* gate, int64_t n) {
+  mark(Op::kNorm);
+  cuda::sigmoid_gate_backward(dx, dgate, dy, x, gate, n, stream_);
+}
+
+static void check_planned(const CudaExec::Layout& l, int N, const char* op) {
+  TT_CHECK(l.node_start && l.gdn.rows() == N, "CudaExec::", op, ": the batch's recurrent plan is missing (",
+           "plan_recurrent) or covers ", l.gdn.rows(), " rows, not ", N);
+}
+
+void CudaExec::path_prev(int32_t* prev, const Layout& l, int N) {
+  mark(Op::kOther);
+  check_planned(l, N, "path_prev");
+  cuda::gdn_path_prev(prev, l.node_start, l.node_len, l.node_parent, l.num_nodes, stream_);
+}
+
+void CudaExec::conv1d_silu_forward(Act* out, const Act* x, const Weight* w, const int32_t* prev, int N, int C, int K) {
+  mark(Op::kNorm);
+  cuda::conv1d_silu_forward(out, x, w, prev, N, C, K, stream_);
+}
+
+void CudaExec::conv1d_silu_backward(Act* dx, Param* dw, const Act* dout, const Act* x, const Weight* w,
+                                    const int32_t* prev, const Layout& l, int N, int C, int K) {
+  // The input gradient gathers from descendants through the batch's depths and subtree ends (a
+  // carried conv over extended rows is the CPU backend's: kHostRecurrent).
+  check_planned(l, N, "conv1d_silu_backward");
+  mark(Op::kNorm);
+  cuda::conv1d_silu_backward(dx, dw, dout, x, w, prev, l.pos, l.subtree_end, N, C, K,
+                             workspace(cuda::conv1d_silu_backward_workspace_bytes(N, C, K)), stream_);
+}
+
+void CudaExec::copy_cols(Act* out, const Act* in, int N, int in_cols, int col0, int cols) {
+  move_cols(out, cols, 0, in, in_cols, col0, N, cols);
+}
+
+void CudaExec::add_cols(Act* out, const Act* in, int N, int out_cols, int col0, int cols) {
+  mark(Op::kOther);
+  detail::add_cols(out, in, N, out_cols, col0, cols, stream_);
+}
+
+void CudaExec::l2norm_forward(Act* y, Stat* rstd, const Act* x, int rows, int D, double eps) {
+  mark(Op::kNorm);
+  cuda::l2norm_forward(y, rstd, x, rows, D, eps, stream_);
+}
+
+void CudaExec::l2norm_backward(Act* dx, const Act* dy, const Act* x, const Stat* rstd, int rows, int D) {
+  mark(Op::kNorm);
+  cuda::l2norm_backward(dx, dy, x, rstd, rows, D, stream_);
+}
+
+void CudaExec::gated_rmsnorm_forward(Act* y, Stat* rstd, const Act* x, const Act* z, const Weight* w, int rows, int D,
+                                     double eps) {
+  mark(Op::kNorm);
+  cuda::gated_rmsnorm_forward(y, rstd, x, z, w, rows, D, eps, stream_);
+}
+
+void CudaExec::gated_rmsnorm_backward(Act* dx, Act* dz, Param* dw, const Act* dy, const Act* x, const Act* z,
+                                      const Weight* w, const Stat* rstd, int rows, int D) {
+  mark(Op::kNorm);
+  cuda::gated_rmsnorm_backward(dx, dz, dw, dy, x, z, w, rstd, rows, D,
+                               workspace(cuda::gated_rmsnorm_backward_workspace_bytes(rows, D)), stream_);
+}
+
+void CudaExec::gdn_gates_forward(Act* g, Act* beta, const Act* a, const Act* b, const Weight* A_log,
+                                 const Weight* dt_bias, int N, int H) {
+  mark(Op::kNorm);
+  cuda::gdn_gates_forward(g, beta, a, b, A_log, dt_bias, N, H, stream_);
+}
+
+void CudaExec::gdn_gates_backward(Act* da, Act* db, Param* dA_log, Param* ddt_bias, const Act* dg, const Act* dbeta,
+                                  const Act* a, const Act* b, const Weight* A_log, const Weight* dt_bias, int N,
+                                  int H) {
+  mark(Op::kNorm);
+  cuda::gdn_gates_backward(da, db, dA_log, ddt_bias, dg, dbeta, a, b, A_log, dt_bias, N, H,
+                           workspace(cuda::gdn_gates_backward_workspace_bytes(N, H)), stream_);
+}
+
+void CudaExec::gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Act* g, const Act* beta,
+                           const Layout& layout, int N, int nk, int nv, int dk, int dv, double scale,
+                           const double* init, double* end) {
+  TT_CHECK(!init && !end, "CudaExec::gdn_forward: carried recurrent states are the cpu backend's (kHostRecurrent)");
+  check_planned(layout, N, "gdn_forward");
+  mark(Op::kAttention);
+  cuda::gdn_forward(o, nullptr, q, k, v, g, beta, nullptr, layout.gdn, nk, nv, dk, dv, scale,
+                    workspace(cuda::gdn_forward_workspace_bytes(layout.gdn, nv, dk, dv, false)), stream_);
+}
+
+void CudaExec::gdn_backward(Act* dq, Act* dk, Act* dv, Act* dg, Act* dbeta, const Act* d_o, const Act* q, const Act* k,
+                            const Act* v, const Act* g, const Act* beta, const Layout& layout, int N, int nk, int nv,
+                            int k_dim, int v_dim, double scale, const double* init, double* d_init,
+                            const double* d_end) {
+  TT_CHECK(!init && !d_init && !d_end,
+           "CudaExec::gdn_backward: carried recurrent states are the cpu backend's (kHostRecurrent)");
+  check_planned(layout, N, "gdn_backward");
+  mark(Op::kAttention);
+  cuda::gdn_backward(dq, dk, dv, dg, dbeta, nullptr, d_o, nullptr, q, k, v, g, beta, nullptr, layout.gdn, nk, nv,
+                     k_dim, v_dim, scale, workspace(cuda::gdn_backward_workspace_bytes(layout.gdn, nv, k_dim, v_dim)),
+                     stream_);
 }
 
 void CudaExec::retrieval_select(int32_t* idx, const Act* q, const Act* pool_k, int P, int NH, int NKV, int HS,

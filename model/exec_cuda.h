@@ -30,6 +30,7 @@
 #include "ops/cuda/attention_decode.h"
 #include "ops/cuda/bf16.h"
 #include "ops/cuda/cross_entropy.h"
+#include "ops/cuda/gdn.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/memory.h"
 #include "ops/cuda/tree_tiles.h"
@@ -66,15 +67,22 @@ class CudaExec {
   using KV = cuda::ExternalKV;
   // The attention's view of a batch: the tree tiles, and whether every row is its own one-token
   // tree (a decode step), which the decode kernels serve (ops/cuda/attention_decode.h).
+  // For recurrent layers (plan_recurrent): the node arrays, depths and subtree ends on the device
+  // (the row ops' path walks) and the delta rule's chunk plan.
   struct Layout {
     cuda::TreeTiles tiles;
     bool singletons = false;
+    int num_nodes = 0;
+    const int32_t *node_start = nullptr, *node_len = nullptr, *node_parent = nullptr;
+    const int32_t *pos = nullptr, *subtree_end = nullptr;
+    cuda::GdnPlan gdn;
   };
   using Buffer = cuda::DeviceBuffer<char>;
   struct Rope {
     const int32_t* pos = nullptr;  // (N) device
     double theta = 0;
     const float2* table = nullptr;  // (N, HS/2) cos/sin (cuda::rope_table), when the fused q/k op takes HS
+    int rotary_dim = 0;  // RoPE on the first rotary_dim dims of a head (0: all; Qwen3.5's partial RoPE)
   };
   using Targets = cuda::CeTargets;  // src indexes the batch's head rows
 
@@ -89,7 +97,11 @@ class CudaExec {
   static int max_external_kv(bool singletons) { return singletons ? INT_MAX : kMaxExternalKV; }
   static constexpr int64_t kDefaultHeadChunkBytes = int64_t(1) << 30;  // of bf16 logits per chunk
   static constexpr bool kVisionOps = true;  // the tower's ops below (ops/cuda/vision.h)
-  static constexpr bool kHybridOps = false;  // no Qwen3.5 kernels yet (exec_cpu.h): check_model refuses such models
+  // The Qwen3.5 ops (exec_cpu.h): Gated DeltaNet, gated attention, zero-centred norms, partial RoPE.
+  static constexpr bool kHybridOps = true;
+  // A recurrent layer's carried state (partition gateways, segment tails, the inference cache)
+  // lives in host memory on the CPU backend only so far: such carries are an error here.
+  static constexpr bool kHostRecurrent = false;
 
   // Creates the stream, the allocator and the GEMM handle on the current device. Throws
   // tt::Error when no CUDA device is usable.
@@ -99,7 +111,8 @@ class CudaExec {
   CudaExec& operator=(const CudaExec&) = delete;
 
   // Throws tt::Error naming the key for a config the kernels cannot run (head_dim other than 64
-  // or 128 in the decoder or the vision tower, linear_attention layers).
+  // or 128 in the decoder or the vision tower; linear_attention head shapes the delta rule's
+  // kernels do not take; a conv kernel wider than 64).
   static void check_model(const ModelConfig& cfg);
 
   cudaStream_t stream() const { return stream_; }
@@ -124,6 +137,14 @@ class CudaExec {
   Layout make_layout(int N, int num_nodes, const int32_t* node_start, const int32_t* node_len,
                      const int32_t* node_parent, const int32_t* subtree_end, bool singletons, char* storage,
                      const int32_t* key_lo = nullptr);
+  // The recurrent layers' view of a batch (host node arrays for the chunk plan, device ones for
+  // the row ops), into layout l; storage: recurrent_plan_bytes(N, num_nodes) device bytes.
+  static size_t recurrent_plan_bytes(int N, int num_nodes) {
+    return sizeof(int32_t) * (4 * (size_t)N + 2 * (size_t)num_nodes);
+  }
+  void plan_recurrent(Layout& l, int N, int num_nodes, const int32_t* host_start, const int32_t* host_len,
+                      const int32_t* host_parent, const int32_t* node_start, const int32_t* node_len,
+                      const int32_t* node_parent, const int32_t* pos, const int32_t* subtree_end, char* storage);
   static size_t rope_bytes(int N, int HS);
   Rope make_rope(const int32_t* pos, int N, int HS, double theta, char* storage);
 
@@ -140,11 +161,13 @@ class CudaExec {
   // The op vocabulary (model/exec.h).
   void embedding_forward(Act* out, const int32_t* tokens, const Weight* wte, int N, int C, int V);
   void embedding_backward(Param* dwte, const Act* dout, const int32_t* tokens, int N, int C, int V);
-  void rmsnorm_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, int rows, int C, double eps);
+  // w_offset: the scale is w + w_offset (1: Qwen3.5's zero-centred norm weights).
+  void rmsnorm_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, int rows, int C, double eps,
+                       double w_offset = 0);
   void rmsnorm_backward(Act* dx, Param* dw, const Act* dout, const Act* x, const Weight* w, const Stat* rstd,
-                        int rows, int C, bool accumulate_dx);
+                        int rows, int C, bool accumulate_dx, double w_offset = 0);
   void rmsnorm_backward(Act* dx, Param* dw, const Acc* dout, const Act* x, const Weight* w, const Stat* rstd,
-                        int rows, int C, bool accumulate_dx);
+                        int rows, int C, bool accumulate_dx, double w_offset = 0);
   void linear(Act* out, const Act* x, const Weight* w, int N, int IC, int OC);
   void linear(Acc* out, const Act* x, const Weight* w, int N, int IC, int OC);
   void linear_dx(Act* dx, const Act* dout, const Weight* w, int N, int IC, int OC, bool accumulate);
@@ -159,9 +182,9 @@ class CudaExec {
   // On fp32 rows (a segment's tail-key gradients, rotated back before they reach their rows).
   void rope_backward(Acc* dx, const Rope& r, int N, int H, int HS);
   void qk_norm_rope_forward(Act* out, Stat* rstd, const Act* x, const Weight* w, const Rope& r, int N, int H, int HS,
-                            double eps);
+                            double eps, double w_offset = 0);
   void qk_norm_rope_backward(Act* dx, Param* dw, Act* dout, const Act* x, const Weight* w, const Stat* rstd,
-                             const Rope& r, int N, int H, int HS);
+                             const Rope& r, int N, int H, int HS, double w_offset = 0);
   void attention_forward(Act* out, Stat* lse, const Act* q, const Act* k, const Act* v, const Layout& layout,
                          const KV* ext, int n_ext, int N, int NH, int NKV, int HS);
   void attention_backward(Act* dq, Act* dk, Act* dv, const Act* dout, const Act* out, const Stat* lse, const Act* q,
@@ -175,6 +198,36 @@ class CudaExec {
   // dst[:, dst_col0 : dst_col0 + cols] = src[:, src_col0 : src_col0 + cols] for N rows of dst_cols
   // and src_cols elements (one strided copy; the retrieval pool keeps the long-range heads' columns).
   void move_cols(Act* dst, int dst_cols, int dst_col0, const Act* src, int src_cols, int src_col0, int N, int cols);
+  // Qwen3.5's ops (CPU meaning in exec_cpu.h; kernels in ops/cuda/gated_attention.h, gdn.h, the
+  // same accumulation contract). gdn_forward / gdn_backward read the layout's chunk plan
+  // (plan_recurrent); their host-memory init / end states (the CPU backend's carries) must be null.
+  void split_heads(Act* a, Act* b, const Act* ab, int N, int H, int D);
+  void merge_heads(Act* ab, const Act* a, const Act* b, int N, int H, int D);
+  void sigmoid_gate_forward(Act* y, const Act* x, const Act* gate, int64_t n);
+  void sigmoid_gate_backward(Act* dx, Act* dgate, const Act* dy, const Act* x, const Act* gate, int64_t n);
+  void path_prev(int32_t* prev, const Layout& layout, int N);
+  void conv1d_silu_forward(Act* out, const Act* x, const Weight* w, const int32_t* prev, int N, int C, int K);
+  void conv1d_silu_backward(Act* dx, Param* dw, const Act* dout, const Act* x, const Weight* w, const int32_t* prev,
+                            const Layout& layout, int N, int C, int K);
+  void copy_cols(Act* out, const Act* in, int N, int in_cols, int col0, int cols);
+  void add_cols(Act* out, const Act* in, int N, int out_cols, int col0, int cols);
+  void l2norm_forward(Act* y, Stat* rstd, const Act* x, int rows, int D, double eps);
+  void l2norm_backward(Act* dx, const Act* dy, const Act* x, const Stat* rstd, int rows, int D);
+  void gated_rmsnorm_forward(Act* y, Stat* rstd, const Act* x, const Act* z, const Weight* w, int rows, int D,
+                             double eps);
+  void gated_rmsnorm_backward(Act* dx, Act* dz, Param* dw, const Act* dy, const Act* x, const Act* z, const Weight* w,
+                              const Stat* rstd, int rows, int D);
+  void gdn_gates_forward(Act* g, Act* beta, const Act* a, const Act* b, const Weight* A_log, const Weight* dt_bias,
+                         int N, int H);
+  void gdn_gates_backward(Act* da, Act* db, Param* dA_log, Param* ddt_bias, const Act* dg, const Act* dbeta,
+                          const Act* a, const Act* b, const Weight* A_log, const Weight* dt_bias, int N, int H);
+  void gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Act* g, const Act* beta,
+                   const Layout& layout, int N, int nk, int nv, int dk, int dv, double scale,
+                   const double* init = nullptr, double* end = nullptr);
+  void gdn_backward(Act* dq, Act* dk, Act* dv, Act* dg, Act* dbeta, const Act* d_o, const Act* q, const Act* k,
+                    const Act* v, const Act* g, const Act* beta, const Layout& layout, int N, int nk, int nv,
+                    int k_dim, int v_dim, double scale, const double* init = nullptr, double* d_init = nullptr,
+                    const double* d_end = nullptr);
   // Segment retrieval (ops/cuda/retrieval.h; CPU meaning in exec_cpu.h): fp32 scores, so near-ties
   // may order differently from the fp64 reference.
   void retrieval_select(int32_t* idx, const Act* q, const Act* pool_k, int P, int NH, int NKV, int HS,

@@ -87,6 +87,14 @@ __global__ void add_rows_f32(float* __restrict__ dst, const int32_t* __restrict_
   for (int c = threadIdx.x; c < cols; c += blockDim.x) d[c] += s[c];
 }
 
+__global__ void add_cols_bf16(bf16* __restrict__ out, const bf16* __restrict__ in, int out_cols, int col0, int cols) {
+  const int r = blockIdx.x;
+  bf16* o = out + (int64_t)r * out_cols + col0;
+  const bf16* x = in + (int64_t)r * cols;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x)
+    o[c] = __float2bfloat16(__bfloat162float(o[c]) + __bfloat162float(x[c]));
+}
+
 // One block per row: copies `cols` elements E (uint4 = 8 bf16, or one bf16) of row rows[r] (gather)
 // or of row r (scatter).
 template <class E, bool kScatter>
@@ -163,6 +171,14 @@ void add_rows(float* dst, const int32_t* rows, const float* src, int R, int C, c
   if (R <= 0 || C <= 0) return;
   TT_CHECK(dst && rows && src, "model::detail::add_rows: null pointer");
   add_rows_f32<<<R, 128, 0, stream>>>(dst, rows, src, C);
+  TT_CUDA_CHECK_LAUNCH();
+}
+
+void add_cols(bf16* out, const bf16* in, int N, int out_cols, int col0, int cols, cudaStream_t stream) {
+  if (N <= 0 || cols <= 0) return;
+  TT_CHECK(out && in && col0 >= 0 && col0 + cols <= out_cols, "model::detail::add_cols: columns [", col0, ", +",
+           cols, ") of rows of ", out_cols);
+  add_cols_bf16<<<N, 128, 0, stream>>>(out, in, out_cols, col0, cols);
   TT_CUDA_CHECK_LAUNCH();
 }
 

@@ -26,6 +26,10 @@ void add_inplace(bf16* y, const float* x, int64_t n, cudaStream_t stream);
 // dst[rows[r]] += src (R, C) in fp32, rows distinct (a segment's tail gradients into its source rows).
 void add_rows(float* dst, const int32_t* rows, const float* src, int R, int C, cudaStream_t stream);
 
+// out[:, col0 : col0 + cols] += in (N, cols) for out rows of out_cols elements, bf16, the sum in
+// fp32 rounded once (a layer's column-block gradients into the input they were split from).
+void add_cols(bf16* out, const bf16* in, int N, int out_cols, int col0, int cols, cudaStream_t stream);
+
 // out (R, C) = in[rows[r]] for r < R; in (*, C).
 void gather_rows(bf16* out, const bf16* in, const int32_t* rows, int R, int C, cudaStream_t stream);
 

@@ -1,6 +1,6 @@
 // Layer kind "linear_attention" (Gated DeltaNet): parameters, FLOPs, forward and backward (see
 // gdn.h). Written once over the op vocabulary; instantiated for the backends that have the GDN
-// ops (E::kHybridOps: the CPU reference so far).
+// ops (E::kHybridOps: both backends; the carried state is host memory, the CPU backend's).
 #include "model/gdn.h"
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include "base/check.h"
 #include "model/carve.h"
 #include "model/exec_cpu.h"
+#include "model/exec_cuda.h"
 
 namespace tt::model {
 
@@ -313,9 +314,24 @@ static bool reads_state(const BlockCall<E>& c) {
   return c.carry && std::any_of(c.carry->state_slot.begin(), c.carry->state_slot.end(), [](int32_t s) { return s >= 0; });
 }
 
+// A backend whose recurrent carries are not written (E::kHostRecurrent false: the CUDA backend)
+// refuses a batch that would need one, naming what needed it.
+static Error no_device_carry(int layer, const char* what) {
+  return Error(str("model: layer ", layer, " is linear_attention: ", what, " (its recurrent state and conv context "
+                   "carried across batches) runs on the cpu backend only so far; set device: cpu"));
+}
+
 // What a carry may hold for this layer: no K/V prefixes, and the roots' slots when it reads state.
+// Backends without host-memory carries (the CUDA backend) take none: their layouts' node arrays
+// are device memory, and the carried paths are the CPU backend's.
 template <class E>
 void GdnKind::check_carry(const BlockCall<E>& c) const {
+  if constexpr (!E::kHostRecurrent) {
+    if (c.carry || c.relay)
+      throw no_device_carry(layer_, "a carry (a partition gateway, a segment tail or the inference cache)");
+    if (c.store_slot && !c.store_slot->empty()) throw no_device_carry(layer_, "the inference cache (treetrain sample)");
+    return;
+  }
   if ((c.carry && !c.carry->kv.empty()) || (c.relay && !c.relay->kv.empty()))
     throw Error(str("model: layer ", layer_, " is linear_attention: its carry holds a recurrent state and conv "
                     "context, not K/V prefixes"));
@@ -368,7 +384,8 @@ void GdnKind::forward(E& e, const BlockCall<E>& c) const {
   const bool stores = c.store_slot && !c.store_slot->empty() && c.store_state;
   const bool offers = c.carry && !c.carry->offer_node.empty();
   Recurrent<E> rec;
-  if (carried || stores || offers) rec = recurrent_begin(c, s.qkv, s.prev, carried, stores || offers);
+  if constexpr (E::kHostRecurrent)  // (check_carry: other backends have none of the three)
+    if (carried || stores || offers) rec = recurrent_begin(c, s.qkv, s.prev, carried, stores || offers);
   // The batch's rows only; their windows reach the context rows (after them) through the links.
   e.conv1d_silu_forward(s.u, carried ? rec.rows : s.qkv, w + conv_, carried ? rec.links : s.prev, N, CD_, K_);
   e.copy_cols(s.q, s.u, N, CD_, 0, KD_);
@@ -379,11 +396,13 @@ void GdnKind::forward(E& e, const BlockCall<E>& c) const {
   e.gdn_gates_forward(s.g, s.beta, s.a, s.b, w + a_log_, w + dt_bias_, N, nv_);
   e.gdn_forward(s.o, s.qn, s.kn, s.v, s.g, s.beta, c.batch->layout, N, nk_, nv_, dk_, dv_, 1.0 / std::sqrt((double)dk_),
                 carried ? rec.init.data() : nullptr, stores || offers ? rec.end.data() : nullptr);
-  if (stores) recurrent_store(c, rec);
-  if (offers)
-    for (size_t o = 0; o < c.carry->offer_node.size(); ++o)
-      recurrent_write(c, rec, c.carry->offer_node[o], c.carry->offer_state + o * recurrent_state_elems(),
-                      c.carry->offer_conv + o * conv_context_elems());
+  if constexpr (E::kHostRecurrent) {
+    if (stores) recurrent_store(c, rec);
+    if (offers)
+      for (size_t o = 0; o < c.carry->offer_node.size(); ++o)
+        recurrent_write(c, rec, c.carry->offer_node[o], c.carry->offer_state + o * recurrent_state_elems(),
+                        c.carry->offer_conv + o * conv_context_elems());
+  }
   e.gated_rmsnorm_forward(s.y, s.y_rstd, s.o, s.z, w + norm_, N * nv_, dv_, eps_);
   e.linear(c.sum, s.y, w + w_out_, N, VD_, C);
   e.residual_add(c.x_out, c.x_in, c.sum, (int64_t)N * C);
@@ -407,7 +426,8 @@ void GdnKind::backward(E& e, const BlockCall<E>& c) const {
   const bool carried = reads_state(c);
   const bool offers = c.carry && !c.carry->offer_node.empty();
   Recurrent<E> rec;
-  if (carried) rec = recurrent_begin(c, s.qkv, s.prev, /*carried=*/true, /*outputs=*/false);
+  if constexpr (E::kHostRecurrent)
+    if (carried) rec = recurrent_begin(c, s.qkv, s.prev, /*carried=*/true, /*outputs=*/false);
   const int R = (int)rec.root_node.size();
   std::vector<double> d_init, d_end;
   if (carried) d_init.assign((size_t)R * SE, 0.0);
@@ -444,34 +464,40 @@ void GdnKind::backward(E& e, const BlockCall<E>& c) const {
   // With context rows the conv runs over the extended rows: the context rows' outputs have no
   // gradient, their inputs receive the gradient of the batch's first K - 1 rows' windows (and of
   // offered tails reaching back).
-  Act* dx = t.dqkv;
-  std::vector<Act> du_ext, dx_ext;
-  if (carried) {
-    const size_t Na = (size_t)rec.rows_n;
-    du_ext.assign(Na * CD_, Act(0));
-    dx_ext.assign(Na * CD_, Act(0));
-    std::copy(t.du, t.du + (size_t)N * CD_, du_ext.begin());
-    e.conv1d_silu_backward(dx_ext.data(), g + conv_, du_ext.data(), rec.rows, w + conv_, rec.links, (int)Na, CD_, K_);
-    dx = dx_ext.data();
-  } else {
-    e.conv1d_silu_backward(t.dqkv, g + conv_, t.du, s.qkv, w + conv_, s.prev, N, CD_, K_);
-  }
-  if (offers)
-    for (size_t o = 0; o < c.carry->offer_node.size(); ++o)
-      walk_tail<E>(c.batch->layout, carried ? rec.links : s.prev, c.carry->offer_node[o], Kc, [&](int m, int32_t row) {
-        if (row < 0) return;
-        const Acc* src = c.carry->offer_d_conv + (int64_t)o * CE + (int64_t)m * CD_;
-        for (int j = 0; j < CD_; ++j) dx[(size_t)row * CD_ + j] += (Act)src[j];
-      });
-  if (carried) {
-    std::copy(dx_ext.begin(), dx_ext.begin() + (size_t)N * CD_, t.dqkv);
-    const LayerCarry<E>& cr = *c.carry;
-    for (int q = 0; q < R; ++q) {
-      const int slot = cr.state_slot[q];
-      if (slot < 0) continue;  // check_carry: slots >= 0 have accumulators
-      for (int64_t i = 0; i < SE; ++i) cr.d_state[slot * SE + i] += (Acc)d_init[(size_t)q * SE + i];
-      for (int64_t i = 0; i < CE; ++i)
-        cr.d_conv[slot * CE + i] += (Acc)dx_ext[((size_t)N + (size_t)q * Kc) * CD_ + i];
+  if constexpr (!E::kHostRecurrent) {
+    e.conv1d_silu_backward(t.dqkv, g + conv_, t.du, s.qkv, w + conv_, s.prev, c.batch->layout, N, CD_, K_);
+  } else {  // the host path: carried context rows, offered tails
+    Act* dx = t.dqkv;
+    std::vector<Act> du_ext, dx_ext;
+    if (carried) {
+      const size_t Na = (size_t)rec.rows_n;
+      du_ext.assign(Na * CD_, Act(0));
+      dx_ext.assign(Na * CD_, Act(0));
+      std::copy(t.du, t.du + (size_t)N * CD_, du_ext.begin());
+      e.conv1d_silu_backward(dx_ext.data(), g + conv_, du_ext.data(), rec.rows, w + conv_, rec.links,
+                             c.batch->layout, (int)Na, CD_, K_);
+      dx = dx_ext.data();
+    } else {
+      e.conv1d_silu_backward(t.dqkv, g + conv_, t.du, s.qkv, w + conv_, s.prev, c.batch->layout, N, CD_, K_);
+    }
+    if (offers)
+      for (size_t o = 0; o < c.carry->offer_node.size(); ++o)
+        walk_tail<E>(c.batch->layout, carried ? rec.links : s.prev, c.carry->offer_node[o], Kc,
+                     [&](int m, int32_t row) {
+          if (row < 0) return;
+          const Acc* src = c.carry->offer_d_conv + (int64_t)o * CE + (int64_t)m * CD_;
+          for (int j = 0; j < CD_; ++j) dx[(size_t)row * CD_ + j] += (Act)src[j];
+        });
+    if (carried) {
+      std::copy(dx_ext.begin(), dx_ext.begin() + (size_t)N * CD_, t.dqkv);
+      const LayerCarry<E>& cr = *c.carry;
+      for (int q = 0; q < R; ++q) {
+        const int slot = cr.state_slot[q];
+        if (slot < 0) continue;  // check_carry: slots >= 0 have accumulators
+        for (int64_t i = 0; i < SE; ++i) cr.d_state[slot * SE + i] += (Acc)d_init[(size_t)q * SE + i];
+        for (int64_t i = 0; i < CE; ++i)
+          cr.d_conv[slot * CE + i] += (Acc)dx_ext[((size_t)N + (size_t)q * Kc) * CD_ + i];
+      }
     }
   }
   if (fused_) {  // the gradients back into the grouped layout (reusing the fused outputs' buffers,
@@ -502,6 +528,7 @@ void GdnKind::backward(E& e, const BlockCall<E>& c) const {
   template void GdnKind::backward<E>(E&, const BlockCall<E>&) const;
 TT_GDN_INSTANTIATE(CpuExec<float>)
 TT_GDN_INSTANTIATE(CpuExec<double>)
+TT_GDN_INSTANTIATE(CudaExec)
 #undef TT_GDN_INSTANTIATE
 
 }  // namespace tt::model

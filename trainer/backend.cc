@@ -314,17 +314,10 @@ int resolve_device(const std::string& device, const model::ModelConfig& cfg, int
     spdlog::info("device: auto -> cpu (no CUDA device is visible: {})", why);
     return -1;
   }
-  if (cfg.head_dim != 64 && cfg.head_dim != 128) {
-    spdlog::info("device: auto -> cpu (model.head_dim {}: the CUDA attention takes 64 or 128)", cfg.head_dim);
-    return -1;
-  }
-  if (cfg.has_linear_attention() || cfg.qwen3_5()) {
-    spdlog::info("device: auto -> cpu ({}: no CUDA kernels for its layers yet)",
-                 cfg.qwen3_5() ? cfg.architecture : std::string("linear_attention layers"));
-    return -1;
-  }
-  if (cfg.vision.enabled() && cfg.vision.head_dim() != 64 && cfg.vision.head_dim() != 128) {
-    spdlog::info("device: auto -> cpu (vision head dim {}: the CUDA attention takes 64 or 128)", cfg.vision.head_dim());
+  try {  // a model the CUDA kernels cannot run (head dims, linear attention shapes) stays on the cpu
+    model::CudaExec::check_model(cfg);
+  } catch (const Error& e) {
+    spdlog::info("device: auto -> cpu ({})", e.what());
     return -1;
   }
   const int gpu = bind_gpu(local_rank, local_world_size, n);

@@ -44,6 +44,13 @@ constexpr int kMinRowsPerChunk = 32;
 constexpr int kReduceCols = 32, kReduceLanes = 8;      // stage-2 block
 constexpr int kMaxIt = 8;                              // column steps per lane held in registers
 
+// w[k] += offset (the weights as the norm scales by them).
+template <int VEC>
+__device__ __forceinline__ void add_offset(float (&w)[VEC], float offset) {
+#pragma unroll
+  for (int k = 0; k < VEC; k++) w[k] += offset;
+}
+
 struct RmsnormFwdParams {
   bf16* out;        // (rows, C)
   float* rstd;      // (rows)
@@ -53,6 +60,7 @@ struct RmsnormFwdParams {
   float eps;
   const float2* rope_cs;  // (rows / heads, C / 2) for the q/k norm + rotation, else null
   int heads;              // rows per position (rope)
+  float w_offset = 0.f;   // the scale is w + w_offset (1: Qwen3.5's zero-centred weights)
 };
 
 struct RmsnormBwdParams {
@@ -68,6 +76,7 @@ struct RmsnormBwdParams {
   bool dx_accumulate;          // dx += (true) or dx = (false: dx is not read)
   const float2* rope_cs;       // (rows / heads, C / 2): dout is the rotated output's gradient
   int heads;
+  float w_offset = 0.f;        // the scale is w + w_offset
 };
 
 // Sum over the LANES lanes of a row (aligned lane groups of the warp); every lane calls it.
@@ -141,6 +150,7 @@ __global__ void rmsnorm_forward_kernel(RmsnormFwdParams p) {
     if (c >= p.C) continue;
     float w[VEC];
     load_bf16<VEC>(w, p.w + c);
+    add_offset<VEC>(w, p.w_offset);
 #pragma unroll
     for (int k = 0; k < VEC; k++) v[it][k] = v[it][k] * rs * w[k];
   }
@@ -177,6 +187,7 @@ __global__ void rmsnorm_forward_wide_kernel(RmsnormFwdParams p) {
     float v[VEC], w[VEC];
     load_bf16<VEC>(v, x + c);
     load_bf16<VEC>(w, p.w + c);
+    add_offset<VEC>(w, p.w_offset);
 #pragma unroll
     for (int k = 0; k < VEC; k++) v[k] = v[k] * rs * w[k];
     store_bf16<VEC>(o + c, v);
@@ -235,6 +246,7 @@ __global__ void rmsnorm_backward_fused_kernel(RmsnormBwdParams p) {
       float xv[VEC], wv[VEC];
       load_bf16<VEC>(xv, x + c);
       load_bf16<VEC>(wv, p.w + c);
+      add_offset<VEC>(wv, p.w_offset);
 #pragma unroll
       for (int k = 0; k < VEC; k++) dot += dy[it][k] * wv[k] * xv[k];
     }
@@ -255,6 +267,7 @@ __global__ void rmsnorm_backward_fused_kernel(RmsnormBwdParams p) {
       if (p.dx) {
         float wv[VEC], dx[VEC];
         load_bf16<VEC>(wv, p.w + c);
+        add_offset<VEC>(wv, p.w_offset);
         bf16* dxp = p.dx + row * p.C + c;
         load_bf16_or_zero<VEC>(dx, dxp, p.dx_accumulate);
 #pragma unroll
@@ -359,6 +372,7 @@ __global__ void __launch_bounds__(kRowThreads, sizeof(Dout) == 2 ? 2 : 1)
       xr[it].get(xv);
       dr[it].get(dv);
       load_bf16<8>(wv, p.w + c);
+      add_offset<8>(wv, p.w_offset);
 #pragma unroll
       for (int k = 0; k < 8; k++) dot += dv[k] * wv[k] * xv[k];
     }
@@ -382,6 +396,7 @@ __global__ void __launch_bounds__(kRowThreads, sizeof(Dout) == 2 ? 2 : 1)
       if (p.dx) {
         float wv[8], dx[8];
         load_bf16<8>(wv, p.w + c);
+        add_offset<8>(wv, p.w_offset);
         if (read_dx) {
           dxr[it].get(dx);
         } else {
@@ -417,6 +432,7 @@ __global__ void rmsnorm_backward_dx_kernel(RmsnormBwdParams p) {
     load_bf16<VEC>(xv, x + c);
     load_row<VEC>(dv, dout + c);
     load_bf16<VEC>(wv, p.w + c);
+    add_offset<VEC>(wv, p.w_offset);
 #pragma unroll
     for (int k = 0; k < VEC; k++) dot += dv[k] * wv[k] * xv[k];
   }
@@ -429,6 +445,7 @@ __global__ void rmsnorm_backward_dx_kernel(RmsnormBwdParams p) {
     load_bf16<VEC>(xv, x + c);
     load_row<VEC>(dv, dout + c);
     load_bf16<VEC>(wv, p.w + c);
+    add_offset<VEC>(wv, p.w_offset);
     load_bf16_or_zero<VEC>(acc, dx + c, p.dx_accumulate);
 #pragma unroll
     for (int k = 0; k < VEC; k++) acc[k] += rs * (dv[k] * wv[k] - xv[k] * kcoef);
@@ -633,13 +650,13 @@ void launch_rmsnorm_backward(const RmsnormBwdParams& p, cudaStream_t stream) {
 
 template <class Dout>
 void rmsnorm_backward_impl(bf16* dx, float* dw, const Dout* dout, const bf16* x, const bf16* w, const float* rstd,
-                           int rows, int C, Workspace ws, cudaStream_t stream, bool accumulate_dx,
+                           int rows, int C, Workspace ws, cudaStream_t stream, bool accumulate_dx, double w_offset,
                            const float2* rope_cs = nullptr, int heads = 0) {
   TT_CHECK(rows >= 0 && C > 0, "cuda::rmsnorm_backward: expected rows >= 0 and C > 0, got rows=", rows,
            " C=", C);
   if (rows == 0 || (!dx && !dw)) return;
   TT_CHECK(dout && x && w && rstd, "cuda::rmsnorm_backward: null pointer (dout, x, w or rstd)");
-  RmsnormBwdParams p{dx, dw, nullptr, dout, x, w, rstd, rows, C, 0, 0, accumulate_dx, rope_cs, heads};
+  RmsnormBwdParams p{dx, dw, nullptr, dout, x, w, rstd, rows, C, 0, 0, accumulate_dx, rope_cs, heads, (float)w_offset};
   p.chunks = num_chunks(rows);  // the fused kernel's grid also when dw is not wanted
   p.rows_per_chunk = (rows + p.chunks - 1) / p.chunks;
   if (dw) {
@@ -653,13 +670,13 @@ void rmsnorm_backward_impl(bf16* dx, float* dw, const Dout* dout, const bf16* x,
 }  // namespace
 
 void rmsnorm_forward(bf16* out, float* rstd, const bf16* x, const bf16* w, int rows, int C, double eps,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, double w_offset) {
   TT_CHECK(rows >= 0 && C > 0, "cuda::rmsnorm_forward: expected rows >= 0 and C > 0, got rows=", rows,
            " C=", C);
   TT_CHECK(eps >= 0, "cuda::rmsnorm_forward: expected eps >= 0, got ", eps);
   if (rows == 0) return;
   TT_CHECK(out && rstd && x && w, "cuda::rmsnorm_forward: null pointer (out, rstd, x or w)");
-  launch_rmsnorm_forward(RmsnormFwdParams{out, rstd, x, w, rows, C, (float)eps}, stream);
+  launch_rmsnorm_forward(RmsnormFwdParams{out, rstd, x, w, rows, C, (float)eps, nullptr, 0, (float)w_offset}, stream);
 }
 
 size_t rmsnorm_backward_workspace_bytes(int rows, int C) {
@@ -670,13 +687,13 @@ size_t rmsnorm_backward_workspace_bytes(int rows, int C) {
 }
 
 void rmsnorm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const float* rstd,
-                      int rows, int C, Workspace ws, cudaStream_t stream, bool accumulate_dx) {
-  rmsnorm_backward_impl(dx, dw, dout, x, w, rstd, rows, C, ws, stream, accumulate_dx);
+                      int rows, int C, Workspace ws, cudaStream_t stream, bool accumulate_dx, double w_offset) {
+  rmsnorm_backward_impl(dx, dw, dout, x, w, rstd, rows, C, ws, stream, accumulate_dx, w_offset);
 }
 
 void rmsnorm_backward(bf16* dx, float* dw, const float* dout, const bf16* x, const bf16* w, const float* rstd,
-                      int rows, int C, Workspace ws, cudaStream_t stream, bool accumulate_dx) {
-  rmsnorm_backward_impl(dx, dw, dout, x, w, rstd, rows, C, ws, stream, accumulate_dx);
+                      int rows, int C, Workspace ws, cudaStream_t stream, bool accumulate_dx, double w_offset) {
+  rmsnorm_backward_impl(dx, dw, dout, x, w, rstd, rows, C, ws, stream, accumulate_dx, w_offset);
 }
 
 // C = 8 LANES with LANES in {8, 16, 32}: the rows the rotation's lane pairing takes.
@@ -698,19 +715,20 @@ void check_qk_rope(const char* op, int N, int H, int HS, const float2* rope_cs,
 }  // namespace
 
 void qk_norm_rope_forward(bf16* out, float* rstd, const bf16* x, const bf16* w, const float2* rope_cs, int N, int H,
-                          int HS, double eps, cudaStream_t stream) {
+                          int HS, double eps, cudaStream_t stream, double w_offset) {
   check_qk_rope("cuda::qk_norm_rope_forward", N, H, HS, rope_cs, {out, x, w});
   TT_CHECK(eps >= 0, "cuda::qk_norm_rope_forward: expected eps >= 0, got ", eps);
   if (N == 0) return;
   TT_CHECK(out && rstd && x && w, "cuda::qk_norm_rope_forward: null pointer (out, rstd, x or w)");
-  launch_rmsnorm_forward(RmsnormFwdParams{out, rstd, x, w, N * H, HS, (float)eps, rope_cs, H}, stream);
+  launch_rmsnorm_forward(RmsnormFwdParams{out, rstd, x, w, N * H, HS, (float)eps, rope_cs, H, (float)w_offset},
+                         stream);
 }
 
 void qk_norm_rope_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const float* rstd,
                            const float2* rope_cs, int N, int H, int HS, Workspace ws, cudaStream_t stream,
-                           bool accumulate_dx) {
+                           bool accumulate_dx, double w_offset) {
   check_qk_rope("cuda::qk_norm_rope_backward", N, H, HS, rope_cs, {dx, dout, x, w});
-  rmsnorm_backward_impl(dx, dw, dout, x, w, rstd, N * H, HS, ws, stream, accumulate_dx, rope_cs, H);
+  rmsnorm_backward_impl(dx, dw, dout, x, w, rstd, N * H, HS, ws, stream, accumulate_dx, w_offset, rope_cs, H);
 }
 
 }  // namespace tt::cuda

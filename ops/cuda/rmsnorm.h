@@ -15,9 +15,10 @@
 
 namespace tt::cuda {
 
-// out (rows, C), rstd (rows) fp32; x (rows, C), w (C).
+// out (rows, C), rstd (rows) fp32; x (rows, C), w (C). The scale is w + w_offset (w_offset 1:
+// Qwen3.5's zero-centred weights, as ops/cpu/rmsnorm.h); likewise for every op below.
 void rmsnorm_forward(bf16* out, float* rstd, const bf16* x, const bf16* w, int rows, int C, double eps,
-                     cudaStream_t stream);
+                     cudaStream_t stream, double w_offset = 0);
 
 // Workspace bytes rmsnorm_backward needs (0 when dw is not wanted).
 size_t rmsnorm_backward_workspace_bytes(int rows, int C);
@@ -26,9 +27,11 @@ size_t rmsnorm_backward_workspace_bytes(int rows, int C);
 // rstd (rows) from the forward. dout in bf16, or in fp32 (a GEMM's fp32 sum of several products,
 // read without rounding it to bf16 first).
 void rmsnorm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const float* rstd,
-                      int rows, int C, Workspace ws, cudaStream_t stream, bool accumulate_dx = true);
+                      int rows, int C, Workspace ws, cudaStream_t stream, bool accumulate_dx = true,
+                      double w_offset = 0);
 void rmsnorm_backward(bf16* dx, float* dw, const float* dout, const bf16* x, const bf16* w, const float* rstd,
-                      int rows, int C, Workspace ws, cudaStream_t stream, bool accumulate_dx = true);
+                      int rows, int C, Workspace ws, cudaStream_t stream, bool accumulate_dx = true,
+                      double w_offset = 0);
 
 // Qwen3's q/k norm followed by the rotary embedding (ops/cuda/rope.h), one pass each way; the
 // reference is ops/cpu rmsnorm then rope. x (N, H, HS) the projection's output, w (HS) the norm
@@ -40,9 +43,9 @@ void rmsnorm_backward(bf16* dx, float* dw, const float* dout, const bf16* x, con
 // Whether the fused op takes head dim HS (64, 128 or 256); other head dims run rmsnorm and rope.
 bool qk_norm_rope_supported(int HS);
 void qk_norm_rope_forward(bf16* out, float* rstd, const bf16* x, const bf16* w, const float2* rope_cs, int N, int H,
-                          int HS, double eps, cudaStream_t stream);
+                          int HS, double eps, cudaStream_t stream, double w_offset = 0);
 void qk_norm_rope_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const float* rstd,
                            const float2* rope_cs, int N, int H, int HS, Workspace ws, cudaStream_t stream,
-                           bool accumulate_dx = true);
+                           bool accumulate_dx = true, double w_offset = 0);
 
 }  // namespace tt::cuda

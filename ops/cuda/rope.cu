@@ -25,17 +25,18 @@ struct RopeParams {
   int N, H, HS;
   double theta;
   double sign;           // +1 forward, -1 backward
+  int R;                 // rotary dims: the first R of each head rotate (R = HS: all)
 };
 
 template <class T, int VEC>
 __global__ void rope_kernel(RopeParams<T> p) {
   __shared__ float cs[kMaxHalf], sn[kMaxHalf];
   const int n = blockIdx.x;
-  const int half = p.HS / 2;
+  const int half = p.R / 2;
   const int32_t pos = p.pos[n];
   for (int d = threadIdx.x; d < half; d += blockDim.x) {
     float s;
-    detail::rope_cos_sin(&cs[d], &s, pos, d, p.HS, p.theta);
+    detail::rope_cos_sin(&cs[d], &s, pos, d, p.R, p.theta);
     sn[d] = p.sign < 0 ? -s : s;
   }
   __syncthreads();
@@ -72,39 +73,45 @@ __global__ void rope_table_kernel(float2* cs, const int32_t* pos, int N, int HS,
 template <class T>
 void launch_rope(const RopeParams<T>& p, cudaStream_t stream) {
   // 8-wide accesses: 16 bytes of bf16, two 16-byte vectors of fp32 (every row and half stays aligned).
-  const bool wide = (p.HS / 2) % 8 == 0 && detail::aligned16(p.x);
+  const bool wide = (p.R / 2) % 8 == 0 && p.HS % 8 == 0 && detail::aligned16(p.x);
   TT_VEC_SWITCH(wide, VEC, [&] { rope_kernel<T, VEC><<<p.N, kThreads, 0, stream>>>(p); });
   TT_CUDA_CHECK_LAUNCH();
 }
 
 template <class T>
 void rope(T* x, const int32_t* pos, int N, int H, int HS, double theta, double sign, const char* op,
-          cudaStream_t stream) {
+          cudaStream_t stream, int rotary_dim) {
   TT_CHECK(N >= 0 && H > 0 && HS > 0 && HS % 2 == 0 && HS / 2 <= kMaxHalf, op,
            ": expected N >= 0, H > 0 and an even HS in [2, ", 2 * kMaxHalf, "], got N=", N, " H=", H,
            " HS=", HS);
+  const int R = rotary_dim > 0 ? rotary_dim : HS;
+  TT_CHECK(R % 2 == 0 && R <= HS, op, ": expected an even rotary_dim <= HS = ", HS, ", got ", rotary_dim);
   TT_CHECK(theta > 0, op, ": expected rope theta > 0, got ", theta);
   if (N == 0) return;
   TT_CHECK(x && pos, op, ": null pointer (x or pos)");
-  launch_rope(RopeParams<T>{x, pos, N, H, HS, theta, sign}, stream);
+  launch_rope(RopeParams<T>{x, pos, N, H, HS, theta, sign, R}, stream);
 }
 
 }  // namespace
 
-void rope_forward(bf16* x, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream) {
-  rope(x, pos, N, H, HS, theta, 1.0, "cuda::rope_forward", stream);
+void rope_forward(bf16* x, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream,
+                  int rotary_dim) {
+  rope(x, pos, N, H, HS, theta, 1.0, "cuda::rope_forward", stream, rotary_dim);
 }
 
-void rope_backward(bf16* dx, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream) {
-  rope(dx, pos, N, H, HS, theta, -1.0, "cuda::rope_backward", stream);
+void rope_backward(bf16* dx, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream,
+                  int rotary_dim) {
+  rope(dx, pos, N, H, HS, theta, -1.0, "cuda::rope_backward", stream, rotary_dim);
 }
 
-void rope_forward(float* x, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream) {
-  rope(x, pos, N, H, HS, theta, 1.0, "cuda::rope_forward", stream);
+void rope_forward(float* x, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream,
+                  int rotary_dim) {
+  rope(x, pos, N, H, HS, theta, 1.0, "cuda::rope_forward", stream, rotary_dim);
 }
 
-void rope_backward(float* dx, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream) {
-  rope(dx, pos, N, H, HS, theta, -1.0, "cuda::rope_backward", stream);
+void rope_backward(float* dx, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream,
+                  int rotary_dim) {
+  rope(dx, pos, N, H, HS, theta, -1.0, "cuda::rope_backward", stream, rotary_dim);
 }
 
 void rope_table(float2* cs, const int32_t* pos, int N, int HS, double theta, cudaStream_t stream) {

@@ -14,15 +14,21 @@
 
 namespace tt::cuda {
 
-// x (N, H, HS) rotated in place by pos (N), on the device.
-void rope_forward(bf16* x, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream);
+// x (N, H, HS) rotated in place by pos (N), on the device. rotary_dim > 0: only the first
+// rotary_dim dims of each head rotate, d pairing with d + rotary_dim / 2 at theta^(-2d/rotary_dim)
+// (Qwen3.5's partial RoPE, as ops/cpu/rope.h).
+void rope_forward(bf16* x, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream,
+                  int rotary_dim = 0);
 
 // dx (N, H, HS) in place.
-void rope_backward(bf16* dx, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream);
+void rope_backward(bf16* dx, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream,
+                   int rotary_dim = 0);
 
 // The same on fp32 rows (no rounding between the rotation and the store).
-void rope_forward(float* x, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream);
-void rope_backward(float* dx, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream);
+void rope_forward(float* x, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream,
+                  int rotary_dim = 0);
+void rope_backward(float* dx, const int32_t* pos, int N, int H, int HS, double theta, cudaStream_t stream,
+                   int rotary_dim = 0);
 
 // cs (N, HS/2): (cos, sin) of each position's angles, the values rope_forward uses (fp64, rounded
 // once to fp32); for the fused q/k norm + rotation of rmsnorm.h, built once per batch. HS is a

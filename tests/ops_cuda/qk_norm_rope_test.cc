@@ -95,11 +95,13 @@ TEST_P(QkNormRopeTest, TableHoldsTheAnglesRopeUses) {
   EXPECT_TRUE(all_equal("sin", rs, ts));
 }
 
-TEST_P(QkNormRopeTest, ForwardMatchesCpu) {
-  Case c(GetParam(), 21);
+// Zero-centred weights (w_offset 1, Qwen3.5's): the reference norm scales by w + 1 exactly.
+void expect_forward_matches(const Case& c, double w_offset) {
   const int C = c.HS, half = C / 2;
+  std::vector<double> w = c.w;
+  for (double& v : w) v += w_offset;
   std::vector<double> ref((size_t)c.rows * C), rstd_ref(c.rows);
-  tt::cpu::rmsnorm_forward<double>(ref.data(), rstd_ref.data(), c.x.data(), c.w.data(), c.rows, C, kEps);
+  tt::cpu::rmsnorm_forward<double>(ref.data(), rstd_ref.data(), c.x.data(), w.data(), c.rows, C, kEps);
   const std::vector<double> y = ref;  // before the rotation
   tt::cpu::rope_forward<double>(ref.data(), c.pos.data(), c.N, c.H, C, c.theta);
   DeviceBuffer<bf16> out((size_t)c.rows * C);
@@ -107,7 +109,7 @@ TEST_P(QkNormRopeTest, ForwardMatchesCpu) {
   poison(out);
   poison(rstd);
   tt::cuda::qk_norm_rope_forward(out.data(), rstd.data(), c.d_x.data(), c.d_w.data(), c.cs.data(), c.N, c.H, C, kEps,
-                                 nullptr);
+                                 nullptr, w_offset);
   sync_and_check();
   const double dr = rstd_rel(C);
   std::vector<double> abs_out(ref.size()), abs_r(c.rows);
@@ -118,8 +120,14 @@ TEST_P(QkNormRopeTest, ForwardMatchesCpu) {
       abs_out[r * C + d] = abs_out[r * C + d + half] = (2 * (dr + 3 * kF32U) + 6 * kF32U) * m;
     }
   }
-  EXPECT_TRUE(all_within("out", to_host(out), ref, kBf16U, abs_out));
+  EXPECT_TRUE(all_within(w_offset ? "out (w + 1)" : "out", to_host(out), ref, kBf16U, abs_out));
   EXPECT_TRUE(all_within("rstd", to_host(rstd), rstd_ref, 0.0, abs_r));
+}
+
+TEST_P(QkNormRopeTest, ForwardMatchesCpu) {
+  const Case c(GetParam(), 21);
+  expect_forward_matches(c, 0.0);
+  expect_forward_matches(c, 1.0);
 }
 
 TEST_P(QkNormRopeTest, BackwardMatchesCpuAndIsDeterministic) {

@@ -184,6 +184,35 @@ TEST_P(RmsnormTest, BackwardFromFp32DoutMatchesCpu) {
   expect_backward_matches(rows, C, in.x, in.w, in.dout, in.dx0, in.dw0, to_host(dx), to_host(dw));
 }
 
+// Qwen3.5's zero-centred weights: the scale is w + 1 (w_offset 1), on every kernel path. The
+// reference is the CPU norm with the weights w + 1 exactly (in fp64), under the bounds above.
+TEST_P(RmsnormTest, ZeroCentredWeightsScaleByOnePlusW) {
+  const auto [rows, C, name] = GetParam();
+  BackwardCase in(rows, C, 404, /*fp32_dout=*/false);
+  std::vector<double> w1 = in.w;
+  for (double& v : w1) v += 1.0;
+  std::vector<double> out_ref((size_t)rows * C), rstd_ref(rows);
+  tt::cpu::rmsnorm_forward<double>(out_ref.data(), rstd_ref.data(), in.x.data(), w1.data(), rows, C, kEps);
+  DeviceBuffer<bf16> out((size_t)rows * C);
+  DeviceBuffer<float> rstd(rows);
+  poison(out);
+  tt::cuda::rmsnorm_forward(out.data(), rstd.data(), in.d_x.data(), in.d_w.data(), rows, C, kEps, nullptr,
+                            /*w_offset=*/1.0);
+  sync_and_check();
+  const double dr = rstd_rel(C);
+  std::vector<double> abs_out(out_ref.size());
+  for (size_t i = 0; i < out_ref.size(); i++) abs_out[i] = 2 * (dr + 3 * kF32U) * std::fabs(out_ref[i]);
+  EXPECT_TRUE(all_within("out (w + 1)", to_host(out), out_ref, kBf16U, abs_out));
+  auto d_dout = to_device_bf16(in.dout);
+  DeviceBuffer<char> ws(tt::cuda::rmsnorm_backward_workspace_bytes(rows, C));
+  auto dx = to_device_bf16(in.dx0);
+  auto dw = to_device_f32(in.dw0);
+  tt::cuda::rmsnorm_backward(dx.data(), dw.data(), d_dout.data(), in.d_x.data(), in.d_w.data(), in.rstd.data(), rows,
+                             C, {ws.data(), ws.size()}, nullptr, /*accumulate_dx=*/true, /*w_offset=*/1.0);
+  sync_and_check();
+  expect_backward_matches(rows, C, in.x, w1, in.dout, in.dx0, in.dw0, to_host(dx), to_host(dw));
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, RmsnormTest,
                          ::testing::Values(Shape{37, 2048, "hidden_2048_odd_rows"},
                                            Shape{1100, 2048, "hidden_2048_rows_over_chunks"},

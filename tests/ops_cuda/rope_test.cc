@@ -1,5 +1,6 @@
 // RoPE forward/backward vs the CPU reference (fp64) at deep positions, head dims 128, 64 and an
-// odd half (HS = 6: the scalar path), on bf16 and on fp32 rows.
+// odd half (HS = 6: the scalar path), on bf16 and on fp32 rows; partial RoPE (Qwen3.5: the first
+// rotary_dim dims of a head rotate, the rest pass through unchanged) on the vector and scalar paths.
 //
 // Bound: cos and sin are fp64 rounded once to fp32 (relative u32 each), then x1 c - x2 s is two
 // fp32 products and a difference: |err| <= 3 u32 (|x1| + |x2|) before the bf16 rounding; doubled:
@@ -23,13 +24,15 @@ struct Shape {
   int N, H, HS;
   double theta;
   std::string name;
+  int R = 0;  // rotary_dim (0: all of HS)
 };
 
 class RopeTest : public GpuTest, public ::testing::WithParamInterface<Shape> {};
 
-std::vector<double> pair_bound(const std::vector<double>& x, int N, int H, int HS) {
-  std::vector<double> b(x.size());
-  const int half = HS / 2;
+// Dims past the rotary ones are copied (bound 0: exact).
+std::vector<double> pair_bound(const std::vector<double>& x, int N, int H, int HS, int R = 0) {
+  std::vector<double> b(x.size(), 0.0);
+  const int half = (R > 0 ? R : HS) / 2;
   for (int64_t r = 0; r < (int64_t)N * H; r++)
     for (int d = 0; d < half; d++) {
       const double m = std::fabs(x[r * HS + d]) + std::fabs(x[r * HS + d + half]);
@@ -39,7 +42,7 @@ std::vector<double> pair_bound(const std::vector<double>& x, int N, int H, int H
 }
 
 TEST_P(RopeTest, ForwardAndBackwardMatchCpu) {
-  const auto [N, H, HS, theta, name] = GetParam();
+  const auto [N, H, HS, theta, name, R] = GetParam();
   std::mt19937_64 rng(7 + N + HS);
   const auto x = randn_bf16(rng, (size_t)N * H * HS);
   std::vector<int32_t> pos(N);
@@ -48,19 +51,19 @@ TEST_P(RopeTest, ForwardAndBackwardMatchCpu) {
   auto d_pos = to_device(pos);
 
   std::vector<double> ref = x;
-  tt::cpu::rope_forward<double>(ref.data(), pos.data(), N, H, HS, theta);
+  tt::cpu::rope_forward<double>(ref.data(), pos.data(), N, H, HS, theta, R);
   auto d_x = to_device_bf16(x);
-  tt::cuda::rope_forward(d_x.data(), d_pos.data(), N, H, HS, theta, nullptr);
+  tt::cuda::rope_forward(d_x.data(), d_pos.data(), N, H, HS, theta, nullptr, R);
   sync_and_check();
-  EXPECT_TRUE(all_within("forward", to_host(d_x), ref, kBf16U, pair_bound(x, N, H, HS)));
+  EXPECT_TRUE(all_within("forward", to_host(d_x), ref, kBf16U, pair_bound(x, N, H, HS, R)));
 
   const auto g = randn_bf16(rng, (size_t)N * H * HS);
   std::vector<double> gref = g;
-  tt::cpu::rope_backward<double>(gref.data(), pos.data(), N, H, HS, theta);
+  tt::cpu::rope_backward<double>(gref.data(), pos.data(), N, H, HS, theta, R);
   auto d_g = to_device_bf16(g);
-  tt::cuda::rope_backward(d_g.data(), d_pos.data(), N, H, HS, theta, nullptr);
+  tt::cuda::rope_backward(d_g.data(), d_pos.data(), N, H, HS, theta, nullptr, R);
   sync_and_check();
-  EXPECT_TRUE(all_within("backward", to_host(d_g), gref, kBf16U, pair_bound(g, N, H, HS)));
+  EXPECT_TRUE(all_within("backward", to_host(d_g), gref, kBf16U, pair_bound(g, N, H, HS, R)));
 
   // On fp32 rows (a segment's tail-key gradients in their fp32 accumulators): no bf16 rounding,
   // the same 6 u32 (|x_d| + |x_{d+HS/2}|) bound.
@@ -69,13 +72,13 @@ TEST_P(RopeTest, ForwardAndBackwardMatchCpu) {
   for (double& v : g32) v = (double)(float)nd(rng);
   for (bool fwd : {true, false}) {
     std::vector<double> want = g32;
-    if (fwd) tt::cpu::rope_forward<double>(want.data(), pos.data(), N, H, HS, theta);
-    else tt::cpu::rope_backward<double>(want.data(), pos.data(), N, H, HS, theta);
+    if (fwd) tt::cpu::rope_forward<double>(want.data(), pos.data(), N, H, HS, theta, R);
+    else tt::cpu::rope_backward<double>(want.data(), pos.data(), N, H, HS, theta, R);
     auto d32 = to_device_f32(g32);
-    if (fwd) tt::cuda::rope_forward(d32.data(), d_pos.data(), N, H, HS, theta, nullptr);
-    else tt::cuda::rope_backward(d32.data(), d_pos.data(), N, H, HS, theta, nullptr);
+    if (fwd) tt::cuda::rope_forward(d32.data(), d_pos.data(), N, H, HS, theta, nullptr, R);
+    else tt::cuda::rope_backward(d32.data(), d_pos.data(), N, H, HS, theta, nullptr, R);
     sync_and_check();
-    EXPECT_TRUE(all_within(fwd ? "fp32 forward" : "fp32 backward", to_host(d32), want, 0.0, pair_bound(g32, N, H, HS)));
+    EXPECT_TRUE(all_within(fwd ? "fp32 forward" : "fp32 backward", to_host(d32), want, 0.0, pair_bound(g32, N, H, HS, R)));
   }
 }
 
@@ -83,7 +86,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, RopeTest,
                          ::testing::Values(Shape{45, 3, 128, 1e6, "hs128_qwen3_theta"},
                                            Shape{33, 4, 64, 1e4, "hs64_llama_theta"},
                                            Shape{17, 2, 6, 1e4, "hs6_scalar_path"},
-                                           Shape{1, 16, 128, 1e6, "single_token_16_heads"}),
+                                           Shape{1, 16, 128, 1e6, "single_token_16_heads"},
+                                           Shape{29, 2, 64, 1e7, "hs64_partial32", 32},
+                                           Shape{11, 2, 256, 1e7, "hs256_partial64_qwen35", 64},
+                                           Shape{9, 3, 24, 1e4, "hs24_partial12_scalar_path", 12}),
                          [](const ::testing::TestParamInfo<Shape>& info) { return info.param.name; });
 
 TEST_F(GpuTest, RopeRejectsOddHeadDim) {
@@ -91,6 +97,8 @@ TEST_F(GpuTest, RopeRejectsOddHeadDim) {
   DeviceBuffer<int32_t> pos(4);
   EXPECT_THROW(tt::cuda::rope_forward(x.data(), pos.data(), 4, 2, 7, 1e4, nullptr), tt::Error);
   EXPECT_THROW(tt::cuda::rope_forward(x.data(), pos.data(), 4, 2, 8, 0.0, nullptr), tt::Error);
+  EXPECT_THROW(tt::cuda::rope_forward(x.data(), pos.data(), 4, 2, 8, 1e4, nullptr, 6 + 1), tt::Error);  // odd
+  EXPECT_THROW(tt::cuda::rope_forward(x.data(), pos.data(), 4, 2, 8, 1e4, nullptr, 10), tt::Error);     // > HS
 }
 
 }  // namespace
