@@ -26,7 +26,8 @@
 // class (GEMMs, attention, LM head, norms, other) and the GEMMs', attention's and head's TFLOP/s.
 //
 // Flags: --steps N (timed tree steps, 5), --warmup N (2), --pp-steps N (timed per-path steps, 3),
-// --pp-warmup N (1), --layers L (28), --workloads agent,nav, --no-profile (skip the breakdown),
+// --pp-warmup N (1), --layers L (28; 24 for the hybrid), --model qwen3_1_7b|hybrid_2b (the shapes
+// of bench/qwen3_shapes.h), --workloads agent,nav, --no-profile (skip the breakdown),
 // --no-gemm-autotune (autotuning is on, as train.gemm_autotune is by default; the warm-up steps do
 // the timing),
 // --dry-run (no GPU: the workloads' sizes and FLOPs only).
@@ -134,6 +135,12 @@ std::vector<data::PackedBatch> per_path_batches(const std::vector<data::Tree>& t
 nlohmann::json breakdown(tt::model::CudaModel& m, const data::PackedBatch& b, double loss_scale) {
   const tt::model::ModelConfig& c = m.config();
   const tt::model::CudaProfile p = tt::bench::profiled_step(m, b, loss_scale);
+  if (c.has_linear_attention())  // (the rates below count dense layers; the GDN's delta rule is in
+                                 // attention_ms, its row ops in norm_rope_swiglu_ms)
+    return {{"tokens", b.n_tokens},        {"head_rows", head_rows({b})}, {"total_ms", p.total_ms()},
+            {"gemm_ms", p.gemm_ms},        {"attention_and_delta_rule_ms", p.attention_ms},
+            {"head_ms", p.head_ms},        {"norm_rope_swiglu_gdn_rows_ms", p.norm_ms},
+            {"other_ms", p.other_ms}};
   const double L = (double)c.num_hidden_layers, C = (double)c.hidden_size, I = (double)c.intermediate_size;
   const double QD = (double)(c.num_attention_heads * c.head_dim), KD = (double)(c.num_key_value_heads * c.head_dim);
   const double layer_params = L * (C * QD + 2 * C * KD + QD * C + 3 * C * I);
@@ -163,8 +170,8 @@ std::vector<std::string> split(const std::string& s) {
 }
 
 int run(int argc, char** argv) {
-  int steps = 5, warmup = 2, pp_steps = 3, pp_warmup = 1, layers = 28;
-  std::string workloads = "agent,nav";
+  int steps = 5, warmup = 2, pp_steps = 3, pp_warmup = 1, layers = 0;  // 0: the model's own
+  std::string workloads = "agent,nav", model = "qwen3_1_7b";
   bool dry_run = false, profile = true, gemm_autotune = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -177,6 +184,7 @@ int run(int argc, char** argv) {
     else if (a == "--pp-steps") pp_steps = std::stoi(next());
     else if (a == "--pp-warmup") pp_warmup = std::stoi(next());
     else if (a == "--layers") layers = std::stoi(next());
+    else if (a == "--model") model = next();
     else if (a == "--workloads") workloads = next();
     else if (a == "--dry-run") dry_run = true;
     else if (a == "--no-profile") profile = false;
@@ -184,7 +192,11 @@ int run(int argc, char** argv) {
     else if (a == "--no-gemm-autotune") gemm_autotune = false;
     else throw Error(str("unknown flag ", a, " (see bench/train_bench.cc)"));
   }
-  const tt::model::ModelConfig cfg = tt::bench::qwen3_1_7b(layers);
+  if (model != "qwen3_1_7b" && model != "hybrid_2b")
+    throw Error(str("--model: unknown model '", model, "', expected qwen3_1_7b or hybrid_2b"));
+  const tt::model::ModelConfig cfg =
+      model == "hybrid_2b" ? tt::bench::hybrid_2b(layers > 0 ? layers : 24)
+                           : tt::bench::qwen3_1_7b(layers > 0 ? layers : 28);
   const tt::model::Architecture arch(cfg);
   if (dry_run) {
     for (const std::string& w : split(workloads)) {
@@ -228,6 +240,16 @@ int run(int argc, char** argv) {
                                    {"intermediate", cfg.intermediate_size}, {"vocab", cfg.vocab_size},
                                    {"tied", cfg.tie_word_embeddings}, {"parameters", be->num_params()}}},
                         {"peak_flops", tt::trainer::kPeakFlops},
+                        {"linear_attention",
+                         cfg.has_linear_attention()
+                             ? nlohmann::json{{"layer_types", cfg.layer_types},
+                                              {"key_heads", cfg.linear_num_key_heads},
+                                              {"value_heads", cfg.linear_num_value_heads},
+                                              {"key_head_dim", cfg.linear_key_head_dim},
+                                              {"value_head_dim", cfg.linear_value_head_dim},
+                                              {"conv_kernel", cfg.linear_conv_kernel_dim},
+                                              {"partial_rotary_factor", cfg.partial_rotary_factor}}
+                             : nlohmann::json()},
                         {"gemm_autotune", gemm_autotune}};
   int64_t step_no = 0;
   struct Kept {

@@ -29,8 +29,9 @@
 // its backward adds the gradients those readers left there (the end-state gradient enters the
 // delta rule's backward, the tail gradient the conv's inputs) and adds its own roots' init-state
 // and context gradients into the slots it read (fp32 or wider): partitioned training of a hybrid
-// equals unpartitioned training. Runs on the CPU backend (E::kHybridOps); the CUDA backend
-// rejects such models in check_model.
+// equals unpartitioned training. Runs on both backends (E::kHybridOps); the carried paths above
+// (partition gateways, segment tails, the inference cache) keep their state in host memory and run
+// on the CPU backend only (E::kHostRecurrent): on CUDA they are an error naming what needed them.
 #pragma once
 
 #include <string>
