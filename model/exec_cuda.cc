@@ -120,6 +120,9 @@ void CudaExec::plan_recurrent(Layout& l, int N, int num_nodes, const int32_t* ho
   l.num_nodes = num_nodes;
   l.node_start = node_start, l.node_len = node_len, l.node_parent = node_parent;
   l.pos = pos, l.subtree_end = subtree_end;
+  l.host_start.assign(host_start, host_start + num_nodes);
+  l.host_len.assign(host_len, host_len + num_nodes);
+  l.host_parent.assign(host_parent, host_parent + num_nodes);
   l.gdn.make(host_start, host_len, host_parent, num_nodes);
   TT_CHECK(l.gdn.rows() == N && l.gdn.table_bytes() <= recurrent_plan_bytes(N, num_nodes),
            "CudaExec::plan_recurrent: a plan of ", l.gdn.rows(), " rows and ", l.gdn.table_bytes(),
@@ -331,6 +334,11 @@ void CudaExec::copy(Act* dst, const Act* src, int64_t n) {
   if (n) TT_CUDA_CHECK(cudaMemcpyAsync(dst, src, sizeof(Act) * (size_t)n, cudaMemcpyDeviceToDevice, stream_));
 }
 
+void CudaExec::copy(Acc* dst, const Acc* src, int64_t n) {
+  mark(Op::kOther);
+  if (n) TT_CUDA_CHECK(cudaMemcpyAsync(dst, src, sizeof(Acc) * (size_t)n, cudaMemcpyDeviceToDevice, stream_));
+}
+
 void CudaExec::move_cols(Act* dst, int dst_cols, int dst_col0, const Act* src, int src_cols, int src_col0, int N,
                          int cols) {
   mark(Op::kOther);
@@ -442,6 +450,15 @@ void CudaExec::gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, con
   mark(Op::kAttention);
   cuda::gdn_forward(o, nullptr, q, k, v, g, beta, nullptr, layout.gdn, nk, nv, dk, dv, scale,
                     workspace(cuda::gdn_forward_workspace_bytes(layout.gdn, nv, dk, dv, false)), stream_);
+}
+
+void CudaExec::gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Act* g, const Act* beta,
+                           const Layout& layout, int N, int nk, int nv, int dk, int dv, double scale,
+                           const float* init, float* end) {
+  check_planned(layout, N, "gdn_forward");
+  mark(Op::kAttention);
+  cuda::gdn_forward(o, end, q, k, v, g, beta, init, layout.gdn, nk, nv, dk, dv, scale,
+                    workspace(cuda::gdn_forward_workspace_bytes(layout.gdn, nv, dk, dv, end != nullptr)), stream_);
 }
 
 void CudaExec::gdn_backward(Act* dq, Act* dk, Act* dv, Act* dg, Act* dbeta, const Act* d_o, const Act* q, const Act* k,

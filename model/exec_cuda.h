@@ -75,6 +75,7 @@ class CudaExec {
     int num_nodes = 0;
     const int32_t *node_start = nullptr, *node_len = nullptr, *node_parent = nullptr;
     const int32_t *pos = nullptr, *subtree_end = nullptr;
+    std::vector<int32_t> host_start, host_len, host_parent;  // the node arrays' host copies
     cuda::GdnPlan gdn;
   };
   using Buffer = cuda::DeviceBuffer<char>;
@@ -193,6 +194,7 @@ class CudaExec {
   void gather_rows(Act* out, const Act* in, const int32_t* rows, int R, int C);
   void scatter_rows(Act* out, const Act* in, const int32_t* rows, int R, int C);
   void copy(Act* dst, const Act* src, int64_t n);
+  void copy(Acc* dst, const Acc* src, int64_t n);
   // dst[rows[r]] += src[r] (R rows of C; rows distinct): relayed gradients into their rows.
   void add_rows(Acc* dst, const int32_t* rows, const Acc* src, int R, int C);
   // dst[:, dst_col0 : dst_col0 + cols] = src[:, src_col0 : src_col0 + cols] for N rows of dst_cols
@@ -224,6 +226,11 @@ class CudaExec {
   void gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Act* g, const Act* beta,
                    const Layout& layout, int N, int nk, int nv, int dk, int dv, double scale,
                    const double* init = nullptr, double* end = nullptr);
+  // With device states: init (num_roots, nv, dk, dv) fp32 or null, end (num_nodes, ...) or null
+  // (the inference cache's recurrent states; model/gdn.h).
+  void gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Act* g, const Act* beta,
+                   const Layout& layout, int N, int nk, int nv, int dk, int dv, double scale, const float* init,
+                   float* end);
   void gdn_backward(Act* dq, Act* dk, Act* dv, Act* dg, Act* dbeta, const Act* d_o, const Act* q, const Act* k,
                     const Act* v, const Act* g, const Act* beta, const Layout& layout, int N, int nk, int nv,
                     int k_dim, int v_dim, double scale, const double* init = nullptr, double* d_init = nullptr,

@@ -11,6 +11,7 @@
 #include "model/carve.h"
 #include "model/exec_cpu.h"
 #include "model/exec_cuda.h"
+#include "ops/cpu/gdn.h"
 
 namespace tt::model {
 
@@ -327,9 +328,18 @@ static Error no_device_carry(int layer, const char* what) {
 template <class E>
 void GdnKind::check_carry(const BlockCall<E>& c) const {
   if constexpr (!E::kHostRecurrent) {
-    if (c.carry || c.relay)
-      throw no_device_carry(layer_, "a carry (a partition gateway, a segment tail or the inference cache)");
-    if (c.store_slot && !c.store_slot->empty()) throw no_device_carry(layer_, "the inference cache (treetrain sample)");
+    // The inference cache only: a no-grad forward reading state slots and storing them.
+    if (c.relay || (c.carry && (c.mode == Mode::kTrain || !c.carry->kv.empty() || !c.carry->offer_node.empty())))
+      throw no_device_carry(layer_, "a training carry (a partition gateway or a segment tail)");
+    const auto& l = c.batch->layout;
+    const int roots = (int)std::count(l.host_parent.begin(), l.host_parent.end(), -1);
+    if (c.carry) {
+      TT_CHECK((int)c.carry->state_slot.size() == roots, "model: layer ", layer_, ": a carry of ",
+               c.carry->state_slot.size(), " state slots for a batch of ", roots, " roots");
+      for (int32_t slot : c.carry->state_slot)
+        TT_CHECK(slot < 0 || (c.carry->state && c.carry->conv), "model: layer ", layer_, ": reads state slot ", slot,
+                 " of a carry without state buffers");
+    }
     return;
   }
   if ((c.carry && !c.carry->kv.empty()) || (c.relay && !c.relay->kv.empty()))
@@ -363,6 +373,110 @@ void GdnKind::check_carry(const BlockCall<E>& c) const {
 }
 
 template <class E>
+struct GdnKind::DeviceContext {
+  typename E::Buffer x_buf, prev_buf, init_buf, end_buf, ctx_idx, store_idx;
+  typename E::Act* x = nullptr;   // carried: (N + R (K - 1), CD) the pre-conv rows, context rows after them
+  int32_t* prev = nullptr;        // carried: their links (device)
+  float* init = nullptr;          // carried: (R, nv dk dv)
+  float* end = nullptr;           // stores: (num_nodes, nv dk dv)
+  std::vector<int32_t> host_prev;  // the links on the host (conv tails are walked here)
+  std::vector<int> root_node;      // (R) node of each root, in node order
+};
+
+template <class E>
+void GdnKind::device_begin(E& e, const BlockCall<E>& c, const typename E::Act* qkv, bool carried, bool stores,
+                           DeviceContext<E>& d) const {
+  const auto& l = c.batch->layout;
+  const int N = c.batch->N, Kc = K_ - 1, nodes = (int)l.host_parent.size();
+  const int64_t SE = recurrent_state_elems();
+  for (int n = 0; n < nodes; ++n)
+    if (l.host_parent[n] < 0) d.root_node.push_back(n);
+  const int R = (int)d.root_node.size();
+  d.host_prev.resize(N);
+  cpu::path_prev(d.host_prev.data(), l.host_start.data(), l.host_len.data(), l.host_parent.data(), nodes, N);
+  if (stores) {
+    e.ensure(d.end_buf, sizeof(float) * (size_t)std::max<int64_t>(nodes * SE, 1));
+    d.end = reinterpret_cast<float*>(d.end_buf.data());
+  }
+  if (!carried) return;
+  // As Recurrent: root q's context rows at N + q (K - 1) .., chained before its first row.
+  const LayerCarry<E>& cr = *c.carry;
+  const int64_t Na = N + (int64_t)R * Kc;
+  d.host_prev.resize(Na);
+  std::vector<int32_t> idx;  // [dst rows | src rows] of the context rows read from slots
+  for (int q = 0; q < R; ++q) {
+    const int64_t base = N + (int64_t)q * Kc;
+    for (int m = 0; m < Kc; ++m) d.host_prev[base + m] = m == 0 ? -1 : (int32_t)(base + m - 1);
+    if (Kc > 0) d.host_prev[l.host_start[d.root_node[q]]] = (int32_t)(base + Kc - 1);
+  }
+  std::vector<int32_t> src;
+  for (int q = 0; q < R; ++q)
+    if (cr.state_slot[q] >= 0)
+      for (int m = 0; m < Kc; ++m) {
+        idx.push_back((int32_t)(N + (int64_t)q * Kc + m));
+        src.push_back((int32_t)((int64_t)cr.state_slot[q] * Kc + m));
+      }
+  const int n_ctx = (int)idx.size();
+  idx.insert(idx.end(), src.begin(), src.end());
+  e.ensure(d.x_buf, sizeof(typename E::Act) * (size_t)Na * CD_);
+  d.x = reinterpret_cast<typename E::Act*>(d.x_buf.data());
+  e.copy(d.x, qkv, (int64_t)N * CD_);
+  e.zero(d.x + (int64_t)N * CD_, sizeof(typename E::Act) * (size_t)(Na - N) * CD_);
+  if (n_ctx > 0) {
+    e.ensure(d.ctx_idx, sizeof(int32_t) * idx.size());
+    e.upload(d.ctx_idx.data(), idx.data(), sizeof(int32_t) * idx.size());
+    const int32_t* di = reinterpret_cast<const int32_t*>(d.ctx_idx.data());
+    e.copy_rows(d.x, di, cr.conv, di + n_ctx, n_ctx, CD_);
+  }
+  e.ensure(d.prev_buf, sizeof(int32_t) * (size_t)Na);
+  d.prev = reinterpret_cast<int32_t*>(d.prev_buf.data());
+  e.upload(d.prev, d.host_prev.data(), sizeof(int32_t) * (size_t)Na);
+  e.ensure(d.init_buf, sizeof(float) * (size_t)std::max<int64_t>(R * SE, 1));
+  d.init = reinterpret_cast<float*>(d.init_buf.data());
+  e.zero(d.init, sizeof(float) * (size_t)(R * SE));
+  for (int q = 0; q < R; ++q)
+    if (cr.state_slot[q] >= 0) e.copy(d.init + q * SE, cr.state + cr.state_slot[q] * SE, SE);
+}
+
+// The inference cache: each stored root's end state and conv tail (the last K - 1 pre-conv rows of
+// its path, oldest first; zeros past the root), one-node trees only (as recurrent_store).
+template <class E>
+void GdnKind::device_store(E& e, const BlockCall<E>& c, const typename E::Act* qkv, const DeviceContext<E>& d) const {
+  const auto& l = c.batch->layout;
+  const int R = (int)d.root_node.size(), Kc = K_ - 1, nodes = (int)l.host_parent.size();
+  const int64_t SE = recurrent_state_elems();
+  TT_CHECK((int)c.store_slot->size() == R && c.store_conv, "model: layer ", layer_, ": ", c.store_slot->size(),
+           " state slots to store for a batch of ", R, " roots");
+  std::vector<int32_t> dst, src, zero;
+  for (int q = 0; q < R; ++q) {
+    const int slot = (*c.store_slot)[q];
+    if (slot < 0) continue;
+    const int n = d.root_node[q];
+    TT_CHECK((q + 1 < R ? d.root_node[q + 1] : nodes) == n + 1, "model: layer ", layer_,
+             ": stores the state of one-node trees only (tree ", q, " has several nodes)");
+    e.copy(c.store_state + slot * SE, d.end + n * SE, SE);
+    int32_t row = l.host_start[n] + l.host_len[n] - 1;
+    for (int m = Kc - 1; m >= 0; --m) {
+      const int32_t at = (int32_t)((int64_t)slot * Kc + m);
+      if (row >= 0) dst.push_back(at), src.push_back(row);
+      else zero.push_back(at);
+      if (row >= 0) row = d.host_prev[row];
+    }
+  }
+  const int n_copy = (int)dst.size(), n_zero = (int)zero.size();
+  if (n_copy + n_zero == 0) return;
+  std::vector<int32_t> idx = dst;
+  idx.insert(idx.end(), src.begin(), src.end());
+  idx.insert(idx.end(), zero.begin(), zero.end());
+  auto& buf = const_cast<typename E::Buffer&>(d.store_idx);
+  e.ensure(buf, sizeof(int32_t) * idx.size());
+  e.upload(buf.data(), idx.data(), sizeof(int32_t) * idx.size());
+  const int32_t* di = reinterpret_cast<const int32_t*>(buf.data());
+  if (n_copy) e.copy_rows(c.store_conv, di, d.x ? d.x : qkv, di + n_copy, n_copy, CD_);
+  if (n_zero) e.zero_rows(c.store_conv, di + 2 * n_copy, n_zero, CD_);
+}
+
+template <class E>
 void GdnKind::forward(E& e, const BlockCall<E>& c) const {
   check_carry(c);
   const int N = c.batch->N, C = C_;
@@ -384,18 +498,33 @@ void GdnKind::forward(E& e, const BlockCall<E>& c) const {
   const bool stores = c.store_slot && !c.store_slot->empty() && c.store_state;
   const bool offers = c.carry && !c.carry->offer_node.empty();
   Recurrent<E> rec;
-  if constexpr (E::kHostRecurrent)  // (check_carry: other backends have none of the three)
+  DeviceContext<E> dev;
+  const typename E::Act* conv_in = s.qkv;
+  const int32_t* links = s.prev;
+  if constexpr (E::kHostRecurrent) {
     if (carried || stores || offers) rec = recurrent_begin(c, s.qkv, s.prev, carried, stores || offers);
+    if (carried) conv_in = rec.rows, links = rec.links;
+  } else {  // (check_carry: no offers here)
+    if (carried || stores) device_begin(e, c, s.qkv, carried, stores, dev);
+    if (carried) conv_in = dev.x, links = dev.prev;
+  }
   // The batch's rows only; their windows reach the context rows (after them) through the links.
-  e.conv1d_silu_forward(s.u, carried ? rec.rows : s.qkv, w + conv_, carried ? rec.links : s.prev, N, CD_, K_);
+  e.conv1d_silu_forward(s.u, conv_in, w + conv_, links, N, CD_, K_);
   e.copy_cols(s.q, s.u, N, CD_, 0, KD_);
   e.copy_cols(s.k, s.u, N, CD_, KD_, KD_);
   e.copy_cols(s.v, s.u, N, CD_, 2 * KD_, VD_);
   e.l2norm_forward(s.qn, s.q_rstd, s.q, N * nk_, dk_, 1e-6);
   e.l2norm_forward(s.kn, s.k_rstd, s.k, N * nk_, dk_, 1e-6);
   e.gdn_gates_forward(s.g, s.beta, s.a, s.b, w + a_log_, w + dt_bias_, N, nv_);
-  e.gdn_forward(s.o, s.qn, s.kn, s.v, s.g, s.beta, c.batch->layout, N, nk_, nv_, dk_, dv_, 1.0 / std::sqrt((double)dk_),
-                carried ? rec.init.data() : nullptr, stores || offers ? rec.end.data() : nullptr);
+  const double scale = 1.0 / std::sqrt((double)dk_);
+  if constexpr (E::kHostRecurrent) {
+    e.gdn_forward(s.o, s.qn, s.kn, s.v, s.g, s.beta, c.batch->layout, N, nk_, nv_, dk_, dv_, scale,
+                  carried ? rec.init.data() : nullptr, stores || offers ? rec.end.data() : nullptr);
+  } else {
+    e.gdn_forward(s.o, s.qn, s.kn, s.v, s.g, s.beta, c.batch->layout, N, nk_, nv_, dk_, dv_, scale,
+                  carried ? (const float*)dev.init : nullptr, stores ? dev.end : nullptr);
+    if (stores) device_store(e, c, s.qkv, dev);
+  }
   if constexpr (E::kHostRecurrent) {
     if (stores) recurrent_store(c, rec);
     if (offers)

@@ -29,9 +29,10 @@
 // its backward adds the gradients those readers left there (the end-state gradient enters the
 // delta rule's backward, the tail gradient the conv's inputs) and adds its own roots' init-state
 // and context gradients into the slots it read (fp32 or wider): partitioned training of a hybrid
-// equals unpartitioned training. Runs on both backends (E::kHybridOps); the carried paths above
-// (partition gateways, segment tails, the inference cache) keep their state in host memory and run
-// on the CPU backend only (E::kHostRecurrent): on CUDA they are an error naming what needed them.
+// equals unpartitioned training. Runs on both backends (E::kHybridOps). The CPU backend keeps the
+// carried context in host memory (E::kHostRecurrent) and runs every carry above; the CUDA backend
+// runs the inference cache's (a no-grad forward reading and storing state slots: generation) in
+// device memory, and refuses training carries (partition gateways, segment tails) naming them.
 #pragma once
 
 #include <string>
@@ -78,6 +79,16 @@ class GdnKind final : public LayerKind {
   void recurrent_store(const BlockCall<E>& c, const Recurrent<E>& r) const;
   template <class E>
   void check_carry(const BlockCall<E>& c) const;
+  // The device-memory counterpart of Recurrent for backends without host carries (the CUDA
+  // backend): a no-grad forward's carried context (context rows, links, init states from the
+  // cache's slots) and the stores of end states and conv tails into them.
+  template <class E>
+  struct DeviceContext;
+  template <class E>
+  void device_begin(E& e, const BlockCall<E>& c, const typename E::Act* qkv, bool carried, bool stores,
+                    DeviceContext<E>& d) const;
+  template <class E>
+  void device_store(E& e, const BlockCall<E>& c, const typename E::Act* qkv, const DeviceContext<E>& d) const;
   template <class E>
   struct Scratch;
   // qwen3_next: the fused outputs (grouped per key head) to the flat qkv, z, b, a (to_flat), or

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Hybrid models on the GPU machine (issue 15): the CUDA decoder with Gated DeltaNet layers against
-# the fp64 CPU decoder (tests/model_cuda/hybrid_cuda_test), the ops the hybrid layers added or
+# the fp64 CPU decoder (tests/model_cuda/hybrid_cuda_test; generation with the recurrent state in
+# the cache: generate_cuda_test), the ops the hybrid layers added or
 # changed (the delta rule and the GDN row ops, gated attention, RMSNorm's weight offset, partial
 # RoPE), the dense decoder and trainer backend tests those changes touch, then `ops_bench gdn` and
 # `train_bench --model hybrid_2b` (the ~2B 3 : 1 hybrid's training step, tree vs per-path).
@@ -15,15 +16,17 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 
 DIR=.device/hybrid
-TESTS=${TESTS:-"hybrid_cuda_test gdn_test gated_attention_test rmsnorm_test rope_test qk_norm_rope_test model_cuda_test backend_cuda_test"}
+TESTS=${TESTS:-"hybrid_cuda_test generate_cuda_test gdn_test gated_attention_test rmsnorm_test rope_test qk_norm_rope_test model_cuda_test backend_cuda_test"}
 
 . scripts/device/lib.sh
 
 if [ "${1:-run}" = "stage" ]; then
-  bazel build //tests/model_cuda:hybrid_cuda_test //tests/model_cuda:model_cuda_test //tests/model_cuda:backend_cuda_test \
+  bazel build //tests/model_cuda:hybrid_cuda_test //tests/model_cuda:generate_cuda_test \
+    //tests/model_cuda:model_cuda_test //tests/model_cuda:backend_cuda_test \
     //tests/ops_cuda:gdn_test //tests/ops_cuda:gated_attention_test //tests/ops_cuda:rmsnorm_test \
     //tests/ops_cuda:rope_test //tests/ops_cuda:qk_norm_rope_test //bench:ops_bench //bench:train_bench || exit 1
-  stage_binaries "$DIR" bazel-bin/tests/model_cuda/hybrid_cuda_test bazel-bin/tests/model_cuda/model_cuda_test \
+  stage_binaries "$DIR" bazel-bin/tests/model_cuda/hybrid_cuda_test bazel-bin/tests/model_cuda/generate_cuda_test \
+    bazel-bin/tests/model_cuda/model_cuda_test \
     bazel-bin/tests/model_cuda/backend_cuda_test bazel-bin/tests/ops_cuda/gdn_test \
     bazel-bin/tests/ops_cuda/gated_attention_test bazel-bin/tests/ops_cuda/rmsnorm_test \
     bazel-bin/tests/ops_cuda/rope_test bazel-bin/tests/ops_cuda/qk_norm_rope_test bazel-bin/bench/ops_bench \

@@ -21,25 +21,6 @@
 namespace tt::model_cuda_test {
 namespace {
 
-struct HybridShape {
-  Shape base;
-  int nk, nv, dk, dv;
-};
-
-// Layers: linear, full, linear (Qwen3.5's 3 : 1 pattern, shortened), RoPE on half the head.
-model::ModelConfig hybrid_config_of(const HybridShape& h) {
-  model::ModelConfig c = config_of(h.base);
-  c.partial_rotary_factor = 0.5;
-  c.layer_types = {"linear_attention", "full_attention", "linear_attention"};
-  c.num_hidden_layers = 3;
-  c.linear_num_key_heads = h.nk;
-  c.linear_num_value_heads = h.nv;
-  c.linear_key_head_dim = h.dk;
-  c.linear_value_head_dim = h.dv;
-  c.linear_conv_kernel_dim = 4;
-  return c;
-}
-
 const double kBound = hybrid_grad_bound(2, 1);
 
 class HybridGpuVsCpu : public GpuTest, public ::testing::WithParamInterface<HybridShape> {};

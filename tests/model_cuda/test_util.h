@@ -51,6 +51,12 @@ constexpr double kLossRel = 5e-3;
 // 3 sqrt(n_r / 3) u with the forward's n_r = 13 L + 2 roundings (the layers' 13, nf and the logits).
 inline double logit_bound(int layers) { return 3.0 * std::sqrt((13.0 * layers + 2) / 3.0) * kBf16U; }
 
+// Hybrid decoders' logits: the forward's roundings, 18 a Gated DeltaNet layer (with its MLP; see
+// hybrid_grad_bound), 15 a gated attention layer, 2 in the head.
+inline double hybrid_logit_bound(int linear, int full) {
+  return 3.0 * std::sqrt((18.0 * linear + 15.0 * full + 2) / 3.0) * kBf16U;
+}
+
 // Fails (not skips) without a device: these tests run on the GPU machine only (tags = ["gpu"]).
 class GpuTest : public ::testing::Test {
  protected:
@@ -84,6 +90,25 @@ inline model::ModelConfig config_of(const Shape& s) {
   c.rms_norm_eps = 1e-6;
   c.rope_theta = 10000.0;
   c.max_position_embeddings = 4096;
+  return c;
+}
+
+struct HybridShape {
+  Shape base;
+  int nk, nv, dk, dv;
+};
+
+// Layers: linear, full, linear (Qwen3.5's 3 : 1 pattern, shortened), RoPE on half the head.
+inline model::ModelConfig hybrid_config_of(const HybridShape& h) {
+  model::ModelConfig c = config_of(h.base);
+  c.partial_rotary_factor = 0.5;
+  c.layer_types = {"linear_attention", "full_attention", "linear_attention"};
+  c.num_hidden_layers = 3;
+  c.linear_num_key_heads = h.nk;
+  c.linear_num_value_heads = h.nv;
+  c.linear_key_head_dim = h.dk;
+  c.linear_value_head_dim = h.dv;
+  c.linear_conv_kernel_dim = 4;
   return c;
 }
 
