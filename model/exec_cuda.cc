@@ -396,6 +396,29 @@ void CudaExec::conv1d_silu_backward(Act* dx, Param* dw, const Act* dout, const A
                              workspace(cuda::conv1d_silu_backward_workspace_bytes(N, C, K)), stream_);
 }
 
+void CudaExec::conv1d_silu_backward(Acc* dx, Param* dw, const Act* dout, const Act* x, const Weight* w,
+                                    const int32_t* prev, const int32_t* pos, const int32_t* subtree_end, int N, int C,
+                                    int K) {
+  mark(Op::kNorm);
+  cuda::conv1d_silu_backward(dx, dw, dout, x, w, prev, pos, subtree_end, N, C, K,
+                             workspace(cuda::conv1d_silu_backward_workspace_bytes(N, C, K)), stream_);
+}
+
+void CudaExec::add_rows(Act* dst, const int32_t* dst_rows, const Acc* src, const int32_t* src_rows, int n, int C) {
+  mark(Op::kOther);
+  detail::add_rows(dst, dst_rows, src, src_rows, n, C, stream_);
+}
+
+void CudaExec::add_rows(Acc* dst, const int32_t* dst_rows, const Act* src, const int32_t* src_rows, int n, int C) {
+  mark(Op::kOther);
+  detail::add_rows(dst, dst_rows, src, src_rows, n, C, stream_);
+}
+
+void CudaExec::add_rows(Acc* dst, const int32_t* dst_rows, const Acc* src, const int32_t* src_rows, int n, int C) {
+  mark(Op::kOther);
+  detail::add_rows(dst, dst_rows, src, src_rows, n, C, stream_);
+}
+
 void CudaExec::copy_cols(Act* out, const Act* in, int N, int in_cols, int col0, int cols) {
   move_cols(out, cols, 0, in, in_cols, col0, N, cols);
 }
@@ -471,6 +494,16 @@ void CudaExec::gdn_backward(Act* dq, Act* dk, Act* dv, Act* dg, Act* dbeta, cons
   mark(Op::kAttention);
   cuda::gdn_backward(dq, dk, dv, dg, dbeta, nullptr, d_o, nullptr, q, k, v, g, beta, nullptr, layout.gdn, nk, nv,
                      k_dim, v_dim, scale, workspace(cuda::gdn_backward_workspace_bytes(layout.gdn, nv, k_dim, v_dim)),
+                     stream_);
+}
+
+void CudaExec::gdn_backward(Act* dq, Act* dk, Act* dv, Act* dg, Act* dbeta, const Act* d_o, const Act* q, const Act* k,
+                            const Act* v, const Act* g, const Act* beta, const Layout& layout, int N, int nk, int nv,
+                            int k_dim, int v_dim, double scale, const float* init, float* d_init, const float* d_end) {
+  check_planned(layout, N, "gdn_backward");
+  mark(Op::kAttention);
+  cuda::gdn_backward(dq, dk, dv, dg, dbeta, d_init, d_o, d_end, q, k, v, g, beta, init, layout.gdn, nk, nv, k_dim,
+                     v_dim, scale, workspace(cuda::gdn_backward_workspace_bytes(layout.gdn, nv, k_dim, v_dim)),
                      stream_);
 }
 

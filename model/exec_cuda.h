@@ -197,6 +197,11 @@ class CudaExec {
   void copy(Acc* dst, const Acc* src, int64_t n);
   // dst[rows[r]] += src[r] (R rows of C; rows distinct): relayed gradients into their rows.
   void add_rows(Acc* dst, const int32_t* rows, const Acc* src, int R, int C);
+  // dst[dst_rows[i]] += src[src_rows[i]] (i < n) in fp32, between bf16 rows and fp32 accumulators
+  // (a recurrent layer's relayed conv-context gradients).
+  void add_rows(Act* dst, const int32_t* dst_rows, const Acc* src, const int32_t* src_rows, int n, int C);
+  void add_rows(Acc* dst, const int32_t* dst_rows, const Act* src, const int32_t* src_rows, int n, int C);
+  void add_rows(Acc* dst, const int32_t* dst_rows, const Acc* src, const int32_t* src_rows, int n, int C);
   // dst[:, dst_col0 : dst_col0 + cols] = src[:, src_col0 : src_col0 + cols] for N rows of dst_cols
   // and src_cols elements (one strided copy; the retrieval pool keeps the long-range heads' columns).
   void move_cols(Act* dst, int dst_cols, int dst_col0, const Act* src, int src_cols, int src_col0, int N, int cols);
@@ -211,6 +216,10 @@ class CudaExec {
   void conv1d_silu_forward(Act* out, const Act* x, const Weight* w, const int32_t* prev, int N, int C, int K);
   void conv1d_silu_backward(Act* dx, Param* dw, const Act* dout, const Act* x, const Weight* w, const int32_t* prev,
                             const Layout& layout, int N, int C, int K);
+  // Over rows of the caller's own DFS layout (device prev, depths, subtree ends): a carried
+  // conv's context rows placed before their roots (model/gdn.h); dx in fp32, +=.
+  void conv1d_silu_backward(Acc* dx, Param* dw, const Act* dout, const Act* x, const Weight* w, const int32_t* prev,
+                            const int32_t* pos, const int32_t* subtree_end, int N, int C, int K);
   void copy_cols(Act* out, const Act* in, int N, int in_cols, int col0, int cols);
   void add_cols(Act* out, const Act* in, int N, int out_cols, int col0, int cols);
   void l2norm_forward(Act* y, Stat* rstd, const Act* x, int rows, int D, double eps);
@@ -235,6 +244,11 @@ class CudaExec {
                     const Act* v, const Act* g, const Act* beta, const Layout& layout, int N, int nk, int nv,
                     int k_dim, int v_dim, double scale, const double* init = nullptr, double* d_init = nullptr,
                     const double* d_end = nullptr);
+  // With device states: init (num_roots, ...) fp32 or null, d_init += or null, d_end (num_nodes,
+  // ...) or null (a partition piece's relayed state gradients).
+  void gdn_backward(Act* dq, Act* dk, Act* dv, Act* dg, Act* dbeta, const Act* d_o, const Act* q, const Act* k,
+                    const Act* v, const Act* g, const Act* beta, const Layout& layout, int N, int nk, int nv,
+                    int k_dim, int v_dim, double scale, const float* init, float* d_init, const float* d_end);
   // Segment retrieval (ops/cuda/retrieval.h; CPU meaning in exec_cpu.h): fp32 scores, so near-ties
   // may order differently from the fp64 reference.
   void retrieval_select(int32_t* idx, const Act* q, const Act* pool_k, int P, int NH, int NKV, int HS,

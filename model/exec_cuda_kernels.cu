@@ -87,6 +87,20 @@ __global__ void add_rows_f32(float* __restrict__ dst, const int32_t* __restrict_
   for (int c = threadIdx.x; c < cols; c += blockDim.x) d[c] += s[c];
 }
 
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ void from_f32(float& d, float x) { d = x; }
+__device__ __forceinline__ void from_f32(bf16& d, float x) { d = __float2bfloat16(x); }
+
+template <class D, class S>
+__global__ void add_rows_mixed(D* __restrict__ dst, const int32_t* __restrict__ dst_rows, const S* __restrict__ src,
+                               const int32_t* __restrict__ src_rows, int cols) {
+  const int i = blockIdx.x;
+  D* d = dst + (int64_t)dst_rows[i] * cols;
+  const S* x = src + (int64_t)src_rows[i] * cols;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) from_f32(d[c], to_f32(d[c]) + to_f32(x[c]));
+}
+
 __global__ void add_cols_bf16(bf16* __restrict__ out, const bf16* __restrict__ in, int out_cols, int col0, int cols) {
   const int r = blockIdx.x;
   bf16* o = out + (int64_t)r * out_cols + col0;
@@ -172,6 +186,30 @@ void add_rows(float* dst, const int32_t* rows, const float* src, int R, int C, c
   TT_CHECK(dst && rows && src, "model::detail::add_rows: null pointer");
   add_rows_f32<<<R, 128, 0, stream>>>(dst, rows, src, C);
   TT_CUDA_CHECK_LAUNCH();
+}
+
+template <class D, class S>
+static void add_rows_impl(D* dst, const int32_t* dst_rows, const S* src, const int32_t* src_rows, int n, int C,
+                          cudaStream_t stream) {
+  if (n <= 0 || C <= 0) return;
+  TT_CHECK(dst && dst_rows && src && src_rows, "model::detail::add_rows: null pointer");
+  add_rows_mixed<D, S><<<n, 128, 0, stream>>>(dst, dst_rows, src, src_rows, C);
+  TT_CUDA_CHECK_LAUNCH();
+}
+
+void add_rows(bf16* dst, const int32_t* dst_rows, const float* src, const int32_t* src_rows, int n, int C,
+              cudaStream_t stream) {
+  add_rows_impl(dst, dst_rows, src, src_rows, n, C, stream);
+}
+
+void add_rows(float* dst, const int32_t* dst_rows, const bf16* src, const int32_t* src_rows, int n, int C,
+              cudaStream_t stream) {
+  add_rows_impl(dst, dst_rows, src, src_rows, n, C, stream);
+}
+
+void add_rows(float* dst, const int32_t* dst_rows, const float* src, const int32_t* src_rows, int n, int C,
+              cudaStream_t stream) {
+  add_rows_impl(dst, dst_rows, src, src_rows, n, C, stream);
 }
 
 void add_cols(bf16* out, const bf16* in, int N, int out_cols, int col0, int cols, cudaStream_t stream) {

@@ -30,6 +30,15 @@ void add_rows(float* dst, const int32_t* rows, const float* src, int R, int C, c
 // fp32 rounded once (a layer's column-block gradients into the input they were split from).
 void add_cols(bf16* out, const bf16* in, int N, int out_cols, int col0, int cols, cudaStream_t stream);
 
+// dst[dst_rows[i]] += src[src_rows[i]] (i < n, rows of C, dst rows distinct) in fp32, rounded once
+// where dst is bf16: gradients crossing between bf16 rows and fp32 accumulators.
+void add_rows(bf16* dst, const int32_t* dst_rows, const float* src, const int32_t* src_rows, int n, int C,
+              cudaStream_t stream);
+void add_rows(float* dst, const int32_t* dst_rows, const bf16* src, const int32_t* src_rows, int n, int C,
+              cudaStream_t stream);
+void add_rows(float* dst, const int32_t* dst_rows, const float* src, const int32_t* src_rows, int n, int C,
+              cudaStream_t stream);
+
 // out (R, C) = in[rows[r]] for r < R; in (*, C).
 void gather_rows(bf16* out, const bf16* in, const int32_t* rows, int R, int C, cudaStream_t stream);
 

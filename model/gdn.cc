@@ -315,33 +315,17 @@ static bool reads_state(const BlockCall<E>& c) {
   return c.carry && std::any_of(c.carry->state_slot.begin(), c.carry->state_slot.end(), [](int32_t s) { return s >= 0; });
 }
 
-// A backend whose recurrent carries are not written (E::kHostRecurrent false: the CUDA backend)
-// refuses a batch that would need one, naming what needed it.
-static Error no_device_carry(int layer, const char* what) {
-  return Error(str("model: layer ", layer, " is linear_attention: ", what, " (its recurrent state and conv context "
-                   "carried across batches) runs on the cpu backend only so far; set device: cpu"));
+// The layout's node parents in host memory (the CUDA layout keeps a host copy of its node arrays).
+template <class E>
+static const int32_t* host_parents(const typename E::Layout& l) {
+  if constexpr (E::kHostRecurrent) return l.node_parent;
+  else return l.host_parent.data();
 }
 
 // What a carry may hold for this layer: no K/V prefixes, and the roots' slots when it reads state.
-// Backends without host-memory carries (the CUDA backend) take none: their layouts' node arrays
-// are device memory, and the carried paths are the CPU backend's.
 template <class E>
 void GdnKind::check_carry(const BlockCall<E>& c) const {
-  if constexpr (!E::kHostRecurrent) {
-    // The inference cache only: a no-grad forward reading state slots and storing them.
-    if (c.relay || (c.carry && (c.mode == Mode::kTrain || !c.carry->kv.empty() || !c.carry->offer_node.empty())))
-      throw no_device_carry(layer_, "a training carry (a partition gateway or a segment tail)");
-    const auto& l = c.batch->layout;
-    const int roots = (int)std::count(l.host_parent.begin(), l.host_parent.end(), -1);
-    if (c.carry) {
-      TT_CHECK((int)c.carry->state_slot.size() == roots, "model: layer ", layer_, ": a carry of ",
-               c.carry->state_slot.size(), " state slots for a batch of ", roots, " roots");
-      for (int32_t slot : c.carry->state_slot)
-        TT_CHECK(slot < 0 || (c.carry->state && c.carry->conv), "model: layer ", layer_, ": reads state slot ", slot,
-                 " of a carry without state buffers");
-    }
-    return;
-  }
+
   if ((c.carry && !c.carry->kv.empty()) || (c.relay && !c.relay->kv.empty()))
     throw Error(str("model: layer ", layer_, " is linear_attention: its carry holds a recurrent state and conv "
                     "context, not K/V prefixes"));
@@ -350,7 +334,8 @@ void GdnKind::check_carry(const BlockCall<E>& c) const {
                     "slot (KVCache::read_state; slot -1 for a root that starts from zeros)"));
   if (c.carry) {
     const auto& l = c.batch->layout;
-    const int roots = (int)std::count_if(l.node_parent, l.node_parent + l.num_nodes, [](int32_t p) { return p < 0; });
+    const int32_t* parent = host_parents<E>(l);
+    const int roots = (int)std::count_if(parent, parent + l.num_nodes, [](int32_t p) { return p < 0; });
     TT_CHECK((int)c.carry->state_slot.size() == roots, "model: layer ", layer_, ": a carry of ",
              c.carry->state_slot.size(), " state slots for a batch of ", roots, " roots");
   }
@@ -374,17 +359,27 @@ void GdnKind::check_carry(const BlockCall<E>& c) const {
 
 template <class E>
 struct GdnKind::DeviceContext {
-  typename E::Buffer x_buf, prev_buf, init_buf, end_buf, ctx_idx, store_idx;
+  typename E::Buffer x_buf, prev_buf, init_buf, end_buf, idx_buf;
   typename E::Act* x = nullptr;   // carried: (N + R (K - 1), CD) the pre-conv rows, context rows after them
   int32_t* prev = nullptr;        // carried: their links (device)
   float* init = nullptr;          // carried: (R, nv dk dv)
-  float* end = nullptr;           // stores: (num_nodes, nv dk dv)
+  float* end = nullptr;           // with ends: (num_nodes, nv dk dv)
   std::vector<int32_t> host_prev;  // the links on the host (conv tails are walked here)
   std::vector<int> root_node;      // (R) node of each root, in node order
+  int64_t rows_n = 0;              // N, or N + R (K - 1) when carried
+  const int32_t *start = nullptr, *len = nullptr;  // the layout's host node arrays
 };
 
+// Uploads host int32 arrays into buf and returns the device copy.
 template <class E>
-void GdnKind::device_begin(E& e, const BlockCall<E>& c, const typename E::Act* qkv, bool carried, bool stores,
+static const int32_t* upload_ints(E& e, typename E::Buffer& buf, const std::vector<int32_t>& v) {
+  e.ensure(buf, sizeof(int32_t) * std::max<size_t>(v.size(), 1));
+  e.upload(buf.data(), v.data(), sizeof(int32_t) * v.size());
+  return reinterpret_cast<const int32_t*>(buf.data());
+}
+
+template <class E>
+void GdnKind::device_begin(E& e, const BlockCall<E>& c, const typename E::Act* qkv, bool carried, bool ends,
                            DeviceContext<E>& d) const {
   const auto& l = c.batch->layout;
   const int N = c.batch->N, Kc = K_ - 1, nodes = (int)l.host_parent.size();
@@ -392,9 +387,12 @@ void GdnKind::device_begin(E& e, const BlockCall<E>& c, const typename E::Act* q
   for (int n = 0; n < nodes; ++n)
     if (l.host_parent[n] < 0) d.root_node.push_back(n);
   const int R = (int)d.root_node.size();
+  d.start = l.host_start.data();
+  d.len = l.host_len.data();
   d.host_prev.resize(N);
   cpu::path_prev(d.host_prev.data(), l.host_start.data(), l.host_len.data(), l.host_parent.data(), nodes, N);
-  if (stores) {
+  d.rows_n = N;
+  if (ends) {
     e.ensure(d.end_buf, sizeof(float) * (size_t)std::max<int64_t>(nodes * SE, 1));
     d.end = reinterpret_cast<float*>(d.end_buf.data());
   }
@@ -402,30 +400,28 @@ void GdnKind::device_begin(E& e, const BlockCall<E>& c, const typename E::Act* q
   // As Recurrent: root q's context rows at N + q (K - 1) .., chained before its first row.
   const LayerCarry<E>& cr = *c.carry;
   const int64_t Na = N + (int64_t)R * Kc;
+  d.rows_n = Na;
   d.host_prev.resize(Na);
-  std::vector<int32_t> idx;  // [dst rows | src rows] of the context rows read from slots
   for (int q = 0; q < R; ++q) {
     const int64_t base = N + (int64_t)q * Kc;
     for (int m = 0; m < Kc; ++m) d.host_prev[base + m] = m == 0 ? -1 : (int32_t)(base + m - 1);
     if (Kc > 0) d.host_prev[l.host_start[d.root_node[q]]] = (int32_t)(base + Kc - 1);
   }
-  std::vector<int32_t> src;
+  std::vector<int32_t> dst, src;  // the context rows read from slots
   for (int q = 0; q < R; ++q)
     if (cr.state_slot[q] >= 0)
       for (int m = 0; m < Kc; ++m) {
-        idx.push_back((int32_t)(N + (int64_t)q * Kc + m));
+        dst.push_back((int32_t)(N + (int64_t)q * Kc + m));
         src.push_back((int32_t)((int64_t)cr.state_slot[q] * Kc + m));
       }
-  const int n_ctx = (int)idx.size();
-  idx.insert(idx.end(), src.begin(), src.end());
+  const int n_ctx = (int)dst.size();
+  dst.insert(dst.end(), src.begin(), src.end());
   e.ensure(d.x_buf, sizeof(typename E::Act) * (size_t)Na * CD_);
   d.x = reinterpret_cast<typename E::Act*>(d.x_buf.data());
   e.copy(d.x, qkv, (int64_t)N * CD_);
   e.zero(d.x + (int64_t)N * CD_, sizeof(typename E::Act) * (size_t)(Na - N) * CD_);
   if (n_ctx > 0) {
-    e.ensure(d.ctx_idx, sizeof(int32_t) * idx.size());
-    e.upload(d.ctx_idx.data(), idx.data(), sizeof(int32_t) * idx.size());
-    const int32_t* di = reinterpret_cast<const int32_t*>(d.ctx_idx.data());
+    const int32_t* di = upload_ints(e, d.idx_buf, dst);
     e.copy_rows(d.x, di, cr.conv, di + n_ctx, n_ctx, CD_);
   }
   e.ensure(d.prev_buf, sizeof(int32_t) * (size_t)Na);
@@ -438,26 +434,22 @@ void GdnKind::device_begin(E& e, const BlockCall<E>& c, const typename E::Act* q
     if (cr.state_slot[q] >= 0) e.copy(d.init + q * SE, cr.state + cr.state_slot[q] * SE, SE);
 }
 
-// The inference cache: each stored root's end state and conv tail (the last K - 1 pre-conv rows of
-// its path, oldest first; zeros past the root), one-node trees only (as recurrent_store).
+// Node nodes[i]'s end state into state[slots[i]] and its conv tail (the last K - 1 pre-conv rows
+// of its path, oldest first; zeros past the root) into conv rows slots[i] (K - 1) .. (the inference
+// cache's slots, or a partition piece's offers).
 template <class E>
-void GdnKind::device_store(E& e, const BlockCall<E>& c, const typename E::Act* qkv, const DeviceContext<E>& d) const {
-  const auto& l = c.batch->layout;
-  const int R = (int)d.root_node.size(), Kc = K_ - 1, nodes = (int)l.host_parent.size();
+void GdnKind::device_write(E& e, DeviceContext<E>& d, const typename E::Act* qkv, const std::vector<int>& nodes,
+                           const std::vector<int64_t>& slots, typename E::Acc* state, typename E::Act* conv) const {
+  const int Kc = K_ - 1;
   const int64_t SE = recurrent_state_elems();
-  TT_CHECK((int)c.store_slot->size() == R && c.store_conv, "model: layer ", layer_, ": ", c.store_slot->size(),
-           " state slots to store for a batch of ", R, " roots");
   std::vector<int32_t> dst, src, zero;
-  for (int q = 0; q < R; ++q) {
-    const int slot = (*c.store_slot)[q];
-    if (slot < 0) continue;
-    const int n = d.root_node[q];
-    TT_CHECK((q + 1 < R ? d.root_node[q + 1] : nodes) == n + 1, "model: layer ", layer_,
-             ": stores the state of one-node trees only (tree ", q, " has several nodes)");
-    e.copy(c.store_state + slot * SE, d.end + n * SE, SE);
-    int32_t row = l.host_start[n] + l.host_len[n] - 1;
+  const int32_t *start = d.start, *len = d.len;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const int n = nodes[i];
+    e.copy(state + slots[i] * SE, d.end + n * SE, SE);
+    int32_t row = start[n] + len[n] - 1;
     for (int m = Kc - 1; m >= 0; --m) {
-      const int32_t at = (int32_t)((int64_t)slot * Kc + m);
+      const int32_t at = (int32_t)(slots[i] * Kc + m);
       if (row >= 0) dst.push_back(at), src.push_back(row);
       else zero.push_back(at);
       if (row >= 0) row = d.host_prev[row];
@@ -465,15 +457,11 @@ void GdnKind::device_store(E& e, const BlockCall<E>& c, const typename E::Act* q
   }
   const int n_copy = (int)dst.size(), n_zero = (int)zero.size();
   if (n_copy + n_zero == 0) return;
-  std::vector<int32_t> idx = dst;
-  idx.insert(idx.end(), src.begin(), src.end());
-  idx.insert(idx.end(), zero.begin(), zero.end());
-  auto& buf = const_cast<typename E::Buffer&>(d.store_idx);
-  e.ensure(buf, sizeof(int32_t) * idx.size());
-  e.upload(buf.data(), idx.data(), sizeof(int32_t) * idx.size());
-  const int32_t* di = reinterpret_cast<const int32_t*>(buf.data());
-  if (n_copy) e.copy_rows(c.store_conv, di, d.x ? d.x : qkv, di + n_copy, n_copy, CD_);
-  if (n_zero) e.zero_rows(c.store_conv, di + 2 * n_copy, n_zero, CD_);
+  dst.insert(dst.end(), src.begin(), src.end());
+  dst.insert(dst.end(), zero.begin(), zero.end());
+  const int32_t* di = upload_ints(e, d.idx_buf, dst);
+  if (n_copy) e.copy_rows(conv, di, d.x ? d.x : qkv, di + n_copy, n_copy, CD_);
+  if (n_zero) e.zero_rows(conv, di + 2 * n_copy, n_zero, CD_);
 }
 
 template <class E>
@@ -504,8 +492,8 @@ void GdnKind::forward(E& e, const BlockCall<E>& c) const {
   if constexpr (E::kHostRecurrent) {
     if (carried || stores || offers) rec = recurrent_begin(c, s.qkv, s.prev, carried, stores || offers);
     if (carried) conv_in = rec.rows, links = rec.links;
-  } else {  // (check_carry: no offers here)
-    if (carried || stores) device_begin(e, c, s.qkv, carried, stores, dev);
+  } else {
+    if (carried || stores || offers) device_begin(e, c, s.qkv, carried, stores || offers, dev);
     if (carried) conv_in = dev.x, links = dev.prev;
   }
   // The batch's rows only; their windows reach the context rows (after them) through the links.
@@ -522,8 +510,29 @@ void GdnKind::forward(E& e, const BlockCall<E>& c) const {
                   carried ? rec.init.data() : nullptr, stores || offers ? rec.end.data() : nullptr);
   } else {
     e.gdn_forward(s.o, s.qn, s.kn, s.v, s.g, s.beta, c.batch->layout, N, nk_, nv_, dk_, dv_, scale,
-                  carried ? (const float*)dev.init : nullptr, stores ? dev.end : nullptr);
-    if (stores) device_store(e, c, s.qkv, dev);
+                  carried ? (const float*)dev.init : nullptr, stores || offers ? dev.end : nullptr);
+    if (stores) {  // the inference cache: one-node trees only (as recurrent_store)
+      const int R = (int)dev.root_node.size(), nodes = (int)c.batch->layout.host_parent.size();
+      TT_CHECK((int)c.store_slot->size() == R && c.store_conv, "model: layer ", layer_, ": ", c.store_slot->size(),
+               " state slots to store for a batch of ", R, " roots");
+      std::vector<int> ns;
+      std::vector<int64_t> slots;
+      for (int q = 0; q < R; ++q) {
+        if ((*c.store_slot)[q] < 0) continue;
+        const int n = dev.root_node[q];
+        TT_CHECK((q + 1 < R ? dev.root_node[q + 1] : nodes) == n + 1, "model: layer ", layer_,
+                 ": stores the state of one-node trees only (tree ", q, " has several nodes)");
+        ns.push_back(n);
+        slots.push_back((*c.store_slot)[q]);
+      }
+      device_write(e, dev, s.qkv, ns, slots, c.store_state, c.store_conv);
+    }
+    if (offers) {  // a partition piece's: the offered nodes' end states and conv tails
+      const std::vector<int> ns(c.carry->offer_node.begin(), c.carry->offer_node.end());
+      std::vector<int64_t> slots(ns.size());
+      for (size_t o = 0; o < ns.size(); ++o) slots[o] = (int64_t)o;
+      device_write(e, dev, s.qkv, ns, slots, c.carry->offer_state, c.carry->offer_conv);
+    }
   }
   if constexpr (E::kHostRecurrent) {
     if (stores) recurrent_store(c, rec);
@@ -535,6 +544,105 @@ void GdnKind::forward(E& e, const BlockCall<E>& c) const {
   e.gated_rmsnorm_forward(s.y, s.y_rstd, s.o, s.z, w + norm_, N * nv_, dv_, eps_);
   e.linear(c.sum, s.y, w + w_out_, N, VD_, C);
   e.residual_add(c.x_out, c.x_in, c.sum, (int64_t)N * C);
+}
+
+// The conv's backward with a carry, in device memory: with context rows (carried) the conv runs
+// over its own DFS layout, each root's K - 1 context rows placed just before its tree (so the
+// descendant gather of ops/cuda/gdn.h reaches them: their depths and subtree ends are those of
+// ancestors), then the batch rows' input gradients go to dx and the context rows' into the slots'
+// d_conv accumulators (fp32); offered conv tails add their readers' gradients at their rows.
+template <class E>
+void GdnKind::device_conv_backward(E& e, const BlockCall<E>& c, DeviceContext<E>& d, const typename E::Act* du,
+                                   typename E::Act* dx, bool carried) const {
+  using Act = typename E::Act;
+  const auto& l = c.batch->layout;
+  const int N = c.batch->N, Kc = K_ - 1, nodes = (int)l.host_parent.size();
+  const int R = (int)d.root_node.size();
+  const int64_t Na = d.rows_n;  // N + R (K - 1) when carried
+  // ext[a]: the row of the conv's layout of appended row a (a < N the batch's, else context).
+  std::vector<int32_t> ext(Na);
+  std::vector<int32_t> tree_of(N);
+  for (int q = 0; q < R; ++q) {
+    const int32_t r0 = l.host_start[d.root_node[q]], r1 = q + 1 < R ? l.host_start[d.root_node[q + 1]] : N;
+    for (int32_t i = r0; i < r1; ++i) tree_of[i] = q;
+  }
+  for (int32_t i = 0; i < N; ++i) ext[i] = i + (carried ? Kc * (tree_of[i] + 1) : 0);
+  if (carried)
+    for (int q = 0; q < R; ++q)
+      for (int m = 0; m < Kc; ++m) ext[N + (int64_t)q * Kc + m] = l.host_start[d.root_node[q]] + Kc * q + m;
+  // Links, depths and subtree ends of the conv's layout (rows' subtree ends from the node arrays).
+  std::vector<int32_t> node_end(nodes);
+  for (int n = nodes - 1; n >= 0; --n) {
+    node_end[n] = std::max(node_end[n], l.host_start[n] + l.host_len[n]);
+    if (l.host_parent[n] >= 0) node_end[l.host_parent[n]] = std::max(node_end[l.host_parent[n]], node_end[n]);
+  }
+  std::vector<int32_t> meta(3 * Na);  // prev | pos | subtree_end, in the conv's layout
+  int32_t *prev2 = meta.data(), *pos2 = prev2 + Na, *end2 = pos2 + Na;
+  for (int64_t a = 0; a < Na; ++a) prev2[ext[a]] = d.host_prev[a] >= 0 ? ext[d.host_prev[a]] : -1;
+  for (int n = 0; n < nodes; ++n)
+    for (int32_t i = l.host_start[n]; i < l.host_start[n] + l.host_len[n]; ++i)
+      end2[ext[i]] = node_end[n] + (carried ? Kc * (tree_of[i] + 1) : 0);
+  if (carried)
+    for (int q = 0; q < R; ++q) {
+      const int n = d.root_node[q];
+      for (int m = 0; m < Kc; ++m) end2[ext[N + (int64_t)q * Kc + m]] = node_end[n] + Kc * (q + 1);
+    }
+  for (int64_t x = 0; x < Na; ++x) pos2[x] = prev2[x] < 0 ? 0 : pos2[prev2[x]] + 1;  // prev2[x] < x
+  // Offered tails: (row in the conv's layout, offer row o (K - 1) + m) of each tail row.
+  std::vector<int32_t> tail_dst, tail_src;
+  if (c.carry && !c.carry->offer_node.empty())
+    for (size_t o = 0; o < c.carry->offer_node.size(); ++o) {
+      const int n = c.carry->offer_node[o];
+      int32_t row = l.host_start[n] + l.host_len[n] - 1;
+      for (int m = Kc - 1; m >= 0 && row >= 0; --m) {
+        tail_dst.push_back(ext[row]);
+        tail_src.push_back((int32_t)(o * Kc + m));
+        row = d.host_prev[row];
+      }
+    }
+  std::vector<int32_t> iota(Na);
+  for (int64_t a = 0; a < Na; ++a) iota[a] = (int32_t)a;
+  std::vector<int32_t> ints = meta;
+  ints.insert(ints.end(), ext.begin(), ext.end());
+  ints.insert(ints.end(), iota.begin(), iota.end());
+  ints.insert(ints.end(), tail_dst.begin(), tail_dst.end());
+  ints.insert(ints.end(), tail_src.begin(), tail_src.end());
+  typename E::Buffer ints_buf, rows_buf;
+  const int32_t* di = upload_ints(e, ints_buf, ints);
+  const int32_t *d_prev = di, *d_pos = di + Na, *d_end = di + 2 * Na, *d_ext = di + 3 * Na, *d_iota = di + 4 * Na;
+  const int32_t *d_tdst = di + 5 * Na, *d_tsrc = d_tdst + tail_dst.size();
+  // x2, du2 (Na, CD) in the conv's layout, and its input gradient dx2 in fp32: the offered tails'
+  // relayed gradients and the context rows' go in and out unrounded, each row rounded once.
+  using Acc = typename E::Acc;
+  typename E::Buffer dx_buf;
+  e.ensure(rows_buf, sizeof(Act) * (size_t)2 * Na * CD_);
+  e.ensure(dx_buf, sizeof(Acc) * (size_t)Na * CD_);
+  Act* x2 = reinterpret_cast<Act*>(rows_buf.data());
+  Act* du2 = x2 + Na * CD_;
+  Acc* dx2 = reinterpret_cast<Acc*>(dx_buf.data());
+  e.zero(du2, sizeof(Act) * (size_t)Na * CD_);
+  e.zero(dx2, sizeof(Acc) * (size_t)Na * CD_);
+  const Saved<E> s(*this, N, c.saved);
+  e.copy_rows(x2, d_ext, carried ? d.x : s.qkv, d_iota, (int)Na, CD_);
+  e.copy_rows(du2, d_ext, du, d_iota, N, CD_);
+  if (!tail_dst.empty())
+    e.add_rows(dx2, d_tdst, (const Acc*)c.carry->offer_d_conv, d_tsrc, (int)tail_dst.size(), CD_);
+  e.conv1d_silu_backward(dx2, c.g + conv_, du2, x2, c.w + conv_, d_prev, d_pos, d_end, (int)Na, CD_, K_);
+  e.add_rows(dx, d_iota, (const Acc*)dx2, d_ext, N, CD_);  // dx is zero: one rounding
+  if (carried) {  // the context rows' gradients into the slots' accumulators
+    const LayerCarry<E>& cr = *c.carry;
+    std::vector<int32_t> idx, src;
+    for (int q = 0; q < R; ++q)
+      if (cr.state_slot[q] >= 0)
+        for (int m = 0; m < Kc; ++m) {
+          idx.push_back((int32_t)((int64_t)cr.state_slot[q] * Kc + m));
+          src.push_back(ext[N + (int64_t)q * Kc + m]);
+        }
+    const int m = (int)idx.size();
+    idx.insert(idx.end(), src.begin(), src.end());
+    const int32_t* ci = upload_ints(e, d.idx_buf, idx);
+    if (m) e.add_rows(cr.d_conv, ci, (const Acc*)dx2, ci + m, m, CD_);
+  }
 }
 
 template <class E>
@@ -555,16 +663,35 @@ void GdnKind::backward(E& e, const BlockCall<E>& c) const {
   const bool carried = reads_state(c);
   const bool offers = c.carry && !c.carry->offer_node.empty();
   Recurrent<E> rec;
-  if constexpr (E::kHostRecurrent)
+  std::vector<double> d_init, d_end;  // the host path's
+  DeviceContext<E> dev;               // the device path's, with its state gradients:
+  typename E::Buffer dstate_buf;
+  float *dinit_dev = nullptr, *dend_dev = nullptr;
+  if constexpr (E::kHostRecurrent) {
     if (carried) rec = recurrent_begin(c, s.qkv, s.prev, /*carried=*/true, /*outputs=*/false);
-  const int R = (int)rec.root_node.size();
-  std::vector<double> d_init, d_end;
-  if (carried) d_init.assign((size_t)R * SE, 0.0);
-  if (offers) {
-    d_end.assign((size_t)c.batch->layout.num_nodes * SE, 0.0);
-    for (size_t o = 0; o < c.carry->offer_node.size(); ++o)
-      for (int64_t i = 0; i < SE; ++i)
-        d_end[(size_t)c.carry->offer_node[o] * SE + i] += (double)c.carry->offer_d_state[o * SE + i];
+    if (carried) d_init.assign(rec.root_node.size() * (size_t)SE, 0.0);
+    if (offers) {
+      d_end.assign((size_t)c.batch->layout.num_nodes * SE, 0.0);
+      for (size_t o = 0; o < c.carry->offer_node.size(); ++o)
+        for (int64_t i = 0; i < SE; ++i)
+          d_end[(size_t)c.carry->offer_node[o] * SE + i] += (double)c.carry->offer_d_state[o * SE + i];
+    }
+  } else if (carried || offers) {
+    device_begin(e, c, s.qkv, carried, /*ends=*/false, dev);
+    const int64_t R = (int64_t)dev.root_node.size(), nodes = (int64_t)c.batch->layout.host_parent.size();
+    const int64_t n_init = carried ? R * SE : 0, n_end = offers ? nodes * SE : 0;
+    e.ensure(dstate_buf, sizeof(float) * (size_t)std::max<int64_t>(n_init + n_end, 1));
+    e.zero(dstate_buf.data(), sizeof(float) * (size_t)(n_init + n_end));
+    float* base = reinterpret_cast<float*>(dstate_buf.data());
+    if (carried) dinit_dev = base;
+    if (offers) {  // d_end[offer_node[o]] = offer_d_state[o] (offered nodes are distinct)
+      dend_dev = base + n_init;
+      const int O = (int)c.carry->offer_node.size();
+      std::vector<int32_t> idx(c.carry->offer_node.begin(), c.carry->offer_node.end());
+      for (int o = 0; o < O; ++o) idx.push_back(o);
+      const int32_t* di = upload_ints(e, dev.idx_buf, idx);
+      e.add_rows(dend_dev, di, c.carry->offer_d_state, di + O, O, (int)SE);
+    }
   }
   e.linear_dx(t.dy, c.dx, w + w_out_, N, VD_, C, /*accumulate=*/false);
   e.linear_dw(g + w_out_, c.dx, s.y, N, VD_, C);
@@ -576,9 +703,14 @@ void GdnKind::backward(E& e, const BlockCall<E>& c) const {
   zero(t.dv, n * VD_);
   zero(t.dg, n * nv_);
   zero(t.dbeta, n * nv_);
-  e.gdn_backward(t.dqn, t.dkn, t.dv, t.dg, t.dbeta, t.d_o, s.qn, s.kn, s.v, s.g, s.beta, c.batch->layout, N, nk_, nv_,
-                 dk_, dv_, 1.0 / std::sqrt((double)dk_), carried ? rec.init.data() : nullptr,
-                 carried ? d_init.data() : nullptr, offers ? d_end.data() : nullptr);
+  if constexpr (E::kHostRecurrent)
+    e.gdn_backward(t.dqn, t.dkn, t.dv, t.dg, t.dbeta, t.d_o, s.qn, s.kn, s.v, s.g, s.beta, c.batch->layout, N, nk_,
+                   nv_, dk_, dv_, 1.0 / std::sqrt((double)dk_), carried ? rec.init.data() : nullptr,
+                   carried ? d_init.data() : nullptr, offers ? d_end.data() : nullptr);
+  else
+    e.gdn_backward(t.dqn, t.dkn, t.dv, t.dg, t.dbeta, t.d_o, s.qn, s.kn, s.v, s.g, s.beta, c.batch->layout, N, nk_,
+                   nv_, dk_, dv_, 1.0 / std::sqrt((double)dk_), carried ? (const float*)dev.init : nullptr, dinit_dev,
+                   (const float*)dend_dev);
   e.gdn_gates_backward(t.da, t.db, g + a_log_, g + dt_bias_, t.dg, t.dbeta, s.a, s.b, w + a_log_, w + dt_bias_, N,
                        nv_);
   zero(t.dq, n * KD_);
@@ -594,7 +726,21 @@ void GdnKind::backward(E& e, const BlockCall<E>& c) const {
   // gradient, their inputs receive the gradient of the batch's first K - 1 rows' windows (and of
   // offered tails reaching back).
   if constexpr (!E::kHostRecurrent) {
-    e.conv1d_silu_backward(t.dqkv, g + conv_, t.du, s.qkv, w + conv_, s.prev, c.batch->layout, N, CD_, K_);
+    if (carried || offers) {
+      device_conv_backward(e, c, dev, t.du, t.dqkv, carried);
+      if (carried) {  // the roots' init-state gradients into the slots they read (fp32)
+        const LayerCarry<E>& cr = *c.carry;
+        std::vector<int32_t> idx, src;
+        for (size_t q = 0; q < cr.state_slot.size(); ++q)
+          if (cr.state_slot[q] >= 0) idx.push_back(cr.state_slot[q]), src.push_back((int32_t)q);
+        const int m = (int)idx.size();
+        idx.insert(idx.end(), src.begin(), src.end());
+        const int32_t* di = upload_ints(e, dev.idx_buf, idx);
+        if (m) e.add_rows(cr.d_state, di, (const Acc*)dinit_dev, di + m, m, (int)SE);
+      }
+    } else {
+      e.conv1d_silu_backward(t.dqkv, g + conv_, t.du, s.qkv, w + conv_, s.prev, c.batch->layout, N, CD_, K_);
+    }
   } else {  // the host path: carried context rows, offered tails
     Act* dx = t.dqkv;
     std::vector<Act> du_ext, dx_ext;
@@ -620,7 +766,7 @@ void GdnKind::backward(E& e, const BlockCall<E>& c) const {
     if (carried) {
       std::copy(dx_ext.begin(), dx_ext.begin() + (size_t)N * CD_, t.dqkv);
       const LayerCarry<E>& cr = *c.carry;
-      for (int q = 0; q < R; ++q) {
+      for (int q = 0; q < (int)rec.root_node.size(); ++q) {
         const int slot = cr.state_slot[q];
         if (slot < 0) continue;  // check_carry: slots >= 0 have accumulators
         for (int64_t i = 0; i < SE; ++i) cr.d_state[slot * SE + i] += (Acc)d_init[(size_t)q * SE + i];

@@ -29,13 +29,15 @@
 // its backward adds the gradients those readers left there (the end-state gradient enters the
 // delta rule's backward, the tail gradient the conv's inputs) and adds its own roots' init-state
 // and context gradients into the slots it read (fp32 or wider): partitioned training of a hybrid
-// equals unpartitioned training. Runs on both backends (E::kHybridOps). The CPU backend keeps the
-// carried context in host memory (E::kHostRecurrent) and runs every carry above; the CUDA backend
-// runs the inference cache's (a no-grad forward reading and storing state slots: generation) in
-// device memory, and refuses training carries (partition gateways, segment tails) naming them.
+// equals unpartitioned training. Runs on both backends (E::kHybridOps): the CPU backend keeps the
+// carried context in host vectors (Recurrent, E::kHostRecurrent), the CUDA backend in device
+// buffers (DeviceContext), its conv backward over the context rows placed before their roots (a
+// DFS layout of its own, so the descendant gather reaches them).
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model/block.h"
 #include "model/config.h"
@@ -85,10 +87,14 @@ class GdnKind final : public LayerKind {
   template <class E>
   struct DeviceContext;
   template <class E>
-  void device_begin(E& e, const BlockCall<E>& c, const typename E::Act* qkv, bool carried, bool stores,
+  void device_begin(E& e, const BlockCall<E>& c, const typename E::Act* qkv, bool carried, bool ends,
                     DeviceContext<E>& d) const;
   template <class E>
-  void device_store(E& e, const BlockCall<E>& c, const typename E::Act* qkv, const DeviceContext<E>& d) const;
+  void device_write(E& e, DeviceContext<E>& d, const typename E::Act* qkv, const std::vector<int>& nodes,
+                    const std::vector<int64_t>& slots, typename E::Acc* state, typename E::Act* conv) const;
+  template <class E>
+  void device_conv_backward(E& e, const BlockCall<E>& c, DeviceContext<E>& d, const typename E::Act* du,
+                            typename E::Act* dx, bool carried) const;
   template <class E>
   struct Scratch;
   // qwen3_next: the fused outputs (grouped per key head) to the flat qkv, z, b, a (to_flat), or

@@ -59,11 +59,6 @@ double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_t
     conv_elems[l] = model.conv_context_elems(l);
     recurrent = recurrent || state_elems[l] > 0;
   }
-  if constexpr (!E::kHostRecurrent)
-    if (recurrent)
-      throw Error(str("partition of tree '", split_tree.id, "': partitioned training of a model with linear_attention "
-                      "layers (their recurrent state crosses the cuts) runs on the cpu backend only so far; set "
-                      "device: cpu or raise partition.capacity_tokens above the tree's size"));
   std::vector<int32_t> local_of(recurrent ? split_tree.nodes.size() : 0, -1);  // node -> index in its piece
   if (recurrent)
     for (const data::Piece& p : plan.pieces)

@@ -93,7 +93,12 @@ __global__ void conv_da_kernel(float* da, const bf16* dout, const bf16* x, const
 
 // dx[r, c] (+)= sum over r's descendants d at distance m < K of w[c, K - 1 - m] da[d, c]: the rows
 // after r in its subtree, a subtree whose first row is K or more deeper skipped whole.
-__global__ void conv_dx_kernel(bf16* dx, const float* da, const bf16* w, const int32_t* pos,
+__device__ __forceinline__ float ld(const float* p) { return *p; }
+__device__ __forceinline__ void st(bf16* p, float x) { *p = __float2bfloat16(x); }
+__device__ __forceinline__ void st(float* p, float x) { *p = x; }
+
+template <class T>
+__global__ void conv_dx_kernel(T* dx, const float* da, const bf16* w, const int32_t* pos,
                                const int32_t* subtree_end, int C, int K, bool accumulate) {
   const int r = blockIdx.x;
   const int end = subtree_end[r], p0 = pos[r];
@@ -108,8 +113,8 @@ __global__ void conv_dx_kernel(bf16* dx, const float* da, const bf16* w, const i
       acc = fmaf(ld(w + (int64_t)c * K + (K - 1 - m)), da[(int64_t)d * C + c], acc);
       ++d;
     }
-    bf16* o = dx + (int64_t)r * C + c;
-    *o = __float2bfloat16(accumulate ? ld(o) + acc : acc);
+    T* o = dx + (int64_t)r * C + c;
+    st(o, accumulate ? ld(o) + acc : acc);
   }
 }
 
@@ -1295,9 +1300,12 @@ void conv1d_silu_forward(bf16* out, const bf16* x, const bf16* w, const int32_t*
 
 size_t conv1d_silu_backward_workspace_bytes(int N, int C, int K) { return ConvScratch(N, C, K, nullptr).bytes; }
 
-void conv1d_silu_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const int32_t* prev,
-                          const int32_t* pos, const int32_t* subtree_end, int N, int C, int K, Workspace ws,
-                          cudaStream_t stream, bool accumulate) {
+namespace {
+
+template <class T>
+void conv1d_silu_backward_impl(T* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const int32_t* prev,
+                               const int32_t* pos, const int32_t* subtree_end, int N, int C, int K, Workspace ws,
+                               cudaStream_t stream, bool accumulate) {
   TT_CHECK(N >= 0 && C > 0 && K > 0 && K <= kMaxTaps, "conv1d_silu_backward: expected N >= 0, C > 0, 0 < K <= ",
            kMaxTaps, ", got N=", N, " C=", C, " K=", K);
   if (N == 0 || (!dx && !dw)) return;
@@ -1306,7 +1314,7 @@ void conv1d_silu_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, 
   conv_da_kernel<<<N, kThreads, 0, stream>>>(s.da, dout, x, w, prev, C, K);
   TT_CUDA_CHECK_LAUNCH();
   if (dx) {
-    conv_dx_kernel<<<N, kThreads, 0, stream>>>(dx, s.da, w, pos, subtree_end, C, K, accumulate);
+    conv_dx_kernel<T><<<N, kThreads, 0, stream>>>(dx, s.da, w, pos, subtree_end, C, K, accumulate);
     TT_CUDA_CHECK_LAUNCH();
   }
   if (dw) {
@@ -1314,6 +1322,20 @@ void conv1d_silu_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, 
     TT_CUDA_CHECK_LAUNCH();
     reduce_partials(dw, s.partial, chunks_of(N), C * K, stream);
   }
+}
+
+}  // namespace
+
+void conv1d_silu_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const int32_t* prev,
+                          const int32_t* pos, const int32_t* subtree_end, int N, int C, int K, Workspace ws,
+                          cudaStream_t stream, bool accumulate) {
+  conv1d_silu_backward_impl(dx, dw, dout, x, w, prev, pos, subtree_end, N, C, K, ws, stream, accumulate);
+}
+
+void conv1d_silu_backward(float* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const int32_t* prev,
+                          const int32_t* pos, const int32_t* subtree_end, int N, int C, int K, Workspace ws,
+                          cudaStream_t stream, bool accumulate) {
+  conv1d_silu_backward_impl(dx, dw, dout, x, w, prev, pos, subtree_end, N, C, K, ws, stream, accumulate);
 }
 
 void l2norm_forward(bf16* y, float* rstd, const bf16* x, int rows, int D, double eps, cudaStream_t stream) {

@@ -42,6 +42,10 @@ size_t conv1d_silu_backward_workspace_bytes(int N, int C, int K);
 void conv1d_silu_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const int32_t* prev,
                           const int32_t* pos, const int32_t* subtree_end, int N, int C, int K, Workspace ws,
                           cudaStream_t stream, bool accumulate = true);
+// The same with dx in fp32 (a carried conv's input gradients, relayed across a cut unrounded).
+void conv1d_silu_backward(float* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const int32_t* prev,
+                          const int32_t* pos, const int32_t* subtree_end, int N, int C, int K, Workspace ws,
+                          cudaStream_t stream, bool accumulate = true);
 
 // L2 norm per row (HF l2norm): y = x rsqrt(sum x^2 + eps); rstd (rows) fp32.
 void l2norm_forward(bf16* y, float* rstd, const bf16* x, int rows, int D, double eps, cudaStream_t stream);

@@ -5,11 +5,13 @@
 //    partial RoPE, the attention output gate) and qwen3_next (fused projections grouped per key
 //    head), head dims 64 and 128; gradients accumulate and the forward is deterministic.
 //  - TreeVsPerPath: the same trees packed per path give the tree's loss and gradients.
-//  - Errors: what the CUDA backend refuses (linear head shapes its kernels do not take, a carried
-//    recurrent state: partition pieces) names the key or the reason.
+//  - HybridPartitioned: partitioned training (the recurrent state and conv tail crossing each cut
+//    in device memory) equals the unpartitioned fp64 CPU decoder, large and small capacities.
+//  - Errors: linear head shapes the kernels do not take name the key.
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <functional>
 #include <string>
 
@@ -97,17 +99,51 @@ TEST_F(GpuTest, HybridErrors) {
   model::ModelConfig dv48 = hybrid_config_of(kHybrid);
   dv48.linear_value_head_dim = 48;
   expect_error([&] { model::CudaModel m(dv48); }, "model.linear_value_head_dim 48");
-  // A partition piece carries the recurrent state across its cut: the CPU backend's so far.
+}
+
+// A tree run piece by piece through gateways on the GPU: each child piece's roots start from the
+// end state of the node they hang from and read its conv tail (offered by the parent piece, in
+// device memory), their gradients relayed back in fp32; the loss and gradients are the
+// unpartitioned fp64 CPU decoder's. Capacities 96 and as small as the attention's prefix limit
+// allows (pieces of a few tokens: conv windows spanning several ancestors' pieces).
+TEST_F(GpuTest, HybridPartitioned) {
   const model::ModelConfig cfg = hybrid_config_of(kHybrid);
-  model::CudaModel gpu(cfg);
-  gpu.init(1);
-  const std::vector<data::Tree> trees = random_trees(31, 1, kHybrid.base.V, 6, 3, 40, 40);
-  const data::Tree split = data::split_long_nodes(trees[0], 96);
-  const data::Partition plan = data::plan_partition(split, 96);
-  ASSERT_GT(plan.num_pieces(), 1);
-  gpu.zero_grad();
-  expect_error([&] { model::forward_backward_partitioned(gpu, split, plan, 1.0); },
-               "runs on the cpu backend only so far");
+  const std::vector<float> master = init_master(cfg, 5);
+  const std::vector<data::Tree> trees = random_trees(31, 1, kHybrid.base.V, /*max_depth=*/6, /*max_children=*/3,
+                                                     /*max_len=*/40, /*max_nodes=*/40);
+  const data::Tree& tree = trees[0];
+  const data::PackedBatch batch = pack_all(trees, data::Packing::kTree);
+  const double scale = 1.0 / (double)batch.n_paths;
+  const Reference ref = cpu_reference(cfg, bf16_weights(master), batch, scale);
+  // 96, and the smallest capacity whose pieces read at most the CUDA attention's 8 external
+  // prefixes (cuda::kMaxExternalKV; the gateway of a deep piece has a segment per ancestor piece).
+  int64_t small = 0;
+  for (int64_t cap : {8, 12, 16, 24, 32, 48}) {
+    const data::Partition p = data::plan_partition(data::split_long_nodes(tree, cap), cap);
+    size_t most = 0;
+    for (const data::Piece& piece : p.pieces) most = std::max(most, piece.gateway.size());
+    if (most <= (size_t)model::CudaExec::kMaxExternalKV) {
+      small = cap;
+      break;
+    }
+  }
+  ASSERT_GT(small, 0);
+  for (int64_t capacity : {(int64_t)96, small}) {
+    const data::Tree split = data::split_long_nodes(tree, capacity);
+    const data::Partition plan = data::plan_partition(split, capacity);
+    ASSERT_GT(plan.num_pieces(), 2) << "tree of " << tree.n_tree() << " tokens";
+    std::printf("[ batch    ] %lld tokens in %d pieces (capacity %lld)\n", (long long)tree.n_tree(),
+                plan.num_pieces(), (long long)capacity);
+    model::CudaModel gpu(cfg);
+    gpu.set_params(master.data());
+    gpu.zero_grad();
+    model::PartitionRunStats st;
+    const double loss = model::forward_backward_partitioned(gpu, split, plan, scale, &st);
+    EXPECT_EQ(st.tokens_processed, tree.n_tree());
+    const std::string what = "hybrid partitioned, capacity " + std::to_string(capacity);
+    expect_loss_close(loss, ref.loss, what);
+    expect_grads_within(gpu.params_info(), gpu.grads_host(), ref.grads, kBound, what);
+  }
 }
 
 }  // namespace
