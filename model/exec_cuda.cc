@@ -58,13 +58,14 @@ void CudaExec::check_model(const ModelConfig& cfg) {
       throw Error(str("model.linear_conv_kernel_dim ", K, " is not supported on cuda (at most 64 taps); set device: cpu"));
     (void)nk, (void)nv;  // nv % nk: ModelConfig::validate
   }
-  if (cfg.vision.enabled() && cfg.vision.head_dim() != 64 && cfg.vision.head_dim() != 128)
+  auto attention_head_dim = [](int64_t d) { return d == 64 || d == 128 || d == 256; };
+  if (cfg.vision.enabled() && !attention_head_dim(cfg.vision.head_dim()))
     throw Error(str("vision: head dim hidden_size / num_attention_heads = ", cfg.vision.hidden_size, " / ",
                     cfg.vision.num_attention_heads, " = ", cfg.vision.head_dim(),
-                    " is not supported on cuda (the tree attention kernels take 64 or 128); set device: cpu"));
-  if (cfg.head_dim != 64 && cfg.head_dim != 128)
-    throw Error(str("model.head_dim ", cfg.head_dim, " is not supported on cuda (the tree attention kernels take 64 or "
-                    "128; Qwen3-Next's and Qwen3.5's 256 is not written yet)"));
+                    " is not supported on cuda (the tree attention kernels take 64, 128 or 256); set device: cpu"));
+  if (!attention_head_dim(cfg.head_dim))
+    throw Error(str("model.head_dim ", cfg.head_dim,
+                    " is not supported on cuda (the tree attention kernels take 64, 128 or 256); set device: cpu"));
 }
 
 void CudaExec::ensure(Buffer& b, size_t bytes) {

@@ -28,7 +28,7 @@
 //   model.state_projector.{weight (C, state_dim), bias (C)} (ours; only with vision.state_dim > 0)
 // vision.freeze: the tower's tensors are frozen (ParamInfo::trainable false): the tower runs without
 // saving, backward stops at the projector's input.
-// Both backends (E::kVisionOps); on CUDA the tower's head dim must be 64 or 128 (check_model).
+// Both backends (E::kVisionOps); on CUDA the tower's head dim must be 64, 128 or 256 (check_model).
 #pragma once
 
 #include <memory>

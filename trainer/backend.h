@@ -122,8 +122,8 @@ class Backend {
 };
 
 // device: "auto" | "cpu" | "cuda". "auto" takes cuda when a CUDA device of compute capability
-// 9.0 (the kernels are sm_90a) is visible and the model runs there (head_dim 64 or 128, no
-// linear_attention layers), else cpu, and logs which. Throws tt::Error for "cuda" without a visible device or on another GPU,
+// 9.0 (the kernels are sm_90a) is visible and the model runs there (CudaExec::check_model: head_dim
+// 64, 128 or 256, linear-attention head dims the delta rule's kernels take), else cpu, and logs which. Throws tt::Error for "cuda" without a visible device or on another GPU,
 // naming the config key, or for a model the CUDA backend cannot run.
 // One process per GPU (data parallelism): the CUDA backend makes GPU
 // distributed::pick_device(local_rank, local_world_size, visible) the calling thread's current

@@ -18,7 +18,7 @@ namespace {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-// The instantiated head dims: 64 and 128 (attention_{fwd,bwd}_hdim*.cu).
+// The instantiated head dims: 64, 128 and 256 (attention_{fwd,bwd}_hdim*.cu).
 template <class Fn>
 void dispatch_head_dim(int HS, Fn&& fn) {
   switch (HS) {
@@ -28,8 +28,11 @@ void dispatch_head_dim(int HS, Fn&& fn) {
     case 128:
       fn(std::integral_constant<int, 128>{});
       return;
+    case 256:
+      fn(std::integral_constant<int, 256>{});
+      return;
     default:
-      TT_CHECK(false, "tree attention: head dim HS=", HS, ", expected 64 or 128");
+      TT_CHECK(false, "tree attention: head dim HS=", HS, ", expected 64, 128 or 256");
   }
 }
 
@@ -42,7 +45,7 @@ void check_common(const TreeTiles& tiles, const ExternalKV* ext, int n_ext, int 
                   const char* op) {
   TT_CHECK(N >= 0 && NH > 0 && NKV > 0, op, ": expected N >= 0 and positive NH, NKV, got N=", N, " NH=", NH,
            " NKV=", NKV);
-  TT_CHECK(HS == 64 || HS == 128, op, ": head dim HS=", HS, ", expected 64 or 128");
+  TT_CHECK(HS == 64 || HS == 128 || HS == 256, op, ": head dim HS=", HS, ", expected 64, 128 or 256");
   TT_CHECK(NH % NKV == 0, op, ": query heads NH=", NH, " must be a multiple of KV heads NKV=", NKV);
   TT_CHECK((int64_t)N * NH * HS < ((int64_t)1 << 40), op, ": tensor of ", (int64_t)N * NH * HS, " elements");
   TT_CHECK(tiles.n == N, op, ": tile metadata was built for ", tiles.n, " tokens, expected N=", N,

@@ -6,7 +6,7 @@
 // token of their own node: an image's tokens in a vision tower), plus optional external KV
 // prefixes: prefix e is visible to queries [q_begin, q_end) of the KV heads in its head set and is
 // read before the tree's keys. Grouped-query
-// attention: query head h reads KV head h / (NH / NKV). scale = 1 / sqrt(HS); HS is 64 or 128.
+// attention: query head h reads KV head h / (NH / NKV). scale = 1 / sqrt(HS); HS is 64, 128 or 256.
 // The layout is a TreeTiles (ops/cuda/tree_tiles.h) built on the GPU from subtree_end, once per
 // batch. All pointers are device pointers, 16-byte aligned, tensors dense and row-major.
 //

@@ -85,28 +85,29 @@ __global__ void attention_dq_convert_kernel(const AttnBwdParams p) {
   for (int u = 0; u < 8; u += 2) store_bf16x2(dst + u, src[u] * p.scale, src[u + 1] * p.scale);
 }
 
-// One thread's share of a key tile's dK and dV: keys j0 and j0 + 8, columns 8 nd + 2t and
-// 8 nd + 2t + 1, read as dk_at(nd, c) / dv_at(nd, c) with c = 2 half + 0 / 1 (the wgmma accumulator
-// layout, ops/cuda/wgmma.cuh). Tree keys store bf16 (dK scaled); source e < n_ext adds into the
-// external prefix's fp32 gradients where it has them. Keys at or past n_keys are skipped.
-template <int HS, class DK, class DV>
-__device__ __forceinline__ void store_dkv(const AttnBwdParams& p, int e, int j0, int n_keys, int hk, int t, DK dk_at,
-                                          DV dv_at) {
+// One thread's share of a key tile's dK and dV: keys j0 and j0 + 8, of COLS columns from col0,
+// columns col0 + 8 nd + 2t and col0 + 8 nd + 2t + 1, read as dk_at(nd, c) / dv_at(nd, c) with
+// c = 2 half + 0 / 1 (the wgmma accumulator layout, ops/cuda/wgmma.cuh). Tree keys store bf16 (dK
+// scaled); source e < n_ext adds into the external prefix's fp32 gradients where it has them. Keys
+// at or past n_keys are skipped.
+template <int COLS, class DK, class DV>
+__device__ __forceinline__ void store_dkv(const AttnBwdParams& p, int e, int j0, int n_keys, int hk, int t, int col0,
+                                          DK dk_at, DV dv_at) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int j = j0 + 8 * half;
     if (j >= n_keys) continue;
-    const int64_t off = j * p.k_row_stride + hk * p.k_head_stride + 2 * t;
+    const int64_t off = j * p.k_row_stride + hk * p.k_head_stride + col0 + 2 * t;
     if (e >= p.n_ext) {
 #pragma unroll
-      for (int nd = 0; nd < HS / 8; ++nd) {
+      for (int nd = 0; nd < COLS / 8; ++nd) {
         store_bf16x2(p.dk + off + nd * 8, dk_at(nd, 2 * half) * p.scale, dk_at(nd, 2 * half + 1) * p.scale);
         store_bf16x2(p.dv + off + nd * 8, dv_at(nd, 2 * half), dv_at(nd, 2 * half + 1));
       }
     } else {
       const AttnExtParams& x = p.ext[e];
 #pragma unroll
-      for (int nd = 0; nd < HS / 8; ++nd) {
+      for (int nd = 0; nd < COLS / 8; ++nd) {
         if (x.dk) add_f32x2(x.dk + off + nd * 8, dk_at(nd, 2 * half) * p.scale, dk_at(nd, 2 * half + 1) * p.scale);
         if (x.dv) add_f32x2(x.dv + off + nd * 8, dv_at(nd, 2 * half), dv_at(nd, 2 * half + 1));
       }

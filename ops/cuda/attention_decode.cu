@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "base/check.h"
@@ -146,14 +147,19 @@ struct PartialParams {
   float scale;
 };
 
-// One item (blockIdx.x) and KV head (blockIdx.y).
+// One item (blockIdx.x) and KV head (blockIdx.y). Keys go through shared memory kTile at a time;
+// at head dim 256, half as many, and the query vectors stay bf16 (their values are bf16 anyway),
+// so the tiles fit the 48 KB of static shared memory and the tile's K/V registers.
 template <int HS>
 __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_constant__ PartialParams p) {
+  constexpr int kTileK = HS > 128 ? kTile / 2 : kTile;  // keys per shared-memory tile
+  constexpr int kLanesKeys = kTileK / detail::kWarp;     // a lane's keys of a tile in the softmax
+  using QT = std::conditional_t<(HS > 128), bf16, float>;
   constexpr int KS = HS + 2;  // K row stride in bf16: an odd number of 4-byte words
-  __shared__ float q_s[kQMax][HS];
-  __shared__ __align__(16) bf16 k_s[kTile][KS];
-  __shared__ __align__(16) bf16 v_s[kTile][HS];
-  __shared__ float s_s[kQMax][kTile];
+  __shared__ QT q_s[kQMax][HS];
+  __shared__ __align__(16) bf16 k_s[kTileK][KS];
+  __shared__ __align__(16) bf16 v_s[kTileK][HS];
+  __shared__ float s_s[kQMax][kTileK];
   __shared__ float m_s[kQMax], l_s[kQMax], alpha_s[kQMax];
   const int tid = threadIdx.x, lane = tid % detail::kWarp, warp = tid / detail::kWarp;
   const DecodeItem it = p.items[blockIdx.x];
@@ -173,7 +179,7 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
   for (int e = tid; e < Q * HS; e += kThreads) {
     const int qi = e / HS, d = e % HS;
     const int row = it.row0 + qi / G, h = g * G + qi % G;
-    q_s[qi][d] = __bfloat162float(p.q[((int64_t)row * p.NH + h) * HS + d]);
+    q_s[qi][d] = p.q[((int64_t)row * p.NH + h) * HS + d];
   }
   if (tid < kQMax) {
     m_s[tid] = -INFINITY;
@@ -187,8 +193,8 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
   // A tile's K and V for KV head g: kLoads 16-byte vectors of each per thread, held in registers
   // from their load (issued a tile ahead) to their store into shared memory.
   constexpr int kVecs = HS / 8;                     // 16-byte vectors per key row
-  constexpr int kLoads = kTile * kVecs / kThreads;  // per thread and tensor
-  static_assert(kTile * kVecs % kThreads == 0, "tile vectors must split evenly over the threads");
+  constexpr int kLoads = kTileK * kVecs / kThreads;  // per thread and tensor
+  static_assert(kTileK * kVecs % kThreads == 0, "tile vectors must split evenly over the threads");
   uint4 kr[kLoads], vr[kLoads];
   auto load = [&](int t0, int nk) {
 #pragma unroll
@@ -203,9 +209,9 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
       }
     }
   };
-  load(it.key_begin, min(kTile, it.key_end - it.key_begin));
-  for (int t0 = it.key_begin; t0 < it.key_end; t0 += kTile) {
-    const int nk = min(kTile, it.key_end - t0);
+  load(it.key_begin, min(kTileK, it.key_end - it.key_begin));
+  for (int t0 = it.key_begin; t0 < it.key_end; t0 += kTileK) {
+    const int nk = min(kTileK, it.key_end - t0);
     __syncthreads();  // the previous tile is consumed; q_s and the stats are written
 #pragma unroll
     for (int j = 0; j < kLoads; j++) {
@@ -218,18 +224,18 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
       *reinterpret_cast<uint4*>(&v_s[key][8 * c]) = vr[j];
     }
     __syncthreads();
-    if (t0 + kTile < it.key_end) load(t0 + kTile, min(kTile, it.key_end - t0 - kTile));  // in flight meanwhile
+    if (t0 + kTileK < it.key_end) load(t0 + kTileK, min(kTileK, it.key_end - t0 - kTileK));  // in flight meanwhile
     // Scores of every (query vector, key).
-    for (int e = tid; e < Q * kTile; e += kThreads) {
-      const int qi = e / kTile, key = e % kTile;
+    for (int e = tid; e < Q * kTileK; e += kThreads) {
+      const int qi = e / kTileK, key = e % kTileK;
       float s = -INFINITY;
       if (key < nk) {
         float a = 0.f;
 #pragma unroll 8
         for (int d = 0; d < HS; d += 2) {
           const float2 kk = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&k_s[key][d]));
-          a = fmaf(q_s[qi][d], kk.x, a);
-          a = fmaf(q_s[qi][d + 1], kk.y, a);
+          a = fmaf((float)q_s[qi][d], kk.x, a);
+          a = fmaf((float)q_s[qi][d + 1], kk.y, a);
         }
         s = a * p.scale;
       }
@@ -238,13 +244,22 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
     __syncthreads();
     // Online softmax: a warp per query vector.
     for (int qi = warp; qi < Q; qi += kThreads / detail::kWarp) {
-      const float a = s_s[qi][lane], b = s_s[qi][lane + 32];
-      const float mt = detail::warp_max(fmaxf(a, b));
+      float sv[kLanesKeys], mx = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < kLanesKeys; c++) {
+        sv[c] = s_s[qi][lane + c * detail::kWarp];
+        mx = fmaxf(mx, sv[c]);
+      }
+      const float mt = detail::warp_max(mx);
       const float m_old = m_s[qi], m_new = fmaxf(m_old, mt);
-      const float pa = a == -INFINITY ? 0.f : __expf(a - m_new), pb = b == -INFINITY ? 0.f : __expf(b - m_new);
-      s_s[qi][lane] = pa;
-      s_s[qi][lane + 32] = pb;
-      const float sum = detail::warp_sum(pa + pb);
+      float part = 0.f;
+#pragma unroll
+      for (int c = 0; c < kLanesKeys; c++) {
+        const float pc = sv[c] == -INFINITY ? 0.f : __expf(sv[c] - m_new);
+        s_s[qi][lane + c * detail::kWarp] = pc;
+        part += pc;
+      }
+      const float sum = detail::warp_sum(part);
       __syncwarp();  // every lane has read m_s[qi] before lane 0 rewrites it
       if (lane == 0) {
         const float alpha = m_old == -INFINITY ? 0.f : __expf(m_old - m_new);
@@ -326,7 +341,7 @@ void check_args(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS
   const char* op = "attention_decode_forward";
   TT_CHECK(N >= 0 && NH > 0 && NKV > 0 && NH % NKV == 0, op, ": expected N >= 0 and NH a positive multiple of NKV, got N=",
            N, " NH=", NH, " NKV=", NKV);
-  TT_CHECK(HS == 64 || HS == 128, op, ": head dim HS=", HS, ", expected 64 or 128");
+  TT_CHECK(HS == 64 || HS == 128 || HS == 256, op, ": head dim HS=", HS, ", expected 64, 128 or 256");
   TT_CHECK(NH / NKV <= kQMax, op, ": ", NH / NKV, " query heads per KV head, at most ", kQMax);
   TT_CHECK(n_ext == 0 || ext != nullptr, op, ": n_ext=", n_ext, " with a null prefix list");
   for (int e = 0; e < n_ext; e++) {
@@ -447,8 +462,10 @@ void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* 
   };
   if (HS == 64) {
     launch(std::integral_constant<int, 64>{});
-  } else {
+  } else if (HS == 128) {
     launch(std::integral_constant<int, 128>{});
+  } else {
+    launch(std::integral_constant<int, 256>{});
   }
 }
 

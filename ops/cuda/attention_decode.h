@@ -28,7 +28,7 @@ namespace tt::cuda {
 size_t attention_decode_workspace_bytes(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS);
 
 // out (N, NH, HS), lse (N, NH) overwritten; q (N, NH, HS); k, v (N, NKV, HS) the rows' own keys;
-// ext[0..n_ext) as in attention.h (len >= 0, q ranges within [0, N)). HS 64 or 128. Builds and
+// ext[0..n_ext) as in attention.h (len >= 0, q ranges within [0, N)). HS 64, 128 or 256. Builds and
 // uploads its work tables on every call (see AttentionDecodePlan to build them once per batch).
 void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const ExternalKV* ext,
                               int n_ext, int N, int NH, int NKV, int HS, Workspace ws, cudaStream_t stream);

@@ -1,6 +1,6 @@
 // Launchers of the CUDA tree attention: grid, block, shared memory and stream of each kernel of
 // attention_sm90.cuh (wgmma) and attention_bwd_rows.cuh (the backward's row passes). One
-// attention_{fwd,bwd}_hdim{64,128}.cu instantiates each, so the head dims compile in parallel;
+// attention_{fwd,bwd}_hdim{64,128,256}.cu instantiates each, so the head dims compile in parallel;
 // attention.cc owns the runtime -> template dispatch.
 #pragma once
 
@@ -43,7 +43,7 @@ void run_attention_bwd(const AttnBwdParams& p, cudaStream_t stream) {
   AttnBwdParams pc = p;
   pc.dq_blocked = 1;  // the key-tile kernel's vector reductions write the blocked layout
   set_bwd_schedule(pc, C::BN);
-  launch<C>(attn::sm90::attention_bwd_kernel<HS>, dim3((unsigned)pc.key_tiles * pc.nkv), pc, stream);
+  launch<C>(attn::sm90::bwd_kernel<HS>(), dim3((unsigned)pc.key_tiles * pc.nkv), pc, stream);
 
   const int64_t chunks = dq_convert_threads(pc, HS);
   attn::attention_dq_convert_kernel<HS>

@@ -29,11 +29,12 @@ struct AttnExtParams {
 // Tensor maps (TMA descriptors) of the kernels, filled by attention.cc (tensor_map): 3-D views
 // (HS, heads, rows) of a (rows, heads, HS) bf16 tensor, boxes of 64 columns x 1 head x `box rows`,
 // 128-byte swizzle, rows past the end read as zeros.
-constexpr int kTmaKeyRows = 128;   // = sm90::FwdConfig::BN
+// Key boxes are one forward key tile: 128 rows, 64 at head dim 256 (sm90::FwdConfig::BN).
+constexpr int tma_key_rows(int HS) { return HS > 128 ? 64 : 128; }
 constexpr int kTmaQueryRows = 64;  // = sm90::BwdConfig::BM
 struct AttnTmaps {
-  CUtensorMap k, v;                   // tree K, V: boxes of 128 rows (a forward key tile)
-  CUtensorMap ext_k[kMaxExternalKV];  // prefix K, V: boxes of 128 rows
+  CUtensorMap k, v;                   // tree K, V: boxes of tma_key_rows(HS) rows (a forward key tile)
+  CUtensorMap ext_k[kMaxExternalKV];  // prefix K, V: likewise
   CUtensorMap ext_v[kMaxExternalKV];
   CUtensorMap q, dout;                // Q, dO: boxes of 64 rows (a backward query step; the
                                       // forward's 128-row Q tile is two)
@@ -76,7 +77,7 @@ struct AttnBwdParams : AttnFwdParams {
   float* dsum;       // (NH, n_pad) D = dout . out; 0 on padding rows
   int n_pad;         // N rounded up to kRowPad
   int dq_blocked;    // 1 (what the backward writes): (NH, n_pad / 64, 2, 4, HS / 16, 32, 4), per
-                     // 64-query block, two halves of the head dim, 4 warps of 16 rows, in wgmma
+                     // 64-query block, two halves of the head dim (one per warpgroup), 4 warps of 16 rows, in wgmma
                      // accumulator order (a warp's vector reductions are contiguous); 0: row-major,
                      // which no kernel writes (removing the field would move the parameter offsets
                      // the backward kernel's machine code reads)
@@ -108,11 +109,12 @@ constexpr int kRowPad = 128;
 template <class Encode>
 void set_fwd_tensor_maps(AttnFwdParams& p, int HS, Encode&& encode) {
   p.tm.q = encode(p.q, p.n, p.nh, HS, kTmaQueryRows);
-  p.tm.k = encode(p.k, p.n, p.nkv, HS, kTmaKeyRows);
-  p.tm.v = encode(p.v, p.n, p.nkv, HS, kTmaKeyRows);
+  const int key_rows = tma_key_rows(HS);
+  p.tm.k = encode(p.k, p.n, p.nkv, HS, key_rows);
+  p.tm.v = encode(p.v, p.n, p.nkv, HS, key_rows);
   for (int e = 0; e < p.n_ext; e++) {
-    p.tm.ext_k[e] = encode(p.ext[e].k, p.ext[e].len, p.nkv, HS, kTmaKeyRows);
-    p.tm.ext_v[e] = encode(p.ext[e].v, p.ext[e].len, p.nkv, HS, kTmaKeyRows);
+    p.tm.ext_k[e] = encode(p.ext[e].k, p.ext[e].len, p.nkv, HS, key_rows);
+    p.tm.ext_v[e] = encode(p.ext[e].v, p.ext[e].len, p.nkv, HS, key_rows);
   }
 }
 template <class Encode>

@@ -153,24 +153,31 @@ __device__ __forceinline__ unsigned char* smem_1024() {
 // P V is. Only the loaders walk the key tiles: the K loader writes each stage's tile (and whether
 // it is full) next to it, then an end marker, and copies a partial tree tile's key ranges (its
 // subtree ends) into the stage, so the consumers' critical path has no tile scan and no global
-// load. Q is double-buffered (released once an item's last S is done) and the K/V stages run on
-// across items, so the next item's Q and first tiles load while the consumers finish an item
-// and store its O: a block's prologue and epilogue are paid once per kFwdItemsPerBlock items.
+// load. Q is double-buffered (released once an item's last S is done; one buffer at head dim 256)
+// and the K/V stages run on across items, so the next item's Q and first tiles load while the
+// consumers finish an item and store its O: a block's prologue and epilogue are paid once per
+// kFwdItemsPerBlock items.
+// Head dim 256 (Qwen3-Next, Qwen3.5) takes key tiles of 64 and one Q buffer: its 128 x 256 O
+// accumulator is 128 registers a consumer thread, and 2 Q buffers + 2 stages of 128-key K/V tiles
+// would need 384 KB of shared memory (one Q tile + 2 stages of 64 keys: 192 KB).
 template <int HS>
 struct FwdConfig {
   static constexpr int kThreads = 384;
   static constexpr int kStages = 2;
   static constexpr int BM = 128;
-  static constexpr int BN = 128;
+  static constexpr int BN = HS > 128 ? 64 : 128;
+  static constexpr int kQBufs = HS > 128 ? 1 : 2;  // Q tiles: the next item's loads while one runs
   static constexpr int kQElems = BM * HS;
   static constexpr int kKVElems = BN * HS;
   static constexpr int kProducerRegs = 32;
   static constexpr int kConsumerRegs = 232;  // 128 x 32 + 256 x 232 <= 384 x 168 (the launch allocation)
-  static constexpr size_t kSmemBytes = 1024 + (size_t)(2 * kQElems + 2 * kStages * kKVElems) * sizeof(bf16) +
+  static constexpr size_t kSmemBytes = 1024 +
+                                       (size_t)(kQBufs * kQElems + 2 * kStages * kKVElems) * sizeof(bf16) +
                                        (size_t)2 * kStages * BN * sizeof(int32_t) + (4 + 4 * kStages) * sizeof(uint64_t) +
                                        kStages * sizeof(int32_t);
-  static_assert(BN == kTmaKeyRows && BM == 2 * kTmaQueryRows, "tiles are whole TMA boxes");
-  static_assert(BN == kTilePad, "a partial tile's ranges are one bulk copy of the padded subtree_end");
+  static_assert(BN == tma_key_rows(HS) && BM == 2 * kTmaQueryRows, "tiles are whole TMA boxes");
+  static_assert(kTilePad % BN == 0, "a partial tile's ranges are one bulk copy of the padded subtree_end");
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block has");
   // setmaxnreg only moves registers within the block's launch allocation (__launch_bounds__(384, 1):
   // 168 per thread); asking for more hangs the consumers' setmaxnreg.inc.
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * (65536 / kThreads / 8 * 8),
@@ -195,8 +202,9 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
     attention_fwd_kernel(const __grid_constant__ AttnFwdParams p) {
   using C = FwdConfig<HS>;
   constexpr int BM = C::BM, BN = C::BN, kStages = C::kStages;
-  bf16* sQ = reinterpret_cast<bf16*>(smem_1024());  // (2, BM, HS)
-  bf16* sK = sQ + 2 * C::kQElems;                   // (kStages, BN, HS)
+  constexpr int kQBufs = C::kQBufs;
+  bf16* sQ = reinterpret_cast<bf16*>(smem_1024());  // (kQBufs, BM, HS)
+  bf16* sK = sQ + kQBufs * C::kQElems;              // (kStages, BN, HS)
   bf16* sV = sK + kStages * C::kKVElems;            // (kStages, BN, HS)
   int32_t* sHi = reinterpret_cast<int32_t*>(sV + kStages * C::kKVElems);  // (kStages, BN) subtree_end
   int32_t* sLo = sHi + kStages * BN;  // (kStages, BN) key_lo (bidirectional mode only)
@@ -241,12 +249,12 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
       bf16* dst = is_k ? sK : sV;
       int i = 0;  // position in this loader's stream of stages (the K stream has an end marker per item)
       for (int w = w_begin; w < w_end; ++w) {
-        const int j = w - w_begin, qb = j & 1;
+        const int j = w - w_begin, qb = j % kQBufs;
         const int h = w % p.nh, hk = h / p.group;
         const int q0 = item_qt(w) * BM, q_last = q0 + BM - 1;
         const int v_end = walk_end<BN>(p, q_last);
         if (is_k && lane == 0) {
-          if (j >= 2) mbar_wait(q_empty + qb, ((j >> 1) - 1) & 1);
+          if (j >= kQBufs) mbar_wait(q_empty + qb, ((j / kQBufs) - 1) & 1);
           mbar_expect_tx(q_full + qb, C::kQElems * sizeof(bf16));
 #pragma unroll
           for (int r = 0; r < BM; r += kTmaQueryRows)  // rows r.. of every atom: boxes of 64 rows
@@ -386,14 +394,14 @@ __global__ void __launch_bounds__(FwdConfig<HS>::kThreads, 1)
     int kpos = 0, vpos = 0;  // K and V stream positions of the item's first key tile
     for (int w = w_begin; w < w_end; ++w) {
       const int j = w - w_begin, h = w % p.nh;
-      qb = j & 1;
+      qb = j % kQBufs;
       row_base = item_qt(w) * BM + cw * 64 + warp * 16 + g;
 #pragma unroll
       for (int i = 0; i < HS / 2; ++i) o[i] = 0.f;
       m[0] = m[1] = -INFINITY;
       l[0] = l[1] = 0.f;
       corr[0] = corr[1] = 1.f;
-      mbar_wait(q_full + qb, (j >> 1) & 1);
+      mbar_wait(q_full + qb, (j / kQBufs) & 1);
       // Tile 0 (every walk has one: each query sees itself): S, softmax (O is zero: the rescale
       // is a no-op).
       {
@@ -479,20 +487,27 @@ __device__ __forceinline__ int64_t dq_block_offset(const AttnBwdParams& p, int h
   return ((int64_t)h * (p.n_pad / BM) + q0 / BM) * (BM * HS);
 }
 
+// Head dims 64 and 128: attention_bwd_kernel, each warpgroup owns 64 of the tile's 128 keys with
+// their whole dK, dV rows. Head dim 256 (kSplitHeadDim): attention_bwd_split_kernel, 64 keys a
+// tile whose dK, dV columns the two warpgroups split (a warpgroup's 64 x 256 dK and dV would be
+// 256 registers a thread), P^T and dS^T exchanged through shared memory.
 template <int HS>
 struct BwdConfig {
+  static constexpr bool kSplitHeadDim = HS > 128;
   static constexpr int kThreads = 256;  // 2 warpgroups
-  static constexpr int BN = 128;        // 64 keys per warpgroup
-  static constexpr int BM = 64;         // queries per step
-  static constexpr int kQBufs = 3;      // Q/dO/lse/D stages: step it + 2 loads while it runs
+  static constexpr int BN = kSplitHeadDim ? 64 : 128;  // 64 keys per warpgroup, or 64 shared
+  static constexpr int BM = 64;                        // queries per step
+  static constexpr int kQBufs = kSplitHeadDim ? 2 : 3;  // Q/dO/lse/D stages: step it + kQBufs - 1 loads while it runs
   static constexpr int kKVElems = BN * HS;
   static constexpr int kQElems = BM * HS;
   static constexpr int kDsElems = BN * BM;  // dS^T (BN, BM): one 64-column atom, double-buffered
-  static constexpr size_t kSmemBytes = 1024 +
-                                       (size_t)(2 * kKVElems + 2 * kQBufs * kQElems + 2 * kDsElems) * sizeof(bf16) +
-                                       2 * kQBufs * BM * sizeof(float) + kQBufs * sizeof(uint64_t);
+  static constexpr int kPElems = kSplitHeadDim ? BN * BM : 0;  // P^T (BN, BM) likewise (split only)
+  static constexpr size_t kSmemBytes =
+      1024 + (size_t)(2 * kKVElems + 2 * kQBufs * kQElems + 2 * kDsElems + 2 * kPElems) * sizeof(bf16) +
+      2 * kQBufs * BM * sizeof(float) + kQBufs * sizeof(uint64_t);
   static_assert(BM == kTmaQueryRows, "Q/dO steps are single TMA boxes in rows");
   static_assert(BM == 64, "dS^T is one swizzle atom wide");
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block has");
 };
 
 template <int HS>
@@ -675,8 +690,199 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
     fence_regs(dk);
   }
   if (!want_dkv) return;
-  store_dkv<HS>(p, e, k0 + key_row, n_keys, hk, t, [&](int nd, int c) { return dk[4 * nd + c]; },
+  store_dkv<HS>(p, e, k0 + key_row, n_keys, hk, t, 0, [&](int nd, int c) { return dk[4 * nd + c]; },
                 [&](int nd, int c) { return dv[4 * nd + c]; });
+}
+
+// Backward at head dim 256, per (key tile of BN = 64 keys, KV head), 2 warpgroups on the same 64
+// keys, the same schedule of query steps of BM = 64 as attention_bwd_kernel (Q, dO, lse and D one
+// step ahead by thread 0, two buffers). Each step: warpgroup w takes queries 32 w .. 32 w + 31 for
+// S^T = K Q^T and dP^T = V dO^T (64 keys x 32 queries, K-major), computes its P^T and dS^T in fp32
+// and stores both as bf16 into shared memory; past the CTA barrier each warpgroup takes columns
+// 128 w .. 128 w + 127 of the head dim for dQ = dS K (A and B MN-major), dV += P^T dO and
+// dK += dS^T Q (A K-major from shared memory, B MN-major), so its dK and dV are 64 x 128 (64
+// registers each). dQ goes into the blocked dq_accum (the halves are the warpgroups' columns, as
+// in attention_bwd_kernel) while dV and dK are on the tensor cores. P^T and dS^T are
+// double-buffered: past step it's barrier both warpgroups are done with step it - 1.
+template <int HS>
+__global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
+    attention_bwd_split_kernel(const __grid_constant__ AttnBwdParams p) {
+  using C = BwdConfig<HS>;
+  static_assert(C::kSplitHeadDim, "attention_bwd_kernel takes this head dim");
+  constexpr int BM = C::BM, BN = C::BN;
+  constexpr int kQBufs = C::kQBufs;
+  constexpr int HC = HS / 2;  // head-dim columns of a warpgroup's dQ, dK, dV
+  constexpr int QW = BM / 2;  // query columns of a warpgroup's S^T, dP^T
+  bf16* sK = reinterpret_cast<bf16*>(smem_1024());  // (BN, HS)
+  bf16* sV = sK + C::kKVElems;                       // (BN, HS)
+  bf16* sQ = sV + C::kKVElems;                       // (kQBufs, BM, HS)
+  bf16* sdO = sQ + kQBufs * C::kQElems;              // (kQBufs, BM, HS)
+  bf16* sdS = sdO + kQBufs * C::kQElems;             // (2, BN, BM) dS^T
+  bf16* sP = sdS + 2 * C::kDsElems;                  // (2, BN, BM) P^T
+  float* sLse = reinterpret_cast<float*>(sP + 2 * C::kPElems);  // (kQBufs, BM)
+  float* sD = sLse + kQBufs * BM;                                // (kQBufs, BM)
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(sD + kQBufs * BM);  // (kQBufs) a step's inputs landed
+
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = (tid % 128) / 32, lane = tid % 32,
+            g = lane / 4, t = lane % 4;
+  if (tid == 0) {
+    for (int b = 0; b < kQBufs; ++b) mbar_init(q_full + b, 1);
+    fence_barrier_init();
+  }
+  __syncthreads();
+  const KeyTileQueries<BM> kt = key_tile_queries<BN, BM>(p);
+  const int hk = kt.hk, e = kt.e, k0 = kt.k0, n_keys = kt.n_keys, n_iter = kt.n_steps;
+  const bool want_dkv = kt.want_dkv;
+  load_tile<BN, HS, C::kThreads>(sK, kt.k, p.k_row_stride, k0, n_keys, tid);
+  load_tile<BN, HS, C::kThreads>(sV, kt.v, p.k_row_stride, k0, n_keys, tid);
+  cp_async_commit();
+  const int key_row = warp * 16 + g;  // local key rows key_row, key_row + 8 of this thread (both warpgroups)
+  int lo_a, hi_a, lo_b, hi_b;         // their query ranges
+  key_query_range(p, e, k0 + key_row, lo_a, hi_a);
+  key_query_range(p, e, k0 + key_row + 8, lo_b, hi_b);
+
+  auto pf = kt.first_step();
+  auto prefetch = [&](int b) {
+    const int h = pf.h, q0 = pf.qt * BM;
+    kt.next_step(pf);
+    mbar_expect_tx(q_full + b, 2 * C::kQElems * sizeof(bf16) + 2 * BM * sizeof(float));
+    tma_load_tile<BM, HS>(sQ + b * C::kQElems, &p.tm.q, h, q0, q_full + b);  // rows past N read as zeros
+    tma_load_tile<BM, HS>(sdO + b * C::kQElems, &p.tm.dout, h, q0, q_full + b);
+    bulk_load(sLse + b * BM, p.lse_log2 + (int64_t)h * p.n_pad + q0, BM * sizeof(float), q_full + b);
+    bulk_load(sD + b * BM, p.dsum + (int64_t)h * p.n_pad + q0, BM * sizeof(float), q_full + b);
+  };
+  if (tid == 0)
+    for (int it = 0; it < imin(kQBufs - 1, n_iter); ++it) prefetch(it);
+  cp_async_wait<0>();  // K and V
+  fence_async_smem();
+  __syncthreads();
+
+  float dv[HC / 2], dk[HC / 2];  // the 64 keys x this warpgroup's HC columns
+#pragma unroll
+  for (int i = 0; i < HC / 2; ++i) dv[i] = dk[i] = 0.f;
+
+  auto cur = kt.first_step();
+  for (int it = 0; it < n_iter; ++it, kt.next_step(cur)) {
+    const int buf = it % kQBufs;
+    mbar_wait(q_full + buf, (it / kQBufs) & 1);  // this step's Q, dO, lse, D
+    const int h = cur.h, q0 = cur.qt * BM;
+    const bool full = kt.step_full(q0);
+    const bf16* q_s = sQ + buf * C::kQElems;
+    const bf16* do_s = sdO + buf * C::kQElems;
+    const float* lse_s = sLse + buf * BM + wg * QW;
+    const float* d_s = sD + buf * BM + wg * QW;
+
+    // S^T = K Q^T and dP^T = V dO^T: the 64 keys x this warpgroup's QW queries.
+    float st[QW / 2], dpt[QW / 2];
+    {
+      const uint64_t k_base = desc_kmajor<BN>(sK, 0), q_base = desc_kmajor<BM>(q_s, wg * QW);
+      const uint64_t v_base = desc_kmajor<BN>(sV, 0), do_base = desc_kmajor<BM>(do_s, wg * QW);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < HS / 16; ++kk)
+        Wgmma<QW>::template ss<0, 0>(st, desc_add(k_base, kmajor_step<BN>(kk)), desc_add(q_base, kmajor_step<BM>(kk)),
+                                     kk > 0);
+      wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < HS / 16; ++kk)
+        Wgmma<QW>::template ss<0, 0>(dpt, desc_add(v_base, kmajor_step<BN>(kk)),
+                                     desc_add(do_base, kmajor_step<BM>(kk)), kk > 0);
+      wgmma_commit();
+    }
+    const uint64_t vis_a = full ? ~0ull : query_bits<BM>(lo_a, hi_a, q0) >> (wg * QW + 2 * t);
+    const uint64_t vis_b = full ? ~0ull : query_bits<BM>(lo_b, hi_b, q0) >> (wg * QW + 2 * t);
+
+    wgmma_wait<1>();
+    fence_regs(st);
+#pragma unroll
+    for (int j = 0; j < QW / 8; ++j)
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        const float lse2 = lse_s[8 * j + 2 * t + cc];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float pv = exp2f(fmaf(st[4 * j + 2 * half + cc], p.scale_log2, -lse2));
+          if (!(((half ? vis_b : vis_a) >> (8 * j + cc)) & 1)) pv = 0.f;
+          st[4 * j + 2 * half + cc] = pv;
+        }
+      }
+    wgmma_wait<0>();
+    fence_regs(dpt);
+#pragma unroll
+    for (int j = 0; j < QW / 8; ++j)
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        const float dd = d_s[8 * j + 2 * t + cc];
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          dpt[4 * j + 2 * half + cc] = st[4 * j + 2 * half + cc] * (dpt[4 * j + 2 * half + cc] - dd);
+      }
+
+    // P^T and dS^T (bf16) of this warpgroup's queries into shared memory.
+    bf16* ds_s = sdS + (it & 1) * C::kDsElems;
+    bf16* p_s = sP + (it & 1) * C::kPElems;
+#pragma unroll
+    for (int j = 0; j < QW / 8; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int off = sw_offset<BN>(key_row + 8 * half, wg * QW + 8 * j + 2 * t);
+        store_bf16x2(p_s + off, st[4 * j + 2 * half], st[4 * j + 2 * half + 1]);
+        store_bf16x2(ds_s + off, dpt[4 * j + 2 * half], dpt[4 * j + 2 * half + 1]);
+      }
+    fence_async_smem();             // the stores, visible to the MMAs
+    named_barrier(1, C::kThreads);  // both warpgroups' queries are in shared memory
+
+    // dQ (BM x this warpgroup's HC columns) = dS K over the BN keys; then dV += P^T dO and
+    // dK += dS^T Q over the BM queries.
+    float dq[HC / 2];
+    {
+      const uint64_t ds_base = desc_mnmajor<BN>(ds_s, 0), kq_base = desc_mnmajor<BN>(sK, wg * HC);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        Wgmma<HC>::template ss<1, 1>(dq, desc_add(ds_base, kk * kMnStep), desc_add(kq_base, kk * kMnStep), kk > 0);
+      wgmma_commit();
+    }
+    {
+      const uint64_t pt_base = desc_kmajor<BN>(p_s, 0), dst_base = desc_kmajor<BN>(ds_s, 0);
+      const uint64_t do_base = desc_mnmajor<BM>(do_s, wg * HC), q_base = desc_mnmajor<BM>(q_s, wg * HC);
+      fence_regs(dv);
+      fence_regs(dk);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk)
+        Wgmma<HC>::template ss<0, 1>(dv, desc_add(pt_base, kmajor_step<BN>(kk)), desc_add(do_base, kk * kMnStep), true);
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk)
+        Wgmma<HC>::template ss<0, 1>(dk, desc_add(dst_base, kmajor_step<BN>(kk)), desc_add(q_base, kk * kMnStep), true);
+      wgmma_commit();
+    }
+    // Past the barrier both warpgroups are done with step it - 1: its buffer takes step it + kQBufs - 1.
+    if (tid == 0 && it + kQBufs - 1 < n_iter) prefetch((it + kQBufs - 1) % kQBufs);
+    wgmma_wait<1>();  // dQ (committed first)
+    fence_regs(dq);
+    {
+      float* dst = p.dq_accum + dq_block_offset<BM, HS>(p, h, q0) + wg * (BM * HS / 2) + warp * (8 * HS);
+#pragma unroll
+      for (int j = 0; j < HS / 16; ++j)
+        red_add_v4_f32(dst + (j * 32 + lane) * 4, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+    }
+    wgmma_wait<0>();
+    fence_regs(dv);
+    fence_regs(dk);
+  }
+  if (!want_dkv) return;
+  store_dkv<HC>(p, e, k0 + key_row, n_keys, hk, t, wg * HC, [&](int nd, int c) { return dk[4 * nd + c]; },
+                [&](int nd, int c) { return dv[4 * nd + c]; });
+}
+
+// The backward's key-tile kernel of head dim HS.
+template <int HS>
+constexpr auto bwd_kernel() {
+  if constexpr (BwdConfig<HS>::kSplitHeadDim)
+    return &attention_bwd_split_kernel<HS>;
+  else
+    return &attention_bwd_kernel<HS>;
 }
 
 }  // namespace tt::cuda::attn::sm90

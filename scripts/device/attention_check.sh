@@ -16,6 +16,8 @@
 #                                             a short table last.
 # Device run:  run(command="scripts/device/attention_check.sh", carry=[".device"], timeout_s=300)
 # Environment: QUICK=1 skips the comparison and ncu (tests, sanitizers and our timings only);
+# HEAD_DIMS (default 128) the benchmark's head dims, e.g. "128 256"; WORKLOADS, KV_HEADS likewise;
+# SAN_FILTER the gtest filter of the sanitizer runs; SKIP_TESTS=1 skips the tests and sanitizers;
 # COMPARE_BUDGET_S (default 120) stops starting new comparison rows after that long;
 # COMPARE_TIMEOUT_S (default 170) ends the comparison (the rows done so far are still tabled).
 set -uo pipefail
@@ -24,11 +26,13 @@ cd "$(dirname "$0")/../.."
 DIR=.device/attention
 
 if [ "${1:-run}" = "stage" ]; then
-  bazel build //tests/ops_cuda_attention:attention_test //bench:attention_bench || exit 1
+  bazel build //tests/ops_cuda_attention:attention_test //tests/ops_cuda_attention:attention_decode_test \
+    //bench:attention_bench || exit 1
   rm -rf "$DIR" && mkdir -p "$DIR/lib"
-  cp bazel-bin/tests/ops_cuda_attention/attention_test bazel-bin/bench/attention_bench "$DIR/"
+  cp bazel-bin/tests/ops_cuda_attention/attention_test bazel-bin/tests/ops_cuda_attention/attention_decode_test \
+    bazel-bin/bench/attention_bench "$DIR/"
   cp "$(ldd "$DIR/attention_test" | awk '/libgomp/ {print $3}')" "$DIR/lib/"
-  chmod u+w "$DIR"/* "$DIR"/lib/* && strip "$DIR/attention_test" "$DIR/attention_bench"
+  chmod u+w "$DIR"/* "$DIR"/lib/* && strip "$DIR/attention_test" "$DIR/attention_decode_test" "$DIR/attention_bench"
   du -sh "$DIR"
   exit 0
 fi
@@ -43,15 +47,20 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.g
 
 # 1. Our timings, dumping each layout for the comparison.
 : >"$OUT/bench.jsonl"
-for wl in ${WORKLOADS:-comb rollout comb_short trunk}; do
-  for kv in ${KV_HEADS:-16 8}; do
-    timeout 60 "$DIR/attention_bench" --workload $wl --heads 16 --kv-heads $kv --head-dim 128 \
-      --dump "/tmp/attn_${wl}_" >>"$OUT/bench.jsonl" 2>>"$OUT/tests.log" ||
-      echo "bench $wl kv=$kv failed" >>"$summary"
+for hd in ${HEAD_DIMS:-128}; do
+  for wl in ${WORKLOADS:-comb rollout comb_short trunk}; do
+    for kv in ${KV_HEADS:-16 8}; do
+      timeout 60 "$DIR/attention_bench" --workload $wl --heads 16 --kv-heads $kv --head-dim $hd \
+        --dump "/tmp/attn_${wl}_" >>"$OUT/bench.jsonl" 2>>"$OUT/tests.log" ||
+        echo "bench $wl kv=$kv hd=$hd failed" >>"$summary"
+    done
   done
 done
-timeout 60 "$DIR/attention_bench" --workload causal --n 16384 --heads 16 --kv-heads 16 --head-dim 128 \
-  >"$OUT/causal.jsonl" 2>>"$OUT/tests.log" || echo "bench causal failed" >>"$summary"
+: >"$OUT/causal.jsonl"
+for hd in ${HEAD_DIMS:-128}; do
+  timeout 60 "$DIR/attention_bench" --workload causal --n 16384 --heads 16 --kv-heads 16 --head-dim $hd \
+    >>"$OUT/causal.jsonl" 2>>"$OUT/tests.log" || echo "bench causal hd=$hd failed" >>"$summary"
+done
 # MHA rows first: each new shape recompiles FlexAttention.
 { grep '"kv_heads": 16' "$OUT/bench.jsonl"; grep -v '"kv_heads": 16' "$OUT/bench.jsonl"; } >/tmp/attn_rows.jsonl
 
@@ -62,21 +71,27 @@ timeout 60 "$DIR/attention_bench" --workload causal --n 16384 --heads 16 --kv-he
 echo "attention_compare rc=$?" >>"$summary"
 
 # 3. Correctness against the fp64 CPU reference.
-start=$SECONDS
-timeout 120 "$DIR/attention_test" --gtest_color=no >>"$OUT/tests.log" 2>&1
-rc=$?
-printf "attention_test      rc=%d passed %d failed %d (%ds)\n" $rc "$(grep -c '^\[       OK \]' "$OUT/tests.log")" \
-  "$(grep -c '^\[  FAILED  \].*(' "$OUT/tests.log")" $((SECONDS - start)) >>"$summary"
+: >"$OUT/sanitizer.log"
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+failed_pat='^\[  FAILED  \].*[(]'  # the per-test lines (with their times), not the closing list
+for t in attention_test attention_decode_test; do
+  start=$SECONDS
+  timeout 120 "$DIR/$t" --gtest_color=no >"$OUT/$t.log" 2>&1
+  rc=$?
+  cat "$OUT/$t.log" >>"$OUT/tests.log"
+  printf "%-22s rc=%d passed %d failed %d (%ds)\n" $t $rc "$(grep -c '^\[       OK \]' "$OUT/$t.log")" \
+    "$(grep -c "$failed_pat" "$OUT/$t.log")" $((SECONDS - start)) >>"$summary"
+done
 
 # 4. Out-of-bounds accesses and shared-memory races on small cases.
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-: >"$OUT/sanitizer.log"
 for tool in memcheck racecheck; do
   start=$SECONDS
   timeout 60 "$SAN" --tool $tool --error-exitcode 9 "$DIR/attention_test" --gtest_color=no \
-    --gtest_filter='*chain97*:*wide_fan*:*comb_hs64*' >>"$OUT/sanitizer.log" 2>&1
+    --gtest_filter="${SAN_FILTER:-*chain97*:*wide_fan*:*comb_hs64*}" >>"$OUT/sanitizer.log" 2>&1
   printf "sanitizer %-9s rc=%d (%ds)\n" $tool $? $((SECONDS - start)) >>"$summary"
 done
+fi
 grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" | sort | uniq -c >>"$summary"
 
 # 5. Hardware counters of one forward and one backward launch (comb, 16 heads).

@@ -195,14 +195,15 @@ TEST_F(GenerateCuda, InferenceModelHoldsWeightsOnly) {
 
 const HybridShape kHybrid{{"qwen3_5_hs64", "qwen3_5_text", 300, 192, 384, 3, 4, 2, 64, false, 0}, 2, 4, 64, 64};
 
-TEST_F(GenerateCuda, HybridDecodeLogits) {
-  const model::ModelConfig cfg = hybrid_config_of(kHybrid);
+// Decode steps of two samples after a 150-token prompt against the fp64 full forward.
+void hybrid_decode_logits(const HybridShape& shape) {
+  const model::ModelConfig cfg = hybrid_config_of(shape);
   const std::vector<float> w = weights(cfg, 3);
   model::CudaModel gpu(cfg, inference());
   gpu.set_params(w.data());
   model::Model<double> cpu(cfg);
   std::copy(w.begin(), w.end(), cpu.params());
-  const int V = kHybrid.base.V, L = cfg.num_hidden_layers;
+  const int V = shape.base.V, L = cfg.num_hidden_layers;
   const double bound = hybrid_logit_bound(2, 1);
   std::mt19937_64 rng(5);
   std::uniform_int_distribution<int> tok(0, V - 1);
@@ -261,8 +262,16 @@ TEST_F(GenerateCuda, HybridDecodeLogits) {
       worst = std::max(worst, e);
     }
   }
-  std::printf("[ errors   ] hybrid decode logits vs fp64 full forward: worst rel L2 %.3e (bound %.3e)\n", worst,
-              bound);
+  std::printf("[ errors   ] %s decode logits vs fp64 full forward: worst rel L2 %.3e (bound %.3e)\n",
+              shape.base.name.c_str(), worst, bound);
+}
+
+TEST_F(GenerateCuda, HybridDecodeLogits) { hybrid_decode_logits(kHybrid); }
+
+// Head dim 256 and linear heads of 128 (Qwen3.5's and Qwen3-Next's shapes, scaled down): the
+// attention's 256 kernels in prefill and decode.
+TEST_F(GenerateCuda, HybridDecodeLogitsHeadDim256) {
+  hybrid_decode_logits(HybridShape{{"qwen3_5_hs256", "qwen3_5_text", 300, 256, 512, 3, 4, 2, 256, false, 0}, 2, 4, 128, 128});
 }
 
 TEST_F(GenerateCuda, HybridGreedyAgreesWithTheCpu) {

@@ -54,7 +54,10 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, HybridGpuVsCpu,
     ::testing::Values(HybridShape{{"qwen3_5_hs64", "qwen3_5_text", 384, 192, 384, 3, 4, 2, 64, false, 0}, 2, 4, 64, 64},
                       HybridShape{{"qwen3_next_hs128", "qwen3_next", 320, 256, 512, 3, 4, 2, 128, true, 0},
-                                  2, 4, 128, 96}),
+                                  2, 4, 128, 96},
+                      // The real models' head dims: attention 256, linear heads 128.
+                      HybridShape{{"qwen3_5_hs256", "qwen3_5_text", 320, 256, 512, 3, 4, 2, 256, false, 0},
+                                  2, 4, 128, 128}),
     [](const ::testing::TestParamInfo<HybridShape>& i) { return i.param.base.name; });
 
 const HybridShape kHybrid{{"qwen3_5_hs64", "qwen3_5_text", 384, 192, 384, 3, 4, 2, 64, false, 0}, 2, 4, 64, 64};
@@ -99,6 +102,10 @@ TEST_F(GpuTest, HybridErrors) {
   model::ModelConfig dv48 = hybrid_config_of(kHybrid);
   dv48.linear_value_head_dim = 48;
   expect_error([&] { model::CudaModel m(dv48); }, "model.linear_value_head_dim 48");
+  model::ModelConfig hs96 = hybrid_config_of(kHybrid);
+  hs96.head_dim = 96;
+  expect_error([&] { model::CudaModel m(hs96); },
+               "model.head_dim 96 is not supported on cuda (the tree attention kernels take 64, 128 or 256)");
 }
 
 // A tree run piece by piece through gateways on the GPU: each child piece's roots start from the

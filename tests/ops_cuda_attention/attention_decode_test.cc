@@ -4,7 +4,7 @@
 // at 16k, chunks of several tiles),
 // K samples sharing a prompt prefix plus one own prefix each (more prefixes than the tree
 // kernels take), prefixes of length 0 and 1, rows that see no prefix, more rows than a row group,
-// HS 64 and 128, GQA ratios 1, 2 and 8, prefixes read by some KV heads only (head sets). Outputs are poisoned before the run. Tolerance rule:
+// HS 64, 128 and 256, GQA ratios 1, 2 and 8, prefixes read by some KV heads only (head sets). Outputs are poisoned before the run. Tolerance rule:
 // attention_cases.h (kRelL2Bf16 for out: its only bf16 rounding is the output's; kLseRel for lse).
 #include <gtest/gtest.h>
 
@@ -62,6 +62,12 @@ std::vector<DecodeCase> cases() {
   // prefix by the long-range ones (odd), the segment's cache rows by all; a prefix read by none.
   v.push_back({"segment_head_sets_hs128", 3, 16, 4, 128,
                {{512, 0, 3, 0x5}, {300, 0, 3, 0xA}, {900, 0, 3}, {40, 1, 2, 0}}});
+  // Head dim 256 (Qwen3-Next, Qwen3.5): half-size key tiles; a long prefix (chunks of several
+  // tiles, the last partial), shared-prompt samples and GQA 8.
+  v.push_back({"one_row_long_prefix_hs256", 1, 16, 2, 256, {{3001, 0, 1}}});
+  DecodeCase k256{"samples8_shared_prompt_hs256", 8, 16, 2, 256, {{333, 0, 8}}};
+  for (int s = 0; s < 8; s++) k256.prefixes.push_back({s * 5, s, s + 1});
+  v.push_back(k256);
   return v;
 }
 

@@ -124,7 +124,7 @@ EmuOutputs run_emulated(const Inputs& in, int fwd_items) {
   set_bwd_schedule(pb, B::BN);
   set_bwd_tensor_maps(pb, HS, emu::tensor_map);
   pb.dq_blocked = 1;
-  emu::launch(attn::sm90::attention_bwd_kernel<HS>, dim3((unsigned)pb.key_tiles * NKV), dim3(B::kThreads),
+  emu::launch(attn::sm90::bwd_kernel<HS>(), dim3((unsigned)pb.key_tiles * NKV), dim3(B::kThreads),
               B::kSmemBytes, pb);
   const unsigned convert_blocks = (unsigned)((dq_convert_threads(pb, HS) + 255) / 256);
   emu::launch(attn::attention_dq_convert_kernel<HS>, dim3(convert_blocks), dim3(256), 0, pb);
@@ -166,7 +166,9 @@ TEST_P(EmulatedAttention, MatchesCpuReference) {
   std::mt19937_64 rng(seed);
   const Inputs in = attn_test::make_inputs(lc, c.NH, c.NKV, c.HS, c.ext_mode, rng);
   const Reference ref = attn_test::reference(in);
-  const EmuOutputs got = c.HS == 64 ? run_emulated<64>(in, c.fwd_items) : run_emulated<128>(in, c.fwd_items);
+  const EmuOutputs got = c.HS == 64    ? run_emulated<64>(in, c.fwd_items)
+                         : c.HS == 128 ? run_emulated<128>(in, c.fwd_items)
+                                       : run_emulated<256>(in, c.fwd_items);
 
   using attn_test::kRelL2Bf16;
   EXPECT_LE(attn_test::rel_l2(got.out, ref.out), kRelL2Bf16) << "out";
@@ -207,7 +209,12 @@ INSTANTIATE_TEST_SUITE_P(SmallTrees, EmulatedAttention,
                                            EmuCase{"bidirectional_tree", 4, 2, 64, 1},
                                            EmuCase{"random_tree", 4, 2, 128, 1},
                                            EmuCase{"chain1025", 4, 2, 64, 2},
-                                           EmuCase{"comb", 8, 4, 128, 2, 3}),
+                                           EmuCase{"comb", 8, 4, 128, 2, 3},
+                                           // Head dim 256: 64-key forward tiles, one Q buffer
+                                           // (items reuse it), the split backward.
+                                           EmuCase{"one_token_nodes", 4, 2, 256, 1, 3},
+                                           EmuCase{"random_tree", 2, 1, 256, 2},
+                                           EmuCase{"bidirectional_tree", 2, 2, 256, 0, 1}),
                          [](const ::testing::TestParamInfo<EmuCase>& i) {
                            return i.param.layout + "_hs" + std::to_string(i.param.HS) + "_gqa" +
                                   std::to_string(i.param.NH / i.param.NKV) +

@@ -1,7 +1,7 @@
 // The CUDA tree attention on the GPU against the fp64 CPU reference (ops/cpu/attention.h), on
 // fresh random bf16 inputs, with every output poisoned (NaN) before the run. Cases sweep what
 // breaks tiling assumptions: lengths that are not tile multiples (97, 1025), one-token nodes, a
-// deep chain, a wide fan, several trees per batch, HS 64 and 128, GQA ratios 1, 2 and 4, and an
+// deep chain, a wide fan, several trees per batch, HS 64, 128 and 256, GQA ratios 1, 2 and 4, and an
 // external prefix with gradients on (dk/dv accumulated) and one with gradients off (its dk/dv
 // buffers left alone). Tolerance rule: attention_cases.h. Needs a GPU: without one the first
 // CUDA call fails the test.
@@ -159,7 +159,12 @@ INSTANTIATE_TEST_SUITE_P(Trees, GpuAttention,
                                            GpuCase{"bidirectional_tree", 4, 2, 64, 1},
                                            GpuCase{"bidirectional_tree", 4, 1, 128, 0},
                                            GpuCase{"random_tree", 8, 4, 128, 2}, GpuCase{"comb", 4, 2, 64, 2},
-                                           GpuCase{"chain1025", 16, 8, 128, 2}),
+                                           GpuCase{"chain1025", 16, 8, 128, 2},
+                                           // Head dim 256 (Qwen3-Next, Qwen3.5): its own tiles.
+                                           GpuCase{"chain1025", 4, 2, 256, 0}, GpuCase{"one_token_nodes", 8, 2, 256, 1},
+                                           GpuCase{"random_tree", 4, 1, 256, 2}, GpuCase{"comb", 8, 2, 256, 1},
+                                           GpuCase{"deep_chain", 2, 2, 256, 0}, GpuCase{"wide_fan", 4, 4, 256, 1},
+                                           GpuCase{"bidirectional_tree", 4, 2, 256, 1}),
                          [](const ::testing::TestParamInfo<GpuCase>& i) {
                            const GpuCase& c = i.param;
                            return c.layout + "_hs" + std::to_string(c.HS) + "_gqa" + std::to_string(c.NH / c.NKV) +
