@@ -65,6 +65,7 @@ const std::vector<Field>& fields() {
       TT_FIELD("model.linear_key_head_dim", model.linear_key_head_dim),
       TT_FIELD("model.linear_value_head_dim", model.linear_value_head_dim),
       TT_FIELD("model.linear_conv_kernel_dim", model.linear_conv_kernel_dim),
+      TT_FIELD("model.num_experts", num_experts),
       TT_FIELD("model.init_from", init_from, {}, true),
       TT_FIELD("data.path", data.path, {}, true),
       TT_FIELD("data.format", data.format, {"rollouts", "tree", "tokens", "episodes"}),
@@ -522,6 +523,8 @@ void RunConfig::validate() const {
   const auto d = [](double v) { return format_double(v); };
   require(!run_dir.empty(), "run_dir", "non-empty", "''");
   in_set("device", device, {"auto", "cpu", "cuda"});
+  require(num_experts == 0, "model.num_experts", "0 (dense MLPs: mixture-of-experts layers are not supported)",
+          i(num_experts));
   try {
     model.validate();
   } catch (const KeyError& e) {

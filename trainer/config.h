@@ -140,6 +140,10 @@ struct RunConfig {
   std::string device = "auto";  // auto | cpu | cuda
   model::ModelConfig model;
   std::string init_from;  // model.init_from: HF layout directory ("" = fresh init)
+  // model.num_experts (transformers' name, Qwen3-Next / Qwen3.5-MoE): accepted as written in HF
+  // configs, 0 only (dense MLPs); a mixture of experts is an error naming the key, never a
+  // silently dense model.
+  int64_t num_experts = 0;
   DataConfig data;
   TrainConfig train;
   OptimConfig optim;

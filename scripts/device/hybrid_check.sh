@@ -11,7 +11,8 @@
 #   scripts/device/hybrid_check.sh [run]   there: tests into $OUT/tests.log, the benchmark into
 #                                          $OUT/bench.txt, summary.txt; a short table last
 # Device run:  run(command="scripts/device/hybrid_check.sh", carry=[".device"])
-# Environment: SKIP_BENCH=1, SKIP_TRAIN=1, TRAIN_ARGS (extra train_bench flags), TESTS (default below).
+# Environment: SKIP_BENCH=1, SKIP_TRAIN=1, TRAIN_ARGS (extra train_bench flags), TESTS (default below),
+# COMPARE=1 (transformers' torch_chunk_gated_delta_rule timed too: scripts/device/gdn_compare.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -43,6 +44,17 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   echo "ops_bench gdn rc=$?" >>"$summary"
 fi
 
+# transformers' torch_chunk_gated_delta_rule on the same shape, eager and torch.compile'd, in the
+# same call as ops_bench gdn (COMPARE=0 skips; COMPILE_TIMEOUT_S bounds the compiled run).
+if [ "${COMPARE:-0}" = 1 ]; then
+  : >"$OUT/gdn_compare.jsonl"
+  timeout 240 python3 scripts/device/gdn_compare.py --mode eager >>"$OUT/gdn_compare.jsonl" 2>"$OUT/gdn_compare.log"
+  echo "gdn_compare eager rc=$?" >>"$summary"
+  timeout "${COMPILE_TIMEOUT_S:-300}" python3 scripts/device/gdn_compare.py --mode compile \
+    >>"$OUT/gdn_compare.jsonl" 2>>"$OUT/gdn_compare.log"
+  echo "gdn_compare compile rc=$? (124: not done within ${COMPILE_TIMEOUT_S:-300} s)" >>"$summary"
+fi
+
 if [ "${SKIP_TRAIN:-0}" != 1 ]; then
   timeout 400 "$DIR/train_bench" --model hybrid_2b ${TRAIN_ARGS:-} >"$OUT/train_hybrid.json" 2>"$OUT/train_hybrid.log"
   echo "train_bench hybrid_2b rc=$?" >>"$summary"
@@ -54,6 +66,9 @@ echo "----- errors"
 grep '^\[ errors' "$OUT/tests.log" | head -30
 echo "----- benchmark"
 sed -n '/^op /,$p' "$OUT/bench.txt" 2>/dev/null
+echo "----- transformers torch_chunk_gated_delta_rule"
+cat "$OUT/gdn_compare.jsonl" 2>/dev/null
+grep -iE "error|Traceback" "$OUT/gdn_compare.log" 2>/dev/null | tail -3
 echo "----- train_bench hybrid_2b"
 python3 - "$OUT/train_hybrid.json" <<'PY' 2>/dev/null || tail -5 "$OUT/train_hybrid.log" 2>/dev/null
 import json, sys

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "base/check.h"
+#include "bench/qwen3_shapes.h"
 #include "model/decoder.h"
 #include "tests/trainer/test_util.h"
 
@@ -512,6 +513,31 @@ TEST(ConfigTest, InitFromReadsModelAndChecksAgreement) {
                      0),
             0u)
       << lt;
+}
+
+// num_experts (transformers' key) is taken as written in HF configs when 0; a mixture of experts is
+// an error naming the line and the key, not a silently dense model.
+TEST(ConfigTest, NumExpertsZeroOnly) {
+  EXPECT_EQ(parse_config_text("data:\n  path: d.jsonl\nmodel:\n  architecture: qwen3_next\n  num_experts: 0\n",
+                              "run.yaml", {})
+                .num_experts,
+            0);
+  EXPECT_EQ(parse_error("data:\n  path: d.jsonl\nmodel:\n  architecture: qwen3_next\n  num_experts: 512\n"),
+            "run.yaml:5: model.num_experts must be 0 (dense MLPs: mixture-of-experts layers are not supported) "
+            "(got 512)");
+  EXPECT_EQ(parse_error(kMinimal, {"model.num_experts=-1"}),
+            "--set model.num_experts=-1: model.num_experts must be 0 (dense MLPs: mixture-of-experts layers are not "
+            "supported) (got -1)");
+}
+
+// The shipped ~2B hybrid (configs/qwen3_next_2b.yaml) is the model bench/train_bench --model
+// hybrid_2b trains (its config.json, every field, the same), with Qwen3-Next's attention head dim.
+TEST(ConfigTest, TheShippedQwen3Next2bIsTheBenchmarkedHybrid) {
+  const RunConfig c = load_config("configs/qwen3_next_2b.yaml", {});
+  const model::ModelConfig bench = bench::hybrid_2b();
+  EXPECT_EQ(c.model.to_hf_json().dump(1), bench.to_hf_json().dump(1));
+  EXPECT_EQ(c.model.head_dim, 256);
+  EXPECT_EQ(c.model.layer_types.size(), 24u);
 }
 
 }  // namespace
