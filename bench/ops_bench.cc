@@ -670,8 +670,9 @@ void bench_gdn() {
     plan.make(t.start.data(), t.len.data(), t.parent.data(), (int)t.start.size());
     DeviceBuffer<char> tables(plan.table_bytes());
     plan.upload(tables.data(), g_stream);
-    DeviceBuffer<bf16> q((size_t)N * nk * dk), k((size_t)N * nk * dk), v((size_t)N * nv * dv), g((size_t)N * nv),
-        beta((size_t)N * nv), o((size_t)N * nv * dv);
+    DeviceBuffer<bf16> q((size_t)N * nk * dk), k((size_t)N * nk * dk), v((size_t)N * nv * dv), beta((size_t)N * nv),
+        o((size_t)N * nv * dv);
+    DeviceBuffer<float> g((size_t)N * nv);  // fp32 log decays
     fill_random(q.data(), q.size(), 0.09f, 31);  // about unit rows of 128
     fill_random(k.data(), k.size(), 0.09f, 32);
     fill_random(v.data(), v.size(), 1.f, 33);
@@ -683,8 +684,8 @@ void bench_gdn() {
                             nv, dk, dv, 1.0 / std::sqrt((double)dk), tt::cuda::Workspace{ws.data(), ws.size()},
                             g_stream);
     }, 5);
-    DeviceBuffer<bf16> d_o((size_t)N * nv * dv), gq(q.size()), gk(k.size()), gv(v.size()), gg(g.size()),
-        gb(beta.size());
+    DeviceBuffer<bf16> d_o((size_t)N * nv * dv), gq(q.size()), gk(k.size()), gv(v.size());
+    DeviceBuffer<float> gg(g.size()), gb(beta.size());
     fill_random(d_o.data(), d_o.size(), 1.f, 36);
     DeviceBuffer<char> wsb(tt::cuda::gdn_backward_workspace_bytes(plan, nv, dk, dv));
     report_flops("gdn_backward (" + t.name + ")", dims({N, nv, dk}), 2.0 * 2 * 4 * N * nv * (double)dk * dv, [&] {

@@ -362,13 +362,13 @@ void CpuExec<T>::gated_rmsnorm_backward(Act* dx, Act* dz, Param* dw, const Act* 
 }
 
 template <class T>
-void CpuExec<T>::gdn_gates_forward(Act* g, Act* beta, const Act* a, const Act* b, const Weight* A_log,
+void CpuExec<T>::gdn_gates_forward(Acc* g, Act* beta, const Act* a, const Act* b, const Weight* A_log,
                                    const Weight* dt_bias, int N, int H) {
   cpu::gdn_gates_forward(g, beta, a, b, A_log, dt_bias, N, H);
 }
 
 template <class T>
-void CpuExec<T>::gdn_gates_backward(Act* da, Act* db, Param* dA_log, Param* ddt_bias, const Act* dg, const Act* dbeta,
+void CpuExec<T>::gdn_gates_backward(Act* da, Act* db, Param* dA_log, Param* ddt_bias, const Acc* dg, const Acc* dbeta,
                                     const Act* a, const Act* b, const Weight* A_log, const Weight* dt_bias, int N,
                                     int H) {
   cpu::gdn_gates_backward(da, db, dA_log, ddt_bias, dg, dbeta, a, b, A_log, dt_bias, N, H);
@@ -390,15 +390,15 @@ cpu::GdnTree gdn_tree(const L& l, int N, int nk, int nv, int dk, int dv, double 
 }  // namespace
 
 template <class T>
-void CpuExec<T>::gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Act* g, const Act* beta,
+void CpuExec<T>::gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Acc* g, const Act* beta,
                              const Layout& layout, int N, int nk, int nv, int dk, int dv, double scale,
                              const double* init, double* end) {
   cpu::gdn_tree_forward(o, end, q, k, v, g, beta, init, gdn_tree(layout, N, nk, nv, dk, dv, scale));
 }
 
 template <class T>
-void CpuExec<T>::gdn_backward(Act* dq, Act* dk, Act* dv, Act* dg, Act* dbeta, const Act* d_o, const Act* q,
-                              const Act* k, const Act* v, const Act* g, const Act* beta, const Layout& layout, int N,
+void CpuExec<T>::gdn_backward(Act* dq, Act* dk, Act* dv, Acc* dg, Acc* dbeta, const Act* d_o, const Act* q,
+                              const Act* k, const Act* v, const Acc* g, const Act* beta, const Layout& layout, int N,
                               int nk, int nv, int dk_, int dv_, double scale, const double* init,
                               double* d_init, const double* d_end) {
   cpu::gdn_tree_backward(dq, dk, dv, dg, dbeta, d_init, d_o, d_end, q, k, v, g, beta, init,

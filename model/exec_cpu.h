@@ -180,18 +180,19 @@ class CpuExec {
                              double eps);
   void gated_rmsnorm_backward(Act* dx, Act* dz, Param* dw, const Act* dy, const Act* x, const Act* z, const Weight* w,
                               const Stat* rstd, int rows, int D);
-  void gdn_gates_forward(Act* g, Act* beta, const Act* a, const Act* b, const Weight* A_log, const Weight* dt_bias,
+  // g (the log decay), dg and dbeta are Acc: fp32 on the GPU, as transformers computes g.
+  void gdn_gates_forward(Acc* g, Act* beta, const Act* a, const Act* b, const Weight* A_log, const Weight* dt_bias,
                          int N, int H);
-  void gdn_gates_backward(Act* da, Act* db, Param* dA_log, Param* ddt_bias, const Act* dg, const Act* dbeta,
+  void gdn_gates_backward(Act* da, Act* db, Param* dA_log, Param* ddt_bias, const Acc* dg, const Acc* dbeta,
                           const Act* a, const Act* b, const Weight* A_log, const Weight* dt_bias, int N, int H);
   // init (num_roots, nv, dk, dv) or null (zeros); end (num_nodes, nv, dk, dv) or null.
-  void gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Act* g, const Act* beta,
+  void gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Acc* g, const Act* beta,
                    const Layout& layout, int N, int nk, int nv, int dk, int dv, double scale,
                    const double* init = nullptr, double* end = nullptr);
   // d_init (num_roots, nv, dk, dv) += when not null; d_end (num_nodes, nv, dk, dv) or null: the
   // gradient arriving at each node's end state from outside the batch.
-  void gdn_backward(Act* dq, Act* dk, Act* dv, Act* dg, Act* dbeta, const Act* d_o, const Act* q, const Act* k,
-                    const Act* v, const Act* g, const Act* beta, const Layout& layout, int N, int nk, int nv,
+  void gdn_backward(Act* dq, Act* dk, Act* dv, Acc* dg, Acc* dbeta, const Act* d_o, const Act* q, const Act* k,
+                    const Act* v, const Acc* g, const Act* beta, const Layout& layout, int N, int nk, int nv,
                     int k_dim, int v_dim, double scale, const double* init = nullptr, double* d_init = nullptr,
                     const double* d_end = nullptr);
   // The vision tower (ops/cpu/vision.h; dx-style outputs and bias gradients +=, as there).

@@ -452,13 +452,13 @@ void CudaExec::gated_rmsnorm_backward(Act* dx, Act* dz, Param* dw, const Act* dy
                                workspace(cuda::gated_rmsnorm_backward_workspace_bytes(rows, D)), stream_);
 }
 
-void CudaExec::gdn_gates_forward(Act* g, Act* beta, const Act* a, const Act* b, const Weight* A_log,
+void CudaExec::gdn_gates_forward(Acc* g, Act* beta, const Act* a, const Act* b, const Weight* A_log,
                                  const Weight* dt_bias, int N, int H) {
   mark(Op::kNorm);
   cuda::gdn_gates_forward(g, beta, a, b, A_log, dt_bias, N, H, stream_);
 }
 
-void CudaExec::gdn_gates_backward(Act* da, Act* db, Param* dA_log, Param* ddt_bias, const Act* dg, const Act* dbeta,
+void CudaExec::gdn_gates_backward(Act* da, Act* db, Param* dA_log, Param* ddt_bias, const Acc* dg, const Acc* dbeta,
                                   const Act* a, const Act* b, const Weight* A_log, const Weight* dt_bias, int N,
                                   int H) {
   mark(Op::kNorm);
@@ -466,7 +466,7 @@ void CudaExec::gdn_gates_backward(Act* da, Act* db, Param* dA_log, Param* ddt_bi
                            workspace(cuda::gdn_gates_backward_workspace_bytes(N, H)), stream_);
 }
 
-void CudaExec::gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Act* g, const Act* beta,
+void CudaExec::gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Acc* g, const Act* beta,
                            const Layout& layout, int N, int nk, int nv, int dk, int dv, double scale,
                            const double* init, double* end) {
   TT_CHECK(!init && !end, "CudaExec::gdn_forward: carried recurrent states are the cpu backend's (kHostRecurrent)");
@@ -476,7 +476,7 @@ void CudaExec::gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, con
                     workspace(cuda::gdn_forward_workspace_bytes(layout.gdn, nv, dk, dv, false)), stream_);
 }
 
-void CudaExec::gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Act* g, const Act* beta,
+void CudaExec::gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Acc* g, const Act* beta,
                            const Layout& layout, int N, int nk, int nv, int dk, int dv, double scale,
                            const float* init, float* end) {
   check_planned(layout, N, "gdn_forward");
@@ -485,8 +485,8 @@ void CudaExec::gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, con
                     workspace(cuda::gdn_forward_workspace_bytes(layout.gdn, nv, dk, dv, end != nullptr)), stream_);
 }
 
-void CudaExec::gdn_backward(Act* dq, Act* dk, Act* dv, Act* dg, Act* dbeta, const Act* d_o, const Act* q, const Act* k,
-                            const Act* v, const Act* g, const Act* beta, const Layout& layout, int N, int nk, int nv,
+void CudaExec::gdn_backward(Act* dq, Act* dk, Act* dv, Acc* dg, Acc* dbeta, const Act* d_o, const Act* q, const Act* k,
+                            const Act* v, const Acc* g, const Act* beta, const Layout& layout, int N, int nk, int nv,
                             int k_dim, int v_dim, double scale, const double* init, double* d_init,
                             const double* d_end) {
   TT_CHECK(!init && !d_init && !d_end,
@@ -498,8 +498,8 @@ void CudaExec::gdn_backward(Act* dq, Act* dk, Act* dv, Act* dg, Act* dbeta, cons
                      stream_);
 }
 
-void CudaExec::gdn_backward(Act* dq, Act* dk, Act* dv, Act* dg, Act* dbeta, const Act* d_o, const Act* q, const Act* k,
-                            const Act* v, const Act* g, const Act* beta, const Layout& layout, int N, int nk, int nv,
+void CudaExec::gdn_backward(Act* dq, Act* dk, Act* dv, Acc* dg, Acc* dbeta, const Act* d_o, const Act* q, const Act* k,
+                            const Act* v, const Acc* g, const Act* beta, const Layout& layout, int N, int nk, int nv,
                             int k_dim, int v_dim, double scale, const float* init, float* d_init, const float* d_end) {
   check_planned(layout, N, "gdn_backward");
   mark(Op::kAttention);

@@ -228,26 +228,27 @@ class CudaExec {
                              double eps);
   void gated_rmsnorm_backward(Act* dx, Act* dz, Param* dw, const Act* dy, const Act* x, const Act* z, const Weight* w,
                               const Stat* rstd, int rows, int D);
-  void gdn_gates_forward(Act* g, Act* beta, const Act* a, const Act* b, const Weight* A_log, const Weight* dt_bias,
+  // g (the log decay), dg and dbeta are Acc: fp32 on the GPU, as transformers computes g.
+  void gdn_gates_forward(Acc* g, Act* beta, const Act* a, const Act* b, const Weight* A_log, const Weight* dt_bias,
                          int N, int H);
-  void gdn_gates_backward(Act* da, Act* db, Param* dA_log, Param* ddt_bias, const Act* dg, const Act* dbeta,
+  void gdn_gates_backward(Act* da, Act* db, Param* dA_log, Param* ddt_bias, const Acc* dg, const Acc* dbeta,
                           const Act* a, const Act* b, const Weight* A_log, const Weight* dt_bias, int N, int H);
-  void gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Act* g, const Act* beta,
+  void gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Acc* g, const Act* beta,
                    const Layout& layout, int N, int nk, int nv, int dk, int dv, double scale,
                    const double* init = nullptr, double* end = nullptr);
   // With device states: init (num_roots, nv, dk, dv) fp32 or null, end (num_nodes, ...) or null
   // (the inference cache's recurrent states; model/gdn.h).
-  void gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Act* g, const Act* beta,
+  void gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Acc* g, const Act* beta,
                    const Layout& layout, int N, int nk, int nv, int dk, int dv, double scale, const float* init,
                    float* end);
-  void gdn_backward(Act* dq, Act* dk, Act* dv, Act* dg, Act* dbeta, const Act* d_o, const Act* q, const Act* k,
-                    const Act* v, const Act* g, const Act* beta, const Layout& layout, int N, int nk, int nv,
+  void gdn_backward(Act* dq, Act* dk, Act* dv, Acc* dg, Acc* dbeta, const Act* d_o, const Act* q, const Act* k,
+                    const Act* v, const Acc* g, const Act* beta, const Layout& layout, int N, int nk, int nv,
                     int k_dim, int v_dim, double scale, const double* init = nullptr, double* d_init = nullptr,
                     const double* d_end = nullptr);
   // With device states: init (num_roots, ...) fp32 or null, d_init += or null, d_end (num_nodes,
   // ...) or null (a partition piece's relayed state gradients).
-  void gdn_backward(Act* dq, Act* dk, Act* dv, Act* dg, Act* dbeta, const Act* d_o, const Act* q, const Act* k,
-                    const Act* v, const Act* g, const Act* beta, const Layout& layout, int N, int nk, int nv,
+  void gdn_backward(Act* dq, Act* dk, Act* dv, Acc* dg, Acc* dbeta, const Act* d_o, const Act* q, const Act* k,
+                    const Act* v, const Acc* g, const Act* beta, const Layout& layout, int N, int nk, int nv,
                     int k_dim, int v_dim, double scale, const float* init, float* d_init, const float* d_end);
   // Segment retrieval (ops/cuda/retrieval.h; CPU meaning in exec_cpu.h): fp32 scores, so near-ties
   // may order differently from the fp64 reference.

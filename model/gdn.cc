@@ -72,6 +72,7 @@ template <class E>
 struct GdnKind::Saved {
   using Act = typename E::Act;
   using Stat = typename E::Stat;
+  using Acc = typename E::Acc;
   Act* n;            // (N, C) input_layernorm output
   Stat* rstd;        // (N)
   Act* qkv;          // (N, CD) before the conv
@@ -86,7 +87,7 @@ struct GdnKind::Saved {
   Act* qn;           // (N, nk, dk)
   Act* kn;           // (N, nk, dk)
   Act* v;            // (N, nv, dv)
-  Act* g;            // (N, nv) log decay
+  Acc* g;            // (N, nv) log decay, fp32 on the GPU (transformers computes it in fp32)
   Act* beta;         // (N, nv)
   Act* o;            // (N, nv, dv) the delta rule's output
   Act* y;            // (N, nv, dv) gated norm output
@@ -113,7 +114,7 @@ struct GdnKind::Saved {
     qn = c.take<Act>(n * m.KD_);
     kn = c.take<Act>(n * m.KD_);
     v = c.take<Act>(n * m.VD_);
-    g = c.take<Act>(n * m.nv_);
+    g = c.take<Acc>(n * m.nv_);
     beta = c.take<Act>(n * m.nv_);
     o = c.take<Act>(n * m.VD_);
     y = c.take<Act>(n * m.VD_);
@@ -159,14 +160,15 @@ void GdnKind::regroup(E& e, bool to_flat, typename E::Act* qkvz, typename E::Act
 template <class E>
 struct GdnKind::Scratch {
   using Act = typename E::Act;
+  using Acc = typename E::Acc;
   Act* dy;    // (N, VD)
   Act* d_o;   // (N, VD)
   Act* dz;    // (N, VD)
   Act* dqn;   // (N, KD)
   Act* dkn;   // (N, KD)
   Act* dv;    // (N, VD)
-  Act* dg;    // (N, nv)
-  Act* dbeta; // (N, nv)
+  Acc* dg;    // (N, nv) fp32 on the GPU: dA_log and dt_bias's gradients sum it with cancellation
+  Acc* dbeta; // (N, nv)
   Act* da;    // (N, nv)
   Act* db;    // (N, nv)
   Act* dq;    // (N, KD)
@@ -184,8 +186,8 @@ struct GdnKind::Scratch {
     dqn = c.take<Act>(n * m.KD_);
     dkn = c.take<Act>(n * m.KD_);
     dv = c.take<Act>(n * m.VD_);
-    dg = c.take<Act>(n * m.nv_);
-    dbeta = c.take<Act>(n * m.nv_);
+    dg = c.take<Acc>(n * m.nv_);
+    dbeta = c.take<Acc>(n * m.nv_);
     da = c.take<Act>(n * m.nv_);
     db = c.take<Act>(n * m.nv_);
     dq = c.take<Act>(n * m.KD_);
@@ -701,8 +703,8 @@ void GdnKind::backward(E& e, const BlockCall<E>& c) const {
   zero(t.dqn, n * KD_);
   zero(t.dkn, n * KD_);
   zero(t.dv, n * VD_);
-  zero(t.dg, n * nv_);
-  zero(t.dbeta, n * nv_);
+  e.zero(t.dg, sizeof(Acc) * (size_t)n * nv_);
+  e.zero(t.dbeta, sizeof(Acc) * (size_t)n * nv_);
   if constexpr (E::kHostRecurrent)
     e.gdn_backward(t.dqn, t.dkn, t.dv, t.dg, t.dbeta, t.d_o, s.qn, s.kn, s.v, s.g, s.beta, c.batch->layout, N, nk_,
                    nv_, dk_, dv_, 1.0 / std::sqrt((double)dk_), carried ? rec.init.data() : nullptr,

@@ -20,7 +20,9 @@
 // Under qwen3_5_text and qwen3_next input_layernorm is zero-centred (the layer applies 1 + w, as
 // HF's); the gated norm's weight is plain (HF's one exception).
 // Saved (training forward): n, rstd, qkv (pre-conv), z, a, b, u, q, k (pre-norm), their rstds, qn,
-// kn, v, g, beta, o, y, y's rstd, and the batch's path_prev rows.
+// kn, v, g, beta, o, y, y's rstd, and the batch's path_prev rows. The log decay g and the
+// gradients dg, dbeta are E::Acc (fp32 on the GPU, as transformers computes g: the delta rule sums
+// g over a chunk, and dA_log / ddt_bias sum dg over every row with cancellation).
 // Carry (model/block.h): a forward reads each root's recurrent state and conv context from the
 // carry's state slots (the conv runs over the context rows chained before the root, so windows
 // cross the cut). A no-grad forward stores each root's end state and conv tail through the

@@ -510,36 +510,120 @@ struct BwdConfig {
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block has");
 };
 
+// A backward key-tile kernel's shared memory (both kernels): the tile's K and V, kQBufs buffers of
+// a step's Q, dO (TMA) and lse, D (bulk copies) with their barriers, dS^T and (split kernel) P^T,
+// double-buffered.
+template <int HS>
+struct BwdSmem {
+  using C = BwdConfig<HS>;
+  bf16* sK;      // (BN, HS)
+  bf16* sV;      // (BN, HS)
+  bf16* sQ;      // (kQBufs, BM, HS)
+  bf16* sdO;     // (kQBufs, BM, HS)
+  bf16* sdS;     // (2, BN, BM) dS^T
+  bf16* sP;      // (2, BN, BM) P^T (split kernel only)
+  float* sLse;   // (kQBufs, BM)
+  float* sD;     // (kQBufs, BM)
+  uint64_t* q_full;  // (kQBufs) a step's inputs landed
+  __device__ __forceinline__ BwdSmem() {
+    sK = reinterpret_cast<bf16*>(smem_1024());
+    sV = sK + C::kKVElems;
+    sQ = sV + C::kKVElems;
+    sdO = sQ + C::kQBufs * C::kQElems;
+    sdS = sdO + C::kQBufs * C::kQElems;
+    sP = sdS + 2 * C::kDsElems;
+    sLse = reinterpret_cast<float*>(sP + 2 * C::kPElems);
+    sD = sLse + C::kQBufs * C::BM;
+    q_full = reinterpret_cast<uint64_t*>(sD + C::kQBufs * C::BM);
+  }
+  // The block's key tile and its schedule (key_tile_queries): the step barriers initialised, the
+  // tile's K and V on their way (cp.async, committed; the caller waits).
+  __device__ __forceinline__ KeyTileQueries<C::BM> begin(const AttnBwdParams& p, int tid) const {
+    if (tid == 0) {
+      for (int b = 0; b < C::kQBufs; ++b) mbar_init(q_full + b, 1);
+      fence_barrier_init();
+    }
+    __syncthreads();
+    const KeyTileQueries<C::BM> kt = key_tile_queries<C::BN, C::BM>(p);
+    load_tile<C::BN, HS, C::kThreads>(sK, kt.k, p.k_row_stride, kt.k0, kt.n_keys, tid);
+    load_tile<C::BN, HS, C::kThreads>(sV, kt.v, p.k_row_stride, kt.k0, kt.n_keys, tid);
+    cp_async_commit();
+    return kt;
+  }
+  // Query tile q0 / BM of head h's Q, dO, lse and D into buffer b (one thread issues it).
+  __device__ __forceinline__ void load_step(const AttnBwdParams& p, int h, int q0, int b) const {
+    constexpr int BM = C::BM;
+    mbar_expect_tx(q_full + b, 2 * C::kQElems * sizeof(bf16) + 2 * BM * sizeof(float));
+    tma_load_tile<BM, HS>(sQ + b * C::kQElems, &p.tm.q, h, q0, q_full + b);  // rows past N read as zeros
+    tma_load_tile<BM, HS>(sdO + b * C::kQElems, &p.tm.dout, h, q0, q_full + b);
+    bulk_load(sLse + b * BM, p.lse_log2 + (int64_t)h * p.n_pad + q0, BM * sizeof(float), q_full + b);
+    bulk_load(sD + b * BM, p.dsum + (int64_t)h * p.n_pad + q0, BM * sizeof(float), q_full + b);
+  }
+};
+
+// P^T = exp(S^T scale - lse) in place, 0 where masked: NJ groups of 8 query columns (a thread's
+// columns 8 j + 2 t + cc; vis_a / vis_b: which of them its two keys see, bit 8 j + cc).
+template <int NJ>
+__device__ __forceinline__ void probs_t(float (&st)[4 * NJ], const float* lse_s, uint64_t vis_a, uint64_t vis_b, int t,
+                                        float scale_log2) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+      const float lse2 = lse_s[8 * j + 2 * t + cc];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float pv = exp2f(fmaf(st[4 * j + 2 * half + cc], scale_log2, -lse2));
+        if (!(((half ? vis_b : vis_a) >> (8 * j + cc)) & 1)) pv = 0.f;
+        st[4 * j + 2 * half + cc] = pv;
+      }
+    }
+}
+
+// dS^T = P^T (dP^T - D), in place in dpt (columns as probs_t).
+template <int NJ>
+__device__ __forceinline__ void ds_t(float (&dpt)[4 * NJ], const float (&pt)[4 * NJ], const float* d_s, int t) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+      const float dd = d_s[8 * j + 2 * t + cc];
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        dpt[4 * j + 2 * half + cc] = pt[4 * j + 2 * half + cc] * (dpt[4 * j + 2 * half + cc] - dd);
+    }
+}
+
+// A warpgroup's dQ (BM queries x HS / 2 columns, accumulator order) added into the blocked
+// dq_accum (float4 j of lane l at (j * 32 + l) * 4 of its warp's 16 rows: each vector reduction of
+// a warp is 512 contiguous bytes).
+template <int BM, int HS>
+__device__ __forceinline__ void add_dq(const AttnBwdParams& p, const float (&dq)[HS / 4], int h, int q0, int wg, int warp,
+                                       int lane) {
+  float* dst = p.dq_accum + dq_block_offset<BM, HS>(p, h, q0) + wg * (BM * HS / 2) + warp * (8 * HS);
+#pragma unroll
+  for (int j = 0; j < HS / 16; ++j)
+    red_add_v4_f32(dst + (j * 32 + lane) * 4, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+}
+
 template <int HS>
 __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
     attention_bwd_kernel(const __grid_constant__ AttnBwdParams p) {
   using C = BwdConfig<HS>;
   constexpr int BM = C::BM, BN = C::BN;
   constexpr int kQBufs = C::kQBufs;
-  bf16* sK = reinterpret_cast<bf16*>(smem_1024());  // (BN, HS)
-  bf16* sV = sK + C::kKVElems;                       // (BN, HS)
-  bf16* sQ = sV + C::kKVElems;                       // (kQBufs, BM, HS)
-  bf16* sdO = sQ + kQBufs * C::kQElems;              // (kQBufs, BM, HS)
-  bf16* sdS = sdO + kQBufs * C::kQElems;             // (2, BN, BM) dS^T
-  float* sLse = reinterpret_cast<float*>(sdS + 2 * C::kDsElems);  // (kQBufs, BM)
-  float* sD = sLse + kQBufs * BM;                                  // (kQBufs, BM)
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(sD + kQBufs * BM);  // (kQBufs) a step's inputs landed
+  const BwdSmem<HS> sm;
+  bf16 *const sK = sm.sK, *const sV = sm.sV, *const sQ = sm.sQ, *const sdO = sm.sdO, *const sdS = sm.sdS;
+  const float *const sLse = sm.sLse, *const sD = sm.sD;
+  uint64_t* const q_full = sm.q_full;
 
   // wg through a shuffle: warp-uniform to the compiler, so the MMAs' descriptors can live in uniform
   // registers.
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = (tid % 128) / 32, lane = tid % 32,
             g = lane / 4, t = lane % 4;
-  if (tid == 0) {
-    for (int b = 0; b < kQBufs; ++b) mbar_init(q_full + b, 1);
-    fence_barrier_init();
-  }
-  __syncthreads();
-  const KeyTileQueries<BM> kt = key_tile_queries<BN, BM>(p);
+  const KeyTileQueries<BM> kt = sm.begin(p, tid);
   const int hk = kt.hk, e = kt.e, k0 = kt.k0, n_keys = kt.n_keys, n_iter = kt.n_steps;
   const bool want_dkv = kt.want_dkv;
-  load_tile<BN, HS, C::kThreads>(sK, kt.k, p.k_row_stride, k0, n_keys, tid);
-  load_tile<BN, HS, C::kThreads>(sV, kt.v, p.k_row_stride, k0, n_keys, tid);
-  cp_async_commit();
   const int key_row = wg * 64 + warp * 16 + g;  // local key rows key_row, key_row + 8 of this thread
   int lo_a, hi_a, lo_b, hi_b;                   // their query ranges
   key_query_range(p, e, k0 + key_row, lo_a, hi_a);
@@ -548,13 +632,8 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   // The next unloaded step's Q, dO (TMA boxes) and lse, D (bulk copies) into buffer b, by thread 0.
   auto pf = kt.first_step();
   auto prefetch = [&](int b) {
-    const int h = pf.h, q0 = pf.qt * BM;
+    sm.load_step(p, pf.h, pf.qt * BM, b);
     kt.next_step(pf);
-    mbar_expect_tx(q_full + b, 2 * C::kQElems * sizeof(bf16) + 2 * BM * sizeof(float));
-    tma_load_tile<BM, HS>(sQ + b * C::kQElems, &p.tm.q, h, q0, q_full + b);  // rows past N read as zeros
-    tma_load_tile<BM, HS>(sdO + b * C::kQElems, &p.tm.dout, h, q0, q_full + b);
-    bulk_load(sLse + b * BM, p.lse_log2 + (int64_t)h * p.n_pad + q0, BM * sizeof(float), q_full + b);
-    bulk_load(sD + b * BM, p.dsum + (int64_t)h * p.n_pad + q0, BM * sizeof(float), q_full + b);
   };
   if (tid == 0)
     for (int it = 0; it < imin(2, n_iter); ++it) prefetch(it);
@@ -606,31 +685,11 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
     // P^T = exp(S^T scale - lse), 0 where masked, while dP^T is in flight.
     wgmma_wait<1>();
     fence_regs(st);
-#pragma unroll
-    for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
-      for (int cc = 0; cc < 2; ++cc) {
-        const int c = 8 * j + 2 * t + cc;
-        const float lse2 = lse_s[c];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float pv = exp2f(fmaf(st[4 * j + 2 * half + cc], p.scale_log2, -lse2));
-          if (!(((half ? vis_b : vis_a) >> (8 * j + cc)) & 1)) pv = 0.f;
-          st[4 * j + 2 * half + cc] = pv;
-        }
-      }
+    probs_t<BM / 8>(st, lse_s, vis_a, vis_b, t, p.scale_log2);
     // dS^T = P^T (dP^T - D), in place.
     wgmma_wait<0>();
     fence_regs(dpt);
-#pragma unroll
-    for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
-      for (int cc = 0; cc < 2; ++cc) {
-        const float dd = d_s[8 * j + 2 * t + cc];
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-          dpt[4 * j + 2 * half + cc] = st[4 * j + 2 * half + cc] * (dpt[4 * j + 2 * half + cc] - dd);
-      }
+    ds_t<BM / 8>(dpt, st, d_s, t);
 
     // dS^T (bf16) to shared memory for the dQ step.
     bf16* ds_s = sdS + (it & 1) * C::kDsElems;
@@ -676,15 +735,7 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
     if (tid == 0 && it + 2 < n_iter) prefetch((it + 2) % kQBufs);
     wgmma_wait<1>();  // dQ (committed first)
     fence_regs(dq);
-    // dQ added into the blocked dq_accum in accumulator order (float4 j of lane l at (j * 32 + l) * 4
-    // of its warp's 16 rows: each vector reduction of a warp is 512 contiguous bytes) while dV and
-    // dK finish.
-    {
-      float* dst = p.dq_accum + dq_block_offset<BM, HS>(p, h, q0) + wg * (BM * HS / 2) + warp * (8 * HS);
-#pragma unroll
-      for (int j = 0; j < HS / 16; ++j)
-        red_add_v4_f32(dst + (j * 32 + lane) * 4, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-    }
+    add_dq<BM, HS>(p, dq, h, q0, wg, warp, lane);  // while dV and dK finish
     wgmma_wait<0>();
     fence_regs(dv);
     fence_regs(dk);
@@ -713,29 +764,17 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   constexpr int kQBufs = C::kQBufs;
   constexpr int HC = HS / 2;  // head-dim columns of a warpgroup's dQ, dK, dV
   constexpr int QW = BM / 2;  // query columns of a warpgroup's S^T, dP^T
-  bf16* sK = reinterpret_cast<bf16*>(smem_1024());  // (BN, HS)
-  bf16* sV = sK + C::kKVElems;                       // (BN, HS)
-  bf16* sQ = sV + C::kKVElems;                       // (kQBufs, BM, HS)
-  bf16* sdO = sQ + kQBufs * C::kQElems;              // (kQBufs, BM, HS)
-  bf16* sdS = sdO + kQBufs * C::kQElems;             // (2, BN, BM) dS^T
-  bf16* sP = sdS + 2 * C::kDsElems;                  // (2, BN, BM) P^T
-  float* sLse = reinterpret_cast<float*>(sP + 2 * C::kPElems);  // (kQBufs, BM)
-  float* sD = sLse + kQBufs * BM;                                // (kQBufs, BM)
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(sD + kQBufs * BM);  // (kQBufs) a step's inputs landed
+  const BwdSmem<HS> sm;
+  bf16 *const sK = sm.sK, *const sV = sm.sV, *const sQ = sm.sQ, *const sdO = sm.sdO, *const sdS = sm.sdS,
+       *const sP = sm.sP;
+  const float *const sLse = sm.sLse, *const sD = sm.sD;
+  uint64_t* const q_full = sm.q_full;
 
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = (tid % 128) / 32, lane = tid % 32,
             g = lane / 4, t = lane % 4;
-  if (tid == 0) {
-    for (int b = 0; b < kQBufs; ++b) mbar_init(q_full + b, 1);
-    fence_barrier_init();
-  }
-  __syncthreads();
-  const KeyTileQueries<BM> kt = key_tile_queries<BN, BM>(p);
+  const KeyTileQueries<BM> kt = sm.begin(p, tid);
   const int hk = kt.hk, e = kt.e, k0 = kt.k0, n_keys = kt.n_keys, n_iter = kt.n_steps;
   const bool want_dkv = kt.want_dkv;
-  load_tile<BN, HS, C::kThreads>(sK, kt.k, p.k_row_stride, k0, n_keys, tid);
-  load_tile<BN, HS, C::kThreads>(sV, kt.v, p.k_row_stride, k0, n_keys, tid);
-  cp_async_commit();
   const int key_row = warp * 16 + g;  // local key rows key_row, key_row + 8 of this thread (both warpgroups)
   int lo_a, hi_a, lo_b, hi_b;         // their query ranges
   key_query_range(p, e, k0 + key_row, lo_a, hi_a);
@@ -743,13 +782,8 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
 
   auto pf = kt.first_step();
   auto prefetch = [&](int b) {
-    const int h = pf.h, q0 = pf.qt * BM;
+    sm.load_step(p, pf.h, pf.qt * BM, b);
     kt.next_step(pf);
-    mbar_expect_tx(q_full + b, 2 * C::kQElems * sizeof(bf16) + 2 * BM * sizeof(float));
-    tma_load_tile<BM, HS>(sQ + b * C::kQElems, &p.tm.q, h, q0, q_full + b);  // rows past N read as zeros
-    tma_load_tile<BM, HS>(sdO + b * C::kQElems, &p.tm.dout, h, q0, q_full + b);
-    bulk_load(sLse + b * BM, p.lse_log2 + (int64_t)h * p.n_pad + q0, BM * sizeof(float), q_full + b);
-    bulk_load(sD + b * BM, p.dsum + (int64_t)h * p.n_pad + q0, BM * sizeof(float), q_full + b);
   };
   if (tid == 0)
     for (int it = 0; it < imin(kQBufs - 1, n_iter); ++it) prefetch(it);
@@ -794,29 +828,10 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
 
     wgmma_wait<1>();
     fence_regs(st);
-#pragma unroll
-    for (int j = 0; j < QW / 8; ++j)
-#pragma unroll
-      for (int cc = 0; cc < 2; ++cc) {
-        const float lse2 = lse_s[8 * j + 2 * t + cc];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float pv = exp2f(fmaf(st[4 * j + 2 * half + cc], p.scale_log2, -lse2));
-          if (!(((half ? vis_b : vis_a) >> (8 * j + cc)) & 1)) pv = 0.f;
-          st[4 * j + 2 * half + cc] = pv;
-        }
-      }
+    probs_t<QW / 8>(st, lse_s, vis_a, vis_b, t, p.scale_log2);
     wgmma_wait<0>();
     fence_regs(dpt);
-#pragma unroll
-    for (int j = 0; j < QW / 8; ++j)
-#pragma unroll
-      for (int cc = 0; cc < 2; ++cc) {
-        const float dd = d_s[8 * j + 2 * t + cc];
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-          dpt[4 * j + 2 * half + cc] = st[4 * j + 2 * half + cc] * (dpt[4 * j + 2 * half + cc] - dd);
-      }
+    ds_t<QW / 8>(dpt, st, d_s, t);
 
     // P^T and dS^T (bf16) of this warpgroup's queries into shared memory.
     bf16* ds_s = sdS + (it & 1) * C::kDsElems;
@@ -861,12 +876,7 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
     if (tid == 0 && it + kQBufs - 1 < n_iter) prefetch((it + kQBufs - 1) % kQBufs);
     wgmma_wait<1>();  // dQ (committed first)
     fence_regs(dq);
-    {
-      float* dst = p.dq_accum + dq_block_offset<BM, HS>(p, h, q0) + wg * (BM * HS / 2) + warp * (8 * HS);
-#pragma unroll
-      for (int j = 0; j < HS / 16; ++j)
-        red_add_v4_f32(dst + (j * 32 + lane) * 4, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-    }
+    add_dq<BM, HS>(p, dq, h, q0, wg, warp, lane);
     wgmma_wait<0>();
     fence_regs(dv);
     fence_regs(dk);

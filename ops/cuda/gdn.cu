@@ -229,16 +229,16 @@ __global__ void gated_rmsnorm_dw_partial_kernel(float* partial, const bf16* dy, 
   }
 }
 
-__global__ void gates_forward_kernel(bf16* g, bf16* beta, const bf16* a, const bf16* b, const bf16* A_log,
+__global__ void gates_forward_kernel(float* g, bf16* beta, const bf16* a, const bf16* b, const bf16* A_log,
                                      const bf16* dt_bias, int64_t n, int H) {
   const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= n) return;
   const int h = (int)(e % H);
   beta[e] = __float2bfloat16(sigmoidf(ld(b + e)));
-  g[e] = __float2bfloat16(-__expf(ld(A_log + h)) * softplusf(ld(a + e) + ld(dt_bias + h)));
+  g[e] = -__expf(ld(A_log + h)) * softplusf(ld(a + e) + ld(dt_bias + h));
 }
 
-__global__ void gates_backward_kernel(bf16* da, bf16* db, const bf16* dg, const bf16* dbeta, const bf16* a,
+__global__ void gates_backward_kernel(bf16* da, bf16* db, const float* dg, const float* dbeta, const bf16* a,
                                       const bf16* b, const bf16* A_log, const bf16* dt_bias, int64_t n, int H) {
   const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= n) return;
@@ -250,7 +250,7 @@ __global__ void gates_backward_kernel(bf16* da, bf16* db, const bf16* dg, const 
 
 // partial[g][h] (dA_log) and partial[chunks + g][h] (ddt_bias): the chunk's sums of dg g_value and
 // of da (recomputed in fp32, not from the rounded bf16 da).
-__global__ void gates_partial_kernel(float* partial, const bf16* dg, const bf16* a, const bf16* A_log,
+__global__ void gates_partial_kernel(float* partial, const float* dg, const bf16* a, const bf16* A_log,
                                      const bf16* dt_bias, int N, int H, int chunks) {
   const int g = blockIdx.x, r0 = g * kChunkRows, n = min(kChunkRows, N - r0);
   for (int h = threadIdx.x; h < H; h += blockDim.x) {
@@ -279,7 +279,8 @@ constexpr int kPairStride = kGdnChunk + 4;
 
 struct RuleParams {
   GdnPlan::Device plan;
-  const bf16 *q, *k, *v, *g, *beta;
+  const bf16 *q, *k, *v, *beta;
+  const float* g;  // (N, nv) fp32 log decays
   const float* init;
   float *U, *W, *gam, *vnew, *sin, *node_end;
   bf16* o;
@@ -650,7 +651,8 @@ struct RuleBwdParams {
   float* db2;                   // (N, nv, dk): dW = -dvn S^T (rule_bwd_state_kernel)
   float *gq, *gk;               // (N, nv, dk) per value head
   float* sds;                   // (chunks, nv, ceil(dk / 32)) partial <S, dS>
-  bf16 *dv, *dg, *dbeta;        // outputs
+  bf16* dv;                     // outputs
+  float *dg, *dbeta;
   bool accumulate;
 };
 
@@ -1148,7 +1150,7 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
         te[a] = t;
         dgam[a] = pair + eg * p.scale * qsd - t + bet[a] * eg * b2k;
         const float db = b1v + eg * b2k + dak;
-        b.dbeta[rowi(a)] = __float2bfloat16(b.accumulate ? ld(b.dbeta + rowi(a)) + db : db);
+        b.dbeta[rowi(a)] = b.accumulate ? b.dbeta[rowi(a)] + db : db;
       }
     }
   }
@@ -1169,8 +1171,8 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
     }
     lo += __shfl_sync(0xffffffffu, hi, 31);
     const int ah = C - 1 - lane, al = C / 2 - 1 - lane;
-    if (ah < L) b.dg[rowi(ah)] = __float2bfloat16(b.accumulate ? ld(b.dg + rowi(ah)) + hi : hi);
-    if (al < L) b.dg[rowi(al)] = __float2bfloat16(b.accumulate ? ld(b.dg + rowi(al)) + lo : lo);
+    if (ah < L) b.dg[rowi(ah)] = b.accumulate ? b.dg[rowi(ah)] + hi : hi;
+    if (al < L) b.dg[rowi(al)] = b.accumulate ? b.dg[rowi(al)] + lo : lo;
   }
   {  // F: rows tr + 16u, columns 8 tc .. 8 tc + 8
     const int tr = threadIdx.x / 16, tc = threadIdx.x % 16, i0 = 8 * tc;
@@ -1386,7 +1388,7 @@ void gated_rmsnorm_backward(bf16* dx, bf16* dz, float* dw, const bf16* dy, const
   }
 }
 
-void gdn_gates_forward(bf16* g, bf16* beta, const bf16* a, const bf16* b, const bf16* A_log, const bf16* dt_bias, int N,
+void gdn_gates_forward(float* g, bf16* beta, const bf16* a, const bf16* b, const bf16* A_log, const bf16* dt_bias, int N,
                        int H, cudaStream_t stream) {
   check_rows(N, H, "gdn_gates_forward");
   const int64_t n = (int64_t)N * H;
@@ -1402,7 +1404,7 @@ size_t gdn_gates_backward_workspace_bytes(int N, int H) {
   return c.bytes();
 }
 
-void gdn_gates_backward(bf16* da, bf16* db, float* dA_log, float* ddt_bias, const bf16* dg, const bf16* dbeta,
+void gdn_gates_backward(bf16* da, bf16* db, float* dA_log, float* ddt_bias, const float* dg, const float* dbeta,
                         const bf16* a, const bf16* b, const bf16* A_log, const bf16* dt_bias, int N, int H,
                         Workspace ws, cudaStream_t stream) {
   check_rows(N, H, "gdn_gates_backward");
@@ -1476,7 +1478,7 @@ void check_rule_shape(int nk, int nv, int dk, int dv, const char* op) {
            " in [32, 128], got nk=", nk, " nv=", nv, " dk=", dk, " dv=", dv);
 }
 
-RuleParams rule_params(const bf16* q, const bf16* k, const bf16* v, const bf16* g, const bf16* beta, const float* init,
+RuleParams rule_params(const bf16* q, const bf16* k, const bf16* v, const float* g, const bf16* beta, const float* init,
                        const GdnPlan& plan, int nk, int nv, int dk, int dv, double scale, const RuleScratch& s,
                        float* end) {
   RuleParams p;
@@ -1509,8 +1511,8 @@ size_t gdn_backward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv)
   return RuleBwdScratch(plan, nv, dk, dv, nullptr).bytes;
 }
 
-void gdn_backward(bf16* dq, bf16* dk, bf16* dv, bf16* dg, bf16* dbeta, float* d_init, const bf16* d_o,
-                  const float* d_end, const bf16* q, const bf16* k, const bf16* v, const bf16* g, const bf16* beta,
+void gdn_backward(bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* d_init, const bf16* d_o,
+                  const float* d_end, const bf16* q, const bf16* k, const bf16* v, const float* g, const bf16* beta,
                   const float* init, const GdnPlan& plan, int nk, int nv, int dk_, int dv_, double scale, Workspace ws,
                   cudaStream_t stream, bool accumulate) {
   check_rule_shape(nk, nv, dk_, dv_, "gdn_backward");
@@ -1555,7 +1557,7 @@ void gdn_backward(bf16* dq, bf16* dk, bf16* dv, bf16* dg, bf16* dbeta, float* d_
   TT_CUDA_CHECK_LAUNCH();
 }
 
-void gdn_forward(bf16* o, float* end, const bf16* q, const bf16* k, const bf16* v, const bf16* g, const bf16* beta,
+void gdn_forward(bf16* o, float* end, const bf16* q, const bf16* k, const bf16* v, const float* g, const bf16* beta,
                  const float* init, const GdnPlan& plan, int nk, int nv, int dk, int dv, double scale, Workspace ws,
                  cudaStream_t stream) {
   check_rule_shape(nk, nv, dk, dv, "gdn_forward");

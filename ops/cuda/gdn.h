@@ -64,12 +64,13 @@ void gated_rmsnorm_backward(bf16* dx, bf16* dz, float* dw, const bf16* dy, const
                             bool accumulate = true);
 
 // The gates per row and value head: beta = sigmoid(b), g = -exp(A_log[h]) softplus(a + dt_bias[h]).
-// a, b, g, beta (N, H) bf16; A_log, dt_bias (H) bf16 (the working copy of the weights).
-void gdn_gates_forward(bf16* g, bf16* beta, const bf16* a, const bf16* b, const bf16* A_log, const bf16* dt_bias, int N,
+// a, b, beta (N, H) bf16; g (N, H) fp32 (the log decay: transformers computes it in fp32, and the
+// delta rule sums it over a chunk); A_log, dt_bias (H) bf16 (the working copy of the weights).
+void gdn_gates_forward(float* g, bf16* beta, const bf16* a, const bf16* b, const bf16* A_log, const bf16* dt_bias, int N,
                        int H, cudaStream_t stream);
 size_t gdn_gates_backward_workspace_bytes(int N, int H);
-// da, db (N, H) overwritten; dA_log, ddt_bias (H) fp32 += (either may be null).
-void gdn_gates_backward(bf16* da, bf16* db, float* dA_log, float* ddt_bias, const bf16* dg, const bf16* dbeta,
+// da, db (N, H) overwritten; dA_log, ddt_bias (H) fp32 += (either may be null); dg, dbeta (N, H) fp32.
+void gdn_gates_backward(bf16* da, bf16* db, float* dA_log, float* ddt_bias, const float* dg, const float* dbeta,
                         const bf16* a, const bf16* b, const bf16* A_log, const bf16* dt_bias, int N, int H,
                         Workspace ws, cudaStream_t stream);
 
@@ -110,21 +111,21 @@ class GdnPlan {
 size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, bool end_given);
 
 // The gated delta rule along every root-to-row path (ops/cpu/gdn.h), chunked (WY / UT form):
-// o (N, nv, dv) bf16; q, k (N, nk, dk) L2-normalised, v (N, nv, dv), g, beta (N, nv) bf16; value
+// o (N, nv, dv) bf16; q, k (N, nk, dk) L2-normalised, v (N, nv, dv), beta (N, nv) bf16, g (N, nv) fp32; value
 // head h reads key head h / (nv / nk). init (num_roots, nv, dk, dv) fp32 or null (zeros); end
 // (num_nodes, nv, dk, dv) fp32 or null: each node's state after its last row. A node starts from
 // its parent's end state. fp32 math and state. dk <= 128 a multiple of 8, dv <= 128 a multiple of 32.
 // Three kernels whatever the tree: per (chunk, head) the chunk's U, W and decay sums; one walk per
 // (value head, 32 state columns) over the chunks in packed order carrying the state (a node's
 // first chunk starts from its parent's end state, kept per node); per (chunk, head) the outputs.
-void gdn_forward(bf16* o, float* end, const bf16* q, const bf16* k, const bf16* v, const bf16* g, const bf16* beta,
+void gdn_forward(bf16* o, float* end, const bf16* q, const bf16* k, const bf16* v, const float* g, const bf16* beta,
                  const float* init, const GdnPlan& plan, int nk, int nv, int dk, int dv, double scale, Workspace ws,
                  cudaStream_t stream);
 
 size_t gdn_backward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv);
 
 // Its backward (ops/cpu/gdn.h gdn_tree_backward_chunked, the algorithm followed): dq, dk (N, nk,
-// dk), dv (N, nv, dv), dg, dbeta (N, nv) bf16 (+= unless !accumulate); d_init (num_roots, nv, dk,
+// dk), dv (N, nv, dv) bf16, dg, dbeta (N, nv) fp32 (+= unless !accumulate); d_init (num_roots, nv, dk,
 // dv) fp32 += or null; d_end (num_nodes, nv, dk, dv) fp32 or null: the gradient reaching each
 // node's end state from outside the batch. A parent's end-state gradient sums its children's
 // initial-state gradients in reverse packed order (deterministic, no atomics). Recomputes the
@@ -132,8 +133,8 @@ size_t gdn_backward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv)
 // columns) carrying the end-state gradient; per (chunk, head, 32 state rows) the products with the
 // entering state and its gradient; per (chunk, head) the inputs' gradients; the key-head group
 // sums: seven launches whatever the tree.
-void gdn_backward(bf16* dq, bf16* dk, bf16* dv, bf16* dg, bf16* dbeta, float* d_init, const bf16* d_o,
-                  const float* d_end, const bf16* q, const bf16* k, const bf16* v, const bf16* g, const bf16* beta,
+void gdn_backward(bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* d_init, const bf16* d_o,
+                  const float* d_end, const bf16* q, const bf16* k, const bf16* v, const float* g, const bf16* beta,
                   const float* init, const GdnPlan& plan, int nk, int nv, int dk_, int dv_, double scale, Workspace ws,
                   cudaStream_t stream, bool accumulate = true);
 

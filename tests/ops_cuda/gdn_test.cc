@@ -14,6 +14,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -203,21 +205,23 @@ TEST_F(GdnOps, GatesMatchTheCpu) {
   const int N = 333, H = 12;
   const auto a = randn_bf16(rng, (size_t)N * H, 2.0), b = randn_bf16(rng, (size_t)N * H, 2.0),
              A_log = randn_bf16(rng, H, 1.0), dt_bias = randn_bf16(rng, H, 1.0),
-             dg = randn_bf16(rng, (size_t)N * H), dbeta = randn_bf16(rng, (size_t)N * H);
+             dg = randn_f32(rng, (size_t)N * H), dbeta = randn_f32(rng, (size_t)N * H);
   const auto dA0 = randn_f32(rng, H), ddt0 = randn_f32(rng, H);
   std::vector<double> g((size_t)N * H), beta((size_t)N * H);
   cpu::gdn_gates_forward<double>(g.data(), beta.data(), a.data(), b.data(), A_log.data(), dt_bias.data(), N, H);
   auto d_a = to_device_bf16(a), d_b = to_device_bf16(b), d_A = to_device_bf16(A_log), d_dt = to_device_bf16(dt_bias);
-  DeviceBuffer<bf16> d_g((size_t)N * H), d_beta((size_t)N * H);
+  DeviceBuffer<float> d_g((size_t)N * H);  // fp32 log decays
+  DeviceBuffer<bf16> d_beta((size_t)N * H);
   cuda::gdn_gates_forward(d_g.data(), d_beta.data(), d_a.data(), d_b.data(), d_A.data(), d_dt.data(), N, H, nullptr);
   sync_and_check();
-  EXPECT_TRUE(close_bf16("gates g", to_host(d_g), g));
+  // g in fp32: __expf (at most 2 + 1.16 |x| ulp, |x| <= 8 here), log1pf and two products: 64 u32.
+  EXPECT_TRUE(all_within("gates g", to_host(d_g), g, 64 * kF32U, {}));
   EXPECT_TRUE(close_bf16("gates beta", to_host(d_beta), beta));
 
   std::vector<double> da((size_t)N * H), db((size_t)N * H), dA = dA0, ddt = ddt0;
   cpu::gdn_gates_backward<double>(da.data(), db.data(), dA.data(), ddt.data(), dg.data(), dbeta.data(), a.data(),
                                   b.data(), A_log.data(), dt_bias.data(), N, H);
-  auto d_dg = to_device_bf16(dg), d_dbeta = to_device_bf16(dbeta);
+  auto d_dg = to_device_f32(dg), d_dbeta = to_device_f32(dbeta);
   DeviceBuffer<bf16> d_da((size_t)N * H), d_db((size_t)N * H);
   auto d_dA = to_device_f32(dA0), d_ddt = to_device_f32(ddt0);
   DeviceBuffer<char> ws(cuda::gdn_gates_backward_workspace_bytes(N, H));
@@ -247,7 +251,8 @@ struct RuleCase {
   cpu::GdnTree t;
   cuda::GdnPlan plan;
   DeviceBuffer<char> tables;
-  DeviceBuffer<bf16> d_q, d_k, d_v, d_g, d_b;
+  DeviceBuffer<bf16> d_q, d_k, d_v, d_b;
+  DeviceBuffer<float> d_g;  // fp32 log decays (here bf16 values, as drawn)
 
   RuleCase(uint64_t seed, int budget, int max_len, bool extra_root, std::mt19937_64& rng, RuleShape shape = {})
       : nk(shape.nk), nv(shape.nv), dk(shape.dk), dv(shape.dv), scale(1.0 / std::sqrt((double)shape.dk)) {
@@ -289,7 +294,7 @@ struct RuleCase {
     plan.make(f.start.data(), f.len.data(), f.parent.data(), f.nodes());
     tables = DeviceBuffer<char>(std::max<size_t>(plan.table_bytes(), 1));
     plan.upload(tables.data(), nullptr);
-    d_q = to_device_bf16(q), d_k = to_device_bf16(k), d_v = to_device_bf16(v), d_g = to_device_bf16(g),
+    d_q = to_device_bf16(q), d_k = to_device_bf16(k), d_v = to_device_bf16(v), d_g = to_device_f32(g),
     d_b = to_device_bf16(beta);
   }
   size_t state_elems() const { return (size_t)nv * dk * dv; }
@@ -360,8 +365,10 @@ TEST_F(GdnOps, DeltaRuleBackwardMatchesTheRecurrentOracle) {
     DeviceBuffer<char> ws(cuda::gdn_backward_workspace_bytes(rc.plan, nv, dk, dv));
     auto d_dO = to_device_bf16(dO);
     auto d_init = to_device_f32(init), d_dE = to_device_f32(dE), d_di = to_device_f32(std::vector<double>(init.size()));
-    DeviceBuffer<bf16> g_q(rc.q.size()), g_k(rc.k.size()), g_v(rc.v.size()), g_g(rc.g.size()), g_b(rc.beta.size());
-    for (auto* buf : {&g_q, &g_k, &g_v, &g_g, &g_b}) poison(*buf);
+    DeviceBuffer<bf16> g_q(rc.q.size()), g_k(rc.k.size()), g_v(rc.v.size());
+    DeviceBuffer<float> g_g(rc.g.size()), g_b(rc.beta.size());  // fp32
+    for (auto* buf : {&g_q, &g_k, &g_v}) poison(*buf);
+    for (auto* buf : {&g_g, &g_b}) poison(*buf);
     cuda::gdn_backward(g_q.data(), g_k.data(), g_v.data(), g_g.data(), g_b.data(), d_di.data(), d_dO.data(),
                        d_dE.data(), rc.d_q.data(), rc.d_k.data(), rc.d_v.data(), rc.d_g.data(), rc.d_b.data(),
                        d_init.data(), rc.plan, nk, nv, dk, dv, rc.scale, cuda::Workspace{ws.data(), ws.size()},
@@ -371,21 +378,25 @@ TEST_F(GdnOps, DeltaRuleBackwardMatchesTheRecurrentOracle) {
     EXPECT_LE(rel_l2(to_host(g_q), dq), 2 * kBf16U) << "dq" << at;
     EXPECT_LE(rel_l2(to_host(g_k), dk_), 2 * kBf16U) << "dk" << at;
     EXPECT_LE(rel_l2(to_host(g_v), dv_), 2 * kBf16U) << "dv" << at;
-    EXPECT_LE(rel_l2(to_host(g_g), dg), 2 * kBf16U) << "dg" << at;
-    EXPECT_LE(rel_l2(to_host(g_b), db), 2 * kBf16U) << "dbeta" << at;
+    EXPECT_LE(rel_l2(to_host(g_g), dg), 1e-3) << "dg" << at;  // fp32 results, as d_init
+    EXPECT_LE(rel_l2(to_host(g_b), db), 1e-3) << "dbeta" << at;
     EXPECT_LE(rel_l2(to_host(d_di), di), 1e-3) << "d_init" << at;
+    std::printf("[ errors   ] delta rule backward%s: rel L2 dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e d_init %.2e\n",
+                at.c_str(), rel_l2(to_host(g_q), dq), rel_l2(to_host(g_k), dk_), rel_l2(to_host(g_v), dv_),
+                rel_l2(to_host(g_g), dg), rel_l2(to_host(g_b), db), rel_l2(to_host(d_di), di));
   }
 }
 
 TEST_F(GdnOps, BadShapesAreErrors) {
   DeviceBuffer<bf16> x(64);
+  DeviceBuffer<float> xf(64);
   DeviceBuffer<int32_t> prev(8);
   EXPECT_THROW(cuda::conv1d_silu_forward(x.data(), x.data(), x.data(), prev.data(), 8, 8, 65, nullptr), tt::Error);
   EXPECT_THROW(cuda::l2norm_forward(x.data(), nullptr, x.data(), 2, 0, 1e-6, nullptr), tt::Error);
   // The delta rule's head shapes: dk a multiple of 8 up to 128, dv a multiple of 32 up to 128, nk | nv.
   cuda::GdnPlan empty;
   auto forward = [&](int nk, int nv, int dk, int dv) {
-    cuda::gdn_forward(x.data(), nullptr, x.data(), x.data(), x.data(), x.data(), x.data(), nullptr, empty, nk, nv, dk,
+    cuda::gdn_forward(x.data(), nullptr, x.data(), x.data(), x.data(), xf.data(), x.data(), nullptr, empty, nk, nv, dk,
                       dv, 1.0, cuda::Workspace{}, nullptr);
   };
   EXPECT_NO_THROW(forward(2, 4, 64, 96));
