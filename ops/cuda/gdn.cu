@@ -118,22 +118,32 @@ __global__ void conv_dx_kernel(T* dx, const float* da, const bf16* w, const int3
   }
 }
 
-// partial[g][c][j] = sum over the chunk's rows i of x[tap_j(i), c] da[i, c].
+// partial[g][c][j] = sum over the chunk's rows i of x[tap_j(i), c] da[i, c], the rows in order.
+// A thread keeps its channel's K sums in registers (K <= KT), so da is read once a row, not once
+// a tap (the taps' x rows are the chunk's own and its neighbours': cached).
+template <int KT>
 __global__ void conv_dw_partial_kernel(float* partial, const float* da, const bf16* x, const int32_t* prev, int N,
                                        int C, int K) {
   __shared__ int32_t taps[kChunkRows * kMaxTaps];
   const int g = blockIdx.x, r0 = g * kChunkRows, rows = min(kChunkRows, N - r0);
   for (int t = threadIdx.x; t < rows; t += blockDim.x) walk_taps(taps + t * K, r0 + t, prev, K);
   __syncthreads();
-  for (int c = threadIdx.x; c < C; c += blockDim.x)
-    for (int j = 0; j < K; ++j) {
-      float s = 0.f;
-      for (int t = 0; t < rows; ++t) {
-        const int32_t src = taps[t * K + j];
-        if (src >= 0) s = fmaf(ld(x + (int64_t)src * C + c), da[(int64_t)(r0 + t) * C + c], s);
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float s[KT];
+#pragma unroll
+    for (int j = 0; j < KT; ++j) s[j] = 0.f;
+    for (int t = 0; t < rows; ++t) {
+      const float d = da[(int64_t)(r0 + t) * C + c];
+#pragma unroll
+      for (int j = 0; j < KT; ++j) {
+        const int32_t src = j < K ? taps[t * K + j] : -1;
+        if (src >= 0) s[j] = fmaf(ld(x + (int64_t)src * C + c), d, s[j]);
       }
-      partial[((int64_t)g * C + c) * K + j] = s;
     }
+#pragma unroll
+    for (int j = 0; j < KT; ++j)
+      if (j < K) partial[((int64_t)g * C + c) * K + j] = s[j];
+  }
 }
 
 struct ConvScratch {
@@ -1320,7 +1330,9 @@ void conv1d_silu_backward_impl(T* dx, float* dw, const bf16* dout, const bf16* x
     TT_CUDA_CHECK_LAUNCH();
   }
   if (dw) {
-    conv_dw_partial_kernel<<<chunks_of(N), kThreads, 0, stream>>>(s.partial, s.da, x, prev, N, C, K);
+    auto dw_partial = K <= 4 ? conv_dw_partial_kernel<4> : K <= 8 ? conv_dw_partial_kernel<8>
+                    : K <= 16 ? conv_dw_partial_kernel<16> : conv_dw_partial_kernel<kMaxTaps>;
+    dw_partial<<<chunks_of(N), kThreads, 0, stream>>>(s.partial, s.da, x, prev, N, C, K);
     TT_CUDA_CHECK_LAUNCH();
     reduce_partials(dw, s.partial, chunks_of(N), C * K, stream);
   }
