@@ -54,6 +54,8 @@ def main():
     qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
 
     def fwd_bwd():
+        for x in (qg, kg, vg):
+            x.grad = None  # each call computes its gradients afresh (no accumulation across calls)
         out = rule(qg, kg, vg, g, beta)[0]
         out.backward(dout)
         return out
@@ -63,6 +65,7 @@ def main():
               "gpu": torch.cuda.get_device_name()}
     for name, fn in (("forward", fwd), ("forward_backward", fwd_bwd)):
         torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()  # peak_gib is this pass's
         t0 = time.perf_counter()
         fn()  # warm-up (with --mode compile: compilation)
         torch.cuda.synchronize()

@@ -45,7 +45,8 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
 fi
 
 # transformers' torch_chunk_gated_delta_rule on the same shape, eager and torch.compile'd, in the
-# same call as ops_bench gdn (COMPARE=0 skips; COMPILE_TIMEOUT_S bounds the compiled run).
+# same call as ops_bench gdn: off unless COMPARE=1 (up to 240 s + COMPILE_TIMEOUT_S, default 300:
+# run it with TESTS=' ' SKIP_TRAIN=1 to stay within a device call).
 if [ "${COMPARE:-0}" = 1 ]; then
   : >"$OUT/gdn_compare.jsonl"
   timeout 240 python3 scripts/device/gdn_compare.py --mode eager >>"$OUT/gdn_compare.jsonl" 2>"$OUT/gdn_compare.log"
