@@ -550,9 +550,14 @@ struct BwdSmem {
     cp_async_commit();
     return kt;
   }
-  // Query tile q0 / BM of head h's Q, dO, lse and D into buffer b (one thread issues it).
-  __device__ __forceinline__ void load_step(const AttnBwdParams& p, int h, int q0, int b) const {
+  // The step at cursor c (its head's Q, dO, lse and D) into buffer b, then c moves to the next
+  // step (one thread issues it). Steps load kQBufs - 1 ahead: step it + kQBufs - 1 goes into the
+  // buffer step it - 1 used, once both warpgroups are past step it's barrier.
+  __device__ __forceinline__ void load_next(const AttnBwdParams& p, const KeyTileQueries<C::BM>& kt,
+                                            typename KeyTileQueries<C::BM>::Cursor& c, int b) const {
     constexpr int BM = C::BM;
+    const int h = c.h, q0 = c.qt * BM;
+    kt.next_step(c);
     mbar_expect_tx(q_full + b, 2 * C::kQElems * sizeof(bf16) + 2 * BM * sizeof(float));
     tma_load_tile<BM, HS>(sQ + b * C::kQElems, &p.tm.q, h, q0, q_full + b);  // rows past N read as zeros
     tma_load_tile<BM, HS>(sdO + b * C::kQElems, &p.tm.dout, h, q0, q_full + b);
@@ -560,6 +565,26 @@ struct BwdSmem {
     bulk_load(sD + b * BM, p.dsum + (int64_t)h * p.n_pad + q0, BM * sizeof(float), q_full + b);
   }
 };
+
+// S^T = K Q^T and dP^T = V dO^T of a warpgroup: the 64 keys from tile row key0 against the N
+// queries from step row query0 (both K-major), committed as two groups (S^T first).
+template <int N, int BN, int BM, int HS>
+__device__ __forceinline__ void issue_scores(float (&st)[N / 2], float (&dpt)[N / 2], const bf16* sK, const bf16* sV,
+                                             const bf16* q_s, const bf16* do_s, int key0, int query0) {
+  const uint64_t k_base = desc_kmajor<BN>(sK, key0), q_base = desc_kmajor<BM>(q_s, query0);
+  const uint64_t v_base = desc_kmajor<BN>(sV, key0), do_base = desc_kmajor<BM>(do_s, query0);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < HS / 16; ++kk)
+    Wgmma<N>::template ss<0, 0>(st, desc_add(k_base, kmajor_step<BN>(kk)), desc_add(q_base, kmajor_step<BM>(kk)),
+                                kk > 0);
+  wgmma_commit();
+#pragma unroll
+  for (int kk = 0; kk < HS / 16; ++kk)
+    Wgmma<N>::template ss<0, 0>(dpt, desc_add(v_base, kmajor_step<BN>(kk)), desc_add(do_base, kmajor_step<BM>(kk)),
+                                kk > 0);
+  wgmma_commit();
+}
 
 // P^T = exp(S^T scale - lse) in place, 0 where masked: NJ groups of 8 query columns (a thread's
 // columns 8 j + 2 t + cc; vis_a / vis_b: which of them its two keys see, bit 8 j + cc).
@@ -630,13 +655,9 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   key_query_range(p, e, k0 + key_row + 8, lo_b, hi_b);
 
   // The next unloaded step's Q, dO (TMA boxes) and lse, D (bulk copies) into buffer b, by thread 0.
-  auto pf = kt.first_step();
-  auto prefetch = [&](int b) {
-    sm.load_step(p, pf.h, pf.qt * BM, b);
-    kt.next_step(pf);
-  };
+  auto pf = kt.first_step();  // the next step to load
   if (tid == 0)
-    for (int it = 0; it < imin(2, n_iter); ++it) prefetch(it);
+    for (int it = 0; it < imin(kQBufs - 1, n_iter); ++it) sm.load_next(p, kt, pf, it);
   cp_async_wait<0>();  // K and V
   fence_async_smem();
   __syncthreads();
@@ -646,7 +667,7 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   for (int i = 0; i < HS / 2; ++i) dv[i] = dk[i] = 0.f;
 
   // One CTA barrier per step (the dS^T exchange): past it both warpgroups are done with the step
-  // before, so its Q/dO/lse/D buffer takes step it + 2 and its dS^T buffer is free again.
+  // before, so its Q/dO/lse/D buffer takes step it + kQBufs - 1 and its dS^T buffer is free again.
   auto cur = kt.first_step();
   for (int it = 0; it < n_iter; ++it, kt.next_step(cur)) {
     const int buf = it % kQBufs;
@@ -660,21 +681,7 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
 
     // S^T = K Q^T and dP^T = V dO^T: this warpgroup's 64 keys x BM queries.
     float st[BM / 2], dpt[BM / 2];
-    {
-      const uint64_t k_base = desc_kmajor<BN>(sK, wg * 64), q_base = desc_kmajor<BM>(q_s, 0);
-      const uint64_t v_base = desc_kmajor<BN>(sV, wg * 64), do_base = desc_kmajor<BM>(do_s, 0);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < HS / 16; ++kk)
-        Wgmma<BM>::template ss<0, 0>(st, desc_add(k_base, kmajor_step<BN>(kk)), desc_add(q_base, kmajor_step<BM>(kk)),
-                                     kk > 0);
-      wgmma_commit();
-#pragma unroll
-      for (int kk = 0; kk < HS / 16; ++kk)
-        Wgmma<BM>::template ss<0, 0>(dpt, desc_add(v_base, kmajor_step<BN>(kk)),
-                                     desc_add(do_base, kmajor_step<BM>(kk)), kk > 0);
-      wgmma_commit();
-    }
+    issue_scores<BM, BN, BM, HS>(st, dpt, sK, sV, q_s, do_s, wg * 64, 0);
 
     // Which of this thread's columns 8 j + 2 t + cc its two keys see: bit 8 j + cc (a few
     // instructions per step; a compare per element, which ptxas hoisted above the MMAs' issue,
@@ -731,8 +738,8 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
       for (int kk = 0; kk < BM / 16; ++kk) Wgmma<HS>::template rs<1>(dk, ads[kk], desc_add(q_base, kk * kMnStep), true);
       wgmma_commit();
     }
-    // Past the barrier both warpgroups are done with step it - 1: its buffer takes step it + 2.
-    if (tid == 0 && it + 2 < n_iter) prefetch((it + 2) % kQBufs);
+    // Past the barrier both warpgroups are done with step it - 1: its buffer takes step it + kQBufs - 1.
+    if (tid == 0 && it + kQBufs - 1 < n_iter) sm.load_next(p, kt, pf, (it + kQBufs - 1) % kQBufs);
     wgmma_wait<1>();  // dQ (committed first)
     fence_regs(dq);
     add_dq<BM, HS>(p, dq, h, q0, wg, warp, lane);  // while dV and dK finish
@@ -780,13 +787,9 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   key_query_range(p, e, k0 + key_row, lo_a, hi_a);
   key_query_range(p, e, k0 + key_row + 8, lo_b, hi_b);
 
-  auto pf = kt.first_step();
-  auto prefetch = [&](int b) {
-    sm.load_step(p, pf.h, pf.qt * BM, b);
-    kt.next_step(pf);
-  };
+  auto pf = kt.first_step();  // the next step to load
   if (tid == 0)
-    for (int it = 0; it < imin(kQBufs - 1, n_iter); ++it) prefetch(it);
+    for (int it = 0; it < imin(kQBufs - 1, n_iter); ++it) sm.load_next(p, kt, pf, it);
   cp_async_wait<0>();  // K and V
   fence_async_smem();
   __syncthreads();
@@ -808,21 +811,7 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
 
     // S^T = K Q^T and dP^T = V dO^T: the 64 keys x this warpgroup's QW queries.
     float st[QW / 2], dpt[QW / 2];
-    {
-      const uint64_t k_base = desc_kmajor<BN>(sK, 0), q_base = desc_kmajor<BM>(q_s, wg * QW);
-      const uint64_t v_base = desc_kmajor<BN>(sV, 0), do_base = desc_kmajor<BM>(do_s, wg * QW);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < HS / 16; ++kk)
-        Wgmma<QW>::template ss<0, 0>(st, desc_add(k_base, kmajor_step<BN>(kk)), desc_add(q_base, kmajor_step<BM>(kk)),
-                                     kk > 0);
-      wgmma_commit();
-#pragma unroll
-      for (int kk = 0; kk < HS / 16; ++kk)
-        Wgmma<QW>::template ss<0, 0>(dpt, desc_add(v_base, kmajor_step<BN>(kk)),
-                                     desc_add(do_base, kmajor_step<BM>(kk)), kk > 0);
-      wgmma_commit();
-    }
+    issue_scores<QW, BN, BM, HS>(st, dpt, sK, sV, q_s, do_s, 0, wg * QW);
     const uint64_t vis_a = full ? ~0ull : query_bits<BM>(lo_a, hi_a, q0) >> (wg * QW + 2 * t);
     const uint64_t vis_b = full ? ~0ull : query_bits<BM>(lo_b, hi_b, q0) >> (wg * QW + 2 * t);
 
@@ -873,7 +862,7 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
       wgmma_commit();
     }
     // Past the barrier both warpgroups are done with step it - 1: its buffer takes step it + kQBufs - 1.
-    if (tid == 0 && it + kQBufs - 1 < n_iter) prefetch((it + kQBufs - 1) % kQBufs);
+    if (tid == 0 && it + kQBufs - 1 < n_iter) sm.load_next(p, kt, pf, (it + kQBufs - 1) % kQBufs);
     wgmma_wait<1>();  // dQ (committed first)
     fence_regs(dq);
     add_dq<BM, HS>(p, dq, h, q0, wg, warp, lane);
