@@ -136,26 +136,24 @@ void AttentionKind::forward(E& e, const BlockCall<E>& c) const {
   const typename E::KV* ext = c.carry ? c.carry->kv.data() : nullptr;
   const int n_ext = c.carry ? (int)c.carry->kv.size() : 0;
 
-  norm_forward(e, norm_offset_, s.n, s.rstd, c.x_in, w + in_norm_, N, C, eps_);
+  // input_layernorm and the q, k, v projections (one kernel for a decode step's rows).
+  using Out = LinearOut<typename E::Act, typename E::Weight>;
   if (qk_norm_) {
+    const Out outs[3] = {{gate_ ? s.qg : s.q_pre, w + wq_, gate_ ? 2 * QD : QD}, {s.k_pre, w + wk_, KD},
+                         {s.v, w + wv_, KD}};
+    e.norm_linear(s.n, s.rstd, c.x_in, w + in_norm_, N, C, eps_, norm_offset_, outs, 3);
     if (gate_) {
       if constexpr (E::kHybridOps) {
-        e.linear(s.qg, s.n, w + wq_, N, C, 2 * QD);
         e.split_heads(s.q_pre, s.gate, s.qg, N, NH, HS);
       } else {
         throw Error("model: the attention output gate runs on the cpu backend only");
       }
-    } else {
-      e.linear(s.q_pre, s.n, w + wq_, N, C, QD);
     }
-    e.linear(s.k_pre, s.n, w + wk_, N, C, KD);
     qk_norm_forward(e, norm_offset_, s.q, s.q_rstd, s.q_pre, w + q_norm_, b.rope, N, NH, HS, eps_);
     qk_norm_forward(e, norm_offset_, s.k, s.k_rstd, s.k_pre, w + k_norm_, b.rope, N, NKV, HS, eps_);
-    e.linear(s.v, s.n, w + wv_, N, C, KD);
   } else {
-    e.linear(s.q, s.n, w + wq_, N, C, QD);
-    e.linear(s.k, s.n, w + wk_, N, C, KD);
-    e.linear(s.v, s.n, w + wv_, N, C, KD);
+    const Out outs[3] = {{s.q, w + wq_, QD}, {s.k, w + wk_, KD}, {s.v, w + wv_, KD}};
+    e.norm_linear(s.n, s.rstd, c.x_in, w + in_norm_, N, C, eps_, norm_offset_, outs, 3);
     e.rope_forward(s.q, b.rope, N, NH, HS);
     e.rope_forward(s.k, b.rope, N, NKV, HS);
   }
@@ -172,8 +170,7 @@ void AttentionKind::forward(E& e, const BlockCall<E>& c) const {
       o_in = s.gated;
     }
   }
-  e.linear(c.sum, o_in, w + wo_, N, QD, C);
-  e.residual_add(c.x_out, c.x_in, c.sum, (int64_t)N * C);
+  e.linear_residual(c.x_out, c.x_in, o_in, w + wo_, N, QD, C, c.sum);
 }
 
 template <class E>

@@ -29,6 +29,12 @@
 //   linear_dw(dw (OC,IC) +=, dout (N,OC), x (N,IC))
 //   residual_add(out, x: Act, y: Acc)  out = x + y (one rounding)   add_inplace(y: Act, x: Acc)
 //   swiglu_forward(h, gate, up)   swiglu_backward(dgate, dup, dh, gate, up) (may alias gate/up)
+//   Fused forms (the same roundings as the ops they combine; the GPU runs them as one kernel for
+//   a decode step's few rows, ops/cuda/gemv.h, and as the separate ops otherwise):
+//   norm_linear(n, rstd, x, norm_w, eps, w_offset, outs[]): n = rmsnorm(x), out_s = linear(n, w_s)
+//   norm_linear_swiglu(n, rstd, x, ..., gate, up, h, wg, wu): gate, up = linear(n, wg | wu),
+//       h = swiglu(gate, up)
+//   linear_residual(out, res, x, w, sum (Acc scratch)): out = res + linear(x, w) (one rounding)
 //   rope_forward(x (N,H,HS) in place, rope)   rope_backward(dx in place)
 //   qk_norm_rope_forward(out (N,H,HS), rstd (N H), x, w (HS), rope): rope(rmsnorm(x) w)
 //   qk_norm_rope_backward(dx =, dw +=, dout (destroyed), x, w, rstd, rope)
@@ -49,5 +55,13 @@ namespace tt::model {
 // What a forward keeps. kTrain saves what backward needs; kNoGrad saves nothing (one layer's
 // working set at a time) and returns logits and/or the loss.
 enum class Mode { kTrain, kNoGrad };
+
+// One output of norm_linear: out (N, OC) = n w^T, w (OC, IC).
+template <class Act, class Weight>
+struct LinearOut {
+  Act* out;
+  const Weight* w;
+  int OC;
+};
 
 }  // namespace tt::model

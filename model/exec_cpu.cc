@@ -133,6 +133,30 @@ void CpuExec<T>::swiglu_forward(Act* h, const Act* gate, const Act* up, int64_t 
 }
 
 template <class T>
+void CpuExec<T>::norm_linear(Act* n, Stat* rstd, const Act* x, const Weight* norm_w, int N, int C, double eps,
+                             double w_offset, const LinearOut<Act, Weight>* outs, int n_outs) {
+  rmsnorm_forward(n, rstd, x, norm_w, N, C, eps, w_offset);
+  for (int s = 0; s < n_outs; ++s) linear(outs[s].out, n, outs[s].w, N, C, outs[s].OC);
+}
+
+template <class T>
+void CpuExec<T>::norm_linear_swiglu(Act* n, Stat* rstd, const Act* x, const Weight* norm_w, int N, int C,
+                                    double eps, double w_offset, Act* gate, Act* up, Act* h, const Weight* wg,
+                                    const Weight* wu, int I) {
+  rmsnorm_forward(n, rstd, x, norm_w, N, C, eps, w_offset);
+  linear(gate, n, wg, N, C, I);
+  linear(up, n, wu, N, C, I);
+  swiglu_forward(h, gate, up, (int64_t)N * I);
+}
+
+template <class T>
+void CpuExec<T>::linear_residual(Act* out, const Act* res, const Act* x, const Weight* w, int N, int IC, int OC,
+                                 Acc* sum) {
+  linear(sum, x, w, N, IC, OC);
+  residual_add(out, res, sum, (int64_t)N * OC);
+}
+
+template <class T>
 void CpuExec<T>::swiglu_backward(Act* dgate, Act* dup, const Act* dh, const Act* gate, const Act* up, int64_t n) {
   cpu::swiglu_backward(dgate, dup, dh, gate, up, n);
 }

@@ -12,6 +12,7 @@
 #include "ops/cuda/embedding.h"
 #include "ops/cuda/gated_attention.h"
 #include "ops/cuda/gdn.h"
+#include "ops/cuda/gemv.h"
 #include "ops/cuda/rmsnorm.h"
 #include "ops/cuda/retrieval.h"
 #include "ops/cuda/rope.h"
@@ -229,6 +230,48 @@ void CudaExec::linear_dx(Acc* dx, const Act* dout, const Weight* w, int N, int I
 void CudaExec::linear_dw(Param* dw, const Act* dout, const Act* x, int N, int IC, int OC) {
   mark(Op::kGemm);
   cuda::matmul_backward_dw(*gemm_, dw, dout, x, N, IC, OC, 1.f);
+}
+
+void CudaExec::norm_linear(Act* n, Stat* rstd, const Act* x, const Weight* norm_w, int N, int C, double eps,
+                           double w_offset, const LinearOut<Act, Weight>* outs, int n_outs) {
+  bool fused = cuda::gemv_norm_supported(x, norm_w, N, C) && n_outs <= cuda::kGemvMaxSegments;
+  for (int s = 0; fused && s < n_outs; ++s) fused = cuda::gemv_supported(x, outs[s].w, N, C);
+  if (!fused) {
+    rmsnorm_forward(n, rstd, x, norm_w, N, C, eps, w_offset);
+    for (int s = 0; s < n_outs; ++s) linear(outs[s].out, n, outs[s].w, N, C, outs[s].OC);
+    return;
+  }
+  mark(Op::kGemm);
+  cuda::GemvSegment seg[cuda::kGemvMaxSegments];
+  for (int s = 0; s < n_outs; ++s) seg[s] = cuda::GemvSegment{outs[s].out, outs[s].w, outs[s].OC};
+  cuda::gemv_split(seg, n_outs, x, cuda::GemvNorm{norm_w, (float)eps, (float)w_offset, n, rstd}, N, C, stream_);
+}
+
+void CudaExec::norm_linear_swiglu(Act* n, Stat* rstd, const Act* x, const Weight* norm_w, int N, int C, double eps,
+                                  double w_offset, Act* gate, Act* up, Act* h, const Weight* wg, const Weight* wu,
+                                  int I) {
+  if (!cuda::gemv_norm_supported(x, norm_w, N, C) || !cuda::gemv_supported(x, wg, N, C) ||
+      !cuda::gemv_supported(x, wu, N, C)) {
+    rmsnorm_forward(n, rstd, x, norm_w, N, C, eps, w_offset);
+    linear(gate, n, wg, N, C, I);
+    linear(up, n, wu, N, C, I);
+    swiglu_forward(h, gate, up, (int64_t)N * I);
+    return;
+  }
+  mark(Op::kGemm);
+  cuda::gemv_swiglu(h, gate, up, x, cuda::GemvNorm{norm_w, (float)eps, (float)w_offset, n, rstd}, wg, wu, N, C, I,
+                    stream_);
+}
+
+void CudaExec::linear_residual(Act* out, const Act* res, const Act* x, const Weight* w, int N, int IC, int OC,
+                               Acc* sum) {
+  if (!cuda::gemv_supported(x, w, N, IC) || N == 0) {
+    linear(sum, x, w, N, IC, OC);
+    residual_add(out, res, sum, (int64_t)N * OC);
+    return;
+  }
+  mark(Op::kGemm);
+  cuda::gemv_residual(out, res, x, w, N, IC, OC, stream_);
 }
 
 void CudaExec::residual_add(Act* out, const Act* x, const Acc* y, int64_t n) {

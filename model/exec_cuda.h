@@ -177,6 +177,13 @@ class CudaExec {
   void residual_add(Act* out, const Act* x, const Acc* y, int64_t n);
   void add_inplace(Act* y, const Acc* x, int64_t n);
   void swiglu_forward(Act* h, const Act* gate, const Act* up, int64_t n);
+  // The fused forms (exec.h): one kernel (ops/cuda/gemv.h) for up to cuda::kGemvMaxRows rows, the
+  // separate ops otherwise.
+  void norm_linear(Act* n, Stat* rstd, const Act* x, const Weight* norm_w, int N, int C, double eps, double w_offset,
+                   const LinearOut<Act, Weight>* outs, int n_outs);
+  void norm_linear_swiglu(Act* n, Stat* rstd, const Act* x, const Weight* norm_w, int N, int C, double eps,
+                          double w_offset, Act* gate, Act* up, Act* h, const Weight* wg, const Weight* wu, int I);
+  void linear_residual(Act* out, const Act* res, const Act* x, const Weight* w, int N, int IC, int OC, Acc* sum);
   void swiglu_backward(Act* dgate, Act* dup, const Act* dh, const Act* gate, const Act* up, int64_t n);
   void rope_forward(Act* x, const Rope& r, int N, int H, int HS);
   void rope_backward(Act* dx, const Rope& r, int N, int H, int HS);

@@ -88,12 +88,11 @@ void MlpKind::forward(E& e, const BlockCall<E>& c) const {
   const int N = c.batch->N, C = C_, I = I_;
   const Saved<E> s(*this, N, c.saved);
   const auto* w = c.w;
-  norm_forward(e, norm_offset_, s.n, s.rstd, c.x_in, w + norm_, N, C, eps_);
-  e.linear(s.gate, s.n, w + wg_, N, C, I);
-  e.linear(s.up, s.n, w + wu_, N, C, I);
-  e.swiglu_forward(s.h, s.gate, s.up, (int64_t)N * I);
-  e.linear(c.sum, s.h, w + wd_, N, I, C);
-  e.residual_add(c.x_out, c.x_in, c.sum, (int64_t)N * C);
+  // The norm, gate/up and SwiGLU, then down_proj with the residual add (two kernels for a decode
+  // step's rows).
+  e.norm_linear_swiglu(s.n, s.rstd, c.x_in, w + norm_, N, C, eps_, norm_offset_, s.gate, s.up, s.h, w + wg_,
+                       w + wu_, I);
+  e.linear_residual(c.x_out, c.x_in, s.h, w + wd_, N, I, C, c.sum);
 }
 
 template <class E>

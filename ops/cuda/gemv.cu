@@ -1,4 +1,4 @@
-// The Linear forward of a few rows (see gemv.h).
+// The Linear forward of a few rows and its fused forms (see gemv.h).
 #include "ops/cuda/gemv.h"
 
 #include "base/check.h"
@@ -9,9 +9,32 @@ namespace tt::cuda {
 namespace {
 
 constexpr int kThreads = 256;  // 8 warps a block
-constexpr int kCols = 2;       // output columns per warp
-constexpr int kUnroll = 4;     // 16-byte vectors per lane and column in flight
+constexpr int kWarps = kThreads / detail::kWarp;
+constexpr int kCols = 2;       // weight rows per warp group
+constexpr int kUnroll = 4;     // 16-byte vectors per lane and weight row in flight
 constexpr int64_t kTargetWarps = 4096;  // ~31 a multiprocessor on an H200: enough loads in flight
+
+// What the groups' products become.
+enum Mode : int {
+  kStoreBf16,  // out_s = the products of segment s
+  kStoreF32,
+  kResidual,   // out_0 = res + products (bf16, one rounding)
+  kSwiglu,     // group g: gate row g of w_0, up row g of w_1; h = silu(gate) up
+};
+
+struct Params {
+  const bf16* x;  // (N, IC)
+  int IC;
+  int mode;
+  int64_t groups;  // warp groups in all: column pairs, or (kSwiglu) output columns
+  int n_seg;
+  const bf16* w[kGemvMaxSegments];
+  void* out[kGemvMaxSegments];  // kSwiglu: gate, up (each may be null)
+  int begin[kGemvMaxSegments + 1];  // segment s has the output columns [begin[s], begin[s + 1])
+  const bf16* res;  // kResidual: (N, OC)
+  bf16* h;          // kSwiglu: (N, I)
+  GemvNorm norm;    // the fused norm (NORM kernels)
+};
 
 // A weight vector read once: no L1 allocation (the weights stream; x stays cached).
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
@@ -21,6 +44,15 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
                : "l"(p));
   return v;
 }
+
+// Asks L2 for `bytes` (a multiple of 16) at p (16-byte aligned).
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
+// Programmatic dependent launch: wait for the previous kernel's writes; let the next kernel launch.
+__device__ __forceinline__ void wait_previous() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void launch_next() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
 __device__ __forceinline__ float dot8(uint4 a, uint4 b, float acc) {
   const __nv_bfloat162* x = reinterpret_cast<const __nv_bfloat162*>(&a);
@@ -34,32 +66,121 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b, float acc) {
   return acc;
 }
 
-__device__ __forceinline__ void store_out(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void store_out(float* p, float v) { *p = v; }
+__device__ __forceinline__ float sum_squares8(uint4 a) {
+  const __nv_bfloat162* x = reinterpret_cast<const __nv_bfloat162*>(&a);
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const float2 u = __bfloat1622float2(x[i]);
+    s += u.x * u.x;
+    s += u.y * u.y;
+  }
+  return s;
+}
 
-// Block: kWarps warps = (kWarps / S) column groups of kCols columns x S slices of IC; the S warps
-// of a group interleave over the row in steps of 32 vectors, then their sums meet in shared
-// memory and are added in slice order (deterministic).
-template <int R, int S, class Out>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(Out* __restrict__ out, const bf16* __restrict__ x,
-                                                        const bf16* __restrict__ w, int IC, int OC) {
-  constexpr int kWarps = kThreads / detail::kWarp, kGroups = kWarps / S, kStep = S * detail::kWarp;
+// x rstd (w + offset), rounded (rmsnorm.h's order: x rstd first).
+__device__ __forceinline__ uint4 normalize8(uint4 a, uint4 w, float rs, float offset) {
+  const __nv_bfloat162* x = reinterpret_cast<const __nv_bfloat162*>(&a);
+  const __nv_bfloat162* y = reinterpret_cast<const __nv_bfloat162*>(&w);
+  uint4 out;
+  __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const float2 u = __bfloat1622float2(x[i]), v = __bfloat1622float2(y[i]);
+    o[i] = __floats2bfloat162_rn(u.x * rs * (v.x + offset), u.y * rs * (v.y + offset));
+  }
+  return out;
+}
+
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// The segment of output column o.
+__device__ __forceinline__ int segment_of(const Params& p, int64_t o) {
+  int s = 0;
+  while (s + 1 < p.n_seg && o >= p.begin[s + 1]) ++s;
+  return s;
+}
+
+template <bool NORM>
+__device__ __forceinline__ uint4 load_x(const uint4* p) {
+  if constexpr (NORM) return *p;  // shared memory
+  else return __ldg(p);
+}
+
+// Block: kWarps warps = (kWarps / S) groups of kCols weight rows x S slices of IC; the S warps of
+// a group interleave over the row in steps of 32 vectors, then their sums meet in shared memory
+// and are added in slice order (deterministic). NORM: the rows of x are normalized into shared
+// memory first (dynamic, R IC bf16).
+template <int R, int S, bool NORM>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
+  constexpr int kGroups = kWarps / S, kStep = S * detail::kWarp;
   __shared__ float part[kWarps][kCols][R];
+  extern __shared__ uint4 xsm[];
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
   const int group = warp / S, slice = warp % S;
-  const int64_t o0 = ((int64_t)blockIdx.x * kGroups + group) * kCols;
-  const int V = IC / 8;  // 16-byte vectors per row
-  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  const int64_t g = (int64_t)blockIdx.x * kGroups + group;
+  const bool active = g < p.groups;
+  const int V = p.IC / 8;  // 16-byte vectors per row
+  const int64_t total = p.begin[p.n_seg];
   const uint4* wv[kCols];
+  if (p.mode == kSwiglu) {
+    const int64_t o = active ? g : p.groups - 1;
+    wv[0] = reinterpret_cast<const uint4*>(p.w[0]) + o * V;
+    wv[1] = reinterpret_cast<const uint4*>(p.w[1]) + o * V;
+  } else {
 #pragma unroll
-  for (int c = 0; c < kCols; c++)  // a column past OC re-reads the last one and is not stored
-    wv[c] = reinterpret_cast<const uint4*>(w) + (o0 + c < OC ? o0 + c : (int64_t)OC - 1) * V;
+    for (int c = 0; c < kCols; c++) {  // a column past the end re-reads the last one and is not stored
+      const int64_t o = min(g * kCols + c, total - 1);
+      const int s = segment_of(p, o);
+      wv[c] = reinterpret_cast<const uint4*>(p.w[s]) + (o - p.begin[s]) * V;
+    }
+  }
+  if (active && slice == 0 && lane == 0) {
+#pragma unroll
+    for (int c = 0; c < kCols; c++) prefetch_l2(wv[c], (uint32_t)V * 16u);
+  }
+  wait_previous();  // x (and res) are the previous kernel's output
+
+  const uint4* xv = reinterpret_cast<const uint4*>(p.x);
+  if constexpr (NORM) {
+    __shared__ float red[kWarps][R];
+    float ss[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      ss[r] = 0.f;
+      for (int v = threadIdx.x; v < V; v += kThreads) {
+        const uint4 a = __ldg(xv + (int64_t)r * V + v);
+        xsm[r * V + v] = a;
+        ss[r] += sum_squares8(a);
+      }
+      ss[r] = detail::warp_sum(ss[r]);
+      if (lane == 0) red[warp][r] = ss[r];
+    }
+    __syncthreads();
+    const uint4* nw = reinterpret_cast<const uint4*>(p.norm.w);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      float t = 0.f;
+#pragma unroll
+      for (int k = 0; k < kWarps; k++) t += red[k][r];
+      const float rs = rsqrtf(t / (float)p.IC + p.norm.eps);
+      for (int v = threadIdx.x; v < V; v += kThreads) {
+        const uint4 n = normalize8(xsm[r * V + v], __ldg(nw + v), rs, p.norm.w_offset);
+        xsm[r * V + v] = n;
+        if (blockIdx.x == 0 && p.norm.n) reinterpret_cast<uint4*>(p.norm.n)[(int64_t)r * V + v] = n;
+      }
+      if (blockIdx.x == 0 && threadIdx.x == 0 && p.norm.rstd) p.norm.rstd[r] = rs;
+    }
+    __syncthreads();
+    xv = xsm;
+  }
+
   float acc[kCols][R];
 #pragma unroll
   for (int c = 0; c < kCols; c++)
 #pragma unroll
     for (int r = 0; r < R; r++) acc[c][r] = 0.f;
-  if (o0 < OC) {
+  if (active) {
     int v = slice * detail::kWarp + lane;
     for (; v + (kUnroll - 1) * kStep < V; v += kUnroll * kStep) {
       uint4 wr[kUnroll][kCols];
@@ -71,7 +192,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(Out* __restrict__ out, c
       for (int u = 0; u < kUnroll; u++)
 #pragma unroll
         for (int r = 0; r < R; r++) {
-          const uint4 xr = __ldg(xv + (int64_t)r * V + v + u * kStep);
+          const uint4 xr = load_x<NORM>(xv + (int64_t)r * V + v + u * kStep);
 #pragma unroll
           for (int c = 0; c < kCols; c++) acc[c][r] = dot8(wr[u][c], xr, acc[c][r]);
         }
@@ -81,19 +202,15 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(Out* __restrict__ out, c
       for (int c = 0; c < kCols; c++) {
         const uint4 wr = load_stream(wv[c] + v);
 #pragma unroll
-        for (int r = 0; r < R; r++) acc[c][r] = dot8(wr, __ldg(xv + (int64_t)r * V + v), acc[c][r]);
+        for (int r = 0; r < R; r++) acc[c][r] = dot8(wr, load_x<NORM>(xv + (int64_t)r * V + v), acc[c][r]);
       }
     }
   }
+  launch_next();  // the weights are read: the next kernel may start streaming its own
 #pragma unroll
   for (int c = 0; c < kCols; c++)
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-      float t = acc[c][r];
-#pragma unroll
-      for (int off = detail::kWarp / 2; off > 0; off /= 2) t += __shfl_xor_sync(0xffffffffu, t, off);
-      acc[c][r] = t;
-    }
+    for (int r = 0; r < R; r++) acc[c][r] = detail::warp_sum(acc[c][r]);
   if constexpr (S > 1) {
     if (lane == 0)
 #pragma unroll
@@ -113,65 +230,135 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(Out* __restrict__ out, c
           acc[c][r] = t;
         }
   }
-  if (lane == 0 && o0 < OC) {
+  if (lane != 0 || !active) return;
+  if (p.mode == kSwiglu) {
+    const int64_t I = p.begin[1];
 #pragma unroll
-    for (int c = 0; c < kCols; c++)
-      if (o0 + c < OC)
+    for (int r = 0; r < R; r++) {
+      const float gt = round_bf16(acc[0][r]), up = round_bf16(acc[1][r]);  // as the linears store them
+      const int64_t i = (int64_t)r * I + g;
+      if (p.out[0]) reinterpret_cast<bf16*>(p.out[0])[i] = __float2bfloat16_rn(gt);
+      if (p.out[1]) reinterpret_cast<bf16*>(p.out[1])[i] = __float2bfloat16_rn(up);
+      p.h[i] = __float2bfloat16_rn(gt * (1.f / (1.f + __expf(-gt))) * up);  // swiglu.h's formula
+    }
+    return;
+  }
 #pragma unroll
-        for (int r = 0; r < R; r++) store_out(out + (int64_t)r * OC + o0 + c, acc[c][r]);
+  for (int c = 0; c < kCols; c++) {
+    const int64_t o = g * kCols + c;
+    if (o >= total) continue;
+    const int s = segment_of(p, o);
+    const int64_t oc = p.begin[s + 1] - p.begin[s], j = o - p.begin[s];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const int64_t i = (int64_t)r * oc + j;
+      if (p.mode == kStoreF32) {
+        reinterpret_cast<float*>(p.out[s])[i] = acc[c][r];
+      } else if (p.mode == kResidual) {
+        reinterpret_cast<bf16*>(p.out[s])[i] = __float2bfloat16_rn(__bfloat162float(p.res[i]) + acc[c][r]);
+      } else {
+        reinterpret_cast<bf16*>(p.out[s])[i] = __float2bfloat16_rn(acc[c][r]);
+      }
+    }
   }
 }
 
-// Slices per column group: when the column groups are fewer than half of kTargetWarps, enough
-// slices to reach it (at most a block's warps, each lane at least one vector of a row). Measured
-// on an H200 at one row (docs/BENCHMARKS.md): slicing the 1024- and 2048-column projections cut
-// their time by a quarter to a third, slicing the 6144-column ones made them 10% slower.
-int slices_for(int IC, int OC) {
-  const int64_t groups = ((int64_t)OC + kCols - 1) / kCols;
+// Slices per group: when the groups are fewer than half of kTargetWarps, enough slices to reach
+// it (at most a block's warps, each lane at least one vector of a row). Measured on an H200 at
+// one row (docs/BENCHMARKS.md): slicing the 1024- and 2048-column projections cut their time by a
+// quarter to a third, slicing the 6144-column ones made them 10% slower.
+int slices_for(int IC, int64_t groups) {
   if (groups >= kTargetWarps / 2) return 1;
   const int V = IC / 8;
   int S = 1;
-  while (S < kThreads / detail::kWarp && groups * S < kTargetWarps && V >= 2 * S * detail::kWarp) S *= 2;
+  while (S < kWarps && groups * S < kTargetWarps && V >= 2 * S * detail::kWarp) S *= 2;
   return S;
 }
 
-template <int R, int S, class Out>
-void launch_rs(Out* out, const bf16* x, const bf16* w, int IC, int OC, cudaStream_t stream) {
-  constexpr int kGroups = kThreads / detail::kWarp / S;
-  const int64_t groups = ((int64_t)OC + kCols - 1) / kCols;
-  const unsigned blocks = (unsigned)((groups + kGroups - 1) / kGroups);
-  gemv_kernel<R, S, Out><<<blocks, kThreads, 0, stream>>>(out, x, w, IC, OC);
+template <int R, int S, bool NORM>
+void launch_rs(const Params& p, cudaStream_t stream) {
+  constexpr int kGroups = kWarps / S;
+  const unsigned blocks = (unsigned)((p.groups + kGroups - 1) / kGroups);
+  const size_t smem = NORM ? sizeof(bf16) * (size_t)R * p.IC : 0;
+  auto* kernel = gemv_kernel<R, S, NORM>;
+  if (smem > 48 * 1024)  // the opt-in above the default (per device: set at every such launch)
+    TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  TT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
 }
 
-template <int R, class Out>
-void launch_r(Out* out, const bf16* x, const bf16* w, int IC, int OC, cudaStream_t stream) {
-  switch (slices_for(IC, OC)) {
-    case 1: return launch_rs<R, 1>(out, x, w, IC, OC, stream);
-    case 2: return launch_rs<R, 2>(out, x, w, IC, OC, stream);
-    case 4: return launch_rs<R, 4>(out, x, w, IC, OC, stream);
-    default: return launch_rs<R, 8>(out, x, w, IC, OC, stream);
+template <int R, bool NORM>
+void launch_r(const Params& p, cudaStream_t stream) {
+  switch (slices_for(p.IC, p.groups)) {
+    case 1: return launch_rs<R, 1, NORM>(p, stream);
+    case 2: return launch_rs<R, 2, NORM>(p, stream);
+    case 4: return launch_rs<R, 4, NORM>(p, stream);
+    default: return launch_rs<R, 8, NORM>(p, stream);
   }
+}
+
+template <bool NORM>
+void launch_n(const Params& p, int N, cudaStream_t stream) {
+  switch (N) {
+    case 1: return launch_r<1, NORM>(p, stream);
+    case 2: return launch_r<2, NORM>(p, stream);
+    case 3: return launch_r<3, NORM>(p, stream);
+    case 4: return launch_r<4, NORM>(p, stream);
+    case 5: return launch_r<5, NORM>(p, stream);
+    case 6: return launch_r<6, NORM>(p, stream);
+    case 7: return launch_r<7, NORM>(p, stream);
+    default: return launch_r<8, NORM>(p, stream);
+  }
+}
+
+void check_rows(const char* op, const void* x, int N, int IC) {
+  TT_CHECK(N >= 0 && N <= kGemvMaxRows && IC > 0 && IC % 8 == 0 && detail::aligned16(x), op, ": N=", N, " IC=", IC,
+           ", expected 0 <= N <= ", kGemvMaxRows, ", IC a positive multiple of 8 and x 16-byte aligned");
+}
+
+void check_weights(const char* op, const void* w, int64_t OC) {
+  TT_CHECK(w != nullptr && detail::aligned16(w) && OC > 0, op, ": weights ", w, " with ", OC,
+           " rows, expected 16-byte aligned weights and OC > 0");
+}
+
+// p.norm set: the fused norm (checked here).
+void launch(Params& p, int N, cudaStream_t stream, const char* op) {
+  if (N == 0) return;
+  if (p.norm.w) {
+    TT_CHECK(gemv_norm_supported(p.x, p.norm.w, N, p.IC), op, ": a fused norm of ", N, " rows of ", p.IC,
+             " needs 16-byte aligned x and norm weights and at most ", kGemvNormSmemBytes, " bytes of rows");
+    launch_n<true>(p, N, stream);
+  } else {
+    launch_n<false>(p, N, stream);
+  }
+  TT_CUDA_CHECK_LAUNCH();
 }
 
 template <class Out>
-void launch(Out* out, const bf16* x, const bf16* w, int N, int IC, int OC, cudaStream_t stream) {
-  TT_CHECK(N >= 0 && N <= kGemvMaxRows && IC > 0 && OC > 0, "cuda::gemv_forward: N=", N, " IC=", IC, " OC=", OC,
-           ", expected 0 <= N <= ", kGemvMaxRows, " and positive IC, OC");
-  TT_CHECK(gemv_supported(x, w, N, IC), "cuda::gemv_forward: IC=", IC,
-           " must be a multiple of 8 and x, w 16-byte aligned");
+void forward(Out* out, const bf16* x, const bf16* w, int N, int IC, int OC, cudaStream_t stream) {
+  check_rows("cuda::gemv_forward", x, N, IC);
+  check_weights("cuda::gemv_forward", w, OC);
   TT_CHECK(out != nullptr, "cuda::gemv_forward: null out");
-  switch (N) {
-    case 0: return;
-    case 1: launch_r<1>(out, x, w, IC, OC, stream); break;
-    case 2: launch_r<2>(out, x, w, IC, OC, stream); break;
-    case 3: launch_r<3>(out, x, w, IC, OC, stream); break;
-    case 4: launch_r<4>(out, x, w, IC, OC, stream); break;
-    case 5: launch_r<5>(out, x, w, IC, OC, stream); break;
-    case 6: launch_r<6>(out, x, w, IC, OC, stream); break;
-    case 7: launch_r<7>(out, x, w, IC, OC, stream); break;
-    default: launch_r<8>(out, x, w, IC, OC, stream); break;
-  }
-  TT_CUDA_CHECK_LAUNCH();
+  Params p{};
+  p.x = x;
+  p.IC = IC;
+  p.mode = sizeof(Out) == 4 ? kStoreF32 : kStoreBf16;
+  p.n_seg = 1;
+  p.w[0] = w;
+  p.out[0] = out;
+  p.begin[0] = 0;
+  p.begin[1] = OC;
+  p.groups = ((int64_t)OC + kCols - 1) / kCols;
+  launch(p, N, stream, "cuda::gemv_forward");
 }
 
 }  // namespace
@@ -180,12 +367,88 @@ bool gemv_supported(const void* x, const void* w, int N, int IC) {
   return N <= kGemvMaxRows && IC % 8 == 0 && detail::aligned16(x) && detail::aligned16(w);
 }
 
+bool gemv_norm_supported(const void* x, const void* norm_w, int N, int IC) {
+  return N >= 1 && N <= kGemvMaxRows && IC > 0 && IC % 8 == 0 && detail::aligned16(x) &&
+         detail::aligned16(norm_w) && sizeof(bf16) * (size_t)N * IC <= (size_t)kGemvNormSmemBytes;
+}
+
 void gemv_forward(bf16* out, const bf16* x, const bf16* w, int N, int IC, int OC, cudaStream_t stream) {
-  launch(out, x, w, N, IC, OC, stream);
+  forward(out, x, w, N, IC, OC, stream);
 }
 
 void gemv_forward(float* out, const bf16* x, const bf16* w, int N, int IC, int OC, cudaStream_t stream) {
-  launch(out, x, w, N, IC, OC, stream);
+  forward(out, x, w, N, IC, OC, stream);
+}
+
+void gemv_split(const GemvSegment* segments, int n_segments, const bf16* x, const GemvNorm& norm, int N, int IC,
+                cudaStream_t stream) {
+  const char* op = "cuda::gemv_split";
+  check_rows(op, x, N, IC);
+  TT_CHECK(n_segments >= 1 && n_segments <= kGemvMaxSegments, op, ": ", n_segments, " segments, expected 1 to ",
+           kGemvMaxSegments);
+  Params p{};
+  p.x = x;
+  p.IC = IC;
+  p.mode = kStoreBf16;
+  p.n_seg = n_segments;
+  p.norm = norm;
+  int64_t total = 0;
+  for (int s = 0; s < n_segments; ++s) {
+    check_weights(op, segments[s].w, segments[s].OC);
+    TT_CHECK(segments[s].out != nullptr, op, ": segment ", s, " has no output");
+    p.w[s] = segments[s].w;
+    p.out[s] = segments[s].out;
+    p.begin[s] = (int)total;
+    total += segments[s].OC;
+  }
+  TT_CHECK(total <= INT32_MAX, op, ": ", total, " output columns");
+  p.begin[n_segments] = (int)total;
+  p.groups = (total + kCols - 1) / kCols;
+  launch(p, N, stream, op);
+}
+
+void gemv_swiglu(bf16* h, bf16* gate, bf16* up, const bf16* x, const GemvNorm& norm, const bf16* wg,
+                 const bf16* wu, int N, int IC, int I, cudaStream_t stream) {
+  const char* op = "cuda::gemv_swiglu";
+  check_rows(op, x, N, IC);
+  check_weights(op, wg, I);
+  check_weights(op, wu, I);
+  TT_CHECK(h != nullptr, op, ": null h");
+  Params p{};
+  p.x = x;
+  p.IC = IC;
+  p.mode = kSwiglu;
+  p.n_seg = 1;
+  p.w[0] = wg;
+  p.w[1] = wu;
+  p.out[0] = gate;
+  p.out[1] = up;
+  p.begin[0] = 0;
+  p.begin[1] = I;
+  p.h = h;
+  p.norm = norm;
+  p.groups = I;
+  launch(p, N, stream, op);
+}
+
+void gemv_residual(bf16* out, const bf16* res, const bf16* x, const bf16* w, int N, int IC, int OC,
+                   cudaStream_t stream) {
+  const char* op = "cuda::gemv_residual";
+  check_rows(op, x, N, IC);
+  check_weights(op, w, OC);
+  TT_CHECK(out != nullptr && res != nullptr, op, ": null out or res");
+  Params p{};
+  p.x = x;
+  p.IC = IC;
+  p.mode = kResidual;
+  p.n_seg = 1;
+  p.w[0] = w;
+  p.out[0] = out;
+  p.res = res;
+  p.begin[0] = 0;
+  p.begin[1] = OC;
+  p.groups = ((int64_t)OC + kCols - 1) / kCols;
+  launch(p, N, stream, op);
 }
 
 }  // namespace tt::cuda

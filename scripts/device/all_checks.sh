@@ -54,7 +54,7 @@ if [ -x scripts/device/dp_check.sh ]; then
   echo "dp_check rc=$?" >>"$summary"
 fi
 
-run_tests .device/ops_cuda "$ROOT_OUT/ops/tests.log" memory_test gemm_test embedding_test rmsnorm_test \
+run_tests .device/ops_cuda "$ROOT_OUT/ops/tests.log" memory_test gemm_test gemv_test embedding_test rmsnorm_test \
   rope_test swiglu_test cross_entropy_test adamw_test
 run_tests .device/attention "$ROOT_OUT/attention/tests.log" attention_test
 

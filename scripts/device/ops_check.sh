@@ -13,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 
 DIR=.device/ops_cuda
-TESTS=${TESTS:-"memory_test gemm_test embedding_test rmsnorm_test rope_test qk_norm_rope_test swiglu_test cross_entropy_test adamw_test vision_test gdn_test gated_attention_test"}
+TESTS=${TESTS:-"memory_test gemm_test gemv_test embedding_test rmsnorm_test rope_test qk_norm_rope_test swiglu_test cross_entropy_test adamw_test vision_test gdn_test gated_attention_test"}
 
 . scripts/device/lib.sh
 
