@@ -149,17 +149,18 @@ void AttentionKind::forward(E& e, const BlockCall<E>& c) const {
         throw Error("model: the attention output gate runs on the cpu backend only");
       }
     }
-    qk_norm_forward(e, norm_offset_, s.q, s.q_rstd, s.q_pre, w + q_norm_, b.rope, N, NH, HS, eps_);
-    qk_norm_forward(e, norm_offset_, s.k, s.k_rstd, s.k_pre, w + k_norm_, b.rope, N, NKV, HS, eps_);
+    // q_norm and k_norm with RoPE; the inference cache keeps k and v as attention reads them.
+    e.qk_norm_rope_pair(s.q, s.q_rstd, s.q_pre, w + q_norm_, NH, s.k, s.k_rstd, s.k_pre, w + k_norm_, NKV, b.rope, N,
+                        HS, eps_, norm_offset_, s.v, c.store_k, c.store_v, c.store_rows);
   } else {
     const Out outs[3] = {{s.q, w + wq_, QD}, {s.k, w + wk_, KD}, {s.v, w + wv_, KD}};
     e.norm_linear(s.n, s.rstd, c.x_in, w + in_norm_, N, C, eps_, norm_offset_, outs, 3);
     e.rope_forward(s.q, b.rope, N, NH, HS);
     e.rope_forward(s.k, b.rope, N, NKV, HS);
-  }
-  if (c.store_k) {  // the inference cache keeps the rows as attention reads them
-    e.scatter_rows(c.store_k, s.k, c.store_rows, N, KD);
-    e.scatter_rows(c.store_v, s.v, c.store_rows, N, KD);
+    if (c.store_k) {  // the inference cache keeps the rows as attention reads them
+      e.scatter_rows(c.store_k, s.k, c.store_rows, N, KD);
+      e.scatter_rows(c.store_v, s.v, c.store_rows, N, KD);
+    }
   }
   if (c.store_q) e.copy(c.store_q, s.q, (int64_t)N * QD);
   e.attention_forward(s.att, s.lse, s.q, s.k, s.v, b.layout, ext, n_ext, N, NH, NKV, HS);

@@ -134,11 +134,6 @@ void norm_backward(E& e, double offset, A... a) {
   else e.rmsnorm_backward(a...);
 }
 template <class E, class... A>
-void qk_norm_forward(E& e, double offset, A... a) {
-  if constexpr (E::kHybridOps) e.qk_norm_rope_forward(a..., offset);
-  else e.qk_norm_rope_forward(a...);
-}
-template <class E, class... A>
 void qk_norm_backward(E& e, double offset, A... a) {
   if constexpr (E::kHybridOps) e.qk_norm_rope_backward(a..., offset);
   else e.qk_norm_rope_backward(a...);

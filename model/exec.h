@@ -35,6 +35,8 @@
 //   norm_linear_swiglu(n, rstd, x, ..., gate, up, h, wg, wu): gate, up = linear(n, wg | wu),
 //       h = swiglu(gate, up)
 //   linear_residual(out, res, x, w, sum (Acc scratch)): out = res + linear(x, w) (one rounding)
+//   qk_norm_rope_pair(q side (NH heads), k side (NKV heads), rope, ..., v, store_k, store_v,
+//       store_rows): both qk_norm_rope_forward calls, then (store_k set) scatter_rows of k and v
 //   rope_forward(x (N,H,HS) in place, rope)   rope_backward(dx in place)
 //   qk_norm_rope_forward(out (N,H,HS), rstd (N H), x, w (HS), rope): rope(rmsnorm(x) w)
 //   qk_norm_rope_backward(dx =, dw +=, dout (destroyed), x, w, rstd, rope)

@@ -331,6 +331,23 @@ void CudaExec::qk_norm_rope_forward(Act* out, Stat* rstd, const Act* x, const We
   }
 }
 
+void CudaExec::qk_norm_rope_pair(Act* q, Stat* q_rstd, const Act* q_pre, const Weight* q_w, int NH, Act* k,
+                                 Stat* k_rstd, const Act* k_pre, const Weight* k_w, int NKV, const Rope& r, int N,
+                                 int HS, double eps, double w_offset, const Act* v, Act* store_k, Act* store_v,
+                                 const int32_t* store_rows) {
+  if (!fused_rope(r, HS) || !cuda::qk_norm_rope_supported(HS)) {
+    qk_norm_rope_forward(q, q_rstd, q_pre, q_w, r, N, NH, HS, eps, w_offset);
+    qk_norm_rope_forward(k, k_rstd, k_pre, k_w, r, N, NKV, HS, eps, w_offset);
+    if (!store_k) return;
+    scatter_rows(store_k, k, store_rows, N, NKV * HS);
+    scatter_rows(store_v, v, store_rows, N, NKV * HS);
+    return;
+  }
+  mark(Op::kNorm);
+  cuda::qk_norm_rope_pair(q, q_rstd, q_pre, q_w, NH, k, k_rstd, k_pre, k_w, NKV, r.table, N, HS, eps, w_offset, v,
+                          store_k, store_v, store_rows, stream_);
+}
+
 void CudaExec::qk_norm_rope_backward(Act* dx, Param* dw, Act* dout, const Act* x, const Weight* w, const Stat* rstd,
                                      const Rope& r, int N, int H, int HS, double w_offset) {
   mark(Op::kNorm);

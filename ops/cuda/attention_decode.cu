@@ -158,6 +158,8 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
   constexpr int KS = HS + 2;  // K row stride in bf16: an odd number of 4-byte words
   __shared__ QT q_s[kQMax][HS];
   __shared__ __align__(16) bf16 k_s[kTileK][KS];
+  detail::pdl_wait();  // q is the previous kernel's output (launched by launch_pdl)
+  detail::pdl_trigger();
   __shared__ __align__(16) bf16 v_s[kTileK][HS];
   __shared__ float s_s[kQMax][kTileK];
   __shared__ float m_s[kQMax], l_s[kQMax], alpha_s[kQMax];
@@ -311,6 +313,8 @@ struct MergeParams {
 template <int HS>
 __global__ void __launch_bounds__(HS) decode_merge_kernel(MergeParams p) {
   __shared__ float red[detail::kWarp];
+  detail::pdl_trigger();  // the next kernel (an o_proj GEMV) may start fetching its weights
+  detail::pdl_wait();     // the partials
   const int i = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
   const int g = h / p.G, gg = h % p.G;
   const float qd = __bfloat162float(p.q[((int64_t)i * p.NH + h) * HS + d]);
@@ -453,11 +457,12 @@ void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* 
   auto launch = [&](auto hs) {
     constexpr int kHS = decltype(hs)::value;
     if (!m.plan.items.empty()) {
-      decode_partial_kernel<kHS><<<dim3((unsigned)m.plan.items.size(), NKV), kThreads, 0, stream>>>(pp);
+      detail::launch_pdl(decode_partial_kernel<kHS>, dim3((unsigned)m.plan.items.size(), NKV), dim3(kThreads), 0,
+                         stream, pp);
       TT_CUDA_CHECK_LAUNCH();
     }
     MergeParams mp{out, lse, q, k, v, m.row_ptr, m.row_refs, m.items, cs.m, cs.l, cs.acc, NH, NKV, G, pp.scale};
-    decode_merge_kernel<kHS><<<dim3(N, NH), kHS, 0, stream>>>(mp);
+    detail::launch_pdl(decode_merge_kernel<kHS>, dim3(N, NH), dim3(kHS), 0, stream, mp);
     TT_CUDA_CHECK_LAUNCH();
   };
   if (HS == 64) {

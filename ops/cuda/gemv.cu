@@ -50,10 +50,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 }
 
-// Programmatic dependent launch: wait for the previous kernel's writes; let the next kernel launch.
-__device__ __forceinline__ void wait_previous() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void launch_next() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-
 __device__ __forceinline__ float dot8(uint4 a, uint4 b, float acc) {
   const __nv_bfloat162* x = reinterpret_cast<const __nv_bfloat162*>(&a);
   const __nv_bfloat162* y = reinterpret_cast<const __nv_bfloat162*>(&b);
@@ -139,7 +135,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
 #pragma unroll
     for (int c = 0; c < kCols; c++) prefetch_l2(wv[c], (uint32_t)V * 16u);
   }
-  wait_previous();  // x (and res) are the previous kernel's output
+  detail::pdl_wait();  // x (and res) are the previous kernel's output
 
   const uint4* xv = reinterpret_cast<const uint4*>(p.x);
   if constexpr (NORM) {
@@ -206,7 +202,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
       }
     }
   }
-  launch_next();  // the weights are read: the next kernel may start streaming its own
+  detail::pdl_trigger();  // the weights are read: the next kernel may start streaming its own
 #pragma unroll
   for (int c = 0; c < kCols; c++)
 #pragma unroll
@@ -283,17 +279,7 @@ void launch_rs(const Params& p, cudaStream_t stream) {
   auto* kernel = gemv_kernel<R, S, NORM>;
   if (smem > 48 * 1024)  // the opt-in above the default (per device: set at every such launch)
     TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  TT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+  detail::launch_pdl(kernel, dim3(blocks), dim3(kThreads), smem, stream, p);
 }
 
 template <int R, bool NORM>

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "ops/cuda/check.h"
 #include "ops/cuda/workspace.h"
@@ -163,6 +164,30 @@ __device__ __forceinline__ void rope_cos_sin(float* c, float* s, int32_t pos, in
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Programmatic dependent launch (PDL), for the short kernels of a decode step. A kernel launched
+// by launch_pdl may start while the kernel before it on the stream is still running: it calls
+// pdl_wait() before it reads anything that kernel (or any before it) wrote, or writes anything they
+// read; every such kernel waits (in every block), so completion stays ordered along the stream.
+// pdl_trigger() lets the next PDL-launched kernel start (once every block has called it or
+// exited). Both are no-ops in a kernel launched without the attribute.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+template <class... Params, class... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  TT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
 
 // Carves 256-byte-aligned pieces out of a workspace; with ptr null it only counts bytes, so
 // `<op>_workspace_bytes` and the op share one layout.

@@ -19,6 +19,7 @@
 #include "ops/cuda/rmsnorm.h"
 
 #include <algorithm>
+#include <climits>
 #include <initializer_list>
 #include <type_traits>
 
@@ -61,6 +62,20 @@ struct RmsnormFwdParams {
   const float2* rope_cs;  // (rows / heads, C / 2) for the q/k norm + rotation, else null
   int heads;              // rows per position (rope)
   float w_offset = 0.f;   // the scale is w + w_offset (1: Qwen3.5's zero-centred weights)
+  // The rotating kernel only (qk_norm_rope_pair): blocks from `blocks0` on normalize a second set
+  // of rows (the k heads beside the q heads) with its own out2 / rstd2 / x2 / w2, rows2 rows of
+  // heads2 a position; with store_rows, position n's rows of the second set also go to row
+  // store_rows[n] of store, and the same rows of v to store_v (the KV cache).
+  int blocks0 = INT_MAX;
+  bf16* out2 = nullptr;
+  float* rstd2 = nullptr;
+  const bf16* x2 = nullptr;
+  const bf16* w2 = nullptr;
+  int rows2 = 0, heads2 = 0;
+  bf16* store = nullptr;
+  bf16* store_v = nullptr;
+  const bf16* v = nullptr;
+  const int32_t* store_rows = nullptr;
 };
 
 struct RmsnormBwdParams {
@@ -117,15 +132,25 @@ __device__ __forceinline__ void rotate_row(float (&v)[8], const float2 (&t)[8], 
 template <int VEC, int LANES, int IT, bool ROPE = false>
 __global__ void rmsnorm_forward_kernel(RmsnormFwdParams p) {
   static_assert(!ROPE || (VEC == 8 && IT == 1), "the rotation takes rows of 8 LANES columns");
+  detail::pdl_wait();  // launched by launch_pdl: x is the previous kernel's output
+  detail::pdl_trigger();
   constexpr int kGroups = detail::kWarp / LANES;
   const int lane = threadIdx.x % detail::kWarp;
-  const int64_t row = ((int64_t)blockIdx.x * kRowsPerWarpBlock + threadIdx.x / detail::kWarp) * kGroups + lane / LANES;
+  // The rows this block normalizes: the first set, or (rotating kernel) the second from blocks0 on.
+  const bool second = ROPE && (int)blockIdx.x >= p.blocks0;
+  const int block = second ? (int)blockIdx.x - p.blocks0 : (int)blockIdx.x;
+  bf16* const out = second ? p.out2 : p.out;
+  float* const rstd = second ? p.rstd2 : p.rstd;
+  const bf16* const xs = second ? p.x2 : p.x;
+  const bf16* const ws = second ? p.w2 : p.w;
+  const int rows = second ? p.rows2 : p.rows, heads = second ? p.heads2 : p.heads;
+  const int64_t row = ((int64_t)block * kRowsPerWarpBlock + threadIdx.x / detail::kWarp) * kGroups + lane / LANES;
   const int sub = lane % LANES;
-  const bool valid = row < p.rows;  // the shuffles need every lane: invalid rows compute on nothing
-  const bf16* x = p.x + (valid ? row : 0) * p.C;
+  const bool valid = row < rows;  // the shuffles need every lane: invalid rows compute on nothing
+  const bf16* x = xs + (valid ? row : 0) * p.C;
   float2 cs[ROPE ? 8 : 1];
   if constexpr (ROPE) {
-    const int pos_row = valid ? (int)row / p.heads : 0;  // rows < 2^31: a 32-bit division
+    const int pos_row = valid ? (int)row / heads : 0;  // rows < 2^31: a 32-bit division
     load_cos_sin<LANES>(cs, p.rope_cs + (int64_t)pos_row * (p.C / 2), sub);
   }
   float v[IT][VEC];
@@ -149,25 +174,35 @@ __global__ void rmsnorm_forward_kernel(RmsnormFwdParams p) {
     const int c = (it * LANES + sub) * VEC;
     if (c >= p.C) continue;
     float w[VEC];
-    load_bf16<VEC>(w, p.w + c);
+    load_bf16<VEC>(w, ws + c);
     add_offset<VEC>(w, p.w_offset);
 #pragma unroll
     for (int k = 0; k < VEC; k++) v[it][k] = v[it][k] * rs * w[k];
   }
   if constexpr (ROPE) rotate_row<LANES>(v[0], cs, sub, 1.f);
   if (!valid) return;
-  if (sub == 0) p.rstd[row] = rs;
-  bf16* o = p.out + row * p.C;
+  if (sub == 0) rstd[row] = rs;
+  bf16* o = out + row * p.C;
 #pragma unroll
   for (int it = 0; it < IT; it++) {
     const int c = (it * LANES + sub) * VEC;
     if (c < p.C) store_bf16<VEC>(o + c, v[it]);
+  }
+  if constexpr (ROPE) {
+    if (second && p.store) {  // the cache rows of this position (IT 1, VEC 8: c < C)
+      const int64_t n = row / heads, h = row % heads;
+      const int64_t dst = ((int64_t)p.store_rows[n] * heads + h) * p.C + sub * VEC;
+      store_bf16<VEC>(p.store + dst, v[0]);
+      *reinterpret_cast<uint4*>(p.store_v + dst) = *reinterpret_cast<const uint4*>(p.v + row * p.C + sub * VEC);
+    }
   }
 }
 
 // Forward for rows longer than kWarp * VEC * kMaxIt: one warp per row, columns in a loop.
 template <int VEC>
 __global__ void rmsnorm_forward_wide_kernel(RmsnormFwdParams p) {
+  detail::pdl_wait();
+  detail::pdl_trigger();
   const int lane = threadIdx.x % detail::kWarp;
   const int64_t row = (int64_t)blockIdx.x * kRowsPerWarpBlock + threadIdx.x / detail::kWarp;
   if (row >= p.rows) return;
@@ -526,13 +561,14 @@ RowShape row_shape(int C, int vec) {
 // The kernel for a row shape (lanes > 0): one switch per kernel template.
 template <int VEC>
 void launch_forward_rows(RowShape s, const RmsnormFwdParams& p, int blocks, cudaStream_t stream) {
-  if (s.lanes == 8) return rmsnorm_forward_kernel<VEC, 8, 1><<<blocks, kRowThreads, 0, stream>>>(p);
-  if (s.lanes == 16) return rmsnorm_forward_kernel<VEC, 16, 1><<<blocks, kRowThreads, 0, stream>>>(p);
+  auto go = [&](auto kernel) { detail::launch_pdl(kernel, dim3(blocks), dim3(kRowThreads), 0, stream, p); };
+  if (s.lanes == 8) return go(rmsnorm_forward_kernel<VEC, 8, 1>);
+  if (s.lanes == 16) return go(rmsnorm_forward_kernel<VEC, 16, 1>);
   switch (s.it) {
-    case 1: return rmsnorm_forward_kernel<VEC, 32, 1><<<blocks, kRowThreads, 0, stream>>>(p);
-    case 2: return rmsnorm_forward_kernel<VEC, 32, 2><<<blocks, kRowThreads, 0, stream>>>(p);
-    case 4: return rmsnorm_forward_kernel<VEC, 32, 4><<<blocks, kRowThreads, 0, stream>>>(p);
-    default: return rmsnorm_forward_kernel<VEC, 32, 8><<<blocks, kRowThreads, 0, stream>>>(p);
+    case 1: return go(rmsnorm_forward_kernel<VEC, 32, 1>);
+    case 2: return go(rmsnorm_forward_kernel<VEC, 32, 2>);
+    case 4: return go(rmsnorm_forward_kernel<VEC, 32, 4>);
+    default: return go(rmsnorm_forward_kernel<VEC, 32, 8>);
   }
 }
 
@@ -570,11 +606,12 @@ void launch_backward_rows(RowShape s, const RmsnormBwdParams& p, cudaStream_t st
 // the entry points check (qk_norm_rope_supported, 16-byte alignment).
 template <int VEC>
 void launch_forward_rope(RowShape s, const RmsnormFwdParams& p, int blocks, cudaStream_t stream) {
+  auto go = [&](auto kernel) { detail::launch_pdl(kernel, dim3(blocks), dim3(kRowThreads), 0, stream, p); };
   if constexpr (VEC == 8) {
-    if (s.lanes == 8) return rmsnorm_forward_kernel<8, 8, 1, true><<<blocks, kRowThreads, 0, stream>>>(p);
-    if (s.lanes == 16) return rmsnorm_forward_kernel<8, 16, 1, true><<<blocks, kRowThreads, 0, stream>>>(p);
+    if (s.lanes == 8) return go(rmsnorm_forward_kernel<8, 8, 1, true>);
+    if (s.lanes == 16) return go(rmsnorm_forward_kernel<8, 16, 1, true>);
     if (s.lanes == 32 && s.it == 1)
-      return rmsnorm_forward_kernel<8, 32, 1, true><<<blocks, kRowThreads, 0, stream>>>(p);
+      return go(rmsnorm_forward_kernel<8, 32, 1, true>);
   }
   TT_CHECK(false, "cuda::rmsnorm: no rotating kernel for C=", p.C);
 }
@@ -598,7 +635,7 @@ void launch_rmsnorm_forward(const RmsnormFwdParams& p, cudaStream_t stream) {
     const RowShape s = row_shape(p.C, VEC);
     if (s.lanes == 0) {
       const int blocks = (p.rows + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock;
-      rmsnorm_forward_wide_kernel<VEC><<<blocks, kRowThreads, 0, stream>>>(p);
+      detail::launch_pdl(rmsnorm_forward_wide_kernel<VEC>, dim3(blocks), dim3(kRowThreads), 0, stream, p);
       return;
     }
     const int rows_per_block = kRowsPerWarpBlock * (detail::kWarp / s.lanes);
@@ -722,6 +759,34 @@ void qk_norm_rope_forward(bf16* out, float* rstd, const bf16* x, const bf16* w, 
   TT_CHECK(out && rstd && x && w, "cuda::qk_norm_rope_forward: null pointer (out, rstd, x or w)");
   launch_rmsnorm_forward(RmsnormFwdParams{out, rstd, x, w, N * H, HS, (float)eps, rope_cs, H, (float)w_offset},
                          stream);
+}
+
+void qk_norm_rope_pair(bf16* q, float* q_rstd, const bf16* q_pre, const bf16* q_w, int NH, bf16* k, float* k_rstd,
+                       const bf16* k_pre, const bf16* k_w, int NKV, const float2* rope_cs, int N, int HS, double eps,
+                       double w_offset, const bf16* v, bf16* store_k, bf16* store_v, const int32_t* store_rows,
+                       cudaStream_t stream) {
+  const char* op = "cuda::qk_norm_rope_pair";
+  check_qk_rope(op, N, NH, HS, rope_cs, {q, q_pre, q_w, k, k_pre, k_w, v, store_k, store_v});
+  TT_CHECK(NKV > 0 && eps >= 0, op, ": expected NKV > 0 and eps >= 0, got NKV=", NKV, " eps=", eps);
+  if (N == 0) return;
+  TT_CHECK(q && q_rstd && q_pre && q_w && k && k_rstd && k_pre && k_w, op, ": null pointer (q or k side)");
+  TT_CHECK(!store_k || (v && store_v && store_rows), op, ": a cache store needs v, store_v and store_rows");
+  RmsnormFwdParams p{q, q_rstd, q_pre, q_w, N * NH, HS, (float)eps, rope_cs, NH, (float)w_offset};
+  const RowShape s = row_shape(HS, 8);
+  const int rows_per_block = kRowsPerWarpBlock * (detail::kWarp / s.lanes);
+  p.blocks0 = (p.rows + rows_per_block - 1) / rows_per_block;
+  p.out2 = k;
+  p.rstd2 = k_rstd;
+  p.x2 = k_pre;
+  p.w2 = k_w;
+  p.rows2 = N * NKV;
+  p.heads2 = NKV;
+  p.store = store_k;
+  p.store_v = store_v;
+  p.v = v;
+  p.store_rows = store_rows;
+  launch_forward_rope<8>(s, p, p.blocks0 + (p.rows2 + rows_per_block - 1) / rows_per_block, stream);
+  TT_CUDA_CHECK_LAUNCH();
 }
 
 void qk_norm_rope_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const float* rstd,

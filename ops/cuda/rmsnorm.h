@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "ops/cuda/bf16.h"
 #include "ops/cuda/workspace.h"
@@ -42,6 +43,13 @@ void rmsnorm_backward(bf16* dx, float* dw, const float* dout, const bf16* x, con
 // rmsnorm_backward_workspace_bytes(N H, HS).
 // Whether the fused op takes head dim HS (64, 128 or 256); other head dims run rmsnorm and rope.
 bool qk_norm_rope_supported(int HS);
+// The q and k heads of N positions in one launch (qk_norm_rope_forward of each, the same
+// results); with store_k, position n's k rows and its v rows (N, NKV, HS) also go to row
+// store_rows[n] of store_k and store_v ((rows, NKV, HS): the KV cache).
+void qk_norm_rope_pair(bf16* q, float* q_rstd, const bf16* q_pre, const bf16* q_w, int NH, bf16* k, float* k_rstd,
+                       const bf16* k_pre, const bf16* k_w, int NKV, const float2* rope_cs, int N, int HS, double eps,
+                       double w_offset, const bf16* v, bf16* store_k, bf16* store_v, const int32_t* store_rows,
+                       cudaStream_t stream);
 void qk_norm_rope_forward(bf16* out, float* rstd, const bf16* x, const bf16* w, const float2* rope_cs, int N, int H,
                           int HS, double eps, cudaStream_t stream, double w_offset = 0);
 void qk_norm_rope_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const float* rstd,

@@ -213,6 +213,56 @@ TEST_P(QkNormRopeTest, BackwardMatchesCpuAndIsDeterministic) {
   EXPECT_TRUE(all_equal("dx overwritten", to_host(dx_over), to_host(dx_zero)));
 }
 
+// The pair (q heads and k heads in one launch) equals the two single calls bit for bit, and with a
+// cache store puts each position's k and v rows at its cache row (the other rows untouched).
+TEST_P(QkNormRopeTest, PairEqualsTwoCallsAndStoresTheCacheRows) {
+  const Shape sh = GetParam();
+  Case q(sh, 21);
+  const int NKV = std::max(1, sh.H / 2), C = sh.HS, N = sh.N;
+  std::mt19937_64 rng(5);  // the k heads at q's positions (one rope table)
+  auto d_kx = to_device_bf16(randn_bf16(rng, (size_t)N * NKV * C, 2.0));
+  auto d_kw = to_device_bf16(randn_bf16(rng, C));
+  const auto v = randn_bf16(rng, (size_t)N * NKV * C);
+  auto d_v = to_device_bf16(v);
+  const int cache_rows = 2 * N + 3;
+  std::vector<int32_t> rows(N);
+  for (int n = 0; n < N; n++) rows[n] = 2 * (N - 1 - n) + 1;  // reversed, every other row
+  auto d_rows = to_device(rows);
+  for (double off : {0.0, 1.0}) {
+    SCOPED_TRACE(off);
+    DeviceBuffer<bf16> q1((size_t)N * sh.H * C), k1((size_t)N * NKV * C), q2(q1.size()), k2(k1.size());
+    DeviceBuffer<float> qr1((size_t)N * sh.H), kr1((size_t)N * NKV), qr2(qr1.size()), kr2(kr1.size());
+    DeviceBuffer<bf16> ck((size_t)cache_rows * NKV * C), cv(ck.size());
+    for (auto* b : {&q1, &k1, &q2, &k2, &ck, &cv}) poison(*b);
+    for (auto* b : {&qr1, &kr1, &qr2, &kr2}) poison(*b);
+    tt::cuda::qk_norm_rope_forward(q1.data(), qr1.data(), q.d_x.data(), q.d_w.data(), q.cs.data(), N, sh.H, C, kEps,
+                                   nullptr, off);
+    tt::cuda::qk_norm_rope_forward(k1.data(), kr1.data(), d_kx.data(), d_kw.data(), q.cs.data(), N, NKV, C, kEps,
+                                   nullptr, off);
+    tt::cuda::qk_norm_rope_pair(q2.data(), qr2.data(), q.d_x.data(), q.d_w.data(), sh.H, k2.data(), kr2.data(),
+                                d_kx.data(), d_kw.data(), NKV, q.cs.data(), N, C, kEps, off, d_v.data(), ck.data(),
+                                cv.data(), d_rows.data(), nullptr);
+    sync_and_check();
+    EXPECT_TRUE(all_equal("q", to_host(q2), to_host(q1)));
+    EXPECT_TRUE(all_equal("k", to_host(k2), to_host(k1)));
+    EXPECT_TRUE(all_equal("q rstd", to_host(qr2), to_host(qr1)));
+    EXPECT_TRUE(all_equal("k rstd", to_host(kr2), to_host(kr1)));
+    const std::vector<double> kk = to_host(k1), hk = to_host(ck), hv = to_host(cv);
+    const size_t row = (size_t)NKV * C;
+    std::vector<bool> stored(cache_rows, false);
+    for (int n = 0; n < N; n++) {
+      stored[rows[n]] = true;
+      for (size_t i = 0; i < row; i++) {
+        ASSERT_EQ(hk[rows[n] * row + i], kk[n * row + i]) << "k of position " << n;
+        ASSERT_EQ(hv[rows[n] * row + i], v[n * row + i]) << "v of position " << n;
+      }
+    }
+    for (int r = 0; r < cache_rows; r++)
+      if (!stored[r])
+        for (size_t i = 0; i < row; i++) ASSERT_TRUE(std::isnan(hk[r * row + i]) && std::isnan(hv[r * row + i]));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, QkNormRopeTest,
                          ::testing::Values(Shape{37, 16, 128, 1e6, "hs128_q_heads"},
                                            Shape{301, 8, 128, 1e6, "hs128_kv_heads_many_chunks"},
