@@ -1,6 +1,9 @@
-// Sampling from logits rows (see sampling.h): one block per row, each thread a strided share of
-// the row; (value, index) block reductions take the larger value, the lower index on ties.
+// Sampling from logits rows (see sampling.h): a cluster of blocks per row, each thread a strided
+// share of its block's part of the row; (value, index) reductions take the larger value, the lower
+// index on ties.
 #include "ops/cuda/sampling.h"
+
+#include <cooperative_groups.h>
 
 #include <cfloat>
 
@@ -12,7 +15,10 @@
 namespace tt::cuda {
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kThreads = 1024;
+constexpr int kCluster = 8;  // blocks per row
 
 struct SampleParams {
   int32_t* token;
@@ -43,19 +49,34 @@ __device__ __forceinline__ void block_argmax(F& v, int& i, F* sv, int* si) {
   for (int o = detail::kWarp / 2; o > 0; o /= 2) pick(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
 }
 
-__global__ void __launch_bounds__(kThreads) sample_rows_kernel(SampleParams p) {
+// A row's partial result over its share of the vocabulary.
+struct Partial {
+  float m, s, best;  // max, sum of exp(x - m), best logit
+  int ib;            // its index
+  double draw;       // best Gumbel-perturbed value (temperature > 0)
+  int id;            // its index
+};
+
+// A cluster of kCluster blocks per row (blockIdx.y): block q takes the q-th share of the row, each
+// thread a strided part of it; the blocks' partials meet in block 0 through distributed shared
+// memory, in rank order (deterministic).
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads) sample_rows_kernel(SampleParams p) {
   __shared__ float red[detail::kWarp];
   __shared__ float sv[detail::kWarp];
   __shared__ double sd[detail::kWarp];
   __shared__ int si[detail::kWarp];
-  const int r = blockIdx.x, tid = threadIdx.x;
+  __shared__ Partial part;
+  detail::pdl_wait();  // the logits are the previous kernel's output
+  cg::cluster_group cluster = cg::this_cluster();
+  const int q = (int)cluster.block_rank(), r = blockIdx.y, tid = threadIdx.x;
   const bf16* x = p.logits + (int64_t)r * p.V;
   const uint64_t key = p.keys[r];
+  const int share = (p.V + kCluster - 1) / kCluster, lo = q * share, hi = min(p.V, lo + share);
   float m = -INFINITY, s = 0.f, best = -INFINITY;
   int ib = INT_MAX;
   double draw = -INFINITY;
   int id = INT_MAX;
-  for (int v = tid; v < p.V; v += kThreads) {
+  for (int v = lo + tid; v < hi; v += kThreads) {
     const float xv = __bfloat162float(x[v]);
     pick(best, ib, xv, v);
     if (xv > m) {
@@ -71,15 +92,29 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(SampleParams p) {
   const float M = detail::block_max(m, red);
   const float S = detail::block_sum(m == -INFINITY ? 0.f : s * __expf(m - M), red);
   block_argmax(best, ib, sv, si);
-  int tok = ib;
-  if (p.temperature > 0) {
-    block_argmax(draw, id, sd, si);
-    tok = id;
-  }
-  if (tid == 0) {
+  if (p.temperature > 0) block_argmax(draw, id, sd, si);
+  if (tid == 0) part = Partial{M, S, best, ib, draw, id};
+  cluster.sync();
+  if (q == 0 && tid == 0) {
+    Partial all[kCluster];
+    float Mt = -INFINITY;
+    for (int k = 0; k < kCluster; k++) {
+      all[k] = *cluster.map_shared_rank(&part, k);
+      Mt = fmaxf(Mt, all[k].m);
+    }
+    float St = 0.f, bt = -INFINITY;
+    int it = INT_MAX, dt_i = INT_MAX;
+    double dt = -INFINITY;
+    for (int k = 0; k < kCluster; k++) {
+      if (all[k].m != -INFINITY) St += all[k].s * __expf(all[k].m - Mt);
+      pick(bt, it, all[k].best, all[k].ib);
+      pick(dt, dt_i, all[k].draw, all[k].id);
+    }
+    const int tok = p.temperature > 0 ? dt_i : it;
     p.token[r] = tok;
-    p.logprob[r] = (double)__bfloat162float(x[tok]) - ((double)M + log((double)S));
+    p.logprob[r] = (double)__bfloat162float(x[tok]) - ((double)Mt + log((double)St));
   }
+  cluster.sync();  // block 0 has read every block's partial
 }
 
 }  // namespace
@@ -89,7 +124,8 @@ void sample_rows(int32_t* token, double* logprob, const bf16* logits, int R, int
   TT_CHECK(R >= 0 && V > 0 && temperature >= 0, "sample_rows: R=", R, " V=", V, " temperature=", temperature);
   if (R == 0) return;
   TT_CHECK(token && logprob && logits && keys, "sample_rows: null pointer");
-  sample_rows_kernel<<<R, kThreads, 0, stream>>>(SampleParams{token, logprob, logits, keys, V, temperature});
+  detail::launch_pdl(sample_rows_kernel, dim3(kCluster, R), dim3(kThreads), 0, stream,
+                     SampleParams{token, logprob, logits, keys, V, temperature});
   TT_CUDA_CHECK_LAUNCH();
 }
 
