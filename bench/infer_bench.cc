@@ -161,10 +161,12 @@ int run(int argc, char** argv) {
     nlohmann::json j = {{"prompts", c.prompts},      {"prompt_len", c.len},
                         {"samples", c.samples},      {"rows_per_step", rows},
                         {"decode_steps", st.decode_steps}, {"step_ms", step * 1e3},
-                        {"tokens_per_s", rows / step}, {"prefill_s", st.prefill_s}};
+                        {"tokens_per_s", rows / step}, {"prefill_s", st.prefill_s},
+                        {"host_enqueue_ms", st.decode_enqueue_s / (double)st.decode_steps * 1e3}};
     if (rows == 1) j["over_weight_bound"] = bound_s / step;
     out["decode"][c.name] = j;
-    std::fprintf(stderr, "%s: %.3f ms per step, %.0f tokens/s%s\n", c.name.c_str(), step * 1e3, rows / step,
+    std::fprintf(stderr, "%s: %.3f ms per step (host enqueue %.3f), %.0f tokens/s%s\n", c.name.c_str(), step * 1e3,
+                 st.decode_enqueue_s / (double)st.decode_steps * 1e3, rows / step,
                  rows == 1 ? str(", ", 100 * bound_s / step, "% of the weight-read bound").c_str() : "");
   }
   if (out.contains("decode") && out["decode"].contains("b1_1k") && out["decode"].contains("b1_16k"))

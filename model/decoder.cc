@@ -12,6 +12,7 @@
 #include "model/decoder.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -695,6 +696,8 @@ InferResult Decoder<E>::infer(const data::PackedBatch& batch, const InferRequest
       break;
     case InferRequest::Rows::kList: rows = req.list; break;
   }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto enqueued = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   const int count = all ? batch.n_tokens : (int)rows.size();
   TT_CHECK(!req.sample || (int)req.keys.size() == count, "model: infer samples ", count, " rows with ", req.keys.size(),
            " keys");
@@ -702,6 +705,7 @@ InferResult Decoder<E>::infer(const data::PackedBatch& batch, const InferRequest
               cache, req.sample ? &req.keys : nullptr);
   InferResult out;
   if (req.loss) {
+    out.enqueue_s = enqueued();
     const Losses l = losses(infer_acts_);
     out.loss = l.loss;
     out.nll_sum = l.nll_sum;
@@ -718,6 +722,7 @@ InferResult Decoder<E>::infer(const data::PackedBatch& batch, const InferRequest
                         a.sample_tokens_, a.sample_logprobs_);
     out.tokens.resize(count);
     out.logprobs.resize(count);
+    if (!req.loss) out.enqueue_s = enqueued();
     exec_.download(out.tokens.data(), a.sample_tokens_, sizeof(int32_t) * count);
     exec_.download(out.logprobs.data(), a.sample_logprobs_, sizeof(double) * count);
     exec_.profile_gap();

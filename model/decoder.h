@@ -159,6 +159,8 @@ struct InferResult {
   std::vector<double> logits;    // (rows.size(), V), unless the request samples
   std::vector<int32_t> tokens;   // (rows.size()) with sample
   std::vector<double> logprobs;  // (rows.size()) with sample
+  double enqueue_s = 0;  // host seconds from the call to the first wait for the backend (GPU: the
+                         // launches; what a step costs the host besides waiting)
 };
 
 // Gradient readiness (data-parallel overlap, distributed/buckets.h): backward() calls it with a

@@ -365,6 +365,7 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
       std::vector<int32_t> all_rows(B);
       std::iota(all_rows.begin(), all_rows.end(), 0);
       const InferResult res = model.infer(step, request(all_rows, act), &carry, &w);
+      st.decode_enqueue_s += res.enqueue_s;
       st.decode_rows += B;
       ++st.forwards;
       ++st.decode_steps;

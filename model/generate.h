@@ -116,6 +116,8 @@ struct GenerateStats {
   int64_t decode_steps = 0;
   double prefill_s = 0;  // wall time of the prefill forwards (their logits on the host)
   double decode_s = 0;   // wall time of the decode steps, sampling included
+  double decode_enqueue_s = 0;  // of which the host spent enqueueing (InferResult::enqueue_s) with
+                                // the backend drawing the tokens
 };
 
 // Prompts must be non-empty with token ids in the vocabulary, and len + max_new_tokens at most

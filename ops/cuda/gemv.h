@@ -22,9 +22,12 @@
 // Each block of a fused norm writes the normalized rows to shared memory; block 0 also stores them
 // (n) and rstd for a training forward's saved activations.
 //
-// Launch: programmatic dependent launch (PDL): a kernel asks L2 for its weight rows before it
-// waits for the previous kernel on the stream (griddepcontrol.wait), so the weight stream starts
-// while that kernel drains, and lets the next kernel launch once its products are done.
+// Launch: programmatic dependent launch (PDL): each lane loads its first step of weight vectors
+// before the kernel waits for the previous one on the stream (griddepcontrol.wait), so the weight
+// stream starts while that kernel drains, and the kernel lets the next one launch right away (it
+// too waits before reading what this one writes). Measured on an H200 (a batch-1 step of the
+// 1.7B shape): letting the next kernel launch only after the products 1.59 ms, right away 1.55;
+// asking L2 for the whole weight rows up front (cp.async.bulk.prefetch) 1.90 vs 1.74 without.
 #pragma once
 
 #include <cuda_runtime.h>

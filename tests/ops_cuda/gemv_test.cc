@@ -127,7 +127,9 @@ TEST_F(GemvTest, NormSplitMatchesCpu) {
   for (const SplitCase& t : {SplitCase{1, 2048, {2048, 1024, 1024}, 0.0, "qwen3_1p7b_qkv"},
                              SplitCase{3, 512, {520, 72, 8}, 1.0, "three_rows_offset"},
                              SplitCase{8, 4096, {1001, 7, 129}, 0.0, "eight_rows_odd_segments_64k_smem"},
-                             SplitCase{2, 1024, {33}, 0.0, "one_odd_segment"}})
+                             SplitCase{2, 1024, {33}, 0.0, "one_odd_segment"},
+                             // a lane reads more vectors than it loads before the wait (main loop)
+                             SplitCase{3, 4096, {4096, 512, 512}, 0.0, "three_rows_long_lanes"}})
     run_split(t);
 }
 
@@ -186,7 +188,8 @@ TEST_F(GemvTest, ResidualMatchesCpu) {
   struct Case {
     int N, IC, OC;
   };
-  for (const Case& t : {Case{1, 6144, 2048}, Case{7, 2048, 1003}, Case{4, 40, 1}}) {
+  // 1 x 2816 x 4100: one warp a column pair, 11 vectors a lane (8 before the wait, 3 in the tail)
+  for (const Case& t : {Case{1, 6144, 2048}, Case{7, 2048, 1003}, Case{4, 40, 1}, Case{1, 2816, 4100}}) {
     SCOPED_TRACE(std::to_string(t.N) + "x" + std::to_string(t.IC) + " OC " + std::to_string(t.OC));
     const int N = t.N, IC = t.IC, OC = t.OC;
     std::mt19937_64 rng(11 + N + IC + OC);
