@@ -234,7 +234,7 @@ void CudaExec::linear_dw(Param* dw, const Act* dout, const Act* x, int N, int IC
 
 void CudaExec::norm_linear(Act* n, Stat* rstd, const Act* x, const Weight* norm_w, int N, int C, double eps,
                            double w_offset, const LinearOut<Act, Weight>* outs, int n_outs) {
-  bool fused = cuda::gemv_norm_supported(x, norm_w, N, C) && n_outs <= cuda::kGemvMaxSegments;
+  bool fused = cuda::gemv_norm_supported(x, norm_w, n, N, C) && n_outs <= cuda::kGemvMaxSegments;
   for (int s = 0; fused && s < n_outs; ++s) fused = cuda::gemv_supported(x, outs[s].w, N, C);
   if (!fused) {
     rmsnorm_forward(n, rstd, x, norm_w, N, C, eps, w_offset);
@@ -250,7 +250,7 @@ void CudaExec::norm_linear(Act* n, Stat* rstd, const Act* x, const Weight* norm_
 void CudaExec::norm_linear_swiglu(Act* n, Stat* rstd, const Act* x, const Weight* norm_w, int N, int C, double eps,
                                   double w_offset, Act* gate, Act* up, Act* h, const Weight* wg, const Weight* wu,
                                   int I) {
-  if (!cuda::gemv_norm_supported(x, norm_w, N, C) || !cuda::gemv_supported(x, wg, N, C) ||
+  if (!cuda::gemv_norm_supported(x, norm_w, n, N, C) || !cuda::gemv_supported(x, wg, N, C) ||
       !cuda::gemv_supported(x, wu, N, C)) {
     rmsnorm_forward(n, rstd, x, norm_w, N, C, eps, w_offset);
     linear(gate, n, wg, N, C, I);

@@ -292,8 +292,10 @@ void launch_rs(const Params& p, cudaStream_t stream) {
   const unsigned blocks = (unsigned)((p.groups + kGroups - 1) / kGroups);
   const size_t smem = NORM ? sizeof(bf16) * (size_t)R * p.IC : 0;
   auto* kernel = gemv_kernel<R, S, NORM>;
-  if (smem > 48 * 1024)  // the opt-in above the default (per device: set at every such launch)
-    TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  // The default limit (48 KB) counts the static part too (under 1 KB here): opt in above it, per
+  // device, so at every such launch.
+  if (smem + 1024 > 48 * 1024)
+    TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kGemvNormSmemBytes));
   detail::launch_pdl(kernel, dim3(blocks), dim3(kThreads), smem, stream, p);
 }
 
@@ -335,8 +337,8 @@ void check_weights(const char* op, const void* w, int64_t OC) {
 void launch(Params& p, int N, cudaStream_t stream, const char* op) {
   if (N == 0) return;
   if (p.norm.w) {
-    TT_CHECK(gemv_norm_supported(p.x, p.norm.w, N, p.IC), op, ": a fused norm of ", N, " rows of ", p.IC,
-             " needs 16-byte aligned x and norm weights and at most ", kGemvNormSmemBytes, " bytes of rows");
+    TT_CHECK(gemv_norm_supported(p.x, p.norm.w, p.norm.n, N, p.IC), op, ": a fused norm of ", N, " rows of ", p.IC,
+             " needs 16-byte aligned x, norm weights and n and at most ", kGemvNormSmemBytes, " bytes of rows");
     launch_n<true>(p, N, stream);
   } else {
     launch_n<false>(p, N, stream);
@@ -368,9 +370,10 @@ bool gemv_supported(const void* x, const void* w, int N, int IC) {
   return N <= kGemvMaxRows && IC % 8 == 0 && detail::aligned16(x) && detail::aligned16(w);
 }
 
-bool gemv_norm_supported(const void* x, const void* norm_w, int N, int IC) {
+bool gemv_norm_supported(const void* x, const void* norm_w, const void* n, int N, int IC) {
   return N >= 1 && N <= kGemvMaxRows && IC > 0 && IC % 8 == 0 && detail::aligned16(x) &&
-         detail::aligned16(norm_w) && sizeof(bf16) * (size_t)N * IC <= (size_t)kGemvNormSmemBytes;
+         detail::aligned16(norm_w) && detail::aligned16(n) &&
+         sizeof(bf16) * (size_t)N * IC <= (size_t)kGemvNormSmemBytes;
 }
 
 void gemv_forward(bf16* out, const bf16* x, const bf16* w, int N, int IC, int OC, cudaStream_t stream) {

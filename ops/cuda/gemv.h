@@ -10,8 +10,10 @@
 // too few to fill the GPU (a 1024-column K projection). Needs IC % 8 == 0 and 16-byte aligned x
 // and w (gemv_supported).
 //
-// The fused forms serve a decode step's layers with fewer launches (same products, same
-// roundings as the unfused ops they replace):
+// The fused forms serve a decode step's layers with fewer launches: the same function as the
+// unfused ops they replace, one rounding where those have one; not bit for bit (the norm adds its
+// squares in another order, a last-ulp difference in rstd; the gate/up products are summed over
+// other slice counts than the unfused GEMV would pick):
 //   gemv_split:    the RMSNorm of x's rows (GemvNorm, rmsnorm.h's formula) computed in every
 //                  block into shared memory, then up to kGemvMaxSegments outputs of consecutive
 //                  column ranges, each with its own weight matrix (the q, k and v projections).
@@ -43,9 +45,9 @@ constexpr int kGemvNormSmemBytes = 96 * 1024;
 
 // Whether gemv_forward takes this shape and these pointers.
 bool gemv_supported(const void* x, const void* w, int N, int IC);
-// Whether the fused norm takes N rows of IC (x aligned, IC % 8 == 0, N IC bf16 within
-// kGemvNormSmemBytes).
-bool gemv_norm_supported(const void* x, const void* norm_w, int N, int IC);
+// Whether the fused norm takes N rows of IC (x, norm_w and n (null: not stored) 16-byte aligned,
+// IC % 8 == 0, N IC bf16 within kGemvNormSmemBytes).
+bool gemv_norm_supported(const void* x, const void* norm_w, const void* n, int N, int IC);
 
 void gemv_forward(bf16* out, const bf16* x, const bf16* w, int N, int IC, int OC, cudaStream_t stream);
 void gemv_forward(float* out, const bf16* x, const bf16* w, int N, int IC, int OC, cudaStream_t stream);

@@ -57,9 +57,10 @@ struct Partial {
   int id;            // its index
 };
 
-// A cluster of kCluster blocks per row (blockIdx.y): block q takes the q-th share of the row, each
-// thread a strided part of it; the blocks' partials meet in block 0 through distributed shared
-// memory, in rank order (deterministic).
+// A cluster of kCluster consecutive blocks per row (blockIdx.x / kCluster; rows on x, which has
+// no 65535 limit): block q takes the q-th share of the row, each thread a strided part of it; the
+// blocks' partials meet in block 0 through distributed shared memory, in rank order
+// (deterministic).
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads) sample_rows_kernel(SampleParams p) {
   __shared__ float red[detail::kWarp];
   __shared__ float sv[detail::kWarp];
@@ -68,7 +69,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads) sam
   __shared__ Partial part;
   detail::pdl_wait();  // the logits are the previous kernel's output
   cg::cluster_group cluster = cg::this_cluster();
-  const int q = (int)cluster.block_rank(), r = blockIdx.y, tid = threadIdx.x;
+  const int q = (int)cluster.block_rank(), r = blockIdx.x / kCluster, tid = threadIdx.x;
   const bf16* x = p.logits + (int64_t)r * p.V;
   const uint64_t key = p.keys[r];
   const int share = (p.V + kCluster - 1) / kCluster, lo = q * share, hi = min(p.V, lo + share);
@@ -121,10 +122,11 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads) sam
 
 void sample_rows(int32_t* token, double* logprob, const bf16* logits, int R, int V, double temperature,
                  const uint64_t* keys, cudaStream_t stream) {
-  TT_CHECK(R >= 0 && V > 0 && temperature >= 0, "sample_rows: R=", R, " V=", V, " temperature=", temperature);
+  TT_CHECK(R >= 0 && R <= INT_MAX / kCluster && V > 0 && temperature >= 0, "sample_rows: R=", R, " V=", V,
+           " temperature=", temperature, ", expected 0 <= R <= ", INT_MAX / kCluster, ", V > 0, temperature >= 0");
   if (R == 0) return;
   TT_CHECK(token && logprob && logits && keys, "sample_rows: null pointer");
-  detail::launch_pdl(sample_rows_kernel, dim3(kCluster, R), dim3(kThreads), 0, stream,
+  detail::launch_pdl(sample_rows_kernel, dim3((unsigned)kCluster * (unsigned)R), dim3(kThreads), 0, stream,
                      SampleParams{token, logprob, logits, keys, V, temperature});
   TT_CUDA_CHECK_LAUNCH();
 }

@@ -129,7 +129,10 @@ TEST_F(GemvTest, NormSplitMatchesCpu) {
                              SplitCase{8, 4096, {1001, 7, 129}, 0.0, "eight_rows_odd_segments_64k_smem"},
                              SplitCase{2, 1024, {33}, 0.0, "one_odd_segment"},
                              // a lane reads more vectors than it loads before the wait (main loop)
-                             SplitCase{3, 4096, {4096, 512, 512}, 0.0, "three_rows_long_lanes"}})
+                             SplitCase{3, 4096, {4096, 512, 512}, 0.0, "three_rows_long_lanes"},
+                             // rows of exactly 48 KB: with the static shared memory, past the default
+                             SplitCase{6, 4096, {64}, 0.0, "48k_rows_six"},
+                             SplitCase{8, 3072, {24, 8}, 1.0, "48k_rows_eight"}})
     run_split(t);
 }
 

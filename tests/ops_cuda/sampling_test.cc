@@ -31,7 +31,11 @@ TEST_P(SamplingTest, MatchesCpu) {
   const Case& c = GetParam();
   std::mt19937_64 rng(c.V + c.R);
   std::vector<double> x = randn_bf16(rng, (size_t)c.R * c.V, 3.0);
-  x[5] = x[9] = 40.0;  // a tie for the argmax of row 0: the lower id wins
+  if (c.V > 9) x[5] = x[9] = 40.0;  // a tie for the argmax of row 0: the lower id wins
+  // Row 1: a tie across the boundary of two blocks' shares of the row (8 blocks a row).
+  const int share = (c.V + 7) / 8;
+  const bool cross = c.R > 1 && c.V >= 16;
+  if (cross) x[(size_t)c.V + share - 1] = x[(size_t)c.V + share] = 40.0;
   std::vector<uint64_t> keys(c.R);
   for (int r = 0; r < c.R; ++r) keys[r] = rng();
   std::vector<int32_t> tok_ref(c.R);
@@ -52,11 +56,14 @@ TEST_P(SamplingTest, MatchesCpu) {
     EXPECT_EQ(t[r], tok_ref[r]) << c.name << " row " << r;
     EXPECT_NEAR(l[r], lp_ref[r], 1e-4) << c.name << " row " << r;
   }
-  if (c.temperature == 0) EXPECT_EQ(t[0], 5) << "ties go to the lower id";
+  if (c.temperature == 0 && c.V > 9) EXPECT_EQ(t[0], 5) << "ties go to the lower id";
+  if (c.temperature == 0 && cross) EXPECT_EQ(t[1], share - 1) << "ties across blocks go to the lower id";
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, SamplingTest,
                          ::testing::Values(Case{7, 1000, 0.0, "greedy_v1000"}, Case{33, 1000, 0.7, "t07_v1000"},
+                                           Case{3, 5, 0.0, "greedy_v5_blocks_without_logits"},
+                                           Case{3, 5, 0.9, "t09_v5_blocks_without_logits"},
                                            Case{5, 151936, 0.0, "greedy_qwen_vocab"},
                                            Case{9, 151936, 1.3, "t13_qwen_vocab"}),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
