@@ -29,8 +29,8 @@
 //   linear_dw(dw (OC,IC) +=, dout (N,OC), x (N,IC))
 //   residual_add(out, x: Act, y: Acc)  out = x + y (one rounding)   add_inplace(y: Act, x: Acc)
 //   swiglu_forward(h, gate, up)   swiglu_backward(dgate, dup, dh, gate, up) (may alias gate/up)
-//   Fused forms (the same roundings as the ops they combine; the GPU runs them as one kernel for
-//   a decode step's few rows, ops/cuda/gemv.h, and as the separate ops otherwise):
+//   Fused forms (the same function as the ops they combine; the GPU runs them as one kernel for a
+//   decode step's few rows, ops/cuda/gemv.h, and as the separate ops otherwise):
 //   norm_linear(n, rstd, x, norm_w, eps, w_offset, outs[]): n = rmsnorm(x), out_s = linear(n, w_s)
 //   norm_linear_swiglu(n, rstd, x, ..., gate, up, h, wg, wu): gate, up = linear(n, wg | wu),
 //       h = swiglu(gate, up)
