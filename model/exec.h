@@ -52,6 +52,8 @@
 //   begin_vision() / end_vision() the same for the VLA media stage
 #pragma once
 
+#include <cstdint>
+
 namespace tt::model {
 
 // What a forward keeps. kTrain saves what backward needs; kNoGrad saves nothing (one layer's
@@ -65,5 +67,47 @@ struct LinearOut {
   const Weight* w;
   int OC;
 };
+
+// The fused forms as the ops they combine, written once: the CPU backend's implementation, and
+// the GPU's for rows its fused kernels do not take.
+namespace composed {
+
+template <class E, class Act = typename E::Act, class Weight = typename E::Weight>
+void norm_linear(E& e, Act* n, typename E::Stat* rstd, const Act* x, const Weight* norm_w, int N, int C, double eps,
+                 double w_offset, const LinearOut<Act, Weight>* outs, int n_outs) {
+  e.rmsnorm_forward(n, rstd, x, norm_w, N, C, eps, w_offset);
+  for (int s = 0; s < n_outs; ++s) e.linear(outs[s].out, n, outs[s].w, N, C, outs[s].OC);
+}
+
+template <class E, class Act = typename E::Act, class Weight = typename E::Weight>
+void norm_linear_swiglu(E& e, Act* n, typename E::Stat* rstd, const Act* x, const Weight* norm_w, int N, int C,
+                        double eps, double w_offset, Act* gate, Act* up, Act* h, const Weight* wg, const Weight* wu,
+                        int I) {
+  e.rmsnorm_forward(n, rstd, x, norm_w, N, C, eps, w_offset);
+  e.linear(gate, n, wg, N, C, I);
+  e.linear(up, n, wu, N, C, I);
+  e.swiglu_forward(h, gate, up, (int64_t)N * I);
+}
+
+template <class E, class Act = typename E::Act>
+void linear_residual(E& e, Act* out, const Act* res, const Act* x, const typename E::Weight* w, int N, int IC, int OC,
+                     typename E::Acc* sum) {
+  e.linear(sum, x, w, N, IC, OC);
+  e.residual_add(out, res, sum, (int64_t)N * OC);
+}
+
+template <class E, class Act = typename E::Act, class Weight = typename E::Weight>
+void qk_norm_rope_pair(E& e, Act* q, typename E::Stat* q_rstd, const Act* q_pre, const Weight* q_w, int NH, Act* k,
+                       typename E::Stat* k_rstd, const Act* k_pre, const Weight* k_w, int NKV,
+                       const typename E::Rope& r, int N, int HS, double eps, double w_offset, const Act* v,
+                       Act* store_k, Act* store_v, const int32_t* store_rows) {
+  e.qk_norm_rope_forward(q, q_rstd, q_pre, q_w, r, N, NH, HS, eps, w_offset);
+  e.qk_norm_rope_forward(k, k_rstd, k_pre, k_w, r, N, NKV, HS, eps, w_offset);
+  if (!store_k) return;
+  e.scatter_rows(store_k, k, store_rows, N, NKV * HS);
+  e.scatter_rows(store_v, v, store_rows, N, NKV * HS);
+}
+
+}  // namespace composed
 
 }  // namespace tt::model

@@ -135,25 +135,20 @@ void CpuExec<T>::swiglu_forward(Act* h, const Act* gate, const Act* up, int64_t 
 template <class T>
 void CpuExec<T>::norm_linear(Act* n, Stat* rstd, const Act* x, const Weight* norm_w, int N, int C, double eps,
                              double w_offset, const LinearOut<Act, Weight>* outs, int n_outs) {
-  rmsnorm_forward(n, rstd, x, norm_w, N, C, eps, w_offset);
-  for (int s = 0; s < n_outs; ++s) linear(outs[s].out, n, outs[s].w, N, C, outs[s].OC);
+  composed::norm_linear(*this, n, rstd, x, norm_w, N, C, eps, w_offset, outs, n_outs);
 }
 
 template <class T>
 void CpuExec<T>::norm_linear_swiglu(Act* n, Stat* rstd, const Act* x, const Weight* norm_w, int N, int C,
                                     double eps, double w_offset, Act* gate, Act* up, Act* h, const Weight* wg,
                                     const Weight* wu, int I) {
-  rmsnorm_forward(n, rstd, x, norm_w, N, C, eps, w_offset);
-  linear(gate, n, wg, N, C, I);
-  linear(up, n, wu, N, C, I);
-  swiglu_forward(h, gate, up, (int64_t)N * I);
+  composed::norm_linear_swiglu(*this, n, rstd, x, norm_w, N, C, eps, w_offset, gate, up, h, wg, wu, I);
 }
 
 template <class T>
 void CpuExec<T>::linear_residual(Act* out, const Act* res, const Act* x, const Weight* w, int N, int IC, int OC,
                                  Acc* sum) {
-  linear(sum, x, w, N, IC, OC);
-  residual_add(out, res, sum, (int64_t)N * OC);
+  composed::linear_residual(*this, out, res, x, w, N, IC, OC, sum);
 }
 
 template <class T>
@@ -183,11 +178,8 @@ void CpuExec<T>::qk_norm_rope_pair(Act* q, Stat* q_rstd, const Act* q_pre, const
                                    Stat* k_rstd, const Act* k_pre, const Weight* k_w, int NKV, const Rope& r, int N,
                                    int HS, double eps, double w_offset, const Act* v, Act* store_k, Act* store_v,
                                    const int32_t* store_rows) {
-  qk_norm_rope_forward(q, q_rstd, q_pre, q_w, r, N, NH, HS, eps, w_offset);
-  qk_norm_rope_forward(k, k_rstd, k_pre, k_w, r, N, NKV, HS, eps, w_offset);
-  if (!store_k) return;
-  scatter_rows(store_k, k, store_rows, N, NKV * HS);
-  scatter_rows(store_v, v, store_rows, N, NKV * HS);
+  composed::qk_norm_rope_pair(*this, q, q_rstd, q_pre, q_w, NH, k, k_rstd, k_pre, k_w, NKV, r, N, HS, eps, w_offset, v,
+                              store_k, store_v, store_rows);
 }
 
 template <class T>

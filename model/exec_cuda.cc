@@ -236,11 +236,7 @@ void CudaExec::norm_linear(Act* n, Stat* rstd, const Act* x, const Weight* norm_
                            double w_offset, const LinearOut<Act, Weight>* outs, int n_outs) {
   bool fused = cuda::gemv_norm_supported(x, norm_w, n, N, C) && n_outs <= cuda::kGemvMaxSegments;
   for (int s = 0; fused && s < n_outs; ++s) fused = cuda::gemv_supported(x, outs[s].w, N, C);
-  if (!fused) {
-    rmsnorm_forward(n, rstd, x, norm_w, N, C, eps, w_offset);
-    for (int s = 0; s < n_outs; ++s) linear(outs[s].out, n, outs[s].w, N, C, outs[s].OC);
-    return;
-  }
+  if (!fused) return composed::norm_linear(*this, n, rstd, x, norm_w, N, C, eps, w_offset, outs, n_outs);
   mark(Op::kGemm);
   cuda::GemvSegment seg[cuda::kGemvMaxSegments];
   for (int s = 0; s < n_outs; ++s) seg[s] = cuda::GemvSegment{outs[s].out, outs[s].w, outs[s].OC};
@@ -251,13 +247,8 @@ void CudaExec::norm_linear_swiglu(Act* n, Stat* rstd, const Act* x, const Weight
                                   double w_offset, Act* gate, Act* up, Act* h, const Weight* wg, const Weight* wu,
                                   int I) {
   if (!cuda::gemv_norm_supported(x, norm_w, n, N, C) || !cuda::gemv_supported(x, wg, N, C) ||
-      !cuda::gemv_supported(x, wu, N, C)) {
-    rmsnorm_forward(n, rstd, x, norm_w, N, C, eps, w_offset);
-    linear(gate, n, wg, N, C, I);
-    linear(up, n, wu, N, C, I);
-    swiglu_forward(h, gate, up, (int64_t)N * I);
-    return;
-  }
+      !cuda::gemv_supported(x, wu, N, C))
+    return composed::norm_linear_swiglu(*this, n, rstd, x, norm_w, N, C, eps, w_offset, gate, up, h, wg, wu, I);
   mark(Op::kGemm);
   cuda::gemv_swiglu(h, gate, up, x, cuda::GemvNorm{norm_w, (float)eps, (float)w_offset, n, rstd}, wg, wu, N, C, I,
                     stream_);
@@ -265,11 +256,8 @@ void CudaExec::norm_linear_swiglu(Act* n, Stat* rstd, const Act* x, const Weight
 
 void CudaExec::linear_residual(Act* out, const Act* res, const Act* x, const Weight* w, int N, int IC, int OC,
                                Acc* sum) {
-  if (!cuda::gemv_supported(x, w, N, IC) || N == 0) {
-    linear(sum, x, w, N, IC, OC);
-    residual_add(out, res, sum, (int64_t)N * OC);
-    return;
-  }
+  if (!cuda::gemv_supported(x, w, N, IC) || N == 0)
+    return composed::linear_residual(*this, out, res, x, w, N, IC, OC, sum);
   mark(Op::kGemm);
   cuda::gemv_residual(out, res, x, w, N, IC, OC, stream_);
 }
@@ -335,14 +323,9 @@ void CudaExec::qk_norm_rope_pair(Act* q, Stat* q_rstd, const Act* q_pre, const W
                                  Stat* k_rstd, const Act* k_pre, const Weight* k_w, int NKV, const Rope& r, int N,
                                  int HS, double eps, double w_offset, const Act* v, Act* store_k, Act* store_v,
                                  const int32_t* store_rows) {
-  if (!fused_rope(r, HS) || !cuda::qk_norm_rope_supported(HS)) {
-    qk_norm_rope_forward(q, q_rstd, q_pre, q_w, r, N, NH, HS, eps, w_offset);
-    qk_norm_rope_forward(k, k_rstd, k_pre, k_w, r, N, NKV, HS, eps, w_offset);
-    if (!store_k) return;
-    scatter_rows(store_k, k, store_rows, N, NKV * HS);
-    scatter_rows(store_v, v, store_rows, N, NKV * HS);
-    return;
-  }
+  if (!fused_rope(r, HS) || !cuda::qk_norm_rope_supported(HS))
+    return composed::qk_norm_rope_pair(*this, q, q_rstd, q_pre, q_w, NH, k, k_rstd, k_pre, k_w, NKV, r, N, HS, eps,
+                                       w_offset, v, store_k, store_v, store_rows);
   mark(Op::kNorm);
   cuda::qk_norm_rope_pair(q, q_rstd, q_pre, q_w, NH, k, k_rstd, k_pre, k_w, NKV, r.table, N, HS, eps, w_offset, v,
                           store_k, store_v, store_rows, stream_);

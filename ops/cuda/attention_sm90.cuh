@@ -564,6 +564,33 @@ struct BwdSmem {
     bulk_load(sLse + b * BM, p.lse_log2 + (int64_t)h * p.n_pad + q0, BM * sizeof(float), q_full + b);
     bulk_load(sD + b * BM, p.dsum + (int64_t)h * p.n_pad + q0, BM * sizeof(float), q_full + b);
   }
+  // The first kQBufs - 1 steps on their way (thread 0; c then points past them), and the tile's K
+  // and V landed for every thread.
+  __device__ __forceinline__ void start(const AttnBwdParams& p, const KeyTileQueries<C::BM>& kt,
+                                        typename KeyTileQueries<C::BM>::Cursor& c, int tid) const {
+    if (tid == 0)
+      for (int it = 0; it < imin(C::kQBufs - 1, kt.n_steps); ++it) load_next(p, kt, c, it);
+    cp_async_wait<0>();  // K and V
+    fence_async_smem();
+    __syncthreads();
+  }
+  // Step it (at cursor c) once its Q, dO, lse and D have landed: where they are in shared memory.
+  struct Step {
+    int h, q0;
+    bool full;  // every key of the tile sees every query of the step
+    const bf16* q;
+    const bf16* dout;
+    const float* lse;
+    const float* d;
+  };
+  __device__ __forceinline__ Step wait_step(const KeyTileQueries<C::BM>& kt,
+                                            const typename KeyTileQueries<C::BM>::Cursor& c, int it) const {
+    const int buf = it % C::kQBufs;
+    mbar_wait(q_full + buf, (it / C::kQBufs) & 1);
+    const int q0 = c.qt * C::BM;
+    return Step{c.h, q0, kt.step_full(q0), sQ + buf * C::kQElems, sdO + buf * C::kQElems, sLse + buf * C::BM,
+                sD + buf * C::BM};
+  }
 };
 
 // S^T = K Q^T and dP^T = V dO^T of a warpgroup: the 64 keys from tile row key0 against the N
@@ -638,9 +665,7 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   constexpr int BM = C::BM, BN = C::BN;
   constexpr int kQBufs = C::kQBufs;
   const BwdSmem<HS> sm;
-  bf16 *const sK = sm.sK, *const sV = sm.sV, *const sQ = sm.sQ, *const sdO = sm.sdO, *const sdS = sm.sdS;
-  const float *const sLse = sm.sLse, *const sD = sm.sD;
-  uint64_t* const q_full = sm.q_full;
+  bf16 *const sK = sm.sK, *const sV = sm.sV, *const sdS = sm.sdS;
 
   // wg through a shuffle: warp-uniform to the compiler, so the MMAs' descriptors can live in uniform
   // registers.
@@ -654,13 +679,9 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   key_query_range(p, e, k0 + key_row, lo_a, hi_a);
   key_query_range(p, e, k0 + key_row + 8, lo_b, hi_b);
 
-  // The next unloaded step's Q, dO (TMA boxes) and lse, D (bulk copies) into buffer b, by thread 0.
+  // Steps' Q, dO (TMA boxes) and lse, D (bulk copies) go into their buffers by thread 0.
   auto pf = kt.first_step();  // the next step to load
-  if (tid == 0)
-    for (int it = 0; it < imin(kQBufs - 1, n_iter); ++it) sm.load_next(p, kt, pf, it);
-  cp_async_wait<0>();  // K and V
-  fence_async_smem();
-  __syncthreads();
+  sm.start(p, kt, pf, tid);
 
   float dv[HS / 2], dk[HS / 2];  // this warpgroup's 64 keys x HS
 #pragma unroll
@@ -670,14 +691,11 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   // before, so its Q/dO/lse/D buffer takes step it + kQBufs - 1 and its dS^T buffer is free again.
   auto cur = kt.first_step();
   for (int it = 0; it < n_iter; ++it, kt.next_step(cur)) {
-    const int buf = it % kQBufs;
-    mbar_wait(q_full + buf, (it / kQBufs) & 1);  // this step's Q, dO, lse, D
-    const int h = cur.h, q0 = cur.qt * BM;
-    const bool full = kt.step_full(q0);
-    const bf16* q_s = sQ + buf * C::kQElems;
-    const bf16* do_s = sdO + buf * C::kQElems;
-    const float* lse_s = sLse + buf * BM;
-    const float* d_s = sD + buf * BM;
+    const auto step = sm.wait_step(kt, cur, it);  // this step's Q, dO, lse, D
+    const int h = step.h, q0 = step.q0;
+    const bool full = step.full;
+    const bf16 *q_s = step.q, *do_s = step.dout;
+    const float *lse_s = step.lse, *d_s = step.d;
 
     // S^T = K Q^T and dP^T = V dO^T: this warpgroup's 64 keys x BM queries.
     float st[BM / 2], dpt[BM / 2];
@@ -772,10 +790,7 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   constexpr int HC = HS / 2;  // head-dim columns of a warpgroup's dQ, dK, dV
   constexpr int QW = BM / 2;  // query columns of a warpgroup's S^T, dP^T
   const BwdSmem<HS> sm;
-  bf16 *const sK = sm.sK, *const sV = sm.sV, *const sQ = sm.sQ, *const sdO = sm.sdO, *const sdS = sm.sdS,
-       *const sP = sm.sP;
-  const float *const sLse = sm.sLse, *const sD = sm.sD;
-  uint64_t* const q_full = sm.q_full;
+  bf16 *const sK = sm.sK, *const sV = sm.sV, *const sdS = sm.sdS, *const sP = sm.sP;
 
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = (tid % 128) / 32, lane = tid % 32,
             g = lane / 4, t = lane % 4;
@@ -788,11 +803,7 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
   key_query_range(p, e, k0 + key_row + 8, lo_b, hi_b);
 
   auto pf = kt.first_step();  // the next step to load
-  if (tid == 0)
-    for (int it = 0; it < imin(kQBufs - 1, n_iter); ++it) sm.load_next(p, kt, pf, it);
-  cp_async_wait<0>();  // K and V
-  fence_async_smem();
-  __syncthreads();
+  sm.start(p, kt, pf, tid);
 
   float dv[HC / 2], dk[HC / 2];  // the 64 keys x this warpgroup's HC columns
 #pragma unroll
@@ -800,14 +811,11 @@ __global__ void __launch_bounds__(BwdConfig<HS>::kThreads, 1)
 
   auto cur = kt.first_step();
   for (int it = 0; it < n_iter; ++it, kt.next_step(cur)) {
-    const int buf = it % kQBufs;
-    mbar_wait(q_full + buf, (it / kQBufs) & 1);  // this step's Q, dO, lse, D
-    const int h = cur.h, q0 = cur.qt * BM;
-    const bool full = kt.step_full(q0);
-    const bf16* q_s = sQ + buf * C::kQElems;
-    const bf16* do_s = sdO + buf * C::kQElems;
-    const float* lse_s = sLse + buf * BM + wg * QW;
-    const float* d_s = sD + buf * BM + wg * QW;
+    const auto step = sm.wait_step(kt, cur, it);  // this step's Q, dO, lse, D
+    const int h = step.h, q0 = step.q0;
+    const bool full = step.full;
+    const bf16 *q_s = step.q, *do_s = step.dout;
+    const float *lse_s = step.lse + wg * QW, *d_s = step.d + wg * QW;  // this warpgroup's queries
 
     // S^T = K Q^T and dP^T = V dO^T: the 64 keys x this warpgroup's QW queries.
     float st[QW / 2], dpt[QW / 2];

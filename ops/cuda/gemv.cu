@@ -98,6 +98,29 @@ __device__ __forceinline__ uint4 load_x(const uint4* p) {
   else return __ldg(p);
 }
 
+// One step of a lane: its kUnroll weight vectors of each of the group's rows (from v, kStep
+// apart), and their products with the same vectors of the R rows of x.
+template <int kStep>
+__device__ __forceinline__ void load_step(uint4 (&w)[kUnroll][kCols], const uint4* const (&wv)[kCols], int v) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; u++)
+#pragma unroll
+    for (int c = 0; c < kCols; c++) w[u][c] = load_stream(wv[c] + v + u * kStep);
+}
+
+template <int kStep, int R, bool NORM>
+__device__ __forceinline__ void add_step(float (&acc)[kCols][R], const uint4 (&w)[kUnroll][kCols], const uint4* xv,
+                                         int V, int v) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; u++)
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const uint4 xr = load_x<NORM>(xv + (int64_t)r * V + v + u * kStep);
+#pragma unroll
+      for (int c = 0; c < kCols; c++) acc[c][r] = dot8(w[u][c], xr, acc[c][r]);
+    }
+}
+
 // Block: kWarps warps = (kWarps / S) groups of kCols weight rows x S slices of IC; the S warps of
 // a group interleave over the row in steps of 32 vectors, then their sums meet in shared memory
 // and are added in slice order (deterministic). NORM: the rows of x are normalized into shared
@@ -134,12 +157,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
   int v = slice * detail::kWarp + lane;
   const bool first = active && v + (kUnroll - 1) * kStep < V;
   uint4 w0[kUnroll][kCols];
-  if (first) {
-#pragma unroll
-    for (int u = 0; u < kUnroll; u++)
-#pragma unroll
-      for (int c = 0; c < kCols; c++) w0[u][c] = load_stream(wv[c] + v + u * kStep);
-  }
+  if (first) load_step<kStep>(w0, wv, v);
   detail::pdl_trigger();  // the next kernel may launch (it waits for this one's completion)
   detail::pdl_wait();  // x (and res) are the previous kernel's output
 
@@ -183,31 +201,14 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
 #pragma unroll
     for (int r = 0; r < R; r++) acc[c][r] = 0.f;
   if (first) {
-#pragma unroll
-    for (int u = 0; u < kUnroll; u++)
-#pragma unroll
-      for (int r = 0; r < R; r++) {
-        const uint4 xr = load_x<NORM>(xv + (int64_t)r * V + v + u * kStep);
-#pragma unroll
-        for (int c = 0; c < kCols; c++) acc[c][r] = dot8(w0[u][c], xr, acc[c][r]);
-      }
+    add_step<kStep, R, NORM>(acc, w0, xv, V, v);
     v += kUnroll * kStep;
   }
   if (active) {
     for (; v + (kUnroll - 1) * kStep < V; v += kUnroll * kStep) {
       uint4 wr[kUnroll][kCols];
-#pragma unroll
-      for (int u = 0; u < kUnroll; u++)
-#pragma unroll
-        for (int c = 0; c < kCols; c++) wr[u][c] = load_stream(wv[c] + v + u * kStep);
-#pragma unroll
-      for (int u = 0; u < kUnroll; u++)
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-          const uint4 xr = load_x<NORM>(xv + (int64_t)r * V + v + u * kStep);
-#pragma unroll
-          for (int c = 0; c < kCols; c++) acc[c][r] = dot8(wr[u][c], xr, acc[c][r]);
-        }
+      load_step<kStep>(wr, wv, v);
+      add_step<kStep, R, NORM>(acc, wr, xv, V, v);
     }
     for (; v < V; v += kStep) {
 #pragma unroll
@@ -346,22 +347,28 @@ void launch(Params& p, int N, cudaStream_t stream, const char* op) {
   TT_CUDA_CHECK_LAUNCH();
 }
 
-template <class Out>
-void forward(Out* out, const bf16* x, const bf16* w, int N, int IC, int OC, cudaStream_t stream) {
-  check_rows("cuda::gemv_forward", x, N, IC);
-  check_weights("cuda::gemv_forward", w, OC);
-  TT_CHECK(out != nullptr, "cuda::gemv_forward: null out");
+// The checked parameters of one output of OC columns: out = x w^T (mode), one group a column pair.
+Params one_output(const char* op, int mode, void* out, const bf16* x, const bf16* w, int N, int IC, int OC) {
+  check_rows(op, x, N, IC);
+  check_weights(op, w, OC);
+  TT_CHECK(out != nullptr, op, ": null out");
   Params p{};
   p.x = x;
   p.IC = IC;
-  p.mode = sizeof(Out) == 4 ? kStoreF32 : kStoreBf16;
+  p.mode = mode;
   p.n_seg = 1;
   p.w[0] = w;
   p.out[0] = out;
-  p.begin[0] = 0;
   p.begin[1] = OC;
   p.groups = ((int64_t)OC + kCols - 1) / kCols;
-  launch(p, N, stream, "cuda::gemv_forward");
+  return p;
+}
+
+template <class Out>
+void forward(Out* out, const bf16* x, const bf16* w, int N, int IC, int OC, cudaStream_t stream) {
+  const char* op = "cuda::gemv_forward";
+  Params p = one_output(op, sizeof(Out) == 4 ? kStoreF32 : kStoreBf16, out, x, w, N, IC, OC);
+  launch(p, N, stream, op);
 }
 
 }  // namespace
@@ -414,44 +421,23 @@ void gemv_split(const GemvSegment* segments, int n_segments, const bf16* x, cons
 void gemv_swiglu(bf16* h, bf16* gate, bf16* up, const bf16* x, const GemvNorm& norm, const bf16* wg,
                  const bf16* wu, int N, int IC, int I, cudaStream_t stream) {
   const char* op = "cuda::gemv_swiglu";
-  check_rows(op, x, N, IC);
-  check_weights(op, wg, I);
+  Params p = one_output(op, kSwiglu, h, x, wg, N, IC, I);  // h checked as the output
   check_weights(op, wu, I);
-  TT_CHECK(h != nullptr, op, ": null h");
-  Params p{};
-  p.x = x;
-  p.IC = IC;
-  p.mode = kSwiglu;
-  p.n_seg = 1;
-  p.w[0] = wg;
   p.w[1] = wu;
-  p.out[0] = gate;
+  p.out[0] = gate;  // gate and up: stored where set
   p.out[1] = up;
-  p.begin[0] = 0;
-  p.begin[1] = I;
   p.h = h;
   p.norm = norm;
-  p.groups = I;
+  p.groups = I;  // one group an output column (its gate and up rows)
   launch(p, N, stream, op);
 }
 
 void gemv_residual(bf16* out, const bf16* res, const bf16* x, const bf16* w, int N, int IC, int OC,
                    cudaStream_t stream) {
   const char* op = "cuda::gemv_residual";
-  check_rows(op, x, N, IC);
-  check_weights(op, w, OC);
-  TT_CHECK(out != nullptr && res != nullptr, op, ": null out or res");
-  Params p{};
-  p.x = x;
-  p.IC = IC;
-  p.mode = kResidual;
-  p.n_seg = 1;
-  p.w[0] = w;
-  p.out[0] = out;
+  Params p = one_output(op, kResidual, out, x, w, N, IC, OC);
+  TT_CHECK(res != nullptr, op, ": null res");
   p.res = res;
-  p.begin[0] = 0;
-  p.begin[1] = OC;
-  p.groups = ((int64_t)OC + kCols - 1) / kCols;
   launch(p, N, stream, op);
 }
 

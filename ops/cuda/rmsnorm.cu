@@ -558,6 +558,12 @@ RowShape row_shape(int C, int vec) {
   return {0, 0};
 }
 
+// Blocks of the forward kernel for `rows` rows of a row shape (lanes > 0).
+int forward_blocks(RowShape s, int rows) {
+  const int rows_per_block = kRowsPerWarpBlock * (detail::kWarp / s.lanes);
+  return (rows + rows_per_block - 1) / rows_per_block;
+}
+
 // The kernel for a row shape (lanes > 0): one switch per kernel template.
 template <int VEC>
 void launch_forward_rows(RowShape s, const RmsnormFwdParams& p, int blocks, cudaStream_t stream) {
@@ -638,8 +644,7 @@ void launch_rmsnorm_forward(const RmsnormFwdParams& p, cudaStream_t stream) {
       detail::launch_pdl(rmsnorm_forward_wide_kernel<VEC>, dim3(blocks), dim3(kRowThreads), 0, stream, p);
       return;
     }
-    const int rows_per_block = kRowsPerWarpBlock * (detail::kWarp / s.lanes);
-    const int blocks = (p.rows + rows_per_block - 1) / rows_per_block;
+    const int blocks = forward_blocks(s, p.rows);
     if (p.rope_cs) {
       launch_forward_rope<VEC>(s, p, blocks, stream);
     } else {
@@ -773,8 +778,7 @@ void qk_norm_rope_pair(bf16* q, float* q_rstd, const bf16* q_pre, const bf16* q_
   TT_CHECK(!store_k || (v && store_v && store_rows), op, ": a cache store needs v, store_v and store_rows");
   RmsnormFwdParams p{q, q_rstd, q_pre, q_w, N * NH, HS, (float)eps, rope_cs, NH, (float)w_offset};
   const RowShape s = row_shape(HS, 8);
-  const int rows_per_block = kRowsPerWarpBlock * (detail::kWarp / s.lanes);
-  p.blocks0 = (p.rows + rows_per_block - 1) / rows_per_block;
+  p.blocks0 = forward_blocks(s, p.rows);
   p.out2 = k;
   p.rstd2 = k_rstd;
   p.x2 = k_pre;
@@ -785,7 +789,7 @@ void qk_norm_rope_pair(bf16* q, float* q_rstd, const bf16* q_pre, const bf16* q_
   p.store_v = store_v;
   p.v = v;
   p.store_rows = store_rows;
-  launch_forward_rope<8>(s, p, p.blocks0 + (p.rows2 + rows_per_block - 1) / rows_per_block, stream);
+  launch_forward_rope<8>(s, p, p.blocks0 + forward_blocks(s, p.rows2), stream);
   TT_CUDA_CHECK_LAUNCH();
 }
 

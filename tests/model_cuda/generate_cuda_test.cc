@@ -271,7 +271,8 @@ TEST_F(GenerateCuda, HybridDecodeLogits) { hybrid_decode_logits(kHybrid); }
 // Head dim 256 and linear heads of 128 (Qwen3.5's and Qwen3-Next's shapes, scaled down): the
 // attention's 256 kernels in prefill and decode.
 TEST_F(GenerateCuda, HybridDecodeLogitsHeadDim256) {
-  hybrid_decode_logits(HybridShape{{"qwen3_5_hs256", "qwen3_5_text", 300, 256, 512, 3, 4, 2, 256, false, 0}, 2, 4, 128, 128});
+  hybrid_decode_logits(
+      HybridShape{{"qwen3_5_hs256", "qwen3_5_text", 300, 256, 512, 3, 4, 2, 256, false, 0}, 2, 4, 128, 128});
 }
 
 TEST_F(GenerateCuda, HybridGreedyAgreesWithTheCpu) {

@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "base/check.h"
+#include "ops/cpu/matmul.h"
+#include "ops/cpu/rmsnorm.h"
 #include "tests/ops_cuda/test_util.h"
 
 namespace tt::cuda_test {
@@ -31,38 +33,18 @@ using tt::cuda::GemvSegment;
 
 class GemvTest : public GpuTest {};
 
-struct NormRef {
-  std::vector<double> n, rstd;
-};
-
-NormRef norm_ref(const std::vector<double>& x, const std::vector<double>& w, int N, int C, double eps,
-                 double offset) {
-  NormRef r{std::vector<double>((size_t)N * C), std::vector<double>(N)};
-  for (int i = 0; i < N; ++i) {
-    double ss = 0;
-    for (int c = 0; c < C; ++c) ss += x[(size_t)i * C + c] * x[(size_t)i * C + c];
-    r.rstd[i] = 1.0 / std::sqrt(ss / C + eps);
-    for (int c = 0; c < C; ++c) r.n[(size_t)i * C + c] = x[(size_t)i * C + c] * r.rstd[i] * (w[c] + offset);
-  }
-  return r;
-}
-
-// ref (N, OC) = n w^T and sum_k |n_k w_k| for rows [row0, row0 + OC) of w.
-void products(const std::vector<double>& n, const std::vector<double>& w, int N, int IC, int row0, int OC,
+// ref (N, OC) = n w^T and mag = sum_k |n_k w_k| (the fp64 CPU matmul on the values and on their
+// magnitudes).
+void products(const std::vector<double>& n, const std::vector<double>& w, int N, int IC, int OC,
               std::vector<double>& ref, std::vector<double>& mag) {
+  auto abs_of = [](std::vector<double> v) {
+    for (double& e : v) e = std::fabs(e);
+    return v;
+  };
   ref.assign((size_t)N * OC, 0.0);
   mag.assign((size_t)N * OC, 0.0);
-  for (int i = 0; i < N; ++i)
-    for (int o = 0; o < OC; ++o) {
-      double s = 0, m = 0;
-      for (int k = 0; k < IC; ++k) {
-        const double p = n[(size_t)i * IC + k] * w[(size_t)(row0 + o) * IC + k];
-        s += p;
-        m += std::fabs(p);
-      }
-      ref[(size_t)i * OC + o] = s;
-      mag[(size_t)i * OC + o] = m;
-    }
+  tt::cpu::matmul_forward<double>(ref.data(), n.data(), w.data(), N, IC, OC);
+  tt::cpu::matmul_forward<double>(mag.data(), abs_of(n).data(), abs_of(w).data(), N, IC, OC);
 }
 
 std::vector<double> scaled(const std::vector<double>& v, double f) {
@@ -73,10 +55,11 @@ std::vector<double> scaled(const std::vector<double>& v, double f) {
 
 void check_norm(const std::vector<double>& x, const std::vector<double>& nw, const DeviceBuffer<bf16>& d_n,
                 const DeviceBuffer<float>& d_rstd, int N, int C, double eps, double offset) {
-  const NormRef r = norm_ref(x, nw, N, C, eps, offset);
+  std::vector<double> n((size_t)N * C), rstd(N);
+  tt::cpu::rmsnorm_forward<double>(n.data(), rstd.data(), x.data(), nw.data(), N, C, eps, offset);
   const double f = 2.0 * (C / 2.0 + 8) * kF32U;
-  EXPECT_TRUE(all_within("rstd", to_host(d_rstd), r.rstd, 0.0, scaled(r.rstd, f)));
-  EXPECT_TRUE(all_within("n", to_host(d_n), r.n, kBf16U, scaled(r.n, f)));
+  EXPECT_TRUE(all_within("rstd", to_host(d_rstd), rstd, 0.0, scaled(rstd, f)));
+  EXPECT_TRUE(all_within("n", to_host(d_n), n, kBf16U, scaled(n, f)));
 }
 
 struct SplitCase {
@@ -117,7 +100,7 @@ void run_split(const SplitCase& t) {
   const std::vector<double> n = to_host(d_n);
   for (int s = 0; s < S; ++s) {
     std::vector<double> ref, mag;
-    products(n, w[s], N, C, 0, t.oc[s], ref, mag);
+    products(n, w[s], N, C, t.oc[s], ref, mag);
     EXPECT_TRUE(all_within("segment " + std::to_string(s), to_host(d_out[s]), ref, kBf16U,
                            scaled(mag, 2.0 * (C + 2) * kF32U)));
   }
@@ -165,9 +148,9 @@ TEST_F(GemvTest, NormSwigluMatchesCpu) {
     check_norm(x, nw, d_n, d_rstd, N, C, eps, t.offset);
     const std::vector<double> n = to_host(d_n), gate = to_host(d_gate), up = to_host(d_up), h = to_host(d_h);
     std::vector<double> ref, mag;
-    products(n, wg, N, C, 0, I, ref, mag);
+    products(n, wg, N, C, I, ref, mag);
     EXPECT_TRUE(all_within("gate", gate, ref, kBf16U, scaled(mag, 2.0 * (C + 2) * kF32U)));
-    products(n, wu, N, C, 0, I, ref, mag);
+    products(n, wu, N, C, I, ref, mag);
     EXPECT_TRUE(all_within("up", up, ref, kBf16U, scaled(mag, 2.0 * (C + 2) * kF32U)));
     std::vector<double> h_ref(h.size()), h_abs(h.size());
     for (size_t i = 0; i < h.size(); ++i) {
@@ -207,7 +190,7 @@ TEST_F(GemvTest, ResidualMatchesCpu) {
     tt::cuda::gemv_residual(d_out.data(), d_res.data(), d_x.data(), d_w.data(), N, IC, OC, nullptr);
     sync_and_check();
     std::vector<double> ref, mag;
-    products(x, w, N, IC, 0, OC, ref, mag);
+    products(x, w, N, IC, OC, ref, mag);
     std::vector<double> abs(ref.size());
     for (size_t i = 0; i < ref.size(); ++i) {
       ref[i] += res[i];
