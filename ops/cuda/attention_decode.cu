@@ -3,17 +3,18 @@
 //
 // Item table (built on the host, copied once per call into the workspace): prefix e's keys are cut
 // into chunks, its query range into groups of at most rows_per_item rows (so that rows x query
-// heads per KV head <= kQMax). The chunk is the smallest power of two >= kTile whose (item, KV
-// head) blocks number at most kTargetBlocks: a batch-1 step at 1k context still spreads over the
-// GPU (128 blocks of one tile), a long or wide one keeps its partials few. Per item and KV head
-// the partial kernel stages each tile of kTile keys with 16-byte loads, the next tile's loads in
-// flight while the current one is computed (K padded to an odd word stride, so the score loop
-// reads shared memory without bank conflicts; V unpadded, read along the head dim), and keeps for
-// each of its Q query vectors the running max m, sum l and the weighted values acc (fp32, online
-// softmax). The merge kernel
-// takes, for row i and query head h, every item holding row i (a CSR list) and the row's own key:
+// heads per KV head <= kQMax, one m16 tile). The chunk is the smallest power of two >= kTile whose
+// (item, KV head) blocks number at most kTargetBlocks: a batch-1 step at 1k context still spreads
+// over the GPU (128 blocks of one tile), a long or wide one keeps its partials few. Per item and
+// KV head the partial kernel streams the chunk's keys through shared memory by cp.async, a tile of
+// kTile keys in flight while the previous one is computed (the first before the PDL wait: a step's
+// kernels never write the prefixes it reads), and computes S = Q K^T and P V on tensor cores, each
+// of its four warps over 16 keys of a tile with its own online softmax (max m, sum l, weighted
+// values acc, fp32), the warps' partials combined at the end. The merge kernel takes, for row i
+// and query head h, every item holding row i (a CSR list) and the row's own key:
 // M = max(m_j, s_own), out = (sum_j acc_j e^(m_j - M) + e^(s_own - M) v_own) / L,
 // L = sum_j l_j e^(m_j - M) + e^(s_own - M), lse = M + log L. Deterministic: fixed orders.
+// Roundings: P to bf16 before P V (as in the tree kernels; l sums the fp32 P), then out.
 #include "ops/cuda/attention_decode.h"
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "ops/cuda/attention_device.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernel_util.cuh"
 
@@ -29,9 +31,11 @@ namespace tt::cuda {
 namespace {
 
 constexpr int kThreads = 128;  // partial kernel
-constexpr int kTile = 64;      // keys per shared-memory tile, and the smallest chunk
+constexpr int kWarps = kThreads / detail::kWarp;
+constexpr int kTile = 64;      // keys per shared-memory tile (16 per warp), and the smallest chunk
+constexpr int kStages = 2;     // tile buffers: one tile in flight while one is computed
 constexpr int kTargetBlocks = 512;  // partial-kernel blocks the chunk size aims at (at most)
-constexpr int kQMax = 16;      // query vectors (rows x heads of a KV head group) per item
+constexpr int kQMax = 16;      // query vectors (rows x heads of a KV head group) per item: one m16 tile
 
 struct DecodeItem {
   int prefix;      // index into the prefix table
@@ -134,6 +138,107 @@ struct CallSpace {
   }
 };
 
+struct MergeParams {
+  bf16* out;      // (N, NH, HS)
+  float* lse;     // (N, NH)
+  const bf16* q;  // (N, NH, HS)
+  const bf16* k;  // (N, NKV, HS) own keys
+  const bf16* v;
+  const int* row_ptr;
+  const int2* row_refs;
+  const float* m;
+  const float* l;
+  const float* acc;
+  int NH, NKV, G;
+  float scale;
+};
+
+constexpr int kMergeThreads = 128;
+constexpr int kMergeWarps = kMergeThreads / detail::kWarp;
+
+// Row blockIdx.x, query head blockIdx.y; kMergeThreads threads. The row's partials are taken
+// kMergeThreads at a time: a thread reads one partial's m and l (its weight e^(m - M) to shared
+// memory), then each warp sums a quarter of them with 16-byte loads (a warp covers 128 elements of
+// a partial's acc row), all its loads independent, and the warps' sums meet in shared memory.
+template <int HS>
+__global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const __grid_constant__ MergeParams p) {
+  constexpr int kChunks = (HS / 4 + detail::kWarp - 1) / detail::kWarp;  // float4s per lane and partial
+  constexpr int kUnroll = HS == 64 ? 4 : 8;  // partials in flight per warp (8 spills at HS 64)
+  __shared__ float red[detail::kWarp];
+  __shared__ float w_s[kMergeThreads];
+  __shared__ int64_t slot_s[kMergeThreads];
+  __shared__ __align__(16) float o_s[kMergeWarps][HS];
+  detail::pdl_trigger();  // the next kernel (an o_proj GEMV) may start fetching its weights
+  const int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid % detail::kWarp;
+  const int warp = tid / detail::kWarp, g = h / p.G, gg = h % p.G;
+  // The CSR tables were uploaded before the step's kernels: read before the wait.
+  const int r0 = p.row_ptr[i], n = p.row_ptr[i + 1] - r0;
+  auto slot_of = [&p, r0, g, gg](int r) {  // partial slot of the row's r-th partial
+    const int2 ref = p.row_refs[r0 + r];
+    return ((int64_t)ref.x * p.NKV + g) * kQMax + ref.y * p.G + gg;
+  };
+  const int64_t slot_first = tid < n ? slot_of(tid) : 0;
+  detail::pdl_wait();  // the partials, q and the own k, v
+  const int64_t own = ((int64_t)i * p.NKV + g) * HS;
+  float qk = 0.f;
+  for (int d = tid; d < HS; d += kMergeThreads)
+    qk += __bfloat162float(p.q[((int64_t)i * p.NH + h) * HS + d]) * __bfloat162float(p.k[own + d]);
+  const float m_first = tid < n ? p.m[slot_first] : -INFINITY;
+  const float l_first = tid < n ? p.l[slot_first] : 0.f;
+  float mx = m_first;
+  for (int r = kMergeThreads + tid; r < n; r += kMergeThreads) mx = fmaxf(mx, p.m[slot_of(r)]);
+  const float s_own = detail::block_sum(qk, red) * p.scale;
+  const float M = fmaxf(s_own, detail::block_max(mx, red));
+  float L = 0.f;
+  float4 o[kChunks];
+#pragma unroll
+  for (int c = 0; c < kChunks; c++) o[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int base = 0; base < n; base += kMergeThreads) {
+    float w = 0.f;
+    int64_t slot = 0;
+    if (base + tid < n) {
+      slot = base == 0 ? slot_first : slot_of(base + tid);
+      w = __expf((base == 0 ? m_first : p.m[slot]) - M);  // a partial of no keys (m = -inf) weighs 0
+      L = fmaf(base == 0 ? l_first : p.l[slot], w, L);
+    }
+    __syncthreads();  // the previous round's weights are read
+    w_s[tid] = w;
+    slot_s[tid] = slot;
+    __syncthreads();
+    const int cnt = min(kMergeThreads, n - base);
+#pragma unroll(kUnroll)
+    for (int j = warp; j < cnt; j += kMergeWarps) {
+      const float* a = p.acc + slot_s[j] * HS;
+      const float wj = w_s[j];
+#pragma unroll
+      for (int c = 0; c < kChunks; c++) {
+        const int e = 4 * (lane + detail::kWarp * c);
+        if (e < HS) {
+          const float4 x = *reinterpret_cast<const float4*>(a + e);
+          o[c].x = fmaf(x.x, wj, o[c].x);
+          o[c].y = fmaf(x.y, wj, o[c].y);
+          o[c].z = fmaf(x.z, wj, o[c].z);
+          o[c].w = fmaf(x.w, wj, o[c].w);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < kChunks; c++) {
+    const int e = 4 * (lane + detail::kWarp * c);
+    if (e < HS) *reinterpret_cast<float4*>(&o_s[warp][e]) = o[c];
+  }
+  const float w_own = __expf(s_own - M);
+  L = detail::block_sum(L, red) + w_own;  // its barriers also order o_s
+  for (int d = tid; d < HS; d += kMergeThreads) {
+    float a = w_own * __bfloat162float(p.v[own + d]);
+#pragma unroll
+    for (int w = 0; w < kMergeWarps; w++) a += o_s[w][d];
+    p.out[((int64_t)i * p.NH + h) * HS + d] = __float2bfloat16_rn(a / L);
+  }
+  if (tid == 0) p.lse[(int64_t)i * p.NH + h] = M + logf(L);
+}
+
 struct PartialParams {
   const bf16* q;  // (N, NH, HS)
   const DecodePrefix* prefixes;  // (n_ext) device table, when n_ext > kDecodeByValue
@@ -147,29 +252,60 @@ struct PartialParams {
   float scale;
 };
 
-// One item (blockIdx.x) and KV head (blockIdx.y). Keys go through shared memory kTile at a time;
-// at head dim 256, half as many, and the query vectors stay bf16 (their values are bf16 anyway),
-// so the tiles fit the 48 KB of static shared memory and the tile's K/V registers.
+// Tensor-core fragments (sm_80+ PTX; the layouts of the PTX ISA for m16n8k16).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(attn::smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(attn::smem_addr(p)));
+}
+
+// c += a b: m16n8k16, bf16 inputs, fp32 accumulators (the PTX ISA's fragment layouts).
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One item (blockIdx.x) and KV head (blockIdx.y), four warps. The item's keys pass through shared
+// memory kTile at a time (cp.async, kStages buffers: the next tiles in flight while one is
+// computed; the first ones issued before the PDL wait, since no kernel of a decode step writes
+// the prefixes it reads). Each warp takes 16 keys of a tile: S = Q K^T for the item's query
+// vectors (rows of one m16 tile, rows >= Q zero) and P V on tensor cores (mma m16n8k16, bf16 in,
+// fp32 out), with its own online softmax (m, l per row); at the end the four warps' partials are
+// combined in shared memory into the item's (m, l, acc). Rows of K, V and Q are padded by 16 bytes
+// so that ldmatrix reads them without bank conflicts.
 template <int HS>
 __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_constant__ PartialParams p) {
-  constexpr int kTileK = HS > 128 ? kTile / 2 : kTile;  // keys per shared-memory tile
-  constexpr int kLanesKeys = kTileK / detail::kWarp;     // a lane's keys of a tile in the softmax
-  using QT = std::conditional_t<(HS > 128), bf16, float>;
-  constexpr int KS = HS + 2;  // K row stride in bf16: an odd number of 4-byte words
-  __shared__ QT q_s[kQMax][HS];
-  __shared__ __align__(16) bf16 k_s[kTileK][KS];
-  detail::pdl_wait();  // q is the previous kernel's output (launched by launch_pdl)
-  detail::pdl_trigger();
-  __shared__ __align__(16) bf16 v_s[kTileK][HS];
-  __shared__ float s_s[kQMax][kTileK];
-  __shared__ float m_s[kQMax], l_s[kQMax], alpha_s[kQMax];
+  constexpr int KS = HS + 8;        // row stride of the K, V and Q tiles (bf16)
+  constexpr int kVecs = HS / 8;     // 16-byte vectors per key row
+  constexpr int kLoads = kTile * kVecs / kThreads;  // per thread, tensor and tile
+  static_assert(kTile * kVecs % kThreads == 0 && kTile == 16 * kWarps, "a warp takes 16 keys of a tile");
+  constexpr int OS = HS + 8;        // row stride of the fp32 combine buffer
+  static_assert(kWarps * kQMax * OS * 4 <= 2 * kStages * kTile * KS * 2, "the combine buffer reuses the tiles");
+  extern __shared__ __align__(16) unsigned char decode_smem[];
+  bf16* k_s = reinterpret_cast<bf16*>(decode_smem);  // (kStages, kTile, KS)
+  bf16* v_s = k_s + kStages * kTile * KS;            // (kStages, kTile, KS)
+  bf16* q_s = v_s + kStages * kTile * KS;            // (kQMax, KS)
+  __shared__ float m_w[kWarps][kQMax], l_w[kWarps][kQMax];
   const int tid = threadIdx.x, lane = tid % detail::kWarp, warp = tid / detail::kWarp;
+  const int gq = lane / 4, tq = lane % 4;  // a fragment's row (and row + 8) and column pair
+  // The item table and the prefixes' K/V are no kernel of this step's output: read before the wait.
   const DecodeItem it = p.items[blockIdx.x];
   const int g = blockIdx.y, NKV = p.NKV, G = p.G;
   const int Q = it.nrows * G;  // query vectors: local row r, head g G + gg at r G + gg
   const DecodePrefix pre = p.n_by_value ? p.by_value[it.prefix] : p.prefixes[it.prefix];
   const int64_t slot0 = ((int64_t)blockIdx.x * NKV + g) * kQMax;
   if (!((pre.heads >> g) & 1)) {  // outside the prefix's head set: an empty partial (m = -inf, l = 0)
+    detail::pdl_wait();           // the partials may still be read by the previous layer's merge
+    detail::pdl_trigger();
     for (int e = tid; e < Q * HS; e += kThreads) p.acc[slot0 * HS + e] = 0.f;
     if (tid < Q) {
       p.m[slot0 + tid] = -INFINITY;
@@ -177,168 +313,160 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
     }
     return;
   }
-
-  for (int e = tid; e < Q * HS; e += kThreads) {
-    const int qi = e / HS, d = e % HS;
-    const int row = it.row0 + qi / G, h = g * G + qi % G;
-    q_s[qi][d] = p.q[((int64_t)row * p.NH + h) * HS + d];
-  }
-  if (tid < kQMax) {
-    m_s[tid] = -INFINITY;
-    l_s[tid] = 0.f;
-  }
-  constexpr int kAcc = kQMax * HS / kThreads;  // accumulators per thread (unused slots stay 0)
-  float acc[kAcc];
-#pragma unroll
-  for (int j = 0; j < kAcc; j++) acc[j] = 0.f;
-
-  // A tile's K and V for KV head g: kLoads 16-byte vectors of each per thread, held in registers
-  // from their load (issued a tile ahead) to their store into shared memory.
-  constexpr int kVecs = HS / 8;                     // 16-byte vectors per key row
-  constexpr int kLoads = kTileK * kVecs / kThreads;  // per thread and tensor
-  static_assert(kTileK * kVecs % kThreads == 0, "tile vectors must split evenly over the threads");
-  uint4 kr[kLoads], vr[kLoads];
-  auto load = [&](int t0, int nk) {
+  const int n_keys = it.key_end - it.key_begin, n_tiles = (n_keys + kTile - 1) / kTile;
+  auto load_tile = [&](int t) {  // tile t into buffer t % kStages; keys past the item zero-filled
+    const int t0 = it.key_begin + t * kTile, nk = min(kTile, it.key_end - t0);
+    bf16* ks = k_s + (t % kStages) * kTile * KS;
+    bf16* vs = v_s + (t % kStages) * kTile * KS;
 #pragma unroll
     for (int j = 0; j < kLoads; j++) {
       const int w = tid + j * kThreads, key = w / kVecs, c = w % kVecs;
-      if (key < nk) {
-        const int64_t off = ((int64_t)(t0 + key) * NKV + g) * HS + 8 * c;
-        kr[j] = *reinterpret_cast<const uint4*>(pre.k + off);
-        vr[j] = *reinterpret_cast<const uint4*>(pre.v + off);
-      } else {
-        kr[j] = vr[j] = make_uint4(0, 0, 0, 0);
-      }
+      const bool in = key < nk;
+      const int64_t off = ((int64_t)(t0 + (in ? key : 0)) * NKV + g) * HS + 8 * c;
+      attn::cp_async_16(ks + key * KS + 8 * c, pre.k + off, in ? 16 : 0);
+      attn::cp_async_16(vs + key * KS + 8 * c, pre.v + off, in ? 16 : 0);
     }
   };
-  load(it.key_begin, min(kTileK, it.key_end - it.key_begin));
-  for (int t0 = it.key_begin; t0 < it.key_end; t0 += kTileK) {
-    const int nk = min(kTileK, it.key_end - t0);
-    __syncthreads();  // the previous tile is consumed; q_s and the stats are written
 #pragma unroll
-    for (int j = 0; j < kLoads; j++) {
-      const int w = tid + j * kThreads, key = w / kVecs, c = w % kVecs;
-      uint32_t* kw = reinterpret_cast<uint32_t*>(&k_s[key][8 * c]);  // 4-byte aligned rows (odd word stride)
-      kw[0] = kr[j].x;
-      kw[1] = kr[j].y;
-      kw[2] = kr[j].z;
-      kw[3] = kr[j].w;
-      *reinterpret_cast<uint4*>(&v_s[key][8 * c]) = vr[j];
+  for (int t = 0; t < kStages - 1; t++) {
+    if (t < n_tiles) load_tile(t);
+    attn::cp_async_commit();
+  }
+  detail::pdl_wait();  // q is the previous kernel's output (launched by launch_pdl)
+  detail::pdl_trigger();
+  for (int e = tid; e < kQMax * kVecs; e += kThreads) {  // Q rows, zero past the item's vectors
+    const int qi = e / kVecs, c = e % kVecs;
+    uint4 x = make_uint4(0, 0, 0, 0);
+    if (qi < Q) {
+      const int row = it.row0 + qi / G, h = g * G + qi % G;
+      x = *reinterpret_cast<const uint4*>(p.q + ((int64_t)row * p.NH + h) * HS + 8 * c);
     }
-    __syncthreads();
-    if (t0 + kTileK < it.key_end) load(t0 + kTileK, min(kTileK, it.key_end - t0 - kTileK));  // in flight meanwhile
-    // Scores of every (query vector, key).
-    for (int e = tid; e < Q * kTileK; e += kThreads) {
-      const int qi = e / kTileK, key = e % kTileK;
-      float s = -INFINITY;
-      if (key < nk) {
-        float a = 0.f;
-#pragma unroll 8
-        for (int d = 0; d < HS; d += 2) {
-          const float2 kk = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&k_s[key][d]));
-          a = fmaf((float)q_s[qi][d], kk.x, a);
-          a = fmaf((float)q_s[qi][d + 1], kk.y, a);
-        }
-        s = a * p.scale;
-      }
-      s_s[qi][key] = s;
+    *reinterpret_cast<uint4*>(q_s + qi * KS + 8 * c) = x;
+  }
+
+  // This warp's state: o[j] holds dims 8 j + 2 tq (+1) of rows gq ([0], [1]) and gq + 8 ([2], [3]);
+  // m and l of rows gq and gq + 8 (l summed over this thread's columns only until the end).
+  float o[HS / 8][4];
+#pragma unroll
+  for (int j = 0; j < HS / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+  for (int t = 0; t < n_tiles; t++) {
+    attn::cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile t has landed for every thread; tile t - 1's buffer is free
+    if (t + kStages - 1 < n_tiles) load_tile(t + kStages - 1);
+    attn::cp_async_commit();
+    const int nk = min(kTile, n_keys - t * kTile) - 16 * warp;  // this warp's keys in the tile
+    if (nk <= 0) continue;
+    const bf16* ks = k_s + (t % kStages) * kTile * KS + 16 * warp * KS;
+    const bf16* vs = v_s + (t % kStages) * kTile * KS + 16 * warp * KS;
+    // S (16 rows x 16 keys): s[n] holds keys 8 n + 2 tq (+1) of rows gq and gq + 8.
+    float s[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+      uint32_t a[4], b[4];
+      ldsm_x4(a, q_s + (lane % 8 + 8 * (lane / 8 % 2)) * KS + 16 * kk + 8 * (lane / 16));
+      ldsm_x4(b, ks + (lane % 8 + 8 * (lane / 16)) * KS + 16 * kk + 8 * (lane / 8 % 2));
+      mma_16816(s[0], a, b[0], b[1]);
+      mma_16816(s[1], a, b[2], b[3]);
     }
-    __syncthreads();
-    // Online softmax: a warp per query vector.
-    for (int qi = warp; qi < Q; qi += kThreads / detail::kWarp) {
-      float sv[kLanesKeys], mx = -INFINITY;
+    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int c = 0; c < kLanesKeys; c++) {
-        sv[c] = s_s[qi][lane + c * detail::kWarp];
-        mx = fmaxf(mx, sv[c]);
-      }
-      const float mt = detail::warp_max(mx);
-      const float m_old = m_s[qi], m_new = fmaxf(m_old, mt);
-      float part = 0.f;
+    for (int n = 0; n < 2; n++)
 #pragma unroll
-      for (int c = 0; c < kLanesKeys; c++) {
-        const float pc = sv[c] == -INFINITY ? 0.f : __expf(sv[c] - m_new);
-        s_s[qi][lane + c * detail::kWarp] = pc;
-        part += pc;
+      for (int c = 0; c < 4; c++) {
+        const float x = 8 * n + 2 * tq + (c & 1) < nk ? s[n][c] * p.scale : -INFINITY;
+        s[n][c] = x;
+        mx[c / 2] = fmaxf(mx[c / 2], x);
       }
-      const float sum = detail::warp_sum(part);
-      __syncwarp();  // every lane has read m_s[qi] before lane 0 rewrites it
-      if (lane == 0) {
-        const float alpha = m_old == -INFINITY ? 0.f : __expf(m_old - m_new);
-        alpha_s[qi] = alpha;
-        l_s[qi] = l_s[qi] * alpha + sum;
-        m_s[qi] = m_new;
-      }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {  // key 0 of the warp's keys is valid: the new max is finite
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m_r[r], mx[r]);
+      alpha[r] = __expf(m_r[r] - m_new);  // 0 while m_r is -inf
+      m_r[r] = m_new;
+      l_r[r] *= alpha[r];
     }
-    __syncthreads();
-    // Weighted values.
 #pragma unroll
-    for (int j = 0; j < kAcc; j++) {
-      const int e = tid + j * kThreads, qi = e / HS, d = e % HS;
-      if (qi >= Q) continue;
-      float a = acc[j] * alpha_s[qi];
-      for (int key = 0; key < nk; key++) a = fmaf(s_s[qi][key], __bfloat162float(v_s[key][d]), a);
-      acc[j] = a;
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        s[n][c] = __expf(s[n][c] - m_r[c / 2]);  // masked keys: exp(-inf) = 0
+        l_r[c / 2] += s[n][c];
+      }
+    // P (16 rows x 16 keys) as the A fragment of P V; V's fragments by transposing loads.
+    const uint32_t pa[4] = {attn::pack_bf16x2(s[0][0], s[0][1]), attn::pack_bf16x2(s[0][2], s[0][3]),
+                            attn::pack_bf16x2(s[1][0], s[1][1]), attn::pack_bf16x2(s[1][2], s[1][3])};
+#pragma unroll
+    for (int j = 0; j < HS / 8; j++) {
+      o[j][0] *= alpha[0];
+      o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1];
+      o[j][3] *= alpha[1];
+    }
+#pragma unroll
+    for (int jj = 0; jj < HS / 16; jj++) {
+      uint32_t b[4];
+      ldsm_x4_trans(b, vs + (lane % 8 + 8 * (lane / 8 % 2)) * KS + 16 * jj + 8 * (lane / 16));
+      mma_16816(o[2 * jj], pa, b[0], b[1]);
+      mma_16816(o[2 * jj + 1], pa, b[2], b[3]);
     }
   }
+
+  // Combine the warps: M = max_w m_w, acc = sum_w o_w e^(m_w - M), l = sum_w l_w e^(m_w - M).
 #pragma unroll
-  for (int j = 0; j < kAcc; j++) {
-    const int e = tid + j * kThreads, qi = e / HS, d = e % HS;
-    if (qi < Q) p.acc[(slot0 + qi) * HS + d] = acc[j];
+  for (int r = 0; r < 2; r++) {
+    l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 1);
+    l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 2);
+  }
+  if (tq == 0) {
+    m_w[warp][gq] = m_r[0];
+    m_w[warp][gq + 8] = m_r[1];
+    l_w[warp][gq] = l_r[0];
+    l_w[warp][gq + 8] = l_r[1];
+  }
+  attn::cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the tiles (their buffers become o_s) and its stats are stored
+  float* o_s = reinterpret_cast<float*>(decode_smem);  // (kWarps, kQMax, OS)
+  float f[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; w++) M = fmaxf(M, m_w[w][gq + 8 * r]);
+    f[r] = m_r[r] == -INFINITY ? 0.f : __expf(m_r[r] - M);
+  }
+  float* ow = o_s + warp * kQMax * OS;
+#pragma unroll
+  for (int j = 0; j < HS / 8; j++) {
+    *reinterpret_cast<float2*>(ow + gq * OS + 8 * j + 2 * tq) = make_float2(o[j][0] * f[0], o[j][1] * f[0]);
+    *reinterpret_cast<float2*>(ow + (gq + 8) * OS + 8 * j + 2 * tq) = make_float2(o[j][2] * f[1], o[j][3] * f[1]);
   }
   __syncthreads();
+  for (int e = tid; e < Q * HS; e += kThreads) {
+    const int qi = e / HS, d = e % HS;
+    float a = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; w++) a += o_s[(w * kQMax + qi) * OS + d];
+    p.acc[(slot0 + qi) * HS + d] = a;
+  }
   if (tid < Q) {
-    p.m[slot0 + tid] = m_s[tid];
-    p.l[slot0 + tid] = l_s[tid];
+    float M = -INFINITY, L = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; w++) M = fmaxf(M, m_w[w][tid]);
+#pragma unroll
+    for (int w = 0; w < kWarps; w++)
+      if (m_w[w][tid] != -INFINITY) L += l_w[w][tid] * __expf(m_w[w][tid] - M);
+    p.m[slot0 + tid] = M;
+    p.l[slot0 + tid] = L;
   }
 }
 
-struct MergeParams {
-  bf16* out;      // (N, NH, HS)
-  float* lse;     // (N, NH)
-  const bf16* q;  // (N, NH, HS)
-  const bf16* k;  // (N, NKV, HS) own keys
-  const bf16* v;
-  const int* row_ptr;
-  const int2* row_refs;
-  const DecodeItem* items;
-  const float* m;
-  const float* l;
-  const float* acc;
-  int NH, NKV, G;
-  float scale;
-};
-
-// Row blockIdx.x, query head blockIdx.y; a thread per head-dim element.
+// Bytes of dynamic shared memory of the partial kernel.
 template <int HS>
-__global__ void __launch_bounds__(HS) decode_merge_kernel(MergeParams p) {
-  __shared__ float red[detail::kWarp];
-  detail::pdl_trigger();  // the next kernel (an o_proj GEMV) may start fetching its weights
-  detail::pdl_wait();     // the partials
-  const int i = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
-  const int g = h / p.G, gg = h % p.G;
-  const float qd = __bfloat162float(p.q[((int64_t)i * p.NH + h) * HS + d]);
-  const int64_t kv = ((int64_t)i * p.NKV + g) * HS + d;
-  const float s_own = detail::block_sum(qd * __bfloat162float(p.k[kv]), red) * p.scale;
-  float M = s_own;
-  const int r0 = p.row_ptr[i], r1 = p.row_ptr[i + 1];
-#pragma unroll 8
-  for (int r = r0; r < r1; r++) {  // unrolled: the partials' loads overlap
-    const int2 ref = p.row_refs[r];
-    M = fmaxf(M, p.m[((int64_t)ref.x * p.NKV + g) * kQMax + ref.y * p.G + gg]);
-  }
-  const float w_own = __expf(s_own - M);
-  float L = w_own, o = w_own * __bfloat162float(p.v[kv]);
-#pragma unroll 8
-  for (int r = r0; r < r1; r++) {
-    const int2 ref = p.row_refs[r];
-    const int64_t slot = ((int64_t)ref.x * p.NKV + g) * kQMax + ref.y * p.G + gg;
-    const float w = __expf(p.m[slot] - M);
-    L = fmaf(p.l[slot], w, L);
-    o = fmaf(p.acc[slot * HS + d], w, o);
-  }
-  p.out[((int64_t)i * p.NH + h) * HS + d] = __float2bfloat16_rn(o / L);
-  if (d == 0) p.lse[(int64_t)i * p.NH + h] = M + logf(L);
+constexpr size_t partial_smem_bytes() {
+  return sizeof(bf16) * (size_t)(2 * kStages * kTile + kQMax) * (HS + 8);
 }
 
 void check_args(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS) {
@@ -429,6 +557,7 @@ void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* 
            "attention_decode_forward: the plan was built for other shapes, prefix lengths or query ranges");
   if (N == 0) return;
   TT_CHECK(out && lse && q && k && v, "attention_decode_forward: null tensor");
+  TT_CHECK(detail::aligned16(q), "attention_decode_forward: q is not 16-byte aligned");
   const AttentionDecodePlan::Impl& m = *plan.impl_;
   const int G = NH / NKV;
   const CallSpace sizes(m.plan, NKV, HS, nullptr);
@@ -454,15 +583,19 @@ void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* 
   pp.NKV = NKV;
   pp.G = G;
   pp.scale = 1.0f / std::sqrt((float)HS);
+  const MergeParams mp{out, lse, q, k, v, m.row_ptr, m.row_refs, cs.m, cs.l, cs.acc, NH, NKV, G, pp.scale};
   auto launch = [&](auto hs) {
     constexpr int kHS = decltype(hs)::value;
     if (!m.plan.items.empty()) {
-      detail::launch_pdl(decode_partial_kernel<kHS>, dim3((unsigned)m.plan.items.size(), NKV), dim3(kThreads), 0,
+      constexpr size_t smem = partial_smem_bytes<kHS>();
+      // Above the default 48 KB (static shared memory counted): opt in, per device, so at every launch.
+      TT_CUDA_CHECK(cudaFuncSetAttribute(decode_partial_kernel<kHS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem));
+      detail::launch_pdl(decode_partial_kernel<kHS>, dim3((unsigned)m.plan.items.size(), NKV), dim3(kThreads), smem,
                          stream, pp);
       TT_CUDA_CHECK_LAUNCH();
     }
-    MergeParams mp{out, lse, q, k, v, m.row_ptr, m.row_refs, m.items, cs.m, cs.l, cs.acc, NH, NKV, G, pp.scale};
-    detail::launch_pdl(decode_merge_kernel<kHS>, dim3(N, NH), dim3(kHS), 0, stream, mp);
+    detail::launch_pdl(decode_merge_kernel<kHS>, dim3(N, NH), dim3(kMergeThreads), 0, stream, mp);
     TT_CUDA_CHECK_LAUNCH();
   };
   if (HS == 64) {

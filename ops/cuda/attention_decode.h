@@ -8,9 +8,15 @@
 //
 // Work split (flash-decoding): each prefix is cut into chunks of keys and its rows into groups;
 // a block computes one (chunk, row group, KV head)'s partial softmax (max, sum, weighted values
-// for every query head of the group) with the keys staged once in shared memory for all the
-// group's rows; a second kernel merges a row's partials with its own key. Memory-bound: every
-// key row of a prefix is read once per row group.
+// for every query head of the group, on tensor cores) with the keys staged once in shared memory
+// for all the group's rows; a second kernel merges a row's partials with its own key.
+// Memory-bound: every key row of a prefix is read once per row group.
+//
+// Launched with programmatic dependent launch (ops/cuda/kernel_util.cuh): the prefixes' K/V and
+// the work tables are read before the wait for the previous kernel, so no kernel of the same
+// chain may write them (a decode step stores its new rows outside the prefixes it reads; the
+// tables are written by stream copies, which PDL does not overlap, and every forward starts with
+// an ordinarily launched kernel).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -169,9 +169,13 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 // by launch_pdl may start while the kernel before it on the stream is still running: it calls
 // pdl_wait() before it reads anything that kernel (or any before it) wrote, or writes anything they
 // read; every such kernel waits (in every block), so completion stays ordered along the stream.
-// The one exception: the GEMVs (gemv.h) read weights before their wait, so no kernel may write
+// The exceptions: the GEMVs (gemv.h) read weights before their wait, so no kernel may write
 // weights with a PDL-launched GEMV right after it (AdamW's bf16 copy and set_params are followed by
-// a host wait; every forward starts with ordinarily launched kernels).
+// a host wait; every forward starts with ordinarily launched kernels); the decode attention
+// (attention_decode.h) reads its prefixes' K/V and its work tables before its wait, so no kernel
+// of the chain may write those (a decode step writes its new cache rows outside the prefixes it
+// reads; the tables and the prefix pointer table are written by stream copies, which PDL never
+// overlaps, before the first kernel that reads them).
 // pdl_trigger() lets the next PDL-launched kernel start (once every block has called it or
 // exited). Both are no-ops in a kernel launched without the attribute.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }

@@ -1,14 +1,17 @@
 // The attention primitive's decode mode on the GPU (ops/cuda/attention_decode.h) against the fp64
 // CPU reference (ops/cpu/attention.h) on the same batch: every row its own one-token tree, reading
 // external prefixes with their query ranges. Cases: one row with a long prefix (many key chunks;
-// at 16k, chunks of several tiles),
-// K samples sharing a prompt prefix plus one own prefix each (more prefixes than the tree
-// kernels take), prefixes of length 0 and 1, rows that see no prefix, more rows than a row group,
-// HS 64, 128 and 256, GQA ratios 1, 2 and 8, prefixes read by some KV heads only (head sets). Outputs are poisoned before the run. Tolerance rule:
-// attention_cases.h (kRelL2Bf16 for out: its only bf16 rounding is the output's; kLseRel for lse).
+// at 16k, chunks of several tiles), K samples sharing a prompt prefix plus one own prefix each
+// (more prefixes than the tree kernels take), independent rows each with its own prefix, prefixes
+// of length 0 and 1, rows that see no prefix, more rows than a row group, HS 64, 128 and 256, GQA
+// ratios 1, 2 and 8, prefixes read by some KV heads only (head sets), a row of 257 partials (the
+// merge's rounds), more prefixes than go by value. Outputs are poisoned before the run; a plan reused by three calls on a stream
+// gives the one-shot call's result bit for bit. Tolerance rule: attention_cases.h (kRelL2Bf16 for
+// out, whose bf16 roundings are P before P V and out, k = 2 there; kLseRel for lse).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -58,16 +61,27 @@ std::vector<DecodeCase> cases() {
   for (int s = 0; s < 8; s++) m.prefixes.push_back({17 + s, s, s + 1});
   v.push_back(m);
   v.push_back({"rows_without_prefix_hs64", 5, 8, 2, 64, {{0, 0, 5}, {64, 1, 3}}});
+  // Independent sequences (batch decode of separate prompts): each row reads only its own prefix,
+  // of 1 to 2,500 keys.
+  v.push_back({"rows_own_prefixes_hs128", 4, 16, 8, 128, {{1000, 0, 1}, {70, 1, 2}, {1, 2, 3}, {2500, 3, 4}}});
   // A segment's decode step: the carried tail read by the local KV heads (even), the retrieval
   // prefix by the long-range ones (odd), the segment's cache rows by all; a prefix read by none.
   v.push_back({"segment_head_sets_hs128", 3, 16, 4, 128,
                {{512, 0, 3, 0x5}, {300, 0, 3, 0xA}, {900, 0, 3}, {40, 1, 2, 0}}});
-  // Head dim 256 (Qwen3-Next, Qwen3.5): half-size key tiles; a long prefix (chunks of several
-  // tiles, the last partial), shared-prompt samples and GQA 8.
+  // Head dim 256 (Qwen3-Next, Qwen3.5): a long prefix (chunks of several tiles, the last
+  // partial), shared-prompt samples and GQA 8.
   v.push_back({"one_row_long_prefix_hs256", 1, 16, 2, 256, {{3001, 0, 1}}});
   DecodeCase k256{"samples8_shared_prompt_hs256", 8, 16, 2, 256, {{333, 0, 8}}};
   for (int s = 0; s < 8; s++) k256.prefixes.push_back({s * 5, s, s + 1});
   v.push_back(k256);
+  // One KV head: 16,400 keys in 257 one-tile chunks, so the merge takes a row's partials in three
+  // rounds of 128.
+  v.push_back({"one_row_257_partials_mqa", 1, 8, 1, 128, {{16400, 0, 1}}});
+  // 130 independent rows, one prefix each (1 to 90 keys): more prefixes than the kernel takes by
+  // value (kDecodeByValue = 96), so their pointers go through the per-call device table.
+  DecodeCase many{"rows_130_prefixes_hs64", 130, 4, 2, 64, {}};
+  for (int s = 0; s < 130; s++) many.prefixes.push_back({1 + s * 37 % 90, s, s + 1});
+  v.push_back(many);
   return v;
 }
 
@@ -163,6 +177,38 @@ TEST_P(AttentionDecode, MatchesTheCpuReference) {
   EXPECT_LE(e_lse, kLseRel) << c.name;
   std::printf("%-32s N=%d NH=%d NKV=%d HS=%d prefixes=%zu: out rel L2 %.3e (bf16 rounding alone %.3e), lse %.2e\n",
               c.name.c_str(), N, NH, NKV, HS, c.prefixes.size(), e_out, attn_test::bf16_floor(ref_out), e_lse);
+
+  // A plan built once and used by three calls back to back on a stream (the layers of a step, the
+  // kernels launched with programmatic dependent launch, each call's partials overwriting the
+  // last's in the same workspace): each call's result equals the one-shot call's, bit for bit
+  // (fixed orders).
+  AttentionDecodePlan plan;
+  plan.make(ext.data(), (int)ext.size(), N, NH, NKV, HS);
+  DeviceBuffer<char> tables(std::max<size_t>(plan.table_bytes(), 1)), ws2(std::max<size_t>(plan.workspace_bytes(), 1));
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  plan.upload(tables.data(), stream);
+  std::vector<DeviceBuffer<bf16>> outs;
+  std::vector<DeviceBuffer<float>> lses;
+  for (int call = 0; call < 3; call++) {
+    outs.emplace_back(q.size());
+    lses.emplace_back((size_t)N * NH);
+    outs.back().fill_bytes(0xFF);
+    lses.back().fill_bytes(0xFF);
+  }
+  for (int call = 0; call < 3; call++)
+    attention_decode_forward(outs[call].data(), lses[call].data(), qg.data(), kg.data(), vg.data(), ext.data(),
+                             (int)ext.size(), N, NH, NKV, HS, plan, Workspace{ws2.data(), ws2.size()}, stream);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+  for (int call = 0; call < 3; call++) {
+    std::vector<bf16> o(out.size());
+    std::vector<float> l(lse.size());
+    outs[call].copy_to_host(o.data(), o.size());
+    lses[call].copy_to_host(l.data(), l.size());
+    EXPECT_EQ(std::memcmp(o.data(), out_h.data(), sizeof(bf16) * o.size()), 0) << c.name << ": planned call " << call;
+    EXPECT_EQ(std::memcmp(l.data(), lse_h.data(), sizeof(float) * l.size()), 0) << c.name << ": planned call " << call;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, AttentionDecode, ::testing::ValuesIn(cases()),
