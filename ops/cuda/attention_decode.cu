@@ -303,17 +303,8 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
   const int Q = it.nrows * G;  // query vectors: local row r, head g G + gg at r G + gg
   const DecodePrefix pre = p.n_by_value ? p.by_value[it.prefix] : p.prefixes[it.prefix];
   const int64_t slot0 = ((int64_t)blockIdx.x * NKV + g) * kQMax;
-  if (!((pre.heads >> g) & 1)) {  // outside the prefix's head set: an empty partial (m = -inf, l = 0)
-    detail::pdl_wait();           // the partials may still be read by the previous layer's merge
-    detail::pdl_trigger();
-    for (int e = tid; e < Q * HS; e += kThreads) p.acc[slot0 * HS + e] = 0.f;
-    if (tid < Q) {
-      p.m[slot0 + tid] = -INFINITY;
-      p.l[slot0 + tid] = 0.f;
-    }
-    return;
-  }
-  const int n_keys = it.key_end - it.key_begin, n_tiles = (n_keys + kTile - 1) / kTile;
+  const bool reads = (pre.heads >> g) & 1;  // else outside the prefix's head set: an empty partial
+  const int n_keys = it.key_end - it.key_begin, n_tiles = reads ? (n_keys + kTile - 1) / kTile : 0;
   auto load_tile = [&](int t) {  // tile t into buffer t % kStages; keys past the item zero-filled
     const int t0 = it.key_begin + t * kTile, nk = min(kTile, it.key_end - t0);
     bf16* ks = k_s + (t % kStages) * kTile * KS;
@@ -334,6 +325,14 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
   }
   detail::pdl_wait();  // q is the previous kernel's output (launched by launch_pdl)
   detail::pdl_trigger();
+  if (!reads) {  // m = -inf, l = 0 (written after the wait: the previous layer's merge read them)
+    for (int e = tid; e < Q * HS; e += kThreads) p.acc[slot0 * HS + e] = 0.f;
+    if (tid < Q) {
+      p.m[slot0 + tid] = -INFINITY;
+      p.l[slot0 + tid] = 0.f;
+    }
+    return;
+  }
   for (int e = tid; e < kQMax * kVecs; e += kThreads) {  // Q rows, zero past the item's vectors
     const int qi = e / kVecs, c = e % kVecs;
     uint4 x = make_uint4(0, 0, 0, 0);

@@ -26,7 +26,7 @@ struct Params {
   const bf16* x;  // (N, IC)
   int IC;
   int mode;
-  int64_t groups;  // warp groups in all: column pairs, or (kSwiglu) output columns
+  int64_t groups;  // warp groups in all (set by launch): column pairs, or (kSwiglu) output columns
   int n_seg;
   const bf16* w[kGemvMaxSegments];
   void* out[kGemvMaxSegments];  // kSwiglu: gate, up (each may be null)
@@ -337,6 +337,7 @@ void check_weights(const char* op, const void* w, int64_t OC) {
 // p.norm set: the fused norm (checked here).
 void launch(Params& p, int N, cudaStream_t stream, const char* op) {
   if (N == 0) return;
+  p.groups = p.mode == kSwiglu ? p.begin[1] : ((int64_t)p.begin[p.n_seg] + kCols - 1) / kCols;
   if (p.norm.w) {
     TT_CHECK(gemv_norm_supported(p.x, p.norm.w, p.norm.n, N, p.IC), op, ": a fused norm of ", N, " rows of ", p.IC,
              " needs 16-byte aligned x, norm weights and n and at most ", kGemvNormSmemBytes, " bytes of rows");
@@ -360,7 +361,6 @@ Params one_output(const char* op, int mode, void* out, const bf16* x, const bf16
   p.w[0] = w;
   p.out[0] = out;
   p.begin[1] = OC;
-  p.groups = ((int64_t)OC + kCols - 1) / kCols;
   return p;
 }
 
@@ -414,7 +414,6 @@ void gemv_split(const GemvSegment* segments, int n_segments, const bf16* x, cons
   }
   TT_CHECK(total <= INT32_MAX, op, ": ", total, " output columns");
   p.begin[n_segments] = (int)total;
-  p.groups = (total + kCols - 1) / kCols;
   launch(p, N, stream, op);
 }
 
@@ -428,7 +427,6 @@ void gemv_swiglu(bf16* h, bf16* gate, bf16* up, const bf16* x, const GemvNorm& n
   p.out[1] = up;
   p.h = h;
   p.norm = norm;
-  p.groups = I;  // one group an output column (its gate and up rows)
   launch(p, N, stream, op);
 }
 
