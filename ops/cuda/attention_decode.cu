@@ -26,6 +26,7 @@
 #include "ops/cuda/attention_device.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/mma_sm80.cuh"
 
 namespace tt::cuda {
 namespace {
@@ -252,28 +253,6 @@ struct PartialParams {
   float scale;
 };
 
-// Tensor-core fragments (sm_80+ PTX; the layouts of the PTX ISA for m16n8k16).
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(attn::smem_addr(p)));
-}
-
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(attn::smem_addr(p)));
-}
-
-// c += a b: m16n8k16, bf16 inputs, fp32 accumulators (the PTX ISA's fragment layouts).
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // One item (blockIdx.x) and KV head (blockIdx.y), four warps. The item's keys pass through shared
 // memory kTile at a time (cp.async, kStages buffers: the next tiles in flight while one is
 // computed; the first ones issued before the PDL wait, since no kernel of a decode step writes
@@ -363,10 +342,10 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
 #pragma unroll
     for (int kk = 0; kk < HS / 16; kk++) {
       uint32_t a[4], b[4];
-      ldsm_x4(a, q_s + (lane % 8 + 8 * (lane / 8 % 2)) * KS + 16 * kk + 8 * (lane / 16));
-      ldsm_x4(b, ks + (lane % 8 + 8 * (lane / 16)) * KS + 16 * kk + 8 * (lane / 8 % 2));
-      mma_16816(s[0], a, b[0], b[1]);
-      mma_16816(s[1], a, b[2], b[3]);
+      mma::ldsm_x4(a, q_s + (lane % 8 + 8 * (lane / 8 % 2)) * KS + 16 * kk + 8 * (lane / 16));
+      mma::ldsm_x4(b, ks + (lane % 8 + 8 * (lane / 16)) * KS + 16 * kk + 8 * (lane / 8 % 2));
+      mma::mma_16816(s[0], a, b[0], b[1]);
+      mma::mma_16816(s[1], a, b[2], b[3]);
     }
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -407,9 +386,9 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
 #pragma unroll
     for (int jj = 0; jj < HS / 16; jj++) {
       uint32_t b[4];
-      ldsm_x4_trans(b, vs + (lane % 8 + 8 * (lane / 8 % 2)) * KS + 16 * jj + 8 * (lane / 16));
-      mma_16816(o[2 * jj], pa, b[0], b[1]);
-      mma_16816(o[2 * jj + 1], pa, b[2], b[3]);
+      mma::ldsm_x4_trans(b, vs + (lane % 8 + 8 * (lane / 8 % 2)) * KS + 16 * jj + 8 * (lane / 16));
+      mma::mma_16816(o[2 * jj], pa, b[0], b[1]);
+      mma::mma_16816(o[2 * jj + 1], pa, b[2], b[3]);
     }
   }
 

@@ -13,6 +13,7 @@
 #include "ops/cuda/attention_device.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/mma_sm80.cuh"
 
 namespace tt::cuda {
 namespace {
@@ -364,6 +365,48 @@ __device__ __forceinline__ void chunk_dots(float (&acc)[4][4], const bf16* X, co
   }
 }
 
+// dst[a][b] (transpose: dst[b][a]) = X_a . Y_b for the 64 x 64 pairs of bf16 rows at kRowStride,
+// fp32, at a row stride of `stride`; then a block barrier (256 threads, all call it). On tensor
+// cores (mma m16n8k16: the bf16 products are exact in fp32, summed in another order than
+// chunk_dots) when d is a multiple of 16, else by chunk_dots. Each warp takes 16 rows x 32 columns.
+__device__ __forceinline__ void chunk_gram(float* dst, int stride, bool transpose, const bf16* X, const bf16* Y, int d) {
+  auto put = [&](int a, int b, float x) { dst[transpose ? b * stride + a : a * stride + b] = x; };
+  if (d % 16 != 0) {
+    float acc[4][4];
+    chunk_dots(acc, X, Y, d);
+    const int ta = threadIdx.x / 16, tb = threadIdx.x % 16;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) put(ta + 16 * u, tb + 16 * v, acc[u][v]);
+    __syncthreads();
+    return;
+  }
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
+  const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
+  float c[4][4] = {};
+  for (int k0 = 0; k0 < d; k0 += 16) {
+    uint32_t a[4], b0[4], b1[4];
+    mma::ldsm_x4(a, X + (m0 + lane % 8 + 8 * (lane / 8 % 2)) * kRowStride + k0 + 8 * (lane / 16));
+    mma::ldsm_x4(b0, Y + (n0 + lane % 8 + 8 * (lane / 16)) * kRowStride + k0 + 8 * (lane / 8 % 2));
+    mma::ldsm_x4(b1, Y + (n0 + 16 + lane % 8 + 8 * (lane / 16)) * kRowStride + k0 + 8 * (lane / 8 % 2));
+    mma::mma_16816(c[0], a, b0[0], b0[1]);
+    mma::mma_16816(c[1], a, b0[2], b0[3]);
+    mma::mma_16816(c[2], a, b1[0], b1[1]);
+    mma::mma_16816(c[3], a, b1[2], b1[3]);
+  }
+  const int gq = lane / 4, tq = lane % 4;  // c[n]: rows gq ([0], [1]) and gq + 8, columns 2 tq (+1) of n8 tile n
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+    const int col = n0 + 8 * n + 2 * tq;
+    put(m0 + gq, col, c[n][0]);
+    put(m0 + gq, col + 1, c[n][1]);
+    put(m0 + gq + 8, col, c[n][2]);
+    put(m0 + gq + 8, col + 1, c[n][3]);
+  }
+  __syncthreads();
+}
+
 __device__ __forceinline__ float bf(const bf16& x) { return __bfloat162float(x); }
 
 // Per (chunk, value head): gamma (the in-chunk cumulative log decay), A = strictly_lower(beta_r
@@ -393,15 +436,15 @@ __global__ void __launch_bounds__(kThreads) rule_prep_kernel(RuleParams p) {
   attn::cp_async_wait<0>();
   __syncthreads();
   {
-    float acc[4][4];
-    chunk_dots(acc, Kb, Kb, dk);
+    chunk_gram(A, kPairStride, false, Kb, Kb, dk);
     const int ta = threadIdx.x / 16, tb = threadIdx.x % 16;
 #pragma unroll
     for (int u = 0; u < 4; ++u)
 #pragma unroll
       for (int v = 0; v < 4; ++v) {
         const int r = ta + 16 * u, s = tb + 16 * v;
-        A[r * kPairStride + s] = s < r && r < L ? bet[r] * __expf(gam[r] - gam[s]) * acc[u][v] : 0.f;
+        float& x = A[r * kPairStride + s];
+        x = s < r && r < L ? bet[r] * __expf(gam[r] - gam[s]) * x : 0.f;
       }
   }
   __syncthreads();
@@ -593,15 +636,15 @@ __global__ void __launch_bounds__(kThreads, 2) rule_out_kernel(RuleParams p) {
   attn::cp_async_wait<0>();
   __syncthreads();
   {
-    float acc[4][4];
-    chunk_dots(acc, Qb, Kb, dk);
+    chunk_gram(P, kPairStride, false, Qb, Kb, dk);
     const int ta = threadIdx.x / 16, tb = threadIdx.x % 16;
 #pragma unroll
     for (int u = 0; u < 4; ++u)
 #pragma unroll
       for (int v = 0; v < 4; ++v) {
         const int a = ta + 16 * u, b = tb + 16 * v;
-        P[a * kPairStride + b] = b <= a && a < L ? __expf(gam[a] - gam[b]) * acc[u][v] : 0.f;
+        float& x = P[a * kPairStride + b];
+        x = b <= a && a < L ? __expf(gam[a] - gam[b]) * x : 0.f;
       }
   }
   __syncthreads();
@@ -690,15 +733,15 @@ __global__ void __launch_bounds__(kThreads, 2) rule_bwd_local_kernel(RuleBwdPara
   __syncthreads();
   if (threadIdx.x < kGdnChunk) eg[threadIdx.x] = threadIdx.x < L ? p.scale * __expf(gam[threadIdx.x]) : 0.f;
   {
-    float acc[4][4];
-    chunk_dots(acc, Qb, Kb, dk);
+    chunk_gram(PT, kPairStride, true, Qb, Kb, dk);
     const int ta = threadIdx.x / 16, tb = threadIdx.x % 16;
 #pragma unroll
     for (int u = 0; u < 4; ++u)
 #pragma unroll
       for (int v = 0; v < 4; ++v) {
         const int a = ta + 16 * u, bb = tb + 16 * v;
-        PT[bb * kPairStride + a] = bb <= a && a < L ? p.scale * __expf(gam[a] - gam[bb]) * acc[u][v] : 0.f;
+        float& x = PT[bb * kPairStride + a];
+        x = bb <= a && a < L ? p.scale * __expf(gam[a] - gam[bb]) * x : 0.f;
       }
   }
   __syncthreads();
@@ -1048,21 +1091,23 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
   const int ta = threadIdx.x / 16, tb = threadIdx.x % 16;
   {  // A
     float acc[4][4];
-    chunk_dots(acc, Kb, Kb, dk);
+    chunk_gram(KKd, PS, false, Kb, Kb, dk);
 #pragma unroll
     for (int u = 0; u < 4; ++u)
 #pragma unroll
       for (int v = 0; v < 4; ++v) {
         const int a = ta + 16 * u, bb = tb + 16 * v;
-        KKd[a * PS + bb] = bb < a && a < L ? __expf(gam[a] - gam[bb]) * acc[u][v] : 0.f;
+        float& x = KKd[a * PS + bb];
+        x = bb < a && a < L ? __expf(gam[a] - gam[bb]) * x : 0.f;
       }
-    chunk_dots(acc, Qb, Kb, dk);
+    chunk_gram(QK, PS, false, Qb, Kb, dk);
 #pragma unroll
     for (int u = 0; u < 4; ++u)
 #pragma unroll
       for (int v = 0; v < 4; ++v) {
         const int a = ta + 16 * u, bb = tb + 16 * v;
-        QK[a * PS + bb] = bb <= a && a < L ? p.scale * acc[u][v] : 0.f;
+        float& x = QK[a * PS + bb];
+        x = bb <= a && a < L ? p.scale * x : 0.f;
       }
     chunk_dots_f32(acc, Db, Vn, kFs, dv);
 #pragma unroll
