@@ -613,26 +613,48 @@ size_t walk_smem_bytes(int dk) {
 }
 
 constexpr int kOutCols = 64;  // output columns per block
+constexpr int kStateStride = kOutCols + 8;  // bf16 row stride of the state's halves (ldmatrix rows apart in banks)
 
 // Per (chunk, value head, 64 output columns): o_r = scale (exp(gamma_r) q_r^T S_in + sum_{s <= r}
-// (q_r . k_s) exp(gamma_r - gamma_s) v_new_s).
+// (q_r . k_s) exp(gamma_r - gamma_s) v_new_s). q S_in on tensor cores: the fp32 state split into
+// bf16 halves, S = S_hi + S_lo (S_hi = bf16(S), S_lo = bf16(S - S_hi): 16 significant bits, a
+// relative error under 2^-16 against fp32's 2^-24, far below o's bf16 rounding), q exact in bf16,
+// so q S = q S_hi + q S_lo, two mma a tile in fp32.
 __global__ void __launch_bounds__(kThreads, 2) rule_out_kernel(RuleParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int c = blockIdx.x, h = blockIdx.y, j0 = blockIdx.z * kOutCols, kh = h / (p.nv / p.nk), dk = p.dk,
             dv = p.dv;
   const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], cols = min(kOutCols, dv - j0);
+  const int dk16 = (dk + 15) / 16 * 16;  // the products' depth: q's columns and S's rows past dk are zero
   bf16* Qb = reinterpret_cast<bf16*>(smem);                          // (64, kRowStride)
-  bf16* Kb = Qb + kGdnChunk * kRowStride;                            // (64, kRowStride)
+  bf16* Kb = Qb + kGdnChunk * kRowStride;                            // (64, kRowStride); then q S (64, 64) fp32
   float* P = reinterpret_cast<float*>(Kb + kGdnChunk * kRowStride);  // (64, kPairStride)
   float* gam = P + kGdnChunk * kPairStride;                          // (64)
-  float* Ss = gam + kGdnChunk;                                       // (dk, 64) the entering state's columns
-  float* Vs = Ss + 128 * kOutCols;                                   // (64, 64) v_new's columns
+  bf16* Sh = reinterpret_cast<bf16*>(gam + kGdnChunk);               // (dk16, kStateStride) S_in's columns, high
+  bf16* Sl = Sh + 128 * kStateStride;                                // (dk16, kStateStride) and low halves
+  float* Vs = reinterpret_cast<float*>(Sl + 128 * kStateStride);     // (64, 64) v_new's columns
   load_chunk_rows(Qb, kRowStride, p.q + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
   load_chunk_rows(Kb, kRowStride, p.k + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
   load_chunk_gam(gam, p.gam, p.nv, h, r0, L);
-  load_chunk_rows(Ss, kOutCols, p.sin + ((int64_t)c * p.nv + h) * dk * dv + j0, dv, 0, dk, cols, dk);
   load_chunk_rows(Vs, kOutCols, p.vnew + (int64_t)h * dv + j0, (int64_t)p.nv * dv, r0, L, cols);
   attn::cp_async_commit();
+  {  // S_in's columns j0 .. j0 + cols as bf16 halves (zero past dk and cols), q's columns dk .. dk16 zero
+    const float* src = p.sin + ((int64_t)c * p.nv + h) * dk * dv + j0;
+    for (int e = threadIdx.x; e < dk16 * (kOutCols / 4); e += blockDim.x) {
+      const int r = e / (kOutCols / 4), c4 = 4 * (e % (kOutCols / 4));
+      float x[4] = {0.f, 0.f, 0.f, 0.f};
+      if (r < dk && c4 < cols) *reinterpret_cast<float4*>(x) = *reinterpret_cast<const float4*>(src + (int64_t)r * dv + c4);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const bf16 hi = __float2bfloat16_rn(x[u]);
+        Sh[r * kStateStride + c4 + u] = hi;
+        Sl[r * kStateStride + c4 + u] = __float2bfloat16_rn(x[u] - __bfloat162float(hi));
+      }
+    }
+    if (dk < dk16)
+      for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x)
+        *reinterpret_cast<uint4*>(Qb + r * kRowStride + dk) = make_uint4(0, 0, 0, 0);
+  }
   attn::cp_async_wait<0>();
   __syncthreads();
   {
@@ -647,27 +669,41 @@ __global__ void __launch_bounds__(kThreads, 2) rule_out_kernel(RuleParams p) {
         x = b <= a && a < L ? __expf(gam[a] - gam[b]) * x : 0.f;
       }
   }
+  float* QS = reinterpret_cast<float*>(Kb);  // (64, kOutCols): Kb is read no more (chunk_gram's barrier)
+  {  // q S_in: a warp takes 16 rows x 32 columns
+    const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
+    const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < dk16; k0 += 16) {
+      uint32_t a[4];
+      mma::ldsm_x4(a, Qb + (m0 + lane % 8 + 8 * (lane / 8 % 2)) * kRowStride + k0 + 8 * (lane / 16));
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * kStateStride + n0 + 16 * np + 8 * (lane / 16);
+        uint32_t bh[4], bl[4];
+        mma::ldsm_x4_trans(bh, Sh + off);
+        mma::ldsm_x4_trans(bl, Sl + off);
+        mma::mma_16816(acc[2 * np], a, bh[0], bh[1]);
+        mma::mma_16816(acc[2 * np + 1], a, bh[2], bh[3]);
+        mma::mma_16816(acc[2 * np], a, bl[0], bl[1]);
+        mma::mma_16816(acc[2 * np + 1], a, bl[2], bl[3]);
+      }
+    }
+    const int gq = lane / 4, tq = lane % 4;
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      const int col = n0 + 8 * n + 2 * tq;
+      *reinterpret_cast<float2*>(QS + (m0 + gq) * kOutCols + col) = make_float2(acc[n][0], acc[n][1]);
+      *reinterpret_cast<float2*>(QS + (m0 + gq + 8) * kOutCols + col) = make_float2(acc[n][2], acc[n][3]);
+    }
+  }
   __syncthreads();
   // A thread owns column j and rows g0 + 4t.
   const int j = threadIdx.x % kOutCols, g0 = threadIdx.x / kOutCols;
   constexpr int kRows = kGdnChunk / (kThreads / kOutCols);  // 16
   float acc[kRows];
 #pragma unroll
-  for (int t = 0; t < kRows; ++t) acc[t] = 0.f;
-  for (int i = 0; i < dk; i += 8) {
-    float sv[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) sv[e] = Ss[(i + e) * kOutCols + j];
-#pragma unroll
-    for (int t = 0; t < kRows; ++t) {
-      float qv[8];
-      detail::load_bf16<8>(qv, Qb + (g0 + 4 * t) * kRowStride + i);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[t] = fmaf(qv[e], sv[e], acc[t]);
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < kRows; ++t) acc[t] *= __expf(gam[g0 + 4 * t]);
+  for (int t = 0; t < kRows; ++t) acc[t] = QS[(g0 + 4 * t) * kOutCols + j] * __expf(gam[g0 + 4 * t]);
   for (int s = 0; s < kGdnChunk; s += 4) {  // P is 0 past the diagonal and v_new's rows past L are 0
     const float v0 = Vs[s * kOutCols + j], v1 = Vs[(s + 1) * kOutCols + j], v2 = Vs[(s + 2) * kOutCols + j],
                 v3 = Vs[(s + 3) * kOutCols + j];
@@ -689,8 +725,8 @@ __global__ void __launch_bounds__(kThreads, 2) rule_out_kernel(RuleParams p) {
 }
 
 size_t out_smem_bytes() {
-  return 2 * sizeof(bf16) * kGdnChunk * kRowStride +
-         sizeof(float) * ((size_t)kGdnChunk * kPairStride + kGdnChunk + 128 * kOutCols + kGdnChunk * kOutCols);
+  return 2 * sizeof(bf16) * kGdnChunk * kRowStride + 2 * sizeof(bf16) * 128 * kStateStride +
+         sizeof(float) * ((size_t)kGdnChunk * kPairStride + kGdnChunk + kGdnChunk * kOutCols);
 }
 
 // ---- The gated delta rule's backward (ops/cpu/gdn.h gdn_tree_backward_chunked) ----

@@ -307,9 +307,12 @@ struct RuleCase {
 // normwise relative L2 <= 1e-4.
 TEST_F(GdnOps, DeltaRuleForwardMatchesTheRecurrentOracle) {
   // Seed 6: narrower heads (dk 64 of 128 rows of the walk's tiles, dv 96: a half-empty output block).
-  for (uint64_t seed : {4, 5, 6}) {
+  // Seed 7: dk 72, not a multiple of the tensor-core products' depth 16 (the Gram products on CUDA
+  // cores, q and the state zero-padded to 80 for q S).
+  for (uint64_t seed : {4, 5, 6, 7}) {
     std::mt19937_64 rng(seed * 31);
-    RuleCase rc(seed, 20, 70, /*extra_root=*/true, rng, seed == 6 ? RuleShape{1, 3, 64, 96} : RuleShape{});
+    const RuleShape shape = seed == 6 ? RuleShape{1, 3, 64, 96} : seed == 7 ? RuleShape{1, 2, 72, 64} : RuleShape{};
+    RuleCase rc(seed, 20, 70, /*extra_root=*/true, rng, shape);
     const int nk = rc.nk, nv = rc.nv, dk = rc.dk, dv = rc.dv;
     const int N = rc.N;
     const std::vector<double> init = randn_f32(rng, (size_t)rc.roots * rc.state_elems(), 0.1);
@@ -350,9 +353,10 @@ TEST_F(GdnOps, DeltaRuleForwardMatchesTheRecurrentOracle) {
 // the state over ~300 rows and the two triangular solves, whose unit-diagonal factors stay O(1)
 // for beta < 1 and unit keys: 4x headroom); d_init (fp32) 1e-3.
 TEST_F(GdnOps, DeltaRuleBackwardMatchesTheRecurrentOracle) {
-  for (uint64_t seed : {6, 7, 8}) {
+  for (uint64_t seed : {6, 7, 8, 9}) {  // seed 9: dk 72 (see the forward test)
     std::mt19937_64 rng(seed * 37);
-    RuleCase rc(seed, 12, 40, /*extra_root=*/false, rng, seed == 8 ? RuleShape{1, 3, 64, 96} : RuleShape{});
+    const RuleShape shape = seed == 8 ? RuleShape{1, 3, 64, 96} : seed == 9 ? RuleShape{1, 2, 72, 64} : RuleShape{};
+    RuleCase rc(seed, 12, 40, /*extra_root=*/false, rng, shape);
     const int nk = rc.nk, nv = rc.nv, dk = rc.dk, dv = rc.dv;
     const int N = rc.N;
     const std::vector<double> dO = randn_bf16(rng, (size_t)N * nv * dv),
