@@ -37,6 +37,7 @@ constexpr int kTile = 64;      // keys per shared-memory tile (16 per warp), and
 constexpr int kStages = 2;     // tile buffers: one tile in flight while one is computed
 constexpr int kTargetBlocks = 512;  // partial-kernel blocks the chunk size aims at (at most)
 constexpr int kQMax = 16;      // query vectors (rows x heads of a KV head group) per item: one m16 tile
+constexpr int kRowPad = 8;     // elements past HS in a shared-memory row (16 bytes of bf16: ldmatrix without conflicts)
 
 struct DecodeItem {
   int prefix;      // index into the prefix table
@@ -263,11 +264,11 @@ struct PartialParams {
 // so that ldmatrix reads them without bank conflicts.
 template <int HS>
 __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_constant__ PartialParams p) {
-  constexpr int KS = HS + 8;        // row stride of the K, V and Q tiles (bf16)
+  constexpr int KS = HS + kRowPad;  // row stride of the K, V and Q tiles (bf16)
   constexpr int kVecs = HS / 8;     // 16-byte vectors per key row
   constexpr int kLoads = kTile * kVecs / kThreads;  // per thread, tensor and tile
   static_assert(kTile * kVecs % kThreads == 0 && kTile == 16 * kWarps, "a warp takes 16 keys of a tile");
-  constexpr int OS = HS + 8;        // row stride of the fp32 combine buffer
+  constexpr int OS = HS + kRowPad;  // row stride of the fp32 combine buffer
   static_assert(kWarps * kQMax * OS * 4 <= 2 * kStages * kTile * KS * 2, "the combine buffer reuses the tiles");
   extern __shared__ __align__(16) unsigned char decode_smem[];
   bf16* k_s = reinterpret_cast<bf16*>(decode_smem);  // (kStages, kTile, KS)
@@ -444,7 +445,7 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
 // Bytes of dynamic shared memory of the partial kernel.
 template <int HS>
 constexpr size_t partial_smem_bytes() {
-  return sizeof(bf16) * (size_t)(2 * kStages * kTile + kQMax) * (HS + 8);
+  return sizeof(bf16) * (size_t)(2 * kStages * kTile + kQMax) * (HS + kRowPad);  // k_s, v_s, q_s
 }
 
 void check_args(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS) {

@@ -369,7 +369,8 @@ __device__ __forceinline__ void chunk_dots(float (&acc)[4][4], const bf16* X, co
 // fp32, at a row stride of `stride`; then a block barrier (256 threads, all call it). On tensor
 // cores (mma m16n8k16: the bf16 products are exact in fp32, summed in another order than
 // chunk_dots) when d is a multiple of 16, else by chunk_dots. Each warp takes 16 rows x 32 columns.
-__device__ __forceinline__ void chunk_gram(float* dst, int stride, bool transpose, const bf16* X, const bf16* Y, int d) {
+__device__ __forceinline__ void chunk_gram(float* dst, int stride, bool transpose, const bf16* X, const bf16* Y,
+                                           int d) {
   auto put = [&](int a, int b, float x) { dst[transpose ? b * stride + a : a * stride + b] = x; };
   if (d % 16 != 0) {
     float acc[4][4];
@@ -643,7 +644,8 @@ __global__ void __launch_bounds__(kThreads, 2) rule_out_kernel(RuleParams p) {
     for (int e = threadIdx.x; e < dk16 * (kOutCols / 4); e += blockDim.x) {
       const int r = e / (kOutCols / 4), c4 = 4 * (e % (kOutCols / 4));
       float x[4] = {0.f, 0.f, 0.f, 0.f};
-      if (r < dk && c4 < cols) *reinterpret_cast<float4*>(x) = *reinterpret_cast<const float4*>(src + (int64_t)r * dv + c4);
+      if (r < dk && c4 < cols)
+        *reinterpret_cast<float4*>(x) = *reinterpret_cast<const float4*>(src + (int64_t)r * dv + c4);
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const bf16 hi = __float2bfloat16_rn(x[u]);

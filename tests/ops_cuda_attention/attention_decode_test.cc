@@ -5,9 +5,10 @@
 // (more prefixes than the tree kernels take), independent rows each with its own prefix, prefixes
 // of length 0 and 1, rows that see no prefix, more rows than a row group, HS 64, 128 and 256, GQA
 // ratios 1, 2 and 8, prefixes read by some KV heads only (head sets), a row of 257 partials (the
-// merge's rounds), more prefixes than go by value. Outputs are poisoned before the run; a plan reused by three calls on a stream
-// gives the one-shot call's result bit for bit. Tolerance rule: attention_cases.h (kRelL2Bf16 for
-// out, whose bf16 roundings are P before P V and out, k = 2 there; kLseRel for lse).
+// merge's rounds), more prefixes than go by value. Outputs are poisoned before the run; a plan
+// reused by three calls on a stream gives the one-shot call's result bit for bit. Tolerance rule:
+// attention_cases.h (kRelL2Bf16 for out, whose bf16 roundings are P before P V and out, k = 2
+// there; kLseRel for lse).
 #include <gtest/gtest.h>
 
 #include <cmath>
