@@ -1,7 +1,9 @@
 // attention_bench: times the CUDA tree attention on a public workload and prints one JSON line.
 //
 //   attention_bench --workload comb|rollout|causal|comb_short|trunk [--n N (causal)] [--heads 16] [--kv-heads 16]
-//                   [--head-dim 128] [--iters 10] [--warmup 3] [--dump PREFIX]
+//                   [--head-dim 128] [--iters 10] [--warmup 3] [--child-order largest|listed] [--dump PREFIX]
+// --child-order: the layout's preorder (data::Tree::preorder): largest, what training packs, or
+// listed, the children in index order (the layout before 2026-12-03), for comparisons.
 // --dump writes PREFIXsubtree_end.npy and PREFIXpos.npy for scripts/device/attention_compare.py.
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +18,7 @@ int main(int argc, char** argv) {
   try {
     tt::trainer::AttentionBenchOptions opt;
     std::string workload = "comb", dump;
+    tt::data::ChildOrder order = tt::data::ChildOrder::kLargestFirst;
     int n = 16384;
     for (int i = 1; i < argc; i++) {
       const std::string a = argv[i];
@@ -29,17 +32,23 @@ int main(int argc, char** argv) {
       else if (a == "--iters") opt.iters = std::atoi(val);
       else if (a == "--warmup") opt.warmup = std::atoi(val);
       else if (a == "--dump") dump = val;
+      else if (a == "--child-order") {
+        TT_CHECK(std::strcmp(val, "largest") == 0 || std::strcmp(val, "listed") == 0, "attention_bench: --child-order ",
+                 val, ", expected largest or listed");
+        order = std::strcmp(val, "largest") == 0 ? tt::data::ChildOrder::kLargestFirst : tt::data::ChildOrder::kListed;
+      }
       else TT_CHECK(false, "attention_bench: unknown option ", a);
     }
     tt::data::PackedBatch batch;
-    if (workload == "comb") batch = tt::trainer::episode_comb_batch();
-    else if (workload == "rollout") batch = tt::trainer::agent_rollout_batch();
+    if (workload == "comb") batch = tt::trainer::episode_comb_batch(512, 40, 128, 256, order);
+    else if (workload == "rollout") batch = tt::trainer::agent_rollout_batch(4096, 6, 1024, 4, 2, 64, 1, order);
     else if (workload == "causal") batch = tt::trainer::causal_batch(n);
-    else if (workload == "comb_short") batch = tt::trainer::comb_short_batch();
-    else if (workload == "trunk") batch = tt::trainer::trunk_batch();
+    else if (workload == "comb_short") batch = tt::trainer::comb_short_batch(order);
+    else if (workload == "trunk") batch = tt::trainer::trunk_batch(16384, 7, order);
     else TT_CHECK(false, "attention_bench: --workload ", workload, ", expected comb, rollout, causal, comb_short or trunk");
     if (!dump.empty()) tt::trainer::dump_layout_npy(batch, dump);
-    const auto r = tt::trainer::bench_attention(batch, workload, opt);
+    const bool listed = order == tt::data::ChildOrder::kListed;
+    const auto r = tt::trainer::bench_attention(batch, listed ? workload + ":listed" : workload, opt);
     std::string json = tt::trainer::to_json(r);
     if (!dump.empty()) json.insert(json.size() - 1, ", \"layout\": \"" + dump + "\"");
     std::printf("%s\n", json.c_str());

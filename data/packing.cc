@@ -1,7 +1,7 @@
 // DFS packing of trees into one batch (see packing.h for the layout contract).
 //
-// kTree lays each tree's nodes out in DFS preorder (children in index order, i.e. the order they
-// were created or listed), so a node's subtree is the contiguous packed range
+// kTree lays each tree's nodes out in DFS preorder (Tree::preorder: by default larger subtrees
+// first, so a comb's trunk is contiguous), so a node's subtree is the contiguous packed range
 // [node_start, subtree_end). Token positions are depths; a token is a target iff some path makes it
 // one (target_count > 0), with the node's summed weight; its source row is the token before it in
 // the node, or, for a node's first token, the last token of the parent node (the branch point).
@@ -67,21 +67,9 @@ void pack_node_media(const Tree& tree, const NodeMedia& nm, int v, int32_t start
 }
 
 // Appends one tree in DFS order to the batch (kTree).
-void pack_tree(const Tree& tree, PackedBatch& b) {
+void pack_tree(const Tree& tree, ChildOrder child_order, PackedBatch& b) {
   const int n = (int)tree.nodes.size();
-  std::vector<std::vector<int>> children(n);
-  for (int i = 1; i < n; ++i) children[tree.nodes[i].parent].push_back(i);
-
-  // Preorder with an explicit stack (trees can be deep chains).
-  std::vector<int> order;
-  order.reserve(n);
-  std::vector<int> stack = {0};
-  while (!stack.empty()) {
-    int v = stack.back();
-    stack.pop_back();
-    order.push_back(v);
-    for (auto c = children[v].rbegin(); c != children[v].rend(); ++c) stack.push_back(*c);
-  }
+  const std::vector<int> order = tree.preorder(child_order);
 
   adopt_media_shape(tree, b);
   const NodeMedia nm(tree);
@@ -173,7 +161,7 @@ int64_t packed_size(const Tree& tree, Packing packing) {
   return packing == Packing::kTree ? tree.n_tree() : tree.n_flat();
 }
 
-PackedBatch pack(const std::vector<const Tree*>& trees, Packing packing) {
+PackedBatch pack(const std::vector<const Tree*>& trees, Packing packing, ChildOrder child_order) {
   PackedBatch b;
   int64_t total = 0;
   for (const Tree* t : trees) {
@@ -189,7 +177,7 @@ PackedBatch pack(const std::vector<const Tree*>& trees, Packing packing) {
   for (const Tree* t : trees) {
     if (packing == Packing::kTree) {
       b.tree_start.push_back((int32_t)b.tokens.size());
-      pack_tree(*t, b);
+      pack_tree(*t, child_order, b);
     } else {
       pack_paths(*t, 0, t->n_paths(), b);
     }

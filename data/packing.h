@@ -2,9 +2,9 @@
 //
 // Per token: its id, its position id (depth: the length of the root-to-node path before it), and
 // subtree_end, the end of its node's subtree in packed order, so that key j is visible from query i
-// exactly when j <= i < subtree_end[j]. Nodes are laid out in DFS order with their ranges, the
-// form the attention primitive reads (ops/cpu/attention.h). Several trees share a batch up to a
-// token budget, never seeing each other.
+// exactly when j <= i < subtree_end[j]. Nodes are laid out in DFS order (Tree::preorder) with
+// their ranges, the form the attention primitive reads (ops/cpu/attention.h). Several trees share
+// a batch up to a token budget, never seeing each other.
 //
 // Targets are an explicit list: target t is token tgt_tok[t] predicted from packed row tgt_src[t]
 // with weight tgt_w[t] (unnormalised: summed over the paths that make it a target; the trainer
@@ -79,8 +79,12 @@ void check_packed_batch(const PackedBatch& batch, int64_t vocab_size);
 void check_media(const PackedBatch& batch);  // the media part of check_packed_batch
 
 // Packs the given trees, in order, into one batch (each checked with Tree::validate()); trees with
-// media must agree on tokens_per_frame and the state length.
-PackedBatch pack(const std::vector<const Tree*>& trees, Packing packing);
+// media must agree on tokens_per_frame and the state length. Under kTree each tree's nodes follow
+// Tree::preorder(child_order): the default, larger subtrees first, is what training uses;
+// kListed (children in index order) is for comparisons (the attention bench, order-invariance
+// tests): every preorder defines the same loss and gradients.
+PackedBatch pack(const std::vector<const Tree*>& trees, Packing packing,
+                 ChildOrder child_order = ChildOrder::kLargestFirst);
 
 // Tokens a tree occupies in a batch under the given packing (n_tree or n_flat).
 int64_t packed_size(const Tree& tree, Packing packing);

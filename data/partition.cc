@@ -2,8 +2,8 @@
 //
 // Node indices satisfy parent[i] < i, so a backward sweep over the indices is a post-order (every
 // child before its parent: the greedy's residuals) and a forward sweep flows from the root
-// (depths). Pieces, node rows and the piece batches follow DFS preorder with children in index
-// order, the order pack() uses, so a piece batch is the restriction of the whole tree's batch.
+// (depths). Pieces, node rows and the piece batches follow Tree::preorder (DFS preorder, larger
+// subtrees first), the order pack() uses, so a piece batch is the restriction of the whole tree's batch.
 #include "data/partition.h"
 
 #include <algorithm>
@@ -19,20 +19,6 @@ std::vector<std::vector<int>> children_of(const Tree& tree) {
   std::vector<std::vector<int>> children(tree.nodes.size());
   for (size_t i = 1; i < tree.nodes.size(); ++i) children[tree.nodes[i].parent].push_back((int)i);
   return children;
-}
-
-// DFS preorder, children in index order, with an explicit stack (trees can be deep chains).
-std::vector<int> preorder(const std::vector<std::vector<int>>& children) {
-  std::vector<int> order;
-  order.reserve(children.size());
-  std::vector<int> stack = {0};
-  while (!stack.empty()) {
-    const int v = stack.back();
-    stack.pop_back();
-    order.push_back(v);
-    for (auto c = children[v].rbegin(); c != children[v].rend(); ++c) stack.push_back(*c);
-  }
-  return order;
 }
 
 // Cuts every node of `tree` at the offsets cuts(first token's depth, length) gives (ascending,
@@ -83,7 +69,6 @@ constexpr const char* kPartitionMedia = "partition.capacity_tokens: 0 for episod
 // with their gateways, statistics and schedule (see Partition).
 Partition build_partition(const Tree& tree, const std::vector<char>& is_root, int64_t capacity) {
   const int n = (int)tree.nodes.size();
-  const std::vector<std::vector<int>> children = children_of(tree);
   auto len = [&](int v) { return (int64_t)tree.nodes[v].tokens.size(); };
   // Pieces in DFS preorder of their roots; nodes and rows in DFS preorder within each piece.
   Partition plan;
@@ -91,7 +76,7 @@ Partition build_partition(const Tree& tree, const std::vector<char>& is_root, in
   plan.piece_of_node.assign(n, -1);
   plan.row_of_node.assign(n, 0);
   std::vector<int64_t> depth(n, 0);
-  for (int v : preorder(children)) {
+  for (int v : tree.preorder()) {
     const int p = tree.nodes[v].parent;
     depth[v] = p < 0 ? 0 : depth[p] + len(p);
     if (is_root[v]) {

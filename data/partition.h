@@ -58,7 +58,7 @@ struct GatewaySegment {
 // A piece: a connected set of nodes of the split tree.
 struct Piece {
   int root_node = 0;
-  std::vector<int> nodes;  // DFS preorder (children in index order); nodes[0] == root_node
+  std::vector<int> nodes;  // Tree::preorder(); nodes[0] == root_node
   int parent_piece = -1;   // -1 for the root piece
   std::vector<int> child_pieces;  // in execution order (DFS preorder of their root nodes)
   int64_t tokens = 0;             // sum of the nodes' lengths (<= capacity)

@@ -62,6 +62,30 @@ int64_t Tree::max_depth() const {
   return m;
 }
 
+std::vector<int> Tree::preorder(ChildOrder child_order) const {
+  const int n = (int)nodes.size();
+  std::vector<int64_t> size(n);  // tokens of each node's subtree (children have larger indices)
+  for (int i = n - 1; i >= 0 && child_order == ChildOrder::kLargestFirst; --i) {
+    size[i] += (int64_t)nodes[i].tokens.size();
+    if (nodes[i].parent >= 0) size[nodes[i].parent] += size[i];
+  }
+  std::vector<std::vector<int>> children(n);
+  for (int i = 1; i < n; ++i) children[nodes[i].parent].push_back(i);
+  std::vector<int> order;
+  order.reserve(n);
+  std::vector<int> stack = {0};  // explicit: trees can be deep chains
+  while (!stack.empty()) {
+    const int v = stack.back();
+    stack.pop_back();
+    order.push_back(v);
+    std::vector<int>& c = children[v];
+    if (child_order == ChildOrder::kLargestFirst)
+      std::stable_sort(c.begin(), c.end(), [&](int a, int b) { return size[a] > size[b]; });
+    for (auto it = c.rbegin(); it != c.rend(); ++it) stack.push_back(*it);
+  }
+  return order;
+}
+
 void Tree::validate() const {
   const std::string t = "tree '" + id + "'";
   if (nodes.empty()) throw Error(str(t, ": has no nodes, expected a root node 0"));

@@ -67,6 +67,9 @@ struct TreeMedia {
   bool empty() const { return slots.empty() && states.empty(); }
 };
 
+// How Tree::preorder orders a node's children.
+enum class ChildOrder { kLargestFirst, kListed };
+
 struct Tree {
   std::string id;
   std::vector<Node> nodes;  // node 0 is the root; parent[i] < i
@@ -92,6 +95,15 @@ struct Tree {
   int64_t n_paths() const { return (int64_t)paths.size(); }
   int64_t n_flat_targets() const;  // targets summed over all flattened paths
   int64_t max_depth() const;       // tokens on the longest root-to-node chain: the largest position id + 1
+
+  // The nodes in DFS preorder, each node's children in decreasing order of their subtrees' token
+  // counts (kLargestFirst, ties in index order: the order pack() and the partitioner lay nodes out
+  // in) or in index order (kListed). Any preorder gives the same attention (a subtree is a
+  // contiguous range); kLargestFirst keeps the trunk of a comb (an episode's observations, an
+  // agent's turns) contiguous with its leaves after it, instead of interleaving them, so a query
+  // tile of the trunk sees dense key tiles rather than ones half made of sibling leaves
+  // (docs/BENCHMARKS.md, fine-grained trees).
+  std::vector<int> preorder(ChildOrder child_order = ChildOrder::kLargestFirst) const;
 };
 
 // Path k of a tree as a tree of its own (one node), with that sequence's own weights and mask:

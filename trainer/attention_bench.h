@@ -50,15 +50,17 @@ std::string to_json(const AttentionBenchResult& r);
 // Writes <prefix>subtree_end.npy and <prefix>pos.npy (int32, shape (N,)).
 void dump_layout_npy(const data::PackedBatch& batch, const std::string& prefix);
 
-// The public workloads, packed as data::pack would (one tree each):
+// The public workloads, packed as data::pack would (one tree each; `order`: the children's order,
+// data::Tree::preorder; kListed is the layout before 2026-12-03, kept for comparisons):
 // a navigation-episode comb: a prefix, then `steps` steps of a history node on the trunk and a
 // leaf (observation + action) hanging off it;
 data::PackedBatch episode_comb_batch(int prefix_len = 512, int steps = 40, int history_len = 128,
-                                     int leaf_len = 256);
+                                     int leaf_len = 256, data::ChildOrder order = data::ChildOrder::kLargestFirst);
 // an agent rollout tree: a prompt, then `turns` turns of about turn_len tokens (lengths jittered
 // by up to +-jitter, fixed by seed), `branches` children at each of the first branch_turns turns.
 data::PackedBatch agent_rollout_batch(int prompt_len = 4096, int turns = 6, int turn_len = 1024, int branches = 4,
-                                      int branch_turns = 2, int jitter = 64, uint64_t seed = 1);
+                                      int branch_turns = 2, int jitter = 64, uint64_t seed = 1,
+                                      data::ChildOrder order = data::ChildOrder::kLargestFirst);
 // one chain of n tokens: plain causal attention, for the kernel's own dense baseline.
 data::PackedBatch causal_batch(int n);
 // Fine-grained trees (issue 20), fixed shapes and seeds:
@@ -66,7 +68,8 @@ data::PackedBatch causal_batch(int n);
 // history node and a 40-token leaf (13,824 tokens);
 // "trunk": a long trunk of nodes of 5..40 tokens, one in ten of one token, each with a leaf of
 // 8..24 tokens, seed 7, up to 16,384 tokens.
-data::PackedBatch comb_short_batch();
-data::PackedBatch trunk_batch(int max_tokens = 16384, uint64_t seed = 7);
+data::PackedBatch comb_short_batch(data::ChildOrder order = data::ChildOrder::kLargestFirst);
+data::PackedBatch trunk_batch(int max_tokens = 16384, uint64_t seed = 7,
+                              data::ChildOrder order = data::ChildOrder::kLargestFirst);
 
 }  // namespace tt::trainer

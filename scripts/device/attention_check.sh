@@ -17,7 +17,9 @@
 # Device run:  run(command="scripts/device/attention_check.sh", carry=[".device"], timeout_s=300)
 # Environment: QUICK=1 skips the comparison and ncu (tests, sanitizers and our timings only);
 # HEAD_DIMS (default 128) the benchmark's head dims, e.g. "128 256"; WORKLOADS, KV_HEADS likewise;
+# CHILD_ORDERS (default largest, what training packs) the layouts, e.g. "largest listed";
 # SAN_FILTER the gtest filter of the sanitizer runs; SKIP_TESTS=1 skips the tests and sanitizers;
+# SKIP_NCU=1 the counters;
 # COMPARE_BUDGET_S (default 120) stops starting new comparison rows after that long;
 # COMPARE_TIMEOUT_S (default 170) ends the comparison (the rows done so far are still tabled).
 set -uo pipefail
@@ -48,12 +50,14 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.g
 # 1. Our timings, dumping each layout for the comparison.
 : >"$OUT/bench.jsonl"
 for hd in ${HEAD_DIMS:-128}; do
+  for order in ${CHILD_ORDERS:-largest}; do
   for wl in ${WORKLOADS:-comb rollout comb_short trunk}; do
     for kv in ${KV_HEADS:-16 8}; do
       timeout 60 "$DIR/attention_bench" --workload $wl --heads 16 --kv-heads $kv --head-dim $hd \
-        --dump "/tmp/attn_${wl}_" >>"$OUT/bench.jsonl" 2>>"$OUT/tests.log" ||
-        echo "bench $wl kv=$kv hd=$hd failed" >>"$summary"
+        --child-order $order --dump "/tmp/attn_${wl}_${order}_" >>"$OUT/bench.jsonl" 2>>"$OUT/tests.log" ||
+        echo "bench $wl kv=$kv hd=$hd order=$order failed" >>"$summary"
     done
+  done
   done
 done
 : >"$OUT/causal.jsonl"
@@ -61,8 +65,9 @@ for hd in ${HEAD_DIMS:-128}; do
   timeout 60 "$DIR/attention_bench" --workload causal --n 16384 --heads 16 --kv-heads 16 --head-dim $hd \
     >>"$OUT/causal.jsonl" 2>>"$OUT/tests.log" || echo "bench causal hd=$hd failed" >>"$summary"
 done
-# MHA rows first: each new shape recompiles FlexAttention.
-{ grep '"kv_heads": 16' "$OUT/bench.jsonl"; grep -v '"kv_heads": 16' "$OUT/bench.jsonl"; } >/tmp/attn_rows.jsonl
+# MHA rows first: each new shape recompiles FlexAttention; the listed layouts (comparisons) last.
+{ grep '"kv_heads": 16' "$OUT/bench.jsonl" | grep -v ':listed'; grep -v '"kv_heads": 16' "$OUT/bench.jsonl" | grep -v ':listed'
+  grep ':listed' "$OUT/bench.jsonl"; } >/tmp/attn_rows.jsonl
 
 # 2. FlexAttention and SDPA on the same trees.
 [ "${QUICK:-0}" = 1 ] || PYTHONUNBUFFERED=1 timeout -k 10 "${COMPARE_TIMEOUT_S:-170}" python3 scripts/device/attention_compare.py \
@@ -96,7 +101,7 @@ grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" | sort | uniq -c 
 
 # 5. Hardware counters of one forward and one backward launch (comb, 16 heads).
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-[ "${QUICK:-0}" = 1 ] || timeout 60 "$NCU" --clock-control none -k regex:'attention_(fwd|bwd)_kernel' --launch-count 2 \
+[ "${QUICK:-0}" = 1 ] || [ "${SKIP_NCU:-0}" = 1 ] || timeout 60 "$NCU" --clock-control none -k regex:'attention_(fwd|bwd)_kernel' --launch-count 2 \
   --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
   --section Occupancy --section WarpStateStats --section LaunchStats \
   "$DIR/attention_bench" --workload comb --iters 1 --warmup 0 >"$OUT/ncu.txt" 2>&1

@@ -166,12 +166,12 @@ def compare_row(o, args, flex, start, rows, out_f):
 
 
 def print_table(rows):
-    hdr = (f"{'workload':<11}{'N':>7}{'H/KV':>7}{'pairs':>9} {'occ f/b':>10} | {'ours ms':>8}{'TF/s':>6} (fwd {'TF/s':>4})"
+    hdr = (f"{'workload':<18}{'N':>7}{'H/KV':>7}{'pairs':>9} {'occ f/b':>10} | {'ours ms':>8}{'TF/s':>6} (fwd {'TF/s':>4})"
            f" | {'flex ms':>8}{'TF/s':>6} | {'sdpa ms':>8}{'TF/s':>6} {'':>5} | {'/flex':>6}{'/sdpa':>6}")
     print(hdr)
     for r in rows:
         ours_fwd_tf = 4 * r["head_dim"] * r["heads"] * r["visible_pairs"] / (r["ours_fwd_ms"] * 1e-3) / 1e12
-        print(f"{r['workload']:<11}{r['n']:>7}{str(r['heads']) + '/' + str(r['kv_heads']):>7}"
+        print(f"{r['workload']:<18}{r['n']:>7}{str(r['heads']) + '/' + str(r['kv_heads']):>7}"
               f"{r['visible_pairs'] / 1e6:>8.1f}M {r['fwd_occupancy']:>5.2f}/{r['bwd_occupancy']:<4.2f}"
               f" | {r['ours_total_ms']:>8.2f}{r['ours_tflops']:>6.0f} (fwd {ours_fwd_tf:>4.0f})"
               f" | {r['flex_total_ms']:>8.2f}{r['flex_tflops']:>6.0f} | {r['sdpa_total_ms']:>8.2f}{r['sdpa_tflops']:>6.0f}"

@@ -69,9 +69,11 @@ TEST(PackPerPath, RolloutsHandExampleIsOneChainPerSequence) {
   EXPECT_EQ(b.visible_pairs, 15 + 15 + 6 + 15);
 }
 
+// kHandTree: 0 [10 11]; 1 <- 0 [12 13]; 2 <- 1 [14]; 3 <- 1 [15 16]; 4 <- 0 [17].
 TEST(PackTree, TreeFormatHandExampleBranchPoints) {
   const Tree t = parse_tree_line(kHandTree, "f:1", 0);
-  const PackedBatch b = pack({&t}, Packing::kTree);
+  // Children in listed order: 0, 1, 2, 3, 4.
+  const PackedBatch b = pack({&t}, Packing::kTree, ChildOrder::kListed);
   EXPECT_EQ(b.tokens, I({10, 11, 12, 13, 14, 15, 16, 17}));
   EXPECT_EQ(b.pos, I({0, 1, 2, 3, 4, 4, 5, 2}));
   EXPECT_EQ(b.subtree_end, I({8, 8, 7, 7, 5, 7, 7, 8}));
@@ -82,6 +84,60 @@ TEST(PackTree, TreeFormatHandExampleBranchPoints) {
   EXPECT_EQ(b.tgt_tok, I({11, 13, 14, 15, 16, 17}));
   EXPECT_EQ(b.tgt_w, D({3, 4, 1, 0.5, 0.5, 1}));
   EXPECT_EQ(b.visible_pairs, 1 + 2 + 3 + 4 + 5 + 5 + 6 + 3);
+}
+
+TEST(PackTree, LargerSubtreesComeFirst) {
+  // The default order: node 1 (5 tokens under it) before node 4 (1), and under node 1, node 3 (2
+  // tokens) before node 2 (1): 0, 1, 3, 2, 4.
+  const Tree t = parse_tree_line(kHandTree, "f:1", 0);
+  const PackedBatch b = pack({&t}, Packing::kTree);
+  EXPECT_EQ(b.tokens, I({10, 11, 12, 13, 15, 16, 14, 17}));
+  EXPECT_EQ(b.pos, I({0, 1, 2, 3, 4, 5, 4, 2}));
+  EXPECT_EQ(b.subtree_end, I({8, 8, 7, 7, 6, 6, 7, 8}));
+  EXPECT_EQ(b.node_start, I({0, 2, 4, 6, 7}));
+  EXPECT_EQ(b.node_len, I({2, 2, 2, 1, 1}));
+  EXPECT_EQ(b.node_parent, I({-1, 0, 1, 1, 0}));
+  // The same targets as in listed order, in the new packed order of their tokens.
+  EXPECT_EQ(b.tgt_src, I({0, 2, 3, 4, 3, 1}));
+  EXPECT_EQ(b.tgt_tok, I({11, 13, 15, 16, 14, 17}));
+  EXPECT_EQ(b.tgt_w, D({3, 4, 0.5, 0.5, 1, 1}));
+  EXPECT_EQ(b.visible_pairs, 1 + 2 + 3 + 4 + 5 + 6 + 5 + 3);
+  EXPECT_EQ(t.preorder(), std::vector<int>({0, 1, 3, 2, 4}));
+  EXPECT_EQ(t.preorder(ChildOrder::kListed), std::vector<int>({0, 1, 2, 3, 4}));
+}
+
+TEST(PackTree, EqualSubtreesKeepTheirListedOrder) {
+  // 0 [1]; 1 <- 0 [2 3]; 2 <- 0 [4]; 3 <- 2 [5]; 4 <- 0 [6 7]: three 2-token subtrees.
+  const Tree t = parse_tree_line(R"({"nodes": [{"parent": -1, "tokens": [1]}, {"parent": 0, "tokens": [2, 3]},)"
+                                 R"( {"parent": 0, "tokens": [4]}, {"parent": 2, "tokens": [5]},)"
+                                 R"( {"parent": 0, "tokens": [6, 7]}]})",
+                                 "f:1", 0);
+  EXPECT_EQ(t.preorder(), std::vector<int>({0, 1, 2, 3, 4}));
+  EXPECT_EQ(pack({&t}, Packing::kTree).tokens, I({1, 2, 3, 4, 5, 6, 7}));
+}
+
+TEST(PackTree, ACombsTrunkIsContiguousItsLeavesAfterIt) {
+  // An episode comb: a prefix, then per step a trunk node and a leaf off it, listed trunk first
+  // (as data/episode_tree.cc lists an episode). Laid out: prefix, the trunk nodes in order, then
+  // the leaves, the deepest first (each leaf follows the end of its trunk node's other subtree).
+  std::string line = R"({"nodes": [{"parent": -1, "tokens": [0, 0]})";
+  const int steps = 4;
+  for (int s = 0; s < steps; ++s) {
+    const int trunk_parent = s == 0 ? 0 : 2 * s - 1;  // node 2s+1 is step s's trunk node
+    line += str(R"(, {"parent": )", trunk_parent, R"(, "tokens": [)", 10 + s, ", ", 10 + s, "]}");
+    line += str(R"(, {"parent": )", 2 * s + 1, R"(, "tokens": [)", 20 + s, "]}");
+  }
+  line += "]}";
+  const Tree t = parse_tree_line(line, "f:1", 0);
+  EXPECT_EQ(t.preorder(), std::vector<int>({0, 1, 3, 5, 7, 8, 6, 4, 2}));
+  const PackedBatch b = pack({&t}, Packing::kTree);
+  EXPECT_EQ(b.tokens, I({0, 0, 10, 10, 11, 11, 12, 12, 13, 13, 23, 22, 21, 20}));
+  EXPECT_EQ(b.pos, I({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 8, 6, 4}));
+  // Trunk key j is seen by every later row up to its leaf: one contiguous run of queries.
+  EXPECT_EQ(b.subtree_end, I({14, 14, 14, 14, 13, 13, 12, 12, 11, 11, 11, 12, 13, 14}));
+  // The listed order interleaves them: prefix, trunk 0, leaf 0, trunk 1, leaf 1, ...
+  EXPECT_EQ(pack({&t}, Packing::kTree, ChildOrder::kListed).tokens,
+            I({0, 0, 10, 10, 20, 11, 11, 21, 12, 12, 22, 13, 13, 23}));
 }
 
 TEST(PackTree, NodesListedOutOfDfsOrderArePackedInDfsOrder) {
@@ -108,11 +164,12 @@ TEST(PackTree, SeveralTreesShareABatchWithoutSeeingEachOther) {
   EXPECT_EQ(b.n_tokens, 15);
   EXPECT_EQ(b.tree_start, I({0, 7, 15}));
   EXPECT_EQ(b.num_trees(), 2);
-  EXPECT_EQ(b.node_start, I({0, 3, 5, 7, 9, 11, 12, 14}));
+  // The second tree as in LargerSubtreesComeFirst, 7 rows on.
+  EXPECT_EQ(b.node_start, I({0, 3, 5, 7, 9, 11, 13, 14}));
   EXPECT_EQ(b.node_parent, I({-1, 0, 0, -1, 3, 4, 4, 3}));
-  EXPECT_EQ(b.pos, I({0, 1, 2, 3, 4, 3, 4, 0, 1, 2, 3, 4, 4, 5, 2}));
-  EXPECT_EQ(b.subtree_end, I({7, 7, 7, 5, 5, 7, 7, 15, 15, 14, 14, 12, 14, 14, 15}));
-  EXPECT_EQ(b.tgt_src, I({0, 1, 2, 3, 2, 5, 7, 9, 10, 10, 12, 8}));
+  EXPECT_EQ(b.pos, I({0, 1, 2, 3, 4, 3, 4, 0, 1, 2, 3, 4, 5, 4, 2}));
+  EXPECT_EQ(b.subtree_end, I({7, 7, 7, 5, 5, 7, 7, 15, 15, 14, 14, 13, 13, 14, 15}));
+  EXPECT_EQ(b.tgt_src, I({0, 1, 2, 3, 2, 5, 7, 9, 10, 11, 10, 8}));
   EXPECT_EQ(b.n_paths, 7);
   EXPECT_EQ(b.n_flat, 18 + 14);
   EXPECT_EQ(b.n_tree, 15);

@@ -54,33 +54,19 @@ data::Tree make_tree(const std::vector<SpecNode>& nodes) {
   return data::parse_tree_line(os.str(), "leakage_test", 24);
 }
 
-// Logits per (node, offset) of the tree, keyed by the input node index. Packing lays nodes out in
-// DFS order of the listed children; the node with the k-th packed start whose token content and
-// parent chain match is found through the packed order, which for these trees is recomputed here.
+// Logits per (node, offset) of the tree, keyed by the input node index (packed node k is input
+// node preorder[k]).
 struct Logits {
   std::vector<std::vector<std::vector<double>>> by_node;  // [node][offset] -> (V)
 };
 
-// DFS order of the input nodes, children in listed order: the same order the packer uses.
-std::vector<int> dfs_order(const std::vector<SpecNode>& nodes) {
-  std::vector<std::vector<int>> kids(nodes.size());
-  for (size_t i = 1; i < nodes.size(); ++i) kids[nodes[i].parent].push_back((int)i);
-  std::vector<int> order, stack{0};
-  while (!stack.empty()) {
-    int n = stack.back();
-    stack.pop_back();
-    order.push_back(n);
-    for (auto it = kids[n].rbegin(); it != kids[n].rend(); ++it) stack.push_back(*it);
-  }
-  return order;
-}
-
-Logits run(model::Model<double>& m, const std::vector<SpecNode>& nodes) {
+Logits run(model::Model<double>& m, const std::vector<SpecNode>& nodes,
+           data::ChildOrder child_order = data::ChildOrder::kLargestFirst) {
   data::Tree tree = make_tree(nodes);
-  data::PackedBatch b = data::pack({&tree}, data::Packing::kTree);
+  data::PackedBatch b = data::pack({&tree}, data::Packing::kTree, child_order);
   const std::vector<double> logits = m.infer(b, model::InferRequest::all_logits()).logits;
   const int64_t V = m.config().vocab_size;
-  std::vector<int> order = dfs_order(nodes);
+  std::vector<int> order = tree.preorder(child_order);
   EXPECT_EQ((int)order.size(), b.num_nodes());
   Logits out;
   out.by_node.resize(nodes.size());
@@ -161,16 +147,34 @@ TEST_P(Leakage, ChangingAChildLeavesAncestorsAndOtherBranchesUnchanged) {
 TEST_P(Leakage, SwappingSiblingOrderLeavesEveryPathUnchanged) {
   model::Model<double> m(config(GetParam()));
   m.init(4);
-  Logits before = run(m, kTree);
+  // Packed in listed order, so that listing the children the other way round moves them.
+  Logits before = run(m, kTree, data::ChildOrder::kListed);
   // same tree with the children of root and of A listed in the opposite order
   std::vector<SpecNode> swapped = {
       {-1, {1, 2, 3}}, {0, {6, 7, 8}}, {0, {4, 5}}, {2, {11}}, {2, {9, 10}}, {1, {12, 13, 14}},
   };
   const int old_of_new[] = {0, 2, 1, 4, 3, 5};
-  Logits after = run(m, swapped);
+  const data::Tree t0 = make_tree(kTree), t1 = make_tree(swapped);
+  ASSERT_NE(data::pack({&t0}, data::Packing::kTree, data::ChildOrder::kListed).tokens,
+            data::pack({&t1}, data::Packing::kTree, data::ChildOrder::kListed).tokens);
+  Logits after = run(m, swapped, data::ChildOrder::kListed);
   for (int n = 0; n < 6; ++n)
     for (size_t j = 0; j < swapped[n].tokens.size(); ++j)
       EXPECT_EQ(after.by_node[n][j], before.by_node[old_of_new[n]][j]) << "node " << n << " offset " << j;
+}
+
+TEST_P(Leakage, TheLargestFirstLayoutLeavesEveryPathUnchanged) {
+  // Training packs larger subtrees first (B before A here, A1 before A2); every row's logits are
+  // those of the listed layout, bit for bit.
+  model::Model<double> m(config(GetParam()));
+  m.init(4);
+  const data::Tree t = make_tree(kTree);
+  ASSERT_NE(t.preorder(), t.preorder(data::ChildOrder::kListed));
+  const Logits listed = run(m, kTree, data::ChildOrder::kListed);
+  const Logits largest = run(m, kTree);
+  for (size_t n = 0; n < kTree.size(); ++n)
+    for (size_t j = 0; j < kTree[n].tokens.size(); ++j)
+      EXPECT_EQ(largest.by_node[n][j], listed.by_node[n][j]) << "node " << n << " offset " << j;
 }
 
 TEST_P(Leakage, TargetsNeverEnterTheirOwnPredictionRow) {

@@ -11,6 +11,8 @@
 // Leakage checks are exact: a row's logits only read visible rows, so they are bitwise unchanged.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <vector>
 
@@ -123,12 +125,22 @@ INSTANTIATE_TEST_SUITE_P(Histories, VlaTreeVsSteps,
                                   (i.param.freeze ? "_frozen" : "");
                          });
 
-// Each step's action logits: the rows that predict its action tokens, under tree packing. Targets
-// are listed in packed order of the predicted token, and DFS order visits the steps in order, so
-// step s owns targets [2 s, 2 s + 2) (2 action ids a step); checked against the episode.
-std::vector<std::vector<double>> step_logits(model::Model<double>& m, const PackedBatch& b, const data::Episode& ep) {
+// Each step's action logits: the rows that predict its action tokens, under tree packing of
+// `tree`. Targets are listed in packed order of the predicted token, the action leaves (path s
+// ends at step s's) are the only nodes with targets, 2 each, so the step whose leaf comes k-th in
+// the tree's preorder owns targets [2 k, 2 k + 2); checked against the episode.
+std::vector<std::vector<double>> step_logits(model::Model<double>& m, const PackedBatch& b, const data::Tree& tree,
+                                             const data::Episode& ep) {
   const int A = 2, V = (int)m.config().vocab_size;
   EXPECT_EQ(b.tgt_src.size(), ep.steps.size() * A);
+  EXPECT_EQ(tree.paths.size(), ep.steps.size());
+  const std::vector<int> order = tree.preorder();
+  std::vector<int> rank(order.size()), leaf_rank(ep.steps.size());
+  for (size_t k = 0; k < order.size(); ++k) rank[order[k]] = (int)k;
+  for (size_t s = 0; s < ep.steps.size(); ++s) leaf_rank[s] = rank[tree.paths[s].end_node];
+  std::vector<int> block(ep.steps.size());  // step -> its target block
+  for (size_t s = 0; s < ep.steps.size(); ++s)
+    block[s] = (int)std::count_if(leaf_rank.begin(), leaf_rank.end(), [&](int r) { return r < leaf_rank[s]; });
   model::InferRequest req;
   req.loss = false;
   req.rows = model::InferRequest::Rows::kList;
@@ -137,8 +149,9 @@ std::vector<std::vector<double>> step_logits(model::Model<double>& m, const Pack
   std::vector<std::vector<double>> out(ep.steps.size());
   for (size_t s = 0; s < ep.steps.size(); ++s)
     for (int a = 0; a < A; ++a) {
-      EXPECT_EQ(b.tgt_tok[s * A + a], ep.steps[s].action_ids[a]) << "step " << s;
-      out[s].insert(out[s].end(), r.logits.begin() + (s * A + a) * (size_t)V, r.logits.begin() + (s * A + a + 1) * (size_t)V);
+      const size_t t = (size_t)block[s] * A + a;
+      EXPECT_EQ(b.tgt_tok[t], ep.steps[s].action_ids[a]) << "step " << s;
+      out[s].insert(out[s].end(), r.logits.begin() + t * V, r.logits.begin() + (t + 1) * V);
     }
   return out;
 }
@@ -149,13 +162,13 @@ TEST(VlaLeakage, NoStepSeesALaterFrameOrAnotherStepsAction) {
   m.init(9);
   const data::Episode ep = testing::tiny_episode(5, 2, 4);
   const data::Tree tree = testing::vla_tree(ep, 0, cfg, 21);
-  const std::vector<std::vector<double>> base = step_logits(m, testing::vla_batch(tree, Packing::kTree, cfg), ep);
+  const std::vector<std::vector<double>> base = step_logits(m, testing::vla_batch(tree, Packing::kTree, cfg), tree, ep);
   for (int t = 0; t < 4; ++t) {
     // A different frame at step t + 1 (camera 1).
     data::Tree changed = tree;
     for (data::FrameRef& f : changed.media.frames)
       if (f.step == t + 1 && f.camera == 1) f.pixels = testing::frame_pixels(4, f.step, f.camera, 99);
-    const auto l = step_logits(m, testing::vla_batch(changed, Packing::kTree, cfg), ep);
+    const auto l = step_logits(m, testing::vla_batch(changed, Packing::kTree, cfg), changed, ep);
     for (int s = 0; s <= t; ++s) EXPECT_EQ(l[s], base[s]) << "step " << s << " saw frame " << t + 1;
     EXPECT_NE(l[t + 1], base[t + 1]) << "the changed frame must matter to its own step";
   }
@@ -164,7 +177,7 @@ TEST(VlaLeakage, NoStepSeesALaterFrameOrAnotherStepsAction) {
     data::Episode ep2 = ep;
     ep2.steps[t].action_ids = {ep.steps[t].action_ids[0] == 23 ? 22 : 23, ep.steps[t].action_ids[1]};
     const data::Tree tree2 = testing::vla_tree(ep2, 0, cfg, 21);
-    const auto l = step_logits(m, testing::vla_batch(tree2, Packing::kTree, cfg), ep2);
+    const auto l = step_logits(m, testing::vla_batch(tree2, Packing::kTree, cfg), tree2, ep2);
     const size_t V = (size_t)cfg.vocab_size;
     for (int s = 0; s < 5; ++s) {
       if (s != t) {
@@ -185,12 +198,12 @@ TEST(VlaLeakage, AWindowHistorySeesExactlyItsWindow) {
   m.init(10);
   const data::Episode ep = testing::tiny_episode(5, 1, 5);
   const data::Tree tree = testing::vla_tree(ep, W, cfg, 31);
-  const auto base = step_logits(m, testing::vla_batch(tree, Packing::kTree, cfg), ep);
+  const auto base = step_logits(m, testing::vla_batch(tree, Packing::kTree, cfg), tree, ep);
   for (int f = 0; f < 5; ++f) {
     data::Tree changed = tree;
     for (data::FrameRef& fr : changed.media.frames)
       if (fr.step == f) fr.pixels = testing::frame_pixels(4, fr.step, fr.camera, 77);
-    const auto l = step_logits(m, testing::vla_batch(changed, Packing::kTree, cfg), ep);
+    const auto l = step_logits(m, testing::vla_batch(changed, Packing::kTree, cfg), changed, ep);
     for (int s = 0; s < 5; ++s) {
       const bool in_window = f <= s && f > s - W;
       if (in_window) EXPECT_NE(l[s], base[s]) << "step " << s << " must see frame " << f;

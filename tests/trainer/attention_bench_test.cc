@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <utility>
+
 namespace tt::trainer {
 namespace {
 
@@ -14,11 +16,25 @@ TEST(AttentionBench, TileOccupancyCountsTouchedTiles) {
   EXPECT_DOUBLE_EQ(tile_occupancy(c, 128, 128), 32896.0 / (3 * 16384.0));
   // One-token tiles see exactly the visible pairs.
   EXPECT_DOUBLE_EQ(tile_occupancy(c, 1, 1), 1.0);
-  // A comb's leaves hide from later queries: its occupancy is below a causal run of its length.
-  const data::PackedBatch comb = comb_short_batch();
-  EXPECT_EQ(comb.n_tokens, 1024 + 200 * (24 + 40));
-  EXPECT_LT(tile_occupancy(comb, 128, 128), tile_occupancy(causal_batch(comb.n_tokens), 128, 128));
-  EXPECT_GT(tile_occupancy(comb, 128, 128), 0.0);
+  // Laid out in listed order a comb's leaves sit between its trunk nodes and hide from later
+  // queries: less than half of a touched tile is visible (a causal run of its length: ~0.99).
+  const data::PackedBatch listed = comb_short_batch(data::ChildOrder::kListed);
+  EXPECT_EQ(listed.n_tokens, 1024 + 200 * (24 + 40));
+  EXPECT_LT(tile_occupancy(listed, 128, 128), 0.5);
+  EXPECT_GT(tile_occupancy(causal_batch(listed.n_tokens), 128, 128), 0.99);
+}
+
+TEST(AttentionBench, LargestFirstLayoutFillsTheTilesOfFineGrainedTrees) {
+  // What training packs (data::Tree::preorder, larger subtrees first): the trunk is one causal
+  // run and the leaves follow it, so touched tiles are more than 9/10 visible; the same pairs.
+  for (const auto& [largest, listed] :
+       {std::pair{comb_short_batch(), comb_short_batch(data::ChildOrder::kListed)},
+        std::pair{trunk_batch(), trunk_batch(16384, 7, data::ChildOrder::kListed)}}) {
+    EXPECT_EQ(largest.visible_pairs, listed.visible_pairs);
+    EXPECT_LT(tile_occupancy(listed, 128, 128), 0.6);
+    EXPECT_GT(tile_occupancy(largest, 128, 128), 0.9);
+    EXPECT_GT(tile_occupancy(largest, 64, 128), 0.9);
+  }
 }
 
 TEST(AttentionBench, TrunkWorkloadIsFixedBySeed) {
