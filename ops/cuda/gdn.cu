@@ -1050,31 +1050,116 @@ size_t bwd_state_smem_bytes(int dv) {
          sizeof(bf16) * (size_t)kGdnChunk * kRowStride;
 }
 
-// acc[u][v] = X_(ta + 16u) . Y_(tb + 16v) over d columns (as chunk_dots) for bf16 rows X (stride
-// kRowStride) and fp32 rows Y (stride ys, a multiple of 4).
-__device__ __forceinline__ void chunk_dots_f32(float (&acc)[4][4], const bf16* X, const float* Y, int ys, int d) {
-  const int ta = threadIdx.x / 16, tb = threadIdx.x % 16;
+// dst[a][b] = X_a . Y_b for the 64 x 64 pairs of bf16 rows X (kRowStride) and fp32 rows Y (stride
+// ys), d a multiple of 16, on tensor cores: Y split into bf16 halves (Y = Y_hi + Y_lo to a relative
+// 2^-16, X exact), two mma a tile, summed in fp32; then a block barrier. A warp takes 16 rows x 32
+// columns, as chunk_gram.
+__device__ __forceinline__ void chunk_gram_split(float* dst, int stride, const bf16* X, const float* Y, int ys, int d) {
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
+  const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4), gq = lane / 4, tq = lane % 4;
+  float c[4][4] = {};
+  for (int k0 = 0; k0 < d; k0 += 16) {
+    uint32_t a[4];
+    mma::ldsm_x4(a, X + (m0 + lane % 8 + 8 * (lane / 8 % 2)) * kRowStride + k0 + 8 * (lane / 16));
 #pragma unroll
-  for (int u = 0; u < 4; ++u)
+    for (int n = 0; n < 4; ++n) {
+      uint32_t bh[2], bl[2];  // B (k, n) = Y_n's columns k0 + 2 tq (+1) and k0 + 2 tq + 8 (+9)
 #pragma unroll
-    for (int v = 0; v < 4; ++v) acc[u][v] = 0.f;
-  for (int i = 0; i < d; i += 8) {
-    float x[4][8], y[4][8];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) detail::load_bf16<8>(x[u], X + (ta + 16 * u) * kRowStride + i);
-#pragma unroll
-    for (int v = 0; v < 4; ++v) {
-      const float4 lo = *reinterpret_cast<const float4*>(Y + (tb + 16 * v) * ys + i);
-      const float4 hi = *reinterpret_cast<const float4*>(Y + (tb + 16 * v) * ys + i + 4);
-      y[v][0] = lo.x, y[v][1] = lo.y, y[v][2] = lo.z, y[v][3] = lo.w;
-      y[v][4] = hi.x, y[v][5] = hi.y, y[v][6] = hi.z, y[v][7] = hi.w;
+      for (int j = 0; j < 2; ++j) {
+        const float2 y = *reinterpret_cast<const float2*>(Y + (n0 + 8 * n + gq) * ys + k0 + 2 * tq + 8 * j);
+        const float h0 = __bfloat162float(__float2bfloat16_rn(y.x)), h1 = __bfloat162float(__float2bfloat16_rn(y.y));
+        bh[j] = attn::pack_bf16x2(h0, h1);
+        bl[j] = attn::pack_bf16x2(y.x - h0, y.y - h1);
+      }
+      mma::mma_16816(c[n], a, bh[0], bh[1]);
+      mma::mma_16816(c[n], a, bl[0], bl[1]);
     }
+  }
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
+  for (int n = 0; n < 4; ++n) {
+    const int col = n0 + 8 * n + 2 * tq;
+    *reinterpret_cast<float2*>(dst + (m0 + gq) * stride + col) = make_float2(c[n][0], c[n][1]);
+    *reinterpret_cast<float2*>(dst + (m0 + gq + 8) * stride + col) = make_float2(c[n][2], c[n][3]);
+  }
+  __syncthreads();
+}
+
+// An m16n8k16 A fragment (rows m0 + gq (+8), columns k0 + 2 tq (+1, +8, +9), the PTX ISA's
+// layout) of an fp32 matrix given element-wise by at(row, col), as bf16 high and low halves
+// (x = hi + lo to a relative 2^-16; see rule_out_kernel): two mma give the fp32 product.
+template <class At>
+__device__ __forceinline__ void split_a_fragment(uint32_t (&hi)[4], uint32_t (&lo)[4], int m0, int k0, At&& at) {
+  const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
 #pragma unroll
-      for (int v = 0; v < 4; ++v)
+  for (int j = 0; j < 4; ++j) {
+    const int r = m0 + gq + 8 * (j % 2), c = k0 + 2 * tq + 8 * (j / 2);
+    const float x0 = at(r, c), x1 = at(r, c + 1);
+    const float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
+    hi[j] = attn::pack_bf16x2(h0, h1);
+    lo[j] = attn::pack_bf16x2(x0 - h0, x1 - h1);
+  }
+}
+
+// Phase F of rule_bwd_grad_kernel on tensor cores (dk a multiple of 16): over the chunk's rows x,
+// aq_r = sum_x DOVd_rx k_x and ak_r = sum_x (scale DOVd_xr q~_x + (MK_xr + MK_rx) k_x), the fp32
+// pair matrices split into bf16 halves (two mma each; q~ and k exact in bf16, read by transposing
+// ldmatrix), then gq_r = e^(gam_r) gq_r + aq_r and gk_r = e^(gam_L - gam_r) gk_r + beta_r e^(gam_r)
+// dB2_r + ak_r. A warp takes 16 rows (m0) and every other 16 columns (from n0); rows past L and the
+// pair matrices' entries past L are zero.
+__device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* Qb, const bf16* Kb, const float* DOVd,
+                                            const float* MK, const float* dB2, int X, const float* gam,
+                                            const float* bet, float gl, int r0, int L, int h) {
+  const RuleParams& p = b.f;
+  const int dk = p.dk, lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
+  const int m0 = 16 * (warp % 4), n0 = 16 * (warp / 4), n16 = dk / 16;
+  constexpr int PS = kPairStride;
+  float aq[4][2][4] = {}, ak[4][2][4] = {};  // [16-column tile t: columns n0 + 32 t][n8 half][fragment]
+  for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
+    uint32_t dh[4], dl[4], th[4], tl[4], mh[4], ml[4];
+    split_a_fragment(dh, dl, m0, k0, [&](int r, int x) { return DOVd[r * PS + x]; });
+    split_a_fragment(th, tl, m0, k0, [&](int r, int x) { return p.scale * DOVd[x * PS + r]; });
+    split_a_fragment(mh, ml, m0, k0, [&](int r, int x) { return MK[x * PS + r] + MK[r * PS + x]; });
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[u][v] = fmaf(x[u][e], y[v][e], acc[u][v]);
+    for (int t = 0; t < 4; ++t) {
+      const int col = n0 + 32 * t;
+      if (col >= 16 * n16) break;
+      const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * kRowStride + col + 8 * (lane / 16);
+      uint32_t kb[4], qb[4];
+      mma::ldsm_x4_trans(kb, Kb + off);
+      mma::ldsm_x4_trans(qb, Qb + off);
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        mma::mma_16816(aq[t][n], dh, kb[2 * n], kb[2 * n + 1]);
+        mma::mma_16816(aq[t][n], dl, kb[2 * n], kb[2 * n + 1]);
+        mma::mma_16816(ak[t][n], th, qb[2 * n], qb[2 * n + 1]);
+        mma::mma_16816(ak[t][n], tl, qb[2 * n], qb[2 * n + 1]);
+        mma::mma_16816(ak[t][n], mh, kb[2 * n], kb[2 * n + 1]);
+        mma::mma_16816(ak[t][n], ml, kb[2 * n], kb[2 * n + 1]);
+      }
+    }
+  }
+  const int gq = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = m0 + gq + 8 * half;
+    if (r >= L) continue;
+    const float eg = __expf(gam[r]), el = __expf(gl - gam[r]);
+    const int64_t row = ((int64_t)(r0 + r) * p.nv + h) * dk;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const int col = n0 + 32 * t;
+      if (col >= 16 * n16) break;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const int i = col + 8 * n + 2 * tq;
+        float2* gqp = reinterpret_cast<float2*>(b.gq + row + i);  // gq held S dO_r
+        float2* gkp = reinterpret_cast<float2*>(b.gk + row + i);  // gk held dS v_new_r
+        const float2 sq = *gqp, sk = *gkp;
+        *gqp = make_float2(eg * sq.x + aq[t][n][2 * half], eg * sq.y + aq[t][n][2 * half + 1]);
+        *gkp = make_float2(el * sk.x + bet[r] * eg * dB2[r * X + i] + ak[t][n][2 * half],
+                           el * sk.y + bet[r] * eg * dB2[r * X + i + 1] + ak[t][n][2 * half + 1]);
+      }
+    }
   }
 }
 
@@ -1089,7 +1174,8 @@ __device__ __forceinline__ void chunk_dots_f32(float (&acc)[4][4], const bf16* X
 //   D: a warp per row: dgam's row terms, dbeta, dv = beta dB1;
 //   E: dg, the reverse cumulative sum of dgam;
 //   F: dq~ = e^(gam) S dO + DOVd K and dk = e^(gam_L - gam) dS v_new + beta e^(gam) dB2
-//      + DOVd^T q~ + MK^T K + MK K, a 4 x 8 register tile a thread. q~'s and k's gradients go to
+//      + DOVd^T q~ + MK^T K + MK K: on tensor cores (grad_qk_mma) when dk is a multiple of 16,
+//      else a 4 x 8 register tile a thread. q~'s and k's gradients go to
 //      per-value-head fp32 rows (gq, gk), summed over each key head's group afterwards.
 __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -1128,7 +1214,6 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
   const float gl = gam[L - 1];
   const int ta = threadIdx.x / 16, tb = threadIdx.x % 16;
   {  // A
-    float acc[4][4];
     chunk_gram(KKd, PS, false, Kb, Kb, dk);
 #pragma unroll
     for (int u = 0; u < 4; ++u)
@@ -1147,13 +1232,14 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
         float& x = QK[a * PS + bb];
         x = bb <= a && a < L ? p.scale * x : 0.f;
       }
-    chunk_dots_f32(acc, Db, Vn, kFs, dv);
+    chunk_gram_split(DOVd, PS, Db, Vn, kFs, dv);  // dv is a multiple of 32
 #pragma unroll
     for (int u = 0; u < 4; ++u)
 #pragma unroll
       for (int v = 0; v < 4; ++v) {
         const int a = ta + 16 * u, bb = tb + 16 * v;
-        DOVd[a * PS + bb] = bb <= a && a < L ? __expf(gam[a] - gam[bb]) * acc[u][v] : 0.f;
+        float& x = DOVd[a * PS + bb];
+        x = bb <= a && a < L ? __expf(gam[a] - gam[bb]) * x : 0.f;
       }
   }
   __syncthreads();  // dO and v_new are read no more: R becomes [dB1 | dB2]
@@ -1209,7 +1295,8 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
         const int a = ta + 16 * u, bb = tb + 16 * v, e = a * PS + bb;
         const float da = bb < a && a < L ? -acc[u][v] : 0.f, kkd = KKd[e];
         QK[e] = QK[e] * DOVd[e] + da * bet[a] * kkd;  // the pair term (0 where b > a)
-        MK[e] = da * bet[a] * (bb < a ? __expf(gam[a] - gam[bb]) : 0.f);
+        // Zero outside b < a < L: rows past L hold gam = 0, where e^(0 - gam_b) can overflow.
+        MK[e] = bb < a && a < L ? da * bet[a] * __expf(gam[a] - gam[bb]) : 0.f;
         KKd[e] = da * kkd;
       }
   }
@@ -1267,7 +1354,9 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
     if (ah < L) b.dg[rowi(ah)] = b.accumulate ? b.dg[rowi(ah)] + hi : hi;
     if (al < L) b.dg[rowi(al)] = b.accumulate ? b.dg[rowi(al)] + lo : lo;
   }
-  {  // F: rows tr + 16u, columns 8 tc .. 8 tc + 8
+  if (dk % 16 == 0) {  // F on tensor cores
+    grad_qk_mma(b, Qb, Kb, DOVd, MK, XB + dv, X, gam, bet, gl, r0, L, h);
+  } else {  // F: rows tr + 16u, columns 8 tc .. 8 tc + 8
     const int tr = threadIdx.x / 16, tc = threadIdx.x % 16, i0 = 8 * tc;
     if (i0 < dk) {
       float aq[4][8], ak[4][8];
