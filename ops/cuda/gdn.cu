@@ -410,6 +410,22 @@ __device__ __forceinline__ void chunk_gram(float* dst, int stride, bool transpos
 
 __device__ __forceinline__ float bf(const bf16& x) { return __bfloat162float(x); }
 
+// An m16n8k16 A fragment (rows m0 + gq (+8), columns k0 + 2 tq (+1, +8, +9), the PTX ISA's
+// layout) of an fp32 matrix given element-wise by at(row, col), as bf16 high and low halves
+// (x = hi + lo to a relative 2^-16; see rule_out_kernel): two mma give the fp32 product.
+template <class At>
+__device__ __forceinline__ void split_a_fragment(uint32_t (&hi)[4], uint32_t (&lo)[4], int m0, int k0, At&& at) {
+  const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int r = m0 + gq + 8 * (j % 2), c = k0 + 2 * tq + 8 * (j / 2);
+    const float x0 = at(r, c), x1 = at(r, c + 1);
+    const float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
+    hi[j] = attn::pack_bf16x2(h0, h1);
+    lo[j] = attn::pack_bf16x2(x0 - h0, x1 - h1);
+  }
+}
+
 // Per (chunk, value head): gamma (the in-chunk cumulative log decay), A = strictly_lower(beta_r
 // k_r . k_s exp(gamma_r - gamma_s)), then U = (I + A)^-1 (beta v) and W = (I + A)^-1 (beta
 // exp(gamma) k) by forward substitution, each thread owning a column of [U | W].
@@ -611,6 +627,177 @@ __global__ void __launch_bounds__(kThreads) rule_walk_kernel(RuleParams p) {
 
 size_t walk_smem_bytes(int dk) {
   return sizeof(float) * (128 * kWalkCols + kGdnChunk * kWalkCols + kGdnChunk + 2 * WalkStage::floats(dk));
+}
+
+// The walk on tensor cores (dk a multiple of 16; rule_walk_kernel otherwise), the same chunk
+// order, loads and outputs. The block's state S (dk, 32) lives in registers as the accumulators of
+// the update's products (warp w: rows 16 w .. 16 w + 16, all 32 columns), fp32 throughout. Per
+// chunk: S to sin and, as bf16 high and low halves, to shared memory; v_new = U - W S (W and S
+// split into halves: W_hi S_hi + W_hi S_lo + W_lo S_hi, a relative error ~2^-16 against fp32's
+// 2^-24; warp w: rows 16 (w % 4), columns 16 (w / 4)), its rows scaled by exp(gamma_L - gamma_s)
+// and split into halves in shared memory; then S <- exp(gamma_L) S + K^T (dec v_new) (k exact in
+// bf16, two mma a tile).
+constexpr int kWalkHalfStride = kWalkCols + 8;  // bf16 row stride of S's and v_new's halves (ldmatrix: no conflicts)
+constexpr int kWalkUStride = kWalkCols + 8;     // fp32 row stride of the U stage (8 floats of padding)
+
+// One stage of the tensor-core walk: W rows (64, dk + 8) fp32, keys (64, kRowStride) bf16, U
+// columns (64, kWalkUStride) fp32, gam (64). Padded strides: the fragment reads hit distinct banks.
+struct WalkMmaStage {
+  float* W;
+  bf16* K;
+  float* U;
+  float* gam;
+  __device__ WalkMmaStage(float* base, int dk) {
+    W = base;
+    K = reinterpret_cast<bf16*>(W + kGdnChunk * (dk + 8));
+    U = reinterpret_cast<float*>(K + kGdnChunk * kRowStride);
+    gam = U + kGdnChunk * kWalkUStride;
+  }
+  __host__ __device__ static constexpr size_t floats(int dk) {
+    return (size_t)kGdnChunk * (dk + 8) + kGdnChunk * kRowStride / 2 + kGdnChunk * kWalkUStride + kGdnChunk;
+  }
+};
+
+__device__ __forceinline__ void walk_mma_prefetch(const WalkMmaStage& st, const RuleParams& p, int c, int h, int kh,
+                                                  int j0) {
+  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
+  load_chunk_rows(st.W, p.dk + 8, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.U, kWalkUStride, p.U + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L, kWalkCols);
+  load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
+}
+
+__global__ void __launch_bounds__(kThreads) rule_walk_mma_kernel(RuleParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int HS = kWalkHalfStride, US = kWalkUStride;
+  const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv;
+  bf16* Sh = reinterpret_cast<bf16*>(smem);  // (128, HS) S's halves
+  bf16* Sl = Sh + 128 * HS;
+  bf16* Vh = Sl + 128 * HS;                  // (64, HS) dec v_new's halves
+  bf16* Vl = Vh + kGdnChunk * HS;
+  float* stages = reinterpret_cast<float*>(Vl + kGdnChunk * HS);  // two WalkMmaStages
+  const size_t stage_floats = WalkMmaStage::floats(dk);
+  const int64_t SS = (int64_t)dk * dv;
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
+  const int si = 16 * warp;           // this warp's state rows si .. si + 16 (none when si >= dk)
+  const bool has_rows = si < dk;
+  const int vm = 16 * (warp % 4), vn = 16 * (warp / 4);  // this warp's v_new tile
+  // S[n][e]: rows si + gq (e 0, 1) and si + gq + 8 (e 2, 3), columns 8 n + 2 tq (+1).
+  float S[4][4] = {};
+  auto state_io = [&](float* dst, const float* src) {  // S -> dst or src -> S (global rows of dv floats)
+    if (!has_rows) return;
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t at = (int64_t)(si + gq + 8 * half) * dv + j0 + 8 * n + 2 * tq;
+        if (dst) {
+          *reinterpret_cast<float2*>(dst + at) = make_float2(S[n][2 * half], S[n][2 * half + 1]);
+        } else {
+          const float2 x = src ? *reinterpret_cast<const float2*>(src + at) : make_float2(0.f, 0.f);
+          S[n][2 * half] = x.x, S[n][2 * half + 1] = x.y;
+        }
+      }
+  };
+  if (p.num_chunks > 0) walk_mma_prefetch(WalkMmaStage(stages, dk), p, 0, h, kh, j0);
+  attn::cp_async_commit();
+  for (int c = 0; c < p.num_chunks; ++c) {
+    if (c + 1 < p.num_chunks)
+      walk_mma_prefetch(WalkMmaStage(stages + ((c + 1) & 1) * stage_floats, dk), p, c + 1, h, kh, j0);
+    attn::cp_async_commit();
+    const WalkMmaStage st(stages + (c & 1) * stage_floats, dk);
+    const int n = p.plan.chunk_node[c], flags = p.plan.chunk_flags[c];
+    const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
+    if (flags & 1) {
+      const int parent = p.plan.node_parent[n], root = p.plan.node_root[n];
+      const float* src = parent >= 0 ? p.node_end + ((int64_t)parent * p.nv + h) * SS
+                                     : (p.init && root >= 0 ? p.init + ((int64_t)root * p.nv + h) * SS : nullptr);
+      state_io(nullptr, src);
+    }
+    state_io(p.sin + ((int64_t)c * p.nv + h) * SS, nullptr);
+    if (has_rows) {
+#pragma unroll
+      for (int nn = 0; nn < 4; ++nn)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int off = (si + gq + 8 * half) * HS + 8 * nn + 2 * tq;
+          const float x0 = S[nn][2 * half], x1 = S[nn][2 * half + 1];
+          const float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
+          *reinterpret_cast<uint32_t*>(Sh + off) = attn::pack_bf16x2(h0, h1);
+          *reinterpret_cast<uint32_t*>(Sl + off) = attn::pack_bf16x2(x0 - h0, x1 - h1);
+        }
+    }
+    attn::cp_async_wait<1>();
+    __syncthreads();  // the stage has landed; S's halves are stored
+    const float gl = st.gam[L - 1];
+    {  // v_new (rows vm .., columns vn ..) = U - W S, then dec v_new's halves
+      float acc[2][4];
+#pragma unroll
+      for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nn][e] = st.U[(vm + gq + 8 * (e / 2)) * US + vn + 8 * nn + 2 * tq + e % 2];
+      for (int k0 = 0; k0 < dk; k0 += 16) {
+        uint32_t wh[4], wl[4], bh[4], bl[4];
+        split_a_fragment(wh, wl, vm, k0, [&](int r, int i) { return -st.W[r * (dk + 8) + i]; });
+        const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + vn + 8 * (lane / 16);
+        mma::ldsm_x4_trans(bh, Sh + off);
+        mma::ldsm_x4_trans(bl, Sl + off);
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn) {
+          mma::mma_16816(acc[nn], wh, bh[2 * nn], bh[2 * nn + 1]);
+          mma::mma_16816(acc[nn], wh, bl[2 * nn], bl[2 * nn + 1]);
+          mma::mma_16816(acc[nn], wl, bh[2 * nn], bh[2 * nn + 1]);
+        }
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = vm + gq + 8 * half;
+        const float d = r < L ? __expf(gl - st.gam[r]) : 0.f;
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn) {
+          const int col = vn + 8 * nn + 2 * tq;
+          const float v0 = acc[nn][2 * half], v1 = acc[nn][2 * half + 1];  // 0 past L (W and U rows are zero-filled)
+          if (r < L)
+            *reinterpret_cast<float2*>(p.vnew + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) = make_float2(v0, v1);
+          const float x0 = d * v0, x1 = d * v1;
+          const float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
+          *reinterpret_cast<uint32_t*>(Vh + r * HS + col) = attn::pack_bf16x2(h0, h1);
+          *reinterpret_cast<uint32_t*>(Vl + r * HS + col) = attn::pack_bf16x2(x0 - h0, x1 - h1);
+        }
+      }
+    }
+    __syncthreads();  // dec v_new's halves are stored
+    if (has_rows) {  // S <- exp(gamma_L) S + K^T (dec v_new): rows si .., all 32 columns
+      const float el = __expf(gl);
+#pragma unroll
+      for (int nn = 0; nn < 4; ++nn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S[nn][e] *= el;
+#pragma unroll
+      for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
+        uint32_t a[4];  // A (i, s) = K (s, i): transposing loads of the key rows
+        mma::ldsm_x4_trans(a, st.K + (k0 + lane % 8 + 8 * (lane / 16)) * kRowStride + si + 8 * (lane / 8 % 2));
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + 16 * np + 8 * (lane / 16);
+          uint32_t bh[4], bl[4];
+          mma::ldsm_x4_trans(bh, Vh + off);
+          mma::ldsm_x4_trans(bl, Vl + off);
+          mma::mma_16816(S[2 * np], a, bh[0], bh[1]);
+          mma::mma_16816(S[2 * np + 1], a, bh[2], bh[3]);
+          mma::mma_16816(S[2 * np], a, bl[0], bl[1]);
+          mma::mma_16816(S[2 * np + 1], a, bl[2], bl[3]);
+        }
+      }
+    }
+    if (flags & 2) state_io(p.node_end + ((int64_t)n * p.nv + h) * SS, nullptr);
+    __syncthreads();  // every warp is done with this stage (the next prefetch refills it) and the halves
+  }
+  attn::cp_async_wait<0>();
+}
+
+size_t walk_mma_smem_bytes(int dk) {
+  return sizeof(bf16) * (2 * 128 + 2 * kGdnChunk) * kWalkHalfStride + sizeof(float) * 2 * WalkMmaStage::floats(dk);
 }
 
 constexpr int kOutCols = 64;  // output columns per block
@@ -1082,22 +1269,6 @@ __device__ __forceinline__ void chunk_gram_split(float* dst, int stride, const b
     *reinterpret_cast<float2*>(dst + (m0 + gq + 8) * stride + col) = make_float2(c[n][2], c[n][3]);
   }
   __syncthreads();
-}
-
-// An m16n8k16 A fragment (rows m0 + gq (+8), columns k0 + 2 tq (+1, +8, +9), the PTX ISA's
-// layout) of an fp32 matrix given element-wise by at(row, col), as bf16 high and low halves
-// (x = hi + lo to a relative 2^-16; see rule_out_kernel): two mma give the fp32 product.
-template <class At>
-__device__ __forceinline__ void split_a_fragment(uint32_t (&hi)[4], uint32_t (&lo)[4], int m0, int k0, At&& at) {
-  const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int r = m0 + gq + 8 * (j % 2), c = k0 + 2 * tq + 8 * (j / 2);
-    const float x0 = at(r, c), x1 = at(r, c + 1);
-    const float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
-    hi[j] = attn::pack_bf16x2(h0, h1);
-    lo[j] = attn::pack_bf16x2(x0 - h0, x1 - h1);
-  }
 }
 
 // Phase F of rule_bwd_grad_kernel on tensor cores (dk a multiple of 16): over the chunk's rows x,
@@ -1680,12 +1851,15 @@ RuleParams rule_params(const bf16* q, const bf16* k, const bf16* v, const float*
 
 // The forward's first two kernels: U, W and gam per chunk, then the walk (sin, vnew, node ends).
 void rule_prep_and_walk(const RuleParams& p, cudaStream_t stream) {
-  const size_t prep_smem = prep_smem_bytes(p.dk, p.dv), walk_smem = walk_smem_bytes(p.dk);
+  const bool mma_walk = p.dk % 16 == 0;
+  const size_t prep_smem = prep_smem_bytes(p.dk, p.dv);
+  const size_t walk_smem = mma_walk ? walk_mma_smem_bytes(p.dk) : walk_smem_bytes(p.dk);
   TT_CUDA_CHECK(cudaFuncSetAttribute(rule_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem));
-  TT_CUDA_CHECK(cudaFuncSetAttribute(rule_walk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)walk_smem));
+  auto* walk = mma_walk ? rule_walk_mma_kernel : rule_walk_kernel;
+  TT_CUDA_CHECK(cudaFuncSetAttribute(walk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)walk_smem));
   rule_prep_kernel<<<dim3(p.num_chunks, p.nv), kThreads, prep_smem, stream>>>(p);
   TT_CUDA_CHECK_LAUNCH();
-  rule_walk_kernel<<<dim3(p.nv, p.dv / kWalkCols), kThreads, walk_smem, stream>>>(p);
+  walk<<<dim3(p.nv, p.dv / kWalkCols), kThreads, walk_smem, stream>>>(p);
   TT_CUDA_CHECK_LAUNCH();
 }
 
