@@ -1170,6 +1170,173 @@ size_t bwd_walk_smem_bytes(int dk) {
   return sizeof(float) * (128 * kWalkCols + kGdnChunk * kWalkCols + kGdnChunk + 2 * BwdWalkStage::floats(dk));
 }
 
+// The backward walk on tensor cores (dk a multiple of 16; rule_bwd_walk_kernel otherwise), the
+// same order, loads and outputs, laid out as rule_walk_mma_kernel: dS (dk, 32) in registers as the
+// accumulators of dS_in = e^(gam_L) dS + qo - W^T dvn (warp w: rows 16 w .., all 32 columns), the
+// fp32 operands split into bf16 halves (W^T's per element, dvn's in shared memory: three mma a
+// tile); dvn (rows 16 (w % 4), columns 16 (w / 4)) += e^(gam_L - gam_r) K dS with k exact in bf16
+// and dS's halves in shared memory (two mma a tile).
+struct BwdWalkMmaStage {
+  float* W;   // (64, dk + 4): read transposed, the padding spreads a fragment's rows over the banks
+  bf16* K;    // (64, kRowStride)
+  float* dvn; // (64, kWalkUStride)
+  float* qo;  // (128, kWalkUStride)
+  float* gam;
+  __device__ BwdWalkMmaStage(float* base, int dk) {
+    W = base;
+    K = reinterpret_cast<bf16*>(W + kGdnChunk * (dk + 4));
+    dvn = reinterpret_cast<float*>(K + kGdnChunk * kRowStride);
+    qo = dvn + kGdnChunk * kWalkUStride;
+    gam = qo + 128 * kWalkUStride;
+  }
+  __host__ __device__ static constexpr size_t floats(int dk) {
+    return (size_t)kGdnChunk * (dk + 4) + kGdnChunk * kRowStride / 2 + kGdnChunk * kWalkUStride +
+           128 * kWalkUStride + kGdnChunk;
+  }
+};
+
+__device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkMmaStage& st, const RuleBwdParams& b, int c, int h,
+                                                      int kh, int j0) {
+  const RuleParams& p = b.f;
+  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
+  load_chunk_rows(st.W, p.dk + 4, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.dvn, kWalkUStride, b.dvn + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L, kWalkCols);
+  load_chunk_rows(st.qo, kWalkUStride, b.qo + ((int64_t)c * p.nv + h) * p.dk * p.dv + j0, p.dv, 0, p.dk, kWalkCols,
+                  p.dk);
+  load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
+}
+
+__global__ void __launch_bounds__(kThreads) rule_bwd_walk_mma_kernel(RuleBwdParams b) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int HS = kWalkHalfStride, US = kWalkUStride;
+  const RuleParams& p = b.f;
+  const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv;
+  bf16* Sh = reinterpret_cast<bf16*>(smem);  // (128, HS) dS's halves
+  bf16* Sl = Sh + 128 * HS;
+  bf16* Vh = Sl + 128 * HS;                  // (64, HS) dvn's halves
+  bf16* Vl = Vh + kGdnChunk * HS;
+  float* stages = reinterpret_cast<float*>(Vl + kGdnChunk * HS);  // two BwdWalkMmaStages
+  const size_t stage_floats = BwdWalkMmaStage::floats(dk);
+  const int64_t SS = (int64_t)dk * dv;
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
+  const int si = 16 * warp;
+  const bool has_rows = si < dk;
+  const int vm = 16 * (warp % 4), vn = 16 * (warp / 4);
+  float dS[4][4] = {};  // rows si + gq (e 0, 1) and + 8 (e 2, 3), columns 8 n + 2 tq (+1)
+  // f(n, e, global offset of the element) for each of this thread's dS elements.
+  auto each = [&](auto&& f) {
+    if (!has_rows) return;
+#pragma unroll
+    for (int nn = 0; nn < 4; ++nn)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f(nn, e, (int64_t)(si + gq + 8 * (e / 2)) * dv + j0 + 8 * nn + 2 * tq + e % 2);
+  };
+  const int last = p.num_chunks - 1;
+  if (last >= 0) bwd_walk_mma_prefetch(BwdWalkMmaStage(stages, dk), b, last, h, kh, j0);
+  attn::cp_async_commit();
+  for (int c = last; c >= 0; --c) {
+    if (c > 0)
+      bwd_walk_mma_prefetch(BwdWalkMmaStage(stages + ((last - c + 1) & 1) * stage_floats, dk), b, c - 1, h, kh, j0);
+    attn::cp_async_commit();
+    const BwdWalkMmaStage st(stages + ((last - c) & 1) * stage_floats, dk);
+    const int n = p.plan.chunk_node[c], flags = p.plan.chunk_flags[c];
+    const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
+    if (flags & 2) {  // a node's last chunk: its children's initial-state gradients plus d_end
+      const float* acc = b.acc + ((int64_t)n * p.nv + h) * SS;
+      const float* de = b.d_end ? b.d_end + ((int64_t)n * p.nv + h) * SS : nullptr;
+      each([&](int nn, int e, int64_t at) { dS[nn][e] = acc[at] + (de ? de[at] : 0.f); });
+    }
+    float* out = b.dsout + ((int64_t)c * p.nv + h) * SS;
+    each([&](int nn, int e, int64_t at) { out[at] = dS[nn][e]; });
+    if (has_rows) {
+#pragma unroll
+      for (int nn = 0; nn < 4; ++nn)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int off = (si + gq + 8 * half) * HS + 8 * nn + 2 * tq;
+          const float x0 = dS[nn][2 * half], x1 = dS[nn][2 * half + 1];
+          const float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
+          *reinterpret_cast<uint32_t*>(Sh + off) = attn::pack_bf16x2(h0, h1);
+          *reinterpret_cast<uint32_t*>(Sl + off) = attn::pack_bf16x2(x0 - h0, x1 - h1);
+        }
+    }
+    attn::cp_async_wait<1>();
+    __syncthreads();  // the stage has landed; dS's halves are stored
+    const float gl = st.gam[L - 1];
+    {  // dvn (rows vm .., columns vn ..) += e^(gam_L - gam_r) k_r . dS
+      float acc[2][4] = {};
+      for (int k0 = 0; k0 < dk; k0 += 16) {
+        uint32_t a[4], bh[4], bl[4];
+        mma::ldsm_x4(a, st.K + (vm + lane % 8 + 8 * (lane / 8 % 2)) * kRowStride + k0 + 8 * (lane / 16));
+        const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + vn + 8 * (lane / 16);
+        mma::ldsm_x4_trans(bh, Sh + off);
+        mma::ldsm_x4_trans(bl, Sl + off);
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn) {
+          mma::mma_16816(acc[nn], a, bh[2 * nn], bh[2 * nn + 1]);
+          mma::mma_16816(acc[nn], a, bl[2 * nn], bl[2 * nn + 1]);
+        }
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = vm + gq + 8 * half;
+        const float d = r < L ? __expf(gl - st.gam[r]) : 0.f;
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn) {
+          const int col = vn + 8 * nn + 2 * tq;
+          const float2 u = *reinterpret_cast<const float2*>(st.dvn + r * US + col);  // 0 past L
+          const float y0 = u.x + d * acc[nn][2 * half], y1 = u.y + d * acc[nn][2 * half + 1];
+          if (r < L)
+            *reinterpret_cast<float2*>(b.dvn + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) = make_float2(y0, y1);
+          const float h0 = __bfloat162float(__float2bfloat16_rn(y0)), h1 = __bfloat162float(__float2bfloat16_rn(y1));
+          *reinterpret_cast<uint32_t*>(Vh + r * HS + col) = attn::pack_bf16x2(h0, h1);
+          *reinterpret_cast<uint32_t*>(Vl + r * HS + col) = attn::pack_bf16x2(y0 - h0, y1 - h1);
+        }
+      }
+    }
+    __syncthreads();  // dvn's halves are stored
+    if (has_rows) {  // dS <- e^(gam_L) dS + qo - W^T dvn
+      const float el = __expf(gl);
+#pragma unroll
+      for (int nn = 0; nn < 4; ++nn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          dS[nn][e] = el * dS[nn][e] + st.qo[(si + gq + 8 * (e / 2)) * US + 8 * nn + 2 * tq + e % 2];
+#pragma unroll
+      for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
+        uint32_t wh[4], wl[4];
+        split_a_fragment(wh, wl, si, k0, [&](int i, int s) { return -st.W[s * (dk + 4) + i]; });
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + 16 * np + 8 * (lane / 16);
+          uint32_t bh[4], bl[4];
+          mma::ldsm_x4_trans(bh, Vh + off);
+          mma::ldsm_x4_trans(bl, Vl + off);
+#pragma unroll
+          for (int t = 0; t < 2; ++t) {
+            mma::mma_16816(dS[2 * np + t], wh, bh[2 * t], bh[2 * t + 1]);
+            mma::mma_16816(dS[2 * np + t], wh, bl[2 * t], bl[2 * t + 1]);
+            mma::mma_16816(dS[2 * np + t], wl, bh[2 * t], bh[2 * t + 1]);
+          }
+        }
+      }
+    }
+    if (flags & 1) {  // a node's first chunk: dS_in to its parent's acc (or its root's d_init)
+      const int parent = p.plan.node_parent[n], root = p.plan.node_root[n];
+      float* dst = parent >= 0 ? b.acc + ((int64_t)parent * p.nv + h) * SS
+                               : (b.d_init && root >= 0 ? b.d_init + ((int64_t)root * p.nv + h) * SS : nullptr);
+      if (dst) each([&](int nn, int e, int64_t at) { dst[at] += dS[nn][e]; });
+    }
+    __syncthreads();  // every warp is done with this stage and the halves
+  }
+  attn::cp_async_wait<0>();
+}
+
+size_t bwd_walk_mma_smem_bytes(int dk) {
+  return sizeof(bf16) * (2 * 128 + 2 * kGdnChunk) * kWalkHalfStride + sizeof(float) * 2 * BwdWalkMmaStage::floats(dk);
+}
+
 // Per (chunk, value head, 32 state rows i0 + i): the products with the chunk's entering state S
 // and end-state gradient dS that its input gradients need, over dv:
 //   SdO_a[i] = S[i] . dO_a -> gq,  dSv_a[i] = dS[i] . v_new_a -> gk,  dW_a[i] = -S[i] . dvn_a -> db2,
@@ -1890,19 +2057,22 @@ void gdn_backward(bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* 
   rule_prep_and_walk(b.f, stream);  // the forward again: U, W, gam, v_new, the entering states
   TT_CUDA_CHECK(cudaMemsetAsync(s.acc, 0, sizeof(float) * (size_t)plan.num_nodes() * nv * dk_ * dv_, stream));
   const dim3 per_chunk(plan.num_chunks(), nv);
-  const size_t local_smem = bwd_local_smem_bytes(), walk_smem = bwd_walk_smem_bytes(dk_),
+  const bool mma_walk = dk_ % 16 == 0;
+  const size_t local_smem = bwd_local_smem_bytes(),
+               walk_smem = mma_walk ? bwd_walk_mma_smem_bytes(dk_) : bwd_walk_smem_bytes(dk_),
                state_smem = bwd_state_smem_bytes(dv_);
+  auto* walk = mma_walk ? rule_bwd_walk_mma_kernel : rule_bwd_walk_kernel;
   const size_t grad_smem = bwd_grad_smem_bytes(dk_, dv_);
   TT_CUDA_CHECK(cudaFuncSetAttribute(rule_bwd_local_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)local_smem));
-  TT_CUDA_CHECK(cudaFuncSetAttribute(rule_bwd_walk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)walk_smem));
+  TT_CUDA_CHECK(cudaFuncSetAttribute(walk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)walk_smem));
   TT_CUDA_CHECK(cudaFuncSetAttribute(rule_bwd_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)state_smem));
   TT_CUDA_CHECK(cudaFuncSetAttribute(rule_bwd_grad_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)grad_smem));
   rule_bwd_local_kernel<<<dim3(plan.num_chunks(), nv, (dv_ + kOutCols - 1) / kOutCols), kThreads, local_smem,
                           stream>>>(b);
   TT_CUDA_CHECK_LAUNCH();
-  rule_bwd_walk_kernel<<<dim3(nv, dv_ / kWalkCols), kThreads, walk_smem, stream>>>(b);
+  walk<<<dim3(nv, dv_ / kWalkCols), kThreads, walk_smem, stream>>>(b);
   TT_CUDA_CHECK_LAUNCH();
   rule_bwd_state_kernel<<<dim3(plan.num_chunks(), nv, (dk_ + kStateRows - 1) / kStateRows), kThreads, state_smem,
                           stream>>>(b);
