@@ -410,19 +410,24 @@ __device__ __forceinline__ void chunk_gram(float* dst, int stride, bool transpos
 
 __device__ __forceinline__ float bf(const bf16& x) { return __bfloat162float(x); }
 
+// (x0, x1) as two packed bf16 pairs, hi = bf16(x) and lo = bf16(x - hi): x = hi + lo to a relative
+// 2^-18, so a product with a bf16 operand is two mma (hi, lo) in fp32.
+__device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
+  hi = attn::pack_bf16x2(h0, h1);
+  lo = attn::pack_bf16x2(x0 - h0, x1 - h1);
+}
+
 // An m16n8k16 A fragment (rows m0 + gq (+8), columns k0 + 2 tq (+1, +8, +9), the PTX ISA's
 // layout) of an fp32 matrix given element-wise by at(row, col), as bf16 high and low halves
-// (x = hi + lo to a relative 2^-16; see rule_out_kernel): two mma give the fp32 product.
+// (split_bf16x2): two mma give the fp32 product.
 template <class At>
 __device__ __forceinline__ void split_a_fragment(uint32_t (&hi)[4], uint32_t (&lo)[4], int m0, int k0, At&& at) {
   const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int r = m0 + gq + 8 * (j % 2), c = k0 + 2 * tq + 8 * (j / 2);
-    const float x0 = at(r, c), x1 = at(r, c + 1);
-    const float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
-    hi[j] = attn::pack_bf16x2(h0, h1);
-    lo[j] = attn::pack_bf16x2(x0 - h0, x1 - h1);
+    split_bf16x2(at(r, c), at(r, c + 1), hi[j], lo[j]);
   }
 }
 
@@ -721,10 +726,8 @@ __global__ void __launch_bounds__(kThreads) rule_walk_mma_kernel(RuleParams p) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int off = (si + gq + 8 * half) * HS + 8 * nn + 2 * tq;
-          const float x0 = S[nn][2 * half], x1 = S[nn][2 * half + 1];
-          const float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
-          *reinterpret_cast<uint32_t*>(Sh + off) = attn::pack_bf16x2(h0, h1);
-          *reinterpret_cast<uint32_t*>(Sl + off) = attn::pack_bf16x2(x0 - h0, x1 - h1);
+          split_bf16x2(S[nn][2 * half], S[nn][2 * half + 1], *reinterpret_cast<uint32_t*>(Sh + off),
+                       *reinterpret_cast<uint32_t*>(Sl + off));
         }
     }
     attn::cp_async_wait<1>();
@@ -759,10 +762,8 @@ __global__ void __launch_bounds__(kThreads) rule_walk_mma_kernel(RuleParams p) {
           const float v0 = acc[nn][2 * half], v1 = acc[nn][2 * half + 1];  // 0 past L (W and U rows are zero-filled)
           if (r < L)
             *reinterpret_cast<float2*>(p.vnew + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) = make_float2(v0, v1);
-          const float x0 = d * v0, x1 = d * v1;
-          const float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
-          *reinterpret_cast<uint32_t*>(Vh + r * HS + col) = attn::pack_bf16x2(h0, h1);
-          *reinterpret_cast<uint32_t*>(Vl + r * HS + col) = attn::pack_bf16x2(x0 - h0, x1 - h1);
+          split_bf16x2(d * v0, d * v1, *reinterpret_cast<uint32_t*>(Vh + r * HS + col),
+                       *reinterpret_cast<uint32_t*>(Vl + r * HS + col));
         }
       }
     }
@@ -1255,10 +1256,8 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_walk_mma_kernel(RuleBwdPara
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int off = (si + gq + 8 * half) * HS + 8 * nn + 2 * tq;
-          const float x0 = dS[nn][2 * half], x1 = dS[nn][2 * half + 1];
-          const float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
-          *reinterpret_cast<uint32_t*>(Sh + off) = attn::pack_bf16x2(h0, h1);
-          *reinterpret_cast<uint32_t*>(Sl + off) = attn::pack_bf16x2(x0 - h0, x1 - h1);
+          split_bf16x2(dS[nn][2 * half], dS[nn][2 * half + 1], *reinterpret_cast<uint32_t*>(Sh + off),
+                       *reinterpret_cast<uint32_t*>(Sl + off));
         }
     }
     attn::cp_async_wait<1>();
@@ -1289,9 +1288,8 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_walk_mma_kernel(RuleBwdPara
           const float y0 = u.x + d * acc[nn][2 * half], y1 = u.y + d * acc[nn][2 * half + 1];
           if (r < L)
             *reinterpret_cast<float2*>(b.dvn + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) = make_float2(y0, y1);
-          const float h0 = __bfloat162float(__float2bfloat16_rn(y0)), h1 = __bfloat162float(__float2bfloat16_rn(y1));
-          *reinterpret_cast<uint32_t*>(Vh + r * HS + col) = attn::pack_bf16x2(h0, h1);
-          *reinterpret_cast<uint32_t*>(Vl + r * HS + col) = attn::pack_bf16x2(y0 - h0, y1 - h1);
+          split_bf16x2(y0, y1, *reinterpret_cast<uint32_t*>(Vh + r * HS + col),
+                       *reinterpret_cast<uint32_t*>(Vl + r * HS + col));
         }
       }
     }
@@ -1421,9 +1419,7 @@ __device__ __forceinline__ void chunk_gram_split(float* dst, int stride, const b
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const float2 y = *reinterpret_cast<const float2*>(Y + (n0 + 8 * n + gq) * ys + k0 + 2 * tq + 8 * j);
-        const float h0 = __bfloat162float(__float2bfloat16_rn(y.x)), h1 = __bfloat162float(__float2bfloat16_rn(y.y));
-        bh[j] = attn::pack_bf16x2(h0, h1);
-        bl[j] = attn::pack_bf16x2(y.x - h0, y.y - h1);
+        split_bf16x2(y.x, y.y, bh[j], bl[j]);
       }
       mma::mma_16816(c[n], a, bh[0], bh[1]);
       mma::mma_16816(c[n], a, bl[0], bl[1]);
