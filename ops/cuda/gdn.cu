@@ -645,6 +645,21 @@ size_t walk_smem_bytes(int dk) {
 constexpr int kWalkHalfStride = kWalkCols + 8;  // bf16 row stride of S's and v_new's halves (ldmatrix: no conflicts)
 constexpr int kWalkUStride = kWalkCols + 8;     // fp32 row stride of the U stage (8 floats of padding)
 
+// A walk's state tile in registers (the mma accumulators of rows row0 + gq (+8), columns 8 n + 2 tq
+// (+1), n < 4) to shared memory as bf16 high and low halves (kWalkHalfStride), the B operand of the
+// next products.
+__device__ __forceinline__ void walk_state_to_halves(bf16* hi, bf16* lo, const float (&S)[4][4], int row0) {
+  const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int off = (row0 + gq + 8 * half) * kWalkHalfStride + 8 * n + 2 * tq;
+      split_bf16x2(S[n][2 * half], S[n][2 * half + 1], *reinterpret_cast<uint32_t*>(hi + off),
+                   *reinterpret_cast<uint32_t*>(lo + off));
+    }
+}
+
 // One stage of the tensor-core walk: W rows (64, dk + 8) fp32, keys (64, kRowStride) bf16, U
 // columns (64, kWalkUStride) fp32, gam (64). Padded strides: the fragment reads hit distinct banks.
 struct WalkMmaStage {
@@ -720,16 +735,7 @@ __global__ void __launch_bounds__(kThreads) rule_walk_mma_kernel(RuleParams p) {
       state_io(nullptr, src);
     }
     state_io(p.sin + ((int64_t)c * p.nv + h) * SS, nullptr);
-    if (has_rows) {
-#pragma unroll
-      for (int nn = 0; nn < 4; ++nn)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int off = (si + gq + 8 * half) * HS + 8 * nn + 2 * tq;
-          split_bf16x2(S[nn][2 * half], S[nn][2 * half + 1], *reinterpret_cast<uint32_t*>(Sh + off),
-                       *reinterpret_cast<uint32_t*>(Sl + off));
-        }
-    }
+    if (has_rows) walk_state_to_halves(Sh, Sl, S, si);
     attn::cp_async_wait<1>();
     __syncthreads();  // the stage has landed; S's halves are stored
     const float gl = st.gam[L - 1];
@@ -1250,16 +1256,7 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_walk_mma_kernel(RuleBwdPara
     }
     float* out = b.dsout + ((int64_t)c * p.nv + h) * SS;
     each([&](int nn, int e, int64_t at) { out[at] = dS[nn][e]; });
-    if (has_rows) {
-#pragma unroll
-      for (int nn = 0; nn < 4; ++nn)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int off = (si + gq + 8 * half) * HS + 8 * nn + 2 * tq;
-          split_bf16x2(dS[nn][2 * half], dS[nn][2 * half + 1], *reinterpret_cast<uint32_t*>(Sh + off),
-                       *reinterpret_cast<uint32_t*>(Sl + off));
-        }
-    }
+    if (has_rows) walk_state_to_halves(Sh, Sl, dS, si);
     attn::cp_async_wait<1>();
     __syncthreads();  // the stage has landed; dS's halves are stored
     const float gl = st.gam[L - 1];
