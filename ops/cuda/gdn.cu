@@ -1333,7 +1333,7 @@ size_t bwd_walk_mma_smem_bytes(int dk) {
 }
 
 // Per (chunk, value head, 32 state rows i0 + i): the products with the chunk's entering state S
-// and end-state gradient dS that its input gradients need, over dv:
+// and end-state gradient dS that its input gradients need, over dv (on tensor cores):
 //   SdO_a[i] = S[i] . dO_a -> gq,  dSv_a[i] = dS[i] . v_new_a -> gk,  dW_a[i] = -S[i] . dvn_a -> db2,
 // and the rows' share of <S, dS> -> sds[(c nv + h) ceil(dk / 32) + blockIdx.z].
 constexpr int kStateRows = 32;
@@ -1356,42 +1356,57 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_state_kernel(RuleBwdParams 
   attn::cp_async_commit();
   attn::cp_async_wait<0>();
   __syncthreads();
-  const int i = threadIdx.x % kStateRows, w = threadIdx.x / kStateRows;
-  constexpr int kRows = kGdnChunk / (kThreads / kStateRows);  // 8: rows w + 8t
-  float sdo[kRows], dsv[kRows], dw[kRows], sds = 0.f;
+  // The three products on tensor cores: rows i (the block's state rows) x columns a (the chunk's
+  // rows) over dv; S, dS, v_new and dvn split into bf16 halves (split_bf16x2), dO exact in bf16.
+  // Warp w: rows 16 (w % 2) .., columns 16 (w / 2) .. (two n8 tiles).
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
+  const int m0 = 16 * (warp % 2), a0 = 16 * (warp / 2);
+  float sdo[2][4] = {}, dsv[2][4] = {}, sdv[2][4] = {};  // sdv = S . dvn (dW = -sdv)
+  for (int k0 = 0; k0 < dv; k0 += 16) {
+    uint32_t sh[4], sl[4], dh[4], dl[4], o[4];
+    split_a_fragment(sh, sl, m0, k0, [&](int r, int j) { return Ss[r * fs + j]; });
+    split_a_fragment(dh, dl, m0, k0, [&](int r, int j) { return dSs[r * fs + j]; });
+    mma::ldsm_x4(o, Db + (a0 + lane % 8 + 8 * (lane / 16)) * kRowStride + k0 + 8 * (lane / 8 % 2));
 #pragma unroll
-  for (int t = 0; t < kRows; ++t) sdo[t] = dsv[t] = dw[t] = 0.f;
-  for (int j = 0; j < dv; j += 4) {
-    const float4 s = *reinterpret_cast<const float4*>(Ss + i * fs + j);
-    const float4 d = *reinterpret_cast<const float4*>(dSs + i * fs + j);
-    sds = fmaf(s.x, d.x, fmaf(s.y, d.y, fmaf(s.z, d.z, fmaf(s.w, d.w, sds))));
+    for (int n = 0; n < 2; ++n) {
+      uint32_t vh[2], vl[2], rh[2], rl[2];  // B (j, a) = v_new_a[j], dvn_a[j]: rows a0 + 8 n + gq
 #pragma unroll
-    for (int t = 0; t < kRows; ++t) {
-      const int a = w + 8 * t;
-      const float4 n = *reinterpret_cast<const float4*>(Vn + a * fs + j);
-      const float4 r = *reinterpret_cast<const float4*>(Dvn + a * fs + j);
-      const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(Db + a * kRowStride + j);
-      const float2 o01 = __bfloat1622float2(o2[0]), o23 = __bfloat1622float2(o2[1]);
-      sdo[t] = fmaf(s.x, o01.x, fmaf(s.y, o01.y, fmaf(s.z, o23.x, fmaf(s.w, o23.y, sdo[t]))));
-      dsv[t] = fmaf(d.x, n.x, fmaf(d.y, n.y, fmaf(d.z, n.z, fmaf(d.w, n.w, dsv[t]))));
-      dw[t] = fmaf(-s.x, r.x, fmaf(-s.y, r.y, fmaf(-s.z, r.z, fmaf(-s.w, r.w, dw[t]))));
+      for (int jj = 0; jj < 2; ++jj) {
+        const int at = (a0 + 8 * n + gq) * fs + k0 + 2 * tq + 8 * jj;
+        const float2 v = *reinterpret_cast<const float2*>(Vn + at), r = *reinterpret_cast<const float2*>(Dvn + at);
+        split_bf16x2(v.x, v.y, vh[jj], vl[jj]);
+        split_bf16x2(r.x, r.y, rh[jj], rl[jj]);
+      }
+      mma::mma_16816(sdo[n], sh, o[2 * n], o[2 * n + 1]);
+      mma::mma_16816(sdo[n], sl, o[2 * n], o[2 * n + 1]);
+      mma::mma_16816(dsv[n], dh, vh[0], vh[1]);
+      mma::mma_16816(dsv[n], dh, vl[0], vl[1]);
+      mma::mma_16816(dsv[n], dl, vh[0], vh[1]);
+      mma::mma_16816(sdv[n], sh, rh[0], rh[1]);
+      mma::mma_16816(sdv[n], sh, rl[0], rl[1]);
+      mma::mma_16816(sdv[n], sl, rh[0], rh[1]);
     }
   }
-  if (i < R) {
 #pragma unroll
-    for (int t = 0; t < kRows; ++t) {
-      const int a = w + 8 * t;
-      if (a >= L) continue;
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = m0 + gq + 8 * (e / 2), a = a0 + 8 * n + 2 * tq + e % 2;
+      if (i >= R || a >= L) continue;
       const int64_t at = ((int64_t)(r0 + a) * p.nv + h) * dk + i0 + i;
-      b.gq[at] = sdo[t];
-      b.gk[at] = dsv[t];
-      b.db2[at] = dw[t];
+      b.gq[at] = sdo[n][e];
+      b.gk[at] = dsv[n][e];
+      b.db2[at] = -sdv[n][e];
     }
+  // The rows' share of <S, dS> (rows past R are zero-filled), in a fixed order.
+  __shared__ float red[detail::kWarp];
+  float sds = 0.f;
+  for (int e = threadIdx.x; e < kStateRows * dv; e += blockDim.x) {
+    const int i = e / dv, j = e % dv;
+    sds = fmaf(Ss[i * fs + j], dSs[i * fs + j], sds);
   }
-  if (w == 0) {
-    sds = detail::warp_sum(i < R ? sds : 0.f);
-    if (i == 0) b.sds[((int64_t)c * p.nv + h) * gridDim.z + blockIdx.z] = sds;
-  }
+  sds = detail::block_sum(sds, red);
+  if (threadIdx.x == 0) b.sds[((int64_t)c * p.nv + h) * gridDim.z + blockIdx.z] = sds;
 }
 
 size_t bwd_state_smem_bytes(int dv) {
