@@ -1540,10 +1540,11 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
   float* bet = gam + C;                                             // (64)
   float* dgam = bet + C;                                            // (64)
   float* te = dgam + C;                                             // (64) e^(gam_L - gam_a) k_a . dS v_new_a
-  float* R = te + C;                                                // phase A: dO, v_new; then [dB1 | dB2] (64, X)
+  float* R = te + C;                                                // phase A: dO, v_new; then [dB1 | dB2] (64, X + 4)
   bf16* Db = reinterpret_cast<bf16*>(R);                            // (64, kRowStride) dO
   float* Vn = reinterpret_cast<float*>(Db + C * kRowStride);        // (64, kFs) v_new
   float* XB = R;
+  const int XS = X + 4;  // XB's row stride: the tensor-core fragment reads on distinct banks
   auto rowi = [&](int a) { return (int64_t)(r0 + a) * p.nv + h; };
   load_chunk_rows(Qb, kRowStride, p.q + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
   load_chunk_rows(Kb, kRowStride, p.k + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
@@ -1589,8 +1590,8 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
       }
   }
   __syncthreads();  // dO and v_new are read no more: R becomes [dB1 | dB2]
-  load_chunk_rows(XB, X, b.dvn + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
-  load_chunk_rows(XB + dv, X, b.db2 + (int64_t)h * dk, (int64_t)p.nv * dk, r0, L, dk);
+  load_chunk_rows(XB, XS, b.dvn + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  load_chunk_rows(XB + dv, XS, b.db2 + (int64_t)h * dk, (int64_t)p.nv * dk, r0, L, dk);
   attn::cp_async_commit();
   attn::cp_async_wait<0>();
   __syncthreads();
@@ -1598,53 +1599,88 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
     const int col = threadIdx.x;
     if (col < X)
       for (int a = L - 1; a >= 0; --a) {
-        float x0 = XB[a * X + col], x1 = 0.f;
+        float x0 = XB[a * XS + col], x1 = 0.f;
         int bb = a + 1;
         for (; bb + 1 < L; bb += 2) {
-          x0 = fmaf(-bet[bb] * KKd[bb * PS + a], XB[bb * X + col], x0);
-          x1 = fmaf(-bet[bb + 1] * KKd[(bb + 1) * PS + a], XB[(bb + 1) * X + col], x1);
+          x0 = fmaf(-bet[bb] * KKd[bb * PS + a], XB[bb * XS + col], x0);
+          x1 = fmaf(-bet[bb + 1] * KKd[(bb + 1) * PS + a], XB[(bb + 1) * XS + col], x1);
         }
-        if (bb < L) x0 = fmaf(-bet[bb] * KKd[bb * PS + a], XB[bb * X + col], x0);
-        XB[a * X + col] = x0 + x1;
+        if (bb < L) x0 = fmaf(-bet[bb] * KKd[bb * PS + a], XB[bb * XS + col], x0);
+        XB[a * XS + col] = x0 + x1;
       }
   }
   __syncthreads();
   {  // C: dA from dB1 . U_b + dB2 . W_b (U, W rows from global memory, cached)
-    float acc[4][4];
+    // The pair terms from dA, element by element: (a, bb) and its acc = dB1_a . U_bb + dB2_a . W_bb.
+    auto pair_terms = [&](int a, int bb, float acc) {
+      const int e = a * PS + bb;
+      const float da = bb < a && a < L ? -acc : 0.f, kkd = KKd[e];
+      QK[e] = QK[e] * DOVd[e] + da * bet[a] * kkd;  // the pair term (0 where b > a)
+      // Zero outside b < a < L: rows past L hold gam = 0, where e^(0 - gam_b) can overflow.
+      MK[e] = bb < a && a < L ? da * bet[a] * __expf(gam[a] - gam[bb]) : 0.f;
+      KKd[e] = da * kkd;
+    };
+    if (dk % 16 == 0) {  // on tensor cores: [dB1 | dB2] and [U | W] split into bf16 halves, three mma a tile
+      const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
+      const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4), gq = lane / 4, tq = lane % 4;
+      float c4[4][4] = {};
+      for (int part = 0; part < 2; ++part) {
+        const int d = part ? dk : dv, x0 = part ? dv : 0;
+        const float* Y = part ? p.W : p.U;
+        for (int k0 = 0; k0 < d; k0 += 16) {
+          uint32_t ah[4], al[4];
+          split_a_fragment(ah, al, m0, k0, [&](int r, int j) { return XB[r * XS + x0 + j]; });
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
+          for (int n = 0; n < 4; ++n) {
+            const int bb = n0 + 8 * n + gq;  // B (j, bb) = Y_bb[j]: columns k0 + 2 tq (+1) and + 8 (+9)
+            uint32_t bh[2], bl[2];
 #pragma unroll
-      for (int v = 0; v < 4; ++v) acc[u][v] = 0.f;
-    for (int part = 0; part < 2; ++part) {
-      const int d = part ? dk : dv, x0 = part ? dv : 0;
-      const float* Y = part ? p.W : p.U;
-      for (int i = 0; i < d; i += 4) {
-        float4 x[4], y[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) x[u] = *reinterpret_cast<const float4*>(XB + (ta + 16 * u) * X + x0 + i);
-#pragma unroll
-        for (int v = 0; v < 4; ++v) {
-          const int bb = tb + 16 * v;
-          y[v] = bb < L ? *reinterpret_cast<const float4*>(Y + rowi(bb) * d + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int jj = 0; jj < 2; ++jj) {
+              const float2 y = bb < L ? *reinterpret_cast<const float2*>(Y + rowi(bb) * d + k0 + 2 * tq + 8 * jj)
+                                      : make_float2(0.f, 0.f);
+              split_bf16x2(y.x, y.y, bh[jj], bl[jj]);
+            }
+            mma::mma_16816(c4[n], ah, bh[0], bh[1]);
+            mma::mma_16816(c4[n], ah, bl[0], bl[1]);
+            mma::mma_16816(c4[n], al, bh[0], bh[1]);
+          }
         }
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-#pragma unroll
-          for (int v = 0; v < 4; ++v)
-            acc[u][v] = fmaf(x[u].x, y[v].x, fmaf(x[u].y, y[v].y, fmaf(x[u].z, y[v].z, fmaf(x[u].w, y[v].w, acc[u][v]))));
       }
+#pragma unroll
+      for (int n = 0; n < 4; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pair_terms(m0 + gq + 8 * (e / 2), n0 + 8 * n + 2 * tq + e % 2, c4[n][e]);
+    } else {
+      float acc[4][4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) acc[u][v] = 0.f;
+      for (int part = 0; part < 2; ++part) {
+        const int d = part ? dk : dv, x0 = part ? dv : 0;
+        const float* Y = part ? p.W : p.U;
+        for (int i = 0; i < d; i += 4) {
+          float4 x[4], y[4];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) x[u] = *reinterpret_cast<const float4*>(XB + (ta + 16 * u) * XS + x0 + i);
+#pragma unroll
+          for (int v = 0; v < 4; ++v) {
+            const int bb = tb + 16 * v;
+            y[v] = bb < L ? *reinterpret_cast<const float4*>(Y + rowi(bb) * d + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+          }
+#pragma unroll
+          for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int v = 0; v < 4; ++v)
+              acc[u][v] =
+                  fmaf(x[u].x, y[v].x, fmaf(x[u].y, y[v].y, fmaf(x[u].z, y[v].z, fmaf(x[u].w, y[v].w, acc[u][v]))));
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) pair_terms(ta + 16 * u, tb + 16 * v, acc[u][v]);
     }
-#pragma unroll
-    for (int u = 0; u < 4; ++u)
-#pragma unroll
-      for (int v = 0; v < 4; ++v) {
-        const int a = ta + 16 * u, bb = tb + 16 * v, e = a * PS + bb;
-        const float da = bb < a && a < L ? -acc[u][v] : 0.f, kkd = KKd[e];
-        QK[e] = QK[e] * DOVd[e] + da * bet[a] * kkd;  // the pair term (0 where b > a)
-        // Zero outside b < a < L: rows past L hold gam = 0, where e^(0 - gam_b) can overflow.
-        MK[e] = bb < a && a < L ? da * bet[a] * __expf(gam[a] - gam[bb]) : 0.f;
-        KKd[e] = da * kkd;
-      }
   }
   __syncthreads();
   {  // D: a warp per row
@@ -1660,10 +1696,10 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
         const float q = bf(Qb[a * kRowStride + i]), k = bf(Kb[a * kRowStride + i]);
         qsd = fmaf(q, b.gq[rowi(a) * dk + i], qsd);
         kdsv = fmaf(k, b.gk[rowi(a) * dk + i], kdsv);
-        b2k = fmaf(XB[a * X + dv + i], k, b2k);
+        b2k = fmaf(XB[a * XS + dv + i], k, b2k);
       }
       for (int j = lane; j < dv; j += detail::kWarp) {
-        const float d1 = XB[a * X + j];
+        const float d1 = XB[a * XS + j];
         b1v = fmaf(d1, ld(p.v + rowi(a) * dv + j), b1v);
         const int64_t at = rowi(a) * dv + j;
         const float g = bet[a] * d1;
@@ -1701,7 +1737,7 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
     if (al < L) b.dg[rowi(al)] = b.accumulate ? b.dg[rowi(al)] + lo : lo;
   }
   if (dk % 16 == 0) {  // F on tensor cores
-    grad_qk_mma(b, Qb, Kb, DOVd, MK, XB + dv, X, gam, bet, gl, r0, L, h);
+    grad_qk_mma(b, Qb, Kb, DOVd, MK, XB + dv, XS, gam, bet, gl, r0, L, h);
   } else {  // F: rows tr + 16u, columns 8 tc .. 8 tc + 8
     const int tr = threadIdx.x / 16, tc = threadIdx.x % 16, i0 = 8 * tc;
     if (i0 < dk) {
@@ -1738,7 +1774,7 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
           if (i >= dk) break;
           const int64_t at = rowi(r) * dk + i;
           b.gq[at] = eg * b.gq[at] + aq[u][e];                                  // gq held S dO_r
-          b.gk[at] = el * b.gk[at] + bet[r] * eg * XB[r * X + dv + i] + ak[u][e];  // gk held dS v_new_r
+          b.gk[at] = el * b.gk[at] + bet[r] * eg * XB[r * XS + dv + i] + ak[u][e];  // gk held dS v_new_r
         }
       }
     }
@@ -1747,7 +1783,7 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
 
 size_t bwd_grad_smem_bytes(int dk, int dv) {
   const size_t phase_a = sizeof(bf16) * kGdnChunk * kRowStride + sizeof(float) * kGdnChunk * (128 + 4);
-  const size_t xb = sizeof(float) * (size_t)kGdnChunk * (dk + dv);
+  const size_t xb = sizeof(float) * (size_t)kGdnChunk * (dk + dv + 4);
   return sizeof(bf16) * 2 * kGdnChunk * kRowStride + sizeof(float) * (4 * kGdnChunk * kPairStride + 4 * kGdnChunk) +
          std::max(phase_a, xb);
 }
