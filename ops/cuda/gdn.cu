@@ -660,6 +660,18 @@ __device__ __forceinline__ void walk_state_to_halves(bf16* hi, bf16* lo, const f
     }
 }
 
+// f(n, half, at) for each pair of a walk's state tile this thread holds (rows row0 + gq + 8 half,
+// columns 8 n + 2 tq, +1: S[n][2 half] and S[n][2 half + 1]), at the pair's offset in a global
+// (dk, dv) state from column j0.
+template <class F>
+__device__ __forceinline__ void walk_state_pairs(int row0, int dv, int j0, F&& f) {
+  const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) f(n, half, (int64_t)(row0 + gq + 8 * half) * dv + j0 + 8 * n + 2 * tq);
+}
+
 // One stage of the tensor-core walk: W rows (64, dk + 8) fp32, keys (64, kRowStride) bf16, U
 // columns (64, kWalkUStride) fp32, gam (64). Padded strides: the fragment reads hit distinct banks.
 struct WalkMmaStage {
@@ -706,18 +718,14 @@ __global__ void __launch_bounds__(kThreads) rule_walk_mma_kernel(RuleParams p) {
   float S[4][4] = {};
   auto state_io = [&](float* dst, const float* src) {  // S -> dst or src -> S (global rows of dv floats)
     if (!has_rows) return;
-#pragma unroll
-    for (int n = 0; n < 4; ++n)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t at = (int64_t)(si + gq + 8 * half) * dv + j0 + 8 * n + 2 * tq;
-        if (dst) {
-          *reinterpret_cast<float2*>(dst + at) = make_float2(S[n][2 * half], S[n][2 * half + 1]);
-        } else {
-          const float2 x = src ? *reinterpret_cast<const float2*>(src + at) : make_float2(0.f, 0.f);
-          S[n][2 * half] = x.x, S[n][2 * half + 1] = x.y;
-        }
+    walk_state_pairs(si, dv, j0, [&](int n, int half, int64_t at) {
+      if (dst) {
+        *reinterpret_cast<float2*>(dst + at) = make_float2(S[n][2 * half], S[n][2 * half + 1]);
+      } else {
+        const float2 x = src ? *reinterpret_cast<const float2*>(src + at) : make_float2(0.f, 0.f);
+        S[n][2 * half] = x.x, S[n][2 * half + 1] = x.y;
       }
+    });
   };
   if (p.num_chunks > 0) walk_mma_prefetch(WalkMmaStage(stages, dk), p, 0, h, kh, j0);
   attn::cp_async_commit();
@@ -1234,10 +1242,10 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_walk_mma_kernel(RuleBwdPara
   // f(n, e, global offset of the element) for each of this thread's dS elements.
   auto each = [&](auto&& f) {
     if (!has_rows) return;
-#pragma unroll
-    for (int nn = 0; nn < 4; ++nn)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) f(nn, e, (int64_t)(si + gq + 8 * (e / 2)) * dv + j0 + 8 * nn + 2 * tq + e % 2);
+    walk_state_pairs(si, dv, j0, [&](int n, int half, int64_t at) {
+      f(n, 2 * half, at);
+      f(n, 2 * half + 1, at + 1);
+    });
   };
   const int last = p.num_chunks - 1;
   if (last >= 0) bwd_walk_mma_prefetch(BwdWalkMmaStage(stages, dk), b, last, h, kh, j0);
