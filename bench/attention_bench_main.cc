@@ -1,8 +1,9 @@
 // attention_bench: times the CUDA tree attention on a public workload and prints one JSON line.
 //
 //   attention_bench --workload comb|rollout|agent_short|causal|comb_short|trunk [--n N (causal)] [--heads 16]
-//                   [--kv-heads 16]
-//                   [--head-dim 128] [--iters 10] [--warmup 3] [--child-order largest|listed] [--dump PREFIX]
+//                   [--kv-heads 16] [--head-dim 128] [--iters 10] [--warmup 3] [--child-order largest|listed]
+//                   [--dump PREFIX]
+// Workloads: trainer/attention_bench.h (workload_tree).
 // --child-order: the layout's preorder (data::Tree::preorder): largest, what training packs, or
 // listed, the children in index order (the layout before 2026-12-03), for comparisons.
 // --dump writes PREFIXsubtree_end.npy and PREFIXpos.npy for scripts/device/attention_compare.py.
@@ -40,16 +41,7 @@ int main(int argc, char** argv) {
       }
       else TT_CHECK(false, "attention_bench: unknown option ", a);
     }
-    tt::data::PackedBatch batch;
-    if (workload == "comb") batch = tt::trainer::episode_comb_batch(512, 40, 128, 256, order);
-    else if (workload == "rollout") batch = tt::trainer::agent_rollout_batch(4096, 6, 1024, 4, 2, 64, 1, order);
-    // bench/train_bench's agent tree: 4096-token prompt, 6 turns of 160 tokens, 4 x 4 branches (17,536 tokens).
-    else if (workload == "agent_short") batch = tt::trainer::agent_rollout_batch(4096, 6, 160, 4, 2, 0, 1, order);
-    else if (workload == "causal") batch = tt::trainer::causal_batch(n);
-    else if (workload == "comb_short") batch = tt::trainer::comb_short_batch(order);
-    else if (workload == "trunk") batch = tt::trainer::trunk_batch(16384, 7, order);
-    else TT_CHECK(false, "attention_bench: --workload ", workload,
-                            ", expected comb, rollout, agent_short, causal, comb_short or trunk");
+    const tt::data::PackedBatch batch = tt::trainer::pack_one(tt::trainer::workload_tree(workload, n), order);
     if (!dump.empty()) tt::trainer::dump_layout_npy(batch, dump);
     const bool listed = order == tt::data::ChildOrder::kListed;
     const auto r = tt::trainer::bench_attention(batch, listed ? workload + ":listed" : workload, opt);

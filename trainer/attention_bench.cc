@@ -53,10 +53,6 @@ data::Tree make_tree(const std::string& id, const std::vector<int>& parent, cons
   return t;
 }
 
-data::PackedBatch pack_one(const data::Tree& t, data::ChildOrder order = data::ChildOrder::kLargestFirst) {
-  return data::pack({&t}, data::Packing::kTree, order);
-}
-
 // dst (n) = uniform values of unit variance, as bf16: one host block uploaded, then replicated.
 void fill_random(bf16* dst, size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -96,7 +92,7 @@ void write_npy_i32(const std::string& path, const std::vector<int32_t>& x) {
 
 }  // namespace
 
-data::PackedBatch episode_comb_batch(int prefix_len, int steps, int history_len, int leaf_len, data::ChildOrder order) {
+data::Tree episode_comb_tree(int prefix_len, int steps, int history_len, int leaf_len) {
   std::vector<int> parent = {-1}, len = {prefix_len};
   int trunk = 0;
   for (int s = 0; s < steps; s++) {
@@ -106,11 +102,11 @@ data::PackedBatch episode_comb_batch(int prefix_len, int steps, int history_len,
     parent.push_back(trunk);
     len.push_back(leaf_len);
   }
-  return pack_one(make_tree("episode_comb", parent, len), order);
+  return make_tree("episode_comb", parent, len);
 }
 
-data::PackedBatch agent_rollout_batch(int prompt_len, int turns, int turn_len, int branches, int branch_turns,
-                                      int jitter, uint64_t seed, data::ChildOrder order) {
+data::Tree agent_rollout_tree(int prompt_len, int turns, int turn_len, int branches, int branch_turns, int jitter,
+                              uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int> dj(-jitter, jitter);
   std::vector<int> parent = {-1}, len = {prompt_len};
@@ -126,14 +122,14 @@ data::PackedBatch agent_rollout_batch(int prompt_len, int turns, int turn_len, i
       }
     frontier = next;
   }
-  return pack_one(make_tree("agent_rollout", parent, len), order);
+  return make_tree("agent_rollout", parent, len);
 }
 
-data::PackedBatch causal_batch(int n) { return pack_one(make_tree("causal", {-1}, {n})); }
+data::Tree causal_tree(int n) { return make_tree("causal", {-1}, {n}); }
 
-data::PackedBatch comb_short_batch(data::ChildOrder order) { return episode_comb_batch(1024, 200, 24, 40, order); }
+data::Tree comb_short_tree() { return episode_comb_tree(1024, 200, 24, 40); }
 
-data::PackedBatch trunk_batch(int max_tokens, uint64_t seed, data::ChildOrder order) {
+data::Tree trunk_tree(int max_tokens, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int> trunk_len(5, 40), leaf_len(8, 24), one_in(0, 9);
   std::vector<int> parent = {-1}, len = {trunk_len(rng)};
@@ -148,7 +144,22 @@ data::PackedBatch trunk_batch(int max_tokens, uint64_t seed, data::ChildOrder or
     len.push_back(l);
     total += t + l;
   }
-  return pack_one(make_tree("trunk", parent, len), order);
+  return make_tree("trunk", parent, len);
+}
+
+data::Tree workload_tree(const std::string& name, int n) {
+  if (name == "comb") return episode_comb_tree();
+  if (name == "rollout") return agent_rollout_tree();
+  if (name == "agent_short") return agent_rollout_tree(4096, 6, 160, 4, 2, 0, 1);
+  if (name == "causal") return causal_tree(n);
+  if (name == "comb_short") return comb_short_tree();
+  if (name == "trunk") return trunk_tree();
+  throw Error(str("attention_bench: --workload ", name,
+                  ", expected comb, rollout, agent_short, causal, comb_short or trunk"));
+}
+
+data::PackedBatch pack_one(const data::Tree& tree, data::ChildOrder order) {
+  return data::pack({&tree}, data::Packing::kTree, order);
 }
 
 double tile_occupancy(const data::PackedBatch& batch, int bm, int bn) {

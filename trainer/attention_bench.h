@@ -50,26 +50,30 @@ std::string to_json(const AttentionBenchResult& r);
 // Writes <prefix>subtree_end.npy and <prefix>pos.npy (int32, shape (N,)).
 void dump_layout_npy(const data::PackedBatch& batch, const std::string& prefix);
 
-// The public workloads, packed as data::pack would (one tree each; `order`: the children's order,
-// data::Tree::preorder; kListed is the layout before 2026-12-03, kept for comparisons):
+// The public workloads, one tree each:
 // a navigation-episode comb: a prefix, then `steps` steps of a history node on the trunk and a
 // leaf (observation + action) hanging off it;
-data::PackedBatch episode_comb_batch(int prefix_len = 512, int steps = 40, int history_len = 128,
-                                     int leaf_len = 256, data::ChildOrder order = data::ChildOrder::kLargestFirst);
+data::Tree episode_comb_tree(int prefix_len = 512, int steps = 40, int history_len = 128, int leaf_len = 256);
 // an agent rollout tree: a prompt, then `turns` turns of about turn_len tokens (lengths jittered
 // by up to +-jitter, fixed by seed), `branches` children at each of the first branch_turns turns.
-data::PackedBatch agent_rollout_batch(int prompt_len = 4096, int turns = 6, int turn_len = 1024, int branches = 4,
-                                      int branch_turns = 2, int jitter = 64, uint64_t seed = 1,
-                                      data::ChildOrder order = data::ChildOrder::kLargestFirst);
+data::Tree agent_rollout_tree(int prompt_len = 4096, int turns = 6, int turn_len = 1024, int branches = 4,
+                              int branch_turns = 2, int jitter = 64, uint64_t seed = 1);
 // one chain of n tokens: plain causal attention, for the kernel's own dense baseline.
-data::PackedBatch causal_batch(int n);
+data::Tree causal_tree(int n);
 // Fine-grained trees (issue 20), fixed shapes and seeds:
 // "comb_short": a navigation comb with short history nodes: prefix 1024, 200 steps of a 24-token
 // history node and a 40-token leaf (13,824 tokens);
 // "trunk": a long trunk of nodes of 5..40 tokens, one in ten of one token, each with a leaf of
 // 8..24 tokens, seed 7, up to 16,384 tokens.
-data::PackedBatch comb_short_batch(data::ChildOrder order = data::ChildOrder::kLargestFirst);
-data::PackedBatch trunk_batch(int max_tokens = 16384, uint64_t seed = 7,
-                              data::ChildOrder order = data::ChildOrder::kLargestFirst);
+data::Tree comb_short_tree();
+data::Tree trunk_tree(int max_tokens = 16384, uint64_t seed = 7);
+// A workload by its bench name: comb, rollout, agent_short (bench/train_bench's agent tree: a
+// 4096-token prompt, 6 turns of 160 tokens, 4 x 4 branches; 17,536 tokens), causal (n tokens),
+// comb_short or trunk, with the defaults above. Throws tt::Error naming the expected names.
+data::Tree workload_tree(const std::string& name, int n);
+
+// One tree packed alone as training packs it (data::pack, tree packing), its children in `order`
+// (data::Tree::preorder; kListed is the layout before 2026-12-03, kept for comparisons).
+data::PackedBatch pack_one(const data::Tree& tree, data::ChildOrder order = data::ChildOrder::kLargestFirst);
 
 }  // namespace tt::trainer
