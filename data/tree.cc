@@ -65,10 +65,11 @@ int64_t Tree::max_depth() const {
 std::vector<int> Tree::preorder(ChildOrder child_order) const {
   const int n = (int)nodes.size();
   std::vector<int64_t> size(n);  // tokens of each node's subtree (children have larger indices)
-  for (int i = n - 1; i >= 0 && child_order == ChildOrder::kLargestFirst; --i) {
-    size[i] += (int64_t)nodes[i].tokens.size();
-    if (nodes[i].parent >= 0) size[nodes[i].parent] += size[i];
-  }
+  if (child_order == ChildOrder::kLargestFirst)
+    for (int i = n - 1; i >= 0; --i) {
+      size[i] += (int64_t)nodes[i].tokens.size();
+      if (nodes[i].parent >= 0) size[nodes[i].parent] += size[i];
+    }
   std::vector<std::vector<int>> children(n);
   for (int i = 1; i < n; ++i) children[nodes[i].parent].push_back(i);
   std::vector<int> order;
