@@ -15,10 +15,18 @@
 // M = max(m_j, s_own), out = (sum_j acc_j e^(m_j - M) + e^(s_own - M) v_own) / L,
 // L = sum_j l_j e^(m_j - M) + e^(s_own - M), lse = M + log L. Deterministic: fixed orders.
 // Roundings: P to bf16 before P V (as in the tree kernels; l sums the fp32 P), then out.
+// Clustered plans (every row group's items one thread-block cluster of at most kMaxCluster blocks):
+// the partial blocks keep (m, l, acc) in shared memory and merge them across the cluster with the
+// same formula, each block a slice of the group's output elements; no merge kernel runs.
 #include "ops/cuda/attention_decode.h"
 
+#include <cooperative_groups.h>
+
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -38,6 +46,8 @@ constexpr int kStages = 2;     // tile buffers: one tile in flight while one is 
 constexpr int kTargetBlocks = 512;  // partial-kernel blocks the chunk size aims at (at most)
 constexpr int kQMax = 16;      // query vectors (rows x heads of a KV head group) per item: one m16 tile
 constexpr int kRowPad = 8;     // elements past HS in a shared-memory row (16 bytes of bf16: ldmatrix without conflicts)
+constexpr int kMaxCluster = 16;  // blocks of a merging cluster (above 8: non-portable, checked per device)
+constexpr int kClusterTiles = 2;  // a clustered plan doubles its chunk up to this many tiles to fit a cluster
 
 struct DecodeItem {
   int prefix;      // index into the prefix table
@@ -61,6 +71,7 @@ struct Plan {
   std::vector<int2> row_refs;  // (item, local row)
   int rows_per_item = 1;
   int chunk = kTile;  // keys per item
+  int cluster = 0;    // > 0: each row group's items are `cluster` consecutive ones, merged in a cluster
 };
 
 // Partial-kernel blocks of a chunk size: (chunks x row groups) per visible prefix, x NKV.
@@ -74,29 +85,98 @@ int64_t blocks_for(const ExternalKV* ext, int n_ext, int rows_per_item, int NKV,
   return items * NKV;
 }
 
-Plan make_plan(const ExternalKV* ext, int n_ext, int N, int G, int NKV) {
+// The clustered layout's query ranges: when the ranges of the prefixes that hold keys are, pair by
+// pair, equal or disjoint and cover every row, the distinct ones in order of first appearance, each
+// with the prefixes that have it; else empty (a row's partials then come from prefixes of other
+// row groupings, or a row reads only its own key: the merge kernel's general case).
+using Ranges = std::vector<std::pair<int2, std::vector<int>>>;  // (q range, its prefixes)
+
+Ranges cluster_ranges(const ExternalKV* ext, int n_ext, int N) {
+  Ranges ranges;
+  std::vector<char> covered(N, 0);
+  for (int e = 0; e < n_ext; e++) {
+    if (ext[e].len == 0 || ext[e].q_begin == ext[e].q_end) continue;
+    const int2 r{ext[e].q_begin, ext[e].q_end};
+    bool found = false;
+    for (auto& x : ranges) {
+      if (x.first.x == r.x && x.first.y == r.y) {
+        x.second.push_back(e);
+        found = true;
+      } else if (r.x < x.first.y && x.first.x < r.y) {
+        return {};  // overlapping, not equal
+      }
+    }
+    if (!found) ranges.push_back({r, {e}});
+    for (int i = r.x; i < r.y; i++) covered[i] = 1;
+  }
+  for (int i = 0; i < N; i++)
+    if (!covered[i]) return {};
+  return ranges;
+}
+
+// Items a row group of each range has at a chunk size (the clustered layout's cluster size).
+int cluster_items(const Ranges& ranges, const ExternalKV* ext, int chunk) {
+  int64_t most = 0;
+  for (const auto& r : ranges) {
+    int64_t n = 0;
+    for (int e : r.second) n += (ext[e].len + chunk - 1) / chunk;
+    most = std::max(most, n);
+  }
+  return (int)std::min<int64_t>(most, INT32_MAX);
+}
+
+Plan make_plan(const ExternalKV* ext, int n_ext, int N, int G, int NKV, int max_cluster) {
   Plan p;
   p.rows_per_item = std::max(1, kQMax / G);
   int chunk = kTile;
   while (chunk < (1 << 24) && blocks_for(ext, n_ext, p.rows_per_item, NKV, chunk) > kTargetBlocks) chunk *= 2;
-  p.chunk = chunk;
-  std::vector<std::vector<int2>> per_row(N);
-  for (int e = 0; e < n_ext; e++) {
-    p.prefixes.push_back(DecodePrefix{ext[e].k, ext[e].v, ext[e].heads});
-    if (ext[e].len == 0 || ext[e].q_begin == ext[e].q_end) continue;
-    for (int k0 = 0; k0 < ext[e].len; k0 += chunk) {
-      for (int r0 = ext[e].q_begin; r0 < ext[e].q_end; r0 += p.rows_per_item) {
-        DecodeItem it;
-        it.prefix = e;
-        it.key_begin = k0;
-        it.key_end = std::min(ext[e].len, k0 + chunk);
-        it.row0 = r0;
-        it.nrows = std::min(p.rows_per_item, ext[e].q_end - r0);
-        for (int r = 0; r < it.nrows; r++) per_row[r0 + r].push_back(int2{(int)p.items.size(), r});
-        p.items.push_back(it);
-      }
+  // Clustered when a row group's items fit one cluster with chunks of at most kClusterTiles tiles,
+  // the chunk doubled to get there (a batch-1 step at ~1k context: 8 + 1 items of 128 keys); longer
+  // contexts and wide batches keep their chunks and the merge kernel.
+  // (Measured on an H200, docs/BENCHMARKS.md: chunks grown by 16 keys instead, 14 items of 80 at
+  // ~1k, were no faster; a batch of 32 separate prompts clustered at its 512-key chunks was slower
+  // than the merge kernel, 3.68-3.76 vs 3.57-3.62 ms a step.)
+  Ranges ranges;
+  if (chunk <= kClusterTiles * kTile) ranges = cluster_ranges(ext, n_ext, N);
+  if (!ranges.empty()) {
+    int c = chunk;
+    while (cluster_items(ranges, ext, c) > max_cluster && c < kClusterTiles * kTile) c *= 2;
+    if (cluster_items(ranges, ext, c) <= max_cluster) {
+      chunk = c;
+      p.cluster = cluster_items(ranges, ext, c);
     }
   }
+  p.chunk = chunk;
+  for (int e = 0; e < n_ext; e++) p.prefixes.push_back(DecodePrefix{ext[e].k, ext[e].v, ext[e].heads});
+  auto add_chunks = [&](int e, int r0) {
+    const int nrows = std::min(p.rows_per_item, ext[e].q_end - r0);
+    for (int k0 = 0; k0 < ext[e].len; k0 += chunk)
+      p.items.push_back(DecodeItem{e, k0, std::min(ext[e].len, k0 + chunk), r0, nrows});
+  };
+  if (p.cluster) {  // each row group's items consecutive, padded with empty ones to the cluster size
+    for (const auto& r : ranges)
+      for (int r0 = r.first.x; r0 < r.first.y; r0 += p.rows_per_item) {
+        const size_t first = p.items.size();
+        for (int e : r.second) add_chunks(e, r0);
+        while (p.items.size() < first + p.cluster) {
+          DecodeItem pad = p.items[first];
+          pad.key_begin = pad.key_end = 0;
+          p.items.push_back(pad);
+        }
+      }
+  } else {
+    for (int e = 0; e < n_ext; e++) {
+      if (ext[e].len == 0 || ext[e].q_begin == ext[e].q_end) continue;
+      for (int k0 = 0; k0 < ext[e].len; k0 += chunk)
+        for (int r0 = ext[e].q_begin; r0 < ext[e].q_end; r0 += p.rows_per_item) {
+          const int nrows = std::min(p.rows_per_item, ext[e].q_end - r0);
+          p.items.push_back(DecodeItem{e, k0, std::min(ext[e].len, k0 + chunk), r0, nrows});
+        }
+    }
+  }
+  std::vector<std::vector<int2>> per_row(N);
+  for (size_t it = 0; it < p.items.size(); it++)
+    for (int r = 0; r < p.items[it].nrows; r++) per_row[p.items[it].row0 + r].push_back(int2{(int)it, r});
   p.row_ptr.assign(1, 0);
   for (int i = 0; i < N; i++) {
     p.row_refs.insert(p.row_refs.end(), per_row[i].begin(), per_row[i].end());
@@ -132,7 +212,7 @@ struct CallSpace {
   CallSpace(const Plan& p, int NKV, int HS, void* base) {
     detail::WorkspaceCarver c(base);
     prefixes = c.take<DecodePrefix>(p.prefixes.size() > (size_t)kDecodeByValue ? p.prefixes.size() : 0);
-    const size_t slots = p.items.size() * (size_t)NKV * kQMax;
+    const size_t slots = p.cluster ? 0 : p.items.size() * (size_t)NKV * kQMax;  // clustered: in shared memory
     m = c.take<float>(slots);
     l = c.take<float>(slots);
     acc = c.take<float>(slots * HS);
@@ -247,22 +327,37 @@ struct PartialParams {
   DecodePrefix by_value[kDecodeByValue];  // the prefixes, when n_ext <= kDecodeByValue
   int n_by_value;                         // n_ext when the prefixes come by value, else 0
   const DecodeItem* items;
-  float* m;
+  float* m;  // the partials (the merge kernel's input; unused when clustered)
   float* l;
   float* acc;
+  bf16* out;  // clustered: the merged rows (N, NH, HS) and lse (N, NH), and the rows' own keys
+  float* lse;
+  const bf16* k_own;  // (N, NKV, HS)
+  const bf16* v_own;
   int NH, NKV, G;
   float scale;
 };
 
+// Bytes of dynamic shared memory of the partial kernel: K and V tile buffers, the item's query
+// rows, and (clustered) its rows' own keys and values.
+template <int HS, bool kCluster>
+constexpr size_t partial_smem_bytes() {
+  return sizeof(bf16) * (size_t)(2 * kStages * kTile + (kCluster ? 3 : 1) * kQMax) * (HS + kRowPad);
+}
+
 // One item (blockIdx.x) and KV head (blockIdx.y), four warps. The item's keys pass through shared
-// memory kTile at a time (cp.async, kStages buffers: the next tiles in flight while one is
-// computed; the first ones issued before the PDL wait, since no kernel of a decode step writes
-// the prefixes it reads). Each warp takes 16 keys of a tile: S = Q K^T for the item's query
+// memory kTile at a time (cp.async into kStages buffers, all of them issued before the PDL wait,
+// since no kernel of a decode step writes the prefixes it reads; each next tile issued as soon as
+// its buffer is computed). Each warp takes 16 keys of a tile: S = Q K^T for the item's query
 // vectors (rows of one m16 tile, rows >= Q zero) and P V on tensor cores (mma m16n8k16, bf16 in,
 // fp32 out), with its own online softmax (m, l per row); at the end the four warps' partials are
 // combined in shared memory into the item's (m, l, acc). Rows of K, V and Q are padded by 16 bytes
 // so that ldmatrix reads them without bank conflicts.
-template <int HS>
+// kCluster: the blocks of a row group's items form one thread-block cluster (consecutive
+// blockIdx.x); each keeps its partial in shared memory and, after a cluster barrier, merges a
+// slice of the group's output elements from every block's partial (distributed shared memory) and
+// the rows' own keys, the merge kernel's formula (no merge kernel, no partials in global memory).
+template <int HS, bool kCluster>
 __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_constant__ PartialParams p) {
   constexpr int KS = HS + kRowPad;  // row stride of the K, V and Q tiles (bf16)
   constexpr int kVecs = HS / 8;     // 16-byte vectors per key row
@@ -274,6 +369,8 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
   bf16* k_s = reinterpret_cast<bf16*>(decode_smem);  // (kStages, kTile, KS)
   bf16* v_s = k_s + kStages * kTile * KS;            // (kStages, kTile, KS)
   bf16* q_s = v_s + kStages * kTile * KS;            // (kQMax, KS)
+  bf16* ko_s = q_s + kQMax * KS;                     // kCluster: (kQMax, KS) the rows' own keys
+  bf16* vo_s = ko_s + kQMax * KS;                    // and values
   __shared__ float m_w[kWarps][kQMax], l_w[kWarps][kQMax];
   const int tid = threadIdx.x, lane = tid % detail::kWarp, warp = tid / detail::kWarp;
   const int gq = lane / 4, tq = lane % 4;  // a fragment's row (and row + 8) and column pair
@@ -299,13 +396,13 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
     }
   };
 #pragma unroll
-  for (int t = 0; t < kStages - 1; t++) {
+  for (int t = 0; t < kStages; t++) {
     if (t < n_tiles) load_tile(t);
     attn::cp_async_commit();
   }
   detail::pdl_wait();  // q is the previous kernel's output (launched by launch_pdl)
   detail::pdl_trigger();
-  if (!reads) {  // m = -inf, l = 0 (written after the wait: the previous layer's merge read them)
+  if (!kCluster && !reads) {  // m = -inf, l = 0 (written after the wait: the previous layer's merge read them)
     for (int e = tid; e < Q * HS; e += kThreads) p.acc[slot0 * HS + e] = 0.f;
     if (tid < Q) {
       p.m[slot0 + tid] = -INFINITY;
@@ -322,6 +419,14 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
     }
     *reinterpret_cast<uint4*>(q_s + qi * KS + 8 * c) = x;
   }
+  if constexpr (kCluster) {  // the rows' own keys and values (the merge's last term)
+    for (int e = tid; e < it.nrows * kVecs; e += kThreads) {
+      const int r = e / kVecs, c = e % kVecs;
+      const int64_t off = ((int64_t)(it.row0 + r) * NKV + g) * HS + 8 * c;
+      *reinterpret_cast<uint4*>(ko_s + r * KS + 8 * c) = *reinterpret_cast<const uint4*>(p.k_own + off);
+      *reinterpret_cast<uint4*>(vo_s + r * KS + 8 * c) = *reinterpret_cast<const uint4*>(p.v_own + off);
+    }
+  }
 
   // This warp's state: o[j] holds dims 8 j + 2 tq (+1) of rows gq ([0], [1]) and gq + 8 ([2], [3]);
   // m and l of rows gq and gq + 8 (l summed over this thread's columns only until the end).
@@ -330,67 +435,71 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
   for (int j = 0; j < HS / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
   float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
   for (int t = 0; t < n_tiles; t++) {
-    attn::cp_async_wait<kStages - 2>();
-    __syncthreads();  // tile t has landed for every thread; tile t - 1's buffer is free
-    if (t + kStages - 1 < n_tiles) load_tile(t + kStages - 1);
-    attn::cp_async_commit();
+    attn::cp_async_wait<kStages - 1>();
+    __syncthreads();  // tile t has landed for every thread (and q)
     const int nk = min(kTile, n_keys - t * kTile) - 16 * warp;  // this warp's keys in the tile
-    if (nk <= 0) continue;
-    const bf16* ks = k_s + (t % kStages) * kTile * KS + 16 * warp * KS;
-    const bf16* vs = v_s + (t % kStages) * kTile * KS + 16 * warp * KS;
-    // S (16 rows x 16 keys): s[n] holds keys 8 n + 2 tq (+1) of rows gq and gq + 8.
-    float s[2][4] = {};
+    if (nk > 0) {
+      const bf16* ks = k_s + (t % kStages) * kTile * KS + 16 * warp * KS;
+      const bf16* vs = v_s + (t % kStages) * kTile * KS + 16 * warp * KS;
+      // S (16 rows x 16 keys): s[n] holds keys 8 n + 2 tq (+1) of rows gq and gq + 8.
+      float s[2][4] = {};
 #pragma unroll
-    for (int kk = 0; kk < HS / 16; kk++) {
-      uint32_t a[4], b[4];
-      mma::ldsm_x4(a, q_s + (lane % 8 + 8 * (lane / 8 % 2)) * KS + 16 * kk + 8 * (lane / 16));
-      mma::ldsm_x4(b, ks + (lane % 8 + 8 * (lane / 16)) * KS + 16 * kk + 8 * (lane / 8 % 2));
-      mma::mma_16816(s[0], a, b[0], b[1]);
-      mma::mma_16816(s[1], a, b[2], b[3]);
-    }
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < 2; n++)
-#pragma unroll
-      for (int c = 0; c < 4; c++) {
-        const float x = 8 * n + 2 * tq + (c & 1) < nk ? s[n][c] * p.scale : -INFINITY;
-        s[n][c] = x;
-        mx[c / 2] = fmaxf(mx[c / 2], x);
+      for (int kk = 0; kk < HS / 16; kk++) {
+        uint32_t a[4], b[4];
+        mma::ldsm_x4(a, q_s + (lane % 8 + 8 * (lane / 8 % 2)) * KS + 16 * kk + 8 * (lane / 16));
+        mma::ldsm_x4(b, ks + (lane % 8 + 8 * (lane / 16)) * KS + 16 * kk + 8 * (lane / 8 % 2));
+        mma::mma_16816(s[0], a, b[0], b[1]);
+        mma::mma_16816(s[1], a, b[2], b[3]);
       }
-    float alpha[2];
+      float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int r = 0; r < 2; r++) {  // key 0 of the warp's keys is valid: the new max is finite
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m_r[r], mx[r]);
-      alpha[r] = __expf(m_r[r] - m_new);  // 0 while m_r is -inf
-      m_r[r] = m_new;
-      l_r[r] *= alpha[r];
-    }
+      for (int n = 0; n < 2; n++)
 #pragma unroll
-    for (int n = 0; n < 2; n++)
+        for (int c = 0; c < 4; c++) {
+          const float x = 8 * n + 2 * tq + (c & 1) < nk ? s[n][c] * p.scale : -INFINITY;
+          s[n][c] = x;
+          mx[c / 2] = fmaxf(mx[c / 2], x);
+        }
+      float alpha[2];
 #pragma unroll
-      for (int c = 0; c < 4; c++) {
-        s[n][c] = __expf(s[n][c] - m_r[c / 2]);  // masked keys: exp(-inf) = 0
-        l_r[c / 2] += s[n][c];
+      for (int r = 0; r < 2; r++) {  // key 0 of the warp's keys is valid: the new max is finite
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(m_r[r], mx[r]);
+        alpha[r] = __expf(m_r[r] - m_new);  // 0 while m_r is -inf
+        m_r[r] = m_new;
+        l_r[r] *= alpha[r];
       }
-    // P (16 rows x 16 keys) as the A fragment of P V; V's fragments by transposing loads.
-    const uint32_t pa[4] = {attn::pack_bf16x2(s[0][0], s[0][1]), attn::pack_bf16x2(s[0][2], s[0][3]),
-                            attn::pack_bf16x2(s[1][0], s[1][1]), attn::pack_bf16x2(s[1][2], s[1][3])};
 #pragma unroll
-    for (int j = 0; j < HS / 8; j++) {
-      o[j][0] *= alpha[0];
-      o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1];
-      o[j][3] *= alpha[1];
-    }
+      for (int n = 0; n < 2; n++)
 #pragma unroll
-    for (int jj = 0; jj < HS / 16; jj++) {
-      uint32_t b[4];
-      mma::ldsm_x4_trans(b, vs + (lane % 8 + 8 * (lane / 8 % 2)) * KS + 16 * jj + 8 * (lane / 16));
-      mma::mma_16816(o[2 * jj], pa, b[0], b[1]);
-      mma::mma_16816(o[2 * jj + 1], pa, b[2], b[3]);
+        for (int c = 0; c < 4; c++) {
+          s[n][c] = __expf(s[n][c] - m_r[c / 2]);  // masked keys: exp(-inf) = 0
+          l_r[c / 2] += s[n][c];
+        }
+      // P (16 rows x 16 keys) as the A fragment of P V; V's fragments by transposing loads.
+      const uint32_t pa[4] = {attn::pack_bf16x2(s[0][0], s[0][1]), attn::pack_bf16x2(s[0][2], s[0][3]),
+                              attn::pack_bf16x2(s[1][0], s[1][1]), attn::pack_bf16x2(s[1][2], s[1][3])};
+#pragma unroll
+      for (int j = 0; j < HS / 8; j++) {
+        o[j][0] *= alpha[0];
+        o[j][1] *= alpha[0];
+        o[j][2] *= alpha[1];
+        o[j][3] *= alpha[1];
+      }
+#pragma unroll
+      for (int jj = 0; jj < HS / 16; jj++) {
+        uint32_t b[4];
+        mma::ldsm_x4_trans(b, vs + (lane % 8 + 8 * (lane / 8 % 2)) * KS + 16 * jj + 8 * (lane / 16));
+        mma::mma_16816(o[2 * jj], pa, b[0], b[1]);
+        mma::mma_16816(o[2 * jj + 1], pa, b[2], b[3]);
+      }
     }
+    if (t + kStages < n_tiles) {
+      __syncthreads();  // every warp is done with tile t's buffer
+      load_tile(t + kStages);
+    }
+    attn::cp_async_commit();
   }
 
   // Combine the warps: M = max_w m_w, acc = sum_w o_w e^(m_w - M), l = sum_w l_w e^(m_w - M).
@@ -423,13 +532,17 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
     *reinterpret_cast<float2*>(ow + (gq + 8) * OS + 8 * j + 2 * tq) = make_float2(o[j][2] * f[1], o[j][3] * f[1]);
   }
   __syncthreads();
+  // The block's partial: acc into global memory, or (clustered) into warp 0's rows of o_s (each
+  // element read and written by one thread).
   for (int e = tid; e < Q * HS; e += kThreads) {
     const int qi = e / HS, d = e % HS;
     float a = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; w++) a += o_s[(w * kQMax + qi) * OS + d];
-    p.acc[(slot0 + qi) * HS + d] = a;
+    if constexpr (kCluster) o_s[qi * OS + d] = a;
+    else p.acc[(slot0 + qi) * HS + d] = a;
   }
+  __shared__ float m_b[kQMax], l_b[kQMax];
   if (tid < Q) {
     float M = -INFINITY, L = 0.f;
 #pragma unroll
@@ -437,15 +550,61 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
 #pragma unroll
     for (int w = 0; w < kWarps; w++)
       if (m_w[w][tid] != -INFINITY) L += l_w[w][tid] * __expf(m_w[w][tid] - M);
-    p.m[slot0 + tid] = M;
-    p.l[slot0 + tid] = L;
+    if constexpr (kCluster) {
+      m_b[tid] = M;
+      l_b[tid] = L;
+    } else {
+      p.m[slot0 + tid] = M;
+      p.l[slot0 + tid] = L;
+    }
   }
-}
-
-// Bytes of dynamic shared memory of the partial kernel.
-template <int HS>
-constexpr size_t partial_smem_bytes() {
-  return sizeof(bf16) * (size_t)(2 * kStages * kTile + kQMax) * (HS + kRowPad);  // k_s, v_s, q_s
+  if constexpr (kCluster) {
+    // The merge (as decode_merge_kernel): M = max(s_own, m_j), L = sum_j l_j e^(m_j - M) +
+    // e^(s_own - M), out = (e^(s_own - M) v_own + sum_j acc_j e^(m_j - M)) / L, j over the cluster's
+    // blocks in rank order. s_own of each query vector: one warp a vector, from shared memory.
+    __shared__ float s_own[kQMax], w_s[kMaxCluster][kQMax], wo_s[kQMax], L_s[kQMax];
+    for (int qi = warp; qi < Q; qi += kWarps) {
+      float qk = 0.f;
+      for (int d = lane; d < HS; d += detail::kWarp)
+        qk += __bfloat162float(q_s[qi * KS + d]) * __bfloat162float(ko_s[qi / G * KS + d]);
+      qk = detail::warp_sum(qk);
+      if (lane == 0) s_own[qi] = qk * p.scale;
+    }
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    const int C = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
+    cluster.sync();  // every block's partial and s_own are in its shared memory
+    if (tid < Q) {
+      float mj[kMaxCluster];
+#pragma unroll
+      for (int j = 0; j < kMaxCluster; j++) mj[j] = j < C ? *cluster.map_shared_rank(&m_b[tid], j) : -INFINITY;
+      float M = s_own[tid];
+#pragma unroll
+      for (int j = 0; j < kMaxCluster; j++) M = fmaxf(M, mj[j]);
+      float L = 0.f;
+#pragma unroll
+      for (int j = 0; j < kMaxCluster; j++) {
+        if (j >= C) break;
+        const float w = __expf(mj[j] - M);  // a partial of no keys (m = -inf) weighs 0
+        w_s[j][tid] = w;
+        L = fmaf(*cluster.map_shared_rank(&l_b[tid], j), w, L);
+      }
+      wo_s[tid] = __expf(s_own[tid] - M);
+      L += wo_s[tid];
+      L_s[tid] = L;
+      if (rank == 0) p.lse[(int64_t)(it.row0 + tid / G) * p.NH + g * G + tid % G] = M + logf(L);
+    }
+    __syncthreads();
+    const int total = Q * HS, per = (total + C - 1) / C, end = min(total, (rank + 1) * per);
+    for (int e = rank * per + tid; e < end; e += kThreads) {
+      const int qi = e / HS, d = e % HS;
+      float a = wo_s[qi] * __bfloat162float(vo_s[qi / G * KS + d]);
+#pragma unroll 4
+      for (int j = 0; j < C; j++) a = fmaf(*cluster.map_shared_rank(o_s + qi * OS + d, j), w_s[j][qi], a);
+      p.out[((int64_t)(it.row0 + qi / G) * p.NH + g * G + qi % G) * HS + d] = __float2bfloat16_rn(a / L_s[qi]);
+    }
+    cluster.sync();  // no block leaves while another reads its shared memory
+  }
 }
 
 void check_args(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS) {
@@ -463,6 +622,66 @@ void check_args(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS
     TT_CHECK(x.len == 0 || (x.k && x.v && detail::aligned16(x.k) && detail::aligned16(x.v)), op, ": prefix ", e,
              " has a null or unaligned k or v (16 bytes)");
   }
+}
+
+template <int HS>
+cudaLaunchConfig_t cluster_config(int cluster, int blocks_x, int NKV, cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)blocks_x, (unsigned)NKV);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = partial_smem_bytes<HS, true>();
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  return cfg;
+}
+
+// The clustered kernel's attributes on the current device (per device, so at every launch).
+template <int HS>
+void set_cluster_attributes(int cluster) {
+  auto* kernel = decode_partial_kernel<HS, true>;
+  TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)partial_smem_bytes<HS, true>()));
+  if (cluster > 8) TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+}
+
+// Whether the current device co-schedules a cluster of this many clustered partial blocks (more
+// than 8 is non-portable; the blocks' shared memory decides how many fit a GPC). Cached per device.
+bool cluster_fits(int HS, int cluster) {
+  static std::mutex mu;
+  static std::map<std::array<int, 3>, bool> known;
+  int dev = 0;
+  TT_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  const std::array<int, 3> key{dev, HS, cluster};
+  auto found = known.find(key);
+  if (found != known.end()) return found->second;
+  int n = 0;
+  auto query = [&](auto hs) {
+    constexpr int kHS = decltype(hs)::value;
+    set_cluster_attributes<kHS>(cluster);
+    cudaLaunchAttribute attr[2];
+    cudaLaunchConfig_t cfg = cluster_config<kHS>(cluster, cluster, 1, attr);
+    cfg.numAttrs = 1;  // the cluster dimension
+    TT_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, decode_partial_kernel<kHS, true>, &cfg));
+  };
+  if (HS == 64) query(std::integral_constant<int, 64>{});
+  else if (HS == 128) query(std::integral_constant<int, 128>{});
+  else query(std::integral_constant<int, 256>{});
+  return known[key] = n > 0;
+}
+
+// make_plan with the largest cluster the device takes: 16 blocks, else 8 (portable), else none.
+Plan plan_for(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS) {
+  Plan p = make_plan(ext, n_ext, N, NH / NKV, NKV, kMaxCluster);
+  if (p.cluster > 8 && !cluster_fits(HS, p.cluster)) p = make_plan(ext, n_ext, N, NH / NKV, NKV, 8);
+  if (p.cluster > 0 && !cluster_fits(HS, p.cluster)) p = make_plan(ext, n_ext, N, NH / NKV, NKV, 0);
+  return p;
 }
 
 }  // namespace
@@ -495,6 +714,8 @@ bool AttentionDecodePlan::matches(const ExternalKV* ext, int n_ext, int N, int N
   return impl_->items != nullptr && impl_->sig == signature(ext, n_ext, N, NH, NKV, HS);
 }
 
+int AttentionDecodePlan::cluster_size() const { return impl_->plan.cluster; }
+
 size_t AttentionDecodePlan::table_bytes() const { return Tables(impl_->plan, nullptr).bytes; }
 
 size_t AttentionDecodePlan::workspace_bytes() const {
@@ -505,7 +726,7 @@ size_t AttentionDecodePlan::workspace_bytes() const {
 void AttentionDecodePlan::make(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS) {
   check_args(ext, n_ext, N, NH, NKV, HS);
   Impl& m = *impl_;
-  m.plan = make_plan(ext, n_ext, N, NH / NKV, NKV);
+  m.plan = plan_for(ext, n_ext, N, NH, NKV, HS);
   m.sig = signature(ext, n_ext, N, NH, NKV, HS);
   m.items = nullptr;
 }
@@ -558,6 +779,10 @@ void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* 
   pp.m = cs.m;
   pp.l = cs.l;
   pp.acc = cs.acc;
+  pp.out = out;
+  pp.lse = lse;
+  pp.k_own = k;
+  pp.v_own = v;
   pp.NH = NH;
   pp.NKV = NKV;
   pp.G = G;
@@ -565,13 +790,22 @@ void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* 
   const MergeParams mp{out, lse, q, k, v, m.row_ptr, m.row_refs, cs.m, cs.l, cs.acc, NH, NKV, G, pp.scale};
   auto launch = [&](auto hs) {
     constexpr int kHS = decltype(hs)::value;
+    if (m.plan.cluster) {  // each row group's items one cluster: partials merged in place
+      set_cluster_attributes<kHS>(m.plan.cluster);
+      cudaLaunchAttribute attr[2];
+      cudaLaunchConfig_t cfg = cluster_config<kHS>(m.plan.cluster, (int)m.plan.items.size(), NKV, attr);
+      cfg.stream = stream;
+      TT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_partial_kernel<kHS, true>, pp));
+      TT_CUDA_CHECK_LAUNCH();
+      return;
+    }
     if (!m.plan.items.empty()) {
-      constexpr size_t smem = partial_smem_bytes<kHS>();
+      constexpr size_t smem = partial_smem_bytes<kHS, false>();
       // Above the default 48 KB (static shared memory counted): opt in, per device, so at every launch.
-      TT_CUDA_CHECK(cudaFuncSetAttribute(decode_partial_kernel<kHS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem));
-      detail::launch_pdl(decode_partial_kernel<kHS>, dim3((unsigned)m.plan.items.size(), NKV), dim3(kThreads), smem,
-                         stream, pp);
+      TT_CUDA_CHECK(cudaFuncSetAttribute(decode_partial_kernel<kHS, false>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+      detail::launch_pdl(decode_partial_kernel<kHS, false>, dim3((unsigned)m.plan.items.size(), NKV), dim3(kThreads),
+                         smem, stream, pp);
       TT_CUDA_CHECK_LAUNCH();
     }
     detail::launch_pdl(decode_merge_kernel<kHS>, dim3(N, NH), dim3(kMergeThreads), 0, stream, mp);
@@ -588,7 +822,7 @@ void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* 
 
 size_t attention_decode_workspace_bytes(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS) {
   check_args(ext, n_ext, N, NH, NKV, HS);
-  const Plan p = make_plan(ext, n_ext, N, NH / NKV, NKV);
+  const Plan p = plan_for(ext, n_ext, N, NH, NKV, HS);
   return Tables(p, nullptr).bytes + CallSpace(p, NKV, HS, nullptr).bytes;
 }
 

@@ -9,7 +9,10 @@
 // Work split (flash-decoding): each prefix is cut into chunks of keys and its rows into groups;
 // a block computes one (chunk, row group, KV head)'s partial softmax (max, sum, weighted values
 // for every query head of the group, on tensor cores) with the keys staged once in shared memory
-// for all the group's rows; a second kernel merges a row's partials with its own key.
+// for all the group's rows; a second kernel merges a row's partials with its own key. Where every
+// row group's partials fit one thread-block cluster (a batch-1 step up to ~2k context), the
+// group's blocks merge them among themselves through distributed shared memory instead: one
+// kernel, no partials in global memory (see cluster_size below).
 // Memory-bound: every key row of a prefix is read once per row group.
 //
 // Launched with programmatic dependent launch (ops/cuda/kernel_util.cuh): the prefixes' K/V and
@@ -56,6 +59,13 @@ class AttentionDecodePlan {
   bool matches(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS) const;
   // Builds the tables for these arguments on the host (the prefix pointers are not kept).
   void make(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS);
+  // After make(): the size of the thread-block clusters that merge each row group's partials in
+  // place (no merge kernel), or 0 when the merge kernel runs. Clustered when every row's partials
+  // come from prefixes of one query range, the ranges (of prefixes holding keys) pairwise equal or
+  // disjoint and covering every row, and a row group's chunks number at most 16 (8 where the device
+  // cannot co-schedule more) with chunks of at most 128 keys: a batch-1 step up to ~2k context, a
+  // batch of short separate prompts.
+  int cluster_size() const;
   // Device bytes of the tables, and of the per-call workspace (partials; the pointer table past
   // kDecodeByValue prefixes), after make().
   size_t table_bytes() const;

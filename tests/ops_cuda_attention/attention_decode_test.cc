@@ -5,7 +5,8 @@
 // (more prefixes than the tree kernels take), independent rows each with its own prefix, prefixes
 // of length 0 and 1, rows that see no prefix, more rows than a row group, HS 64, 128 and 256, GQA
 // ratios 1, 2 and 8, prefixes read by some KV heads only (head sets), a row of 257 partials (the
-// merge's rounds), more prefixes than go by value. Outputs are poisoned before the run; a plan
+// merge's rounds), more prefixes than go by value, and plans whose row groups merge their partials
+// inside a thread-block cluster (the plan's cluster size checked). Outputs are poisoned before the run; a plan
 // reused by three calls on a stream gives the one-shot call's result bit for bit. Tolerance rule:
 // attention_cases.h (kRelL2Bf16 for out, whose bf16 roundings are P before P V and out, k = 2
 // there; kLseRel for lse).
@@ -43,6 +44,8 @@ struct DecodeCase {
   std::string name;
   int N, NH, NKV, HS;
   std::vector<Prefix> prefixes;
+  int cluster = 0;  // the plan's cluster size (0: the merge kernel); above 8, or any of 0..8 where the
+                    // device cannot co-schedule that many blocks
 };
 
 std::ostream& operator<<(std::ostream& os, const DecodeCase& c) { return os << c.name; }
@@ -50,7 +53,7 @@ std::ostream& operator<<(std::ostream& os, const DecodeCase& c) { return os << c
 std::vector<DecodeCase> cases() {
   std::vector<DecodeCase> v;
   v.push_back({"one_row_long_prefix_hs128", 1, 16, 8, 128, {{3000, 0, 1}}});
-  v.push_back({"one_row_long_prefix_hs64_mha", 1, 4, 4, 64, {{1100, 0, 1}}});
+  v.push_back({"one_row_long_prefix_hs64_mha", 1, 4, 4, 64, {{1100, 0, 1}}, 9});  // 9 chunks of 128
   // 16k keys: the chunk grows past one tile (at most kTargetBlocks blocks), the last one partial.
   v.push_back({"one_row_16k_hs128", 1, 16, 8, 128, {{16385, 0, 1}}});
   // 16 samples of one prompt: the prompt visible to all, one generated span per sample.
@@ -82,7 +85,18 @@ std::vector<DecodeCase> cases() {
   // value (kDecodeByValue = 96), so their pointers go through the per-call device table.
   DecodeCase many{"rows_130_prefixes_hs64", 130, 4, 2, 64, {}};
   for (int s = 0; s < 130; s++) many.prefixes.push_back({1 + s * 37 % 90, s, s + 1});
+  many.cluster = 2;  // one or two 64-key chunks a row: clusters of 2, the one-chunk rows padded
   v.push_back(many);
+  // Clustered plans (each row group's partials merged inside one thread-block cluster): batch 1
+  // with a prompt and its generated rows (16 + 1 chunks of 64 keys do not fit 16 blocks: 8 + 1 of
+  // 128), a portable cluster of 8, rows of several lengths (clusters padded with empty items), head
+  // sets at HS 256 (8 + 2 chunks, one block a multiprocessor), and row groups of several rows (one
+  // partial) at GQA 4.
+  v.push_back({"one_row_1k_and_generated_hs128", 1, 16, 8, 128, {{1024, 0, 1}, {37, 0, 1}}, 9});
+  v.push_back({"one_row_two_prefixes_cluster8_hs128", 1, 16, 8, 128, {{400, 0, 1}, {30, 0, 1}}, 8});
+  v.push_back({"rows_own_prefixes_padded_hs128", 4, 16, 8, 128, {{300, 0, 1}, {70, 1, 2}, {1, 2, 3}, {500, 3, 4}}, 8});
+  v.push_back({"head_sets_clustered_hs256", 2, 16, 2, 256, {{500, 0, 2, 0x1}, {100, 0, 2, 0x2}}, 10});
+  v.push_back({"row_groups_clustered_hs64_gqa4", 6, 8, 2, 64, {{200, 0, 6}, {50, 0, 6}}, 5});
   return v;
 }
 
@@ -185,6 +199,12 @@ TEST_P(AttentionDecode, MatchesTheCpuReference) {
   // (fixed orders).
   AttentionDecodePlan plan;
   plan.make(ext.data(), (int)ext.size(), N, NH, NKV, HS);
+  if (c.cluster <= 8)
+    EXPECT_EQ(plan.cluster_size(), c.cluster) << c.name;
+  else
+    EXPECT_TRUE(plan.cluster_size() == c.cluster || plan.cluster_size() <= 8) << c.name << ": " << plan.cluster_size();
+  std::printf("%-32s clusters of %d%s\n", c.name.c_str(), plan.cluster_size(),
+              plan.cluster_size() ? "" : " (merge kernel)");
   DeviceBuffer<char> tables(std::max<size_t>(plan.table_bytes(), 1)), ws2(std::max<size_t>(plan.workspace_bytes(), 1));
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
