@@ -139,25 +139,27 @@ Plan make_plan(const ExternalKV* ext, int n_ext, int N, int G, int NKV, int max_
   Ranges ranges;
   if (chunk <= kClusterTiles * kTile) ranges = cluster_ranges(ext, n_ext, N);
   if (!ranges.empty()) {
-    int c = chunk;
-    while (cluster_items(ranges, ext, c) > max_cluster && c < kClusterTiles * kTile) c *= 2;
-    if (cluster_items(ranges, ext, c) <= max_cluster) {
+    int c = chunk, n = cluster_items(ranges, ext, c);
+    while (n > max_cluster && c < kClusterTiles * kTile) n = cluster_items(ranges, ext, c *= 2);
+    if (n <= max_cluster) {
       chunk = c;
-      p.cluster = cluster_items(ranges, ext, c);
+      p.cluster = n;
     }
   }
   p.chunk = chunk;
   for (int e = 0; e < n_ext; e++) p.prefixes.push_back(DecodePrefix{ext[e].k, ext[e].v, ext[e].heads});
-  auto add_chunks = [&](int e, int r0) {
-    const int nrows = std::min(p.rows_per_item, ext[e].q_end - r0);
+  // Prefix e's items: each chunk of its keys with each row group starting in [r_begin, r_end).
+  auto add_items = [&](int e, int r_begin, int r_end) {
     for (int k0 = 0; k0 < ext[e].len; k0 += chunk)
-      p.items.push_back(DecodeItem{e, k0, std::min(ext[e].len, k0 + chunk), r0, nrows});
+      for (int r0 = r_begin; r0 < r_end; r0 += p.rows_per_item)
+        p.items.push_back(DecodeItem{e, k0, std::min(ext[e].len, k0 + chunk), r0,
+                                     std::min(p.rows_per_item, ext[e].q_end - r0)});
   };
   if (p.cluster) {  // each row group's items consecutive, padded with empty ones to the cluster size
     for (const auto& r : ranges)
       for (int r0 = r.first.x; r0 < r.first.y; r0 += p.rows_per_item) {
         const size_t first = p.items.size();
-        for (int e : r.second) add_chunks(e, r0);
+        for (int e : r.second) add_items(e, r0, r0 + 1);
         while (p.items.size() < first + p.cluster) {
           DecodeItem pad = p.items[first];
           pad.key_begin = pad.key_end = 0;
@@ -165,14 +167,8 @@ Plan make_plan(const ExternalKV* ext, int n_ext, int N, int G, int NKV, int max_
         }
       }
   } else {
-    for (int e = 0; e < n_ext; e++) {
-      if (ext[e].len == 0 || ext[e].q_begin == ext[e].q_end) continue;
-      for (int k0 = 0; k0 < ext[e].len; k0 += chunk)
-        for (int r0 = ext[e].q_begin; r0 < ext[e].q_end; r0 += p.rows_per_item) {
-          const int nrows = std::min(p.rows_per_item, ext[e].q_end - r0);
-          p.items.push_back(DecodeItem{e, k0, std::min(ext[e].len, k0 + chunk), r0, nrows});
-        }
-    }
+    for (int e = 0; e < n_ext; e++)
+      if (ext[e].q_begin < ext[e].q_end) add_items(e, ext[e].q_begin, ext[e].q_end);
   }
   std::vector<std::vector<int2>> per_row(N);
   for (size_t it = 0; it < p.items.size(); it++)
@@ -624,30 +620,13 @@ void check_args(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS
   }
 }
 
-template <int HS>
-cudaLaunchConfig_t cluster_config(int cluster, int blocks_x, int NKV, cudaLaunchAttribute* attr) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)blocks_x, (unsigned)NKV);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = partial_smem_bytes<HS, true>();
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (unsigned)cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 2;
-  return cfg;
-}
-
-// The clustered kernel's attributes on the current device (per device, so at every launch).
+// The clustered kernel's attributes on the current device (set once per device).
 template <int HS>
 void set_cluster_attributes(int cluster) {
   auto* kernel = decode_partial_kernel<HS, true>;
-  TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)partial_smem_bytes<HS, true>()));
-  if (cluster > 8) TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  detail::opt_in_smem(kernel, partial_smem_bytes<HS, true>());
+  if (cluster > 8)
+    detail::set_attribute_once(reinterpret_cast<const void*>(kernel), cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
 }
 
 // Whether the current device co-schedules a cluster of this many clustered partial blocks (more
@@ -665,10 +644,9 @@ bool cluster_fits(int HS, int cluster) {
   auto query = [&](auto hs) {
     constexpr int kHS = decltype(hs)::value;
     set_cluster_attributes<kHS>(cluster);
-    cudaLaunchAttribute attr[2];
-    cudaLaunchConfig_t cfg = cluster_config<kHS>(cluster, cluster, 1, attr);
-    cfg.numAttrs = 1;  // the cluster dimension
-    TT_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, decode_partial_kernel<kHS, true>, &cfg));
+    const detail::LaunchConfig c(dim3(cluster), dim3(kThreads), partial_smem_bytes<kHS, true>(), nullptr, cluster,
+                                 /*pdl=*/false);
+    TT_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, decode_partial_kernel<kHS, true>, &c.cfg));
   };
   if (HS == 64) query(std::integral_constant<int, 64>{});
   else if (HS == 128) query(std::integral_constant<int, 128>{});
@@ -792,18 +770,15 @@ void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* 
     constexpr int kHS = decltype(hs)::value;
     if (m.plan.cluster) {  // each row group's items one cluster: partials merged in place
       set_cluster_attributes<kHS>(m.plan.cluster);
-      cudaLaunchAttribute attr[2];
-      cudaLaunchConfig_t cfg = cluster_config<kHS>(m.plan.cluster, (int)m.plan.items.size(), NKV, attr);
-      cfg.stream = stream;
-      TT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_partial_kernel<kHS, true>, pp));
+      detail::launch_pdl_cluster(decode_partial_kernel<kHS, true>, m.plan.cluster,
+                                 dim3((unsigned)m.plan.items.size(), NKV), dim3(kThreads),
+                                 partial_smem_bytes<kHS, true>(), stream, pp);
       TT_CUDA_CHECK_LAUNCH();
       return;
     }
     if (!m.plan.items.empty()) {
       constexpr size_t smem = partial_smem_bytes<kHS, false>();
-      // Above the default 48 KB (static shared memory counted): opt in, per device, so at every launch.
-      TT_CUDA_CHECK(cudaFuncSetAttribute(decode_partial_kernel<kHS, false>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+      detail::opt_in_smem(decode_partial_kernel<kHS, false>, smem);  // above the default 48 KB
       detail::launch_pdl(decode_partial_kernel<kHS, false>, dim3((unsigned)m.plan.items.size(), NKV), dim3(kThreads),
                          smem, stream, pp);
       TT_CUDA_CHECK_LAUNCH();

@@ -293,10 +293,8 @@ void launch_rs(const Params& p, cudaStream_t stream) {
   const unsigned blocks = (unsigned)((p.groups + kGroups - 1) / kGroups);
   const size_t smem = NORM ? sizeof(bf16) * (size_t)R * p.IC : 0;
   auto* kernel = gemv_kernel<R, S, NORM>;
-  // The default limit (48 KB) counts the static part too (under 1 KB here): opt in above it, per
-  // device, so at every such launch.
-  if (smem + 1024 > 48 * 1024)
-    TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kGemvNormSmemBytes));
+  // The default limit (48 KB) counts the static part too (under 1 KB here): opt in above it.
+  if (smem + 1024 > 48 * 1024) detail::opt_in_smem(kernel, kGemvNormSmemBytes);
   detail::launch_pdl(kernel, dim3(blocks), dim3(kThreads), smem, stream, p);
 }
 

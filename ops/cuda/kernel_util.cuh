@@ -12,6 +12,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <utility>
 
 #include "ops/cuda/check.h"
@@ -181,19 +184,69 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
+// A launch configuration: PDL (as above) where `pdl`, and thread-block clusters of `cluster` blocks
+// along x where cluster > 0. It points at its own attributes, so it is neither copied nor moved.
+struct LaunchConfig {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[2] = {};
+
+  LaunchConfig(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, int cluster = 0, bool pdl = true) {
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    if (cluster > 0) {
+      attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+      attr[cfg.numAttrs].val.clusterDim.x = (unsigned)cluster;
+      attr[cfg.numAttrs].val.clusterDim.y = 1;
+      attr[cfg.numAttrs].val.clusterDim.z = 1;
+      cfg.numAttrs++;
+    }
+    if (pdl) {
+      attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+      cfg.numAttrs++;
+    }
+  }
+  LaunchConfig(const LaunchConfig&) = delete;
+  LaunchConfig& operator=(const LaunchConfig&) = delete;
+};
+
+// launch_pdl with the grid's blocks in clusters of `cluster` along x (0: no clusters).
+template <class... Params, class... Args>
+void launch_pdl_cluster(void (*kernel)(Params...), int cluster, dim3 grid, dim3 block, size_t smem,
+                        cudaStream_t stream, Args&&... args) {
+  const LaunchConfig c(grid, block, smem, stream, cluster);
+  TT_CUDA_CHECK(cudaLaunchKernelEx(&c.cfg, kernel, std::forward<Args>(args)...));
+}
+
 template <class... Params, class... Args>
 void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  TT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+  launch_pdl_cluster(kernel, 0, grid, block, smem, stream, std::forward<Args>(args)...);
+}
+
+// Sets a kernel's function attribute on the current device unless this function last set it to
+// the same value there: attributes are per device, and setting one at every launch is a driver
+// call on the decode step's host path (a few per layer).
+inline void set_attribute_once(const void* kernel, cudaFuncAttribute attr, int value) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, int>, int> last;
+  int dev = 0;
+  TT_CUDA_CHECK(cudaGetDevice(&dev));
+  const auto key = std::make_tuple(dev, kernel, (int)attr);
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = last.find(key);
+  if (it != last.end() && it->second == value) return;
+  TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, attr, value));
+  last[key] = value;
+}
+
+// Opts a kernel in to `bytes` of dynamic shared memory (above the default 48 KB, static part
+// counted), once per device.
+template <class... Params>
+void opt_in_smem(void (*kernel)(Params...), size_t bytes) {
+  set_attribute_once(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
 // Carves 256-byte-aligned pieces out of a workspace; with ptr null it only counts bytes, so
