@@ -149,9 +149,11 @@ void AttentionKind::forward(E& e, const BlockCall<E>& c) const {
         throw Error("model: the attention output gate runs on the cpu backend only");
       }
     }
-    // q_norm and k_norm with RoPE; the inference cache keeps k and v as attention reads them.
-    e.qk_norm_rope_pair(s.q, s.q_rstd, s.q_pre, w + q_norm_, NH, s.k, s.k_rstd, s.k_pre, w + k_norm_, NKV, b.rope, N,
-                        HS, eps_, norm_offset_, s.v, c.store_k, c.store_v, c.store_rows);
+    // q_norm and k_norm with RoPE, then the attention; the inference cache keeps k and v as
+    // attention reads them.
+    e.qk_norm_rope_attention(s.q, s.q_rstd, s.q_pre, w + q_norm_, NH, s.k, s.k_rstd, s.k_pre, w + k_norm_, NKV,
+                             b.rope, N, HS, eps_, norm_offset_, s.v, c.store_k, c.store_v, c.store_rows, s.att, s.lse,
+                             b.layout, ext, n_ext);
   } else {
     const Out outs[3] = {{s.q, w + wq_, QD}, {s.k, w + wk_, KD}, {s.v, w + wv_, KD}};
     e.norm_linear(s.n, s.rstd, c.x_in, w + in_norm_, N, C, eps_, norm_offset_, outs, 3);
@@ -161,9 +163,9 @@ void AttentionKind::forward(E& e, const BlockCall<E>& c) const {
       e.scatter_rows(c.store_k, s.k, c.store_rows, N, KD);
       e.scatter_rows(c.store_v, s.v, c.store_rows, N, KD);
     }
+    e.attention_forward(s.att, s.lse, s.q, s.k, s.v, b.layout, ext, n_ext, N, NH, NKV, HS);
   }
   if (c.store_q) e.copy(c.store_q, s.q, (int64_t)N * QD);
-  e.attention_forward(s.att, s.lse, s.q, s.k, s.v, b.layout, ext, n_ext, N, NH, NKV, HS);
   const typename E::Act* o_in = s.att;  // o_proj's input
   if constexpr (E::kHybridOps) {
     if (gate_) {

@@ -37,6 +37,9 @@
 //   linear_residual(out, res, x, w, sum (Acc scratch)): out = res + linear(x, w) (one rounding)
 //   qk_norm_rope_pair(q side (NH heads), k side (NKV heads), rope, ..., v, store_k, store_v,
 //       store_rows): both qk_norm_rope_forward calls, then (store_k set) scatter_rows of k and v
+//   qk_norm_rope_attention(the pair's arguments, out, lse, layout, ext, n_ext): qk_norm_rope_pair,
+//       then attention_forward of its q, k and v (the GPU runs both as one kernel where a decode
+//       step's attention is clustered, ops/cuda/attention_decode.h)
 //   rope_forward(x (N,H,HS) in place, rope)   rope_backward(dx in place)
 //   qk_norm_rope_forward(out (N,H,HS), rstd (N H), x, w (HS), rope): rope(rmsnorm(x) w)
 //   qk_norm_rope_backward(dx =, dw +=, dout (destroyed), x, w, rstd, rope)
@@ -106,6 +109,17 @@ void qk_norm_rope_pair(E& e, Act* q, typename E::Stat* q_rstd, const Act* q_pre,
   if (!store_k) return;
   e.scatter_rows(store_k, k, store_rows, N, NKV * HS);
   e.scatter_rows(store_v, v, store_rows, N, NKV * HS);
+}
+
+template <class E, class Act = typename E::Act, class Weight = typename E::Weight>
+void qk_norm_rope_attention(E& e, Act* q, typename E::Stat* q_rstd, const Act* q_pre, const Weight* q_w, int NH, Act* k,
+                            typename E::Stat* k_rstd, const Act* k_pre, const Weight* k_w, int NKV,
+                            const typename E::Rope& r, int N, int HS, double eps, double w_offset, const Act* v,
+                            Act* store_k, Act* store_v, const int32_t* store_rows, Act* out, typename E::Stat* lse,
+                            const typename E::Layout& layout, const typename E::KV* ext, int n_ext) {
+  e.qk_norm_rope_pair(q, q_rstd, q_pre, q_w, NH, k, k_rstd, k_pre, k_w, NKV, r, N, HS, eps, w_offset, v, store_k,
+                      store_v, store_rows);
+  e.attention_forward(out, lse, q, k, v, layout, ext, n_ext, N, NH, NKV, HS);
 }
 
 }  // namespace composed

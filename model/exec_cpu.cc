@@ -183,6 +183,16 @@ void CpuExec<T>::qk_norm_rope_pair(Act* q, Stat* q_rstd, const Act* q_pre, const
 }
 
 template <class T>
+void CpuExec<T>::qk_norm_rope_attention(Act* q, Stat* q_rstd, const Act* q_pre, const Weight* q_w, int NH, Act* k,
+                                        Stat* k_rstd, const Act* k_pre, const Weight* k_w, int NKV, const Rope& r,
+                                        int N, int HS, double eps, double w_offset, const Act* v, Act* store_k,
+                                        Act* store_v, const int32_t* store_rows, Act* out, Stat* lse,
+                                        const Layout& layout, const KV* ext, int n_ext) {
+  composed::qk_norm_rope_attention(*this, q, q_rstd, q_pre, q_w, NH, k, k_rstd, k_pre, k_w, NKV, r, N, HS, eps,
+                                   w_offset, v, store_k, store_v, store_rows, out, lse, layout, ext, n_ext);
+}
+
+template <class T>
 void CpuExec<T>::qk_norm_rope_backward(Act* dx, Param* dw, Act* dout, const Act* x, const Weight* w,
                                        const Stat* rstd, const Rope& r, int N, int H, int HS, double w_offset) {
   cpu::rope_backward(dout, r.pos, N, H, HS, r.theta, r.rotary_dim);

@@ -143,6 +143,10 @@ class CpuExec {
   void qk_norm_rope_pair(Act* q, Stat* q_rstd, const Act* q_pre, const Weight* q_w, int NH, Act* k, Stat* k_rstd,
                          const Act* k_pre, const Weight* k_w, int NKV, const Rope& r, int N, int HS, double eps,
                          double w_offset, const Act* v, Act* store_k, Act* store_v, const int32_t* store_rows);
+  void qk_norm_rope_attention(Act* q, Stat* q_rstd, const Act* q_pre, const Weight* q_w, int NH, Act* k, Stat* k_rstd,
+                              const Act* k_pre, const Weight* k_w, int NKV, const Rope& r, int N, int HS, double eps,
+                              double w_offset, const Act* v, Act* store_k, Act* store_v, const int32_t* store_rows,
+                              Act* out, Stat* lse, const Layout& layout, const KV* ext, int n_ext);
   void qk_norm_rope_backward(Act* dx, Param* dw, Act* dout, const Act* x, const Weight* w, const Stat* rstd,
                              const Rope& r, int N, int H, int HS, double w_offset = 0);
   void attention_forward(Act* out, Stat* lse, const Act* q, const Act* k, const Act* v, const Layout& layout,

@@ -344,15 +344,41 @@ void CudaExec::qk_norm_rope_backward(Act* dx, Param* dw, Act* dout, const Act* x
   }
 }
 
+void CudaExec::ensure_decode_plan(const KV* ext, int n_ext, int N, int NH, int NKV, int HS) {
+  if (decode_plan_.matches(ext, n_ext, N, NH, NKV, HS)) return;
+  decode_plan_.make(ext, n_ext, N, NH, NKV, HS);  // the first layer of a decode batch
+  ensure(decode_tables_, decode_plan_.table_bytes());
+  decode_plan_.upload(decode_tables_.data(), stream_);
+}
+
+void CudaExec::qk_norm_rope_attention(Act* q, Stat* q_rstd, const Act* q_pre, const Weight* q_w, int NH, Act* k,
+                                      Stat* k_rstd, const Act* k_pre, const Weight* k_w, int NKV, const Rope& r,
+                                      int N, int HS, double eps, double w_offset, const Act* v, Act* store_k,
+                                      Act* store_v, const int32_t* store_rows, Act* out, Stat* lse,
+                                      const Layout& layout, const KV* ext, int n_ext) {
+  if (layout.singletons && fused_rope(r, HS) && cuda::qk_norm_rope_supported(HS) && N > 0) {
+    ensure_decode_plan(ext, n_ext, N, NH, NKV, HS);
+    if (decode_plan_.cluster_size() > 0) {  // one kernel: the cluster's blocks normalize their own rows
+      mark(Op::kAttention);
+      cuda::DecodeQkNorm n;
+      n.q = q, n.q_rstd = q_rstd, n.q_pre = q_pre, n.q_w = q_w;
+      n.k = k, n.k_rstd = k_rstd, n.k_pre = k_pre, n.k_w = k_w;
+      n.rope_cs = r.table, n.eps = (float)eps, n.w_offset = (float)w_offset;
+      n.store_k = store_k, n.store_v = store_v, n.store_rows = store_k ? store_rows : nullptr;
+      cuda::attention_decode_forward(out, lse, n, v, ext, n_ext, N, NH, NKV, HS, decode_plan_,
+                                     workspace(decode_plan_.workspace_bytes()), stream_);
+      return;
+    }
+  }
+  composed::qk_norm_rope_attention(*this, q, q_rstd, q_pre, q_w, NH, k, k_rstd, k_pre, k_w, NKV, r, N, HS, eps,
+                                   w_offset, v, store_k, store_v, store_rows, out, lse, layout, ext, n_ext);
+}
+
 void CudaExec::attention_forward(Act* out, Stat* lse, const Act* q, const Act* k, const Act* v, const Layout& layout,
                                  const KV* ext, int n_ext, int N, int NH, int NKV, int HS) {
   mark(Op::kAttention);
   if (layout.singletons) {
-    if (!decode_plan_.matches(ext, n_ext, N, NH, NKV, HS)) {  // the first layer of a decode batch
-      decode_plan_.make(ext, n_ext, N, NH, NKV, HS);
-      ensure(decode_tables_, decode_plan_.table_bytes());
-      decode_plan_.upload(decode_tables_.data(), stream_);
-    }
+    ensure_decode_plan(ext, n_ext, N, NH, NKV, HS);
     cuda::attention_decode_forward(out, lse, q, k, v, ext, n_ext, N, NH, NKV, HS, decode_plan_,
                                    workspace(decode_plan_.workspace_bytes()), stream_);
   } else {

@@ -196,6 +196,10 @@ class CudaExec {
   void qk_norm_rope_pair(Act* q, Stat* q_rstd, const Act* q_pre, const Weight* q_w, int NH, Act* k, Stat* k_rstd,
                          const Act* k_pre, const Weight* k_w, int NKV, const Rope& r, int N, int HS, double eps,
                          double w_offset, const Act* v, Act* store_k, Act* store_v, const int32_t* store_rows);
+  void qk_norm_rope_attention(Act* q, Stat* q_rstd, const Act* q_pre, const Weight* q_w, int NH, Act* k, Stat* k_rstd,
+                              const Act* k_pre, const Weight* k_w, int NKV, const Rope& r, int N, int HS, double eps,
+                              double w_offset, const Act* v, Act* store_k, Act* store_v, const int32_t* store_rows,
+                              Act* out, Stat* lse, const Layout& layout, const KV* ext, int n_ext);
   void qk_norm_rope_backward(Act* dx, Param* dw, Act* dout, const Act* x, const Weight* w, const Stat* rstd,
                              const Rope& r, int N, int H, int HS, double w_offset = 0);
   void attention_forward(Act* out, Stat* lse, const Act* q, const Act* k, const Act* v, const Layout& layout,
@@ -305,6 +309,8 @@ class CudaExec {
   void mark(Op op);
   // The op workspace, grown to at least `bytes` (stream-ordered reuse).
   cuda::Workspace workspace(size_t bytes);
+  // decode_plan_ for these arguments (made and uploaded when they differ from the last call's).
+  void ensure_decode_plan(const KV* ext, int n_ext, int N, int NH, int NKV, int HS);
 
   CudaExecOptions options_;
   cudaStream_t stream_ = nullptr;

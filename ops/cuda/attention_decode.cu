@@ -34,6 +34,7 @@
 #include "ops/cuda/attention_device.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/qk_norm_rope_row.cuh"
 #include "ops/cuda/mma_sm80.cuh"
 
 namespace tt::cuda {
@@ -332,7 +333,44 @@ struct PartialParams {
   const bf16* v_own;
   int NH, NKV, G;
   float scale;
+  DecodeQkNorm norm;  // clustered, norm.q_pre set: q and k_own are normalized here (see load_qk_norm)
 };
+
+// The clustered kernel's query vectors (q_s rows < Q; zero past them) and own key rows (ko_s) from
+// q_pre / k_pre through the q/k norm and RoPE (qk_norm_rope_row: the q/k norm kernel's values);
+// the cluster's first block (store) also writes q, k, their rstd and the cache rows. LANES lanes a
+// vector, every lane of a warp in each pass (the row function shuffles).
+template <int HS>
+__device__ __forceinline__ void load_qk_norm(const PartialParams& p, const DecodeItem& it, int g, bool store,
+                                             bf16* q_s, bf16* ko_s) {
+  constexpr int KS = HS + kRowPad, LANES = HS / 8, kPerWarp = detail::kWarp / LANES;
+  const DecodeQkNorm& n = p.norm;
+  const int G = p.G, Q = it.nrows * G, n_vec = Q + it.nrows;
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, sub = lane % LANES;
+  for (int e = threadIdx.x; e < (kQMax - Q) * (HS / 8); e += kThreads)  // rows past the item's vectors
+    *reinterpret_cast<uint4*>(q_s + (Q + e / (HS / 8)) * KS + 8 * (e % (HS / 8))) = make_uint4(0, 0, 0, 0);
+  for (int base = warp * kPerWarp; base < n_vec; base += kWarps * kPerWarp) {
+    const int vi = base + lane / LANES;
+    const bool valid = vi < n_vec, is_q = vi < Q;
+    const int row = it.row0 + (is_q ? vi / G : vi - Q);
+    const int64_t hrow = is_q ? (int64_t)row * p.NH + g * G + vi % G : (int64_t)row * p.NKV + g;  // (row, head)
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    float2 cs[8];
+    if (valid) detail::load_bf16<8>(v, (is_q ? n.q_pre : n.k_pre) + hrow * HS + 8 * sub);
+    detail::load_cos_sin<LANES>(cs, n.rope_cs + (int64_t)(valid ? row : 0) * (HS / 2), sub);
+    const float rs = detail::qk_norm_rope_row<LANES>(v, cs, is_q ? n.q_w : n.k_w, n.w_offset, n.eps, sub);
+    if (!valid) continue;
+    detail::store_bf16<8>((is_q ? q_s + vi * KS : ko_s + (vi - Q) * KS) + 8 * sub, v);
+    if (!store) continue;
+    detail::store_bf16<8>((is_q ? n.q : n.k) + hrow * HS + 8 * sub, v);
+    if (sub == 0) (is_q ? n.q_rstd : n.k_rstd)[hrow] = rs;
+    if (!is_q && n.store_k) {  // the cache rows (qk_norm_rope_pair's layout)
+      const int64_t dst = ((int64_t)n.store_rows[row] * p.NKV + g) * HS + 8 * sub;
+      detail::store_bf16<8>(n.store_k + dst, v);
+      *reinterpret_cast<uint4*>(n.store_v + dst) = *reinterpret_cast<const uint4*>(p.v_own + hrow * HS + 8 * sub);
+    }
+  }
+}
 
 // Bytes of dynamic shared memory of the partial kernel: K and V tile buffers, the item's query
 // rows, and (clustered) its rows' own keys and values.
@@ -406,20 +444,27 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(const __grid_c
     }
     return;
   }
-  for (int e = tid; e < kQMax * kVecs; e += kThreads) {  // Q rows, zero past the item's vectors
-    const int qi = e / kVecs, c = e % kVecs;
-    uint4 x = make_uint4(0, 0, 0, 0);
-    if (qi < Q) {
-      const int row = it.row0 + qi / G, h = g * G + qi % G;
-      x = *reinterpret_cast<const uint4*>(p.q + ((int64_t)row * p.NH + h) * HS + 8 * c);
-    }
-    *reinterpret_cast<uint4*>(q_s + qi * KS + 8 * c) = x;
+  bool fused = false;
+  if constexpr (kCluster) {
+    fused = p.norm.q_pre != nullptr;
+    if (fused) load_qk_norm<HS>(p, it, g, cooperative_groups::this_cluster().block_rank() == 0, q_s, ko_s);
   }
-  if constexpr (kCluster) {  // the rows' own keys and values (the merge's last term)
+  if (!fused) {
+    for (int e = tid; e < kQMax * kVecs; e += kThreads) {  // Q rows, zero past the item's vectors
+      const int qi = e / kVecs, c = e % kVecs;
+      uint4 x = make_uint4(0, 0, 0, 0);
+      if (qi < Q) {
+        const int row = it.row0 + qi / G, h = g * G + qi % G;
+        x = *reinterpret_cast<const uint4*>(p.q + ((int64_t)row * p.NH + h) * HS + 8 * c);
+      }
+      *reinterpret_cast<uint4*>(q_s + qi * KS + 8 * c) = x;
+    }
+  }
+  if constexpr (kCluster) {  // the rows' own keys (unless normalized above) and values (the merge's last term)
     for (int e = tid; e < it.nrows * kVecs; e += kThreads) {
       const int r = e / kVecs, c = e % kVecs;
       const int64_t off = ((int64_t)(it.row0 + r) * NKV + g) * HS + 8 * c;
-      *reinterpret_cast<uint4*>(ko_s + r * KS + 8 * c) = *reinterpret_cast<const uint4*>(p.k_own + off);
+      if (!fused) *reinterpret_cast<uint4*>(ko_s + r * KS + 8 * c) = *reinterpret_cast<const uint4*>(p.k_own + off);
       *reinterpret_cast<uint4*>(vo_s + r * KS + 8 * c) = *reinterpret_cast<const uint4*>(p.v_own + off);
     }
   }
@@ -727,16 +772,13 @@ void AttentionDecodePlan::upload(void* tables, cudaStream_t stream) {
   m.row_refs = dev.row_refs;
 }
 
-void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const ExternalKV* ext,
-                              int n_ext, int N, int NH, int NKV, int HS, const AttentionDecodePlan& plan, Workspace ws,
-                              cudaStream_t stream) {
-  check_args(ext, n_ext, N, NH, NKV, HS);
-  TT_CHECK(plan.matches(ext, n_ext, N, NH, NKV, HS),
-           "attention_decode_forward: the plan was built for other shapes, prefix lengths or query ranges");
-  if (N == 0) return;
-  TT_CHECK(out && lse && q && k && v, "attention_decode_forward: null tensor");
-  TT_CHECK(detail::aligned16(q), "attention_decode_forward: q is not 16-byte aligned");
-  const AttentionDecodePlan::Impl& m = *plan.impl_;
+namespace {
+
+// Both forms of attention_decode_forward with a plan (norm: the fused q/k norm, or null; its
+// arguments checked by the caller).
+void decode_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const DecodeQkNorm* norm,
+                    const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS,
+                    const AttentionDecodePlan::Impl& m, Workspace ws, cudaStream_t stream) {
   const int G = NH / NKV;
   const CallSpace sizes(m.plan, NKV, HS, nullptr);
   detail::check_workspace(ws, sizes.bytes, "attention_decode_forward");
@@ -765,6 +807,7 @@ void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* 
   pp.NKV = NKV;
   pp.G = G;
   pp.scale = 1.0f / std::sqrt((float)HS);
+  if (norm) pp.norm = *norm;
   const MergeParams mp{out, lse, q, k, v, m.row_ptr, m.row_refs, cs.m, cs.l, cs.acc, NH, NKV, G, pp.scale};
   auto launch = [&](auto hs) {
     constexpr int kHS = decltype(hs)::value;
@@ -793,6 +836,40 @@ void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* 
   } else {
     launch(std::integral_constant<int, 256>{});
   }
+}
+
+}  // namespace
+
+void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const ExternalKV* ext,
+                              int n_ext, int N, int NH, int NKV, int HS, const AttentionDecodePlan& plan, Workspace ws,
+                              cudaStream_t stream) {
+  check_args(ext, n_ext, N, NH, NKV, HS);
+  TT_CHECK(plan.matches(ext, n_ext, N, NH, NKV, HS),
+           "attention_decode_forward: the plan was built for other shapes, prefix lengths or query ranges");
+  if (N == 0) return;
+  TT_CHECK(out && lse && q && k && v, "attention_decode_forward: null tensor");
+  TT_CHECK(detail::aligned16(q), "attention_decode_forward: q is not 16-byte aligned");
+  decode_forward(out, lse, q, k, v, nullptr, ext, n_ext, N, NH, NKV, HS, *plan.impl_, ws, stream);
+}
+
+void attention_decode_forward(bf16* out, float* lse, const DecodeQkNorm& n, const bf16* v, const ExternalKV* ext,
+                              int n_ext, int N, int NH, int NKV, int HS, const AttentionDecodePlan& plan, Workspace ws,
+                              cudaStream_t stream) {
+  const char* op = "attention_decode_forward (q/k norm)";
+  check_args(ext, n_ext, N, NH, NKV, HS);
+  TT_CHECK(plan.matches(ext, n_ext, N, NH, NKV, HS), op,
+           ": the plan was built for other shapes, prefix lengths or query ranges");
+  TT_CHECK(plan.cluster_size() > 0, op, ": the plan is not clustered (cluster_size() 0): run qk_norm_rope_pair first");
+  if (N == 0) return;
+  TT_CHECK(out && lse && v && n.q && n.q_rstd && n.q_pre && n.q_w && n.k && n.k_rstd && n.k_pre && n.k_w && n.rope_cs,
+           op, ": null tensor");
+  TT_CHECK(!n.store_k == !n.store_v && !n.store_k == !n.store_rows, op,
+           ": store_k, store_v and store_rows are all set or all null");
+  for (const void* ptr : {(const void*)n.q, (const void*)n.q_pre, (const void*)n.q_w, (const void*)n.k,
+                          (const void*)n.k_pre, (const void*)n.k_w, (const void*)v, (const void*)n.store_k,
+                          (const void*)n.store_v})
+    TT_CHECK(!ptr || detail::aligned16(ptr), op, ": a row tensor or norm weight is not 16-byte aligned");
+  decode_forward(out, lse, n.q, n.k, v, &n, ext, n_ext, N, NH, NKV, HS, *plan.impl_, ws, stream);
 }
 
 size_t attention_decode_workspace_bytes(const ExternalKV* ext, int n_ext, int N, int NH, int NKV, int HS) {

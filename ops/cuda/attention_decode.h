@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "ops/cuda/attention.h"
@@ -41,6 +42,29 @@ size_t attention_decode_workspace_bytes(const ExternalKV* ext, int n_ext, int N,
 // uploads its work tables on every call (see AttentionDecodePlan to build them once per batch).
 void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const ExternalKV* ext,
                               int n_ext, int N, int NH, int NKV, int HS, Workspace ws, cudaStream_t stream);
+
+// Qwen3's q/k norm and RoPE in front of the attention (rmsnorm.h's qk_norm_rope_pair, the same
+// values bit for bit): q (N, NH, HS) and k (N, NKV, HS) are written from q_pre and k_pre with
+// their rstd, and with store_rows each row's k and v rows also go to row store_rows[n] of store_k
+// and store_v (the KV cache). Taken only by clustered plans (cluster_size() > 0), where the
+// cluster's blocks normalize their own rows and the first block of each stores them: one kernel
+// fewer a layer.
+struct DecodeQkNorm {
+  bf16* q = nullptr;             // (N, NH, HS) out
+  float* q_rstd = nullptr;       // (N NH) out
+  const bf16* q_pre = nullptr;   // (N, NH, HS)
+  const bf16* q_w = nullptr;     // (HS)
+  bf16* k = nullptr;             // (N, NKV, HS) out
+  float* k_rstd = nullptr;       // (N NKV) out
+  const bf16* k_pre = nullptr;   // (N, NKV, HS)
+  const bf16* k_w = nullptr;     // (HS)
+  const float2* rope_cs = nullptr;  // (N, HS / 2), rope_table
+  float eps = 0.f;
+  float w_offset = 0.f;  // the norm's scale is w + w_offset
+  bf16* store_k = nullptr;  // (rows, NKV, HS), with store_v and store_rows (N), or all null
+  bf16* store_v = nullptr;
+  const int32_t* store_rows = nullptr;
+};
 
 // The work tables of a decode step depend only on the shapes and the prefixes' lengths and query
 // ranges, which every layer of a batch shares (only the prefixes' K/V pointers differ). A plan
@@ -78,12 +102,20 @@ class AttentionDecodePlan {
  private:
   friend void attention_decode_forward(bf16*, float*, const bf16*, const bf16*, const bf16*, const ExternalKV*, int,
                                        int, int, int, int, const AttentionDecodePlan&, Workspace, cudaStream_t);
+  friend void attention_decode_forward(bf16*, float*, const DecodeQkNorm&, const bf16*, const ExternalKV*, int,
+                                       int, int, int, int, const AttentionDecodePlan&, Workspace, cudaStream_t);
   std::unique_ptr<Impl> impl_;
 };
 
 // attention_decode_forward with a plan built for the same shapes, lengths and query ranges
 // (checked), whose tables are on the device.
 void attention_decode_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const ExternalKV* ext,
+                              int n_ext, int N, int NH, int NKV, int HS, const AttentionDecodePlan& plan, Workspace ws,
+                              cudaStream_t stream);
+
+// attention_decode_forward of the rows that `norm` normalizes (q and k are its outputs; v as
+// above). The plan must be clustered (checked).
+void attention_decode_forward(bf16* out, float* lse, const DecodeQkNorm& norm, const bf16* v, const ExternalKV* ext,
                               int n_ext, int N, int NH, int NKV, int HS, const AttentionDecodePlan& plan, Workspace ws,
                               cudaStream_t stream);
 

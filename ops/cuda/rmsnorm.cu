@@ -25,11 +25,16 @@
 
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/qk_norm_rope_row.cuh"
 
 namespace tt::cuda {
 namespace {
 
 using detail::load_bf16;
+using detail::load_cos_sin;
+using detail::qk_norm_rope_row;
+using detail::rotate_row;
+using detail::row_sum;
 using detail::load_bf16_or_zero;
 using detail::load_f32;
 using detail::load_row;
@@ -94,39 +99,6 @@ struct RmsnormBwdParams {
   float w_offset = 0.f;        // the scale is w + w_offset
 };
 
-// Sum over the LANES lanes of a row (aligned lane groups of the warp); every lane calls it.
-template <int LANES>
-__device__ __forceinline__ float row_sum(float v) {
-#pragma unroll
-  for (int o = LANES / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// RoPE on a row held by LANES lanes of 8 columns (C = 8 LANES): the lanes of the first half hold
-// elements d, their partners (lane ^ LANES/2) elements d + C/2. Forward (sign +1): o_d = v_d c -
-// v_{d+C/2} s, o_{d+C/2} = v_{d+C/2} c + v_d s; backward (sign -1) the inverse rotation. t: the
-// lane's 8 (cos, sin) pairs from the rope table (load_cos_sin, issued early: the kernels do one
-// row per thread, so a load after the row's reduction would add a memory round trip). Every lane
-// of the warp calls rotate_row.
-template <int LANES>
-__device__ __forceinline__ void load_cos_sin(float2 (&t)[8], const float2* table_row, int sub) {
-  // Angle d = 8 g + k at slot k (C / 16) + g (rope_table_slot; C / 16 = LANES / 2).
-  const int g = sub % (LANES / 2);
-#pragma unroll
-  for (int k = 0; k < 8; k++) t[k] = table_row[k * (LANES / 2) + g];
-}
-
-template <int LANES>
-__device__ __forceinline__ void rotate_row(float (&v)[8], const float2 (&t)[8], int sub, float sign) {
-  const bool first = sub < LANES / 2;
-  float other[8];
-#pragma unroll
-  for (int k = 0; k < 8; k++) other[k] = __shfl_xor_sync(0xffffffffu, v[k], LANES / 2);
-  const float so = first ? -sign : sign;
-#pragma unroll
-  for (int k = 0; k < 8; k++) v[k] = v[k] * t[k].x + so * other[k] * t[k].y;
-}
-
 // Blocks of kRowThreads; a warp holds kWarp / LANES rows at a time. ROPE: the normalized row is
 // rotated before its one rounding to bf16 (VEC 8, IT 1, C = 8 LANES).
 template <int VEC, int LANES, int IT, bool ROPE = false>
@@ -154,7 +126,6 @@ __global__ void rmsnorm_forward_kernel(RmsnormFwdParams p) {
     load_cos_sin<LANES>(cs, p.rope_cs + (int64_t)pos_row * (p.C / 2), sub);
   }
   float v[IT][VEC];
-  float ss = 0.f;
 #pragma unroll
   for (int it = 0; it < IT; it++) {
     const int c = (it * LANES + sub) * VEC;
@@ -164,22 +135,29 @@ __global__ void rmsnorm_forward_kernel(RmsnormFwdParams p) {
 #pragma unroll
       for (int k = 0; k < VEC; k++) v[it][k] = 0.f;
     }
-#pragma unroll
-    for (int k = 0; k < VEC; k++) ss += v[it][k] * v[it][k];
   }
-  ss = row_sum<LANES>(ss);
-  const float rs = rsqrtf(ss / (float)p.C + p.eps);
+  float rs;
+  if constexpr (ROPE) {
+    rs = qk_norm_rope_row<LANES>(v[0], cs, ws, p.w_offset, p.eps, sub);
+  } else {
+    float ss = 0.f;
 #pragma unroll
-  for (int it = 0; it < IT; it++) {
-    const int c = (it * LANES + sub) * VEC;
-    if (c >= p.C) continue;
-    float w[VEC];
-    load_bf16<VEC>(w, ws + c);
-    add_offset<VEC>(w, p.w_offset);
+    for (int it = 0; it < IT; it++)
 #pragma unroll
-    for (int k = 0; k < VEC; k++) v[it][k] = v[it][k] * rs * w[k];
+      for (int k = 0; k < VEC; k++) ss += v[it][k] * v[it][k];
+    ss = row_sum<LANES>(ss);
+    rs = rsqrtf(ss / (float)p.C + p.eps);
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+      const int c = (it * LANES + sub) * VEC;
+      if (c >= p.C) continue;
+      float w[VEC];
+      load_bf16<VEC>(w, ws + c);
+      add_offset<VEC>(w, p.w_offset);
+#pragma unroll
+      for (int k = 0; k < VEC; k++) v[it][k] = v[it][k] * rs * w[k];
+    }
   }
-  if constexpr (ROPE) rotate_row<LANES>(v[0], cs, sub, 1.f);
   if (!valid) return;
   if (sub == 0) rstd[row] = rs;
   bf16* o = out + row * p.C;

@@ -7,7 +7,9 @@
 // ratios 1, 2 and 8, prefixes read by some KV heads only (head sets), a row of 257 partials (the
 // merge's rounds), more prefixes than go by value, and plans whose row groups merge their partials
 // inside a thread-block cluster (the plan's cluster size checked). Outputs are poisoned before the run; a plan
-// reused by three calls on a stream gives the one-shot call's result bit for bit. Tolerance rule:
+// reused by three calls on a stream gives the one-shot call's result bit for bit; the q/k norm
+// fused into clustered plans equals the q/k norm kernel followed by the attention, bit for bit
+// (and unclustered plans refuse it). Tolerance rule:
 // attention_cases.h (kRelL2Bf16 for out, whose bf16 roundings are P before P V and out, k = 2
 // there; kLseRel for lse).
 #include <gtest/gtest.h>
@@ -17,12 +19,15 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ops/cpu/attention.h"
 #include "ops/cuda/attention_decode.h"
 #include "ops/cuda/check.h"
 #include "ops/cuda/memory.h"
+#include "ops/cuda/rmsnorm.h"
+#include "ops/cuda/rope.h"
 #include "tests/ops_cuda_attention/attention_cases.h"
 
 namespace tt::cuda {
@@ -230,6 +235,108 @@ TEST_P(AttentionDecode, MatchesTheCpuReference) {
     EXPECT_EQ(std::memcmp(o.data(), out_h.data(), sizeof(bf16) * o.size()), 0) << c.name << ": planned call " << call;
     EXPECT_EQ(std::memcmp(l.data(), lse_h.data(), sizeof(float) * l.size()), 0) << c.name << ": planned call " << call;
   }
+}
+
+// The q/k norm and RoPE fused into a clustered plan's kernel (DecodeQkNorm) against the q/k norm
+// kernel (qk_norm_rope_pair, with the cache stores) followed by the same plan's attention: out,
+// lse, q, k, both rstd and the cache rows bit for bit (the two share the row function); HS 256
+// with Qwen3.5's zero-centred weights (w_offset 1). Unclustered plans refuse the fused call.
+TEST_P(AttentionDecode, FusedQkNormMatchesTheQkNormKernel) {
+  const DecodeCase& c = GetParam();
+  const int N = c.N, NH = c.NH, NKV = c.NKV, HS = c.HS, rows = N + 3;
+  std::mt19937_64 rng(std::hash<std::string>{}(c.name) + 1);
+  auto upload = [](const std::vector<float>& x) {
+    DeviceBuffer<bf16> b(std::max<size_t>(x.size(), 1));
+    if (!x.empty()) b.copy_from_host(to_bf16(x));
+    return b;
+  };
+  DeviceBuffer<bf16> q_pre = upload(random_bf16(rng, (size_t)N * NH * HS, 2.f));
+  DeviceBuffer<bf16> k_pre = upload(random_bf16(rng, (size_t)N * NKV * HS, 2.f));
+  DeviceBuffer<bf16> v = upload(random_bf16(rng, (size_t)N * NKV * HS, 1.f));
+  const float w_offset = HS == 256 ? 1.f : 0.f;
+  std::vector<float> qw = random_bf16(rng, HS, 0.5f), kw = random_bf16(rng, HS, 0.5f);
+  for (int d = 0; d < HS; d++) qw[d] += 1.f - w_offset, kw[d] += 1.f - w_offset;
+  DeviceBuffer<bf16> q_w = upload(qw), k_w = upload(kw);
+  std::vector<int32_t> pos(N), store_rows(N);
+  for (int i = 0; i < N; i++) pos[i] = 1000 + 37 * i, store_rows[i] = rows - 1 - i;
+  DeviceBuffer<int32_t> pos_g(N), store_rows_g(N);
+  pos_g.copy_from_host(pos);
+  store_rows_g.copy_from_host(store_rows);
+  DeviceBuffer<float2> rope_cs((size_t)N * HS / 2);
+  rope_table(rope_cs.data(), pos_g.data(), N, HS, 1e6, nullptr);
+  std::vector<DeviceBuffer<bf16>> pk, pv;
+  std::vector<ExternalKV> ext;
+  for (const Prefix& p : c.prefixes) {
+    pk.push_back(upload(random_bf16(rng, (size_t)p.len * NKV * HS, 1.f)));
+    pv.push_back(upload(random_bf16(rng, (size_t)p.len * NKV * HS, 1.f)));
+  }
+  for (size_t e = 0; e < c.prefixes.size(); e++) {
+    ExternalKV x;
+    x.k = pk[e].data();
+    x.v = pv[e].data();
+    x.len = c.prefixes[e].len;
+    x.q_begin = c.prefixes[e].q_begin;
+    x.q_end = c.prefixes[e].q_end;
+    x.heads = c.prefixes[e].heads;
+    ext.push_back(x);
+  }
+  AttentionDecodePlan plan;
+  plan.make(ext.data(), (int)ext.size(), N, NH, NKV, HS);
+  DeviceBuffer<char> tables(std::max<size_t>(plan.table_bytes(), 1)), ws(std::max<size_t>(plan.workspace_bytes(), 1));
+  plan.upload(tables.data(), nullptr);
+
+  struct Outputs {  // one run's outputs, poisoned
+    DeviceBuffer<bf16> out, q, k, cache_k, cache_v;
+    DeviceBuffer<float> lse, q_rstd, k_rstd;
+    Outputs(int N, int NH, int NKV, int HS, int rows)
+        : out((size_t)N * NH * HS), q((size_t)N * NH * HS), k((size_t)N * NKV * HS),
+          cache_k((size_t)rows * NKV * HS), cache_v((size_t)rows * NKV * HS), lse((size_t)N * NH),
+          q_rstd((size_t)N * NH), k_rstd((size_t)N * NKV) {
+      for (DeviceBuffer<bf16>* b : {&out, &q, &k, &cache_k, &cache_v}) b->fill_bytes(0xFF);
+      for (DeviceBuffer<float>* b : {&lse, &q_rstd, &k_rstd}) b->fill_bytes(0xFF);
+    }
+  };
+  const double eps = 1e-6;
+  Outputs sep(N, NH, NKV, HS, rows), fused(N, NH, NKV, HS, rows);
+  DecodeQkNorm n;
+  n.q = fused.q.data(), n.q_rstd = fused.q_rstd.data(), n.q_pre = q_pre.data(), n.q_w = q_w.data();
+  n.k = fused.k.data(), n.k_rstd = fused.k_rstd.data(), n.k_pre = k_pre.data(), n.k_w = k_w.data();
+  n.rope_cs = rope_cs.data(), n.eps = (float)eps, n.w_offset = w_offset;
+  n.store_k = fused.cache_k.data(), n.store_v = fused.cache_v.data(), n.store_rows = store_rows_g.data();
+  if (plan.cluster_size() == 0) {
+    try {
+      attention_decode_forward(fused.out.data(), fused.lse.data(), n, v.data(), ext.data(), (int)ext.size(), N, NH,
+                               NKV, HS, plan, Workspace{ws.data(), ws.size()}, nullptr);
+      ADD_FAILURE() << c.name << ": the fused call ran on an unclustered plan";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the plan is not clustered (cluster_size() 0)"), std::string::npos)
+          << e.what();
+    }
+    return;
+  }
+  qk_norm_rope_pair(sep.q.data(), sep.q_rstd.data(), q_pre.data(), q_w.data(), NH, sep.k.data(), sep.k_rstd.data(),
+                    k_pre.data(), k_w.data(), NKV, rope_cs.data(), N, HS, eps, w_offset, v.data(), sep.cache_k.data(),
+                    sep.cache_v.data(), store_rows_g.data(), nullptr);
+  attention_decode_forward(sep.out.data(), sep.lse.data(), sep.q.data(), sep.k.data(), v.data(), ext.data(),
+                           (int)ext.size(), N, NH, NKV, HS, plan, Workspace{ws.data(), ws.size()}, nullptr);
+  attention_decode_forward(fused.out.data(), fused.lse.data(), n, v.data(), ext.data(), (int)ext.size(), N, NH, NKV,
+                           HS, plan, Workspace{ws.data(), ws.size()}, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  auto same = [&](const auto& a, const auto& b, const char* what) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(a.data())>>;
+    std::vector<T> x(a.size()), y(b.size());
+    a.copy_to_host(x.data(), x.size());
+    b.copy_to_host(y.data(), y.size());
+    EXPECT_EQ(std::memcmp(x.data(), y.data(), sizeof(T) * x.size()), 0) << c.name << ": " << what;
+  };
+  same(sep.out, fused.out, "out");
+  same(sep.lse, fused.lse, "lse");
+  same(sep.q, fused.q, "q");
+  same(sep.k, fused.k, "k");
+  same(sep.q_rstd, fused.q_rstd, "q rstd");
+  same(sep.k_rstd, fused.k_rstd, "k rstd");
+  same(sep.cache_k, fused.cache_k, "cache k rows");
+  same(sep.cache_v, fused.cache_v, "cache v rows");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, AttentionDecode, ::testing::ValuesIn(cases()),
