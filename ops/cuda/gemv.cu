@@ -1,6 +1,11 @@
 // The Linear forward of a few rows and its fused forms (see gemv.h).
 #include "ops/cuda/gemv.h"
 
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include "base/check.h"
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernel_util.cuh"
@@ -121,48 +126,32 @@ __device__ __forceinline__ void add_step(float (&acc)[kCols][R], const uint4 (&w
     }
 }
 
-// Block: kWarps warps = (kWarps / S) groups of kCols weight rows x S slices of IC; the S warps of
-// a group interleave over the row in steps of 32 vectors, then their sums meet in shared memory
-// and are added in slice order (deterministic). NORM: the rows of x are normalized into shared
-// memory first (dynamic, R IC bf16).
-template <int R, int S, bool NORM>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
-  constexpr int kGroups = kWarps / S, kStep = S * detail::kWarp;
-  __shared__ float part[kWarps][kCols][R];
-  extern __shared__ uint4 xsm[];
-  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
-  const int group = warp / S, slice = warp % S;
-  const int64_t g = (int64_t)blockIdx.x * kGroups + group;
-  const bool active = g < p.groups;
+// The weight rows of group g (a column pair, or (kSwiglu) column g of the gate and the up
+// projection); a column past the end re-reads the last one and is not stored.
+__device__ __forceinline__ void weight_rows(const Params& p, int64_t g, const uint4* (&wv)[kCols]) {
   const int V = p.IC / 8;  // 16-byte vectors per row
-  const int64_t total = p.begin[p.n_seg];
-  const uint4* wv[kCols];
   if (p.mode == kSwiglu) {
-    const int64_t o = active ? g : p.groups - 1;
-    wv[0] = reinterpret_cast<const uint4*>(p.w[0]) + o * V;
-    wv[1] = reinterpret_cast<const uint4*>(p.w[1]) + o * V;
-  } else {
-#pragma unroll
-    for (int c = 0; c < kCols; c++) {  // a column past the end re-reads the last one and is not stored
-      const int64_t o = min(g * kCols + c, total - 1);
-      const int s = segment_of(p, o);
-      wv[c] = reinterpret_cast<const uint4*>(p.w[s]) + (o - p.begin[s]) * V;
-    }
+    wv[0] = reinterpret_cast<const uint4*>(p.w[0]) + g * V;
+    wv[1] = reinterpret_cast<const uint4*>(p.w[1]) + g * V;
+    return;
   }
-  // A lane's first step of weight vectors (kUnroll of each row, where it reads that many) is
-  // loaded before waiting for the previous kernel (it does not depend on it): the weight stream
-  // starts while that kernel drains. (Loading every vector a lane reads ahead was measured slower:
-  // 1.70-1.77 vs 1.55 ms a batch-1 step on an H200; the early loads then compete with the small
-  // kernels between the GEMVs.)
-  int v = slice * detail::kWarp + lane;
-  const bool first = active && v + (kUnroll - 1) * kStep < V;
-  uint4 w0[kUnroll][kCols];
-  if (first) load_step<kStep>(w0, wv, v);
-  detail::pdl_trigger();  // the next kernel may launch (it waits for this one's completion)
-  detail::pdl_wait();  // x (and res) are the previous kernel's output
+  const int64_t total = p.begin[p.n_seg];
+#pragma unroll
+  for (int c = 0; c < kCols; c++) {
+    const int64_t o = min(g * kCols + c, total - 1);
+    const int s = segment_of(p, o);
+    wv[c] = reinterpret_cast<const uint4*>(p.w[s]) + (o - p.begin[s]) * V;
+  }
+}
 
+// NORM: the R rows of x normalized into shared memory (rmsnorm.h's formula; block 0 also writes
+// n and rstd); every thread of the block calls it. Returns where the products read x from.
+template <int R, bool NORM>
+__device__ __forceinline__ const uint4* block_x(const Params& p, uint4* xsm) {
   const uint4* xv = reinterpret_cast<const uint4*>(p.x);
   if constexpr (NORM) {
+    const int V = p.IC / 8;
+    const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
     __shared__ float red[kWarps][R];
     float ss[R];
 #pragma unroll
@@ -194,6 +183,73 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
     __syncthreads();
     xv = xsm;
   }
+  return xv;
+}
+
+// Group g's products (after the sums over lanes and slices) stored as the mode says.
+template <int R>
+__device__ __forceinline__ void store_group(const Params& p, int64_t g, const float (&acc)[kCols][R]) {
+  if (p.mode == kSwiglu) {
+    const int64_t I = p.begin[1];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const float gt = round_bf16(acc[0][r]), up = round_bf16(acc[1][r]);  // as the linears store them
+      const int64_t i = (int64_t)r * I + g;
+      if (p.out[0]) reinterpret_cast<bf16*>(p.out[0])[i] = __float2bfloat16_rn(gt);
+      if (p.out[1]) reinterpret_cast<bf16*>(p.out[1])[i] = __float2bfloat16_rn(up);
+      p.h[i] = __float2bfloat16_rn(gt * (1.f / (1.f + __expf(-gt))) * up);  // swiglu.h's formula
+    }
+    return;
+  }
+  const int64_t total = p.begin[p.n_seg];
+#pragma unroll
+  for (int c = 0; c < kCols; c++) {
+    const int64_t o = g * kCols + c;
+    if (o >= total) continue;
+    const int s = segment_of(p, o);
+    const int64_t oc = p.begin[s + 1] - p.begin[s], j = o - p.begin[s];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const int64_t i = (int64_t)r * oc + j;
+      if (p.mode == kStoreF32) {
+        reinterpret_cast<float*>(p.out[s])[i] = acc[c][r];
+      } else if (p.mode == kResidual) {
+        reinterpret_cast<bf16*>(p.out[s])[i] = __float2bfloat16_rn(__bfloat162float(p.res[i]) + acc[c][r]);
+      } else {
+        reinterpret_cast<bf16*>(p.out[s])[i] = __float2bfloat16_rn(acc[c][r]);
+      }
+    }
+  }
+}
+
+// Block: kWarps warps = (kWarps / S) groups of kCols weight rows x S slices of IC; the S warps of
+// a group interleave over the row in steps of 32 vectors, then their sums meet in shared memory
+// and are added in slice order (deterministic). NORM: the rows of x are normalized into shared
+// memory first (dynamic, R IC bf16).
+template <int R, int S, bool NORM>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
+  constexpr int kGroups = kWarps / S, kStep = S * detail::kWarp;
+  __shared__ float part[kWarps][kCols][R];
+  extern __shared__ uint4 xsm[];
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
+  const int group = warp / S, slice = warp % S;
+  const int64_t g = (int64_t)blockIdx.x * kGroups + group;
+  const bool active = g < p.groups;
+  const int V = p.IC / 8;  // 16-byte vectors per row
+  const uint4* wv[kCols];
+  weight_rows(p, active ? g : p.groups - 1, wv);
+  // A lane's first step of weight vectors (kUnroll of each row, where it reads that many) is
+  // loaded before waiting for the previous kernel (it does not depend on it): the weight stream
+  // starts while that kernel drains. (Loading every vector a lane reads ahead was measured slower:
+  // 1.70-1.77 vs 1.55 ms a batch-1 step on an H200; the early loads then compete with the small
+  // kernels between the GEMVs.)
+  int v = slice * detail::kWarp + lane;
+  const bool first = active && v + (kUnroll - 1) * kStep < V;
+  uint4 w0[kUnroll][kCols];
+  if (first) load_step<kStep>(w0, wv, v);
+  detail::pdl_trigger();  // the next kernel may launch (it waits for this one's completion)
+  detail::pdl_wait();  // x (and res) are the previous kernel's output
+  const uint4* xv = block_x<R, NORM>(p, xsm);
 
   float acc[kCols][R];
 #pragma unroll
@@ -243,36 +299,79 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
         }
   }
   if (lane != 0 || !active) return;
-  if (p.mode == kSwiglu) {
-    const int64_t I = p.begin[1];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-      const float gt = round_bf16(acc[0][r]), up = round_bf16(acc[1][r]);  // as the linears store them
-      const int64_t i = (int64_t)r * I + g;
-      if (p.out[0]) reinterpret_cast<bf16*>(p.out[0])[i] = __float2bfloat16_rn(gt);
-      if (p.out[1]) reinterpret_cast<bf16*>(p.out[1])[i] = __float2bfloat16_rn(up);
-      p.h[i] = __float2bfloat16_rn(gt * (1.f / (1.f + __expf(-gt))) * up);  // swiglu.h's formula
-    }
-    return;
+  store_group<R>(p, g, acc);
+}
+
+// One row of x, one slice, every row of w a whole number of steps (IC a multiple of kUnroll kWarp
+// 8): a grid of at most the blocks the GPU holds at once, each warp taking groups g, g + stride,
+// ... and issuing the loads of its next step (the group's next, or the next group's first) before
+// computing the current one, so a warp's weight stream does not pause at a group's sums or at a
+// block's turnover, and the x norm runs once a block. The same products in the same order as
+// gemv_kernel<1, 1, NORM>.
+template <bool NORM>
+__global__ void __launch_bounds__(kThreads, 2) gemv_stream_kernel(const Params p) {
+  constexpr int kStep = detail::kWarp, kSpan = kUnroll * kStep;  // vectors a step covers
+  extern __shared__ uint4 xsm[];
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
+  const int V = p.IC / 8, steps = V / kSpan;
+  const int64_t stride = (int64_t)gridDim.x * kWarps;
+  int64_t g = (int64_t)blockIdx.x * kWarps + warp;
+  int st = 0;
+  const uint4* wv[kCols];
+  uint4 cur[kUnroll][kCols];
+  if (g < p.groups) {
+    weight_rows(p, g, wv);
+    load_step<kStep>(cur, wv, lane);
   }
-#pragma unroll
-  for (int c = 0; c < kCols; c++) {
-    const int64_t o = g * kCols + c;
-    if (o >= total) continue;
-    const int s = segment_of(p, o);
-    const int64_t oc = p.begin[s + 1] - p.begin[s], j = o - p.begin[s];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-      const int64_t i = (int64_t)r * oc + j;
-      if (p.mode == kStoreF32) {
-        reinterpret_cast<float*>(p.out[s])[i] = acc[c][r];
-      } else if (p.mode == kResidual) {
-        reinterpret_cast<bf16*>(p.out[s])[i] = __float2bfloat16_rn(__bfloat162float(p.res[i]) + acc[c][r]);
-      } else {
-        reinterpret_cast<bf16*>(p.out[s])[i] = __float2bfloat16_rn(acc[c][r]);
-      }
+  detail::pdl_trigger();
+  detail::pdl_wait();
+  const uint4* xv = block_x<1, NORM>(p, xsm);
+  float acc[kCols][1] = {};
+  while (g < p.groups) {
+    int64_t g2 = g;
+    int st2 = st + 1;
+    const uint4* wv2[kCols] = {wv[0], wv[1]};
+    if (st2 == steps) {
+      g2 += stride;
+      st2 = 0;
+      if (g2 < p.groups) weight_rows(p, g2, wv2);
     }
+    uint4 nxt[kUnroll][kCols];
+    if (g2 < p.groups) load_step<kStep>(nxt, wv2, st2 * kSpan + lane);
+    add_step<kStep, 1, NORM>(acc, cur, xv, V, st * kSpan + lane);
+    if (st == steps - 1) {
+#pragma unroll
+      for (int c = 0; c < kCols; c++) acc[c][0] = detail::warp_sum(acc[c][0]);
+      if (lane == 0) store_group<1>(p, g, acc);
+#pragma unroll
+      for (int c = 0; c < kCols; c++) acc[c][0] = 0.f;
+    }
+    g = g2;
+    st = st2;
+#pragma unroll
+    for (int c = 0; c < kCols; c++) wv[c] = wv2[c];
+#pragma unroll
+    for (int u = 0; u < kUnroll; u++)
+#pragma unroll
+      for (int c = 0; c < kCols; c++) cur[u][c] = nxt[u][c];
   }
+}
+
+// Blocks of gemv_stream_kernel<NORM> the current device holds at once (cached per device).
+template <bool NORM>
+int stream_blocks(size_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<int, size_t>, int> known;
+  int dev = 0;
+  TT_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(dev, smem);
+  auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  int per_sm = 0, sms = 0;
+  TT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_stream_kernel<NORM>, kThreads, smem));
+  TT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return known[key] = std::max(1, per_sm * sms);
 }
 
 // Slices per group: when the groups are fewer than half of kTargetWarps, enough slices to reach
@@ -290,12 +389,21 @@ int slices_for(int IC, int64_t groups) {
 template <int R, int S, bool NORM>
 void launch_rs(const Params& p, cudaStream_t stream) {
   constexpr int kGroups = kWarps / S;
-  const unsigned blocks = (unsigned)((p.groups + kGroups - 1) / kGroups);
+  const int64_t blocks = (p.groups + kGroups - 1) / kGroups;
   const size_t smem = NORM ? sizeof(bf16) * (size_t)R * p.IC : 0;
+  if constexpr (R == 1 && S == 1) {
+    if (p.IC % (kUnroll * detail::kWarp * 8) == 0) {  // every step full: the streaming kernel
+      auto* kernel = gemv_stream_kernel<NORM>;
+      // The default limit (48 KB) counts the static part too (under 1 KB here): opt in above it.
+      if (smem + 1024 > 48 * 1024) detail::opt_in_smem(kernel, kGemvNormSmemBytes);
+      const int64_t most = stream_blocks<NORM>(smem);
+      detail::launch_pdl(kernel, dim3((unsigned)std::min(blocks, most)), dim3(kThreads), smem, stream, p);
+      return;
+    }
+  }
   auto* kernel = gemv_kernel<R, S, NORM>;
-  // The default limit (48 KB) counts the static part too (under 1 KB here): opt in above it.
   if (smem + 1024 > 48 * 1024) detail::opt_in_smem(kernel, kGemvNormSmemBytes);
-  detail::launch_pdl(kernel, dim3(blocks), dim3(kThreads), smem, stream, p);
+  detail::launch_pdl(kernel, dim3((unsigned)blocks), dim3(kThreads), smem, stream, p);
 }
 
 template <int R, bool NORM>

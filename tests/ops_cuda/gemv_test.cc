@@ -1,5 +1,6 @@
 // The fused GEMV forms of a decode step (gemv.h) vs the fp64 CPU reference: the norm + q/k/v
-// split, the norm + gate/up + SwiGLU and the residual form; bad arguments; and the launch order
+// split, the norm + gate/up + SwiGLU and the residual form (one-row shapes of whole steps take the
+// streaming kernel, each warp several groups); bad arguments; and the launch order
 // under programmatic dependent launch (a chain of dependent kernels enqueued back to back equals
 // the same chain with the device synchronized between launches, bit for bit).
 //
@@ -115,7 +116,10 @@ TEST_F(GemvTest, NormSplitMatchesCpu) {
                              SplitCase{3, 4096, {4096, 512, 512}, 0.0, "three_rows_long_lanes"},
                              // rows of exactly 48 KB: with the static shared memory, past the default
                              SplitCase{6, 4096, {64}, 0.0, "48k_rows_six"},
-                             SplitCase{8, 3072, {24, 8}, 1.0, "48k_rows_eight"}})
+                             SplitCase{8, 3072, {24, 8}, 1.0, "48k_rows_eight"},
+                             // one row, rows of whole steps: the streaming kernel, ~5 groups a warp
+                             // (its grid is the blocks the GPU holds), the last column pair split
+                             SplitCase{1, 1024, {20001, 3, 1024}, 1.0, "one_row_streamed_groups"}})
     run_split(t);
 }
 
@@ -175,7 +179,9 @@ TEST_F(GemvTest, ResidualMatchesCpu) {
     int N, IC, OC;
   };
   // 1 x 2816 x 4100: one warp a column pair, 11 vectors a lane (8 before the wait, 3 in the tail)
-  for (const Case& t : {Case{1, 6144, 2048}, Case{7, 2048, 1003}, Case{4, 40, 1}, Case{1, 2816, 4100}}) {
+  // 1 x 1024 x 8193: the streaming kernel (one slice, whole steps), an odd last column
+  for (const Case& t :
+       {Case{1, 6144, 2048}, Case{7, 2048, 1003}, Case{4, 40, 1}, Case{1, 2816, 4100}, Case{1, 1024, 8193}}) {
     SCOPED_TRACE(std::to_string(t.N) + "x" + std::to_string(t.IC) + " OC " + std::to_string(t.OC));
     const int N = t.N, IC = t.IC, OC = t.OC;
     std::mt19937_64 rng(11 + N + IC + OC);
