@@ -186,9 +186,26 @@ __device__ __forceinline__ const uint4* block_x(const Params& p, uint4* xsm) {
   return xv;
 }
 
-// Group g's products (after the sums over lanes and slices) stored as the mode says.
+// kResidual (one segment): the residual terms of group g's columns, loaded by the lane that stores
+// them as soon as the previous kernel is done, so that their round trip overlaps the products
+// instead of following them.
 template <int R>
-__device__ __forceinline__ void store_group(const Params& p, int64_t g, const float (&acc)[kCols][R]) {
+__device__ __forceinline__ void load_residual(const Params& p, int64_t g, float (&res)[kCols][R]) {
+  const int64_t oc = p.begin[1];
+#pragma unroll
+  for (int c = 0; c < kCols; c++)
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const int64_t o = g * kCols + c;
+      res[c][r] = o < oc ? __bfloat162float(p.res[(int64_t)r * oc + o]) : 0.f;
+    }
+}
+
+// Group g's products (after the sums over lanes and slices) stored as the mode says; res: the
+// residual terms (load_residual) in kResidual mode.
+template <int R>
+__device__ __forceinline__ void store_group(const Params& p, int64_t g, const float (&acc)[kCols][R],
+                                            const float (&res)[kCols][R]) {
   if (p.mode == kSwiglu) {
     const int64_t I = p.begin[1];
 #pragma unroll
@@ -214,7 +231,7 @@ __device__ __forceinline__ void store_group(const Params& p, int64_t g, const fl
       if (p.mode == kStoreF32) {
         reinterpret_cast<float*>(p.out[s])[i] = acc[c][r];
       } else if (p.mode == kResidual) {
-        reinterpret_cast<bf16*>(p.out[s])[i] = __float2bfloat16_rn(__bfloat162float(p.res[i]) + acc[c][r]);
+        reinterpret_cast<bf16*>(p.out[s])[i] = __float2bfloat16_rn(res[c][r] + acc[c][r]);
       } else {
         reinterpret_cast<bf16*>(p.out[s])[i] = __float2bfloat16_rn(acc[c][r]);
       }
@@ -250,6 +267,8 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
   detail::pdl_trigger();  // the next kernel may launch (it waits for this one's completion)
   detail::pdl_wait();  // x (and res) are the previous kernel's output
   const uint4* xv = block_x<R, NORM>(p, xsm);
+  float res[kCols][R] = {};
+  if (p.mode == kResidual && active && lane == 0 && slice == 0) load_residual<R>(p, g, res);
 
   float acc[kCols][R];
 #pragma unroll
@@ -299,7 +318,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
         }
   }
   if (lane != 0 || !active) return;
-  store_group<R>(p, g, acc);
+  store_group<R>(p, g, acc, res);
 }
 
 // One row of x, one slice, every row of w a whole number of steps (IC a multiple of kUnroll kWarp
@@ -340,9 +359,11 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_stream_kernel(const Params p
     if (g2 < p.groups) load_step<kStep>(nxt, wv2, st2 * kSpan + lane);
     add_step<kStep, 1, NORM>(acc, cur, xv, V, st * kSpan + lane);
     if (st == steps - 1) {
+      float res[kCols][1] = {};
+      if (p.mode == kResidual && lane == 0) load_residual<1>(p, g, res);  // in flight during the sums
 #pragma unroll
       for (int c = 0; c < kCols; c++) acc[c][0] = detail::warp_sum(acc[c][0]);
-      if (lane == 0) store_group<1>(p, g, acc);
+      if (lane == 0) store_group<1>(p, g, acc, res);
 #pragma unroll
       for (int c = 0; c < kCols; c++) acc[c][0] = 0.f;
     }
