@@ -19,6 +19,7 @@ namespace cg = cooperative_groups;
 
 constexpr int kThreads = 1024;
 constexpr int kCluster = 8;  // blocks per row
+constexpr int kBatch = 16;   // logits a thread loads at once
 
 struct SampleParams {
   int32_t* token;
@@ -77,17 +78,30 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads) sam
   int ib = INT_MAX;
   double draw = -INFINITY;
   int id = INT_MAX;
-  for (int v = lo + tid; v < hi; v += kThreads) {
-    const float xv = __bfloat162float(x[v]);
-    pick(best, ib, xv, v);
-    if (xv > m) {
-      s *= __expf(m - xv);
-      m = xv;
+  // kBatch of the thread's logits loaded together, then taken in order (one round trip a batch,
+  // not one a logit; a row of 152k is two batches).
+  for (int v0 = lo + tid; v0 < hi; v0 += kBatch * kThreads) {
+    float xb[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; b++) {
+      const int v = v0 + b * kThreads;
+      xb[b] = v < hi ? __bfloat162float(x[v]) : 0.f;
     }
-    s += __expf(xv - m);
-    if (p.temperature > 0) {
-      const double g = -log(-log(cpu::sample_uniform(key, v)));
-      pick(draw, id, (double)xv / p.temperature + g, v);
+#pragma unroll
+    for (int b = 0; b < kBatch; b++) {
+      const int v = v0 + b * kThreads;
+      if (v >= hi) break;
+      const float xv = xb[b];
+      pick(best, ib, xv, v);
+      if (xv > m) {
+        s *= __expf(m - xv);
+        m = xv;
+      }
+      s += __expf(xv - m);
+      if (p.temperature > 0) {
+        const double g = -log(-log(cpu::sample_uniform(key, v)));
+        pick(draw, id, (double)xv / p.temperature + g, v);
+      }
     }
   }
   const float M = detail::block_max(m, red);
