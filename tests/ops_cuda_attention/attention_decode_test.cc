@@ -105,6 +105,31 @@ std::vector<DecodeCase> cases() {
   return v;
 }
 
+// x as bf16 on the device (one element at least).
+DeviceBuffer<bf16> upload(const std::vector<float>& x) {
+  DeviceBuffer<bf16> b(std::max<size_t>(x.size(), 1));
+  if (!x.empty()) b.copy_from_host(to_bf16(x));
+  return b;
+}
+
+// The case's prefixes over their K and V (device buffers: ExternalKV; host fp64 vectors:
+// cpu::ExternalKV<double>).
+template <class KV, class Buf>
+std::vector<KV> prefixes_over(const DecodeCase& c, const std::vector<Buf>& k, const std::vector<Buf>& v) {
+  std::vector<KV> ext;
+  for (size_t e = 0; e < c.prefixes.size(); e++) {
+    KV x;
+    x.k = k[e].data();
+    x.v = v[e].data();
+    x.len = c.prefixes[e].len;
+    x.q_begin = c.prefixes[e].q_begin;
+    x.q_end = c.prefixes[e].q_end;
+    x.heads = c.prefixes[e].heads;
+    ext.push_back(x);
+  }
+  return ext;
+}
+
 class AttentionDecode : public ::testing::TestWithParam<DecodeCase> {
  protected:
   void SetUp() override {
@@ -134,51 +159,26 @@ TEST_P(AttentionDecode, MatchesTheCpuReference) {
   auto d = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
   const std::vector<double> qd = d(q), kd = d(k), vd = d(v);
   std::vector<std::vector<double>> pkd, pvd;
-  std::vector<cpu::ExternalKV<double>> ext_ref;
   for (size_t e = 0; e < c.prefixes.size(); e++) {
     pkd.push_back(d(pk[e]));
     pvd.push_back(d(pv[e]));
   }
-  for (size_t e = 0; e < c.prefixes.size(); e++) {
-    cpu::ExternalKV<double> x;
-    x.k = pkd[e].data();
-    x.v = pvd[e].data();
-    x.len = c.prefixes[e].len;
-    x.q_begin = c.prefixes[e].q_begin;
-    x.q_end = c.prefixes[e].q_end;
-    x.heads = c.prefixes[e].heads;
-    ext_ref.push_back(x);
-  }
+  const std::vector<cpu::ExternalKV<double>> ext_ref = prefixes_over<cpu::ExternalKV<double>>(c, pkd, pvd);
   std::vector<double> ref_out((size_t)N * NH * HS), ref_lse((size_t)N * NH);
   cpu::attention_forward<double>(ref_out.data(), ref_lse.data(), qd.data(), kd.data(), vd.data(), layout,
                                  ext_ref.data(), (int)ext_ref.size(), N, NH, NKV, HS);
 
   // GPU.
-  auto upload = [](const std::vector<float>& x) {
-    DeviceBuffer<bf16> b(std::max<size_t>(x.size(), 1));
-    if (!x.empty()) b.copy_from_host(to_bf16(x));
-    return b;
-  };
   DeviceBuffer<bf16> qg = upload(q), kg = upload(k), vg = upload(v), out(q.size());
   DeviceBuffer<float> lse((size_t)N * NH);
   out.fill_bytes(0xFF);
   lse.fill_bytes(0xFF);
   std::vector<DeviceBuffer<bf16>> pkg, pvg;
-  std::vector<ExternalKV> ext;
   for (size_t e = 0; e < c.prefixes.size(); e++) {
     pkg.push_back(upload(pk[e]));
     pvg.push_back(upload(pv[e]));
   }
-  for (size_t e = 0; e < c.prefixes.size(); e++) {
-    ExternalKV x;
-    x.k = pkg[e].data();
-    x.v = pvg[e].data();
-    x.len = c.prefixes[e].len;
-    x.q_begin = c.prefixes[e].q_begin;
-    x.q_end = c.prefixes[e].q_end;
-    x.heads = c.prefixes[e].heads;
-    ext.push_back(x);
-  }
+  const std::vector<ExternalKV> ext = prefixes_over<ExternalKV>(c, pkg, pvg);
   const size_t ws_bytes = attention_decode_workspace_bytes(ext.data(), (int)ext.size(), N, NH, NKV, HS);
   DeviceBuffer<char> ws(std::max<size_t>(ws_bytes, 1));
   attention_decode_forward(out.data(), lse.data(), qg.data(), kg.data(), vg.data(), ext.data(), (int)ext.size(), N,
@@ -245,11 +245,6 @@ TEST_P(AttentionDecode, FusedQkNormMatchesTheQkNormKernel) {
   const DecodeCase& c = GetParam();
   const int N = c.N, NH = c.NH, NKV = c.NKV, HS = c.HS, rows = N + 3;
   std::mt19937_64 rng(std::hash<std::string>{}(c.name) + 1);
-  auto upload = [](const std::vector<float>& x) {
-    DeviceBuffer<bf16> b(std::max<size_t>(x.size(), 1));
-    if (!x.empty()) b.copy_from_host(to_bf16(x));
-    return b;
-  };
   DeviceBuffer<bf16> q_pre = upload(random_bf16(rng, (size_t)N * NH * HS, 2.f));
   DeviceBuffer<bf16> k_pre = upload(random_bf16(rng, (size_t)N * NKV * HS, 2.f));
   DeviceBuffer<bf16> v = upload(random_bf16(rng, (size_t)N * NKV * HS, 1.f));
@@ -265,21 +260,11 @@ TEST_P(AttentionDecode, FusedQkNormMatchesTheQkNormKernel) {
   DeviceBuffer<float2> rope_cs((size_t)N * HS / 2);
   rope_table(rope_cs.data(), pos_g.data(), N, HS, 1e6, nullptr);
   std::vector<DeviceBuffer<bf16>> pk, pv;
-  std::vector<ExternalKV> ext;
   for (const Prefix& p : c.prefixes) {
     pk.push_back(upload(random_bf16(rng, (size_t)p.len * NKV * HS, 1.f)));
     pv.push_back(upload(random_bf16(rng, (size_t)p.len * NKV * HS, 1.f)));
   }
-  for (size_t e = 0; e < c.prefixes.size(); e++) {
-    ExternalKV x;
-    x.k = pk[e].data();
-    x.v = pv[e].data();
-    x.len = c.prefixes[e].len;
-    x.q_begin = c.prefixes[e].q_begin;
-    x.q_end = c.prefixes[e].q_end;
-    x.heads = c.prefixes[e].heads;
-    ext.push_back(x);
-  }
+  const std::vector<ExternalKV> ext = prefixes_over<ExternalKV>(c, pk, pv);
   AttentionDecodePlan plan;
   plan.make(ext.data(), (int)ext.size(), N, NH, NKV, HS);
   DeviceBuffer<char> tables(std::max<size_t>(plan.table_bytes(), 1)), ws(std::max<size_t>(plan.workspace_bytes(), 1));
