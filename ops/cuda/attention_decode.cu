@@ -863,8 +863,8 @@ void attention_decode_forward(bf16* out, float* lse, const DecodeQkNorm& n, cons
   if (N == 0) return;
   TT_CHECK(out && lse && v && n.q && n.q_rstd && n.q_pre && n.q_w && n.k && n.k_rstd && n.k_pre && n.k_w && n.rope_cs,
            op, ": null tensor");
-  TT_CHECK(!n.store_k == !n.store_v && !n.store_k == !n.store_rows, op,
-           ": store_k, store_v and store_rows are all set or all null");
+  TT_CHECK(n.eps >= 0, op, ": eps=", n.eps, ", expected >= 0");
+  TT_CHECK(!n.store_k || (n.store_v && n.store_rows), op, ": store_k without store_v or store_rows");
   for (const void* ptr : {(const void*)n.q, (const void*)n.q_pre, (const void*)n.q_w, (const void*)n.k,
                           (const void*)n.k_pre, (const void*)n.k_w, (const void*)v, (const void*)n.store_k,
                           (const void*)n.store_v})

@@ -61,7 +61,7 @@ struct DecodeQkNorm {
   const float2* rope_cs = nullptr;  // (N, HS / 2), rope_table
   float eps = 0.f;
   float w_offset = 0.f;  // the norm's scale is w + w_offset
-  bf16* store_k = nullptr;  // (rows, NKV, HS), with store_v and store_rows (N), or all null
+  bf16* store_k = nullptr;  // (rows, NKV, HS), with store_v and store_rows (N); null: no cache stores
   bf16* store_v = nullptr;
   const int32_t* store_rows = nullptr;
 };

@@ -1,6 +1,6 @@
 // The fused GEMV forms of a decode step (gemv.h) vs the fp64 CPU reference: the norm + q/k/v
-// split, the norm + gate/up + SwiGLU and the residual form (one-row shapes of whole steps take the
-// streaming kernel, each warp several groups); bad arguments; and the launch order
+// split, the norm + gate/up + SwiGLU, the residual and the plain forms (one-row shapes of whole
+// steps take the streaming kernel, each warp several groups); bad arguments; and the launch order
 // under programmatic dependent launch (a chain of dependent kernels enqueued back to back equals
 // the same chain with the device synchronized between launches, bit for bit).
 //
@@ -203,6 +203,35 @@ TEST_F(GemvTest, ResidualMatchesCpu) {
       abs[i] = 2.0 * (IC + 2) * kF32U * (mag[i] + std::fabs(res[i]));
     }
     EXPECT_TRUE(all_within("out", to_host(d_out), ref, kBf16U, abs));
+  }
+}
+
+// The plain forms (the LM head's): bf16 and fp32 out, one row of whole steps (the streaming
+// kernel, ~2 groups a warp, an odd last column) and three rows (gemv_kernel).
+TEST_F(GemvTest, PlainMatchesCpu) {
+  struct Case {
+    int N, IC, OC;
+  };
+  for (const Case& t : {Case{1, 1024, 8191}, Case{3, 1024, 1001}}) {
+    SCOPED_TRACE(std::to_string(t.N) + "x" + std::to_string(t.IC) + " OC " + std::to_string(t.OC));
+    const int N = t.N, IC = t.IC, OC = t.OC;
+    std::mt19937_64 rng(5 + N + IC + OC);
+    const auto x = randn_bf16(rng, (size_t)N * IC);
+    const auto w = randn_bf16(rng, (size_t)OC * IC, 0.05);
+    auto d_x = to_device_bf16(x);
+    auto d_w = to_device_bf16(w);
+    DeviceBuffer<bf16> d_out((size_t)N * OC);
+    DeviceBuffer<float> d_out32((size_t)N * OC);
+    poison(d_out);
+    poison(d_out32);
+    tt::cuda::gemv_forward(d_out.data(), d_x.data(), d_w.data(), N, IC, OC, nullptr);
+    tt::cuda::gemv_forward(d_out32.data(), d_x.data(), d_w.data(), N, IC, OC, nullptr);
+    sync_and_check();
+    std::vector<double> ref, mag;
+    products(x, w, N, IC, OC, ref, mag);
+    const std::vector<double> abs = scaled(mag, 2.0 * (IC + 2) * kF32U);
+    EXPECT_TRUE(all_within("bf16 out", to_host(d_out), ref, kBf16U, abs));
+    EXPECT_TRUE(all_within("fp32 out", to_host(d_out32), ref, 0.0, abs));
   }
 }
 
