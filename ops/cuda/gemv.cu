@@ -429,7 +429,11 @@ void launch_rs(const Params& p, cudaStream_t stream) {
 
 template <int R, bool NORM>
 void launch_r(const Params& p, cudaStream_t stream) {
-  switch (slices_for(p.IC, p.groups)) {
+  int S = slices_for(p.IC, p.groups);
+  // One row of at most two whole steps (o_proj at batch 1): the streaming kernel has a warp's
+  // whole rows in flight at once, the first step loaded before the wait, so it needs no slices.
+  if (R == 1 && p.IC % (kUnroll * detail::kWarp * 8) == 0 && p.IC <= 2 * kUnroll * detail::kWarp * 8) S = 1;
+  switch (S) {
     case 1: return launch_rs<R, 1, NORM>(p, stream);
     case 2: return launch_rs<R, 2, NORM>(p, stream);
     case 4: return launch_rs<R, 4, NORM>(p, stream);
