@@ -432,6 +432,8 @@ void launch_r(const Params& p, cudaStream_t stream) {
   int S = slices_for(p.IC, p.groups);
   // One row of at most two whole steps (o_proj at batch 1): the streaming kernel has a warp's
   // whole rows in flight at once, the first step loaded before the wait, so it needs no slices.
+  // (Streaming longer rows unsliced too, down_proj's six steps, was measured slower on an H200:
+  // 1.41-1.46 vs 1.34-1.41 ms a batch-1 step, docs/BENCHMARKS.md.)
   if (R == 1 && p.IC % (kUnroll * detail::kWarp * 8) == 0 && p.IC <= 2 * kUnroll * detail::kWarp * 8) S = 1;
   switch (S) {
     case 1: return launch_rs<R, 1, NORM>(p, stream);
