@@ -364,7 +364,7 @@ void CudaExec::qk_norm_rope_attention(Act* q, Stat* q_rstd, const Act* q_pre, co
       n.q = q, n.q_rstd = q_rstd, n.q_pre = q_pre, n.q_w = q_w;
       n.k = k, n.k_rstd = k_rstd, n.k_pre = k_pre, n.k_w = k_w;
       n.rope_cs = r.table, n.eps = (float)eps, n.w_offset = (float)w_offset;
-      n.store_k = store_k, n.store_v = store_v, n.store_rows = store_k ? store_rows : nullptr;
+      n.store_k = store_k, n.store_v = store_v, n.store_rows = store_rows;
       cuda::attention_decode_forward(out, lse, n, v, ext, n_ext, N, NH, NKV, HS, decode_plan_,
                                      workspace(decode_plan_.workspace_bytes()), stream_);
       return;

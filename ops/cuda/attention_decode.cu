@@ -23,10 +23,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
-#include <map>
-#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -677,26 +674,20 @@ void set_cluster_attributes(int cluster) {
 // Whether the current device co-schedules a cluster of this many clustered partial blocks (more
 // than 8 is non-portable; the blocks' shared memory decides how many fit a GPC). Cached per device.
 bool cluster_fits(int HS, int cluster) {
-  static std::mutex mu;
-  static std::map<std::array<int, 3>, bool> known;
-  int dev = 0;
-  TT_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  const std::array<int, 3> key{dev, HS, cluster};
-  auto found = known.find(key);
-  if (found != known.end()) return found->second;
-  int n = 0;
-  auto query = [&](auto hs) {
-    constexpr int kHS = decltype(hs)::value;
-    set_cluster_attributes<kHS>(cluster);
-    const detail::LaunchConfig c(dim3(cluster), dim3(kThreads), partial_smem_bytes<kHS, true>(), nullptr, cluster,
-                                 /*pdl=*/false);
-    TT_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, decode_partial_kernel<kHS, true>, &c.cfg));
-  };
-  if (HS == 64) query(std::integral_constant<int, 64>{});
-  else if (HS == 128) query(std::integral_constant<int, 128>{});
-  else query(std::integral_constant<int, 256>{});
-  return known[key] = n > 0;
+  return detail::once_per_device(std::make_pair(HS, cluster), [&] {
+    int n = 0;
+    auto query = [&](auto hs) {
+      constexpr int kHS = decltype(hs)::value;
+      set_cluster_attributes<kHS>(cluster);
+      const detail::LaunchConfig c(dim3(cluster), dim3(kThreads), partial_smem_bytes<kHS, true>(), nullptr, cluster,
+                                   /*pdl=*/false);
+      TT_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, decode_partial_kernel<kHS, true>, &c.cfg));
+    };
+    if (HS == 64) query(std::integral_constant<int, 64>{});
+    else if (HS == 128) query(std::integral_constant<int, 128>{});
+    else query(std::integral_constant<int, 256>{});
+    return n > 0;
+  });
 }
 
 // make_plan with the largest cluster the device takes: 16 blocks, else 8 (portable), else none.

@@ -2,8 +2,6 @@
 #include "ops/cuda/gemv.h"
 
 #include <algorithm>
-#include <map>
-#include <mutex>
 #include <utility>
 
 #include "base/check.h"
@@ -17,6 +15,7 @@ constexpr int kThreads = 256;  // 8 warps a block
 constexpr int kWarps = kThreads / detail::kWarp;
 constexpr int kCols = 2;       // weight rows per warp group
 constexpr int kUnroll = 4;     // 16-byte vectors per lane and weight row in flight
+constexpr int kStreamStepIC = kUnroll * detail::kWarp * 8;  // input columns a warp's step covers (one slice)
 constexpr int64_t kTargetWarps = 4096;  // ~31 a multiprocessor on an H200: enough loads in flight
 
 // What the groups' products become.
@@ -321,9 +320,9 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
   store_group<R>(p, g, acc, res);
 }
 
-// One row of x, one slice, every row of w a whole number of steps (IC a multiple of kUnroll kWarp
-// 8): a grid of at most the blocks the GPU holds at once, each warp taking groups g, g + stride,
-// ... and issuing the loads of its next step (the group's next, or the next group's first) before
+// One row of x, one slice, every row of w a whole number of steps (IC a multiple of kStreamStepIC):
+// a grid of at most the blocks the GPU holds at once, each warp taking groups g, g + stride, ...
+// and issuing the loads of its next step (the group's next, or the next group's first) before
 // computing the current one, so a warp's weight stream does not pause at a group's sums or at a
 // block's turnover, and the x norm runs once a block. The same products in the same order as
 // gemv_kernel<1, 1, NORM>.
@@ -349,7 +348,9 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_stream_kernel(const Params p
   while (g < p.groups) {
     int64_t g2 = g;
     int st2 = st + 1;
-    const uint4* wv2[kCols] = {wv[0], wv[1]};
+    const uint4* wv2[kCols];
+#pragma unroll
+    for (int c = 0; c < kCols; c++) wv2[c] = wv[c];
     if (st2 == steps) {
       g2 += stride;
       st2 = 0;
@@ -381,18 +382,13 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_stream_kernel(const Params p
 // Blocks of gemv_stream_kernel<NORM> the current device holds at once (cached per device).
 template <bool NORM>
 int stream_blocks(size_t smem) {
-  static std::mutex mu;
-  static std::map<std::pair<int, size_t>, int> known;
-  int dev = 0;
-  TT_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(dev, smem);
-  auto it = known.find(key);
-  if (it != known.end()) return it->second;
-  int per_sm = 0, sms = 0;
-  TT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_stream_kernel<NORM>, kThreads, smem));
-  TT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return known[key] = std::max(1, per_sm * sms);
+  return detail::once_per_device(smem, [&] {
+    int dev = 0, per_sm = 0, sms = 0;
+    TT_CUDA_CHECK(cudaGetDevice(&dev));
+    TT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_stream_kernel<NORM>, kThreads, smem));
+    TT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return std::max(1, per_sm * sms);
+  });
 }
 
 // Slices per group: when the groups are fewer than half of kTargetWarps, enough slices to reach
@@ -410,31 +406,32 @@ int slices_for(int IC, int64_t groups) {
 template <int R, int S, bool NORM>
 void launch_rs(const Params& p, cudaStream_t stream) {
   constexpr int kGroups = kWarps / S;
-  const int64_t blocks = (p.groups + kGroups - 1) / kGroups;
   const size_t smem = NORM ? sizeof(bf16) * (size_t)R * p.IC : 0;
-  if constexpr (R == 1 && S == 1) {
-    if (p.IC % (kUnroll * detail::kWarp * 8) == 0) {  // every step full: the streaming kernel
-      auto* kernel = gemv_stream_kernel<NORM>;
-      // The default limit (48 KB) counts the static part too (under 1 KB here): opt in above it.
-      if (smem + 1024 > 48 * 1024) detail::opt_in_smem(kernel, kGemvNormSmemBytes);
-      const int64_t most = stream_blocks<NORM>(smem);
-      detail::launch_pdl(kernel, dim3((unsigned)std::min(blocks, most)), dim3(kThreads), smem, stream, p);
-      return;
-    }
-  }
   auto* kernel = gemv_kernel<R, S, NORM>;
+  // The default limit (48 KB) counts the static part too (under 1 KB here): opt in above it.
   if (smem + 1024 > 48 * 1024) detail::opt_in_smem(kernel, kGemvNormSmemBytes);
+  detail::launch_pdl(kernel, dim3((unsigned)((p.groups + kGroups - 1) / kGroups)), dim3(kThreads), smem, stream, p);
+}
+
+template <bool NORM>
+void launch_stream(const Params& p, cudaStream_t stream) {
+  const size_t smem = NORM ? sizeof(bf16) * (size_t)p.IC : 0;
+  auto* kernel = gemv_stream_kernel<NORM>;
+  if (smem + 1024 > 48 * 1024) detail::opt_in_smem(kernel, kGemvNormSmemBytes);
+  const int64_t blocks = std::min<int64_t>((p.groups + kWarps - 1) / kWarps, stream_blocks<NORM>(smem));
   detail::launch_pdl(kernel, dim3((unsigned)blocks), dim3(kThreads), smem, stream, p);
 }
 
 template <int R, bool NORM>
 void launch_r(const Params& p, cudaStream_t stream) {
-  int S = slices_for(p.IC, p.groups);
-  // One row of at most two whole steps (o_proj at batch 1): the streaming kernel has a warp's
-  // whole rows in flight at once, the first step loaded before the wait, so it needs no slices.
-  // (Streaming longer rows unsliced too, down_proj's six steps, was measured slower on an H200:
-  // 1.41-1.46 vs 1.34-1.41 ms a batch-1 step, docs/BENCHMARKS.md.)
-  if (R == 1 && p.IC % (kUnroll * detail::kWarp * 8) == 0 && p.IC <= 2 * kUnroll * detail::kWarp * 8) S = 1;
+  const int S = slices_for(p.IC, p.groups);
+  // One row of whole steps: the streaming kernel where one slice serves, and for rows of at most
+  // two steps (o_proj at batch 1) also where slices would: it has a warp's whole rows in flight at
+  // once, the first step loaded before the wait. (Streaming longer rows unsliced too, down_proj's
+  // six steps, was measured slower on an H200: 1.41-1.46 vs 1.34-1.41 ms a batch-1 step,
+  // docs/BENCHMARKS.md.)
+  if (R == 1 && p.IC % kStreamStepIC == 0 && (S == 1 || p.IC <= 2 * kStreamStepIC))
+    return launch_stream<NORM>(p, stream);
   switch (S) {
     case 1: return launch_rs<R, 1, NORM>(p, stream);
     case 2: return launch_rs<R, 2, NORM>(p, stream);

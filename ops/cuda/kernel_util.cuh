@@ -226,6 +226,25 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, c
   launch_pdl_cluster(kernel, 0, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
+// What compute() gives on the current device for `key`, computed once per (device, key) and kept:
+// host queries (occupancies, cluster fits) a launch path should not repeat. Each call site (its
+// lambda's type) has its own table.
+template <class Key, class F>
+auto once_per_device(const Key& key, F&& compute) {
+  using T = decltype(compute());
+  static std::mutex mu;
+  static std::map<std::pair<int, Key>, T> known;
+  int dev = 0;
+  TT_CUDA_CHECK(cudaGetDevice(&dev));
+  const auto k = std::make_pair(dev, key);
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = known.find(k);
+  if (it != known.end()) return it->second;
+  const T value = compute();
+  known.emplace(k, value);
+  return value;
+}
+
 // Sets a kernel's function attribute on the current device unless this function last set it to
 // the same value there: attributes are per device, and setting one at every launch is a driver
 // call on the decode step's host path (a few per layer).

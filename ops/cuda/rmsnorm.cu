@@ -31,13 +31,13 @@ namespace tt::cuda {
 namespace {
 
 using detail::load_bf16;
+using detail::load_bf16_or_zero;
 using detail::load_cos_sin;
+using detail::load_f32;
+using detail::load_row;
 using detail::qk_norm_rope_row;
 using detail::rotate_row;
 using detail::row_sum;
-using detail::load_bf16_or_zero;
-using detail::load_f32;
-using detail::load_row;
 using detail::store_bf16;
 using detail::store_f32;
 using detail::warp_sum;
