@@ -10,8 +10,16 @@
 //             reading the bf16 weights once per token at the measured device copy bandwidth
 //             (cudaMemcpy device to device of 1 GiB, counting the bytes read and written: a read of
 //             the weights moves each byte once).
+//             Each decode step is enqueued before the draws of the one before come back
+//             (SamplingOptions::overlap); with --serial, each case also runs one step at a time,
+//             alternating with the overlapped run, --repeats times (step_ms_serial, overlap_speedup:
+//             medians).
+//   profile:  with --profile, after the timed runs, a second model with CudaExecOptions::profile
+//             runs each decode case once more: host and GPU time per op class per decode step
+//             (a run of max_new_tokens 1, the prefill alone, subtracted; the profile's events
+//             perturb the GPU times a little).
 // Output: one JSON object (stdout). Flags: --prefill-tokens N, --new-tokens N, --layers L (28),
-// --cases prefill,b1_1k,b1_16k,b32,k16 (all).
+// --cases prefill,b1_1k,b1_16k,b32,k16 (all), --serial, --repeats R (1), --profile.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -77,7 +85,8 @@ std::vector<model::Prompt> prompts(int count, int len, uint64_t seed, int vocab)
 }
 
 int run(int argc, char** argv) {
-  int prefill_tokens = 16384, new_tokens = 64, layers = 28;
+  int prefill_tokens = 16384, new_tokens = 64, layers = 28, repeats = 1;
+  bool serial = false, profile = false;
   std::string cases = "prefill,b1_1k,b1_16k,b32,k16";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -89,6 +98,9 @@ int run(int argc, char** argv) {
     else if (a == "--new-tokens") new_tokens = std::stoi(next());
     else if (a == "--layers") layers = std::stoi(next());
     else if (a == "--cases") cases = next();
+    else if (a == "--serial") serial = true;
+    else if (a == "--profile") profile = true;
+    else if (a == "--repeats") repeats = std::stoi(next());
     else throw Error(str("unknown flag ", a, " (see bench/infer_bench.cc)"));
   }
   auto want = [&](const std::string& c) { return ("," + cases + ",").find("," + c + ",") != std::string::npos; };
@@ -142,32 +154,100 @@ int run(int argc, char** argv) {
     std::string name;
     int prompts, len, samples;
   };
-  for (const Case& c : {Case{"b1_1k", 1, 1024, 1}, Case{"b1_16k", 1, 16384, 1}, Case{"b32", 32, 512, 1},
-                        Case{"k16", 1, 2048, 16}}) {
-    if (!want(c.name)) continue;
+  const Case all_cases[] = {Case{"b1_1k", 1, 1024, 1}, Case{"b1_16k", 1, 16384, 1}, Case{"b32", 32, 512, 1},
+                            Case{"k16", 1, 2048, 16}};
+  auto options_of = [&](const Case& c) {
     model::SamplingOptions s;
     s.temperature = 0;
     s.max_new_tokens = new_tokens;
     s.num_samples = c.samples;
     s.max_batch_tokens = (int64_t)c.prompts * (c.len + (int64_t)c.samples * new_tokens);
+    return s;
+  };
+  for (const Case& c : all_cases) {
+    if (!want(c.name)) continue;
+    model::SamplingOptions s = options_of(c);
     const std::vector<model::Prompt> p = prompts(c.prompts, c.len, 5, V);
     s.max_new_tokens = 4;
     model::generate(m, p, s);  // warm-up
     s.max_new_tokens = new_tokens;
-    model::GenerateStats st;
-    model::generate(m, p, s, &st);
-    const double step = st.decode_s / (double)st.decode_steps;
     const int rows = c.prompts * c.samples;
+    std::vector<double> on_ms, off_ms, enqueue_ms;
+    model::GenerateStats st;
+    for (int r = 0; r < std::max(repeats, 1); ++r)
+      for (const bool overlap : {true, false}) {
+        if (!overlap && !serial) continue;
+        s.overlap = overlap;
+        model::GenerateStats x;
+        model::generate(m, p, s, &x);
+        (overlap ? on_ms : off_ms).push_back(x.decode_s / (double)x.decode_steps * 1e3);
+        if (overlap) {
+          enqueue_ms.push_back(x.decode_enqueue_s / (double)x.decode_steps * 1e3);
+          st = x;
+        }
+      }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    const double step = median(on_ms) * 1e-3;
     nlohmann::json j = {{"prompts", c.prompts},      {"prompt_len", c.len},
                         {"samples", c.samples},      {"rows_per_step", rows},
-                        {"decode_steps", st.decode_steps}, {"step_ms", step * 1e3},
+                        {"decode_steps", st.decode_steps}, {"overlapped_steps", st.overlapped_steps},
+                        {"step_ms", step * 1e3},     {"step_ms_runs", on_ms},
                         {"tokens_per_s", rows / step}, {"prefill_s", st.prefill_s},
-                        {"host_enqueue_ms", st.decode_enqueue_s / (double)st.decode_steps * 1e3}};
+                        {"host_enqueue_ms", median(enqueue_ms)}};
+    if (serial) {
+      j["step_ms_serial"] = median(off_ms);
+      j["step_ms_serial_runs"] = off_ms;
+      j["overlap_speedup"] = median(off_ms) / (step * 1e3);
+    }
     if (rows == 1) j["over_weight_bound"] = bound_s / step;
+    for (size_t r = 0; r < on_ms.size(); ++r)
+      std::fprintf(stderr, "%s run %zu: %.3f ms per step overlapped (%.1f%% of the weight-read bound)%s\n",
+                   c.name.c_str(), r, on_ms[r], 100 * bound_s / (on_ms[r] * 1e-3),
+                   serial ? str(", ", off_ms[r], " ms one step at a time").c_str() : "");
     out["decode"][c.name] = j;
     std::fprintf(stderr, "%s: %.3f ms per step (host enqueue %.3f), %.0f tokens/s%s\n", c.name.c_str(), step * 1e3,
-                 st.decode_enqueue_s / (double)st.decode_steps * 1e3, rows / step,
+                 median(enqueue_ms), rows / step,
                  rows == 1 ? str(", ", 100 * bound_s / step, "% of the weight-read bound").c_str() : "");
+  }
+  if (profile) {
+    model::CudaExecOptions po;
+    po.profile = true;
+    model::CudaModel mp(cfg, o, po);
+    mp.init(1);
+    for (const Case& c : all_cases) {
+      if (!want(c.name)) continue;
+      model::SamplingOptions s = options_of(c);
+      const std::vector<model::Prompt> p = prompts(c.prompts, c.len, 5, V);
+      model::generate(mp, p, s);  // warm-up
+      mp.exec().take_profile();
+      model::GenerateStats st;
+      model::generate(mp, p, s, &st);
+      const model::CudaProfile full = mp.exec().take_profile();
+      s.max_new_tokens = 1;
+      model::generate(mp, p, s);
+      const model::CudaProfile pre = mp.exec().take_profile();
+      const double n = (double)st.decode_steps;
+      auto per_step = [&](double a, double b) { return (a - b) / n; };
+      nlohmann::json j = {
+          {"host_ms", {{"gemm", per_step(full.host_gemm_ms, pre.host_gemm_ms)},
+                       {"attention", per_step(full.host_attention_ms, pre.host_attention_ms)},
+                       {"head", per_step(full.host_head_ms, pre.host_head_ms)},
+                       {"norm", per_step(full.host_norm_ms, pre.host_norm_ms)},
+                       {"other", per_step(full.host_other_ms, pre.host_other_ms)},
+                       {"total", per_step(full.host_total_ms(), pre.host_total_ms())}}},
+          {"gpu_ms", {{"gemm", per_step(full.gemm_ms, pre.gemm_ms)},
+                      {"attention", per_step(full.attention_ms, pre.attention_ms)},
+                      {"head", per_step(full.head_ms, pre.head_ms)},
+                      {"norm", per_step(full.norm_ms, pre.norm_ms)},
+                      {"other", per_step(full.other_ms, pre.other_ms)},
+                      {"total", per_step(full.total_ms(), pre.total_ms())}}},
+          {"step_ms", st.decode_s / n * 1e3}};
+      out["profile"][c.name] = j;
+      std::fprintf(stderr, "profile %s: %s\n", c.name.c_str(), j.dump().c_str());
+    }
   }
   if (out.contains("decode") && out["decode"].contains("b1_1k") && out["decode"].contains("b1_16k"))
     out["decode_16k_over_1k"] = out["decode"]["b1_16k"]["step_ms"].get<double>() /

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -351,7 +352,8 @@ HeadCall<E> Decoder<E>::head_call(const Activations<E>& a) const {
 template <class E>
 void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, Mode mode, Activations<E>& a,
                              const Carry<E>* carry, const std::vector<int32_t>* logit_rows, int logit_count,
-                             bool want_loss, const CacheWrite<E>* cache, const std::vector<uint64_t>* sample_keys) {
+                             bool want_loss, const CacheWrite<E>* cache, const std::vector<uint64_t>* sample_keys,
+                             bool tokens_from_draws) {
   const ModelConfig& cfg = config();
   if (mode == Mode::kTrain) require_training("a training forward");
   data::check_packed_batch(batch, cfg.vocab_size);
@@ -428,6 +430,14 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
   a.sample_keys_ = n_sample ? r.sample_keys : nullptr;
   a.sample_tokens_ = n_sample ? r.sample_tokens : nullptr;
   a.sample_logprobs_ = n_sample ? r.sample_logprobs : nullptr;
+  if (tokens_from_draws) {
+    // The draws of the forward before, still where it left them: the same shape carves the same
+    // buffer the same way, and this forward's sampling overwrites them only after the embedding.
+    TT_CHECK(r.sample_tokens == last_draws_ && last_draw_count_ == N && batch.slot_row.empty() &&
+                 batch.state_row.empty(),
+             "model: tokens_from_draws needs the forward before to have drawn one token per row of this batch, of "
+             "the same shape and without media (", N, " rows; it drew ", last_draws_ ? last_draw_count_ : 0, ")");
+  }
   exec_.zero(r.loss, 2 * sizeof(double));
   a.view_ = BatchView<E>{};
   a.view_.N = N;
@@ -441,7 +451,7 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
     if (staging_.size() < r.meta_bytes) staging_.resize(r.meta_bytes);
     const ActsLayout<E> img(arch_, blocks_, mode, N, num_nodes, n_rows, n_tgt, n_logit, n_store, n_sample,
                             staging_.data());
-    std::copy(batch.tokens.begin(), batch.tokens.end(), img.tokens);
+    if (!tokens_from_draws) std::copy(batch.tokens.begin(), batch.tokens.end(), img.tokens);
     std::copy(batch.pos.begin(), batch.pos.end(), img.pos);
     std::copy(batch.subtree_end.begin(), batch.subtree_end.end(), img.subtree_end);
     std::copy(batch.node_start.begin(), batch.node_start.end(), img.node_start);
@@ -461,6 +471,7 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
   }
   BatchView<E>& v = a.view_;
   v.tokens = r.tokens;
+  if (tokens_from_draws) v.tokens = r.sample_tokens;
   v.pos = r.pos;
   v.layout = exec_.make_layout(N, num_nodes, r.node_start, r.node_len, r.node_parent, r.subtree_end, singletons,
                                r.layout);
@@ -681,11 +692,12 @@ double Decoder<E>::forward_backward(const data::PackedBatch& batch, double loss_
   return loss(own_);
 }
 
-template <class E>
-InferResult Decoder<E>::infer(const data::PackedBatch& batch, const InferRequest& req, const Carry<E>* carry,
-                              const CacheWrite<E>* cache) {
+namespace {
+
+// The packed rows a request reads logits or draws from (all: every row, left empty).
+std::vector<int32_t> request_rows(const data::PackedBatch& batch, const InferRequest& req, bool& all) {
   std::vector<int32_t> rows;
-  bool all = false;
+  all = false;
   switch (req.rows) {
     case InferRequest::Rows::kNone: break;
     case InferRequest::Rows::kAll: all = true; break;
@@ -696,16 +708,34 @@ InferResult Decoder<E>::infer(const data::PackedBatch& batch, const InferRequest
       break;
     case InferRequest::Rows::kList: rows = req.list; break;
   }
+  return rows;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+template <class E>
+InferResult Decoder<E>::infer(const data::PackedBatch& batch, const InferRequest& req, const Carry<E>* carry,
+                              const CacheWrite<E>* cache) {
+  TT_CHECK(in_flight_n_ == 0, "model: infer() with ", in_flight_n_, " forwards in flight; infer_collect() them first");
+  if (req.sample) {
+    infer_enqueue(batch, req, carry, cache);
+    return infer_collect();
+  }
+  TT_CHECK(!req.tokens_from_draws, "model: tokens_from_draws needs a request that samples");
+  last_draws_ = nullptr;
+  bool all = false;
+  std::vector<int32_t> rows = request_rows(batch, req, all);
   const auto t0 = std::chrono::steady_clock::now();
-  auto enqueued = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   const int count = all ? batch.n_tokens : (int)rows.size();
-  TT_CHECK(!req.sample || (int)req.keys.size() == count, "model: infer samples ", count, " rows with ", req.keys.size(),
-           " keys");
   run_forward(batch, 1.0, Mode::kNoGrad, infer_acts_, carry, all || rows.empty() ? nullptr : &rows, count, req.loss,
-              cache, req.sample ? &req.keys : nullptr);
+              cache);
   InferResult out;
   if (req.loss) {
-    out.enqueue_s = enqueued();
+    out.enqueue_s = seconds_since(t0);
     const Losses l = losses(infer_acts_);
     out.loss = l.loss;
     out.nll_sum = l.nll_sum;
@@ -715,18 +745,7 @@ InferResult Decoder<E>::infer(const data::PackedBatch& batch, const InferRequest
     rows.resize(N);
     std::iota(rows.begin(), rows.end(), 0);
   }
-  if (req.sample && !rows.empty() && N > 0) {
-    HeadCall<E> h = head_call(infer_acts_);
-    const Activations<E>& a = infer_acts_;
-    arch_.head().sample(exec_, h, all ? nullptr : a.logit_rows_, count, req.temperature, a.sample_keys_,
-                        a.sample_tokens_, a.sample_logprobs_);
-    out.tokens.resize(count);
-    out.logprobs.resize(count);
-    if (!req.loss) out.enqueue_s = enqueued();
-    exec_.download(out.tokens.data(), a.sample_tokens_, sizeof(int32_t) * count);
-    exec_.download(out.logprobs.data(), a.sample_logprobs_, sizeof(double) * count);
-    exec_.profile_gap();
-  } else if (!rows.empty() && N > 0) {
+  if (!rows.empty() && N > 0) {
     const int V = arch_.head().vocab();
     out.logits.resize(rows.size() * (size_t)V);
     HeadCall<E> h = head_call(infer_acts_);
@@ -734,6 +753,76 @@ InferResult Decoder<E>::infer(const data::PackedBatch& batch, const InferRequest
     exec_.profile_gap();
   }
   out.rows = std::move(rows);
+  return out;
+}
+
+template <class E>
+void Decoder<E>::infer_enqueue(const data::PackedBatch& batch, const InferRequest& req, const Carry<E>* carry,
+                               const CacheWrite<E>* cache) {
+  TT_CHECK(req.sample, "model: infer_enqueue takes a request that samples (InferRequest::sample)");
+  TT_CHECK(in_flight_n_ < kMaxInFlight, "model: ", kMaxInFlight, " forwards in flight; infer_collect() one first");
+  bool all = false;
+  std::vector<int32_t> rows = request_rows(batch, req, all);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int N = batch.n_tokens;
+  const int count = all ? N : (int)rows.size();
+  TT_CHECK((int)req.keys.size() == count, "model: infer samples ", count, " rows with ", req.keys.size(), " keys");
+  if (!req.tokens_from_draws) last_draws_ = nullptr;
+  run_forward(batch, 1.0, Mode::kNoGrad, infer_acts_, carry, all || rows.empty() ? nullptr : &rows, count, req.loss,
+              cache, &req.keys, req.tokens_from_draws);
+  InFlight& f = in_flight_[(in_flight_first_ + in_flight_n_) % kMaxInFlight];
+  f.count = N > 0 ? count : 0;
+  f.loss = req.loss && N > 0;
+  f.loss_scale = infer_acts_.loss_scale_;
+  const size_t tok_bytes = (sizeof(int32_t) * (size_t)f.count + 7) / 8 * 8;
+  const size_t lp_bytes = sizeof(double) * (size_t)f.count;
+  exec_.ensure_pinned(f.host, tok_bytes + lp_bytes + 2 * sizeof(double));
+  const Activations<E>& a = infer_acts_;
+  if (f.count > 0) {
+    HeadCall<E> h = head_call(a);
+    arch_.head().sample(exec_, h, all ? nullptr : a.logit_rows_, count, req.temperature, a.sample_keys_,
+                        a.sample_tokens_, a.sample_logprobs_);
+    exec_.download_async(f.host.data(), a.sample_tokens_, sizeof(int32_t) * (size_t)f.count);
+    exec_.download_async(f.host.data() + tok_bytes, a.sample_logprobs_, lp_bytes);
+  }
+  if (f.loss) exec_.download_async(f.host.data() + tok_bytes + lp_bytes, a.loss_, 2 * sizeof(double));
+  exec_.record(f.done);
+  exec_.profile_gap();
+  if (all) {
+    rows.resize(N);
+    std::iota(rows.begin(), rows.end(), 0);
+  }
+  f.rows = std::move(rows);
+  last_draws_ = f.count > 0 ? a.sample_tokens_ : nullptr;
+  last_draw_count_ = f.count;
+  f.enqueue_s = seconds_since(t0);
+  ++in_flight_n_;
+}
+
+template <class E>
+InferResult Decoder<E>::infer_collect() {
+  TT_CHECK(in_flight_n_ > 0, "model: infer_collect() with no forward in flight");
+  InFlight& f = in_flight_[in_flight_first_];
+  exec_.wait(f.done);
+  InferResult out;
+  const size_t tok_bytes = (sizeof(int32_t) * (size_t)f.count + 7) / 8 * 8;
+  const size_t lp_bytes = sizeof(double) * (size_t)f.count;
+  out.tokens.resize(f.count);
+  out.logprobs.resize(f.count);
+  if (f.count > 0) {
+    std::memcpy(out.tokens.data(), f.host.data(), sizeof(int32_t) * (size_t)f.count);
+    std::memcpy(out.logprobs.data(), f.host.data() + tok_bytes, lp_bytes);
+  }
+  if (f.loss) {
+    double sums[2];
+    std::memcpy(sums, f.host.data() + tok_bytes + lp_bytes, sizeof sums);
+    out.loss = f.loss_scale * sums[0];
+    out.nll_sum = sums[1];
+  }
+  out.rows = std::move(f.rows);
+  out.enqueue_s = f.enqueue_s;
+  in_flight_first_ = (in_flight_first_ + 1) % kMaxInFlight;
+  --in_flight_n_;
   return out;
 }
 

@@ -140,6 +140,11 @@ struct InferRequest {
   bool sample = false;
   double temperature = 0;
   std::vector<uint64_t> keys;  // (rows) one per row, in row order
+  // The batch's tokens are the draws of the forward enqueued before this one, row r's token its
+  // draw r: they stay on the backend (Decoder::infer_enqueue). That forward drew one token per row
+  // of this batch, of the same shape (a decode step after a decode step); batch.tokens stands in
+  // (valid ids, not read).
+  bool tokens_from_draws = false;
 
   // The logits of every packed row, no loss.
   static InferRequest all_logits() { return InferRequest{false, Rows::kAll, {}}; }
@@ -261,6 +266,16 @@ class Decoder {
   // batch's own K/V rows (null: nowhere).
   InferResult infer(const data::PackedBatch& batch, const InferRequest& request, const Carry<E>* carry = nullptr,
                     const CacheWrite<E>* cache = nullptr);
+  // infer() of a request that samples, in two halves, so the host prepares and launches the next
+  // forward while the backend runs this one: infer_enqueue() returns once the forward and the
+  // copies of its draws (and loss) to the host are enqueued; infer_collect() waits for the oldest
+  // forward in flight and returns its result. At most kMaxInFlight forwards in flight; infer()
+  // with any in flight is an error. The carry and cache write need not outlive infer_enqueue().
+  static constexpr int kMaxInFlight = 2;
+  void infer_enqueue(const data::PackedBatch& batch, const InferRequest& request, const Carry<E>* carry = nullptr,
+                     const CacheWrite<E>* cache = nullptr);
+  InferResult infer_collect();
+  int in_flight() const { return in_flight_n_; }
 
   // Sum of squares of every gradient, fp64 accumulation (waits for the backend).
   double grad_sum_squares();
@@ -270,7 +285,8 @@ class Decoder {
   // how many rows logits() will take (sizes the head chunk).
   void run_forward(const data::PackedBatch& batch, double loss_scale, Mode mode, Activations<E>& acts,
                    const Carry<E>* carry, const std::vector<int32_t>* logit_rows, int logit_count, bool want_loss,
-                   const CacheWrite<E>* cache = nullptr, const std::vector<uint64_t>* sample_keys = nullptr);
+                   const CacheWrite<E>* cache = nullptr, const std::vector<uint64_t>* sample_keys = nullptr,
+                   bool tokens_from_draws = false);
   void require_training(const char* what) const;
   // The media stage's forward into the input rows x0, and its backward from the decoder's dx.
   void vision_forward(const data::PackedBatch& batch, Activations<E>& a, Act* x0);
@@ -295,6 +311,23 @@ class Decoder {
   std::vector<char> staging_;  // host image of a batch's metadata
   Activations<E> own_;         // forward(batch, scale) / backward()
   Activations<E> infer_acts_;  // infer()'s working set
+  // Sampling forwards in flight (infer_enqueue), a ring of kMaxInFlight: the draws' (and the
+  // loss's) host copies land in `host` (tokens, then logprobs at an 8-byte boundary, then the two
+  // loss sums) once `done` is passed.
+  struct InFlight {
+    std::vector<int32_t> rows;
+    int count = 0;
+    bool loss = false;
+    double loss_scale = 1;
+    double enqueue_s = 0;
+    typename E::PinnedBuffer host;
+    typename E::Fence done;
+  };
+  InFlight in_flight_[kMaxInFlight];
+  int in_flight_first_ = 0, in_flight_n_ = 0;
+  // Where the last forward on infer_acts_ left its draws (null: it drew none) and how many.
+  const int32_t* last_draws_ = nullptr;
+  int last_draw_count_ = 0;
 };
 
 // Bytes a training decoder takes on its backend: its parameter buffers (master weights, the

@@ -92,6 +92,13 @@ class CpuExec {
   void zero(void* p, size_t bytes);
   void sync() const {}
   double read(const double* p) const { return *p; }
+  // Pipelined downloads (model/exec_cuda.h): here every copy is done on return.
+  using PinnedBuffer = HostBuffer;
+  struct Fence {};
+  void ensure_pinned(PinnedBuffer& b, size_t bytes) { b.ensure(bytes); }
+  void download_async(void* dst, const void* src, size_t bytes) { download(dst, src, bytes); }
+  void record(Fence&) {}
+  void wait(const Fence&) const {}
   static double to_double(Act x) { return (double)x; }
 
   // Batch preparation (ops/cpu/attention.h reads the node ranges directly).

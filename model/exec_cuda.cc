@@ -85,6 +85,36 @@ void CudaExec::download(void* dst, const void* src, size_t bytes) const {
   TT_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+CudaExec::PinnedBuffer::~PinnedBuffer() {
+  if (p_) cudaFreeHost(p_);
+}
+
+CudaExec::Fence::~Fence() {
+  if (e_) cudaEventDestroy(e_);
+}
+
+void CudaExec::ensure_pinned(PinnedBuffer& b, size_t bytes) {
+  if (b.p_ && b.n_ >= bytes) return;
+  if (b.p_) TT_CUDA_CHECK(cudaFreeHost(b.p_));
+  b.p_ = nullptr;
+  b.n_ = 0;
+  TT_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&b.p_), std::max<size_t>(bytes, 1)));
+  b.n_ = std::max<size_t>(bytes, 1);
+}
+
+void CudaExec::download_async(void* dst, const void* src, size_t bytes) {
+  if (bytes) TT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+}
+
+void CudaExec::record(Fence& f) {
+  if (!f.e_) TT_CUDA_CHECK(cudaEventCreateWithFlags(&f.e_, cudaEventDisableTiming));
+  TT_CUDA_CHECK(cudaEventRecord(f.e_, stream_));
+}
+
+void CudaExec::wait(const Fence& f) const {
+  if (f.e_) TT_CUDA_CHECK(cudaEventSynchronize(f.e_));
+}
+
 void CudaExec::zero(void* p, size_t bytes) {
   mark(Op::kOther);
   if (bytes) TT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
@@ -688,6 +718,11 @@ void CudaExec::mark(Op op) {
   if (!options_.profile) return;
   if (in_head_) op = Op::kHead;
   if (in_vision_) op = Op::kVision;
+  const auto now = std::chrono::steady_clock::now();
+  if (host_op_ != Op::kNone)
+    host_ms_[(int)host_op_] += std::chrono::duration<double, std::milli>(now - host_since_).count();
+  host_op_ = op;
+  host_since_ = now;
   if (op == current_) return;
   current_ = op;
   cudaEvent_t e = nullptr;
@@ -705,6 +740,13 @@ CudaProfile CudaExec::take_profile() {
   CudaProfile p;
   if (marks_.empty()) return p;
   mark(Op::kNone);
+  p.host_gemm_ms = host_ms_[(int)Op::kGemm];
+  p.host_attention_ms = host_ms_[(int)Op::kAttention];
+  p.host_head_ms = host_ms_[(int)Op::kHead];
+  p.host_norm_ms = host_ms_[(int)Op::kNorm];
+  p.host_other_ms = host_ms_[(int)Op::kOther];
+  p.host_vision_ms = host_ms_[(int)Op::kVision];
+  for (double& x : host_ms_) x = 0;
   TT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   for (size_t i = 0; i + 1 < marks_.size(); ++i) {
     if (marks_[i].second == Op::kNone) continue;

@@ -18,6 +18,7 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <memory>
@@ -55,6 +56,13 @@ struct CudaProfile {
   double other_ms = 0;      // metadata upload, tiles, embedding, residual adds, conversions, memsets
   double vision_ms = 0;     // the VLA media stage: tower, projector, state projection, row moves
   double total_ms() const { return gemm_ms + attention_ms + head_ms + norm_ms + other_ms + vision_ms; }
+  // Host time per class: from an op's call to the next op's (its launches, and what the decoder
+  // computes on the host before the next op); host time after a forward's last op is not counted.
+  double host_gemm_ms = 0, host_attention_ms = 0, host_head_ms = 0, host_norm_ms = 0, host_other_ms = 0,
+         host_vision_ms = 0;
+  double host_total_ms() const {
+    return host_gemm_ms + host_attention_ms + host_head_ms + host_norm_ms + host_other_ms + host_vision_ms;
+  }
 };
 
 class CudaExec {
@@ -128,6 +136,39 @@ class CudaExec {
   void zero(void* p, size_t bytes);
   void sync() const;
   double read(const double* p) const;  // waits
+  // Pipelined downloads (Decoder::infer_enqueue): download_async enqueues a copy into page-locked
+  // host memory (a PinnedBuffer's) and returns; record(f) marks the stream's position in f and
+  // wait(f) blocks until the stream has passed it, so the copies enqueued before record(f) are on
+  // the host. The host prepares and launches the next forward meanwhile.
+  class PinnedBuffer {
+   public:
+    PinnedBuffer() = default;
+    ~PinnedBuffer();
+    PinnedBuffer(const PinnedBuffer&) = delete;
+    PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+    char* data() { return p_; }
+    size_t size() const { return n_; }
+
+   private:
+    friend class CudaExec;
+    char* p_ = nullptr;
+    size_t n_ = 0;
+  };
+  class Fence {
+   public:
+    Fence() = default;
+    ~Fence();
+    Fence(const Fence&) = delete;
+    Fence& operator=(const Fence&) = delete;
+
+   private:
+    friend class CudaExec;
+    cudaEvent_t e_ = nullptr;
+  };
+  void ensure_pinned(PinnedBuffer& b, size_t bytes);  // contents are not kept when it grows
+  void download_async(void* dst, const void* src, size_t bytes);
+  void record(Fence& f);
+  void wait(const Fence& f) const;
   static double to_double(Act x) { return cuda::host_bf16_to_float(x); }
 
   // Batch preparation.
@@ -325,6 +366,9 @@ class CudaExec {
   bool in_vision_ = false;
   Op current_ = Op::kNone;
   std::vector<std::pair<cudaEvent_t, Op>> marks_;  // profile marks since take_profile()
+  Op host_op_ = Op::kNone;                          // the class of the last op called
+  std::chrono::steady_clock::time_point host_since_;  // when it was called
+  double host_ms_[(int)Op::kNone + 1] = {};          // host time per class since take_profile()
   std::vector<cudaEvent_t> spare_events_;
 };
 

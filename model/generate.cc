@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <numeric>
+#include <optional>
 
 #include "base/check.h"
 #include "model/init.h"
@@ -318,13 +320,10 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
     auto take = [&](Live& x, const InferResult& res, int r) { take_draw(x, res, r, V, opt, on_backend); };
     for (size_t r = 0; r < live.size(); ++r) take(live[r], first, (int)r);
 
-    // Decode: one row per live sample, reading its prompt's span and its own generated rows.
-    const double t_dec = now_s();
-    while (true) {
-      std::vector<Live*> act;
-      for (Live& x : live)
-        if (!x.done) act.push_back(&x);
-      if (act.empty()) break;
+    // Decode: one row per live sample, reading its prompt's span and its own generated rows. A
+    // step's row j of a sample (j tokens drawn, `ahead` of them still in flight) computes token
+    // j's K/V and the next logits.
+    auto enqueue_step = [&](const std::vector<Live*>& act, int ahead) {
       const int B = (int)act.size();
       data::PackedBatch step;
       step.n_tokens = B;
@@ -332,9 +331,9 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
       std::vector<int32_t> write_rows;
       for (int r = 0; r < B; ++r) {
         const Live& x = *act[r];
-        const int j = (int)x.out->tokens.size();  // the row computes token j's K/V and the next logits
+        const int j = (int)x.out->tokens.size() + ahead;
         const int plen = (int)prompts[g0 + x.pg].tokens.size();
-        step.tokens.push_back(x.out->tokens.back());
+        step.tokens.push_back(ahead ? 0 : x.out->tokens.back());  // ahead: the draws on the backend
         step.pos.push_back(plen + j - 1);
         step.subtree_end.push_back(r + 1);
         step.node_start.push_back(r);
@@ -351,12 +350,13 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
         cache.read(carry, span[act[r]->pg], (int)prompts[g0 + act[r]->pg].tokens.size(), r, e);
         r = e;
       }
-      for (int r = 0; r < B; ++r) cache.read(carry, act[r]->gen_row, (int)act[r]->out->tokens.size() - 1, r, r + 1);
+      for (int r = 0; r < B; ++r)
+        cache.read(carry, act[r]->gen_row, (int)act[r]->out->tokens.size() + ahead - 1, r, r + 1);
       // Recurrent layers: a sample's first step starts from its prompt's state, later ones from its own.
       std::vector<int32_t> slot_in, slot_out;
       if (cache.recurrent()) {
         for (const Live* x : act) {
-          slot_in.push_back(x->out->tokens.size() == 1 ? prompt_slot[x->pg] : x->slot);
+          slot_in.push_back(x->out->tokens.size() + ahead == 1 ? prompt_slot[x->pg] : x->slot);
           slot_out.push_back(x->slot);
         }
         cache.read_state(carry, slot_in);
@@ -364,12 +364,66 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
       const CacheWrite<E> w = cache.write(write_rows, slot_out);
       std::vector<int32_t> all_rows(B);
       std::iota(all_rows.begin(), all_rows.end(), 0);
-      const InferResult res = model.infer(step, request(all_rows, act), &carry, &w);
-      st.decode_enqueue_s += res.enqueue_s;
-      st.decode_rows += B;
-      ++st.forwards;
+      InferRequest req = request(all_rows, act);
+      if (on_backend && ahead)
+        for (int r = 0; r < B; ++r) req.keys[r] = act[r]->key_at(act[r]->out->tokens.size() + ahead);
+      if (!on_backend) {
+        const InferResult res = model.infer(step, req, &carry, &w);
+        st.decode_enqueue_s += res.enqueue_s;
+        return std::optional<InferResult>(res);
+      }
+      req.tokens_from_draws = ahead > 0;
+      model.infer_enqueue(step, req, &carry, &w);
+      return std::optional<InferResult>();
+    };
+    // With the draws on the backend the next step is enqueued before this one's draws come back
+    // (its tokens are those draws, still on the backend), so the host's preparation and launches
+    // overlap the backend's work. It assumes no row stops at a stop or eos id (a row that reaches
+    // max_new_tokens is known to stop); a row that does stop computes one step more than it needs,
+    // its draw dropped. Every draw taken is one the plain loop would take: a row's inputs, position,
+    // cache rows and key are the same.
+    const double t_dec = now_s();
+    std::deque<std::vector<Live*>> flight;  // the rows of each step in flight, oldest first
+    auto step_now = [&] {  // false once every sample has stopped
+      std::vector<Live*> act;
+      for (Live& x : live)
+        if (!x.done) act.push_back(&x);
+      if (act.empty()) return false;
       ++st.decode_steps;
-      for (int r = 0; r < B; ++r) take(*act[r], res, r);
+      st.decode_rows += (int64_t)act.size();
+      ++st.forwards;
+      if (std::optional<InferResult> res = enqueue_step(act, 0)) {
+        for (size_t r = 0; r < act.size(); ++r) take(*act[r], *res, (int)r);
+      } else {
+        flight.push_back(std::move(act));
+      }
+      return true;
+    };
+    while (true) {
+      if (flight.empty() && !step_now()) break;
+      if (flight.empty()) continue;  // the host drew (top_p < 1)
+      const std::vector<Live*> last = flight.back();
+      bool ahead = opt.overlap && flight.size() == 1;
+      for (const Live* x : last) ahead = ahead && !x->done && (int)x->out->tokens.size() + 1 < opt.max_new_tokens;
+      if (ahead) {
+        enqueue_step(last, 1);
+        ++st.decode_steps;
+        ++st.overlapped_steps;
+        st.decode_rows += (int64_t)last.size();
+        ++st.forwards;
+        flight.push_back(last);
+      }
+      const InferResult res = model.infer_collect();
+      st.decode_enqueue_s += res.enqueue_s;
+      const std::vector<Live*> rows = std::move(flight.front());
+      flight.pop_front();
+      for (size_t r = 0; r < rows.size(); ++r) {
+        if (rows[r]->done) {
+          ++st.dropped_rows;
+          continue;
+        }
+        take(*rows[r], res, (int)r);
+      }
     }
     st.decode_s += now_s() - t_dec;
   }

@@ -16,7 +16,11 @@
 // of that prompt's samples: the K samples of a prompt share its prefill and its cache rows) and
 // its own generated span, and writing its own K/V at the end of that span. Only new rows are
 // computed; the logits of a decode step equal those of a full forward of the same sequence (up
-// to float rounding: tests/model/generate_test.cc).
+// to float rounding: tests/model/generate_test.cc). With the draws on the backend each decode
+// step is enqueued before the draws of the step before come back (SamplingOptions::overlap; its
+// tokens are those draws, still on the backend), so the host prepares and launches a step while
+// the GPU runs the one before; the samples are those of one step at a time (a row whose sample
+// stopped meanwhile is computed and dropped).
 //
 // Sampling: temperature 0 is greedy (argmax, ties to the lower id); otherwise a draw from
 // softmax(logits / T). With top_p = 1 the backend draws (the Gumbel-max trick of
@@ -87,6 +91,9 @@ struct SamplingOptions {
   std::vector<int32_t> eos;   // the model's eos_token_id(s)
   int64_t max_batch_tokens = 1 << 16;  // cache rows of one group of prompts (a prompt's rows plus
                                        // num_samples x max_new_tokens)
+  // With the draws on the backend (top_p 1): enqueue each decode step before the draws of the one
+  // before come back (generate()); off: one step at a time (the same draws; for comparisons).
+  bool overlap = true;
   // Throws tt::Error naming the option for a value out of range.
   void validate() const;
 };
@@ -118,6 +125,8 @@ struct GenerateStats {
   double decode_s = 0;   // wall time of the decode steps, sampling included
   double decode_enqueue_s = 0;  // of which the host spent enqueueing (InferResult::enqueue_s) with
                                 // the backend drawing the tokens
+  int64_t overlapped_steps = 0;  // decode steps enqueued before the draws of the step before came back
+  int64_t dropped_rows = 0;      // their rows whose sample had stopped meanwhile (computed, not taken)
 };
 
 // Prompts must be non-empty with token ids in the vocabulary, and len + max_new_tokens at most

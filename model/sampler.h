@@ -30,8 +30,9 @@ struct SampleStream {
   uint64_t key;    // the backend sampler's key (top_p = 1)
   Sample* out;
   bool done = false;
-  // The key of the draw of its next token.
-  uint64_t next_key() const { return SplitMix64{key + out->tokens.size()}.next(); }
+  // The key of the draw of its token j, and of its next token.
+  uint64_t key_at(size_t j) const { return SplitMix64{key + j}.next(); }
+  uint64_t next_key() const { return key_at(out->tokens.size()); }
 };
 
 // Whether the backend draws (top_p = 1 and no logits wanted), else the host from logits.

@@ -242,6 +242,100 @@ TEST(Generate, SamplesShareThePrefillAndFollowTheSeed) {
   EXPECT_GT(distinct.size(), 2u) << "samples of a prompt differ";
 }
 
+// With the draws on the backend, each decode step is enqueued before the draws of the step before
+// come back, its tokens those draws (InferRequest::tokens_from_draws): the samples are the ones
+// of one step at a time, token for token and logprob for logprob (fp64: the same sums), also when
+// a stop id ends some samples while the next step is in flight (their rows computed, dropped), and
+// for the hybrids, whose recurrent state slots follow each sample.
+TEST(Generate, OverlappedStepsDrawWhatOneStepAtATimeDraws) {
+  int64_t dropped = 0;
+  for (const std::string arch : kArchs) {
+    Model<double> m(config(arch));
+    init(m, 11);
+    const int V = (int)m.config().vocab_size;
+    SamplingOptions o;
+    o.temperature = 1.5;
+    o.num_samples = 3;
+    o.max_new_tokens = 9;
+    o.seed = 5;
+    o.stop = {2, 7};
+    const std::vector<Prompt> prompts = {{"p0", {1, 2, 3, 4}}, {"p1", {9, 8}}, {"p2", {5}}};
+    GenerateStats on, off;
+    const std::vector<Completion> a = generate(m, prompts, o, &on);
+    o.overlap = false;
+    const std::vector<Completion> b = generate(m, prompts, o, &off);
+    EXPECT_GT(on.overlapped_steps, 0) << arch;
+    EXPECT_EQ(off.overlapped_steps, 0) << arch;
+    EXPECT_EQ(off.dropped_rows, 0) << arch;
+    EXPECT_EQ(on.decode_rows - on.dropped_rows, off.decode_rows) << arch << ": every row taken is one the plain loop runs";
+    dropped += on.dropped_rows;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      for (int s = 0; s < o.num_samples; ++s) {
+        const Sample &x = a[i].samples[s], &y = b[i].samples[s];
+        EXPECT_EQ(x.tokens, y.tokens) << arch << " prompt " << i << " sample " << s;
+        EXPECT_EQ(x.logprobs, y.logprobs) << arch << " prompt " << i << " sample " << s;
+        EXPECT_EQ(x.finish, y.finish) << arch << " prompt " << i << " sample " << s;
+        std::vector<int32_t> seq = prompts[i].tokens;
+        seq.insert(seq.end(), x.tokens.begin(), x.tokens.end());
+        const std::vector<double> ref = full_logits(m, seq);
+        for (size_t j = 0; j < x.tokens.size(); ++j) {
+          const double* row = ref.data() + (prompts[i].tokens.size() + j - 1) * V;
+          double mx = row[0], z = 0;
+          for (int v = 1; v < V; ++v) mx = std::max(mx, row[v]);
+          for (int v = 0; v < V; ++v) z += std::exp(row[v] - mx);
+          EXPECT_NEAR(x.logprobs[j], row[x.tokens[j]] - mx - std::log(z), 1e-10) << arch << " token " << j;
+        }
+      }
+    }
+  }
+  EXPECT_GT(dropped, 0) << "a stop id ended some sample with the next step in flight";
+}
+
+// The two halves of infer(): misuse is an error naming the call, before anything is enqueued.
+TEST(Generate, InferEnqueueErrors) {
+  Model<double> m(config("qwen3"));
+  m.init(3);
+  auto expect_error = [](auto&& f, const std::string& what) {
+    try {
+      f();
+      ADD_FAILURE() << "expected tt::Error containing: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  InferRequest draw;
+  draw.loss = false;
+  draw.rows = InferRequest::Rows::kList;
+  draw.list = {0, 1};
+  draw.sample = true;
+  draw.keys = {1, 2};
+  const data::PackedBatch two = decode_batch({1, 2}, {0, 0}), three = decode_batch({1, 2, 3}, {0, 0, 0});
+  expect_error([&] { m.infer_collect(); }, "model: infer_collect() with no forward in flight");
+  InferRequest fed = draw;
+  fed.tokens_from_draws = true;
+  expect_error([&] { m.infer_enqueue(two, fed); }, "model: tokens_from_draws needs the forward before to have drawn "
+                                                     "one token per row of this batch");
+  m.infer_enqueue(two, draw);
+  m.infer_enqueue(two, fed);
+  EXPECT_EQ(m.in_flight(), 2);
+  expect_error([&] { m.infer_enqueue(two, fed); }, "model: 2 forwards in flight; infer_collect() one first");
+  expect_error([&] { m.infer(two, InferRequest::all_logits()); }, "model: infer() with 2 forwards in flight");
+  const InferResult first = m.infer_collect(), second = m.infer_collect();
+  // The fed forward's tokens are the first one's draws: the same as a forward of those tokens.
+  const InferResult direct = m.infer(decode_batch(first.tokens, {0, 0}), draw);
+  EXPECT_EQ(second.tokens, direct.tokens);
+  EXPECT_EQ(second.logprobs, direct.logprobs);
+  // A batch of another shape cannot take the last forward's draws.
+  InferRequest fed3 = fed;
+  fed3.list = {0, 1, 2};
+  fed3.keys = {1, 2, 3};
+  expect_error([&] { m.infer_enqueue(three, fed3); }, "(3 rows; it drew 2)");
+  EXPECT_EQ(m.in_flight(), 0);
+  // A forward that draws nothing leaves nothing to take.
+  m.infer(two, InferRequest::all_logits());
+  expect_error([&] { m.infer_enqueue(two, fed); }, "(2 rows; it drew 0)");
+}
+
 TEST(Sampler, NucleusAndTemperature) {
   // p = (0.1, 0.2, 0.3, 0.4): top_p 0.5 keeps {3, 2}; the draw follows the kept mass in order.
   const double x[4] = {std::log(0.1), std::log(0.2), std::log(0.3), std::log(0.4)};

@@ -12,10 +12,14 @@
 //  - HybridDecodeLogits / HybridGreedyAgreesWithTheCpu: the same for a hybrid (Gated DeltaNet
 //    layers, model/gdn.h), whose recurrent state and conv window live in the cache's state slots:
 //    a prompt stores its slot, each sample's first step reads it and stores its own.
+//  - OverlappedStepsDrawWhatOneStepAtATimeDraws: decode steps enqueued ahead of the draws they
+//    take (SamplingOptions::overlap) draw what one step at a time draws; with stop ids, every
+//    logprob taken is the CPU's within the logit rule.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <random>
 
 #include "model/decoder.h"
 #include "model/generate.h"
@@ -330,6 +334,78 @@ TEST_F(GenerateCuda, HybridGreedyAgreesWithTheCpu) {
     }
   std::printf("[ greedy   ] hybrid: %d tokens agreed, %d near-tie divergences\n", agreed, ties);
   EXPECT_GT(agreed, 40);
+}
+
+
+// Each decode step enqueued before the draws of the step before come back (SamplingOptions::
+// overlap, the tokens fed on the GPU): without stop ids every step has the same rows either way,
+// so the samples are the one-step-at-a-time samples bit for bit, for the dense model and the
+// hybrid (its state slots). With stop ids, rows that stopped while the next step was in flight are
+// computed and dropped; every logprob taken is still the CPU fp64 full forward's within twice
+// the logit error (the token's logit and the log-sum-exp each within it).
+TEST_F(GenerateCuda, OverlappedStepsDrawWhatOneStepAtATimeDraws) {
+  for (const bool hybrid : {false, true}) {
+    const model::ModelConfig cfg = hybrid ? hybrid_config_of(kHybrid) : config_of(kShape);
+    const int V = (int)cfg.vocab_size;
+    const std::vector<float> w = weights(cfg, 11);
+    model::CudaModel gpu(cfg, inference());
+    gpu.set_params(w.data());
+    std::mt19937_64 rng(9);
+    std::uniform_int_distribution<int> tok(0, V - 1);
+    std::vector<model::Prompt> prompts;
+    for (int p = 0; p < 3; ++p) {
+      model::Prompt pr;
+      pr.id = "p" + std::to_string(p);
+      pr.tokens.resize(30 + 20 * p);
+      for (int32_t& t : pr.tokens) t = tok(rng);
+      prompts.push_back(pr);
+    }
+    model::SamplingOptions o;
+    o.temperature = 1;
+    o.num_samples = 4;
+    o.max_new_tokens = 20;
+    o.seed = 3;
+    model::GenerateStats on, off;
+    const std::vector<model::Completion> a = model::generate(gpu, prompts, o, &on);
+    o.overlap = false;
+    const std::vector<model::Completion> b = model::generate(gpu, prompts, o, &off);
+    EXPECT_EQ(on.overlapped_steps, on.decode_steps - 1) << "every step but the first is enqueued ahead";
+    EXPECT_EQ(off.overlapped_steps, 0);
+    for (size_t p = 0; p < prompts.size(); ++p)
+      for (int k = 0; k < o.num_samples; ++k) {
+        EXPECT_EQ(a[p].samples[k].tokens, b[p].samples[k].tokens) << "hybrid " << hybrid << " prompt " << p;
+        EXPECT_EQ(a[p].samples[k].logprobs, b[p].samples[k].logprobs) << "hybrid " << hybrid << " prompt " << p;
+      }
+
+    o.overlap = true;
+    for (int t = 0; t < V / 10; ++t) o.stop.push_back(t);  // about one token in ten stops a sample
+    model::GenerateStats st;
+    const std::vector<model::Completion> c = model::generate(gpu, prompts, o, &st);
+    EXPECT_GT(st.dropped_rows, 0) << "hybrid " << hybrid << ": some sample stopped with the next step in flight";
+    model::Model<double> cpu(cfg);
+    std::copy(w.begin(), w.end(), cpu.params());
+    const double bound = hybrid ? hybrid_logit_bound(2, 1) : logit_bound(kShape.L);
+    int checked = 0;
+    for (size_t p = 0; p < prompts.size(); ++p)
+      for (int k = 0; k < o.num_samples; ++k) {
+        const model::Sample& x = c[p].samples[k];
+        std::vector<int32_t> seq = prompts[p].tokens;
+        seq.insert(seq.end(), x.tokens.begin(), x.tokens.end());
+        const std::vector<double> ref = cpu_logits(cpu, seq);
+        for (size_t j = 0; j < x.tokens.size(); ++j) {
+          const double* row = ref.data() + (prompts[p].tokens.size() + j - 1) * V;
+          double mx = row[0], z = 0, ss = 0;
+          for (int v = 0; v < V; ++v) mx = std::max(mx, row[v]), ss += row[v] * row[v];
+          for (int v = 0; v < V; ++v) z += std::exp(row[v] - mx);
+          const double err = 6 * bound * std::sqrt(ss / V);
+          EXPECT_NEAR(x.logprobs[j], row[x.tokens[j]] - mx - std::log(z), 2 * err)
+              << "hybrid " << hybrid << " prompt " << p << " sample " << k << " token " << j;
+          ++checked;
+        }
+      }
+    std::printf("[ overlap  ] hybrid %d: %lld of %lld steps ahead, %lld rows dropped, %d logprobs checked\n", hybrid,
+                (long long)st.overlapped_steps, (long long)st.decode_steps, (long long)st.dropped_rows, checked);
+  }
 }
 
 }  // namespace
