@@ -323,6 +323,7 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
     // Decode: one row per live sample, reading its prompt's span and its own generated rows. A
     // step's row j of a sample (j tokens drawn, `ahead` of them still in flight) computes token
     // j's K/V and the next logits.
+    const size_t group0 = g0;  // (a structured binding is not captured by a C++17 lambda)
     auto enqueue_step = [&](const std::vector<Live*>& act, int ahead) {
       const int B = (int)act.size();
       data::PackedBatch step;
@@ -332,7 +333,7 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
       for (int r = 0; r < B; ++r) {
         const Live& x = *act[r];
         const int j = (int)x.out->tokens.size() + ahead;
-        const int plen = (int)prompts[g0 + x.pg].tokens.size();
+        const int plen = (int)prompts[group0 + x.pg].tokens.size();
         step.tokens.push_back(ahead ? 0 : x.out->tokens.back());  // ahead: the draws on the backend
         step.pos.push_back(plen + j - 1);
         step.subtree_end.push_back(r + 1);
@@ -347,7 +348,7 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
       for (int r = 0; r < B;) {
         int e = r;
         while (e < B && act[e]->pg == act[r]->pg) ++e;
-        cache.read(carry, span[act[r]->pg], (int)prompts[g0 + act[r]->pg].tokens.size(), r, e);
+        cache.read(carry, span[act[r]->pg], (int)prompts[group0 + act[r]->pg].tokens.size(), r, e);
         r = e;
       }
       for (int r = 0; r < B; ++r)
