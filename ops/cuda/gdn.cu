@@ -1344,36 +1344,53 @@ size_t bwd_walk_mma_smem_bytes(int dk) {
 // and end-state gradient dS that its input gradients need, over dv (on tensor cores):
 //   SdO_a[i] = S[i] . dO_a -> gq,  dSv_a[i] = dS[i] . v_new_a -> gk,  dW_a[i] = -S[i] . dvn_a -> db2,
 // and the rows' share of <S, dS> -> sds[(c nv + h) ceil(dk / 32) + blockIdx.z].
+// The chunk's rows (v_new, dvn, dO) go through shared memory; S and dS, each element used by two
+// warps, are read as fragments from global memory (L1), which keeps the block to two a
+// multiprocessor: one block's loads run under the other's products.
 constexpr int kStateRows = 32;
-__global__ void __launch_bounds__(kThreads) rule_bwd_state_kernel(RuleBwdParams b) {
+__global__ void __launch_bounds__(kThreads, 2) rule_bwd_state_kernel(RuleBwdParams b) {
   extern __shared__ __align__(16) unsigned char smem[];
   const RuleParams& p = b.f;
   const int c = blockIdx.x, h = blockIdx.y, i0 = blockIdx.z * kStateRows, dk = p.dk, dv = p.dv, fs = dv + 4;
   const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], R = min(kStateRows, dk - i0);
-  float* Ss = reinterpret_cast<float*>(smem);  // (32, dv + 4)
-  float* dSs = Ss + kStateRows * fs;           // (32, dv + 4)
-  float* Dvn = dSs + kStateRows * fs;          // (64, dv + 4)
+  float* Dvn = reinterpret_cast<float*>(smem);  // (64, dv + 4)
   float* Vn = Dvn + kGdnChunk * fs;            // (64, dv + 4)
   bf16* Db = reinterpret_cast<bf16*>(Vn + kGdnChunk * fs);  // (64, kRowStride)
   const int64_t SS = (int64_t)dk * dv;
-  load_chunk_rows(Ss, fs, p.sin + ((int64_t)c * p.nv + h) * SS + (int64_t)i0 * dv, dv, 0, R, dv, kStateRows);
-  load_chunk_rows(dSs, fs, b.dsout + ((int64_t)c * p.nv + h) * SS + (int64_t)i0 * dv, dv, 0, R, dv, kStateRows);
+  const float* Sg = p.sin + ((int64_t)c * p.nv + h) * SS + (int64_t)i0 * dv;
+  const float* dSg = b.dsout + ((int64_t)c * p.nv + h) * SS + (int64_t)i0 * dv;
   load_chunk_rows(Dvn, fs, b.dvn + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
   load_chunk_rows(Vn, fs, p.vnew + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
   load_chunk_rows(Db, kRowStride, b.d_o + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
   attn::cp_async_commit();
-  attn::cp_async_wait<0>();
-  __syncthreads();
   // The three products on tensor cores: rows i (the block's state rows) x columns a (the chunk's
   // rows) over dv; S, dS, v_new and dvn split into bf16 halves (split_bf16x2), dO exact in bf16.
-  // Warp w: rows 16 (w % 2) .., columns 16 (w / 2) .. (two n8 tiles).
+  // Warp w: rows 16 (w % 2) .., columns 16 (w / 2) .. (two n8 tiles). Warps 0 and 1 (columns 0 ..
+  // 15) hold every S and dS element of the block once: they sum <S, dS>.
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
   const int m0 = 16 * (warp % 2), a0 = 16 * (warp / 2);
+  auto state_fragment = [&](uint32_t(&hi)[4], uint32_t(&lo)[4], const float* src, int k0, const float* other,
+                            float& dot) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = m0 + gq + 8 * (j % 2), col = k0 + 2 * tq + 8 * (j / 2);
+      const float2 x = r < R ? __ldg(reinterpret_cast<const float2*>(src + (int64_t)r * dv + col)) : make_float2(0.f, 0.f);
+      split_bf16x2(x.x, x.y, hi[j], lo[j]);
+      if (other && r < R) {
+        const float2 y = __ldg(reinterpret_cast<const float2*>(other + (int64_t)r * dv + col));
+        dot = fmaf(x.x, y.x, fmaf(x.y, y.y, dot));
+      }
+    }
+  };
   float sdo[2][4] = {}, dsv[2][4] = {}, sdv[2][4] = {};  // sdv = S . dvn (dW = -sdv)
+  float sds = 0.f;
+  const float* sds_with = warp < 2 ? dSg : nullptr;
+  attn::cp_async_wait<0>();
+  __syncthreads();
   for (int k0 = 0; k0 < dv; k0 += 16) {
     uint32_t sh[4], sl[4], dh[4], dl[4], o[4];
-    split_a_fragment(sh, sl, m0, k0, [&](int r, int j) { return Ss[r * fs + j]; });
-    split_a_fragment(dh, dl, m0, k0, [&](int r, int j) { return dSs[r * fs + j]; });
+    state_fragment(sh, sl, Sg, k0, sds_with, sds);
+    state_fragment(dh, dl, dSg, k0, nullptr, sds);
     mma::ldsm_x4(o, Db + (a0 + lane % 8 + 8 * (lane / 16)) * kRowStride + k0 + 8 * (lane / 8 % 2));
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
@@ -1406,20 +1423,14 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_state_kernel(RuleBwdParams 
       b.gk[at] = dsv[n][e];
       b.db2[at] = -sdv[n][e];
     }
-  // The rows' share of <S, dS> (rows past R are zero-filled), in a fixed order.
+  // The rows' share of <S, dS>, in a fixed order (warps 2.. add zeros).
   __shared__ float red[detail::kWarp];
-  float sds = 0.f;
-  for (int e = threadIdx.x; e < kStateRows * dv; e += blockDim.x) {
-    const int i = e / dv, j = e % dv;
-    sds = fmaf(Ss[i * fs + j], dSs[i * fs + j], sds);
-  }
   sds = detail::block_sum(sds, red);
   if (threadIdx.x == 0) b.sds[((int64_t)c * p.nv + h) * gridDim.z + blockIdx.z] = sds;
 }
 
 size_t bwd_state_smem_bytes(int dv) {
-  return sizeof(float) * (size_t)(2 * kStateRows + 2 * kGdnChunk) * (dv + 4) +
-         sizeof(bf16) * (size_t)kGdnChunk * kRowStride;
+  return sizeof(float) * (size_t)(2 * kGdnChunk) * (dv + 4) + sizeof(bf16) * (size_t)kGdnChunk * kRowStride;
 }
 
 // dst[a][b] = X_a . Y_b for the 64 x 64 pairs of bf16 rows X (kRowStride) and fp32 rows Y (stride
@@ -1603,18 +1614,21 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
   attn::cp_async_commit();
   attn::cp_async_wait<0>();
   __syncthreads();
-  {  // B: x_a = rhs_a - sum_{b > a} A_ba x_b, rows last to first (two accumulators)
+  {  // B: x_a = rhs_a - sum_{b > a} A_ba x_b, rows last to first (eight accumulators)
     const int col = threadIdx.x;
     if (col < X)
       for (int a = L - 1; a >= 0; --a) {
-        float x0 = XB[a * XS + col], x1 = 0.f;
+        float y[8] = {};
         int bb = a + 1;
-        for (; bb + 1 < L; bb += 2) {
-          x0 = fmaf(-bet[bb] * KKd[bb * PS + a], XB[bb * XS + col], x0);
-          x1 = fmaf(-bet[bb + 1] * KKd[(bb + 1) * PS + a], XB[(bb + 1) * XS + col], x1);
+        for (; bb + 7 < L; bb += 8) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            y[j] = fmaf(-bet[bb + j] * KKd[(bb + j) * PS + a], XB[(bb + j) * XS + col], y[j]);
         }
-        if (bb < L) x0 = fmaf(-bet[bb] * KKd[bb * PS + a], XB[bb * XS + col], x0);
-        XB[a * XS + col] = x0 + x1;
+#pragma unroll
+        for (int j = 0; j < 7; ++j)
+          if (bb + j < L) y[j] = fmaf(-bet[bb + j] * KKd[(bb + j) * PS + a], XB[(bb + j) * XS + col], y[j]);
+        XB[a * XS + col] = XB[a * XS + col] + (((y[0] + y[1]) + (y[2] + y[3])) + ((y[4] + y[5]) + (y[6] + y[7])));
       }
   }
   __syncthreads();
