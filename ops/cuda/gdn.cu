@@ -433,8 +433,11 @@ __device__ __forceinline__ void split_a_fragment(uint32_t (&hi)[4], uint32_t (&l
 
 // Per (chunk, value head): gamma (the in-chunk cumulative log decay), A = strictly_lower(beta_r
 // k_r . k_s exp(gamma_r - gamma_s)), then U = (I + A)^-1 (beta v) and W = (I + A)^-1 (beta
-// exp(gamma) k) by forward substitution, each thread owning a column of [U | W].
-__global__ void __launch_bounds__(kThreads) rule_prep_kernel(RuleParams p) {
+// exp(gamma) k) by forward substitution, each thread owning a column of [U | W]: a column's rows
+// depend on that column's earlier rows only, so the column lives in the thread's registers (the
+// substitution unrolled over the chunk's 64 rows) and shared memory holds only k, v and A (two
+// blocks a multiprocessor).
+__global__ void __launch_bounds__(kThreads, 2) rule_prep_kernel(RuleParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int c = blockIdx.x, h = blockIdx.y, kh = h / (p.nv / p.nk);
   const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], dk = p.dk, dv = p.dv, X = dv + dk;
@@ -443,7 +446,6 @@ __global__ void __launch_bounds__(kThreads) rule_prep_kernel(RuleParams p) {
   float* A = reinterpret_cast<float*>(Vb + kGdnChunk * kRowStride);  // (64, kPairStride)
   float* gam = A + kGdnChunk * kPairStride;                // (64)
   float* bet = gam + kGdnChunk;                            // (64)
-  float* Xs = bet + kGdnChunk;                             // (64, X): U | W
   load_chunk_rows(Kb, kRowStride, p.k + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
   load_chunk_rows(Vb, kRowStride, p.v + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
   attn::cp_async_commit();
@@ -452,7 +454,6 @@ __global__ void __launch_bounds__(kThreads) rule_prep_kernel(RuleParams p) {
     bet[r] = in ? ld(p.beta + (int64_t)(r0 + r) * p.nv + h) : 0.f;
     gam[r] = in ? ld(p.g + (int64_t)(r0 + r) * p.nv + h) : 0.f;
   }
-  for (int e = threadIdx.x; e < kGdnChunk * X; e += blockDim.x) Xs[e] = 0.f;
   __syncthreads();
   chunk_cumsum(gam);
   attn::cp_async_wait<0>();
@@ -472,17 +473,21 @@ __global__ void __launch_bounds__(kThreads) rule_prep_kernel(RuleParams p) {
   __syncthreads();
   const int col = threadIdx.x;
   if (col < X) {
-    for (int r = 0; r < L; ++r) {
+    float xs[kGdnChunk];  // the column's rows so far (registers: every index below is a constant)
+#pragma unroll
+    for (int r = 0; r < kGdnChunk; ++r) {
+      if (r >= L) break;
       float x = bet[r] * (col < dv ? bf(Vb[r * kRowStride + col]) : __expf(gam[r]) * bf(Kb[r * kRowStride + col - dv]));
-      // A[r][s] is 0 for s >= r and Xs's rows >= r are still 0: whole float4s of A.
+      // x -= A[r][s] xs[s] for s < r, in order, A's row read four at a time.
+#pragma unroll
       for (int s = 0; s < r; s += 4) {
         const float4 a = *reinterpret_cast<const float4*>(A + r * kPairStride + s);
-        x = fmaf(-a.x, Xs[s * X + col], x);
-        x = fmaf(-a.y, Xs[(s + 1) * X + col], x);
-        x = fmaf(-a.z, Xs[(s + 2) * X + col], x);
-        x = fmaf(-a.w, Xs[(s + 3) * X + col], x);
+        x = fmaf(-a.x, xs[s], x);
+        if (s + 1 < r) x = fmaf(-a.y, xs[s + 1], x);
+        if (s + 2 < r) x = fmaf(-a.z, xs[s + 2], x);
+        if (s + 3 < r) x = fmaf(-a.w, xs[s + 3], x);
       }
-      Xs[r * X + col] = x;
+      xs[r] = x;
       const int64_t row = (int64_t)(r0 + r) * p.nv + h;
       if (col < dv) p.U[row * dv + col] = x;
       else p.W[row * dk + col - dv] = x;
@@ -491,9 +496,8 @@ __global__ void __launch_bounds__(kThreads) rule_prep_kernel(RuleParams p) {
   for (int r = threadIdx.x; r < L; r += blockDim.x) p.gam[(int64_t)(r0 + r) * p.nv + h] = gam[r];
 }
 
-size_t prep_smem_bytes(int dk, int dv) {
-  return 2 * sizeof(bf16) * kGdnChunk * kRowStride +
-         sizeof(float) * ((size_t)kGdnChunk * kPairStride + 2 * kGdnChunk + (size_t)kGdnChunk * (dv + dk));
+size_t prep_smem_bytes(int, int) {
+  return 2 * sizeof(bf16) * kGdnChunk * kRowStride + sizeof(float) * ((size_t)kGdnChunk * kPairStride + 2 * kGdnChunk);
 }
 
 constexpr int kWalkCols = 32;                     // state columns per walking block (a lane each)
