@@ -418,6 +418,17 @@ __device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, u
   lo = attn::pack_bf16x2(x0 - h0, x1 - h1);
 }
 
+// (x0, x1) as three packed bf16 pairs, hi = bf16(x), mid = bf16(x - hi), lo = bf16(x - hi - mid): x
+// = hi + mid + lo to fp32's 24 bits (each difference exact).
+__device__ __forceinline__ void split3_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& mid, uint32_t& lo) {
+  const float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
+  const float r0 = x0 - h0, r1 = x1 - h1;
+  const float m0 = __bfloat162float(__float2bfloat16_rn(r0)), m1 = __bfloat162float(__float2bfloat16_rn(r1));
+  hi = attn::pack_bf16x2(h0, h1);
+  mid = attn::pack_bf16x2(m0, m1);
+  lo = attn::pack_bf16x2(r0 - m0, r1 - m1);
+}
+
 // An m16n8k16 A fragment (rows m0 + gq (+8), columns k0 + 2 tq (+1, +8, +9), the PTX ISA's
 // layout) of an fp32 matrix given element-wise by at(row, col), as bf16 high and low halves
 // (split_bf16x2): two mma give the fp32 product.
@@ -821,6 +832,7 @@ size_t walk_mma_smem_bytes(int dk) {
 
 constexpr int kOutCols = 64;  // output columns per block
 constexpr int kStateStride = kOutCols + 8;  // bf16 row stride of the state's halves (ldmatrix rows apart in banks)
+constexpr int kVsStride = kOutCols + 4;     // fp32 row stride of v_new's columns (B fragment reads on distinct banks)
 
 // Per (chunk, value head, 64 output columns): o_r = scale (exp(gamma_r) q_r^T S_in + sum_{s <= r}
 // (q_r . k_s) exp(gamma_r - gamma_s) v_new_s). q S_in on tensor cores: the fp32 state split into
@@ -839,11 +851,11 @@ __global__ void __launch_bounds__(kThreads, 2) rule_out_kernel(RuleParams p) {
   float* gam = P + kGdnChunk * kPairStride;                          // (64)
   bf16* Sh = reinterpret_cast<bf16*>(gam + kGdnChunk);               // (dk16, kStateStride) S_in's columns, high
   bf16* Sl = Sh + 128 * kStateStride;                                // (dk16, kStateStride) and low halves
-  float* Vs = reinterpret_cast<float*>(Sl + 128 * kStateStride);     // (64, 64) v_new's columns
+  float* Vs = reinterpret_cast<float*>(Sl + 128 * kStateStride);     // (64, kVsStride) v_new's columns
   load_chunk_rows(Qb, kRowStride, p.q + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
   load_chunk_rows(Kb, kRowStride, p.k + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
   load_chunk_gam(gam, p.gam, p.nv, h, r0, L);
-  load_chunk_rows(Vs, kOutCols, p.vnew + (int64_t)h * dv + j0, (int64_t)p.nv * dv, r0, L, cols);
+  load_chunk_rows(Vs, kVsStride, p.vnew + (int64_t)h * dv + j0, (int64_t)p.nv * dv, r0, L, cols);
   attn::cp_async_commit();
   {  // S_in's columns j0 .. j0 + cols as bf16 halves (zero past dk and cols), q's columns dk .. dk16 zero
     const float* src = p.sin + ((int64_t)c * p.nv + h) * dk * dv + j0;
@@ -877,9 +889,15 @@ __global__ void __launch_bounds__(kThreads, 2) rule_out_kernel(RuleParams p) {
         x = b <= a && a < L ? __expf(gam[a] - gam[b]) * x : 0.f;
       }
   }
-  float* QS = reinterpret_cast<float*>(Kb);  // (64, kOutCols): Kb is read no more (chunk_gram's barrier)
-  {  // q S_in: a warp takes 16 rows x 32 columns
-    const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
+  __syncthreads();  // P is masked (each thread its own elements; the products read every warp's)
+  {  // o = scale (e^(gam) q S_in + P V) on tensor cores, a warp 16 rows x 32 columns: q S_in with
+     // S's halves (q exact), each row scaled by e^(gam_r), then P V with P's and V's fp32 split
+     // into three bf16 parts each (split3_bf16x2: 24 significant bits, fp32's), six mma a tile
+     // (the products of order 2^-16 and above; the dropped ones are under 2^-23 of a term): o sums
+     // terms that cancel, so two halves' 2^-16 would reach its bf16 rounding. P is 0 past the
+     // diagonal and past L, V past L
+     // (v_new's columns past cols are never loaded: they reach only columns that are not stored).
+    const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
     const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
     float acc[4][4] = {};
     for (int k0 = 0; k0 < dk16; k0 += 16) {
@@ -897,44 +915,52 @@ __global__ void __launch_bounds__(kThreads, 2) rule_out_kernel(RuleParams p) {
         mma::mma_16816(acc[2 * np + 1], a, bl[2], bl[3]);
       }
     }
-    const int gq = lane / 4, tq = lane % 4;
+    const float e0 = __expf(gam[m0 + gq]), e1 = __expf(gam[m0 + gq + 8]);
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
-      const int col = n0 + 8 * n + 2 * tq;
-      *reinterpret_cast<float2*>(QS + (m0 + gq) * kOutCols + col) = make_float2(acc[n][0], acc[n][1]);
-      *reinterpret_cast<float2*>(QS + (m0 + gq + 8) * kOutCols + col) = make_float2(acc[n][2], acc[n][3]);
+    for (int n = 0; n < 4; ++n) acc[n][0] *= e0, acc[n][1] *= e0, acc[n][2] *= e1, acc[n][3] *= e1;
+#pragma unroll
+    for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
+      uint32_t ph[4], pm[4], pl[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {  // the A fragment's layout (split_a_fragment)
+        const int r = m0 + gq + 8 * (j % 2), s = k0 + 2 * tq + 8 * (j / 2);
+        const float2 x = *reinterpret_cast<const float2*>(P + r * kPairStride + s);
+        split3_bf16x2(x.x, x.y, ph[j], pm[j], pl[j]);
+      }
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        uint32_t bh[2], bm[2], bl[2];  // B (s, j) = V[s][j]: rows s = k0 + 2 tq (+1) and + 8 (+9), column n0 + 8 n + gq
+        const float* v = Vs + (k0 + 2 * tq) * kVsStride + n0 + 8 * n + gq;
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj)
+          split3_bf16x2(v[8 * jj * kVsStride], v[(8 * jj + 1) * kVsStride], bh[jj], bm[jj], bl[jj]);
+        mma::mma_16816(acc[n], pm, bm[0], bm[1]);  // the small terms first
+        mma::mma_16816(acc[n], ph, bl[0], bl[1]);
+        mma::mma_16816(acc[n], pl, bh[0], bh[1]);
+        mma::mma_16816(acc[n], ph, bm[0], bm[1]);
+        mma::mma_16816(acc[n], pm, bh[0], bh[1]);
+        mma::mma_16816(acc[n], ph, bh[0], bh[1]);
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = m0 + gq + 8 * half;
+      if (r >= L) continue;
+      bf16* orow = p.o + ((int64_t)(r0 + r) * p.nv + h) * dv + j0;
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const int j = n0 + 8 * n + 2 * tq;  // cols is a multiple of 32: j and j + 1 are both in or both out
+        if (j < cols)
+          *reinterpret_cast<__nv_bfloat162*>(orow + j) =
+              __floats2bfloat162_rn(p.scale * acc[n][2 * half], p.scale * acc[n][2 * half + 1]);
+      }
     }
   }
-  __syncthreads();
-  // A thread owns column j and rows g0 + 4t.
-  const int j = threadIdx.x % kOutCols, g0 = threadIdx.x / kOutCols;
-  constexpr int kRows = kGdnChunk / (kThreads / kOutCols);  // 16
-  float acc[kRows];
-#pragma unroll
-  for (int t = 0; t < kRows; ++t) acc[t] = QS[(g0 + 4 * t) * kOutCols + j] * __expf(gam[g0 + 4 * t]);
-  for (int s = 0; s < kGdnChunk; s += 4) {  // P is 0 past the diagonal and v_new's rows past L are 0
-    const float v0 = Vs[s * kOutCols + j], v1 = Vs[(s + 1) * kOutCols + j], v2 = Vs[(s + 2) * kOutCols + j],
-                v3 = Vs[(s + 3) * kOutCols + j];
-#pragma unroll
-    for (int t = 0; t < kRows; ++t) {
-      const float4 pv = *reinterpret_cast<const float4*>(P + (g0 + 4 * t) * kPairStride + s);
-      acc[t] = fmaf(pv.x, v0, acc[t]);
-      acc[t] = fmaf(pv.y, v1, acc[t]);
-      acc[t] = fmaf(pv.z, v2, acc[t]);
-      acc[t] = fmaf(pv.w, v3, acc[t]);
-    }
-  }
-  if (j < cols)
-#pragma unroll
-    for (int t = 0; t < kRows; ++t) {
-      const int r = g0 + 4 * t;
-      if (r < L) p.o[((int64_t)(r0 + r) * p.nv + h) * dv + j0 + j] = __float2bfloat16(p.scale * acc[t]);
-    }
 }
 
 size_t out_smem_bytes() {
   return 2 * sizeof(bf16) * kGdnChunk * kRowStride + 2 * sizeof(bf16) * 128 * kStateStride +
-         sizeof(float) * ((size_t)kGdnChunk * kPairStride + kGdnChunk + kGdnChunk * kOutCols);
+         sizeof(float) * ((size_t)kGdnChunk * kPairStride + kGdnChunk + kGdnChunk * kVsStride);
 }
 
 // ---- The gated delta rule's backward (ops/cpu/gdn.h gdn_tree_backward_chunked) ----
