@@ -1015,48 +1015,86 @@ __global__ void __launch_bounds__(kThreads, 2) rule_bwd_local_kernel(RuleBwdPara
       }
   }
   __syncthreads();
-  const int j = threadIdx.x % kOutCols, g0 = threadIdx.x / kOutCols;
-  if (j >= cols) return;  // (whole warps: cols is a multiple of 32)
-  {  // dvn rows g0 + 4t
-    constexpr int kRows = kGdnChunk / (kThreads / kOutCols);  // 16
-    float acc[kRows];
+  // Both products on tensor cores: the fp32 operand split into three bf16 parts (split3_bf16x2:
+  // fp32's 24 bits), three mma a tile against dO, exact in bf16 and read by transposing ldmatrix.
+  // dO's columns past cols are never loaded: they reach only outputs that are not stored.
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
+  {  // dvn (64 rows b x 64 columns j) = PT dO; a warp 16 rows x 32 columns. PT is 0 where a < b or a >= L.
+    const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
+    float acc[4][4] = {};
 #pragma unroll
-    for (int t = 0; t < kRows; ++t) acc[t] = 0.f;
-    for (int a = 0; a < kGdnChunk; a += 4) {  // PT is 0 where a < b or a >= L
-      const float d0 = bf(Db[a * kDoStride + j]), d1 = bf(Db[(a + 1) * kDoStride + j]),
-                  d2 = bf(Db[(a + 2) * kDoStride + j]), d3 = bf(Db[(a + 3) * kDoStride + j]);
+    for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
+      uint32_t ah[4], am[4], al[4];
 #pragma unroll
-      for (int t = 0; t < kRows; ++t) {
-        const float4 pv = *reinterpret_cast<const float4*>(PT + (g0 + 4 * t) * kPairStride + a);
-        acc[t] = fmaf(pv.x, d0, fmaf(pv.y, d1, fmaf(pv.z, d2, fmaf(pv.w, d3, acc[t]))));
+      for (int e = 0; e < 4; ++e) {  // the A fragment's layout (split_a_fragment)
+        const int r = m0 + gq + 8 * (e % 2), a = k0 + 2 * tq + 8 * (e / 2);
+        const float2 x = *reinterpret_cast<const float2*>(PT + r * kPairStride + a);
+        split3_bf16x2(x.x, x.y, ah[e], am[e], al[e]);
+      }
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t d[4];  // B (a, j) = dO[a][j]: n8 tiles n0 + 16 np and + 8
+        mma::ldsm_x4_trans(d, Db + (k0 + lane % 8 + 8 * (lane / 8 % 2)) * kDoStride + n0 + 16 * np + 8 * (lane / 16));
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          float(&c4)[4] = acc[2 * np + h2];
+          mma::mma_16816(c4, al, d[2 * h2], d[2 * h2 + 1]);  // the small parts first
+          mma::mma_16816(c4, am, d[2 * h2], d[2 * h2 + 1]);
+          mma::mma_16816(c4, ah, d[2 * h2], d[2 * h2 + 1]);
+        }
       }
     }
 #pragma unroll
-    for (int t = 0; t < kRows; ++t) {
-      const int bb = g0 + 4 * t;
-      if (bb < L) b.dvn[((int64_t)(r0 + bb) * p.nv + h) * dv + j0 + j] = acc[t];
+    for (int half = 0; half < 2; ++half) {
+      const int bb = m0 + gq + 8 * half;
+      if (bb >= L) continue;
+      float* row = b.dvn + ((int64_t)(r0 + bb) * p.nv + h) * dv + j0;
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const int j = n0 + 8 * n + 2 * tq;  // cols is a multiple of 32: j and j + 1 both in or both out
+        if (j < cols) *reinterpret_cast<float2*>(row + j) = make_float2(acc[n][2 * half], acc[n][2 * half + 1]);
+      }
     }
   }
-  // qo rows g0 * 32 + t
-  const int i0 = g0 * 32;
-  if (i0 >= dk) return;
-  float acc[32];
+  {  // qo (dk rows i x 64 columns j) = sum_a (eg_a q_a)^T dO_a; a warp 16 rows (i) x 64 columns. eg is
+     // 0 past L; q's columns past dk reach only rows that are not stored.
+    const int m0 = 16 * warp;
+    if (m0 >= dk) return;
+    float acc[8][4] = {};
 #pragma unroll
-  for (int t = 0; t < 32; ++t) acc[t] = 0.f;
-  for (int a = 0; a < L; ++a) {
-    const float x = eg[a] * bf(Db[a * kDoStride + j]);
+    for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
+      uint32_t ah[4], am[4], al[4];
 #pragma unroll
-    for (int q8 = 0; q8 < 4; ++q8) {
-      float qv[8];
-      detail::load_bf16<8>(qv, Qb + a * kRowStride + i0 + 8 * q8);
+      for (int e = 0; e < 4; ++e) {  // A (i, a) = eg_a q_a[i]
+        const int i = m0 + gq + 8 * (e % 2), a = k0 + 2 * tq + 8 * (e / 2);
+        split3_bf16x2(eg[a] * bf(Qb[a * kRowStride + i]), eg[a + 1] * bf(Qb[(a + 1) * kRowStride + i]), ah[e], am[e],
+                      al[e]);
+      }
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[8 * q8 + e] = fmaf(qv[e], x, acc[8 * q8 + e]);
+      for (int np = 0; np < 4; ++np) {
+        uint32_t d[4];
+        mma::ldsm_x4_trans(d, Db + (k0 + lane % 8 + 8 * (lane / 8 % 2)) * kDoStride + 16 * np + 8 * (lane / 16));
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          float(&c4)[4] = acc[2 * np + h2];
+          mma::mma_16816(c4, al, d[2 * h2], d[2 * h2 + 1]);
+          mma::mma_16816(c4, am, d[2 * h2], d[2 * h2 + 1]);
+          mma::mma_16816(c4, ah, d[2 * h2], d[2 * h2 + 1]);
+        }
+      }
+    }
+    float* qo = b.qo + ((int64_t)c * p.nv + h) * dk * dv + j0;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = m0 + gq + 8 * half;
+      if (i >= dk) continue;
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const int j = 8 * n + 2 * tq;
+        if (j < cols) *reinterpret_cast<float2*>(qo + (int64_t)i * dv + j) = make_float2(acc[n][2 * half], acc[n][2 * half + 1]);
+      }
     }
   }
-  float* qo = b.qo + ((int64_t)c * p.nv + h) * dk * dv + j0 + j;
-#pragma unroll
-  for (int t = 0; t < 32; ++t)
-    if (i0 + t < dk) qo[(int64_t)(i0 + t) * dv] = acc[t];
 }
 
 size_t bwd_local_smem_bytes() {
