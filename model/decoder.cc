@@ -353,7 +353,7 @@ template <class E>
 void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, Mode mode, Activations<E>& a,
                              const Carry<E>* carry, const std::vector<int32_t>* logit_rows, int logit_count,
                              bool want_loss, const CacheWrite<E>* cache, const std::vector<uint64_t>* sample_keys,
-                             bool tokens_from_draws) {
+                             bool tokens_from_draws, const int32_t* fed_draws, int fed_count) {
   const ModelConfig& cfg = config();
   if (mode == Mode::kTrain) require_training("a training forward");
   data::check_packed_batch(batch, cfg.vocab_size);
@@ -433,10 +433,14 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
   if (tokens_from_draws) {
     // The draws of the forward before, still where it left them: the same shape carves the same
     // buffer the same way, and this forward's sampling overwrites them only after the embedding.
-    TT_CHECK(r.sample_tokens == last_draws_ && last_draw_count_ == N && batch.slot_row.empty() &&
-                 batch.state_row.empty(),
-             "model: tokens_from_draws needs the forward before to have drawn one token per row of this batch, of "
-             "the same shape and without media (", N, " rows; it drew ", last_draws_ ? last_draw_count_ : 0, ")");
+    TT_CHECK(batch.slot_row.empty() && batch.state_row.empty(),
+             "model: tokens_from_draws on a batch with media (frame slots or state rows)");
+    TT_CHECK(fed_draws != nullptr && fed_count == N,
+             "model: tokens_from_draws needs the forward before to have drawn one token per row of this batch (", N,
+             " rows; it drew ", fed_draws ? fed_count : 0, ")");
+    TT_CHECK(r.sample_tokens == fed_draws, "model: tokens_from_draws: the forward before drew ", fed_count,
+             " tokens, but into the layout of a batch of another shape (the same rows, keys, cache writes and "
+             "logit rows are needed)");
   }
   exec_.zero(r.loss, 2 * sizeof(double));
   a.view_ = BatchView<E>{};
@@ -767,9 +771,14 @@ void Decoder<E>::infer_enqueue(const data::PackedBatch& batch, const InferReques
   const int N = batch.n_tokens;
   const int count = all ? N : (int)rows.size();
   TT_CHECK((int)req.keys.size() == count, "model: infer samples ", count, " rows with ", req.keys.size(), " keys");
-  if (!req.tokens_from_draws) last_draws_ = nullptr;
+  // The last draws are taken (or passed over) once: whatever happens below, no later forward
+  // reads them (a failed forward may have enqueued its own sampling over them).
+  const int32_t* fed = last_draws_;
+  const int fed_count = last_draws_ ? last_draw_count_ : 0;
+  last_draws_ = nullptr;
+  last_draw_count_ = 0;
   run_forward(batch, 1.0, Mode::kNoGrad, infer_acts_, carry, all || rows.empty() ? nullptr : &rows, count, req.loss,
-              cache, &req.keys, req.tokens_from_draws);
+              cache, &req.keys, req.tokens_from_draws, fed, fed_count);
   InFlight& f = in_flight_[(in_flight_first_ + in_flight_n_) % kMaxInFlight];
   f.count = N > 0 ? count : 0;
   f.loss = req.loss && N > 0;
@@ -797,6 +806,18 @@ void Decoder<E>::infer_enqueue(const data::PackedBatch& batch, const InferReques
   last_draw_count_ = f.count;
   f.enqueue_s = seconds_since(t0);
   ++in_flight_n_;
+}
+
+template <class E>
+void Decoder<E>::infer_abandon() noexcept {
+  try {
+    exec_.sync();
+  } catch (...) {  // a backend error is the caller's to see on its next call
+  }
+  for (InFlight& f : in_flight_) f.rows.clear();
+  in_flight_first_ = in_flight_n_ = 0;
+  last_draws_ = nullptr;
+  last_draw_count_ = 0;
 }
 
 template <class E>

@@ -276,6 +276,9 @@ class Decoder {
                      const CacheWrite<E>* cache = nullptr);
   InferResult infer_collect();
   int in_flight() const { return in_flight_n_; }
+  // Waits for the backend and drops every forward in flight and the draws a next forward could
+  // take (after an error mid-generation: infer() works again). Never throws.
+  void infer_abandon() noexcept;
 
   // Sum of squares of every gradient, fp64 accumulation (waits for the backend).
   double grad_sum_squares();
@@ -286,7 +289,7 @@ class Decoder {
   void run_forward(const data::PackedBatch& batch, double loss_scale, Mode mode, Activations<E>& acts,
                    const Carry<E>* carry, const std::vector<int32_t>* logit_rows, int logit_count, bool want_loss,
                    const CacheWrite<E>* cache = nullptr, const std::vector<uint64_t>* sample_keys = nullptr,
-                   bool tokens_from_draws = false);
+                   bool tokens_from_draws = false, const int32_t* fed_draws = nullptr, int fed_count = 0);
   void require_training(const char* what) const;
   // The media stage's forward into the input rows x0, and its backward from the decoder's dx.
   void vision_forward(const data::PackedBatch& batch, Activations<E>& a, Act* x0);

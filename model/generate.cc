@@ -385,6 +385,12 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
     // cache rows and key are the same.
     const double t_dec = now_s();
     std::deque<std::vector<Live*>> flight;  // the rows of each step in flight, oldest first
+    struct Drain {  // an error with a step in flight leaves none behind: the model stays usable
+      Decoder<E>& m;
+      ~Drain() {
+        if (m.in_flight() > 0) m.infer_abandon();
+      }
+    } drain{model};
     auto step_now = [&] {  // false once every sample has stopped
       std::vector<Live*> act;
       for (Live& x : live)

@@ -1412,7 +1412,7 @@ size_t bwd_walk_mma_smem_bytes(int dk) {
 // and end-state gradient dS that its input gradients need, over dv (on tensor cores):
 //   SdO_a[i] = S[i] . dO_a -> gq,  dSv_a[i] = dS[i] . v_new_a -> gk,  dW_a[i] = -S[i] . dvn_a -> db2,
 // and the rows' share of <S, dS> -> sds[(c nv + h) ceil(dk / 32) + blockIdx.z].
-// The chunk's rows (v_new, dvn, dO) go through shared memory; S and dS, each element used by two
+// The chunk's rows (v_new, dvn, dO) go through shared memory; S and dS, each element used by four
 // warps, are read as fragments from global memory (L1), which keeps the block to two a
 // multiprocessor: one block's loads run under the other's products.
 constexpr int kStateRows = 32;

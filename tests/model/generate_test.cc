@@ -334,6 +334,26 @@ TEST(Generate, InferEnqueueErrors) {
   // A forward that draws nothing leaves nothing to take.
   m.infer(two, InferRequest::all_logits());
   expect_error([&] { m.infer_enqueue(two, fed); }, "(2 rows; it drew 0)");
+  // A forward of another layout (every row's draw without a row list: no logit-row table) cannot
+  // take the draws, though it has as many rows; and the draws are spent by the failed attempt.
+  m.infer_enqueue(two, draw);
+  InferRequest fed_all = fed;
+  fed_all.rows = InferRequest::Rows::kAll;
+  fed_all.list.clear();
+  expect_error([&] { m.infer_enqueue(two, fed_all); }, "but into the layout of a batch of another shape");
+  expect_error([&] { m.infer_enqueue(two, fed); }, "(2 rows; it drew 0)");
+  m.infer_collect();
+  // After an error with a forward in flight, infer_abandon() makes the model usable again.
+  m.infer_enqueue(two, draw);
+  expect_error([&] { m.infer_enqueue(three, fed3); }, "(3 rows; it drew 2)");
+  EXPECT_EQ(m.in_flight(), 1);
+  expect_error([&] { m.infer(two, draw); }, "model: infer() with 1 forwards in flight");
+  m.infer_abandon();
+  EXPECT_EQ(m.in_flight(), 0);
+  expect_error([&] { m.infer_enqueue(two, fed); }, "(2 rows; it drew 0)");
+  const InferResult again = m.infer(decode_batch(first.tokens, {0, 0}), draw);
+  EXPECT_EQ(again.tokens, direct.tokens) << "the same forward as before the error";
+  EXPECT_EQ(again.logprobs, direct.logprobs);
 }
 
 TEST(Sampler, NucleusAndTemperature) {
