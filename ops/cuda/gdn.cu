@@ -442,6 +442,27 @@ __device__ __forceinline__ void split_a_fragment(uint32_t (&hi)[4], uint32_t (&l
   }
 }
 
+// The same fragment as three bf16 parts (split3_bf16x2: fp32's 24 bits), the fp32 matrix given
+// pairwise by pair(row, col) = (at(row, col), at(row, col + 1)).
+template <class Pair>
+__device__ __forceinline__ void split3_a_fragment(uint32_t (&hi)[4], uint32_t (&mid)[4], uint32_t (&lo)[4], int m0,
+                                                  int k0, Pair&& pair) {
+  const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 x = pair(m0 + gq + 8 * (j % 2), k0 + 2 * tq + 8 * (j / 2));
+    split3_bf16x2(x.x, x.y, hi[j], mid[j], lo[j]);
+  }
+}
+
+// c += (hi + mid + lo) B for a B exact in bf16: the small parts first.
+__device__ __forceinline__ void mma_split3(float (&c)[4], const uint32_t (&hi)[4], const uint32_t (&mid)[4],
+                                           const uint32_t (&lo)[4], uint32_t b0, uint32_t b1) {
+  mma::mma_16816(c, lo, b0, b1);
+  mma::mma_16816(c, mid, b0, b1);
+  mma::mma_16816(c, hi, b0, b1);
+}
+
 // Per (chunk, value head): gamma (the in-chunk cumulative log decay), A = strictly_lower(beta_r
 // k_r . k_s exp(gamma_r - gamma_s)), then U = (I + A)^-1 (beta v) and W = (I + A)^-1 (beta
 // exp(gamma) k) by forward substitution, each thread owning a column of [U | W]: a column's rows
@@ -921,12 +942,8 @@ __global__ void __launch_bounds__(kThreads, 2) rule_out_kernel(RuleParams p) {
 #pragma unroll
     for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
       uint32_t ph[4], pm[4], pl[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {  // the A fragment's layout (split_a_fragment)
-        const int r = m0 + gq + 8 * (j % 2), s = k0 + 2 * tq + 8 * (j / 2);
-        const float2 x = *reinterpret_cast<const float2*>(P + r * kPairStride + s);
-        split3_bf16x2(x.x, x.y, ph[j], pm[j], pl[j]);
-      }
+      split3_a_fragment(ph, pm, pl, m0, k0,
+                        [&](int r, int s) { return *reinterpret_cast<const float2*>(P + r * kPairStride + s); });
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
         uint32_t bh[2], bm[2], bl[2];  // B (s, j) = V[s][j]: rows s = k0 + 2 tq (+1) and + 8 (+9), column n0 + 8 n + gq
@@ -1025,23 +1042,14 @@ __global__ void __launch_bounds__(kThreads, 2) rule_bwd_local_kernel(RuleBwdPara
 #pragma unroll
     for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
       uint32_t ah[4], am[4], al[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {  // the A fragment's layout (split_a_fragment)
-        const int r = m0 + gq + 8 * (e % 2), a = k0 + 2 * tq + 8 * (e / 2);
-        const float2 x = *reinterpret_cast<const float2*>(PT + r * kPairStride + a);
-        split3_bf16x2(x.x, x.y, ah[e], am[e], al[e]);
-      }
+      split3_a_fragment(ah, am, al, m0, k0,
+                        [&](int r, int a) { return *reinterpret_cast<const float2*>(PT + r * kPairStride + a); });
 #pragma unroll
       for (int np = 0; np < 2; ++np) {
         uint32_t d[4];  // B (a, j) = dO[a][j]: n8 tiles n0 + 16 np and + 8
         mma::ldsm_x4_trans(d, Db + (k0 + lane % 8 + 8 * (lane / 8 % 2)) * kDoStride + n0 + 16 * np + 8 * (lane / 16));
 #pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-          float(&c4)[4] = acc[2 * np + h2];
-          mma::mma_16816(c4, al, d[2 * h2], d[2 * h2 + 1]);  // the small parts first
-          mma::mma_16816(c4, am, d[2 * h2], d[2 * h2 + 1]);
-          mma::mma_16816(c4, ah, d[2 * h2], d[2 * h2 + 1]);
-        }
+        for (int h2 = 0; h2 < 2; ++h2) mma_split3(acc[2 * np + h2], ah, am, al, d[2 * h2], d[2 * h2 + 1]);
       }
     }
 #pragma unroll
@@ -1063,24 +1071,16 @@ __global__ void __launch_bounds__(kThreads, 2) rule_bwd_local_kernel(RuleBwdPara
     float acc[8][4] = {};
 #pragma unroll
     for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
-      uint32_t ah[4], am[4], al[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {  // A (i, a) = eg_a q_a[i]
-        const int i = m0 + gq + 8 * (e % 2), a = k0 + 2 * tq + 8 * (e / 2);
-        split3_bf16x2(eg[a] * bf(Qb[a * kRowStride + i]), eg[a + 1] * bf(Qb[(a + 1) * kRowStride + i]), ah[e], am[e],
-                      al[e]);
-      }
+      uint32_t ah[4], am[4], al[4];  // A (i, a) = eg_a q_a[i]
+      split3_a_fragment(ah, am, al, m0, k0, [&](int i, int a) {
+        return make_float2(eg[a] * bf(Qb[a * kRowStride + i]), eg[a + 1] * bf(Qb[(a + 1) * kRowStride + i]));
+      });
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         uint32_t d[4];
         mma::ldsm_x4_trans(d, Db + (k0 + lane % 8 + 8 * (lane / 8 % 2)) * kDoStride + 16 * np + 8 * (lane / 16));
 #pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-          float(&c4)[4] = acc[2 * np + h2];
-          mma::mma_16816(c4, al, d[2 * h2], d[2 * h2 + 1]);
-          mma::mma_16816(c4, am, d[2 * h2], d[2 * h2 + 1]);
-          mma::mma_16816(c4, ah, d[2 * h2], d[2 * h2 + 1]);
-        }
+        for (int h2 = 0; h2 < 2; ++h2) mma_split3(acc[2 * np + h2], ah, am, al, d[2 * h2], d[2 * h2 + 1]);
       }
     }
     float* qo = b.qo + ((int64_t)c * p.nv + h) * dk * dv + j0;
