@@ -230,20 +230,19 @@ int run(int argc, char** argv) {
       model::generate(mp, p, s);
       const model::CudaProfile pre = mp.exec().take_profile();
       const double n = (double)st.decode_steps;
-      auto per_step = [&](double a, double b) { return (a - b) / n; };
+      using P = model::CudaProfile;
+      // Per decode step, class by class: the whole run's time less the prefill-only run's.
+      auto per_step = [&](double P::*gemm, double P::*attention, double P::*head, double P::*norm, double P::*other,
+                          double (P::*total)() const) {
+        auto d = [&](double P::*x) { return (full.*x - pre.*x) / n; };
+        return nlohmann::json{{"gemm", d(gemm)},   {"attention", d(attention)}, {"head", d(head)},
+                              {"norm", d(norm)},   {"other", d(other)},
+                              {"total", ((full.*total)() - (pre.*total)()) / n}};
+      };
       nlohmann::json j = {
-          {"host_ms", {{"gemm", per_step(full.host_gemm_ms, pre.host_gemm_ms)},
-                       {"attention", per_step(full.host_attention_ms, pre.host_attention_ms)},
-                       {"head", per_step(full.host_head_ms, pre.host_head_ms)},
-                       {"norm", per_step(full.host_norm_ms, pre.host_norm_ms)},
-                       {"other", per_step(full.host_other_ms, pre.host_other_ms)},
-                       {"total", per_step(full.host_total_ms(), pre.host_total_ms())}}},
-          {"gpu_ms", {{"gemm", per_step(full.gemm_ms, pre.gemm_ms)},
-                      {"attention", per_step(full.attention_ms, pre.attention_ms)},
-                      {"head", per_step(full.head_ms, pre.head_ms)},
-                      {"norm", per_step(full.norm_ms, pre.norm_ms)},
-                      {"other", per_step(full.other_ms, pre.other_ms)},
-                      {"total", per_step(full.total_ms(), pre.total_ms())}}},
+          {"host_ms", per_step(&P::host_gemm_ms, &P::host_attention_ms, &P::host_head_ms, &P::host_norm_ms,
+                               &P::host_other_ms, &P::host_total_ms)},
+          {"gpu_ms", per_step(&P::gemm_ms, &P::attention_ms, &P::head_ms, &P::norm_ms, &P::other_ms, &P::total_ms)},
           {"step_ms", st.decode_s / n * 1e3}};
       out["profile"][c.name] = j;
       std::fprintf(stderr, "profile %s: %s\n", c.name.c_str(), j.dump().c_str());

@@ -782,19 +782,16 @@ void Decoder<E>::infer_enqueue(const data::PackedBatch& batch, const InferReques
   InFlight& f = in_flight_[(in_flight_first_ + in_flight_n_) % kMaxInFlight];
   f.count = N > 0 ? count : 0;
   f.loss = req.loss && N > 0;
-  f.loss_scale = infer_acts_.loss_scale_;
-  const size_t tok_bytes = (sizeof(int32_t) * (size_t)f.count + 7) / 8 * 8;
-  const size_t lp_bytes = sizeof(double) * (size_t)f.count;
-  exec_.ensure_pinned(f.host, tok_bytes + lp_bytes + 2 * sizeof(double));
+  exec_.ensure_pinned(f.host, f.loss_at() + 2 * sizeof(double));
   const Activations<E>& a = infer_acts_;
   if (f.count > 0) {
     HeadCall<E> h = head_call(a);
     arch_.head().sample(exec_, h, all ? nullptr : a.logit_rows_, count, req.temperature, a.sample_keys_,
                         a.sample_tokens_, a.sample_logprobs_);
     exec_.download_async(f.host.data(), a.sample_tokens_, sizeof(int32_t) * (size_t)f.count);
-    exec_.download_async(f.host.data() + tok_bytes, a.sample_logprobs_, lp_bytes);
+    exec_.download_async(f.host.data() + f.logprobs_at(), a.sample_logprobs_, sizeof(double) * (size_t)f.count);
   }
-  if (f.loss) exec_.download_async(f.host.data() + tok_bytes + lp_bytes, a.loss_, 2 * sizeof(double));
+  if (f.loss) exec_.download_async(f.host.data() + f.loss_at(), a.loss_, 2 * sizeof(double));
   exec_.record(f.done);
   exec_.profile_gap();
   if (all) {
@@ -826,18 +823,16 @@ InferResult Decoder<E>::infer_collect() {
   InFlight& f = in_flight_[in_flight_first_];
   exec_.wait(f.done);
   InferResult out;
-  const size_t tok_bytes = (sizeof(int32_t) * (size_t)f.count + 7) / 8 * 8;
-  const size_t lp_bytes = sizeof(double) * (size_t)f.count;
   out.tokens.resize(f.count);
   out.logprobs.resize(f.count);
   if (f.count > 0) {
     std::memcpy(out.tokens.data(), f.host.data(), sizeof(int32_t) * (size_t)f.count);
-    std::memcpy(out.logprobs.data(), f.host.data() + tok_bytes, lp_bytes);
+    std::memcpy(out.logprobs.data(), f.host.data() + f.logprobs_at(), sizeof(double) * (size_t)f.count);
   }
   if (f.loss) {
     double sums[2];
-    std::memcpy(sums, f.host.data() + tok_bytes + lp_bytes, sizeof sums);
-    out.loss = f.loss_scale * sums[0];
+    std::memcpy(sums, f.host.data() + f.loss_at(), sizeof sums);
+    out.loss = sums[0];  // infer's loss scale is 1
     out.nll_sum = sums[1];
   }
   out.rows = std::move(f.rows);

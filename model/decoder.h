@@ -315,16 +315,17 @@ class Decoder {
   Activations<E> own_;         // forward(batch, scale) / backward()
   Activations<E> infer_acts_;  // infer()'s working set
   // Sampling forwards in flight (infer_enqueue), a ring of kMaxInFlight: the draws' (and the
-  // loss's) host copies land in `host` (tokens, then logprobs at an 8-byte boundary, then the two
-  // loss sums) once `done` is passed.
+  // loss's) host copies land in `host` once `done` is passed, tokens at byte 0, logprobs at
+  // logprobs_at(), the two loss sums (loss scale 1) after them.
   struct InFlight {
     std::vector<int32_t> rows;
     int count = 0;
     bool loss = false;
-    double loss_scale = 1;
     double enqueue_s = 0;
     typename E::PinnedBuffer host;
     typename E::Fence done;
+    size_t logprobs_at() const { return (sizeof(int32_t) * (size_t)count + 7) / 8 * 8; }
+    size_t loss_at() const { return logprobs_at() + sizeof(double) * (size_t)count; }
   };
   InFlight in_flight_[kMaxInFlight];
   int in_flight_first_ = 0, in_flight_n_ = 0;

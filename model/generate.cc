@@ -6,7 +6,6 @@
 #include <cmath>
 #include <deque>
 #include <numeric>
-#include <optional>
 
 #include "base/check.h"
 #include "model/init.h"
@@ -211,15 +210,17 @@ SampleStream::SampleStream(const SamplingOptions& opt, int64_t p_, int s_, Sampl
       out(out_) {}
 
 InferRequest draw_request(std::vector<int32_t> rows, const std::vector<SampleStream*>& who, const SamplingOptions& opt,
-                          bool on_backend) {
+                          bool on_backend, int ahead) {
+  TT_CHECK(ahead == 0 || on_backend, "draw_request: a step ahead needs the draws on the backend");
   InferRequest r;
   r.loss = false;
   r.rows = InferRequest::Rows::kList;
   r.list = std::move(rows);
   r.sample = on_backend;
   r.temperature = opt.temperature;
+  r.tokens_from_draws = ahead > 0;
   if (on_backend)
-    for (const SampleStream* x : who) r.keys.push_back(x->next_key());
+    for (const SampleStream* x : who) r.keys.push_back(x->next_key(ahead));
   return r;
 }
 
@@ -300,8 +301,8 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
       }
     }
     const bool on_backend = draws_on_backend(opt, false);  // the backend draws; else the host (nucleus)
-    auto request = [&](std::vector<int32_t> rows, const std::vector<Live*>& who) {
-      return draw_request(std::move(rows), std::vector<SampleStream*>(who.begin(), who.end()), opt, on_backend);
+    auto request = [&](std::vector<int32_t> rows, const std::vector<Live*>& who, int ahead = 0) {
+      return draw_request(std::move(rows), std::vector<SampleStream*>(who.begin(), who.end()), opt, on_backend, ahead);
     };
     // The prefill draws every sample's first token: prompt p's last row once per sample.
     std::vector<int32_t> first_rows;
@@ -324,6 +325,13 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
     // step's row j of a sample (j tokens drawn, `ahead` of them still in flight) computes token
     // j's K/V and the next logits.
     const size_t group0 = g0;  // (a structured binding is not captured by a C++17 lambda)
+    std::deque<std::vector<Live*>> flight;  // the rows of each step in flight, oldest first
+    struct Drain {  // an error with a step in flight leaves none behind: the model stays usable
+      Decoder<E>& m;
+      ~Drain() {
+        if (m.in_flight() > 0) m.infer_abandon();
+      }
+    } drain{model};
     auto enqueue_step = [&](const std::vector<Live*>& act, int ahead) {
       const int B = (int)act.size();
       data::PackedBatch step;
@@ -365,17 +373,19 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
       const CacheWrite<E> w = cache.write(write_rows, slot_out);
       std::vector<int32_t> all_rows(B);
       std::iota(all_rows.begin(), all_rows.end(), 0);
-      InferRequest req = request(all_rows, act);
-      if (on_backend && ahead)
-        for (int r = 0; r < B; ++r) req.keys[r] = act[r]->key_at(act[r]->out->tokens.size() + ahead);
-      if (!on_backend) {
-        const InferResult res = model.infer(step, req, &carry, &w);
-        st.decode_enqueue_s += res.enqueue_s;
-        return std::optional<InferResult>(res);
+      const InferRequest req = request(all_rows, act, ahead);
+      ++st.decode_steps;
+      st.overlapped_steps += ahead > 0;
+      st.decode_rows += B;
+      ++st.forwards;
+      if (on_backend) {  // collected by the loop below
+        model.infer_enqueue(step, req, &carry, &w);
+        flight.push_back(act);
+        return;
       }
-      req.tokens_from_draws = ahead > 0;
-      model.infer_enqueue(step, req, &carry, &w);
-      return std::optional<InferResult>();
+      const InferResult res = model.infer(step, req, &carry, &w);  // the host draws (top_p < 1)
+      st.decode_enqueue_s += res.enqueue_s;
+      for (int r = 0; r < B; ++r) take(*act[r], res, r);
     };
     // With the draws on the backend the next step is enqueued before this one's draws come back
     // (its tokens are those draws, still on the backend), so the host's preparation and launches
@@ -384,42 +394,19 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
     // its draw dropped. Every draw taken is one the plain loop would take: a row's inputs, position,
     // cache rows and key are the same.
     const double t_dec = now_s();
-    std::deque<std::vector<Live*>> flight;  // the rows of each step in flight, oldest first
-    struct Drain {  // an error with a step in flight leaves none behind: the model stays usable
-      Decoder<E>& m;
-      ~Drain() {
-        if (m.in_flight() > 0) m.infer_abandon();
-      }
-    } drain{model};
-    auto step_now = [&] {  // false once every sample has stopped
-      std::vector<Live*> act;
-      for (Live& x : live)
-        if (!x.done) act.push_back(&x);
-      if (act.empty()) return false;
-      ++st.decode_steps;
-      st.decode_rows += (int64_t)act.size();
-      ++st.forwards;
-      if (std::optional<InferResult> res = enqueue_step(act, 0)) {
-        for (size_t r = 0; r < act.size(); ++r) take(*act[r], *res, (int)r);
-      } else {
-        flight.push_back(std::move(act));
-      }
-      return true;
-    };
     while (true) {
-      if (flight.empty() && !step_now()) break;
-      if (flight.empty()) continue;  // the host drew (top_p < 1)
+      if (flight.empty()) {
+        std::vector<Live*> act;
+        for (Live& x : live)
+          if (!x.done) act.push_back(&x);
+        if (act.empty()) break;
+        enqueue_step(act, 0);
+        if (flight.empty()) continue;  // the host drew (top_p < 1)
+      }
       const std::vector<Live*> last = flight.back();
       bool ahead = opt.overlap && flight.size() == 1;
       for (const Live* x : last) ahead = ahead && !x->done && (int)x->out->tokens.size() + 1 < opt.max_new_tokens;
-      if (ahead) {
-        enqueue_step(last, 1);
-        ++st.decode_steps;
-        ++st.overlapped_steps;
-        st.decode_rows += (int64_t)last.size();
-        ++st.forwards;
-        flight.push_back(last);
-      }
+      if (ahead) enqueue_step(last, 1);
       const InferResult res = model.infer_collect();
       st.decode_enqueue_s += res.enqueue_s;
       const std::vector<Live*> rows = std::move(flight.front());

@@ -30,17 +30,18 @@ struct SampleStream {
   uint64_t key;    // the backend sampler's key (top_p = 1)
   Sample* out;
   bool done = false;
-  // The key of the draw of its token j, and of its next token.
-  uint64_t key_at(size_t j) const { return SplitMix64{key + j}.next(); }
-  uint64_t next_key() const { return key_at(out->tokens.size()); }
+  // The key of the draw of its next token, or (ahead draws still in flight) of the one after those.
+  uint64_t next_key(int ahead = 0) const { return SplitMix64{key + out->tokens.size() + ahead}.next(); }
 };
 
 // Whether the backend draws (top_p = 1 and no logits wanted), else the host from logits.
 inline bool draws_on_backend(const SamplingOptions& opt, bool want_logits) { return opt.top_p == 1 && !want_logits; }
 
-// The request for rows `rows` of a forward: draws with the samples' keys, or logits.
+// The request for rows `rows` of a forward: draws with the samples' keys, or logits. ahead > 0
+// (draws on the backend): a step enqueued while each sample's last `ahead` draws are in flight,
+// its tokens those draws (InferRequest::tokens_from_draws) and its keys those of the draws after.
 InferRequest draw_request(std::vector<int32_t> rows, const std::vector<SampleStream*>& who, const SamplingOptions& opt,
-                          bool on_backend);
+                          bool on_backend, int ahead = 0);
 
 // Appends row r's draw of `res` to x (from the backend's draw or the row's logits) and marks it
 // done at a stop id, an eos id or max_new_tokens.

@@ -51,6 +51,23 @@ std::vector<double> full_logits(Model<double>& m, const std::vector<int32_t>& to
   return m.infer(chain_batch(tokens), InferRequest::all_logits()).logits;
 }
 
+// Every logprob of sample x (after `prompt`) is the full forward's log-softmax of its token, to
+// 1e-10 (`what` names the case in failures).
+void expect_full_forward_logprobs(Model<double>& m, const std::vector<int32_t>& prompt, const Sample& x,
+                                  const std::string& what) {
+  const int V = (int)m.config().vocab_size;
+  std::vector<int32_t> seq = prompt;
+  seq.insert(seq.end(), x.tokens.begin(), x.tokens.end());
+  const std::vector<double> ref = full_logits(m, seq);
+  for (size_t j = 0; j < x.tokens.size(); ++j) {
+    const double* row = ref.data() + (prompt.size() + j - 1) * V;
+    double mx = row[0], z = 0;
+    for (int v = 1; v < V; ++v) mx = std::max(mx, row[v]);
+    for (int v = 0; v < V; ++v) z += std::exp(row[v] - mx);
+    EXPECT_NEAR(x.logprobs[j], row[x.tokens[j]] - mx - std::log(z), 1e-10) << what << " token " << j;
+  }
+}
+
 double max_rel(const double* a, const double* b, int n) {
   double d = 0, s = 0;
   for (int i = 0; i < n; ++i) {
@@ -195,7 +212,6 @@ TEST(Generate, GreedyIsTheArgmaxOfTheFullForward) {
 TEST(Generate, SamplesShareThePrefillAndFollowTheSeed) {
   Model<double> m(config("qwen3"));
   init(m, 7);
-  const int V = (int)m.config().vocab_size;
   SamplingOptions o;
   o.temperature = 1.3;
   o.top_p = 0.9;
@@ -226,16 +242,7 @@ TEST(Generate, SamplesShareThePrefillAndFollowTheSeed) {
       if (x.finish == "length") {
         EXPECT_EQ((int)x.tokens.size(), o.max_new_tokens);
       }
-      std::vector<int32_t> seq = prompts[i].tokens;
-      seq.insert(seq.end(), x.tokens.begin(), x.tokens.end());
-      const std::vector<double> ref = full_logits(m, seq);
-      for (size_t j = 0; j < x.tokens.size(); ++j) {
-        const double* row = ref.data() + (prompts[i].tokens.size() + j - 1) * V;
-        double mx = row[0], z = 0;
-        for (int v = 1; v < V; ++v) mx = std::max(mx, row[v]);
-        for (int v = 0; v < V; ++v) z += std::exp(row[v] - mx);
-        EXPECT_NEAR(x.logprobs[j], row[x.tokens[j]] - mx - std::log(z), 1e-10);
-      }
+      expect_full_forward_logprobs(m, prompts[i].tokens, x, "prompt " + std::to_string(i));
     }
   }
   EXPECT_TRUE(differs) << "another seed draws other samples";
@@ -252,7 +259,6 @@ TEST(Generate, OverlappedStepsDrawWhatOneStepAtATimeDraws) {
   for (const std::string arch : kArchs) {
     Model<double> m(config(arch));
     init(m, 11);
-    const int V = (int)m.config().vocab_size;
     SamplingOptions o;
     o.temperature = 1.5;
     o.num_samples = 3;
@@ -275,16 +281,7 @@ TEST(Generate, OverlappedStepsDrawWhatOneStepAtATimeDraws) {
         EXPECT_EQ(x.tokens, y.tokens) << arch << " prompt " << i << " sample " << s;
         EXPECT_EQ(x.logprobs, y.logprobs) << arch << " prompt " << i << " sample " << s;
         EXPECT_EQ(x.finish, y.finish) << arch << " prompt " << i << " sample " << s;
-        std::vector<int32_t> seq = prompts[i].tokens;
-        seq.insert(seq.end(), x.tokens.begin(), x.tokens.end());
-        const std::vector<double> ref = full_logits(m, seq);
-        for (size_t j = 0; j < x.tokens.size(); ++j) {
-          const double* row = ref.data() + (prompts[i].tokens.size() + j - 1) * V;
-          double mx = row[0], z = 0;
-          for (int v = 1; v < V; ++v) mx = std::max(mx, row[v]);
-          for (int v = 0; v < V; ++v) z += std::exp(row[v] - mx);
-          EXPECT_NEAR(x.logprobs[j], row[x.tokens[j]] - mx - std::log(z), 1e-10) << arch << " token " << j;
-        }
+        expect_full_forward_logprobs(m, prompts[i].tokens, x, arch);
       }
     }
   }
