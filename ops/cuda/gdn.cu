@@ -7,6 +7,8 @@
 #include "ops/cuda/gdn.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "base/check.h"
@@ -1547,6 +1549,24 @@ __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* 
   const int m0 = 16 * (warp % 4), n0 = 16 * (warp / 4), n16 = dk / 16;
   constexpr int PS = kPairStride;
   float aq[4][2][4] = {}, ak[4][2][4] = {};  // [16-column tile t: columns n0 + 32 t][n8 half][fragment]
+  const int gq = lane / 4, tq = lane % 4;
+  // The gq and gk values the epilogue updates (S dO_r and dS v_new_r), loaded before the products
+  // so their latency passes under them: [row half][tile t][n8 half].
+  float2 sq[2][4][2], sk[2][4][2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = m0 + gq + 8 * half;
+    const int64_t row = ((int64_t)(r0 + r) * p.nv + h) * dk;
+#pragma unroll
+    for (int t = 0; t < 4; ++t)
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const int i = n0 + 32 * t + 8 * n + 2 * tq;
+        const bool in = r < L && n0 + 32 * t < 16 * n16;
+        sq[half][t][n] = in ? *reinterpret_cast<const float2*>(b.gq + row + i) : make_float2(0.f, 0.f);
+        sk[half][t][n] = in ? *reinterpret_cast<const float2*>(b.gk + row + i) : make_float2(0.f, 0.f);
+      }
+  }
   for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
     uint32_t dh[4], dl[4], th[4], tl[4], mh[4], ml[4];
     split_a_fragment(dh, dl, m0, k0, [&](int r, int x) { return DOVd[r * PS + x]; });
@@ -1571,7 +1591,6 @@ __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* 
       }
     }
   }
-  const int gq = lane / 4, tq = lane % 4;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = m0 + gq + 8 * half;
@@ -1585,12 +1604,12 @@ __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* 
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
         const int i = col + 8 * n + 2 * tq;
-        float2* gqp = reinterpret_cast<float2*>(b.gq + row + i);  // gq held S dO_r
-        float2* gkp = reinterpret_cast<float2*>(b.gk + row + i);  // gk held dS v_new_r
-        const float2 sq = *gqp, sk = *gkp;
-        *gqp = make_float2(eg * sq.x + aq[t][n][2 * half], eg * sq.y + aq[t][n][2 * half + 1]);
-        *gkp = make_float2(el * sk.x + bet[r] * eg * dB2[r * X + i] + ak[t][n][2 * half],
-                           el * sk.y + bet[r] * eg * dB2[r * X + i + 1] + ak[t][n][2 * half + 1]);
+        const float2 q2 = sq[half][t][n], k2 = sk[half][t][n];
+        *reinterpret_cast<float2*>(b.gq + row + i) =
+            make_float2(eg * q2.x + aq[t][n][2 * half], eg * q2.y + aq[t][n][2 * half + 1]);
+        *reinterpret_cast<float2*>(b.gk + row + i) =
+            make_float2(el * k2.x + bet[r] * eg * dB2[r * X + i] + ak[t][n][2 * half],
+                        el * k2.y + bet[r] * eg * dB2[r * X + i + 1] + ak[t][n][2 * half + 1]);
       }
     }
   }
@@ -1682,22 +1701,31 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
   attn::cp_async_commit();
   attn::cp_async_wait<0>();
   __syncthreads();
-  {  // B: x_a = rhs_a - sum_{b > a} A_ba x_b, rows last to first (eight accumulators)
+  {  // B: x_a = rhs_a - sum_{b > a} beta_b KKd_ba x_b, a column a thread held in registers (the
+     // substitution unrolled over the chunk's 64 rows, every index a constant): rows last to first,
+     // and once x_b is final, t = beta_b x_b leaves every earlier row at once (row b of KKd read
+     // four at a time, the same address across the warp). Rows past L stay 0: their rhs, beta and
+     // KKd rows are 0.
     const int col = threadIdx.x;
-    if (col < X)
-      for (int a = L - 1; a >= 0; --a) {
-        float y[8] = {};
-        int bb = a + 1;
-        for (; bb + 7 < L; bb += 8) {
+    if (col < X) {
+      float x[C];
 #pragma unroll
-          for (int j = 0; j < 8; ++j)
-            y[j] = fmaf(-bet[bb + j] * KKd[(bb + j) * PS + a], XB[(bb + j) * XS + col], y[j]);
+      for (int a = 0; a < C; ++a) x[a] = XB[a * XS + col];
+#pragma unroll
+      for (int bb = C - 1; bb > 0; --bb) {
+        const float t = bet[bb] * x[bb];
+#pragma unroll
+        for (int a0 = 0; a0 < bb; a0 += 4) {
+          const float4 kk = *reinterpret_cast<const float4*>(KKd + bb * PS + a0);
+          x[a0] = fmaf(-kk.x, t, x[a0]);
+          if (a0 + 1 < bb) x[a0 + 1] = fmaf(-kk.y, t, x[a0 + 1]);
+          if (a0 + 2 < bb) x[a0 + 2] = fmaf(-kk.z, t, x[a0 + 2]);
+          if (a0 + 3 < bb) x[a0 + 3] = fmaf(-kk.w, t, x[a0 + 3]);
         }
-#pragma unroll
-        for (int j = 0; j < 7; ++j)
-          if (bb + j < L) y[j] = fmaf(-bet[bb + j] * KKd[(bb + j) * PS + a], XB[(bb + j) * XS + col], y[j]);
-        XB[a * XS + col] = XB[a * XS + col] + (((y[0] + y[1]) + (y[2] + y[3])) + ((y[4] + y[5]) + (y[6] + y[7])));
       }
+#pragma unroll
+      for (int a = 0; a < C; ++a) XB[a * XS + col] = x[a];
+    }
   }
   __syncthreads();
   {  // C: dA from dB1 . U_b + dB2 . W_b (U, W rows from global memory, cached)
@@ -1717,22 +1745,33 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
       for (int part = 0; part < 2; ++part) {
         const int d = part ? dk : dv, x0 = part ? dv : 0;
         const float* Y = part ? p.W : p.U;
-        for (int k0 = 0; k0 < d; k0 += 16) {
-          uint32_t ah[4], al[4];
-          split_a_fragment(ah, al, m0, k0, [&](int r, int j) { return XB[r * XS + x0 + j]; });
+        for (int kb = 0; kb < d; kb += 64) {  // four k-steps' B values loaded before any is used
+          float2 y[4][4][2];  // [k-step][n8 tile][jj]: B (j, bb) = Y_bb[j], columns k0 + 2 tq (+1) and + 8 (+9)
 #pragma unroll
-          for (int n = 0; n < 4; ++n) {
-            const int bb = n0 + 8 * n + gq;  // B (j, bb) = Y_bb[j]: columns k0 + 2 tq (+1) and + 8 (+9)
-            uint32_t bh[2], bl[2];
+          for (int s = 0; s < 4; ++s)
 #pragma unroll
-            for (int jj = 0; jj < 2; ++jj) {
-              const float2 y = bb < L ? *reinterpret_cast<const float2*>(Y + rowi(bb) * d + k0 + 2 * tq + 8 * jj)
-                                      : make_float2(0.f, 0.f);
-              split_bf16x2(y.x, y.y, bh[jj], bl[jj]);
+            for (int n = 0; n < 4; ++n)
+#pragma unroll
+              for (int jj = 0; jj < 2; ++jj) {
+                const int bb = n0 + 8 * n + gq, k = kb + 16 * s + 2 * tq + 8 * jj;
+                y[s][n][jj] = bb < L && kb + 16 * s < d ? __ldg(reinterpret_cast<const float2*>(Y + rowi(bb) * d + k))
+                                                         : make_float2(0.f, 0.f);
+              }
+#pragma unroll
+          for (int s = 0; s < 4; ++s) {
+            const int k0 = kb + 16 * s;
+            if (k0 >= d) break;
+            uint32_t ah[4], al[4];
+            split_a_fragment(ah, al, m0, k0, [&](int r, int j) { return XB[r * XS + x0 + j]; });
+#pragma unroll
+            for (int n = 0; n < 4; ++n) {
+              uint32_t bh[2], bl[2];
+#pragma unroll
+              for (int jj = 0; jj < 2; ++jj) split_bf16x2(y[s][n][jj].x, y[s][n][jj].y, bh[jj], bl[jj]);
+              mma::mma_16816(c4[n], ah, bh[0], bh[1]);
+              mma::mma_16816(c4[n], ah, bl[0], bl[1]);
+              mma::mma_16816(c4[n], al, bh[0], bh[1]);
             }
-            mma::mma_16816(c4[n], ah, bh[0], bh[1]);
-            mma::mma_16816(c4[n], ah, bl[0], bl[1]);
-            mma::mma_16816(c4[n], al, bh[0], bh[1]);
           }
         }
       }
@@ -1773,27 +1812,52 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
     }
   }
   __syncthreads();
-  {  // D: a warp per row
+  {  // D: a warp per row; a row's values from global memory are all loaded before the row's
+     // stores, the warp's next row's while this one sums (dk, dv <= 128: four a lane)
     const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
-    for (int a = warp; a < L; a += kThreads / detail::kWarp) {
+    struct RowIn {
+      float gq[4], gk[4], v[4], dv[4], dbeta;
+    };
+    auto load_row = [&](int a, RowIn& in) {
+      if (a >= L) return;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = lane + detail::kWarp * u;
+        in.gq[u] = i < dk ? b.gq[rowi(a) * dk + i] : 0.f;
+        in.gk[u] = i < dk ? b.gk[rowi(a) * dk + i] : 0.f;
+        in.v[u] = i < dv ? ld(p.v + rowi(a) * dv + i) : 0.f;
+        in.dv[u] = b.accumulate && i < dv ? ld(b.dv + rowi(a) * dv + i) : 0.f;
+      }
+      in.dbeta = b.accumulate && lane == 0 ? b.dbeta[rowi(a)] : 0.f;
+    };
+    constexpr int kRowStep = kThreads / detail::kWarp;
+    RowIn cur, next;
+    load_row(warp, cur);
+    for (int a = warp; a < L; a += kRowStep) {
+      load_row(a + kRowStep, next);
       const float eg = __expf(gam[a]);
       float pair = 0.f, qsd = 0.f, kdsv = 0.f, b2k = 0.f, b1v = 0.f, dak = 0.f;
       for (int bb = lane; bb < C; bb += detail::kWarp) {
         pair += QK[a * PS + bb] - QK[bb * PS + a];
         dak += KKd[a * PS + bb];
       }
-      for (int i = lane; i < dk; i += detail::kWarp) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = lane + detail::kWarp * u;
+        if (i >= dk) break;
         const float q = bf(Qb[a * kRowStride + i]), k = bf(Kb[a * kRowStride + i]);
-        qsd = fmaf(q, b.gq[rowi(a) * dk + i], qsd);
-        kdsv = fmaf(k, b.gk[rowi(a) * dk + i], kdsv);
+        qsd = fmaf(q, cur.gq[u], qsd);
+        kdsv = fmaf(k, cur.gk[u], kdsv);
         b2k = fmaf(XB[a * XS + dv + i], k, b2k);
       }
-      for (int j = lane; j < dv; j += detail::kWarp) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int j = lane + detail::kWarp * u;
+        if (j >= dv) break;
         const float d1 = XB[a * XS + j];
-        b1v = fmaf(d1, ld(p.v + rowi(a) * dv + j), b1v);
-        const int64_t at = rowi(a) * dv + j;
+        b1v = fmaf(d1, cur.v[u], b1v);
         const float g = bet[a] * d1;
-        b.dv[at] = __float2bfloat16(b.accumulate ? ld(b.dv + at) + g : g);
+        b.dv[rowi(a) * dv + j] = __float2bfloat16(b.accumulate ? cur.dv[u] + g : g);
       }
       pair = detail::warp_sum(pair), dak = detail::warp_sum(dak), qsd = detail::warp_sum(qsd);
       kdsv = detail::warp_sum(kdsv), b2k = detail::warp_sum(b2k), b1v = detail::warp_sum(b1v);
@@ -1802,8 +1866,9 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
         te[a] = t;
         dgam[a] = pair + eg * p.scale * qsd - t + bet[a] * eg * b2k;
         const float db = b1v + eg * b2k + dak;
-        b.dbeta[rowi(a)] = b.accumulate ? b.dbeta[rowi(a)] + db : db;
+        b.dbeta[rowi(a)] = b.accumulate ? cur.dbeta + db : db;
       }
+      cur = next;
     }
   }
   __syncthreads();
@@ -2134,6 +2199,12 @@ void check_rule_shape(int nk, int nv, int dk, int dv, const char* op) {
            " in [32, 128], got nk=", nk, " nv=", nv, " dk=", dk, " dv=", dv);
 }
 
+// The row tensors are read in 16-byte pieces (cp.async, vector loads) and written in pairs or more.
+void check_rule_aligned(const char* op, std::initializer_list<const void*> tensors) {
+  for (const void* t : tensors)
+    TT_CHECK((reinterpret_cast<uintptr_t>(t) & 15u) == 0, op, ": q, k, v, o and their gradients must be 16-byte aligned");
+}
+
 RuleParams rule_params(const bf16* q, const bf16* k, const bf16* v, const float* g, const bf16* beta, const float* init,
                        const GdnPlan& plan, int nk, int nv, int dk, int dv, double scale, const RuleScratch& s,
                        float* end) {
@@ -2176,6 +2247,7 @@ void gdn_backward(bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* 
                   cudaStream_t stream, bool accumulate) {
   check_rule_shape(nk, nv, dk_, dv_, "gdn_backward");
   if (plan.num_chunks() == 0) return;
+  check_rule_aligned("gdn_backward", {q, k, v, d_o, dq, dk, dv});
   TT_CHECK(plan.device().chunk_row0, "gdn_backward: the plan's tables are not uploaded");
   const RuleBwdScratch s(plan, nv, dk_, dv_, ws.ptr);
   detail::check_workspace(ws, s.bytes, "gdn_backward");
@@ -2224,6 +2296,7 @@ void gdn_forward(bf16* o, float* end, const bf16* q, const bf16* k, const bf16* 
                  cudaStream_t stream) {
   check_rule_shape(nk, nv, dk, dv, "gdn_forward");
   if (plan.num_chunks() == 0) return;
+  check_rule_aligned("gdn_forward", {q, k, v, o});
   TT_CHECK(plan.device().chunk_row0, "gdn_forward: the plan's tables are not uploaded");
   const RuleScratch s(plan, nv, dk, dv, end != nullptr, ws.ptr);
   detail::check_workspace(ws, s.bytes, "gdn_forward");

@@ -399,6 +399,23 @@ TEST_F(GdnOps, DeltaRuleBackwardMatchesTheRecurrentOracle) {
     std::printf("[ errors   ] delta rule backward%s: rel L2 dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e d_init %.2e\n",
                 at.c_str(), rel_l2(to_host(g_q), dq), rel_l2(to_host(g_k), dk_), rel_l2(to_host(g_v), dv_),
                 rel_l2(to_host(g_g), dg), rel_l2(to_host(g_b), db), rel_l2(to_host(d_di), di));
+    // Accumulating (the model's call): a second backward adds to every output, so each now holds
+    // twice the oracle's gradient, within the same bounds.
+    cuda::gdn_backward(g_q.data(), g_k.data(), g_v.data(), g_g.data(), g_b.data(), d_di.data(), d_dO.data(),
+                       d_dE.data(), rc.d_q.data(), rc.d_k.data(), rc.d_v.data(), rc.d_g.data(), rc.d_b.data(),
+                       d_init.data(), rc.plan, nk, nv, dk, dv, rc.scale, cuda::Workspace{ws.data(), ws.size()},
+                       nullptr, /*accumulate=*/true);
+    sync_and_check();
+    auto twice = [](std::vector<double> x) {
+      for (double& e : x) e *= 2;
+      return x;
+    };
+    EXPECT_LE(rel_l2(to_host(g_q), twice(dq)), 2 * kBf16U) << "dq accumulated" << at;
+    EXPECT_LE(rel_l2(to_host(g_k), twice(dk_)), 2 * kBf16U) << "dk accumulated" << at;
+    EXPECT_LE(rel_l2(to_host(g_v), twice(dv_)), 2 * kBf16U) << "dv accumulated" << at;
+    EXPECT_LE(rel_l2(to_host(g_g), twice(dg)), 1e-3) << "dg accumulated" << at;
+    EXPECT_LE(rel_l2(to_host(g_b), twice(db)), 1e-3) << "dbeta accumulated" << at;
+    EXPECT_LE(rel_l2(to_host(d_di), twice(di)), 1e-3) << "d_init accumulated" << at;
   }
 }
 
@@ -419,6 +436,20 @@ TEST_F(GdnOps, BadShapesAreErrors) {
   EXPECT_THROW(forward(2, 4, 136, 128), tt::Error);
   EXPECT_THROW(forward(2, 4, 128, 48), tt::Error);
   EXPECT_THROW(forward(3, 4, 128, 128), tt::Error);
+  // Row tensors are read 16 bytes at a time: a misaligned one is an error naming the rule, never a
+  // misaligned-address fault (checked before the plan's tables are needed).
+  cuda::GdnPlan one;
+  const int32_t start = 0, len = 8, parent = -1;
+  one.make(&start, &len, &parent, 1);
+  try {
+    cuda::gdn_forward(x.data(), nullptr, x.data() + 1, x.data(), x.data(), xf.data(), x.data(), nullptr, one, 2, 4,
+                      64, 96, 1.0, cuda::Workspace{}, nullptr);
+    ADD_FAILURE() << "a misaligned q was accepted";
+  } catch (const tt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gdn_forward: q, k, v, o and their gradients must be 16-byte aligned"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
