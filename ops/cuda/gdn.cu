@@ -992,7 +992,7 @@ struct RuleBwdParams {
   float *dvn, *qo, *dsout, *acc;  // (N nv dv), (chunks nv dk dv), (chunks nv dk dv), (nodes nv dk dv)
   float* db2;                   // (N, nv, dk): dW = -dvn S^T (rule_bwd_state_kernel)
   float *gq, *gk;               // (N, nv, dk) per value head
-  float* sds;                   // (chunks, nv, ceil(dk / 32)) partial <S, dS>
+  float* sds;                   // (chunks, nv, ceil(dk / kStateRows)) partial <S, dS>
   bf16* dv;                     // outputs
   float *dg, *dbeta;
   bool accumulate;
@@ -1410,14 +1410,15 @@ size_t bwd_walk_mma_smem_bytes(int dk) {
   return sizeof(bf16) * (2 * 128 + 2 * kGdnChunk) * kWalkHalfStride + sizeof(float) * 2 * BwdWalkMmaStage::floats(dk);
 }
 
-// Per (chunk, value head, 32 state rows i0 + i): the products with the chunk's entering state S
+// Per (chunk, value head, 64 state rows i0 + i): the products with the chunk's entering state S
 // and end-state gradient dS that its input gradients need, over dv (on tensor cores):
 //   SdO_a[i] = S[i] . dO_a -> gq,  dSv_a[i] = dS[i] . v_new_a -> gk,  dW_a[i] = -S[i] . dvn_a -> db2,
-// and the rows' share of <S, dS> -> sds[(c nv + h) ceil(dk / 32) + blockIdx.z].
-// The chunk's rows (v_new, dvn, dO) go through shared memory; S and dS, each element used by four
-// warps, are read as fragments from global memory (L1), which keeps the block to two a
-// multiprocessor: one block's loads run under the other's products.
-constexpr int kStateRows = 32;
+// and the rows' share of <S, dS> -> sds[(c nv + h) ceil(dk / 64) + blockIdx.z].
+// The chunk's rows (v_new, dvn, dO) go through shared memory, once for 64 state rows (dk <= 128:
+// two blocks a chunk and head); S and dS, each element used by two warps, are read as fragments
+// from global memory (L1), which keeps the block to two a multiprocessor: one block's loads run
+// under the other's products.
+constexpr int kStateRows = 64;
 __global__ void __launch_bounds__(kThreads, 2) rule_bwd_state_kernel(RuleBwdParams b) {
   extern __shared__ __align__(16) unsigned char smem[];
   const RuleParams& p = b.f;
@@ -1435,10 +1436,10 @@ __global__ void __launch_bounds__(kThreads, 2) rule_bwd_state_kernel(RuleBwdPara
   attn::cp_async_commit();
   // The three products on tensor cores: rows i (the block's state rows) x columns a (the chunk's
   // rows) over dv; S, dS, v_new and dvn split into bf16 halves (split_bf16x2), dO exact in bf16.
-  // Warp w: rows 16 (w % 2) .., columns 16 (w / 2) .. (two n8 tiles). Warps 0 and 1 (columns 0 ..
-  // 15) hold every S and dS element of the block once: they sum <S, dS>.
+  // Warp w: rows 16 (w % 4) .., columns 32 (w / 4) .. (four n8 tiles). Warps 0 to 3 (columns 0 ..
+  // 31) hold every S and dS element of the block once: they sum <S, dS>.
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
-  const int m0 = 16 * (warp % 2), a0 = 16 * (warp / 2);
+  const int m0 = 16 * (warp % 4), a0 = 32 * (warp / 4);
   auto state_fragment = [&](uint32_t(&hi)[4], uint32_t(&lo)[4], const float* src, int k0, const float* other,
                             float& dot) {
 #pragma unroll
@@ -1452,18 +1453,20 @@ __global__ void __launch_bounds__(kThreads, 2) rule_bwd_state_kernel(RuleBwdPara
       }
     }
   };
-  float sdo[2][4] = {}, dsv[2][4] = {}, sdv[2][4] = {};  // sdv = S . dvn (dW = -sdv)
+  float sdo[4][4] = {}, dsv[4][4] = {}, sdv[4][4] = {};  // sdv = S . dvn (dW = -sdv)
   float sds = 0.f;
-  const float* sds_with = warp < 2 ? dSg : nullptr;
+  const float* sds_with = warp < 4 ? dSg : nullptr;
   attn::cp_async_wait<0>();
   __syncthreads();
   for (int k0 = 0; k0 < dv; k0 += 16) {
-    uint32_t sh[4], sl[4], dh[4], dl[4], o[4];
+    uint32_t sh[4], sl[4], dh[4], dl[4], o[2][4];  // dO: n8 tile n is o[n / 2][2 (n % 2)], [.. + 1]
     state_fragment(sh, sl, Sg, k0, sds_with, sds);
     state_fragment(dh, dl, dSg, k0, nullptr, sds);
-    mma::ldsm_x4(o, Db + (a0 + lane % 8 + 8 * (lane / 16)) * kRowStride + k0 + 8 * (lane / 8 % 2));
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+    for (int np = 0; np < 2; ++np)
+      mma::ldsm_x4(o[np], Db + (a0 + 16 * np + lane % 8 + 8 * (lane / 16)) * kRowStride + k0 + 8 * (lane / 8 % 2));
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
       uint32_t vh[2], vl[2], rh[2], rl[2];  // B (j, a) = v_new_a[j], dvn_a[j]: rows a0 + 8 n + gq
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) {
@@ -1472,8 +1475,8 @@ __global__ void __launch_bounds__(kThreads, 2) rule_bwd_state_kernel(RuleBwdPara
         split_bf16x2(v.x, v.y, vh[jj], vl[jj]);
         split_bf16x2(r.x, r.y, rh[jj], rl[jj]);
       }
-      mma::mma_16816(sdo[n], sh, o[2 * n], o[2 * n + 1]);
-      mma::mma_16816(sdo[n], sl, o[2 * n], o[2 * n + 1]);
+      mma::mma_16816(sdo[n], sh, o[n / 2][2 * (n % 2)], o[n / 2][2 * (n % 2) + 1]);
+      mma::mma_16816(sdo[n], sl, o[n / 2][2 * (n % 2)], o[n / 2][2 * (n % 2) + 1]);
       mma::mma_16816(dsv[n], dh, vh[0], vh[1]);
       mma::mma_16816(dsv[n], dh, vl[0], vl[1]);
       mma::mma_16816(dsv[n], dl, vh[0], vh[1]);
@@ -1483,7 +1486,7 @@ __global__ void __launch_bounds__(kThreads, 2) rule_bwd_state_kernel(RuleBwdPara
     }
   }
 #pragma unroll
-  for (int n = 0; n < 2; ++n)
+  for (int n = 0; n < 4; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = m0 + gq + 8 * (e / 2), a = a0 + 8 * n + 2 * tq + e % 2;
@@ -1493,7 +1496,7 @@ __global__ void __launch_bounds__(kThreads, 2) rule_bwd_state_kernel(RuleBwdPara
       b.gk[at] = dsv[n][e];
       b.db2[at] = -sdv[n][e];
     }
-  // The rows' share of <S, dS>, in a fixed order (warps 2.. add zeros).
+  // The rows' share of <S, dS>, in a fixed order (warps 4.. add zeros).
   __shared__ float red[detail::kWarp];
   sds = detail::block_sum(sds, red);
   if (threadIdx.x == 0) b.sds[((int64_t)c * p.nv + h) * gridDim.z + blockIdx.z] = sds;
@@ -1989,7 +1992,7 @@ struct RuleBwdScratch {
     db2 = w.take<float>(rows * dk);
     gq = w.take<float>(rows * dk);
     gk = w.take<float>(rows * dk);
-    sds = w.take<float>((size_t)plan.num_chunks() * nv * ((dk + 31) / 32));
+    sds = w.take<float>((size_t)plan.num_chunks() * nv * ((dk + kStateRows - 1) / kStateRows));
     bytes = f.bytes + w.bytes();
   }
 };
