@@ -1415,7 +1415,7 @@ size_t bwd_walk_mma_smem_bytes(int dk) {
 //   SdO_a[i] = S[i] . dO_a -> gq,  dSv_a[i] = dS[i] . v_new_a -> gk,  dW_a[i] = -S[i] . dvn_a -> db2,
 // and the rows' share of <S, dS> -> sds[(c nv + h) ceil(dk / 64) + blockIdx.z].
 // The chunk's rows (v_new, dvn, dO) go through shared memory, once for 64 state rows (dk <= 128:
-// two blocks a chunk and head); S and dS, each element used by two warps, are read as fragments
+// at most two blocks a chunk and head); S and dS, each element used by two warps, are read as fragments
 // from global memory (L1), which keeps the block to two a multiprocessor: one block's loads run
 // under the other's products.
 constexpr int kStateRows = 64;
@@ -2202,10 +2202,17 @@ void check_rule_shape(int nk, int nv, int dk, int dv, const char* op) {
            " in [32, 128], got nk=", nk, " nv=", nv, " dk=", dk, " dv=", dv);
 }
 
-// The row tensors are read in 16-byte pieces (cp.async, vector loads) and written in pairs or more.
-void check_rule_aligned(const char* op, std::initializer_list<const void*> tensors) {
-  for (const void* t : tensors)
-    TT_CHECK((reinterpret_cast<uintptr_t>(t) & 15u) == 0, op, ": q, k, v, o and their gradients must be 16-byte aligned");
+// q, k, v, d_o and the states are read 16 bytes at a time (cp.async, vector loads), o written in
+// bf16 pairs: a tensor not aligned so is an error naming it (null tensors pass).
+struct Aligned {
+  const char* name;
+  const void* p;
+  unsigned bytes;
+};
+void check_rule_aligned(const char* op, std::initializer_list<Aligned> tensors) {
+  for (const Aligned& t : tensors)
+    TT_CHECK((reinterpret_cast<uintptr_t>(t.p) & (t.bytes - 1)) == 0, op, ": ", t.name, " must be ", t.bytes,
+             "-byte aligned (got address ", t.p, ")");
 }
 
 RuleParams rule_params(const bf16* q, const bf16* k, const bf16* v, const float* g, const bf16* beta, const float* init,
@@ -2250,7 +2257,8 @@ void gdn_backward(bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* 
                   cudaStream_t stream, bool accumulate) {
   check_rule_shape(nk, nv, dk_, dv_, "gdn_backward");
   if (plan.num_chunks() == 0) return;
-  check_rule_aligned("gdn_backward", {q, k, v, d_o, dq, dk, dv});
+  check_rule_aligned("gdn_backward", {{"q", q, 16}, {"k", k, 16}, {"v", v, 16}, {"d_o", d_o, 16},
+                                      {"init", init, 16}, {"d_init", d_init, 16}, {"d_end", d_end, 16}});
   TT_CHECK(plan.device().chunk_row0, "gdn_backward: the plan's tables are not uploaded");
   const RuleBwdScratch s(plan, nv, dk_, dv_, ws.ptr);
   detail::check_workspace(ws, s.bytes, "gdn_backward");
@@ -2299,7 +2307,8 @@ void gdn_forward(bf16* o, float* end, const bf16* q, const bf16* k, const bf16* 
                  cudaStream_t stream) {
   check_rule_shape(nk, nv, dk, dv, "gdn_forward");
   if (plan.num_chunks() == 0) return;
-  check_rule_aligned("gdn_forward", {q, k, v, o});
+  check_rule_aligned("gdn_forward",
+                     {{"q", q, 16}, {"k", k, 16}, {"v", v, 16}, {"init", init, 16}, {"end", end, 16}, {"o", o, 4}});
   TT_CHECK(plan.device().chunk_row0, "gdn_forward: the plan's tables are not uploaded");
   const RuleScratch s(plan, nv, dk, dv, end != nullptr, ws.ptr);
   detail::check_workspace(ws, s.bytes, "gdn_forward");

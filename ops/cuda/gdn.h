@@ -115,6 +115,8 @@ size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, 
 // head h reads key head h / (nv / nk). init (num_roots, nv, dk, dv) fp32 or null (zeros); end
 // (num_nodes, nv, dk, dv) fp32 or null: each node's state after its last row. A node starts from
 // its parent's end state. fp32 math and state. dk <= 128 a multiple of 8, dv <= 128 a multiple of 32.
+// q, k, v and the states are read 16 bytes at a time (16-byte aligned, else an error naming the
+// tensor), o written in pairs (4-byte aligned).
 // Three kernels whatever the tree: per (chunk, head) the chunk's U, W and decay sums; one walk per
 // (value head, 32 state columns) over the chunks in packed order carrying the state (a node's
 // first chunk starts from its parent's end state, kept per node); per (chunk, head) the outputs.
@@ -130,9 +132,10 @@ size_t gdn_backward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv)
 // node's end state from outside the batch. A parent's end-state gradient sums its children's
 // initial-state gradients in reverse packed order (deterministic, no atomics). Recomputes the
 // forward's walk, then: per (chunk, head) the dO terms; one reverse walk per (value head, 32 state
-// columns) carrying the end-state gradient; per (chunk, head, 32 state rows) the products with the
+// columns) carrying the end-state gradient; per (chunk, head, 64 state rows) the products with the
 // entering state and its gradient; per (chunk, head) the inputs' gradients; the key-head group
-// sums: seven launches whatever the tree.
+// sums: seven launches whatever the tree. d_o and the state gradients 16-byte aligned as the
+// forward's inputs.
 void gdn_backward(bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* d_init, const bf16* d_o,
                   const float* d_end, const bf16* q, const bf16* k, const bf16* v, const float* g, const bf16* beta,
                   const float* init, const GdnPlan& plan, int nk, int nv, int dk_, int dv_, double scale, Workspace ws,

@@ -446,8 +446,7 @@ TEST_F(GdnOps, BadShapesAreErrors) {
                       64, 96, 1.0, cuda::Workspace{}, nullptr);
     ADD_FAILURE() << "a misaligned q was accepted";
   } catch (const tt::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("gdn_forward: q, k, v, o and their gradients must be 16-byte aligned"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("gdn_forward: q must be 16-byte aligned"), std::string::npos)
         << e.what();
   }
 }
