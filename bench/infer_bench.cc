@@ -230,20 +230,18 @@ int run(int argc, char** argv) {
       model::generate(mp, p, s);
       const model::CudaProfile pre = mp.exec().take_profile();
       const double n = (double)st.decode_steps;
-      using P = model::CudaProfile;
       // Per decode step, class by class: the whole run's time less the prefill-only run's.
-      auto per_step = [&](double P::*gemm, double P::*attention, double P::*head, double P::*norm, double P::*other,
-                          double (P::*total)() const) {
-        auto d = [&](double P::*x) { return (full.*x - pre.*x) / n; };
-        return nlohmann::json{{"gemm", d(gemm)},   {"attention", d(attention)}, {"head", d(head)},
-                              {"norm", d(norm)},   {"other", d(other)},
-                              {"total", ((full.*total)() - (pre.*total)()) / n}};
+      auto per_step = [&](const model::CudaOpTimes& f, const model::CudaOpTimes& q) {
+        return nlohmann::json{{"gemm", (f.gemm_ms - q.gemm_ms) / n},
+                              {"attention", (f.attention_ms - q.attention_ms) / n},
+                              {"head", (f.head_ms - q.head_ms) / n},
+                              {"norm", (f.norm_ms - q.norm_ms) / n},
+                              {"other", (f.other_ms - q.other_ms) / n},
+                              {"total", (f.total_ms() - q.total_ms()) / n}};
       };
-      nlohmann::json j = {
-          {"host_ms", per_step(&P::host_gemm_ms, &P::host_attention_ms, &P::host_head_ms, &P::host_norm_ms,
-                               &P::host_other_ms, &P::host_total_ms)},
-          {"gpu_ms", per_step(&P::gemm_ms, &P::attention_ms, &P::head_ms, &P::norm_ms, &P::other_ms, &P::total_ms)},
-          {"step_ms", st.decode_s / n * 1e3}};
+      nlohmann::json j = {{"host_ms", per_step(full.host, pre.host)},
+                          {"gpu_ms", per_step(full, pre)},
+                          {"step_ms", st.decode_s / n * 1e3}};
       out["profile"][c.name] = j;
       std::fprintf(stderr, "profile %s: %s\n", c.name.c_str(), j.dump().c_str());
     }

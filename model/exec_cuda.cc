@@ -720,7 +720,7 @@ void CudaExec::mark(Op op) {
   if (in_vision_) op = Op::kVision;
   const auto now = std::chrono::steady_clock::now();
   if (host_op_ != Op::kNone)
-    host_ms_[(int)host_op_] += std::chrono::duration<double, std::milli>(now - host_since_).count();
+    add_time(host_, host_op_, std::chrono::duration<double, std::milli>(now - host_since_).count());
   host_op_ = op;
   host_since_ = now;
   if (op == current_) return;
@@ -736,30 +736,29 @@ void CudaExec::mark(Op op) {
   marks_.emplace_back(e, op);
 }
 
+void CudaExec::add_time(CudaOpTimes& t, Op op, double ms) {
+  switch (op) {
+    case Op::kGemm: t.gemm_ms += ms; break;
+    case Op::kAttention: t.attention_ms += ms; break;
+    case Op::kHead: t.head_ms += ms; break;
+    case Op::kNorm: t.norm_ms += ms; break;
+    case Op::kVision: t.vision_ms += ms; break;
+    default: t.other_ms += ms; break;
+  }
+}
+
 CudaProfile CudaExec::take_profile() {
   CudaProfile p;
   if (marks_.empty()) return p;
   mark(Op::kNone);
-  p.host_gemm_ms = host_ms_[(int)Op::kGemm];
-  p.host_attention_ms = host_ms_[(int)Op::kAttention];
-  p.host_head_ms = host_ms_[(int)Op::kHead];
-  p.host_norm_ms = host_ms_[(int)Op::kNorm];
-  p.host_other_ms = host_ms_[(int)Op::kOther];
-  p.host_vision_ms = host_ms_[(int)Op::kVision];
-  for (double& x : host_ms_) x = 0;
+  p.host = host_;
+  host_ = CudaOpTimes{};
   TT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   for (size_t i = 0; i + 1 < marks_.size(); ++i) {
     if (marks_[i].second == Op::kNone) continue;
     float ms = 0;
     TT_CUDA_CHECK(cudaEventElapsedTime(&ms, marks_[i].first, marks_[i + 1].first));
-    switch (marks_[i].second) {
-      case Op::kGemm: p.gemm_ms += ms; break;
-      case Op::kAttention: p.attention_ms += ms; break;
-      case Op::kHead: p.head_ms += ms; break;
-      case Op::kNorm: p.norm_ms += ms; break;
-      case Op::kVision: p.vision_ms += ms; break;
-      default: p.other_ms += ms; break;
-    }
+    add_time(p, marks_[i].second, ms);
   }
   for (auto& m : marks_) spare_events_.push_back(m.first);
   marks_.clear();

@@ -46,9 +46,8 @@ struct CudaExecOptions {
   bool gemm_autotune = false;
 };
 
-// GPU time per op class since the last take_profile(), in milliseconds. The classes partition the
-// stream time of the decoder's calls.
-struct CudaProfile {
+// Time per op class in milliseconds. The classes partition the decoder's calls.
+struct CudaOpTimes {
   double gemm_ms = 0;       // the layers' projections, forward and backward (cuBLASLt)
   double attention_ms = 0;  // tree attention forward and backward
   double head_ms = 0;       // LM head: row gather/scatter, logits GEMM, fused loss, dW and dX GEMMs
@@ -56,13 +55,13 @@ struct CudaProfile {
   double other_ms = 0;      // metadata upload, tiles, embedding, residual adds, conversions, memsets
   double vision_ms = 0;     // the VLA media stage: tower, projector, state projection, row moves
   double total_ms() const { return gemm_ms + attention_ms + head_ms + norm_ms + other_ms + vision_ms; }
-  // Host time per class: from an op's call to the next op's (its launches, and what the decoder
-  // computes on the host before the next op); host time after a forward's last op is not counted.
-  double host_gemm_ms = 0, host_attention_ms = 0, host_head_ms = 0, host_norm_ms = 0, host_other_ms = 0,
-         host_vision_ms = 0;
-  double host_total_ms() const {
-    return host_gemm_ms + host_attention_ms + host_head_ms + host_norm_ms + host_other_ms + host_vision_ms;
-  }
+};
+
+// Since the last take_profile(): the stream's (GPU) time per op class (the fields it inherits) and
+// the host's, from an op's call to the next op's (its launches, and what the decoder computes on
+// the host before the next op; host time after a forward's last op is not counted).
+struct CudaProfile : CudaOpTimes {
+  CudaOpTimes host;
 };
 
 class CudaExec {
@@ -366,9 +365,11 @@ class CudaExec {
   bool in_vision_ = false;
   Op current_ = Op::kNone;
   std::vector<std::pair<cudaEvent_t, Op>> marks_;  // profile marks since take_profile()
+  // t (ms) into class op's field (kNone: other).
+  static void add_time(CudaOpTimes& t, Op op, double ms);
   Op host_op_ = Op::kNone;                          // the class of the last op called
   std::chrono::steady_clock::time_point host_since_;  // when it was called
-  double host_ms_[(int)Op::kNone + 1] = {};          // host time per class since take_profile()
+  CudaOpTimes host_;                                 // host time per class since take_profile()
   std::vector<cudaEvent_t> spare_events_;
 };
 
