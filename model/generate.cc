@@ -334,13 +334,14 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
     } drain{model};
     auto enqueue_step = [&](const std::vector<Live*>& act, int ahead) {
       const int B = (int)act.size();
+      auto drawn = [&](const Live& x) { return (int)x.out->tokens.size() + ahead; };  // its row computes token drawn(x)
       data::PackedBatch step;
       step.n_tokens = B;
       Carry<E> carry(L);
       std::vector<int32_t> write_rows;
       for (int r = 0; r < B; ++r) {
         const Live& x = *act[r];
-        const int j = (int)x.out->tokens.size() + ahead;
+        const int j = drawn(x);
         const int plen = (int)prompts[group0 + x.pg].tokens.size();
         step.tokens.push_back(ahead ? 0 : x.out->tokens.back());  // ahead: the draws on the backend
         step.pos.push_back(plen + j - 1);
@@ -360,12 +361,12 @@ std::vector<Completion> generate(Decoder<E>& model, const std::vector<Prompt>& p
         r = e;
       }
       for (int r = 0; r < B; ++r)
-        cache.read(carry, act[r]->gen_row, (int)act[r]->out->tokens.size() + ahead - 1, r, r + 1);
+        cache.read(carry, act[r]->gen_row, drawn(*act[r]) - 1, r, r + 1);
       // Recurrent layers: a sample's first step starts from its prompt's state, later ones from its own.
       std::vector<int32_t> slot_in, slot_out;
       if (cache.recurrent()) {
         for (const Live* x : act) {
-          slot_in.push_back(x->out->tokens.size() + ahead == 1 ? prompt_slot[x->pg] : x->slot);
+          slot_in.push_back(drawn(*x) == 1 ? prompt_slot[x->pg] : x->slot);
           slot_out.push_back(x->slot);
         }
         cache.read_state(carry, slot_in);

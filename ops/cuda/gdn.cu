@@ -530,7 +530,7 @@ __global__ void __launch_bounds__(kThreads, 2) rule_prep_kernel(RuleParams p) {
   for (int r = threadIdx.x; r < L; r += blockDim.x) p.gam[(int64_t)(r0 + r) * p.nv + h] = gam[r];
 }
 
-size_t prep_smem_bytes(int, int) {
+size_t prep_smem_bytes() {  // k, v rows, A, gam, beta: the same for every head shape
   return 2 * sizeof(bf16) * kGdnChunk * kRowStride + sizeof(float) * ((size_t)kGdnChunk * kPairStride + 2 * kGdnChunk);
 }
 
@@ -2234,7 +2234,7 @@ RuleParams rule_params(const bf16* q, const bf16* k, const bf16* v, const float*
 // The forward's first two kernels: U, W and gam per chunk, then the walk (sin, vnew, node ends).
 void rule_prep_and_walk(const RuleParams& p, cudaStream_t stream) {
   const bool mma_walk = p.dk % 16 == 0;
-  const size_t prep_smem = prep_smem_bytes(p.dk, p.dv);
+  const size_t prep_smem = prep_smem_bytes();
   const size_t walk_smem = mma_walk ? walk_mma_smem_bytes(p.dk) : walk_smem_bytes(p.dk);
   TT_CUDA_CHECK(cudaFuncSetAttribute(rule_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem));
   auto* walk = mma_walk ? rule_walk_mma_kernel : rule_walk_kernel;
