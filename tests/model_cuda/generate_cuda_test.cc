@@ -47,6 +47,27 @@ std::vector<float> weights(const model::ModelConfig& cfg, uint64_t seed) {
   return w;
 }
 
+// n prompts "p0", "p1", ... of len0 + step p random tokens below V.
+std::vector<model::Prompt> random_prompts(std::mt19937_64& rng, int V, int n, int len0, int step) {
+  std::uniform_int_distribution<int> tok(0, V - 1);
+  std::vector<model::Prompt> prompts;
+  for (int p = 0; p < n; ++p) {
+    model::Prompt pr;
+    pr.id = "p" + std::to_string(p);
+    pr.tokens.resize(len0 + step * p);
+    for (int32_t& t : pr.tokens) t = tok(rng);
+    prompts.push_back(pr);
+  }
+  return prompts;
+}
+
+// The GPU's error on a row of V logits: within `bound` of the row's RMS (relative L2), taken 6 x.
+double logit_error(const double* row, int V, double bound) {
+  double ss = 0;
+  for (int v = 0; v < V; ++v) ss += row[v] * row[v];
+  return 6 * bound * std::sqrt(ss / V);
+}
+
 std::vector<double> cpu_logits(model::Model<double>& m, const std::vector<int32_t>& tokens) {
   data::PackedBatch b;
   b.n_tokens = (int)tokens.size();
@@ -133,15 +154,7 @@ TEST_F(GenerateCuda, GreedyAgreesWithTheCpu) {
   model::Model<double> cpu(cfg);
   std::copy(w.begin(), w.end(), cpu.params());
   std::mt19937_64 rng(7);
-  std::uniform_int_distribution<int> tok(0, kShape.V - 1);
-  std::vector<model::Prompt> prompts;
-  for (int p = 0; p < 4; ++p) {
-    model::Prompt pr;
-    pr.id = "p" + std::to_string(p);
-    pr.tokens.resize(20 + 37 * p);
-    for (int32_t& t : pr.tokens) t = tok(rng);
-    prompts.push_back(pr);
-  }
+  const std::vector<model::Prompt> prompts = random_prompts(rng, kShape.V, 4, 20, 37);
   model::SamplingOptions o;
   o.temperature = 0;
   o.max_new_tokens = 24;
@@ -158,14 +171,12 @@ TEST_F(GenerateCuda, GreedyAgreesWithTheCpu) {
     const std::vector<double> ref = cpu_logits(cpu, seq);
     for (size_t j = 0; j < ct.size(); ++j) {
       const double* row = ref.data() + (prompts[p].tokens.size() + j - 1) * V;
-      double top = -INFINITY, second = -INFINITY, ss = 0;
+      double top = -INFINITY, second = -INFINITY;
       for (int v = 0; v < V; ++v) {
-        ss += row[v] * row[v];
         if (row[v] > top) second = top, top = row[v];
         else if (row[v] > second) second = row[v];
       }
-      // The GPU's logit error: within logit_bound(L) of the row's RMS (relative L2), taken 6 x.
-      const double err = 6 * logit_bound(kShape.L) * std::sqrt(ss / V);
+      const double err = logit_error(row, V, logit_bound(kShape.L));
       if (gt[j] == ct[j]) {
         ++agreed;
         continue;
@@ -287,15 +298,7 @@ TEST_F(GenerateCuda, HybridGreedyAgreesWithTheCpu) {
   model::Model<double> cpu(cfg);
   std::copy(w.begin(), w.end(), cpu.params());
   std::mt19937_64 rng(7);
-  std::uniform_int_distribution<int> tok(0, kHybrid.base.V - 1);
-  std::vector<model::Prompt> prompts;
-  for (int p = 0; p < 3; ++p) {
-    model::Prompt pr;
-    pr.id = "p" + std::to_string(p);
-    pr.tokens.resize(20 + 45 * p);
-    for (int32_t& t : pr.tokens) t = tok(rng);
-    prompts.push_back(pr);
-  }
+  const std::vector<model::Prompt> prompts = random_prompts(rng, kHybrid.base.V, 3, 20, 45);
   model::SamplingOptions o;
   o.temperature = 0;
   o.max_new_tokens = 16;
@@ -315,13 +318,12 @@ TEST_F(GenerateCuda, HybridGreedyAgreesWithTheCpu) {
       const std::vector<double> ref = cpu_logits(cpu, seq);
       for (size_t j = 0; j < ct.size(); ++j) {
         const double* row = ref.data() + (prompts[p].tokens.size() + j - 1) * V;
-        double top = -INFINITY, second = -INFINITY, ss = 0;
+        double top = -INFINITY, second = -INFINITY;
         for (int v = 0; v < V; ++v) {
-          ss += row[v] * row[v];
           if (row[v] > top) second = top, top = row[v];
           else if (row[v] > second) second = row[v];
         }
-        const double err = 6 * bound * std::sqrt(ss / V);
+        const double err = logit_error(row, V, bound);
         if (gt[j] == ct[j]) {
           ++agreed;
           continue;
@@ -351,15 +353,7 @@ TEST_F(GenerateCuda, OverlappedStepsDrawWhatOneStepAtATimeDraws) {
     model::CudaModel gpu(cfg, inference());
     gpu.set_params(w.data());
     std::mt19937_64 rng(9);
-    std::uniform_int_distribution<int> tok(0, V - 1);
-    std::vector<model::Prompt> prompts;
-    for (int p = 0; p < 3; ++p) {
-      model::Prompt pr;
-      pr.id = "p" + std::to_string(p);
-      pr.tokens.resize(30 + 20 * p);
-      for (int32_t& t : pr.tokens) t = tok(rng);
-      prompts.push_back(pr);
-    }
+    const std::vector<model::Prompt> prompts = random_prompts(rng, V, 3, 30, 20);
     model::SamplingOptions o;
     o.temperature = 1;
     o.num_samples = 4;
@@ -394,10 +388,10 @@ TEST_F(GenerateCuda, OverlappedStepsDrawWhatOneStepAtATimeDraws) {
         const std::vector<double> ref = cpu_logits(cpu, seq);
         for (size_t j = 0; j < x.tokens.size(); ++j) {
           const double* row = ref.data() + (prompts[p].tokens.size() + j - 1) * V;
-          double mx = row[0], z = 0, ss = 0;
-          for (int v = 0; v < V; ++v) mx = std::max(mx, row[v]), ss += row[v] * row[v];
+          double mx = row[0], z = 0;
+          for (int v = 0; v < V; ++v) mx = std::max(mx, row[v]);
           for (int v = 0; v < V; ++v) z += std::exp(row[v] - mx);
-          const double err = 6 * bound * std::sqrt(ss / V);
+          const double err = logit_error(row, V, bound);
           EXPECT_NEAR(x.logprobs[j], row[x.tokens[j]] - mx - std::log(z), 2 * err)
               << "hybrid " << hybrid << " prompt " << p << " sample " << k << " token " << j;
           ++checked;
