@@ -21,6 +21,7 @@ namespace tt::model {
 namespace {
 
 using testing::chain_batch;
+using testing::expect_error;
 using testing::tiny_config;
 
 // The dense models, and the hybrids (Gated DeltaNet layers around gated attention: qwen3_5_text
@@ -292,14 +293,6 @@ TEST(Generate, OverlappedStepsDrawWhatOneStepAtATimeDraws) {
 TEST(Generate, InferEnqueueErrors) {
   Model<double> m(config("qwen3"));
   m.init(3);
-  auto expect_error = [](auto&& f, const std::string& what) {
-    try {
-      f();
-      ADD_FAILURE() << "expected tt::Error containing: " << what;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-    }
-  };
   InferRequest draw;
   draw.loss = false;
   draw.rows = InferRequest::Rows::kList;
@@ -307,16 +300,16 @@ TEST(Generate, InferEnqueueErrors) {
   draw.sample = true;
   draw.keys = {1, 2};
   const data::PackedBatch two = decode_batch({1, 2}, {0, 0}), three = decode_batch({1, 2, 3}, {0, 0, 0});
-  expect_error([&] { m.infer_collect(); }, "model: infer_collect() with no forward in flight");
+  expect_error([&] { m.infer_collect(); }, {"model: infer_collect() with no forward in flight"});
   InferRequest fed = draw;
   fed.tokens_from_draws = true;
-  expect_error([&] { m.infer_enqueue(two, fed); }, "model: tokens_from_draws needs the forward before to have drawn "
-                                                     "one token per row of this batch");
+  expect_error([&] { m.infer_enqueue(two, fed); }, {"model: tokens_from_draws needs the forward before to have drawn "
+                                                      "one token per row of this batch"});
   m.infer_enqueue(two, draw);
   m.infer_enqueue(two, fed);
   EXPECT_EQ(m.in_flight(), 2);
-  expect_error([&] { m.infer_enqueue(two, fed); }, "model: 2 forwards in flight; infer_collect() one first");
-  expect_error([&] { m.infer(two, InferRequest::all_logits()); }, "model: infer() with 2 forwards in flight");
+  expect_error([&] { m.infer_enqueue(two, fed); }, {"model: 2 forwards in flight; infer_collect() one first"});
+  expect_error([&] { m.infer(two, InferRequest::all_logits()); }, {"model: infer() with 2 forwards in flight"});
   const InferResult first = m.infer_collect(), second = m.infer_collect();
   // The fed forward's tokens are the first one's draws: the same as a forward of those tokens.
   const InferResult direct = m.infer(decode_batch(first.tokens, {0, 0}), draw);
@@ -326,28 +319,28 @@ TEST(Generate, InferEnqueueErrors) {
   InferRequest fed3 = fed;
   fed3.list = {0, 1, 2};
   fed3.keys = {1, 2, 3};
-  expect_error([&] { m.infer_enqueue(three, fed3); }, "(3 rows; it drew 2)");
+  expect_error([&] { m.infer_enqueue(three, fed3); }, {"(3 rows; it drew 2)"});
   EXPECT_EQ(m.in_flight(), 0);
   // A forward that draws nothing leaves nothing to take.
   m.infer(two, InferRequest::all_logits());
-  expect_error([&] { m.infer_enqueue(two, fed); }, "(2 rows; it drew 0)");
+  expect_error([&] { m.infer_enqueue(two, fed); }, {"(2 rows; it drew 0)"});
   // A forward of another layout (every row's draw without a row list: no logit-row table) cannot
   // take the draws, though it has as many rows; and the draws are spent by the failed attempt.
   m.infer_enqueue(two, draw);
   InferRequest fed_all = fed;
   fed_all.rows = InferRequest::Rows::kAll;
   fed_all.list.clear();
-  expect_error([&] { m.infer_enqueue(two, fed_all); }, "but into the layout of a batch of another shape");
-  expect_error([&] { m.infer_enqueue(two, fed); }, "(2 rows; it drew 0)");
+  expect_error([&] { m.infer_enqueue(two, fed_all); }, {"but into the layout of a batch of another shape"});
+  expect_error([&] { m.infer_enqueue(two, fed); }, {"(2 rows; it drew 0)"});
   m.infer_collect();
   // After an error with a forward in flight, infer_abandon() makes the model usable again.
   m.infer_enqueue(two, draw);
-  expect_error([&] { m.infer_enqueue(three, fed3); }, "(3 rows; it drew 2)");
+  expect_error([&] { m.infer_enqueue(three, fed3); }, {"(3 rows; it drew 2)"});
   EXPECT_EQ(m.in_flight(), 1);
-  expect_error([&] { m.infer(two, draw); }, "model: infer() with 1 forwards in flight");
+  expect_error([&] { m.infer(two, draw); }, {"model: infer() with 1 forwards in flight"});
   m.infer_abandon();
   EXPECT_EQ(m.in_flight(), 0);
-  expect_error([&] { m.infer_enqueue(two, fed); }, "(2 rows; it drew 0)");
+  expect_error([&] { m.infer_enqueue(two, fed); }, {"(2 rows; it drew 0)"});
   const InferResult again = m.infer(decode_batch(first.tokens, {0, 0}), draw);
   EXPECT_EQ(again.tokens, direct.tokens) << "the same forward as before the error";
   EXPECT_EQ(again.logprobs, direct.logprobs);

@@ -17,6 +17,7 @@
 namespace tt::model {
 namespace {
 
+using testing::expect_error;
 using testing::tiny_config;
 
 std::string temp_dir(const std::string& name) {
@@ -39,19 +40,6 @@ void expect_same_config(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
   EXPECT_EQ(a.initializer_range, b.initializer_range);
   EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
-}
-
-// Message of the tt::Error thrown by f, checked to contain every part.
-template <class F>
-void expect_error(F f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-    return;
-  }
-  ADD_FAILURE() << "expected tt::Error";
 }
 
 // Writes the model's tensors to dir/model.safetensors, with `edit` applied to the list first.

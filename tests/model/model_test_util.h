@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "base/check.h"
 #include "data/packing.h"
 #include "model/config.h"
 #include "model/decoder.h"
@@ -161,6 +162,19 @@ inline double expect_tree_equals_per_path(Model<double>& m, const data::Tree& tr
   }
   EXPECT_LE(diff, 1e-10 * scale_g);
   return scale_g;
+}
+
+// Message of the tt::Error thrown by f, checked to contain every part.
+template <class F>
+void expect_error(F f, const std::vector<std::string>& parts) {
+  try {
+    f();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+    return;
+  }
+  ADD_FAILURE() << "expected tt::Error";
 }
 
 }  // namespace tt::model::testing
