@@ -315,11 +315,26 @@ __device__ __forceinline__ void load_chunk_rows(T* dst, int stride, const T* src
                                                 int cols, int R = kGdnChunk) {
   constexpr int kPer = 16 / sizeof(T);
   const int pieces = cols / kPer;
-  for (int e = threadIdx.x; e < R * pieces; e += blockDim.x) {
-    const int r = e / pieces, c = (e % pieces) * kPer;
+  // Element e = threadIdx.x + i kThreads is row e / pieces, piece e % pieces: stepped by kThreads
+  // without a division per element (the walks issue these every chunk step).
+  const int step_r = kThreads / pieces, step_c = kThreads % pieces;
+  int r = threadIdx.x / pieces, c = threadIdx.x % pieces;
+  while (r < R) {
     const bool in = r < L;
-    attn::cp_async_16(dst + r * stride + c, src + (int64_t)(r0 + (in ? r : 0)) * row_pitch + c, in ? 16 : 0);
+    attn::cp_async_16(dst + r * stride + c * kPer, src + (int64_t)(r0 + (in ? r : 0)) * row_pitch + c * kPer,
+                      in ? 16 : 0);
+    r += step_r, c += step_c;
+    if (c >= pieces) c -= pieces, ++r;
   }
+}
+
+// A chunk's row range, node and flags (the plan's tables). The walks read chunk c + 2's while
+// chunk c computes, so the plan's loads never wait in a step.
+struct ChunkInfo {
+  int r0, L, node, flags;
+};
+__device__ __forceinline__ ChunkInfo chunk_info(const GdnPlan::Device& plan, int c) {
+  return {plan.chunk_row0[c], plan.chunk_len[c], plan.chunk_node[c], plan.chunk_flags[c]};
 }
 
 // The chunk's per-row value-head scalars (gam or beta, (rows, nv) fp32 or bf16) -> dst[64], zeros past L.
@@ -444,6 +459,19 @@ __device__ __forceinline__ void split_a_fragment(uint32_t (&hi)[4], uint32_t (&l
   }
 }
 
+// The same fragment from pairs, pair(row, col) = (at(row, col), at(row, col + 1)): one 8-byte read
+// a pair where the matrix is row-major in shared memory.
+template <class Pair>
+__device__ __forceinline__ void split_a_fragment_pairs(uint32_t (&hi)[4], uint32_t (&lo)[4], int m0, int k0,
+                                                       Pair&& pair) {
+  const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 x = pair(m0 + gq + 8 * (j % 2), k0 + 2 * tq + 8 * (j / 2));
+    split_bf16x2(x.x, x.y, hi[j], lo[j]);
+  }
+}
+
 // The same fragment as three bf16 parts (split3_bf16x2: fp32's 24 bits), the fp32 matrix given
 // pairwise by pair(row, col) = (at(row, col), at(row, col + 1)).
 template <class Pair>
@@ -557,8 +585,9 @@ struct WalkStage {
   }
 };
 
-__device__ __forceinline__ void walk_prefetch(const WalkStage& st, const RuleParams& p, int c, int h, int kh, int j0) {
-  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
+__device__ __forceinline__ void walk_prefetch(const WalkStage& st, const RuleParams& p, const ChunkInfo& ci, int h, int kh,
+                                              int j0) {
+  const int r0 = ci.r0, L = ci.L;
   load_chunk_rows(st.W, p.dk, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
   load_chunk_rows(st.K, 128, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
   load_chunk_rows(st.U, kWalkCols, p.U + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L, kWalkCols);
@@ -596,15 +625,18 @@ __global__ void __launch_bounds__(kThreads) rule_walk_kernel(RuleParams p) {
   const size_t stage_floats = WalkStage::floats(dk);
   const int64_t SS = (int64_t)dk * dv;
   const int w = threadIdx.x / kWalkCols, jj = threadIdx.x % kWalkCols;
-  if (p.num_chunks > 0) walk_prefetch(WalkStage(stages, dk), p, 0, h, kh, j0);
+  const int nc = p.num_chunks;
+  ChunkInfo cur = nc > 0 ? chunk_info(p.plan, 0) : ChunkInfo{}, nxt = nc > 1 ? chunk_info(p.plan, 1) : cur;
+  if (nc > 0) walk_prefetch(WalkStage(stages, dk), p, cur, h, kh, j0);
   attn::cp_async_commit();
-  for (int c = 0; c < p.num_chunks; ++c) {
-    if (c + 1 < p.num_chunks) walk_prefetch(WalkStage(stages + ((c + 1) & 1) * stage_floats, dk), p, c + 1, h, kh, j0);
+  for (int c = 0; c < nc; ++c) {
+    if (c + 1 < nc) walk_prefetch(WalkStage(stages + ((c + 1) & 1) * stage_floats, dk), p, nxt, h, kh, j0);
     attn::cp_async_commit();
     attn::cp_async_wait<1>();
     const WalkStage st(stages + (c & 1) * stage_floats, dk);
-    const int n = p.plan.chunk_node[c], flags = p.plan.chunk_flags[c];
-    const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
+    const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
+    cur = nxt;
+    if (c + 2 < nc) nxt = chunk_info(p.plan, c + 2);
     if (flags & 1) {
       const int parent = p.plan.node_parent[n], root = p.plan.node_root[n];
       const float* src = parent >= 0 ? p.node_end + ((int64_t)parent * p.nv + h) * SS
@@ -728,9 +760,9 @@ struct WalkMmaStage {
   }
 };
 
-__device__ __forceinline__ void walk_mma_prefetch(const WalkMmaStage& st, const RuleParams& p, int c, int h, int kh,
-                                                  int j0) {
-  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
+__device__ __forceinline__ void walk_mma_prefetch(const WalkMmaStage& st, const RuleParams& p, const ChunkInfo& ci, int h,
+                                                  int kh, int j0) {
+  const int r0 = ci.r0, L = ci.L;
   load_chunk_rows(st.W, p.dk + 8, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
   load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
   load_chunk_rows(st.U, kWalkUStride, p.U + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L, kWalkCols);
@@ -765,15 +797,17 @@ __global__ void __launch_bounds__(kThreads) rule_walk_mma_kernel(RuleParams p) {
       }
     });
   };
-  if (p.num_chunks > 0) walk_mma_prefetch(WalkMmaStage(stages, dk), p, 0, h, kh, j0);
+  const int nc = p.num_chunks;
+  ChunkInfo cur = nc > 0 ? chunk_info(p.plan, 0) : ChunkInfo{}, nxt = nc > 1 ? chunk_info(p.plan, 1) : cur;
+  if (nc > 0) walk_mma_prefetch(WalkMmaStage(stages, dk), p, cur, h, kh, j0);
   attn::cp_async_commit();
-  for (int c = 0; c < p.num_chunks; ++c) {
-    if (c + 1 < p.num_chunks)
-      walk_mma_prefetch(WalkMmaStage(stages + ((c + 1) & 1) * stage_floats, dk), p, c + 1, h, kh, j0);
+  for (int c = 0; c < nc; ++c) {
+    if (c + 1 < nc) walk_mma_prefetch(WalkMmaStage(stages + ((c + 1) & 1) * stage_floats, dk), p, nxt, h, kh, j0);
     attn::cp_async_commit();
     const WalkMmaStage st(stages + (c & 1) * stage_floats, dk);
-    const int n = p.plan.chunk_node[c], flags = p.plan.chunk_flags[c];
-    const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
+    const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
+    cur = nxt;
+    if (c + 2 < nc) nxt = chunk_info(p.plan, c + 2);
     if (flags & 1) {
       const int parent = p.plan.node_parent[n], root = p.plan.node_root[n];
       const float* src = parent >= 0 ? p.node_end + ((int64_t)parent * p.nv + h) * SS
@@ -786,24 +820,34 @@ __global__ void __launch_bounds__(kThreads) rule_walk_mma_kernel(RuleParams p) {
     __syncthreads();  // the stage has landed; S's halves are stored
     const float gl = st.gam[L - 1];
     {  // v_new (rows vm .., columns vn ..) = U - W S, then dec v_new's halves
-      float acc[2][4];
+      // acc: U plus the small products (W_hi S_lo, W_lo S_hi); big: W_hi S_hi. Two accumulators a
+      // tile halve the chain of dependent mma a step waits on.
+      float acc[2][4], big[2][4] = {};
 #pragma unroll
       for (int nn = 0; nn < 2; ++nn)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[nn][e] = st.U[(vm + gq + 8 * (e / 2)) * US + vn + 8 * nn + 2 * tq + e % 2];
+#pragma unroll 2
       for (int k0 = 0; k0 < dk; k0 += 16) {
         uint32_t wh[4], wl[4], bh[4], bl[4];
-        split_a_fragment(wh, wl, vm, k0, [&](int r, int i) { return -st.W[r * (dk + 8) + i]; });
+        split_a_fragment_pairs(wh, wl, vm, k0, [&](int r, int i) {
+          const float2 w = *reinterpret_cast<const float2*>(st.W + r * (dk + 8) + i);
+          return make_float2(-w.x, -w.y);
+        });
         const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + vn + 8 * (lane / 16);
         mma::ldsm_x4_trans(bh, Sh + off);
         mma::ldsm_x4_trans(bl, Sl + off);
 #pragma unroll
         for (int nn = 0; nn < 2; ++nn) {
-          mma::mma_16816(acc[nn], wh, bh[2 * nn], bh[2 * nn + 1]);
+          mma::mma_16816(big[nn], wh, bh[2 * nn], bh[2 * nn + 1]);
           mma::mma_16816(acc[nn], wh, bl[2 * nn], bl[2 * nn + 1]);
           mma::mma_16816(acc[nn], wl, bh[2 * nn], bh[2 * nn + 1]);
         }
       }
+#pragma unroll
+      for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nn][e] += big[nn][e];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = vm + gq + 8 * half;
@@ -1124,10 +1168,10 @@ struct BwdWalkStage {
   }
 };
 
-__device__ __forceinline__ void bwd_walk_prefetch(const BwdWalkStage& st, const RuleBwdParams& b, int c, int h, int kh,
-                                                  int j0) {
+__device__ __forceinline__ void bwd_walk_prefetch(const BwdWalkStage& st, const RuleBwdParams& b, int c,
+                                                  const ChunkInfo& ci, int h, int kh, int j0) {
   const RuleParams& p = b.f;
-  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
+  const int r0 = ci.r0, L = ci.L;
   load_chunk_rows(st.W, p.dk, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
   load_chunk_rows(st.K, 128, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
   load_chunk_rows(st.dvn, kWalkCols, b.dvn + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L, kWalkCols);
@@ -1154,15 +1198,18 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_walk_kernel(RuleBwdParams b
   const int64_t SS = (int64_t)dk * dv;
   const int w = threadIdx.x / kWalkCols, jj = threadIdx.x % kWalkCols;
   const int last = p.num_chunks - 1;
-  if (last >= 0) bwd_walk_prefetch(BwdWalkStage(stages, dk), b, last, h, kh, j0);
+  ChunkInfo cur = last >= 0 ? chunk_info(p.plan, last) : ChunkInfo{}, nxt = last >= 1 ? chunk_info(p.plan, last - 1) : cur;
+  if (last >= 0) bwd_walk_prefetch(BwdWalkStage(stages, dk), b, last, cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = last; c >= 0; --c) {
-    if (c > 0) bwd_walk_prefetch(BwdWalkStage(stages + ((last - c + 1) & 1) * stage_floats, dk), b, c - 1, h, kh, j0);
+    if (c > 0)
+      bwd_walk_prefetch(BwdWalkStage(stages + ((last - c + 1) & 1) * stage_floats, dk), b, c - 1, nxt, h, kh, j0);
     attn::cp_async_commit();
     attn::cp_async_wait<1>();
     const BwdWalkStage st(stages + ((last - c) & 1) * stage_floats, dk);
-    const int n = p.plan.chunk_node[c], flags = p.plan.chunk_flags[c];
-    const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
+    const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
+    cur = nxt;
+    if (c >= 2) nxt = chunk_info(p.plan, c - 2);
     if (flags & 2) {  // (each thread its own elements, as the stores below: no hazard with them)
       const float* acc = b.acc + ((int64_t)n * p.nv + h) * SS;
       const float* de = b.d_end ? b.d_end + ((int64_t)n * p.nv + h) * SS : nullptr;
@@ -1280,10 +1327,10 @@ struct BwdWalkMmaStage {
   }
 };
 
-__device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkMmaStage& st, const RuleBwdParams& b, int c, int h,
-                                                      int kh, int j0) {
+__device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkMmaStage& st, const RuleBwdParams& b, int c,
+                                                      const ChunkInfo& ci, int h, int kh, int j0) {
   const RuleParams& p = b.f;
-  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
+  const int r0 = ci.r0, L = ci.L;
   load_chunk_rows(st.W, p.dk + 4, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
   load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
   load_chunk_rows(st.dvn, kWalkUStride, b.dvn + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L, kWalkCols);
@@ -1318,15 +1365,18 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_walk_mma_kernel(RuleBwdPara
     });
   };
   const int last = p.num_chunks - 1;
-  if (last >= 0) bwd_walk_mma_prefetch(BwdWalkMmaStage(stages, dk), b, last, h, kh, j0);
+  ChunkInfo cur = last >= 0 ? chunk_info(p.plan, last) : ChunkInfo{}, nxt = last >= 1 ? chunk_info(p.plan, last - 1) : cur;
+  if (last >= 0) bwd_walk_mma_prefetch(BwdWalkMmaStage(stages, dk), b, last, cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = last; c >= 0; --c) {
     if (c > 0)
-      bwd_walk_mma_prefetch(BwdWalkMmaStage(stages + ((last - c + 1) & 1) * stage_floats, dk), b, c - 1, h, kh, j0);
+      bwd_walk_mma_prefetch(BwdWalkMmaStage(stages + ((last - c + 1) & 1) * stage_floats, dk), b, c - 1, nxt, h, kh,
+                            j0);
     attn::cp_async_commit();
     const BwdWalkMmaStage st(stages + ((last - c) & 1) * stage_floats, dk);
-    const int n = p.plan.chunk_node[c], flags = p.plan.chunk_flags[c];
-    const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
+    const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
+    cur = nxt;
+    if (c >= 2) nxt = chunk_info(p.plan, c - 2);
     if (flags & 2) {  // a node's last chunk: its children's initial-state gradients plus d_end
       const float* acc = b.acc + ((int64_t)n * p.nv + h) * SS;
       const float* de = b.d_end ? b.d_end + ((int64_t)n * p.nv + h) * SS : nullptr;
@@ -1339,7 +1389,8 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_walk_mma_kernel(RuleBwdPara
     __syncthreads();  // the stage has landed; dS's halves are stored
     const float gl = st.gam[L - 1];
     {  // dvn (rows vm .., columns vn ..) += e^(gam_L - gam_r) k_r . dS
-      float acc[2][4] = {};
+      float acc[2][4] = {}, big[2][4] = {};  // k . dS_lo, k . dS_hi: two chains of dependent mma
+#pragma unroll 2
       for (int k0 = 0; k0 < dk; k0 += 16) {
         uint32_t a[4], bh[4], bl[4];
         mma::ldsm_x4(a, st.K + (vm + lane % 8 + 8 * (lane / 8 % 2)) * kRowStride + k0 + 8 * (lane / 16));
@@ -1348,10 +1399,14 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_walk_mma_kernel(RuleBwdPara
         mma::ldsm_x4_trans(bl, Sl + off);
 #pragma unroll
         for (int nn = 0; nn < 2; ++nn) {
-          mma::mma_16816(acc[nn], a, bh[2 * nn], bh[2 * nn + 1]);
+          mma::mma_16816(big[nn], a, bh[2 * nn], bh[2 * nn + 1]);
           mma::mma_16816(acc[nn], a, bl[2 * nn], bl[2 * nn + 1]);
         }
       }
+#pragma unroll
+      for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nn][e] += big[nn][e];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = vm + gq + 8 * half;
