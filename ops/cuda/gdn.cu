@@ -310,11 +310,21 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src
 
 // dst (R rows, default 64, of `cols` elements of T at a stride of `stride`) <- rows r0 .. r0 + L of src, row r
 // at src + (r0 + r) * row_pitch; rows >= L zero-filled. cols * sizeof(T) a multiple of 16.
-template <class T>
+// kDivide: a division per element instead of the stepping below (two registers fewer live:
+// rule_bwd_state_kernel, at its 128-register cap, spills with the stepping).
+template <bool kDivide = false, class T>
 __device__ __forceinline__ void load_chunk_rows(T* dst, int stride, const T* src, int64_t row_pitch, int r0, int L,
                                                 int cols, int R = kGdnChunk) {
   constexpr int kPer = 16 / sizeof(T);
   const int pieces = cols / kPer;
+  if (kDivide) {
+    for (int e = threadIdx.x; e < R * pieces; e += kThreads) {
+      const int r = e / pieces, c = (e % pieces) * kPer;
+      const bool in = r < L;
+      attn::cp_async_16(dst + r * stride + c, src + (int64_t)(r0 + (in ? r : 0)) * row_pitch + c, in ? 16 : 0);
+    }
+    return;
+  }
   // Element e = threadIdx.x + i kThreads is row e / pieces, piece e % pieces: stepped by kThreads
   // without a division per element (the walks issue these every chunk step).
   const int step_r = kThreads / pieces, step_c = kThreads % pieces;
@@ -1485,9 +1495,9 @@ __global__ void __launch_bounds__(kThreads, 2) rule_bwd_state_kernel(RuleBwdPara
   const int64_t SS = (int64_t)dk * dv;
   const float* Sg = p.sin + ((int64_t)c * p.nv + h) * SS + (int64_t)i0 * dv;
   const float* dSg = b.dsout + ((int64_t)c * p.nv + h) * SS + (int64_t)i0 * dv;
-  load_chunk_rows(Dvn, fs, b.dvn + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
-  load_chunk_rows(Vn, fs, p.vnew + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
-  load_chunk_rows(Db, kRowStride, b.d_o + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  load_chunk_rows<true>(Dvn, fs, b.dvn + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  load_chunk_rows<true>(Vn, fs, p.vnew + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  load_chunk_rows<true>(Db, kRowStride, b.d_o + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
   attn::cp_async_commit();
   // The three products on tensor cores: rows i (the block's state rows) x columns a (the chunk's
   // rows) over dv; S, dS, v_new and dvn split into bf16 halves (split_bf16x2), dO exact in bf16.
