@@ -935,18 +935,27 @@ __global__ void __launch_bounds__(kThreads, 2) rule_out_kernel(RuleParams p) {
   load_chunk_rows(Vs, kVsStride, p.vnew + (int64_t)h * dv + j0, (int64_t)p.nv * dv, r0, L, cols);
   attn::cp_async_commit();
   {  // S_in's columns j0 .. j0 + cols as bf16 halves (zero past dk and cols), q's columns dk .. dk16 zero
+    // Every thread's loads (eight float4 at dk 128) issued before any is used: one round trip to
+    // memory, not one per row group.
     const float* src = p.sin + ((int64_t)c * p.nv + h) * dk * dv + j0;
-    for (int e = threadIdx.x; e < dk16 * (kOutCols / 4); e += blockDim.x) {
-      const int r = e / (kOutCols / 4), c4 = 4 * (e % (kOutCols / 4));
-      float x[4] = {0.f, 0.f, 0.f, 0.f};
-      if (r < dk && c4 < cols)
-        *reinterpret_cast<float4*>(x) = *reinterpret_cast<const float4*>(src + (int64_t)r * dv + c4);
+    constexpr int kQuads = kOutCols / 4, kPer = 128 * kQuads / kThreads;
+    const int r_first = threadIdx.x / kQuads, c4 = 4 * (threadIdx.x % kQuads);
+    float4 x[kPer];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const bf16 hi = __float2bfloat16_rn(x[u]);
-        Sh[r * kStateStride + c4 + u] = hi;
-        Sl[r * kStateStride + c4 + u] = __float2bfloat16_rn(x[u] - __bfloat162float(hi));
-      }
+    for (int t = 0; t < kPer; ++t) {
+      const int r = r_first + t * (kThreads / kQuads);
+      x[t] = r < dk && c4 < cols ? *reinterpret_cast<const float4*>(src + (int64_t)r * dv + c4)
+                                 : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int t = 0; t < kPer; ++t) {
+      const int r = r_first + t * (kThreads / kQuads);
+      if (r >= dk16) break;
+      uint32_t hi[2], lo[2];
+      split_bf16x2(x[t].x, x[t].y, hi[0], lo[0]);
+      split_bf16x2(x[t].z, x[t].w, hi[1], lo[1]);
+      *reinterpret_cast<uint2*>(Sh + r * kStateStride + c4) = make_uint2(hi[0], hi[1]);
+      *reinterpret_cast<uint2*>(Sl + r * kStateStride + c4) = make_uint2(lo[0], lo[1]);
     }
     if (dk < dk16)
       for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x)
