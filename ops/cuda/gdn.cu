@@ -309,7 +309,8 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src
 }
 
 // dst (R rows, default 64, of `cols` elements of T at a stride of `stride`) <- rows r0 .. r0 + L of src, row r
-// at src + (r0 + r) * row_pitch; rows >= L zero-filled. cols * sizeof(T) a multiple of 16.
+// at src + (r0 + r) * row_pitch; rows >= L zero-filled. cols * sizeof(T) a multiple of 16. The
+// block's kThreads threads all call it (every rule_* kernel launches with kThreads).
 // kDivide: a division per element instead of the stepping below (two registers fewer live:
 // rule_bwd_state_kernel, at its 128-register cap, spills with the stepping).
 template <bool kDivide = false, class T>
@@ -339,7 +340,7 @@ __device__ __forceinline__ void load_chunk_rows(T* dst, int stride, const T* src
 }
 
 // A chunk's row range, node and flags (the plan's tables). The walks read chunk c + 2's while
-// chunk c computes, so the plan's loads never wait in a step.
+// chunk c computes, so a step's prefetch need not wait for the plan's loads.
 struct ChunkInfo {
   int r0, L, node, flags;
 };
@@ -831,7 +832,7 @@ __global__ void __launch_bounds__(kThreads) rule_walk_mma_kernel(RuleParams p) {
     const float gl = st.gam[L - 1];
     {  // v_new (rows vm .., columns vn ..) = U - W S, then dec v_new's halves
       // acc: U plus the small products (W_hi S_lo, W_lo S_hi); big: W_hi S_hi. Two accumulators a
-      // tile halve the chain of dependent mma a step waits on.
+      // tile: two dependent mma a k-step instead of three.
       float acc[2][4], big[2][4] = {};
 #pragma unroll
       for (int nn = 0; nn < 2; ++nn)
@@ -935,8 +936,8 @@ __global__ void __launch_bounds__(kThreads, 2) rule_out_kernel(RuleParams p) {
   load_chunk_rows(Vs, kVsStride, p.vnew + (int64_t)h * dv + j0, (int64_t)p.nv * dv, r0, L, cols);
   attn::cp_async_commit();
   {  // S_in's columns j0 .. j0 + cols as bf16 halves (zero past dk and cols), q's columns dk .. dk16 zero
-    // Every thread's loads (eight float4 at dk 128) issued before any is used: one round trip to
-    // memory, not one per row group.
+    // Every thread's loads (eight float4, rows up to 128 = the largest dk, kThreads threads)
+    // issued before any is used: one round trip to memory, not one per row group.
     const float* src = p.sin + ((int64_t)c * p.nv + h) * dk * dv + j0;
     constexpr int kQuads = kOutCols / 4, kPer = 128 * kQuads / kThreads;
     const int r_first = threadIdx.x / kQuads, c4 = 4 * (threadIdx.x % kQuads);
