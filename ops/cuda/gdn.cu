@@ -780,10 +780,14 @@ __device__ __forceinline__ void walk_mma_prefetch(const WalkMmaStage& st, const 
   load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
 }
 
+// kDk: the key head dim when known at compile time (128, Qwen3-Next's and Qwen3.5's: the
+// products' k-loops unroll), else 0 (p.dk).
+template <int kDk>
 __global__ void __launch_bounds__(kThreads) rule_walk_mma_kernel(RuleParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int HS = kWalkHalfStride, US = kWalkUStride;
-  const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv;
+  constexpr int HS = kWalkHalfStride, US = kWalkUStride, kUnroll = kDk > 0 ? kDk / 16 : 2;
+  const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dk = kDk > 0 ? kDk : p.dk,
+            dv = p.dv;
   bf16* Sh = reinterpret_cast<bf16*>(smem);  // (128, HS) S's halves
   bf16* Sl = Sh + 128 * HS;
   bf16* Vh = Sl + 128 * HS;                  // (64, HS) dec v_new's halves
@@ -838,7 +842,7 @@ __global__ void __launch_bounds__(kThreads) rule_walk_mma_kernel(RuleParams p) {
       for (int nn = 0; nn < 2; ++nn)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[nn][e] = st.U[(vm + gq + 8 * (e / 2)) * US + vn + 8 * nn + 2 * tq + e % 2];
-#pragma unroll 2
+#pragma unroll kUnroll
       for (int k0 = 0; k0 < dk; k0 += 16) {
         uint32_t wh[4], wl[4], bh[4], bl[4];
         split_a_fragment_pairs(wh, wl, vm, k0, [&](int r, int i) {
@@ -1359,11 +1363,13 @@ __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkMmaStage& st,
   load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
 }
 
+template <int kDk>  // as rule_walk_mma_kernel's
 __global__ void __launch_bounds__(kThreads) rule_bwd_walk_mma_kernel(RuleBwdParams b) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int HS = kWalkHalfStride, US = kWalkUStride;
+  constexpr int HS = kWalkHalfStride, US = kWalkUStride, kUnroll = kDk > 0 ? kDk / 16 : 2;
   const RuleParams& p = b.f;
-  const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv;
+  const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dk = kDk > 0 ? kDk : p.dk,
+            dv = p.dv;
   bf16* Sh = reinterpret_cast<bf16*>(smem);  // (128, HS) dS's halves
   bf16* Sl = Sh + 128 * HS;
   bf16* Vh = Sl + 128 * HS;                  // (64, HS) dvn's halves
@@ -1410,7 +1416,7 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_walk_mma_kernel(RuleBwdPara
     const float gl = st.gam[L - 1];
     {  // dvn (rows vm .., columns vn ..) += e^(gam_L - gam_r) k_r . dS
       float acc[2][4] = {}, big[2][4] = {};  // k . dS_lo, k . dS_hi: two chains of dependent mma
-#pragma unroll 2
+#pragma unroll kUnroll
       for (int k0 = 0; k0 < dk; k0 += 16) {
         uint32_t a[4], bh[4], bl[4];
         mma::ldsm_x4(a, st.K + (vm + lane % 8 + 8 * (lane / 8 % 2)) * kRowStride + k0 + 8 * (lane / 16));
@@ -2312,7 +2318,7 @@ void rule_prep_and_walk(const RuleParams& p, cudaStream_t stream) {
   const size_t prep_smem = prep_smem_bytes();
   const size_t walk_smem = mma_walk ? walk_mma_smem_bytes(p.dk) : walk_smem_bytes(p.dk);
   TT_CUDA_CHECK(cudaFuncSetAttribute(rule_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem));
-  auto* walk = mma_walk ? rule_walk_mma_kernel : rule_walk_kernel;
+  auto* walk = !mma_walk ? rule_walk_kernel : p.dk == 128 ? rule_walk_mma_kernel<128> : rule_walk_mma_kernel<0>;
   TT_CUDA_CHECK(cudaFuncSetAttribute(walk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)walk_smem));
   rule_prep_kernel<<<dim3(p.num_chunks, p.nv), kThreads, prep_smem, stream>>>(p);
   TT_CUDA_CHECK_LAUNCH();
@@ -2353,7 +2359,8 @@ void gdn_backward(bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* 
   const size_t local_smem = bwd_local_smem_bytes(),
                walk_smem = mma_walk ? bwd_walk_mma_smem_bytes(dk_) : bwd_walk_smem_bytes(dk_),
                state_smem = bwd_state_smem_bytes(dv_);
-  auto* walk = mma_walk ? rule_bwd_walk_mma_kernel : rule_bwd_walk_kernel;
+  auto* walk = !mma_walk ? rule_bwd_walk_kernel
+                          : dk_ == 128 ? rule_bwd_walk_mma_kernel<128> : rule_bwd_walk_mma_kernel<0>;
   const size_t grad_smem = bwd_grad_smem_bytes(dk_, dv_);
   TT_CUDA_CHECK(cudaFuncSetAttribute(rule_bwd_local_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)local_smem));
