@@ -921,10 +921,14 @@ constexpr int kVsStride = kOutCols + 4;     // fp32 row stride of v_new's column
 // bf16 halves, S = S_hi + S_lo (S_hi = bf16(S), S_lo = bf16(S - S_hi): 16 significant bits, a
 // relative error under 2^-16 against fp32's 2^-24, far below o's bf16 rounding), q exact in bf16,
 // so q S = q S_hi + q S_lo, two mma a tile in fp32.
+// kD: 128 when dk = dv = 128 (Qwen3-Next's and Qwen3.5's heads: the loops over them unroll), else
+// 0 (p.dk, p.dv). The same for rule_bwd_grad_kernel (rule_bwd_local_kernel measured no faster so,
+// rule_bwd_state_kernel spills at its 128-register cap).
+template <int kD>
 __global__ void __launch_bounds__(kThreads, 2) rule_out_kernel(RuleParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const int c = blockIdx.x, h = blockIdx.y, j0 = blockIdx.z * kOutCols, kh = h / (p.nv / p.nk), dk = p.dk,
-            dv = p.dv;
+  const int c = blockIdx.x, h = blockIdx.y, j0 = blockIdx.z * kOutCols, kh = h / (p.nv / p.nk),
+            dk = kD ? kD : p.dk, dv = kD ? kD : p.dv;
   const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], cols = min(kOutCols, dv - j0);
   const int dk16 = (dk + 15) / 16 * 16;  // the products' depth: q's columns and S's rows past dk are zero
   bf16* Qb = reinterpret_cast<bf16*>(smem);                          // (64, kRowStride)
@@ -1713,10 +1717,12 @@ __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* 
 //      + DOVd^T q~ + MK^T K + MK K: on tensor cores (grad_qk_mma) when dk is a multiple of 16,
 //      else a 4 x 8 register tile a thread. q~'s and k's gradients go to
 //      per-value-head fp32 rows (gq, gk), summed over each key head's group afterwards.
+template <int kD>  // as rule_out_kernel's
 __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b) {
   extern __shared__ __align__(16) unsigned char smem[];
   const RuleParams& p = b.f;
-  const int c = blockIdx.x, h = blockIdx.y, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv, X = dv + dk;
+  const int c = blockIdx.x, h = blockIdx.y, kh = h / (p.nv / p.nk), dk = kD ? kD : p.dk, dv = kD ? kD : p.dv,
+            X = dv + dk;
   const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
   constexpr int C = kGdnChunk, PS = kPairStride;
   constexpr int kFs = 128 + 4;  // v_new's fp32 row stride in phase A
@@ -2362,21 +2368,20 @@ void gdn_backward(bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* 
   auto* walk = !mma_walk ? rule_bwd_walk_kernel
                           : dk_ == 128 ? rule_bwd_walk_mma_kernel<128> : rule_bwd_walk_mma_kernel<0>;
   const size_t grad_smem = bwd_grad_smem_bytes(dk_, dv_);
-  TT_CUDA_CHECK(cudaFuncSetAttribute(rule_bwd_local_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)local_smem));
+  auto* local = rule_bwd_local_kernel;
+  auto* state = rule_bwd_state_kernel;
+  auto* grad = dk_ == 128 && dv_ == 128 ? rule_bwd_grad_kernel<128> : rule_bwd_grad_kernel<0>;
+  TT_CUDA_CHECK(cudaFuncSetAttribute(local, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)local_smem));
   TT_CUDA_CHECK(cudaFuncSetAttribute(walk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)walk_smem));
-  TT_CUDA_CHECK(cudaFuncSetAttribute(rule_bwd_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)state_smem));
-  TT_CUDA_CHECK(cudaFuncSetAttribute(rule_bwd_grad_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)grad_smem));
-  rule_bwd_local_kernel<<<dim3(plan.num_chunks(), nv, (dv_ + kOutCols - 1) / kOutCols), kThreads, local_smem,
-                          stream>>>(b);
+  TT_CUDA_CHECK(cudaFuncSetAttribute(state, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)state_smem));
+  TT_CUDA_CHECK(cudaFuncSetAttribute(grad, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)grad_smem));
+  local<<<dim3(plan.num_chunks(), nv, (dv_ + kOutCols - 1) / kOutCols), kThreads, local_smem, stream>>>(b);
   TT_CUDA_CHECK_LAUNCH();
   walk<<<dim3(nv, dv_ / kWalkCols), kThreads, walk_smem, stream>>>(b);
   TT_CUDA_CHECK_LAUNCH();
-  rule_bwd_state_kernel<<<dim3(plan.num_chunks(), nv, (dk_ + kStateRows - 1) / kStateRows), kThreads, state_smem,
-                          stream>>>(b);
+  state<<<dim3(plan.num_chunks(), nv, (dk_ + kStateRows - 1) / kStateRows), kThreads, state_smem, stream>>>(b);
   TT_CUDA_CHECK_LAUNCH();
-  rule_bwd_grad_kernel<<<per_chunk, kThreads, grad_smem, stream>>>(b);
+  grad<<<per_chunk, kThreads, grad_smem, stream>>>(b);
   TT_CUDA_CHECK_LAUNCH();
   const int64_t n = (int64_t)plan.rows() * nk * dk_;
   rule_bwd_group_kernel<<<(unsigned)((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
@@ -2398,8 +2403,9 @@ void gdn_forward(bf16* o, float* end, const bf16* q, const bf16* k, const bf16* 
   p.o = o;
   rule_prep_and_walk(p, stream);
   const size_t out_smem = out_smem_bytes();
-  TT_CUDA_CHECK(cudaFuncSetAttribute(rule_out_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)out_smem));
-  rule_out_kernel<<<dim3(plan.num_chunks(), nv, (dv + kOutCols - 1) / kOutCols), kThreads, out_smem, stream>>>(p);
+  auto* out = dk == 128 && dv == 128 ? rule_out_kernel<128> : rule_out_kernel<0>;
+  TT_CUDA_CHECK(cudaFuncSetAttribute(out, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)out_smem));
+  out<<<dim3(plan.num_chunks(), nv, (dv + kOutCols - 1) / kOutCols), kThreads, out_smem, stream>>>(p);
   TT_CUDA_CHECK_LAUNCH();
 }
 
