@@ -318,7 +318,7 @@ __device__ __forceinline__ void load_chunk_rows(T* dst, int stride, const T* src
                                                 int cols, int R = kGdnChunk) {
   constexpr int kPer = 16 / sizeof(T);
   const int pieces = cols / kPer;
-  if (kDivide) {
+  if constexpr (kDivide) {
     for (int e = threadIdx.x; e < R * pieces; e += kThreads) {
       const int r = e / pieces, c = (e % pieces) * kPer;
       const bool in = r < L;
@@ -458,20 +458,9 @@ __device__ __forceinline__ void split3_bf16x2(float x0, float x1, uint32_t& hi, 
 }
 
 // An m16n8k16 A fragment (rows m0 + gq (+8), columns k0 + 2 tq (+1, +8, +9), the PTX ISA's
-// layout) of an fp32 matrix given element-wise by at(row, col), as bf16 high and low halves
-// (split_bf16x2): two mma give the fp32 product.
-template <class At>
-__device__ __forceinline__ void split_a_fragment(uint32_t (&hi)[4], uint32_t (&lo)[4], int m0, int k0, At&& at) {
-  const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int r = m0 + gq + 8 * (j % 2), c = k0 + 2 * tq + 8 * (j / 2);
-    split_bf16x2(at(r, c), at(r, c + 1), hi[j], lo[j]);
-  }
-}
-
-// The same fragment from pairs, pair(row, col) = (at(row, col), at(row, col + 1)): one 8-byte read
-// a pair where the matrix is row-major in shared memory.
+// layout) of an fp32 matrix given pairwise by pair(row, col) = (at(row, col), at(row, col + 1)),
+// as bf16 high and low halves (split_bf16x2): two mma give the fp32 product. Pairs: one 8-byte
+// read where the matrix is row-major in shared memory.
 template <class Pair>
 __device__ __forceinline__ void split_a_fragment_pairs(uint32_t (&hi)[4], uint32_t (&lo)[4], int m0, int k0,
                                                        Pair&& pair) {
@@ -481,6 +470,12 @@ __device__ __forceinline__ void split_a_fragment_pairs(uint32_t (&hi)[4], uint32
     const float2 x = pair(m0 + gq + 8 * (j % 2), k0 + 2 * tq + 8 * (j / 2));
     split_bf16x2(x.x, x.y, hi[j], lo[j]);
   }
+}
+
+// The same fragment given element-wise by at(row, col).
+template <class At>
+__device__ __forceinline__ void split_a_fragment(uint32_t (&hi)[4], uint32_t (&lo)[4], int m0, int k0, At&& at) {
+  split_a_fragment_pairs(hi, lo, m0, k0, [&](int r, int c) { return make_float2(at(r, c), at(r, c + 1)); });
 }
 
 // The same fragment as three bf16 parts (split3_bf16x2: fp32's 24 bits), the fp32 matrix given
