@@ -61,6 +61,17 @@ std::vector<model::Prompt> random_prompts(std::mt19937_64& rng, int V, int n, in
   return prompts;
 }
 
+// The gap between a row's two largest logits (a greedy draw the GPU may take otherwise when the
+// gap is within its logit error).
+double top2_gap(const double* row, int V) {
+  double top = -INFINITY, second = -INFINITY;
+  for (int v = 0; v < V; ++v) {
+    if (row[v] > top) second = top, top = row[v];
+    else if (row[v] > second) second = row[v];
+  }
+  return top - second;
+}
+
 // The GPU's error on a row of V logits: within `bound` of the row's RMS (relative L2), taken 6 x.
 double logit_error(const double* row, int V, double bound) {
   double ss = 0;
@@ -171,18 +182,14 @@ TEST_F(GenerateCuda, GreedyAgreesWithTheCpu) {
     const std::vector<double> ref = cpu_logits(cpu, seq);
     for (size_t j = 0; j < ct.size(); ++j) {
       const double* row = ref.data() + (prompts[p].tokens.size() + j - 1) * V;
-      double top = -INFINITY, second = -INFINITY;
-      for (int v = 0; v < V; ++v) {
-        if (row[v] > top) second = top, top = row[v];
-        else if (row[v] > second) second = row[v];
-      }
       const double err = logit_error(row, V, logit_bound(kShape.L));
       if (gt[j] == ct[j]) {
         ++agreed;
         continue;
       }
-      EXPECT_LT(top - second, err) << "prompt " << p << " token " << j << ": the GPU chose " << gt[j] << ", the CPU "
-                                   << ct[j] << " with a top-2 gap " << top - second << " above the logit error " << err;
+      const double gap = top2_gap(row, V);
+      EXPECT_LT(gap, err) << "prompt " << p << " token " << j << ": the GPU chose " << gt[j] << ", the CPU " << ct[j]
+                          << " with a top-2 gap " << gap << " above the logit error " << err;
       ++ties;
       break;  // past a near tie the two continuations differ by design
     }
@@ -318,18 +325,14 @@ TEST_F(GenerateCuda, HybridGreedyAgreesWithTheCpu) {
       const std::vector<double> ref = cpu_logits(cpu, seq);
       for (size_t j = 0; j < ct.size(); ++j) {
         const double* row = ref.data() + (prompts[p].tokens.size() + j - 1) * V;
-        double top = -INFINITY, second = -INFINITY;
-        for (int v = 0; v < V; ++v) {
-          if (row[v] > top) second = top, top = row[v];
-          else if (row[v] > second) second = row[v];
-        }
         const double err = logit_error(row, V, bound);
         if (gt[j] == ct[j]) {
           ++agreed;
           continue;
         }
-        EXPECT_LT(top - second, err) << "prompt " << p << " sample " << k << " token " << j << ": the GPU chose "
-                                     << gt[j] << ", the CPU " << ct[j] << " with a top-2 gap " << top - second;
+        const double gap = top2_gap(row, V);
+        EXPECT_LT(gap, err) << "prompt " << p << " sample " << k << " token " << j << ": the GPU chose " << gt[j]
+                            << ", the CPU " << ct[j] << " with a top-2 gap " << gap;
         ++ties;
         break;
       }
