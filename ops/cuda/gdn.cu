@@ -499,21 +499,133 @@ __device__ __forceinline__ void mma_split3(float (&c)[4], const uint32_t (&hi)[4
   mma::mma_16816(c, hi, b0, b1);
 }
 
-// Per (chunk, value head): gamma (the in-chunk cumulative log decay), A = strictly_lower(beta_r
-// k_r . k_s exp(gamma_r - gamma_s)), then U = (I + A)^-1 (beta v) and W = (I + A)^-1 (beta
-// exp(gamma) k) by forward substitution, each thread owning a column of [U | W]: a column's rows
-// depend on that column's earlier rows only, so the column lives in the thread's registers (the
-// substitution unrolled over the chunk's 64 rows) and shared memory holds only k, v and A (two
-// blocks a multiprocessor).
-__global__ void __launch_bounds__(kThreads, 2) rule_prep_kernel(RuleParams p) {
+// T = (I + diag(rs) A)^-1 for a strictly lower triangular 64 x 64 A (fp32 at kPairStride, zero on
+// and above the diagonal and in rows past the chunk): T is unit lower triangular. In 16 x 16
+// blocks: the four diagonal blocks by substitution (a column a thread, 64 threads), then the blocks
+// below them by their distance d from the diagonal, T_ij = -T_ii P_ij with P_ij = diag(rs) sum_{k=j}^{i-1}
+// A_ik T_kj (i = j + d), P staged in T's unused upper block (j, i). So T's diagonal blocks hold
+// their zeros above the diagonal and its upper off-diagonal blocks hold those stages (readers skip
+// them). About 400 FMAs a thread where a substitution over all 64 rows of a 256-column right-hand
+// side took 2016. All threads call it; it ends with a barrier.
+__device__ __forceinline__ void chunk_unit_lower_inverse(float* T, const float* A, const float* rs) {
+  constexpr int B = 16, PS = kPairStride;
+  if (threadIdx.x < 4 * B) {  // T_bb, column j: x_r = -rs_r sum_{t < r} A_rt x_t (x_t = 0 for t < j, x_j = 1)
+    const int o = B * (threadIdx.x / B), j = threadIdx.x % B;
+    float x[B];
+#pragma unroll
+    for (int r = 0; r < B; ++r) {
+      float s0 = 0.f, s1 = 0.f;  // two chains
+#pragma unroll
+      for (int t = 0; t < r; ++t) {
+        const float a = A[(o + r) * PS + o + t];
+        if (t % 2) s1 = fmaf(a, x[t], s1);
+        else s0 = fmaf(a, x[t], s0);
+      }
+      x[r] = r < j ? 0.f : r == j ? 1.f : -rs[o + r] * (s0 + s1);
+    }
+#pragma unroll
+    for (int r = 0; r < B; ++r) T[(o + r) * PS + o + j] = x[r];
+  }
+  __syncthreads();
+  auto axpy4 = [](float4& acc, float a, const float4& x) {
+    acc.x = fmaf(a, x.x, acc.x), acc.y = fmaf(a, x.y, acc.y), acc.z = fmaf(a, x.z, acc.z), acc.w = fmaf(a, x.w, acc.w);
+  };
+  for (int d = 1; d < 4; ++d) {
+    // A thread per (block i = j + d, row r, four columns c .. c + 3): (4 - d) 64 items.
+    const int e = threadIdx.x, j = e / (4 * B), i = j + d, r = e / 4 % B, c = 4 * (e % 4);
+    const bool on = e < (4 - d) * 4 * B;
+    if (on) {
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int k = j; k < i; ++k)
+#pragma unroll
+        for (int t = 0; t < B; ++t)
+          axpy4(acc, A[(B * i + r) * PS + B * k + t], *reinterpret_cast<const float4*>(T + (B * k + t) * PS + B * j + c));
+      const float s = rs[B * i + r];
+      *reinterpret_cast<float4*>(T + (B * j + r) * PS + B * i + c) = make_float4(s * acc.x, s * acc.y, s * acc.z, s * acc.w);
+    }
+    __syncthreads();
+    if (on) {
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int t = 0; t < B; ++t)  // T_ii's row r (zero past r)
+        axpy4(acc, T[(B * i + r) * PS + B * i + t], *reinterpret_cast<const float4*>(T + (B * j + t) * PS + B * i + c));
+      *reinterpret_cast<float4*>(T + (B * i + r) * PS + B * j + c) = make_float4(-acc.x, -acc.y, -acc.z, -acc.w);
+    }
+    __syncthreads();
+  }
+}
+
+// The rows r < L of T diag(sc) Y for T from chunk_unit_lower_inverse and bf16 rows Y (64, d) at
+// kRowStride (d a multiple of 8, at most 128), on tensor cores: T diag(sc) split into bf16 halves
+// (split_bf16x2; Y exact), two mma a tile, fp32 sums; only T's lower blocks are read. Row r of the
+// result goes to dst + (r0 + r) * pitch (fp32). A warp takes 16 rows (m0) and every column.
+template <int kTiles>  // n8 tiles a pass (accumulators: 4 kTiles registers)
+__device__ __forceinline__ void chunk_lower_apply(float* dst, int64_t pitch, const float* T, const float* sc,
+                                                  const bf16* Y, int d, int m0, int L) {
+  constexpr int PS = kPairStride;
+  const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
+  for (int n0 = 0; n0 < d; n0 += 8 * kTiles) {
+    float c[kTiles][4] = {};  // [n8 tile][fragment]
+    for (int k0 = 0; k0 <= m0; k0 += 16) {
+      uint32_t ah[4], al[4];
+      split_a_fragment_pairs(ah, al, m0, k0, [&](int r, int s) {
+        const float2 t = *reinterpret_cast<const float2*>(T + r * PS + s);
+        return make_float2(t.x * sc[s], t.y * sc[s + 1]);
+      });
+      const bf16* src = Y + (k0 + lane % 8 + 8 * (lane / 8 % 2)) * kRowStride + n0 + 8 * (lane / 16);
+#pragma unroll
+      for (int n = 0; n < kTiles; n += 2) {
+        if (n0 + 8 * n >= d) break;
+        if (n0 + 8 * n + 8 < d) {
+          uint32_t b[4];
+          mma::ldsm_x4_trans(b, src + 8 * n);
+          mma::mma_16816(c[n], al, b[0], b[1]);
+          mma::mma_16816(c[n], ah, b[0], b[1]);
+          mma::mma_16816(c[n + 1], al, b[2], b[3]);
+          mma::mma_16816(c[n + 1], ah, b[2], b[3]);
+        } else {  // the last n8 tile alone (d = 8 mod 16)
+          uint32_t b[2];
+          mma::ldsm_x2_trans(b, src + 8 * n);
+          mma::mma_16816(c[n], al, b[0], b[1]);
+          mma::mma_16816(c[n], ah, b[0], b[1]);
+        }
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = m0 + gq + 8 * half;
+      if (r >= L) continue;
+      float* row = dst + (int64_t)r * pitch + n0;
+#pragma unroll
+      for (int n = 0; n < kTiles; ++n)
+        if (n0 + 8 * n < d)
+          *reinterpret_cast<float2*>(row + 8 * n + 2 * tq) = make_float2(c[n][2 * half], c[n][2 * half + 1]);
+    }
+  }
+}
+
+// Which 16-row block of a chunk warp w takes when the 8 warps split two column halves of a product
+// with a lower triangular T: w, w + 4 (one scheduler's pair) get blocks summing to 3, so every
+// scheduler carries the same count of T's nonzero k-blocks.
+__device__ __forceinline__ int balanced_row_block(int warp) { return (0x32230110 >> (4 * warp)) & 3; }
+
+// Per (chunk, value head): gamma (the in-chunk cumulative log decay), KKd = strictly_lower(k_r .
+// k_s exp(gamma_r - gamma_s)) (A = diag(beta) KKd), T = (I + A)^-1 (chunk_unit_lower_inverse),
+// then U = T diag(beta) v and W = T diag(beta exp(gamma)) k on tensor cores (chunk_lower_apply):
+// even warps U, odd warps W, 16 rows each (balanced_row_block). Two blocks a multiprocessor.
+constexpr int kPrepTiles = 8, kPrepBlocks = 3;
+__global__ void __launch_bounds__(kThreads, kPrepBlocks) rule_prep_kernel(RuleParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int c = blockIdx.x, h = blockIdx.y, kh = h / (p.nv / p.nk);
-  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], dk = p.dk, dv = p.dv, X = dv + dk;
-  bf16* Kb = reinterpret_cast<bf16*>(smem);                // (64, kRowStride)
-  bf16* Vb = Kb + kGdnChunk * kRowStride;                  // (64, kRowStride)
-  float* A = reinterpret_cast<float*>(Vb + kGdnChunk * kRowStride);  // (64, kPairStride)
-  float* gam = A + kGdnChunk * kPairStride;                // (64)
-  float* bet = gam + kGdnChunk;                            // (64)
+  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], dk = p.dk, dv = p.dv;
+  constexpr int PS = kPairStride;
+  bf16* Kb = reinterpret_cast<bf16*>(smem);                          // (64, kRowStride)
+  bf16* Vb = Kb + kGdnChunk * kRowStride;                            // (64, kRowStride)
+  float* A = reinterpret_cast<float*>(Vb + kGdnChunk * kRowStride);  // (64, PS) KKd
+  float* T = A + kGdnChunk * PS;                                     // (64, PS)
+  float* gam = T + kGdnChunk * PS;                                   // (64)
+  float* bet = gam + kGdnChunk;                                      // (64)
+  float* sw = bet + kGdnChunk;                                       // (64) beta e^gamma
   load_chunk_rows(Kb, kRowStride, p.k + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
   load_chunk_rows(Vb, kRowStride, p.v + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
   attn::cp_async_commit();
@@ -526,46 +638,33 @@ __global__ void __launch_bounds__(kThreads, 2) rule_prep_kernel(RuleParams p) {
   chunk_cumsum(gam);
   attn::cp_async_wait<0>();
   __syncthreads();
+  chunk_gram(A, PS, false, Kb, Kb, dk);
   {
-    chunk_gram(A, kPairStride, false, Kb, Kb, dk);
     const int ta = threadIdx.x / 16, tb = threadIdx.x % 16;
 #pragma unroll
     for (int u = 0; u < 4; ++u)
 #pragma unroll
       for (int v = 0; v < 4; ++v) {
         const int r = ta + 16 * u, s = tb + 16 * v;
-        float& x = A[r * kPairStride + s];
-        x = s < r && r < L ? bet[r] * __expf(gam[r] - gam[s]) * x : 0.f;
+        float& x = A[r * PS + s];
+        x = s < r && r < L ? __expf(gam[r] - gam[s]) * x : 0.f;
       }
+    for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x) sw[r] = bet[r] * __expf(gam[r]);
   }
   __syncthreads();
-  const int col = threadIdx.x;
-  if (col < X) {
-    float xs[kGdnChunk];  // the column's rows so far (registers: every index below is a constant)
-#pragma unroll
-    for (int r = 0; r < kGdnChunk; ++r) {
-      if (r >= L) break;
-      float x = bet[r] * (col < dv ? bf(Vb[r * kRowStride + col]) : __expf(gam[r]) * bf(Kb[r * kRowStride + col - dv]));
-      // x -= A[r][s] xs[s] for s < r, in order, A's row read four at a time.
-#pragma unroll
-      for (int s = 0; s < r; s += 4) {
-        const float4 a = *reinterpret_cast<const float4*>(A + r * kPairStride + s);
-        x = fmaf(-a.x, xs[s], x);
-        if (s + 1 < r) x = fmaf(-a.y, xs[s + 1], x);
-        if (s + 2 < r) x = fmaf(-a.z, xs[s + 2], x);
-        if (s + 3 < r) x = fmaf(-a.w, xs[s + 3], x);
-      }
-      xs[r] = x;
-      const int64_t row = (int64_t)(r0 + r) * p.nv + h;
-      if (col < dv) p.U[row * dv + col] = x;
-      else p.W[row * dk + col - dv] = x;
-    }
+  chunk_unit_lower_inverse(T, A, bet);
+  {
+    const int warp = threadIdx.x / detail::kWarp, m0 = 16 * balanced_row_block(warp);
+    if (warp % 2 == 0)
+      chunk_lower_apply<kPrepTiles>(p.U + ((int64_t)r0 * p.nv + h) * dv, (int64_t)p.nv * dv, T, bet, Vb, dv, m0, L);
+    else
+      chunk_lower_apply<kPrepTiles>(p.W + ((int64_t)r0 * p.nv + h) * dk, (int64_t)p.nv * dk, T, sw, Kb, dk, m0, L);
   }
   for (int r = threadIdx.x; r < L; r += blockDim.x) p.gam[(int64_t)(r0 + r) * p.nv + h] = gam[r];
 }
 
-size_t prep_smem_bytes() {  // k, v rows, A, gam, beta: the same for every head shape
-  return 2 * sizeof(bf16) * kGdnChunk * kRowStride + sizeof(float) * ((size_t)kGdnChunk * kPairStride + 2 * kGdnChunk);
+size_t prep_smem_bytes() {  // k, v rows, KKd, T, gam, beta, beta e^gam: the same for every head shape
+  return 2 * sizeof(bf16) * kGdnChunk * kRowStride + sizeof(float) * (2 * (size_t)kGdnChunk * kPairStride + 3 * kGdnChunk);
 }
 
 constexpr int kWalkCols = 32;                     // state columns per walking block (a lane each)

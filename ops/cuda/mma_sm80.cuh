@@ -24,6 +24,13 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const __nv_bfloa
                : "r"(attn::smem_addr(p)));
 }
 
+// Two transposed 8 x 8 tiles (the B fragment of one n8 tile): addresses from lanes 0-15.
+__device__ __forceinline__ void ldsm_x2_trans(uint32_t (&r)[2], const __nv_bfloat16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(attn::smem_addr(p)));
+}
+
 // c += a b: m16n8k16, bf16 inputs, fp32 accumulators (the PTX ISA's fragment layouts).
 __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
