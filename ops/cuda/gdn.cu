@@ -558,7 +558,8 @@ __device__ __forceinline__ void chunk_unit_lower_inverse(float* T, const float* 
 // The rows r < L of T diag(sc) Y for T from chunk_unit_lower_inverse and bf16 rows Y (64, d) at
 // kRowStride (d a multiple of 8, at most 128), on tensor cores: T diag(sc) split into bf16 halves
 // (split_bf16x2; Y exact), two mma a tile, fp32 sums; only T's lower blocks are read. Row r of the
-// result goes to dst + (r0 + r) * pitch (fp32). A warp takes 16 rows (m0) and every column.
+// result goes to dst + (r0 + r) * pitch (fp32). A warp takes 16 rows (m0) and every column, 8 kTiles
+// columns a pass.
 template <int kTiles>  // n8 tiles a pass (accumulators: 4 kTiles registers)
 __device__ __forceinline__ void chunk_lower_apply(float* dst, int64_t pitch, const float* T, const float* sc,
                                                   const bf16* Y, int d, int m0, int L) {
@@ -612,7 +613,8 @@ __device__ __forceinline__ int balanced_row_block(int warp) { return (0x32230110
 // Per (chunk, value head): gamma (the in-chunk cumulative log decay), KKd = strictly_lower(k_r .
 // k_s exp(gamma_r - gamma_s)) (A = diag(beta) KKd), T = (I + A)^-1 (chunk_unit_lower_inverse),
 // then U = T diag(beta) v and W = T diag(beta exp(gamma)) k on tensor cores (chunk_lower_apply):
-// even warps U, odd warps W, 16 rows each (balanced_row_block). Two blocks a multiprocessor.
+// even warps U, odd warps W, 16 rows each (balanced_row_block), 64 columns a pass so three blocks
+// fit a multiprocessor (80 registers; 16 columns a pass and two blocks: 0.87 ms against 0.77 here).
 constexpr int kPrepTiles = 8, kPrepBlocks = 3;
 __global__ void __launch_bounds__(kThreads, kPrepBlocks) rule_prep_kernel(RuleParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -1912,6 +1914,28 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
     }
   }
   __syncthreads();
+  // Phase D's rows from global memory (S dO, dS v_new, v, dv, dbeta): a warp's first kRowsAhead
+  // rows issued now, so they arrive while phase C computes.
+  constexpr int kRowStep = kThreads / detail::kWarp, kRows = C / kRowStep, kRowsAhead = 2;
+  const int dwarp = threadIdx.x / detail::kWarp, dlane = threadIdx.x % detail::kWarp;
+  struct RowIn {
+    float gq[4], gk[4], v[4], dv[4], dbeta;
+  };
+  auto load_row = [&](int a, RowIn& in) {
+    if (a >= L) return;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = dlane + detail::kWarp * u;
+      in.gq[u] = i < dk ? b.gq[rowi(a) * dk + i] : 0.f;
+      in.gk[u] = i < dk ? b.gk[rowi(a) * dk + i] : 0.f;
+      in.v[u] = i < dv ? ld(p.v + rowi(a) * dv + i) : 0.f;
+      in.dv[u] = b.accumulate && i < dv ? ld(b.dv + rowi(a) * dv + i) : 0.f;
+    }
+    in.dbeta = b.accumulate && dlane == 0 ? b.dbeta[rowi(a)] : 0.f;
+  };
+  RowIn din[kRows];
+#pragma unroll
+  for (int i = 0; i < kRowsAhead; ++i) load_row(dwarp + kRowStep * i, din[i]);
   {  // C: dA from dB1 . U_b + dB2 . W_b (U, W rows from global memory, cached)
     // The pair terms from dA, element by element: (a, bb) and its acc = dB1_a . U_bb + dB2_a . W_bb.
     auto pair_terms = [&](int a, int bb, float acc) {
@@ -1996,29 +2020,15 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
     }
   }
   __syncthreads();
-  {  // D: a warp per row; a row's values from global memory are all loaded before the row's
-     // stores, the warp's next row's while this one sums (dk, dv <= 128: four a lane)
+  {  // D: a warp per row (rows warp + 8 i); each row's values from global memory were loaded
+     // kRowsAhead rows ahead, the first before phase C
     const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
-    struct RowIn {
-      float gq[4], gk[4], v[4], dv[4], dbeta;
-    };
-    auto load_row = [&](int a, RowIn& in) {
-      if (a >= L) return;
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int i = lane + detail::kWarp * u;
-        in.gq[u] = i < dk ? b.gq[rowi(a) * dk + i] : 0.f;
-        in.gk[u] = i < dk ? b.gk[rowi(a) * dk + i] : 0.f;
-        in.v[u] = i < dv ? ld(p.v + rowi(a) * dv + i) : 0.f;
-        in.dv[u] = b.accumulate && i < dv ? ld(b.dv + rowi(a) * dv + i) : 0.f;
-      }
-      in.dbeta = b.accumulate && lane == 0 ? b.dbeta[rowi(a)] : 0.f;
-    };
-    constexpr int kRowStep = kThreads / detail::kWarp;
-    RowIn cur, next;
-    load_row(warp, cur);
-    for (int a = warp; a < L; a += kRowStep) {
-      load_row(a + kRowStep, next);
+    for (int ri = 0; ri < kRows; ++ri) {
+      if (ri + kRowsAhead < kRows) load_row(warp + kRowStep * (ri + kRowsAhead), din[ri + kRowsAhead]);
+      const int a = warp + kRowStep * ri;
+      if (a >= L) break;
+      const RowIn& cur = din[ri];
       const float eg = __expf(gam[a]);
       float pair = 0.f, qsd = 0.f, kdsv = 0.f, b2k = 0.f, b1v = 0.f, dak = 0.f;
       for (int bb = lane; bb < C; bb += detail::kWarp) {
@@ -2052,7 +2062,6 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
         const float db = b1v + eg * b2k + dak;
         b.dbeta[rowi(a)] = b.accumulate ? cur.dbeta + db : db;
       }
-      cur = next;
     }
   }
   __syncthreads();
