@@ -290,6 +290,18 @@ __global__ void gates_partial_kernel(float* partial, const float* dg, const bf16
 constexpr int kRowStride = 136;
 constexpr int kPairStride = kGdnChunk + 4;
 
+// A per-chunk kernel split in `parts` blocks a chunk and value head (column or row blocks): block
+// x = c parts + z, y = h, so the parts of one chunk and head run side by side and all but the
+// first read the chunk's shared rows (q, k, dO, v_new, ...) from L2. With the parts on grid z, a
+// chunk's two parts ran chunks x heads blocks apart and read them from DRAM twice.
+struct ChunkPart {
+  int c, h, z;
+};
+__device__ __forceinline__ ChunkPart chunk_part(int parts) {
+  return {(int)blockIdx.x / parts, (int)blockIdx.y, (int)blockIdx.x % parts};
+}
+inline dim3 chunk_parts_grid(int chunks, int nv, int parts) { return dim3((unsigned)(chunks * parts), (unsigned)nv); }
+
 struct RuleParams {
   GdnPlan::Device plan;
   const bf16 *q, *k, *v, *beta;
@@ -1023,7 +1035,8 @@ constexpr int kVsStride = kOutCols + 4;     // fp32 row stride of v_new's column
 template <int kD>
 __global__ void __launch_bounds__(kThreads, 2) rule_out_kernel(RuleParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const int c = blockIdx.x, h = blockIdx.y, j0 = blockIdx.z * kOutCols, kh = h / (p.nv / p.nk),
+  const ChunkPart cp = chunk_part((p.dv + kOutCols - 1) / kOutCols);
+  const int c = cp.c, h = cp.h, j0 = cp.z * kOutCols, kh = h / (p.nv / p.nk),
             dk = kD ? kD : p.dk, dv = kD ? kD : p.dv;
   const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], cols = min(kOutCols, dv - j0);
   const int dk16 = (dk + 15) / 16 * 16;  // the products' depth: q's columns and S's rows past dk are zero
@@ -1171,7 +1184,8 @@ struct RuleBwdParams {
 __global__ void __launch_bounds__(kThreads, 2) rule_bwd_local_kernel(RuleBwdParams b) {
   extern __shared__ __align__(16) unsigned char smem[];
   const RuleParams& p = b.f;
-  const int c = blockIdx.x, h = blockIdx.y, j0 = blockIdx.z * kOutCols, kh = h / (p.nv / p.nk), dk = p.dk,
+  const ChunkPart cp = chunk_part((p.dv + kOutCols - 1) / kOutCols);
+  const int c = cp.c, h = cp.h, j0 = cp.z * kOutCols, kh = h / (p.nv / p.nk), dk = p.dk,
             dv = p.dv;
   const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], cols = min(kOutCols, dv - j0);
   constexpr int kDoStride = kOutCols + 8;
@@ -1594,7 +1608,7 @@ size_t bwd_walk_mma_smem_bytes(int dk) {
 // Per (chunk, value head, 64 state rows i0 + i): the products with the chunk's entering state S
 // and end-state gradient dS that its input gradients need, over dv (on tensor cores):
 //   SdO_a[i] = S[i] . dO_a -> gq,  dSv_a[i] = dS[i] . v_new_a -> gk,  dW_a[i] = -S[i] . dvn_a -> db2,
-// and the rows' share of <S, dS> -> sds[(c nv + h) ceil(dk / 64) + blockIdx.z].
+// and the rows' share of <S, dS> -> sds[(c nv + h) ceil(dk / 64) + z] (z: the block's part).
 // The chunk's rows (v_new, dvn, dO) go through shared memory, once for 64 state rows (dk <= 128:
 // at most two blocks a chunk and head); S and dS, each element used by two warps, are read as fragments
 // from global memory (L1), which keeps the block to two a multiprocessor: one block's loads run
@@ -1603,7 +1617,9 @@ constexpr int kStateRows = 64;
 __global__ void __launch_bounds__(kThreads, 2) rule_bwd_state_kernel(RuleBwdParams b) {
   extern __shared__ __align__(16) unsigned char smem[];
   const RuleParams& p = b.f;
-  const int c = blockIdx.x, h = blockIdx.y, i0 = blockIdx.z * kStateRows, dk = p.dk, dv = p.dv, fs = dv + 4;
+  const int parts = (p.dk + kStateRows - 1) / kStateRows;
+  const ChunkPart cp = chunk_part(parts);
+  const int c = cp.c, h = cp.h, i0 = cp.z * kStateRows, dk = p.dk, dv = p.dv, fs = dv + 4;
   const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], R = min(kStateRows, dk - i0);
   float* Dvn = reinterpret_cast<float*>(smem);  // (64, dv + 4)
   float* Vn = Dvn + kGdnChunk * fs;            // (64, dv + 4)
@@ -1680,7 +1696,7 @@ __global__ void __launch_bounds__(kThreads, 2) rule_bwd_state_kernel(RuleBwdPara
   // The rows' share of <S, dS>, in a fixed order (warps 4.. add zeros).
   __shared__ float red[detail::kWarp];
   sds = detail::block_sum(sds, red);
-  if (threadIdx.x == 0) b.sds[((int64_t)c * p.nv + h) * gridDim.z + blockIdx.z] = sds;
+  if (threadIdx.x == 0) b.sds[((int64_t)c * p.nv + h) * parts + cp.z] = sds;
 }
 
 size_t bwd_state_smem_bytes(int dv) {
@@ -2478,11 +2494,12 @@ void gdn_backward(bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* 
   TT_CUDA_CHECK(cudaFuncSetAttribute(walk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)walk_smem));
   TT_CUDA_CHECK(cudaFuncSetAttribute(state, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)state_smem));
   TT_CUDA_CHECK(cudaFuncSetAttribute(grad, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)grad_smem));
-  local<<<dim3(plan.num_chunks(), nv, (dv_ + kOutCols - 1) / kOutCols), kThreads, local_smem, stream>>>(b);
+  local<<<chunk_parts_grid(plan.num_chunks(), nv, (dv_ + kOutCols - 1) / kOutCols), kThreads, local_smem, stream>>>(b);
   TT_CUDA_CHECK_LAUNCH();
   walk<<<dim3(nv, dv_ / kWalkCols), kThreads, walk_smem, stream>>>(b);
   TT_CUDA_CHECK_LAUNCH();
-  state<<<dim3(plan.num_chunks(), nv, (dk_ + kStateRows - 1) / kStateRows), kThreads, state_smem, stream>>>(b);
+  state<<<chunk_parts_grid(plan.num_chunks(), nv, (dk_ + kStateRows - 1) / kStateRows), kThreads, state_smem, stream>>>(
+      b);
   TT_CUDA_CHECK_LAUNCH();
   grad<<<per_chunk, kThreads, grad_smem, stream>>>(b);
   TT_CUDA_CHECK_LAUNCH();
@@ -2508,7 +2525,7 @@ void gdn_forward(bf16* o, float* end, const bf16* q, const bf16* k, const bf16* 
   const size_t out_smem = out_smem_bytes();
   auto* out = dk == 128 && dv == 128 ? rule_out_kernel<128> : rule_out_kernel<0>;
   TT_CUDA_CHECK(cudaFuncSetAttribute(out, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)out_smem));
-  out<<<dim3(plan.num_chunks(), nv, (dv + kOutCols - 1) / kOutCols), kThreads, out_smem, stream>>>(p);
+  out<<<chunk_parts_grid(plan.num_chunks(), nv, (dv + kOutCols - 1) / kOutCols), kThreads, out_smem, stream>>>(p);
   TT_CUDA_CHECK_LAUNCH();
 }
 
