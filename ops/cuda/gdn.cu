@@ -551,9 +551,11 @@ __device__ __forceinline__ void chunk_unit_lower_inverse(float* T, const float* 
       for (int k = j; k < i; ++k)
 #pragma unroll
         for (int t = 0; t < B; ++t)
-          axpy4(acc, A[(B * i + r) * PS + B * k + t], *reinterpret_cast<const float4*>(T + (B * k + t) * PS + B * j + c));
+          axpy4(acc, A[(B * i + r) * PS + B * k + t],
+                *reinterpret_cast<const float4*>(T + (B * k + t) * PS + B * j + c));
       const float s = rs[B * i + r];
-      *reinterpret_cast<float4*>(T + (B * j + r) * PS + B * i + c) = make_float4(s * acc.x, s * acc.y, s * acc.z, s * acc.w);
+      *reinterpret_cast<float4*>(T + (B * j + r) * PS + B * i + c) =
+          make_float4(s * acc.x, s * acc.y, s * acc.z, s * acc.w);
     }
     __syncthreads();
     if (on) {
@@ -678,7 +680,8 @@ __global__ void __launch_bounds__(kThreads, kPrepBlocks) rule_prep_kernel(RulePa
 }
 
 size_t prep_smem_bytes() {  // k, v rows, KKd, T, gam, beta, beta e^gam: the same for every head shape
-  return 2 * sizeof(bf16) * kGdnChunk * kRowStride + sizeof(float) * (2 * (size_t)kGdnChunk * kPairStride + 3 * kGdnChunk);
+  return 2 * sizeof(bf16) * kGdnChunk * kRowStride +
+         sizeof(float) * (2 * (size_t)kGdnChunk * kPairStride + 3 * kGdnChunk);
 }
 
 constexpr int kWalkCols = 32;                     // state columns per walking block (a lane each)
@@ -2165,7 +2168,8 @@ __global__ void rule_bwd_group_kernel(bf16* dq, bf16* dk, const float* gq, const
     if constexpr (VEC == 8) {
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
-        const float4 a = *reinterpret_cast<const float4*>(gq + at + 4 * u), c = *reinterpret_cast<const float4*>(gk + at + 4 * u);
+        const float4 a = *reinterpret_cast<const float4*>(gq + at + 4 * u),
+                     c = *reinterpret_cast<const float4*>(gk + at + 4 * u);
         xq[4 * u] += a.x, xq[4 * u + 1] += a.y, xq[4 * u + 2] += a.z, xq[4 * u + 3] += a.w;
         xk[4 * u] += c.x, xk[4 * u + 1] += c.y, xk[4 * u + 2] += c.z, xk[4 * u + 3] += c.w;
       }
