@@ -450,23 +450,30 @@ __device__ __forceinline__ void chunk_gram(float* dst, int stride, bool transpos
 
 __device__ __forceinline__ float bf(const bf16& x) { return __bfloat162float(x); }
 
+// The two fp32 values of a packed bf16 pair (low half first): exact, a shift and a mask.
+__device__ __forceinline__ float2 unpack_bf16x2(uint32_t v) {
+  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+}
+
 // (x0, x1) as two packed bf16 pairs, hi = bf16(x) and lo = bf16(x - hi): x = hi + lo to a relative
-// 2^-18, so a product with a bf16 operand is two mma (hi, lo) in fp32.
+// 2^-18, so a product with a bf16 operand is two mma (hi, lo) in fp32. Both halves by the packed
+// conversion (F2FP, round to nearest even; one instruction a pair): converting each value alone
+// (F2F) ran on a slower pipe and was a sixth of the grad kernel's stall samples (ncu, H200).
 __device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  const float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
-  hi = attn::pack_bf16x2(h0, h1);
-  lo = attn::pack_bf16x2(x0 - h0, x1 - h1);
+  hi = attn::pack_bf16x2(x0, x1);
+  const float2 h = unpack_bf16x2(hi);
+  lo = attn::pack_bf16x2(x0 - h.x, x1 - h.y);
 }
 
 // (x0, x1) as three packed bf16 pairs, hi = bf16(x), mid = bf16(x - hi), lo = bf16(x - hi - mid): x
 // = hi + mid + lo to fp32's 24 bits (each difference exact).
 __device__ __forceinline__ void split3_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& mid, uint32_t& lo) {
-  const float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
-  const float r0 = x0 - h0, r1 = x1 - h1;
-  const float m0 = __bfloat162float(__float2bfloat16_rn(r0)), m1 = __bfloat162float(__float2bfloat16_rn(r1));
-  hi = attn::pack_bf16x2(h0, h1);
-  mid = attn::pack_bf16x2(m0, m1);
-  lo = attn::pack_bf16x2(r0 - m0, r1 - m1);
+  hi = attn::pack_bf16x2(x0, x1);
+  const float2 h = unpack_bf16x2(hi);
+  const float r0 = x0 - h.x, r1 = x1 - h.y;
+  mid = attn::pack_bf16x2(r0, r1);
+  const float2 m = unpack_bf16x2(mid);
+  lo = attn::pack_bf16x2(r0 - m.x, r1 - m.y);
 }
 
 // An m16n8k16 A fragment (rows m0 + gq (+8), columns k0 + 2 tq (+1, +8, +9), the PTX ISA's
