@@ -2048,7 +2048,7 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
   __syncthreads();
   {  // D: a warp per row (rows warp + 8 i); each row's values from global memory were loaded
      // kRowsAhead rows ahead, the first before phase C
-    const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
+    const int lane = dlane, warp = dwarp;
 #pragma unroll
     for (int ri = 0; ri < kRows; ++ri) {
       if (ri + kRowsAhead < kRows) load_row(warp + kRowStep * (ri + kRowsAhead), din[ri + kRowsAhead]);
@@ -2172,18 +2172,11 @@ __global__ void rule_bwd_group_kernel(bf16* dq, bf16* dk, const float* gq, const
   float xq[VEC] = {}, xk[VEC] = {};
   for (int h = kh * r; h < (kh + 1) * r; ++h) {
     const int64_t at = ((int64_t)row * nv + h) * D + i;
-    if constexpr (VEC == 8) {
+    float a[VEC], c[VEC];
+    detail::load_f32<VEC>(a, gq + at);
+    detail::load_f32<VEC>(c, gk + at);
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const float4 a = *reinterpret_cast<const float4*>(gq + at + 4 * u),
-                     c = *reinterpret_cast<const float4*>(gk + at + 4 * u);
-        xq[4 * u] += a.x, xq[4 * u + 1] += a.y, xq[4 * u + 2] += a.z, xq[4 * u + 3] += a.w;
-        xk[4 * u] += c.x, xk[4 * u + 1] += c.y, xk[4 * u + 2] += c.z, xk[4 * u + 3] += c.w;
-      }
-    } else {
-      xq[0] += gq[at];
-      xk[0] += gk[at];
-    }
+    for (int u = 0; u < VEC; ++u) xq[u] += a[u], xk[u] += c[u];
   }
   float oq[VEC], ok[VEC];
   if (accumulate) {
