@@ -290,7 +290,8 @@ __global__ void gates_partial_kernel(float* partial, const float* dg, const bf16
 constexpr int kRowStride = 136;
 constexpr int kPairStride = kGdnChunk + 4;
 
-// A per-chunk kernel split in `parts` blocks a chunk and value head (column or row blocks): block
+// A per-chunk kernel's block (parts = 1 where a block takes the whole chunk and value head), or
+// one of `parts` blocks a chunk and value head (column or row blocks): block
 // x = c parts + z, y = h, so the parts of one chunk and head run side by side and all but the
 // first read the chunk's shared rows (q, k, dO, v_new, ...) from L2. With the parts on grid z, a
 // chunk's two parts ran chunks x heads blocks apart and read them from DRAM twice.
@@ -639,7 +640,8 @@ __device__ __forceinline__ int balanced_row_block(int warp) { return (0x32230110
 constexpr int kPrepTiles = 8, kPrepBlocks = 3;
 __global__ void __launch_bounds__(kThreads, kPrepBlocks) rule_prep_kernel(RuleParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const int c = blockIdx.x, h = blockIdx.y, kh = h / (p.nv / p.nk);
+  const ChunkPart cp = chunk_part(1);
+  const int c = cp.c, h = cp.h, kh = h / (p.nv / p.nk);
   const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], dk = p.dk, dv = p.dv;
   constexpr int PS = kPairStride;
   bf16* Kb = reinterpret_cast<bf16*>(smem);                          // (64, kRowStride)
@@ -1843,8 +1845,8 @@ template <int kD>  // as rule_out_kernel's
 __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b) {
   extern __shared__ __align__(16) unsigned char smem[];
   const RuleParams& p = b.f;
-  const int c = blockIdx.x, h = blockIdx.y, kh = h / (p.nv / p.nk), dk = kD ? kD : p.dk, dv = kD ? kD : p.dv,
-            X = dv + dk;
+  const ChunkPart cp = chunk_part(1);
+  const int c = cp.c, h = cp.h, kh = h / (p.nv / p.nk), dk = kD ? kD : p.dk, dv = kD ? kD : p.dv, X = dv + dk;
   const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
   constexpr int C = kGdnChunk, PS = kPairStride;
   constexpr int kFs = 128 + 4;  // v_new's fp32 row stride in phase A
@@ -2469,7 +2471,7 @@ void rule_prep_and_walk(const RuleParams& p, cudaStream_t stream) {
   TT_CUDA_CHECK(cudaFuncSetAttribute(rule_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem));
   auto* walk = !mma_walk ? rule_walk_kernel : p.dk == 128 ? rule_walk_mma_kernel<128> : rule_walk_mma_kernel<0>;
   TT_CUDA_CHECK(cudaFuncSetAttribute(walk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)walk_smem));
-  rule_prep_kernel<<<dim3(p.num_chunks, p.nv), kThreads, prep_smem, stream>>>(p);
+  rule_prep_kernel<<<chunk_parts_grid(p.num_chunks, p.nv, 1), kThreads, prep_smem, stream>>>(p);
   TT_CUDA_CHECK_LAUNCH();
   walk<<<dim3(p.nv, p.dv / kWalkCols), kThreads, walk_smem, stream>>>(p);
   TT_CUDA_CHECK_LAUNCH();
@@ -2503,7 +2505,6 @@ void gdn_backward(bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* 
   b.accumulate = accumulate;
   rule_prep_and_walk(b.f, stream);  // the forward again: U, W, gam, v_new, the entering states
   TT_CUDA_CHECK(cudaMemsetAsync(s.acc, 0, sizeof(float) * (size_t)plan.num_nodes() * nv * dk_ * dv_, stream));
-  const dim3 per_chunk(plan.num_chunks(), nv);
   const bool mma_walk = dk_ % 16 == 0;
   const size_t local_smem = bwd_local_smem_bytes(),
                walk_smem = mma_walk ? bwd_walk_mma_smem_bytes(dk_) : bwd_walk_smem_bytes(dk_),
@@ -2525,7 +2526,7 @@ void gdn_backward(bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* 
   state<<<chunk_parts_grid(plan.num_chunks(), nv, (dk_ + kStateRows - 1) / kStateRows), kThreads, state_smem, stream>>>(
       b);
   TT_CUDA_CHECK_LAUNCH();
-  grad<<<per_chunk, kThreads, grad_smem, stream>>>(b);
+  grad<<<chunk_parts_grid(plan.num_chunks(), nv, 1), kThreads, grad_smem, stream>>>(b);
   TT_CUDA_CHECK_LAUNCH();
   const int64_t n = (int64_t)plan.rows() * nk * dk_;
   // Eight elements a thread where dq and dk allow 16-byte stores (dk_ is a multiple of 8).
