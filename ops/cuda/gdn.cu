@@ -352,6 +352,23 @@ __device__ __forceinline__ void load_chunk_rows(T* dst, int stride, const T* src
   }
 }
 
+// load_chunk_rows for a width and row count known at compile time: each thread's copies sit at
+// constant offsets, the loop unrolled. The walks issue these every chunk step; with a runtime width
+// their index arithmetic was about ten instructions a 16-byte copy (ncu's source view, H200).
+template <int kCols, int kRows = kGdnChunk, class T>
+__device__ __forceinline__ void load_chunk_rows_fixed(T* dst, int stride, const T* src, int64_t row_pitch, int r0,
+                                                      int L) {
+  constexpr int kPer = 16 / sizeof(T), kPieces = kCols / kPer, kStepR = kThreads / kPieces;
+  static_assert(kCols % kPer == 0 && kThreads % kPieces == 0 && kRows % kStepR == 0, "whole rows a pass");
+  const int c = threadIdx.x % kPieces * kPer, r1 = threadIdx.x / kPieces;
+#pragma unroll
+  for (int i = 0; i < kRows / kStepR; ++i) {
+    const int r = r1 + i * kStepR;
+    const bool in = r < L;
+    attn::cp_async_16(dst + r * stride + c, src + (int64_t)(r0 + (in ? r : 0)) * row_pitch + c, in ? 16 : 0);
+  }
+}
+
 // A chunk's row range, node and flags (the plan's tables). The walks read chunk c + 2's while
 // chunk c computes, so a step's prefetch need not wait for the plan's loads.
 struct ChunkInfo {
@@ -891,12 +908,18 @@ struct WalkMmaStage {
   }
 };
 
+template <int kDk>  // the kernel's: 0 when dk is known only at run time
 __device__ __forceinline__ void walk_mma_prefetch(const WalkMmaStage& st, const RuleParams& p, const ChunkInfo& ci, int h,
                                                   int kh, int j0) {
   const int r0 = ci.r0, L = ci.L;
-  load_chunk_rows(st.W, p.dk + 8, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
-  load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
-  load_chunk_rows(st.U, kWalkUStride, p.U + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L, kWalkCols);
+  if constexpr (kDk > 0) {
+    load_chunk_rows_fixed<kDk>(st.W, kDk + 8, p.W + (int64_t)h * kDk, (int64_t)p.nv * kDk, r0, L);
+    load_chunk_rows_fixed<kDk>(st.K, kRowStride, p.k + (int64_t)kh * kDk, (int64_t)p.nk * kDk, r0, L);
+  } else {
+    load_chunk_rows(st.W, p.dk + 8, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
+    load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
+  }
+  load_chunk_rows_fixed<kWalkCols>(st.U, kWalkUStride, p.U + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L);
   load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
 }
 
@@ -934,10 +957,11 @@ __global__ void __launch_bounds__(kThreads) rule_walk_mma_kernel(RuleParams p) {
   };
   const int nc = p.num_chunks;
   ChunkInfo cur = nc > 0 ? chunk_info(p.plan, 0) : ChunkInfo{}, nxt = nc > 1 ? chunk_info(p.plan, 1) : cur;
-  if (nc > 0) walk_mma_prefetch(WalkMmaStage(stages, dk), p, cur, h, kh, j0);
+  if (nc > 0) walk_mma_prefetch<kDk>(WalkMmaStage(stages, dk), p, cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = 0; c < nc; ++c) {
-    if (c + 1 < nc) walk_mma_prefetch(WalkMmaStage(stages + ((c + 1) & 1) * stage_floats, dk), p, nxt, h, kh, j0);
+    if (c + 1 < nc)
+      walk_mma_prefetch<kDk>(WalkMmaStage(stages + ((c + 1) & 1) * stage_floats, dk), p, nxt, h, kh, j0);
     attn::cp_async_commit();
     const WalkMmaStage st(stages + (c & 1) * stage_floats, dk);
     const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
@@ -1477,15 +1501,22 @@ struct BwdWalkMmaStage {
   }
 };
 
+template <int kDk>  // as walk_mma_prefetch's
 __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkMmaStage& st, const RuleBwdParams& b, int c,
                                                       const ChunkInfo& ci, int h, int kh, int j0) {
   const RuleParams& p = b.f;
   const int r0 = ci.r0, L = ci.L;
-  load_chunk_rows(st.W, p.dk + 4, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
-  load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
-  load_chunk_rows(st.dvn, kWalkUStride, b.dvn + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L, kWalkCols);
-  load_chunk_rows(st.qo, kWalkUStride, b.qo + ((int64_t)c * p.nv + h) * p.dk * p.dv + j0, p.dv, 0, p.dk, kWalkCols,
-                  p.dk);
+  const float* qo = b.qo + ((int64_t)c * p.nv + h) * p.dk * p.dv + j0;
+  if constexpr (kDk > 0) {
+    load_chunk_rows_fixed<kDk>(st.W, kDk + 4, p.W + (int64_t)h * kDk, (int64_t)p.nv * kDk, r0, L);
+    load_chunk_rows_fixed<kDk>(st.K, kRowStride, p.k + (int64_t)kh * kDk, (int64_t)p.nk * kDk, r0, L);
+    load_chunk_rows_fixed<kWalkCols, kDk>(st.qo, kWalkUStride, qo, p.dv, 0, kDk);
+  } else {
+    load_chunk_rows(st.W, p.dk + 4, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
+    load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
+    load_chunk_rows(st.qo, kWalkUStride, qo, p.dv, 0, p.dk, kWalkCols, p.dk);
+  }
+  load_chunk_rows_fixed<kWalkCols>(st.dvn, kWalkUStride, b.dvn + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L);
   load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
 }
 
@@ -1518,12 +1549,12 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_walk_mma_kernel(RuleBwdPara
   };
   const int last = p.num_chunks - 1;
   ChunkInfo cur = last >= 0 ? chunk_info(p.plan, last) : ChunkInfo{}, nxt = last >= 1 ? chunk_info(p.plan, last - 1) : cur;
-  if (last >= 0) bwd_walk_mma_prefetch(BwdWalkMmaStage(stages, dk), b, last, cur, h, kh, j0);
+  if (last >= 0) bwd_walk_mma_prefetch<kDk>(BwdWalkMmaStage(stages, dk), b, last, cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = last; c >= 0; --c) {
     if (c > 0)
-      bwd_walk_mma_prefetch(BwdWalkMmaStage(stages + ((last - c + 1) & 1) * stage_floats, dk), b, c - 1, nxt, h, kh,
-                            j0);
+      bwd_walk_mma_prefetch<kDk>(BwdWalkMmaStage(stages + ((last - c + 1) & 1) * stage_floats, dk), b, c - 1, nxt, h,
+                                 kh, j0);
     attn::cp_async_commit();
     const BwdWalkMmaStage st(stages + ((last - c) & 1) * stage_floats, dk);
     const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
