@@ -7,11 +7,10 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
-
 #include "base/check.h"
 #include "ops/cuda/attention_params.h"
 #include "ops/cuda/check.h"
+#include "ops/cuda/tma.h"
 
 namespace tt::cuda {
 namespace {
@@ -78,33 +77,11 @@ void check_common(const TreeTiles& tiles, const ExternalKV* ext, int n_ext, int 
            " keys (tree and prefixes): more tiles than a grid dimension holds (65535 x 128 keys)");
 }
 
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
-PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    TT_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
-    TT_CHECK(q == cudaDriverEntryPointSuccess && f != nullptr,
-             "tree attention: the driver has no cuTensorMapEncodeTiled (CUDA 12.0+ driver needed)");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
 // TMA descriptor of a dense (rows, heads, HS) bf16 tensor: boxes of 64 columns x 1 head x
 // box_rows rows, 128-byte swizzle (the kernels' shared-memory tile layout), zeros past the end.
 CUtensorMap tensor_map(const bf16* base, int rows, int heads, int HS, int box_rows) {
-  CUtensorMap m;
-  const cuuint64_t dims[3] = {(cuuint64_t)HS, (cuuint64_t)heads, (cuuint64_t)rows};
-  const cuuint64_t strides[2] = {(cuuint64_t)HS * sizeof(bf16), (cuuint64_t)heads * HS * sizeof(bf16)};
-  const cuuint32_t box[3] = {64, 1, (cuuint32_t)box_rows};
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult r = encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bf16*>(base), dims, strides,
-                                    box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  TT_CHECK(r == CUDA_SUCCESS, "tree attention: cuTensorMapEncodeTiled failed (error ", (int)r, ") for a (", rows,
-           ", ", heads, ", ", HS, ") tensor");
-  return m;
+  return tma_map_3d(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, sizeof(bf16), base, rows, heads, HS, 64, box_rows,
+                    CU_TENSOR_MAP_SWIZZLE_128B, "tree attention");
 }
 
 }  // namespace

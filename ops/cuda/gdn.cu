@@ -9,13 +9,16 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 #include <vector>
 
 #include "base/check.h"
 #include "ops/cuda/attention_device.cuh"
+#include "ops/cuda/attention_sm90_device.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/mma_sm80.cuh"
+#include "ops/cuda/tma.h"
 
 namespace tt::cuda {
 namespace {
@@ -313,6 +316,7 @@ struct RuleParams {
   int nk, nv, dk, dv;
   float scale;
   int num_chunks;
+  int rows;  // packed rows N
 };
 
 // 4 bytes global -> shared (zero-filled when src_bytes is 0).
@@ -890,53 +894,114 @@ __device__ __forceinline__ void walk_state_pairs(int row0, int dv, int j0, F&& f
     for (int half = 0; half < 2; ++half) f(n, half, (int64_t)(row0 + gq + 8 * half) * dv + j0 + 8 * n + 2 * tq);
 }
 
-// One stage of the tensor-core walk: W rows (64, dk + 8) fp32, keys (64, kRowStride) bf16, U
-// columns (64, kWalkUStride) fp32, gam (64). Padded strides: the fragment reads hit distinct banks.
+// One stage of the tensor-core walk, loaded by cp.async: W rows (64, dk + 8) fp32, keys (64,
+// kRowStride) bf16, U columns (64, kWalkUStride) fp32, gam (64); rows past L zero. Padded strides:
+// the fragment reads hit distinct banks.
 struct WalkMmaStage {
   float* W;
   bf16* K;
   float* U;
   float* gam;
-  __device__ WalkMmaStage(float* base, int dk) {
-    W = base;
+  int ldw;
+  __device__ WalkMmaStage(unsigned char* base, int dk) : ldw(dk + 8) {
+    W = reinterpret_cast<float*>(base);
     K = reinterpret_cast<bf16*>(W + kGdnChunk * (dk + 8));
     U = reinterpret_cast<float*>(K + kGdnChunk * kRowStride);
     gam = U + kGdnChunk * kWalkUStride;
   }
-  __host__ __device__ static constexpr size_t floats(int dk) {
-    return (size_t)kGdnChunk * (dk + 8) + kGdnChunk * kRowStride / 2 + kGdnChunk * kWalkUStride + kGdnChunk;
+  __host__ __device__ static constexpr size_t bytes(int dk) {
+    return sizeof(float) * ((size_t)kGdnChunk * (dk + 8) + kGdnChunk * kRowStride / 2 + kGdnChunk * kWalkUStride +
+                            kGdnChunk);
   }
+  __device__ float2 w2(int r, int i) const { return *reinterpret_cast<const float2*>(W + r * ldw + i); }
+  __device__ const bf16* k8(int s, int i) const { return K + s * kRowStride + i; }  // 8 keys from (s, i)
+  __device__ float u(int r, int c) const { return U[r * kWalkUStride + c]; }
 };
 
-template <int kDk>  // the kernel's: 0 when dk is known only at run time
-__device__ __forceinline__ void walk_mma_prefetch(const WalkMmaStage& st, const RuleParams& p, const ChunkInfo& ci, int h,
-                                                  int kh, int j0) {
-  const int r0 = ci.r0, L = ci.L;
-  if constexpr (kDk > 0) {
-    load_chunk_rows_fixed<kDk>(st.W, kDk + 8, p.W + (int64_t)h * kDk, (int64_t)p.nv * kDk, r0, L);
-    load_chunk_rows_fixed<kDk>(st.K, kRowStride, p.k + (int64_t)kh * kDk, (int64_t)p.nk * kDk, r0, L);
-  } else {
-    load_chunk_rows(st.W, p.dk + 8, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
-    load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
+// The offset (in elements of E bytes) of element c of row r in a tile of 128-byte rows written by
+// TMA with the 128-byte swizzle (CU_TENSOR_MAP_SWIZZLE_128B): 16-byte unit u of row r sits at
+// unit u ^ (r % 8), so eight rows' same unit fall on distinct banks.
+template <int E>
+__device__ __forceinline__ int swizzle128(int r, int c) {
+  constexpr int kPer = 16 / E;
+  return r * (128 / E) + (c / kPer ^ (r & 7)) * kPer + c % kPer;
+}
+
+// p rounded up to a 1024-byte shared-memory address (the 128-byte swizzle's alignment).
+__device__ __forceinline__ unsigned char* align_up_1024(unsigned char* p) {
+  return p + ((1024u - (attn::smem_addr(p) & 1023u)) & 1023u);
+}
+
+// The TMA descriptors of the walk's stage (dk = 128): W (N, nv, 128) fp32 in boxes of 32 columns,
+// k (N, nk, 128) bf16 in boxes of 64, U (N, nv, dv) fp32 in boxes of kWalkCols; 64 rows a box.
+struct WalkMaps {
+  CUtensorMap W, K, U;
+};
+
+// One stage of the walk at dk = 128, loaded by TMA (one thread issues seven boxes, 56 KB): W as
+// four (64, 32) fp32 boxes, K as two (64, 64) bf16 boxes, U one (64, kWalkCols) fp32 box, each row
+// 128 bytes, swizzled (swizzle128); gam (64) by cp.async, zero past L. Rows past L hold the rows
+// that follow in the tensors (zeros past their end): the walk's products mask them.
+struct WalkTmaStage {
+  static constexpr uint32_t kW = kGdnChunk * 128 * sizeof(float), kK = kGdnChunk * 128 * sizeof(bf16),
+                            kU = kGdnChunk * kWalkCols * sizeof(float), kTx = kW + kK + kU;
+  static constexpr size_t kBytes = kTx + 1024;  // + gam; stages stay 1024-byte aligned (the swizzle's)
+  float* W;
+  bf16* K;
+  float* U;
+  float* gam;
+  __device__ WalkTmaStage(unsigned char* base, int /*dk: 128*/)
+      : W(reinterpret_cast<float*>(base)), K(reinterpret_cast<bf16*>(base + kW)),
+        U(reinterpret_cast<float*>(base + kW + kK)), gam(reinterpret_cast<float*>(base + kTx)) {}
+  __host__ __device__ static constexpr size_t bytes(int) { return kBytes; }
+  __device__ float2 w2(int r, int i) const {
+    return *reinterpret_cast<const float2*>(W + i / 32 * (kGdnChunk * 32) + swizzle128<4>(r, i % 32));
   }
+  __device__ const bf16* k8(int s, int i) const { return K + i / 64 * (kGdnChunk * 64) + swizzle128<2>(s, i % 64); }
+  __device__ float u(int r, int c) const { return U[swizzle128<4>(r, c)]; }
+};
+
+// Issues the stage of chunk ci (all threads: gam's cp.async; thread 0: the TMA boxes onto bar).
+__device__ __forceinline__ void walk_mma_prefetch(const WalkTmaStage& st, uint64_t* bar, const RuleParams& p,
+                                                  const WalkMaps& maps, const ChunkInfo& ci, int h, int kh, int j0) {
+  namespace sm90 = attn::sm90;
+  if (threadIdx.x == 0) {
+    sm90::mbar_expect_tx(bar, WalkTmaStage::kTx);
+#pragma unroll
+    for (int a = 0; a < 4; ++a) sm90::tma_load_3d(st.W + a * (kGdnChunk * 32), &maps.W, 32 * a, h, ci.r0, bar);
+#pragma unroll
+    for (int a = 0; a < 2; ++a) sm90::tma_load_3d(st.K + a * (kGdnChunk * 64), &maps.K, 64 * a, kh, ci.r0, bar);
+    sm90::tma_load_3d(st.U, &maps.U, j0, h, ci.r0, bar);
+  }
+  load_chunk_gam(st.gam, p.gam, p.nv, h, ci.r0, ci.L);
+}
+__device__ __forceinline__ void walk_mma_prefetch(const WalkMmaStage& st, uint64_t*, const RuleParams& p,
+                                                  const WalkMaps&, const ChunkInfo& ci, int h, int kh, int j0) {
+  const int r0 = ci.r0, L = ci.L;
+  load_chunk_rows(st.W, p.dk + 8, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
   load_chunk_rows_fixed<kWalkCols>(st.U, kWalkUStride, p.U + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L);
   load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
 }
 
 // kDk: the key head dim when known at compile time (128, Qwen3-Next's and Qwen3.5's: the
-// products' k-loops unroll), else 0 (p.dk).
+// products' k-loops unroll and the stages arrive by TMA, WalkTmaStage), else 0 (p.dk; WalkMmaStage).
+// Shared memory: two stages, then S's and dec v_new's halves.
 template <int kDk>
-__global__ void __launch_bounds__(kThreads) rule_walk_mma_kernel(RuleParams p) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int HS = kWalkHalfStride, US = kWalkUStride, kUnroll = kDk > 0 ? kDk / 16 : 2;
+__global__ void __launch_bounds__(kThreads) rule_walk_mma_kernel(RuleParams p, const __grid_constant__ WalkMaps maps) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ uint64_t bars[2];  // the stages' TMA barriers (kDk = 128)
+  using Stage = std::conditional_t<kDk == 128, WalkTmaStage, WalkMmaStage>;
+  constexpr int HS = kWalkHalfStride, kUnroll = kDk > 0 ? kDk / 16 : 2;
   const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dk = kDk > 0 ? kDk : p.dk,
             dv = p.dv;
-  bf16* Sh = reinterpret_cast<bf16*>(smem);  // (128, HS) S's halves
+  unsigned char* stages = align_up_1024(smem_raw);  // two Stages
+  const size_t stage_bytes = Stage::bytes(dk);
+  auto stage = [&](int i) { return Stage(stages + i * stage_bytes, dk); };
+  bf16* Sh = reinterpret_cast<bf16*>(stages + 2 * stage_bytes);  // (128, HS) S's halves
   bf16* Sl = Sh + 128 * HS;
   bf16* Vh = Sl + 128 * HS;                  // (64, HS) dec v_new's halves
   bf16* Vl = Vh + kGdnChunk * HS;
-  float* stages = reinterpret_cast<float*>(Vl + kGdnChunk * HS);  // two WalkMmaStages
-  const size_t stage_floats = WalkMmaStage::floats(dk);
   const int64_t SS = (int64_t)dk * dv;
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
   const int si = 16 * warp;           // this warp's state rows si .. si + 16 (none when si >= dk)
@@ -955,15 +1020,20 @@ __global__ void __launch_bounds__(kThreads) rule_walk_mma_kernel(RuleParams p) {
       }
     });
   };
+  if (kDk == 128 && threadIdx.x == 0) {
+    attn::sm90::mbar_init(&bars[0], 1);
+    attn::sm90::mbar_init(&bars[1], 1);
+    attn::sm90::fence_barrier_init();
+  }
+  __syncthreads();
   const int nc = p.num_chunks;
   ChunkInfo cur = nc > 0 ? chunk_info(p.plan, 0) : ChunkInfo{}, nxt = nc > 1 ? chunk_info(p.plan, 1) : cur;
-  if (nc > 0) walk_mma_prefetch<kDk>(WalkMmaStage(stages, dk), p, cur, h, kh, j0);
+  if (nc > 0) walk_mma_prefetch(stage(0), &bars[0], p, maps, cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = 0; c < nc; ++c) {
-    if (c + 1 < nc)
-      walk_mma_prefetch<kDk>(WalkMmaStage(stages + ((c + 1) & 1) * stage_floats, dk), p, nxt, h, kh, j0);
+    if (c + 1 < nc) walk_mma_prefetch(stage((c + 1) & 1), &bars[(c + 1) & 1], p, maps, nxt, h, kh, j0);
     attn::cp_async_commit();
-    const WalkMmaStage st(stages + (c & 1) * stage_floats, dk);
+    const Stage st = stage(c & 1);
     const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
     cur = nxt;
     if (c + 2 < nc) nxt = chunk_info(p.plan, c + 2);
@@ -975,6 +1045,7 @@ __global__ void __launch_bounds__(kThreads) rule_walk_mma_kernel(RuleParams p) {
     }
     state_io(p.sin + ((int64_t)c * p.nv + h) * SS, nullptr);
     if (has_rows) walk_state_to_halves(Sh, Sl, S, si);
+    if constexpr (kDk == 128) attn::sm90::mbar_wait(&bars[c & 1], (c >> 1) & 1);
     attn::cp_async_wait<1>();
     __syncthreads();  // the stage has landed; S's halves are stored
     const float gl = st.gam[L - 1];
@@ -985,12 +1056,12 @@ __global__ void __launch_bounds__(kThreads) rule_walk_mma_kernel(RuleParams p) {
 #pragma unroll
       for (int nn = 0; nn < 2; ++nn)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nn][e] = st.U[(vm + gq + 8 * (e / 2)) * US + vn + 8 * nn + 2 * tq + e % 2];
+        for (int e = 0; e < 4; ++e) acc[nn][e] = st.u(vm + gq + 8 * (e / 2), vn + 8 * nn + 2 * tq + e % 2);
 #pragma unroll kUnroll
       for (int k0 = 0; k0 < dk; k0 += 16) {
         uint32_t wh[4], wl[4], bh[4], bl[4];
         split_a_fragment_pairs(wh, wl, vm, k0, [&](int r, int i) {
-          const float2 w = *reinterpret_cast<const float2*>(st.W + r * (dk + 8) + i);
+          const float2 w = st.w2(r, i);
           return make_float2(-w.x, -w.y);
         });
         const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + vn + 8 * (lane / 16);
@@ -1014,10 +1085,10 @@ __global__ void __launch_bounds__(kThreads) rule_walk_mma_kernel(RuleParams p) {
 #pragma unroll
         for (int nn = 0; nn < 2; ++nn) {
           const int col = vn + 8 * nn + 2 * tq;
-          const float v0 = acc[nn][2 * half], v1 = acc[nn][2 * half + 1];  // 0 past L (W and U rows are zero-filled)
+          const float v0 = acc[nn][2 * half], v1 = acc[nn][2 * half + 1];  // rows past L: not this chunk's
           if (r < L)
             *reinterpret_cast<float2*>(p.vnew + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) = make_float2(v0, v1);
-          split_bf16x2(d * v0, d * v1, *reinterpret_cast<uint32_t*>(Vh + r * HS + col),
+          split_bf16x2(r < L ? d * v0 : 0.f, r < L ? d * v1 : 0.f, *reinterpret_cast<uint32_t*>(Vh + r * HS + col),
                        *reinterpret_cast<uint32_t*>(Vl + r * HS + col));
         }
       }
@@ -1032,7 +1103,7 @@ __global__ void __launch_bounds__(kThreads) rule_walk_mma_kernel(RuleParams p) {
 #pragma unroll
       for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
         uint32_t a[4];  // A (i, s) = K (s, i): transposing loads of the key rows
-        mma::ldsm_x4_trans(a, st.K + (k0 + lane % 8 + 8 * (lane / 16)) * kRowStride + si + 8 * (lane / 8 % 2));
+        mma::ldsm_x4_trans(a, st.k8(k0 + lane % 8 + 8 * (lane / 16), si + 8 * (lane / 8 % 2)));
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
           const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + 16 * np + 8 * (lane / 16);
@@ -1053,9 +1124,9 @@ __global__ void __launch_bounds__(kThreads) rule_walk_mma_kernel(RuleParams p) {
 }
 
 size_t walk_mma_smem_bytes(int dk) {
-  return sizeof(bf16) * (2 * 128 + 2 * kGdnChunk) * kWalkHalfStride + sizeof(float) * 2 * WalkMmaStage::floats(dk);
+  const size_t stage = dk == 128 ? WalkTmaStage::kBytes : WalkMmaStage::bytes(dk);
+  return 1024 + 2 * stage + sizeof(bf16) * (2 * 128 + 2 * kGdnChunk) * kWalkHalfStride;  // + the alignment's slack
 }
-
 constexpr int kOutCols = 64;  // output columns per block
 constexpr int kStateStride = kOutCols + 8;  // bf16 row stride of the state's halves (ldmatrix rows apart in banks)
 constexpr int kVsStride = kOutCols + 4;     // fp32 row stride of v_new's columns (B fragment reads on distinct banks)
@@ -1488,51 +1559,100 @@ struct BwdWalkMmaStage {
   float* dvn; // (64, kWalkUStride)
   float* qo;  // (128, kWalkUStride)
   float* gam;
-  __device__ BwdWalkMmaStage(float* base, int dk) {
-    W = base;
+  int ldw;
+  __device__ BwdWalkMmaStage(unsigned char* base, int dk) : ldw(dk + 4) {
+    W = reinterpret_cast<float*>(base);
     K = reinterpret_cast<bf16*>(W + kGdnChunk * (dk + 4));
     dvn = reinterpret_cast<float*>(K + kGdnChunk * kRowStride);
     qo = dvn + kGdnChunk * kWalkUStride;
     gam = qo + 128 * kWalkUStride;
   }
-  __host__ __device__ static constexpr size_t floats(int dk) {
-    return (size_t)kGdnChunk * (dk + 4) + kGdnChunk * kRowStride / 2 + kGdnChunk * kWalkUStride +
-           128 * kWalkUStride + kGdnChunk;
+  __host__ __device__ static constexpr size_t bytes(int dk) {
+    return sizeof(float) * ((size_t)kGdnChunk * (dk + 4) + kGdnChunk * kRowStride / 2 + kGdnChunk * kWalkUStride +
+                            128 * kWalkUStride + kGdnChunk);
   }
+  __device__ float w(int s, int i) const { return W[s * ldw + i]; }
+  __device__ const bf16* k8(int s, int i) const { return K + s * kRowStride + i; }
+  __device__ float2 dvn2(int r, int c) const { return *reinterpret_cast<const float2*>(dvn + r * kWalkUStride + c); }
+  __device__ float q(int i, int c) const { return qo[i * kWalkUStride + c]; }
 };
 
-template <int kDk>  // as walk_mma_prefetch's
-__device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkMmaStage& st, const RuleBwdParams& b, int c,
-                                                      const ChunkInfo& ci, int h, int kh, int j0) {
+// The backward walk's TMA descriptors (dk = 128): W and K as WalkMaps's, dvn (N, nv, dv) fp32 in
+// boxes of kWalkCols columns x 64 rows, qo (chunks nv dk, 1, dv) fp32 in boxes of kWalkCols x 128.
+struct BwdWalkMaps {
+  CUtensorMap W, K, dvn, qo;
+};
+
+// The backward walk's stage at dk = 128, by TMA as WalkTmaStage (eight boxes, 72 KB): W four
+// (64, 32) fp32 boxes, K two (64, 64) bf16, dvn one (64, kWalkCols) fp32, qo one (128, kWalkCols)
+// fp32; gam by cp.async. Rows past L hold the rows that follow (masked by the products).
+struct BwdWalkTmaStage {
+  static constexpr uint32_t kW = kGdnChunk * 128 * sizeof(float), kK = kGdnChunk * 128 * sizeof(bf16),
+                            kDvn = kGdnChunk * kWalkCols * sizeof(float), kQo = 128 * kWalkCols * sizeof(float),
+                            kTx = kW + kK + kDvn + kQo;
+  static constexpr size_t kBytes = kTx + 1024;  // + gam; stages stay 1024-byte aligned
+  float* W;
+  bf16* K;
+  float* dvn;
+  float* qo;
+  float* gam;
+  __device__ BwdWalkTmaStage(unsigned char* base, int /*dk: 128*/)
+      : W(reinterpret_cast<float*>(base)), K(reinterpret_cast<bf16*>(base + kW)),
+        dvn(reinterpret_cast<float*>(base + kW + kK)), qo(reinterpret_cast<float*>(base + kW + kK + kDvn)),
+        gam(reinterpret_cast<float*>(base + kTx)) {}
+  __host__ __device__ static constexpr size_t bytes(int) { return kBytes; }
+  __device__ float w(int s, int i) const { return W[i / 32 * (kGdnChunk * 32) + swizzle128<4>(s, i % 32)]; }
+  __device__ const bf16* k8(int s, int i) const { return K + i / 64 * (kGdnChunk * 64) + swizzle128<2>(s, i % 64); }
+  __device__ float2 dvn2(int r, int c) const { return *reinterpret_cast<const float2*>(dvn + swizzle128<4>(r, c)); }
+  __device__ float q(int i, int c) const { return qo[swizzle128<4>(i, c)]; }
+};
+
+__device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkTmaStage& st, uint64_t* bar, const RuleBwdParams& b,
+                                                      const BwdWalkMaps& maps, int c, const ChunkInfo& ci, int h,
+                                                      int kh, int j0) {
+  namespace sm90 = attn::sm90;
+  const RuleParams& p = b.f;
+  if (threadIdx.x == 0) {
+    sm90::mbar_expect_tx(bar, BwdWalkTmaStage::kTx);
+#pragma unroll
+    for (int a = 0; a < 4; ++a) sm90::tma_load_3d(st.W + a * (kGdnChunk * 32), &maps.W, 32 * a, h, ci.r0, bar);
+#pragma unroll
+    for (int a = 0; a < 2; ++a) sm90::tma_load_3d(st.K + a * (kGdnChunk * 64), &maps.K, 64 * a, kh, ci.r0, bar);
+    sm90::tma_load_3d(st.dvn, &maps.dvn, j0, h, ci.r0, bar);
+    sm90::tma_load_3d(st.qo, &maps.qo, j0, 0, (c * p.nv + h) * 128, bar);
+  }
+  load_chunk_gam(st.gam, p.gam, p.nv, h, ci.r0, ci.L);
+}
+__device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkMmaStage& st, uint64_t*, const RuleBwdParams& b,
+                                                      const BwdWalkMaps&, int c, const ChunkInfo& ci, int h, int kh,
+                                                      int j0) {
   const RuleParams& p = b.f;
   const int r0 = ci.r0, L = ci.L;
   const float* qo = b.qo + ((int64_t)c * p.nv + h) * p.dk * p.dv + j0;
-  if constexpr (kDk > 0) {
-    load_chunk_rows_fixed<kDk>(st.W, kDk + 4, p.W + (int64_t)h * kDk, (int64_t)p.nv * kDk, r0, L);
-    load_chunk_rows_fixed<kDk>(st.K, kRowStride, p.k + (int64_t)kh * kDk, (int64_t)p.nk * kDk, r0, L);
-    load_chunk_rows_fixed<kWalkCols, kDk>(st.qo, kWalkUStride, qo, p.dv, 0, kDk);
-  } else {
-    load_chunk_rows(st.W, p.dk + 4, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
-    load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
-    load_chunk_rows(st.qo, kWalkUStride, qo, p.dv, 0, p.dk, kWalkCols, p.dk);
-  }
+  load_chunk_rows(st.W, p.dk + 4, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.qo, kWalkUStride, qo, p.dv, 0, p.dk, kWalkCols, p.dk);
   load_chunk_rows_fixed<kWalkCols>(st.dvn, kWalkUStride, b.dvn + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L);
   load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
 }
 
-template <int kDk>  // as rule_walk_mma_kernel's
-__global__ void __launch_bounds__(kThreads) rule_bwd_walk_mma_kernel(RuleBwdParams b) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int HS = kWalkHalfStride, US = kWalkUStride, kUnroll = kDk > 0 ? kDk / 16 : 2;
+template <int kDk>  // as rule_walk_mma_kernel's (kDk = 128: the stages by TMA, BwdWalkTmaStage)
+__global__ void __launch_bounds__(kThreads) rule_bwd_walk_mma_kernel(RuleBwdParams b,
+                                                                     const __grid_constant__ BwdWalkMaps maps) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ uint64_t bars[2];  // the stages' TMA barriers (kDk = 128)
+  using Stage = std::conditional_t<kDk == 128, BwdWalkTmaStage, BwdWalkMmaStage>;
+  constexpr int HS = kWalkHalfStride, kUnroll = kDk > 0 ? kDk / 16 : 2;
   const RuleParams& p = b.f;
   const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dk = kDk > 0 ? kDk : p.dk,
             dv = p.dv;
-  bf16* Sh = reinterpret_cast<bf16*>(smem);  // (128, HS) dS's halves
+  unsigned char* stages = align_up_1024(smem_raw);  // two Stages
+  const size_t stage_bytes = Stage::bytes(dk);
+  auto stage = [&](int i) { return Stage(stages + i * stage_bytes, dk); };
+  bf16* Sh = reinterpret_cast<bf16*>(stages + 2 * stage_bytes);  // (128, HS) dS's halves
   bf16* Sl = Sh + 128 * HS;
   bf16* Vh = Sl + 128 * HS;                  // (64, HS) dvn's halves
   bf16* Vl = Vh + kGdnChunk * HS;
-  float* stages = reinterpret_cast<float*>(Vl + kGdnChunk * HS);  // two BwdWalkMmaStages
-  const size_t stage_floats = BwdWalkMmaStage::floats(dk);
   const int64_t SS = (int64_t)dk * dv;
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
   const int si = 16 * warp;
@@ -1547,16 +1667,21 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_walk_mma_kernel(RuleBwdPara
       f(n, 2 * half + 1, at + 1);
     });
   };
+  if (kDk == 128 && threadIdx.x == 0) {
+    attn::sm90::mbar_init(&bars[0], 1);
+    attn::sm90::mbar_init(&bars[1], 1);
+    attn::sm90::fence_barrier_init();
+  }
+  __syncthreads();
   const int last = p.num_chunks - 1;
   ChunkInfo cur = last >= 0 ? chunk_info(p.plan, last) : ChunkInfo{}, nxt = last >= 1 ? chunk_info(p.plan, last - 1) : cur;
-  if (last >= 0) bwd_walk_mma_prefetch<kDk>(BwdWalkMmaStage(stages, dk), b, last, cur, h, kh, j0);
+  if (last >= 0) bwd_walk_mma_prefetch(stage(0), &bars[0], b, maps, last, cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = last; c >= 0; --c) {
-    if (c > 0)
-      bwd_walk_mma_prefetch<kDk>(BwdWalkMmaStage(stages + ((last - c + 1) & 1) * stage_floats, dk), b, c - 1, nxt, h,
-                                 kh, j0);
+    const int step = last - c;  // this step's stage: step & 1, its barrier's phase: (step >> 1) & 1
+    if (c > 0) bwd_walk_mma_prefetch(stage((step + 1) & 1), &bars[(step + 1) & 1], b, maps, c - 1, nxt, h, kh, j0);
     attn::cp_async_commit();
-    const BwdWalkMmaStage st(stages + ((last - c) & 1) * stage_floats, dk);
+    const Stage st = stage(step & 1);
     const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
     cur = nxt;
     if (c >= 2) nxt = chunk_info(p.plan, c - 2);
@@ -1568,6 +1693,7 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_walk_mma_kernel(RuleBwdPara
     float* out = b.dsout + ((int64_t)c * p.nv + h) * SS;
     each([&](int nn, int e, int64_t at) { out[at] = dS[nn][e]; });
     if (has_rows) walk_state_to_halves(Sh, Sl, dS, si);
+    if constexpr (kDk == 128) attn::sm90::mbar_wait(&bars[step & 1], (step >> 1) & 1);
     attn::cp_async_wait<1>();
     __syncthreads();  // the stage has landed; dS's halves are stored
     const float gl = st.gam[L - 1];
@@ -1576,7 +1702,7 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_walk_mma_kernel(RuleBwdPara
 #pragma unroll kUnroll
       for (int k0 = 0; k0 < dk; k0 += 16) {
         uint32_t a[4], bh[4], bl[4];
-        mma::ldsm_x4(a, st.K + (vm + lane % 8 + 8 * (lane / 8 % 2)) * kRowStride + k0 + 8 * (lane / 16));
+        mma::ldsm_x4(a, st.k8(vm + lane % 8 + 8 * (lane / 8 % 2), k0 + 8 * (lane / 16)));
         const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + vn + 8 * (lane / 16);
         mma::ldsm_x4_trans(bh, Sh + off);
         mma::ldsm_x4_trans(bl, Sl + off);
@@ -1597,8 +1723,8 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_walk_mma_kernel(RuleBwdPara
 #pragma unroll
         for (int nn = 0; nn < 2; ++nn) {
           const int col = vn + 8 * nn + 2 * tq;
-          const float2 u = *reinterpret_cast<const float2*>(st.dvn + r * US + col);  // 0 past L
-          const float y0 = u.x + d * acc[nn][2 * half], y1 = u.y + d * acc[nn][2 * half + 1];
+          const float2 u = st.dvn2(r, col);  // rows past L: not this chunk's
+          const float y0 = r < L ? u.x + d * acc[nn][2 * half] : 0.f, y1 = r < L ? u.y + d * acc[nn][2 * half + 1] : 0.f;
           if (r < L)
             *reinterpret_cast<float2*>(b.dvn + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) = make_float2(y0, y1);
           split_bf16x2(y0, y1, *reinterpret_cast<uint32_t*>(Vh + r * HS + col),
@@ -1613,11 +1739,11 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_walk_mma_kernel(RuleBwdPara
       for (int nn = 0; nn < 4; ++nn)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          dS[nn][e] = el * dS[nn][e] + st.qo[(si + gq + 8 * (e / 2)) * US + 8 * nn + 2 * tq + e % 2];
+          dS[nn][e] = el * dS[nn][e] + st.q(si + gq + 8 * (e / 2), 8 * nn + 2 * tq + e % 2);
 #pragma unroll
       for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
         uint32_t wh[4], wl[4];
-        split_a_fragment(wh, wl, si, k0, [&](int i, int s) { return -st.W[s * (dk + 4) + i]; });
+        split_a_fragment(wh, wl, si, k0, [&](int i, int s) { return -st.w(s, i); });
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
           const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + 16 * np + 8 * (lane / 16);
@@ -1645,7 +1771,8 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_walk_mma_kernel(RuleBwdPara
 }
 
 size_t bwd_walk_mma_smem_bytes(int dk) {
-  return sizeof(bf16) * (2 * 128 + 2 * kGdnChunk) * kWalkHalfStride + sizeof(float) * 2 * BwdWalkMmaStage::floats(dk);
+  const size_t stage = dk == 128 ? BwdWalkTmaStage::kBytes : BwdWalkMmaStage::bytes(dk);
+  return 1024 + 2 * stage + sizeof(bf16) * (2 * 128 + 2 * kGdnChunk) * kWalkHalfStride;  // + the alignment's slack
 }
 
 // Per (chunk, value head, 64 state rows i0 + i): the products with the chunk's entering state S
@@ -2491,20 +2618,53 @@ RuleParams rule_params(const bf16* q, const bf16* k, const bf16* v, const float*
   p.nk = nk, p.nv = nv, p.dk = dk, p.dv = dv;
   p.scale = (float)scale;
   p.num_chunks = plan.num_chunks();
+  p.rows = plan.rows();
   return p;
+}
+
+// The TMA descriptors of rule_walk_mma_kernel<128>'s stages (WalkTmaStage).
+WalkMaps walk_maps(const RuleParams& p) {
+  constexpr CUtensorMapSwizzle kSwizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+  const char* what = "gdn walk";
+  WalkMaps m;
+  m.W = tma_map_3d(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, p.W, p.rows, p.nv, 128, 32, kGdnChunk, kSwizzle, what);
+  m.K = tma_map_3d(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.k, p.rows, p.nk, 128, 64, kGdnChunk, kSwizzle, what);
+  m.U = tma_map_3d(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, p.U, p.rows, p.nv, p.dv, kWalkCols, kGdnChunk, kSwizzle, what);
+  return m;
+}
+
+// The TMA descriptors of rule_bwd_walk_mma_kernel<128>'s stages (BwdWalkTmaStage).
+BwdWalkMaps bwd_walk_maps(const RuleBwdParams& b, const GdnPlan& plan) {
+  const RuleParams& p = b.f;
+  constexpr CUtensorMapSwizzle kSwizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+  const char* what = "gdn backward walk";
+  const WalkMaps f = walk_maps(p);
+  BwdWalkMaps m;
+  m.W = f.W, m.K = f.K;
+  m.dvn = tma_map_3d(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, b.dvn, p.rows, p.nv, p.dv, kWalkCols, kGdnChunk, kSwizzle,
+                     what);
+  m.qo = tma_map_3d(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, b.qo, (int64_t)plan.num_chunks() * p.nv * 128, 1, p.dv,
+                    kWalkCols, 128, kSwizzle, what);
+  return m;
 }
 
 // The forward's first two kernels: U, W and gam per chunk, then the walk (sin, vnew, node ends).
 void rule_prep_and_walk(const RuleParams& p, cudaStream_t stream) {
-  const bool mma_walk = p.dk % 16 == 0;
   const size_t prep_smem = prep_smem_bytes();
-  const size_t walk_smem = mma_walk ? walk_mma_smem_bytes(p.dk) : walk_smem_bytes(p.dk);
   TT_CUDA_CHECK(cudaFuncSetAttribute(rule_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem));
-  auto* walk = !mma_walk ? rule_walk_kernel : p.dk == 128 ? rule_walk_mma_kernel<128> : rule_walk_mma_kernel<0>;
-  TT_CUDA_CHECK(cudaFuncSetAttribute(walk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)walk_smem));
   rule_prep_kernel<<<chunk_parts_grid(p.num_chunks, p.nv, 1), kThreads, prep_smem, stream>>>(p);
   TT_CUDA_CHECK_LAUNCH();
-  walk<<<dim3(p.nv, p.dv / kWalkCols), kThreads, walk_smem, stream>>>(p);
+  const dim3 grid(p.nv, p.dv / kWalkCols);
+  if (p.dk % 16 != 0) {
+    const size_t smem = walk_smem_bytes(p.dk);
+    TT_CUDA_CHECK(cudaFuncSetAttribute(rule_walk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    rule_walk_kernel<<<grid, kThreads, smem, stream>>>(p);
+  } else {
+    const size_t smem = walk_mma_smem_bytes(p.dk);
+    auto* walk = p.dk == 128 ? rule_walk_mma_kernel<128> : rule_walk_mma_kernel<0>;
+    TT_CUDA_CHECK(cudaFuncSetAttribute(walk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    walk<<<grid, kThreads, smem, stream>>>(p, p.dk == 128 ? walk_maps(p) : WalkMaps{});
+  }
   TT_CUDA_CHECK_LAUNCH();
 }
 
@@ -2540,19 +2700,26 @@ void gdn_backward(bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* 
   const size_t local_smem = bwd_local_smem_bytes(),
                walk_smem = mma_walk ? bwd_walk_mma_smem_bytes(dk_) : bwd_walk_smem_bytes(dk_),
                state_smem = bwd_state_smem_bytes(dv_);
-  auto* walk = !mma_walk ? rule_bwd_walk_kernel
-                          : dk_ == 128 ? rule_bwd_walk_mma_kernel<128> : rule_bwd_walk_mma_kernel<0>;
+  auto* walk_mma = dk_ == 128 ? rule_bwd_walk_mma_kernel<128> : rule_bwd_walk_mma_kernel<0>;
   const size_t grad_smem = bwd_grad_smem_bytes(dk_, dv_);
   auto* local = rule_bwd_local_kernel;
   auto* state = rule_bwd_state_kernel;
   auto* grad = dk_ == 128 && dv_ == 128 ? rule_bwd_grad_kernel<128> : rule_bwd_grad_kernel<0>;
   TT_CUDA_CHECK(cudaFuncSetAttribute(local, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)local_smem));
-  TT_CUDA_CHECK(cudaFuncSetAttribute(walk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)walk_smem));
+  if (mma_walk)
+    TT_CUDA_CHECK(cudaFuncSetAttribute(walk_mma, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)walk_smem));
+  else
+    TT_CUDA_CHECK(
+        cudaFuncSetAttribute(rule_bwd_walk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)walk_smem));
   TT_CUDA_CHECK(cudaFuncSetAttribute(state, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)state_smem));
   TT_CUDA_CHECK(cudaFuncSetAttribute(grad, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)grad_smem));
   local<<<chunk_parts_grid(plan.num_chunks(), nv, (dv_ + kOutCols - 1) / kOutCols), kThreads, local_smem, stream>>>(b);
   TT_CUDA_CHECK_LAUNCH();
-  walk<<<dim3(nv, dv_ / kWalkCols), kThreads, walk_smem, stream>>>(b);
+  if (mma_walk)
+    walk_mma<<<dim3(nv, dv_ / kWalkCols), kThreads, walk_smem, stream>>>(b, dk_ == 128 ? bwd_walk_maps(b, plan)
+                                                                                       : BwdWalkMaps{});
+  else
+    rule_bwd_walk_kernel<<<dim3(nv, dv_ / kWalkCols), kThreads, walk_smem, stream>>>(b);
   TT_CUDA_CHECK_LAUNCH();
   state<<<chunk_parts_grid(plan.num_chunks(), nv, (dk_ + kStateRows - 1) / kStateRows), kThreads, state_smem, stream>>>(
       b);
