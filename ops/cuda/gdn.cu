@@ -312,6 +312,7 @@ struct RuleParams {
   const float* g;  // (N, nv) fp32 log decays
   const float* init;
   float *U, *W, *gam, *vnew, *sin, *node_end;
+  float* T;  // (chunks, nv, 64, 64) T = (I + A)^-1 per chunk, for the backward (rule_bwd_grad_kernel); or null
   bf16* o;
   int nk, nv, dk, dv;
   float scale;
@@ -699,6 +700,14 @@ __global__ void __launch_bounds__(kThreads, kPrepBlocks) rule_prep_kernel(RulePa
   }
   __syncthreads();
   chunk_unit_lower_inverse(T, A, bet);
+  if (p.T) {  // the backward's copy: T's lower blocks, 0 above them (chunk_unit_lower_inverse's scratch)
+    float* dst = p.T + ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
+    for (int e = threadIdx.x; e < kGdnChunk * kGdnChunk / 4; e += kThreads) {
+      const int r = e / (kGdnChunk / 4), s = 4 * (e % (kGdnChunk / 4));
+      *reinterpret_cast<float4*>(dst + r * kGdnChunk + s) =
+          s / 16 > r / 16 ? make_float4(0.f, 0.f, 0.f, 0.f) : *reinterpret_cast<const float4*>(T + r * PS + s);
+    }
+  }
   {
     const int warp = threadIdx.x / detail::kWarp, m0 = 16 * balanced_row_block(warp);
     if (warp % 2 == 0)
@@ -1990,7 +1999,7 @@ __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* 
 // rule_bwd_state_kernel (in gq, gk, db2). In phases, each from shared memory:
 //   A: the chunk's pair matrices KKd = e^(gam_a - gam_b) k_a . k_b (b < a; A = beta_a KKd),
 //      QK = q~_a . k_b and DOVd = e^(gam_a - gam_b) dO_a . v_new_b (b <= a);
-//   B: [dB1 | dB2] = M^-T [dvn | dW] by back substitution, a column a thread;
+//   B: [dB1 | dB2] = M^-T [dvn | dW] = T^T [dvn | dW], T = (I + A)^-1 kept by the prep, on tensor cores;
 //   C: dA_ab = -(dB1_a . U_b + dB2_a . W_b) (b < a), MK = dA beta_a e^(gam_a - gam_b), the pair
 //      terms QK DOVd + dA A and dA KKd;
 //   D: a warp per row: dgam's row terms, dbeta, dv = beta dB1;
@@ -2029,6 +2038,7 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
   load_chunk_rows(Db, kRowStride, b.d_o + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
   load_chunk_rows(Vn, kFs, p.vnew + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
   load_chunk_gam(gam, p.gam, p.nv, h, r0, L);
+  load_chunk_rows(MK, PS, p.T + ((int64_t)c * p.nv + h) * C * C, C, 0, C, C);  // T, for phase B
   attn::cp_async_commit();
   for (int r = threadIdx.x; r < C; r += blockDim.x) {
     bet[r] = r < L ? ld(p.beta + rowi(r)) : 0.f;
@@ -2073,31 +2083,50 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
   attn::cp_async_commit();
   attn::cp_async_wait<0>();
   __syncthreads();
-  {  // B: x_a = rhs_a - sum_{b > a} beta_b KKd_ba x_b, a column a thread held in registers (the
-     // substitution unrolled over the chunk's 64 rows, every index a constant): rows last to first,
-     // and once x_b is final, t = beta_b x_b leaves every earlier row at once (row b of KKd read
-     // four at a time, the same address across the warp). Rows past L stay 0: their rhs, beta and
-     // KKd rows are 0.
-    const int col = threadIdx.x;
-    if (col < X) {
-      float x[C];
+  {  // B: [dB1 | dB2] = T^T [dvn | dW] on tensor cores (T from the prep, in MK; both split into bf16
+     // halves, three mma a tile). Warp w takes the n8 column tiles w, w + 8, .. of all 64 rows; T^T's
+     // row block m has nonzero k blocks >= m only (T is lower triangular). Rows past L stay 0: their
+     // right-hand sides are 0 and T^T is upper triangular.
+    constexpr int kTiles = 4;  // n8 tiles a warp: X <= 256
+    const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
+    float acc[4][kTiles][4] = {};  // [row block][tile][fragment]
 #pragma unroll
-      for (int a = 0; a < C; ++a) x[a] = XB[a * XS + col];
+    for (int k0 = 0; k0 < C; k0 += 16) {
+      uint32_t bh[kTiles][2], bl[kTiles][2];  // B (b, j) = XB_bj: rows k0 + 2 tq (+1, +8, +9), column n0 + gq
 #pragma unroll
-      for (int bb = C - 1; bb > 0; --bb) {
-        const float t = bet[bb] * x[bb];
+      for (int t = 0; t < kTiles; ++t) {
+        const int col = 8 * (warp + 8 * t) + gq;
 #pragma unroll
-        for (int a0 = 0; a0 < bb; a0 += 4) {
-          const float4 kk = *reinterpret_cast<const float4*>(KKd + bb * PS + a0);
-          x[a0] = fmaf(-kk.x, t, x[a0]);
-          if (a0 + 1 < bb) x[a0 + 1] = fmaf(-kk.y, t, x[a0 + 1]);
-          if (a0 + 2 < bb) x[a0 + 2] = fmaf(-kk.z, t, x[a0 + 2]);
-          if (a0 + 3 < bb) x[a0 + 3] = fmaf(-kk.w, t, x[a0 + 3]);
+        for (int jj = 0; jj < 2; ++jj) {
+          const int rb = k0 + 2 * tq + 8 * jj;
+          if (col < X) split_bf16x2(XB[rb * XS + col], XB[(rb + 1) * XS + col], bh[t][jj], bl[t][jj]);
         }
       }
 #pragma unroll
-      for (int a = 0; a < C; ++a) XB[a * XS + col] = x[a];
+      for (int m = 0; m <= k0 / 16; ++m) {
+        uint32_t ah[4], al[4];  // A (a, b) = T_ba
+        split_a_fragment(ah, al, 16 * m, k0, [&](int a, int bb) { return MK[bb * PS + a]; });
+#pragma unroll
+        for (int t = 0; t < kTiles; ++t) {
+          if (8 * (warp + 8 * t) >= X) break;
+          mma::mma_16816(acc[m][t], ah, bh[t][0], bh[t][1]);
+          mma::mma_16816(acc[m][t], ah, bl[t][0], bl[t][1]);
+          mma::mma_16816(acc[m][t], al, bh[t][0], bh[t][1]);
+        }
+      }
     }
+    __syncthreads();  // every warp has read the right-hand sides
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+        const int col = 8 * (warp + 8 * t) + 2 * tq;
+        if (col >= X) break;
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          *reinterpret_cast<float2*>(XB + (16 * m + gq + 8 * half) * XS + col) =
+              make_float2(acc[m][t][2 * half], acc[m][t][2 * half + 1]);
+      }
   }
   __syncthreads();
   // Phase D's rows from global memory (S dO, dS v_new, v, dv, dbeta): a warp's first kRowsAhead
@@ -2370,7 +2399,7 @@ struct RuleScratch {
 
 struct RuleBwdScratch {
   RuleScratch f;
-  float *dvn, *qo, *dsout, *acc, *db2, *gq, *gk, *sds;
+  float *dvn, *qo, *dsout, *acc, *db2, *gq, *gk, *sds, *T;
   size_t bytes;
   RuleBwdScratch(const GdnPlan& plan, int nv, int dk, int dv, void* base) : f(plan, nv, dk, dv, false, base) {
     detail::WorkspaceCarver w(base ? static_cast<char*>(base) + f.bytes : nullptr);
@@ -2383,6 +2412,7 @@ struct RuleBwdScratch {
     gq = w.take<float>(rows * dk);
     gk = w.take<float>(rows * dk);
     sds = w.take<float>((size_t)plan.num_chunks() * nv * ((dk + kStateRows - 1) / kStateRows));
+    T = w.take<float>((size_t)plan.num_chunks() * nv * kGdnChunk * kGdnChunk);
     bytes = f.bytes + w.bytes();
   }
 };
@@ -2614,6 +2644,7 @@ RuleParams rule_params(const bf16* q, const bf16* k, const bf16* v, const float*
   p.init = init;
   p.U = s.U, p.W = s.W, p.gam = s.gam, p.vnew = s.vnew, p.sin = s.sin;
   p.node_end = end ? end : s.node_end;
+  p.T = nullptr;
   p.o = nullptr;
   p.nk = nk, p.nv = nv, p.dk = dk, p.dv = dv;
   p.scale = (float)scale;
@@ -2687,6 +2718,7 @@ void gdn_backward(bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* 
   detail::check_workspace(ws, s.bytes, "gdn_backward");
   RuleBwdParams b;
   b.f = rule_params(q, k, v, g, beta, init, plan, nk, nv, dk_, dv_, scale, s.f, nullptr);
+  b.f.T = s.T;  // the prep keeps each chunk's T for the grad kernel's phase B
   b.d_o = d_o;
   b.d_end = d_end;
   b.d_init = d_init;
