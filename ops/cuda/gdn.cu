@@ -2000,8 +2000,9 @@ __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* 
 //   A: the chunk's pair matrices KKd = e^(gam_a - gam_b) k_a . k_b (b < a; A = beta_a KKd),
 //      QK = q~_a . k_b and DOVd = e^(gam_a - gam_b) dO_a . v_new_b (b <= a);
 //   B: [dB1 | dB2] = M^-T [dvn | dW] = T^T [dvn | dW], T = (I + A)^-1 kept by the prep, on tensor cores;
-//   C: dA_ab = -(dB1_a . U_b + dB2_a . W_b) (b < a), MK = dA beta_a e^(gam_a - gam_b), the pair
-//      terms QK DOVd + dA A and dA KKd;
+//   C: dA_ab = -(dB1_a . U_b + dB2_a . W_b) (b < a), on tensor cores as -(Z T^T)_ab with Z_ac =
+//      beta_c (dB1_a . v_c + e^(gam_c) dB2_a . k_c) (U and W are T times those rows), MK = dA beta_a
+//      e^(gam_a - gam_b), the pair terms QK DOVd + dA A and dA KKd;
 //   D: a warp per row: dgam's row terms, dbeta, dv = beta dB1;
 //   E: dg, the reverse cumulative sum of dgam;
 //   F: dq~ = e^(gam) S dO + DOVd K and dk = e^(gam_L - gam) dS v_new + beta e^(gam) dB2
@@ -2027,7 +2028,9 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
   float* bet = gam + C;                                             // (64)
   float* dgam = bet + C;                                            // (64)
   float* te = dgam + C;                                             // (64) e^(gam_L - gam_a) k_a . dS v_new_a
-  float* R = te + C;                                                // phase A: dO, v_new; then [dB1 | dB2] (64, X + 4)
+  bf16* Vb = reinterpret_cast<bf16*>(te + C);                       // (64, kRowStride) v (phase C)
+  float* Zs = reinterpret_cast<float*>(Vb + C * kRowStride);        // (64, PS) phase C's Z
+  float* R = Zs + C * PS;                                                // phase A: dO, v_new; then [dB1 | dB2] (64, X + 4)
   bf16* Db = reinterpret_cast<bf16*>(R);                            // (64, kRowStride) dO
   float* Vn = reinterpret_cast<float*>(Db + C * kRowStride);        // (64, kFs) v_new
   float* XB = R;
@@ -2039,6 +2042,7 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
   load_chunk_rows(Vn, kFs, p.vnew + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
   load_chunk_gam(gam, p.gam, p.nv, h, r0, L);
   load_chunk_rows(MK, PS, p.T + ((int64_t)c * p.nv + h) * C * C, C, 0, C, C);  // T, for phase B
+  if (dk % 16 == 0) load_chunk_rows(Vb, kRowStride, p.v + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);  // C
   attn::cp_async_commit();
   for (int r = threadIdx.x; r < C; r += blockDim.x) {
     bet[r] = r < L ? ld(p.beta + rowi(r)) : 0.f;
@@ -2151,7 +2155,7 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
   RowIn din[kRows];
 #pragma unroll
   for (int i = 0; i < kRowsAhead; ++i) load_row(dwarp + kRowStep * i, din[i]);
-  {  // C: dA from dB1 . U_b + dB2 . W_b (U, W rows from global memory, cached)
+  {  // C: dA from dB1 . U_b + dB2 . W_b (on tensor cores by way of T, below; else U, W rows from global memory)
     // The pair terms from dA, element by element: (a, bb) and its acc = dB1_a . U_bb + dB2_a . W_bb.
     auto pair_terms = [&](int a, int bb, float acc) {
       const int e = a * PS + bb;
@@ -2161,43 +2165,60 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
       MK[e] = bb < a && a < L ? da * bet[a] * __expf(gam[a] - gam[bb]) : 0.f;
       KKd[e] = da * kkd;
     };
-    if (dk % 16 == 0) {  // on tensor cores: [dB1 | dB2] and [U | W] split into bf16 halves, three mma a tile
+    if (dk % 16 == 0) {  // on tensor cores, without reading U and W: U_b = sum_c T_bc beta_c v_c and W_b =
+      // sum_c T_bc beta_c e^(gam_c) k_c, so acc_ab = sum_c T_bc Z_ac with Z_ac = beta_c (dB1_a . v_c +
+      // e^(gam_c) dB2_a . k_c): Z from [dB1 | dB2] in bf16 halves and the exact bf16 v and k rows (two
+      // mma a tile), then Z T^T with both in halves (three mma a tile, T^T's zero blocks skipped).
       const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
       const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4), gq = lane / 4, tq = lane % 4;
-      float c4[4][4] = {};
-      for (int part = 0; part < 2; ++part) {
-        const int d = part ? dk : dv, x0 = part ? dv : 0;
-        const float* Y = part ? p.W : p.U;
-        for (int kb = 0; kb < d; kb += 64) {  // four k-steps' B values loaded before any is used
-          float2 y[4][4][2];  // [k-step][n8 tile][jj]: B (j, bb) = Y_bb[j], columns k0 + 2 tq (+1) and + 8 (+9)
+      {
+        float z[2][4][4] = {};  // [v part, k part][n8 tile][fragment]
 #pragma unroll
-          for (int s = 0; s < 4; ++s)
-#pragma unroll
-            for (int n = 0; n < 4; ++n)
-#pragma unroll
-              for (int jj = 0; jj < 2; ++jj) {
-                const int bb = n0 + 8 * n + gq, k = kb + 16 * s + 2 * tq + 8 * jj;
-                y[s][n][jj] = bb < L && kb + 16 * s < d ? __ldg(reinterpret_cast<const float2*>(Y + rowi(bb) * d + k))
-                                                         : make_float2(0.f, 0.f);
-              }
-#pragma unroll
-          for (int s = 0; s < 4; ++s) {
-            const int k0 = kb + 16 * s;
-            if (k0 >= d) break;
-            uint32_t ah[4], al[4];
+        for (int part = 0; part < 2; ++part) {
+          const int d = part ? dk : dv, x0 = part ? dv : 0;
+          const bf16* Y = part ? Kb : Vb;
+          for (int k0 = 0; k0 < d; k0 += 16) {
+            uint32_t ah[4], al[4], b0[4], b1[4];
             split_a_fragment(ah, al, m0, k0, [&](int r, int j) { return XB[r * XS + x0 + j]; });
+            mma::ldsm_x4(b0, Y + (n0 + lane % 8 + 8 * (lane / 16)) * kRowStride + k0 + 8 * (lane / 8 % 2));
+            mma::ldsm_x4(b1, Y + (n0 + 16 + lane % 8 + 8 * (lane / 16)) * kRowStride + k0 + 8 * (lane / 8 % 2));
 #pragma unroll
             for (int n = 0; n < 4; ++n) {
-              uint32_t bh[2], bl[2];
-#pragma unroll
-              for (int jj = 0; jj < 2; ++jj) split_bf16x2(y[s][n][jj].x, y[s][n][jj].y, bh[jj], bl[jj]);
-              mma::mma_16816(c4[n], ah, bh[0], bh[1]);
-              mma::mma_16816(c4[n], ah, bl[0], bl[1]);
-              mma::mma_16816(c4[n], al, bh[0], bh[1]);
+              const uint32_t* bn = n < 2 ? b0 + 2 * n : b1 + 2 * (n - 2);
+              mma::mma_16816(z[part][n], ah, bn[0], bn[1]);
+              mma::mma_16816(z[part][n], al, bn[0], bn[1]);
             }
           }
         }
+#pragma unroll
+        for (int n = 0; n < 4; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int a = m0 + gq + 8 * (e / 2), cc = n0 + 8 * n + 2 * tq + e % 2;
+            Zs[a * PS + cc] = bet[cc] * (z[0][n][e] + __expf(gam[cc]) * z[1][n][e]);  // 0 past L (beta)
+          }
       }
+      __syncthreads();  // Z is stored
+      float c4[4][4] = {};
+#pragma unroll
+      for (int k0 = 0; k0 < C; k0 += 16) {
+        if (k0 >= n0 + 32) break;  // T_bc = 0 for c > b
+        uint32_t ah[4], al[4];
+        split_a_fragment(ah, al, m0, k0, [&](int r, int j) { return Zs[r * PS + j]; });
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+          uint32_t bh[2], bl[2];  // B (c, b) = T_bc: columns k0 + 2 tq (+1, +8, +9) of T's row b = n0 + 8 n + gq
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+            const float2 t = *reinterpret_cast<const float2*>(MK + (n0 + 8 * n + gq) * PS + k0 + 2 * tq + 8 * jj);
+            split_bf16x2(t.x, t.y, bh[jj], bl[jj]);
+          }
+          mma::mma_16816(c4[n], ah, bh[0], bh[1]);
+          mma::mma_16816(c4[n], ah, bl[0], bl[1]);
+          mma::mma_16816(c4[n], al, bh[0], bh[1]);
+        }
+      }
+      __syncthreads();  // every warp has read T (MK) before the pair terms overwrite it
 #pragma unroll
       for (int n = 0; n < 4; ++n)
 #pragma unroll
@@ -2347,8 +2368,8 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
 size_t bwd_grad_smem_bytes(int dk, int dv) {
   const size_t phase_a = sizeof(bf16) * kGdnChunk * kRowStride + sizeof(float) * kGdnChunk * (128 + 4);
   const size_t xb = sizeof(float) * (size_t)kGdnChunk * (dk + dv + 4);
-  return sizeof(bf16) * 2 * kGdnChunk * kRowStride + sizeof(float) * (4 * kGdnChunk * kPairStride + 4 * kGdnChunk) +
-         std::max(phase_a, xb);
+  return sizeof(bf16) * 3 * kGdnChunk * kRowStride + sizeof(float) * (5 * kGdnChunk * kPairStride + 4 * kGdnChunk) +
+         std::max(phase_a, xb);  // q, k, v rows; KKd, QK, DOVd, MK, Z; gam, beta, dgam, te; R
 }
 
 // dq (+)= scale sum over the key head's value heads of gq; dk likewise (no scale).
