@@ -1816,28 +1816,34 @@ __global__ void __launch_bounds__(kThreads, 2) rule_bwd_state_kernel(RuleBwdPara
   // 31) hold every S and dS element of the block once: they sum <S, dS>.
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
   const int m0 = 16 * (warp % 4), a0 = 32 * (warp / 4);
-  auto state_fragment = [&](uint32_t(&hi)[4], uint32_t(&lo)[4], const float* src, int k0, const float* other,
-                            float& dot) {
+  // The A fragment values of S or dS for the k-step at k0 (rows m0 + gq (+8), columns k0 + 2 tq (+1,
+  // +8, +9)) from global memory, a k-step ahead of their use.
+  auto load_state = [&](float2(&x)[4], const float* src, int k0) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int r = m0 + gq + 8 * (j % 2), col = k0 + 2 * tq + 8 * (j / 2);
-      const float2 x = r < R ? __ldg(reinterpret_cast<const float2*>(src + (int64_t)r * dv + col)) : make_float2(0.f, 0.f);
-      split_bf16x2(x.x, x.y, hi[j], lo[j]);
-      if (other && r < R) {
-        const float2 y = __ldg(reinterpret_cast<const float2*>(other + (int64_t)r * dv + col));
-        dot = fmaf(x.x, y.x, fmaf(x.y, y.y, dot));
-      }
+      x[j] = r < R ? __ldg(reinterpret_cast<const float2*>(src + (int64_t)r * dv + col)) : make_float2(0.f, 0.f);
     }
   };
   float sdo[4][4] = {}, dsv[4][4] = {}, sdv[4][4] = {};  // sdv = S . dvn (dW = -sdv)
   float sds = 0.f;
-  const float* sds_with = warp < 4 ? dSg : nullptr;
+  float2 sx[4], dx[4];
+  load_state(sx, Sg, 0);
+  load_state(dx, dSg, 0);
   attn::cp_async_wait<0>();
   __syncthreads();
   for (int k0 = 0; k0 < dv; k0 += 16) {
     uint32_t sh[4], sl[4], dh[4], dl[4], o[2][4];  // dO: n8 tile n is o[n / 2][2 (n % 2)], [.. + 1]
-    state_fragment(sh, sl, Sg, k0, sds_with, sds);
-    state_fragment(dh, dl, dSg, k0, nullptr, sds);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      split_bf16x2(sx[j].x, sx[j].y, sh[j], sl[j]);
+      split_bf16x2(dx[j].x, dx[j].y, dh[j], dl[j]);
+      if (warp < 4) sds = fmaf(sx[j].x, dx[j].x, fmaf(sx[j].y, dx[j].y, sds));  // 0 past R
+    }
+    if (k0 + 16 < dv) {
+      load_state(sx, Sg, k0 + 16);
+      load_state(dx, dSg, k0 + 16);
+    }
 #pragma unroll
     for (int np = 0; np < 2; ++np)
       mma::ldsm_x4(o[np], Db + (a0 + 16 * np + lane % 8 + 8 * (lane / 16)) * kRowStride + k0 + 8 * (lane / 8 % 2));
@@ -2133,8 +2139,8 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
       }
   }
   __syncthreads();
-  // Phase D's rows from global memory (S dO, dS v_new, v, dv, dbeta): a warp's first kRowsAhead
-  // rows issued now, so they arrive while phase C computes.
+  // Phase D's rows from global memory (S dO, dS v_new, v unless Vb holds it, dv, dbeta): a warp's
+  // first kRowsAhead rows issued now, so they arrive while phase C computes.
   constexpr int kRowStep = kThreads / detail::kWarp, kRows = C / kRowStep, kRowsAhead = 2;
   const int dwarp = threadIdx.x / detail::kWarp, dlane = threadIdx.x % detail::kWarp;
   struct RowIn {
@@ -2147,7 +2153,7 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
       const int i = dlane + detail::kWarp * u;
       in.gq[u] = i < dk ? b.gq[rowi(a) * dk + i] : 0.f;
       in.gk[u] = i < dk ? b.gk[rowi(a) * dk + i] : 0.f;
-      in.v[u] = i < dv ? ld(p.v + rowi(a) * dv + i) : 0.f;
+      in.v[u] = i < dv && dk % 16 != 0 ? ld(p.v + rowi(a) * dv + i) : 0.f;  // else phase C's rows in Vb
       in.dv[u] = b.accumulate && i < dv ? ld(b.dv + rowi(a) * dv + i) : 0.f;
     }
     in.dbeta = b.accumulate && dlane == 0 ? b.dbeta[rowi(a)] : 0.f;
@@ -2285,7 +2291,7 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
         const int j = lane + detail::kWarp * u;
         if (j >= dv) break;
         const float d1 = XB[a * XS + j];
-        b1v = fmaf(d1, cur.v[u], b1v);
+        b1v = fmaf(d1, dk % 16 == 0 ? bf(Vb[a * kRowStride + j]) : cur.v[u], b1v);
         const float g = bet[a] * d1;
         b.dv[rowi(a) * dv + j] = __float2bfloat16(b.accumulate ? cur.dv[u] + g : g);
       }
