@@ -947,6 +947,23 @@ struct WalkMaps {
   CUtensorMap W, K, U;
 };
 
+// The W and k boxes of a walk's stage at dk = 128 (both walks; thread 0, the caller announces the
+// bytes on bar): W (64, 128) fp32 as four (64, 32) boxes, k (64, 128) bf16 as two (64, 64) boxes,
+// rows r0 .., each 128-byte box row swizzled (swizzle128); and the values' places in them.
+__device__ __forceinline__ void tma_load_w_k(float* W, bf16* K, const CUtensorMap* mW, const CUtensorMap* mK, int h,
+                                             int kh, int r0, uint64_t* bar) {
+#pragma unroll
+  for (int a = 0; a < 4; ++a) attn::sm90::tma_load_3d(W + a * (kGdnChunk * 32), mW, 32 * a, h, r0, bar);
+#pragma unroll
+  for (int a = 0; a < 2; ++a) attn::sm90::tma_load_3d(K + a * (kGdnChunk * 64), mK, 64 * a, kh, r0, bar);
+}
+__device__ __forceinline__ float2 tma_w2(const float* W, int r, int i) {  // W (r, i), (r, i + 1); i even
+  return *reinterpret_cast<const float2*>(W + i / 32 * (kGdnChunk * 32) + swizzle128<4>(r, i % 32));
+}
+__device__ __forceinline__ const bf16* tma_k8(const bf16* K, int s, int i) {  // k (s, i .. i + 8); i % 8 = 0
+  return K + i / 64 * (kGdnChunk * 64) + swizzle128<2>(s, i % 64);
+}
+
 // One stage of the walk at dk = 128, loaded by TMA (one thread issues seven boxes, 56 KB): W as
 // four (64, 32) fp32 boxes, K as two (64, 64) bf16 boxes, U one (64, kWalkCols) fp32 box, each row
 // 128 bytes, swizzled (swizzle128); gam (64) by cp.async, zero past L. Rows past L hold the rows
@@ -963,10 +980,8 @@ struct WalkTmaStage {
       : W(reinterpret_cast<float*>(base)), K(reinterpret_cast<bf16*>(base + kW)),
         U(reinterpret_cast<float*>(base + kW + kK)), gam(reinterpret_cast<float*>(base + kTx)) {}
   __host__ __device__ static constexpr size_t bytes(int) { return kBytes; }
-  __device__ float2 w2(int r, int i) const {
-    return *reinterpret_cast<const float2*>(W + i / 32 * (kGdnChunk * 32) + swizzle128<4>(r, i % 32));
-  }
-  __device__ const bf16* k8(int s, int i) const { return K + i / 64 * (kGdnChunk * 64) + swizzle128<2>(s, i % 64); }
+  __device__ float2 w2(int r, int i) const { return tma_w2(W, r, i); }
+  __device__ const bf16* k8(int s, int i) const { return tma_k8(K, s, i); }
   __device__ float u(int r, int c) const { return U[swizzle128<4>(r, c)]; }
 };
 
@@ -976,10 +991,7 @@ __device__ __forceinline__ void walk_mma_prefetch(const WalkTmaStage& st, uint64
   namespace sm90 = attn::sm90;
   if (threadIdx.x == 0) {
     sm90::mbar_expect_tx(bar, WalkTmaStage::kTx);
-#pragma unroll
-    for (int a = 0; a < 4; ++a) sm90::tma_load_3d(st.W + a * (kGdnChunk * 32), &maps.W, 32 * a, h, ci.r0, bar);
-#pragma unroll
-    for (int a = 0; a < 2; ++a) sm90::tma_load_3d(st.K + a * (kGdnChunk * 64), &maps.K, 64 * a, kh, ci.r0, bar);
+    tma_load_w_k(st.W, st.K, &maps.W, &maps.K, h, kh, ci.r0, bar);
     sm90::tma_load_3d(st.U, &maps.U, j0, h, ci.r0, bar);
   }
   load_chunk_gam(st.gam, p.gam, p.nv, h, ci.r0, ci.L);
@@ -1611,7 +1623,7 @@ struct BwdWalkTmaStage {
         gam(reinterpret_cast<float*>(base + kTx)) {}
   __host__ __device__ static constexpr size_t bytes(int) { return kBytes; }
   __device__ float w(int s, int i) const { return W[i / 32 * (kGdnChunk * 32) + swizzle128<4>(s, i % 32)]; }
-  __device__ const bf16* k8(int s, int i) const { return K + i / 64 * (kGdnChunk * 64) + swizzle128<2>(s, i % 64); }
+  __device__ const bf16* k8(int s, int i) const { return tma_k8(K, s, i); }
   __device__ float2 dvn2(int r, int c) const { return *reinterpret_cast<const float2*>(dvn + swizzle128<4>(r, c)); }
   __device__ float q(int i, int c) const { return qo[swizzle128<4>(i, c)]; }
 };
@@ -1623,10 +1635,7 @@ __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkTmaStage& st,
   const RuleParams& p = b.f;
   if (threadIdx.x == 0) {
     sm90::mbar_expect_tx(bar, BwdWalkTmaStage::kTx);
-#pragma unroll
-    for (int a = 0; a < 4; ++a) sm90::tma_load_3d(st.W + a * (kGdnChunk * 32), &maps.W, 32 * a, h, ci.r0, bar);
-#pragma unroll
-    for (int a = 0; a < 2; ++a) sm90::tma_load_3d(st.K + a * (kGdnChunk * 64), &maps.K, 64 * a, kh, ci.r0, bar);
+    tma_load_w_k(st.W, st.K, &maps.W, &maps.K, h, kh, ci.r0, bar);
     sm90::tma_load_3d(st.dvn, &maps.dvn, j0, h, ci.r0, bar);
     sm90::tma_load_3d(st.qo, &maps.qo, j0, 0, (c * p.nv + h) * 128, bar);
   }
