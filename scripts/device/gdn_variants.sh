@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The delta rule's kernels, several builds side by side in one device call: each variant's GPU
+# tests (gdn_test, hybrid_cuda_test) and memcheck, then ROUNDS rounds of `ops_bench gdn` over all
+# variants in turn (each round every variant once, so all see the same machine state), then each
+# variant's per-kernel times by ncu (one sequence). The first variant is the baseline.
+#
+#   scripts/device/gdn_variants.sh stage REV...   here (no GPU, a clean tree): for each git revision
+#                                                  (a commit or branch), check it out, build
+#                                                  //bench:ops_bench and the two tests, copy them to
+#                                                  .device/gdn_variants/ as vN_* (N: its place in the
+#                                                  list); then back to the branch it started on
+#   scripts/device/gdn_variants.sh [run]          there: the tests, the rounds, ncu; logs in $OUT
+#                                                  (default /tmp/gdn_variants), the summary and a
+#                                                  table of each ops_bench row's figures to stdout
+# Device run:  run(command="scripts/device/gdn_variants.sh", carry=[".device/gdn_variants"])
+# Environment: ROUNDS (2), SKIP_TESTS=1, SKIP_NCU=1.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+DIR=.device/gdn_variants
+TESTS="tests/ops_cuda:gdn_test tests/model_cuda:hybrid_cuda_test"
+
+. scripts/device/lib.sh
+
+if [ "${1:-run}" = "stage" ]; then
+  shift
+  [ $# -ge 1 ] || { echo "gdn_variants: stage needs one or more git revisions" >&2; exit 1; }
+  [ -z "$(git status --porcelain --untracked-files=no)" ] ||
+    { echo "gdn_variants: the tree has uncommitted changes; commit or stash them first" >&2; exit 1; }
+  start=$(git symbolic-ref --quiet --short HEAD || git rev-parse HEAD)
+  tmp=$(mktemp -d)
+  n=0 files="" labels=""
+  for rev in "$@"; do
+    n=$((n + 1))
+    git checkout --quiet "$rev" || { git checkout --quiet "$start"; exit 1; }
+    targets="//bench:ops_bench"
+    for t in $TESTS; do targets="$targets //$t"; done
+    if ! bazel build $targets; then
+      echo "gdn_variants: $rev does not build" >&2
+      git checkout --quiet "$start"
+      exit 1
+    fi
+    cp bazel-bin/bench/ops_bench "$tmp/v${n}_ops_bench"
+    for t in $TESTS; do cp "bazel-bin/${t/://}" "$tmp/v${n}_${t#*:}"; done
+    labels="$labels v$n=$(git rev-parse --short HEAD)($rev)"
+  done
+  git checkout --quiet "$start"
+  stage_binaries "$DIR" "$tmp"/*
+  rm -rf "$tmp"
+  echo "$labels" >"$DIR/labels"
+  echo "staged:$labels"
+  exit 0
+fi
+
+device_setup "$DIR" /tmp/gdn_variants
+variants=$(ls "$DIR" | sed -n 's/^\(v[0-9]*\)_ops_bench$/\1/p' | sort -V)
+[ -n "$variants" ] || { echo "gdn_variants: nothing staged in $DIR (run the stage step here first)" >&2; exit 1; }
+echo "variants: $(cat "$DIR/labels" 2>/dev/null)"
+
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  for v in $variants; do
+    for t in $TESTS; do run_gtest "${v}_${t#*:}" 300; done
+    if [ -x "$san" ]; then
+      echo "===== memcheck ${v}_gdn_test" >>"$OUT/tests.log"
+      timeout 150 "$san" --tool memcheck --error-exitcode 9 "$DIR/${v}_gdn_test" --gtest_brief=1 \
+        --gtest_filter='*DeltaRule*' >>"$OUT/tests.log" 2>&1
+      printf "%-28s memcheck rc=%s\n" "${v}_gdn_test" "$?" >>"$summary"
+    fi
+  done
+fi
+
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  for v in $variants; do
+    start=$SECONDS
+    timeout 200 "$DIR/${v}_ops_bench" gdn >"$OUT/${v}_$r.txt" 2>&1
+    echo "$v round $r rc=$? $((SECONDS - start))s" >>"$summary"
+  done
+done
+
+if [ "${SKIP_NCU:-0}" != 1 ] && command -v ncu >/dev/null; then
+  for v in $variants; do  # the one-sequence forward's three kernels and backward's six (past the warm-up)
+    echo "----- ncu $v"
+    timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum -k regex:"rule_" --launch-skip 18 \
+      --launch-count 9 "$DIR/${v}_ops_bench" gdn 2>&1 | grep -E "^  [a-zA-Z].*rule_|gpu__time_duration" |
+      sed -E 's/\(.*//; s/ +/ /g' | paste -d' ' - -
+  done
+fi
+
+echo "----- failures"
+grep -B2 -A12 'Failure$' "$OUT/tests.log" | head -60
+grep -E '^========= (Invalid|Error|.*SUMMARY)' "$OUT/tests.log" | head -20
+grep -E '^\[ errors' "$OUT/tests.log" | head -60
+echo "----- summary"
+cat "$summary"
+echo "----- ops_bench gdn (ms: each round, then against v1's median)"
+python3 - "$OUT" $variants <<'PY'
+import re, statistics, sys
+out, variants = sys.argv[1], sys.argv[2:]
+row = re.compile(r"^(gdn_\S+ \(.*?\))\s.*?([0-9]+\.[0-9]+) ms\b")
+figs = {}  # (name, variant) -> [ms per round]
+for v in variants:
+    r = 1
+    while True:
+        try:
+            lines = open(f"{out}/{v}_{r}.txt", errors="replace").read().splitlines()
+        except FileNotFoundError:
+            break
+        for line in lines:
+            m = row.match(line)
+            if m:
+                figs.setdefault((m.group(1), v), []).append(float(m.group(2)))
+        r += 1
+for name in dict.fromkeys(n for n, _ in figs):
+    base = statistics.median(figs.get((name, variants[0]), [float("nan")]))
+    cells = []
+    for v in variants:
+        ms = figs.get((name, v), [])
+        med = statistics.median(ms) if ms else float("nan")
+        cells.append(f"{v} {'/'.join(f'{x:.3f}' for x in ms)} ({med / base:.3f})")
+    print(f"{name:44s} " + "  ".join(cells))
+PY
