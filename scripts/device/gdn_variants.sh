@@ -15,7 +15,11 @@
 # Device run:  run(command="scripts/device/gdn_variants.sh", carry=[".device/gdn_variants"])
 # Environment: ROUNDS (2), SKIP_TESTS=1, SKIP_NCU=1.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
+if [ "${1:-run}" = "stage" ] && [ -z "${GDN_VARIANTS_COPY:-}" ]; then  # checkouts below may rewrite this file
+  copy=$(mktemp) && cp "$0" "$copy" && GDN_VARIANTS_COPY=$PWD exec bash "$copy" "$@"
+fi
+[ -n "${GDN_VARIANTS_COPY:-}" ] && cd "$GDN_VARIANTS_COPY"
 
 DIR=.device/gdn_variants
 TESTS="tests/ops_cuda:gdn_test tests/model_cuda:hybrid_cuda_test"
