@@ -357,17 +357,18 @@ __device__ __forceinline__ void load_chunk_rows(T* dst, int stride, const T* src
   }
 }
 
-// load_chunk_rows for a width and row count known at compile time: each thread's copies sit at
-// constant offsets, the loop unrolled. The walks issue these every chunk step; with a runtime width
-// their index arithmetic was about ten instructions a 16-byte copy (ncu's source view, H200).
-template <int kCols, int kRows = kGdnChunk, class T>
+// load_chunk_rows for a width known at compile time: each thread's copies sit at constant offsets,
+// the loop unrolled. The walks' cp.async stages issue these every chunk step (U's and dvn's
+// columns); with a runtime width their index arithmetic was about ten instructions a 16-byte copy
+// (ncu's source view, H200).
+template <int kCols, class T>
 __device__ __forceinline__ void load_chunk_rows_fixed(T* dst, int stride, const T* src, int64_t row_pitch, int r0,
                                                       int L) {
   constexpr int kPer = 16 / sizeof(T), kPieces = kCols / kPer, kStepR = kThreads / kPieces;
-  static_assert(kCols % kPer == 0 && kThreads % kPieces == 0 && kRows % kStepR == 0, "whole rows a pass");
+  static_assert(kCols % kPer == 0 && kThreads % kPieces == 0 && kGdnChunk % kStepR == 0, "whole rows a pass");
   const int c = threadIdx.x % kPieces * kPer, r1 = threadIdx.x / kPieces;
 #pragma unroll
-  for (int i = 0; i < kRows / kStepR; ++i) {
+  for (int i = 0; i < kGdnChunk / kStepR; ++i) {
     const int r = r1 + i * kStepR;
     const bool in = r < L;
     attn::cp_async_16(dst + r * stride + c, src + (int64_t)(r0 + (in ? r : 0)) * row_pitch + c, in ? 16 : 0);
@@ -1148,6 +1149,7 @@ size_t walk_mma_smem_bytes(int dk) {
   const size_t stage = dk == 128 ? WalkTmaStage::kBytes : WalkMmaStage::bytes(dk);
   return 1024 + 2 * stage + sizeof(bf16) * (2 * 128 + 2 * kGdnChunk) * kWalkHalfStride;  // + the alignment's slack
 }
+
 constexpr int kOutCols = 64;  // output columns per block
 constexpr int kStateStride = kOutCols + 8;  // bf16 row stride of the state's halves (ldmatrix rows apart in banks)
 constexpr int kVsStride = kOutCols + 4;     // fp32 row stride of v_new's columns (B fragment reads on distinct banks)
@@ -1742,7 +1744,8 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_walk_mma_kernel(RuleBwdPara
         for (int nn = 0; nn < 2; ++nn) {
           const int col = vn + 8 * nn + 2 * tq;
           const float2 u = st.dvn2(r, col);  // rows past L: not this chunk's
-          const float y0 = r < L ? u.x + d * acc[nn][2 * half] : 0.f, y1 = r < L ? u.y + d * acc[nn][2 * half + 1] : 0.f;
+          const float y0 = r < L ? u.x + d * acc[nn][2 * half] : 0.f,
+                      y1 = r < L ? u.y + d * acc[nn][2 * half + 1] : 0.f;
           if (r < L)
             *reinterpret_cast<float2*>(b.dvn + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) = make_float2(y0, y1);
           split_bf16x2(y0, y1, *reinterpret_cast<uint32_t*>(Vh + r * HS + col),
@@ -2045,7 +2048,7 @@ __global__ void __launch_bounds__(kThreads) rule_bwd_grad_kernel(RuleBwdParams b
   float* te = dgam + C;                                             // (64) e^(gam_L - gam_a) k_a . dS v_new_a
   bf16* Vb = reinterpret_cast<bf16*>(te + C);                       // (64, kRowStride) v (phase C)
   float* Zs = reinterpret_cast<float*>(Vb + C * kRowStride);        // (64, PS) phase C's Z
-  float* R = Zs + C * PS;                                                // phase A: dO, v_new; then [dB1 | dB2] (64, X + 4)
+  float* R = Zs + C * PS;  // phase A: dO, v_new; then [dB1 | dB2] (64, X + 4)
   bf16* Db = reinterpret_cast<bf16*>(R);                            // (64, kRowStride) dO
   float* Vn = reinterpret_cast<float*>(Db + C * kRowStride);        // (64, kFs) v_new
   float* XB = R;
