@@ -288,7 +288,9 @@ __global__ void gates_partial_kernel(float* partial, const float* dg, const bf16
 // Shared-memory tiles of a chunk: bf16 rows of q, k or v at a stride of kRowStride elements (272
 // bytes: eight consecutive rows read at one column land in distinct banks), fp32 64 x 64 matrices
 // at a stride of kPairStride (16-byte aligned rows). Loads are cp.async copies issued at once
-// (rows past the chunk's end zero-filled), so a block waits for its loads once, not once per row.
+// (rows past the chunk's end zero-filled), so a block waits for its loads once, not once per row;
+// the walks' stages at dk 128 come by TMA instead, with the tensors' next rows past a chunk's end
+// (WalkTmaStage).
 
 constexpr int kRowStride = 136;
 constexpr int kPairStride = kGdnChunk + 4;

@@ -15,11 +15,17 @@
 # Device run:  run(command="scripts/device/gdn_variants.sh", carry=[".device/gdn_variants"])
 # Environment: ROUNDS (2), SKIP_TESTS=1, SKIP_NCU=1.
 set -uo pipefail
-cd "$(dirname "$0")/../.." || exit 1
+self=$(realpath "$0") || exit 1
+cd "$(dirname "$self")/../.." || exit 1
 if [ "${1:-run}" = "stage" ] && [ -z "${GDN_VARIANTS_COPY:-}" ]; then  # checkouts below may rewrite this file
-  copy=$(mktemp) && cp "$0" "$copy" && GDN_VARIANTS_COPY=$PWD exec bash "$copy" "$@"
+  copy=$(mktemp) && cp "$self" "$copy" || { echo "gdn_variants: cannot copy $self" >&2; exit 1; }
+  GDN_VARIANTS_COPY=$PWD exec bash "$copy" "$@"
 fi
-[ -n "${GDN_VARIANTS_COPY:-}" ] && cd "$GDN_VARIANTS_COPY"
+[ -n "${GDN_VARIANTS_COPY:-}" ] && { cd "$GDN_VARIANTS_COPY" || exit 1; }
+case "${1:-run}" in
+  stage | run) ;;
+  *) echo "gdn_variants: expected 'stage REV...' or 'run', got '$1'" >&2; exit 1 ;;
+esac
 
 DIR=.device/gdn_variants
 TESTS="tests/ops_cuda:gdn_test tests/model_cuda:hybrid_cuda_test"
@@ -32,23 +38,27 @@ if [ "${1:-run}" = "stage" ]; then
   [ -z "$(git status --porcelain --untracked-files=no)" ] ||
     { echo "gdn_variants: the tree has uncommitted changes; commit or stash them first" >&2; exit 1; }
   start=$(git symbolic-ref --quiet --short HEAD || git rev-parse HEAD)
-  tmp=$(mktemp -d)
-  n=0 files="" labels=""
+  # Every revision resolved before the first checkout (HEAD~1, @{-1} ... name the starting point).
+  hashes=() names=()
   for rev in "$@"; do
+    h=$(git rev-parse --verify --quiet "$rev^{commit}") || { echo "gdn_variants: no revision '$rev'" >&2; exit 1; }
+    hashes+=("$h") names+=("$rev")
+  done
+  trap 'git checkout --quiet "$start"' EXIT  # back where it started, whatever happens
+  tmp=$(mktemp -d)
+  n=0 labels=""
+  for i in "${!hashes[@]}"; do
     n=$((n + 1))
-    git checkout --quiet "$rev" || { git checkout --quiet "$start"; exit 1; }
+    git checkout --quiet "${hashes[$i]}" || exit 1
     targets="//bench:ops_bench"
     for t in $TESTS; do targets="$targets //$t"; done
-    if ! bazel build $targets; then
-      echo "gdn_variants: $rev does not build" >&2
-      git checkout --quiet "$start"
-      exit 1
-    fi
-    cp bazel-bin/bench/ops_bench "$tmp/v${n}_ops_bench"
-    for t in $TESTS; do cp "bazel-bin/${t/://}" "$tmp/v${n}_${t#*:}"; done
-    labels="$labels v$n=$(git rev-parse --short HEAD)($rev)"
+    bazel build $targets || { echo "gdn_variants: ${names[$i]} does not build" >&2; exit 1; }
+    cp bazel-bin/bench/ops_bench "$tmp/v${n}_ops_bench" || exit 1
+    for t in $TESTS; do cp "bazel-bin/${t/://}" "$tmp/v${n}_${t#*:}" || exit 1; done
+    labels="$labels v$n=$(git rev-parse --short HEAD)(${names[$i]})"
   done
   git checkout --quiet "$start"
+  rm -rf "$DIR"
   stage_binaries "$DIR" "$tmp"/*
   rm -rf "$tmp"
   xz -6 -T2 "$DIR"/v*_*  # ~3 MB a variant instead of ~20: the carry holds 64 MiB with the tree
@@ -59,8 +69,8 @@ if [ "${1:-run}" = "stage" ]; then
 fi
 
 device_setup "$DIR" /tmp/gdn_variants
-BIN=/tmp/gdn_variants_bin  # the binaries, unpacked (stage packs them with xz)
-mkdir -p "$BIN"
+BIN=/tmp/gdn_variants_bin  # the binaries, unpacked (stage packs them with xz); none left from an earlier call
+rm -rf "$BIN" && mkdir -p "$BIN"
 for f in "$DIR"/v*_*.xz; do
   [ -e "$f" ] || continue
   python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
@@ -94,7 +104,10 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
 done
 
 if [ "${SKIP_NCU:-0}" != 1 ] && command -v ncu >/dev/null; then
-  for v in $variants; do  # the one-sequence forward's three kernels and backward's six (past the warm-up)
+  # The one-sequence layout's last forward call (its prep, walk and outputs: launches 19-21 of
+  # rule_*, after two warm-up and four timed calls) and the first backward call's first six
+  # kernels: a variant that adds or drops a rule_* kernel moves this window.
+  for v in $variants; do
     echo "----- ncu $v"
     timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum -k regex:"rule_" --launch-skip 18 \
       --launch-count 9 "$DIR/${v}_ops_bench" gdn 2>&1 | grep -E "^  [a-zA-Z].*rule_|gpu__time_duration" |
