@@ -115,36 +115,8 @@ if [ "${SKIP_NCU:-0}" != 1 ] && command -v ncu >/dev/null; then
   done
 fi
 
-echo "----- failures"
-grep -B2 -A12 'Failure$' "$OUT/tests.log" | head -60
-grep -E '^========= (Invalid|Error|.*SUMMARY)' "$OUT/tests.log" | head -20
-grep -E '^\[ errors' "$OUT/tests.log" | head -60
-echo "----- summary"
-cat "$summary"
-echo "----- ops_bench gdn (ms: each round, then against v1's median)"
-python3 - "$OUT" $variants <<'PY'
-import re, statistics, sys
-out, variants = sys.argv[1], sys.argv[2:]
-row = re.compile(r"^(gdn_\S+ \(.*?\))\s.*?([0-9]+\.[0-9]+) ms\b")
-figs = {}  # (name, variant) -> [ms per round]
-for v in variants:
-    r = 1
-    while True:
-        try:
-            lines = open(f"{out}/{v}_{r}.txt", errors="replace").read().splitlines()
-        except FileNotFoundError:
-            break
-        for line in lines:
-            m = row.match(line)
-            if m:
-                figs.setdefault((m.group(1), v), []).append(float(m.group(2)))
-        r += 1
-for name in dict.fromkeys(n for n, _ in figs):
-    base = statistics.median(figs.get((name, variants[0]), [float("nan")]))
-    cells = []
-    for v in variants:
-        ms = figs.get((name, v), [])
-        med = statistics.median(ms) if ms else float("nan")
-        cells.append(f"{v} {'/'.join(f'{x:.3f}' for x in ms)} ({med / base:.3f})")
-    print(f"{name:44s} " + "  ".join(cells))
-PY
+print_test_report
+echo "----- ops_bench gdn (each build's median over the rounds, and its ratio to v1's)"
+labels=()
+for v in $variants; do labels+=("$v=$(sed -n "s/.* $v=\([^ ]*\).*/\1/p" "$DIR/labels")"); done
+python3 scripts/device/ops_ab_table.py "$OUT" "${labels[@]}"

@@ -9,6 +9,8 @@
 #                                (status, passed and failed cases, seconds); with SAN_TIMEOUT, the
 #                                first failing case of the call is re-run under compute-sanitizer
 #                                memcheck (once per call: it is slow)
+#   print_test_report            there: $OUT/tests.log's failures, sanitizer findings and printed
+#                                errors, then $summary
 
 stage_binaries() {
   local dir=$1
@@ -55,4 +57,13 @@ run_gtest() {
       >>"$OUT/tests.log" 2>&1
     printf "%-22s memcheck rc=%s on %s\n" "$t" "$?" "$first" >>"$summary"
   fi
+}
+
+print_test_report() {
+  echo "----- failures"
+  grep -B2 -A12 'Failure$' "$OUT/tests.log" | head -60
+  grep -E '^========= (Invalid|Race|Error|.*[Hh]azard|.*SUMMARY)' "$OUT/tests.log" | head -20
+  grep -E '^\[ errors' "$OUT/tests.log" | head -60
+  echo "----- summary"
+  cat "$summary"
 }

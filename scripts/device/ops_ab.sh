@@ -69,11 +69,6 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
   done
 done
 
-echo "----- failures"
-grep -B2 -A12 'Failure$' "$OUT/tests.log" | head -60
-grep -E '^========= (Invalid|Race|Error|.*[Hh]azard|.*SUMMARY)' "$OUT/tests.log" | head -20
-grep -E '^\[ errors' "$OUT/tests.log" | head -40
-echo "----- summary"
-cat "$summary"
+print_test_report
 echo "----- benchmark"
-python3 scripts/device/ops_ab_table.py "$OUT" "$(cat $DIR/base_commit 2>/dev/null)" "$(cat $DIR/new_commit)"
+python3 scripts/device/ops_ab_table.py "$OUT" "base=$(cat $DIR/base_commit 2>/dev/null)" "new=$(cat $DIR/new_commit)"

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""The table of scripts/device/ops_ab.sh: each ops_bench row's median over the rounds, base and new.
+"""The table of scripts/device/ops_ab.sh and gdn_variants.sh: each ops_bench row's median over the
+rounds for every build, and its ratio to the first build's.
 
-  ops_ab_table.py OUT BASE_COMMIT NEW_COMMIT
-reads OUT/base_*.txt and OUT/new_*.txt (ops_bench's output: one line per row as it is measured,
-"NAME SHAPE MS ms ..."), prints one line per row: base ms, new ms, new/base, and the spread of
-each side (min-max) so that a ratio inside the noise reads as such.
+  ops_ab_table.py OUT NAME=LABEL [NAME=LABEL ...]
+reads OUT/NAME_*.txt for each build NAME (ops_bench's output: one line per row as it is measured,
+"NAME SHAPE MS ms ..."; one file per round), prints one line per row: each build's median ms with
+its spread (min-max), so that a ratio inside the noise reads as such, and its ratio to the first.
+LABEL (a commit, a branch) names the build in the header.
 """
 import glob
 import re
@@ -24,24 +26,29 @@ def rows(path):
 
 
 def main():
-    if len(sys.argv) != 4:
+    if len(sys.argv) < 3 or any("=" not in a for a in sys.argv[2:]):
         sys.exit(__doc__)
-    out, base_c, new_c = sys.argv[1:4]
-    runs = {v: [rows(f) for f in sorted(glob.glob(f"{out}/{v}_*.txt"))] for v in ("base", "new")}
-    if not runs["base"] or not runs["new"]:
-        sys.exit(f"ops_ab: no benchmark output in {out} (base {len(runs['base'])}, new {len(runs['new'])} runs)")
-    names = [n for n in runs["new"][0] if all(n in r for v in runs for r in runs[v])]
+    out = sys.argv[1]
+    builds = [a.split("=", 1) for a in sys.argv[2:]]
+    runs = {v: [rows(f) for f in sorted(glob.glob(f"{out}/{v}_*.txt"))] for v, _ in builds}
+    missing = [v for v, _ in builds if not runs[v]]
+    if missing:
+        sys.exit(f"ops_ab: no benchmark output in {out} for {', '.join(missing)}")
+    first = builds[0][0]
+    names = [n for n in runs[first][0] if all(n in r for v in runs for r in runs[v])]
     if not names:
-        sys.exit("ops_ab: no row measured by both builds")
-    print(f"base {base_c}, new {new_c}; {len(runs['base'])} / {len(runs['new'])} rounds; medians (min-max)")
+        sys.exit("ops_ab: no row measured by every build")
+    print("; ".join(f"{v} {label} ({len(runs[v])} rounds)" for v, label in builds) + "; medians (min-max)")
     width = max(len(n) for n in names)
-    print(f"{'row':{width}} {'base ms':>22} {'new ms':>22} {'new/base':>9}")
+    print(f"{'row':{width}} " + " ".join(f"{v + ' ms':>22} {v + '/' + first:>9}" for v, _ in builds))
     for n in names:
-        b = [r[n] for r in runs["base"]]
-        w = [r[n] for r in runs["new"]]
-        mb, mw = statistics.median(b), statistics.median(w)
-        print(f"{n:{width}} {mb:8.3f} ({min(b):.3f}-{max(b):.3f}) {mw:8.3f} ({min(w):.3f}-{max(w):.3f}) "
-              f"{mw / mb:9.4f}")
+        base = statistics.median(r[n] for r in runs[first])
+        cells = []
+        for v, _ in builds:
+            x = [r[n] for r in runs[v]]
+            m = statistics.median(x)
+            cells.append(f"{m:8.3f} ({min(x):.3f}-{max(x):.3f}) {m / base:9.4f}")
+        print(f"{n:{width}} " + " ".join(cells))
 
 
 if __name__ == "__main__":
