@@ -2694,29 +2694,33 @@ RuleParams rule_params(const bf16* q, const bf16* k, const bf16* v, const float*
   return p;
 }
 
+// A (rows, heads, cols) tensor of the walks' stages as a TMA map: boxes of box_cols columns x
+// box_rows rows of one head, 128-byte swizzle (WalkTmaStage, BwdWalkTmaStage).
+template <class T>
+CUtensorMap walk_map(const T* base, int64_t rows, int heads, int cols, int box_cols, int box_rows) {
+  constexpr CUtensorMapDataType kType =
+      std::is_same_v<T, float> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return tma_map_3d(kType, sizeof(T), base, rows, heads, cols, box_cols, box_rows, CU_TENSOR_MAP_SWIZZLE_128B,
+                    "gdn walk");
+}
+
 // The TMA descriptors of rule_walk_mma_kernel<128>'s stages (WalkTmaStage).
 WalkMaps walk_maps(const RuleParams& p) {
-  constexpr CUtensorMapSwizzle kSwizzle = CU_TENSOR_MAP_SWIZZLE_128B;
-  const char* what = "gdn walk";
   WalkMaps m;
-  m.W = tma_map_3d(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, p.W, p.rows, p.nv, 128, 32, kGdnChunk, kSwizzle, what);
-  m.K = tma_map_3d(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.k, p.rows, p.nk, 128, 64, kGdnChunk, kSwizzle, what);
-  m.U = tma_map_3d(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, p.U, p.rows, p.nv, p.dv, kWalkCols, kGdnChunk, kSwizzle, what);
+  m.W = walk_map(p.W, p.rows, p.nv, 128, 32, kGdnChunk);
+  m.K = walk_map(p.k, p.rows, p.nk, 128, 64, kGdnChunk);
+  m.U = walk_map(p.U, p.rows, p.nv, p.dv, kWalkCols, kGdnChunk);
   return m;
 }
 
 // The TMA descriptors of rule_bwd_walk_mma_kernel<128>'s stages (BwdWalkTmaStage).
-BwdWalkMaps bwd_walk_maps(const RuleBwdParams& b, const GdnPlan& plan) {
+BwdWalkMaps bwd_walk_maps(const RuleBwdParams& b) {
   const RuleParams& p = b.f;
-  constexpr CUtensorMapSwizzle kSwizzle = CU_TENSOR_MAP_SWIZZLE_128B;
-  const char* what = "gdn backward walk";
-  const WalkMaps f = walk_maps(p);
   BwdWalkMaps m;
-  m.W = f.W, m.K = f.K;
-  m.dvn = tma_map_3d(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, b.dvn, p.rows, p.nv, p.dv, kWalkCols, kGdnChunk, kSwizzle,
-                     what);
-  m.qo = tma_map_3d(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, b.qo, (int64_t)plan.num_chunks() * p.nv * 128, 1, p.dv,
-                    kWalkCols, 128, kSwizzle, what);
+  m.W = walk_map(p.W, p.rows, p.nv, 128, 32, kGdnChunk);
+  m.K = walk_map(p.k, p.rows, p.nk, 128, 64, kGdnChunk);
+  m.dvn = walk_map(b.dvn, p.rows, p.nv, p.dv, kWalkCols, kGdnChunk);
+  m.qo = walk_map(b.qo, (int64_t)p.num_chunks * p.nv * 128, 1, p.dv, kWalkCols, 128);  // rows: chunks x heads x dk
   return m;
 }
 
@@ -2789,8 +2793,8 @@ void gdn_backward(bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* 
   local<<<chunk_parts_grid(plan.num_chunks(), nv, (dv_ + kOutCols - 1) / kOutCols), kThreads, local_smem, stream>>>(b);
   TT_CUDA_CHECK_LAUNCH();
   if (mma_walk)
-    walk_mma<<<dim3(nv, dv_ / kWalkCols), kThreads, walk_smem, stream>>>(b, dk_ == 128 ? bwd_walk_maps(b, plan)
-                                                                                       : BwdWalkMaps{});
+    walk_mma<<<dim3(nv, dv_ / kWalkCols), kThreads, walk_smem, stream>>>(
+        b, dk_ == 128 ? bwd_walk_maps(b) : BwdWalkMaps{});
   else
     rule_bwd_walk_kernel<<<dim3(nv, dv_ / kWalkCols), kThreads, walk_smem, stream>>>(b);
   TT_CUDA_CHECK_LAUNCH();

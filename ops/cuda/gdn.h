@@ -135,8 +135,7 @@ size_t gdn_backward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv)
 // head) the dO terms; one reverse walk per (value head, 32 state columns) carrying the end-state
 // gradient; per (chunk, head, 64 state rows) the products with the entering state and its
 // gradient; per (chunk, head) the inputs' gradients; the key-head group sums: seven launches
-// whatever the tree. d_o and the state gradients 16-byte aligned as the
-// forward's inputs.
+// whatever the tree. d_o and the state gradients 16-byte aligned as the forward's inputs.
 void gdn_backward(bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* d_init, const bf16* d_o,
                   const float* d_end, const bf16* q, const bf16* k, const bf16* v, const float* g, const bf16* beta,
                   const float* init, const GdnPlan& plan, int nk, int nv, int dk_, int dv_, double scale, Workspace ws,
