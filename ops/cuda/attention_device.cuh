@@ -9,6 +9,12 @@
 
 #include <cstdint>
 
+// Declares `name` as the block's dynamic shared memory, an unsigned char array 16-byte aligned
+// (the delta rule's kernels, gdn_rule.cuh). A declaration, not a call of dynamic_smem(): reached
+// through a function's returned pointer, the compiler computed some of those kernels' shared
+// addresses in 64 bits and unrolled a loop differently.
+#define TT_EXTERN_SMEM_16(name) extern __shared__ __align__(16) unsigned char name[]
+
 namespace tt::cuda::attn {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -24,6 +30,11 @@ __device__ __forceinline__ unsigned char* dynamic_smem() {
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
                "r"(src_bytes));
+}
+
+// 4 bytes global -> shared (zero-filled when src_bytes is 0).
+__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes));
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }

@@ -88,6 +88,10 @@ class GdnPlan {
   // Copies the tables to `tables` (device, table_bytes()), enqueued on stream; the plan then
   // refers to them.
   void upload(void* tables, cudaStream_t stream);
+  // The tables as upload copies them, and refer_to: the plan refers to `tables` holding them
+  // (what upload does after its copy; host memory for the CPU emulation of the kernels).
+  const std::vector<int32_t>& host_tables() const { return host_; }
+  void refer_to(const void* tables);
   int num_chunks() const { return chunks_; }
   int num_nodes() const { return nodes_; }
   int num_roots() const { return roots_; }

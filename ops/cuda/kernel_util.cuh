@@ -190,12 +190,10 @@ struct LaunchConfig {
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[2] = {};
 
-  LaunchConfig(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, int cluster = 0, bool pdl = true) {
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = attr;
+  // cfg's fields by position (grid, block, shared memory, stream, attributes, their count): the
+  // names gridDim and blockDim are macros where the CPU emulation tests compile this header.
+  LaunchConfig(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, int cluster = 0, bool pdl = true)
+      : cfg{grid, block, smem, stream, attr, 0} {
     if (cluster > 0) {
       attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
       attr[cfg.numAttrs].val.clusterDim.x = (unsigned)cluster;

@@ -23,45 +23,11 @@
 #include <vector>
 
 #include "ops/cpu/gdn.h"
+#include "tests/ops_cuda/gdn_cases.h"
 #include "tests/ops_cuda/test_util.h"
 
 namespace tt::cuda_test {
 namespace {
-
-// A DFS-packed forest with its per-row positions (depths) and subtree ends (data/packing.h).
-struct Forest {
-  std::vector<int32_t> start, len, parent, pos, subtree_end;
-  int N = 0;
-  int nodes() const { return (int)start.size(); }
-  void add(int p, int l) {
-    start.push_back(N);
-    len.push_back(l);
-    parent.push_back(p);
-    const int d0 = p < 0 ? 0 : pos[start[p] + len[p] - 1] + 1;
-    for (int j = 0; j < l; ++j) pos.push_back(d0 + j);
-    N += l;
-  }
-  void finish() {
-    std::vector<int32_t> end(nodes());
-    for (int n = nodes() - 1; n >= 0; --n) {
-      end[n] = std::max(end[n], start[n] + len[n]);
-      if (parent[n] >= 0) end[parent[n]] = std::max(end[parent[n]], end[n]);
-    }
-    subtree_end.assign(N, 0);
-    for (int n = 0; n < nodes(); ++n)
-      for (int j = 0; j < len[n]; ++j) subtree_end[start[n] + j] = end[n];
-  }
-};
-
-// Random subtree in preorder: nodes of 1 token with probability 0.4, else 2..max_len.
-void grow(Forest& f, std::mt19937_64& rng, int parent, int depth, int max_len, int& budget) {
-  std::uniform_real_distribution<double> u(0, 1);
-  std::uniform_int_distribution<int> len(2, max_len), kids(0, 3);
-  f.add(parent, u(rng) < 0.4 ? 1 : len(rng));
-  const int me = f.nodes() - 1;
-  const int k = depth < 6 ? kids(rng) : 0;
-  for (int c = 0; c < k && --budget > 0; ++c) grow(f, rng, me, depth + 1, max_len, budget);
-}
 
 Forest awkward_forest(uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -78,17 +44,6 @@ Forest awkward_forest(uint64_t seed) {
   }
   f.finish();
   return f;
-}
-
-::testing::AssertionResult close_bf16(const std::string& name, const std::vector<double>& got,
-                                      const std::vector<double>& ref) {
-  double mx = 0;
-  for (double r : ref) mx = std::max(mx, std::fabs(r));
-  ::testing::AssertionResult a = all_within(name, got, ref, kBf16U, {mx / 1024});
-  if (!a) return a;
-  const double e = rel_l2(got, ref);
-  if (e > kBf16U) return ::testing::AssertionFailure() << name << ": normwise relative error " << e;
-  return ::testing::AssertionSuccess() << name << ": normwise " << e;
 }
 
 ::testing::AssertionResult close_f32_sum(const std::string& name, const std::vector<double>& got,
@@ -235,74 +190,21 @@ TEST_F(GdnOps, GatesMatchTheCpu) {
   EXPECT_TRUE(close_f32_sum("gates ddt_bias", to_host(d_ddt), ddt));
 }
 
-// A delta-rule case: a forest of nodes of 1 to 150 rows (several chunks, a chunk ending exactly
-// at 64, one-token nodes) plus a random subtree of `budget` nodes up to `max_len` rows, grouped key
-// heads (nk 2, nv 4), head dims 128; q and k L2-normalised per head, decays in [-0.62, -0.02] (or as
-// the shape says),
-// beta in [0.05, 0.95], all rounded to bf16 (drawn from `rng` in that order); the plan uploaded.
-struct RuleShape {
-  int nk = 2, nv = 4, dk = 128, dv = 128;
-  double decay_span = 0.6;  // decays in [-0.02 - decay_span, -0.02]
-};
-
-struct RuleCase {
-  int nk, nv, dk, dv;
-  Forest f;
-  int N = 0, roots = 0;
-  double scale;
-  std::vector<double> q, k, v, g, beta;
-  cpu::GdnTree t;
-  cuda::GdnPlan plan;
+// RuleInputs (gdn_cases.h) on the device, the plan's tables uploaded.
+struct RuleCase : RuleInputs {
   DeviceBuffer<char> tables;
   DeviceBuffer<bf16> d_q, d_k, d_v, d_b;
   DeviceBuffer<float> d_g;  // fp32 log decays (here bf16 values, as drawn)
 
   RuleCase(uint64_t seed, int budget, int max_len, bool extra_root, std::mt19937_64& rng, RuleShape shape = {})
-      : nk(shape.nk), nv(shape.nv), dk(shape.dk), dv(shape.dv), scale(1.0 / std::sqrt((double)shape.dk)) {
-    const double decay_span = shape.decay_span;
-    f.add(-1, 150);
-    f.add(0, 64);
-    f.add(1, 1);
-    f.add(0, 1);
-    f.add(3, 70);
-    std::mt19937_64 grow_rng(seed);
-    grow(f, grow_rng, -1, 0, max_len, budget);
-    if (extra_root) f.add(-1, 2);
-    f.finish();
-    N = f.N;
-    roots = (int)std::count(f.parent.begin(), f.parent.end(), -1);
-    auto normed = [&](int heads, int d) {  // L2-normalised per head, then rounded to bf16
-      std::vector<double> x = randn_bf16(rng, (size_t)N * heads * d);
-      for (size_t r = 0; r < (size_t)N * heads; ++r) {
-        double ss = 0;
-        for (int i = 0; i < d; ++i) ss += x[r * d + i] * x[r * d + i];
-        for (int i = 0; i < d; ++i) x[r * d + i] = tt::cuda::round_to_bf16((float)(x[r * d + i] / std::sqrt(ss)));
-      }
-      return x;
-    };
-    q = normed(nk, dk);
-    k = normed(nk, dk);
-    v = randn_bf16(rng, (size_t)N * nv * dv);
-    std::uniform_real_distribution<double> u(0, 1);
-    g.resize((size_t)N * nv);
-    beta.resize((size_t)N * nv);
-    for (double& x : g) x = tt::cuda::round_to_bf16((float)(-0.02 - decay_span * u(rng)));
-    for (double& x : beta) x = tt::cuda::round_to_bf16((float)(0.05 + 0.9 * u(rng)));
-    t.node_start = f.start.data();
-    t.node_len = f.len.data();
-    t.node_parent = f.parent.data();
-    t.num_nodes = f.nodes();
-    t.N = N;
-    t.nk = nk, t.nv = nv, t.dk = dk, t.dv = dv;
-    t.scale = scale;
-    plan.make(f.start.data(), f.len.data(), f.parent.data(), f.nodes());
+      : RuleInputs(seed, budget, max_len, extra_root, rng, shape) {
     tables = DeviceBuffer<char>(std::max<size_t>(plan.table_bytes(), 1));
     plan.upload(tables.data(), nullptr);
     d_q = to_device_bf16(q), d_k = to_device_bf16(k), d_v = to_device_bf16(v), d_g = to_device_f32(g),
     d_b = to_device_bf16(beta);
   }
-  size_t state_elems() const { return (size_t)nv * dk * dv; }
 };
+
 
 // The chunked delta rule against the fp64 recurrent oracle on RuleCase's trees (with a second
 // root), with the roots' own initial states. Outputs: the bf16 rule above; end states (fp32,

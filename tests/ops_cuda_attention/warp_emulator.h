@@ -6,6 +6,9 @@
 // sees stale shared memory, which starts filled with NaN. wgmma_emulator.h adds warpgroup
 // collectives and the Hopper primitives on top of it.
 //
+// Other warp collectives (mma_emulator.h's ldmatrix and mma.sync) run as a function over the
+// warp's 32 lanes once all have arrived (Op::kWarpFn).
+//
 // It checks the kernels' indexing, pipelining and tile logic where CI has no GPU; it does not see
 // timing races between warps or bank conflicts. Include it (through wgmma_emulator.h) before the
 // kernels, in one translation unit, and nothing of CUDA device code besides.
@@ -15,6 +18,7 @@
 #include <cuda_runtime.h>
 #include <ucontext.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -27,9 +31,10 @@
 
 namespace tt::cuda::emu {
 
-// kWgmma: a warpgroup (4 warps) collective (wgmma_emulator.h); kYield: waiting on an mbarrier or
-// a named barrier, rescheduled every round until its condition holds.
-enum class Op { kRun, kSync, kWarpSync, kShfl, kBallot, kWgmma, kYield, kDone };
+// kWarpFn: a warp collective computed by a function of the 32 lanes (Fiber::warp_fn); kWgmma: a
+// warpgroup (4 warps) collective (wgmma_emulator.h); kYield: waiting on an mbarrier or a named
+// barrier, rescheduled every round until its condition holds.
+enum class Op { kRun, kSync, kWarpSync, kShfl, kBallot, kWarpFn, kWgmma, kYield, kDone };
 
 // One thread's operands of a warpgroup MMA (wgmma_emulator.h).
 struct WgmmaOperands {
@@ -56,15 +61,21 @@ struct NamedBarrier {
 struct CopyOp {
   void* dst;
   const void* src;
-  int bytes;  // source bytes of a 16-byte copy (the rest zero-filled)
+  int bytes;      // source bytes of the copy (the rest zero-filled)
+  int size = 16;  // bytes written
 };
 
 struct Fiber {
   ucontext_t ctx;
   Op op = Op::kRun;
-  // Operand and result of a shuffle or ballot.
+  // Operand and result of a shuffle or ballot; a shuffle reads lane src's operand.
   uint32_t in = 0, out = 0;
-  int lane_mask = 0;
+  int src = 0;
+  // A kWarpFn collective: the function (the same in every lane) and this lane's operands.
+  void (*warp_fn)(Fiber* lanes) = nullptr;
+  const void* ptr = nullptr;
+  uint32_t regs[6] = {};
+  float* acc = nullptr;
   std::vector<CopyOp> open;
   std::deque<std::vector<CopyOp>> groups;
   WgmmaOperands wg;
@@ -76,7 +87,7 @@ struct BlockState {
   std::vector<unsigned char> smem;
   unsigned char* base = nullptr;  // 1024-byte aligned in host memory: swizzles see the same bits
   size_t smem_size = 0;
-  std::map<uint32_t, MbarState> mbar;  // by shared-memory offset
+  std::map<uintptr_t, MbarState> mbar;  // by address
   NamedBarrier named[16];
   uint64_t epoch = 0;  // bumped by every arrival, phase flip or release: yields can progress
   ucontext_t sched;
@@ -123,7 +134,12 @@ inline void run_warp_op(Fiber* lane, Op op) {
     case Op::kWarpSync:  // all 32 lanes arrived: nothing to compute
       break;
     case Op::kShfl:
-      for (int l = 0; l < 32; l++) lane[l].out = lane[l ^ lane[l].lane_mask].in;
+      for (int l = 0; l < 32; l++) lane[l].out = lane[lane[l].src].in;
+      break;
+    case Op::kWarpFn:
+      for (int l = 1; l < 32; l++)
+        if (lane[l].warp_fn != lane[0].warp_fn) fail("warp collective: lanes at different instructions");
+      lane[0].warp_fn(lane);
       break;
     case Op::kBallot: {
       uint32_t bits = 0;
@@ -148,9 +164,15 @@ inline void fiber_entry() {
   self().op = Op::kDone;
 }
 
-// Runs kernel(params) over the grid, block by block, each block's threads as fibers.
-template <class Params>
-void launch(void (*kernel)(const Params), dim3 grid, dim3 blk, size_t smem_bytes, const Params& params) {
+// This fiber's part of a kWarpFn collective: fn runs once every lane of its warp has arrived.
+inline void warp_call(void (*fn)(Fiber*)) {
+  self().warp_fn = fn;
+  suspend(Op::kWarpFn);
+}
+
+// Runs kernel(args...) over the grid, block by block, each block's threads as fibers.
+template <class... P, class... A>
+void launch(void (*kernel)(P...), dim3 grid, dim3 blk, size_t smem_bytes, const A&... args) {
   if (blk.x % 32 != 0 || blk.y != 1 || blk.z != 1) fail("1-D blocks of whole warps only");
   std::vector<std::vector<char>> stacks(blk.x, std::vector<char>(64 * 1024));
   for (unsigned by = 0; by < grid.y; by++)
@@ -162,7 +184,7 @@ void launch(void (*kernel)(const Params), dim3 grid, dim3 blk, size_t smem_bytes
       b.smem.assign(smem_bytes + 1024 + 16, 0xff);  // NaN in bf16 and fp32
       b.base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(b.smem.data()) + 1023) & ~uintptr_t(1023));
       b.smem_size = smem_bytes;
-      b.body = [&] { kernel(params); };
+      b.body = [&] { kernel(args...); };
       b.fibers.resize(blk.x);
       block() = &b;
       for (unsigned i = 0; i < blk.x; i++) {
@@ -232,12 +254,17 @@ void launch(void (*kernel)(const Params), dim3 grid, dim3 blk, size_t smem_bytes
 // ---- the CUDA names the kernels use ----
 #undef __global__
 #undef __device__
+#undef __host__
+#undef __shared__
 #undef __forceinline__
 #undef __launch_bounds__
 #define __global__
 #define __device__
+#define __host__
+#define __shared__ static  // one copy for the block's fibers (blocks run one after another)
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define TT_EXTERN_SMEM_16(name) unsigned char* const name = ::tt::cuda::emu::block()->base
 #define threadIdx (::tt::cuda::emu::thread_idx())
 #define blockIdx (::tt::cuda::emu::block()->block_idx)
 #define gridDim (::tt::cuda::emu::block()->grid_dim)
@@ -251,11 +278,18 @@ inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
   if (mask != 0xffffffffu) ::tt::cuda::emu::fail("partial-warp shuffle");
   auto& f = ::tt::cuda::emu::self();
   std::memcpy(&f.in, &v, 4);
-  f.lane_mask = lane_mask;
+  f.src = (int)(threadIdx.x % 32) ^ lane_mask;
   ::tt::cuda::emu::suspend(::tt::cuda::emu::Op::kShfl);
   T r;
   std::memcpy(&r, &f.out, 4);
   return r;
+}
+
+// Lane (lane - delta)'s v; lanes below delta keep their own.
+template <class T>
+inline T __shfl_up_sync(unsigned mask, T v, unsigned delta) {
+  const int lane = (int)(threadIdx.x % 32);
+  return __shfl_xor_sync(mask, v, lane ^ (lane >= (int)delta ? lane - (int)delta : lane));
 }
 
 // Lane src_lane's v, as the xor shuffle whose mask takes each lane to src_lane.
@@ -272,7 +306,15 @@ inline unsigned __ballot_sync(unsigned mask, int pred) {
   return f.out;
 }
 
+using std::max;  // CUDA's min and max of two ints or floats
+using std::min;
 inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
+inline float __expf(float x) { return std::exp(x); }  // the GPU's is ex2.approx(x log2 e): 2 ulp + 2^-21 relative
+inline float __uint_as_float(unsigned x) {
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
 
 namespace tt::cuda::attn {
 
@@ -295,6 +337,15 @@ inline void cp_async_16(void* smem, const void* gmem, int src_bytes) {
   ::tt::cuda::emu::self().open.push_back({smem, gmem, src_bytes});
 }
 
+inline void cp_async_4(void* smem, const void* gmem, int src_bytes) {
+  auto& b = *::tt::cuda::emu::block();
+  const auto* s = static_cast<unsigned char*>(smem);
+  if (s < b.base || s + 4 > b.base + b.smem_size) ::tt::cuda::emu::fail("cp.async outside smem");
+  if ((reinterpret_cast<uintptr_t>(smem) & 3) || (src_bytes > 0 && (reinterpret_cast<uintptr_t>(gmem) & 3)))
+    ::tt::cuda::emu::fail("cp.async address not 4-byte aligned");
+  ::tt::cuda::emu::self().open.push_back({smem, gmem, src_bytes, 4});
+}
+
 inline void cp_async_commit() {
   auto& f = ::tt::cuda::emu::self();
   f.groups.push_back(std::move(f.open));
@@ -306,7 +357,7 @@ inline void cp_async_wait() {
   auto& f = ::tt::cuda::emu::self();
   while ((int)f.groups.size() > kPending) {
     for (const auto& c : f.groups.front()) {
-      std::memset(c.dst, 0, 16);
+      std::memset(c.dst, 0, c.size);
       if (c.bytes > 0) std::memcpy(c.dst, c.src, c.bytes);
     }
     f.groups.pop_front();

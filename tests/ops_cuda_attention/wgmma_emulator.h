@@ -42,29 +42,41 @@ inline void __syncwarp(unsigned mask = 0xffffffffu) {
 
 namespace tt::cuda::emu {
 
-// This emulator's tensor map: a (rows, heads, cols) bf16 tensor with element strides, and boxes of
-// box_cols x 1 x box_rows, stored in the 128 bytes of a CUtensorMap.
+// This emulator's tensor map: a dense (rows, heads, cols) tensor of elem_bytes elements, and boxes
+// of box_cols x 1 x box_rows (128 bytes a box row: the 128-byte swizzle), stored in the 128 bytes
+// of a CUtensorMap.
 struct EmuTensorMap {
   const unsigned char* base;
   int64_t row_stride_bytes, head_stride_bytes;
-  int rows, heads, cols, box_rows, box_cols;
+  int64_t rows;
+  int heads, cols, box_rows, box_cols, elem_bytes;
 };
 static_assert(sizeof(EmuTensorMap) <= sizeof(CUtensorMap), "fits in a CUtensorMap");
 
-inline CUtensorMap tensor_map(const void* base, int rows, int heads, int HS, int box_rows) {
+inline CUtensorMap tensor_map_3d(const void* base, int elem_bytes, int64_t rows, int heads, int cols, int box_cols,
+                                 int box_rows) {
+  if (box_cols * elem_bytes != 128) fail("tensor map: a box row must be 128 bytes (the 128-byte swizzle)");
   CUtensorMap m;
   std::memset(&m, 0, sizeof m);
-  const EmuTensorMap e{static_cast<const unsigned char*>(base), (int64_t)heads * HS * 2, (int64_t)HS * 2, rows, heads,
-                       HS, box_rows, 64};
+  const EmuTensorMap e{static_cast<const unsigned char*>(base), (int64_t)heads * cols * elem_bytes,
+                       (int64_t)cols * elem_bytes, rows, heads, cols, box_rows, box_cols, elem_bytes};
   std::memcpy(&m, &e, sizeof e);
   return m;
 }
 
+// The attention's maps: bf16 (rows, heads, HS), boxes of 64 columns.
+inline CUtensorMap tensor_map(const void* base, int rows, int heads, int HS, int box_rows) {
+  return tensor_map_3d(base, 2, rows, heads, HS, 64, box_rows);
+}
+
+// A barrier in the block's dynamic shared memory, or a static __shared__ one (a host static here,
+// see warp_emulator.h's __shared__), by address.
 inline MbarState& mbar_state(const void* bar) {
   BlockState& b = *block();
-  const uint32_t off = (uint32_t)(static_cast<const unsigned char*>(bar) - b.base);
-  if (off + 8 > b.smem_size || off % 8) fail("mbarrier outside smem or not 8-byte aligned");
-  return b.mbar[off];
+  const auto* p = static_cast<const unsigned char*>(bar);
+  if (reinterpret_cast<uintptr_t>(p) % 8) fail("mbarrier not 8-byte aligned");
+  if (p >= b.base && p + 8 > b.base + b.smem_size) fail("mbarrier past the end of shared memory");
+  return b.mbar[reinterpret_cast<uintptr_t>(p)];
 }
 
 inline void mbar_complete_if_done(MbarState& m) {
@@ -245,20 +257,21 @@ inline void tma_load_3d(void* smem, const CUtensorMap* map, int c0, int c1, int 
   const uint32_t dst = smem_addr(smem);
   if (dst % 1024) ::tt::cuda::emu::fail("TMA destination not 1024-byte aligned (128-byte swizzle)");
   if (c0 < 0 || c0 + t.box_cols > t.cols || c1 < 0 || c1 >= t.heads) ::tt::cuda::emu::fail("TMA box outside columns/heads");
-  if (dst + (uint32_t)(t.box_rows * t.box_cols * 2) > ::tt::cuda::emu::block()->smem_size)
-    ::tt::cuda::emu::fail("TMA box outside smem");
-  ::tt::cuda::emu::mbar_state(bar).copies.push_back([t, dst, c0, c1, c2, bar] {
+  const uint32_t box_bytes = (uint32_t)(t.box_rows * t.box_cols * t.elem_bytes);
+  if (dst + box_bytes > ::tt::cuda::emu::block()->smem_size) ::tt::cuda::emu::fail("TMA box outside smem");
+  ::tt::cuda::emu::mbar_state(bar).copies.push_back([t, dst, c0, c1, c2, bar, box_bytes] {
     auto& b = *::tt::cuda::emu::block();
+    const int e = t.elem_bytes;
     for (int r = 0; r < t.box_rows; r++)
       for (int c = 0; c < t.box_cols; c++) {
-        const uint32_t a = ::tt::cuda::emu::swizzle128(dst + r * t.box_cols * 2 + c * 2);
-        const int row = c2 + r;
-        uint16_t v = 0;  // rows outside the tensor read as zeros
+        const uint32_t a = ::tt::cuda::emu::swizzle128(dst + (r * t.box_cols + c) * e);
+        const int64_t row = (int64_t)c2 + r;
+        unsigned char v[4] = {};  // rows outside the tensor read as zeros
         if (row >= 0 && row < t.rows)
-          std::memcpy(&v, t.base + row * t.row_stride_bytes + c1 * t.head_stride_bytes + (c0 + c) * 2, 2);
-        std::memcpy(b.base + a, &v, 2);
+          std::memcpy(v, t.base + row * t.row_stride_bytes + c1 * t.head_stride_bytes + (int64_t)(c0 + c) * e, e);
+        std::memcpy(b.base + a, v, e);
       }
-    complete_tx(bar, (uint32_t)(t.box_rows * t.box_cols * 2));
+    complete_tx(bar, box_bytes);
   });
 }
 

@@ -1,0 +1,2351 @@
+// The gated delta rule's kernels, chunked (ops/cuda/gdn.h gdn_forward / gdn_backward), and the
+// sequences that launch them. Written against the primitives of attention_device.cuh,
+// attention_sm90_device.cuh (mbarriers, TMA), mma_sm80.cuh (ldmatrix, mma.sync) and
+// kernel_util.cuh, which the includer brings in first: gdn.cu for the GPU, and
+// tests/ops_cuda/gdn_emulated_test.cc for the CPU, where tests/ops_cuda_attention's warp and
+// wgmma emulators and mma_emulator.h provide the same names.
+//
+// The sequences (rule_forward, rule_backward) take a Runner, how a kernel runs:
+//   run.launch(kernel, grid, smem_bytes, args...)  kernel(args...) on grid x kRuleThreads threads
+//                                                  with smem_bytes of dynamic shared memory, in
+//                                                  order after the previous launch
+//   run.zero(p, bytes)                             bytes at p set to zero, in the same order
+//   run.map(base, rows, heads, cols, box_cols, box_rows)
+//                                                  the TMA map of a (rows, heads, cols) fp32 or
+//                                                  bf16 tensor, boxes of box_cols x 1 x box_rows,
+//                                                  128-byte swizzle (rows past the end read zero)
+// gdn.cu's CudaRunner launches on a stream; the emulation test's runs the kernels on the CPU.
+// Everything here has internal linkage: each program has its own copy, compiled for the GPU or
+// for the emulator, and none clashes with the other's.
+#pragma once
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+
+#include "base/check.h"
+#include "ops/cuda/gdn.h"
+#include "ops/cuda/workspace.h"
+
+namespace tt::cuda {
+namespace {
+
+constexpr int kRuleThreads = 256;  // every rule_* kernel's block
+
+__device__ __forceinline__ float ld(const bf16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float ld(const float* p) { return *p; }
+
+// ---- The gated delta rule, chunked ----
+//
+// Shared-memory tiles of a chunk: bf16 rows of q, k or v at a stride of kRowStride elements (272
+// bytes: eight consecutive rows read at one column land in distinct banks), fp32 64 x 64 matrices
+// at a stride of kPairStride (16-byte aligned rows). Loads are cp.async copies issued at once
+// (rows past the chunk's end zero-filled), so a block waits for its loads once, not once per row;
+// the walks' stages at dk 128 come by TMA instead, with the tensors' next rows past a chunk's end
+// (WalkTmaStage).
+
+constexpr int kRowStride = 136;
+constexpr int kPairStride = kGdnChunk + 4;
+
+// A per-chunk kernel's block (parts = 1 where a block takes the whole chunk and value head), or
+// one of `parts` blocks a chunk and value head (column or row blocks): block
+// x = c parts + z, y = h, so the parts of one chunk and head run side by side and all but the
+// first read the chunk's shared rows (q, k, dO, v_new, ...) from L2. With the parts on grid z, a
+// chunk's two parts ran chunks x heads blocks apart and read them from DRAM twice.
+struct ChunkPart {
+  int c, h, z;
+};
+__device__ __forceinline__ ChunkPart chunk_part(int parts) {
+  return {(int)blockIdx.x / parts, (int)blockIdx.y, (int)blockIdx.x % parts};
+}
+inline dim3 chunk_parts_grid(int chunks, int nv, int parts) { return dim3((unsigned)(chunks * parts), (unsigned)nv); }
+
+struct RuleParams {
+  GdnPlan::Device plan;
+  const bf16 *q, *k, *v, *beta;
+  const float* g;  // (N, nv) fp32 log decays
+  const float* init;
+  float *U, *W, *gam, *vnew, *sin, *node_end;
+  float* T;  // (chunks, nv, 64, 64) T = (I + A)^-1 per chunk, for the backward (rule_bwd_grad_kernel); or null
+  bf16* o;
+  int nk, nv, dk, dv;
+  float scale;
+  int num_chunks;
+  int rows;  // packed rows N
+};
+
+// dst (R rows, default 64, of `cols` elements of T at a stride of `stride`) <- rows r0 .. r0 + L of src, row r
+// at src + (r0 + r) * row_pitch; rows >= L zero-filled. cols * sizeof(T) a multiple of 16. The
+// block's kRuleThreads threads all call it (every rule_* kernel launches with kRuleThreads).
+// kDivide: a division per element instead of the stepping below (two registers fewer live:
+// rule_bwd_state_kernel, at its 128-register cap, spills with the stepping).
+template <bool kDivide = false, class T>
+__device__ __forceinline__ void load_chunk_rows(T* dst, int stride, const T* src, int64_t row_pitch, int r0, int L,
+                                                int cols, int R = kGdnChunk) {
+  constexpr int kPer = 16 / sizeof(T);
+  const int pieces = cols / kPer;
+  if constexpr (kDivide) {
+    for (int e = threadIdx.x; e < R * pieces; e += kRuleThreads) {
+      const int r = e / pieces, c = (e % pieces) * kPer;
+      const bool in = r < L;
+      attn::cp_async_16(dst + r * stride + c, src + (int64_t)(r0 + (in ? r : 0)) * row_pitch + c, in ? 16 : 0);
+    }
+    return;
+  }
+  // Element e = threadIdx.x + i kRuleThreads is row e / pieces, piece e % pieces: stepped by kRuleThreads
+  // without a division per element (the walks issue these every chunk step).
+  const int step_r = kRuleThreads / pieces, step_c = kRuleThreads % pieces;
+  int r = threadIdx.x / pieces, c = threadIdx.x % pieces;
+  while (r < R) {
+    const bool in = r < L;
+    attn::cp_async_16(dst + r * stride + c * kPer, src + (int64_t)(r0 + (in ? r : 0)) * row_pitch + c * kPer,
+                      in ? 16 : 0);
+    r += step_r, c += step_c;
+    if (c >= pieces) c -= pieces, ++r;
+  }
+}
+
+// load_chunk_rows for a width known at compile time: each thread's copies sit at constant offsets,
+// the loop unrolled. The walks' cp.async stages issue these every chunk step (U's and dvn's
+// columns); with a runtime width their index arithmetic was about ten instructions a 16-byte copy
+// (ncu's source view, H200).
+template <int kCols, class T>
+__device__ __forceinline__ void load_chunk_rows_fixed(T* dst, int stride, const T* src, int64_t row_pitch, int r0,
+                                                      int L) {
+  constexpr int kPer = 16 / sizeof(T), kPieces = kCols / kPer, kStepR = kRuleThreads / kPieces;
+  static_assert(kCols % kPer == 0 && kRuleThreads % kPieces == 0 && kGdnChunk % kStepR == 0, "whole rows a pass");
+  const int c = threadIdx.x % kPieces * kPer, r1 = threadIdx.x / kPieces;
+#pragma unroll
+  for (int i = 0; i < kGdnChunk / kStepR; ++i) {
+    const int r = r1 + i * kStepR;
+    const bool in = r < L;
+    attn::cp_async_16(dst + r * stride + c, src + (int64_t)(r0 + (in ? r : 0)) * row_pitch + c, in ? 16 : 0);
+  }
+}
+
+// A chunk's row range, node and flags (the plan's tables). The walks read chunk c + 2's while
+// chunk c computes, so a step's prefetch need not wait for the plan's loads.
+struct ChunkInfo {
+  int r0, L, node, flags;
+};
+__device__ __forceinline__ ChunkInfo chunk_info(const GdnPlan::Device& plan, int c) {
+  return {plan.chunk_row0[c], plan.chunk_len[c], plan.chunk_node[c], plan.chunk_flags[c]};
+}
+
+// The chunk's per-row value-head scalars (gam or beta, (rows, nv) fp32 or bf16) -> dst[64], zeros past L.
+__device__ __forceinline__ void load_chunk_gam(float* dst, const float* gam, int nv, int h, int r0, int L) {
+  for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x)
+    attn::cp_async_4(dst + r, gam + (int64_t)(r0 + (r < L ? r : 0)) * nv + h, r < L ? 4 : 0);
+}
+
+// x[0..64) <- inclusive prefix sums, by warp 0 (two values a lane).
+__device__ __forceinline__ void chunk_cumsum(float* x) {
+  if (threadIdx.x >= detail::kWarp) return;
+  const int lane = threadIdx.x;
+  float a = x[lane], b = x[lane + 32];
+#pragma unroll
+  for (int o = 1; o < 32; o *= 2) {
+    const float ua = __shfl_up_sync(0xffffffffu, a, o), ub = __shfl_up_sync(0xffffffffu, b, o);
+    if (lane >= o) a += ua, b += ub;
+  }
+  b += __shfl_sync(0xffffffffu, a, 31);
+  x[lane] = a;
+  x[lane + 32] = b;
+}
+
+// acc[u][v] = X_(ta + 16u) . Y_(tb + 16v) over d columns (u, v < 4) for bf16 rows at kRowStride:
+// with ta = threadIdx.x / 16 and tb = threadIdx.x % 16, the block's 256 threads cover all 64 x 64
+// pairs. d a multiple of 8.
+__device__ __forceinline__ void chunk_dots(float (&acc)[4][4], const bf16* X, const bf16* Y, int d) {
+  const int ta = threadIdx.x / 16, tb = threadIdx.x % 16;
+#pragma unroll
+  for (int u = 0; u < 4; ++u)
+#pragma unroll
+    for (int v = 0; v < 4; ++v) acc[u][v] = 0.f;
+  for (int i = 0; i < d; i += 8) {
+    float x[4][8], y[4][8];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) detail::load_bf16<8>(x[u], X + (ta + 16 * u) * kRowStride + i);
+#pragma unroll
+    for (int v = 0; v < 4; ++v) detail::load_bf16<8>(y[v], Y + (tb + 16 * v) * kRowStride + i);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < 4; ++v)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[u][v] = fmaf(x[u][e], y[v][e], acc[u][v]);
+  }
+}
+
+// dst[a][b] (transpose: dst[b][a]) = X_a . Y_b for the 64 x 64 pairs of bf16 rows at kRowStride,
+// fp32, at a row stride of `stride`; then a block barrier (256 threads, all call it). On tensor
+// cores (mma m16n8k16: the bf16 products are exact in fp32, summed in another order than
+// chunk_dots) when d is a multiple of 16, else by chunk_dots. Each warp takes 16 rows x 32 columns.
+__device__ __forceinline__ void chunk_gram(float* dst, int stride, bool transpose, const bf16* X, const bf16* Y,
+                                           int d) {
+  auto put = [&](int a, int b, float x) { dst[transpose ? b * stride + a : a * stride + b] = x; };
+  if (d % 16 != 0) {
+    float acc[4][4];
+    chunk_dots(acc, X, Y, d);
+    const int ta = threadIdx.x / 16, tb = threadIdx.x % 16;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) put(ta + 16 * u, tb + 16 * v, acc[u][v]);
+    __syncthreads();
+    return;
+  }
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
+  const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
+  float c[4][4] = {};
+  for (int k0 = 0; k0 < d; k0 += 16) {
+    uint32_t a[4], b0[4], b1[4];
+    mma::ldsm_x4(a, X + (m0 + lane % 8 + 8 * (lane / 8 % 2)) * kRowStride + k0 + 8 * (lane / 16));
+    mma::ldsm_x4(b0, Y + (n0 + lane % 8 + 8 * (lane / 16)) * kRowStride + k0 + 8 * (lane / 8 % 2));
+    mma::ldsm_x4(b1, Y + (n0 + 16 + lane % 8 + 8 * (lane / 16)) * kRowStride + k0 + 8 * (lane / 8 % 2));
+    mma::mma_16816(c[0], a, b0[0], b0[1]);
+    mma::mma_16816(c[1], a, b0[2], b0[3]);
+    mma::mma_16816(c[2], a, b1[0], b1[1]);
+    mma::mma_16816(c[3], a, b1[2], b1[3]);
+  }
+  const int gq = lane / 4, tq = lane % 4;  // c[n]: rows gq ([0], [1]) and gq + 8, columns 2 tq (+1) of n8 tile n
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+    const int col = n0 + 8 * n + 2 * tq;
+    put(m0 + gq, col, c[n][0]);
+    put(m0 + gq, col + 1, c[n][1]);
+    put(m0 + gq + 8, col, c[n][2]);
+    put(m0 + gq + 8, col + 1, c[n][3]);
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ float bf(const bf16& x) { return __bfloat162float(x); }
+
+// The two fp32 values of a packed bf16 pair (low half first): exact, a shift and a mask.
+__device__ __forceinline__ float2 unpack_bf16x2(uint32_t v) {
+  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+}
+
+// (x0, x1) as two packed bf16 pairs, hi = bf16(x) and lo = bf16(x - hi): x = hi + lo to a relative
+// 2^-18, so a product with a bf16 operand is two mma (hi, lo) in fp32. Both halves by the packed
+// conversion (F2FP, round to nearest even; one instruction a pair): converting each value alone
+// (F2F) ran on a slower pipe and was a sixth of the grad kernel's stall samples (ncu, H200).
+__device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  hi = attn::pack_bf16x2(x0, x1);
+  const float2 h = unpack_bf16x2(hi);
+  lo = attn::pack_bf16x2(x0 - h.x, x1 - h.y);
+}
+
+// (x0, x1) as three packed bf16 pairs, hi = bf16(x), mid = bf16(x - hi), lo = bf16(x - hi - mid): x
+// = hi + mid + lo to fp32's 24 bits (each difference exact).
+__device__ __forceinline__ void split3_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& mid, uint32_t& lo) {
+  hi = attn::pack_bf16x2(x0, x1);
+  const float2 h = unpack_bf16x2(hi);
+  const float r0 = x0 - h.x, r1 = x1 - h.y;
+  mid = attn::pack_bf16x2(r0, r1);
+  const float2 m = unpack_bf16x2(mid);
+  lo = attn::pack_bf16x2(r0 - m.x, r1 - m.y);
+}
+
+// An m16n8k16 A fragment (rows m0 + gq (+8), columns k0 + 2 tq (+1, +8, +9), the PTX ISA's
+// layout) of an fp32 matrix given pairwise by pair(row, col) = (at(row, col), at(row, col + 1)),
+// as bf16 high and low halves (split_bf16x2): two mma give the fp32 product. Pairs: one 8-byte
+// read where the matrix is row-major in shared memory.
+template <class Pair>
+__device__ __forceinline__ void split_a_fragment_pairs(uint32_t (&hi)[4], uint32_t (&lo)[4], int m0, int k0,
+                                                       Pair&& pair) {
+  const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 x = pair(m0 + gq + 8 * (j % 2), k0 + 2 * tq + 8 * (j / 2));
+    split_bf16x2(x.x, x.y, hi[j], lo[j]);
+  }
+}
+
+// The same fragment given element-wise by at(row, col).
+template <class At>
+__device__ __forceinline__ void split_a_fragment(uint32_t (&hi)[4], uint32_t (&lo)[4], int m0, int k0, At&& at) {
+  split_a_fragment_pairs(hi, lo, m0, k0, [&](int r, int c) { return make_float2(at(r, c), at(r, c + 1)); });
+}
+
+// The same fragment as three bf16 parts (split3_bf16x2: fp32's 24 bits), the fp32 matrix given
+// pairwise by pair(row, col) = (at(row, col), at(row, col + 1)).
+template <class Pair>
+__device__ __forceinline__ void split3_a_fragment(uint32_t (&hi)[4], uint32_t (&mid)[4], uint32_t (&lo)[4], int m0,
+                                                  int k0, Pair&& pair) {
+  const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 x = pair(m0 + gq + 8 * (j % 2), k0 + 2 * tq + 8 * (j / 2));
+    split3_bf16x2(x.x, x.y, hi[j], mid[j], lo[j]);
+  }
+}
+
+// c += (hi + mid + lo) B for a B exact in bf16: the small parts first.
+__device__ __forceinline__ void mma_split3(float (&c)[4], const uint32_t (&hi)[4], const uint32_t (&mid)[4],
+                                           const uint32_t (&lo)[4], uint32_t b0, uint32_t b1) {
+  mma::mma_16816(c, lo, b0, b1);
+  mma::mma_16816(c, mid, b0, b1);
+  mma::mma_16816(c, hi, b0, b1);
+}
+
+// T = (I + diag(rs) A)^-1 for a strictly lower triangular 64 x 64 A (fp32 at kPairStride, zero on
+// and above the diagonal and in rows past the chunk): T is unit lower triangular. In 16 x 16
+// blocks: the four diagonal blocks by substitution (a column a thread, 64 threads), then the blocks
+// below them by their distance d from the diagonal, T_ij = -T_ii P_ij with P_ij = diag(rs) sum_{k=j}^{i-1}
+// A_ik T_kj (i = j + d), P staged in T's unused upper block (j, i). So T's diagonal blocks hold
+// their zeros above the diagonal and its upper off-diagonal blocks hold those stages (readers skip
+// them). About 400 FMAs a thread where a substitution over all 64 rows of a 256-column right-hand
+// side took 2016. All threads call it; it ends with a barrier.
+__device__ __forceinline__ void chunk_unit_lower_inverse(float* T, const float* A, const float* rs) {
+  constexpr int B = 16, PS = kPairStride;
+  if (threadIdx.x < 4 * B) {  // T_bb, column j: x_r = -rs_r sum_{t < r} A_rt x_t (x_t = 0 for t < j, x_j = 1)
+    const int o = B * (threadIdx.x / B), j = threadIdx.x % B;
+    float x[B];
+#pragma unroll
+    for (int r = 0; r < B; ++r) {
+      float s0 = 0.f, s1 = 0.f;  // two chains
+#pragma unroll
+      for (int t = 0; t < r; ++t) {
+        const float a = A[(o + r) * PS + o + t];
+        if (t % 2) s1 = fmaf(a, x[t], s1);
+        else s0 = fmaf(a, x[t], s0);
+      }
+      x[r] = r < j ? 0.f : r == j ? 1.f : -rs[o + r] * (s0 + s1);
+    }
+#pragma unroll
+    for (int r = 0; r < B; ++r) T[(o + r) * PS + o + j] = x[r];
+  }
+  __syncthreads();
+  auto axpy4 = [](float4& acc, float a, const float4& x) {
+    acc.x = fmaf(a, x.x, acc.x), acc.y = fmaf(a, x.y, acc.y), acc.z = fmaf(a, x.z, acc.z), acc.w = fmaf(a, x.w, acc.w);
+  };
+  for (int d = 1; d < 4; ++d) {
+    // A thread per (block i = j + d, row r, four columns c .. c + 3): (4 - d) 64 items.
+    const int e = threadIdx.x, j = e / (4 * B), i = j + d, r = e / 4 % B, c = 4 * (e % 4);
+    const bool on = e < (4 - d) * 4 * B;
+    if (on) {
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int k = j; k < i; ++k)
+#pragma unroll
+        for (int t = 0; t < B; ++t)
+          axpy4(acc, A[(B * i + r) * PS + B * k + t],
+                *reinterpret_cast<const float4*>(T + (B * k + t) * PS + B * j + c));
+      const float s = rs[B * i + r];
+      *reinterpret_cast<float4*>(T + (B * j + r) * PS + B * i + c) =
+          make_float4(s * acc.x, s * acc.y, s * acc.z, s * acc.w);
+    }
+    __syncthreads();
+    if (on) {
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int t = 0; t < B; ++t)  // T_ii's row r (zero past r)
+        axpy4(acc, T[(B * i + r) * PS + B * i + t], *reinterpret_cast<const float4*>(T + (B * j + t) * PS + B * i + c));
+      *reinterpret_cast<float4*>(T + (B * i + r) * PS + B * j + c) = make_float4(-acc.x, -acc.y, -acc.z, -acc.w);
+    }
+    __syncthreads();
+  }
+}
+
+// The rows r < L of T diag(sc) Y for T from chunk_unit_lower_inverse and bf16 rows Y (64, d) at
+// kRowStride (d a multiple of 8, at most 128), on tensor cores: T diag(sc) split into bf16 halves
+// (split_bf16x2; Y exact), two mma a tile, fp32 sums; only T's lower blocks are read. Row r of the
+// result goes to dst + (r0 + r) * pitch (fp32). A warp takes 16 rows (m0) and every column, 8 kTiles
+// columns a pass.
+template <int kTiles>  // n8 tiles a pass (accumulators: 4 kTiles registers)
+__device__ __forceinline__ void chunk_lower_apply(float* dst, int64_t pitch, const float* T, const float* sc,
+                                                  const bf16* Y, int d, int m0, int L) {
+  constexpr int PS = kPairStride;
+  const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
+  for (int n0 = 0; n0 < d; n0 += 8 * kTiles) {
+    float c[kTiles][4] = {};  // [n8 tile][fragment]
+    for (int k0 = 0; k0 <= m0; k0 += 16) {
+      uint32_t ah[4], al[4];
+      split_a_fragment_pairs(ah, al, m0, k0, [&](int r, int s) {
+        const float2 t = *reinterpret_cast<const float2*>(T + r * PS + s);
+        return make_float2(t.x * sc[s], t.y * sc[s + 1]);
+      });
+      const bf16* src = Y + (k0 + lane % 8 + 8 * (lane / 8 % 2)) * kRowStride + n0 + 8 * (lane / 16);
+#pragma unroll
+      for (int n = 0; n < kTiles; n += 2) {
+        if (n0 + 8 * n >= d) break;
+        if (n0 + 8 * n + 8 < d) {
+          uint32_t b[4];
+          mma::ldsm_x4_trans(b, src + 8 * n);
+          mma::mma_16816(c[n], al, b[0], b[1]);
+          mma::mma_16816(c[n], ah, b[0], b[1]);
+          mma::mma_16816(c[n + 1], al, b[2], b[3]);
+          mma::mma_16816(c[n + 1], ah, b[2], b[3]);
+        } else {  // the last n8 tile alone (d = 8 mod 16)
+          uint32_t b[2];
+          mma::ldsm_x2_trans(b, src + 8 * n);
+          mma::mma_16816(c[n], al, b[0], b[1]);
+          mma::mma_16816(c[n], ah, b[0], b[1]);
+        }
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = m0 + gq + 8 * half;
+      if (r >= L) continue;
+      float* row = dst + (int64_t)r * pitch + n0;
+#pragma unroll
+      for (int n = 0; n < kTiles; ++n)
+        if (n0 + 8 * n < d)
+          *reinterpret_cast<float2*>(row + 8 * n + 2 * tq) = make_float2(c[n][2 * half], c[n][2 * half + 1]);
+    }
+  }
+}
+
+// Which 16-row block of a chunk warp w takes when the 8 warps split two column halves of a product
+// with a lower triangular T: w, w + 4 (one scheduler's pair) get blocks summing to 3, so every
+// scheduler carries the same count of T's nonzero k-blocks.
+__device__ __forceinline__ int balanced_row_block(int warp) { return (0x32230110 >> (4 * warp)) & 3; }
+
+// Per (chunk, value head): gamma (the in-chunk cumulative log decay), KKd = strictly_lower(k_r .
+// k_s exp(gamma_r - gamma_s)) (A = diag(beta) KKd), T = (I + A)^-1 (chunk_unit_lower_inverse),
+// then U = T diag(beta) v and W = T diag(beta exp(gamma)) k on tensor cores (chunk_lower_apply):
+// even warps U, odd warps W, 16 rows each (balanced_row_block), 64 columns a pass so three blocks
+// fit a multiprocessor (80 registers; 16 columns a pass and two blocks: 0.87 ms against 0.77 here).
+constexpr int kPrepTiles = 8, kPrepBlocks = 3;
+__global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(RuleParams p) {
+  TT_EXTERN_SMEM_16(smem);
+  const ChunkPart cp = chunk_part(1);
+  const int c = cp.c, h = cp.h, kh = h / (p.nv / p.nk);
+  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], dk = p.dk, dv = p.dv;
+  constexpr int PS = kPairStride;
+  bf16* Kb = reinterpret_cast<bf16*>(smem);                          // (64, kRowStride)
+  bf16* Vb = Kb + kGdnChunk * kRowStride;                            // (64, kRowStride)
+  float* A = reinterpret_cast<float*>(Vb + kGdnChunk * kRowStride);  // (64, PS) KKd
+  float* T = A + kGdnChunk * PS;                                     // (64, PS)
+  float* gam = T + kGdnChunk * PS;                                   // (64)
+  float* bet = gam + kGdnChunk;                                      // (64)
+  float* sw = bet + kGdnChunk;                                       // (64) beta e^gamma
+  load_chunk_rows(Kb, kRowStride, p.k + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
+  load_chunk_rows(Vb, kRowStride, p.v + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  attn::cp_async_commit();
+  for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x) {
+    const bool in = r < L;
+    bet[r] = in ? ld(p.beta + (int64_t)(r0 + r) * p.nv + h) : 0.f;
+    gam[r] = in ? ld(p.g + (int64_t)(r0 + r) * p.nv + h) : 0.f;
+  }
+  __syncthreads();
+  chunk_cumsum(gam);
+  attn::cp_async_wait<0>();
+  __syncthreads();
+  chunk_gram(A, PS, false, Kb, Kb, dk);
+  {
+    const int ta = threadIdx.x / 16, tb = threadIdx.x % 16;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const int r = ta + 16 * u, s = tb + 16 * v;
+        float& x = A[r * PS + s];
+        x = s < r && r < L ? __expf(gam[r] - gam[s]) * x : 0.f;
+      }
+    for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x) sw[r] = bet[r] * __expf(gam[r]);
+  }
+  __syncthreads();
+  chunk_unit_lower_inverse(T, A, bet);
+  if (p.T) {  // the backward's copy: T's lower blocks, 0 above them (chunk_unit_lower_inverse's scratch)
+    float* dst = p.T + ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
+    for (int e = threadIdx.x; e < kGdnChunk * kGdnChunk / 4; e += kRuleThreads) {
+      const int r = e / (kGdnChunk / 4), s = 4 * (e % (kGdnChunk / 4));
+      *reinterpret_cast<float4*>(dst + r * kGdnChunk + s) =
+          s / 16 > r / 16 ? make_float4(0.f, 0.f, 0.f, 0.f) : *reinterpret_cast<const float4*>(T + r * PS + s);
+    }
+  }
+  {
+    const int warp = threadIdx.x / detail::kWarp, m0 = 16 * balanced_row_block(warp);
+    if (warp % 2 == 0)
+      chunk_lower_apply<kPrepTiles>(p.U + ((int64_t)r0 * p.nv + h) * dv, (int64_t)p.nv * dv, T, bet, Vb, dv, m0, L);
+    else
+      chunk_lower_apply<kPrepTiles>(p.W + ((int64_t)r0 * p.nv + h) * dk, (int64_t)p.nv * dk, T, sw, Kb, dk, m0, L);
+  }
+  for (int r = threadIdx.x; r < L; r += blockDim.x) p.gam[(int64_t)(r0 + r) * p.nv + h] = gam[r];
+}
+
+size_t prep_smem_bytes() {  // k, v rows, KKd, T, gam, beta, beta e^gam: the same for every head shape
+  return 2 * sizeof(bf16) * kGdnChunk * kRowStride +
+         sizeof(float) * (2 * (size_t)kGdnChunk * kPairStride + 3 * kGdnChunk);
+}
+
+constexpr int kWalkCols = 32;                     // state columns per walking block (a lane each)
+constexpr int kWalkWarps = kRuleThreads / kWalkCols;  // 8
+constexpr int kWalkRowsV = kGdnChunk / kWalkWarps;  // v_new rows per thread: 8
+constexpr int kWalkRowsS = 128 / kWalkWarps;        // state rows per thread: 16 (dk <= 128)
+
+// One stage of a walking block's chunk operands: W rows (64, dk) fp32, keys (64, 128) bf16, the
+// block's U columns (64, 32) fp32, gam (64).
+struct WalkStage {
+  float* W;
+  bf16* K;
+  float* U;
+  float* gam;
+  __device__ WalkStage(float* base, int dk) {
+    W = base;
+    K = reinterpret_cast<bf16*>(W + kGdnChunk * dk);
+    U = reinterpret_cast<float*>(K + kGdnChunk * 128);
+    gam = U + kGdnChunk * kWalkCols;
+  }
+  __host__ __device__ static constexpr size_t floats(int dk) {
+    return (size_t)kGdnChunk * dk + kGdnChunk * 128 / 2 + kGdnChunk * kWalkCols + kGdnChunk;
+  }
+};
+
+__device__ __forceinline__ void walk_prefetch(const WalkStage& st, const RuleParams& p, const ChunkInfo& ci, int h, int kh,
+                                              int j0) {
+  const int r0 = ci.r0, L = ci.L;
+  load_chunk_rows(st.W, p.dk, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.K, 128, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.U, kWalkCols, p.U + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L, kWalkCols);
+  load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
+}
+
+// S (dk, 32) <-> global rows of dv floats at columns j0 .. j0 + 32 (float4s).
+__device__ __forceinline__ void state_to_global(float* dst, const float* S, int dk, int dv, int j0) {
+  for (int e = threadIdx.x; e < dk * kWalkCols / 4; e += blockDim.x) {
+    const int i = e / (kWalkCols / 4), j = (e % (kWalkCols / 4)) * 4;
+    *reinterpret_cast<float4*>(dst + (int64_t)i * dv + j0 + j) = *reinterpret_cast<const float4*>(S + i * kWalkCols + j);
+  }
+}
+__device__ __forceinline__ void state_from_global(float* S, const float* src, int dk, int dv, int j0) {
+  for (int e = threadIdx.x; e < dk * kWalkCols / 4; e += blockDim.x) {
+    const int i = e / (kWalkCols / 4), j = (e % (kWalkCols / 4)) * 4;
+    *reinterpret_cast<float4*>(S + i * kWalkCols + j) =
+        src ? *reinterpret_cast<const float4*>(src + (int64_t)i * dv + j0 + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
+// Per (value head, 32 state columns): the chunks in packed order, the next chunk's operands in
+// flight (cp.async, two stages) while this one computes. A node's first chunk starts from its
+// parent's end state (node_end, written earlier by this block: parents come first), or its root's
+// init; each chunk stores the state it starts from (sin) and v_new = U - W S, then
+// S <- exp(gamma_L) S + sum_s exp(gamma_L - gamma_s) k_s v_new_s^T; a node's last chunk stores
+// its end state.
+__global__ void __launch_bounds__(kRuleThreads) rule_walk_kernel(RuleParams p) {
+  TT_EXTERN_SMEM_16(smem);
+  const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv;
+  float* S = reinterpret_cast<float*>(smem);  // (dk, 32)
+  float* Vn = S + 128 * kWalkCols;            // (64, 32)
+  float* dec = Vn + kGdnChunk * kWalkCols;    // (64) exp(gamma_L - gamma_s)
+  float* stages = dec + kGdnChunk;            // two WalkStages
+  const size_t stage_floats = WalkStage::floats(dk);
+  const int64_t SS = (int64_t)dk * dv;
+  const int w = threadIdx.x / kWalkCols, jj = threadIdx.x % kWalkCols;
+  const int nc = p.num_chunks;
+  ChunkInfo cur = nc > 0 ? chunk_info(p.plan, 0) : ChunkInfo{}, nxt = nc > 1 ? chunk_info(p.plan, 1) : cur;
+  if (nc > 0) walk_prefetch(WalkStage(stages, dk), p, cur, h, kh, j0);
+  attn::cp_async_commit();
+  for (int c = 0; c < nc; ++c) {
+    if (c + 1 < nc) walk_prefetch(WalkStage(stages + ((c + 1) & 1) * stage_floats, dk), p, nxt, h, kh, j0);
+    attn::cp_async_commit();
+    attn::cp_async_wait<1>();
+    const WalkStage st(stages + (c & 1) * stage_floats, dk);
+    const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
+    cur = nxt;
+    if (c + 2 < nc) nxt = chunk_info(p.plan, c + 2);
+    if (flags & 1) {
+      const int parent = p.plan.node_parent[n], root = p.plan.node_root[n];
+      const float* src = parent >= 0 ? p.node_end + ((int64_t)parent * p.nv + h) * SS
+                                     : (p.init && root >= 0 ? p.init + ((int64_t)root * p.nv + h) * SS : nullptr);
+      state_from_global(S, src, dk, dv, j0);
+    }
+    __syncthreads();
+    state_to_global(p.sin + ((int64_t)c * p.nv + h) * SS, S, dk, dv, j0);
+    const float gl = st.gam[L - 1];
+    if (threadIdx.x < kGdnChunk) dec[threadIdx.x] = threadIdx.x < L ? __expf(gl - st.gam[threadIdx.x]) : 0.f;
+    {  // v_new rows w * 8 + t = U - W S
+      float acc[kWalkRowsV];
+#pragma unroll
+      for (int t = 0; t < kWalkRowsV; ++t) acc[t] = st.U[(w * kWalkRowsV + t) * kWalkCols + jj];
+      for (int i = 0; i < dk; i += 4) {
+        const float s0 = S[i * kWalkCols + jj], s1 = S[(i + 1) * kWalkCols + jj], s2 = S[(i + 2) * kWalkCols + jj],
+                    s3 = S[(i + 3) * kWalkCols + jj];
+#pragma unroll
+        for (int t = 0; t < kWalkRowsV; ++t) {
+          const float4 wv = *reinterpret_cast<const float4*>(st.W + (w * kWalkRowsV + t) * dk + i);
+          acc[t] = fmaf(-wv.x, s0, acc[t]);
+          acc[t] = fmaf(-wv.y, s1, acc[t]);
+          acc[t] = fmaf(-wv.z, s2, acc[t]);
+          acc[t] = fmaf(-wv.w, s3, acc[t]);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kWalkRowsV; ++t) {
+        const int r = w * kWalkRowsV + t;
+        Vn[r * kWalkCols + jj] = acc[t];  // 0 past L (W and U rows are zero-filled)
+        if (r < L) p.vnew[((int64_t)(r0 + r) * p.nv + h) * dv + j0 + jj] = acc[t];
+      }
+    }
+    __syncthreads();
+    {  // state rows w * 16 + t
+      float acc[kWalkRowsS];
+      const float el = __expf(gl);
+#pragma unroll
+      for (int t = 0; t < kWalkRowsS; ++t) {
+        const int i = w * kWalkRowsS + t;
+        acc[t] = i < dk ? el * S[i * kWalkCols + jj] : 0.f;
+      }
+      if (w * kWalkRowsS < dk)
+        for (int s = 0; s < kGdnChunk; ++s) {
+          const float v = dec[s] * Vn[s * kWalkCols + jj];
+          float kv[kWalkRowsS];
+          detail::load_bf16<8>(*reinterpret_cast<float(*)[8]>(kv), st.K + s * 128 + w * kWalkRowsS);
+          detail::load_bf16<8>(*reinterpret_cast<float(*)[8]>(kv + 8), st.K + s * 128 + w * kWalkRowsS + 8);
+#pragma unroll
+          for (int t = 0; t < kWalkRowsS; ++t) acc[t] = fmaf(kv[t], v, acc[t]);
+        }
+#pragma unroll
+      for (int t = 0; t < kWalkRowsS; ++t) {
+        const int i = w * kWalkRowsS + t;
+        if (i < dk) S[i * kWalkCols + jj] = acc[t];
+      }
+    }
+    __syncthreads();
+    if (flags & 2) state_to_global(p.node_end + ((int64_t)n * p.nv + h) * SS, S, dk, dv, j0);
+  }
+  attn::cp_async_wait<0>();
+}
+
+size_t walk_smem_bytes(int dk) {
+  return sizeof(float) * (128 * kWalkCols + kGdnChunk * kWalkCols + kGdnChunk + 2 * WalkStage::floats(dk));
+}
+
+// The walk on tensor cores (dk a multiple of 16; rule_walk_kernel otherwise), the same chunk
+// order, loads and outputs. The block's state S (dk, 32) lives in registers as the accumulators of
+// the update's products (warp w: rows 16 w .. 16 w + 16, all 32 columns), fp32 throughout. Per
+// chunk: S to sin and, as bf16 high and low halves, to shared memory; v_new = U - W S (W and S
+// split into halves: W_hi S_hi + W_hi S_lo + W_lo S_hi, a relative error ~2^-16 against fp32's
+// 2^-24; warp w: rows 16 (w % 4), columns 16 (w / 4)), its rows scaled by exp(gamma_L - gamma_s)
+// and split into halves in shared memory; then S <- exp(gamma_L) S + K^T (dec v_new) (k exact in
+// bf16, two mma a tile).
+constexpr int kWalkHalfStride = kWalkCols + 8;  // bf16 row stride of S's and v_new's halves (ldmatrix: no conflicts)
+constexpr int kWalkUStride = kWalkCols + 8;     // fp32 row stride of the U stage (8 floats of padding)
+
+// A walk's state tile in registers (the mma accumulators of rows row0 + gq (+8), columns 8 n + 2 tq
+// (+1), n < 4) to shared memory as bf16 high and low halves (kWalkHalfStride), the B operand of the
+// next products.
+__device__ __forceinline__ void walk_state_to_halves(bf16* hi, bf16* lo, const float (&S)[4][4], int row0) {
+  const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int off = (row0 + gq + 8 * half) * kWalkHalfStride + 8 * n + 2 * tq;
+      split_bf16x2(S[n][2 * half], S[n][2 * half + 1], *reinterpret_cast<uint32_t*>(hi + off),
+                   *reinterpret_cast<uint32_t*>(lo + off));
+    }
+}
+
+// f(n, half, at) for each pair of a walk's state tile this thread holds (rows row0 + gq + 8 half,
+// columns 8 n + 2 tq, +1: S[n][2 half] and S[n][2 half + 1]), at the pair's offset in a global
+// (dk, dv) state from column j0.
+template <class F>
+__device__ __forceinline__ void walk_state_pairs(int row0, int dv, int j0, F&& f) {
+  const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) f(n, half, (int64_t)(row0 + gq + 8 * half) * dv + j0 + 8 * n + 2 * tq);
+}
+
+// One stage of the tensor-core walk, loaded by cp.async: W rows (64, dk + 8) fp32, keys (64,
+// kRowStride) bf16, U columns (64, kWalkUStride) fp32, gam (64); rows past L zero. Padded strides:
+// the fragment reads hit distinct banks.
+struct WalkMmaStage {
+  float* W;
+  bf16* K;
+  float* U;
+  float* gam;
+  int ldw;
+  __device__ WalkMmaStage(unsigned char* base, int dk) : ldw(dk + 8) {
+    W = reinterpret_cast<float*>(base);
+    K = reinterpret_cast<bf16*>(W + kGdnChunk * (dk + 8));
+    U = reinterpret_cast<float*>(K + kGdnChunk * kRowStride);
+    gam = U + kGdnChunk * kWalkUStride;
+  }
+  __host__ __device__ static constexpr size_t bytes(int dk) {
+    return sizeof(float) * ((size_t)kGdnChunk * (dk + 8) + kGdnChunk * kRowStride / 2 + kGdnChunk * kWalkUStride +
+                            kGdnChunk);
+  }
+  __device__ float2 w2(int r, int i) const { return *reinterpret_cast<const float2*>(W + r * ldw + i); }
+  __device__ const bf16* k8(int s, int i) const { return K + s * kRowStride + i; }  // 8 keys from (s, i)
+  __device__ float u(int r, int c) const { return U[r * kWalkUStride + c]; }
+};
+
+// The offset (in elements of E bytes) of element c of row r in a tile of 128-byte rows written by
+// TMA with the 128-byte swizzle (CU_TENSOR_MAP_SWIZZLE_128B): 16-byte unit u of row r sits at
+// unit u ^ (r % 8), so eight rows' same unit fall on distinct banks.
+template <int E>
+__device__ __forceinline__ int swizzle128(int r, int c) {
+  constexpr int kPer = 16 / E;
+  return r * (128 / E) + (c / kPer ^ (r & 7)) * kPer + c % kPer;
+}
+
+// p rounded up to a 1024-byte shared-memory address (the 128-byte swizzle's alignment).
+__device__ __forceinline__ unsigned char* align_up_1024(unsigned char* p) {
+  return p + ((1024u - (attn::smem_addr(p) & 1023u)) & 1023u);
+}
+
+// The TMA descriptors of the walk's stage (dk = 128): W (N, nv, 128) fp32 in boxes of 32 columns,
+// k (N, nk, 128) bf16 in boxes of 64, U (N, nv, dv) fp32 in boxes of kWalkCols; 64 rows a box.
+struct WalkMaps {
+  CUtensorMap W, K, U;
+};
+
+// The W and k boxes of a walk's stage at dk = 128 (both walks; thread 0, the caller announces the
+// bytes on bar): W (64, 128) fp32 as four (64, 32) boxes, k (64, 128) bf16 as two (64, 64) boxes,
+// rows r0 .., each 128-byte box row swizzled (swizzle128); and the values' places in them.
+__device__ __forceinline__ void tma_load_w_k(float* W, bf16* K, const CUtensorMap* mW, const CUtensorMap* mK, int h,
+                                             int kh, int r0, uint64_t* bar) {
+#pragma unroll
+  for (int a = 0; a < 4; ++a) attn::sm90::tma_load_3d(W + a * (kGdnChunk * 32), mW, 32 * a, h, r0, bar);
+#pragma unroll
+  for (int a = 0; a < 2; ++a) attn::sm90::tma_load_3d(K + a * (kGdnChunk * 64), mK, 64 * a, kh, r0, bar);
+}
+__device__ __forceinline__ float2 tma_w2(const float* W, int r, int i) {  // W (r, i), (r, i + 1); i even
+  return *reinterpret_cast<const float2*>(W + i / 32 * (kGdnChunk * 32) + swizzle128<4>(r, i % 32));
+}
+__device__ __forceinline__ const bf16* tma_k8(const bf16* K, int s, int i) {  // k (s, i .. i + 8); i % 8 = 0
+  return K + i / 64 * (kGdnChunk * 64) + swizzle128<2>(s, i % 64);
+}
+
+// One stage of the walk at dk = 128, loaded by TMA (one thread issues seven boxes, 56 KB): W as
+// four (64, 32) fp32 boxes, K as two (64, 64) bf16 boxes, U one (64, kWalkCols) fp32 box, each row
+// 128 bytes, swizzled (swizzle128); gam (64) by cp.async, zero past L. Rows past L hold the rows
+// that follow in the tensors (zeros past their end): the walk's products mask them.
+struct WalkTmaStage {
+  static constexpr uint32_t kW = kGdnChunk * 128 * sizeof(float), kK = kGdnChunk * 128 * sizeof(bf16),
+                            kU = kGdnChunk * kWalkCols * sizeof(float), kTx = kW + kK + kU;
+  static constexpr size_t kBytes = kTx + 1024;  // + gam; stages stay 1024-byte aligned (the swizzle's)
+  float* W;
+  bf16* K;
+  float* U;
+  float* gam;
+  __device__ WalkTmaStage(unsigned char* base, int /*dk: 128*/)
+      : W(reinterpret_cast<float*>(base)), K(reinterpret_cast<bf16*>(base + kW)),
+        U(reinterpret_cast<float*>(base + kW + kK)), gam(reinterpret_cast<float*>(base + kTx)) {}
+  __host__ __device__ static constexpr size_t bytes(int) { return kBytes; }
+  __device__ float2 w2(int r, int i) const { return tma_w2(W, r, i); }
+  __device__ const bf16* k8(int s, int i) const { return tma_k8(K, s, i); }
+  __device__ float u(int r, int c) const { return U[swizzle128<4>(r, c)]; }
+};
+
+// Issues the stage of chunk ci (all threads: gam's cp.async; thread 0: the TMA boxes onto bar).
+__device__ __forceinline__ void walk_mma_prefetch(const WalkTmaStage& st, uint64_t* bar, const RuleParams& p,
+                                                  const WalkMaps& maps, const ChunkInfo& ci, int h, int kh, int j0) {
+  namespace sm90 = attn::sm90;
+  if (threadIdx.x == 0) {
+    sm90::mbar_expect_tx(bar, WalkTmaStage::kTx);
+    tma_load_w_k(st.W, st.K, &maps.W, &maps.K, h, kh, ci.r0, bar);
+    sm90::tma_load_3d(st.U, &maps.U, j0, h, ci.r0, bar);
+  }
+  load_chunk_gam(st.gam, p.gam, p.nv, h, ci.r0, ci.L);
+}
+__device__ __forceinline__ void walk_mma_prefetch(const WalkMmaStage& st, uint64_t*, const RuleParams& p,
+                                                  const WalkMaps&, const ChunkInfo& ci, int h, int kh, int j0) {
+  const int r0 = ci.r0, L = ci.L;
+  load_chunk_rows(st.W, p.dk + 8, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
+  load_chunk_rows_fixed<kWalkCols>(st.U, kWalkUStride, p.U + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L);
+  load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
+}
+
+// kDk: the key head dim when known at compile time (128, Qwen3-Next's and Qwen3.5's: the
+// products' k-loops unroll and the stages arrive by TMA, WalkTmaStage), else 0 (p.dk; WalkMmaStage).
+// Shared memory: two stages, then S's and dec v_new's halves.
+template <int kDk>
+__global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams p, const __grid_constant__ WalkMaps maps) {
+  TT_EXTERN_SMEM_16(smem_raw);
+  __shared__ uint64_t bars[2];  // the stages' TMA barriers (kDk = 128)
+  using Stage = std::conditional_t<kDk == 128, WalkTmaStage, WalkMmaStage>;
+  constexpr int HS = kWalkHalfStride, kUnroll = kDk > 0 ? kDk / 16 : 2;
+  const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dk = kDk > 0 ? kDk : p.dk,
+            dv = p.dv;
+  unsigned char* stages = align_up_1024(smem_raw);  // two Stages
+  const size_t stage_bytes = Stage::bytes(dk);
+  auto stage = [&](int i) { return Stage(stages + i * stage_bytes, dk); };
+  bf16* Sh = reinterpret_cast<bf16*>(stages + 2 * stage_bytes);  // (128, HS) S's halves
+  bf16* Sl = Sh + 128 * HS;
+  bf16* Vh = Sl + 128 * HS;                  // (64, HS) dec v_new's halves
+  bf16* Vl = Vh + kGdnChunk * HS;
+  const int64_t SS = (int64_t)dk * dv;
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
+  const int si = 16 * warp;           // this warp's state rows si .. si + 16 (none when si >= dk)
+  const bool has_rows = si < dk;
+  const int vm = 16 * (warp % 4), vn = 16 * (warp / 4);  // this warp's v_new tile
+  // S[n][e]: rows si + gq (e 0, 1) and si + gq + 8 (e 2, 3), columns 8 n + 2 tq (+1).
+  float S[4][4] = {};
+  auto state_io = [&](float* dst, const float* src) {  // S -> dst or src -> S (global rows of dv floats)
+    if (!has_rows) return;
+    walk_state_pairs(si, dv, j0, [&](int n, int half, int64_t at) {
+      if (dst) {
+        *reinterpret_cast<float2*>(dst + at) = make_float2(S[n][2 * half], S[n][2 * half + 1]);
+      } else {
+        const float2 x = src ? *reinterpret_cast<const float2*>(src + at) : make_float2(0.f, 0.f);
+        S[n][2 * half] = x.x, S[n][2 * half + 1] = x.y;
+      }
+    });
+  };
+  if (kDk == 128 && threadIdx.x == 0) {
+    attn::sm90::mbar_init(&bars[0], 1);
+    attn::sm90::mbar_init(&bars[1], 1);
+    attn::sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  const int nc = p.num_chunks;
+  ChunkInfo cur = nc > 0 ? chunk_info(p.plan, 0) : ChunkInfo{}, nxt = nc > 1 ? chunk_info(p.plan, 1) : cur;
+  if (nc > 0) walk_mma_prefetch(stage(0), &bars[0], p, maps, cur, h, kh, j0);
+  attn::cp_async_commit();
+  for (int c = 0; c < nc; ++c) {
+    if (c + 1 < nc) walk_mma_prefetch(stage((c + 1) & 1), &bars[(c + 1) & 1], p, maps, nxt, h, kh, j0);
+    attn::cp_async_commit();
+    const Stage st = stage(c & 1);
+    const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
+    cur = nxt;
+    if (c + 2 < nc) nxt = chunk_info(p.plan, c + 2);
+    if (flags & 1) {
+      const int parent = p.plan.node_parent[n], root = p.plan.node_root[n];
+      const float* src = parent >= 0 ? p.node_end + ((int64_t)parent * p.nv + h) * SS
+                                     : (p.init && root >= 0 ? p.init + ((int64_t)root * p.nv + h) * SS : nullptr);
+      state_io(nullptr, src);
+    }
+    state_io(p.sin + ((int64_t)c * p.nv + h) * SS, nullptr);
+    if (has_rows) walk_state_to_halves(Sh, Sl, S, si);
+    if constexpr (kDk == 128) attn::sm90::mbar_wait(&bars[c & 1], (c >> 1) & 1);
+    attn::cp_async_wait<1>();
+    __syncthreads();  // the stage has landed; S's halves are stored
+    const float gl = st.gam[L - 1];
+    {  // v_new (rows vm .., columns vn ..) = U - W S, then dec v_new's halves
+      // acc: U plus the small products (W_hi S_lo, W_lo S_hi); big: W_hi S_hi. Two accumulators a
+      // tile: two dependent mma a k-step instead of three.
+      float acc[2][4], big[2][4] = {};
+#pragma unroll
+      for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nn][e] = st.u(vm + gq + 8 * (e / 2), vn + 8 * nn + 2 * tq + e % 2);
+#pragma unroll kUnroll
+      for (int k0 = 0; k0 < dk; k0 += 16) {
+        uint32_t wh[4], wl[4], bh[4], bl[4];
+        split_a_fragment_pairs(wh, wl, vm, k0, [&](int r, int i) {
+          const float2 w = st.w2(r, i);
+          return make_float2(-w.x, -w.y);
+        });
+        const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + vn + 8 * (lane / 16);
+        mma::ldsm_x4_trans(bh, Sh + off);
+        mma::ldsm_x4_trans(bl, Sl + off);
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn) {
+          mma::mma_16816(big[nn], wh, bh[2 * nn], bh[2 * nn + 1]);
+          mma::mma_16816(acc[nn], wh, bl[2 * nn], bl[2 * nn + 1]);
+          mma::mma_16816(acc[nn], wl, bh[2 * nn], bh[2 * nn + 1]);
+        }
+      }
+#pragma unroll
+      for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nn][e] += big[nn][e];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = vm + gq + 8 * half;
+        const float d = r < L ? __expf(gl - st.gam[r]) : 0.f;
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn) {
+          const int col = vn + 8 * nn + 2 * tq;
+          const float v0 = acc[nn][2 * half], v1 = acc[nn][2 * half + 1];  // rows past L: not this chunk's
+          if (r < L)
+            *reinterpret_cast<float2*>(p.vnew + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) = make_float2(v0, v1);
+          split_bf16x2(r < L ? d * v0 : 0.f, r < L ? d * v1 : 0.f, *reinterpret_cast<uint32_t*>(Vh + r * HS + col),
+                       *reinterpret_cast<uint32_t*>(Vl + r * HS + col));
+        }
+      }
+    }
+    __syncthreads();  // dec v_new's halves are stored
+    if (has_rows) {  // S <- exp(gamma_L) S + K^T (dec v_new): rows si .., all 32 columns
+      const float el = __expf(gl);
+#pragma unroll
+      for (int nn = 0; nn < 4; ++nn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S[nn][e] *= el;
+#pragma unroll
+      for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
+        uint32_t a[4];  // A (i, s) = K (s, i): transposing loads of the key rows
+        mma::ldsm_x4_trans(a, st.k8(k0 + lane % 8 + 8 * (lane / 16), si + 8 * (lane / 8 % 2)));
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + 16 * np + 8 * (lane / 16);
+          uint32_t bh[4], bl[4];
+          mma::ldsm_x4_trans(bh, Vh + off);
+          mma::ldsm_x4_trans(bl, Vl + off);
+          mma::mma_16816(S[2 * np], a, bh[0], bh[1]);
+          mma::mma_16816(S[2 * np + 1], a, bh[2], bh[3]);
+          mma::mma_16816(S[2 * np], a, bl[0], bl[1]);
+          mma::mma_16816(S[2 * np + 1], a, bl[2], bl[3]);
+        }
+      }
+    }
+    if (flags & 2) state_io(p.node_end + ((int64_t)n * p.nv + h) * SS, nullptr);
+    __syncthreads();  // every warp is done with this stage (the next prefetch refills it) and the halves
+  }
+  attn::cp_async_wait<0>();
+}
+
+size_t walk_mma_smem_bytes(int dk) {
+  const size_t stage = dk == 128 ? WalkTmaStage::kBytes : WalkMmaStage::bytes(dk);
+  return 1024 + 2 * stage + sizeof(bf16) * (2 * 128 + 2 * kGdnChunk) * kWalkHalfStride;  // + the alignment's slack
+}
+
+constexpr int kOutCols = 64;  // output columns per block
+constexpr int kStateStride = kOutCols + 8;  // bf16 row stride of the state's halves (ldmatrix rows apart in banks)
+constexpr int kVsStride = kOutCols + 4;     // fp32 row stride of v_new's columns (B fragment reads on distinct banks)
+
+// Per (chunk, value head, 64 output columns): o_r = scale (exp(gamma_r) q_r^T S_in + sum_{s <= r}
+// (q_r . k_s) exp(gamma_r - gamma_s) v_new_s). q S_in on tensor cores: the fp32 state split into
+// bf16 halves, S = S_hi + S_lo (S_hi = bf16(S), S_lo = bf16(S - S_hi): 16 significant bits, a
+// relative error under 2^-16 against fp32's 2^-24, far below o's bf16 rounding), q exact in bf16,
+// so q S = q S_hi + q S_lo, two mma a tile in fp32.
+// kD: 128 when dk = dv = 128 (Qwen3-Next's and Qwen3.5's heads: the loops over them unroll), else
+// 0 (p.dk, p.dv). The same for rule_bwd_grad_kernel (rule_bwd_local_kernel measured no faster so,
+// rule_bwd_state_kernel spills at its 128-register cap).
+template <int kD>
+__global__ void __launch_bounds__(kRuleThreads, 2) rule_out_kernel(RuleParams p) {
+  TT_EXTERN_SMEM_16(smem);
+  const ChunkPart cp = chunk_part((p.dv + kOutCols - 1) / kOutCols);
+  const int c = cp.c, h = cp.h, j0 = cp.z * kOutCols, kh = h / (p.nv / p.nk),
+            dk = kD ? kD : p.dk, dv = kD ? kD : p.dv;
+  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], cols = min(kOutCols, dv - j0);
+  const int dk16 = (dk + 15) / 16 * 16;  // the products' depth: q's columns and S's rows past dk are zero
+  bf16* Qb = reinterpret_cast<bf16*>(smem);                          // (64, kRowStride)
+  bf16* Kb = Qb + kGdnChunk * kRowStride;                            // (64, kRowStride); then q S (64, 64) fp32
+  float* P = reinterpret_cast<float*>(Kb + kGdnChunk * kRowStride);  // (64, kPairStride)
+  float* gam = P + kGdnChunk * kPairStride;                          // (64)
+  bf16* Sh = reinterpret_cast<bf16*>(gam + kGdnChunk);               // (dk16, kStateStride) S_in's columns, high
+  bf16* Sl = Sh + 128 * kStateStride;                                // (dk16, kStateStride) and low halves
+  float* Vs = reinterpret_cast<float*>(Sl + 128 * kStateStride);     // (64, kVsStride) v_new's columns
+  load_chunk_rows(Qb, kRowStride, p.q + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
+  load_chunk_rows(Kb, kRowStride, p.k + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
+  load_chunk_gam(gam, p.gam, p.nv, h, r0, L);
+  load_chunk_rows(Vs, kVsStride, p.vnew + (int64_t)h * dv + j0, (int64_t)p.nv * dv, r0, L, cols);
+  attn::cp_async_commit();
+  {  // S_in's columns j0 .. j0 + cols as bf16 halves (zero past dk and cols), q's columns dk .. dk16 zero
+    // Every thread's loads (eight float4, rows up to 128 = the largest dk, kRuleThreads threads)
+    // issued before any is used: one round trip to memory, not one per row group.
+    const float* src = p.sin + ((int64_t)c * p.nv + h) * dk * dv + j0;
+    constexpr int kQuads = kOutCols / 4, kPer = 128 * kQuads / kRuleThreads;
+    const int r_first = threadIdx.x / kQuads, c4 = 4 * (threadIdx.x % kQuads);
+    float4 x[kPer];
+#pragma unroll
+    for (int t = 0; t < kPer; ++t) {
+      const int r = r_first + t * (kRuleThreads / kQuads);
+      x[t] = r < dk && c4 < cols ? *reinterpret_cast<const float4*>(src + (int64_t)r * dv + c4)
+                                 : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int t = 0; t < kPer; ++t) {
+      const int r = r_first + t * (kRuleThreads / kQuads);
+      if (r >= dk16) break;
+      uint32_t hi[2], lo[2];
+      split_bf16x2(x[t].x, x[t].y, hi[0], lo[0]);
+      split_bf16x2(x[t].z, x[t].w, hi[1], lo[1]);
+      *reinterpret_cast<uint2*>(Sh + r * kStateStride + c4) = make_uint2(hi[0], hi[1]);
+      *reinterpret_cast<uint2*>(Sl + r * kStateStride + c4) = make_uint2(lo[0], lo[1]);
+    }
+    if (dk < dk16)
+      for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x)
+        *reinterpret_cast<uint4*>(Qb + r * kRowStride + dk) = make_uint4(0, 0, 0, 0);
+  }
+  attn::cp_async_wait<0>();
+  __syncthreads();
+  {
+    chunk_gram(P, kPairStride, false, Qb, Kb, dk);
+    const int ta = threadIdx.x / 16, tb = threadIdx.x % 16;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const int a = ta + 16 * u, b = tb + 16 * v;
+        float& x = P[a * kPairStride + b];
+        x = b <= a && a < L ? __expf(gam[a] - gam[b]) * x : 0.f;
+      }
+  }
+  __syncthreads();  // P is masked (each thread its own elements; the products read every warp's)
+  {  // o = scale (e^(gam) q S_in + P V) on tensor cores, a warp 16 rows x 32 columns: q S_in with
+     // S's halves (q exact), each row scaled by e^(gam_r), then P V with P's and V's fp32 split
+     // into three bf16 parts each (split3_bf16x2: 24 significant bits, fp32's), six mma a tile
+     // (the products of order 2^-16 and above; the dropped ones are under 2^-23 of a term): o sums
+     // terms that cancel, so two halves' 2^-16 would reach its bf16 rounding. P is 0 past the
+     // diagonal and past L, V past L
+     // (v_new's columns past cols are never loaded: they reach only columns that are not stored).
+    const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
+    const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < dk16; k0 += 16) {
+      uint32_t a[4];
+      mma::ldsm_x4(a, Qb + (m0 + lane % 8 + 8 * (lane / 8 % 2)) * kRowStride + k0 + 8 * (lane / 16));
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * kStateStride + n0 + 16 * np + 8 * (lane / 16);
+        uint32_t bh[4], bl[4];
+        mma::ldsm_x4_trans(bh, Sh + off);
+        mma::ldsm_x4_trans(bl, Sl + off);
+        mma::mma_16816(acc[2 * np], a, bh[0], bh[1]);
+        mma::mma_16816(acc[2 * np + 1], a, bh[2], bh[3]);
+        mma::mma_16816(acc[2 * np], a, bl[0], bl[1]);
+        mma::mma_16816(acc[2 * np + 1], a, bl[2], bl[3]);
+      }
+    }
+    const float e0 = __expf(gam[m0 + gq]), e1 = __expf(gam[m0 + gq + 8]);
+#pragma unroll
+    for (int n = 0; n < 4; ++n) acc[n][0] *= e0, acc[n][1] *= e0, acc[n][2] *= e1, acc[n][3] *= e1;
+#pragma unroll
+    for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
+      uint32_t ph[4], pm[4], pl[4];
+      split3_a_fragment(ph, pm, pl, m0, k0,
+                        [&](int r, int s) { return *reinterpret_cast<const float2*>(P + r * kPairStride + s); });
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        uint32_t bh[2], bm[2], bl[2];  // B (s, j) = V[s][j]: rows s = k0 + 2 tq (+1) and + 8 (+9), column n0 + 8 n + gq
+        const float* v = Vs + (k0 + 2 * tq) * kVsStride + n0 + 8 * n + gq;
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj)
+          split3_bf16x2(v[8 * jj * kVsStride], v[(8 * jj + 1) * kVsStride], bh[jj], bm[jj], bl[jj]);
+        mma::mma_16816(acc[n], pm, bm[0], bm[1]);  // the small terms first
+        mma::mma_16816(acc[n], ph, bl[0], bl[1]);
+        mma::mma_16816(acc[n], pl, bh[0], bh[1]);
+        mma::mma_16816(acc[n], ph, bm[0], bm[1]);
+        mma::mma_16816(acc[n], pm, bh[0], bh[1]);
+        mma::mma_16816(acc[n], ph, bh[0], bh[1]);
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = m0 + gq + 8 * half;
+      if (r >= L) continue;
+      bf16* orow = p.o + ((int64_t)(r0 + r) * p.nv + h) * dv + j0;
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const int j = n0 + 8 * n + 2 * tq;  // cols is a multiple of 32: j and j + 1 are both in or both out
+        if (j < cols)
+          *reinterpret_cast<__nv_bfloat162*>(orow + j) =
+              __floats2bfloat162_rn(p.scale * acc[n][2 * half], p.scale * acc[n][2 * half + 1]);
+      }
+    }
+  }
+}
+
+size_t out_smem_bytes() {
+  return 2 * sizeof(bf16) * kGdnChunk * kRowStride + 2 * sizeof(bf16) * 128 * kStateStride +
+         sizeof(float) * ((size_t)kGdnChunk * kPairStride + kGdnChunk + kGdnChunk * kVsStride);
+}
+
+// ---- The gated delta rule's backward (ops/cpu/gdn.h gdn_tree_backward_chunked) ----
+
+struct RuleBwdParams {
+  RuleParams f;                 // the forward's tensors and recomputed intermediates (U, W, gam, vnew, sin)
+  const bf16* d_o;              // (N, nv, dv)
+  const float* d_end;           // (num_nodes, nv, dk, dv) or null
+  float* d_init;                // (num_roots, nv, dk, dv) or null, +=
+  float *dvn, *qo, *dsout, *acc;  // (N nv dv), (chunks nv dk dv), (chunks nv dk dv), (nodes nv dk dv)
+  float* db2;                   // (N, nv, dk): dW = -dvn S^T (rule_bwd_state_kernel)
+  float *gq, *gk;               // (N, nv, dk) per value head
+  float* sds;                   // (chunks, nv, ceil(dk / kStateRows)) partial <S, dS>
+  bf16* dv;                     // outputs
+  float *dg, *dbeta;
+  bool accumulate;
+};
+
+// Per (chunk, value head, 64 columns j): dvn_b = sum_{a >= b} (q~_a . k_b) e^(gam_a - gam_b) dO_a
+// (the walk adds the end-state term) and qo = sum_a e^(gam_a) q~_a dO_a^T (dk, dv), q~ = scale q.
+__global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_local_kernel(RuleBwdParams b) {
+  TT_EXTERN_SMEM_16(smem);
+  const RuleParams& p = b.f;
+  const ChunkPart cp = chunk_part((p.dv + kOutCols - 1) / kOutCols);
+  const int c = cp.c, h = cp.h, j0 = cp.z * kOutCols, kh = h / (p.nv / p.nk), dk = p.dk,
+            dv = p.dv;
+  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], cols = min(kOutCols, dv - j0);
+  constexpr int kDoStride = kOutCols + 8;
+  bf16* Qb = reinterpret_cast<bf16*>(smem);                           // (64, kRowStride)
+  bf16* Kb = Qb + kGdnChunk * kRowStride;                             // (64, kRowStride)
+  bf16* Db = Kb + kGdnChunk * kRowStride;                             // (64, kDoStride) dO's columns
+  float* PT = reinterpret_cast<float*>(Db + kGdnChunk * kDoStride);   // (64, kPairStride): PT[b][a] = P[a][b]
+  float* gam = PT + kGdnChunk * kPairStride;                          // (64)
+  float* eg = gam + kGdnChunk;                                        // (64) scale e^(gam_a)
+  load_chunk_rows(Qb, kRowStride, p.q + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
+  load_chunk_rows(Kb, kRowStride, p.k + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
+  load_chunk_rows(Db, kDoStride, b.d_o + (int64_t)h * dv + j0, (int64_t)p.nv * dv, r0, L, cols);
+  load_chunk_gam(gam, p.gam, p.nv, h, r0, L);
+  attn::cp_async_commit();
+  attn::cp_async_wait<0>();
+  __syncthreads();
+  if (threadIdx.x < kGdnChunk) eg[threadIdx.x] = threadIdx.x < L ? p.scale * __expf(gam[threadIdx.x]) : 0.f;
+  {
+    chunk_gram(PT, kPairStride, true, Qb, Kb, dk);
+    const int ta = threadIdx.x / 16, tb = threadIdx.x % 16;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const int a = ta + 16 * u, bb = tb + 16 * v;
+        float& x = PT[bb * kPairStride + a];
+        x = bb <= a && a < L ? p.scale * __expf(gam[a] - gam[bb]) * x : 0.f;
+      }
+  }
+  __syncthreads();
+  // Both products on tensor cores: the fp32 operand split into three bf16 parts (split3_bf16x2:
+  // fp32's 24 bits), three mma a tile against dO, exact in bf16 and read by transposing ldmatrix.
+  // dO's columns past cols are never loaded: they reach only outputs that are not stored.
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
+  {  // dvn (64 rows b x 64 columns j) = PT dO; a warp 16 rows x 32 columns. PT is 0 where a < b or a >= L.
+    const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
+    float acc[4][4] = {};
+#pragma unroll
+    for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
+      uint32_t ah[4], am[4], al[4];
+      split3_a_fragment(ah, am, al, m0, k0,
+                        [&](int r, int a) { return *reinterpret_cast<const float2*>(PT + r * kPairStride + a); });
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t d[4];  // B (a, j) = dO[a][j]: n8 tiles n0 + 16 np and + 8
+        mma::ldsm_x4_trans(d, Db + (k0 + lane % 8 + 8 * (lane / 8 % 2)) * kDoStride + n0 + 16 * np + 8 * (lane / 16));
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) mma_split3(acc[2 * np + h2], ah, am, al, d[2 * h2], d[2 * h2 + 1]);
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int bb = m0 + gq + 8 * half;
+      if (bb >= L) continue;
+      float* row = b.dvn + ((int64_t)(r0 + bb) * p.nv + h) * dv + j0;
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const int j = n0 + 8 * n + 2 * tq;  // cols is a multiple of 32: j and j + 1 both in or both out
+        if (j < cols) *reinterpret_cast<float2*>(row + j) = make_float2(acc[n][2 * half], acc[n][2 * half + 1]);
+      }
+    }
+  }
+  {  // qo (dk rows i x 64 columns j) = sum_a (eg_a q_a)^T dO_a; a warp 16 rows (i) x 64 columns. eg is
+     // 0 past L; q's columns past dk reach only rows that are not stored.
+    const int m0 = 16 * warp;
+    if (m0 >= dk) return;
+    float acc[8][4] = {};
+#pragma unroll
+    for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
+      uint32_t ah[4], am[4], al[4];  // A (i, a) = eg_a q_a[i]
+      split3_a_fragment(ah, am, al, m0, k0, [&](int i, int a) {
+        return make_float2(eg[a] * bf(Qb[a * kRowStride + i]), eg[a + 1] * bf(Qb[(a + 1) * kRowStride + i]));
+      });
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t d[4];
+        mma::ldsm_x4_trans(d, Db + (k0 + lane % 8 + 8 * (lane / 8 % 2)) * kDoStride + 16 * np + 8 * (lane / 16));
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) mma_split3(acc[2 * np + h2], ah, am, al, d[2 * h2], d[2 * h2 + 1]);
+      }
+    }
+    float* qo = b.qo + ((int64_t)c * p.nv + h) * dk * dv + j0;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = m0 + gq + 8 * half;
+      if (i >= dk) continue;
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const int j = 8 * n + 2 * tq;
+        if (j < cols) *reinterpret_cast<float2*>(qo + (int64_t)i * dv + j) = make_float2(acc[n][2 * half], acc[n][2 * half + 1]);
+      }
+    }
+  }
+}
+
+size_t bwd_local_smem_bytes() {
+  return sizeof(bf16) * ((size_t)2 * kGdnChunk * kRowStride + kGdnChunk * (kOutCols + 8)) +
+         sizeof(float) * ((size_t)kGdnChunk * kPairStride + 2 * kGdnChunk);
+}
+
+// One stage of the reverse walk's chunk operands: W rows (64, dk) fp32, keys (64, 128) bf16, the
+// block's dvn columns (64, 32), qo's columns (dk, 32), gam (64).
+struct BwdWalkStage {
+  float* W;
+  bf16* K;
+  float* dvn;
+  float* qo;
+  float* gam;
+  __device__ BwdWalkStage(float* base, int dk) {
+    W = base;
+    K = reinterpret_cast<bf16*>(W + kGdnChunk * dk);
+    dvn = reinterpret_cast<float*>(K + kGdnChunk * 128);
+    qo = dvn + kGdnChunk * kWalkCols;
+    gam = qo + 128 * kWalkCols;
+  }
+  __host__ __device__ static constexpr size_t floats(int dk) {
+    return (size_t)kGdnChunk * dk + kGdnChunk * 128 / 2 + kGdnChunk * kWalkCols + 128 * kWalkCols + kGdnChunk;
+  }
+};
+
+__device__ __forceinline__ void bwd_walk_prefetch(const BwdWalkStage& st, const RuleBwdParams& b, int c,
+                                                  const ChunkInfo& ci, int h, int kh, int j0) {
+  const RuleParams& p = b.f;
+  const int r0 = ci.r0, L = ci.L;
+  load_chunk_rows(st.W, p.dk, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.K, 128, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.dvn, kWalkCols, b.dvn + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L, kWalkCols);
+  load_chunk_rows(st.qo, kWalkCols, b.qo + ((int64_t)c * p.nv + h) * p.dk * p.dv + j0, p.dv, 0, p.dk, kWalkCols,
+                  p.dk);
+  load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
+}
+
+// Per (value head, 32 state columns): the chunks in reverse packed order carrying dS, the gradient
+// of the chunk's end state (the previous chunk's operands in flight meanwhile). A node's last chunk
+// starts from d_end plus its child nodes' initial-state gradients (acc, complete: children come
+// later in packed order); each chunk stores dS (dsout), adds e^(gam_L - gam_b) k_b^T dS to dvn,
+// and passes dS_in = e^(gam_L) dS + qo - W^T dvn back; a node's first chunk adds dS_in to its
+// parent's acc (or its root's d_init).
+__global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_kernel(RuleBwdParams b) {
+  TT_EXTERN_SMEM_16(smem);
+  const RuleParams& p = b.f;
+  const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv;
+  float* dS = reinterpret_cast<float*>(smem);  // (128, 32)
+  float* Dv = dS + 128 * kWalkCols;            // (64, 32) dvn
+  float* dec = Dv + kGdnChunk * kWalkCols;     // (64)
+  float* stages = dec + kGdnChunk;             // two BwdWalkStages
+  const size_t stage_floats = BwdWalkStage::floats(dk);
+  const int64_t SS = (int64_t)dk * dv;
+  const int w = threadIdx.x / kWalkCols, jj = threadIdx.x % kWalkCols;
+  const int last = p.num_chunks - 1;
+  ChunkInfo cur = last >= 0 ? chunk_info(p.plan, last) : ChunkInfo{}, nxt = last >= 1 ? chunk_info(p.plan, last - 1) : cur;
+  if (last >= 0) bwd_walk_prefetch(BwdWalkStage(stages, dk), b, last, cur, h, kh, j0);
+  attn::cp_async_commit();
+  for (int c = last; c >= 0; --c) {
+    if (c > 0)
+      bwd_walk_prefetch(BwdWalkStage(stages + ((last - c + 1) & 1) * stage_floats, dk), b, c - 1, nxt, h, kh, j0);
+    attn::cp_async_commit();
+    attn::cp_async_wait<1>();
+    const BwdWalkStage st(stages + ((last - c) & 1) * stage_floats, dk);
+    const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
+    cur = nxt;
+    if (c >= 2) nxt = chunk_info(p.plan, c - 2);
+    if (flags & 2) {  // (each thread its own elements, as the stores below: no hazard with them)
+      const float* acc = b.acc + ((int64_t)n * p.nv + h) * SS;
+      const float* de = b.d_end ? b.d_end + ((int64_t)n * p.nv + h) * SS : nullptr;
+      for (int e = threadIdx.x; e < dk * kWalkCols / 4; e += blockDim.x) {
+        const int i = e / (kWalkCols / 4), jq = (e % (kWalkCols / 4)) * 4;
+        const int64_t at = (int64_t)i * dv + j0 + jq;
+        float4 x = *reinterpret_cast<const float4*>(acc + at);
+        if (de) {
+          const float4 y = *reinterpret_cast<const float4*>(de + at);
+          x.x += y.x, x.y += y.y, x.z += y.z, x.w += y.w;
+        }
+        *reinterpret_cast<float4*>(dS + i * kWalkCols + jq) = x;
+      }
+    }
+    __syncthreads();
+    state_to_global(b.dsout + ((int64_t)c * p.nv + h) * SS, dS, dk, dv, j0);
+    const float gl = st.gam[L - 1];
+    if (threadIdx.x < kGdnChunk) dec[threadIdx.x] = threadIdx.x < L ? __expf(gl - st.gam[threadIdx.x]) : 0.f;
+    __syncthreads();
+    {  // dvn rows w * 8 + t += e^(gam_L - gam_r) k_r . dS[:, jj]
+      float acc[kWalkRowsV];
+#pragma unroll
+      for (int t = 0; t < kWalkRowsV; ++t) acc[t] = 0.f;
+      for (int i = 0; i < dk; i += 8) {
+        float ds[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ds[e] = dS[(i + e) * kWalkCols + jj];
+#pragma unroll
+        for (int t = 0; t < kWalkRowsV; ++t) {
+          float kv[8];
+          detail::load_bf16<8>(kv, st.K + (w * kWalkRowsV + t) * 128 + i);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[t] = fmaf(kv[e], ds[e], acc[t]);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kWalkRowsV; ++t) {
+        const int r = w * kWalkRowsV + t;
+        const float y = st.dvn[r * kWalkCols + jj] + dec[r] * acc[t];  // 0 past L
+        Dv[r * kWalkCols + jj] = y;
+        if (r < L) b.dvn[((int64_t)(r0 + r) * p.nv + h) * dv + j0 + jj] = y;
+      }
+    }
+    __syncthreads();
+    if (w * kWalkRowsS < dk) {  // dS rows w * 16 + t: e^(gam_L) dS + qo - W^T dvn
+      float acc[kWalkRowsS];
+      const float el = __expf(gl);
+#pragma unroll
+      for (int t = 0; t < kWalkRowsS; ++t) {
+        const int i = min(w * kWalkRowsS + t, dk - 1);
+        acc[t] = el * dS[i * kWalkCols + jj] + st.qo[i * kWalkCols + jj];
+      }
+      for (int s = 0; s < kGdnChunk; ++s) {
+        const float d = Dv[s * kWalkCols + jj];
+#pragma unroll
+        for (int q4 = 0; q4 < kWalkRowsS / 4; ++q4) {
+          const float4 wv = *reinterpret_cast<const float4*>(st.W + s * dk + w * kWalkRowsS + 4 * q4);
+          acc[4 * q4] = fmaf(-wv.x, d, acc[4 * q4]);
+          acc[4 * q4 + 1] = fmaf(-wv.y, d, acc[4 * q4 + 1]);
+          acc[4 * q4 + 2] = fmaf(-wv.z, d, acc[4 * q4 + 2]);
+          acc[4 * q4 + 3] = fmaf(-wv.w, d, acc[4 * q4 + 3]);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kWalkRowsS; ++t) {
+        const int i = w * kWalkRowsS + t;
+        if (i < dk) dS[i * kWalkCols + jj] = acc[t];
+      }
+    }
+    __syncthreads();
+    if (flags & 1) {
+      const int parent = p.plan.node_parent[n], root = p.plan.node_root[n];
+      float* dst = parent >= 0 ? b.acc + ((int64_t)parent * p.nv + h) * SS
+                               : (b.d_init && root >= 0 ? b.d_init + ((int64_t)root * p.nv + h) * SS : nullptr);
+      if (dst)
+        for (int e = threadIdx.x; e < dk * kWalkCols / 4; e += blockDim.x) {
+          const int i = e / (kWalkCols / 4), jq = (e % (kWalkCols / 4)) * 4;
+          float4* at = reinterpret_cast<float4*>(dst + (int64_t)i * dv + j0 + jq);
+          const float4 x = *reinterpret_cast<const float4*>(dS + i * kWalkCols + jq);
+          float4 y = *at;
+          y.x += x.x, y.y += x.y, y.z += x.z, y.w += x.w;
+          *at = y;
+        }
+    }
+  }
+  attn::cp_async_wait<0>();
+}
+
+size_t bwd_walk_smem_bytes(int dk) {
+  return sizeof(float) * (128 * kWalkCols + kGdnChunk * kWalkCols + kGdnChunk + 2 * BwdWalkStage::floats(dk));
+}
+
+// The backward walk on tensor cores (dk a multiple of 16; rule_bwd_walk_kernel otherwise), the
+// same order, loads and outputs, laid out as rule_walk_mma_kernel: dS (dk, 32) in registers as the
+// accumulators of dS_in = e^(gam_L) dS + qo - W^T dvn (warp w: rows 16 w .., all 32 columns), the
+// fp32 operands split into bf16 halves (W^T's per element, dvn's in shared memory: three mma a
+// tile); dvn (rows 16 (w % 4), columns 16 (w / 4)) += e^(gam_L - gam_r) K dS with k exact in bf16
+// and dS's halves in shared memory (two mma a tile).
+struct BwdWalkMmaStage {
+  float* W;   // (64, dk + 4): read transposed, the padding spreads a fragment's rows over the banks
+  bf16* K;    // (64, kRowStride)
+  float* dvn; // (64, kWalkUStride)
+  float* qo;  // (128, kWalkUStride)
+  float* gam;
+  int ldw;
+  __device__ BwdWalkMmaStage(unsigned char* base, int dk) : ldw(dk + 4) {
+    W = reinterpret_cast<float*>(base);
+    K = reinterpret_cast<bf16*>(W + kGdnChunk * (dk + 4));
+    dvn = reinterpret_cast<float*>(K + kGdnChunk * kRowStride);
+    qo = dvn + kGdnChunk * kWalkUStride;
+    gam = qo + 128 * kWalkUStride;
+  }
+  __host__ __device__ static constexpr size_t bytes(int dk) {
+    return sizeof(float) * ((size_t)kGdnChunk * (dk + 4) + kGdnChunk * kRowStride / 2 + kGdnChunk * kWalkUStride +
+                            128 * kWalkUStride + kGdnChunk);
+  }
+  __device__ float w(int s, int i) const { return W[s * ldw + i]; }
+  __device__ const bf16* k8(int s, int i) const { return K + s * kRowStride + i; }
+  __device__ float2 dvn2(int r, int c) const { return *reinterpret_cast<const float2*>(dvn + r * kWalkUStride + c); }
+  __device__ float q(int i, int c) const { return qo[i * kWalkUStride + c]; }
+};
+
+// The backward walk's TMA descriptors (dk = 128): W and K as WalkMaps's, dvn (N, nv, dv) fp32 in
+// boxes of kWalkCols columns x 64 rows, qo (chunks nv dk, 1, dv) fp32 in boxes of kWalkCols x 128.
+struct BwdWalkMaps {
+  CUtensorMap W, K, dvn, qo;
+};
+
+// The backward walk's stage at dk = 128, by TMA as WalkTmaStage (eight boxes, 72 KB): W four
+// (64, 32) fp32 boxes, K two (64, 64) bf16, dvn one (64, kWalkCols) fp32, qo one (128, kWalkCols)
+// fp32; gam by cp.async. Rows past L hold the rows that follow (masked by the products).
+struct BwdWalkTmaStage {
+  static constexpr uint32_t kW = kGdnChunk * 128 * sizeof(float), kK = kGdnChunk * 128 * sizeof(bf16),
+                            kDvn = kGdnChunk * kWalkCols * sizeof(float), kQo = 128 * kWalkCols * sizeof(float),
+                            kTx = kW + kK + kDvn + kQo;
+  static constexpr size_t kBytes = kTx + 1024;  // + gam; stages stay 1024-byte aligned
+  float* W;
+  bf16* K;
+  float* dvn;
+  float* qo;
+  float* gam;
+  __device__ BwdWalkTmaStage(unsigned char* base, int /*dk: 128*/)
+      : W(reinterpret_cast<float*>(base)), K(reinterpret_cast<bf16*>(base + kW)),
+        dvn(reinterpret_cast<float*>(base + kW + kK)), qo(reinterpret_cast<float*>(base + kW + kK + kDvn)),
+        gam(reinterpret_cast<float*>(base + kTx)) {}
+  __host__ __device__ static constexpr size_t bytes(int) { return kBytes; }
+  __device__ float w(int s, int i) const { return W[i / 32 * (kGdnChunk * 32) + swizzle128<4>(s, i % 32)]; }
+  __device__ const bf16* k8(int s, int i) const { return tma_k8(K, s, i); }
+  __device__ float2 dvn2(int r, int c) const { return *reinterpret_cast<const float2*>(dvn + swizzle128<4>(r, c)); }
+  __device__ float q(int i, int c) const { return qo[swizzle128<4>(i, c)]; }
+};
+
+__device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkTmaStage& st, uint64_t* bar, const RuleBwdParams& b,
+                                                      const BwdWalkMaps& maps, int c, const ChunkInfo& ci, int h,
+                                                      int kh, int j0) {
+  namespace sm90 = attn::sm90;
+  const RuleParams& p = b.f;
+  if (threadIdx.x == 0) {
+    sm90::mbar_expect_tx(bar, BwdWalkTmaStage::kTx);
+    tma_load_w_k(st.W, st.K, &maps.W, &maps.K, h, kh, ci.r0, bar);
+    sm90::tma_load_3d(st.dvn, &maps.dvn, j0, h, ci.r0, bar);
+    sm90::tma_load_3d(st.qo, &maps.qo, j0, 0, (c * p.nv + h) * 128, bar);
+  }
+  load_chunk_gam(st.gam, p.gam, p.nv, h, ci.r0, ci.L);
+}
+__device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkMmaStage& st, uint64_t*, const RuleBwdParams& b,
+                                                      const BwdWalkMaps&, int c, const ChunkInfo& ci, int h, int kh,
+                                                      int j0) {
+  const RuleParams& p = b.f;
+  const int r0 = ci.r0, L = ci.L;
+  const float* qo = b.qo + ((int64_t)c * p.nv + h) * p.dk * p.dv + j0;
+  load_chunk_rows(st.W, p.dk + 4, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.qo, kWalkUStride, qo, p.dv, 0, p.dk, kWalkCols, p.dk);
+  load_chunk_rows_fixed<kWalkCols>(st.dvn, kWalkUStride, b.dvn + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L);
+  load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
+}
+
+template <int kDk>  // as rule_walk_mma_kernel's (kDk = 128: the stages by TMA, BwdWalkTmaStage)
+__global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwdParams b,
+                                                                     const __grid_constant__ BwdWalkMaps maps) {
+  TT_EXTERN_SMEM_16(smem_raw);
+  __shared__ uint64_t bars[2];  // the stages' TMA barriers (kDk = 128)
+  using Stage = std::conditional_t<kDk == 128, BwdWalkTmaStage, BwdWalkMmaStage>;
+  constexpr int HS = kWalkHalfStride, kUnroll = kDk > 0 ? kDk / 16 : 2;
+  const RuleParams& p = b.f;
+  const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dk = kDk > 0 ? kDk : p.dk,
+            dv = p.dv;
+  unsigned char* stages = align_up_1024(smem_raw);  // two Stages
+  const size_t stage_bytes = Stage::bytes(dk);
+  auto stage = [&](int i) { return Stage(stages + i * stage_bytes, dk); };
+  bf16* Sh = reinterpret_cast<bf16*>(stages + 2 * stage_bytes);  // (128, HS) dS's halves
+  bf16* Sl = Sh + 128 * HS;
+  bf16* Vh = Sl + 128 * HS;                  // (64, HS) dvn's halves
+  bf16* Vl = Vh + kGdnChunk * HS;
+  const int64_t SS = (int64_t)dk * dv;
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
+  const int si = 16 * warp;
+  const bool has_rows = si < dk;
+  const int vm = 16 * (warp % 4), vn = 16 * (warp / 4);
+  float dS[4][4] = {};  // rows si + gq (e 0, 1) and + 8 (e 2, 3), columns 8 n + 2 tq (+1)
+  // f(n, e, global offset of the element) for each of this thread's dS elements.
+  auto each = [&](auto&& f) {
+    if (!has_rows) return;
+    walk_state_pairs(si, dv, j0, [&](int n, int half, int64_t at) {
+      f(n, 2 * half, at);
+      f(n, 2 * half + 1, at + 1);
+    });
+  };
+  if (kDk == 128 && threadIdx.x == 0) {
+    attn::sm90::mbar_init(&bars[0], 1);
+    attn::sm90::mbar_init(&bars[1], 1);
+    attn::sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  const int last = p.num_chunks - 1;
+  ChunkInfo cur = last >= 0 ? chunk_info(p.plan, last) : ChunkInfo{}, nxt = last >= 1 ? chunk_info(p.plan, last - 1) : cur;
+  if (last >= 0) bwd_walk_mma_prefetch(stage(0), &bars[0], b, maps, last, cur, h, kh, j0);
+  attn::cp_async_commit();
+  for (int c = last; c >= 0; --c) {
+    const int step = last - c;  // this step's stage: step & 1, its barrier's phase: (step >> 1) & 1
+    if (c > 0) bwd_walk_mma_prefetch(stage((step + 1) & 1), &bars[(step + 1) & 1], b, maps, c - 1, nxt, h, kh, j0);
+    attn::cp_async_commit();
+    const Stage st = stage(step & 1);
+    const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
+    cur = nxt;
+    if (c >= 2) nxt = chunk_info(p.plan, c - 2);
+    if (flags & 2) {  // a node's last chunk: its children's initial-state gradients plus d_end
+      const float* acc = b.acc + ((int64_t)n * p.nv + h) * SS;
+      const float* de = b.d_end ? b.d_end + ((int64_t)n * p.nv + h) * SS : nullptr;
+      each([&](int nn, int e, int64_t at) { dS[nn][e] = acc[at] + (de ? de[at] : 0.f); });
+    }
+    float* out = b.dsout + ((int64_t)c * p.nv + h) * SS;
+    each([&](int nn, int e, int64_t at) { out[at] = dS[nn][e]; });
+    if (has_rows) walk_state_to_halves(Sh, Sl, dS, si);
+    if constexpr (kDk == 128) attn::sm90::mbar_wait(&bars[step & 1], (step >> 1) & 1);
+    attn::cp_async_wait<1>();
+    __syncthreads();  // the stage has landed; dS's halves are stored
+    const float gl = st.gam[L - 1];
+    {  // dvn (rows vm .., columns vn ..) += e^(gam_L - gam_r) k_r . dS
+      float acc[2][4] = {}, big[2][4] = {};  // k . dS_lo, k . dS_hi: two chains of dependent mma
+#pragma unroll kUnroll
+      for (int k0 = 0; k0 < dk; k0 += 16) {
+        uint32_t a[4], bh[4], bl[4];
+        mma::ldsm_x4(a, st.k8(vm + lane % 8 + 8 * (lane / 8 % 2), k0 + 8 * (lane / 16)));
+        const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + vn + 8 * (lane / 16);
+        mma::ldsm_x4_trans(bh, Sh + off);
+        mma::ldsm_x4_trans(bl, Sl + off);
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn) {
+          mma::mma_16816(big[nn], a, bh[2 * nn], bh[2 * nn + 1]);
+          mma::mma_16816(acc[nn], a, bl[2 * nn], bl[2 * nn + 1]);
+        }
+      }
+#pragma unroll
+      for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nn][e] += big[nn][e];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = vm + gq + 8 * half;
+        const float d = r < L ? __expf(gl - st.gam[r]) : 0.f;
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn) {
+          const int col = vn + 8 * nn + 2 * tq;
+          const float2 u = st.dvn2(r, col);  // rows past L: not this chunk's
+          const float y0 = r < L ? u.x + d * acc[nn][2 * half] : 0.f,
+                      y1 = r < L ? u.y + d * acc[nn][2 * half + 1] : 0.f;
+          if (r < L)
+            *reinterpret_cast<float2*>(b.dvn + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) = make_float2(y0, y1);
+          split_bf16x2(y0, y1, *reinterpret_cast<uint32_t*>(Vh + r * HS + col),
+                       *reinterpret_cast<uint32_t*>(Vl + r * HS + col));
+        }
+      }
+    }
+    __syncthreads();  // dvn's halves are stored
+    if (has_rows) {  // dS <- e^(gam_L) dS + qo - W^T dvn
+      const float el = __expf(gl);
+#pragma unroll
+      for (int nn = 0; nn < 4; ++nn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          dS[nn][e] = el * dS[nn][e] + st.q(si + gq + 8 * (e / 2), 8 * nn + 2 * tq + e % 2);
+#pragma unroll
+      for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
+        uint32_t wh[4], wl[4];
+        split_a_fragment(wh, wl, si, k0, [&](int i, int s) { return -st.w(s, i); });
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + 16 * np + 8 * (lane / 16);
+          uint32_t bh[4], bl[4];
+          mma::ldsm_x4_trans(bh, Vh + off);
+          mma::ldsm_x4_trans(bl, Vl + off);
+#pragma unroll
+          for (int t = 0; t < 2; ++t) {
+            mma::mma_16816(dS[2 * np + t], wh, bh[2 * t], bh[2 * t + 1]);
+            mma::mma_16816(dS[2 * np + t], wh, bl[2 * t], bl[2 * t + 1]);
+            mma::mma_16816(dS[2 * np + t], wl, bh[2 * t], bh[2 * t + 1]);
+          }
+        }
+      }
+    }
+    if (flags & 1) {  // a node's first chunk: dS_in to its parent's acc (or its root's d_init)
+      const int parent = p.plan.node_parent[n], root = p.plan.node_root[n];
+      float* dst = parent >= 0 ? b.acc + ((int64_t)parent * p.nv + h) * SS
+                               : (b.d_init && root >= 0 ? b.d_init + ((int64_t)root * p.nv + h) * SS : nullptr);
+      if (dst) each([&](int nn, int e, int64_t at) { dst[at] += dS[nn][e]; });
+    }
+    __syncthreads();  // every warp is done with this stage and the halves
+  }
+  attn::cp_async_wait<0>();
+}
+
+size_t bwd_walk_mma_smem_bytes(int dk) {
+  const size_t stage = dk == 128 ? BwdWalkTmaStage::kBytes : BwdWalkMmaStage::bytes(dk);
+  return 1024 + 2 * stage + sizeof(bf16) * (2 * 128 + 2 * kGdnChunk) * kWalkHalfStride;  // + the alignment's slack
+}
+
+// Per (chunk, value head, 64 state rows i0 + i): the products with the chunk's entering state S
+// and end-state gradient dS that its input gradients need, over dv (on tensor cores):
+//   SdO_a[i] = S[i] . dO_a -> gq,  dSv_a[i] = dS[i] . v_new_a -> gk,  dW_a[i] = -S[i] . dvn_a -> db2,
+// and the rows' share of <S, dS> -> sds[(c nv + h) ceil(dk / 64) + z] (z: the block's part).
+// The chunk's rows (v_new, dvn, dO) go through shared memory, once for 64 state rows (dk <= 128:
+// at most two blocks a chunk and head); S and dS, each element used by two warps, are read as fragments
+// from global memory (L1), which keeps the block to two a multiprocessor: one block's loads run
+// under the other's products.
+constexpr int kStateRows = 64;
+__global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwdParams b) {
+  TT_EXTERN_SMEM_16(smem);
+  const RuleParams& p = b.f;
+  const int parts = (p.dk + kStateRows - 1) / kStateRows;
+  const ChunkPart cp = chunk_part(parts);
+  const int c = cp.c, h = cp.h, i0 = cp.z * kStateRows, dk = p.dk, dv = p.dv, fs = dv + 4;
+  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], R = min(kStateRows, dk - i0);
+  float* Dvn = reinterpret_cast<float*>(smem);  // (64, dv + 4)
+  float* Vn = Dvn + kGdnChunk * fs;            // (64, dv + 4)
+  bf16* Db = reinterpret_cast<bf16*>(Vn + kGdnChunk * fs);  // (64, kRowStride)
+  const int64_t SS = (int64_t)dk * dv;
+  const float* Sg = p.sin + ((int64_t)c * p.nv + h) * SS + (int64_t)i0 * dv;
+  const float* dSg = b.dsout + ((int64_t)c * p.nv + h) * SS + (int64_t)i0 * dv;
+  load_chunk_rows<true>(Dvn, fs, b.dvn + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  load_chunk_rows<true>(Vn, fs, p.vnew + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  load_chunk_rows<true>(Db, kRowStride, b.d_o + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  attn::cp_async_commit();
+  // The three products on tensor cores: rows i (the block's state rows) x columns a (the chunk's
+  // rows) over dv; S, dS, v_new and dvn split into bf16 halves (split_bf16x2), dO exact in bf16.
+  // Warp w: rows 16 (w % 4) .., columns 32 (w / 4) .. (four n8 tiles). Warps 0 to 3 (columns 0 ..
+  // 31) hold every S and dS element of the block once: they sum <S, dS>.
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
+  const int m0 = 16 * (warp % 4), a0 = 32 * (warp / 4);
+  // The A fragment values of S or dS for the k-step at k0 (rows m0 + gq (+8), columns k0 + 2 tq (+1,
+  // +8, +9)) from global memory, a k-step ahead of their use.
+  auto load_state = [&](float2(&x)[4], const float* src, int k0) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = m0 + gq + 8 * (j % 2), col = k0 + 2 * tq + 8 * (j / 2);
+      x[j] = r < R ? __ldg(reinterpret_cast<const float2*>(src + (int64_t)r * dv + col)) : make_float2(0.f, 0.f);
+    }
+  };
+  float sdo[4][4] = {}, dsv[4][4] = {}, sdv[4][4] = {};  // sdv = S . dvn (dW = -sdv)
+  float sds = 0.f;
+  float2 sx[4], dx[4];
+  load_state(sx, Sg, 0);
+  load_state(dx, dSg, 0);
+  attn::cp_async_wait<0>();
+  __syncthreads();
+  for (int k0 = 0; k0 < dv; k0 += 16) {
+    uint32_t sh[4], sl[4], dh[4], dl[4], o[2][4];  // dO: n8 tile n is o[n / 2][2 (n % 2)], [.. + 1]
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      split_bf16x2(sx[j].x, sx[j].y, sh[j], sl[j]);
+      split_bf16x2(dx[j].x, dx[j].y, dh[j], dl[j]);
+      if (warp < 4) sds = fmaf(sx[j].x, dx[j].x, fmaf(sx[j].y, dx[j].y, sds));  // 0 past R
+    }
+    if (k0 + 16 < dv) {
+      load_state(sx, Sg, k0 + 16);
+      load_state(dx, dSg, k0 + 16);
+    }
+#pragma unroll
+    for (int np = 0; np < 2; ++np)
+      mma::ldsm_x4(o[np], Db + (a0 + 16 * np + lane % 8 + 8 * (lane / 16)) * kRowStride + k0 + 8 * (lane / 8 % 2));
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      uint32_t vh[2], vl[2], rh[2], rl[2];  // B (j, a) = v_new_a[j], dvn_a[j]: rows a0 + 8 n + gq
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const int at = (a0 + 8 * n + gq) * fs + k0 + 2 * tq + 8 * jj;
+        const float2 v = *reinterpret_cast<const float2*>(Vn + at), r = *reinterpret_cast<const float2*>(Dvn + at);
+        split_bf16x2(v.x, v.y, vh[jj], vl[jj]);
+        split_bf16x2(r.x, r.y, rh[jj], rl[jj]);
+      }
+      mma::mma_16816(sdo[n], sh, o[n / 2][2 * (n % 2)], o[n / 2][2 * (n % 2) + 1]);
+      mma::mma_16816(sdo[n], sl, o[n / 2][2 * (n % 2)], o[n / 2][2 * (n % 2) + 1]);
+      mma::mma_16816(dsv[n], dh, vh[0], vh[1]);
+      mma::mma_16816(dsv[n], dh, vl[0], vl[1]);
+      mma::mma_16816(dsv[n], dl, vh[0], vh[1]);
+      mma::mma_16816(sdv[n], sh, rh[0], rh[1]);
+      mma::mma_16816(sdv[n], sh, rl[0], rl[1]);
+      mma::mma_16816(sdv[n], sl, rh[0], rh[1]);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = m0 + gq + 8 * (e / 2), a = a0 + 8 * n + 2 * tq + e % 2;
+      if (i >= R || a >= L) continue;
+      const int64_t at = ((int64_t)(r0 + a) * p.nv + h) * dk + i0 + i;
+      b.gq[at] = sdo[n][e];
+      b.gk[at] = dsv[n][e];
+      b.db2[at] = -sdv[n][e];
+    }
+  // The rows' share of <S, dS>, in a fixed order (warps 4.. add zeros).
+  __shared__ float red[detail::kWarp];
+  sds = detail::block_sum(sds, red);
+  if (threadIdx.x == 0) b.sds[((int64_t)c * p.nv + h) * parts + cp.z] = sds;
+}
+
+size_t bwd_state_smem_bytes(int dv) {
+  return sizeof(float) * (size_t)(2 * kGdnChunk) * (dv + 4) + sizeof(bf16) * (size_t)kGdnChunk * kRowStride;
+}
+
+// dst[a][b] = X_a . Y_b for the 64 x 64 pairs of bf16 rows X (kRowStride) and fp32 rows Y (stride
+// ys), d a multiple of 16, on tensor cores: Y split into bf16 halves (Y = Y_hi + Y_lo to a relative
+// 2^-16, X exact), two mma a tile, summed in fp32; then a block barrier. A warp takes 16 rows x 32
+// columns, as chunk_gram.
+__device__ __forceinline__ void chunk_gram_split(float* dst, int stride, const bf16* X, const float* Y, int ys, int d) {
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
+  const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4), gq = lane / 4, tq = lane % 4;
+  float c[4][4] = {};
+  for (int k0 = 0; k0 < d; k0 += 16) {
+    uint32_t a[4];
+    mma::ldsm_x4(a, X + (m0 + lane % 8 + 8 * (lane / 8 % 2)) * kRowStride + k0 + 8 * (lane / 16));
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      uint32_t bh[2], bl[2];  // B (k, n) = Y_n's columns k0 + 2 tq (+1) and k0 + 2 tq + 8 (+9)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float2 y = *reinterpret_cast<const float2*>(Y + (n0 + 8 * n + gq) * ys + k0 + 2 * tq + 8 * j);
+        split_bf16x2(y.x, y.y, bh[j], bl[j]);
+      }
+      mma::mma_16816(c[n], a, bh[0], bh[1]);
+      mma::mma_16816(c[n], a, bl[0], bl[1]);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+    const int col = n0 + 8 * n + 2 * tq;
+    *reinterpret_cast<float2*>(dst + (m0 + gq) * stride + col) = make_float2(c[n][0], c[n][1]);
+    *reinterpret_cast<float2*>(dst + (m0 + gq + 8) * stride + col) = make_float2(c[n][2], c[n][3]);
+  }
+  __syncthreads();
+}
+
+// Phase F of rule_bwd_grad_kernel on tensor cores (dk a multiple of 16): over the chunk's rows x,
+// aq_r = sum_x DOVd_rx k_x and ak_r = sum_x (scale DOVd_xr q~_x + (MK_xr + MK_rx) k_x), the fp32
+// pair matrices split into bf16 halves (two mma each; q~ and k exact in bf16, read by transposing
+// ldmatrix), then gq_r = e^(gam_r) gq_r + aq_r and gk_r = e^(gam_L - gam_r) gk_r + beta_r e^(gam_r)
+// dB2_r + ak_r. A warp takes 16 rows (m0) and every other 16 columns (from n0); rows past L and the
+// pair matrices' entries past L are zero.
+__device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* Qb, const bf16* Kb, const float* DOVd,
+                                            const float* MK, const float* dB2, int X, const float* gam,
+                                            const float* bet, float gl, int r0, int L, int h) {
+  const RuleParams& p = b.f;
+  const int dk = p.dk, lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
+  const int m0 = 16 * (warp % 4), n0 = 16 * (warp / 4), n16 = dk / 16;
+  constexpr int PS = kPairStride;
+  float aq[4][2][4] = {}, ak[4][2][4] = {};  // [16-column tile t: columns n0 + 32 t][n8 half][fragment]
+  const int gq = lane / 4, tq = lane % 4;
+  // The gq and gk values the epilogue updates (S dO_r and dS v_new_r), loaded before the products
+  // so their latency passes under them: [row half][tile t][n8 half].
+  float2 sq[2][4][2], sk[2][4][2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = m0 + gq + 8 * half;
+    const int64_t row = ((int64_t)(r0 + r) * p.nv + h) * dk;
+#pragma unroll
+    for (int t = 0; t < 4; ++t)
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const int i = n0 + 32 * t + 8 * n + 2 * tq;
+        const bool in = r < L && n0 + 32 * t < 16 * n16;
+        sq[half][t][n] = in ? *reinterpret_cast<const float2*>(b.gq + row + i) : make_float2(0.f, 0.f);
+        sk[half][t][n] = in ? *reinterpret_cast<const float2*>(b.gk + row + i) : make_float2(0.f, 0.f);
+      }
+  }
+  for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
+    uint32_t dh[4], dl[4], th[4], tl[4], mh[4], ml[4];
+    split_a_fragment(dh, dl, m0, k0, [&](int r, int x) { return DOVd[r * PS + x]; });
+    split_a_fragment(th, tl, m0, k0, [&](int r, int x) { return p.scale * DOVd[x * PS + r]; });
+    split_a_fragment(mh, ml, m0, k0, [&](int r, int x) { return MK[x * PS + r] + MK[r * PS + x]; });
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const int col = n0 + 32 * t;
+      if (col >= 16 * n16) break;
+      const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * kRowStride + col + 8 * (lane / 16);
+      uint32_t kb[4], qb[4];
+      mma::ldsm_x4_trans(kb, Kb + off);
+      mma::ldsm_x4_trans(qb, Qb + off);
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        mma::mma_16816(aq[t][n], dh, kb[2 * n], kb[2 * n + 1]);
+        mma::mma_16816(aq[t][n], dl, kb[2 * n], kb[2 * n + 1]);
+        mma::mma_16816(ak[t][n], th, qb[2 * n], qb[2 * n + 1]);
+        mma::mma_16816(ak[t][n], tl, qb[2 * n], qb[2 * n + 1]);
+        mma::mma_16816(ak[t][n], mh, kb[2 * n], kb[2 * n + 1]);
+        mma::mma_16816(ak[t][n], ml, kb[2 * n], kb[2 * n + 1]);
+      }
+    }
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = m0 + gq + 8 * half;
+    if (r >= L) continue;
+    const float eg = __expf(gam[r]), el = __expf(gl - gam[r]);
+    const int64_t row = ((int64_t)(r0 + r) * p.nv + h) * dk;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const int col = n0 + 32 * t;
+      if (col >= 16 * n16) break;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const int i = col + 8 * n + 2 * tq;
+        const float2 q2 = sq[half][t][n], k2 = sk[half][t][n];
+        *reinterpret_cast<float2*>(b.gq + row + i) =
+            make_float2(eg * q2.x + aq[t][n][2 * half], eg * q2.y + aq[t][n][2 * half + 1]);
+        *reinterpret_cast<float2*>(b.gk + row + i) =
+            make_float2(el * k2.x + bet[r] * eg * dB2[r * X + i] + ak[t][n][2 * half],
+                        el * k2.y + bet[r] * eg * dB2[r * X + i + 1] + ak[t][n][2 * half + 1]);
+      }
+    }
+  }
+}
+
+// Per (chunk, value head): the gradients of the chunk's inputs (ops/cpu/gdn.h
+// gdn_tree_backward_chunked), with S dO_a, dS v_new_a and dW_a = -dvn_a S^T from
+// rule_bwd_state_kernel (in gq, gk, db2). In phases, each from shared memory:
+//   A: the chunk's pair matrices KKd = e^(gam_a - gam_b) k_a . k_b (b < a; A = beta_a KKd),
+//      QK = q~_a . k_b and DOVd = e^(gam_a - gam_b) dO_a . v_new_b (b <= a);
+//   B: [dB1 | dB2] = M^-T [dvn | dW] = T^T [dvn | dW], T = (I + A)^-1 kept by the prep, on tensor cores;
+//   C: dA_ab = -(dB1_a . U_b + dB2_a . W_b) (b < a), on tensor cores as -(Z T^T)_ab with Z_ac =
+//      beta_c (dB1_a . v_c + e^(gam_c) dB2_a . k_c) (U and W are T times those rows), MK = dA beta_a
+//      e^(gam_a - gam_b), the pair terms QK DOVd + dA A and dA KKd;
+//   D: a warp per row: dgam's row terms, dbeta, dv = beta dB1;
+//   E: dg, the reverse cumulative sum of dgam;
+//   F: dq~ = e^(gam) S dO + DOVd K and dk = e^(gam_L - gam) dS v_new + beta e^(gam) dB2
+//      + DOVd^T q~ + MK^T K + MK K: on tensor cores (grad_qk_mma) when dk is a multiple of 16,
+//      else a 4 x 8 register tile a thread. q~'s and k's gradients go to
+//      per-value-head fp32 rows (gq, gk), summed over each key head's group afterwards.
+template <int kD>  // as rule_out_kernel's
+__global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdParams b) {
+  TT_EXTERN_SMEM_16(smem);
+  const RuleParams& p = b.f;
+  const ChunkPart cp = chunk_part(1);
+  const int c = cp.c, h = cp.h, kh = h / (p.nv / p.nk), dk = kD ? kD : p.dk, dv = kD ? kD : p.dv, X = dv + dk;
+  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
+  constexpr int C = kGdnChunk, PS = kPairStride;
+  constexpr int kFs = 128 + 4;  // v_new's fp32 row stride in phase A
+  bf16* Qb = reinterpret_cast<bf16*>(smem);                         // (64, kRowStride) q
+  bf16* Kb = Qb + C * kRowStride;                                   // (64, kRowStride) k
+  float* KKd = reinterpret_cast<float*>(Kb + C * kRowStride);       // (64, PS), then dA KKd
+  float* QK = KKd + C * PS;                                         // (64, PS), then the pair terms
+  float* DOVd = QK + C * PS;                                        // (64, PS)
+  float* MK = DOVd + C * PS;                                        // (64, PS)
+  float* gam = MK + C * PS;                                         // (64)
+  float* bet = gam + C;                                             // (64)
+  float* dgam = bet + C;                                            // (64)
+  float* te = dgam + C;                                             // (64) e^(gam_L - gam_a) k_a . dS v_new_a
+  bf16* Vb = reinterpret_cast<bf16*>(te + C);                       // (64, kRowStride) v (phase C)
+  float* Zs = reinterpret_cast<float*>(Vb + C * kRowStride);        // (64, PS) phase C's Z
+  float* R = Zs + C * PS;  // phase A: dO, v_new; then [dB1 | dB2] (64, X + 4)
+  bf16* Db = reinterpret_cast<bf16*>(R);                            // (64, kRowStride) dO
+  float* Vn = reinterpret_cast<float*>(Db + C * kRowStride);        // (64, kFs) v_new
+  float* XB = R;
+  const int XS = X + 4;  // XB's row stride: the tensor-core fragment reads on distinct banks
+  auto rowi = [&](int a) { return (int64_t)(r0 + a) * p.nv + h; };
+  load_chunk_rows(Qb, kRowStride, p.q + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
+  load_chunk_rows(Kb, kRowStride, p.k + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
+  load_chunk_rows(Db, kRowStride, b.d_o + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  load_chunk_rows(Vn, kFs, p.vnew + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  load_chunk_gam(gam, p.gam, p.nv, h, r0, L);
+  load_chunk_rows(MK, PS, p.T + ((int64_t)c * p.nv + h) * C * C, C, 0, C, C);  // T, for phase B
+  if (dk % 16 == 0) load_chunk_rows(Vb, kRowStride, p.v + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);  // C
+  attn::cp_async_commit();
+  for (int r = threadIdx.x; r < C; r += blockDim.x) {
+    bet[r] = r < L ? ld(p.beta + rowi(r)) : 0.f;
+    dgam[r] = 0.f;
+  }
+  attn::cp_async_wait<0>();
+  __syncthreads();
+  const float gl = gam[L - 1];
+  const int ta = threadIdx.x / 16, tb = threadIdx.x % 16;
+  {  // A
+    chunk_gram(KKd, PS, false, Kb, Kb, dk);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const int a = ta + 16 * u, bb = tb + 16 * v;
+        float& x = KKd[a * PS + bb];
+        x = bb < a && a < L ? __expf(gam[a] - gam[bb]) * x : 0.f;
+      }
+    chunk_gram(QK, PS, false, Qb, Kb, dk);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const int a = ta + 16 * u, bb = tb + 16 * v;
+        float& x = QK[a * PS + bb];
+        x = bb <= a && a < L ? p.scale * x : 0.f;
+      }
+    chunk_gram_split(DOVd, PS, Db, Vn, kFs, dv);  // dv is a multiple of 32
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const int a = ta + 16 * u, bb = tb + 16 * v;
+        float& x = DOVd[a * PS + bb];
+        x = bb <= a && a < L ? __expf(gam[a] - gam[bb]) * x : 0.f;
+      }
+  }
+  __syncthreads();  // dO and v_new are read no more: R becomes [dB1 | dB2]
+  load_chunk_rows(XB, XS, b.dvn + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  load_chunk_rows(XB + dv, XS, b.db2 + (int64_t)h * dk, (int64_t)p.nv * dk, r0, L, dk);
+  attn::cp_async_commit();
+  attn::cp_async_wait<0>();
+  __syncthreads();
+  {  // B: [dB1 | dB2] = T^T [dvn | dW] on tensor cores (T from the prep, in MK; both split into bf16
+     // halves, three mma a tile). Warp w takes the n8 column tiles w, w + 8, .. of all 64 rows; T^T's
+     // row block m has nonzero k blocks >= m only (T is lower triangular). Rows past L stay 0: their
+     // right-hand sides are 0 and T^T is upper triangular.
+    constexpr int kTiles = 4;  // n8 tiles a warp: X <= 256
+    const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
+    float acc[4][kTiles][4] = {};  // [row block][tile][fragment]
+#pragma unroll
+    for (int k0 = 0; k0 < C; k0 += 16) {
+      uint32_t bh[kTiles][2], bl[kTiles][2];  // B (b, j) = XB_bj: rows k0 + 2 tq (+1, +8, +9), column n0 + gq
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+        const int col = 8 * (warp + 8 * t) + gq;
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+          const int rb = k0 + 2 * tq + 8 * jj;
+          if (col < X) split_bf16x2(XB[rb * XS + col], XB[(rb + 1) * XS + col], bh[t][jj], bl[t][jj]);
+        }
+      }
+#pragma unroll
+      for (int m = 0; m <= k0 / 16; ++m) {
+        uint32_t ah[4], al[4];  // A (a, b) = T_ba
+        split_a_fragment(ah, al, 16 * m, k0, [&](int a, int bb) { return MK[bb * PS + a]; });
+#pragma unroll
+        for (int t = 0; t < kTiles; ++t) {
+          if (8 * (warp + 8 * t) >= X) break;
+          mma::mma_16816(acc[m][t], ah, bh[t][0], bh[t][1]);
+          mma::mma_16816(acc[m][t], ah, bl[t][0], bl[t][1]);
+          mma::mma_16816(acc[m][t], al, bh[t][0], bh[t][1]);
+        }
+      }
+    }
+    __syncthreads();  // every warp has read the right-hand sides
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+        const int col = 8 * (warp + 8 * t) + 2 * tq;
+        if (col >= X) break;
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          *reinterpret_cast<float2*>(XB + (16 * m + gq + 8 * half) * XS + col) =
+              make_float2(acc[m][t][2 * half], acc[m][t][2 * half + 1]);
+      }
+  }
+  __syncthreads();
+  // Phase D's rows from global memory (S dO, dS v_new, v unless Vb holds it, dv, dbeta): a warp's
+  // first kRowsAhead rows issued now, so they arrive while phase C computes.
+  constexpr int kRowStep = kRuleThreads / detail::kWarp, kRows = C / kRowStep, kRowsAhead = 2;
+  const int dwarp = threadIdx.x / detail::kWarp, dlane = threadIdx.x % detail::kWarp;
+  struct RowIn {
+    float gq[4], gk[4], v[4], dv[4], dbeta;
+  };
+  auto load_row = [&](int a, RowIn& in) {
+    if (a >= L) return;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = dlane + detail::kWarp * u;
+      in.gq[u] = i < dk ? b.gq[rowi(a) * dk + i] : 0.f;
+      in.gk[u] = i < dk ? b.gk[rowi(a) * dk + i] : 0.f;
+      in.v[u] = i < dv && dk % 16 != 0 ? ld(p.v + rowi(a) * dv + i) : 0.f;  // else phase C's rows in Vb
+      in.dv[u] = b.accumulate && i < dv ? ld(b.dv + rowi(a) * dv + i) : 0.f;
+    }
+    in.dbeta = b.accumulate && dlane == 0 ? b.dbeta[rowi(a)] : 0.f;
+  };
+  RowIn din[kRows];
+#pragma unroll
+  for (int i = 0; i < kRowsAhead; ++i) load_row(dwarp + kRowStep * i, din[i]);
+  {  // C: dA from dB1 . U_b + dB2 . W_b (on tensor cores by way of T, below; else U, W rows from global memory)
+    // The pair terms from dA, element by element: (a, bb) and its acc = dB1_a . U_bb + dB2_a . W_bb.
+    auto pair_terms = [&](int a, int bb, float acc) {
+      const int e = a * PS + bb;
+      const float da = bb < a && a < L ? -acc : 0.f, kkd = KKd[e];
+      QK[e] = QK[e] * DOVd[e] + da * bet[a] * kkd;  // the pair term (0 where b > a)
+      // Zero outside b < a < L: rows past L hold gam = 0, where e^(0 - gam_b) can overflow.
+      MK[e] = bb < a && a < L ? da * bet[a] * __expf(gam[a] - gam[bb]) : 0.f;
+      KKd[e] = da * kkd;
+    };
+    if (dk % 16 == 0) {  // on tensor cores, without reading U and W: U_b = sum_c T_bc beta_c v_c and W_b =
+      // sum_c T_bc beta_c e^(gam_c) k_c, so acc_ab = sum_c T_bc Z_ac with Z_ac = beta_c (dB1_a . v_c +
+      // e^(gam_c) dB2_a . k_c): Z from [dB1 | dB2] in bf16 halves and the exact bf16 v and k rows (two
+      // mma a tile), then Z T^T with both in halves (three mma a tile, T^T's zero blocks skipped).
+      const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
+      const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4), gq = lane / 4, tq = lane % 4;
+      {
+        float z[2][4][4] = {};  // [v part, k part][n8 tile][fragment]
+#pragma unroll
+        for (int part = 0; part < 2; ++part) {
+          const int d = part ? dk : dv, x0 = part ? dv : 0;
+          const bf16* Y = part ? Kb : Vb;
+          for (int k0 = 0; k0 < d; k0 += 16) {
+            uint32_t ah[4], al[4], b0[4], b1[4];
+            split_a_fragment(ah, al, m0, k0, [&](int r, int j) { return XB[r * XS + x0 + j]; });
+            mma::ldsm_x4(b0, Y + (n0 + lane % 8 + 8 * (lane / 16)) * kRowStride + k0 + 8 * (lane / 8 % 2));
+            mma::ldsm_x4(b1, Y + (n0 + 16 + lane % 8 + 8 * (lane / 16)) * kRowStride + k0 + 8 * (lane / 8 % 2));
+#pragma unroll
+            for (int n = 0; n < 4; ++n) {
+              const uint32_t* bn = n < 2 ? b0 + 2 * n : b1 + 2 * (n - 2);
+              mma::mma_16816(z[part][n], ah, bn[0], bn[1]);
+              mma::mma_16816(z[part][n], al, bn[0], bn[1]);
+            }
+          }
+        }
+#pragma unroll
+        for (int n = 0; n < 4; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int a = m0 + gq + 8 * (e / 2), cc = n0 + 8 * n + 2 * tq + e % 2;
+            Zs[a * PS + cc] = bet[cc] * (z[0][n][e] + __expf(gam[cc]) * z[1][n][e]);  // 0 past L (beta)
+          }
+      }
+      __syncthreads();  // Z is stored
+      float c4[4][4] = {};
+#pragma unroll
+      for (int k0 = 0; k0 < C; k0 += 16) {
+        if (k0 >= n0 + 32) break;  // T_bc = 0 for c > b
+        uint32_t ah[4], al[4];
+        split_a_fragment(ah, al, m0, k0, [&](int r, int j) { return Zs[r * PS + j]; });
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+          uint32_t bh[2], bl[2];  // B (c, b) = T_bc: columns k0 + 2 tq (+1, +8, +9) of T's row b = n0 + 8 n + gq
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+            const float2 t = *reinterpret_cast<const float2*>(MK + (n0 + 8 * n + gq) * PS + k0 + 2 * tq + 8 * jj);
+            split_bf16x2(t.x, t.y, bh[jj], bl[jj]);
+          }
+          mma::mma_16816(c4[n], ah, bh[0], bh[1]);
+          mma::mma_16816(c4[n], ah, bl[0], bl[1]);
+          mma::mma_16816(c4[n], al, bh[0], bh[1]);
+        }
+      }
+      __syncthreads();  // every warp has read T (MK) before the pair terms overwrite it
+#pragma unroll
+      for (int n = 0; n < 4; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pair_terms(m0 + gq + 8 * (e / 2), n0 + 8 * n + 2 * tq + e % 2, c4[n][e]);
+    } else {
+      float acc[4][4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) acc[u][v] = 0.f;
+      for (int part = 0; part < 2; ++part) {
+        const int d = part ? dk : dv, x0 = part ? dv : 0;
+        const float* Y = part ? p.W : p.U;
+        for (int i = 0; i < d; i += 4) {
+          float4 x[4], y[4];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) x[u] = *reinterpret_cast<const float4*>(XB + (ta + 16 * u) * XS + x0 + i);
+#pragma unroll
+          for (int v = 0; v < 4; ++v) {
+            const int bb = tb + 16 * v;
+            y[v] = bb < L ? *reinterpret_cast<const float4*>(Y + rowi(bb) * d + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+          }
+#pragma unroll
+          for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int v = 0; v < 4; ++v)
+              acc[u][v] =
+                  fmaf(x[u].x, y[v].x, fmaf(x[u].y, y[v].y, fmaf(x[u].z, y[v].z, fmaf(x[u].w, y[v].w, acc[u][v]))));
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) pair_terms(ta + 16 * u, tb + 16 * v, acc[u][v]);
+    }
+  }
+  __syncthreads();
+  {  // D: a warp per row (rows warp + 8 i); each row's values from global memory were loaded
+     // kRowsAhead rows ahead, the first before phase C
+    const int lane = dlane, warp = dwarp;
+#pragma unroll
+    for (int ri = 0; ri < kRows; ++ri) {
+      if (ri + kRowsAhead < kRows) load_row(warp + kRowStep * (ri + kRowsAhead), din[ri + kRowsAhead]);
+      const int a = warp + kRowStep * ri;
+      if (a >= L) break;
+      const RowIn& cur = din[ri];
+      const float eg = __expf(gam[a]);
+      float pair = 0.f, qsd = 0.f, kdsv = 0.f, b2k = 0.f, b1v = 0.f, dak = 0.f;
+      for (int bb = lane; bb < C; bb += detail::kWarp) {
+        pair += QK[a * PS + bb] - QK[bb * PS + a];
+        dak += KKd[a * PS + bb];
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = lane + detail::kWarp * u;
+        if (i >= dk) break;
+        const float q = bf(Qb[a * kRowStride + i]), k = bf(Kb[a * kRowStride + i]);
+        qsd = fmaf(q, cur.gq[u], qsd);
+        kdsv = fmaf(k, cur.gk[u], kdsv);
+        b2k = fmaf(XB[a * XS + dv + i], k, b2k);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int j = lane + detail::kWarp * u;
+        if (j >= dv) break;
+        const float d1 = XB[a * XS + j];
+        b1v = fmaf(d1, dk % 16 == 0 ? bf(Vb[a * kRowStride + j]) : cur.v[u], b1v);
+        const float g = bet[a] * d1;
+        b.dv[rowi(a) * dv + j] = __float2bfloat16(b.accumulate ? cur.dv[u] + g : g);
+      }
+      pair = detail::warp_sum(pair), dak = detail::warp_sum(dak), qsd = detail::warp_sum(qsd);
+      kdsv = detail::warp_sum(kdsv), b2k = detail::warp_sum(b2k), b1v = detail::warp_sum(b1v);
+      if (lane == 0) {
+        const float t = __expf(gl - gam[a]) * kdsv;
+        te[a] = t;
+        dgam[a] = pair + eg * p.scale * qsd - t + bet[a] * eg * b2k;
+        const float db = b1v + eg * b2k + dak;
+        b.dbeta[rowi(a)] = b.accumulate ? cur.dbeta + db : db;
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < detail::kWarp) {  // E: dg_t = sum_{a >= t} dgam_a, by warp 0
+    const int lane = threadIdx.x, parts = (dk + kStateRows - 1) / kStateRows;
+    float s = 0.f;
+    for (int z = 0; z < parts; ++z) s += b.sds[((int64_t)c * p.nv + h) * parts + z];
+    const float tsum = detail::warp_sum((lane < L ? te[lane] : 0.f) + (lane + 32 < L ? te[lane + 32] : 0.f));
+    if (lane == 0) dgam[L - 1] += __expf(gl) * s + tsum;
+    __syncwarp();
+    // Reverse inclusive scan of the 64 values: lane holds dgam[63 - lane] and dgam[31 - lane].
+    float hi = dgam[C - 1 - lane], lo = dgam[C / 2 - 1 - lane];
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+      const float uh = __shfl_up_sync(0xffffffffu, hi, o), ul = __shfl_up_sync(0xffffffffu, lo, o);
+      if (lane >= o) hi += uh, lo += ul;
+    }
+    lo += __shfl_sync(0xffffffffu, hi, 31);
+    const int ah = C - 1 - lane, al = C / 2 - 1 - lane;
+    if (ah < L) b.dg[rowi(ah)] = b.accumulate ? b.dg[rowi(ah)] + hi : hi;
+    if (al < L) b.dg[rowi(al)] = b.accumulate ? b.dg[rowi(al)] + lo : lo;
+  }
+  if (dk % 16 == 0) {  // F on tensor cores
+    grad_qk_mma(b, Qb, Kb, DOVd, MK, XB + dv, XS, gam, bet, gl, r0, L, h);
+  } else {  // F: rows tr + 16u, columns 8 tc .. 8 tc + 8
+    const int tr = threadIdx.x / 16, tc = threadIdx.x % 16, i0 = 8 * tc;
+    if (i0 < dk) {
+      float aq[4][8], ak[4][8];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) aq[u][e] = ak[u][e] = 0.f;
+      for (int x = 0; x < L; ++x) {
+        float qv[8], kv[8];
+        detail::load_bf16<8>(qv, Qb + x * kRowStride + i0);
+        detail::load_bf16<8>(kv, Kb + x * kRowStride + i0);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int r = tr + 16 * u;
+          const float cq = DOVd[r * PS + x];                                   // dq~_r += DOVd_rx k_x
+          const float kq = p.scale * DOVd[x * PS + r];                         // dk_r += DOVd_xr q~_x
+          const float kk = MK[x * PS + r] + MK[r * PS + x];                    // dk_r += (MK_xr + MK_rx) k_x
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            aq[u][e] = fmaf(cq, kv[e], aq[u][e]);
+            ak[u][e] = fmaf(kq, qv[e], fmaf(kk, kv[e], ak[u][e]));
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int r = tr + 16 * u;
+        if (r >= L) continue;
+        const float eg = __expf(gam[r]), el = __expf(gl - gam[r]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int i = i0 + e;
+          if (i >= dk) break;
+          const int64_t at = rowi(r) * dk + i;
+          b.gq[at] = eg * b.gq[at] + aq[u][e];                                  // gq held S dO_r
+          b.gk[at] = el * b.gk[at] + bet[r] * eg * XB[r * XS + dv + i] + ak[u][e];  // gk held dS v_new_r
+        }
+      }
+    }
+  }
+}
+
+size_t bwd_grad_smem_bytes(int dk, int dv) {
+  const size_t phase_a = sizeof(bf16) * kGdnChunk * kRowStride + sizeof(float) * kGdnChunk * (128 + 4);
+  const size_t xb = sizeof(float) * (size_t)kGdnChunk * (dk + dv + 4);
+  return sizeof(bf16) * 3 * kGdnChunk * kRowStride + sizeof(float) * (5 * kGdnChunk * kPairStride + 4 * kGdnChunk) +
+         std::max(phase_a, xb);  // q, k, v rows; KKd, QK, DOVd, MK, Z; gam, beta, dgam, te; R
+}
+
+// dq (+)= scale sum over the key head's value heads of gq; dk likewise (no scale).
+template <int VEC>  // elements a thread: 8 (16-byte loads and stores; D is a multiple of 8) or 1
+__global__ void rule_bwd_group_kernel(bf16* dq, bf16* dk, const float* gq, const float* gk, int N, int nk, int nv, int D,
+                                      float scale, bool accumulate) {
+  const int64_t e = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+  if (e >= (int64_t)N * nk * D) return;
+  const int i = (int)(e % D), kh = (int)(e / D % nk), row = (int)(e / D / nk), r = nv / nk;
+  float xq[VEC] = {}, xk[VEC] = {};
+  for (int h = kh * r; h < (kh + 1) * r; ++h) {
+    const int64_t at = ((int64_t)row * nv + h) * D + i;
+    float a[VEC], c[VEC];
+    detail::load_f32<VEC>(a, gq + at);
+    detail::load_f32<VEC>(c, gk + at);
+#pragma unroll
+    for (int u = 0; u < VEC; ++u) xq[u] += a[u], xk[u] += c[u];
+  }
+  float oq[VEC], ok[VEC];
+  if (accumulate) {
+    detail::load_bf16<VEC>(oq, dq + e);
+    detail::load_bf16<VEC>(ok, dk + e);
+  }
+#pragma unroll
+  for (int u = 0; u < VEC; ++u) {
+    xq[u] *= scale;
+    if (accumulate) xq[u] += oq[u], xk[u] += ok[u];
+  }
+  detail::store_bf16<VEC>(dq + e, xq);
+  detail::store_bf16<VEC>(dk + e, xk);
+}
+
+struct RuleScratch {
+  float *U, *W, *gam, *vnew, *sin, *node_end;
+  size_t bytes;
+  RuleScratch(const GdnPlan& plan, int nv, int dk, int dv, bool end_given, void* base) {
+    detail::WorkspaceCarver w(base);
+    const size_t rows = (size_t)plan.rows() * nv, SS = (size_t)dk * dv;
+    U = w.take<float>(rows * dv);
+    W = w.take<float>(rows * dk);
+    gam = w.take<float>(rows);
+    vnew = w.take<float>(rows * dv);
+    sin = w.take<float>((size_t)plan.num_chunks() * nv * SS);
+    node_end = w.take<float>(end_given ? 0 : (size_t)plan.num_nodes() * nv * SS);
+    bytes = w.bytes();
+  }
+};
+
+struct RuleBwdScratch {
+  RuleScratch f;
+  float *dvn, *qo, *dsout, *acc, *db2, *gq, *gk, *sds, *T;
+  size_t bytes;
+  RuleBwdScratch(const GdnPlan& plan, int nv, int dk, int dv, void* base) : f(plan, nv, dk, dv, false, base) {
+    detail::WorkspaceCarver w(base ? static_cast<char*>(base) + f.bytes : nullptr);
+    const size_t rows = (size_t)plan.rows() * nv, SS = (size_t)dk * dv, per_chunk = (size_t)plan.num_chunks() * nv * SS;
+    dvn = w.take<float>(rows * dv);
+    qo = w.take<float>(per_chunk);
+    dsout = w.take<float>(per_chunk);
+    acc = w.take<float>((size_t)plan.num_nodes() * nv * SS);
+    db2 = w.take<float>(rows * dk);
+    gq = w.take<float>(rows * dk);
+    gk = w.take<float>(rows * dk);
+    sds = w.take<float>((size_t)plan.num_chunks() * nv * ((dk + kStateRows - 1) / kStateRows));
+    T = w.take<float>((size_t)plan.num_chunks() * nv * kGdnChunk * kGdnChunk);
+    bytes = f.bytes + w.bytes();
+  }
+};
+
+void check_rule_shape(int nk, int nv, int dk, int dv, const char* op) {
+  TT_CHECK(nk > 0 && nv > 0 && nv % nk == 0 && dk > 0 && dk <= 128 && dk % 8 == 0 && dv > 0 && dv <= 128 &&
+               dv % kWalkCols == 0,
+           op, ": expected nv a positive multiple of nk, dk a multiple of 8 in [8, 128], dv a multiple of ", kWalkCols,
+           " in [32, 128], got nk=", nk, " nv=", nv, " dk=", dk, " dv=", dv);
+}
+
+// q, k, v, d_o and the states are read 16 bytes at a time (cp.async, vector loads), o written in
+// bf16 pairs: a tensor not aligned so is an error naming it (null tensors pass).
+struct Aligned {
+  const char* name;
+  const void* p;
+  unsigned bytes;
+};
+void check_rule_aligned(const char* op, std::initializer_list<Aligned> tensors) {
+  for (const Aligned& t : tensors)
+    TT_CHECK((reinterpret_cast<uintptr_t>(t.p) & (t.bytes - 1)) == 0, op, ": ", t.name, " must be ", t.bytes,
+             "-byte aligned (got address ", t.p, ")");
+}
+
+RuleParams rule_params(const bf16* q, const bf16* k, const bf16* v, const float* g, const bf16* beta, const float* init,
+                       const GdnPlan& plan, int nk, int nv, int dk, int dv, double scale, const RuleScratch& s,
+                       float* end) {
+  RuleParams p;
+  p.plan = plan.device();
+  p.q = q, p.k = k, p.v = v, p.g = g, p.beta = beta;
+  p.init = init;
+  p.U = s.U, p.W = s.W, p.gam = s.gam, p.vnew = s.vnew, p.sin = s.sin;
+  p.node_end = end ? end : s.node_end;
+  p.T = nullptr;
+  p.o = nullptr;
+  p.nk = nk, p.nv = nv, p.dk = dk, p.dv = dv;
+  p.scale = (float)scale;
+  p.num_chunks = plan.num_chunks();
+  p.rows = plan.rows();
+  return p;
+}
+
+// The TMA descriptors of rule_walk_mma_kernel<128>'s stages (WalkTmaStage).
+template <class Runner>
+WalkMaps walk_maps(const RuleParams& p, Runner& run) {
+  WalkMaps m;
+  m.W = run.map(p.W, p.rows, p.nv, 128, 32, kGdnChunk);
+  m.K = run.map(p.k, p.rows, p.nk, 128, 64, kGdnChunk);
+  m.U = run.map(p.U, p.rows, p.nv, p.dv, kWalkCols, kGdnChunk);
+  return m;
+}
+
+// The TMA descriptors of rule_bwd_walk_mma_kernel<128>'s stages (BwdWalkTmaStage).
+template <class Runner>
+BwdWalkMaps bwd_walk_maps(const RuleBwdParams& b, Runner& run) {
+  const RuleParams& p = b.f;
+  BwdWalkMaps m;
+  m.W = run.map(p.W, p.rows, p.nv, 128, 32, kGdnChunk);
+  m.K = run.map(p.k, p.rows, p.nk, 128, 64, kGdnChunk);
+  m.dvn = run.map(b.dvn, p.rows, p.nv, p.dv, kWalkCols, kGdnChunk);
+  m.qo = run.map(b.qo, (int64_t)p.num_chunks * p.nv * 128, 1, p.dv, kWalkCols, 128);  // rows: chunks x heads x dk
+  return m;
+}
+
+// The forward's first two kernels: U, W and gam per chunk, then the walk (sin, vnew, node ends).
+
+template <class Runner>
+void rule_prep_and_walk(const RuleParams& p, Runner& run) {
+  run.launch(rule_prep_kernel, chunk_parts_grid(p.num_chunks, p.nv, 1), prep_smem_bytes(), p);
+  const dim3 grid(p.nv, p.dv / kWalkCols);
+  if (p.dk % 16 != 0)
+    run.launch(rule_walk_kernel, grid, walk_smem_bytes(p.dk), p);
+  else if (p.dk == 128)
+    run.launch(rule_walk_mma_kernel<128>, grid, walk_mma_smem_bytes(p.dk), p, walk_maps(p, run));
+  else
+    run.launch(rule_walk_mma_kernel<0>, grid, walk_mma_smem_bytes(p.dk), p, WalkMaps{});
+}
+
+// gdn_forward (gdn.h) on `run`.
+template <class Runner>
+void rule_forward(Runner& run, bf16* o, float* end, const bf16* q, const bf16* k, const bf16* v, const float* g,
+                  const bf16* beta, const float* init, const GdnPlan& plan, int nk, int nv, int dk, int dv,
+                  double scale, Workspace ws) {
+  check_rule_shape(nk, nv, dk, dv, "gdn_forward");
+  if (plan.num_chunks() == 0) return;
+  check_rule_aligned("gdn_forward",
+                     {{"q", q, 16}, {"k", k, 16}, {"v", v, 16}, {"init", init, 16}, {"end", end, 16}, {"o", o, 4}});
+  TT_CHECK(plan.device().chunk_row0, "gdn_forward: the plan's tables are not uploaded");
+  const RuleScratch s(plan, nv, dk, dv, end != nullptr, ws.ptr);
+  detail::check_workspace(ws, s.bytes, "gdn_forward");
+  RuleParams p = rule_params(q, k, v, g, beta, init, plan, nk, nv, dk, dv, scale, s, end);
+  p.o = o;
+  rule_prep_and_walk(p, run);
+  run.launch(dk == 128 && dv == 128 ? rule_out_kernel<128> : rule_out_kernel<0>,
+             chunk_parts_grid(plan.num_chunks(), nv, (dv + kOutCols - 1) / kOutCols), out_smem_bytes(), p);
+}
+
+// gdn_backward (gdn.h) on `run`.
+template <class Runner>
+void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* d_init, const bf16* d_o,
+                   const float* d_end, const bf16* q, const bf16* k, const bf16* v, const float* g, const bf16* beta,
+                   const float* init, const GdnPlan& plan, int nk, int nv, int dk_, int dv_, double scale,
+                   Workspace ws, bool accumulate) {
+  check_rule_shape(nk, nv, dk_, dv_, "gdn_backward");
+  if (plan.num_chunks() == 0) return;
+  check_rule_aligned("gdn_backward", {{"q", q, 16}, {"k", k, 16}, {"v", v, 16}, {"d_o", d_o, 16},
+                                      {"init", init, 16}, {"d_init", d_init, 16}, {"d_end", d_end, 16}});
+  TT_CHECK(plan.device().chunk_row0, "gdn_backward: the plan's tables are not uploaded");
+  const RuleBwdScratch s(plan, nv, dk_, dv_, ws.ptr);
+  detail::check_workspace(ws, s.bytes, "gdn_backward");
+  RuleBwdParams b;
+  b.f = rule_params(q, k, v, g, beta, init, plan, nk, nv, dk_, dv_, scale, s.f, nullptr);
+  b.f.T = s.T;  // the prep keeps each chunk's T for the grad kernel's phase B
+  b.d_o = d_o;
+  b.d_end = d_end;
+  b.d_init = d_init;
+  b.dvn = s.dvn, b.qo = s.qo, b.dsout = s.dsout, b.acc = s.acc, b.db2 = s.db2, b.gq = s.gq,
+  b.gk = s.gk, b.sds = s.sds;
+  b.dv = dv, b.dg = dg, b.dbeta = dbeta;
+  b.accumulate = accumulate;
+  rule_prep_and_walk(b.f, run);  // the forward again: U, W, gam, v_new, the entering states
+  run.zero(s.acc, sizeof(float) * (size_t)plan.num_nodes() * nv * dk_ * dv_);
+  const int chunks = plan.num_chunks();
+  run.launch(rule_bwd_local_kernel, chunk_parts_grid(chunks, nv, (dv_ + kOutCols - 1) / kOutCols),
+             bwd_local_smem_bytes(), b);
+  const dim3 walk_grid(nv, dv_ / kWalkCols);
+  if (dk_ % 16 != 0)
+    run.launch(rule_bwd_walk_kernel, walk_grid, bwd_walk_smem_bytes(dk_), b);
+  else if (dk_ == 128)
+    run.launch(rule_bwd_walk_mma_kernel<128>, walk_grid, bwd_walk_mma_smem_bytes(dk_), b, bwd_walk_maps(b, run));
+  else
+    run.launch(rule_bwd_walk_mma_kernel<0>, walk_grid, bwd_walk_mma_smem_bytes(dk_), b, BwdWalkMaps{});
+  run.launch(rule_bwd_state_kernel, chunk_parts_grid(chunks, nv, (dk_ + kStateRows - 1) / kStateRows),
+             bwd_state_smem_bytes(dv_), b);
+  run.launch(dk_ == 128 && dv_ == 128 ? rule_bwd_grad_kernel<128> : rule_bwd_grad_kernel<0>,
+             chunk_parts_grid(chunks, nv, 1), bwd_grad_smem_bytes(dk_, dv_), b);
+  const int64_t n = (int64_t)plan.rows() * nk * dk_;
+  // Eight elements a thread where dq and dk allow 16-byte stores (dk_ is a multiple of 8).
+  const bool vec8 = reinterpret_cast<uintptr_t>(dq) % 16 == 0 && reinterpret_cast<uintptr_t>(dk) % 16 == 0;
+  const int64_t threads = vec8 ? n / 8 : n;
+  run.launch(vec8 ? rule_bwd_group_kernel<8> : rule_bwd_group_kernel<1>,
+             dim3((unsigned)((threads + kRuleThreads - 1) / kRuleThreads)), 0, dq, dk, (const float*)s.gq,
+             (const float*)s.gk, plan.rows(), nk, nv, dk_, (float)scale, accumulate);
+}
+
+}  // namespace
+}  // namespace tt::cuda
