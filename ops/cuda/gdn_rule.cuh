@@ -687,6 +687,13 @@ __device__ __forceinline__ int swizzle128(int r, int c) {
   return r * (128 / E) + (c / kPer ^ (r & 7)) * kPer + c % kPer;
 }
 
+// A packed bf16 pair of chunk rows s and s + 1 (low half first) with the halves of rows >= L zeroed.
+// The TMA stages hold the tensors' next rows past a chunk's end: a product over the chunk's rows
+// must not multiply them even by zero (a NaN or inf there, from another node, would leak in).
+__device__ __forceinline__ uint32_t keep_rows_below(uint32_t x, int s, int L) {
+  return s + 1 < L ? x : s < L ? (x & 0xffffu) : 0u;
+}
+
 // p rounded up to a 1024-byte shared-memory address (the 128-byte swizzle's alignment).
 __device__ __forceinline__ unsigned char* align_up_1024(unsigned char* p) {
   return p + ((1024u - (attn::smem_addr(p) & 1023u)) & 1023u);
@@ -876,6 +883,10 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
       for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
         uint32_t a[4];  // A (i, s) = K (s, i): transposing loads of the key rows
         mma::ldsm_x4_trans(a, st.k8(k0 + lane % 8 + 8 * (lane / 16), si + 8 * (lane / 8 % 2)));
+        if (kDk == 128 && k0 + 16 > L) {  // keys past L: the next rows of k under TMA; 0 x NaN must not reach S
+          a[0] = keep_rows_below(a[0], k0 + 2 * tq, L), a[1] = keep_rows_below(a[1], k0 + 2 * tq, L);
+          a[2] = keep_rows_below(a[2], k0 + 2 * tq + 8, L), a[3] = keep_rows_below(a[3], k0 + 2 * tq + 8, L);
+        }
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
           const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + 16 * np + 8 * (lane / 16);
@@ -1515,6 +1526,12 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
       for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
         uint32_t wh[4], wl[4];
         split_a_fragment(wh, wl, si, k0, [&](int i, int s) { return -st.w(s, i); });
+        if (kDk == 128 && k0 + 16 > L) {  // rows past L: the next rows of W under TMA, as the forward walk's keys
+          wh[0] = keep_rows_below(wh[0], k0 + 2 * tq, L), wh[1] = keep_rows_below(wh[1], k0 + 2 * tq, L);
+          wh[2] = keep_rows_below(wh[2], k0 + 2 * tq + 8, L), wh[3] = keep_rows_below(wh[3], k0 + 2 * tq + 8, L);
+          wl[0] = keep_rows_below(wl[0], k0 + 2 * tq, L), wl[1] = keep_rows_below(wl[1], k0 + 2 * tq, L);
+          wl[2] = keep_rows_below(wl[2], k0 + 2 * tq + 8, L), wl[3] = keep_rows_below(wl[3], k0 + 2 * tq + 8, L);
+        }
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
           const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + 16 * np + 8 * (lane / 16);

@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ops/cpu/gdn.h"
@@ -69,10 +71,12 @@ inline ::testing::AssertionResult close_bf16(const std::string& name, const std:
 // at 64, one-token nodes) plus a random subtree of `budget` nodes up to `max_len` rows, grouped key
 // heads (nk 2, nv 4 unless the shape says otherwise), head dims 128; q and k L2-normalised per
 // head, decays in [-0.62, -0.02] (or as the shape says), beta in [0.05, 0.95], all rounded to bf16
-// (drawn from `rng` in that order); the fp64 reference's tree and the plan (not uploaded).
+// (drawn from `rng` in that order); the fp64 reference's tree and the plan (not uploaded). A shape
+// with a forest of its own replaces the forest above.
 struct RuleShape {
   int nk = 2, nv = 4, dk = 128, dv = 128;
   double decay_span = 0.6;  // decays in [-0.02 - decay_span, -0.02]
+  std::vector<std::pair<int, int>> forest;  // (parent, rows) of every node in packed order; empty: the above
 };
 
 struct RuleInputs {
@@ -87,14 +91,18 @@ struct RuleInputs {
   RuleInputs(uint64_t seed, int budget, int max_len, bool extra_root, std::mt19937_64& rng, RuleShape shape = {})
       : nk(shape.nk), nv(shape.nv), dk(shape.dk), dv(shape.dv), scale(1.0 / std::sqrt((double)shape.dk)) {
     const double decay_span = shape.decay_span;
-    f.add(-1, 150);
-    f.add(0, 64);
-    f.add(1, 1);
-    f.add(0, 1);
-    f.add(3, 70);
-    std::mt19937_64 grow_rng(seed);
-    grow(f, grow_rng, -1, 0, max_len, budget);
-    if (extra_root) f.add(-1, 2);
+    if (!shape.forest.empty()) {
+      for (const auto& [parent, rows] : shape.forest) f.add(parent, rows);
+    } else {
+      f.add(-1, 150);
+      f.add(0, 64);
+      f.add(1, 1);
+      f.add(0, 1);
+      f.add(3, 70);
+      std::mt19937_64 grow_rng(seed);
+      grow(f, grow_rng, -1, 0, max_len, budget);
+      if (extra_root) f.add(-1, 2);
+    }
     f.finish();
     N = f.N;
     roots = (int)std::count(f.parent.begin(), f.parent.end(), -1);
@@ -128,5 +136,13 @@ struct RuleInputs {
   RuleInputs& operator=(const RuleInputs&) = delete;
   size_t state_elems() const { return (size_t)nv * dk * dv; }
 };
+
+// How many of the first n elements of a and b differ in their bits.
+template <class T>
+size_t bits_differ(const std::vector<T>& a, const std::vector<T>& b, size_t n) {
+  size_t differ = 0;
+  for (size_t i = 0; i < n; ++i) differ += std::memcmp(&a[i], &b[i], sizeof(T)) != 0;
+  return differ;
+}
 
 }  // namespace tt::cuda_test

@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -79,62 +80,81 @@ struct EmuCase : RuleInputs {
   }
 };
 
+// One forward (end states kept) and one backward (not accumulating) of a case on the emulator;
+// init and dE may be empty (zeros, none). Outputs start as NaN, d_init as zeros (it is added to).
+struct EmuOut {
+  std::vector<bf16> o, dq, dk, dv;
+  std::vector<float> end, dg, db, di;
+  int forward_launches = 0, backward_launches = 0;
+};
+EmuOut emulate(const EmuCase& c, const std::vector<float>& init, const std::vector<bf16>& dO,
+               const std::vector<float>& dE) {
+  const int nk = c.nk, nv = c.nv, dk = c.dk, dv = c.dv, N = c.N;
+  const bf16 nan16 = __float2bfloat16_rn(std::numeric_limits<float>::quiet_NaN());
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  auto or_null = [](const std::vector<float>& x) { return x.empty() ? nullptr : x.data(); };
+  EmuOut r;
+  r.o.assign((size_t)N * nv * dv, nan16);
+  r.end.assign((size_t)c.f.nodes() * c.state_elems(), nan);
+  {
+    HostWorkspace ws(cuda::gdn_forward_workspace_bytes(c.plan, nv, dk, dv, /*end_given=*/true));
+    EmuRunner run;
+    cuda::rule_forward(run, r.o.data(), r.end.data(), c.bq.data(), c.bk.data(), c.bv.data(), c.fg.data(), c.bb.data(),
+                       or_null(init), c.plan, nk, nv, dk, dv, c.scale, ws.ws);
+    r.forward_launches = run.launches;
+  }
+  r.dq.assign(c.q.size(), nan16), r.dk.assign(c.k.size(), nan16), r.dv.assign(c.v.size(), nan16);
+  r.dg.assign(c.g.size(), nan), r.db.assign(c.beta.size(), nan), r.di.assign(init.size(), 0.f);
+  HostWorkspace ws(cuda::gdn_backward_workspace_bytes(c.plan, nv, dk, dv));
+  EmuRunner run;
+  cuda::rule_backward(run, r.dq.data(), r.dk.data(), r.dv.data(), r.dg.data(), r.db.data(),
+                      init.empty() ? nullptr : r.di.data(), dO.data(), or_null(dE), c.bq.data(), c.bk.data(),
+                      c.bv.data(), c.fg.data(), c.bb.data(), or_null(init), c.plan, nk, nv, dk, dv, c.scale, ws.ws,
+                      /*accumulate=*/false);
+  r.backward_launches = run.launches;
+  return r;
+}
+
 // Forward and backward of one shape against the oracle, with gdn_test.cc's bounds: o within
 // close_bf16, end states (fp32) normwise 1e-4; the bf16 gradients normwise 2 x 2^-8, the fp32 ones
 // (dg, dbeta, d_init) 1e-3. Each pass launches a fixed number of kernels whatever the tree.
 void check_shape(uint64_t seed, RuleShape shape) {
   std::mt19937_64 rng(seed * 41);
-  EmuCase c(seed, rng, shape);
-  const int nk = c.nk, nv = c.nv, dk = c.dk, dv = c.dv, N = c.N;
+  const EmuCase c(seed, rng, shape);
+  const int nv = c.nv, dk = c.dk, dv = c.dv, N = c.N;
   const std::string at = " (dk " + std::to_string(dk) + ", dv " + std::to_string(dv) + ")";
   const std::vector<double> init = randn_f32(rng, (size_t)c.roots * c.state_elems(), 0.1);
   const std::vector<double> dO = randn_bf16(rng, (size_t)N * nv * dv),
                             dE = randn_f32(rng, (size_t)c.f.nodes() * c.state_elems(), 0.05);
+  const EmuOut got = emulate(c, floats(init), bf16s(dO), floats(dE));
 
   std::vector<double> o((size_t)N * nv * dv), end((size_t)c.f.nodes() * c.state_elems());
   cpu::gdn_tree_forward<double>(o.data(), end.data(), c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(),
                                 init.data(), c.t);
-  const std::vector<float> f_init = floats(init), f_dE = floats(dE);
-  const std::vector<bf16> b_dO = bf16s(dO);
-  {
-    HostWorkspace ws(cuda::gdn_forward_workspace_bytes(c.plan, nv, dk, dv, /*end_given=*/true));
-    std::vector<bf16> got_o(o.size(), __float2bfloat16_rn(std::numeric_limits<float>::quiet_NaN()));
-    std::vector<float> got_end(end.size(), std::numeric_limits<float>::quiet_NaN());
-    EmuRunner run;
-    cuda::rule_forward(run, got_o.data(), got_end.data(), c.bq.data(), c.bk.data(), c.bv.data(), c.fg.data(),
-                       c.bb.data(), f_init.data(), c.plan, nk, nv, dk, dv, c.scale, ws.ws);
-    EXPECT_EQ(run.launches, 3) << "forward launches" << at;
-    EXPECT_TRUE(close_bf16("emulated delta rule o" + at, doubles(got_o), o));
-    const double e = rel_l2(doubles(got_end), end);
-    EXPECT_LE(e, 1e-4) << "end states" << at;
-    std::printf("[ errors   ] emulated delta rule forward%s: end states rel L2 %.2e\n", at.c_str(), e);
-  }
+  EXPECT_EQ(got.forward_launches, 3) << "forward launches" << at;
+  EXPECT_TRUE(close_bf16("emulated delta rule o" + at, doubles(got.o), o));
+  const double e = rel_l2(doubles(got.end), end);
+  EXPECT_LE(e, 1e-4) << "end states" << at;
+  std::printf("[ errors   ] emulated delta rule forward%s: end states rel L2 %.2e\n", at.c_str(), e);
 
   std::vector<double> dq(c.q.size(), 0.0), dk_(c.k.size(), 0.0), dv_(c.v.size(), 0.0), dg(c.g.size(), 0.0),
       db(c.beta.size(), 0.0), di(init.size(), 0.0);
   cpu::gdn_tree_backward<double>(dq.data(), dk_.data(), dv_.data(), dg.data(), db.data(), di.data(), dO.data(),
                                  dE.data(), c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), init.data(),
                                  c.t);
-  HostWorkspace ws(cuda::gdn_backward_workspace_bytes(c.plan, nv, dk, dv));
-  const bf16 nan16 = __float2bfloat16_rn(std::numeric_limits<float>::quiet_NaN());
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<bf16> g_q(dq.size(), nan16), g_k(dk_.size(), nan16), g_v(dv_.size(), nan16);
-  std::vector<float> g_g(dg.size(), nan), g_b(db.size(), nan), g_i(di.size(), 0.f);  // d_init: +=
-  EmuRunner run;
-  cuda::rule_backward(run, g_q.data(), g_k.data(), g_v.data(), g_g.data(), g_b.data(), g_i.data(), b_dO.data(),
-                      f_dE.data(), c.bq.data(), c.bk.data(), c.bv.data(), c.fg.data(), c.bb.data(), f_init.data(),
-                      c.plan, nk, nv, dk, dv, c.scale, ws.ws, /*accumulate=*/false);
-  EXPECT_EQ(run.launches, 7) << "backward launches" << at;
-  EXPECT_LE(rel_l2(doubles(g_q), dq), 2 * kBf16U) << "dq" << at;
-  EXPECT_LE(rel_l2(doubles(g_k), dk_), 2 * kBf16U) << "dk" << at;
-  EXPECT_LE(rel_l2(doubles(g_v), dv_), 2 * kBf16U) << "dv" << at;
-  EXPECT_LE(rel_l2(doubles(g_g), dg), 1e-3) << "dg" << at;
-  EXPECT_LE(rel_l2(doubles(g_b), db), 1e-3) << "dbeta" << at;
-  EXPECT_LE(rel_l2(doubles(g_i), di), 1e-3) << "d_init" << at;
+  EXPECT_EQ(got.backward_launches, 7) << "backward launches" << at;
+  const double e_dq = rel_l2(doubles(got.dq), dq), e_dk = rel_l2(doubles(got.dk), dk_),
+               e_dv = rel_l2(doubles(got.dv), dv_), e_dg = rel_l2(doubles(got.dg), dg),
+               e_db = rel_l2(doubles(got.db), db), e_di = rel_l2(doubles(got.di), di);
+  EXPECT_LE(e_dq, 2 * kBf16U) << "dq" << at;
+  EXPECT_LE(e_dk, 2 * kBf16U) << "dk" << at;
+  EXPECT_LE(e_dv, 2 * kBf16U) << "dv" << at;
+  EXPECT_LE(e_dg, 1e-3) << "dg" << at;
+  EXPECT_LE(e_db, 1e-3) << "dbeta" << at;
+  EXPECT_LE(e_di, 1e-3) << "d_init" << at;
   std::printf("[ errors   ] emulated delta rule backward%s: rel L2 dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e "
               "d_init %.2e\n",
-              at.c_str(), rel_l2(doubles(g_q), dq), rel_l2(doubles(g_k), dk_), rel_l2(doubles(g_v), dv_),
-              rel_l2(doubles(g_g), dg), rel_l2(doubles(g_b), db), rel_l2(doubles(g_i), di));
+              at.c_str(), e_dq, e_dk, e_dv, e_dg, e_db, e_di);
 }
 
 // dk = dv = 128: the walks' stages by TMA, the 128 x 128 output and grad kernels.
@@ -148,6 +168,38 @@ TEST(GdnEmulated, DeltaRuleAtKeyDim72) { check_shape(3, RuleShape{1, 2, 72, 32})
 
 // dk 128 with dv 64: TMA stages whose boxes of U and dv_new cover half of a 128-column block.
 TEST(GdnEmulated, DeltaRuleAtKeyDim128ValueDim64) { check_shape(4, RuleShape{2, 4, 128, 64}); }
+
+// The same on a batch of 36 rows: every TMA box runs past the tensors' end (zeros there).
+TEST(GdnEmulated, DeltaRuleOnABatchShorterThanAChunk) {
+  check_shape(5, RuleShape{1, 2, 128, 64, 0.6, {{-1, 20}, {0, 7}, {-1, 9}}});
+}
+
+// gdn_test's DeltaRuleNodesDoNotReadTheNextNodesRows on the CPU: with the second node's k and v
+// NaN, the first node's outputs, end state and input gradients are bit for bit those of the
+// all-finite batch. The emulated TMA stages, like the GPU's, hold the next node's rows past a
+// chunk's end; dk 64 loads by cp.async (rows past the end zero-filled).
+TEST(GdnEmulated, NodesDoNotReadTheNextNodesRows) {
+  for (const int dk : {128, 64}) {
+    std::mt19937_64 rng(dk);
+    EmuCase c(0, rng, RuleShape{1, 2, dk, 64, 0.6, {{-1, 100}, {-1, 30}}});
+    const int nk = c.nk, nv = c.nv, dv = c.dv, first = c.f.len[0];
+    ASSERT_EQ(c.f.start[1], first);
+    const std::vector<bf16> dO = bf16s(randn_bf16(rng, (size_t)c.N * nv * dv));
+    const EmuOut finite = emulate(c, {}, dO, {});
+    const bf16 nan16 = __float2bfloat16_rn(std::numeric_limits<float>::quiet_NaN());
+    std::fill(c.bk.begin() + (size_t)first * nk * dk, c.bk.end(), nan16);
+    std::fill(c.bv.begin() + (size_t)first * nv * dv, c.bv.end(), nan16);
+    const EmuOut poisoned = emulate(c, {}, dO, {});
+    const std::string at = " of the first node, dk " + std::to_string(dk);
+    EXPECT_EQ(bits_differ(finite.o, poisoned.o, (size_t)first * nv * dv), 0u) << "o" << at;
+    EXPECT_EQ(bits_differ(finite.dq, poisoned.dq, (size_t)first * nk * dk), 0u) << "dq" << at;
+    EXPECT_EQ(bits_differ(finite.dk, poisoned.dk, (size_t)first * nk * dk), 0u) << "dk" << at;
+    EXPECT_EQ(bits_differ(finite.dv, poisoned.dv, (size_t)first * nv * dv), 0u) << "dv" << at;
+    EXPECT_EQ(bits_differ(finite.dg, poisoned.dg, (size_t)first * nv), 0u) << "dg" << at;
+    EXPECT_EQ(bits_differ(finite.db, poisoned.db, (size_t)first * nv), 0u) << "dbeta" << at;
+    EXPECT_EQ(bits_differ(finite.end, poisoned.end, c.state_elems()), 0u) << "end state" << at;
+  }
+}
 
 }  // namespace
 }  // namespace tt::cuda_test

@@ -214,9 +214,14 @@ TEST_F(GdnOps, DeltaRuleForwardMatchesTheRecurrentOracle) {
   // Seed 6: narrower heads (dk 64 of 128 rows of the walk's tiles, dv 96: a half-empty output block).
   // Seed 7: dk 72, not a multiple of the tensor-core products' depth 16 (the Gram products on CUDA
   // cores, q and the state zero-padded to 80 for q S).
-  for (uint64_t seed : {4, 5, 6, 7}) {
+  // Seed 8: dk 128 (the walk's TMA stages) with dv 64 (their U boxes narrower than the head), on a
+  // batch of 36 rows: every stage's box runs past the tensors' end (zeros there).
+  for (uint64_t seed : {4, 5, 6, 7, 8}) {
     std::mt19937_64 rng(seed * 31);
-    const RuleShape shape = seed == 6 ? RuleShape{1, 3, 64, 96} : seed == 7 ? RuleShape{1, 2, 72, 64} : RuleShape{};
+    const RuleShape shape = seed == 6   ? RuleShape{1, 3, 64, 96}
+                            : seed == 7 ? RuleShape{1, 2, 72, 64}
+                            : seed == 8 ? RuleShape{1, 2, 128, 64, 0.6, {{-1, 20}, {0, 7}, {-1, 9}}}
+                                        : RuleShape{};
     RuleCase rc(seed, 20, 70, /*extra_root=*/true, rng, shape);
     const int nk = rc.nk, nv = rc.nv, dk = rc.dk, dv = rc.dv;
     const int N = rc.N;
@@ -335,6 +340,59 @@ TEST_F(GdnOps, DeltaRuleBackwardMatchesTheRecurrentOracle) {
     for (size_t i = 0; i < k_first.size(); ++i)
       differ += __bfloat16_as_ushort(k_odd[i + 1]) != __bfloat16_as_ushort(k_first[i]);
     EXPECT_EQ(differ, 0u) << "dq, dk at a 2-byte offset differ from the aligned call's" << at;
+  }
+}
+
+// A node's results must not depend on the rows packed after it: with the next node's k and v NaN,
+// the first node's outputs, end state and input gradients are bit for bit those of an all-finite
+// batch (the walks' TMA stages hold the next rows past a chunk's end; the products must not
+// multiply them, not even by zero). dk 128 (TMA stages) and dk 64 (cp.async, zero-filled rows).
+// gdn_emulated_test runs the same check on the CPU.
+TEST_F(GdnOps, DeltaRuleNodesDoNotReadTheNextNodesRows) {
+  for (const int dk : {128, 64}) {
+    std::mt19937_64 rng(dk);
+    RuleCase rc(0, 0, 0, false, rng, RuleShape{1, 2, dk, 64, 0.6, {{-1, 100}, {-1, 30}}});
+    const int nk = rc.nk, nv = rc.nv, dv = rc.dv, N = rc.N, first = rc.f.len[0];
+    ASSERT_EQ(rc.f.start[1], first);
+    const auto d_dO = to_device_bf16(randn_bf16(rng, (size_t)N * nv * dv));
+    struct Out {
+      std::vector<bf16> o, dq, dk, dv;
+      std::vector<float> end, dg, db;
+    };
+    auto run = [&] {
+      Out r;
+      DeviceBuffer<char> ws(cuda::gdn_forward_workspace_bytes(rc.plan, nv, dk, dv, /*end_given=*/true));
+      DeviceBuffer<bf16> o((size_t)N * nv * dv);
+      DeviceBuffer<float> end((size_t)rc.f.nodes() * rc.state_elems());
+      cuda::gdn_forward(o.data(), end.data(), rc.d_q.data(), rc.d_k.data(), rc.d_v.data(), rc.d_g.data(),
+                        rc.d_b.data(), nullptr, rc.plan, nk, nv, dk, dv, rc.scale,
+                        cuda::Workspace{ws.data(), ws.size()}, nullptr);
+      DeviceBuffer<char> wsb(cuda::gdn_backward_workspace_bytes(rc.plan, nv, dk, dv));
+      DeviceBuffer<bf16> g_q(rc.q.size()), g_k(rc.k.size()), g_v(rc.v.size());
+      DeviceBuffer<float> g_g(rc.g.size()), g_b(rc.beta.size());
+      cuda::gdn_backward(g_q.data(), g_k.data(), g_v.data(), g_g.data(), g_b.data(), nullptr, d_dO.data(), nullptr,
+                         rc.d_q.data(), rc.d_k.data(), rc.d_v.data(), rc.d_g.data(), rc.d_b.data(), nullptr, rc.plan,
+                         nk, nv, dk, dv, rc.scale, cuda::Workspace{wsb.data(), wsb.size()}, nullptr,
+                         /*accumulate=*/false);
+      sync_and_check();
+      r.o = o.to_host(), r.dq = g_q.to_host(), r.dk = g_k.to_host(), r.dv = g_v.to_host();
+      r.end = end.to_host(), r.dg = g_g.to_host(), r.db = g_b.to_host();
+      return r;
+    };
+    const Out finite = run();
+    std::vector<double> k = rc.k, v = rc.v;  // the second node's rows NaN
+    std::fill(k.begin() + (size_t)first * nk * dk, k.end(), std::nan(""));
+    std::fill(v.begin() + (size_t)first * nv * dv, v.end(), std::nan(""));
+    rc.d_k = to_device_bf16(k), rc.d_v = to_device_bf16(v);
+    const Out poisoned = run();
+    const std::string at = " of the first node, dk " + std::to_string(dk);
+    EXPECT_EQ(bits_differ(finite.o, poisoned.o, (size_t)first * nv * dv), 0u) << "o" << at;
+    EXPECT_EQ(bits_differ(finite.dq, poisoned.dq, (size_t)first * nk * dk), 0u) << "dq" << at;
+    EXPECT_EQ(bits_differ(finite.dk, poisoned.dk, (size_t)first * nk * dk), 0u) << "dk" << at;
+    EXPECT_EQ(bits_differ(finite.dv, poisoned.dv, (size_t)first * nv * dv), 0u) << "dv" << at;
+    EXPECT_EQ(bits_differ(finite.dg, poisoned.dg, (size_t)first * nv), 0u) << "dg" << at;
+    EXPECT_EQ(bits_differ(finite.db, poisoned.db, (size_t)first * nv), 0u) << "dbeta" << at;
+    EXPECT_EQ(bits_differ(finite.end, poisoned.end, rc.state_elems()), 0u) << "end state" << at;
   }
 }
 
