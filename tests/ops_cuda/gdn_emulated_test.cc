@@ -157,8 +157,13 @@ void check_shape(uint64_t seed, RuleShape shape) {
               at.c_str(), e_dq, e_dk, e_dv, e_dg, e_db, e_di);
 }
 
-// dk = dv = 128: the walks' stages by TMA, the 128 x 128 output and grad kernels.
-TEST(GdnEmulated, DeltaRuleAtHeadDim128) { check_shape(1, RuleShape{1, 2, 128, 128}); }
+// dk = dv = 128: the walks' stages by TMA, the 128 x 128 output and grad kernels; two key heads of
+// two value heads each.
+TEST(GdnEmulated, DeltaRuleAtHeadDim128) { check_shape(1, RuleShape{2, 4, 128, 128}); }
+
+// Decays down to -6 a row (gdn_test's backward seed 10): a chunk's summed decay passes -88, where
+// e^88 overflows fp32, so the kernels' decay factors must stay inside their masks (0 x inf = NaN).
+TEST(GdnEmulated, DeltaRuleWithDecaysPastTheFp32Range) { check_shape(6, RuleShape{1, 2, 128, 128, 6.0}); }
 
 // dk 64, dv 64: the walks' stages by cp.async, the general output and grad kernels.
 TEST(GdnEmulated, DeltaRuleAtHeadDim64) { check_shape(2, RuleShape{1, 2, 64, 64}); }

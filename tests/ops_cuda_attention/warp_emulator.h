@@ -1,5 +1,7 @@
 // Runs CUDA kernels of the tree attention on the CPU, threads and warps: every CUDA thread of a
-// block is a fiber (ucontext) scheduled on one OS thread; warp collectives (shuffles, ballots,
+// block is a fiber (ucontext to start it, then _setjmp / _longjmp: a switch without
+// swapcontext's signal-mask system call, which took about half of the emulation's time) scheduled
+// on one OS thread; warp collectives (shuffles, ballots,
 // __syncwarp) and __syncthreads suspend a fiber until its warp (or block) has arrived, then
 // compute every lane's result. The primitives of ops/cuda/attention_device.cuh are emulated too:
 // cp.async copies are deferred to the cp.async.wait that covers them, so a read before its wait
@@ -16,6 +18,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <algorithm>
@@ -66,7 +69,9 @@ struct CopyOp {
 };
 
 struct Fiber {
-  ucontext_t ctx;
+  ucontext_t ctx;  // its start (makecontext); once started, jb holds where it is suspended
+  jmp_buf jb;
+  bool started = false;
   Op op = Op::kRun;
   // Operand and result of a shuffle or ballot; a shuffle reads lane src's operand.
   uint32_t in = 0, out = 0;
@@ -90,7 +95,8 @@ struct BlockState {
   std::map<uintptr_t, MbarState> mbar;  // by address
   NamedBarrier named[16];
   uint64_t epoch = 0;  // bumped by every arrival, phase flip or release: yields can progress
-  ucontext_t sched;
+  ucontext_t sched;  // the scheduler, for a fiber's first entry only
+  jmp_buf sched_jb;  // the scheduler, to return to from a fiber
   int current = -1;
   std::function<void()> body;
 };
@@ -110,7 +116,7 @@ inline Fiber& self() { return block()->fibers[block()->current]; }
 inline void suspend(Op op) {
   Fiber& f = self();
   f.op = op;
-  swapcontext(&f.ctx, &block()->sched);
+  if (!_setjmp(f.jb)) _longjmp(block()->sched_jb, 1);
 }
 
 inline dim3 thread_idx() { return dim3((unsigned)block()->current, 0, 0); }
@@ -159,9 +165,11 @@ inline void (*&warpgroup_op())(Fiber* lanes) {
   return fn;
 }
 
-inline void fiber_entry() {
+// A fiber never returns: it ends by jumping back to the scheduler.
+[[noreturn]] inline void fiber_entry() {
   block()->body();
   self().op = Op::kDone;
+  _longjmp(block()->sched_jb, 1);
 }
 
 // This fiber's part of a kWarpFn collective: fn runs once every lane of its warp has arrived.
@@ -201,7 +209,12 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 blk, size_t smem_bytes, const 
         for (int i = 0; i < n; i++) {
           if (b.fibers[i].op != Op::kRun) continue;
           b.current = i;
-          swapcontext(&b.sched, &b.fibers[i].ctx);
+          Fiber& f = b.fibers[i];
+          if (!_setjmp(b.sched_jb)) {  // back here when the fiber suspends or ends
+            if (f.started) _longjmp(f.jb, 1);
+            f.started = true;
+            swapcontext(&b.sched, &f.ctx);
+          }
         }
         bool progress = false, all_done = true, all_sync = true;
         for (int w = 0; w < n / 32; w++) {
