@@ -82,13 +82,14 @@ struct EmuCase : RuleInputs {
 
 // One forward (end states kept) and one backward (not accumulating) of a case on the emulator;
 // init and dE may be empty (zeros, none). Outputs start as NaN, d_init as zeros (it is added to).
+// dq, dk and dv are written `offset` elements into their buffers (1: two bytes off alignment).
 struct EmuOut {
   std::vector<bf16> o, dq, dk, dv;
   std::vector<float> end, dg, db, di;
   int forward_launches = 0, backward_launches = 0;
 };
 EmuOut emulate(const EmuCase& c, const std::vector<float>& init, const std::vector<bf16>& dO,
-               const std::vector<float>& dE) {
+               const std::vector<float>& dE, size_t offset = 0) {
   const int nk = c.nk, nv = c.nv, dk = c.dk, dv = c.dv, N = c.N;
   const bf16 nan16 = __float2bfloat16_rn(std::numeric_limits<float>::quiet_NaN());
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -103,15 +104,17 @@ EmuOut emulate(const EmuCase& c, const std::vector<float>& init, const std::vect
                        or_null(init), c.plan, nk, nv, dk, dv, c.scale, ws.ws);
     r.forward_launches = run.launches;
   }
-  r.dq.assign(c.q.size(), nan16), r.dk.assign(c.k.size(), nan16), r.dv.assign(c.v.size(), nan16);
+  r.dq.assign(offset + c.q.size(), nan16), r.dk.assign(offset + c.k.size(), nan16),
+      r.dv.assign(offset + c.v.size(), nan16);
   r.dg.assign(c.g.size(), nan), r.db.assign(c.beta.size(), nan), r.di.assign(init.size(), 0.f);
   HostWorkspace ws(cuda::gdn_backward_workspace_bytes(c.plan, nv, dk, dv));
   EmuRunner run;
-  cuda::rule_backward(run, r.dq.data(), r.dk.data(), r.dv.data(), r.dg.data(), r.db.data(),
+  cuda::rule_backward(run, r.dq.data() + offset, r.dk.data() + offset, r.dv.data() + offset, r.dg.data(), r.db.data(),
                       init.empty() ? nullptr : r.di.data(), dO.data(), or_null(dE), c.bq.data(), c.bk.data(),
                       c.bv.data(), c.fg.data(), c.bb.data(), or_null(init), c.plan, nk, nv, dk, dv, c.scale, ws.ws,
                       /*accumulate=*/false);
   r.backward_launches = run.launches;
+  for (std::vector<bf16>* x : {&r.dq, &r.dk, &r.dv}) x->erase(x->begin(), x->begin() + offset);
   return r;
 }
 
@@ -204,6 +207,20 @@ TEST(GdnEmulated, NodesDoNotReadTheNextNodesRows) {
     EXPECT_EQ(bits_differ(finite.db, poisoned.db, (size_t)first * nv), 0u) << "dbeta" << at;
     EXPECT_EQ(bits_differ(finite.end, poisoned.end, c.state_elems()), 0u) << "end state" << at;
   }
+}
+
+// dq, dk and dv two bytes past a 16-byte boundary: the key-head sums and the grad kernel's dv rows
+// take their one-element paths (the eight-element ones store 16 bytes), with the same sums in the
+// same order, so the same bits as the aligned call's (gdn_test checks the same on the GPU).
+TEST(GdnEmulated, OddGradientAddressesGiveTheSameBits) {
+  std::mt19937_64 rng(7);
+  const EmuCase c(7, rng, RuleShape{2, 4, 64, 64, 0.6, {{-1, 70}, {0, 9}, {0, 1}, {-1, 30}}});
+  const std::vector<bf16> dO = bf16s(randn_bf16(rng, (size_t)c.N * c.nv * c.dv));
+  const EmuOut aligned = emulate(c, {}, dO, {}), odd = emulate(c, {}, dO, {}, /*offset=*/1);
+  EXPECT_EQ(bits_differ(aligned.dq, odd.dq, aligned.dq.size()), 0u) << "dq";
+  EXPECT_EQ(bits_differ(aligned.dk, odd.dk, aligned.dk.size()), 0u) << "dk";
+  EXPECT_EQ(bits_differ(aligned.dv, odd.dv, aligned.dv.size()), 0u) << "dv";
+  EXPECT_EQ(bits_differ(aligned.dg, odd.dg, aligned.dg.size()), 0u) << "dg";
 }
 
 }  // namespace
