@@ -6,7 +6,8 @@
 // wgmma emulators and mma_emulator.h provide the same names.
 //
 // The sequences (rule_forward, rule_backward) take a Runner, how a kernel runs:
-//   run.launch(kernel, grid, smem_bytes, args...)  kernel(args...) on grid x kRuleThreads threads
+//   run.launch(kernel, grid, block, smem_bytes, args...)
+//                                                  kernel(args...) on grid x block threads (1-D)
 //                                                  with smem_bytes of dynamic shared memory, in
 //                                                  order after the previous launch
 //   run.zero(p, bytes)                             bytes at p set to zero, in the same order
@@ -27,6 +28,7 @@
 
 #include "base/check.h"
 #include "ops/cuda/gdn.h"
+#include "ops/cuda/gdn_rows.cuh"  // ld
 #include "ops/cuda/workspace.h"
 
 namespace tt::cuda {
@@ -34,8 +36,6 @@ namespace {
 
 constexpr int kRuleThreads = 256;  // every rule_* kernel's block
 
-__device__ __forceinline__ float ld(const bf16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ float ld(const float* p) { return *p; }
 
 // ---- The gated delta rule, chunked ----
 //
@@ -2287,14 +2287,14 @@ BwdWalkMaps bwd_walk_maps(const RuleBwdParams& b, Runner& run) {
 
 template <class Runner>
 void rule_prep_and_walk(const RuleParams& p, Runner& run) {
-  run.launch(rule_prep_kernel, chunk_parts_grid(p.num_chunks, p.nv, 1), prep_smem_bytes(), p);
+  run.launch(rule_prep_kernel, chunk_parts_grid(p.num_chunks, p.nv, 1), kRuleThreads, prep_smem_bytes(), p);
   const dim3 grid(p.nv, p.dv / kWalkCols);
   if (p.dk % 16 != 0)
-    run.launch(rule_walk_kernel, grid, walk_smem_bytes(p.dk), p);
+    run.launch(rule_walk_kernel, grid, kRuleThreads, walk_smem_bytes(p.dk), p);
   else if (p.dk == 128)
-    run.launch(rule_walk_mma_kernel<128>, grid, walk_mma_smem_bytes(p.dk), p, walk_maps(p, run));
+    run.launch(rule_walk_mma_kernel<128>, grid, kRuleThreads, walk_mma_smem_bytes(p.dk), p, walk_maps(p, run));
   else
-    run.launch(rule_walk_mma_kernel<0>, grid, walk_mma_smem_bytes(p.dk), p, WalkMaps{});
+    run.launch(rule_walk_mma_kernel<0>, grid, kRuleThreads, walk_mma_smem_bytes(p.dk), p, WalkMaps{});
 }
 
 // gdn_forward (gdn.h) on `run`.
@@ -2313,7 +2313,8 @@ void rule_forward(Runner& run, bf16* o, float* end, const bf16* q, const bf16* k
   p.o = o;
   rule_prep_and_walk(p, run);
   run.launch(dk == 128 && dv == 128 ? rule_out_kernel<128> : rule_out_kernel<0>,
-             chunk_parts_grid(plan.num_chunks(), nv, (dv + kOutCols - 1) / kOutCols), out_smem_bytes(), p);
+             chunk_parts_grid(plan.num_chunks(), nv, (dv + kOutCols - 1) / kOutCols), kRuleThreads, out_smem_bytes(),
+             p);
 }
 
 // gdn_backward (gdn.h) on `run`.
@@ -2342,25 +2343,26 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   rule_prep_and_walk(b.f, run);  // the forward again: U, W, gam, v_new, the entering states
   run.zero(s.acc, sizeof(float) * (size_t)plan.num_nodes() * nv * dk_ * dv_);
   const int chunks = plan.num_chunks();
-  run.launch(rule_bwd_local_kernel, chunk_parts_grid(chunks, nv, (dv_ + kOutCols - 1) / kOutCols),
+  run.launch(rule_bwd_local_kernel, chunk_parts_grid(chunks, nv, (dv_ + kOutCols - 1) / kOutCols), kRuleThreads,
              bwd_local_smem_bytes(), b);
   const dim3 walk_grid(nv, dv_ / kWalkCols);
   if (dk_ % 16 != 0)
-    run.launch(rule_bwd_walk_kernel, walk_grid, bwd_walk_smem_bytes(dk_), b);
+    run.launch(rule_bwd_walk_kernel, walk_grid, kRuleThreads, bwd_walk_smem_bytes(dk_), b);
   else if (dk_ == 128)
-    run.launch(rule_bwd_walk_mma_kernel<128>, walk_grid, bwd_walk_mma_smem_bytes(dk_), b, bwd_walk_maps(b, run));
+    run.launch(rule_bwd_walk_mma_kernel<128>, walk_grid, kRuleThreads, bwd_walk_mma_smem_bytes(dk_), b,
+               bwd_walk_maps(b, run));
   else
-    run.launch(rule_bwd_walk_mma_kernel<0>, walk_grid, bwd_walk_mma_smem_bytes(dk_), b, BwdWalkMaps{});
-  run.launch(rule_bwd_state_kernel, chunk_parts_grid(chunks, nv, (dk_ + kStateRows - 1) / kStateRows),
+    run.launch(rule_bwd_walk_mma_kernel<0>, walk_grid, kRuleThreads, bwd_walk_mma_smem_bytes(dk_), b, BwdWalkMaps{});
+  run.launch(rule_bwd_state_kernel, chunk_parts_grid(chunks, nv, (dk_ + kStateRows - 1) / kStateRows), kRuleThreads,
              bwd_state_smem_bytes(dv_), b);
   run.launch(dk_ == 128 && dv_ == 128 ? rule_bwd_grad_kernel<128> : rule_bwd_grad_kernel<0>,
-             chunk_parts_grid(chunks, nv, 1), bwd_grad_smem_bytes(dk_, dv_), b);
+             chunk_parts_grid(chunks, nv, 1), kRuleThreads, bwd_grad_smem_bytes(dk_, dv_), b);
   const int64_t n = (int64_t)plan.rows() * nk * dk_;
   // Eight elements a thread where dq and dk allow 16-byte stores (dk_ is a multiple of 8).
   const bool vec8 = reinterpret_cast<uintptr_t>(dq) % 16 == 0 && reinterpret_cast<uintptr_t>(dk) % 16 == 0;
   const int64_t threads = vec8 ? n / 8 : n;
   run.launch(vec8 ? rule_bwd_group_kernel<8> : rule_bwd_group_kernel<1>,
-             dim3((unsigned)((threads + kRuleThreads - 1) / kRuleThreads)), 0, dq, dk, (const float*)s.gq,
+             dim3((unsigned)((threads + kRuleThreads - 1) / kRuleThreads)), kRuleThreads, 0, dq, dk, (const float*)s.gq,
              (const float*)s.gk, plan.rows(), nk, nv, dk_, (float)scale, accumulate);
 }
 

@@ -67,6 +67,33 @@ inline ::testing::AssertionResult close_bf16(const std::string& name, const std:
   return ::testing::AssertionSuccess() << name << ": normwise " << e;
 }
 
+// The row ops' forest: a deep chain of one-token nodes ending in a fan of 9 short leaves (one
+// row whose conv input gradient gathers from many branches), then three random trees.
+inline Forest awkward_forest(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Forest f;
+  // A deep chain of one-token nodes ending in a fan of 9 short leaves.
+  f.add(-1, 3);
+  for (int i = 0; i < 12; ++i) f.add(f.nodes() - 1, 1);
+  const int hub = f.nodes() - 1;
+  for (int i = 0; i < 9; ++i) f.add(hub, 1 + i % 3);
+  // Random trees.
+  for (int t = 0; t < 3; ++t) {
+    int budget = 25;
+    grow(f, rng, -1, 0, 70, budget);
+  }
+  f.finish();
+  return f;
+}
+
+// fp32 sums over rows (dw, dA_log, ddt_bias): normwise relative L2 <= 1e-4 (gdn_test.cc's header).
+inline ::testing::AssertionResult close_f32_sum(const std::string& name, const std::vector<double>& got,
+                                                const std::vector<double>& ref) {
+  const double e = rel_l2(got, ref);
+  if (e > 1e-4) return ::testing::AssertionFailure() << name << ": normwise relative error " << e;
+  return ::testing::AssertionSuccess() << name << ": normwise " << e;
+}
+
 // A delta-rule case: a forest of nodes of 1 to 150 rows (several chunks, a chunk ending exactly
 // at 64, one-token nodes) plus a random subtree of `budget` nodes up to `max_len` rows, grouped key
 // heads (nk 2, nv 4 unless the shape says otherwise), head dims 128; q and k L2-normalised per

@@ -29,30 +29,6 @@
 namespace tt::cuda_test {
 namespace {
 
-Forest awkward_forest(uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Forest f;
-  // A deep chain of one-token nodes ending in a fan of 9 short leaves.
-  f.add(-1, 3);
-  for (int i = 0; i < 12; ++i) f.add(f.nodes() - 1, 1);
-  const int hub = f.nodes() - 1;
-  for (int i = 0; i < 9; ++i) f.add(hub, 1 + i % 3);
-  // Random trees.
-  for (int t = 0; t < 3; ++t) {
-    int budget = 25;
-    grow(f, rng, -1, 0, 70, budget);
-  }
-  f.finish();
-  return f;
-}
-
-::testing::AssertionResult close_f32_sum(const std::string& name, const std::vector<double>& got,
-                                         const std::vector<double>& ref) {
-  const double e = rel_l2(got, ref);
-  if (e > 1e-4) return ::testing::AssertionFailure() << name << ": normwise relative error " << e;
-  return ::testing::AssertionSuccess() << name << ": normwise " << e;
-}
-
 template <class T>
 DeviceBuffer<T> dev(const std::vector<T>& x) {
   return to_device(x);

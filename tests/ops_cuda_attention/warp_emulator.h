@@ -322,7 +322,8 @@ inline unsigned __ballot_sync(unsigned mask, int pred) {
 using std::max;  // CUDA's min and max of two ints or floats
 using std::min;
 inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
-inline float __expf(float x) { return std::exp(x); }  // the GPU's is ex2.approx(x log2 e): 2 ulp + 2^-21 relative
+inline float __expf(float x) { return std::exp(x); }
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }  // the GPU's: 2 ulp  // the GPU's is ex2.approx(x log2 e): 2 ulp + 2^-21 relative
 inline float __uint_as_float(unsigned x) {
   float f;
   std::memcpy(&f, &x, 4);
