@@ -99,7 +99,8 @@ inline ::testing::AssertionResult close_f32_sum(const std::string& name, const s
 // heads (nk 2, nv 4 unless the shape says otherwise), head dims 128; q and k L2-normalised per
 // head, decays in [-0.62, -0.02] (or as the shape says), beta in [0.05, 0.95], all rounded to bf16
 // (drawn from `rng` in that order); the fp64 reference's tree and the plan (not uploaded). A shape
-// with a forest of its own replaces the forest above.
+// with a forest of its own replaces the forest above (seed, budget, max_len and extra_root then
+// play no part).
 struct RuleShape {
   int nk = 2, nv = 4, dk = 128, dv = 128;
   double decay_span = 0.6;  // decays in [-0.02 - decay_span, -0.02]
@@ -170,6 +171,26 @@ size_t bits_differ(const std::vector<T>& a, const std::vector<T>& b, size_t n) {
   size_t differ = 0;
   for (size_t i = 0; i < n; ++i) differ += std::memcmp(&a[i], &b[i], sizeof(T)) != 0;
   return differ;
+}
+
+// The next-node check (gdn_test's and gdn_emulated_test's NodesDoNotReadTheNextNodesRows): a
+// first node of 100 rows (two chunks, so the reverse walk's leak would reach its first chunk's
+// gradients) and a second root of 30, value head dim 64.
+inline RuleShape next_node_shape(int dk) { return RuleShape{1, 2, dk, 64, 0.6, {{-1, 100}, {-1, 30}}}; }
+
+// Outputs of the first `first` rows of two runs (a forward with end states, a backward; structs
+// with o, dq, dk, dv, dg, db and end), the first node's end state, bit for bit.
+template <class Out>
+void expect_first_node_equal(const Out& a, const Out& b, int first, int nk, int nv, int dk, int dv,
+                             size_t state_elems) {
+  const std::string at = " of the first node, dk " + std::to_string(dk);
+  EXPECT_EQ(bits_differ(a.o, b.o, (size_t)first * nv * dv), 0u) << "o" << at;
+  EXPECT_EQ(bits_differ(a.dq, b.dq, (size_t)first * nk * dk), 0u) << "dq" << at;
+  EXPECT_EQ(bits_differ(a.dk, b.dk, (size_t)first * nk * dk), 0u) << "dk" << at;
+  EXPECT_EQ(bits_differ(a.dv, b.dv, (size_t)first * nv * dv), 0u) << "dv" << at;
+  EXPECT_EQ(bits_differ(a.dg, b.dg, (size_t)first * nv), 0u) << "dg" << at;
+  EXPECT_EQ(bits_differ(a.db, b.db, (size_t)first * nv), 0u) << "dbeta" << at;
+  EXPECT_EQ(bits_differ(a.end, b.end, state_elems), 0u) << "end state" << at;
 }
 
 }  // namespace tt::cuda_test

@@ -310,12 +310,9 @@ TEST_F(GdnOps, DeltaRuleBackwardMatchesTheRecurrentOracle) {
                        nullptr, /*accumulate=*/false);
     sync_and_check();
     const std::vector<bf16> q_odd = m_q.to_host(), k_odd = m_k.to_host();
-    size_t differ = 0;
-    for (size_t i = 0; i < q_first.size(); ++i)
-      differ += __bfloat16_as_ushort(q_odd[i + 1]) != __bfloat16_as_ushort(q_first[i]);
-    for (size_t i = 0; i < k_first.size(); ++i)
-      differ += __bfloat16_as_ushort(k_odd[i + 1]) != __bfloat16_as_ushort(k_first[i]);
-    EXPECT_EQ(differ, 0u) << "dq, dk at a 2-byte offset differ from the aligned call's" << at;
+    const std::vector<bf16> q_shifted(q_odd.begin() + 1, q_odd.end()), k_shifted(k_odd.begin() + 1, k_odd.end());
+    EXPECT_EQ(bits_differ(q_first, q_shifted, q_first.size()) + bits_differ(k_first, k_shifted, k_first.size()), 0u)
+        << "dq, dk at a 2-byte offset differ from the aligned call's" << at;
   }
 }
 
@@ -327,7 +324,7 @@ TEST_F(GdnOps, DeltaRuleBackwardMatchesTheRecurrentOracle) {
 TEST_F(GdnOps, DeltaRuleNodesDoNotReadTheNextNodesRows) {
   for (const int dk : {128, 64}) {
     std::mt19937_64 rng(dk);
-    RuleCase rc(0, 0, 0, false, rng, RuleShape{1, 2, dk, 64, 0.6, {{-1, 100}, {-1, 30}}});
+    RuleCase rc(0, 0, 0, false, rng, next_node_shape(dk));
     const int nk = rc.nk, nv = rc.nv, dv = rc.dv, N = rc.N, first = rc.f.len[0];
     ASSERT_EQ(rc.f.start[1], first);
     const auto d_dO = to_device_bf16(randn_bf16(rng, (size_t)N * nv * dv));
@@ -361,14 +358,7 @@ TEST_F(GdnOps, DeltaRuleNodesDoNotReadTheNextNodesRows) {
     std::fill(v.begin() + (size_t)first * nv * dv, v.end(), std::nan(""));
     rc.d_k = to_device_bf16(k), rc.d_v = to_device_bf16(v);
     const Out poisoned = run();
-    const std::string at = " of the first node, dk " + std::to_string(dk);
-    EXPECT_EQ(bits_differ(finite.o, poisoned.o, (size_t)first * nv * dv), 0u) << "o" << at;
-    EXPECT_EQ(bits_differ(finite.dq, poisoned.dq, (size_t)first * nk * dk), 0u) << "dq" << at;
-    EXPECT_EQ(bits_differ(finite.dk, poisoned.dk, (size_t)first * nk * dk), 0u) << "dk" << at;
-    EXPECT_EQ(bits_differ(finite.dv, poisoned.dv, (size_t)first * nv * dv), 0u) << "dv" << at;
-    EXPECT_EQ(bits_differ(finite.dg, poisoned.dg, (size_t)first * nv), 0u) << "dg" << at;
-    EXPECT_EQ(bits_differ(finite.db, poisoned.db, (size_t)first * nv), 0u) << "dbeta" << at;
-    EXPECT_EQ(bits_differ(finite.end, poisoned.end, rc.state_elems()), 0u) << "end state" << at;
+    expect_first_node_equal(finite, poisoned, first, nk, nv, dk, dv, rc.state_elems());
   }
 }
 

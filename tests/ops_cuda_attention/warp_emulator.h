@@ -1,4 +1,4 @@
-// Runs CUDA kernels of the tree attention on the CPU, threads and warps: every CUDA thread of a
+// Runs CUDA kernels on the CPU (the tree attention's, the Gated DeltaNet's), threads and warps: every CUDA thread of a
 // block is a fiber (ucontext to start it, then _setjmp / _longjmp: a switch without
 // swapcontext's signal-mask system call, which took about half of the emulation's time) scheduled
 // on one OS thread; warp collectives (shuffles, ballots,
@@ -11,14 +11,26 @@
 // Other warp collectives (mma_emulator.h's ldmatrix and mma.sync) run as a function over the
 // warp's 32 lanes once all have arrived (Op::kWarpFn).
 //
+// fp32 subnormals flush to zero inside a launch (MXCSR FTZ and DAZ), as the GPU build's
+// --use_fast_math does. Static __shared__ variables are host statics: one per block, as on the GPU,
+// but not refilled with NaN between blocks. A launch can start the dynamic shared memory
+// dynamic_smem_offset() bytes past a 1024-byte boundary of the shared window (where static shared
+// variables push it on the GPU), so a kernel that aligns its own tiles is checked doing so.
+//
 // It checks the kernels' indexing, pipelining and tile logic where CI has no GPU; it does not see
-// timing races between warps or bank conflicts. Include it (through wgmma_emulator.h) before the
+// timing races between warps or bank conflicts. The fiber switch is _setjmp / _longjmp between
+// stacks: glibc's _FORTIFY_SOURCE check (__longjmp_chk) would abort it and the sanitizers cannot
+// follow it, so the emulation tests build with -U_FORTIFY_SOURCE and are tagged no_sanitize. Include it (through wgmma_emulator.h) before the
 // kernels, in one translation unit, and nothing of CUDA device code besides.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <setjmp.h>
+#if defined(__USE_FORTIFY_LEVEL) && __USE_FORTIFY_LEVEL > 0
+#error "warp_emulator.h switches stacks by _longjmp, which _FORTIFY_SOURCE rejects: build with -U_FORTIFY_SOURCE"
+#endif
+#include <xmmintrin.h>
 #include <ucontext.h>
 
 #include <algorithm>
@@ -90,8 +102,9 @@ struct BlockState {
   dim3 block_idx, grid_dim, block_dim;
   std::vector<Fiber> fibers;
   std::vector<unsigned char> smem;
-  unsigned char* base = nullptr;  // 1024-byte aligned in host memory: swizzles see the same bits
-  size_t smem_size = 0;
+  unsigned char* window = nullptr;  // shared address 0: 1024-byte aligned in host memory (swizzles see the same bits)
+  unsigned char* base = nullptr;    // the dynamic shared memory: window + dynamic_smem_offset()
+  size_t offset = 0, smem_size = 0;
   std::map<uintptr_t, MbarState> mbar;  // by address
   NamedBarrier named[16];
   uint64_t epoch = 0;  // bumped by every arrival, phase flip or release: yields can progress
@@ -100,6 +113,13 @@ struct BlockState {
   int current = -1;
   std::function<void()> body;
 };
+
+// Shared address where launch() starts the dynamic shared memory (a multiple of 16 below 1024;
+// default 0).
+inline size_t& dynamic_smem_offset() {
+  static size_t offset = 0;
+  return offset;
+}
 
 inline BlockState*& block() {
   static BlockState* b = nullptr;
@@ -182,6 +202,10 @@ inline void warp_call(void (*fn)(Fiber*)) {
 template <class... P, class... A>
 void launch(void (*kernel)(P...), dim3 grid, dim3 blk, size_t smem_bytes, const A&... args) {
   if (blk.x % 32 != 0 || blk.y != 1 || blk.z != 1) fail("1-D blocks of whole warps only");
+  const size_t offset = dynamic_smem_offset();
+  if (offset % 16 || offset >= 1024) fail("dynamic shared memory offset not a multiple of 16 below 1024");
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040u);  // FTZ | DAZ: fp32 subnormals are zeros, as under --use_fast_math
   std::vector<std::vector<char>> stacks(blk.x, std::vector<char>(64 * 1024));
   for (unsigned by = 0; by < grid.y; by++)
     for (unsigned bx = 0; bx < grid.x; bx++) {
@@ -189,8 +213,11 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 blk, size_t smem_bytes, const 
       b.block_idx = dim3(bx, by, 0);
       b.grid_dim = grid;
       b.block_dim = blk;
-      b.smem.assign(smem_bytes + 1024 + 16, 0xff);  // NaN in bf16 and fp32
-      b.base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(b.smem.data()) + 1023) & ~uintptr_t(1023));
+      b.smem.assign(offset + smem_bytes + 1024 + 16, 0xff);  // NaN in bf16 and fp32
+      b.window =
+          reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(b.smem.data()) + 1023) & ~uintptr_t(1023));
+      b.base = b.window + offset;
+      b.offset = offset;
       b.smem_size = smem_bytes;
       b.body = [&] { kernel(args...); };
       b.fibers.resize(blk.x);
@@ -260,6 +287,7 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 blk, size_t smem_bytes, const 
       }
       block() = nullptr;
     }
+  _mm_setcsr(csr);
 }
 
 }  // namespace tt::cuda::emu
@@ -322,8 +350,12 @@ inline unsigned __ballot_sync(unsigned mask, int pred) {
 using std::max;  // CUDA's min and max of two ints or floats
 using std::min;
 inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
-inline float __expf(float x) { return std::exp(x); }
-inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }  // the GPU's: 2 ulp  // the GPU's is ex2.approx(x log2 e): 2 ulp + 2^-21 relative
+// The GPU's is ex2.approx(x log2 e) (2 ulp + 2^-21 relative), subnormal results flushed.
+inline float __expf(float x) {
+  const float r = std::exp(x);
+  return std::fpclassify(r) == FP_SUBNORMAL ? 0.f : r;
+}
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }  // the GPU's: 2 ulp
 inline float __uint_as_float(unsigned x) {
   float f;
   std::memcpy(&f, &x, 4);
@@ -339,11 +371,12 @@ inline uint32_t smem_addr(const void* p) {
   auto& b = *::tt::cuda::emu::block();
   const auto* s = static_cast<const unsigned char*>(p);
   if (s < b.base || s > b.base + b.smem_size) ::tt::cuda::emu::fail("shared address outside the block's smem");
-  return (uint32_t)(s - b.base);
+  return (uint32_t)(s - b.window);
 }
 
 inline void cp_async_16(void* smem, const void* gmem, int src_bytes) {
   auto& b = *::tt::cuda::emu::block();
+  if (src_bytes < 0 || src_bytes > 16) ::tt::cuda::emu::fail("cp.async source bytes outside [0, 16]");
   const auto* s = static_cast<unsigned char*>(smem);
   if (s < b.base || s + 16 > b.base + b.smem_size) ::tt::cuda::emu::fail("cp.async outside smem");
   if ((reinterpret_cast<uintptr_t>(smem) & 15) || (src_bytes > 0 && (reinterpret_cast<uintptr_t>(gmem) & 15)))
@@ -353,6 +386,7 @@ inline void cp_async_16(void* smem, const void* gmem, int src_bytes) {
 
 inline void cp_async_4(void* smem, const void* gmem, int src_bytes) {
   auto& b = *::tt::cuda::emu::block();
+  if (src_bytes < 0 || src_bytes > 4) ::tt::cuda::emu::fail("cp.async source bytes outside [0, 4]");
   const auto* s = static_cast<unsigned char*>(smem);
   if (s < b.base || s + 4 > b.base + b.smem_size) ::tt::cuda::emu::fail("cp.async outside smem");
   if ((reinterpret_cast<uintptr_t>(smem) & 3) || (src_bytes > 0 && (reinterpret_cast<uintptr_t>(gmem) & 3)))

@@ -56,6 +56,10 @@ static_assert(sizeof(EmuTensorMap) <= sizeof(CUtensorMap), "fits in a CUtensorMa
 inline CUtensorMap tensor_map_3d(const void* base, int elem_bytes, int64_t rows, int heads, int cols, int box_cols,
                                  int box_rows) {
   if (box_cols * elem_bytes != 128) fail("tensor map: a box row must be 128 bytes (the 128-byte swizzle)");
+  // What the driver's encoder (cuTensorMapEncodeTiled) rejects.
+  if (reinterpret_cast<uintptr_t>(base) % 16) fail("tensor map: base not 16-byte aligned");
+  if ((int64_t)cols * elem_bytes % 16) fail("tensor map: row strides must be multiples of 16 bytes");
+  if (box_rows < 1 || box_rows > 256) fail("tensor map: box rows outside [1, 256]");
   CUtensorMap m;
   std::memset(&m, 0, sizeof m);
   const EmuTensorMap e{static_cast<const unsigned char*>(base), (int64_t)heads * cols * elem_bytes,
@@ -93,9 +97,9 @@ inline uint32_t swizzle128(uint32_t a) { return a ^ (((a >> 7) & 7u) << 4); }
 
 inline float smem_bf16(uint32_t off) {
   BlockState& b = *block();
-  if (off + 2 > b.smem_size) fail("wgmma operand outside smem");
+  if (off < b.offset || off + 2 > b.offset + b.smem_size) fail("wgmma operand outside smem");
   uint16_t u;
-  std::memcpy(&u, b.base + off, 2);
+  std::memcpy(&u, b.window + off, 2);
   const uint32_t w = (uint32_t)u << 16;
   float f;
   std::memcpy(&f, &w, 4);
@@ -258,7 +262,8 @@ inline void tma_load_3d(void* smem, const CUtensorMap* map, int c0, int c1, int 
   if (dst % 1024) ::tt::cuda::emu::fail("TMA destination not 1024-byte aligned (128-byte swizzle)");
   if (c0 < 0 || c0 + t.box_cols > t.cols || c1 < 0 || c1 >= t.heads) ::tt::cuda::emu::fail("TMA box outside columns/heads");
   const uint32_t box_bytes = (uint32_t)(t.box_rows * t.box_cols * t.elem_bytes);
-  if (dst + box_bytes > ::tt::cuda::emu::block()->smem_size) ::tt::cuda::emu::fail("TMA box outside smem");
+  const auto& blk = *::tt::cuda::emu::block();
+  if (dst + box_bytes > blk.offset + blk.smem_size) ::tt::cuda::emu::fail("TMA box outside smem");
   ::tt::cuda::emu::mbar_state(bar).copies.push_back([t, dst, c0, c1, c2, bar, box_bytes] {
     auto& b = *::tt::cuda::emu::block();
     const int e = t.elem_bytes;
@@ -269,7 +274,7 @@ inline void tma_load_3d(void* smem, const CUtensorMap* map, int c0, int c1, int 
         unsigned char v[4] = {};  // rows outside the tensor read as zeros
         if (row >= 0 && row < t.rows)
           std::memcpy(v, t.base + row * t.row_stride_bytes + c1 * t.head_stride_bytes + (int64_t)(c0 + c) * e, e);
-        std::memcpy(b.base + a, v, e);
+        std::memcpy(b.window + a, v, e);
       }
     complete_tx(bar, box_bytes);
   });
@@ -283,7 +288,8 @@ inline void tma_load_tile(bf16* s, const CUtensorMap* map, int head, int row0, u
 inline void bulk_load(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
   const uint32_t dst = smem_addr(smem);
   if (bytes % 16 || dst % 16 || reinterpret_cast<uintptr_t>(gmem) % 16) ::tt::cuda::emu::fail("bulk copy not 16-byte aligned");
-  if (dst + bytes > ::tt::cuda::emu::block()->smem_size) ::tt::cuda::emu::fail("bulk copy outside smem");
+  const auto& blk = *::tt::cuda::emu::block();
+  if (dst + bytes > blk.offset + blk.smem_size) ::tt::cuda::emu::fail("bulk copy outside smem");
   ::tt::cuda::emu::mbar_state(bar).copies.push_back([smem, gmem, bytes, bar] {
     std::memcpy(smem, gmem, bytes);
     complete_tx(bar, bytes);
