@@ -5,9 +5,10 @@
 #     and run (.bazelrc, --config=asan), in a Bazel output base of its own (the main one's path +
 #     "-sanitize") so the main build's cache survives. A sanitizer report or a leak fails its test.
 #     CUDA code is compiled by nvcc without instrumentation and links beside the sanitized host
-#     code. Two tests are left out, tagged no_sanitize with their reasons in their BUILD files:
+#     code. Three tests are left out, tagged no_sanitize with their reasons in their BUILD files:
 #     the emulated attention and Gated DeltaNet kernels (tests/ops_cuda_attention, tests/ops_cuda),
-#     whose emulator switches stacks under ASan's feet, and for time.
+#     whose emulator switches stacks under ASan's feet, and for time; tests/trainer's
+#     segments_capability_test, for time.
 #  2. The libFuzzer targets of tests/fuzz (JSONL readers, YAML config, safetensors, rendezvous
 #     wire format), built in the same output base, each run over its committed seed corpus
 #     (tests/fuzz/<name>/corpus) for FUZZ_RUNS inputs (default 20000) with libFuzzer's seed

@@ -19,10 +19,10 @@
 namespace tt::cuda {
 namespace {
 
-__device__ __forceinline__ float ld(const bf16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ float ld(const float* p) { return *p; }
+using detail::ld;
 
-constexpr int kRowThreads = 256;  // the row ops' blocks (but path_prev's and the partial sums': 128)
+// The row ops' blocks (path_prev's and the norm's and gates' partial sums: 128).
+constexpr int kRowThreads = 256;
 constexpr int kChunkRows = 64;
 constexpr int kMaxTaps = 64;
 

@@ -28,7 +28,6 @@
 
 #include "base/check.h"
 #include "ops/cuda/gdn.h"
-#include "ops/cuda/gdn_rows.cuh"  // ld
 #include "ops/cuda/workspace.h"
 
 namespace tt::cuda {
@@ -36,6 +35,7 @@ namespace {
 
 constexpr int kRuleThreads = 256;  // every rule_* kernel's block
 
+using detail::ld;
 
 // ---- The gated delta rule, chunked ----
 //

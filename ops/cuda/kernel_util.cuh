@@ -24,6 +24,10 @@ namespace tt::cuda::detail {
 
 constexpr int kWarp = 32;
 
+// One element as fp32.
+__device__ __forceinline__ float ld(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float ld(const float* p) { return *p; }
+
 // (VEC) bf16 at p -> fp32.
 template <int VEC>
 __device__ __forceinline__ void load_bf16(float (&out)[VEC], const __nv_bfloat16* p) {

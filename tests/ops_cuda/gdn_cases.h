@@ -67,8 +67,7 @@ inline ::testing::AssertionResult close_bf16(const std::string& name, const std:
   return ::testing::AssertionSuccess() << name << ": normwise " << e;
 }
 
-// The row ops' forest: a deep chain of one-token nodes ending in a fan of 9 short leaves (one
-// row whose conv input gradient gathers from many branches), then three random trees.
+// The row ops' forest (one row whose conv input gradient gathers from many branches).
 inline Forest awkward_forest(uint64_t seed) {
   std::mt19937_64 rng(seed);
   Forest f;

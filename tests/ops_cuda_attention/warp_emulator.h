@@ -12,16 +12,19 @@
 // warp's 32 lanes once all have arrived (Op::kWarpFn).
 //
 // fp32 subnormals flush to zero inside a launch (MXCSR FTZ and DAZ), as the GPU build's
-// --use_fast_math does. Static __shared__ variables are host statics: one per block, as on the GPU,
-// but not refilled with NaN between blocks. A launch can start the dynamic shared memory
+// --use_fast_math does for fp32 arithmetic; the emulated MMAs then flush subnormal operands too,
+// which the tensor cores keep (below 2^-126: under every bound). Static __shared__ variables are
+// host statics, one for every block and launch: zero at first, then what the last block left, so
+// a read before the block's own write goes unseen. A launch can start the dynamic shared memory
 // dynamic_smem_offset() bytes past a 1024-byte boundary of the shared window (where static shared
 // variables push it on the GPU), so a kernel that aligns its own tiles is checked doing so.
 //
 // It checks the kernels' indexing, pipelining and tile logic where CI has no GPU; it does not see
 // timing races between warps or bank conflicts. The fiber switch is _setjmp / _longjmp between
 // stacks: glibc's _FORTIFY_SOURCE check (__longjmp_chk) would abort it and the sanitizers cannot
-// follow it, so the emulation tests build with -U_FORTIFY_SOURCE and are tagged no_sanitize. Include it (through wgmma_emulator.h) before the
-// kernels, in one translation unit, and nothing of CUDA device code besides.
+// follow it, so the emulation tests build with -U_FORTIFY_SOURCE and are tagged no_sanitize.
+// Include it (through wgmma_emulator.h) before the kernels, in one translation unit, and nothing
+// of CUDA device code besides.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -204,8 +207,11 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 blk, size_t smem_bytes, const 
   if (blk.x % 32 != 0 || blk.y != 1 || blk.z != 1) fail("1-D blocks of whole warps only");
   const size_t offset = dynamic_smem_offset();
   if (offset % 16 || offset >= 1024) fail("dynamic shared memory offset not a multiple of 16 below 1024");
-  const unsigned csr = _mm_getcsr();
-  _mm_setcsr(csr | 0x8040u);  // FTZ | DAZ: fp32 subnormals are zeros, as under --use_fast_math
+  struct FlushSubnormals {  // FTZ | DAZ for the launch, restored however it ends
+    unsigned csr = _mm_getcsr();
+    FlushSubnormals() { _mm_setcsr(csr | 0x8040u); }
+    ~FlushSubnormals() { _mm_setcsr(csr); }
+  } flush;
   std::vector<std::vector<char>> stacks(blk.x, std::vector<char>(64 * 1024));
   for (unsigned by = 0; by < grid.y; by++)
     for (unsigned bx = 0; bx < grid.x; bx++) {
@@ -287,7 +293,6 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 blk, size_t smem_bytes, const 
       }
       block() = nullptr;
     }
-  _mm_setcsr(csr);
 }
 
 }  // namespace tt::cuda::emu

@@ -79,7 +79,9 @@ inline MbarState& mbar_state(const void* bar) {
   BlockState& b = *block();
   const auto* p = static_cast<const unsigned char*>(bar);
   if (reinterpret_cast<uintptr_t>(p) % 8) fail("mbarrier not 8-byte aligned");
-  if (p >= b.base && p + 8 > b.base + b.smem_size) fail("mbarrier past the end of shared memory");
+  const unsigned char* buf = b.smem.data();
+  if (p >= buf && p < buf + b.smem.size() && (p < b.base || p + 8 > b.base + b.smem_size))
+    fail("mbarrier outside the dynamic shared memory");
   return b.mbar[reinterpret_cast<uintptr_t>(p)];
 }
 
