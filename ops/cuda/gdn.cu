@@ -29,7 +29,9 @@ struct CudaRunner {
   cudaStream_t stream;
   template <class... P, class... A>
   void launch(void (*kernel)(P...), dim3 grid, int block, size_t smem, const A&... args) {
-    if (smem > 0) TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (smem > 0)
+      detail::set_attribute_once(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem);
     kernel<<<grid, block, smem, stream>>>(args...);
     TT_CUDA_CHECK_LAUNCH();
   }
@@ -174,8 +176,8 @@ void gdn_backward(bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* 
                   const float* init, const GdnPlan& plan, int nk, int nv, int dk_, int dv_, double scale, Workspace ws,
                   cudaStream_t stream, bool accumulate) {
   CudaRunner run{stream};
-  rule_backward(run, dq, dk, dv, dg, dbeta, d_init, d_o, d_end, q, k, v, g, beta, init, plan, nk, nv, dk_, dv_, scale, ws,
-                accumulate);
+  rule_backward(run, dq, dk, dv, dg, dbeta, d_init, d_o, d_end, q, k, v, g, beta, init, plan, nk, nv, dk_, dv_, scale,
+                ws, accumulate);
 }
 
 void gdn_forward(bf16* o, float* end, const bf16* q, const bf16* k, const bf16* v, const float* g, const bf16* beta,

@@ -1,9 +1,8 @@
-// Runs CUDA kernels on the CPU (the tree attention's, the Gated DeltaNet's), threads and warps: every CUDA thread of a
-// block is a fiber (ucontext to start it, then _setjmp / _longjmp: a switch without
-// swapcontext's signal-mask system call, which took about half of the emulation's time) scheduled
-// on one OS thread; warp collectives (shuffles, ballots,
-// __syncwarp) and __syncthreads suspend a fiber until its warp (or block) has arrived, then
-// compute every lane's result. The primitives of ops/cuda/attention_device.cuh are emulated too:
+// Runs CUDA kernels on the CPU (the tree attention's, the Gated DeltaNet's), threads and warps:
+// every CUDA thread of a block is a fiber (ucontext to start it, then _setjmp / _longjmp: a switch
+// without swapcontext's signal-mask system call, which took about half of the emulation's time)
+// scheduled on one OS thread; warp collectives (shuffles, ballots, __syncwarp) and __syncthreads
+// suspend a fiber until its warp (or block) has arrived, then compute every lane's result. The primitives of ops/cuda/attention_device.cuh are emulated too:
 // cp.async copies are deferred to the cp.async.wait that covers them, so a read before its wait
 // sees stale shared memory, which starts filled with NaN. wgmma_emulator.h adds warpgroup
 // collectives and the Hopper primitives on top of it.
@@ -105,7 +104,7 @@ struct BlockState {
   dim3 block_idx, grid_dim, block_dim;
   std::vector<Fiber> fibers;
   std::vector<unsigned char> smem;
-  unsigned char* window = nullptr;  // shared address 0: 1024-byte aligned in host memory (swizzles see the same bits)
+  unsigned char* window = nullptr;  // shared address 0, 1024-byte aligned (swizzles see the same bits)
   unsigned char* base = nullptr;    // the dynamic shared memory: window + dynamic_smem_offset()
   size_t offset = 0, smem_size = 0;
   std::map<uintptr_t, MbarState> mbar;  // by address
@@ -379,25 +378,20 @@ inline uint32_t smem_addr(const void* p) {
   return (uint32_t)(s - b.window);
 }
 
-inline void cp_async_16(void* smem, const void* gmem, int src_bytes) {
+// A cp.async of `size` bytes (the first src_bytes copied, the rest zero-filled), deferred to the
+// wait that covers it.
+template <int kSize>
+inline void cp_async(void* smem, const void* gmem, int src_bytes) {
   auto& b = *::tt::cuda::emu::block();
-  if (src_bytes < 0 || src_bytes > 16) ::tt::cuda::emu::fail("cp.async source bytes outside [0, 16]");
+  if (src_bytes < 0 || src_bytes > kSize) ::tt::cuda::emu::fail("cp.async source bytes outside [0, size]");
   const auto* s = static_cast<unsigned char*>(smem);
-  if (s < b.base || s + 16 > b.base + b.smem_size) ::tt::cuda::emu::fail("cp.async outside smem");
-  if ((reinterpret_cast<uintptr_t>(smem) & 15) || (src_bytes > 0 && (reinterpret_cast<uintptr_t>(gmem) & 15)))
-    ::tt::cuda::emu::fail("cp.async address not 16-byte aligned");
-  ::tt::cuda::emu::self().open.push_back({smem, gmem, src_bytes});
+  if (s < b.base || s + kSize > b.base + b.smem_size) ::tt::cuda::emu::fail("cp.async outside smem");
+  if ((reinterpret_cast<uintptr_t>(smem) % kSize) || (src_bytes > 0 && (reinterpret_cast<uintptr_t>(gmem) % kSize)))
+    ::tt::cuda::emu::fail("cp.async address not aligned to its size");
+  ::tt::cuda::emu::self().open.push_back({smem, gmem, src_bytes, kSize});
 }
-
-inline void cp_async_4(void* smem, const void* gmem, int src_bytes) {
-  auto& b = *::tt::cuda::emu::block();
-  if (src_bytes < 0 || src_bytes > 4) ::tt::cuda::emu::fail("cp.async source bytes outside [0, 4]");
-  const auto* s = static_cast<unsigned char*>(smem);
-  if (s < b.base || s + 4 > b.base + b.smem_size) ::tt::cuda::emu::fail("cp.async outside smem");
-  if ((reinterpret_cast<uintptr_t>(smem) & 3) || (src_bytes > 0 && (reinterpret_cast<uintptr_t>(gmem) & 3)))
-    ::tt::cuda::emu::fail("cp.async address not 4-byte aligned");
-  ::tt::cuda::emu::self().open.push_back({smem, gmem, src_bytes, 4});
-}
+inline void cp_async_16(void* smem, const void* gmem, int src_bytes) { cp_async<16>(smem, gmem, src_bytes); }
+inline void cp_async_4(void* smem, const void* gmem, int src_bytes) { cp_async<4>(smem, gmem, src_bytes); }
 
 inline void cp_async_commit() {
   auto& f = ::tt::cuda::emu::self();
