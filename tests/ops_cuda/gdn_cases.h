@@ -93,6 +93,83 @@ inline ::testing::AssertionResult close_f32_sum(const std::string& name, const s
   return ::testing::AssertionSuccess() << name << ": normwise " << e;
 }
 
+// The row ops' cases (gdn_test's and gdn_emulated_test's): inputs drawn and rounded to bf16 in a
+// fixed order, then their fp64 references (ops/cpu/gdn.h); each test runs only its backend.
+
+// path_prev and the conv1d + SiLU on awkward_forest(seed), C 40 channels, kernel widths 4
+// (Qwen3.5's), 6 and 20 for seeds 1, 2 and 3 (the weight gradient's 4, 8 and 64-tap register
+// variants): the forward, the input gradient added to dx0 (dx) and alone (dx_only), dw added to dw0.
+struct ConvCase {
+  Forest f;
+  int N, C = 40, K;
+  std::vector<int32_t> prev;
+  std::vector<double> x, w, dout, dx0, dw0;
+  std::vector<double> out, dx, dw, dx_only;  // the references
+
+  explicit ConvCase(uint64_t seed) : f(awkward_forest(seed)), N(f.N), K(seed == 1 ? 4 : seed == 2 ? 6 : 20) {
+    prev.resize(N);
+    cpu::path_prev(prev.data(), f.start.data(), f.len.data(), f.parent.data(), f.nodes(), N);
+    std::mt19937_64 rng(seed + 40);
+    x = randn_bf16(rng, (size_t)N * C), w = randn_bf16(rng, (size_t)C * K, 0.5);
+    dout = randn_bf16(rng, (size_t)N * C), dx0 = randn_bf16(rng, (size_t)N * C);
+    dw0 = randn_f32(rng, (size_t)C * K);
+    out.resize((size_t)N * C);
+    cpu::conv1d_silu_forward<double>(out.data(), x.data(), w.data(), prev.data(), N, C, K);
+    dx = dx0, dw = dw0;
+    cpu::conv1d_silu_backward<double>(dx.data(), dw.data(), dout.data(), x.data(), w.data(), prev.data(), N, C, K);
+    dx_only.assign((size_t)N * C, 0.0);
+    cpu::conv1d_silu_backward<double>(dx_only.data(), nullptr, dout.data(), x.data(), w.data(), prev.data(), N, C,
+                                      K);
+  }
+};
+
+// The L2 norm and the gated RMSNorm on 300 rows of 128, eps 1e-6: forward (y, rstd) and backward
+// (dx added to dx0; the gated norm's dz added to dz0 and dw to dw0).
+struct NormsCase {
+  static constexpr int rows = 300, D = 128;
+  static constexpr double eps = 1e-6;
+  std::vector<double> x, z, w, dy, dx0, dz0, dw0;
+  std::vector<double> l2_y, l2_rstd, l2_dx, gated_y, gated_rstd, gated_dx, gated_dz, gated_dw;  // the references
+
+  NormsCase() {
+    std::mt19937_64 rng(7);
+    x = randn_bf16(rng, (size_t)rows * D), z = randn_bf16(rng, (size_t)rows * D), w = randn_bf16(rng, D, 0.5);
+    dy = randn_bf16(rng, (size_t)rows * D), dx0 = randn_bf16(rng, (size_t)rows * D);
+    dz0 = randn_bf16(rng, (size_t)rows * D);
+    dw0 = randn_f32(rng, D);
+    l2_y.resize((size_t)rows * D), l2_rstd.resize(rows);
+    cpu::l2norm_forward<double>(l2_y.data(), l2_rstd.data(), x.data(), rows, D, eps);
+    l2_dx = dx0;
+    cpu::l2norm_backward<double>(l2_dx.data(), dy.data(), x.data(), l2_rstd.data(), rows, D);
+    gated_y.resize((size_t)rows * D), gated_rstd.resize(rows);
+    cpu::gated_rmsnorm_forward<double>(gated_y.data(), gated_rstd.data(), x.data(), z.data(), w.data(), rows, D, eps);
+    gated_dx = dx0, gated_dz = dz0, gated_dw = dw0;
+    cpu::gated_rmsnorm_backward<double>(gated_dx.data(), gated_dz.data(), gated_dw.data(), dy.data(), x.data(),
+                                        z.data(), w.data(), gated_rstd.data(), rows, D);
+  }
+};
+
+// The gates on 333 rows of 12 heads: g (fp32 log decays) and beta; da, db, and dA_log and
+// ddt_bias added to dA0 and ddt0.
+struct GatesCase {
+  static constexpr int N = 333, H = 12;
+  std::vector<double> a, b, A_log, dt_bias, dg, dbeta, dA0, ddt0;
+  std::vector<double> g, beta, da, db, dA, ddt;  // the references
+
+  GatesCase() {
+    std::mt19937_64 rng(9);
+    a = randn_bf16(rng, (size_t)N * H, 2.0), b = randn_bf16(rng, (size_t)N * H, 2.0);
+    A_log = randn_bf16(rng, H, 1.0), dt_bias = randn_bf16(rng, H, 1.0);
+    dg = randn_f32(rng, (size_t)N * H), dbeta = randn_f32(rng, (size_t)N * H);
+    dA0 = randn_f32(rng, H), ddt0 = randn_f32(rng, H);
+    g.resize((size_t)N * H), beta.resize((size_t)N * H);
+    cpu::gdn_gates_forward<double>(g.data(), beta.data(), a.data(), b.data(), A_log.data(), dt_bias.data(), N, H);
+    da.resize((size_t)N * H), db.resize((size_t)N * H), dA = dA0, ddt = ddt0;
+    cpu::gdn_gates_backward<double>(da.data(), db.data(), dA.data(), ddt.data(), dg.data(), dbeta.data(), a.data(),
+                                    b.data(), A_log.data(), dt_bias.data(), N, H);
+  }
+};
+
 // A delta-rule case: a forest of nodes of 1 to 150 rows (several chunks, a chunk ending exactly
 // at 64, one-token nodes) plus a random subtree of `budget` nodes up to `max_len` rows, grouped key
 // heads (nk 2, nv 4 unless the shape says otherwise), head dims 128; q and k L2-normalised per

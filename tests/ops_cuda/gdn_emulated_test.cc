@@ -232,122 +232,90 @@ TEST(GdnEmulated, OddGradientAddressesGiveTheSameBits) {
 // weight gradient's 4, 8 and 64-tap register variants) on the chain-and-fan forest.
 TEST(GdnEmulated, PathPrevAndConvOnAwkwardTrees) {
   for (uint64_t seed : {1, 2, 3}) {
-    const Forest f = awkward_forest(seed);
-    const int N = f.N, C = 40, K = seed == 1 ? 4 : seed == 2 ? 6 : 20;
-    std::vector<int32_t> prev(N), got_prev(N, -7);
-    cpu::path_prev(prev.data(), f.start.data(), f.len.data(), f.parent.data(), f.nodes(), N);
+    const ConvCase c(seed);
+    const Forest& f = c.f;
+    const int N = c.N, C = c.C, K = c.K;
+    std::vector<int32_t> got_prev(N, -7);
     EmuRunner run;
     cuda::path_prev_on(run, got_prev.data(), f.start.data(), f.len.data(), f.parent.data(), f.nodes());
-    ASSERT_EQ(got_prev, prev) << "seed " << seed;
+    ASSERT_EQ(got_prev, c.prev) << "seed " << seed;
 
-    std::mt19937_64 rng(seed + 40);
-    const auto x = randn_bf16(rng, (size_t)N * C), w = randn_bf16(rng, (size_t)C * K, 0.5);
-    std::vector<double> out((size_t)N * C);
-    cpu::conv1d_silu_forward<double>(out.data(), x.data(), w.data(), prev.data(), N, C, K);
-    const std::vector<bf16> bx = bf16s(x), bw = bf16s(w);
+    const std::vector<bf16> bx = bf16s(c.x), bw = bf16s(c.w);
     std::vector<bf16> got_out((size_t)N * C);
-    cuda::conv_forward_on(run, got_out.data(), bx.data(), bw.data(), prev.data(), N, C, K);
-    EXPECT_TRUE(close_bf16("conv forward", doubles(got_out), out));
+    cuda::conv_forward_on(run, got_out.data(), bx.data(), bw.data(), c.prev.data(), N, C, K);
+    EXPECT_TRUE(close_bf16("conv forward", doubles(got_out), c.out));
 
-    const auto dout = randn_bf16(rng, (size_t)N * C), dx0 = randn_bf16(rng, (size_t)N * C);
-    const auto dw0 = randn_f32(rng, (size_t)C * K);
-    std::vector<double> dx = dx0, dw = dw0;
-    cpu::conv1d_silu_backward<double>(dx.data(), dw.data(), dout.data(), x.data(), w.data(), prev.data(), N, C, K);
-    const std::vector<bf16> bdout = bf16s(dout);
-    std::vector<bf16> got_dx = bf16s(dx0);
-    std::vector<float> got_dw = floats(dw0);
+    const std::vector<bf16> bdout = bf16s(c.dout);
+    std::vector<bf16> got_dx = bf16s(c.dx0);
+    std::vector<float> got_dw = floats(c.dw0);
     HostWorkspace ws(cuda::conv1d_silu_backward_workspace_bytes(N, C, K));
-    cuda::conv_backward_on(run, got_dx.data(), got_dw.data(), bdout.data(), bx.data(), bw.data(), prev.data(),
+    cuda::conv_backward_on(run, got_dx.data(), got_dw.data(), bdout.data(), bx.data(), bw.data(), c.prev.data(),
                            f.pos.data(), f.subtree_end.data(), N, C, K, ws.ws, /*accumulate=*/true);
-    EXPECT_TRUE(close_bf16("conv dx (accumulated)", doubles(got_dx), dx));
-    EXPECT_TRUE(close_f32_sum("conv dw", doubles(got_dw), dw));
+    EXPECT_TRUE(close_bf16("conv dx (accumulated)", doubles(got_dx), c.dx));
+    EXPECT_TRUE(close_f32_sum("conv dw", doubles(got_dw), c.dw));
 
-    std::vector<double> dx_only((size_t)N * C, 0.0);
-    cpu::conv1d_silu_backward<double>(dx_only.data(), nullptr, dout.data(), x.data(), w.data(), prev.data(), N, C, K);
     std::vector<float> got_dx32((size_t)N * C, std::numeric_limits<float>::quiet_NaN());  // the fp32 instantiation
-    cuda::conv_backward_on(run, got_dx32.data(), (float*)nullptr, bdout.data(), bx.data(), bw.data(), prev.data(),
+    cuda::conv_backward_on(run, got_dx32.data(), (float*)nullptr, bdout.data(), bx.data(), bw.data(), c.prev.data(),
                            f.pos.data(), f.subtree_end.data(), N, C, K, ws.ws, /*accumulate=*/false);
     // An fp32 output (no bf16 rounding): normwise 1e-4, as the fp32 sums (at most K terms a row).
-    EXPECT_TRUE(close_f32_sum("conv dx (overwritten, fp32)", doubles(got_dx32), dx_only));
+    EXPECT_TRUE(close_f32_sum("conv dx (overwritten, fp32)", doubles(got_dx32), c.dx_only));
   }
 }
 
 // gdn_test's NormsMatchTheCpu: the L2 norm and the gated RMSNorm, forward (rstd within 1e-6) and
 // backward (dx added to; the gated norm's dz, and dw by partial sums).
 TEST(GdnEmulated, Norms) {
-  std::mt19937_64 rng(7);
-  const int rows = 300, D = 128;
-  const auto x = randn_bf16(rng, (size_t)rows * D), z = randn_bf16(rng, (size_t)rows * D),
-             w = randn_bf16(rng, D, 0.5), dy = randn_bf16(rng, (size_t)rows * D),
-             dx0 = randn_bf16(rng, (size_t)rows * D), dz0 = randn_bf16(rng, (size_t)rows * D);
-  const auto dw0 = randn_f32(rng, D);
-  const std::vector<bf16> bx = bf16s(x), bz = bf16s(z), bw = bf16s(w), bdy = bf16s(dy);
+  const NormsCase c;
+  const int rows = c.rows, D = c.D;
+  const std::vector<bf16> bx = bf16s(c.x), bz = bf16s(c.z), bw = bf16s(c.w), bdy = bf16s(c.dy);
   std::vector<bf16> got_y((size_t)rows * D);
   std::vector<float> got_rstd(rows);
   EmuRunner run;
 
-  std::vector<double> y((size_t)rows * D), rstd(rows);
-  cpu::l2norm_forward<double>(y.data(), rstd.data(), x.data(), rows, D, 1e-6);
-  cuda::l2norm_forward_on(run, got_y.data(), got_rstd.data(), bx.data(), rows, D, 1e-6);
-  EXPECT_TRUE(close_bf16("l2norm forward", doubles(got_y), y));
-  EXPECT_TRUE(all_within("l2norm rstd", doubles(got_rstd), rstd, 1e-6, {}));
-  std::vector<double> dx = dx0;
-  cpu::l2norm_backward<double>(dx.data(), dy.data(), x.data(), rstd.data(), rows, D);
-  std::vector<bf16> got_dx = bf16s(dx0);
+  cuda::l2norm_forward_on(run, got_y.data(), got_rstd.data(), bx.data(), rows, D, c.eps);
+  EXPECT_TRUE(close_bf16("l2norm forward", doubles(got_y), c.l2_y));
+  EXPECT_TRUE(all_within("l2norm rstd", doubles(got_rstd), c.l2_rstd, 1e-6, {}));
+  std::vector<bf16> got_dx = bf16s(c.dx0);
   cuda::l2norm_backward_on(run, got_dx.data(), bdy.data(), bx.data(), got_rstd.data(), rows, D, /*accumulate=*/true);
-  EXPECT_TRUE(close_bf16("l2norm dx", doubles(got_dx), dx));
+  EXPECT_TRUE(close_bf16("l2norm dx", doubles(got_dx), c.l2_dx));
 
-  cpu::gated_rmsnorm_forward<double>(y.data(), rstd.data(), x.data(), z.data(), w.data(), rows, D, 1e-6);
-  cuda::gated_rmsnorm_forward_on(run, got_y.data(), got_rstd.data(), bx.data(), bz.data(), bw.data(), rows, D, 1e-6);
-  EXPECT_TRUE(close_bf16("gated rmsnorm forward", doubles(got_y), y));
-  EXPECT_TRUE(all_within("gated rmsnorm rstd", doubles(got_rstd), rstd, 1e-6, {}));
-  dx = dx0;
-  std::vector<double> dz = dz0, dw = dw0;
-  cpu::gated_rmsnorm_backward<double>(dx.data(), dz.data(), dw.data(), dy.data(), x.data(), z.data(), w.data(),
-                                      rstd.data(), rows, D);
-  got_dx = bf16s(dx0);
-  std::vector<bf16> got_dz = bf16s(dz0);
-  std::vector<float> got_dw = floats(dw0);
+  cuda::gated_rmsnorm_forward_on(run, got_y.data(), got_rstd.data(), bx.data(), bz.data(), bw.data(), rows, D, c.eps);
+  EXPECT_TRUE(close_bf16("gated rmsnorm forward", doubles(got_y), c.gated_y));
+  EXPECT_TRUE(all_within("gated rmsnorm rstd", doubles(got_rstd), c.gated_rstd, 1e-6, {}));
+  got_dx = bf16s(c.dx0);
+  std::vector<bf16> got_dz = bf16s(c.dz0);
+  std::vector<float> got_dw = floats(c.dw0);
   HostWorkspace ws(cuda::gated_rmsnorm_backward_workspace_bytes(rows, D));
   cuda::gated_rmsnorm_backward_on(run, got_dx.data(), got_dz.data(), got_dw.data(), bdy.data(), bx.data(), bz.data(),
                                   bw.data(), got_rstd.data(), rows, D, ws.ws, /*accumulate=*/true);
-  EXPECT_TRUE(close_bf16("gated rmsnorm dx", doubles(got_dx), dx));
-  EXPECT_TRUE(close_bf16("gated rmsnorm dz", doubles(got_dz), dz));
-  EXPECT_TRUE(close_f32_sum("gated rmsnorm dw", doubles(got_dw), dw));
+  EXPECT_TRUE(close_bf16("gated rmsnorm dx", doubles(got_dx), c.gated_dx));
+  EXPECT_TRUE(close_bf16("gated rmsnorm dz", doubles(got_dz), c.gated_dz));
+  EXPECT_TRUE(close_f32_sum("gated rmsnorm dw", doubles(got_dw), c.gated_dw));
 }
 
 // gdn_test's GatesMatchTheCpu: g (fp32) and beta; da, db and the partial sums of dA_log and
 // ddt_bias. g's bound is gdn_test's 64 fp32 ulps (the emulator's __expf is the host's expf).
 TEST(GdnEmulated, Gates) {
-  std::mt19937_64 rng(9);
-  const int N = 333, H = 12;
-  const auto a = randn_bf16(rng, (size_t)N * H, 2.0), b = randn_bf16(rng, (size_t)N * H, 2.0),
-             A_log = randn_bf16(rng, H, 1.0), dt_bias = randn_bf16(rng, H, 1.0),
-             dg = randn_f32(rng, (size_t)N * H), dbeta = randn_f32(rng, (size_t)N * H);
-  const auto dA0 = randn_f32(rng, H), ddt0 = randn_f32(rng, H);
-  std::vector<double> g((size_t)N * H), beta((size_t)N * H);
-  cpu::gdn_gates_forward<double>(g.data(), beta.data(), a.data(), b.data(), A_log.data(), dt_bias.data(), N, H);
-  const std::vector<bf16> ba = bf16s(a), bb = bf16s(b), bA = bf16s(A_log), bdt = bf16s(dt_bias);
+  const GatesCase c;
+  const int N = c.N, H = c.H;
+  const std::vector<bf16> ba = bf16s(c.a), bb = bf16s(c.b), bA = bf16s(c.A_log), bdt = bf16s(c.dt_bias);
   std::vector<float> got_g((size_t)N * H);
   std::vector<bf16> got_beta((size_t)N * H);
   EmuRunner run;
   cuda::gates_forward_on(run, got_g.data(), got_beta.data(), ba.data(), bb.data(), bA.data(), bdt.data(), N, H);
-  EXPECT_TRUE(all_within("gates g", doubles(got_g), g, 64 * kF32U, {}));
-  EXPECT_TRUE(close_bf16("gates beta", doubles(got_beta), beta));
+  EXPECT_TRUE(all_within("gates g", doubles(got_g), c.g, 64 * kF32U, {}));
+  EXPECT_TRUE(close_bf16("gates beta", doubles(got_beta), c.beta));
 
-  std::vector<double> da((size_t)N * H), db((size_t)N * H), dA = dA0, ddt = ddt0;
-  cpu::gdn_gates_backward<double>(da.data(), db.data(), dA.data(), ddt.data(), dg.data(), dbeta.data(), a.data(),
-                                  b.data(), A_log.data(), dt_bias.data(), N, H);
-  const std::vector<float> fdg = floats(dg), fdbeta = floats(dbeta);
+  const std::vector<float> fdg = floats(c.dg), fdbeta = floats(c.dbeta);
   std::vector<bf16> got_da((size_t)N * H), got_db((size_t)N * H);
-  std::vector<float> got_dA = floats(dA0), got_ddt = floats(ddt0);
+  std::vector<float> got_dA = floats(c.dA0), got_ddt = floats(c.ddt0);
   HostWorkspace ws(cuda::gdn_gates_backward_workspace_bytes(N, H));
   cuda::gates_backward_on(run, got_da.data(), got_db.data(), got_dA.data(), got_ddt.data(), fdg.data(), fdbeta.data(),
                           ba.data(), bb.data(), bA.data(), bdt.data(), N, H, ws.ws);
-  EXPECT_TRUE(close_bf16("gates da", doubles(got_da), da));
-  EXPECT_TRUE(close_bf16("gates db", doubles(got_db), db));
-  EXPECT_TRUE(close_f32_sum("gates dA_log", doubles(got_dA), dA));
-  EXPECT_TRUE(close_f32_sum("gates ddt_bias", doubles(got_ddt), ddt));
+  EXPECT_TRUE(close_bf16("gates da", doubles(got_da), c.da));
+  EXPECT_TRUE(close_bf16("gates db", doubles(got_db), c.db));
+  EXPECT_TRUE(close_f32_sum("gates dA_log", doubles(got_dA), c.dA));
+  EXPECT_TRUE(close_f32_sum("gates ddt_bias", doubles(got_ddt), c.ddt));
 }
 
 }  // namespace

@@ -38,132 +38,99 @@ class GdnOps : public GpuTest {};
 
 TEST_F(GdnOps, PathPrevAndConvMatchTheCpuOnAwkwardTrees) {
   for (uint64_t seed : {1, 2, 3}) {
-    const Forest f = awkward_forest(seed);
-    // Kernel widths 4 (Qwen3.5's), 6 and 20: the weight gradient's register variants (4, 8, 64 taps).
-    const int N = f.N, C = 40, K = seed == 1 ? 4 : seed == 2 ? 6 : 20;
-    std::vector<int32_t> prev(N);
-    cpu::path_prev(prev.data(), f.start.data(), f.len.data(), f.parent.data(), f.nodes(), N);
+    const ConvCase c(seed);
+    const Forest& f = c.f;
+    const int N = c.N, C = c.C, K = c.K;
     auto d_start = dev(f.start), d_len = dev(f.len), d_parent = dev(f.parent), d_pos = dev(f.pos),
          d_end = dev(f.subtree_end);
     DeviceBuffer<int32_t> d_prev(N);
     cuda::gdn_path_prev(d_prev.data(), d_start.data(), d_len.data(), d_parent.data(), f.nodes(), nullptr);
     sync_and_check();
-    ASSERT_EQ(d_prev.to_host(), prev) << "seed " << seed;
+    ASSERT_EQ(d_prev.to_host(), c.prev) << "seed " << seed;
 
-    std::mt19937_64 rng(seed + 40);
-    const auto x = randn_bf16(rng, (size_t)N * C), w = randn_bf16(rng, (size_t)C * K, 0.5);
-    std::vector<double> out((size_t)N * C);
-    cpu::conv1d_silu_forward<double>(out.data(), x.data(), w.data(), prev.data(), N, C, K);
-    auto d_x = to_device_bf16(x), d_w = to_device_bf16(w);
+    auto d_x = to_device_bf16(c.x), d_w = to_device_bf16(c.w);
     DeviceBuffer<bf16> d_out((size_t)N * C);
     cuda::conv1d_silu_forward(d_out.data(), d_x.data(), d_w.data(), d_prev.data(), N, C, K, nullptr);
     sync_and_check();
-    EXPECT_TRUE(close_bf16("conv forward", to_host(d_out), out));
+    EXPECT_TRUE(close_bf16("conv forward", to_host(d_out), c.out));
 
-    const auto dout = randn_bf16(rng, (size_t)N * C), dx0 = randn_bf16(rng, (size_t)N * C);
-    const auto dw0 = randn_f32(rng, (size_t)C * K);
-    std::vector<double> dx = dx0, dw = dw0;
-    cpu::conv1d_silu_backward<double>(dx.data(), dw.data(), dout.data(), x.data(), w.data(), prev.data(), N, C, K);
-    auto d_dout = to_device_bf16(dout), d_dx = to_device_bf16(dx0);
-    auto d_dw = to_device_f32(dw0);
+    auto d_dout = to_device_bf16(c.dout), d_dx = to_device_bf16(c.dx0);
+    auto d_dw = to_device_f32(c.dw0);
     DeviceBuffer<char> ws(cuda::conv1d_silu_backward_workspace_bytes(N, C, K));
     cuda::conv1d_silu_backward(d_dx.data(), d_dw.data(), d_dout.data(), d_x.data(), d_w.data(), d_prev.data(),
                                d_pos.data(), d_end.data(), N, C, K, cuda::Workspace{ws.data(), ws.size()}, nullptr);
     sync_and_check();
-    EXPECT_TRUE(close_bf16("conv dx (accumulated)", to_host(d_dx), dx));
-    EXPECT_TRUE(close_f32_sum("conv dw", to_host(d_dw), dw));
+    EXPECT_TRUE(close_bf16("conv dx (accumulated)", to_host(d_dx), c.dx));
+    EXPECT_TRUE(close_f32_sum("conv dw", to_host(d_dw), c.dw));
 
     // Overwriting dx: the gradient alone.
-    std::vector<double> dx_only((size_t)N * C, 0.0);
-    cpu::conv1d_silu_backward<double>(dx_only.data(), nullptr, dout.data(), x.data(), w.data(), prev.data(), N, C, K);
     poison(d_dx);
     cuda::conv1d_silu_backward(d_dx.data(), nullptr, d_dout.data(), d_x.data(), d_w.data(), d_prev.data(), d_pos.data(),
                                d_end.data(), N, C, K, cuda::Workspace{ws.data(), ws.size()}, nullptr,
                                /*accumulate=*/false);
     sync_and_check();
-    EXPECT_TRUE(close_bf16("conv dx (overwritten)", to_host(d_dx), dx_only));
+    EXPECT_TRUE(close_bf16("conv dx (overwritten)", to_host(d_dx), c.dx_only));
   }
 }
 
 TEST_F(GdnOps, NormsMatchTheCpu) {
-  std::mt19937_64 rng(7);
-  const int rows = 300, D = 128;
-  const auto x = randn_bf16(rng, (size_t)rows * D), z = randn_bf16(rng, (size_t)rows * D),
-             w = randn_bf16(rng, D, 0.5), dy = randn_bf16(rng, (size_t)rows * D),
-             dx0 = randn_bf16(rng, (size_t)rows * D), dz0 = randn_bf16(rng, (size_t)rows * D);
-  const auto dw0 = randn_f32(rng, D);
-  auto d_x = to_device_bf16(x), d_z = to_device_bf16(z), d_w = to_device_bf16(w), d_dy = to_device_bf16(dy);
+  const NormsCase c;
+  const int rows = c.rows, D = c.D;
+  auto d_x = to_device_bf16(c.x), d_z = to_device_bf16(c.z), d_w = to_device_bf16(c.w), d_dy = to_device_bf16(c.dy);
   DeviceBuffer<bf16> d_y((size_t)rows * D);
   DeviceBuffer<float> d_rstd(rows);
 
   // L2 norm.
-  std::vector<double> y((size_t)rows * D), rstd(rows);
-  cpu::l2norm_forward<double>(y.data(), rstd.data(), x.data(), rows, D, 1e-6);
-  cuda::l2norm_forward(d_y.data(), d_rstd.data(), d_x.data(), rows, D, 1e-6, nullptr);
+  cuda::l2norm_forward(d_y.data(), d_rstd.data(), d_x.data(), rows, D, c.eps, nullptr);
   sync_and_check();
-  EXPECT_TRUE(close_bf16("l2norm forward", to_host(d_y), y));
-  EXPECT_TRUE(all_within("l2norm rstd", to_host(d_rstd), rstd, 1e-6, {}));
-  std::vector<double> dx = dx0;
-  cpu::l2norm_backward<double>(dx.data(), dy.data(), x.data(), rstd.data(), rows, D);
-  auto d_dx = to_device_bf16(dx0);
+  EXPECT_TRUE(close_bf16("l2norm forward", to_host(d_y), c.l2_y));
+  EXPECT_TRUE(all_within("l2norm rstd", to_host(d_rstd), c.l2_rstd, 1e-6, {}));
+  auto d_dx = to_device_bf16(c.dx0);
   cuda::l2norm_backward(d_dx.data(), d_dy.data(), d_x.data(), d_rstd.data(), rows, D, nullptr);
   sync_and_check();
-  EXPECT_TRUE(close_bf16("l2norm dx", to_host(d_dx), dx));
+  EXPECT_TRUE(close_bf16("l2norm dx", to_host(d_dx), c.l2_dx));
 
   // Gated RMSNorm.
-  cpu::gated_rmsnorm_forward<double>(y.data(), rstd.data(), x.data(), z.data(), w.data(), rows, D, 1e-6);
-  cuda::gated_rmsnorm_forward(d_y.data(), d_rstd.data(), d_x.data(), d_z.data(), d_w.data(), rows, D, 1e-6, nullptr);
+  cuda::gated_rmsnorm_forward(d_y.data(), d_rstd.data(), d_x.data(), d_z.data(), d_w.data(), rows, D, c.eps, nullptr);
   sync_and_check();
-  EXPECT_TRUE(close_bf16("gated rmsnorm forward", to_host(d_y), y));
-  EXPECT_TRUE(all_within("gated rmsnorm rstd", to_host(d_rstd), rstd, 1e-6, {}));
-  dx = dx0;
-  std::vector<double> dz = dz0, dw = dw0;
-  cpu::gated_rmsnorm_backward<double>(dx.data(), dz.data(), dw.data(), dy.data(), x.data(), z.data(), w.data(),
-                                      rstd.data(), rows, D);
-  d_dx = to_device_bf16(dx0);
-  auto d_dz = to_device_bf16(dz0);
-  auto d_dw = to_device_f32(dw0);
+  EXPECT_TRUE(close_bf16("gated rmsnorm forward", to_host(d_y), c.gated_y));
+  EXPECT_TRUE(all_within("gated rmsnorm rstd", to_host(d_rstd), c.gated_rstd, 1e-6, {}));
+  d_dx = to_device_bf16(c.dx0);
+  auto d_dz = to_device_bf16(c.dz0);
+  auto d_dw = to_device_f32(c.dw0);
   DeviceBuffer<char> ws(cuda::gated_rmsnorm_backward_workspace_bytes(rows, D));
   cuda::gated_rmsnorm_backward(d_dx.data(), d_dz.data(), d_dw.data(), d_dy.data(), d_x.data(), d_z.data(), d_w.data(),
                                d_rstd.data(), rows, D, cuda::Workspace{ws.data(), ws.size()}, nullptr);
   sync_and_check();
-  EXPECT_TRUE(close_bf16("gated rmsnorm dx", to_host(d_dx), dx));
-  EXPECT_TRUE(close_bf16("gated rmsnorm dz", to_host(d_dz), dz));
-  EXPECT_TRUE(close_f32_sum("gated rmsnorm dw", to_host(d_dw), dw));
+  EXPECT_TRUE(close_bf16("gated rmsnorm dx", to_host(d_dx), c.gated_dx));
+  EXPECT_TRUE(close_bf16("gated rmsnorm dz", to_host(d_dz), c.gated_dz));
+  EXPECT_TRUE(close_f32_sum("gated rmsnorm dw", to_host(d_dw), c.gated_dw));
 }
 
 TEST_F(GdnOps, GatesMatchTheCpu) {
-  std::mt19937_64 rng(9);
-  const int N = 333, H = 12;
-  const auto a = randn_bf16(rng, (size_t)N * H, 2.0), b = randn_bf16(rng, (size_t)N * H, 2.0),
-             A_log = randn_bf16(rng, H, 1.0), dt_bias = randn_bf16(rng, H, 1.0),
-             dg = randn_f32(rng, (size_t)N * H), dbeta = randn_f32(rng, (size_t)N * H);
-  const auto dA0 = randn_f32(rng, H), ddt0 = randn_f32(rng, H);
-  std::vector<double> g((size_t)N * H), beta((size_t)N * H);
-  cpu::gdn_gates_forward<double>(g.data(), beta.data(), a.data(), b.data(), A_log.data(), dt_bias.data(), N, H);
-  auto d_a = to_device_bf16(a), d_b = to_device_bf16(b), d_A = to_device_bf16(A_log), d_dt = to_device_bf16(dt_bias);
+  const GatesCase c;
+  const int N = c.N, H = c.H;
+  auto d_a = to_device_bf16(c.a), d_b = to_device_bf16(c.b), d_A = to_device_bf16(c.A_log),
+       d_dt = to_device_bf16(c.dt_bias);
   DeviceBuffer<float> d_g((size_t)N * H);  // fp32 log decays
   DeviceBuffer<bf16> d_beta((size_t)N * H);
   cuda::gdn_gates_forward(d_g.data(), d_beta.data(), d_a.data(), d_b.data(), d_A.data(), d_dt.data(), N, H, nullptr);
   sync_and_check();
   // g in fp32: __expf (at most 2 + 1.16 |x| ulp, |x| <= 8 here), log1pf and two products: 64 u32.
-  EXPECT_TRUE(all_within("gates g", to_host(d_g), g, 64 * kF32U, {}));
-  EXPECT_TRUE(close_bf16("gates beta", to_host(d_beta), beta));
+  EXPECT_TRUE(all_within("gates g", to_host(d_g), c.g, 64 * kF32U, {}));
+  EXPECT_TRUE(close_bf16("gates beta", to_host(d_beta), c.beta));
 
-  std::vector<double> da((size_t)N * H), db((size_t)N * H), dA = dA0, ddt = ddt0;
-  cpu::gdn_gates_backward<double>(da.data(), db.data(), dA.data(), ddt.data(), dg.data(), dbeta.data(), a.data(),
-                                  b.data(), A_log.data(), dt_bias.data(), N, H);
-  auto d_dg = to_device_f32(dg), d_dbeta = to_device_f32(dbeta);
+  auto d_dg = to_device_f32(c.dg), d_dbeta = to_device_f32(c.dbeta);
   DeviceBuffer<bf16> d_da((size_t)N * H), d_db((size_t)N * H);
-  auto d_dA = to_device_f32(dA0), d_ddt = to_device_f32(ddt0);
+  auto d_dA = to_device_f32(c.dA0), d_ddt = to_device_f32(c.ddt0);
   DeviceBuffer<char> ws(cuda::gdn_gates_backward_workspace_bytes(N, H));
   cuda::gdn_gates_backward(d_da.data(), d_db.data(), d_dA.data(), d_ddt.data(), d_dg.data(), d_dbeta.data(), d_a.data(),
                            d_b.data(), d_A.data(), d_dt.data(), N, H, cuda::Workspace{ws.data(), ws.size()}, nullptr);
   sync_and_check();
-  EXPECT_TRUE(close_bf16("gates da", to_host(d_da), da));
-  EXPECT_TRUE(close_bf16("gates db", to_host(d_db), db));
-  EXPECT_TRUE(close_f32_sum("gates dA_log", to_host(d_dA), dA));
-  EXPECT_TRUE(close_f32_sum("gates ddt_bias", to_host(d_ddt), ddt));
+  EXPECT_TRUE(close_bf16("gates da", to_host(d_da), c.da));
+  EXPECT_TRUE(close_bf16("gates db", to_host(d_db), c.db));
+  EXPECT_TRUE(close_f32_sum("gates dA_log", to_host(d_dA), c.dA));
+  EXPECT_TRUE(close_f32_sum("gates ddt_bias", to_host(d_ddt), c.ddt));
 }
 
 // RuleInputs (gdn_cases.h) on the device, the plan's tables uploaded.
