@@ -217,11 +217,7 @@ bool half_deleted(const fs::path& dir) {
 
 // A step_N folder renamed aside: step_N.invalid-<UTC time>[-k].
 fs::path aside_name(const fs::path& dir) {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  ::gmtime_r(&now, &tm);
-  char stamp[32];
-  std::strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &tm);
+  const std::string stamp = utc_stamp();
   fs::path out = dir.string() + ".invalid-" + stamp;
   for (int k = 2; fs::exists(out); ++k) out = dir.string() + ".invalid-" + stamp + "-" + std::to_string(k);
   return out;
@@ -332,9 +328,6 @@ std::string save_checkpoint(const std::string& run_dir, const RunConfig& cfg, co
   return final_dir.string();
 }
 
-namespace {
-
-// Every step_<digits> folder of run_dir, valid or not, oldest first (step, path).
 std::vector<std::pair<int64_t, std::string>> step_folders(const std::string& run_dir) {
   std::vector<std::pair<int64_t, std::string>> out;
   const fs::path root = checkpoints_dir(run_dir);
@@ -347,8 +340,6 @@ std::vector<std::pair<int64_t, std::string>> step_folders(const std::string& run
   std::sort(out.begin(), out.end());
   return out;
 }
-
-}  // namespace
 
 std::string checkpoint_problem(const std::string& dir, const model::ModelConfig* model,
                                const std::vector<model::ParamInfo>* params) {

@@ -89,6 +89,8 @@ std::string save_checkpoint(const std::string& run_dir, const RunConfig& cfg, co
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& run_dir);
 // The newest valid checkpoint, or "" when there is none.
 std::string latest_checkpoint(const std::string& run_dir);
+// Every step_<digits> folder of run_dir, valid or not, oldest first (step, path).
+std::vector<std::pair<int64_t, std::string>> step_folders(const std::string& run_dir);
 
 // What is wrong with checkpoint folder `dir` ("" when it is valid). With `model` and `params`
 // also the safetensors headers against that model (when the checkpoint's config.json is it).

@@ -2,14 +2,18 @@
 #include "trainer/run_dir.h"
 
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <system_error>
 
 #include "base/check.h"
@@ -51,32 +55,112 @@ void fsync_path(const std::string& path, bool is_dir) {
   if (rc != 0) throw Error(str(path, ": fsync failed: ", std::strerror(err)));
 }
 
-void rewrite_metrics(const std::string& path, int64_t last_step) {
-  std::string kept;
+std::string utc_stamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &tm);
+  return stamp;
+}
+
+namespace {
+
+// `text` written to `file` through a temporary file in `folder` (fsynced, renamed, the folder
+// fsynced).
+void replace_file(const fs::path& file, const fs::path& folder, const std::string& text, const std::string& what) {
+  const fs::path tmp = folder / ("." + file.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.close();
+    if (!out) throw Error(str(tmp.string(), ": cannot write (", what, ")"));
+  }
+  fsync_path(tmp.string(), false);
+  std::error_code ec;
+  fs::rename(tmp, file, ec);
+  if (ec) throw Error(str(file.string(), ": cannot replace it with ", tmp.string(), ": ", ec.message()));
+  fsync_path(folder.string(), true);
+}
+
+}  // namespace
+
+std::string rewrite_metrics(const std::string& path, int64_t last_step) {
+  std::string kept, dropped;
+  int64_t dropped_lines = 0, first = -1, last = -1;
   {
     std::ifstream in(path);
     std::string line;
     while (std::getline(in, line)) {
       if (line.empty()) continue;
       const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= last_step)
+      const bool has_step = j.is_object() && j.contains("step") && j["step"].is_number_integer();
+      if (has_step && j["step"].get<int64_t>() <= last_step) {
         kept += line + "\n";
+        continue;
+      }
+      dropped += line + "\n";
+      ++dropped_lines;
+      if (has_step) {
+        const int64_t s = j["step"].get<int64_t>();
+        first = first < 0 ? s : std::min(first, s);
+        last = std::max(last, s);
+      }
     }
   }
   const fs::path file = path;
   const fs::path folder = file.has_parent_path() ? file.parent_path() : fs::path(".");
-  const fs::path tmp = folder / ("." + file.filename().string() + ".tmp-" + std::to_string(::getpid()));
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << kept;
-    out.close();
-    if (!out) throw Error(str(tmp.string(), ": cannot write (rewriting ", path, ")"));
+  std::string aside;
+  if (dropped_lines > 0) {  // kept beside it before the file loses them
+    fs::path out = path + ".dropped-" + utc_stamp();
+    for (int k = 2; fs::exists(out); ++k) out = path + ".dropped-" + utc_stamp() + "-" + std::to_string(k);
+    replace_file(out, folder, dropped, str("the lines dropped from ", path));
+    aside = out.string();
+    spdlog::warn("{}: {} lines after step {} ({}) moved to {}; the file keeps the steps up to {}", path,
+                 dropped_lines, last_step, first >= 0 ? str("steps ", first, "..", last) : std::string("unparseable"),
+                 aside, last_step);
   }
-  fsync_path(tmp.string(), false);
-  std::error_code ec;
-  fs::rename(tmp, file, ec);
-  if (ec) throw Error(str(path, ": cannot replace it with ", tmp.string(), ": ", ec.message()));
-  fsync_path(folder.string(), true);
+  replace_file(file, folder, kept, str("rewriting ", path));
+  return aside;
+}
+
+RunDirLock::RunDirLock(const std::string& run_dir) {
+  const std::string path = (fs::path(run_dir) / ".lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error(str(path, ": cannot open the run_dir's lock file: ", std::strerror(errno)));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string holder;
+    {
+      std::ifstream in(path);
+      std::getline(in, holder);
+    }
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK)
+      throw Error(str("run_dir ", run_dir, " is in use by another treetrain (", holder.empty() ? "holder unknown" : holder,
+                      "; ", path, "): one run writes a run_dir at a time; wait for that run to end, or use another "
+                      "run_dir"));
+    throw Error(str(path, ": cannot lock the run_dir: ", std::strerror(err)));
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::string me = str("pid ", (long)::getpid(), " on host ", host, " since ", utc_stamp(), "\n");
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != (ssize_t)me.size())
+    spdlog::warn("{}: could not record this process in the lock file: {}", path, std::strerror(errno));
+}
+
+RunDirLock::~RunDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock; the file stays (removing it would race a new holder)
+}
+
+RunDirLock& RunDirLock::operator=(RunDirLock&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
 }
 
 void prepare_run_dir(const RunConfig& cfg) {

@@ -87,6 +87,7 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   backend_ = make_backend(device, cfg_.model, env.local_rank, env.local_world_size, cfg_.train.gemm_autotune,
                           cfg_.data.max_tokens_per_batch);
   connect(std::move(comm), env);
+  if (rank() == 0) run_lock_ = RunDirLock(cfg_.run_dir);  // the writer: one run writes a run_dir at a time
   spdlog::info("model: {} L={} C={} NH={} NKV={} HS={} I={} V={}: {} parameters on {}", cfg_.model.architecture,
                cfg_.model.num_hidden_layers, cfg_.model.hidden_size, cfg_.model.num_attention_heads,
                cfg_.model.num_key_value_heads, cfg_.model.head_dim, cfg_.model.intermediate_size,
@@ -193,6 +194,19 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   if (!ckpt.empty())
     throw Error(str("run_dir ", cfg_.run_dir, " already holds checkpoints (newest ", ckpt,
                     "); set train.resume: true to continue that run, or use another run_dir"));
+  if (const auto folders = step_folders(cfg_.run_dir); !cfg_.train.resume && !folders.empty()) {
+    // None valid: a fresh run would write its step_N over them. Resuming moves them aside instead.
+    std::string why;
+    try {
+      why = checkpoint_problem(folders.back().second);
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    throw Error(str("run_dir ", cfg_.run_dir, " already holds ", folders.size(), " checkpoint folder",
+                    folders.size() == 1 ? "" : "s", ", none of them valid (newest ", folders.back().second, ": ", why,
+                    "); set train.resume: true to continue that run (it moves invalid checkpoints aside, to "
+                    "step_N.invalid-<time>), or use another run_dir"));
+  }
   if (cfg_.train.resume) spdlog::info("train.resume: no checkpoint in {}, starting fresh", checkpoints_dir(cfg_.run_dir));
   if (!cfg_.init_from.empty()) {
     backend_->load_hf(cfg_.init_from);

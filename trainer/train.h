@@ -72,6 +72,7 @@
 #include "model/decoder.h"
 #include "trainer/backend.h"
 #include "trainer/config.h"
+#include "trainer/run_dir.h"
 
 namespace tt::trainer {
 
@@ -127,7 +128,8 @@ class Trainer {
  public:
   // Loads the data, picks the backend, and resumes from the newest checkpoint (train.resume)
   // or initialises the model (model.init_from or a seeded init). Starting fresh in a run_dir
-  // that already holds checkpoints is an error (set train.resume or pick another run_dir).
+  // that already holds checkpoint folders, valid or not, is an error (set train.resume or pick
+  // another run_dir). The writer (rank 0) holds run_dir's lock (run_dir.h) while it lives.
   // `comm`: the data-parallel communicator (tests pass one); without it, the launcher's
   // environment decides (distributed.mode): one process, or a rendezvous at MASTER_ADDR.
   explicit Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator> comm = nullptr);
@@ -198,6 +200,7 @@ class Trainer {
   void finish_metrics(StepMetrics& m, double t0, const model::Work& work) const;
 
   RunConfig cfg_;
+  RunDirLock run_lock_;  // rank 0's, taken before anything in run_dir is read or written
   model::Architecture arch_;  // the model's kinds: FLOPs and shard costs
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<data::BatchLoader> loader_;

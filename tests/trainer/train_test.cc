@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -160,6 +161,88 @@ TEST(TrainTest, FreshStartOverCheckpointsIsAnError) {
   Trainer(c).run();
   const std::string e = error_of([&] { Trainer t(c); });
   EXPECT_NE(e.find("already holds checkpoints"), std::string::npos) << e;
+}
+
+// Checkpoint folders that are all invalid (here: config.json gone, the weights intact) still
+// stop a fresh start: it would write its own step_N over them. Nothing in them is touched.
+TEST(TrainTest, FreshStartOverInvalidCheckpointsIsAnError) {
+  const fs::path dir = test_dir("fresh_over_invalid");
+  RunConfig c = tiny_config(dir);
+  c.train.max_steps = 2;
+  c.train.checkpoint_every = 1;
+  Trainer(c).run();
+  const fs::path ckpts = fs::path(c.run_dir) / "checkpoints";
+  fs::remove(ckpts / "step_1" / "config.json");
+  fs::remove(ckpts / "step_2" / "config.json");
+  ASSERT_EQ(latest_checkpoint(c.run_dir), "");
+  const std::string weights = slurp(ckpts / "step_2" / "model.safetensors");
+  const std::string e = error_of([&] { Trainer t(c); });
+  EXPECT_NE(e.find("already holds 2 checkpoint folders, none of them valid (newest " + (ckpts / "step_2").string()),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("config.json"), std::string::npos) << e;  // what is wrong with the newest
+  EXPECT_NE(e.find("set train.resume: true"), std::string::npos) << e;
+  EXPECT_EQ(slurp(ckpts / "step_2" / "model.safetensors"), weights);
+  EXPECT_TRUE(fs::exists(ckpts / "step_1" / "model.safetensors"));
+}
+
+// Lines a run drops from metrics.jsonl (a fresh start over an earlier run's metrics; a resume
+// from a checkpoint older than the last logged step) are kept in metrics.jsonl.dropped-<time>.
+TEST(TrainTest, DroppedMetricsLinesAreKeptAside) {
+  const fs::path dir = test_dir("metrics_dropped");
+  RunConfig c = tiny_config(dir);
+  c.train.max_steps = 3;
+  c.train.final_checkpoint = false;  // no checkpoint: the next run starts fresh
+  Trainer(c).run();
+  const fs::path run = c.run_dir, metrics = run / "metrics.jsonl";
+  const std::string first_run = slurp(metrics);
+  ASSERT_EQ(count_lines(metrics), 3);
+  c.train.max_steps = 1;
+  Trainer(c).run();
+  EXPECT_EQ(count_lines(metrics), 1);
+  std::vector<fs::path> aside;
+  for (const auto& e : fs::directory_iterator(run))
+    if (e.path().filename().string().rfind("metrics.jsonl.dropped-", 0) == 0) aside.push_back(e.path());
+  ASSERT_EQ(aside.size(), 1u);
+  EXPECT_EQ(slurp(aside[0]), first_run);
+
+  // A resume from step 1 after steps 2..3 were logged: those two lines go aside, the first stays.
+  c.train.max_steps = 3;
+  c.train.checkpoint_every = 1;
+  c.run_dir = (dir / "run_b").string();
+  Trainer(c).run();
+  const fs::path metrics_b = fs::path(c.run_dir) / "metrics.jsonl";
+  const std::string lines = slurp(metrics_b);
+  fs::remove_all(fs::path(c.run_dir) / "checkpoints" / "step_3");
+  fs::remove_all(fs::path(c.run_dir) / "checkpoints" / "step_2");
+  c.train.resume = true;
+  c.train.max_steps = 1;
+  Trainer(c).run();
+  EXPECT_EQ(count_lines(metrics_b), 1);
+  std::string dropped;
+  for (const auto& e : fs::directory_iterator(c.run_dir))
+    if (e.path().filename().string().rfind("metrics.jsonl.dropped-", 0) == 0) dropped = slurp(e.path());
+  EXPECT_EQ(slurp(metrics_b) + dropped, lines);
+}
+
+// One writer per run_dir: a second trainer on a run_dir whose trainer is alive stops before it
+// reads or writes anything there, naming the holder; once the first is gone the run_dir is free.
+TEST(TrainTest, ASecondTrainerOnALiveRunDirIsAnError) {
+  const fs::path dir = test_dir("run_dir_lock");
+  RunConfig c = tiny_config(dir);
+  c.train.max_steps = 1;
+  {
+    Trainer first(c);
+    const std::string e = error_of([&] { Trainer second(c); });
+    EXPECT_NE(e.find("run_dir " + c.run_dir + " is in use by another treetrain (pid " + std::to_string(::getpid())),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("one run writes a run_dir at a time"), std::string::npos) << e;
+    first.run();
+  }
+  c.train.resume = true;
+  c.train.max_steps = 2;
+  EXPECT_EQ(Trainer(c).run().back().step, 2);
 }
 
 TEST(TrainTest, TornCheckpointsAreIgnoredAndPruningKeepsTheNewest) {
@@ -339,9 +422,11 @@ TEST(TrainTest, ResumeMovesInvalidCheckpointsAsideAndTakesTheNewestValid) {
   const fs::path dir = test_dir("invalid_aside");
   RunConfig c = tiny_config(dir);
   c.train.checkpoint_every = 1;
-  Trainer full(c);
-  const std::vector<double> want = losses(full.run());
+  auto full = std::make_unique<Trainer>(c);
+  const std::vector<double> want = losses(full->run());
   ASSERT_EQ(want.size(), 6u);
+  const std::vector<float> want_params = full->backend().params_host();
+  full.reset();  // it holds the run_dir's lock while it lives
   const fs::path ck = fs::path(c.run_dir) / "checkpoints";
   // Steps 5 and 6 are gone; in their place: a step_5 whose state says step 2, a stray
   // step_999999999999999999 without files, a step_4 whose optimizer state is truncated.
@@ -364,7 +449,7 @@ TEST(TrainTest, ResumeMovesInvalidCheckpointsAsideAndTakesTheNewestValid) {
   const std::vector<double> got = losses(resumed.run());
   ASSERT_EQ(got.size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(got[i], want[3 + i]) << "step " << 4 + i;  // bitwise
-  EXPECT_EQ(resumed.backend().params_host(), full.backend().params_host());
+  EXPECT_EQ(resumed.backend().params_host(), want_params);
   const std::vector<std::string> aside = folders_starting(c, "step_");
   ASSERT_EQ(aside.size(), 9u);  // step_1..6 and the three moved aside
   for (const char* name : {"step_4.invalid-", "step_5.invalid-", "step_999999999999999999.invalid-"})
@@ -396,8 +481,10 @@ TEST(TrainTest, OlderFormatVersionsAreReadAndNewerOnesRefused) {
   const fs::path dir = test_dir("versions");
   RunConfig a = tiny_config(dir);
   a.train.checkpoint_every = 3;
-  Trainer full(a);
-  const std::vector<double> want = losses(full.run());
+  auto full = std::make_unique<Trainer>(a);
+  const std::vector<double> want = losses(full->run());
+  const std::vector<model::ParamInfo> info = full->backend().params_info();
+  full.reset();  // it holds the run_dir's lock while it lives
   for (const std::string variant : {"version 1", "no version"}) {
     RunConfig b = a;
     b.run_dir = (dir / ("run_" + std::string(variant == "version 1" ? "v1" : "v0"))).string();
@@ -430,7 +517,6 @@ TEST(TrainTest, OlderFormatVersionsAreReadAndNewerOnesRefused) {
   write_json(v1 / "trainer_state.json", j);
   EXPECT_EQ(checkpoint_problem(v1.string()), "");
   fs::resize_file(v1 / "model.safetensors", fs::file_size(v1 / "model.safetensors") - 4);
-  const std::vector<model::ParamInfo>& info = full.backend().params_info();
   EXPECT_NE(checkpoint_problem(v1.string(), &a.model, &info).find("model.safetensors: tensor '"), std::string::npos);
   // A newer version is refused, and left where it is.
   const fs::path v3 = fs::path(a.run_dir) / "checkpoints" / "step_3";
