@@ -25,6 +25,19 @@ Tree episode_tree(const Episode& ep, int64_t episode_index, const ActionBins* bi
   if (spec.tokens_per_frame < 1) throw Error(str(what, ": tokens_per_frame ", spec.tokens_per_frame, ", expected >= 1"));
   if (spec.window < 0) throw Error(str(what, ": history window ", spec.window, ", expected 0 (full) or >= 1"));
   if (ep.instruction.empty()) throw Error(str(what, ": an empty instruction (the tree's root needs a token)"));
+  // The placeholder ids mark the rows whose embeddings are replaced (a frame's slot, the state
+  // row): an instruction or an action spelled with them would be taken for one.
+  auto check_ids = [&](const std::vector<int32_t>& ids, const std::string& field) {
+    for (size_t j = 0; j < ids.size(); ++j)
+      if (ids[j] == spec.image_token || ids[j] == spec.state_token) {
+        const bool image = ids[j] == spec.image_token;
+        throw Error(str(what, ": ", field, "[", j, "] is ", ids[j], ", the ", image ? "image" : "state",
+                        " placeholder id (vision.", image ? "image_token_index" : "state_token_index",
+                        "); expected other ids"));
+      }
+  };
+  check_ids(ep.instruction, "instruction");
+  for (size_t s = 0; s < ep.steps.size(); ++s) check_ids(ep.steps[s].action_ids, str("step ", s, ": action_ids"));
   Tree t;
   TreeMedia& out = t.media;
   out.tokens_per_frame = spec.tokens_per_frame;
@@ -105,6 +118,14 @@ std::vector<Tree> read_episode_trees(const std::string& path, int64_t vocab_size
     } catch (const Error& e) {
       throw Error(str(path, ": ", e.what()));
     }
+    // The bins are the vocabulary's last ids: a placeholder among them would read as an action.
+    const int64_t first_bin = vocab_size - bins;
+    for (const int32_t id : {spec.image_token, spec.state_token})
+      if (id >= first_bin && id < vocab_size)
+        throw Error(str(path, ": continuous actions take the last ", bins, " ids of the vocabulary of ", vocab_size,
+                        " (", first_bin, "..", vocab_size - 1, "), which include the ",
+                        id == spec.image_token ? "image" : "state", " placeholder id ", id,
+                        ": use fewer action bins (data.action_bins) or a placeholder id below ", first_bin));
   }
   std::vector<Tree> trees;
   trees.reserve(eps.size());

@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <string>
+
 #include "base/check.h"
 #include "data/packing.h"
 
@@ -100,6 +103,55 @@ TEST(EpisodeTree, ContinuousActionsNeedBinsAndBadSpecsAreErrors) {
   EpisodeTreeSpec bad = spec(0);
   bad.window = -1;
   EXPECT_THROW(episode_tree(ep, 0, &bins, bad), Error);
+}
+
+// The placeholder ids (spec: image 1, state 2) mark rows whose embeddings are replaced: an
+// instruction or a discrete action spelled with them is an error naming the episode and the place.
+TEST(EpisodeTree, PlaceholderIdsInTextOrActionsAreErrors) {
+  auto error = [](const Episode& ep) {
+    try {
+      episode_tree(ep, 0, nullptr, spec(0));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  Episode ep = episode(true);
+  ep.instruction = {5, 1, 6};
+  EXPECT_EQ(error(ep),
+            "episode 'ep': instruction[1] is 1, the image placeholder id (vision.image_token_index); expected other ids");
+  ep = episode(true);
+  ep.steps[2].action_ids = {20, 2};
+  EXPECT_EQ(error(ep),
+            "episode 'ep': step 2: action_ids[1] is 2, the state placeholder id (vision.state_token_index); expected "
+            "other ids");
+}
+
+// Continuous actions take the vocabulary's last ids; bins over a placeholder id, or more bins than
+// the vocabulary, are errors naming the file and the key.
+TEST(EpisodeTree, ActionBinsMustMissThePlaceholdersAndFitTheVocabulary) {
+  const std::string dir = ::testing::TempDir(), path = dir + "/bins_episodes.jsonl";
+  std::ofstream(dir + "/a.png") << "";  // read_episodes checks that the frames exist; none is decoded
+  std::ofstream(dir + "/b.png") << "";
+  std::ofstream(path) << R"({"id": "e", "instruction": [5], "steps": [{"images": ["a.png"], "action": [0.5]}, )"
+                      << R"({"images": ["b.png"], "action": [-0.5]}]})" << "\n";
+  EpisodeTreeSpec sp = spec(0);  // image 1, state 2
+  auto error = [&](int64_t vocab, int bins) {
+    try {
+      read_episode_trees(path, vocab, sp, bins, nullptr);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error(16, 14), path +
+                              ": continuous actions take the last 14 ids of the vocabulary of 16 (2..15), which include "
+                              "the state placeholder id 2: use fewer action bins (data.action_bins) or a placeholder "
+                              "id below 2");
+  EXPECT_EQ(error(16, 13), "no error");  // ids 3..15
+  EXPECT_EQ(error(16, 17), path +
+                              ": action bins: 17 bins (data.action_bins) for a vocabulary of 16 ids: the bins are the "
+                              "vocabulary's last ids, expected 2 <= bins <= 16");
 }
 
 }  // namespace
