@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/check.h"
+#include "base/json.h"
 
 namespace tt::data {
 namespace {
@@ -53,7 +54,7 @@ Episode parse_episode_line(const std::string& line, const std::string& where, co
                            int64_t vocab_size) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(line);
+    j = parse_json_strict(line);
   } catch (const std::exception& e) {
     throw Error(str(where, ": invalid JSON: ", e.what()));
   }

@@ -7,9 +7,13 @@
 // in DFS preorder: parent[i] < i, and DFS order equals index order. Every token of every sequence
 // is visited once per node it lies in, so building costs O(n_flat).
 //
-// Unknown fields of a record are ignored (real datasets carry rewards, metadata, ...).
+// Unknown fields of a record are ignored (real datasets carry rewards, metadata, ...), except a
+// near miss of a field the format reads ("wieght", "Tokens", "loss_masks"): a typo there would
+// silently train without the mask or the weight. Duplicate keys are an error (base/json.h).
 #include "data/reader.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -19,6 +23,7 @@
 #include <utility>
 
 #include "base/check.h"
+#include "base/json.h"
 
 namespace tt::data {
 namespace {
@@ -27,14 +32,56 @@ using json = nlohmann::json;
 
 [[noreturn]] void fail(const std::string& where, const std::string& msg) { throw Error(where + ": " + msg); }
 
+// The fields the formats read (reader.h).
+constexpr const char* kFields[] = {"id", "sequences", "nodes", "tokens", "loss_mask", "weight", "parent"};
+
+// Edit distance (insertions, deletions, substitutions, adjacent swaps) between a and b, compared
+// case-insensitively; stops counting past 3.
+int edit_distance(const std::string& a, const std::string& b) {
+  if (a.size() > b.size() + 3 || b.size() > a.size() + 3) return 4;
+  const auto lower = [](char c) { return (char)std::tolower((unsigned char)c); };
+  std::vector<std::vector<int>> d(a.size() + 1, std::vector<int>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = (int)i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = (int)j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const int cost = lower(a[i - 1]) != lower(b[j - 1]);
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && lower(a[i - 1]) == lower(b[j - 2]) && lower(a[i - 2]) == lower(b[j - 1]))
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// A field of obj (`name`: its record path, e.g. "sequences[2]") that is not one the formats read
+// but a typo of an optional one (loss_mask within 2 edits, weight within 1; a case change counts
+// as one) or a case change of any, is an error naming both. (A typo of a required field is a
+// missing field already; "idx" or "uid" stay metadata.)
+void check_field_names(const json& obj, const std::string& name, const std::string& where) {
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    const std::string& key = it.key();
+    if (std::find(std::begin(kFields), std::end(kFields), key) != std::end(kFields)) continue;
+    for (const char* f : kFields) {
+      const std::string field = f;
+      const int within = field == "loss_mask" ? 2 : field == "weight" ? 1 : 0;
+      if (edit_distance(key, field) <= within)
+        fail(where, str(name, ": unknown field \"", key, "\"; did you mean \"", field,
+                        "\"? (other unknown fields are ignored; this one is a near miss of a field the format reads)"));
+    }
+  }
+}
+
 json parse_object(const std::string& line, const std::string& where) {
   json rec;
   try {
-    rec = json::parse(line);
+    rec = parse_json_strict(line);
   } catch (const json::exception& e) {
     fail(where, str("invalid JSON (", e.what(), "), expected one JSON object per line"));
+  } catch (const Error& e) {
+    fail(where, e.what());
   }
   if (!rec.is_object()) fail(where, str("expected a JSON object, got ", rec.type_name()));
+  check_field_names(rec, "record", where);
   return rec;
 }
 
@@ -231,6 +278,7 @@ std::vector<Tree> parse_rollouts_trees(const std::string& line, const std::strin
     const std::string name = str("sequences[", i, "]");
     if (!arr[i].is_object())
       fail(where, str(name, ": expected an object {tokens, loss_mask, weight}, got ", arr[i].type_name()));
+    check_field_names(arr[i], name, where);
     seqs[i].tokens = parse_tokens(arr[i], name, where, vocab_size);
     seqs[i].mask = parse_mask(arr[i], name, where, seqs[i].tokens.size());
     seqs[i].mask[0] = 0;  // nothing predicts a sequence's first token
@@ -273,6 +321,7 @@ Tree parse_tree_line(const std::string& line, const std::string& where, int64_t 
     const json& obj = arr[i];
     if (!obj.is_object())
       fail(where, str(name, ": expected an object {parent, tokens, loss_mask, weight}, got ", obj.type_name()));
+    check_field_names(obj, name, where);
     auto pit = obj.find("parent");
     if (pit == obj.end())
       fail(where, str(name, ": missing field \"parent\" (expected an earlier node index, or -1 for the root)"));

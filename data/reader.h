@@ -22,7 +22,9 @@
 //   One long document a line (segment-level training: model/segments.h): a one-path tree, its
 //   mask and weight as a rollouts sequence's. Its segments stay together in one micro-batch
 //   order (a document is never shuffled apart).
-// "id" is optional (a string or an integer; default "file:line"); unknown fields are ignored.
+// "id" is optional (a string or an integer; default "file:line"); unknown fields are ignored,
+// except a near miss of one of these ("wieght", "loss_masks", "Tokens": an error naming both), and
+// an object that names a key twice is an error.
 //
 // Errors (bad JSON, missing or mistyped field, token outside [0, vocab_size), empty sequence or
 // node, mask length mismatch, mask value other than 0/1 (true/false also accepted), non-finite

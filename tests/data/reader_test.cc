@@ -337,7 +337,35 @@ const BadCase kBadCases[] = {
      "record.loss_mask has 1 entries, expected 3 (one per token)"},
     {"document_weight", Format::kTokens, R"({"tokens": [1, 2], "weight": null})",
      "record.weight: expected a number, got null"},
+    // A key twice: nlohmann would keep the last value silently (here the first, longer list).
+    {"duplicate_key", Format::kRollouts, R"({"sequences": [{"tokens": [1, 2, 3]}], "sequences": [{"tokens": [4]}]})",
+     "duplicate key \"sequences\": a JSON object names each key once (a second value would silently replace the "
+     "first)"},
+    {"duplicate_nested_key", Format::kTree, R"({"nodes": [{"parent": -1, "tokens": [1], "tokens": [2]}]})",
+     "duplicate key \"tokens\": a JSON object names each key once (a second value would silently replace the "
+     "first)"},
+    // Near misses of the optional fields (a typo would train without the weight or the mask).
+    {"weight_typo", Format::kRollouts, R"({"sequences": [{"tokens": [1, 2], "wieght": 0.0}]})",
+     "sequences[0]: unknown field \"wieght\"; did you mean \"weight\"? (other unknown fields are ignored; this one "
+     "is a near miss of a field the format reads)"},
+    {"mask_typo", Format::kTree, R"({"nodes": [{"parent": -1, "tokens": [1, 2], "loss_masks": [0, 1]}]})",
+     "nodes[0]: unknown field \"loss_masks\"; did you mean \"loss_mask\"? (other unknown fields are ignored; this "
+     "one is a near miss of a field the format reads)"},
+    {"field_case", Format::kTokens, R"({"tokens": [1, 2], "Weight": 2})",
+     "record: unknown field \"Weight\"; did you mean \"weight\"? (other unknown fields are ignored; this one is a "
+     "near miss of a field the format reads)"},
 };
+
+// Metadata fields, even short ones close to "id", stay ignored.
+TEST(ReadTrees, MetadataFieldsAreIgnored) {
+  const std::string path = testing::write_temp(
+      "metadata.jsonl",
+      R"({"idx": 3, "uid": "u", "reward": 0.5, "sequences": [{"tokens": [1, 2], "weight": 0.5, "logprobs": [0, 0]}]})"
+      "\n");
+  const std::vector<Tree> t = read_trees(path, Format::kRollouts, 10);
+  ASSERT_EQ(t.size(), 1u);
+  EXPECT_EQ(t[0].nodes[0].target_weight[1], 0.5);
+}
 
 void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
 

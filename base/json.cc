@@ -1,0 +1,33 @@
+// parse_json_strict (see json.h).
+#include "base/json.h"
+
+#include <unordered_set>
+#include <vector>
+
+#include "base/check.h"
+
+namespace tt {
+
+nlohmann::json parse_json_strict(const std::string& text) {
+  using json = nlohmann::json;
+  std::vector<std::unordered_set<std::string>> keys;  // the keys of every object still open
+  std::string duplicate;
+  const json::parser_callback_t seen = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) {
+      keys.emplace_back();
+    } else if (event == json::parse_event_t::object_end) {
+      keys.pop_back();
+    } else if (event == json::parse_event_t::key && duplicate.empty() && !keys.empty() &&
+               !keys.back().insert(parsed.get<std::string>()).second) {
+      duplicate = parsed.get<std::string>();
+    }
+    return true;
+  };
+  json j = json::parse(text, seen);
+  if (!duplicate.empty())
+    throw Error(str("duplicate key \"", duplicate, "\": a JSON object names each key once (a second value would "
+                                                   "silently replace the first)"));
+  return j;
+}
+
+}  // namespace tt
