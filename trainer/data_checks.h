@@ -5,7 +5,8 @@
 //   root-to-node chain holds more than model.max_position_embeddings tokens is an error naming
 //   the key and the tree.
 // - Targets: a tree every loss_mask of which is 0 adds nothing to the loss but its paths still
-//   count in the path_mean normaliser: a warning with the count. No target at all is an error.
+//   count in the path_mean normaliser: a warning with the count. No target at all is an error, and
+//   so is data whose every target weighs 0 (weights all 0, or summing to 0 on every token).
 #pragma once
 
 #include <string>

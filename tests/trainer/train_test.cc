@@ -356,6 +356,26 @@ TEST(TrainTest, DataWithoutTargetsWarnsOrFails) {
   EXPECT_EQ(error_of([&] { Trainer t(c); }), "");
 }
 
+// Targets whose weights are all 0, or cancel on every token (+1 and -1 on the same sequence),
+// train nothing: an error. One non-zero weight anywhere is enough.
+TEST(TrainTest, DataWhoseTargetsAllWeighZeroIsAnError) {
+  const fs::path dir = test_dir("zero_weights");
+  RunConfig c = tiny_config(dir);
+  c.origin["data.path"] = "run.yaml:9";
+  auto error_for = [&](const std::string& lines) {
+    { std::ofstream(dir / "w.jsonl") << lines; }
+    c.data.path = (dir / "w.jsonl").string();
+    return error_of([&] { Trainer t(c); });
+  };
+  const std::string zero = R"({"sequences": [{"tokens": [1, 2, 3], "weight": 0}, {"tokens": [1, 4], "weight": 0.0}]})";
+  const std::string cancel = R"({"sequences": [{"tokens": [5, 6], "weight": 1.5}, {"tokens": [5, 6], "weight": -1.5}]})";
+  const std::string want = ": every target's weight is 0 in all 2 trees (the weights of the sequences or nodes over "
+                           "each target sum to 0): the loss and every gradient would be 0, nothing to train";
+  const std::string e = error_for(zero + "\n" + cancel + "\n");
+  EXPECT_EQ(e, "run.yaml:9: data.path " + (dir / "w.jsonl").string() + want);
+  EXPECT_EQ(error_for(zero + "\n" + R"({"sequences": [{"tokens": [5, 6], "weight": -0.5}]})" + "\n"), "");
+}
+
 TEST(TrainTest, TrainerStateErrorsNameTheField) {
   const fs::path dir = test_dir("state_fields");
   const fs::path file = dir / "trainer_state.json";
