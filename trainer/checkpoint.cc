@@ -81,7 +81,15 @@ std::vector<float> read_moment(const std::map<std::string, model::StTensor>& ten
     if (t.dtype != "F32") throw Error(str(file, ": tensor '", name, "' is ", t.dtype, ", expected F32"));
     if (t.shape != p.shape || (int64_t)t.values.size() != p.numel)
       throw Error(str(file, ": tensor '", name, "' has the wrong shape for parameter ", p.name));
-    for (int64_t i = 0; i < p.numel; ++i) out[p.offset + i] = (float)t.values[i];
+    for (int64_t i = 0; i < p.numel; ++i) {
+      const double x = t.values[i];
+      // AdamW's second moment is an average of squares: a negative one (a damaged file) would
+      // make the update's square root NaN a step later, blamed on the update.
+      if (prefix == "v." && x < 0)
+        throw Error(str(file, ": tensor '", name, "' element ", i, " is ", x,
+                        ", expected >= 0 (a second moment is an average of squared gradients)"));
+      out[p.offset + i] = (float)x;
+    }
   }
   return out;
 }

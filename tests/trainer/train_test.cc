@@ -873,6 +873,38 @@ TEST(TrainTest, SkippedStepCountsSurviveAResume) {
   EXPECT_EQ(n, 2);
 }
 
+// Element `index` of F32 tensor `tensor` of a safetensors file set to x in place (the file keeps
+// its size: a checkpoint stays valid by its manifest).
+void poke_f32(const fs::path& file, const std::string& tensor, int64_t index, float x) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header = 0;
+  f.read(reinterpret_cast<char*>(&header), 8);
+  std::string json(header, '\0');
+  f.read(json.data(), (std::streamsize)header);
+  const nlohmann::json h = nlohmann::json::parse(json);
+  ASSERT_EQ(h.at(tensor).at("dtype"), "F32");
+  const int64_t begin = h.at(tensor).at("data_offsets")[0].get<int64_t>();
+  f.seekp(8 + (std::streamoff)header + begin + 4 * index);
+  f.write(reinterpret_cast<const char*>(&x), 4);
+  ASSERT_TRUE(f.good());
+}
+
+// A negative AdamW second moment in a checkpoint (a damaged file, finite) is an error naming the
+// file, the tensor and the element at resume, not a NaN update a step later.
+TEST(TrainTest, NegativeSecondMomentsAreRefusedAtResume) {
+  const fs::path dir = test_dir("negative_v");
+  RunConfig c = tiny_config(dir);
+  c.train.max_steps = 1;
+  Trainer(c).run();
+  const fs::path file = fs::path(c.run_dir) / "checkpoints" / "step_1" / "optimizer.safetensors";
+  poke_f32(file, "v.model.norm.weight", 5, -0.25f);
+  c.train.resume = true;
+  c.train.max_steps = 2;
+  EXPECT_EQ(error_of([&] { Trainer t(c); }),
+            file.string() + ": tensor 'v.model.norm.weight' element 5 is -0.25, expected >= 0 (a second moment is an "
+                            "average of squared gradients)");
+}
+
 // Non-finite values read from disk are errors naming the file and the tensor: an init_from model
 // and a checkpoint's optimizer state (which a resumed run would otherwise carry on).
 TEST(TrainTest, NonFiniteInitFromAndResumeAreRefused) {
@@ -886,18 +918,7 @@ TEST(TrainTest, NonFiniteInitFromAndResumeAreRefused) {
   // A NaN in the optimizer state of the newest checkpoint, patched in place (the file keeps its
   // size: the checkpoint stays valid by its manifest).
   auto poke_nan = [](const fs::path& file, const std::string& tensor, int64_t index) {
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    uint64_t header = 0;
-    f.read(reinterpret_cast<char*>(&header), 8);
-    std::string json(header, '\0');
-    f.read(json.data(), (std::streamsize)header);
-    const nlohmann::json h = nlohmann::json::parse(json);
-    ASSERT_EQ(h.at(tensor).at("dtype"), "F32");
-    const int64_t begin = h.at(tensor).at("data_offsets")[0].get<int64_t>();
-    const float nan = NAN;
-    f.seekp(8 + (std::streamoff)header + begin + 4 * index);
-    f.write(reinterpret_cast<const char*>(&nan), 4);
-    ASSERT_TRUE(f.good());
+    poke_f32(file, tensor, index, NAN);
   };
   poke_nan(ckpt / "optimizer.safetensors", "v.model.norm.weight", 3);
   RunConfig r = c;
