@@ -25,8 +25,9 @@ double quantile(std::vector<double> v, double p) {
 ActionBins fit_action_bins(const std::vector<std::vector<float>>& actions, int64_t vocab_size, int bins) {
   TT_CHECK(!actions.empty() && !actions[0].empty(), "action bins: expected at least one non-empty action");
   if (bins < 2 || bins > vocab_size)
-    throw Error(str("action bins: ", bins, " bins (data.action_bins) for a vocabulary of ", vocab_size,
-                    " ids: the bins are the vocabulary's last ids, expected 2 <= bins <= ", vocab_size));
+    throw Error(str("action bins: ", bins, " bins (data.action_bins; stats --action-bins) for a vocabulary of ",
+                    vocab_size, " ids (model.vocab_size; --vocab-size): the bins are the vocabulary's last ids, "
+                    "expected 2 <= bins <= ", vocab_size));
   const size_t D = actions[0].size();
   ActionBins b;
   b.bins = bins;

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "data/rng.h"
@@ -33,6 +34,16 @@ namespace {
 constexpr int64_t kMul = 5;      // LCG multiplier: a = 1 mod 4 gives full period mod 2^n for odd keys
 constexpr int64_t kNumKeys = 8;  // keys 1, 3, ..., 15 (mod V)
 constexpr int64_t kMaxLeaves = 1 << 20;
+
+// a * b and a + b, held at INT64_MAX instead of overflowing (the operands are >= 0).
+int64_t mul_sat(int64_t a, int64_t b) {
+  int64_t r = 0;
+  return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+int64_t add_sat(int64_t a, int64_t b) {
+  int64_t r = 0;
+  return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
+}
 
 // A tree's token rule.
 struct Stream {
@@ -104,6 +115,23 @@ void check_spec(const SyntheticSpec& spec) {
     positive(spec.history_len, "history_len");
     positive(spec.leaf_len, "leaf_len");
   }
+  // The sizes together: the tokens one line writes, and the file's.
+  const int64_t per_tree = tree_tokens(spec);
+  const std::string shape =
+      spec.kind == "rollouts"
+          ? str("branches^branch_turns x (prompt_len + turns x turn_len) = ", spec.branches, "^", spec.branch_turns,
+                " x (", spec.prompt_len, " + ", spec.turns, " x ", spec.turn_len,
+                ") (--branches, --branch-turns, --prompt-len, --turns, --turn-len)")
+          : str("prefix_len + steps x (history_len + leaf_len) = ", spec.prefix_len, " + ", spec.steps, " x (",
+                spec.history_len, " + ", spec.leaf_len, ") (--prefix-len, --steps, --history-len, --leaf-len)");
+  if (per_tree > kMaxTreeTokens)
+    throw Error(str("synthetic: a tree of ", shape, " is ", per_tree == INT64_MAX ? "over 2^63" : str(per_tree),
+                    " tokens, expected at most 2^28 = ", kMaxTreeTokens));
+  const int64_t total = mul_sat(spec.num_trees, per_tree);
+  if (total > kMaxFileTokens)
+    throw Error(str("synthetic: num_trees x tokens a tree = ", spec.num_trees, " x ", per_tree, " = ", total,
+                    " tokens (--num-trees; a tree of ", shape, "), expected at most 2^31 = ", kMaxFileTokens,
+                    " in a file"));
 }
 
 std::string rollouts_line(const SyntheticSpec& spec, int index, SplitMix64& rng, const Stream& s) {
@@ -193,19 +221,30 @@ std::string comb_line(const SyntheticSpec& spec, int index, SplitMix64& rng, con
   return line;
 }
 
+// Tree i's line: its kind's shape from its own generator.
+std::string tree_line(const SyntheticSpec& spec, int i) {
+  SplitMix64 rng(mix64(spec.seed) ^ mix64(0x7ee50000ULL + (uint64_t)i));
+  const int64_t n_keys = std::min<int64_t>(kNumKeys, spec.vocab_size);
+  const Stream stream{spec.vocab_size, (int64_t)((2 * rng.below(n_keys) + 1) % spec.vocab_size)};
+  return spec.kind == "rollouts" ? rollouts_line(spec, i, rng, stream) : comb_line(spec, i, rng, stream);
+}
+
 }  // namespace
+
+int64_t tree_tokens(const SyntheticSpec& spec) {
+  if (spec.kind == "rollouts") {
+    int64_t leaves = 1;
+    for (int t = 0; t < spec.branch_turns; ++t) leaves = mul_sat(leaves, spec.branches);
+    return mul_sat(leaves, add_sat(spec.prompt_len, mul_sat(spec.turns, spec.turn_len)));
+  }
+  return add_sat(spec.prefix_len, mul_sat(spec.steps, add_sat(spec.history_len, spec.leaf_len)));
+}
 
 std::vector<std::string> generate_jsonl(const SyntheticSpec& spec) {
   check_spec(spec);
   std::vector<std::string> lines;
   lines.reserve(spec.num_trees);
-  for (int i = 0; i < spec.num_trees; ++i) {
-    SplitMix64 rng(mix64(spec.seed) ^ mix64(0x7ee50000ULL + (uint64_t)i));
-    const int64_t n_keys = std::min<int64_t>(kNumKeys, spec.vocab_size);
-    const Stream stream{spec.vocab_size, (int64_t)((2 * rng.below(n_keys) + 1) % spec.vocab_size)};
-    lines.push_back(spec.kind == "rollouts" ? rollouts_line(spec, i, rng, stream)
-                                            : comb_line(spec, i, rng, stream));
-  }
+  for (int i = 0; i < spec.num_trees; ++i) lines.push_back(tree_line(spec, i));
   return lines;
 }
 
@@ -222,16 +261,24 @@ SyntheticSpec published_example_spec() {
 }
 
 void write_jsonl(const SyntheticSpec& spec, const std::string& path) {
-  const std::vector<std::string> lines = generate_jsonl(spec);
+  check_spec(spec);
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw Error(str("cannot write synthetic data to '", path, "': is a folder, expected a file path"));
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(str("cannot write synthetic data to '", tmp, "'"));
-    for (const std::string& l : lines) out << l << '\n';
-    out.flush();
-    if (!out) throw Error(str("error writing synthetic data to '", tmp, "'"));
+  try {
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      if (!out) throw Error(str("cannot write synthetic data to '", tmp, "'"));
+      for (int i = 0; i < spec.num_trees; ++i) out << tree_line(spec, i) << '\n';  // a line at a time in memory
+      out.flush();
+      if (!out) throw Error(str("error writing synthetic data to '", tmp, "'"));
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error(str("cannot rename '", tmp, "' to '", path, "'"));
+  } catch (...) {
+    std::filesystem::remove(tmp, ec);  // no leftover on failure
+    throw;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error(str("cannot rename '", tmp, "' to '", path, "'"));
 }
 
 }  // namespace tt::data

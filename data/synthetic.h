@@ -40,11 +40,22 @@ struct SyntheticSpec {
   int leaf_len = 16;
 };
 
+// Size caps: the tokens one tree's line holds (a rollouts group's sequences as written, each
+// with the prompt; a comb's nodes), and those of a whole file.
+constexpr int64_t kMaxTreeTokens = int64_t{1} << 28;
+constexpr int64_t kMaxFileTokens = int64_t{1} << 31;
+
+// The tokens one tree of `spec` writes: branches^branch_turns x (prompt_len + turns x turn_len) for
+// rollouts, prefix_len + steps x (history_len + leaf_len) for a comb (INT64_MAX when larger).
+int64_t tree_tokens(const SyntheticSpec& spec);
+
 // One JSON object per line (no trailing newline in the strings); ids "<kind>-000000", ...
-// Throws tt::Error naming the field for an invalid spec.
+// Throws tt::Error naming the field for an invalid spec, and the fields (and their flags) when a
+// tree or the file would pass its cap above.
 std::vector<std::string> generate_jsonl(const SyntheticSpec& spec);
 
-// Writes generate_jsonl(spec) to path atomically (tmp file + rename).
+// Writes generate_jsonl(spec)'s lines to path atomically (tmp file + rename), one line in memory at
+// a time; on any failure the tmp file is removed. path must not be a folder.
 void write_jsonl(const SyntheticSpec& spec, const std::string& path);
 
 // A tree with the totals of the published partitioning example (about 164k tokens flattened,

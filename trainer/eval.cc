@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "base/check.h"
@@ -19,9 +20,10 @@ namespace {
 
 enum class Policy { kModel, kRandom, kZeroed };
 
+// capacity: cache rows, the longest context plus the action token.
 NavScore run_episodes(model::Decoder<model::CpuExec<float>>& m, const NavEvalOptions& opt, const data::NavSpec& spec,
-                      int window, Policy kind, double* mean_steps) {
-  model::VlaPolicy<model::CpuExec<float>> policy(m, window);
+                      int window, int64_t capacity, Policy kind, double* mean_steps) {
+  model::VlaPolicy<model::CpuExec<float>> policy(m, window, capacity);
   data::SplitMix64 rng(data::mix64(opt.seed) ^ 0x72616e64ULL);
   const int S = spec.image_size;
   NavScore score;
@@ -70,6 +72,28 @@ NavEvalResult run_nav_eval(const NavEvalOptions& opt) {
   if (cfg.vision.state_dim != 0)
     throw Error(str(dir, ": vision.state_dim ", cfg.vision.state_dim, ", but the nav environment has no state"));
   const int window = opt.window >= 0 ? opt.window : checkpoint_history_window(dir);
+  // The longest context a step reads: the instruction, then one frame of P rows per observation of
+  // the history (every step's up to max_steps, or the window's). Its positions must be ones the
+  // model was built for, as serve's are; checked here rather than after minutes of rollouts.
+  const int64_t P = cfg.vision.tokens_per_frame();
+  const int64_t instruction = (int64_t)data::NavEnv(spec, data::nav_layout_seed(opt.seed, 0)).instruction().size();
+  const int64_t observed = window == 0 ? spec.max_steps : std::min<int64_t>(window, spec.max_steps);
+  const int64_t context = instruction + observed * P;
+  if (context > cfg.max_position_embeddings) {
+    const int64_t fit = std::max<int64_t>(0, (cfg.max_position_embeddings - instruction) / P);
+    const std::string win = opt.window >= 0 ? str("--window ", window)
+                                            : str("the checkpoint's data.history window ", window, " (--window overrides it)");
+    const std::string what = window == 0 ? str("--max-steps ", spec.max_steps, " with the full history")
+                             : window < spec.max_steps ? win
+                                                       : str("--max-steps ", spec.max_steps, " (within ", win, ")");
+    const std::string fix = window == 0 ? str("--max-steps <= ", fit, " or --window W <= ", fit)
+                            : window < spec.max_steps ? str("--window <= ", fit)
+                                                      : str("--max-steps <= ", fit, " or --window <= ", fit);
+    throw Error(str(what, ": the context of a step reaches ", instruction, " + ", observed, " x ", P, " = ", context,
+                    " rows (the instruction, then ", P, " rows a frame), more than max_position_embeddings ",
+                    cfg.max_position_embeddings, " of ", dir, "/config.json; expected ", fix));
+  }
+  const int64_t capacity = context + 1;
   const std::unique_ptr<model::Decoder<model::CpuExec<float>>> model =
       load_inference_model<model::CpuExec<float>>(cfg, dir);
   model::Decoder<model::CpuExec<float>>& m = *model;
@@ -80,9 +104,9 @@ NavEvalResult run_nav_eval(const NavEvalOptions& opt) {
   r.window = window;
   spdlog::info("eval: {} nav episodes (seed {}, room {}x{}, {} landmarks, history {}) with {}", opt.episodes, opt.seed,
                spec.size, spec.size, spec.landmarks, window == 0 ? std::string("full") : str("window ", window), dir);
-  r.model = run_episodes(m, opt, spec, window, Policy::kModel, &r.mean_steps);
-  r.random = run_episodes(m, opt, spec, window, Policy::kRandom, nullptr);
-  r.zeroed = run_episodes(m, opt, spec, window, Policy::kZeroed, nullptr);
+  r.model = run_episodes(m, opt, spec, window, capacity, Policy::kModel, &r.mean_steps);
+  r.random = run_episodes(m, opt, spec, window, capacity, Policy::kRandom, nullptr);
+  r.zeroed = run_episodes(m, opt, spec, window, capacity, Policy::kZeroed, nullptr);
   return r;
 }
 

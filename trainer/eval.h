@@ -6,6 +6,9 @@
 // four action ids and executes it. Reported beside the model: a uniformly random policy and the
 // same model with every frame black ("zeroed images": a policy that ignores vision scores the
 // same as the model). CPU backend (the policy's one-step decode runs there; training runs on either).
+// The longest context a step reads (the instruction and a frame per step of max_steps, or of the
+// window's steps) must fit the model's max_position_embeddings: an error naming --max-steps or
+// --window otherwise, before any rollout; the KV cache holds just that context.
 #pragma once
 
 #include <cstdint>

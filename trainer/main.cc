@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -47,17 +48,23 @@ const char* const kUsage = R"(usage:
       Train as the YAML config says. --set overrides one key (e.g. --set train.max_steps=50);
       repeatable. Keys and their meaning: trainer/config.h.
   treetrain stats --data FILE --format rollouts|tree|episodes [--vocab-size V] [--capacity C]
-                  [--tokens-per-frame 196] [--window W]
+                  [--tokens-per-frame 196] [--window W] [--action-bins 256]
       Print one JSON object of dataset statistics (trees, paths, n_tree, n_flat, por, ...). With
       --capacity, its "partition" object holds the cost of partitioning every tree into pieces of
       at most C tokens (pieces, tokens_with_gateways, tokens_naive, peak_tokens, ...). --format
       episodes (robot/navigation episodes, data/episodes.h) counts each episode as its tree
       (--tokens-per-frame rows per image, --window W observations of history, 0 = all; needs
-      --vocab-size) and adds episodes, unique_frames, frame_occurrences and frame_reuse.
+      --vocab-size; continuous actions become --action-bins bins per dimension, as
+      data.action_bins, at most --vocab-size) and adds episodes, unique_frames, frame_occurrences
+      and frame_reuse. --capacity is an error with --format episodes (partitioning does not carry
+      frames across a cut yet).
   treetrain generate --kind rollouts|comb --out FILE [--num-trees N] [--vocab-size V] [--seed S]
                      [--prompt-len N] [--turns N] [--turn-len N] [--branches N] [--branch-turns N]
                      [--prefix-len N] [--steps N] [--history-len N] [--leaf-len N]
       Write synthetic tree-structured JSONL (rollouts format for rollouts, tree format for comb).
+      rollouts takes --prompt-len, --turns, --turn-len, --branches, --branch-turns; comb takes
+      --prefix-len, --steps, --history-len, --leaf-len. At most 2^28 tokens a tree (a rollouts
+      group's sequences written out) and 2^31 tokens a file.
   treetrain generate --kind toy-episodes --out FILE [--num-episodes 32] [--steps 8] [--image-size 16]
                      [--seed 1]
       Write robot episodes (data.format: episodes) with PNG frames in frames/ beside FILE: a bright
@@ -72,7 +79,9 @@ const char* const kUsage = R"(usage:
                  [--walls 2] [--max-steps 24] [--window W]
       Closed-loop rollouts of a trained VLA in the navigation environment on layouts of --seed
       (held out from generate's): prints JSON with success rate and SPL of the model, a random
-      policy and the model with every frame black.
+      policy and the model with every frame black. The longest context (the instruction and a
+      frame per step of --max-steps, or of the --window last steps) must fit the model's
+      max_position_embeddings.
   treetrain serve --checkpoint DIR [--port 0] [--host 127.0.0.1] [--action-ids FIRST:END]
                   [--action-tokens 1] [--window W] [--max-sessions 1024] [--max-message-bytes 16777216]
       A VLA policy server: JSON lines over TCP, sessions with reset / images (base64 PNG or JPEG)
@@ -81,7 +90,7 @@ const char* const kUsage = R"(usage:
       --action-ids (the nav environment's: 8:12).
   treetrain nav-env [--size 5] [--landmarks 3] [--walls 2] [--max-steps 24] [--image-size 16]
       The navigation environment over stdin/stdout JSON lines (scripts/nav_client.py drives it).
-  treetrain generate --kind published-example --out FILE
+  treetrain generate --kind published-example --out FILE   (no other flags: a fixed shape)
       Write the one-tree navigation comb with the totals of the published partitioning example
       (tree format, vocab 32000; docs/PARTITIONING.md).
   treetrain sample --checkpoint DIR --prompts FILE [--max-new-tokens 128] [--temperature 1]
@@ -167,12 +176,13 @@ Args parse_flags(const std::vector<std::string>& argv, const std::vector<std::st
     if (eq != std::string::npos) {
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
-    } else {
-      if (i + 1 >= argv.size()) throw UsageError{"--" + name + " needs a value"};
-      value = argv[++i];
     }
     if (std::find(known.begin(), known.end(), name) == known.end())
       throw UsageError{"unknown flag --" + name + " for '" + cmd + "'"};
+    if (eq == std::string::npos) {
+      if (i + 1 >= argv.size()) throw UsageError{"--" + name + " needs a value"};
+      value = argv[++i];
+    }
     if (name == "set") {
       a.sets.push_back(value);
     } else {
@@ -189,16 +199,42 @@ const std::string& required(const Args& a, const std::string& name) {
   return it->second;
 }
 
+// s as a whole base-10 integer (an optional '-', then digits only: no spaces, no '+'); false when
+// it is not one or does not fit int64.
+bool parse_int64(const std::string& s, int64_t* v) {
+  const char* end = s.data() + s.size();
+  const auto [ptr, ec] = std::from_chars(s.data(), end, *v);
+  return !s.empty() && ec == std::errc() && ptr == end;
+}
+
 int64_t int_flag(const Args& a, const std::string& name, int64_t def) {
   auto it = a.flags.find(name);
   if (it == a.flags.end()) return def;
-  const std::string& s = it->second;
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || errno == ERANGE) throw UsageError{"--" + name + ": expected an integer, got '" + s + "'"};
+  int64_t v = 0;
+  if (!parse_int64(it->second, &v)) throw UsageError{"--" + name + ": expected an integer, got '" + it->second + "'"};
   return v;
 }
+
+// An integer flag that must lie in [lo, hi] when given (absent: def). `note` follows the range in
+// the error, e.g. " (0: the full history)".
+int64_t int_flag(const Args& a, const std::string& name, int64_t def, int64_t lo, int64_t hi,
+                 const std::string& note = "") {
+  auto it = a.flags.find(name);
+  if (it == a.flags.end()) return def;
+  int64_t v = 0;
+  if (!parse_int64(it->second, &v) || v < lo || v > hi)
+    throw UsageError{tt::str("--", name, ": expected an integer in [", lo, ", ", hi, "]", note, ", got '", it->second,
+                             "'")};
+  return v;
+}
+
+// The same for an int field: the range is an int's, so nothing is narrowed.
+int int32_flag(const Args& a, const std::string& name, int def, int lo, int hi, const std::string& note = "") {
+  return (int)int_flag(a, name, def, lo, hi, note);
+}
+
+constexpr int kIntMax = INT_MAX;
+constexpr int64_t kMaxVocab = int64_t{1} << 31;  // token ids are int32
 
 int run_train(const std::vector<std::string>& argv) {
   const Args a = parse_flags(argv, {"config", "set"}, "train");
@@ -224,14 +260,18 @@ int run_train(const std::vector<std::string>& argv) {
 
 // stats --format episodes: each episode as its tree (data/episode_tree.h), with the frame counts.
 int run_episode_stats(const Args& a, const std::string& path) {
-  const int64_t vocab = int_flag(a, "vocab-size", 0);
-  if (vocab < 2) throw UsageError{"--vocab-size: expected the model's vocabulary (>= 2) for --format episodes"};
+  if (!a.flags.count("vocab-size"))
+    throw UsageError{"--vocab-size: expected the model's vocabulary (>= 2) for --format episodes"};
+  const int64_t vocab = int_flag(a, "vocab-size", 0, 2, kMaxVocab, " (the model's vocabulary)");
+  if (a.flags.count("capacity"))
+    throw UsageError{"--capacity: partitioning episode trees is not supported (a partition cut does not carry "
+                     "frames yet); drop --capacity for --format episodes"};
   tt::data::EpisodeTreeSpec spec;
-  spec.tokens_per_frame = (int)int_flag(a, "tokens-per-frame", 196);
-  spec.window = (int)int_flag(a, "window", 0);
-  if (spec.tokens_per_frame < 1) throw UsageError{"--tokens-per-frame: expected >= 1"};
-  if (spec.window < 0) throw UsageError{"--window: expected 0 (full history) or >= 1"};
-  const std::vector<tt::data::Tree> trees = tt::data::read_episode_trees(path, vocab, spec, 256, nullptr);
+  spec.tokens_per_frame = int32_flag(a, "tokens-per-frame", 196, 1, kIntMax);
+  spec.window = int32_flag(a, "window", 0, 0, kIntMax, " (0: the full history)");
+  // data.action_bins's default, so the counts are those of a training run's.
+  const int bins = int32_flag(a, "action-bins", (int)tt::trainer::DataConfig{}.action_bins, 2, 1 << 20);
+  const std::vector<tt::data::Tree> trees = tt::data::read_episode_trees(path, vocab, spec, bins, nullptr);
   int64_t frames = 0, occurrences = 0;
   for (const tt::data::Tree& t : trees) {
     frames += (int64_t)t.media.frames.size();
@@ -249,15 +289,19 @@ int run_episode_stats(const Args& a, const std::string& path) {
 }
 
 int run_stats(const std::vector<std::string>& argv) {
-  const Args a = parse_flags(argv, {"data", "format", "vocab-size", "capacity", "tokens-per-frame", "window"}, "stats");
+  const Args a =
+      parse_flags(argv, {"data", "format", "vocab-size", "capacity", "tokens-per-frame", "window", "action-bins"}, "stats");
   const std::string& path = required(a, "data");
   if (required(a, "format") == "episodes") return run_episode_stats(a, path);
   if (a.flags.count("tokens-per-frame") || a.flags.count("window"))
     throw UsageError{"--tokens-per-frame and --window are for --format episodes"};
+  if (a.flags.count("action-bins")) throw UsageError{"--action-bins is for --format episodes"};
   const tt::data::Format format = tt::data::parse_format(required(a, "format"), "--format");
   const int64_t capacity = int_flag(a, "capacity", 0);
   if (a.flags.count("capacity") && capacity < 1) throw UsageError{"--capacity: expected a positive number of tokens"};
-  const auto trees = tt::data::read_trees(path, format, int_flag(a, "vocab-size", 0));
+  // Absent: no vocabulary check; given, it bounds every token id.
+  const int64_t vocab = int_flag(a, "vocab-size", 0, 1, kMaxVocab, " (absent: token ids unchecked)");
+  const auto trees = tt::data::read_trees(path, format, vocab);
   nlohmann::json j = tt::data::tree_stats(trees);
   if (capacity > 0) j["partition"] = tt::data::partition_stats(trees, capacity);
   std::cout << j.dump() << std::endl;
@@ -272,16 +316,16 @@ int run_bench(const std::vector<std::string>& argv) {
                              "bench attention");
   const std::string& path = required(a, "data");
   tt::trainer::AttentionBenchOptions opt;
-  const auto trees = tt::data::read_trees(path, tt::data::parse_format(required(a, "format"), "--format"),
-                                          int_flag(a, "vocab-size", 0));
+  opt.heads = int32_flag(a, "heads", opt.heads, 1, 1 << 16);
+  opt.kv_heads = int32_flag(a, "kv-heads", opt.kv_heads, 1, 1 << 16);
+  opt.head_dim = int32_flag(a, "head-dim", opt.head_dim, 1, 1 << 16);
+  opt.iters = int32_flag(a, "iters", opt.iters, 1, 1 << 20);
+  opt.warmup = int32_flag(a, "warmup", opt.warmup, 0, 1 << 20);
+  const int64_t vocab = int_flag(a, "vocab-size", 0, 1, kMaxVocab, " (absent: token ids unchecked)");
+  const auto trees = tt::data::read_trees(path, tt::data::parse_format(required(a, "format"), "--format"), vocab);
   std::vector<const tt::data::Tree*> ptrs;
   for (const auto& t : trees) ptrs.push_back(&t);
   const tt::data::PackedBatch batch = tt::data::pack(ptrs, tt::data::Packing::kTree);
-  opt.heads = (int)int_flag(a, "heads", opt.heads);
-  opt.kv_heads = (int)int_flag(a, "kv-heads", opt.kv_heads);
-  opt.head_dim = (int)int_flag(a, "head-dim", opt.head_dim);
-  opt.iters = (int)int_flag(a, "iters", opt.iters);
-  opt.warmup = (int)int_flag(a, "warmup", opt.warmup);
   const auto dump = a.flags.find("dump");
   if (dump != a.flags.end()) tt::trainer::dump_layout_npy(batch, dump->second);
   std::cout << tt::trainer::to_json(tt::trainer::bench_attention(batch, path, opt)) << std::endl;
@@ -293,11 +337,7 @@ double float_flag(const Args& a, const std::string& name, double def);
 // The nav environment's flags (generate --kind nav-episodes, eval --env nav).
 tt::data::NavSpec nav_spec_flags(const Args& a) {
   tt::data::NavSpec s;
-  auto get = [&](const char* name, int& field, int lo, int hi) {
-    const int64_t v = int_flag(a, name, field);
-    if (v < lo || v > hi) throw UsageError{tt::str("--", name, ": expected an integer in [", lo, ", ", hi, "]")};
-    field = (int)v;
-  };
+  auto get = [&](const char* name, int& field, int lo, int hi) { field = int32_flag(a, name, field, lo, hi); };
   get("size", s.size, 3, 64);
   get("landmarks", s.landmarks, 3, 4);
   get("walls", s.walls, 0, s.size * s.size / 4);
@@ -314,14 +354,10 @@ int run_eval(const std::vector<std::string>& argv) {
   if (required(a, "env") != "nav") throw UsageError{"--env: expected nav (the built-in navigation environment)"};
   tt::trainer::NavEvalOptions o;
   o.checkpoint = required(a, "checkpoint");
-  o.episodes = int_flag(a, "episodes", o.episodes);
-  if (o.episodes < 1 || o.episodes > (1 << 24)) throw UsageError{"--episodes: expected an integer in [1, 2^24]"};
-  const int64_t seed = int_flag(a, "seed", (int64_t)o.seed);
-  if (seed < 0) throw UsageError{"--seed: expected a non-negative integer"};
-  o.seed = (uint64_t)seed;
+  o.episodes = int_flag(a, "episodes", o.episodes, 1, 1 << 24);
+  o.seed = (uint64_t)int_flag(a, "seed", (int64_t)o.seed, 0, INT64_MAX);
   o.spec = nav_spec_flags(a);
-  o.window = (int)int_flag(a, "window", -1);
-  if (o.window < -1) throw UsageError{"--window: expected 0 (full history) or >= 1 (default: the checkpoint's)"};
+  o.window = int32_flag(a, "window", -1, 0, kIntMax, " (0: the full history; absent: the checkpoint's)");
   const auto dev = a.flags.find("device");
   if (dev != a.flags.end() && dev->second != "auto" && dev->second != "cpu")
     throw UsageError{"--device: the closed-loop policy runs on the cpu backend only so far (expected auto or cpu)"};
@@ -337,34 +373,43 @@ int run_serve(const std::vector<std::string>& argv) {
   tt::trainer::ServeOptions o;
   o.checkpoint = required(a, "checkpoint");
   if (a.flags.count("host")) o.host = a.flags.at("host");
-  const int64_t port = int_flag(a, "port", 0);
-  if (port < 0 || port > 65535) throw UsageError{"--port: expected 0 (any free port) to 65535"};
-  o.port = (int)port;
-  o.window = (int)int_flag(a, "window", -1);
-  if (o.window < -1) throw UsageError{"--window: expected 0 (full history) or >= 1 (default: the checkpoint's)"};
+  o.port = int32_flag(a, "port", 0, 0, 65535, " (0: any free port)");
+  o.window = int32_flag(a, "window", -1, 0, kIntMax, " (0: the full history; absent: the checkpoint's)");
   if (a.flags.count("action-ids")) {
+    // Each field whole digits in range: 0 <= FIRST < END <= 2^31 - 1.
     const std::string& v = a.flags.at("action-ids");
     const size_t colon = v.find(':');
-    char* end = nullptr;
-    const long first = colon == std::string::npos ? -1 : std::strtol(v.c_str(), &end, 10);
-    const long last = colon == std::string::npos ? -1 : std::strtol(v.c_str() + colon + 1, &end, 10);
-    if (colon == std::string::npos || first < 0 || last <= first || *end != '\0')
-      throw UsageError{"--action-ids: expected FIRST:END (ids FIRST .. END - 1), e.g. 8:12"};
+    int64_t first = -1, end = -1;
+    const bool ok = colon != std::string::npos && v.find(':', colon + 1) == std::string::npos &&
+                    std::all_of(v.begin(), v.end(), [](char c) { return c == ':' || (c >= '0' && c <= '9'); }) &&
+                    parse_int64(v.substr(0, colon), &first) && parse_int64(v.substr(colon + 1), &end) &&
+                    first < end && end <= INT32_MAX;
+    if (!ok)
+      throw UsageError{"--action-ids: expected FIRST:END (ids FIRST .. END - 1, 0 <= FIRST < END <= 2147483647), e.g. "
+                       "8:12, got '" + v + "'"};
     o.action_first = (int32_t)first;
-    o.action_end = (int32_t)last;
+    o.action_end = (int32_t)end;
   }
-  o.action_tokens = (int)int_flag(a, "action-tokens", 1);
-  if (o.action_tokens < 1) throw UsageError{"--action-tokens: expected >= 1"};
-  o.max_message_bytes = int_flag(a, "max-message-bytes", o.max_message_bytes);
-  if (o.max_message_bytes < 1024) throw UsageError{"--max-message-bytes: expected >= 1024"};
-  o.max_sessions = (int)int_flag(a, "max-sessions", o.max_sessions);
-  if (o.max_sessions < 1) throw UsageError{"--max-sessions: expected >= 1"};
-  o.max_requests = int_flag(a, "max-requests", -1);
+  o.action_tokens = int32_flag(a, "action-tokens", 1, 1, kIntMax);  // serve checks them against the context
+  o.max_message_bytes = int_flag(a, "max-message-bytes", o.max_message_bytes, 1024, INT64_MAX);
+  o.max_sessions = int32_flag(a, "max-sessions", o.max_sessions, 1, kIntMax);
+  o.max_requests = int_flag(a, "max-requests", -1, 1, INT64_MAX, " (absent: until killed)");
   const auto dev = a.flags.find("device");
   if (dev != a.flags.end() && dev->second != "auto" && dev->second != "cpu")
     throw UsageError{"--device: the closed-loop policy runs on the cpu backend only so far (expected auto or cpu)"};
   tt::trainer::run_serve(o);
   return 0;
+}
+
+// Field `name` of a nav-env request: an integer (not 1.7, not 1e30) in [lo, hi].
+uint64_t nav_int_field(const nlohmann::json& j, const char* name, uint64_t lo, uint64_t hi) {
+  if (!j.contains(name)) throw tt::Error(tt::str("\"", name, "\": missing"));
+  const nlohmann::json& v = j.at(name);
+  // Non-negative JSON integers parse as unsigned; -1, 1.7 and 1e30 do not.
+  if (!v.is_number_unsigned() || v.get<uint64_t>() < lo || v.get<uint64_t>() > hi)
+    throw tt::Error(tt::str("\"", name, "\": ", v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                            ", expected an integer in [", lo, ", ", hi, "]"));
+  return v.get<uint64_t>();
 }
 
 // The navigation environment over stdin / stdout, JSON lines (the reference client drives it):
@@ -380,12 +425,14 @@ int run_nav_env(const std::vector<std::string>& argv) {
       const nlohmann::json j = nlohmann::json::parse(line);
       if (j.contains("reset")) {
         const nlohmann::json& r = j.at("reset");
-        env = std::make_unique<tt::data::NavEnv>(
-            spec, tt::data::nav_layout_seed(r.at("seed").get<uint64_t>(), r.at("episode").get<int64_t>()));
+        if (!r.is_object()) throw tt::Error("reset: expected {\"seed\": S, \"episode\": e}");
+        const uint64_t seed = nav_int_field(r, "seed", 0, UINT64_MAX);
+        const int64_t episode = (int64_t)nav_int_field(r, "episode", 0, INT64_MAX);
+        env = std::make_unique<tt::data::NavEnv>(spec, tt::data::nav_layout_seed(seed, episode));
         out["instruction"] = env->instruction();
       } else if (j.contains("step")) {
         if (!env) throw tt::Error("step before reset");
-        env->step(j.at("step").get<int>());
+        env->step((int)nav_int_field(j, "step", 0, tt::data::kNavActions - 1));
       } else {
         throw tt::Error("expected {\"reset\": {...}} or {\"step\": action}");
       }
@@ -397,25 +444,45 @@ int run_nav_env(const std::vector<std::string>& argv) {
     } catch (const std::exception& e) {
       out = {{"error", e.what()}};
     }
-    std::cout << out.dump() << std::endl;
+    // An error text may quote invalid UTF-8 of the line: replaced, so the reply is still a line.
+    std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
   }
   return 0;
 }
 
 int run_generate(const std::vector<std::string>& argv) {
-  const std::vector<std::string> ints = {"num-trees", "vocab-size", "seed", "prompt-len", "turns", "turn-len",
-                                         "branches", "branch-turns", "prefix-len", "steps", "history-len",
-                                         "leaf-len"};
-  std::vector<std::string> known = {"kind", "out", "num-episodes", "image-size", "noise", "size", "landmarks",
-                                    "walls", "max-steps"};
-  known.insert(known.end(), ints.begin(), ints.end());
+  // The flags each kind takes besides --kind and --out; any other is an error naming it.
+  const std::map<std::string, std::vector<std::string>> takes = {
+      {"rollouts", {"num-trees", "vocab-size", "seed", "prompt-len", "turns", "turn-len", "branches", "branch-turns"}},
+      {"comb", {"num-trees", "vocab-size", "seed", "prefix-len", "steps", "history-len", "leaf-len"}},
+      {"published-example", {}},
+      {"toy-episodes", {"num-episodes", "steps", "image-size", "seed"}},
+      {"nav-episodes", {"num-episodes", "seed", "noise", "image-size", "size", "landmarks", "walls", "max-steps"}}};
+  std::vector<std::string> known = {"kind", "out"};
+  for (const auto& [k, names] : takes)
+    for (const std::string& name : names)
+      if (std::find(known.begin(), known.end(), name) == known.end()) known.push_back(name);
   const Args a = parse_flags(argv, known, "generate");
   const std::string& kind = required(a, "kind");
+  if (kind == "episodes")  // the synthetic navigation combs were once --kind episodes
+    throw UsageError{"--kind: 'episodes' names the robot-episode data format, not a synthetic kind; the synthetic "
+                     "navigation combs are --kind comb (expected rollouts|comb|published-example|toy-episodes|nav-episodes)"};
+  if (!takes.count(kind))
+    throw UsageError{"--kind: expected rollouts|comb|published-example|toy-episodes|nav-episodes, got '" + kind + "'"};
+  const std::vector<std::string>& mine = takes.at(kind);
+  for (const auto& [name, value] : a.flags) {
+    if (name == "kind" || name == "out" || std::find(mine.begin(), mine.end(), name) != mine.end()) continue;
+    if (mine.empty()) throw UsageError{"--kind " + kind + " has a fixed shape; drop --" + name};
+    std::string list;
+    for (size_t i = 0; i < mine.size(); ++i)
+      list += (i == 0 ? "" : i + 1 == mine.size() ? " and " : ", ") + ("--" + mine[i]);
+    throw UsageError{"--kind " + kind + " takes " + list + "; drop --" + name};
+  }
   const std::string& out = required(a, "out");
+  std::error_code ec;
+  if (std::filesystem::is_directory(out, ec)) throw tt::Error("--out " + out + ": is a folder, expected a file path");
   const std::filesystem::path parent = std::filesystem::path(out).parent_path();
   if (kind == "published-example") {
-    for (const std::string& name : ints)
-      if (a.flags.count(name)) throw UsageError{"--kind published-example has a fixed shape; drop --" + name};
     const tt::data::SyntheticSpec s = tt::data::published_example_spec();
     if (!parent.empty()) std::filesystem::create_directories(parent);
     tt::data::write_jsonl(s, out);
@@ -425,21 +492,11 @@ int run_generate(const std::vector<std::string>& argv) {
     return 0;
   }
   if (kind == "toy-episodes") {
-    for (const std::string& name : ints)
-      if (a.flags.count(name) && name != "seed" && name != "steps")
-        throw UsageError{"--kind toy-episodes takes --num-episodes, --steps, --image-size and --seed; drop --" + name};
     tt::data::ToyEpisodeSpec t;
-    auto get = [&](const char* name, int& field, int lo) {
-      const int64_t v = int_flag(a, name, field);
-      if (v < lo || v > 4096) throw UsageError{tt::str("--", name, ": expected an integer in [", lo, ", 4096]")};
-      field = (int)v;
-    };
-    get("num-episodes", t.num_episodes, 1);
-    get("steps", t.steps, 1);
-    get("image-size", t.image_size, t.square + 1);
-    const int64_t seed = int_flag(a, "seed", (int64_t)t.seed);
-    if (seed < 0) throw UsageError{"--seed: expected a non-negative integer"};
-    t.seed = (uint64_t)seed;
+    t.num_episodes = int32_flag(a, "num-episodes", t.num_episodes, 1, 4096);
+    t.steps = int32_flag(a, "steps", t.steps, 1, 4096);
+    t.image_size = int32_flag(a, "image-size", t.image_size, t.square + 1, 4096);
+    t.seed = (uint64_t)int_flag(a, "seed", (int64_t)t.seed, 0, INT64_MAX);
     const int64_t frames = tt::data::write_toy_episodes(t, out);
     spdlog::info("wrote {} toy episodes of {} steps ({} PNG frames of {} x {} in {}) to {} (data.format: episodes)",
                  t.num_episodes, t.steps, frames, t.image_size, t.image_size,
@@ -447,15 +504,9 @@ int run_generate(const std::vector<std::string>& argv) {
     return 0;
   }
   if (kind == "nav-episodes") {
-    for (const std::string& name : ints)
-      if (a.flags.count(name) && name != "seed")
-        throw UsageError{"--kind nav-episodes takes --num-episodes, --seed, --noise, --image-size, --size, --landmarks, "
-                         "--walls and --max-steps; drop --" + name};
     const tt::data::NavSpec spec = nav_spec_flags(a);
-    const int64_t n = int_flag(a, "num-episodes", 200);
-    if (n < 1 || n > (1 << 24)) throw UsageError{"--num-episodes: expected an integer in [1, 2^24]"};
-    const int64_t seed = int_flag(a, "seed", 1);
-    if (seed < 0) throw UsageError{"--seed: expected a non-negative integer"};
+    const int64_t n = int_flag(a, "num-episodes", 200, 1, 1 << 24);
+    const int64_t seed = int_flag(a, "seed", 1, 0, INT64_MAX);
     const double noise = float_flag(a, "noise", 0.2);
     if (noise < 0 || noise >= 1) throw UsageError{"--noise: expected a probability in [0, 1)"};
     const int64_t frames = tt::data::write_nav_episodes(spec, n, (uint64_t)seed, noise, out);
@@ -464,26 +515,13 @@ int run_generate(const std::vector<std::string>& argv) {
                  n, frames, spec.image_size, spec.image_size, spec.size, spec.size, spec.landmarks, noise, out);
     return 0;
   }
-  for (const char* name : {"num-episodes", "image-size", "noise", "size", "landmarks", "walls", "max-steps"})
-    if (a.flags.count(name)) throw UsageError{tt::str("--", name, " belongs to --kind toy-episodes or nav-episodes")};
   tt::data::SyntheticSpec s;
   s.kind = kind;
-  if (s.kind == "episodes")  // the synthetic navigation combs were once --kind episodes
-    throw UsageError{"--kind: 'episodes' names the robot-episode data format, not a synthetic kind; the synthetic "
-                     "navigation combs are --kind comb (expected rollouts|comb|published-example|toy-episodes|nav-episodes)"};
-  if (s.kind != "rollouts" && s.kind != "comb")
-    throw UsageError{"--kind: expected rollouts|comb|published-example|toy-episodes|nav-episodes, got '" + s.kind +
-                     "'"};
-  auto get = [&](const char* name, int& field) {
-    const int64_t v = int_flag(a, name, field);
-    if (v < 0 || v > (1 << 30)) throw UsageError{std::string("--") + name + ": out of range"};
-    field = (int)v;
-  };
+  // Each field up to 2^30; check_spec bounds the totals (data/synthetic.h).
+  auto get = [&](const char* name, int& field) { field = int32_flag(a, name, field, 0, 1 << 30); };
   get("num-trees", s.num_trees);
   get("vocab-size", s.vocab_size);
-  const int64_t seed = int_flag(a, "seed", (int64_t)s.seed);
-  if (seed < 0) throw UsageError{"--seed: expected a non-negative integer"};
-  s.seed = (uint64_t)seed;
+  s.seed = (uint64_t)int_flag(a, "seed", (int64_t)s.seed, 0, INT64_MAX);
   get("prompt-len", s.prompt_len);
   get("turns", s.turns);
   get("turn-len", s.turn_len);
@@ -526,23 +564,16 @@ int run_sample(const std::vector<std::string>& argv) {
   if (a.flags.count("device")) c.device = a.flags.at("device");
   c.sets = a.sets;
   tt::model::SamplingOptions& o = c.sampling;
-  const int64_t max_new = int_flag(a, "max-new-tokens", o.max_new_tokens);
-  const int64_t k = int_flag(a, "num-samples", o.num_samples);
-  if (max_new < 1 || max_new > (1 << 24)) throw UsageError{"--max-new-tokens: expected 1..16777216"};
-  if (k < 1 || k > (1 << 16)) throw UsageError{"--num-samples: expected 1..65536"};
-  o.max_new_tokens = (int)max_new;
-  o.num_samples = (int)k;
+  o.max_new_tokens = int32_flag(a, "max-new-tokens", o.max_new_tokens, 1, 1 << 24);
+  o.num_samples = int32_flag(a, "num-samples", o.num_samples, 1, 1 << 16);
   o.temperature = float_flag(a, "temperature", o.temperature);
   o.top_p = float_flag(a, "top-p", o.top_p);
-  const int64_t seed = int_flag(a, "seed", 0);
-  if (seed < 0) throw UsageError{"--seed: expected a non-negative integer"};
-  o.seed = (uint64_t)seed;
-  if (a.flags.count("stop")) {
+  o.seed = (uint64_t)int_flag(a, "seed", 0, 0, INT64_MAX);
+  if (a.flags.count("stop")) {  // ids below the model's vocab_size: run_sample checks them
     std::stringstream ss(a.flags.at("stop"));
     for (std::string id; std::getline(ss, id, ',');) {
-      char* end = nullptr;
-      const long v = std::strtol(id.c_str(), &end, 10);
-      if (id.empty() || *end != '\0' || v < 0 || v > INT32_MAX)
+      int64_t v = -1;
+      if (!parse_int64(id, &v) || v < 0 || v > INT32_MAX)
         throw UsageError{"--stop: expected token ids separated by commas, got '" + a.flags.at("stop") + "'"};
       o.stop.push_back((int32_t)v);
     }
@@ -557,11 +588,11 @@ int run_launch(const std::vector<std::string>& argv) {
   const Args a = parse_flags(std::vector<std::string>(argv.begin(), dash),
                              {"nproc", "master-port", "master-addr", "program"}, "launch");
   tt::distributed::LaunchOptions o;
-  o.nproc = (int)int_flag(a, "nproc", 0);
-  if (!a.flags.count("nproc") || o.nproc < 1 || o.nproc > 1024) throw UsageError{"launch: --nproc N (1..1024) is required"};
-  const int64_t port = int_flag(a, "master-port", 0);
-  if (port < 0 || port > 65535) throw UsageError{"--master-port: expected a port in 1..65535"};
-  o.master_port = (int)port;
+  int64_t nproc = 0;
+  if (!a.flags.count("nproc") || !parse_int64(a.flags.at("nproc"), &nproc) || nproc < 1 || nproc > 1024)
+    throw UsageError{"launch: --nproc N (1..1024) is required"};
+  o.nproc = (int)nproc;
+  o.master_port = int32_flag(a, "master-port", 0, 0, 65535, " (0: a free port)");
   if (a.flags.count("master-addr")) o.master_addr = a.flags.at("master-addr");
   if (a.flags.count("program")) o.program = a.flags.at("program");
   o.args.assign(dash + 1, argv.end());
@@ -574,8 +605,7 @@ int run_sweep(const std::vector<std::string>& argv) {
   const Args a = parse_flags(argv, {"config", "mode", "out", "nproc", "binary"}, "sweep");
   const std::string mode = a.flags.count("mode") ? a.flags.at("mode") : "local";
   if (mode != "local" && mode != "slurm") throw UsageError{"--mode: expected local|slurm, got '" + mode + "'"};
-  const int64_t nproc = int_flag(a, "nproc", 1);
-  if (nproc < 1) throw UsageError{"--nproc: expected a positive number of ranks"};
+  const int nproc = int32_flag(a, "nproc", 1, 1, 1024, " (ranks per run)");
   const tt::trainer::Sweep sweep = tt::trainer::load_sweep(required(a, "config"));
   const std::string binary = a.flags.count("binary") ? a.flags.at("binary") : tt::distributed::self_executable();
   if (mode == "slurm") {
@@ -593,7 +623,7 @@ int run_sweep(const std::vector<std::string>& argv) {
     return 0;
   }
   if (a.flags.count("out")) throw UsageError{"--out is for --mode slurm"};
-  const std::vector<tt::trainer::RunResult> results = tt::trainer::run_local(sweep, binary, (int)nproc);
+  const std::vector<tt::trainer::RunResult> results = tt::trainer::run_local(sweep, binary, nproc);
   std::cout << tt::trainer::results_table(sweep, results) << std::flush;
   int failed = 0;
   for (const tt::trainer::RunResult& r : results) failed += r.status != "ok";

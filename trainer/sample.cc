@@ -2,11 +2,16 @@
 #include "trainer/sample.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -37,7 +42,13 @@ int64_t parse_int(const std::string& key, const std::string& v) {
   return x;
 }
 
-// Applies --set KEY=VALUE to the model config and the sampling options.
+// An int-valued key: in [0, INT_MAX], never narrowed.
+int parse_small_int(const std::string& key, const std::string& v) {
+  const int64_t x = parse_int(key, v);
+  if (x < 0 || x > INT32_MAX) throw Error(str("--set ", key, "=", v, ": ", x, " is out of range [0, 2147483647]"));
+  return (int)x;
+}
+
 // "[1, 2]" or "1,2" (brackets optional, empty for none).
 std::vector<int> parse_int_list(const std::string& key, std::string value) {
   if (!value.empty() && value.front() == '[' && value.back() == ']') value = value.substr(1, value.size() - 2);
@@ -46,11 +57,12 @@ std::vector<int> parse_int_list(const std::string& key, std::string value) {
   for (std::string x; std::getline(ss, x, ',');) {
     x.erase(0, x.find_first_not_of(' '));
     x.erase(x.find_last_not_of(' ') + 1);
-    if (!x.empty()) out.push_back((int)parse_int(key, x));
+    if (!x.empty()) out.push_back(parse_small_int(key, x));
   }
   return out;
 }
 
+// Applies --set KEY=VALUE to the model config and the sampling options.
 void apply_sets(const std::vector<std::string>& sets, model::ModelConfig* cfg, model::SamplingOptions* opt,
                 model::SegmentConfig* seg) {
   for (const std::string& s : sets) {
@@ -60,9 +72,16 @@ void apply_sets(const std::vector<std::string>& sets, model::ModelConfig* cfg, m
     if (key == "model.max_position_embeddings") {
       cfg->max_position_embeddings = parse_int(key, value);
     } else if (key == "model.eos_token_id") {
+      // The ids config.json may hold: each in [0, vocab_size).
       cfg->eos_token_id.clear();
       std::stringstream ss(value);
-      for (std::string id; std::getline(ss, id, ',');) cfg->eos_token_id.push_back(parse_int(key, id));
+      for (std::string id; std::getline(ss, id, ',');) {
+        const int64_t x = parse_int(key, id);
+        if (x < 0 || x >= cfg->vocab_size)
+          throw Error(str("--set ", key, "=", value, ": eos_token_id ", x, " outside vocab_size ", cfg->vocab_size,
+                          " (expected ids in [0, ", cfg->vocab_size, "))"));
+        cfg->eos_token_id.push_back(x);
+      }
     } else if (key == "sample.max_batch_tokens") {
       opt->max_batch_tokens = parse_int(key, value);
     } else if (key == "segments.length") {
@@ -90,6 +109,44 @@ std::vector<model::Completion> run_on(const model::ModelConfig& cfg, const std::
                                       const model::SamplingOptions& opt, model::GenerateStats* st) {
   const std::unique_ptr<model::Decoder<E>> m = load_inference_model<E>(cfg, dir);
   return seg.enabled() ? model::generate_segmented(*m, seg, prompts, opt, st) : model::generate(*m, prompts, opt, st);
+}
+
+// --out: a file path (not a folder) in a folder this process may write in.
+void check_writable(const std::string& out) {
+  std::error_code ec;
+  if (fs::is_directory(out, ec)) throw Error(str("--out ", out, ": is a folder, expected a file path"));
+  const fs::path parent = fs::path(out).parent_path();
+  if (!parent.empty() && !fs::is_directory(parent, ec)) throw Error(str("--out ", out, ": no folder ", parent.string()));
+  const std::string folder = parent.empty() ? "." : parent.string();
+  if (::access(folder.c_str(), W_OK) != 0)
+    throw Error(str("--out ", out, ": cannot write in folder ", folder, ": ", std::strerror(errno)));
+}
+
+// The CPU generation's KV cache is allocated whole before the first token (model/generate.h: the
+// largest group of prompts, each prompt's rows plus --num-samples x --max-new-tokens): more bytes
+// than the machine has is an error naming the flags, before the model loads.
+void check_host_memory(const model::ModelConfig& cfg, const std::vector<model::Prompt>& prompts,
+                       const model::SamplingOptions& opt) {
+  int64_t attention_layers = 0;
+  for (const model::LayerSpec& l : cfg.layer_specs()) attention_layers += l.mixer == "full_attention";
+  const double row_bytes = 2.0 * (double)attention_layers * (double)cfg.num_key_value_heads * (double)cfg.head_dim *
+                           (double)sizeof(float);  // K and V
+  auto rows_of = [&](size_t k) { return (double)prompts[k].tokens.size() + (double)opt.num_samples * opt.max_new_tokens; };
+  double most = 0;  // the largest group's rows, grouped as generate() groups them
+  for (size_t i = 0; i < prompts.size();) {
+    double rows = 0;
+    size_t j = i;
+    while (j < prompts.size() && (j == i || rows + rows_of(j) <= (double)opt.max_batch_tokens)) rows += rows_of(j++);
+    most = std::max(most, rows);
+    i = j;
+  }
+  const double need = most * row_bytes;
+  const double have = (double)::sysconf(_SC_PHYS_PAGES) * (double)::sysconf(_SC_PAGE_SIZE);
+  if (have > 0 && need > have)
+    throw Error(str("sample: the KV cache of ", (int64_t)most, " rows (a prompt's tokens + --num-samples ",
+                    opt.num_samples, " x --max-new-tokens ", opt.max_new_tokens, ") needs ", need / (1 << 30),
+                    " GiB, more than this machine's ", have / (1 << 30), " GiB; lower --num-samples or "
+                    "--max-new-tokens"));
 }
 
 }  // namespace
@@ -133,6 +190,8 @@ std::string resolve_checkpoint(const std::string& dir) {
 }
 
 std::vector<model::Prompt> read_prompts(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw Error(str(path, ": is a folder, expected a JSONL file of prompts (--prompts)"));
   std::ifstream in(path);
   if (!in) throw Error(str(path, ": cannot open (--prompts)"));
   std::vector<model::Prompt> out;
@@ -207,14 +266,15 @@ int64_t run_sample(const SampleCommand& c) {
   cfg.validate();
   seg.validate(cfg);
   for (int64_t id : cfg.eos_token_id) opt.eos.push_back((int32_t)id);
+  for (int32_t id : opt.stop)
+    if (id >= cfg.vocab_size)
+      throw Error(str("--stop ", id, ": outside vocab_size ", cfg.vocab_size, " of ", dir, " (expected ids in [0, ",
+                      cfg.vocab_size, "))"));
   opt.validate();
   const std::vector<model::Prompt> prompts = read_prompts(c.prompts);
-  if (!c.out.empty()) {  // fail before the work if the output cannot be written
-    const fs::path parent = fs::path(c.out).parent_path();
-    std::error_code ec;
-    if (!parent.empty() && !fs::is_directory(parent, ec)) throw Error(str("--out ", c.out, ": no folder ", parent.string()));
-  }
+  if (!c.out.empty()) check_writable(c.out);  // fail before the work if the output cannot be written
   const int gpu = resolve_device(c.device, cfg);
+  if (gpu < 0 && !seg.enabled()) check_host_memory(cfg, prompts, opt);
   if (seg.enabled())
     spdlog::info("sample: segments of {} tokens, tail {}, {} long-range layers retrieving {}", seg.length, seg.tail,
                  seg.long_range.layers.size(), seg.long_range.retrieve);
@@ -223,11 +283,18 @@ int64_t run_sample(const SampleCommand& c) {
                opt.num_samples, opt.max_new_tokens);
   const auto t0 = std::chrono::steady_clock::now();
   model::GenerateStats st;
-  const std::vector<model::Completion> done =
-      gpu < 0 ? run_on<model::CpuExec<float>>(cfg, dir, seg, prompts, opt, &st)
-              : run_on<model::CudaExec>(cfg, dir, seg, prompts, opt, &st);
+  std::vector<model::Completion> done;
+  std::string text;
+  try {
+    done = gpu < 0 ? run_on<model::CpuExec<float>>(cfg, dir, seg, prompts, opt, &st)
+                   : run_on<model::CudaExec>(cfg, dir, seg, prompts, opt, &st);
+    text = completions_jsonl(prompts, done, opt.num_samples);
+  } catch (const std::bad_alloc&) {
+    throw Error(str("sample: out of memory for ", prompts.size(), " prompts x --num-samples ", opt.num_samples,
+                    " x --max-new-tokens ", opt.max_new_tokens, " (their KV cache and completions); lower "
+                    "--num-samples or --max-new-tokens, or split --prompts"));
+  }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const std::string text = completions_jsonl(prompts, done, opt.num_samples);
   if (c.out.empty()) {
     std::cout << text << std::flush;
   } else {

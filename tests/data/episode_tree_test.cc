@@ -150,8 +150,9 @@ TEST(EpisodeTree, ActionBinsMustMissThePlaceholdersAndFitTheVocabulary) {
                               "id below 2");
   EXPECT_EQ(error(16, 13), "no error");  // ids 3..15
   EXPECT_EQ(error(16, 17), path +
-                              ": action bins: 17 bins (data.action_bins) for a vocabulary of 16 ids: the bins are the "
-                              "vocabulary's last ids, expected 2 <= bins <= 16");
+                              ": action bins: 17 bins (data.action_bins; stats --action-bins) for a vocabulary of 16 "
+                              "ids (model.vocab_size; --vocab-size): the bins are the vocabulary's last ids, expected "
+                              "2 <= bins <= 16");
 }
 
 }  // namespace

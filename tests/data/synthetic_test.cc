@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <set>
 
@@ -172,6 +174,69 @@ TEST(Synthetic, InvalidSpecNamesTheField) {
   spec.branch_turns = 2;
   spec.turn_len = 0;
   EXPECT_THROW(generate_jsonl(spec), Error);
+}
+
+// The sizes together are capped (synthetic.h), named with their flags: a tree's line, and the file.
+TEST(Synthetic, OversizeTreesAndFilesNameTheFlags) {
+  SyntheticSpec spec;
+  spec.num_trees = 1;
+  spec.turn_len = 1 << 30;
+  EXPECT_EQ(tree_tokens(spec), 4 * (32 + 3 * (int64_t{1} << 30)));
+  try {
+    generate_jsonl(spec);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "synthetic: a tree of branches^branch_turns x (prompt_len + turns x turn_len) = 2^2 x (32 + 3 x "
+              "1073741824) (--branches, --branch-turns, --prompt-len, --turns, --turn-len) is 12884902016 tokens, "
+              "expected at most 2^28 = 268435456");
+  }
+  // Saturated, not overflowed: 2^20 sequences of about 2^30 x 2^30 tokens.
+  spec.branches = 1 << 10;
+  spec.vocab_size = 1 << 10;
+  spec.branch_turns = 2;
+  spec.turns = 1 << 30;
+  EXPECT_EQ(tree_tokens(spec), INT64_MAX);
+  EXPECT_THROW(generate_jsonl(spec), Error);
+
+  SyntheticSpec comb;
+  comb.kind = "comb";
+  comb.num_trees = 1 << 20;
+  comb.steps = 64;
+  comb.leaf_len = 64;
+  EXPECT_EQ(tree_tokens(comb), 32 + 64 * (8 + 64));
+  try {
+    generate_jsonl(comb);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "synthetic: num_trees x tokens a tree = 1048576 x 4640 = 4865392640 tokens (--num-trees; a tree of "
+              "prefix_len + steps x (history_len + leaf_len) = 32 + 64 x (8 + 64) (--prefix-len, --steps, "
+              "--history-len, --leaf-len)), expected at most 2^31 = 2147483648 in a file");
+  }
+  // The published example and the benchmark shapes are well inside.
+  EXPECT_EQ(tree_tokens(published_example_spec()), 82688);
+}
+
+// A failed write leaves no tmp file; a folder is refused by name.
+TEST(Synthetic, FailedWritesLeaveNothingBehind) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::filesystem::path dir = std::filesystem::path(tmp ? tmp : "/tmp") / "syn_folder";
+  std::filesystem::create_directories(dir);
+  SyntheticSpec spec;
+  spec.num_trees = 2;
+  try {
+    write_jsonl(spec, dir.string());
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "cannot write synthetic data to '" + dir.string() + "': is a folder, expected a file path");
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.string() + ".tmp"));
+  // Nor into a missing folder.
+  const std::string missing = (dir / "no" / "x.jsonl").string();
+  EXPECT_THROW(write_jsonl(spec, missing), Error);
+  EXPECT_FALSE(std::filesystem::exists(missing + ".tmp"));
 }
 
 }  // namespace

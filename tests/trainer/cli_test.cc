@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/trainer/test_util.h"
@@ -326,6 +327,184 @@ TEST(CliTest, PublishedExampleTotals) {
   r = treetrain("generate --kind published-example --out " + data + " --num-trees 2");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--kind published-example has a fixed shape; drop --num-trees"), std::string::npos) << r.err;
+}
+
+// A value that does not fit the flag's field is a usage error naming the flag and its range, never
+// a truncated value (4294967297 was once window 1); a trailing unknown flag is an unknown flag.
+TEST(CliTest, OutOfRangeIntegersNameTheFlagAndTheRange) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"serve --checkpoint x --window 4294967297",
+       "error: --window: expected an integer in [0, 2147483647] (0: the full history; absent: the checkpoint's), got "
+       "'4294967297'"},
+      {"eval --env nav --checkpoint x --window 4294967296",
+       "error: --window: expected an integer in [0, 2147483647] (0: the full history; absent: the checkpoint's), got "
+       "'4294967296'"},
+      {"serve --checkpoint x --max-sessions 4294967297",
+       "error: --max-sessions: expected an integer in [1, 2147483647], got '4294967297'"},
+      {"serve --checkpoint x --action-tokens 4294967297",
+       "error: --action-tokens: expected an integer in [1, 2147483647], got '4294967297'"},
+      {"stats --data x --format episodes --vocab-size 64 --window 4294967296",
+       "error: --window: expected an integer in [0, 2147483647] (0: the full history), got '4294967296'"},
+      {"stats --data x --format episodes --vocab-size 64 --tokens-per-frame 4294967297",
+       "error: --tokens-per-frame: expected an integer in [1, 2147483647], got '4294967297'"},
+      {"bench attention --data x --format tree --heads 4294967297",
+       "error: --heads: expected an integer in [1, 65536], got '4294967297'"},
+      {"bench attention --data x --format tree --iters 4294967297",
+       "error: --iters: expected an integer in [1, 1048576], got '4294967297'"},
+      {"bench attention --data x --format tree --warmup -1",
+       "error: --warmup: expected an integer in [0, 1048576], got '-1'"},
+      {"sweep --config x --nproc 4294967297",
+       "error: --nproc: expected an integer in [1, 1024] (ranks per run), got '4294967297'"},
+      {"launch --nproc 4294967297 -- train", "error: launch: --nproc N (1..1024) is required"},
+      {"sample --checkpoint x --prompts y --num-samples 4294967297",
+       "error: --num-samples: expected an integer in [1, 65536], got '4294967297'"},
+      {"sample --checkpoint x --prompts y --max-new-tokens ' 12'",
+       "error: --max-new-tokens: expected an integer in [1, 16777216], got ' 12'"},
+      {"generate --kind rollouts --out x --turn-len 4294967297",
+       "error: --turn-len: expected an integer in [0, 1073741824], got '4294967297'"},
+      // stats --vocab-size: absent leaves ids unchecked; given, it must be a vocabulary.
+      {"stats --data x --format tree --vocab-size -1",
+       "error: --vocab-size: expected an integer in [1, 2147483648] (absent: token ids unchecked), got '-1'"},
+      {"stats --data x --format rollouts --vocab-size 0",
+       "error: --vocab-size: expected an integer in [1, 2147483648] (absent: token ids unchecked), got '0'"},
+      {"stats --data x --format episodes --vocab-size 1",
+       "error: --vocab-size: expected an integer in [2, 2147483648] (the model's vocabulary), got '1'"},
+      {"stats --data x --format tree --bogus", "error: unknown flag --bogus for 'stats'"},
+      {"serve --checkpoint x --bogus", "error: unknown flag --bogus for 'serve'"},
+  };
+  for (const auto& [args, want] : cases) {
+    const Result r = treetrain(args);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_EQ(r.err.rfind(want + "\n", 0), 0u) << args << ": " << r.err;
+  }
+}
+
+// --action-ids FIRST:END: both fields whole digits, 0 <= FIRST < END <= 2^31 - 1.
+TEST(CliTest, ActionIdsParseStrictly) {
+  for (const std::string v : {"8x:12", ":12", "8:", "8:4294967308", "4294967304:4294967308", "-1:4", "8:12:3", "8: 12",
+                              "+8:12", "12:8", "8:8", "8"}) {
+    const Result r = treetrain("serve --checkpoint x --action-ids '" + v + "'");
+    EXPECT_EQ(r.code, 2) << v;
+    EXPECT_EQ(r.err.rfind("error: --action-ids: expected FIRST:END (ids FIRST .. END - 1, 0 <= FIRST < END <= "
+                          "2147483647), e.g. 8:12, got '" + v + "'\n", 0),
+              0u)
+        << v << ": " << r.err;
+  }
+  // A well-formed range passes the flags and fails on the checkpoint.
+  const Result r = treetrain("serve --checkpoint /nonexistent/ckpt --action-ids 8:12");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.err.find("--action-ids"), std::string::npos) << r.err;
+}
+
+// stats --format episodes on continuous actions: --action-bins (data.action_bins's default 256)
+// must fit --vocab-size, said in terms of the flags; --capacity cannot partition episode trees.
+TEST(CliTest, StatsOnContinuousEpisodesTakesActionBins) {
+  const fs::path dir = tmp("cli_action_bins");
+  const std::string data = (dir / "ep.jsonl").string();
+  Result r = treetrain("generate --kind toy-episodes --out " + data + " --num-episodes 2 --steps 3 --seed 2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string stats = "stats --data " + data + " --format episodes --vocab-size 64 --tokens-per-frame 4";
+  r = treetrain(stats);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err, "error: " + data + ": action bins: 256 bins (data.action_bins; stats --action-bins) for a "
+                   "vocabulary of 64 ids (model.vocab_size; --vocab-size): the bins are the vocabulary's last ids, "
+                   "expected 2 <= bins <= 64\n");
+  r = treetrain(stats + " --action-bins 32");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("episodes").get<int>(), 2);
+  EXPECT_EQ(j.at("paths").get<int>(), 6);
+  r = treetrain(stats + " --action-bins 1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err.rfind("error: --action-bins: expected an integer in [2, 1048576], got '1'\n", 0), 0u) << r.err;
+  r = treetrain(stats + " --action-bins 32 --capacity 8");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err.rfind("error: --capacity: partitioning episode trees is not supported (a partition cut does not "
+                        "carry frames yet); drop --capacity for --format episodes\n", 0),
+            0u)
+      << r.err;
+  r = treetrain("stats --data " + data + " --format tree --action-bins 32");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err.rfind("error: --action-bins is for --format episodes\n", 0), 0u) << r.err;
+}
+
+// generate: a flag of another kind is an error naming it; an oversize tree or file is an error
+// naming the flags before anything is written; --out a folder leaves nothing behind.
+TEST(CliTest, GenerateRejectsOtherKindsFlagsAndOversizeData) {
+  const fs::path dir = tmp("cli_generate_checks");
+  const std::string out = (dir / "d.jsonl").string();
+  const std::vector<std::pair<std::string, std::string>> usage = {
+      {"--kind published-example --noise 3", "error: --kind published-example has a fixed shape; drop --noise"},
+      {"--kind toy-episodes --noise 0.5",
+       "error: --kind toy-episodes takes --num-episodes, --steps, --image-size and --seed; drop --noise"},
+      {"--kind rollouts --steps 3",
+       "error: --kind rollouts takes --num-trees, --vocab-size, --seed, --prompt-len, --turns, --turn-len, --branches "
+       "and --branch-turns; drop --steps"},
+      {"--kind comb --turns 3",
+       "error: --kind comb takes --num-trees, --vocab-size, --seed, --prefix-len, --steps, --history-len and "
+       "--leaf-len; drop --turns"},
+      {"--kind nav-episodes --num-trees 3",
+       "error: --kind nav-episodes takes --num-episodes, --seed, --noise, --image-size, --size, --landmarks, --walls "
+       "and --max-steps; drop --num-trees"},
+  };
+  for (const auto& [args, want] : usage) {
+    const Result r = treetrain("generate --out " + out + " " + args);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_EQ(r.err.rfind(want + "\n", 0), 0u) << args << ": " << r.err;
+  }
+  Result r = treetrain("generate --kind rollouts --out " + out + " --num-trees 1 --turn-len 1073741824");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err, "error: synthetic: a tree of branches^branch_turns x (prompt_len + turns x turn_len) = 2^2 x (32 + 3 "
+                   "x 1073741824) (--branches, --branch-turns, --prompt-len, --turns, --turn-len) is 12884902016 "
+                   "tokens, expected at most 2^28 = 268435456\n");
+  r = treetrain("generate --kind comb --out " + out + " --num-trees 1048576 --steps 64 --leaf-len 64");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("error: synthetic: num_trees x tokens a tree = 1048576 x 4640 = 4865392640 tokens (--num-trees; "
+                       "a tree of prefix_len + steps x (history_len + leaf_len)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_FALSE(fs::exists(out + ".tmp"));
+  fs::create_directories(dir / "folder");
+  r = treetrain("generate --kind rollouts --out " + (dir / "folder").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err, "error: --out " + (dir / "folder").string() + ": is a folder, expected a file path\n");
+  EXPECT_FALSE(fs::exists((dir / "folder").string() + ".tmp"));
+}
+
+// nav-env: each field an integer in its range, named; a line of invalid UTF-8 gets an error line
+// and the loop goes on.
+TEST(CliTest, NavEnvFieldsAreIntegersInRangeAndBadBytesGetAnErrorLine) {
+  const fs::path dir = tmp("cli_nav_env");
+  {
+    std::ofstream in(dir / "in", std::ios::binary);
+    in << "{\"reset\": {\"seed\": 1, \"episode\": 0}}\n"
+       << "{\"step\": 1.7}\n{\"step\": 4294967297}\n{\"step\": -1}\n"
+       << "{\"reset\": {\"seed\": -1, \"episode\": 0}}\n{\"reset\": {\"seed\": 1e30, \"episode\": 0}}\n"
+       << "{\"reset\": {\"seed\": 1, \"episode\": 1.5}}\n"
+       << "\xff\n{\"step\": \"\xff\"}\n"
+       << "{\"step\": 1}\n";
+  }
+  const Result r = treetrain("nav-env < " + (dir / "in").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::vector<nlohmann::json> lines;
+  std::istringstream out(r.out);
+  for (std::string l; std::getline(out, l);) lines.push_back(nlohmann::json::parse(l));
+  ASSERT_EQ(lines.size(), 10u) << r.out;
+  EXPECT_FALSE(lines[0].contains("error")) << lines[0].dump();
+  const std::vector<std::string> want = {
+      "\"step\": 1.7, expected an integer in [0, 3]",
+      "\"step\": 4294967297, expected an integer in [0, 3]",
+      "\"step\": -1, expected an integer in [0, 3]",
+      "\"seed\": -1, expected an integer in [0, 18446744073709551615]",
+      "\"seed\": 1e+30, expected an integer in [0, 18446744073709551615]",
+      "\"episode\": 1.5, expected an integer in [0, 9223372036854775807]",
+  };
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(lines[i + 1].value("error", ""), want[i]) << i;
+  EXPECT_NE(lines[7].value("error", "").find("parse error"), std::string::npos) << lines[7].dump();
+  EXPECT_NE(lines[8].value("error", "").find("parse error"), std::string::npos) << lines[8].dump();
+  EXPECT_FALSE(lines[9].contains("error")) << lines[9].dump();
+  EXPECT_EQ(lines[9].at("steps"), 1);
 }
 
 }  // namespace

@@ -252,6 +252,34 @@ TEST(Sample, ErrorsNameTheFileLineOrKey) {
   c.sets = {"train.lr=1"};
   expect_error("--set train.lr: unknown key for 'sample'");
   c.sets = {};
+  // Stop and eos ids must be token ids of the model, as config.json's eos_token_id must.
+  c.sampling.stop = {999};
+  expect_error("--stop 999: outside vocab_size 40 of " + c.checkpoint + " (expected ids in [0, 40))");
+  c.sampling.stop = {};
+  c.sets = {"model.eos_token_id=999"};
+  expect_error("--set model.eos_token_id=999: eos_token_id 999 outside vocab_size 40 (expected ids in [0, 40))");
+  c.sets = {"model.eos_token_id=3,-4"};
+  expect_error("--set model.eos_token_id=3,-4: eos_token_id -4 outside vocab_size 40 (expected ids in [0, 40))");
+  c.sets = {"segments.long_range.layers=4294967297"};
+  expect_error("--set segments.long_range.layers=4294967297: 4294967297 is out of range [0, 2147483647]");
+  c.sets = {};
+  // Folders: --prompts says so; --out is checked before any generation.
+  const std::string prompts = c.prompts;
+  c.prompts = d.string();
+  expect_error(d.string() + ": is a folder, expected a JSONL file of prompts (--prompts)");
+  c.prompts = prompts;
+  c.out = d.string();
+  expect_error("--out " + d.string() + ": is a folder, expected a file path");
+  c.out = (d / "out.jsonl").string();
+  // A KV cache larger than the machine: an error naming the flags, before the model loads.
+  c.sampling.num_samples = 1 << 16;
+  c.sampling.max_new_tokens = 1 << 24;
+  c.sets = {"model.max_position_embeddings=33554432"};
+  expect_error("sample: the KV cache of 1099511627777 rows (a prompt's tokens + --num-samples 65536 x "
+               "--max-new-tokens 16777216) needs ");
+  expect_error("; lower --num-samples or --max-new-tokens");
+  c.sampling = model::SamplingOptions{};
+  c.sets = {};
   c.checkpoint = (d / "nothing").string();
   expect_error("--checkpoint " + c.checkpoint + ": expected a checkpoint or Hugging Face directory");
   EXPECT_FALSE(fs::exists(c.out)) << "nothing is written on an error";
