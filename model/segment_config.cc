@@ -47,6 +47,13 @@ void SegmentConfig::validate(const ModelConfig& m) const {
            "segments.long_range.retrieve: ", long_range.retrieve,
            " pairs with no long-range layers or heads (expected both long_range.layers and long_range.heads, or "
            "retrieve: 0)");
+  // Long-range layers only choose where the retrieved pairs are read: without heads to read them,
+  // or without pairs, listing layers would change nothing.
+  require(long_range.layers.empty() || (!long_range.heads.empty() && long_range.retrieve > 0),
+           "segments.long_range.layers: ", long_range.layers.size(), " layers listed, but ",
+           long_range.heads.empty() ? "long_range.heads is empty (no head reads retrieved pairs)"
+                                    : "long_range.retrieve is 0 (no pairs are retrieved)",
+           "; expected long_range.heads and retrieve > 0 with them, or layers: []");
   require(max_position() < m.max_position_embeddings, "segments: positions reach ", max_position(),
            " (length + max(tail, long_range.retrieve) - 1), expected below model.max_position_embeddings ",
            m.max_position_embeddings);

@@ -536,6 +536,15 @@ void RunConfig::validate() const {
   require(data.format != "episodes" || model.vision.enabled(), "data.format",
           "rollouts or tree without a vision section (episodes need vision.num_hidden_layers >= 1 and the tower's "
           "sizes)", "'episodes'");
+  if (!model.vision.enabled()) {  // a vision key without the tower it sizes would be ignored silently
+    RunConfig mine = *this, defaults;
+    for (const Field& f : fields())
+      if (f.key.rfind("vision.", 0) == 0 && f.key != "vision.num_hidden_layers" &&
+          format_value(f.ref(mine)) != format_value(f.ref(defaults)))
+        throw Error(str(where(f.key), ": ", f.key, " = ", format_value(f.ref(mine)),
+                        " has no effect: vision.num_hidden_layers is 0 (no vision tower); set it >= 1 for a VLA, or "
+                        "drop the vision keys"));
+  }
   require(data.history_window == 0 || data.format == "episodes", kHistoryKey,
           "full unless data.format is episodes", str("{window: ", data.history_window, "}"));
   // (Bins beyond the vocabulary are an error when continuous actions are read: data/actions.h.)

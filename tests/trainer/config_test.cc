@@ -155,6 +155,17 @@ TEST(ConfigTest, ValidateNamesTheKey) {
             "(got 2)");
 }
 
+// A vision key without a tower (vision.num_hidden_layers 0) would size nothing: an error naming it.
+TEST(ConfigTest, VisionKeysWithoutATowerAreErrors) {
+  EXPECT_EQ(parse_error(kMinimal, {"vision.hidden_size=32"}),
+            "--set vision.hidden_size=32: vision.hidden_size = 32 has no effect: vision.num_hidden_layers is 0 (no "
+            "vision tower); set it >= 1 for a VLA, or drop the vision keys");
+  EXPECT_EQ(parse_error(std::string(kMinimal) + "vision:\n  freeze: true\n"),
+            "run.yaml:4: vision.freeze = true has no effect: vision.num_hidden_layers is 0 (no vision tower); set it "
+            ">= 1 for a VLA, or drop the vision keys");
+  EXPECT_EQ(parse_error(kMinimal, {"vision.num_hidden_layers=0"}), "");
+}
+
 TEST(ConfigTest, RangeAndCrossFieldErrorsNameFileAndLine) {
   EXPECT_EQ(parse_error("data:\n  path: x\ntrain:\n  grad_accum: 0\n"),
             "run.yaml:4: train.grad_accum must be >= 1 (got 0)");
@@ -375,6 +386,13 @@ TEST(ConfigTest, SegmentKeys) {
   EXPECT_EQ(parse_error(text, {"segments.long_range.heads=[2]"}),
             "--set segments.long_range.heads=[2]: segments.long_range.heads: KV head 2, expected an index in [0, 2) "
             "(num_key_value_heads)");
+  // Layers that read nothing: no long-range heads, or no pairs retrieved.
+  EXPECT_EQ(parse_error(text, {"segments.long_range.heads=[]", "segments.long_range.retrieve=0"}),
+            "run.yaml:12: segments.long_range.layers: 2 layers listed, but long_range.heads is empty (no head reads "
+            "retrieved pairs); expected long_range.heads and retrieve > 0 with them, or layers: []");
+  EXPECT_EQ(parse_error(text, {"segments.long_range.retrieve=0"}),
+            "run.yaml:12: segments.long_range.layers: 2 layers listed, but long_range.retrieve is 0 (no pairs are "
+            "retrieved); expected long_range.heads and retrieve > 0 with them, or layers: []");
   EXPECT_EQ(parse_error(text, {"device=cuda"}), "");  // segments train on both backends
   EXPECT_EQ(parse_error(text, {"partition.capacity_tokens=64"}),
             "--set partition.capacity_tokens=64: partition.capacity_tokens must be 0 with segments (segment pieces "
