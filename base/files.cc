@@ -6,7 +6,6 @@
 
 #include <cstdio>
 #include <fstream>
-#include <iterator>
 #include <string>
 
 #include "base/check.h"
@@ -34,10 +33,16 @@ void write_text_atomic(const std::string& path, const std::string& text) {
   }
 }
 
-std::string read_text(const std::string& path, const std::string& what) {
+std::string read_text(const std::string& path, const std::string& what, size_t max_bytes) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(str(path, ": cannot open ", what));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string text;
+  char buf[1 << 16];
+  while (in.read(buf, sizeof(buf)) || in.gcount() > 0) {
+    if ((size_t)in.gcount() > max_bytes - text.size())
+      throw Error(str(path, ": more than ", max_bytes, " bytes, too large for a ", what));
+    text.append(buf, (size_t)in.gcount());
+  }
   if (in.bad()) throw Error(str(path, ": cannot read ", what));
   return text;
 }

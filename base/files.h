@@ -2,6 +2,8 @@
 // fsynced, then renamed over the target (readers see the old file or the new one, never a part).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace tt {
@@ -10,7 +12,9 @@ namespace tt {
 // temporary file is removed).
 void write_text_atomic(const std::string& path, const std::string& text);
 
-// The whole file as bytes. Throws tt::Error "<path>: cannot open <what>" when it cannot be read.
-std::string read_text(const std::string& path, const std::string& what);
+// The whole file as bytes. Throws tt::Error "<path>: cannot open <what>" when it cannot be read,
+// and "<path>: more than <max_bytes> bytes ..." past max_bytes (a stream that never ends, such as
+// /dev/zero, stops there instead of filling memory).
+std::string read_text(const std::string& path, const std::string& what, size_t max_bytes = SIZE_MAX);
 
 }  // namespace tt

@@ -684,10 +684,13 @@ RunConfig parse_config_text(const std::string& yaml_text, const std::string& sou
   return cfg;
 }
 
+// A config is a page of YAML; anything near this is not one (or a stream that never ends).
+constexpr size_t kMaxConfigBytes = size_t{16} << 20;
+
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) throw Error(str(path, ": is a directory, expected a YAML config file"));
-  const std::string text = read_text(path, "config file");
+  const std::string text = read_text(path, "config file", kMaxConfigBytes);
   const std::string base = fs::absolute(fs::path(path)).parent_path().lexically_normal().string();
   return parse_config_text(text, path, overrides, base);
 }

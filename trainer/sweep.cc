@@ -297,7 +297,7 @@ Sweep parse_sweep_text(const std::string& yaml_text, const std::string& source, 
 }
 
 Sweep load_sweep(const std::string& path) {
-  return parse_sweep_text(read_text(path, "sweep file"), path,
+  return parse_sweep_text(read_text(path, "sweep file", size_t{16} << 20), path,
                           fs::absolute(fs::path(path)).parent_path().lexically_normal().string());
 }
 

@@ -201,6 +201,12 @@ TEST(ConfigTest, ConfigPathThatIsADirectoryIsAnError) {
             dir.string() + ": is a directory, expected a YAML config file");
 }
 
+// A stream that never ends stops at the size cap instead of filling memory.
+TEST(ConfigTest, AnEndlessConfigStopsAtTheSizeCap) {
+  EXPECT_EQ(error_of([&] { load_config("/dev/zero", {}); }),
+            "/dev/zero: more than 16777216 bytes, too large for a config file");
+}
+
 TEST(ConfigTest, HugeSizesAreErrorsNamingTheKey) {
   // Any positive size used to pass, and the parameter count overflowed when the model was built.
   EXPECT_EQ(parse_error(kMinimal, {"model.vocab_size=9223372036854775807"}),
