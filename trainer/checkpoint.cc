@@ -17,6 +17,7 @@
 #include "model/hf_io.h"
 #include "model/safetensors.h"
 #include "base/check.h"
+#include "base/files.h"
 #include "trainer/gemm_tuning.h"
 #include "trainer/run_dir.h"
 
@@ -482,6 +483,32 @@ std::string latest_checkpoint(const std::string& run_dir) {
   return all.empty() ? "" : all.back().second;
 }
 
+std::string settings_changed_since(const std::string& dir, const RunConfig& cfg) {
+  const std::string file = (fs::path(dir) / kConfigFile).string();
+  if (!fs::is_regular_file(file)) return "";
+  RunConfig saved;
+  try {
+    saved = parse_config_text(read_text(file, "the checkpoint's config"), file, {});
+  } catch (const Error& e) {
+    spdlog::warn("{}: cannot compare the run's settings with it: {}", file, e.what());
+    return "";
+  }
+  auto left_out = [](const std::string& key) {
+    for (const char* prefix : {"model.", "vision.", "distributed."})
+      if (key.rfind(prefix, 0) == 0) return true;
+    for (const char* k : {"run_dir", "device", "data.path", "train.resume", "train.checkpoint_every",
+                          "train.keep_checkpoints", "train.log_every", "train.final_checkpoint", "train.gemm_autotune"})
+      if (key == k) return true;
+    return false;
+  };
+  const auto then = saved.values(), now = cfg.values();
+  std::string out;
+  for (size_t k = 0; k < then.size() && k < now.size(); ++k)
+    if (then[k].second != now[k].second && !left_out(then[k].first))
+      out += str(" ", then[k].first, ": ", then[k].second, " -> ", now[k].second, ";");
+  return out;
+}
+
 TrainerState load_checkpoint(const std::string& dir, const RunConfig& cfg, Backend& backend) {
   const fs::path d = dir;
   // Trainer state.
@@ -516,6 +543,10 @@ TrainerState load_checkpoint(const std::string& dir, const RunConfig& cfg, Backe
   if (st.seed != cfg.train.seed)
     spdlog::warn("checkpoint {} used train.seed {}, the config says {}: the data order will differ", dir, st.seed,
                  cfg.train.seed);
+  if (const std::string changed = settings_changed_since(dir, cfg); !changed.empty())
+    spdlog::warn("resuming {} with settings that differ from its config.yaml:{} (data.shuffle and train.seed change "
+                 "the data order from here on, the others what the remaining steps train)",
+                 dir, changed);
   // Weights, then the optimizer state (load_hf resets it).
   try {
     backend.load_hf(dir);

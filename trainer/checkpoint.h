@@ -108,6 +108,14 @@ void clean_checkpoint_leftovers(const std::string& run_dir);
 std::string resume_checkpoint(const std::string& run_dir, const model::ModelConfig& model,
                               const std::vector<model::ParamInfo>& params, bool writer);
 
+// The run settings of `cfg` that differ from those checkpoint `dir` was written with (its
+// config.yaml), as " key: then -> now;" items, "" when none or when the checkpoint has no
+// readable config.yaml. The model (compared strictly by load_checkpoint), data.path (warned about
+// there), where the run writes and how often, and the device are left out: what remains changes
+// the data order (data.shuffle, train.seed) or what the remaining steps train. load_checkpoint
+// logs it as a warning.
+std::string settings_changed_since(const std::string& dir, const RunConfig& cfg);
+
 // Reads a checkpoint's trainer_state.json (versions 1 and 2); throws tt::Error naming the file and
 // the field that is missing or mistyped, or the version when it is newer.
 TrainerState read_trainer_state(const std::string& file);

@@ -625,6 +625,13 @@ std::vector<std::string> RunConfig::warnings() const {
   return out;
 }
 
+std::vector<std::pair<std::string, std::string>> RunConfig::values() const {
+  RunConfig copy = *this;
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Field& f : fields()) out.emplace_back(f.key, format_value(f.ref(copy)));
+  return out;
+}
+
 std::string RunConfig::to_yaml() const {
   RunConfig copy = *this;
   std::ostringstream out;

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/config.h"
@@ -165,6 +166,8 @@ struct RunConfig {
   // Where `key` was set (origin), else `source` ("<config>" when empty).
   std::string where(const std::string& key) const;
   std::string to_yaml() const;  // resolved config, loads back to the same RunConfig
+  // Every key with its value as to_yaml writes it, in to_yaml's order.
+  std::vector<std::pair<std::string, std::string>> values() const;
 };
 
 // Loads a YAML file and applies `--set key.path=value` overrides (each an error naming the key

@@ -89,6 +89,33 @@ TEST(TrainTest, ResumeGivesBitwiseTheSameRun) {
 
 using testing::slurp;
 
+// A resume with other settings than the checkpoint's says which (the data order, the objective,
+// the optimizer, the schedule's length); where the run writes and how often do not count.
+TEST(TrainTest, ResumeNamesTheSettingsThatChanged) {
+  const fs::path dir = test_dir("resume_changed");
+  RunConfig c = tiny_config(dir);
+  c.train.max_steps = 1;
+  Trainer(c).run();
+  const std::string ckpt = latest_checkpoint(c.run_dir);
+  ASSERT_NE(ckpt, "");
+  RunConfig r = c;
+  r.train.resume = true;
+  r.train.checkpoint_every = 7;
+  r.train.log_every = 3;
+  EXPECT_EQ(settings_changed_since(ckpt, r), "");
+  r.data.shuffle = !c.data.shuffle;
+  r.optim.lr = c.optim.lr * 2;
+  r.train.loss_norm = c.train.loss_norm == "path_mean" ? "token_mean" : "path_mean";
+  RunConfig fmt = r;  // the values as config.yaml writes them
+  const auto then = c.values(), now = fmt.values();
+  std::string want;
+  for (size_t k = 0; k < then.size(); ++k)
+    if (then[k].first == "optim.lr" || then[k].first == "train.loss_norm" || then[k].first == "data.shuffle")
+      want += " " + then[k].first + ": " + then[k].second + " -> " + now[k].second + ";";
+  EXPECT_EQ(settings_changed_since(ckpt, r), want);
+  EXPECT_NE(want.find("data.shuffle: "), std::string::npos) << want;
+}
+
 // A config that spells every layer out (layer_types) resumes from a checkpoint whose config.json
 // leaves them to the default.
 TEST(TrainTest, ResumeAcceptsEitherSpellingOfLayerTypes) {
