@@ -156,6 +156,9 @@ double parse_weight(const json& obj, const std::string& name, const std::string&
   if (!it->is_number()) fail(where, str(name, ".weight: expected a number, got ", it->type_name()));
   double w = it->get<double>();
   if (!std::isfinite(w)) fail(where, str(name, ".weight = ", w, ", expected a finite number"));
+  // Weights scale fp32 losses and gradients: one past fp32's range would be inf there.
+  if (std::fabs(w) > (double)std::numeric_limits<float>::max())
+    fail(where, str(name, ".weight = ", it->dump(), ", expected a number within fp32's range (|weight| <= 3.4e38)"));
   return w;
 }
 

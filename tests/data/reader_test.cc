@@ -337,6 +337,8 @@ const BadCase kBadCases[] = {
      "record.loss_mask has 1 entries, expected 3 (one per token)"},
     {"document_weight", Format::kTokens, R"({"tokens": [1, 2], "weight": null})",
      "record.weight: expected a number, got null"},
+    {"weight_past_fp32", Format::kRollouts, R"({"sequences": [{"tokens": [1, 2], "weight": -1e300}]})",
+     "sequences[0].weight = -1e+300, expected a number within fp32's range (|weight| <= 3.4e38)"},
     // A key twice: nlohmann would keep the last value silently (here the first, longer list).
     {"duplicate_key", Format::kRollouts, R"({"sequences": [{"tokens": [1, 2, 3]}], "sequences": [{"tokens": [4]}]})",
      "duplicate key \"sequences\": a JSON object names each key once (a second value would silently replace the "
