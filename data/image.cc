@@ -24,8 +24,9 @@ struct FileCloser {
   }
 };
 
-// From the file `path`, or (bytes non-null) from memory, `path` naming it in messages.
-Image decode_png(const std::string& path, const std::string* bytes = nullptr) {
+// From the file `path`, or (bytes non-null) from memory, `path` naming it in messages. header_only:
+// the size from the header (IHDR), no pixels decoded.
+Image decode_png(const std::string& path, const std::string* bytes = nullptr, bool header_only = false) {
   png_image png;
   std::memset(&png, 0, sizeof png);
   png.version = PNG_IMAGE_VERSION;
@@ -42,6 +43,10 @@ Image decode_png(const std::string& path, const std::string* bytes = nullptr) {
   Image img;
   img.width = (int)png.width;
   img.height = (int)png.height;
+  if (header_only) {
+    png_image_free(&png);
+    return img;
+  }
   img.rgb.resize(PNG_IMAGE_SIZE(png));
   if (!png_image_finish_read(&png, nullptr, img.rgb.data(), 0, nullptr)) {
     const std::string why = png.message;
@@ -64,8 +69,9 @@ void jpeg_error_exit(j_common_ptr cinfo) {
 }
 
 // Decodes into *out (owned by the caller: no automatic object of this frame that setjmp's
-// longjmp could leave indeterminate is touched after an error).
-void decode_jpeg(const std::string& path, FILE* f, const std::string* bytes, Image* out) {
+// longjmp could leave indeterminate is touched after an error). header_only: out's size from the
+// header (up to the first scan), no pixels decoded.
+void decode_jpeg(const std::string& path, FILE* f, const std::string* bytes, Image* out, bool header_only = false) {
   jpeg_decompress_struct cinfo;
   JpegError err;
   cinfo.err = jpeg_std_error(&err.mgr);
@@ -88,6 +94,12 @@ void decode_jpeg(const std::string& path, FILE* f, const std::string* bytes, Ima
     const unsigned w = cinfo.image_width, h = cinfo.image_height;
     jpeg_destroy_decompress(&cinfo);
     throw Error(str(path, ": JPEG of ", w, " x ", h, " pixels, expected sides in [1, ", kMaxImageSide, "]"));
+  }
+  if (header_only) {  // the decoder's output size at its default scale (1/1) is the header's
+    img.width = (int)cinfo.image_width;
+    img.height = (int)cinfo.image_height;
+    jpeg_destroy_decompress(&cinfo);
+    return;
   }
   cinfo.out_color_space = JCS_RGB;
   jpeg_start_decompress(&cinfo);
@@ -150,6 +162,20 @@ Image decode_image_bytes(const std::string& bytes, const std::string& what) {
     return img;
   }
   throw Error(str(what, ": not a PNG or JPEG image (", bytes.size(), " bytes: no PNG or JPEG signature)"));
+}
+
+ImageSize image_size_bytes(const std::string& bytes, const std::string& what) {
+  static const unsigned char kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
+  Image img;
+  if (bytes.size() >= 8 && std::memcmp(b, kPng, 8) == 0) {
+    img = decode_png(what, &bytes, true);
+  } else if (bytes.size() >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF) {
+    decode_jpeg(what, nullptr, &bytes, &img, true);
+  } else {
+    throw Error(str(what, ": not a PNG or JPEG image (", bytes.size(), " bytes: no PNG or JPEG signature)"));
+  }
+  return ImageSize{img.width, img.height};
 }
 
 std::string encode_png(const Image& img) {

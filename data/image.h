@@ -29,6 +29,14 @@ struct Image {
 Image decode_image(const std::string& path);
 // The same from bytes in memory (a policy server's base64 payload); `what` names them in errors.
 Image decode_image_bytes(const std::string& bytes, const std::string& what);
+struct ImageSize {
+  int width = 0, height = 0;
+};
+// The size a PNG or JPEG in memory declares in its header, its pixels not decoded (a server
+// rejects a wrongly sized image before paying for it: a 20-byte header may claim 16384 x 16384).
+// The same errors as decode_image_bytes for bytes that are not PNG or JPEG, an unreadable header
+// or sides outside [1, kMaxImageSide]; a corrupt body shows only when decoded.
+ImageSize image_size_bytes(const std::string& bytes, const std::string& what);
 // An 8-bit RGB PNG in memory.
 std::string encode_png(const Image& img);
 

@@ -2,12 +2,25 @@
 #include "model/policy.h"
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 
 #include "base/check.h"
 
 namespace tt::model {
 namespace {
+
+// The rows an observation takes in the context: its frames' slots and its state row.
+int64_t rows_of(const Observation& obs, int64_t tokens_per_frame) {
+  return (int64_t)obs.frames.size() * tokens_per_frame + (obs.state.empty() ? 0 : 1);
+}
+
+// Throws unless every logit is finite (a NaN argmax would silently pick the range's first id).
+void check_finite(const std::vector<double>& logits, int token) {
+  for (size_t i = 0; i < logits.size(); ++i)
+    TT_CHECK(std::isfinite(logits[i]), "policy: non-finite logits for action token ", token, " (logit ", i, " = ",
+             logits[i], "); the inputs (state, pixels) or the weights are out of range");
+}
 
 // n rows as one causal node at positions first_pos.. (a chain; its metadata only).
 void one_node(data::PackedBatch& b, int n, int first_pos) {
@@ -33,13 +46,26 @@ VlaPolicy<E>::VlaPolicy(Decoder<E>& model, int window, int64_t capacity)
 template <class E>
 void VlaPolicy<E>::reset(const std::vector<int32_t>& instruction) {
   TT_CHECK(!instruction.empty(), "policy: an empty instruction");
+  TT_CHECK((int64_t)instruction.size() < cache_.capacity(), "policy: an instruction of ", instruction.size(),
+           " tokens exceeds the context of ", cache_.capacity(), " rows (the KV cache's; observations and the action",
+           " follow the instruction)");
+  const int64_t V = m_.config().vocab_size;
+  for (size_t i = 0; i < instruction.size(); ++i)
+    TT_CHECK(instruction[i] >= 0 && instruction[i] < V, "policy: instruction[", i, "] = ", instruction[i],
+             ", expected a token id in [0, ", V, ")");
   cache_.clear();
   history_.clear();
-  instruction_ = instruction;
+  instruction_.clear();  // until the prefill succeeded: a failed reset leaves no episode to act in
   data::PackedBatch b;
   b.tokens = instruction;
   one_node(b, (int)instruction.size(), 0);
-  prefill(b);
+  try {
+    prefill(b);
+  } catch (...) {
+    cache_.clear();
+    throw;
+  }
+  instruction_ = instruction;
 }
 
 template <class E>
@@ -92,38 +118,69 @@ std::vector<int32_t> VlaPolicy<E>::act(const Observation& obs, int n_tokens, int
   TT_CHECK(n_tokens >= 1 && 0 <= first_id && first_id < end_id && end_id <= V, "policy: ", n_tokens,
            " action tokens among ids [", first_id, ", ", end_id, "), expected >= 1 in the vocabulary of ", V);
   TT_CHECK(!instruction_.empty(), "policy: act() before reset()");
-  history_.push_back(obs);
-  int depth = (int)instruction_.size();
-  std::vector<double> logits;
-  if (window_ == 0) {  // the earlier observations' rows are in the cache already
-    depth = (int)cache_.used();
-    const data::PackedBatch b = observation_batch(obs, depth);
-    logits = prefill(b);
-    depth += b.n_tokens;
+  observation_batch(obs, 0);  // checks the observation before anything changes
+  // The step's rows: its context (the cache's earlier rows with the full history, the instruction
+  // and the window's observations with a window) and the action tokens fed back (all but the last).
+  const int64_t P = m_.config().vision.tokens_per_frame(), used = cache_.used();
+  int64_t need = rows_of(obs, P) + n_tokens - 1;
+  if (window_ == 0) {
+    need += used;
   } else {
-    if ((int)history_.size() > window_) history_.erase(history_.begin());
-    cache_.truncate((int64_t)instruction_.size());
-    for (const Observation& o : history_) {
-      const data::PackedBatch b = observation_batch(o, depth);
+    need += (int64_t)instruction_.size();
+    for (size_t i = history_.size() + 1 > (size_t)window_ ? history_.size() + 1 - window_ : 0; i < history_.size(); ++i)
+      need += rows_of(history_[i], P);
+  }
+  TT_CHECK(need <= cache_.capacity(), "policy: the step needs ", need, " rows (its context and ", n_tokens - 1,
+           " fed-back action tokens), more than the context of ", cache_.capacity(), " rows",
+           window_ == 0 ? " (the full history grows every step: reset the episode)" : "");
+  // A failed step leaves the history and the cache as they were: the new observation comes off
+  // the history (the one it pushed out of the window goes back) and the cache gives back the
+  // step's rows (with a window the next step rebuilds its rows after the instruction anyway).
+  history_.push_back(obs);
+  std::vector<Observation> dropped;
+  if (window_ > 0 && (int)history_.size() > window_) {
+    dropped.push_back(std::move(history_.front()));
+    history_.erase(history_.begin());
+  }
+  try {
+    int depth = (int)instruction_.size();
+    std::vector<double> logits;
+    if (window_ == 0) {  // the earlier observations' rows are in the cache already
+      depth = (int)used;
+      const data::PackedBatch b = observation_batch(obs, depth);
       logits = prefill(b);
       depth += b.n_tokens;
+    } else {
+      cache_.truncate((int64_t)instruction_.size());
+      for (const Observation& o : history_) {
+        const data::PackedBatch b = observation_batch(o, depth);
+        logits = prefill(b);
+        depth += b.n_tokens;
+      }
     }
+    check_finite(logits, 0);
+    if (first_logits) *first_logits = logits;
+    const int64_t context_rows = cache_.used();
+    std::vector<int32_t> out;
+    for (int k = 0; k < n_tokens; ++k) {
+      const int32_t tok =
+          (int32_t)(std::max_element(logits.begin() + first_id, logits.begin() + end_id) - logits.begin());
+      out.push_back(tok);
+      if (k + 1 == n_tokens) break;
+      data::PackedBatch b;  // the token, reading the context and the action's earlier tokens
+      b.tokens = {tok};
+      one_node(b, 1, depth + k);
+      logits = prefill(b);
+      check_finite(logits, k + 1);
+    }
+    cache_.truncate(context_rows);  // actions are no later step's context
+    return out;
+  } catch (...) {
+    history_.pop_back();
+    if (!dropped.empty()) history_.insert(history_.begin(), std::move(dropped.front()));
+    cache_.truncate(window_ == 0 ? used : (int64_t)instruction_.size());
+    throw;
   }
-  if (first_logits) *first_logits = logits;
-  const int64_t context_rows = cache_.used();
-  std::vector<int32_t> out;
-  for (int k = 0; k < n_tokens; ++k) {
-    const int32_t tok =
-        (int32_t)(std::max_element(logits.begin() + first_id, logits.begin() + end_id) - logits.begin());
-    out.push_back(tok);
-    if (k + 1 == n_tokens) break;
-    data::PackedBatch b;  // the token, reading the context and the action's earlier tokens
-    b.tokens = {tok};
-    one_node(b, 1, depth + k);
-    logits = prefill(b);
-  }
-  cache_.truncate(context_rows);  // actions are no later step's context
-  return out;
 }
 
 template <class E>

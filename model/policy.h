@@ -32,9 +32,15 @@ class VlaPolicy {
   // window 0: full history. capacity: cache rows (the longest context plus the action).
   VlaPolicy(Decoder<E>& model, int window, int64_t capacity = 1 << 14);
 
+  // Throws tt::Error for an instruction that is empty, holds an id outside the vocabulary or
+  // leaves no row of the capacity for an observation, before anything changes (the episode goes
+  // on); a reset whose prefill throws leaves no episode (act() throws until a reset succeeds).
   void reset(const std::vector<int32_t>& instruction);
   // Appends the step's observation and decodes `n_tokens` action tokens greedily among ids
   // [first_id, end_id). logits (optional): the first token's logits (V) before the restriction.
+  // Throws tt::Error for a malformed observation, a step whose context and fed-back action
+  // tokens pass the capacity, or non-finite logits; a step that throws leaves the history and
+  // the cache as they were (the next step's logits are those it would have had without it).
   std::vector<int32_t> act(const Observation& obs, int n_tokens, int32_t first_id, int32_t end_id,
                            std::vector<double>* logits = nullptr);
 

@@ -390,7 +390,9 @@ int run_serve(const std::vector<std::string>& argv) {
     o.action_first = (int32_t)first;
     o.action_end = (int32_t)end;
   }
-  o.action_tokens = int32_flag(a, "action-tokens", 1, 1, kIntMax);  // serve checks them against the context
+  // Absent: 0, the checkpoint's count (1 discrete, the bins' dimensions continuous); serve checks
+  // a given count against the context and the bins.
+  o.action_tokens = int32_flag(a, "action-tokens", 0, 1, kIntMax);
   o.max_message_bytes = int_flag(a, "max-message-bytes", o.max_message_bytes, 1024, INT64_MAX);
   o.max_sessions = int32_flag(a, "max-sessions", o.max_sessions, 1, kIntMax);
   o.max_requests = int_flag(a, "max-requests", -1, 1, INT64_MAX, " (absent: until killed)");

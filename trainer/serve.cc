@@ -1,17 +1,23 @@
-// The VLA policy server (see serve.h): one poll() loop over the listening socket and the clients.
+// The VLA policy server (see serve.h): one poll() loop over the listening socket and the clients,
+// whose sockets are non-blocking: replies a client has not read wait in its connection's buffer,
+// so no client's reading (or not reading) holds up another.
 #include "trainer/serve.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -35,9 +41,19 @@ namespace fs = std::filesystem;
 using Exec = model::CpuExec<float>;
 using json = nlohmann::json;
 
+// Replies are JSON dumped with invalid UTF-8 replaced (U+FFFD): an error may quote the client's
+// bytes (nlohmann's parse errors do), and a strict dump of those would throw.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+constexpr size_t kMaxSessionName = 256;  // bytes
+constexpr size_t kMaxQuote = 512;        // bytes of a parse error's text (it quotes the input)
+
 struct Conn {
   int fd = -1;
-  std::string in;  // bytes not yet forming a line
+  std::string peer;      // host:port, for log lines
+  std::string in;        // bytes not yet forming a line
+  std::string out;       // reply bytes the socket has not taken yet (it is non-blocking)
+  bool closing = false;  // reads no more requests; closed once `out` is sent
 };
 
 class Server {
@@ -48,23 +64,43 @@ class Server {
     if (!cfg_.vision.enabled())
       throw Error(str(dir_, "/config.json: a text model (no vision_config); serve needs a VLA checkpoint"));
     window_ = opt.window >= 0 ? opt.window : checkpoint_history_window(dir_);
+    context_ = std::min<int64_t>(cfg_.max_position_embeddings, 1 << 14);
     const fs::path bins = fs::path(dir_) / "action_bins.json";
+    std::string tokens_from;  // what set the number of action tokens, for the context check
     if (opt.action_first >= 0) {
-      tokens_ = opt.action_tokens;
+      tokens_ = opt.action_tokens > 0 ? opt.action_tokens : 1;
       first_ = opt.action_first;
       end_ = opt.action_end;
       TT_CHECK(tokens_ >= 1 && first_ < end_ && end_ <= cfg_.vocab_size, "--action-ids ", first_, ":", end_,
                " and --action-tokens ", tokens_, ": expected ids inside the vocabulary of ", cfg_.vocab_size);
+      tokens_from = str("--action-tokens ", tokens_);
     } else if (fs::exists(bins)) {
       bins_ = data::ActionBins::from_json(read_text(bins.string(), "the action bins"), bins.string());
+      if (bins_.vocab_size != cfg_.vocab_size)
+        throw Error(str(bins.string(), ": vocab_size ", bins_.vocab_size, ", but the model's config.json has vocab_size ",
+                        cfg_.vocab_size, "; expected the same (the bins are the vocabulary's last ", bins_.bins, " ids)"));
+      if (opt.action_tokens > 0 && opt.action_tokens != bins_.dims())  // 0: the flag was left out
+        throw Error(str("--action-tokens ", opt.action_tokens, ": the checkpoint's action_bins.json decodes ", bins_.dims(),
+                        " tokens (one per action dimension); leave the flag out (it is for --action-ids) or pass ",
+                        bins_.dims()));
       continuous_ = true;
       tokens_ = bins_.dims();
       first_ = bins_.first_id();
       end_ = (int32_t)bins_.vocab_size;
+      tokens_from = str(bins.string(), "'s ", tokens_, " action dimensions");
     } else {
       throw Error(str(dir_, ": no action_bins.json (continuous actions); for discrete actions pass --action-ids "
                             "FIRST:END and --action-tokens N"));
     }
+    // The first step's rows: at least one instruction token, one frame (and the state row), and
+    // the action tokens fed back (all but the last); positions stay below the context.
+    step_rows_ = cfg_.vision.tokens_per_frame() + (cfg_.vision.state_dim > 0 ? 1 : 0);
+    max_instruction_ = context_ - step_rows_ - (tokens_ - 1);
+    if (max_instruction_ < 1)
+      throw Error(str(tokens_from, ": one step's ", step_rows_, " observation rows and ", tokens_,
+                      " action tokens do not fit the context of ", context_,
+                      " rows (min(max_position_embeddings, 16384)) beside an instruction; expected at most ",
+                      context_ - step_rows_, " action tokens"));
     model_ = load_inference_model<Exec>(cfg_, dir_);
   }
 
@@ -81,53 +117,41 @@ class Server {
     int64_t answered = 0;
     while (opt_.max_requests < 0 || answered < opt_.max_requests) {
       std::vector<pollfd> fds = {{lfd, POLLIN, 0}};
-      for (const Conn& c : conns) fds.push_back({c.fd, POLLIN, 0});
+      for (const Conn& c : conns)
+        fds.push_back({c.fd, (short)((c.closing ? 0 : POLLIN) | (c.out.empty() ? 0 : POLLOUT)), 0});
       if (poll(fds.data(), fds.size(), -1) < 0) {
         if (errno == EINTR) continue;
         throw Error(str("serve: poll: ", std::strerror(errno)));
       }
       std::vector<Conn> keep;
-      for (size_t i = 0; i + 1 < fds.size(); ++i) {  // the connections polled (fds[i + 1])
-        Conn c = conns[i];
-        bool open = true;
+      for (size_t i = 0; i < conns.size(); ++i) {  // the connections polled (fds[i + 1])
+        Conn& c = conns[i];
+        const short ev = fds[i + 1].revents;
+        bool open = !(ev & (POLLERR | POLLNVAL)) && !(c.closing && (ev & POLLHUP));
+        if (open && (ev & POLLOUT)) open = flush(c);
         const bool limit = opt_.max_requests >= 0 && answered >= opt_.max_requests;
-        if (!limit && (fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR))) {
-          char buf[1 << 16];
-          const ssize_t n = recv(c.fd, buf, sizeof buf, 0);
-          if (n <= 0) {
-            open = false;
-          } else {
-            c.in.append(buf, (size_t)n);
-            size_t nl;
-            while (open && (nl = c.in.find('\n')) != std::string::npos) {
-              const std::string line = c.in.substr(0, nl);
-              c.in.erase(0, nl + 1);
-              if (line.empty()) continue;
-              send_line(c.fd, handle(line));
-              ++answered;
-              if (opt_.max_requests >= 0 && answered >= opt_.max_requests) break;
-            }
-            if ((int64_t)c.in.size() > opt_.max_message_bytes) {
-              send_line(c.fd, json{{"error", str("message longer than ", opt_.max_message_bytes,
-                                                 " bytes without a newline; closing the connection")}}
-                                  .dump());
-              ++answered;
-              open = false;
-            }
-          }
-        }
+        if (open && !limit && !c.closing && (ev & (POLLIN | POLLHUP))) open = read_requests(c, answered);
+        if (open && c.closing && c.out.empty()) open = false;
         if (open) {
-          keep.push_back(c);
+          keep.push_back(std::move(c));
         } else {
           close(c.fd);
         }
       }
       if (fds[0].revents & POLLIN) {  // a new connection joins the next poll
-        const int fd = accept(lfd, nullptr, nullptr);
-        if (fd >= 0) keep.push_back(Conn{fd, ""});
+        sockaddr_in peer{};
+        socklen_t plen = sizeof peer;
+        const int fd = accept(lfd, reinterpret_cast<sockaddr*>(&peer), &plen);
+        if (fd >= 0) {
+          fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK);
+          char host[INET_ADDRSTRLEN] = "?";
+          inet_ntop(AF_INET, &peer.sin_addr, host, sizeof host);
+          keep.push_back(Conn{fd, str(host, ":", ntohs(peer.sin_port)), "", "", false});
+        }
       }
       conns = std::move(keep);
     }
+    drain(conns);
     for (const Conn& c : conns) close(c.fd);
     close(lfd);
     return answered;
@@ -148,13 +172,97 @@ class Server {
     return fd;
   }
 
-  static void send_line(int fd, const std::string& text) {
-    const std::string line = text + "\n";
+  // Sends what the socket takes now; false when the client went away (its problem, not the server's).
+  static bool flush(Conn& c) {
     size_t off = 0;
-    while (off < line.size()) {
-      const ssize_t n = send(fd, line.data() + off, line.size() - off, MSG_NOSIGNAL);
-      if (n <= 0) return;  // the client went away: its problem, not the server's
+    while (off < c.out.size()) {
+      const ssize_t n = send(c.fd, c.out.data() + off, c.out.size() - off, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (n <= 0) return false;
       off += (size_t)n;
+    }
+    c.out.erase(0, off);
+    return true;
+  }
+
+  // Queues a reply line and sends what the socket takes; false when the connection is to close:
+  // the client went away, or its unsent replies passed max_message_bytes (it sends requests but
+  // does not read the answers; the server never waits on one client).
+  bool reply(Conn& c, const std::string& text) {
+    c.out += text;
+    c.out += '\n';
+    if (!flush(c)) return false;
+    if ((int64_t)c.out.size() > opt_.max_message_bytes) {
+      spdlog::warn("serve: closing the connection from {}: {} bytes of replies unsent (it does not read them; "
+                   "the limit is --max-message-bytes {})",
+                   c.peer, c.out.size(), opt_.max_message_bytes);
+      return false;
+    }
+    return true;
+  }
+
+  // Reads what the socket holds and answers its complete lines; false when the connection is to close.
+  bool read_requests(Conn& c, int64_t& answered) {
+    char buf[1 << 16];
+    const ssize_t n = recv(c.fd, buf, sizeof buf, 0);
+    if (n == 0) {  // the client sends no more: its replies still go out
+      c.closing = true;
+      return true;
+    }
+    if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+    c.in.append(buf, (size_t)n);
+    size_t nl;
+    while ((nl = c.in.find('\n')) != std::string::npos) {
+      const std::string line = c.in.substr(0, nl);
+      c.in.erase(0, nl + 1);
+      if (line.empty()) continue;
+      ++answered;
+      if (!reply(c, handle(line))) return false;
+      if (opt_.max_requests >= 0 && answered >= opt_.max_requests) return true;
+    }
+    if ((int64_t)c.in.size() > opt_.max_message_bytes) {  // the stream cannot be resynchronised
+      ++answered;
+      c.closing = true;
+      return reply(c, dump(json{{"error", str("message longer than ", opt_.max_message_bytes,
+                                              " bytes without a newline; closing the connection")}}));
+    }
+    return true;
+  }
+
+  // At exit (max_requests answered): what the clients still read is sent, waiting at most a
+  // second for a socket that takes nothing.
+  static void drain(std::vector<Conn>& conns) {
+    for (;;) {
+      std::vector<pollfd> fds;
+      std::vector<Conn*> pending;
+      for (Conn& c : conns)
+        if (!c.out.empty()) {
+          fds.push_back({c.fd, POLLOUT, 0});
+          pending.push_back(&c);
+        }
+      if (fds.empty() || poll(fds.data(), fds.size(), 1000) <= 0) return;
+      for (size_t i = 0; i < fds.size(); ++i)
+        if (fds[i].revents && !flush(*pending[i])) pending[i]->out.clear();
+    }
+  }
+
+  // A request's boolean field ("reset", "close"): false when absent.
+  static bool flag(const json& j, const char* key) {
+    if (!j.contains(key)) return false;
+    if (!j.at(key).is_boolean())
+      throw Error(str("\"", key, "\" is ", j.at(key).type_name(), " ", dump(j.at(key)).substr(0, 64),
+                      ", expected the boolean true"));
+    return j.at(key).get<bool>();
+  }
+
+  // Throws for a key outside `known` (a request of `kind`).
+  static void check_keys(const json& j, const std::string& kind, const std::vector<std::string>& known) {
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (std::find(known.begin(), known.end(), it.key()) != known.end()) continue;
+      std::string list;
+      for (const std::string& k : known) list += (list.empty() ? "" : ", ") + ("\"" + k + "\"");
+      throw Error(str("unknown key \"", it.key().substr(0, 64), "\" beside \"", kind, "\" (expected ", list, ")"));
     }
   }
 
@@ -166,57 +274,95 @@ class Server {
       try {
         j = json::parse(line);
       } catch (const json::exception& e) {
-        throw Error(str("malformed JSON: ", e.what()));
+        const std::string what = e.what();
+        throw Error(str("malformed JSON: ", what.size() > kMaxQuote ? what.substr(0, kMaxQuote) + "..." : what));
       }
       if (!j.is_object() || !j.contains("session") || !j.at("session").is_string())
         throw Error("expected a JSON object with a \"session\" string");
-      session = j.at("session").get<std::string>();
-      if (j.value("reset", false)) {
+      const std::string& name = j.at("session").get_ref<const std::string&>();
+      if (name.size() > kMaxSessionName)
+        throw Error(str("\"session\" of ", name.size(), " bytes, expected at most ", kMaxSessionName));
+      session = name;
+      const bool reset = flag(j, "reset"), close = flag(j, "close"), step = j.contains("images");
+      if (reset + close + step != 1) {
+        std::string keys;
+        for (auto it = j.begin(); it != j.end(); ++it) keys += (keys.empty() ? "" : ", ") + it.key().substr(0, 64);
+        throw Error(str(reset + close + step == 0 ? "a request without" : "a request with more than one of",
+                        " \"reset\": true, \"images\" or \"close\": true (its keys: ", keys, ")"));
+      }
+      if (reset) {
+        check_keys(j, "reset", {"session", "reset", "instruction", "close"});
         if (!j.contains("instruction") || !j.at("instruction").is_array() || j.at("instruction").empty())
           throw Error("reset needs \"instruction\": a non-empty list of token ids");
         std::vector<int32_t> ins;
         for (const json& t : j.at("instruction")) {
           if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= cfg_.vocab_size)
-            throw Error(str("instruction holds ", t.dump(), ", expected token ids in [0, ", cfg_.vocab_size, ")"));
+            throw Error(str("instruction holds ", dump(t).substr(0, 64), ", expected token ids in [0, ",
+                            cfg_.vocab_size, ")"));
           ins.push_back(t.get<int32_t>());
         }
+        if ((int64_t)ins.size() > max_instruction_)
+          throw Error(str("instruction of ", ins.size(), " tokens exceeds the policy's context: ", context_,
+                          " rows (min(max_position_embeddings, 16384)) hold at most ", max_instruction_,
+                          " instruction tokens beside one step's ", step_rows_, " observation rows and ", tokens_,
+                          " action token(s)"));
         auto it = sessions_.find(session);
+        if (it == sessions_.end() && (int)sessions_.size() >= opt_.max_sessions)
+          throw Error(str("too many sessions (", opt_.max_sessions, "); close one first"));
+        // A fresh session takes the name only once its reset succeeded: a failed reset leaves an
+        // existing session as it was and creates none.
+        auto fresh = std::make_unique<Session>(*model_, window_, context_);
+        fresh->policy.reset(ins);
         if (it == sessions_.end()) {
-          if ((int)sessions_.size() >= opt_.max_sessions)
-            throw Error(str("too many sessions (", opt_.max_sessions, "); close one first"));
-          const int64_t cap = std::min<int64_t>(cfg_.max_position_embeddings, 1 << 14) + tokens_;
-          it = sessions_.emplace(session, std::make_unique<Session>(*model_, window_, cap)).first;
+          sessions_.emplace(session, std::move(fresh));
+        } else {
+          it->second = std::move(fresh);
         }
-        it->second->policy.reset(ins);
-        it->second->steps = 0;
-        return json{{"session", session}, {"ok", true}}.dump();
+        return dump(json{{"session", session}, {"ok", true}});
       }
+      check_keys(j, close ? "close" : "images", close ? std::vector<std::string>{"session", "close", "reset"}
+                                                      : std::vector<std::string>{"session", "images", "state", "reset",
+                                                                                 "close"});
       auto it = sessions_.find(session);
       if (it == sessions_.end()) throw Error(str("unknown session \"", session, "\" (reset it first)"));
-      if (j.value("close", false)) {
+      if (close) {
         sessions_.erase(it);
-        return json{{"session", session}, {"ok", true}}.dump();
+        return dump(json{{"session", session}, {"ok", true}});
       }
-      if (!j.contains("images") || !j.at("images").is_array() || j.at("images").empty())
+      if (!j.at("images").is_array() || j.at("images").empty())
         throw Error("expected \"images\": a non-empty list of base64 PNG or JPEG images (or reset / close)");
-      model::Observation obs;
       const int S = (int)cfg_.vision.image_size;
+      const int64_t P = cfg_.vision.tokens_per_frame();
+      if ((int64_t)j.at("images").size() * P >= context_)
+        throw Error(str(j.at("images").size(), " images take ", (int64_t)j.at("images").size() * P,
+                        " rows, more than the policy's context of ", context_, " rows beside the instruction"));
+      model::Observation obs;
       for (size_t k = 0; k < j.at("images").size(); ++k) {
         const json& im = j.at("images")[k];
         const std::string what = str("images[", k, "]");
         if (!im.is_string()) throw Error(str(what, ": expected a base64 string"));
-        const data::Image img = data::decode_image_bytes(base64_decode(im.get<std::string>(), what), what);
-        if (img.width != S || img.height != S)
-          throw Error(str(what, ": ", img.width, " x ", img.height, " pixels, expected ", S, " x ", S,
+        const std::string bytes = base64_decode(im.get<std::string>(), what);
+        // The size from the header first: a wrong one is refused before its pixels are decoded.
+        const data::ImageSize size = data::image_size_bytes(bytes, what);
+        if (size.width != S || size.height != S)
+          throw Error(str(what, ": ", size.width, " x ", size.height, " pixels, expected ", S, " x ", S,
                           " (the tower's vision.image_size)"));
+        const data::Image img = data::decode_image_bytes(bytes, what);
         const data::FrameSpec fs;  // the tower's normalisation, as training frames get it
         obs.frames.push_back(data::tower_pixels(img, S, fs.mean, fs.std));
       }
       if (j.contains("state")) {
-        if (!j.at("state").is_array()) throw Error("\"state\" must be a list of numbers");
-        for (const json& v : j.at("state")) {
-          if (!v.is_number() || !std::isfinite(v.get<double>())) throw Error("\"state\" must hold finite numbers");
-          obs.state.push_back(v.get<float>());
+        const json& state = j.at("state");
+        if (!state.is_array()) throw Error("\"state\" must be a list of numbers");
+        for (size_t k = 0; k < state.size(); ++k) {
+          if (!state[k].is_number())
+            throw Error(str("\"state\"[", k, "] is ", state[k].type_name(), ", expected a number"));
+          // Checked as a float, the policy's type: 1e39 is a finite double but an infinite float.
+          const double v = state[k].get<double>();
+          if (!(std::fabs(v) <= (double)std::numeric_limits<float>::max()))
+            throw Error(str("\"state\"[", k, "] = ", v, ", expected a finite 32-bit float (|x| <= ",
+                            std::numeric_limits<float>::max(), ")"));
+          obs.state.push_back((float)v);
         }
       }
       if ((int64_t)obs.state.size() != cfg_.vision.state_dim)
@@ -230,11 +376,11 @@ class Server {
       } else {
         out["action_ids"] = tokens;
       }
-      return out.dump();
+      return dump(out);
     } catch (const std::exception& e) {
       json err = {{"error", e.what()}};
       if (!session.empty()) err["session"] = session;
-      return err.dump();
+      return dump(err);
     }
   }
 
@@ -248,6 +394,9 @@ class Server {
   std::string dir_;
   model::ModelConfig cfg_;
   int window_ = 0;
+  int64_t context_ = 0;          // a session's KV cache rows: its positions stay below max_position_embeddings
+  int64_t step_rows_ = 0;        // one frame's rows and the state row
+  int64_t max_instruction_ = 0;  // tokens leaving room for the first step
   bool continuous_ = false;
   data::ActionBins bins_;
   int tokens_ = 1;

@@ -10,12 +10,28 @@
 //          (the checkpoint's action_bins.json decodes the tokens), or
 //       -> {"session": S, "step": t, "tokens": [ids], "action_ids": [ids]}   discrete (--action-ids)
 //   {"session": S, "close": true}                              -> {"session": S, "ok": true}
-// Images must be the tower's size (vision.image_size square) and are normalised as in training.
-// A bad request (malformed JSON, a missing or mistyped field, an unknown session, an undecodable
-// or wrongly sized image, a state of the wrong length, too many sessions) gets
-// {"error": "...", "session": S when known} and changes nothing; a line longer than
-// max_message_bytes gets an error reply and its connection is closed (the stream cannot be
-// resynchronised). Nothing a client sends stops the server.
+// Exactly one of "reset": true, "images" or "close": true per request, and no other keys than
+// these, "instruction" (reset) and "state" (images). Session names are at most 256 bytes.
+// Images must be the tower's size (vision.image_size square; checked from the header, before the
+// pixels are decoded) and are normalised as in training; state values must be finite as 32-bit
+// floats. A session's context (its KV cache) holds min(max_position_embeddings, 16384) rows: an
+// instruction must leave room for one step (a frame's rows, the state row and the action
+// tokens), and with the full history the context grows every step until a step no longer fits
+// (an error: reset the session).
+// A bad request (malformed JSON or invalid UTF-8, a missing, unknown or mistyped field, an
+// unknown session, an undecodable or wrongly sized image, a state of the wrong length or out of
+// float range, an instruction too long for the context, too many sessions) gets
+// {"error": "...", "session": S when known} and changes nothing: a failed reset leaves the
+// session as it was (or creates none), a failed step leaves its history as it was. A line longer
+// than max_message_bytes gets an error reply and its connection is closed (the stream cannot be
+// resynchronised). Replies a client does not read wait in a buffer of its own (sockets are
+// non-blocking); past max_message_bytes unsent, that client is disconnected with a log line, so
+// a client that pipelines requests and never reads cannot stall the others. Nothing a client
+// sends stops the server.
+// Sessions are global, not tied to a connection: a session lives until it is closed (by any
+// connection) or the server stops; a connection that closes leaves its sessions open, so a
+// client reconnects to them. Nothing expires: max_sessions bounds them, and a client that
+// abandons sessions should close them.
 #pragma once
 
 #include <cstdint>
@@ -31,8 +47,10 @@ struct ServeOptions {
   int max_sessions = 1024;
   int window = -1;           // -1: the checkpoint's data.history
   // Discrete actions: n tokens among ids [first, end) (e.g. the nav environment's 8:12); else
-  // the checkpoint's action_bins.json (dims tokens among its bins' ids).
-  int action_tokens = 1;
+  // the checkpoint's action_bins.json (dims tokens among its bins' ids; action_tokens then 0 or
+  // the bins' dims, anything else an error). 0: not given (1 for discrete actions). The
+  // action tokens and one step's rows must fit the context (the startup checks it).
+  int action_tokens = 0;
   int32_t action_first = -1, action_end = -1;
   int64_t max_requests = -1;  // tests: stop after this many request lines (-1: run until killed)
 };

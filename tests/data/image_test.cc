@@ -1,6 +1,7 @@
 // Camera frames (data/image.h): PNG and JPEG files written here with libpng and libjpeg decode
 // to their pixels (PNG exactly; JPEG within its quantisation); bad files get errors naming the
-// file; the tower's resize and normalisation on images whose answer is known.
+// file; an image's size is read from its header alone; the tower's resize and normalisation on
+// images whose answer is known.
 #include "data/image.h"
 
 #include <gtest/gtest.h>
@@ -128,6 +129,83 @@ TEST(Image, BadFilesAreErrorsNamingTheFile) {
   write_jpeg(jpg, 64, 64, px, 90);
   truncate_to(jpg, 0.5);
   EXPECT_EQ(error_of(jpg).rfind(jpg + ": corrupt or truncated JPEG (", 0), 0u) << error_of(jpg);
+}
+
+// PNG's chunk checksum (CRC-32, ISO 3309), to forge a header that libpng accepts.
+uint32_t crc32(const uint8_t* p, size_t n) {
+  uint32_t c = 0xFFFFFFFFu;
+  for (size_t i = 0; i < n; ++i) {
+    c ^= p[i];
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+  }
+  return ~c;
+}
+
+void put_be(std::string& s, size_t at, uint32_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) s[at + i] = (char)(v >> (8 * (bytes - 1 - i)));
+}
+
+// A small PNG whose header (IHDR, checksum fixed) claims w x h pixels.
+std::string png_claiming(uint32_t w, uint32_t h) {
+  Image img;
+  img.width = 3;
+  img.height = 2;
+  img.rgb.assign(3 * 2 * 3, 9);
+  std::string png = encode_png(img);
+  put_be(png, 16, w, 4);  // the signature (8), IHDR's length (4) and type (4), then width and height
+  put_be(png, 20, h, 4);
+  put_be(png, 29, crc32(reinterpret_cast<const uint8_t*>(png.data()) + 12, 17), 4);
+  return png;
+}
+
+std::string size_error_of(const std::string& bytes) {
+  try {
+    image_size_bytes(bytes, "images[0]");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A server checks an image's size before paying for its pixels: image_size_bytes reads the
+// header only, so a 100-byte PNG claiming 16384 x 16384 (800 MB decoded) answers at once.
+TEST(Image, HeaderSizeIsReadWithoutDecodingThePixels) {
+  Image img;
+  img.width = 5;
+  img.height = 3;
+  img.rgb.assign(5 * 3 * 3, 50);
+  const ImageSize png = image_size_bytes(encode_png(img), "png");
+  EXPECT_EQ(png.width, 5);
+  EXPECT_EQ(png.height, 3);
+  const std::string jpg_path = tmp("size.jpg");
+  write_jpeg(jpg_path, 7, 5, std::vector<uint8_t>(7 * 5 * 3, 80), 90);
+  std::ifstream in(jpg_path, std::ios::binary);
+  std::string jpg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const ImageSize j = image_size_bytes(jpg, "jpg");
+  EXPECT_EQ(j.width, 7);
+  EXPECT_EQ(j.height, 5);
+
+  const std::string huge = png_claiming(16384, 16384);
+  ASSERT_LT(huge.size(), 200u);
+  const ImageSize h = image_size_bytes(huge, "images[0]");
+  EXPECT_EQ(h.width, 16384);
+  EXPECT_EQ(h.height, 16384);
+  EXPECT_EQ(size_error_of(png_claiming(16385, 2)),
+            "images[0]: PNG of 16385 x 2 pixels, expected sides in [1, 16384]");
+  // A baseline JPEG's frame header (SOF0: FF C0, length, precision, height, width) claiming 16384 x 16384.
+  const size_t sof = jpg.find("\xFF\xC0");
+  ASSERT_NE(sof, std::string::npos);
+  put_be(jpg, sof + 5, 16384, 2);
+  put_be(jpg, sof + 7, 16384, 2);
+  const ImageSize hj = image_size_bytes(jpg, "images[0]");
+  EXPECT_EQ(hj.width, 16384);
+  EXPECT_EQ(hj.height, 16384);
+
+  EXPECT_EQ(size_error_of("AAAA"), "images[0]: not a PNG or JPEG image (4 bytes: no PNG or JPEG signature)");
+  EXPECT_EQ(size_error_of(huge.substr(0, 20)).rfind("images[0]: not a readable PNG (", 0), 0u)
+      << size_error_of(huge.substr(0, 20));
+  EXPECT_EQ(size_error_of(jpg.substr(0, 4)).rfind("images[0]: corrupt or truncated JPEG (", 0), 0u)
+      << size_error_of(jpg.substr(0, 4));
 }
 
 TEST(Image, TowerPixelsResizeAndNormalise) {

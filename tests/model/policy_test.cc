@@ -2,12 +2,17 @@
 // step t is, token for token and frame for frame, the episode tree's path of step t (its action
 // aside), and its logits equal a full forward of that path, with the full history and with a
 // window; later action tokens are decoded from the cache like a full forward of the context
-// with the earlier ones appended.
+// with the earlier ones appended. A reset or a step that throws (a long instruction, a malformed
+// observation, a step past the capacity, non-finite logits) leaves the policy as it was.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <random>
+#include <string>
 
+#include "base/check.h"
 #include "data/packing.h"
 #include "data/episode_tree.h"
 #include "data/frames.h"
@@ -87,6 +92,102 @@ INSTANTIATE_TEST_SUITE_P(Histories, PolicyVsTree, ::testing::Values(0, 2),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return i.param == 0 ? std::string("full") : "window" + std::to_string(i.param);
                          });
+
+// An observation of `cameras` frames of random pixels and a 3-value state (tiny_vla_config's).
+Observation random_obs(std::mt19937_64& rng, int cameras) {
+  std::normal_distribution<float> d(0.f, 1.f);
+  Observation o;
+  for (int c = 0; c < cameras; ++c) {
+    o.frames.emplace_back(3 * 4 * 4);
+    for (float& x : o.frames.back()) x = d(rng);
+  }
+  o.state = {d(rng), d(rng), d(rng)};
+  return o;
+}
+
+template <class F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+class PolicyFailures : public ::testing::TestWithParam<int> {};
+
+// Every failing step between two good ones leaves no trace: the next step's context and logits
+// are a policy's that never saw them (with the full history the cache keeps no rows of theirs;
+// with a window, the history keeps neither them nor loses the observation they pushed out).
+TEST_P(PolicyFailures, AFailedStepLeavesTheHistoryAndTheCacheAsTheyWere) {
+  const int window = GetParam();
+  const ModelConfig cfg = tt::testing::tiny_vla_config();  // 4 rows a frame, a state row
+  Model<double> m(cfg);
+  m.init(4);
+  VlaPolicy<CpuExec<double>> policy(m, window, 48), ref(m, window, 48);
+  std::mt19937_64 rng(7);
+  const std::vector<Observation> good = {random_obs(rng, 2), random_obs(rng, 1), random_obs(rng, 2)};
+  policy.reset({5, 6, 7});
+  ref.reset({5, 6, 7});
+  for (int t = 0; t < 2; ++t) {
+    policy.act(good[t], 2, 10, 24);
+    ref.act(good[t], 2, 10, 24);
+  }
+  Observation bad_frame = good[2];
+  bad_frame.frames[1].resize(5);
+  EXPECT_NE(error_of([&] { policy.act(bad_frame, 2, 10, 24); }).find("a frame of 5 values, expected 3 x 4 x 4"),
+            std::string::npos);
+  Observation nan_state = good[2];
+  nan_state.state[1] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_NE(error_of([&] { policy.act(nan_state, 2, 10, 24); }).find("non-finite logits for action token 0"),
+            std::string::npos);
+  const Observation too_big = random_obs(rng, 12);  // 49 rows
+  EXPECT_NE(error_of([&] { policy.act(too_big, 2, 10, 24); }).find("more than the context of 48 rows"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { policy.act(good[2], 60, 10, 24); }).find("59 fed-back action tokens"), std::string::npos);
+  std::vector<double> got, want;
+  const std::vector<int32_t> a = policy.act(good[2], 2, 10, 24, &got);
+  const std::vector<int32_t> b = ref.act(good[2], 2, 10, 24, &want);
+  EXPECT_EQ(a, b);
+  EXPECT_LT(rel_diff(got, want), 1e-12);
+  const data::PackedBatch c = policy.context(), r = ref.context();
+  EXPECT_EQ(c.tokens, r.tokens);
+  EXPECT_EQ(c.pixels, r.pixels);
+  EXPECT_EQ(c.state, r.state);
+}
+
+INSTANTIATE_TEST_SUITE_P(Histories, PolicyFailures, ::testing::Values(0, 2),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return i.param == 0 ? std::string("full") : "window" + std::to_string(i.param);
+                         });
+
+// An instruction the context cannot hold, or with an id outside the vocabulary, is refused up
+// front and the episode goes on as it was (its next step is a policy's that never saw the
+// refused resets).
+TEST(PolicyFailures, ARefusedResetLeavesTheEpisodeAsItWas) {
+  const ModelConfig cfg = tt::testing::tiny_vla_config();
+  Model<double> m(cfg);
+  m.init(4);
+  VlaPolicy<CpuExec<double>> policy(m, 0, 32), ref(m, 0, 32);
+  std::mt19937_64 rng(9);
+  const Observation first = random_obs(rng, 1), second = random_obs(rng, 1);
+  EXPECT_NE(error_of([&] { policy.act(first, 1, 10, 24); }).find("act() before reset()"), std::string::npos);
+  for (auto* p : {&policy, &ref}) {
+    p->reset({5, 6});
+    p->act(first, 1, 10, 24);
+  }
+  EXPECT_NE(error_of([&] { policy.reset(std::vector<int32_t>(32, 5)); })
+                .find("policy: an instruction of 32 tokens exceeds the context of 32 rows"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { policy.reset({5, 24}); }).find("instruction[1] = 24, expected a token id in [0, 24)"),
+            std::string::npos);
+  std::vector<double> got, want;
+  policy.act(second, 1, 10, 24, &got);
+  ref.act(second, 1, 10, 24, &want);
+  EXPECT_LT(rel_diff(got, want), 1e-12);
+  EXPECT_EQ(policy.context().tokens, ref.context().tokens);
+}
 
 // The evaluator's context in the real environment: an expert episode written as training data
 // (PNG frames, data/nav_env.h) and read back as its tree, against the policy fed the frames the

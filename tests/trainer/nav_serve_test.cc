@@ -1,7 +1,11 @@
 // Closing the loop (issue 17) through the binary: a tiny VLA trained on generated nav episodes;
 // `treetrain eval --env nav` reports the model, the random policy and the zeroed-image model;
-// `treetrain serve` answers sessions and survives every bad request (malformed JSON, unknown
-// session, undecodable or wrongly sized image, bad state, an oversize line); and the reference
+// `treetrain serve` answers sessions and survives every bad request (malformed JSON or invalid
+// UTF-8, unknown session or request, mistyped or unknown fields, undecodable or wrongly sized
+// image, bad state, an oversize line, an instruction or a step past the context) with an error
+// naming it, and such a request changes no session; a client that never reads its replies is
+// dropped without stalling the others; startup refuses action bins and action-token counts the
+// model cannot serve; and the reference
 // client (scripts/nav_client.py, through `serve` and `nav-env`) reproduces eval's success rate
 // and SPL for the same seeds.
 #include <arpa/inet.h>
@@ -9,13 +13,19 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <thread>
 
 #include "base/base64.h"
 #include "data/image.h"
@@ -47,18 +57,34 @@ const fs::path& trained_run() {
   return run;
 }
 
+// A checkpoint with action_bins.json (configs/vla_tiny.yaml on toy episodes: 2-dim actions in 16
+// bins of a 64-id vocabulary, a 2-value state), made once.
+const fs::path& continuous_run() {
+  static const fs::path run = [] {
+    const fs::path dir = fresh_dir("serve_continuous");
+    const std::string data = (dir / "episodes.jsonl").string();
+    EXPECT_EQ(sh("trainer/treetrain generate --kind toy-episodes --out " + data + " --num-episodes 3 --steps 3 2>/dev/null"), 0);
+    EXPECT_EQ(sh("trainer/treetrain --config configs/vla_tiny.yaml --set run_dir=" + (dir / "run").string() +
+                 " --set data.path=" + data + " --set train.max_steps=2 --set train.checkpoint_every=0 2>/dev/null"),
+              0);
+    return dir / "run";
+  }();
+  return run;
+}
+
 // `treetrain serve` as a child process; its port read from its first stdout line.
 struct ServeProcess {
   pid_t pid = -1;
   int port = 0;
-  explicit ServeProcess(const std::string& flags) {
+  // log: where the server's stderr goes.
+  explicit ServeProcess(const std::string& flags, const std::string& log = "/dev/null") {
     int p[2];
     EXPECT_EQ(pipe(p), 0);
     pid = fork();
     if (pid == 0) {
       dup2(p[1], 1);
       close(p[0]);
-      const std::string cmd = "exec trainer/treetrain serve " + flags + " 2>/dev/null";
+      const std::string cmd = "exec trainer/treetrain serve " + flags + " 2>" + log;
       execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
       _exit(127);
     }
@@ -83,6 +109,8 @@ struct Client {
     a.sin_family = AF_INET;
     a.sin_port = htons((uint16_t)port);
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    const timeval wait{60, 0};  // a server that stops answering fails the test instead of hanging it
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
     EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
   }
   ~Client() { close(fd); }
@@ -94,7 +122,7 @@ struct Client {
       off += (size_t)n;
     }
   }
-  // The next reply line ("" when the server closed the connection).
+  // The next reply line ("" when the server closed the connection or answered nothing for 60 s).
   std::string reply() {
     for (;;) {
       const size_t nl = buf.find('\n');
@@ -111,9 +139,19 @@ struct Client {
   }
   json ask(const std::string& line) {
     send_raw(line + "\n");
-    return json::parse(reply());
+    const std::string r = reply();
+    if (r.empty()) return json{{"no reply", "the server closed the connection or stopped answering"}};
+    return json::parse(r);
+  }
+  // The error a request gets (or what came instead).
+  std::string error_of(const std::string& line) {
+    const json r = ask(line);
+    return r.contains("error") ? r.at("error").get<std::string>() : "(no error) " + r.dump();
   }
 };
+
+// The start of a request object naming session `name`: {"session": "name"
+std::string str_session(const std::string& name) { return "{\"session\": \"" + name + "\""; }
 
 // A base64 PNG of the environment's first frame (through nav-env, as the client gets it).
 std::string frame_b64() {
@@ -154,6 +192,33 @@ TEST(NavServe, EvalReportsTheModelAndBothBaselines) {
     EXPECT_LE(j.at(k).at("spl").get<double>(), j.at(k).at("success").get<double>() + 1e-12) << k;
   }
   EXPECT_EQ(sh("trainer/treetrain eval --env maze --checkpoint x 2>/dev/null"), 2);
+}
+
+// The longest context (2 instruction rows, then 16 rows a frame per step of --max-steps or of the
+// window) must fit max_position_embeddings 1024: an error naming the flag and the limit before any
+// rollout, never a run past the model's positions or a cache failure minutes later.
+TEST(NavServe, EvalChecksTheContextAgainstTheModelsPositions) {
+  const fs::path dir = fresh_dir("nav_eval_positions");
+  const std::string eval = "trainer/treetrain eval --env nav --checkpoint " + trained_run().string() + " --episodes 1";
+  const std::string ckpt = trained_run().string() + "/checkpoints/step_3";
+  ASSERT_EQ(sh(eval + " --max-steps 1100 2> " + (dir / "e").string()), 1);
+  EXPECT_EQ(slurp(dir / "e"), "error: --max-steps 1100 with the full history: the context of a step reaches 2 + 1100 x "
+                              "16 = 17602 rows (the instruction, then 16 rows a frame), more than "
+                              "max_position_embeddings 1024 of " + ckpt + "/config.json; expected --max-steps <= 63 or "
+                              "--window W <= 63\n");
+  ASSERT_EQ(sh(eval + " --max-steps 64 2> " + (dir / "e").string()), 1);
+  EXPECT_NE(slurp(dir / "e").find("error: --max-steps 64 with the full history: the context of a step reaches 2 + 64 x "
+                                  "16 = 1026 rows"),
+            std::string::npos)
+      << slurp(dir / "e");
+  ASSERT_EQ(sh(eval + " --max-steps 100 --window 64 2> " + (dir / "e").string()), 1);
+  EXPECT_NE(slurp(dir / "e").find("error: --window 64: the context of a step reaches 2 + 64 x 16 = 1026 rows"),
+            std::string::npos)
+      << slurp(dir / "e");
+  EXPECT_NE(slurp(dir / "e").find("expected --window <= 63"), std::string::npos) << slurp(dir / "e");
+  // At the limit it runs: 2 + 63 x 16 = 1010 rows.
+  ASSERT_EQ(sh(eval + " --max-steps 63 > " + (dir / "o").string() + " 2>/dev/null"), 0);
+  EXPECT_EQ(json::parse(slurp(dir / "o")).at("episodes"), 1);
 }
 
 TEST(NavServe, BadRequestsGetErrorsAndNeverStopTheServer) {
@@ -205,13 +270,7 @@ TEST(NavServe, BadRequestsGetErrorsAndNeverStopTheServer) {
 // 2-dim actions in 16 bins, a 2-value state) is served without --action-ids: two tokens among the
 // last 16 ids, decoded into an action inside the bins' range.
 TEST(NavServe, ContinuousActionsDecodeThroughTheCheckpointsBins) {
-  const fs::path dir = fresh_dir("serve_continuous");
-  const std::string data = (dir / "episodes.jsonl").string();
-  ASSERT_EQ(sh("trainer/treetrain generate --kind toy-episodes --out " + data + " --num-episodes 3 --steps 3 2>/dev/null"), 0);
-  ASSERT_EQ(sh("trainer/treetrain --config configs/vla_tiny.yaml --set run_dir=" + (dir / "run").string() +
-               " --set data.path=" + data + " --set train.max_steps=2 --set train.checkpoint_every=0 2>/dev/null"),
-            0);
-  ServeProcess s("--checkpoint " + (dir / "run").string());
+  ServeProcess s("--checkpoint " + continuous_run().string());
   Client c(s.port);
   tt::data::Image img;
   img.width = img.height = 16;
@@ -233,6 +292,237 @@ TEST(NavServe, ContinuousActionsDecodeThroughTheCheckpointsBins) {
   EXPECT_NE(c.ask(R"({"session": "r", "images": [")" + b64 + R"("]})").at("error").get<std::string>().find(
                 "\"state\" has 0 values, expected vision.state_dim = 2"),
             std::string::npos);
+}
+
+// A 16 x 16 PNG, base64, of one grey level.
+std::string grey_png_b64(int level) {
+  tt::data::Image img;
+  img.width = img.height = 16;
+  img.rgb.assign(16 * 16 * 3, (uint8_t)level);
+  return tt::base64_encode(tt::data::encode_png(img));
+}
+
+// `treetrain serve FLAGS` when it refuses to start: its exit code and its stderr (a server that
+// starts anyway is stopped after 30 s: exit code 124).
+std::pair<int, std::string> serve_startup(const std::string& flags) {
+  const fs::path dir = fresh_dir("serve_startup");
+  const int rc = sh("timeout 30 trainer/treetrain serve " + flags + " > /dev/null 2> " + (dir / "log").string());
+  return {rc, slurp(dir / "log")};
+}
+
+// Invalid UTF-8 in a request is malformed JSON, answered (the parse error's quote of the bytes
+// made valid), and the server serves on.
+TEST(NavServe, InvalidUtf8IsAnErrorAndTheServerServesOn) {
+  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12");
+  Client c(s.port);
+  for (const std::string bad : {"{\"session\":\"\xff\"}", "{\"session\": \"a\xc3\x28\"}"}) {
+    const std::string e = c.error_of(bad);
+    EXPECT_EQ(e.rfind("malformed JSON: ", 0), 0u) << e;
+    EXPECT_NE(e.find("ill-formed UTF-8 byte"), std::string::npos) << e;
+  }
+  EXPECT_EQ(c.error_of("\xfe\xff").rfind("malformed JSON: ", 0), 0u);
+  EXPECT_EQ(c.ask(R"({"session": "a", "reset": true, "instruction": [2, 4]})").at("ok"), true);
+  EXPECT_EQ(c.ask(R"({"session": "a", "images": [")" + frame_b64() + R"("]})").at("step"), 0);
+}
+
+// A client that pipelines requests and never reads the replies is disconnected (with a log line)
+// once its unsent replies pass --max-message-bytes; another client is answered all along.
+TEST(NavServe, AClientThatNeverReadsIsDroppedAndNeverStallsOthers) {
+  const fs::path dir = fresh_dir("serve_non_reader");
+  const std::string log = (dir / "log").string();
+  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12 --max-message-bytes 65536", log);
+  Client greedy(s.port);
+  const timeval wait{20, 0};  // a server that stops reading leaves send() failing with EAGAIN
+  setsockopt(greedy.fd, SOL_SOCKET, SO_SNDTIMEO, &wait, sizeof wait);
+  // Lines of 1000 bytes, each a malformed-JSON error of about 600 bytes: 64 MB sent at most.
+  const std::string line = "\"" + std::string(998, 'a') + "\n";
+  std::string burst;
+  for (int i = 0; i < 64; ++i) burst += line;
+  int send_errno = 0;
+  std::thread sender([&] {
+    for (int64_t sent = 0; sent < ((int64_t)64 << 20);) {
+      size_t off = 0;
+      while (off < burst.size()) {
+        const ssize_t n = send(greedy.fd, burst.data() + off, burst.size() - off, MSG_NOSIGNAL);
+        if (n <= 0) {
+          send_errno = errno;
+          return;
+        }
+        off += (size_t)n;
+      }
+      sent += (int64_t)burst.size();
+    }
+  });
+  sender.join();
+  EXPECT_TRUE(send_errno == EPIPE || send_errno == ECONNRESET)
+      << "the server should close the connection, not stop reading it: " << std::strerror(send_errno);
+  Client other(s.port);
+  EXPECT_EQ(other.ask(R"({"session": "b", "reset": true, "instruction": [2, 4]})").at("ok"), true);
+  EXPECT_EQ(other.ask(R"({"session": "b", "images": [")" + frame_b64() + R"("]})").at("step"), 0);
+  EXPECT_NE(slurp(log).find("replies unsent (it does not read them"), std::string::npos) << slurp(log);
+}
+
+// A reset that fails (an instruction longer than the context) creates no session and leaves an
+// existing one as it was: its next step is the step it would have been.
+TEST(NavServe, AFailedResetChangesNothing) {
+  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12");
+  Client c(s.port);
+  const std::string img = frame_b64(), step = R"(", "images": [")" + img + R"("]})";
+  json longer = {{"session", "a"}, {"reset", true}, {"instruction", std::vector<int>(2000, 2)}};
+  const std::string too_long =
+      "instruction of 2000 tokens exceeds the policy's context: 1024 rows (min(max_position_embeddings, 16384)) "
+      "hold at most 1008 instruction tokens beside one step's 16 observation rows and 1 action token(s)";
+  EXPECT_EQ(c.error_of(longer.dump()), too_long);
+  EXPECT_EQ(c.error_of(R"({"session": "a)" + step), "unknown session \"a\" (reset it first)");
+  longer["instruction"] = std::vector<int>(1009, 2);
+  EXPECT_NE(c.error_of(longer.dump()).find("instruction of 1009 tokens exceeds"), std::string::npos);
+  longer["instruction"] = std::vector<int>(1008, 2);
+  EXPECT_EQ(c.ask(longer.dump()).at("ok"), true) << "the longest instruction that leaves room for a step";
+  EXPECT_EQ(c.ask(R"({"session": "a)" + step).at("step"), 0);
+  // "b" steps, fails a reset, steps again; "ref" takes the same steps without the failed reset.
+  for (const char* name : {"b", "ref"})
+    EXPECT_EQ(c.ask(str_session(name) + R"(, "reset": true, "instruction": [2, 5]})").at("ok"), true);
+  EXPECT_EQ(c.ask(R"({"session": "b)" + step).at("step"), 0);
+  EXPECT_EQ(c.ask(R"({"session": "ref)" + step).at("step"), 0);
+  longer["session"] = "b";
+  longer["instruction"] = std::vector<int>(2000, 2);
+  EXPECT_EQ(c.error_of(longer.dump()), too_long);
+  EXPECT_NE(c.error_of(R"({"session": "b", "reset": true, "instruction": [2, 99]})").find("token ids in [0, 16)"),
+            std::string::npos);
+  const json b = c.ask(R"({"session": "b)" + step), ref = c.ask(R"({"session": "ref)" + step);
+  EXPECT_EQ(b.at("step"), 1) << b.dump();
+  EXPECT_EQ(b.at("action_ids"), ref.at("action_ids"));
+}
+
+// With --window 2, a step the context cannot hold (63 frames: 1008 rows beside the instruction
+// and the window's other observation) fails and leaves the history as it was: the next steps
+// are a reference session's.
+TEST(NavServe, AFailedStepLeavesTheWindowAsItWas) {
+  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12 --window 2");
+  Client c(s.port);
+  const std::string img = frame_b64(), other = grey_png_b64(90);
+  std::string many;
+  for (int i = 0; i < 63; ++i) many += std::string(i ? ", " : "") + "\"" + img + "\"";
+  for (const char* name : {"w", "ref"})
+    EXPECT_EQ(c.ask(str_session(name) + R"(, "reset": true, "instruction": [2, 3]})").at("ok"), true);
+  for (const char* name : {"w", "ref"})
+    EXPECT_EQ(c.ask(str_session(name) + R"(, "images": [")" + img + R"("]})").at("step"), 0);
+  const std::string e = c.error_of(R"({"session": "w", "images": [)" + many + "]}");
+  EXPECT_NE(e.find("policy: the step needs 1026 rows (its context and 0 fed-back action tokens), more than the "
+                   "context of 1024 rows"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(c.error_of(R"({"session": "w", "images": [")" + img + R"("], "state": [1.0]})").find("state_dim = 0"),
+            std::string::npos);
+  for (const std::string& frame : {other, img, other}) {
+    const json w = c.ask(R"({"session": "w", "images": [")" + frame + R"("]})");
+    const json r = c.ask(R"({"session": "ref", "images": [")" + frame + R"("]})");
+    ASSERT_TRUE(w.contains("action_ids")) << w.dump();
+    EXPECT_EQ(w.at("step"), r.at("step"));
+    EXPECT_EQ(w.at("action_ids"), r.at("action_ids"));
+  }
+}
+
+// Values outside float range, session names past 256 bytes, wrongly sized images whose header
+// alone tells (a PNG claiming 16384 x 16384 is refused without decoding 800 MB), unknown
+// requests and mistyped fields: each error names what was wrong and what was expected, and the
+// session's state is unchanged (its next step is step 0).
+TEST(NavServe, BadFieldsAreNamedAndChangeNothing) {
+  ServeProcess s("--checkpoint " + continuous_run().string());
+  Client c(s.port);
+  const std::string img = grey_png_b64(30);
+  EXPECT_EQ(c.ask(R"({"session": "r", "reset": true, "instruction": [2, 3, 4]})").at("ok"), true);
+  const std::string step = R"({"session": "r", "images": [")" + img + R"("], )";
+  EXPECT_EQ(c.error_of(step + R"("state": [1e39, 0.2]})"),
+            "\"state\"[0] = 1e+39, expected a finite 32-bit float (|x| <= 3.40282e+38)");
+  EXPECT_EQ(c.error_of(step + R"("state": [0.5, -1e300]})"),
+            "\"state\"[1] = -1e+300, expected a finite 32-bit float (|x| <= 3.40282e+38)");
+  EXPECT_EQ(c.error_of(step + R"("state": [0.5, "x"]})"), "\"state\"[1] is string, expected a number");
+  // A PNG whose header claims 16384 x 16384: the signature, IHDR's length and type, then the size.
+  std::string huge = tt::data::encode_png([] {
+    tt::data::Image i;
+    i.width = i.height = 2;
+    i.rgb.assign(12, 0);
+    return i;
+  }());
+  for (int at : {16, 20}) {
+    huge[at] = 0;
+    huge[at + 1] = 0;
+    huge[at + 2] = 0x40;
+    huge[at + 3] = 0;
+  }
+  uint32_t crc = 0xFFFFFFFFu;  // IHDR's checksum over its type and data
+  for (int i = 12; i < 29; ++i) {
+    crc ^= (uint8_t)huge[i];
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+  }
+  crc = ~crc;
+  for (int i = 0; i < 4; ++i) huge[29 + i] = (char)(crc >> (24 - 8 * i));
+  EXPECT_EQ(c.error_of(R"({"session": "r", "images": [")" + img + R"(", ")" + tt::base64_encode(huge) +
+                       R"("], "state": [0.5, 0.2]})"),
+            "images[1]: 16384 x 16384 pixels, expected 16 x 16 (the tower's vision.image_size)");
+  const std::string name(257, 's');
+  EXPECT_EQ(c.error_of(R"({"session": ")" + name + R"(", "reset": true, "instruction": [2]})"),
+            "\"session\" of 257 bytes, expected at most 256");
+  EXPECT_EQ(c.ask(R"({"session": ")" + name.substr(1) + R"(", "reset": true, "instruction": [2]})").at("ok"), true);
+  EXPECT_EQ(c.error_of(R"({"session": "r", "act": true})"),
+            "a request without \"reset\": true, \"images\" or \"close\": true (its keys: act, session)");
+  EXPECT_EQ(c.error_of(R"({"session": "nobody", "step": 1})"),
+            "a request without \"reset\": true, \"images\" or \"close\": true (its keys: session, step)");
+  EXPECT_EQ(c.error_of(R"({"session": "r", "reset": "yes", "instruction": [2]})"),
+            "\"reset\" is string \"yes\", expected the boolean true");
+  EXPECT_EQ(c.error_of(R"({"session": "r", "close": 1})"), "\"close\" is number 1, expected the boolean true");
+  EXPECT_EQ(c.error_of(R"({"session": "r", "reset": true, "instruction": [2], "images": []})"),
+            "a request with more than one of \"reset\": true, \"images\" or \"close\": true (its keys: images, "
+            "instruction, reset, session)");
+  EXPECT_EQ(c.error_of(step + R"("state": [0.5, 0.2], "stat": [1]})"),
+            "unknown key \"stat\" beside \"images\" (expected \"session\", \"images\", \"state\", \"reset\", \"close\")");
+  const json ok = c.ask(step + R"("state": [0.5, 0.2]})");
+  ASSERT_TRUE(ok.contains("action")) << ok.dump();
+  EXPECT_EQ(ok.at("step"), 0) << "no bad request took a step";
+}
+
+// Startup checks: action_bins.json's vocab_size must be the model's, and the action tokens (with
+// one step's rows) must fit the context; a continuous checkpoint's tokens are its bins' dims.
+TEST(NavServe, StartupRefusesBinsAndActionTokensThatDoNotFit) {
+  const fs::path dir = fresh_dir("serve_bad_bins");
+  fs::path ckpt;  // the checkpoint folder, copied and served as a folder (a run_dir's checks its files' sizes)
+  for (const auto& e : fs::recursive_directory_iterator(continuous_run()))
+    if (e.path().filename() == "action_bins.json") ckpt = e.path().parent_path();
+  ASSERT_FALSE(ckpt.empty());
+  fs::copy(ckpt, dir / "ckpt", fs::copy_options::recursive);
+  const fs::path bins = dir / "ckpt" / "action_bins.json";
+  json b = json::parse(slurp(bins));
+  ASSERT_EQ(b.at("vocab_size"), 64);
+  b["vocab_size"] = 80;
+  std::ofstream(bins) << b.dump();
+  const auto [rc, log] = serve_startup("--checkpoint " + (dir / "ckpt").string());
+  EXPECT_EQ(rc, 1) << log;
+  EXPECT_NE(log.find(bins.string() + ": vocab_size 80, but the model's config.json has vocab_size 64"),
+            std::string::npos)
+      << log;
+  for (const char* n : {"3", "1"}) {  // given, it must be the bins' dimensions (1 is no longer the flag's absence)
+    const auto [rc2, log2] = serve_startup("--checkpoint " + continuous_run().string() + " --action-tokens " + n);
+    EXPECT_EQ(rc2, 1) << log2;
+    EXPECT_NE(log2.find(std::string("--action-tokens ") + n + ": the checkpoint's action_bins.json decodes 2 tokens"),
+              std::string::npos)
+        << log2;
+  }
+  for (const char* n : {"1009", "3000000"}) {
+    const auto [rc3, log3] = serve_startup("--checkpoint " + trained_run().string() + " --action-ids 8:12 --action-tokens " + n);
+    EXPECT_EQ(rc3, 1) << log3;
+    EXPECT_NE(log3.find(std::string("--action-tokens ") + n + ": one step's 16 observation rows and " + n +
+                        " action tokens do not fit the context of 1024 rows (min(max_position_embeddings, 16384)) "
+                        "beside an instruction; expected at most 1008 action tokens"),
+              std::string::npos)
+        << log3;
+  }
+  // The most that fit: served, with a one-token instruction.
+  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12 --action-tokens 1008");
+  Client c(s.port);
+  EXPECT_NE(c.error_of(R"({"session": "x", "reset": true, "instruction": [2, 3]})").find("at most 1 instruction tokens"),
+            std::string::npos);
+  EXPECT_EQ(c.ask(R"({"session": "x", "reset": true, "instruction": [2]})").at("ok"), true);
 }
 
 TEST(NavServe, TheReferenceClientReproducesEval) {
