@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -158,6 +159,12 @@ std::unique_ptr<model::Decoder<E>> load_inference_model(const model::ModelConfig
   auto m = std::make_unique<model::Decoder<E>>(cfg, o);
   std::vector<float> host(m->num_params(), 0.0f);
   model::load_hf_weights(dir, cfg, m->params_info(), host.data());
+  // A NaN or inf weight would turn into NaN logits and an arbitrary token (or action) per step.
+  for (const model::ParamInfo& p : m->params_info())
+    for (int64_t i = 0; i < p.numel; ++i)
+      if (!std::isfinite(host[p.offset + i]))
+        throw Error(str(dir, ": weight ", model::hf_tensor_name(cfg, p.name), " element ", i, " is ",
+                        host[p.offset + i], ", expected finite weights"));
   m->set_params(host.data());
   return m;
 }

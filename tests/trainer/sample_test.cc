@@ -23,6 +23,7 @@
 #include "model/hf_io.h"
 #include "model/segments.h"
 #include "tests/model/model_test_util.h"
+#include "tests/trainer/test_util.h"
 
 namespace tt::trainer {
 namespace {
@@ -256,6 +257,18 @@ TEST(Sample, ErrorsNameTheFileLineOrKey) {
   c.sampling.stop = {999};
   expect_error("--stop 999: outside vocab_size 40 of " + c.checkpoint + " (expected ids in [0, 40))");
   c.sampling.stop = {};
+  {  // A NaN weight: an error naming the tensor, not NaN logits and arbitrary tokens.
+    const fs::path nan_model = d / "nan_model";
+    SampleCommand n = c;
+    n.checkpoint = saved_model(nan_model);
+    trainer::testing::poke_f32(nan_model / "model.safetensors", "lm_head.weight", 7, NAN);
+    try {
+      run_sample(n);
+      ADD_FAILURE() << "expected tt::Error";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), n.checkpoint + ": weight lm_head.weight element 7 is nan, expected finite weights");
+    }
+  }
   c.sets = {"model.eos_token_id=999"};
   expect_error("--set model.eos_token_id=999: eos_token_id 999 outside vocab_size 40 (expected ids in [0, 40))");
   c.sets = {"model.eos_token_id=3,-4"};

@@ -1,12 +1,13 @@
 // Helpers shared by the trainer's (and the distributed CLI's) tests: a fresh folder under the
-// test's temporary directory, the message of the tt::Error a call throws, a file's bytes, and a
-// run's metrics.jsonl lines.
+// test's temporary directory, the message of the tt::Error a call throws, a file's bytes, a
+// safetensors element patched in place, and a run's metrics.jsonl lines.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -43,6 +44,22 @@ std::string error_of(F f) {
 inline std::string slurp(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Element `index` of F32 tensor `tensor` of a safetensors file set to x in place (the file keeps
+// its size: a checkpoint stays valid by its manifest).
+inline void poke_f32(const std::filesystem::path& file, const std::string& tensor, int64_t index, float x) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header = 0;
+  f.read(reinterpret_cast<char*>(&header), 8);
+  std::string json(header, '\0');
+  f.read(json.data(), (std::streamsize)header);
+  const nlohmann::json h = nlohmann::json::parse(json);
+  ASSERT_EQ(h.at(tensor).at("dtype"), "F32");
+  const int64_t begin = h.at(tensor).at("data_offsets")[0].get<int64_t>();
+  f.seekp(8 + (std::streamoff)header + begin + 4 * index);
+  f.write(reinterpret_cast<const char*>(&x), 4);
+  ASSERT_TRUE(f.good());
 }
 
 // The lines of run_dir/metrics.jsonl, parsed.

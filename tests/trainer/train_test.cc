@@ -900,21 +900,7 @@ TEST(TrainTest, SkippedStepCountsSurviveAResume) {
   EXPECT_EQ(n, 2);
 }
 
-// Element `index` of F32 tensor `tensor` of a safetensors file set to x in place (the file keeps
-// its size: a checkpoint stays valid by its manifest).
-void poke_f32(const fs::path& file, const std::string& tensor, int64_t index, float x) {
-  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-  uint64_t header = 0;
-  f.read(reinterpret_cast<char*>(&header), 8);
-  std::string json(header, '\0');
-  f.read(json.data(), (std::streamsize)header);
-  const nlohmann::json h = nlohmann::json::parse(json);
-  ASSERT_EQ(h.at(tensor).at("dtype"), "F32");
-  const int64_t begin = h.at(tensor).at("data_offsets")[0].get<int64_t>();
-  f.seekp(8 + (std::streamoff)header + begin + 4 * index);
-  f.write(reinterpret_cast<const char*>(&x), 4);
-  ASSERT_TRUE(f.good());
-}
+using testing::poke_f32;
 
 // A negative AdamW second moment in a checkpoint (a damaged file, finite) is an error naming the
 // file, the tensor and the element at resume, not a NaN update a step later.
