@@ -16,6 +16,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -379,6 +380,9 @@ Tree parse_tree_line(const std::string& line, const std::string& where, int64_t 
 }
 
 std::vector<Tree> read_trees(const std::string& path, Format format, int64_t vocab_size) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw Error(str("data file '", path, "' is a folder, expected a JSONL file"));
   std::ifstream in(path);
   if (!in) throw Error(str("cannot open data file '", path, "'"));
   std::vector<Tree> trees;

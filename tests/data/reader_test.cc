@@ -441,6 +441,13 @@ TEST(ReadTrees, MissingAndEmptyFiles) {
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()), path + ": no records, expected one JSON object per line");
   }
+  const std::string folder = ::testing::TempDir();
+  try {
+    read_trees(folder, Format::kTree, 0);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "data file '" + folder + "' is a folder, expected a JSONL file");
+  }
 }
 
 TEST(ReadTrees, ReadsBothFormatsInFileOrder) {

@@ -295,6 +295,13 @@ TEST(Sample, ErrorsNameTheFileLineOrKey) {
   c.sets = {};
   c.checkpoint = (d / "nothing").string();
   expect_error("--checkpoint " + c.checkpoint + ": expected a checkpoint or Hugging Face directory");
+  // A run_dir whose only checkpoint folder is invalid: named, not called empty.
+  const fs::path run = d / "run";
+  fs::create_directories(run / "checkpoints" / "step_3");
+  c.checkpoint = run.string();
+  expect_error("--checkpoint " + c.checkpoint + ": none of its 1 checkpoint folders is valid (newest " +
+               (run / "checkpoints" / "step_3").string() + ": " +
+               (run / "checkpoints" / "step_3" / "trainer_state.json").string() + ": missing)");
   EXPECT_FALSE(fs::exists(c.out)) << "nothing is written on an error";
 }
 
