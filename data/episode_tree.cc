@@ -27,9 +27,12 @@ Tree episode_tree(const Episode& ep, int64_t episode_index, const ActionBins* bi
   if (ep.instruction.empty()) throw Error(str(what, ": an empty instruction (the tree's root needs a token)"));
   // The placeholder ids mark the rows whose embeddings are replaced (a frame's slot, the state
   // row): an instruction or an action spelled with them would be taken for one.
+  bool has_state = false;
+  for (const EpisodeStep& st : ep.steps) has_state = has_state || !st.state.empty();
   auto check_ids = [&](const std::vector<int32_t>& ids, const std::string& field) {
+    if (!spec.check_placeholder_ids) return;
     for (size_t j = 0; j < ids.size(); ++j)
-      if (ids[j] == spec.image_token || ids[j] == spec.state_token) {
+      if (ids[j] == spec.image_token || (has_state && ids[j] == spec.state_token)) {
         const bool image = ids[j] == spec.image_token;
         throw Error(str(what, ": ", field, "[", j, "] is ", ids[j], ", the ", image ? "image" : "state",
                         " placeholder id (vision.", image ? "image_token_index" : "state_token_index",
@@ -120,8 +123,11 @@ std::vector<Tree> read_episode_trees(const std::string& path, int64_t vocab_size
     }
     // The bins are the vocabulary's last ids: a placeholder among them would read as an action.
     const int64_t first_bin = vocab_size - bins;
-    for (const int32_t id : {spec.image_token, spec.state_token})
-      if (id >= first_bin && id < vocab_size)
+    bool has_state = false;
+    for (const Episode& ep : eps)
+      for (const EpisodeStep& st : ep.steps) has_state = has_state || !st.state.empty();
+    for (const int32_t id : {spec.image_token, has_state ? spec.state_token : spec.image_token})
+      if (spec.check_placeholder_ids && id >= first_bin && id < vocab_size)
         throw Error(str(path, ": continuous actions take the last ", bins, " ids of the vocabulary of ", vocab_size,
                         " (", first_bin, "..", vocab_size - 1, "), which include the ",
                         id == spec.image_token ? "image" : "state", " placeholder id ", id,

@@ -31,6 +31,9 @@ struct EpisodeTreeSpec {
   int32_t image_token = 0;   // the id in the image slots' rows (their embeddings are replaced)
   int32_t state_token = 1;   // the id of the state row (its embedding comes from the state projection)
   int window = 0;            // 0: full history; W > 0: the last W observations
+  // The ids are the model's placeholders: an instruction or a discrete action that uses one (the
+  // state id only where the episode has states) is an error. false: stand-ins (stats), unchecked.
+  bool check_placeholder_ids = true;
 };
 
 // `bins` is required for continuous actions (and ignored for discrete ones). Throws tt::Error

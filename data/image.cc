@@ -136,45 +136,61 @@ png_image rgb_png(const Image& img, const std::string& what) {
 
 }  // namespace
 
+namespace {
+
+enum class Kind { kPng, kJpeg, kOther };
+
+// The format by its signature: PNG's 8 bytes, JPEG's SOI marker and the next marker's 0xFF.
+Kind sniff(const unsigned char* b, size_t n) {
+  static const unsigned char kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  if (n >= 8 && std::memcmp(b, kPng, 8) == 0) return Kind::kPng;
+  if (n >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF) return Kind::kJpeg;
+  return Kind::kOther;
+}
+
+// An image in memory: its header only (width and height) when header_only.
+Image decode_memory(const std::string& bytes, const std::string& what, bool header_only) {
+  Image img;
+  switch (sniff(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size())) {
+    case Kind::kPng:
+      return decode_png(what, &bytes, header_only);
+    case Kind::kJpeg:
+      decode_jpeg(what, nullptr, &bytes, &img, header_only);
+      return img;
+    case Kind::kOther:
+      break;
+  }
+  throw Error(str(what, ": not a PNG or JPEG image (", bytes.size(), " bytes: no PNG or JPEG signature)"));
+}
+
+}  // namespace
+
 Image decode_image(const std::string& path) {
   std::unique_ptr<FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
   if (!f) throw Error(str(path, ": cannot open the image file"));
   unsigned char sig[8] = {};
   const size_t n = std::fread(sig, 1, sizeof sig, f.get());
-  static const unsigned char kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-  if (n == 8 && std::memcmp(sig, kPng, 8) == 0) return decode_png(path);
-  if (n >= 3 && sig[0] == 0xFF && sig[1] == 0xD8 && sig[2] == 0xFF) {
-    std::rewind(f.get());
-    Image img;
-    decode_jpeg(path, f.get(), nullptr, &img);
-    return img;
+  switch (sniff(sig, n)) {
+    case Kind::kPng:
+      return decode_png(path);
+    case Kind::kJpeg: {
+      std::rewind(f.get());
+      Image img;
+      decode_jpeg(path, f.get(), nullptr, &img);
+      return img;
+    }
+    case Kind::kOther:
+      break;
   }
   throw Error(str(path, ": not a PNG or JPEG file (", n, " bytes read: no PNG or JPEG signature)"));
 }
 
 Image decode_image_bytes(const std::string& bytes, const std::string& what) {
-  static const unsigned char kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
-  if (bytes.size() >= 8 && std::memcmp(b, kPng, 8) == 0) return decode_png(what, &bytes);
-  if (bytes.size() >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF) {
-    Image img;
-    decode_jpeg(what, nullptr, &bytes, &img);
-    return img;
-  }
-  throw Error(str(what, ": not a PNG or JPEG image (", bytes.size(), " bytes: no PNG or JPEG signature)"));
+  return decode_memory(bytes, what, false);
 }
 
 ImageSize image_size_bytes(const std::string& bytes, const std::string& what) {
-  static const unsigned char kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
-  Image img;
-  if (bytes.size() >= 8 && std::memcmp(b, kPng, 8) == 0) {
-    img = decode_png(what, &bytes, true);
-  } else if (bytes.size() >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF) {
-    decode_jpeg(what, nullptr, &bytes, &img, true);
-  } else {
-    throw Error(str(what, ": not a PNG or JPEG image (", bytes.size(), " bytes: no PNG or JPEG signature)"));
-  }
+  const Image img = decode_memory(bytes, what, true);
   return ImageSize{img.width, img.height};
 }
 

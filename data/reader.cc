@@ -8,13 +8,14 @@
 // is visited once per node it lies in, so building costs O(n_flat).
 //
 // Unknown fields of a record are ignored (real datasets carry rewards, metadata, ...), except a
-// near miss of a field the format reads ("wieght", "Tokens", "loss_masks"): a typo there would
+// near miss of a field read there or a misplaced weight or mask (check_field_names): those would
 // silently train without the mask or the weight. Duplicate keys are an error (base/json.h).
 #include "data/reader.h"
 
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <initializer_list>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -33,11 +34,14 @@ using json = nlohmann::json;
 
 [[noreturn]] void fail(const std::string& where, const std::string& msg) { throw Error(where + ": " + msg); }
 
-// The fields the formats read (reader.h).
-constexpr const char* kFields[] = {"id", "sequences", "nodes", "tokens", "loss_mask", "weight", "parent"};
+// The fields each level of a record reads (reader.h).
+using FieldList = std::initializer_list<const char*>;
+constexpr FieldList kRolloutsRecord = {"id", "sequences"}, kTreeRecord = {"id", "nodes"},
+                    kTokensRecord = {"id", "tokens", "loss_mask", "weight"},
+                    kSequence = {"tokens", "loss_mask", "weight"}, kNode = {"parent", "tokens", "loss_mask", "weight"};
 
 // Edit distance (insertions, deletions, substitutions, adjacent swaps) between a and b, compared
-// case-insensitively; stops counting past 3.
+// case-insensitively (a case change costs nothing); stops counting past 3.
 int edit_distance(const std::string& a, const std::string& b) {
   if (a.size() > b.size() + 3 || b.size() > a.size() + 3) return 4;
   const auto lower = [](char c) { return (char)std::tolower((unsigned char)c); };
@@ -54,15 +58,28 @@ int edit_distance(const std::string& a, const std::string& b) {
   return d[a.size()][b.size()];
 }
 
-// A field of obj (`name`: its record path, e.g. "sequences[2]") that is not one the formats read
-// but a typo of an optional one (loss_mask within 2 edits, weight within 1; a case change counts
-// as one) or a case change of any, is an error naming both. (A typo of a required field is a
-// missing field already; "idx" or "uid" stay metadata.)
-void check_field_names(const json& obj, const std::string& name, const std::string& where) {
+// The fields of obj (`name`: its record path, e.g. "sequences[2]") that `read` does not hold are
+// ignored, except where that would silently drop a mask or a weight: a near miss of a field read
+// here (loss_mask within 2 edits, weight within 1, any field by case alone: "wieght", "Weight",
+// "loss_masks"), and a weight or loss_mask at a level that does not read one (a rollouts record's
+// "weight" weighs nothing; each sequence's does). Errors name both. "idx", "uid", "reward", "tokens"
+// beside sequences stay metadata.
+void check_field_names(const json& obj, FieldList read, const std::string& name, const std::string& where) {
+  auto listed = [&](const std::string& key) {
+    for (const char* f : read)
+      if (key == f) return true;
+    return false;
+  };
   for (auto it = obj.begin(); it != obj.end(); ++it) {
     const std::string& key = it.key();
-    if (std::find(std::begin(kFields), std::end(kFields), key) != std::end(kFields)) continue;
-    for (const char* f : kFields) {
+    if (listed(key)) continue;
+    if (key == "weight" || key == "loss_mask") {
+      std::string fields;
+      for (const char* f : read) fields += str(fields.empty() ? "" : ", ", f);
+      fail(where, str(name, ": field \"", key, "\" is not read here (", name, " reads ", fields,
+                      "); give it where it applies, e.g. to each sequence or node"));
+    }
+    for (const char* f : read) {
       const std::string field = f;
       const int within = field == "loss_mask" ? 2 : field == "weight" ? 1 : 0;
       if (edit_distance(key, field) <= within)
@@ -82,7 +99,6 @@ json parse_object(const std::string& line, const std::string& where) {
     fail(where, e.what());
   }
   if (!rec.is_object()) fail(where, str("expected a JSON object, got ", rec.type_name()));
-  check_field_names(rec, "record", where);
   return rec;
 }
 
@@ -265,6 +281,7 @@ Format parse_format(const std::string& name, const std::string& context) {
 
 Tree parse_tokens_line(const std::string& line, const std::string& where, int64_t vocab_size) {
   const json rec = parse_object(line, where);
+  check_field_names(rec, kTokensRecord, "record", where);
   std::vector<Sequence> seq(1);
   seq[0].tokens = parse_tokens(rec, "record", where, vocab_size);
   seq[0].mask = parse_mask(rec, "record", where, seq[0].tokens.size());
@@ -275,6 +292,7 @@ Tree parse_tokens_line(const std::string& line, const std::string& where, int64_
 
 std::vector<Tree> parse_rollouts_trees(const std::string& line, const std::string& where, int64_t vocab_size) {
   const json rec = parse_object(line, where);
+  check_field_names(rec, kRolloutsRecord, "record", where);
   std::string id = parse_id(rec, where);
   const json& arr = parse_array_field(rec, "sequences", "{tokens, loss_mask, weight} objects", where);
   std::vector<Sequence> seqs(arr.size());
@@ -282,7 +300,7 @@ std::vector<Tree> parse_rollouts_trees(const std::string& line, const std::strin
     const std::string name = str("sequences[", i, "]");
     if (!arr[i].is_object())
       fail(where, str(name, ": expected an object {tokens, loss_mask, weight}, got ", arr[i].type_name()));
-    check_field_names(arr[i], name, where);
+    check_field_names(arr[i], kSequence, name, where);
     seqs[i].tokens = parse_tokens(arr[i], name, where, vocab_size);
     seqs[i].mask = parse_mask(arr[i], name, where, seqs[i].tokens.size());
     seqs[i].mask[0] = 0;  // nothing predicts a sequence's first token
@@ -313,6 +331,7 @@ Tree parse_rollouts_line(const std::string& line, const std::string& where, int6
 
 Tree parse_tree_line(const std::string& line, const std::string& where, int64_t vocab_size) {
   const json rec = parse_object(line, where);
+  check_field_names(rec, kTreeRecord, "record", where);
   Tree tree;
   tree.id = parse_id(rec, where);
   const json& arr = parse_array_field(rec, "nodes", "{parent, tokens, loss_mask, weight} objects", where);
@@ -325,7 +344,7 @@ Tree parse_tree_line(const std::string& line, const std::string& where, int64_t 
     const json& obj = arr[i];
     if (!obj.is_object())
       fail(where, str(name, ": expected an object {parent, tokens, loss_mask, weight}, got ", obj.type_name()));
-    check_field_names(obj, name, where);
+    check_field_names(obj, kNode, name, where);
     auto pit = obj.find("parent");
     if (pit == obj.end())
       fail(where, str(name, ": missing field \"parent\" (expected an earlier node index, or -1 for the root)"));

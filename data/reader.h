@@ -23,8 +23,9 @@
 //   mask and weight as a rollouts sequence's. Its segments stay together in one micro-batch
 //   order (a document is never shuffled apart).
 // "id" is optional (a string or an integer; default "file:line"); unknown fields are ignored,
-// except a near miss of one of these ("wieght", "loss_masks", "Tokens": an error naming both), and
-// an object that names a key twice is an error.
+// except a near miss of a field read at that level ("wieght", "loss_masks", "Weight": an error
+// naming both) and a weight or loss_mask where that level reads none (a rollouts record's); an
+// object that names a key twice is an error.
 //
 // Errors (bad JSON, missing or mistyped field, token outside [0, vocab_size), empty sequence or
 // node, mask length mismatch, mask value other than 0/1 (true/false also accepted), non-finite

@@ -478,6 +478,19 @@ std::string resume_checkpoint(const std::string& run_dir, const model::ModelConf
   return "";
 }
 
+std::string invalid_checkpoints_summary(const std::string& run_dir) {
+  const auto folders = step_folders(run_dir);
+  if (folders.empty()) return "";
+  std::string why;
+  try {
+    why = checkpoint_problem(folders.back().second);
+  } catch (const Error& e) {  // a newer format version
+    why = e.what();
+  }
+  return str(folders.size(), " checkpoint folder", folders.size() == 1 ? "" : "s", ", none of them valid (newest ",
+             folders.back().second, ": ", why, ")");
+}
+
 std::string latest_checkpoint(const std::string& run_dir) {
   const auto all = list_checkpoints(run_dir);
   return all.empty() ? "" : all.back().second;
@@ -488,7 +501,8 @@ std::string settings_changed_since(const std::string& dir, const RunConfig& cfg)
   if (!fs::is_regular_file(file)) return "";
   RunConfig saved;
   try {
-    saved = parse_config_text(read_text(file, "the checkpoint's config"), file, {});
+    // Its model section is written out whole: init_from (which may have moved since) is not read.
+    saved = parse_config_text(read_text(file, "the checkpoint's config"), file, {"model.init_from="});
   } catch (const Error& e) {
     spdlog::warn("{}: cannot compare the run's settings with it: {}", file, e.what());
     return "";
@@ -496,7 +510,7 @@ std::string settings_changed_since(const std::string& dir, const RunConfig& cfg)
   auto left_out = [](const std::string& key) {
     for (const char* prefix : {"model.", "vision.", "distributed."})
       if (key.rfind(prefix, 0) == 0) return true;
-    for (const char* k : {"run_dir", "device", "data.path", "train.resume", "train.checkpoint_every",
+    for (const char* k : {"run_dir", "device", "data.path", "train.seed", "train.resume", "train.checkpoint_every",
                           "train.keep_checkpoints", "train.log_every", "train.final_checkpoint", "train.gemm_autotune"})
       if (key == k) return true;
     return false;

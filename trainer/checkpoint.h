@@ -91,6 +91,9 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 std::string latest_checkpoint(const std::string& run_dir);
 // Every step_<digits> folder of run_dir, valid or not, oldest first (step, path).
 std::vector<std::pair<int64_t, std::string>> step_folders(const std::string& run_dir);
+// For a run_dir whose step folders are all invalid: "N checkpoint folder(s), none of them valid
+// (newest <path>: <what is wrong>)"; "" when it has none.
+std::string invalid_checkpoints_summary(const std::string& run_dir);
 
 // What is wrong with checkpoint folder `dir` ("" when it is valid). With `model` and `params`
 // also the safetensors headers against that model (when the checkpoint's config.json is it).
@@ -110,10 +113,11 @@ std::string resume_checkpoint(const std::string& run_dir, const model::ModelConf
 
 // The run settings of `cfg` that differ from those checkpoint `dir` was written with (its
 // config.yaml), as " key: then -> now;" items, "" when none or when the checkpoint has no
-// readable config.yaml. The model (compared strictly by load_checkpoint), data.path (warned about
-// there), where the run writes and how often, and the device are left out: what remains changes
-// the data order (data.shuffle, train.seed) or what the remaining steps train. load_checkpoint
-// logs it as a warning.
+// readable config.yaml. The model (compared strictly by load_checkpoint), data.path and
+// train.seed (warned about there), where the run writes and how often, and the device are left
+// out: what remains changes the data order (data.shuffle) or what the remaining steps train (the
+// objective, the optimizer, the schedule with train.max_steps). load_checkpoint logs it as a
+// warning.
 std::string settings_changed_since(const std::string& dir, const RunConfig& cfg);
 
 // Reads a checkpoint's trainer_state.json (versions 1 and 2); throws tt::Error naming the file and

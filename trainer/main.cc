@@ -267,6 +267,7 @@ int run_episode_stats(const Args& a, const std::string& path) {
     throw UsageError{"--capacity: partitioning episode trees is not supported (a partition cut does not carry "
                      "frames yet); drop --capacity for --format episodes"};
   tt::data::EpisodeTreeSpec spec;
+  spec.check_placeholder_ids = false;  // stats does not know the model's placeholder ids
   spec.tokens_per_frame = int32_flag(a, "tokens-per-frame", 196, 1, kIntMax);
   spec.window = int32_flag(a, "window", 0, 0, kIntMax, " (0: the full history)");
   // data.action_bins's default, so the counts are those of a training run's.
@@ -357,7 +358,7 @@ int run_eval(const std::vector<std::string>& argv) {
   o.episodes = int_flag(a, "episodes", o.episodes, 1, 1 << 24);
   o.seed = (uint64_t)int_flag(a, "seed", (int64_t)o.seed, 0, INT64_MAX);
   o.spec = nav_spec_flags(a);
-  o.window = int32_flag(a, "window", -1, 0, kIntMax, " (0: the full history; absent: the checkpoint's)");
+  o.window = int32_flag(a, "window", -1, -1, kIntMax, " (0: the full history; -1 or absent: the checkpoint's)");
   const auto dev = a.flags.find("device");
   if (dev != a.flags.end() && dev->second != "auto" && dev->second != "cpu")
     throw UsageError{"--device: the closed-loop policy runs on the cpu backend only so far (expected auto or cpu)"};
@@ -374,7 +375,7 @@ int run_serve(const std::vector<std::string>& argv) {
   o.checkpoint = required(a, "checkpoint");
   if (a.flags.count("host")) o.host = a.flags.at("host");
   o.port = int32_flag(a, "port", 0, 0, 65535, " (0: any free port)");
-  o.window = int32_flag(a, "window", -1, 0, kIntMax, " (0: the full history; absent: the checkpoint's)");
+  o.window = int32_flag(a, "window", -1, -1, kIntMax, " (0: the full history; -1 or absent: the checkpoint's)");
   if (a.flags.count("action-ids")) {
     // Each field whole digits in range: 0 <= FIRST < END <= 2^31 - 1.
     const std::string& v = a.flags.at("action-ids");
@@ -395,7 +396,7 @@ int run_serve(const std::vector<std::string>& argv) {
   o.action_tokens = int32_flag(a, "action-tokens", 0, 1, kIntMax);
   o.max_message_bytes = int_flag(a, "max-message-bytes", o.max_message_bytes, 1024, INT64_MAX);
   o.max_sessions = int32_flag(a, "max-sessions", o.max_sessions, 1, kIntMax);
-  o.max_requests = int_flag(a, "max-requests", -1, 1, INT64_MAX, " (absent: until killed)");
+  o.max_requests = int_flag(a, "max-requests", -1, -1, INT64_MAX, " (-1 or absent: until killed)");
   const auto dev = a.flags.find("device");
   if (dev != a.flags.end() && dev->second != "auto" && dev->second != "cpu")
     throw UsageError{"--device: the closed-loop policy runs on the cpu backend only so far (expected auto or cpu)"};

@@ -112,8 +112,9 @@ std::string rewrite_metrics(const std::string& path, int64_t last_step) {
   const fs::path folder = file.has_parent_path() ? file.parent_path() : fs::path(".");
   std::string aside;
   if (dropped_lines > 0) {  // kept beside it before the file loses them
-    fs::path out = path + ".dropped-" + utc_stamp();
-    for (int k = 2; fs::exists(out); ++k) out = path + ".dropped-" + utc_stamp() + "-" + std::to_string(k);
+    const std::string stamp = utc_stamp();
+    fs::path out = path + ".dropped-" + stamp;
+    for (int k = 2; fs::exists(out); ++k) out = path + ".dropped-" + stamp + "-" + std::to_string(k);
     replace_file(out, folder, dropped, str("the lines dropped from ", path));
     aside = out.string();
     spdlog::warn("{}: {} lines after step {} ({}) moved to {}; the file keeps the steps up to {}", path,
@@ -127,9 +128,16 @@ std::string rewrite_metrics(const std::string& path, int64_t last_step) {
 RunDirLock::RunDirLock(const std::string& run_dir) {
   const std::string path = (fs::path(run_dir) / ".lock").string();
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // Another user's lock file in a shared run_dir: flock works on a read-only descriptor too.
+  if (fd_ < 0 && errno == EACCES) fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) throw Error(str(path, ": cannot open the run_dir's lock file: ", std::strerror(errno)));
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
+    if (err == ENOLCK || err == ENOSYS || err == EOPNOTSUPP) {  // e.g. Lustre without -o flock
+      spdlog::warn("{}: this filesystem does not lock files ({}): nothing stops a second treetrain writing run_dir {}",
+                   path, std::strerror(err), run_dir);
+      return;  // keeps fd_ open: harmless, closed with the lock
+    }
     std::string holder;
     {
       std::ifstream in(path);
@@ -147,7 +155,7 @@ RunDirLock::RunDirLock(const std::string& run_dir) {
   ::gethostname(host, sizeof(host) - 1);
   const std::string me = str("pid ", (long)::getpid(), " on host ", host, " since ", utc_stamp(), "\n");
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != (ssize_t)me.size())
-    spdlog::warn("{}: could not record this process in the lock file: {}", path, std::strerror(errno));
+    spdlog::info("{}: this process is not recorded in the lock file ({}); the lock holds", path, std::strerror(errno));
 }
 
 RunDirLock::~RunDirLock() {

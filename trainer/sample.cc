@@ -190,17 +190,10 @@ std::string resolve_checkpoint(const std::string& dir) {
   if (fs::is_directory(fs::path(dir) / "checkpoints", ec)) {
     const std::string latest = latest_checkpoint(dir);
     if (!latest.empty()) return latest;
-    const auto folders = step_folders(dir);
-    if (folders.empty())
+    const std::string invalid = invalid_checkpoints_summary(dir);
+    if (invalid.empty())
       throw Error(str("--checkpoint ", dir, ": a run_dir without checkpoints (", checkpoints_dir(dir), " is empty)"));
-    std::string why;
-    try {
-      why = checkpoint_problem(folders.back().second);
-    } catch (const Error& e) {
-      why = e.what();
-    }
-    throw Error(str("--checkpoint ", dir, ": none of its ", folders.size(), " checkpoint folders is valid (newest ",
-                    folders.back().second, ": ", why, ")"));
+    throw Error(str("--checkpoint ", dir, ": a run_dir with ", invalid));
   }
   throw Error(str("--checkpoint ", dir, ": expected a checkpoint or Hugging Face directory (with config.json) or a "
                   "run_dir (with checkpoints/)"));

@@ -106,6 +106,8 @@ class Server {
 
   int64_t run() {
     const int lfd = listen_on(opt_.host, opt_.port);
+    if (fcntl(lfd, F_SETFL, fcntl(lfd, F_GETFL, 0) | O_NONBLOCK) != 0)
+      throw Error(str("serve: cannot make the listening socket non-blocking: ", std::strerror(errno)));
     sockaddr_in a{};
     socklen_t len = sizeof a;
     getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
@@ -141,9 +143,9 @@ class Server {
       if (fds[0].revents & POLLIN) {  // a new connection joins the next poll
         sockaddr_in peer{};
         socklen_t plen = sizeof peer;
-        const int fd = accept(lfd, reinterpret_cast<sockaddr*>(&peer), &plen);
+        // Non-blocking: a peer that resets between poll and accept leaves nothing to wait for.
+        const int fd = accept4(lfd, reinterpret_cast<sockaddr*>(&peer), &plen, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd >= 0) {
-          fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK);
           char host[INET_ADDRSTRLEN] = "?";
           inet_ntop(AF_INET, &peer.sin_addr, host, sizeof host);
           keep.push_back(Conn{fd, str(host, ":", ntohs(peer.sin_port)), "", "", false});
@@ -211,11 +213,13 @@ class Server {
       return true;
     }
     if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+    size_t from = c.in.size();  // the bytes before hold no newline: not scanned again
     c.in.append(buf, (size_t)n);
     size_t nl;
-    while ((nl = c.in.find('\n')) != std::string::npos) {
+    while ((nl = c.in.find('\n', from)) != std::string::npos) {
       const std::string line = c.in.substr(0, nl);
       c.in.erase(0, nl + 1);
+      from = 0;
       if (line.empty()) continue;
       ++answered;
       if (!reply(c, handle(line))) return false;

@@ -83,11 +83,13 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   prepare_run_dir(cfg_);
   // A communicator handed in (tests) says the world; else the launcher's environment does.
   const distributed::DistEnv env = comm ? distributed::DistEnv{} : distributed::read_env(cfg_.distributed.mode);
+  // The writer (rank 0) takes run_dir's lock before the ranks join, so a refused run fails on its
+  // own instead of leaving the other ranks waiting in the rendezvous.
+  if ((comm ? comm->rank() : env.rank) == 0) run_lock_ = RunDirLock(cfg_.run_dir);
   const std::string& device = cfg_.device;
   backend_ = make_backend(device, cfg_.model, env.local_rank, env.local_world_size, cfg_.train.gemm_autotune,
                           cfg_.data.max_tokens_per_batch);
   connect(std::move(comm), env);
-  if (rank() == 0) run_lock_ = RunDirLock(cfg_.run_dir);  // the writer: one run writes a run_dir at a time
   spdlog::info("model: {} L={} C={} NH={} NKV={} HS={} I={} V={}: {} parameters on {}", cfg_.model.architecture,
                cfg_.model.num_hidden_layers, cfg_.model.hidden_size, cfg_.model.num_attention_heads,
                cfg_.model.num_key_value_heads, cfg_.model.head_dim, cfg_.model.intermediate_size,
@@ -194,18 +196,12 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   if (!ckpt.empty())
     throw Error(str("run_dir ", cfg_.run_dir, " already holds checkpoints (newest ", ckpt,
                     "); set train.resume: true to continue that run, or use another run_dir"));
-  if (const auto folders = step_folders(cfg_.run_dir); !cfg_.train.resume && !folders.empty()) {
+  if (!cfg_.train.resume) {
     // None valid: a fresh run would write its step_N over them. Resuming moves them aside instead.
-    std::string why;
-    try {
-      why = checkpoint_problem(folders.back().second);
-    } catch (const Error& e) {
-      why = e.what();
-    }
-    throw Error(str("run_dir ", cfg_.run_dir, " already holds ", folders.size(), " checkpoint folder",
-                    folders.size() == 1 ? "" : "s", ", none of them valid (newest ", folders.back().second, ": ", why,
-                    "); set train.resume: true to continue that run (it moves invalid checkpoints aside, to "
-                    "step_N.invalid-<time>), or use another run_dir"));
+    if (const std::string invalid = invalid_checkpoints_summary(cfg_.run_dir); !invalid.empty())
+      throw Error(str("run_dir ", cfg_.run_dir, " already holds ", invalid,
+                      "; set train.resume: true to continue that run (it moves invalid checkpoints aside, to "
+                      "step_N.invalid-<time>), or use another run_dir"));
   }
   if (cfg_.train.resume) spdlog::info("train.resume: no checkpoint in {}, starting fresh", checkpoints_dir(cfg_.run_dir));
   if (!cfg_.init_from.empty()) {

@@ -125,6 +125,11 @@ TEST(EpisodeTree, PlaceholderIdsInTextOrActionsAreErrors) {
   EXPECT_EQ(error(ep),
             "episode 'ep': step 2: action_ids[1] is 2, the state placeholder id (vision.state_token_index); expected "
             "other ids");
+  // Without states the state id marks no row (often it is BOS, id 1, at the instruction's start).
+  ep = episode(false);
+  ep.instruction = {2, 5};
+  ep.steps[2].action_ids = {20, 2};
+  EXPECT_EQ(error(ep), "no error");
 }
 
 // Continuous actions take the vocabulary's last ids; bins over a placeholder id, or more bins than
@@ -133,8 +138,8 @@ TEST(EpisodeTree, ActionBinsMustMissThePlaceholdersAndFitTheVocabulary) {
   const std::string dir = ::testing::TempDir(), path = dir + "/bins_episodes.jsonl";
   std::ofstream(dir + "/a.png") << "";  // read_episodes checks that the frames exist; none is decoded
   std::ofstream(dir + "/b.png") << "";
-  std::ofstream(path) << R"({"id": "e", "instruction": [5], "steps": [{"images": ["a.png"], "action": [0.5]}, )"
-                      << R"({"images": ["b.png"], "action": [-0.5]}]})" << "\n";
+  std::ofstream(path) << R"({"id": "e", "instruction": [5], "steps": [{"images": ["a.png"], "state": [0.1], )"
+                      << R"("action": [0.5]}, {"images": ["b.png"], "state": [0.2], "action": [-0.5]}]})" << "\n";
   EpisodeTreeSpec sp = spec(0);  // image 1, state 2
   auto error = [&](int64_t vocab, int bins) {
     try {

@@ -356,13 +356,18 @@ const BadCase kBadCases[] = {
     {"field_case", Format::kTokens, R"({"tokens": [1, 2], "Weight": 2})",
      "record: unknown field \"Weight\"; did you mean \"weight\"? (other unknown fields are ignored; this one is a "
      "near miss of a field the format reads)"},
+    // A weight where nothing reads one (a rollouts record's, rather than each sequence's).
+    {"weight_misplaced", Format::kRollouts, R"({"weight": -1.0, "sequences": [{"tokens": [1, 2]}]})",
+     "record: field \"weight\" is not read here (record reads id, sequences); give it where it applies, e.g. to each "
+     "sequence or node"},
 };
 
 // Metadata fields, even short ones close to "id", stay ignored.
 TEST(ReadTrees, MetadataFieldsAreIgnored) {
   const std::string path = testing::write_temp(
       "metadata.jsonl",
-      R"({"idx": 3, "uid": "u", "reward": 0.5, "sequences": [{"tokens": [1, 2], "weight": 0.5, "logprobs": [0, 0]}]})"
+      R"({"idx": 3, "uid": "u", "height": 2, "tokens": [9], "reward": 0.5, )"
+      R"("sequences": [{"tokens": [1, 2], "weight": 0.5, "logprobs": [0, 0]}]})"
       "\n");
   const std::vector<Tree> t = read_trees(path, Format::kRollouts, 10);
   ASSERT_EQ(t.size(), 1u);

@@ -334,11 +334,14 @@ TEST(CliTest, PublishedExampleTotals) {
 TEST(CliTest, OutOfRangeIntegersNameTheFlagAndTheRange) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"serve --checkpoint x --window 4294967297",
-       "error: --window: expected an integer in [0, 2147483647] (0: the full history; absent: the checkpoint's), got "
-       "'4294967297'"},
+       "error: --window: expected an integer in [-1, 2147483647] (0: the full history; -1 or absent: the "
+       "checkpoint's), got '4294967297'"},
       {"eval --env nav --checkpoint x --window 4294967296",
-       "error: --window: expected an integer in [0, 2147483647] (0: the full history; absent: the checkpoint's), got "
-       "'4294967296'"},
+       "error: --window: expected an integer in [-1, 2147483647] (0: the full history; -1 or absent: the "
+       "checkpoint's), got '4294967296'"},
+      {"eval --env nav --checkpoint x --window -2",
+       "error: --window: expected an integer in [-1, 2147483647] (0: the full history; -1 or absent: the "
+       "checkpoint's), got '-2'"},
       {"serve --checkpoint x --max-sessions 4294967297",
        "error: --max-sessions: expected an integer in [1, 2147483647], got '4294967297'"},
       {"serve --checkpoint x --action-tokens 4294967297",

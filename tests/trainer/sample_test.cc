@@ -299,7 +299,7 @@ TEST(Sample, ErrorsNameTheFileLineOrKey) {
   const fs::path run = d / "run";
   fs::create_directories(run / "checkpoints" / "step_3");
   c.checkpoint = run.string();
-  expect_error("--checkpoint " + c.checkpoint + ": none of its 1 checkpoint folders is valid (newest " +
+  expect_error("--checkpoint " + c.checkpoint + ": a run_dir with 1 checkpoint folder, none of them valid (newest " +
                (run / "checkpoints" / "step_3").string() + ": " +
                (run / "checkpoints" / "step_3" / "trainer_state.json").string() + ": missing)");
   EXPECT_FALSE(fs::exists(c.out)) << "nothing is written on an error";
