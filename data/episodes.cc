@@ -28,7 +28,8 @@ std::vector<float> floats(const nlohmann::json& a, const std::string& where, con
       throw Error(str(where, ": field \"", key, "\"[", i, "]: expected a number, got ", a[i].dump()));
     const double v = a[i].get<double>();
     if (!std::isfinite(v) || std::fabs(v) > 3.0e38)
-      throw Error(str(where, ": field \"", key, "\"[", i, "]: expected a finite number, got ", a[i].dump()));
+      throw Error(str(where, ": field \"", key, "\"[", i, "]: expected a number within fp32's range (|x| <= 3e38), got ",
+                      a[i].dump()));
     out.push_back((float)v);
   }
   return out;

@@ -79,7 +79,7 @@ TEST(Episodes, BadInputNamesFileLineStepAndField) {
             w + ": field \"steps\": expected a non-empty list of steps, got []");
   EXPECT_EQ(error_of(f, R"({"id": "e", "steps": [)" + s0 + "]}"), w + ": missing field \"instruction\"");
   EXPECT_EQ(error_of(f, head + R"({"images": ["frames/a.png"], "state": [1e39], "action": [0.1, 0.2]}]})"),
-            w + ": step 0: field \"state\"[0]: expected a finite number, got 1e+39");
+            w + ": step 0: field \"state\"[0]: expected a number within fp32's range (|x| <= 3e38), got 1e+39");
   // Episodes of one file agree on cameras, state and action.
   EXPECT_EQ(error_of(f, head + s0 + "]}\n" + head + R"({"images": ["frames/a.png"], "action": [1, 2, 3]}]})"),
             f.string() + ":2: episode 'e' has 1 cameras, 0 state values and 3 action values; the file's first "
