@@ -172,6 +172,9 @@ DistEnv read_env(const std::string& mode) {
   return read_env(mode, [](const char* name) -> const char* { return std::getenv(name); });
 }
 
+// More hosts than any job has: a list past it is a mistake (or a bomb: n[0-99999][0-99999]).
+constexpr int64_t kMaxHosts = 1 << 17;
+
 std::vector<std::string> expand_nodelist(const std::string& list) {
   if (list.empty()) throw Error("empty host list");
   // Split at the commas outside brackets.
@@ -206,6 +209,9 @@ std::vector<std::string> expand_nodelist(const std::string& list) {
       const std::string body = name.substr(open + 1, close - open - 1);
       if (body.empty()) throw Error(str("empty brackets in host list '", list, "'"));
       const std::vector<std::string> values = expand_ranges(body, list);
+      if ((double)hosts.size() + (double)partial.size() * (double)values.size() > (double)kMaxHosts)
+        throw Error(str("host list '", list.substr(0, 200), list.size() > 200 ? "..." : "", "' names more than ",
+                        kMaxHosts, " hosts"));
       std::vector<std::string> next;
       for (const std::string& p : partial)
         for (const std::string& v : values) next.push_back(p + v);

@@ -167,6 +167,9 @@ std::string Rendezvous::recv_blob(int peer) {
   return blob;
 }
 
+// Connections rank 0 keeps waiting for a hello at once (see connect_root).
+constexpr int kMaxPendingHellos = 64;
+
 void Rendezvous::connect_root(net::Socket listener) {
   const int world = world_size();
   const net::Deadline deadline = net::deadline_after(options_.timeout_s);
@@ -179,6 +182,7 @@ void Rendezvous::connect_root(net::Socket listener) {
     std::string from;  // the peer's address
     net::Deadline deadline;
     std::string got;   // the header and then the hello, as they arrive
+    bool evicted;      // dropped at the next turn to make room (kMaxPendingHellos)
   };
   std::vector<Pending> pending;
   std::vector<std::string> dropped;  // "127.0.0.1:4242 sent no hello within 10 s", for the timeout error
@@ -200,23 +204,25 @@ void Rendezvous::connect_root(net::Socket listener) {
     const net::Clock::time_point now = net::Clock::now();
     for (size_t i = pending.size(); i-- > 0;) {
       if (now < pending[i].deadline) continue;
-      drop(i, pending[i].got.empty() ? str("sent no hello within ", seconds(hello_s))
-                                     : str("sent ", pending[i].got.size(), " bytes of a hello, not all of it, within ",
-                                           seconds(hello_s)));
+      drop(i, pending[i].evicted      ? std::string("was dropped: too many connections waiting to say hello")
+              : pending[i].got.empty() ? str("sent no hello within ", seconds(hello_s))
+                                       : str("sent ", pending[i].got.size(), " bytes of a hello, not all of it, within ",
+                                             seconds(hello_s)));
     }
     if (now >= deadline) {
       std::vector<int> missing;
       for (int r = 1; r < world; ++r)
         if (!links_[r].valid()) missing.push_back(r);
       std::ostringstream m;
-      for (size_t i = 0; i < missing.size(); ++i) m << (i ? ", " : "") << missing[i];
+      for (size_t i = 0; i < missing.size() && i < 16; ++i) m << (i ? ", " : "") << missing[i];
+      if (missing.size() > 16) m << " and " << missing.size() - 16 << " more";
       std::ostringstream d;
       for (size_t i = 0; i < dropped.size() && i < 8; ++i) d << (i ? "; " : "") << dropped[i];
       if (dropped.size() > 8) d << "; and " << dropped.size() - 8 << " more";
       throw Error(str(tag(), ": only ", joined, " of ", world, " ranks joined within ", seconds(options_.timeout_s),
                       " on port ", env_.master_port, " (missing rank", missing.size() > 1 ? "s " : " ", m.str(),
                       "); did they start, and can they reach MASTER_ADDR=", env_.master_addr, "?",
-                      dropped.empty() ? "" : " Connections that were not ranks of this job: ", d.str()));
+                      dropped.empty() ? "" : " Connections refused or dropped: ", d.str()));
     }
     // Wait for a connection or hello bytes, or the next deadline.
     net::Deadline wake = deadline;
@@ -233,7 +239,19 @@ void Rendezvous::connect_root(net::Socket listener) {
         if (!s.valid()) break;
         net::configure(s, options_.timeout_s);
         const std::string from = net::peer_address(s);
-        pending.push_back({std::move(s), from, std::min(deadline, net::deadline_after(hello_s)), ""});
+        pending.push_back({std::move(s), from, std::min(deadline, net::deadline_after(hello_s)), "", false});
+        // A flood of silent connections must not use up the descriptors real ranks need: at the cap
+        // the oldest waiting one goes at the next turn (a rank sends its hello at once), and the
+        // rest wait in the listener's queue.
+        if ((int)pending.size() >= kMaxPendingHellos) {
+          for (Pending& p : pending)
+            if (!p.evicted) {
+              p.evicted = true;
+              p.deadline = net::Clock::now();
+              break;
+            }
+          break;
+        }
       }
     }
     for (size_t i = std::min(fds.size() - 1, pending.size()); i-- > 0;) {
@@ -259,7 +277,7 @@ void Rendezvous::connect_root(net::Socket listener) {
         h = wire::decode_header(p.got.data());
         std::string problem = wire::header_problem(h, wire::kMaxHelloBytes);
         if (problem.empty() && h.op != (uint32_t)Op::kHello)
-          problem = str("sent a ", op_name((Op)h.op), " message instead of a hello");
+          problem = str("sent a message of kind ", op_name((Op)h.op), " instead of a hello");
         if (!problem.empty()) {
           drop(i, problem);
           continue;
@@ -295,8 +313,11 @@ void Rendezvous::connect_root(net::Socket listener) {
         problem = str("rank ", hello.rank, " joined twice (from host ", hosts_[hello.rank], " and host ", hello.host, ")");
       }
       if (!problem.empty()) {
+        // Refused, and this job goes on waiting: a stray connection that claims a rank must not stop
+        // it. A misconfigured rank learns why at once; rank 0's timeout error names it too.
         refuse(p, problem);
-        throw Error(str(tag(), ": bad rendezvous: ", problem, " (check RANK/WORLD_SIZE or the srun task count)"));
+        drop(i, str("was refused: ", problem, " (check RANK/WORLD_SIZE or the srun task count)"));
+        continue;
       }
       hosts_[hello.rank] = hello.host;
       links_[hello.rank] = std::move(p.s);

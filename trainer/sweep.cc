@@ -1,6 +1,7 @@
 // Sweep files -> runs, resolved configs, SLURM array scripts, local runs (see sweep.h).
 #include "trainer/sweep.h"
 
+#include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "distributed/launch.h"
 #include "base/check.h"
 #include "base/files.h"
+#include "trainer/run_dir.h"
 #include "trainer/yaml_doc.h"
 
 namespace tt::trainer {
@@ -253,11 +255,17 @@ Sweep parse_sweep_text(const std::string& yaml_text, const std::string& source, 
   sw.run_dir = fs::absolute(run_dir).lexically_normal().string();
 
   // Runs: zipped list entries (or one empty entry) times the grid's cartesian product.
+  constexpr size_t kMaxRuns = 100000;
   const size_t n_list = list.empty() ? 1 : list.front().values.size();
   size_t n_grid = 1;
-  for (const Param& p : grid) n_grid *= p.values.size();
+  for (const Param& p : grid) {  // checked at each factor: the product of a large grid wraps size_t
+    if (p.values.empty() || n_grid > kMaxRuns / p.values.size())
+      throw Error(str(source, ": the grid has ", p.values.empty() ? "no" : "more than 100000", " runs (at ", p.key,
+                      "); a sweep is limited to 1 to 100000"));
+    n_grid *= p.values.size();
+  }
   const size_t n_runs = n_list * n_grid;
-  if (n_runs > 100000) throw Error(str(source, ": ", n_runs, " runs; a sweep is limited to 100000"));
+  if (n_runs == 0 || n_runs > kMaxRuns) throw Error(str(source, ": ", n_runs, " runs; a sweep is limited to 1 to 100000"));
   std::vector<std::string> varied;
   for (const Param& p : list) varied.push_back(p.key);
   for (const Param& p : grid) varied.push_back(p.key);
@@ -306,9 +314,17 @@ std::vector<std::string> write_run_configs(const Sweep& sweep) {
   for (const SweepRun& run : sweep.runs) {
     fs::create_directories(run.config.run_dir);
     const std::string path = (fs::path(run.config.run_dir) / "config.yaml").string();
-    std::ofstream out(path, std::ios::trunc);
-    out << "# sweep " << sweep.source << ", run " << run.name << "\n" << run.config.to_yaml();
-    if (!out) throw Error(str(path, ": cannot write"));
+    const std::string text = str("# sweep ", sweep.source, ", run ", run.name, "\n", run.config.to_yaml());
+    // A run's earlier config.yaml that says something else (the sweep file changed since) is what
+    // its checkpoints and metrics were trained with: kept beside it, not overwritten.
+    std::error_code ec;
+    if (fs::exists(path, ec) && read_text(path, "a run's config") != text) {
+      const std::string kept = str(path, ".replaced-", utc_stamp());
+      fs::rename(path, kept, ec);
+      if (ec) throw Error(str(path, ": cannot keep the earlier config as ", kept, ": ", ec.message()));
+      spdlog::warn("sweep: {} differs from the sweep's run {}; the earlier one is kept as {}", path, run.name, kept);
+    }
+    write_text_atomic(path, text);
     paths.push_back(path);
   }
   return paths;

@@ -52,6 +52,14 @@ TEST(NodelistTest, MalformedListsAreErrors) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'3-1'"), std::string::npos) << e.what();
   }
+  // Bracket groups multiply: a list naming 10^10 hosts is an error before any is built.
+  try {
+    expand_nodelist("n[0-99999][0-99999]");
+    ADD_FAILURE() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "host list 'n[0-99999][0-99999]' names more than 131072 hosts");
+  }
+  EXPECT_EQ(expand_nodelist("n[0-99999]").size(), 100000u);
 }
 
 TEST(EnvTest, TorchrunVariables) {

@@ -6,13 +6,16 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <thread>
 
 #include "base/check.h"
@@ -111,7 +114,10 @@ TEST(RendezvousTest, BadHellosAreRejectedWithTheReason) {
         }
       }
     });
-    EXPECT_TRUE(has(errors[0], "bad rendezvous: rank 1 joined twice")) << errors[0];
+    // Refused, not fatal: rank 0 goes on waiting for rank 2 (a stray connection claiming a rank
+    // must not stop a job), and its timeout error names the refusal.
+    EXPECT_TRUE(has(errors[0], "only 2 of 3 ranks joined within 3 s")) << errors[0];
+    EXPECT_TRUE(has(errors[0], "was refused: rank 1 joined twice (from host ")) << errors[0];
     const std::string& loser = has(errors[1], "rejected") ? errors[1] : errors[2];
     EXPECT_TRUE(has(loser, "rejected by rank 0: rank 1 joined twice (from host ")) << errors[1] << " | " << errors[2];
   }
@@ -125,7 +131,8 @@ TEST(RendezvousTest, BadHellosAreRejectedWithTheReason) {
         rv[1] = Rendezvous::connect(loopback_env(1, 3, l.port), short_timeouts(3));
       }
     });
-    EXPECT_TRUE(has(errors[0], "rank 1 on host host1 has world size 3, rank 0 has 2")) << errors[0];
+    EXPECT_TRUE(has(errors[0], "only 1 of 2 ranks joined within 3 s")) << errors[0];
+    EXPECT_TRUE(has(errors[0], "was refused: rank 1 on host host1 has world size 3, rank 0 has 2")) << errors[0];
     EXPECT_TRUE(has(errors[1], "rejected by rank 0: rank 1 on host host1 has world size 3")) << errors[1];
   }
 }
@@ -303,8 +310,8 @@ TEST(RendezvousTest, ConnectionsThatAreNotRanksAreDroppedAndNamedWhenTheRendezvo
   const double took = seconds_since(t0);
   EXPECT_EQ(error, "rank 0/2 on host host0 (local rank 0): only 1 of 2 ranks joined within 2 s on port " +
                        std::to_string(port) +
-                       " (missing rank 1); did they start, and can they reach MASTER_ADDR=127.0.0.1? Connections that "
-                       "were not ranks of this job: " +
+                       " (missing rank 1); did they start, and can they reach MASTER_ADDR=127.0.0.1? Connections "
+                       "refused or dropped: " +
                        local_address(garbage) +
                        " sent a message that is not treetrain's protocol (magic 0x20544547, expected 0x50447454); " +
                        local_address(huge) +
@@ -338,6 +345,39 @@ TEST(RendezvousTest, ASilentOrGarbageConnectionDelaysNoRank) {
   EXPECT_LT(seconds_since(t0), 1.5);  // not after the silent connection's 3 s
   rv.clear();
   EXPECT_GE(seconds_until_closed(silent), 0);  // dropped when rank 0 ended
+}
+
+// A flood of silent connections (more than rank 0 keeps waiting for a hello) delays no rank: the
+// oldest are dropped to make room, and the real rank 1 joins long before any hello time ends.
+TEST(RendezvousTest, AFloodOfSilentConnectionsDelaysNoRank) {
+  Listener l = bind_free_port();
+  const int port = l.port;
+  // Descriptors for what is open now, the flood's 200 client ends, rank 0's 64 waiting ones and a
+  // few more: rank 0 accepting the whole flood would run out (accept: EMFILE) before rank 1.
+  int open_now = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd"); it != std::filesystem::directory_iterator(); ++it)
+    ++open_now;
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+  rlimit tight = old;
+  tight.rlim_cur = std::min<rlim_t>(old.rlim_cur, (rlim_t)open_now + 200 + 64 + 24);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &tight), 0);
+  std::vector<net::Socket> flood;
+  for (int i = 0; i < 200; ++i) flood.push_back(fake_connect(port));
+  std::vector<std::unique_ptr<Rendezvous>> rv(2);
+  const auto t0 = Clock::now();
+  const std::vector<std::string> errors = on_ranks(2, [&](int r) {
+    const DistEnv env = loopback_env(r, 2, port);
+    rv[r] = r == 0 ? Rendezvous::connect_with_listener(env, short_timeouts(5), std::move(l.socket))
+                   : Rendezvous::connect(env, short_timeouts(5));
+    rv[r]->barrier();
+  });
+  const double took = seconds_since(t0);
+  rv.clear();
+  flood.clear();
+  setrlimit(RLIMIT_NOFILE, &old);
+  expect_no_errors(errors);
+  EXPECT_LT(took, 2.5);  // not after the silent connections' 5 s
 }
 
 TEST(RendezvousTest, ARankOfAnotherJobIsRefusedNamingBothJobIdsAndTheJobGoesOn) {

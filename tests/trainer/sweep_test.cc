@@ -7,6 +7,9 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
 
 #include "base/check.h"
 #include "tests/distributed/test_util.h"
@@ -27,6 +30,11 @@ fs::path write_base(const fs::path& dir) {
                                    << "data:\n  path: data.jsonl\n"
                                    << "train:\n  max_steps: 10\n";
   return dir / "base.yaml";
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 std::string error_of(const std::string& text, const fs::path& dir) {
@@ -132,6 +140,39 @@ TEST(SweepTest, RunConfigsAreWrittenAndLoadBack) {
     EXPECT_EQ(paths[i], (fs::path(sw.runs[i].config.run_dir) / "config.yaml").string());
     EXPECT_EQ(trainer::load_config(paths[i], {}).to_yaml(), sw.runs[i].config.to_yaml());
   }
+  // Written again unchanged: nothing set aside. Changed (the sweep file's set: grew a key): the
+  // earlier config, what the run's checkpoints were trained with, is kept beside the new one.
+  const std::string before = slurp(paths[0]);
+  write_run_configs(sw);
+  auto replaced = [&] {
+    std::vector<fs::path> out;
+    for (const auto& e : fs::directory_iterator(sw.runs[0].config.run_dir))
+      if (e.path().filename().string().rfind("config.yaml.replaced-", 0) == 0) out.push_back(e.path());
+    return out;
+  };
+  EXPECT_TRUE(replaced().empty());
+  const Sweep changed = parse_sweep_text("base: base.yaml\nrun_dir: " + (dir / "runs").string() +
+                                             "\ngrid:\n  optim.lr: [1.0e-3, 3.0e-3]\nset:\n  optim.weight_decay: 0.5\n",
+                                         "s.yaml", dir.string());
+  write_run_configs(changed);
+  ASSERT_EQ(replaced().size(), 1u);
+  EXPECT_EQ(slurp(replaced()[0]), before);
+  EXPECT_EQ(trainer::load_config(paths[0], {}).optim.weight_decay, 0.5);
+}
+
+// A grid whose product passes the cap (or wraps size_t: 256^8 = 2^64) is an error, not zero runs.
+TEST(SweepTest, AGridPastTheCapIsAnError) {
+  const fs::path dir = distributed::testing::test_dir("sweep_huge");
+  write_base(dir);
+  std::string values = "[";
+  for (int i = 0; i < 256; ++i) values += (i ? ", " : "") + std::to_string(i + 1);
+  values += "]";
+  std::string text = "base: base.yaml\ngrid:\n";
+  for (const char* key : {"train.seed", "train.max_steps", "train.log_every", "schedule.warmup_steps",
+                          "train.checkpoint_every", "train.keep_checkpoints", "train.grad_accum", "train.max_skipped_steps"})
+    text += std::string("  ") + key + ": " + values + "\n";
+  const std::string e = error_of(text, dir);
+  EXPECT_EQ(e, "sweep.yaml: the grid has more than 100000 runs (at train.log_every); a sweep is limited to 1 to 100000");
 }
 
 TEST(SweepTest, SlurmArrayScript) {
