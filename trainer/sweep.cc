@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 
 #include "distributed/launch.h"
 #include "base/check.h"
@@ -70,6 +71,14 @@ std::string strip_set_prefix(const std::string& msg, const std::string& ov) {
   return msg.rfind(prefix, 0) == 0 ? msg.substr(prefix.size()) : msg;
 }
 
+constexpr size_t kMaxRunName = 120;  // bytes of a run's folder name
+
+// A run's config as to_yaml writes it, run_dir left out (what the run trains).
+std::string described_config(trainer::RunConfig c) {
+  c.run_dir.clear();
+  return c.to_yaml();
+}
+
 std::vector<Param> parse_params(const YAML::Node& node, const std::string& section, const std::string& source,
                                 bool values_are_lists) {
   std::vector<Param> out;
@@ -81,6 +90,9 @@ std::vector<Param> parse_params(const YAML::Node& node, const std::string& secti
     Param p;
     p.key = kv.first.Scalar();
     p.where = where_of(source, kv.first);
+    if (p.key == "run_dir")  // each run's is the sweep's run_dir/<run name>
+      throw Error(str(p.where, ": ", section, ": run_dir is the sweep's own (the top-level run_dir:); each run trains "
+                                              "in run_dir/<run name>"));
     if (values_are_lists) {
       if (!kv.second.IsSequence() || kv.second.size() == 0)
         throw Error(str(where_of(source, kv.second), ": ", section, ": ", p.key, ": expected a non-empty list of values"));
@@ -271,6 +283,7 @@ Sweep parse_sweep_text(const std::string& yaml_text, const std::string& source, 
   for (const Param& p : grid) varied.push_back(p.key);
   const std::vector<std::string> names = short_names(varied);
   const int width = (int)std::to_string(std::max<size_t>(n_runs - 1, 1)).size();
+  std::unordered_map<size_t, size_t> seen;  // hash of a run's config (run_dir left out) -> its index
   for (size_t i = 0; i < n_runs; ++i) {
     SweepRun run;
     run.index = (int)i;
@@ -287,6 +300,7 @@ Sweep parse_sweep_text(const std::string& yaml_text, const std::string& source, 
     std::snprintf(idx, sizeof(idx), "%0*zu", width, i);
     run.name = idx;
     for (size_t k = 0; k < run.params.size(); ++k) run.name += "_" + names[k] + "-" + sanitize(run.params[k].second);
+    if (run.name.size() > kMaxRunName) run.name.resize(kMaxRunName);  // a folder name; the index keeps it unique
     std::vector<std::string> ovs = set_overrides;
     std::string described;
     for (const auto& [k, v] : run.params) {
@@ -299,6 +313,12 @@ Sweep parse_sweep_text(const std::string& yaml_text, const std::string& source, 
       throw Error(str(source, ": run ", run.name, " (", described, "): ", e.what()));
     }
     run.config.run_dir = (fs::path(sw.run_dir) / run.name).string();
+    // Two runs that train the same thing (a value listed twice, or 1e-3 and 0.001): an error.
+    const std::string trained = described_config(run.config);
+    auto [it, fresh] = seen.emplace(std::hash<std::string>{}(trained), sw.runs.size());
+    if (!fresh && described_config(sw.runs[it->second].config) == trained)
+      throw Error(str(source, ": runs ", sw.runs[it->second].name, " and ", run.name, " (", described,
+                      ") train the same config; list each value once"));
     sw.runs.push_back(std::move(run));
   }
   return sw;

@@ -160,6 +160,28 @@ TEST(SweepTest, RunConfigsAreWrittenAndLoadBack) {
   EXPECT_EQ(trainer::load_config(paths[0], {}).optim.weight_decay, 0.5);
 }
 
+// run_dir in a grid (each run's is the sweep's run_dir/<name>), and two runs of the same config,
+// are errors; a long value makes a folder name of at most 120 bytes.
+TEST(SweepTest, RunDirKeysAndRepeatedRunsAreErrors) {
+  const fs::path dir = distributed::testing::test_dir("sweep_repeats");
+  write_base(dir);
+  EXPECT_EQ(error_of("base: base.yaml\ngrid:\n  run_dir: [a, b]\n", dir),
+            "sweep.yaml:3: grid: run_dir is the sweep's own (the top-level run_dir:); each run trains in "
+            "run_dir/<run name>");
+  const std::string e = error_of("base: base.yaml\ngrid:\n  optim.lr: [1.0e-3, 3.0e-3, 0.001]\n", dir);
+  EXPECT_EQ(e, "sweep.yaml: runs 0_lr-1.0e-3 and 2_lr-0.001 (optim.lr=0.001) train the same config; list each value "
+               "once");
+  EXPECT_EQ(error_of("base: base.yaml\nset:\n  run_dir: x\n", dir),
+            "sweep.yaml:3: set: run_dir is the sweep's own (the top-level run_dir:); each run trains in "
+            "run_dir/<run name>");
+  const Sweep long_names = parse_sweep_text(
+      "base: base.yaml\ngrid:\n  data.path: [" + std::string(300, 'a') + ".jsonl, " + std::string(300, 'b') + ".jsonl]\n",
+      "s.yaml", dir.string());
+  ASSERT_EQ(long_names.runs.size(), 2u);
+  EXPECT_EQ(long_names.runs[0].name.size(), 120u);
+  EXPECT_EQ(long_names.runs[1].name.rfind("1_", 0), 0u);
+}
+
 // A grid whose product passes the cap (or wraps size_t: 256^8 = 2^64) is an error, not zero runs.
 TEST(SweepTest, AGridPastTheCapIsAnError) {
   const fs::path dir = distributed::testing::test_dir("sweep_huge");
