@@ -95,6 +95,14 @@ DistEnv from_slurm(const EnvLookup& env) {
 }
 
 // One bracket group's body "01-03,7" -> "01","02","03","7".
+// More hosts than any job has: a list past it is a mistake (or a bomb: n[0-99999][0-99999]).
+constexpr int64_t kMaxHosts = 1 << 17;
+
+[[noreturn]] void too_many_hosts(const std::string& list) {
+  throw Error(str("host list '", list.substr(0, 200), list.size() > 200 ? "..." : "", "' names more than ", kMaxHosts,
+                  " hosts"));
+}
+
 std::vector<std::string> expand_ranges(const std::string& body, const std::string& list) {
   std::vector<std::string> out;
   size_t i = 0;
@@ -115,6 +123,7 @@ std::vector<std::string> expand_ranges(const std::string& body, const std::strin
       const long long lo = digits(lo_s), hi = digits(hi_s);
       if (hi < lo) throw Error(str("bad range '", item, "' in host list '", list, "' (upper bound below lower)"));
       if (hi - lo > 100000) throw Error(str("range '", item, "' in host list '", list, "' is too long"));
+      if ((int64_t)out.size() + (hi - lo + 1) > kMaxHosts) too_many_hosts(list);
       for (long long v = lo; v <= hi; ++v) {
         std::string s = std::to_string(v);
         if (s.size() < lo_s.size()) s.insert(0, lo_s.size() - s.size(), '0');
@@ -172,9 +181,6 @@ DistEnv read_env(const std::string& mode) {
   return read_env(mode, [](const char* name) -> const char* { return std::getenv(name); });
 }
 
-// More hosts than any job has: a list past it is a mistake (or a bomb: n[0-99999][0-99999]).
-constexpr int64_t kMaxHosts = 1 << 17;
-
 std::vector<std::string> expand_nodelist(const std::string& list) {
   if (list.empty()) throw Error("empty host list");
   // Split at the commas outside brackets.
@@ -210,8 +216,7 @@ std::vector<std::string> expand_nodelist(const std::string& list) {
       if (body.empty()) throw Error(str("empty brackets in host list '", list, "'"));
       const std::vector<std::string> values = expand_ranges(body, list);
       if ((double)hosts.size() + (double)partial.size() * (double)values.size() > (double)kMaxHosts)
-        throw Error(str("host list '", list.substr(0, 200), list.size() > 200 ? "..." : "", "' names more than ",
-                        kMaxHosts, " hosts"));
+        too_many_hosts(list);
       std::vector<std::string> next;
       for (const std::string& p : partial)
         for (const std::string& v : values) next.push_back(p + v);

@@ -2,6 +2,7 @@
 #include "distributed/rendezvous.h"
 
 #include <poll.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -167,8 +168,16 @@ std::string Rendezvous::recv_blob(int peer) {
   return blob;
 }
 
-// Connections rank 0 keeps waiting for a hello at once (see connect_root).
-constexpr int kMaxPendingHellos = 64;
+// Connections rank 0 keeps waiting for a hello at once beyond the world's ranks (see connect_root),
+// and how long a silent one is kept before it may make room for another.
+constexpr int kMaxStrayHellos = 64;
+constexpr double kHelloGraceS = 0.2;
+
+// Whether bytes wait unread on s (a hello that has arrived but not been read yet).
+bool has_unread_bytes(const net::Socket& s) {
+  char c;
+  return ::recv(s.fd(), &c, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
 
 void Rendezvous::connect_root(net::Socket listener) {
   const int world = world_size();
@@ -182,12 +191,21 @@ void Rendezvous::connect_root(net::Socket listener) {
     std::string from;  // the peer's address
     net::Deadline deadline;
     std::string got;   // the header and then the hello, as they arrive
-    bool evicted;      // dropped at the next turn to make room (kMaxPendingHellos)
+    net::Clock::time_point since;  // accepted at
+    bool evicted;      // dropped at this turn to make room (max_pending)
   };
   std::vector<Pending> pending;
-  std::vector<std::string> dropped;  // "127.0.0.1:4242 sent no hello within 10 s", for the timeout error
+  // A flood of silent connections must not use up the descriptors real ranks need: at most
+  // max_pending wait for a hello. At the cap the oldest one silent past its grace (nothing unread on
+  // its socket either) makes room; while none is, the others wait in the listener's queue (a rank
+  // sends its hello at once).
+  const size_t max_pending = (size_t)world + kMaxStrayHellos;
+  const auto grace = std::chrono::duration_cast<net::Clock::duration>(std::chrono::duration<double>(kHelloGraceS));
+  std::vector<std::string> dropped;  // "127.0.0.1:4242 sent no hello within 10 s", for the timeout error (8 kept)
+  size_t dropped_count = 0;
   auto drop = [&](size_t i, const std::string& why) {
-    dropped.push_back(str(pending[i].from, " ", why));
+    if (dropped.size() < 8) dropped.push_back(str(pending[i].from, " ", why));
+    ++dropped_count;
     pending.erase(pending.begin() + (long)i);
   };
   auto refuse = [&](Pending& p, const std::string& why) {
@@ -202,9 +220,17 @@ void Rendezvous::connect_root(net::Socket listener) {
   int joined = 1;
   while (joined < world) {
     const net::Clock::time_point now = net::Clock::now();
+    if (pending.size() >= max_pending)
+      for (Pending& p : pending)
+        if (!p.evicted && p.got.empty() && now - p.since >= grace && !has_unread_bytes(p.s)) {
+          p.evicted = true;
+          p.deadline = now;
+          break;
+        }
     for (size_t i = pending.size(); i-- > 0;) {
       if (now < pending[i].deadline) continue;
-      drop(i, pending[i].evicted      ? std::string("was dropped: too many connections waiting to say hello")
+      drop(i, pending[i].evicted      ? str("was dropped: silent for ", seconds(kHelloGraceS), " while ", max_pending,
+                                            " connections waited to say hello")
               : pending[i].got.empty() ? str("sent no hello within ", seconds(hello_s))
                                        : str("sent ", pending[i].got.size(), " bytes of a hello, not all of it, within ",
                                              seconds(hello_s)));
@@ -217,8 +243,8 @@ void Rendezvous::connect_root(net::Socket listener) {
       for (size_t i = 0; i < missing.size() && i < 16; ++i) m << (i ? ", " : "") << missing[i];
       if (missing.size() > 16) m << " and " << missing.size() - 16 << " more";
       std::ostringstream d;
-      for (size_t i = 0; i < dropped.size() && i < 8; ++i) d << (i ? "; " : "") << dropped[i];
-      if (dropped.size() > 8) d << "; and " << dropped.size() - 8 << " more";
+      for (size_t i = 0; i < dropped.size(); ++i) d << (i ? "; " : "") << dropped[i];
+      if (dropped_count > dropped.size()) d << "; and " << dropped_count - dropped.size() << " more";
       throw Error(str(tag(), ": only ", joined, " of ", world, " ranks joined within ", seconds(options_.timeout_s),
                       " on port ", env_.master_port, " (missing rank", missing.size() > 1 ? "s " : " ", m.str(),
                       "); did they start, and can they reach MASTER_ADDR=", env_.master_addr, "?",
@@ -227,31 +253,24 @@ void Rendezvous::connect_root(net::Socket listener) {
     // Wait for a connection or hello bytes, or the next deadline.
     net::Deadline wake = deadline;
     for (const Pending& p : pending) wake = std::min(wake, p.deadline);
-    std::vector<pollfd> fds = {{listener.fd(), POLLIN, 0}};
+    const bool full = pending.size() >= max_pending;  // then the listener waits: its queue holds the rest
+    if (full)
+      for (const Pending& p : pending)
+        if (!p.evicted && p.got.empty()) wake = std::min(wake, p.since + grace);
+    std::vector<pollfd> fds = {{listener.fd(), (short)(full ? 0 : POLLIN), 0}};
     for (const Pending& p : pending) fds.push_back({p.s.fd(), POLLIN, 0});
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(wake - net::Clock::now()).count();
     const int ready = ::poll(fds.data(), fds.size(), (int)std::clamp<long long>(ms + 1, 0, 1 << 30));
     if (ready < 0 && errno != EINTR) throw Error(str(tag(), ": poll() while ranks join: ", std::strerror(errno)));
     if (ready <= 0) continue;
     if (fds[0].revents != 0) {
-      for (;;) {
+      while (pending.size() < max_pending) {
         net::Socket s = net::accept_until(listener, net::Clock::now());
         if (!s.valid()) break;
         net::configure(s, options_.timeout_s);
         const std::string from = net::peer_address(s);
-        pending.push_back({std::move(s), from, std::min(deadline, net::deadline_after(hello_s)), "", false});
-        // A flood of silent connections must not use up the descriptors real ranks need: at the cap
-        // the oldest waiting one goes at the next turn (a rank sends its hello at once), and the
-        // rest wait in the listener's queue.
-        if ((int)pending.size() >= kMaxPendingHellos) {
-          for (Pending& p : pending)
-            if (!p.evicted) {
-              p.evicted = true;
-              p.deadline = net::Clock::now();
-              break;
-            }
-          break;
-        }
+        pending.push_back({std::move(s), from, std::min(deadline, net::deadline_after(hello_s)), "", net::Clock::now(),
+                           false});
       }
     }
     for (size_t i = std::min(fds.size() - 1, pending.size()); i-- > 0;) {

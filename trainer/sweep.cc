@@ -71,7 +71,7 @@ std::string strip_set_prefix(const std::string& msg, const std::string& ov) {
   return msg.rfind(prefix, 0) == 0 ? msg.substr(prefix.size()) : msg;
 }
 
-constexpr size_t kMaxRunName = 120;  // bytes of a run's folder name
+constexpr size_t kMaxRunName = 240;  // bytes of a run's folder name (a file name holds 255)
 
 // A run's config as to_yaml writes it, run_dir left out (what the run trains).
 std::string described_config(trainer::RunConfig c) {
@@ -283,7 +283,7 @@ Sweep parse_sweep_text(const std::string& yaml_text, const std::string& source, 
   for (const Param& p : grid) varied.push_back(p.key);
   const std::vector<std::string> names = short_names(varied);
   const int width = (int)std::to_string(std::max<size_t>(n_runs - 1, 1)).size();
-  std::unordered_map<size_t, size_t> seen;  // hash of a run's config (run_dir left out) -> its index
+  std::unordered_multimap<size_t, size_t> seen;  // hash of a run's config (run_dir left out) -> its index
   for (size_t i = 0; i < n_runs; ++i) {
     SweepRun run;
     run.index = (int)i;
@@ -315,10 +315,12 @@ Sweep parse_sweep_text(const std::string& yaml_text, const std::string& source, 
     run.config.run_dir = (fs::path(sw.run_dir) / run.name).string();
     // Two runs that train the same thing (a value listed twice, or 1e-3 and 0.001): an error.
     const std::string trained = described_config(run.config);
-    auto [it, fresh] = seen.emplace(std::hash<std::string>{}(trained), sw.runs.size());
-    if (!fresh && described_config(sw.runs[it->second].config) == trained)
-      throw Error(str(source, ": runs ", sw.runs[it->second].name, " and ", run.name, " (", described,
-                      ") train the same config; list each value once"));
+    const size_t h = std::hash<std::string>{}(trained);
+    for (auto [it, end] = seen.equal_range(h); it != end; ++it)
+      if (described_config(sw.runs[it->second].config) == trained)
+        throw Error(str(source, ": runs ", sw.runs[it->second].name, " and ", run.name, " (", described,
+                        ") train the same config; list each value once"));
+    seen.emplace(h, sw.runs.size());
     sw.runs.push_back(std::move(run));
   }
   return sw;
@@ -334,17 +336,27 @@ std::vector<std::string> write_run_configs(const Sweep& sweep) {
   for (const SweepRun& run : sweep.runs) {
     fs::create_directories(run.config.run_dir);
     const std::string path = (fs::path(run.config.run_dir) / "config.yaml").string();
-    const std::string text = str("# sweep ", sweep.source, ", run ", run.name, "\n", run.config.to_yaml());
+    const std::string yaml = run.config.to_yaml();
     // A run's earlier config.yaml that says something else (the sweep file changed since) is what
-    // its checkpoints and metrics were trained with: kept beside it, not overwritten.
+    // its checkpoints and metrics were trained with: kept beside it, not overwritten. (Its first
+    // line, the sweep file as it was named, does not count.)
     std::error_code ec;
-    if (fs::exists(path, ec) && read_text(path, "a run's config") != text) {
-      const std::string kept = str(path, ".replaced-", utc_stamp());
+    if (fs::exists(path, ec)) {
+      const std::string old = read_text(path, "a run's config");
+      const size_t nl = old.find('\n');
+      if (nl != std::string::npos && old.substr(nl + 1) == yaml) {
+        write_text_atomic(path, str("# sweep ", sweep.source, ", run ", run.name, "\n", yaml));
+        paths.push_back(path);
+        continue;
+      }
+      const std::string stamp = utc_stamp();
+      std::string kept = str(path, ".replaced-", stamp);
+      for (int k = 2; fs::exists(kept, ec); ++k) kept = str(path, ".replaced-", stamp, "-", k);
       fs::rename(path, kept, ec);
       if (ec) throw Error(str(path, ": cannot keep the earlier config as ", kept, ": ", ec.message()));
       spdlog::warn("sweep: {} differs from the sweep's run {}; the earlier one is kept as {}", path, run.name, kept);
     }
-    write_text_atomic(path, text);
+    write_text_atomic(path, str("# sweep ", sweep.source, ", run ", run.name, "\n", yaml));
     paths.push_back(path);
   }
   return paths;

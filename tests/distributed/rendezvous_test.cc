@@ -362,6 +362,10 @@ TEST(RendezvousTest, AFloodOfSilentConnectionsDelaysNoRank) {
   rlimit tight = old;
   tight.rlim_cur = std::min<rlim_t>(old.rlim_cur, (rlim_t)open_now + 200 + 64 + 24);
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &tight), 0);
+  struct Restore {  // the limit comes back however the test ends (a throw skips the lines below)
+    rlimit old;
+    ~Restore() { setrlimit(RLIMIT_NOFILE, &old); }
+  } restore{old};
   std::vector<net::Socket> flood;
   for (int i = 0; i < 200; ++i) flood.push_back(fake_connect(port));
   std::vector<std::unique_ptr<Rendezvous>> rv(2);
@@ -375,9 +379,27 @@ TEST(RendezvousTest, AFloodOfSilentConnectionsDelaysNoRank) {
   const double took = seconds_since(t0);
   rv.clear();
   flood.clear();
-  setrlimit(RLIMIT_NOFILE, &old);
   expect_no_errors(errors);
   EXPECT_LT(took, 2.5);  // not after the silent connections' 5 s
+}
+
+// A job of more ranks than the stray-connection allowance (64), all connecting before rank 0
+// listens: every one joins (none is dropped to make room).
+TEST(RendezvousTest, AHundredRanksJoinThoughTheyConnectBeforeRankZeroPolls) {
+  Listener l = bind_free_port();
+  const int port = l.port;
+  const int world = 100;
+  std::vector<std::unique_ptr<Rendezvous>> rv(world);
+  expect_no_errors(on_ranks(world, [&](int r) {
+    const DistEnv env = loopback_env(r, world, port);
+    if (r == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others' hellos wait in the queue
+      rv[0] = Rendezvous::connect_with_listener(env, short_timeouts(10), std::move(l.socket));
+    } else {
+      rv[r] = Rendezvous::connect(env, short_timeouts(10));
+    }
+    rv[r]->barrier();
+  }));
 }
 
 TEST(RendezvousTest, ARankOfAnotherJobIsRefusedNamingBothJobIdsAndTheJobGoesOn) {

@@ -142,7 +142,6 @@ TEST(SweepTest, RunConfigsAreWrittenAndLoadBack) {
   }
   // Written again unchanged: nothing set aside. Changed (the sweep file's set: grew a key): the
   // earlier config, what the run's checkpoints were trained with, is kept beside the new one.
-  const std::string before = slurp(paths[0]);
   write_run_configs(sw);
   auto replaced = [&] {
     std::vector<fs::path> out;
@@ -151,6 +150,12 @@ TEST(SweepTest, RunConfigsAreWrittenAndLoadBack) {
     return out;
   };
   EXPECT_TRUE(replaced().empty());
+  // The same sweep named by another path: only the first line differs, nothing set aside.
+  write_run_configs(parse_sweep_text("base: base.yaml\nrun_dir: " + (dir / "runs").string() +
+                                         "\ngrid:\n  optim.lr: [1.0e-3, 3.0e-3]\n",
+                                     "sweeps/../s.yaml", dir.string()));
+  EXPECT_TRUE(replaced().empty());
+  const std::string before = slurp(paths[0]);
   const Sweep changed = parse_sweep_text("base: base.yaml\nrun_dir: " + (dir / "runs").string() +
                                              "\ngrid:\n  optim.lr: [1.0e-3, 3.0e-3]\nset:\n  optim.weight_decay: 0.5\n",
                                          "s.yaml", dir.string());
@@ -161,7 +166,7 @@ TEST(SweepTest, RunConfigsAreWrittenAndLoadBack) {
 }
 
 // run_dir in a grid (each run's is the sweep's run_dir/<name>), and two runs of the same config,
-// are errors; a long value makes a folder name of at most 120 bytes.
+// are errors; a long value makes a folder name of at most 240 bytes.
 TEST(SweepTest, RunDirKeysAndRepeatedRunsAreErrors) {
   const fs::path dir = distributed::testing::test_dir("sweep_repeats");
   write_base(dir);
@@ -175,10 +180,10 @@ TEST(SweepTest, RunDirKeysAndRepeatedRunsAreErrors) {
             "sweep.yaml:3: set: run_dir is the sweep's own (the top-level run_dir:); each run trains in "
             "run_dir/<run name>");
   const Sweep long_names = parse_sweep_text(
-      "base: base.yaml\ngrid:\n  data.path: [" + std::string(300, 'a') + ".jsonl, " + std::string(300, 'b') + ".jsonl]\n",
+      "base: base.yaml\ngrid:\n  data.path: [" + std::string(400, 'a') + ".jsonl, " + std::string(400, 'b') + ".jsonl]\n",
       "s.yaml", dir.string());
   ASSERT_EQ(long_names.runs.size(), 2u);
-  EXPECT_EQ(long_names.runs[0].name.size(), 120u);
+  EXPECT_EQ(long_names.runs[0].name.size(), 240u);
   EXPECT_EQ(long_names.runs[1].name.rfind("1_", 0), 0u);
 }
 
