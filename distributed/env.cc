@@ -168,6 +168,11 @@ DistEnv read_env(const std::string& mode, const EnvLookup& lookup) {
       e = from_torchrun(lookup);
     } else if (is_set(lookup, "SLURM_PROCID") && is_set(lookup, "SLURM_STEP_NUM_TASKS")) {
       e = from_slurm(lookup);
+    } else if (is_set(lookup, "RANK") && std::string(lookup("RANK")) != "0") {
+      // Rank 3 of an unknown world would train alone, as if it were the whole job.
+      throw Error(str("distributed: environment variable RANK is ", lookup("RANK"),
+                      " but WORLD_SIZE is not set (a torchrun-style launch sets both; distributed.mode: off trains "
+                      "as one process whatever they say)"));
     }
   } else if (mode != "off") {
     throw Error(str("distributed.mode: expected one of auto|torchrun|slurm|off, got '", mode, "'"));

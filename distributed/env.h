@@ -12,7 +12,8 @@
 //   auto      torchrun when WORLD_SIZE is set; else slurm when srun started the process
 //             (SLURM_PROCID and SLURM_STEP_NUM_TASKS set: an sbatch script's own shell also has
 //             SLURM_PROCID=0 and the allocation's SLURM_NTASKS, and must not wait for tasks that
-//             srun never started); else one process.
+//             srun never started); else one process (RANK set to other than 0 without
+//             WORLD_SIZE is an error: that rank would train alone as the whole job).
 //   off       one process, whatever the environment says.
 // The job id (DistEnv::job_id), whatever the mode: TT_JOB_ID (treetrain launch sets it for its
 // ranks), else TORCHELASTIC_RUN_ID (torchrun), else SLURM_JOB_ID, else none (""). The rendezvous

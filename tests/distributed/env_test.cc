@@ -122,6 +122,12 @@ TEST(EnvTest, AutoPicksTheLauncher) {
   both.insert(torchrun.begin(), torchrun.end());
   EXPECT_EQ(read("auto", both).source, "torchrun");
   EXPECT_EQ(read("off", both).world_size, 1);
+  // RANK of a world that is not given: an error, not a lone rank 1 training as the whole job.
+  EXPECT_EQ(error_of("auto", {{"RANK", "1"}}),
+            "distributed: environment variable RANK is 1 but WORLD_SIZE is not set (a torchrun-style launch sets "
+            "both; distributed.mode: off trains as one process whatever they say)");
+  EXPECT_EQ(read("auto", {{"RANK", "0"}}).world_size, 1);
+  EXPECT_EQ(read("off", {{"RANK", "1"}}).world_size, 1);
 }
 
 TEST(EnvTest, ErrorsNameTheVariable) {
