@@ -1918,28 +1918,6 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
       }
   }
   __syncthreads();
-  // Phase D's rows from global memory (S dO, dS v_new, v unless Vb holds it, dv, dbeta): a warp's
-  // first kRowsAhead rows issued now, so they arrive while phase C computes.
-  constexpr int kRowStep = kRuleThreads / detail::kWarp, kRows = C / kRowStep, kRowsAhead = 2;
-  const int dwarp = threadIdx.x / detail::kWarp, dlane = threadIdx.x % detail::kWarp;
-  struct RowIn {
-    float gq[4], gk[4], v[4], dv[4], dbeta;
-  };
-  auto load_row = [&](int a, RowIn& in) {
-    if (a >= L) return;
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int i = dlane + detail::kWarp * u;
-      in.gq[u] = i < dk ? b.gq[rowi(a) * dk + i] : 0.f;
-      in.gk[u] = i < dk ? b.gk[rowi(a) * dk + i] : 0.f;
-      in.v[u] = i < dv && dk % 16 != 0 ? ld(p.v + rowi(a) * dv + i) : 0.f;  // else phase C's rows in Vb
-      in.dv[u] = b.accumulate && i < dv ? ld(b.dv + rowi(a) * dv + i) : 0.f;
-    }
-    in.dbeta = b.accumulate && dlane == 0 ? b.dbeta[rowi(a)] : 0.f;
-  };
-  RowIn din[kRows];
-#pragma unroll
-  for (int i = 0; i < kRowsAhead; ++i) load_row(dwarp + kRowStep * i, din[i]);
   {  // C: dA from dB1 . U_b + dB2 . W_b (on tensor cores by way of T, below; else U, W rows from global memory)
     // The pair terms from dA, element by element: (a, bb) and its acc = dB1_a . U_bb + dB2_a . W_bb.
     auto pair_terms = [&](int a, int bb, float acc) {
@@ -2041,48 +2019,87 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
     }
   }
   __syncthreads();
-  {  // D: a warp per row (rows warp + 8 i); each row's values from global memory were loaded
-     // kRowsAhead rows ahead, the first before phase C
-    const int lane = dlane, warp = dwarp;
+  {  // D: four threads a row (row threadIdx.x / 4, columns 8 part + 32 u): the row's global values
+     // (S dO, dS v_new, and dv, dbeta when accumulating) issued first, the shared-memory terms
+     // computed while they arrive, then the row's six sums across its four threads (two shuffles).
+     // Every thread takes part in the shuffles; rows past L add zeros and store nothing.
+    constexpr int kU = 4;  // groups of 8 columns a thread: 128 / 32
+    const int a = threadIdx.x / 4, part = threadIdx.x % 4;
+    const bool on = a < L, dv16 = (reinterpret_cast<uintptr_t>(b.dv) & 15) == 0;  // dv: any bf16 alignment
+    const int64_t ra = rowi(a);
+    float gq8[kU][8], gk8[kU][8], dv8[kU][8];
 #pragma unroll
-    for (int ri = 0; ri < kRows; ++ri) {
-      if (ri + kRowsAhead < kRows) load_row(warp + kRowStep * (ri + kRowsAhead), din[ri + kRowsAhead]);
-      const int a = warp + kRowStep * ri;
-      if (a >= L) break;
-      const RowIn& cur = din[ri];
-      const float eg = __expf(gam[a]);
-      float pair = 0.f, qsd = 0.f, kdsv = 0.f, b2k = 0.f, b1v = 0.f, dak = 0.f;
-      for (int bb = lane; bb < C; bb += detail::kWarp) {
+    for (int u = 0; u < kU; ++u) {
+      const int i = 8 * part + 32 * u;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) gq8[u][e] = gk8[u][e] = dv8[u][e] = 0.f;
+      if (on && i < dk) {
+        detail::load_f32<8>(gq8[u], b.gq + ra * dk + i);
+        detail::load_f32<8>(gk8[u], b.gk + ra * dk + i);
+      }
+      if (on && b.accumulate && i < dv) {
+        if (dv16) {
+          detail::load_bf16<8>(dv8[u], b.dv + ra * dv + i);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) dv8[u][e] = ld(b.dv + ra * dv + i + e);
+        }
+      }
+    }
+    const float dbeta_in = on && b.accumulate && part == 0 ? b.dbeta[ra] : 0.f;
+    float pair = 0.f, dak = 0.f, qsd = 0.f, kdsv = 0.f, b2k = 0.f, b1v = 0.f;
+    if (on) {
+      for (int bb = part; bb < C; bb += 4) {
         pair += QK[a * PS + bb] - QK[bb * PS + a];
         dak += KKd[a * PS + bb];
       }
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int i = lane + detail::kWarp * u;
-        if (i >= dk) break;
-        const float q = bf(Qb[a * kRowStride + i]), k = bf(Kb[a * kRowStride + i]);
-        qsd = fmaf(q, cur.gq[u], qsd);
-        kdsv = fmaf(k, cur.gk[u], kdsv);
-        b2k = fmaf(XB[a * XS + dv + i], k, b2k);
+      for (int u = 0; u < kU; ++u) {  // dB1: b1v and dv = beta dB1
+        const int j = 8 * part + 32 * u;
+        if (j >= dv) break;
+        float d1[8], v[8], g[8];
+        detail::load_f32<8>(d1, XB + a * XS + j);
+        detail::load_bf16<8>(v, dk % 16 == 0 ? Vb + a * kRowStride + j : p.v + ra * dv + j);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          b1v = fmaf(d1[e], v[e], b1v);
+          g[e] = bet[a] * d1[e] + dv8[u][e];
+        }
+        if (dv16) {
+          detail::store_bf16<8>(b.dv + ra * dv + j, g);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) b.dv[ra * dv + j + e] = __float2bfloat16(g[e]);
+        }
       }
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int j = lane + detail::kWarp * u;
-        if (j >= dv) break;
-        const float d1 = XB[a * XS + j];
-        b1v = fmaf(d1, dk % 16 == 0 ? bf(Vb[a * kRowStride + j]) : cur.v[u], b1v);
-        const float g = bet[a] * d1;
-        b.dv[rowi(a) * dv + j] = __float2bfloat16(b.accumulate ? cur.dv[u] + g : g);
+      for (int u = 0; u < kU; ++u) {  // dB2, q, k: b2k, then the global rows' dots
+        const int i = 8 * part + 32 * u;
+        if (i >= dk) break;
+        float d2[8], q[8], k[8];
+        detail::load_f32<8>(d2, XB + a * XS + dv + i);
+        detail::load_bf16<8>(q, Qb + a * kRowStride + i);
+        detail::load_bf16<8>(k, Kb + a * kRowStride + i);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          b2k = fmaf(d2[e], k[e], b2k);
+          qsd = fmaf(q[e], gq8[u][e], qsd);
+          kdsv = fmaf(k[e], gk8[u][e], kdsv);
+        }
       }
-      pair = detail::warp_sum(pair), dak = detail::warp_sum(dak), qsd = detail::warp_sum(qsd);
-      kdsv = detail::warp_sum(kdsv), b2k = detail::warp_sum(b2k), b1v = detail::warp_sum(b1v);
-      if (lane == 0) {
-        const float t = __expf(gl - gam[a]) * kdsv;
-        te[a] = t;
-        dgam[a] = pair + eg * p.scale * qsd - t + bet[a] * eg * b2k;
-        const float db = b1v + eg * b2k + dak;
-        b.dbeta[rowi(a)] = b.accumulate ? cur.dbeta + db : db;
-      }
+    }
+#pragma unroll
+    for (int o = 1; o < 4; o *= 2) {
+      pair += __shfl_xor_sync(0xffffffffu, pair, o), dak += __shfl_xor_sync(0xffffffffu, dak, o);
+      qsd += __shfl_xor_sync(0xffffffffu, qsd, o), kdsv += __shfl_xor_sync(0xffffffffu, kdsv, o);
+      b2k += __shfl_xor_sync(0xffffffffu, b2k, o), b1v += __shfl_xor_sync(0xffffffffu, b1v, o);
+    }
+    if (on && part == 0) {
+      const float eg = __expf(gam[a]), t = __expf(gl - gam[a]) * kdsv;
+      te[a] = t;
+      dgam[a] = pair + eg * p.scale * qsd - t + bet[a] * eg * b2k;
+      const float db = b1v + eg * b2k + dak;
+      b.dbeta[ra] = dbeta_in + db;
     }
   }
   __syncthreads();

@@ -246,7 +246,7 @@ TEST_F(GdnOps, DeltaRuleBackwardMatchesTheRecurrentOracle) {
     EXPECT_LE(rel_l2(to_host(g_g), dg), 1e-3) << "dg" << at;  // fp32 results, as d_init
     EXPECT_LE(rel_l2(to_host(g_b), db), 1e-3) << "dbeta" << at;
     EXPECT_LE(rel_l2(to_host(d_di), di), 1e-3) << "d_init" << at;
-    const std::vector<bf16> q_first = g_q.to_host(), k_first = g_k.to_host();
+    const std::vector<bf16> q_first = g_q.to_host(), k_first = g_k.to_host(), v_first = g_v.to_host();
     std::printf("[ errors   ] delta rule backward%s: rel L2 dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e d_init %.2e\n",
                 at.c_str(), rel_l2(to_host(g_q), dq), rel_l2(to_host(g_k), dk_), rel_l2(to_host(g_v), dv_),
                 rel_l2(to_host(g_g), dg), rel_l2(to_host(g_b), db), rel_l2(to_host(d_di), di));
@@ -267,19 +267,22 @@ TEST_F(GdnOps, DeltaRuleBackwardMatchesTheRecurrentOracle) {
     EXPECT_LE(rel_l2(to_host(g_g), twice(dg)), 1e-3) << "dg accumulated" << at;
     EXPECT_LE(rel_l2(to_host(g_b), twice(db)), 1e-3) << "dbeta accumulated" << at;
     EXPECT_LE(rel_l2(to_host(d_di), twice(di)), 1e-3) << "d_init accumulated" << at;
-    // dq and dk two bytes past a 16-byte boundary: the key-head sums take their one-element path
-    // (the eight-element one stores 16 bytes), with the same sums in the same order, so the same
-    // bits as the first call's.
-    DeviceBuffer<bf16> m_q(rc.q.size() + 1), m_k(rc.k.size() + 1);
-    cuda::gdn_backward(m_q.data() + 1, m_k.data() + 1, g_v.data(), g_g.data(), g_b.data(), d_di.data(), d_dO.data(),
+    // dq, dk and dv two bytes past a 16-byte boundary: the key-head sums and the grad kernel's dv
+    // rows take their one-element paths (the eight-element ones store 16 bytes), with the same
+    // sums in the same order, so the same bits as the first call's.
+    DeviceBuffer<bf16> m_q(rc.q.size() + 1), m_k(rc.k.size() + 1), m_v(rc.v.size() + 1);
+    cuda::gdn_backward(m_q.data() + 1, m_k.data() + 1, m_v.data() + 1, g_g.data(), g_b.data(), d_di.data(), d_dO.data(),
                        d_dE.data(), rc.d_q.data(), rc.d_k.data(), rc.d_v.data(), rc.d_g.data(), rc.d_b.data(),
                        d_init.data(), rc.plan, nk, nv, dk, dv, rc.scale, cuda::Workspace{ws.data(), ws.size()},
                        nullptr, /*accumulate=*/false);
     sync_and_check();
-    const std::vector<bf16> q_odd = m_q.to_host(), k_odd = m_k.to_host();
-    const std::vector<bf16> q_shifted(q_odd.begin() + 1, q_odd.end()), k_shifted(k_odd.begin() + 1, k_odd.end());
-    EXPECT_EQ(bits_differ(q_first, q_shifted, q_first.size()) + bits_differ(k_first, k_shifted, k_first.size()), 0u)
-        << "dq, dk at a 2-byte offset differ from the aligned call's" << at;
+    const std::vector<bf16> q_odd = m_q.to_host(), k_odd = m_k.to_host(), v_odd = m_v.to_host();
+    const std::vector<bf16> q_shifted(q_odd.begin() + 1, q_odd.end()), k_shifted(k_odd.begin() + 1, k_odd.end()),
+        v_shifted(v_odd.begin() + 1, v_odd.end());
+    EXPECT_EQ(bits_differ(q_first, q_shifted, q_first.size()) + bits_differ(k_first, k_shifted, k_first.size()) +
+                  bits_differ(v_first, v_shifted, v_first.size()),
+              0u)
+        << "dq, dk, dv at a 2-byte offset differ from the aligned call's" << at;
   }
 }
 
