@@ -13,7 +13,7 @@
 #                                                  (default /tmp/gdn_variants), the summary and a
 #                                                  table of each ops_bench row's figures to stdout
 # Device run:  run(command="scripts/device/gdn_variants.sh", carry=[".device/gdn_variants"])
-# Environment: ROUNDS (2), SKIP_TESTS=1, SKIP_NCU=1.
+# Environment: ROUNDS (2), SKIP_TESTS=1, SKIP_NCU=1, VARIANTS (e.g. "v2 v4"; default all staged).
 set -uo pipefail
 self=$(realpath "$0") || exit 1
 cd "$(dirname "$self")/../.." || exit 1
@@ -79,6 +79,7 @@ done
 cp "$DIR"/labels "$BIN"/ 2>/dev/null
 DIR=$BIN
 variants=$(ls "$DIR" | sed -n 's/^\(v[0-9]*\)_ops_bench$/\1/p' | sort -V)
+[ -n "${VARIANTS:-}" ] && variants=$VARIANTS  # a subset, e.g. VARIANTS="v2 v4" (the first is the baseline)
 [ -n "$variants" ] || { echo "gdn_variants: nothing staged in $DIR (run the stage step here first)" >&2; exit 1; }
 echo "variants: $(cat "$DIR/labels" 2>/dev/null)"
 
