@@ -67,7 +67,7 @@ struct RuleParams {
   const bf16 *q, *k, *v, *beta;
   const float* g;  // (N, nv) fp32 log decays
   const float* init;
-  float *U, *W, *gam, *vnew, *sin, *node_end;
+  float *U, *W, *gam, *vnew, *sin, *node_end;  // W: as w_as_halves says
   float* T;  // (chunks, nv, 64, 64) T = (I + A)^-1 per chunk, for the backward (rule_bwd_grad_kernel); or null
   bf16* o;
   int nk, nv, dk, dv;
@@ -352,12 +352,12 @@ __device__ __forceinline__ void chunk_unit_lower_inverse(float* T, const float* 
 
 // The rows r < L of T diag(sc) Y for T from chunk_unit_lower_inverse and bf16 rows Y (64, d) at
 // kRowStride (d a multiple of 8, at most 128), on tensor cores: T diag(sc) split into bf16 halves
-// (split_bf16x2; Y exact), two mma a tile, fp32 sums; only T's lower blocks are read. Row r of the
-// result goes to dst + (r0 + r) * pitch (fp32). A warp takes 16 rows (m0) and every column, 8 kTiles
-// columns a pass.
-template <int kTiles>  // n8 tiles a pass (accumulators: 4 kTiles registers)
-__device__ __forceinline__ void chunk_lower_apply(float* dst, int64_t pitch, const float* T, const float* sc,
-                                                  const bf16* Y, int d, int m0, int L) {
+// (split_bf16x2; Y exact), two mma a tile, fp32 sums; only T's lower blocks are read. Each pair of
+// the result (row r, columns col, col + 1) goes to put(r, col, x0, x1). A warp takes 16 rows (m0)
+// and every column, 8 kTiles columns a pass.
+template <int kTiles, class Put>  // n8 tiles a pass (accumulators: 4 kTiles registers)
+__device__ __forceinline__ void chunk_lower_apply(Put&& put, const float* T, const float* sc, const bf16* Y, int d,
+                                                  int m0, int L) {
   constexpr int PS = kPairStride;
   const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
   for (int n0 = 0; n0 < d; n0 += 8 * kTiles) {
@@ -391,14 +391,18 @@ __device__ __forceinline__ void chunk_lower_apply(float* dst, int64_t pitch, con
     for (int half = 0; half < 2; ++half) {
       const int r = m0 + gq + 8 * half;
       if (r >= L) continue;
-      float* row = dst + (int64_t)r * pitch + n0;
 #pragma unroll
       for (int n = 0; n < kTiles; ++n)
-        if (n0 + 8 * n < d)
-          *reinterpret_cast<float2*>(row + 8 * n + 2 * tq) = make_float2(c[n][2 * half], c[n][2 * half + 1]);
+        if (n0 + 8 * n < d) put(r, n0 + 8 * n + 2 * tq, c[n][2 * half], c[n][2 * half + 1]);
     }
   }
 }
+
+// W's layout (RuleParams::W): when dk is a multiple of 16 (the tensor-core walks), the bf16 halves
+// of -W (split_bf16x2), a high plane (N, nv, dk) then a low plane, in W's fp32 bytes: the walks
+// take their A fragments by ldmatrix as they are (both use -W: v_new = U + (-W) S, dS += (-W)^T dvn).
+// Otherwise fp32 rows (the scalar walks).
+__host__ __device__ constexpr bool w_as_halves(int dk) { return dk % 16 == 0; }
 
 // Which 16-row block of a chunk warp w takes when the 8 warps split two column halves of a product
 // with a lower triangular T: w, w + 4 (one scheduler's pair) get blocks summing to 3, so every
@@ -410,7 +414,10 @@ __device__ __forceinline__ int balanced_row_block(int warp) { return (0x32230110
 // then U = T diag(beta) v and W = T diag(beta exp(gamma)) k on tensor cores (chunk_lower_apply):
 // even warps U, odd warps W, 16 rows each (balanced_row_block), 64 columns a pass so three blocks
 // fit a multiprocessor (80 registers; 16 columns a pass and two blocks: 0.87 ms against 0.77 here).
+// kHalves: w_as_halves(p.dk) (one instantiation each: both W paths in one kernel spill at its
+// 80-register cap).
 constexpr int kPrepTiles = 8, kPrepBlocks = 3;
+template <bool kHalves>
 __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(RuleParams p) {
   TT_EXTERN_SMEM_16(smem);
   const ChunkPart cp = chunk_part(1);
@@ -461,10 +468,23 @@ __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(Ru
   }
   {
     const int warp = threadIdx.x / detail::kWarp, m0 = 16 * balanced_row_block(warp);
-    if (warp % 2 == 0)
-      chunk_lower_apply<kPrepTiles>(p.U + ((int64_t)r0 * p.nv + h) * dv, (int64_t)p.nv * dv, T, bet, Vb, dv, m0, L);
-    else
-      chunk_lower_apply<kPrepTiles>(p.W + ((int64_t)r0 * p.nv + h) * dk, (int64_t)p.nv * dk, T, sw, Kb, dk, m0, L);
+    const int64_t row0 = (int64_t)r0 * p.nv + h;  // the chunk's first row of (N, nv, d) tensors
+    if (warp % 2 == 0) {
+      chunk_lower_apply<kPrepTiles>([&](int r, int col, float x0, float x1) {
+        *reinterpret_cast<float2*>(p.U + (row0 + (int64_t)r * p.nv) * dv + col) = make_float2(x0, x1);
+      }, T, bet, Vb, dv, m0, L);
+    } else {  // fp32 rows, or (w_as_halves) two bf16 planes of -W's halves
+      chunk_lower_apply<kPrepTiles>([&](int r, int col, float x0, float x1) {
+        const int64_t at = (row0 + (int64_t)r * p.nv) * dk + col;
+        if constexpr (kHalves) {
+          bf16* Wh = reinterpret_cast<bf16*>(p.W);
+          split_bf16x2(-x0, -x1, *reinterpret_cast<uint32_t*>(Wh + at),
+                       *reinterpret_cast<uint32_t*>(Wh + (int64_t)p.rows * p.nv * dk + at));
+        } else {
+          *reinterpret_cast<float2*>(p.W + at) = make_float2(x0, x1);
+        }
+      }, T, sw, Kb, dk, m0, L);
+    }
   }
   for (int r = threadIdx.x; r < L; r += blockDim.x) p.gam[(int64_t)(r0 + r) * p.nv + h] = gam[r];
 }
@@ -620,8 +640,8 @@ size_t walk_smem_bytes(int dk) {
 // order, loads and outputs. The block's state S (dk, 32) lives in registers as the accumulators of
 // the update's products (warp w: rows 16 w .. 16 w + 16, all 32 columns), fp32 throughout. Per
 // chunk: S to sin and, as bf16 high and low halves, to shared memory; v_new = U - W S (W and S
-// split into halves: W_hi S_hi + W_hi S_lo + W_lo S_hi, a relative error ~2^-16 against fp32's
-// 2^-24; warp w: rows 16 (w % 4), columns 16 (w / 4)), its rows scaled by exp(gamma_L - gamma_s)
+// in halves: W_hi S_hi + W_hi S_lo + W_lo S_hi, a relative error ~2^-16 against fp32's 2^-24;
+// -W's halves as the prep stored them, w_as_halves; warp w: rows 16 (w % 4), columns 16 (w / 4)), its rows scaled by exp(gamma_L - gamma_s)
 // and split into halves in shared memory; then S <- exp(gamma_L) S + K^T (dec v_new) (k exact in
 // bf16, two mma a tile).
 constexpr int kWalkHalfStride = kWalkCols + 8;  // bf16 row stride of S's and v_new's halves (ldmatrix: no conflicts)
@@ -654,26 +674,25 @@ __device__ __forceinline__ void walk_state_pairs(int row0, int dv, int j0, F&& f
     for (int half = 0; half < 2; ++half) f(n, half, (int64_t)(row0 + gq + 8 * half) * dv + j0 + 8 * n + 2 * tq);
 }
 
-// One stage of the tensor-core walk, loaded by cp.async: W rows (64, dk + 8) fp32, keys (64,
-// kRowStride) bf16, U columns (64, kWalkUStride) fp32, gam (64); rows past L zero. Padded strides:
-// the fragment reads hit distinct banks.
+// One stage of the tensor-core walk, loaded by cp.async: -W's halves (two (64, kRowStride) bf16
+// tiles, w_as_halves), keys (64, kRowStride) bf16, U columns (64, kWalkUStride) fp32, gam (64);
+// rows past L zero. Padded strides: the fragment reads hit distinct banks.
 struct WalkMmaStage {
-  float* W;
-  bf16* K;
+  bf16 *Wh, *Wl, *K;
   float* U;
   float* gam;
-  int ldw;
-  __device__ WalkMmaStage(unsigned char* base, int dk) : ldw(dk + 8) {
-    W = reinterpret_cast<float*>(base);
-    K = reinterpret_cast<bf16*>(W + kGdnChunk * (dk + 8));
+  __device__ WalkMmaStage(unsigned char* base, int /*dk*/) {
+    Wh = reinterpret_cast<bf16*>(base);
+    Wl = Wh + kGdnChunk * kRowStride;
+    K = Wl + kGdnChunk * kRowStride;
     U = reinterpret_cast<float*>(K + kGdnChunk * kRowStride);
     gam = U + kGdnChunk * kWalkUStride;
   }
-  __host__ __device__ static constexpr size_t bytes(int dk) {
-    return sizeof(float) * ((size_t)kGdnChunk * (dk + 8) + kGdnChunk * kRowStride / 2 + kGdnChunk * kWalkUStride +
-                            kGdnChunk);
+  __host__ __device__ static constexpr size_t bytes(int /*dk*/) {
+    return sizeof(bf16) * 3 * kGdnChunk * kRowStride + sizeof(float) * (kGdnChunk * kWalkUStride + kGdnChunk);
   }
-  __device__ float2 w2(int r, int i) const { return *reinterpret_cast<const float2*>(W + r * ldw + i); }
+  __device__ const bf16* wh8(int r, int i) const { return Wh + r * kRowStride + i; }  // 8 of -W_hi from (r, i)
+  __device__ const bf16* wl8(int r, int i) const { return Wl + r * kRowStride + i; }
   __device__ const bf16* k8(int s, int i) const { return K + s * kRowStride + i; }  // 8 keys from (s, i)
   __device__ float u(int r, int c) const { return U[r * kWalkUStride + c]; }
 };
@@ -699,46 +718,42 @@ __device__ __forceinline__ unsigned char* align_up_1024(unsigned char* p) {
   return p + ((1024u - (attn::smem_addr(p) & 1023u)) & 1023u);
 }
 
-// The TMA descriptors of the walk's stage (dk = 128): W (N, nv, 128) fp32 in boxes of 32 columns,
-// k (N, nk, 128) bf16 in boxes of 64, U (N, nv, dv) fp32 in boxes of kWalkCols; 64 rows a box.
+// The TMA descriptors of the walk's stage (dk = 128): -W's halves (two (N, nv, 128) bf16 planes)
+// and k (N, nk, 128) bf16 in boxes of 64 columns, U (N, nv, dv) fp32 in boxes of kWalkCols; 64 rows
+// a box.
 struct WalkMaps {
-  CUtensorMap W, K, U;
+  CUtensorMap Wh, Wl, K, U;
 };
 
-// The W and k boxes of a walk's stage at dk = 128 (both walks; thread 0, the caller announces the
-// bytes on bar): W (64, 128) fp32 as four (64, 32) boxes, k (64, 128) bf16 as two (64, 64) boxes,
-// rows r0 .., each 128-byte box row swizzled (swizzle128); and the values' places in them.
-__device__ __forceinline__ void tma_load_w_k(float* W, bf16* K, const CUtensorMap* mW, const CUtensorMap* mK, int h,
-                                             int kh, int r0, uint64_t* bar) {
+// A (64, 128) bf16 tile of rows r0 .. of a (N, heads, 128) tensor as two (64, 64) boxes, each
+// 128-byte box row swizzled (swizzle128), onto bar (thread 0; the caller announces the bytes); and
+// the place of 8 values (s, i .. i + 8) in it (i % 8 = 0). The walks' -W halves and keys.
+__device__ __forceinline__ void tma_load_rows128(bf16* dst, const CUtensorMap* map, int head, int r0, uint64_t* bar) {
 #pragma unroll
-  for (int a = 0; a < 4; ++a) attn::sm90::tma_load_3d(W + a * (kGdnChunk * 32), mW, 32 * a, h, r0, bar);
-#pragma unroll
-  for (int a = 0; a < 2; ++a) attn::sm90::tma_load_3d(K + a * (kGdnChunk * 64), mK, 64 * a, kh, r0, bar);
+  for (int a = 0; a < 2; ++a) attn::sm90::tma_load_3d(dst + a * (kGdnChunk * 64), map, 64 * a, head, r0, bar);
 }
-__device__ __forceinline__ float2 tma_w2(const float* W, int r, int i) {  // W (r, i), (r, i + 1); i even
-  return *reinterpret_cast<const float2*>(W + i / 32 * (kGdnChunk * 32) + swizzle128<4>(r, i % 32));
-}
-__device__ __forceinline__ const bf16* tma_k8(const bf16* K, int s, int i) {  // k (s, i .. i + 8); i % 8 = 0
+__device__ __forceinline__ const bf16* tma_k8(const bf16* K, int s, int i) {
   return K + i / 64 * (kGdnChunk * 64) + swizzle128<2>(s, i % 64);
 }
 
-// One stage of the walk at dk = 128, loaded by TMA (one thread issues seven boxes, 56 KB): W as
-// four (64, 32) fp32 boxes, K as two (64, 64) bf16 boxes, U one (64, kWalkCols) fp32 box, each row
-// 128 bytes, swizzled (swizzle128); gam (64) by cp.async, zero past L. Rows past L hold the rows
-// that follow in the tensors (zeros past their end): the walk's products mask them.
+// One stage of the walk at dk = 128, loaded by TMA (one thread issues seven boxes, 56 KB): -W's
+// halves as two (64, 128) bf16 tiles and K as one (tma_load_rows128), U one (64, kWalkCols) fp32
+// box, each row 128 bytes, swizzled (swizzle128); gam (64) by cp.async, zero past L. Rows past L
+// hold the rows that follow in the tensors (zeros past their end): the walk's products mask them.
 struct WalkTmaStage {
-  static constexpr uint32_t kW = kGdnChunk * 128 * sizeof(float), kK = kGdnChunk * 128 * sizeof(bf16),
-                            kU = kGdnChunk * kWalkCols * sizeof(float), kTx = kW + kK + kU;
+  static constexpr uint32_t kT = kGdnChunk * 128 * sizeof(bf16), kU = kGdnChunk * kWalkCols * sizeof(float),
+                            kTx = 3 * kT + kU;
   static constexpr size_t kBytes = kTx + 1024;  // + gam; stages stay 1024-byte aligned (the swizzle's)
-  float* W;
-  bf16* K;
+  bf16 *Wh, *Wl, *K;
   float* U;
   float* gam;
   __device__ WalkTmaStage(unsigned char* base, int /*dk: 128*/)
-      : W(reinterpret_cast<float*>(base)), K(reinterpret_cast<bf16*>(base + kW)),
-        U(reinterpret_cast<float*>(base + kW + kK)), gam(reinterpret_cast<float*>(base + kTx)) {}
+      : Wh(reinterpret_cast<bf16*>(base)), Wl(reinterpret_cast<bf16*>(base + kT)),
+        K(reinterpret_cast<bf16*>(base + 2 * kT)), U(reinterpret_cast<float*>(base + 3 * kT)),
+        gam(reinterpret_cast<float*>(base + kTx)) {}
   __host__ __device__ static constexpr size_t bytes(int) { return kBytes; }
-  __device__ float2 w2(int r, int i) const { return tma_w2(W, r, i); }
+  __device__ const bf16* wh8(int r, int i) const { return tma_k8(Wh, r, i); }
+  __device__ const bf16* wl8(int r, int i) const { return tma_k8(Wl, r, i); }
   __device__ const bf16* k8(int s, int i) const { return tma_k8(K, s, i); }
   __device__ float u(int r, int c) const { return U[swizzle128<4>(r, c)]; }
 };
@@ -749,7 +764,9 @@ __device__ __forceinline__ void walk_mma_prefetch(const WalkTmaStage& st, uint64
   namespace sm90 = attn::sm90;
   if (threadIdx.x == 0) {
     sm90::mbar_expect_tx(bar, WalkTmaStage::kTx);
-    tma_load_w_k(st.W, st.K, &maps.W, &maps.K, h, kh, ci.r0, bar);
+    tma_load_rows128(st.Wh, &maps.Wh, h, ci.r0, bar);
+    tma_load_rows128(st.Wl, &maps.Wl, h, ci.r0, bar);
+    tma_load_rows128(st.K, &maps.K, kh, ci.r0, bar);
     sm90::tma_load_3d(st.U, &maps.U, j0, h, ci.r0, bar);
   }
   load_chunk_gam(st.gam, p.gam, p.nv, h, ci.r0, ci.L);
@@ -757,7 +774,10 @@ __device__ __forceinline__ void walk_mma_prefetch(const WalkTmaStage& st, uint64
 __device__ __forceinline__ void walk_mma_prefetch(const WalkMmaStage& st, uint64_t*, const RuleParams& p,
                                                   const WalkMaps&, const ChunkInfo& ci, int h, int kh, int j0) {
   const int r0 = ci.r0, L = ci.L;
-  load_chunk_rows(st.W, p.dk + 8, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
+  const bf16* Wh = reinterpret_cast<const bf16*>(p.W) + (int64_t)h * p.dk;
+  const int64_t plane = (int64_t)p.rows * p.nv * p.dk;
+  load_chunk_rows(st.Wh, kRowStride, Wh, (int64_t)p.nv * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.Wl, kRowStride, Wh + plane, (int64_t)p.nv * p.dk, r0, L, p.dk);
   load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
   load_chunk_rows_fixed<kWalkCols>(st.U, kWalkUStride, p.U + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L);
   load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
@@ -838,11 +858,9 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
         for (int e = 0; e < 4; ++e) acc[nn][e] = st.u(vm + gq + 8 * (e / 2), vn + 8 * nn + 2 * tq + e % 2);
 #pragma unroll kUnroll
       for (int k0 = 0; k0 < dk; k0 += 16) {
-        uint32_t wh[4], wl[4], bh[4], bl[4];
-        split_a_fragment_pairs(wh, wl, vm, k0, [&](int r, int i) {
-          const float2 w = st.w2(r, i);
-          return make_float2(-w.x, -w.y);
-        });
+        uint32_t wh[4], wl[4], bh[4], bl[4];  // A = -W: the prep's halves
+        mma::ldsm_x4(wh, st.wh8(vm + lane % 8 + 8 * (lane / 8 % 2), k0 + 8 * (lane / 16)));
+        mma::ldsm_x4(wl, st.wl8(vm + lane % 8 + 8 * (lane / 8 % 2), k0 + 8 * (lane / 16)));
         const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + vn + 8 * (lane / 16);
         mma::ldsm_x4_trans(bh, Sh + off);
         mma::ldsm_x4_trans(bl, Sl + off);
@@ -1338,54 +1356,55 @@ size_t bwd_walk_smem_bytes(int dk) {
 // tile); dvn (rows 16 (w % 4), columns 16 (w / 4)) += e^(gam_L - gam_r) K dS with k exact in bf16
 // and dS's halves in shared memory (two mma a tile).
 struct BwdWalkMmaStage {
-  float* W;   // (64, dk + 4): read transposed, the padding spreads a fragment's rows over the banks
-  bf16* K;    // (64, kRowStride)
-  float* dvn; // (64, kWalkUStride)
-  float* qo;  // (128, kWalkUStride)
+  bf16 *Wh, *Wl;  // (64, kRowStride) -W's halves, read transposed
+  bf16* K;        // (64, kRowStride)
+  float* dvn;     // (64, kWalkUStride)
+  float* qo;      // (128, kWalkUStride)
   float* gam;
-  int ldw;
-  __device__ BwdWalkMmaStage(unsigned char* base, int dk) : ldw(dk + 4) {
-    W = reinterpret_cast<float*>(base);
-    K = reinterpret_cast<bf16*>(W + kGdnChunk * (dk + 4));
+  __device__ BwdWalkMmaStage(unsigned char* base, int /*dk*/) {
+    Wh = reinterpret_cast<bf16*>(base);
+    Wl = Wh + kGdnChunk * kRowStride;
+    K = Wl + kGdnChunk * kRowStride;
     dvn = reinterpret_cast<float*>(K + kGdnChunk * kRowStride);
     qo = dvn + kGdnChunk * kWalkUStride;
     gam = qo + 128 * kWalkUStride;
   }
-  __host__ __device__ static constexpr size_t bytes(int dk) {
-    return sizeof(float) * ((size_t)kGdnChunk * (dk + 4) + kGdnChunk * kRowStride / 2 + kGdnChunk * kWalkUStride +
-                            128 * kWalkUStride + kGdnChunk);
+  __host__ __device__ static constexpr size_t bytes(int /*dk*/) {
+    return sizeof(bf16) * 3 * kGdnChunk * kRowStride +
+           sizeof(float) * (kGdnChunk * kWalkUStride + 128 * kWalkUStride + kGdnChunk);
   }
-  __device__ float w(int s, int i) const { return W[s * ldw + i]; }
+  __device__ const bf16* wh8(int s, int i) const { return Wh + s * kRowStride + i; }
+  __device__ const bf16* wl8(int s, int i) const { return Wl + s * kRowStride + i; }
   __device__ const bf16* k8(int s, int i) const { return K + s * kRowStride + i; }
   __device__ float2 dvn2(int r, int c) const { return *reinterpret_cast<const float2*>(dvn + r * kWalkUStride + c); }
   __device__ float q(int i, int c) const { return qo[i * kWalkUStride + c]; }
 };
 
-// The backward walk's TMA descriptors (dk = 128): W and K as WalkMaps's, dvn (N, nv, dv) fp32 in
-// boxes of kWalkCols columns x 64 rows, qo (chunks nv dk, 1, dv) fp32 in boxes of kWalkCols x 128.
+// The backward walk's TMA descriptors (dk = 128): -W's halves and K as WalkMaps's, dvn (N, nv, dv)
+// fp32 in boxes of kWalkCols columns x 64 rows, qo (chunks nv dk, 1, dv) fp32 in boxes of
+// kWalkCols x 128.
 struct BwdWalkMaps {
-  CUtensorMap W, K, dvn, qo;
+  CUtensorMap Wh, Wl, K, dvn, qo;
 };
 
-// The backward walk's stage at dk = 128, by TMA as WalkTmaStage (eight boxes, 72 KB): W four
-// (64, 32) fp32 boxes, K two (64, 64) bf16, dvn one (64, kWalkCols) fp32, qo one (128, kWalkCols)
-// fp32; gam by cp.async. Rows past L hold the rows that follow (masked by the products).
+// The backward walk's stage at dk = 128, by TMA as WalkTmaStage (nine boxes, 72 KB): -W's halves
+// and K as (64, 128) bf16 tiles (tma_load_rows128), dvn one (64, kWalkCols) fp32 box, qo one (128,
+// kWalkCols) fp32; gam by cp.async. Rows past L hold the rows that follow (masked by the products).
 struct BwdWalkTmaStage {
-  static constexpr uint32_t kW = kGdnChunk * 128 * sizeof(float), kK = kGdnChunk * 128 * sizeof(bf16),
-                            kDvn = kGdnChunk * kWalkCols * sizeof(float), kQo = 128 * kWalkCols * sizeof(float),
-                            kTx = kW + kK + kDvn + kQo;
+  static constexpr uint32_t kT = kGdnChunk * 128 * sizeof(bf16), kDvn = kGdnChunk * kWalkCols * sizeof(float),
+                            kQo = 128 * kWalkCols * sizeof(float), kTx = 3 * kT + kDvn + kQo;
   static constexpr size_t kBytes = kTx + 1024;  // + gam; stages stay 1024-byte aligned
-  float* W;
-  bf16* K;
+  bf16 *Wh, *Wl, *K;
   float* dvn;
   float* qo;
   float* gam;
   __device__ BwdWalkTmaStage(unsigned char* base, int /*dk: 128*/)
-      : W(reinterpret_cast<float*>(base)), K(reinterpret_cast<bf16*>(base + kW)),
-        dvn(reinterpret_cast<float*>(base + kW + kK)), qo(reinterpret_cast<float*>(base + kW + kK + kDvn)),
-        gam(reinterpret_cast<float*>(base + kTx)) {}
+      : Wh(reinterpret_cast<bf16*>(base)), Wl(reinterpret_cast<bf16*>(base + kT)),
+        K(reinterpret_cast<bf16*>(base + 2 * kT)), dvn(reinterpret_cast<float*>(base + 3 * kT)),
+        qo(reinterpret_cast<float*>(base + 3 * kT + kDvn)), gam(reinterpret_cast<float*>(base + kTx)) {}
   __host__ __device__ static constexpr size_t bytes(int) { return kBytes; }
-  __device__ float w(int s, int i) const { return W[i / 32 * (kGdnChunk * 32) + swizzle128<4>(s, i % 32)]; }
+  __device__ const bf16* wh8(int s, int i) const { return tma_k8(Wh, s, i); }
+  __device__ const bf16* wl8(int s, int i) const { return tma_k8(Wl, s, i); }
   __device__ const bf16* k8(int s, int i) const { return tma_k8(K, s, i); }
   __device__ float2 dvn2(int r, int c) const { return *reinterpret_cast<const float2*>(dvn + swizzle128<4>(r, c)); }
   __device__ float q(int i, int c) const { return qo[swizzle128<4>(i, c)]; }
@@ -1398,7 +1417,9 @@ __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkTmaStage& st,
   const RuleParams& p = b.f;
   if (threadIdx.x == 0) {
     sm90::mbar_expect_tx(bar, BwdWalkTmaStage::kTx);
-    tma_load_w_k(st.W, st.K, &maps.W, &maps.K, h, kh, ci.r0, bar);
+    tma_load_rows128(st.Wh, &maps.Wh, h, ci.r0, bar);
+    tma_load_rows128(st.Wl, &maps.Wl, h, ci.r0, bar);
+    tma_load_rows128(st.K, &maps.K, kh, ci.r0, bar);
     sm90::tma_load_3d(st.dvn, &maps.dvn, j0, h, ci.r0, bar);
     sm90::tma_load_3d(st.qo, &maps.qo, j0, 0, (c * p.nv + h) * 128, bar);
   }
@@ -1410,7 +1431,10 @@ __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkMmaStage& st,
   const RuleParams& p = b.f;
   const int r0 = ci.r0, L = ci.L;
   const float* qo = b.qo + ((int64_t)c * p.nv + h) * p.dk * p.dv + j0;
-  load_chunk_rows(st.W, p.dk + 4, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
+  const bf16* Wh = reinterpret_cast<const bf16*>(p.W) + (int64_t)h * p.dk;
+  const int64_t plane = (int64_t)p.rows * p.nv * p.dk;
+  load_chunk_rows(st.Wh, kRowStride, Wh, (int64_t)p.nv * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.Wl, kRowStride, Wh + plane, (int64_t)p.nv * p.dk, r0, L, p.dk);
   load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
   load_chunk_rows(st.qo, kWalkUStride, qo, p.dv, 0, p.dk, kWalkCols, p.dk);
   load_chunk_rows_fixed<kWalkCols>(st.dvn, kWalkUStride, b.dvn + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L);
@@ -1524,8 +1548,9 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
           dS[nn][e] = el * dS[nn][e] + st.q(si + gq + 8 * (e / 2), 8 * nn + 2 * tq + e % 2);
 #pragma unroll
       for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
-        uint32_t wh[4], wl[4];
-        split_a_fragment(wh, wl, si, k0, [&](int i, int s) { return -st.w(s, i); });
+        uint32_t wh[4], wl[4];  // A (i, s) = -W_s[i]: transposing loads of the prep's halves
+        mma::ldsm_x4_trans(wh, st.wh8(k0 + lane % 8 + 8 * (lane / 16), si + 8 * (lane / 8 % 2)));
+        mma::ldsm_x4_trans(wl, st.wl8(k0 + lane % 8 + 8 * (lane / 16), si + 8 * (lane / 8 % 2)));
         if (kDk == 128 && k0 + 16 > L) {  // rows past L: the next rows of W under TMA, as the forward walk's keys
           wh[0] = keep_rows_below(wh[0], k0 + 2 * tq, L), wh[1] = keep_rows_below(wh[1], k0 + 2 * tq, L);
           wh[2] = keep_rows_below(wh[2], k0 + 2 * tq + 8, L), wh[3] = keep_rows_below(wh[3], k0 + 2 * tq + 8, L);
@@ -2282,7 +2307,9 @@ RuleParams rule_params(const bf16* q, const bf16* k, const bf16* v, const float*
 template <class Runner>
 WalkMaps walk_maps(const RuleParams& p, Runner& run) {
   WalkMaps m;
-  m.W = run.map(p.W, p.rows, p.nv, 128, 32, kGdnChunk);
+  const bf16* Wh = reinterpret_cast<const bf16*>(p.W);  // w_as_halves: two bf16 planes
+  m.Wh = run.map(Wh, p.rows, p.nv, 128, 64, kGdnChunk);
+  m.Wl = run.map(Wh + (int64_t)p.rows * p.nv * 128, p.rows, p.nv, 128, 64, kGdnChunk);
   m.K = run.map(p.k, p.rows, p.nk, 128, 64, kGdnChunk);
   m.U = run.map(p.U, p.rows, p.nv, p.dv, kWalkCols, kGdnChunk);
   return m;
@@ -2293,7 +2320,9 @@ template <class Runner>
 BwdWalkMaps bwd_walk_maps(const RuleBwdParams& b, Runner& run) {
   const RuleParams& p = b.f;
   BwdWalkMaps m;
-  m.W = run.map(p.W, p.rows, p.nv, 128, 32, kGdnChunk);
+  const bf16* Wh = reinterpret_cast<const bf16*>(p.W);  // as walk_maps
+  m.Wh = run.map(Wh, p.rows, p.nv, 128, 64, kGdnChunk);
+  m.Wl = run.map(Wh + (int64_t)p.rows * p.nv * 128, p.rows, p.nv, 128, 64, kGdnChunk);
   m.K = run.map(p.k, p.rows, p.nk, 128, 64, kGdnChunk);
   m.dvn = run.map(b.dvn, p.rows, p.nv, p.dv, kWalkCols, kGdnChunk);
   m.qo = run.map(b.qo, (int64_t)p.num_chunks * p.nv * 128, 1, p.dv, kWalkCols, 128);  // rows: chunks x heads x dk
@@ -2304,7 +2333,8 @@ BwdWalkMaps bwd_walk_maps(const RuleBwdParams& b, Runner& run) {
 
 template <class Runner>
 void rule_prep_and_walk(const RuleParams& p, Runner& run) {
-  run.launch(rule_prep_kernel, chunk_parts_grid(p.num_chunks, p.nv, 1), kRuleThreads, prep_smem_bytes(), p);
+  run.launch(w_as_halves(p.dk) ? rule_prep_kernel<true> : rule_prep_kernel<false>,
+             chunk_parts_grid(p.num_chunks, p.nv, 1), kRuleThreads, prep_smem_bytes(), p);
   const dim3 grid(p.nv, p.dv / kWalkCols);
   if (p.dk % 16 != 0)
     run.launch(rule_walk_kernel, grid, kRuleThreads, walk_smem_bytes(p.dk), p);
