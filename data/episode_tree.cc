@@ -27,8 +27,7 @@ Tree episode_tree(const Episode& ep, int64_t episode_index, const ActionBins* bi
   if (ep.instruction.empty()) throw Error(str(what, ": an empty instruction (the tree's root needs a token)"));
   // The placeholder ids mark the rows whose embeddings are replaced (a frame's slot, the state
   // row): an instruction or an action spelled with them would be taken for one.
-  bool has_state = false;
-  for (const EpisodeStep& st : ep.steps) has_state = has_state || !st.state.empty();
+  const bool has_state = ep.has_state();
   auto check_ids = [&](const std::vector<int32_t>& ids, const std::string& field) {
     if (!spec.check_placeholder_ids) return;
     for (size_t j = 0; j < ids.size(); ++j)
@@ -123,9 +122,7 @@ std::vector<Tree> read_episode_trees(const std::string& path, int64_t vocab_size
     }
     // The bins are the vocabulary's last ids: a placeholder among them would read as an action.
     const int64_t first_bin = vocab_size - bins;
-    bool has_state = false;
-    for (const Episode& ep : eps)
-      for (const EpisodeStep& st : ep.steps) has_state = has_state || !st.state.empty();
+    const bool has_state = eps.front().has_state();  // read_episodes: the episodes agree
     for (const int32_t id : {spec.image_token, has_state ? spec.state_token : spec.image_token})
       if (spec.check_placeholder_ids && id >= first_bin && id < vocab_size)
         throw Error(str(path, ": continuous actions take the last ", bins, " ids of the vocabulary of ", vocab_size,

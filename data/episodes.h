@@ -26,6 +26,11 @@ struct Episode {
   std::string id;
   std::vector<int32_t> instruction;
   std::vector<EpisodeStep> steps;
+  bool has_state() const {  // the episodes of one file agree (read_episodes)
+    for (const EpisodeStep& s : steps)
+      if (!s.state.empty()) return true;
+    return false;
+  }
 };
 
 // One line; `where` is "file:line", `dir` the folder image paths are relative to. vocab_size > 0

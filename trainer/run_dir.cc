@@ -17,6 +17,7 @@
 #include <system_error>
 
 #include "base/check.h"
+#include "base/files.h"
 
 namespace tt::trainer {
 
@@ -115,7 +116,7 @@ std::string rewrite_metrics(const std::string& path, int64_t last_step) {
     const std::string stamp = utc_stamp();
     fs::path out = path + ".dropped-" + stamp;
     for (int k = 2; fs::exists(out); ++k) out = path + ".dropped-" + stamp + "-" + std::to_string(k);
-    replace_file(out, folder, dropped, str("the lines dropped from ", path));
+    write_text_atomic(out.string(), dropped);  // its rename is made durable with the rewrite's below
     aside = out.string();
     spdlog::warn("{}: {} lines after step {} ({}) moved to {}; the file keeps the steps up to {}", path,
                  dropped_lines, last_step, first >= 0 ? str("steps ", first, "..", last) : std::string("unparseable"),
