@@ -164,7 +164,7 @@ void GdnPlan::refer_to(const void* tables) {
 }
 
 size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, bool end_given) {
-  return RuleScratch(plan, nv, dk, dv, end_given, nullptr).bytes;
+  return RuleScratch(plan, nv, dk, dv, end_given, /*walk_saves=*/!walk_writes_outputs(dk), nullptr).bytes;
 }
 
 size_t gdn_backward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv) {

@@ -675,25 +675,30 @@ __device__ __forceinline__ void walk_state_pairs(int row0, int dv, int j0, F&& f
 }
 
 // One stage of the tensor-core walk, loaded by cp.async: -W's halves (two (64, kRowStride) bf16
-// tiles, w_as_halves), keys (64, kRowStride) bf16, U columns (64, kWalkUStride) fp32, gam (64);
-// rows past L zero. Padded strides: the fragment reads hit distinct banks.
+// tiles, w_as_halves), keys (64, kRowStride) bf16, with kQ (the forward's walk that writes o) the
+// queries (64, kRowStride) bf16, U columns (64, kWalkUStride) fp32, gam (64); rows past L zero.
+// Padded strides: the fragment reads hit distinct banks.
+template <bool kQ>
 struct WalkMmaStage {
-  bf16 *Wh, *Wl, *K;
+  static constexpr int kTiles = kQ ? 4 : 3;  // bf16 row tiles: -W_hi, -W_lo, K (, Q)
+  bf16 *Wh, *Wl, *K, *Q;
   float* U;
   float* gam;
   __device__ WalkMmaStage(unsigned char* base, int /*dk*/) {
     Wh = reinterpret_cast<bf16*>(base);
     Wl = Wh + kGdnChunk * kRowStride;
     K = Wl + kGdnChunk * kRowStride;
-    U = reinterpret_cast<float*>(K + kGdnChunk * kRowStride);
+    Q = K + kGdnChunk * kRowStride;  // kQ only
+    U = reinterpret_cast<float*>(Wh + kTiles * kGdnChunk * kRowStride);
     gam = U + kGdnChunk * kWalkUStride;
   }
   __host__ __device__ static constexpr size_t bytes(int /*dk*/) {
-    return sizeof(bf16) * 3 * kGdnChunk * kRowStride + sizeof(float) * (kGdnChunk * kWalkUStride + kGdnChunk);
+    return sizeof(bf16) * kTiles * kGdnChunk * kRowStride + sizeof(float) * (kGdnChunk * kWalkUStride + kGdnChunk);
   }
   __device__ const bf16* wh8(int r, int i) const { return Wh + r * kRowStride + i; }  // 8 of -W_hi from (r, i)
   __device__ const bf16* wl8(int r, int i) const { return Wl + r * kRowStride + i; }
   __device__ const bf16* k8(int s, int i) const { return K + s * kRowStride + i; }  // 8 keys from (s, i)
+  __device__ const bf16* q8(int s, int i) const { return Q + s * kRowStride + i; }  // 8 queries from (s, i)
   __device__ float u(int r, int c) const { return U[r * kWalkUStride + c]; }
 };
 
@@ -718,11 +723,11 @@ __device__ __forceinline__ unsigned char* align_up_1024(unsigned char* p) {
   return p + ((1024u - (attn::smem_addr(p) & 1023u)) & 1023u);
 }
 
-// The TMA descriptors of the walk's stage (dk = 128): -W's halves (two (N, nv, 128) bf16 planes)
-// and k (N, nk, 128) bf16 in boxes of 64 columns, U (N, nv, dv) fp32 in boxes of kWalkCols; 64 rows
-// a box.
+// The TMA descriptors of the walk's stage (dk = 128): -W's halves (two (N, nv, 128) bf16 planes),
+// k and q (N, nk, 128) bf16 in boxes of 64 columns, U (N, nv, dv) fp32 in boxes of kWalkCols; 64
+// rows a box.
 struct WalkMaps {
-  CUtensorMap Wh, Wl, K, U;
+  CUtensorMap Wh, Wl, K, Q, U;
 };
 
 // A (64, 128) bf16 tile of rows r0 .. of a (N, heads, 128) tensor as two (64, 64) boxes, each
@@ -736,42 +741,48 @@ __device__ __forceinline__ const bf16* tma_k8(const bf16* K, int s, int i) {
   return K + i / 64 * (kGdnChunk * 64) + swizzle128<2>(s, i % 64);
 }
 
-// One stage of the walk at dk = 128, loaded by TMA (one thread issues seven boxes, 56 KB): -W's
-// halves as two (64, 128) bf16 tiles and K as one (tma_load_rows128), U one (64, kWalkCols) fp32
-// box, each row 128 bytes, swizzled (swizzle128); gam (64) by cp.async, zero past L. Rows past L
-// hold the rows that follow in the tensors (zeros past their end): the walk's products mask them.
+// One stage of the walk at dk = 128, loaded by TMA (one thread issues seven boxes, 56 KB; nine,
+// 72 KB, with kQ): -W's halves as two (64, 128) bf16 tiles, K as one and with kQ Q as one
+// (tma_load_rows128), U one (64, kWalkCols) fp32 box, each row 128 bytes, swizzled (swizzle128);
+// gam (64) by cp.async, zero past L. Rows past L hold the rows that follow in the tensors (zeros
+// past their end): the walk's products mask them.
+template <bool kQ>
 struct WalkTmaStage {
   static constexpr uint32_t kT = kGdnChunk * 128 * sizeof(bf16), kU = kGdnChunk * kWalkCols * sizeof(float),
-                            kTx = 3 * kT + kU;
+                            kTiles = kQ ? 4 : 3, kTx = kTiles * kT + kU;
   static constexpr size_t kBytes = kTx + 1024;  // + gam; stages stay 1024-byte aligned (the swizzle's)
-  bf16 *Wh, *Wl, *K;
+  bf16 *Wh, *Wl, *K, *Q;
   float* U;
   float* gam;
   __device__ WalkTmaStage(unsigned char* base, int /*dk: 128*/)
       : Wh(reinterpret_cast<bf16*>(base)), Wl(reinterpret_cast<bf16*>(base + kT)),
-        K(reinterpret_cast<bf16*>(base + 2 * kT)), U(reinterpret_cast<float*>(base + 3 * kT)),
-        gam(reinterpret_cast<float*>(base + kTx)) {}
+        K(reinterpret_cast<bf16*>(base + 2 * kT)), Q(reinterpret_cast<bf16*>(base + 3 * kT)),
+        U(reinterpret_cast<float*>(base + kTiles * kT)), gam(reinterpret_cast<float*>(base + kTx)) {}
   __host__ __device__ static constexpr size_t bytes(int) { return kBytes; }
   __device__ const bf16* wh8(int r, int i) const { return tma_k8(Wh, r, i); }
   __device__ const bf16* wl8(int r, int i) const { return tma_k8(Wl, r, i); }
   __device__ const bf16* k8(int s, int i) const { return tma_k8(K, s, i); }
+  __device__ const bf16* q8(int s, int i) const { return tma_k8(Q, s, i); }
   __device__ float u(int r, int c) const { return U[swizzle128<4>(r, c)]; }
 };
 
 // Issues the stage of chunk ci (all threads: gam's cp.async; thread 0: the TMA boxes onto bar).
-__device__ __forceinline__ void walk_mma_prefetch(const WalkTmaStage& st, uint64_t* bar, const RuleParams& p,
+template <bool kQ>
+__device__ __forceinline__ void walk_mma_prefetch(const WalkTmaStage<kQ>& st, uint64_t* bar, const RuleParams& p,
                                                   const WalkMaps& maps, const ChunkInfo& ci, int h, int kh, int j0) {
   namespace sm90 = attn::sm90;
   if (threadIdx.x == 0) {
-    sm90::mbar_expect_tx(bar, WalkTmaStage::kTx);
+    sm90::mbar_expect_tx(bar, WalkTmaStage<kQ>::kTx);
     tma_load_rows128(st.Wh, &maps.Wh, h, ci.r0, bar);
     tma_load_rows128(st.Wl, &maps.Wl, h, ci.r0, bar);
     tma_load_rows128(st.K, &maps.K, kh, ci.r0, bar);
+    if constexpr (kQ) tma_load_rows128(st.Q, &maps.Q, kh, ci.r0, bar);
     sm90::tma_load_3d(st.U, &maps.U, j0, h, ci.r0, bar);
   }
   load_chunk_gam(st.gam, p.gam, p.nv, h, ci.r0, ci.L);
 }
-__device__ __forceinline__ void walk_mma_prefetch(const WalkMmaStage& st, uint64_t*, const RuleParams& p,
+template <bool kQ>
+__device__ __forceinline__ void walk_mma_prefetch(const WalkMmaStage<kQ>& st, uint64_t*, const RuleParams& p,
                                                   const WalkMaps&, const ChunkInfo& ci, int h, int kh, int j0) {
   const int r0 = ci.r0, L = ci.L;
   const bf16* Wh = reinterpret_cast<const bf16*>(p.W) + (int64_t)h * p.dk;
@@ -779,18 +790,58 @@ __device__ __forceinline__ void walk_mma_prefetch(const WalkMmaStage& st, uint64
   load_chunk_rows(st.Wh, kRowStride, Wh, (int64_t)p.nv * p.dk, r0, L, p.dk);
   load_chunk_rows(st.Wl, kRowStride, Wh + plane, (int64_t)p.nv * p.dk, r0, L, p.dk);
   load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
+  if constexpr (kQ) load_chunk_rows(st.Q, kRowStride, p.q + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
   load_chunk_rows_fixed<kWalkCols>(st.U, kWalkUStride, p.U + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L);
   load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
 }
 
+// The forward walk's own outputs (kOut): the chunk's masked scores P_rs = (q_r . k_s)
+// e^(gam_r - gam_s) for s <= r < L, else 0, fp32 at kPairStride, as rule_out_kernel computes them
+// (the same products in the same order: chunk_gram's tiling, q and k exact in bf16, fp32 sums).
+// Warp w: rows 16 (w % 4), columns 32 (w / 4); the two tiles wholly above the diagonal are zeros.
+// Rows past L in the stage (the tensors' next rows under TMA) meet only the mask's select.
+template <int kUnroll, class Stage>
+__device__ __forceinline__ void walk_scores(float* P, const Stage& st, int dk, int L) {
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
+  const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
+  float c[4][4] = {};
+  if (n0 < m0 + 16) {
+#pragma unroll kUnroll
+    for (int k0 = 0; k0 < dk; k0 += 16) {
+      uint32_t a[4], b0[4], b1[4];
+      mma::ldsm_x4(a, st.q8(m0 + lane % 8 + 8 * (lane / 8 % 2), k0 + 8 * (lane / 16)));
+      mma::ldsm_x4(b0, st.k8(n0 + lane % 8 + 8 * (lane / 16), k0 + 8 * (lane / 8 % 2)));
+      mma::ldsm_x4(b1, st.k8(n0 + 16 + lane % 8 + 8 * (lane / 16), k0 + 8 * (lane / 8 % 2)));
+      mma::mma_16816(c[0], a, b0[0], b0[1]);
+      mma::mma_16816(c[1], a, b0[2], b0[3]);
+      mma::mma_16816(c[2], a, b1[0], b1[1]);
+      mma::mma_16816(c[3], a, b1[2], b1[3]);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = m0 + gq + 8 * (e / 2), s = n0 + 8 * n + 2 * tq + e % 2;
+      P[r * kPairStride + s] = s <= r && r < L ? __expf(st.gam[r] - st.gam[s]) * c[n][e] : 0.f;
+    }
+}
+
+constexpr int kWalkVsStride = kWalkCols + 4;  // fp32 row stride of the forward walk's v_new (B fragments on distinct banks)
+
 // kDk: the key head dim when known at compile time (128, Qwen3-Next's and Qwen3.5's: the
 // products' k-loops unroll and the stages arrive by TMA, WalkTmaStage), else 0 (p.dk; WalkMmaStage).
-// Shared memory: two stages, then S's and dec v_new's halves.
-template <int kDk>
+// kOut: the forward's walk, which writes o itself and neither sin nor v_new (rule_out_kernel's
+// products on the tiles the walk holds: o_r = scale (e^(gam_r) q_r^T S_in + sum_{s <= r} P_rs
+// v_new_s), q S_in from S's halves as v_new's W S is, P v_new with P and v_new split into three bf16
+// parts, the same products in the same order, warp w the rows and columns of its v_new tile).
+// Without it, the backward's walk: sin and v_new to global memory for the kernels after it.
+// Shared memory: two stages, then S's and dec v_new's halves, then (kOut) P and v_new.
+template <int kDk, bool kOut>
 __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams p, const __grid_constant__ WalkMaps maps) {
   TT_EXTERN_SMEM_16(smem_raw);
   __shared__ uint64_t bars[2];  // the stages' TMA barriers (kDk = 128)
-  using Stage = std::conditional_t<kDk == 128, WalkTmaStage, WalkMmaStage>;
+  using Stage = std::conditional_t<kDk == 128, WalkTmaStage<kOut>, WalkMmaStage<kOut>>;
   constexpr int HS = kWalkHalfStride, kUnroll = kDk > 0 ? kDk / 16 : 2;
   const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dk = kDk > 0 ? kDk : p.dk,
             dv = p.dv;
@@ -801,11 +852,13 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
   bf16* Sl = Sh + 128 * HS;
   bf16* Vh = Sl + 128 * HS;                  // (64, HS) dec v_new's halves
   bf16* Vl = Vh + kGdnChunk * HS;
+  float* P = reinterpret_cast<float*>(Vl + kGdnChunk * HS);  // kOut: (64, kPairStride) walk_scores
+  float* Vs = P + kGdnChunk * kPairStride;                   // kOut: (64, kWalkVsStride) v_new, zero past L
   const int64_t SS = (int64_t)dk * dv;
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
   const int si = 16 * warp;           // this warp's state rows si .. si + 16 (none when si >= dk)
   const bool has_rows = si < dk;
-  const int vm = 16 * (warp % 4), vn = 16 * (warp / 4);  // this warp's v_new tile
+  const int vm = 16 * (warp % 4), vn = 16 * (warp / 4);  // this warp's v_new (and o) tile
   // S[n][e]: rows si + gq (e 0, 1) and si + gq + 8 (e 2, 3), columns 8 n + 2 tq (+1).
   float S[4][4] = {};
   auto state_io = [&](float* dst, const float* src) {  // S -> dst or src -> S (global rows of dv floats)
@@ -842,12 +895,15 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
                                      : (p.init && root >= 0 ? p.init + ((int64_t)root * p.nv + h) * SS : nullptr);
       state_io(nullptr, src);
     }
-    state_io(p.sin + ((int64_t)c * p.nv + h) * SS, nullptr);
+    if constexpr (!kOut) state_io(p.sin + ((int64_t)c * p.nv + h) * SS, nullptr);
     if (has_rows) walk_state_to_halves(Sh, Sl, S, si);
     if constexpr (kDk == 128) attn::sm90::mbar_wait(&bars[c & 1], (c >> 1) & 1);
     attn::cp_async_wait<1>();
     __syncthreads();  // the stage has landed; S's halves are stored
     const float gl = st.gam[L - 1];
+    if constexpr (kOut) walk_scores<kUnroll>(P, st, dk, L);
+    // q S_in (kOut): rows vm .., columns vn .., from the same S halves as W S, q exact in bf16.
+    float qs[2][4] = {};
     {  // v_new (rows vm .., columns vn ..) = U - W S, then dec v_new's halves
       // acc: U plus the small products (W_hi S_lo, W_lo S_hi); big: W_hi S_hi. Two accumulators a
       // tile: two dependent mma a k-step instead of three.
@@ -870,6 +926,15 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
           mma::mma_16816(acc[nn], wh, bl[2 * nn], bl[2 * nn + 1]);
           mma::mma_16816(acc[nn], wl, bh[2 * nn], bh[2 * nn + 1]);
         }
+        if constexpr (kOut) {
+          uint32_t qa[4];
+          mma::ldsm_x4(qa, st.q8(vm + lane % 8 + 8 * (lane / 8 % 2), k0 + 8 * (lane / 16)));
+#pragma unroll
+          for (int nn = 0; nn < 2; ++nn) {
+            mma::mma_16816(qs[nn], qa, bh[2 * nn], bh[2 * nn + 1]);
+            mma::mma_16816(qs[nn], qa, bl[2 * nn], bl[2 * nn + 1]);
+          }
+        }
       }
 #pragma unroll
       for (int nn = 0; nn < 2; ++nn)
@@ -883,14 +948,16 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
         for (int nn = 0; nn < 2; ++nn) {
           const int col = vn + 8 * nn + 2 * tq;
           const float v0 = acc[nn][2 * half], v1 = acc[nn][2 * half + 1];  // rows past L: not this chunk's
-          if (r < L)
+          if constexpr (kOut)
+            *reinterpret_cast<float2*>(Vs + r * kWalkVsStride + col) = r < L ? make_float2(v0, v1) : make_float2(0.f, 0.f);
+          else if (r < L)
             *reinterpret_cast<float2*>(p.vnew + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) = make_float2(v0, v1);
           split_bf16x2(r < L ? d * v0 : 0.f, r < L ? d * v1 : 0.f, *reinterpret_cast<uint32_t*>(Vh + r * HS + col),
                        *reinterpret_cast<uint32_t*>(Vl + r * HS + col));
         }
       }
     }
-    __syncthreads();  // dec v_new's halves are stored
+    __syncthreads();  // dec v_new's halves are stored (and with kOut, P and v_new)
     if (has_rows) {  // S <- exp(gamma_L) S + K^T (dec v_new): rows si .., all 32 columns
       const float el = __expf(gl);
 #pragma unroll
@@ -918,15 +985,51 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
         }
       }
     }
+    if constexpr (kOut) {  // o (rows vm .., columns vn ..) = scale (e^(gam) q S_in + P v_new), as rule_out_kernel
+      const float e0 = __expf(st.gam[vm + gq]), e1 = __expf(st.gam[vm + gq + 8]);
+#pragma unroll
+      for (int nn = 0; nn < 2; ++nn) qs[nn][0] *= e0, qs[nn][1] *= e0, qs[nn][2] *= e1, qs[nn][3] *= e1;
+      for (int k0 = 0; k0 <= vm; k0 += 16) {  // P is zero right of the diagonal block
+        uint32_t ph[4], pm[4], pl[4];
+        split3_a_fragment(ph, pm, pl, vm, k0,
+                          [&](int r, int s) { return *reinterpret_cast<const float2*>(P + r * kPairStride + s); });
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn) {
+          uint32_t bh[2], bm[2], bl[2];  // B (s, j) = v_new[s][j]: rows s = k0 + 2 tq (+1) and + 8 (+9), column vn + 8 nn + gq
+          const float* v = Vs + (k0 + 2 * tq) * kWalkVsStride + vn + 8 * nn + gq;
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj)
+            split3_bf16x2(v[8 * jj * kWalkVsStride], v[(8 * jj + 1) * kWalkVsStride], bh[jj], bm[jj], bl[jj]);
+          mma::mma_16816(qs[nn], pm, bm[0], bm[1]);  // the small terms first
+          mma::mma_16816(qs[nn], ph, bl[0], bl[1]);
+          mma::mma_16816(qs[nn], pl, bh[0], bh[1]);
+          mma::mma_16816(qs[nn], ph, bm[0], bm[1]);
+          mma::mma_16816(qs[nn], pm, bh[0], bh[1]);
+          mma::mma_16816(qs[nn], ph, bh[0], bh[1]);
+        }
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = vm + gq + 8 * half;
+        if (r >= L) continue;
+        bf16* orow = p.o + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + vn;
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn)
+          *reinterpret_cast<__nv_bfloat162*>(orow + 8 * nn + 2 * tq) =
+              __floats2bfloat162_rn(p.scale * qs[nn][2 * half], p.scale * qs[nn][2 * half + 1]);
+      }
+    }
     if (flags & 2) state_io(p.node_end + ((int64_t)n * p.nv + h) * SS, nullptr);
-    __syncthreads();  // every warp is done with this stage (the next prefetch refills it) and the halves
+    __syncthreads();  // every warp is done with this stage (the next prefetch refills it), the halves, P and v_new
   }
   attn::cp_async_wait<0>();
 }
 
-size_t walk_mma_smem_bytes(int dk) {
-  const size_t stage = dk == 128 ? WalkTmaStage::kBytes : WalkMmaStage::bytes(dk);
-  return 1024 + 2 * stage + sizeof(bf16) * (2 * 128 + 2 * kGdnChunk) * kWalkHalfStride;  // + the alignment's slack
+size_t walk_mma_smem_bytes(int dk, bool out) {
+  const size_t stage = dk == 128 ? (out ? WalkTmaStage<true>::kBytes : WalkTmaStage<false>::kBytes)
+                                 : (out ? WalkMmaStage<true>::bytes(dk) : WalkMmaStage<false>::bytes(dk));
+  return 1024 + 2 * stage + sizeof(bf16) * (2 * 128 + 2 * kGdnChunk) * kWalkHalfStride +  // + the alignment's slack
+         (out ? sizeof(float) * kGdnChunk * (kPairStride + kWalkVsStride) : 0);
 }
 
 constexpr int kOutCols = 64;  // output columns per block
@@ -938,15 +1041,12 @@ constexpr int kVsStride = kOutCols + 4;     // fp32 row stride of v_new's column
 // bf16 halves, S = S_hi + S_lo (S_hi = bf16(S), S_lo = bf16(S - S_hi): 16 significant bits, a
 // relative error under 2^-16 against fp32's 2^-24, far below o's bf16 rounding), q exact in bf16,
 // so q S = q S_hi + q S_lo, two mma a tile in fp32.
-// kD: 128 when dk = dv = 128 (Qwen3-Next's and Qwen3.5's heads: the loops over them unroll), else
-// 0 (p.dk, p.dv). The same for rule_bwd_grad_kernel (rule_bwd_local_kernel measured no faster so,
-// rule_bwd_state_kernel spills at its 128-register cap).
-template <int kD>
+// The forward's outputs where its walk does not write them (!walk_writes_outputs(dk): dk not a
+// multiple of 16, the CUDA-core walk, which stores sin and v_new for this kernel).
 __global__ void __launch_bounds__(kRuleThreads, 2) rule_out_kernel(RuleParams p) {
   TT_EXTERN_SMEM_16(smem);
   const ChunkPart cp = chunk_part((p.dv + kOutCols - 1) / kOutCols);
-  const int c = cp.c, h = cp.h, j0 = cp.z * kOutCols, kh = h / (p.nv / p.nk),
-            dk = kD ? kD : p.dk, dv = kD ? kD : p.dv;
+  const int c = cp.c, h = cp.h, j0 = cp.z * kOutCols, kh = h / (p.nv / p.nk), dk = p.dk, dv = p.dv;
   const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], cols = min(kOutCols, dv - j0);
   const int dk16 = (dk + 15) / 16 * 16;  // the products' depth: q's columns and S's rows past dk are zero
   bf16* Qb = reinterpret_cast<bf16*>(smem);                          // (64, kRowStride)
@@ -1819,7 +1919,10 @@ __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* 
 //      + DOVd^T q~ + MK^T K + MK K: on tensor cores (grad_qk_mma) when dk is a multiple of 16,
 //      else a 4 x 8 register tile a thread. q~'s and k's gradients go to
 //      per-value-head fp32 rows (gq, gk), summed over each key head's group afterwards.
-template <int kD>  // as rule_out_kernel's
+// kD: 128 when dk = dv = 128 (Qwen3-Next's and Qwen3.5's heads: the loops over them unroll), else
+// 0 (p.dk, p.dv). (rule_bwd_local_kernel measured no faster so; rule_bwd_state_kernel spills at
+// its 128-register cap.)
+template <int kD>
 __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdParams b) {
   TT_EXTERN_SMEM_16(smem);
   const RuleParams& p = b.f;
@@ -2229,17 +2332,23 @@ __global__ void rule_bwd_group_kernel(bf16* dq, bf16* dk, const float* gq, const
   detail::store_bf16<VEC>(dk + e, xk);
 }
 
+// Whether the forward's walk writes o itself (rule_walk_mma_kernel<kDk, true>: dk a multiple of
+// 16), so that neither sin nor v_new is stored, nor rule_out_kernel launched.
+constexpr bool walk_writes_outputs(int dk) { return dk % 16 == 0; }
+
+// walk_saves: the walk stores sin and v_new (the backward's; the forward's when
+// !walk_writes_outputs(dk)); else they take no space.
 struct RuleScratch {
   float *U, *W, *gam, *vnew, *sin, *node_end;
   size_t bytes;
-  RuleScratch(const GdnPlan& plan, int nv, int dk, int dv, bool end_given, void* base) {
+  RuleScratch(const GdnPlan& plan, int nv, int dk, int dv, bool end_given, bool walk_saves, void* base) {
     detail::WorkspaceCarver w(base);
     const size_t rows = (size_t)plan.rows() * nv, SS = (size_t)dk * dv;
     U = w.take<float>(rows * dv);
     W = w.take<float>(rows * dk);
     gam = w.take<float>(rows);
-    vnew = w.take<float>(rows * dv);
-    sin = w.take<float>((size_t)plan.num_chunks() * nv * SS);
+    vnew = w.take<float>(walk_saves ? rows * dv : 0);
+    sin = w.take<float>(walk_saves ? (size_t)plan.num_chunks() * nv * SS : 0);
     node_end = w.take<float>(end_given ? 0 : (size_t)plan.num_nodes() * nv * SS);
     bytes = w.bytes();
   }
@@ -2249,7 +2358,8 @@ struct RuleBwdScratch {
   RuleScratch f;
   float *dvn, *qo, *dsout, *acc, *db2, *gq, *gk, *sds, *T;
   size_t bytes;
-  RuleBwdScratch(const GdnPlan& plan, int nv, int dk, int dv, void* base) : f(plan, nv, dk, dv, false, base) {
+  RuleBwdScratch(const GdnPlan& plan, int nv, int dk, int dv, void* base)
+      : f(plan, nv, dk, dv, /*end_given=*/false, /*walk_saves=*/true, base) {
     detail::WorkspaceCarver w(base ? static_cast<char*>(base) + f.bytes : nullptr);
     const size_t rows = (size_t)plan.rows() * nv, SS = (size_t)dk * dv, per_chunk = (size_t)plan.num_chunks() * nv * SS;
     dvn = w.take<float>(rows * dv);
@@ -2311,6 +2421,7 @@ WalkMaps walk_maps(const RuleParams& p, Runner& run) {
   m.Wh = run.map(Wh, p.rows, p.nv, 128, 64, kGdnChunk);
   m.Wl = run.map(Wh + (int64_t)p.rows * p.nv * 128, p.rows, p.nv, 128, 64, kGdnChunk);
   m.K = run.map(p.k, p.rows, p.nk, 128, 64, kGdnChunk);
+  m.Q = run.map(p.q, p.rows, p.nk, 128, 64, kGdnChunk);
   m.U = run.map(p.U, p.rows, p.nv, p.dv, kWalkCols, kGdnChunk);
   return m;
 }
@@ -2329,19 +2440,23 @@ BwdWalkMaps bwd_walk_maps(const RuleBwdParams& b, Runner& run) {
   return m;
 }
 
-// The forward's first two kernels: U, W and gam per chunk, then the walk (sin, vnew, node ends).
+// The forward's first two kernels: U, W and gam per chunk, then the walk (node ends, and sin and
+// v_new, or with `out` (walk_writes_outputs) o instead).
 
 template <class Runner>
-void rule_prep_and_walk(const RuleParams& p, Runner& run) {
+void rule_prep_and_walk(const RuleParams& p, Runner& run, bool out) {
   run.launch(w_as_halves(p.dk) ? rule_prep_kernel<true> : rule_prep_kernel<false>,
              chunk_parts_grid(p.num_chunks, p.nv, 1), kRuleThreads, prep_smem_bytes(), p);
   const dim3 grid(p.nv, p.dv / kWalkCols);
+  TT_CHECK(!out || walk_writes_outputs(p.dk), "gdn: the walk writes o only at dk a multiple of 16, got ", p.dk);
   if (p.dk % 16 != 0)
     run.launch(rule_walk_kernel, grid, kRuleThreads, walk_smem_bytes(p.dk), p);
   else if (p.dk == 128)
-    run.launch(rule_walk_mma_kernel<128>, grid, kRuleThreads, walk_mma_smem_bytes(p.dk), p, walk_maps(p, run));
+    run.launch(out ? rule_walk_mma_kernel<128, true> : rule_walk_mma_kernel<128, false>, grid, kRuleThreads,
+               walk_mma_smem_bytes(p.dk, out), p, walk_maps(p, run));
   else
-    run.launch(rule_walk_mma_kernel<0>, grid, kRuleThreads, walk_mma_smem_bytes(p.dk), p, WalkMaps{});
+    run.launch(out ? rule_walk_mma_kernel<0, true> : rule_walk_mma_kernel<0, false>, grid, kRuleThreads,
+               walk_mma_smem_bytes(p.dk, out), p, WalkMaps{});
 }
 
 // gdn_forward (gdn.h) on `run`.
@@ -2354,14 +2469,15 @@ void rule_forward(Runner& run, bf16* o, float* end, const bf16* q, const bf16* k
   check_rule_aligned("gdn_forward",
                      {{"q", q, 16}, {"k", k, 16}, {"v", v, 16}, {"init", init, 16}, {"end", end, 16}, {"o", o, 4}});
   TT_CHECK(plan.device().chunk_row0, "gdn_forward: the plan's tables are not uploaded");
-  const RuleScratch s(plan, nv, dk, dv, end != nullptr, ws.ptr);
+  const bool fused = walk_writes_outputs(dk);
+  const RuleScratch s(plan, nv, dk, dv, end != nullptr, /*walk_saves=*/!fused, ws.ptr);
   detail::check_workspace(ws, s.bytes, "gdn_forward");
   RuleParams p = rule_params(q, k, v, g, beta, init, plan, nk, nv, dk, dv, scale, s, end);
   p.o = o;
-  rule_prep_and_walk(p, run);
-  run.launch(dk == 128 && dv == 128 ? rule_out_kernel<128> : rule_out_kernel<0>,
-             chunk_parts_grid(plan.num_chunks(), nv, (dv + kOutCols - 1) / kOutCols), kRuleThreads, out_smem_bytes(),
-             p);
+  rule_prep_and_walk(p, run, fused);
+  if (!fused)
+    run.launch(rule_out_kernel, chunk_parts_grid(plan.num_chunks(), nv, (dv + kOutCols - 1) / kOutCols), kRuleThreads,
+               out_smem_bytes(), p);
 }
 
 // gdn_backward (gdn.h) on `run`.
@@ -2387,7 +2503,7 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   b.gk = s.gk, b.sds = s.sds;
   b.dv = dv, b.dg = dg, b.dbeta = dbeta;
   b.accumulate = accumulate;
-  rule_prep_and_walk(b.f, run);  // the forward again: U, W, gam, v_new, the entering states
+  rule_prep_and_walk(b.f, run, /*out=*/false);  // the forward again: U, W, gam, v_new, the entering states
   run.zero(s.acc, sizeof(float) * (size_t)plan.num_nodes() * nv * dk_ * dv_);
   const int chunks = plan.num_chunks();
   run.launch(rule_bwd_local_kernel, chunk_parts_grid(chunks, nv, (dv_ + kOutCols - 1) / kOutCols), kRuleThreads,

@@ -142,7 +142,8 @@ void check_shape(uint64_t seed, RuleShape shape) {
   std::vector<double> o((size_t)N * nv * dv), end((size_t)c.f.nodes() * c.state_elems());
   cpu::gdn_tree_forward<double>(o.data(), end.data(), c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(),
                                 init.data(), c.t);
-  EXPECT_EQ(got.forward_launches, 3) << "forward launches" << at;
+  // The walk writes o itself at dk a multiple of 16 (no output kernel).
+  EXPECT_EQ(got.forward_launches, dk % 16 == 0 ? 2 : 3) << "forward launches" << at;
   EXPECT_TRUE(close_bf16("emulated delta rule o" + at, doubles(got.o), o));
   const double e = rel_l2(doubles(got.end), end);
   EXPECT_LE(e, 1e-4) << "end states" << at;
@@ -190,7 +191,7 @@ TEST(GdnEmulated, DeltaRuleOnABatchShorterThanAChunk) {
   check_shape(5, RuleShape{1, 2, 128, 64, 0.6, {{-1, 20}, {0, 7}, {-1, 9}}});
 }
 
-// gdn_test's DeltaRuleNodesDoNotReadTheNextNodesRows on the CPU: with the second node's k and v
+// gdn_test's DeltaRuleNodesDoNotReadTheNextNodesRows on the CPU: with the second node's q, k and v
 // NaN, the first node's outputs, end state and input gradients are bit for bit those of the
 // all-finite batch. The emulated TMA stages, like the GPU's, hold the next node's rows past a
 // chunk's end; dk 64 loads by cp.async (rows past the end zero-filled).
@@ -203,6 +204,7 @@ TEST(GdnEmulated, NodesDoNotReadTheNextNodesRows) {
     const std::vector<bf16> dO = bf16s(randn_bf16(rng, (size_t)c.N * nv * dv));
     const EmuOut finite = emulate(c, {}, dO, {});
     const bf16 nan16 = __float2bfloat16_rn(std::numeric_limits<float>::quiet_NaN());
+    std::fill(c.bq.begin() + (size_t)first * nk * dk, c.bq.end(), nan16);
     std::fill(c.bk.begin() + (size_t)first * nk * dk, c.bk.end(), nan16);
     std::fill(c.bv.begin() + (size_t)first * nv * dv, c.bv.end(), nan16);
     const EmuOut poisoned = emulate(c, {}, dO, {});

@@ -286,8 +286,8 @@ TEST_F(GdnOps, DeltaRuleBackwardMatchesTheRecurrentOracle) {
   }
 }
 
-// A node's results must not depend on the rows packed after it: with the next node's k and v NaN,
-// the first node's outputs, end state and input gradients are bit for bit those of an all-finite
+// A node's results must not depend on the rows packed after it: with the next node's q, k and v
+// NaN, the first node's outputs, end state and input gradients are bit for bit those of an all-finite
 // batch (the walks' TMA stages hold the next rows past a chunk's end; the products must not
 // multiply them, not even by zero). dk 128 (TMA stages) and dk 64 (cp.async, zero-filled rows).
 // gdn_emulated_test runs the same check on the CPU.
@@ -323,10 +323,11 @@ TEST_F(GdnOps, DeltaRuleNodesDoNotReadTheNextNodesRows) {
       return r;
     };
     const Out finite = run();
-    std::vector<double> k = rc.k, v = rc.v;  // the second node's rows NaN
+    std::vector<double> q = rc.q, k = rc.k, v = rc.v;  // the second node's rows NaN
+    std::fill(q.begin() + (size_t)first * nk * dk, q.end(), std::nan(""));
     std::fill(k.begin() + (size_t)first * nk * dk, k.end(), std::nan(""));
     std::fill(v.begin() + (size_t)first * nv * dv, v.end(), std::nan(""));
-    rc.d_k = to_device_bf16(k), rc.d_v = to_device_bf16(v);
+    rc.d_q = to_device_bf16(q), rc.d_k = to_device_bf16(k), rc.d_v = to_device_bf16(v);
     const Out poisoned = run();
     expect_first_node_equal(finite, poisoned, first, nk, nv, dk, dv, rc.state_elems());
   }
