@@ -858,7 +858,10 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
   const int si = 16 * warp;           // this warp's state rows si .. si + 16 (none when si >= dk)
   const bool has_rows = si < dk;
-  const int vm = 16 * (warp % 4), vn = 16 * (warp / 4);  // this warp's v_new (and o) tile
+  // This warp's v_new (and o) tile: rows vm, columns vn. With kOut the rows of warps w and w + 4
+  // (one scheduler's pair) are blocks summing to 3, so each scheduler carries the same count of P's
+  // nonzero blocks in P v_new.
+  const int vm = 16 * (kOut ? (warp < 4 ? warp : 7 - warp) : warp % 4), vn = 16 * (warp / 4);
   // S[n][e]: rows si + gq (e 0, 1) and si + gq + 8 (e 2, 3), columns 8 n + 2 tq (+1).
   float S[4][4] = {};
   auto state_io = [&](float* dst, const float* src) {  // S -> dst or src -> S (global rows of dv floats)
@@ -989,6 +992,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
       const float e0 = __expf(st.gam[vm + gq]), e1 = __expf(st.gam[vm + gq + 8]);
 #pragma unroll
       for (int nn = 0; nn < 2; ++nn) qs[nn][0] *= e0, qs[nn][1] *= e0, qs[nn][2] *= e1, qs[nn][3] *= e1;
+      float small[2][4] = {};  // the products below 2^-8 of a term: a second chain, half as deep
       for (int k0 = 0; k0 <= vm; k0 += 16) {  // P is zero right of the diagonal block
         uint32_t ph[4], pm[4], pl[4];
         split3_a_fragment(ph, pm, pl, vm, k0,
@@ -1000,14 +1004,18 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
 #pragma unroll
           for (int jj = 0; jj < 2; ++jj)
             split3_bf16x2(v[8 * jj * kWalkVsStride], v[(8 * jj + 1) * kWalkVsStride], bh[jj], bm[jj], bl[jj]);
-          mma::mma_16816(qs[nn], pm, bm[0], bm[1]);  // the small terms first
-          mma::mma_16816(qs[nn], ph, bl[0], bl[1]);
-          mma::mma_16816(qs[nn], pl, bh[0], bh[1]);
+          mma::mma_16816(small[nn], pm, bm[0], bm[1]);
+          mma::mma_16816(small[nn], ph, bl[0], bl[1]);
+          mma::mma_16816(small[nn], pl, bh[0], bh[1]);
           mma::mma_16816(qs[nn], ph, bm[0], bm[1]);
           mma::mma_16816(qs[nn], pm, bh[0], bh[1]);
           mma::mma_16816(qs[nn], ph, bh[0], bh[1]);
         }
       }
+#pragma unroll
+      for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) qs[nn][e] += small[nn][e];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = vm + gq + 8 * half;
