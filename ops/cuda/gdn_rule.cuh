@@ -834,7 +834,8 @@ constexpr int kWalkVsStride = kWalkCols + 4;  // fp32 row stride of the forward 
 // kOut: the forward's walk, which writes o itself and neither sin nor v_new (rule_out_kernel's
 // products on the tiles the walk holds: o_r = scale (e^(gam_r) q_r^T S_in + sum_{s <= r} P_rs
 // v_new_s), q S_in from S's halves as v_new's W S is, P v_new with P and v_new split into three bf16
-// parts, the same products in the same order, warp w the rows and columns of its v_new tile).
+// parts: the same products, P v_new's smallest three summed apart; warp w the rows and columns of
+// its v_new tile).
 // Without it, the backward's walk: sin and v_new to global memory for the kernels after it.
 // Shared memory: two stages, then S's and dec v_new's halves, then (kOut) P and v_new.
 template <int kDk, bool kOut>
@@ -992,7 +993,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
       const float e0 = __expf(st.gam[vm + gq]), e1 = __expf(st.gam[vm + gq + 8]);
 #pragma unroll
       for (int nn = 0; nn < 2; ++nn) qs[nn][0] *= e0, qs[nn][1] *= e0, qs[nn][2] *= e1, qs[nn][3] *= e1;
-      float small[2][4] = {};  // the products below 2^-8 of a term: a second chain, half as deep
+      float small[2][4] = {};  // the three products of order 2^-16 of a term: a second chain, half as deep
       for (int k0 = 0; k0 <= vm; k0 += 16) {  // P is zero right of the diagonal block
         uint32_t ph[4], pm[4], pl[4];
         split3_a_fragment(ph, pm, pl, vm, k0,
