@@ -69,6 +69,7 @@ struct RuleParams {
   const float* init;
   float *U, *W, *gam, *vnew, *sin, *node_end;  // W: as w_as_halves says
   float* T;  // (chunks, nv, 64, 64) T = (I + A)^-1 per chunk, for the backward (rule_bwd_grad_kernel); or null
+  float* P;  // (chunks, nv, 64, 64) the masked scores (chunk_scores) for the walk that writes o; or null
   bf16* o;
   int nk, nv, dk, dv;
   float scale;
@@ -128,10 +129,10 @@ __device__ __forceinline__ void load_chunk_rows_fixed(T* dst, int stride, const 
 // A chunk's row range, node and flags (the plan's tables). The walks read chunk c + 2's while
 // chunk c computes, so a step's prefetch need not wait for the plan's loads.
 struct ChunkInfo {
-  int r0, L, node, flags;
+  int r0, L, node, flags, c;  // c: the chunk's index
 };
 __device__ __forceinline__ ChunkInfo chunk_info(const GdnPlan::Device& plan, int c) {
-  return {plan.chunk_row0[c], plan.chunk_len[c], plan.chunk_node[c], plan.chunk_flags[c]};
+  return {plan.chunk_row0[c], plan.chunk_len[c], plan.chunk_node[c], plan.chunk_flags[c], c};
 }
 
 // The chunk's per-row value-head scalars (gam or beta, (rows, nv) fp32 or bf16) -> dst[64], zeros past L.
@@ -398,6 +399,39 @@ __device__ __forceinline__ void chunk_lower_apply(Put&& put, const float* T, con
   }
 }
 
+// The chunk's masked scores P_rs = (q_r . k_s) e^(gam_r - gam_s) for s <= r < L, else 0, for the
+// forward walk that writes o (RuleParams::P): the products and the mask of rule_out_kernel's
+// (chunk_gram's tiling on tensor cores, q and k exact in bf16, fp32 sums), each pair of a row
+// (r, s, s + 1; s even) to put(r, s, x0, x1), all 64 x 64. q8(r, i) and k8(s, i): 8 bf16 of row r
+// (s) from column i. Warp w: rows 16 (w % 4), columns 32 (w / 4); the two tiles wholly above the
+// diagonal are zeros. Rows past L meet only the mask's select.
+template <class Q8, class K8, class Put>
+__device__ __forceinline__ void chunk_scores(Q8&& q8, K8&& k8, const float* gam, int dk, int L, Put&& put) {
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
+  const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
+  float c[4][4] = {};
+  if (n0 < m0 + 16) {
+    for (int k0 = 0; k0 < dk; k0 += 16) {
+      uint32_t a[4], b0[4], b1[4];
+      mma::ldsm_x4(a, q8(m0 + lane % 8 + 8 * (lane / 8 % 2), k0 + 8 * (lane / 16)));
+      mma::ldsm_x4(b0, k8(n0 + lane % 8 + 8 * (lane / 16), k0 + 8 * (lane / 8 % 2)));
+      mma::ldsm_x4(b1, k8(n0 + 16 + lane % 8 + 8 * (lane / 16), k0 + 8 * (lane / 8 % 2)));
+      mma::mma_16816(c[0], a, b0[0], b0[1]);
+      mma::mma_16816(c[1], a, b0[2], b0[3]);
+      mma::mma_16816(c[2], a, b1[0], b1[1]);
+      mma::mma_16816(c[3], a, b1[2], b1[3]);
+    }
+  }
+  auto masked = [&](int r, int s, float x) { return s <= r && r < L ? __expf(gam[r] - gam[s]) * x : 0.f; };
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = m0 + gq + 8 * half, s = n0 + 8 * n + 2 * tq;
+      put(r, s, masked(r, s, c[n][2 * half]), masked(r, s + 1, c[n][2 * half + 1]));
+    }
+}
+
 // W's layout (RuleParams::W): when dk is a multiple of 16 (the tensor-core walks), the bf16 halves
 // of -W (split_bf16x2), a high plane (N, nv, dk) then a low plane, in W's fp32 bytes: the walks
 // take their A fragments by ldmatrix as they are (both use -W: v_new = U + (-W) S, dS += (-W)^T dvn).
@@ -431,8 +465,11 @@ __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(Ru
   float* gam = T + kGdnChunk * PS;                                   // (64)
   float* bet = gam + kGdnChunk;                                      // (64)
   float* sw = bet + kGdnChunk;                                       // (64) beta e^gamma
+  bf16* Qb = reinterpret_cast<bf16*>(T);  // with p.P: q's rows (64, kRowStride), in T's bytes until the scores are out
+  static_assert(sizeof(bf16) * kRowStride == sizeof(float) * kPairStride, "q's rows fill T's bytes");
   load_chunk_rows(Kb, kRowStride, p.k + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
   load_chunk_rows(Vb, kRowStride, p.v + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  if (p.P) load_chunk_rows(Qb, kRowStride, p.q + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
   attn::cp_async_commit();
   for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x) {
     const bool in = r < L;
@@ -456,7 +493,15 @@ __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(Ru
       }
     for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x) sw[r] = bet[r] * __expf(gam[r]);
   }
-  __syncthreads();
+  if (p.P) {  // dk a multiple of 16 (walk_writes_outputs)
+    float* dst = p.P + ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
+    chunk_scores([&](int r, int i) { return Qb + r * kRowStride + i; },
+                 [&](int r, int i) { return Kb + r * kRowStride + i; }, gam, dk, L,
+                 [&](int r, int s, float x0, float x1) {
+                   *reinterpret_cast<float2*>(dst + r * kGdnChunk + s) = make_float2(x0, x1);
+                 });
+  }
+  __syncthreads();  // A is masked; q's rows are read (T's bytes are free)
   chunk_unit_lower_inverse(T, A, bet);
   if (p.T) {  // the backward's copy: T's lower blocks, 0 above them (chunk_unit_lower_inverse's scratch)
     float* dst = p.T + ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
@@ -674,31 +719,36 @@ __device__ __forceinline__ void walk_state_pairs(int row0, int dv, int j0, F&& f
     for (int half = 0; half < 2; ++half) f(n, half, (int64_t)(row0 + gq + 8 * half) * dv + j0 + 8 * n + 2 * tq);
 }
 
-// One stage of the tensor-core walk, loaded by cp.async: -W's halves (two (64, kRowStride) bf16
-// tiles, w_as_halves), keys (64, kRowStride) bf16, with kQ (the forward's walk that writes o) the
-// queries (64, kRowStride) bf16, U columns (64, kWalkUStride) fp32, gam (64); rows past L zero.
-// Padded strides: the fragment reads hit distinct banks.
+// One stage of the tensor-core walk, loaded by cp.async: -W's halves (two (64, dk + 8) bf16
+// tiles, w_as_halves), keys (64, dk + 8) bf16, with kQ (the forward's walk that writes o) the
+// queries (64, dk + 8) bf16 and the scores P (64, kPairStride) fp32, U columns (64, kWalkUStride)
+// fp32, gam (64); rows past L zero. Padded strides: the fragment reads hit distinct banks (rows
+// dk + 8 elements apart: an odd count of 16-byte units, dk a multiple of 16).
 template <bool kQ>
 struct WalkMmaStage {
   static constexpr int kTiles = kQ ? 4 : 3;  // bf16 row tiles: -W_hi, -W_lo, K (, Q)
+  int rs;                                     // their row stride, dk + 8
   bf16 *Wh, *Wl, *K, *Q;
-  float* U;
+  float *P, *U;
   float* gam;
-  __device__ WalkMmaStage(unsigned char* base, int /*dk*/) {
+  __device__ WalkMmaStage(unsigned char* base, int dk) : rs(dk + 8) {
     Wh = reinterpret_cast<bf16*>(base);
-    Wl = Wh + kGdnChunk * kRowStride;
-    K = Wl + kGdnChunk * kRowStride;
-    Q = K + kGdnChunk * kRowStride;  // kQ only
-    U = reinterpret_cast<float*>(Wh + kTiles * kGdnChunk * kRowStride);
+    Wl = Wh + kGdnChunk * rs;
+    K = Wl + kGdnChunk * rs;
+    Q = K + kGdnChunk * rs;  // kQ only
+    P = reinterpret_cast<float*>(Wh + kTiles * kGdnChunk * rs);
+    U = P + (kQ ? kGdnChunk * kPairStride : 0);
     gam = U + kGdnChunk * kWalkUStride;
   }
-  __host__ __device__ static constexpr size_t bytes(int /*dk*/) {
-    return sizeof(bf16) * kTiles * kGdnChunk * kRowStride + sizeof(float) * (kGdnChunk * kWalkUStride + kGdnChunk);
+  __host__ __device__ static constexpr size_t bytes(int dk) {
+    return sizeof(bf16) * kTiles * kGdnChunk * (dk + 8) +
+           sizeof(float) * ((kQ ? kGdnChunk * kPairStride : 0) + kGdnChunk * kWalkUStride + kGdnChunk);
   }
-  __device__ const bf16* wh8(int r, int i) const { return Wh + r * kRowStride + i; }  // 8 of -W_hi from (r, i)
-  __device__ const bf16* wl8(int r, int i) const { return Wl + r * kRowStride + i; }
-  __device__ const bf16* k8(int s, int i) const { return K + s * kRowStride + i; }  // 8 keys from (s, i)
-  __device__ const bf16* q8(int s, int i) const { return Q + s * kRowStride + i; }  // 8 queries from (s, i)
+  __device__ const bf16* wh8(int r, int i) const { return Wh + r * rs + i; }  // 8 of -W_hi from (r, i)
+  __device__ const bf16* wl8(int r, int i) const { return Wl + r * rs + i; }
+  __device__ const bf16* k8(int s, int i) const { return K + s * rs + i; }  // 8 keys from (s, i)
+  __device__ const bf16* q8(int s, int i) const { return Q + s * rs + i; }  // 8 queries from (s, i)
+  __device__ float2 p2(int r, int s) const { return *reinterpret_cast<const float2*>(P + r * kPairStride + s); }
   __device__ float u(int r, int c) const { return U[r * kWalkUStride + c]; }
 };
 
@@ -724,10 +774,10 @@ __device__ __forceinline__ unsigned char* align_up_1024(unsigned char* p) {
 }
 
 // The TMA descriptors of the walk's stage (dk = 128): -W's halves (two (N, nv, 128) bf16 planes),
-// k and q (N, nk, 128) bf16 in boxes of 64 columns, U (N, nv, dv) fp32 in boxes of kWalkCols; 64
-// rows a box.
+// k and q (N, nk, 128) bf16 in boxes of 64 columns, U (N, nv, dv) fp32 in boxes of kWalkCols, 64
+// rows a box; the scores P ((chunks nv 64, 1, 64) fp32, RuleParams::P) in boxes of 32 columns.
 struct WalkMaps {
-  CUtensorMap Wh, Wl, K, Q, U;
+  CUtensorMap Wh, Wl, K, Q, P, U;
 };
 
 // A (64, 128) bf16 tile of rows r0 .. of a (N, heads, 128) tensor as two (64, 64) boxes, each
@@ -741,28 +791,33 @@ __device__ __forceinline__ const bf16* tma_k8(const bf16* K, int s, int i) {
   return K + i / 64 * (kGdnChunk * 64) + swizzle128<2>(s, i % 64);
 }
 
-// One stage of the walk at dk = 128, loaded by TMA (one thread issues seven boxes, 56 KB; nine,
-// 72 KB, with kQ): -W's halves as two (64, 128) bf16 tiles, K as one and with kQ Q as one
-// (tma_load_rows128), U one (64, kWalkCols) fp32 box, each row 128 bytes, swizzled (swizzle128);
-// gam (64) by cp.async, zero past L. Rows past L hold the rows that follow in the tensors (zeros
-// past their end): the walk's products mask them.
+// One stage of the walk at dk = 128, loaded by TMA (one thread issues seven boxes, 56 KB; eleven,
+// 88 KB, with kQ): -W's halves as two (64, 128) bf16 tiles, K as one and with kQ Q as one
+// (tma_load_rows128) and the scores P as two (64, 32) fp32 boxes, U one (64, kWalkCols) fp32 box,
+// each row 128 bytes, swizzled (swizzle128); gam (64) by cp.async, zero past L. Rows past L hold the
+// rows that follow in the tensors (zeros past their end): the walk's products mask them.
 template <bool kQ>
 struct WalkTmaStage {
   static constexpr uint32_t kT = kGdnChunk * 128 * sizeof(bf16), kU = kGdnChunk * kWalkCols * sizeof(float),
-                            kTiles = kQ ? 4 : 3, kTx = kTiles * kT + kU;
+                            kP = kQ ? kGdnChunk * kGdnChunk * sizeof(float) : 0, kTiles = kQ ? 4 : 3,
+                            kTx = kTiles * kT + kP + kU;
   static constexpr size_t kBytes = kTx + 1024;  // + gam; stages stay 1024-byte aligned (the swizzle's)
   bf16 *Wh, *Wl, *K, *Q;
-  float* U;
+  float *P, *U;
   float* gam;
   __device__ WalkTmaStage(unsigned char* base, int /*dk: 128*/)
       : Wh(reinterpret_cast<bf16*>(base)), Wl(reinterpret_cast<bf16*>(base + kT)),
         K(reinterpret_cast<bf16*>(base + 2 * kT)), Q(reinterpret_cast<bf16*>(base + 3 * kT)),
-        U(reinterpret_cast<float*>(base + kTiles * kT)), gam(reinterpret_cast<float*>(base + kTx)) {}
+        P(reinterpret_cast<float*>(base + kTiles * kT)), U(reinterpret_cast<float*>(base + kTiles * kT + kP)),
+        gam(reinterpret_cast<float*>(base + kTx)) {}
   __host__ __device__ static constexpr size_t bytes(int) { return kBytes; }
   __device__ const bf16* wh8(int r, int i) const { return tma_k8(Wh, r, i); }
   __device__ const bf16* wl8(int r, int i) const { return tma_k8(Wl, r, i); }
   __device__ const bf16* k8(int s, int i) const { return tma_k8(K, s, i); }
   __device__ const bf16* q8(int s, int i) const { return tma_k8(Q, s, i); }
+  __device__ float2 p2(int r, int s) const {  // (P_rs, P_r,s+1), s even: one 8-byte read in a 16-byte unit
+    return *reinterpret_cast<const float2*>(P + s / 32 * (kGdnChunk * 32) + swizzle128<4>(r, s % 32));
+  }
   __device__ float u(int r, int c) const { return U[swizzle128<4>(r, c)]; }
 };
 
@@ -776,7 +831,12 @@ __device__ __forceinline__ void walk_mma_prefetch(const WalkTmaStage<kQ>& st, ui
     tma_load_rows128(st.Wh, &maps.Wh, h, ci.r0, bar);
     tma_load_rows128(st.Wl, &maps.Wl, h, ci.r0, bar);
     tma_load_rows128(st.K, &maps.K, kh, ci.r0, bar);
-    if constexpr (kQ) tma_load_rows128(st.Q, &maps.Q, kh, ci.r0, bar);
+    if constexpr (kQ) {
+      tma_load_rows128(st.Q, &maps.Q, kh, ci.r0, bar);
+      const int row = (ci.c * p.nv + h) * kGdnChunk;  // the chunk's scores: rows of (chunks nv 64, 64)
+#pragma unroll
+      for (int a = 0; a < 2; ++a) sm90::tma_load_3d(st.P + a * (kGdnChunk * 32), &maps.P, 32 * a, 0, row, bar);
+    }
     sm90::tma_load_3d(st.U, &maps.U, j0, h, ci.r0, bar);
   }
   load_chunk_gam(st.gam, p.gam, p.nv, h, ci.r0, ci.L);
@@ -787,44 +847,16 @@ __device__ __forceinline__ void walk_mma_prefetch(const WalkMmaStage<kQ>& st, ui
   const int r0 = ci.r0, L = ci.L;
   const bf16* Wh = reinterpret_cast<const bf16*>(p.W) + (int64_t)h * p.dk;
   const int64_t plane = (int64_t)p.rows * p.nv * p.dk;
-  load_chunk_rows(st.Wh, kRowStride, Wh, (int64_t)p.nv * p.dk, r0, L, p.dk);
-  load_chunk_rows(st.Wl, kRowStride, Wh + plane, (int64_t)p.nv * p.dk, r0, L, p.dk);
-  load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
-  if constexpr (kQ) load_chunk_rows(st.Q, kRowStride, p.q + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.Wh, st.rs, Wh, (int64_t)p.nv * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.Wl, st.rs, Wh + plane, (int64_t)p.nv * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.K, st.rs, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
+  if constexpr (kQ) {
+    load_chunk_rows(st.Q, st.rs, p.q + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
+    load_chunk_rows(st.P, kPairStride, p.P + ((int64_t)ci.c * p.nv + h) * kGdnChunk * kGdnChunk, kGdnChunk, 0,
+                    kGdnChunk, kGdnChunk);
+  }
   load_chunk_rows_fixed<kWalkCols>(st.U, kWalkUStride, p.U + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L);
   load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
-}
-
-// The forward walk's own outputs (kOut): the chunk's masked scores P_rs = (q_r . k_s)
-// e^(gam_r - gam_s) for s <= r < L, else 0, fp32 at kPairStride, as rule_out_kernel computes them
-// (the same products in the same order: chunk_gram's tiling, q and k exact in bf16, fp32 sums).
-// Warp w: rows 16 (w % 4), columns 32 (w / 4); the two tiles wholly above the diagonal are zeros.
-// Rows past L in the stage (the tensors' next rows under TMA) meet only the mask's select.
-template <int kUnroll, class Stage>
-__device__ __forceinline__ void walk_scores(float* P, const Stage& st, int dk, int L) {
-  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
-  const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
-  float c[4][4] = {};
-  if (n0 < m0 + 16) {
-#pragma unroll kUnroll
-    for (int k0 = 0; k0 < dk; k0 += 16) {
-      uint32_t a[4], b0[4], b1[4];
-      mma::ldsm_x4(a, st.q8(m0 + lane % 8 + 8 * (lane / 8 % 2), k0 + 8 * (lane / 16)));
-      mma::ldsm_x4(b0, st.k8(n0 + lane % 8 + 8 * (lane / 16), k0 + 8 * (lane / 8 % 2)));
-      mma::ldsm_x4(b1, st.k8(n0 + 16 + lane % 8 + 8 * (lane / 16), k0 + 8 * (lane / 8 % 2)));
-      mma::mma_16816(c[0], a, b0[0], b0[1]);
-      mma::mma_16816(c[1], a, b0[2], b0[3]);
-      mma::mma_16816(c[2], a, b1[0], b1[1]);
-      mma::mma_16816(c[3], a, b1[2], b1[3]);
-    }
-  }
-#pragma unroll
-  for (int n = 0; n < 4; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = m0 + gq + 8 * (e / 2), s = n0 + 8 * n + 2 * tq + e % 2;
-      P[r * kPairStride + s] = s <= r && r < L ? __expf(st.gam[r] - st.gam[s]) * c[n][e] : 0.f;
-    }
 }
 
 constexpr int kWalkVsStride = kWalkCols + 4;  // fp32 row stride of the forward walk's v_new (B fragments on distinct banks)
@@ -833,11 +865,11 @@ constexpr int kWalkVsStride = kWalkCols + 4;  // fp32 row stride of the forward 
 // products' k-loops unroll and the stages arrive by TMA, WalkTmaStage), else 0 (p.dk; WalkMmaStage).
 // kOut: the forward's walk, which writes o itself and neither sin nor v_new (rule_out_kernel's
 // products on the tiles the walk holds: o_r = scale (e^(gam_r) q_r^T S_in + sum_{s <= r} P_rs
-// v_new_s), q S_in from S's halves as v_new's W S is, P v_new with P and v_new split into three bf16
-// parts: the same products, P v_new's smallest three summed apart; warp w the rows and columns of
-// its v_new tile).
+// v_new_s), q S_in from S's halves as v_new's W S is, P v_new with the prep's scores P
+// (chunk_scores, staged with the chunk) and v_new split into three bf16 parts: the same products,
+// P v_new's smallest three summed apart; warp w the rows and columns of its v_new tile).
 // Without it, the backward's walk: sin and v_new to global memory for the kernels after it.
-// Shared memory: two stages, then S's and dec v_new's halves, then (kOut) P and v_new.
+// Shared memory: two stages, then S's and dec v_new's halves, then (kOut) v_new.
 template <int kDk, bool kOut>
 __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams p, const __grid_constant__ WalkMaps maps) {
   TT_EXTERN_SMEM_16(smem_raw);
@@ -853,8 +885,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
   bf16* Sl = Sh + 128 * HS;
   bf16* Vh = Sl + 128 * HS;                  // (64, HS) dec v_new's halves
   bf16* Vl = Vh + kGdnChunk * HS;
-  float* P = reinterpret_cast<float*>(Vl + kGdnChunk * HS);  // kOut: (64, kPairStride) walk_scores
-  float* Vs = P + kGdnChunk * kPairStride;                   // kOut: (64, kWalkVsStride) v_new, zero past L
+  float* Vs = reinterpret_cast<float*>(Vl + kGdnChunk * HS);  // kOut: (64, kWalkVsStride) v_new, zero past L
   const int64_t SS = (int64_t)dk * dv;
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
   const int si = 16 * warp;           // this warp's state rows si .. si + 16 (none when si >= dk)
@@ -905,7 +936,6 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
     attn::cp_async_wait<1>();
     __syncthreads();  // the stage has landed; S's halves are stored
     const float gl = st.gam[L - 1];
-    if constexpr (kOut) walk_scores<kUnroll>(P, st, dk, L);
     // q S_in (kOut): rows vm .., columns vn .., from the same S halves as W S, q exact in bf16.
     float qs[2][4] = {};
     {  // v_new (rows vm .., columns vn ..) = U - W S, then dec v_new's halves
@@ -961,7 +991,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
         }
       }
     }
-    __syncthreads();  // dec v_new's halves are stored (and with kOut, P and v_new)
+    __syncthreads();  // dec v_new's halves are stored (and with kOut, v_new)
     if (has_rows) {  // S <- exp(gamma_L) S + K^T (dec v_new): rows si .., all 32 columns
       const float el = __expf(gl);
 #pragma unroll
@@ -996,8 +1026,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
       float small[2][4] = {};  // the three products of order 2^-16 of a term: a second chain, half as deep
       for (int k0 = 0; k0 <= vm; k0 += 16) {  // P is zero right of the diagonal block
         uint32_t ph[4], pm[4], pl[4];
-        split3_a_fragment(ph, pm, pl, vm, k0,
-                          [&](int r, int s) { return *reinterpret_cast<const float2*>(P + r * kPairStride + s); });
+        split3_a_fragment(ph, pm, pl, vm, k0, [&](int r, int s) { return st.p2(r, s); });
 #pragma unroll
         for (int nn = 0; nn < 2; ++nn) {
           uint32_t bh[2], bm[2], bl[2];  // B (s, j) = v_new[s][j]: rows s = k0 + 2 tq (+1) and + 8 (+9), column vn + 8 nn + gq
@@ -1029,7 +1058,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
       }
     }
     if (flags & 2) state_io(p.node_end + ((int64_t)n * p.nv + h) * SS, nullptr);
-    __syncthreads();  // every warp is done with this stage (the next prefetch refills it), the halves, P and v_new
+    __syncthreads();  // every warp is done with this stage (the next prefetch refills it), the halves and v_new
   }
   attn::cp_async_wait<0>();
 }
@@ -1038,7 +1067,7 @@ size_t walk_mma_smem_bytes(int dk, bool out) {
   const size_t stage = dk == 128 ? (out ? WalkTmaStage<true>::kBytes : WalkTmaStage<false>::kBytes)
                                  : (out ? WalkMmaStage<true>::bytes(dk) : WalkMmaStage<false>::bytes(dk));
   return 1024 + 2 * stage + sizeof(bf16) * (2 * 128 + 2 * kGdnChunk) * kWalkHalfStride +  // + the alignment's slack
-         (out ? sizeof(float) * kGdnChunk * (kPairStride + kWalkVsStride) : 0);
+         (out ? sizeof(float) * kGdnChunk * kWalkVsStride : 0);
 }
 
 constexpr int kOutCols = 64;  // output columns per block
@@ -2346,9 +2375,9 @@ __global__ void rule_bwd_group_kernel(bf16* dq, bf16* dk, const float* gq, const
 constexpr bool walk_writes_outputs(int dk) { return dk % 16 == 0; }
 
 // walk_saves: the walk stores sin and v_new (the backward's; the forward's when
-// !walk_writes_outputs(dk)); else they take no space.
+// !walk_writes_outputs(dk)); else they take no space and the prep stores the scores P instead.
 struct RuleScratch {
-  float *U, *W, *gam, *vnew, *sin, *node_end;
+  float *U, *W, *gam, *vnew, *sin, *node_end, *P;
   size_t bytes;
   RuleScratch(const GdnPlan& plan, int nv, int dk, int dv, bool end_given, bool walk_saves, void* base) {
     detail::WorkspaceCarver w(base);
@@ -2359,6 +2388,7 @@ struct RuleScratch {
     vnew = w.take<float>(walk_saves ? rows * dv : 0);
     sin = w.take<float>(walk_saves ? (size_t)plan.num_chunks() * nv * SS : 0);
     node_end = w.take<float>(end_given ? 0 : (size_t)plan.num_nodes() * nv * SS);
+    P = walk_saves ? nullptr : w.take<float>((size_t)plan.num_chunks() * nv * kGdnChunk * kGdnChunk);
     bytes = w.bytes();
   }
 };
@@ -2414,6 +2444,7 @@ RuleParams rule_params(const bf16* q, const bf16* k, const bf16* v, const float*
   p.U = s.U, p.W = s.W, p.gam = s.gam, p.vnew = s.vnew, p.sin = s.sin;
   p.node_end = end ? end : s.node_end;
   p.T = nullptr;
+  p.P = s.P;
   p.o = nullptr;
   p.nk = nk, p.nv = nv, p.dk = dk, p.dv = dv;
   p.scale = (float)scale;
@@ -2425,12 +2456,13 @@ RuleParams rule_params(const bf16* q, const bf16* k, const bf16* v, const float*
 // The TMA descriptors of rule_walk_mma_kernel<128>'s stages (WalkTmaStage).
 template <class Runner>
 WalkMaps walk_maps(const RuleParams& p, Runner& run) {
-  WalkMaps m;
+  WalkMaps m{};
   const bf16* Wh = reinterpret_cast<const bf16*>(p.W);  // w_as_halves: two bf16 planes
   m.Wh = run.map(Wh, p.rows, p.nv, 128, 64, kGdnChunk);
   m.Wl = run.map(Wh + (int64_t)p.rows * p.nv * 128, p.rows, p.nv, 128, 64, kGdnChunk);
   m.K = run.map(p.k, p.rows, p.nk, 128, 64, kGdnChunk);
   m.Q = run.map(p.q, p.rows, p.nk, 128, 64, kGdnChunk);
+  if (p.P) m.P = run.map(p.P, (int64_t)p.num_chunks * p.nv * kGdnChunk, 1, kGdnChunk, 32, kGdnChunk);
   m.U = run.map(p.U, p.rows, p.nv, p.dv, kWalkCols, kGdnChunk);
   return m;
 }
