@@ -104,15 +104,27 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
   done
 done
 
-if [ "${SKIP_NCU:-0}" != 1 ] && command -v ncu >/dev/null; then
-  # The one-sequence layout's last forward call (its prep, walk and outputs: launches 19-21 of
-  # rule_*, after two warm-up and four timed calls) and the first backward call's first six
-  # kernels: a variant that adds or drops a rule_* kernel moves this window.
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+if [ "${SKIP_NCU:-0}" != 1 ] && [ -x "$NCU" ]; then
+  # The one-sequence layout's launches: every forward call, then the backward's first calls (49
+  # rule_* launches; a variant whose forward launches two kernels instead of three reaches a little
+  # further into the backward). Each kernel's mean time a launch, in us.
   for v in $variants; do
-    echo "----- ncu $v"
-    timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum -k regex:"rule_" --launch-skip 18 \
-      --launch-count 9 "$DIR/${v}_ops_bench" gdn 2>&1 | grep -E "^  [a-zA-Z].*rule_|gpu__time_duration" |
-      sed -E 's/\(.*//; s/ +/ /g' | paste -d' ' - -
+    echo "----- ncu $v (one sequence: each rule_* kernel's mean us a launch, launches)"
+    timeout 200 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+      -k regex:"rule_" --launch-count 49 "$DIR/${v}_ops_bench" gdn 2>/dev/null | python3 -c '
+import csv, sys, collections
+rows = [l for l in sys.stdin if l.startswith("\"")]
+tot, cnt = collections.Counter(), collections.Counter()
+for r in csv.DictReader(rows):
+    if r.get("Metric Name") == "gpu__time_duration.sum":
+        name = r["Kernel Name"].split("(")[0].replace("void ", "")
+        name = name.split("::")[-1]
+        tot[name] += float(r["Metric Value"].replace(",", "")) / 1e3
+        cnt[name] += 1
+for name in tot:
+    print(f"{tot[name] / cnt[name]:10.1f} us {cnt[name]:4d}  {name}")
+'
   done
 fi
 
