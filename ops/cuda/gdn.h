@@ -121,9 +121,11 @@ size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, 
 // its parent's end state. fp32 math and state. dk <= 128 a multiple of 8, dv <= 128 a multiple of 32.
 // q, k, v and the states are read 16 bytes at a time (16-byte aligned, else an error naming the
 // tensor), o written in pairs (4-byte aligned).
-// Three kernels whatever the tree: per (chunk, head) the chunk's U, W and decay sums; one walk per
-// (value head, 32 state columns) over the chunks in packed order carrying the state (a node's
-// first chunk starts from its parent's end state, kept per node); per (chunk, head) the outputs.
+// Two kernels whatever the tree (three at dk not a multiple of 16): per (chunk, head) the chunk's
+// U, W, decay sums and masked q.k scores; one walk per (value head, 32 state columns) over the
+// chunks in packed order carrying the state (a node's first chunk starts from its parent's end
+// state, kept per node) that writes the outputs of its columns (at dk not a multiple of 16 it
+// stores each chunk's entering state and v_new, and a third kernel per (chunk, head) the outputs).
 void gdn_forward(bf16* o, float* end, const bf16* q, const bf16* k, const bf16* v, const float* g, const bf16* beta,
                  const float* init, const GdnPlan& plan, int nk, int nv, int dk, int dv, double scale, Workspace ws,
                  cudaStream_t stream);
