@@ -69,7 +69,8 @@ struct RuleParams {
   const float* init;
   float *U, *W, *gam, *vnew, *sin, *node_end;  // W: as w_as_halves says
   float* T;  // (chunks, nv, 64, 64) T = (I + A)^-1 per chunk, for the backward (rule_bwd_grad_kernel); or null
-  float* P;  // (chunks, nv, 64, 64) the masked scores (chunk_scores) for the walk that writes o; or null
+  float* P;   // (chunks, nv, 64, 64) the masked scores (chunk_scores) for the walk that writes o; or null
+  float* PT;  // (chunks, nv, 64, 64) scale P^T for the tensor-core reverse walk's dO terms; or null
   bf16* o;
   int nk, nv, dk, dv;
   float scale;
@@ -465,11 +466,11 @@ __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(Ru
   float* gam = T + kGdnChunk * PS;                                   // (64)
   float* bet = gam + kGdnChunk;                                      // (64)
   float* sw = bet + kGdnChunk;                                       // (64) beta e^gamma
-  bf16* Qb = reinterpret_cast<bf16*>(T);  // with p.P: q's rows (64, kRowStride), in T's bytes until the scores are out
+  bf16* Qb = reinterpret_cast<bf16*>(T);  // with p.P or p.PT: q's rows (64, kRowStride), in T's bytes until the scores are out
   static_assert(sizeof(bf16) * kRowStride == sizeof(float) * kPairStride, "q's rows fill T's bytes");
   load_chunk_rows(Kb, kRowStride, p.k + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
   load_chunk_rows(Vb, kRowStride, p.v + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
-  if (p.P) load_chunk_rows(Qb, kRowStride, p.q + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
+  if (p.P || p.PT) load_chunk_rows(Qb, kRowStride, p.q + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
   attn::cp_async_commit();
   for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x) {
     const bool in = r < L;
@@ -499,6 +500,14 @@ __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(Ru
                  [&](int r, int i) { return Kb + r * kRowStride + i; }, gam, dk, L,
                  [&](int r, int s, float x0, float x1) {
                    *reinterpret_cast<float2*>(dst + r * kGdnChunk + s) = make_float2(x0, x1);
+                 });
+  } else if (p.PT) {  // the backward's: transposed and scaled
+    float* dst = p.PT + ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
+    chunk_scores([&](int r, int i) { return Qb + r * kRowStride + i; },
+                 [&](int r, int i) { return Kb + r * kRowStride + i; }, gam, dk, L,
+                 [&](int r, int s, float x0, float x1) {
+                   dst[s * kGdnChunk + r] = p.scale * x0;
+                   dst[(s + 1) * kGdnChunk + r] = p.scale * x1;
                  });
   }
   __syncthreads();  // A is masked; q's rows are read (T's bytes are free)
@@ -1217,7 +1226,7 @@ struct RuleBwdParams {
   const bf16* d_o;              // (N, nv, dv)
   const float* d_end;           // (num_nodes, nv, dk, dv) or null
   float* d_init;                // (num_roots, nv, dk, dv) or null, +=
-  float *dvn, *qo, *dsout, *acc;  // (N nv dv), (chunks nv dk dv), (chunks nv dk dv), (nodes nv dk dv)
+  float *dvn, *qo, *dsout, *acc;  // (N nv dv), (chunks nv dk dv; null at dk 16 k), (chunks nv dk dv), (nodes nv dk dv)
   float* db2;                   // (N, nv, dk): dW = -dvn S^T (rule_bwd_state_kernel)
   float *gq, *gk;               // (N, nv, dk) per value head
   float* sds;                   // (chunks, nv, ceil(dk / kStateRows)) partial <S, dS>
@@ -1228,6 +1237,8 @@ struct RuleBwdParams {
 
 // Per (chunk, value head, 64 columns j): dvn_b = sum_{a >= b} (q~_a . k_b) e^(gam_a - gam_b) dO_a
 // (the walk adds the end-state term) and qo = sum_a e^(gam_a) q~_a dO_a^T (dk, dv), q~ = scale q.
+// Only where the reverse walk does not compute them itself (!walk_writes_outputs(dk): the CUDA-core
+// walk at dk not a multiple of 16).
 __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_local_kernel(RuleBwdParams b) {
   TT_EXTERN_SMEM_16(smem);
   const RuleParams& p = b.f;
@@ -1488,64 +1499,78 @@ size_t bwd_walk_smem_bytes(int dk) {
 }
 
 // The backward walk on tensor cores (dk a multiple of 16; rule_bwd_walk_kernel otherwise), the
-// same order, loads and outputs, laid out as rule_walk_mma_kernel: dS (dk, 32) in registers as the
+// same order and outputs, laid out as rule_walk_mma_kernel: dS (dk, 32) in registers as the
 // accumulators of dS_in = e^(gam_L) dS + qo - W^T dvn (warp w: rows 16 w .., all 32 columns), the
 // fp32 operands split into bf16 halves (W^T's per element, dvn's in shared memory: three mma a
-// tile); dvn (rows 16 (w % 4), columns 16 (w / 4)) += e^(gam_L - gam_r) K dS with k exact in bf16
-// and dS's halves in shared memory (two mma a tile).
+// tile); dvn = PT dO + e^(gam_L - gam_r) K dS (rows 16 (w < 4 ? w : 7 - w), columns 16 (w / 4))
+// with k exact in bf16 and dS's halves in shared memory (two mma a tile). The dO terms are
+// rule_bwd_local_kernel's, on the walk's own tiles: dvn's local part PT dO (PT = scale P^T, the
+// prep's transposed scores) and qo's rows, accumulated straight into dS, (scale e^(gam) q)^T dO;
+// their fp32 operands split into three bf16 parts (dO exact). Neither qo nor the local dvn is
+// stored.
+constexpr int kBwdDoStride = kWalkCols + 8;  // bf16 row stride of a stage's dO columns (ldmatrix: no conflicts)
+
+// A stage by cp.async: -W's halves, K and q (64, kRowStride) bf16, PT (64, kPairStride) fp32, dO's
+// columns (64, kBwdDoStride) bf16, gam (64).
 struct BwdWalkMmaStage {
   bf16 *Wh, *Wl;  // (64, kRowStride) -W's halves, read transposed
-  bf16* K;        // (64, kRowStride)
-  float* dvn;     // (64, kWalkUStride)
-  float* qo;      // (128, kWalkUStride)
+  bf16 *K, *Q;    // (64, kRowStride)
+  float* PT;
+  bf16* dO;
   float* gam;
   __device__ BwdWalkMmaStage(unsigned char* base, int /*dk*/) {
     Wh = reinterpret_cast<bf16*>(base);
     Wl = Wh + kGdnChunk * kRowStride;
     K = Wl + kGdnChunk * kRowStride;
-    dvn = reinterpret_cast<float*>(K + kGdnChunk * kRowStride);
-    qo = dvn + kGdnChunk * kWalkUStride;
-    gam = qo + 128 * kWalkUStride;
+    Q = K + kGdnChunk * kRowStride;
+    PT = reinterpret_cast<float*>(Q + kGdnChunk * kRowStride);
+    dO = reinterpret_cast<bf16*>(PT + kGdnChunk * kPairStride);
+    gam = reinterpret_cast<float*>(dO + kGdnChunk * kBwdDoStride);
   }
   __host__ __device__ static constexpr size_t bytes(int /*dk*/) {
-    return sizeof(bf16) * 3 * kGdnChunk * kRowStride +
-           sizeof(float) * (kGdnChunk * kWalkUStride + 128 * kWalkUStride + kGdnChunk);
+    return sizeof(bf16) * (4 * kGdnChunk * kRowStride + kGdnChunk * kBwdDoStride) +
+           sizeof(float) * (kGdnChunk * kPairStride + kGdnChunk);
   }
   __device__ const bf16* wh8(int s, int i) const { return Wh + s * kRowStride + i; }
   __device__ const bf16* wl8(int s, int i) const { return Wl + s * kRowStride + i; }
   __device__ const bf16* k8(int s, int i) const { return K + s * kRowStride + i; }
-  __device__ float2 dvn2(int r, int c) const { return *reinterpret_cast<const float2*>(dvn + r * kWalkUStride + c); }
-  __device__ float q(int i, int c) const { return qo[i * kWalkUStride + c]; }
+  __device__ float qv(int a, int i) const { return bf(Q[a * kRowStride + i]); }  // q_a[i]
+  __device__ float2 pt2(int r, int a) const { return *reinterpret_cast<const float2*>(PT + r * kPairStride + a); }
+  __device__ const bf16* do8(int a, int j) const { return dO + a * kBwdDoStride + j; }
 };
 
-// The backward walk's TMA descriptors (dk = 128): -W's halves and K as WalkMaps's, dvn (N, nv, dv)
-// fp32 in boxes of kWalkCols columns x 64 rows, qo (chunks nv dk, 1, dv) fp32 in boxes of
-// kWalkCols x 128.
+// The backward walk's TMA descriptors (dk = 128): -W's halves, K and Q as WalkMaps's; PT (chunks nv
+// 64, 1, 64) fp32 in boxes of 32 x 64.
 struct BwdWalkMaps {
-  CUtensorMap Wh, Wl, K, dvn, qo;
+  CUtensorMap Wh, Wl, K, Q, PT;
 };
 
-// The backward walk's stage at dk = 128, by TMA as WalkTmaStage (nine boxes, 72 KB): -W's halves
-// and K as (64, 128) bf16 tiles (tma_load_rows128), dvn one (64, kWalkCols) fp32 box, qo one (128,
-// kWalkCols) fp32; gam by cp.async. Rows past L hold the rows that follow (masked by the products).
+// The backward walk's stage at dk = 128, by TMA as WalkTmaStage (ten boxes, 80 KB): -W's halves, K
+// and Q as (64, 128) bf16 tiles (tma_load_rows128), PT as two (64, 32) fp32 boxes; dO's columns
+// (64, kBwdDoStride) bf16 and gam by cp.async. Rows past L hold the rows that follow (masked by
+// the products; dO's are zero-filled).
 struct BwdWalkTmaStage {
-  static constexpr uint32_t kT = kGdnChunk * 128 * sizeof(bf16), kDvn = kGdnChunk * kWalkCols * sizeof(float),
-                            kQo = 128 * kWalkCols * sizeof(float), kTx = 3 * kT + kDvn + kQo;
-  static constexpr size_t kBytes = kTx + 1024;  // + gam; stages stay 1024-byte aligned
-  bf16 *Wh, *Wl, *K;
-  float* dvn;
-  float* qo;
+  static constexpr uint32_t kT = kGdnChunk * 128 * sizeof(bf16), kPT = kGdnChunk * kGdnChunk * sizeof(float),
+                            kTx = 4 * kT + kPT, kDo = kGdnChunk * kBwdDoStride * sizeof(bf16);
+  static constexpr size_t kBytes = (kTx + kDo + kGdnChunk * sizeof(float) + 1023) / 1024 * 1024;  // 1024-aligned
+  bf16 *Wh, *Wl, *K, *Q;
+  float* PT;
+  bf16* dO;
   float* gam;
   __device__ BwdWalkTmaStage(unsigned char* base, int /*dk: 128*/)
       : Wh(reinterpret_cast<bf16*>(base)), Wl(reinterpret_cast<bf16*>(base + kT)),
-        K(reinterpret_cast<bf16*>(base + 2 * kT)), dvn(reinterpret_cast<float*>(base + 3 * kT)),
-        qo(reinterpret_cast<float*>(base + 3 * kT + kDvn)), gam(reinterpret_cast<float*>(base + kTx)) {}
+        K(reinterpret_cast<bf16*>(base + 2 * kT)), Q(reinterpret_cast<bf16*>(base + 3 * kT)),
+        PT(reinterpret_cast<float*>(base + 4 * kT)), dO(reinterpret_cast<bf16*>(base + kTx)),
+        gam(reinterpret_cast<float*>(base + kTx + kDo)) {}
   __host__ __device__ static constexpr size_t bytes(int) { return kBytes; }
   __device__ const bf16* wh8(int s, int i) const { return tma_k8(Wh, s, i); }
   __device__ const bf16* wl8(int s, int i) const { return tma_k8(Wl, s, i); }
   __device__ const bf16* k8(int s, int i) const { return tma_k8(K, s, i); }
-  __device__ float2 dvn2(int r, int c) const { return *reinterpret_cast<const float2*>(dvn + swizzle128<4>(r, c)); }
-  __device__ float q(int i, int c) const { return qo[swizzle128<4>(i, c)]; }
+  __device__ float qv(int a, int i) const { return bf(tma_k8(Q, a, i & ~7)[i & 7]); }  // q_a[i]
+  __device__ float2 pt2(int r, int a) const {
+    return *reinterpret_cast<const float2*>(PT + a / 32 * (kGdnChunk * 32) + swizzle128<4>(r, a % 32));
+  }
+  __device__ const bf16* do8(int a, int j) const { return dO + a * kBwdDoStride + j; }
 };
 
 __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkTmaStage& st, uint64_t* bar, const RuleBwdParams& b,
@@ -1558,9 +1583,13 @@ __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkTmaStage& st,
     tma_load_rows128(st.Wh, &maps.Wh, h, ci.r0, bar);
     tma_load_rows128(st.Wl, &maps.Wl, h, ci.r0, bar);
     tma_load_rows128(st.K, &maps.K, kh, ci.r0, bar);
-    sm90::tma_load_3d(st.dvn, &maps.dvn, j0, h, ci.r0, bar);
-    sm90::tma_load_3d(st.qo, &maps.qo, j0, 0, (c * p.nv + h) * 128, bar);
+    tma_load_rows128(st.Q, &maps.Q, kh, ci.r0, bar);
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+      sm90::tma_load_3d(st.PT + a * (kGdnChunk * 32), &maps.PT, 32 * a, 0, (c * p.nv + h) * kGdnChunk, bar);
   }
+  load_chunk_rows_fixed<kWalkCols>(st.dO, kBwdDoStride, b.d_o + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, ci.r0,
+                                   ci.L);
   load_chunk_gam(st.gam, p.gam, p.nv, h, ci.r0, ci.L);
 }
 __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkMmaStage& st, uint64_t*, const RuleBwdParams& b,
@@ -1568,14 +1597,15 @@ __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkMmaStage& st,
                                                       int j0) {
   const RuleParams& p = b.f;
   const int r0 = ci.r0, L = ci.L;
-  const float* qo = b.qo + ((int64_t)c * p.nv + h) * p.dk * p.dv + j0;
   const bf16* Wh = reinterpret_cast<const bf16*>(p.W) + (int64_t)h * p.dk;
   const int64_t plane = (int64_t)p.rows * p.nv * p.dk;
   load_chunk_rows(st.Wh, kRowStride, Wh, (int64_t)p.nv * p.dk, r0, L, p.dk);
   load_chunk_rows(st.Wl, kRowStride, Wh + plane, (int64_t)p.nv * p.dk, r0, L, p.dk);
   load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
-  load_chunk_rows(st.qo, kWalkUStride, qo, p.dv, 0, p.dk, kWalkCols, p.dk);
-  load_chunk_rows_fixed<kWalkCols>(st.dvn, kWalkUStride, b.dvn + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L);
+  load_chunk_rows(st.Q, kRowStride, p.q + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
+  load_chunk_rows(st.PT, kPairStride, p.PT + ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk, kGdnChunk, 0, kGdnChunk,
+                  kGdnChunk);
+  load_chunk_rows_fixed<kWalkCols>(st.dO, kBwdDoStride, b.d_o + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L);
   load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
 }
 
@@ -1584,6 +1614,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
                                                                      const __grid_constant__ BwdWalkMaps maps) {
   TT_EXTERN_SMEM_16(smem_raw);
   __shared__ uint64_t bars[2];  // the stages' TMA barriers (kDk = 128)
+  __shared__ float eg[kGdnChunk];  // scale e^(gam_a), 0 past L
   using Stage = std::conditional_t<kDk == 128, BwdWalkTmaStage, BwdWalkMmaStage>;
   constexpr int HS = kWalkHalfStride, kUnroll = kDk > 0 ? kDk / 16 : 2;
   const RuleParams& p = b.f;
@@ -1600,7 +1631,9 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
   const int si = 16 * warp;
   const bool has_rows = si < dk;
-  const int vm = 16 * (warp % 4), vn = 16 * (warp / 4);
+  // The dvn tile: warps w and w + 4 take row blocks summing to 3 (PT dO's nonzero blocks shared
+  // evenly by the schedulers), as the forward walk's o tiles.
+  const int vm = 16 * (warp < 4 ? warp : 7 - warp), vn = 16 * (warp / 4);
   float dS[4][4] = {};  // rows si + gq (e 0, 1) and + 8 (e 2, 3), columns 8 n + 2 tq (+1)
   // f(n, e, global offset of the element) for each of this thread's dS elements.
   auto each = [&](auto&& f) {
@@ -1640,8 +1673,19 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
     attn::cp_async_wait<1>();
     __syncthreads();  // the stage has landed; dS's halves are stored
     const float gl = st.gam[L - 1];
+    if (threadIdx.x < kGdnChunk)
+      eg[threadIdx.x] = threadIdx.x < L ? p.scale * __expf(st.gam[threadIdx.x]) : 0.f;
     {  // dvn (rows vm .., columns vn ..) += e^(gam_L - gam_r) k_r . dS
       float acc[2][4] = {}, big[2][4] = {};  // k . dS_lo, k . dS_hi: two chains of dependent mma
+      float loc[2][4] = {};                  // dvn's local part, PT dO (PT zero below the diagonal)
+      for (int k0 = vm; k0 < kGdnChunk; k0 += 16) {
+        uint32_t ah[4], am[4], al[4];
+        split3_a_fragment(ah, am, al, vm, k0, [&](int r, int a) { return st.pt2(r, a); });
+        uint32_t d[4];  // B (a, j) = dO[a][j]: n8 tiles vn and vn + 8
+        mma::ldsm_x4_trans(d, st.do8(k0 + lane % 8 + 8 * (lane / 8 % 2), vn + 8 * (lane / 16)));
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn) mma_split3(loc[nn], ah, am, al, d[2 * nn], d[2 * nn + 1]);
+      }
 #pragma unroll kUnroll
       for (int k0 = 0; k0 < dk; k0 += 16) {
         uint32_t a[4], bh[4], bl[4];
@@ -1666,7 +1710,8 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
 #pragma unroll
         for (int nn = 0; nn < 2; ++nn) {
           const int col = vn + 8 * nn + 2 * tq;
-          const float2 u = st.dvn2(r, col);  // rows past L: not this chunk's
+          // The local part; rows past L: not this chunk's
+          const float2 u = make_float2(loc[nn][2 * half], loc[nn][2 * half + 1]);
           const float y0 = r < L ? u.x + d * acc[nn][2 * half] : 0.f,
                       y1 = r < L ? u.y + d * acc[nn][2 * half + 1] : 0.f;
           if (r < L)
@@ -1676,14 +1721,28 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
         }
       }
     }
-    __syncthreads();  // dvn's halves are stored
+    __syncthreads();  // dvn's halves and eg are stored
     if (has_rows) {  // dS <- e^(gam_L) dS + qo - W^T dvn
       const float el = __expf(gl);
 #pragma unroll
       for (int nn = 0; nn < 4; ++nn)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          dS[nn][e] = el * dS[nn][e] + st.q(si + gq + 8 * (e / 2), 8 * nn + 2 * tq + e % 2);
+          dS[nn][e] *= el;
+#pragma unroll
+      for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {  // + qo's rows si .. = sum_a (eg_a q_a)^T dO_a; q past L not read
+        uint32_t ah[4], am[4], al[4];  // A (i, a) = eg_a q_a[i]
+        split3_a_fragment(ah, am, al, si, k0, [&](int i, int a) {
+          return make_float2(a < L ? eg[a] * st.qv(a, i) : 0.f, a + 1 < L ? eg[a + 1] * st.qv(a + 1, i) : 0.f);
+        });
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          uint32_t d[4];
+          mma::ldsm_x4_trans(d, st.do8(k0 + lane % 8 + 8 * (lane / 8 % 2), 16 * np + 8 * (lane / 16)));
+#pragma unroll
+          for (int t = 0; t < 2; ++t) mma_split3(dS[2 * np + t], ah, am, al, d[2 * t], d[2 * t + 1]);
+        }
+      }
 #pragma unroll
       for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
         uint32_t wh[4], wl[4];  // A (i, s) = -W_s[i]: transposing loads of the prep's halves
@@ -2393,16 +2452,19 @@ struct RuleScratch {
   }
 };
 
+// Without rule_bwd_local_kernel (walk_writes_outputs(dk): the reverse walk takes the dO terms) qo
+// takes no space and the prep stores PT instead.
 struct RuleBwdScratch {
   RuleScratch f;
-  float *dvn, *qo, *dsout, *acc, *db2, *gq, *gk, *sds, *T;
+  float *dvn, *qo, *dsout, *acc, *db2, *gq, *gk, *sds, *T, *PT;
   size_t bytes;
   RuleBwdScratch(const GdnPlan& plan, int nv, int dk, int dv, void* base)
       : f(plan, nv, dk, dv, /*end_given=*/false, /*walk_saves=*/true, base) {
     detail::WorkspaceCarver w(base ? static_cast<char*>(base) + f.bytes : nullptr);
     const size_t rows = (size_t)plan.rows() * nv, SS = (size_t)dk * dv, per_chunk = (size_t)plan.num_chunks() * nv * SS;
     dvn = w.take<float>(rows * dv);
-    qo = w.take<float>(per_chunk);
+    const bool local = walk_writes_outputs(dk);
+    qo = local ? nullptr : w.take<float>(per_chunk);
     dsout = w.take<float>(per_chunk);
     acc = w.take<float>((size_t)plan.num_nodes() * nv * SS);
     db2 = w.take<float>(rows * dk);
@@ -2410,6 +2472,7 @@ struct RuleBwdScratch {
     gk = w.take<float>(rows * dk);
     sds = w.take<float>((size_t)plan.num_chunks() * nv * ((dk + kStateRows - 1) / kStateRows));
     T = w.take<float>((size_t)plan.num_chunks() * nv * kGdnChunk * kGdnChunk);
+    PT = local ? w.take<float>((size_t)plan.num_chunks() * nv * kGdnChunk * kGdnChunk) : nullptr;
     bytes = f.bytes + w.bytes();
   }
 };
@@ -2445,6 +2508,7 @@ RuleParams rule_params(const bf16* q, const bf16* k, const bf16* v, const float*
   p.node_end = end ? end : s.node_end;
   p.T = nullptr;
   p.P = s.P;
+  p.PT = nullptr;
   p.o = nullptr;
   p.nk = nk, p.nv = nv, p.dk = dk, p.dv = dv;
   p.scale = (float)scale;
@@ -2471,13 +2535,13 @@ WalkMaps walk_maps(const RuleParams& p, Runner& run) {
 template <class Runner>
 BwdWalkMaps bwd_walk_maps(const RuleBwdParams& b, Runner& run) {
   const RuleParams& p = b.f;
-  BwdWalkMaps m;
+  BwdWalkMaps m{};
   const bf16* Wh = reinterpret_cast<const bf16*>(p.W);  // as walk_maps
   m.Wh = run.map(Wh, p.rows, p.nv, 128, 64, kGdnChunk);
   m.Wl = run.map(Wh + (int64_t)p.rows * p.nv * 128, p.rows, p.nv, 128, 64, kGdnChunk);
   m.K = run.map(p.k, p.rows, p.nk, 128, 64, kGdnChunk);
-  m.dvn = run.map(b.dvn, p.rows, p.nv, p.dv, kWalkCols, kGdnChunk);
-  m.qo = run.map(b.qo, (int64_t)p.num_chunks * p.nv * 128, 1, p.dv, kWalkCols, 128);  // rows: chunks x heads x dk
+  m.Q = run.map(p.q, p.rows, p.nk, 128, 64, kGdnChunk);
+  m.PT = run.map(p.PT, (int64_t)p.num_chunks * p.nv * kGdnChunk, 1, kGdnChunk, 32, kGdnChunk);
   return m;
 }
 
@@ -2537,6 +2601,8 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   RuleBwdParams b;
   b.f = rule_params(q, k, v, g, beta, init, plan, nk, nv, dk_, dv_, scale, s.f, nullptr);
   b.f.T = s.T;  // the prep keeps each chunk's T for the grad kernel's phase B
+  b.f.PT = s.PT;  // and (walk_writes_outputs) the scores for the reverse walk's dO terms
+  const bool local = walk_writes_outputs(dk_);
   b.d_o = d_o;
   b.d_end = d_end;
   b.d_init = d_init;
@@ -2547,8 +2613,9 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   rule_prep_and_walk(b.f, run, /*out=*/false);  // the forward again: U, W, gam, v_new, the entering states
   run.zero(s.acc, sizeof(float) * (size_t)plan.num_nodes() * nv * dk_ * dv_);
   const int chunks = plan.num_chunks();
-  run.launch(rule_bwd_local_kernel, chunk_parts_grid(chunks, nv, (dv_ + kOutCols - 1) / kOutCols), kRuleThreads,
-             bwd_local_smem_bytes(), b);
+  if (!local)
+    run.launch(rule_bwd_local_kernel, chunk_parts_grid(chunks, nv, (dv_ + kOutCols - 1) / kOutCols), kRuleThreads,
+               bwd_local_smem_bytes(), b);
   const dim3 walk_grid(nv, dv_ / kWalkCols);
   if (dk_ % 16 != 0)
     run.launch(rule_bwd_walk_kernel, walk_grid, kRuleThreads, bwd_walk_smem_bytes(dk_), b);

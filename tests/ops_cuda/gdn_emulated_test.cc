@@ -154,7 +154,8 @@ void check_shape(uint64_t seed, RuleShape shape) {
   cpu::gdn_tree_backward<double>(dq.data(), dk_.data(), dv_.data(), dg.data(), db.data(), di.data(), dO.data(),
                                  dE.data(), c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), init.data(),
                                  c.t);
-  EXPECT_EQ(got.backward_launches, 7) << "backward launches" << at;
+  // The reverse walk takes the dO terms itself at dk a multiple of 16 (no local kernel).
+  EXPECT_EQ(got.backward_launches, dk % 16 == 0 ? 6 : 7) << "backward launches" << at;
   const double e_dq = rel_l2(doubles(got.dq), dq), e_dk = rel_l2(doubles(got.dk), dk_),
                e_dv = rel_l2(doubles(got.dv), dv_), e_dg = rel_l2(doubles(got.dg), dg),
                e_db = rel_l2(doubles(got.db), db), e_di = rel_l2(doubles(got.di), di);
