@@ -137,11 +137,13 @@ size_t gdn_backward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv)
 // dv) fp32 += or null; d_end (num_nodes, nv, dk, dv) fp32 or null: the gradient reaching each
 // node's end state from outside the batch. A parent's end-state gradient sums its children's
 // initial-state gradients in reverse packed order (deterministic, no atomics). Recomputes the
-// forward's walk (its first kernel also keeps each chunk's T = (I + A)^-1), then: per (chunk,
-// head) the dO terms; one reverse walk per (value head, 32 state columns) carrying the end-state
-// gradient; per (chunk, head, 64 state rows) the products with the entering state and its
-// gradient; per (chunk, head) the inputs' gradients; the key-head group sums: seven launches
-// whatever the tree. d_o and the state gradients 16-byte aligned as the forward's inputs.
+// forward's walk (its first kernel also keeps each chunk's T = (I + A)^-1 and the transposed
+// scores), then: one reverse walk per (value head, 32 state columns) carrying the end-state
+// gradient and taking the dO terms on its own columns (at dk not a multiple of 16 a kernel per
+// (chunk, head) computes them first); per (chunk, head, 64 state rows) the products with the
+// entering state and its gradient; per (chunk, head) the inputs' gradients; the key-head group
+// sums: six launches whatever the tree (seven at dk not a multiple of 16). d_o and the state
+// gradients 16-byte aligned as the forward's inputs.
 void gdn_backward(bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* d_init, const bf16* d_o,
                   const float* d_end, const bf16* q, const bf16* k, const bf16* v, const float* g, const bf16* beta,
                   const float* init, const GdnPlan& plan, int nk, int nv, int dk_, int dv_, double scale, Workspace ws,
