@@ -2444,8 +2444,8 @@ struct RuleScratch {
     U = w.take<float>(rows * dv);
     W = w.take<float>(rows * dk);
     gam = w.take<float>(rows);
-    vnew = w.take<float>(walk_saves ? rows * dv : 0);
-    sin = w.take<float>(walk_saves ? (size_t)plan.num_chunks() * nv * SS : 0);
+    vnew = walk_saves ? w.take<float>(rows * dv) : nullptr;
+    sin = walk_saves ? w.take<float>((size_t)plan.num_chunks() * nv * SS) : nullptr;
     node_end = w.take<float>(end_given ? 0 : (size_t)plan.num_nodes() * nv * SS);
     P = walk_saves ? nullptr : w.take<float>((size_t)plan.num_chunks() * nv * kGdnChunk * kGdnChunk);
     bytes = w.bytes();

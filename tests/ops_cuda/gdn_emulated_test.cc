@@ -181,6 +181,11 @@ TEST(GdnEmulated, DeltaRuleWithDecaysPastTheFp32Range) { check_shape(6, RuleShap
 // dk 64, dv 64: the walks' stages by cp.async, the general output and grad kernels.
 TEST(GdnEmulated, DeltaRuleAtHeadDim64) { check_shape(2, RuleShape{1, 2, 64, 64}); }
 
+// dk 112: the forward walk's cp.async stage at its largest (rows dk + 8 apart, q and the scores
+// staged: 219,648 bytes of shared memory); dk 32: two warps hold state rows, six only v_new's.
+TEST(GdnEmulated, DeltaRuleAtKeyDim112) { check_shape(7, RuleShape{1, 2, 112, 64}); }
+TEST(GdnEmulated, DeltaRuleAtKeyDim32) { check_shape(8, RuleShape{2, 4, 32, 32}); }
+
 // dk 72 (not a multiple of the products' depth 16): the walks on CUDA cores; dv 32, one walk column block.
 TEST(GdnEmulated, DeltaRuleAtKeyDim72) { check_shape(3, RuleShape{1, 2, 72, 32}); }
 
