@@ -693,7 +693,8 @@ size_t walk_smem_bytes(int dk) {
 // The walk on tensor cores (dk a multiple of 16; rule_walk_kernel otherwise), the same chunk
 // order, loads and outputs. The block's state S (dk, 32) lives in registers as the accumulators of
 // the update's products (warp w: rows 16 w .. 16 w + 16, all 32 columns), fp32 throughout. Per
-// chunk: S to sin and, as bf16 high and low halves, to shared memory; v_new = U - W S (W and S
+// chunk: S to sin (the backward's walk; the forward's writes o instead, kOut below) and, as bf16
+// high and low halves, to shared memory; v_new = U - W S (W and S
 // in halves: W_hi S_hi + W_hi S_lo + W_lo S_hi, a relative error ~2^-16 against fp32's 2^-24;
 // -W's halves as the prep stored them, w_as_halves; warp w: rows 16 (w % 4), columns 16 (w / 4)), its rows scaled by exp(gamma_L - gamma_s)
 // and split into halves in shared memory; then S <- exp(gamma_L) S + K^T (dec v_new) (k exact in
