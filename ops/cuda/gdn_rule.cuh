@@ -181,6 +181,24 @@ __device__ __forceinline__ void chunk_dots(float (&acc)[4][4], const bf16* X, co
   }
 }
 
+// A warp's 16 x 32 tile of the 64 x 64 Gram products X_a . Y_b (bf16 rows, exact in fp32 products,
+// fp32 sums) on tensor cores (mma m16n8k16), over d columns (a multiple of 16): rows m0 =
+// 16 (w % 4), columns n0 = 32 (w / 4) for warp w; c[n]: rows m0 + gq ([0], [1]) and + 8 ([2], [3]),
+// columns n0 + 8 n + 2 tq (+1). X and Y: rows at kRowStride.
+__device__ __forceinline__ void gram_tile_mma(float (&c)[4][4], const bf16* X, const bf16* Y, int m0, int n0, int d) {
+  const int lane = threadIdx.x % detail::kWarp;
+  for (int k0 = 0; k0 < d; k0 += 16) {
+    uint32_t a[4], b0[4], b1[4];
+    mma::ldsm_x4(a, X + (m0 + lane % 8 + 8 * (lane / 8 % 2)) * kRowStride + k0 + 8 * (lane / 16));
+    mma::ldsm_x4(b0, Y + (n0 + lane % 8 + 8 * (lane / 16)) * kRowStride + k0 + 8 * (lane / 8 % 2));
+    mma::ldsm_x4(b1, Y + (n0 + 16 + lane % 8 + 8 * (lane / 16)) * kRowStride + k0 + 8 * (lane / 8 % 2));
+    mma::mma_16816(c[0], a, b0[0], b0[1]);
+    mma::mma_16816(c[1], a, b0[2], b0[3]);
+    mma::mma_16816(c[2], a, b1[0], b1[1]);
+    mma::mma_16816(c[3], a, b1[2], b1[3]);
+  }
+}
+
 // dst[a][b] (transpose: dst[b][a]) = X_a . Y_b for the 64 x 64 pairs of bf16 rows at kRowStride,
 // fp32, at a row stride of `stride`; then a block barrier (256 threads, all call it). On tensor
 // cores (mma m16n8k16: the bf16 products are exact in fp32, summed in another order than
@@ -202,16 +220,7 @@ __device__ __forceinline__ void chunk_gram(float* dst, int stride, bool transpos
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
   const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
   float c[4][4] = {};
-  for (int k0 = 0; k0 < d; k0 += 16) {
-    uint32_t a[4], b0[4], b1[4];
-    mma::ldsm_x4(a, X + (m0 + lane % 8 + 8 * (lane / 8 % 2)) * kRowStride + k0 + 8 * (lane / 16));
-    mma::ldsm_x4(b0, Y + (n0 + lane % 8 + 8 * (lane / 16)) * kRowStride + k0 + 8 * (lane / 8 % 2));
-    mma::ldsm_x4(b1, Y + (n0 + 16 + lane % 8 + 8 * (lane / 16)) * kRowStride + k0 + 8 * (lane / 8 % 2));
-    mma::mma_16816(c[0], a, b0[0], b0[1]);
-    mma::mma_16816(c[1], a, b0[2], b0[3]);
-    mma::mma_16816(c[2], a, b1[0], b1[1]);
-    mma::mma_16816(c[3], a, b1[2], b1[3]);
-  }
+  gram_tile_mma(c, X, Y, m0, n0, d);
   const int gq = lane / 4, tq = lane % 4;  // c[n]: rows gq ([0], [1]) and gq + 8, columns 2 tq (+1) of n8 tile n
 #pragma unroll
   for (int n = 0; n < 4; ++n) {
@@ -292,6 +301,24 @@ __device__ __forceinline__ void mma_split3(float (&c)[4], const uint32_t (&hi)[4
   mma::mma_16816(c, lo, b0, b1);
   mma::mma_16816(c, mid, b0, b1);
   mma::mma_16816(c, hi, b0, b1);
+}
+
+// A (three bf16 parts, split3_a_fragment) times B of fp32 v (k rows, n8 columns) in three bf16
+// parts too: fp32's products to 2^-23 of a term (the six of order 2^-16 and above). B's fragment
+// from v = &V[k0 + 2 tq][col0 + gq] at a row stride of `stride`. small += the three products of
+// order 2^-16 (first), c += the three larger ones; small may be c (one chain, the same order).
+__device__ __forceinline__ void mma_split3_both(float (&small)[4], float (&c)[4], const uint32_t (&ah)[4],
+                                                const uint32_t (&am)[4], const uint32_t (&al)[4], const float* v,
+                                                int stride) {
+  uint32_t bh[2], bm[2], bl[2];  // rows k0 + 2 tq (+1) and + 8 (+9)
+#pragma unroll
+  for (int jj = 0; jj < 2; ++jj) split3_bf16x2(v[8 * jj * stride], v[(8 * jj + 1) * stride], bh[jj], bm[jj], bl[jj]);
+  mma::mma_16816(small, am, bm[0], bm[1]);
+  mma::mma_16816(small, ah, bl[0], bl[1]);
+  mma::mma_16816(small, al, bh[0], bh[1]);
+  mma::mma_16816(c, ah, bm[0], bm[1]);
+  mma::mma_16816(c, am, bh[0], bh[1]);
+  mma::mma_16816(c, ah, bh[0], bh[1]);
 }
 
 // T = (I + diag(rs) A)^-1 for a strictly lower triangular 64 x 64 A (fp32 at kPairStride, zero on
@@ -402,27 +429,15 @@ __device__ __forceinline__ void chunk_lower_apply(Put&& put, const float* T, con
 
 // The chunk's masked scores P_rs = (q_r . k_s) e^(gam_r - gam_s) for s <= r < L, else 0, for the
 // forward walk that writes o (RuleParams::P): the products and the mask of rule_out_kernel's
-// (chunk_gram's tiling on tensor cores, q and k exact in bf16, fp32 sums), each pair of a row
-// (r, s, s + 1; s even) to put(r, s, x0, x1), all 64 x 64. q8(r, i) and k8(s, i): 8 bf16 of row r
-// (s) from column i. Warp w: rows 16 (w % 4), columns 32 (w / 4); the two tiles wholly above the
-// diagonal are zeros. Rows past L meet only the mask's select.
-template <class Q8, class K8, class Put>
-__device__ __forceinline__ void chunk_scores(Q8&& q8, K8&& k8, const float* gam, int dk, int L, Put&& put) {
+// (chunk_gram's tiling, gram_tile_mma), each pair of a row (r, s, s + 1; s even) to
+// put(r, s, x0, x1), all 64 x 64, q and k rows of bf16 at kRowStride. The two warp tiles wholly
+// above the diagonal are zeros. Rows past L meet only the mask's select.
+template <class Put>
+__device__ __forceinline__ void chunk_scores(const bf16* Q, const bf16* K, const float* gam, int dk, int L, Put&& put) {
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
   const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
   float c[4][4] = {};
-  if (n0 < m0 + 16) {
-    for (int k0 = 0; k0 < dk; k0 += 16) {
-      uint32_t a[4], b0[4], b1[4];
-      mma::ldsm_x4(a, q8(m0 + lane % 8 + 8 * (lane / 8 % 2), k0 + 8 * (lane / 16)));
-      mma::ldsm_x4(b0, k8(n0 + lane % 8 + 8 * (lane / 16), k0 + 8 * (lane / 8 % 2)));
-      mma::ldsm_x4(b1, k8(n0 + 16 + lane % 8 + 8 * (lane / 16), k0 + 8 * (lane / 8 % 2)));
-      mma::mma_16816(c[0], a, b0[0], b0[1]);
-      mma::mma_16816(c[1], a, b0[2], b0[3]);
-      mma::mma_16816(c[2], a, b1[0], b1[1]);
-      mma::mma_16816(c[3], a, b1[2], b1[3]);
-    }
-  }
+  if (n0 < m0 + 16) gram_tile_mma(c, Q, K, m0, n0, dk);
   auto masked = [&](int r, int s, float x) { return s <= r && r < L ? __expf(gam[r] - gam[s]) * x : 0.f; };
 #pragma unroll
   for (int n = 0; n < 4; ++n)
@@ -494,21 +509,17 @@ __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(Ru
       }
     for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x) sw[r] = bet[r] * __expf(gam[r]);
   }
-  if (p.P) {  // dk a multiple of 16 (walk_writes_outputs)
+  if (p.P) {  // the scores (dk a multiple of 16, walk_writes_outputs)
     float* dst = p.P + ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
-    chunk_scores([&](int r, int i) { return Qb + r * kRowStride + i; },
-                 [&](int r, int i) { return Kb + r * kRowStride + i; }, gam, dk, L,
-                 [&](int r, int s, float x0, float x1) {
-                   *reinterpret_cast<float2*>(dst + r * kGdnChunk + s) = make_float2(x0, x1);
-                 });
+    chunk_scores(Qb, Kb, gam, dk, L, [&](int r, int s, float x0, float x1) {
+      *reinterpret_cast<float2*>(dst + r * kGdnChunk + s) = make_float2(x0, x1);
+    });
   } else if (p.PT) {  // the backward's: transposed and scaled
     float* dst = p.PT + ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
-    chunk_scores([&](int r, int i) { return Qb + r * kRowStride + i; },
-                 [&](int r, int i) { return Kb + r * kRowStride + i; }, gam, dk, L,
-                 [&](int r, int s, float x0, float x1) {
-                   dst[s * kGdnChunk + r] = p.scale * x0;
-                   dst[(s + 1) * kGdnChunk + r] = p.scale * x1;
-                 });
+    chunk_scores(Qb, Kb, gam, dk, L, [&](int r, int s, float x0, float x1) {
+      dst[s * kGdnChunk + r] = p.scale * x0;
+      dst[(s + 1) * kGdnChunk + r] = p.scale * x1;
+    });
   }
   __syncthreads();  // A is masked; q's rows are read (T's bytes are free)
   chunk_unit_lower_inverse(T, A, bet);
@@ -694,11 +705,11 @@ size_t walk_smem_bytes(int dk) {
 // order, loads and outputs. The block's state S (dk, 32) lives in registers as the accumulators of
 // the update's products (warp w: rows 16 w .. 16 w + 16, all 32 columns), fp32 throughout. Per
 // chunk: S to sin (the backward's walk; the forward's writes o instead, kOut below) and, as bf16
-// high and low halves, to shared memory; v_new = U - W S (W and S
-// in halves: W_hi S_hi + W_hi S_lo + W_lo S_hi, a relative error ~2^-16 against fp32's 2^-24;
-// -W's halves as the prep stored them, w_as_halves; warp w: rows 16 (w % 4), columns 16 (w / 4)), its rows scaled by exp(gamma_L - gamma_s)
-// and split into halves in shared memory; then S <- exp(gamma_L) S + K^T (dec v_new) (k exact in
-// bf16, two mma a tile).
+// high and low halves, to shared memory; v_new = U - W S (W and S in halves: W_hi S_hi + W_hi S_lo
+// + W_lo S_hi, a relative error ~2^-16 against fp32's 2^-24; -W's halves as the prep stored them,
+// w_as_halves; warp w: a 16 x 16 tile), its rows scaled by exp(gamma_L - gamma_s) and split into
+// halves in shared memory; then S <- exp(gamma_L) S + K^T (dec v_new) (k exact in bf16, two mma a
+// tile).
 constexpr int kWalkHalfStride = kWalkCols + 8;  // bf16 row stride of S's and v_new's halves (ldmatrix: no conflicts)
 constexpr int kWalkUStride = kWalkCols + 8;     // fp32 row stride of the U stage (8 floats of padding)
 
@@ -1038,19 +1049,9 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
         uint32_t ph[4], pm[4], pl[4];
         split3_a_fragment(ph, pm, pl, vm, k0, [&](int r, int s) { return st.p2(r, s); });
 #pragma unroll
-        for (int nn = 0; nn < 2; ++nn) {
-          uint32_t bh[2], bm[2], bl[2];  // B (s, j) = v_new[s][j]: rows s = k0 + 2 tq (+1) and + 8 (+9), column vn + 8 nn + gq
-          const float* v = Vs + (k0 + 2 * tq) * kWalkVsStride + vn + 8 * nn + gq;
-#pragma unroll
-          for (int jj = 0; jj < 2; ++jj)
-            split3_bf16x2(v[8 * jj * kWalkVsStride], v[(8 * jj + 1) * kWalkVsStride], bh[jj], bm[jj], bl[jj]);
-          mma::mma_16816(small[nn], pm, bm[0], bm[1]);
-          mma::mma_16816(small[nn], ph, bl[0], bl[1]);
-          mma::mma_16816(small[nn], pl, bh[0], bh[1]);
-          mma::mma_16816(qs[nn], ph, bm[0], bm[1]);
-          mma::mma_16816(qs[nn], pm, bh[0], bh[1]);
-          mma::mma_16816(qs[nn], ph, bh[0], bh[1]);
-        }
+        for (int nn = 0; nn < 2; ++nn)  // B (s, j) = v_new[s][j], columns vn + 8 nn ..
+          mma_split3_both(small[nn], qs[nn], ph, pm, pl, Vs + (k0 + 2 * tq) * kWalkVsStride + vn + 8 * nn + gq,
+                          kWalkVsStride);
       }
 #pragma unroll
       for (int nn = 0; nn < 2; ++nn)
@@ -1185,19 +1186,8 @@ __global__ void __launch_bounds__(kRuleThreads, 2) rule_out_kernel(RuleParams p)
       split3_a_fragment(ph, pm, pl, m0, k0,
                         [&](int r, int s) { return *reinterpret_cast<const float2*>(P + r * kPairStride + s); });
 #pragma unroll
-      for (int n = 0; n < 4; ++n) {
-        uint32_t bh[2], bm[2], bl[2];  // B (s, j) = V[s][j]: rows s = k0 + 2 tq (+1) and + 8 (+9), column n0 + 8 n + gq
-        const float* v = Vs + (k0 + 2 * tq) * kVsStride + n0 + 8 * n + gq;
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj)
-          split3_bf16x2(v[8 * jj * kVsStride], v[(8 * jj + 1) * kVsStride], bh[jj], bm[jj], bl[jj]);
-        mma::mma_16816(acc[n], pm, bm[0], bm[1]);  // the small terms first
-        mma::mma_16816(acc[n], ph, bl[0], bl[1]);
-        mma::mma_16816(acc[n], pl, bh[0], bh[1]);
-        mma::mma_16816(acc[n], ph, bm[0], bm[1]);
-        mma::mma_16816(acc[n], pm, bh[0], bh[1]);
-        mma::mma_16816(acc[n], ph, bh[0], bh[1]);
-      }
+      for (int n = 0; n < 4; ++n)  // B (s, j) = V[s][j], columns n0 + 8 n ..: one chain
+        mma_split3_both(acc[n], acc[n], ph, pm, pl, Vs + (k0 + 2 * tq) * kVsStride + n0 + 8 * n + gq, kVsStride);
     }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -1365,14 +1355,14 @@ struct BwdWalkStage {
   }
 };
 
-__device__ __forceinline__ void bwd_walk_prefetch(const BwdWalkStage& st, const RuleBwdParams& b, int c,
+__device__ __forceinline__ void bwd_walk_prefetch(const BwdWalkStage& st, const RuleBwdParams& b,
                                                   const ChunkInfo& ci, int h, int kh, int j0) {
   const RuleParams& p = b.f;
   const int r0 = ci.r0, L = ci.L;
   load_chunk_rows(st.W, p.dk, p.W + (int64_t)h * p.dk, (int64_t)p.nv * p.dk, r0, L, p.dk);
   load_chunk_rows(st.K, 128, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
   load_chunk_rows(st.dvn, kWalkCols, b.dvn + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L, kWalkCols);
-  load_chunk_rows(st.qo, kWalkCols, b.qo + ((int64_t)c * p.nv + h) * p.dk * p.dv + j0, p.dv, 0, p.dk, kWalkCols,
+  load_chunk_rows(st.qo, kWalkCols, b.qo + ((int64_t)ci.c * p.nv + h) * p.dk * p.dv + j0, p.dv, 0, p.dk, kWalkCols,
                   p.dk);
   load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
 }
@@ -1396,11 +1386,11 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_kernel(RuleBwdPara
   const int w = threadIdx.x / kWalkCols, jj = threadIdx.x % kWalkCols;
   const int last = p.num_chunks - 1;
   ChunkInfo cur = last >= 0 ? chunk_info(p.plan, last) : ChunkInfo{}, nxt = last >= 1 ? chunk_info(p.plan, last - 1) : cur;
-  if (last >= 0) bwd_walk_prefetch(BwdWalkStage(stages, dk), b, last, cur, h, kh, j0);
+  if (last >= 0) bwd_walk_prefetch(BwdWalkStage(stages, dk), b, cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = last; c >= 0; --c) {
     if (c > 0)
-      bwd_walk_prefetch(BwdWalkStage(stages + ((last - c + 1) & 1) * stage_floats, dk), b, c - 1, nxt, h, kh, j0);
+      bwd_walk_prefetch(BwdWalkStage(stages + ((last - c + 1) & 1) * stage_floats, dk), b, nxt, h, kh, j0);
     attn::cp_async_commit();
     attn::cp_async_wait<1>();
     const BwdWalkStage st(stages + ((last - c) & 1) * stage_floats, dk);
@@ -1575,8 +1565,8 @@ struct BwdWalkTmaStage {
 };
 
 __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkTmaStage& st, uint64_t* bar, const RuleBwdParams& b,
-                                                      const BwdWalkMaps& maps, int c, const ChunkInfo& ci, int h,
-                                                      int kh, int j0) {
+                                                      const BwdWalkMaps& maps, const ChunkInfo& ci, int h, int kh,
+                                                      int j0) {
   namespace sm90 = attn::sm90;
   const RuleParams& p = b.f;
   if (threadIdx.x == 0) {
@@ -1587,14 +1577,14 @@ __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkTmaStage& st,
     tma_load_rows128(st.Q, &maps.Q, kh, ci.r0, bar);
 #pragma unroll
     for (int a = 0; a < 2; ++a)
-      sm90::tma_load_3d(st.PT + a * (kGdnChunk * 32), &maps.PT, 32 * a, 0, (c * p.nv + h) * kGdnChunk, bar);
+      sm90::tma_load_3d(st.PT + a * (kGdnChunk * 32), &maps.PT, 32 * a, 0, (ci.c * p.nv + h) * kGdnChunk, bar);
   }
   load_chunk_rows_fixed<kWalkCols>(st.dO, kBwdDoStride, b.d_o + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, ci.r0,
                                    ci.L);
   load_chunk_gam(st.gam, p.gam, p.nv, h, ci.r0, ci.L);
 }
 __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkMmaStage& st, uint64_t*, const RuleBwdParams& b,
-                                                      const BwdWalkMaps&, int c, const ChunkInfo& ci, int h, int kh,
+                                                      const BwdWalkMaps&, const ChunkInfo& ci, int h, int kh,
                                                       int j0) {
   const RuleParams& p = b.f;
   const int r0 = ci.r0, L = ci.L;
@@ -1604,7 +1594,7 @@ __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkMmaStage& st,
   load_chunk_rows(st.Wl, kRowStride, Wh + plane, (int64_t)p.nv * p.dk, r0, L, p.dk);
   load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
   load_chunk_rows(st.Q, kRowStride, p.q + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
-  load_chunk_rows(st.PT, kPairStride, p.PT + ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk, kGdnChunk, 0, kGdnChunk,
+  load_chunk_rows(st.PT, kPairStride, p.PT + ((int64_t)ci.c * p.nv + h) * kGdnChunk * kGdnChunk, kGdnChunk, 0, kGdnChunk,
                   kGdnChunk);
   load_chunk_rows_fixed<kWalkCols>(st.dO, kBwdDoStride, b.d_o + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L);
   load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
@@ -1652,11 +1642,11 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
   __syncthreads();
   const int last = p.num_chunks - 1;
   ChunkInfo cur = last >= 0 ? chunk_info(p.plan, last) : ChunkInfo{}, nxt = last >= 1 ? chunk_info(p.plan, last - 1) : cur;
-  if (last >= 0) bwd_walk_mma_prefetch(stage(0), &bars[0], b, maps, last, cur, h, kh, j0);
+  if (last >= 0) bwd_walk_mma_prefetch(stage(0), &bars[0], b, maps, cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = last; c >= 0; --c) {
     const int step = last - c;  // this step's stage: step & 1, its barrier's phase: (step >> 1) & 1
-    if (c > 0) bwd_walk_mma_prefetch(stage((step + 1) & 1), &bars[(step + 1) & 1], b, maps, c - 1, nxt, h, kh, j0);
+    if (c > 0) bwd_walk_mma_prefetch(stage((step + 1) & 1), &bars[(step + 1) & 1], b, maps, nxt, h, kh, j0);
     attn::cp_async_commit();
     const Stage st = stage(step & 1);
     const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
@@ -2526,8 +2516,10 @@ WalkMaps walk_maps(const RuleParams& p, Runner& run) {
   m.Wh = run.map(Wh, p.rows, p.nv, 128, 64, kGdnChunk);
   m.Wl = run.map(Wh + (int64_t)p.rows * p.nv * 128, p.rows, p.nv, 128, 64, kGdnChunk);
   m.K = run.map(p.k, p.rows, p.nk, 128, 64, kGdnChunk);
-  m.Q = run.map(p.q, p.rows, p.nk, 128, 64, kGdnChunk);
-  if (p.P) m.P = run.map(p.P, (int64_t)p.num_chunks * p.nv * kGdnChunk, 1, kGdnChunk, 32, kGdnChunk);
+  if (p.P) {  // the walk that writes o (kOut)
+    m.Q = run.map(p.q, p.rows, p.nk, 128, 64, kGdnChunk);
+    m.P = run.map(p.P, (int64_t)p.num_chunks * p.nv * kGdnChunk, 1, kGdnChunk, 32, kGdnChunk);
+  }
   m.U = run.map(p.U, p.rows, p.nv, p.dv, kWalkCols, kGdnChunk);
   return m;
 }
