@@ -181,16 +181,28 @@ std::string where_of(const std::string& source, const YAML::Node& node) {
   return str(file, ":", m.line + 1);
 }
 
+// A scalar written in quotes is a string in YAML (tag "!"), even when it reads like a number.
+bool quoted(const YAML::Node& n) { return n.IsScalar() && n.Tag() == "!"; }
+
 std::string describe(const YAML::Node& n) {
   if (!n.IsDefined() || n.IsNull()) return "null";
   if (n.IsMap()) return "a mapping";
   if (n.IsSequence()) return "a list";
+  if (quoted(n)) return "the quoted string \"" + n.Scalar() + "\"";
   return "'" + n.Scalar() + "'";
 }
 
 [[noreturn]] void type_error(const std::string& where, const std::string& key, const std::string& expected,
                              const YAML::Node& n) {
   throw Error(str(where, ": ", key, ": expected ", expected, ", got ", describe(n)));
+}
+
+// Numbers and booleans are plain scalars: "3" in quotes is a string, and silently reading it as
+// 3 would make `lr: "3e-4"` and `lr: 3e-4` mean the same while YAML tools disagree.
+void check_unquoted(const YAML::Node& n, const std::string& key, const std::string& where,
+                    const std::string& expected) {
+  if (quoted(n))
+    throw Error(str(where, ": ", key, ": expected ", expected, ", got ", describe(n), "; write it without quotes"));
 }
 
 bool all_digits(const std::string& s, size_t from) {
@@ -202,6 +214,7 @@ bool all_digits(const std::string& s, size_t from) {
 
 int64_t parse_int(const YAML::Node& n, const std::string& key, const std::string& where) {
   if (!n.IsScalar()) type_error(where, key, "an integer", n);
+  check_unquoted(n, key, where, "an integer");
   const std::string& s = n.Scalar();
   if (!all_digits(s, (!s.empty() && (s[0] == '-' || s[0] == '+')) ? 1 : 0)) type_error(where, key, "an integer", n);
   errno = 0;
@@ -212,6 +225,7 @@ int64_t parse_int(const YAML::Node& n, const std::string& key, const std::string
 
 uint64_t parse_uint(const YAML::Node& n, const std::string& key, const std::string& where) {
   if (!n.IsScalar()) type_error(where, key, "a non-negative integer", n);
+  check_unquoted(n, key, where, "a non-negative integer");
   const std::string& s = n.Scalar();
   if (!all_digits(s, (!s.empty() && s[0] == '+') ? 1 : 0)) type_error(where, key, "a non-negative integer", n);
   errno = 0;
@@ -222,6 +236,7 @@ uint64_t parse_uint(const YAML::Node& n, const std::string& key, const std::stri
 
 double parse_double(const YAML::Node& n, const std::string& key, const std::string& where) {
   if (!n.IsScalar()) type_error(where, key, "a number", n);
+  check_unquoted(n, key, where, "a number");
   const std::string& s = n.Scalar();
   errno = 0;
   char* end = nullptr;
@@ -235,6 +250,7 @@ double parse_double(const YAML::Node& n, const std::string& key, const std::stri
 
 bool parse_bool(const YAML::Node& n, const std::string& key, const std::string& where) {
   if (n.IsScalar()) {
+    check_unquoted(n, key, where, "a boolean (true|false)");
     const std::string& s = n.Scalar();
     if (s == "true" || s == "True" || s == "TRUE") return true;
     if (s == "false" || s == "False" || s == "FALSE") return false;
@@ -350,6 +366,7 @@ void set_history(RunConfig& cfg, const YAML::Node& n, const std::string& where) 
   } else if (n.IsMap() && n.size() == 1 && n["window"]) {
     const YAML::Node w = n["window"];
     int64_t v = 0;
+    if (w.IsScalar()) check_unquoted(w, str(kHistoryKey, ".window"), where, "an integer >= 1");
     if (!w.IsScalar() || !YAML::convert<int64_t>::decode(w, v) || v < 1) type_error(where, kHistoryKey, expected, n);
     cfg.data.history_window = v;
   } else {

@@ -88,6 +88,16 @@ TEST(ConfigTest, WrongTypeNamesKeyAndValue) {
             "run.yaml:3: data.shuffle: expected a boolean (true|false), got 'maybe'");
   EXPECT_EQ(parse_error("data:\n  path: x\ntrain:\n  max_steps: [1, 2]\n"),
             "run.yaml:4: train.max_steps: expected an integer, got a list");
+  EXPECT_EQ(parse_error("data:\n  path: x\ntrain:\n  max_steps: \"3\"\n"),
+            "run.yaml:4: train.max_steps: expected an integer, got the quoted string \"3\"; write it without quotes");
+  EXPECT_EQ(parse_error("data:\n  path: x\noptim:\n  lr: '3e-4'\n"),
+            "run.yaml:4: optim.lr: expected a number, got the quoted string \"3e-4\"; write it without quotes");
+  EXPECT_EQ(parse_error("data:\n  path: x\n  shuffle: \"true\"\n"),
+            "run.yaml:3: data.shuffle: expected a boolean (true|false), got the quoted string \"true\"; write it "
+            "without quotes");
+  EXPECT_EQ(parse_error("data:\n  path: x\n  history: {window: \"4\"}\n"),
+            "run.yaml:3: data.history.window: expected an integer >= 1, got the quoted string \"4\"; write it "
+            "without quotes");
   EXPECT_EQ(parse_error("data: 3\n"), "run.yaml:1: data: expected a mapping, got '3'");
   EXPECT_EQ(parse_error("data:\n  path: x\noptim:\n  betas: [0.9]\n"),
             "run.yaml:4: optim.betas: expected a list [beta1, beta2], got a list");
