@@ -12,8 +12,23 @@
 
 namespace tt {
 
+std::string atomic_temp_path(const std::string& path, long pid) {
+  const size_t slash = path.rfind('/');
+  const size_t name_at = slash == std::string::npos ? 0 : slash + 1;
+  return str(path.substr(0, name_at), ".", path.substr(name_at), ".tmp-", pid);
+}
+
+long atomic_temp_pid(const std::string& filename) {
+  const std::string mark = ".tmp-";
+  const size_t at = filename.rfind(mark);
+  if (filename.size() < 2 || filename[0] != '.' || at == std::string::npos || at < 2) return -1;
+  const std::string pid = filename.substr(at + mark.size());
+  if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stol(pid);
+}
+
 void write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = str(path, ".tmp.", (long)::getpid());
+  const std::string tmp = atomic_temp_path(path, (long)::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw Error(str(path, ": cannot create ", tmp));

@@ -8,6 +8,14 @@
 
 namespace tt {
 
+// The temporary file an atomic write of `path` by process `pid` goes through: ".<name>.tmp-<pid>"
+// beside it (hidden, and named so that a start-up cleaner can tell a dead writer's leftover:
+// atomic_temp_pid).
+std::string atomic_temp_path(const std::string& path, long pid);
+
+// The writer's pid when `filename` (no folder) is such a temporary file, else -1.
+long atomic_temp_pid(const std::string& filename);
+
 // Writes text to path atomically. Throws tt::Error naming the path when any step fails (the
 // temporary file is removed).
 void write_text_atomic(const std::string& path, const std::string& text);

@@ -20,6 +20,7 @@
 #include <set>
 
 #include "base/check.h"
+#include "base/files.h"
 
 namespace tt::model {
 
@@ -216,7 +217,7 @@ void write_safetensors(const std::string& path, const std::vector<StWriteTensor>
   std::string header_text = header.dump();
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
 
-  const std::string tmp = str(path, ".tmp.", (long)::getpid());
+  const std::string tmp = atomic_temp_path(path, (long)::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw Error(str(path, ": cannot create ", tmp, " (", errno_text(), ")"));
   auto write_all = [&](const void* p, size_t n) {

@@ -443,15 +443,12 @@ void clean_checkpoint_leftovers(const std::string& run_dir) {
                        valid.back().second);
         }
   }
-  // The atomic rewrite of metrics.jsonl (run_dir.h) stopped before its rename.
+  // An atomic write into the run folder (metrics.jsonl's rewrite, the GEMM tuning table, a
+  // dropped-metrics file: base/files.h) stopped before its rename.
   if (fs::is_directory(run_dir, ec))
     for (const auto& e : fs::directory_iterator(run_dir)) {
-      const std::string name = e.path().filename().string();
-      const std::string prefix = ".metrics.jsonl.tmp-";
-      if (name.rfind(prefix, 0) != 0) continue;
-      const std::string pid = name.substr(prefix.size());
-      if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) continue;
-      if (pid_in_progress(std::stoll(pid))) continue;
+      const long pid = atomic_temp_pid(e.path().filename().string());
+      if (pid < 0 || !e.is_regular_file(ec) || pid_in_progress(pid)) continue;
       fs::remove(e.path(), ec);
       spdlog::info("removed {}, left by process {} (gone)", e.path().string(), pid);
     }

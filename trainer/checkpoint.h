@@ -41,9 +41,10 @@
 // when the process that made them is gone (no live process of that pid on this host; one writer
 // per run_dir, rank 0, which holds run_dir's lock: run_dir.h): .step_N.tmp-<pid> (a write that
 // did not finish), .step_N.deleting-<pid> (a removal: prune_checkpoints renames step_N so before
-// removing it), .step_N.old-<pid> (a
-// replaced step_N: restored as step_N when the write stopped before the new one was renamed in,
-// else removed), run_dir/.metrics.jsonl.tmp-<pid>, and a step_N folder with files missing that is
+// removing it), .step_N.old-<pid> (a replaced step_N: restored as step_N when the write stopped
+// before the new one was renamed in, else removed), the temporary file of an atomic write into
+// run_dir (run_dir/.<name>.tmp-<pid>: metrics.jsonl's rewrite, gemm_tuning.json; base/files.h),
+// and a step_N folder with files missing that is
 // older than the newest valid checkpoint (a removal interrupted by an older treetrain).
 #pragma once
 

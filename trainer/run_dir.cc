@@ -70,7 +70,7 @@ namespace {
 // `text` written to `file` through a temporary file in `folder` (fsynced, renamed, the folder
 // fsynced).
 void replace_file(const fs::path& file, const fs::path& folder, const std::string& text, const std::string& what) {
-  const fs::path tmp = folder / ("." + file.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  const fs::path tmp = atomic_temp_path((folder / file.filename()).string(), (long)::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out << text;

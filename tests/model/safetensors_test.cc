@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "base/files.h"
 
 namespace tt::model {
 namespace {
@@ -61,7 +62,7 @@ TEST(Safetensors, F32RoundTripIsExactAndLayoutIsAligned) {
   const std::vector<float> b = {0.1f, 0.2f, 0.3f};
   write_safetensors(path, {{"a", {2, 3}, a.data(), nullptr}, {"b.weight", {3}, b.data(), nullptr}}, "F32",
                     {{"format", "pt"}});
-  EXPECT_FALSE(std::filesystem::exists(path + ".tmp." + std::to_string(::getpid())));
+  EXPECT_FALSE(std::filesystem::exists(tt::atomic_temp_path(path, (long)::getpid())));
   const auto st = read_safetensors(path);
   ASSERT_EQ(st.size(), 2u);
   const StTensor& ta = st.at("a");

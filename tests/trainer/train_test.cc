@@ -22,6 +22,7 @@
 #include "data/synthetic.h"
 #include "model/safetensors.h"
 #include "base/check.h"
+#include "base/files.h"
 #include "tests/trainer/tiny_run.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data_checks.h"
@@ -609,6 +610,13 @@ TEST(TrainTest, CrashLeftoversAreCleanedAtStartAndKeepHolds) {
   fs::create_directories(ck / "step_0");
   { std::ofstream(ck / "step_0" / "config.yaml") << "x"; }
   { std::ofstream(run / (".metrics.jsonl.tmp-" + dead)) << "{}\n"; }
+  // Atomic writes into the run folder killed before their rename (base/files.h names them), one
+  // of a live process, and files of the user's that only look alike.
+  { std::ofstream(atomic_temp_path((run / "gemm_tuning.json").string(), std::stol(dead))) << "{"; }
+  { std::ofstream(atomic_temp_path((run / "metrics.jsonl.dropped-x").string(), std::stol(dead))) << "{"; }
+  { std::ofstream(atomic_temp_path((run / "gemm_tuning.json").string(), std::stol(live))) << "{"; }
+  { std::ofstream(run / ("notes.tmp-" + dead)) << "mine"; }
+  { std::ofstream(run / (".notes.tmp-" + dead + "x")) << "mine"; }
 
   c.train.resume = true;
   c.train.keep_checkpoints = 2;
@@ -621,6 +629,11 @@ TEST(TrainTest, CrashLeftoversAreCleanedAtStartAndKeepHolds) {
   // keep_checkpoints holds at start already (step_1 went), only the live leftover stays.
   EXPECT_EQ(names, std::vector<std::string>({".step_5.tmp-" + live, "step_2", "step_3"}));
   EXPECT_FALSE(fs::exists(run / (".metrics.jsonl.tmp-" + dead)));
+  EXPECT_FALSE(fs::exists(run / (".gemm_tuning.json.tmp-" + dead)));
+  EXPECT_FALSE(fs::exists(run / (".metrics.jsonl.dropped-x.tmp-" + dead)));
+  EXPECT_TRUE(fs::exists(run / (".gemm_tuning.json.tmp-" + live)));
+  EXPECT_TRUE(fs::exists(run / ("notes.tmp-" + dead)));
+  EXPECT_TRUE(fs::exists(run / (".notes.tmp-" + dead + "x")));
   t.run();
   const auto valid = list_checkpoints(c.run_dir);
   ASSERT_EQ(valid.size(), 2u);
