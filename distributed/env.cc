@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "base/check.h"
+#include "distributed/auth.h"
 
 namespace tt::distributed {
 namespace {
@@ -151,6 +152,19 @@ void read_job_id(const EnvLookup& env, DistEnv* e) {
   }
 }
 
+// TT_JOB_SECRET: printable, long enough to guess no faster than the nonce.
+void read_secret(const EnvLookup& env, DistEnv* e) {
+  if (!is_set(env, "TT_JOB_SECRET")) return;
+  const std::string s = env("TT_JOB_SECRET");
+  bool printable = s.size() >= auth::kMinSecretChars && s.size() <= 1024;
+  for (unsigned char c : s) printable &= c > ' ' && c < 0x7f;
+  if (!printable)
+    throw Error(str("distributed: TT_JOB_SECRET: expected ", auth::kMinSecretChars,
+                    " to 1024 printable characters without spaces (for example 32 random hex digits), got ", s.size(),
+                    " characters that are not"));
+  e->secret = s;
+}
+
 }  // namespace
 
 std::string DistEnv::describe() const {
@@ -178,6 +192,7 @@ DistEnv read_env(const std::string& mode, const EnvLookup& lookup) {
     throw Error(str("distributed.mode: expected one of auto|torchrun|slurm|off, got '", mode, "'"));
   }
   read_job_id(lookup, &e);
+  read_secret(lookup, &e);
   e.host = hostname();
   return e;
 }

@@ -19,6 +19,9 @@
 // ranks), else TORCHELASTIC_RUN_ID (torchrun), else SLURM_JOB_ID, else none (""). The rendezvous
 // accepts only ranks with rank 0's job id, so another job's ranks that reach this master port are
 // refused instead of joining.
+// The job secret (DistEnv::secret): TT_JOB_SECRET, at least 16 printable characters, the same on
+// every rank (treetrain launch makes one; so does scripts/slurm/train.sbatch). With it, only a
+// process that knows it joins as a rank (auth.h); it is never printed or sent.
 // A variable that is missing or malformed is an error that names it and what was expected.
 #pragma once
 
@@ -39,6 +42,7 @@ struct DistEnv {
   std::string source = "none";  // "torchrun" | "slurm" | "none"
   std::string job_id;           // "" when no variable names one
   std::string job_id_var;       // the variable it came from ("TT_JOB_ID", ...), for messages
+  std::string secret;           // TT_JOB_SECRET, "" when unset (never printed)
 
   bool distributed() const { return world_size > 1; }
   // "rank 3/8 on host gpu07 (local rank 3)": the tag of every distributed message.

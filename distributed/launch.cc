@@ -22,6 +22,7 @@
 #include "distributed/env.h"
 #include "distributed/net.h"
 #include "base/check.h"
+#include "distributed/auth.h"
 #include "base/omp_env.h"
 
 extern char** environ;
@@ -216,6 +217,10 @@ void launch(const LaunchOptions& o) {
   const std::string job_id = given_id != nullptr && given_id[0] != '\0'
                                  ? std::string(given_id)
                                  : str("launch-", hostname(), "-", ::getpid(), "-", (long long)::time(nullptr));
+  // One secret for the ranks, so that only they can join (auth.h); a caller's is kept.
+  const char* given_secret = std::getenv("TT_JOB_SECRET");
+  const std::string secret =
+      given_secret != nullptr && given_secret[0] != '\0' ? std::string(given_secret) : auth::random_hex(16);
   SignalScope signals;
 
   // The ranks share this host's CPUs and wait passively, unless the user set OMP_* (omp_env.h).
@@ -241,6 +246,7 @@ void launch(const LaunchOptions& o) {
         "MASTER_ADDR=" + o.master_addr,
         "MASTER_PORT=" + std::to_string(port),
         "TT_JOB_ID=" + job_id,
+        "TT_JOB_SECRET=" + secret,
     };
     vars.insert(vars.end(), omp.begin(), omp.end());
     const std::vector<std::string> env = child_env(vars);

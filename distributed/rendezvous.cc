@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "base/check.h"
+#include "distributed/auth.h"
 #include "distributed/wire.h"
 
 namespace tt::distributed {
@@ -37,12 +38,13 @@ const char* op_name(Op op) {
     case Op::kBarrier: return "barrier";
     case Op::kAllReduce: return "all_reduce";
     case Op::kReject: return "reject";
+    case Op::kChallenge: return "challenge";
   }
   return "unknown";
 }
 
 Rendezvous::Rendezvous(const DistEnv& env, const RendezvousOptions& options)
-    : env_(env), options_(options), hosts_(env.world_size), links_(env.world_size) {
+    : env_(env), options_(options), hosts_(env.world_size), nonces_(env.world_size), links_(env.world_size) {
   if (env_.host.empty()) env_.host = hostname();
   hosts_[env_.rank] = env_.host;
   TT_CHECK(options_.timeout_s > 0 && options_.collective_timeout_s > 0, "distributed timeouts must be positive");
@@ -84,7 +86,7 @@ void Rendezvous::fail_io(int peer, net::IoStatus status, const std::string& what
       throw Error(str(tag(), ": lost ", who, " during ", current(), ": ", err,
                       " (it exited or crashed, or its host is unreachable; see its log)"));
     case net::IoStatus::kTimeout:
-      if (op_ == Op::kHello || op_ == Op::kWelcome)
+      if (op_ == Op::kHello || op_ == Op::kWelcome || op_ == Op::kChallenge)
         throw Error(str(tag(), ": ", who, " did not complete the rendezvous within ", seconds(options_.timeout_s),
                         " (distributed.timeout_s); did every rank start?"));
       throw Error(str(tag(), ": ", who, " did not ", what, " within ", seconds(options_.collective_timeout_s), " during ",
@@ -193,6 +195,7 @@ void Rendezvous::connect_root(net::Socket listener) {
     std::string got;   // the header and then the hello, as they arrive
     net::Clock::time_point since;  // accepted at
     bool evicted;      // dropped at this turn to make room (max_pending)
+    std::string nonce;  // the challenge sent to it
   };
   std::vector<Pending> pending;
   // A flood of silent connections must not use up the descriptors real ranks need: at most
@@ -269,8 +272,22 @@ void Rendezvous::connect_root(net::Socket listener) {
         if (!s.valid()) break;
         net::configure(s, options_.timeout_s);
         const std::string from = net::peer_address(s);
+        // The challenge: a fresh nonce the hello's proof must cover (a few bytes into an empty
+        // socket buffer; a peer that makes even that fail is dropped).
+        const std::string nonce = auth::random_hex(auth::kNonceHexChars / 2);
+        char h[wire::kHeaderBytes];
+        wire::encode_header({wire::kMagic, (uint32_t)Op::kChallenge, 0, nonce.size()}, h);
+        std::string err;
+        const net::Deadline d = net::deadline_after(1);
+        net::IoStatus st = net::send_all(s, h, sizeof(h), d, &err);
+        if (st == net::IoStatus::kOk) st = net::send_all(s, nonce.data(), nonce.size(), d, &err);
+        if (st != net::IoStatus::kOk) {
+          if (dropped.size() < 8) dropped.push_back(str(from, " could not be sent a challenge (", err, ")"));
+          ++dropped_count;
+          continue;
+        }
         pending.push_back({std::move(s), from, std::min(deadline, net::deadline_after(hello_s)), "", net::Clock::now(),
-                           false});
+                           false, nonce});
       }
     }
     for (size_t i = std::min(fds.size() - 1, pending.size()); i-- > 0;) {
@@ -323,7 +340,16 @@ void Rendezvous::connect_root(net::Socket listener) {
         continue;
       }
       std::string problem;
-      if (hello.world_size != world) {
+      const bool have_secret = !env_.secret.empty();
+      if (hello.secret_set != have_secret) {
+        problem = str("rank ", hello.rank, " on host ", hello.host, hello.secret_set ? " has" : " has no",
+                      " TT_JOB_SECRET and rank 0 on host ", env_.host, have_secret ? " has one" : " has none",
+                      " (every rank needs the same one)");
+      } else if (!auth::same_mac(hello.mac, auth::hmac_hex(env_.secret, wire::hello_proof_text(p.nonce, hello)))) {
+        problem = str("rank ", hello.rank, " on host ", hello.host,
+                      " did not prove rank 0's TT_JOB_SECRET (another secret: a rank of an earlier attempt of this "
+                      "job, or a process that knows only the job id)");
+      } else if (hello.world_size != world) {
         problem = str("rank ", hello.rank, " on host ", hello.host, " has world size ", hello.world_size, ", rank 0 has ",
                       world);
       } else if (hello.rank < 1 || hello.rank >= world) {
@@ -339,6 +365,7 @@ void Rendezvous::connect_root(net::Socket listener) {
         continue;
       }
       hosts_[hello.rank] = hello.host;
+      nonces_[hello.rank] = p.nonce + "\n" + hello.nonce;
       links_[hello.rank] = std::move(p.s);
       pending.erase(pending.begin() + (long)i);
       ++joined;
@@ -348,7 +375,12 @@ void Rendezvous::connect_root(net::Socket listener) {
   op_ = Op::kWelcome;
   deadline_ = net::deadline_after(options_.timeout_s);
   const std::string table = wire::encode_host_table(hosts_);
-  for (int r = 1; r < world; ++r) send_blob(r, table);
+  for (int r = 1; r < world; ++r) {
+    const size_t nl = nonces_[r].find('\n');
+    const std::string mac =
+        auth::hmac_hex(env_.secret, wire::welcome_proof_text(nonces_[r].substr(0, nl), nonces_[r].substr(nl + 1), table));
+    send_blob(r, wire::encode_welcome(mac, table));
+  }
 }
 
 void Rendezvous::connect_worker() {
@@ -367,14 +399,33 @@ void Rendezvous::connect_worker() {
   // Rank 0 accepts for timeout_s from its start, which is before this connection: the welcome
   // comes within timeout_s from now, or rank 0 has failed (and closed the connection).
   deadline_ = net::deadline_after(options_.timeout_s + 1);
-  send_blob(0, wire::encode_hello({rank(), world_size(), env_.host, env_.job_id, env_.job_id_var}));
-  op_ = Op::kWelcome;
-  const std::string table = recv_blob(0);
+  op_ = Op::kChallenge;
+  std::string root_nonce;
   try {
-    hosts_ = wire::decode_host_table(table, world_size());
+    root_nonce = wire::decode_challenge(recv_blob(0));
   } catch (const Error& e) {
+    if (std::string(e.what()).rfind(tag(), 0) == 0) throw;  // this rank's own message (a refusal, a timeout)
+    throw Error(str(tag(), ": ", peer_name(0), " sent ", e.what(), " during ", current(),
+                    " (is something other than treetrain's rank 0 on MASTER_PORT?)"));
+  }
+  wire::Hello hello{rank(), world_size(), env_.host, !env_.secret.empty(), auth::random_hex(auth::kNonceHexChars / 2),
+                    "", env_.job_id, env_.job_id_var};
+  hello.mac = auth::hmac_hex(env_.secret, wire::hello_proof_text(root_nonce, hello));
+  op_ = Op::kHello;
+  send_blob(0, wire::encode_hello(hello));
+  op_ = Op::kWelcome;
+  wire::Welcome welcome;
+  try {
+    welcome = wire::decode_welcome(recv_blob(0));
+    hosts_ = wire::decode_host_table(welcome.table, world_size());
+  } catch (const Error& e) {
+    if (std::string(e.what()).rfind(tag(), 0) == 0) throw;
     throw Error(str(tag(), ": ", peer_name(0), " sent ", e.what(), " during ", current()));
   }
+  if (!auth::same_mac(welcome.mac, auth::hmac_hex(env_.secret, wire::welcome_proof_text(root_nonce, hello.nonce, welcome.table))))
+    throw Error(str(tag(), ": the rank 0 at ", env_.master_addr, ":", env_.master_port,
+                    " did not prove this rank's TT_JOB_SECRET in its welcome (another job's rank 0 on this port, or "
+                    "ranks started with different secrets)"));
 }
 
 std::string Rendezvous::broadcast(const std::string& blob, int root) {

@@ -3,11 +3,15 @@
 //
 // Rank 0 listens on every interface at MASTER_PORT; the others connect to MASTER_ADDR:MASTER_PORT,
 // retrying until options.timeout_s. Each sends a hello (rank, world size, host, job id); rank 0
-// checks it (rank in range, not taken, same world size) and, once all have arrived, sends everyone
+// checks it (the job's secret, rank in range, not taken, same world size) and, once all have arrived, sends everyone
 // the host table. Every failure is a tt::Error tagged with this process's rank and host, e.g.
 //   "rank 3/4 on host gpu07 (local rank 3): cannot connect to master 10.0.0.1:29500 within 60 s
 //    (last error: Connection refused)".
 //
+// Only ranks that prove the job's secret join (TT_JOB_SECRET, env.h; the challenge, hello and
+// welcome of auth.h): rank 0 refuses any other hello naming the claimed rank and host, and keeps
+// waiting, so a process that knows only the job id cannot take a rank's place; a worker refuses a
+// rank 0 whose welcome does not prove it.
 // Only ranks of one job join (DistEnv::job_id, env.h): rank 0 refuses a hello with another job id,
 // telling that peer both ids (it fails at once: "rejected by rank 0: job id mismatch: ..."), and
 // keeps waiting for its own ranks. Rank 0 reads the hellos of all pending connections at once, so
@@ -47,7 +51,7 @@ struct RendezvousOptions {
 };
 
 // Kinds of messages; a mismatch names both.
-enum class Op : uint32_t { kHello = 1, kWelcome, kBroadcast, kAllGather, kBarrier, kAllReduce, kReject };
+enum class Op : uint32_t { kHello = 1, kWelcome, kBroadcast, kAllGather, kBarrier, kAllReduce, kReject, kChallenge };
 const char* op_name(Op op);
 
 class Rendezvous {
@@ -96,6 +100,7 @@ class Rendezvous {
   DistEnv env_;
   RendezvousOptions options_;
   std::vector<std::string> hosts_;  // (world_size) host of each rank
+  std::vector<std::string> nonces_;  // rank 0: (world_size) the challenge's and the hello's nonce, per rank
   std::vector<net::Socket> links_;  // (world_size) rank 0: one per rank; others: [0]
   Op op_ = Op::kHello;
   uint64_t seq_ = 0;

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "base/check.h"
+#include "distributed/auth.h"
 
 namespace tt::distributed::wire {
 namespace {
@@ -74,29 +75,70 @@ std::string header_problem(const Header& h, uint64_t max_bytes) {
 }
 
 std::string encode_hello(const Hello& h) {
-  return str(h.rank, " ", h.world_size, " ", h.host, "\n", h.job_id_var, "\n", h.job_id);
+  return str(h.rank, " ", h.world_size, " ", h.host, "\n", h.secret_set ? 1 : 0, " ", h.nonce, " ", h.mac, "\n",
+             h.job_id_var, "\n", h.job_id);
 }
 
 Hello decode_hello(const std::string& text) {
   if (text.size() > kMaxHelloBytes) throw Error(str("a hello of ", text.size(), " bytes (at most ", kMaxHelloBytes, ")"));
   const size_t nl = text.find('\n');
   const size_t nl2 = nl == std::string::npos ? std::string::npos : text.find('\n', nl + 1);
+  const size_t nl3 = nl2 == std::string::npos ? std::string::npos : text.find('\n', nl2 + 1);
   const std::string first = text.substr(0, nl);
   const size_t s1 = first.find(' ');
   const size_t s2 = s1 == std::string::npos ? std::string::npos : first.find(' ', s1 + 1);
   Hello h;
-  if (nl2 == std::string::npos || s2 == std::string::npos || !parse_count(first.substr(0, s1), &h.rank) ||
+  if (nl3 == std::string::npos || s2 == std::string::npos || !parse_count(first.substr(0, s1), &h.rank) ||
       !parse_count(first.substr(s1 + 1, s2 - s1 - 1), &h.world_size) || !is_host_name(first.substr(s2 + 1)))
     throw Error(str("a malformed hello '", excerpt(text),
-                    "' (expected '<rank> <world size> <host>', a job id variable line and a job id line)"));
+                    "' (expected '<rank> <world size> <host>', a proof line, a job id variable line and a job id "
+                    "line)"));
   h.host = first.substr(s2 + 1);
-  h.job_id_var = text.substr(nl + 1, nl2 - nl - 1);
-  h.job_id = text.substr(nl2 + 1);
+  const std::string proof = text.substr(nl + 1, nl2 - nl - 1);
+  const size_t p1 = proof.find(' ');
+  const size_t p2 = p1 == std::string::npos ? std::string::npos : proof.find(' ', p1 + 1);
+  const std::string flag = proof.substr(0, p1);
+  if (p2 == std::string::npos || (flag != "0" && flag != "1") ||
+      !auth::is_hex(proof.substr(p1 + 1, p2 - p1 - 1), auth::kNonceHexChars) ||
+      !auth::is_hex(proof.substr(p2 + 1), auth::kMacHexChars))
+    throw Error(str("a hello with a malformed proof line '", excerpt(proof),
+                    "' (expected '<0|1> <32 hex digits> <64 hex digits>')"));
+  h.secret_set = flag == "1";
+  h.nonce = proof.substr(p1 + 1, p2 - p1 - 1);
+  h.mac = proof.substr(p2 + 1);
+  h.job_id_var = text.substr(nl2 + 1, nl3 - nl2 - 1);
+  h.job_id = text.substr(nl3 + 1);
   if (h.job_id_var.size() > kMaxJobIdVarBytes || (!h.job_id_var.empty() && !is_host_name(h.job_id_var)))
     throw Error(str("a hello with a bad job id variable '", excerpt(h.job_id_var), "'"));
   if (h.job_id.size() > kMaxJobIdBytes)
     throw Error(str("a hello whose job id has ", h.job_id.size(), " bytes (at most ", kMaxJobIdBytes, ")"));
   return h;
+}
+
+std::string hello_proof_text(const std::string& root_nonce, const Hello& h) {
+  return str("treetrain hello\n", root_nonce, "\n", h.nonce, "\n", h.rank, " ", h.world_size, " ", h.host, "\n",
+             h.secret_set ? 1 : 0, "\n", h.job_id_var, "\n", h.job_id);
+}
+
+std::string welcome_proof_text(const std::string& root_nonce, const std::string& worker_nonce,
+                               const std::string& table) {
+  return str("treetrain welcome\n", root_nonce, "\n", worker_nonce, "\n", table);
+}
+
+std::string decode_challenge(const std::string& text) {
+  if (!auth::is_hex(text, auth::kNonceHexChars))
+    throw Error(str("a malformed challenge '", excerpt(text), "' (expected ", auth::kNonceHexChars, " hex digits)"));
+  return text;
+}
+
+std::string encode_welcome(const std::string& mac, const std::string& table) { return mac + "\n" + table; }
+
+Welcome decode_welcome(const std::string& text) {
+  const size_t nl = text.find('\n');
+  if (nl == std::string::npos || !auth::is_hex(text.substr(0, nl), auth::kMacHexChars))
+    throw Error(str("a malformed welcome '", excerpt(text), "' (expected a line of ", auth::kMacHexChars,
+                    " hex digits, then the host table)"));
+  return {text.substr(0, nl), text.substr(nl + 1)};
 }
 
 std::string encode_host_table(const std::vector<std::string>& hosts) {

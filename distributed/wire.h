@@ -5,8 +5,10 @@
 // payload, in host byte order (all ranks of a job run the same build on the same architecture).
 // A header whose magic is not kMagic, or which announces more than kMaxMessageBytes (a hello:
 // kMaxHelloBytes), is refused before its payload is read. Payloads:
-//   hello    "<rank> <world size> <host>\n<job id variable>\n<job id>"   (worker -> rank 0)
-//   welcome  the host table, one name per line, by rank  (rank 0 -> worker)
+//   challenge  rank 0's nonce, 32 hex digits               (rank 0 -> a new connection)
+//   hello    "<rank> <world size> <host>\n<secret set: 0|1> <nonce> <mac>\n<job id variable>\n<job id>"
+//            (worker -> rank 0; nonce 32 and mac 64 hex digits: auth.h)
+//   welcome  "<mac>\n" and the host table, one name per line, by rank  (rank 0 -> worker)
 //   reject   the reason, text                            (rank 0 -> a refused peer)
 //   all_gather reply: per rank a u64 length and the bytes (pack_blobs)
 // Decoders throw tt::Error saying what is malformed; the rendezvous adds who sent it.
@@ -45,6 +47,9 @@ struct Hello {
   int rank = 0;
   int world_size = 0;
   std::string host;
+  bool secret_set = false;  // the worker has a TT_JOB_SECRET (its mac is keyed by it)
+  std::string nonce;        // the worker's, 32 hex digits
+  std::string mac;          // 64 hex digits (auth.h)
   std::string job_id;      // "" when the launcher gave none
   std::string job_id_var;  // the variable it came from ("TT_JOB_ID", ...; "" with no id)
 };
@@ -54,6 +59,22 @@ Hello decode_hello(const std::string& text);
 // Host names (non-empty, no whitespace) of `world` ranks, one per line.
 std::string encode_host_table(const std::vector<std::string>& hosts);
 std::vector<std::string> decode_host_table(const std::string& text, int world);
+
+// What the hello's and the welcome's MACs cover (auth.h): both nonces and every field but the mac.
+std::string hello_proof_text(const std::string& root_nonce, const Hello& h);
+std::string welcome_proof_text(const std::string& root_nonce, const std::string& worker_nonce,
+                               const std::string& table);
+
+// The challenge: exactly 32 hex digits.
+std::string decode_challenge(const std::string& text);
+
+// The welcome: rank 0's mac (64 hex digits) and the host table.
+std::string encode_welcome(const std::string& mac, const std::string& table);
+struct Welcome {
+  std::string mac;
+  std::string table;  // as sent; decode_host_table reads it
+};
+Welcome decode_welcome(const std::string& text);
 
 // The all_gather reply: exactly `world` blobs.
 std::string pack_blobs(const std::vector<std::string>& blobs);

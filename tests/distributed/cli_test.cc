@@ -129,6 +129,23 @@ TEST(DistributedCliTest, LaunchGivesItsRanksOneJobIdOrKeepsTheCallers) {
   EXPECT_TRUE(has(r.out, "[rank 1] job sweep-run-3\n")) << r.out;
 }
 
+TEST(DistributedCliTest, LaunchGivesItsRanksOneSecretOrKeepsTheCallers) {
+  Result r = treetrain("launch --nproc 2 --program /bin/sh -- -c 'echo secret $TT_JOB_SECRET'");
+  EXPECT_EQ(r.code, 0) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("\\[rank 0\\] secret ([0-9a-f]{32})\n"))) << r.out;
+  EXPECT_TRUE(has(r.out, "[rank 1] secret " + m[1].str() + "\n")) << r.out;
+  const std::string first = m[1].str();
+  r = treetrain("launch --nproc 1 --program /bin/sh -- -c 'echo secret $TT_JOB_SECRET'");
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("\\[rank 0\\] secret ([0-9a-f]{32})\n"))) << r.out;
+  EXPECT_NE(m[1].str(), first) << "a fresh secret per launch";
+  ::setenv("TT_JOB_SECRET", "the-callers-secret", 1);
+  r = treetrain("launch --nproc 2 --program /bin/sh -- -c 'echo secret $TT_JOB_SECRET'");
+  ::unsetenv("TT_JOB_SECRET");
+  EXPECT_TRUE(has(r.out, "[rank 0] secret the-callers-secret\n")) << r.out;
+  EXPECT_TRUE(has(r.out, "[rank 1] secret the-callers-secret\n")) << r.out;
+}
+
 TEST(DistributedCliTest, ATrainingRankThatCannotStartFailsTheLaunch) {
   // Rank 1 cannot run at all; rank 0 waits in the rendezvous until the launcher stops it.
   const fs::path dir = test_dir("dist_cli_no_start");

@@ -185,5 +185,24 @@ TEST(EnvTest, JobIdFromTheLauncherTorchrunOrSlurmInThatOrder) {
             "distributed: TT_JOB_ID: expected a job id of at most 256 printable characters, got 257 bytes");
 }
 
+TEST(EnvTest, TheJobSecretIsReadCheckedAndNeverDescribed) {
+  const Vars torchrun = {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.0.0.1"},
+                         {"MASTER_PORT", "29500"}};
+  auto with = [&](Vars v, const Vars& extra) {
+    v.insert(extra.begin(), extra.end());
+    return v;
+  };
+  EXPECT_EQ(read("torchrun", torchrun).secret, "");
+  const DistEnv e = read("torchrun", with(torchrun, {{"TT_JOB_SECRET", "0123456789abcdef"}}));
+  EXPECT_EQ(e.secret, "0123456789abcdef");
+  EXPECT_EQ(e.describe().find("0123456789abcdef"), std::string::npos);
+  const std::string expected =
+      "distributed: TT_JOB_SECRET: expected 16 to 1024 printable characters without spaces (for example 32 random "
+      "hex digits), got ";
+  EXPECT_EQ(error_of("torchrun", with(torchrun, {{"TT_JOB_SECRET", "short"}})), expected + "5 characters that are not");
+  EXPECT_EQ(error_of("torchrun", with(torchrun, {{"TT_JOB_SECRET", "has a space in it ok"}})),
+            expected + "20 characters that are not");
+}
+
 }  // namespace
 }  // namespace tt::distributed

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "base/check.h"
+#include "distributed/auth.h"
 #include "distributed/wire.h"
 #include "tests/distributed/test_util.h"
 
@@ -268,6 +269,35 @@ std::string header_bytes(Op op, uint64_t seq, uint64_t bytes) {
 
 std::string message(Op op, uint64_t seq, const std::string& payload) { return header_bytes(op, seq, payload.size()) + payload; }
 
+// A fake rank: reads rank 0's challenge and answers with a hello proving `secret`.
+std::string fake_hello(const net::Socket& s, int rank, int world, const std::string& host, const std::string& secret,
+                       const std::string& job_id = "") {
+  char h[wire::kHeaderBytes];
+  std::string err;
+  EXPECT_EQ(net::recv_all(s, h, sizeof(h), net::deadline_after(3), &err), net::IoStatus::kOk) << err;
+  const wire::Header header = wire::decode_header(h);
+  EXPECT_EQ(header.op, (uint32_t)Op::kChallenge);
+  EXPECT_EQ(header.bytes, auth::kNonceHexChars);
+  std::string nonce(auth::kNonceHexChars, '\0');
+  EXPECT_EQ(net::recv_all(s, nonce.data(), nonce.size(), net::deadline_after(3), &err), net::IoStatus::kOk) << err;
+  wire::Hello hello{rank, world, host, !secret.empty(), auth::random_hex(16), "", job_id, job_id.empty() ? "" : "TT_JOB_ID"};
+  hello.mac = auth::hmac_hex(secret, wire::hello_proof_text(nonce, hello));
+  fake_send(s, message(Op::kHello, 0, wire::encode_hello(hello)));
+  return nonce + "\n" + hello.nonce;
+}
+
+// The reason of rank 0's refusal, read from a fake peer's socket ("" when it sent something else).
+std::string recv_reject(const net::Socket& s) {
+  char h[wire::kHeaderBytes];
+  std::string err;
+  if (net::recv_all(s, h, sizeof(h), net::deadline_after(3), &err) != net::IoStatus::kOk) return "";
+  const wire::Header header = wire::decode_header(h);
+  if (header.op != (uint32_t)Op::kReject || header.bytes > wire::kMaxHelloBytes) return "";
+  std::string why(header.bytes, '\0');
+  if (net::recv_all(s, why.data(), why.size(), net::deadline_after(3), &err) != net::IoStatus::kOk) return "";
+  return why;
+}
+
 // Seconds until the other end closes `s` (reading and discarding what comes); -1 after 5 s.
 double seconds_until_closed(const net::Socket& s) {
   const auto t0 = Clock::now();
@@ -473,7 +503,7 @@ TEST(RendezvousTest, AJoinedRankAnnouncingATerabyteMessageFailsRankZeroAtOnce) {
     }
   });
   net::Socket fake = fake_connect(port);
-  fake_send(fake, message(Op::kHello, 0, "1 2 fake\n\n"));
+  fake_hello(fake, 1, 2, "fake", kTestSecret);
   fake_send(fake, header_bytes(Op::kAllGather, 1, kTerabyte));
   const double closed = seconds_until_closed(fake);
   root.join();
@@ -514,7 +544,7 @@ TEST(RendezvousTest, AWorkerFailsOnASilentMasterWithinTheTimeout) {
   EXPECT_LT(took, 3.0);  // timeout_s + 1: rank 0 may have started accepting before this worker
 }
 
-TEST(RendezvousTest, AWorkerFailsAtOnceOnAGarbageOrTerabyteWelcome) {
+TEST(RendezvousTest, AWorkerFailsAtOnceOnAGarbageOrTerabyteChallengeOrWelcome) {
   // Each fake master keeps its end open until the worker gives up: closing it at once would race the worker's
   // hello (a reset connection fails the hello with EPIPE before the welcome is read).
   const auto answer = [](const std::string& bytes) {
@@ -523,17 +553,130 @@ TEST(RendezvousTest, AWorkerFailsAtOnceOnAGarbageOrTerabyteWelcome) {
       EXPECT_GE(seconds_until_closed(s), 0);
     };
   };
+  const std::string tag = "rank 1/2 on host host1 (local rank 1): rank 0 (host 127.0.0.1) ";
   const auto t0 = Clock::now();
   std::string error = worker_against_fake_master(answer(std::string(64, 'A')), 3);
-  EXPECT_EQ(error, "rank 1/2 on host host1 (local rank 1): rank 0 (host 127.0.0.1) sent a message that is not "
-                   "treetrain's protocol (magic 0x41414141, expected 0x50447454) during welcome #0");
-  error = worker_against_fake_master(answer(header_bytes(Op::kWelcome, 0, kTerabyte)), 3);
-  EXPECT_EQ(error, "rank 1/2 on host host1 (local rank 1): rank 0 (host 127.0.0.1) announced a message of "
-                   "1099511627776 bytes, more than the protocol's maximum of 67108864 bytes during welcome #0");
-  error = worker_against_fake_master(answer(message(Op::kWelcome, 0, "a\nb c\n")), 3);
-  EXPECT_EQ(error, "rank 1/2 on host host1 (local rank 1): rank 0 (host 127.0.0.1) sent a host table with a bad host "
-                   "name 'b c' on line 2 during welcome #0");
+  EXPECT_EQ(error, tag + "sent a message that is not treetrain's protocol (magic 0x41414141, expected 0x50447454) "
+                         "during challenge #0");
+  error = worker_against_fake_master(answer(header_bytes(Op::kChallenge, 0, kTerabyte)), 3);
+  EXPECT_EQ(error, tag + "announced a message of 1099511627776 bytes, more than the protocol's maximum of 67108864 "
+                         "bytes during challenge #0");
+  error = worker_against_fake_master(answer(message(Op::kChallenge, 0, "xyz")), 3);
+  EXPECT_EQ(error, tag + "sent a malformed challenge 'xyz' (expected 32 hex digits) during challenge #0 (is something "
+                         "other than treetrain's rank 0 on MASTER_PORT?)");
+  // A proper challenge, then a bad welcome.
+  const std::string challenge = message(Op::kChallenge, 0, std::string(32, 'c'));
+  error = worker_against_fake_master(answer(challenge + std::string(64, 'A')), 3);
+  EXPECT_EQ(error, tag + "sent a message that is not treetrain's protocol (magic 0x41414141, expected 0x50447454) "
+                         "during welcome #0");
+  error = worker_against_fake_master(answer(challenge + header_bytes(Op::kWelcome, 0, kTerabyte)), 3);
+  EXPECT_EQ(error, tag + "announced a message of 1099511627776 bytes, more than the protocol's maximum of 67108864 "
+                         "bytes during welcome #0");
+  error = worker_against_fake_master(answer(challenge + message(Op::kWelcome, 0, "a\nb c\n")), 3);
+  EXPECT_EQ(error, tag + "sent a malformed welcome 'a?b c?' (expected a line of 64 hex digits, then the host table) "
+                         "during welcome #0");
+  const std::string mac(64, 'f');
+  error = worker_against_fake_master(answer(challenge + message(Op::kWelcome, 0, mac + "\na\nb c\n")), 3);
+  EXPECT_EQ(error, tag + "sent a host table with a bad host name 'b c' on line 2 during welcome #0");
   EXPECT_LT(seconds_since(t0), 1.0);
+}
+
+// A fake master that knows the protocol but not the job's secret: its welcome cannot prove it.
+TEST(RendezvousTest, AWorkerRefusesARankZeroThatDoesNotProveTheSecret) {
+  const std::string error = worker_against_fake_master(
+      [](net::Socket& s) {
+        const std::string root_nonce = auth::random_hex(16);
+        fake_send(s, message(Op::kChallenge, 0, root_nonce));
+        char h[wire::kHeaderBytes];
+        std::string err;
+        ASSERT_EQ(net::recv_all(s, h, sizeof(h), net::deadline_after(3), &err), net::IoStatus::kOk) << err;
+        std::string hello(wire::decode_header(h).bytes, '\0');
+        ASSERT_EQ(net::recv_all(s, hello.data(), hello.size(), net::deadline_after(3), &err), net::IoStatus::kOk);
+        const wire::Hello got = wire::decode_hello(hello);
+        EXPECT_TRUE(got.secret_set);
+        EXPECT_EQ(hello.find(kTestSecret), std::string::npos) << "the secret never crosses the network";
+        const std::string table = "host0\nhost1\n";
+        const std::string mac = auth::hmac_hex("another-secret-of-16", wire::welcome_proof_text(root_nonce, got.nonce, table));
+        fake_send(s, message(Op::kWelcome, 0, wire::encode_welcome(mac, table)));
+        EXPECT_GE(seconds_until_closed(s), 0);
+      },
+      3);
+  EXPECT_EQ(error.rfind("rank 1/2 on host host1 (local rank 1): the rank 0 at 127.0.0.1:", 0), 0u) << error;
+  EXPECT_TRUE(has(error, " did not prove this rank's TT_JOB_SECRET in its welcome (another job's rank 0 on this port, "
+                         "or ranks started with different secrets)"))
+      << error;
+}
+
+// A process that knows the job id and claims rank 1 but not the secret (a stale rank of an earlier
+// attempt, or an impostor) is refused at once; the real rank 1 then joins and the job runs.
+TEST(RendezvousTest, ARankWithoutTheSecretIsRefusedAndTheRealOneStillJoins) {
+  Listener l = bind_free_port();
+  const int port = l.port;
+  DistEnv root_env = loopback_env(0, 2, port);
+  root_env.job_id = "job-7";
+  root_env.job_id_var = "TT_JOB_ID";
+  std::vector<std::string> gathered;
+  std::string root_error;
+  const auto t0 = Clock::now();
+  std::thread root([&] {
+    try {
+      auto rv = Rendezvous::connect_with_listener(root_env, short_timeouts(3, 3), std::move(l.socket));
+      gathered = rv->all_gather("zero");
+    } catch (const Error& e) {
+      root_error = e.what();
+    }
+  });
+  // The impostor: right job id, wrong secret; then one with no secret at all.
+  net::Socket impostor = fake_connect(port);
+  fake_hello(impostor, 1, 2, "stale", "an-earlier-attempt-secret", "job-7");
+  const std::string refusal = recv_reject(impostor);
+  EXPECT_EQ(refusal, "rank 1 on host stale did not prove rank 0's TT_JOB_SECRET (another secret: a rank of an earlier "
+                     "attempt of this job, or a process that knows only the job id)");
+  net::Socket bare = fake_connect(port);
+  fake_hello(bare, 1, 2, "bare", "", "job-7");
+  EXPECT_EQ(recv_reject(bare), "rank 1 on host bare has no TT_JOB_SECRET and rank 0 on host host0 has one (every rank "
+                               "needs the same one)");
+  // The real rank 1.
+  DistEnv env = loopback_env(1, 2, port);
+  env.job_id = "job-7";
+  env.job_id_var = "TT_JOB_ID";
+  std::string error;
+  try {
+    auto rv = Rendezvous::connect(env, short_timeouts(3, 3));
+    EXPECT_EQ(rv->all_gather("one"), (std::vector<std::string>{"zero", "one"}));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  root.join();
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(root_error, "");
+  EXPECT_EQ(gathered, (std::vector<std::string>{"zero", "one"}));
+  EXPECT_LT(seconds_since(t0), 1.5);  // no timeout was waited out
+}
+
+// Ranks whose secrets differ: the worker is told why at once.
+TEST(RendezvousTest, RanksWithDifferentSecretsFailWithTheReason) {
+  Listener l = bind_free_port();
+  const int port = l.port;
+  std::vector<std::string> errors(2);
+  std::thread root([&] {
+    try {
+      Rendezvous::connect_with_listener(loopback_env(0, 2, port), short_timeouts(1), std::move(l.socket));
+    } catch (const Error& e) {
+      errors[0] = e.what();
+    }
+  });
+  DistEnv env = loopback_env(1, 2, port);
+  env.secret = "";
+  try {
+    Rendezvous::connect(env, short_timeouts(1));
+  } catch (const Error& e) {
+    errors[1] = e.what();
+  }
+  root.join();
+  EXPECT_EQ(errors[1], "rank 1/2 on host host1 (local rank 1): rejected by rank 0: rank 1 on host host1 has no "
+                       "TT_JOB_SECRET and rank 0 on host host0 has one (every rank needs the same one)");
+  EXPECT_TRUE(has(errors[0], " was refused: rank 1 on host host1 has no TT_JOB_SECRET")) << errors[0];
 }
 
 TEST(RendezvousTest, ABlobOverTheMessageLimitIsRefusedBeforeSending) {

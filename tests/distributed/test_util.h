@@ -22,8 +22,12 @@
 
 namespace tt::distributed::testing {
 
+// Every loopback rank has this job secret (auth.h) unless a test says otherwise.
+inline const char* const kTestSecret = "loopback-test-secret";
+
 inline DistEnv loopback_env(int rank, int world, int port) {
   DistEnv e;
+  e.secret = kTestSecret;
   e.rank = rank;
   e.world_size = world;
   e.local_rank = rank;

@@ -1,5 +1,5 @@
-// libFuzzer target: bytes as the rendezvous's messages (distributed/wire.h): a header, a hello,
-// a host table and an all_gather reply; what decodes must encode back to the same bytes. Only
+// libFuzzer target: bytes as the rendezvous's messages (distributed/wire.h): a header, a
+// challenge, a hello, a welcome, a host table and an all_gather reply; what decodes must encode back to the same bytes. Only
 // tt::Error may come out of a decoder; anything else is a bug.
 #include <cstddef>
 #include <cstdint>
@@ -27,9 +27,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       // Decimals may carry leading zeros ("01"); what they decode to must still round-trip.
       const wire::Hello again = wire::decode_hello(wire::encode_hello(h));
       if (again.rank != h.rank || again.world_size != h.world_size || again.host != h.host ||
-          again.job_id != h.job_id || again.job_id_var != h.job_id_var)
+          again.job_id != h.job_id || again.job_id_var != h.job_id_var || again.secret_set != h.secret_set ||
+          again.nonce != h.nonce || again.mac != h.mac)
         __builtin_trap();
     }
+  } catch (const tt::Error&) {
+  }
+  try {
+    if (wire::decode_challenge(bytes) != bytes) __builtin_trap();
+  } catch (const tt::Error&) {
+  }
+  try {
+    const wire::Welcome w = wire::decode_welcome(bytes);
+    if (wire::encode_welcome(w.mac, w.table) != bytes) __builtin_trap();
+    wire::decode_host_table(w.table, world);
   } catch (const tt::Error&) {
   }
   try {
