@@ -83,9 +83,11 @@ const char* const kUsage = R"(usage:
       frame per step of --max-steps, or of the --window last steps) must fit the model's
       max_position_embeddings.
   treetrain serve --checkpoint DIR [--port 0] [--host 127.0.0.1] [--action-ids FIRST:END]
-                  [--action-tokens 1] [--window W] [--max-sessions 1024] [--max-message-bytes 16777216]
+                  [--action-tokens 1] [--window W] [--max-sessions 1024] [--session-idle-s 3600]
+                  [--max-message-bytes 16777216]
       A VLA policy server: JSON lines over TCP, sessions with reset / images (base64 PNG or JPEG)
       / close, answered by the action (trainer/serve.h); prints "listening on HOST:PORT" first.
+      A session unused for --session-idle-s seconds is closed (0: never).
       Continuous actions decode with the checkpoint's action_bins.json; discrete ones need
       --action-ids (the nav environment's: 8:12).
   treetrain nav-env [--size 5] [--landmarks 3] [--walls 2] [--max-steps 24] [--image-size 16]
@@ -368,7 +370,7 @@ int run_eval(const std::vector<std::string>& argv) {
 
 int run_serve(const std::vector<std::string>& argv) {
   const Args a = parse_flags(argv, {"checkpoint", "host", "port", "window", "action-ids", "action-tokens",
-                                    "max-message-bytes", "max-sessions", "max-requests", "device"},
+                                    "max-message-bytes", "max-sessions", "session-idle-s", "max-requests", "device"},
                              "serve");
   spdlog::set_default_logger(spdlog::stderr_color_mt("treetrain-serve"));  // stdout: the "listening on" line
   tt::trainer::ServeOptions o;
@@ -396,6 +398,10 @@ int run_serve(const std::vector<std::string>& argv) {
   o.action_tokens = int32_flag(a, "action-tokens", 0, 1, kIntMax);
   o.max_message_bytes = int_flag(a, "max-message-bytes", o.max_message_bytes, 1024, INT64_MAX);
   o.max_sessions = int32_flag(a, "max-sessions", o.max_sessions, 1, kIntMax);
+  o.session_idle_s = float_flag(a, "session-idle-s", o.session_idle_s);
+  if (o.session_idle_s < 0)
+    throw UsageError{"--session-idle-s: expected seconds >= 0 (0: sessions never close for going unused), got '" +
+                     a.flags.at("session-idle-s") + "'"};
   o.max_requests = int_flag(a, "max-requests", -1, -1, INT64_MAX, " (-1 or absent: until killed)");
   const auto dev = a.flags.find("device");
   if (dev != a.flags.end() && dev->second != "auto" && dev->second != "cpu")

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -121,7 +122,8 @@ class Server {
       std::vector<pollfd> fds = {{lfd, POLLIN, 0}};
       for (const Conn& c : conns)
         fds.push_back({c.fd, (short)((c.closing ? 0 : POLLIN) | (c.out.empty() ? 0 : POLLOUT)), 0});
-      if (poll(fds.data(), fds.size(), -1) < 0) {
+      // Woken for the next idle session to close, if any.
+      if (poll(fds.data(), fds.size(), close_idle_sessions()) < 0) {
         if (errno == EINTR) continue;
         throw Error(str("serve: poll: ", std::strerror(errno)));
       }
@@ -312,7 +314,10 @@ class Server {
                           " action token(s)"));
         auto it = sessions_.find(session);
         if (it == sessions_.end() && (int)sessions_.size() >= opt_.max_sessions)
-          throw Error(str("too many sessions (", opt_.max_sessions, "); close one first"));
+          throw Error(str("too many sessions (", opt_.max_sessions, ", --max-sessions); close one first",
+                          opt_.session_idle_s > 0 ? str(", or wait for one to go unused for ", opt_.session_idle_s,
+                                                        " s (--session-idle-s)")
+                                                  : std::string()));
         // A fresh session takes the name only once its reset succeeded: a failed reset leaves an
         // existing session as it was and creates none.
         auto fresh = std::make_unique<Session>(*model_, window_, context_);
@@ -322,13 +327,21 @@ class Server {
         } else {
           it->second = std::move(fresh);
         }
+        closed_idle_.erase(session);
         return dump(json{{"session", session}, {"ok", true}});
       }
       check_keys(j, close ? "close" : "images", close ? std::vector<std::string>{"session", "close", "reset"}
                                                       : std::vector<std::string>{"session", "images", "state", "reset",
                                                                                  "close"});
       auto it = sessions_.find(session);
-      if (it == sessions_.end()) throw Error(str("unknown session \"", session, "\" (reset it first)"));
+      if (it == sessions_.end()) {
+        const auto idle = closed_idle_.find(session);
+        if (idle != closed_idle_.end())
+          throw Error(str("session \"", session, "\" was closed after ", idle->second.idle_s, " s unused (--session-idle-s ",
+                          opt_.session_idle_s, "); reset it"));
+        throw Error(str("unknown session \"", session, "\" (reset it first)"));
+      }
+      it->second->used = Clock::now();
       if (close) {
         sessions_.erase(it);
         return dump(json{{"session", session}, {"ok", true}});
@@ -388,11 +401,43 @@ class Server {
     }
   }
 
+  using Clock = std::chrono::steady_clock;
+
   struct Session {
     model::VlaPolicy<Exec> policy;
     int64_t steps = 0;
+    Clock::time_point used = Clock::now();  // its last request
     Session(model::Decoder<Exec>& m, int window, int64_t capacity) : policy(m, window, capacity) {}
   };
+
+  // Closes the sessions unused for session_idle_s (their names kept, a bounded number, for the
+  // error a later request gets); returns poll()'s timeout in ms until the next one is due (-1:
+  // none is).
+  int close_idle_sessions() {
+    if (opt_.session_idle_s <= 0 || sessions_.empty()) return -1;
+    const Clock::time_point now = Clock::now();
+    const auto limit = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt_.session_idle_s));
+    Clock::duration next = Clock::duration::max();
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      const Clock::duration idle = now - it->second->used;
+      if (idle < limit) {
+        next = std::min(next, limit - idle);
+        ++it;
+        continue;
+      }
+      const double idle_s = std::round(std::chrono::duration<double>(idle).count() * 10) / 10;
+      spdlog::info("serve: session \"{}\" closed after {} s unused (--session-idle-s {}); its {} steps' context freed",
+                   it->first, idle_s, opt_.session_idle_s, it->second->steps);
+      if (closed_idle_.size() >= kMaxClosedNames && !closed_idle_.count(it->first))
+        closed_idle_.erase(std::min_element(closed_idle_.begin(), closed_idle_.end(), [](const auto& a, const auto& b) {
+          return a.second.order < b.second.order;
+        }));
+      closed_idle_[it->first] = {idle_s, closed_count_++};
+      it = sessions_.erase(it);
+    }
+    if (next == Clock::duration::max()) return -1;
+    return (int)std::min<int64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(next).count() + 1, 1 << 30);
+  }
 
   ServeOptions opt_;
   std::string dir_;
@@ -407,6 +452,15 @@ class Server {
   int32_t first_ = 0, end_ = 0;
   std::unique_ptr<model::Decoder<Exec>> model_;
   std::map<std::string, std::unique_ptr<Session>> sessions_;
+  // Sessions closed for going unused: name -> seconds unused (the newest kMaxClosedNames; a reset
+  // of the name forgets it).
+  static constexpr size_t kMaxClosedNames = 4096;
+  struct Closed {
+    double idle_s = 0;
+    uint64_t order = 0;  // the oldest goes first at the cap
+  };
+  std::map<std::string, Closed> closed_idle_;
+  uint64_t closed_count_ = 0;
 };
 
 }  // namespace

@@ -29,9 +29,10 @@
 // a client that pipelines requests and never reads cannot stall the others. Nothing a client
 // sends stops the server.
 // Sessions are global, not tied to a connection: a session lives until it is closed (by any
-// connection) or the server stops; a connection that closes leaves its sessions open, so a
-// client reconnects to them. Nothing expires: max_sessions bounds them, and a client that
-// abandons sessions should close them.
+// connection), it has gone unused for session_idle_s (its KV cache is freed, a log line says so,
+// and a request naming it gets "session S was closed after N s unused (--session-idle-s ...);
+// reset it"), or the server stops. A connection that closes leaves its sessions open, so a client
+// reconnects to them. max_sessions bounds the open ones.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +46,7 @@ struct ServeOptions {
   int port = 0;              // 0: any free port (printed on the first line of stdout)
   int64_t max_message_bytes = 16 << 20;
   int max_sessions = 1024;
+  double session_idle_s = 3600;  // a session unused this long is closed (0: never)
   int window = -1;           // -1: the checkpoint's data.history
   // Discrete actions: n tokens among ids [first, end) (e.g. the nav environment's 8:12); else
   // the checkpoint's action_bins.json (dims tokens among its bins' ids; action_tokens then 0 or

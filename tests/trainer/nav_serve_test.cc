@@ -18,14 +18,15 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <utility>
 #include <thread>
+#include <utility>
 
 #include "base/base64.h"
 #include "data/image.h"
@@ -392,6 +393,29 @@ TEST(NavServe, AFailedResetChangesNothing) {
   const json b = c.ask(R"({"session": "b)" + step), ref = c.ask(R"({"session": "ref)" + step);
   EXPECT_EQ(b.at("step"), 1) << b.dump();
   EXPECT_EQ(b.at("action_ids"), ref.at("action_ids"));
+}
+
+// A session unused for --session-idle-s is closed (its context freed, named in the log); a
+// request naming it says so, and a reset opens it again. One that is used stays open.
+TEST(NavServe, UnusedSessionsCloseAfterTheIdleTime) {
+  const fs::path log = fresh_dir("serve_idle") / "serve.log";
+  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12 --session-idle-s 1", log.string());
+  Client c(s.port);
+  const std::string img = frame_b64(), step = R"(", "images": [")" + img + R"("]})";
+  for (const char* name : {"used", "idle"})
+    EXPECT_EQ(c.ask(str_session(name) + R"(, "reset": true, "instruction": [2, 5]})").at("ok"), true);
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  EXPECT_EQ(c.ask(R"({"session": "used)" + step).at("step"), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  // "idle" went unused for 1.2 s, "used" for 0.6 s.
+  const std::string e = c.error_of(R"({"session": "idle)" + step);
+  EXPECT_EQ(e.rfind("session \"idle\" was closed after 1", 0), 0u) << e;
+  EXPECT_NE(e.find(" s unused (--session-idle-s 1); reset it"), std::string::npos) << e;
+  EXPECT_EQ(c.ask(R"({"session": "used)" + step).at("step"), 1);
+  EXPECT_EQ(c.ask(R"({"session": "idle", "reset": true, "instruction": [2, 5]})").at("ok"), true);
+  EXPECT_EQ(c.ask(R"({"session": "idle)" + step).at("step"), 0);
+  EXPECT_EQ(c.ask(R"({"session": "never", "close": true})").at("error"), "unknown session \"never\" (reset it first)");
+  EXPECT_NE(slurp(log).find("serve: session \"idle\" closed after 1"), std::string::npos) << slurp(log);
 }
 
 // With --window 2, a step the context cannot hold (63 frames: 1008 rows beside the instruction
