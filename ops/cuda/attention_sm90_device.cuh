@@ -105,6 +105,31 @@ __device__ __forceinline__ void tma_load_tile(bf16* s, const CUtensorMap* map, i
   for (int a = 0; a < HS / 64; ++a) tma_load_3d(s + a * ROWS * 64, map, a * 64, head, row0, bar);
 }
 
+// --- Thread block clusters ---------------------------------------------------------------------
+
+// This block's rank in its cluster (0 .. cluster size - 1).
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// The cluster barrier, split: every thread of every block of the cluster arrives (release: its
+// earlier shared-memory reads and writes are ordered before), then waits (acquire) until all have.
+// Each arrive is followed by this thread's wait before its next arrive.
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+// One box of a tensor map, as tma_load_3d, written at the same shared-memory offset in every block
+// of the cluster whose rank is a bit of `mask`, each completing `bar` at the same offset in that
+// block (whose expect_tx announces the bytes of every box it receives, from any block).
+__device__ __forceinline__ void tma_load_3d_multicast(void* smem, const CUtensorMap* map, int c0, int c1, int c2,
+                                                      uint64_t* bar, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+      "[%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(smem_addr(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar)), "h"(mask)
+      : "memory");
+}
+
 // `bytes` (a multiple of 16) from global to shared memory by the copy engine, completing on `bar`.
 __device__ __forceinline__ void bulk_load(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(

@@ -7,7 +7,9 @@
 // and barrier protocol under CI, for every path (the TMA walks at dk 128, the mma walks, the
 // CUDA-core walks at dk not a multiple of 16, the 128 x 128 instantiations). The emulated shared
 // memory starts as NaN and a copy lands only at its wait, so a read of rows a kernel never loaded
-// or read too early shows. Timing races are out of its reach (scripts/device/gdn_variants.sh runs
+// or read too early shows; run with copies landing at issue instead, a refill of a stage still
+// being read shows, also across the blocks of a cluster (which the emulator runs as far apart as
+// their barriers allow). Timing races are out of its reach (scripts/device/gdn_variants.sh runs
 // compute-sanitizer on the GPU).
 #include "tests/ops_cuda_attention/warp_emulator.h"
 #include "tests/ops_cuda_attention/wgmma_emulator.h"
@@ -45,6 +47,13 @@ struct EmuRunner {
     EXPECT_LE(cuda::emu::dynamic_smem_offset() + smem, 227u * 1024)
         << "shared memory past the H200's 227 KiB a block";
     cuda::emu::launch(kernel, grid, dim3(block), smem, args...);
+    ++launches;
+  }
+  template <class... P, class... A>
+  void launch_cluster(void (*kernel)(P...), dim3 grid, dim3 cluster, int block, size_t smem, const A&... args) {
+    cuda::emu::dynamic_smem_offset() = 0;  // a clustered kernel keeps its barriers in dynamic shared memory
+    EXPECT_LE(smem, 227u * 1024) << "shared memory past the H200's 227 KiB a block";
+    cuda::emu::launch_cluster(kernel, grid, cluster, dim3(block), smem, args...);
     ++launches;
   }
   void zero(void* p, size_t bytes) { std::memset(p, 0, bytes); }
@@ -129,7 +138,13 @@ EmuOut emulate(const EmuCase& c, const std::vector<float>& init, const std::vect
 // Forward and backward of one shape against the oracle, with gdn_test.cc's bounds: o within
 // close_bf16, end states (fp32) normwise 1e-4; the bf16 gradients normwise 2 x 2^-8, the fp32 ones
 // (dg, dbeta, d_init) 1e-3. Each pass launches a fixed number of kernels whatever the tree.
-void check_shape(uint64_t seed, RuleShape shape) {
+// copies_at_issue: TMA copies land when issued (a refill of a stage that a block still reads would
+// show) instead of at the wait (a read before it would).
+void check_shape(uint64_t seed, RuleShape shape, bool copies_at_issue = false) {
+  struct Landing {
+    explicit Landing(bool at_issue) { cuda::emu::land_copies_at_issue() = at_issue; }
+    ~Landing() { cuda::emu::land_copies_at_issue() = false; }
+  } landing(copies_at_issue);
   std::mt19937_64 rng(seed * 41);
   const EmuCase c(seed, rng, shape);
   const int nv = c.nv, dk = c.dk, dv = c.dv, N = c.N;
@@ -173,6 +188,10 @@ void check_shape(uint64_t seed, RuleShape shape) {
 // dk = dv = 128: the walks' stages by TMA, the 128 x 128 output and grad kernels; two key heads of
 // two value heads each.
 TEST(GdnEmulated, DeltaRuleAtHeadDim128) { check_shape(1, RuleShape{2, 4, 128, 128}); }
+// The same with every copy landing when issued: the walks must not refill a stage still read.
+TEST(GdnEmulated, DeltaRuleAtHeadDim128WithCopiesLandingAtIssue) {
+  check_shape(1, RuleShape{2, 4, 128, 128}, /*copies_at_issue=*/true);
+}
 
 // Decays down to -6 a row (gdn_test's backward seed 10): a chunk's summed decay passes -88, where
 // e^88 overflows fp32, so the kernels' decay factors must stay inside their masks (0 x inf = NaN).
@@ -324,6 +343,72 @@ TEST(GdnEmulated, Gates) {
   EXPECT_TRUE(close_bf16("gates db", doubles(got_db), c.db));
   EXPECT_TRUE(close_f32_sum("gates dA_log", doubles(got_dA), c.dA));
   EXPECT_TRUE(close_f32_sum("gates ddt_bias", doubles(got_ddt), c.ddt));
+}
+
+// The emulator's cluster checks on a kernel of its own: block 0 of a two-block cluster multicasts
+// round k's box (rows 64 k ..) into both blocks, which copy what they find to out. With a cluster
+// barrier between a round's reads and the next round's copy, every block sees every round's rows;
+// without it block 0 runs ahead and its second copy reaches block 1 before block 1 has read the
+// first, whichever way copies land: block 1 finds round 1's rows in round 0.
+template <bool kBarrier>
+__global__ void multicast_rounds_kernel(const __grid_constant__ CUtensorMap map, float* out) {
+  namespace sm90 = cuda::attn::sm90;
+  TT_EXTERN_SMEM_16(smem);
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem);
+  const float* tile = reinterpret_cast<const float*>(cuda::align_up_1024(smem + 16));
+  const int rank = (int)sm90::cluster_ctarank();
+  constexpr uint32_t kBox = 64 * 32 * sizeof(float);
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(bar, 1);
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  sm90::cluster_arrive();
+  sm90::cluster_wait();
+  for (int k = 0; k < 2; ++k) {
+    if (threadIdx.x == 0) {
+      sm90::mbar_expect_tx(bar, kBox);
+      if (rank == 0) sm90::tma_load_3d_multicast(const_cast<float*>(tile), &map, 0, 0, 64 * k, bar, 3);
+    }
+    sm90::mbar_wait(bar, k & 1);
+    out[(rank * 2 + k) * 32 + threadIdx.x] = tile[32 * 5 + threadIdx.x];  // row 5 of the box (unswizzled: 5 % 8)
+    __syncthreads();
+    if (kBarrier) {
+      sm90::cluster_arrive();
+      sm90::cluster_wait();
+    }
+  }
+}
+
+std::vector<float> run_multicast_rounds(bool barrier, bool at_issue) {
+  std::vector<float> rows(128 * 32);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = (float)i;
+  std::vector<float> out(4 * 32, -1.f);
+  cuda::emu::land_copies_at_issue() = at_issue;
+  cuda::emu::dynamic_smem_offset() = 0;
+  const CUtensorMap map = cuda::emu::tensor_map_3d(rows.data(), 4, 128, 1, 32, 32, 64);
+  cuda::emu::launch_cluster(barrier ? multicast_rounds_kernel<true> : multicast_rounds_kernel<false>, dim3(2),
+                            dim3(2), dim3(32), 1024 + 16 + 64 * 32 * 4, map, out.data());
+  cuda::emu::land_copies_at_issue() = false;
+  return out;
+}
+
+TEST(GdnEmulated, TheEmulatorShowsAMulticastRefillBeforeAPeerRead) {
+  // Row 5 of round k's box: tensor row 64 k + 5, its 16-byte units swizzled by 5 (the row % 8).
+  auto expected = [](int k, int j) { return (float)((64 * k + 5) * 32 + 4 * (j / 4 ^ 5) + j % 4); };
+  for (const bool at_issue : {false, true}) {
+    const std::string how = at_issue ? " (copies landing at issue)" : " (copies landing at the wait)";
+    std::vector<float> out = run_multicast_rounds(/*barrier=*/true, at_issue);
+    for (int rank = 0; rank < 2; ++rank)
+      for (int k = 0; k < 2; ++k)
+        for (int j = 0; j < 32; ++j)
+          ASSERT_EQ(out[(rank * 2 + k) * 32 + j], expected(k, j)) << "block " << rank << " round " << k << how;
+    out = run_multicast_rounds(/*barrier=*/false, at_issue);
+    for (int j = 0; j < 32; ++j) {
+      ASSERT_EQ(out[j], expected(0, j)) << "block 0 reads its round 0 before its own refill" << how;
+      ASSERT_EQ(out[2 * 32 + j], expected(1, j)) << "block 1's round 0 overwritten by round 1" << how;
+    }
+  }
 }
 
 }  // namespace

@@ -146,11 +146,12 @@ struct EmuCase {
   std::string layout;
   int NH, NKV, HS, ext_mode;
   int fwd_items = kFwdItemsPerBlock;  // forward: items per block (1: one each; 3: Q buffers reused)
+  bool at_issue = false;  // TMA copies land when issued (a refill of a buffer still read shows)
 };
 
 void PrintTo(const EmuCase& c, std::ostream* os) {
   *os << c.layout << " NH=" << c.NH << " NKV=" << c.NKV << " HS=" << c.HS
-      << " ext=" << c.ext_mode << " fwd_items=" << c.fwd_items;
+      << " ext=" << c.ext_mode << " fwd_items=" << c.fwd_items << (c.at_issue ? " copies at issue" : "");
 }
 
 class EmulatedAttention : public ::testing::TestWithParam<EmuCase> {};
@@ -166,9 +167,11 @@ TEST_P(EmulatedAttention, MatchesCpuReference) {
   std::mt19937_64 rng(seed);
   const Inputs in = attn_test::make_inputs(lc, c.NH, c.NKV, c.HS, c.ext_mode, rng);
   const Reference ref = attn_test::reference(in);
+  emu::land_copies_at_issue() = c.at_issue;
   const EmuOutputs got = c.HS == 64    ? run_emulated<64>(in, c.fwd_items)
                          : c.HS == 128 ? run_emulated<128>(in, c.fwd_items)
                                        : run_emulated<256>(in, c.fwd_items);
+  emu::land_copies_at_issue() = false;
 
   using attn_test::kRelL2Bf16;
   EXPECT_LE(attn_test::rel_l2(got.out, ref.out), kRelL2Bf16) << "out";
@@ -214,12 +217,15 @@ INSTANTIATE_TEST_SUITE_P(SmallTrees, EmulatedAttention,
                                            // (items reuse it), the split backward.
                                            EmuCase{"one_token_nodes", 4, 2, 256, 1, 3},
                                            EmuCase{"random_tree", 2, 1, 256, 2},
-                                           EmuCase{"bidirectional_tree", 2, 2, 256, 0, 1}),
+                                           EmuCase{"bidirectional_tree", 2, 2, 256, 0, 1},
+                                           // Copies landing when issued: no buffer refilled while read.
+                                           EmuCase{"comb", 2, 2, 128, 1, 3, true},
+                                           EmuCase{"one_token_nodes", 4, 2, 256, 1, 3, true}),
                          [](const ::testing::TestParamInfo<EmuCase>& i) {
                            return i.param.layout + "_hs" + std::to_string(i.param.HS) + "_gqa" +
                                   std::to_string(i.param.NH / i.param.NKV) +
                                   (i.param.ext_mode == 1 ? "_ext" : i.param.ext_mode == 2 ? "_headsets" : "") +
-                                  "_items" + std::to_string(i.param.fwd_items);
+                                  "_items" + std::to_string(i.param.fwd_items) + (i.param.at_issue ? "_at_issue" : "");
                          });
 
 // The forward's key-tile walk (next_key_tile: ballots over 32 tiles, jumps over sibling subtrees)

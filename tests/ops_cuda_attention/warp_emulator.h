@@ -98,10 +98,24 @@ struct Fiber {
   std::vector<CopyOp> open;
   std::deque<std::vector<CopyOp>> groups;
   WgmmaOperands wg;
+  // The cluster barrier: arrived and not yet waited, at that generation.
+  bool cluster_arrived = false;
+  uint64_t cluster_generation = 0;
+};
+
+struct BlockState;
+
+// The blocks of one thread block cluster, run together (launch), and its barrier.
+struct ClusterState {
+  std::vector<BlockState*> blocks;  // by rank
+  int threads = 0, arrived = 0;
+  uint64_t generation = 0;
 };
 
 struct BlockState {
   dim3 block_idx, grid_dim, block_dim;
+  ClusterState* cluster = nullptr;
+  int cluster_rank = 0;
   std::vector<Fiber> fibers;
   std::vector<unsigned char> smem;
   unsigned char* window = nullptr;  // shared address 0, 1024-byte aligned (swizzles see the same bits)
@@ -200,10 +214,84 @@ inline void warp_call(void (*fn)(Fiber*)) {
   suspend(Op::kWarpFn);
 }
 
-// Runs kernel(args...) over the grid, block by block, each block's threads as fibers.
+// Whether TMA and bulk copies land when issued (the earliest a real copy can: a write into shared
+// memory that a block, or another block of its cluster, still reads shows) instead of at the first
+// wait on their barrier (the latest: a read before the wait shows). A test runs a kernel both ways.
+inline bool& land_copies_at_issue() {
+  static bool at_issue = false;
+  return at_issue;
+}
+
+// One scheduling round of block b (block() == &b): its runnable fibers run until they suspend,
+// then its warp and warpgroup collectives and barriers resolve. Returns whether anything
+// progressed; *done when every fiber has ended.
+inline bool run_round(BlockState& b, uint64_t& seen_epoch, bool* done) {
+  const int n = (int)b.fibers.size();
+  for (int i = 0; i < n; i++) {
+    if (b.fibers[i].op != Op::kRun) continue;
+    b.current = i;
+    Fiber& f = b.fibers[i];
+    if (!_setjmp(b.sched_jb)) {  // back here when the fiber suspends or ends
+      if (f.started) _longjmp(f.jb, 1);
+      f.started = true;
+      swapcontext(&b.sched, &f.ctx);
+    }
+  }
+  bool progress = false, all_done = true, all_sync = true;
+  for (int w = 0; w < n / 32; w++) {
+    Fiber* lane = &b.fibers[32 * w];
+    const Op op = lane[0].op;
+    bool same = true;
+    for (int l = 0; l < 32; l++) same = same && lane[l].op == op;
+    if (same && op != Op::kSync && op != Op::kDone && op != Op::kRun && op != Op::kWgmma && op != Op::kYield) {
+      run_warp_op(lane, op);
+      progress = true;
+    }
+  }
+  for (int wgi = 0; wgi < n / 128; wgi++) {
+    Fiber* lane = &b.fibers[128 * wgi];
+    bool all = true;
+    for (int l = 0; l < 128; l++) all = all && lane[l].op == Op::kWgmma;
+    if (all) {
+      if (!warpgroup_op()) fail("warpgroup op without wgmma_emulator.h");
+      warpgroup_op()(lane);
+      for (int l = 0; l < 128; l++) lane[l].op = Op::kRun;
+      progress = true;
+    }
+  }
+  // Waiters re-check their condition next round; only a changed barrier state is progress.
+  bool any_yield = false;
+  for (auto& f : b.fibers)
+    if (f.op == Op::kYield) {
+      f.op = Op::kRun;
+      any_yield = true;
+    }
+  if (any_yield && b.epoch != seen_epoch) progress = true;
+  seen_epoch = b.epoch;
+  for (auto& f : b.fibers) {
+    all_done = all_done && f.op == Op::kDone;
+    all_sync = all_sync && f.op == Op::kSync;
+  }
+  if (all_sync && !all_done) {
+    for (auto& f : b.fibers) f.op = Op::kRun;
+    progress = true;
+  }
+  *done = all_done;
+  return progress;
+}
+
+// Runs kernel(args...) over the grid, a thread block cluster (cluster blocks in x, y, z; 1 x 1 x 1:
+// every block alone) at a time, each block's threads as fibers; a cluster's blocks run together,
+// round by round, so they can wait on each other (the cluster barrier) and write each other's
+// shared memory (multicast copies). Their static __shared__ variables are one copy: a clustered
+// kernel keeps its own state in dynamic shared memory.
 template <class... P, class... A>
-void launch(void (*kernel)(P...), dim3 grid, dim3 blk, size_t smem_bytes, const A&... args) {
+void launch_cluster(void (*kernel)(P...), dim3 grid, dim3 cluster, dim3 blk, size_t smem_bytes, const A&... args) {
   if (blk.x % 32 != 0 || blk.y != 1 || blk.z != 1) fail("1-D blocks of whole warps only");
+  if (cluster.x < 1 || cluster.y < 1 || cluster.z < 1 || grid.x % cluster.x || grid.y % cluster.y ||
+      grid.z % cluster.z)
+    fail("cluster dimensions must divide the grid's");
+  if (cluster.x * cluster.y * cluster.z > 8) fail("a cluster of more than 8 blocks (the portable limit)");
   const size_t offset = dynamic_smem_offset();
   if (offset % 16 || offset >= 1024) fail("dynamic shared memory offset not a multiple of 16 below 1024");
   struct FlushSubnormals {  // FTZ | DAZ for the launch, restored however it ends
@@ -211,87 +299,70 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 blk, size_t smem_bytes, const 
     FlushSubnormals() { _mm_setcsr(csr | 0x8040u); }
     ~FlushSubnormals() { _mm_setcsr(csr); }
   } flush;
-  std::vector<std::vector<char>> stacks(blk.x, std::vector<char>(64 * 1024));
-  for (unsigned by = 0; by < grid.y; by++)
-    for (unsigned bx = 0; bx < grid.x; bx++) {
-      BlockState b;
-      b.block_idx = dim3(bx, by, 0);
-      b.grid_dim = grid;
-      b.block_dim = blk;
-      b.smem.assign(offset + smem_bytes + 1024 + 16, 0xff);  // NaN in bf16 and fp32
-      b.window =
-          reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(b.smem.data()) + 1023) & ~uintptr_t(1023));
-      b.base = b.window + offset;
-      b.offset = offset;
-      b.smem_size = smem_bytes;
-      b.body = [&] { kernel(args...); };
-      b.fibers.resize(blk.x);
-      block() = &b;
-      for (unsigned i = 0; i < blk.x; i++) {
-        Fiber& f = b.fibers[i];
-        getcontext(&f.ctx);
-        f.ctx.uc_stack.ss_sp = stacks[i].data();
-        f.ctx.uc_stack.ss_size = stacks[i].size();
-        f.ctx.uc_link = &b.sched;
-        makecontext(&f.ctx, fiber_entry, 0);
+  const unsigned per = cluster.x * cluster.y * cluster.z;
+  std::vector<std::vector<char>> stacks(per * blk.x, std::vector<char>(64 * 1024));
+  for (unsigned cz = 0; cz < std::max(grid.z, 1u) / cluster.z; cz++)
+    for (unsigned cy = 0; cy < grid.y / cluster.y; cy++)
+      for (unsigned cx = 0; cx < grid.x / cluster.x; cx++) {
+        ClusterState cs;
+        std::deque<BlockState> blocks;  // stable addresses
+        for (unsigned r = 0; r < per; r++) {
+          BlockState& b = blocks.emplace_back();
+          const unsigned rx = r % cluster.x, ry = r / cluster.x % cluster.y, rz = r / (cluster.x * cluster.y);
+          b.block_idx = dim3(cx * cluster.x + rx, cy * cluster.y + ry, cz * cluster.z + rz);
+          b.grid_dim = grid;
+          b.block_dim = blk;
+          b.cluster = &cs;
+          b.cluster_rank = (int)r;
+          b.smem.assign(offset + smem_bytes + 1024 + 16, 0xff);  // NaN in bf16 and fp32
+          b.window = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(b.smem.data()) + 1023) &
+                                                      ~uintptr_t(1023));
+          b.base = b.window + offset;
+          b.offset = offset;
+          b.smem_size = smem_bytes;
+          b.body = [&] { kernel(args...); };
+          b.fibers.resize(blk.x);
+          for (unsigned i = 0; i < blk.x; i++) {
+            Fiber& f = b.fibers[i];
+            getcontext(&f.ctx);
+            f.ctx.uc_stack.ss_sp = stacks[r * blk.x + i].data();
+            f.ctx.uc_stack.ss_size = stacks[r * blk.x + i].size();
+            f.ctx.uc_link = &b.sched;
+            makecontext(&f.ctx, fiber_entry, 0);
+          }
+          cs.blocks.push_back(&b);
+          cs.threads += (int)blk.x;
+        }
+        std::vector<uint64_t> seen(per, 0);
+        std::vector<bool> finished(per, false);
+        // Each block runs as far as it can before the next gets a turn (in rank order): the blocks
+        // of a cluster drift as far apart as their barriers allow, so a block that writes into a
+        // peer's shared memory too early (a missing cluster barrier) overwrites what the peer has
+        // not read yet.
+        for (;;) {
+          bool progress = false, all_done = true;
+          for (unsigned r = 0; r < per; r++) {
+            block() = cs.blocks[r];
+            while (!finished[r]) {
+              bool done = false;
+              const bool moved = run_round(*cs.blocks[r], seen[r], &done);
+              finished[r] = done;
+              if (!moved) break;
+              progress = true;
+            }
+            all_done = all_done && finished[r];
+          }
+          block() = nullptr;
+          if (all_done) break;
+          if (!progress) fail("deadlock: warps at different collectives or barriers, or a warp op after exit");
+        }
       }
-      const int n = (int)blk.x;
-      uint64_t seen_epoch = b.epoch;
-      for (;;) {
-        for (int i = 0; i < n; i++) {
-          if (b.fibers[i].op != Op::kRun) continue;
-          b.current = i;
-          Fiber& f = b.fibers[i];
-          if (!_setjmp(b.sched_jb)) {  // back here when the fiber suspends or ends
-            if (f.started) _longjmp(f.jb, 1);
-            f.started = true;
-            swapcontext(&b.sched, &f.ctx);
-          }
-        }
-        bool progress = false, all_done = true, all_sync = true;
-        for (int w = 0; w < n / 32; w++) {
-          Fiber* lane = &b.fibers[32 * w];
-          const Op op = lane[0].op;
-          bool same = true;
-          for (int l = 0; l < 32; l++) same = same && lane[l].op == op;
-          if (same && op != Op::kSync && op != Op::kDone && op != Op::kRun && op != Op::kWgmma && op != Op::kYield) {
-            run_warp_op(lane, op);
-            progress = true;
-          }
-        }
-        for (int wgi = 0; wgi < n / 128; wgi++) {
-          Fiber* lane = &b.fibers[128 * wgi];
-          bool all = true;
-          for (int l = 0; l < 128; l++) all = all && lane[l].op == Op::kWgmma;
-          if (all) {
-            if (!warpgroup_op()) fail("warpgroup op without wgmma_emulator.h");
-            warpgroup_op()(lane);
-            for (int l = 0; l < 128; l++) lane[l].op = Op::kRun;
-            progress = true;
-          }
-        }
-        // Waiters re-check their condition next round; only a changed barrier state is progress.
-        bool any_yield = false;
-        for (auto& f : b.fibers)
-          if (f.op == Op::kYield) {
-            f.op = Op::kRun;
-            any_yield = true;
-          }
-        if (any_yield && b.epoch != seen_epoch) progress = true;
-        seen_epoch = b.epoch;
-        for (auto& f : b.fibers) {
-          all_done = all_done && f.op == Op::kDone;
-          all_sync = all_sync && f.op == Op::kSync;
-        }
-        if (all_done) break;
-        if (all_sync) {
-          for (auto& f : b.fibers) f.op = Op::kRun;
-          progress = true;
-        }
-        if (!progress) fail("deadlock: warps at different collectives or barriers, or a warp op after exit");
-      }
-      block() = nullptr;
-    }
+}
+
+// Runs kernel(args...) over the grid, block by block, each block's threads as fibers.
+template <class... P, class... A>
+void launch(void (*kernel)(P...), dim3 grid, dim3 blk, size_t smem_bytes, const A&... args) {
+  launch_cluster(kernel, grid, dim3(1, 1, 1), blk, smem_bytes, args...);
 }
 
 }  // namespace tt::cuda::emu
@@ -306,7 +377,7 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 blk, size_t smem_bytes, const 
 #define __global__
 #define __device__
 #define __host__
-#define __shared__ static  // one copy for the block's fibers (blocks run one after another)
+#define __shared__ static  // one copy for the block's fibers (blocks run one after another; see launch_cluster)
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define TT_EXTERN_SMEM_16(name) unsigned char* const name = ::tt::cuda::emu::block()->base

@@ -73,10 +73,9 @@ inline CUtensorMap tensor_map(const void* base, int rows, int heads, int HS, int
   return tensor_map_3d(base, 2, rows, heads, HS, 64, box_rows);
 }
 
-// A barrier in the block's dynamic shared memory, or a static __shared__ one (a host static here,
+// A barrier in block b's dynamic shared memory, or a static __shared__ one (a host static here,
 // see warp_emulator.h's __shared__), by address.
-inline MbarState& mbar_state(const void* bar) {
-  BlockState& b = *block();
+inline MbarState& mbar_state(BlockState& b, const void* bar) {
   const auto* p = static_cast<const unsigned char*>(bar);
   if (reinterpret_cast<uintptr_t>(p) % 8) fail("mbarrier not 8-byte aligned");
   const unsigned char* buf = b.smem.data();
@@ -84,14 +83,30 @@ inline MbarState& mbar_state(const void* bar) {
     fail("mbarrier outside the dynamic shared memory");
   return b.mbar[reinterpret_cast<uintptr_t>(p)];
 }
+inline MbarState& mbar_state(const void* bar) { return mbar_state(*block(), bar); }
 
-inline void mbar_complete_if_done(MbarState& m) {
-  if (m.pending < 0 || m.tx < 0) fail("mbarrier: more arrivals or bytes than announced");
+// A phase completes once every arrival and every announced byte is in. Bytes may come before
+// their announcement (a cluster peer's multicast copy can land before this block's expect_tx),
+// while an arrival is still pending.
+inline void mbar_complete_if_done(BlockState& b, MbarState& m) {
+  if (m.pending < 0 || (m.pending == 0 && m.tx < 0)) fail("mbarrier: more arrivals or bytes than announced");
   if (m.pending == 0 && m.tx == 0) {
     m.phase ^= 1;
     m.pending = m.count;
-    block()->epoch++;
+    b.epoch++;
   }
+}
+inline void mbar_complete_if_done(MbarState& m) { mbar_complete_if_done(*block(), m); }
+
+// Where `p`, an address in this block's shared memory, is in block `to`'s (the same offset:
+// multicast copies and their barriers).
+template <class T>
+inline T* peer_smem(BlockState& to, T* p) {
+  BlockState& from = *block();
+  const auto off = reinterpret_cast<unsigned char*>(p) - from.window;
+  if (off < 0 || off >= (std::ptrdiff_t)(from.smem.size() - (from.window - from.smem.data())))
+    fail("a cluster address outside the block's shared memory (a static __shared__ variable?)");
+  return reinterpret_cast<T*>(to.window + off);
 }
 
 // Byte offset `a` in shared memory after the 128-byte swizzle (bits [4:6] ^= bits [7:9]).
@@ -251,10 +266,36 @@ inline void mbar_wait(uint64_t* bar, uint32_t parity) {
   }
 }
 
-inline void complete_tx(uint64_t* bar, uint32_t bytes) {
-  auto& m = ::tt::cuda::emu::mbar_state(bar);
+inline void complete_tx(::tt::cuda::emu::BlockState& b, uint64_t* bar, uint32_t bytes) {
+  auto& m = ::tt::cuda::emu::mbar_state(b, bar);
   m.tx -= bytes;
-  ::tt::cuda::emu::mbar_complete_if_done(m);
+  ::tt::cuda::emu::mbar_complete_if_done(b, m);
+}
+inline void complete_tx(uint64_t* bar, uint32_t bytes) { complete_tx(*::tt::cuda::emu::block(), bar, bytes); }
+
+// A TMA box into block `to` at shared address dst completing `bar` (to's own): landed at issue or
+// at the first wait on bar (land_copies_at_issue).
+inline void tma_box(::tt::cuda::emu::BlockState& to, const ::tt::cuda::emu::EmuTensorMap& t, uint32_t dst, int c0,
+                    int c1, int c2, uint64_t* bar) {
+  const uint32_t box_bytes = (uint32_t)(t.box_rows * t.box_cols * t.elem_bytes);
+  auto copy = [&to, t, dst, c0, c1, c2, bar, box_bytes] {
+    const int e = t.elem_bytes;
+    for (int r = 0; r < t.box_rows; r++)
+      for (int c = 0; c < t.box_cols; c++) {
+        const uint32_t a = ::tt::cuda::emu::swizzle128(dst + (r * t.box_cols + c) * e);
+        const int64_t row = (int64_t)c2 + r;
+        unsigned char v[4] = {};  // rows outside the tensor read as zeros
+        if (row >= 0 && row < t.rows)
+          std::memcpy(v, t.base + row * t.row_stride_bytes + c1 * t.head_stride_bytes + (int64_t)(c0 + c) * e, e);
+        std::memcpy(to.window + a, v, e);
+      }
+    complete_tx(to, bar, box_bytes);
+  };
+  if (::tt::cuda::emu::land_copies_at_issue()) {
+    copy();
+  } else {
+    ::tt::cuda::emu::mbar_state(to, bar).copies.push_back(copy);
+  }
 }
 
 inline void tma_load_3d(void* smem, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
@@ -264,22 +305,53 @@ inline void tma_load_3d(void* smem, const CUtensorMap* map, int c0, int c1, int 
   if (dst % 1024) ::tt::cuda::emu::fail("TMA destination not 1024-byte aligned (128-byte swizzle)");
   if (c0 < 0 || c0 + t.box_cols > t.cols || c1 < 0 || c1 >= t.heads) ::tt::cuda::emu::fail("TMA box outside columns/heads");
   const uint32_t box_bytes = (uint32_t)(t.box_rows * t.box_cols * t.elem_bytes);
-  const auto& blk = *::tt::cuda::emu::block();
+  auto& blk = *::tt::cuda::emu::block();
   if (dst + box_bytes > blk.offset + blk.smem_size) ::tt::cuda::emu::fail("TMA box outside smem");
-  ::tt::cuda::emu::mbar_state(bar).copies.push_back([t, dst, c0, c1, c2, bar, box_bytes] {
-    auto& b = *::tt::cuda::emu::block();
-    const int e = t.elem_bytes;
-    for (int r = 0; r < t.box_rows; r++)
-      for (int c = 0; c < t.box_cols; c++) {
-        const uint32_t a = ::tt::cuda::emu::swizzle128(dst + (r * t.box_cols + c) * e);
-        const int64_t row = (int64_t)c2 + r;
-        unsigned char v[4] = {};  // rows outside the tensor read as zeros
-        if (row >= 0 && row < t.rows)
-          std::memcpy(v, t.base + row * t.row_stride_bytes + c1 * t.head_stride_bytes + (int64_t)(c0 + c) * e, e);
-        std::memcpy(b.window + a, v, e);
-      }
-    complete_tx(bar, box_bytes);
-  });
+  tma_box(blk, t, dst, c0, c1, c2, bar);
+}
+
+// The same box into every block of the cluster whose rank is a bit of mask, at the same offsets.
+inline void tma_load_3d_multicast(void* smem, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar,
+                                  uint16_t mask) {
+  auto& blk = *::tt::cuda::emu::block();
+  if (!blk.cluster) ::tt::cuda::emu::fail("multicast outside a cluster launch");
+  const int n = (int)blk.cluster->blocks.size();
+  if (mask == 0 || (n < 16 && (mask >> n) != 0)) ::tt::cuda::emu::fail("multicast mask names no block or one past the cluster");
+  ::tt::cuda::emu::EmuTensorMap t;
+  std::memcpy(&t, map, sizeof t);
+  const uint32_t dst = smem_addr(smem);
+  if (dst % 1024) ::tt::cuda::emu::fail("TMA destination not 1024-byte aligned (128-byte swizzle)");
+  if (c0 < 0 || c0 + t.box_cols > t.cols || c1 < 0 || c1 >= t.heads) ::tt::cuda::emu::fail("TMA box outside columns/heads");
+  const uint32_t box_bytes = (uint32_t)(t.box_rows * t.box_cols * t.elem_bytes);
+  if (dst + box_bytes > blk.offset + blk.smem_size) ::tt::cuda::emu::fail("TMA box outside smem");
+  for (int r = 0; r < n; r++)
+    if (mask >> r & 1) {
+      auto& to = *blk.cluster->blocks[r];
+      tma_box(to, t, dst, c0, c1, c2, ::tt::cuda::emu::peer_smem(to, bar));
+    }
+}
+
+// --- Thread block clusters (warp_emulator.h's launch_cluster) ---
+inline uint32_t cluster_ctarank() { return (uint32_t)::tt::cuda::emu::block()->cluster_rank; }
+inline void cluster_arrive() {
+  auto& f = ::tt::cuda::emu::self();
+  auto* c = ::tt::cuda::emu::block()->cluster;
+  if (!c) ::tt::cuda::emu::fail("cluster barrier outside a cluster launch");
+  if (f.cluster_arrived) ::tt::cuda::emu::fail("cluster barrier: a second arrive before this thread's wait");
+  f.cluster_arrived = true;
+  f.cluster_generation = c->generation;
+  if (++c->arrived == c->threads) {
+    c->arrived = 0;
+    c->generation++;
+    for (auto* b : c->blocks) b->epoch++;
+  }
+}
+inline void cluster_wait() {
+  auto& f = ::tt::cuda::emu::self();
+  auto* c = ::tt::cuda::emu::block()->cluster;
+  if (!f.cluster_arrived) ::tt::cuda::emu::fail("cluster barrier: a wait without this thread's arrive");
+  while (c->generation == f.cluster_generation) ::tt::cuda::emu::suspend(::tt::cuda::emu::Op::kYield);
+  f.cluster_arrived = false;
 }
 
 template <int ROWS, int HS>
@@ -292,10 +364,15 @@ inline void bulk_load(void* smem, const void* gmem, uint32_t bytes, uint64_t* ba
   if (bytes % 16 || dst % 16 || reinterpret_cast<uintptr_t>(gmem) % 16) ::tt::cuda::emu::fail("bulk copy not 16-byte aligned");
   const auto& blk = *::tt::cuda::emu::block();
   if (dst + bytes > blk.offset + blk.smem_size) ::tt::cuda::emu::fail("bulk copy outside smem");
-  ::tt::cuda::emu::mbar_state(bar).copies.push_back([smem, gmem, bytes, bar] {
+  auto copy = [&to = *::tt::cuda::emu::block(), smem, gmem, bytes, bar] {
     std::memcpy(smem, gmem, bytes);
-    complete_tx(bar, bytes);
-  });
+    complete_tx(to, bar, bytes);
+  };
+  if (::tt::cuda::emu::land_copies_at_issue()) {
+    copy();
+  } else {
+    ::tt::cuda::emu::mbar_state(bar).copies.push_back(copy);
+  }
 }
 
 inline void red_add_v4_f32(float* gmem, float a, float b, float c, float d) {
