@@ -152,7 +152,8 @@ void read_job_id(const EnvLookup& env, DistEnv* e) {
   }
 }
 
-// TT_JOB_SECRET: printable, long enough to guess no faster than the nonce.
+// TT_JOB_SECRET: printable, at least 16 characters (the launchers make 32 random hex digits; a
+// secret a person chooses is only as strong as its choice).
 void read_secret(const EnvLookup& env, DistEnv* e) {
   if (!is_set(env, "TT_JOB_SECRET")) return;
   const std::string s = env("TT_JOB_SECRET");

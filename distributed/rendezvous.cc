@@ -339,16 +339,18 @@ void Rendezvous::connect_root(net::Socket listener) {
         drop(i, str("was refused: ", why));
         continue;
       }
-      std::string problem;
+      std::string problem, hint = " (check RANK/WORLD_SIZE or the srun task count)";
       const bool have_secret = !env_.secret.empty();
       if (hello.secret_set != have_secret) {
         problem = str("rank ", hello.rank, " on host ", hello.host, hello.secret_set ? " has" : " has no",
                       " TT_JOB_SECRET and rank 0 on host ", env_.host, have_secret ? " has one" : " has none",
                       " (every rank needs the same one)");
+        hint = " (give every rank the same TT_JOB_SECRET)";
       } else if (!auth::same_mac(hello.mac, auth::hmac_hex(env_.secret, wire::hello_proof_text(p.nonce, hello)))) {
         problem = str("rank ", hello.rank, " on host ", hello.host,
-                      " did not prove rank 0's TT_JOB_SECRET (another secret: a rank of an earlier attempt of this "
-                      "job, or a process that knows only the job id)");
+                      " did not prove rank 0's TT_JOB_SECRET (its secret differs: one of them belongs to another "
+                      "attempt of this job, or the peer knows only the job id)");
+        hint = "";
       } else if (hello.world_size != world) {
         problem = str("rank ", hello.rank, " on host ", hello.host, " has world size ", hello.world_size, ", rank 0 has ",
                       world);
@@ -361,7 +363,7 @@ void Rendezvous::connect_root(net::Socket listener) {
         // Refused, and this job goes on waiting: a stray connection that claims a rank must not stop
         // it. A misconfigured rank learns why at once; rank 0's timeout error names it too.
         refuse(p, problem);
-        drop(i, str("was refused: ", problem, " (check RANK/WORLD_SIZE or the srun task count)"));
+        drop(i, str("was refused: ", problem, hint));
         continue;
       }
       hosts_[hello.rank] = hello.host;

@@ -42,8 +42,9 @@
 // per run_dir, rank 0, which holds run_dir's lock: run_dir.h): .step_N.tmp-<pid> (a write that
 // did not finish), .step_N.deleting-<pid> (a removal: prune_checkpoints renames step_N so before
 // removing it), .step_N.old-<pid> (a replaced step_N: restored as step_N when the write stopped
-// before the new one was renamed in, else removed), the temporary file of an atomic write into
-// run_dir (run_dir/.<name>.tmp-<pid>: metrics.jsonl's rewrite, gemm_tuning.json; base/files.h),
+// before the new one was renamed in, else removed), the temporary file of treetrain's atomic
+// writes into run_dir (run_dir/.<name>.tmp-<pid> of metrics.jsonl's rewrite, gemm_tuning.json and
+// a dropped-metrics file; base/files.h; no other names, whoever wrote them),
 // and a step_N folder with files missing that is
 // older than the newest valid checkpoint (a removal interrupted by an older treetrain).
 #pragma once

@@ -399,8 +399,8 @@ int run_serve(const std::vector<std::string>& argv) {
   o.max_message_bytes = int_flag(a, "max-message-bytes", o.max_message_bytes, 1024, INT64_MAX);
   o.max_sessions = int32_flag(a, "max-sessions", o.max_sessions, 1, kIntMax);
   o.session_idle_s = float_flag(a, "session-idle-s", o.session_idle_s);
-  if (o.session_idle_s < 0)
-    throw UsageError{"--session-idle-s: expected seconds >= 0 (0: sessions never close for going unused), got '" +
+  if (o.session_idle_s < 0 || o.session_idle_s > 1e9)
+    throw UsageError{"--session-idle-s: expected seconds in [0, 1e9] (0: sessions never close for going unused), got '" +
                      a.flags.at("session-idle-s") + "'"};
   o.max_requests = int_flag(a, "max-requests", -1, -1, INT64_MAX, " (-1 or absent: until killed)");
   const auto dev = a.flags.find("device");

@@ -312,6 +312,7 @@ class Server {
                           " rows (min(max_position_embeddings, 16384)) hold at most ", max_instruction_,
                           " instruction tokens beside one step's ", step_rows_, " observation rows and ", tokens_,
                           " action token(s)"));
+        close_idle_sessions();  // one past its time makes room even before the next poll
         auto it = sessions_.find(session);
         if (it == sessions_.end() && (int)sessions_.size() >= opt_.max_sessions)
           throw Error(str("too many sessions (", opt_.max_sessions, ", --max-sessions); close one first",

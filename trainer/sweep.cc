@@ -40,8 +40,14 @@ std::string where_of(const std::string& source, const YAML::Node& n) {
   return m.is_null() ? source : str(source, ":", m.line + 1);
 }
 
-// A value as `--set` takes it: a scalar's text, a list in YAML flow style.
+// A value as `--set` takes it: a scalar's text, a list in YAML flow style. A quoted scalar stays
+// quoted (a string), so a number key refuses "3e-4" here as it does in a run config.
 std::string value_text(const YAML::Node& n, const std::string& where, const std::string& key) {
+  if (n.IsScalar() && n.Tag() == "!") {
+    YAML::Emitter e;
+    e << YAML::DoubleQuoted << n.Scalar();
+    return e.c_str();
+  }
   if (n.IsScalar()) return n.Scalar();
   if (n.IsSequence()) {
     YAML::Emitter e;
@@ -108,7 +114,9 @@ std::vector<Param> parse_params(const YAML::Node& node, const std::string& secti
 
 int64_t slurm_int(const YAML::Node& n, const std::string& key, const std::string& source, int64_t min) {
   const std::string where = where_of(source, n);
-  if (!n.IsScalar()) throw Error(str(where, ": slurm.", key, ": expected an integer"));
+  if (!n.IsScalar() || n.Tag() == "!")
+    throw Error(str(where, ": slurm.", key, ": expected an integer (unquoted), got ",
+                    n.IsScalar() ? "the quoted string \"" + n.Scalar() + "\"" : std::string("a non-scalar")));
   const std::string& s = n.Scalar();
   char* end = nullptr;
   const long long v = std::strtoll(s.c_str(), &end, 10);
@@ -387,6 +395,9 @@ std::string slurm_script(const Sweep& sweep, const std::string& binary) {
     << "# NVLink SHARP (NVLS) multicast off: a program that uses it can put a host's GPUs out of\n"
     << "# service; NCCL then uses its ring/tree algorithms over NVLink.\n"
     << "export NCCL_NVLS_ENABLE=0\n"
+    << "# A secret per array task and attempt: only its own srun tasks join its rendezvous\n"
+    << "# (distributed/auth.h).\n"
+    << "export TT_JOB_SECRET=\"$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n')\"\n"
     << "configs=(\n";
   for (const SweepRun& run : sweep.runs)
     o << "  " << shell_quote((fs::path(run.config.run_dir) / "config.yaml").string()) << "\n";

@@ -53,6 +53,7 @@ struct CudaRunner {
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     TT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
+    TT_CUDA_CHECK_LAUNCH();
   }
   void zero(void* p, size_t bytes) { TT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream)); }
   // A (rows, heads, cols) tensor of the walks' stages as a TMA map: boxes of box_cols columns x

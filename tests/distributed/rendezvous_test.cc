@@ -630,8 +630,8 @@ TEST(RendezvousTest, ARankWithoutTheSecretIsRefusedAndTheRealOneStillJoins) {
   net::Socket impostor = fake_connect(port);
   fake_hello(impostor, 1, 2, "stale", "an-earlier-attempt-secret", "job-7");
   const std::string refusal = recv_reject(impostor);
-  EXPECT_EQ(refusal, "rank 1 on host stale did not prove rank 0's TT_JOB_SECRET (another secret: a rank of an earlier "
-                     "attempt of this job, or a process that knows only the job id)");
+  EXPECT_EQ(refusal, "rank 1 on host stale did not prove rank 0's TT_JOB_SECRET (its secret differs: one of them belongs "
+                     "to another attempt of this job, or the peer knows only the job id)");
   net::Socket bare = fake_connect(port);
   fake_hello(bare, 1, 2, "bare", "", "job-7");
   EXPECT_EQ(recv_reject(bare), "rank 1 on host bare has no TT_JOB_SECRET and rank 0 on host host0 has one (every rank "
@@ -654,8 +654,22 @@ TEST(RendezvousTest, ARankWithoutTheSecretIsRefusedAndTheRealOneStillJoins) {
   EXPECT_LT(seconds_since(t0), 1.5);  // no timeout was waited out
 }
 
-// Ranks whose secrets differ: the worker is told why at once.
-TEST(RendezvousTest, RanksWithDifferentSecretsFailWithTheReason) {
+// Ranks without a secret (torchrun without TT_JOB_SECRET): the job id alone admits them.
+TEST(RendezvousTest, RanksWithoutASecretStillJoin) {
+  Listener l = bind_free_port();
+  const int port = l.port;
+  std::vector<std::unique_ptr<Rendezvous>> rv(3);
+  expect_no_errors(on_ranks(3, [&](int r) {
+    DistEnv env = loopback_env(r, 3, port);
+    env.secret = "";
+    rv[r] = r == 0 ? Rendezvous::connect_with_listener(env, short_timeouts(), std::move(l.socket))
+                   : Rendezvous::connect(env, short_timeouts());
+  }));
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(rv[r]->host_of(2), "host2");
+}
+
+// A rank with a secret and one without: the worker is told why at once.
+TEST(RendezvousTest, RanksWithAndWithoutASecretFailWithTheReason) {
   Listener l = bind_free_port();
   const int port = l.port;
   std::vector<std::string> errors(2);

@@ -116,6 +116,7 @@ struct BlockState {
   dim3 block_idx, grid_dim, block_dim;
   ClusterState* cluster = nullptr;
   int cluster_rank = 0;
+  bool finished = false;  // every fiber has ended (a multicast into it is an error)
   std::vector<Fiber> fibers;
   std::vector<unsigned char> smem;
   unsigned char* window = nullptr;  // shared address 0, 1024-byte aligned (swizzles see the same bits)
@@ -333,27 +334,31 @@ void launch_cluster(void (*kernel)(P...), dim3 grid, dim3 cluster, dim3 blk, siz
           cs.blocks.push_back(&b);
           cs.threads += (int)blk.x;
         }
-        std::vector<uint64_t> seen(per, 0);
-        std::vector<bool> finished(per, false);
+        std::vector<uint64_t> seen(per, 0), before(per, 0);
         // Each block runs as far as it can before the next gets a turn (in rank order): the blocks
         // of a cluster drift as far apart as their barriers allow, so a block that writes into a
         // peer's shared memory too early (a missing cluster barrier) overwrites what the peer has
         // not read yet.
         for (;;) {
+          // Progress is any block's: a block's round can wake a peer (a multicast; the cluster
+          // barrier bumps every block's epoch) and then end without moving on itself.
+          for (unsigned r = 0; r < per; r++) before[r] = cs.blocks[r]->epoch;
           bool progress = false, all_done = true;
           for (unsigned r = 0; r < per; r++) {
-            block() = cs.blocks[r];
-            while (!finished[r]) {
+            BlockState& b = *cs.blocks[r];
+            block() = &b;
+            while (!b.finished) {
               bool done = false;
-              const bool moved = run_round(*cs.blocks[r], seen[r], &done);
-              finished[r] = done;
-              if (!moved) break;
+              const bool moved = run_round(b, seen[r], &done);
+              b.finished = done;
+              if (!moved && !done) break;
               progress = true;
             }
-            all_done = all_done && finished[r];
+            all_done = all_done && b.finished;
           }
           block() = nullptr;
           if (all_done) break;
+          for (unsigned r = 0; r < per; r++) progress = progress || cs.blocks[r]->epoch != before[r];
           if (!progress) fail("deadlock: warps at different collectives or barriers, or a warp op after exit");
         }
       }

@@ -5,17 +5,22 @@
 //     shared-memory descriptors (128-byte swizzle, K-major or MN-major, start / LBO / SBO) and the
 //     register fragments, so fence / commit / wait are no-ops.
 //   mbarriers: count, pending arrivals, transaction bytes and phase per barrier; a wait yields
-//     until the phase of its parity has completed.
+//     until the phase of its parity has completed. Bytes may arrive before their expect_tx (a
+//     cluster peer's multicast) while an arrival is pending.
 //   TMA and bulk copies: recorded at issue and landed (swizzled like the hardware, zeros past the
 //     tensor's rows) by the first wait on their barrier, their bytes then completing its phase:
-//     shared memory read without that wait still holds the NaN fill or older data. The tensor
-//     map is this file's own encoding (tensor_map below) in the CUtensorMap bytes, not the
-//     driver's.
+//     shared memory read without that wait still holds the NaN fill or older data. With
+//     land_copies_at_issue (warp_emulator.h) they land at issue instead, so a refill of a buffer
+//     that is still being read shows. The tensor map is this file's own encoding (tensor_map
+//     below) in the CUtensorMap bytes, not the driver's.
+//   Clusters (warp_emulator.h's launch_cluster): cluster_ctarank, the cluster barrier, and
+//     multicast TMA into every block of a mask at the same shared-memory offsets (into a block
+//     that has exited: an error).
 //   Named barriers: arrival counts per id; bar.sync yields until its generation completes.
 // It checks indexing, layouts, walks and the barrier protocol where CI has no GPU; it does not see
-// asynchronous hazards (an MMA reading shared memory that a later copy overwrites before the wait
-// would pass here) or timing. Include it before ops/cuda/attention_sm90.cuh, in one translation
-// unit.
+// timing: an asynchronous hazard shows only where a landing order (at the wait, or at issue) or
+// the drift of a cluster's blocks (as far apart as their barriers allow) exposes it. Include it
+// before ops/cuda/attention_sm90.cuh, in one translation unit.
 #pragma once
 
 #include <cuda.h>
@@ -327,6 +332,7 @@ inline void tma_load_3d_multicast(void* smem, const CUtensorMap* map, int c0, in
   for (int r = 0; r < n; r++)
     if (mask >> r & 1) {
       auto& to = *blk.cluster->blocks[r];
+      if (to.finished) ::tt::cuda::emu::fail("multicast into a block that has exited (no cluster barrier before its exit?)");
       tma_box(to, t, dst, c0, c1, c2, ::tt::cuda::emu::peer_smem(to, bar));
     }
 }

@@ -345,7 +345,10 @@ TEST(CliTest, OutOfRangeIntegersNameTheFlagAndTheRange) {
       {"serve --checkpoint x --max-sessions 4294967297",
        "error: --max-sessions: expected an integer in [1, 2147483647], got '4294967297'"},
       {"serve --checkpoint x --session-idle-s -1",
-       "error: --session-idle-s: expected seconds >= 0 (0: sessions never close for going unused), got '-1'"},
+       "error: --session-idle-s: expected seconds in [0, 1e9] (0: sessions never close for going unused), got '-1'"},
+      {"serve --checkpoint x --session-idle-s 1e10",
+       "error: --session-idle-s: expected seconds in [0, 1e9] (0: sessions never close for going unused), got "
+       "'1e10'"},
       {"serve --checkpoint x --session-idle-s soon", "error: --session-idle-s: expected a number, got 'soon'"},
       {"serve --checkpoint x --action-tokens 4294967297",
        "error: --action-tokens: expected an integer in [1, 2147483647], got '4294967297'"},

@@ -399,23 +399,27 @@ TEST(NavServe, AFailedResetChangesNothing) {
 // request naming it says so, and a reset opens it again. One that is used stays open.
 TEST(NavServe, UnusedSessionsCloseAfterTheIdleTime) {
   const fs::path log = fresh_dir("serve_idle") / "serve.log";
-  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12 --session-idle-s 1", log.string());
+  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12 --session-idle-s 2 --max-sessions 2",
+                 log.string());
   Client c(s.port);
   const std::string img = frame_b64(), step = R"(", "images": [")" + img + R"("]})";
   for (const char* name : {"used", "idle"})
     EXPECT_EQ(c.ask(str_session(name) + R"(, "reset": true, "instruction": [2, 5]})").at("ok"), true);
-  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  EXPECT_NE(c.error_of(R"({"session": "third", "reset": true, "instruction": [2]})")
+                .find("too many sessions (2, --max-sessions); close one first, or wait for one to go unused for 2 s"),
+            std::string::npos);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
   EXPECT_EQ(c.ask(R"({"session": "used)" + step).at("step"), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(600));
-  // "idle" went unused for 1.2 s, "used" for 0.6 s.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1300));
+  // "idle" went unused for 2.5 s (closed at about 2), "used" for 1.3 s.
   const std::string e = c.error_of(R"({"session": "idle)" + step);
-  EXPECT_EQ(e.rfind("session \"idle\" was closed after 1", 0), 0u) << e;
-  EXPECT_NE(e.find(" s unused (--session-idle-s 1); reset it"), std::string::npos) << e;
+  EXPECT_EQ(e.rfind("session \"idle\" was closed after 2", 0), 0u) << e;
+  EXPECT_NE(e.find(" s unused (--session-idle-s 2); reset it"), std::string::npos) << e;
   EXPECT_EQ(c.ask(R"({"session": "used)" + step).at("step"), 1);
   EXPECT_EQ(c.ask(R"({"session": "idle", "reset": true, "instruction": [2, 5]})").at("ok"), true);
   EXPECT_EQ(c.ask(R"({"session": "idle)" + step).at("step"), 0);
   EXPECT_EQ(c.ask(R"({"session": "never", "close": true})").at("error"), "unknown session \"never\" (reset it first)");
-  EXPECT_NE(slurp(log).find("serve: session \"idle\" closed after 1"), std::string::npos) << slurp(log);
+  EXPECT_NE(slurp(log).find("serve: session \"idle\" closed after 2"), std::string::npos) << slurp(log);
 }
 
 // With --window 2, a step the context cannot hold (63 frames: 1008 rows beside the instruction

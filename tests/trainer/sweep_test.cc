@@ -108,6 +108,15 @@ TEST(SweepTest, ErrorsNameTheFileAndLine) {
   EXPECT_TRUE(has(error_of("grid:\n  optim.lr: [1]\n", dir), "sweep.yaml: base: expected the path of the run config"));
   EXPECT_TRUE(has(error_of(base + "slurm:\n  gpus: 8\n", dir), "sweep.yaml:3: unknown key 'slurm.gpus'"));
   EXPECT_TRUE(has(error_of(base + "slurm:\n  nodes: 0\n", dir), "sweep.yaml:3: slurm.nodes: expected an integer >= 1"));
+  // Quoted numbers are strings, as in a run config.
+  const std::string quoted = error_of(base + "grid:\n  optim.lr: [\"3e-4\"]\n", dir);
+  EXPECT_TRUE(has(quoted, "sweep.yaml:3: grid: optim.lr: optim.lr: expected a number, got the quoted string \"3e-4\"; "
+                          "write it without quotes"))
+      << quoted;
+  const std::string quoted_set = error_of(base + "set:\n  train.max_steps: '3'\n", dir);
+  EXPECT_TRUE(has(quoted_set, "train.max_steps: expected an integer, got the quoted string \"3\"")) << quoted_set;
+  EXPECT_TRUE(has(error_of(base + "slurm:\n  nodes: \"2\"\n", dir),
+                  "sweep.yaml:3: slurm.nodes: expected an integer (unquoted), got the quoted string \"2\""));
   EXPECT_TRUE(has(error_of(base + "grid: [\n", dir), "sweep.yaml:"));
   // Text after the document (YAML::Load would drop it) and a second document.
   EXPECT_EQ(error_of("{base: base.yaml}, grid\n", dir),
@@ -216,6 +225,7 @@ TEST(SweepTest, SlurmArrayScript) {
         "#SBATCH --ntasks-per-node=8\n", "#SBATCH --gpus-per-node=8\n", "#SBATCH --cpus-per-task=12\n",
         "#SBATCH --partition=gpu\n", "#SBATCH --time=02:00:00\n", "#SBATCH --qos=high\n",
         "export NCCL_NVLS_ENABLE=0\n", "config=\"${configs[$SLURM_ARRAY_TASK_ID]}\"\n",
+        "export TT_JOB_SECRET=\"$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n')\"\n",
         "srun --kill-on-bad-exit=1 '/opt/treetrain/bin/treetrain' train --config \"$config\"\n"})
     EXPECT_TRUE(has(s, line)) << line << "\n---\n" << s;
   EXPECT_TRUE(has(s, "#SBATCH --output=" + (dir / "runs").string() + "/slurm-%A_%a.out\n")) << s;

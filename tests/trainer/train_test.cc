@@ -617,6 +617,7 @@ TEST(TrainTest, CrashLeftoversAreCleanedAtStartAndKeepHolds) {
   { std::ofstream(atomic_temp_path((run / "gemm_tuning.json").string(), std::stol(live))) << "{"; }
   { std::ofstream(run / ("notes.tmp-" + dead)) << "mine"; }
   { std::ofstream(run / (".notes.tmp-" + dead + "x")) << "mine"; }
+  { std::ofstream(atomic_temp_path((run / "samples.jsonl").string(), std::stol(dead))) << "another tool's"; }
 
   c.train.resume = true;
   c.train.keep_checkpoints = 2;
@@ -634,6 +635,7 @@ TEST(TrainTest, CrashLeftoversAreCleanedAtStartAndKeepHolds) {
   EXPECT_TRUE(fs::exists(run / (".gemm_tuning.json.tmp-" + live)));
   EXPECT_TRUE(fs::exists(run / ("notes.tmp-" + dead)));
   EXPECT_TRUE(fs::exists(run / (".notes.tmp-" + dead + "x")));
+  EXPECT_TRUE(fs::exists(run / (".samples.jsonl.tmp-" + dead))) << "not a name treetrain's run writes";
   t.run();
   const auto valid = list_checkpoints(c.run_dir);
   ASSERT_EQ(valid.size(), 2u);
