@@ -303,16 +303,25 @@ inline void tma_box(::tt::cuda::emu::BlockState& to, const ::tt::cuda::emu::EmuT
   }
 }
 
-inline void tma_load_3d(void* smem, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
+// The map of a TMA box into this block's shared memory at smem, checked (what the hardware or the
+// driver rejects: an unaligned swizzled destination, a box outside the tensor's columns or heads
+// or outside shared memory); dst its shared address.
+inline ::tt::cuda::emu::EmuTensorMap checked_box(void* smem, const CUtensorMap* map, int c0, int c1, uint32_t* dst) {
   ::tt::cuda::emu::EmuTensorMap t;
   std::memcpy(&t, map, sizeof t);
-  const uint32_t dst = smem_addr(smem);
-  if (dst % 1024) ::tt::cuda::emu::fail("TMA destination not 1024-byte aligned (128-byte swizzle)");
+  *dst = smem_addr(smem);
+  if (*dst % 1024) ::tt::cuda::emu::fail("TMA destination not 1024-byte aligned (128-byte swizzle)");
   if (c0 < 0 || c0 + t.box_cols > t.cols || c1 < 0 || c1 >= t.heads) ::tt::cuda::emu::fail("TMA box outside columns/heads");
   const uint32_t box_bytes = (uint32_t)(t.box_rows * t.box_cols * t.elem_bytes);
-  auto& blk = *::tt::cuda::emu::block();
-  if (dst + box_bytes > blk.offset + blk.smem_size) ::tt::cuda::emu::fail("TMA box outside smem");
-  tma_box(blk, t, dst, c0, c1, c2, bar);
+  const auto& blk = *::tt::cuda::emu::block();
+  if (*dst + box_bytes > blk.offset + blk.smem_size) ::tt::cuda::emu::fail("TMA box outside smem");
+  return t;
+}
+
+inline void tma_load_3d(void* smem, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
+  uint32_t dst = 0;
+  const ::tt::cuda::emu::EmuTensorMap t = checked_box(smem, map, c0, c1, &dst);
+  tma_box(*::tt::cuda::emu::block(), t, dst, c0, c1, c2, bar);
 }
 
 // The same box into every block of the cluster whose rank is a bit of mask, at the same offsets.
@@ -322,13 +331,8 @@ inline void tma_load_3d_multicast(void* smem, const CUtensorMap* map, int c0, in
   if (!blk.cluster) ::tt::cuda::emu::fail("multicast outside a cluster launch");
   const int n = (int)blk.cluster->blocks.size();
   if (mask == 0 || (n < 16 && (mask >> n) != 0)) ::tt::cuda::emu::fail("multicast mask names no block or one past the cluster");
-  ::tt::cuda::emu::EmuTensorMap t;
-  std::memcpy(&t, map, sizeof t);
-  const uint32_t dst = smem_addr(smem);
-  if (dst % 1024) ::tt::cuda::emu::fail("TMA destination not 1024-byte aligned (128-byte swizzle)");
-  if (c0 < 0 || c0 + t.box_cols > t.cols || c1 < 0 || c1 >= t.heads) ::tt::cuda::emu::fail("TMA box outside columns/heads");
-  const uint32_t box_bytes = (uint32_t)(t.box_rows * t.box_cols * t.elem_bytes);
-  if (dst + box_bytes > blk.offset + blk.smem_size) ::tt::cuda::emu::fail("TMA box outside smem");
+  uint32_t dst = 0;
+  const ::tt::cuda::emu::EmuTensorMap t = checked_box(smem, map, c0, c1, &dst);
   for (int r = 0; r < n; r++)
     if (mask >> r & 1) {
       auto& to = *blk.cluster->blocks[r];
