@@ -446,16 +446,16 @@ void clean_checkpoint_leftovers(const std::string& run_dir) {
   // An atomic write of treetrain's own into the run folder (metrics.jsonl's rewrite, the GEMM
   // tuning table, a dropped-metrics file: base/files.h) stopped before its rename. Only those
   // names: run_dir may be on a filesystem other hosts write too, whose pids this host cannot see.
-  auto ours = [](const std::string& name) {
+  auto ours = [](const std::string& name, long pid) {
     for (const char* file : {"metrics.jsonl", kGemmTuningFile})
-      if (name == atomic_temp_path(file, atomic_temp_pid(name))) return true;
+      if (name == atomic_temp_path(file, pid)) return true;
     return name.rfind(".metrics.jsonl.dropped-", 0) == 0;
   };
   if (fs::is_directory(run_dir, ec))
     for (const auto& e : fs::directory_iterator(run_dir)) {
       const std::string name = e.path().filename().string();
       const long pid = atomic_temp_pid(name);
-      if (pid < 0 || !ours(name) || !e.is_regular_file(ec) || pid_in_progress(pid)) continue;
+      if (pid < 0 || !ours(name, pid) || !e.is_regular_file(ec) || pid_in_progress(pid)) continue;
       fs::remove(e.path(), ec);
       spdlog::info("removed {}, left by process {} (gone)", e.path().string(), pid);
     }

@@ -181,14 +181,11 @@ std::string where_of(const std::string& source, const YAML::Node& node) {
   return str(file, ":", m.line + 1);
 }
 
-// A scalar written in quotes is a string in YAML (tag "!"), even when it reads like a number.
-bool quoted(const YAML::Node& n) { return n.IsScalar() && n.Tag() == "!"; }
-
 std::string describe(const YAML::Node& n) {
   if (!n.IsDefined() || n.IsNull()) return "null";
   if (n.IsMap()) return "a mapping";
   if (n.IsSequence()) return "a list";
-  if (quoted(n)) return "the quoted string \"" + n.Scalar() + "\"";
+  if (is_quoted_scalar(n)) return "the quoted string \"" + n.Scalar() + "\"";
   return "'" + n.Scalar() + "'";
 }
 
@@ -201,7 +198,7 @@ std::string describe(const YAML::Node& n) {
 // 3 would make `lr: "3e-4"` and `lr: 3e-4` mean the same while YAML tools disagree.
 void check_unquoted(const YAML::Node& n, const std::string& key, const std::string& where,
                     const std::string& expected) {
-  if (quoted(n))
+  if (is_quoted_scalar(n))
     throw Error(str(where, ": ", key, ": expected ", expected, ", got ", describe(n), "; write it without quotes"));
 }
 

@@ -43,7 +43,7 @@ std::string where_of(const std::string& source, const YAML::Node& n) {
 // A value as `--set` takes it: a scalar's text, a list in YAML flow style. A quoted scalar stays
 // quoted (a string), so a number key refuses "3e-4" here as it does in a run config.
 std::string value_text(const YAML::Node& n, const std::string& where, const std::string& key) {
-  if (n.IsScalar() && n.Tag() == "!") {
+  if (is_quoted_scalar(n)) {
     YAML::Emitter e;
     e << YAML::DoubleQuoted << n.Scalar();
     return e.c_str();
@@ -114,7 +114,7 @@ std::vector<Param> parse_params(const YAML::Node& node, const std::string& secti
 
 int64_t slurm_int(const YAML::Node& n, const std::string& key, const std::string& source, int64_t min) {
   const std::string where = where_of(source, n);
-  if (!n.IsScalar() || n.Tag() == "!")
+  if (!n.IsScalar() || is_quoted_scalar(n))
     throw Error(str(where, ": slurm.", key, ": expected an integer (unquoted), got ",
                     n.IsScalar() ? "the quoted string \"" + n.Scalar() + "\"" : std::string("a non-scalar")));
   const std::string& s = n.Scalar();

@@ -14,4 +14,8 @@ namespace tt::trainer {
 // after a flow collection, and YAML::Load drops it silently.
 YAML::Node load_one_document(const std::string& text, const std::string& file, const std::string& ctx = "");
 
+// Whether n is a scalar written in quotes (yaml-cpp's tag "!"): a string in YAML, even where it
+// reads like a number or a boolean, so a number key refuses it.
+inline bool is_quoted_scalar(const YAML::Node& n) { return n.IsScalar() && n.Tag() == "!"; }
+
 }  // namespace tt::trainer
