@@ -26,6 +26,9 @@ constexpr size_t kMinSecretChars = 16;
 // n random bytes from the kernel (getrandom), as 2n lowercase hex digits. Throws tt::Error.
 std::string random_hex(size_t n_bytes);
 
+// A fresh nonce: kNonceHexChars random hex digits.
+inline std::string nonce() { return random_hex(kNonceHexChars / 2); }
+
 // Whether s is exactly `chars` lowercase hex digits.
 bool is_hex(const std::string& s, size_t chars);
 

@@ -19,11 +19,11 @@
 #include <optional>
 #include <sstream>
 
+#include "base/check.h"
+#include "base/omp_env.h"
+#include "distributed/auth.h"
 #include "distributed/env.h"
 #include "distributed/net.h"
-#include "base/check.h"
-#include "distributed/auth.h"
-#include "base/omp_env.h"
 
 extern char** environ;
 
@@ -220,7 +220,7 @@ void launch(const LaunchOptions& o) {
   // One secret for the ranks, so that only they can join (auth.h); a caller's is kept.
   const char* given_secret = std::getenv("TT_JOB_SECRET");
   const std::string secret =
-      given_secret != nullptr && given_secret[0] != '\0' ? std::string(given_secret) : auth::random_hex(16);
+      given_secret != nullptr && given_secret[0] != '\0' ? std::string(given_secret) : auth::nonce();
   SignalScope signals;
 
   // The ranks share this host's CPUs and wait passively, unless the user set OMP_* (omp_env.h).

@@ -44,7 +44,7 @@ const char* op_name(Op op) {
 }
 
 Rendezvous::Rendezvous(const DistEnv& env, const RendezvousOptions& options)
-    : env_(env), options_(options), hosts_(env.world_size), nonces_(env.world_size), links_(env.world_size) {
+    : env_(env), options_(options), hosts_(env.world_size), links_(env.world_size) {
   if (env_.host.empty()) env_.host = hostname();
   hosts_[env_.rank] = env_.host;
   TT_CHECK(options_.timeout_s > 0 && options_.collective_timeout_s > 0, "distributed timeouts must be positive");
@@ -211,15 +211,20 @@ void Rendezvous::connect_root(net::Socket listener) {
     ++dropped_count;
     pending.erase(pending.begin() + (long)i);
   };
-  auto refuse = [&](Pending& p, const std::string& why) {
+  // A short message to a connection that is not (yet) a rank: a challenge or a refusal, a few
+  // bytes into its socket buffer within a second; "" when sent, else why not.
+  auto send_now = [](net::Socket& s, Op op, const std::string& payload) {
     char h[wire::kHeaderBytes];
-    const std::string reason = why.substr(0, wire::kMaxHelloBytes);
-    wire::encode_header({wire::kMagic, (uint32_t)Op::kReject, 0, reason.size()}, h);
+    wire::encode_header({wire::kMagic, (uint32_t)op, 0, payload.size()}, h);
     std::string err;
     const net::Deadline d = net::deadline_after(1);
-    if (net::send_all(p.s, h, sizeof(h), d, &err) == net::IoStatus::kOk)
-      net::send_all(p.s, reason.data(), reason.size(), d, &err);
+    net::IoStatus st = net::send_all(s, h, sizeof(h), d, &err);
+    if (st == net::IoStatus::kOk) st = net::send_all(s, payload.data(), payload.size(), d, &err);
+    return st == net::IoStatus::kOk ? std::string() : err;
   };
+  auto refuse = [&](Pending& p, const std::string& why) { send_now(p.s, Op::kReject, why.substr(0, wire::kMaxHelloBytes)); };
+  // Per rank, the challenge's nonce and the hello's, which the welcome's proof covers.
+  std::vector<std::pair<std::string, std::string>> nonces(world);
   int joined = 1;
   while (joined < world) {
     const net::Clock::time_point now = net::Clock::now();
@@ -272,16 +277,11 @@ void Rendezvous::connect_root(net::Socket listener) {
         if (!s.valid()) break;
         net::configure(s, options_.timeout_s);
         const std::string from = net::peer_address(s);
-        // The challenge: a fresh nonce the hello's proof must cover (a few bytes into an empty
-        // socket buffer; a peer that makes even that fail is dropped).
-        const std::string nonce = auth::random_hex(auth::kNonceHexChars / 2);
-        char h[wire::kHeaderBytes];
-        wire::encode_header({wire::kMagic, (uint32_t)Op::kChallenge, 0, nonce.size()}, h);
-        std::string err;
-        const net::Deadline d = net::deadline_after(1);
-        net::IoStatus st = net::send_all(s, h, sizeof(h), d, &err);
-        if (st == net::IoStatus::kOk) st = net::send_all(s, nonce.data(), nonce.size(), d, &err);
-        if (st != net::IoStatus::kOk) {
+        // The challenge: a fresh nonce the hello's proof must cover (a peer whose socket does not
+        // take even that is dropped).
+        const std::string nonce = auth::nonce();
+        const std::string err = send_now(s, Op::kChallenge, nonce);
+        if (!err.empty()) {
           if (dropped.size() < 8) dropped.push_back(str(from, " could not be sent a challenge (", err, ")"));
           ++dropped_count;
           continue;
@@ -346,7 +346,7 @@ void Rendezvous::connect_root(net::Socket listener) {
                       " TT_JOB_SECRET and rank 0 on host ", env_.host, have_secret ? " has one" : " has none",
                       " (every rank needs the same one)");
         hint = " (give every rank the same TT_JOB_SECRET)";
-      } else if (!auth::same_mac(hello.mac, auth::hmac_hex(env_.secret, wire::hello_proof_text(p.nonce, hello)))) {
+      } else if (!auth::same_mac(hello.mac, wire::hello_mac(env_.secret, p.nonce, hello))) {
         problem = str("rank ", hello.rank, " on host ", hello.host,
                       " did not prove rank 0's TT_JOB_SECRET (its secret differs: one of them belongs to another "
                       "attempt of this job, or the peer knows only the job id)");
@@ -367,7 +367,7 @@ void Rendezvous::connect_root(net::Socket listener) {
         continue;
       }
       hosts_[hello.rank] = hello.host;
-      nonces_[hello.rank] = p.nonce + "\n" + hello.nonce;
+      nonces[hello.rank] = {p.nonce, hello.nonce};
       links_[hello.rank] = std::move(p.s);
       pending.erase(pending.begin() + (long)i);
       ++joined;
@@ -377,12 +377,8 @@ void Rendezvous::connect_root(net::Socket listener) {
   op_ = Op::kWelcome;
   deadline_ = net::deadline_after(options_.timeout_s);
   const std::string table = wire::encode_host_table(hosts_);
-  for (int r = 1; r < world; ++r) {
-    const size_t nl = nonces_[r].find('\n');
-    const std::string mac =
-        auth::hmac_hex(env_.secret, wire::welcome_proof_text(nonces_[r].substr(0, nl), nonces_[r].substr(nl + 1), table));
-    send_blob(r, wire::encode_welcome(mac, table));
-  }
+  for (int r = 1; r < world; ++r)
+    send_blob(r, wire::encode_welcome(wire::welcome_mac(env_.secret, nonces[r].first, nonces[r].second, table), table));
 }
 
 void Rendezvous::connect_worker() {
@@ -401,30 +397,34 @@ void Rendezvous::connect_worker() {
   // Rank 0 accepts for timeout_s from its start, which is before this connection: the welcome
   // comes within timeout_s from now, or rank 0 has failed (and closed the connection).
   deadline_ = net::deadline_after(options_.timeout_s + 1);
+  // What rank 0 sends is read first (a refusal or a timeout fails there, with its own message),
+  // then decoded: a malformed one names rank 0 and the message.
+  auto malformed = [&](const Error& e, const std::string& hint) {
+    return Error(str(tag(), ": ", peer_name(0), " sent ", e.what(), " during ", current(), hint));
+  };
   op_ = Op::kChallenge;
+  const std::string challenge = recv_blob(0);
   std::string root_nonce;
   try {
-    root_nonce = wire::decode_challenge(recv_blob(0));
+    root_nonce = wire::decode_challenge(challenge);
   } catch (const Error& e) {
-    if (std::string(e.what()).rfind(tag(), 0) == 0) throw;  // this rank's own message (a refusal, a timeout)
-    throw Error(str(tag(), ": ", peer_name(0), " sent ", e.what(), " during ", current(),
-                    " (is something other than treetrain's rank 0 on MASTER_PORT?)"));
+    throw malformed(e, " (is something other than treetrain's rank 0 on MASTER_PORT?)");
   }
-  wire::Hello hello{rank(), world_size(), env_.host, !env_.secret.empty(), auth::random_hex(auth::kNonceHexChars / 2),
-                    "", env_.job_id, env_.job_id_var};
-  hello.mac = auth::hmac_hex(env_.secret, wire::hello_proof_text(root_nonce, hello));
+  wire::Hello hello{rank(), world_size(), env_.host, !env_.secret.empty(), auth::nonce(), "", env_.job_id,
+                    env_.job_id_var};
+  hello.mac = wire::hello_mac(env_.secret, root_nonce, hello);
   op_ = Op::kHello;
   send_blob(0, wire::encode_hello(hello));
   op_ = Op::kWelcome;
+  const std::string blob = recv_blob(0);
   wire::Welcome welcome;
   try {
-    welcome = wire::decode_welcome(recv_blob(0));
+    welcome = wire::decode_welcome(blob);
     hosts_ = wire::decode_host_table(welcome.table, world_size());
   } catch (const Error& e) {
-    if (std::string(e.what()).rfind(tag(), 0) == 0) throw;
-    throw Error(str(tag(), ": ", peer_name(0), " sent ", e.what(), " during ", current()));
+    throw malformed(e, "");
   }
-  if (!auth::same_mac(welcome.mac, auth::hmac_hex(env_.secret, wire::welcome_proof_text(root_nonce, hello.nonce, welcome.table))))
+  if (!auth::same_mac(welcome.mac, wire::welcome_mac(env_.secret, root_nonce, hello.nonce, welcome.table)))
     throw Error(str(tag(), ": the rank 0 at ", env_.master_addr, ":", env_.master_port,
                     " did not prove this rank's TT_JOB_SECRET in its welcome (another job's rank 0 on this port, or "
                     "ranks started with different secrets)"));

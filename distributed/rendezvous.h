@@ -100,7 +100,6 @@ class Rendezvous {
   DistEnv env_;
   RendezvousOptions options_;
   std::vector<std::string> hosts_;  // (world_size) host of each rank
-  std::vector<std::string> nonces_;  // rank 0: (world_size) the challenge's and the hello's nonce, per rank
   std::vector<net::Socket> links_;  // (world_size) rank 0: one per rank; others: [0]
   Op op_ = Op::kHello;
   uint64_t seq_ = 0;

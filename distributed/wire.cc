@@ -115,14 +115,14 @@ Hello decode_hello(const std::string& text) {
   return h;
 }
 
-std::string hello_proof_text(const std::string& root_nonce, const Hello& h) {
-  return str("treetrain hello\n", root_nonce, "\n", h.nonce, "\n", h.rank, " ", h.world_size, " ", h.host, "\n",
-             h.secret_set ? 1 : 0, "\n", h.job_id_var, "\n", h.job_id);
+std::string hello_mac(const std::string& secret, const std::string& root_nonce, const Hello& h) {
+  return auth::hmac_hex(secret, str("treetrain hello\n", root_nonce, "\n", h.nonce, "\n", h.rank, " ", h.world_size,
+                                    " ", h.host, "\n", h.secret_set ? 1 : 0, "\n", h.job_id_var, "\n", h.job_id));
 }
 
-std::string welcome_proof_text(const std::string& root_nonce, const std::string& worker_nonce,
-                               const std::string& table) {
-  return str("treetrain welcome\n", root_nonce, "\n", worker_nonce, "\n", table);
+std::string welcome_mac(const std::string& secret, const std::string& root_nonce, const std::string& worker_nonce,
+                        const std::string& table) {
+  return auth::hmac_hex(secret, str("treetrain welcome\n", root_nonce, "\n", worker_nonce, "\n", table));
 }
 
 std::string decode_challenge(const std::string& text) {

@@ -60,10 +60,11 @@ Hello decode_hello(const std::string& text);
 std::string encode_host_table(const std::vector<std::string>& hosts);
 std::vector<std::string> decode_host_table(const std::string& text, int world);
 
-// What the hello's and the welcome's MACs cover (auth.h): both nonces and every field but the mac.
-std::string hello_proof_text(const std::string& root_nonce, const Hello& h);
-std::string welcome_proof_text(const std::string& root_nonce, const std::string& worker_nonce,
-                               const std::string& table);
+// The hello's and the welcome's MACs (auth.h, keyed by the job secret): over both nonces and
+// every field of the message but the mac.
+std::string hello_mac(const std::string& secret, const std::string& root_nonce, const Hello& h);
+std::string welcome_mac(const std::string& secret, const std::string& root_nonce, const std::string& worker_nonce,
+                        const std::string& table);
 
 // The challenge: exactly 32 hex digits.
 std::string decode_challenge(const std::string& text);

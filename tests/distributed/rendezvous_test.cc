@@ -280,8 +280,8 @@ std::string fake_hello(const net::Socket& s, int rank, int world, const std::str
   EXPECT_EQ(header.bytes, auth::kNonceHexChars);
   std::string nonce(auth::kNonceHexChars, '\0');
   EXPECT_EQ(net::recv_all(s, nonce.data(), nonce.size(), net::deadline_after(3), &err), net::IoStatus::kOk) << err;
-  wire::Hello hello{rank, world, host, !secret.empty(), auth::random_hex(16), "", job_id, job_id.empty() ? "" : "TT_JOB_ID"};
-  hello.mac = auth::hmac_hex(secret, wire::hello_proof_text(nonce, hello));
+  wire::Hello hello{rank, world, host, !secret.empty(), auth::nonce(), "", job_id, job_id.empty() ? "" : "TT_JOB_ID"};
+  hello.mac = wire::hello_mac(secret, nonce, hello);
   fake_send(s, message(Op::kHello, 0, wire::encode_hello(hello)));
   return nonce + "\n" + hello.nonce;
 }
@@ -585,7 +585,7 @@ TEST(RendezvousTest, AWorkerFailsAtOnceOnAGarbageOrTerabyteChallengeOrWelcome) {
 TEST(RendezvousTest, AWorkerRefusesARankZeroThatDoesNotProveTheSecret) {
   const std::string error = worker_against_fake_master(
       [](net::Socket& s) {
-        const std::string root_nonce = auth::random_hex(16);
+        const std::string root_nonce = auth::nonce();
         fake_send(s, message(Op::kChallenge, 0, root_nonce));
         char h[wire::kHeaderBytes];
         std::string err;
@@ -596,7 +596,7 @@ TEST(RendezvousTest, AWorkerRefusesARankZeroThatDoesNotProveTheSecret) {
         EXPECT_TRUE(got.secret_set);
         EXPECT_EQ(hello.find(kTestSecret), std::string::npos) << "the secret never crosses the network";
         const std::string table = "host0\nhost1\n";
-        const std::string mac = auth::hmac_hex("another-secret-of-16", wire::welcome_proof_text(root_nonce, got.nonce, table));
+        const std::string mac = wire::welcome_mac("another-secret-of-16", root_nonce, got.nonce, table);
         fake_send(s, message(Op::kWelcome, 0, wire::encode_welcome(mac, table)));
         EXPECT_GE(seconds_until_closed(s), 0);
       },
