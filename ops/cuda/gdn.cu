@@ -35,26 +35,6 @@ struct CudaRunner {
     kernel<<<grid, block, smem, stream>>>(args...);
     TT_CUDA_CHECK_LAUNCH();
   }
-  template <class... P, class... A>
-  void launch_cluster(void (*kernel)(P...), dim3 grid, dim3 cluster, int block, size_t smem, const A&... args) {
-    if (smem > 0)
-      detail::set_attribute_once(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem);
-    cudaLaunchAttribute attr[1] = {};
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cluster.x;
-    attr[0].val.clusterDim.y = cluster.y;
-    attr[0].val.clusterDim.z = cluster.z;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(block);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    TT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
-    TT_CUDA_CHECK_LAUNCH();
-  }
   void zero(void* p, size_t bytes) { TT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream)); }
   // A (rows, heads, cols) tensor of the walks' stages as a TMA map: boxes of box_cols columns x
   // box_rows rows of one head, 128-byte swizzle (WalkTmaStage, BwdWalkTmaStage).

@@ -10,9 +10,6 @@
 //                                                  kernel(args...) on grid x block threads (1-D)
 //                                                  with smem_bytes of dynamic shared memory, in
 //                                                  order after the previous launch
-//   run.launch_cluster(kernel, grid, cluster, block, smem_bytes, args...)
-//                                                  the same in thread block clusters of
-//                                                  cluster (x, y, z) blocks
 //   run.zero(p, bytes)                             bytes at p set to zero, in the same order
 //   run.map(base, rows, heads, cols, box_cols, box_rows)
 //                                                  the TMA map of a (rows, heads, cols) fp32 or

@@ -49,13 +49,6 @@ struct EmuRunner {
     cuda::emu::launch(kernel, grid, dim3(block), smem, args...);
     ++launches;
   }
-  template <class... P, class... A>
-  void launch_cluster(void (*kernel)(P...), dim3 grid, dim3 cluster, int block, size_t smem, const A&... args) {
-    cuda::emu::dynamic_smem_offset() = 0;  // a clustered kernel keeps its barriers in dynamic shared memory
-    EXPECT_LE(smem, 227u * 1024) << "shared memory past the H200's 227 KiB a block";
-    cuda::emu::launch_cluster(kernel, grid, cluster, dim3(block), smem, args...);
-    ++launches;
-  }
   void zero(void* p, size_t bytes) { std::memset(p, 0, bytes); }
   template <class T>
   CUtensorMap map(const T* base, int64_t rows, int heads, int cols, int box_cols, int box_rows) {
@@ -141,10 +134,7 @@ EmuOut emulate(const EmuCase& c, const std::vector<float>& init, const std::vect
 // copies_at_issue: TMA copies land when issued (a refill of a stage that a block still reads would
 // show) instead of at the wait (a read before it would).
 void check_shape(uint64_t seed, RuleShape shape, bool copies_at_issue = false) {
-  struct Landing {
-    explicit Landing(bool at_issue) { cuda::emu::land_copies_at_issue() = at_issue; }
-    ~Landing() { cuda::emu::land_copies_at_issue() = false; }
-  } landing(copies_at_issue);
+  const cuda::emu::CopiesLanding landing(copies_at_issue);
   std::mt19937_64 rng(seed * 41);
   const EmuCase c(seed, rng, shape);
   const int nv = c.nv, dk = c.dk, dv = c.dv, N = c.N;
@@ -384,12 +374,11 @@ std::vector<float> run_multicast_rounds(bool barrier, bool at_issue) {
   std::vector<float> rows(128 * 32);
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = (float)i;
   std::vector<float> out(4 * 32, -1.f);
-  cuda::emu::land_copies_at_issue() = at_issue;
+  const cuda::emu::CopiesLanding landing(at_issue);
   cuda::emu::dynamic_smem_offset() = 0;
   const CUtensorMap map = cuda::emu::tensor_map_3d(rows.data(), 4, 128, 1, 32, 32, 64);
   cuda::emu::launch_cluster(barrier ? multicast_rounds_kernel<true> : multicast_rounds_kernel<false>, dim3(2),
                             dim3(2), dim3(32), 1024 + 16 + 64 * 32 * 4, map, out.data());
-  cuda::emu::land_copies_at_issue() = false;
   return out;
 }
 

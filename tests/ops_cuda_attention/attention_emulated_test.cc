@@ -167,11 +167,11 @@ TEST_P(EmulatedAttention, MatchesCpuReference) {
   std::mt19937_64 rng(seed);
   const Inputs in = attn_test::make_inputs(lc, c.NH, c.NKV, c.HS, c.ext_mode, rng);
   const Reference ref = attn_test::reference(in);
-  emu::land_copies_at_issue() = c.at_issue;
-  const EmuOutputs got = c.HS == 64    ? run_emulated<64>(in, c.fwd_items)
-                         : c.HS == 128 ? run_emulated<128>(in, c.fwd_items)
-                                       : run_emulated<256>(in, c.fwd_items);
-  emu::land_copies_at_issue() = false;
+  const EmuOutputs got = [&] {
+    const emu::CopiesLanding landing(c.at_issue);
+    return c.HS == 64 ? run_emulated<64>(in, c.fwd_items)
+                      : c.HS == 128 ? run_emulated<128>(in, c.fwd_items) : run_emulated<256>(in, c.fwd_items);
+  }();
 
   using attn_test::kRelL2Bf16;
   EXPECT_LE(attn_test::rel_l2(got.out, ref.out), kRelL2Bf16) << "out";

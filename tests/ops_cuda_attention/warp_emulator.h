@@ -222,6 +222,12 @@ inline bool& land_copies_at_issue() {
   static bool at_issue = false;
   return at_issue;
 }
+// land_copies_at_issue() set for a scope (a test's runs), false again after it however it ends.
+struct CopiesLanding {
+  explicit CopiesLanding(bool at_issue) { land_copies_at_issue() = at_issue; }
+  ~CopiesLanding() { land_copies_at_issue() = false; }
+  CopiesLanding(const CopiesLanding&) = delete;
+};
 
 // One scheduling round of block b (block() == &b): its runnable fibers run until they suspend,
 // then its warp and warpgroup collectives and barriers resolve. Returns whether anything
@@ -283,8 +289,8 @@ inline bool run_round(BlockState& b, uint64_t& seen_epoch, bool* done) {
 
 // Runs kernel(args...) over the grid, a thread block cluster (cluster blocks in x, y, z; 1 x 1 x 1:
 // every block alone) at a time, each block's threads as fibers; a cluster's blocks run together,
-// round by round, so they can wait on each other (the cluster barrier) and write each other's
-// shared memory (multicast copies). Their static __shared__ variables are one copy: a clustered
+// each in turn as far as it can, so they can wait on each other (the cluster barrier) and write
+// each other's shared memory (multicast copies). Their static __shared__ variables are one copy: a clustered
 // kernel keeps its own state in dynamic shared memory.
 template <class... P, class... A>
 void launch_cluster(void (*kernel)(P...), dim3 grid, dim3 cluster, dim3 blk, size_t smem_bytes, const A&... args) {
