@@ -116,34 +116,40 @@ TEST(DistributedCliTest, LaunchStopsTheOthersAndNamesTheRankThatFailed) {
       << r.err;
 }
 
-TEST(DistributedCliTest, LaunchGivesItsRanksOneJobIdOrKeepsTheCallers) {
-  Result r = treetrain("launch --nproc 2 --program /bin/sh -- -c 'echo job $TT_JOB_ID'");
+// `treetrain launch` of nproc shells that print $var (with var set to `given` in the launcher's
+// environment when not null): what they printed, "[rank R] var VALUE" a line.
+Result launch_printing(const std::string& var, int nproc, const char* given = nullptr) {
+  Result r = treetrain_env(given ? "env " + var + "=" + given + " " : "",
+                           "launch --nproc " + std::to_string(nproc) + " --program /bin/sh -- -c 'echo " + var + " $" +
+                               var + "'");
   EXPECT_EQ(r.code, 0) << r.err;
+  return r;
+}
+
+TEST(DistributedCliTest, LaunchGivesItsRanksOneJobIdOrKeepsTheCallers) {
+  Result r = launch_printing("TT_JOB_ID", 2);
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("\\[rank 0\\] job (launch-[^ ]+-[0-9]+-[0-9]+)\n"))) << r.out;
-  EXPECT_TRUE(has(r.out, "[rank 1] job " + m[1].str() + "\n")) << r.out;
-  ::setenv("TT_JOB_ID", "sweep-run-3", 1);
-  r = treetrain("launch --nproc 2 --program /bin/sh -- -c 'echo job $TT_JOB_ID'");
-  ::unsetenv("TT_JOB_ID");
-  EXPECT_TRUE(has(r.out, "[rank 0] job sweep-run-3\n")) << r.out;
-  EXPECT_TRUE(has(r.out, "[rank 1] job sweep-run-3\n")) << r.out;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("\\[rank 0\\] TT_JOB_ID (launch-[^ ]+-[0-9]+-[0-9]+)\n")))
+      << r.out;
+  EXPECT_TRUE(has(r.out, "[rank 1] TT_JOB_ID " + m[1].str() + "\n")) << r.out;
+  r = launch_printing("TT_JOB_ID", 2, "sweep-run-3");
+  EXPECT_TRUE(has(r.out, "[rank 0] TT_JOB_ID sweep-run-3\n")) << r.out;
+  EXPECT_TRUE(has(r.out, "[rank 1] TT_JOB_ID sweep-run-3\n")) << r.out;
 }
 
 TEST(DistributedCliTest, LaunchGivesItsRanksOneSecretOrKeepsTheCallers) {
-  Result r = treetrain("launch --nproc 2 --program /bin/sh -- -c 'echo secret $TT_JOB_SECRET'");
-  EXPECT_EQ(r.code, 0) << r.err;
+  const std::regex rank0_secret("\\[rank 0\\] TT_JOB_SECRET ([0-9a-f]{32})\n");
+  Result r = launch_printing("TT_JOB_SECRET", 2);
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("\\[rank 0\\] secret ([0-9a-f]{32})\n"))) << r.out;
-  EXPECT_TRUE(has(r.out, "[rank 1] secret " + m[1].str() + "\n")) << r.out;
+  ASSERT_TRUE(std::regex_search(r.out, m, rank0_secret)) << r.out;
+  EXPECT_TRUE(has(r.out, "[rank 1] TT_JOB_SECRET " + m[1].str() + "\n")) << r.out;
   const std::string first = m[1].str();
-  r = treetrain("launch --nproc 1 --program /bin/sh -- -c 'echo secret $TT_JOB_SECRET'");
-  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("\\[rank 0\\] secret ([0-9a-f]{32})\n"))) << r.out;
+  r = launch_printing("TT_JOB_SECRET", 1);
+  ASSERT_TRUE(std::regex_search(r.out, m, rank0_secret)) << r.out;
   EXPECT_NE(m[1].str(), first) << "a fresh secret per launch";
-  ::setenv("TT_JOB_SECRET", "the-callers-secret", 1);
-  r = treetrain("launch --nproc 2 --program /bin/sh -- -c 'echo secret $TT_JOB_SECRET'");
-  ::unsetenv("TT_JOB_SECRET");
-  EXPECT_TRUE(has(r.out, "[rank 0] secret the-callers-secret\n")) << r.out;
-  EXPECT_TRUE(has(r.out, "[rank 1] secret the-callers-secret\n")) << r.out;
+  r = launch_printing("TT_JOB_SECRET", 2, "the-callers-secret");
+  EXPECT_TRUE(has(r.out, "[rank 0] TT_JOB_SECRET the-callers-secret\n")) << r.out;
+  EXPECT_TRUE(has(r.out, "[rank 1] TT_JOB_SECRET the-callers-secret\n")) << r.out;
 }
 
 TEST(DistributedCliTest, ATrainingRankThatCannotStartFailsTheLaunch) {

@@ -21,6 +21,14 @@ DistEnv read(const std::string& mode, const Vars& vars) {
   });
 }
 
+// A torchrun-style rank 1 of 2, and vars with more set.
+const Vars kTorchrun = {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "a"},
+                        {"MASTER_PORT", "29500"}};
+Vars with(Vars v, const Vars& extra) {
+  v.insert(extra.begin(), extra.end());
+  return v;
+}
+
 std::string error_of(const std::string& mode, const Vars& vars) {
   try {
     read(mode, vars);
@@ -159,12 +167,7 @@ TEST(EnvTest, PickDevice) {
 }
 
 TEST(EnvTest, JobIdFromTheLauncherTorchrunOrSlurmInThatOrder) {
-  const Vars torchrun = {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "a"},
-                         {"MASTER_PORT", "29500"}};
-  auto with = [&](Vars v, const Vars& extra) {
-    v.insert(extra.begin(), extra.end());
-    return v;
-  };
+  const Vars& torchrun = kTorchrun;
   DistEnv e = read("torchrun", torchrun);
   EXPECT_EQ(e.job_id, "");
   EXPECT_EQ(e.job_id_var, "");
@@ -186,12 +189,7 @@ TEST(EnvTest, JobIdFromTheLauncherTorchrunOrSlurmInThatOrder) {
 }
 
 TEST(EnvTest, TheJobSecretIsReadCheckedAndNeverDescribed) {
-  const Vars torchrun = {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.0.0.1"},
-                         {"MASTER_PORT", "29500"}};
-  auto with = [&](Vars v, const Vars& extra) {
-    v.insert(extra.begin(), extra.end());
-    return v;
-  };
+  const Vars& torchrun = kTorchrun;
   EXPECT_EQ(read("torchrun", torchrun).secret, "");
   const DistEnv e = read("torchrun", with(torchrun, {{"TT_JOB_SECRET", "0123456789abcdef"}}));
   EXPECT_EQ(e.secret, "0123456789abcdef");
