@@ -400,5 +400,48 @@ TEST(GdnEmulated, TheEmulatorShowsAMulticastRefillBeforeAPeerRead) {
   }
 }
 
+// A peer's multicast into a block that has exited is an error the emulator names (on hardware it
+// writes into whatever block took the SM): block 1 leaves right after the cluster barrier that
+// makes block 0's mbarrier visible, block 0 then multicasts into both. Staying until its own copy
+// has landed, block 1 reads it.
+template <bool kExitEarly>
+__global__ void multicast_exit_kernel(const __grid_constant__ CUtensorMap map, float* out) {
+  namespace sm90 = cuda::attn::sm90;
+  TT_EXTERN_SMEM_16(smem);
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem);
+  float* tile = reinterpret_cast<float*>(cuda::align_up_1024(smem + 16));
+  const int rank = (int)sm90::cluster_ctarank();
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(bar, 1);
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  sm90::cluster_arrive();
+  sm90::cluster_wait();
+  if (kExitEarly && rank == 1) return;
+  if (threadIdx.x == 0) {
+    sm90::mbar_expect_tx(bar, 64 * 32 * sizeof(float));
+    if (rank == 0) sm90::tma_load_3d_multicast(tile, &map, 0, 0, 0, bar, 3);
+  }
+  sm90::mbar_wait(bar, 0);
+  out[rank * 32 + threadIdx.x] = tile[threadIdx.x];  // row 0 of the box (unswizzled)
+}
+
+void run_multicast_exit(bool exit_early, float* out) {
+  std::vector<float> rows(64 * 32);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = (float)i;
+  cuda::emu::dynamic_smem_offset() = 0;
+  const CUtensorMap map = cuda::emu::tensor_map_3d(rows.data(), 4, 64, 1, 32, 32, 64);
+  cuda::emu::launch_cluster(exit_early ? multicast_exit_kernel<true> : multicast_exit_kernel<false>, dim3(2), dim3(2),
+                            dim3(32), 1024 + 16 + 64 * 32 * 4, map, out);
+}
+
+TEST(GdnEmulatedDeathTest, AMulticastIntoAnExitedBlockIsAnError) {
+  std::vector<float> out(2 * 32, -1.f);
+  run_multicast_exit(/*exit_early=*/false, out.data());
+  for (int j = 0; j < 64; ++j) ASSERT_EQ(out[j], (float)(j % 32)) << "block " << j / 32 << " column " << j % 32;
+  EXPECT_DEATH(run_multicast_exit(/*exit_early=*/true, out.data()), "multicast into a block that has exited");
+}
+
 }  // namespace
 }  // namespace tt::cuda_test
