@@ -1496,9 +1496,9 @@ size_t bwd_walk_smem_bytes(int dk) {
 // tile); dvn = PT dO + e^(gam_L - gam_r) K dS (rows 16 (w < 4 ? w : 7 - w), columns 16 (w / 4))
 // with k exact in bf16 and dS's halves in shared memory (two mma a tile). The dO terms are
 // rule_bwd_local_kernel's, on the walk's own tiles: dvn's local part PT dO (PT = scale P^T, the
-// prep's transposed scores) and qo's rows, accumulated straight into dS, (scale e^(gam) q)^T dO;
-// their fp32 operands split into three bf16 parts (dO exact). Neither qo nor the local dvn is
-// stored.
+// prep's transposed scores; PT in three bf16 parts, dO exact) and qo's rows, accumulated straight
+// into dS, q^T (scale e^(gam) dO) (q exact, the fp32 product in three bf16 parts stored once a
+// chunk for all warps). Neither qo nor the local dvn is stored.
 constexpr int kBwdDoStride = kWalkCols + 8;  // bf16 row stride of a stage's dO columns (ldmatrix: no conflicts)
 
 // A stage by cp.async: -W's halves, K and q (64, kRowStride) bf16, PT (64, kPairStride) fp32, dO's
@@ -1525,7 +1525,7 @@ struct BwdWalkMmaStage {
   __device__ const bf16* wh8(int s, int i) const { return Wh + s * kRowStride + i; }
   __device__ const bf16* wl8(int s, int i) const { return Wl + s * kRowStride + i; }
   __device__ const bf16* k8(int s, int i) const { return K + s * kRowStride + i; }
-  __device__ float qv(int a, int i) const { return bf(Q[a * kRowStride + i]); }  // q_a[i]
+  __device__ const bf16* q8(int a, int i) const { return Q + a * kRowStride + i; }  // 8 of q_a from i
   __device__ float2 pt2(int r, int a) const { return *reinterpret_cast<const float2*>(PT + r * kPairStride + a); }
   __device__ const bf16* do8(int a, int j) const { return dO + a * kBwdDoStride + j; }
 };
@@ -1557,7 +1557,7 @@ struct BwdWalkTmaStage {
   __device__ const bf16* wh8(int s, int i) const { return tma_k8(Wh, s, i); }
   __device__ const bf16* wl8(int s, int i) const { return tma_k8(Wl, s, i); }
   __device__ const bf16* k8(int s, int i) const { return tma_k8(K, s, i); }
-  __device__ float qv(int a, int i) const { return bf(tma_k8(Q, a, i & ~7)[i & 7]); }  // q_a[i]
+  __device__ const bf16* q8(int a, int i) const { return tma_k8(Q, a, i); }
   __device__ float2 pt2(int r, int a) const {
     return *reinterpret_cast<const float2*>(PT + a / 32 * (kGdnChunk * 32) + swizzle128<4>(r, a % 32));
   }
@@ -1605,7 +1605,6 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
                                                                      const __grid_constant__ BwdWalkMaps maps) {
   TT_EXTERN_SMEM_16(smem_raw);
   __shared__ uint64_t bars[2];  // the stages' TMA barriers (kDk = 128)
-  __shared__ float eg[kGdnChunk];  // scale e^(gam_a), 0 past L
   using Stage = std::conditional_t<kDk == 128, BwdWalkTmaStage, BwdWalkMmaStage>;
   constexpr int HS = kWalkHalfStride, kUnroll = kDk > 0 ? kDk / 16 : 2;
   const RuleParams& p = b.f;
@@ -1618,6 +1617,10 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
   bf16* Sl = Sh + 128 * HS;
   bf16* Vh = Sl + 128 * HS;                  // (64, HS) dvn's halves
   bf16* Vl = Vh + kGdnChunk * HS;
+  // (64, kBwdDoStride) each: (scale e^(gam_a) dO_a) in three bf16 parts (split3_bf16x2), qo's B operand
+  bf16* Eh = Vl + kGdnChunk * HS;
+  bf16* Em = Eh + kGdnChunk * kBwdDoStride;
+  bf16* El = Em + kGdnChunk * kBwdDoStride;
   const int64_t SS = (int64_t)dk * dv;
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
   const int si = 16 * warp;
@@ -1664,8 +1667,20 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
     attn::cp_async_wait<1>();
     __syncthreads();  // the stage has landed; dS's halves are stored
     const float gl = st.gam[L - 1];
-    if (threadIdx.x < kGdnChunk)
-      eg[threadIdx.x] = threadIdx.x < L ? p.scale * __expf(st.gam[threadIdx.x]) : 0.f;
+    {  // qo's B operand: row a, columns 8 t .. 8 t + 8 of scale e^(gam_a) dO_a (dO is zero past L)
+      static_assert(kGdnChunk * kWalkCols / 8 == kRuleThreads, "eight elements a thread");
+      const int a = threadIdx.x / 4, j = 8 * (threadIdx.x % 4);
+      const float eg = a < L ? p.scale * __expf(st.gam[a]) : 0.f;
+      float x[8];
+      detail::load_bf16<8>(x, st.do8(a, j));
+      uint32_t hi[4], mid[4], lo[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) split3_bf16x2(eg * x[2 * e], eg * x[2 * e + 1], hi[e], mid[e], lo[e]);
+      const int at = a * kBwdDoStride + j;
+      *reinterpret_cast<uint4*>(Eh + at) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      *reinterpret_cast<uint4*>(Em + at) = make_uint4(mid[0], mid[1], mid[2], mid[3]);
+      *reinterpret_cast<uint4*>(El + at) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    }
     {  // dvn (rows vm .., columns vn ..) += e^(gam_L - gam_r) k_r . dS
       float acc[2][4] = {}, big[2][4] = {};  // k . dS_lo, k . dS_hi: two chains of dependent mma
       float loc[2][4] = {};                  // dvn's local part, PT dO (PT zero below the diagonal)
@@ -1712,7 +1727,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
         }
       }
     }
-    __syncthreads();  // dvn's halves and eg are stored
+    __syncthreads();  // dvn's halves and e^(gam) dO's parts are stored
     if (has_rows) {  // dS <- e^(gam_L) dS + qo - W^T dvn
       const float el = __expf(gl);
 #pragma unroll
@@ -1721,17 +1736,26 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
         for (int e = 0; e < 4; ++e)
           dS[nn][e] *= el;
 #pragma unroll
-      for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {  // + qo's rows si .. = sum_a (eg_a q_a)^T dO_a; q past L not read
-        uint32_t ah[4], am[4], al[4];  // A (i, a) = eg_a q_a[i]
-        split3_a_fragment(ah, am, al, si, k0, [&](int i, int a) {
-          return make_float2(a < L ? eg[a] * st.qv(a, i) : 0.f, a + 1 < L ? eg[a + 1] * st.qv(a + 1, i) : 0.f);
-        });
+      for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {  // + qo's rows si .. = sum_a q_a^T (scale e^(gam_a) dO_a)
+        uint32_t a[4];  // A (i, a) = q_a[i], exact: transposing loads of q's rows
+        mma::ldsm_x4_trans(a, st.q8(k0 + lane % 8 + 8 * (lane / 16), si + 8 * (lane / 8 % 2)));
+        if (kDk == 128 && k0 + 16 > L) {  // q past L: the next rows under TMA; 0 x NaN must not reach dS
+          a[0] = keep_rows_below(a[0], k0 + 2 * tq, L), a[1] = keep_rows_below(a[1], k0 + 2 * tq, L);
+          a[2] = keep_rows_below(a[2], k0 + 2 * tq + 8, L), a[3] = keep_rows_below(a[3], k0 + 2 * tq + 8, L);
+        }
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
-          uint32_t d[4];
-          mma::ldsm_x4_trans(d, st.do8(k0 + lane % 8 + 8 * (lane / 8 % 2), 16 * np + 8 * (lane / 16)));
+          const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * kBwdDoStride + 16 * np + 8 * (lane / 16);
+          uint32_t bh[4], bm[4], bl[4];
+          mma::ldsm_x4_trans(bh, Eh + off);
+          mma::ldsm_x4_trans(bm, Em + off);
+          mma::ldsm_x4_trans(bl, El + off);
 #pragma unroll
-          for (int t = 0; t < 2; ++t) mma_split3(dS[2 * np + t], ah, am, al, d[2 * t], d[2 * t + 1]);
+          for (int t = 0; t < 2; ++t) {  // the small parts first
+            mma::mma_16816(dS[2 * np + t], a, bl[2 * t], bl[2 * t + 1]);
+            mma::mma_16816(dS[2 * np + t], a, bm[2 * t], bm[2 * t + 1]);
+            mma::mma_16816(dS[2 * np + t], a, bh[2 * t], bh[2 * t + 1]);
+          }
         }
       }
 #pragma unroll
@@ -1773,7 +1797,8 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
 
 size_t bwd_walk_mma_smem_bytes(int dk) {
   const size_t stage = dk == 128 ? BwdWalkTmaStage::kBytes : BwdWalkMmaStage::bytes(dk);
-  return 1024 + 2 * stage + sizeof(bf16) * (2 * 128 + 2 * kGdnChunk) * kWalkHalfStride;  // + the alignment's slack
+  return 1024 + 2 * stage + sizeof(bf16) * (2 * 128 + 2 * kGdnChunk) * kWalkHalfStride +  // + the alignment's slack
+         sizeof(bf16) * 3 * kGdnChunk * kBwdDoStride;
 }
 
 // Per (chunk, value head, 64 state rows i0 + i): the products with the chunk's entering state S
