@@ -62,4 +62,23 @@ std::string read_text(const std::string& path, const std::string& what, size_t m
   return text;
 }
 
+bool read_line(std::istream& in, std::string& line, const std::string& path, int64_t lineno, const char* what,
+               size_t max_bytes) {
+  line.clear();
+  std::streambuf* sb = in.rdbuf();
+  if (!sb) return false;
+  for (;;) {
+    const int c = sb->sbumpc();
+    if (c == std::char_traits<char>::eof()) {
+      in.setstate(std::ios::eofbit);
+      return !line.empty();
+    }
+    if (c == '\n') return true;
+    if (line.size() >= max_bytes)
+      throw Error(str(path, ":", lineno, ": a line longer than ", max_bytes, " bytes; expected ", what,
+                      " a line (is this a JSONL file?)"));
+    line.push_back((char)c);
+  }
+}
+
 }  // namespace tt

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <istream>
 #include <string>
 
 namespace tt {
@@ -24,5 +25,15 @@ void write_text_atomic(const std::string& path, const std::string& text);
 // and "<path>: more than <max_bytes> bytes ..." past max_bytes (a stream that never ends, such as
 // /dev/zero, stops there instead of filling memory).
 std::string read_text(const std::string& path, const std::string& what, size_t max_bytes = SIZE_MAX);
+
+// The longest line read_line takes by default: 1 GiB (a rollouts group of ~10^8 tokens).
+constexpr size_t kMaxLineBytes = size_t{1} << 30;
+
+// std::getline with a bound: the next line of `in` (its '\n' dropped) into `line`; false at the
+// end of the stream. A line longer than max_bytes throws tt::Error "<path>:<lineno>: a line longer
+// than <max_bytes> bytes ..." (a file without newlines, such as /dev/zero, stops there instead of
+// filling memory). `what`: what each line should hold, for the message.
+bool read_line(std::istream& in, std::string& line, const std::string& path, int64_t lineno, const char* what,
+               size_t max_bytes = kMaxLineBytes);
 
 }  // namespace tt

@@ -39,6 +39,15 @@ Tree episode_tree(const Episode& ep, int64_t episode_index, const ActionBins* bi
       }
   };
   check_ids(ep.instruction, "instruction");
+  // Continuous actions are the vocabulary's last ids: an instruction token among them would read
+  // as an action bin.
+  if (bins && bins->dims() > 0)
+    for (size_t j = 0; j < ep.instruction.size(); ++j)
+      if (ep.instruction[j] >= bins->first_id())
+        throw Error(str(what, ": instruction[", j, "] is ", ep.instruction[j], ", one of the continuous actions' ",
+                        bins->bins, " bin ids (the vocabulary's last: ", bins->first_id(), "..", bins->vocab_size - 1,
+                        "); expected instruction ids below ", bins->first_id(),
+                        " (or fewer action bins: data.action_bins)"));
   for (size_t s = 0; s < ep.steps.size(); ++s) check_ids(ep.steps[s].action_ids, str("step ", s, ": action_ids"));
   Tree t;
   TreeMedia& out = t.media;
@@ -128,12 +137,18 @@ std::vector<Tree> read_episode_trees(const std::string& path, int64_t vocab_size
         throw Error(str(path, ": continuous actions take the last ", bins, " ids of the vocabulary of ", vocab_size,
                         " (", first_bin, "..", vocab_size - 1, "), which include the ",
                         id == spec.image_token ? "image" : "state", " placeholder id ", id,
-                        ": use fewer action bins (data.action_bins) or a placeholder id below ", first_bin));
+                        ": use at most ", vocab_size - 1 - id, " action bins (data.action_bins)",
+                        first_bin > 0 ? str(" or a placeholder id below ", first_bin) : std::string()));
   }
   std::vector<Tree> trees;
   trees.reserve(eps.size());
-  for (size_t e = 0; e < eps.size(); ++e)
-    trees.push_back(episode_tree(eps[e], (int64_t)e, actions.empty() ? nullptr : &fitted, spec));
+  for (size_t e = 0; e < eps.size(); ++e) {
+    try {
+      trees.push_back(episode_tree(eps[e], (int64_t)e, actions.empty() ? nullptr : &fitted, spec));
+    } catch (const Error& err) {  // "episode 'id': ...": which file
+      throw Error(str(path, ": ", err.what()));
+    }
+  }
   if (bins_out) *bins_out = fitted;
   return trees;
 }

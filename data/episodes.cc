@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/check.h"
+#include "base/files.h"
 #include "base/json.h"
 
 namespace tt::data {
@@ -116,7 +117,7 @@ std::vector<Episode> read_episodes(const std::string& path, int64_t vocab_size) 
   const std::string dir = fs::path(path).parent_path().string();
   std::vector<Episode> out;
   std::string line;
-  for (int64_t n = 1; std::getline(in, line); ++n) {
+  for (int64_t n = 1; read_line(in, line, path, n, "one episode (a JSON object)"); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = str(path, ":", n);
     Episode ep = parse_episode_line(line, where, dir, vocab_size);
@@ -135,6 +136,10 @@ std::vector<Episode> read_episodes(const std::string& path, int64_t vocab_size) 
   }
   if (out.empty()) throw Error(str(path, ": no episodes"));
   return out;
+}
+
+std::string generated_frames_folder(const std::string& jsonl_path) {
+  return fs::path(jsonl_path).stem().string() + "_frames";
 }
 
 }  // namespace tt::data

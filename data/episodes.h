@@ -42,4 +42,10 @@ Episode parse_episode_line(const std::string& line, const std::string& where, co
 // the action kind and length (an error names the first line that differs).
 std::vector<Episode> read_episodes(const std::string& path, int64_t vocab_size);
 
+// The folder the generators (treetrain generate --kind toy-episodes | nav-episodes) write an
+// episodes file's frames to, beside it and named after it: "<stem>_frames" (data/a.jsonl ->
+// "a_frames"), so two datasets generated into one folder keep their own frames. Image paths in
+// the file are relative to its folder ("a_frames/0_0.png").
+std::string generated_frames_folder(const std::string& jsonl_path);
+
 }  // namespace tt::data

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/check.h"
+#include "data/episodes.h"
 #include "data/rng.h"
 
 namespace tt::data {
@@ -225,7 +226,8 @@ int64_t write_nav_episodes(const NavSpec& spec, int64_t num_episodes, uint64_t s
   TT_CHECK(noise >= 0 && noise < 1, "nav episodes: noise ", noise, ", expected in [0, 1)");
   namespace fs = std::filesystem;
   const fs::path dir = fs::path(path).parent_path();
-  fs::create_directories(dir / "frames");
+  const std::string frames_folder = generated_frames_folder(path);
+  fs::create_directories(dir / frames_folder);
   std::ofstream out(path, std::ios::trunc);
   if (!out) throw Error(str(path, ": cannot write"));
   SplitMix64 rng(mix64(seed) ^ 0x6e6f697365ULL);
@@ -234,7 +236,7 @@ int64_t write_nav_episodes(const NavSpec& spec, int64_t num_episodes, uint64_t s
     NavEnv env(spec, nav_layout_seed(seed, e));
     nlohmann::json steps = nlohmann::json::array();
     for (int t = 0; !env.done(); ++t) {
-      const std::string name = str("frames/", e, "_", t, ".png");
+      const std::string name = str(frames_folder, "/", e, "_", t, ".png");
       write_png((dir / name).string(), env.render());
       ++frames;
       const int label = env.expert_action();

@@ -25,6 +25,7 @@
 #include <utility>
 
 #include "base/check.h"
+#include "base/files.h"
 #include "base/json.h"
 
 namespace tt::data {
@@ -406,7 +407,7 @@ std::vector<Tree> read_trees(const std::string& path, Format format, int64_t voc
   if (!in) throw Error(str("cannot open data file '", path, "'"));
   std::vector<Tree> trees;
   std::string line;
-  for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
+  for (int64_t lineno = 1; read_line(in, line, path, lineno, "one JSON object"); ++lineno) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     const std::string where = str(path, ":", lineno);

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/check.h"
+#include "data/episodes.h"
 #include "data/image.h"
 #include "data/rng.h"
 
@@ -17,8 +18,8 @@ int64_t write_toy_episodes(const ToyEpisodeSpec& s, const std::string& path) {
            "-pixel square: expected at least one of each and a square smaller than the frame");
   namespace fs = std::filesystem;
   const fs::path dir = fs::path(path).parent_path();
-  const fs::path frames = dir / "frames";
-  fs::create_directories(frames);
+  const std::string frames = generated_frames_folder(path);
+  fs::create_directories(dir / frames);
   std::ofstream out(path, std::ios::trunc);
   if (!out) throw Error(str(path, ": cannot write"));
   SplitMix64 rng(mix64(s.seed) ^ 0x7e1a0000ULL);
@@ -39,7 +40,7 @@ int64_t write_toy_episodes(const ToyEpisodeSpec& s, const std::string& path) {
           uint8_t* p = img.rgb.data() + ((size_t)y * s.image_size + x) * 3;
           p[0] = 240, p[1] = 200, p[2] = 40;
         }
-      const std::string name = str("frames/", e, "_", t, ".png");
+      const std::string name = str(frames, "/", e, "_", t, ".png");
       write_png((dir / name).string(), img);
       ++written;
       const double cx = 2.0 * x0 / span - 1.0, cy = 2.0 * y0 / span - 1.0;

@@ -21,6 +21,7 @@
 
 #include "base/check.h"
 #include "base/files.h"
+#include "base/json.h"
 
 namespace tt::model {
 
@@ -99,8 +100,8 @@ std::map<std::string, StTensor> read_safetensors(std::istream& in, const std::st
 
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(header_text);
-  } catch (const nlohmann::json::exception& e) {
+    header = parse_json_strict(header_text);
+  } catch (const std::exception& e) {  // invalid JSON, or a tensor named twice
     throw Error(str(path, ": invalid safetensors JSON header: ", e.what()));
   }
   if (!header.is_object()) throw Error(str(path, ": safetensors header is not a JSON object"));

@@ -257,6 +257,11 @@ TrainerState read_trainer_state(const std::string& file) {
   if (!path.is_string()) throw Error(str(file, ": field \"data.path\": expected a string, got ", path.dump()));
   st.data_path = path.get<std::string>();
   st.data_size = int_field(j, "data.size_bytes", file, -1);
+  if (j.at("data").is_object() && j.at("data").contains("cameras")) {
+    st.cameras = int_field(j, "data.cameras", file, 1);
+    if (st.cameras > 4096)
+      throw Error(str(file, ": field \"data.cameras\": expected 1 to 4096 images a step, got ", st.cameras));
+  }
   if (j.contains("skipped")) {
     st.skipped_steps = int_field(j, "skipped.total", file, 0);
     st.consecutive_skips = int_field(j, "skipped.in_a_row", file, 0);
@@ -307,12 +312,14 @@ std::string save_checkpoint(const std::string& run_dir, const RunConfig& cfg, co
   nlohmann::json files = nlohmann::json::object();
   for (const auto& e : fs::directory_iterator(tmp))
     if (e.is_regular_file()) files[e.path().filename().string()] = {{"bytes", (int64_t)e.file_size()}};
+  nlohmann::json data = {{"path", state.data_path}, {"size_bytes", state.data_size}};
+  if (state.cameras > 0) data["cameras"] = state.cameras;
   nlohmann::json j = {
       {"version", kCheckpointVersion},
       {"step", state.step},
       {"loader", {{"epoch", state.loader.epoch}, {"cursor", state.loader.cursor}}},
       {"seed", state.seed},
-      {"data", {{"path", state.data_path}, {"size_bytes", state.data_size}}},
+      {"data", data},
       {"backend", backend.name()},
       {"skipped", {{"total", state.skipped_steps}, {"in_a_row", state.consecutive_skips}}},
       {"files", files},

@@ -72,6 +72,7 @@ struct TrainerState {
   uint64_t seed = 0;       // train.seed the loader order was drawn with
   std::string data_path;   // the data file, and its size, for a sanity check on resume
   int64_t data_size = -1;
+  int64_t cameras = 0;  // episode data: images a step (serve checks requests against it); 0: not episodes
   int64_t skipped_steps = 0;      // updates skipped so far (train.on_nonfinite: skip_step)
   int64_t consecutive_skips = 0;  // of them, the ones just before this checkpoint
   std::map<std::string, int64_t> files;  // the manifest (version 2): file name -> bytes

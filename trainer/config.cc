@@ -364,7 +364,8 @@ void set_history(RunConfig& cfg, const YAML::Node& n, const std::string& where) 
     const YAML::Node w = n["window"];
     int64_t v = 0;
     if (w.IsScalar()) check_unquoted(w, str(kHistoryKey, ".window"), where, "an integer >= 1");
-    if (!w.IsScalar() || !YAML::convert<int64_t>::decode(w, v) || v < 1) type_error(where, kHistoryKey, expected, n);
+    if (!w.IsScalar() || !YAML::convert<int64_t>::decode(w, v) || v < 1)
+      type_error(where, str(kHistoryKey, ".window"), "an integer >= 1", w);
     cfg.data.history_window = v;
   } else {
     type_error(where, kHistoryKey, expected, n);
@@ -454,7 +455,10 @@ void apply_override(RunConfig& cfg, const std::string& ov, ParseState& st) {
   } catch (const YAML::Exception& e) {
     throw Error(str(ctx, ": value is not valid YAML: ", e.msg));
   }
-  apply(cfg, key, value, Origin{ctx, ""}, st);
+  // A relative path given here is relative to the working directory: made absolute now, so the
+  // config.yaml a run or sweep writes (and a later load of it, against its own folder) still
+  // points at it.
+  apply(cfg, key, value, Origin{ctx, fs::current_path().string()}, st);
 }
 
 // model.layer_types as one entry per layer ([] is every layer full_attention), for comparison.

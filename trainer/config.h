@@ -26,8 +26,9 @@
 //  - run_dir: a relative run_dir is relative to the working directory of the process (the
 //    directory `bazel run` was started from), so the same config puts runs where you are.
 //  - data.path and model.init_from: relative paths written in a config FILE are relative to the
-//    folder of that file (load_config makes them absolute); given with --set they are relative
-//    to the working directory.
+//    folder of that file; given with --set (or in a sweep's set / grid / list) they are relative
+//    to the working directory. Either way they are made absolute when parsed, so the config.yaml
+//    a run or a sweep writes points at the same files wherever it is read from.
 //
 // model.init_from: the model section is read from DIR/config.json; any model key also written
 // in the config must agree with it (an error names the key otherwise). Without init_from, an

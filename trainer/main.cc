@@ -26,6 +26,7 @@
 #include "data/packing.h"
 #include "data/stats.h"
 #include "data/episode_tree.h"
+#include "data/episodes.h"
 #include "data/toy_episodes.h"
 #include "data/nav_env.h"
 #include "trainer/eval.h"
@@ -36,6 +37,7 @@
 #include "distributed/launch.h"
 #include "trainer/sweep.h"
 #include "base/check.h"
+#include "base/json.h"
 #include "base/omp_env.h"
 #include "trainer/config.h"
 #include "trainer/sample.h"
@@ -67,14 +69,15 @@ const char* const kUsage = R"(usage:
       group's sequences written out) and 2^31 tokens a file.
   treetrain generate --kind toy-episodes --out FILE [--num-episodes 32] [--steps 8] [--image-size 16]
                      [--seed 1]
-      Write robot episodes (data.format: episodes) with PNG frames in frames/ beside FILE: a bright
-      square per frame whose place is the step's 2-dim continuous action (configs/vla_tiny.yaml).
+      Write robot episodes (data.format: episodes) with PNG frames in <stem>_frames/ beside FILE
+      (out/a.jsonl: out/a_frames/): a bright square per frame whose place is the step's 2-dim
+      continuous action (configs/vla_tiny.yaml).
   treetrain generate --kind nav-episodes --out FILE [--num-episodes 200] [--seed 1] [--noise 0.2]
                      [--image-size 16] [--size 5] [--landmarks 3] [--walls 2] [--max-steps 24]
       Write expert episodes of the built-in navigation environment (data/nav_env.h) with their PNG
-      frames: the shortest path's action per step (discrete action_ids 8..11: stop, forward,
-      left, right); --noise: the probability of executing a random move instead (labels stay the
-      expert's), so the data covers states off the path.
+      frames (in <stem>_frames/ beside FILE): the shortest path's action per step (discrete
+      action_ids 8..11: stop, forward, left, right); --noise: the probability of executing a random
+      move instead (labels stay the expert's), so the data covers states off the path.
   treetrain eval --env nav --checkpoint DIR [--episodes 50] [--seed 7777] [--size 5] [--landmarks 3]
                  [--walls 2] [--max-steps 24] [--window W]
       Closed-loop rollouts of a trained VLA in the navigation environment on layouts of --seed
@@ -198,6 +201,7 @@ Args parse_flags(const std::vector<std::string>& argv, const std::vector<std::st
 const std::string& required(const Args& a, const std::string& name) {
   auto it = a.flags.find(name);
   if (it == a.flags.end()) throw UsageError{"missing --" + name};
+  if (it->second.empty()) throw UsageError{"--" + name + ": expected a value, got an empty string"};
   return it->second;
 }
 
@@ -431,7 +435,7 @@ int run_nav_env(const std::vector<std::string>& argv) {
   for (std::string line; std::getline(std::cin, line);) {
     nlohmann::json out;
     try {
-      const nlohmann::json j = nlohmann::json::parse(line);
+      const nlohmann::json j = tt::parse_json_strict(line);
       if (j.contains("reset")) {
         const nlohmann::json& r = j.at("reset");
         if (!r.is_object()) throw tt::Error("reset: expected {\"seed\": S, \"episode\": e}");
@@ -509,7 +513,7 @@ int run_generate(const std::vector<std::string>& argv) {
     const int64_t frames = tt::data::write_toy_episodes(t, out);
     spdlog::info("wrote {} toy episodes of {} steps ({} PNG frames of {} x {} in {}) to {} (data.format: episodes)",
                  t.num_episodes, t.steps, frames, t.image_size, t.image_size,
-                 (std::filesystem::path(out).parent_path() / "frames").string(), out);
+                 (std::filesystem::path(out).parent_path() / tt::data::generated_frames_folder(out)).string(), out);
     return 0;
   }
   if (kind == "nav-episodes") {

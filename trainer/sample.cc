@@ -18,6 +18,7 @@
 
 #include "base/check.h"
 #include "base/files.h"
+#include "base/json.h"
 #include "model/decoder.h"
 #include "model/hf_io.h"
 #include "model/segments.h"
@@ -188,8 +189,22 @@ std::string resolve_checkpoint(const std::string& dir) {
   std::error_code ec;
   if (fs::is_regular_file(fs::path(dir) / "config.json", ec)) return dir;
   if (fs::is_directory(fs::path(dir) / "checkpoints", ec)) {
-    const std::string latest = latest_checkpoint(dir);
-    if (!latest.empty()) return latest;
+    const auto valid = list_checkpoints(dir);
+    if (!valid.empty()) {
+      // Newer step folders that are not valid (a truncated or half-written save) are skipped: said.
+      for (const auto& [step, path] : step_folders(dir)) {
+        if (step <= valid.back().first) continue;
+        std::string why;
+        try {
+          why = checkpoint_problem(path);
+        } catch (const Error& e) {  // a newer format version
+          why = e.what();
+        }
+        spdlog::warn("--checkpoint {}: skipping {}, newer than {} but not a valid checkpoint: {}", dir, path,
+                     valid.back().second, why);
+      }
+      return valid.back().second;
+    }
     const std::string invalid = invalid_checkpoints_summary(dir);
     if (invalid.empty())
       throw Error(str("--checkpoint ", dir, ": a run_dir without checkpoints (", checkpoints_dir(dir), " is empty)"));
@@ -206,13 +221,13 @@ std::vector<model::Prompt> read_prompts(const std::string& path) {
   if (!in) throw Error(str(path, ": cannot open (--prompts)"));
   std::vector<model::Prompt> out;
   std::string line;
-  for (int64_t n = 1; std::getline(in, line); ++n) {
+  for (int64_t n = 1; read_line(in, line, path, n, "one prompt (a JSON object)"); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = str(path, ":", n);
     json j;
     try {
-      j = json::parse(line);
-    } catch (const json::exception& e) {
+      j = parse_json_strict(line);
+    } catch (const std::exception& e) {  // invalid JSON, or a key named twice
       throw Error(str(where, ": invalid JSON: ", e.what()));
     }
     if (!j.is_object()) throw Error(str(where, ": expected an object {\"id\": ..., \"tokens\": [...]}"));
@@ -282,6 +297,10 @@ int64_t run_sample(const SampleCommand& c) {
                       cfg.vocab_size, "))"));
   opt.validate();
   const std::vector<model::Prompt> prompts = read_prompts(c.prompts);
+  std::error_code ec;
+  if (!c.out.empty() && fs::equivalent(c.out, c.prompts, ec))
+    throw Error(str("--out ", c.out, ": the --prompts file itself; the completions would replace the prompts (write "
+                    "them to another file)"));
   if (!c.out.empty()) check_writable(c.out);  // fail before the work if the output cannot be written
   const int gpu = resolve_device(c.device, cfg);
   if (gpu < 0 && !seg.enabled()) check_host_memory(cfg, prompts, opt);

@@ -27,12 +27,14 @@
 #include "base/base64.h"
 #include "base/check.h"
 #include "base/files.h"
+#include "base/json.h"
 #include "data/actions.h"
 #include "data/frames.h"
 #include "data/image.h"
 #include "model/decoder.h"
 #include "model/hf_io.h"
 #include "model/policy.h"
+#include "trainer/checkpoint.h"
 #include "trainer/sample.h"
 
 namespace tt::trainer {
@@ -65,10 +67,20 @@ class Server {
     if (!cfg_.vision.enabled())
       throw Error(str(dir_, "/config.json: a text model (no vision_config); serve needs a VLA checkpoint"));
     window_ = opt.window >= 0 ? opt.window : checkpoint_history_window(dir_);
+    // Images a step the policy was trained with (treetrain's checkpoints of episode data say;
+    // others do not, and any count is taken, the same in every step of a session).
+    if (const fs::path state = fs::path(dir_) / "trainer_state.json"; fs::exists(state)) {
+      cameras_ = read_trainer_state(state.string()).cameras;
+      cameras_from_ = str(state.string(), "'s data.cameras");
+    }
     context_ = std::min<int64_t>(cfg_.max_position_embeddings, 1 << 14);
     const fs::path bins = fs::path(dir_) / "action_bins.json";
     std::string tokens_from;  // what set the number of action tokens, for the context check
     if (opt.action_first >= 0) {
+      if (fs::exists(bins))
+        throw Error(str("--action-ids ", opt.action_first, ":", opt.action_end, ": the checkpoint has ", bins.string(),
+                        " (continuous actions, decoded through its bins); leave --action-ids and --action-tokens "
+                        "out for it (they are for checkpoints trained on discrete action ids)"));
       tokens_ = opt.action_tokens > 0 ? opt.action_tokens : 1;
       first_ = opt.action_first;
       end_ = opt.action_end;
@@ -278,8 +290,8 @@ class Server {
     try {
       json j;
       try {
-        j = json::parse(line);
-      } catch (const json::exception& e) {
+        j = parse_json_strict(line);
+      } catch (const std::exception& e) {  // invalid JSON, or a key named twice
         const std::string what = e.what();
         throw Error(str("malformed JSON: ", what.size() > kMaxQuote ? what.substr(0, kMaxQuote) + "..." : what));
       }
@@ -349,6 +361,14 @@ class Server {
       }
       if (!j.at("images").is_array() || j.at("images").empty())
         throw Error("expected \"images\": a non-empty list of base64 PNG or JPEG images (or reset / close)");
+      // One image a camera, as many as the policy was trained with, and the same in every step.
+      const int64_t images = (int64_t)j.at("images").size();
+      if (cameras_ > 0 && images != cameras_)
+        throw Error(str(images, " images, expected ", cameras_, " (one a camera, as the policy was trained: ",
+                        cameras_from_, ")"));
+      if (it->second->cameras > 0 && images != it->second->cameras)
+        throw Error(str(images, " images, but this session's earlier steps had ", it->second->cameras,
+                        " (one a camera); reset the session to change cameras"));
       const int S = (int)cfg_.vision.image_size;
       const int64_t P = cfg_.vision.tokens_per_frame();
       if ((int64_t)j.at("images").size() * P >= context_)
@@ -388,6 +408,7 @@ class Server {
                         cfg_.vision.state_dim));
       Session& s = *it->second;
       const std::vector<int32_t> tokens = s.policy.act(obs, tokens_, first_, end_);
+      s.cameras = images;
       json out = {{"session", session}, {"step", s.steps++}, {"tokens", tokens}};
       if (continuous_) {
         out["action"] = bins_.decode(tokens);
@@ -407,6 +428,7 @@ class Server {
   struct Session {
     model::VlaPolicy<Exec> policy;
     int64_t steps = 0;
+    int64_t cameras = 0;                    // images a step, from its first step (0: none yet)
     Clock::time_point used = Clock::now();  // its last request
     Session(model::Decoder<Exec>& m, int window, int64_t capacity) : policy(m, window, capacity) {}
   };
@@ -444,6 +466,8 @@ class Server {
   std::string dir_;
   model::ModelConfig cfg_;
   int window_ = 0;
+  int64_t cameras_ = 0;       // images a step the policy was trained with (0: not known)
+  std::string cameras_from_;  // where that was read
   int64_t context_ = 0;          // a session's KV cache rows: its positions stay below max_position_embeddings
   int64_t step_rows_ = 0;        // one frame's rows and the state row
   int64_t max_instruction_ = 0;  // tokens leaving room for the first step

@@ -111,6 +111,9 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
     data::ActionBins bins;
     trees = data::read_episode_trees(cfg_.data.path, cfg_.model.vocab_size, spec, (int)cfg_.data.action_bins, &bins);
     if (bins.dims() > 0) action_bins_json_ = bins.to_json();
+    if (!trees.empty())
+      for (const data::FrameRef& f : trees[0].media.frames)
+        if (f.step == 0) cameras_ = std::max<int64_t>(cameras_, f.camera + 1);
     int64_t frames = 0, slots = 0, states = 0;
     for (const data::Tree& t : trees) {
       frames += (int64_t)t.media.frames.size();
@@ -183,7 +186,11 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
     if (const std::string bad = backend_->first_nonfinite(true, false, true); !bad.empty())
       throw NonFiniteError(str(ckpt, ": ", bad, " holds non-finite values (train.resume); move the checkpoint aside "
                                "to resume from an earlier one"));
-    loader_->restore(st.loader);
+    try {
+      loader_->restore(st.loader);
+    } catch (const Error& e) {
+      throw Error(str(ckpt, "/trainer_state.json: ", e.what(), " (data.path ", cfg_.data.path, ")"));
+    }
     skipped_steps_ = st.skipped_steps;
     consecutive_skips_ = st.consecutive_skips;
     step_ = start_step_ = last_saved_step_ = st.step;
@@ -623,6 +630,7 @@ std::string Trainer::save_checkpoint() {
   st.seed = cfg_.train.seed;
   st.data_path = cfg_.data.path;
   st.data_size = data_size_;
+  st.cameras = cameras_;
   st.skipped_steps = skipped_steps_;
   st.consecutive_skips = consecutive_skips_;
   // Never a non-finite checkpoint (the update checks each step; this is the last line of defence).

@@ -211,6 +211,7 @@ class Trainer {
   std::vector<double> tree_cost_;                     // (#trees) shard cost, -1 until first use
   int64_t data_size_ = -1;
   std::string action_bins_json_;  // episodes with continuous actions: written into every checkpoint
+  int64_t cameras_ = 0;           // episodes: images a step (read_episodes checks that all agree)
   int64_t step_ = 0;
   int64_t start_step_ = 0;
   int64_t last_saved_step_ = -1;

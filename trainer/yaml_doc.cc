@@ -14,17 +14,32 @@ namespace {
 // The start of each YAML document of a text, read by yaml-cpp's parser: two at most, because
 // yaml-cpp 0.7's LoadAll never ends on text after a flow collection ("{a: 1}, b" yields empty
 // documents forever) and YAML::Load silently drops such text.
+// Also the first explicit tag ("!!str 2", "!foo 2"): yaml-cpp reports it and the readers would
+// ignore it, so "max_steps: !!str 2" would silently be the number 2.
 struct DocumentStarts : YAML::EventHandler {
   std::vector<YAML::Mark> starts;
+  std::string tag;  // the first explicit tag, as written
+  YAML::Mark tag_mark;
   void OnDocumentStart(const YAML::Mark& m) override { starts.push_back(m); }
   void OnDocumentEnd() override {}
   void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
   void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
-  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
-  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnScalar(const YAML::Mark& m, const std::string& t, YAML::anchor_t, const std::string&) override { seen(m, t); }
+  void OnSequenceStart(const YAML::Mark& m, const std::string& t, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    seen(m, t);
+  }
   void OnSequenceEnd() override {}
-  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapStart(const YAML::Mark& m, const std::string& t, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    seen(m, t);
+  }
   void OnMapEnd() override {}
+  // "?": no tag; "!": a quoted scalar (yaml-cpp's non-specific tag).
+  void seen(const YAML::Mark& m, const std::string& t) {
+    if (!tag.empty() || t.empty() || t == "?" || t == "!") return;
+    const std::string core = "tag:yaml.org,2002:";
+    tag = t.rfind(core, 0) == 0 ? "!!" + t.substr(core.size()) : t;
+    tag_mark = m;
+  }
 };
 
 }  // namespace
@@ -47,6 +62,12 @@ YAML::Node load_one_document(const std::string& text, const std::string& file, c
                     "' after the end of the document, expected one config per file"));
   }
   if (docs.starts.empty()) return YAML::Node();
+  if (!docs.tag.empty()) {
+    const std::string what = str("a YAML tag (", docs.tag, ") is not read here; write the value without it (numbers ",
+                                 "and booleans plain, strings plain or in quotes)");
+    if (!ctx.empty()) throw Error(str(ctx, ": ", what));
+    throw Error(str(file, ":", docs.tag_mark.line + 1, ": ", what));
+  }
   return YAML::Load(text);
 }
 

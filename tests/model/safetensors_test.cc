@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <sstream>
+#include <vector>
 #include <unistd.h>
 
 #include "base/check.h"
@@ -192,6 +194,31 @@ TEST(Safetensors, BadHeadersNameTheFile) {
 
   write_bytes(p, file_with_header(R"({"x":{"dtype":"F32","shape":[2]}})", 8));
   EXPECT_TRUE(contains(error_of(p), "data_offsets"));
+
+  // A tensor named twice: corrupt, not the second entry silently.
+  write_bytes(p, file_with_header(
+                     R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                     8));
+  EXPECT_TRUE(contains(error_of(p), "invalid safetensors JSON header: duplicate key \"x\"")) << error_of(p);
+}
+
+// read_line: std::getline with a bound, so a file without newlines (/dev/zero) stops with an error
+// naming the line instead of filling memory.
+TEST(Files, ReadLineIsBounded) {
+  std::istringstream in("ab\n\ncdef\nlast");
+  std::string line;
+  std::vector<std::string> got;
+  for (int64_t n = 1; tt::read_line(in, line, "f.jsonl", n, "one record", 4); ++n) got.push_back(line);
+  EXPECT_EQ(got, (std::vector<std::string>{"ab", "", "cdef", "last"}));
+  std::istringstream long_line("abc\nabcdefgh\n");
+  EXPECT_TRUE(tt::read_line(long_line, line, "f.jsonl", 1, "one record", 4));
+  try {
+    tt::read_line(long_line, line, "f.jsonl", 2, "one record", 4);
+    ADD_FAILURE() << "expected tt::Error";
+  } catch (const tt::Error& e) {
+    EXPECT_EQ(std::string(e.what()), "f.jsonl:2: a line longer than 4 bytes; expected one record a line (is this a "
+                                     "JSONL file?)");
+  }
 }
 
 TEST(Safetensors, ReadsForeignLayoutWithMetadataAndPadding) {

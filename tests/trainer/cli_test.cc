@@ -67,6 +67,10 @@ TEST(CliTest, UsageErrorsExitTwo) {
   EXPECT_NE(treetrain("frobnicate").err.find("unknown command 'frobnicate'"), std::string::npos);
   EXPECT_NE(treetrain("--config x --bogus 1").err.find("unknown flag --bogus"), std::string::npos);
   EXPECT_NE(treetrain("bench matmul").err.find("expected 'bench attention'"), std::string::npos);
+  // An empty value is no file name.
+  const Result empty = treetrain("generate --kind rollouts --out ''");
+  EXPECT_EQ(empty.code, 2);
+  EXPECT_EQ(empty.err.rfind("error: --out: expected a value, got an empty string\n", 0), 0u) << empty.err;
   // The synthetic combs were --kind episodes; that name now means the robot-episode data format.
   EXPECT_NE(treetrain("generate --kind episodes --out x")
                 .err.find("error: --kind: 'episodes' names the robot-episode data format, not a synthetic kind; "
@@ -193,6 +197,34 @@ TEST(CliTest, GenerateStatsAndTrain) {
   }
   EXPECT_EQ(lines, 3);
 
+  // sample from the run_dir: a newer step folder that is not a valid checkpoint (a half-written
+  // save) is skipped, and said.
+  const fs::path ckpts = dir / "run" / "checkpoints";
+  fs::create_directories(ckpts / "step_5");
+  const std::string prompts = (dir / "prompts.jsonl").string();
+  std::ofstream(prompts) << "{\"id\": \"a\", \"tokens\": [1, 2]}\n";
+  const std::string sample = "sample --checkpoint " + (dir / "run").string() + " --max-new-tokens 2 --device cpu";
+  r = treetrain(sample + " --prompts " + prompts);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("--checkpoint " + (dir / "run").string() + ": skipping " + (ckpts / "step_5").string() +
+                       ", newer than " + (ckpts / "step_3").string() + " but not a valid checkpoint: "),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out).at("id"), "a");
+  // --out naming the prompts file: an error, and the prompts stay.
+  r = treetrain(sample + " --prompts " + prompts + " --out " + prompts);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("\nerror: --out " + prompts + ": the --prompts file itself; the completions would replace "
+                       "the prompts (write them to another file)\n"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(slurp(prompts), "{\"id\": \"a\", \"tokens\": [1, 2]}\n");
+  // A key named twice in a prompt: an error naming the line, not the last value silently.
+  std::ofstream(prompts) << "{\"tokens\": [1, 2], \"tokens\": [3]}\n";
+  r = treetrain(sample + " --prompts " + prompts);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("\nerror: " + prompts + ":1: invalid JSON: duplicate key \"tokens\""), std::string::npos) << r.err;
+
   // A non-finite update exits with code 3 and writes no checkpoint.
   r = treetrain("train --config " + (dir / "run.yaml").string() + " --set run_dir=" + (dir / "nan").string() +
                 " --set train.max_steps=3 --set device=cpu --set optim.lr=1e39");
@@ -234,7 +266,14 @@ TEST(CliTest, TheShippedVlaConfigTrainsOnGeneratedEpisodes) {
   const std::string data = (dir / "episodes.jsonl").string();
   Result r = treetrain("generate --kind toy-episodes --out " + data + " --num-episodes 3 --steps 3 --seed 2");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(fs::is_regular_file(dir / "frames" / "2_2.png"));
+  EXPECT_TRUE(fs::is_regular_file(dir / "episodes_frames" / "2_2.png"));
+  // A second dataset generated into the folder writes its own frames (named after its file).
+  const std::string first = slurp(dir / "episodes_frames" / "0_0.png");
+  r = treetrain("generate --kind nav-episodes --out " + (dir / "nav.jsonl").string() + " --num-episodes 2 --seed 5");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::is_regular_file(dir / "nav_frames" / "0_0.png"));
+  EXPECT_EQ(slurp(dir / "episodes_frames" / "0_0.png"), first);
+  EXPECT_NE(slurp(dir / "nav.jsonl").find("\"nav_frames/0_0.png\""), std::string::npos);
   r = treetrain("train --config configs/vla_tiny.yaml --set run_dir=" + (dir / "run").string() + " --set data.path=" +
                 data + " --set train.max_steps=2 --set train.checkpoint_every=0");
   ASSERT_EQ(r.code, 0) << r.out << r.err;

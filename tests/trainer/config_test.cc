@@ -99,6 +99,13 @@ TEST(ConfigTest, WrongTypeNamesKeyAndValue) {
             "run.yaml:3: data.history.window: expected an integer >= 1, got the quoted string \"4\"; write it "
             "without quotes");
   EXPECT_EQ(parse_error("data: 3\n"), "run.yaml:1: data: expected a mapping, got '3'");
+  // A YAML tag would be dropped by the reader (max_steps: !!str 2 read as 2): an error.
+  const std::string tag = ") is not read here; write the value without it (numbers and booleans plain, strings plain "
+                          "or in quotes)";
+  EXPECT_EQ(parse_error("data:\n  path: x\ntrain:\n  max_steps: !!str 2\n"), "run.yaml:4: a YAML tag (!!str" + tag);
+  EXPECT_EQ(parse_error("data:\n  path: x\noptim:\n  lr: !!int 3.0e-3\n"), "run.yaml:4: a YAML tag (!!int" + tag);
+  EXPECT_EQ(parse_error("data: !mine\n  path: x\n"), "run.yaml:1: a YAML tag (!mine" + tag);
+  EXPECT_EQ(parse_error(kMinimal, {"train.max_steps=!!str 2"}), "--set train.max_steps=!!str 2: a YAML tag (!!str" + tag);
   EXPECT_EQ(parse_error("data:\n  path: x\noptim:\n  betas: [0.9]\n"),
             "run.yaml:4: optim.betas: expected a list [beta1, beta2], got a list");
 }
@@ -439,7 +446,7 @@ TEST(ConfigTest, ToYamlRoundTrip) {
                                          "run_dir='runs/with: colon'", "data.path=null", "data.path='true'",
                                          "train.grad_clip=0", "model.rope_theta=1000000",
                                          "partition.capacity_tokens=1024", "train.gemm_autotune=true"});
-  EXPECT_EQ(a.data.path, "true");
+  EXPECT_EQ(fs::path(a.data.path), fs::current_path() / "true");  // a string (a path, from --set: absolute)
   EXPECT_TRUE(a.train.gemm_autotune);
   EXPECT_NE(a.to_yaml().find("partition:\n  capacity_tokens: 1024\n"), std::string::npos) << a.to_yaml();
   const RunConfig b = parse_config_text(a.to_yaml(), "resolved.yaml", {});
@@ -503,9 +510,14 @@ TEST(ConfigTest, RelativePathsResolveAgainstTheConfigFolder) {
   const RunConfig c = load_config((dir / "sub" / "run.yaml").string(), {});
   EXPECT_EQ(fs::path(c.data.path), (fs::absolute(dir) / "d.jsonl").lexically_normal());
   EXPECT_EQ(c.run_dir, "runs/x");  // relative to the working directory, kept as written
-  // From --set: relative to the working directory, kept as written.
+  // From --set: relative to the working directory, made absolute, so a config.yaml written from it
+  // (a checkpoint's, a sweep's run) still names that file when read from its own folder.
   const RunConfig d = load_config((dir / "sub" / "run.yaml").string(), {"data.path=e.jsonl"});
-  EXPECT_EQ(d.data.path, "e.jsonl");
+  EXPECT_EQ(fs::path(d.data.path), (fs::current_path() / "e.jsonl").lexically_normal());
+  {
+    std::ofstream(dir / "sub" / "saved.yaml") << d.to_yaml();
+  }
+  EXPECT_EQ(load_config((dir / "sub" / "saved.yaml").string(), {}).data.path, d.data.path);
   // A resolved config loads back to the same config.
   expect_same(c, parse_config_text(c.to_yaml(), "resolved.yaml", {}));
 }

@@ -31,6 +31,7 @@
 #include "base/base64.h"
 #include "data/image.h"
 #include "tests/trainer/test_util.h"
+#include "trainer/checkpoint.h"
 
 namespace {
 
@@ -71,6 +72,16 @@ const fs::path& continuous_run() {
     return dir / "run";
   }();
   return run;
+}
+
+// The newest checkpoint of `run` copied to a fresh folder without its trainer_state.json: a
+// checkpoint that does not say how many cameras it was trained with (as a Hugging Face folder).
+fs::path unlabelled_checkpoint(const fs::path& run, const std::string& name) {
+  const fs::path dir = fresh_dir(name), ckpt = tt::trainer::latest_checkpoint(run.string());
+  EXPECT_FALSE(ckpt.empty()) << run;
+  fs::copy(ckpt, dir / "ckpt", fs::copy_options::recursive);
+  fs::remove(dir / "ckpt" / "trainer_state.json");
+  return dir / "ckpt";
 }
 
 // `treetrain serve` as a child process; its port read from its first stdout line.
@@ -232,6 +243,10 @@ TEST(NavServe, BadRequestsGetErrorsAndNeverStopTheServer) {
   };
   EXPECT_NE(error_of("{not json").find("malformed JSON"), std::string::npos);
   EXPECT_NE(error_of("[1, 2]").find("a \"session\" string"), std::string::npos);
+  // A key named twice: an error, not the last value silently.
+  EXPECT_EQ(error_of(R"({"session": "a", "session": "zz", "reset": true, "instruction": [2]})"),
+            "malformed JSON: duplicate key \"session\": a JSON object names each key once (a second value would "
+            "silently replace the first)");
   EXPECT_NE(error_of(R"({"session": "a", "images": [")" + img + R"("]})").find("unknown session \"a\""),
             std::string::npos);
   EXPECT_NE(error_of(R"({"session": "a", "reset": true, "instruction": [99]})").find("token ids in [0, 16)"),
@@ -249,6 +264,11 @@ TEST(NavServe, BadRequestsGetErrorsAndNeverStopTheServer) {
   EXPECT_NE(error_of(R"({"session": "a", "images": [")" + img + R"("], "state": [1.0]})")
                 .find("\"state\" has 1 values, expected vision.state_dim = 0"),
             std::string::npos);
+  // One image a camera, as many as the policy was trained with (the checkpoint says: 1).
+  const std::string state_file = (fs::path(tt::trainer::latest_checkpoint(trained_run().string())) /
+                                  "trainer_state.json").string();
+  EXPECT_EQ(error_of(R"({"session": "a", "images": [")" + img + R"(", ")" + img + R"("]})"),
+            "2 images, expected 1 (one a camera, as the policy was trained: " + state_file + "'s data.cameras)");
   // A good step after all of that.
   const json ok = c.ask(R"({"session": "a", "images": [")" + img + R"("]})");
   ASSERT_TRUE(ok.contains("action_ids")) << ok.dump();
@@ -293,6 +313,26 @@ TEST(NavServe, ContinuousActionsDecodeThroughTheCheckpointsBins) {
   EXPECT_NE(c.ask(R"({"session": "r", "images": [")" + b64 + R"("]})").at("error").get<std::string>().find(
                 "\"state\" has 0 values, expected vision.state_dim = 2"),
             std::string::npos);
+}
+
+// A checkpoint that does not say how many cameras it was trained with (no trainer_state.json, as
+// a Hugging Face folder): any count is served, the same in every step of a session.
+TEST(NavServe, ASessionKeepsItsFirstStepsCameraCount) {
+  ServeProcess s("--checkpoint " + unlabelled_checkpoint(continuous_run(), "serve_cameras").string());
+  Client c(s.port);
+  tt::data::Image img;
+  img.width = img.height = 16;
+  img.rgb.assign(16 * 16 * 3, 30);
+  const std::string b64 = tt::base64_encode(tt::data::encode_png(img));
+  const std::string two = R"({"session": "r", "images": [")" + b64 + R"(", ")" + b64 + R"("], "state": [0.5, 1.0]})";
+  const std::string one = R"({"session": "r", "images": [")" + b64 + R"("], "state": [0.5, 1.0]})";
+  EXPECT_EQ(c.ask(R"({"session": "r", "reset": true, "instruction": [2, 3, 4]})").at("ok"), true);
+  EXPECT_EQ(c.ask(two).at("step"), 0);
+  EXPECT_EQ(c.error_of(one), "1 images, but this session's earlier steps had 2 (one a camera); reset the session to "
+                             "change cameras");
+  EXPECT_EQ(c.ask(two).at("step"), 1);
+  EXPECT_EQ(c.ask(R"({"session": "r", "reset": true, "instruction": [2, 3, 4]})").at("ok"), true);
+  EXPECT_EQ(c.ask(one).at("step"), 0);
 }
 
 // A 16 x 16 PNG, base64, of one grey level.
@@ -422,27 +462,28 @@ TEST(NavServe, UnusedSessionsCloseAfterTheIdleTime) {
   EXPECT_NE(slurp(log).find("serve: session \"idle\" closed after 2"), std::string::npos) << slurp(log);
 }
 
-// With --window 2, a step the context cannot hold (63 frames: 1008 rows beside the instruction
-// and the window's other observation) fails and leaves the history as it was: the next steps
-// are a reference session's.
-TEST(NavServe, AFailedStepLeavesTheWindowAsItWas) {
-  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12 --window 2");
+// A step the context cannot hold fails and leaves the session as it was: its next steps are a
+// reference session's. The trained policy has one camera; a copy of its checkpoint that does not
+// say so (unlabelled_checkpoint) takes 63 frames in a session's first step, where 17 instruction
+// tokens and 63 x 16 frame rows need 1025 rows, one past the context of 1024.
+TEST(NavServe, AFailedStepLeavesTheSessionAsItWas) {
+  ServeProcess s("--checkpoint " + unlabelled_checkpoint(trained_run(), "failed_step").string() +
+                 " --action-ids 8:12 --window 2");
   Client c(s.port);
   const std::string img = frame_b64(), other = grey_png_b64(90);
   std::string many;
   for (int i = 0; i < 63; ++i) many += std::string(i ? ", " : "") + "\"" + img + "\"";
+  const std::string instruction = "[2, 3, 4, 5, 6, 7, 2, 3, 4, 5, 6, 7, 2, 3, 4, 5, 6]";
   for (const char* name : {"w", "ref"})
-    EXPECT_EQ(c.ask(str_session(name) + R"(, "reset": true, "instruction": [2, 3]})").at("ok"), true);
-  for (const char* name : {"w", "ref"})
-    EXPECT_EQ(c.ask(str_session(name) + R"(, "images": [")" + img + R"("]})").at("step"), 0);
+    EXPECT_EQ(c.ask(str_session(name) + R"(, "reset": true, "instruction": )" + instruction + "}").at("ok"), true);
   const std::string e = c.error_of(R"({"session": "w", "images": [)" + many + "]}");
-  EXPECT_NE(e.find("policy: the step needs 1026 rows (its context and 0 fed-back action tokens), more than the "
+  EXPECT_NE(e.find("policy: the step needs 1025 rows (its context and 0 fed-back action tokens), more than the "
                    "context of 1024 rows"),
             std::string::npos)
       << e;
   EXPECT_NE(c.error_of(R"({"session": "w", "images": [")" + img + R"("], "state": [1.0]})").find("state_dim = 0"),
             std::string::npos);
-  for (const std::string& frame : {other, img, other}) {
+  for (const std::string& frame : {img, other, img, other}) {
     const json w = c.ask(R"({"session": "w", "images": [")" + frame + R"("]})");
     const json r = c.ask(R"({"session": "ref", "images": [")" + frame + R"("]})");
     ASSERT_TRUE(w.contains("action_ids")) << w.dump();
@@ -486,9 +527,8 @@ TEST(NavServe, BadFieldsAreNamedAndChangeNothing) {
   }
   crc = ~crc;
   for (int i = 0; i < 4; ++i) huge[29 + i] = (char)(crc >> (24 - 8 * i));
-  EXPECT_EQ(c.error_of(R"({"session": "r", "images": [")" + img + R"(", ")" + tt::base64_encode(huge) +
-                       R"("], "state": [0.5, 0.2]})"),
-            "images[1]: 16384 x 16384 pixels, expected 16 x 16 (the tower's vision.image_size)");
+  EXPECT_EQ(c.error_of(R"({"session": "r", "images": [")" + tt::base64_encode(huge) + R"("], "state": [0.5, 0.2]})"),
+            "images[0]: 16384 x 16384 pixels, expected 16 x 16 (the tower's vision.image_size)");
   const std::string name(257, 's');
   EXPECT_EQ(c.error_of(R"({"session": ")" + name + R"(", "reset": true, "instruction": [2]})"),
             "\"session\" of 257 bytes, expected at most 256");
@@ -529,6 +569,15 @@ TEST(NavServe, StartupRefusesBinsAndActionTokensThatDoNotFit) {
   EXPECT_NE(log.find(bins.string() + ": vocab_size 80, but the model's config.json has vocab_size 64"),
             std::string::npos)
       << log;
+  // --action-ids is for discrete action ids: with the checkpoint's bins it is an error, not ids the
+  // model never took as actions.
+  const auto [rc1, log1] = serve_startup("--checkpoint " + continuous_run().string() + " --action-ids 8:12");
+  EXPECT_EQ(rc1, 1) << log1;
+  EXPECT_NE(log1.find("error: --action-ids 8:12: the checkpoint has " +
+                      (fs::path(tt::trainer::latest_checkpoint(continuous_run().string())) / "action_bins.json").string() +
+                      " (continuous actions, decoded through its bins); leave --action-ids and --action-tokens out"),
+            std::string::npos)
+      << log1;
   for (const char* n : {"3", "1"}) {  // given, it must be the bins' dimensions (1 is no longer the flag's absence)
     const auto [rc2, log2] = serve_startup("--checkpoint " + continuous_run().string() + " --action-tokens " + n);
     EXPECT_EQ(rc2, 1) << log2;

@@ -130,7 +130,9 @@ TEST(VlaTrain, ConfigErrorsNameTheKey) {
   e = error_of([&] { vla_config(dir, 1, 2, {"data.format=rollouts", "data.history={window: 2}"}); });
   EXPECT_NE(e.find("data.history must be full unless data.format is episodes"), std::string::npos) << e;
   e = error_of([&] { vla_config(dir, 1, 2, {"data.history={window: 0}"}); });
-  EXPECT_NE(e.find("data.history: expected full or {window: W} with W >= 1"), std::string::npos) << e;
+  EXPECT_NE(e.find("data.history.window: expected an integer >= 1, got '0'"), std::string::npos) << e;
+  e = error_of([&] { vla_config(dir, 1, 2, {"data.history={steps: 2}"}); });
+  EXPECT_NE(e.find("data.history: expected full or {window: W} with W >= 1, got a mapping"), std::string::npos) << e;
   e = error_of([&] { vla_config(dir, 1, 2, {"vision.patch_size=3"}); });
   EXPECT_NE(e.find("vision.patch_size must divide vision.image_size (16)"), std::string::npos) << e;
   e = error_of([&] { vla_config(dir, 1, 2, {"vision.state_dim=3"}); });
