@@ -65,19 +65,22 @@ std::string read_text(const std::string& path, const std::string& what, size_t m
 bool read_line(std::istream& in, std::string& line, const std::string& path, int64_t lineno, const char* what,
                size_t max_bytes) {
   line.clear();
-  std::streambuf* sb = in.rdbuf();
-  if (!sb) return false;
+  char buf[1 << 16];
   for (;;) {
-    const int c = sb->sbumpc();
-    if (c == std::char_traits<char>::eof()) {
-      in.setstate(std::ios::eofbit);
-      return !line.empty();
-    }
-    if (c == '\n') return true;
-    if (line.size() >= max_bytes)
+    // Up to the newline (extracted, not stored), the end of the stream, or a full buffer (failbit,
+    // the line goes on). A read error sets badbit, as std::getline's would.
+    in.getline(buf, sizeof buf);
+    if (in.bad()) throw Error(str(path, ":", lineno, ": cannot read the file"));
+    const size_t got = (size_t)in.gcount();
+    const bool newline = !in.fail() && !in.eof();
+    const size_t stored = newline ? got - 1 : got;
+    if (stored > max_bytes - line.size())
       throw Error(str(path, ":", lineno, ": a line longer than ", max_bytes, " bytes; expected ", what,
                       " a line (is this a JSONL file?)"));
-    line.push_back((char)c);
+    line.append(buf, stored);
+    if (newline) return true;
+    if (in.eof()) return !line.empty();
+    in.clear(in.rdstate() & ~std::ios::failbit);  // a full buffer: read on
   }
 }
 

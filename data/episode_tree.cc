@@ -1,6 +1,7 @@
 // Episode -> prefix tree (see episode_tree.h).
 #include "data/episode_tree.h"
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -132,13 +133,19 @@ std::vector<Tree> read_episode_trees(const std::string& path, int64_t vocab_size
     // The bins are the vocabulary's last ids: a placeholder among them would read as an action.
     const int64_t first_bin = vocab_size - bins;
     const bool has_state = eps.front().has_state();  // read_episodes: the episodes agree
-    for (const int32_t id : {spec.image_token, has_state ? spec.state_token : spec.image_token})
-      if (spec.check_placeholder_ids && id >= first_bin && id < vocab_size)
-        throw Error(str(path, ": continuous actions take the last ", bins, " ids of the vocabulary of ", vocab_size,
-                        " (", first_bin, "..", vocab_size - 1, "), which include the ",
-                        id == spec.image_token ? "image" : "state", " placeholder id ", id,
-                        ": use at most ", vocab_size - 1 - id, " action bins (data.action_bins)",
-                        first_bin > 0 ? str(" or a placeholder id below ", first_bin) : std::string()));
+    int32_t top = -1;  // the largest placeholder id the bins must miss
+    if (spec.check_placeholder_ids)
+      for (const int32_t id : {spec.image_token, has_state ? spec.state_token : spec.image_token})
+        if (id < vocab_size) top = std::max(top, id);
+    if (top >= first_bin) {
+      const int64_t fit = vocab_size - 1 - top;  // bins above every placeholder id (at least 2 make sense)
+      std::string fix = fit >= 2 ? str("use at most ", fit, " action bins (data.action_bins)") : "";
+      if (first_bin > 0) fix += str(fix.empty() ? "use " : " or ", "placeholder ids below ", first_bin);
+      if (fix.empty()) fix = str("use placeholder ids below ", vocab_size - 2, " and fewer action bins");
+      throw Error(str(path, ": continuous actions take the last ", bins, " ids of the vocabulary of ", vocab_size, " (",
+                      first_bin, "..", vocab_size - 1, "), which include the ",
+                      top == spec.image_token ? "image" : "state", " placeholder id ", top, ": ", fix));
+    }
   }
   std::vector<Tree> trees;
   trees.reserve(eps.size());

@@ -112,6 +112,8 @@ Episode parse_episode_line(const std::string& line, const std::string& where, co
 }
 
 std::vector<Episode> read_episodes(const std::string& path, int64_t vocab_size) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw Error(str(path, ": is a folder, expected the episodes JSONL file"));
   std::ifstream in(path);
   if (!in) throw Error(str(path, ": cannot open the episodes file"));
   const std::string dir = fs::path(path).parent_path().string();

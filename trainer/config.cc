@@ -295,6 +295,7 @@ std::string format_value(const Ref& r) {
 struct Origin {
   std::string where;     // "file:line" or "--set k=v"
   std::string base_dir;  // "" for no path resolution
+  bool from_cwd = false;  // relative paths resolve against the working directory (a --set value)
 };
 
 void set_field(RunConfig& cfg, const Field& f, const YAML::Node& n, const Origin& o) {
@@ -336,8 +337,17 @@ void set_field(RunConfig& cfg, const Field& f, const YAML::Node& n, const Origin
       *s = "";
     } else if (n.IsScalar()) {
       *s = n.Scalar();
-      if (f.is_path && !s->empty() && !o.base_dir.empty() && fs::path(*s).is_relative())
-        *s = (fs::path(o.base_dir) / *s).lexically_normal().string();
+      if (f.is_path && !s->empty() && fs::path(*s).is_relative()) {
+        std::string base = o.base_dir;
+        if (o.from_cwd) {
+          std::error_code ec;
+          base = fs::current_path(ec).string();
+          if (ec)
+            throw Error(str(o.where, ": ", f.key, ": the relative path '", *s,
+                            "' cannot be made absolute: the working directory: ", ec.message()));
+        }
+        if (!base.empty()) *s = (fs::path(base) / *s).lexically_normal().string();
+      }
     } else {
       type_error(o.where, f.key, "a string", n);
     }
@@ -458,7 +468,7 @@ void apply_override(RunConfig& cfg, const std::string& ov, ParseState& st) {
   // A relative path given here is relative to the working directory: made absolute now, so the
   // config.yaml a run or sweep writes (and a later load of it, against its own folder) still
   // points at it.
-  apply(cfg, key, value, Origin{ctx, fs::current_path().string()}, st);
+  apply(cfg, key, value, Origin{ctx, "", /*from_cwd=*/true}, st);
 }
 
 // model.layer_types as one entry per layer ([] is every layer full_attention), for comparison.

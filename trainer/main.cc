@@ -37,6 +37,7 @@
 #include "distributed/launch.h"
 #include "trainer/sweep.h"
 #include "base/check.h"
+#include "base/files.h"
 #include "base/json.h"
 #include "base/omp_env.h"
 #include "trainer/config.h"
@@ -379,7 +380,7 @@ int run_serve(const std::vector<std::string>& argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("treetrain-serve"));  // stdout: the "listening on" line
   tt::trainer::ServeOptions o;
   o.checkpoint = required(a, "checkpoint");
-  if (a.flags.count("host")) o.host = a.flags.at("host");
+  if (a.flags.count("host")) o.host = required(a, "host");
   o.port = int32_flag(a, "port", 0, 0, 65535, " (0: any free port)");
   o.window = int32_flag(a, "window", -1, -1, kIntMax, " (0: the full history; -1 or absent: the checkpoint's)");
   if (a.flags.count("action-ids")) {
@@ -432,7 +433,8 @@ int run_nav_env(const std::vector<std::string>& argv) {
   const Args a = parse_flags(argv, {"image-size", "size", "landmarks", "walls", "max-steps"}, "nav-env");
   const tt::data::NavSpec spec = nav_spec_flags(a);
   std::unique_ptr<tt::data::NavEnv> env;
-  for (std::string line; std::getline(std::cin, line);) {
+  std::string line;
+  for (int64_t n = 1; tt::read_line(std::cin, line, "<stdin>", n, "one JSON request", size_t{1} << 20); ++n) {
     nlohmann::json out;
     try {
       const nlohmann::json j = tt::parse_json_strict(line);
@@ -573,8 +575,8 @@ int run_sample(const std::vector<std::string>& argv) {
   tt::trainer::SampleCommand c;
   c.checkpoint = required(a, "checkpoint");
   c.prompts = required(a, "prompts");
-  if (a.flags.count("out")) c.out = a.flags.at("out");
-  if (a.flags.count("device")) c.device = a.flags.at("device");
+  if (a.flags.count("out")) c.out = required(a, "out");
+  if (a.flags.count("device")) c.device = required(a, "device");
   c.sets = a.sets;
   tt::model::SamplingOptions& o = c.sampling;
   o.max_new_tokens = int32_flag(a, "max-new-tokens", o.max_new_tokens, 1, 1 << 24);
@@ -606,8 +608,8 @@ int run_launch(const std::vector<std::string>& argv) {
     throw UsageError{"launch: --nproc N (1..1024) is required"};
   o.nproc = (int)nproc;
   o.master_port = int32_flag(a, "master-port", 0, 0, 65535, " (0: a free port)");
-  if (a.flags.count("master-addr")) o.master_addr = a.flags.at("master-addr");
-  if (a.flags.count("program")) o.program = a.flags.at("program");
+  if (a.flags.count("master-addr")) o.master_addr = required(a, "master-addr");
+  if (a.flags.count("program")) o.program = required(a, "program");
   o.args.assign(dash + 1, argv.end());
   if (o.args.empty()) throw UsageError{"launch: nothing to run after --"};
   tt::distributed::launch(o);
@@ -620,7 +622,7 @@ int run_sweep(const std::vector<std::string>& argv) {
   if (mode != "local" && mode != "slurm") throw UsageError{"--mode: expected local|slurm, got '" + mode + "'"};
   const int nproc = int32_flag(a, "nproc", 1, 1, 1024, " (ranks per run)");
   const tt::trainer::Sweep sweep = tt::trainer::load_sweep(required(a, "config"));
-  const std::string binary = a.flags.count("binary") ? a.flags.at("binary") : tt::distributed::self_executable();
+  const std::string binary = a.flags.count("binary") ? required(a, "binary") : tt::distributed::self_executable();
   if (mode == "slurm") {
     const std::string& out = required(a, "out");
     tt::trainer::write_run_configs(sweep);

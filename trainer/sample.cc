@@ -200,6 +200,7 @@ std::string resolve_checkpoint(const std::string& dir) {
         } catch (const Error& e) {  // a newer format version
           why = e.what();
         }
+        if (why.empty()) continue;  // valid since the listing (a save that just completed)
         spdlog::warn("--checkpoint {}: skipping {}, newer than {} but not a valid checkpoint: {}", dir, path,
                      valid.back().second, why);
       }

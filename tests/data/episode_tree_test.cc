@@ -151,18 +151,22 @@ TEST(EpisodeTree, ActionBinsMustMissThePlaceholdersAndFitTheVocabulary) {
   };
   EXPECT_EQ(error(16, 14), path +
                               ": continuous actions take the last 14 ids of the vocabulary of 16 (2..15), which include "
-                              "the state placeholder id 2: use at most 13 action bins (data.action_bins) or a "
-                              "placeholder id below 2");
-  // All 16: no placeholder id could be below them.
+                              "the state placeholder id 2: use at most 13 action bins (data.action_bins) or "
+                              "placeholder ids below 2");
+  // All 16: no placeholder id could be below them; the bins must miss both placeholders (1, 2).
   EXPECT_EQ(error(16, 16), path +
                               ": continuous actions take the last 16 ids of the vocabulary of 16 (0..15), which include "
-                              "the image placeholder id 1: use at most 14 action bins (data.action_bins)");
+                              "the state placeholder id 2: use at most 13 action bins (data.action_bins)");
   // An instruction token among the bins would read as an action.
   EXPECT_EQ(error(16, 11), path +
                               ": episode 'e': instruction[0] is 5, one of the continuous actions' 11 bin ids (the "
                               "vocabulary's last: 5..15); expected instruction ids below 5 (or fewer action bins: "
                               "data.action_bins)");
   EXPECT_EQ(error(16, 10), "no error");  // ids 6..15
+  sp.state_token = 14;  // near the top: no count of bins (at least 2) misses it
+  EXPECT_EQ(error(16, 3), path +
+                             ": continuous actions take the last 3 ids of the vocabulary of 16 (13..15), which include "
+                             "the state placeholder id 14: use placeholder ids below 13");
   EXPECT_EQ(error(16, 17), path +
                               ": action bins: 17 bins (data.action_bins; stats --action-bins) for a vocabulary of 16 "
                               "ids (model.vocab_size; --vocab-size): the bins are the vocabulary's last ids, expected "

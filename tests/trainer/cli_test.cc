@@ -68,9 +68,11 @@ TEST(CliTest, UsageErrorsExitTwo) {
   EXPECT_NE(treetrain("--config x --bogus 1").err.find("unknown flag --bogus"), std::string::npos);
   EXPECT_NE(treetrain("bench matmul").err.find("expected 'bench attention'"), std::string::npos);
   // An empty value is no file name.
-  const Result empty = treetrain("generate --kind rollouts --out ''");
-  EXPECT_EQ(empty.code, 2);
-  EXPECT_EQ(empty.err.rfind("error: --out: expected a value, got an empty string\n", 0), 0u) << empty.err;
+  for (const std::string args : {"generate --kind rollouts --out ''", "sample --checkpoint x --prompts y --out ''"}) {
+    const Result empty = treetrain(args);
+    EXPECT_EQ(empty.code, 2) << args;
+    EXPECT_EQ(empty.err.rfind("error: --out: expected a value, got an empty string\n", 0), 0u) << empty.err;
+  }
   // The synthetic combs were --kind episodes; that name now means the robot-episode data format.
   EXPECT_NE(treetrain("generate --kind episodes --out x")
                 .err.find("error: --kind: 'episodes' names the robot-episode data format, not a synthetic kind; "
