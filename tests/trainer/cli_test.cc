@@ -302,7 +302,10 @@ TEST(CliTest, StatsOnEpisodesCountsFrames) {
   std::ofstream(data) << R"({"id": "e", "instruction": [3, 4], "steps": [)"
                       << R"({"images": ["frames/0.png"], "action": [0.1]}, {"images": ["frames/1.png"], "action": [0.5]},)"
                       << R"({"images": ["frames/2.png"], "action": [0.9]}]})" << "\n";
-  Result r = treetrain("stats --data " + data + " --format episodes --vocab-size 300 --tokens-per-frame 4 --window 2");
+  Result r = treetrain("stats --data " + dir.string() + " --format episodes --vocab-size 300");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err, "error: " + dir.string() + ": is a folder, expected the episodes JSONL file\n");
+  r = treetrain("stats --data " + data + " --format episodes --vocab-size 300 --tokens-per-frame 4 --window 2");
   ASSERT_EQ(r.code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j.at("episodes").get<int>(), 1);

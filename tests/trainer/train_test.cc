@@ -430,6 +430,16 @@ TEST(TrainTest, TrainerStateErrorsNameTheField) {
   EXPECT_EQ(error_for(R"({"version": 1, "step": 2, "skipped": {"total": 2, "in_a_row": 1}, )" + good_loader + "}"),
             "");
   EXPECT_EQ(error_for(R"({"version": 1, "step": 2, )" + good_loader + "}"), "");
+  // data.cameras (episode data: images a step, for serve) is optional, 1 to 4096 when given.
+  const std::string loader = R"("loader": {"epoch": 0, "cursor": 3}, "seed": 7, )";
+  EXPECT_EQ(error_for(R"({"version": 1, "step": 2, )" + loader + R"("data": {"path": "d", "size_bytes": 10, "cameras": 0}})"),
+            file.string() + ": field \"data.cameras\": expected an integer >= 1, got 0");
+  EXPECT_EQ(error_for(R"({"version": 1, "step": 2, )" + loader +
+                      R"("data": {"path": "d", "size_bytes": 10, "cameras": 5000}})"),
+            file.string() + ": field \"data.cameras\": expected 1 to 4096 images a step, got 5000");
+  EXPECT_EQ(error_for(R"({"version": 1, "step": 2, )" + loader + R"("data": {"path": "d", "size_bytes": 10, "cameras": 2}})"),
+            "");
+  EXPECT_EQ(read_trainer_state(file.string()).cameras, 2);
 }
 
 // The folders of run_dir/checkpoints whose names start with `prefix`.
