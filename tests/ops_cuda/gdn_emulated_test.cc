@@ -335,6 +335,21 @@ TEST(GdnEmulated, Gates) {
   EXPECT_TRUE(close_f32_sum("gates ddt_bias", doubles(got_ddt), c.ddt));
 }
 
+// The two cluster kernels' start: their mbarrier (the first 16 bytes of dynamic shared memory)
+// initialised, and a cluster barrier so that no peer's multicast completes on it before.
+__device__ uint64_t* cluster_test_mbarrier(unsigned char* smem) {
+  namespace sm90 = cuda::attn::sm90;
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem);
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(bar, 1);
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  sm90::cluster_arrive();
+  sm90::cluster_wait();
+  return bar;
+}
+
 // The emulator's cluster checks on a kernel of its own: block 0 of a two-block cluster multicasts
 // round k's box (rows 64 k ..) into both blocks, which copy what they find to out. With a cluster
 // barrier between a round's reads and the next round's copy, every block sees every round's rows;
@@ -344,17 +359,10 @@ template <bool kBarrier>
 __global__ void multicast_rounds_kernel(const __grid_constant__ CUtensorMap map, float* out) {
   namespace sm90 = cuda::attn::sm90;
   TT_EXTERN_SMEM_16(smem);
-  uint64_t* bar = reinterpret_cast<uint64_t*>(smem);
+  uint64_t* bar = cluster_test_mbarrier(smem);
   const float* tile = reinterpret_cast<const float*>(cuda::align_up_1024(smem + 16));
   const int rank = (int)sm90::cluster_ctarank();
   constexpr uint32_t kBox = 64 * 32 * sizeof(float);
-  if (threadIdx.x == 0) {
-    sm90::mbar_init(bar, 1);
-    sm90::fence_barrier_init();
-  }
-  __syncthreads();
-  sm90::cluster_arrive();
-  sm90::cluster_wait();
   for (int k = 0; k < 2; ++k) {
     if (threadIdx.x == 0) {
       sm90::mbar_expect_tx(bar, kBox);
@@ -408,16 +416,9 @@ template <bool kExitEarly>
 __global__ void multicast_exit_kernel(const __grid_constant__ CUtensorMap map, float* out) {
   namespace sm90 = cuda::attn::sm90;
   TT_EXTERN_SMEM_16(smem);
-  uint64_t* bar = reinterpret_cast<uint64_t*>(smem);
+  uint64_t* bar = cluster_test_mbarrier(smem);
   float* tile = reinterpret_cast<float*>(cuda::align_up_1024(smem + 16));
   const int rank = (int)sm90::cluster_ctarank();
-  if (threadIdx.x == 0) {
-    sm90::mbar_init(bar, 1);
-    sm90::fence_barrier_init();
-  }
-  __syncthreads();
-  sm90::cluster_arrive();
-  sm90::cluster_wait();
   if (kExitEarly && rank == 1) return;
   if (threadIdx.x == 0) {
     sm90::mbar_expect_tx(bar, 64 * 32 * sizeof(float));
