@@ -51,7 +51,9 @@ std::vector<int32_t> ActionBins::encode(const std::vector<float>& action) const 
     const double span = high[d] - low[d];
     // A constant dimension (span 0) maps to its middle bin.
     const double u = span > 0 ? ((double)action[d] - low[d]) / span : 0.5;
-    const int bin = std::clamp((int)std::floor(u * bins), 0, bins - 1);
+    // Clamped as a double: an action far outside the bins' range (u * bins past 2^31) would make the
+    // cast undefined (INT_MIN on x86, bin 0 for a huge positive action).
+    const int bin = (int)std::clamp(std::floor(u * bins), 0.0, (double)(bins - 1));
     out.push_back(first_id() + bin);
   }
   return out;

@@ -1,7 +1,10 @@
 // The episodes JSONL format (see episodes.h).
 #include "data/episodes.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -142,6 +145,43 @@ std::vector<Episode> read_episodes(const std::string& path, int64_t vocab_size) 
 
 std::string generated_frames_folder(const std::string& jsonl_path) {
   return fs::path(jsonl_path).stem().string() + "_frames";
+}
+
+GeneratedEpisodes::GeneratedEpisodes(const std::string& path)
+    : path_(path), tmp_(atomic_temp_path(path, (long)::getpid())), folder_(generated_frames_folder(path)),
+      dir_(fs::path(path).parent_path()) {
+  tmp_folder_ = folder_ + str(".tmp-", (long)::getpid());
+  std::error_code ec;
+  fs::remove_all(dir_ / tmp_folder_, ec);
+  fs::create_directories(dir_ / tmp_folder_, ec);
+  if (ec) throw Error(str(path, ": cannot create the frames folder ", (dir_ / tmp_folder_).string(), ": ", ec.message()));
+  out_.open(tmp_, std::ios::trunc);
+  if (!out_) throw Error(str(path, ": cannot write (", tmp_, ")"));
+}
+
+GeneratedEpisodes::~GeneratedEpisodes() {
+  if (done_) return;
+  std::error_code ec;
+  out_.close();
+  fs::remove(tmp_, ec);
+  fs::remove_all(dir_ / tmp_folder_, ec);
+}
+
+std::string GeneratedEpisodes::frame_name(int64_t e, int t) const { return str(folder_, "/", e, "_", t, ".png"); }
+
+std::string GeneratedEpisodes::frame_file(const std::string& name) const {
+  return (dir_ / tmp_folder_ / fs::path(name).filename()).string();
+}
+
+void GeneratedEpisodes::commit() {
+  out_.close();
+  if (!out_) throw Error(str(path_, ": write failed (", tmp_, ")"));
+  std::error_code ec;
+  fs::remove_all(dir_ / folder_, ec);  // an earlier dataset's frames, replaced with its file
+  fs::rename(dir_ / tmp_folder_, dir_ / folder_, ec);
+  if (ec || std::rename(tmp_.c_str(), path_.c_str()) != 0)
+    throw Error(str(path_, ": cannot move the generated file and frames into place", ec ? ": " + ec.message() : ""));
+  done_ = true;
 }
 
 }  // namespace tt::data

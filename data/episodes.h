@@ -10,6 +10,8 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -47,5 +49,28 @@ std::vector<Episode> read_episodes(const std::string& path, int64_t vocab_size);
 // "a_frames"), so two datasets generated into one folder keep their own frames. Image paths in
 // the file are relative to its folder ("a_frames/0_0.png").
 std::string generated_frames_folder(const std::string& jsonl_path);
+
+// The output of a generator: the episodes JSONL at `path` and its frames folder
+// (generated_frames_folder), written to temporaries beside them and moved into place by commit(),
+// so a generator that fails (or is stopped) leaves an earlier dataset at `path` whole.
+class GeneratedEpisodes {
+ public:
+  explicit GeneratedEpisodes(const std::string& path);
+  ~GeneratedEpisodes();  // removes the temporaries unless commit() ran
+  GeneratedEpisodes(const GeneratedEpisodes&) = delete;
+  GeneratedEpisodes& operator=(const GeneratedEpisodes&) = delete;
+  std::ostream& jsonl() { return out_; }
+  // Frame (episode e, step t): the name the JSONL records ("<stem>_frames/e_t.png") and the file to
+  // write it to now.
+  std::string frame_name(int64_t e, int t) const;
+  std::string frame_file(const std::string& name) const;
+  void commit();
+
+ private:
+  std::string path_, tmp_, folder_, tmp_folder_;  // folder_: relative to dir_
+  std::filesystem::path dir_;
+  std::ofstream out_;
+  bool done_ = false;
+};
 
 }  // namespace tt::data

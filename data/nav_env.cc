@@ -45,7 +45,10 @@ NavEnv::NavEnv(const NavSpec& spec, uint64_t seed) : spec_(spec) {
   w_ = n + 2;
   SplitMix64 rng(mix64(seed) ^ 0x6e61760000ULL);
   for (int attempt = 0;; ++attempt) {
-    TT_CHECK(attempt < 1000, "nav: no solvable layout for seed ", seed, " in 1000 draws");
+    if (attempt >= 1000)
+      throw Error(str("nav: no solvable layout in 1000 draws (layout seed ", seed, ") for a room of size ", n, " with ",
+                      spec_.walls, " walls and ", spec_.landmarks, " landmarks; use fewer walls (--walls) or a larger "
+                      "room (--size)"));
     map_.assign(w_ * w_, 0);
     for (int i = 0; i < w_; ++i) map_[cell(i, 0)] = map_[cell(i, w_ - 1)] = map_[cell(0, i)] = map_[cell(w_ - 1, i)] = 1;
     auto free_cell = [&](int* x, int* y) {
@@ -225,19 +228,15 @@ int64_t write_nav_episodes(const NavSpec& spec, int64_t num_episodes, uint64_t s
   TT_CHECK(num_episodes >= 1, "nav episodes: ", num_episodes, " episodes, expected >= 1");
   TT_CHECK(noise >= 0 && noise < 1, "nav episodes: noise ", noise, ", expected in [0, 1)");
   namespace fs = std::filesystem;
-  const fs::path dir = fs::path(path).parent_path();
-  const std::string frames_folder = generated_frames_folder(path);
-  fs::create_directories(dir / frames_folder);
-  std::ofstream out(path, std::ios::trunc);
-  if (!out) throw Error(str(path, ": cannot write"));
+  GeneratedEpisodes gen(path);  // a failure below leaves an earlier dataset at `path` whole
   SplitMix64 rng(mix64(seed) ^ 0x6e6f697365ULL);
   int64_t frames = 0;
   for (int64_t e = 0; e < num_episodes; ++e) {
     NavEnv env(spec, nav_layout_seed(seed, e));
     nlohmann::json steps = nlohmann::json::array();
     for (int t = 0; !env.done(); ++t) {
-      const std::string name = str(frames_folder, "/", e, "_", t, ".png");
-      write_png((dir / name).string(), env.render());
+      const std::string name = gen.frame_name(e, t);
+      write_png(gen.frame_file(name), env.render());
       ++frames;
       const int label = env.expert_action();
       int move = label;
@@ -246,10 +245,9 @@ int64_t write_nav_episodes(const NavSpec& spec, int64_t num_episodes, uint64_t s
       env.step(move);
     }
     nlohmann::json ep = {{"id", str("nav-", e)}, {"instruction", env.instruction()}, {"steps", steps}};
-    out << ep.dump() << "\n";
+    gen.jsonl() << ep.dump() << "\n";
   }
-  out.close();
-  if (!out) throw Error(str(path, ": write failed"));
+  gen.commit();
   return frames;
 }
 

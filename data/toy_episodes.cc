@@ -16,12 +16,7 @@ int64_t write_toy_episodes(const ToyEpisodeSpec& s, const std::string& path) {
   TT_CHECK(s.num_episodes >= 1 && s.steps >= 1 && s.square >= 1 && s.image_size > s.square, "toy episodes: ",
            s.num_episodes, " episodes of ", s.steps, " steps, ", s.image_size, "-pixel frames with a ", s.square,
            "-pixel square: expected at least one of each and a square smaller than the frame");
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::path(path).parent_path();
-  const std::string frames = generated_frames_folder(path);
-  fs::create_directories(dir / frames);
-  std::ofstream out(path, std::ios::trunc);
-  if (!out) throw Error(str(path, ": cannot write"));
+  GeneratedEpisodes gen(path);  // a failure below leaves an earlier dataset at `path` whole
   SplitMix64 rng(mix64(s.seed) ^ 0x7e1a0000ULL);
   const int span = s.image_size - s.square;  // top-left corners 0..span
   int64_t written = 0;
@@ -40,17 +35,16 @@ int64_t write_toy_episodes(const ToyEpisodeSpec& s, const std::string& path) {
           uint8_t* p = img.rgb.data() + ((size_t)y * s.image_size + x) * 3;
           p[0] = 240, p[1] = 200, p[2] = 40;
         }
-      const std::string name = str(frames, "/", e, "_", t, ".png");
-      write_png((dir / name).string(), img);
+      const std::string name = gen.frame_name(e, t);
+      write_png(gen.frame_file(name), img);
       ++written;
       const double cx = 2.0 * x0 / span - 1.0, cy = 2.0 * y0 / span - 1.0;
       steps.push_back({{"images", {name}}, {"state", {(double)t / s.steps, 1.0}}, {"action", {cx, cy}}});
     }
     ep["steps"] = steps;
-    out << ep.dump() << "\n";
+    gen.jsonl() << ep.dump() << "\n";
   }
-  out.close();
-  if (!out) throw Error(str(path, ": write failed"));
+  gen.commit();
   return written;
 }
 

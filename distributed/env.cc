@@ -155,7 +155,11 @@ void read_job_id(const EnvLookup& env, DistEnv* e) {
 // TT_JOB_SECRET: printable, at least 16 characters (the launchers make 32 random hex digits; a
 // secret a person chooses is only as strong as its choice).
 void read_secret(const EnvLookup& env, DistEnv* e) {
-  if (!is_set(env, "TT_JOB_SECRET")) return;
+  const char* v = env("TT_JOB_SECRET");
+  if (v == nullptr) return;
+  if (v[0] == '\0')  // set but empty (a failed $(...) in a job script): not "no authentication"
+    throw Error(str("distributed: TT_JOB_SECRET is set but empty; expected ", auth::kMinSecretChars,
+                    " to 1024 printable characters (for example 32 random hex digits), or leave it unset"));
   const std::string s = env("TT_JOB_SECRET");
   bool printable = s.size() >= auth::kMinSecretChars && s.size() <= 1024;
   for (unsigned char c : s) printable &= c > ' ' && c < 0x7f;

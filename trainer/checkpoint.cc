@@ -44,6 +44,7 @@ void write_file(const fs::path& p, const std::string& text) {
 int64_t parse_step_dir(const std::string& name) {
   const std::string prefix = "step_";
   if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size() || name.size() > prefix.size() + 18) return -1;
+  if (name[prefix.size()] == '0' && name.size() > prefix.size() + 1) return -1;  // step_002: not a name treetrain writes
   for (size_t i = prefix.size(); i < name.size(); ++i)
     if (name[i] < '0' || name[i] > '9') return -1;
   return std::stoll(name.substr(prefix.size()));

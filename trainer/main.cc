@@ -624,14 +624,26 @@ int run_sweep(const std::vector<std::string>& argv) {
   const tt::trainer::Sweep sweep = tt::trainer::load_sweep(required(a, "config"));
   const std::string binary = a.flags.count("binary") ? required(a, "binary") : tt::distributed::self_executable();
   if (mode == "slurm") {
+    if (a.flags.count("nproc"))
+      throw UsageError{"--nproc is for --mode local; a SLURM job runs slurm.gpus_per_node ranks a node (the sweep file)"};
     const std::string& out = required(a, "out");
+    // The script replaces --out: never one of the sweep's own inputs.
+    std::vector<std::pair<std::string, std::string>> inputs = {{"the sweep file", required(a, "config")},
+                                                               {"the base config", sweep.base}};
+    for (const tt::trainer::SweepRun& run : sweep.runs) {
+      inputs.emplace_back("the data of run " + run.name, run.config.data.path);
+      inputs.emplace_back("a run's config", run.config.run_dir + "/config.yaml");
+    }
+    for (const auto& [what, path] : inputs) {
+      std::error_code ec;
+      if (std::filesystem::equivalent(out, path, ec))
+        throw tt::Error(tt::str("--out ", out, ": ", what, " (", path, "); the SLURM script would replace it (write it to "
+                            "another file)"));
+    }
     tt::trainer::write_run_configs(sweep);
     const std::filesystem::path parent = std::filesystem::path(out).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent);
-    std::ofstream f(out, std::ios::trunc);
-    f << tt::trainer::slurm_script(sweep, binary);
-    if (!f) throw tt::Error(out + ": cannot write");
-    f.close();
+    tt::write_text_atomic(out, tt::trainer::slurm_script(sweep, binary));
     std::filesystem::permissions(out, std::filesystem::perms::owner_exec, std::filesystem::perm_options::add);
     for (const tt::trainer::SweepRun& run : sweep.runs) std::cout << run.config.run_dir << "/config.yaml\n";
     spdlog::info("sweep: {} runs; their configs are written; submit the array job with: sbatch {}", sweep.runs.size(), out);

@@ -5,6 +5,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -119,8 +120,9 @@ int64_t slurm_int(const YAML::Node& n, const std::string& key, const std::string
                     n.IsScalar() ? "the quoted string \"" + n.Scalar() + "\"" : std::string("a non-scalar")));
   const std::string& s = n.Scalar();
   char* end = nullptr;
+  errno = 0;
   const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || v < min) throw Error(str(where, ": slurm.", key, ": expected an integer >= ", min, ", got '", s, "'"));
+  if (s.empty() || *end != '\0' || errno == ERANGE || v < min) throw Error(str(where, ": slurm.", key, ": expected an integer >= ", min, ", got '", s, "'"));
   return v;
 }
 
@@ -389,6 +391,11 @@ std::string slurm_script(const Sweep& sweep, const std::string& binary) {
   if (!s.partition.empty()) o << "#SBATCH --partition=" << s.partition << "\n";
   if (!s.account.empty()) o << "#SBATCH --account=" << s.account << "\n";
   if (!s.time.empty()) o << "#SBATCH --time=" << s.time << "\n";
+  // sbatch reads a directive's value up to a space and expands its '%' patterns: a run_dir with
+  // either would send the logs elsewhere.
+  if (sweep.run_dir.find_first_of(" \t%'\"\\") != std::string::npos)
+    throw Error(str("sweep: run_dir '", sweep.run_dir, "' has a space, quote, backslash or '%', which #SBATCH "
+                    "--output cannot take; choose a run_dir without them for --mode slurm"));
   o << "#SBATCH --output=" << sweep.run_dir << "/slurm-%A_%a.out\n";
   for (const std::string& line : s.sbatch) o << "#SBATCH " << line << "\n";
   o << "set -euo pipefail\n"

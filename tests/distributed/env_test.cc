@@ -200,6 +200,10 @@ TEST(EnvTest, TheJobSecretIsReadCheckedAndNeverDescribed) {
   EXPECT_EQ(error_of("torchrun", with(torchrun, {{"TT_JOB_SECRET", "short"}})), expected + "5 characters that are not");
   EXPECT_EQ(error_of("torchrun", with(torchrun, {{"TT_JOB_SECRET", "has a space in it ok"}})),
             expected + "20 characters that are not");
+  // Set but empty (a failed $(...) in a job script) is an error, not "no authentication".
+  EXPECT_EQ(error_of("torchrun", with(torchrun, {{"TT_JOB_SECRET", ""}})),
+            "distributed: TT_JOB_SECRET is set but empty; expected 16 to 1024 printable characters (for example 32 "
+            "random hex digits), or leave it unset");
 }
 
 }  // namespace

@@ -483,6 +483,56 @@ TEST(CliTest, StatsOnContinuousEpisodesTakesActionBins) {
 
 // generate: a flag of another kind is an error naming it; an oversize tree or file is an error
 // naming the flags before anything is written; --out a folder leaves nothing behind.
+// A generator that fails leaves an earlier dataset at its --out whole (file and frames), and names
+// the flags to change; the SLURM script never replaces one of the sweep's inputs; bench attention
+// without a GPU says so.
+TEST(CliTest, FailedGenerationAndSweepScriptsKeepWhatIsThere) {
+  const fs::path dir = tmp("cli_keep");
+  const std::string data = (dir / "ep.jsonl").string();
+  Result r = treetrain("generate --kind nav-episodes --out " + data + " --num-episodes 3 --seed 4");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string jsonl = slurp(data), frame = slurp(dir / "ep_frames" / "0_0.png");
+  r = treetrain("generate --kind nav-episodes --out " + data + " --num-episodes 2 --size 64 --walls 1024");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find(" walls and 3 landmarks; use fewer walls (--walls) or a larger room (--size)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(slurp(data), jsonl);
+  EXPECT_EQ(slurp(dir / "ep_frames" / "0_0.png"), frame);
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path() << " left behind";
+
+  r = treetrain("generate --kind rollouts --out " + (dir / "d.jsonl").string() + " --num-trees 2 --vocab-size 32");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ofstream(dir / "base.yaml") << "run_dir: " << (dir / "runs").string() << "\ndevice: cpu\ndata:\n  path: d.jsonl\n";
+  const std::string sweep = (dir / "sw.yaml").string();
+  std::ofstream(sweep) << "base: base.yaml\ngrid:\n  optim.lr: [1.0e-3, 3.0e-3]\n";
+  const std::string sweep_text = slurp(sweep), base_text = slurp(dir / "base.yaml");
+  for (const std::string& out : {sweep, (dir / "base.yaml").string(), (dir / "d.jsonl").string()}) {
+    r = treetrain("sweep --config " + sweep + " --mode slurm --out " + out);
+    EXPECT_EQ(r.code, 1) << out;
+    EXPECT_NE(r.err.find("error: --out " + out + ": "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("the SLURM script would replace it (write it to another file)"), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(slurp(sweep), sweep_text);
+  EXPECT_EQ(slurp(dir / "base.yaml"), base_text);
+  r = treetrain("sweep --config " + sweep + " --mode slurm --nproc 8 --out " + (dir / "sw.sbatch").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err.rfind("error: --nproc is for --mode local; a SLURM job runs slurm.gpus_per_node ranks a node", 0), 0u)
+      << r.err;
+  r = treetrain("sweep --config " + sweep + " --mode slurm --out " + (dir / "sw.sbatch").string());
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(slurp(dir / "sw.sbatch").rfind("#!/bin/bash\n", 0), 0u);
+
+  r = treetrain("bench attention --data " + (dir / "d.jsonl").string() + " --format rollouts --vocab-size 32");
+  if (r.code == 0) return;  // a GPU: it timed
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err.rfind("error: bench attention times the CUDA kernels, but no CUDA device is visible "
+                        "(cudaGetDeviceCount: ", 0),
+            0u)
+      << r.err;
+}
+
 TEST(CliTest, GenerateRejectsOtherKindsFlagsAndOversizeData) {
   const fs::path dir = tmp("cli_generate_checks");
   const std::string out = (dir / "d.jsonl").string();

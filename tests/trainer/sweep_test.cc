@@ -108,6 +108,9 @@ TEST(SweepTest, ErrorsNameTheFileAndLine) {
   EXPECT_TRUE(has(error_of("grid:\n  optim.lr: [1]\n", dir), "sweep.yaml: base: expected the path of the run config"));
   EXPECT_TRUE(has(error_of(base + "slurm:\n  gpus: 8\n", dir), "sweep.yaml:3: unknown key 'slurm.gpus'"));
   EXPECT_TRUE(has(error_of(base + "slurm:\n  nodes: 0\n", dir), "sweep.yaml:3: slurm.nodes: expected an integer >= 1"));
+  // Past int64: an error, not the largest integer.
+  EXPECT_TRUE(has(error_of(base + "slurm:\n  nodes: 99999999999999999999999\n", dir),
+                  "sweep.yaml:3: slurm.nodes: expected an integer >= 1, got '99999999999999999999999'"));
   // Quoted numbers are strings, as in a run config.
   const std::string quoted = error_of(base + "grid:\n  optim.lr: [\"3e-4\"]\n", dir);
   EXPECT_TRUE(has(quoted, "sweep.yaml:3: grid: optim.lr: optim.lr: expected a number, got the quoted string \"3e-4\"; "
@@ -234,6 +237,19 @@ TEST(SweepTest, SlurmArrayScript) {
   EXPECT_FALSE(has(s, "--account"));  // unset options are left out
   // The #SBATCH lines come before the first command, or sbatch ignores them.
   EXPECT_LT(s.rfind("#SBATCH"), s.find("set -euo pipefail"));
+  // A run_dir #SBATCH --output cannot take (a space, '%'): an error, not logs sent elsewhere.
+  const Sweep spaced = parse_sweep_text("base: base.yaml\nrun_dir: '" + (dir / "my runs %j").string() +
+                                            "'\ngrid:\n  optim.lr: [1.0e-3, 3.0e-3]\n",
+                                        "lr_sweep.yaml", dir.string());
+  std::string e;
+  try {
+    slurm_script(spaced, "/opt/treetrain/bin/treetrain");
+  } catch (const Error& x) {
+    e = x.what();
+  }
+  EXPECT_EQ(e, "sweep: run_dir '" + (dir / "my runs %j").string() +
+                "' has a space, quote, backslash or '%', which #SBATCH --output cannot take; choose a run_dir without "
+                "them for --mode slurm");
 }
 
 TEST(SweepTest, ResultsTableReadsTheLastMetrics) {

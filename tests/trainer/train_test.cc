@@ -442,6 +442,17 @@ TEST(TrainTest, TrainerStateErrorsNameTheField) {
   EXPECT_EQ(read_trainer_state(file.string()).cameras, 2);
 }
 
+// step_<digits> names a checkpoint folder only as treetrain writes it: a copy named step_002 is
+// not a second step 2 (pruning would remove the user's folder).
+TEST(TrainTest, StepFoldersAreTheNamesTreetrainWrites) {
+  const fs::path dir = test_dir("step_names");
+  for (const char* f : {"step_2", "step_002", "step_0", "step_10", "step_x", "step_"})
+    fs::create_directories(dir / "checkpoints" / f);
+  std::vector<int64_t> steps;
+  for (const auto& [step, path] : step_folders(dir.string())) steps.push_back(step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{0, 2, 10}));
+}
+
 // The folders of run_dir/checkpoints whose names start with `prefix`.
 std::vector<std::string> folders_starting(const RunConfig& c, const std::string& prefix) {
   std::vector<std::string> out;
