@@ -48,6 +48,8 @@ std::vector<int32_t> ActionBins::encode(const std::vector<float>& action) const 
   TT_CHECK((int)action.size() == dims(), "action bins: an action of ", action.size(), " values, expected ", dims());
   std::vector<int32_t> out;
   for (int d = 0; d < dims(); ++d) {
+    if (!std::isfinite(action[d]))
+      throw Error(str("action bins: action value ", action[d], " in dimension ", d, ", expected a finite number"));
     const double span = high[d] - low[d];
     // A constant dimension (span 0) maps to its middle bin.
     const double u = span > 0 ? ((double)action[d] - low[d]) / span : 0.5;

@@ -3,8 +3,10 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -152,11 +154,17 @@ GeneratedEpisodes::GeneratedEpisodes(const std::string& path)
       dir_(fs::path(path).parent_path()) {
   tmp_folder_ = folder_ + str(".tmp-", (long)::getpid());
   std::error_code ec;
-  fs::remove_all(dir_ / tmp_folder_, ec);
-  fs::create_directories(dir_ / tmp_folder_, ec);
-  if (ec) throw Error(str(path, ": cannot create the frames folder ", (dir_ / tmp_folder_).string(), ": ", ec.message()));
+  if (!dir_.empty()) fs::create_directories(dir_, ec);
   out_.open(tmp_, std::ios::trunc);
   if (!out_) throw Error(str(path, ": cannot write (", tmp_, ")"));
+  fs::remove_all(dir_ / tmp_folder_, ec);
+  ec.clear();
+  fs::create_directories(dir_ / tmp_folder_, ec);
+  if (ec) {
+    out_.close();
+    std::remove(tmp_.c_str());
+    throw Error(str(path, ": cannot create the frames folder ", (dir_ / tmp_folder_).string(), ": ", ec.message()));
+  }
 }
 
 GeneratedEpisodes::~GeneratedEpisodes() {
@@ -176,12 +184,24 @@ std::string GeneratedEpisodes::frame_file(const std::string& name) const {
 void GeneratedEpisodes::commit() {
   out_.close();
   if (!out_) throw Error(str(path_, ": write failed (", tmp_, ")"));
+  // An earlier dataset's frames are set aside, not deleted, until the new file is in place: any
+  // failure on the way puts them back, beside the earlier file.
+  const fs::path folder = dir_ / folder_, aside = dir_ / (folder_ + str(".old-", (long)::getpid()));
   std::error_code ec;
-  fs::remove_all(dir_ / folder_, ec);  // an earlier dataset's frames, replaced with its file
-  fs::rename(dir_ / tmp_folder_, dir_ / folder_, ec);
-  if (ec || std::rename(tmp_.c_str(), path_.c_str()) != 0)
-    throw Error(str(path_, ": cannot move the generated file and frames into place", ec ? ": " + ec.message() : ""));
+  const bool had = fs::exists(folder, ec);
+  if (had) fs::rename(folder, aside, ec);
+  if (!ec) fs::rename(dir_ / tmp_folder_, folder, ec);
+  if (ec || std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const std::string why = ec ? ec.message() : std::strerror(errno);
+    std::error_code ignored;
+    if (had && fs::exists(aside, ignored)) {
+      fs::rename(folder, dir_ / tmp_folder_, ignored);  // the new frames back to the temporary (removed below)
+      fs::rename(aside, folder, ignored);
+    }
+    throw Error(str(path_, ": cannot move the generated file and frames into place: ", why));
+  }
   done_ = true;
+  if (had) fs::remove_all(aside, ec);
 }
 
 }  // namespace tt::data

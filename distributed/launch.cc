@@ -219,8 +219,9 @@ void launch(const LaunchOptions& o) {
                                  : str("launch-", hostname(), "-", ::getpid(), "-", (long long)::time(nullptr));
   // One secret for the ranks, so that only they can join (auth.h); a caller's is kept.
   const char* given_secret = std::getenv("TT_JOB_SECRET");
-  const std::string secret =
-      given_secret != nullptr && given_secret[0] != '\0' ? std::string(given_secret) : auth::nonce();
+  if (given_secret != nullptr && given_secret[0] == '\0')  // a failed $(...) in a job script, as the ranks say
+    throw Error("launch: TT_JOB_SECRET is set but empty; leave it unset (launch makes one) or give one");
+  const std::string secret = given_secret != nullptr ? std::string(given_secret) : auth::nonce();
   SignalScope signals;
 
   // The ranks share this host's CPUs and wait passively, unless the user set OMP_* (omp_env.h).

@@ -627,7 +627,15 @@ int run_sweep(const std::vector<std::string>& argv) {
     if (a.flags.count("nproc"))
       throw UsageError{"--nproc is for --mode local; a SLURM job runs slurm.gpus_per_node ranks a node (the sweep file)"};
     const std::string& out = required(a, "out");
-    // The script replaces --out: never one of the sweep's own inputs.
+    const std::string script = tt::trainer::slurm_script(sweep, binary);  // its errors before anything is written
+    // The script replaces --out: never one of the sweep's own inputs (a run's config.yaml may not
+    // exist yet, so paths compare as canonical names too).
+    auto same_file = [](const std::string& x, const std::string& y) {
+      std::error_code e1, e2;
+      if (std::filesystem::equivalent(x, y, e1)) return true;
+      const auto cx = std::filesystem::weakly_canonical(x, e1), cy = std::filesystem::weakly_canonical(y, e2);
+      return !e1 && !e2 && cx == cy;
+    };
     std::vector<std::pair<std::string, std::string>> inputs = {{"the sweep file", required(a, "config")},
                                                                {"the base config", sweep.base}};
     for (const tt::trainer::SweepRun& run : sweep.runs) {
@@ -635,15 +643,14 @@ int run_sweep(const std::vector<std::string>& argv) {
       inputs.emplace_back("a run's config", run.config.run_dir + "/config.yaml");
     }
     for (const auto& [what, path] : inputs) {
-      std::error_code ec;
-      if (std::filesystem::equivalent(out, path, ec))
+      if (same_file(out, path))
         throw tt::Error(tt::str("--out ", out, ": ", what, " (", path, "); the SLURM script would replace it (write it to "
                             "another file)"));
     }
     tt::trainer::write_run_configs(sweep);
     const std::filesystem::path parent = std::filesystem::path(out).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent);
-    tt::write_text_atomic(out, tt::trainer::slurm_script(sweep, binary));
+    tt::write_text_atomic(out, script);
     std::filesystem::permissions(out, std::filesystem::perms::owner_exec, std::filesystem::perm_options::add);
     for (const tt::trainer::SweepRun& run : sweep.runs) std::cout << run.config.run_dir << "/config.yaml\n";
     spdlog::info("sweep: {} runs; their configs are written; submit the array job with: sbatch {}", sweep.runs.size(), out);

@@ -391,11 +391,11 @@ std::string slurm_script(const Sweep& sweep, const std::string& binary) {
   if (!s.partition.empty()) o << "#SBATCH --partition=" << s.partition << "\n";
   if (!s.account.empty()) o << "#SBATCH --account=" << s.account << "\n";
   if (!s.time.empty()) o << "#SBATCH --time=" << s.time << "\n";
-  // sbatch reads a directive's value up to a space and expands its '%' patterns: a run_dir with
-  // either would send the logs elsewhere.
-  if (sweep.run_dir.find_first_of(" \t%'\"\\") != std::string::npos)
-    throw Error(str("sweep: run_dir '", sweep.run_dir, "' has a space, quote, backslash or '%', which #SBATCH "
-                    "--output cannot take; choose a run_dir without them for --mode slurm"));
+  // sbatch reads a directive's value up to a space and expands its '%' patterns, and a line break
+  // would end the directive: a run_dir with any of them would send the logs elsewhere.
+  if (sweep.run_dir.find_first_of(" \t\r\n%'\"\\") != std::string::npos)
+    throw Error(str("sweep: run_dir '", sweep.run_dir, "' has a space, quote, backslash, line break or '%', which ",
+                    "#SBATCH --output cannot take; choose a run_dir without them for --mode slurm"));
   o << "#SBATCH --output=" << sweep.run_dir << "/slurm-%A_%a.out\n";
   for (const std::string& line : s.sbatch) o << "#SBATCH " << line << "\n";
   o << "set -euo pipefail\n"

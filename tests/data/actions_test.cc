@@ -54,6 +54,7 @@ TEST(ActionBins, EncodeDecodeWithinHalfABinAndClip) {
   EXPECT_EQ(b.encode({1e30f, -1e30f}), (std::vector<int32_t>{31999, 32000 - 256}));
   EXPECT_EQ(b.encode({-1e30f, 1e30f}), (std::vector<int32_t>{32000 - 256, 31999}));
   EXPECT_THROW(b.encode({1.0f}), Error);
+  EXPECT_THROW(b.encode({NAN, 1.0f}), Error);
   EXPECT_THROW(b.decode({100, 31999}), Error);
   // A constant dimension takes its middle bin and decodes to its value.
   const ActionBins c = fit_action_bins({{4}, {4}}, 50, 10);

@@ -523,6 +523,14 @@ TEST(CliTest, FailedGenerationAndSweepScriptsKeepWhatIsThere) {
   r = treetrain("sweep --config " + sweep + " --mode slurm --out " + (dir / "sw.sbatch").string());
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(slurp(dir / "sw.sbatch").rfind("#!/bin/bash\n", 0), 0u);
+  // A run's config.yaml that is not written yet (the runs removed): refused too, nothing written.
+  const std::string first_config = r.out.substr(0, r.out.find('\n'));
+  ASSERT_EQ(fs::path(first_config).filename(), "config.yaml") << r.out;
+  fs::remove_all(dir / "runs");
+  r = treetrain("sweep --config " + sweep + " --mode slurm --out " + first_config);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("error: --out " + first_config + ": a run's config"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(first_config));
 
   r = treetrain("bench attention --data " + (dir / "d.jsonl").string() + " --format rollouts --vocab-size 32");
   if (r.code == 0) return;  // a GPU: it timed

@@ -248,7 +248,8 @@ TEST(SweepTest, SlurmArrayScript) {
     e = x.what();
   }
   EXPECT_EQ(e, "sweep: run_dir '" + (dir / "my runs %j").string() +
-                "' has a space, quote, backslash or '%', which #SBATCH --output cannot take; choose a run_dir without "
+                "' has a space, quote, backslash, line break or '%', which #SBATCH --output cannot take; choose a "
+                "run_dir without "
                 "them for --mode slurm");
 }
 
