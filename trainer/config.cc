@@ -355,7 +355,9 @@ void set_field(RunConfig& cfg, const Field& f, const YAML::Node& n, const Origin
 }
 
 void set_betas(RunConfig& cfg, const YAML::Node& n, const std::string& where) {
-  if (!n.IsSequence() || n.size() != 2) type_error(where, kBetasKey, "a list [beta1, beta2]", n);
+  if (n.IsSequence() && n.size() != 2)
+    throw Error(str(where, ": ", kBetasKey, ": expected a list [beta1, beta2], got a list of ", n.size()));
+  if (!n.IsSequence()) type_error(where, kBetasKey, "a list [beta1, beta2]", n);
   cfg.optim.beta1 = parse_double(n[0], "optim.betas[0]", where);
   cfg.optim.beta2 = parse_double(n[1], "optim.betas[1]", where);
   cfg.origin["optim.beta1"] = cfg.origin["optim.beta2"] = where;

@@ -169,11 +169,18 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
                  deeper, trees.size(), cfg_.segments.length, cfg_.segments.tail, cfg_.segments.tbptt,
                  cfg_.segments.long_range.layers.size(), cfg_.segments.long_range.retrieve);
   }
-  loader_ = std::make_unique<data::BatchLoader>(std::move(trees), packing, cfg_.data.max_tokens_per_batch,
-                                                cfg_.train.seed, cfg_.data.shuffle,
-                                                capacity > 0 || cfg_.segments.enabled() ? data::Oversize::kAlone
-                                                : packing == data::Packing::kPerPath    ? data::Oversize::kSplitPaths
-                                                                                        : data::Oversize::kError);
+  try {
+    loader_ = std::make_unique<data::BatchLoader>(std::move(trees), packing, cfg_.data.max_tokens_per_batch,
+                                                  cfg_.train.seed, cfg_.data.shuffle,
+                                                  capacity > 0 || cfg_.segments.enabled() ? data::Oversize::kAlone
+                                                  : packing == data::Packing::kPerPath    ? data::Oversize::kSplitPaths
+                                                                                          : data::Oversize::kError);
+  } catch (const Error& e) {  // a tree or path over the budget: which file, where the budget was set, what helps
+    throw Error(str(cfg_.where("data.max_tokens_per_batch"), ": data.path ", cfg_.data.path, ": ", e.what(),
+                    packing == data::Packing::kTree ? " (or set partition.capacity_tokens to cut larger trees into "
+                                                      "pieces)"
+                                                    : ""));
+  }
 
   // Model state: resume (from the newest valid checkpoint; rank 0 moves invalid ones aside), or
   // start fresh. Rank 0, the writer, first removes what killed writers left.

@@ -107,7 +107,7 @@ TEST(ConfigTest, WrongTypeNamesKeyAndValue) {
   EXPECT_EQ(parse_error("data: !mine\n  path: x\n"), "run.yaml:1: a YAML tag (!mine" + tag);
   EXPECT_EQ(parse_error(kMinimal, {"train.max_steps=!!str 2"}), "--set train.max_steps=!!str 2: a YAML tag (!!str" + tag);
   EXPECT_EQ(parse_error("data:\n  path: x\noptim:\n  betas: [0.9]\n"),
-            "run.yaml:4: optim.betas: expected a list [beta1, beta2], got a list");
+            "run.yaml:4: optim.betas: expected a list [beta1, beta2], got a list of 1");
 }
 
 TEST(ConfigTest, BadEnumNamesAllowedValues) {

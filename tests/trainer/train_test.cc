@@ -1232,6 +1232,11 @@ TEST(TrainTest, OversizeTreeWithoutPartitioningIsAnError) {
   const std::string e = error_of([&] { Trainer t(c); });
   EXPECT_NE(e.find("has 42 tokens under tree packing, which exceeds data.max_tokens_per_batch = 16"), std::string::npos)
       << e;
+  EXPECT_EQ(e.rfind(c.where("data.max_tokens_per_batch") + ": data.path " + c.data.path + ": tree '", 0), 0u) << e;
+  EXPECT_NE(e.find("; expected every tree to fit one micro-batch (or set partition.capacity_tokens to cut larger trees "
+                   "into pieces)"),
+            std::string::npos)
+      << e;
 }
 
 TEST(TrainTest, LossFallsOnSyntheticData) {
