@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -60,6 +61,14 @@ std::string read_text(const std::string& path, const std::string& what, size_t m
   }
   if (in.bad()) throw Error(str(path, ": cannot read ", what));
   return text;
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  namespace fs = std::filesystem;
+  std::error_code ea, eb;
+  if (fs::equivalent(a, b, ea)) return true;
+  const fs::path ca = fs::weakly_canonical(a, ea), cb = fs::weakly_canonical(b, eb);
+  return !ea && !eb && ca == cb;
 }
 
 bool read_line(std::istream& in, std::string& line, const std::string& path, int64_t lineno, const char* what,

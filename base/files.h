@@ -26,6 +26,11 @@ void write_text_atomic(const std::string& path, const std::string& text);
 // /dev/zero, stops there instead of filling memory).
 std::string read_text(const std::string& path, const std::string& what, size_t max_bytes = SIZE_MAX);
 
+// Whether paths a and b name the same file: the same file on disk, or, where either does not exist
+// yet, the same canonical name (an output that would replace an input checks both ways). Never
+// throws.
+bool same_file(const std::string& a, const std::string& b);
+
 // The longest line read_line takes by default: 1 GiB (a rollouts group of ~10^8 tokens).
 constexpr size_t kMaxLineBytes = size_t{1} << 30;
 

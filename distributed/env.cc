@@ -162,7 +162,7 @@ void read_secret(const EnvLookup& env, DistEnv* e) {
     throw Error(str("distributed: TT_JOB_SECRET is set but empty; expected ", auth::kMinSecretChars,
                     " to 1024 printable characters (for example 32 random hex digits), or leave it unset"));
   }
-  const std::string s = env("TT_JOB_SECRET");
+  const std::string s = v;
   bool printable = s.size() >= auth::kMinSecretChars && s.size() <= 1024;
   for (unsigned char c : s) printable &= c > ' ' && c < 0x7f;
   if (!printable)

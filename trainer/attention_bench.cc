@@ -191,12 +191,8 @@ AttentionBenchResult bench_attention(const data::PackedBatch& batch, const std::
   const int N = batch.n_tokens, NH = opt.heads, NKV = opt.kv_heads, HS = opt.head_dim;
   TT_CHECK(N > 0, "bench_attention: empty batch");
   TT_CHECK(opt.iters > 0 && opt.warmup >= 0, "bench_attention: iters=", opt.iters, " warmup=", opt.warmup);
-  int devices = 0;
-  if (const cudaError_t err = cudaGetDeviceCount(&devices); err != cudaSuccess || devices == 0) {
-    cudaGetLastError();
-    throw Error(str("bench attention times the CUDA kernels, but no CUDA device is visible (cudaGetDeviceCount: ",
-                    err != cudaSuccess ? cudaGetErrorString(err) : "0 devices", ")"));
-  }
+  if (std::string why; cuda::visible_devices(&why) == 0)
+    throw Error(str("bench attention times the CUDA kernels, but no CUDA device is visible (", why, ")"));
   const size_t nq = (size_t)N * NH * HS, nk = (size_t)N * NKV * HS;
   DeviceBuffer<bf16> q(nq), k(nk), v(nk), dout(nq), out(nq), dq(nq), dk(nk), dv(nk);
   DeviceBuffer<float> lse((size_t)N * NH);

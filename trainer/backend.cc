@@ -260,19 +260,6 @@ model::CudaExecOptions exec_options(bool gemm_autotune) {
   return o;
 }
 
-// Visible CUDA devices; `why` says why there are none.
-int cuda_devices(std::string* why) {
-  int n = 0;
-  const cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    *why = str("cudaGetDeviceCount: ", cudaGetErrorString(err));
-    return 0;
-  }
-  if (n == 0) *why = "cudaGetDeviceCount: 0 devices";
-  return n;
-}
-
 cudaDeviceProp device_props(int gpu) {
   cudaDeviceProp prop{};
   TT_CUDA_CHECK(cudaGetDeviceProperties(&prop, gpu));
@@ -301,7 +288,7 @@ int resolve_device(const std::string& device, const model::ModelConfig& cfg, int
     throw Error(str("device: expected one of auto|cpu|cuda, got '", device, "'"));
   if (device == "cpu") return -1;
   std::string why;
-  const int n = cuda_devices(&why);
+  const int n = cuda::visible_devices(&why);
   if (device == "cuda") {
     if (n == 0) throw Error(str("device: cuda but no CUDA device is visible (", why, ")"));
     const int gpu = bind_gpu(local_rank, local_world_size, n);

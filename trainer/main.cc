@@ -206,6 +206,11 @@ const std::string& required(const Args& a, const std::string& name) {
   return it->second;
 }
 
+// An optional flag's value (not empty, as required's), or `fallback` when it is not given.
+std::string optional(const Args& a, const std::string& name, const std::string& fallback) {
+  return a.flags.count(name) ? required(a, name) : fallback;
+}
+
 // s as a whole base-10 integer (an optional '-', then digits only: no spaces, no '+'); false when
 // it is not one or does not fit int64.
 bool parse_int64(const std::string& s, int64_t* v) {
@@ -380,7 +385,7 @@ int run_serve(const std::vector<std::string>& argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("treetrain-serve"));  // stdout: the "listening on" line
   tt::trainer::ServeOptions o;
   o.checkpoint = required(a, "checkpoint");
-  if (a.flags.count("host")) o.host = required(a, "host");
+  o.host = optional(a, "host", o.host);
   o.port = int32_flag(a, "port", 0, 0, 65535, " (0: any free port)");
   o.window = int32_flag(a, "window", -1, -1, kIntMax, " (0: the full history; -1 or absent: the checkpoint's)");
   if (a.flags.count("action-ids")) {
@@ -575,8 +580,8 @@ int run_sample(const std::vector<std::string>& argv) {
   tt::trainer::SampleCommand c;
   c.checkpoint = required(a, "checkpoint");
   c.prompts = required(a, "prompts");
-  if (a.flags.count("out")) c.out = required(a, "out");
-  if (a.flags.count("device")) c.device = required(a, "device");
+  c.out = optional(a, "out", c.out);
+  c.device = optional(a, "device", c.device);
   c.sets = a.sets;
   tt::model::SamplingOptions& o = c.sampling;
   o.max_new_tokens = int32_flag(a, "max-new-tokens", o.max_new_tokens, 1, 1 << 24);
@@ -608,8 +613,8 @@ int run_launch(const std::vector<std::string>& argv) {
     throw UsageError{"launch: --nproc N (1..1024) is required"};
   o.nproc = (int)nproc;
   o.master_port = int32_flag(a, "master-port", 0, 0, 65535, " (0: a free port)");
-  if (a.flags.count("master-addr")) o.master_addr = required(a, "master-addr");
-  if (a.flags.count("program")) o.program = required(a, "program");
+  o.master_addr = optional(a, "master-addr", o.master_addr);
+  o.program = optional(a, "program", o.program);
   o.args.assign(dash + 1, argv.end());
   if (o.args.empty()) throw UsageError{"launch: nothing to run after --"};
   tt::distributed::launch(o);
@@ -622,20 +627,14 @@ int run_sweep(const std::vector<std::string>& argv) {
   if (mode != "local" && mode != "slurm") throw UsageError{"--mode: expected local|slurm, got '" + mode + "'"};
   const int nproc = int32_flag(a, "nproc", 1, 1, 1024, " (ranks per run)");
   const tt::trainer::Sweep sweep = tt::trainer::load_sweep(required(a, "config"));
-  const std::string binary = a.flags.count("binary") ? required(a, "binary") : tt::distributed::self_executable();
+  const std::string binary = optional(a, "binary", tt::distributed::self_executable());
   if (mode == "slurm") {
     if (a.flags.count("nproc"))
       throw UsageError{"--nproc is for --mode local; a SLURM job runs slurm.gpus_per_node ranks a node (the sweep file)"};
     const std::string& out = required(a, "out");
     const std::string script = tt::trainer::slurm_script(sweep, binary);  // its errors before anything is written
     // The script replaces --out: never one of the sweep's own inputs (a run's config.yaml may not
-    // exist yet, so paths compare as canonical names too).
-    auto same_file = [](const std::string& x, const std::string& y) {
-      std::error_code e1, e2;
-      if (std::filesystem::equivalent(x, y, e1)) return true;
-      const auto cx = std::filesystem::weakly_canonical(x, e1), cy = std::filesystem::weakly_canonical(y, e2);
-      return !e1 && !e2 && cx == cy;
-    };
+    // exist yet: same_file compares canonical names too).
     std::vector<std::pair<std::string, std::string>> inputs = {{"the sweep file", required(a, "config")},
                                                                {"the base config", sweep.base}};
     for (const tt::trainer::SweepRun& run : sweep.runs) {
@@ -643,7 +642,7 @@ int run_sweep(const std::vector<std::string>& argv) {
       inputs.emplace_back("a run's config", run.config.run_dir + "/config.yaml");
     }
     for (const auto& [what, path] : inputs) {
-      if (same_file(out, path))
+      if (tt::same_file(out, path))
         throw tt::Error(tt::str("--out ", out, ": ", what, " (", path, "); the SLURM script would replace it (write it to "
                             "another file)"));
     }

@@ -189,22 +189,29 @@ std::string resolve_checkpoint(const std::string& dir) {
   std::error_code ec;
   if (fs::is_regular_file(fs::path(dir) / "config.json", ec)) return dir;
   if (fs::is_directory(fs::path(dir) / "checkpoints", ec)) {
-    const auto valid = list_checkpoints(dir);
-    if (!valid.empty()) {
-      // Newer step folders that are not valid (a truncated or half-written save) are skipped: said.
-      for (const auto& [step, path] : step_folders(dir)) {
-        if (step <= valid.back().first) continue;
-        std::string why;
-        try {
-          why = checkpoint_problem(path);
-        } catch (const Error& e) {  // a newer format version
-          why = e.what();
-        }
-        if (why.empty()) continue;  // valid since the listing (a save that just completed)
-        spdlog::warn("--checkpoint {}: skipping {}, newer than {} but not a valid checkpoint: {}", dir, path,
-                     valid.back().second, why);
+    // The newest valid step folder; newer ones that are not valid (a truncated or half-written
+    // save) are skipped, and said.
+    std::string newest;
+    std::vector<std::pair<std::string, std::string>> newer_invalid;  // (path, what is wrong)
+    for (const auto& [step, path] : step_folders(dir)) {
+      std::string why;
+      try {
+        why = checkpoint_problem(path);
+      } catch (const Error& e) {  // a newer format version
+        why = e.what();
       }
-      return valid.back().second;
+      if (why.empty()) {
+        newest = path;
+        newer_invalid.clear();
+      } else {
+        newer_invalid.emplace_back(path, why);
+      }
+    }
+    if (!newest.empty()) {
+      for (const auto& [path, why] : newer_invalid)
+        spdlog::warn("--checkpoint {}: skipping {}, newer than {} but not a valid checkpoint: {}", dir, path, newest,
+                     why);
+      return newest;
     }
     const std::string invalid = invalid_checkpoints_summary(dir);
     if (invalid.empty())
@@ -298,8 +305,7 @@ int64_t run_sample(const SampleCommand& c) {
                       cfg.vocab_size, "))"));
   opt.validate();
   const std::vector<model::Prompt> prompts = read_prompts(c.prompts);
-  std::error_code ec;
-  if (!c.out.empty() && fs::equivalent(c.out, c.prompts, ec))
+  if (!c.out.empty() && same_file(c.out, c.prompts))
     throw Error(str("--out ", c.out, ": the --prompts file itself; the completions would replace the prompts (write "
                     "them to another file)"));
   if (!c.out.empty()) check_writable(c.out);  // fail before the work if the output cannot be written

@@ -371,8 +371,8 @@ class Server {
                         " (one a camera); reset the session to change cameras"));
       const int S = (int)cfg_.vision.image_size;
       const int64_t P = cfg_.vision.tokens_per_frame();
-      if ((int64_t)j.at("images").size() * P >= context_)
-        throw Error(str(j.at("images").size(), " images take ", (int64_t)j.at("images").size() * P,
+      if (images * P >= context_)
+        throw Error(str(images, " images take ", images * P,
                         " rows, more than the policy's context of ", context_, " rows beside the instruction"));
       model::Observation obs;
       for (size_t k = 0; k < j.at("images").size(); ++k) {

@@ -5,6 +5,8 @@
 
 #include <cuda_runtime.h>
 
+#include <string>
+
 #include "base/check.h"
 
 namespace tt::cuda {
@@ -13,6 +15,20 @@ namespace tt::cuda {
                                   long code, const char* what) {
   throw ::tt::Error(::tt::str(lib, " error ", code, " (", what ? what : "?", ") in ", expr, " at ", file,
                               ":", line));
+}
+
+// Visible CUDA devices; `why` says why there are none (the runtime's error, or 0 devices). The
+// failed query's error is cleared, so later calls do not see it.
+inline int visible_devices(std::string* why) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    *why = ::tt::str("cudaGetDeviceCount: ", cudaGetErrorString(err));
+    return 0;
+  }
+  if (n == 0) *why = "cudaGetDeviceCount: 0 devices";
+  return n;
 }
 
 }  // namespace tt::cuda
