@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
 #include <unordered_map>
 
 #include "base/check.h"
@@ -67,7 +68,9 @@ constexpr const char* kPartitionMedia = "partition.capacity_tokens: 0 for episod
 
 // The pieces whose roots are the nodes marked in is_root (node 0 among them), in DFS preorder,
 // with their gateways, statistics and schedule (see Partition).
-Partition build_partition(const Tree& tree, const std::vector<char>& is_root, int64_t capacity) {
+// `cut` and `advice` name the setting in the gateway-size error.
+Partition build_partition(const Tree& tree, const std::vector<char>& is_root, int64_t capacity, const std::string& cut,
+                          const char* advice) {
   const int n = (int)tree.nodes.size();
   auto len = [&](int v) { return (int64_t)tree.nodes[v].tokens.size(); };
   // Pieces in DFS preorder of their roots; nodes and rows in DFS preorder within each piece.
@@ -96,18 +99,41 @@ Partition build_partition(const Tree& tree, const std::vector<char>& is_root, in
     piece.tokens += len(v);
   }
 
-  // Gateways: the chain from the root to the piece root's parent, one range per node, root first.
-  std::vector<int> chain;
+  // Gateways: the chain from the root to the piece root's parent, root first, one range per run
+  // of nodes whose rows follow each other in one piece. Per node v: ranges[v], the ranges of the
+  // chain root..v, and run_top[v], the first node of v's run; so a gateway is built a range at a
+  // time, and its total size is known before anything is allocated: a tiny capacity on a deep
+  // tree (every node its own piece) lists ancestors quadratically, an error here rather than an
+  // exhausted memory.
+  std::vector<int64_t> ranges(n, 0);
+  std::vector<int> run_top(n, 0);
+  for (int v : tree.preorder()) {
+    const int p = tree.nodes[v].parent;
+    const bool joins = p >= 0 && plan.piece_of_node[p] == plan.piece_of_node[v] &&
+                       plan.row_of_node[p] + len(p) == plan.row_of_node[v];
+    ranges[v] = (p < 0 ? 0 : ranges[p]) + (joins ? 0 : 1);
+    run_top[v] = joins ? run_top[p] : v;
+  }
+  int64_t total = 0, largest = 0;
+  for (const Piece& piece : plan.pieces) {
+    const int a = tree.nodes[piece.root_node].parent;
+    if (a < 0) continue;
+    total += ranges[a];
+    largest = std::max(largest, ranges[a]);
+  }
+  if (total > kMaxGatewayRanges)
+    throw Error(str("tree '", tree.id, "': ", cut, " cuts its ", n, " nodes into ", plan.num_pieces(),
+                    " pieces whose gateways would list ", total, " ancestor row ranges in all (", largest,
+                    " for one piece), expected at most ", kMaxGatewayRanges, "; ", advice));
   for (Piece& piece : plan.pieces) {
-    chain.clear();
-    for (int a = tree.nodes[piece.root_node].parent; a >= 0; a = tree.nodes[a].parent) chain.push_back(a);
-    for (auto a = chain.rbegin(); a != chain.rend(); ++a) {
-      const GatewaySegment s{plan.piece_of_node[*a], plan.row_of_node[*a],
-                             plan.row_of_node[*a] + (int32_t)len(*a)};
-      if (!piece.gateway.empty() && piece.gateway.back().piece == s.piece && piece.gateway.back().row_end == s.row_begin)
-        piece.gateway.back().row_end = s.row_end;
-      else
-        piece.gateway.push_back(s);
+    const int a = tree.nodes[piece.root_node].parent;
+    if (a < 0) continue;
+    piece.gateway.resize(ranges[a]);
+    int x = a;  // walks up the chain a run at a time, filling the ranges from the last
+    for (int64_t i = ranges[a] - 1; i >= 0; --i) {
+      const int top = run_top[x];
+      piece.gateway[i] = {plan.piece_of_node[x], plan.row_of_node[top], plan.row_of_node[x] + (int32_t)len(x)};
+      x = tree.nodes[top].parent;
     }
   }
 
@@ -183,7 +209,8 @@ Partition plan_partition(const Tree& tree, int64_t capacity) {
     residual[v] = r;
   }
 
-  return build_partition(tree, is_root, capacity);
+  return build_partition(tree, is_root, capacity, str("capacity ", capacity),
+                         "use a larger capacity (partition.capacity_tokens)");
 }
 
 SegmentPlan plan_segments(const Tree& tree, int64_t length) {
@@ -206,7 +233,8 @@ SegmentPlan plan_segments(const Tree& tree, int64_t length) {
     depth[v] = p < 0 ? 0 : depth[p] + (int64_t)split.nodes[p].tokens.size();
     is_root[v] = p < 0 || depth[v] % length == 0;
   }
-  plan.pieces = build_partition(split, is_root, 0);
+  plan.pieces = build_partition(split, is_root, 0, str("segment length ", length),
+                                "use a longer segment (segments.length)");
   plan.pieces.capacity = plan.pieces.max_piece_tokens;
   for (const Piece& piece : plan.pieces.pieces) plan.segment.push_back(piece.prefix_tokens / length);
   return plan;

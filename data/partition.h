@@ -78,6 +78,12 @@ struct Step {
   Phase phase = Phase::kForward;
 };
 
+// The most gateway ranges (GatewaySegment) a plan lists over all its pieces (12 bytes each);
+// beyond it plan_partition / plan_segments stop with an error naming the setting. A tiny capacity
+// or segment length on a deep tree (every node its own piece) would list its ancestors
+// quadratically, and run out of memory instead.
+constexpr int64_t kMaxGatewayRanges = int64_t{1} << 24;
+
 struct Partition {
   int64_t capacity = 0;
   std::vector<Piece> pieces;  // piece 0 is the root piece; parent_piece < index

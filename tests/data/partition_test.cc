@@ -229,6 +229,10 @@ void check_partition(const Tree& original, int64_t capacity) {
       ASSERT_LE(s.row_end, pb[s.piece].n_tokens);
       for (int r = s.row_begin; r < s.row_end; ++r) gateway.push_back(pb[s.piece].tokens[r]);
     }
+    for (size_t i = 1; i < pc.gateway.size(); ++i)  // adjacent rows of one piece are one range
+      ASSERT_FALSE(pc.gateway[i].piece == pc.gateway[i - 1].piece &&
+                   pc.gateway[i].row_begin == pc.gateway[i - 1].row_end)
+          << "piece " << k << " gateway range " << i;
     ASSERT_EQ((int64_t)gateway.size(), pc.prefix_tokens);
     for (int i = 0; i < b.n_tokens; ++i) {
       const int fi = full_row[b.tokens[i]];
@@ -447,6 +451,64 @@ TEST(PlanPartition, RejectsLongNodesAndBadArguments) {
   EXPECT_THROW(pack_piece(t, p, 3), Error);
   EXPECT_THROW(pack_piece(t, p, -1), Error);
   EXPECT_THROW(pack_piece(split_long_nodes(t, 1), p, 0), Error);
+}
+
+// One node of `len` tokens, every token but the first a target.
+Tree one_node(int64_t len) {
+  Tree t;
+  t.id = "long";
+  Node n;
+  n.tokens.assign(len, 7);
+  n.target_weight.assign(len, 1.0);
+  n.target_count.assign(len, 1);
+  n.target_weight[0] = 0;
+  n.target_count[0] = 0;
+  t.nodes.push_back(n);
+  Path p;
+  p.target_weight = n.target_weight;
+  t.paths.push_back(p);
+  return t;
+}
+
+// Every node its own piece on a deep chain: piece k's gateway is k one-row ranges, n^2 / 2 in all.
+// Within kMaxGatewayRanges the plan is built (fast: a range at a time); past it, planning stops
+// with an error naming the setting before anything quadratic is allocated.
+TEST(PlanPartition, GatewaysOfADeepChainAreBoundedWithAnError) {
+  const Tree small = split_long_nodes(one_node(2000), 1);
+  const Partition p = plan_partition(small, 1);
+  ASSERT_EQ(p.num_pieces(), 2000);
+  for (int k : {0, 1, 999, 1999}) {
+    ASSERT_EQ((int)p.pieces[k].gateway.size(), k);
+    for (int i = 0; i < k; ++i) {
+      const GatewaySegment& g = p.pieces[k].gateway[i];
+      ASSERT_EQ(g.piece, i);
+      ASSERT_EQ(g.row_begin, 0);
+      ASSERT_EQ(g.row_end, 1);
+    }
+  }
+  const Tree deep = split_long_nodes(one_node(100000), 1);
+  try {
+    plan_partition(deep, 1);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "tree 'long': capacity 1 cuts its 100000 nodes into 100000 pieces whose gateways would list "
+              "4999950000 ancestor row ranges in all (99999 for one piece), expected at most 16777216; use a "
+              "larger capacity (partition.capacity_tokens)");
+  }
+  try {
+    plan_segments(one_node(20000), 1);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "tree 'long': segment length 1 cuts its 20000 nodes into 20000 pieces whose gateways would list "
+              "199990000 ancestor row ranges in all (19999 for one piece), expected at most 16777216; use a "
+              "longer segment (segments.length)");
+  }
+  // The same chain at a capacity of 64 tokens: 1563 pieces, one range each from every ancestor piece.
+  const Partition q = plan_partition(split_long_nodes(one_node(100000), 64), 64);
+  EXPECT_EQ(q.num_pieces(), 1563);
+  EXPECT_EQ(q.pieces.back().gateway.size(), 1562u);
 }
 
 // (a)-(d) on random trees of every shape at every capacity of capacities().
