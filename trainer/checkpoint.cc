@@ -1,6 +1,7 @@
 // Checkpoints: atomic writes, the manifest, validity checks and resume (see checkpoint.h).
 #include "trainer/checkpoint.h"
 
+#include <nettle/sha2.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -258,6 +259,13 @@ TrainerState read_trainer_state(const std::string& file) {
   if (!path.is_string()) throw Error(str(file, ": field \"data.path\": expected a string, got ", path.dump()));
   st.data_path = path.get<std::string>();
   st.data_size = int_field(j, "data.size_bytes", file, -1);
+  if (j.at("data").is_object() && j.at("data").contains("sha256")) {
+    const nlohmann::json& h = j.at("data").at("sha256");
+    if (!h.is_string() || h.get<std::string>().size() != 64 ||
+        h.get<std::string>().find_first_not_of("0123456789abcdef") != std::string::npos)
+      throw Error(str(file, ": field \"data.sha256\": expected 64 lowercase hex digits, got ", h.dump()));
+    st.data_sha256 = h.get<std::string>();
+  }
   if (j.at("data").is_object() && j.at("data").contains("cameras")) {
     st.cameras = int_field(j, "data.cameras", file, 1);
     if (st.cameras > 4096)
@@ -314,6 +322,7 @@ std::string save_checkpoint(const std::string& run_dir, const RunConfig& cfg, co
   for (const auto& e : fs::directory_iterator(tmp))
     if (e.is_regular_file()) files[e.path().filename().string()] = {{"bytes", (int64_t)e.file_size()}};
   nlohmann::json data = {{"path", state.data_path}, {"size_bytes", state.data_size}};
+  if (!state.data_sha256.empty()) data["sha256"] = state.data_sha256;
   if (state.cameras > 0) data["cameras"] = state.cameras;
   nlohmann::json j = {
       {"version", kCheckpointVersion},
@@ -535,7 +544,27 @@ std::string settings_changed_since(const std::string& dir, const RunConfig& cfg)
   return out;
 }
 
-TrainerState load_checkpoint(const std::string& dir, const RunConfig& cfg, Backend& backend) {
+std::string file_sha256(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(str(path, ": cannot open for reading: ", std::strerror(errno)));
+  sha256_ctx ctx;
+  sha256_init(&ctx);
+  std::vector<char> buf(size_t{1} << 20);
+  while (in) {
+    in.read(buf.data(), (std::streamsize)buf.size());
+    if (in.gcount() > 0) sha256_update(&ctx, (size_t)in.gcount(), reinterpret_cast<const uint8_t*>(buf.data()));
+  }
+  if (in.bad()) throw Error(str(path, ": read failed"));
+  uint8_t digest[SHA256_DIGEST_SIZE];
+  sha256_digest(&ctx, SHA256_DIGEST_SIZE, digest);
+  static const char* kHex = "0123456789abcdef";
+  std::string hex;
+  for (uint8_t b : digest) hex += {kHex[b >> 4], kHex[b & 15]};
+  return hex;
+}
+
+TrainerState load_checkpoint(const std::string& dir, const RunConfig& cfg, Backend& backend,
+                             const std::string& data_sha256) {
   const fs::path d = dir;
   // Trainer state.
   const std::string state_file = (d / kStateFile).string();
@@ -563,9 +592,13 @@ TrainerState load_checkpoint(const std::string& dir, const RunConfig& cfg, Backe
   if (!ec && st.data_size >= 0 && (int64_t)size != st.data_size)
     throw Error(str(state_file, ": written for data ", st.data_path, " (", st.data_size, " bytes), but data.path ",
                     cfg.data.path, " has ", size, " bytes; the loader position would not match"));
+  if (!st.data_sha256.empty() && !data_sha256.empty() && st.data_sha256 != data_sha256)
+    throw Error(str(state_file, ": written for data ", st.data_path, " (sha256 ", st.data_sha256, "), but data.path ",
+                    cfg.data.path, " holds other content of the same size (sha256 ", data_sha256,
+                    "); the loader position would not match"));
   if (st.data_path != cfg.data.path)
-    spdlog::warn("checkpoint {} was written for data {}, resuming with {} (same size)", dir, st.data_path,
-                 cfg.data.path);
+    spdlog::warn("checkpoint {} was written for data {}, resuming with {} ({})", dir, st.data_path, cfg.data.path,
+                 st.data_sha256.empty() ? "same size" : "same content");
   if (st.seed != cfg.train.seed)
     spdlog::warn("checkpoint {} used train.seed {}, the config says {}: the data order will differ", dir, st.seed,
                  cfg.train.seed);

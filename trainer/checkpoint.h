@@ -70,8 +70,9 @@ struct TrainerState {
   int64_t step = 0;                      // optimizer steps taken
   data::LoaderState loader;
   uint64_t seed = 0;       // train.seed the loader order was drawn with
-  std::string data_path;   // the data file, and its size, for a sanity check on resume
+  std::string data_path;   // the data file, its size and content, for a sanity check on resume
   int64_t data_size = -1;
+  std::string data_sha256;  // 64 lowercase hex digits; empty: not recorded (older checkpoints)
   int64_t cameras = 0;  // episode data: images a step (serve checks requests against it); 0: not episodes
   int64_t skipped_steps = 0;      // updates skipped so far (train.on_nonfinite: skip_step)
   int64_t consecutive_skips = 0;  // of them, the ones just before this checkpoint
@@ -128,9 +129,16 @@ std::string settings_changed_since(const std::string& dir, const RunConfig& cfg)
 // the field that is missing or mistyped, or the version when it is newer.
 TrainerState read_trainer_state(const std::string& file);
 
+// SHA-256 of a file's bytes, as 64 lowercase hex digits (nettle); tt::Error naming the file when
+// it cannot be read.
+std::string file_sha256(const std::string& path);
+
 // Loads weights, AdamW state and trainer state from a checkpoint folder into backend. Checks the
-// model config against cfg.model and the data file against cfg.data.path. Errors name the file.
-TrainerState load_checkpoint(const std::string& dir, const RunConfig& cfg, Backend& backend);
+// model config against cfg.model and the data file against cfg.data.path: its size, and its
+// content against data_sha256 (file_sha256(cfg.data.path), which the caller has computed once)
+// where the checkpoint recorded one. Errors name the file.
+TrainerState load_checkpoint(const std::string& dir, const RunConfig& cfg, Backend& backend,
+                             const std::string& data_sha256);
 
 // Removes all but the newest `keep` valid checkpoints (keep = 0 keeps all); invalid folders are
 // neither counted nor removed.

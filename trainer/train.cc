@@ -100,6 +100,10 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   const auto size = fs::file_size(cfg_.data.path, ec);
   if (ec) throw Error(str("data.path: cannot read '", cfg_.data.path, "': ", ec.message()));
   data_size_ = (int64_t)size;
+  const double hash_t0 = now_s();
+  data_sha256_ = file_sha256(cfg_.data.path);
+  if (now_s() - hash_t0 > 1.0)
+    spdlog::info("data: sha256 of {} ({} bytes) in {:.1f}s", cfg_.data.path, size, now_s() - hash_t0);
   std::vector<data::Tree> trees;
   if (cfg_.data.format == "episodes") {
     const model::VisionConfig& v = cfg_.model.vision;
@@ -189,7 +193,7 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
                                ? resume_checkpoint(cfg_.run_dir, cfg_.model, backend_->params_info(), rank() == 0)
                                : latest_checkpoint(cfg_.run_dir);
   if (cfg_.train.resume && !ckpt.empty()) {
-    const TrainerState st = load_checkpoint(ckpt, cfg_, *backend_);
+    const TrainerState st = load_checkpoint(ckpt, cfg_, *backend_, data_sha256_);
     if (const std::string bad = backend_->first_nonfinite(true, false, true); !bad.empty())
       throw NonFiniteError(str(ckpt, ": ", bad, " holds non-finite values (train.resume); move the checkpoint aside "
                                "to resume from an earlier one"));
@@ -637,6 +641,7 @@ std::string Trainer::save_checkpoint() {
   st.seed = cfg_.train.seed;
   st.data_path = cfg_.data.path;
   st.data_size = data_size_;
+  st.data_sha256 = data_sha256_;
   st.cameras = cameras_;
   st.skipped_steps = skipped_steps_;
   st.consecutive_skips = consecutive_skips_;
@@ -671,6 +676,15 @@ std::vector<StepMetrics> Trainer::run() {
   }
   spdlog::info("training steps {}..{} (grad_accum {}, {} tokens per micro-batch, {} packing, {})", step_ + 1, total,
                cfg_.train.grad_accum, cfg_.data.max_tokens_per_batch, cfg_.data.packing, cfg_.train.loss_norm);
+  if (writer && !cfg_.train.final_checkpoint) {
+    // Periodic checkpoints land at multiples of checkpoint_every before the last step.
+    const int64_t every = cfg_.train.checkpoint_every;
+    if (every == 0 || (step_ / every + 1) * every >= total)
+      spdlog::warn("this run writes no checkpoint: train.final_checkpoint is false and train.checkpoint_every {} "
+                   "{} (steps {}..{})",
+                   every, every == 0 ? "means only at the end" : "has no multiple before the last step", step_ + 1,
+                   total);
+  }
   std::unique_ptr<EventWriter> tb;  // rank 0: TensorBoard events in run_dir/tb
   if (writer) {
     tb = std::make_unique<EventWriter>((fs::path(cfg_.run_dir) / "tb").string(), step_ + 1);

@@ -4,6 +4,8 @@
 #include "trainer/train.h"
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -117,6 +119,45 @@ TEST(TrainTest, ResumeNamesTheSettingsThatChanged) {
   EXPECT_NE(want.find("data.shuffle: "), std::string::npos) << want;
 }
 
+// The checkpoint records the data's SHA-256: a file of the same size with other bytes is refused
+// (the loader position would point elsewhere); a copy of the same bytes elsewhere resumes.
+TEST(TrainTest, ResumeRefusesOtherDataOfTheSameSize) {
+  {
+    const fs::path abc = test_dir("sha256") / "abc";
+    std::ofstream(abc) << "abc";
+    EXPECT_EQ(file_sha256(abc.string()), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    EXPECT_EQ(error_of([&] { file_sha256((abc.parent_path() / "none").string()); }),
+              (abc.parent_path() / "none").string() + ": cannot open for reading: No such file or directory");
+  }
+  const fs::path dir = test_dir("resume_other_data");
+  RunConfig c = tiny_config(dir);
+  c.train.max_steps = 1;
+  Trainer(c).run();
+  const std::string ckpt = latest_checkpoint(c.run_dir);
+  ASSERT_NE(ckpt, "");
+  const std::string state = ckpt + "/trainer_state.json";
+  EXPECT_EQ(read_trainer_state(state).data_sha256, file_sha256(c.data.path));
+  // A copy of the same bytes under another name: resumes (a warning names both files).
+  const std::string copy = (dir / "copy.jsonl").string();
+  fs::copy_file(c.data.path, copy);
+  RunConfig r = c;
+  r.train.resume = true;
+  r.train.max_steps = 2;
+  r.data.path = copy;
+  EXPECT_EQ(Trainer(r).start_step(), 1);
+  // One digit changed: the same size, other content.
+  std::string text = read_text(copy, "data");
+  const size_t at = text.find_first_of("123456789");
+  ASSERT_NE(at, std::string::npos);
+  text[at] = text[at] == '9' ? '8' : (char)(text[at] + 1);
+  std::ofstream(copy, std::ios::trunc) << text;
+  ASSERT_EQ((int64_t)fs::file_size(copy), (int64_t)fs::file_size(c.data.path));
+  EXPECT_EQ(error_of([&] { Trainer t(r); }),
+            state + ": written for data " + c.data.path + " (sha256 " + file_sha256(c.data.path) + "), but data.path " +
+                copy + " holds other content of the same size (sha256 " + file_sha256(copy) +
+                "); the loader position would not match");
+}
+
 // A config that spells every layer out (layer_types) resumes from a checkpoint whose config.json
 // leaves them to the default.
 TEST(TrainTest, ResumeAcceptsEitherSpellingOfLayerTypes) {
@@ -172,14 +213,48 @@ TEST(TrainTest, ResumeWithoutCheckpointStartsFresh) {
   EXPECT_EQ(latest_checkpoint(c.run_dir), (fs::path(c.run_dir) / "checkpoints" / "step_1").string());
 }
 
+// The console's text of a run (spdlog's default logger swapped for the call).
+std::string run_log(const RunConfig& c) {
+  std::ostringstream log;
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::ostream_sink_mt>(log)));
+  try {
+    Trainer(c).run();
+  } catch (...) {
+    spdlog::set_default_logger(previous);
+    throw;
+  }
+  spdlog::set_default_logger(previous);
+  return log.str();
+}
+
+// Off, with no periodic checkpoint before the last step, the run says up front that it writes none.
 TEST(TrainTest, FinalCheckpointCanBeTurnedOff) {
   const fs::path dir = test_dir("no_final_checkpoint");
   RunConfig c = tiny_config(dir);
   c.train.max_steps = 2;
   c.train.final_checkpoint = false;
-  Trainer(c).run();
+  const char* kWarning = "this run writes no checkpoint: train.final_checkpoint is false and train.checkpoint_every";
+  std::string log = run_log(c);
   EXPECT_EQ(latest_checkpoint(c.run_dir), "");
   EXPECT_TRUE(fs::exists(fs::path(c.run_dir) / "metrics.jsonl"));
+  EXPECT_NE(log.find(std::string(kWarning) + " 0 means only at the end (steps 1..2)"), std::string::npos) << log;
+  // checkpoint_every past the last step: still none, still said.
+  c.run_dir = (dir / "every_3").string();
+  c.train.checkpoint_every = 3;
+  c.train.max_steps = 3;
+  log = run_log(c);
+  EXPECT_EQ(latest_checkpoint(c.run_dir), "");
+  EXPECT_NE(log.find(std::string(kWarning) + " 3 has no multiple before the last step (steps 1..3)"),
+            std::string::npos)
+      << log;
+  // A periodic checkpoint before the last step: no warning.
+  c.run_dir = (dir / "every_2").string();
+  c.train.checkpoint_every = 2;
+  log = run_log(c);
+  EXPECT_EQ(latest_checkpoint(c.run_dir), (fs::path(c.run_dir) / "checkpoints" / "step_2").string());
+  EXPECT_EQ(log.find(kWarning), std::string::npos) << log;
 }
 
 TEST(TrainTest, FreshStartOverCheckpointsIsAnError) {
@@ -440,6 +515,13 @@ TEST(TrainTest, TrainerStateErrorsNameTheField) {
   EXPECT_EQ(error_for(R"({"version": 1, "step": 2, )" + loader + R"("data": {"path": "d", "size_bytes": 10, "cameras": 2}})"),
             "");
   EXPECT_EQ(read_trainer_state(file.string()).cameras, 2);
+  // data.sha256 is optional (older checkpoints), 64 lowercase hex digits when given.
+  EXPECT_EQ(error_for(R"({"version": 1, "step": 2, )" + loader + R"("data": {"path": "d", "size_bytes": 10, "sha256": "AB"}})"),
+            file.string() + ": field \"data.sha256\": expected 64 lowercase hex digits, got \"AB\"");
+  EXPECT_EQ(error_for(R"({"version": 1, "step": 2, )" + loader + R"("data": {"path": "d", "size_bytes": 10, "sha256": ")" +
+                      std::string(64, 'e') + R"("}})"),
+            "");
+  EXPECT_EQ(read_trainer_state(file.string()).data_sha256, std::string(64, 'e'));
 }
 
 // step_<digits> names a checkpoint folder only as treetrain writes it: a copy named step_002 is
