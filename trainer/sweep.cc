@@ -425,6 +425,7 @@ RunResult read_result(const std::string& run_dir, const std::string& status) {
   if (last.empty()) return r;
   const nlohmann::json j = nlohmann::json::parse(last, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return r;
+  r.has_metrics = true;
   if (j.contains("step") && j["step"].is_number()) r.step = j["step"].get<int64_t>();
   if (j.contains("loss") && j["loss"].is_number()) r.loss = j["loss"].get<double>();
   if (j.contains("tokens_per_s") && j["tokens_per_s"].is_number()) r.tokens_per_s = j["tokens_per_s"].get<double>();
@@ -445,7 +446,10 @@ std::string results_table(const Sweep& sweep, const std::vector<RunResult>& resu
   o << pad("run", name_w) << "  " << pad("status", status_w) << buf;
   for (size_t i = 0; i < sweep.runs.size(); ++i) {
     const RunResult r = i < results.size() ? results[i] : RunResult{"not run"};
-    std::snprintf(buf, sizeof(buf), "  %8lld  %10.4f  %12.1f\n", (long long)r.step, r.loss, r.tokens_per_s);
+    if (r.has_metrics)
+      std::snprintf(buf, sizeof(buf), "  %8lld  %10.4f  %12.1f\n", (long long)r.step, r.loss, r.tokens_per_s);
+    else
+      std::snprintf(buf, sizeof(buf), "  %8s  %10s  %12s\n", "-", "-", "-");
     o << pad(sweep.runs[i].name, name_w) << "  " << pad(r.status, status_w) << buf;
   }
   return o.str();
@@ -461,8 +465,20 @@ std::vector<RunResult> run_local(const Sweep& sweep, const std::string& binary, 
     }
     argv.insert(argv.end(), {"train", "--config", configs[i]});
     std::fprintf(stderr, "sweep: run %zu/%zu %s\n", i + 1, sweep.runs.size(), sweep.runs[i].name.c_str());
+    // A run that fails before it writes a step leaves an earlier run's metrics.jsonl in its
+    // run_dir (a fresh start over checkpoints, say): those are not this run's figures.
+    const fs::path metrics = fs::path(sweep.runs[i].config.run_dir) / "metrics.jsonl";
+    auto stamp = [&] {
+      std::error_code ec;
+      const auto t = fs::last_write_time(metrics, ec);
+      const auto n = ec ? 0 : fs::file_size(metrics, ec);
+      return ec ? std::make_pair(fs::file_time_type::min(), std::uintmax_t{0}) : std::make_pair(t, n);
+    };
+    const auto before = stamp();
     const int code = distributed::run_process(argv);
-    results.push_back(read_result(sweep.runs[i].config.run_dir, code == 0 ? "ok" : str("failed (exit ", code, ")")));
+    const std::string status = code == 0 ? "ok" : str("failed (exit ", code, ")");
+    const bool written = before.first == fs::file_time_type::min() || stamp() != before;
+    results.push_back(written ? read_result(sweep.runs[i].config.run_dir, status) : RunResult{status});
   }
   return results;
 }

@@ -80,7 +80,8 @@ std::string slurm_script(const Sweep& sweep, const std::string& binary);
 
 struct RunResult {
   std::string status;  // "ok" | "failed (exit N)" | "not run"
-  int64_t step = 0;    // from the last line of metrics.jsonl (0 when there is none)
+  bool has_metrics = false;  // the last line of metrics.jsonl was read (the table shows "-" otherwise)
+  int64_t step = 0;          // from that line
   double loss = 0;
   double tokens_per_s = 0;
 };

@@ -541,6 +541,29 @@ TEST(CliTest, FailedGenerationAndSweepScriptsKeepWhatIsThere) {
       << r.err;
 }
 
+// A local sweep's table shows each run's own figures: a run that fails before its first step (a
+// fresh start over an earlier run's checkpoints) shows "-", not the metrics.jsonl left there.
+TEST(CliTest, LocalSweepTableShowsOnlyThisRunsMetrics) {
+  const fs::path dir = tmp("cli_sweep_local");
+  Result r = treetrain("generate --kind rollouts --out " + (dir / "d.jsonl").string() +
+                       " --num-trees 4 --vocab-size 32 --seed 2 --prompt-len 4 --turns 2 --turn-len 3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ofstream(dir / "base.yaml") << "run_dir: " << (dir / "runs").string()
+                                   << "\ndevice: cpu\nmodel:\n  vocab_size: 32\n  hidden_size: 16\n"
+                                      "  intermediate_size: 32\n  num_hidden_layers: 1\n  num_attention_heads: 2\n"
+                                      "  num_key_value_heads: 1\ndata:\n  path: d.jsonl\n  max_tokens_per_batch: 64\n"
+                                      "train:\n  max_steps: 2\n";
+  std::ofstream(dir / "sw.yaml") << "base: base.yaml\ngrid:\n  optim.lr: [1.0e-3, 3.0e-3]\n";
+  const fs::path stale = dir / "runs" / "0_lr-1.0e-3";
+  fs::create_directories(stale / "checkpoints" / "step_7");
+  std::ofstream(stale / "metrics.jsonl") << R"({"step": 7, "loss": 1.5, "tokens_per_s": 99.0})" << "\n";
+  r = treetrain("sweep --config " + (dir / "sw.yaml").string());
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("0_lr-1.0e-3  failed (exit 1)         -           -             -\n"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("1_lr-3.0e-3  ok                      2  "), std::string::npos) << r.out;
+}
+
 TEST(CliTest, GenerateRejectsOtherKindsFlagsAndOversizeData) {
   const fs::path dir = tmp("cli_generate_checks");
   const std::string out = (dir / "d.jsonl").string();

@@ -268,12 +268,13 @@ TEST(SweepTest, ResultsTableReadsTheLastMetrics) {
   EXPECT_EQ(a.loss, 4.25);
   EXPECT_EQ(a.tokens_per_s, 1234.5);
   const RunResult b = read_result(sw.runs[1].config.run_dir, "failed (exit 1)");
-  EXPECT_EQ(b.step, 0);
+  EXPECT_FALSE(b.has_metrics);
+  EXPECT_TRUE(a.has_metrics);
   const std::string table = results_table(sw, {a, b});
   EXPECT_EQ(table,
             "run          status               step        loss      tokens/s\n"
             "0_lr-1.0e-3  ok                      2      4.2500        1234.5\n"
-            "1_lr-3.0e-3  failed (exit 1)         0      0.0000           0.0\n");
+            "1_lr-3.0e-3  failed (exit 1)         -           -             -\n");
 }
 
 TEST(SweepTest, TheShippedExampleExpands) {
