@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/check.h"
+#include "base/json.h"
 
 namespace tt::data {
 namespace {
@@ -82,7 +83,7 @@ std::string ActionBins::to_json() const {
 ActionBins ActionBins::from_json(const std::string& text, const std::string& where) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
+    j = parse_json_strict(text);
   } catch (const std::exception& e) {
     throw Error(str(where, ": invalid JSON: ", e.what()));
   }

@@ -47,7 +47,13 @@ Image decode_png(const std::string& path, const std::string* bytes = nullptr, bo
     png_image_free(&png);
     return img;
   }
-  img.rgb.resize(PNG_IMAGE_SIZE(png));
+  try {
+    img.rgb.resize(PNG_IMAGE_SIZE(png));
+  } catch (const std::bad_alloc&) {
+    png_image_free(&png);
+    throw Error(str(path, ": PNG of ", img.width, " x ", img.height, " pixels: out of memory for its ",
+                    (int64_t)img.width * img.height * 3, " bytes of pixels"));
+  }
   if (!png_image_finish_read(&png, nullptr, img.rgb.data(), 0, nullptr)) {
     const std::string why = png.message;
     png_image_free(&png);
@@ -105,7 +111,13 @@ void decode_jpeg(const std::string& path, FILE* f, const std::string* bytes, Ima
   jpeg_start_decompress(&cinfo);
   img.width = (int)cinfo.output_width;
   img.height = (int)cinfo.output_height;
-  img.rgb.resize((size_t)img.width * img.height * 3);
+  try {
+    img.rgb.resize((size_t)img.width * img.height * 3);
+  } catch (const std::bad_alloc&) {
+    jpeg_destroy_decompress(&cinfo);
+    throw Error(str(path, ": JPEG of ", img.width, " x ", img.height, " pixels: out of memory for its ",
+                    (int64_t)img.width * img.height * 3, " bytes of pixels"));
+  }
   while (cinfo.output_scanline < cinfo.output_height) {
     JSAMPROW row = img.rgb.data() + (size_t)cinfo.output_scanline * img.width * 3;
     jpeg_read_scanlines(&cinfo, &row, 1);

@@ -46,6 +46,9 @@ void ModelConfig::validate() const {
     if (!(v > 0) || !std::isfinite(v)) fail(key, str("must be a finite number > 0 (got ", v, ")"));
   };
   positive_finite("rms_norm_eps", rms_norm_eps);
+  // An epsilon of 1e308 passes as "finite" but swamps every mean square: uniform logits, silently.
+  if (rms_norm_eps > 1) fail("rms_norm_eps", str("must be at most 1 (Hugging Face models use 1e-6 to 1e-5; got ",
+                                                 rms_norm_eps, ")"));
   positive_finite("rope_theta", rope_theta);
   if (!(initializer_range >= 0) || !std::isfinite(initializer_range))
     fail("initializer_range", str("must be a finite number >= 0 (got ", initializer_range, ")"));

@@ -9,9 +9,11 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <type_traits>
 
 #include "base/check.h"
+#include "base/json.h"
 #include "base/files.h"
 #include "model/safetensors.h"
 
@@ -24,9 +26,11 @@ namespace {
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw Error(str(path, ": cannot open"));
+  std::ostringstream text;
+  text << in.rdbuf();
   try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
+    return parse_json_strict(text.str());
+  } catch (const std::exception& e) {  // invalid JSON, a key named twice, nested too deep
     throw Error(str(path, ": invalid JSON: ", e.what()));
   }
 }
@@ -108,9 +112,10 @@ void save_hf(const std::string& dir, const ModelConfig& cfg, const std::vector<P
   write_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, dtype, {{"format", "pt"}});
 }
 
-template <class T>
-void load_hf_weights(const std::string& dir, const ModelConfig& cfg, const std::vector<ParamInfo>& table, T* params) {
-  // Files to read: model.safetensors, or the shards named by model.safetensors.index.json.
+namespace {
+
+// Files to read: model.safetensors, or the shards named by model.safetensors.index.json.
+std::vector<std::string> weight_files(const std::string& dir) {
   std::vector<std::string> files;
   const fs::path single = fs::path(dir) / "model.safetensors";
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
@@ -129,43 +134,76 @@ void load_hf_weights(const std::string& dir, const ModelConfig& cfg, const std::
   } else {
     throw Error(str(single.string(), ": not found (nor ", index.string(), ")"));
   }
+  return files;
+}
 
-  const bool tied = cfg.tie_word_embeddings;
-  std::map<std::string, const ParamInfo*> wanted;
-  int64_t n = 0;
-  for (const ParamInfo& p : table) {
-    wanted[p.name] = &p;
-    n = std::max(n, p.offset + p.numel);
+// The table entry a file's tensor loads into, or null for one the model ignores (a tied head, a
+// tower part LLaVA never reads); a tensor the model does not have, of another shape, or in two
+// shards is an error naming the file. `loaded` collects the entries seen.
+const ParamInfo* entry_for(const ModelConfig& cfg, const std::map<std::string, const ParamInfo*>& wanted,
+                           const std::string& file, const std::string& name, const std::vector<int64_t>& shape,
+                           std::set<std::string>* loaded) {
+  const std::string own = table_tensor_name(cfg, name);
+  auto it = wanted.find(own);
+  if (it == wanted.end()) {
+    if (cfg.tie_word_embeddings && own == "lm_head.weight") return nullptr;
+    if (cfg.vision.enabled() && unused_by_llava(own)) return nullptr;
+    throw Error(str(file, ": unexpected tensor \"", name, "\" for a ", cfg.architecture, " model",
+                    cfg.tie_word_embeddings ? " with tied embeddings" : ""));
   }
+  const ParamInfo& p = *it->second;
+  if (shape != p.shape)
+    throw Error(str(file, ": tensor \"", name, "\" has shape ", shape_str(shape), ", expected ", shape_str(p.shape)));
+  if (!loaded->insert(p.name).second) throw Error(str(file, ": tensor \"", name, "\" appears in two shards"));
+  return &p;
+}
+
+std::map<std::string, const ParamInfo*> by_name(const std::vector<ParamInfo>& table) {
+  std::map<std::string, const ParamInfo*> wanted;
+  for (const ParamInfo& p : table) wanted[p.name] = &p;
+  return wanted;
+}
+
+void expect_all_loaded(const std::string& dir, const std::vector<std::string>& files, const ModelConfig& cfg,
+                       const std::vector<ParamInfo>& table, const std::set<std::string>& loaded) {
+  for (const ParamInfo& p : table)
+    if (!loaded.count(p.name))
+      throw Error(str(files.size() == 1 ? files[0] : dir, ": missing tensor \"", hf_tensor_name(cfg, p.name),
+                      "\" with shape ", shape_str(p.shape)));
+}
+
+}  // namespace
+
+void check_hf_weight_shapes(const std::string& dir, const ModelConfig& cfg, const std::vector<ParamInfo>& table) {
+  const std::vector<std::string> files = weight_files(dir);
+  const std::map<std::string, const ParamInfo*> wanted = by_name(table);
+  std::set<std::string> loaded;
+  for (const std::string& file : files)
+    for (const auto& [name, t] : read_safetensors_shapes(file)) entry_for(cfg, wanted, file, name, t.shape, &loaded);
+  expect_all_loaded(dir, files, cfg, table, loaded);
+}
+
+template <class T>
+void load_hf_weights(const std::string& dir, const ModelConfig& cfg, const std::vector<ParamInfo>& table, T* params) {
+  // Names and shapes first, from the headers: a mismatch is named before the buffer below.
+  check_hf_weight_shapes(dir, cfg, table);
+  const std::vector<std::string> files = weight_files(dir);
+  const std::map<std::string, const ParamInfo*> wanted = by_name(table);
+  int64_t n = 0;
+  for (const ParamInfo& p : table) n = std::max(n, p.offset + p.numel);
   // Staged so that a failed load leaves the parameters untouched.
   std::vector<T> staged(params, params + n);
   std::set<std::string> loaded;
   for (const std::string& file : files) {
     const std::map<std::string, StTensor> st = read_safetensors(file);
     for (const auto& [name, t] : st) {
-      const std::string own = table_tensor_name(cfg, name);
-      auto it = wanted.find(own);
-      if (it == wanted.end()) {
-        if (tied && own == "lm_head.weight") continue;
-        if (cfg.vision.enabled() && unused_by_llava(own)) continue;
-        throw Error(str(file, ": unexpected tensor \"", name, "\" for a ", cfg.architecture,
-                        " model", tied ? " with tied embeddings" : ""));
-      }
-      const ParamInfo& p = *it->second;
-      if (t.shape != p.shape)
-        throw Error(str(file, ": tensor \"", name, "\" has shape ", shape_str(t.shape), ", expected ",
-                        shape_str(p.shape)));
-      if (!loaded.insert(p.name).second) throw Error(str(file, ": tensor \"", name, "\" appears in two shards"));
-      T* w = staged.data() + p.offset;
-      for (int64_t i = 0; i < p.numel; ++i) w[i] = (T)t.values[i];
+      const ParamInfo* p = entry_for(cfg, wanted, file, name, t.shape, &loaded);
+      if (!p) continue;
+      T* w = staged.data() + p->offset;
+      for (int64_t i = 0; i < p->numel; ++i) w[i] = (T)t.values[i];
     }
   }
-  for (const ParamInfo& p : table) {
-    if (!loaded.count(p.name))
-      throw Error(str(files.size() == 1 ? files[0] : dir, ": missing tensor \"", hf_tensor_name(cfg, p.name),
-                      "\" with shape ",
-                      shape_str(p.shape)));
-  }
+  expect_all_loaded(dir, files, cfg, table, loaded);
   std::copy(staged.begin(), staged.end(), params);
 }
 

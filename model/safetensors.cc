@@ -78,7 +78,13 @@ std::map<std::string, StTensor> read_safetensors(const std::string& path) {
   return read_safetensors(in, path);
 }
 
-std::map<std::string, StTensor> read_safetensors(std::istream& in, const std::string& path) {
+std::map<std::string, StTensor> read_safetensors_shapes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(str(path, ": cannot open safetensors file (", errno_text(), ")"));
+  return read_safetensors(in, path, /*values=*/false);
+}
+
+std::map<std::string, StTensor> read_safetensors(std::istream& in, const std::string& path, bool values) {
   in.seekg(0, std::ios::end);
   const uint64_t file_size = (uint64_t)in.tellg();
   in.seekg(0, std::ios::beg);
@@ -160,6 +166,7 @@ std::map<std::string, StTensor> read_safetensors(std::istream& in, const std::st
                       "\" have overlapping data_offsets"));
   }
 
+  if (!values) return out;
   std::vector<char> raw;
   for (const Entry& e : entries) {
     StTensor& t = out.at(e.name);

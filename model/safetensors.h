@@ -21,8 +21,12 @@ struct StTensor {
 // unsupported dtype, offsets out of range).
 std::map<std::string, StTensor> read_safetensors(const std::string& path);
 // The same from a seekable stream; `name` stands for the file in messages (the fuzz target reads
-// bytes in memory).
-std::map<std::string, StTensor> read_safetensors(std::istream& in, const std::string& name);
+// bytes in memory). values = false: the header alone, checked as above (values stay empty).
+std::map<std::string, StTensor> read_safetensors(std::istream& in, const std::string& name, bool values = true);
+
+// The header alone: every tensor's dtype and shape, the offsets checked, no values read (a
+// model's shapes compared before anything of its size is allocated).
+std::map<std::string, StTensor> read_safetensors_shapes(const std::string& path);
 
 struct StWriteTensor {
   std::string name;

@@ -14,10 +14,12 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "model/hf_io.h"
 #include "model/safetensors.h"
 #include "base/check.h"
+#include "base/json.h"
 #include "base/files.h"
 #include "trainer/gemm_tuning.h"
 #include "trainer/run_dir.h"
@@ -152,7 +154,7 @@ std::string tensors_problem(const fs::path& file,
     return str(file.string(), ": header of ", header_len, " bytes in a file of ", size);
   std::string text(header_len, '\0');
   if (!in.read(text.data(), (std::streamsize)header_len)) return str(file.string(), ": cannot read the header");
-  const nlohmann::json h = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json h = parse_json_or_discarded(text);
   if (!h.is_object()) return str(file.string(), ": the header is not a JSON object");
   const uint64_t data_len = size - 8 - header_len;
   for (const auto& [name, shape] : want) {
@@ -160,7 +162,7 @@ std::string tensors_problem(const fs::path& file,
     const nlohmann::json& t = h.at(name);
     int64_t numel = 1;
     for (int64_t d : shape) numel *= d;
-    const bool typed = t.is_object() && t.value("dtype", "") == "F32" && t.contains("shape") &&
+    const bool typed = t.is_object() && t.contains("dtype") && t.at("dtype") == "F32" && t.contains("shape") &&
                        t.at("shape").is_array() && t.contains("data_offsets") && t.at("data_offsets").is_array() &&
                        t.at("data_offsets").size() == 2 && t.at("data_offsets")[0].is_number_unsigned() &&
                        t.at("data_offsets")[1].is_number_unsigned();
@@ -376,7 +378,9 @@ std::string checkpoint_problem(const std::string& dir, const model::ModelConfig*
   if (!fs::is_regular_file(d / kStateFile)) return str(state_file, ": missing");
   {  // A newer version is an error, not a problem of the checkpoint.
     std::ifstream in(state_file);
-    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    std::ostringstream text;
+    text << in.rdbuf();
+    const nlohmann::json j = parse_json_or_discarded(text.str());
     if (j.is_object() && j.contains("version") && j.at("version").is_number_integer() &&
         j.at("version").get<int64_t>() > kCheckpointVersion)
       state_version(j, state_file);

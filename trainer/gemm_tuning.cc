@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/check.h"
+#include "base/json.h"
 
 namespace tt::trainer {
 namespace {
@@ -53,7 +54,7 @@ std::string gemm_tuning_json(const GemmTuning& t) {
 GemmTuning parse_gemm_tuning(const std::string& text, const std::string& file) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
+    j = parse_json_strict(text);
   } catch (const std::exception& e) {
     throw Error(str(file, ": invalid JSON: ", e.what()));
   }

@@ -443,18 +443,22 @@ int run_nav_env(const std::vector<std::string>& argv) {
     nlohmann::json out;
     try {
       const nlohmann::json j = tt::parse_json_strict(line);
+      // One request a line, its keys exactly: a second one would be dropped without a word.
+      if (!j.is_object() || j.size() != 1 || !(j.contains("reset") || j.contains("step")))
+        throw tt::Error("expected {\"reset\": {...}} or {\"step\": action}, one of them alone");
       if (j.contains("reset")) {
         const nlohmann::json& r = j.at("reset");
         if (!r.is_object()) throw tt::Error("reset: expected {\"seed\": S, \"episode\": e}");
+        for (const auto& [key, value] : r.items())
+          if (key != "seed" && key != "episode")
+            throw tt::Error("reset: unknown key \"" + key + "\" (expected seed and episode)");
         const uint64_t seed = nav_int_field(r, "seed", 0, UINT64_MAX);
         const int64_t episode = (int64_t)nav_int_field(r, "episode", 0, INT64_MAX);
         env = std::make_unique<tt::data::NavEnv>(spec, tt::data::nav_layout_seed(seed, episode));
         out["instruction"] = env->instruction();
-      } else if (j.contains("step")) {
+      } else {
         if (!env) throw tt::Error("step before reset");
         env->step((int)nav_int_field(j, "step", 0, tt::data::kNavActions - 1));
-      } else {
-        throw tt::Error("expected {\"reset\": {...}} or {\"step\": action}");
       }
       out["done"] = env->done();
       out["image"] = tt::base64_encode(tt::data::encode_png(env->render()));

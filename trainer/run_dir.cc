@@ -17,6 +17,7 @@
 #include <system_error>
 
 #include "base/check.h"
+#include "base/json.h"
 #include "base/files.h"
 
 namespace tt::trainer {
@@ -94,7 +95,7 @@ std::string rewrite_metrics(const std::string& path, int64_t last_step) {
     std::string line;
     while (std::getline(in, line)) {
       if (line.empty()) continue;
-      const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      const nlohmann::json j = parse_json_or_discarded(line);
       const bool has_step = j.is_object() && j.contains("step") && j["step"].is_number_integer();
       if (has_step && j["step"].get<int64_t>() <= last_step) {
         kept += line + "\n";

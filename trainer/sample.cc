@@ -155,6 +155,9 @@ void check_host_memory(const model::ModelConfig& cfg, const std::vector<model::P
 
 template <class E>
 std::unique_ptr<model::Decoder<E>> load_inference_model(const model::ModelConfig& cfg, const std::string& dir) {
+  // Weights of other shapes than config.json says are named from the headers, before a model of
+  // config.json's size is allocated.
+  model::check_hf_weight_shapes(dir, cfg, model::param_table(cfg));
   model::DecoderOptions o;
   o.inference = true;
   auto m = std::make_unique<model::Decoder<E>>(cfg, o);
@@ -309,6 +312,10 @@ int64_t run_sample(const SampleCommand& c) {
     throw Error(str("--out ", c.out, ": the --prompts file itself; the completions would replace the prompts (write "
                     "them to another file)"));
   if (!c.out.empty()) check_writable(c.out);  // fail before the work if the output cannot be written
+  const std::vector<model::ParamInfo> table = model::param_table(cfg);
+  model::check_hf_weight_shapes(dir, cfg, table);  // before any memory estimate from config.json's sizes
+  int64_t num_params = 0;
+  for (const model::ParamInfo& p : table) num_params += p.numel;
   const int gpu = resolve_device(c.device, cfg);
   if (gpu < 0 && !seg.enabled()) check_host_memory(cfg, prompts, opt);
   if (seg.enabled())
@@ -326,9 +333,9 @@ int64_t run_sample(const SampleCommand& c) {
                    : run_on<model::CudaExec>(cfg, dir, seg, prompts, opt, &st);
     text = completions_jsonl(prompts, done, opt.num_samples);
   } catch (const std::bad_alloc&) {
-    throw Error(str("sample: out of memory for ", prompts.size(), " prompts x --num-samples ", opt.num_samples,
-                    " x --max-new-tokens ", opt.max_new_tokens, " (their KV cache and completions); lower "
-                    "--num-samples or --max-new-tokens, or split --prompts"));
+    throw Error(str("sample: out of memory for the model (", num_params, " parameters) and ", prompts.size(),
+                    " prompts x --num-samples ", opt.num_samples, " x --max-new-tokens ", opt.max_new_tokens,
+                    " (their KV cache and completions); lower --num-samples or --max-new-tokens, or split --prompts"));
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (c.out.empty()) {

@@ -17,6 +17,7 @@
 
 #include "distributed/launch.h"
 #include "base/check.h"
+#include "base/json.h"
 #include "base/files.h"
 #include "trainer/run_dir.h"
 #include "trainer/yaml_doc.h"
@@ -423,7 +424,7 @@ RunResult read_result(const std::string& run_dir, const std::string& status) {
   while (std::getline(in, line))
     if (!line.empty()) last = line;
   if (last.empty()) return r;
-  const nlohmann::json j = nlohmann::json::parse(last, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json j = parse_json_or_discarded(last);
   if (!j.is_object()) return r;
   r.has_metrics = true;
   if (j.contains("step") && j["step"].is_number()) r.step = j["step"].get<int64_t>();

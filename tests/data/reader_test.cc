@@ -7,6 +7,7 @@
 #include <random>
 
 #include "base/check.h"
+#include "base/json.h"
 #include "tests/data/test_util.h"
 
 namespace tt::data {
@@ -395,6 +396,30 @@ TEST_P(MalformedInput, ErrorNamesFileLineFieldAndExpectation) {
 
 INSTANTIATE_TEST_SUITE_P(Reader, MalformedInput, ::testing::ValuesIn(kBadCases),
                          [](const ::testing::TestParamInfo<BadCase>& info) { return std::string(info.param.name); });
+
+// Nesting past kMaxJsonDepth is an error naming the line: a value 100k levels deep parses, but
+// quoting it in an error (dump()) would recurse once a level and overflow the stack.
+TEST(ReadTrees, DeepNestingIsAnErrorNotACrash) {
+  auto nested = [](int n) { return std::string(n, '[') + std::string(n, ']'); };
+  EXPECT_EQ(parse_json_strict(nested(kMaxJsonDepth)).dump(), nested(kMaxJsonDepth));
+  for (int n : {kMaxJsonDepth + 1, 100000}) {
+    try {
+      parse_json_strict(nested(n));
+      FAIL() << "expected tt::Error at depth " << n;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), "arrays and objects nested deeper than 256 levels");
+    }
+    EXPECT_TRUE(parse_json_or_discarded(nested(n)).is_discarded());
+  }
+  const std::string path = testing::write_temp(
+      "deep.jsonl", "{\"sequences\": [{\"tokens\": [1]}]}\n{\"sequences\": [{\"tokens\": [1, " + nested(100000) + "]}]}\n");
+  try {
+    read_trees(path, Format::kRollouts, 10);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), path + ":2: arrays and objects nested deeper than 256 levels");
+  }
+}
 
 TEST(ReadTrees, BadJsonNamesLineAndParserMessage) {
   const std::string path =

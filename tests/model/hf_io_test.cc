@@ -217,6 +217,18 @@ TEST(HfIo, MissingWrongShapeAndExtraTensorsNameTensorAndFile) {
   expect_error([&] { load_hf_weights(d3, m2); }, {"model.layers.0.self_attn.q_proj.bias", file_part, "unexpected"});
 
   expect_error([&] { load_hf_weights(temp_dir("empty"), m2); }, {"model.safetensors", "not found"});
+
+  // The same checks from the headers alone, against a config's table (no model built): a
+  // config.json claiming a vocabulary of 2^24 names the weights' real shape.
+  ModelConfig huge = c;
+  huge.vocab_size = int64_t{1} << 24;
+  expect_error([&] { check_hf_weight_shapes(d3, c, param_table(c)); },
+               {"model.layers.0.self_attn.q_proj.bias", file_part, "unexpected"});
+  const std::string good = temp_dir("good");
+  write_weights(good, m, [](std::vector<StWriteTensor>&) {});
+  EXPECT_NO_THROW(check_hf_weight_shapes(good, c, param_table(c)));
+  expect_error([&] { check_hf_weight_shapes(good, huge, param_table(huge)); },
+               {"lm_head.weight", file_part, "has shape (11, 8), expected (16777216, 8)"});
 }
 
 TEST(HfIo, ShardedCheckpointLoads) {
@@ -326,6 +338,8 @@ TEST(HfConfig, ValidateNamesTheField) {
   c = tiny_config("qwen3", false);
   c.rms_norm_eps = 0;
   expect_error([&] { c.validate(); }, {"rms_norm_eps"});
+  c.rms_norm_eps = 1e308;  // finite, but it would swamp every mean square
+  expect_error([&] { c.validate(); }, {"rms_norm_eps", "at most 1", "1e+308"});
   c = tiny_config("qwen3", false);
   c.rope_theta = -1;
   expect_error([&] { c.validate(); }, {"rope_theta"});

@@ -200,6 +200,13 @@ TEST(Safetensors, BadHeadersNameTheFile) {
                      R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
                      8));
   EXPECT_TRUE(contains(error_of(p), "invalid safetensors JSON header: duplicate key \"x\"")) << error_of(p);
+
+  // A description nested 100k levels deep: an error, not a stack overflow quoting it.
+  write_bytes(p, file_with_header(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"z":)" +
+                                      std::string(100000, '[') + std::string(100000, ']') + "}",
+                                  8));
+  EXPECT_TRUE(contains(error_of(p), "invalid safetensors JSON header: arrays and objects nested deeper than 256 levels"))
+      << error_of(p);
 }
 
 // read_line: std::getline with a bound, so a file without newlines (/dev/zero) stops with an error

@@ -606,8 +606,8 @@ TEST(CliTest, GenerateRejectsOtherKindsFlagsAndOversizeData) {
   EXPECT_FALSE(fs::exists((dir / "folder").string() + ".tmp"));
 }
 
-// nav-env: each field an integer in its range, named; a line of invalid UTF-8 gets an error line
-// and the loop goes on.
+// nav-env: each field an integer in its range, named; a line of invalid UTF-8, two requests in one
+// line, an unknown key or nesting past kMaxJsonDepth gets an error line and the loop goes on.
 TEST(CliTest, NavEnvFieldsAreIntegersInRangeAndBadBytesGetAnErrorLine) {
   const fs::path dir = tmp("cli_nav_env");
   {
@@ -617,14 +617,18 @@ TEST(CliTest, NavEnvFieldsAreIntegersInRangeAndBadBytesGetAnErrorLine) {
        << "{\"reset\": {\"seed\": -1, \"episode\": 0}}\n{\"reset\": {\"seed\": 1e30, \"episode\": 0}}\n"
        << "{\"reset\": {\"seed\": 1, \"episode\": 1.5}}\n"
        << "\xff\n{\"step\": \"\xff\"}\n"
-       << "{\"step\": 1}\n";
+       << "{\"step\": 1}\n"
+       // Two requests in one line, an unknown key, nesting past 256 levels: errors, the loop goes on.
+       << "{\"reset\": {\"seed\": 1, \"episode\": 0}, \"step\": 1}\n{\"reset\": {\"seed\": 1, \"episode\": 0, \"x\": 2}}\n"
+       << "{\"step\": " << std::string(100000, '[') << std::string(100000, ']') << "}\n"
+       << "{\"step\": 2}\n";
   }
   const Result r = treetrain("nav-env < " + (dir / "in").string());
   ASSERT_EQ(r.code, 0) << r.err;
   std::vector<nlohmann::json> lines;
   std::istringstream out(r.out);
   for (std::string l; std::getline(out, l);) lines.push_back(nlohmann::json::parse(l));
-  ASSERT_EQ(lines.size(), 10u) << r.out;
+  ASSERT_EQ(lines.size(), 14u) << r.out;
   EXPECT_FALSE(lines[0].contains("error")) << lines[0].dump();
   const std::vector<std::string> want = {
       "\"step\": 1.7, expected an integer in [0, 3]",
@@ -639,6 +643,10 @@ TEST(CliTest, NavEnvFieldsAreIntegersInRangeAndBadBytesGetAnErrorLine) {
   EXPECT_NE(lines[8].value("error", "").find("parse error"), std::string::npos) << lines[8].dump();
   EXPECT_FALSE(lines[9].contains("error")) << lines[9].dump();
   EXPECT_EQ(lines[9].at("steps"), 1);
+  EXPECT_EQ(lines[10].value("error", ""), "expected {\"reset\": {...}} or {\"step\": action}, one of them alone");
+  EXPECT_EQ(lines[11].value("error", ""), "reset: unknown key \"x\" (expected seed and episode)");
+  EXPECT_EQ(lines[12].value("error", ""), "arrays and objects nested deeper than 256 levels");
+  EXPECT_EQ(lines[13].at("steps"), 2) << lines[13].dump();
 }
 
 }  // namespace

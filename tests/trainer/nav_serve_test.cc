@@ -247,6 +247,13 @@ TEST(NavServe, BadRequestsGetErrorsAndNeverStopTheServer) {
   EXPECT_EQ(error_of(R"({"session": "a", "session": "zz", "reset": true, "instruction": [2]})"),
             "malformed JSON: duplicate key \"session\": a JSON object names each key once (a second value would "
             "silently replace the first)");
+  // Nested 30k levels deep (under --max-message-bytes; 100k overflowed the stack quoting it in the
+  // reply): an error, the session goes on.
+  const std::string deep = std::string(30000, '[') + std::string(30000, ']');
+  EXPECT_EQ(error_of(R"({"session": "a", "reset": )" + deep + "}"),
+            "malformed JSON: arrays and objects nested deeper than 256 levels");
+  EXPECT_EQ(error_of(R"({"session": "a", "reset": true, "instruction": [2, )" + deep + "]}"),
+            "malformed JSON: arrays and objects nested deeper than 256 levels");
   EXPECT_NE(error_of(R"({"session": "a", "images": [")" + img + R"("]})").find("unknown session \"a\""),
             std::string::npos);
   EXPECT_NE(error_of(R"({"session": "a", "reset": true, "instruction": [99]})").find("token ids in [0, 16)"),

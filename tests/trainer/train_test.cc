@@ -607,6 +607,30 @@ TEST(TrainTest, ResumeMovesInvalidCheckpointsAsideAndTakesTheNewestValid) {
     EXPECT_EQ(folders_starting(c, name).size(), 1u) << name;
 }
 
+// A header whose dtype is not a string (the same byte count): a problem of the checkpoint, named,
+// not a JSON library exception escaping the check.
+TEST(TrainTest, ANonStringDtypeIsACheckpointProblem) {
+  const fs::path dir = test_dir("dtype_number");
+  RunConfig c = tiny_config(dir);
+  c.train.max_steps = 1;
+  Trainer(c).run();
+  const fs::path step = fs::path(c.run_dir) / "checkpoints" / "step_1";
+  const fs::path optim = step / "optimizer.safetensors";
+  std::string bytes = read_text(optim.string(), "optimizer");
+  const size_t at = bytes.find("\"dtype\":\"F32\"");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 13, "\"dtype\":5    ");
+  std::ofstream(optim, std::ios::binary | std::ios::trunc) << bytes;
+  const std::vector<model::ParamInfo> table = model::param_table(c.model);
+  const std::string problem = checkpoint_problem(step.string(), &c.model, &table);
+  EXPECT_NE(problem.find(optim.string() + ": tensor '"), std::string::npos) << problem;
+  EXPECT_NE(problem.find("' is not an F32 entry with shape and data_offsets"), std::string::npos) << problem;
+  // Resume moves it aside (the only one: a fresh start) instead of stopping with the exception.
+  c.train.resume = true;
+  EXPECT_EQ(Trainer(c).start_step(), 0);
+  EXPECT_EQ(folders_starting(c, "step_1.invalid-").size(), 1u);
+}
+
 TEST(TrainTest, KeepCheckpointsCountsValidOnes) {
   const fs::path dir = test_dir("keep_valid");
   RunConfig c = tiny_config(dir);
