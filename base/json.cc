@@ -10,6 +10,9 @@ namespace tt {
 
 nlohmann::json parse_json_strict(const std::string& text) {
   using json = nlohmann::json;
+  // nlohmann's lexer takes a NUL byte for the end of the input: what follows it would be dropped.
+  if (const size_t nul = text.find('\0'); nul != std::string::npos)
+    throw Error(str("a NUL byte at offset ", nul, " (JSON text has none)"));
   std::vector<std::unordered_set<std::string>> keys;  // the keys of every object still open
   std::string duplicate;
   int depth = 0;  // arrays and objects open

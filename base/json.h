@@ -14,8 +14,9 @@ namespace tt {
 constexpr int kMaxJsonDepth = 256;
 
 // Parses `text` as one JSON value. Throws nlohmann::json::exception for invalid JSON and
-// tt::Error "duplicate key \"<key>\" ..." for an object that names a key twice (at any depth), or
-// "nested deeper than ..." past kMaxJsonDepth (parsing stops there).
+// tt::Error "duplicate key \"<key>\" ..." for an object that names a key twice (at any depth),
+// "... nested deeper than ..." past kMaxJsonDepth (parsing stops there), or "a NUL byte ..." (the
+// parser would end the text there and drop the rest silently).
 nlohmann::json parse_json_strict(const std::string& text);
 
 // The same, but a value is_discarded() instead of an exception, for files whose callers fall

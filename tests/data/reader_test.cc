@@ -411,6 +411,13 @@ TEST(ReadTrees, DeepNestingIsAnErrorNotACrash) {
     }
     EXPECT_TRUE(parse_json_or_discarded(nested(n)).is_discarded());
   }
+  // A NUL byte would end nlohmann's input: {"a": 1} followed by anything would parse.
+  try {
+    parse_json_strict(std::string("{\"a\": 1}\0{", 10));
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "a NUL byte at offset 8 (JSON text has none)");
+  }
   const std::string path = testing::write_temp(
       "deep.jsonl", "{\"sequences\": [{\"tokens\": [1]}]}\n{\"sequences\": [{\"tokens\": [1, " + nested(100000) + "]}]}\n");
   try {
