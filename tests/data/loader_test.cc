@@ -10,6 +10,7 @@
 #include "data/reader.h"
 #include "data/rng.h"
 #include "base/check.h"
+#include "tests/data/test_util.h"
 
 namespace tt::data {
 namespace {
@@ -17,20 +18,9 @@ namespace {
 // A single-node tree whose first token is its index (to identify it in a batch) and whose length
 // varies with the index.
 Tree chain_tree(int index, int len) {
-  Tree t;
-  t.id = "tree" + std::to_string(index);
-  Node n;
-  n.tokens.assign(len, 0);
-  n.tokens[0] = index;
-  n.target_weight.assign(len, 1.0);
-  n.target_count.assign(len, 1);
-  n.target_weight[0] = 0;
-  n.target_count[0] = 0;
-  t.nodes.push_back(n);
-  Path p;
-  p.target_weight = n.target_weight;
-  t.paths.push_back(p);
-  return t;
+  std::vector<int32_t> tokens(len, 0);
+  tokens[0] = index;
+  return testing::sequence_tree("tree" + std::to_string(index), tokens);
 }
 
 std::vector<Tree> make_trees(int n) {

@@ -453,22 +453,7 @@ TEST(PlanPartition, RejectsLongNodesAndBadArguments) {
   EXPECT_THROW(pack_piece(split_long_nodes(t, 1), p, 0), Error);
 }
 
-// One node of `len` tokens, every token but the first a target.
-Tree one_node(int64_t len) {
-  Tree t;
-  t.id = "long";
-  Node n;
-  n.tokens.assign(len, 7);
-  n.target_weight.assign(len, 1.0);
-  n.target_count.assign(len, 1);
-  n.target_weight[0] = 0;
-  n.target_count[0] = 0;
-  t.nodes.push_back(n);
-  Path p;
-  p.target_weight = n.target_weight;
-  t.paths.push_back(p);
-  return t;
-}
+Tree one_node(int64_t len) { return testing::sequence_tree("long", std::vector<int32_t>(len, 7)); }
 
 // Every node its own piece on a deep chain: piece k's gateway is k one-row ranges, n^2 / 2 in all.
 // Within kMaxGatewayRanges the plan is built (fast: a range at a time); past it, planning stops

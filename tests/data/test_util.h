@@ -21,6 +21,25 @@
 
 namespace tt::data::testing {
 
+// One sequence as a one-node tree with its path: every token but the first a target of weight 1.
+inline Tree sequence_tree(const std::string& id, std::vector<int32_t> tokens) {
+  Tree t;
+  t.id = id;
+  Node n;
+  n.target_weight.assign(tokens.size(), 1.0);
+  n.target_count.assign(tokens.size(), 1);
+  if (!tokens.empty()) {
+    n.target_weight[0] = 0;
+    n.target_count[0] = 0;
+  }
+  n.tokens = std::move(tokens);
+  t.nodes.push_back(n);
+  Path p;
+  p.target_weight = n.target_weight;
+  t.paths.push_back(p);
+  return t;
+}
+
 // The hand examples the reader, packing and stats tests check by hand-computed numbers.
 // Rollouts: s0 [1 2 3 4 5] mask 00111 w1; s1 [1 2 3 6 7] mask 01111 w2; s2 [1 2 3] no mask w0.5;
 // s3 = s0's tokens, no mask, w1. Trie: node0 [1 2 3] (s2 ends there, the rest diverge), node1
