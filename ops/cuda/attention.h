@@ -29,7 +29,10 @@
 namespace tt::cuda {
 
 // The most external prefixes one call takes (a gateway, a carried tail, a retrieval prefix...).
-constexpr int kMaxExternalKV = 8;
+// They travel in the kernels' parameters (two TMA descriptors and 56 bytes each), which CUDA 12.1+
+// takes up to 32 KB on sm_70+; a partition gateway is one prefix per ancestor range, so this bounds
+// how deep a chain of pieces can run on the GPU.
+constexpr int kMaxExternalKV = 32;
 
 struct ExternalKV {
   const bf16* k = nullptr;  // (len, NKV, HS), after norms and RoPE

@@ -60,6 +60,9 @@ struct AttnFwdParams {
   int fwd_items;  // forward: (query tile, head) items per block, run back to back
 };
 
+// Kernel parameters past 4 KB need CUDA 12.1+ (the toolkit here: 13.0); 32764 bytes is the limit.
+static_assert(sizeof(AttnFwdParams) <= 32764, "attention forward parameters past CUDA's kernel limit");
+
 // The forward's (query tile of 128 rows, head) items and blocks.
 constexpr int kFwdItemRows = 128;  // = sm90::FwdConfig::BM
 __host__ __device__ inline int fwd_items_total(const AttnFwdParams& p) {
@@ -84,6 +87,7 @@ struct AttnBwdParams : AttnFwdParams {
   int key_tiles;     // virtual key tiles of the backward (prefix tiles, then tree tiles)
   int head_group;    // KV heads per group of the backward's launch order (bwd_block_work)
 };
+static_assert(sizeof(AttnBwdParams) <= 32764, "attention backward parameters past CUDA's kernel limit");
 
 // Items per block of the forward: a block's next item loads while it finishes one. H200,
 // 2026-11-30 (docs/BENCHMARKS.md): 4 items 607-629 TF/s forward vs 575-609 with 1 on comb and

@@ -5,6 +5,8 @@
 //  - TreeVsPerPath: the same trees packed per path on the GPU give the tree's loss and gradients.
 //  - Partitioned: a tree run piece by piece through gateways on the GPU gives the unpartitioned
 //    loss and gradients.
+//  - PartitionedDeepChain: the same on a chain of 25 pieces (a gateway of 24 prefixes), and the
+//    error past cuda::kMaxExternalKV.
 //  - MixedLayers: a decoder whose layers differ (q/k norm in some) against the CPU one.
 //  - NoGradForward: infer()'s loss equals the training forward's, its logits the CPU's.
 //  - InitMatchesCpu: CudaModel::init draws Model::init's weights.
@@ -14,7 +16,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <random>
 
 #include "data/partition.h"
 #include "model/partitioned.h"
@@ -121,6 +125,60 @@ TEST_F(CudaModelTest, Partitioned) {
   EXPECT_EQ(st.tokens_processed, tree.n_tree());
   expect_loss_close(loss, ref.loss, "partitioned");
   expect_grads_close(gpu.params_info(), gpu.grads_host(), ref.grads, kQwen.L, "partitioned");
+}
+
+// One sequence of `len` tokens (every token but the first a target).
+data::Tree chain_of(int len, int V, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  data::Tree t;
+  t.id = "chain";
+  data::Node n;
+  for (int i = 0; i < len; ++i) n.tokens.push_back((int32_t)(rng() % (uint64_t)V));
+  n.target_weight.assign(len, 1.0);
+  n.target_count.assign(len, 1);
+  n.target_weight[0] = 0;
+  n.target_count[0] = 0;
+  t.nodes.push_back(n);
+  data::Path p;
+  p.target_weight = n.target_weight;
+  t.paths.push_back(p);
+  return t;
+}
+
+// A chain of pieces deeper than a few ancestors: the last piece's gateway is one prefix per
+// ancestor piece, up to cuda::kMaxExternalKV of them (past it, an error naming the capacity).
+TEST_F(CudaModelTest, PartitionedDeepChain) {
+  const model::ModelConfig cfg = config_of(kQwen);
+  const std::vector<float> master = init_master(cfg, 5);
+  const int64_t capacity = 16;
+  const data::Tree tree = chain_of(25 * capacity, kQwen.V, 3);
+  const data::Tree split = data::split_long_nodes(tree, capacity);
+  const data::Partition plan = data::plan_partition(split, capacity);
+  size_t deepest = 0;
+  for (const data::Piece& p : plan.pieces) deepest = std::max(deepest, p.gateway.size());
+  ASSERT_EQ(deepest, 24u);
+  ASSERT_LE(deepest, (size_t)cuda::kMaxExternalKV);
+  const data::PackedBatch batch = pack_all({tree}, data::Packing::kTree);
+  const double scale = 1.0 / (double)batch.n_paths;
+  const Reference ref = cpu_reference(cfg, bf16_weights(master), batch, scale);
+  model::CudaModel gpu(cfg, options_of(kQwen));
+  gpu.set_params(master.data());
+  gpu.zero_grad();
+  const double loss = model::forward_backward_partitioned(gpu, split, plan, scale);
+  expect_loss_close(loss, ref.loss, "deep chain");
+  expect_grads_close(gpu.params_info(), gpu.grads_host(), ref.grads, kQwen.L, "deep chain");
+
+  const data::Tree deeper = data::split_long_nodes(chain_of((cuda::kMaxExternalKV + 2) * capacity, kQwen.V, 4), capacity);
+  const data::Partition too_deep = data::plan_partition(deeper, capacity);
+  try {
+    model::forward_backward_partitioned(gpu, deeper, too_deep, scale);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(": piece 33 has a gateway of 33 segments; the cuda attention reads at most "
+                                         "32 external prefixes (use a larger partition.capacity_tokens)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(CudaModelTest, MixedLayers) {

@@ -251,7 +251,10 @@ inline std::vector<float> random_bf16(std::mt19937_64& rng, size_t n, float sd) 
 // ext_mode: 0 none; 1 a prefix with gradients seen by all queries and one without gradients seen
 // by a middle range; 2 head sets, as a segment's: a carried tail with gradients read by the even
 // KV heads (the local ones) and a retrieval prefix without gradients read by the odd ones, both
-// seen by all queries, and a prefix with gradients read by no head (it must stay untouched).
+// seen by all queries, and a prefix with gradients read by no head (it must stay untouched);
+// 3 as many prefixes as a call takes (cuda::kMaxExternalKV), as a deep partition gateway's
+// ancestor ranges: lengths 1 to 130 (one-row ranges, partial and whole key tiles), every third
+// without gradients, every fourth seen by the queries from N / 4 on.
 inline Inputs make_inputs(const LayoutCase& lc, int NH, int NKV, int HS, int ext_mode, std::mt19937_64& rng) {
   Inputs in;
   in.layout = lc.make(rng);
@@ -304,6 +307,21 @@ inline Inputs make_inputs(const LayoutCase& lc, int NH, int NKV, int HS, int ext
       x->dk0 = random_bf16(rng, sz, 0.05f);
       x->dv0 = random_bf16(rng, sz, 0.05f);
       in.ext.push_back(*x);
+    }
+  }
+  if (ext_mode == 3) {
+    for (int e = 0; e < cuda::kMaxExternalKV; e++) {
+      ExtCase x;
+      x.len = e % 8 == 7 ? 130 : 1 + (e * 37) % 50;
+      x.q_begin = e % 4 == 1 ? N / 4 : 0;
+      x.q_end = N;
+      x.grad = e % 3 != 2;
+      const size_t sz = (size_t)x.len * NKV * HS;
+      x.k = random_bf16(rng, sz, 1.f);
+      x.v = random_bf16(rng, sz, 1.f);
+      x.dk0 = random_bf16(rng, sz, 0.05f);
+      x.dv0 = random_bf16(rng, sz, 0.05f);
+      in.ext.push_back(x);
     }
   }
   return in;

@@ -220,11 +220,17 @@ INSTANTIATE_TEST_SUITE_P(SmallTrees, EmulatedAttention,
                                            EmuCase{"bidirectional_tree", 2, 2, 256, 0, 1},
                                            // Copies landing when issued: no buffer refilled while read.
                                            EmuCase{"comb", 2, 2, 128, 1, 3, true},
-                                           EmuCase{"one_token_nodes", 4, 2, 256, 1, 3, true}),
+                                           EmuCase{"one_token_nodes", 4, 2, 256, 1, 3, true},
+                                           // A deep gateway: kMaxExternalKV prefixes.
+                                           EmuCase{"chain97", 2, 1, 64, 3, 1},
+                                           EmuCase{"random_tree", 4, 2, 128, 3, 3}),
                          [](const ::testing::TestParamInfo<EmuCase>& i) {
                            return i.param.layout + "_hs" + std::to_string(i.param.HS) + "_gqa" +
                                   std::to_string(i.param.NH / i.param.NKV) +
-                                  (i.param.ext_mode == 1 ? "_ext" : i.param.ext_mode == 2 ? "_headsets" : "") +
+                                  (i.param.ext_mode == 1   ? "_ext"
+                                   : i.param.ext_mode == 2 ? "_headsets"
+                                   : i.param.ext_mode == 3 ? "_gateway"
+                                                           : "") +
                                   "_items" + std::to_string(i.param.fwd_items) + (i.param.at_issue ? "_at_issue" : "");
                          });
 

@@ -164,11 +164,17 @@ INSTANTIATE_TEST_SUITE_P(Trees, GpuAttention,
                                            GpuCase{"chain1025", 4, 2, 256, 0}, GpuCase{"one_token_nodes", 8, 2, 256, 1},
                                            GpuCase{"random_tree", 4, 1, 256, 2}, GpuCase{"comb", 8, 2, 256, 1},
                                            GpuCase{"deep_chain", 2, 2, 256, 0}, GpuCase{"wide_fan", 4, 4, 256, 1},
-                                           GpuCase{"bidirectional_tree", 4, 2, 256, 1}),
+                                           GpuCase{"bidirectional_tree", 4, 2, 256, 1},
+                                           // A deep gateway: kMaxExternalKV prefixes, each head dim.
+                                           GpuCase{"chain97", 2, 1, 64, 3}, GpuCase{"random_tree", 8, 2, 128, 3},
+                                           GpuCase{"comb", 4, 2, 256, 3}),
                          [](const ::testing::TestParamInfo<GpuCase>& i) {
                            const GpuCase& c = i.param;
                            return c.layout + "_hs" + std::to_string(c.HS) + "_gqa" + std::to_string(c.NH / c.NKV) +
-                                  (c.ext_mode == 1 ? "_ext" : c.ext_mode == 2 ? "_headsets" : "");
+                                  (c.ext_mode == 1   ? "_ext"
+                                   : c.ext_mode == 2 ? "_headsets"
+                                   : c.ext_mode == 3 ? "_gateway"
+                                                     : "");
                          });
 
 // dk and dv have one writer per element and a fixed order: two runs agree bit for bit.
