@@ -568,8 +568,14 @@ StepMetrics Trainer::train_step() {
   m.lr = lr_at(cfg_, m.step);
   if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
     const std::string bad = backend_->first_nonfinite(false, true, false);
+    // The first step of a fresh model: its initial weights are the likely cause when drawn wide.
+    const bool wide_init = step_ == 0 && cfg_.init_from.empty() && cfg_.model.initializer_range > 1;
     const std::string what = str("step ", m.step, ": loss ", m.loss, ", grad norm ", m.grad_norm, " is not finite",
-                                 bad.empty() ? "" : str(" (first non-finite gradient: ", bad, ")"));
+                                 bad.empty() ? "" : str(" (first non-finite gradient: ", bad, ")"),
+                                 wide_init ? str(" [initial weights drawn with model.initializer_range ",
+                                                 cfg_.model.initializer_range, " (", cfg_.where("model.initializer_range"),
+                                                 "); Hugging Face models use 0.02]")
+                                           : "");
     if (cfg_.train.on_nonfinite == "skip_step" && consecutive_skips_ < cfg_.train.max_skipped_steps) {
       ++consecutive_skips_;
       ++skipped_steps_;
