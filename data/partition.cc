@@ -122,7 +122,7 @@ Partition build_partition(const Tree& tree, const std::vector<char>& is_root, in
     largest = std::max(largest, ranges[a]);
   }
   if (total > kMaxGatewayRanges)
-    throw Error(str("tree '", tree.id, "': ", cut, " cuts its ", n, " nodes into ", plan.num_pieces(),
+    throw Error(str("tree '", tree.id, "': ", cut, " cuts its ", tree.n_tree(), " tokens into ", plan.num_pieces(),
                     " pieces whose gateways would list ", total, " ancestor row ranges in all (", largest,
                     " for one piece), expected at most ", kMaxGatewayRanges, "; ", advice));
   for (Piece& piece : plan.pieces) {

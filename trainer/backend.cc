@@ -200,6 +200,7 @@ class DecoderBackend : public Backend {
     return nullptr;
   }
   int device() const override { return gpu_; }
+  int64_t max_external_kv() const override { return E::max_external_kv(/*singletons=*/false); }
 
   std::string gemm_tuning_signature() const override {
     if constexpr (kDevice)

@@ -102,6 +102,9 @@ class Backend {
   virtual bool grads_on_device() const { return false; }
   virtual void* compute_stream() const { return nullptr; }
   virtual int device() const { return -1; }  // the CUDA device the backend lives on; -1: the CPU
+  // The most external KV prefixes one training attention call reads (a partition piece's gateway
+  // ranges): the CUDA kernels' cuda::kMaxExternalKV, unbounded on the CPU.
+  virtual int64_t max_external_kv() const { return INT64_MAX; }
 
   // GEMM autotuning (the CUDA backend with train.gemm_autotune; trainer/gemm_tuning.h): the
   // signature of the library and GPU its table is for ("" when the backend tunes nothing), the

@@ -241,10 +241,12 @@ fs::path aside_name(const fs::path& dir) {
 TrainerState read_trainer_state(const std::string& file) {
   std::ifstream in(file);
   if (!in) throw Error(str(file, ": cannot open"));
+  std::ostringstream text;
+  text << in.rdbuf();
   nlohmann::json j;
   try {
-    in >> j;
-  } catch (const std::exception& e) {
+    j = parse_json_strict(text.str());
+  } catch (const std::exception& e) {  // invalid JSON, a key named twice, nested too deep
     throw Error(str(file, ": invalid JSON: ", e.what()));
   }
   if (!j.is_object()) throw Error(str(file, ": expected a JSON object, got ", j.type_name()));
@@ -568,7 +570,7 @@ std::string file_sha256(const std::string& path) {
 }
 
 TrainerState load_checkpoint(const std::string& dir, const RunConfig& cfg, Backend& backend,
-                             const std::string& data_sha256) {
+                             const std::function<std::string()>& data_sha256) {
   const fs::path d = dir;
   // Trainer state.
   const std::string state_file = (d / kStateFile).string();
@@ -596,10 +598,13 @@ TrainerState load_checkpoint(const std::string& dir, const RunConfig& cfg, Backe
   if (!ec && st.data_size >= 0 && (int64_t)size != st.data_size)
     throw Error(str(state_file, ": written for data ", st.data_path, " (", st.data_size, " bytes), but data.path ",
                     cfg.data.path, " has ", size, " bytes; the loader position would not match"));
-  if (!st.data_sha256.empty() && !data_sha256.empty() && st.data_sha256 != data_sha256)
-    throw Error(str(state_file, ": written for data ", st.data_path, " (sha256 ", st.data_sha256, "), but data.path ",
-                    cfg.data.path, " holds other content of the same size (sha256 ", data_sha256,
-                    "); the loader position would not match"));
+  if (!st.data_sha256.empty()) {
+    const std::string now = data_sha256();
+    if (st.data_sha256 != now)
+      throw Error(str(state_file, ": written for data ", st.data_path, " (sha256 ", st.data_sha256, "), but data.path ",
+                      cfg.data.path, " holds other content of the same size (sha256 ", now,
+                      "); the loader position would not match"));
+  }
   if (st.data_path != cfg.data.path)
     spdlog::warn("checkpoint {} was written for data {}, resuming with {} ({})", dir, st.data_path, cfg.data.path,
                  st.data_sha256.empty() ? "same size" : "same content");

@@ -50,6 +50,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -135,10 +136,10 @@ std::string file_sha256(const std::string& path);
 
 // Loads weights, AdamW state and trainer state from a checkpoint folder into backend. Checks the
 // model config against cfg.model and the data file against cfg.data.path: its size, and its
-// content against data_sha256 (file_sha256(cfg.data.path), which the caller has computed once)
-// where the checkpoint recorded one. Errors name the file.
+// content against data_sha256() (file_sha256(cfg.data.path), called only where the checkpoint
+// recorded a digest and the sizes agree). Errors name the file.
 TrainerState load_checkpoint(const std::string& dir, const RunConfig& cfg, Backend& backend,
-                             const std::string& data_sha256);
+                             const std::function<std::string()>& data_sha256);
 
 // Removes all but the newest `keep` valid checkpoints (keep = 0 keeps all); invalid folders are
 // neither counted nor removed.

@@ -21,6 +21,7 @@
 
 #include "base/check.h"
 #include "base/files.h"
+#include "base/json.h"
 #include "trainer/yaml_doc.h"
 
 namespace tt::trainer {
@@ -499,10 +500,12 @@ void resolve_init_from(RunConfig& cfg, const ParseState& st) {
   const std::string file = (fs::path(cfg.init_from) / "config.json").string();
   std::ifstream in(file);
   if (!in) throw Error(str(file, ": cannot open (model.init_from: ", cfg.init_from, ")"));
+  std::ostringstream text;
+  text << in.rdbuf();
   nlohmann::json j;
   try {
-    in >> j;
-  } catch (const std::exception& e) {
+    j = parse_json_strict(text.str());
+  } catch (const std::exception& e) {  // invalid JSON, a key named twice, nested too deep
     throw Error(str(file, ": invalid JSON: ", e.what()));
   }
   RunConfig from_hf = cfg;

@@ -426,8 +426,9 @@ RunResult read_result(const std::string& run_dir, const std::string& status) {
   if (last.empty()) return r;
   const nlohmann::json j = parse_json_or_discarded(last);
   if (!j.is_object()) return r;
+  if (!j.contains("step") || !j["step"].is_number()) return r;  // not a step's line
   r.has_metrics = true;
-  if (j.contains("step") && j["step"].is_number()) r.step = j["step"].get<int64_t>();
+  r.step = j["step"].get<int64_t>();
   if (j.contains("loss") && j["loss"].is_number()) r.loss = j["loss"].get<double>();
   if (j.contains("tokens_per_s") && j["tokens_per_s"].is_number()) r.tokens_per_s = j["tokens_per_s"].get<double>();
   return r;

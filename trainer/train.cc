@@ -100,10 +100,9 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   const auto size = fs::file_size(cfg_.data.path, ec);
   if (ec) throw Error(str("data.path: cannot read '", cfg_.data.path, "': ", ec.message()));
   data_size_ = (int64_t)size;
-  const double hash_t0 = now_s();
-  data_sha256_ = file_sha256(cfg_.data.path);
-  if (now_s() - hash_t0 > 1.0)
-    spdlog::info("data: sha256 of {} ({} bytes) in {:.1f}s", cfg_.data.path, size, now_s() - hash_t0);
+  // The writer records the bytes it trains on in its checkpoints; other ranks hash only to check a
+  // resume (data_digest), so a large file is not read once more by every rank.
+  if (rank() == 0 && (cfg_.train.final_checkpoint || cfg_.train.checkpoint_every > 0)) data_digest();
   std::vector<data::Tree> trees;
   if (cfg_.data.format == "episodes") {
     const model::VisionConfig& v = cfg_.model.vision;
@@ -186,6 +185,12 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
                                                     : ""));
   }
 
+  // The trees that will run partitioned (alone and over the budget): planned now, so a plan the
+  // backend cannot run (too many gateway ranges) stops the run before its first step.
+  if (capacity > 0)
+    for (int64_t i = 0; i < (int64_t)loader_->trees().size(); ++i)
+      if (loader_->trees()[i].n_tree() > cfg_.data.max_tokens_per_batch) partitioned(i);
+
   // Model state: resume (from the newest valid checkpoint; rank 0 moves invalid ones aside), or
   // start fresh. Rank 0, the writer, first removes what killed writers left.
   if (rank() == 0) clean_checkpoint_leftovers(cfg_.run_dir);
@@ -193,7 +198,7 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
                                ? resume_checkpoint(cfg_.run_dir, cfg_.model, backend_->params_info(), rank() == 0)
                                : latest_checkpoint(cfg_.run_dir);
   if (cfg_.train.resume && !ckpt.empty()) {
-    const TrainerState st = load_checkpoint(ckpt, cfg_, *backend_, data_sha256_);
+    const TrainerState st = load_checkpoint(ckpt, cfg_, *backend_, [this] { return data_digest(); });
     if (const std::string bad = backend_->first_nonfinite(true, false, true); !bad.empty())
       throw NonFiniteError(str(ckpt, ": ", bad, " holds non-finite values (train.resume); move the checkpoint aside "
                                "to resume from an earlier one"));
@@ -473,7 +478,23 @@ const Trainer::PartitionedTree& Trainer::partitioned(int64_t index) {
   const data::Tree& tree = loader_->trees()[index];
   PartitionedTree p;
   p.split = data::split_long_nodes(tree, capacity);
-  p.plan = data::plan_partition(p.split, capacity);
+  try {
+    p.plan = data::plan_partition(p.split, capacity);
+  } catch (const Error& e) {
+    throw Error(str(cfg_.where("partition.capacity_tokens"), ": data.path ", cfg_.data.path, ": ", e.what()));
+  }
+  size_t deepest = 0;
+  int deepest_piece = 0;
+  for (int k = 0; k < p.plan.num_pieces(); ++k)
+    if (p.plan.pieces[k].gateway.size() > deepest) {
+      deepest = p.plan.pieces[k].gateway.size();
+      deepest_piece = k;
+    }
+  if ((int64_t)deepest > backend_->max_external_kv())
+    throw Error(str(cfg_.where("partition.capacity_tokens"), ": data.path ", cfg_.data.path, ": tree '", tree.id,
+                    "' cut at partition.capacity_tokens ", capacity, " gives piece ", deepest_piece, " a gateway of ",
+                    deepest, " ancestor ranges; the ", backend_->name(), " attention reads at most ",
+                    backend_->max_external_kv(), " (a larger capacity makes the chain of pieces shorter)"));
   int64_t with_gateways = 0;
   for (const data::Piece& piece : p.plan.pieces) with_gateways += piece.tokens;
   spdlog::info("partition: tree '{}' ({} tokens) -> {} pieces of <= {} tokens, peak {} tokens resident; "
@@ -481,6 +502,16 @@ const Trainer::PartitionedTree& Trainer::partitioned(int64_t index) {
                tree.id, tree.n_tree(), p.plan.num_pieces(), capacity, p.plan.peak_tokens, with_gateways,
                p.plan.naive_tokens);
   return partitioned_.emplace(index, std::move(p)).first->second;
+}
+
+const std::string& Trainer::data_digest() {
+  if (data_sha256_.empty()) {
+    const double t0 = now_s();
+    data_sha256_ = file_sha256(cfg_.data.path);
+    if (now_s() - t0 > 1.0)
+      spdlog::info("data: sha256 of {} ({} bytes) in {:.1f}s", cfg_.data.path, data_size_, now_s() - t0);
+  }
+  return data_sha256_;
 }
 
 StepMetrics Trainer::train_step() {
@@ -647,7 +678,7 @@ std::string Trainer::save_checkpoint() {
   st.seed = cfg_.train.seed;
   st.data_path = cfg_.data.path;
   st.data_size = data_size_;
-  st.data_sha256 = data_sha256_;
+  st.data_sha256 = data_digest();
   st.cameras = cameras_;
   st.skipped_steps = skipped_steps_;
   st.consecutive_skips = consecutive_skips_;

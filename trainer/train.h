@@ -210,7 +210,10 @@ class Trainer {
   std::unique_ptr<distributed::GradBuckets> buckets_;  // with comm_: the gradient buffer's buckets
   std::vector<double> tree_cost_;                     // (#trees) shard cost, -1 until first use
   int64_t data_size_ = -1;
-  std::string data_sha256_;  // of data.path's bytes as read at the start (checked on resume, saved)
+  std::string data_sha256_;  // of data.path's bytes (data_digest)
+  // SHA-256 of data.path, computed once on first use: at the start by the writer of checkpoints,
+  // else only when a resumed checkpoint recorded one to compare.
+  const std::string& data_digest();
   std::string action_bins_json_;  // episodes with continuous actions: written into every checkpoint
   int64_t cameras_ = 0;           // episodes: images a step (read_episodes checks that all agree)
   int64_t step_ = 0;

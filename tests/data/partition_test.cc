@@ -477,7 +477,7 @@ TEST(PlanPartition, GatewaysOfADeepChainAreBoundedWithAnError) {
     FAIL() << "expected tt::Error";
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()),
-              "tree 'long': capacity 1 cuts its 100000 nodes into 100000 pieces whose gateways would list "
+              "tree 'long': capacity 1 cuts its 100000 tokens into 100000 pieces whose gateways would list "
               "4999950000 ancestor row ranges in all (99999 for one piece), expected at most 16777216; use a "
               "larger capacity (partition.capacity_tokens)");
   }
@@ -486,7 +486,7 @@ TEST(PlanPartition, GatewaysOfADeepChainAreBoundedWithAnError) {
     FAIL() << "expected tt::Error";
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()),
-              "tree 'long': segment length 1 cuts its 20000 nodes into 20000 pieces whose gateways would list "
+              "tree 'long': segment length 1 cuts its 20000 tokens into 20000 pieces whose gateways would list "
               "199990000 ancestor row ranges in all (19999 for one piece), expected at most 16777216; use a "
               "longer segment (segments.length)");
   }

@@ -607,6 +607,30 @@ TEST(TrainTest, ResumeMovesInvalidCheckpointsAsideAndTakesTheNewestValid) {
     EXPECT_EQ(folders_starting(c, name).size(), 1u) << name;
 }
 
+// A tree that runs partitioned is planned when the trainer starts: a plan whose gateways would list
+// more ancestor ranges than data::kMaxGatewayRanges stops the run before its first step, naming
+// where the capacity was set and the data file.
+TEST(TrainTest, PartitionPlansAreCheckedAtTheStart) {
+  const fs::path dir = test_dir("partition_upfront");
+  RunConfig c = tiny_config(dir);
+  {
+    std::ofstream out(dir / "chain.jsonl");
+    out << "{\"id\": \"chain\", \"sequences\": [{\"tokens\": [";
+    for (int i = 0; i < 6000; ++i) out << (i ? ", " : "") << (i * 7) % 32;
+    out << "]}]}\n";
+  }
+  c.data.path = (dir / "chain.jsonl").string();
+  c.model.max_position_embeddings = 8192;
+  c.partition.capacity_tokens = 1;
+  c.origin["partition.capacity_tokens"] = "run.yaml:9";
+  EXPECT_EQ(error_of([&] { Trainer t(c); }),
+            "run.yaml:9: data.path " + c.data.path +
+                ": tree 'chain': capacity 1 cuts its 6000 tokens into 6000 pieces whose gateways would list 17997000 "
+                "ancestor row ranges in all (5999 for one piece), expected at most 16777216; use a larger capacity "
+                "(partition.capacity_tokens)");
+  EXPECT_FALSE(fs::exists(fs::path(c.run_dir) / "metrics.jsonl")) << "no step ran";
+}
+
 // A header whose dtype is not a string (the same byte count): a problem of the checkpoint, named,
 // not a JSON library exception escaping the check.
 TEST(TrainTest, ANonStringDtypeIsACheckpointProblem) {
