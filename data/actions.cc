@@ -41,6 +41,22 @@ ActionBins fit_action_bins(const std::vector<std::vector<float>>& actions, int64
     }
     b.low.push_back(quantile(col, 0.01));
     b.high.push_back(quantile(col, 0.99));
+    const double q25 = quantile(col, 0.25), q75 = quantile(col, 0.75);
+    if (q25 < q75) {
+      const std::vector<int32_t> ids = [&] {
+        ActionBins one;  // dimension d alone
+        one.bins = bins;
+        one.vocab_size = vocab_size;
+        one.low = {b.low[d]};
+        one.high = {b.high[d]};
+        return std::vector<int32_t>{one.encode({(float)q25})[0], one.encode({(float)q75})[0]};
+      }();
+      if (ids[0] == ids[1])
+        b.fit_warnings.push_back(str("action dimension ", d, ": the middle half of its ", col.size(), " values, [", q25,
+                                     ", ", q75, "], falls in one of ", bins, " bins spanning its 1st-99th percentiles [",
+                                     b.low[d], ", ", b.high[d], "]: a few extreme values stretch the bins, and the "
+                                     "action tokens cannot tell most of its actions apart"));
+    }
   }
   return b;
 }

@@ -17,6 +17,10 @@ struct ActionBins {
   int bins = 256;
   int64_t vocab_size = 0;
   std::vector<double> low, high;  // (action dims) the 1st and 99th percentiles
+  // From fit_action_bins (not saved): each dimension whose middle half of values (the 25th to
+  // 75th percentile, not all equal) falls in one bin, so the tokens cannot tell most of its
+  // actions apart (a few extreme values stretched the bins); one message each, naming it.
+  std::vector<std::string> fit_warnings;
 
   int dims() const { return (int)low.size(); }
   int32_t first_id() const { return (int32_t)(vocab_size - bins); }

@@ -114,6 +114,7 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
     data::ActionBins bins;
     trees = data::read_episode_trees(cfg_.data.path, cfg_.model.vocab_size, spec, (int)cfg_.data.action_bins, &bins);
     if (bins.dims() > 0) action_bins_json_ = bins.to_json();
+    for (const std::string& w : bins.fit_warnings) spdlog::warn("{}: {}", cfg_.data.path, w);
     if (!trees.empty())
       for (const data::FrameRef& f : trees[0].media.frames)
         if (f.step == 0) cameras_ = std::max<int64_t>(cameras_, f.camera + 1);

@@ -28,6 +28,23 @@ TEST(ActionBins, PercentilesAreNumpysLinearQuantiles) {
   EXPECT_NEAR(c.low[0], 0.03, 1e-12);
 }
 
+// A few extreme values (3e38 among 20 values in [-1, 1]) stretch the 1st-99th percentile range so
+// far that the middle half of the actions shares one bin: a warning names the dimension; an
+// ordinary spread and a mostly constant dimension (a gripper) give none.
+TEST(ActionBins, StretchedBinsAreNamed) {
+  std::vector<std::vector<float>> acts;
+  for (int i = 0; i < 20; ++i) acts.push_back({-1.0f + 0.1f * (float)i, i < 18 ? 0.0f : 1.0f});
+  EXPECT_TRUE(fit_action_bins(acts, 1000, 256).fit_warnings.empty());
+  acts.push_back({3e38f, 0.0f});
+  const ActionBins b = fit_action_bins(acts, 1000, 256);
+  ASSERT_EQ(b.fit_warnings.size(), 1u);
+  EXPECT_EQ(b.fit_warnings[0].rfind("action dimension 0: the middle half of its 21 values, [-0.5, 0.5], falls in one "
+                                    "of 256 bins spanning its 1st-99th percentiles [",
+                                    0),
+            0u)
+      << b.fit_warnings[0];
+}
+
 TEST(ActionBins, EncodeDecodeWithinHalfABinAndClip) {
   std::mt19937 rng(5);
   std::normal_distribution<float> g(0.0f, 2.0f);
