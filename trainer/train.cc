@@ -452,10 +452,15 @@ const Trainer::SegmentedTree& Trainer::segmented(int64_t index) {
   if (it != segmented_.end()) return it->second;
   const data::Tree& tree = loader_->trees()[index];
   SegmentedTree s;
-  if (cfg_.data.packing == "per_path") {
-    for (int64_t k = 0; k < tree.n_paths(); ++k) s.plans.push_back(data::plan_segments(data::path_tree(tree, k), cfg_.segments.length));
-  } else {
-    s.plans.push_back(data::plan_segments(tree, cfg_.segments.length));
+  try {
+    if (cfg_.data.packing == "per_path") {
+      for (int64_t k = 0; k < tree.n_paths(); ++k)
+        s.plans.push_back(data::plan_segments(data::path_tree(tree, k), cfg_.segments.length));
+    } else {
+      s.plans.push_back(data::plan_segments(tree, cfg_.segments.length));
+    }
+  } catch (const Error& e) {
+    throw Error(str(cfg_.where("segments.length"), ": data.path ", cfg_.data.path, ": ", e.what()));
   }
   int pieces = 0;
   for (const data::SegmentPlan& plan : s.plans) {
