@@ -186,11 +186,14 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
                                                     : ""));
   }
 
-  // The trees that will run partitioned (alone and over the budget): planned now, so a plan the
-  // backend cannot run (too many gateway ranges) stops the run before its first step.
-  if (capacity > 0)
-    for (int64_t i = 0; i < (int64_t)loader_->trees().size(); ++i)
-      if (loader_->trees()[i].n_tree() > cfg_.data.max_tokens_per_batch) partitioned(i);
+  // The trees that will run partitioned (alone and over the budget) or segment by segment (deeper
+  // than segments.length): planned now, so a plan that cannot run (too many gateway ranges, a
+  // piece over the budget) stops the run before its first step.
+  for (int64_t i = 0; i < (int64_t)loader_->trees().size(); ++i) {
+    const data::Tree& t = loader_->trees()[i];
+    if (capacity > 0 && t.n_tree() > cfg_.data.max_tokens_per_batch) partitioned(i);
+    if (cfg_.segments.enabled() && t.max_depth() > cfg_.segments.length) segmented(i);
+  }
 
   // Model state: resume (from the newest valid checkpoint; rank 0 moves invalid ones aside), or
   // start fresh. Rank 0, the writer, first removes what killed writers left.

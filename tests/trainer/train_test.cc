@@ -629,6 +629,15 @@ TEST(TrainTest, PartitionPlansAreCheckedAtTheStart) {
                 "ancestor row ranges in all (5999 for one piece), expected at most 16777216; use a larger capacity "
                 "(partition.capacity_tokens)");
   EXPECT_FALSE(fs::exists(fs::path(c.run_dir) / "metrics.jsonl")) << "no step ran";
+  // Segments of one token on the same chain: the same bound, named at segments.length.
+  c.partition.capacity_tokens = 0;
+  c.segments.length = 1;
+  c.origin["segments.length"] = "run.yaml:12";
+  EXPECT_EQ(error_of([&] { Trainer t(c); }),
+            "run.yaml:12: data.path " + c.data.path +
+                ": tree 'chain': segment length 1 cuts its 6000 tokens into 6000 pieces whose gateways would list "
+                "17997000 ancestor row ranges in all (5999 for one piece), expected at most 16777216; use a longer "
+                "segment (segments.length)");
 }
 
 // A header whose dtype is not a string (the same byte count): a problem of the checkpoint, named,
