@@ -142,8 +142,8 @@ TEST(SegmentsTrain, TokenDocumentsTrainAndOversizePiecesAreErrors) {
   wide.run_dir = (dir / "wide").string();
   wide.data.max_tokens_per_batch = 6;  // a comb's segments hold 8 to 12 tokens (branches)
   wide.validate();
-  Trainer tw(wide);
-  const std::string err = error_of([&] { tw.train_step(); });
+  // Segment plans are made when the trainer starts: the error comes before any step.
+  const std::string err = error_of([&] { Trainer tw(wide); });
   EXPECT_NE(err.find("tokens exceeds data.max_tokens_per_batch 6 (with segments the budget bounds a piece"),
             std::string::npos)
       << err;
