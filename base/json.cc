@@ -1,6 +1,8 @@
 // parse_json_strict (see json.h).
 #include "base/json.h"
 
+#include <fstream>
+#include <sstream>
 #include <unordered_set>
 #include <vector>
 
@@ -36,6 +38,18 @@ nlohmann::json parse_json_strict(const std::string& text) {
     throw Error(str("duplicate key \"", duplicate, "\": a JSON object names each key once (a second value would "
                                                    "silently replace the first)"));
   return j;
+}
+
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(str(path, ": cannot open"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  try {
+    return parse_json_strict(text.str());
+  } catch (const std::exception& e) {  // invalid JSON, a key named twice, nested too deep
+    throw Error(str(path, ": invalid JSON: ", e.what()));
+  }
 }
 
 nlohmann::json parse_json_or_discarded(const std::string& text) {

@@ -19,7 +19,11 @@ constexpr int kMaxJsonDepth = 256;
 // parser would end the text there and drop the rest silently).
 nlohmann::json parse_json_strict(const std::string& text);
 
-// The same, but a value is_discarded() instead of an exception, for files whose callers fall
+// The file at `path` through parse_json_strict. Throws tt::Error
+// "<path>: cannot open" or "<path>: invalid JSON: <why>".
+nlohmann::json read_json_file(const std::string& path);
+
+// parse_json_strict, but a value is_discarded() instead of an exception, for files whose callers fall
 // back on their own message (a checkpoint's state, metrics lines).
 nlohmann::json parse_json_or_discarded(const std::string& text);
 

@@ -12,13 +12,22 @@
 namespace tt::data {
 namespace {
 
-// numpy.quantile's default ("linear"): position p (n - 1) between the sorted values.
-double quantile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
+// numpy.quantile's default ("linear"): position p (n - 1) between the values `v`, sorted.
+double quantile(const std::vector<double>& v, double p) {
   const double pos = p * (double)(v.size() - 1);
   const size_t i = (size_t)std::floor(pos);
   const size_t j = std::min(i + 1, v.size() - 1);
   return v[i] + (pos - (double)i) * (v[j] - v[i]);
+}
+
+// The bin of finite value x among `bins` uniform bins over [low, high]; outside, the end bins.
+int bin_index(double x, double low, double high, int bins) {
+  const double span = high - low;
+  // A constant dimension (span 0) maps to its middle bin.
+  const double u = span > 0 ? (x - low) / span : 0.5;
+  // Clamped as a double: a value far outside the bins' range (u * bins past 2^31) would make the
+  // cast undefined (INT_MIN on x86, bin 0 for a huge positive action).
+  return (int)std::clamp(std::floor(u * bins), 0.0, (double)(bins - 1));
 }
 
 }  // namespace
@@ -39,24 +48,15 @@ ActionBins fit_action_bins(const std::vector<std::vector<float>>& actions, int64
       TT_CHECK(a.size() == D, "action bins: an action of ", a.size(), " values among actions of ", D);
       col.push_back(a[d]);
     }
+    std::sort(col.begin(), col.end());
     b.low.push_back(quantile(col, 0.01));
     b.high.push_back(quantile(col, 0.99));
     const double q25 = quantile(col, 0.25), q75 = quantile(col, 0.75);
-    if (q25 < q75) {
-      const std::vector<int32_t> ids = [&] {
-        ActionBins one;  // dimension d alone
-        one.bins = bins;
-        one.vocab_size = vocab_size;
-        one.low = {b.low[d]};
-        one.high = {b.high[d]};
-        return std::vector<int32_t>{one.encode({(float)q25})[0], one.encode({(float)q75})[0]};
-      }();
-      if (ids[0] == ids[1])
-        b.fit_warnings.push_back(str("action dimension ", d, ": the middle half of its ", col.size(), " values, [", q25,
-                                     ", ", q75, "], falls in one of ", bins, " bins spanning its 1st-99th percentiles [",
-                                     b.low[d], ", ", b.high[d], "]: a few extreme values stretch the bins, and the "
-                                     "action tokens cannot tell most of its actions apart"));
-    }
+    if (q25 < q75 && bin_index(q25, b.low[d], b.high[d], bins) == bin_index(q75, b.low[d], b.high[d], bins))
+      b.fit_warnings.push_back(str("action dimension ", d, ": the middle half of its ", col.size(), " values, [", q25,
+                                   ", ", q75, "], falls in one of ", bins, " bins spanning its 1st-99th percentiles [",
+                                   b.low[d], ", ", b.high[d], "]: a few extreme values stretch the bins, and the "
+                                   "action tokens cannot tell most of its actions apart"));
   }
   return b;
 }
@@ -67,13 +67,7 @@ std::vector<int32_t> ActionBins::encode(const std::vector<float>& action) const 
   for (int d = 0; d < dims(); ++d) {
     if (!std::isfinite(action[d]))
       throw Error(str("action bins: action value ", action[d], " in dimension ", d, ", expected a finite number"));
-    const double span = high[d] - low[d];
-    // A constant dimension (span 0) maps to its middle bin.
-    const double u = span > 0 ? ((double)action[d] - low[d]) / span : 0.5;
-    // Clamped as a double: an action far outside the bins' range (u * bins past 2^31) would make the
-    // cast undefined (INT_MIN on x86, bin 0 for a huge positive action).
-    const int bin = (int)std::clamp(std::floor(u * bins), 0.0, (double)(bins - 1));
-    out.push_back(first_id() + bin);
+    out.push_back(first_id() + bin_index(action[d], low[d], high[d], bins));
   }
   return out;
 }

@@ -41,9 +41,10 @@ template <class T>
 void load_hf_weights(const std::string& dir, const ModelConfig& cfg, const std::vector<ParamInfo>& table, T* params);
 
 // The same checks from the safetensors headers alone (no values read, nothing of the model's size
-// allocated): every tensor of `table` present once with its shape, no unexpected one. Callers
-// run it before building a model from a checkpoint's config.json, so weights of other shapes (or
-// a config.json edited to a huge vocabulary) are named before gigabytes are allocated.
+// allocated): every tensor of `table` present once with its shape, no unexpected one, with
+// load_hf_weights' messages. Run before building a model from a checkpoint's config.json
+// (trainer's read_checkpoint_config), so weights of other shapes (or a config.json edited to a
+// huge vocabulary) are named before gigabytes are allocated.
 void check_hf_weight_shapes(const std::string& dir, const ModelConfig& cfg, const std::vector<ParamInfo>& table);
 
 // The same for a CPU decoder's own parameters.

@@ -239,16 +239,7 @@ fs::path aside_name(const fs::path& dir) {
 }  // namespace
 
 TrainerState read_trainer_state(const std::string& file) {
-  std::ifstream in(file);
-  if (!in) throw Error(str(file, ": cannot open"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  nlohmann::json j;
-  try {
-    j = parse_json_strict(text.str());
-  } catch (const std::exception& e) {  // invalid JSON, a key named twice, nested too deep
-    throw Error(str(file, ": invalid JSON: ", e.what()));
-  }
+  const nlohmann::json j = read_json_file(file);
   if (!j.is_object()) throw Error(str(file, ": expected a JSON object, got ", j.type_name()));
   TrainerState st;
   st.version = state_version(j, file);

@@ -60,7 +60,7 @@ NavScore run_episodes(model::Decoder<model::CpuExec<float>>& m, const NavEvalOpt
 NavEvalResult run_nav_eval(const NavEvalOptions& opt) {
   TT_CHECK(opt.episodes >= 1, "--episodes ", opt.episodes, ": expected >= 1");
   const std::string dir = resolve_checkpoint(opt.checkpoint);
-  const model::ModelConfig cfg = model::read_hf_config(dir);
+  const model::ModelConfig cfg = read_checkpoint_config(dir);
   if (!cfg.vision.enabled())
     throw Error(str(dir, "/config.json: a text model (no vision_config); eval --env nav needs a VLA checkpoint"));
   data::NavSpec spec = opt.spec;

@@ -153,11 +153,14 @@ void check_host_memory(const model::ModelConfig& cfg, const std::vector<model::P
 
 }  // namespace
 
+model::ModelConfig read_checkpoint_config(const std::string& dir) {
+  model::ModelConfig cfg = model::read_hf_config(dir);
+  model::check_hf_weight_shapes(dir, cfg, model::param_table(cfg));
+  return cfg;
+}
+
 template <class E>
 std::unique_ptr<model::Decoder<E>> load_inference_model(const model::ModelConfig& cfg, const std::string& dir) {
-  // Weights of other shapes than config.json says are named from the headers, before a model of
-  // config.json's size is allocated.
-  model::check_hf_weight_shapes(dir, cfg, model::param_table(cfg));
   model::DecoderOptions o;
   o.inference = true;
   auto m = std::make_unique<model::Decoder<E>>(cfg, o);
@@ -296,7 +299,7 @@ std::string completions_jsonl(const std::vector<model::Prompt>& prompts, const s
 int64_t run_sample(const SampleCommand& c) {
   model::SamplingOptions opt = c.sampling;
   const std::string dir = resolve_checkpoint(c.checkpoint);
-  model::ModelConfig cfg = model::read_hf_config(dir);
+  model::ModelConfig cfg = read_checkpoint_config(dir);
   model::SegmentConfig seg = checkpoint_segments(dir);
   apply_sets(c.sets, &cfg, &opt, &seg);
   cfg.validate();
@@ -312,10 +315,8 @@ int64_t run_sample(const SampleCommand& c) {
     throw Error(str("--out ", c.out, ": the --prompts file itself; the completions would replace the prompts (write "
                     "them to another file)"));
   if (!c.out.empty()) check_writable(c.out);  // fail before the work if the output cannot be written
-  const std::vector<model::ParamInfo> table = model::param_table(cfg);
-  model::check_hf_weight_shapes(dir, cfg, table);  // before any memory estimate from config.json's sizes
   int64_t num_params = 0;
-  for (const model::ParamInfo& p : table) num_params += p.numel;
+  for (const model::ParamInfo& p : model::param_table(cfg)) num_params += p.numel;
   const int gpu = resolve_device(c.device, cfg);
   if (gpu < 0 && !seg.enabled()) check_host_memory(cfg, prompts, opt);
   if (seg.enabled())

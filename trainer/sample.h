@@ -48,8 +48,14 @@ int64_t run_sample(const SampleCommand& cmd);
 
 // The HF directory DIR names (itself, or a run_dir's newest checkpoint).
 std::string resolve_checkpoint(const std::string& dir);
-// An inference-only model of `cfg` holding the weights of HF directory `dir` (on the GPU, its
-// bf16 weights only): what sample, eval and serve run. E: CpuExec<float> or CudaExec.
+// config.json of HF directory `dir`, with its weights' names and shapes checked against it from
+// the safetensors headers (model::check_hf_weight_shapes): what sample, eval and serve read first,
+// so weights of other shapes are named before anything of config.json's sizes is allocated or
+// estimated.
+model::ModelConfig read_checkpoint_config(const std::string& dir);
+// An inference-only model of `cfg` (read_checkpoint_config) holding the weights of HF directory
+// `dir` (on the GPU, its bf16 weights only): what sample, eval and serve run. E: CpuExec<float> or
+// CudaExec.
 template <class E>
 std::unique_ptr<model::Decoder<E>> load_inference_model(const model::ModelConfig& cfg, const std::string& dir);
 // data.history of the run that wrote checkpoint `dir` (its config.yaml): the window, 0 for the full

@@ -63,7 +63,7 @@ class Server {
  public:
   explicit Server(const ServeOptions& opt) : opt_(opt) {
     dir_ = resolve_checkpoint(opt.checkpoint);
-    cfg_ = model::read_hf_config(dir_);
+    cfg_ = read_checkpoint_config(dir_);
     if (!cfg_.vision.enabled())
       throw Error(str(dir_, "/config.json: a text model (no vision_config); serve needs a VLA checkpoint"));
     window_ = opt.window >= 0 ? opt.window : checkpoint_history_window(dir_);
