@@ -348,11 +348,13 @@ void GdnKind::check_carry(const BlockCall<E>& c) const {
                         " without d_state / d_conv accumulators for its gradient"));
   if (c.carry && !c.carry->offer_node.empty()) {
     const LayerCarry<E>& cr = *c.carry;
-    TT_CHECK(c.mode == Mode::kTrain, "model: layer ", layer_, ": offers end states from a training forward only");
-    TT_CHECK(cr.offer_state && cr.offer_conv && cr.offer_d_state && cr.offer_d_conv, "model: layer ", layer_,
-             " offers ", cr.offer_node.size(), " nodes without ", !cr.offer_state ? "offer_state" : !cr.offer_conv ?
-             "offer_conv" : !cr.offer_d_state ? "offer_d_state" : "offer_d_conv", " (a partition piece's offers need "
-             "the state, conv tail and their gradient buffers)");
+    // A no-grad forward offers too (partition.recompute: a piece's first forward keeps only what
+    // its children read); only a training forward's backward reads the gradient buffers.
+    const bool train = c.mode == Mode::kTrain;
+    TT_CHECK(cr.offer_state && cr.offer_conv && (!train || (cr.offer_d_state && cr.offer_d_conv)), "model: layer ",
+             layer_, " offers ", cr.offer_node.size(), " nodes without ", !cr.offer_state ? "offer_state" :
+             !cr.offer_conv ? "offer_conv" : !cr.offer_d_state ? "offer_d_state" : "offer_d_conv",
+             " (a partition piece's offers need the state, conv tail and, in training, their gradient buffers)");
     for (int32_t n : c.carry->offer_node)
       TT_CHECK(n >= 0 && n < c.batch->layout.num_nodes, "model: layer ", layer_, ": offers node ", n,
                " of a batch of ", c.batch->layout.num_nodes, " nodes");

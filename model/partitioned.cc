@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <numeric>
 #include <vector>
 
 #include "base/check.h"
@@ -15,6 +16,11 @@ namespace {
 template <class E>
 struct LivePiece {
   Activations<E> acts;
+  // recompute (keeps_rows_only): the piece's batch and its K/V rows, kept for its children and
+  // for the training forward its backward runs again; acts are empty until then.
+  bool rows_only = false;
+  data::PackedBatch batch;
+  typename E::Buffer kept;       // per layer (k, v) rows, as attention reads them
   Carry<E> gateway;              // [layer] what the piece reads: one prefix per gateway segment
   Carry<E> rows;                 // [layer] its own rows, dk/dv pointing into relay
   typename E::Buffer relay;      // per layer (dk, dv) accumulators of its rows
@@ -43,8 +49,9 @@ KV slice(const KV& kv, int64_t row_elems, int begin, int end, int q_end) {
 
 template <class E>
 double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_tree, const data::Partition& plan,
-                                    double loss_scale, PartitionRunStats* stats) {
+                                    double loss_scale, PartitionRunStats* stats, bool recompute) {
   using Acc = typename E::Acc;
+  using Act = typename E::Act;
   E& e = model.exec();
   const int L = model.architecture().num_layers();
   std::vector<int64_t> row_elems(L);
@@ -129,9 +136,39 @@ double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_t
           lp->gateway[l].kv.push_back(slice(kv, row_elems[l], seg.row_begin, seg.row_end, N));
     }
     if (recurrent) recurrent_gateway(k, *lp);
-    model.forward(batch, loss_scale, lp->acts, &lp->gateway);
+    lp->rows_only = N > 0 && keeps_rows_only(plan, k, recompute);
+    if (lp->rows_only) {  // a no-grad forward that stores the rows its children read
+      int64_t total = 0;
+      for (int l = 0; l < L; ++l) total += 2 * (int64_t)N * row_elems[l];
+      e.ensure(lp->kept, sizeof(Act) * (size_t)total);
+      CacheWrite<E> w;
+      w.k.assign(L, nullptr);
+      w.v.assign(L, nullptr);
+      w.rows.resize(N);
+      std::iota(w.rows.begin(), w.rows.end(), 0);
+      lp->rows.assign(L, {});
+      Act* next = reinterpret_cast<Act*>(lp->kept.data());
+      for (int l = 0; l < L; ++l) {
+        if (row_elems[l] == 0) continue;
+        w.k[l] = next;
+        w.v[l] = next + (int64_t)N * row_elems[l];
+        typename E::KV kv;
+        kv.k = w.k[l];
+        kv.v = w.v[l];
+        kv.len = N;
+        lp->rows[l].kv.assign(1, kv);
+        next += 2 * (int64_t)N * row_elems[l];
+      }
+      InferRequest req;
+      req.loss = false;
+      req.rows = InferRequest::Rows::kNone;
+      model.infer(batch, req, &lp->gateway, &w);
+      lp->batch = batch;
+    } else {
+      model.forward(batch, loss_scale, lp->acts, &lp->gateway);
+    }
     if (N > 0) {
-      lp->rows = model.export_carry(lp->acts);
+      if (!lp->rows_only) lp->rows = model.export_carry(lp->acts);
       int64_t total = 0;
       for (int l = 0; l < L; ++l) total += 2 * (int64_t)N * row_elems[l];
       e.ensure(lp->relay, sizeof(Acc) * (size_t)total);
@@ -151,23 +188,42 @@ double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_t
   };
   auto backward = [&](int k) {
     LivePiece<E>& lp = *live[k];
-    model.backward(lp.acts, &lp.rows);
+    if (lp.rows_only) {
+      // The training forward again, on the same batch and gateway: the same rows as the kept ones
+      // (the children read those), whose gradients the relay accumulators hold.
+      model.forward(lp.batch, loss_scale, lp.acts, &lp.gateway);
+      Carry<E> rows = model.export_carry(lp.acts);
+      for (int l = 0; l < L; ++l) {
+        TT_CHECK(rows[l].kv.size() == lp.rows[l].kv.size(), "partition of tree '", split_tree.id, "': piece ", k,
+                 " exports ", rows[l].kv.size(), " K/V entries at layer ", l, " on its second forward, ",
+                 lp.rows[l].kv.size(), " on its first");
+        for (size_t i = 0; i < rows[l].kv.size(); ++i) {
+          rows[l].kv[i].dk = lp.rows[l].kv[i].dk;
+          rows[l].kv[i].dv = lp.rows[l].kv[i].dv;
+        }
+      }
+      model.backward(lp.acts, &rows);
+    } else {
+      model.backward(lp.acts, &lp.rows);
+    }
     const Losses l = model.losses(lp.acts);
     loss += l.loss;
     nll += l.nll_sum;
     live[k].reset();
   };
-  PartitionRunStats st = walk_partition_schedule(plan, split_tree.id, forward, backward);
+  PartitionRunStats st = walk_partition_schedule(plan, split_tree.id, forward, backward, recompute);
   st.nll_sum = nll;
   if (stats) *stats = st;
   return loss;
 }
 
 template double forward_backward_partitioned<CpuExec<float>>(Decoder<CpuExec<float>>&, const data::Tree&,
-                                                             const data::Partition&, double, PartitionRunStats*);
+                                                             const data::Partition&, double, PartitionRunStats*,
+                                                             bool);
 template double forward_backward_partitioned<CpuExec<double>>(Decoder<CpuExec<double>>&, const data::Tree&,
-                                                              const data::Partition&, double, PartitionRunStats*);
+                                                              const data::Partition&, double, PartitionRunStats*,
+                                                              bool);
 template double forward_backward_partitioned<CudaExec>(Decoder<CudaExec>&, const data::Tree&, const data::Partition&,
-                                                       double, PartitionRunStats*);
+                                                       double, PartitionRunStats*, bool);
 
 }  // namespace tt::model

@@ -12,6 +12,14 @@
 // finishes before its ancestor's backward, those gradients are complete when they are used.
 // Activations live only for the pieces on the current root-to-piece chain.
 //
+// With `recompute` (partition.recompute), a piece that has child pieces keeps only what they
+// read: its forward is a no-grad one that stores the piece's per-layer K/V rows (as attention
+// reads them) and its offered recurrent states and conv tails, and its activations are dropped;
+// after its children, its backward runs the training forward again (same batch, same gateway,
+// hence the same K/V rows) and then the backward. What stays resident along the chain is then
+// the K/V rows (bf16 on the GPU) and their fp32 gradient accumulators, not the activations; a leaf
+// piece trains as before. Cost: one more forward of the blocks for every non-leaf piece.
+//
 // Limits: one gateway segment is one external prefix of the attention, so a piece's gateway may
 // have at most E::kMaxExternalKV segments (a tt::Error says so otherwise).
 //
@@ -40,25 +48,34 @@
 namespace tt::model {
 
 struct PartitionRunStats {
-  int64_t tokens_processed = 0;   // sum of piece tokens (== n_tree: no recomputation)
+  int64_t tokens_processed = 0;   // sum of piece tokens (== n_tree: each token's loss and gradient once)
+  int64_t tokens_recomputed = 0;  // recompute: tokens whose forward ran twice (the non-leaf pieces')
   int64_t peak_live_tokens = 0;   // most tokens whose activations were resident at once
+  int64_t peak_kept_tokens = 0;   // recompute: most tokens resident as K/V rows only (no activations)
   int pieces = 0;
   double nll_sum = 0;             // the pieces' unweighted NLL sums (Losses::nll_sum)
 };
 
+// Whether piece k keeps only its K/V rows between its forward and its backward (recompute).
+inline bool keeps_rows_only(const data::Partition& plan, int k, bool recompute) {
+  return recompute && !plan.pieces[k].child_pieces.empty();
+}
+
 // Walks plan.schedule for both backends' executors: forward(k) and backward(k) run piece k's
 // halves; the walk checks that each piece runs forward, then (after all its child pieces)
 // backward, exactly once, that gateways only read resident pieces, and counts the resident
-// tokens. Returns the run's statistics.
+// tokens (with `recompute`, a non-leaf piece's activations are resident only during its
+// backward). Returns the run's statistics; with no-op forward and backward, what a plan would
+// hold resident (the trainer's log).
 template <class Forward, class Backward>
 PartitionRunStats walk_partition_schedule(const data::Partition& plan, const std::string& tree_id, Forward&& forward,
-                                          Backward&& backward) {
+                                          Backward&& backward, bool recompute = false) {
   const int P = plan.num_pieces();
   TT_CHECK(P > 0, "partition of tree '", tree_id, "' has no pieces");
   TT_CHECK(plan.schedule.size() == 2 * (size_t)P, "partition of tree '", tree_id, "': schedule has ",
            plan.schedule.size(), " steps, expected ", 2 * P);
   std::vector<char> live(P, 0), done(P, 0);
-  int64_t live_tokens = 0;
+  int64_t live_tokens = 0, kept_tokens = 0;
   PartitionRunStats st;
   st.pieces = P;
   for (const data::Step& step : plan.schedule) {
@@ -71,17 +88,26 @@ PartitionRunStats walk_partition_schedule(const data::Partition& plan, const std
                  ", which is not resident (schedule or plan is inconsistent)");
       forward(k);
       live[k] = 1;
-      live_tokens += piece.tokens;
       st.tokens_processed += piece.tokens;
-      st.peak_live_tokens = std::max(st.peak_live_tokens, live_tokens);
+      if (keeps_rows_only(plan, k, recompute)) {
+        kept_tokens += piece.tokens;
+        st.tokens_recomputed += piece.tokens;
+        st.peak_kept_tokens = std::max(st.peak_kept_tokens, kept_tokens);
+        // its no-grad forward's working set is one block's, not counted as activations
+      } else {
+        live_tokens += piece.tokens;
+        st.peak_live_tokens = std::max(st.peak_live_tokens, live_tokens);
+      }
     } else {
       TT_CHECK(live[k], "partition schedule runs the backward of piece ", k, " before its forward");
       for (int c : piece.child_pieces)
         TT_CHECK(done[c], "partition schedule runs the backward of piece ", k, " before that of its child ", c);
+      if (keeps_rows_only(plan, k, recompute))  // the training forward again, then the backward
+        st.peak_live_tokens = std::max(st.peak_live_tokens, live_tokens + piece.tokens);
       backward(k);
       live[k] = 0;
       done[k] = 1;
-      live_tokens -= piece.tokens;
+      (keeps_rows_only(plan, k, recompute) ? kept_tokens : live_tokens) -= piece.tokens;
     }
   }
   for (int k = 0; k < P; ++k) TT_CHECK(done[k], "partition schedule leaves piece ", k, " without a backward");
@@ -90,8 +116,10 @@ PartitionRunStats walk_partition_schedule(const data::Partition& plan, const std
 
 // Forward and backward of `split_tree` (data::split_long_nodes output) through `plan`
 // (data::plan_partition of it): grads() += d(loss)/d(params); returns loss_scale * sum w * ce.
+// recompute: non-leaf pieces keep only their K/V rows and run their forward again before their
+// backward (above); the same loss and gradients.
 template <class E>
 double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_tree, const data::Partition& plan,
-                                    double loss_scale, PartitionRunStats* stats = nullptr);
+                                    double loss_scale, PartitionRunStats* stats = nullptr, bool recompute = false);
 
 }  // namespace tt::model

@@ -95,10 +95,10 @@ class DecoderBackend : public Backend {
     nll_ += l.nll_sum;
     return l.loss;
   }
-  double forward_backward_partitioned(const data::Tree& split, const data::Partition& plan,
-                                      double loss_scale) override {
+  double forward_backward_partitioned(const data::Tree& split, const data::Partition& plan, double loss_scale,
+                                      bool recompute) override {
     model::PartitionRunStats st;
-    const double loss = model::forward_backward_partitioned(model_, split, plan, loss_scale, &st);
+    const double loss = model::forward_backward_partitioned(model_, split, plan, loss_scale, &st, recompute);
     nll_ += st.nll_sum;
     return loss;
   }

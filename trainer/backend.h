@@ -61,8 +61,10 @@ class Backend {
   // The same for one tree run piece by piece: `split` is data::split_long_nodes(tree, C) and
   // `plan` data::plan_partition(split, C) (model/partitioned.h). Equals forward_backward of the
   // tree's own batch: grads += d(loss)/d(params); returns loss_scale * sum w * ce.
+  // recompute: partition.recompute (non-leaf pieces keep only their K/V rows and run their forward
+  // again before their backward).
   virtual double forward_backward_partitioned(const data::Tree& split, const data::Partition& plan,
-                                              double loss_scale) = 0;
+                                              double loss_scale, bool recompute) = 0;
   // The same for one tree run segment by segment (model/segments.h; plan: data::plan_segments):
   // grads += the gradient of loss_scale * L_K (truncated BPTT); returns loss_scale * sum w * ce.
   // The CPU backend only so far (a tt::Error on the GPU).

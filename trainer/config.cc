@@ -111,6 +111,7 @@ const std::vector<Field>& fields() {
       TT_FIELD("schedule.decay", schedule.decay, {"cosine", "linear", "constant"}),
       TT_FIELD("schedule.min_lr_ratio", schedule.min_lr_ratio),
       TT_FIELD("partition.capacity_tokens", partition.capacity_tokens),
+      TT_FIELD("partition.recompute", partition.recompute),
       TT_FIELD("segments.length", segments.length),
       TT_FIELD("segments.tail", segments.tail),
       TT_FIELD("segments.tbptt", segments.tbptt),
@@ -619,6 +620,9 @@ void RunConfig::validate() const {
           d(schedule.min_lr_ratio));
   const int64_t cap = partition.capacity_tokens;
   require(cap >= 0, "partition.capacity_tokens", ">= 0 (0: off)", i(cap));
+  require(!partition.recompute || cap > 0, "partition.recompute",
+          "false while partition.capacity_tokens is 0 (partitioning is off: no piece to recompute)", "true",
+          "partition.capacity_tokens");
   if (cap > 0) {
     require(data.packing == "tree", "data.packing", "tree when partition.capacity_tokens > 0 (" + i(cap) + ")",
             "'" + data.packing + "'", "partition.capacity_tokens");

@@ -17,7 +17,7 @@
 //             max_skipped_steps
 //   optim:    lr, beta1, beta2 (or betas: [b1, b2]), eps, weight_decay
 //   schedule: warmup_steps (longer than train.max_steps: a warning), decay, min_lr_ratio
-//   partition: capacity_tokens (docs/PARTITIONING.md)
+//   partition: capacity_tokens, recompute (docs/PARTITIONING.md)
 //   segments: length, tail, tbptt, long_range: {layers, heads, retrieve} (segment-level
 //             execution, model/segments.h; off by default)
 //   distributed: mode, comm, timeout_s, collective_timeout_s (data parallelism, distributed/README.md)
@@ -117,6 +117,11 @@ struct ScheduleConfig {
 // (a piece is a micro-batch's worth of tokens).
 struct PartitionConfig {
   int64_t capacity_tokens = 0;  // tokens per piece; 0 = off
+  // A piece with child pieces keeps only its K/V rows (and a hybrid's offered states) between its
+  // forward and its backward, and runs its forward again before its backward: one piece's
+  // activations resident at a time instead of a whole chain's, for one more forward of the
+  // non-leaf pieces. The same loss and gradients (docs/PARTITIONING.md).
+  bool recompute = false;
 };
 
 // Data parallelism (distributed/README.md). Whether a run is distributed comes from the launcher's

@@ -15,6 +15,7 @@
 #include "data/frames.h"
 #include "data/reader.h"
 #include "distributed/env.h"
+#include "model/partitioned.h"
 #include "distributed/nccl_communicator.h"
 #include "distributed/rendezvous.h"
 #include "base/check.h"
@@ -506,10 +507,25 @@ const Trainer::PartitionedTree& Trainer::partitioned(int64_t index) {
                     backend_->max_external_kv(), " (a larger capacity makes the chain of pieces shorter)"));
   int64_t with_gateways = 0;
   for (const data::Piece& piece : p.plan.pieces) with_gateways += piece.tokens;
-  spdlog::info("partition: tree '{}' ({} tokens) -> {} pieces of <= {} tokens, peak {} tokens resident; "
-               "{} tokens computed through gateways vs {} naive (re-running ancestors)",
-               tree.id, tree.n_tree(), p.plan.num_pieces(), capacity, p.plan.peak_tokens, with_gateways,
-               p.plan.naive_tokens);
+  if (cfg_.partition.recompute) {
+    for (int k = 0; k < p.plan.num_pieces(); ++k) {
+      if (!model::keeps_rows_only(p.plan, k, true)) continue;
+      model::Work w = model::Work::of(data::pack_piece(p.split, p.plan, k));
+      w.head_rows = 0;  // the first forward stops before the LM head
+      p.recompute += w;
+    }
+    const model::PartitionRunStats r = model::walk_partition_schedule(p.plan, tree.id, [](int) {}, [](int) {}, true);
+    spdlog::info("partition: tree '{}' ({} tokens) -> {} pieces of <= {} tokens, activations of at most {} tokens "
+                 "resident at once and the K/V rows of up to {} more (partition.recompute: {} tokens' forward run "
+                 "twice); {} tokens computed through gateways vs {} naive (re-running ancestors)",
+                 tree.id, tree.n_tree(), p.plan.num_pieces(), capacity, r.peak_live_tokens, r.peak_kept_tokens,
+                 r.tokens_recomputed, with_gateways, p.plan.naive_tokens);
+  } else {
+    spdlog::info("partition: tree '{}' ({} tokens) -> {} pieces of <= {} tokens, peak {} tokens resident; "
+                 "{} tokens computed through gateways vs {} naive (re-running ancestors)",
+                 tree.id, tree.n_tree(), p.plan.num_pieces(), capacity, p.plan.peak_tokens, with_gateways,
+                 p.plan.naive_tokens);
+  }
   return partitioned_.emplace(index, std::move(p)).first->second;
 }
 
@@ -564,6 +580,7 @@ StepMetrics Trainer::train_step() {
 
   backend_->zero_grad();
   if (comm_) buckets_->begin(backend_->grads_data(), *comm_);
+  model::Work recomputed;  // partition.recompute's second forwards
   for (size_t i = 0; i < micro.size(); ++i) {
     if (runs[i].tree < 0 && comm_ && i + 1 == micro.size()) {
       // The step's last backward: each parameter's gradient is final once reported, and its
@@ -580,8 +597,20 @@ StepMetrics Trainer::train_step() {
       }
     } else {
       const PartitionedTree& p = partitioned(runs[i].tree);
-      m.loss += backend_->forward_backward_partitioned(p.split, p.plan, 1.0 / normaliser);
+      try {
+        m.loss += backend_->forward_backward_partitioned(p.split, p.plan, 1.0 / normaliser,
+                                                           cfg_.partition.recompute);
+      } catch (const Error& e) {  // out of memory on a chain of resident pieces: say what helps
+        const std::string msg = e.what();
+        if (cfg_.partition.recompute || msg.find("out of memory") == std::string::npos) throw;
+        throw Error(str("step ", m.step, ": tree '", p.split.id, "' (", p.split.n_tree(), " tokens in ",
+                        p.plan.num_pieces(), " pieces) holds the activations of up to ", p.plan.peak_tokens,
+                        " tokens at once (a chain of pieces stays resident until its backward): ", msg,
+                        "; set partition.recompute: true to keep one piece's activations at a time (the others "
+                        "keep their K/V rows and run their forward again)"));
+      }
       m.pieces += p.plan.num_pieces();
+      recomputed += p.recompute;
     }
   }
   const double t_backward = now_s();
@@ -624,7 +653,7 @@ StepMetrics Trainer::train_step() {
       step_ = m.step;
       m.skipped = true;
       m.skipped_steps = skipped_steps_;
-      finish_metrics(m, t0, work);
+      finish_metrics(m, t0, work, recomputed);
       return m;
     }
     throw NonFiniteError(str(what, cfg_.train.on_nonfinite == "skip_step"
@@ -651,16 +680,17 @@ StepMetrics Trainer::train_step() {
   step_ = m.step;
   consecutive_skips_ = 0;
   m.skipped_steps = skipped_steps_;
-  finish_metrics(m, t0, work);
+  finish_metrics(m, t0, work, recomputed);
   return m;
 }
 
-void Trainer::finish_metrics(StepMetrics& m, double t0, const model::Work& work) const {
+void Trainer::finish_metrics(StepMetrics& m, double t0, const model::Work& work,
+                             const model::Work& forward_only) const {
   const double t1 = now_s();
   m.step_s = t1 - t0;
   m.tokens_per_s = t1 > t0 ? (double)m.n_tree / (t1 - t0) : 0.0;
   const model::Flops flops = arch_.flops(work, model::Pass::kTrain);
-  m.executed_flops = flops.executed;
+  m.executed_flops = flops.executed + arch_.flops(forward_only, model::Pass::kForward).executed;
   if (t1 > t0) {
     m.model_tflops = flops.model / (t1 - t0) / 1e12;
     m.mfu = flops.model / (kPeakFlops * (t1 - t0));

@@ -104,7 +104,8 @@ struct StepMetrics {
   double step_s = 0;     // wall time of the step (loader, forward/backward, norm, update)
   double model_tflops = 0;  // model FLOPs of the step per second, in TFLOP/s
   double mfu = 0;           // model_tflops * 1e12 / kPeakFlops
-  double executed_flops = 0;  // FLOPs the step executed (this rank's micro-batches)
+  double executed_flops = 0;  // FLOPs the step executed (this rank's micro-batches; with
+                              // partition.recompute, the extra forwards too; MFU counts them not)
   double gemm_tune_s = 0;     // seconds this rank spent timing GEMM candidates (train.gemm_autotune)
   bool skipped = false;       // train.on_nonfinite: skip_step skipped this step's update
   int64_t skipped_steps = 0;  // steps skipped so far in this process
@@ -157,6 +158,9 @@ class Trainer {
   struct PartitionedTree {
     data::Tree split;
     data::Partition plan;
+    // partition.recompute: the work of the non-leaf pieces' extra forward (the no-grad one that
+    // keeps their K/V rows: the blocks, no LM head), which executed_flops adds.
+    model::Work recompute;
   };
   // The plan of loader tree `index`, made (and logged) on first use.
   const PartitionedTree& partitioned(int64_t index);
@@ -196,8 +200,10 @@ class Trainer {
   std::string gemm_tuning_file_text(int64_t done) const;
   // Decodes a micro-batch's frames into its pixels (data::load_frames at vision.image_size).
   void load_frames(data::PackedBatch& b) const;
-  // Time, throughput and FLOP fields of a step that began at t0.
-  void finish_metrics(StepMetrics& m, double t0, const model::Work& work) const;
+  // Time, throughput and FLOP fields of a step that began at t0; `forward_only`: work run forward
+  // only besides (partition.recompute's extra forwards: executed, not model FLOPs).
+  void finish_metrics(StepMetrics& m, double t0, const model::Work& work,
+                      const model::Work& forward_only = model::Work{}) const;
 
   RunConfig cfg_;
   RunDirLock run_lock_;  // rank 0's, taken before anything in run_dir is read or written

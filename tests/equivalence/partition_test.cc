@@ -3,6 +3,8 @@
 // tails crossing the cuts), on random trees of every shape in tree_shapes(), many
 // capacities (1 token, smaller than a node, a few nodes, half the tree, the whole tree) and
 // several trees per batch; and the tokens processed equal N_tree (no ancestor is recomputed).
+// With partition.recompute (non-leaf pieces keep only their K/V rows and run their forward again
+// before their backward) the loss and gradients are bitwise those without it.
 //
 // Tolerance rule as in tree_vs_path_test: fp64 sums in different groupings agree to relative
 // 1e-10; fp32 partitioned may differ from the fp64 truth by at most 2x what fp32 unpartitioned
@@ -75,8 +77,11 @@ Result unpartitioned(model::Model<T>& m, const std::vector<data::Tree>& trees, d
   return r;
 }
 
+// recompute (partition.recompute): non-leaf pieces keep only their K/V rows (and offered states)
+// and run their forward again before their backward.
 template <class T>
-Result partitioned(model::Model<T>& m, const std::vector<data::Tree>& trees, int64_t capacity, double scale) {
+Result partitioned(model::Model<T>& m, const std::vector<data::Tree>& trees, int64_t capacity, double scale,
+                   bool recompute = false) {
   m.zero_grad();
   double loss = 0;
   int64_t processed = 0;
@@ -84,9 +89,27 @@ Result partitioned(model::Model<T>& m, const std::vector<data::Tree>& trees, int
     data::Tree split = data::split_long_nodes(t, capacity);
     data::Partition plan = data::plan_partition(split, capacity);
     model::PartitionRunStats st;
-    loss += model::forward_backward_partitioned(m, split, plan, scale, &st);
+    loss += model::forward_backward_partitioned(m, split, plan, scale, &st, recompute);
     EXPECT_EQ(st.pieces, plan.num_pieces());
     EXPECT_LE(st.peak_live_tokens, plan.peak_tokens);
+    int64_t non_leaf = 0, largest = 0;
+    for (const data::Piece& p : plan.pieces) {
+      if (!p.child_pieces.empty()) non_leaf += p.tokens;
+      largest = std::max<int64_t>(largest, p.tokens);
+    }
+    if (recompute) {  // one piece's activations at a time; the chain's rows kept without them
+      EXPECT_LE(st.peak_live_tokens, largest) << "capacity " << capacity;
+      EXPECT_LE(st.peak_kept_tokens, plan.peak_tokens) << "capacity " << capacity;
+      EXPECT_EQ(st.tokens_recomputed, non_leaf) << "capacity " << capacity;
+    } else {
+      EXPECT_EQ(st.peak_kept_tokens, 0);
+      EXPECT_EQ(st.tokens_recomputed, 0);
+    }
+    // What a plan holds resident, without running it (the trainer's log), is what the run held.
+    const model::PartitionRunStats dry =
+        model::walk_partition_schedule(plan, split.id, [](int) {}, [](int) {}, recompute);
+    EXPECT_EQ(dry.peak_live_tokens, st.peak_live_tokens);
+    EXPECT_EQ(dry.peak_kept_tokens, st.peak_kept_tokens);
     processed += st.tokens_processed;
   }
   Result r = finish(m, loss);
@@ -134,6 +157,11 @@ void expect_partitioned_equals_unpartitioned(const Case& c, const std::vector<st
       EXPECT_NEAR(got.loss, ref.loss, 1e-10 * std::max(1.0, std::fabs(ref.loss))) << "capacity " << cap;
       EXPECT_LE(max_diff(got.grads, ref.grads), 1e-10 * std::max(1e-3, max_abs(ref.grads))) << "capacity " << cap;
       EXPECT_LE(max_diff(got.stepped, ref.stepped), 1e-10 * max_abs(ref.stepped)) << "capacity " << cap;
+      // Recomputing the non-leaf pieces runs the same operations on the same inputs: the same bits.
+      const Result again = partitioned(m, trees, cap, scale, /*recompute=*/true);
+      EXPECT_EQ(again.processed, n_tree) << "capacity " << cap;
+      EXPECT_EQ(again.loss, got.loss) << "capacity " << cap << ", recompute";
+      EXPECT_EQ(max_diff(again.grads, got.grads), 0.0) << "capacity " << cap << ", recompute";
     }
   }
 }

@@ -122,7 +122,7 @@ TEST_F(GpuTest, HybridPartitioned) {
   const data::PackedBatch batch = pack_all(trees, data::Packing::kTree);
   const double scale = 1.0 / (double)batch.n_paths;
   const Reference ref = cpu_reference(cfg, bf16_weights(master), batch, scale);
-  // 96, and the smallest capacity whose pieces read at most the CUDA attention's 8 external
+  // 96, and the smallest capacity whose pieces read at most the CUDA attention's 32 external
   // prefixes (cuda::kMaxExternalKV; the gateway of a deep piece has a segment per ancestor piece).
   int64_t small = 0;
   for (int64_t cap : {8, 12, 16, 24, 32, 48}) {
@@ -149,7 +149,22 @@ TEST_F(GpuTest, HybridPartitioned) {
     EXPECT_EQ(st.tokens_processed, tree.n_tree());
     const std::string what = "hybrid partitioned, capacity " + std::to_string(capacity);
     expect_loss_close(loss, ref.loss, what);
-    expect_grads_within(gpu.params_info(), gpu.grads_host(), ref.grads, kBound, what);
+    const std::vector<float> grads = gpu.grads_host();
+    expect_grads_within(gpu.params_info(), grads, ref.grads, kBound, what);
+    // partition.recompute: the non-leaf pieces' first forward is a no-grad one that offers the
+    // recurrent states and conv tails; then the same rules, and no further from fp64 than above.
+    gpu.zero_grad();
+    model::PartitionRunStats rs;
+    const double again = model::forward_backward_partitioned(gpu, split, plan, scale, &rs, /*recompute=*/true);
+    EXPECT_GT(rs.tokens_recomputed, 0) << what;
+    const std::vector<float> g = gpu.grads_host();
+    expect_loss_close(again, ref.loss, what + ", recompute");
+    expect_grads_within(gpu.params_info(), g, ref.grads, kBound, what + ", recompute");
+    expect_no_worse_than(gpu.params_info(), g, grads, ref.grads, what + ", recompute vs not");
+    size_t differ = 0;
+    for (size_t i = 0; i < g.size(); ++i) differ += g[i] != grads[i];
+    std::printf("[ recompute] %s: loss %.9g vs %.9g, %zu of %zu gradients differ\n", what.c_str(), again, loss, differ,
+                g.size());
   }
 }
 

@@ -102,6 +102,35 @@ TEST_F(CudaModelTest, TreeVsPerPath) {
   expect_no_worse_than(gpu.params_info(), g_tree, g_paths, ref.grads, "tree vs per-path");
 }
 
+// partition.recompute on the same model (the non-leaf pieces keep their K/V rows from a no-grad
+// forward and run the training forward again before their backward): within the fp64 rule, no
+// further from it than the run without recompute (the same-precision rule), the same loss (the
+// forward is deterministic and reads the same K/V rows), and how many gradients differ from that
+// run, beside how many differ between two runs without recompute (the attention backward's fp32
+// atomics add in a varying order).
+void expect_recompute_same(model::CudaModel& gpu, const data::Tree& split, const data::Partition& plan, double scale,
+                           double loss, const std::vector<float>& grads, const Reference& ref, int layers,
+                           const std::string& what) {
+  gpu.zero_grad();
+  model::PartitionRunStats st;
+  const double again = model::forward_backward_partitioned(gpu, split, plan, scale, &st, /*recompute=*/true);
+  EXPECT_GT(st.tokens_recomputed, 0) << what;
+  const std::vector<float> g = gpu.grads_host();
+  expect_loss_close(again, ref.loss, what + ", recompute");
+  expect_grads_close(gpu.params_info(), g, ref.grads, layers, what + ", recompute");
+  expect_no_worse_than(gpu.params_info(), g, grads, ref.grads, what + ", recompute vs not");
+  EXPECT_EQ(again, loss) << what;
+  gpu.zero_grad();
+  model::forward_backward_partitioned(gpu, split, plan, scale);
+  const std::vector<float> g2 = gpu.grads_host();
+  size_t differ = 0, differ_base = 0;
+  for (size_t i = 0; i < g.size(); ++i) differ += g[i] != grads[i], differ_base += g2[i] != grads[i];
+  std::printf("[ recompute] %s: loss %.9g vs %.9g, %zu of %zu gradients differ (%zu between two runs without "
+              "recompute); activations of at most %lld tokens resident (K/V rows of %lld), %lld tokens run twice\n",
+              what.c_str(), again, loss, differ, g.size(), differ_base, (long long)st.peak_live_tokens,
+              (long long)st.peak_kept_tokens, (long long)st.tokens_recomputed);
+}
+
 TEST_F(CudaModelTest, Partitioned) {
   const model::ModelConfig cfg = config_of(kQwen);
   const std::vector<float> master = init_master(cfg, 5);
@@ -125,6 +154,7 @@ TEST_F(CudaModelTest, Partitioned) {
   EXPECT_EQ(st.tokens_processed, tree.n_tree());
   expect_loss_close(loss, ref.loss, "partitioned");
   expect_grads_close(gpu.params_info(), gpu.grads_host(), ref.grads, kQwen.L, "partitioned");
+  expect_recompute_same(gpu, split, plan, scale, loss, gpu.grads_host(), ref, kQwen.L, "partitioned");
 }
 
 // One sequence of `len` tokens (every token but the first a target).
@@ -167,6 +197,7 @@ TEST_F(CudaModelTest, PartitionedDeepChain) {
   const double loss = model::forward_backward_partitioned(gpu, split, plan, scale);
   expect_loss_close(loss, ref.loss, "deep chain");
   expect_grads_close(gpu.params_info(), gpu.grads_host(), ref.grads, kQwen.L, "deep chain");
+  expect_recompute_same(gpu, split, plan, scale, loss, gpu.grads_host(), ref, kQwen.L, "deep chain");
 
   const data::Tree deeper = data::split_long_nodes(chain_of((cuda::kMaxExternalKV + 2) * capacity, kQwen.V, 4), capacity);
   const data::Partition too_deep = data::plan_partition(deeper, capacity);

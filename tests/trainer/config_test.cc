@@ -355,11 +355,11 @@ TEST(ConfigTest, PartitionKeys) {
             4096);  // == the default data.max_tokens_per_batch
 
   EXPECT_EQ(parse_error("data:\n  path: x\npartition:\n  capacity: 8\n"),
-            "run.yaml:4: unknown key 'partition.capacity' (expected one of: capacity_tokens)");
+            "run.yaml:4: unknown key 'partition.capacity' (expected one of: capacity_tokens, recompute)");
   EXPECT_EQ(parse_error("data:\n  path: x\npartition:\n  capacity_tokens: lots\n"),
             "run.yaml:4: partition.capacity_tokens: expected an integer, got 'lots'");
   EXPECT_EQ(parse_error(kMinimal, {"partition.capacity=8"}),
-            "--set partition.capacity=8: unknown key 'partition.capacity' (expected one of: capacity_tokens)");
+            "--set partition.capacity=8: unknown key 'partition.capacity' (expected one of: capacity_tokens, recompute)");
   EXPECT_EQ(parse_error(kMinimal, {"partition.capacity_tokens=-1"}),
             "--set partition.capacity_tokens=-1: partition.capacity_tokens must be >= 0 (0: off) (got -1)");
   EXPECT_EQ(parse_error(kMinimal, {"partition.capacity_tokens=64", "data.packing=per_path"}),
@@ -371,6 +371,17 @@ TEST(ConfigTest, PartitionKeys) {
             "micro-batch (got 4097)");
   // Off: per_path packing and any budget are fine.
   EXPECT_EQ(parse_error(kMinimal, {"partition.capacity_tokens=0", "data.packing=per_path"}), "");
+
+  // recompute: off by default; on only with partitioning.
+  EXPECT_FALSE(c.partition.recompute);
+  EXPECT_TRUE(parse_config_text("data:\n  path: x\npartition:\n  capacity_tokens: 64\n  recompute: true\n", "run.yaml",
+                                {})
+                  .partition.recompute);
+  EXPECT_EQ(parse_error("data:\n  path: x\npartition:\n  recompute: true\n"),
+            "run.yaml:4: partition.recompute must be false while partition.capacity_tokens is 0 (partitioning is "
+            "off: no piece to recompute) (got true)");
+  EXPECT_EQ(parse_error(kMinimal, {"partition.recompute=yes"}),
+            "--set partition.recompute=yes: partition.recompute: expected a boolean (true|false), got 'yes'");
 }
 
 // segments: flat keys and the long_range subsection, in the file and through --set; the errors

@@ -1225,6 +1225,11 @@ TEST(TrainTest, PartitionedTrainingEqualsUnpartitioned) {
     fits.run_dir = (dir / "fits").string();
     fits.data.max_tokens_per_batch = kCombTokens;
     fits.partition.capacity_tokens = 20;
+    // partition.recompute: the pieces with child pieces keep only their K/V rows (and offered
+    // states) and run their forward again before their backward.
+    RunConfig recompute = oversize;
+    recompute.run_dir = (dir / "recompute").string();
+    recompute.partition.recompute = true;
 
     Trainer ref(whole);
     const std::vector<float> p0 = ref.backend().params_host();
@@ -1232,11 +1237,23 @@ TEST(TrainTest, PartitionedTrainingEqualsUnpartitioned) {
     for (int s = 0; s < 4; ++s) want.push_back(ref.train_step());
     const std::vector<float> want_params = ref.backend().params_host();
 
-    for (const RunConfig* run : {&oversize, &fits}) {
+    std::vector<StepMetrics> oversize_steps;
+    std::vector<float> oversize_params;
+    for (const RunConfig* run : {&oversize, &fits, &recompute}) {
       Trainer t(*run);
       ASSERT_EQ(t.backend().params_host(), p0);
       for (int s = 0; s < 4; ++s) {
         const StepMetrics m = t.train_step();
+        if (run == &oversize) oversize_steps.push_back(m);
+        if (run == &recompute) {  // the same operations on the same inputs: the same bits
+          EXPECT_EQ(m.loss, oversize_steps[s].loss) << "step " << s + 1;
+          EXPECT_EQ(m.grad_norm, oversize_steps[s].grad_norm) << "step " << s + 1;
+          EXPECT_EQ(m.pieces, oversize_steps[s].pieces) << "step " << s + 1;
+          // executed_flops adds the extra forwards: more, by at most a third (a forward of the
+          // blocks is a third of their training FLOPs; the LM head does not run twice).
+          EXPECT_GT(m.executed_flops, oversize_steps[s].executed_flops) << "step " << s + 1;
+          EXPECT_LT(m.executed_flops, 4.0 / 3.0 * oversize_steps[s].executed_flops) << "step " << s + 1;
+        }
         EXPECT_EQ(want[s].pieces, 0);
         EXPECT_GT(m.pieces, 2) << run->run_dir << " step " << s + 1;  // two trees, >= 2 pieces each
         EXPECT_EQ(m.n_tree, want[s].n_tree);
@@ -1250,6 +1267,10 @@ TEST(TrainTest, PartitionedTrainingEqualsUnpartitioned) {
       // Parameters after four updates: the rule of GradAccumUsesTheStepWideNormaliser (1e-4 of the
       // largest update, plus 1e-6 of the parameter for fp32 rounding of p itself).
       testing::expect_params_match(t.backend().params_host(), want_params, p0, run->run_dir);
+      if (run == &oversize) oversize_params = t.backend().params_host();
+      if (run == &recompute) {
+        EXPECT_EQ(t.backend().params_host(), oversize_params) << norm;
+      }
     }
   }
 }
