@@ -24,6 +24,39 @@ struct FileCloser {
   }
 };
 
+// A palette PNG's pixels index its palette, and libpng's simplified API paints an index past the
+// palette's end black without a warning (a corrupt or hand-made file). This decodes the indices
+// themselves (PNG_FORMAT_RGB_COLORMAP: the file's palette as the colormap) and names the first
+// pixel whose index has no entry.
+void check_palette_indexes(const std::string& path, const std::string* bytes) {
+  png_image png;
+  std::memset(&png, 0, sizeof png);
+  png.version = PNG_IMAGE_VERSION;
+  const bool begun = bytes ? png_image_begin_read_from_memory(&png, bytes->data(), bytes->size())
+                           : png_image_begin_read_from_file(&png, path.c_str());
+  if (!begun) throw Error(str(path, ": not a readable PNG (", png.message, ")"));
+  png.format = PNG_FORMAT_RGB_COLORMAP;
+  std::vector<uint8_t> index, colormap;
+  try {
+    index.resize(PNG_IMAGE_SIZE(png));
+    colormap.resize(PNG_IMAGE_COLORMAP_SIZE(png));
+  } catch (const std::bad_alloc&) {
+    png_image_free(&png);
+    throw Error(str(path, ": PNG of ", png.width, " x ", png.height, " pixels: out of memory for its ",
+                    (int64_t)png.width * png.height, " palette indices"));
+  }
+  if (!png_image_finish_read(&png, nullptr, index.data(), 0, colormap.data())) {
+    const std::string why = png.message;
+    png_image_free(&png);
+    throw Error(str(path, ": corrupt or truncated PNG (", why, ")"));
+  }
+  const size_t entries = png.colormap_entries;
+  for (size_t i = 0; i < index.size(); ++i)
+    if (index[i] >= entries)
+      throw Error(str(path, ": palette PNG: pixel (", i % png.width, ", ", i / png.width, ") has colour index ",
+                      (int)index[i], ", but the palette has ", entries, " entries (a corrupt file)"));
+}
+
 // From the file `path`, or (bytes non-null) from memory, `path` naming it in messages. header_only:
 // the size from the header (IHDR), no pixels decoded.
 Image decode_png(const std::string& path, const std::string* bytes = nullptr, bool header_only = false) {
@@ -39,6 +72,7 @@ Image decode_png(const std::string& path, const std::string* bytes = nullptr, bo
     throw Error(str(path, ": PNG of ", png.width, " x ", png.height, " pixels, expected sides in [1, ", kMaxImageSide,
                     "]"));
   }
+  const bool palette = png.format & PNG_FORMAT_FLAG_COLORMAP;
   png.format = PNG_FORMAT_RGB;  // grey and palette expanded; alpha composited onto black
   Image img;
   img.width = (int)png.width;
@@ -46,6 +80,14 @@ Image decode_png(const std::string& path, const std::string* bytes = nullptr, bo
   if (header_only) {
     png_image_free(&png);
     return img;
+  }
+  if (palette) {
+    try {
+      check_palette_indexes(path, bytes);
+    } catch (...) {
+      png_image_free(&png);
+      throw;
+    }
   }
   try {
     img.rgb.resize(PNG_IMAGE_SIZE(png));

@@ -97,6 +97,39 @@ TEST(Image, PngDecodesExactlyAndGreyExpands) {
     for (int c = 0; c < 3; ++c) EXPECT_EQ(b.rgb[i * 3 + c], grey[i]) << "pixel " << i;
 }
 
+// A palette PNG (libpng's simplified writer: 2-bit indices for three entries) decodes to its
+// palette's colours; an index past the palette's end, which libpng would paint black without a
+// word, is an error naming the file, the pixel and both counts.
+TEST(Image, PalettePngDecodesAndAnIndexPastThePaletteIsAnError) {
+  auto write = [](const std::string& path, const std::vector<uint8_t>& index) {
+    png_image img;
+    std::memset(&img, 0, sizeof img);
+    img.version = PNG_IMAGE_VERSION;
+    img.width = 3;
+    img.height = 2;
+    img.format = PNG_FORMAT_RGB_COLORMAP;
+    img.colormap_entries = 3;
+    const uint8_t colormap[9] = {255, 0, 0, 0, 0, 255, 0, 255, 0};
+    ASSERT_TRUE(png_image_write_to_file(&img, path.c_str(), 0, index.data(), 0, colormap)) << img.message;
+  };
+  const std::string good = tmp("palette.png");
+  write(good, {0, 1, 2, 2, 1, 0});
+  const Image a = decode_image(good);
+  EXPECT_EQ(a.rgb, (std::vector<uint8_t>{255, 0, 0, 0, 0, 255, 0, 255, 0, 0, 255, 0, 0, 0, 255, 255, 0, 0}));
+  const std::string bad = tmp("palette_bad.png");
+  write(bad, {0, 1, 2, 0, 3, 1});  // pixel (1, 1): index 3 of a three-entry palette
+  EXPECT_EQ(error_of(bad), bad + ": palette PNG: pixel (1, 1) has colour index 3, but the palette has 3 entries (a "
+                                 "corrupt file)");
+  std::ifstream in(bad, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    decode_image_bytes(bytes, "frame 7");
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("frame 7: palette PNG: pixel (1, 1) has colour index 3", 0), 0u) << e.what();
+  }
+}
+
 TEST(Image, JpegDecodesWithinItsQuantisation) {
   const int w = 32, h = 16;
   std::vector<uint8_t> px((size_t)w * h * 3);
