@@ -138,11 +138,15 @@ Partition build_partition(const Tree& tree, const std::vector<char>& is_root, in
   }
 
   // Statistics: chain sums (parents come first), the naive re-run count.
-  std::vector<int64_t> chain_tokens(plan.num_pieces());
+  std::vector<int64_t> chain_tokens(plan.num_pieces()), kept_tokens(plan.num_pieces());
   for (int k = 0; k < plan.num_pieces(); ++k) {
     const Piece& piece = plan.pieces[k];
     chain_tokens[k] = piece.tokens + (piece.parent_piece < 0 ? 0 : chain_tokens[piece.parent_piece]);
     plan.peak_tokens = std::max(plan.peak_tokens, chain_tokens[k]);
+    const int64_t kept = piece.child_pieces.empty() ? 0 : piece.tokens;
+    kept_tokens[k] = kept + (piece.parent_piece < 0 ? 0 : kept_tokens[piece.parent_piece]);
+    plan.kept_peak_tokens = std::max(plan.kept_peak_tokens, kept_tokens[k]);
+    plan.recompute_tokens += kept;
     plan.max_piece_tokens = std::max(plan.max_piece_tokens, piece.tokens);
     plan.naive_tokens += piece.tokens + piece.prefix_tokens;
   }

@@ -93,6 +93,11 @@ struct Partition {
   int64_t peak_tokens = 0;       // max over root-to-leaf piece chains of the sum of piece tokens
   int64_t max_piece_tokens = 0;  // largest piece
   int64_t naive_tokens = 0;      // sum over pieces of tokens + prefix_tokens (re-running ancestors)
+  // With partition.recompute (model/partitioned.h) the pieces that have child pieces keep only
+  // their K/V rows between a no-grad forward and their backward, and one piece's activations are
+  // resident at a time (max_piece_tokens):
+  int64_t kept_peak_tokens = 0;   // max over chains of the sum of tokens of pieces with child pieces
+  int64_t recompute_tokens = 0;   // tokens of the pieces with child pieces (their forward runs twice)
 
   int num_pieces() const { return (int)pieces.size(); }
 };

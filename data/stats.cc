@@ -51,7 +51,8 @@ nlohmann::json tree_stats(const std::vector<Tree>& trees) {
 
 nlohmann::json partition_stats(const std::vector<Tree>& trees, int64_t capacity) {
   TT_CHECK(capacity >= 1, "partition_stats: capacity = ", capacity, ", expected >= 1");
-  int64_t pieces = 0, n_flat = 0, n_tree = 0, with_gateways = 0, naive = 0, peak = 0, max_piece = 0;
+  int64_t pieces = 0, n_flat = 0, n_tree = 0, with_gateways = 0, naive = 0, peak = 0, max_piece = 0, kept = 0,
+          recomputed = 0;
   for (const Tree& t : trees) {
     const Partition plan = plan_partition(split_long_nodes(t, capacity), capacity);
     pieces += plan.num_pieces();
@@ -61,6 +62,8 @@ nlohmann::json partition_stats(const std::vector<Tree>& trees, int64_t capacity)
     naive += plan.naive_tokens;
     peak = std::max(peak, plan.peak_tokens);
     max_piece = std::max(max_piece, plan.max_piece_tokens);
+    kept = std::max(kept, plan.kept_peak_tokens);
+    recomputed += plan.recompute_tokens;
   }
   nlohmann::json j;
   j["capacity"] = capacity;
@@ -72,6 +75,9 @@ nlohmann::json partition_stats(const std::vector<Tree>& trees, int64_t capacity)
   j["tokens_naive"] = naive;
   j["peak_tokens"] = peak;
   j["max_piece_tokens"] = max_piece;
+  // partition.recompute: one piece's activations at a time, the K/V rows of the pieces with child
+  // pieces kept along the chain, and those pieces' forward run twice.
+  j["recompute"] = {{"peak_tokens", max_piece}, {"kept_peak_tokens", kept}, {"tokens_recomputed", recomputed}};
   return j;
 }
 

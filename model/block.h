@@ -48,7 +48,8 @@ struct BatchView {
 //   carry given to a recurrent layer lists every root's slot; no carry: zeros). The inference
 //   cache keeps them per prompt and per sample (model/generate.h). In training (a partition
 //   gateway) the reader's backward adds its roots' state and conv-context gradients into slot
-//   state_slot[r] of d_state and d_conv (Acc, +=). The offering side of a training forward:
+//   state_slot[r] of d_state and d_conv (Acc, +=). The offering side of a forward (training, or
+//   no-grad for partition.recompute's first pass, which needs no gradient buffers):
 //   node offer_node[s] of the batch leaves its end state and conv tail in slot s of offer_state /
 //   offer_conv (what its child pieces read), and its backward adds the gradients the readers left
 //   in slot s of offer_d_state / offer_d_conv (complete by then: readers run backward first).
@@ -66,7 +67,7 @@ struct LayerCarry {
   std::vector<int32_t> state_slot;         // (num_roots) host; empty: every root from zeros
   typename E::Acc* d_state = nullptr;      // training: (slots, recurrent_state_elems) +=
   typename E::Acc* d_conv = nullptr;       // training: (slots, conv_context_elems) +=
-  std::vector<int32_t> offer_node;         // training: (offers) host, nodes of the batch
+  std::vector<int32_t> offer_node;         // (offers) host, nodes of the batch
   typename E::Acc* offer_state = nullptr;  // (offers, recurrent_state_elems) forward writes
   typename E::Act* offer_conv = nullptr;   // (offers, conv_context_elems) forward writes
   const typename E::Acc* offer_d_state = nullptr;  // (offers, recurrent_state_elems) backward reads

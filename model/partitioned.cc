@@ -72,6 +72,7 @@ double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_t
       for (size_t i = 0; i < p.nodes.size(); ++i) local_of[p.nodes[i]] = (int32_t)i;
   std::vector<std::unique_ptr<LivePiece<E>>> live(plan.num_pieces());
   double loss = 0, nll = 0;
+  int rows_only_pieces = 0;
   auto recurrent_gateway = [&](int k, LivePiece<E>& lp) {
     const data::Piece& piece = plan.pieces[k];
     for (int c : piece.child_pieces) {
@@ -167,7 +168,8 @@ double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_t
     } else {
       model.forward(batch, loss_scale, lp->acts, &lp->gateway);
     }
-    if (N > 0) {
+    if (lp->rows_only) ++rows_only_pieces;
+    if (N > 0 && !piece.child_pieces.empty()) {  // rows and relay accumulators only where children read them
       if (!lp->rows_only) lp->rows = model.export_carry(lp->acts);
       int64_t total = 0;
       for (int l = 0; l < L; ++l) total += 2 * (int64_t)N * row_elems[l];
@@ -213,6 +215,7 @@ double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_t
   };
   PartitionRunStats st = walk_partition_schedule(plan, split_tree.id, forward, backward, recompute);
   st.nll_sum = nll;
+  st.pieces_recomputed = rows_only_pieces;
   if (stats) *stats = st;
   return loss;
 }

@@ -53,6 +53,7 @@ struct PartitionRunStats {
   int64_t peak_live_tokens = 0;   // most tokens whose activations were resident at once
   int64_t peak_kept_tokens = 0;   // recompute: most tokens resident as K/V rows only (no activations)
   int pieces = 0;
+  int pieces_recomputed = 0;      // recompute: pieces that kept only their rows (counted as they ran)
   double nll_sum = 0;             // the pieces' unweighted NLL sums (Losses::nll_sum)
 };
 
@@ -65,8 +66,8 @@ inline bool keeps_rows_only(const data::Partition& plan, int k, bool recompute) 
 // halves; the walk checks that each piece runs forward, then (after all its child pieces)
 // backward, exactly once, that gateways only read resident pieces, and counts the resident
 // tokens (with `recompute`, a non-leaf piece's activations are resident only during its
-// backward). Returns the run's statistics; with no-op forward and backward, what a plan would
-// hold resident (the trainer's log).
+// backward; the counts equal the plan's max_piece_tokens, kept_peak_tokens and
+// recompute_tokens). Returns the run's statistics.
 template <class Forward, class Backward>
 PartitionRunStats walk_partition_schedule(const data::Partition& plan, const std::string& tree_id, Forward&& forward,
                                           Backward&& backward, bool recompute = false) {

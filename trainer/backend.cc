@@ -100,6 +100,7 @@ class DecoderBackend : public Backend {
     model::PartitionRunStats st;
     const double loss = model::forward_backward_partitioned(model_, split, plan, loss_scale, &st, recompute);
     nll_ += st.nll_sum;
+    pieces_recomputed_ += st.pieces_recomputed;
     return loss;
   }
   double forward_backward_segmented(const data::SegmentPlan& plan, const model::SegmentConfig& cfg,
@@ -110,6 +111,7 @@ class DecoderBackend : public Backend {
     return loss;
   }
   double nll_sum() const override { return nll_; }
+  int64_t pieces_recomputed() const override { return pieces_recomputed_; }
   double grad_sum_squares() const override { return model_.grad_sum_squares(); }
 
   bool adamw_step(const OptimStep& p) override {
@@ -244,6 +246,7 @@ class DecoderBackend : public Backend {
   mutable model::Decoder<E> model_;
   model::Activations<E> acts_;  // forward_backward's
   double nll_ = 0;              // since zero_grad
+  int64_t pieces_recomputed_ = 0;
   int gpu_;
   typename E::Buffer m_;  // (num_params) AdamW first moment
   typename E::Buffer v_;  // (num_params) AdamW second moment

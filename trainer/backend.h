@@ -74,6 +74,9 @@ class Backend {
   // The unweighted NLL sum (sum_t cnt_t ce_t, model::Losses) of the forward_backward calls since
   // zero_grad(): divided by the step's flattened targets, the mean token NLL.
   virtual double nll_sum() const = 0;
+  // Partition pieces that ran with only their K/V rows kept (partition.recompute), since the
+  // backend was made.
+  virtual int64_t pieces_recomputed() const = 0;
   // Returns false when the update left a parameter or AdamW moment non-finite (detected in the
   // update's own pass on the GPU; a scan on the CPU).
   virtual bool adamw_step(const OptimStep& p) = 0;

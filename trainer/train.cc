@@ -394,7 +394,12 @@ void Trainer::take_shard(std::vector<data::PackedBatch>* micro, std::vector<Micr
   }
   std::vector<double> cost;
   for (int64_t t : step_trees) {
-    if (tree_cost_[t] < 0) tree_cost_[t] = distributed::tree_cost(arch_, trees[t], packing);
+    if (tree_cost_[t] < 0) {
+      tree_cost_[t] = distributed::tree_cost(arch_, trees[t], packing);
+      // partition.recompute: a tree over the budget runs partitioned, its non-leaf pieces forward twice
+      if (cfg_.partition.recompute && trees[t].n_tree() > cfg_.data.max_tokens_per_batch)
+        tree_cost_[t] += arch_.flops(partitioned(t).recompute, model::Pass::kForward).executed;
+    }
     cost.push_back(tree_cost_[t]);
   }
   const distributed::Shards shards = distributed::balance(cost, world_size());
@@ -514,12 +519,12 @@ const Trainer::PartitionedTree& Trainer::partitioned(int64_t index) {
       w.head_rows = 0;  // the first forward stops before the LM head
       p.recompute += w;
     }
-    const model::PartitionRunStats r = model::walk_partition_schedule(p.plan, tree.id, [](int) {}, [](int) {}, true);
     spdlog::info("partition: tree '{}' ({} tokens) -> {} pieces of <= {} tokens, activations of at most {} tokens "
-                 "resident at once and the K/V rows of up to {} more (partition.recompute: {} tokens' forward run "
-                 "twice); {} tokens computed through gateways vs {} naive (re-running ancestors)",
-                 tree.id, tree.n_tree(), p.plan.num_pieces(), capacity, r.peak_live_tokens, r.peak_kept_tokens,
-                 r.tokens_recomputed, with_gateways, p.plan.naive_tokens);
+                 "resident at once and K/V rows of up to {} tokens kept along a chain (partition.recompute: {} "
+                 "tokens' forward run twice); {} tokens computed through gateways vs {} naive (re-running "
+                 "ancestors)",
+                 tree.id, tree.n_tree(), p.plan.num_pieces(), capacity, p.plan.max_piece_tokens,
+                 p.plan.kept_peak_tokens, p.plan.recompute_tokens, with_gateways, p.plan.naive_tokens);
   } else {
     spdlog::info("partition: tree '{}' ({} tokens) -> {} pieces of <= {} tokens, peak {} tokens resident; "
                  "{} tokens computed through gateways vs {} naive (re-running ancestors)",
@@ -602,12 +607,16 @@ StepMetrics Trainer::train_step() {
                                                            cfg_.partition.recompute);
       } catch (const Error& e) {  // out of memory on a chain of resident pieces: say what helps
         const std::string msg = e.what();
-        if (cfg_.partition.recompute || msg.find("out of memory") == std::string::npos) throw;
+        // Only where recompute would hold fewer activations: a chain longer than one piece.
+        if (cfg_.partition.recompute || msg.find("out of memory") == std::string::npos ||
+            p.plan.peak_tokens <= p.plan.max_piece_tokens)
+          throw;
         throw Error(str("step ", m.step, ": tree '", p.split.id, "' (", p.split.n_tree(), " tokens in ",
                         p.plan.num_pieces(), " pieces) holds the activations of up to ", p.plan.peak_tokens,
                         " tokens at once (a chain of pieces stays resident until its backward): ", msg,
-                        "; set partition.recompute: true to keep one piece's activations at a time (the others "
-                        "keep their K/V rows and run their forward again)"));
+                        "; set partition.recompute: true to keep those of one piece (at most ",
+                        p.plan.max_piece_tokens, " tokens) at a time (the others keep their K/V rows and run their "
+                        "forward again)"));
       }
       m.pieces += p.plan.num_pieces();
       recomputed += p.recompute;

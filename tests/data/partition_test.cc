@@ -263,10 +263,11 @@ void check_partition(const Tree& original, int64_t capacity) {
   EXPECT_EQ(pairs, full.visible_pairs);
 
   // Schedule: each piece forward once, after its parent's forward, and backward once, after all
-  // of its children's backwards; the most tokens held at once is peak_tokens.
+  // of its children's backwards; the most tokens held at once is peak_tokens. With recompute the
+  // pieces that have child pieces hold only K/V rows until their backward: kept_peak_tokens.
   ASSERT_EQ((int)plan.schedule.size(), 2 * P);
   std::vector<int> state(P, 0);  // 0 not run, 1 forwarded, 2 backwarded
-  int64_t held = 0, peak = 0;
+  int64_t held = 0, peak = 0, kept = 0, kept_peak = 0, recomputed = 0;
   for (const Step& s : plan.schedule) {
     const Piece& pc = plan.pieces[s.piece];
     if (s.phase == Phase::kForward) {
@@ -278,15 +279,23 @@ void check_partition(const Tree& original, int64_t capacity) {
       state[s.piece] = 1;
       held += pc.tokens;
       peak = std::max(peak, held);
+      if (!pc.child_pieces.empty()) {
+        kept += pc.tokens;
+        recomputed += pc.tokens;
+        kept_peak = std::max(kept_peak, kept);
+      }
     } else {
       ASSERT_EQ(state[s.piece], 1);
       for (int c : pc.child_pieces) ASSERT_EQ(state[c], 2);
       state[s.piece] = 2;
       held -= pc.tokens;
+      if (!pc.child_pieces.empty()) kept -= pc.tokens;
     }
   }
   EXPECT_EQ(held, 0);
   EXPECT_EQ(plan.peak_tokens, peak);
+  EXPECT_EQ(plan.kept_peak_tokens, kept_peak);
+  EXPECT_EQ(plan.recompute_tokens, recomputed);
 }
 
 TEST(SplitLongNodes, HandTreeIntoSingleTokens) {

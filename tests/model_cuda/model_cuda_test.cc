@@ -111,24 +111,36 @@ TEST_F(CudaModelTest, TreeVsPerPath) {
 void expect_recompute_same(model::CudaModel& gpu, const data::Tree& split, const data::Partition& plan, double scale,
                            double loss, const std::vector<float>& grads, const Reference& ref, int layers,
                            const std::string& what) {
+  cuda::DeviceAllocator& alloc = gpu.exec().allocator();
   gpu.zero_grad();
+  alloc.reset_peak();
   model::PartitionRunStats st;
   const double again = model::forward_backward_partitioned(gpu, split, plan, scale, &st, /*recompute=*/true);
-  EXPECT_GT(st.tokens_recomputed, 0) << what;
+  const int64_t peak_recompute = alloc.stats().peak_bytes_in_use;
+  EXPECT_GT(st.pieces_recomputed, 0) << what;  // counted as they ran
   const std::vector<float> g = gpu.grads_host();
   expect_loss_close(again, ref.loss, what + ", recompute");
   expect_grads_close(gpu.params_info(), g, ref.grads, layers, what + ", recompute");
   expect_no_worse_than(gpu.params_info(), g, grads, ref.grads, what + ", recompute vs not");
+  // The same bits: the kept rows come from the same kernels as the training forward's (no kernel
+  // depends on the forward's mode outside decode batches); were that to change, children would
+  // also read rows other than those the backward recomputes.
   EXPECT_EQ(again, loss) << what;
   gpu.zero_grad();
+  alloc.reset_peak();
   model::forward_backward_partitioned(gpu, split, plan, scale);
+  const int64_t peak_keep = alloc.stats().peak_bytes_in_use;
+  if (plan.peak_tokens >= 4 * plan.max_piece_tokens)  // a chain of several pieces: fewer bytes held
+    EXPECT_LT(peak_recompute, peak_keep) << what << ": one piece's activations at a time, not the chain's";
   const std::vector<float> g2 = gpu.grads_host();
   size_t differ = 0, differ_base = 0;
   for (size_t i = 0; i < g.size(); ++i) differ += g[i] != grads[i], differ_base += g2[i] != grads[i];
   std::printf("[ recompute] %s: loss %.9g vs %.9g, %zu of %zu gradients differ (%zu between two runs without "
-              "recompute); activations of at most %lld tokens resident (K/V rows of %lld), %lld tokens run twice\n",
+              "recompute); activations of at most %lld tokens resident (K/V rows of %lld), %lld tokens run twice; "
+              "peak device memory %lld vs %lld bytes\n",
               what.c_str(), again, loss, differ, g.size(), differ_base, (long long)st.peak_live_tokens,
-              (long long)st.peak_kept_tokens, (long long)st.tokens_recomputed);
+              (long long)st.peak_kept_tokens, (long long)st.tokens_recomputed, (long long)peak_recompute,
+              (long long)peak_keep);
 }
 
 TEST_F(CudaModelTest, Partitioned) {

@@ -367,6 +367,11 @@ TEST(CliTest, PublishedExampleTotals) {
   EXPECT_EQ(p.at("tokens_naive").get<int64_t>(), 102144);
   EXPECT_EQ(p.at("pieces").get<int64_t>(), 3);
   EXPECT_EQ(p.at("peak_tokens").get<int64_t>(), 82688);
+  // partition.recompute: one piece (32768) at a time; the first two pieces (17152 + 32768) keep
+  // their K/V rows and run their forward twice.
+  EXPECT_EQ(p.at("recompute").at("peak_tokens").get<int64_t>(), 32768);
+  EXPECT_EQ(p.at("recompute").at("kept_peak_tokens").get<int64_t>(), 49920);
+  EXPECT_EQ(p.at("recompute").at("tokens_recomputed").get<int64_t>(), 49920);
 
   r = treetrain("generate --kind published-example --out " + data + " --num-trees 2");
   EXPECT_EQ(r.code, 2);

@@ -1267,6 +1267,12 @@ TEST(TrainTest, PartitionedTrainingEqualsUnpartitioned) {
       // Parameters after four updates: the rule of GradAccumUsesTheStepWideNormaliser (1e-4 of the
       // largest update, plus 1e-6 of the parameter for fp32 rounding of p itself).
       testing::expect_params_match(t.backend().params_host(), want_params, p0, run->run_dir);
+      // The setting reached the executor: pieces ran keeping only their rows (and only then).
+      if (run == &recompute) {
+        EXPECT_GT(t.backend().pieces_recomputed(), 0) << norm;
+      } else {
+        EXPECT_EQ(t.backend().pieces_recomputed(), 0) << norm;
+      }
       if (run == &oversize) oversize_params = t.backend().params_host();
       if (run == &recompute) {
         EXPECT_EQ(t.backend().params_host(), oversize_params) << norm;
