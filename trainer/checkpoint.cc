@@ -529,7 +529,8 @@ std::string settings_changed_since(const std::string& dir, const RunConfig& cfg)
     for (const char* prefix : {"model.", "vision.", "distributed."})
       if (key.rfind(prefix, 0) == 0) return true;
     for (const char* k : {"run_dir", "device", "data.path", "train.seed", "train.resume", "train.checkpoint_every",
-                          "train.keep_checkpoints", "train.log_every", "train.final_checkpoint", "train.gemm_autotune"})
+                          "train.keep_checkpoints", "train.log_every", "train.final_checkpoint", "train.gemm_autotune",
+                          "partition.recompute"})  // memory against time only: the same gradients
       if (key == k) return true;
     return false;
   };
