@@ -183,6 +183,12 @@ std::string where_of(const std::string& source, const YAML::Node& node) {
   return str(file, ":", m.line + 1);
 }
 
+// Where the value of a `key: value` pair was set: the value's line, or the key's for an empty
+// value (yaml-cpp marks an empty value at the token after it, a line or more below).
+std::string value_where(const std::string& source, const std::pair<YAML::Node, YAML::Node>& kv) {
+  return where_of(source, kv.second.IsNull() ? kv.first : kv.second);
+}
+
 std::string describe(const YAML::Node& n) {
   if (!n.IsDefined() || n.IsNull()) return "null";
   if (n.IsMap()) return "a mapping";
@@ -421,7 +427,7 @@ void parse_section(RunConfig& cfg, const std::string& section, const YAML::Node&
       parse_section(cfg, key, kv.second, source, base_dir, st);
       continue;
     }
-    apply(cfg, key, kv.second, Origin{where_of(source, kv.second), base_dir}, st);
+    apply(cfg, key, kv.second, Origin{value_where(source, kv), base_dir}, st);
   }
   if (seen.count("betas") && (seen.count("beta1") || seen.count("beta2")))
     throw Error(str(where_of(source, node), ": optim.betas and optim.beta1/beta2 both given; use one"));
@@ -442,7 +448,7 @@ void parse_document(RunConfig& cfg, const YAML::Node& root, const std::string& s
     if (std::find(kSections.begin(), kSections.end(), name) != kSections.end()) {
       parse_section(cfg, name, kv.second, source, base_dir, st);
     } else {
-      apply(cfg, name, kv.second, Origin{where_of(source, kv.second), base_dir}, st);
+      apply(cfg, name, kv.second, Origin{value_where(source, kv), base_dir}, st);
     }
   }
 }

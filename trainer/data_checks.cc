@@ -34,7 +34,8 @@ std::vector<std::string> check_training_data(const std::vector<data::Tree>& tree
   if (untargeted > 0)
     out.push_back(str("data: ", untargeted, " of ", trees.size(), " trees (", untargeted_paths, " of ", paths,
                       " paths) have no target (every loss_mask is 0): they add no loss",
-                      cfg.train.loss_norm == "path_mean" ? ", but their paths count in the path_mean normaliser" : ""));
+                      cfg.train.loss_norm == "path_mean" ? ", but their paths count in the path_mean normaliser"
+                                                         : " (a step that draws only such trees has a zero gradient)"));
   return out;
 }
 

@@ -219,11 +219,20 @@ bool parse_int64(const std::string& s, int64_t* v) {
   return !s.empty() && ec == std::errc() && ptr == end;
 }
 
+// What is wrong with an integer flag's value that parse_int64 refused: digits too many for int64,
+// or not an integer at all.
+std::string int_problem(const std::string& s) {
+  const size_t digits = s.find_first_not_of("0123456789", s.rfind('-', 0) == 0 ? 1 : 0);
+  if (digits == std::string::npos && s.size() > (s[0] == '-' ? 1u : 0u))
+    return "'" + s + "' is out of range (a 64-bit integer: at most 9223372036854775807)";
+  return "expected an integer, got '" + s + "'";
+}
+
 int64_t int_flag(const Args& a, const std::string& name, int64_t def) {
   auto it = a.flags.find(name);
   if (it == a.flags.end()) return def;
   int64_t v = 0;
-  if (!parse_int64(it->second, &v)) throw UsageError{"--" + name + ": expected an integer, got '" + it->second + "'"};
+  if (!parse_int64(it->second, &v)) throw UsageError{"--" + name + ": " + int_problem(it->second)};
   return v;
 }
 

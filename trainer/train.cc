@@ -579,6 +579,15 @@ StepMetrics Trainer::train_step() {
     m.paths = (int64_t)totals[3];
     flat_targets = totals[4];
   }
+  if (!(normaliser > 0) && cfg_.train.loss_norm == "token_mean" && m.paths > 0) {
+    // Only trees without a target (the data check warned of them): the mean over no targets is
+    // taken as 0, a zero gradient, as path_mean's such trees add (AdamW's momentum and weight
+    // decay still apply, whichever the normaliser).
+    spdlog::warn("step {}: the step's {} trees have no target (train.loss_norm: token_mean): its loss and gradient "
+                 "are 0",
+                 m.step, micro.size());
+    normaliser = 1;
+  }
   if (!(normaliser > 0))
     throw Error(str("step ", m.step, ": the step's batches have no ", cfg_.train.loss_norm == "token_mean" ? "targets" : "paths",
                     " (train.loss_norm: ", cfg_.train.loss_norm, ")"));

@@ -380,6 +380,11 @@ TEST(ConfigTest, PartitionKeys) {
   EXPECT_EQ(parse_error("data:\n  path: x\npartition:\n  recompute: true\n"),
             "run.yaml:4: partition.recompute must be false while partition.capacity_tokens is 0 (partitioning is "
             "off: no piece to recompute) (got true)");
+  // An empty value is named at its key's line (yaml-cpp marks it at the next token).
+  EXPECT_EQ(parse_error("data:\n  path: x\npartition:\n  capacity_tokens: 8\n  recompute:\n\ntrain:\n  max_steps: 2\n"),
+            "run.yaml:5: partition.recompute: expected a boolean (true|false), got null");
+  EXPECT_EQ(parse_error("data:\n  path: x\n  shuffle:\ntrain:\n  max_steps: 2\n"),
+            "run.yaml:3: data.shuffle: expected a boolean (true|false), got null");
   EXPECT_EQ(parse_error(kMinimal, {"partition.recompute=yes"}),
             "--set partition.recompute=yes: partition.recompute: expected a boolean (true|false), got 'yes'");
 }

@@ -459,6 +459,25 @@ TEST(TrainTest, DataWithoutTargetsWarnsOrFails) {
             "data: 1 of 2 trees (2 of 3 paths) have no target (every loss_mask is 0): they add no loss, but their "
             "paths count in the path_mean normaliser");
   EXPECT_EQ(error_of([&] { Trainer t(c); }), "");
+
+  // token_mean: a step that draws only the untargeted tree (one tree a step, in file order) has
+  // no target to average over; its loss and gradient are 0 and the run goes on (it stopped there).
+  c.train.loss_norm = "token_mean";
+  c.data.shuffle = false;
+  c.data.max_tokens_per_batch = 4;
+  c.train.grad_accum = 1;
+  c.train.max_steps = 2;
+  const std::vector<std::string> wt = check_training_data(trees, c);
+  ASSERT_EQ(wt.size(), 1u);
+  EXPECT_EQ(wt[0], "data: 1 of 2 trees (2 of 3 paths) have no target (every loss_mask is 0): they add no loss (a step "
+                   "that draws only such trees has a zero gradient)");
+  Trainer t(c);
+  const StepMetrics s1 = t.train_step(), s2 = t.train_step();
+  EXPECT_EQ(s1.loss, 0.0);
+  EXPECT_EQ(s1.grad_norm, 0.0);
+  EXPECT_EQ(s1.nll, 0.0);
+  EXPECT_GT(s2.loss, 0.0) << "the second step's tree has targets";
+  EXPECT_GT(s2.grad_norm, 0.0);
 }
 
 // Targets whose weights are all 0, or cancel on every token (+1 and -1 on the same sequence),
