@@ -26,8 +26,9 @@ struct FileCloser {
 
 // A palette PNG's pixels index its palette, and libpng's simplified API paints an index past the
 // palette's end black without a warning (a corrupt or hand-made file). This decodes the indices
-// themselves (PNG_FORMAT_RGB_COLORMAP: the file's palette as the colormap) and names the first
-// pixel whose index has no entry.
+// themselves (PNG_FORMAT_RGBA_COLORMAP: the file's palette as the colormap; with alpha, so that a
+// palette with transparency (tRNS) needs no background colour) and names the first pixel whose
+// index has no entry.
 void check_palette_indexes(const std::string& path, const std::string* bytes) {
   png_image png;
   std::memset(&png, 0, sizeof png);
@@ -35,7 +36,7 @@ void check_palette_indexes(const std::string& path, const std::string* bytes) {
   const bool begun = bytes ? png_image_begin_read_from_memory(&png, bytes->data(), bytes->size())
                            : png_image_begin_read_from_file(&png, path.c_str());
   if (!begun) throw Error(str(path, ": not a readable PNG (", png.message, ")"));
-  png.format = PNG_FORMAT_RGB_COLORMAP;
+  png.format = PNG_FORMAT_RGBA_COLORMAP;
   std::vector<uint8_t> index, colormap;
   try {
     index.resize(PNG_IMAGE_SIZE(png));

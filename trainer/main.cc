@@ -224,7 +224,8 @@ bool parse_int64(const std::string& s, int64_t* v) {
 std::string int_problem(const std::string& s) {
   const size_t digits = s.find_first_not_of("0123456789", s.rfind('-', 0) == 0 ? 1 : 0);
   if (digits == std::string::npos && s.size() > (s[0] == '-' ? 1u : 0u))
-    return "'" + s + "' is out of range (a 64-bit integer: at most 9223372036854775807)";
+    return "'" + s + "' is out of range (a 64-bit integer: " +
+           (s[0] == '-' ? "at least -9223372036854775808)" : "at most 9223372036854775807)");
   return "expected an integer, got '" + s + "'";
 }
 

@@ -583,9 +583,9 @@ StepMetrics Trainer::train_step() {
     // Only trees without a target (the data check warned of them): the mean over no targets is
     // taken as 0, a zero gradient, as path_mean's such trees add (AdamW's momentum and weight
     // decay still apply, whichever the normaliser).
-    spdlog::warn("step {}: the step's {} trees have no target (train.loss_norm: token_mean): its loss and gradient "
+    spdlog::warn("step {}: the step's {} paths have no target (train.loss_norm: token_mean): its loss and gradient "
                  "are 0",
-                 m.step, micro.size());
+                 m.step, m.paths);
     normaliser = 1;
   }
   if (!(normaliser > 0))

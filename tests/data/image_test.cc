@@ -116,6 +116,23 @@ TEST(Image, PalettePngDecodesAndAnIndexPastThePaletteIsAnError) {
   write(good, {0, 1, 2, 2, 1, 0});
   const Image a = decode_image(good);
   EXPECT_EQ(a.rgb, (std::vector<uint8_t>{255, 0, 0, 0, 0, 255, 0, 255, 0, 0, 255, 0, 0, 0, 255, 255, 0, 0}));
+  // With transparency (a tRNS chunk: the writer's RGBA colormap), alpha composited onto black as
+  // for every PNG; opaque entries keep their colours.
+  const std::string clear = tmp("palette_trns.png");
+  {
+    png_image img;
+    std::memset(&img, 0, sizeof img);
+    img.version = PNG_IMAGE_VERSION;
+    img.width = 3;
+    img.height = 1;
+    img.format = PNG_FORMAT_RGBA_COLORMAP;
+    img.colormap_entries = 3;
+    const uint8_t colormap[12] = {255, 0, 0, 255, 0, 0, 255, 255, 0, 255, 0, 0};  // entry 2 transparent
+    const std::vector<uint8_t> index = {0, 1, 2};
+    ASSERT_TRUE(png_image_write_to_file(&img, clear.c_str(), 0, index.data(), 0, colormap)) << img.message;
+  }
+  const Image c = decode_image(clear);
+  EXPECT_EQ(c.rgb, (std::vector<uint8_t>{255, 0, 0, 0, 0, 255, 0, 0, 0}));
   const std::string bad = tmp("palette_bad.png");
   write(bad, {0, 1, 2, 0, 3, 1});  // pixel (1, 1): index 3 of a three-entry palette
   EXPECT_EQ(error_of(bad), bad + ": palette PNG: pixel (1, 1) has colour index 3, but the palette has 3 entries (a "

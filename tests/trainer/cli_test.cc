@@ -356,6 +356,11 @@ TEST(CliTest, StatsWithCapacityReportsThePartition) {
                        "9223372036854775807)"),
             std::string::npos)
       << r.err;
+  r = treetrain("stats --data " + data + " --format tree --capacity -99999999999999999999");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("'-99999999999999999999' is out of range (a 64-bit integer: at least -9223372036854775808)"),
+            std::string::npos)
+      << r.err;
   r = treetrain("stats --data " + data + " --format tree --capacity 1.5");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--capacity: expected an integer, got '1.5'"), std::string::npos) << r.err;
