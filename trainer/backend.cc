@@ -36,6 +36,8 @@ namespace {
 // copy, and the gradient norm is taken in fp64 on the device). Clipping arrives folded into
 // OptimStep::grad_scale. HF directories go through a host image of the flat buffer. Data
 // parallelism reduces the gradient buffer in place (ordered on the model's stream on the GPU).
+int64_t host_available_bytes();  // below
+
 template <class E>
 class DecoderBackend : public Backend {
  public:
@@ -203,6 +205,21 @@ class DecoderBackend : public Backend {
   }
   int device() const override { return gpu_; }
   int64_t max_external_kv() const override { return E::max_external_kv(/*singletons=*/false); }
+  int64_t partition_resident_bytes(int64_t activation_tokens, int64_t kept_tokens) const override {
+    int64_t row_elems = 0;  // K and V elements a row over all layers
+    for (int l = 0; l < model_.architecture().num_layers(); ++l) row_elems += 2 * model_.carry_row_elems(l);
+    const int64_t kept = kept_tokens * row_elems * (int64_t)(sizeof(typename E::Act) + sizeof(typename E::Acc));
+    return model::estimate_training_memory<E>(model_.config(), activation_tokens).activations + kept;
+  }
+  int64_t free_memory_bytes() const override {
+    if constexpr (kDevice) {
+      size_t free_b = 0, total_b = 0;
+      TT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+      return (int64_t)free_b + model_.exec().allocator().stats().bytes_reserved -
+             model_.exec().allocator().stats().bytes_in_use;  // cached blocks are free to the run too
+    }
+    return host_available_bytes();
+  }
 
   std::string gemm_tuning_signature() const override {
     if constexpr (kDevice)

@@ -110,6 +110,15 @@ class Backend {
   // The most external KV prefixes one training attention call reads (a partition piece's gateway
   // ranges): the CUDA kernels' cuda::kMaxExternalKV, unbounded on the CPU.
   virtual int64_t max_external_kv() const { return INT64_MAX; }
+  // Memory a partitioned tree holds besides the training state (model::estimate_training_memory):
+  // the activations of `activation_tokens` resident at once, plus `kept_tokens` whose K/V rows
+  // and their gradient accumulators alone are kept (partition.recompute). 0 where unknown.
+  virtual int64_t partition_resident_bytes(int64_t activation_tokens, int64_t kept_tokens) const {
+    (void)activation_tokens, (void)kept_tokens;
+    return 0;
+  }
+  // Memory free for it now (the GPU's free memory, or the host's available memory); -1: unknown.
+  virtual int64_t free_memory_bytes() const { return -1; }
 
   // GEMM autotuning (the CUDA backend with train.gemm_autotune; trainer/gemm_tuning.h): the
   // signature of the library and GPU its table is for ("" when the backend tunes nothing), the

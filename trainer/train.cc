@@ -195,6 +195,27 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
     if (capacity > 0 && t.n_tree() > cfg_.data.max_tokens_per_batch) partitioned(i);
     if (cfg_.segments.enabled() && t.max_depth() > cfg_.segments.length) segmented(i);
   }
+  // And what the largest of them holds at once (a chain of pieces' activations, or with
+  // partition.recompute one piece's and the K/V rows), against the memory free now: a tree that
+  // cannot fit stops the run here, not in the step that draws it.
+  if (!partitioned_.empty()) {
+    const PartitionedTree* worst = nullptr;
+    int64_t need = -1;
+    const bool rec = cfg_.partition.recompute;
+    for (const auto& [index, p] : partitioned_) {
+      const int64_t b = backend_->partition_resident_bytes(rec ? p.plan.max_piece_tokens : p.plan.peak_tokens,
+                                                           rec ? p.plan.kept_peak_tokens : 0);
+      if (b > need) need = b, worst = &p;
+    }
+    const int64_t need_rec = backend_->partition_resident_bytes(worst->plan.max_piece_tokens,
+                                                                 worst->plan.kept_peak_tokens);
+    const std::string problem =
+        partition_memory_problem(worst->split.id, worst->split.n_tree(), worst->plan, rec, need, need_rec,
+                                 backend_->free_memory_bytes(),
+                                 backend_->device() >= 0 ? str("GPU ", backend_->device(), " has") : "the host has");
+    if (!problem.empty())
+      throw Error(str(cfg_.where("partition.capacity_tokens"), ": data.path ", cfg_.data.path, ": ", problem));
+  }
 
   // Model state: resume (from the newest valid checkpoint; rank 0 moves invalid ones aside), or
   // start fresh. Rank 0, the writer, first removes what killed writers left.
@@ -596,14 +617,25 @@ StepMetrics Trainer::train_step() {
   if (comm_) buckets_->begin(backend_->grads_data(), *comm_);
   model::Work recomputed;  // partition.recompute's second forwards
   for (size_t i = 0; i < micro.size(); ++i) {
-    if (runs[i].tree < 0 && comm_ && i + 1 == micro.size()) {
-      // The step's last backward: each parameter's gradient is final once reported, and its
-      // bucket's all-reduce starts while backward goes on (buckets.h).
-      m.loss += backend_->forward_backward_notify(micro[i], 1.0 / normaliser, [&](int begin, int end) {
-        for (int p = begin; p < end; ++p) buckets_->mark_ready(p);
-      });
-    } else if (runs[i].tree < 0) {
-      m.loss += backend_->forward_backward(micro[i], 1.0 / normaliser);
+    if (runs[i].tree < 0) {
+      try {
+        if (comm_ && i + 1 == micro.size()) {
+          // The step's last backward: each parameter's gradient is final once reported, and its
+          // bucket's all-reduce starts while backward goes on (buckets.h).
+          m.loss += backend_->forward_backward_notify(micro[i], 1.0 / normaliser, [&](int begin, int end) {
+            for (int p = begin; p < end; ++p) buckets_->mark_ready(p);
+          });
+        } else {
+          m.loss += backend_->forward_backward(micro[i], 1.0 / normaliser);
+        }
+      } catch (const Error& e) {  // out of memory on a micro-batch: say which, and what sizes it
+        const std::string msg = e.what();
+        if (msg.find("out of memory") == std::string::npos) throw;
+        throw Error(str("step ", m.step, ": micro-batch ", i + 1, " of ", micro.size(), " (", micro[i].n_tokens,
+                        " packed tokens): ", msg, "; a smaller data.max_tokens_per_batch (",
+                        cfg_.data.max_tokens_per_batch, " now) makes smaller micro-batches (a tree larger than it then "
+                        "needs partition.capacity_tokens, or per_path packing to spread its paths)"));
+      }
     } else if (runs[i].segments) {
       for (const data::SegmentPlan& plan : segmented(runs[i].tree).plans) {
         m.loss += backend_->forward_backward_segmented(plan, cfg_.segments, 1.0 / normaliser);

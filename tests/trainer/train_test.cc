@@ -480,6 +480,45 @@ TEST(TrainTest, DataWithoutTargetsWarnsOrFails) {
   EXPECT_GT(s2.grad_norm, 0.0);
 }
 
+// A partitioned tree that cannot fit the memory free for it is an error at the start saying what
+// helps: partition.recompute where its figure fits, else a smaller capacity; the backend's
+// figures hold less with recompute on a chain.
+TEST(TrainTest, PartitionMemoryProblemSaysWhatHelps) {
+  std::string tokens;
+  for (int i = 0; i < 16; ++i) tokens += (i ? ", " : "") + std::to_string(1 + i % 7);
+  const data::Tree chain = data::parse_rollouts_line(R"({"id": "c", "sequences": [{"tokens": [)" + tokens + "]}]}",
+                                                     "chain", 32);
+  const data::Partition plan = data::plan_partition(data::split_long_nodes(chain, 4), 4);
+  ASSERT_EQ(plan.num_pieces(), 4);
+  ASSERT_EQ(plan.peak_tokens, 16);
+  ASSERT_EQ(plan.max_piece_tokens, 4);
+  ASSERT_EQ(plan.kept_peak_tokens, 12);
+  const int64_t G = int64_t{1} << 30;
+  EXPECT_EQ(partition_memory_problem("c", 16, plan, false, 40 * G, 10 * G, 50 * G, "GPU 0 has"), "");
+  EXPECT_EQ(partition_memory_problem("c", 16, plan, false, 400 * G, 10 * G, -1, "GPU 0 has"), "");
+  EXPECT_EQ(partition_memory_problem("c", 16, plan, false, 100 * G, 10 * G, 50 * G, "GPU 0 has"),
+            "tree 'c' (16 tokens in 4 pieces) would hold about 100 GiB at once besides the training state (the "
+            "activations of a chain of pieces, 16 tokens), but GPU 0 has 50 GiB free: set partition.recompute: true "
+            "(the activations of one piece at a time, at most 4 tokens, and the K/V rows of 12 tokens: about 10 GiB)");
+  EXPECT_EQ(partition_memory_problem("c", 16, plan, false, 100 * G, 60 * G, 50 * G, "GPU 0 has"),
+            "tree 'c' (16 tokens in 4 pieces) would hold about 100 GiB at once besides the training state (the "
+            "activations of a chain of pieces, 16 tokens), but GPU 0 has 50 GiB free: partition.recompute: true would "
+            "still need about 60 GiB; a smaller partition.capacity_tokens (4 now) bounds a piece's activations (the "
+            "K/V rows kept grow with the tree)");
+  EXPECT_EQ(partition_memory_problem("c", 16, plan, true, 60 * G, 60 * G, 50 * G, "the host has"),
+            "tree 'c' (16 tokens in 4 pieces) would hold about 60 GiB at once besides the training state (the "
+            "activations of 4 tokens and the K/V rows of 12), but the host has 50 GiB free: a smaller "
+            "partition.capacity_tokens (4 now) bounds a piece's activations (the K/V rows kept grow with the tree)");
+
+  // The backend's figures: a chain's activations against one piece's and the others' rows.
+  const fs::path dir = test_dir("partition_memory");
+  const RunConfig c = tiny_config(dir);
+  const std::unique_ptr<Backend> b = make_backend("cpu", c.model);
+  EXPECT_GT(b->partition_resident_bytes(16, 0), b->partition_resident_bytes(4, 12));
+  EXPECT_GT(b->partition_resident_bytes(4, 12), b->partition_resident_bytes(4, 0)) << "rows cost something";
+  EXPECT_GT(b->free_memory_bytes(), 0) << "MemAvailable of /proc/meminfo";
+}
+
 // Targets whose weights are all 0, or cancel on every token (+1 and -1 on the same sequence),
 // train nothing: an error. One non-zero weight anywhere is enough.
 TEST(TrainTest, DataWhoseTargetsAllWeighZeroIsAnError) {
