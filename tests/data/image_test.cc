@@ -101,16 +101,18 @@ TEST(Image, PngDecodesExactlyAndGreyExpands) {
 // palette's colours; an index past the palette's end, which libpng would paint black without a
 // word, is an error naming the file, the pixel and both counts.
 TEST(Image, PalettePngDecodesAndAnIndexPastThePaletteIsAnError) {
-  auto write = [](const std::string& path, const std::vector<uint8_t>& index) {
+  // Three palette entries (RGB, or RGBA: a tRNS chunk), `index` one a pixel, rows of 3 pixels.
+  auto write = [](const std::string& path, const std::vector<uint8_t>& index, bool alpha = false) {
     png_image img;
     std::memset(&img, 0, sizeof img);
     img.version = PNG_IMAGE_VERSION;
     img.width = 3;
-    img.height = 2;
-    img.format = PNG_FORMAT_RGB_COLORMAP;
+    img.height = (png_uint_32)index.size() / 3;
+    img.format = alpha ? PNG_FORMAT_RGBA_COLORMAP : PNG_FORMAT_RGB_COLORMAP;
     img.colormap_entries = 3;
-    const uint8_t colormap[9] = {255, 0, 0, 0, 0, 255, 0, 255, 0};
-    ASSERT_TRUE(png_image_write_to_file(&img, path.c_str(), 0, index.data(), 0, colormap)) << img.message;
+    const uint8_t rgb[9] = {255, 0, 0, 0, 0, 255, 0, 255, 0};
+    const uint8_t rgba[12] = {255, 0, 0, 255, 0, 0, 255, 255, 0, 255, 0, 0};  // entry 2 transparent
+    ASSERT_TRUE(png_image_write_to_file(&img, path.c_str(), 0, index.data(), 0, alpha ? rgba : rgb)) << img.message;
   };
   const std::string good = tmp("palette.png");
   write(good, {0, 1, 2, 2, 1, 0});
@@ -119,18 +121,7 @@ TEST(Image, PalettePngDecodesAndAnIndexPastThePaletteIsAnError) {
   // With transparency (a tRNS chunk: the writer's RGBA colormap), alpha composited onto black as
   // for every PNG; opaque entries keep their colours.
   const std::string clear = tmp("palette_trns.png");
-  {
-    png_image img;
-    std::memset(&img, 0, sizeof img);
-    img.version = PNG_IMAGE_VERSION;
-    img.width = 3;
-    img.height = 1;
-    img.format = PNG_FORMAT_RGBA_COLORMAP;
-    img.colormap_entries = 3;
-    const uint8_t colormap[12] = {255, 0, 0, 255, 0, 0, 255, 255, 0, 255, 0, 0};  // entry 2 transparent
-    const std::vector<uint8_t> index = {0, 1, 2};
-    ASSERT_TRUE(png_image_write_to_file(&img, clear.c_str(), 0, index.data(), 0, colormap)) << img.message;
-  }
+  write(clear, {0, 1, 2}, /*alpha=*/true);
   const Image c = decode_image(clear);
   EXPECT_EQ(c.rgb, (std::vector<uint8_t>{255, 0, 0, 0, 0, 255, 0, 0, 0}));
   const std::string bad = tmp("palette_bad.png");
