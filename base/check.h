@@ -14,6 +14,13 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
 };
 
+// An Error for memory the device or host could not give (a failed cudaMalloc, a CUDA call that
+// ran out of memory), so that a caller can say what would make the work smaller.
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+};
+
 // An Error about one configuration key. what() is the whole message; key() names the key (as the
 // thrower knows it, e.g. "vocab_size" inside a model config) and detail() is the message from the
 // key on ("vocab_size must be ..."), so a caller that knows where the key was set (file:line, a

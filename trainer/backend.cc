@@ -30,14 +30,33 @@ double Backend::forward_backward_notify(const data::PackedBatch& batch, double l
 
 namespace {
 
+// Host memory the kernel says is available (MemAvailable of /proc/meminfo), or -1 when unknown.
+int64_t host_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return -1;
+}
+
+// Memory free on GPU `gpu` (cudaMemGetInfo), or with gpu < 0 the host's available memory.
+int64_t free_memory(int gpu) {
+  if (gpu < 0) return host_available_bytes();
+  size_t free_b = 0, total_b = 0;
+  TT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return (int64_t)free_b;
+}
+
+std::string gib(double bytes) { return str(std::round(bytes / (1 << 30) * 100) / 100, " GiB"); }
+
 // One backend over a decoder on execution backend E: its fp32 master weights and gradients, fp32
 // AdamW moments m and v in the same flat layout (on the CPU; on the GPU's memory for the CUDA
 // backend, where AdamW runs over every tensor in one launch and also rewrites the bf16 working
 // copy, and the gradient norm is taken in fp64 on the device). Clipping arrives folded into
 // OptimStep::grad_scale. HF directories go through a host image of the flat buffer. Data
 // parallelism reduces the gradient buffer in place (ordered on the model's stream on the GPU).
-int64_t host_available_bytes();  // below
-
 template <class E>
 class DecoderBackend : public Backend {
  public:
@@ -212,13 +231,11 @@ class DecoderBackend : public Backend {
     return model::estimate_training_memory<E>(model_.config(), activation_tokens).activations + kept;
   }
   int64_t free_memory_bytes() const override {
-    if constexpr (kDevice) {
-      size_t free_b = 0, total_b = 0;
-      TT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-      return (int64_t)free_b + model_.exec().allocator().stats().bytes_reserved -
-             model_.exec().allocator().stats().bytes_in_use;  // cached blocks are free to the run too
+    if constexpr (kDevice) {  // the allocator's cached blocks are free to the run too
+      const cuda::AllocatorStats s = model_.exec().allocator().stats();
+      return free_memory(gpu_) + s.bytes_reserved - s.bytes_in_use;
     }
-    return host_available_bytes();
+    return free_memory(-1);
   }
 
   std::string gemm_tuning_signature() const override {
@@ -340,36 +357,15 @@ int resolve_device(const std::string& device, const model::ModelConfig& cfg, int
 
 namespace {
 
-// Host memory the kernel says is available (MemAvailable of /proc/meminfo), or -1 when unknown.
-int64_t host_available_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0;
-  std::string unit;
-  while (in >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return -1;
-}
-
-std::string gib(double bytes) { return str(std::round(bytes / (1 << 30) * 100) / 100, " GiB"); }
-
 // Throws when the training state and a micro-batch's activations cannot fit (see make_backend).
 template <class E>
 void check_memory(const model::ModelConfig& cfg, int64_t tokens, int gpu) {
   const model::MemoryEstimate m = model::estimate_training_memory<E>(cfg, tokens);
   const int64_t optim = 2 * (int64_t)sizeof(float) * model::Architecture(cfg).table().num_params();
   const int64_t need = m.total() + optim;
-  int64_t have = -1;
-  std::string where;
-  if (gpu >= 0) {
-    size_t free_b = 0, total_b = 0;
-    TT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    have = (int64_t)free_b;
-    where = str("GPU ", gpu, " has ", gib((double)have), " free");
-  } else {
-    have = host_available_bytes();
-    where = str("the host has ", gib((double)have), " available");
-  }
+  const int64_t have = free_memory(gpu);
+  const std::string where = gpu >= 0 ? str("GPU ", gpu, " has ", gib((double)have), " free")
+                                     : str("the host has ", gib((double)have), " available");
   if (have < 0 || need <= have) return;
   throw Error(str("the model (", model::Architecture(cfg).table().num_params(),
                   " parameters from model.hidden_size, model.intermediate_size, model.num_hidden_layers, "
@@ -381,6 +377,26 @@ void check_memory(const model::ModelConfig& cfg, int64_t tokens, int gpu) {
 }
 
 }  // namespace
+
+std::string partition_memory_problem(const std::string& tree_id, int64_t n_tree, const data::Partition& plan,
+                                     bool recompute, int64_t need, int64_t need_recompute, int64_t free_bytes,
+                                     const std::string& free_what) {
+  if (free_bytes < 0 || need <= free_bytes) return "";
+  std::string out = str("tree '", tree_id, "' (", n_tree, " tokens in ", plan.num_pieces(), " pieces) would hold about ",
+                        gib(need), " at once besides the training state (");
+  if (recompute)
+    out += str("the activations of ", plan.max_piece_tokens, " tokens and the K/V rows of ", plan.kept_peak_tokens);
+  else
+    out += str("the activations of a chain of pieces, ", plan.peak_tokens, " tokens");
+  out += str("), but ", free_what, " ", gib(free_bytes), " free: ");
+  if (!recompute && need_recompute <= free_bytes)
+    return out + str("set partition.recompute: true (the activations of one piece at a time, at most ",
+                     plan.max_piece_tokens, " tokens, and the K/V rows of ", plan.kept_peak_tokens,
+                     " tokens: about ", gib(need_recompute), ")");
+  return out + str(recompute ? "" : "partition.recompute: true would still need about " + gib(need_recompute) + "; ",
+                   "a smaller partition.capacity_tokens (", plan.capacity,
+                   " now) bounds a piece's activations (the K/V rows kept grow with the tree)");
+}
 
 std::unique_ptr<Backend> make_backend(const std::string& device, const model::ModelConfig& cfg, int local_rank,
                                       int local_world_size, bool gemm_autotune, int64_t max_tokens) {

@@ -138,6 +138,15 @@ class Backend {
   virtual GemmTuneTotals gemm_tune_totals() const { return {}; }
 };
 
+// What a partitioned tree holds at once, against the memory free for it (Backend::
+// partition_resident_bytes, free_memory_bytes): "" when it fits or `free_bytes` is unknown (< 0),
+// else the error's text (after "<where>: data.path <path>: "), naming the tree, the bytes, and
+// what helps: partition.recompute (whose bytes `need_recompute` gives) or, with it on already, a
+// smaller partition.capacity_tokens.
+std::string partition_memory_problem(const std::string& tree_id, int64_t n_tree, const data::Partition& plan,
+                                     bool recompute, int64_t need, int64_t need_recompute, int64_t free_bytes,
+                                     const std::string& free_what);
+
 // device: "auto" | "cpu" | "cuda". "auto" takes cuda when a CUDA device of compute capability
 // 9.0 (the kernels are sm_90a) is visible and the model runs there (CudaExec::check_model: head_dim
 // 64, 128 or 256, linear-attention head dims the delta rule's kernels take), else cpu, and logs which. Throws tt::Error for "cuda" without a visible device or on another GPU,

@@ -1,8 +1,6 @@
 // Training data against the run config (see data_checks.h).
 #include "trainer/data_checks.h"
 
-#include <cmath>
-
 #include "base/check.h"
 
 namespace tt::trainer {
@@ -39,27 +37,6 @@ std::vector<std::string> check_training_data(const std::vector<data::Tree>& tree
                       cfg.train.loss_norm == "path_mean" ? ", but their paths count in the path_mean normaliser"
                                                          : " (a step that draws only such trees has a zero gradient)"));
   return out;
-}
-
-std::string partition_memory_problem(const std::string& tree_id, int64_t n_tree, const data::Partition& plan,
-                                     bool recompute, int64_t need, int64_t need_recompute, int64_t free_bytes,
-                                     const std::string& free_what) {
-  if (free_bytes < 0 || need <= free_bytes) return "";
-  auto gib = [](int64_t b) { return str(std::round((double)b / (1 << 30) * 100) / 100, " GiB"); };
-  std::string out = str("tree '", tree_id, "' (", n_tree, " tokens in ", plan.num_pieces(), " pieces) would hold about ",
-                        gib(need), " at once besides the training state (");
-  if (recompute)
-    out += str("the activations of ", plan.max_piece_tokens, " tokens and the K/V rows of ", plan.kept_peak_tokens);
-  else
-    out += str("the activations of a chain of pieces, ", plan.peak_tokens, " tokens");
-  out += str("), but ", free_what, " ", gib(free_bytes), " free: ");
-  if (!recompute && need_recompute <= free_bytes)
-    return out + str("set partition.recompute: true (the activations of one piece at a time, at most ",
-                     plan.max_piece_tokens, " tokens, and the K/V rows of ", plan.kept_peak_tokens,
-                     " tokens: about ", gib(need_recompute), ")");
-  return out + str(recompute ? "" : "partition.recompute: true would still need about " + gib(need_recompute) + "; ",
-                   "a smaller partition.capacity_tokens (", plan.capacity,
-                   " now) bounds a piece's activations (the K/V rows kept grow with the tree)");
 }
 
 }  // namespace tt::trainer

@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "data/partition.h"
 #include "data/tree.h"
 #include "trainer/config.h"
 
@@ -22,13 +21,5 @@ namespace tt::trainer {
 // to log.
 std::vector<std::string> check_training_data(const std::vector<data::Tree>& trees, const RunConfig& cfg);
 
-// What a partitioned tree holds at once, against the memory free for it (Backend::
-// partition_resident_bytes, free_memory_bytes): "" when it fits or `free_bytes` is unknown (< 0),
-// else the error's text (after "<where>: data.path <path>: "), naming the tree, the bytes, and
-// what helps: partition.recompute (whose bytes `need_recompute` gives) or, with it on already, a
-// smaller partition.capacity_tokens.
-std::string partition_memory_problem(const std::string& tree_id, int64_t n_tree, const data::Partition& plan,
-                                     bool recompute, int64_t need, int64_t need_recompute, int64_t free_bytes,
-                                     const std::string& free_what);
 
 }  // namespace tt::trainer

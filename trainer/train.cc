@@ -628,13 +628,12 @@ StepMetrics Trainer::train_step() {
         } else {
           m.loss += backend_->forward_backward(micro[i], 1.0 / normaliser);
         }
-      } catch (const Error& e) {  // out of memory on a micro-batch: say which, and what sizes it
-        const std::string msg = e.what();
-        if (msg.find("out of memory") == std::string::npos) throw;
-        throw Error(str("step ", m.step, ": micro-batch ", i + 1, " of ", micro.size(), " (", micro[i].n_tokens,
-                        " packed tokens): ", msg, "; a smaller data.max_tokens_per_batch (",
-                        cfg_.data.max_tokens_per_batch, " now) makes smaller micro-batches (a tree larger than it then "
-                        "needs partition.capacity_tokens, or per_path packing to spread its paths)"));
+      } catch (const OutOfMemoryError& e) {  // on a micro-batch: say which, and what sizes it
+        throw OutOfMemoryError(str("step ", m.step, ": micro-batch ", i + 1, " of ", micro.size(), " (",
+                                   micro[i].n_tokens, " packed tokens): ", e.what(),
+                                   "; a smaller data.max_tokens_per_batch (", cfg_.data.max_tokens_per_batch,
+                                   " now) makes smaller micro-batches (a tree larger than it then needs "
+                                   "partition.capacity_tokens, or per_path packing to spread its paths)"));
       }
     } else if (runs[i].segments) {
       for (const data::SegmentPlan& plan : segmented(runs[i].tree).plans) {
@@ -646,18 +645,15 @@ StepMetrics Trainer::train_step() {
       try {
         m.loss += backend_->forward_backward_partitioned(p.split, p.plan, 1.0 / normaliser,
                                                            cfg_.partition.recompute);
-      } catch (const Error& e) {  // out of memory on a chain of resident pieces: say what helps
-        const std::string msg = e.what();
+      } catch (const OutOfMemoryError& e) {  // on a chain of resident pieces: say what helps
         // Only where recompute would hold fewer activations: a chain longer than one piece.
-        if (cfg_.partition.recompute || msg.find("out of memory") == std::string::npos ||
-            p.plan.peak_tokens <= p.plan.max_piece_tokens)
-          throw;
-        throw Error(str("step ", m.step, ": tree '", p.split.id, "' (", p.split.n_tree(), " tokens in ",
-                        p.plan.num_pieces(), " pieces) holds the activations of up to ", p.plan.peak_tokens,
-                        " tokens at once (a chain of pieces stays resident until its backward): ", msg,
-                        "; set partition.recompute: true to keep those of one piece (at most ",
-                        p.plan.max_piece_tokens, " tokens) at a time (the others keep their K/V rows and run their "
-                        "forward again)"));
+        if (cfg_.partition.recompute || p.plan.peak_tokens <= p.plan.max_piece_tokens) throw;
+        throw OutOfMemoryError(str("step ", m.step, ": tree '", p.split.id, "' (", p.split.n_tree(),
+                                   " tokens in ", p.plan.num_pieces(), " pieces) holds the activations of up to ",
+                                   p.plan.peak_tokens, " tokens at once (a chain of pieces stays resident until its "
+                                   "backward): ", e.what(), "; set partition.recompute: true to keep those of one "
+                                   "piece (at most ", p.plan.max_piece_tokens, " tokens) at a time (the others keep "
+                                   "their K/V rows and run their forward again)"));
       }
       m.pieces += p.plan.num_pieces();
       recomputed += p.recompute;

@@ -65,9 +65,11 @@ void* DeviceAllocator::allocate(size_t bytes) {
     }
     if (err != cudaSuccess) {
       cudaGetLastError();
-      throw Error(str("DeviceAllocator: cudaMalloc of ", cls, " bytes (request ", bytes, ") failed: ",
-                      cudaGetErrorString(err), "; in use ", stats_.bytes_in_use, " B, reserved ",
-                      stats_.bytes_reserved, " B, peak ", stats_.peak_bytes_in_use, " B"));
+      const std::string msg = str("DeviceAllocator: cudaMalloc of ", cls, " bytes (request ", bytes, ") failed: ",
+                                  cudaGetErrorString(err), "; in use ", stats_.bytes_in_use, " B, reserved ",
+                                  stats_.bytes_reserved, " B, peak ", stats_.peak_bytes_in_use, " B");
+      if (err == cudaErrorMemoryAllocation) throw OutOfMemoryError(msg);
+      throw Error(msg);
     }
     stats_.num_cuda_malloc++;
     stats_.bytes_reserved += (int64_t)cls;
