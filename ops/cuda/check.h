@@ -42,12 +42,12 @@ inline int visible_devices(std::string* why) {
 
 #define TT_CUDA_CHECK_LAUNCH() TT_CUDA_CHECK(cudaGetLastError())
 
-// cuBLAS / cuDNN / NCCL status checks: include the library header before using these.
+// cuBLASLt / cuDNN / NCCL status checks: include the library header before using these.
 #define TT_CUBLAS_CHECK(expr)                                                                 \
   do {                                                                                        \
     cublasStatus_t tt_st_ = (expr);                                                           \
     if (tt_st_ != CUBLAS_STATUS_SUCCESS)                                                      \
-      ::tt::cuda::fail_api("cuBLAS", #expr, __FILE__, __LINE__, (long)tt_st_, cublasGetStatusString(tt_st_)); \
+      ::tt::cuda::fail_api("cuBLAS", #expr, __FILE__, __LINE__, (long)tt_st_, cublasLtGetStatusString(tt_st_)); \
   } while (0)
 
 #define TT_CUDNN_CHECK(expr)                                                                  \
