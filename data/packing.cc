@@ -157,6 +157,17 @@ void pack_paths(const Tree& tree, int64_t first, int64_t end, PackedBatch& b) {
 
 }  // namespace
 
+void pack_nodes_media(const Tree& tree, const std::vector<int>& nodes, const std::vector<int32_t>& node_rows,
+                      PackedBatch& b) {
+  TT_CHECK(nodes.size() == node_rows.size(), "pack_nodes_media: ", nodes.size(), " nodes but ", node_rows.size(),
+           " rows");
+  if (tree.media.empty()) return;
+  adopt_media_shape(tree, b);
+  const NodeMedia nm(tree);
+  std::vector<int> frame_index(tree.media.frames.size(), -1);  // each unique frame once
+  for (size_t i = 0; i < nodes.size(); ++i) pack_node_media(tree, nm, nodes[i], node_rows[i], frame_index, b);
+}
+
 int64_t packed_size(const Tree& tree, Packing packing) {
   return packing == Packing::kTree ? tree.n_tree() : tree.n_flat();
 }

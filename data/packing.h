@@ -86,6 +86,13 @@ void check_media(const PackedBatch& batch);  // the media part of check_packed_b
 PackedBatch pack(const std::vector<const Tree*>& trees, Packing packing,
                  ChildOrder child_order = ChildOrder::kLargestFirst);
 
+// Appends the media rows of `nodes` (indices into tree.nodes) laid out from packed rows
+// node_rows[i] (each node's slots and state rows at their offsets; each of the tree's frames once,
+// however many of the slots show it, as kTree does): the media of a batch built node by node
+// (pack_piece, data/partition.h).
+void pack_nodes_media(const Tree& tree, const std::vector<int>& nodes, const std::vector<int32_t>& node_rows,
+                      PackedBatch& b);
+
 // Tokens a tree occupies in a batch under the given packing (n_tree or n_flat).
 int64_t packed_size(const Tree& tree, Packing packing);
 

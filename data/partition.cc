@@ -22,13 +22,20 @@ std::vector<std::vector<int>> children_of(const Tree& tree) {
   return children;
 }
 
-// Cuts every node of `tree` at the offsets cuts(first token's depth, length) gives (ascending,
-// inside (0, length)); see split_long_nodes for why nothing else changes.
+// Cuts every node of `tree` at the offsets cuts(node, first token's depth, length) gives
+// (ascending, inside (0, length), never inside a frame slot); see split_long_nodes for why nothing
+// else changes. Media rows move with their tokens: a slot or state row of node i at offset o
+// belongs to the segment holding row o, at o minus the segment's start.
 template <class Cuts>
 Tree split_nodes(const Tree& tree, Cuts&& cuts) {
   tree.validate();
   Tree out;
   out.id = tree.id;
+  out.media.tokens_per_frame = tree.media.tokens_per_frame;
+  out.media.frames = tree.media.frames;
+  std::vector<std::vector<int>> slots(tree.nodes.size()), states(tree.nodes.size());  // node -> its media rows
+  for (size_t k = 0; k < tree.media.slots.size(); ++k) slots[tree.media.slots[k].node].push_back((int)k);
+  for (size_t k = 0; k < tree.media.states.size(); ++k) states[tree.media.states[k].node].push_back((int)k);
   std::vector<int> last(tree.nodes.size());     // original node -> index of its last segment
   std::vector<int64_t> depth(tree.nodes.size());  // of the node's first token
   std::vector<int64_t> at;
@@ -38,8 +45,9 @@ Tree split_nodes(const Tree& tree, Cuts&& cuts) {
     depth[i] = node.parent < 0 ? 0 : depth[node.parent] + (int64_t)tree.nodes[node.parent].tokens.size();
     int parent = node.parent < 0 ? -1 : last[node.parent];
     at.clear();
-    cuts(depth[i], len, &at);
+    cuts((int)i, depth[i], len, &at);
     at.push_back(len);
+    const int first = (int)out.nodes.size();  // node i's first segment
     int64_t begin = 0;
     for (int64_t end : at) {
       Node seg;
@@ -52,19 +60,36 @@ Tree split_nodes(const Tree& tree, Cuts&& cuts) {
       begin = end;
     }
     last[i] = parent;
+    // The segment holding row o of node i, and o's offset in it.
+    auto place = [&](int o, int* seg, int* offset) {
+      const int j = (int)(std::upper_bound(at.begin(), at.end(), (int64_t)o) - at.begin());
+      *seg = first + j;
+      *offset = o - (j > 0 ? (int)at[j - 1] : 0);
+    };
+    for (int k : slots[i]) {
+      FrameSlot f = tree.media.slots[k];
+      place(f.offset, &f.node, &f.offset);
+      TT_CHECK(f.offset + tree.media.tokens_per_frame <= (int)out.nodes[f.node].tokens.size(), "tree '", tree.id,
+               "': a cut of node ", i, " falls inside the frame slot at offset ", tree.media.slots[k].offset);
+      out.media.slots.push_back(f);
+    }
+    for (int k : states[i]) {
+      StateRow r = tree.media.states[k];
+      place(r.offset, &r.node, &r.offset);
+      out.media.states.push_back(std::move(r));
+    }
   }
   out.paths = tree.paths;
   for (Path& p : out.paths) p.end_node = last[p.end_node];
   return out;
 }
 
-// A frame's tower output would have to cross a cut as a gateway too.
+// Segments do not run the media stage yet (model/segments.h refuses a vision tower too).
 void refuse_media(const Tree& tree, const char* what, const char* expected) {
   if (!tree.media.empty())
     throw Error(str("tree '", tree.id, "' has frame slots or state rows; ", what,
                     " trees with media is not supported yet (expected ", expected, ")"));
 }
-constexpr const char* kPartitionMedia = "partition.capacity_tokens: 0 for episode data";
 
 // The pieces whose roots are the nodes marked in is_root (node 0 among them), in DFS preorder,
 // with their gateways, statistics and schedule (see Partition).
@@ -173,15 +198,29 @@ Partition build_partition(const Tree& tree, const std::vector<char>& is_root, in
 }  // namespace
 
 Tree split_long_nodes(const Tree& tree, int64_t max_len) {
-  refuse_media(tree, "partitioning", kPartitionMedia);
   TT_CHECK(max_len >= 1, "split_long_nodes: max_len = ", max_len, ", expected >= 1");
-  return split_nodes(tree, [&](int64_t, int64_t len, std::vector<int64_t>* at) {
-    for (int64_t c = max_len; c < len; c += max_len) at->push_back(c);
+  const int64_t P = tree.media.tokens_per_frame;
+  if (!tree.media.slots.empty() && P > max_len)
+    throw Error(str("tree '", tree.id, "' has frames of ", P, " rows; a piece of at most ", max_len,
+                    " tokens cannot hold one (expected a capacity >= ", P, ")"));
+  std::vector<std::vector<int32_t>> slot_start(tree.media.empty() ? 0 : tree.nodes.size());  // node -> slot offsets
+  for (const FrameSlot& f : tree.media.slots) slot_start[f.node].push_back(f.offset);
+  for (auto& v : slot_start) std::sort(v.begin(), v.end());
+  return split_nodes(tree, [&](int node, int64_t, int64_t len, std::vector<int64_t>* at) {
+    // Greedy: each segment max_len tokens, or up to the frame slot the cut would fall inside (a
+    // slot of P <= max_len rows starts after the previous cut, so the segment is never empty).
+    const std::vector<int32_t>* starts = slot_start.empty() ? nullptr : &slot_start[node];
+    for (int64_t c = max_len; c < len; c += max_len) {
+      if (starts) {
+        const auto it = std::upper_bound(starts->begin(), starts->end(), (int32_t)c);
+        if (it != starts->begin() && *(it - 1) < c && c < *(it - 1) + P) c = *(it - 1);
+      }
+      at->push_back(c);
+    }
   });
 }
 
 Partition plan_partition(const Tree& tree, int64_t capacity) {
-  refuse_media(tree, "partitioning", kPartitionMedia);
   TT_CHECK(capacity >= 1, "plan_partition: capacity = ", capacity, ", expected >= 1");
   tree.validate();
   const int n = (int)tree.nodes.size();
@@ -224,7 +263,7 @@ SegmentPlan plan_segments(const Tree& tree, int64_t length) {
            tree.n_tree(), " tokens, expected fewer than 2^31 (int32 rows)");
   SegmentPlan plan;
   plan.length = length;
-  plan.split = split_nodes(tree, [&](int64_t depth, int64_t len, std::vector<int64_t>* at) {
+  plan.split = split_nodes(tree, [&](int, int64_t depth, int64_t len, std::vector<int64_t>* at) {
     for (int64_t c = (length - depth % length) % length; c < len; c += length)
       if (c > 0) at->push_back(c);
   });
@@ -308,6 +347,7 @@ PackedBatch pack_piece(const Tree& split_tree, const Partition& plan, int piece)
   b.tree_start = {0, (int32_t)b.tokens.size()};
   b.n_tokens = (int)b.tokens.size();
   b.n_tree = b.n_tokens;
+  pack_nodes_media(split_tree, pc.nodes, b.node_start, b);  // the piece's frames, each once
   if (piece == 0) {
     b.n_paths = split_tree.n_paths();
     b.n_flat = split_tree.n_flat();

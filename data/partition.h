@@ -39,6 +39,10 @@ namespace tt::data {
 // take consecutive indices in place of their node (node i's segments come after those of every
 // node j < i), so parent < index still holds and children stay in their original order.
 //
+// Episode trees: a cut never falls inside a frame slot (the segment ends where the slot starts, so
+// it may be shorter than max_len; a tt::Error when a frame has more than max_len rows); slots and
+// state rows move with their rows.
+//
 // Why nothing changes: a node is only a run of tokens each of whose parent token is the previous
 // one; the segments keep every token's parent token, so root-to-token chains, hence positions
 // (depths), visibility (ancestor tokens) and paths, are the same. A segment's first token is
@@ -145,6 +149,9 @@ SegmentPlan plan_segments(const Tree& tree, int64_t length);
 //    per child piece whose root's first token is a target, in child_pieces order: it is predicted
 //    from the last row of the root's parent node (a branch point of this piece, which holds that
 //    logits row). The root piece's first token is never a target.
+//  - media (episode trees): the frame slots and state rows of the piece's nodes, each of their
+//    frames once (a frame shown in several pieces runs the tower in each: its gradient is the
+//    sum over its slots either way);
 //  - statistics: n_tree = piece tokens; visible_pairs = sum of (pos + 1) over the piece's tokens
 //    (gateway keys included); n_paths, n_flat, n_flat_targets are the tree's on the root piece and
 //    0 elsewhere. Summed over pieces, every statistic equals pack({&split_tree})'s.

@@ -49,7 +49,8 @@ KV slice(const KV& kv, int64_t row_elems, int begin, int end, int q_end) {
 
 template <class E>
 double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_tree, const data::Partition& plan,
-                                    double loss_scale, PartitionRunStats* stats, bool recompute) {
+                                    double loss_scale, PartitionRunStats* stats, bool recompute,
+                                    const LoadPieceFrames& load_frames) {
   using Acc = typename E::Acc;
   using Act = typename E::Act;
   E& e = model.exec();
@@ -127,7 +128,12 @@ double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_t
              " has a gateway of ", piece.gateway.size(), " segments; the ", E::kName, " attention reads at most ",
              E::kMaxExternalKV, " external prefixes (use a larger partition.capacity_tokens)");
     auto lp = std::make_unique<LivePiece<E>>();
-    const data::PackedBatch batch = data::pack_piece(split_tree, plan, k);
+    data::PackedBatch batch = data::pack_piece(split_tree, plan, k);
+    if (!batch.frames.empty()) {
+      TT_CHECK(load_frames, "partition of tree '", split_tree.id, "': piece ", k, " shows ", batch.frames.size(),
+               " frames but no frame loader was given");
+      load_frames(batch);
+    }
     const int N = batch.n_tokens;
     lp->gateway.assign(L, {});
     for (const data::GatewaySegment& seg : piece.gateway) {
@@ -164,7 +170,7 @@ double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_t
       req.loss = false;
       req.rows = InferRequest::Rows::kNone;
       model.infer(batch, req, &lp->gateway, &w);
-      lp->batch = batch;
+      lp->batch = std::move(batch);  // for the training forward its backward runs again
     } else {
       model.forward(batch, loss_scale, lp->acts, &lp->gateway);
     }
@@ -222,11 +228,11 @@ double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_t
 
 template double forward_backward_partitioned<CpuExec<float>>(Decoder<CpuExec<float>>&, const data::Tree&,
                                                              const data::Partition&, double, PartitionRunStats*,
-                                                             bool);
+                                                             bool, const LoadPieceFrames&);
 template double forward_backward_partitioned<CpuExec<double>>(Decoder<CpuExec<double>>&, const data::Tree&,
                                                               const data::Partition&, double, PartitionRunStats*,
-                                                              bool);
+                                                              bool, const LoadPieceFrames&);
 template double forward_backward_partitioned<CudaExec>(Decoder<CudaExec>&, const data::Tree&, const data::Partition&,
-                                                       double, PartitionRunStats*, bool);
+                                                       double, PartitionRunStats*, bool, const LoadPieceFrames&);
 
 }  // namespace tt::model

@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -115,12 +116,20 @@ PartitionRunStats walk_partition_schedule(const data::Partition& plan, const std
   return st;
 }
 
+// Fills a piece batch's pixels (PackedBatch::pixels) before it runs, as data::load_frames does a
+// micro-batch's: episode trees (the trainer decodes each piece's frames when the piece comes).
+// Called only for a piece with frames.
+using LoadPieceFrames = std::function<void(data::PackedBatch&)>;
+
 // Forward and backward of `split_tree` (data::split_long_nodes output) through `plan`
 // (data::plan_partition of it): grads() += d(loss)/d(params); returns loss_scale * sum w * ce.
 // recompute: non-leaf pieces keep only their K/V rows and run their forward again before their
-// backward (above); the same loss and gradients.
+// backward (above); the same loss and gradients. Episode trees (a model with a media stage): each
+// piece runs the tower on its own frames (load_frames fills their pixels); a frame's tower output
+// reaches later pieces as K/V rows like any other row.
 template <class E>
 double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_tree, const data::Partition& plan,
-                                    double loss_scale, PartitionRunStats* stats = nullptr, bool recompute = false);
+                                    double loss_scale, PartitionRunStats* stats = nullptr, bool recompute = false,
+                                    const LoadPieceFrames& load_frames = {});
 
 }  // namespace tt::model

@@ -117,9 +117,11 @@ class DecoderBackend : public Backend {
     return l.loss;
   }
   double forward_backward_partitioned(const data::Tree& split, const data::Partition& plan, double loss_scale,
-                                      bool recompute) override {
+                                      bool recompute,
+                                      const std::function<void(data::PackedBatch&)>& load_frames) override {
     model::PartitionRunStats st;
-    const double loss = model::forward_backward_partitioned(model_, split, plan, loss_scale, &st, recompute);
+    const double loss =
+        model::forward_backward_partitioned(model_, split, plan, loss_scale, &st, recompute, load_frames);
     nll_ += st.nll_sum;
     pieces_recomputed_ += st.pieces_recomputed;
     return loss;

@@ -62,9 +62,11 @@ class Backend {
   // `plan` data::plan_partition(split, C) (model/partitioned.h). Equals forward_backward of the
   // tree's own batch: grads += d(loss)/d(params); returns loss_scale * sum w * ce.
   // recompute: partition.recompute (non-leaf pieces keep only their K/V rows and run their forward
-  // again before their backward).
+  // again before their backward). load_frames fills a piece's pixels (episode trees; called only
+  // for a piece with frames).
   virtual double forward_backward_partitioned(const data::Tree& split, const data::Partition& plan,
-                                              double loss_scale, bool recompute) = 0;
+                                              double loss_scale, bool recompute,
+                                              const std::function<void(data::PackedBatch&)>& load_frames) = 0;
   // The same for one tree run segment by segment (model/segments.h; plan: data::plan_segments):
   // grads += the gradient of loss_scale * L_K (truncated BPTT); returns loss_scale * sum w * ce.
   // The CPU backend only so far (a tt::Error on the GPU).

@@ -590,8 +590,12 @@ void RunConfig::validate() const {
   // (Bins beyond the vocabulary are an error when continuous actions are read: data/actions.h.)
   require(data.action_bins >= 2 && data.action_bins <= (1 << 20), "data.action_bins", "in [2, 2^20]",
           i(data.action_bins));
-  require(!model.vision.enabled() || partition.capacity_tokens == 0, "partition.capacity_tokens",
-          "0 with a vision section (partition gateways do not carry frames yet)", i(partition.capacity_tokens));
+  require(!model.vision.enabled() || partition.capacity_tokens == 0 ||
+              partition.capacity_tokens >= model.vision.tokens_per_frame(),
+          "partition.capacity_tokens",
+          ">= " + i(model.vision.tokens_per_frame()) +
+              ", the tokens of a frame ((vision.image_size / vision.patch_size)^2: a piece holds whole frames), or 0",
+          i(partition.capacity_tokens), "vision.image_size");
   in_set("data.packing", data.packing, {"tree", "per_path"});
   require(data.max_tokens_per_batch >= 1 && data.max_tokens_per_batch <= kMaxTokensPerBatch,
           "data.max_tokens_per_batch", "in [1, " + i(kMaxTokensPerBatch) + "]", i(data.max_tokens_per_batch));

@@ -59,8 +59,7 @@ const char* const kUsage = R"(usage:
       (--tokens-per-frame rows per image, --window W observations of history, 0 = all; needs
       --vocab-size; continuous actions become --action-bins bins per dimension, as
       data.action_bins, at most --vocab-size) and adds episodes, unique_frames, frame_occurrences
-      and frame_reuse. --capacity is an error with --format episodes (partitioning does not carry
-      frames across a cut yet).
+      and frame_reuse; its --capacity is at least --tokens-per-frame (a piece holds whole frames).
   treetrain generate --kind rollouts|comb --out FILE [--num-trees N] [--vocab-size V] [--seed S]
                      [--prompt-len N] [--turns N] [--turn-len N] [--branches N] [--branch-turns N]
                      [--prefix-len N] [--steps N] [--history-len N] [--leaf-len N]
@@ -285,12 +284,13 @@ int run_episode_stats(const Args& a, const std::string& path) {
   if (!a.flags.count("vocab-size"))
     throw UsageError{"--vocab-size: expected the model's vocabulary (>= 2) for --format episodes"};
   const int64_t vocab = int_flag(a, "vocab-size", 0, 2, kMaxVocab, " (the model's vocabulary)");
-  if (a.flags.count("capacity"))
-    throw UsageError{"--capacity: partitioning episode trees is not supported (a partition cut does not carry "
-                     "frames yet); drop --capacity for --format episodes"};
   tt::data::EpisodeTreeSpec spec;
   spec.check_placeholder_ids = false;  // stats does not know the model's placeholder ids
   spec.tokens_per_frame = int32_flag(a, "tokens-per-frame", 196, 1, kIntMax);
+  const int64_t capacity = int_flag(a, "capacity", 0);
+  if (a.flags.count("capacity") && capacity < spec.tokens_per_frame)
+    throw UsageError{tt::str("--capacity: expected at least --tokens-per-frame (", spec.tokens_per_frame,
+                             ") tokens: a piece holds whole frames")};
   spec.window = int32_flag(a, "window", 0, 0, kIntMax, " (0: the full history)");
   // data.action_bins's default, so the counts are those of a training run's.
   const int bins = int32_flag(a, "action-bins", (int)tt::trainer::DataConfig{}.action_bins, 2, 1 << 20);
@@ -307,6 +307,7 @@ int run_episode_stats(const Args& a, const std::string& path) {
   j["frame_reuse"] = frames > 0 ? (double)occurrences / (double)frames : 0.0;
   j["tokens_per_frame"] = spec.tokens_per_frame;
   j["history_window"] = spec.window;
+  if (capacity > 0) j["partition"] = tt::data::partition_stats(trees, capacity);
   std::cout << j.dump() << std::endl;
   return 0;
 }

@@ -644,7 +644,8 @@ StepMetrics Trainer::train_step() {
       const PartitionedTree& p = partitioned(runs[i].tree);
       try {
         m.loss += backend_->forward_backward_partitioned(p.split, p.plan, 1.0 / normaliser,
-                                                           cfg_.partition.recompute);
+                                                           cfg_.partition.recompute,
+                                                           [this](data::PackedBatch& b) { load_frames(b); });
       } catch (const OutOfMemoryError& e) {  // on a chain of resident pieces: say what helps
         // Only where recompute would hold fewer activations: a chain longer than one piece.
         if (cfg_.partition.recompute || p.plan.peak_tokens <= p.plan.max_piece_tokens) throw;

@@ -3,7 +3,7 @@
 // every token in exactly one piece, connected pieces within capacity, the same targets, positions
 // and visible key sequences (gateway rows, then in-piece keys) as the unpartitioned batch; the
 // greedy's piece count equals a brute-force minimum on small trees; the published example's
-// totals.
+// totals; episode trees: no cut inside a frame, every frame slot and state row in one piece.
 //
 // Random trees get unique token ids (a running counter), so a token id names one token of the
 // tree, and pieces map back to the unpartitioned batch through their ids alone.
@@ -14,8 +14,10 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <set>
 #include <unordered_map>
 
+#include "data/episode_tree.h"
 #include "data/reader.h"
 #include "data/stats.h"
 #include "data/synthetic.h"
@@ -612,6 +614,96 @@ TEST(PartitionStats, PublishedExampleTotals) {
   int64_t targets = 0;
   for (int k = 0; k < p.num_pieces(); ++k) targets += (int64_t)pack_piece(split, p, k).tgt_src.size();
   EXPECT_EQ(targets, (int64_t)pack({&split}, Packing::kTree).tgt_src.size());
+}
+
+// An episode of `steps` steps, `cameras` frames a step (3 rows each), a state and two action ids.
+Tree media_tree(int steps, int cameras, int window) {
+  Episode ep;
+  ep.id = "ep";
+  ep.instruction = {5, 6};
+  for (int s = 0; s < steps; ++s) {
+    EpisodeStep st;
+    for (int c = 0; c < cameras; ++c) st.images.push_back("s" + std::to_string(s) + "c" + std::to_string(c) + ".png");
+    st.state = {0.25f * s, -1.0f};
+    st.action_ids = {20 + s, 30 + s};
+    ep.steps.push_back(st);
+  }
+  EpisodeTreeSpec spec;
+  spec.tokens_per_frame = 3;
+  spec.image_token = 1;
+  spec.state_token = 2;
+  spec.window = window;
+  return episode_tree(ep, 0, nullptr, spec);
+}
+
+// Episode trees (frame slots, state rows) at capacities from one frame up: no cut falls inside a
+// frame; the split tree packs to the same rows, slots, frames and states; and the pieces' batches
+// together hold every slot (showing its frame) and state row exactly once, at the whole batch's rows.
+TEST(PartitionMedia, PiecesHoldWholeFramesAndEveryMediaRowOnce) {
+  int multi = 0;
+  for (int window : {0, 2})
+    for (int cameras : {1, 2}) {
+      const Tree t = media_tree(5, cameras, window);
+      const PackedBatch a = pack({&t}, Packing::kTree);
+      // Whole batch: row -> the file of the frame its slot shows, or the state's first value.
+      std::map<int32_t, std::string> slot_file;
+      for (size_t k = 0; k < a.slot_row.size(); ++k) slot_file[a.slot_row[k]] = a.frames[a.slot_frame[k]].path;
+      std::map<int32_t, std::vector<float>> state_at;
+      for (size_t k = 0; k < a.state_row.size(); ++k)
+        state_at[a.state_row[k]] = {a.state.begin() + 2 * k, a.state.begin() + 2 * k + 2};
+      for (int64_t cap : {int64_t(3), int64_t(4), int64_t(5), int64_t(7), int64_t(11), t.n_tree() / 2 + 1, t.n_tree()}) {
+        const Tree s = split_long_nodes(t, cap);
+        for (const Node& n : s.nodes) ASSERT_LE((int64_t)n.tokens.size(), cap);
+        const PackedBatch b = pack({&s}, Packing::kTree);
+        ASSERT_NO_THROW(check_packed_batch(b, 64)) << "capacity " << cap;  // slots inside one node each
+        ASSERT_EQ(b.tokens, a.tokens);
+        ASSERT_EQ(b.pos, a.pos);
+        ASSERT_EQ(b.tgt_src, a.tgt_src);
+        ASSERT_EQ(b.slot_row, a.slot_row);
+        ASSERT_EQ(b.slot_frame, a.slot_frame);
+        ASSERT_EQ(b.state_row, a.state_row);
+        ASSERT_EQ(b.state, a.state);
+        const Partition plan = plan_partition(s, cap);
+        multi += plan.num_pieces() > 1;
+        // Each split node's first row in the whole batch (pack lays nodes out in this preorder).
+        std::vector<int32_t> row(s.nodes.size());
+        int32_t next = 0;
+        for (int v : s.preorder()) row[v] = next, next += (int32_t)s.nodes[v].tokens.size();
+        std::map<int32_t, std::string> seen_slots;
+        std::map<int32_t, std::vector<float>> seen_states;
+        for (int k = 0; k < plan.num_pieces(); ++k) {
+          const PackedBatch p = pack_piece(s, plan, k);
+          ASSERT_NO_THROW(check_packed_batch(p, 64)) << "capacity " << cap << " piece " << k;
+          std::vector<int32_t> global(p.n_tokens);  // piece row -> whole-batch row
+          for (int i = 0; i < p.num_nodes(); ++i)
+            for (int32_t j = 0; j < p.node_len[i]; ++j) global[p.node_start[i] + j] = row[plan.pieces[k].nodes[i]] + j;
+          std::set<std::string> files;
+          for (size_t q = 0; q < p.slot_row.size(); ++q) {
+            ASSERT_TRUE(seen_slots.emplace(global[p.slot_row[q]], p.frames[p.slot_frame[q]].path).second);
+            files.insert(p.frames[p.slot_frame[q]].path);
+          }
+          EXPECT_EQ(files.size(), p.frames.size()) << "each of the piece's frames once, every one shown";
+          for (size_t q = 0; q < p.state_row.size(); ++q)
+            ASSERT_TRUE(seen_states.emplace(global[p.state_row[q]], std::vector<float>(p.state.begin() + 2 * q,
+                                                                                       p.state.begin() + 2 * q + 2))
+                            .second);
+        }
+        EXPECT_EQ(seen_slots, slot_file) << "capacity " << cap;
+        EXPECT_EQ(seen_states, state_at) << "capacity " << cap;
+      }
+    }
+  EXPECT_GT(multi, 20);
+}
+
+TEST(PartitionMedia, ACapacityBelowAFrameIsAnError) {
+  const Tree t = media_tree(2, 1, 0);
+  try {
+    split_long_nodes(t, 2);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "tree 'ep' has frames of 3 rows; a piece of at most 2 tokens cannot hold one (expected a capacity >= 3)");
+  }
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 // decoder's, the projector's, the state projection's and the tower's), and one AdamW step; with
 // full and window histories, with the tower trained and frozen. Then the leakage rules: a step
 // never sees a later frame, any step's action tokens but its own (as targets), or a frame outside
-// its window.
+// its window. Partitioned episode trees equal the whole tree.
 //
 // Tolerance rule (as tree_vs_path_test.cc): both sides sum the same fp64 terms in other groupings
 // (the frame gradient sums over slots in another order), so relative 1e-10 is a loose bound.
@@ -16,8 +16,11 @@
 #include <cmath>
 #include <vector>
 
+#include "data/frames.h"
 #include "data/packing.h"
+#include "data/partition.h"
 #include "model/decoder.h"
+#include "model/partitioned.h"
 #include "tests/equivalence/random_trees.h"
 #include "tests/equivalence/vla_fixture.h"
 
@@ -116,6 +119,56 @@ TEST_P(VlaTreeVsSteps, LossGradientsAndAdamWStepAgree) {
   for (int64_t id : {0, 1})
     for (int64_t j = 0; j < cfg.hidden_size; ++j)
       EXPECT_EQ(gt.g[wte.offset + id * cfg.hidden_size + j], 0.0) << "placeholder id " << id;
+}
+
+// Partitioned episode trees (partition.capacity_tokens with a vision tower): each piece runs the
+// tower on the frames its slots show, and ancestors' frames reach it as gateway K/V rows; the loss
+// and every gradient (the tower's included) equal the whole tree's, at capacities from one frame
+// (4 rows) to the whole tree, and with partition.recompute bitwise those without it. A frame that
+// slots of two pieces show (window histories) runs the tower in both: its gradient is the sum over
+// its slots either way. Tolerance: as above (fp64, other groupings).
+TEST_P(VlaTreeVsSteps, PartitionedTreesMatchTheWholeTree) {
+  const Case c = GetParam();
+  const model::ModelConfig cfg = testing::tiny_vla_config(c.freeze);
+  model::Model<double> m(cfg);
+  m.init(7);
+  const data::Episode ep = testing::tiny_episode(/*steps=*/5, /*cameras=*/2, /*seed=*/3);
+  const data::Tree tree = testing::vla_tree(ep, c.window, cfg, 11);
+  const double scale = 1.0 / 5;
+  const Grads whole = train(m, testing::vla_batch(tree, Packing::kTree, cfg), scale);
+  const double big = max_abs(whole.g);
+  data::FrameSpec spec;
+  spec.image_size = (int)cfg.vision.image_size;
+  int frame_loads = 0;
+  const model::LoadPieceFrames load = [&](PackedBatch& b) {
+    ++frame_loads;
+    data::load_frames(b, spec);
+  };
+  const int64_t P = cfg.vision.tokens_per_frame();
+  for (int64_t cap : {P, P + 1, 2 * P + 3, 3 * P, tree.n_tree() / 2 + 1, tree.n_tree()}) {
+    const data::Tree split = data::split_long_nodes(tree, cap);
+    const data::Partition plan = data::plan_partition(split, cap);
+    if (cap < tree.n_tree() / 2) EXPECT_GT(plan.num_pieces(), 4) << "capacity " << cap;
+    Grads runs[2];
+    for (int recompute = 0; recompute < 2; ++recompute) {
+      m.zero_grad();
+      model::PartitionRunStats st;
+      frame_loads = 0;
+      runs[recompute].loss =
+          model::forward_backward_partitioned(m, split, plan, scale, &st, recompute == 1, load);
+      runs[recompute].g.assign(m.grads(), m.grads() + m.num_params());
+      EXPECT_EQ(st.tokens_processed, tree.n_tree()) << "capacity " << cap;
+      EXPECT_GE(frame_loads, 1) << "capacity " << cap;
+    }
+    EXPECT_NEAR(runs[0].loss, whole.loss, 1e-10 * std::fabs(whole.loss)) << "capacity " << cap;
+    EXPECT_LE(max_diff(runs[0].g, whole.g), 1e-10 * big) << "capacity " << cap;
+    EXPECT_EQ(runs[1].loss, runs[0].loss) << "capacity " << cap << ", recompute";
+    EXPECT_EQ(max_diff(runs[1].g, runs[0].g), 0.0) << "capacity " << cap << ", recompute";
+  }
+  // A piece with frames and no loader is an error, not a tower run on missing pixels.
+  const data::Tree split = data::split_long_nodes(tree, P);
+  const data::Partition plan = data::plan_partition(split, P);
+  EXPECT_THROW(model::forward_backward_partitioned(m, split, plan, scale), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Histories, VlaTreeVsSteps,

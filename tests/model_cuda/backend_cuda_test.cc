@@ -93,7 +93,7 @@ TEST_F(BackendCudaTest, NoDeviceAllocationInSteadyState) {
     gpu->zero_grad();
     gpu->forward_backward(small, 0.01);
     gpu->forward_backward(big, 0.01);
-    gpu->forward_backward_partitioned(split, plan, 0.01, /*recompute=*/false);
+    gpu->forward_backward_partitioned(split, plan, 0.01, /*recompute=*/false, {});
     gpu->forward_backward(small, 0.01);
     gpu->adamw_step(step_params(step, std::sqrt(gpu->grad_sum_squares())));
   };

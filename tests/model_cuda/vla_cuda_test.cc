@@ -2,7 +2,8 @@
 // 64, bidirectional attention over frames whose 36 tokens straddle the kernels' 64- and 128-key
 // tiles), the LLaVA projector, the state projection and a Qwen3 decoder, on episode trees with
 // two cameras and a state, full and window histories.
-//  - LossAndGradients: loss and every gradient (tower, projector, state projection, decoder).
+//  - LossAndGradients: loss and every gradient (tower, projector, state projection, decoder);
+//    then the tree partitioned (each piece's frames through the tower), with and without recompute.
 //  - FrozenTower: vision.freeze: the tower's gradients are exactly zero, the rest within the rule.
 //  - TreeVsPerTimestep: the per-timestep samples (per_path packing, the tower once per
 //    occurrence) on the GPU give the tree's loss and gradients; the tree run is no further from
@@ -21,7 +22,10 @@
 #include <string>
 #include <vector>
 
+#include "data/frames.h"
+#include "data/partition.h"
 #include "model/decoder.h"
+#include "model/partitioned.h"
 #include "tests/equivalence/vla_fixture.h"
 #include "tests/model_cuda/test_util.h"
 
@@ -129,6 +133,25 @@ TEST_P(VlaCuda, LossAndGradients) {
   std::vector<double> twice(ref.grads.size());
   for (size_t i = 0; i < twice.size(); ++i) twice[i] = 2 * ref.grads[i];
   expect_vla_grads_close(gpu.params_info(), g2, twice, layers_of(cfg), what + " (accumulated twice)");
+
+  // Partitioned into pieces of <= 80 tokens (two frames and a state row; each piece runs the tower
+  // on its own frames), with and without partition.recompute: the same rule, the same reference.
+  const int64_t cap = 80;
+  const data::Tree split = data::split_long_nodes(t, cap);
+  const data::Partition plan = data::plan_partition(split, cap);
+  ASSERT_GT(plan.num_pieces(), 4);
+  data::FrameSpec spec;
+  spec.image_size = (int)cfg.vision.image_size;
+  const model::LoadPieceFrames load = [&](data::PackedBatch& b) { data::load_frames(b, spec); };
+  for (bool recompute : {false, true}) {
+    gpu.zero_grad();
+    model::PartitionRunStats st;
+    const double lp = model::forward_backward_partitioned(gpu, split, plan, scale, &st, recompute, load);
+    const std::string w = what + (recompute ? ", partitioned, recompute" : ", partitioned");
+    EXPECT_EQ(st.tokens_processed, t.n_tree()) << w;
+    expect_loss_close(lp, ref.loss, w);
+    expect_vla_grads_close(gpu.params_info(), gpu.grads_host(), ref.grads, layers_of(cfg), w);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Histories, VlaCuda, ::testing::Values(0, 3),

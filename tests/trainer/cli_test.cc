@@ -469,7 +469,8 @@ TEST(CliTest, ActionIdsParseStrictly) {
 }
 
 // stats --format episodes on continuous actions: --action-bins (data.action_bins's default 256)
-// must fit --vocab-size, said in terms of the flags; --capacity cannot partition episode trees.
+// must fit --vocab-size, said in terms of the flags; --capacity partitions episode trees into pieces
+// of whole frames.
 TEST(CliTest, StatsOnContinuousEpisodesTakesActionBins) {
   const fs::path dir = tmp("cli_action_bins");
   const std::string data = (dir / "ep.jsonl").string();
@@ -489,12 +490,20 @@ TEST(CliTest, StatsOnContinuousEpisodesTakesActionBins) {
   r = treetrain(stats + " --action-bins 1");
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.err.rfind("error: --action-bins: expected an integer in [2, 1048576], got '1'\n", 0), 0u) << r.err;
-  r = treetrain(stats + " --action-bins 32 --capacity 8");
+  // --capacity partitions the episode trees; a piece holds whole frames.
+  r = treetrain(stats + " --action-bins 32 --capacity 3");
   EXPECT_EQ(r.code, 2);
-  EXPECT_EQ(r.err.rfind("error: --capacity: partitioning episode trees is not supported (a partition cut does not "
-                        "carry frames yet); drop --capacity for --format episodes\n", 0),
+  EXPECT_EQ(r.err.rfind("error: --capacity: expected at least --tokens-per-frame (4) tokens: a piece holds whole "
+                        "frames\n", 0),
             0u)
       << r.err;
+  r = treetrain(stats + " --action-bins 32 --capacity 8");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json p = nlohmann::json::parse(r.out);
+  EXPECT_EQ(p.at("partition").at("capacity").get<int>(), 8);
+  EXPECT_EQ(p.at("partition").at("n_tree").get<int64_t>(), p.at("n_tree").get<int64_t>());
+  EXPECT_GT(p.at("partition").at("pieces").get<int>(), 2 * 2) << r.out;  // several pieces an episode
+  EXPECT_LE(p.at("partition").at("max_piece_tokens").get<int>(), 8) << r.out;
   r = treetrain("stats --data " + data + " --format tree --action-bins 32");
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.err.rfind("error: --action-bins is for --format episodes\n", 0), 0u) << r.err;
