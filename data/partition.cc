@@ -199,6 +199,7 @@ Partition build_partition(const Tree& tree, const std::vector<char>& is_root, in
 
 Tree split_long_nodes(const Tree& tree, int64_t max_len) {
   TT_CHECK(max_len >= 1, "split_long_nodes: max_len = ", max_len, ", expected >= 1");
+  tree.validate();  // before the slots index anything (split_nodes validates again: cheap)
   const int64_t P = tree.media.tokens_per_frame;
   if (!tree.media.slots.empty() && P > max_len)
     throw Error(str("tree '", tree.id, "' has frames of ", P, " rows; a piece of at most ", max_len,

@@ -26,7 +26,8 @@
 
 namespace tt::distributed {
 
-// The tree's work under the packing, equal to model::Work::of its packed batch.
+// The tree's work under the packing, equal to model::Work::of its packed batch (media included:
+// the frames the tower runs on, the state rows).
 model::Work tree_work(const data::Tree& tree, data::Packing packing);
 
 // Executed FLOPs of a training step (forward + backward) on the tree.

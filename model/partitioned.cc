@@ -130,8 +130,8 @@ double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_t
     auto lp = std::make_unique<LivePiece<E>>();
     data::PackedBatch batch = data::pack_piece(split_tree, plan, k);
     if (!batch.frames.empty()) {
-      TT_CHECK(load_frames, "partition of tree '", split_tree.id, "': piece ", k, " shows ", batch.frames.size(),
-               " frames but no frame loader was given");
+      TT_CHECK(load_frames, "partition of tree '", split_tree.id, "': piece ", k, " shows frames (",
+               batch.frames.size(), ") but no frame loader was given");
       load_frames(batch);
     }
     const int N = batch.n_tokens;

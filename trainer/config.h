@@ -114,7 +114,8 @@ struct ScheduleConfig {
 // capacity_tokens tokens, joined by gateways), with exactly the loss and gradients of training it
 // whole. Trees larger than data.max_tokens_per_batch then become micro-batches of their own
 // instead of an error. Needs data.packing: tree and capacity_tokens <= data.max_tokens_per_batch
-// (a piece is a micro-batch's worth of tokens).
+// (a piece is a micro-batch's worth of tokens); with a vision section, capacity_tokens >= a
+// frame's tokens, (vision.image_size / vision.patch_size)^2 (a piece holds whole frames).
 struct PartitionConfig {
   int64_t capacity_tokens = 0;  // tokens per piece; 0 = off
   // A piece with child pieces keeps only its K/V rows (and a hybrid's offered states) between its

@@ -290,7 +290,7 @@ int run_episode_stats(const Args& a, const std::string& path) {
   const int64_t capacity = int_flag(a, "capacity", 0);
   if (a.flags.count("capacity") && capacity < spec.tokens_per_frame)
     throw UsageError{tt::str("--capacity: expected at least --tokens-per-frame (", spec.tokens_per_frame,
-                             ") tokens: a piece holds whole frames")};
+                             ") tokens: a piece holds whole frames; got '", a.flags.at("capacity"), "'")};
   spec.window = int32_flag(a, "window", 0, 0, kIntMax, " (0: the full history)");
   // data.action_bins's default, so the counts are those of a training run's.
   const int bins = int32_flag(a, "action-bins", (int)tt::trainer::DataConfig{}.action_bins, 2, 1 << 20);

@@ -417,9 +417,13 @@ void Trainer::take_shard(std::vector<data::PackedBatch>* micro, std::vector<Micr
   for (int64_t t : step_trees) {
     if (tree_cost_[t] < 0) {
       tree_cost_[t] = distributed::tree_cost(arch_, trees[t], packing);
-      // partition.recompute: a tree over the budget runs partitioned, its non-leaf pieces forward twice
-      if (cfg_.partition.recompute && trees[t].n_tree() > cfg_.data.max_tokens_per_batch)
-        tree_cost_[t] += arch_.flops(partitioned(t).recompute, model::Pass::kForward).executed;
+      // A tree over the budget runs partitioned: frames shown in several pieces run their tower in
+      // each; with partition.recompute, its non-leaf pieces run forward twice.
+      if (cfg_.partition.capacity_tokens > 0 && trees[t].n_tree() > cfg_.data.max_tokens_per_batch) {
+        const PartitionedTree& p = partitioned(t);
+        tree_cost_[t] += arch_.flops(p.repeated, model::Pass::kTrain).executed +
+                         arch_.flops(p.recompute, model::Pass::kForward).executed;
+      }
     }
     cost.push_back(tree_cost_[t]);
   }
@@ -471,9 +475,11 @@ void Trainer::append_micro(const std::vector<int64_t>& group, std::vector<data::
   std::vector<const data::Tree*> batch;
   for (int64_t t : whole) batch.push_back(&trees[t]);
   micro->push_back(data::pack(batch, packing));
-  load_frames(micro->back());
   const int64_t capacity = cfg_.partition.capacity_tokens;
   const bool alone_and_large = capacity > 0 && whole.size() == 1 && micro->back().n_tree > capacity;
+  // A tree run piece by piece decodes each piece's frames when the piece runs; its whole batch
+  // only gives the step's counts.
+  if (!alone_and_large) load_frames(micro->back());
   runs->push_back(MicroRun{alone_and_large ? whole[0] : -1, false});
 }
 
@@ -513,8 +519,8 @@ const Trainer::PartitionedTree& Trainer::partitioned(int64_t index) {
   const int64_t capacity = cfg_.partition.capacity_tokens;
   const data::Tree& tree = loader_->trees()[index];
   PartitionedTree p;
-  p.split = data::split_long_nodes(tree, capacity);
   try {
+    p.split = data::split_long_nodes(tree, capacity);
     p.plan = data::plan_partition(p.split, capacity);
   } catch (const Error& e) {
     throw Error(str(cfg_.where("partition.capacity_tokens"), ": data.path ", cfg_.data.path, ": ", e.what()));
@@ -533,6 +539,11 @@ const Trainer::PartitionedTree& Trainer::partitioned(int64_t index) {
                     backend_->max_external_kv(), " (a larger capacity makes the chain of pieces shorter)"));
   int64_t with_gateways = 0;
   for (const data::Piece& piece : p.plan.pieces) with_gateways += piece.tokens;
+  if (!tree.media.slots.empty()) {  // each piece runs the tower on the frames its slots show
+    for (int k = 0; k < p.plan.num_pieces(); ++k)
+      p.repeated.frames += (int64_t)data::pack_piece(p.split, p.plan, k).frames.size();
+    p.repeated.frames -= distributed::tree_work(tree, data::Packing::kTree).frames;
+  }
   if (cfg_.partition.recompute) {
     for (int k = 0; k < p.plan.num_pieces(); ++k) {
       if (!model::keeps_rows_only(p.plan, k, true)) continue;
@@ -616,6 +627,7 @@ StepMetrics Trainer::train_step() {
   backend_->zero_grad();
   if (comm_) buckets_->begin(backend_->grads_data(), *comm_);
   model::Work recomputed;  // partition.recompute's second forwards
+  model::Work repeated;    // towers of frames run again in another piece
   for (size_t i = 0; i < micro.size(); ++i) {
     if (runs[i].tree < 0) {
       try {
@@ -658,6 +670,7 @@ StepMetrics Trainer::train_step() {
       }
       m.pieces += p.plan.num_pieces();
       recomputed += p.recompute;
+      repeated += p.repeated;
     }
   }
   const double t_backward = now_s();
@@ -700,7 +713,7 @@ StepMetrics Trainer::train_step() {
       step_ = m.step;
       m.skipped = true;
       m.skipped_steps = skipped_steps_;
-      finish_metrics(m, t0, work, recomputed);
+      finish_metrics(m, t0, work, recomputed, repeated);
       return m;
     }
     throw NonFiniteError(str(what, cfg_.train.on_nonfinite == "skip_step"
@@ -727,17 +740,18 @@ StepMetrics Trainer::train_step() {
   step_ = m.step;
   consecutive_skips_ = 0;
   m.skipped_steps = skipped_steps_;
-  finish_metrics(m, t0, work, recomputed);
+  finish_metrics(m, t0, work, recomputed, repeated);
   return m;
 }
 
 void Trainer::finish_metrics(StepMetrics& m, double t0, const model::Work& work,
-                             const model::Work& forward_only) const {
+                             const model::Work& forward_only, const model::Work& repeated) const {
   const double t1 = now_s();
   m.step_s = t1 - t0;
   m.tokens_per_s = t1 > t0 ? (double)m.n_tree / (t1 - t0) : 0.0;
   const model::Flops flops = arch_.flops(work, model::Pass::kTrain);
-  m.executed_flops = flops.executed + arch_.flops(forward_only, model::Pass::kForward).executed;
+  m.executed_flops = flops.executed + arch_.flops(forward_only, model::Pass::kForward).executed +
+                     arch_.flops(repeated, model::Pass::kTrain).executed;
   if (t1 > t0) {
     m.model_tflops = flops.model / (t1 - t0) / 1e12;
     m.mfu = flops.model / (kPeakFlops * (t1 - t0));

@@ -161,6 +161,9 @@ class Trainer {
     // partition.recompute: the work of the non-leaf pieces' extra forward (the no-grad one that
     // keeps their K/V rows: the blocks, no LM head), which executed_flops adds.
     model::Work recompute;
+    // Episode trees: the frames whose tower runs again in another piece (a frame shown in several
+    // pieces; forward and backward), which executed_flops adds.
+    model::Work repeated;
   };
   // The plan of loader tree `index`, made (and logged) on first use.
   const PartitionedTree& partitioned(int64_t index);
@@ -200,10 +203,12 @@ class Trainer {
   std::string gemm_tuning_file_text(int64_t done) const;
   // Decodes a micro-batch's frames into its pixels (data::load_frames at vision.image_size).
   void load_frames(data::PackedBatch& b) const;
-  // Time, throughput and FLOP fields of a step that began at t0; `forward_only`: work run forward
-  // only besides (partition.recompute's extra forwards: executed, not model FLOPs).
+  // Time, throughput and FLOP fields of a step that began at t0; executed, not model FLOPs besides:
+  // `forward_only` (partition.recompute's extra forwards) and `repeated` (trained again: the towers
+  // of frames shown in several pieces).
   void finish_metrics(StepMetrics& m, double t0, const model::Work& work,
-                      const model::Work& forward_only = model::Work{}) const;
+                      const model::Work& forward_only = model::Work{},
+                      const model::Work& repeated = model::Work{}) const;
 
   RunConfig cfg_;
   RunDirLock run_lock_;  // rank 0's, taken before anything in run_dir is read or written

@@ -651,7 +651,8 @@ TEST(PartitionMedia, PiecesHoldWholeFramesAndEveryMediaRowOnce) {
       std::map<int32_t, std::vector<float>> state_at;
       for (size_t k = 0; k < a.state_row.size(); ++k)
         state_at[a.state_row[k]] = {a.state.begin() + 2 * k, a.state.begin() + 2 * k + 2};
-      for (int64_t cap : {int64_t(3), int64_t(4), int64_t(5), int64_t(7), int64_t(11), t.n_tree() / 2 + 1, t.n_tree()}) {
+      for (int64_t cap : {int64_t(3), int64_t(4), int64_t(5), int64_t(7), int64_t(11), t.n_tree() / 2 + 1,
+                          t.n_tree()}) {
         const Tree s = split_long_nodes(t, cap);
         for (const Node& n : s.nodes) ASSERT_LE((int64_t)n.tokens.size(), cap);
         const PackedBatch b = pack({&s}, Packing::kTree);

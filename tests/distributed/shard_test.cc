@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "data/episode_tree.h"
 #include "data/loader.h"
 #include "data/reader.h"
 #include "data/synthetic.h"
@@ -49,6 +50,39 @@ TEST(ShardTest, TreeWorkEqualsThePackedBatch) {
         EXPECT_EQ(w.head_rows, model::Work::of(b).head_rows) << kind << " " << t.id;
         EXPECT_GT(w.head_rows, 0) << kind << " " << t.id;
       }
+    }
+  }
+}
+
+// Episode trees: the tower's frames and the state rows as packing lays them out (tree packing:
+// each distinct frame once; per_path: once per path that shows it), full and window histories.
+TEST(ShardTest, TreeWorkOfEpisodesCountsFramesAndStates) {
+  for (int window : {0, 2}) {
+    data::Episode ep;
+    ep.id = "ep";
+    ep.instruction = {5, 6};
+    for (int s = 0; s < 5; ++s) {
+      data::EpisodeStep st;
+      st.images = {"a" + std::to_string(s) + ".png", "b" + std::to_string(s) + ".png"};
+      st.state = {0.5f};
+      st.action_ids = {20 + s};
+      ep.steps.push_back(st);
+    }
+    data::EpisodeTreeSpec spec;
+    spec.tokens_per_frame = 3;
+    spec.image_token = 1;
+    spec.state_token = 2;
+    spec.window = window;
+    const data::Tree t = data::episode_tree(ep, 0, nullptr, spec);
+    for (data::Packing p : {data::Packing::kTree, data::Packing::kPerPath}) {
+      const model::Work b = model::Work::of(data::pack({&t}, p));
+      const model::Work w = tree_work(t, p);
+      EXPECT_EQ(w.tokens, b.tokens) << "window " << window;
+      EXPECT_EQ(w.visible_pairs, b.visible_pairs) << "window " << window;
+      EXPECT_EQ(w.head_rows, b.head_rows) << "window " << window;
+      EXPECT_EQ(w.frames, b.frames) << "window " << window;
+      EXPECT_EQ(w.state_rows, b.state_rows) << "window " << window;
+      EXPECT_EQ(w.frames, p == data::Packing::kTree ? 10 : 2 * (window == 0 ? 15 : 9)) << "window " << window;
     }
   }
 }

@@ -3,6 +3,8 @@
 #include <cublasLt.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -16,12 +18,29 @@ bool cublaslt_mapped() {
   return s.str().find("libcublasLt.so") != std::string::npos;
 }
 
+// In a fresh process (the threadsafe death-test style re-runs this binary for this test alone),
+// whatever ran before here.
 TEST(CublasLtLoader, LoadsOnFirstCallOnly) {
-  ASSERT_FALSE(cublaslt_mapped()) << "libcublasLt was loaded at process start";
-  const size_t version = cublasLtGetVersion();
-  EXPECT_TRUE(cublaslt_mapped());
-  // The library found is of the major version the headers declare (the soname asked for).
-  EXPECT_EQ(version / 10000, size_t(CUBLAS_VER_MAJOR)) << version;
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        if (cublaslt_mapped()) {
+          std::fprintf(stderr, "libcublasLt was loaded at process start\n");
+          std::exit(1);
+        }
+        const size_t version = cublasLtGetVersion();
+        if (!cublaslt_mapped()) {
+          std::fprintf(stderr, "libcublasLt is not mapped after a call\n");
+          std::exit(2);
+        }
+        // The library found is of the major version the headers declare (the soname asked for).
+        if (version / 10000 != size_t(CUBLAS_VER_MAJOR)) {
+          std::fprintf(stderr, "version %zu, headers %d\n", version, CUBLAS_VER_MAJOR);
+          std::exit(3);
+        }
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 TEST(CublasLtLoader, EntryPointsReachTheLibrary) {

@@ -494,7 +494,7 @@ TEST(CliTest, StatsOnContinuousEpisodesTakesActionBins) {
   r = treetrain(stats + " --action-bins 32 --capacity 3");
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.err.rfind("error: --capacity: expected at least --tokens-per-frame (4) tokens: a piece holds whole "
-                        "frames\n", 0),
+                        "frames; got '3'\n", 0),
             0u)
       << r.err;
   r = treetrain(stats + " --action-bins 32 --capacity 8");

@@ -1,11 +1,13 @@
 // cuBLASLt, loaded on first use. libcublasLt's static initialisers take ~0.4 s and ~210 MB of
 // memory at process start; a binary linked against it pays that for `--help`, a config error or
 // a CPU run. So nothing links it: this file defines the cuBLASLt entry points treetrain calls,
-// each resolving the library's own on its first call (dlopen by the soname of the headers we
+// each forwarding to the library's own, all resolved when the first call loads it (dlopen by the
+// soname of the headers we
 // compiled against, found through the binary's runpath /usr/local/cuda/lib64 or
 // LD_LIBRARY_PATH). The signatures are checked against <cublasLt.h>'s declarations, so a
 // mismatch is a compile error; an entry point used but not listed here is a link error.
-// A library that cannot be loaded, or lacks an entry point, is a tt::Error naming both.
+// A library that cannot be loaded, or lacks an entry point, is a tt::Error naming both, from the
+// first cuBLASLt call on.
 #include <cublasLt.h>
 #include <dlfcn.h>
 
@@ -20,39 +22,58 @@ namespace {
 #define TT_STR(x) TT_STR2(x)
 constexpr const char* kSoname = "libcublasLt.so." TT_STR(CUBLAS_VER_MAJOR);
 
-void* library() {
-  static void* handle = nullptr;
+// Every entry point forwarded below: all are resolved when the library loads, so a library that
+// lacks one fails at the first cuBLASLt call, never later (say in a destructor's Destroy call).
+#define TT_CUBLASLT_ENTRIES(X)                                                                     \
+  X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtGetVersion) X(cublasLtGetStatusString)            \
+  X(cublasLtMatmul) X(cublasLtMatmulAlgoCheck) X(cublasLtMatmulAlgoConfigGetAttribute)              \
+  X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy)        \
+  X(cublasLtMatmulDescSetAttribute) X(cublasLtMatmulPreferenceCreate)                               \
+  X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute)                        \
+  X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)
+
+struct Entries {
+#define TT_FIELD(name) decltype(&::name) name = nullptr;
+  TT_CUBLASLT_ENTRIES(TT_FIELD)
+#undef TT_FIELD
+};
+
+// The loaded library's entry points (loaded once, thread-safe); a tt::Error when it cannot be
+// loaded or lacks one (the same error on every later call).
+const Entries& lt() {
+  static Entries entries;
   static std::string error;
   static std::once_flag once;
   std::call_once(once, [] {
-    handle = dlopen(kSoname, RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) {
+    void* h = dlopen(kSoname, RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) {
       const char* why = dlerror();
       error = tt::str("cannot load cuBLASLt (", kSoname, "): ", why ? why : "unknown error",
                       "; the CUDA backend needs the CUDA toolkit's libraries in /usr/local/cuda/lib64 "
                       "or on LD_LIBRARY_PATH");
+      return;
     }
+    Entries e;
+#define TT_RESOLVE(name)                                                                           \
+  if (error.empty()) {                                                                             \
+    dlerror();                                                                                     \
+    e.name = reinterpret_cast<decltype(&::name)>(dlsym(h, #name));                                 \
+    if (e.name == nullptr) {                                                                       \
+      const char* why = dlerror();                                                                 \
+      error = tt::str("cuBLASLt (", kSoname, ") has no entry point " #name, why ? ": " : "", why ? why : ""); \
+    }                                                                                              \
+  }
+    TT_CUBLASLT_ENTRIES(TT_RESOLVE)
+#undef TT_RESOLVE
+    if (error.empty()) entries = e;
   });
-  if (handle == nullptr) throw tt::Error(error);
-  return handle;
-}
-
-// The library's `name`, as a pointer to a function of the declared type F.
-template <typename F>
-F* entry(const char* name) {
-  void* h = library();
-  dlerror();
-  void* p = dlsym(h, name);
-  if (p == nullptr) throw tt::Error(tt::str("cuBLASLt (", kSoname, ") has no entry point ", name));
-  return reinterpret_cast<F*>(p);
+  if (!error.empty()) throw tt::Error(error);
+  return entries;
 }
 
 }  // namespace
 
-// Each entry point resolves once (a function-local static) and forwards its arguments.
-#define TT_LT_FORWARD(name, ...)                              \
-  static auto* const fn = entry<decltype(name)>(#name);      \
-  return fn(__VA_ARGS__)
+#define TT_LT_FORWARD(name, ...) return lt().name(__VA_ARGS__)
 
 extern "C" {
 
