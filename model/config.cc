@@ -106,9 +106,11 @@ void ModelConfig::validate() const {
                                         v.projector_hidden_act, "\")"));
     if (!(v.layer_norm_eps > 0) || !std::isfinite(v.layer_norm_eps))
       vfail("layer_norm_eps", str("must be a finite number > 0 (got ", v.layer_norm_eps, ")"));
-    if (v.vision_feature_layer != -1)
-      vfail("vision_feature_layer", str("must be -1 (the last encoder layer's patch tokens; other layers are not "
-                                        "supported yet) (got ", v.vision_feature_layer, ")"));
+    if (v.vision_feature_layer < -(v.num_hidden_layers + 1) || v.vision_feature_layer > v.num_hidden_layers)
+      vfail("vision_feature_layer",
+            str("must be in [", -(v.num_hidden_layers + 1), ", ", v.num_hidden_layers,
+                "]: an index of the tower's hidden_states (the embeddings, then vision.num_hidden_layers = ",
+                v.num_hidden_layers, " layers; -1 the last) (got ", v.vision_feature_layer, ")"));
     vrange("image_token_index", v.image_token_index, 0, vocab_size - 1);
     vrange("state_dim", v.state_dim, 0, kMaxHiddenSize);
     if (v.state_dim > 0) {
@@ -395,7 +397,7 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
     if (has(j, "vision_feature_layer")) {
       if (!j.at("vision_feature_layer").is_number_integer())
         throw Error(str(where, ": vision_feature_layer ", j.at("vision_feature_layer").dump(),
-                        " is unsupported (expected -1: one layer, the last)"));
+                        " is unsupported (expected one integer: the index of one hidden state, not a list)"));
       v.vision_feature_layer = j.at("vision_feature_layer").get<int64_t>();
     }
     if (has(j, "tie_word_embeddings")) c.tie_word_embeddings = get_bool_or(j, "tie_word_embeddings", false, where);

@@ -58,7 +58,10 @@ struct VisionConfig {
   // LLaVA's connector fields (LlavaConfig names).
   std::string projector_hidden_act = "gelu";  // gelu | gelu_pytorch_tanh
   int64_t image_token_index = 0;   // the placeholder token id of frame-slot rows
-  int64_t vision_feature_layer = -1;  // hidden_states[-1]: the last encoder layer (no post_layernorm)
+  // The projector reads hidden_states[vision_feature_layer] as LLaVA does: k >= 0 the output of
+  // the first k encoder layers (0: the embeddings), k < 0 counted from the end (-1: the last
+  // layer, -2: LLaVA-1.5's second to last); never SigLIP's post_layernorm.
+  int64_t vision_feature_layer = -1;
   // Proprioceptive state (ours: model.state_projector): values per state row (0: none) and the
   // placeholder id of state rows.
   int64_t state_dim = 0;
@@ -68,6 +71,12 @@ struct VisionConfig {
   int64_t grid() const { return patch_size > 0 ? image_size / patch_size : 0; }
   int64_t tokens_per_frame() const { return grid() * grid(); }  // (image_size / patch_size)^2, no CLS
   int64_t head_dim() const { return num_attention_heads > 0 ? hidden_size / num_attention_heads : 0; }
+  // Encoder layers that run: those up to hidden_states[vision_feature_layer]. The layers after it
+  // keep their tensors (read from and written to checkpoints) but never run and are frozen, as in
+  // transformers, where they get no gradient and the optimizer skips them.
+  int64_t feature_layers() const {
+    return vision_feature_layer < 0 ? num_hidden_layers + 1 + vision_feature_layer : vision_feature_layer;
+  }
   int64_t parameter_count(int64_t text_hidden) const;
 };
 

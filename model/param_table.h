@@ -52,6 +52,8 @@ class ParamTable {
     int add(const std::string& name, std::vector<int64_t> shape, ParamRole role);
     // Marks the tensors added so far from index `first` on as frozen (ParamInfo::trainable).
     void freeze_from(int first);
+    // Tensors added so far (the index the next add returns).
+    int size() const { return t_.size(); }
     // Offset in the flat buffer of the tensor with index i.
     int64_t offset(int i) const { return t_.entries_[i].offset; }
     void end_block();

@@ -266,10 +266,16 @@ VisionKind::VisionKind(const ModelConfig& cfg, ParamTable::Builder& b)
   pe_b_ = b.offset(b.add(emb + "patch_embedding.bias", {D}, ParamRole::kBias));
   pos_ = b.offset(b.add(emb + "position_embedding.weight", {(int64_t)P_, D}, ParamRole::kMatrix));
   b.end_block();
+  // Layers past hidden_states[vision_feature_layer]: their tensors only (frozen, never run).
+  const int used = (int)cfg.vision.feature_layers();
+  int first_unused = -1;
   for (int l = 0; l < L_; ++l) {
-    tower_.push_back(std::make_unique<SiglipAttentionKind>(cfg, l, b));
-    tower_.push_back(std::make_unique<SiglipMlpKind>(cfg, l, b));
+    if (l == used) first_unused = b.size();
+    auto& kinds = l < used ? tower_ : unused_;
+    kinds.push_back(std::make_unique<SiglipAttentionKind>(cfg, l, b));
+    kinds.push_back(std::make_unique<SiglipMlpKind>(cfg, l, b));
   }
+  if (first_unused >= 0) b.freeze_from(first_unused);
   if (freeze_) b.freeze_from(begin_);
   const std::string mm = "model.multi_modal_projector";
   b.begin_block(mm);

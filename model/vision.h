@@ -7,8 +7,11 @@
 //     tokens_f = linear_2(act(linear_1(x_f)))                (P, C): LLaVA's multi_modal_projector
 //   every frame slot (s rows [r, r + P) showing frame f):  x0[r + i] = tokens_f[i]
 //   every state row r with values u:                        x0[r] = u W_s^T + b_s
-// The projector reads hidden_states[vision_feature_layer = -1] as LLaVA does: the last encoder
-// layer's output, without SigLIP's post_layernorm (LLaVA never applies it, so the model has none).
+// The projector reads hidden_states[vision_feature_layer] as LLaVA does (-1: the last encoder
+// layer's output; -2: the one before, LLaVA-1.5's choice), without SigLIP's post_layernorm (LLaVA
+// never applies it, so the model has none). The layers after the one read keep their tensors
+// (checkpoints round-trip them) but never run and are frozen (transformers gives them no gradient,
+// so its optimizer skips them).
 // A frame shown by several slots runs the tower once and its tokens' gradient is the sum over the
 // slots (ops/cpu/vision.h sum_rows, in slot order); the embedding of the placeholder ids at media
 // rows gets no gradient (those rows of dx are cleared before the token embedding's backward).
@@ -118,7 +121,8 @@ class VisionKind {
  public:
   VisionKind(const ModelConfig& cfg, ParamTable::Builder& b);
 
-  // The tower's blocks, two per tower layer (attention, MLP), in order.
+  // The tower's blocks, two per tower layer that runs (attention, MLP; the layers up to
+  // hidden_states[vision_feature_layer]), in order.
   const std::vector<std::unique_ptr<LayerKind>>& tower() const { return tower_; }
   // Table indices [begin, end) of every tensor of the media stage (contiguous).
   int begin() const { return begin_; }
@@ -154,6 +158,7 @@ class VisionKind {
   int begin_ = 0, end_ = 0;
   int64_t pe_w_, pe_b_, pos_, l1_w_, l1_b_, l2_w_, l2_b_, st_w_ = -1, st_b_ = -1;
   std::vector<std::unique_ptr<LayerKind>> tower_;
+  std::vector<std::unique_ptr<LayerKind>> unused_;  // layers past vision_feature_layer: tensors only
 };
 
 }  // namespace tt::model

@@ -69,7 +69,7 @@ class Backend {
                                               const std::function<void(data::PackedBatch&)>& load_frames) = 0;
   // The same for one tree run segment by segment (model/segments.h; plan: data::plan_segments):
   // grads += the gradient of loss_scale * L_K (truncated BPTT); returns loss_scale * sum w * ce.
-  // The CPU backend only so far (a tt::Error on the GPU).
+  // Both backends (tests/model_cuda/segments_cuda_test.cc on the GPU).
   virtual double forward_backward_segmented(const data::SegmentPlan& plan, const model::SegmentConfig& cfg,
                                             double loss_scale) = 0;
   virtual double grad_sum_squares() const = 0;  // over every gradient, fp64 accumulation

@@ -152,8 +152,17 @@ TEST(HfIo, VlaRoundTripInLlavaLayout) {
   j["vision_feature_select_strategy"] = "default";
   expect_error([&] { ModelConfig::from_hf_json(j, "cfg.json"); }, {"cfg.json", "vision_feature_select_strategy", "full"});
   j["vision_feature_select_strategy"] = "full";
+  // Any one hidden state of the tower (LLaVA-1.5 reads -2), round-tripped through config.json; a
+  // list (several layers concatenated) or an index past the tower is an error naming the key.
   j["vision_feature_layer"] = -2;
-  expect_error([&] { ModelConfig::from_hf_json(j, "cfg.json"); }, {"cfg.json", "vision.vision_feature_layer", "-1"});
+  const ModelConfig c3 = ModelConfig::from_hf_json(j, "cfg.json");
+  EXPECT_EQ(c3.vision.vision_feature_layer, -2);
+  EXPECT_EQ(c3.vision.feature_layers(), 1);
+  EXPECT_EQ(c3.to_hf_json().at("vision_feature_layer"), -2);
+  j["vision_feature_layer"] = nlohmann::json::array({-2, -1});
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg.json"); }, {"cfg.json", "vision_feature_layer", "not a list"});
+  j["vision_feature_layer"] = -4;
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg.json"); }, {"cfg.json", "vision.vision_feature_layer", "[-3, 2]"});
 }
 
 TEST(HfIo, DoubleModelSavesBf16) {

@@ -4,7 +4,9 @@
 // the FLOP API's tower count; and the errors a batch that does not fit the model gets.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "base/check.h"
 #include "model/decoder.h"
@@ -67,6 +69,64 @@ TEST(Vision, TableHasLlavaNamesAndFreezesOnlyTheTower) {
   EXPECT_DOUBLE_EQ(Architecture(trained).vision()->flops(frames_only, Pass::kForward).model, fwd);
 }
 
+// vision.vision_feature_layer: the projector reads hidden_states[k]. A two-layer tower read at -2
+// (or 1) is the one-layer tower with the same tensors, bitwise (the same operations on the same
+// inputs): the loss and every shared gradient; the second layer never runs, is frozen and gets no
+// gradient; the FLOP API counts the layer that runs. At -3 (or 0) the projector reads the
+// embeddings.
+TEST(Vision, FeatureLayerReadsThatHiddenState) {
+  const data::Episode ep = tt::testing::tiny_episode(3, 2, 1);
+  const ModelConfig one = tt::testing::tiny_vla_config(false, /*tower_layers=*/1);
+  auto run = [&](const ModelConfig& cfg, Model<double>& from, std::vector<double>* grads) {
+    Model<double> m(cfg);
+    for (const ParamInfo& p : m.params_info()) {  // the same tensors, by name
+      const int i = from.table().find(p.name);
+      EXPECT_GE(i, 0) << p.name;
+      std::copy(from.params() + from.params_info()[i].offset,
+                from.params() + from.params_info()[i].offset + p.numel, m.params() + p.offset);
+    }
+    const data::Tree tree = tt::testing::vla_tree(ep, 0, cfg, 2);
+    const data::PackedBatch b = tt::testing::vla_batch(tree, data::Packing::kTree, cfg);
+    m.zero_grad();
+    const double loss = m.forward(b, 0.5);
+    m.backward();
+    grads->assign(m.grads(), m.grads() + m.num_params());
+    return loss;
+  };
+  ModelConfig two = tt::testing::tiny_vla_config();
+  Model<double> source(two);
+  source.init(5);
+  std::vector<double> g1, g2;
+  const double want = run(one, source, &g1);
+  for (int64_t k : {int64_t(-2), int64_t(1)}) {
+    two.vision.vision_feature_layer = k;
+    EXPECT_EQ(run(two, source, &g2), want) << k;
+    const Architecture a1(one), a2(two);
+    for (const ParamInfo& p : a2.table().entries()) {
+      const int i = a1.table().find(p.name);
+      const bool unused = p.name.find("encoder.layers.1.") != std::string::npos;
+      EXPECT_EQ(i < 0, unused) << p.name;
+      EXPECT_EQ(p.trainable, !unused) << p.name;
+      for (int64_t j = 0; j < p.numel; ++j) {
+        if (unused) ASSERT_EQ(g2[p.offset + j], 0.0) << p.name;
+        else ASSERT_EQ(g2[p.offset + j], g1[a1.table()[i].offset + j]) << p.name << " " << k;
+      }
+    }
+    Work w;
+    w.frames = 1;
+    EXPECT_EQ(Architecture(two).vision()->flops(w, Pass::kTrain).executed,
+              Architecture(one).vision()->flops(w, Pass::kTrain).executed);
+  }
+  // The embeddings: both spellings read the same state, and the tower's layers take no gradient.
+  two.vision.vision_feature_layer = 0;
+  const double at0 = run(two, source, &g1);
+  two.vision.vision_feature_layer = -3;
+  const double at_minus3 = run(two, source, &g2);
+  EXPECT_EQ(at0, at_minus3);
+  EXPECT_NE(at0, want);
+  EXPECT_EQ(g1, g2);
+}
+
 TEST(Vision, BatchesThatDoNotFitTheModelAreErrors) {
   const ModelConfig cfg = tt::testing::tiny_vla_config();
   const data::Tree tree = tt::testing::vla_tree(tt::testing::tiny_episode(2, 1, 2), 0, cfg, 3);
@@ -108,9 +168,17 @@ TEST(Vision, ConfigErrorsNameTheKey) {
   } catch (const KeyError& e) {
     EXPECT_EQ(e.key(), "vision.patch_size");
   }
-  c = tt::testing::tiny_vla_config();
-  c.vision.vision_feature_layer = -2;
-  EXPECT_THROW(c.validate(), KeyError);
+  for (int64_t k : {int64_t(-4), int64_t(3)}) {  // two layers: hidden_states[-3 .. 2]
+    c = tt::testing::tiny_vla_config();
+    c.vision.vision_feature_layer = k;
+    try {
+      c.validate();
+      FAIL() << k;
+    } catch (const KeyError& e) {
+      EXPECT_EQ(e.key(), "vision.vision_feature_layer");
+      EXPECT_NE(std::string(e.what()).find("must be in [-3, 2]"), std::string::npos) << e.what();
+    }
+  }
   c = tt::testing::tiny_vla_config();
   c.vision.state_token_index = c.vision.image_token_index;
   EXPECT_THROW(c.validate(), KeyError);

@@ -155,6 +155,33 @@ TEST(VlaTrain, AFrozenTowerStaysAsItWas) {
   EXPECT_GT(moved, 0);
 }
 
+// vision.vision_feature_layer -2 (LLaVA-1.5's): the tower's last layer never runs and AdamW leaves
+// it as it was (transformers gives it no gradient), the layer before it trains; the checkpoint's
+// config.json says -2.
+TEST(VlaTrain, ALayerPastTheFeatureLayerStaysAsItWas) {
+  const fs::path dir = fresh_dir("vla_feature_layer");
+  RunConfig c = vla_config(dir, 2, 3, {"train.max_steps=2", "vision.vision_feature_layer=-2"});
+  Trainer t(c);
+  const std::vector<float> p0 = t.backend().params_host();
+  t.run();
+  const std::vector<float> p1 = t.backend().params_host();
+  int64_t last = 0, moved = 0;
+  for (const model::ParamInfo& p : t.backend().params_info()) {
+    bool changed = false;
+    for (int64_t i = 0; i < p.numel; ++i) changed |= p0[p.offset + i] != p1[p.offset + i];
+    if (p.name.rfind("model.vision_tower.vision_model.encoder.layers.1.", 0) == 0) {
+      ++last;
+      EXPECT_FALSE(changed) << p.name << " is past the feature layer";
+    } else if (p.name.rfind("model.vision_tower.vision_model.encoder.layers.0.", 0) == 0) {
+      moved += changed;
+    }
+  }
+  EXPECT_EQ(last, 16);  // layer_norm1, layer_norm2, q/k/v/out_proj, fc1, fc2: a weight and a bias each
+  EXPECT_GT(moved, 0);
+  const std::string cfg = slurp(fs::path(c.run_dir) / "checkpoints" / "step_2" / "config.json");
+  EXPECT_NE(cfg.find("\"vision_feature_layer\": -2"), std::string::npos) << cfg;
+}
+
 TEST(VlaTrain, ConfigErrorsNameTheKey) {
   const fs::path dir = fresh_dir("vla_errors");
   std::string e = error_of([&] { vla_config(dir, 1, 2, {"vision.num_hidden_layers=0"}); });
