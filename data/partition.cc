@@ -10,6 +10,8 @@
 #include <limits>
 #include <string>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "base/check.h"
 
@@ -282,6 +284,14 @@ SegmentPlan plan_segments(const Tree& tree, int64_t length) {
   plan.pieces.capacity = plan.pieces.max_piece_tokens;
   for (const Piece& piece : plan.pieces.pieces) plan.segment.push_back(piece.prefix_tokens / length);
   return plan;
+}
+
+int64_t tower_runs(const Tree& split_tree, const Partition& plan) {
+  std::vector<std::pair<int, int>> piece_frame;  // (piece, frame) per slot
+  piece_frame.reserve(split_tree.media.slots.size());
+  for (const FrameSlot& s : split_tree.media.slots) piece_frame.emplace_back(plan.piece_of_node.at(s.node), s.frame);
+  std::sort(piece_frame.begin(), piece_frame.end());
+  return std::unique(piece_frame.begin(), piece_frame.end()) - piece_frame.begin();
 }
 
 PackedBatch pack_piece(const Tree& split_tree, const Partition& plan, int piece) {

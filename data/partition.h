@@ -157,4 +157,8 @@ SegmentPlan plan_segments(const Tree& tree, int64_t length);
 //    0 elsewhere. Summed over pieces, every statistic equals pack({&split_tree})'s.
 PackedBatch pack_piece(const Tree& split_tree, const Partition& plan, int piece);
 
+// Episode trees: the vision tower's runs when the pieces of `plan` train, summed over pieces (each
+// runs it on the distinct frames its slots show: pack_piece's frames). 0 without media.
+int64_t tower_runs(const Tree& split_tree, const Partition& plan);
+
 }  // namespace tt::data

@@ -2,6 +2,7 @@
 #include "data/stats.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "data/partition.h"
 #include "base/check.h"
@@ -52,9 +53,15 @@ nlohmann::json tree_stats(const std::vector<Tree>& trees) {
 nlohmann::json partition_stats(const std::vector<Tree>& trees, int64_t capacity) {
   TT_CHECK(capacity >= 1, "partition_stats: capacity = ", capacity, ", expected >= 1");
   int64_t pieces = 0, n_flat = 0, n_tree = 0, with_gateways = 0, naive = 0, peak = 0, max_piece = 0, kept = 0,
-          recomputed = 0;
+          recomputed = 0, unique_frames = 0, frame_runs = 0;
+  bool media = false;
   for (const Tree& t : trees) {
-    const Partition plan = plan_partition(split_long_nodes(t, capacity), capacity);
+    const Tree split = split_long_nodes(t, capacity);
+    const Partition plan = plan_partition(split, capacity);
+    frame_runs += tower_runs(split, plan);
+    std::vector<char> shown(t.media.frames.size(), 0);
+    for (const FrameSlot& s : t.media.slots) unique_frames += !shown[s.frame], shown[s.frame] = 1;
+    media = media || !t.media.slots.empty();
     pieces += plan.num_pieces();
     n_flat += t.n_flat();
     n_tree += t.n_tree();
@@ -78,6 +85,9 @@ nlohmann::json partition_stats(const std::vector<Tree>& trees, int64_t capacity)
   // partition.recompute: one piece's activations at a time, the K/V rows of the pieces with child
   // pieces kept along the chain, and those pieces' forward run twice.
   j["recompute"] = {{"peak_tokens", max_piece}, {"kept_peak_tokens", kept}, {"tokens_recomputed", recomputed}};
+  // Episode trees: the vision tower's runs, once per distinct frame of a piece (a frame shown in
+  // several pieces runs in each) against once per distinct frame of a tree unpartitioned.
+  if (media) j["frames"] = {{"unique", unique_frames}, {"tower_runs", frame_runs}};
   return j;
 }
 

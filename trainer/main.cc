@@ -59,7 +59,8 @@ const char* const kUsage = R"(usage:
       (--tokens-per-frame rows per image, --window W observations of history, 0 = all; needs
       --vocab-size; continuous actions become --action-bins bins per dimension, as
       data.action_bins, at most --vocab-size) and adds episodes, unique_frames, frame_occurrences
-      and frame_reuse; its --capacity is at least --tokens-per-frame (a piece holds whole frames).
+      and frame_reuse; its --capacity is at least --tokens-per-frame (a piece holds whole frames),
+      and its "partition" object adds "frames": the tower's runs whole and partitioned.
   treetrain generate --kind rollouts|comb --out FILE [--num-trees N] [--vocab-size V] [--seed S]
                      [--prompt-len N] [--turns N] [--turn-len N] [--branches N] [--branch-turns N]
                      [--prefix-len N] [--steps N] [--history-len N] [--leaf-len N]

@@ -539,11 +539,8 @@ const Trainer::PartitionedTree& Trainer::partitioned(int64_t index) {
                     backend_->max_external_kv(), " (a larger capacity makes the chain of pieces shorter)"));
   int64_t with_gateways = 0;
   for (const data::Piece& piece : p.plan.pieces) with_gateways += piece.tokens;
-  if (!tree.media.slots.empty()) {  // each piece runs the tower on the frames its slots show
-    for (int k = 0; k < p.plan.num_pieces(); ++k)
-      p.repeated.frames += (int64_t)data::pack_piece(p.split, p.plan, k).frames.size();
-    p.repeated.frames -= distributed::tree_work(tree, data::Packing::kTree).frames;
-  }
+  // Each piece runs the tower on the frames its slots show: a frame shown in several, in each.
+  p.repeated.frames = data::tower_runs(p.split, p.plan) - distributed::tree_work(tree, data::Packing::kTree).frames;
   if (cfg_.partition.recompute) {
     for (int k = 0; k < p.plan.num_pieces(); ++k) {
       if (!model::keeps_rows_only(p.plan, k, true)) continue;

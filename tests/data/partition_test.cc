@@ -672,8 +672,10 @@ TEST(PartitionMedia, PiecesHoldWholeFramesAndEveryMediaRowOnce) {
         for (int v : s.preorder()) row[v] = next, next += (int32_t)s.nodes[v].tokens.size();
         std::map<int32_t, std::string> seen_slots;
         std::map<int32_t, std::vector<float>> seen_states;
+        int64_t tower_runs = 0;
         for (int k = 0; k < plan.num_pieces(); ++k) {
           const PackedBatch p = pack_piece(s, plan, k);
+          tower_runs += (int64_t)p.frames.size();
           ASSERT_NO_THROW(check_packed_batch(p, 64)) << "capacity " << cap << " piece " << k;
           std::vector<int32_t> global(p.n_tokens);  // piece row -> whole-batch row
           for (int i = 0; i < p.num_nodes(); ++i)
@@ -691,6 +693,11 @@ TEST(PartitionMedia, PiecesHoldWholeFramesAndEveryMediaRowOnce) {
         }
         EXPECT_EQ(seen_slots, slot_file) << "capacity " << cap;
         EXPECT_EQ(seen_states, state_at) << "capacity " << cap;
+        // stats --capacity counts the same tower runs, and the whole tree's distinct frames.
+        const nlohmann::json st = partition_stats({t}, cap);
+        EXPECT_EQ(st.at("frames").at("tower_runs").get<int64_t>(), tower_runs) << "capacity " << cap;
+        EXPECT_EQ(st.at("frames").at("unique").get<int64_t>(), (int64_t)a.frames.size()) << "capacity " << cap;
+        if (window > 0 && cap <= 5) EXPECT_GT(tower_runs, (int64_t)a.frames.size()) << "frames shown in two pieces";
       }
     }
   EXPECT_GT(multi, 20);

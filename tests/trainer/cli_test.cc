@@ -504,6 +504,8 @@ TEST(CliTest, StatsOnContinuousEpisodesTakesActionBins) {
   EXPECT_EQ(p.at("partition").at("n_tree").get<int64_t>(), p.at("n_tree").get<int64_t>());
   EXPECT_GT(p.at("partition").at("pieces").get<int>(), 2 * 2) << r.out;  // several pieces an episode
   EXPECT_LE(p.at("partition").at("max_piece_tokens").get<int>(), 8) << r.out;
+  EXPECT_EQ(p.at("partition").at("frames").at("unique"), p.at("unique_frames")) << r.out;
+  EXPECT_GE(p.at("partition").at("frames").at("tower_runs").get<int>(), p.at("unique_frames").get<int>()) << r.out;
   r = treetrain("stats --data " + data + " --format tree --action-bins 32");
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.err.rfind("error: --action-bins is for --format episodes\n", 0), 0u) << r.err;

@@ -102,33 +102,42 @@ TEST(VlaTrain, TreeAndPerTimestepTakeTheSameStep) {
 
 // Episode trees over the micro-batch budget train piece by piece (partition.capacity_tokens, with
 // and without partition.recompute; each piece's frames decoded when it runs) and take the step of
-// the same trees unpartitioned in one micro-batch (expect_params_match's rule, as above).
+// the same trees unpartitioned in one micro-batch (expect_params_match's rule, as above), with full
+// and window histories. executed_flops: the same with full history (each frame in one piece), more
+// with a window (a frame shown in several pieces runs the tower in each) and with recompute.
 TEST(VlaTrain, PartitionedEpisodesTakeTheSameStep) {
-  const fs::path dir = fresh_dir("vla_partitioned");
-  std::vector<float> p0, after[3];
-  double loss[3];
-  for (int k = 0; k < 3; ++k) {
-    std::vector<std::string> o = {"train.max_steps=1", "data.shuffle=false", "train.final_checkpoint=false",
-                                  "optim.eps=1e-4"};
-    if (k == 0) {
-      o.insert(o.end(), {"data.max_tokens_per_batch=8192", "train.grad_accum=1"});
-    } else {  // each ~100-token tree alone in a micro-batch of 64, cut into pieces of <= 32 tokens
-      o.insert(o.end(), {"data.max_tokens_per_batch=64", "train.grad_accum=3", "partition.capacity_tokens=32"});
-      if (k == 2) o.push_back("partition.recompute=true");
+  for (const std::string history : {"full", "{window: 2}"}) {
+    const fs::path dir = fresh_dir("vla_partitioned");
+    std::vector<float> p0, after[3];
+    double loss[3], executed[3];
+    for (int k = 0; k < 3; ++k) {
+      std::vector<std::string> o = {"train.max_steps=1", "data.shuffle=false", "train.final_checkpoint=false",
+                                    "optim.eps=1e-4", "data.history=" + history};
+      if (k == 0) {
+        o.insert(o.end(), {"data.max_tokens_per_batch=8192", "train.grad_accum=1"});
+      } else {  // each tree alone in a micro-batch of 64, cut into pieces of <= 32 tokens
+        o.insert(o.end(), {"data.max_tokens_per_batch=64", "train.grad_accum=3", "partition.capacity_tokens=32"});
+        if (k == 2) o.push_back("partition.recompute=true");
+      }
+      RunConfig c = vla_config(dir / std::to_string(k), 3, 5, o);
+      Trainer t(c);
+      if (k == 0) p0 = t.backend().params_host();
+      const StepMetrics m = t.train_step();
+      if (k == 0) EXPECT_EQ(m.pieces, 0);
+      else EXPECT_GE(m.pieces, 3 * 3) << history << ": several pieces a tree";
+      EXPECT_EQ(m.paths, 3 * 5);
+      loss[k] = m.loss;
+      executed[k] = m.executed_flops;
+      after[k] = t.backend().params_host();
     }
-    RunConfig c = vla_config(dir / std::to_string(k), 3, 5, o);
-    Trainer t(c);
-    if (k == 0) p0 = t.backend().params_host();
-    const StepMetrics m = t.train_step();
-    if (k == 0) EXPECT_EQ(m.pieces, 0);
-    else EXPECT_GE(m.pieces, 3 * 3) << "several pieces a tree";
-    EXPECT_EQ(m.paths, 3 * 5);
-    loss[k] = m.loss;
-    after[k] = t.backend().params_host();
-  }
-  for (int k = 1; k < 3; ++k) {
-    EXPECT_NEAR(loss[k], loss[0], 1e-5 * std::abs(loss[0])) << "k " << k;
-    testing::expect_params_match(after[k], after[0], p0, k == 1 ? "partitioned" : "partitioned, recompute");
+    for (int k = 1; k < 3; ++k) {
+      EXPECT_NEAR(loss[k], loss[0], 1e-5 * std::abs(loss[0])) << history << " k " << k;
+      testing::expect_params_match(after[k], after[0], p0,
+                                   history + (k == 1 ? ", partitioned" : ", partitioned, recompute"));
+    }
+    if (history == "full") EXPECT_DOUBLE_EQ(executed[1], executed[0]);
+    else EXPECT_GT(executed[1], executed[0]) << "towers run again in other pieces";
+    EXPECT_GT(executed[2], executed[1]) << history << ": recompute's second forwards";
   }
 }
 
