@@ -8,7 +8,9 @@ Qwen3 decoder), one sequence with two frames:
 (1) we export a model; transformers loads it; its logits must match ours;
 (2) transformers writes a randomly initialised model; we load it; logits must match theirs;
 (3) the gradient of transformers' loss (labels = input_ids, image positions -100) for every tensor,
-    the SigLIP tower's (SiglipVisionModel inside LLaVA) and the projector's included, against ours.
+    the SigLIP tower's (SiglipVisionModel inside LLaVA) and the projector's included, against ours;
+all three for vision_feature_layer -1 (the last layer) and -2 (LLaVA-1.5's: the tower's last layer
+gets no gradient in transformers, and exact zeros in ours).
 Rule: fp32 (transformers) against fp64 (ours) of the same function: max |diff| / max |reference|
 < 1e-4, per tensor for gradients. The tower's k_proj bias has gradient 0 in exact arithmetic (the
 softmax cancels a per-query constant), so there both sides are rounding noise: reported, not
@@ -33,7 +35,6 @@ pixels = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
 pix_file = os.path.join(out, "pixels.f32")
 pixels.tofile(pix_file)
 V = 96
-failures = 0
 
 
 def canonical(name):
@@ -60,65 +61,81 @@ def ours_logits(f):
     return np.fromfile(f, dtype=np.float32).reshape(len(tokens), V).astype(np.float64)
 
 
-# (1) ours -> transformers
-d1 = os.path.join(out, "ours")
-run(["export", d1, "7", tok_arg, pix_file, os.path.join(out, "ours.f32")])
-theirs1, model1 = hf_logits(d1)
-err1 = np.abs(ours_logits(os.path.join(out, "ours.f32")) - theirs1).max() / np.abs(theirs1).max()
+def check(layer):
+    """(1)-(3) for a model whose projector reads hidden_states[layer]; True when all pass."""
+    out_l = os.path.join(out, f"layer{layer}")
+    os.makedirs(out_l, exist_ok=True)
+    # (1) ours -> transformers
+    d1 = os.path.join(out_l, "ours")
+    run(["export", d1, "7", tok_arg, pix_file, os.path.join(out_l, "ours.f32"), str(layer)])
+    theirs1, model1 = hf_logits(d1)
+    assert model1.config.vision_feature_layer == layer, model1.config.vision_feature_layer
+    err1 = np.abs(ours_logits(os.path.join(out_l, "ours.f32")) - theirs1).max() / np.abs(theirs1).max()
 
-# (2) transformers -> ours: a random model of the same config.
-cfg = transformers.AutoConfig.from_pretrained(d1)
-torch.manual_seed(11)
-fresh = transformers.LlavaForConditionalGeneration(cfg).float()
-with torch.no_grad():
-    for name, p in fresh.named_parameters():
-        if p.dim() > 1:
-            p.normal_(0, 0.1)
-        elif "norm" in name:
-            p.uniform_(0.5, 1.5)
-        else:
-            p.normal_(0, 0.1)  # biases
-d2 = os.path.join(out, "theirs")
-fresh.save_pretrained(d2, safe_serialization=True)
-theirs2, model2 = hf_logits(d2)
-run(["import", d2, tok_arg, pix_file, os.path.join(out, "import.f32")])
-err2 = np.abs(ours_logits(os.path.join(out, "import.f32")) - theirs2).max() / np.abs(theirs2).max()
+    # (2) transformers -> ours: a random model of the same config.
+    cfg = transformers.AutoConfig.from_pretrained(d1)
+    torch.manual_seed(11)
+    fresh = transformers.LlavaForConditionalGeneration(cfg).float()
+    with torch.no_grad():
+        for name, p in fresh.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.1)
+            elif "norm" in name:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0, 0.1)  # biases
+    d2 = os.path.join(out_l, "theirs")
+    fresh.save_pretrained(d2, safe_serialization=True)
+    theirs2, model2 = hf_logits(d2)
+    run(["import", d2, tok_arg, pix_file, os.path.join(out_l, "import.f32")])
+    err2 = np.abs(ours_logits(os.path.join(out_l, "import.f32")) - theirs2).max() / np.abs(theirs2).max()
 
-# (3) gradients of transformers' loss on (2)'s weights.
-model2.train()
-labels = torch.tensor([[t if t != IMG else -100 for t in tokens]])
-model2.zero_grad()
-loss = model2(input_ids=torch.tensor([tokens]), pixel_values=torch.from_numpy(pixels), labels=labels).loss
-loss.backward()
-gdir = os.path.join(out, "grads")
-run(["grad", d2, tok_arg, pix_file, gdir])
-mine = {canonical(k): v for k, v in safetensors.torch.load_file(os.path.join(gdir, "model.safetensors")).items()}
-theirs_grads = {canonical(n): p.grad for n, p in model2.named_parameters() if p.grad is not None}
-worst, worst_name, compared, noise = 0.0, "", 0, []
-for name, g in theirs_grads.items():
-    if name not in mine:
-        print(f"  (not in ours: {name}, |grad| max {g.abs().max().item():.2e})")
-        continue
-    ref = g.double()
-    m = mine[name].double()
-    if "self_attn.k_proj.bias" in name and "vision_tower" in name:
-        noise.append((name, ref.abs().max().item(), m.abs().max().item()))
-        continue
-    scale = ref.abs().max().item()
-    e = (m - ref).abs().max().item() / scale if scale > 0 else (m.abs().max().item())
-    compared += 1
-    if e > worst:
-        worst, worst_name = e, name
-missing = [n for n in mine if n not in theirs_grads]
-print(f"transformers {transformers.__version__}, torch {torch.__version__}, {type(model1).__name__} "
-      f"(vision tower {type(model1.model.vision_tower).__name__})")
-print(f"ours -> HF logits   {err1:.2e}")
-print(f"HF -> ours logits   {err2:.2e}")
-print(f"gradients           {worst:.2e} worst ({worst_name}); {compared} tensors compared, loss {loss.item():.6f}")
-for n, a, b in noise:
-    print(f"  zero-gradient tensor {n}: |HF| {a:.1e}, |ours| {b:.1e}")
-if missing:
-    print(f"  ours only: {missing}")
-ok = err1 < 1e-4 and err2 < 1e-4 and worst < 1e-4 and compared > 20 and not missing
-print("PASS" if ok else "FAIL")
+    # (3) gradients of transformers' loss on (2)'s weights.
+    model2.train()
+    labels = torch.tensor([[t if t != IMG else -100 for t in tokens]])
+    model2.zero_grad()
+    loss = model2(input_ids=torch.tensor([tokens]), pixel_values=torch.from_numpy(pixels), labels=labels).loss
+    loss.backward()
+    gdir = os.path.join(out_l, "grads")
+    run(["grad", d2, tok_arg, pix_file, gdir])
+    mine = {canonical(k): v for k, v in safetensors.torch.load_file(os.path.join(gdir, "model.safetensors")).items()}
+    theirs_grads = {canonical(n): p.grad for n, p in model2.named_parameters() if p.grad is not None}
+    worst, worst_name, compared, noise = 0.0, "", 0, []
+    for name, g in theirs_grads.items():
+        if name not in mine:
+            print(f"  (not in ours: {name}, |grad| max {g.abs().max().item():.2e})")
+            continue
+        ref = g.double()
+        m = mine[name].double()
+        if "self_attn.k_proj.bias" in name and "vision_tower" in name:
+            noise.append((name, ref.abs().max().item(), m.abs().max().item()))
+            continue
+        scale = ref.abs().max().item()
+        e = (m - ref).abs().max().item() / scale if scale > 0 else (m.abs().max().item())
+        compared += 1
+        if e > worst:
+            worst, worst_name = e, name
+    # Tensors transformers gives no gradient (the tower's layers past the feature layer, which
+    # never reach the output): ours must hold exact zeros there.
+    unread = [n for n in mine if n not in theirs_grads]
+    missing = [n for n in unread if mine[n].abs().max().item() != 0.0]
+    print(f"vision_feature_layer {layer}: transformers {transformers.__version__}, torch {torch.__version__}, "
+          f"{type(model1).__name__} (vision tower {type(model1.model.vision_tower).__name__})")
+    print(f"  ours -> HF logits   {err1:.2e}")
+    print(f"  HF -> ours logits   {err2:.2e}")
+    print(f"  gradients           {worst:.2e} worst ({worst_name}); {compared} tensors compared, loss {loss.item():.6f}")
+    if unread:
+        print(f"  {len(unread)} tensors without a transformers gradient, zero in ours: {len(unread) - len(missing)}")
+    for n, a, b in noise:
+        print(f"  zero-gradient tensor {n}: |HF| {a:.1e}, |ours| {b:.1e}")
+    if missing:
+        print(f"  ours only, nonzero: {missing}")
+    expect_unread = 0 if layer == -1 else 16  # one SigLIP layer's 16 tensors past -2
+    return (err1 < 1e-4 and err2 < 1e-4 and worst < 1e-4 and compared > 20 and not missing
+            and len(unread) == expect_unread)
+
+
+results = {layer: check(layer) for layer in (-1, -2)}
+ok = all(results.values())
+print("PASS" if ok else f"FAIL {results}")
 sys.exit(0 if ok else 1)

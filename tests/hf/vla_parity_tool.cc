@@ -2,8 +2,10 @@
 // transformers: our VLA checkpoints are LlavaForConditionalGeneration checkpoints (the SigLIP
 // tower, the LLaVA projector, the decoder as text_config) and transformers' load here.
 //
-//   vla_parity_tool export DIR SEED TOKENS PIXELS OUT   a fresh tiny VLA saved as DIR (HF layout,
-//                                                       F32) and our fp64 logits of the sequence
+//   vla_parity_tool export DIR SEED TOKENS PIXELS OUT [LAYER]
+//                                                       a fresh tiny VLA saved as DIR (HF layout,
+//                                                       F32; LAYER: its vision_feature_layer, -1 if
+//                                                       absent) and our fp64 logits of the sequence
 //   vla_parity_tool import DIR TOKENS PIXELS OUT        our logits from an HF directory
 //   vla_parity_tool grad DIR TOKENS PIXELS OUTDIR       the gradient of the mean cross entropy of
 //                                                       every non-image next token (transformers'
@@ -115,8 +117,10 @@ tt::model::ModelConfig tiny_vla() {
 int main(int argc, char** argv) {
   try {
     const std::string mode = argc > 1 ? argv[1] : "";
-    if (mode == "export" && argc == 7) {
-      const tt::model::ModelConfig cfg = tiny_vla();
+    if (mode == "export" && (argc == 7 || argc == 8)) {
+      tt::model::ModelConfig cfg = tiny_vla();
+      if (argc == 8) cfg.vision.vision_feature_layer = std::stoll(argv[7]);
+      cfg.validate();
       tt::model::Model<double> m(cfg);
       m.init(std::stoull(argv[3]));
       tt::model::save_hf(argv[2], m, "F32");
@@ -140,8 +144,8 @@ int main(int argc, char** argv) {
       tt::model::save_hf(argv[5], m.config(), m.params_info(), m.grads(), "F32");
       return 0;
     }
-    std::cerr << "usage: vla_parity_tool export DIR SEED TOKENS PIXELS OUT | import DIR TOKENS PIXELS OUT | grad DIR "
-                 "TOKENS PIXELS OUTDIR\n";
+    std::cerr << "usage: vla_parity_tool export DIR SEED TOKENS PIXELS OUT [LAYER] | import DIR TOKENS PIXELS OUT | "
+                 "grad DIR TOKENS PIXELS OUTDIR\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
