@@ -287,9 +287,12 @@ SegmentPlan plan_segments(const Tree& tree, int64_t length) {
 }
 
 int64_t tower_runs(const Tree& split_tree, const Partition& plan) {
+  TT_CHECK(plan.piece_of_node.size() == split_tree.nodes.size(), "tower_runs: the plan covers ",
+           plan.piece_of_node.size(), " nodes but tree '", split_tree.id, "' has ", split_tree.nodes.size(),
+           ", expected the tree the plan was made for");
   std::vector<std::pair<int, int>> piece_frame;  // (piece, frame) per slot
   piece_frame.reserve(split_tree.media.slots.size());
-  for (const FrameSlot& s : split_tree.media.slots) piece_frame.emplace_back(plan.piece_of_node.at(s.node), s.frame);
+  for (const FrameSlot& s : split_tree.media.slots) piece_frame.emplace_back(plan.piece_of_node[s.node], s.frame);
   std::sort(piece_frame.begin(), piece_frame.end());
   return std::unique(piece_frame.begin(), piece_frame.end()) - piece_frame.begin();
 }

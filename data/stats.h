@@ -31,7 +31,7 @@ nlohmann::json tree_stats(const std::vector<Tree>& trees);
 //    (max over root-to-leaf piece chains of the summed piece tokens); max_piece_tokens: the
 //    largest piece (<= capacity).
 //  - frames (episode trees only): {"unique", "tower_runs"}: the vision tower's runs on the trees
-//    whole (each distinct frame once) and partitioned (once per piece that shows the frame).
+//    whole (each distinct frame a slot shows, once) and partitioned (once per piece that shows it).
 // Throws tt::Error for capacity < 1.
 nlohmann::json partition_stats(const std::vector<Tree>& trees, int64_t capacity);
 

@@ -391,9 +391,14 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
     v.image_token_index = get_int_or(j, has(j, "image_token_index") ? "image_token_index" : "image_token_id", 32000, where);
     if (!get_bool_or(j, "multimodal_projector_bias", true, where))
       throw Error(str(where, ": multimodal_projector_bias = false is unsupported (expected true)"));
-    if (has(j, "vision_feature_select_strategy") && j.at("vision_feature_select_strategy") != "full")
-      throw Error(str(where, ": vision_feature_select_strategy ", j.at("vision_feature_select_strategy").dump(),
+    // Absent keys mean LlavaConfig's defaults: "default" (drop the first token, a CLS), which a
+    // SigLIP tower cannot take, and hidden_states[-2].
+    if (!has(j, "vision_feature_select_strategy") || j.at("vision_feature_select_strategy") != "full")
+      throw Error(str(where, ": vision_feature_select_strategy ",
+                      has(j, "vision_feature_select_strategy") ? j.at("vision_feature_select_strategy").dump()
+                                                               : std::string("absent (LlavaConfig's default \"default\")"),
                       " is unsupported (expected \"full\": a SigLIP tower has no CLS token to drop)"));
+    v.vision_feature_layer = -2;
     if (has(j, "vision_feature_layer")) {
       if (!j.at("vision_feature_layer").is_number_integer())
         throw Error(str(where, ": vision_feature_layer ", j.at("vision_feature_layer").dump(),

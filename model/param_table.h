@@ -31,7 +31,8 @@ struct ParamInfo {
   int64_t numel = 0;
   bool decay = true;           // weight decay applies (matrices), not to norm weights
   ParamRole role = ParamRole::kMatrix;
-  // false: frozen (vision.freeze): backward writes no gradient and the optimizer leaves it as it is.
+  // false: frozen (vision.freeze, or a tower layer past vision.vision_feature_layer): backward
+  // writes no gradient and the optimizer leaves it as it is.
   bool trainable = true;
 };
 

@@ -159,7 +159,7 @@ class DecoderBackend : public Backend {
       return bad == 0;
     } else {
       for (const model::ParamInfo& info : model_.params_info()) {
-        if (!info.trainable) continue;  // frozen (vision.freeze): left as it is
+        if (!info.trainable) continue;  // frozen (vision.freeze, unread tower layers): left as it is
         cpu::AdamWParams ap;
         ap.lr = p.lr;
         ap.beta1 = p.beta1;

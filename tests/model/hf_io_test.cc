@@ -161,6 +161,13 @@ TEST(HfIo, VlaRoundTripInLlavaLayout) {
   EXPECT_EQ(c3.to_hf_json().at("vision_feature_layer"), -2);
   j["vision_feature_layer"] = nlohmann::json::array({-2, -1});
   expect_error([&] { ModelConfig::from_hf_json(j, "cfg.json"); }, {"cfg.json", "vision_feature_layer", "not a list"});
+  // Absent keys are LlavaConfig's defaults: -2, and the "default" strategy (refused).
+  j.erase("vision_feature_layer");
+  EXPECT_EQ(ModelConfig::from_hf_json(j, "cfg.json").vision.vision_feature_layer, -2);
+  j.erase("vision_feature_select_strategy");
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg.json"); },
+               {"cfg.json", "vision_feature_select_strategy absent", "full"});
+  j["vision_feature_select_strategy"] = "full";
   j["vision_feature_layer"] = -4;
   expect_error([&] { ModelConfig::from_hf_json(j, "cfg.json"); }, {"cfg.json", "vision.vision_feature_layer", "[-3, 2]"});
 }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -117,7 +118,8 @@ TEST(Vision, FeatureLayerReadsThatHiddenState) {
     EXPECT_EQ(Architecture(two).vision()->flops(w, Pass::kTrain).executed,
               Architecture(one).vision()->flops(w, Pass::kTrain).executed);
   }
-  // The embeddings: both spellings read the same state, and the tower's layers take no gradient.
+  // The embeddings: both spellings read the same state; no tower layer runs, is trainable or takes
+  // a gradient, the embeddings do.
   two.vision.vision_feature_layer = 0;
   const double at0 = run(two, source, &g1);
   two.vision.vision_feature_layer = -3;
@@ -125,6 +127,18 @@ TEST(Vision, FeatureLayerReadsThatHiddenState) {
   EXPECT_EQ(at0, at_minus3);
   EXPECT_NE(at0, want);
   EXPECT_EQ(g1, g2);
+  const Architecture a0(two);
+  EXPECT_TRUE(a0.vision()->tower().empty());
+  double embedding_grad = 0;
+  for (const ParamInfo& p : a0.table().entries()) {
+    const bool layer = p.name.find("vision_model.encoder.layers.") != std::string::npos;
+    if (layer) EXPECT_FALSE(p.trainable) << p.name;
+    for (int64_t j = 0; j < p.numel; ++j) {
+      if (layer) ASSERT_EQ(g1[p.offset + j], 0.0) << p.name;
+      if (p.name.find("vision_model.embeddings.") != std::string::npos) embedding_grad += std::abs(g1[p.offset + j]);
+    }
+  }
+  EXPECT_GT(embedding_grad, 0.0);
 }
 
 TEST(Vision, BatchesThatDoNotFitTheModelAreErrors) {

@@ -5,6 +5,8 @@
 //  - LossAndGradients: loss and every gradient (tower, projector, state projection, decoder);
 //    then the tree partitioned (each piece's frames through the tower), with and without recompute.
 //  - FrozenTower: vision.freeze: the tower's gradients are exactly zero, the rest within the rule.
+//  - FeatureLayer: vision.vision_feature_layer -2: the last tower layer never runs (zero gradients),
+//    the rest within the rule (not yet run on a GPU: added after this session's device time).
 //  - TreeVsPerTimestep: the per-timestep samples (per_path packing, the tower once per
 //    occurrence) on the GPU give the tree's loss and gradients; the tree run is no further from
 //    the fp64 reference than they are (the same-precision rule of test_util.h).
@@ -71,7 +73,8 @@ std::vector<model::ParamInfo> without_key_biases(const std::vector<model::ParamI
 // gradient); the GPU's is the rounding noise of summing dK over the keys, bounded like any
 // gradient but against the size of the same layer's v_proj.bias gradient.
 void expect_vla_grads_close(const std::vector<model::ParamInfo>& info, const std::vector<float>& got,
-                            const std::vector<double>& ref, int layers, const std::string& what) {
+                            const std::vector<double>& ref, int layers, const std::string& what,
+                            int tower_layers = 2) {
   std::vector<model::ParamInfo> rest;
   auto norm = [](const auto* x, int64_t n) {
     double s = 0;
@@ -96,7 +99,7 @@ void expect_vla_grads_close(const std::vector<model::ParamInfo>& info, const std
     EXPECT_LT(norm(got.data() + p.offset, p.numel), grad_bound(layers) * scale) << what << ": " << p.name;
     ++key_biases;
   }
-  EXPECT_EQ(key_biases, 2) << "one key bias per tower layer";
+  EXPECT_EQ(key_biases, tower_layers) << "one key bias per tower layer that runs";
   expect_grads_close(rest, got, ref, layers, what);
 }
 
@@ -179,6 +182,36 @@ TEST_F(GpuTest, VlaFrozenTower) {
   }
   EXPECT_GT(frozen, 0);
   expect_grads_close(gpu.params_info(), g, ref.grads, layers_of(cfg), "frozen tower");  // key biases: 0 == 0
+}
+
+// vision.vision_feature_layer -2: the tower's last layer never runs (its tensors frozen, their
+// gradients exactly zero), the rest within the rule against the fp64 CPU decoder of the same config.
+TEST_F(GpuTest, VlaFeatureLayer) {
+  model::ModelConfig cfg = vla_config(false);
+  cfg.vision.vision_feature_layer = -2;
+  const std::vector<float> master = init_master(cfg, 6);
+  const data::Tree t = tt::testing::vla_tree(tt::testing::tiny_episode(5, 1, 8), 0, cfg, 2);
+  const data::PackedBatch batch = tt::testing::vla_batch(t, data::Packing::kTree, cfg);
+  const double scale = 1.0 / (double)batch.n_paths;
+  const Reference ref = cpu_reference(cfg, bf16_weights(master), batch, scale);
+  model::CudaModel gpu(cfg, model::DecoderOptions{});
+  gpu.set_params(master.data());
+  gpu.zero_grad();
+  expect_loss_close(gpu.forward_backward(batch, scale), ref.loss, "vision_feature_layer -2");
+  const std::vector<float> g = gpu.grads_host();
+  int unread = 0;
+  std::vector<model::ParamInfo> read;  // the tensors of the layers that run (and the rest)
+  for (const model::ParamInfo& p : gpu.params_info()) {
+    if (p.trainable) {
+      read.push_back(p);
+      continue;
+    }
+    ++unread;
+    EXPECT_NE(p.name.find("vision_model.encoder.layers.1."), std::string::npos) << p.name;
+    for (int64_t i = 0; i < p.numel; ++i) ASSERT_EQ(g[p.offset + i], 0.f) << p.name << " is past the feature layer";
+  }
+  EXPECT_EQ(unread, 16);
+  expect_vla_grads_close(read, g, ref.grads, layers_of(cfg), "vision_feature_layer -2", /*tower_layers=*/1);
 }
 
 TEST_F(GpuTest, VlaTreeVsPerTimestep) {
