@@ -37,15 +37,6 @@ void adopt_media_shape(const Tree& tree, PackedBatch& b) {
   }
 }
 
-// Slots and state rows of each node of a tree, in the tree's order.
-struct NodeMedia {
-  std::vector<std::vector<int>> slots, states;
-  explicit NodeMedia(const Tree& t) : slots(t.nodes.size()), states(t.nodes.size()) {
-    for (size_t k = 0; k < t.media.slots.size(); ++k) slots[t.media.slots[k].node].push_back((int)k);
-    for (size_t k = 0; k < t.media.states.size(); ++k) states[t.media.states[k].node].push_back((int)k);
-  }
-};
-
 // Appends node `v`'s media rows, the node starting at packed row `start`; frame_index maps the
 // tree's frames to the batch's (-1: not yet in the batch; per_path passes a fresh map per path).
 void pack_node_media(const Tree& tree, const NodeMedia& nm, int v, int32_t start, std::vector<int>& frame_index,

@@ -27,17 +27,14 @@ std::vector<std::vector<int>> children_of(const Tree& tree) {
 // Cuts every node of `tree` at the offsets cuts(node, first token's depth, length) gives
 // (ascending, inside (0, length), never inside a frame slot); see split_long_nodes for why nothing
 // else changes. Media rows move with their tokens: a slot or state row of node i at offset o
-// belongs to the segment holding row o, at o minus the segment's start.
+// belongs to the segment holding row o, at o minus the segment's start. `tree` is validated by
+// the caller; nm is its NodeMedia.
 template <class Cuts>
-Tree split_nodes(const Tree& tree, Cuts&& cuts) {
-  tree.validate();
+Tree split_nodes(const Tree& tree, const NodeMedia& nm, Cuts&& cuts) {
   Tree out;
   out.id = tree.id;
   out.media.tokens_per_frame = tree.media.tokens_per_frame;
   out.media.frames = tree.media.frames;
-  std::vector<std::vector<int>> slots(tree.nodes.size()), states(tree.nodes.size());  // node -> its media rows
-  for (size_t k = 0; k < tree.media.slots.size(); ++k) slots[tree.media.slots[k].node].push_back((int)k);
-  for (size_t k = 0; k < tree.media.states.size(); ++k) states[tree.media.states[k].node].push_back((int)k);
   std::vector<int> last(tree.nodes.size());     // original node -> index of its last segment
   std::vector<int64_t> depth(tree.nodes.size());  // of the node's first token
   std::vector<int64_t> at;
@@ -68,14 +65,14 @@ Tree split_nodes(const Tree& tree, Cuts&& cuts) {
       *seg = first + j;
       *offset = o - (j > 0 ? (int)at[j - 1] : 0);
     };
-    for (int k : slots[i]) {
+    for (int k : nm.slots[i]) {
       FrameSlot f = tree.media.slots[k];
       place(f.offset, &f.node, &f.offset);
       TT_CHECK(f.offset + tree.media.tokens_per_frame <= (int)out.nodes[f.node].tokens.size(), "tree '", tree.id,
                "': a cut of node ", i, " falls inside the frame slot at offset ", tree.media.slots[k].offset);
       out.media.slots.push_back(f);
     }
-    for (int k : states[i]) {
+    for (int k : nm.states[i]) {
       StateRow r = tree.media.states[k];
       place(r.offset, &r.node, &r.offset);
       out.media.states.push_back(std::move(r));
@@ -201,22 +198,20 @@ Partition build_partition(const Tree& tree, const std::vector<char>& is_root, in
 
 Tree split_long_nodes(const Tree& tree, int64_t max_len) {
   TT_CHECK(max_len >= 1, "split_long_nodes: max_len = ", max_len, ", expected >= 1");
-  tree.validate();  // before the slots index anything (split_nodes validates again: cheap)
+  tree.validate();  // before the slots index anything
   const int64_t P = tree.media.tokens_per_frame;
   if (!tree.media.slots.empty() && P > max_len)
     throw Error(str("tree '", tree.id, "' has frames of ", P, " rows; a piece of at most ", max_len,
                     " tokens cannot hold one (expected a capacity >= ", P, ")"));
-  std::vector<std::vector<int32_t>> slot_start(tree.media.empty() ? 0 : tree.nodes.size());  // node -> slot offsets
-  for (const FrameSlot& f : tree.media.slots) slot_start[f.node].push_back(f.offset);
-  for (auto& v : slot_start) std::sort(v.begin(), v.end());
-  return split_nodes(tree, [&](int node, int64_t, int64_t len, std::vector<int64_t>* at) {
-    // Greedy: each segment max_len tokens, or up to the frame slot the cut would fall inside (a
-    // slot of P <= max_len rows starts after the previous cut, so the segment is never empty).
-    const std::vector<int32_t>* starts = slot_start.empty() ? nullptr : &slot_start[node];
+  const NodeMedia nm(tree);
+  return split_nodes(tree, nm, [&](int node, int64_t, int64_t len, std::vector<int64_t>* at) {
+    // Greedy: each segment max_len tokens, or up to the frame slot the cut would fall inside (at
+    // most one: slots do not overlap; a slot of P <= max_len rows starts after the previous cut,
+    // so the segment is never empty).
     for (int64_t c = max_len; c < len; c += max_len) {
-      if (starts) {
-        const auto it = std::upper_bound(starts->begin(), starts->end(), (int32_t)c);
-        if (it != starts->begin() && *(it - 1) < c && c < *(it - 1) + P) c = *(it - 1);
+      for (int k : nm.slots[node]) {
+        const int64_t s = tree.media.slots[k].offset;
+        if (s < c && c < s + P) c = s;
       }
       at->push_back(c);
     }
@@ -266,7 +261,8 @@ SegmentPlan plan_segments(const Tree& tree, int64_t length) {
            tree.n_tree(), " tokens, expected fewer than 2^31 (int32 rows)");
   SegmentPlan plan;
   plan.length = length;
-  plan.split = split_nodes(tree, [&](int, int64_t depth, int64_t len, std::vector<int64_t>* at) {
+  tree.validate();
+  plan.split = split_nodes(tree, NodeMedia(tree), [&](int, int64_t depth, int64_t len, std::vector<int64_t>* at) {
     for (int64_t c = (length - depth % length) % length; c < len; c += length)
       if (c > 0) at->push_back(c);
   });

@@ -2,7 +2,6 @@
 #include "data/stats.h"
 
 #include <algorithm>
-#include <vector>
 
 #include "data/partition.h"
 #include "base/check.h"
@@ -59,8 +58,7 @@ nlohmann::json partition_stats(const std::vector<Tree>& trees, int64_t capacity)
     const Tree split = split_long_nodes(t, capacity);
     const Partition plan = plan_partition(split, capacity);
     frame_runs += tower_runs(split, plan);
-    std::vector<char> shown(t.media.frames.size(), 0);
-    for (const FrameSlot& s : t.media.slots) unique_frames += !shown[s.frame], shown[s.frame] = 1;
+    unique_frames += t.frames_shown();
     media = media || !t.media.slots.empty();
     pieces += plan.num_pieces();
     n_flat += t.n_flat();

@@ -130,6 +130,18 @@ void Tree::validate() const {
   validate_media(t);
 }
 
+NodeMedia::NodeMedia(const Tree& t) : slots(t.nodes.size()), states(t.nodes.size()) {
+  for (size_t k = 0; k < t.media.slots.size(); ++k) slots[t.media.slots[k].node].push_back((int)k);
+  for (size_t k = 0; k < t.media.states.size(); ++k) states[t.media.states[k].node].push_back((int)k);
+}
+
+int64_t Tree::frames_shown() const {
+  std::vector<char> shown(media.frames.size(), 0);
+  int64_t n = 0;
+  for (const FrameSlot& s : media.slots) n += !shown[s.frame], shown[s.frame] = 1;
+  return n;
+}
+
 void Tree::validate_media(const std::string& t) const {
   if (media.empty()) return;
   const TreeMedia& m = media;

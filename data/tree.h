@@ -67,6 +67,13 @@ struct TreeMedia {
   bool empty() const { return slots.empty() && states.empty(); }
 };
 
+struct Tree;
+// Each node's media rows: indices into tree.media.slots and .states, in their order.
+struct NodeMedia {
+  std::vector<std::vector<int>> slots, states;  // (nodes)
+  explicit NodeMedia(const Tree& t);
+};
+
 // How Tree::preorder orders a node's children.
 enum class ChildOrder { kLargestFirst, kListed };
 
@@ -78,6 +85,7 @@ struct Tree {
   std::vector<Path> paths;
   TreeMedia media;  // empty for token-only data
   int64_t frame_occurrences() const { return (int64_t)media.slots.size(); }
+  int64_t frames_shown() const;  // distinct frames some slot shows: the tower's runs on the whole tree
 
   std::vector<int32_t> path_tokens(int64_t k) const;  // tokens of path k, root first
   std::vector<int> path_nodes(int64_t k) const;       // nodes of path k, root first

@@ -13,11 +13,6 @@ model::Work tree_work(const data::Tree& tree, data::Packing packing) {
   // Media (episode trees): the tower runs once per distinct frame a batch shows (tree packing:
   // the tree's; per_path: each path's own), the state projection once per state row.
   const data::TreeMedia& media = tree.media;
-  std::vector<std::vector<int>> node_frames(media.empty() ? 0 : tree.nodes.size());
-  std::vector<int64_t> node_states(node_frames.size(), 0);
-  for (const data::FrameSlot& s : media.slots) node_frames[s.node].push_back(s.frame);
-  for (const data::StateRow& s : media.states) ++node_states[s.node];
-  std::vector<char> shown(media.frames.size(), 0);
   if (packing == data::Packing::kPerPath) {
     for (int64_t k = 0; k < tree.n_paths(); ++k) {
       const data::Path& path = tree.paths[k];
@@ -25,19 +20,21 @@ model::Work tree_work(const data::Tree& tree, data::Packing packing) {
       w.tokens += len;
       w.visible_pairs += len * (len + 1) / 2;
       for (int64_t i = 1; i < len; ++i) w.head_rows += path.is_target(i);  // row i - 1 predicts token i
-      if (media.empty()) continue;
+    }
+    if (media.empty()) return w;
+    const data::NodeMedia nm(tree);
+    std::vector<char> shown(media.frames.size());
+    for (int64_t k = 0; k < tree.n_paths(); ++k) {
       std::fill(shown.begin(), shown.end(), 0);
       for (int v : tree.path_nodes(k)) {
-        for (int f : node_frames[v]) w.frames += !shown[f], shown[f] = 1;
-        w.state_rows += node_states[v];
+        for (int s : nm.slots[v]) w.frames += !shown[media.slots[s].frame], shown[media.slots[s].frame] = 1;
+        w.state_rows += (int64_t)nm.states[v].size();
       }
     }
     return w;
   }
-  for (size_t v = 0; v < node_frames.size(); ++v) {
-    for (int f : node_frames[v]) w.frames += !shown[f], shown[f] = 1;
-    w.state_rows += node_states[v];
-  }
+  w.frames = tree.frames_shown();
+  w.state_rows = (int64_t)media.states.size();
   // Node v's token j sits at depth[v] + j and sees itself and every token above it. Token j > 0
   // is predicted by the row before it; token 0 by the parent's last row, shared by its children.
   const size_t n = tree.nodes.size();

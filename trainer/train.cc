@@ -540,7 +540,7 @@ const Trainer::PartitionedTree& Trainer::partitioned(int64_t index) {
   int64_t with_gateways = 0;
   for (const data::Piece& piece : p.plan.pieces) with_gateways += piece.tokens;
   // Each piece runs the tower on the frames its slots show: a frame shown in several, in each.
-  p.repeated.frames = data::tower_runs(p.split, p.plan) - distributed::tree_work(tree, data::Packing::kTree).frames;
+  p.repeated.frames = data::tower_runs(p.split, p.plan) - tree.frames_shown();
   if (cfg_.partition.recompute) {
     for (int k = 0; k < p.plan.num_pieces(); ++k) {
       if (!model::keeps_rows_only(p.plan, k, true)) continue;

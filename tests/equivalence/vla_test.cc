@@ -58,15 +58,19 @@ struct Case {
   bool freeze;
 };
 
-class VlaTreeVsSteps : public ::testing::TestWithParam<Case> {};
-
-TEST_P(VlaTreeVsSteps, LossGradientsAndAdamWStepAgree) {
+// Both comparisons start from the tiny VLA (weights of seed 7) and the tree of a 5-step episode
+// with two cameras in the case's history.
+class VlaTreeVsSteps : public ::testing::TestWithParam<Case> {
+ protected:
+  VlaTreeVsSteps() { m.init(7); }
   const Case c = GetParam();
   const model::ModelConfig cfg = testing::tiny_vla_config(c.freeze);
-  model::Model<double> m(cfg);
-  m.init(7);
-  const data::Episode ep = testing::tiny_episode(/*steps=*/5, /*cameras=*/2, /*seed=*/3);
-  const data::Tree tree = testing::vla_tree(ep, c.window, cfg, 11);
+  model::Model<double> m{cfg};
+  const data::Tree tree = testing::vla_tree(testing::tiny_episode(/*steps=*/5, /*cameras=*/2, /*seed=*/3), c.window,
+                                            cfg, 11);
+};
+
+TEST_P(VlaTreeVsSteps, LossGradientsAndAdamWStepAgree) {
   const PackedBatch t = testing::vla_batch(tree, Packing::kTree, cfg);
   const PackedBatch p = testing::vla_batch(tree, Packing::kPerPath, cfg);
   // The tower runs once per unique frame on the tree, once per occurrence per timestep.
@@ -128,12 +132,6 @@ TEST_P(VlaTreeVsSteps, LossGradientsAndAdamWStepAgree) {
 // slots of two pieces show (window histories) runs the tower in both: its gradient is the sum over
 // its slots either way. Tolerance: as above (fp64, other groupings).
 TEST_P(VlaTreeVsSteps, PartitionedTreesMatchTheWholeTree) {
-  const Case c = GetParam();
-  const model::ModelConfig cfg = testing::tiny_vla_config(c.freeze);
-  model::Model<double> m(cfg);
-  m.init(7);
-  const data::Episode ep = testing::tiny_episode(/*steps=*/5, /*cameras=*/2, /*seed=*/3);
-  const data::Tree tree = testing::vla_tree(ep, c.window, cfg, 11);
   const double scale = 1.0 / 5;
   const Grads whole = train(m, testing::vla_batch(tree, Packing::kTree, cfg), scale);
   const double big = max_abs(whole.g);

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/actions.h"
@@ -141,21 +142,30 @@ TEST(VlaTrain, PartitionedEpisodesTakeTheSameStep) {
   }
 }
 
-TEST(VlaTrain, AFrozenTowerStaysAsItWas) {
-  const fs::path dir = fresh_dir("vla_frozen");
-  RunConfig c = vla_config(dir, 2, 3, {"train.max_steps=2", "vision.freeze=true", "train.final_checkpoint=false"});
+// Runs `c` to its end: per tensor, its name and whether training changed it.
+std::vector<std::pair<std::string, bool>> changed_tensors(const RunConfig& c) {
   Trainer t(c);
   const std::vector<float> p0 = t.backend().params_host();
   t.run();
   const std::vector<float> p1 = t.backend().params_host();
-  int64_t tower = 0, moved = 0;
+  std::vector<std::pair<std::string, bool>> out;
   for (const model::ParamInfo& p : t.backend().params_info()) {
-    const bool in_tower = p.name.rfind("model.vision_tower.", 0) == 0;
     bool changed = false;
     for (int64_t i = 0; i < p.numel; ++i) changed |= p0[p.offset + i] != p1[p.offset + i];
+    out.emplace_back(p.name, changed);
+  }
+  return out;
+}
+
+TEST(VlaTrain, AFrozenTowerStaysAsItWas) {
+  const fs::path dir = fresh_dir("vla_frozen");
+  RunConfig c = vla_config(dir, 2, 3, {"train.max_steps=2", "vision.freeze=true", "train.final_checkpoint=false"});
+  int64_t tower = 0, moved = 0;
+  for (const auto& [name, changed] : changed_tensors(c)) {
+    const bool in_tower = name.rfind("model.vision_tower.", 0) == 0;
     if (in_tower) {
       ++tower;
-      EXPECT_FALSE(changed) << p.name << " is frozen";
+      EXPECT_FALSE(changed) << name << " is frozen";
     } else {
       moved += changed;
     }
@@ -170,18 +180,12 @@ TEST(VlaTrain, AFrozenTowerStaysAsItWas) {
 TEST(VlaTrain, ALayerPastTheFeatureLayerStaysAsItWas) {
   const fs::path dir = fresh_dir("vla_feature_layer");
   RunConfig c = vla_config(dir, 2, 3, {"train.max_steps=2", "vision.vision_feature_layer=-2"});
-  Trainer t(c);
-  const std::vector<float> p0 = t.backend().params_host();
-  t.run();
-  const std::vector<float> p1 = t.backend().params_host();
   int64_t last = 0, moved = 0;
-  for (const model::ParamInfo& p : t.backend().params_info()) {
-    bool changed = false;
-    for (int64_t i = 0; i < p.numel; ++i) changed |= p0[p.offset + i] != p1[p.offset + i];
-    if (p.name.rfind("model.vision_tower.vision_model.encoder.layers.1.", 0) == 0) {
+  for (const auto& [name, changed] : changed_tensors(c)) {
+    if (name.rfind("model.vision_tower.vision_model.encoder.layers.1.", 0) == 0) {
       ++last;
-      EXPECT_FALSE(changed) << p.name << " is past the feature layer";
-    } else if (p.name.rfind("model.vision_tower.vision_model.encoder.layers.0.", 0) == 0) {
+      EXPECT_FALSE(changed) << name << " is past the feature layer";
+    } else if (name.rfind("model.vision_tower.vision_model.encoder.layers.0.", 0) == 0) {
       moved += changed;
     }
   }
