@@ -679,21 +679,27 @@ void bench_gdn() {
     fill_random(g.data(), g.size(), 0.05f, 34);   // small log decays of either sign: timing only
     fill_random(beta.data(), beta.size(), 0.5f, 35);
     DeviceBuffer<char> ws(tt::cuda::gdn_forward_workspace_bytes(plan, nv, dk, dv, false));
-    report_flops("gdn_forward (" + t.name + ")", dims({N, nv, dk}), 2.0 * 4 * N * nv * (double)dk * dv, [&] {
-      tt::cuda::gdn_forward(o.data(), nullptr, q.data(), k.data(), v.data(), g.data(), beta.data(), nullptr, plan, nk,
-                            nv, dk, dv, 1.0 / std::sqrt((double)dk), tt::cuda::Workspace{ws.data(), ws.size()},
-                            g_stream);
-    }, 5);
     DeviceBuffer<bf16> d_o((size_t)N * nv * dv), gq(q.size()), gk(k.size()), gv(v.size());
     DeviceBuffer<float> gg(g.size()), gb(beta.size());
     fill_random(d_o.data(), d_o.size(), 1.f, 36);
     DeviceBuffer<char> wsb(tt::cuda::gdn_backward_workspace_bytes(plan, nv, dk, dv));
-    report_flops("gdn_backward (" + t.name + ")", dims({N, nv, dk}), 2.0 * 2 * 4 * N * nv * (double)dk * dv, [&] {
-      tt::cuda::gdn_backward(gq.data(), gk.data(), gv.data(), gg.data(), gb.data(), nullptr, d_o.data(), nullptr,
-                             q.data(), k.data(), v.data(), g.data(), beta.data(), nullptr, plan, nk, nv, dk, dv,
-                             1.0 / std::sqrt((double)dk), tt::cuda::Workspace{wsb.data(), wsb.size()}, g_stream,
-                             /*accumulate=*/false);
-    }, 3);
+    // Both product modes of the walks (ops/cuda/gdn.h GdnProducts), side by side.
+    for (const tt::cuda::GdnProducts products : {tt::cuda::GdnProducts::kExact, tt::cuda::GdnProducts::kBf16}) {
+      const std::string mode = products == tt::cuda::GdnProducts::kBf16 ? ", bf16 products" : "";
+      report_flops("gdn_forward (" + t.name + mode + ")", dims({N, nv, dk}), 2.0 * 4 * N * nv * (double)dk * dv, [&] {
+        tt::cuda::gdn_forward(o.data(), nullptr, q.data(), k.data(), v.data(), g.data(), beta.data(), nullptr, plan,
+                              nk, nv, dk, dv, 1.0 / std::sqrt((double)dk), tt::cuda::Workspace{ws.data(), ws.size()},
+                              g_stream, products);
+      }, 5);
+      report_flops("gdn_backward (" + t.name + mode + ")", dims({N, nv, dk}), 2.0 * 2 * 4 * N * nv * (double)dk * dv,
+                   [&] {
+                     tt::cuda::gdn_backward(gq.data(), gk.data(), gv.data(), gg.data(), gb.data(), nullptr, d_o.data(),
+                                            nullptr, q.data(), k.data(), v.data(), g.data(), beta.data(), nullptr, plan,
+                                            nk, nv, dk, dv, 1.0 / std::sqrt((double)dk),
+                                            tt::cuda::Workspace{wsb.data(), wsb.size()}, g_stream,
+                                            /*accumulate=*/false, products);
+                   }, 3);
+    }
   }
 }
 

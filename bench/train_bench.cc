@@ -29,7 +29,7 @@
 // --pp-warmup N (1), --layers L (28; 24 for the hybrid), --model qwen3_1_7b|hybrid_2b (the shapes
 // of bench/qwen3_shapes.h), --workloads agent,nav, --no-profile (skip the breakdown),
 // --no-gemm-autotune (autotuning is on, as train.gemm_autotune is by default; the warm-up steps do
-// the timing),
+// the timing), --gdn-products exact|bf16 (train.gdn_products; exact),
 // --dry-run (no GPU: the workloads' sizes and FLOPs only).
 #include <cuda_runtime.h>
 
@@ -172,7 +172,7 @@ std::vector<std::string> split(const std::string& s) {
 int run(int argc, char** argv) {
   int steps = 5, warmup = 2, pp_steps = 3, pp_warmup = 1, layers = 0;  // 0: the model's own
   std::string workloads = "agent,nav", model = "qwen3_1_7b";
-  bool dry_run = false, profile = true, gemm_autotune = true;
+  bool dry_run = false, profile = true, gemm_autotune = true, gdn_bf16 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -190,6 +190,11 @@ int run(int argc, char** argv) {
     else if (a == "--no-profile") profile = false;
     else if (a == "--gemm-autotune") gemm_autotune = true;
     else if (a == "--no-gemm-autotune") gemm_autotune = false;
+    else if (a == "--gdn-products") {
+      const std::string m = next();
+      if (m != "exact" && m != "bf16") throw Error(str("--gdn-products: expected exact or bf16, got '", m, "'"));
+      gdn_bf16 = m == "bf16";
+    }
     else throw Error(str("unknown flag ", a, " (see bench/train_bench.cc)"));
   }
   if (model != "qwen3_1_7b" && model != "hybrid_2b")
@@ -225,7 +230,10 @@ int run(int argc, char** argv) {
     }
     return 0;
   }
-  std::unique_ptr<tt::trainer::Backend> be = tt::trainer::make_backend("cuda", cfg, 0, 1, gemm_autotune);
+  tt::model::CudaExecOptions cuda_options;
+  cuda_options.gemm_autotune = gemm_autotune;
+  cuda_options.gdn_products = gdn_bf16 ? tt::cuda::GdnProducts::kBf16 : tt::cuda::GdnProducts::kExact;
+  std::unique_ptr<tt::trainer::Backend> be = tt::trainer::make_backend("cuda", cfg, 0, 1, cuda_options);
   const double t_init = now_s();
   be->init(1);
   cudaDeviceProp prop{};
@@ -306,9 +314,8 @@ int run(int argc, char** argv) {
   out["device_mallocs"] = be->device_malloc_count();
   be.reset();
   if (profile) {
-    tt::model::CudaExecOptions o;
+    tt::model::CudaExecOptions o = cuda_options;
     o.profile = true;
-    o.gemm_autotune = gemm_autotune;
     tt::model::CudaModel m(cfg, tt::model::DecoderOptions{}, o);
     m.init(1);
     for (const Kept& k : batches) {

@@ -174,7 +174,9 @@ int run(int argc, char** argv) {
                           {"decoder_layers", cfg.num_hidden_layers}, {"per_timestep_budget", s.budget}}},
                         {"peak_flops", tt::trainer::kPeakFlops}};
   if (!dry_run) {
-    be = tt::trainer::make_backend("cuda", cfg, 0, 1, /*gemm_autotune=*/true);
+    tt::model::CudaExecOptions cuda_options;
+    cuda_options.gemm_autotune = true;
+    be = tt::trainer::make_backend("cuda", cfg, 0, 1, cuda_options);
     be->init(1);
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, 0);

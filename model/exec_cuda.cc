@@ -572,7 +572,8 @@ void CudaExec::gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, con
   check_planned(layout, N, "gdn_forward");
   mark(Op::kAttention);
   cuda::gdn_forward(o, nullptr, q, k, v, g, beta, nullptr, layout.gdn, nk, nv, dk, dv, scale,
-                    workspace(cuda::gdn_forward_workspace_bytes(layout.gdn, nv, dk, dv, false)), stream_);
+                    workspace(cuda::gdn_forward_workspace_bytes(layout.gdn, nv, dk, dv, false)), stream_,
+                    options_.gdn_products);
 }
 
 void CudaExec::gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Acc* g, const Act* beta,
@@ -581,7 +582,8 @@ void CudaExec::gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, con
   check_planned(layout, N, "gdn_forward");
   mark(Op::kAttention);
   cuda::gdn_forward(o, end, q, k, v, g, beta, init, layout.gdn, nk, nv, dk, dv, scale,
-                    workspace(cuda::gdn_forward_workspace_bytes(layout.gdn, nv, dk, dv, end != nullptr)), stream_);
+                    workspace(cuda::gdn_forward_workspace_bytes(layout.gdn, nv, dk, dv, end != nullptr)), stream_,
+                    options_.gdn_products);
 }
 
 void CudaExec::gdn_backward(Act* dq, Act* dk, Act* dv, Acc* dg, Acc* dbeta, const Act* d_o, const Act* q, const Act* k,
@@ -594,7 +596,7 @@ void CudaExec::gdn_backward(Act* dq, Act* dk, Act* dv, Acc* dg, Acc* dbeta, cons
   mark(Op::kAttention);
   cuda::gdn_backward(dq, dk, dv, dg, dbeta, nullptr, d_o, nullptr, q, k, v, g, beta, nullptr, layout.gdn, nk, nv,
                      k_dim, v_dim, scale, workspace(cuda::gdn_backward_workspace_bytes(layout.gdn, nv, k_dim, v_dim)),
-                     stream_);
+                     stream_, /*accumulate=*/true, options_.gdn_products);
 }
 
 void CudaExec::gdn_backward(Act* dq, Act* dk, Act* dv, Acc* dg, Acc* dbeta, const Act* d_o, const Act* q, const Act* k,
@@ -604,7 +606,7 @@ void CudaExec::gdn_backward(Act* dq, Act* dk, Act* dv, Acc* dg, Acc* dbeta, cons
   mark(Op::kAttention);
   cuda::gdn_backward(dq, dk, dv, dg, dbeta, d_init, d_o, d_end, q, k, v, g, beta, init, layout.gdn, nk, nv, k_dim,
                      v_dim, scale, workspace(cuda::gdn_backward_workspace_bytes(layout.gdn, nv, k_dim, v_dim)),
-                     stream_);
+                     stream_, /*accumulate=*/true, options_.gdn_products);
 }
 
 void CudaExec::retrieval_select(int32_t* idx, const Act* q, const Act* pool_k, int P, int NH, int NKV, int HS,

@@ -44,6 +44,8 @@ struct CudaExecOptions {
   // cuBLASLt autotuning of every new GEMM shape (cuda::GemmHandle::set_autotune; off: the
   // heuristic's first algorithm, the same every run).
   bool gemm_autotune = false;
+  // How the Gated DeltaNet layers' delta-rule walks multiply (ops/cuda/gdn.h GdnProducts).
+  cuda::GdnProducts gdn_products = cuda::GdnProducts::kExact;
 };
 
 // Time per op class in milliseconds. The classes partition the decoder's calls.

@@ -294,12 +294,6 @@ class DecoderBackend : public Backend {
 using CpuBackend = DecoderBackend<model::CpuExec<float>>;
 using CudaBackend = DecoderBackend<model::CudaExec>;
 
-model::CudaExecOptions exec_options(bool gemm_autotune) {
-  model::CudaExecOptions o;
-  o.gemm_autotune = gemm_autotune;
-  return o;
-}
-
 cudaDeviceProp device_props(int gpu) {
   cudaDeviceProp prop{};
   TT_CUDA_CHECK(cudaGetDeviceProperties(&prop, gpu));
@@ -401,14 +395,14 @@ std::string partition_memory_problem(const std::string& tree_id, int64_t n_tree,
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& device, const model::ModelConfig& cfg, int local_rank,
-                                      int local_world_size, bool gemm_autotune, int64_t max_tokens) {
+                                      int local_world_size, const model::CudaExecOptions& cuda, int64_t max_tokens) {
   const int gpu = resolve_device(device, cfg, local_rank, local_world_size);
   if (max_tokens > 0) {
     if (gpu < 0) check_memory<model::CpuExec<float>>(cfg, max_tokens, gpu);
     else check_memory<model::CudaExec>(cfg, max_tokens, gpu);
   }
   if (gpu < 0) return std::make_unique<CpuBackend>(cfg, model::CpuExec<float>::Options{}, -1);
-  return std::make_unique<CudaBackend>(cfg, exec_options(gemm_autotune), gpu);
+  return std::make_unique<CudaBackend>(cfg, cuda, gpu);
 }
 
 }  // namespace tt::trainer

@@ -157,13 +157,15 @@ std::string partition_memory_problem(const std::string& tree_id, int64_t n_tree,
 // distributed::pick_device(local_rank, local_world_size, visible) the calling thread's current
 // device before it allocates anything (NCCL is then set up on the same device, Backend::device());
 // a local rank without a GPU of its own is an error (pick_device). One process: GPU 0.
-// gemm_autotune: the CUDA backend's cuBLASLt autotuning (train.gemm_autotune); the CPU ignores it.
+// cuda: the CUDA backend's options (model::CudaExecOptions: cuBLASLt autotuning, train.gemm_autotune;
+// the delta rule's products, train.gdn_products); the CPU ignores them (it computes exactly).
 // max_tokens > 0 (the trainer's data.max_tokens_per_batch): before allocating, the memory the
 // backend will need (weights, gradients, AdamW state, the activations of such a micro-batch:
 // model::estimate_training_memory) is compared with what the host (MemAvailable) or the GPU
 // (cudaMemGetInfo) has free, and a tt::Error naming the keys says when it cannot fit.
 std::unique_ptr<Backend> make_backend(const std::string& device, const model::ModelConfig& cfg, int local_rank = 0,
-                                      int local_world_size = 1, bool gemm_autotune = false, int64_t max_tokens = 0);
+                                      int local_world_size = 1, const model::CudaExecOptions& cuda = {},
+                                      int64_t max_tokens = 0);
 
 // The device choice of make_backend alone: the GPU it made current for "cuda" (or "auto" picking
 // one), or -1 for the CPU; the same errors and logs.

@@ -100,6 +100,7 @@ const std::vector<Field>& fields() {
       TT_FIELD("train.keep_checkpoints", train.keep_checkpoints),
       TT_FIELD("train.final_checkpoint", train.final_checkpoint),
       TT_FIELD("train.gemm_autotune", train.gemm_autotune),
+      TT_FIELD("train.gdn_products", train.gdn_products, {"exact", "bf16"}),
       TT_FIELD("train.on_nonfinite", train.on_nonfinite, {"stop", "skip_step"}),
       TT_FIELD("train.max_skipped_steps", train.max_skipped_steps),
       TT_FIELD("optim.lr", optim.lr),
@@ -616,6 +617,7 @@ void RunConfig::validate() const {
   require(train.checkpoint_every >= 0, "train.checkpoint_every", ">= 0 (0: only at the end)", i(train.checkpoint_every));
   require(train.keep_checkpoints >= 0, "train.keep_checkpoints", ">= 0 (0 keeps all)", i(train.keep_checkpoints));
   in_set("train.on_nonfinite", train.on_nonfinite, {"stop", "skip_step"});
+  in_set("train.gdn_products", train.gdn_products, {"exact", "bf16"});
   require(train.max_skipped_steps >= 0, "train.max_skipped_steps", ">= 0", i(train.max_skipped_steps));
   require(optim.lr > 0 && std::isfinite(optim.lr), "optim.lr", "> 0", d(optim.lr));
   require(optim.beta1 >= 0 && optim.beta1 < 1, "optim.beta1", "in [0, 1)", d(optim.beta1));

@@ -13,7 +13,7 @@
 //             (hidden_size, ..., image_size, patch_size, freeze, image_token_index, state_dim, ...;
 //             model/config.h VisionConfig); absent: a text model
 //   train:    max_steps, seed, loss_norm, grad_clip, grad_accum, resume, log_every,
-//             checkpoint_every, keep_checkpoints, final_checkpoint, gemm_autotune, on_nonfinite,
+//             checkpoint_every, keep_checkpoints, final_checkpoint, gemm_autotune, gdn_products, on_nonfinite,
 //             max_skipped_steps
 //   optim:    lr, beta1, beta2 (or betas: [b1, b2]), eps, weight_decay
 //   schedule: warmup_steps (longer than train.max_steps: a warning), decay, min_lr_ratio
@@ -87,6 +87,12 @@ struct TrainConfig {
   // run_dir/gemm_tuning.json and restored on resume (trainer/gemm_tuning.h); off: the heuristic's
   // first algorithm.
   bool gemm_autotune = true;
+  // cuda, Gated DeltaNet (linear_attention) layers: how the delta rule's chunk walks multiply
+  // (ops/cuda/gdn.h GdnProducts). exact: fp32 products (each operand split into bf16 parts), the
+  // layer within fp32 rounding of the fp64 reference. bf16: one bf16 mma a product, the state and
+  // v_new rounded to bf16 for them as FLA's and FlashQLA's kernels do (a few 2^-9 of relative
+  // error in the layer's outputs and gradients), faster walks. The CPU backend is exact either way.
+  std::string gdn_products = "exact";  // exact | bf16
   // A step whose loss or gradient norm is not finite: stop (an error naming the step and the first
   // tensor with a non-finite gradient; exit code 3), or skip_step (no update, counted in the
   // metrics; more than max_skipped_steps in a row stops). An update that leaves a weight or AdamW

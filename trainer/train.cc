@@ -88,9 +88,16 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   // own instead of leaving the other ranks waiting in the rendezvous.
   if ((comm ? comm->rank() : env.rank) == 0) run_lock_ = RunDirLock(cfg_.run_dir);
   const std::string& device = cfg_.device;
-  backend_ = make_backend(device, cfg_.model, env.local_rank, env.local_world_size, cfg_.train.gemm_autotune,
+  model::CudaExecOptions cuda_options;
+  cuda_options.gemm_autotune = cfg_.train.gemm_autotune;
+  cuda_options.gdn_products = cfg_.train.gdn_products == "bf16" ? cuda::GdnProducts::kBf16 : cuda::GdnProducts::kExact;
+  backend_ = make_backend(device, cfg_.model, env.local_rank, env.local_world_size, cuda_options,
                           cfg_.data.max_tokens_per_batch);
   connect(std::move(comm), env);
+  if (cfg_.train.gdn_products == "bf16" && (backend_->name() != "cuda" || !cfg_.model.has_linear_attention()))
+    spdlog::warn("train.gdn_products: bf16 has no effect here: it concerns the CUDA kernels of linear_attention "
+                 "layers ({})", backend_->name() != "cuda" ? "the cpu backend computes the delta rule exactly"
+                                                           : "the model has none");
   spdlog::info("model: {} L={} C={} NH={} NKV={} HS={} I={} V={}: {} parameters on {}", cfg_.model.architecture,
                cfg_.model.num_hidden_layers, cfg_.model.hidden_size, cfg_.model.num_attention_heads,
                cfg_.model.num_key_value_heads, cfg_.model.head_dim, cfg_.model.intermediate_size,

@@ -174,17 +174,17 @@ size_t gdn_backward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv)
 void gdn_backward(bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* d_init, const bf16* d_o,
                   const float* d_end, const bf16* q, const bf16* k, const bf16* v, const float* g, const bf16* beta,
                   const float* init, const GdnPlan& plan, int nk, int nv, int dk_, int dv_, double scale, Workspace ws,
-                  cudaStream_t stream, bool accumulate) {
+                  cudaStream_t stream, bool accumulate, GdnProducts products) {
   CudaRunner run{stream};
   rule_backward(run, dq, dk, dv, dg, dbeta, d_init, d_o, d_end, q, k, v, g, beta, init, plan, nk, nv, dk_, dv_, scale,
-                ws, accumulate);
+                ws, accumulate, products);
 }
 
 void gdn_forward(bf16* o, float* end, const bf16* q, const bf16* k, const bf16* v, const float* g, const bf16* beta,
                  const float* init, const GdnPlan& plan, int nk, int nv, int dk, int dv, double scale, Workspace ws,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, GdnProducts products) {
   CudaRunner run{stream};
-  rule_forward(run, o, end, q, k, v, g, beta, init, plan, nk, nv, dk, dv, scale, ws);
+  rule_forward(run, o, end, q, k, v, g, beta, init, plan, nk, nv, dk, dv, scale, ws, products);
 }
 
 }  // namespace tt::cuda

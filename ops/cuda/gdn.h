@@ -114,6 +114,18 @@ class GdnPlan {
 
 size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, bool end_given);
 
+// How the chunk walks (the serial part: the products with the state and v_new, forward, and with
+// the state gradient and dvn, backward) and the backward's per-chunk state products (S and dS
+// with dO, v_new and dvn) multiply on tensor cores.
+//  - kExact: each fp32 operand split into two or three bf16 parts (two to six mma a product): fp32's
+//    products, end states within 1e-4 of the fp64 oracle.
+//  - kBf16: each operand rounded to bf16 once, one mma a product, fp32 accumulators and state:
+//    the precision of FLA's and FlashQLA's kernels, which round the state and v_new to bf16 for
+//    their products; a few 2^-9 of relative error in o, the end states and the gradients.
+// The prep and the per-chunk input-gradient kernel are kExact's in both; at dk not a multiple of 16
+// the walks run on CUDA cores in fp32 either way.
+enum class GdnProducts { kExact, kBf16 };
+
 // The gated delta rule along every root-to-row path (ops/cpu/gdn.h), chunked (WY / UT form):
 // o (N, nv, dv) bf16; q, k (N, nk, dk) L2-normalised, v (N, nv, dv), beta (N, nv) bf16, g (N, nv) fp32; value
 // head h reads key head h / (nv / nk). init (num_roots, nv, dk, dv) fp32 or null (zeros); end
@@ -128,7 +140,7 @@ size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, 
 // stores each chunk's entering state and v_new, and a third kernel per (chunk, head) the outputs).
 void gdn_forward(bf16* o, float* end, const bf16* q, const bf16* k, const bf16* v, const float* g, const bf16* beta,
                  const float* init, const GdnPlan& plan, int nk, int nv, int dk, int dv, double scale, Workspace ws,
-                 cudaStream_t stream);
+                 cudaStream_t stream, GdnProducts products = GdnProducts::kExact);
 
 size_t gdn_backward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv);
 
@@ -147,6 +159,6 @@ size_t gdn_backward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv)
 void gdn_backward(bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* d_init, const bf16* d_o,
                   const float* d_end, const bf16* q, const bf16* k, const bf16* v, const float* g, const bf16* beta,
                   const float* init, const GdnPlan& plan, int nk, int nv, int dk_, int dv_, double scale, Workspace ws,
-                  cudaStream_t stream, bool accumulate = true);
+                  cudaStream_t stream, bool accumulate = true, GdnProducts products = GdnProducts::kExact);
 
 }  // namespace tt::cuda

@@ -715,7 +715,8 @@ constexpr int kWalkUStride = kWalkCols + 8;     // fp32 row stride of the U stag
 
 // A walk's state tile in registers (the mma accumulators of rows row0 + gq (+8), columns 8 n + 2 tq
 // (+1), n < 4) to shared memory as bf16 high and low halves (kWalkHalfStride), the B operand of the
-// next products.
+// next products; with kBf16 (GdnProducts::kBf16) the high half only, S rounded to bf16.
+template <bool kBf16 = false>
 __device__ __forceinline__ void walk_state_to_halves(bf16* hi, bf16* lo, const float (&S)[4][4], int row0) {
   const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
 #pragma unroll
@@ -723,9 +724,24 @@ __device__ __forceinline__ void walk_state_to_halves(bf16* hi, bf16* lo, const f
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int off = (row0 + gq + 8 * half) * kWalkHalfStride + 8 * n + 2 * tq;
-      split_bf16x2(S[n][2 * half], S[n][2 * half + 1], *reinterpret_cast<uint32_t*>(hi + off),
-                   *reinterpret_cast<uint32_t*>(lo + off));
+      if constexpr (kBf16)
+        *reinterpret_cast<uint32_t*>(hi + off) = attn::pack_bf16x2(S[n][2 * half], S[n][2 * half + 1]);
+      else
+        split_bf16x2(S[n][2 * half], S[n][2 * half + 1], *reinterpret_cast<uint32_t*>(hi + off),
+                     *reinterpret_cast<uint32_t*>(lo + off));
     }
+}
+
+// An m16n8k16 A fragment (rows m0 + gq (+8), columns k0 + 2 tq (+1, +8, +9)) of an fp32 matrix
+// given pairwise by pair(row, col), rounded to bf16 (GdnProducts::kBf16's one part).
+template <class Pair>
+__device__ __forceinline__ void bf16_a_fragment(uint32_t (&a)[4], int m0, int k0, Pair&& pair) {
+  const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 x = pair(m0 + gq + 8 * (j % 2), k0 + 2 * tq + 8 * (j / 2));
+    a[j] = attn::pack_bf16x2(x.x, x.y);
+  }
 }
 
 // f(n, half, at) for each pair of a walk's state tile this thread holds (rows row0 + gq + 8 half,
@@ -843,14 +859,15 @@ struct WalkTmaStage {
 };
 
 // Issues the stage of chunk ci (all threads: gam's cp.async; thread 0: the TMA boxes onto bar).
-template <bool kQ>
+// kBf16 (GdnProducts::kBf16): -W's high half only (the low half's tile stays unread).
+template <bool kBf16, bool kQ>
 __device__ __forceinline__ void walk_mma_prefetch(const WalkTmaStage<kQ>& st, uint64_t* bar, const RuleParams& p,
                                                   const WalkMaps& maps, const ChunkInfo& ci, int h, int kh, int j0) {
   namespace sm90 = attn::sm90;
   if (threadIdx.x == 0) {
-    sm90::mbar_expect_tx(bar, WalkTmaStage<kQ>::kTx);
+    sm90::mbar_expect_tx(bar, WalkTmaStage<kQ>::kTx - (kBf16 ? WalkTmaStage<kQ>::kT : 0));
     tma_load_rows128(st.Wh, &maps.Wh, h, ci.r0, bar);
-    tma_load_rows128(st.Wl, &maps.Wl, h, ci.r0, bar);
+    if constexpr (!kBf16) tma_load_rows128(st.Wl, &maps.Wl, h, ci.r0, bar);
     tma_load_rows128(st.K, &maps.K, kh, ci.r0, bar);
     if constexpr (kQ) {
       tma_load_rows128(st.Q, &maps.Q, kh, ci.r0, bar);
@@ -862,14 +879,14 @@ __device__ __forceinline__ void walk_mma_prefetch(const WalkTmaStage<kQ>& st, ui
   }
   load_chunk_gam(st.gam, p.gam, p.nv, h, ci.r0, ci.L);
 }
-template <bool kQ>
+template <bool kBf16, bool kQ>
 __device__ __forceinline__ void walk_mma_prefetch(const WalkMmaStage<kQ>& st, uint64_t*, const RuleParams& p,
                                                   const WalkMaps&, const ChunkInfo& ci, int h, int kh, int j0) {
   const int r0 = ci.r0, L = ci.L;
   const bf16* Wh = reinterpret_cast<const bf16*>(p.W) + (int64_t)h * p.dk;
   const int64_t plane = (int64_t)p.rows * p.nv * p.dk;
   load_chunk_rows(st.Wh, st.rs, Wh, (int64_t)p.nv * p.dk, r0, L, p.dk);
-  load_chunk_rows(st.Wl, st.rs, Wh + plane, (int64_t)p.nv * p.dk, r0, L, p.dk);
+  if constexpr (!kBf16) load_chunk_rows(st.Wl, st.rs, Wh + plane, (int64_t)p.nv * p.dk, r0, L, p.dk);
   load_chunk_rows(st.K, st.rs, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
   if constexpr (kQ) {
     load_chunk_rows(st.Q, st.rs, p.q + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
@@ -891,7 +908,10 @@ constexpr int kWalkVsStride = kWalkCols + 4;  // fp32 row stride of the forward 
 // P v_new's smallest three summed apart; warp w the rows and columns of its v_new tile).
 // Without it, the backward's walk: sin and v_new to global memory for the kernels after it.
 // Shared memory: two stages, then S's and dec v_new's halves, then (kOut) v_new.
-template <int kDk, bool kOut>
+// kBf16 (GdnProducts::kBf16): every product one mma of bf16 operands, as FLA's and FlashQLA's
+// kernels: -W's high half, S, dec v_new, P and v_new rounded to bf16 (q and k are bf16 already);
+// fp32 accumulators and state. The low halves are neither loaded nor stored.
+template <int kDk, bool kOut, bool kBf16 = false>
 __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams p, const __grid_constant__ WalkMaps maps) {
   TT_EXTERN_SMEM_16(smem_raw);
   __shared__ uint64_t bars[2];  // the stages' TMA barriers (kDk = 128)
@@ -936,10 +956,10 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
   __syncthreads();
   const int nc = p.num_chunks;
   ChunkInfo cur = nc > 0 ? chunk_info(p.plan, 0) : ChunkInfo{}, nxt = nc > 1 ? chunk_info(p.plan, 1) : cur;
-  if (nc > 0) walk_mma_prefetch(stage(0), &bars[0], p, maps, cur, h, kh, j0);
+  if (nc > 0) walk_mma_prefetch<kBf16>(stage(0), &bars[0], p, maps, cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = 0; c < nc; ++c) {
-    if (c + 1 < nc) walk_mma_prefetch(stage((c + 1) & 1), &bars[(c + 1) & 1], p, maps, nxt, h, kh, j0);
+    if (c + 1 < nc) walk_mma_prefetch<kBf16>(stage((c + 1) & 1), &bars[(c + 1) & 1], p, maps, nxt, h, kh, j0);
     attn::cp_async_commit();
     const Stage st = stage(c & 1);
     const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
@@ -952,7 +972,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
       state_io(nullptr, src);
     }
     if constexpr (!kOut) state_io(p.sin + ((int64_t)c * p.nv + h) * SS, nullptr);
-    if (has_rows) walk_state_to_halves(Sh, Sl, S, si);
+    if (has_rows) walk_state_to_halves<kBf16>(Sh, Sl, S, si);
     if constexpr (kDk == 128) attn::sm90::mbar_wait(&bars[c & 1], (c >> 1) & 1);
     attn::cp_async_wait<1>();
     __syncthreads();  // the stage has landed; S's halves are stored
@@ -971,15 +991,17 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
       for (int k0 = 0; k0 < dk; k0 += 16) {
         uint32_t wh[4], wl[4], bh[4], bl[4];  // A = -W: the prep's halves
         mma::ldsm_x4(wh, st.wh8(vm + lane % 8 + 8 * (lane / 8 % 2), k0 + 8 * (lane / 16)));
-        mma::ldsm_x4(wl, st.wl8(vm + lane % 8 + 8 * (lane / 8 % 2), k0 + 8 * (lane / 16)));
+        if constexpr (!kBf16) mma::ldsm_x4(wl, st.wl8(vm + lane % 8 + 8 * (lane / 8 % 2), k0 + 8 * (lane / 16)));
         const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + vn + 8 * (lane / 16);
         mma::ldsm_x4_trans(bh, Sh + off);
-        mma::ldsm_x4_trans(bl, Sl + off);
+        if constexpr (!kBf16) mma::ldsm_x4_trans(bl, Sl + off);
 #pragma unroll
         for (int nn = 0; nn < 2; ++nn) {
           mma::mma_16816(big[nn], wh, bh[2 * nn], bh[2 * nn + 1]);
-          mma::mma_16816(acc[nn], wh, bl[2 * nn], bl[2 * nn + 1]);
-          mma::mma_16816(acc[nn], wl, bh[2 * nn], bh[2 * nn + 1]);
+          if constexpr (!kBf16) {
+            mma::mma_16816(acc[nn], wh, bl[2 * nn], bl[2 * nn + 1]);
+            mma::mma_16816(acc[nn], wl, bh[2 * nn], bh[2 * nn + 1]);
+          }
         }
         if constexpr (kOut) {
           uint32_t qa[4];
@@ -987,7 +1009,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
 #pragma unroll
           for (int nn = 0; nn < 2; ++nn) {
             mma::mma_16816(qs[nn], qa, bh[2 * nn], bh[2 * nn + 1]);
-            mma::mma_16816(qs[nn], qa, bl[2 * nn], bl[2 * nn + 1]);
+            if constexpr (!kBf16) mma::mma_16816(qs[nn], qa, bl[2 * nn], bl[2 * nn + 1]);
           }
         }
       }
@@ -1007,8 +1029,11 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
             *reinterpret_cast<float2*>(Vs + r * kWalkVsStride + col) = r < L ? make_float2(v0, v1) : make_float2(0.f, 0.f);
           else if (r < L)
             *reinterpret_cast<float2*>(p.vnew + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) = make_float2(v0, v1);
-          split_bf16x2(r < L ? d * v0 : 0.f, r < L ? d * v1 : 0.f, *reinterpret_cast<uint32_t*>(Vh + r * HS + col),
-                       *reinterpret_cast<uint32_t*>(Vl + r * HS + col));
+          if constexpr (kBf16)
+            *reinterpret_cast<uint32_t*>(Vh + r * HS + col) = attn::pack_bf16x2(r < L ? d * v0 : 0.f, r < L ? d * v1 : 0.f);
+          else
+            split_bf16x2(r < L ? d * v0 : 0.f, r < L ? d * v1 : 0.f, *reinterpret_cast<uint32_t*>(Vh + r * HS + col),
+                         *reinterpret_cast<uint32_t*>(Vl + r * HS + col));
         }
       }
     }
@@ -1032,11 +1057,13 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
           const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + 16 * np + 8 * (lane / 16);
           uint32_t bh[4], bl[4];
           mma::ldsm_x4_trans(bh, Vh + off);
-          mma::ldsm_x4_trans(bl, Vl + off);
+          if constexpr (!kBf16) mma::ldsm_x4_trans(bl, Vl + off);
           mma::mma_16816(S[2 * np], a, bh[0], bh[1]);
           mma::mma_16816(S[2 * np + 1], a, bh[2], bh[3]);
-          mma::mma_16816(S[2 * np], a, bl[0], bl[1]);
-          mma::mma_16816(S[2 * np + 1], a, bl[2], bl[3]);
+          if constexpr (!kBf16) {
+            mma::mma_16816(S[2 * np], a, bl[0], bl[1]);
+            mma::mma_16816(S[2 * np + 1], a, bl[2], bl[3]);
+          }
         }
       }
     }
@@ -1046,12 +1073,23 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
       for (int nn = 0; nn < 2; ++nn) qs[nn][0] *= e0, qs[nn][1] *= e0, qs[nn][2] *= e1, qs[nn][3] *= e1;
       float small[2][4] = {};  // the three products of order 2^-16 of a term: a second chain, half as deep
       for (int k0 = 0; k0 <= vm; k0 += 16) {  // P is zero right of the diagonal block
-        uint32_t ph[4], pm[4], pl[4];
-        split3_a_fragment(ph, pm, pl, vm, k0, [&](int r, int s) { return st.p2(r, s); });
+        if constexpr (kBf16) {
+          uint32_t pa[4];
+          bf16_a_fragment(pa, vm, k0, [&](int r, int s) { return st.p2(r, s); });
 #pragma unroll
-        for (int nn = 0; nn < 2; ++nn)  // B (s, j) = v_new[s][j], columns vn + 8 nn ..
-          mma_split3_both(small[nn], qs[nn], ph, pm, pl, Vs + (k0 + 2 * tq) * kWalkVsStride + vn + 8 * nn + gq,
-                          kWalkVsStride);
+          for (int nn = 0; nn < 2; ++nn) {  // B (s, j) = v_new[s][j] in bf16, rows k0 + 2 tq (+1, +8, +9)
+            const float* v = Vs + (k0 + 2 * tq) * kWalkVsStride + vn + 8 * nn + gq;
+            mma::mma_16816(qs[nn], pa, attn::pack_bf16x2(v[0], v[kWalkVsStride]),
+                           attn::pack_bf16x2(v[8 * kWalkVsStride], v[9 * kWalkVsStride]));
+          }
+        } else {
+          uint32_t ph[4], pm[4], pl[4];
+          split3_a_fragment(ph, pm, pl, vm, k0, [&](int r, int s) { return st.p2(r, s); });
+#pragma unroll
+          for (int nn = 0; nn < 2; ++nn)  // B (s, j) = v_new[s][j], columns vn + 8 nn ..
+            mma_split3_both(small[nn], qs[nn], ph, pm, pl, Vs + (k0 + 2 * tq) * kWalkVsStride + vn + 8 * nn + gq,
+                            kWalkVsStride);
+        }
       }
 #pragma unroll
       for (int nn = 0; nn < 2; ++nn)
@@ -1564,15 +1602,17 @@ struct BwdWalkTmaStage {
   __device__ const bf16* do8(int a, int j) const { return dO + a * kBwdDoStride + j; }
 };
 
+// kBf16 (GdnProducts::kBf16): -W's high half only.
+template <bool kBf16>
 __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkTmaStage& st, uint64_t* bar, const RuleBwdParams& b,
                                                       const BwdWalkMaps& maps, const ChunkInfo& ci, int h, int kh,
                                                       int j0) {
   namespace sm90 = attn::sm90;
   const RuleParams& p = b.f;
   if (threadIdx.x == 0) {
-    sm90::mbar_expect_tx(bar, BwdWalkTmaStage::kTx);
+    sm90::mbar_expect_tx(bar, BwdWalkTmaStage::kTx - (kBf16 ? BwdWalkTmaStage::kT : 0));
     tma_load_rows128(st.Wh, &maps.Wh, h, ci.r0, bar);
-    tma_load_rows128(st.Wl, &maps.Wl, h, ci.r0, bar);
+    if constexpr (!kBf16) tma_load_rows128(st.Wl, &maps.Wl, h, ci.r0, bar);
     tma_load_rows128(st.K, &maps.K, kh, ci.r0, bar);
     tma_load_rows128(st.Q, &maps.Q, kh, ci.r0, bar);
 #pragma unroll
@@ -1583,6 +1623,7 @@ __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkTmaStage& st,
                                    ci.L);
   load_chunk_gam(st.gam, p.gam, p.nv, h, ci.r0, ci.L);
 }
+template <bool kBf16>
 __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkMmaStage& st, uint64_t*, const RuleBwdParams& b,
                                                       const BwdWalkMaps&, const ChunkInfo& ci, int h, int kh,
                                                       int j0) {
@@ -1591,7 +1632,7 @@ __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkMmaStage& st,
   const bf16* Wh = reinterpret_cast<const bf16*>(p.W) + (int64_t)h * p.dk;
   const int64_t plane = (int64_t)p.rows * p.nv * p.dk;
   load_chunk_rows(st.Wh, kRowStride, Wh, (int64_t)p.nv * p.dk, r0, L, p.dk);
-  load_chunk_rows(st.Wl, kRowStride, Wh + plane, (int64_t)p.nv * p.dk, r0, L, p.dk);
+  if constexpr (!kBf16) load_chunk_rows(st.Wl, kRowStride, Wh + plane, (int64_t)p.nv * p.dk, r0, L, p.dk);
   load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
   load_chunk_rows(st.Q, kRowStride, p.q + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
   load_chunk_rows(st.PT, kPairStride, p.PT + ((int64_t)ci.c * p.nv + h) * kGdnChunk * kGdnChunk, kGdnChunk, 0, kGdnChunk,
@@ -1600,7 +1641,10 @@ __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkMmaStage& st,
   load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
 }
 
-template <int kDk>  // as rule_walk_mma_kernel's (kDk = 128: the stages by TMA, BwdWalkTmaStage)
+// kDk as rule_walk_mma_kernel's (128: the stages by TMA, BwdWalkTmaStage); kBf16
+// (GdnProducts::kBf16) as its: every product one mma of bf16 operands (dS, dvn, PT, -W's high half
+// and scale e^(gam) dO rounded to bf16), fp32 accumulators and dS.
+template <int kDk, bool kBf16 = false>
 __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwdParams b,
                                                                      const __grid_constant__ BwdWalkMaps maps) {
   TT_EXTERN_SMEM_16(smem_raw);
@@ -1645,11 +1689,11 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
   __syncthreads();
   const int last = p.num_chunks - 1;
   ChunkInfo cur = last >= 0 ? chunk_info(p.plan, last) : ChunkInfo{}, nxt = last >= 1 ? chunk_info(p.plan, last - 1) : cur;
-  if (last >= 0) bwd_walk_mma_prefetch(stage(0), &bars[0], b, maps, cur, h, kh, j0);
+  if (last >= 0) bwd_walk_mma_prefetch<kBf16>(stage(0), &bars[0], b, maps, cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = last; c >= 0; --c) {
     const int step = last - c;  // this step's stage: step & 1, its barrier's phase: (step >> 1) & 1
-    if (c > 0) bwd_walk_mma_prefetch(stage((step + 1) & 1), &bars[(step + 1) & 1], b, maps, nxt, h, kh, j0);
+    if (c > 0) bwd_walk_mma_prefetch<kBf16>(stage((step + 1) & 1), &bars[(step + 1) & 1], b, maps, nxt, h, kh, j0);
     attn::cp_async_commit();
     const Stage st = stage(step & 1);
     const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
@@ -1662,7 +1706,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
     }
     float* out = b.dsout + ((int64_t)c * p.nv + h) * SS;
     each([&](int nn, int e, int64_t at) { out[at] = dS[nn][e]; });
-    if (has_rows) walk_state_to_halves(Sh, Sl, dS, si);
+    if (has_rows) walk_state_to_halves<kBf16>(Sh, Sl, dS, si);
     if constexpr (kDk == 128) attn::sm90::mbar_wait(&bars[step & 1], (step >> 1) & 1);
     attn::cp_async_wait<1>();
     __syncthreads();  // the stage has landed; dS's halves are stored
@@ -1674,23 +1718,36 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
       float x[8];
       detail::load_bf16<8>(x, st.do8(a, j));
       uint32_t hi[4], mid[4], lo[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) split3_bf16x2(eg * x[2 * e], eg * x[2 * e + 1], hi[e], mid[e], lo[e]);
       const int at = a * kBwdDoStride + j;
-      *reinterpret_cast<uint4*>(Eh + at) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-      *reinterpret_cast<uint4*>(Em + at) = make_uint4(mid[0], mid[1], mid[2], mid[3]);
-      *reinterpret_cast<uint4*>(El + at) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+      if constexpr (kBf16) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) hi[e] = attn::pack_bf16x2(eg * x[2 * e], eg * x[2 * e + 1]);
+        *reinterpret_cast<uint4*>(Eh + at) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) split3_bf16x2(eg * x[2 * e], eg * x[2 * e + 1], hi[e], mid[e], lo[e]);
+        *reinterpret_cast<uint4*>(Eh + at) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        *reinterpret_cast<uint4*>(Em + at) = make_uint4(mid[0], mid[1], mid[2], mid[3]);
+        *reinterpret_cast<uint4*>(El + at) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+      }
     }
     {  // dvn (rows vm .., columns vn ..) += e^(gam_L - gam_r) k_r . dS
       float acc[2][4] = {}, big[2][4] = {};  // k . dS_lo, k . dS_hi: two chains of dependent mma
       float loc[2][4] = {};                  // dvn's local part, PT dO (PT zero below the diagonal)
       for (int k0 = vm; k0 < kGdnChunk; k0 += 16) {
-        uint32_t ah[4], am[4], al[4];
-        split3_a_fragment(ah, am, al, vm, k0, [&](int r, int a) { return st.pt2(r, a); });
         uint32_t d[4];  // B (a, j) = dO[a][j]: n8 tiles vn and vn + 8
         mma::ldsm_x4_trans(d, st.do8(k0 + lane % 8 + 8 * (lane / 8 % 2), vn + 8 * (lane / 16)));
+        if constexpr (kBf16) {
+          uint32_t pa[4];
+          bf16_a_fragment(pa, vm, k0, [&](int r, int a) { return st.pt2(r, a); });
 #pragma unroll
-        for (int nn = 0; nn < 2; ++nn) mma_split3(loc[nn], ah, am, al, d[2 * nn], d[2 * nn + 1]);
+          for (int nn = 0; nn < 2; ++nn) mma::mma_16816(loc[nn], pa, d[2 * nn], d[2 * nn + 1]);
+        } else {
+          uint32_t ah[4], am[4], al[4];
+          split3_a_fragment(ah, am, al, vm, k0, [&](int r, int a) { return st.pt2(r, a); });
+#pragma unroll
+          for (int nn = 0; nn < 2; ++nn) mma_split3(loc[nn], ah, am, al, d[2 * nn], d[2 * nn + 1]);
+        }
       }
 #pragma unroll kUnroll
       for (int k0 = 0; k0 < dk; k0 += 16) {
@@ -1698,11 +1755,11 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
         mma::ldsm_x4(a, st.k8(vm + lane % 8 + 8 * (lane / 8 % 2), k0 + 8 * (lane / 16)));
         const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + vn + 8 * (lane / 16);
         mma::ldsm_x4_trans(bh, Sh + off);
-        mma::ldsm_x4_trans(bl, Sl + off);
+        if constexpr (!kBf16) mma::ldsm_x4_trans(bl, Sl + off);
 #pragma unroll
         for (int nn = 0; nn < 2; ++nn) {
           mma::mma_16816(big[nn], a, bh[2 * nn], bh[2 * nn + 1]);
-          mma::mma_16816(acc[nn], a, bl[2 * nn], bl[2 * nn + 1]);
+          if constexpr (!kBf16) mma::mma_16816(acc[nn], a, bl[2 * nn], bl[2 * nn + 1]);
         }
       }
 #pragma unroll
@@ -1722,8 +1779,11 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
                       y1 = r < L ? u.y + d * acc[nn][2 * half + 1] : 0.f;
           if (r < L)
             *reinterpret_cast<float2*>(b.dvn + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) = make_float2(y0, y1);
-          split_bf16x2(y0, y1, *reinterpret_cast<uint32_t*>(Vh + r * HS + col),
-                       *reinterpret_cast<uint32_t*>(Vl + r * HS + col));
+          if constexpr (kBf16)
+            *reinterpret_cast<uint32_t*>(Vh + r * HS + col) = attn::pack_bf16x2(y0, y1);
+          else
+            split_bf16x2(y0, y1, *reinterpret_cast<uint32_t*>(Vh + r * HS + col),
+                         *reinterpret_cast<uint32_t*>(Vl + r * HS + col));
         }
       }
     }
@@ -1748,12 +1808,16 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
           const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * kBwdDoStride + 16 * np + 8 * (lane / 16);
           uint32_t bh[4], bm[4], bl[4];
           mma::ldsm_x4_trans(bh, Eh + off);
-          mma::ldsm_x4_trans(bm, Em + off);
-          mma::ldsm_x4_trans(bl, El + off);
+          if constexpr (!kBf16) {
+            mma::ldsm_x4_trans(bm, Em + off);
+            mma::ldsm_x4_trans(bl, El + off);
+          }
 #pragma unroll
           for (int t = 0; t < 2; ++t) {  // the small parts first
-            mma::mma_16816(dS[2 * np + t], a, bl[2 * t], bl[2 * t + 1]);
-            mma::mma_16816(dS[2 * np + t], a, bm[2 * t], bm[2 * t + 1]);
+            if constexpr (!kBf16) {
+              mma::mma_16816(dS[2 * np + t], a, bl[2 * t], bl[2 * t + 1]);
+              mma::mma_16816(dS[2 * np + t], a, bm[2 * t], bm[2 * t + 1]);
+            }
             mma::mma_16816(dS[2 * np + t], a, bh[2 * t], bh[2 * t + 1]);
           }
         }
@@ -1762,24 +1826,28 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
       for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
         uint32_t wh[4], wl[4];  // A (i, s) = -W_s[i]: transposing loads of the prep's halves
         mma::ldsm_x4_trans(wh, st.wh8(k0 + lane % 8 + 8 * (lane / 16), si + 8 * (lane / 8 % 2)));
-        mma::ldsm_x4_trans(wl, st.wl8(k0 + lane % 8 + 8 * (lane / 16), si + 8 * (lane / 8 % 2)));
+        if constexpr (!kBf16) mma::ldsm_x4_trans(wl, st.wl8(k0 + lane % 8 + 8 * (lane / 16), si + 8 * (lane / 8 % 2)));
         if (kDk == 128 && k0 + 16 > L) {  // rows past L: the next rows of W under TMA, as the forward walk's keys
           wh[0] = keep_rows_below(wh[0], k0 + 2 * tq, L), wh[1] = keep_rows_below(wh[1], k0 + 2 * tq, L);
           wh[2] = keep_rows_below(wh[2], k0 + 2 * tq + 8, L), wh[3] = keep_rows_below(wh[3], k0 + 2 * tq + 8, L);
-          wl[0] = keep_rows_below(wl[0], k0 + 2 * tq, L), wl[1] = keep_rows_below(wl[1], k0 + 2 * tq, L);
-          wl[2] = keep_rows_below(wl[2], k0 + 2 * tq + 8, L), wl[3] = keep_rows_below(wl[3], k0 + 2 * tq + 8, L);
+          if constexpr (!kBf16) {
+            wl[0] = keep_rows_below(wl[0], k0 + 2 * tq, L), wl[1] = keep_rows_below(wl[1], k0 + 2 * tq, L);
+            wl[2] = keep_rows_below(wl[2], k0 + 2 * tq + 8, L), wl[3] = keep_rows_below(wl[3], k0 + 2 * tq + 8, L);
+          }
         }
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
           const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + 16 * np + 8 * (lane / 16);
           uint32_t bh[4], bl[4];
           mma::ldsm_x4_trans(bh, Vh + off);
-          mma::ldsm_x4_trans(bl, Vl + off);
+          if constexpr (!kBf16) mma::ldsm_x4_trans(bl, Vl + off);
 #pragma unroll
           for (int t = 0; t < 2; ++t) {
             mma::mma_16816(dS[2 * np + t], wh, bh[2 * t], bh[2 * t + 1]);
-            mma::mma_16816(dS[2 * np + t], wh, bl[2 * t], bl[2 * t + 1]);
-            mma::mma_16816(dS[2 * np + t], wl, bh[2 * t], bh[2 * t + 1]);
+            if constexpr (!kBf16) {
+              mma::mma_16816(dS[2 * np + t], wh, bl[2 * t], bl[2 * t + 1]);
+              mma::mma_16816(dS[2 * np + t], wl, bh[2 * t], bh[2 * t + 1]);
+            }
           }
         }
       }
@@ -1810,6 +1878,8 @@ size_t bwd_walk_mma_smem_bytes(int dk) {
 // from global memory (L1), which keeps the block to two a multiprocessor: one block's loads run
 // under the other's products.
 constexpr int kStateRows = 64;
+// kBf16 (GdnProducts::kBf16): S, dS, v_new and dvn rounded to bf16, one mma a product.
+template <bool kBf16 = false>
 __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwdParams b) {
   TT_EXTERN_SMEM_16(smem);
   const RuleParams& p = b.f;
@@ -1853,8 +1923,13 @@ __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwd
     uint32_t sh[4], sl[4], dh[4], dl[4], o[2][4];  // dO: n8 tile n is o[n / 2][2 (n % 2)], [.. + 1]
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      split_bf16x2(sx[j].x, sx[j].y, sh[j], sl[j]);
-      split_bf16x2(dx[j].x, dx[j].y, dh[j], dl[j]);
+      if constexpr (kBf16) {
+        sh[j] = attn::pack_bf16x2(sx[j].x, sx[j].y);
+        dh[j] = attn::pack_bf16x2(dx[j].x, dx[j].y);
+      } else {
+        split_bf16x2(sx[j].x, sx[j].y, sh[j], sl[j]);
+        split_bf16x2(dx[j].x, dx[j].y, dh[j], dl[j]);
+      }
       if (warp < 4) sds = fmaf(sx[j].x, dx[j].x, fmaf(sx[j].y, dx[j].y, sds));  // 0 past R
     }
     if (k0 + 16 < dv) {
@@ -1871,17 +1946,24 @@ __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwd
       for (int jj = 0; jj < 2; ++jj) {
         const int at = (a0 + 8 * n + gq) * fs + k0 + 2 * tq + 8 * jj;
         const float2 v = *reinterpret_cast<const float2*>(Vn + at), r = *reinterpret_cast<const float2*>(Dvn + at);
-        split_bf16x2(v.x, v.y, vh[jj], vl[jj]);
-        split_bf16x2(r.x, r.y, rh[jj], rl[jj]);
+        if constexpr (kBf16) {
+          vh[jj] = attn::pack_bf16x2(v.x, v.y);
+          rh[jj] = attn::pack_bf16x2(r.x, r.y);
+        } else {
+          split_bf16x2(v.x, v.y, vh[jj], vl[jj]);
+          split_bf16x2(r.x, r.y, rh[jj], rl[jj]);
+        }
       }
       mma::mma_16816(sdo[n], sh, o[n / 2][2 * (n % 2)], o[n / 2][2 * (n % 2) + 1]);
-      mma::mma_16816(sdo[n], sl, o[n / 2][2 * (n % 2)], o[n / 2][2 * (n % 2) + 1]);
       mma::mma_16816(dsv[n], dh, vh[0], vh[1]);
-      mma::mma_16816(dsv[n], dh, vl[0], vl[1]);
-      mma::mma_16816(dsv[n], dl, vh[0], vh[1]);
       mma::mma_16816(sdv[n], sh, rh[0], rh[1]);
-      mma::mma_16816(sdv[n], sh, rl[0], rl[1]);
-      mma::mma_16816(sdv[n], sl, rh[0], rh[1]);
+      if constexpr (!kBf16) {
+        mma::mma_16816(sdo[n], sl, o[n / 2][2 * (n % 2)], o[n / 2][2 * (n % 2) + 1]);
+        mma::mma_16816(dsv[n], dh, vl[0], vl[1]);
+        mma::mma_16816(dsv[n], dl, vh[0], vh[1]);
+        mma::mma_16816(sdv[n], sh, rl[0], rl[1]);
+        mma::mma_16816(sdv[n], sl, rh[0], rh[1]);
+      }
     }
   }
 #pragma unroll
@@ -2564,10 +2646,17 @@ BwdWalkMaps bwd_walk_maps(const RuleBwdParams& b, Runner& run) {
 }
 
 // The forward's first two kernels: U, W and gam per chunk, then the walk (node ends, and sin and
-// v_new, or with `out` (walk_writes_outputs) o instead).
+// v_new, or with `out` (walk_writes_outputs) o instead), its products as `products` says (the
+// CUDA-core walk at dk not a multiple of 16 is fp32 either way).
+template <int kDk>
+auto walk_mma_instance(bool out, GdnProducts products) {
+  const bool b16 = products == GdnProducts::kBf16;
+  return out ? (b16 ? rule_walk_mma_kernel<kDk, true, true> : rule_walk_mma_kernel<kDk, true, false>)
+             : (b16 ? rule_walk_mma_kernel<kDk, false, true> : rule_walk_mma_kernel<kDk, false, false>);
+}
 
 template <class Runner>
-void rule_prep_and_walk(const RuleParams& p, Runner& run, bool out) {
+void rule_prep_and_walk(const RuleParams& p, Runner& run, bool out, GdnProducts products) {
   run.launch(w_as_halves(p.dk) ? rule_prep_kernel<true> : rule_prep_kernel<false>,
              chunk_parts_grid(p.num_chunks, p.nv, 1), kRuleThreads, prep_smem_bytes(), p);
   const dim3 grid(p.nv, p.dv / kWalkCols);
@@ -2575,18 +2664,17 @@ void rule_prep_and_walk(const RuleParams& p, Runner& run, bool out) {
   if (p.dk % 16 != 0)
     run.launch(rule_walk_kernel, grid, kRuleThreads, walk_smem_bytes(p.dk), p);
   else if (p.dk == 128)
-    run.launch(out ? rule_walk_mma_kernel<128, true> : rule_walk_mma_kernel<128, false>, grid, kRuleThreads,
-               walk_mma_smem_bytes(p.dk, out), p, walk_maps(p, run));
+    run.launch(walk_mma_instance<128>(out, products), grid, kRuleThreads, walk_mma_smem_bytes(p.dk, out), p,
+               walk_maps(p, run));
   else
-    run.launch(out ? rule_walk_mma_kernel<0, true> : rule_walk_mma_kernel<0, false>, grid, kRuleThreads,
-               walk_mma_smem_bytes(p.dk, out), p, WalkMaps{});
+    run.launch(walk_mma_instance<0>(out, products), grid, kRuleThreads, walk_mma_smem_bytes(p.dk, out), p, WalkMaps{});
 }
 
 // gdn_forward (gdn.h) on `run`.
 template <class Runner>
 void rule_forward(Runner& run, bf16* o, float* end, const bf16* q, const bf16* k, const bf16* v, const float* g,
                   const bf16* beta, const float* init, const GdnPlan& plan, int nk, int nv, int dk, int dv,
-                  double scale, Workspace ws) {
+                  double scale, Workspace ws, GdnProducts products = GdnProducts::kExact) {
   check_rule_shape(nk, nv, dk, dv, "gdn_forward");
   if (plan.num_chunks() == 0) return;
   check_rule_aligned("gdn_forward",
@@ -2597,7 +2685,7 @@ void rule_forward(Runner& run, bf16* o, float* end, const bf16* q, const bf16* k
   detail::check_workspace(ws, s.bytes, "gdn_forward");
   RuleParams p = rule_params(q, k, v, g, beta, init, plan, nk, nv, dk, dv, scale, s, end);
   p.o = o;
-  rule_prep_and_walk(p, run, fused);
+  rule_prep_and_walk(p, run, fused, products);
   if (!fused)
     run.launch(rule_out_kernel, chunk_parts_grid(plan.num_chunks(), nv, (dv + kOutCols - 1) / kOutCols), kRuleThreads,
                out_smem_bytes(), p);
@@ -2608,7 +2696,7 @@ template <class Runner>
 void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* d_init, const bf16* d_o,
                    const float* d_end, const bf16* q, const bf16* k, const bf16* v, const float* g, const bf16* beta,
                    const float* init, const GdnPlan& plan, int nk, int nv, int dk_, int dv_, double scale,
-                   Workspace ws, bool accumulate) {
+                   Workspace ws, bool accumulate, GdnProducts products = GdnProducts::kExact) {
   check_rule_shape(nk, nv, dk_, dv_, "gdn_backward");
   if (plan.num_chunks() == 0) return;
   check_rule_aligned("gdn_backward", {{"q", q, 16}, {"k", k, 16}, {"v", v, 16}, {"d_o", d_o, 16},
@@ -2628,7 +2716,7 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   b.gk = s.gk, b.sds = s.sds;
   b.dv = dv, b.dg = dg, b.dbeta = dbeta;
   b.accumulate = accumulate;
-  rule_prep_and_walk(b.f, run, /*out=*/false);  // the forward again: U, W, gam, v_new, the entering states
+  rule_prep_and_walk(b.f, run, /*out=*/false, products);  // the forward again: U, W, gam, v_new, the entering states
   run.zero(s.acc, sizeof(float) * (size_t)plan.num_nodes() * nv * dk_ * dv_);
   const int chunks = plan.num_chunks();
   if (!local)
@@ -2638,11 +2726,13 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   if (dk_ % 16 != 0)
     run.launch(rule_bwd_walk_kernel, walk_grid, kRuleThreads, bwd_walk_smem_bytes(dk_), b);
   else if (dk_ == 128)
-    run.launch(rule_bwd_walk_mma_kernel<128>, walk_grid, kRuleThreads, bwd_walk_mma_smem_bytes(dk_), b,
-               bwd_walk_maps(b, run));
+    run.launch(products == GdnProducts::kBf16 ? rule_bwd_walk_mma_kernel<128, true> : rule_bwd_walk_mma_kernel<128, false>,
+               walk_grid, kRuleThreads, bwd_walk_mma_smem_bytes(dk_), b, bwd_walk_maps(b, run));
   else
-    run.launch(rule_bwd_walk_mma_kernel<0>, walk_grid, kRuleThreads, bwd_walk_mma_smem_bytes(dk_), b, BwdWalkMaps{});
-  run.launch(rule_bwd_state_kernel, chunk_parts_grid(chunks, nv, (dk_ + kStateRows - 1) / kStateRows), kRuleThreads,
+    run.launch(products == GdnProducts::kBf16 ? rule_bwd_walk_mma_kernel<0, true> : rule_bwd_walk_mma_kernel<0, false>,
+               walk_grid, kRuleThreads, bwd_walk_mma_smem_bytes(dk_), b, BwdWalkMaps{});
+  run.launch(products == GdnProducts::kBf16 ? rule_bwd_state_kernel<true> : rule_bwd_state_kernel<false>,
+             chunk_parts_grid(chunks, nv, (dk_ + kStateRows - 1) / kStateRows), kRuleThreads,
              bwd_state_smem_bytes(dv_), b);
   run.launch(dk_ == 128 && dv_ == 128 ? rule_bwd_grad_kernel<128> : rule_bwd_grad_kernel<0>,
              chunk_parts_grid(chunks, nv, 1), kRuleThreads, bwd_grad_smem_bytes(dk_, dv_), b);

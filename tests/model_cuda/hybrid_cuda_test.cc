@@ -7,6 +7,7 @@
 //  - TreeVsPerPath: the same trees packed per path give the tree's loss and gradients.
 //  - HybridPartitioned: partitioned training (the recurrent state and conv tail crossing each cut
 //    in device memory) equals the unpartitioned fp64 CPU decoder, large and small capacities.
+//  - HybridBf16Products: train.gdn_products bf16 within the rule with its own roundings added.
 //  - Errors: linear head shapes the kernels do not take name the key.
 #include <gtest/gtest.h>
 
@@ -84,6 +85,34 @@ TEST_F(GpuTest, HybridTreeVsPerPath) {
   expect_grads_within(gpu.params_info(), g_tree, ref.grads, kBound, "hybrid tree");
   expect_grads_within(gpu.params_info(), g_paths, ref.grads, kBound, "hybrid per-path");
   expect_no_worse_than(gpu.params_info(), g_tree, g_paths, ref.grads, "hybrid tree vs per-path");
+}
+
+// train.gdn_products: bf16 (CudaExecOptions::gdn_products, ops/cuda/gdn.h GdnProducts::kBf16) on
+// the head-dim-128 qwen3_next shape (the TMA walks) against the fp64 CPU decoder, by the hybrid
+// rule with the delta rule's own bf16 roundings added to each linear layer's 37: the forward walk
+// rounds S, -W, dec v_new, P and v_new (5), the backward's walk again S, -W and dec v_new (3), its
+// reverse walk dS, dvn, PT, e^(gam) dO and -W (5) and the state products S, dS, v_new and dvn (4):
+// 54. Its loss is not the exact products' (the option reaches the kernels).
+TEST_F(GpuTest, HybridBf16Products) {
+  const HybridShape h{{"qwen3_next_hs128", "qwen3_next", 320, 256, 512, 3, 4, 2, 128, true, 0}, 2, 4, 128, 96};
+  const model::ModelConfig cfg = hybrid_config_of(h);
+  const std::vector<float> master = init_master(cfg, 7);
+  const data::PackedBatch batch = pack_all(random_trees(17, 5, h.base.V), data::Packing::kTree);
+  const double scale = 1.0 / (double)batch.n_paths;
+  const Reference ref = cpu_reference(cfg, bf16_weights(master), batch, scale);
+  model::CudaExecOptions o;
+  o.gdn_products = cuda::GdnProducts::kBf16;
+  model::CudaModel fast(cfg, model::DecoderOptions{}, o), exact(cfg);
+  fast.set_params(master.data());
+  exact.set_params(master.data());
+  fast.zero_grad();
+  exact.zero_grad();
+  const double loss = fast.forward_backward(batch, scale), loss_exact = exact.forward_backward(batch, scale);
+  expect_loss_close(loss, ref.loss, "bf16 products");
+  const double bound = 3.0 * std::sqrt((54.0 * 2 + 28.0 * 1 + 5) / 3.0) * kBf16U;
+  expect_grads_within(fast.params_info(), fast.grads_host(), ref.grads, bound, "bf16 products");
+  EXPECT_NE(loss, loss_exact) << "train.gdn_products: bf16 changed nothing";
+  std::printf("[ errors   ] bf16 products: loss %.9f, exact products %.9f, fp64 %.9f\n", loss, loss_exact, ref.loss);
 }
 
 void expect_error(const std::function<void()>& f, const std::string& needle) {

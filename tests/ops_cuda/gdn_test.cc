@@ -201,6 +201,63 @@ TEST_F(GdnOps, DeltaRuleForwardMatchesTheRecurrentOracle) {
   }
 }
 
+// GdnProducts::kBf16 (one mma of bf16 operands a product in the walks) against the fp64 oracle
+// within kBf16Products (gdn_cases.h), forward and backward, where its error has the longest to
+// build up: a 4,096-row sequence (64 chunks) with slow decays (e^-0.001 to e^-0.021 a row: the
+// state remembers ~100 to 1,000 rows) and a branch after it; kExact on the same input within its
+// own bounds (end states 1e-4) for comparison, and the two modes' outputs differ (the option
+// reaches the kernels).
+TEST_F(GdnOps, DeltaRuleWithBf16ProductsOnALongSequence) {
+  std::mt19937_64 rng(4242);
+  RuleCase rc(0, 0, 0, false, rng, RuleShape{1, 2, 128, 128, 0.02, {{-1, 4096}, {0, 300}, {0, 77}}, -0.001});
+  const int nk = rc.nk, nv = rc.nv, dk = rc.dk, dv = rc.dv, N = rc.N;
+  const std::vector<double> dO = randn_bf16(rng, (size_t)N * nv * dv);
+  std::vector<double> o((size_t)N * nv * dv), end((size_t)rc.f.nodes() * rc.state_elems());
+  cpu::gdn_tree_forward<double>(o.data(), end.data(), rc.q.data(), rc.k.data(), rc.v.data(), rc.g.data(),
+                                rc.beta.data(), nullptr, rc.t);
+  std::vector<double> dq(rc.q.size(), 0.0), dk_(rc.k.size(), 0.0), dv_(rc.v.size(), 0.0), dg(rc.g.size(), 0.0),
+      db(rc.beta.size(), 0.0);
+  cpu::gdn_tree_backward<double>(dq.data(), dk_.data(), dv_.data(), dg.data(), db.data(), nullptr, dO.data(), nullptr,
+                                 rc.q.data(), rc.k.data(), rc.v.data(), rc.g.data(), rc.beta.data(), nullptr, rc.t);
+  auto d_dO = to_device_bf16(dO);
+  std::vector<bf16> o_modes[2];
+  for (const cuda::GdnProducts products : {cuda::GdnProducts::kExact, cuda::GdnProducts::kBf16}) {
+    const bool b16 = products == cuda::GdnProducts::kBf16;
+    const std::string at = b16 ? " (bf16 products)" : " (exact products)";
+    DeviceBuffer<char> ws(cuda::gdn_forward_workspace_bytes(rc.plan, nv, dk, dv, /*end_given=*/true));
+    DeviceBuffer<bf16> d_o((size_t)N * nv * dv);
+    DeviceBuffer<float> d_end(end.size());
+    poison(d_o);
+    cuda::gdn_forward(d_o.data(), d_end.data(), rc.d_q.data(), rc.d_k.data(), rc.d_v.data(), rc.d_g.data(),
+                      rc.d_b.data(), nullptr, rc.plan, nk, nv, dk, dv, rc.scale, cuda::Workspace{ws.data(), ws.size()},
+                      nullptr, products);
+    DeviceBuffer<char> wsb(cuda::gdn_backward_workspace_bytes(rc.plan, nv, dk, dv));
+    DeviceBuffer<bf16> g_q(rc.q.size()), g_k(rc.k.size()), g_v(rc.v.size());
+    DeviceBuffer<float> g_g(rc.g.size()), g_b(rc.beta.size());
+    cuda::gdn_backward(g_q.data(), g_k.data(), g_v.data(), g_g.data(), g_b.data(), nullptr, d_dO.data(), nullptr,
+                       rc.d_q.data(), rc.d_k.data(), rc.d_v.data(), rc.d_g.data(), rc.d_b.data(), nullptr, rc.plan, nk,
+                       nv, dk, dv, rc.scale, cuda::Workspace{wsb.data(), wsb.size()}, nullptr, /*accumulate=*/false,
+                       products);
+    sync_and_check();
+    o_modes[b16] = d_o.to_host();
+    const double e_o = rel_l2(to_host(d_o), o), e_end = rel_l2(to_host(d_end), end), e_dq = rel_l2(to_host(g_q), dq),
+                 e_dk = rel_l2(to_host(g_k), dk_), e_dv = rel_l2(to_host(g_v), dv_), e_dg = rel_l2(to_host(g_g), dg),
+                 e_db = rel_l2(to_host(g_b), db);
+    const double bf16_out = b16 ? kBf16Products : 2 * kBf16U, fp32_out = b16 ? kBf16Products : 1e-3;
+    EXPECT_LE(e_o, b16 ? kBf16Products : kBf16U) << "o" << at;
+    EXPECT_LE(e_end, b16 ? kBf16Products : 1e-4) << "end states" << at;
+    EXPECT_LE(e_dq, bf16_out) << "dq" << at;
+    EXPECT_LE(e_dk, bf16_out) << "dk" << at;
+    EXPECT_LE(e_dv, bf16_out) << "dv" << at;
+    EXPECT_LE(e_dg, fp32_out) << "dg" << at;
+    EXPECT_LE(e_db, fp32_out) << "dbeta" << at;
+    std::printf("[ errors   ] delta rule, 4,096 rows%s: rel L2 o %.2e end %.2e dq %.2e dk %.2e dv %.2e dg %.2e "
+                "dbeta %.2e\n",
+                at.c_str(), e_o, e_end, e_dq, e_dk, e_dv, e_dg, e_db);
+  }
+  EXPECT_GT(bits_differ(o_modes[0], o_modes[1], o_modes[0].size()), 0u) << "the products option changes nothing";
+}
+
 // The delta rule's backward against the fp64 recurrent backward on RuleCase's trees, with
 // initial states and end-state gradients. Bounds, normwise relative L2: bf16 outputs 2^-7 (the
 // output's rounding, 2^-9, plus the fp32 error of chunk sums of 64 to 128 terms carried through

@@ -150,6 +150,8 @@ TEST(ConfigTest, SetUnknownKeyNamesTheOverride) {
   EXPECT_EQ(parse_error(kMinimal, {"train=3"}).rfind("--set train=3: unknown key 'train'", 0), 0u);
   EXPECT_EQ(parse_error(kMinimal, {"train.gemm_autotune=maybe"}),
             "--set train.gemm_autotune=maybe: train.gemm_autotune: expected a boolean (true|false), got 'maybe'");
+  EXPECT_EQ(parse_error(kMinimal, {"train.gdn_products=fp16"}),
+            "--set train.gdn_products=fp16: train.gdn_products: expected one of exact|bf16, got 'fp16'");
 }
 
 TEST(ConfigTest, ValidateNamesTheKey) {
@@ -453,6 +455,7 @@ void expect_same(const RunConfig& a, const RunConfig& b) {
   EXPECT_EQ(a.data.shuffle, b.data.shuffle);
   EXPECT_EQ(a.partition.capacity_tokens, b.partition.capacity_tokens);
   EXPECT_EQ(a.train.gemm_autotune, b.train.gemm_autotune);
+  EXPECT_EQ(a.train.gdn_products, b.train.gdn_products);
 }
 
 TEST(ConfigTest, ToYamlRoundTrip) {
@@ -461,9 +464,12 @@ TEST(ConfigTest, ToYamlRoundTrip) {
                                          "schedule.min_lr_ratio=0.3333333333333333", "train.seed=18446744073709551615",
                                          "run_dir='runs/with: colon'", "data.path=null", "data.path='true'",
                                          "train.grad_clip=0", "model.rope_theta=1000000",
-                                         "partition.capacity_tokens=1024", "train.gemm_autotune=true"});
+                                         "partition.capacity_tokens=1024", "train.gemm_autotune=true",
+                                         "train.gdn_products=bf16"});
   EXPECT_EQ(fs::path(a.data.path), fs::current_path() / "true");  // a string (a path, from --set: absolute)
   EXPECT_TRUE(a.train.gemm_autotune);
+  EXPECT_EQ(a.train.gdn_products, "bf16");
+  EXPECT_EQ(parse_config_text(kMinimal, "run.yaml", {}).train.gdn_products, "exact");  // the default
   EXPECT_NE(a.to_yaml().find("partition:\n  capacity_tokens: 1024\n"), std::string::npos) << a.to_yaml();
   const RunConfig b = parse_config_text(a.to_yaml(), "resolved.yaml", {});
   expect_same(a, b);
