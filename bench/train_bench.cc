@@ -258,7 +258,8 @@ int run(int argc, char** argv) {
                                               {"conv_kernel", cfg.linear_conv_kernel_dim},
                                               {"partial_rotary_factor", cfg.partial_rotary_factor}}
                              : nlohmann::json()},
-                        {"gemm_autotune", gemm_autotune}};
+                        {"gemm_autotune", gemm_autotune},
+                        {"gdn_products", gdn_bf16 ? "bf16" : "exact"}};
   int64_t step_no = 0;
   struct Kept {
     std::string name;

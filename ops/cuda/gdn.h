@@ -123,7 +123,7 @@ size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, 
 //    the precision of FLA's and FlashQLA's kernels, which round the state and v_new to bf16 for
 //    their products; a few 2^-9 of relative error in o, the end states and the gradients.
 // The prep and the per-chunk input-gradient kernel are kExact's in both; at dk not a multiple of 16
-// the walks run on CUDA cores in fp32 either way.
+// the walks run on CUDA cores in fp32 and the state products exactly: kBf16 is kExact there.
 enum class GdnProducts { kExact, kBf16 };
 
 // The gated delta rule along every root-to-row path (ops/cpu/gdn.h), chunked (WY / UT form):

@@ -2731,7 +2731,9 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   else
     run.launch(products == GdnProducts::kBf16 ? rule_bwd_walk_mma_kernel<0, true> : rule_bwd_walk_mma_kernel<0, false>,
                walk_grid, kRuleThreads, bwd_walk_mma_smem_bytes(dk_), b, BwdWalkMaps{});
-  run.launch(products == GdnProducts::kBf16 ? rule_bwd_state_kernel<true> : rule_bwd_state_kernel<false>,
+  // bf16 state products only beside the bf16 walks (dk a multiple of 16; gdn.h GdnProducts).
+  const bool b16_state = products == GdnProducts::kBf16 && dk_ % 16 == 0;
+  run.launch(b16_state ? rule_bwd_state_kernel<true> : rule_bwd_state_kernel<false>,
              chunk_parts_grid(chunks, nv, (dk_ + kStateRows - 1) / kStateRows), kRuleThreads,
              bwd_state_smem_bytes(dv_), b);
   run.launch(dk_ == 128 && dv_ == 128 ? rule_bwd_grad_kernel<128> : rule_bwd_grad_kernel<0>,

@@ -135,8 +135,8 @@ EmuOut emulate(const EmuCase& c, const std::vector<float>& init, const std::vect
 // output. Each pass launches a fixed number of kernels whatever the tree.
 // copies_at_issue: TMA copies land when issued (a refill of a stage that a block still reads would
 // show) instead of at the wait (a read before it would).
-void check_shape(uint64_t seed, RuleShape shape, bool copies_at_issue = false,
-                 cuda::GdnProducts products = cuda::GdnProducts::kExact) {
+EmuOut check_shape(uint64_t seed, RuleShape shape, bool copies_at_issue = false,
+                   cuda::GdnProducts products = cuda::GdnProducts::kExact) {
   const cuda::emu::CopiesLanding landing(copies_at_issue);
   std::mt19937_64 rng(seed * 41);
   const EmuCase c(seed, rng, shape);
@@ -183,6 +183,7 @@ void check_shape(uint64_t seed, RuleShape shape, bool copies_at_issue = false,
   std::printf("[ errors   ] emulated delta rule backward%s: rel L2 dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e "
               "d_init %.2e\n",
               at.c_str(), e_dq, e_dk, e_dv, e_dg, e_db, e_di);
+  return got;
 }
 
 // dk = dv = 128: the walks' stages by TMA, the 128 x 128 output and grad kernels; two key heads of
@@ -190,11 +191,27 @@ void check_shape(uint64_t seed, RuleShape shape, bool copies_at_issue = false,
 TEST(GdnEmulated, DeltaRuleAtHeadDim128) { check_shape(1, RuleShape{2, 4, 128, 128}); }
 
 // GdnProducts::kBf16: the walks' one-mma products (the TMA walks at dk 128, the cp.async ones at
-// dk 64), within kBf16Products of the oracle; and not kExact's bits (the option reaches them).
+// dk 64), within kBf16Products of the oracle; and not kExact's bits, forward and backward (the
+// option reaches both); at dk 72 (CUDA-core walks) kExact's bits.
 TEST(GdnEmulated, DeltaRuleWithBf16Products) {
-  check_shape(1, RuleShape{2, 4, 128, 128}, false, cuda::GdnProducts::kBf16);
+  for (const auto& [seed, shape] : {std::pair<uint64_t, RuleShape>{1, RuleShape{2, 4, 128, 128}},
+                                    {2, RuleShape{1, 2, 64, 64}}}) {
+    const EmuOut b16 = check_shape(seed, shape, false, cuda::GdnProducts::kBf16);
+    const EmuOut exact = check_shape(seed, shape);
+    const std::string at = ", dk " + std::to_string(shape.dk);
+    EXPECT_GT(bits_differ(b16.o, exact.o, b16.o.size()), 0u) << "o" << at;
+    EXPECT_GT(bits_differ(b16.end, exact.end, b16.end.size()), 0u) << "end states" << at;
+    EXPECT_GT(bits_differ(b16.dq, exact.dq, b16.dq.size()), 0u) << "dq" << at;
+    EXPECT_GT(bits_differ(b16.dk, exact.dk, b16.dk.size()), 0u) << "dk" << at;
+    EXPECT_GT(bits_differ(b16.dv, exact.dv, b16.dv.size()), 0u) << "dv" << at;
+    EXPECT_GT(bits_differ(b16.dg, exact.dg, b16.dg.size()), 0u) << "dg" << at;
+  }
   check_shape(6, RuleShape{1, 2, 128, 128, 6.0}, false, cuda::GdnProducts::kBf16);
-  check_shape(2, RuleShape{1, 2, 64, 64}, false, cuda::GdnProducts::kBf16);
+  // At dk not a multiple of 16 the walks and the state products run exactly either way.
+  const EmuOut b16 = check_shape(3, RuleShape{1, 2, 72, 32}, false, cuda::GdnProducts::kBf16),
+               exact = check_shape(3, RuleShape{1, 2, 72, 32});
+  EXPECT_EQ(bits_differ(b16.dq, exact.dq, b16.dq.size()), 0u) << "dq, dk 72";
+  EXPECT_EQ(bits_differ(b16.dg, exact.dg, b16.dg.size()), 0u) << "dg, dk 72";
 }
 // The same with every copy landing when issued: the walks must not refill a stage still read.
 TEST(GdnEmulated, DeltaRuleAtHeadDim128WithCopiesLandingAtIssue) {

@@ -205,8 +205,8 @@ TEST_F(GdnOps, DeltaRuleForwardMatchesTheRecurrentOracle) {
 // within kBf16Products (gdn_cases.h), forward and backward, where its error has the longest to
 // build up: a 4,096-row sequence (64 chunks) with slow decays (e^-0.001 to e^-0.021 a row: the
 // state remembers ~100 to 1,000 rows) and a branch after it; kExact on the same input within its
-// own bounds (end states 1e-4) for comparison, and the two modes' outputs differ (the option
-// reaches the kernels).
+// own bounds (end states 1e-4) for comparison, and the two modes' o, dq and dg differ (the option
+// reaches the forward's and the backward's kernels).
 TEST_F(GdnOps, DeltaRuleWithBf16ProductsOnALongSequence) {
   std::mt19937_64 rng(4242);
   RuleCase rc(0, 0, 0, false, rng, RuleShape{1, 2, 128, 128, 0.02, {{-1, 4096}, {0, 300}, {0, 77}}, -0.001});
@@ -220,7 +220,8 @@ TEST_F(GdnOps, DeltaRuleWithBf16ProductsOnALongSequence) {
   cpu::gdn_tree_backward<double>(dq.data(), dk_.data(), dv_.data(), dg.data(), db.data(), nullptr, dO.data(), nullptr,
                                  rc.q.data(), rc.k.data(), rc.v.data(), rc.g.data(), rc.beta.data(), nullptr, rc.t);
   auto d_dO = to_device_bf16(dO);
-  std::vector<bf16> o_modes[2];
+  std::vector<bf16> o_modes[2], dq_modes[2];
+  std::vector<float> dg_modes[2];
   for (const cuda::GdnProducts products : {cuda::GdnProducts::kExact, cuda::GdnProducts::kBf16}) {
     const bool b16 = products == cuda::GdnProducts::kBf16;
     const std::string at = b16 ? " (bf16 products)" : " (exact products)";
@@ -239,7 +240,7 @@ TEST_F(GdnOps, DeltaRuleWithBf16ProductsOnALongSequence) {
                        nv, dk, dv, rc.scale, cuda::Workspace{wsb.data(), wsb.size()}, nullptr, /*accumulate=*/false,
                        products);
     sync_and_check();
-    o_modes[b16] = d_o.to_host();
+    o_modes[b16] = d_o.to_host(), dq_modes[b16] = g_q.to_host(), dg_modes[b16] = g_g.to_host();
     const double e_o = rel_l2(to_host(d_o), o), e_end = rel_l2(to_host(d_end), end), e_dq = rel_l2(to_host(g_q), dq),
                  e_dk = rel_l2(to_host(g_k), dk_), e_dv = rel_l2(to_host(g_v), dv_), e_dg = rel_l2(to_host(g_g), dg),
                  e_db = rel_l2(to_host(g_b), db);
@@ -255,7 +256,9 @@ TEST_F(GdnOps, DeltaRuleWithBf16ProductsOnALongSequence) {
                 "dbeta %.2e\n",
                 at.c_str(), e_o, e_end, e_dq, e_dk, e_dv, e_dg, e_db);
   }
-  EXPECT_GT(bits_differ(o_modes[0], o_modes[1], o_modes[0].size()), 0u) << "the products option changes nothing";
+  EXPECT_GT(bits_differ(o_modes[0], o_modes[1], o_modes[0].size()), 0u) << "o: the products option changes nothing";
+  EXPECT_GT(bits_differ(dq_modes[0], dq_modes[1], dq_modes[0].size()), 0u) << "dq: the option misses the backward";
+  EXPECT_GT(bits_differ(dg_modes[0], dg_modes[1], dg_modes[0].size()), 0u) << "dg: the option misses the backward";
 }
 
 // The delta rule's backward against the fp64 recurrent backward on RuleCase's trees, with
