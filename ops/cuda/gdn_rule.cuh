@@ -713,6 +713,16 @@ size_t walk_smem_bytes(int dk) {
 constexpr int kWalkHalfStride = kWalkCols + 8;  // bf16 row stride of S's and v_new's halves (ldmatrix: no conflicts)
 constexpr int kWalkUStride = kWalkCols + 8;     // fp32 row stride of the U stage (8 floats of padding)
 
+// (x0, x1) as a product's operand parts: bf16 high and low halves (split_bf16x2), or with kBf16
+// (GdnProducts::kBf16) the high half alone, x rounded to bf16 (lo left as it was, never read).
+template <bool kBf16>
+__device__ __forceinline__ void bf16_parts(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  if constexpr (kBf16)
+    hi = attn::pack_bf16x2(x0, x1);
+  else
+    split_bf16x2(x0, x1, hi, lo);
+}
+
 // A walk's state tile in registers (the mma accumulators of rows row0 + gq (+8), columns 8 n + 2 tq
 // (+1), n < 4) to shared memory as bf16 high and low halves (kWalkHalfStride), the B operand of the
 // next products; with kBf16 (GdnProducts::kBf16) the high half only, S rounded to bf16.
@@ -724,11 +734,8 @@ __device__ __forceinline__ void walk_state_to_halves(bf16* hi, bf16* lo, const f
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int off = (row0 + gq + 8 * half) * kWalkHalfStride + 8 * n + 2 * tq;
-      if constexpr (kBf16)
-        *reinterpret_cast<uint32_t*>(hi + off) = attn::pack_bf16x2(S[n][2 * half], S[n][2 * half + 1]);
-      else
-        split_bf16x2(S[n][2 * half], S[n][2 * half + 1], *reinterpret_cast<uint32_t*>(hi + off),
-                     *reinterpret_cast<uint32_t*>(lo + off));
+      bf16_parts<kBf16>(S[n][2 * half], S[n][2 * half + 1], *reinterpret_cast<uint32_t*>(hi + off),
+                        *reinterpret_cast<uint32_t*>(lo + off));
     }
 }
 
@@ -1029,11 +1036,8 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
             *reinterpret_cast<float2*>(Vs + r * kWalkVsStride + col) = r < L ? make_float2(v0, v1) : make_float2(0.f, 0.f);
           else if (r < L)
             *reinterpret_cast<float2*>(p.vnew + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) = make_float2(v0, v1);
-          if constexpr (kBf16)
-            *reinterpret_cast<uint32_t*>(Vh + r * HS + col) = attn::pack_bf16x2(r < L ? d * v0 : 0.f, r < L ? d * v1 : 0.f);
-          else
-            split_bf16x2(r < L ? d * v0 : 0.f, r < L ? d * v1 : 0.f, *reinterpret_cast<uint32_t*>(Vh + r * HS + col),
-                         *reinterpret_cast<uint32_t*>(Vl + r * HS + col));
+          bf16_parts<kBf16>(r < L ? d * v0 : 0.f, r < L ? d * v1 : 0.f, *reinterpret_cast<uint32_t*>(Vh + r * HS + col),
+                            *reinterpret_cast<uint32_t*>(Vl + r * HS + col));
         }
       }
     }
@@ -1779,11 +1783,8 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
                       y1 = r < L ? u.y + d * acc[nn][2 * half + 1] : 0.f;
           if (r < L)
             *reinterpret_cast<float2*>(b.dvn + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) = make_float2(y0, y1);
-          if constexpr (kBf16)
-            *reinterpret_cast<uint32_t*>(Vh + r * HS + col) = attn::pack_bf16x2(y0, y1);
-          else
-            split_bf16x2(y0, y1, *reinterpret_cast<uint32_t*>(Vh + r * HS + col),
-                         *reinterpret_cast<uint32_t*>(Vl + r * HS + col));
+          bf16_parts<kBf16>(y0, y1, *reinterpret_cast<uint32_t*>(Vh + r * HS + col),
+                            *reinterpret_cast<uint32_t*>(Vl + r * HS + col));
         }
       }
     }
@@ -1923,13 +1924,8 @@ __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwd
     uint32_t sh[4], sl[4], dh[4], dl[4], o[2][4];  // dO: n8 tile n is o[n / 2][2 (n % 2)], [.. + 1]
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      if constexpr (kBf16) {
-        sh[j] = attn::pack_bf16x2(sx[j].x, sx[j].y);
-        dh[j] = attn::pack_bf16x2(dx[j].x, dx[j].y);
-      } else {
-        split_bf16x2(sx[j].x, sx[j].y, sh[j], sl[j]);
-        split_bf16x2(dx[j].x, dx[j].y, dh[j], dl[j]);
-      }
+      bf16_parts<kBf16>(sx[j].x, sx[j].y, sh[j], sl[j]);
+      bf16_parts<kBf16>(dx[j].x, dx[j].y, dh[j], dl[j]);
       if (warp < 4) sds = fmaf(sx[j].x, dx[j].x, fmaf(sx[j].y, dx[j].y, sds));  // 0 past R
     }
     if (k0 + 16 < dv) {
@@ -1946,13 +1942,8 @@ __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwd
       for (int jj = 0; jj < 2; ++jj) {
         const int at = (a0 + 8 * n + gq) * fs + k0 + 2 * tq + 8 * jj;
         const float2 v = *reinterpret_cast<const float2*>(Vn + at), r = *reinterpret_cast<const float2*>(Dvn + at);
-        if constexpr (kBf16) {
-          vh[jj] = attn::pack_bf16x2(v.x, v.y);
-          rh[jj] = attn::pack_bf16x2(r.x, r.y);
-        } else {
-          split_bf16x2(v.x, v.y, vh[jj], vl[jj]);
-          split_bf16x2(r.x, r.y, rh[jj], rl[jj]);
-        }
+        bf16_parts<kBf16>(v.x, v.y, vh[jj], vl[jj]);
+        bf16_parts<kBf16>(r.x, r.y, rh[jj], rl[jj]);
       }
       mma::mma_16816(sdo[n], sh, o[n / 2][2 * (n % 2)], o[n / 2][2 * (n % 2) + 1]);
       mma::mma_16816(dsv[n], dh, vh[0], vh[1]);

@@ -73,6 +73,19 @@ inline ::testing::AssertionResult close_bf16(const std::string& name, const std:
 // (the delta rule's update contracts it: no chunk's error is amplified): 2^-7.
 constexpr double kBf16Products = 2 * kBf16U;
 
+// The delta rule's backward errors (normwise relative L2 against the oracle) within their bounds:
+// the bf16 outputs (dq, dk, dv) 2 x 2^-8 and the fp32 ones (dg, dbeta) 1e-3 with exact products,
+// each kBf16Products with bf16 products.
+inline void expect_rule_grads(bool bf16_products, double dq, double dk, double dv, double dg, double dbeta,
+                              const std::string& at) {
+  const double out16 = bf16_products ? kBf16Products : 2 * kBf16U, out32 = bf16_products ? kBf16Products : 1e-3;
+  EXPECT_LE(dq, out16) << "dq" << at;
+  EXPECT_LE(dk, out16) << "dk" << at;
+  EXPECT_LE(dv, out16) << "dv" << at;
+  EXPECT_LE(dg, out32) << "dg" << at;
+  EXPECT_LE(dbeta, out32) << "dbeta" << at;
+}
+
 // The row ops' forest (one row whose conv input gradient gathers from many branches).
 inline Forest awkward_forest(uint64_t seed) {
   std::mt19937_64 rng(seed);

@@ -173,13 +173,8 @@ EmuOut check_shape(uint64_t seed, RuleShape shape, bool copies_at_issue = false,
   const double e_dq = rel_l2(doubles(got.dq), dq), e_dk = rel_l2(doubles(got.dk), dk_),
                e_dv = rel_l2(doubles(got.dv), dv_), e_dg = rel_l2(doubles(got.dg), dg),
                e_db = rel_l2(doubles(got.db), db), e_di = rel_l2(doubles(got.di), di);
-  const double bf16_bound = b16 ? kBf16Products : 2 * kBf16U, f32_bound = b16 ? kBf16Products : 1e-3;
-  EXPECT_LE(e_dq, bf16_bound) << "dq" << at;
-  EXPECT_LE(e_dk, bf16_bound) << "dk" << at;
-  EXPECT_LE(e_dv, bf16_bound) << "dv" << at;
-  EXPECT_LE(e_dg, f32_bound) << "dg" << at;
-  EXPECT_LE(e_db, f32_bound) << "dbeta" << at;
-  EXPECT_LE(e_di, f32_bound) << "d_init" << at;
+  expect_rule_grads(b16, e_dq, e_dk, e_dv, e_dg, e_db, at);
+  EXPECT_LE(e_di, b16 ? kBf16Products : 1e-3) << "d_init" << at;
   std::printf("[ errors   ] emulated delta rule backward%s: rel L2 dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e "
               "d_init %.2e\n",
               at.c_str(), e_dq, e_dk, e_dv, e_dg, e_db, e_di);
