@@ -14,6 +14,7 @@
 #include <functional>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <type_traits>
 #include <string>
 #include <vector>
@@ -637,8 +638,9 @@ void bench_gemm_algos(const std::vector<int>& tokens) {
 // tokens, 32 value heads of 128 (16 key heads), as one sequence, a GRPO group (a 2,048-token
 // prompt and 16 responses of 1,920) and a comb (a 1,024-token prefix, 64 steps of a 128-token
 // history node with a 256-token leaf), forward and backward. FLOPs: the layer kind's model count,
-// 4 dk dv multiply-adds per token and value head (twice that for the backward).
-void bench_gdn() {
+// 4 dk dv multiply-adds per token and value head (twice that for the backward). `mode` ("exact",
+// "bf16" or empty for both) picks the product modes timed, so ncu can profile one mode's launches.
+void bench_gdn(const std::string& mode_only) {
   const int nk = 16, nv = 32, dk = 128, dv = 128;
   struct Tree {
     std::string name;
@@ -685,7 +687,9 @@ void bench_gdn() {
     DeviceBuffer<char> wsb(tt::cuda::gdn_backward_workspace_bytes(plan, nv, dk, dv));
     // Both product modes of the walks (ops/cuda/gdn.h GdnProducts), side by side.
     for (const tt::cuda::GdnProducts products : {tt::cuda::GdnProducts::kExact, tt::cuda::GdnProducts::kBf16}) {
-      const std::string mode = products == tt::cuda::GdnProducts::kBf16 ? ", bf16 products" : "";
+      const bool bf16_products = products == tt::cuda::GdnProducts::kBf16;
+      if (!mode_only.empty() && mode_only != (bf16_products ? "bf16" : "exact")) continue;
+      const std::string mode = bf16_products ? ", bf16 products" : "";
       report_flops("gdn_forward (" + t.name + mode + ")", dims({N, nv, dk}), 2.0 * 4 * N * nv * (double)dk * dv, [&] {
         tt::cuda::gdn_forward(o.data(), nullptr, q.data(), k.data(), v.data(), g.data(), beta.data(), nullptr, plan,
                               nk, nv, dk, dv, 1.0 / std::sqrt((double)dk), tt::cuda::Workspace{ws.data(), ws.size()},
@@ -728,7 +732,12 @@ int main(int argc, char** argv) {
     if (only == "overlap") bench_overlap();
     if (only == "gemm_tokens") bench_gemm_tokens();
     if (only == "gemm_algos") bench_gemm_algos({14720, 15872, 17536, 13568});
-    if (only == "gdn") bench_gdn();
+    if (only == "gdn") {
+      const std::string mode = argc > 2 ? argv[2] : "";
+      if (mode != "" && mode != "exact" && mode != "bf16")
+        throw std::runtime_error("gdn: expected the product mode 'exact' or 'bf16' (or none: both), got '" + mode + "'");
+      bench_gdn(mode);
+    }
     TT_CUDA_CHECK(cudaStreamSynchronize(g_stream));
     std::printf("\n%-30s %-36s %10s %10s %8s %9s\n", "op", "shape", "median ms", "GB/s", "% copy", "TFLOP/s");
     for (const Row& r : g_rows) {
