@@ -71,12 +71,16 @@ struct RuleParams {
   float* T;  // (chunks, nv, 64, 64) T = (I + A)^-1 per chunk, for the backward (rule_bwd_grad_kernel); or null
   float* P;   // (chunks, nv, 64, 64) the masked scores (chunk_scores) for the walk that writes o; or null
   float* PT;  // (chunks, nv, 64, 64) scale P^T for the tensor-core reverse walk's dO terms; or null
+              // (P and PT: fp32, or with GdnProducts::kBf16 bf16 in the buffer's first half, p_bf16)
   bf16* o;
   int nk, nv, dk, dv;
   float scale;
   int num_chunks;
   int rows;  // packed rows N
 };
+
+// The scores P or PT as (chunks, nv, 64, 64) bf16, GdnProducts::kBf16's (RuleParams::P).
+__host__ __device__ inline bf16* p_bf16(float* P) { return reinterpret_cast<bf16*>(P); }
 
 // dst (R rows, default 64, of `cols` elements of T at a stride of `stride`) <- rows r0 .. r0 + L of src, row r
 // at src + (r0 + r) * row_pitch; rows >= L zero-filled. cols * sizeof(T) a multiple of 16. The
@@ -465,10 +469,14 @@ __device__ __forceinline__ int balanced_row_block(int warp) { return (0x32230110
 // even warps U, odd warps W, 16 rows each (balanced_row_block), 64 columns a pass so three blocks
 // fit a multiprocessor (80 registers; 16 columns a pass and two blocks: 0.87 ms against 0.77 here).
 // kHalves: w_as_halves(p.dk) (one instantiation each: both W paths in one kernel spill at its
-// 80-register cap).
+// 80-register cap). kBf16 (GdnProducts::kBf16, with kHalves: the walks that read these take one
+// bf16 mma a product): -W's high plane only, and the scores P or PT as bf16 (p_bf16), each value
+// the bits the walk would round it to (both round to nearest even); -W's low plane is left
+// unwritten. A third of the prep's output bytes fewer, and the walks stage half the scores' bytes.
 constexpr int kPrepTiles = 8, kPrepBlocks = 3;
-template <bool kHalves>
+template <bool kHalves, bool kBf16 = false>
 __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(RuleParams p) {
+  static_assert(kHalves || !kBf16, "bf16 products only where W is stored as halves");
   TT_EXTERN_SMEM_16(smem);
   const ChunkPart cp = chunk_part(1);
   const int c = cp.c, h = cp.h, kh = h / (p.nv / p.nk);
@@ -510,15 +518,24 @@ __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(Ru
     for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x) sw[r] = bet[r] * __expf(gam[r]);
   }
   if (p.P) {  // the scores (dk a multiple of 16, walk_writes_outputs)
-    float* dst = p.P + ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
+    const int64_t at = ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
     chunk_scores(Qb, Kb, gam, dk, L, [&](int r, int s, float x0, float x1) {
-      *reinterpret_cast<float2*>(dst + r * kGdnChunk + s) = make_float2(x0, x1);
+      if constexpr (kBf16)
+        *reinterpret_cast<uint32_t*>(p_bf16(p.P) + at + r * kGdnChunk + s) = attn::pack_bf16x2(x0, x1);
+      else
+        *reinterpret_cast<float2*>(p.P + at + r * kGdnChunk + s) = make_float2(x0, x1);
     });
   } else if (p.PT) {  // the backward's: transposed and scaled
-    float* dst = p.PT + ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
+    const int64_t at = ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
     chunk_scores(Qb, Kb, gam, dk, L, [&](int r, int s, float x0, float x1) {
-      dst[s * kGdnChunk + r] = p.scale * x0;
-      dst[(s + 1) * kGdnChunk + r] = p.scale * x1;
+      if constexpr (kBf16) {
+        bf16* dst = p_bf16(p.PT) + at;
+        dst[s * kGdnChunk + r] = __float2bfloat16_rn(p.scale * x0);
+        dst[(s + 1) * kGdnChunk + r] = __float2bfloat16_rn(p.scale * x1);
+      } else {
+        p.PT[at + s * kGdnChunk + r] = p.scale * x0;
+        p.PT[at + (s + 1) * kGdnChunk + r] = p.scale * x1;
+      }
     });
   }
   __syncthreads();  // A is masked; q's rows are read (T's bytes are free)
@@ -541,7 +558,9 @@ __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(Ru
     } else {  // fp32 rows, or (w_as_halves) two bf16 planes of -W's halves
       chunk_lower_apply<kPrepTiles>([&](int r, int col, float x0, float x1) {
         const int64_t at = (row0 + (int64_t)r * p.nv) * dk + col;
-        if constexpr (kHalves) {
+        if constexpr (kBf16) {
+          *reinterpret_cast<uint32_t*>(reinterpret_cast<bf16*>(p.W) + at) = attn::pack_bf16x2(-x0, -x1);
+        } else if constexpr (kHalves) {
           bf16* Wh = reinterpret_cast<bf16*>(p.W);
           split_bf16x2(-x0, -x1, *reinterpret_cast<uint32_t*>(Wh + at),
                        *reinterpret_cast<uint32_t*>(Wh + (int64_t)p.rows * p.nv * dk + at));
@@ -739,18 +758,6 @@ __device__ __forceinline__ void walk_state_to_halves(bf16* hi, bf16* lo, const f
     }
 }
 
-// An m16n8k16 A fragment (rows m0 + gq (+8), columns k0 + 2 tq (+1, +8, +9)) of an fp32 matrix
-// given pairwise by pair(row, col), rounded to bf16 (GdnProducts::kBf16's one part).
-template <class Pair>
-__device__ __forceinline__ void bf16_a_fragment(uint32_t (&a)[4], int m0, int k0, Pair&& pair) {
-  const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 x = pair(m0 + gq + 8 * (j % 2), k0 + 2 * tq + 8 * (j / 2));
-    a[j] = attn::pack_bf16x2(x.x, x.y);
-  }
-}
-
 // f(n, half, at) for each pair of a walk's state tile this thread holds (rows row0 + gq + 8 half,
 // columns 8 n + 2 tq, +1: S[n][2 half] and S[n][2 half + 1]), at the pair's offset in a global
 // (dk, dv) state from column j0.
@@ -793,6 +800,11 @@ struct WalkMmaStage {
   __device__ const bf16* k8(int s, int i) const { return K + s * rs + i; }  // 8 keys from (s, i)
   __device__ const bf16* q8(int s, int i) const { return Q + s * rs + i; }  // 8 queries from (s, i)
   __device__ float2 p2(int r, int s) const { return *reinterpret_cast<const float2*>(P + r * kPairStride + s); }
+  // (P_rs, P_r,s+1) as a packed bf16 pair, s even (GdnProducts::kBf16: P's tile holds bf16 rows at
+  // kRowStride, the same bytes as fp32 rows at kPairStride)
+  __device__ uint32_t pb2(int r, int s) const {
+    return *reinterpret_cast<const uint32_t*>(reinterpret_cast<const bf16*>(P) + r * kRowStride + s);
+  }
   __device__ float u(int r, int c) const { return U[r * kWalkUStride + c]; }
 };
 
@@ -819,7 +831,8 @@ __device__ __forceinline__ unsigned char* align_up_1024(unsigned char* p) {
 
 // The TMA descriptors of the walk's stage (dk = 128): -W's halves (two (N, nv, 128) bf16 planes),
 // k and q (N, nk, 128) bf16 in boxes of 64 columns, U (N, nv, dv) fp32 in boxes of kWalkCols, 64
-// rows a box; the scores P ((chunks nv 64, 1, 64) fp32, RuleParams::P) in boxes of 32 columns.
+// rows a box; the scores P ((chunks nv 64, 1, 64) fp32, RuleParams::P) in boxes of 32 columns, or
+// (GdnProducts::kBf16) bf16 in one box of 64.
 struct WalkMaps {
   CUtensorMap Wh, Wl, K, Q, P, U;
 };
@@ -862,25 +875,33 @@ struct WalkTmaStage {
   __device__ float2 p2(int r, int s) const {  // (P_rs, P_r,s+1), s even: one 8-byte read in a 16-byte unit
     return *reinterpret_cast<const float2*>(P + s / 32 * (kGdnChunk * 32) + swizzle128<4>(r, s % 32));
   }
+  __device__ uint32_t pb2(int r, int s) const {  // the same pair in bf16 (GdnProducts::kBf16: one (64, 64) box)
+    return *reinterpret_cast<const uint32_t*>(reinterpret_cast<const bf16*>(P) + swizzle128<2>(r, s));
+  }
   __device__ float u(int r, int c) const { return U[swizzle128<4>(r, c)]; }
 };
 
 // Issues the stage of chunk ci (all threads: gam's cp.async; thread 0: the TMA boxes onto bar).
-// kBf16 (GdnProducts::kBf16): -W's high half only (the low half's tile stays unread).
+// kBf16 (GdnProducts::kBf16): -W's high half only (the low half's tile stays unread), the scores
+// in bf16 (half their fp32 tile).
 template <bool kBf16, bool kQ>
 __device__ __forceinline__ void walk_mma_prefetch(const WalkTmaStage<kQ>& st, uint64_t* bar, const RuleParams& p,
                                                   const WalkMaps& maps, const ChunkInfo& ci, int h, int kh, int j0) {
   namespace sm90 = attn::sm90;
   if (threadIdx.x == 0) {
-    sm90::mbar_expect_tx(bar, WalkTmaStage<kQ>::kTx - (kBf16 ? WalkTmaStage<kQ>::kT : 0));
+    sm90::mbar_expect_tx(bar, WalkTmaStage<kQ>::kTx - (kBf16 ? WalkTmaStage<kQ>::kT + WalkTmaStage<kQ>::kP / 2 : 0));
     tma_load_rows128(st.Wh, &maps.Wh, h, ci.r0, bar);
     if constexpr (!kBf16) tma_load_rows128(st.Wl, &maps.Wl, h, ci.r0, bar);
     tma_load_rows128(st.K, &maps.K, kh, ci.r0, bar);
     if constexpr (kQ) {
       tma_load_rows128(st.Q, &maps.Q, kh, ci.r0, bar);
       const int row = (ci.c * p.nv + h) * kGdnChunk;  // the chunk's scores: rows of (chunks nv 64, 64)
+      if constexpr (kBf16) {
+        sm90::tma_load_3d(st.P, &maps.P, 0, 0, row, bar);
+      } else {
 #pragma unroll
-      for (int a = 0; a < 2; ++a) sm90::tma_load_3d(st.P + a * (kGdnChunk * 32), &maps.P, 32 * a, 0, row, bar);
+        for (int a = 0; a < 2; ++a) sm90::tma_load_3d(st.P + a * (kGdnChunk * 32), &maps.P, 32 * a, 0, row, bar);
+      }
     }
     sm90::tma_load_3d(st.U, &maps.U, j0, h, ci.r0, bar);
   }
@@ -897,8 +918,11 @@ __device__ __forceinline__ void walk_mma_prefetch(const WalkMmaStage<kQ>& st, ui
   load_chunk_rows(st.K, st.rs, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
   if constexpr (kQ) {
     load_chunk_rows(st.Q, st.rs, p.q + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
-    load_chunk_rows(st.P, kPairStride, p.P + ((int64_t)ci.c * p.nv + h) * kGdnChunk * kGdnChunk, kGdnChunk, 0,
-                    kGdnChunk, kGdnChunk);
+    const int64_t at = ((int64_t)ci.c * p.nv + h) * kGdnChunk * kGdnChunk;
+    if constexpr (kBf16)
+      load_chunk_rows(reinterpret_cast<bf16*>(st.P), kRowStride, p_bf16(p.P) + at, kGdnChunk, 0, kGdnChunk, kGdnChunk);
+    else
+      load_chunk_rows(st.P, kPairStride, p.P + at, kGdnChunk, 0, kGdnChunk, kGdnChunk);
   }
   load_chunk_rows_fixed<kWalkCols>(st.U, kWalkUStride, p.U + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L);
   load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
@@ -1078,8 +1102,9 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
       float small[2][4] = {};  // the three products of order 2^-16 of a term: a second chain, half as deep
       for (int k0 = 0; k0 <= vm; k0 += 16) {  // P is zero right of the diagonal block
         if constexpr (kBf16) {
-          uint32_t pa[4];
-          bf16_a_fragment(pa, vm, k0, [&](int r, int s) { return st.p2(r, s); });
+          uint32_t pa[4];  // A (r, s) = P_rs, as the prep rounded it
+#pragma unroll
+          for (int j = 0; j < 4; ++j) pa[j] = st.pb2(vm + gq + 8 * (j % 2), k0 + 2 * tq + 8 * (j / 2));
 #pragma unroll
           for (int nn = 0; nn < 2; ++nn) {  // B (s, j) = v_new[s][j] in bf16, rows k0 + 2 tq (+1, +8, +9)
             const float* v = Vs + (k0 + 2 * tq) * kWalkVsStride + vn + 8 * nn + gq;
@@ -1569,6 +1594,9 @@ struct BwdWalkMmaStage {
   __device__ const bf16* k8(int s, int i) const { return K + s * kRowStride + i; }
   __device__ const bf16* q8(int a, int i) const { return Q + a * kRowStride + i; }  // 8 of q_a from i
   __device__ float2 pt2(int r, int a) const { return *reinterpret_cast<const float2*>(PT + r * kPairStride + a); }
+  __device__ uint32_t ptb2(int r, int a) const {  // the pair in bf16 (GdnProducts::kBf16: rows at kRowStride)
+    return *reinterpret_cast<const uint32_t*>(reinterpret_cast<const bf16*>(PT) + r * kRowStride + a);
+  }
   __device__ const bf16* do8(int a, int j) const { return dO + a * kBwdDoStride + j; }
 };
 
@@ -1603,10 +1631,13 @@ struct BwdWalkTmaStage {
   __device__ float2 pt2(int r, int a) const {
     return *reinterpret_cast<const float2*>(PT + a / 32 * (kGdnChunk * 32) + swizzle128<4>(r, a % 32));
   }
+  __device__ uint32_t ptb2(int r, int a) const {  // the pair in bf16 (GdnProducts::kBf16: one (64, 64) box)
+    return *reinterpret_cast<const uint32_t*>(reinterpret_cast<const bf16*>(PT) + swizzle128<2>(r, a));
+  }
   __device__ const bf16* do8(int a, int j) const { return dO + a * kBwdDoStride + j; }
 };
 
-// kBf16 (GdnProducts::kBf16): -W's high half only.
+// kBf16 (GdnProducts::kBf16): -W's high half only, PT in bf16.
 template <bool kBf16>
 __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkTmaStage& st, uint64_t* bar, const RuleBwdParams& b,
                                                       const BwdWalkMaps& maps, const ChunkInfo& ci, int h, int kh,
@@ -1614,14 +1645,18 @@ __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkTmaStage& st,
   namespace sm90 = attn::sm90;
   const RuleParams& p = b.f;
   if (threadIdx.x == 0) {
-    sm90::mbar_expect_tx(bar, BwdWalkTmaStage::kTx - (kBf16 ? BwdWalkTmaStage::kT : 0));
+    sm90::mbar_expect_tx(bar, BwdWalkTmaStage::kTx - (kBf16 ? BwdWalkTmaStage::kT + BwdWalkTmaStage::kPT / 2 : 0));
     tma_load_rows128(st.Wh, &maps.Wh, h, ci.r0, bar);
     if constexpr (!kBf16) tma_load_rows128(st.Wl, &maps.Wl, h, ci.r0, bar);
     tma_load_rows128(st.K, &maps.K, kh, ci.r0, bar);
     tma_load_rows128(st.Q, &maps.Q, kh, ci.r0, bar);
+    if constexpr (kBf16) {
+      sm90::tma_load_3d(st.PT, &maps.PT, 0, 0, (ci.c * p.nv + h) * kGdnChunk, bar);
+    } else {
 #pragma unroll
-    for (int a = 0; a < 2; ++a)
-      sm90::tma_load_3d(st.PT + a * (kGdnChunk * 32), &maps.PT, 32 * a, 0, (ci.c * p.nv + h) * kGdnChunk, bar);
+      for (int a = 0; a < 2; ++a)
+        sm90::tma_load_3d(st.PT + a * (kGdnChunk * 32), &maps.PT, 32 * a, 0, (ci.c * p.nv + h) * kGdnChunk, bar);
+    }
   }
   load_chunk_rows_fixed<kWalkCols>(st.dO, kBwdDoStride, b.d_o + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, ci.r0,
                                    ci.L);
@@ -1639,8 +1674,11 @@ __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkMmaStage& st,
   if constexpr (!kBf16) load_chunk_rows(st.Wl, kRowStride, Wh + plane, (int64_t)p.nv * p.dk, r0, L, p.dk);
   load_chunk_rows(st.K, kRowStride, p.k + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
   load_chunk_rows(st.Q, kRowStride, p.q + (int64_t)kh * p.dk, (int64_t)p.nk * p.dk, r0, L, p.dk);
-  load_chunk_rows(st.PT, kPairStride, p.PT + ((int64_t)ci.c * p.nv + h) * kGdnChunk * kGdnChunk, kGdnChunk, 0, kGdnChunk,
-                  kGdnChunk);
+  const int64_t at = ((int64_t)ci.c * p.nv + h) * kGdnChunk * kGdnChunk;
+  if constexpr (kBf16)
+    load_chunk_rows(reinterpret_cast<bf16*>(st.PT), kRowStride, p_bf16(p.PT) + at, kGdnChunk, 0, kGdnChunk, kGdnChunk);
+  else
+    load_chunk_rows(st.PT, kPairStride, p.PT + at, kGdnChunk, 0, kGdnChunk, kGdnChunk);
   load_chunk_rows_fixed<kWalkCols>(st.dO, kBwdDoStride, b.d_o + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, r0, L);
   load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
 }
@@ -1742,8 +1780,9 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
         uint32_t d[4];  // B (a, j) = dO[a][j]: n8 tiles vn and vn + 8
         mma::ldsm_x4_trans(d, st.do8(k0 + lane % 8 + 8 * (lane / 8 % 2), vn + 8 * (lane / 16)));
         if constexpr (kBf16) {
-          uint32_t pa[4];
-          bf16_a_fragment(pa, vm, k0, [&](int r, int a) { return st.pt2(r, a); });
+          uint32_t pa[4];  // A (r, a) = scale PT_ra, as the prep rounded it
+#pragma unroll
+          for (int j = 0; j < 4; ++j) pa[j] = st.ptb2(vm + gq + 8 * (j % 2), k0 + 2 * tq + 8 * (j / 2));
 #pragma unroll
           for (int nn = 0; nn < 2; ++nn) mma::mma_16816(loc[nn], pa, d[2 * nn], d[2 * nn + 1]);
         } else {
@@ -2608,7 +2647,7 @@ RuleParams rule_params(const bf16* q, const bf16* k, const bf16* v, const float*
 
 // The TMA descriptors of rule_walk_mma_kernel<128>'s stages (WalkTmaStage).
 template <class Runner>
-WalkMaps walk_maps(const RuleParams& p, Runner& run) {
+WalkMaps walk_maps(const RuleParams& p, Runner& run, bool bf16_scores) {
   WalkMaps m{};
   const bf16* Wh = reinterpret_cast<const bf16*>(p.W);  // w_as_halves: two bf16 planes
   m.Wh = run.map(Wh, p.rows, p.nv, 128, 64, kGdnChunk);
@@ -2616,7 +2655,9 @@ WalkMaps walk_maps(const RuleParams& p, Runner& run) {
   m.K = run.map(p.k, p.rows, p.nk, 128, 64, kGdnChunk);
   if (p.P) {  // the walk that writes o (kOut)
     m.Q = run.map(p.q, p.rows, p.nk, 128, 64, kGdnChunk);
-    m.P = run.map(p.P, (int64_t)p.num_chunks * p.nv * kGdnChunk, 1, kGdnChunk, 32, kGdnChunk);
+    const int64_t rows = (int64_t)p.num_chunks * p.nv * kGdnChunk;
+    m.P = bf16_scores ? run.map(p_bf16(p.P), rows, 1, kGdnChunk, kGdnChunk, kGdnChunk)
+                      : run.map(p.P, rows, 1, kGdnChunk, 32, kGdnChunk);
   }
   m.U = run.map(p.U, p.rows, p.nv, p.dv, kWalkCols, kGdnChunk);
   return m;
@@ -2624,7 +2665,7 @@ WalkMaps walk_maps(const RuleParams& p, Runner& run) {
 
 // The TMA descriptors of rule_bwd_walk_mma_kernel<128>'s stages (BwdWalkTmaStage).
 template <class Runner>
-BwdWalkMaps bwd_walk_maps(const RuleBwdParams& b, Runner& run) {
+BwdWalkMaps bwd_walk_maps(const RuleBwdParams& b, Runner& run, bool bf16_scores) {
   const RuleParams& p = b.f;
   BwdWalkMaps m{};
   const bf16* Wh = reinterpret_cast<const bf16*>(p.W);  // as walk_maps
@@ -2632,7 +2673,9 @@ BwdWalkMaps bwd_walk_maps(const RuleBwdParams& b, Runner& run) {
   m.Wl = run.map(Wh + (int64_t)p.rows * p.nv * 128, p.rows, p.nv, 128, 64, kGdnChunk);
   m.K = run.map(p.k, p.rows, p.nk, 128, 64, kGdnChunk);
   m.Q = run.map(p.q, p.rows, p.nk, 128, 64, kGdnChunk);
-  m.PT = run.map(p.PT, (int64_t)p.num_chunks * p.nv * kGdnChunk, 1, kGdnChunk, 32, kGdnChunk);
+  const int64_t rows = (int64_t)p.num_chunks * p.nv * kGdnChunk;
+  m.PT = bf16_scores ? run.map(p_bf16(p.PT), rows, 1, kGdnChunk, kGdnChunk, kGdnChunk)
+                     : run.map(p.PT, rows, 1, kGdnChunk, 32, kGdnChunk);
   return m;
 }
 
@@ -2648,7 +2691,9 @@ auto walk_mma_instance(bool out, GdnProducts products) {
 
 template <class Runner>
 void rule_prep_and_walk(const RuleParams& p, Runner& run, bool out, GdnProducts products) {
-  run.launch(w_as_halves(p.dk) ? rule_prep_kernel<true> : rule_prep_kernel<false>,
+  // The bf16 walks (dk a multiple of 16: w_as_halves) read -W's high plane and bf16 scores.
+  const bool b16 = products == GdnProducts::kBf16 && w_as_halves(p.dk);
+  run.launch(b16 ? rule_prep_kernel<true, true> : w_as_halves(p.dk) ? rule_prep_kernel<true> : rule_prep_kernel<false>,
              chunk_parts_grid(p.num_chunks, p.nv, 1), kRuleThreads, prep_smem_bytes(), p);
   const dim3 grid(p.nv, p.dv / kWalkCols);
   TT_CHECK(!out || walk_writes_outputs(p.dk), "gdn: the walk writes o only at dk a multiple of 16, got ", p.dk);
@@ -2656,7 +2701,7 @@ void rule_prep_and_walk(const RuleParams& p, Runner& run, bool out, GdnProducts 
     run.launch(rule_walk_kernel, grid, kRuleThreads, walk_smem_bytes(p.dk), p);
   else if (p.dk == 128)
     run.launch(walk_mma_instance<128>(out, products), grid, kRuleThreads, walk_mma_smem_bytes(p.dk, out), p,
-               walk_maps(p, run));
+               walk_maps(p, run, b16));
   else
     run.launch(walk_mma_instance<0>(out, products), grid, kRuleThreads, walk_mma_smem_bytes(p.dk, out), p, WalkMaps{});
 }
@@ -2718,7 +2763,8 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
     run.launch(rule_bwd_walk_kernel, walk_grid, kRuleThreads, bwd_walk_smem_bytes(dk_), b);
   else if (dk_ == 128)
     run.launch(products == GdnProducts::kBf16 ? rule_bwd_walk_mma_kernel<128, true> : rule_bwd_walk_mma_kernel<128, false>,
-               walk_grid, kRuleThreads, bwd_walk_mma_smem_bytes(dk_), b, bwd_walk_maps(b, run));
+               walk_grid, kRuleThreads, bwd_walk_mma_smem_bytes(dk_), b,
+               bwd_walk_maps(b, run, products == GdnProducts::kBf16));
   else
     run.launch(products == GdnProducts::kBf16 ? rule_bwd_walk_mma_kernel<0, true> : rule_bwd_walk_mma_kernel<0, false>,
                walk_grid, kRuleThreads, bwd_walk_mma_smem_bytes(dk_), b, BwdWalkMaps{});

@@ -69,11 +69,13 @@ std::vector<double> doubles(const std::vector<T>& x) {
   return y;
 }
 
-// Host memory standing for a device workspace, 256-byte aligned as the allocator's blocks are.
+// Host memory standing for a device workspace, 256-byte aligned as the allocator's blocks are,
+// every byte 0xff (a NaN in fp32 and in bf16): scratch a kernel reads before any kernel wrote it
+// (e.g. -W's low plane, which the bf16 prep leaves unwritten) would reach the outputs.
 struct HostWorkspace {
   std::vector<char> raw;
   cuda::Workspace ws;
-  explicit HostWorkspace(size_t bytes) : raw(bytes + 256) {
+  explicit HostWorkspace(size_t bytes) : raw(bytes + 256, (char)0xff) {
     ws = cuda::Workspace{raw.data() + (256 - reinterpret_cast<uintptr_t>(raw.data()) % 256) % 256, bytes};
   }
 };
