@@ -67,7 +67,7 @@ struct RuleParams {
   const bf16 *q, *k, *v, *beta;
   const float* g;  // (N, nv) fp32 log decays
   const float* init;
-  float *U, *W, *gam, *vnew, *sin, *node_end;  // W: as w_as_halves says
+  float *U, *W, *gam, *vnew, *sin, *node_end;  // W: as w_as_halves says; sin: fp32, or bf16 (p_bf16) with GdnProducts::kBf16
   float* T;  // (chunks, nv, 64, 64) T = (I + A)^-1 per chunk, for the backward (rule_bwd_grad_kernel); or null
   float* P;   // (chunks, nv, 64, 64) the masked scores (chunk_scores) for the walk that writes o; or null
   float* PT;  // (chunks, nv, 64, 64) scale P^T for the tensor-core reverse walk's dO terms; or null
@@ -79,7 +79,8 @@ struct RuleParams {
   int rows;  // packed rows N
 };
 
-// The scores P or PT as (chunks, nv, 64, 64) bf16, GdnProducts::kBf16's (RuleParams::P).
+// The scores P or PT as (chunks, nv, 64, 64) bf16, GdnProducts::kBf16's (RuleParams::P), and likewise
+// the backward's entering states and their gradients (sin, dsout): bf16 in the fp32 buffer's first half.
 __host__ __device__ inline bf16* p_bf16(float* P) { return reinterpret_cast<bf16*>(P); }
 
 // dst (R rows, default 64, of `cols` elements of T at a stride of `stride`) <- rows r0 .. r0 + L of src, row r
@@ -284,6 +285,21 @@ __device__ __forceinline__ void split_a_fragment_pairs(uint32_t (&hi)[4], uint32
 template <class At>
 __device__ __forceinline__ void split_a_fragment(uint32_t (&hi)[4], uint32_t (&lo)[4], int m0, int k0, At&& at) {
   split_a_fragment_pairs(hi, lo, m0, k0, [&](int r, int c) { return make_float2(at(r, c), at(r, c + 1)); });
+}
+
+// split_a_fragment, or with kBf16 (GdnProducts::kBf16) the high half alone: at rounded to bf16, lo
+// left as it was (never read), as bf16_parts for a single pair.
+template <bool kBf16, class At>
+__device__ __forceinline__ void a_fragment_parts(uint32_t (&hi)[4], uint32_t (&lo)[4], int m0, int k0, At&& at) {
+  const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int r = m0 + gq + 8 * (j % 2), c = k0 + 2 * tq + 8 * (j / 2);
+    if constexpr (kBf16)
+      hi[j] = attn::pack_bf16x2(at(r, c), at(r, c + 1));
+    else
+      split_bf16x2(at(r, c), at(r, c + 1), hi[j], lo[j]);
+  }
 }
 
 // The same fragment as three bf16 parts (split3_bf16x2: fp32's 24 bits), the fp32 matrix given
@@ -1002,7 +1018,15 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
                                      : (p.init && root >= 0 ? p.init + ((int64_t)root * p.nv + h) * SS : nullptr);
       state_io(nullptr, src);
     }
-    if constexpr (!kOut) state_io(p.sin + ((int64_t)c * p.nv + h) * SS, nullptr);
+    if constexpr (!kOut && kBf16) {  // the entering state as the bf16 state products round it (p_bf16's layout)
+      bf16* dst = p_bf16(p.sin) + ((int64_t)c * p.nv + h) * SS;
+      if (has_rows)
+        walk_state_pairs(si, dv, j0, [&](int n, int half, int64_t at) {
+          *reinterpret_cast<uint32_t*>(dst + at) = attn::pack_bf16x2(S[n][2 * half], S[n][2 * half + 1]);
+        });
+    } else if constexpr (!kOut) {
+      state_io(p.sin + ((int64_t)c * p.nv + h) * SS, nullptr);
+    }
     if (has_rows) walk_state_to_halves<kBf16>(Sh, Sl, S, si);
     if constexpr (kDk == 128) attn::sm90::mbar_wait(&bars[c & 1], (c >> 1) & 1);
     attn::cp_async_wait<1>();
@@ -1285,6 +1309,7 @@ struct RuleBwdParams {
   const float* d_end;           // (num_nodes, nv, dk, dv) or null
   float* d_init;                // (num_roots, nv, dk, dv) or null, +=
   float *dvn, *qo, *dsout, *acc;  // (N nv dv), (chunks nv dk dv; null at dk 16 k), (chunks nv dk dv), (nodes nv dk dv)
+                                  // (dsout: fp32, or bf16 (p_bf16) with GdnProducts::kBf16, as sin)
   float* db2;                   // (N, nv, dk): dW = -dvn S^T (rule_bwd_state_kernel)
   float *gq, *gk;               // (N, nv, dk) per value head
   float* sds;                   // (chunks, nv, ceil(dk / kStateRows)) partial <S, dS>
@@ -1746,8 +1771,16 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
       const float* de = b.d_end ? b.d_end + ((int64_t)n * p.nv + h) * SS : nullptr;
       each([&](int nn, int e, int64_t at) { dS[nn][e] = acc[at] + (de ? de[at] : 0.f); });
     }
-    float* out = b.dsout + ((int64_t)c * p.nv + h) * SS;
-    each([&](int nn, int e, int64_t at) { out[at] = dS[nn][e]; });
+    if constexpr (kBf16) {  // dS as the bf16 state products round it (p_bf16's layout)
+      bf16* out = p_bf16(b.dsout) + ((int64_t)c * p.nv + h) * SS;
+      if (has_rows)
+        walk_state_pairs(si, dv, j0, [&](int nn, int half, int64_t at) {
+          *reinterpret_cast<uint32_t*>(out + at) = attn::pack_bf16x2(dS[nn][2 * half], dS[nn][2 * half + 1]);
+        });
+    } else {
+      float* out = b.dsout + ((int64_t)c * p.nv + h) * SS;
+      each([&](int nn, int e, int64_t at) { out[at] = dS[nn][e]; });
+    }
     if (has_rows) walk_state_to_halves<kBf16>(Sh, Sl, dS, si);
     if constexpr (kDk == 128) attn::sm90::mbar_wait(&bars[step & 1], (step >> 1) & 1);
     attn::cp_async_wait<1>();
@@ -1918,7 +1951,9 @@ size_t bwd_walk_mma_smem_bytes(int dk) {
 // from global memory (L1), which keeps the block to two a multiprocessor: one block's loads run
 // under the other's products.
 constexpr int kStateRows = 64;
-// kBf16 (GdnProducts::kBf16): S, dS, v_new and dvn rounded to bf16, one mma a product.
+// kBf16 (GdnProducts::kBf16): S, dS, v_new and dvn rounded to bf16, one mma a product; S and dS
+// arrive so rounded (the bf16 walks store them in bf16, p_bf16's layout: half the bytes), and
+// <S, dS> sums their bf16 values.
 template <bool kBf16 = false>
 __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwdParams b) {
   TT_EXTERN_SMEM_16(smem);
@@ -1931,8 +1966,11 @@ __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwd
   float* Vn = Dvn + kGdnChunk * fs;            // (64, dv + 4)
   bf16* Db = reinterpret_cast<bf16*>(Vn + kGdnChunk * fs);  // (64, kRowStride)
   const int64_t SS = (int64_t)dk * dv;
-  const float* Sg = p.sin + ((int64_t)c * p.nv + h) * SS + (int64_t)i0 * dv;
-  const float* dSg = b.dsout + ((int64_t)c * p.nv + h) * SS + (int64_t)i0 * dv;
+  const int64_t s0 = ((int64_t)c * p.nv + h) * SS + (int64_t)i0 * dv;  // the block's first state element
+  const float* Sg = p.sin + s0;
+  const float* dSg = b.dsout + s0;
+  const bf16* Sb = p_bf16(p.sin) + s0;  // kBf16
+  const bf16* dSb = p_bf16(b.dsout) + s0;
   load_chunk_rows<true>(Dvn, fs, b.dvn + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
   load_chunk_rows<true>(Vn, fs, p.vnew + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
   load_chunk_rows<true>(Db, kRowStride, b.d_o + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
@@ -1945,18 +1983,22 @@ __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwd
   const int m0 = 16 * (warp % 4), a0 = 32 * (warp / 4);
   // The A fragment values of S or dS for the k-step at k0 (rows m0 + gq (+8), columns k0 + 2 tq (+1,
   // +8, +9)) from global memory, a k-step ahead of their use.
-  auto load_state = [&](float2(&x)[4], const float* src, int k0) {
+  auto load_state = [&](float2(&x)[4], const float* src, const bf16* src_b, int k0) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int r = m0 + gq + 8 * (j % 2), col = k0 + 2 * tq + 8 * (j / 2);
-      x[j] = r < R ? __ldg(reinterpret_cast<const float2*>(src + (int64_t)r * dv + col)) : make_float2(0.f, 0.f);
+      if constexpr (kBf16)
+        x[j] = r < R ? unpack_bf16x2(__ldg(reinterpret_cast<const uint32_t*>(src_b + (int64_t)r * dv + col)))
+                     : make_float2(0.f, 0.f);
+      else
+        x[j] = r < R ? __ldg(reinterpret_cast<const float2*>(src + (int64_t)r * dv + col)) : make_float2(0.f, 0.f);
     }
   };
   float sdo[4][4] = {}, dsv[4][4] = {}, sdv[4][4] = {};  // sdv = S . dvn (dW = -sdv)
   float sds = 0.f;
   float2 sx[4], dx[4];
-  load_state(sx, Sg, 0);
-  load_state(dx, dSg, 0);
+  load_state(sx, Sg, Sb, 0);
+  load_state(dx, dSg, dSb, 0);
   attn::cp_async_wait<0>();
   __syncthreads();
   for (int k0 = 0; k0 < dv; k0 += 16) {
@@ -1968,8 +2010,8 @@ __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwd
       if (warp < 4) sds = fmaf(sx[j].x, dx[j].x, fmaf(sx[j].y, dx[j].y, sds));  // 0 past R
     }
     if (k0 + 16 < dv) {
-      load_state(sx, Sg, k0 + 16);
-      load_state(dx, dSg, k0 + 16);
+      load_state(sx, Sg, Sb, k0 + 16);
+      load_state(dx, dSg, dSb, k0 + 16);
     }
 #pragma unroll
     for (int np = 0; np < 2; ++np)
@@ -2020,7 +2062,8 @@ size_t bwd_state_smem_bytes(int dv) {
 // dst[a][b] = X_a . Y_b for the 64 x 64 pairs of bf16 rows X (kRowStride) and fp32 rows Y (stride
 // ys), d a multiple of 16, on tensor cores: Y split into bf16 halves (Y = Y_hi + Y_lo to a relative
 // 2^-16, X exact), two mma a tile, summed in fp32; then a block barrier. A warp takes 16 rows x 32
-// columns, as chunk_gram.
+// columns, as chunk_gram. kBf16 (GdnProducts::kBf16): Y rounded to bf16, one mma a tile.
+template <bool kBf16 = false>
 __device__ __forceinline__ void chunk_gram_split(float* dst, int stride, const bf16* X, const float* Y, int ys, int d) {
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
   const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4), gq = lane / 4, tq = lane % 4;
@@ -2034,10 +2077,10 @@ __device__ __forceinline__ void chunk_gram_split(float* dst, int stride, const b
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const float2 y = *reinterpret_cast<const float2*>(Y + (n0 + 8 * n + gq) * ys + k0 + 2 * tq + 8 * j);
-        split_bf16x2(y.x, y.y, bh[j], bl[j]);
+        bf16_parts<kBf16>(y.x, y.y, bh[j], bl[j]);
       }
       mma::mma_16816(c[n], a, bh[0], bh[1]);
-      mma::mma_16816(c[n], a, bl[0], bl[1]);
+      if constexpr (!kBf16) mma::mma_16816(c[n], a, bl[0], bl[1]);
     }
   }
 #pragma unroll
@@ -2054,7 +2097,9 @@ __device__ __forceinline__ void chunk_gram_split(float* dst, int stride, const b
 // pair matrices split into bf16 halves (two mma each; q~ and k exact in bf16, read by transposing
 // ldmatrix), then gq_r = e^(gam_r) gq_r + aq_r and gk_r = e^(gam_L - gam_r) gk_r + beta_r e^(gam_r)
 // dB2_r + ak_r. A warp takes 16 rows (m0) and every other 16 columns (from n0); rows past L and the
-// pair matrices' entries past L are zero.
+// pair matrices' entries past L are zero. kBf16 (GdnProducts::kBf16): the pair matrices rounded to
+// bf16, one mma a product.
+template <bool kBf16>
 __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* Qb, const bf16* Kb, const float* DOVd,
                                             const float* MK, const float* dB2, int X, const float* gam,
                                             const float* bet, float gl, int r0, int L, int h) {
@@ -2083,9 +2128,9 @@ __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* 
   }
   for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
     uint32_t dh[4], dl[4], th[4], tl[4], mh[4], ml[4];
-    split_a_fragment(dh, dl, m0, k0, [&](int r, int x) { return DOVd[r * PS + x]; });
-    split_a_fragment(th, tl, m0, k0, [&](int r, int x) { return p.scale * DOVd[x * PS + r]; });
-    split_a_fragment(mh, ml, m0, k0, [&](int r, int x) { return MK[x * PS + r] + MK[r * PS + x]; });
+    a_fragment_parts<kBf16>(dh, dl, m0, k0, [&](int r, int x) { return DOVd[r * PS + x]; });
+    a_fragment_parts<kBf16>(th, tl, m0, k0, [&](int r, int x) { return p.scale * DOVd[x * PS + r]; });
+    a_fragment_parts<kBf16>(mh, ml, m0, k0, [&](int r, int x) { return MK[x * PS + r] + MK[r * PS + x]; });
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
       const int col = n0 + 32 * t;
@@ -2097,11 +2142,11 @@ __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* 
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
         mma::mma_16816(aq[t][n], dh, kb[2 * n], kb[2 * n + 1]);
-        mma::mma_16816(aq[t][n], dl, kb[2 * n], kb[2 * n + 1]);
+        if constexpr (!kBf16) mma::mma_16816(aq[t][n], dl, kb[2 * n], kb[2 * n + 1]);
         mma::mma_16816(ak[t][n], th, qb[2 * n], qb[2 * n + 1]);
-        mma::mma_16816(ak[t][n], tl, qb[2 * n], qb[2 * n + 1]);
+        if constexpr (!kBf16) mma::mma_16816(ak[t][n], tl, qb[2 * n], qb[2 * n + 1]);
         mma::mma_16816(ak[t][n], mh, kb[2 * n], kb[2 * n + 1]);
-        mma::mma_16816(ak[t][n], ml, kb[2 * n], kb[2 * n + 1]);
+        if constexpr (!kBf16) mma::mma_16816(ak[t][n], ml, kb[2 * n], kb[2 * n + 1]);
       }
     }
   }
@@ -2147,7 +2192,9 @@ __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* 
 // kD: 128 when dk = dv = 128 (Qwen3-Next's and Qwen3.5's heads: the loops over them unroll), else
 // 0 (p.dk, p.dv). (rule_bwd_local_kernel measured no faster so; rule_bwd_state_kernel spills at
 // its 128-register cap.)
-template <int kD>
+// kBf16 (GdnProducts::kBf16; dk a multiple of 16): the tensor-core products' fp32 operands (v_new,
+// [dvn | dW], T, Z and the pair matrices) rounded to bf16, one mma a product, fp32 sums.
+template <int kD, bool kBf16 = false>
 __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdParams b) {
   TT_EXTERN_SMEM_16(smem);
   const RuleParams& p = b.f;
@@ -2209,7 +2256,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
         float& x = QK[a * PS + bb];
         x = bb <= a && a < L ? p.scale * x : 0.f;
       }
-    chunk_gram_split(DOVd, PS, Db, Vn, kFs, dv);  // dv is a multiple of 32
+    chunk_gram_split<kBf16>(DOVd, PS, Db, Vn, kFs, dv);  // dv is a multiple of 32
 #pragma unroll
     for (int u = 0; u < 4; ++u)
 #pragma unroll
@@ -2241,19 +2288,21 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
           const int rb = k0 + 2 * tq + 8 * jj;
-          if (col < X) split_bf16x2(XB[rb * XS + col], XB[(rb + 1) * XS + col], bh[t][jj], bl[t][jj]);
+          if (col < X) bf16_parts<kBf16>(XB[rb * XS + col], XB[(rb + 1) * XS + col], bh[t][jj], bl[t][jj]);
         }
       }
 #pragma unroll
       for (int m = 0; m <= k0 / 16; ++m) {
         uint32_t ah[4], al[4];  // A (a, b) = T_ba
-        split_a_fragment(ah, al, 16 * m, k0, [&](int a, int bb) { return MK[bb * PS + a]; });
+        a_fragment_parts<kBf16>(ah, al, 16 * m, k0, [&](int a, int bb) { return MK[bb * PS + a]; });
 #pragma unroll
         for (int t = 0; t < kTiles; ++t) {
           if (8 * (warp + 8 * t) >= X) break;
           mma::mma_16816(acc[m][t], ah, bh[t][0], bh[t][1]);
-          mma::mma_16816(acc[m][t], ah, bl[t][0], bl[t][1]);
-          mma::mma_16816(acc[m][t], al, bh[t][0], bh[t][1]);
+          if constexpr (!kBf16) {
+            mma::mma_16816(acc[m][t], ah, bl[t][0], bl[t][1]);
+            mma::mma_16816(acc[m][t], al, bh[t][0], bh[t][1]);
+          }
         }
       }
     }
@@ -2295,14 +2344,14 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
           const bf16* Y = part ? Kb : Vb;
           for (int k0 = 0; k0 < d; k0 += 16) {
             uint32_t ah[4], al[4], b0[4], b1[4];
-            split_a_fragment(ah, al, m0, k0, [&](int r, int j) { return XB[r * XS + x0 + j]; });
+            a_fragment_parts<kBf16>(ah, al, m0, k0, [&](int r, int j) { return XB[r * XS + x0 + j]; });
             mma::ldsm_x4(b0, Y + (n0 + lane % 8 + 8 * (lane / 16)) * kRowStride + k0 + 8 * (lane / 8 % 2));
             mma::ldsm_x4(b1, Y + (n0 + 16 + lane % 8 + 8 * (lane / 16)) * kRowStride + k0 + 8 * (lane / 8 % 2));
 #pragma unroll
             for (int n = 0; n < 4; ++n) {
               const uint32_t* bn = n < 2 ? b0 + 2 * n : b1 + 2 * (n - 2);
               mma::mma_16816(z[part][n], ah, bn[0], bn[1]);
-              mma::mma_16816(z[part][n], al, bn[0], bn[1]);
+              if constexpr (!kBf16) mma::mma_16816(z[part][n], al, bn[0], bn[1]);
             }
           }
         }
@@ -2320,18 +2369,20 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
       for (int k0 = 0; k0 < C; k0 += 16) {
         if (k0 >= n0 + 32) break;  // T_bc = 0 for c > b
         uint32_t ah[4], al[4];
-        split_a_fragment(ah, al, m0, k0, [&](int r, int j) { return Zs[r * PS + j]; });
+        a_fragment_parts<kBf16>(ah, al, m0, k0, [&](int r, int j) { return Zs[r * PS + j]; });
 #pragma unroll
         for (int n = 0; n < 4; ++n) {
           uint32_t bh[2], bl[2];  // B (c, b) = T_bc: columns k0 + 2 tq (+1, +8, +9) of T's row b = n0 + 8 n + gq
 #pragma unroll
           for (int jj = 0; jj < 2; ++jj) {
             const float2 t = *reinterpret_cast<const float2*>(MK + (n0 + 8 * n + gq) * PS + k0 + 2 * tq + 8 * jj);
-            split_bf16x2(t.x, t.y, bh[jj], bl[jj]);
+            bf16_parts<kBf16>(t.x, t.y, bh[jj], bl[jj]);
           }
           mma::mma_16816(c4[n], ah, bh[0], bh[1]);
-          mma::mma_16816(c4[n], ah, bl[0], bl[1]);
-          mma::mma_16816(c4[n], al, bh[0], bh[1]);
+          if constexpr (!kBf16) {
+            mma::mma_16816(c4[n], ah, bl[0], bl[1]);
+            mma::mma_16816(c4[n], al, bh[0], bh[1]);
+          }
         }
       }
       __syncthreads();  // every warp has read T (MK) before the pair terms overwrite it
@@ -2476,7 +2527,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
     if (al < L) b.dg[rowi(al)] = b.accumulate ? b.dg[rowi(al)] + lo : lo;
   }
   if (dk % 16 == 0) {  // F on tensor cores
-    grad_qk_mma(b, Qb, Kb, DOVd, MK, XB + dv, XS, gam, bet, gl, r0, L, h);
+    grad_qk_mma<kBf16>(b, Qb, Kb, DOVd, MK, XB + dv, XS, gam, bet, gl, r0, L, h);
   } else {  // F: rows tr + 16u, columns 8 tc .. 8 tc + 8
     const int tr = threadIdx.x / 16, tc = threadIdx.x % 16, i0 = 8 * tc;
     if (i0 < dk) {
@@ -2773,7 +2824,8 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   run.launch(b16_state ? rule_bwd_state_kernel<true> : rule_bwd_state_kernel<false>,
              chunk_parts_grid(chunks, nv, (dk_ + kStateRows - 1) / kStateRows), kRuleThreads,
              bwd_state_smem_bytes(dv_), b);
-  run.launch(dk_ == 128 && dv_ == 128 ? rule_bwd_grad_kernel<128> : rule_bwd_grad_kernel<0>,
+  run.launch(dk_ == 128 && dv_ == 128 ? (b16_state ? rule_bwd_grad_kernel<128, true> : rule_bwd_grad_kernel<128, false>)
+                                      : (b16_state ? rule_bwd_grad_kernel<0, true> : rule_bwd_grad_kernel<0, false>),
              chunk_parts_grid(chunks, nv, 1), kRuleThreads, bwd_grad_smem_bytes(dk_, dv_), b);
   const int64_t n = (int64_t)plan.rows() * nk * dk_;
   // Eight elements a thread where dq and dk allow 16-byte stores (dk_ is a multiple of 8).
