@@ -124,10 +124,11 @@ size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, 
 //    their products; a few 2^-9 of relative error in o, the end states and the gradients.
 // The prep computes as kExact's in both; with kBf16 it stores only what the walks read, rounded as
 // they would round it (-W's high half, the scores in bf16: fewer bytes, the same bits), the
-// backward's walks store the entering states and their gradients in bf16 for the state products
-// (<S, dS> then sums bf16 values), and the per-chunk input-gradient kernel's tensor-core products
-// take one bf16 mma each too. At dk not a multiple of 16 the walks run on CUDA cores in fp32 and
-// the state products exactly: kBf16 is kExact there.
+// backward stores in bf16 what its later kernels read only as bf16 operands (v_new, dvn, dW) and
+// the entering states and their gradients for the state products (<S, dS> then sums bf16 values),
+// and the per-chunk input-gradient kernel's tensor-core products take one bf16 mma each too. At dk
+// not a multiple of 16 the walks run on CUDA cores in fp32 and the state products exactly: kBf16
+// is kExact there.
 enum class GdnProducts { kExact, kBf16 };
 
 // The gated delta rule along every root-to-row path (ops/cpu/gdn.h), chunked (WY / UT form):

@@ -1082,6 +1082,9 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
           const float v0 = acc[nn][2 * half], v1 = acc[nn][2 * half + 1];  // rows past L: not this chunk's
           if constexpr (kOut)
             *reinterpret_cast<float2*>(Vs + r * kWalkVsStride + col) = r < L ? make_float2(v0, v1) : make_float2(0.f, 0.f);
+          else if (r < L && kBf16)  // as the bf16 state and gradient products round it (p_bf16)
+            *reinterpret_cast<uint32_t*>(p_bf16(p.vnew) + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) =
+                attn::pack_bf16x2(v0, v1);
           else if (r < L)
             *reinterpret_cast<float2*>(p.vnew + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) = make_float2(v0, v1);
           bf16_parts<kBf16>(r < L ? d * v0 : 0.f, r < L ? d * v1 : 0.f, *reinterpret_cast<uint32_t*>(Vh + r * HS + col),
@@ -1853,7 +1856,10 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
           const float2 u = make_float2(loc[nn][2 * half], loc[nn][2 * half + 1]);
           const float y0 = r < L ? u.x + d * acc[nn][2 * half] : 0.f,
                       y1 = r < L ? u.y + d * acc[nn][2 * half + 1] : 0.f;
-          if (r < L)
+          if (r < L && kBf16)  // as the bf16 state and gradient products round it (p_bf16)
+            *reinterpret_cast<uint32_t*>(p_bf16(b.dvn) + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) =
+                attn::pack_bf16x2(y0, y1);
+          else if (r < L)
             *reinterpret_cast<float2*>(b.dvn + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) = make_float2(y0, y1);
           bf16_parts<kBf16>(y0, y1, *reinterpret_cast<uint32_t*>(Vh + r * HS + col),
                             *reinterpret_cast<uint32_t*>(Vl + r * HS + col));
@@ -1971,8 +1977,18 @@ __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwd
   const float* dSg = b.dsout + s0;
   const bf16* Sb = p_bf16(p.sin) + s0;  // kBf16
   const bf16* dSb = p_bf16(b.dsout) + s0;
-  load_chunk_rows<true>(Dvn, fs, b.dvn + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
-  load_chunk_rows<true>(Vn, fs, p.vnew + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  // kBf16: dvn and v_new arrive as bf16 rows (the walks' p_bf16 stores) at a stride of fsb elements,
+  // in the same tiles' bytes.
+  const int fsb = dv + 8;
+  if constexpr (kBf16) {
+    load_chunk_rows<true>(reinterpret_cast<bf16*>(Dvn), fsb, p_bf16(b.dvn) + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L,
+                          dv);
+    load_chunk_rows<true>(reinterpret_cast<bf16*>(Vn), fsb, p_bf16(p.vnew) + (int64_t)h * dv, (int64_t)p.nv * dv, r0,
+                          L, dv);
+  } else {
+    load_chunk_rows<true>(Dvn, fs, b.dvn + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+    load_chunk_rows<true>(Vn, fs, p.vnew + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  }
   load_chunk_rows<true>(Db, kRowStride, b.d_o + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
   attn::cp_async_commit();
   // The three products on tensor cores: rows i (the block's state rows) x columns a (the chunk's
@@ -2021,10 +2037,16 @@ __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwd
       uint32_t vh[2], vl[2], rh[2], rl[2];  // B (j, a) = v_new_a[j], dvn_a[j]: rows a0 + 8 n + gq
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) {
-        const int at = (a0 + 8 * n + gq) * fs + k0 + 2 * tq + 8 * jj;
-        const float2 v = *reinterpret_cast<const float2*>(Vn + at), r = *reinterpret_cast<const float2*>(Dvn + at);
-        bf16_parts<kBf16>(v.x, v.y, vh[jj], vl[jj]);
-        bf16_parts<kBf16>(r.x, r.y, rh[jj], rl[jj]);
+        if constexpr (kBf16) {
+          const int at = (a0 + 8 * n + gq) * fsb + k0 + 2 * tq + 8 * jj;
+          vh[jj] = *reinterpret_cast<const uint32_t*>(reinterpret_cast<const bf16*>(Vn) + at);
+          rh[jj] = *reinterpret_cast<const uint32_t*>(reinterpret_cast<const bf16*>(Dvn) + at);
+        } else {
+          const int at = (a0 + 8 * n + gq) * fs + k0 + 2 * tq + 8 * jj;
+          const float2 v = *reinterpret_cast<const float2*>(Vn + at), r = *reinterpret_cast<const float2*>(Dvn + at);
+          split_bf16x2(v.x, v.y, vh[jj], vl[jj]);
+          split_bf16x2(r.x, r.y, rh[jj], rl[jj]);
+        }
       }
       mma::mma_16816(sdo[n], sh, o[n / 2][2 * (n % 2)], o[n / 2][2 * (n % 2) + 1]);
       mma::mma_16816(dsv[n], dh, vh[0], vh[1]);
@@ -2047,7 +2069,10 @@ __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwd
       const int64_t at = ((int64_t)(r0 + a) * p.nv + h) * dk + i0 + i;
       b.gq[at] = sdo[n][e];
       b.gk[at] = dsv[n][e];
-      b.db2[at] = -sdv[n][e];
+      if constexpr (kBf16)
+        p_bf16(b.db2)[at] = __float2bfloat16_rn(-sdv[n][e]);  // as the grad kernel's bf16 products round it
+      else
+        b.db2[at] = -sdv[n][e];
     }
   // The rows' share of <S, dS>, in a fixed order (warps 4.. add zeros).
   __shared__ float red[detail::kWarp];
@@ -2224,7 +2249,11 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
   load_chunk_rows(Qb, kRowStride, p.q + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
   load_chunk_rows(Kb, kRowStride, p.k + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
   load_chunk_rows(Db, kRowStride, b.d_o + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
-  load_chunk_rows(Vn, kFs, p.vnew + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  bf16* Vnb = reinterpret_cast<bf16*>(Vn);  // kBf16: v_new's bf16 rows (p_bf16) at kRowStride
+  if constexpr (kBf16)
+    load_chunk_rows(Vnb, kRowStride, p_bf16(p.vnew) + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  else
+    load_chunk_rows(Vn, kFs, p.vnew + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
   load_chunk_gam(gam, p.gam, p.nv, h, r0, L);
   load_chunk_rows(MK, PS, p.T + ((int64_t)c * p.nv + h) * C * C, C, 0, C, C);  // T, for phase B
   if (dk % 16 == 0) load_chunk_rows(Vb, kRowStride, p.v + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);  // C
@@ -2256,7 +2285,10 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
         float& x = QK[a * PS + bb];
         x = bb <= a && a < L ? p.scale * x : 0.f;
       }
-    chunk_gram_split<kBf16>(DOVd, PS, Db, Vn, kFs, dv);  // dv is a multiple of 32
+    if constexpr (kBf16)
+      chunk_gram(DOVd, PS, false, Db, Vnb, dv);  // both bf16 rows
+    else
+      chunk_gram_split(DOVd, PS, Db, Vn, kFs, dv);  // dv is a multiple of 32
 #pragma unroll
     for (int u = 0; u < 4; ++u)
 #pragma unroll
@@ -2267,8 +2299,17 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
       }
   }
   __syncthreads();  // dO and v_new are read no more: R becomes [dB1 | dB2]
-  load_chunk_rows(XB, XS, b.dvn + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
-  load_chunk_rows(XB + dv, XS, b.db2 + (int64_t)h * dk, (int64_t)p.nv * dk, r0, L, dk);
+  // kBf16: [dvn | dW] as bf16 rows (the walks' and the state kernel's p_bf16 stores) at a stride of
+  // XSb elements in XB's first bytes, read by phase B before it writes [dB1 | dB2] over them.
+  const int XSb = X + 8;
+  bf16* XBb = reinterpret_cast<bf16*>(XB);
+  if constexpr (kBf16) {
+    load_chunk_rows(XBb, XSb, p_bf16(b.dvn) + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+    load_chunk_rows(XBb + dv, XSb, p_bf16(b.db2) + (int64_t)h * dk, (int64_t)p.nv * dk, r0, L, dk);
+  } else {
+    load_chunk_rows(XB, XS, b.dvn + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+    load_chunk_rows(XB + dv, XS, b.db2 + (int64_t)h * dk, (int64_t)p.nv * dk, r0, L, dk);
+  }
   attn::cp_async_commit();
   attn::cp_async_wait<0>();
   __syncthreads();
@@ -2288,7 +2329,12 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
           const int rb = k0 + 2 * tq + 8 * jj;
-          if (col < X) bf16_parts<kBf16>(XB[rb * XS + col], XB[(rb + 1) * XS + col], bh[t][jj], bl[t][jj]);
+          if (col >= X) continue;
+          if constexpr (kBf16)  // rows rb, rb + 1 of column col: the low half first
+            bh[t][jj] = (uint32_t)reinterpret_cast<const uint16_t&>(XBb[rb * XSb + col]) |
+                        (uint32_t)reinterpret_cast<const uint16_t&>(XBb[(rb + 1) * XSb + col]) << 16;
+          else
+            split_bf16x2(XB[rb * XS + col], XB[(rb + 1) * XS + col], bh[t][jj], bl[t][jj]);
         }
       }
 #pragma unroll
