@@ -67,8 +67,10 @@ struct RuleParams {
   const bf16 *q, *k, *v, *beta;
   const float* g;  // (N, nv) fp32 log decays
   const float* init;
-  float *U, *W, *gam, *vnew, *sin, *node_end;  // W: as w_as_halves says; sin: fp32, or bf16 (p_bf16) with GdnProducts::kBf16
+  float *U, *W, *gam, *vnew, *sin, *node_end;  // W: as w_as_halves says; vnew and sin: fp32, or bf16
+                                               // (p_bf16) with GdnProducts::kBf16
   float* T;  // (chunks, nv, 64, 64) T = (I + A)^-1 per chunk, for the backward (rule_bwd_grad_kernel); or null
+             // (fp32, or bf16 (p_bf16) with GdnProducts::kBf16)
   float* P;   // (chunks, nv, 64, 64) the masked scores (chunk_scores) for the walk that writes o; or null
   float* PT;  // (chunks, nv, 64, 64) scale P^T for the tensor-core reverse walk's dO terms; or null
               // (P and PT: fp32, or with GdnProducts::kBf16 bf16 in the buffer's first half, p_bf16)
@@ -556,12 +558,18 @@ __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(Ru
   }
   __syncthreads();  // A is masked; q's rows are read (T's bytes are free)
   chunk_unit_lower_inverse(T, A, bet);
-  if (p.T) {  // the backward's copy: T's lower blocks, 0 above them (chunk_unit_lower_inverse's scratch)
-    float* dst = p.T + ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
+  if (p.T) {  // the backward's copy: T's lower blocks, 0 above them (chunk_unit_lower_inverse's scratch);
+              // kBf16: in bf16 (p_bf16), as the grad kernel's bf16 products round it
+    const int64_t at = ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
     for (int e = threadIdx.x; e < kGdnChunk * kGdnChunk / 4; e += kRuleThreads) {
       const int r = e / (kGdnChunk / 4), s = 4 * (e % (kGdnChunk / 4));
-      *reinterpret_cast<float4*>(dst + r * kGdnChunk + s) =
+      const float4 t =
           s / 16 > r / 16 ? make_float4(0.f, 0.f, 0.f, 0.f) : *reinterpret_cast<const float4*>(T + r * PS + s);
+      if constexpr (kBf16)
+        *reinterpret_cast<uint2*>(p_bf16(p.T) + at + r * kGdnChunk + s) =
+            make_uint2(attn::pack_bf16x2(t.x, t.y), attn::pack_bf16x2(t.z, t.w));
+      else
+        *reinterpret_cast<float4*>(p.T + at + r * kGdnChunk + s) = t;
     }
   }
   {
@@ -2255,7 +2263,12 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
   else
     load_chunk_rows(Vn, kFs, p.vnew + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
   load_chunk_gam(gam, p.gam, p.nv, h, r0, L);
-  load_chunk_rows(MK, PS, p.T + ((int64_t)c * p.nv + h) * C * C, C, 0, C, C);  // T, for phase B
+  // T, for phases B and C (kBf16: bf16 rows at kRowStride, p_bf16, in MK's bytes)
+  const bf16* Tb = reinterpret_cast<const bf16*>(MK);
+  if constexpr (kBf16)
+    load_chunk_rows(reinterpret_cast<bf16*>(MK), kRowStride, p_bf16(p.T) + ((int64_t)c * p.nv + h) * C * C, C, 0, C, C);
+  else
+    load_chunk_rows(MK, PS, p.T + ((int64_t)c * p.nv + h) * C * C, C, 0, C, C);
   if (dk % 16 == 0) load_chunk_rows(Vb, kRowStride, p.v + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);  // C
   attn::cp_async_commit();
   for (int r = threadIdx.x; r < C; r += blockDim.x) {
@@ -2340,7 +2353,9 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
 #pragma unroll
       for (int m = 0; m <= k0 / 16; ++m) {
         uint32_t ah[4], al[4];  // A (a, b) = T_ba
-        a_fragment_parts<kBf16>(ah, al, 16 * m, k0, [&](int a, int bb) { return MK[bb * PS + a]; });
+        a_fragment_parts<kBf16>(ah, al, 16 * m, k0, [&](int a, int bb) {
+          return kBf16 ? __bfloat162float(Tb[bb * kRowStride + a]) : MK[bb * PS + a];
+        });
 #pragma unroll
         for (int t = 0; t < kTiles; ++t) {
           if (8 * (warp + 8 * t) >= X) break;
@@ -2421,8 +2436,12 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
           uint32_t bh[2], bl[2];  // B (c, b) = T_bc: columns k0 + 2 tq (+1, +8, +9) of T's row b = n0 + 8 n + gq
 #pragma unroll
           for (int jj = 0; jj < 2; ++jj) {
-            const float2 t = *reinterpret_cast<const float2*>(MK + (n0 + 8 * n + gq) * PS + k0 + 2 * tq + 8 * jj);
-            bf16_parts<kBf16>(t.x, t.y, bh[jj], bl[jj]);
+            if constexpr (kBf16) {
+              bh[jj] = *reinterpret_cast<const uint32_t*>(Tb + (n0 + 8 * n + gq) * kRowStride + k0 + 2 * tq + 8 * jj);
+            } else {
+              const float2 t = *reinterpret_cast<const float2*>(MK + (n0 + 8 * n + gq) * PS + k0 + 2 * tq + 8 * jj);
+              split_bf16x2(t.x, t.y, bh[jj], bl[jj]);
+            }
           }
           mma::mma_16816(c4[n], ah, bh[0], bh[1]);
           if constexpr (!kBf16) {
