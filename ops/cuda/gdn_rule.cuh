@@ -68,7 +68,7 @@ struct RuleParams {
   const float* g;  // (N, nv) fp32 log decays
   const float* init;
   float *U, *W, *gam, *vnew, *sin, *node_end;  // W: as w_as_halves says; vnew and sin: fp32, or bf16
-                                               // (p_bf16) with GdnProducts::kBf16
+                                               // (p_bf16) in the bf16 kernels (bf16_kernels)
   float* T;  // (chunks, nv, 64, 64) T = (I + A)^-1 per chunk, for the backward (rule_bwd_grad_kernel); or null
              // (fp32, or bf16 (p_bf16) with GdnProducts::kBf16)
   float* P;   // (chunks, nv, 64, 64) the masked scores (chunk_scores) for the walk that writes o; or null
@@ -81,8 +81,8 @@ struct RuleParams {
   int rows;  // packed rows N
 };
 
-// The scores P or PT as (chunks, nv, 64, 64) bf16, GdnProducts::kBf16's (RuleParams::P), and likewise
-// the backward's entering states and their gradients (sin, dsout): bf16 in the fp32 buffer's first half.
+// A buffer the bf16 kernels (bf16_kernels) hand each other in bf16: the same element layout as its
+// fp32 one, in the fp32 buffer's first half (P, PT, T, sin, vnew; dsout, dvn, db2).
 __host__ __device__ inline bf16* p_bf16(float* P) { return reinterpret_cast<bf16*>(P); }
 
 // dst (R rows, default 64, of `cols` elements of T at a stride of `stride`) <- rows r0 .. r0 + L of src, row r
@@ -490,7 +490,8 @@ __device__ __forceinline__ int balanced_row_block(int warp) { return (0x32230110
 // 80-register cap). kBf16 (GdnProducts::kBf16, with kHalves: the walks that read these take one
 // bf16 mma a product): -W's high plane only, and the scores P or PT as bf16 (p_bf16), each value
 // the bits the walk would round it to (both round to nearest even); -W's low plane is left
-// unwritten. A third of the prep's output bytes fewer, and the walks stage half the scores' bytes.
+// unwritten; the backward's T likewise in bf16. About a quarter to a third of the prep's output
+// bytes fewer, and the walks stage half the scores' bytes.
 constexpr int kPrepTiles = 8, kPrepBlocks = 3;
 template <bool kHalves, bool kBf16 = false>
 __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(RuleParams p) {
@@ -876,7 +877,9 @@ __device__ __forceinline__ const bf16* tma_k8(const bf16* K, int s, int i) {
 // 88 KB, with kQ): -W's halves as two (64, 128) bf16 tiles, K as one and with kQ Q as one
 // (tma_load_rows128) and the scores P as two (64, 32) fp32 boxes, U one (64, kWalkCols) fp32 box,
 // each row 128 bytes, swizzled (swizzle128); gam (64) by cp.async, zero past L. Rows past L hold the
-// rows that follow in the tensors (zeros past their end): the walk's products mask them.
+// rows that follow in the tensors (zeros past their end): the walk's products mask them. The bf16
+// kernels load less into the same layout: no low half of -W, P as one (64, 64) bf16 box (five
+// boxes, 40 KB; eight, 64 KB, with kQ).
 template <bool kQ>
 struct WalkTmaStage {
   static constexpr uint32_t kT = kGdnChunk * 128 * sizeof(bf16), kU = kGdnChunk * kWalkCols * sizeof(float),
@@ -1320,8 +1323,8 @@ struct RuleBwdParams {
   const float* d_end;           // (num_nodes, nv, dk, dv) or null
   float* d_init;                // (num_roots, nv, dk, dv) or null, +=
   float *dvn, *qo, *dsout, *acc;  // (N nv dv), (chunks nv dk dv; null at dk 16 k), (chunks nv dk dv), (nodes nv dk dv)
-                                  // (dsout: fp32, or bf16 (p_bf16) with GdnProducts::kBf16, as sin)
-  float* db2;                   // (N, nv, dk): dW = -dvn S^T (rule_bwd_state_kernel)
+                                  // (dvn, dsout: fp32, or bf16 (p_bf16) in the bf16 kernels, as sin)
+  float* db2;                   // (N, nv, dk): dW = -dvn S^T (rule_bwd_state_kernel; bf16 likewise)
   float *gq, *gk;               // (N, nv, dk) per value head
   float* sds;                   // (chunks, nv, ceil(dk / kStateRows)) partial <S, dS>
   bf16* dv;                     // outputs
@@ -1645,7 +1648,8 @@ struct BwdWalkMaps {
 // The backward walk's stage at dk = 128, by TMA as WalkTmaStage (ten boxes, 80 KB): -W's halves, K
 // and Q as (64, 128) bf16 tiles (tma_load_rows128), PT as two (64, 32) fp32 boxes; dO's columns
 // (64, kBwdDoStride) bf16 and gam by cp.async. Rows past L hold the rows that follow (masked by
-// the products; dO's are zero-filled).
+// the products; dO's are zero-filled). The bf16 kernels: no low half of -W, PT as one (64, 64)
+// bf16 box (seven boxes, 56 KB).
 struct BwdWalkTmaStage {
   static constexpr uint32_t kT = kGdnChunk * 128 * sizeof(bf16), kPT = kGdnChunk * kGdnChunk * sizeof(float),
                             kTx = 4 * kT + kPT, kDo = kGdnChunk * kBwdDoStride * sizeof(bf16);
@@ -2000,7 +2004,8 @@ __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwd
   load_chunk_rows<true>(Db, kRowStride, b.d_o + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
   attn::cp_async_commit();
   // The three products on tensor cores: rows i (the block's state rows) x columns a (the chunk's
-  // rows) over dv; S, dS, v_new and dvn split into bf16 halves (split_bf16x2), dO exact in bf16.
+  // rows) over dv; S, dS, v_new and dvn split into bf16 halves (split_bf16x2; with kBf16 stored in
+  // bf16 by the kernels before, one part), dO exact in bf16.
   // Warp w: rows 16 (w % 4) .., columns 32 (w / 4) .. (four n8 tiles). Warps 0 to 3 (columns 0 ..
   // 31) hold every S and dS element of the block once: they sum <S, dS>.
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
@@ -2095,8 +2100,7 @@ size_t bwd_state_smem_bytes(int dv) {
 // dst[a][b] = X_a . Y_b for the 64 x 64 pairs of bf16 rows X (kRowStride) and fp32 rows Y (stride
 // ys), d a multiple of 16, on tensor cores: Y split into bf16 halves (Y = Y_hi + Y_lo to a relative
 // 2^-16, X exact), two mma a tile, summed in fp32; then a block barrier. A warp takes 16 rows x 32
-// columns, as chunk_gram. kBf16 (GdnProducts::kBf16): Y rounded to bf16, one mma a tile.
-template <bool kBf16 = false>
+// columns, as chunk_gram.
 __device__ __forceinline__ void chunk_gram_split(float* dst, int stride, const bf16* X, const float* Y, int ys, int d) {
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
   const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4), gq = lane / 4, tq = lane % 4;
@@ -2110,10 +2114,10 @@ __device__ __forceinline__ void chunk_gram_split(float* dst, int stride, const b
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const float2 y = *reinterpret_cast<const float2*>(Y + (n0 + 8 * n + gq) * ys + k0 + 2 * tq + 8 * j);
-        bf16_parts<kBf16>(y.x, y.y, bh[j], bl[j]);
+        split_bf16x2(y.x, y.y, bh[j], bl[j]);
       }
       mma::mma_16816(c[n], a, bh[0], bh[1]);
-      if constexpr (!kBf16) mma::mma_16816(c[n], a, bl[0], bl[1]);
+      mma::mma_16816(c[n], a, bl[0], bl[1]);
     }
   }
 #pragma unroll
@@ -2327,7 +2331,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
   attn::cp_async_wait<0>();
   __syncthreads();
   {  // B: [dB1 | dB2] = T^T [dvn | dW] on tensor cores (T from the prep, in MK; both split into bf16
-     // halves, three mma a tile). Warp w takes the n8 column tiles w, w + 8, .. of all 64 rows; T^T's
+     // halves, three mma a tile; with kBf16 both bf16 (p_bf16), one mma). Warp w takes the n8 column tiles w, w + 8, .. of all 64 rows; T^T's
      // row block m has nonzero k blocks >= m only (T is lower triangular). Rows past L stay 0: their
      // right-hand sides are 0 and T^T is upper triangular.
     constexpr int kTiles = 4;  // n8 tiles a warp: X <= 256
@@ -2394,7 +2398,8 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
     if (dk % 16 == 0) {  // on tensor cores, without reading U and W: U_b = sum_c T_bc beta_c v_c and W_b =
       // sum_c T_bc beta_c e^(gam_c) k_c, so acc_ab = sum_c T_bc Z_ac with Z_ac = beta_c (dB1_a . v_c +
       // e^(gam_c) dB2_a . k_c): Z from [dB1 | dB2] in bf16 halves and the exact bf16 v and k rows (two
-      // mma a tile), then Z T^T with both in halves (three mma a tile, T^T's zero blocks skipped).
+      // mma a tile), then Z T^T with both in halves (three mma a tile, T^T's zero blocks skipped);
+      // with kBf16 each operand rounded to bf16, one mma a tile.
       const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
       const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4), gq = lane / 4, tq = lane % 4;
       {
@@ -2795,20 +2800,26 @@ BwdWalkMaps bwd_walk_maps(const RuleBwdParams& b, Runner& run, bool bf16_scores)
   return m;
 }
 
+// Whether the kernels run their kBf16 instantiations: GdnProducts::kBf16 where the walks run on
+// tensor cores (dk a multiple of 16, w_as_halves). Every kernel of a pass decides by this one
+// predicate, since they hand each other bf16 buffers (p_bf16); at other dk every kernel is fp32
+// (the CUDA-core walks and paths), whatever the option says.
+constexpr bool bf16_kernels(GdnProducts products, int dk) {
+  return products == GdnProducts::kBf16 && w_as_halves(dk);
+}
+
 // The forward's first two kernels: U, W and gam per chunk, then the walk (node ends, and sin and
-// v_new, or with `out` (walk_writes_outputs) o instead), its products as `products` says (the
-// CUDA-core walk at dk not a multiple of 16 is fp32 either way).
+// v_new, or with `out` (walk_writes_outputs) o instead), with bf16 products when b16
+// (bf16_kernels).
 template <int kDk>
-auto walk_mma_instance(bool out, GdnProducts products) {
-  const bool b16 = products == GdnProducts::kBf16;
+auto walk_mma_instance(bool out, bool b16) {
   return out ? (b16 ? rule_walk_mma_kernel<kDk, true, true> : rule_walk_mma_kernel<kDk, true, false>)
              : (b16 ? rule_walk_mma_kernel<kDk, false, true> : rule_walk_mma_kernel<kDk, false, false>);
 }
 
 template <class Runner>
 void rule_prep_and_walk(const RuleParams& p, Runner& run, bool out, GdnProducts products) {
-  // The bf16 walks (dk a multiple of 16: w_as_halves) read -W's high plane and bf16 scores.
-  const bool b16 = products == GdnProducts::kBf16 && w_as_halves(p.dk);
+  const bool b16 = bf16_kernels(products, p.dk);
   run.launch(b16 ? rule_prep_kernel<true, true> : w_as_halves(p.dk) ? rule_prep_kernel<true> : rule_prep_kernel<false>,
              chunk_parts_grid(p.num_chunks, p.nv, 1), kRuleThreads, prep_smem_bytes(), p);
   const dim3 grid(p.nv, p.dv / kWalkCols);
@@ -2816,10 +2827,10 @@ void rule_prep_and_walk(const RuleParams& p, Runner& run, bool out, GdnProducts 
   if (p.dk % 16 != 0)
     run.launch(rule_walk_kernel, grid, kRuleThreads, walk_smem_bytes(p.dk), p);
   else if (p.dk == 128)
-    run.launch(walk_mma_instance<128>(out, products), grid, kRuleThreads, walk_mma_smem_bytes(p.dk, out), p,
+    run.launch(walk_mma_instance<128>(out, b16), grid, kRuleThreads, walk_mma_smem_bytes(p.dk, out), p,
                walk_maps(p, run, b16));
   else
-    run.launch(walk_mma_instance<0>(out, products), grid, kRuleThreads, walk_mma_smem_bytes(p.dk, out), p, WalkMaps{});
+    run.launch(walk_mma_instance<0>(out, b16), grid, kRuleThreads, walk_mma_smem_bytes(p.dk, out), p, WalkMaps{});
 }
 
 // gdn_forward (gdn.h) on `run`.
@@ -2869,6 +2880,7 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   b.dv = dv, b.dg = dg, b.dbeta = dbeta;
   b.accumulate = accumulate;
   rule_prep_and_walk(b.f, run, /*out=*/false, products);  // the forward again: U, W, gam, v_new, the entering states
+  const bool b16 = bf16_kernels(products, dk_);  // as rule_prep_and_walk's
   run.zero(s.acc, sizeof(float) * (size_t)plan.num_nodes() * nv * dk_ * dv_);
   const int chunks = plan.num_chunks();
   if (!local)
@@ -2878,19 +2890,17 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   if (dk_ % 16 != 0)
     run.launch(rule_bwd_walk_kernel, walk_grid, kRuleThreads, bwd_walk_smem_bytes(dk_), b);
   else if (dk_ == 128)
-    run.launch(products == GdnProducts::kBf16 ? rule_bwd_walk_mma_kernel<128, true> : rule_bwd_walk_mma_kernel<128, false>,
+    run.launch(b16 ? rule_bwd_walk_mma_kernel<128, true> : rule_bwd_walk_mma_kernel<128, false>,
                walk_grid, kRuleThreads, bwd_walk_mma_smem_bytes(dk_), b,
-               bwd_walk_maps(b, run, products == GdnProducts::kBf16));
+               bwd_walk_maps(b, run, b16));
   else
-    run.launch(products == GdnProducts::kBf16 ? rule_bwd_walk_mma_kernel<0, true> : rule_bwd_walk_mma_kernel<0, false>,
+    run.launch(b16 ? rule_bwd_walk_mma_kernel<0, true> : rule_bwd_walk_mma_kernel<0, false>,
                walk_grid, kRuleThreads, bwd_walk_mma_smem_bytes(dk_), b, BwdWalkMaps{});
-  // bf16 state products only beside the bf16 walks (dk a multiple of 16; gdn.h GdnProducts).
-  const bool b16_state = products == GdnProducts::kBf16 && dk_ % 16 == 0;
-  run.launch(b16_state ? rule_bwd_state_kernel<true> : rule_bwd_state_kernel<false>,
+  run.launch(b16 ? rule_bwd_state_kernel<true> : rule_bwd_state_kernel<false>,
              chunk_parts_grid(chunks, nv, (dk_ + kStateRows - 1) / kStateRows), kRuleThreads,
              bwd_state_smem_bytes(dv_), b);
-  run.launch(dk_ == 128 && dv_ == 128 ? (b16_state ? rule_bwd_grad_kernel<128, true> : rule_bwd_grad_kernel<128, false>)
-                                      : (b16_state ? rule_bwd_grad_kernel<0, true> : rule_bwd_grad_kernel<0, false>),
+  run.launch(dk_ == 128 && dv_ == 128 ? (b16 ? rule_bwd_grad_kernel<128, true> : rule_bwd_grad_kernel<128, false>)
+                                      : (b16 ? rule_bwd_grad_kernel<0, true> : rule_bwd_grad_kernel<0, false>),
              chunk_parts_grid(chunks, nv, 1), kRuleThreads, bwd_grad_smem_bytes(dk_, dv_), b);
   const int64_t n = (int64_t)plan.rows() * nk * dk_;
   // Eight elements a thread where dq and dk allow 16-byte stores (dk_ is a multiple of 8).
