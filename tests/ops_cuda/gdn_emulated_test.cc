@@ -241,22 +241,26 @@ TEST(GdnEmulated, DeltaRuleOnABatchShorterThanAChunk) {
 // gdn_test's DeltaRuleNodesDoNotReadTheNextNodesRows on the CPU: with the second node's q, k and v
 // NaN, the first node's outputs, end state and input gradients are bit for bit those of the
 // all-finite batch. The emulated TMA stages, like the GPU's, hold the next node's rows past a
-// chunk's end; dk 64 loads by cp.async (rows past the end zero-filled).
+// chunk's end; dk 64 loads by cp.async (rows past the end zero-filled). Both product modes (the
+// bf16 kernels stage their own layouts).
 TEST(GdnEmulated, NodesDoNotReadTheNextNodesRows) {
-  for (const int dk : {128, 64}) {
-    std::mt19937_64 rng(dk);
-    EmuCase c(0, rng, next_node_shape(dk));
-    const int nk = c.nk, nv = c.nv, dv = c.dv, first = c.f.len[0];
-    ASSERT_EQ(c.f.start[1], first);
-    const std::vector<bf16> dO = bf16s(randn_bf16(rng, (size_t)c.N * nv * dv));
-    const EmuOut finite = emulate(c, {}, dO, {});
-    const bf16 nan16 = __float2bfloat16_rn(std::numeric_limits<float>::quiet_NaN());
-    std::fill(c.bq.begin() + (size_t)first * nk * dk, c.bq.end(), nan16);
-    std::fill(c.bk.begin() + (size_t)first * nk * dk, c.bk.end(), nan16);
-    std::fill(c.bv.begin() + (size_t)first * nv * dv, c.bv.end(), nan16);
-    const EmuOut poisoned = emulate(c, {}, dO, {});
-    expect_first_node_equal(finite, poisoned, first, nk, nv, dk, dv, c.state_elems());
-  }
+  for (const cuda::GdnProducts products : {cuda::GdnProducts::kExact, cuda::GdnProducts::kBf16})
+    for (const int dk : {128, 64}) {
+      SCOPED_TRACE(std::string(products == cuda::GdnProducts::kBf16 ? "bf16" : "exact") + " products, dk " +
+                   std::to_string(dk));
+      std::mt19937_64 rng(dk);
+      EmuCase c(0, rng, next_node_shape(dk));
+      const int nk = c.nk, nv = c.nv, dv = c.dv, first = c.f.len[0];
+      ASSERT_EQ(c.f.start[1], first);
+      const std::vector<bf16> dO = bf16s(randn_bf16(rng, (size_t)c.N * nv * dv));
+      const EmuOut finite = emulate(c, {}, dO, {}, 0, products);
+      const bf16 nan16 = __float2bfloat16_rn(std::numeric_limits<float>::quiet_NaN());
+      std::fill(c.bq.begin() + (size_t)first * nk * dk, c.bq.end(), nan16);
+      std::fill(c.bk.begin() + (size_t)first * nk * dk, c.bk.end(), nan16);
+      std::fill(c.bv.begin() + (size_t)first * nv * dv, c.bv.end(), nan16);
+      const EmuOut poisoned = emulate(c, {}, dO, {}, 0, products);
+      expect_first_node_equal(finite, poisoned, first, nk, nv, dk, dv, c.state_elems());
+    }
 }
 
 // dq, dk and dv two bytes past a 16-byte boundary: the key-head sums take their one-element path
