@@ -59,16 +59,7 @@ PY
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 echo "----- ncu v2 one sequence, bf16: mean us a launch"
 timeout $(lim 100) $NCU --clock-control none --metrics gpu__time_duration.sum --csv --print-units base -k regex:"rule_" --launch-count 49 $B/v2_ops_bench gdn bf16 2>/dev/null > $O/ncu_v2_bf16.csv
-python3 - $O/ncu_v2_bf16.csv <<'PY'
-import csv, sys, collections
-rows = [l for l in open(sys.argv[1]) if l.startswith('"')]
-tot, cnt = collections.Counter(), collections.Counter()
-for r in csv.DictReader(rows):
-    if r.get("Metric Name") == "gpu__time_duration.sum":
-        name = r["Kernel Name"].replace("void ", "").split("(")[0].split("::")[-1]
-        tot[name] += float(r["Metric Value"].replace(",", "")) / 1e3; cnt[name] += 1
-for n in tot: print(f"{tot[n]/cnt[n]:10.1f} us {cnt[n]:4d}  {n}")
-PY
+python3 scripts/device/ncu_kernel_means.py $O/ncu_v2_bf16.csv
 LAYERS=""; [ "$MEM" -lt 100000 ] && LAYERS="--layers 12"  # the 24-layer hybrid's agent step needs > 80 GB
 echo "train_bench layers: ${LAYERS:-24 (default)}"
 for m in exact bf16; do T0=$SECONDS

@@ -23,16 +23,7 @@ for r in 1 2 3; do for v in v1 v2; do timeout 120 $B/${v}_ops_bench gdn bf16 > $
 grep -h "^gdn_" $O/v1_ops_*.txt | sed 's/^/v1 /' | sort | head -12; grep -h "^gdn_" $O/v2_ops_*.txt | sed 's/^/v2 /' | sort | head -12
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 timeout 100 $NCU --clock-control none --metrics gpu__time_duration.sum --csv --print-units base -k regex:"rule_" --launch-count 49 $B/v2_ops_bench gdn bf16 2>/dev/null > $O/ncu_v2.csv
-python3 - $O/ncu_v2.csv <<'PY'
-import csv, sys, collections
-rows = [l for l in open(sys.argv[1]) if l.startswith('"')]
-tot, cnt = collections.Counter(), collections.Counter()
-for r in csv.DictReader(rows):
-    if r.get("Metric Name") == "gpu__time_duration.sum":
-        name = r["Kernel Name"].replace("void ", "").split("(")[0].split("::")[-1]
-        tot[name] += float(r["Metric Value"].replace(",", "")) / 1e3; cnt[name] += 1
-for n in tot: print(f"{tot[n]/cnt[n]:10.1f} us {cnt[n]:4d}  {n}")
-PY
+python3 scripts/device/ncu_kernel_means.py $O/ncu_v2.csv
 cp $B/v1_ops_bench $B/ops_bench
 for k in rule_walk_mma_kernel rule_bwd_walk_mma_kernel rule_bwd_grad_kernel rule_bwd_state_kernel rule_prep_kernel; do
   T0=$SECONDS

@@ -13,7 +13,8 @@
 #                                                  (default /tmp/gdn_variants), the summary and a
 #                                                  table of each ops_bench row's figures to stdout
 # Device run:  run(command="scripts/device/gdn_variants.sh", carry=[".device/gdn_variants"])
-# Environment: ROUNDS (2), SKIP_TESTS=1, SKIP_NCU=1, VARIANTS (e.g. "v2 v4"; default all staged).
+# Environment: ROUNDS (2), SKIP_TESTS=1, SKIP_NCU=1, VARIANTS (e.g. "v2 v4"; default all staged),
+# NCU_MODE (exact or bf16: ncu profiles only that product mode's launches; default both, exact's first).
 set -uo pipefail
 self=$(realpath "$0") || exit 1
 cd "$(dirname "$self")/../.." || exit 1
@@ -112,19 +113,8 @@ if [ "${SKIP_NCU:-0}" != 1 ] && [ -x "$NCU" ]; then
   for v in $variants; do
     echo "----- ncu $v (one sequence: each rule_* kernel's mean us a launch, launches)"
     timeout 200 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
-      -k regex:"rule_" --launch-count 49 "$DIR/${v}_ops_bench" gdn 2>/dev/null | python3 -c '
-import csv, sys, collections
-rows = [l for l in sys.stdin if l.startswith("\"")]
-tot, cnt = collections.Counter(), collections.Counter()
-for r in csv.DictReader(rows):
-    if r.get("Metric Name") == "gpu__time_duration.sum":
-        name = r["Kernel Name"].split("(")[0].replace("void ", "")
-        name = name.split("::")[-1]
-        tot[name] += float(r["Metric Value"].replace(",", "")) / 1e3
-        cnt[name] += 1
-for name in tot:
-    print(f"{tot[name] / cnt[name]:10.1f} us {cnt[name]:4d}  {name}")
-'
+      -k regex:"rule_" --launch-count 49 "$DIR/${v}_ops_bench" gdn ${NCU_MODE:-} 2>/dev/null >"$OUT/ncu_$v.csv"
+    python3 scripts/device/ncu_kernel_means.py "$OUT/ncu_$v.csv"
   done
 fi
 
