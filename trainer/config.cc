@@ -372,6 +372,15 @@ void set_betas(RunConfig& cfg, const YAML::Node& n, const std::string& where) {
   cfg.origin["optim.beta1"] = cfg.origin["optim.beta2"] = where;
 }
 
+// The model keys a run may set over model.init_from's config.json instead of agreeing with it:
+// choices of training, not of the weights. vision.freeze (whether the tower trains) and
+// vision.vision_feature_layer (which of the tower's hidden states feeds the projector: the
+// checkpoint holds every layer's weights either way; validate() checks the value against the
+// tower's layers).
+bool init_from_overrides(const std::string& key) {
+  return key == "vision.freeze" || key == "vision.vision_feature_layer";
+}
+
 // Parser state: which model keys were written (for the init_from agreement check).
 struct ParseState {
   std::map<std::string, std::string> model_keys;  // key -> where it was set
@@ -407,7 +416,8 @@ void apply(RunConfig& cfg, const std::string& key, const YAML::Node& value, cons
   TT_CHECK(f != nullptr, "no field ", key);
   set_field(cfg, *f, value, o);
   cfg.origin[key] = o.where;
-  if ((key.rfind("model.", 0) == 0 && key != "model.init_from") || (key.rfind("vision.", 0) == 0 && key != "vision.freeze"))
+  if ((key.rfind("model.", 0) == 0 && key != "model.init_from") ||
+      (key.rfind("vision.", 0) == 0 && !init_from_overrides(key)))
     st.model_keys[key] = o.where;
 }
 
@@ -530,9 +540,11 @@ void resolve_init_from(RunConfig& cfg, const ParseState& st) {
       throw Error(str(where, ": ", key, " = ", mine, " does not match ", theirs, " in ", file,
                       " (model.init_from); drop the key or make it agree"));
   }
-  const bool freeze = cfg.model.vision.freeze;  // a training choice, not part of the checkpoint's model
+  const model::VisionConfig written = cfg.model.vision;  // init_from_overrides' keys, where written
   cfg.model = from_hf.model;
-  if (cfg.origin.count("vision.freeze")) cfg.model.vision.freeze = freeze;
+  if (cfg.origin.count("vision.freeze")) cfg.model.vision.freeze = written.freeze;
+  if (cfg.origin.count("vision.vision_feature_layer"))
+    cfg.model.vision.vision_feature_layer = written.vision_feature_layer;
   for (const Field& f : fields())
     if ((f.key.rfind("model.", 0) == 0 || f.key.rfind("vision.", 0) == 0) && f.key != "model.init_from" &&
         !cfg.origin.count(f.key))

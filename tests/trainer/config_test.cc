@@ -583,6 +583,38 @@ TEST(ConfigTest, InitFromReadsModelAndChecksAgreement) {
       << lt;
 }
 
+// vision.freeze and vision.vision_feature_layer are choices of the run, not of the weights: written
+// over model.init_from they override its config.json (the tower's other keys must still agree),
+// and the override is range-checked against the checkpoint's tower, naming the run's line.
+TEST(ConfigTest, InitFromTakesTheRunsVisionFeatureLayer) {
+  const fs::path dir = tmpdir() / "cfg_init_from_vision";
+  fs::create_directories(dir / "hf");
+  model::ModelConfig m = load_config("configs/vla_tiny.yaml", {}).model;
+  m.vision.vision_feature_layer = -2;  // LLaVA-1.5's, as the checkpoint says
+  { std::ofstream(dir / "hf" / "config.json") << m.to_hf_json().dump(2); }
+  const std::string run = (dir / "run.yaml").string();
+  { std::ofstream(run) << "data:\n  path: d.jsonl\nmodel:\n  init_from: hf\n"; }
+  EXPECT_EQ(load_config(run, {}).model.vision.vision_feature_layer, -2);
+  EXPECT_EQ(load_config(run, {}).model.vision.hidden_size, 32);
+  {
+    std::ofstream(run) << "data:\n  path: d.jsonl\nmodel:\n  init_from: hf\nvision:\n  vision_feature_layer: -1\n"
+                          "  freeze: true\n";
+  }
+  const RunConfig c = load_config(run, {});
+  EXPECT_EQ(c.model.vision.vision_feature_layer, -1);
+  EXPECT_TRUE(c.model.vision.freeze);
+  EXPECT_EQ(c.model.vision.hidden_size, 32);  // the rest from config.json
+  EXPECT_EQ(c.where("vision.vision_feature_layer"), run + ":6");
+  EXPECT_EQ(load_config(run, {"vision.vision_feature_layer=0"}).model.vision.vision_feature_layer, 0);
+  // Out of the checkpoint's tower (2 layers: -3 .. 2): the run's key is named.
+  const std::string range = error_of([&] { load_config(run, {"vision.vision_feature_layer=3"}); });
+  EXPECT_NE(range.find("--set vision.vision_feature_layer=3"), std::string::npos) << range;
+  EXPECT_NE(range.find("vision_feature_layer"), std::string::npos) << range;
+  // The tower's shape still has to agree.
+  const std::string shape = error_of([&] { load_config(run, {"vision.hidden_size=48"}); });
+  EXPECT_EQ(shape.rfind("--set vision.hidden_size=48: vision.hidden_size = 48 does not match 32 in ", 0), 0u) << shape;
+}
+
 // num_experts (transformers' key) is taken as written in HF configs when 0; a mixture of experts is
 // an error naming the line and the key, not a silently dense model.
 TEST(ConfigTest, NumExpertsZeroOnly) {
