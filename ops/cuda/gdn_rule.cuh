@@ -84,6 +84,7 @@ struct RuleParams {
 // A buffer the bf16 kernels (bf16_kernels) hand each other in bf16: the same element layout as its
 // fp32 one, in the fp32 buffer's first half (P, PT, T, sin, vnew; dsout, dvn, db2).
 __host__ __device__ inline bf16* p_bf16(float* P) { return reinterpret_cast<bf16*>(P); }
+__host__ __device__ inline const bf16* p_bf16(const float* P) { return reinterpret_cast<const bf16*>(P); }
 
 // dst (R rows, default 64, of `cols` elements of T at a stride of `stride`) <- rows r0 .. r0 + L of src, row r
 // at src + (r0 + r) * row_pitch; rows >= L zero-filled. cols * sizeof(T) a multiple of 16. The
@@ -257,6 +258,32 @@ __device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, u
   lo = attn::pack_bf16x2(x0 - h.x, x1 - h.y);
 }
 
+// (x0, x1) as a product's operand parts: bf16 high and low halves (split_bf16x2), or with kBf16
+// (GdnProducts::kBf16) the high half alone, x rounded to bf16 (lo left as it was, never read).
+template <bool kBf16>
+__device__ __forceinline__ void bf16_parts(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  if constexpr (kBf16)
+    hi = attn::pack_bf16x2(x0, x1);
+  else
+    split_bf16x2(x0, x1, hi, lo);
+}
+
+// Element at of a buffer the bf16 kernels hand each other (p_bf16) and its neighbour, (x0, x1):
+// fp32, or with kBf16 the packed bf16 pair, x rounded as the reading kernel's products would.
+template <bool kBf16>
+__device__ __forceinline__ void store_pair(float* buf, int64_t at, float x0, float x1) {
+  if constexpr (kBf16)
+    *reinterpret_cast<uint32_t*>(p_bf16(buf) + at) = attn::pack_bf16x2(x0, x1);
+  else
+    *reinterpret_cast<float2*>(buf + at) = make_float2(x0, x1);
+}
+
+// Two bf16 values as a packed pair (lo in the low half), bits unchanged: an mma operand pair whose
+// two elements are not adjacent in memory (a column of a row-major bf16 tile).
+__device__ __forceinline__ uint32_t bf16_pair(const bf16& lo, const bf16& hi) {
+  return (uint32_t)reinterpret_cast<const uint16_t&>(lo) | (uint32_t)reinterpret_cast<const uint16_t&>(hi) << 16;
+}
+
 // (x0, x1) as three packed bf16 pairs, hi = bf16(x), mid = bf16(x - hi), lo = bf16(x - hi - mid): x
 // = hi + mid + lo to fp32's 24 bits (each difference exact).
 __device__ __forceinline__ void split3_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& mid, uint32_t& lo) {
@@ -289,19 +316,24 @@ __device__ __forceinline__ void split_a_fragment(uint32_t (&hi)[4], uint32_t (&l
   split_a_fragment_pairs(hi, lo, m0, k0, [&](int r, int c) { return make_float2(at(r, c), at(r, c + 1)); });
 }
 
-// split_a_fragment, or with kBf16 (GdnProducts::kBf16) the high half alone: at rounded to bf16, lo
-// left as it was (never read), as bf16_parts for a single pair.
+// split_a_fragment, or with kBf16 (GdnProducts::kBf16) the high half alone (bf16_parts).
 template <bool kBf16, class At>
 __device__ __forceinline__ void a_fragment_parts(uint32_t (&hi)[4], uint32_t (&lo)[4], int m0, int k0, At&& at) {
   const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int r = m0 + gq + 8 * (j % 2), c = k0 + 2 * tq + 8 * (j / 2);
-    if constexpr (kBf16)
-      hi[j] = attn::pack_bf16x2(at(r, c), at(r, c + 1));
-    else
-      split_bf16x2(at(r, c), at(r, c + 1), hi[j], lo[j]);
+    bf16_parts<kBf16>(at(r, c), at(r, c + 1), hi[j], lo[j]);
   }
+}
+
+// The same fragment of a bf16 matrix, its packed pairs given by pair(row, col) (col even): bf16
+// operands stored as they are multiplied (p_bf16 buffers, the bf16 scores).
+template <class Pair>
+__device__ __forceinline__ void packed_a_fragment(uint32_t (&a)[4], int m0, int k0, Pair&& pair) {
+  const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) a[j] = pair(m0 + gq + 8 * (j % 2), k0 + 2 * tq + 8 * (j / 2));
 }
 
 // The same fragment as three bf16 parts (split3_bf16x2: fp32's 24 bits), the fp32 matrix given
@@ -538,12 +570,8 @@ __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(Ru
   }
   if (p.P) {  // the scores (dk a multiple of 16, walk_writes_outputs)
     const int64_t at = ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
-    chunk_scores(Qb, Kb, gam, dk, L, [&](int r, int s, float x0, float x1) {
-      if constexpr (kBf16)
-        *reinterpret_cast<uint32_t*>(p_bf16(p.P) + at + r * kGdnChunk + s) = attn::pack_bf16x2(x0, x1);
-      else
-        *reinterpret_cast<float2*>(p.P + at + r * kGdnChunk + s) = make_float2(x0, x1);
-    });
+    chunk_scores(Qb, Kb, gam, dk, L,
+                 [&](int r, int s, float x0, float x1) { store_pair<kBf16>(p.P, at + r * kGdnChunk + s, x0, x1); });
   } else if (p.PT) {  // the backward's: transposed and scaled
     const int64_t at = ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
     chunk_scores(Qb, Kb, gam, dk, L, [&](int r, int s, float x0, float x1) {
@@ -756,16 +784,6 @@ size_t walk_smem_bytes(int dk) {
 // tile).
 constexpr int kWalkHalfStride = kWalkCols + 8;  // bf16 row stride of S's and v_new's halves (ldmatrix: no conflicts)
 constexpr int kWalkUStride = kWalkCols + 8;     // fp32 row stride of the U stage (8 floats of padding)
-
-// (x0, x1) as a product's operand parts: bf16 high and low halves (split_bf16x2), or with kBf16
-// (GdnProducts::kBf16) the high half alone, x rounded to bf16 (lo left as it was, never read).
-template <bool kBf16>
-__device__ __forceinline__ void bf16_parts(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  if constexpr (kBf16)
-    hi = attn::pack_bf16x2(x0, x1);
-  else
-    split_bf16x2(x0, x1, hi, lo);
-}
 
 // A walk's state tile in registers (the mma accumulators of rows row0 + gq (+8), columns 8 n + 2 tq
 // (+1), n < 4) to shared memory as bf16 high and low halves (kWalkHalfStride), the B operand of the
@@ -1029,15 +1047,11 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
                                      : (p.init && root >= 0 ? p.init + ((int64_t)root * p.nv + h) * SS : nullptr);
       state_io(nullptr, src);
     }
-    if constexpr (!kOut && kBf16) {  // the entering state as the bf16 state products round it (p_bf16's layout)
-      bf16* dst = p_bf16(p.sin) + ((int64_t)c * p.nv + h) * SS;
+    if constexpr (!kOut)  // the entering state (with kBf16 as the bf16 state products round it)
       if (has_rows)
         walk_state_pairs(si, dv, j0, [&](int n, int half, int64_t at) {
-          *reinterpret_cast<uint32_t*>(dst + at) = attn::pack_bf16x2(S[n][2 * half], S[n][2 * half + 1]);
+          store_pair<kBf16>(p.sin, ((int64_t)c * p.nv + h) * SS + at, S[n][2 * half], S[n][2 * half + 1]);
         });
-    } else if constexpr (!kOut) {
-      state_io(p.sin + ((int64_t)c * p.nv + h) * SS, nullptr);
-    }
     if (has_rows) walk_state_to_halves<kBf16>(Sh, Sl, S, si);
     if constexpr (kDk == 128) attn::sm90::mbar_wait(&bars[c & 1], (c >> 1) & 1);
     attn::cp_async_wait<1>();
@@ -1093,11 +1107,8 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
           const float v0 = acc[nn][2 * half], v1 = acc[nn][2 * half + 1];  // rows past L: not this chunk's
           if constexpr (kOut)
             *reinterpret_cast<float2*>(Vs + r * kWalkVsStride + col) = r < L ? make_float2(v0, v1) : make_float2(0.f, 0.f);
-          else if (r < L && kBf16)  // as the bf16 state and gradient products round it (p_bf16)
-            *reinterpret_cast<uint32_t*>(p_bf16(p.vnew) + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) =
-                attn::pack_bf16x2(v0, v1);
-          else if (r < L)
-            *reinterpret_cast<float2*>(p.vnew + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) = make_float2(v0, v1);
+          else if (r < L)  // with kBf16 as the bf16 state and gradient products round it
+            store_pair<kBf16>(p.vnew, ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col, v0, v1);
           bf16_parts<kBf16>(r < L ? d * v0 : 0.f, r < L ? d * v1 : 0.f, *reinterpret_cast<uint32_t*>(Vh + r * HS + col),
                             *reinterpret_cast<uint32_t*>(Vl + r * HS + col));
         }
@@ -1141,8 +1152,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
       for (int k0 = 0; k0 <= vm; k0 += 16) {  // P is zero right of the diagonal block
         if constexpr (kBf16) {
           uint32_t pa[4];  // A (r, s) = P_rs, as the prep rounded it
-#pragma unroll
-          for (int j = 0; j < 4; ++j) pa[j] = st.pb2(vm + gq + 8 * (j % 2), k0 + 2 * tq + 8 * (j / 2));
+          packed_a_fragment(pa, vm, k0, [&](int r, int s) { return st.pb2(r, s); });
 #pragma unroll
           for (int nn = 0; nn < 2; ++nn) {  // B (s, j) = v_new[s][j] in bf16, rows k0 + 2 tq (+1, +8, +9)
             const float* v = Vs + (k0 + 2 * tq) * kWalkVsStride + vn + 8 * nn + gq;
@@ -1786,16 +1796,10 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
       const float* de = b.d_end ? b.d_end + ((int64_t)n * p.nv + h) * SS : nullptr;
       each([&](int nn, int e, int64_t at) { dS[nn][e] = acc[at] + (de ? de[at] : 0.f); });
     }
-    if constexpr (kBf16) {  // dS as the bf16 state products round it (p_bf16's layout)
-      bf16* out = p_bf16(b.dsout) + ((int64_t)c * p.nv + h) * SS;
-      if (has_rows)
-        walk_state_pairs(si, dv, j0, [&](int nn, int half, int64_t at) {
-          *reinterpret_cast<uint32_t*>(out + at) = attn::pack_bf16x2(dS[nn][2 * half], dS[nn][2 * half + 1]);
-        });
-    } else {
-      float* out = b.dsout + ((int64_t)c * p.nv + h) * SS;
-      each([&](int nn, int e, int64_t at) { out[at] = dS[nn][e]; });
-    }
+    if (has_rows)  // dS (with kBf16 as the bf16 state products round it)
+      walk_state_pairs(si, dv, j0, [&](int nn, int half, int64_t at) {
+        store_pair<kBf16>(b.dsout, ((int64_t)c * p.nv + h) * SS + at, dS[nn][2 * half], dS[nn][2 * half + 1]);
+      });
     if (has_rows) walk_state_to_halves<kBf16>(Sh, Sl, dS, si);
     if constexpr (kDk == 128) attn::sm90::mbar_wait(&bars[step & 1], (step >> 1) & 1);
     attn::cp_async_wait<1>();
@@ -1829,8 +1833,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
         mma::ldsm_x4_trans(d, st.do8(k0 + lane % 8 + 8 * (lane / 8 % 2), vn + 8 * (lane / 16)));
         if constexpr (kBf16) {
           uint32_t pa[4];  // A (r, a) = scale PT_ra, as the prep rounded it
-#pragma unroll
-          for (int j = 0; j < 4; ++j) pa[j] = st.ptb2(vm + gq + 8 * (j % 2), k0 + 2 * tq + 8 * (j / 2));
+          packed_a_fragment(pa, vm, k0, [&](int r, int a) { return st.ptb2(r, a); });
 #pragma unroll
           for (int nn = 0; nn < 2; ++nn) mma::mma_16816(loc[nn], pa, d[2 * nn], d[2 * nn + 1]);
         } else {
@@ -1868,11 +1871,8 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
           const float2 u = make_float2(loc[nn][2 * half], loc[nn][2 * half + 1]);
           const float y0 = r < L ? u.x + d * acc[nn][2 * half] : 0.f,
                       y1 = r < L ? u.y + d * acc[nn][2 * half + 1] : 0.f;
-          if (r < L && kBf16)  // as the bf16 state and gradient products round it (p_bf16)
-            *reinterpret_cast<uint32_t*>(p_bf16(b.dvn) + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) =
-                attn::pack_bf16x2(y0, y1);
-          else if (r < L)
-            *reinterpret_cast<float2*>(b.dvn + ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col) = make_float2(y0, y1);
+          if (r < L)  // with kBf16 as the bf16 state and gradient products round it
+            store_pair<kBf16>(b.dvn, ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col, y0, y1);
           bf16_parts<kBf16>(y0, y1, *reinterpret_cast<uint32_t*>(Vh + r * HS + col),
                             *reinterpret_cast<uint32_t*>(Vl + r * HS + col));
         }
@@ -1985,10 +1985,6 @@ __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwd
   bf16* Db = reinterpret_cast<bf16*>(Vn + kGdnChunk * fs);  // (64, kRowStride)
   const int64_t SS = (int64_t)dk * dv;
   const int64_t s0 = ((int64_t)c * p.nv + h) * SS + (int64_t)i0 * dv;  // the block's first state element
-  const float* Sg = p.sin + s0;
-  const float* dSg = b.dsout + s0;
-  const bf16* Sb = p_bf16(p.sin) + s0;  // kBf16
-  const bf16* dSb = p_bf16(b.dsout) + s0;
   // kBf16: dvn and v_new arrive as bf16 rows (the walks' p_bf16 stores) at a stride of fsb elements,
   // in the same tiles' bytes.
   const int fsb = dv + 8;
@@ -2010,37 +2006,46 @@ __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwd
   // 31) hold every S and dS element of the block once: they sum <S, dS>.
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
   const int m0 = 16 * (warp % 4), a0 = 32 * (warp / 4);
-  // The A fragment values of S or dS for the k-step at k0 (rows m0 + gq (+8), columns k0 + 2 tq (+1,
-  // +8, +9)) from global memory, a k-step ahead of their use.
-  auto load_state = [&](float2(&x)[4], const float* src, const bf16* src_b, int k0) {
+  // The A fragment pairs of S or dS (p.sin, b.dsout) for the k-step at k0 (rows m0 + gq (+8),
+  // columns k0 + 2 tq (+1, +8, +9)) from global memory, a k-step ahead of their use: fp32 pairs, or
+  // with kBf16 the packed bf16 pairs the walks stored, the mma operands as they are.
+  using Pair = std::conditional_t<kBf16, uint32_t, float2>;
+  auto load_state = [&](Pair(&x)[4], const float* buf, int k0) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int r = m0 + gq + 8 * (j % 2), col = k0 + 2 * tq + 8 * (j / 2);
+      const int64_t at = s0 + (int64_t)r * dv + col;
       if constexpr (kBf16)
-        x[j] = r < R ? unpack_bf16x2(__ldg(reinterpret_cast<const uint32_t*>(src_b + (int64_t)r * dv + col)))
-                     : make_float2(0.f, 0.f);
+        x[j] = r < R ? __ldg(reinterpret_cast<const uint32_t*>(p_bf16(buf) + at)) : 0u;
       else
-        x[j] = r < R ? __ldg(reinterpret_cast<const float2*>(src + (int64_t)r * dv + col)) : make_float2(0.f, 0.f);
+        x[j] = r < R ? __ldg(reinterpret_cast<const float2*>(buf + at)) : make_float2(0.f, 0.f);
     }
   };
   float sdo[4][4] = {}, dsv[4][4] = {}, sdv[4][4] = {};  // sdv = S . dvn (dW = -sdv)
   float sds = 0.f;
-  float2 sx[4], dx[4];
-  load_state(sx, Sg, Sb, 0);
-  load_state(dx, dSg, dSb, 0);
+  Pair sx[4], dx[4];
+  load_state(sx, p.sin, 0);
+  load_state(dx, b.dsout, 0);
   attn::cp_async_wait<0>();
   __syncthreads();
   for (int k0 = 0; k0 < dv; k0 += 16) {
     uint32_t sh[4], sl[4], dh[4], dl[4], o[2][4];  // dO: n8 tile n is o[n / 2][2 (n % 2)], [.. + 1]
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      bf16_parts<kBf16>(sx[j].x, sx[j].y, sh[j], sl[j]);
-      bf16_parts<kBf16>(dx[j].x, dx[j].y, dh[j], dl[j]);
-      if (warp < 4) sds = fmaf(sx[j].x, dx[j].x, fmaf(sx[j].y, dx[j].y, sds));  // 0 past R
+      float2 s2{}, d2{};  // the values <S, dS> sums
+      if constexpr (kBf16) {
+        sh[j] = sx[j], dh[j] = dx[j];
+        if (warp < 4) s2 = unpack_bf16x2(sx[j]), d2 = unpack_bf16x2(dx[j]);
+      } else {
+        split_bf16x2(sx[j].x, sx[j].y, sh[j], sl[j]);
+        split_bf16x2(dx[j].x, dx[j].y, dh[j], dl[j]);
+        s2 = sx[j], d2 = dx[j];
+      }
+      if (warp < 4) sds = fmaf(s2.x, d2.x, fmaf(s2.y, d2.y, sds));  // 0 past R
     }
     if (k0 + 16 < dv) {
-      load_state(sx, Sg, Sb, k0 + 16);
-      load_state(dx, dSg, dSb, k0 + 16);
+      load_state(sx, p.sin, k0 + 16);
+      load_state(dx, b.dsout, k0 + 16);
     }
 #pragma unroll
     for (int np = 0; np < 2; ++np)
@@ -2331,9 +2336,9 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
   attn::cp_async_wait<0>();
   __syncthreads();
   {  // B: [dB1 | dB2] = T^T [dvn | dW] on tensor cores (T from the prep, in MK; both split into bf16
-     // halves, three mma a tile; with kBf16 both bf16 (p_bf16), one mma). Warp w takes the n8 column tiles w, w + 8, .. of all 64 rows; T^T's
-     // row block m has nonzero k blocks >= m only (T is lower triangular). Rows past L stay 0: their
-     // right-hand sides are 0 and T^T is upper triangular.
+     // halves, three mma a tile; with kBf16 both bf16 (p_bf16), one mma). Warp w takes the n8 column
+     // tiles w, w + 8, .. of all 64 rows; T^T's row block m has nonzero k blocks >= m only (T is lower
+     // triangular). Rows past L stay 0: their right-hand sides are 0 and T^T is upper triangular.
     constexpr int kTiles = 4;  // n8 tiles a warp: X <= 256
     const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
     float acc[4][kTiles][4] = {};  // [row block][tile][fragment]
@@ -2347,9 +2352,8 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
         for (int jj = 0; jj < 2; ++jj) {
           const int rb = k0 + 2 * tq + 8 * jj;
           if (col >= X) continue;
-          if constexpr (kBf16)  // rows rb, rb + 1 of column col: the low half first
-            bh[t][jj] = (uint32_t)reinterpret_cast<const uint16_t&>(XBb[rb * XSb + col]) |
-                        (uint32_t)reinterpret_cast<const uint16_t&>(XBb[(rb + 1) * XSb + col]) << 16;
+          if constexpr (kBf16)  // rows rb, rb + 1 of column col
+            bh[t][jj] = bf16_pair(XBb[rb * XSb + col], XBb[(rb + 1) * XSb + col]);
           else
             split_bf16x2(XB[rb * XS + col], XB[(rb + 1) * XS + col], bh[t][jj], bl[t][jj]);
         }
@@ -2357,9 +2361,12 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
 #pragma unroll
       for (int m = 0; m <= k0 / 16; ++m) {
         uint32_t ah[4], al[4];  // A (a, b) = T_ba
-        a_fragment_parts<kBf16>(ah, al, 16 * m, k0, [&](int a, int bb) {
-          return kBf16 ? __bfloat162float(Tb[bb * kRowStride + a]) : MK[bb * PS + a];
-        });
+        if constexpr (kBf16)
+          packed_a_fragment(ah, 16 * m, k0, [&](int a, int bb) {
+            return bf16_pair(Tb[bb * kRowStride + a], Tb[(bb + 1) * kRowStride + a]);
+          });
+        else
+          split_a_fragment(ah, al, 16 * m, k0, [&](int a, int bb) { return MK[bb * PS + a]; });
 #pragma unroll
         for (int t = 0; t < kTiles; ++t) {
           if (8 * (warp + 8 * t) >= X) break;
