@@ -14,7 +14,10 @@
 #                                                  table of each ops_bench row's figures to stdout
 # Device run:  run(command="scripts/device/gdn_variants.sh", carry=[".device/gdn_variants"])
 # Environment: ROUNDS (2), SKIP_TESTS=1, SKIP_NCU=1, VARIANTS (e.g. "v2 v4"; default all staged),
-# NCU_MODE (exact or bf16: ncu profiles only that product mode's launches; default both, exact's first).
+# TEST_VARIANTS (the variants whose tests run; default VARIANTS), RACECHECK=1 (racecheck on each
+# tested variant's delta-rule backward test too), OPS_MODE and NCU_MODE (exact or bf16: the rounds'
+# `ops_bench gdn` and ncu take only that product mode; default both, exact's first). The unpacked
+# binaries stay in /tmp/gdn_variants_bin for what a caller runs after.
 set -uo pipefail
 self=$(realpath "$0") || exit 1
 cd "$(dirname "$self")/../.." || exit 1
@@ -86,13 +89,17 @@ echo "variants: $(cat "$DIR/labels" 2>/dev/null)"
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  for v in $variants; do
+  for v in ${TEST_VARIANTS:-$variants}; do
     for t in $TESTS; do run_gtest "${v}_${t#*:}" 300; done
     if [ -x "$san" ]; then
-      echo "===== memcheck ${v}_gdn_test" >>"$OUT/tests.log"
-      timeout 150 "$san" --tool memcheck --error-exitcode 9 "$DIR/${v}_gdn_test" --gtest_brief=1 \
-        --gtest_filter='*DeltaRule*' >>"$OUT/tests.log" 2>&1
-      printf "%-28s memcheck rc=%s\n" "${v}_gdn_test" "$?" >>"$summary"
+      checks=("memcheck:*DeltaRule*")  # tool:gtest filter
+      [ "${RACECHECK:-0}" = 1 ] && checks+=("racecheck:*DeltaRuleBackward*")
+      for check in "${checks[@]}"; do
+        echo "===== ${check%%:*} ${v}_gdn_test" >>"$OUT/tests.log"
+        timeout 200 "$san" --tool "${check%%:*}" --error-exitcode 9 "$DIR/${v}_gdn_test" --gtest_brief=1 \
+          --gtest_filter="${check#*:}" >>"$OUT/tests.log" 2>&1
+        printf "%-28s %s rc=%s\n" "${v}_gdn_test" "${check%%:*}" "$?" >>"$summary"
+      done
     fi
   done
 fi
@@ -100,7 +107,7 @@ fi
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for v in $variants; do
     start=$SECONDS
-    timeout 200 "$DIR/${v}_ops_bench" gdn >"$OUT/${v}_$r.txt" 2>&1
+    timeout 200 "$DIR/${v}_ops_bench" gdn ${OPS_MODE:-} >"$OUT/${v}_$r.txt" 2>&1
     echo "$v round $r rc=$? $((SECONDS - start))s" >>"$summary"
   done
 done
