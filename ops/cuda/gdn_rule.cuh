@@ -1335,7 +1335,9 @@ struct RuleBwdParams {
   float *dvn, *qo, *dsout, *acc;  // (N nv dv), (chunks nv dk dv; null at dk 16 k), (chunks nv dk dv), (nodes nv dk dv)
                                   // (dvn, dsout: fp32, or bf16 (p_bf16) in the bf16 kernels, as sin)
   float* db2;                   // (N, nv, dk): dW = -dvn S^T (rule_bwd_state_kernel; bf16 likewise)
-  float *gq, *gk;               // (N, nv, dk) per value head
+  float *gq, *gk;               // (N, nv, dk) per value head; the group's first head's rows then hold
+                                // rule_bwd_grad_kernel's running sums over the group
+  bf16 *dq_out, *dk_out;        // (N, nk, dk) q's and k's gradients (+= with accumulate)
   float* sds;                   // (chunks, nv, ceil(dk / kStateRows)) partial <S, dS>
   bf16* dv;                     // outputs
   float *dg, *dbeta;
@@ -2087,11 +2089,26 @@ __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwd
       const int64_t at = ((int64_t)(r0 + a) * p.nv + h) * dk + i0 + i;
       b.gq[at] = sdo[n][e];
       b.gk[at] = dsv[n][e];
-      if constexpr (kBf16)
-        p_bf16(b.db2)[at] = __float2bfloat16_rn(-sdv[n][e]);  // as the grad kernel's bf16 products round it
-      else
-        b.db2[at] = -sdv[n][e];
+      if constexpr (!kBf16) b.db2[at] = -sdv[n][e];
     }
+  if constexpr (kBf16) {
+    // dW in bf16 (p_bf16; as the grad kernel's bf16 products round it) as packed pairs of adjacent
+    // state rows i, i + 1 (adjacent in the (N, nv, dk) rows): lanes gq and gq ^ 1 swap one value,
+    // the even lane then stores row a's pair at i, the odd one row a + 1's at i - 1. Every lane
+    // shuffles; half the stores of one value each.
+    const bool odd = gq & 1;
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int ih = 0; ih < 2; ++ih) {
+        const float x0 = -sdv[n][2 * ih], x1 = -sdv[n][2 * ih + 1];  // rows a0 + 8 n + 2 tq, +1
+        const float y = __shfl_xor_sync(0xffffffffu, odd ? x0 : x1, 4);
+        const int i = m0 + gq + 8 * ih - (odd ? 1 : 0), a = a0 + 8 * n + 2 * tq + (odd ? 1 : 0);
+        if (i < R && a < L)  // R: a multiple of 16 (dk is), so i + 1 < R too
+          *reinterpret_cast<uint32_t*>(p_bf16(b.db2) + ((int64_t)(r0 + a) * p.nv + h) * dk + i0 + i) =
+              odd ? attn::pack_bf16x2(y, x1) : attn::pack_bf16x2(x0, y);
+      }
+  }
   // The rows' share of <S, dS>, in a fixed order (warps 4.. add zeros).
   __shared__ float red[detail::kWarp];
   sds = detail::block_sum(sds, red);
@@ -2134,6 +2151,42 @@ __device__ __forceinline__ void chunk_gram_split(float* dst, int stride, const b
   __syncthreads();
 }
 
+// Value head h's gradients of q~ and k, vq and vk, at packed row `row`, key dims i .. i + n (h the
+// hh-th of its key head's group, every head of which the same block takes in turn, the same thread
+// the same elements): added to the group's running sums (fp32, in gq's and gk's rows of the group's
+// first head, which that head has read by then), or at the group's last head the key head's
+// gradients dq = scale sum gq and dk = sum gk (+= the bf16 values there with accumulate), rounded
+// to bf16 once. The sums run in head order from 0, as a separate pass over gq and gk would.
+template <int n>
+__device__ __forceinline__ void group_sum_out(const RuleBwdParams& b, int row, int h, int hh, int i,
+                                              const float (&vq)[n], const float (&vk)[n]) {
+  const RuleParams& p = b.f;
+  const int group = p.nv / p.nk, dk = p.dk;
+  const int64_t run = ((int64_t)row * p.nv + h - hh) * dk + i;
+  float q[n], k[n];
+#pragma unroll
+  for (int e = 0; e < n; ++e) q[e] = (hh > 0 ? b.gq[run + e] : 0.f) + vq[e], k[e] = (hh > 0 ? b.gk[run + e] : 0.f) + vk[e];
+  if (hh + 1 < group) {
+#pragma unroll
+    for (int e = 0; e < n; ++e) b.gq[run + e] = q[e], b.gk[run + e] = k[e];
+    return;
+  }
+  const int64_t out = ((int64_t)row * p.nk + h / group) * dk + i;
+#pragma unroll
+  for (int e = 0; e < n; ++e) {
+    q[e] *= p.scale;
+    if (b.accumulate) q[e] += bf(b.dq_out[out + e]), k[e] += bf(b.dk_out[out + e]);
+  }
+  if (n == 2 && (reinterpret_cast<uintptr_t>(b.dq_out + out) & 3) == 0 &&
+      (reinterpret_cast<uintptr_t>(b.dk_out + out) & 3) == 0) {  // a pair a store (any bf16 alignment is allowed)
+    *reinterpret_cast<__nv_bfloat162*>(b.dq_out + out) = __floats2bfloat162_rn(q[0], q[n - 1]);
+    *reinterpret_cast<__nv_bfloat162*>(b.dk_out + out) = __floats2bfloat162_rn(k[0], k[n - 1]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < n; ++e) b.dq_out[out + e] = __float2bfloat16_rn(q[e]), b.dk_out[out + e] = __float2bfloat16_rn(k[e]);
+  }
+}
+
 // Phase F of rule_bwd_grad_kernel on tensor cores (dk a multiple of 16): over the chunk's rows x,
 // aq_r = sum_x DOVd_rx k_x and ak_r = sum_x (scale DOVd_xr q~_x + (MK_xr + MK_rx) k_x), the fp32
 // pair matrices split into bf16 halves (two mma each; q~ and k exact in bf16, read by transposing
@@ -2144,7 +2197,7 @@ __device__ __forceinline__ void chunk_gram_split(float* dst, int stride, const b
 template <bool kBf16>
 __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* Qb, const bf16* Kb, const float* DOVd,
                                             const float* MK, const float* dB2, int X, const float* gam,
-                                            const float* bet, float gl, int r0, int L, int h) {
+                                            const float* bet, float gl, int r0, int L, int h, int hh) {
   const RuleParams& p = b.f;
   const int dk = p.dk, lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
   const int m0 = 16 * (warp % 4), n0 = 16 * (warp / 4), n16 = dk / 16;
@@ -2206,11 +2259,10 @@ __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* 
       for (int n = 0; n < 2; ++n) {
         const int i = col + 8 * n + 2 * tq;
         const float2 q2 = sq[half][t][n], k2 = sk[half][t][n];
-        *reinterpret_cast<float2*>(b.gq + row + i) =
-            make_float2(eg * q2.x + aq[t][n][2 * half], eg * q2.y + aq[t][n][2 * half + 1]);
-        *reinterpret_cast<float2*>(b.gk + row + i) =
-            make_float2(el * k2.x + bet[r] * eg * dB2[r * X + i] + ak[t][n][2 * half],
-                        el * k2.y + bet[r] * eg * dB2[r * X + i + 1] + ak[t][n][2 * half + 1]);
+        const float vq[2] = {eg * q2.x + aq[t][n][2 * half], eg * q2.y + aq[t][n][2 * half + 1]},
+                    vk[2] = {el * k2.x + bet[r] * eg * dB2[r * X + i] + ak[t][n][2 * half],
+                             el * k2.y + bet[r] * eg * dB2[r * X + i + 1] + ak[t][n][2 * half + 1]};
+        group_sum_out(b, r0 + r, h, hh, i, vq, vk);
       }
     }
   }
@@ -2229,19 +2281,18 @@ __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* 
 //   E: dg, the reverse cumulative sum of dgam;
 //   F: dq~ = e^(gam) S dO + DOVd K and dk = e^(gam_L - gam) dS v_new + beta e^(gam) dB2
 //      + DOVd^T q~ + MK^T K + MK K: on tensor cores (grad_qk_mma) when dk is a multiple of 16,
-//      else a 4 x 8 register tile a thread. q~'s and k's gradients go to
-//      per-value-head fp32 rows (gq, gk), summed over each key head's group afterwards.
+//      else a 4 x 8 register tile a thread. q~'s and k's gradients are summed over the key
+//      head's group as its value heads go (group_sum_out; rule_bwd_grad_kernel runs them in turn).
 // kD: 128 when dk = dv = 128 (Qwen3-Next's and Qwen3.5's heads: the loops over them unroll), else
 // 0 (p.dk, p.dv). (rule_bwd_local_kernel measured no faster so; rule_bwd_state_kernel spills at
 // its 128-register cap.)
 // kBf16 (GdnProducts::kBf16; dk a multiple of 16): the tensor-core products' fp32 operands (v_new,
 // [dvn | dW], T, Z and the pair matrices) rounded to bf16, one mma a product, fp32 sums.
-template <int kD, bool kBf16 = false>
-__global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdParams b) {
+template <int kD, bool kBf16>
+__device__ __forceinline__ void grad_head(const RuleBwdParams& b, int c, int h, int hh) {
   TT_EXTERN_SMEM_16(smem);
   const RuleParams& p = b.f;
-  const ChunkPart cp = chunk_part(1);
-  const int c = cp.c, h = cp.h, kh = h / (p.nv / p.nk), dk = kD ? kD : p.dk, dv = kD ? kD : p.dv, X = dv + dk;
+  const int kh = h / (p.nv / p.nk), dk = kD ? kD : p.dk, dv = kD ? kD : p.dv, X = dv + dk;
   const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
   constexpr int C = kGdnChunk, PS = kPairStride;
   constexpr int kFs = 128 + 4;  // v_new's fp32 row stride in phase A
@@ -2604,7 +2655,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
     if (al < L) b.dg[rowi(al)] = b.accumulate ? b.dg[rowi(al)] + lo : lo;
   }
   if (dk % 16 == 0) {  // F on tensor cores
-    grad_qk_mma<kBf16>(b, Qb, Kb, DOVd, MK, XB + dv, XS, gam, bet, gl, r0, L, h);
+    grad_qk_mma<kBf16>(b, Qb, Kb, DOVd, MK, XB + dv, XS, gam, bet, gl, r0, L, h, hh);
   } else {  // F: rows tr + 16u, columns 8 tc .. 8 tc + 8
     const int tr = threadIdx.x / 16, tc = threadIdx.x % 16, i0 = 8 * tc;
     if (i0 < dk) {
@@ -2640,11 +2691,24 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
           const int i = i0 + e;
           if (i >= dk) break;
           const int64_t at = rowi(r) * dk + i;
-          b.gq[at] = eg * b.gq[at] + aq[u][e];                                  // gq held S dO_r
-          b.gk[at] = el * b.gk[at] + bet[r] * eg * XB[r * XS + dv + i] + ak[u][e];  // gk held dS v_new_r
+          const float vq[1] = {eg * b.gq[at] + aq[u][e]},                                   // gq held S dO_r
+              vk[1] = {el * b.gk[at] + bet[r] * eg * XB[r * XS + dv + i] + ak[u][e]};  // gk held dS v_new_r
+          group_sum_out(b, r0 + r, h, hh, i, vq, vk);
         }
       }
     }
+  }
+}
+
+// Per (chunk, key head): the gradients of the chunk's inputs, each value head of the key head's
+// group in turn (grad_head), q's and k's summed over the group as they go (group_sum_out) and
+// written once, in bf16.
+template <int kD, bool kBf16 = false>
+__global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdParams b) {
+  const int group = b.f.nv / b.f.nk;
+  for (int hh = 0; hh < group; ++hh) {
+    if (hh > 0) __syncthreads();  // the last head's shared-memory reads are done
+    grad_head<kD, kBf16>(b, blockIdx.x, blockIdx.y * group + hh, hh);
   }
 }
 
@@ -2653,36 +2717,6 @@ size_t bwd_grad_smem_bytes(int dk, int dv) {
   const size_t xb = sizeof(float) * (size_t)kGdnChunk * (dk + dv + 4);
   return sizeof(bf16) * 3 * kGdnChunk * kRowStride + sizeof(float) * (5 * kGdnChunk * kPairStride + 4 * kGdnChunk) +
          std::max(phase_a, xb);  // q, k, v rows; KKd, QK, DOVd, MK, Z; gam, beta, dgam, te; R
-}
-
-// dq (+)= scale sum over the key head's value heads of gq; dk likewise (no scale).
-template <int VEC>  // elements a thread: 8 (16-byte loads and stores; D is a multiple of 8) or 1
-__global__ void rule_bwd_group_kernel(bf16* dq, bf16* dk, const float* gq, const float* gk, int N, int nk, int nv, int D,
-                                      float scale, bool accumulate) {
-  const int64_t e = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
-  if (e >= (int64_t)N * nk * D) return;
-  const int i = (int)(e % D), kh = (int)(e / D % nk), row = (int)(e / D / nk), r = nv / nk;
-  float xq[VEC] = {}, xk[VEC] = {};
-  for (int h = kh * r; h < (kh + 1) * r; ++h) {
-    const int64_t at = ((int64_t)row * nv + h) * D + i;
-    float a[VEC], c[VEC];
-    detail::load_f32<VEC>(a, gq + at);
-    detail::load_f32<VEC>(c, gk + at);
-#pragma unroll
-    for (int u = 0; u < VEC; ++u) xq[u] += a[u], xk[u] += c[u];
-  }
-  float oq[VEC], ok[VEC];
-  if (accumulate) {
-    detail::load_bf16<VEC>(oq, dq + e);
-    detail::load_bf16<VEC>(ok, dk + e);
-  }
-#pragma unroll
-  for (int u = 0; u < VEC; ++u) {
-    xq[u] *= scale;
-    if (accumulate) xq[u] += oq[u], xk[u] += ok[u];
-  }
-  detail::store_bf16<VEC>(dq + e, xq);
-  detail::store_bf16<VEC>(dk + e, xk);
 }
 
 // Whether the forward's walk writes o itself (rule_walk_mma_kernel<kDk, true>: dk a multiple of
@@ -2884,7 +2918,7 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   b.d_init = d_init;
   b.dvn = s.dvn, b.qo = s.qo, b.dsout = s.dsout, b.acc = s.acc, b.db2 = s.db2, b.gq = s.gq,
   b.gk = s.gk, b.sds = s.sds;
-  b.dv = dv, b.dg = dg, b.dbeta = dbeta;
+  b.dv = dv, b.dg = dg, b.dbeta = dbeta, b.dq_out = dq, b.dk_out = dk;
   b.accumulate = accumulate;
   rule_prep_and_walk(b.f, run, /*out=*/false, products);  // the forward again: U, W, gam, v_new, the entering states
   const bool b16 = bf16_kernels(products, dk_);  // as rule_prep_and_walk's
@@ -2908,14 +2942,7 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
              bwd_state_smem_bytes(dv_), b);
   run.launch(dk_ == 128 && dv_ == 128 ? (b16 ? rule_bwd_grad_kernel<128, true> : rule_bwd_grad_kernel<128, false>)
                                       : (b16 ? rule_bwd_grad_kernel<0, true> : rule_bwd_grad_kernel<0, false>),
-             chunk_parts_grid(chunks, nv, 1), kRuleThreads, bwd_grad_smem_bytes(dk_, dv_), b);
-  const int64_t n = (int64_t)plan.rows() * nk * dk_;
-  // Eight elements a thread where dq and dk allow 16-byte stores (dk_ is a multiple of 8).
-  const bool vec8 = reinterpret_cast<uintptr_t>(dq) % 16 == 0 && reinterpret_cast<uintptr_t>(dk) % 16 == 0;
-  const int64_t threads = vec8 ? n / 8 : n;
-  run.launch(vec8 ? rule_bwd_group_kernel<8> : rule_bwd_group_kernel<1>,
-             dim3((unsigned)((threads + kRuleThreads - 1) / kRuleThreads)), kRuleThreads, 0, dq, dk, (const float*)s.gq,
-             (const float*)s.gk, plan.rows(), nk, nv, dk_, (float)scale, accumulate);
+             dim3((unsigned)chunks, (unsigned)nk), kRuleThreads, bwd_grad_smem_bytes(dk_, dv_), b);
 }
 
 }  // namespace

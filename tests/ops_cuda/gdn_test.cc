@@ -322,8 +322,8 @@ TEST_F(GdnOps, DeltaRuleBackwardMatchesTheRecurrentOracle) {
     EXPECT_LE(rel_l2(to_host(g_g), twice(dg)), 1e-3) << "dg accumulated" << at;
     EXPECT_LE(rel_l2(to_host(g_b), twice(db)), 1e-3) << "dbeta accumulated" << at;
     EXPECT_LE(rel_l2(to_host(d_di), twice(di)), 1e-3) << "d_init accumulated" << at;
-    // dq, dk and dv two bytes past a 16-byte boundary: the key-head sums and the grad kernel's dv
-    // rows take their one-element paths (the eight-element ones store 16 bytes), with the same
+    // dq, dk and dv two bytes past a 16-byte boundary: the grad kernel's dq, dk and dv stores take
+    // their one-element paths (the pair and eight-element ones store 4 and 16 bytes), with the same
     // sums in the same order, so the same bits as the first call's.
     DeviceBuffer<bf16> m_q(rc.q.size() + 1), m_k(rc.k.size() + 1), m_v(rc.v.size() + 1);
     cuda::gdn_backward(m_q.data() + 1, m_k.data() + 1, m_v.data() + 1, g_g.data(), g_b.data(), d_di.data(), d_dO.data(),
