@@ -529,8 +529,9 @@ template <bool kHalves, bool kBf16 = false>
 __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(RuleParams p) {
   static_assert(kHalves || !kBf16, "bf16 products only where W is stored as halves");
   TT_EXTERN_SMEM_16(smem);
-  const ChunkPart cp = chunk_part(1);
-  const int c = cp.c, h = cp.h, kh = h / (p.nv / p.nk);
+  // Block c nv + h: a key head's value heads side by side, so all but the first read the chunk's
+  // q and k rows from L2.
+  const int c = (int)blockIdx.x / p.nv, h = (int)blockIdx.x % p.nv, kh = h / (p.nv / p.nk);
   const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], dk = p.dk, dv = p.dv;
   constexpr int PS = kPairStride;
   bf16* Kb = reinterpret_cast<bf16*>(smem);                          // (64, kRowStride)
@@ -2080,35 +2081,28 @@ __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwd
       }
     }
   }
+  // The products out as pairs of adjacent state rows i, i + 1 (adjacent in the (N, nv, dk) rows;
+  // the fragments hold pairs of adjacent chunk rows): lanes gq and gq ^ 1 swap one value of each,
+  // the even lane then stores row a's pair at i, the odd one row a + 1's at i - 1. Every lane
+  // shuffles; one store a pair. dW with kBf16 in bf16 (as the grad kernel's bf16 products round it).
+  const bool odd = gq & 1;
 #pragma unroll
   for (int n = 0; n < 4; ++n)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = m0 + gq + 8 * (e / 2), a = a0 + 8 * n + 2 * tq + e % 2;
-      if (i >= R || a >= L) continue;
-      const int64_t at = ((int64_t)(r0 + a) * p.nv + h) * dk + i0 + i;
-      b.gq[at] = sdo[n][e];
-      b.gk[at] = dsv[n][e];
-      if constexpr (!kBf16) b.db2[at] = -sdv[n][e];
-    }
-  if constexpr (kBf16) {
-    // dW in bf16 (p_bf16; as the grad kernel's bf16 products round it) as packed pairs of adjacent
-    // state rows i, i + 1 (adjacent in the (N, nv, dk) rows): lanes gq and gq ^ 1 swap one value,
-    // the even lane then stores row a's pair at i, the odd one row a + 1's at i - 1. Every lane
-    // shuffles; half the stores of one value each.
-    const bool odd = gq & 1;
-#pragma unroll
-    for (int n = 0; n < 4; ++n)
-#pragma unroll
-      for (int ih = 0; ih < 2; ++ih) {
-        const float x0 = -sdv[n][2 * ih], x1 = -sdv[n][2 * ih + 1];  // rows a0 + 8 n + 2 tq, +1
+    for (int ih = 0; ih < 2; ++ih) {
+      auto pair = [&](const float(&x)[4][4], float sign) {  // x's rows a0 + 8 n + 2 tq, +1 -> this lane's pair
+        const float x0 = sign * x[n][2 * ih], x1 = sign * x[n][2 * ih + 1];
         const float y = __shfl_xor_sync(0xffffffffu, odd ? x0 : x1, 4);
-        const int i = m0 + gq + 8 * ih - (odd ? 1 : 0), a = a0 + 8 * n + 2 * tq + (odd ? 1 : 0);
-        if (i < R && a < L)  // R: a multiple of 16 (dk is), so i + 1 < R too
-          *reinterpret_cast<uint32_t*>(p_bf16(b.db2) + ((int64_t)(r0 + a) * p.nv + h) * dk + i0 + i) =
-              odd ? attn::pack_bf16x2(y, x1) : attn::pack_bf16x2(x0, y);
-      }
-  }
+        return odd ? make_float2(y, x1) : make_float2(x0, y);
+      };
+      const float2 q2 = pair(sdo, 1.f), k2 = pair(dsv, 1.f), w2 = pair(sdv, -1.f);
+      const int i = m0 + gq + 8 * ih - (odd ? 1 : 0), a = a0 + 8 * n + 2 * tq + (odd ? 1 : 0);
+      if (i >= R || a >= L) continue;  // R: a multiple of 8 (dk is), so i + 1 < R too
+      const int64_t at = ((int64_t)(r0 + a) * p.nv + h) * dk + i0 + i;
+      *reinterpret_cast<float2*>(b.gq + at) = q2;
+      *reinterpret_cast<float2*>(b.gk + at) = k2;
+      store_pair<kBf16>(b.db2, at, w2.x, w2.y);
+    }
   // The rows' share of <S, dS>, in a fixed order (warps 4.. add zeros).
   __shared__ float red[detail::kWarp];
   sds = detail::block_sum(sds, red);
@@ -2862,7 +2856,7 @@ template <class Runner>
 void rule_prep_and_walk(const RuleParams& p, Runner& run, bool out, GdnProducts products) {
   const bool b16 = bf16_kernels(products, p.dk);
   run.launch(b16 ? rule_prep_kernel<true, true> : w_as_halves(p.dk) ? rule_prep_kernel<true> : rule_prep_kernel<false>,
-             chunk_parts_grid(p.num_chunks, p.nv, 1), kRuleThreads, prep_smem_bytes(), p);
+             dim3((unsigned)(p.num_chunks * p.nv)), kRuleThreads, prep_smem_bytes(), p);
   const dim3 grid(p.nv, p.dv / kWalkCols);
   TT_CHECK(!out || walk_writes_outputs(p.dk), "gdn: the walk writes o only at dk a multiple of 16, got ", p.dk);
   if (p.dk % 16 != 0)
