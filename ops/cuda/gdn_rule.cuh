@@ -74,6 +74,8 @@ struct RuleParams {
   float* P;   // (chunks, nv, 64, 64) the masked scores (chunk_scores) for the walk that writes o; or null
   float* PT;  // (chunks, nv, 64, 64) scale P^T for the tensor-core reverse walk's dO terms; or null
               // (P and PT: fp32, or with GdnProducts::kBf16 bf16 in the buffer's first half, p_bf16)
+  float* Tb;  // (chunks, nv, 64, 64) T diag(beta) in bf16 (p_bf16) for the walks, which then take
+              // U = T diag(beta) v themselves and U is null (walk_computes_u); or null
   bf16* o;
   int nk, nv, dk, dv;
   float scale;
@@ -523,7 +525,9 @@ __device__ __forceinline__ int balanced_row_block(int warp) { return (0x32230110
 // bf16 mma a product): -W's high plane only, and the scores P or PT as bf16 (p_bf16), each value
 // the bits the walk would round it to (both round to nearest even); -W's low plane is left
 // unwritten; the backward's T likewise in bf16. About a quarter to a third of the prep's output
-// bytes fewer, and the walks stage half the scores' bytes.
+// bytes fewer, and the walks stage half the scores' bytes. Without U (p.U null, walk_computes_u):
+// every warp takes W, a column half each, and the prep stores T diag(beta) in bf16 (p.Tb) for the
+// walks, which compute U from it.
 constexpr int kPrepTiles = 8, kPrepBlocks = 3;
 template <bool kHalves, bool kBf16 = false>
 __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(RuleParams p) {
@@ -602,26 +606,43 @@ __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(Ru
         *reinterpret_cast<float4*>(p.T + at + r * kGdnChunk + s) = t;
     }
   }
+  if (kBf16 && p.Tb) {  // T diag(beta) for the walks (walk_computes_u): lower blocks, 0 above them and past L
+    const int64_t at = ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
+    for (int e = threadIdx.x; e < kGdnChunk * kGdnChunk / 4; e += kRuleThreads) {
+      const int r = e / (kGdnChunk / 4), s = 4 * (e % (kGdnChunk / 4));
+      float4 t = s / 16 > r / 16 ? make_float4(0.f, 0.f, 0.f, 0.f) : *reinterpret_cast<const float4*>(T + r * PS + s);
+      t.x *= bet[s], t.y *= bet[s + 1], t.z *= bet[s + 2], t.w *= bet[s + 3];
+      *reinterpret_cast<uint2*>(p_bf16(p.Tb) + at + r * kGdnChunk + s) =
+          make_uint2(attn::pack_bf16x2(t.x, t.y), attn::pack_bf16x2(t.z, t.w));
+    }
+  }
   {
     const int warp = threadIdx.x / detail::kWarp, m0 = 16 * balanced_row_block(warp);
     const int64_t row0 = (int64_t)r0 * p.nv + h;  // the chunk's first row of (N, nv, d) tensors
-    if (warp % 2 == 0) {
-      chunk_lower_apply<kPrepTiles>([&](int r, int col, float x0, float x1) {
-        *reinterpret_cast<float2*>(p.U + (row0 + (int64_t)r * p.nv) * dv + col) = make_float2(x0, x1);
-      }, T, bet, Vb, dv, m0, L);
-    } else {  // fp32 rows, or (w_as_halves) two bf16 planes of -W's halves
-      chunk_lower_apply<kPrepTiles>([&](int r, int col, float x0, float x1) {
-        const int64_t at = (row0 + (int64_t)r * p.nv) * dk + col;
-        if constexpr (kBf16) {
-          *reinterpret_cast<uint32_t*>(reinterpret_cast<bf16*>(p.W) + at) = attn::pack_bf16x2(-x0, -x1);
-        } else if constexpr (kHalves) {
-          bf16* Wh = reinterpret_cast<bf16*>(p.W);
-          split_bf16x2(-x0, -x1, *reinterpret_cast<uint32_t*>(Wh + at),
-                       *reinterpret_cast<uint32_t*>(Wh + (int64_t)p.rows * p.nv * dk + at));
-        } else {
-          *reinterpret_cast<float2*>(p.W + at) = make_float2(x0, x1);
-        }
-      }, T, sw, Kb, dk, m0, L);
+    auto put_w = [&](int r, int col, float x0, float x1) {  // fp32 rows, or (w_as_halves) -W's bf16 halves
+      const int64_t at = (row0 + (int64_t)r * p.nv) * dk + col;
+      if constexpr (kBf16) {
+        *reinterpret_cast<uint32_t*>(reinterpret_cast<bf16*>(p.W) + at) = attn::pack_bf16x2(-x0, -x1);
+      } else if constexpr (kHalves) {
+        bf16* Wh = reinterpret_cast<bf16*>(p.W);
+        split_bf16x2(-x0, -x1, *reinterpret_cast<uint32_t*>(Wh + at),
+                     *reinterpret_cast<uint32_t*>(Wh + (int64_t)p.rows * p.nv * dk + at));
+      } else {
+        *reinterpret_cast<float2*>(p.W + at) = make_float2(x0, x1);
+      }
+    };
+    if (p.U) {  // even warps U, odd warps W
+      if (warp % 2 == 0) {
+        chunk_lower_apply<kPrepTiles>([&](int r, int col, float x0, float x1) {
+          *reinterpret_cast<float2*>(p.U + (row0 + (int64_t)r * p.nv) * dv + col) = make_float2(x0, x1);
+        }, T, bet, Vb, dv, m0, L);
+      } else {
+        chunk_lower_apply<kPrepTiles>(put_w, T, sw, Kb, dk, m0, L);
+      }
+    } else {  // W alone (walk_computes_u, dk 128): a column half a warp, each row block twice (balanced_row_block)
+      const int half = (warp >> 1) & 1, d = dk / 2;
+      chunk_lower_apply<kPrepTiles>([&](int r, int col, float x0, float x1) { put_w(r, col + half * d, x0, x1); },
+                                    T, sw, Kb + half * d, d, m0, L);
     }
   }
   for (int r = threadIdx.x; r < L; r += blockDim.x) p.gam[(int64_t)(r0 + r) * p.nv + h] = gam[r];
@@ -878,7 +899,7 @@ __device__ __forceinline__ unsigned char* align_up_1024(unsigned char* p) {
 // rows a box; the scores P ((chunks nv 64, 1, 64) fp32, RuleParams::P) in boxes of 32 columns, or
 // (GdnProducts::kBf16) bf16 in one box of 64.
 struct WalkMaps {
-  CUtensorMap Wh, Wl, K, Q, P, U;
+  CUtensorMap Wh, Wl, K, Q, P, U, Tb, V;  // Tb, V: walk_computes_u (no U)
 };
 
 // A (64, 128) bf16 tile of rows r0 .. of a (N, heads, 128) tensor as two (64, 64) boxes, each
@@ -925,17 +946,28 @@ struct WalkTmaStage {
     return *reinterpret_cast<const uint32_t*>(reinterpret_cast<const bf16*>(P) + swizzle128<2>(r, s));
   }
   __device__ float u(int r, int c) const { return U[swizzle128<4>(r, c)]; }
+  // The bf16 kernels (walk_computes_u: U is not staged): T diag(beta) as one (64, 64) bf16 box in
+  // the second half of P's tile (kQ) or in U's bytes, and 64 columns of v (the block's 32 among
+  // them) as one box in -W's low half's tile.
+  __device__ bf16* tb() const {
+    return kQ ? reinterpret_cast<bf16*>(P) + kGdnChunk * kGdnChunk : reinterpret_cast<bf16*>(U);
+  }
+  __device__ const bf16* tb8(int r, int s) const { return tb() + swizzle128<2>(r, s); }
+  __device__ const bf16* v8(int s, int c) const { return Wl + swizzle128<2>(s, c); }
 };
 
 // Issues the stage of chunk ci (all threads: gam's cp.async; thread 0: the TMA boxes onto bar).
-// kBf16 (GdnProducts::kBf16): -W's high half only (the low half's tile stays unread), the scores
-// in bf16 (half their fp32 tile).
+// kBf16 (GdnProducts::kBf16, walk_computes_u at dk 128): -W's high half only, the scores in bf16
+// (half their fp32 tile), and T diag(beta) and v's columns instead of U (WalkTmaStage::tb, v8).
 template <bool kBf16, bool kQ>
 __device__ __forceinline__ void walk_mma_prefetch(const WalkTmaStage<kQ>& st, uint64_t* bar, const RuleParams& p,
                                                   const WalkMaps& maps, const ChunkInfo& ci, int h, int kh, int j0) {
   namespace sm90 = attn::sm90;
   if (threadIdx.x == 0) {
-    sm90::mbar_expect_tx(bar, WalkTmaStage<kQ>::kTx - (kBf16 ? WalkTmaStage<kQ>::kT + WalkTmaStage<kQ>::kP / 2 : 0));
+    constexpr uint32_t kBox64 = kGdnChunk * 64 * sizeof(bf16);  // a (64, 64) bf16 box: Tb, v
+    sm90::mbar_expect_tx(bar, WalkTmaStage<kQ>::kTx - (kBf16 ? WalkTmaStage<kQ>::kT + WalkTmaStage<kQ>::kP / 2 +
+                                                                   WalkTmaStage<kQ>::kU - 2 * kBox64
+                                                             : 0));
     tma_load_rows128(st.Wh, &maps.Wh, h, ci.r0, bar);
     if constexpr (!kBf16) tma_load_rows128(st.Wl, &maps.Wl, h, ci.r0, bar);
     tma_load_rows128(st.K, &maps.K, kh, ci.r0, bar);
@@ -949,7 +981,12 @@ __device__ __forceinline__ void walk_mma_prefetch(const WalkTmaStage<kQ>& st, ui
         for (int a = 0; a < 2; ++a) sm90::tma_load_3d(st.P + a * (kGdnChunk * 32), &maps.P, 32 * a, 0, row, bar);
       }
     }
-    sm90::tma_load_3d(st.U, &maps.U, j0, h, ci.r0, bar);
+    if constexpr (kBf16) {
+      sm90::tma_load_3d(st.tb(), &maps.Tb, 0, 0, (ci.c * p.nv + h) * kGdnChunk, bar);
+      sm90::tma_load_3d(st.Wl, &maps.V, j0 & ~63, h, ci.r0, bar);
+    } else {
+      sm90::tma_load_3d(st.U, &maps.U, j0, h, ci.r0, bar);
+    }
   }
   load_chunk_gam(st.gam, p.gam, p.nv, h, ci.r0, ci.L);
 }
@@ -994,6 +1031,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
   __shared__ uint64_t bars[2];  // the stages' TMA barriers (kDk = 128)
   using Stage = std::conditional_t<kDk == 128, WalkTmaStage<kOut>, WalkMmaStage<kOut>>;
   constexpr int HS = kWalkHalfStride, kUnroll = kDk > 0 ? kDk / 16 : 2;
+  constexpr bool kUT = kBf16 && kDk == 128;  // U from T diag(beta) and v (walk_computes_u)
   const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dk = kDk > 0 ? kDk : p.dk,
             dv = p.dv;
   unsigned char* stages = align_up_1024(smem_raw);  // two Stages
@@ -1064,10 +1102,28 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
       // acc: U plus the small products (W_hi S_lo, W_lo S_hi); big: W_hi S_hi. Two accumulators a
       // tile: two dependent mma a k-step instead of three.
       float acc[2][4], big[2][4] = {};
+      if constexpr (kUT) {  // U = (T diag(beta)) v on tensor cores, T diag(beta) lower triangular
 #pragma unroll
-      for (int nn = 0; nn < 2; ++nn)
+        for (int nn = 0; nn < 2; ++nn)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nn][e] = st.u(vm + gq + 8 * (e / 2), vn + 8 * nn + 2 * tq + e % 2);
+          for (int e = 0; e < 4; ++e) acc[nn][e] = 0.f;
+        for (int k0 = 0; k0 <= vm; k0 += 16) {
+          uint32_t ta[4], vb[4];
+          mma::ldsm_x4(ta, st.tb8(vm + lane % 8 + 8 * (lane / 8 % 2), k0 + 8 * (lane / 16)));
+          mma::ldsm_x4_trans(vb, st.v8(k0 + lane % 8 + 8 * (lane / 8 % 2), (j0 & 63) + vn + 8 * (lane / 16)));
+          if (k0 + 16 > L) {  // v's rows past L: the next rows under TMA; 0 x NaN must not reach U
+            vb[0] = keep_rows_below(vb[0], k0 + 2 * tq, L), vb[1] = keep_rows_below(vb[1], k0 + 2 * tq + 8, L);
+            vb[2] = keep_rows_below(vb[2], k0 + 2 * tq, L), vb[3] = keep_rows_below(vb[3], k0 + 2 * tq + 8, L);
+          }
+          mma::mma_16816(acc[0], ta, vb[0], vb[1]);
+          mma::mma_16816(acc[1], ta, vb[2], vb[3]);
+        }
+      } else {
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[nn][e] = st.u(vm + gq + 8 * (e / 2), vn + 8 * nn + 2 * tq + e % 2);
+      }
 #pragma unroll kUnroll
       for (int k0 = 0; k0 < dk; k0 += 16) {
         uint32_t wh[4], wl[4], bh[4], bl[4];  // A = -W: the prep's halves
@@ -2791,6 +2847,7 @@ RuleParams rule_params(const bf16* q, const bf16* k, const bf16* v, const float*
   p.U = s.U, p.W = s.W, p.gam = s.gam, p.vnew = s.vnew, p.sin = s.sin;
   p.node_end = end ? end : s.node_end;
   p.T = nullptr;
+  p.Tb = nullptr;
   p.P = s.P;
   p.PT = nullptr;
   p.o = nullptr;
@@ -2815,7 +2872,12 @@ WalkMaps walk_maps(const RuleParams& p, Runner& run, bool bf16_scores) {
     m.P = bf16_scores ? run.map(p_bf16(p.P), rows, 1, kGdnChunk, kGdnChunk, kGdnChunk)
                       : run.map(p.P, rows, 1, kGdnChunk, 32, kGdnChunk);
   }
-  m.U = run.map(p.U, p.rows, p.nv, p.dv, kWalkCols, kGdnChunk);
+  if (p.Tb) {  // walk_computes_u
+    m.Tb = run.map(p_bf16(p.Tb), (int64_t)p.num_chunks * p.nv * kGdnChunk, 1, kGdnChunk, kGdnChunk, kGdnChunk);
+    m.V = run.map(p.v, p.rows, p.nv, p.dv, 64, kGdnChunk);
+  } else {
+    m.U = run.map(p.U, p.rows, p.nv, p.dv, kWalkCols, kGdnChunk);
+  }
   return m;
 }
 
@@ -2836,11 +2898,27 @@ BwdWalkMaps bwd_walk_maps(const RuleBwdParams& b, Runner& run, bool bf16_scores)
 }
 
 // Whether the kernels run their kBf16 instantiations: GdnProducts::kBf16 where the walks run on
-// tensor cores (dk a multiple of 16, w_as_halves). Every kernel of a pass decides by this one
-// predicate, since they hand each other bf16 buffers (p_bf16); at other dk every kernel is fp32
-// (the CUDA-core walks and paths), whatever the option says.
-constexpr bool bf16_kernels(GdnProducts products, int dk) {
-  return products == GdnProducts::kBf16 && w_as_halves(dk);
+// tensor cores (dk a multiple of 16, w_as_halves), and at dk 128 where dv is a multiple of 64 (the
+// stages' 64-column v boxes, walk_computes_u). Every kernel of a pass decides by this one
+// predicate, since they hand each other bf16 buffers (p_bf16); at other shapes every kernel is
+// fp32 (the CUDA-core walks and paths, or the exact products), whatever the option says.
+constexpr bool bf16_kernels(GdnProducts products, int dk, int dv) {
+  return products == GdnProducts::kBf16 && w_as_halves(dk) && (dk != 128 || dv % 64 == 0);
+}
+
+// Whether the walks take U = T diag(beta) v themselves (one bf16 mma a product, from the prep's T
+// diag(beta) in bf16, RuleParams::Tb) and the prep neither computes nor stores U: the bf16 kernels
+// at dk 128, whose TMA stages hold T diag(beta) and 64 of v's columns in place of U's 32 fp32 ones
+// (bf16_kernels asks dv % 64 = 0 there).
+constexpr bool walk_computes_u(GdnProducts products, int dk, int dv) {
+  return bf16_kernels(products, dk, dv) && dk == 128;
+}
+
+// Sets p up for walk_computes_u: no U; T diag(beta) in `spare`, a (chunks, nv, 64, 64) fp32
+// buffer whose first half holds a bf16 tensor of that shape already (the bf16 scores P, or T).
+void use_walk_u(RuleParams& p, float* spare) {
+  p.U = nullptr;
+  p.Tb = reinterpret_cast<float*>(p_bf16(spare) + (int64_t)p.num_chunks * p.nv * kGdnChunk * kGdnChunk);
 }
 
 // The forward's first two kernels: U, W and gam per chunk, then the walk (node ends, and sin and
@@ -2854,7 +2932,7 @@ auto walk_mma_instance(bool out, bool b16) {
 
 template <class Runner>
 void rule_prep_and_walk(const RuleParams& p, Runner& run, bool out, GdnProducts products) {
-  const bool b16 = bf16_kernels(products, p.dk);
+  const bool b16 = bf16_kernels(products, p.dk, p.dv);
   run.launch(b16 ? rule_prep_kernel<true, true> : w_as_halves(p.dk) ? rule_prep_kernel<true> : rule_prep_kernel<false>,
              dim3((unsigned)(p.num_chunks * p.nv)), kRuleThreads, prep_smem_bytes(), p);
   const dim3 grid(p.nv, p.dv / kWalkCols);
@@ -2883,6 +2961,7 @@ void rule_forward(Runner& run, bf16* o, float* end, const bf16* q, const bf16* k
   detail::check_workspace(ws, s.bytes, "gdn_forward");
   RuleParams p = rule_params(q, k, v, g, beta, init, plan, nk, nv, dk, dv, scale, s, end);
   p.o = o;
+  if (walk_computes_u(products, dk, dv)) use_walk_u(p, s.P);  // P: bf16 scores in its first half
   rule_prep_and_walk(p, run, fused, products);
   if (!fused)
     run.launch(rule_out_kernel, chunk_parts_grid(plan.num_chunks(), nv, (dv + kOutCols - 1) / kOutCols), kRuleThreads,
@@ -2914,8 +2993,9 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   b.gk = s.gk, b.sds = s.sds;
   b.dv = dv, b.dg = dg, b.dbeta = dbeta, b.dq_out = dq, b.dk_out = dk;
   b.accumulate = accumulate;
+  if (walk_computes_u(products, dk_, dv_)) use_walk_u(b.f, s.T);  // T: bf16 T in its first half
   rule_prep_and_walk(b.f, run, /*out=*/false, products);  // the forward again: U, W, gam, v_new, the entering states
-  const bool b16 = bf16_kernels(products, dk_);  // as rule_prep_and_walk's
+  const bool b16 = bf16_kernels(products, dk_, dv_);  // as rule_prep_and_walk's
   run.zero(s.acc, sizeof(float) * (size_t)plan.num_nodes() * nv * dk_ * dv_);
   const int chunks = plan.num_chunks();
   if (!local)
