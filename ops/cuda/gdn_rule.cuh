@@ -280,12 +280,6 @@ __device__ __forceinline__ void store_pair(float* buf, int64_t at, float x0, flo
     *reinterpret_cast<float2*>(buf + at) = make_float2(x0, x1);
 }
 
-// Two bf16 values as a packed pair (lo in the low half), bits unchanged: an mma operand pair whose
-// two elements are not adjacent in memory (a column of a row-major bf16 tile).
-__device__ __forceinline__ uint32_t bf16_pair(const bf16& lo, const bf16& hi) {
-  return (uint32_t)reinterpret_cast<const uint16_t&>(lo) | (uint32_t)reinterpret_cast<const uint16_t&>(hi) << 16;
-}
-
 // (x0, x1) as three packed bf16 pairs, hi = bf16(x), mid = bf16(x - hi), lo = bf16(x - hi - mid): x
 // = hi + mid + lo to fp32's 24 bits (each difference exact).
 __device__ __forceinline__ void split3_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& mid, uint32_t& lo) {
@@ -327,15 +321,6 @@ __device__ __forceinline__ void a_fragment_parts(uint32_t (&hi)[4], uint32_t (&l
     const int r = m0 + gq + 8 * (j % 2), c = k0 + 2 * tq + 8 * (j / 2);
     bf16_parts<kBf16>(at(r, c), at(r, c + 1), hi[j], lo[j]);
   }
-}
-
-// The same fragment of a bf16 matrix, its packed pairs given by pair(row, col) (col even): bf16
-// operands stored as they are multiplied (p_bf16 buffers, the bf16 scores).
-template <class Pair>
-__device__ __forceinline__ void packed_a_fragment(uint32_t (&a)[4], int m0, int k0, Pair&& pair) {
-  const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) a[j] = pair(m0 + gq + 8 * (j % 2), k0 + 2 * tq + 8 * (j / 2));
 }
 
 // The same fragment as three bf16 parts (split3_bf16x2: fp32's 24 bits), the fp32 matrix given
@@ -865,11 +850,9 @@ struct WalkMmaStage {
   __device__ const bf16* k8(int s, int i) const { return K + s * rs + i; }  // 8 keys from (s, i)
   __device__ const bf16* q8(int s, int i) const { return Q + s * rs + i; }  // 8 queries from (s, i)
   __device__ float2 p2(int r, int s) const { return *reinterpret_cast<const float2*>(P + r * kPairStride + s); }
-  // (P_rs, P_r,s+1) as a packed bf16 pair, s even (GdnProducts::kBf16: P's tile holds bf16 rows at
-  // kRowStride, the same bytes as fp32 rows at kPairStride)
-  __device__ uint32_t pb2(int r, int s) const {
-    return *reinterpret_cast<const uint32_t*>(reinterpret_cast<const bf16*>(P) + r * kRowStride + s);
-  }
+  // 8 of P_rs .. in bf16 from (r, s), s % 8 = 0, an ldmatrix row (GdnProducts::kBf16: P's tile
+  // holds bf16 rows at kRowStride, the same bytes as fp32 rows at kPairStride)
+  __device__ const bf16* pb8(int r, int s) const { return reinterpret_cast<const bf16*>(P) + r * kRowStride + s; }
   __device__ float u(int r, int c) const { return U[r * kWalkUStride + c]; }
 };
 
@@ -942,9 +925,8 @@ struct WalkTmaStage {
   __device__ float2 p2(int r, int s) const {  // (P_rs, P_r,s+1), s even: one 8-byte read in a 16-byte unit
     return *reinterpret_cast<const float2*>(P + s / 32 * (kGdnChunk * 32) + swizzle128<4>(r, s % 32));
   }
-  __device__ uint32_t pb2(int r, int s) const {  // the same pair in bf16 (GdnProducts::kBf16: one (64, 64) box)
-    return *reinterpret_cast<const uint32_t*>(reinterpret_cast<const bf16*>(P) + swizzle128<2>(r, s));
-  }
+  // 8 of P_rs .. in bf16 from (r, s), s % 8 = 0, an ldmatrix row (GdnProducts::kBf16: one (64, 64) box)
+  __device__ const bf16* pb8(int r, int s) const { return reinterpret_cast<const bf16*>(P) + swizzle128<2>(r, s); }
   __device__ float u(int r, int c) const { return U[swizzle128<4>(r, c)]; }
   // The bf16 kernels (walk_computes_u: U is not staged): T diag(beta) as one (64, 64) bf16 box in
   // the second half of P's tile (kQ) or in U's bytes, and 64 columns of v (the block's 32 among
@@ -1042,6 +1024,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
   bf16* Vh = Sl + 128 * HS;                  // (64, HS) dec v_new's halves
   bf16* Vl = Vh + kGdnChunk * HS;
   float* Vs = reinterpret_cast<float*>(Vl + kGdnChunk * HS);  // kOut: (64, kWalkVsStride) v_new, zero past L
+  bf16* Vb = reinterpret_cast<bf16*>(Vs);  // kOut with kBf16: v_new in bf16 (64, HS) in Vs's bytes
   const int64_t SS = (int64_t)dk * dv;
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
   const int si = 16 * warp;           // this warp's state rows si .. si + 16 (none when si >= dk)
@@ -1162,7 +1145,9 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
         for (int nn = 0; nn < 2; ++nn) {
           const int col = vn + 8 * nn + 2 * tq;
           const float v0 = acc[nn][2 * half], v1 = acc[nn][2 * half + 1];  // rows past L: not this chunk's
-          if constexpr (kOut)
+          if constexpr (kOut && kBf16)  // v_new as P v_new's bf16 operand rounds it
+            *reinterpret_cast<uint32_t*>(Vb + r * HS + col) = r < L ? attn::pack_bf16x2(v0, v1) : 0u;
+          else if constexpr (kOut)
             *reinterpret_cast<float2*>(Vs + r * kWalkVsStride + col) = r < L ? make_float2(v0, v1) : make_float2(0.f, 0.f);
           else if (r < L)  // with kBf16 as the bf16 state and gradient products round it
             store_pair<kBf16>(p.vnew, ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col, v0, v1);
@@ -1208,14 +1193,11 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
       float small[2][4] = {};  // the three products of order 2^-16 of a term: a second chain, half as deep
       for (int k0 = 0; k0 <= vm; k0 += 16) {  // P is zero right of the diagonal block
         if constexpr (kBf16) {
-          uint32_t pa[4];  // A (r, s) = P_rs, as the prep rounded it
-          packed_a_fragment(pa, vm, k0, [&](int r, int s) { return st.pb2(r, s); });
-#pragma unroll
-          for (int nn = 0; nn < 2; ++nn) {  // B (s, j) = v_new[s][j] in bf16, rows k0 + 2 tq (+1, +8, +9)
-            const float* v = Vs + (k0 + 2 * tq) * kWalkVsStride + vn + 8 * nn + gq;
-            mma::mma_16816(qs[nn], pa, attn::pack_bf16x2(v[0], v[kWalkVsStride]),
-                           attn::pack_bf16x2(v[8 * kWalkVsStride], v[9 * kWalkVsStride]));
-          }
+          uint32_t pa[4], vb[4];  // A (r, s) = P_rs as the prep rounded it; B (s, j) = v_new[s][j] in bf16
+          mma::ldsm_x4(pa, st.pb8(vm + lane % 8 + 8 * (lane / 8 % 2), k0 + 8 * (lane / 16)));
+          mma::ldsm_x4_trans(vb, Vb + (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + vn + 8 * (lane / 16));
+          mma::mma_16816(qs[0], pa, vb[0], vb[1]);
+          mma::mma_16816(qs[1], pa, vb[2], vb[3]);
         } else {
           uint32_t ph[4], pm[4], pl[4];
           split3_a_fragment(ph, pm, pl, vm, k0, [&](int r, int s) { return st.p2(r, s); });
@@ -1702,9 +1684,8 @@ struct BwdWalkMmaStage {
   __device__ const bf16* k8(int s, int i) const { return K + s * kRowStride + i; }
   __device__ const bf16* q8(int a, int i) const { return Q + a * kRowStride + i; }  // 8 of q_a from i
   __device__ float2 pt2(int r, int a) const { return *reinterpret_cast<const float2*>(PT + r * kPairStride + a); }
-  __device__ uint32_t ptb2(int r, int a) const {  // the pair in bf16 (GdnProducts::kBf16: rows at kRowStride)
-    return *reinterpret_cast<const uint32_t*>(reinterpret_cast<const bf16*>(PT) + r * kRowStride + a);
-  }
+  // 8 of scale PT_ra .. in bf16 from (r, a), a % 8 = 0, an ldmatrix row (GdnProducts::kBf16: rows at kRowStride)
+  __device__ const bf16* ptb8(int r, int a) const { return reinterpret_cast<const bf16*>(PT) + r * kRowStride + a; }
   __device__ const bf16* do8(int a, int j) const { return dO + a * kBwdDoStride + j; }
 };
 
@@ -1740,9 +1721,8 @@ struct BwdWalkTmaStage {
   __device__ float2 pt2(int r, int a) const {
     return *reinterpret_cast<const float2*>(PT + a / 32 * (kGdnChunk * 32) + swizzle128<4>(r, a % 32));
   }
-  __device__ uint32_t ptb2(int r, int a) const {  // the pair in bf16 (GdnProducts::kBf16: one (64, 64) box)
-    return *reinterpret_cast<const uint32_t*>(reinterpret_cast<const bf16*>(PT) + swizzle128<2>(r, a));
-  }
+  // 8 of scale PT_ra .. in bf16 from (r, a), a % 8 = 0, an ldmatrix row (GdnProducts::kBf16: one (64, 64) box)
+  __device__ const bf16* ptb8(int r, int a) const { return reinterpret_cast<const bf16*>(PT) + swizzle128<2>(r, a); }
   __device__ const bf16* do8(int a, int j) const { return dO + a * kBwdDoStride + j; }
 };
 
@@ -1892,7 +1872,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
         mma::ldsm_x4_trans(d, st.do8(k0 + lane % 8 + 8 * (lane / 8 % 2), vn + 8 * (lane / 16)));
         if constexpr (kBf16) {
           uint32_t pa[4];  // A (r, a) = scale PT_ra, as the prep rounded it
-          packed_a_fragment(pa, vm, k0, [&](int r, int a) { return st.ptb2(r, a); });
+          mma::ldsm_x4(pa, st.ptb8(vm + lane % 8 + 8 * (lane / 8 % 2), k0 + 8 * (lane / 16)));
 #pragma unroll
           for (int nn = 0; nn < 2; ++nn) mma::mma_16816(loc[nn], pa, d[2 * nn], d[2 * nn + 1]);
         } else {
@@ -2448,24 +2428,23 @@ __device__ __forceinline__ void grad_head(const RuleBwdParams& b, int c, int h, 
       uint32_t bh[kTiles][2], bl[kTiles][2];  // B (b, j) = XB_bj: rows k0 + 2 tq (+1, +8, +9), column n0 + gq
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
-        const int col = 8 * (warp + 8 * t) + gq;
+        if constexpr (kBf16) {  // a transposing ldmatrix of the bf16 rows k0 .. k0 + 16
+          if (8 * (warp + 8 * t) < X)
+            mma::ldsm_x2_trans(bh[t], XBb + (k0 + lane % 8 + 8 * (lane / 8 % 2)) * XSb + 8 * (warp + 8 * t));
+        } else {
+          const int col = 8 * (warp + 8 * t) + gq;
 #pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
-          const int rb = k0 + 2 * tq + 8 * jj;
-          if (col >= X) continue;
-          if constexpr (kBf16)  // rows rb, rb + 1 of column col
-            bh[t][jj] = bf16_pair(XBb[rb * XSb + col], XBb[(rb + 1) * XSb + col]);
-          else
-            split_bf16x2(XB[rb * XS + col], XB[(rb + 1) * XS + col], bh[t][jj], bl[t][jj]);
+          for (int jj = 0; jj < 2; ++jj) {
+            const int rb = k0 + 2 * tq + 8 * jj;
+            if (col < X) split_bf16x2(XB[rb * XS + col], XB[(rb + 1) * XS + col], bh[t][jj], bl[t][jj]);
+          }
         }
       }
 #pragma unroll
       for (int m = 0; m <= k0 / 16; ++m) {
         uint32_t ah[4], al[4];  // A (a, b) = T_ba
-        if constexpr (kBf16)
-          packed_a_fragment(ah, 16 * m, k0, [&](int a, int bb) {
-            return bf16_pair(Tb[bb * kRowStride + a], Tb[(bb + 1) * kRowStride + a]);
-          });
+        if constexpr (kBf16)  // T's bf16 rows b by a transposing ldmatrix
+          mma::ldsm_x4_trans(ah, Tb + (k0 + lane % 8 + 8 * (lane / 16)) * kRowStride + 16 * m + 8 * (lane / 8 % 2));
         else
           split_a_fragment(ah, al, 16 * m, k0, [&](int a, int bb) { return MK[bb * PS + a]; });
 #pragma unroll
