@@ -2089,16 +2089,22 @@ __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwd
 #pragma unroll
     for (int np = 0; np < 2; ++np)
       mma::ldsm_x4(o[np], Db + (a0 + 16 * np + lane % 8 + 8 * (lane / 16)) * kRowStride + k0 + 8 * (lane / 8 % 2));
+    uint32_t vq[4], rq[4];  // kBf16: two n8 tiles' B fragments of v_new and dvn, as dO's
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
       uint32_t vh[2], vl[2], rh[2], rl[2];  // B (j, a) = v_new_a[j], dvn_a[j]: rows a0 + 8 n + gq
+      if constexpr (kBf16) {  // by ldmatrix from the bf16 rows, n8 tiles n, n + 1 at even n
+        if (n % 2 == 0) {
+          const int at = (a0 + 8 * n + lane % 8 + 8 * (lane / 16)) * fsb + k0 + 8 * (lane / 8 % 2);
+          mma::ldsm_x4(vq, reinterpret_cast<const bf16*>(Vn) + at);
+          mma::ldsm_x4(rq, reinterpret_cast<const bf16*>(Dvn) + at);
+        }
+        vh[0] = vq[2 * (n % 2)], vh[1] = vq[2 * (n % 2) + 1];
+        rh[0] = rq[2 * (n % 2)], rh[1] = rq[2 * (n % 2) + 1];
+      }
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) {
-        if constexpr (kBf16) {
-          const int at = (a0 + 8 * n + gq) * fsb + k0 + 2 * tq + 8 * jj;
-          vh[jj] = *reinterpret_cast<const uint32_t*>(reinterpret_cast<const bf16*>(Vn) + at);
-          rh[jj] = *reinterpret_cast<const uint32_t*>(reinterpret_cast<const bf16*>(Dvn) + at);
-        } else {
+        if constexpr (!kBf16) {
           const int at = (a0 + 8 * n + gq) * fs + k0 + 2 * tq + 8 * jj;
           const float2 v = *reinterpret_cast<const float2*>(Vn + at), r = *reinterpret_cast<const float2*>(Dvn + at);
           split_bf16x2(v.x, v.y, vh[jj], vl[jj]);
