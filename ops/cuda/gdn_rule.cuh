@@ -533,7 +533,7 @@ __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(Ru
   bf16* Qb = reinterpret_cast<bf16*>(T);  // with p.P or p.PT: q's rows (64, kRowStride), in T's bytes until the scores are out
   static_assert(sizeof(bf16) * kRowStride == sizeof(float) * kPairStride, "q's rows fill T's bytes");
   load_chunk_rows(Kb, kRowStride, p.k + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
-  load_chunk_rows(Vb, kRowStride, p.v + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+  if (p.U) load_chunk_rows(Vb, kRowStride, p.v + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);  // U's only
   if (p.P || p.PT) load_chunk_rows(Qb, kRowStride, p.q + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
   attn::cp_async_commit();
   for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x) {
@@ -2350,8 +2350,10 @@ __device__ __forceinline__ void grad_head(const RuleBwdParams& b, int c, int h, 
   float* XB = R;
   const int XS = X + 4;  // XB's row stride: the tensor-core fragment reads on distinct banks
   auto rowi = [&](int a) { return (int64_t)(r0 + a) * p.nv + h; };
-  load_chunk_rows(Qb, kRowStride, p.q + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
-  load_chunk_rows(Kb, kRowStride, p.k + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
+  if (hh == 0) {  // the key head's rows: the group's later heads find them in place (nothing writes Qb, Kb)
+    load_chunk_rows(Qb, kRowStride, p.q + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
+    load_chunk_rows(Kb, kRowStride, p.k + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
+  }
   load_chunk_rows(Db, kRowStride, b.d_o + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
   bf16* Vnb = reinterpret_cast<bf16*>(Vn);  // kBf16: v_new's bf16 rows (p_bf16) at kRowStride
   if constexpr (kBf16)
