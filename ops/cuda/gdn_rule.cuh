@@ -941,15 +941,14 @@ struct WalkTmaStage {
 // Issues the stage of chunk ci (all threads: gam's cp.async; thread 0: the TMA boxes onto bar).
 // kBf16 (GdnProducts::kBf16, walk_computes_u at dk 128): -W's high half only, the scores in bf16
 // (half their fp32 tile), and T diag(beta) and v's columns instead of U (WalkTmaStage::tb, v8).
-template <bool kBf16, bool kQ>
+template <bool kBf16, bool kQ, bool kUT>
 __device__ __forceinline__ void walk_mma_prefetch(const WalkTmaStage<kQ>& st, uint64_t* bar, const RuleParams& p,
                                                   const WalkMaps& maps, const ChunkInfo& ci, int h, int kh, int j0) {
   namespace sm90 = attn::sm90;
   if (threadIdx.x == 0) {
     constexpr uint32_t kBox64 = kGdnChunk * 64 * sizeof(bf16);  // a (64, 64) bf16 box: Tb, v
-    sm90::mbar_expect_tx(bar, WalkTmaStage<kQ>::kTx - (kBf16 ? WalkTmaStage<kQ>::kT + WalkTmaStage<kQ>::kP / 2 +
-                                                                   WalkTmaStage<kQ>::kU - 2 * kBox64
-                                                             : 0));
+    sm90::mbar_expect_tx(bar, WalkTmaStage<kQ>::kTx - (kBf16 ? WalkTmaStage<kQ>::kT + WalkTmaStage<kQ>::kP / 2 : 0) -
+                                  (kUT ? WalkTmaStage<kQ>::kU - 2 * kBox64 : 0));
     tma_load_rows128(st.Wh, &maps.Wh, h, ci.r0, bar);
     if constexpr (!kBf16) tma_load_rows128(st.Wl, &maps.Wl, h, ci.r0, bar);
     tma_load_rows128(st.K, &maps.K, kh, ci.r0, bar);
@@ -963,7 +962,7 @@ __device__ __forceinline__ void walk_mma_prefetch(const WalkTmaStage<kQ>& st, ui
         for (int a = 0; a < 2; ++a) sm90::tma_load_3d(st.P + a * (kGdnChunk * 32), &maps.P, 32 * a, 0, row, bar);
       }
     }
-    if constexpr (kBf16) {
+    if constexpr (kUT) {
       sm90::tma_load_3d(st.tb(), &maps.Tb, 0, 0, (ci.c * p.nv + h) * kGdnChunk, bar);
       sm90::tma_load_3d(st.Wl, &maps.V, j0 & ~63, h, ci.r0, bar);
     } else {
@@ -972,7 +971,7 @@ __device__ __forceinline__ void walk_mma_prefetch(const WalkTmaStage<kQ>& st, ui
   }
   load_chunk_gam(st.gam, p.gam, p.nv, h, ci.r0, ci.L);
 }
-template <bool kBf16, bool kQ>
+template <bool kBf16, bool kQ, bool kUT>
 __device__ __forceinline__ void walk_mma_prefetch(const WalkMmaStage<kQ>& st, uint64_t*, const RuleParams& p,
                                                   const WalkMaps&, const ChunkInfo& ci, int h, int kh, int j0) {
   const int r0 = ci.r0, L = ci.L;
@@ -1007,13 +1006,13 @@ constexpr int kWalkVsStride = kWalkCols + 4;  // fp32 row stride of the forward 
 // kBf16 (GdnProducts::kBf16): every product one mma of bf16 operands, as FLA's and FlashQLA's
 // kernels: -W's high half, S, dec v_new, P and v_new rounded to bf16 (q and k are bf16 already);
 // fp32 accumulators and state. The low halves are neither loaded nor stored.
-template <int kDk, bool kOut, bool kBf16 = false>
+template <int kDk, bool kOut, bool kBf16 = false, bool kUT = false>
 __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams p, const __grid_constant__ WalkMaps maps) {
+  static_assert(!kUT || (kBf16 && kDk == 128), "U from T diag(beta) in the bf16 TMA walks only");
   TT_EXTERN_SMEM_16(smem_raw);
   __shared__ uint64_t bars[2];  // the stages' TMA barriers (kDk = 128)
   using Stage = std::conditional_t<kDk == 128, WalkTmaStage<kOut>, WalkMmaStage<kOut>>;
   constexpr int HS = kWalkHalfStride, kUnroll = kDk > 0 ? kDk / 16 : 2;
-  constexpr bool kUT = kBf16 && kDk == 128;  // U from T diag(beta) and v (walk_computes_u)
   const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dk = kDk > 0 ? kDk : p.dk,
             dv = p.dv;
   unsigned char* stages = align_up_1024(smem_raw);  // two Stages
@@ -1054,10 +1053,10 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
   __syncthreads();
   const int nc = p.num_chunks;
   ChunkInfo cur = nc > 0 ? chunk_info(p.plan, 0) : ChunkInfo{}, nxt = nc > 1 ? chunk_info(p.plan, 1) : cur;
-  if (nc > 0) walk_mma_prefetch<kBf16>(stage(0), &bars[0], p, maps, cur, h, kh, j0);
+  if (nc > 0) walk_mma_prefetch<kBf16, kOut, kUT>(stage(0), &bars[0], p, maps, cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = 0; c < nc; ++c) {
-    if (c + 1 < nc) walk_mma_prefetch<kBf16>(stage((c + 1) & 1), &bars[(c + 1) & 1], p, maps, nxt, h, kh, j0);
+    if (c + 1 < nc) walk_mma_prefetch<kBf16, kOut, kUT>(stage((c + 1) & 1), &bars[(c + 1) & 1], p, maps, nxt, h, kh, j0);
     attn::cp_async_commit();
     const Stage st = stage(c & 1);
     const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
@@ -2240,21 +2239,32 @@ __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* 
   constexpr int PS = kPairStride;
   float aq[4][2][4] = {}, ak[4][2][4] = {};  // [16-column tile t: columns n0 + 32 t][n8 half][fragment]
   const int gq = lane / 4, tq = lane % 4;
-  // The gq and gk values the epilogue updates (S dO_r and dS v_new_r), loaded before the products
-  // so their latency passes under them: [row half][tile t][n8 half].
-  float2 sq[2][4][2], sk[2][4][2];
+  // What the epilogue adds to the products, formed before them so that its loads' latency passes
+  // under them: e^(gam_r) S dO_r and e^(gam_L - gam_r) dS v_new_r + beta_r e^(gam_r) dB2_r (gq and
+  // gk hold S dO and dS v_new), plus at hh > 0 the group's running sums (in the rows of its first
+  // head, group_sum_out's): [row half][tile t][n8 half].
+  const int group = p.nv / p.nk;
+  float2 pq[2][4][2], pk[2][4][2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = m0 + gq + 8 * half;
-    const int64_t row = ((int64_t)(r0 + r) * p.nv + h) * dk;
+    const bool rin = r < L;
+    const float eg = rin ? __expf(gam[r]) : 0.f, el = rin ? __expf(gl - gam[r]) : 0.f, be = rin ? bet[r] * eg : 0.f;
+    const int64_t row = ((int64_t)(r0 + r) * p.nv + h) * dk, run = row - (int64_t)hh * dk;
 #pragma unroll
     for (int t = 0; t < 4; ++t)
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
         const int i = n0 + 32 * t + 8 * n + 2 * tq;
-        const bool in = r < L && n0 + 32 * t < 16 * n16;
-        sq[half][t][n] = in ? *reinterpret_cast<const float2*>(b.gq + row + i) : make_float2(0.f, 0.f);
-        sk[half][t][n] = in ? *reinterpret_cast<const float2*>(b.gk + row + i) : make_float2(0.f, 0.f);
+        const bool in = rin && n0 + 32 * t < 16 * n16;
+        float2 q2{}, k2{}, rq{}, rk{};
+        if (in) {
+          q2 = *reinterpret_cast<const float2*>(b.gq + row + i), k2 = *reinterpret_cast<const float2*>(b.gk + row + i);
+          if (hh > 0)
+            rq = *reinterpret_cast<const float2*>(b.gq + run + i), rk = *reinterpret_cast<const float2*>(b.gk + run + i);
+        }
+        pq[half][t][n] = make_float2(eg * q2.x + rq.x, eg * q2.y + rq.y);
+        pk[half][t][n] = make_float2(el * k2.x + be * dB2[r * X + i] + rk.x, el * k2.y + be * dB2[r * X + i + 1] + rk.y);
       }
   }
   for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
@@ -2281,12 +2291,29 @@ __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* 
       }
     }
   }
+  // The sums: the group's running sums (fp32, the first head's rows), or at its last head the key
+  // head's gradients, scale sum gq and sum gk (+= the bf16 values there with accumulate, all of them
+  // loaded before any store), in bf16 (as group_sum_out).
+  const bool last = hh + 1 == group, add = last && b.accumulate;
+  uint32_t oq[2][4][2] = {}, ok[2][4][2] = {};  // with `add`: the bf16 pairs there (any bf16 alignment)
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = m0 + gq + 8 * half;
+#pragma unroll
+    for (int t = 0; t < 4; ++t)
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        if (!add || r >= L || n0 + 32 * t >= 16 * n16) continue;
+        const int64_t out = ((int64_t)(r0 + r) * p.nk + h / group) * dk + n0 + 32 * t + 8 * n + 2 * tq;
+        const uint16_t *q = reinterpret_cast<const uint16_t*>(b.dq_out + out), *k = reinterpret_cast<const uint16_t*>(b.dk_out + out);
+        oq[half][t][n] = q[0] | (uint32_t)q[1] << 16, ok[half][t][n] = k[0] | (uint32_t)k[1] << 16;
+      }
+  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = m0 + gq + 8 * half;
     if (r >= L) continue;
-    const float eg = __expf(gam[r]), el = __expf(gl - gam[r]);
-    const int64_t row = ((int64_t)(r0 + r) * p.nv + h) * dk;
+    const int64_t run = ((int64_t)(r0 + r) * p.nv + h - hh) * dk, out = ((int64_t)(r0 + r) * p.nk + h / group) * dk;
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
       const int col = n0 + 32 * t;
@@ -2294,11 +2321,26 @@ __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* 
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
         const int i = col + 8 * n + 2 * tq;
-        const float2 q2 = sq[half][t][n], k2 = sk[half][t][n];
-        const float vq[2] = {eg * q2.x + aq[t][n][2 * half], eg * q2.y + aq[t][n][2 * half + 1]},
-                    vk[2] = {el * k2.x + bet[r] * eg * dB2[r * X + i] + ak[t][n][2 * half],
-                             el * k2.y + bet[r] * eg * dB2[r * X + i + 1] + ak[t][n][2 * half + 1]};
-        group_sum_out(b, r0 + r, h, hh, i, vq, vk);
+        float2 q = make_float2(pq[half][t][n].x + aq[t][n][2 * half], pq[half][t][n].y + aq[t][n][2 * half + 1]);
+        float2 k = make_float2(pk[half][t][n].x + ak[t][n][2 * half], pk[half][t][n].y + ak[t][n][2 * half + 1]);
+        if (!last) {
+          *reinterpret_cast<float2*>(b.gq + run + i) = q;
+          *reinterpret_cast<float2*>(b.gk + run + i) = k;
+          continue;
+        }
+        q.x *= p.scale, q.y *= p.scale;
+        if (add) {
+          const float2 a = unpack_bf16x2(oq[half][t][n]), c = unpack_bf16x2(ok[half][t][n]);
+          q.x += a.x, q.y += a.y, k.x += c.x, k.y += c.y;
+        }
+        bf16 *dq = b.dq_out + out + i, *dkp = b.dk_out + out + i;
+        if ((reinterpret_cast<uintptr_t>(dq) & 3) == 0 && (reinterpret_cast<uintptr_t>(dkp) & 3) == 0) {
+          *reinterpret_cast<__nv_bfloat162*>(dq) = __floats2bfloat162_rn(q.x, q.y);
+          *reinterpret_cast<__nv_bfloat162*>(dkp) = __floats2bfloat162_rn(k.x, k.y);
+        } else {  // two bytes past a 4-byte boundary (the outputs may sit at any bf16 address)
+          dq[0] = __float2bfloat16_rn(q.x), dq[1] = __float2bfloat16_rn(q.y);
+          dkp[0] = __float2bfloat16_rn(k.x), dkp[1] = __float2bfloat16_rn(k.y);
+        }
       }
     }
   }
@@ -2885,20 +2927,19 @@ BwdWalkMaps bwd_walk_maps(const RuleBwdParams& b, Runner& run, bool bf16_scores)
 }
 
 // Whether the kernels run their kBf16 instantiations: GdnProducts::kBf16 where the walks run on
-// tensor cores (dk a multiple of 16, w_as_halves), and at dk 128 where dv is a multiple of 64 (the
-// stages' 64-column v boxes, walk_computes_u). Every kernel of a pass decides by this one
-// predicate, since they hand each other bf16 buffers (p_bf16); at other shapes every kernel is
-// fp32 (the CUDA-core walks and paths, or the exact products), whatever the option says.
-constexpr bool bf16_kernels(GdnProducts products, int dk, int dv) {
-  return products == GdnProducts::kBf16 && w_as_halves(dk) && (dk != 128 || dv % 64 == 0);
+// tensor cores (dk a multiple of 16, w_as_halves). Every kernel of a pass decides by this one
+// predicate, since they hand each other bf16 buffers (p_bf16); at other dk every kernel is fp32
+// (the CUDA-core walks and paths), whatever the option says.
+constexpr bool bf16_kernels(GdnProducts products, int dk) {
+  return products == GdnProducts::kBf16 && w_as_halves(dk);
 }
 
 // Whether the walks take U = T diag(beta) v themselves (one bf16 mma a product, from the prep's T
 // diag(beta) in bf16, RuleParams::Tb) and the prep neither computes nor stores U: the bf16 kernels
-// at dk 128, whose TMA stages hold T diag(beta) and 64 of v's columns in place of U's 32 fp32 ones
-// (bf16_kernels asks dv % 64 = 0 there).
+// at dk 128 where dv is a multiple of 64, whose TMA stages hold T diag(beta) and a 64-column box of
+// v in place of U's 32 fp32 columns (at other dv the prep computes U as the exact mode's).
 constexpr bool walk_computes_u(GdnProducts products, int dk, int dv) {
-  return bf16_kernels(products, dk, dv) && dk == 128;
+  return bf16_kernels(products, dk) && dk == 128 && dv % 64 == 0;
 }
 
 // Sets p up for walk_computes_u: no U; T diag(beta) in `spare`, a (chunks, nv, 64, 64) fp32
@@ -2912,14 +2953,17 @@ void use_walk_u(RuleParams& p, float* spare) {
 // v_new, or with `out` (walk_writes_outputs) o instead), with bf16 products when b16
 // (bf16_kernels).
 template <int kDk>
-auto walk_mma_instance(bool out, bool b16) {
+auto walk_mma_instance(bool out, bool b16, bool ut) {
+  if constexpr (kDk == 128)
+    if (ut)
+      return out ? rule_walk_mma_kernel<kDk, true, true, true> : rule_walk_mma_kernel<kDk, false, true, true>;
   return out ? (b16 ? rule_walk_mma_kernel<kDk, true, true> : rule_walk_mma_kernel<kDk, true, false>)
              : (b16 ? rule_walk_mma_kernel<kDk, false, true> : rule_walk_mma_kernel<kDk, false, false>);
 }
 
 template <class Runner>
 void rule_prep_and_walk(const RuleParams& p, Runner& run, bool out, GdnProducts products) {
-  const bool b16 = bf16_kernels(products, p.dk, p.dv);
+  const bool b16 = bf16_kernels(products, p.dk);
   run.launch(b16 ? rule_prep_kernel<true, true> : w_as_halves(p.dk) ? rule_prep_kernel<true> : rule_prep_kernel<false>,
              dim3((unsigned)(p.num_chunks * p.nv)), kRuleThreads, prep_smem_bytes(), p);
   const dim3 grid(p.nv, p.dv / kWalkCols);
@@ -2927,10 +2971,10 @@ void rule_prep_and_walk(const RuleParams& p, Runner& run, bool out, GdnProducts 
   if (p.dk % 16 != 0)
     run.launch(rule_walk_kernel, grid, kRuleThreads, walk_smem_bytes(p.dk), p);
   else if (p.dk == 128)
-    run.launch(walk_mma_instance<128>(out, b16), grid, kRuleThreads, walk_mma_smem_bytes(p.dk, out), p,
+    run.launch(walk_mma_instance<128>(out, b16, p.Tb != nullptr), grid, kRuleThreads, walk_mma_smem_bytes(p.dk, out), p,
                walk_maps(p, run, b16));
   else
-    run.launch(walk_mma_instance<0>(out, b16), grid, kRuleThreads, walk_mma_smem_bytes(p.dk, out), p, WalkMaps{});
+    run.launch(walk_mma_instance<0>(out, b16, false), grid, kRuleThreads, walk_mma_smem_bytes(p.dk, out), p, WalkMaps{});
 }
 
 // gdn_forward (gdn.h) on `run`.
@@ -2982,7 +3026,7 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   b.accumulate = accumulate;
   if (walk_computes_u(products, dk_, dv_)) use_walk_u(b.f, s.T);  // T: bf16 T in its first half
   rule_prep_and_walk(b.f, run, /*out=*/false, products);  // the forward again: U, W, gam, v_new, the entering states
-  const bool b16 = bf16_kernels(products, dk_, dv_);  // as rule_prep_and_walk's
+  const bool b16 = bf16_kernels(products, dk_);  // as rule_prep_and_walk's
   run.zero(s.acc, sizeof(float) * (size_t)plan.num_nodes() * nv * dk_ * dv_);
   const int chunks = plan.num_chunks();
   if (!local)
