@@ -2122,27 +2122,19 @@ __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwd
       }
     }
   }
-  // The products out as pairs of adjacent state rows i, i + 1 (adjacent in the (N, nv, dk) rows;
-  // the fragments hold pairs of adjacent chunk rows): lanes gq and gq ^ 1 swap one value of each,
-  // the even lane then stores row a's pair at i, the odd one row a + 1's at i - 1. Every lane
-  // shuffles; one store a pair. dW with kBf16 in bf16 (as the grad kernel's bf16 products round it).
-  const bool odd = gq & 1;
 #pragma unroll
   for (int n = 0; n < 4; ++n)
 #pragma unroll
-    for (int ih = 0; ih < 2; ++ih) {
-      auto pair = [&](const float(&x)[4][4], float sign) {  // x's rows a0 + 8 n + 2 tq, +1 -> this lane's pair
-        const float x0 = sign * x[n][2 * ih], x1 = sign * x[n][2 * ih + 1];
-        const float y = __shfl_xor_sync(0xffffffffu, odd ? x0 : x1, 4);
-        return odd ? make_float2(y, x1) : make_float2(x0, y);
-      };
-      const float2 q2 = pair(sdo, 1.f), k2 = pair(dsv, 1.f), w2 = pair(sdv, -1.f);
-      const int i = m0 + gq + 8 * ih - (odd ? 1 : 0), a = a0 + 8 * n + 2 * tq + (odd ? 1 : 0);
-      if (i >= R || a >= L) continue;  // R: a multiple of 8 (dk is), so i + 1 < R too
+    for (int e = 0; e < 4; ++e) {
+      const int i = m0 + gq + 8 * (e / 2), a = a0 + 8 * n + 2 * tq + e % 2;
+      if (i >= R || a >= L) continue;
       const int64_t at = ((int64_t)(r0 + a) * p.nv + h) * dk + i0 + i;
-      *reinterpret_cast<float2*>(b.gq + at) = q2;
-      *reinterpret_cast<float2*>(b.gk + at) = k2;
-      store_pair<kBf16>(b.db2, at, w2.x, w2.y);
+      b.gq[at] = sdo[n][e];
+      b.gk[at] = dsv[n][e];
+      if constexpr (kBf16)
+        p_bf16(b.db2)[at] = __float2bfloat16_rn(-sdv[n][e]);  // as the grad kernel's bf16 products round it
+      else
+        b.db2[at] = -sdv[n][e];
     }
   // The rows' share of <S, dS>, in a fixed order (warps 4.. add zeros).
   __shared__ float red[detail::kWarp];
