@@ -1006,6 +1006,8 @@ constexpr int kWalkVsStride = kWalkCols + 4;  // fp32 row stride of the forward 
 // kBf16 (GdnProducts::kBf16): every product one mma of bf16 operands, as FLA's and FlashQLA's
 // kernels: -W's high half, S, dec v_new, P and v_new rounded to bf16 (q and k are bf16 already);
 // fp32 accumulators and state. The low halves are neither loaded nor stored.
+// kUT (walk_computes_u: kBf16 at dk 128): U = (T diag(beta)) v on the walk's tensor cores, from the
+// prep's T diag(beta) and v's rows staged in U's place (WalkTmaStage::tb, v8), not the prep's U.
 template <int kDk, bool kOut, bool kBf16 = false, bool kUT = false>
 __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams p, const __grid_constant__ WalkMaps maps) {
   static_assert(!kUT || (kBf16 && kDk == 128), "U from T diag(beta) in the bf16 TMA walks only");
