@@ -577,30 +577,24 @@ __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(Ru
   }
   __syncthreads();  // A is masked; q's rows are read (T's bytes are free)
   chunk_unit_lower_inverse(T, A, bet);
-  if (p.T) {  // the backward's copy: T's lower blocks, 0 above them (chunk_unit_lower_inverse's scratch);
-              // kBf16: in bf16 (p_bf16), as the grad kernel's bf16 products round it
-    const int64_t at = ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
-    for (int e = threadIdx.x; e < kGdnChunk * kGdnChunk / 4; e += kRuleThreads) {
-      const int r = e / (kGdnChunk / 4), s = 4 * (e % (kGdnChunk / 4));
-      const float4 t =
-          s / 16 > r / 16 ? make_float4(0.f, 0.f, 0.f, 0.f) : *reinterpret_cast<const float4*>(T + r * PS + s);
-      if constexpr (kBf16)
-        *reinterpret_cast<uint2*>(p_bf16(p.T) + at + r * kGdnChunk + s) =
-            make_uint2(attn::pack_bf16x2(t.x, t.y), attn::pack_bf16x2(t.z, t.w));
-      else
-        *reinterpret_cast<float4*>(p.T + at + r * kGdnChunk + s) = t;
-    }
-  }
-  if (kBf16 && p.Tb) {  // T diag(beta) for the walks (walk_computes_u): lower blocks, 0 above them and past L
+  // T's lower blocks, 0 above them (chunk_unit_lower_inverse's scratch), columns times col_scale
+  // (or 1), to the chunk's (64, 64) of buf: fp32, or with kBf16 in bf16 (p_bf16), as the kernels
+  // that read it round it.
+  auto copy_t = [&](float* buf, const float* col_scale) {
     const int64_t at = ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
     for (int e = threadIdx.x; e < kGdnChunk * kGdnChunk / 4; e += kRuleThreads) {
       const int r = e / (kGdnChunk / 4), s = 4 * (e % (kGdnChunk / 4));
       float4 t = s / 16 > r / 16 ? make_float4(0.f, 0.f, 0.f, 0.f) : *reinterpret_cast<const float4*>(T + r * PS + s);
-      t.x *= bet[s], t.y *= bet[s + 1], t.z *= bet[s + 2], t.w *= bet[s + 3];
-      *reinterpret_cast<uint2*>(p_bf16(p.Tb) + at + r * kGdnChunk + s) =
-          make_uint2(attn::pack_bf16x2(t.x, t.y), attn::pack_bf16x2(t.z, t.w));
+      if (col_scale) t.x *= col_scale[s], t.y *= col_scale[s + 1], t.z *= col_scale[s + 2], t.w *= col_scale[s + 3];
+      if constexpr (kBf16)
+        *reinterpret_cast<uint2*>(p_bf16(buf) + at + r * kGdnChunk + s) =
+            make_uint2(attn::pack_bf16x2(t.x, t.y), attn::pack_bf16x2(t.z, t.w));
+      else
+        *reinterpret_cast<float4*>(buf + at + r * kGdnChunk + s) = t;
     }
-  }
+  };
+  if (p.T) copy_t(p.T, nullptr);  // the backward's, for the grad kernel
+  if (kBf16 && p.Tb) copy_t(p.Tb, bet);  // T diag(beta) for the walks (walk_computes_u); 0 past L (beta is)
   {
     const int warp = threadIdx.x / detail::kWarp, m0 = 16 * balanced_row_block(warp);
     const int64_t row0 = (int64_t)r0 * p.nv + h;  // the chunk's first row of (N, nv, d) tensors
@@ -872,6 +866,16 @@ __device__ __forceinline__ uint32_t keep_rows_below(uint32_t x, int s, int L) {
   return s + 1 < L ? x : s < L ? (x & 0xffffu) : 0u;
 }
 
+// keep_rows_below on each register of an x4 fragment loaded by a transposing ldmatrix whose k runs
+// along the chunk's rows from k0: an A fragment (registers 2 and 3 eight rows on), or with kB two
+// n8 tiles' B fragments (registers 1 and 3 eight rows on).
+template <bool kB = false>
+__device__ __forceinline__ void keep_fragment_rows_below(uint32_t (&x)[4], int k0, int L) {
+  const int s = k0 + 2 * (threadIdx.x % 4);  // 2 tq
+#pragma unroll
+  for (int j = 0; j < 4; ++j) x[j] = keep_rows_below(x[j], s + 8 * (kB ? j % 2 : j / 2), L);
+}
+
 // p rounded up to a 1024-byte shared-memory address (the 128-byte swizzle's alignment).
 __device__ __forceinline__ unsigned char* align_up_1024(unsigned char* p) {
   return p + ((1024u - (attn::smem_addr(p) & 1023u)) & 1023u);
@@ -1096,8 +1100,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
           mma::ldsm_x4(ta, st.tb8(vm + lane % 8 + 8 * (lane / 8 % 2), k0 + 8 * (lane / 16)));
           mma::ldsm_x4_trans(vb, st.v8(k0 + lane % 8 + 8 * (lane / 8 % 2), (j0 & 63) + vn + 8 * (lane / 16)));
           if (k0 + 16 > L) {  // v's rows past L: the next rows under TMA; 0 x NaN must not reach U
-            vb[0] = keep_rows_below(vb[0], k0 + 2 * tq, L), vb[1] = keep_rows_below(vb[1], k0 + 2 * tq + 8, L);
-            vb[2] = keep_rows_below(vb[2], k0 + 2 * tq, L), vb[3] = keep_rows_below(vb[3], k0 + 2 * tq + 8, L);
+            keep_fragment_rows_below<true>(vb, k0, L);
           }
           mma::mma_16816(acc[0], ta, vb[0], vb[1]);
           mma::mma_16816(acc[1], ta, vb[2], vb[3]);
@@ -1168,10 +1171,8 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
       for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
         uint32_t a[4];  // A (i, s) = K (s, i): transposing loads of the key rows
         mma::ldsm_x4_trans(a, st.k8(k0 + lane % 8 + 8 * (lane / 16), si + 8 * (lane / 8 % 2)));
-        if (kDk == 128 && k0 + 16 > L) {  // keys past L: the next rows of k under TMA; 0 x NaN must not reach S
-          a[0] = keep_rows_below(a[0], k0 + 2 * tq, L), a[1] = keep_rows_below(a[1], k0 + 2 * tq, L);
-          a[2] = keep_rows_below(a[2], k0 + 2 * tq + 8, L), a[3] = keep_rows_below(a[3], k0 + 2 * tq + 8, L);
-        }
+        if (kDk == 128 && k0 + 16 > L)  // keys past L: the next rows of k under TMA; 0 x NaN must not reach S
+          keep_fragment_rows_below(a, k0, L);
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
           const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * HS + 16 * np + 8 * (lane / 16);
@@ -1930,10 +1931,8 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
       for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {  // + qo's rows si .. = sum_a q_a^T (scale e^(gam_a) dO_a)
         uint32_t a[4];  // A (i, a) = q_a[i], exact: transposing loads of q's rows
         mma::ldsm_x4_trans(a, st.q8(k0 + lane % 8 + 8 * (lane / 16), si + 8 * (lane / 8 % 2)));
-        if (kDk == 128 && k0 + 16 > L) {  // q past L: the next rows under TMA; 0 x NaN must not reach dS
-          a[0] = keep_rows_below(a[0], k0 + 2 * tq, L), a[1] = keep_rows_below(a[1], k0 + 2 * tq, L);
-          a[2] = keep_rows_below(a[2], k0 + 2 * tq + 8, L), a[3] = keep_rows_below(a[3], k0 + 2 * tq + 8, L);
-        }
+        if (kDk == 128 && k0 + 16 > L)  // q past L: the next rows under TMA; 0 x NaN must not reach dS
+          keep_fragment_rows_below(a, k0, L);
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
           const int off = (k0 + lane % 8 + 8 * (lane / 8 % 2)) * kBwdDoStride + 16 * np + 8 * (lane / 16);
@@ -1959,12 +1958,8 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
         mma::ldsm_x4_trans(wh, st.wh8(k0 + lane % 8 + 8 * (lane / 16), si + 8 * (lane / 8 % 2)));
         if constexpr (!kBf16) mma::ldsm_x4_trans(wl, st.wl8(k0 + lane % 8 + 8 * (lane / 16), si + 8 * (lane / 8 % 2)));
         if (kDk == 128 && k0 + 16 > L) {  // rows past L: the next rows of W under TMA, as the forward walk's keys
-          wh[0] = keep_rows_below(wh[0], k0 + 2 * tq, L), wh[1] = keep_rows_below(wh[1], k0 + 2 * tq, L);
-          wh[2] = keep_rows_below(wh[2], k0 + 2 * tq + 8, L), wh[3] = keep_rows_below(wh[3], k0 + 2 * tq + 8, L);
-          if constexpr (!kBf16) {
-            wl[0] = keep_rows_below(wl[0], k0 + 2 * tq, L), wl[1] = keep_rows_below(wl[1], k0 + 2 * tq, L);
-            wl[2] = keep_rows_below(wl[2], k0 + 2 * tq + 8, L), wl[3] = keep_rows_below(wl[3], k0 + 2 * tq + 8, L);
-          }
+          keep_fragment_rows_below(wh, k0, L);
+          if constexpr (!kBf16) keep_fragment_rows_below(wl, k0, L);
         }
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
@@ -2180,40 +2175,26 @@ __device__ __forceinline__ void chunk_gram_split(float* dst, int stride, const b
   __syncthreads();
 }
 
-// Value head h's gradients of q~ and k, vq and vk, at packed row `row`, key dims i .. i + n (h the
-// hh-th of its key head's group, every head of which the same block takes in turn, the same thread
-// the same elements): added to the group's running sums (fp32, in gq's and gk's rows of the group's
-// first head, which that head has read by then), or at the group's last head the key head's
-// gradients dq = scale sum gq and dk = sum gk (+= the bf16 values there with accumulate), rounded
-// to bf16 once. The sums run in head order from 0, as a separate pass over gq and gk would.
-template <int n>
-__device__ __forceinline__ void group_sum_out(const RuleBwdParams& b, int row, int h, int hh, int i,
-                                              const float (&vq)[n], const float (&vk)[n]) {
+// Value head h's gradients of q~ and k, vq and vk, at packed row `row`, key dim i (h the hh-th of
+// its key head's group, every head of which the same block takes in turn, the same thread the same
+// elements): added to the group's running sums (fp32, in gq's and gk's rows of the group's first
+// head, which that head has read by then), or at the group's last head the key head's gradients
+// dq = scale sum gq and dk = sum gk (+= the bf16 values there with accumulate), rounded to bf16
+// once. The sums run in head order from 0. The CUDA-core phase F's (dk not a multiple of 16);
+// grad_qk_mma does the same a pair at a time, its loads ahead of the products.
+__device__ __forceinline__ void group_sum_out(const RuleBwdParams& b, int row, int h, int hh, int i, float vq, float vk) {
   const RuleParams& p = b.f;
   const int group = p.nv / p.nk, dk = p.dk;
   const int64_t run = ((int64_t)row * p.nv + h - hh) * dk + i;
-  float q[n], k[n];
-#pragma unroll
-  for (int e = 0; e < n; ++e) q[e] = (hh > 0 ? b.gq[run + e] : 0.f) + vq[e], k[e] = (hh > 0 ? b.gk[run + e] : 0.f) + vk[e];
+  float q = (hh > 0 ? b.gq[run] : 0.f) + vq, k = (hh > 0 ? b.gk[run] : 0.f) + vk;
   if (hh + 1 < group) {
-#pragma unroll
-    for (int e = 0; e < n; ++e) b.gq[run + e] = q[e], b.gk[run + e] = k[e];
+    b.gq[run] = q, b.gk[run] = k;
     return;
   }
   const int64_t out = ((int64_t)row * p.nk + h / group) * dk + i;
-#pragma unroll
-  for (int e = 0; e < n; ++e) {
-    q[e] *= p.scale;
-    if (b.accumulate) q[e] += bf(b.dq_out[out + e]), k[e] += bf(b.dk_out[out + e]);
-  }
-  if (n == 2 && (reinterpret_cast<uintptr_t>(b.dq_out + out) & 3) == 0 &&
-      (reinterpret_cast<uintptr_t>(b.dk_out + out) & 3) == 0) {  // a pair a store (any bf16 alignment is allowed)
-    *reinterpret_cast<__nv_bfloat162*>(b.dq_out + out) = __floats2bfloat162_rn(q[0], q[n - 1]);
-    *reinterpret_cast<__nv_bfloat162*>(b.dk_out + out) = __floats2bfloat162_rn(k[0], k[n - 1]);
-  } else {
-#pragma unroll
-    for (int e = 0; e < n; ++e) b.dq_out[out + e] = __float2bfloat16_rn(q[e]), b.dk_out[out + e] = __float2bfloat16_rn(k[e]);
-  }
+  q *= p.scale;
+  if (b.accumulate) q += bf(b.dq_out[out]), k += bf(b.dk_out[out]);
+  b.dq_out[out] = __float2bfloat16_rn(q), b.dk_out[out] = __float2bfloat16_rn(k);
 }
 
 // Phase F of rule_bwd_grad_kernel on tensor cores (dk a multiple of 16): over the chunk's rows x,
@@ -2764,9 +2745,8 @@ __device__ __forceinline__ void grad_head(const RuleBwdParams& b, int c, int h, 
           const int i = i0 + e;
           if (i >= dk) break;
           const int64_t at = rowi(r) * dk + i;
-          const float vq[1] = {eg * b.gq[at] + aq[u][e]},                                   // gq held S dO_r
-              vk[1] = {el * b.gk[at] + bet[r] * eg * XB[r * XS + dv + i] + ak[u][e]};  // gk held dS v_new_r
-          group_sum_out(b, r0 + r, h, hh, i, vq, vk);
+          group_sum_out(b, r0 + r, h, hh, i, eg * b.gq[at] + aq[u][e],                  // gq held S dO_r
+                        el * b.gk[at] + bet[r] * eg * XB[r * XS + dv + i] + ak[u][e]);  // gk held dS v_new_r
         }
       }
     }
