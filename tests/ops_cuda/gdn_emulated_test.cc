@@ -211,9 +211,11 @@ TEST(GdnEmulated, DeltaRuleWithBf16Products) {
   EXPECT_EQ(bits_differ(b16.dq, exact.dq, b16.dq.size()), 0u) << "dq, dk 72";
   EXPECT_EQ(bits_differ(b16.dg, exact.dg, b16.dg.size()), 0u) << "dg, dk 72";
 }
-// The same with every copy landing when issued: the walks must not refill a stage still read.
+// The same with every copy landing when issued: the walks must not refill a stage still read (both
+// product modes: the bf16 walks at dk 128 are rule_walk_wgmma_kernel).
 TEST(GdnEmulated, DeltaRuleAtHeadDim128WithCopiesLandingAtIssue) {
   check_shape(1, RuleShape{2, 4, 128, 128}, /*copies_at_issue=*/true);
+  check_shape(1, RuleShape{2, 4, 128, 128}, /*copies_at_issue=*/true, cuda::GdnProducts::kBf16);
 }
 
 // Decays down to -6 a row (gdn_test's backward seed 10): a chunk's summed decay passes -88, where
