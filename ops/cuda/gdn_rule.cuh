@@ -2185,6 +2185,184 @@ size_t bwd_walk_mma_smem_bytes(int dk) {
          sizeof(bf16) * 3 * kGdnChunk * kBwdDoStride;
 }
 
+// The bf16 reverse walk at dk 128 on warpgroup MMA (m64n32k16), as rule_walk_wgmma_kernel is the
+// forward's: the same products and roundings as rule_bwd_walk_mma_kernel<128, true> (dS, dvn and
+// scale e^(gam) dO rounded to bf16; k, q, -W, PT and dO bf16 as stored), the same stages
+// (BwdWalkTmaStage). Two warpgroups, one block per (value head, 32 columns), the chunks last to
+// first. A chunk:
+//   1. every warp writes its 16 rows of dS as bf16 into dS's tile (128 x 32, MN-major) and to
+//      dsout; once the stage lands, dO's rows (cp.async, unswizzled) go to two swizzled bf16 tiles,
+//      dO and scale e^(gam_a) dO_a (zero past L), and rows past L of q and -W are zeroed (the next
+//      node's rows; 0 x NaN must not reach dS).
+//   2. warpgroup 0: dvn = PT dO + e^(gam_L - gam_r) (k dS) (12 MMAs) to dvn's global rows and a
+//      bf16 tile (zero past L); warpgroup 1 meanwhile: its dS rows <- e^(gam_L) dS + (q^T)[64 ..]
+//      (e^(gam) dO) (4).
+//   3. warpgroup 0: its dS rows <- e^(gam_L) dS + (q^T)[0 ..] (e^(gam) dO) + (-W^T)[0 ..] dvn (8);
+//      warpgroup 1: + (-W^T)[64 ..] dvn (4).
+__global__ void __launch_bounds__(kRuleThreads, 1) rule_bwd_walk_wgmma_kernel(RuleBwdParams b,
+                                                                             const __grid_constant__ BwdWalkMaps maps) {
+  namespace sm90 = attn::sm90;
+  using Stage = BwdWalkTmaStage;
+  using Mma = sm90::Wgmma<kWalkCols>;
+  TT_EXTERN_SMEM_16(smem_raw);
+  __shared__ uint64_t bars[2];  // the stages' TMA barriers
+  const RuleParams& p = b.f;
+  const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dv = p.dv;
+  unsigned char* stages = align_up_1024(smem_raw);  // two Stages, then the operand tiles (1024-byte multiples)
+  auto stage = [&](int i) { return Stage(stages + i * Stage::kBytes, 128); };
+  bf16* Ss = reinterpret_cast<bf16*>(stages + 2 * Stage::kBytes);  // (128, 64) bf16(dS) in columns 0 .. 32
+  bf16* Ds = Ss + 128 * 64;                                        // (64, 64) dO in columns 0 .. 32
+  bf16* Es = Ds + kGdnChunk * 64;                                  // (64, 64) scale e^(gam_a) dO_a
+  bf16* Vs = Es + kGdnChunk * 64;                                  // (64, 64) dvn
+  const int64_t SS = (int64_t)128 * dv;
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, wg = warp / 4, gq = lane / 4,
+            tq = lane % 4;
+  const int row = 16 * (warp % 4) + gq;  // this thread's accumulator rows of a 64-row product: row, row + 8
+  const uint64_t s_desc = sm90::desc_mnmajor<128>(Ss, 0), d_desc = sm90::desc_mnmajor<kGdnChunk>(Ds, 0),
+                 e_desc = sm90::desc_mnmajor<kGdnChunk>(Es, 0), v_desc = sm90::desc_mnmajor<kGdnChunk>(Vs, 0);
+  float dS[16] = {};  // dS[4 n + 2 half + e]: row 16 warp + gq + 8 half, column 8 n + 2 tq + e
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(&bars[0], 1);
+    sm90::mbar_init(&bars[1], 1);
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  const int last = p.num_chunks - 1;
+  ChunkInfo cur = last >= 0 ? chunk_info(p.plan, last) : ChunkInfo{}, nxt = last >= 1 ? chunk_info(p.plan, last - 1) : cur;
+  if (last >= 0) bwd_walk_mma_prefetch<true>(stage(0), &bars[0], b, maps, cur, h, kh, j0);
+  attn::cp_async_commit();
+  for (int c = last; c >= 0; --c) {
+    const int step = last - c;  // this step's stage: step & 1, its barrier's phase: (step >> 1) & 1
+    if (c > 0) bwd_walk_mma_prefetch<true>(stage((step + 1) & 1), &bars[(step + 1) & 1], b, maps, nxt, h, kh, j0);
+    attn::cp_async_commit();
+    const Stage st = stage(step & 1);
+    const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
+    cur = nxt;
+    if (c >= 2) nxt = chunk_info(p.plan, c - 2);
+    if (flags & 2) {  // a node's last chunk: its children's initial-state gradients plus d_end
+      const float* acc = b.acc + ((int64_t)n * p.nv + h) * SS;
+      const float* de = b.d_end ? b.d_end + ((int64_t)n * p.nv + h) * SS : nullptr;
+      walk_state_pairs(16 * warp, dv, j0, [&](int nn, int half, int64_t at) {
+        float* x = dS + 4 * nn + 2 * half;
+        x[0] = acc[at] + (de ? de[at] : 0.f), x[1] = acc[at + 1] + (de ? de[at + 1] : 0.f);
+      });
+    }
+    walk_state_pairs(16 * warp, dv, j0, [&](int nn, int half, int64_t at) {  // dS, as the bf16 state products round it
+      const float* x = dS + 4 * nn + 2 * half;
+      store_pair<true>(b.dsout, ((int64_t)c * p.nv + h) * SS + at, x[0], x[1]);
+      *reinterpret_cast<uint32_t*>(Ss + sm90::sw_offset<128>(16 * warp + gq + 8 * half, 8 * nn + 2 * tq)) =
+          attn::pack_bf16x2(x[0], x[1]);
+    });
+    sm90::mbar_wait(&bars[step & 1], (step >> 1) & 1);
+    attn::cp_async_wait<1>();
+    __syncthreads();  // the stage has landed (dO's and gam's cp.async from every thread)
+    {  // dO's row a, columns j .. j + 8, as it is and scaled by scale e^(gam_a) (zero past L: dO is)
+      static_assert(kGdnChunk * kWalkCols / 8 == kRuleThreads, "eight elements a thread");
+      const int a = threadIdx.x / 4, j = 8 * (threadIdx.x % 4);
+      const float eg = a < L ? p.scale * __expf(st.gam[a]) : 0.f;
+      const uint4 raw = *reinterpret_cast<const uint4*>(st.do8(a, j));
+      float x[8];
+      detail::load_bf16<8>(x, st.do8(a, j));
+      *reinterpret_cast<uint4*>(Ds + sm90::sw_offset<kGdnChunk>(a, j)) = raw;
+      *reinterpret_cast<uint4*>(Es + sm90::sw_offset<kGdnChunk>(a, j)) =
+          make_uint4(attn::pack_bf16x2(eg * x[0], eg * x[1]), attn::pack_bf16x2(eg * x[2], eg * x[3]),
+                     attn::pack_bf16x2(eg * x[4], eg * x[5]), attn::pack_bf16x2(eg * x[6], eg * x[7]));
+    }
+    if (L < kGdnChunk) {  // rows L .. of q's and -W's two boxes each: 32 16-byte units a row
+      for (int e = threadIdx.x; e < (kGdnChunk - L) * 32; e += kRuleThreads) {
+        const int r = L + e / 32, u = e % 32;
+        bf16* box = (u < 16 ? st.Q : st.Wh) + u % 16 / 8 * (kGdnChunk * 64);
+        *reinterpret_cast<uint4*>(box + r * 64 + u % 8 * 8) = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+    sm90::fence_async_smem();  // dS's, dO's and e^(gam) dO's tiles and the zeroed rows, before the MMAs
+    __syncthreads();
+    const float gl = st.gam[L - 1], el = __expf(gl);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) dS[i] *= el;
+    const uint64_t qt = sm90::desc_mnmajor<kGdnChunk>(st.Q, 64 * wg),  // A (i, a) = q (a, i), rows 64 wg ..
+        wt = sm90::desc_mnmajor<kGdnChunk>(st.Wh, 64 * wg);             // A (i, s) = -W (s, i)
+    if (wg == 0) {
+      float kd[16] = {}, loc[16] = {};  // k dS and PT dO (rows row, row + 8)
+      sm90::wgmma_fence();
+      const uint64_t kx = sm90::desc_kmajor<kGdnChunk>(st.K, 0),
+                     pt = sm90::desc_kmajor<kGdnChunk>(reinterpret_cast<const bf16*>(st.PT), 0);
+#pragma unroll
+      for (int kk = 0; kk < 128 / 16; ++kk)
+        Mma::template ss<0, 1>(kd, sm90::desc_add(kx, sm90::kmajor_step<kGdnChunk>(kk)),
+                               sm90::desc_add(s_desc, kk * sm90::kMnStep), true);
+#pragma unroll
+      for (int kk = 0; kk < kGdnChunk / 16; ++kk)
+        Mma::template ss<0, 1>(loc, sm90::desc_add(pt, sm90::kmajor_step<kGdnChunk>(kk)),
+                               sm90::desc_add(d_desc, kk * sm90::kMnStep), true);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::fence_regs(kd);
+      sm90::fence_regs(loc);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = row + 8 * half;
+        const float d = r < L ? __expf(gl - st.gam[r]) : 0.f;
+#pragma unroll
+        for (int nn = 0; nn < 4; ++nn) {
+          const int col = 8 * nn + 2 * tq, i = 4 * nn + 2 * half;
+          const float y0 = r < L ? loc[i] + d * kd[i] : 0.f, y1 = r < L ? loc[i + 1] + d * kd[i + 1] : 0.f;
+          if (r < L)  // as the bf16 state and gradient products round it
+            store_pair<true>(b.dvn, ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col, y0, y1);
+          *reinterpret_cast<uint32_t*>(Vs + sm90::sw_offset<kGdnChunk>(r, col)) = attn::pack_bf16x2(y0, y1);
+        }
+      }
+    } else {
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kGdnChunk / 16; ++kk)
+        Mma::template ss<1, 1>(dS, sm90::desc_add(qt, kk * sm90::kMnStep), sm90::desc_add(e_desc, kk * sm90::kMnStep),
+                               true);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::fence_regs(dS);
+    }
+    sm90::fence_async_smem();  // dvn's tile
+    __syncthreads();           // ... is stored; every read of dS's tile is done
+    if (wg == 0) {
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kGdnChunk / 16; ++kk) {
+        Mma::template ss<1, 1>(dS, sm90::desc_add(qt, kk * sm90::kMnStep), sm90::desc_add(e_desc, kk * sm90::kMnStep),
+                               true);
+        Mma::template ss<1, 1>(dS, sm90::desc_add(wt, kk * sm90::kMnStep), sm90::desc_add(v_desc, kk * sm90::kMnStep),
+                               true);
+      }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+    } else {
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kGdnChunk / 16; ++kk)
+        Mma::template ss<1, 1>(dS, sm90::desc_add(wt, kk * sm90::kMnStep), sm90::desc_add(v_desc, kk * sm90::kMnStep),
+                               true);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+    }
+    sm90::fence_regs(dS);
+    if (flags & 1) {  // a node's first chunk: dS_in to its parent's acc (or its root's d_init)
+      const int parent = p.plan.node_parent[n], root = p.plan.node_root[n];
+      float* dst = parent >= 0 ? b.acc + ((int64_t)parent * p.nv + h) * SS
+                               : (b.d_init && root >= 0 ? b.d_init + ((int64_t)root * p.nv + h) * SS : nullptr);
+      if (dst)
+        walk_state_pairs(16 * warp, dv, j0, [&](int nn, int half, int64_t at) {
+          dst[at] += dS[4 * nn + 2 * half], dst[at + 1] += dS[4 * nn + 2 * half + 1];
+        });
+    }
+    __syncthreads();  // every warpgroup is done with this stage and the tiles
+  }
+  attn::cp_async_wait<0>();
+}
+
+size_t bwd_walk_wgmma_smem_bytes() {
+  return 1024 + 2 * BwdWalkTmaStage::kBytes + sizeof(bf16) * (128 * 64 + 3 * kGdnChunk * 64);  // + the alignment's slack
+}
+
 // Per (chunk, value head, 64 state rows i0 + i): the products with the chunk's entering state S
 // and end-state gradient dS that its input gradients need, over dv (on tensor cores):
 //   SdO_a[i] = S[i] . dO_a -> gq,  dSv_a[i] = dS[i] . v_new_a -> gk,  dW_a[i] = -S[i] . dvn_a -> db2,
@@ -3200,9 +3378,11 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   const dim3 walk_grid(nv, dv_ / kWalkCols);
   if (dk_ % 16 != 0)
     run.launch(rule_bwd_walk_kernel, walk_grid, kRuleThreads, bwd_walk_smem_bytes(dk_), b);
+  else if (dk_ == 128 && b16)
+    run.launch(rule_bwd_walk_wgmma_kernel, walk_grid, kRuleThreads, bwd_walk_wgmma_smem_bytes(), b,
+               bwd_walk_maps(b, run, b16));
   else if (dk_ == 128)
-    run.launch(b16 ? rule_bwd_walk_mma_kernel<128, true> : rule_bwd_walk_mma_kernel<128, false>,
-               walk_grid, kRuleThreads, bwd_walk_mma_smem_bytes(dk_), b,
+    run.launch(rule_bwd_walk_mma_kernel<128, false>, walk_grid, kRuleThreads, bwd_walk_mma_smem_bytes(dk_), b,
                bwd_walk_maps(b, run, b16));
   else
     run.launch(b16 ? rule_bwd_walk_mma_kernel<0, true> : rule_bwd_walk_mma_kernel<0, false>,
