@@ -112,8 +112,6 @@ class GdnPlan {
   int chunks_ = 0, nodes_ = 0, roots_ = 0, N_ = 0;
 };
 
-size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, bool end_given);
-
 // How the chunk walks (the serial part: the products with the state and v_new, forward, and with
 // the state gradient and dvn, backward) and the backward's per-chunk state products (S and dS
 // with dO, v_new and dvn) multiply on tensor cores.
@@ -131,6 +129,11 @@ size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, 
 // is kExact there.
 enum class GdnProducts { kExact, kBf16 };
 
+// The bytes gdn_forward's Workspace needs for these products (kBf16 needs less at dk 128, where
+// the walks take U themselves); a workspace sized for kExact serves either.
+size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, bool end_given,
+                                   GdnProducts products = GdnProducts::kExact);
+
 // The gated delta rule along every root-to-row path (ops/cpu/gdn.h), chunked (WY / UT form):
 // o (N, nv, dv) bf16; q, k (N, nk, dk) L2-normalised, v (N, nv, dv), beta (N, nv) bf16, g (N, nv) fp32; value
 // head h reads key head h / (nv / nk). init (num_roots, nv, dk, dv) fp32 or null (zeros); end
@@ -147,7 +150,9 @@ void gdn_forward(bf16* o, float* end, const bf16* q, const bf16* k, const bf16* 
                  const float* init, const GdnPlan& plan, int nk, int nv, int dk, int dv, double scale, Workspace ws,
                  cudaStream_t stream, GdnProducts products = GdnProducts::kExact);
 
-size_t gdn_backward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv);
+// As gdn_forward_workspace_bytes, for gdn_backward.
+size_t gdn_backward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv,
+                                    GdnProducts products = GdnProducts::kExact);
 
 // Its backward (ops/cpu/gdn.h gdn_tree_backward_chunked, the algorithm followed): dq, dk (N, nk,
 // dk), dv (N, nv, dv) bf16, dg, dbeta (N, nv) fp32 (+= unless !accumulate); d_init (num_roots, nv, dk,

@@ -3149,10 +3149,11 @@ constexpr bool walk_writes_outputs(int dk) { return dk % 16 == 0; }
 struct RuleScratch {
   float *U, *W, *gam, *vnew, *sin, *node_end, *P;
   size_t bytes;
-  RuleScratch(const GdnPlan& plan, int nv, int dk, int dv, bool end_given, bool walk_saves, void* base) {
+  // needs_u: whether the prep stores U (not where the walks take it themselves, walk_computes_u).
+  RuleScratch(const GdnPlan& plan, int nv, int dk, int dv, bool end_given, bool walk_saves, bool needs_u, void* base) {
     detail::WorkspaceCarver w(base);
     const size_t rows = (size_t)plan.rows() * nv, SS = (size_t)dk * dv;
-    U = w.take<float>(rows * dv);
+    U = needs_u ? w.take<float>(rows * dv) : nullptr;
     W = w.take<float>(rows * dk);
     gam = w.take<float>(rows);
     vnew = walk_saves ? w.take<float>(rows * dv) : nullptr;
@@ -3169,8 +3170,8 @@ struct RuleBwdScratch {
   RuleScratch f;
   float *dvn, *qo, *dsout, *acc, *db2, *gq, *gk, *sds, *T, *PT;
   size_t bytes;
-  RuleBwdScratch(const GdnPlan& plan, int nv, int dk, int dv, void* base)
-      : f(plan, nv, dk, dv, /*end_given=*/false, /*walk_saves=*/true, base) {
+  RuleBwdScratch(const GdnPlan& plan, int nv, int dk, int dv, bool needs_u, void* base)
+      : f(plan, nv, dk, dv, /*end_given=*/false, /*walk_saves=*/true, needs_u, base) {
     detail::WorkspaceCarver w(base ? static_cast<char*>(base) + f.bytes : nullptr);
     const size_t rows = (size_t)plan.rows() * nv, SS = (size_t)dk * dv, per_chunk = (size_t)plan.num_chunks() * nv * SS;
     dvn = w.take<float>(rows * dv);
@@ -3331,7 +3332,8 @@ void rule_forward(Runner& run, bf16* o, float* end, const bf16* q, const bf16* k
                      {{"q", q, 16}, {"k", k, 16}, {"v", v, 16}, {"init", init, 16}, {"end", end, 16}, {"o", o, 4}});
   TT_CHECK(plan.device().chunk_row0, "gdn_forward: the plan's tables are not uploaded");
   const bool fused = walk_writes_outputs(dk);
-  const RuleScratch s(plan, nv, dk, dv, end != nullptr, /*walk_saves=*/!fused, ws.ptr);
+  const RuleScratch s(plan, nv, dk, dv, end != nullptr, /*walk_saves=*/!fused, !walk_computes_u(products, dk, dv),
+                      ws.ptr);
   detail::check_workspace(ws, s.bytes, "gdn_forward");
   RuleParams p = rule_params(q, k, v, g, beta, init, plan, nk, nv, dk, dv, scale, s, end);
   p.o = o;
@@ -3353,7 +3355,7 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   check_rule_aligned("gdn_backward", {{"q", q, 16}, {"k", k, 16}, {"v", v, 16}, {"d_o", d_o, 16},
                                       {"init", init, 16}, {"d_init", d_init, 16}, {"d_end", d_end, 16}});
   TT_CHECK(plan.device().chunk_row0, "gdn_backward: the plan's tables are not uploaded");
-  const RuleBwdScratch s(plan, nv, dk_, dv_, ws.ptr);
+  const RuleBwdScratch s(plan, nv, dk_, dv_, !walk_computes_u(products, dk_, dv_), ws.ptr);
   detail::check_workspace(ws, s.bytes, "gdn_backward");
   RuleBwdParams b;
   b.f = rule_params(q, k, v, g, beta, init, plan, nk, nv, dk_, dv_, scale, s.f, nullptr);

@@ -111,7 +111,7 @@ EmuOut emulate(const EmuCase& c, const std::vector<float>& init, const std::vect
   r.o.assign((size_t)N * nv * dv, nan16);
   r.end.assign((size_t)c.f.nodes() * c.state_elems(), nan);
   {
-    HostWorkspace ws(cuda::gdn_forward_workspace_bytes(c.plan, nv, dk, dv, /*end_given=*/true));
+    HostWorkspace ws(cuda::gdn_forward_workspace_bytes(c.plan, nv, dk, dv, /*end_given=*/true, products));
     EmuRunner run;
     cuda::rule_forward(run, r.o.data(), r.end.data(), c.bq.data(), c.bk.data(), c.bv.data(), c.fg.data(), c.bb.data(),
                        or_null(init), c.plan, nk, nv, dk, dv, c.scale, ws.ws, products);
@@ -120,7 +120,7 @@ EmuOut emulate(const EmuCase& c, const std::vector<float>& init, const std::vect
   r.dq.assign(offset + c.q.size(), nan16), r.dk.assign(offset + c.k.size(), nan16),
       r.dv.assign(offset + c.v.size(), nan16);
   r.dg.assign(c.g.size(), nan), r.db.assign(c.beta.size(), nan), r.di.assign(init.size(), 0.f);
-  HostWorkspace ws(cuda::gdn_backward_workspace_bytes(c.plan, nv, dk, dv));
+  HostWorkspace ws(cuda::gdn_backward_workspace_bytes(c.plan, nv, dk, dv, products));
   EmuRunner run;
   cuda::rule_backward(run, r.dq.data() + offset, r.dk.data() + offset, r.dv.data() + offset, r.dg.data(), r.db.data(),
                       init.empty() ? nullptr : r.di.data(), dO.data(), or_null(dE), c.bq.data(), c.bk.data(),
@@ -279,6 +279,27 @@ TEST(GdnEmulated, OddGradientAddressesGiveTheSameBits) {
   EXPECT_EQ(bits_differ(aligned.dk, odd.dk, aligned.dk.size()), 0u) << "dk";
   EXPECT_EQ(bits_differ(aligned.dv, odd.dv, aligned.dv.size()), 0u) << "dv";
   EXPECT_EQ(bits_differ(aligned.dg, odd.dg, aligned.dg.size()), 0u) << "dg";
+}
+
+// The bf16 kernels at dk 128 with dv a multiple of 64 take U = T diag(beta) v in the walks, so their
+// workspaces leave out U's (rows, nv, dv) fp32 (256-byte carving); elsewhere bf16 sizes as exact.
+TEST(GdnEmulated, Bf16WorkspacesLeaveOutUWhereTheWalksTakeIt) {
+  std::mt19937_64 rng(11);
+  const EmuCase c(11, rng, RuleShape{2, 4, 128, 128});
+  const auto kB = cuda::GdnProducts::kBf16;
+  for (const int dv : {128, 64, 96}) {
+    const size_t u = ((size_t)c.N * c.nv * dv * sizeof(float) + 255) / 256 * 256, less = dv % 64 == 0 ? u : 0;
+    EXPECT_EQ(cuda::gdn_forward_workspace_bytes(c.plan, c.nv, 128, dv, true) -
+                  cuda::gdn_forward_workspace_bytes(c.plan, c.nv, 128, dv, true, kB),
+              less)
+        << "forward, dv " << dv;
+    EXPECT_EQ(cuda::gdn_backward_workspace_bytes(c.plan, c.nv, 128, dv) -
+                  cuda::gdn_backward_workspace_bytes(c.plan, c.nv, 128, dv, kB),
+              less)
+        << "backward, dv " << dv;
+  }
+  EXPECT_EQ(cuda::gdn_backward_workspace_bytes(c.plan, c.nv, 64, 64),
+            cuda::gdn_backward_workspace_bytes(c.plan, c.nv, 64, 64, kB));
 }
 
 // ---- The row ops ----
