@@ -2511,6 +2511,133 @@ size_t bwd_state_smem_bytes(int dv) {
   return sizeof(float) * (size_t)(2 * kGdnChunk) * (dv + 4) + sizeof(bf16) * (size_t)kGdnChunk * kRowStride;
 }
 
+// rule_bwd_state_wgmma_kernel's TMA descriptors: dO, v_new and dvn as (N, nv, dv) bf16, the
+// entering states and their gradients (sin, dsout) as (chunks nv dk, 1, dv) bf16; boxes of 64
+// columns x 64 rows.
+struct StateMaps {
+  CUtensorMap dO, Vn, Dvn, S, dS;
+};
+
+// rule_bwd_state_kernel's products in the bf16 kernels at dk = dv = 128, on warpgroup MMA
+// (m64n64k16, fp32 accumulators, operands by TMA into 128-byte-swizzled tiles): per (chunk, value
+// head, 64 state rows i0 + i), with the chunk's rows a as the products' M (so the outputs' rows a
+// are the accumulators' rows and rows past L, the next node's, reach only rows never stored):
+//   warpgroup 0: gq[a][i] = dO_a . S[i] and db2[a][i] = -(dvn_a . S[i]) (16 MMAs, B = S's tile
+//   for both), warpgroup 1: gk[a][i] = v_new_a . dS[i] (8) and the rows' share of <S, dS>.
+// The same operands as the mma.sync kernel's bf16 mode (S, dS, v_new and dvn as the walks stored
+// them in bf16, dO as given), fp32 sums; two blocks a multiprocessor (80 KB of tiles each).
+__global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_wgmma_kernel(RuleBwdParams b,
+                                                                              const __grid_constant__ StateMaps maps) {
+  namespace sm90 = attn::sm90;
+  using Mma = sm90::Wgmma<kStateRows>;
+  TT_EXTERN_SMEM_16(smem_raw);
+  __shared__ uint64_t bar;
+  __shared__ float red[detail::kWarp];
+  constexpr int kTile = kGdnChunk * 128;  // a (64, 128) bf16 tile: two 64-column boxes
+  const RuleParams& p = b.f;
+  const ChunkPart cp = chunk_part(128 / kStateRows);
+  const int c = cp.c, h = cp.h, i0 = cp.z * kStateRows;
+  const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c];
+  bf16* Do = reinterpret_cast<bf16*>(align_up_1024(smem_raw));  // (64, 128) tiles: dO, v_new, dvn, S, dS
+  bf16* Vn = Do + kTile;
+  bf16* Dv = Vn + kTile;
+  bf16* Sx = Dv + kTile;
+  bf16* Dx = Sx + kTile;
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(&bar, 1);
+    sm90::fence_barrier_init();
+    sm90::mbar_expect_tx(&bar, 5 * kTile * sizeof(bf16));
+    const int srow = (c * p.nv + h) * 128 + i0;  // the block's state rows in the (chunks nv dk, dv) view
+#pragma unroll
+    for (int a = 0; a < 2; ++a) {
+      const int off = a * (kGdnChunk * 64);
+      sm90::tma_load_3d(Do + off, &maps.dO, 64 * a, h, r0, &bar);
+      sm90::tma_load_3d(Vn + off, &maps.Vn, 64 * a, h, r0, &bar);
+      sm90::tma_load_3d(Dv + off, &maps.Dvn, 64 * a, h, r0, &bar);
+      sm90::tma_load_3d(Sx + off, &maps.S, 64 * a, 0, srow, &bar);
+      sm90::tma_load_3d(Dx + off, &maps.dS, 64 * a, 0, srow, &bar);
+    }
+  }
+  __syncthreads();  // the barrier is initialised
+  sm90::mbar_wait(&bar, 0);
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, wg = warp / 4, gq = lane / 4,
+            tq = lane % 4;
+  const int row = 16 * (warp % 4) + gq;  // this thread's accumulator rows (chunk rows a): row, row + 8
+  const uint64_t s_desc = sm90::desc_kmajor<kStateRows>(Sx, 0);
+  float sds = 0.f;
+  // f(a, i, x0, x1) for each pair of an accumulator (rows row, row + 8; columns 8 n + 2 tq, + 1) in
+  // the chunk (a < L).
+  auto each_pair = [&](const float(&d)[32], auto&& f) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int a = row + 8 * half;
+      if (a >= L) continue;
+#pragma unroll
+      for (int n = 0; n < kStateRows / 8; ++n) f(a, 8 * n + 2 * tq, d[4 * n + 2 * half], d[4 * n + 2 * half + 1]);
+    }
+  };
+  auto at = [&](int a, int i) { return ((int64_t)(r0 + a) * p.nv + h) * 128 + i0 + i; };
+  if (wg == 0) {
+    float gqa[32] = {}, sdv[32] = {};  // dO S^T and dvn S^T
+    sm90::wgmma_fence();
+    const uint64_t o = sm90::desc_kmajor<kGdnChunk>(Do, 0), r = sm90::desc_kmajor<kGdnChunk>(Dv, 0);
+#pragma unroll
+    for (int kk = 0; kk < 128 / 16; ++kk) {
+      Mma::template ss<0, 0>(gqa, sm90::desc_add(o, sm90::kmajor_step<kGdnChunk>(kk)),
+                             sm90::desc_add(s_desc, sm90::kmajor_step<kStateRows>(kk)), kk > 0);
+      Mma::template ss<0, 0>(sdv, sm90::desc_add(r, sm90::kmajor_step<kGdnChunk>(kk)),
+                             sm90::desc_add(s_desc, sm90::kmajor_step<kStateRows>(kk)), kk > 0);
+    }
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    sm90::fence_regs(gqa);
+    sm90::fence_regs(sdv);
+    each_pair(gqa, [&](int a, int i, float x0, float x1) {
+      *reinterpret_cast<float2*>(b.gq + at(a, i)) = make_float2(x0, x1);
+    });
+    each_pair(sdv, [&](int a, int i, float x0, float x1) {  // as the grad kernel's bf16 products round it
+      *reinterpret_cast<uint32_t*>(p_bf16(b.db2) + at(a, i)) = attn::pack_bf16x2(-x0, -x1);
+    });
+  } else {
+    float dsv[32] = {};  // v_new dS^T
+    sm90::wgmma_fence();
+    const uint64_t v = sm90::desc_kmajor<kGdnChunk>(Vn, 0), d = sm90::desc_kmajor<kStateRows>(Dx, 0);
+#pragma unroll
+    for (int kk = 0; kk < 128 / 16; ++kk)
+      Mma::template ss<0, 0>(dsv, sm90::desc_add(v, sm90::kmajor_step<kGdnChunk>(kk)),
+                             sm90::desc_add(d, sm90::kmajor_step<kStateRows>(kk)), kk > 0);
+    sm90::wgmma_commit();
+    {  // <S, dS> over the block's rows while the products run: 64 of each a thread, in a fixed order
+      const int t = threadIdx.x - 128;
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int e = 8 * (t + 128 * u);  // 16-byte units: the same offset in both tiles
+        const uint4 xs = *reinterpret_cast<const uint4*>(Sx + e), xd = *reinterpret_cast<const uint4*>(Dx + e);
+        const uint32_t* ws = reinterpret_cast<const uint32_t*>(&xs);
+        const uint32_t* wd = reinterpret_cast<const uint32_t*>(&xd);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const float2 s2 = unpack_bf16x2(ws[w]), d2 = unpack_bf16x2(wd[w]);
+          sds = fmaf(s2.x, d2.x, fmaf(s2.y, d2.y, sds));
+        }
+      }
+    }
+    sm90::wgmma_wait<0>();
+    sm90::fence_regs(dsv);
+    each_pair(dsv, [&](int a, int i, float x0, float x1) {
+      *reinterpret_cast<float2*>(b.gk + at(a, i)) = make_float2(x0, x1);
+    });
+  }
+  sds = detail::block_sum(sds, red);  // warpgroup 0 adds zeros
+  if (threadIdx.x == 0) b.sds[((int64_t)c * p.nv + h) * (128 / kStateRows) + cp.z] = sds;
+}
+
+size_t bwd_state_wgmma_smem_bytes() { return 1024 + 5 * sizeof(bf16) * kGdnChunk * 128; }  // + the alignment's slack
+
+// Whether the state products run on warpgroup MMA (rule_bwd_state_wgmma_kernel): the bf16 kernels
+// at dk = dv = 128.
+constexpr bool state_on_wgmma(bool b16, int dk, int dv) { return b16 && dk == 128 && dv == 128; }
+
 // dst[a][b] = X_a . Y_b for the 64 x 64 pairs of bf16 rows X (kRowStride) and fp32 rows Y (stride
 // ys), d a multiple of 16, on tensor cores: Y split into bf16 halves (Y = Y_hi + Y_lo to a relative
 // 2^-16, X exact), two mma a tile, summed in fp32; then a block barrier. A warp takes 16 rows x 32
@@ -3269,6 +3396,20 @@ BwdWalkMaps bwd_walk_maps(const RuleBwdParams& b, Runner& run, bool bf16_scores)
   return m;
 }
 
+// rule_bwd_state_wgmma_kernel's TMA descriptors (StateMaps).
+template <class Runner>
+StateMaps state_maps(const RuleBwdParams& b, Runner& run) {
+  const RuleParams& p = b.f;
+  const int64_t state_rows = (int64_t)p.num_chunks * p.nv * p.dk;
+  StateMaps m{};
+  m.dO = run.map(b.d_o, p.rows, p.nv, p.dv, 64, kGdnChunk);
+  m.Vn = run.map(p_bf16(p.vnew), p.rows, p.nv, p.dv, 64, kGdnChunk);
+  m.Dvn = run.map(p_bf16(b.dvn), p.rows, p.nv, p.dv, 64, kGdnChunk);
+  m.S = run.map(p_bf16(p.sin), state_rows, 1, p.dv, 64, kStateRows);
+  m.dS = run.map(p_bf16(b.dsout), state_rows, 1, p.dv, 64, kStateRows);
+  return m;
+}
+
 // Whether the kernels run their kBf16 instantiations: GdnProducts::kBf16 where the walks run on
 // tensor cores (dk a multiple of 16, w_as_halves). Every kernel of a pass decides by this one
 // predicate, since they hand each other bf16 buffers (p_bf16); at other dk every kernel is fp32
@@ -3389,9 +3530,13 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   else
     run.launch(b16 ? rule_bwd_walk_mma_kernel<0, true> : rule_bwd_walk_mma_kernel<0, false>,
                walk_grid, kRuleThreads, bwd_walk_mma_smem_bytes(dk_), b, BwdWalkMaps{});
-  run.launch(b16 ? rule_bwd_state_kernel<true> : rule_bwd_state_kernel<false>,
-             chunk_parts_grid(chunks, nv, (dk_ + kStateRows - 1) / kStateRows), kRuleThreads,
-             bwd_state_smem_bytes(dv_), b);
+  if (state_on_wgmma(b16, dk_, dv_))
+    run.launch(rule_bwd_state_wgmma_kernel, chunk_parts_grid(chunks, nv, 128 / kStateRows), kRuleThreads,
+               bwd_state_wgmma_smem_bytes(), b, state_maps(b, run));
+  else
+    run.launch(b16 ? rule_bwd_state_kernel<true> : rule_bwd_state_kernel<false>,
+               chunk_parts_grid(chunks, nv, (dk_ + kStateRows - 1) / kStateRows), kRuleThreads,
+               bwd_state_smem_bytes(dv_), b);
   run.launch(dk_ == 128 && dv_ == 128 ? (b16 ? rule_bwd_grad_kernel<128, true> : rule_bwd_grad_kernel<128, false>)
                                       : (b16 ? rule_bwd_grad_kernel<0, true> : rule_bwd_grad_kernel<0, false>),
              dim3((unsigned)chunks, (unsigned)nk), kRuleThreads, bwd_grad_smem_bytes(dk_, dv_), b);
