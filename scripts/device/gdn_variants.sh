@@ -15,7 +15,7 @@
 # Device run:  run(command="scripts/device/gdn_variants.sh", carry=[".device/gdn_variants"])
 # Environment: ROUNDS (2), SKIP_TESTS=1, SKIP_NCU=1, VARIANTS (e.g. "v2 v4"; default all staged),
 # TEST_VARIANTS (the variants whose tests run; default VARIANTS), RACECHECK=1 (racecheck on each
-# tested variant's delta-rule backward test too), OPS_MODE and NCU_MODE (exact or bf16: the rounds'
+# tested variant's delta-rule backward test and its bf16 long-sequence test, the bf16 kernels', too), OPS_MODE and NCU_MODE (exact or bf16: the rounds'
 # `ops_bench gdn` and ncu take only that product mode; default both, exact's first). The unpacked
 # binaries stay in /tmp/gdn_variants_bin for what a caller runs after.
 set -uo pipefail
@@ -93,7 +93,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     for t in $TESTS; do run_gtest "${v}_${t#*:}" 300; done
     if [ -x "$san" ]; then
       checks=("memcheck:*DeltaRule*")  # tool:gtest filter
-      [ "${RACECHECK:-0}" = 1 ] && checks+=("racecheck:*DeltaRuleBackward*")
+      [ "${RACECHECK:-0}" = 1 ] && checks+=("racecheck:*DeltaRuleBackward*:*Bf16Products*")
       for check in "${checks[@]}"; do
         echo "===== ${check%%:*} ${v}_gdn_test" >>"$OUT/tests.log"
         timeout 200 "$san" --tool "${check%%:*}" --error-exitcode 9 "$DIR/${v}_gdn_test" --gtest_brief=1 \
