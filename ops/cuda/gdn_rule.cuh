@@ -148,6 +148,28 @@ __device__ __forceinline__ ChunkInfo chunk_info(const GdnPlan::Device& plan, int
 }
 
 // The chunk's per-row value-head scalars (gam or beta, (rows, nv) fp32 or bf16) -> dst[64], zeros past L.
+// The state a node's first chunk links to: forward, where its state comes from (its parent's end
+// state in per_node, else its root's initial state in per_root, else null: zeros); backward, where
+// its state gradient goes (the parent's acc, else the root's d_init, else nowhere). Both (nodes or
+// roots, nv, dk, dv), SS = dk dv elements a head.
+template <class T>
+__device__ __forceinline__ T* node_link(const GdnPlan::Device& plan, int n, int h, int nv, int64_t SS, T* per_node,
+                                        T* per_root) {
+  const int parent = plan.node_parent[n], root = plan.node_root[n];
+  return parent >= 0 ? per_node + ((int64_t)parent * nv + h) * SS
+                     : (per_root && root >= 0 ? per_root + ((int64_t)root * nv + h) * SS : nullptr);
+}
+
+// The two stage barriers of a walk whose stages come by TMA, initialised by thread 0 (a block
+// barrier must follow before any thread waits on them).
+__device__ __forceinline__ void init_stage_barriers(uint64_t* bars) {
+  if (threadIdx.x == 0) {
+    attn::sm90::mbar_init(&bars[0], 1);
+    attn::sm90::mbar_init(&bars[1], 1);
+    attn::sm90::fence_barrier_init();
+  }
+}
+
 __device__ __forceinline__ void load_chunk_gam(float* dst, const float* gam, int nv, int h, int r0, int L) {
   for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x)
     attn::cp_async_4(dst + r, gam + (int64_t)(r0 + (r < L ? r : 0)) * nv + h, r < L ? 4 : 0);
@@ -709,9 +731,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_kernel(RuleParams p) {
     cur = nxt;
     if (c + 2 < nc) nxt = chunk_info(p.plan, c + 2);
     if (flags & 1) {
-      const int parent = p.plan.node_parent[n], root = p.plan.node_root[n];
-      const float* src = parent >= 0 ? p.node_end + ((int64_t)parent * p.nv + h) * SS
-                                     : (p.init && root >= 0 ? p.init + ((int64_t)root * p.nv + h) * SS : nullptr);
+      const float* src = node_link<const float>(p.plan, n, h, p.nv, SS, p.node_end, p.init);
       state_from_global(S, src, dk, dv, j0);
     }
     __syncthreads();
@@ -1053,11 +1073,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
       }
     });
   };
-  if (kDk == 128 && threadIdx.x == 0) {
-    attn::sm90::mbar_init(&bars[0], 1);
-    attn::sm90::mbar_init(&bars[1], 1);
-    attn::sm90::fence_barrier_init();
-  }
+  if (kDk == 128) init_stage_barriers(bars);
   __syncthreads();
   const int nc = p.num_chunks;
   ChunkInfo cur = nc > 0 ? chunk_info(p.plan, 0) : ChunkInfo{}, nxt = nc > 1 ? chunk_info(p.plan, 1) : cur;
@@ -1071,9 +1087,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
     cur = nxt;
     if (c + 2 < nc) nxt = chunk_info(p.plan, c + 2);
     if (flags & 1) {
-      const int parent = p.plan.node_parent[n], root = p.plan.node_root[n];
-      const float* src = parent >= 0 ? p.node_end + ((int64_t)parent * p.nv + h) * SS
-                                     : (p.init && root >= 0 ? p.init + ((int64_t)root * p.nv + h) * SS : nullptr);
+      const float* src = node_link<const float>(p.plan, n, h, p.nv, SS, p.node_end, p.init);
       state_io(nullptr, src);
     }
     if constexpr (!kOut)  // the entering state (with kBf16 as the bf16 state products round it)
@@ -1290,11 +1304,7 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
       }
     });
   };
-  if (threadIdx.x == 0) {
-    sm90::mbar_init(&bars[0], 1);
-    sm90::mbar_init(&bars[1], 1);
-    sm90::fence_barrier_init();
-  }
+  init_stage_barriers(bars);
   __syncthreads();
   const int nc = p.num_chunks;
   ChunkInfo cur = nc > 0 ? chunk_info(p.plan, 0) : ChunkInfo{}, nxt = nc > 1 ? chunk_info(p.plan, 1) : cur;
@@ -1308,9 +1318,7 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
     cur = nxt;
     if (c + 2 < nc) nxt = chunk_info(p.plan, c + 2);
     if (flags & 1) {
-      const int parent = p.plan.node_parent[n], root = p.plan.node_root[n];
-      const float* src = parent >= 0 ? p.node_end + ((int64_t)parent * p.nv + h) * SS
-                                     : (p.init && root >= 0 ? p.init + ((int64_t)root * p.nv + h) * SS : nullptr);
+      const float* src = node_link<const float>(p.plan, n, h, p.nv, SS, p.node_end, p.init);
       state_io(nullptr, src);
     }
     walk_state_pairs(16 * warp, dv, j0, [&](int nn, int half, int64_t) {
@@ -1817,9 +1825,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_kernel(RuleBwdPara
     }
     __syncthreads();
     if (flags & 1) {
-      const int parent = p.plan.node_parent[n], root = p.plan.node_root[n];
-      float* dst = parent >= 0 ? b.acc + ((int64_t)parent * p.nv + h) * SS
-                               : (b.d_init && root >= 0 ? b.d_init + ((int64_t)root * p.nv + h) * SS : nullptr);
+      float* dst = node_link(p.plan, n, h, p.nv, SS, b.acc, b.d_init);
       if (dst)
         for (int e = threadIdx.x; e < dk * kWalkCols / 4; e += blockDim.x) {
           const int i = e / (kWalkCols / 4), jq = (e % (kWalkCols / 4)) * 4;
@@ -2004,11 +2010,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
       f(n, 2 * half + 1, at + 1);
     });
   };
-  if (kDk == 128 && threadIdx.x == 0) {
-    attn::sm90::mbar_init(&bars[0], 1);
-    attn::sm90::mbar_init(&bars[1], 1);
-    attn::sm90::fence_barrier_init();
-  }
+  if (kDk == 128) init_stage_barriers(bars);
   __syncthreads();
   const int last = p.num_chunks - 1;
   ChunkInfo cur = last >= 0 ? chunk_info(p.plan, last) : ChunkInfo{}, nxt = last >= 1 ? chunk_info(p.plan, last - 1) : cur;
@@ -2169,9 +2171,7 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
       }
     }
     if (flags & 1) {  // a node's first chunk: dS_in to its parent's acc (or its root's d_init)
-      const int parent = p.plan.node_parent[n], root = p.plan.node_root[n];
-      float* dst = parent >= 0 ? b.acc + ((int64_t)parent * p.nv + h) * SS
-                               : (b.d_init && root >= 0 ? b.d_init + ((int64_t)root * p.nv + h) * SS : nullptr);
+      float* dst = node_link(p.plan, n, h, p.nv, SS, b.acc, b.d_init);
       if (dst) each([&](int nn, int e, int64_t at) { dst[at] += dS[nn][e]; });
     }
     __syncthreads();  // every warp is done with this stage and the halves
@@ -2221,11 +2221,7 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_bwd_walk_wgmma_kernel(Ru
   const uint64_t s_desc = sm90::desc_mnmajor<128>(Ss, 0), d_desc = sm90::desc_mnmajor<kGdnChunk>(Ds, 0),
                  e_desc = sm90::desc_mnmajor<kGdnChunk>(Es, 0), v_desc = sm90::desc_mnmajor<kGdnChunk>(Vs, 0);
   float dS[16] = {};  // dS[4 n + 2 half + e]: row 16 warp + gq + 8 half, column 8 n + 2 tq + e
-  if (threadIdx.x == 0) {
-    sm90::mbar_init(&bars[0], 1);
-    sm90::mbar_init(&bars[1], 1);
-    sm90::fence_barrier_init();
-  }
+  init_stage_barriers(bars);
   __syncthreads();
   const int last = p.num_chunks - 1;
   ChunkInfo cur = last >= 0 ? chunk_info(p.plan, last) : ChunkInfo{}, nxt = last >= 1 ? chunk_info(p.plan, last - 1) : cur;
@@ -2346,9 +2342,7 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_bwd_walk_wgmma_kernel(Ru
     }
     sm90::fence_regs(dS);
     if (flags & 1) {  // a node's first chunk: dS_in to its parent's acc (or its root's d_init)
-      const int parent = p.plan.node_parent[n], root = p.plan.node_root[n];
-      float* dst = parent >= 0 ? b.acc + ((int64_t)parent * p.nv + h) * SS
-                               : (b.d_init && root >= 0 ? b.d_init + ((int64_t)root * p.nv + h) * SS : nullptr);
+      float* dst = node_link(p.plan, n, h, p.nv, SS, b.acc, b.d_init);
       if (dst)
         walk_state_pairs(16 * warp, dv, j0, [&](int nn, int half, int64_t at) {
           dst[at] += dS[4 * nn + 2 * half], dst[at + 1] += dS[4 * nn + 2 * half + 1];
