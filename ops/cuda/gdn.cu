@@ -164,13 +164,11 @@ void GdnPlan::refer_to(const void* tables) {
 }
 
 size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, bool end_given, GdnProducts products) {
-  return RuleScratch(plan, nv, dk, dv, end_given, /*walk_saves=*/!walk_writes_outputs(dk),
-                     !walk_computes_u(products, dk, dv), nullptr)
-      .bytes;
+  return RuleScratch(plan, nv, dk, dv, end_given, /*walk_saves=*/!walk_writes_outputs(dk), products, nullptr).bytes;
 }
 
 size_t gdn_backward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, GdnProducts products) {
-  return RuleBwdScratch(plan, nv, dk, dv, !walk_computes_u(products, dk, dv), nullptr).bytes;
+  return RuleBwdScratch(plan, nv, dk, dv, products, nullptr).bytes;
 }
 
 void gdn_backward(bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* d_init, const bf16* d_o,

@@ -129,8 +129,9 @@ class GdnPlan {
 // is kExact there.
 enum class GdnProducts { kExact, kBf16 };
 
-// The bytes gdn_forward's Workspace needs for these products (kBf16 needs less at dk 128, where
-// the walks take U themselves); a workspace sized for kExact serves either.
+// The bytes gdn_forward's Workspace needs for these products (kBf16 needs less: no U at dk 128,
+// where the walks take U themselves, and in the backward's the buffers its kernels hand each other
+// in bf16 at half size); a workspace sized for kExact serves either.
 size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, bool end_given,
                                    GdnProducts products = GdnProducts::kExact);
 

@@ -3265,20 +3265,39 @@ size_t bwd_grad_smem_bytes(int dk, int dv) {
 // 16), so that neither sin nor v_new is stored, nor rule_out_kernel launched.
 constexpr bool walk_writes_outputs(int dk) { return dk % 16 == 0; }
 
+// Whether the kernels run their kBf16 instantiations: GdnProducts::kBf16 where the walks run on
+// tensor cores (dk a multiple of 16, w_as_halves). Every kernel of a pass decides by this one
+// predicate, since they hand each other bf16 buffers (p_bf16); at other dk every kernel is fp32
+// (the CUDA-core walks and paths), whatever the option says.
+constexpr bool bf16_kernels(GdnProducts products, int dk) {
+  return products == GdnProducts::kBf16 && w_as_halves(dk);
+}
+
+// Whether the walks take U = T diag(beta) v themselves (one bf16 mma a product, from the prep's T
+// diag(beta) in bf16, RuleParams::Tb) and the prep neither computes nor stores U: the bf16 kernels
+// at dk 128 where dv is a multiple of 64, whose TMA stages hold T diag(beta) and a 64-column box of
+// v in place of U's 32 fp32 columns (at other dv the prep computes U as the exact mode's).
+constexpr bool walk_computes_u(GdnProducts products, int dk, int dv) {
+  return bf16_kernels(products, dk) && dk == 128 && dv % 64 == 0;
+}
+
 // walk_saves: the walk stores sin and v_new (the backward's; the forward's when
 // !walk_writes_outputs(dk)); else they take no space and the prep stores the scores P instead.
 struct RuleScratch {
   float *U, *W, *gam, *vnew, *sin, *node_end, *P;
   size_t bytes;
-  // needs_u: whether the prep stores U (not where the walks take it themselves, walk_computes_u).
-  RuleScratch(const GdnPlan& plan, int nv, int dk, int dv, bool end_given, bool walk_saves, bool needs_u, void* base) {
+  // With `products`, U only where the prep stores it (not where the walks take it themselves,
+  // walk_computes_u), and the buffers the bf16 kernels hand each other in bf16 (p_bf16) half size.
+  RuleScratch(const GdnPlan& plan, int nv, int dk, int dv, bool end_given, bool walk_saves, GdnProducts products,
+              void* base) {
     detail::WorkspaceCarver w(base);
     const size_t rows = (size_t)plan.rows() * nv, SS = (size_t)dk * dv;
-    U = needs_u ? w.take<float>(rows * dv) : nullptr;
+    const size_t half = bf16_kernels(products, dk) ? 2 : 1;  // floats a bf16 buffer's element count divides by
+    U = walk_computes_u(products, dk, dv) ? nullptr : w.take<float>(rows * dv);
     W = w.take<float>(rows * dk);
     gam = w.take<float>(rows);
-    vnew = walk_saves ? w.take<float>(rows * dv) : nullptr;
-    sin = walk_saves ? w.take<float>((size_t)plan.num_chunks() * nv * SS) : nullptr;
+    vnew = walk_saves ? w.take<float>(rows * dv / half) : nullptr;
+    sin = walk_saves ? w.take<float>((size_t)plan.num_chunks() * nv * SS / half) : nullptr;
     node_end = w.take<float>(end_given ? 0 : (size_t)plan.num_nodes() * nv * SS);
     P = walk_saves ? nullptr : w.take<float>((size_t)plan.num_chunks() * nv * kGdnChunk * kGdnChunk);
     bytes = w.bytes();
@@ -3291,16 +3310,17 @@ struct RuleBwdScratch {
   RuleScratch f;
   float *dvn, *qo, *dsout, *acc, *db2, *gq, *gk, *sds, *T, *PT;
   size_t bytes;
-  RuleBwdScratch(const GdnPlan& plan, int nv, int dk, int dv, bool needs_u, void* base)
-      : f(plan, nv, dk, dv, /*end_given=*/false, /*walk_saves=*/true, needs_u, base) {
+  RuleBwdScratch(const GdnPlan& plan, int nv, int dk, int dv, GdnProducts products, void* base)
+      : f(plan, nv, dk, dv, /*end_given=*/false, /*walk_saves=*/true, products, base) {
     detail::WorkspaceCarver w(base ? static_cast<char*>(base) + f.bytes : nullptr);
     const size_t rows = (size_t)plan.rows() * nv, SS = (size_t)dk * dv, per_chunk = (size_t)plan.num_chunks() * nv * SS;
-    dvn = w.take<float>(rows * dv);
+    const size_t half = bf16_kernels(products, dk) ? 2 : 1;  // as RuleScratch's
+    dvn = w.take<float>(rows * dv / half);
     const bool local = walk_writes_outputs(dk);
     qo = local ? nullptr : w.take<float>(per_chunk);
-    dsout = w.take<float>(per_chunk);
+    dsout = w.take<float>(per_chunk / half);
     acc = w.take<float>((size_t)plan.num_nodes() * nv * SS);
-    db2 = w.take<float>(rows * dk);
+    db2 = w.take<float>(rows * dk / half);
     gq = w.take<float>(rows * dk);
     gk = w.take<float>(rows * dk);
     sds = w.take<float>((size_t)plan.num_chunks() * nv * ((dk + kStateRows - 1) / kStateRows));
@@ -3404,22 +3424,6 @@ StateMaps state_maps(const RuleBwdParams& b, Runner& run) {
   return m;
 }
 
-// Whether the kernels run their kBf16 instantiations: GdnProducts::kBf16 where the walks run on
-// tensor cores (dk a multiple of 16, w_as_halves). Every kernel of a pass decides by this one
-// predicate, since they hand each other bf16 buffers (p_bf16); at other dk every kernel is fp32
-// (the CUDA-core walks and paths), whatever the option says.
-constexpr bool bf16_kernels(GdnProducts products, int dk) {
-  return products == GdnProducts::kBf16 && w_as_halves(dk);
-}
-
-// Whether the walks take U = T diag(beta) v themselves (one bf16 mma a product, from the prep's T
-// diag(beta) in bf16, RuleParams::Tb) and the prep neither computes nor stores U: the bf16 kernels
-// at dk 128 where dv is a multiple of 64, whose TMA stages hold T diag(beta) and a 64-column box of
-// v in place of U's 32 fp32 columns (at other dv the prep computes U as the exact mode's).
-constexpr bool walk_computes_u(GdnProducts products, int dk, int dv) {
-  return bf16_kernels(products, dk) && dk == 128 && dv % 64 == 0;
-}
-
 // Sets p up for walk_computes_u: no U; T diag(beta) in `spare`, a (chunks, nv, 64, 64) fp32
 // buffer whose first half holds a bf16 tensor of that shape already (the bf16 scores P, or T).
 void use_walk_u(RuleParams& p, float* spare) {
@@ -3467,8 +3471,7 @@ void rule_forward(Runner& run, bf16* o, float* end, const bf16* q, const bf16* k
                      {{"q", q, 16}, {"k", k, 16}, {"v", v, 16}, {"init", init, 16}, {"end", end, 16}, {"o", o, 4}});
   TT_CHECK(plan.device().chunk_row0, "gdn_forward: the plan's tables are not uploaded");
   const bool fused = walk_writes_outputs(dk);
-  const RuleScratch s(plan, nv, dk, dv, end != nullptr, /*walk_saves=*/!fused, !walk_computes_u(products, dk, dv),
-                      ws.ptr);
+  const RuleScratch s(plan, nv, dk, dv, end != nullptr, /*walk_saves=*/!fused, products, ws.ptr);
   detail::check_workspace(ws, s.bytes, "gdn_forward");
   RuleParams p = rule_params(q, k, v, g, beta, init, plan, nk, nv, dk, dv, scale, s, end);
   p.o = o;
@@ -3490,7 +3493,7 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   check_rule_aligned("gdn_backward", {{"q", q, 16}, {"k", k, 16}, {"v", v, 16}, {"d_o", d_o, 16},
                                       {"init", init, 16}, {"d_init", d_init, 16}, {"d_end", d_end, 16}});
   TT_CHECK(plan.device().chunk_row0, "gdn_backward: the plan's tables are not uploaded");
-  const RuleBwdScratch s(plan, nv, dk_, dv_, !walk_computes_u(products, dk_, dv_), ws.ptr);
+  const RuleBwdScratch s(plan, nv, dk_, dv_, products, ws.ptr);
   detail::check_workspace(ws, s.bytes, "gdn_backward");
   RuleBwdParams b;
   b.f = rule_params(q, k, v, g, beta, init, plan, nk, nv, dk_, dv_, scale, s.f, nullptr);

@@ -281,25 +281,32 @@ TEST(GdnEmulated, OddGradientAddressesGiveTheSameBits) {
   EXPECT_EQ(bits_differ(aligned.dg, odd.dg, aligned.dg.size()), 0u) << "dg";
 }
 
-// The bf16 kernels at dk 128 with dv a multiple of 64 take U = T diag(beta) v in the walks, so their
-// workspaces leave out U's (rows, nv, dv) fp32 (256-byte carving); elsewhere bf16 sizes as exact.
-TEST(GdnEmulated, Bf16WorkspacesLeaveOutUWhereTheWalksTakeIt) {
+// The bf16 kernels' workspaces: no U where the walks take U = T diag(beta) v themselves (dk 128, dv
+// a multiple of 64), and the backward's buffers they hand each other in bf16 (v_new, the entering
+// states, dvn, their gradients, dW) half size; exact sizes otherwise (dk not a multiple of 16). The
+// workspace carves each buffer at a 256-byte boundary.
+TEST(GdnEmulated, Bf16WorkspacesHoldOnlyWhatTheBf16KernelsUse) {
   std::mt19937_64 rng(11);
   const EmuCase c(11, rng, RuleShape{2, 4, 128, 128});
   const auto kB = cuda::GdnProducts::kBf16;
-  for (const int dv : {128, 64, 96}) {
-    const size_t u = ((size_t)c.N * c.nv * dv * sizeof(float) + 255) / 256 * 256, less = dv % 64 == 0 ? u : 0;
-    EXPECT_EQ(cuda::gdn_forward_workspace_bytes(c.plan, c.nv, 128, dv, true) -
-                  cuda::gdn_forward_workspace_bytes(c.plan, c.nv, 128, dv, true, kB),
-              less)
-        << "forward, dv " << dv;
-    EXPECT_EQ(cuda::gdn_backward_workspace_bytes(c.plan, c.nv, 128, dv) -
-                  cuda::gdn_backward_workspace_bytes(c.plan, c.nv, 128, dv, kB),
-              less)
-        << "backward, dv " << dv;
+  const auto carved = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+  const size_t rows = (size_t)c.N * c.nv, chunks = (size_t)c.plan.num_chunks() * c.nv;
+  for (const auto& [dk, dv] : {std::pair{128, 128}, {128, 64}, {128, 96}, {64, 64}, {72, 32}}) {
+    const bool b16 = dk % 16 == 0, takes_u = b16 && dk == 128 && dv % 64 == 0;
+    const size_t u = takes_u ? carved(rows * dv * 4) : 0;
+    size_t halved = 0;  // v_new, sin, dvn, dsout, db2: fp32 -> bf16
+    for (const size_t bytes : {rows * dv * 4, chunks * dk * dv * 4, rows * dv * 4, chunks * dk * dv * 4, rows * dk * 4})
+      halved += b16 ? carved(bytes) - carved(bytes / 2) : 0;
+    const std::string at = ", dk " + std::to_string(dk) + " dv " + std::to_string(dv);
+    EXPECT_EQ(cuda::gdn_forward_workspace_bytes(c.plan, c.nv, dk, dv, true) -
+                  cuda::gdn_forward_workspace_bytes(c.plan, c.nv, dk, dv, true, kB),
+              u)
+        << "forward" << at;
+    EXPECT_EQ(cuda::gdn_backward_workspace_bytes(c.plan, c.nv, dk, dv) -
+                  cuda::gdn_backward_workspace_bytes(c.plan, c.nv, dk, dv, kB),
+              u + halved)
+        << "backward" << at;
   }
-  EXPECT_EQ(cuda::gdn_backward_workspace_bytes(c.plan, c.nv, 64, 64),
-            cuda::gdn_backward_workspace_bytes(c.plan, c.nv, 64, 64, kB));
 }
 
 // ---- The row ops ----
