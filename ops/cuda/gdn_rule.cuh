@@ -147,7 +147,6 @@ __device__ __forceinline__ ChunkInfo chunk_info(const GdnPlan::Device& plan, int
   return {plan.chunk_row0[c], plan.chunk_len[c], plan.chunk_node[c], plan.chunk_flags[c], c};
 }
 
-// The chunk's per-row value-head scalars (gam or beta, (rows, nv) fp32 or bf16) -> dst[64], zeros past L.
 // The state a node's first chunk links to: forward, where its state comes from (its parent's end
 // state in per_node, else its root's initial state in per_root, else null: zeros); backward, where
 // its state gradient goes (the parent's acc, else the root's d_init, else nowhere). Both (nodes or
@@ -160,6 +159,27 @@ __device__ __forceinline__ T* node_link(const GdnPlan::Device& plan, int n, int 
                      : (per_root && root >= 0 ? per_root + ((int64_t)root * nv + h) * SS : nullptr);
 }
 
+// A walk's chunks in its order (first to last, or with kReverse last to first) with the next
+// chunk's ChunkInfo read a step ahead, for the stage prefetch that runs one chunk ahead of the
+// products: cur is the first chunk until take(c) hands out chunk c, nxt the one after cur.
+template <bool kReverse>
+struct ChunkCursor {
+  const GdnPlan::Device& plan;
+  int nc;
+  ChunkInfo cur, nxt;
+  __device__ ChunkCursor(const GdnPlan::Device& plan, int nc) : plan(plan), nc(nc) {
+    cur = nc > 0 ? chunk_info(plan, kReverse ? nc - 1 : 0) : ChunkInfo{};
+    nxt = nc > 1 ? chunk_info(plan, kReverse ? nc - 2 : 1) : cur;
+  }
+  __device__ ChunkInfo take(int c) {
+    const ChunkInfo ci = cur;
+    cur = nxt;
+    const int after = kReverse ? c - 2 : c + 2;
+    if (after >= 0 && after < nc) nxt = chunk_info(plan, after);
+    return ci;
+  }
+};
+
 // The two stage barriers of a walk whose stages come by TMA, initialised by thread 0 (a block
 // barrier must follow before any thread waits on them).
 __device__ __forceinline__ void init_stage_barriers(uint64_t* bars) {
@@ -170,6 +190,7 @@ __device__ __forceinline__ void init_stage_barriers(uint64_t* bars) {
   }
 }
 
+// The chunk's per-row value-head scalars (gam or beta, (rows, nv) fp32 or bf16) -> dst[64], zeros past L.
 __device__ __forceinline__ void load_chunk_gam(float* dst, const float* gam, int nv, int h, int r0, int L) {
   for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x)
     attn::cp_async_4(dst + r, gam + (int64_t)(r0 + (r < L ? r : 0)) * nv + h, r < L ? 4 : 0);
@@ -719,17 +740,16 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_kernel(RuleParams p) {
   const int64_t SS = (int64_t)dk * dv;
   const int w = threadIdx.x / kWalkCols, jj = threadIdx.x % kWalkCols;
   const int nc = p.num_chunks;
-  ChunkInfo cur = nc > 0 ? chunk_info(p.plan, 0) : ChunkInfo{}, nxt = nc > 1 ? chunk_info(p.plan, 1) : cur;
-  if (nc > 0) walk_prefetch(WalkStage(stages, dk), p, cur, h, kh, j0);
+  ChunkCursor<false> chunks(p.plan, nc);
+  if (nc > 0) walk_prefetch(WalkStage(stages, dk), p, chunks.cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = 0; c < nc; ++c) {
-    if (c + 1 < nc) walk_prefetch(WalkStage(stages + ((c + 1) & 1) * stage_floats, dk), p, nxt, h, kh, j0);
+    if (c + 1 < nc) walk_prefetch(WalkStage(stages + ((c + 1) & 1) * stage_floats, dk), p, chunks.nxt, h, kh, j0);
     attn::cp_async_commit();
     attn::cp_async_wait<1>();
     const WalkStage st(stages + (c & 1) * stage_floats, dk);
-    const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
-    cur = nxt;
-    if (c + 2 < nc) nxt = chunk_info(p.plan, c + 2);
+    const ChunkInfo ci = chunks.take(c);
+    const int n = ci.node, flags = ci.flags, r0 = ci.r0, L = ci.L;
     if (flags & 1) {
       const float* src = node_link<const float>(p.plan, n, h, p.nv, SS, p.node_end, p.init);
       state_from_global(S, src, dk, dv, j0);
@@ -1076,16 +1096,16 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
   if (kDk == 128) init_stage_barriers(bars);
   __syncthreads();
   const int nc = p.num_chunks;
-  ChunkInfo cur = nc > 0 ? chunk_info(p.plan, 0) : ChunkInfo{}, nxt = nc > 1 ? chunk_info(p.plan, 1) : cur;
-  if (nc > 0) walk_mma_prefetch<kBf16, kOut, kUT>(stage(0), &bars[0], p, maps, cur, h, kh, j0);
+  ChunkCursor<false> chunks(p.plan, nc);
+  if (nc > 0) walk_mma_prefetch<kBf16, kOut, kUT>(stage(0), &bars[0], p, maps, chunks.cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = 0; c < nc; ++c) {
-    if (c + 1 < nc) walk_mma_prefetch<kBf16, kOut, kUT>(stage((c + 1) & 1), &bars[(c + 1) & 1], p, maps, nxt, h, kh, j0);
+    if (c + 1 < nc)
+      walk_mma_prefetch<kBf16, kOut, kUT>(stage((c + 1) & 1), &bars[(c + 1) & 1], p, maps, chunks.nxt, h, kh, j0);
     attn::cp_async_commit();
     const Stage st = stage(c & 1);
-    const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
-    cur = nxt;
-    if (c + 2 < nc) nxt = chunk_info(p.plan, c + 2);
+    const ChunkInfo ci = chunks.take(c);
+    const int n = ci.node, flags = ci.flags, r0 = ci.r0, L = ci.L;
     if (flags & 1) {
       const float* src = node_link<const float>(p.plan, n, h, p.nv, SS, p.node_end, p.init);
       state_io(nullptr, src);
@@ -1307,16 +1327,16 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
   init_stage_barriers(bars);
   __syncthreads();
   const int nc = p.num_chunks;
-  ChunkInfo cur = nc > 0 ? chunk_info(p.plan, 0) : ChunkInfo{}, nxt = nc > 1 ? chunk_info(p.plan, 1) : cur;
-  if (nc > 0) walk_mma_prefetch<true, true, true>(stage(0), &bars[0], p, maps, cur, h, kh, j0);
+  ChunkCursor<false> chunks(p.plan, nc);
+  if (nc > 0) walk_mma_prefetch<true, true, true>(stage(0), &bars[0], p, maps, chunks.cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = 0; c < nc; ++c) {
-    if (c + 1 < nc) walk_mma_prefetch<true, true, true>(stage((c + 1) & 1), &bars[(c + 1) & 1], p, maps, nxt, h, kh, j0);
+    if (c + 1 < nc)
+      walk_mma_prefetch<true, true, true>(stage((c + 1) & 1), &bars[(c + 1) & 1], p, maps, chunks.nxt, h, kh, j0);
     attn::cp_async_commit();
     const Stage st = stage(c & 1);
-    const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
-    cur = nxt;
-    if (c + 2 < nc) nxt = chunk_info(p.plan, c + 2);
+    const ChunkInfo ci = chunks.take(c);
+    const int n = ci.node, flags = ci.flags, r0 = ci.r0, L = ci.L;
     if (flags & 1) {
       const float* src = node_link<const float>(p.plan, n, h, p.nv, SS, p.node_end, p.init);
       state_io(nullptr, src);
@@ -1742,18 +1762,17 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_kernel(RuleBwdPara
   const int64_t SS = (int64_t)dk * dv;
   const int w = threadIdx.x / kWalkCols, jj = threadIdx.x % kWalkCols;
   const int last = p.num_chunks - 1;
-  ChunkInfo cur = last >= 0 ? chunk_info(p.plan, last) : ChunkInfo{}, nxt = last >= 1 ? chunk_info(p.plan, last - 1) : cur;
-  if (last >= 0) bwd_walk_prefetch(BwdWalkStage(stages, dk), b, cur, h, kh, j0);
+  ChunkCursor<true> chunks(p.plan, p.num_chunks);
+  if (last >= 0) bwd_walk_prefetch(BwdWalkStage(stages, dk), b, chunks.cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = last; c >= 0; --c) {
     if (c > 0)
-      bwd_walk_prefetch(BwdWalkStage(stages + ((last - c + 1) & 1) * stage_floats, dk), b, nxt, h, kh, j0);
+      bwd_walk_prefetch(BwdWalkStage(stages + ((last - c + 1) & 1) * stage_floats, dk), b, chunks.nxt, h, kh, j0);
     attn::cp_async_commit();
     attn::cp_async_wait<1>();
     const BwdWalkStage st(stages + ((last - c) & 1) * stage_floats, dk);
-    const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
-    cur = nxt;
-    if (c >= 2) nxt = chunk_info(p.plan, c - 2);
+    const ChunkInfo ci = chunks.take(c);
+    const int n = ci.node, flags = ci.flags, r0 = ci.r0, L = ci.L;
     if (flags & 2) {  // (each thread its own elements, as the stores below: no hazard with them)
       const float* acc = b.acc + ((int64_t)n * p.nv + h) * SS;
       const float* de = b.d_end ? b.d_end + ((int64_t)n * p.nv + h) * SS : nullptr;
@@ -2013,17 +2032,16 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_mma_kernel(RuleBwd
   if (kDk == 128) init_stage_barriers(bars);
   __syncthreads();
   const int last = p.num_chunks - 1;
-  ChunkInfo cur = last >= 0 ? chunk_info(p.plan, last) : ChunkInfo{}, nxt = last >= 1 ? chunk_info(p.plan, last - 1) : cur;
-  if (last >= 0) bwd_walk_mma_prefetch<kBf16>(stage(0), &bars[0], b, maps, cur, h, kh, j0);
+  ChunkCursor<true> chunks(p.plan, p.num_chunks);
+  if (last >= 0) bwd_walk_mma_prefetch<kBf16>(stage(0), &bars[0], b, maps, chunks.cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = last; c >= 0; --c) {
     const int step = last - c;  // this step's stage: step & 1, its barrier's phase: (step >> 1) & 1
-    if (c > 0) bwd_walk_mma_prefetch<kBf16>(stage((step + 1) & 1), &bars[(step + 1) & 1], b, maps, nxt, h, kh, j0);
+    if (c > 0) bwd_walk_mma_prefetch<kBf16>(stage((step + 1) & 1), &bars[(step + 1) & 1], b, maps, chunks.nxt, h, kh, j0);
     attn::cp_async_commit();
     const Stage st = stage(step & 1);
-    const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
-    cur = nxt;
-    if (c >= 2) nxt = chunk_info(p.plan, c - 2);
+    const ChunkInfo ci = chunks.take(c);
+    const int n = ci.node, flags = ci.flags, r0 = ci.r0, L = ci.L;
     if (flags & 2) {  // a node's last chunk: its children's initial-state gradients plus d_end
       const float* acc = b.acc + ((int64_t)n * p.nv + h) * SS;
       const float* de = b.d_end ? b.d_end + ((int64_t)n * p.nv + h) * SS : nullptr;
@@ -2224,17 +2242,16 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_bwd_walk_wgmma_kernel(Ru
   init_stage_barriers(bars);
   __syncthreads();
   const int last = p.num_chunks - 1;
-  ChunkInfo cur = last >= 0 ? chunk_info(p.plan, last) : ChunkInfo{}, nxt = last >= 1 ? chunk_info(p.plan, last - 1) : cur;
-  if (last >= 0) bwd_walk_mma_prefetch<true>(stage(0), &bars[0], b, maps, cur, h, kh, j0);
+  ChunkCursor<true> chunks(p.plan, p.num_chunks);
+  if (last >= 0) bwd_walk_mma_prefetch<true>(stage(0), &bars[0], b, maps, chunks.cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = last; c >= 0; --c) {
     const int step = last - c;  // this step's stage: step & 1, its barrier's phase: (step >> 1) & 1
-    if (c > 0) bwd_walk_mma_prefetch<true>(stage((step + 1) & 1), &bars[(step + 1) & 1], b, maps, nxt, h, kh, j0);
+    if (c > 0) bwd_walk_mma_prefetch<true>(stage((step + 1) & 1), &bars[(step + 1) & 1], b, maps, chunks.nxt, h, kh, j0);
     attn::cp_async_commit();
     const Stage st = stage(step & 1);
-    const int n = cur.node, flags = cur.flags, r0 = cur.r0, L = cur.L;
-    cur = nxt;
-    if (c >= 2) nxt = chunk_info(p.plan, c - 2);
+    const ChunkInfo ci = chunks.take(c);
+    const int n = ci.node, flags = ci.flags, r0 = ci.r0, L = ci.L;
     if (flags & 2) {  // a node's last chunk: its children's initial-state gradients plus d_end
       const float* acc = b.acc + ((int64_t)n * p.nv + h) * SS;
       const float* de = b.d_end ? b.d_end + ((int64_t)n * p.nv + h) * SS : nullptr;
@@ -2256,13 +2273,15 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_bwd_walk_wgmma_kernel(Ru
       static_assert(kGdnChunk * kWalkCols / 8 == kRuleThreads, "eight elements a thread");
       const int a = threadIdx.x / 4, j = 8 * (threadIdx.x % 4);
       const float eg = a < L ? p.scale * __expf(st.gam[a]) : 0.f;
-      const uint4 raw = *reinterpret_cast<const uint4*>(st.do8(a, j));
-      float x[8];
-      detail::load_bf16<8>(x, st.do8(a, j));
-      *reinterpret_cast<uint4*>(Ds + sm90::sw_offset<kGdnChunk>(a, j)) = raw;
-      *reinterpret_cast<uint4*>(Es + sm90::sw_offset<kGdnChunk>(a, j)) =
-          make_uint4(attn::pack_bf16x2(eg * x[0], eg * x[1]), attn::pack_bf16x2(eg * x[2], eg * x[3]),
-                     attn::pack_bf16x2(eg * x[4], eg * x[5]), attn::pack_bf16x2(eg * x[6], eg * x[7]));
+      uint4 x = *reinterpret_cast<const uint4*>(st.do8(a, j));
+      *reinterpret_cast<uint4*>(Ds + sm90::sw_offset<kGdnChunk>(a, j)) = x;
+      uint32_t* w = reinterpret_cast<uint32_t*>(&x);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = unpack_bf16x2(w[e]);
+        w[e] = attn::pack_bf16x2(eg * f.x, eg * f.y);
+      }
+      *reinterpret_cast<uint4*>(Es + sm90::sw_offset<kGdnChunk>(a, j)) = x;
     }
     if (L < kGdnChunk) {  // rows L .. of q's and -W's two boxes each: 32 16-byte units a row
       for (int e = threadIdx.x; e < (kGdnChunk - L) * 32; e += kRuleThreads) {
