@@ -572,8 +572,8 @@ void CudaExec::gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, con
   check_planned(layout, N, "gdn_forward");
   mark(Op::kAttention);
   cuda::gdn_forward(o, nullptr, q, k, v, g, beta, nullptr, layout.gdn, nk, nv, dk, dv, scale,
-                    workspace(cuda::gdn_forward_workspace_bytes(layout.gdn, nv, dk, dv, false, options_.gdn_products)), stream_,
-                    options_.gdn_products);
+                    workspace(cuda::gdn_forward_workspace_bytes(layout.gdn, nv, dk, dv, false, options_.gdn_products)),
+                    stream_, options_.gdn_products);
 }
 
 void CudaExec::gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, const Acc* g, const Act* beta,
@@ -582,8 +582,9 @@ void CudaExec::gdn_forward(Act* o, const Act* q, const Act* k, const Act* v, con
   check_planned(layout, N, "gdn_forward");
   mark(Op::kAttention);
   cuda::gdn_forward(o, end, q, k, v, g, beta, init, layout.gdn, nk, nv, dk, dv, scale,
-                    workspace(cuda::gdn_forward_workspace_bytes(layout.gdn, nv, dk, dv, end != nullptr, options_.gdn_products)), stream_,
-                    options_.gdn_products);
+                    workspace(cuda::gdn_forward_workspace_bytes(layout.gdn, nv, dk, dv, end != nullptr,
+                                                                options_.gdn_products)),
+                    stream_, options_.gdn_products);
 }
 
 void CudaExec::gdn_backward(Act* dq, Act* dk, Act* dv, Acc* dg, Acc* dbeta, const Act* d_o, const Act* q, const Act* k,
@@ -595,7 +596,8 @@ void CudaExec::gdn_backward(Act* dq, Act* dk, Act* dv, Acc* dg, Acc* dbeta, cons
   check_planned(layout, N, "gdn_backward");
   mark(Op::kAttention);
   cuda::gdn_backward(dq, dk, dv, dg, dbeta, nullptr, d_o, nullptr, q, k, v, g, beta, nullptr, layout.gdn, nk, nv,
-                     k_dim, v_dim, scale, workspace(cuda::gdn_backward_workspace_bytes(layout.gdn, nv, k_dim, v_dim, options_.gdn_products)),
+                     k_dim, v_dim, scale,
+                     workspace(cuda::gdn_backward_workspace_bytes(layout.gdn, nv, k_dim, v_dim, options_.gdn_products)),
                      stream_, /*accumulate=*/true, options_.gdn_products);
 }
 
@@ -605,7 +607,8 @@ void CudaExec::gdn_backward(Act* dq, Act* dk, Act* dv, Acc* dg, Acc* dbeta, cons
   check_planned(layout, N, "gdn_backward");
   mark(Op::kAttention);
   cuda::gdn_backward(dq, dk, dv, dg, dbeta, d_init, d_o, d_end, q, k, v, g, beta, init, layout.gdn, nk, nv, k_dim,
-                     v_dim, scale, workspace(cuda::gdn_backward_workspace_bytes(layout.gdn, nv, k_dim, v_dim, options_.gdn_products)),
+                     v_dim, scale,
+                     workspace(cuda::gdn_backward_workspace_bytes(layout.gdn, nv, k_dim, v_dim, options_.gdn_products)),
                      stream_, /*accumulate=*/true, options_.gdn_products);
 }
 

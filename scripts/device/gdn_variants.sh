@@ -15,8 +15,9 @@
 # Device run:  run(command="scripts/device/gdn_variants.sh", carry=[".device/gdn_variants"])
 # Environment: ROUNDS (2), SKIP_TESTS=1, SKIP_NCU=1, VARIANTS (e.g. "v2 v4"; default all staged),
 # TEST_VARIANTS (the variants whose tests run; default VARIANTS), RACECHECK=1 (racecheck on each
-# tested variant's delta-rule backward test and its bf16 long-sequence test, the bf16 kernels', too), OPS_MODE and NCU_MODE (exact or bf16: the rounds'
-# `ops_bench gdn` and ncu take only that product mode; default both, exact's first). The unpacked
+# tested variant's delta-rule backward test and its bf16 long-sequence test, the bf16 kernels',
+# too), OPS_MODE and NCU_MODE (exact or bf16: the rounds' `ops_bench gdn` and ncu take only that
+# product mode; default both, exact's first). The unpacked
 # binaries stay in /tmp/gdn_variants_bin for what a caller runs after.
 set -uo pipefail
 self=$(realpath "$0") || exit 1

@@ -55,5 +55,6 @@ idx = sorted(range(len(rows)), key=lambda i: -num(rows[i][allc]))[:top]
 for i in sorted(idx):
     r = rows[i]
     why = sorted(((num(r[c]), c) for c in reasons), reverse=True)[:2]
-    print(f"{i:5d} {num(r[allc]) / max(tot, 1):6.2%}  {r[src][:70]:70s} " + " ".join(f"{c}={v:.0f}" for v, c in why if v))
+    top2 = " ".join(f"{c}={v:.0f}" for v, c in why if v)
+    print(f"{i:5d} {num(r[allc]) / max(tot, 1):6.2%}  {r[src][:70]:70s} {top2}")
 PY
