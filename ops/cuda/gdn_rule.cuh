@@ -907,14 +907,12 @@ __device__ __forceinline__ uint32_t keep_rows_below(uint32_t x, int s, int L) {
   return s + 1 < L ? x : s < L ? (x & 0xffffu) : 0u;
 }
 
-// keep_rows_below on each register of an x4 fragment loaded by a transposing ldmatrix whose k runs
-// along the chunk's rows from k0: an A fragment (registers 2 and 3 eight rows on), or with kB two
-// n8 tiles' B fragments (registers 1 and 3 eight rows on).
-template <bool kB = false>
+// keep_rows_below on each register of an A fragment loaded by a transposing ldmatrix whose k runs
+// along the chunk's rows from k0 (registers 2 and 3 eight rows on).
 __device__ __forceinline__ void keep_fragment_rows_below(uint32_t (&x)[4], int k0, int L) {
   const int s = k0 + 2 * (threadIdx.x % 4);  // 2 tq
 #pragma unroll
-  for (int j = 0; j < 4; ++j) x[j] = keep_rows_below(x[j], s + 8 * (kB ? j % 2 : j / 2), L);
+  for (int j = 0; j < 4; ++j) x[j] = keep_rows_below(x[j], s + 8 * (j / 2), L);
 }
 
 // p rounded up to a 1024-byte shared-memory address (the 128-byte swizzle's alignment).
@@ -979,13 +977,11 @@ struct WalkTmaStage {
   __device__ bf16* tb() const {
     return kQ ? reinterpret_cast<bf16*>(P) + kGdnChunk * kGdnChunk : reinterpret_cast<bf16*>(U);
   }
-  __device__ const bf16* tb8(int r, int s) const { return tb() + swizzle128<2>(r, s); }
-  __device__ const bf16* v8(int s, int c) const { return Wl + swizzle128<2>(s, c); }
 };
 
 // Issues the stage of chunk ci (all threads: gam's cp.async; thread 0: the TMA boxes onto bar).
 // kBf16 (GdnProducts::kBf16, walk_computes_u at dk 128): -W's high half only, the scores in bf16
-// (half their fp32 tile), and T diag(beta) and v's columns instead of U (WalkTmaStage::tb, v8).
+// (half their fp32 tile), and T diag(beta) and v's columns instead of U (WalkTmaStage::tb, Wl).
 template <bool kBf16, bool kQ, bool kUT>
 __device__ __forceinline__ void walk_mma_prefetch(const WalkTmaStage<kQ>& st, uint64_t* bar, const RuleParams& p,
                                                   const WalkMaps& maps, const ChunkInfo& ci, int h, int kh, int j0) {
@@ -1051,12 +1047,10 @@ constexpr int kWalkVsStride = kWalkCols + 4;  // fp32 row stride of the forward 
 // kBf16 (GdnProducts::kBf16): every product one mma of bf16 operands, as FLA's and FlashQLA's
 // kernels: -W's high half, S, dec v_new, P and v_new rounded to bf16 (q and k are bf16 already);
 // fp32 accumulators and state. The low halves are neither loaded nor stored.
-// kUT (walk_computes_u: kBf16 at dk 128): U = (T diag(beta)) v on the walk's tensor cores, from the
-// prep's T diag(beta) and v's rows staged in U's place (WalkTmaStage::tb, v8), not the prep's U;
-// the backward's walk only (the forward's is rule_walk_wgmma_kernel).
-template <int kDk, bool kOut, bool kBf16 = false, bool kUT = false>
+// Where the walks take U themselves (walk_computes_u) they run on warpgroup MMA instead
+// (rule_walk_wgmma_kernel).
+template <int kDk, bool kOut, bool kBf16 = false>
 __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams p, const __grid_constant__ WalkMaps maps) {
-  static_assert(!kUT || (kBf16 && kDk == 128 && !kOut), "U from T diag(beta) in the backward's bf16 TMA walk only");
   TT_EXTERN_SMEM_16(smem_raw);
   __shared__ uint64_t bars[2];  // the stages' TMA barriers (kDk = 128)
   using Stage = std::conditional_t<kDk == 128, WalkTmaStage<kOut>, WalkMmaStage<kOut>>;
@@ -1097,11 +1091,11 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
   __syncthreads();
   const int nc = p.num_chunks;
   ChunkCursor<false> chunks(p.plan, nc);
-  if (nc > 0) walk_mma_prefetch<kBf16, kOut, kUT>(stage(0), &bars[0], p, maps, chunks.cur, h, kh, j0);
+  if (nc > 0) walk_mma_prefetch<kBf16, kOut, false>(stage(0), &bars[0], p, maps, chunks.cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = 0; c < nc; ++c) {
     if (c + 1 < nc)
-      walk_mma_prefetch<kBf16, kOut, kUT>(stage((c + 1) & 1), &bars[(c + 1) & 1], p, maps, chunks.nxt, h, kh, j0);
+      walk_mma_prefetch<kBf16, kOut, false>(stage((c + 1) & 1), &bars[(c + 1) & 1], p, maps, chunks.nxt, h, kh, j0);
     attn::cp_async_commit();
     const Stage st = stage(c & 1);
     const ChunkInfo ci = chunks.take(c);
@@ -1126,27 +1120,10 @@ __global__ void __launch_bounds__(kRuleThreads) rule_walk_mma_kernel(RuleParams 
       // acc: U plus the small products (W_hi S_lo, W_lo S_hi); big: W_hi S_hi. Two accumulators a
       // tile: two dependent mma a k-step instead of three.
       float acc[2][4], big[2][4] = {};
-      if constexpr (kUT) {  // U = (T diag(beta)) v on tensor cores, T diag(beta) lower triangular
 #pragma unroll
-        for (int nn = 0; nn < 2; ++nn)
+      for (int nn = 0; nn < 2; ++nn)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc[nn][e] = 0.f;
-        for (int k0 = 0; k0 <= vm; k0 += 16) {
-          uint32_t ta[4], vb[4];
-          mma::ldsm_x4(ta, st.tb8(vm + lane % 8 + 8 * (lane / 8 % 2), k0 + 8 * (lane / 16)));
-          mma::ldsm_x4_trans(vb, st.v8(k0 + lane % 8 + 8 * (lane / 8 % 2), (j0 & 63) + vn + 8 * (lane / 16)));
-          if (k0 + 16 > L) {  // v's rows past L: the next rows under TMA; 0 x NaN must not reach U
-            keep_fragment_rows_below<true>(vb, k0, L);
-          }
-          mma::mma_16816(acc[0], ta, vb[0], vb[1]);
-          mma::mma_16816(acc[1], ta, vb[2], vb[3]);
-        }
-      } else {
-#pragma unroll
-        for (int nn = 0; nn < 2; ++nn)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[nn][e] = st.u(vm + gq + 8 * (e / 2), vn + 8 * nn + 2 * tq + e % 2);
-      }
+        for (int e = 0; e < 4; ++e) acc[nn][e] = st.u(vm + gq + 8 * (e / 2), vn + 8 * nn + 2 * tq + e % 2);
 #pragma unroll kUnroll
       for (int k0 = 0; k0 < dk; k0 += 16) {
         uint32_t wh[4], wl[4], bh[4], bl[4];  // A = -W: the prep's halves
@@ -1273,7 +1250,7 @@ size_t walk_mma_smem_bytes(int dk, bool out) {
          (out ? sizeof(float) * kGdnChunk * kWalkVsStride : 0);
 }
 
-// The forward's bf16 walk at dk 128 where it takes U itself (walk_computes_u), on warpgroup MMA
+// The bf16 walk at dk 128 where it takes U itself (walk_computes_u), on warpgroup MMA
 // (wgmma.mma_async m64n32k16, fp32 accumulators in registers, operands in 128-byte-swizzled
 // shared memory: ops/cuda/wgmma_desc.cuh). The same products and roundings as
 // rule_walk_mma_kernel<128, true, true> (S, dec v_new and v_new rounded to bf16; -W, T diag(beta),
@@ -1289,13 +1266,15 @@ size_t walk_mma_smem_bytes(int dk, bool out) {
 //      MN-major from k's tile); warpgroup 1 also o = scale (e^(gam) q S + P v_new) (4).
 // S stays in registers (16 floats a thread, a warpgroup's accumulator layout, which is the
 // mma.sync walk's: walk_state_pairs at row 16 warp).
-// The backward's walk again (sin and v_new to global memory, no o) stays on mma.sync
-// (rule_walk_mma_kernel<128, false, true, true>): on warpgroup MMA, one warpgroup's v_new chain
-// with the other idle, it measured 12% slower (docs/BENCHMARKS.md).
+// Without kOut, the backward's walk again: no q, P or o; the entering state to sin (bf16) and in
+// step 2 warpgroup g forms v_new's columns 16 g .. (m64n16k16: both warpgroups on the chain; with
+// one warpgroup's it measured 12% slower than the mma.sync walk, with both 13% faster), to v_new
+// (bf16) and the dec v_new tile.
+template <bool kOut = true>
 __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RuleParams p,
                                                                          const __grid_constant__ WalkMaps maps) {
   namespace sm90 = attn::sm90;
-  using Stage = WalkTmaStage<true>;
+  using Stage = WalkTmaStage<kOut>;
   using Mma = sm90::Wgmma<kWalkCols>;
   TT_EXTERN_SMEM_16(smem_raw);
   __shared__ uint64_t bars[2];  // the stages' TMA barriers
@@ -1310,7 +1289,7 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
             tq = lane % 4;
   const int row = 16 * (warp % 4) + gq;  // this thread's accumulator rows of a 64-row product: row, row + 8
   const uint64_t s_desc = sm90::desc_mnmajor<128>(Ss, 0), vd_desc = sm90::desc_mnmajor<kGdnChunk>(Vd, 0),
-                 vb_desc = sm90::desc_mnmajor<kGdnChunk>(Vb, 0);
+                 vb_desc = kOut ? sm90::desc_mnmajor<kGdnChunk>(Vb, 0) : 0;
   // S[4 n + 2 half + e]: state row 16 warp + gq + 8 half, column 8 n + 2 tq + e.
   float S[16] = {};
   auto state_io = [&](float* dst, const float* src) {  // S -> dst or src -> S (global rows of dv floats)
@@ -1328,11 +1307,11 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
   __syncthreads();
   const int nc = p.num_chunks;
   ChunkCursor<false> chunks(p.plan, nc);
-  if (nc > 0) walk_mma_prefetch<true, true, true>(stage(0), &bars[0], p, maps, chunks.cur, h, kh, j0);
+  if (nc > 0) walk_mma_prefetch<true, kOut, true>(stage(0), &bars[0], p, maps, chunks.cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = 0; c < nc; ++c) {
     if (c + 1 < nc)
-      walk_mma_prefetch<true, true, true>(stage((c + 1) & 1), &bars[(c + 1) & 1], p, maps, chunks.nxt, h, kh, j0);
+      walk_mma_prefetch<true, kOut, true>(stage((c + 1) & 1), &bars[(c + 1) & 1], p, maps, chunks.nxt, h, kh, j0);
     attn::cp_async_commit();
     const Stage st = stage(c & 1);
     const ChunkInfo ci = chunks.take(c);
@@ -1341,8 +1320,10 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
       const float* src = node_link<const float>(p.plan, n, h, p.nv, SS, p.node_end, p.init);
       state_io(nullptr, src);
     }
-    walk_state_pairs(16 * warp, dv, j0, [&](int nn, int half, int64_t) {
+    walk_state_pairs(16 * warp, dv, j0, [&](int nn, int half, int64_t at) {
       const float* x = S + 4 * nn + 2 * half;
+      if constexpr (!kOut)  // the entering state, as the bf16 state products round it
+        store_pair<true>(p.sin, ((int64_t)c * p.nv + h) * SS + at, x[0], x[1]);
       *reinterpret_cast<uint32_t*>(Ss + sm90::sw_offset<128>(16 * warp + gq + 8 * half, 8 * nn + 2 * tq)) =
           attn::pack_bf16x2(x[0], x[1]);
     });
@@ -1359,7 +1340,38 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
     __syncthreads();
     const float gl = st.gam[L - 1];
     float qs[16] = {};  // warpgroup 1: q S (rows row, row + 8), then o
-    if (wg == 0) {
+    if constexpr (!kOut) {  // warpgroup g: v_new's columns 16 g .., to global memory and dec v_new's tile
+      float acc[8] = {};
+      sm90::wgmma_fence();
+      const uint64_t tb = sm90::desc_kmajor<kGdnChunk>(st.tb(), 0),
+                     vv = sm90::desc_mnmajor<kGdnChunk>(st.Wl, (j0 & 63) + 16 * wg),
+                     w = sm90::desc_kmajor<kGdnChunk>(st.Wh, 0), sh = sm90::desc_mnmajor<128>(Ss, 16 * wg);
+#pragma unroll
+      for (int kk = 0; kk < kGdnChunk / 16; ++kk)
+        sm90::Wgmma<16>::template ss<0, 1>(acc, sm90::desc_add(tb, sm90::kmajor_step<kGdnChunk>(kk)),
+                                           sm90::desc_add(vv, kk * sm90::kMnStep), true);
+#pragma unroll
+      for (int kk = 0; kk < 128 / 16; ++kk)
+        sm90::Wgmma<16>::template ss<0, 1>(acc, sm90::desc_add(w, sm90::kmajor_step<kGdnChunk>(kk)),
+                                           sm90::desc_add(sh, kk * sm90::kMnStep), true);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::fence_regs(acc);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = row + 8 * half;
+        const float d = r < L ? __expf(gl - st.gam[r]) : 0.f;
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn) {
+          const int col = 16 * wg + 8 * nn + 2 * tq;
+          const float v0 = acc[4 * nn + 2 * half], v1 = acc[4 * nn + 2 * half + 1];  // rows past L: not this chunk's
+          if (r < L)  // as the bf16 state and gradient products round it
+            store_pair<true>(p.vnew, ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col, v0, v1);
+          *reinterpret_cast<uint32_t*>(Vd + sm90::sw_offset<kGdnChunk>(r, col)) =
+              r < L ? attn::pack_bf16x2(d * v0, d * v1) : 0u;
+        }
+      }
+    } else if (wg == 0) {
       float acc[16] = {};  // v_new (rows row, row + 8): T diag(beta) v + (-W) S
       sm90::wgmma_fence();
       const uint64_t tb = sm90::desc_kmajor<kGdnChunk>(st.tb(), 0),
@@ -1407,7 +1419,7 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
 #pragma unroll
     for (int i = 0; i < 16; ++i) S[i] *= el;
     const uint64_t kt = sm90::desc_mnmajor<kGdnChunk>(st.K, 64 * wg);  // A (i, s) = k (s, i), rows 64 wg ..
-    if (wg == 1) {
+    if (kOut && wg == 1) {
       const float e0 = __expf(st.gam[row]), e1 = __expf(st.gam[row + 8]);
 #pragma unroll
       for (int nn = 0; nn < 4; ++nn)
@@ -1451,8 +1463,9 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
   attn::cp_async_wait<0>();
 }
 
-size_t walk_wgmma_smem_bytes() {
-  return 1024 + 2 * WalkTmaStage<true>::kBytes + sizeof(bf16) * (128 * 64 + 2 * kGdnChunk * 64);  // + the alignment's slack
+size_t walk_wgmma_smem_bytes(bool out) {
+  const size_t stage = out ? WalkTmaStage<true>::kBytes : WalkTmaStage<false>::kBytes;
+  return 1024 + 2 * stage + sizeof(bf16) * (128 * 64 + kGdnChunk * 64 * (out ? 2 : 1));  // + the alignment's slack
 }
 
 constexpr int kOutCols = 64;  // output columns per block
@@ -3454,9 +3467,7 @@ void use_walk_u(RuleParams& p, float* spare) {
 // v_new, or with `out` (walk_writes_outputs) o instead), with bf16 products when b16
 // (bf16_kernels).
 template <int kDk>
-auto walk_mma_instance(bool out, bool b16, bool ut) {
-  if constexpr (kDk == 128)
-    if (ut && !out) return rule_walk_mma_kernel<kDk, false, true, true>;
+auto walk_mma_instance(bool out, bool b16) {
   return out ? (b16 ? rule_walk_mma_kernel<kDk, true, true> : rule_walk_mma_kernel<kDk, true, false>)
              : (b16 ? rule_walk_mma_kernel<kDk, false, true> : rule_walk_mma_kernel<kDk, false, false>);
 }
@@ -3470,13 +3481,14 @@ void rule_prep_and_walk(const RuleParams& p, Runner& run, bool out, GdnProducts 
   TT_CHECK(!out || walk_writes_outputs(p.dk), "gdn: the walk writes o only at dk a multiple of 16, got ", p.dk);
   if (p.dk % 16 != 0)
     run.launch(rule_walk_kernel, grid, kRuleThreads, walk_smem_bytes(p.dk), p);
-  else if (p.Tb && out)  // walk_computes_u, the forward's walk
-    run.launch(rule_walk_wgmma_kernel, grid, kRuleThreads, walk_wgmma_smem_bytes(), p, walk_maps(p, run, b16));
+  else if (p.Tb)  // walk_computes_u
+    run.launch(out ? rule_walk_wgmma_kernel<true> : rule_walk_wgmma_kernel<false>, grid, kRuleThreads,
+               walk_wgmma_smem_bytes(out), p, walk_maps(p, run, b16));
   else if (p.dk == 128)
-    run.launch(walk_mma_instance<128>(out, b16, p.Tb != nullptr), grid, kRuleThreads, walk_mma_smem_bytes(p.dk, out), p,
+    run.launch(walk_mma_instance<128>(out, b16), grid, kRuleThreads, walk_mma_smem_bytes(p.dk, out), p,
                walk_maps(p, run, b16));
   else
-    run.launch(walk_mma_instance<0>(out, b16, false), grid, kRuleThreads, walk_mma_smem_bytes(p.dk, out), p, WalkMaps{});
+    run.launch(walk_mma_instance<0>(out, b16), grid, kRuleThreads, walk_mma_smem_bytes(p.dk, out), p, WalkMaps{});
 }
 
 // gdn_forward (gdn.h) on `run`.

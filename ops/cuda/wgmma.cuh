@@ -19,6 +19,22 @@ template <int N>
 struct Wgmma;
 
 template <>
+struct Wgmma<16> {
+  template <int TA, int TB>
+  __device__ static __forceinline__ void ss(float (&d)[8], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, %12;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "l"(desc_a), "l"(desc_b), "r"((int)accumulate), "n"(TA), "n"(TB));
+  }
+  template <int TB>
+  __device__ static __forceinline__ void rs(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
+    static_assert(TB < 0, "no rs wrapper of this N: add it to scripts/gen_wgmma.py");
+  }
+};
+
+template <>
 struct Wgmma<32> {
   template <int TA, int TB>
   __device__ static __forceinline__ void ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
