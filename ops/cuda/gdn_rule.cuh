@@ -2721,48 +2721,24 @@ __device__ __forceinline__ void group_sum_out(const RuleBwdParams& b, int row, i
 // Phase F of rule_bwd_grad_kernel on tensor cores (dk a multiple of 16): over the chunk's rows x,
 // aq_r = sum_x DOVd_rx k_x and ak_r = sum_x (scale DOVd_xr q~_x + (MK_xr + MK_rx) k_x), the fp32
 // pair matrices split into bf16 halves (two mma each; q~ and k exact in bf16, read by transposing
-// ldmatrix), then gq_r = e^(gam_r) gq_r + aq_r and gk_r = e^(gam_L - gam_r) gk_r + beta_r e^(gam_r)
-// dB2_r + ak_r. A warp takes 16 rows (m0) and every other 16 columns (from n0); rows past L and the
-// pair matrices' entries past L are zero. kBf16 (GdnProducts::kBf16): the pair matrices rounded to
-// bf16, one mma a product.
+// ldmatrix), then gq_r = Fq_r + aq_r and gk_r = Fk_r + ak_r with phase D's row terms Fq_r =
+// e^(gam_r) S dO_r and Fk_r = e^(gam_L - gam_r) dS v_new_r + beta_r e^(gam_r) dB2_r, plus at hh >
+// 0 the group's running sums (in the rows of its first head, group_sum_out's), in shared memory
+// (rows of kGradFStride floats), so that F waits on no global load. A warp takes 16 rows (m0) and
+// every other 16 columns (from n0); rows past L and the pair matrices' entries past L are zero.
+// kBf16 (GdnProducts::kBf16): the pair matrices rounded to bf16, one mma a product.
+constexpr int kGradFStride = 2 * kPairStride;  // Fq's and Fk's rows: two pair matrices' bytes each
 template <bool kBf16>
 __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* Qb, const bf16* Kb, const float* DOVd,
-                                            const float* MK, const float* dB2, int X, const float* gam,
-                                            const float* bet, float gl, int r0, int L, int h, int hh) {
+                                            const float* MK, const float* Fq, const float* Fk, int r0, int L, int h,
+                                            int hh) {
   const RuleParams& p = b.f;
   const int dk = p.dk, lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
   const int m0 = 16 * (warp % 4), n0 = 16 * (warp / 4), n16 = dk / 16;
-  constexpr int PS = kPairStride;
+  constexpr int PS = kPairStride, FS = kGradFStride;
   float aq[4][2][4] = {}, ak[4][2][4] = {};  // [16-column tile t: columns n0 + 32 t][n8 half][fragment]
   const int gq = lane / 4, tq = lane % 4;
-  // What the epilogue adds to the products, formed before them so that its loads' latency passes
-  // under them: e^(gam_r) S dO_r and e^(gam_L - gam_r) dS v_new_r + beta_r e^(gam_r) dB2_r (gq and
-  // gk hold S dO and dS v_new), plus at hh > 0 the group's running sums (in the rows of its first
-  // head, group_sum_out's): [row half][tile t][n8 half].
   const int group = p.nv / p.nk;
-  float2 pq[2][4][2], pk[2][4][2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = m0 + gq + 8 * half;
-    const bool rin = r < L;
-    const float eg = rin ? __expf(gam[r]) : 0.f, el = rin ? __expf(gl - gam[r]) : 0.f, be = rin ? bet[r] * eg : 0.f;
-    const int64_t row = ((int64_t)(r0 + r) * p.nv + h) * dk, run = row - (int64_t)hh * dk;
-#pragma unroll
-    for (int t = 0; t < 4; ++t)
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        const int i = n0 + 32 * t + 8 * n + 2 * tq;
-        const bool in = rin && n0 + 32 * t < 16 * n16;
-        float2 q2{}, k2{}, rq{}, rk{};
-        if (in) {
-          q2 = *reinterpret_cast<const float2*>(b.gq + row + i), k2 = *reinterpret_cast<const float2*>(b.gk + row + i);
-          if (hh > 0)
-            rq = *reinterpret_cast<const float2*>(b.gq + run + i), rk = *reinterpret_cast<const float2*>(b.gk + run + i);
-        }
-        pq[half][t][n] = make_float2(eg * q2.x + rq.x, eg * q2.y + rq.y);
-        pk[half][t][n] = make_float2(el * k2.x + be * dB2[r * X + i] + rk.x, el * k2.y + be * dB2[r * X + i + 1] + rk.y);
-      }
-  }
   for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
     uint32_t dh[4], dl[4], th[4], tl[4], mh[4], ml[4];
     a_fragment_parts<kBf16>(dh, dl, m0, k0, [&](int r, int x) { return DOVd[r * PS + x]; });
@@ -2817,8 +2793,10 @@ __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* 
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
         const int i = col + 8 * n + 2 * tq;
-        float2 q = make_float2(pq[half][t][n].x + aq[t][n][2 * half], pq[half][t][n].y + aq[t][n][2 * half + 1]);
-        float2 k = make_float2(pk[half][t][n].x + ak[t][n][2 * half], pk[half][t][n].y + ak[t][n][2 * half + 1]);
+        const float2 fq = *reinterpret_cast<const float2*>(Fq + r * FS + i),
+                     fk = *reinterpret_cast<const float2*>(Fk + r * FS + i);
+        float2 q = make_float2(fq.x + aq[t][n][2 * half], fq.y + aq[t][n][2 * half + 1]);
+        float2 k = make_float2(fk.x + ak[t][n][2 * half], fk.y + ak[t][n][2 * half + 1]);
         if (!last) {
           *reinterpret_cast<float2*>(b.gq + run + i) = q;
           *reinterpret_cast<float2*>(b.gk + run + i) = k;
@@ -2882,6 +2860,11 @@ __device__ __forceinline__ void grad_head(const RuleBwdParams& b, int c, int h, 
   float* te = dgam + C;                                             // (64) e^(gam_L - gam_a) k_a . dS v_new_a
   bf16* Vb = reinterpret_cast<bf16*>(te + C);                       // (64, kRowStride) v (phase C)
   float* Zs = reinterpret_cast<float*>(Vb + C * kRowStride);        // (64, PS) phase C's Z
+  // F on tensor cores: its row terms from D (grad_qk_mma), in KKd and QK's bytes and in v's and Z's
+  float* Fq = KKd;
+  float* Fk = reinterpret_cast<float*>(Vb);
+  static_assert(sizeof(bf16) * kRowStride == sizeof(float) * kPairStride && kGradFStride == 2 * kPairStride,
+                "Fq fills KKd and QK, Fk v's rows and Z");
   float* R = Zs + C * PS;  // phase A: dO, v_new; then [dB1 | dB2] (64, X + 4)
   bf16* Db = reinterpret_cast<bf16*>(R);                            // (64, kRowStride) dO
   float* Vn = reinterpret_cast<float*>(Db + C * kRowStride);        // (64, kFs) v_new
@@ -3126,23 +3109,29 @@ __device__ __forceinline__ void grad_head(const RuleBwdParams& b, int c, int h, 
     }
   }
   __syncthreads();
+  const bool f_tc = dk % 16 == 0;  // F on tensor cores (grad_qk_mma), its row terms from D
   {  // D: four threads a row (row threadIdx.x / 4, columns 8 part + 32 u): the row's global values
-     // (S dO, dS v_new, and dv, dbeta when accumulating) issued first, the shared-memory terms
-     // computed while they arrive, then the row's six sums across its four threads (two shuffles).
-     // Every thread takes part in the shuffles; rows past L add zeros and store nothing.
+     // (S dO, dS v_new, with f_tc at hh > 0 the group's running sums, and dv, dbeta when
+     // accumulating) issued first, the shared-memory terms computed while they arrive, then the
+     // row's six sums across its four threads (two shuffles); with f_tc, then F's row terms (Fq,
+     // Fk). Every thread takes part in the shuffles; rows past L add zeros and store nothing.
     constexpr int kU = 4;  // groups of 8 columns a thread: 128 / 32
     const int a = threadIdx.x / 4, part = threadIdx.x % 4;
     const bool on = a < L, dv16 = (reinterpret_cast<uintptr_t>(b.dv) & 15) == 0;  // dv: any bf16 alignment
     const int64_t ra = rowi(a);
-    float gq8[kU][8], gk8[kU][8], dv8[kU][8];
+    float gq8[kU][8], gk8[kU][8], dv8[kU][8], rq8[kU][8], rk8[kU][8];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int i = 8 * part + 32 * u;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) gq8[u][e] = gk8[u][e] = dv8[u][e] = 0.f;
+      for (int e = 0; e < 8; ++e) gq8[u][e] = gk8[u][e] = dv8[u][e] = rq8[u][e] = rk8[u][e] = 0.f;
       if (on && i < dk) {
         detail::load_f32<8>(gq8[u], b.gq + ra * dk + i);
         detail::load_f32<8>(gk8[u], b.gk + ra * dk + i);
+        if (f_tc && hh > 0) {  // the running sums, in the rows of the group's first head
+          detail::load_f32<8>(rq8[u], b.gq + (ra - hh) * dk + i);
+          detail::load_f32<8>(rk8[u], b.gk + (ra - hh) * dk + i);
+        }
       }
       if (on && b.accumulate && i < dv) {
         if (dv16) {
@@ -3208,6 +3197,26 @@ __device__ __forceinline__ void grad_head(const RuleBwdParams& b, int c, int h, 
       const float db = b1v + eg * b2k + dak;
       b.dbeta[ra] = dbeta_in + db;
     }
+    if (f_tc) {
+      __syncthreads();  // KKd, QK and v's rows are read: they take Fq and Fk
+      if (on) {
+        const float eg = __expf(gam[a]), el = __expf(gl - gam[a]), be = bet[a] * eg;
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int i = 8 * part + 32 * u;
+          if (i >= dk) break;
+          float d2[8], fq[8], fk[8];
+          detail::load_f32<8>(d2, XB + a * XS + dv + i);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            fq[e] = eg * gq8[u][e] + rq8[u][e];
+            fk[e] = el * gk8[u][e] + be * d2[e] + rk8[u][e];
+          }
+          detail::store_f32<8>(Fq + a * kGradFStride + i, fq);
+          detail::store_f32<8>(Fk + a * kGradFStride + i, fk);
+        }
+      }
+    }
   }
   __syncthreads();
   if (threadIdx.x < detail::kWarp) {  // E: dg_t = sum_{a >= t} dgam_a, by warp 0
@@ -3229,8 +3238,8 @@ __device__ __forceinline__ void grad_head(const RuleBwdParams& b, int c, int h, 
     if (ah < L) b.dg[rowi(ah)] = b.accumulate ? b.dg[rowi(ah)] + hi : hi;
     if (al < L) b.dg[rowi(al)] = b.accumulate ? b.dg[rowi(al)] + lo : lo;
   }
-  if (dk % 16 == 0) {  // F on tensor cores
-    grad_qk_mma<kBf16>(b, Qb, Kb, DOVd, MK, XB + dv, XS, gam, bet, gl, r0, L, h, hh);
+  if (f_tc) {  // F on tensor cores
+    grad_qk_mma<kBf16>(b, Qb, Kb, DOVd, MK, Fq, Fk, r0, L, h, hh);
   } else {  // F: rows tr + 16u, columns 8 tc .. 8 tc + 8
     const int tr = threadIdx.x / 16, tc = threadIdx.x % 16, i0 = 8 * tc;
     if (i0 < dk) {
