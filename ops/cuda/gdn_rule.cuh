@@ -253,13 +253,12 @@ __device__ __forceinline__ void gram_tile_mma(float (&c)[4][4], const bf16* X, c
   }
 }
 
-// dst[a][b] (transpose: dst[b][a]) = X_a . Y_b for the 64 x 64 pairs of bf16 rows at kRowStride,
-// fp32, at a row stride of `stride`; then a block barrier (256 threads, all call it). On tensor
-// cores (mma m16n8k16: the bf16 products are exact in fp32, summed in another order than
-// chunk_dots) when d is a multiple of 16, else by chunk_dots. Each warp takes 16 rows x 32 columns.
-__device__ __forceinline__ void chunk_gram(float* dst, int stride, bool transpose, const bf16* X, const bf16* Y,
-                                           int d) {
-  auto put = [&](int a, int b, float x) { dst[transpose ? b * stride + a : a * stride + b] = x; };
+// put(a, b, X_a . Y_b) for the 64 x 64 pairs of bf16 rows at kRowStride, fp32, each pair by one
+// thread of the block's 256 (all call it), no barrier. On tensor cores (mma m16n8k16: the bf16
+// products are exact in fp32, summed in another order than chunk_dots) when d is a multiple of 16,
+// else by chunk_dots. Each warp takes 16 rows x 32 columns.
+template <class Put>
+__device__ __forceinline__ void chunk_gram_each(const bf16* X, const bf16* Y, int d, Put&& put) {
   if (d % 16 != 0) {
     float acc[4][4];
     chunk_dots(acc, X, Y, d);
@@ -268,7 +267,6 @@ __device__ __forceinline__ void chunk_gram(float* dst, int stride, bool transpos
     for (int u = 0; u < 4; ++u)
 #pragma unroll
       for (int v = 0; v < 4; ++v) put(ta + 16 * u, tb + 16 * v, acc[u][v]);
-    __syncthreads();
     return;
   }
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
@@ -284,6 +282,13 @@ __device__ __forceinline__ void chunk_gram(float* dst, int stride, bool transpos
     put(m0 + gq + 8, col, c[n][2]);
     put(m0 + gq + 8, col + 1, c[n][3]);
   }
+}
+
+// dst[a][b] (transpose: dst[b][a]) = X_a . Y_b (chunk_gram_each) at a row stride of `stride`; then
+// a block barrier.
+__device__ __forceinline__ void chunk_gram(float* dst, int stride, bool transpose, const bf16* X, const bf16* Y,
+                                           int d) {
+  chunk_gram_each(X, Y, d, [&](int a, int b, float x) { dst[transpose ? b * stride + a : a * stride + b] = x; });
   __syncthreads();
 }
 
@@ -589,19 +594,10 @@ __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(Ru
   chunk_cumsum(gam);
   attn::cp_async_wait<0>();
   __syncthreads();
-  chunk_gram(A, PS, false, Kb, Kb, dk);
-  {
-    const int ta = threadIdx.x / 16, tb = threadIdx.x % 16;
-#pragma unroll
-    for (int u = 0; u < 4; ++u)
-#pragma unroll
-      for (int v = 0; v < 4; ++v) {
-        const int r = ta + 16 * u, s = tb + 16 * v;
-        float& x = A[r * PS + s];
-        x = s < r && r < L ? __expf(gam[r] - gam[s]) * x : 0.f;
-      }
-    for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x) sw[r] = bet[r] * __expf(gam[r]);
-  }
+  chunk_gram_each(Kb, Kb, dk, [&](int r, int s, float x) {  // masked as stored (the barrier below)
+    A[r * PS + s] = s < r && r < L ? __expf(gam[r] - gam[s]) * x : 0.f;
+  });
+  for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x) sw[r] = bet[r] * __expf(gam[r]);
   if (p.P) {  // the scores (dk a multiple of 16, walk_writes_outputs)
     const int64_t at = ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
     chunk_scores(Qb, Kb, gam, dk, L,
