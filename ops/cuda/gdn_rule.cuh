@@ -2825,7 +2825,9 @@ __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* 
 //   C: dA_ab = -(dB1_a . U_b + dB2_a . W_b) (b < a), on tensor cores as -(Z T^T)_ab with Z_ac =
 //      beta_c (dB1_a . v_c + e^(gam_c) dB2_a . k_c) (U and W are T times those rows), MK = dA beta_a
 //      e^(gam_a - gam_b), the pair terms QK DOVd + dA A and dA KKd;
-//   D: a warp per row: dgam's row terms, dbeta, dv = beta dB1;
+//   D: four threads a row: dgam's row terms, dbeta, dv = beta dB1; with F on tensor cores also
+//      F's row terms e^(gam) S dO and e^(gam_L - gam) dS v_new + beta e^(gam) dB2 (plus the
+//      group's running sums) into shared memory, so that F reads no global memory;
 //   E: dg, the reverse cumulative sum of dgam;
 //   F: dq~ = e^(gam) S dO + DOVd K and dk = e^(gam_L - gam) dS v_new + beta e^(gam) dB2
 //      + DOVd^T q~ + MK^T K + MK K: on tensor cores (grad_qk_mma) when dk is a multiple of 16,
