@@ -2863,7 +2863,7 @@ __device__ __forceinline__ void grad_head(const RuleBwdParams& b, int c, int h, 
   float* Fk = reinterpret_cast<float*>(Vb);
   static_assert(sizeof(bf16) * kRowStride == sizeof(float) * kPairStride && kGradFStride == 2 * kPairStride,
                 "Fq fills KKd and QK, Fk v's rows and Z");
-  float* R = Zs + C * PS;  // phase A: dO, v_new; then [dB1 | dB2] (64, X + 4)
+  float* R = Zs + C * PS;  // phase A: dO, v_new (kBf16: and [dvn | dW]); then [dB1 | dB2] (64, X + 4)
   bf16* Db = reinterpret_cast<bf16*>(R);                            // (64, kRowStride) dO
   float* Vn = reinterpret_cast<float*>(Db + C * kRowStride);        // (64, kFs) v_new
   float* XB = R;
@@ -2887,6 +2887,15 @@ __device__ __forceinline__ void grad_head(const RuleBwdParams& b, int c, int h, 
   else
     load_chunk_rows(MK, PS, p.T + ((int64_t)c * p.nv + h) * C * C, C, 0, C, C);
   if (dk % 16 == 0) load_chunk_rows(Vb, kRowStride, p.v + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);  // C
+  // [dvn | dW] for phase B: kBf16, bf16 rows (the walks' and the state kernel's p_bf16 stores) at a
+  // stride of XSb elements past dO's and v_new's rows, with the rest; else fp32 rows in XB after
+  // phase A. Phase B reads them before it writes [dB1 | dB2] over them.
+  const int XSb = X + 8;
+  bf16* XBb = reinterpret_cast<bf16*>(R) + 2 * C * kRowStride;
+  if constexpr (kBf16) {
+    load_chunk_rows(XBb, XSb, p_bf16(b.dvn) + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
+    load_chunk_rows(XBb + dv, XSb, p_bf16(b.db2) + (int64_t)h * dk, (int64_t)p.nv * dk, r0, L, dk);
+  }
   attn::cp_async_commit();
   for (int r = threadIdx.x; r < C; r += blockDim.x) {
     bet[r] = r < L ? ld(p.beta + rowi(r)) : 0.f;
@@ -2929,20 +2938,13 @@ __device__ __forceinline__ void grad_head(const RuleBwdParams& b, int c, int h, 
       }
   }
   __syncthreads();  // dO and v_new are read no more: R becomes [dB1 | dB2]
-  // kBf16: [dvn | dW] as bf16 rows (the walks' and the state kernel's p_bf16 stores) at a stride of
-  // XSb elements in XB's first bytes, read by phase B before it writes [dB1 | dB2] over them.
-  const int XSb = X + 8;
-  bf16* XBb = reinterpret_cast<bf16*>(XB);
-  if constexpr (kBf16) {
-    load_chunk_rows(XBb, XSb, p_bf16(b.dvn) + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
-    load_chunk_rows(XBb + dv, XSb, p_bf16(b.db2) + (int64_t)h * dk, (int64_t)p.nv * dk, r0, L, dk);
-  } else {
+  if constexpr (!kBf16) {
     load_chunk_rows(XB, XS, b.dvn + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);
     load_chunk_rows(XB + dv, XS, b.db2 + (int64_t)h * dk, (int64_t)p.nv * dk, r0, L, dk);
+    attn::cp_async_commit();
+    attn::cp_async_wait<0>();
+    __syncthreads();
   }
-  attn::cp_async_commit();
-  attn::cp_async_wait<0>();
-  __syncthreads();
   {  // B: [dB1 | dB2] = T^T [dvn | dW] on tensor cores (T from the prep, in MK; both split into bf16
      // halves, three mma a tile; with kBf16 both bf16 (p_bf16), one mma). Warp w takes the n8 column
      // tiles w, w + 8, .. of all 64 rows; T^T's row block m has nonzero k blocks >= m only (T is lower
@@ -3296,8 +3298,9 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
 size_t bwd_grad_smem_bytes(int dk, int dv) {
   const size_t phase_a = sizeof(bf16) * kGdnChunk * kRowStride + sizeof(float) * kGdnChunk * (128 + 4);
   const size_t xb = sizeof(float) * (size_t)kGdnChunk * (dk + dv + 4);
+  const size_t bf16_rows = sizeof(bf16) * kGdnChunk * (2 * kRowStride + dk + dv + 8);  // dO, v_new, [dvn | dW]
   return sizeof(bf16) * 3 * kGdnChunk * kRowStride + sizeof(float) * (5 * kGdnChunk * kPairStride + 4 * kGdnChunk) +
-         std::max(phase_a, xb);  // q, k, v rows; KKd, QK, DOVd, MK, Z; gam, beta, dgam, te; R
+         std::max({phase_a, xb, bf16_rows});  // q, k, v rows; KKd, QK, DOVd, MK, Z; gam, beta, dgam, te; R
 }
 
 // Whether the forward's walk writes o itself (rule_walk_mma_kernel<kDk, true>: dk a multiple of
