@@ -1266,6 +1266,28 @@ size_t walk_mma_smem_bytes(int dk, bool out) {
 // step 2 warpgroup g forms v_new's columns 16 g .. (m64n16k16: both warpgroups on the chain; with
 // one warpgroup's it measured 12% slower than the mma.sync walk, with both 13% faster), to v_new
 // (bf16) and the dec v_new tile.
+// rule_walk_wgmma_kernel's v_new = T diag(beta) v + (-W) S for N columns (a warpgroup, m64nNk16):
+// v's columns from v_col of the stage's 64-column box, S's from the MN-major descriptor s.
+template <int N, bool kQ>
+__device__ __forceinline__ void walk_vnew_wgmma(float (&acc)[N / 2], const WalkTmaStage<kQ>& st, int v_col,
+                                                uint64_t s) {
+  namespace sm90 = attn::sm90;
+  sm90::wgmma_fence();
+  const uint64_t tb = sm90::desc_kmajor<kGdnChunk>(st.tb(), 0), vv = sm90::desc_mnmajor<kGdnChunk>(st.Wl, v_col),
+                 w = sm90::desc_kmajor<kGdnChunk>(st.Wh, 0);
+#pragma unroll
+  for (int kk = 0; kk < kGdnChunk / 16; ++kk)
+    sm90::Wgmma<N>::template ss<0, 1>(acc, sm90::desc_add(tb, sm90::kmajor_step<kGdnChunk>(kk)),
+                                      sm90::desc_add(vv, kk * sm90::kMnStep), true);
+#pragma unroll
+  for (int kk = 0; kk < 128 / 16; ++kk)
+    sm90::Wgmma<N>::template ss<0, 1>(acc, sm90::desc_add(w, sm90::kmajor_step<kGdnChunk>(kk)),
+                                      sm90::desc_add(s, kk * sm90::kMnStep), true);
+  sm90::wgmma_commit();
+  sm90::wgmma_wait<0>();
+  sm90::fence_regs(acc);
+}
+
 template <bool kOut = true>
 __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RuleParams p,
                                                                          const __grid_constant__ WalkMaps maps) {
@@ -1338,21 +1360,7 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
     float qs[16] = {};  // warpgroup 1: q S (rows row, row + 8), then o
     if constexpr (!kOut) {  // warpgroup g: v_new's columns 16 g .., to global memory and dec v_new's tile
       float acc[8] = {};
-      sm90::wgmma_fence();
-      const uint64_t tb = sm90::desc_kmajor<kGdnChunk>(st.tb(), 0),
-                     vv = sm90::desc_mnmajor<kGdnChunk>(st.Wl, (j0 & 63) + 16 * wg),
-                     w = sm90::desc_kmajor<kGdnChunk>(st.Wh, 0), sh = sm90::desc_mnmajor<128>(Ss, 16 * wg);
-#pragma unroll
-      for (int kk = 0; kk < kGdnChunk / 16; ++kk)
-        sm90::Wgmma<16>::template ss<0, 1>(acc, sm90::desc_add(tb, sm90::kmajor_step<kGdnChunk>(kk)),
-                                           sm90::desc_add(vv, kk * sm90::kMnStep), true);
-#pragma unroll
-      for (int kk = 0; kk < 128 / 16; ++kk)
-        sm90::Wgmma<16>::template ss<0, 1>(acc, sm90::desc_add(w, sm90::kmajor_step<kGdnChunk>(kk)),
-                                           sm90::desc_add(sh, kk * sm90::kMnStep), true);
-      sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
-      sm90::fence_regs(acc);
+      walk_vnew_wgmma<16>(acc, st, (j0 & 63) + 16 * wg, sm90::desc_mnmajor<128>(Ss, 16 * wg));
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = row + 8 * half;
@@ -1368,22 +1376,8 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
         }
       }
     } else if (wg == 0) {
-      float acc[16] = {};  // v_new (rows row, row + 8): T diag(beta) v + (-W) S
-      sm90::wgmma_fence();
-      const uint64_t tb = sm90::desc_kmajor<kGdnChunk>(st.tb(), 0),
-                     vv = sm90::desc_mnmajor<kGdnChunk>(st.Wl, j0 & 63),  // v's box: the block's 32 of 64 columns
-          w = sm90::desc_kmajor<kGdnChunk>(st.Wh, 0);
-#pragma unroll
-      for (int kk = 0; kk < kGdnChunk / 16; ++kk)
-        Mma::template ss<0, 1>(acc, sm90::desc_add(tb, sm90::kmajor_step<kGdnChunk>(kk)),
-                               sm90::desc_add(vv, kk * sm90::kMnStep), true);
-#pragma unroll
-      for (int kk = 0; kk < 128 / 16; ++kk)
-        Mma::template ss<0, 1>(acc, sm90::desc_add(w, sm90::kmajor_step<kGdnChunk>(kk)),
-                               sm90::desc_add(s_desc, kk * sm90::kMnStep), true);
-      sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
-      sm90::fence_regs(acc);
+      float acc[16] = {};  // v_new (rows row, row + 8); v's box: the block's 32 of 64 columns
+      walk_vnew_wgmma<kWalkCols>(acc, st, j0 & 63, s_desc);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = row + 8 * half;
