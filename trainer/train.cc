@@ -197,10 +197,36 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   // The trees that will run partitioned (alone and over the budget) or segment by segment (deeper
   // than segments.length): planned now, so a plan that cannot run (too many gateway ranges, a
   // piece over the budget) stops the run before its first step.
+  // With segments on the loader lets any tree through alone (Oversize::kAlone): one no deeper than
+  // segments.length runs whole, so it must fit the budget as without segments (per_path: each of
+  // its paths; tree packing: the tree, unless partitioned), checked here and not in its step.
+  const int64_t budget = cfg_.data.max_tokens_per_batch;
   for (int64_t i = 0; i < (int64_t)loader_->trees().size(); ++i) {
     const data::Tree& t = loader_->trees()[i];
-    if (capacity > 0 && t.n_tree() > cfg_.data.max_tokens_per_batch) partitioned(i);
-    if (cfg_.segments.enabled() && t.max_depth() > cfg_.segments.length) segmented(i);
+    if (capacity > 0 && t.n_tree() > budget) partitioned(i);
+    if (!cfg_.segments.enabled()) continue;
+    if (t.max_depth() > cfg_.segments.length) {
+      segmented(i);
+      continue;
+    }
+    auto whole = [&] {
+      return str(" (with segments only trees deeper than segments.length ", cfg_.segments.length,
+                 " train segment by segment; this one's depth is ", t.max_depth(), ")");
+    };
+    if (packing == data::Packing::kPerPath && t.n_flat() > budget) {
+      try {
+        data::path_ranges(t, budget);
+      } catch (const Error& e) {
+        throw Error(
+            str(cfg_.where("data.max_tokens_per_batch"), ": data.path ", cfg_.data.path, ": ", e.what(), whole()));
+      }
+    } else if (packing == data::Packing::kTree && capacity == 0 && t.n_tree() > budget) {
+      throw Error(str(cfg_.where("data.max_tokens_per_batch"), ": data.path ", cfg_.data.path, ": tree '", t.id,
+                      "' has ", t.n_tree(), " tokens under tree packing, which exceeds data.max_tokens_per_batch = ",
+                      budget, "; expected every tree to fit one micro-batch (or set partition.capacity_tokens to cut "
+                      "larger trees into pieces)",
+                      whole()));
+    }
   }
   // And what the largest of them holds at once (a chain of pieces' activations, or with
   // partition.recompute one piece's and the K/V rows), against the memory free now: a tree that

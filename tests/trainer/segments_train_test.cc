@@ -2,7 +2,7 @@
 // is the model's segment scheduler on the step's trees with the step's normaliser; tree and
 // per_path packing train alike; trees shallower than a segment train as usual; a resumed run
 // repeats the uninterrupted one bitwise; `tokens` documents train; a segment piece over the
-// budget is an error naming the tree.
+// budget is an error naming the tree, and so is a tree that runs whole over it.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -148,6 +148,47 @@ TEST(SegmentsTrain, TokenDocumentsTrainAndOversizePiecesAreErrors) {
             std::string::npos)
       << err;
   EXPECT_NE(err.find("tree '"), std::string::npos) << err;
+}
+
+// With segments on, a tree no deeper than segments.length runs whole, so over the budget it is an
+// error when the trainer starts, naming the budget's key, the file and the tree (tree packing) or
+// the path (per_path), as without segments; per_path paths that each fit spread over micro-batches.
+TEST(SegmentsTrain, ShallowTreesOverTheBudgetAreErrorsAtStart) {
+  const fs::path dir = testing::fresh_dir("seg_shallow_over");
+  RunConfig c = seg_config(dir);
+  c.segments.length = 40;            // deeper than the combs (30): every tree runs whole
+  c.data.max_tokens_per_batch = 20;  // under a comb (42 tokens) and its paths (22 to 30 tokens)
+  c.validate();
+  const std::string prefix = c.where("data.max_tokens_per_batch") + ": data.path " + c.data.path + ": ";
+  const std::string tree_err = error_of([&] { Trainer t(c); });
+  EXPECT_EQ(tree_err.rfind(prefix + "tree '", 0), 0u) << tree_err;
+  EXPECT_NE(tree_err.find("' has 42 tokens under tree packing, which exceeds data.max_tokens_per_batch = 20; expected "
+                          "every tree to fit one micro-batch (or set partition.capacity_tokens to cut larger trees "
+                          "into pieces) (with segments only trees deeper than segments.length 40 train segment by "
+                          "segment; this one's depth is 30)"),
+            std::string::npos)
+      << tree_err;
+
+  RunConfig pp = c;
+  pp.run_dir = (dir / "per_path").string();
+  pp.data.packing = "per_path";
+  pp.validate();
+  const std::string path_err = error_of([&] { Trainer t(pp); });
+  EXPECT_EQ(path_err.rfind(prefix + "tree '", 0), 0u) << path_err;
+  EXPECT_NE(path_err.find("': path 0 has 22 tokens, which exceeds data.max_tokens_per_batch = 20; expected every path "
+                          "to fit one micro-batch under per_path packing (with segments only trees deeper than "
+                          "segments.length 40 train segment by segment; this one's depth is 30)"),
+            std::string::npos)
+      << path_err;
+
+  RunConfig fits = pp;
+  fits.run_dir = (dir / "fits").string();
+  fits.data.max_tokens_per_batch = 30;  // every path fits; a comb's paths (n_flat > 30) spread
+  fits.validate();
+  Trainer t(fits);
+  const StepMetrics m = t.train_step();
+  EXPECT_EQ(m.pieces, 0) << "no tree is deeper than a segment";
+  EXPECT_TRUE(std::isfinite(m.loss));
 }
 
 }  // namespace
