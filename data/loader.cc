@@ -14,6 +14,19 @@
 
 namespace tt::data {
 
+void check_fits(const Tree& tree, Packing packing, int64_t max_tokens, bool split_paths) {
+  if (split_paths) {
+    TT_CHECK(packing == Packing::kPerPath, "split paths need per_path packing");
+    path_ranges(tree, max_tokens);  // throws for a path longer than the budget
+    return;
+  }
+  const int64_t size = packed_size(tree, packing);
+  if (size > max_tokens)
+    throw Error(str("tree '", tree.id, "' has ", size, " tokens under ", packing == Packing::kTree ? "tree" : "per_path",
+                    " packing, which exceeds data.max_tokens_per_batch = ", max_tokens,
+                    "; expected every tree to fit one micro-batch"));
+}
+
 BatchLoader::BatchLoader(std::vector<Tree> trees, Packing packing, int64_t max_tokens, uint64_t seed, bool shuffle,
                          Oversize oversize)
     : trees_(std::move(trees)), packing_(packing), max_tokens_(max_tokens), seed_(seed), shuffle_(shuffle) {
@@ -24,15 +37,8 @@ BatchLoader::BatchLoader(std::vector<Tree> trees, Packing packing, int64_t max_t
   for (const Tree& t : trees_) {
     t.validate();
     const int64_t size = packed_size(t, packing_);
-    if (size > max_tokens_ && oversize == Oversize::kError)
-      throw Error(str("tree '", t.id, "' has ", size, " tokens under ",
-                      packing_ == Packing::kTree ? "tree" : "per_path",
-                      " packing, which exceeds data.max_tokens_per_batch = ", max_tokens_,
-                      "; expected every tree to fit one micro-batch"));
-    if (size > max_tokens_ && oversize == Oversize::kSplitPaths) {
-      TT_CHECK(packing_ == Packing::kPerPath, "Oversize::kSplitPaths needs per_path packing");
-      path_ranges(t, max_tokens_);  // throws for a path longer than the budget
-    }
+    if (size > max_tokens_ && oversize != Oversize::kAlone)
+      check_fits(t, packing_, max_tokens_, oversize == Oversize::kSplitPaths);
     sizes_.push_back(size);
   }
   start_epoch();

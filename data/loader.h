@@ -34,6 +34,11 @@ enum class Oversize {
   kSplitPaths,
 };
 
+// Throws tt::Error naming the tree when it cannot run within max_tokens: with split_paths
+// (per_path packing, its paths spread over micro-batches) a path longer than max_tokens, else
+// the tree's packed size over max_tokens. The loader's check for Oversize::kError and kSplitPaths.
+void check_fits(const Tree& tree, Packing packing, int64_t max_tokens, bool split_paths);
+
 struct LoaderState {
   int64_t epoch = 0;
   int64_t cursor = 0;  // index into the epoch's order of the next tree

@@ -181,25 +181,30 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
                  deeper, trees.size(), cfg_.segments.length, cfg_.segments.tail, cfg_.segments.tbptt,
                  cfg_.segments.long_range.layers.size(), cfg_.segments.long_range.retrieve);
   }
+  // A tree or path over the budget: which file, where the budget was set, what helps.
+  auto over_budget = [&](const Error& e, const std::string& more) {
+    return Error(str(cfg_.where("data.max_tokens_per_batch"), ": data.path ", cfg_.data.path, ": ", e.what(),
+                     packing == data::Packing::kTree ? " (or set partition.capacity_tokens to cut larger trees into "
+                                                       "pieces)"
+                                                     : "",
+                     more));
+  };
   try {
     loader_ = std::make_unique<data::BatchLoader>(std::move(trees), packing, cfg_.data.max_tokens_per_batch,
                                                   cfg_.train.seed, cfg_.data.shuffle,
                                                   capacity > 0 || cfg_.segments.enabled() ? data::Oversize::kAlone
                                                   : packing == data::Packing::kPerPath    ? data::Oversize::kSplitPaths
                                                                                           : data::Oversize::kError);
-  } catch (const Error& e) {  // a tree or path over the budget: which file, where the budget was set, what helps
-    throw Error(str(cfg_.where("data.max_tokens_per_batch"), ": data.path ", cfg_.data.path, ": ", e.what(),
-                    packing == data::Packing::kTree ? " (or set partition.capacity_tokens to cut larger trees into "
-                                                      "pieces)"
-                                                    : ""));
+  } catch (const Error& e) {
+    throw over_budget(e, "");
   }
 
   // The trees that will run partitioned (alone and over the budget) or segment by segment (deeper
   // than segments.length): planned now, so a plan that cannot run (too many gateway ranges, a
-  // piece over the budget) stops the run before its first step.
-  // With segments on the loader lets any tree through alone (Oversize::kAlone): one no deeper than
-  // segments.length runs whole, so it must fit the budget as without segments (per_path: each of
-  // its paths; tree packing: the tree, unless partitioned), checked here and not in its step.
+  // piece over the budget) stops the run before its first step. With segments on the loader lets
+  // any tree through alone (Oversize::kAlone), but one no deeper than segments.length runs whole:
+  // it must fit the budget as without segments (data::check_fits: per_path each of its paths, tree
+  // packing the tree unless partitioned), checked here too and not in its step.
   const int64_t budget = cfg_.data.max_tokens_per_batch;
   for (int64_t i = 0; i < (int64_t)loader_->trees().size(); ++i) {
     const data::Tree& t = loader_->trees()[i];
@@ -209,23 +214,14 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
       segmented(i);
       continue;
     }
-    auto whole = [&] {
-      return str(" (with segments only trees deeper than segments.length ", cfg_.segments.length,
-                 " train segment by segment; this one's depth is ", t.max_depth(), ")");
-    };
-    if (packing == data::Packing::kPerPath && t.n_flat() > budget) {
+    const bool per_path = packing == data::Packing::kPerPath;
+    if ((per_path || capacity == 0) && data::packed_size(t, packing) > budget) {
       try {
-        data::path_ranges(t, budget);
+        data::check_fits(t, packing, budget, /*split_paths=*/per_path);
       } catch (const Error& e) {
-        throw Error(
-            str(cfg_.where("data.max_tokens_per_batch"), ": data.path ", cfg_.data.path, ": ", e.what(), whole()));
+        throw over_budget(e, str(" (with segments only trees deeper than segments.length ", cfg_.segments.length,
+                                 " train segment by segment; this one's depth is ", t.max_depth(), ")"));
       }
-    } else if (packing == data::Packing::kTree && capacity == 0 && t.n_tree() > budget) {
-      throw Error(str(cfg_.where("data.max_tokens_per_batch"), ": data.path ", cfg_.data.path, ": tree '", t.id,
-                      "' has ", t.n_tree(), " tokens under tree packing, which exceeds data.max_tokens_per_batch = ",
-                      budget, "; expected every tree to fit one micro-batch (or set partition.capacity_tokens to cut "
-                      "larger trees into pieces)",
-                      whole()));
     }
   }
   // And what the largest of them holds at once (a chain of pieces' activations, or with
