@@ -1246,26 +1246,6 @@ size_t walk_mma_smem_bytes(int dk, bool out) {
          (out ? sizeof(float) * kGdnChunk * kWalkVsStride : 0);
 }
 
-// The bf16 walk at dk 128 where it takes U itself (walk_computes_u), on warpgroup MMA
-// (wgmma.mma_async m64n32k16, fp32 accumulators in registers, operands in 128-byte-swizzled
-// shared memory: ops/cuda/wgmma_desc.cuh). The same products and roundings as
-// rule_walk_mma_kernel<128, true, true> (S, dec v_new and v_new rounded to bf16; -W, T diag(beta),
-// P, q, k and v bf16 as stored), each a handful of warpgroup MMAs instead of a warp's dozens of
-// mma.sync with their fragment loads. Two warpgroups, one block per (value head, 32 state
-// columns), the same TMA stages (WalkTmaStage<true>, walk_mma_prefetch). A chunk:
-//   1. every warp writes its 16 state rows as bf16 into S's tile (128 x 32, MN-major: the B operand
-//      of W S and q S); rows past L of k and of v's box are zeroed once the stage lands (they hold
-//      the next node's rows, and 0 x NaN must not reach U or S).
-//   2. warpgroup 0: v_new = T diag(beta) v + (-W) S (12 MMAs); v_new and its rows scaled by
-//      exp(gamma_L - gamma_s) to two bf16 tiles (B operands; zero past L). Warpgroup 1: q S (8).
-//   3. warpgroup g: S rows 64 g .. <- exp(gamma_L) S + (K^T)[64 g ..] (dec v_new) (4 MMAs, A
-//      MN-major from k's tile); warpgroup 1 also o = scale (e^(gam) q S + P v_new) (4).
-// S stays in registers (16 floats a thread, a warpgroup's accumulator layout, which is the
-// mma.sync walk's: walk_state_pairs at row 16 warp).
-// Without kOut, the backward's walk again: no q, P or o; the entering state to sin (bf16) and in
-// step 2 warpgroup g forms v_new's columns 16 g .. (m64n16k16: both warpgroups on the chain; with
-// one warpgroup's it measured 12% slower than the mma.sync walk, with both 13% faster), to v_new
-// (bf16) and the dec v_new tile.
 // rule_walk_wgmma_kernel's v_new = T diag(beta) v + (-W) S for N columns (a warpgroup, m64nNk16):
 // v's columns from v_col of the stage's 64-column box, S's from the MN-major descriptor s.
 template <int N, bool kQ>
@@ -1288,6 +1268,26 @@ __device__ __forceinline__ void walk_vnew_wgmma(float (&acc)[N / 2], const WalkT
   sm90::fence_regs(acc);
 }
 
+// The bf16 walk at dk 128 where it takes U itself (walk_computes_u), on warpgroup MMA
+// (wgmma.mma_async m64n32k16, fp32 accumulators in registers, operands in 128-byte-swizzled
+// shared memory: ops/cuda/wgmma_desc.cuh). The same products and roundings as
+// rule_walk_mma_kernel<128, true, true> (S, dec v_new and v_new rounded to bf16; -W, T diag(beta),
+// P, q, k and v bf16 as stored), each a handful of warpgroup MMAs instead of a warp's dozens of
+// mma.sync with their fragment loads. Two warpgroups, one block per (value head, 32 state
+// columns), the same TMA stages (WalkTmaStage<true>, walk_mma_prefetch). A chunk:
+//   1. every warp writes its 16 state rows as bf16 into S's tile (128 x 32, MN-major: the B operand
+//      of W S and q S); rows past L of k and of v's box are zeroed once the stage lands (they hold
+//      the next node's rows, and 0 x NaN must not reach U or S).
+//   2. warpgroup 0: v_new = T diag(beta) v + (-W) S (12 MMAs); v_new and its rows scaled by
+//      exp(gamma_L - gamma_s) to two bf16 tiles (B operands; zero past L). Warpgroup 1: q S (8).
+//   3. warpgroup g: S rows 64 g .. <- exp(gamma_L) S + (K^T)[64 g ..] (dec v_new) (4 MMAs, A
+//      MN-major from k's tile); warpgroup 1 also o = scale (e^(gam) q S + P v_new) (4).
+// S stays in registers (16 floats a thread, a warpgroup's accumulator layout, which is the
+// mma.sync walk's: walk_state_pairs at row 16 warp).
+// Without kOut, the backward's walk again: no q, P or o; the entering state to sin (bf16) and in
+// step 2 warpgroup g forms v_new's columns 16 g .. (m64n16k16: both warpgroups on the chain; with
+// one warpgroup's it measured 12% slower than the mma.sync walk, with both 13% faster), to v_new
+// (bf16) and the dec v_new tile.
 template <bool kOut = true>
 __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RuleParams p,
                                                                          const __grid_constant__ WalkMaps maps) {
@@ -1387,7 +1387,8 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
           const int col = 8 * nn + 2 * tq;
           const float v0 = acc[4 * nn + 2 * half], v1 = acc[4 * nn + 2 * half + 1];  // rows past L: not this chunk's
           // v_new as P v_new's bf16 operand rounds it
-          *reinterpret_cast<uint32_t*>(Vb + sm90::sw_offset<kGdnChunk>(r, col)) = r < L ? attn::pack_bf16x2(v0, v1) : 0u;
+          *reinterpret_cast<uint32_t*>(Vb + sm90::sw_offset<kGdnChunk>(r, col)) =
+              r < L ? attn::pack_bf16x2(v0, v1) : 0u;
           *reinterpret_cast<uint32_t*>(Vd + sm90::sw_offset<kGdnChunk>(r, col)) =
               r < L ? attn::pack_bf16x2(d * v0, d * v1) : 0u;
         }
@@ -3289,10 +3290,11 @@ __global__ void __launch_bounds__(kRuleThreads) rule_bwd_grad_kernel(RuleBwdPara
   }
 }
 
-size_t bwd_grad_smem_bytes(int dk, int dv) {
+size_t bwd_grad_smem_bytes(int dk, int dv, bool b16) {
   const size_t phase_a = sizeof(bf16) * kGdnChunk * kRowStride + sizeof(float) * kGdnChunk * (128 + 4);
   const size_t xb = sizeof(float) * (size_t)kGdnChunk * (dk + dv + 4);
-  const size_t bf16_rows = sizeof(bf16) * kGdnChunk * (2 * kRowStride + dk + dv + 8);  // dO, v_new, [dvn | dW]
+  // kBf16: dO's, v_new's and [dvn | dW]'s bf16 rows together
+  const size_t bf16_rows = b16 ? sizeof(bf16) * kGdnChunk * (2 * kRowStride + dk + dv + 8) : 0;
   return sizeof(bf16) * 3 * kGdnChunk * kRowStride + sizeof(float) * (5 * kGdnChunk * kPairStride + 4 * kGdnChunk) +
          std::max({phase_a, xb, bf16_rows});  // q, k, v rows; KKd, QK, DOVd, MK, Z; gam, beta, dgam, te; R
 }
@@ -3571,7 +3573,7 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
                bwd_state_smem_bytes(dv_), b);
   run.launch(dk_ == 128 && dv_ == 128 ? (b16 ? rule_bwd_grad_kernel<128, true> : rule_bwd_grad_kernel<128, false>)
                                       : (b16 ? rule_bwd_grad_kernel<0, true> : rule_bwd_grad_kernel<0, false>),
-             dim3((unsigned)chunks, (unsigned)nk), kRuleThreads, bwd_grad_smem_bytes(dk_, dv_), b);
+             dim3((unsigned)chunks, (unsigned)nk), kRuleThreads, bwd_grad_smem_bytes(dk_, dv_, b16), b);
 }
 
 }  // namespace
