@@ -85,7 +85,7 @@ struct RuleParams {
 };
 
 // A buffer the bf16 kernels (bf16_kernels) hand each other in bf16: the same element layout as its
-// fp32 one, in the fp32 buffer's first half (P, PT, T, sin, vnew; dsout, dvn, db2).
+// fp32 one, in the fp32 buffer's first half (P, PT, T, sin, vnew; dsout, dvn, db2, gq, gk).
 __host__ __device__ inline bf16* p_bf16(float* P) { return reinterpret_cast<bf16*>(P); }
 __host__ __device__ inline const bf16* p_bf16(const float* P) { return reinterpret_cast<const bf16*>(P); }
 
@@ -293,6 +293,11 @@ __device__ __forceinline__ void chunk_gram(float* dst, int stride, bool transpos
 }
 
 __device__ __forceinline__ float bf(const bf16& x) { return __bfloat162float(x); }
+// Element e (0 .. 7) of eight packed bf16 (a 16-byte load), as fp32.
+__device__ __forceinline__ float bf16_at(const uint4& x, int e) {
+  const uint32_t w = e < 2 ? x.x : e < 4 ? x.y : e < 6 ? x.z : x.w;
+  return __uint_as_float(e % 2 ? w & 0xffff0000u : w << 16);
+}
 
 // The two fp32 values of a packed bf16 pair (low half first): exact, a shift and a mask.
 __device__ __forceinline__ float2 unpack_bf16x2(uint32_t v) {
@@ -1598,8 +1603,12 @@ struct RuleBwdParams {
   float *dvn, *qo, *dsout, *acc;  // (N nv dv), (chunks nv dk dv; null at dk 16 k), (chunks nv dk dv), (nodes nv dk dv)
                                   // (dvn, dsout: fp32, or bf16 (p_bf16) in the bf16 kernels, as sin)
   float* db2;                   // (N, nv, dk): dW = -dvn S^T (rule_bwd_state_kernel; bf16 likewise)
-  float *gq, *gk;               // (N, nv, dk) per value head; the group's first head's rows then hold
-                                // rule_bwd_grad_kernel's running sums over the group
+  float *gq, *gk;               // (N, nv, dk) per value head: S dO and dS v_new (rule_bwd_state_kernel;
+                                // bf16 likewise)
+  float *rq, *rk;               // rule_bwd_grad_kernel's running sums of q~'s and k's gradients over a key
+  int run_heads;                // head's group (fp32): in gq's and gk's rows of the group's first head
+                                // (run_heads = nv), or with the bf16 kernels their own (N, nk, dk) rows
+                                // (run_heads = nk); run_row
   bf16 *dq_out, *dk_out;        // (N, nk, dk) q's and k's gradients (+= with accumulate)
   float* sds;                   // (chunks, nv, ceil(dk / kStateRows)) partial <S, dS>
   bf16* dv;                     // outputs
@@ -2391,7 +2400,8 @@ size_t bwd_walk_wgmma_smem_bytes() {
 constexpr int kStateRows = 64;
 // kBf16 (GdnProducts::kBf16): S, dS, v_new and dvn rounded to bf16, one mma a product; S and dS
 // arrive so rounded (the bf16 walks store them in bf16, p_bf16's layout: half the bytes), and
-// <S, dS> sums their bf16 values.
+// <S, dS> sums their bf16 values; gq, gk and db2 are stored in bf16 (half the bytes again, the
+// input-gradient kernel's only reads of them).
 template <bool kBf16 = false>
 __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwdParams b) {
   TT_EXTERN_SMEM_16(smem);
@@ -2511,12 +2521,15 @@ __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_kernel(RuleBwd
       const int i = m0 + gq + 8 * (e / 2), a = a0 + 8 * n + 2 * tq + e % 2;
       if (i >= R || a >= L) continue;
       const int64_t at = ((int64_t)(r0 + a) * p.nv + h) * dk + i0 + i;
-      b.gq[at] = sdo[n][e];
-      b.gk[at] = dsv[n][e];
-      if constexpr (kBf16)
-        p_bf16(b.db2)[at] = __float2bfloat16_rn(-sdv[n][e]);  // as the grad kernel's bf16 products round it
-      else
+      if constexpr (kBf16) {  // db2 as the grad kernel's bf16 products round it
+        p_bf16(b.gq)[at] = __float2bfloat16_rn(sdo[n][e]);
+        p_bf16(b.gk)[at] = __float2bfloat16_rn(dsv[n][e]);
+        p_bf16(b.db2)[at] = __float2bfloat16_rn(-sdv[n][e]);
+      } else {
+        b.gq[at] = sdo[n][e];
+        b.gk[at] = dsv[n][e];
         b.db2[at] = -sdv[n][e];
+      }
     }
   // The rows' share of <S, dS>, in a fixed order (warps 4.. add zeros).
   __shared__ float red[detail::kWarp];
@@ -2542,7 +2555,8 @@ struct StateMaps {
 //   warpgroup 0: gq[a][i] = dO_a . S[i] and db2[a][i] = -(dvn_a . S[i]) (16 MMAs, B = S's tile
 //   for both), warpgroup 1: gk[a][i] = v_new_a . dS[i] (8) and the rows' share of <S, dS>.
 // The same operands as the mma.sync kernel's bf16 mode (S, dS, v_new and dvn as the walks stored
-// them in bf16, dO as given), fp32 sums; two blocks a multiprocessor (80 KB of tiles each).
+// them in bf16, dO as given), fp32 sums, gq, gk and db2 stored in bf16 as it stores them; two
+// blocks a multiprocessor (80 KB of tiles each).
 __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_wgmma_kernel(RuleBwdParams b,
                                                                               const __grid_constant__ StateMaps maps) {
   namespace sm90 = attn::sm90;
@@ -2610,7 +2624,7 @@ __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_wgmma_kernel(R
     sm90::fence_regs(gqa);
     sm90::fence_regs(sdv);
     each_pair(gqa, [&](int a, int i, float x0, float x1) {
-      *reinterpret_cast<float2*>(b.gq + at(a, i)) = make_float2(x0, x1);
+      *reinterpret_cast<uint32_t*>(p_bf16(b.gq) + at(a, i)) = attn::pack_bf16x2(x0, x1);
     });
     each_pair(sdv, [&](int a, int i, float x0, float x1) {  // as the grad kernel's bf16 products round it
       *reinterpret_cast<uint32_t*>(p_bf16(b.db2) + at(a, i)) = attn::pack_bf16x2(-x0, -x1);
@@ -2642,7 +2656,7 @@ __global__ void __launch_bounds__(kRuleThreads, 2) rule_bwd_state_wgmma_kernel(R
     sm90::wgmma_wait<0>();
     sm90::fence_regs(dsv);
     each_pair(dsv, [&](int a, int i, float x0, float x1) {
-      *reinterpret_cast<float2*>(b.gk + at(a, i)) = make_float2(x0, x1);
+      *reinterpret_cast<uint32_t*>(p_bf16(b.gk) + at(a, i)) = attn::pack_bf16x2(x0, x1);
     });
   }
   sds = detail::block_sum(sds, red);  // warpgroup 0 adds zeros
@@ -2687,20 +2701,27 @@ __device__ __forceinline__ void chunk_gram_split(float* dst, int stride, const b
   __syncthreads();
 }
 
+// The first of row `row`'s dk running sums (RuleBwdParams::rq, rk) of value head h, the hh-th of
+// its key head's group (kh = h / (nv / nk), which every caller has at hand): the group's first
+// head's row (run_heads nv: that head has read its gq and gk rows by then), or the key head's
+// (run_heads nk).
+__device__ __forceinline__ int64_t run_row(const RuleBwdParams& b, int row, int h, int hh, int kh) {
+  return ((int64_t)row * b.run_heads + (b.run_heads == b.f.nv ? h - hh : kh)) * b.f.dk;
+}
+
 // Value head h's gradients of q~ and k, vq and vk, at packed row `row`, key dim i (h the hh-th of
 // its key head's group, every head of which the same block takes in turn, the same thread the same
-// elements): added to the group's running sums (fp32, in gq's and gk's rows of the group's first
-// head, which that head has read by then), or at the group's last head the key head's gradients
-// dq = scale sum gq and dk = sum gk (+= the bf16 values there with accumulate), rounded to bf16
-// once. The sums run in head order from 0. The CUDA-core phase F's (dk not a multiple of 16);
+// elements): added to the group's running sums (run_row), or at the group's last head the key
+// head's gradients dq = scale sum gq and dk = sum gk (+= the bf16 values there with accumulate),
+// rounded to bf16 once. The sums run in head order from 0. The CUDA-core phase F's (dk not a multiple of 16);
 // grad_qk_mma does the same a pair at a time, its loads ahead of the products.
 __device__ __forceinline__ void group_sum_out(const RuleBwdParams& b, int row, int h, int hh, int i, float vq, float vk) {
   const RuleParams& p = b.f;
   const int group = p.nv / p.nk, dk = p.dk;
-  const int64_t run = ((int64_t)row * p.nv + h - hh) * dk + i;
-  float q = (hh > 0 ? b.gq[run] : 0.f) + vq, k = (hh > 0 ? b.gk[run] : 0.f) + vk;
+  const int64_t run = run_row(b, row, h, hh, h / group) + i;
+  float q = (hh > 0 ? b.rq[run] : 0.f) + vq, k = (hh > 0 ? b.rk[run] : 0.f) + vk;
   if (hh + 1 < group) {
-    b.gq[run] = q, b.gk[run] = k;
+    b.rq[run] = q, b.rk[run] = k;
     return;
   }
   const int64_t out = ((int64_t)row * p.nk + h / group) * dk + i;
@@ -2776,7 +2797,7 @@ __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* 
   for (int half = 0; half < 2; ++half) {
     const int r = m0 + gq + 8 * half;
     if (r >= L) continue;
-    const int64_t run = ((int64_t)(r0 + r) * p.nv + h - hh) * dk, out = ((int64_t)(r0 + r) * p.nk + h / group) * dk;
+    const int64_t run = run_row(b, r0 + r, h, hh, h / group), out = ((int64_t)(r0 + r) * p.nk + h / group) * dk;
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
       const int col = n0 + 32 * t;
@@ -2789,8 +2810,8 @@ __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* 
         float2 q = make_float2(fq.x + aq[t][n][2 * half], fq.y + aq[t][n][2 * half + 1]);
         float2 k = make_float2(fk.x + ak[t][n][2 * half], fk.y + ak[t][n][2 * half + 1]);
         if (!last) {
-          *reinterpret_cast<float2*>(b.gq + run + i) = q;
-          *reinterpret_cast<float2*>(b.gk + run + i) = k;
+          *reinterpret_cast<float2*>(b.rq + run + i) = q;
+          *reinterpret_cast<float2*>(b.rk + run + i) = k;
           continue;
         }
         q.x *= p.scale, q.y *= p.scale;
@@ -2832,7 +2853,9 @@ __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* 
 // 0 (p.dk, p.dv). (rule_bwd_local_kernel measured no faster so; rule_bwd_state_kernel spills at
 // its 128-register cap.)
 // kBf16 (GdnProducts::kBf16; dk a multiple of 16): the tensor-core products' fp32 operands (v_new,
-// [dvn | dW], T, Z and the pair matrices) rounded to bf16, one mma a product, fp32 sums.
+// [dvn | dW], T, Z and the pair matrices) rounded to bf16, one mma a product, fp32 sums; S dO and
+// dS v_new arrive in bf16 (the state kernel's stores), the group's running sums in fp32 rows of
+// their own (RuleBwdParams::rq, rk).
 template <int kD, bool kBf16>
 __device__ __forceinline__ void grad_head(const RuleBwdParams& b, int c, int h, int hh) {
   TT_EXTERN_SMEM_16(smem);
@@ -3114,26 +3137,40 @@ __device__ __forceinline__ void grad_head(const RuleBwdParams& b, int c, int h, 
     const int a = threadIdx.x / 4, part = threadIdx.x % 4;
     const bool on = a < L, dv16 = (reinterpret_cast<uintptr_t>(b.dv) & 15) == 0;  // dv: any bf16 alignment
     const int64_t ra = rowi(a);
-    float gq8[kU][8], gk8[kU][8], dv8[kU][8], rq8[kU][8], rk8[kU][8];
+    // The bf16 rows (kBf16's gq and gk, dv) stay packed as loaded (raw) and are unpacked where used
+    // (bf16_at), so that no conversion waits on its load inside the loads' branches.
+    float gq8[kU][8], gk8[kU][8], rq8[kU][8], rk8[kU][8];
+    uint4 gqr[kU], gkr[kU], dvr[kU];
+    auto gq_at = [&](int u, int e) { return kBf16 ? bf16_at(gqr[u], e) : gq8[u][e]; };
+    auto gk_at = [&](int u, int e) { return kBf16 ? bf16_at(gkr[u], e) : gk8[u][e]; };
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int i = 8 * part + 32 * u;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) gq8[u][e] = gk8[u][e] = dv8[u][e] = rq8[u][e] = rk8[u][e] = 0.f;
+      for (int e = 0; e < 8; ++e) gq8[u][e] = gk8[u][e] = rq8[u][e] = rk8[u][e] = 0.f;
+      gqr[u] = gkr[u] = dvr[u] = make_uint4(0u, 0u, 0u, 0u);
       if (on && i < dk) {
-        detail::load_f32<8>(gq8[u], b.gq + ra * dk + i);
-        detail::load_f32<8>(gk8[u], b.gk + ra * dk + i);
-        if (f_tc && hh > 0) {  // the running sums, in the rows of the group's first head
-          detail::load_f32<8>(rq8[u], b.gq + (ra - hh) * dk + i);
-          detail::load_f32<8>(rk8[u], b.gk + (ra - hh) * dk + i);
+        if constexpr (kBf16) {
+          gqr[u] = *reinterpret_cast<const uint4*>(p_bf16(b.gq) + ra * dk + i);
+          gkr[u] = *reinterpret_cast<const uint4*>(p_bf16(b.gk) + ra * dk + i);
+        } else {
+          detail::load_f32<8>(gq8[u], b.gq + ra * dk + i);
+          detail::load_f32<8>(gk8[u], b.gk + ra * dk + i);
+        }
+        if (f_tc && hh > 0) {  // the group's running sums (run_row)
+          detail::load_f32<8>(rq8[u], b.rq + run_row(b, r0 + a, h, hh, kh) + i);
+          detail::load_f32<8>(rk8[u], b.rk + run_row(b, r0 + a, h, hh, kh) + i);
         }
       }
       if (on && b.accumulate && i < dv) {
         if (dv16) {
-          detail::load_bf16<8>(dv8[u], b.dv + ra * dv + i);
+          dvr[u] = *reinterpret_cast<const uint4*>(b.dv + ra * dv + i);
         } else {
+          uint16_t x[8];
 #pragma unroll
-          for (int e = 0; e < 8; ++e) dv8[u][e] = ld(b.dv + ra * dv + i + e);
+          for (int e = 0; e < 8; ++e) x[e] = reinterpret_cast<const uint16_t*>(b.dv + ra * dv + i)[e];
+          dvr[u] = make_uint4(x[0] | (uint32_t)x[1] << 16, x[2] | (uint32_t)x[3] << 16, x[4] | (uint32_t)x[5] << 16,
+                              x[6] | (uint32_t)x[7] << 16);
         }
       }
     }
@@ -3154,7 +3191,7 @@ __device__ __forceinline__ void grad_head(const RuleBwdParams& b, int c, int h, 
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           b1v = fmaf(d1[e], v[e], b1v);
-          g[e] = bet[a] * d1[e] + dv8[u][e];
+          g[e] = bet[a] * d1[e] + bf16_at(dvr[u], e);
         }
         if (dv16) {
           detail::store_bf16<8>(b.dv + ra * dv + j, g);
@@ -3174,8 +3211,8 @@ __device__ __forceinline__ void grad_head(const RuleBwdParams& b, int c, int h, 
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           b2k = fmaf(d2[e], k[e], b2k);
-          qsd = fmaf(q[e], gq8[u][e], qsd);
-          kdsv = fmaf(k[e], gk8[u][e], kdsv);
+          qsd = fmaf(q[e], gq_at(u, e), qsd);
+          kdsv = fmaf(k[e], gk_at(u, e), kdsv);
         }
       }
     }
@@ -3204,8 +3241,8 @@ __device__ __forceinline__ void grad_head(const RuleBwdParams& b, int c, int h, 
           detail::load_f32<8>(d2, XB + a * XS + dv + i);
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
-            fq[e] = eg * gq8[u][e] + rq8[u][e];
-            fk[e] = el * gk8[u][e] + be * d2[e] + rk8[u][e];
+            fq[e] = eg * gq_at(u, e) + rq8[u][e];
+            fk[e] = el * gk_at(u, e) + be * d2[e] + rk8[u][e];
           }
           detail::store_f32<8>(Fq + a * kGradFStride + i, fq);
           detail::store_f32<8>(Fk + a * kGradFStride + i, fk);
@@ -3269,9 +3306,10 @@ __device__ __forceinline__ void grad_head(const RuleBwdParams& b, int c, int h, 
         for (int e = 0; e < 8; ++e) {
           const int i = i0 + e;
           if (i >= dk) break;
-          const int64_t at = rowi(r) * dk + i;
-          group_sum_out(b, r0 + r, h, hh, i, eg * b.gq[at] + aq[u][e],                  // gq held S dO_r
-                        el * b.gk[at] + bet[r] * eg * XB[r * XS + dv + i] + ak[u][e]);  // gk held dS v_new_r
+          const int64_t at = rowi(r) * dk + i;  // gq holds S dO_r, gk dS v_new_r
+          const float sdo = kBf16 ? bf(p_bf16(b.gq)[at]) : b.gq[at], dsv = kBf16 ? bf(p_bf16(b.gk)[at]) : b.gk[at];
+          group_sum_out(b, r0 + r, h, hh, i, eg * sdo + aq[u][e],
+                        el * dsv + bet[r] * eg * XB[r * XS + dv + i] + ak[u][e]);
         }
       }
     }
@@ -3346,7 +3384,7 @@ struct RuleScratch {
 // takes no space and the prep stores PT instead.
 struct RuleBwdScratch {
   RuleScratch f;
-  float *dvn, *qo, *dsout, *acc, *db2, *gq, *gk, *sds, *T, *PT;
+  float *dvn, *qo, *dsout, *acc, *db2, *gq, *gk, *rq, *rk, *sds, *T, *PT;
   size_t bytes;
   RuleBwdScratch(const GdnPlan& plan, int nv, int dk, int dv, GdnProducts products, void* base)
       : f(plan, nv, dk, dv, /*end_given=*/false, /*walk_saves=*/true, products, base) {
@@ -3359,8 +3397,13 @@ struct RuleBwdScratch {
     dsout = w.take<float>(per_chunk / half);
     acc = w.take<float>((size_t)plan.num_nodes() * nv * SS);
     db2 = w.take<float>(rows * dk / half);
-    gq = w.take<float>(rows * dk);
-    gk = w.take<float>(rows * dk);
+    gq = w.take<float>(rows * dk / half);
+    gk = w.take<float>(rows * dk / half);
+    // The grad kernel's running sums (RuleBwdParams::rq, rk): with the bf16 kernels their own (N,
+    // nk, dk) rows, sized for any group of two or more value heads (nk <= nv / 2; a group of one
+    // has none); else in gq's and gk's rows.
+    rq = half == 2 ? w.take<float>(rows * dk / 2) : gq;
+    rk = half == 2 ? w.take<float>(rows * dk / 2) : gk;
     sds = w.take<float>((size_t)plan.num_chunks() * nv * ((dk + kStateRows - 1) / kStateRows));
     T = w.take<float>((size_t)plan.num_chunks() * nv * kGdnChunk * kGdnChunk);
     PT = local ? w.take<float>((size_t)plan.num_chunks() * nv * kGdnChunk * kGdnChunk) : nullptr;
@@ -3542,6 +3585,7 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   b.d_init = d_init;
   b.dvn = s.dvn, b.qo = s.qo, b.dsout = s.dsout, b.acc = s.acc, b.db2 = s.db2, b.gq = s.gq,
   b.gk = s.gk, b.sds = s.sds;
+  b.rq = s.rq, b.rk = s.rk, b.run_heads = s.rq == s.gq ? nv : nk;
   b.dv = dv, b.dg = dg, b.dbeta = dbeta, b.dq_out = dq, b.dk_out = dk;
   b.accumulate = accumulate;
   if (walk_computes_u(products, dk_, dv_)) use_walk_u(b.f, s.T);  // T: bf16 T in its first half

@@ -283,7 +283,8 @@ TEST(GdnEmulated, OddGradientAddressesGiveTheSameBits) {
 
 // The bf16 kernels' workspaces: no U where the walks take U = T diag(beta) v themselves (dk 128, dv
 // a multiple of 64), and the backward's buffers they hand each other in bf16 (v_new, the entering
-// states, dvn, their gradients, dW) half size; exact sizes otherwise (dk not a multiple of 16). The
+// states, dvn, their gradients, dW, S dO, dS v_new) half size, the grad kernel's fp32 running sums
+// then in their own (N, nv / 2, dk) rows; exact sizes otherwise (dk not a multiple of 16). The
 // workspace carves each buffer at a 256-byte boundary.
 TEST(GdnEmulated, Bf16WorkspacesHoldOnlyWhatTheBf16KernelsUse) {
   std::mt19937_64 rng(11);
@@ -294,9 +295,11 @@ TEST(GdnEmulated, Bf16WorkspacesHoldOnlyWhatTheBf16KernelsUse) {
   for (const auto& [dk, dv] : {std::pair{128, 128}, {128, 64}, {128, 96}, {64, 64}, {72, 32}}) {
     const bool b16 = dk % 16 == 0, takes_u = b16 && dk == 128 && dv % 64 == 0;
     const size_t u = takes_u ? carved(rows * dv * 4) : 0;
-    size_t halved = 0;  // v_new, sin, dvn, dsout, db2: fp32 -> bf16
-    for (const size_t bytes : {rows * dv * 4, chunks * dk * dv * 4, rows * dv * 4, chunks * dk * dv * 4, rows * dk * 4})
+    size_t halved = 0;  // v_new, sin, dvn, dsout, db2, gq, gk: fp32 -> bf16
+    for (const size_t bytes : {rows * dv * 4, chunks * dk * dv * 4, rows * dv * 4, chunks * dk * dv * 4, rows * dk * 4,
+                               rows * dk * 4, rows * dk * 4})
       halved += b16 ? carved(bytes) - carved(bytes / 2) : 0;
+    const size_t sums = b16 ? 2 * carved(rows * dk * 2) : 0;  // the running sums, fp32 (N, nv / 2, dk) each
     const std::string at = ", dk " + std::to_string(dk) + " dv " + std::to_string(dv);
     EXPECT_EQ(cuda::gdn_forward_workspace_bytes(c.plan, c.nv, dk, dv, true) -
                   cuda::gdn_forward_workspace_bytes(c.plan, c.nv, dk, dv, true, kB),
@@ -304,7 +307,7 @@ TEST(GdnEmulated, Bf16WorkspacesHoldOnlyWhatTheBf16KernelsUse) {
         << "forward" << at;
     EXPECT_EQ(cuda::gdn_backward_workspace_bytes(c.plan, c.nv, dk, dv) -
                   cuda::gdn_backward_workspace_bytes(c.plan, c.nv, dk, dv, kB),
-              u + halved)
+              u + halved - sums)
         << "backward" << at;
   }
 }
