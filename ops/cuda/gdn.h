@@ -122,8 +122,9 @@ class GdnPlan {
 //    their products; a few 2^-9 of relative error in o, the end states and the gradients.
 // The prep computes as kExact's in both; with kBf16 it stores only what the walks read, rounded as
 // they would round it (-W's high half, the scores in bf16: fewer bytes, the same bits), the
-// backward stores in bf16 what its later kernels read only as bf16 operands (v_new, dvn, dW) and
-// the entering states and their gradients for the state products (<S, dS> then sums bf16 values),
+// backward stores in bf16 what its later kernels read only as bf16 operands (v_new, dvn, dW), the
+// entering states and their gradients for the state products (<S, dS> then sums bf16 values) and
+// those products' S dO and dS v_new for the input-gradient kernel (one more rounding of each),
 // and the per-chunk input-gradient kernel's tensor-core products take one bf16 mma each too. At dk
 // not a multiple of 16 the walks run on CUDA cores in fp32 and the state products exactly: kBf16
 // is kExact there.

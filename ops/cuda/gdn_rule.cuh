@@ -2735,7 +2735,7 @@ __device__ __forceinline__ void group_sum_out(const RuleBwdParams& b, int row, i
 // pair matrices split into bf16 halves (two mma each; q~ and k exact in bf16, read by transposing
 // ldmatrix), then gq_r = Fq_r + aq_r and gk_r = Fk_r + ak_r with phase D's row terms Fq_r =
 // e^(gam_r) S dO_r and Fk_r = e^(gam_L - gam_r) dS v_new_r + beta_r e^(gam_r) dB2_r, plus at hh >
-// 0 the group's running sums (in the rows of its first head, group_sum_out's), in shared memory
+// 0 the group's running sums (run_row's rows, group_sum_out's), in shared memory
 // (rows of kGradFStride floats), so that F waits on no global load. A warp takes 16 rows (m0) and
 // every other 16 columns (from n0); rows past L and the pair matrices' entries past L are zero.
 // kBf16 (GdnProducts::kBf16): the pair matrices rounded to bf16, one mma a product.
@@ -2775,7 +2775,7 @@ __device__ __forceinline__ void grad_qk_mma(const RuleBwdParams& b, const bf16* 
       }
     }
   }
-  // The sums: the group's running sums (fp32, the first head's rows), or at its last head the key
+  // The sums: the group's running sums (fp32, run_row's rows), or at its last head the key
   // head's gradients, scale sum gq and sum gk (+= the bf16 values there with accumulate, all of them
   // loaded before any store), in bf16 (as group_sum_out).
   const bool last = hh + 1 == group, add = last && b.accumulate;
@@ -3585,12 +3585,13 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   b.d_init = d_init;
   b.dvn = s.dvn, b.qo = s.qo, b.dsout = s.dsout, b.acc = s.acc, b.db2 = s.db2, b.gq = s.gq,
   b.gk = s.gk, b.sds = s.sds;
-  b.rq = s.rq, b.rk = s.rk, b.run_heads = s.rq == s.gq ? nv : nk;
+  b.rq = s.rq, b.rk = s.rk;
   b.dv = dv, b.dg = dg, b.dbeta = dbeta, b.dq_out = dq, b.dk_out = dk;
   b.accumulate = accumulate;
   if (walk_computes_u(products, dk_, dv_)) use_walk_u(b.f, s.T);  // T: bf16 T in its first half
   rule_prep_and_walk(b.f, run, /*out=*/false, products);  // the forward again: U, W, gam, v_new, the entering states
   const bool b16 = bf16_kernels(products, dk_);  // as rule_prep_and_walk's
+  b.run_heads = b16 ? nk : nv;  // as RuleBwdScratch lays out rq and rk
   run.zero(s.acc, sizeof(float) * (size_t)plan.num_nodes() * nv * dk_ * dv_);
   const int chunks = plan.num_chunks();
   if (!local)

@@ -205,6 +205,10 @@ TEST(GdnEmulated, DeltaRuleWithBf16Products) {
     EXPECT_GT(bits_differ(b16.dg, exact.dg, b16.dg.size()), 0u) << "dg" << at;
   }
   check_shape(6, RuleShape{1, 2, 128, 128, 6.0}, false, cuda::GdnProducts::kBf16);
+  // Groups of four and of one value heads a key head: the grad kernel's running sums in rows of
+  // their own, indexed by key head (RuleBwdParams::run_heads), over four heads and over none.
+  check_shape(9, RuleShape{2, 8, 128, 128}, false, cuda::GdnProducts::kBf16);
+  check_shape(10, RuleShape{2, 2, 64, 64}, false, cuda::GdnProducts::kBf16);
   // At dk not a multiple of 16 the walks and the state products run exactly either way.
   const EmuOut b16 = check_shape(3, RuleShape{1, 2, 72, 32}, false, cuda::GdnProducts::kBf16),
                exact = check_shape(3, RuleShape{1, 2, 72, 32});
@@ -284,7 +288,7 @@ TEST(GdnEmulated, OddGradientAddressesGiveTheSameBits) {
 // The bf16 kernels' workspaces: no U where the walks take U = T diag(beta) v themselves (dk 128, dv
 // a multiple of 64), and the backward's buffers they hand each other in bf16 (v_new, the entering
 // states, dvn, their gradients, dW, S dO, dS v_new) half size, the grad kernel's fp32 running sums
-// then in their own (N, nv / 2, dk) rows; exact sizes otherwise (dk not a multiple of 16). The
+// then in rows of their own ((N, nk, dk), carved for nk up to nv / 2); exact sizes otherwise (dk not a multiple of 16). The
 // workspace carves each buffer at a 256-byte boundary.
 TEST(GdnEmulated, Bf16WorkspacesHoldOnlyWhatTheBf16KernelsUse) {
   std::mt19937_64 rng(11);
@@ -299,7 +303,7 @@ TEST(GdnEmulated, Bf16WorkspacesHoldOnlyWhatTheBf16KernelsUse) {
     for (const size_t bytes : {rows * dv * 4, chunks * dk * dv * 4, rows * dv * 4, chunks * dk * dv * 4, rows * dk * 4,
                                rows * dk * 4, rows * dk * 4})
       halved += b16 ? carved(bytes) - carved(bytes / 2) : 0;
-    const size_t sums = b16 ? 2 * carved(rows * dk * 2) : 0;  // the running sums, fp32 (N, nv / 2, dk) each
+    const size_t sums = b16 ? 2 * carved(rows * dk * 2) : 0;  // the running sums: (N, nv / 2, dk) fp32 each
     const std::string at = ", dk " + std::to_string(dk) + " dv " + std::to_string(dv);
     EXPECT_EQ(cuda::gdn_forward_workspace_bytes(c.plan, c.nv, dk, dv, true) -
                   cuda::gdn_forward_workspace_bytes(c.plan, c.nv, dk, dv, true, kB),
