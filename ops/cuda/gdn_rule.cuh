@@ -2713,8 +2713,8 @@ __device__ __forceinline__ int64_t run_row(const RuleBwdParams& b, int row, int 
 // its key head's group, every head of which the same block takes in turn, the same thread the same
 // elements): added to the group's running sums (run_row), or at the group's last head the key
 // head's gradients dq = scale sum gq and dk = sum gk (+= the bf16 values there with accumulate),
-// rounded to bf16 once. The sums run in head order from 0. The CUDA-core phase F's (dk not a multiple of 16);
-// grad_qk_mma does the same a pair at a time, its loads ahead of the products.
+// rounded to bf16 once. The sums run in head order from 0. The CUDA-core phase F's (dk not a
+// multiple of 16); grad_qk_mma does the same a pair at a time, its loads ahead of the products.
 __device__ __forceinline__ void group_sum_out(const RuleBwdParams& b, int row, int h, int hh, int i, float vq, float vk) {
   const RuleParams& p = b.f;
   const int group = p.nv / p.nk, dk = p.dk;
