@@ -293,15 +293,15 @@ __device__ __forceinline__ void chunk_gram(float* dst, int stride, bool transpos
 }
 
 __device__ __forceinline__ float bf(const bf16& x) { return __bfloat162float(x); }
-// Element e (0 .. 7) of eight packed bf16 (a 16-byte load), as fp32.
-__device__ __forceinline__ float bf16_at(const uint4& x, int e) {
-  const uint32_t w = e < 2 ? x.x : e < 4 ? x.y : e < 6 ? x.z : x.w;
-  return __uint_as_float(e % 2 ? w & 0xffff0000u : w << 16);
-}
 
 // The two fp32 values of a packed bf16 pair (low half first): exact, a shift and a mask.
 __device__ __forceinline__ float2 unpack_bf16x2(uint32_t v) {
   return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+}
+// Element e (0 .. 7) of eight packed bf16 (a 16-byte load), as fp32 (unpack_bf16x2's halves).
+__device__ __forceinline__ float bf16_at(const uint4& x, int e) {
+  const float2 f = unpack_bf16x2(e < 2 ? x.x : e < 4 ? x.y : e < 6 ? x.z : x.w);
+  return e % 2 ? f.y : f.x;
 }
 
 // (x0, x1) as two packed bf16 pairs, hi = bf16(x) and lo = bf16(x - hi): x = hi + lo to a relative

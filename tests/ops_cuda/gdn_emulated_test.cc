@@ -288,8 +288,8 @@ TEST(GdnEmulated, OddGradientAddressesGiveTheSameBits) {
 // The bf16 kernels' workspaces: no U where the walks take U = T diag(beta) v themselves (dk 128, dv
 // a multiple of 64), and the backward's buffers they hand each other in bf16 (v_new, the entering
 // states, dvn, their gradients, dW, S dO, dS v_new) half size, the grad kernel's fp32 running sums
-// then in rows of their own ((N, nk, dk), carved for nk up to nv / 2); exact sizes otherwise (dk not a multiple of 16). The
-// workspace carves each buffer at a 256-byte boundary.
+// then in rows of their own ((N, nk, dk), carved for nk up to nv / 2); exact sizes otherwise (dk
+// not a multiple of 16). The workspace carves each buffer at a 256-byte boundary.
 TEST(GdnEmulated, Bf16WorkspacesHoldOnlyWhatTheBf16KernelsUse) {
   std::mt19937_64 rng(11);
   const EmuCase c(11, rng, RuleShape{2, 4, 128, 128});

@@ -159,27 +159,25 @@ TEST(SegmentsTrain, ShallowTreesOverTheBudgetAreErrorsAtStart) {
   c.segments.length = 40;            // deeper than the combs (30): every tree runs whole
   c.data.max_tokens_per_batch = 20;  // under a comb (42 tokens) and its paths (22 to 30 tokens)
   c.validate();
+  // The error a trainer on `rc` stops with at start: the budget's key and file, the tree, then `body`.
   const std::string prefix = c.where("data.max_tokens_per_batch") + ": data.path " + c.data.path + ": ";
-  const std::string tree_err = error_of([&] { Trainer t(c); });
-  EXPECT_EQ(tree_err.rfind(prefix + "tree '", 0), 0u) << tree_err;
-  EXPECT_NE(tree_err.find("' has 42 tokens under tree packing, which exceeds data.max_tokens_per_batch = 20; expected "
-                          "every tree to fit one micro-batch (or set partition.capacity_tokens to cut larger trees "
-                          "into pieces) (with segments only trees deeper than segments.length 40 train segment by "
-                          "segment; this one's depth is 30)"),
-            std::string::npos)
-      << tree_err;
+  auto expect_start_error = [&](const RunConfig& rc, const std::string& body) {
+    const std::string err = error_of([&] { Trainer t(rc); });
+    EXPECT_EQ(err.rfind(prefix + "tree '", 0), 0u) << err;
+    EXPECT_NE(err.find(body), std::string::npos) << err;
+  };
+  expect_start_error(c, "' has 42 tokens under tree packing, which exceeds data.max_tokens_per_batch = 20; expected "
+                        "every tree to fit one micro-batch (or set partition.capacity_tokens to cut larger trees "
+                        "into pieces) (with segments only trees deeper than segments.length 40 train segment by "
+                        "segment; this one's depth is 30)");
 
   RunConfig pp = c;
   pp.run_dir = (dir / "per_path").string();
   pp.data.packing = "per_path";
   pp.validate();
-  const std::string path_err = error_of([&] { Trainer t(pp); });
-  EXPECT_EQ(path_err.rfind(prefix + "tree '", 0), 0u) << path_err;
-  EXPECT_NE(path_err.find("': path 0 has 22 tokens, which exceeds data.max_tokens_per_batch = 20; expected every path "
-                          "to fit one micro-batch under per_path packing (with segments only trees deeper than "
-                          "segments.length 40 train segment by segment; this one's depth is 30)"),
-            std::string::npos)
-      << path_err;
+  expect_start_error(pp, "': path 0 has 22 tokens, which exceeds data.max_tokens_per_batch = 20; expected every path "
+                         "to fit one micro-batch under per_path packing (with segments only trees deeper than "
+                         "segments.length 40 train segment by segment; this one's depth is 30)");
 
   RunConfig fits = pp;
   fits.run_dir = (dir / "fits").string();
