@@ -199,16 +199,18 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
     throw over_budget(e, "");
   }
 
-  // The trees that will run partitioned (alone and over the budget) or segment by segment (deeper
-  // than segments.length): planned now, so a plan that cannot run (too many gateway ranges, a
-  // piece over the budget) stops the run before its first step. With segments on the loader lets
+  // The trees that may run partitioned (over partition.capacity_tokens: one over the budget always
+  // does, alone; one at or under it does whenever a step's packing leaves it alone in a
+  // micro-batch, append_micro) or segment by segment (deeper than segments.length): planned now,
+  // so a plan that cannot run (too many gateway ranges, a piece over the budget) or, below, cannot
+  // fit stops the run before its first step. With segments on the loader lets
   // any tree through alone (Oversize::kAlone), but one no deeper than segments.length runs whole:
   // it must fit the budget as without segments (data::check_fits: per_path each of its paths, tree
   // packing the tree unless partitioned), checked here too and not in its step.
   const int64_t budget = cfg_.data.max_tokens_per_batch;
   for (int64_t i = 0; i < (int64_t)loader_->trees().size(); ++i) {
     const data::Tree& t = loader_->trees()[i];
-    if (capacity > 0 && t.n_tree() > budget) partitioned(i);
+    if (capacity > 0 && t.n_tree() > capacity) partitioned(i);
     if (!cfg_.segments.enabled()) continue;
     if (t.max_depth() > cfg_.segments.length) {
       segmented(i);

@@ -689,6 +689,16 @@ TEST(TrainTest, PartitionPlansAreCheckedAtTheStart) {
                 "ancestor row ranges in all (5999 for one piece), expected at most 16777216; use a larger capacity "
                 "(partition.capacity_tokens)");
   EXPECT_FALSE(fs::exists(fs::path(c.run_dir) / "metrics.jsonl")) << "no step ran";
+  // The same chain within the budget: over the capacity it runs partitioned when alone in a
+  // micro-batch (here, the only tree), so it is planned at the start too.
+  c.data.max_tokens_per_batch = 8192;
+  EXPECT_EQ(error_of([&] { Trainer t(c); }),
+            "run.yaml:9: data.path " + c.data.path +
+                ": tree 'chain': capacity 1 cuts its 6000 tokens into 6000 pieces whose gateways would list 17997000 "
+                "ancestor row ranges in all (5999 for one piece), expected at most 16777216; use a larger capacity "
+                "(partition.capacity_tokens)");
+  EXPECT_FALSE(fs::exists(fs::path(c.run_dir) / "metrics.jsonl")) << "no step ran";
+  c.data.max_tokens_per_batch = 40;
   // Segments of one token on the same chain: the same bound, named at segments.length.
   c.partition.capacity_tokens = 0;
   c.segments.length = 1;
