@@ -200,17 +200,29 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   }
 
   // The trees that may run partitioned (over partition.capacity_tokens: one over the budget always
-  // does, alone; one at or under it does whenever a step's packing leaves it alone in a
-  // micro-batch, append_micro) or segment by segment (deeper than segments.length): planned now,
-  // so a plan that cannot run (too many gateway ranges, a piece over the budget) or, below, cannot
-  // fit stops the run before its first step. With segments on the loader lets
-  // any tree through alone (Oversize::kAlone), but one no deeper than segments.length runs whole:
-  // it must fit the budget as without segments (data::check_fits: per_path each of its paths, tree
-  // packing the tree unless partitioned), checked here too and not in its step.
+  // does, alone, and its plan is kept; one at or under it does whenever a step's packing leaves it
+  // alone in a micro-batch, append_micro, and is planned again then) or segment by segment (deeper
+  // than segments.length): planned now, so a plan that cannot run (too many gateway ranges, a piece
+  // over the budget) or, below, cannot fit stops the run before its first step. With segments on
+  // the loader lets any tree through alone (Oversize::kAlone), but one no deeper than
+  // segments.length runs whole: it must fit the budget as without segments (data::check_fits:
+  // per_path each of its paths, tree packing the tree unless partitioned), checked here too and not
+  // in its step.
   const int64_t budget = cfg_.data.max_tokens_per_batch;
+  const bool rec = cfg_.partition.recompute;
+  int64_t need = -1;  // the most a partitioned tree holds at once, and that tree's plan
+  std::string worst_id;
+  int64_t worst_tokens = 0;
+  data::Partition worst_plan;
+  auto weigh = [&](const data::Tree& t, const data::Partition& plan) {
+    const int64_t b = backend_->partition_resident_bytes(rec ? plan.max_piece_tokens : plan.peak_tokens,
+                                                         rec ? plan.kept_peak_tokens : 0);
+    if (b > need) need = b, worst_id = t.id, worst_tokens = t.n_tree(), worst_plan = plan;
+  };
   for (int64_t i = 0; i < (int64_t)loader_->trees().size(); ++i) {
     const data::Tree& t = loader_->trees()[i];
-    if (capacity > 0 && t.n_tree() > capacity) partitioned(i);
+    if (capacity > 0 && t.n_tree() > budget) weigh(t, partitioned(i).plan);
+    else if (capacity > 0 && t.n_tree() > capacity) weigh(t, partition_plan(i).plan);
     if (!cfg_.segments.enabled()) continue;
     if (t.max_depth() > cfg_.segments.length) {
       segmented(i);
@@ -229,20 +241,11 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   // And what the largest of them holds at once (a chain of pieces' activations, or with
   // partition.recompute one piece's and the K/V rows), against the memory free now: a tree that
   // cannot fit stops the run here, not in the step that draws it.
-  if (!partitioned_.empty()) {
-    const PartitionedTree* worst = nullptr;
-    int64_t need = -1;
-    const bool rec = cfg_.partition.recompute;
-    for (const auto& [index, p] : partitioned_) {
-      const int64_t b = backend_->partition_resident_bytes(rec ? p.plan.max_piece_tokens : p.plan.peak_tokens,
-                                                           rec ? p.plan.kept_peak_tokens : 0);
-      if (b > need) need = b, worst = &p;
-    }
-    const int64_t need_rec = backend_->partition_resident_bytes(worst->plan.max_piece_tokens,
-                                                                 worst->plan.kept_peak_tokens);
+  if (need >= 0) {
+    const int64_t need_rec = backend_->partition_resident_bytes(worst_plan.max_piece_tokens,
+                                                                 worst_plan.kept_peak_tokens);
     const std::string problem =
-        partition_memory_problem(worst->split.id, worst->split.n_tree(), worst->plan, rec, need, need_rec,
-                                 backend_->free_memory_bytes(),
+        partition_memory_problem(worst_id, worst_tokens, worst_plan, rec, need, need_rec, backend_->free_memory_bytes(),
                                  backend_->device() >= 0 ? str("GPU ", backend_->device(), " has") : "the host has");
     if (!problem.empty())
       throw Error(str(cfg_.where("partition.capacity_tokens"), ": data.path ", cfg_.data.path, ": ", problem));
@@ -544,9 +547,7 @@ const Trainer::SegmentedTree& Trainer::segmented(int64_t index) {
   return segmented_.emplace(index, std::move(s)).first->second;
 }
 
-const Trainer::PartitionedTree& Trainer::partitioned(int64_t index) {
-  auto it = partitioned_.find(index);
-  if (it != partitioned_.end()) return it->second;
+Trainer::PartitionedTree Trainer::partition_plan(int64_t index) const {
   const int64_t capacity = cfg_.partition.capacity_tokens;
   const data::Tree& tree = loader_->trees()[index];
   PartitionedTree p;
@@ -568,6 +569,15 @@ const Trainer::PartitionedTree& Trainer::partitioned(int64_t index) {
                     "' cut at partition.capacity_tokens ", capacity, " gives piece ", deepest_piece, " a gateway of ",
                     deepest, " ancestor ranges; the ", backend_->name(), " attention reads at most ",
                     backend_->max_external_kv(), " (a larger capacity makes the chain of pieces shorter)"));
+  return p;
+}
+
+const Trainer::PartitionedTree& Trainer::partitioned(int64_t index) {
+  auto it = partitioned_.find(index);
+  if (it != partitioned_.end()) return it->second;
+  const int64_t capacity = cfg_.partition.capacity_tokens;
+  const data::Tree& tree = loader_->trees()[index];
+  PartitionedTree p = partition_plan(index);
   int64_t with_gateways = 0;
   for (const data::Piece& piece : p.plan.pieces) with_gateways += piece.tokens;
   // Each piece runs the tower on the frames its slots show: a frame shown in several, in each.

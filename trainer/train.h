@@ -167,6 +167,9 @@ class Trainer {
   };
   // The plan of loader tree `index`, made (and logged) on first use.
   const PartitionedTree& partitioned(int64_t index);
+  // Its split and plan alone (no work figures, not logged or kept), checked against the gateway
+  // ranges the backend's attention reads.
+  PartitionedTree partition_plan(int64_t index) const;
   // A tree trained segment by segment: one plan (tree packing) or one per path (per_path), and
   // the work they execute.
   struct SegmentedTree {

@@ -692,10 +692,10 @@ TEST(TrainTest, PartitionPlansAreCheckedAtTheStart) {
   EXPECT_FALSE(fs::exists(fs::path(c.run_dir) / "metrics.jsonl")) << "no step ran";
   // The same chain within the budget: over the capacity it runs partitioned when alone in a
   // micro-batch (here, the only tree), so it is planned at the start too.
-  c.data.max_tokens_per_batch = 8192;
-  EXPECT_EQ(error_of([&] { Trainer t(c); }), too_many) << "within the budget";
+  RunConfig within = c;
+  within.data.max_tokens_per_batch = 8192;
+  EXPECT_EQ(error_of([&] { Trainer t(within); }), too_many) << "within the budget";
   EXPECT_FALSE(fs::exists(fs::path(c.run_dir) / "metrics.jsonl")) << "no step ran";
-  c.data.max_tokens_per_batch = 40;
   // Segments of one token on the same chain: the same bound, named at segments.length.
   c.partition.capacity_tokens = 0;
   c.segments.length = 1;
