@@ -214,15 +214,15 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   std::string worst_id;
   int64_t worst_tokens = 0;
   data::Partition worst_plan;
-  auto weigh = [&](const data::Tree& t, const data::Partition& plan) {
-    const int64_t b = backend_->partition_resident_bytes(rec ? plan.max_piece_tokens : plan.peak_tokens,
-                                                         rec ? plan.kept_peak_tokens : 0);
-    if (b > need) need = b, worst_id = t.id, worst_tokens = t.n_tree(), worst_plan = plan;
+  auto weigh = [&](const PartitionedTree& p) {
+    const int64_t b = backend_->partition_resident_bytes(rec ? p.plan.max_piece_tokens : p.plan.peak_tokens,
+                                                         rec ? p.plan.kept_peak_tokens : 0);
+    if (b > need) need = b, worst_id = p.split.id, worst_tokens = p.split.n_tree(), worst_plan = p.plan;
   };
   for (int64_t i = 0; i < (int64_t)loader_->trees().size(); ++i) {
     const data::Tree& t = loader_->trees()[i];
-    if (capacity > 0 && t.n_tree() > budget) weigh(t, partitioned(i).plan);
-    else if (capacity > 0 && t.n_tree() > capacity) weigh(t, partition_plan(i).plan);
+    if (capacity > 0 && t.n_tree() > budget) weigh(partitioned(i));
+    else if (capacity > 0 && t.n_tree() > capacity) weigh(partition_plan(i));
     if (!cfg_.segments.enabled()) continue;
     if (t.max_depth() > cfg_.segments.length) {
       segmented(i);
