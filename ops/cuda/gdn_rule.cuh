@@ -1251,19 +1251,26 @@ size_t walk_mma_smem_bytes(int dk, bool out) {
          (out ? sizeof(float) * kGdnChunk * kWalkVsStride : 0);
 }
 
-// rule_walk_wgmma_kernel's v_new = T diag(beta) v + (-W) S for N columns (a warpgroup, m64nNk16):
-// v's columns from v_col of the stage's 64-column box, S's from the MN-major descriptor s.
+// rule_walk_wgmma_kernel's v_new = T diag(beta) v + (-W) S for N columns (a warpgroup, m64nNk16),
+// in two groups: walk_tv_wgmma issues the T diag(beta) v part (v's columns from v_col of the
+// stage's 64-column box; it does not depend on S) and commits it, walk_ws_wgmma adds (-W) S (S's
+// columns from the MN-major descriptor s), commits and waits for both.
 template <int N, bool kQ>
-__device__ __forceinline__ void walk_vnew_wgmma(float (&acc)[N / 2], const WalkTmaStage<kQ>& st, int v_col,
-                                                uint64_t s) {
+__device__ __forceinline__ void walk_tv_wgmma(float (&acc)[N / 2], const WalkTmaStage<kQ>& st, int v_col) {
   namespace sm90 = attn::sm90;
   sm90::wgmma_fence();
-  const uint64_t tb = sm90::desc_kmajor<kGdnChunk>(st.tb(), 0), vv = sm90::desc_mnmajor<kGdnChunk>(st.Wl, v_col),
-                 w = sm90::desc_kmajor<kGdnChunk>(st.Wh, 0);
+  const uint64_t tb = sm90::desc_kmajor<kGdnChunk>(st.tb(), 0), vv = sm90::desc_mnmajor<kGdnChunk>(st.Wl, v_col);
 #pragma unroll
   for (int kk = 0; kk < kGdnChunk / 16; ++kk)
     sm90::Wgmma<N>::template ss<0, 1>(acc, sm90::desc_add(tb, sm90::kmajor_step<kGdnChunk>(kk)),
                                       sm90::desc_add(vv, kk * sm90::kMnStep), true);
+  sm90::wgmma_commit();
+}
+template <int N, bool kQ>
+__device__ __forceinline__ void walk_ws_wgmma(float (&acc)[N / 2], const WalkTmaStage<kQ>& st, uint64_t s) {
+  namespace sm90 = attn::sm90;
+  sm90::wgmma_fence();
+  const uint64_t w = sm90::desc_kmajor<kGdnChunk>(st.Wh, 0);
 #pragma unroll
   for (int kk = 0; kk < 128 / 16; ++kk)
     sm90::Wgmma<N>::template ss<0, 1>(acc, sm90::desc_add(w, sm90::kmajor_step<kGdnChunk>(kk)),
@@ -1279,20 +1286,30 @@ __device__ __forceinline__ void walk_vnew_wgmma(float (&acc)[N / 2], const WalkT
 // rule_walk_mma_kernel<128, true, true> (S, dec v_new and v_new rounded to bf16; -W, T diag(beta),
 // P, q, k and v bf16 as stored), each a handful of warpgroup MMAs instead of a warp's dozens of
 // mma.sync with their fragment loads. Two warpgroups, one block per (value head, 32 state
-// columns), the same TMA stages (WalkTmaStage<true>, walk_mma_prefetch). A chunk:
-//   1. every warp writes its 16 state rows as bf16 into S's tile (128 x 32, MN-major: the B operand
-//      of W S and q S); rows past L of k and of v's box are zeroed once the stage lands (they hold
-//      the next node's rows, and 0 x NaN must not reach U or S).
-//   2. warpgroup 0: v_new = T diag(beta) v + (-W) S (12 MMAs); v_new and its rows scaled by
-//      exp(gamma_L - gamma_s) to two bf16 tiles (B operands; zero past L). Warpgroup 1: q S (8).
-//   3. warpgroup g: S rows 64 g .. <- exp(gamma_L) S + (K^T)[64 g ..] (dec v_new) (4 MMAs, A
-//      MN-major from k's tile); warpgroup 1 also o = scale (e^(gam) q S + P v_new) (4).
+// columns), the same TMA stages (WalkTmaStage<true>, walk_mma_prefetch). A chunk, with kOut (the
+// forward's walk, which writes o):
+//   0. S's tile (128 x 32 bf16, MN-major: the B operand of W S and q S) holds the entering state:
+//      written at the end of the chunk before, or here where the chunk loads its node's state.
+//      Once the stage lands, warpgroup 0 zeroes v's rows past L and issues T diag(beta) v (4 MMAs,
+//      independent of S; its own named barrier first), warpgroup 1 zeroes k's rows past L (they
+//      hold the next node's rows, and 0 x NaN must not reach U or S). Barrier A.
+//   1. warpgroup 0: v_new += (-W) S (8); v_new and its rows scaled by exp(gamma_L - gamma_s) to two
+//      bf16 tiles (B operands; zero past L). Warpgroup 1: q S (8), and while it runs, the chunk
+//      before's o to global memory. Barrier B.
+//   2. warpgroup g: S rows 64 g .. <- exp(gamma_L) S + (K^T)[64 g ..] (dec v_new) (4 MMAs, A
+//      MN-major from k's tile), then its rows of the next chunk's S tile; warpgroup 1 also P v_new
+//      (4, a second group) into o, stored in the next chunk's step 1.
+// The next chunk's stage is issued at the chunk's start, and a block barrier ends the chunk (issued
+// after barrier A instead, with no barrier at the end, the forward measured 2% slower).
 // S stays in registers (16 floats a thread, a warpgroup's accumulator layout, which is the
 // mma.sync walk's: walk_state_pairs at row 16 warp).
-// Without kOut, the backward's walk again: no q, P or o; the entering state to sin (bf16) and in
-// step 2 warpgroup g forms v_new's columns 16 g .. (m64n16k16: both warpgroups on the chain; with
-// one warpgroup's it measured 12% slower than the mma.sync walk, with both 13% faster), to v_new
-// (bf16) and the dec v_new tile.
+// Without kOut, the backward's walk again: no q, P or o; the entering state to S's tile and sin
+// (bf16) at the chunk's start, the next stage issued; once it lands, the rows past L zeroed, a block
+// barrier, and warpgroup g forms v_new's columns 16 g .. (m64n16k16: both warpgroups on the chain;
+// with one warpgroup's it measured 12% slower than the mma.sync walk, with both 13% faster), to
+// v_new (bf16) and dec v_new's tile; barrier; the state update as step 2; a block barrier at the end.
+// (The forward's order, with the stage issued after the first barrier and no barrier at the end,
+// measured 24% slower here; T diag(beta) v issued before the first barrier, 11% slower again.)
 template <bool kOut = true>
 __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RuleParams p,
                                                                          const __grid_constant__ WalkMaps maps) {
@@ -1326,23 +1343,7 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
       }
     });
   };
-  init_stage_barriers(bars);
-  __syncthreads();
-  const int nc = p.num_chunks;
-  ChunkCursor<false> chunks(p.plan, nc);
-  if (nc > 0) walk_mma_prefetch<true, kOut, true>(stage(0), &bars[0], p, maps, chunks.cur, h, kh, j0);
-  attn::cp_async_commit();
-  for (int c = 0; c < nc; ++c) {
-    if (c + 1 < nc)
-      walk_mma_prefetch<true, kOut, true>(stage((c + 1) & 1), &bars[(c + 1) & 1], p, maps, chunks.nxt, h, kh, j0);
-    attn::cp_async_commit();
-    const Stage st = stage(c & 1);
-    const ChunkInfo ci = chunks.take(c);
-    const int n = ci.node, flags = ci.flags, r0 = ci.r0, L = ci.L;
-    if (flags & 1) {
-      const float* src = node_link<const float>(p.plan, n, h, p.nv, SS, p.node_end, p.init);
-      state_io(nullptr, src);
-    }
+  auto state_tile = [&](int c) {  // S -> its rows of S's tile (bf16); without kOut, also chunk c's sin
     walk_state_pairs(16 * warp, dv, j0, [&](int nn, int half, int64_t at) {
       const float* x = S + 4 * nn + 2 * half;
       if constexpr (!kOut)  // the entering state, as the bf16 state products round it
@@ -1350,22 +1351,106 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
       *reinterpret_cast<uint32_t*>(Ss + sm90::sw_offset<128>(16 * warp + gq + 8 * half, 8 * nn + 2 * tq)) =
           attn::pack_bf16x2(x[0], x[1]);
     });
+  };
+  // kOut, warpgroup 1: the chunk before's o (rows row, row + 8 of o_r0 ..), stored in the next step
+  float o[16] = {};
+  int o_r0 = 0, o_L = 0;
+  auto store_o = [&]() {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = row + 8 * half;
+      if (r >= o_L) continue;
+      bf16* orow = p.o + ((int64_t)(o_r0 + r) * p.nv + h) * dv + j0;
+#pragma unroll
+      for (int nn = 0; nn < 4; ++nn)
+        *reinterpret_cast<__nv_bfloat162*>(orow + 8 * nn + 2 * tq) =
+            __floats2bfloat162_rn(p.scale * o[4 * nn + 2 * half], p.scale * o[4 * nn + 2 * half + 1]);
+    }
+  };
+  init_stage_barriers(bars);
+  __syncthreads();
+  const int nc = p.num_chunks;
+  ChunkCursor<false> chunks(p.plan, nc);
+  if (nc > 0) walk_mma_prefetch<true, kOut, true>(stage(0), &bars[0], p, maps, chunks.cur, h, kh, j0);
+  attn::cp_async_commit();
+  // kOut: S's tile holds chunk c's entering state (written at the end of c - 1); without, written at the top
+  bool tile_ready = false;
+  for (int c = 0; c < nc; ++c) {
+    if (c + 1 < nc)
+      walk_mma_prefetch<true, kOut, true>(stage((c + 1) & 1), &bars[(c + 1) & 1], p, maps, chunks.nxt, h, kh, j0);
+    attn::cp_async_commit();
+    const Stage st = stage(c & 1);
+    const ChunkInfo ci = chunks.take(c);  // chunks.cur: chunk c + 1's
+    const int n = ci.node, flags = ci.flags, r0 = ci.r0, L = ci.L;
+    if (flags & 1) {
+      const float* src = node_link<const float>(p.plan, n, h, p.nv, SS, p.node_end, p.init);
+      state_io(nullptr, src);
+    }
+    if (!tile_ready) state_tile(c);
     sm90::mbar_wait(&bars[c & 1], (c >> 1) & 1);
     attn::cp_async_wait<1>();
-    if (L < kGdnChunk) {  // rows L .. of k's two boxes and of v's box: 24 16-byte units a row
-      for (int e = threadIdx.x; e < (kGdnChunk - L) * 24; e += kRuleThreads) {
-        const int r = L + e / 24, u = e % 24;
-        bf16* box = u < 16 ? st.K + u / 8 * (kGdnChunk * 64) : st.Wl;
-        *reinterpret_cast<uint4*>(box + r * 64 + u % 8 * 8) = make_uint4(0u, 0u, 0u, 0u);
+    float gl, qs[16] = {};  // qs, warpgroup 1: q S (rows row, row + 8), then o
+    if constexpr (kOut) {
+      if (wg == 0) {
+        float acc[16] = {};  // v_new (rows row, row + 8); v's box: the block's 32 of 64 columns
+        if (L < kGdnChunk)   // rows L .. of v's box (8 16-byte units a row): 0 x NaN must not reach U
+          for (int e = threadIdx.x; e < (kGdnChunk - L) * 8; e += 128)
+            *reinterpret_cast<uint4*>(st.Wl + (L + e / 8) * 64 + e % 8 * 8) = make_uint4(0u, 0u, 0u, 0u);
+        sm90::fence_async_smem();
+        sm90::named_barrier(1, 128);  // warpgroup 0's rows of v are zeroed
+        walk_tv_wgmma<kWalkCols>(acc, st, j0 & 63);
+        sm90::named_barrier(2, kRuleThreads);  // A: S's tile, k's rows
+        gl = st.gam[L - 1];
+        walk_ws_wgmma<kWalkCols>(acc, st, s_desc);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = row + 8 * half;
+          const float d = r < L ? __expf(gl - st.gam[r]) : 0.f;
+#pragma unroll
+          for (int nn = 0; nn < 4; ++nn) {
+            const int col = 8 * nn + 2 * tq;
+            const float v0 = acc[4 * nn + 2 * half], v1 = acc[4 * nn + 2 * half + 1];  // rows past L: not this chunk's
+            // v_new as P v_new's bf16 operand rounds it
+            *reinterpret_cast<uint32_t*>(Vb + sm90::sw_offset<kGdnChunk>(r, col)) =
+                r < L ? attn::pack_bf16x2(v0, v1) : 0u;
+            *reinterpret_cast<uint32_t*>(Vd + sm90::sw_offset<kGdnChunk>(r, col)) =
+                r < L ? attn::pack_bf16x2(d * v0, d * v1) : 0u;
+          }
+        }
+      } else {
+        if (L < kGdnChunk)  // rows L .. of k's two boxes (16 units a row): 0 x NaN must not reach S
+          for (int e = threadIdx.x - 128; e < (kGdnChunk - L) * 16; e += 128) {
+            const int r = L + e / 16, u = e % 16;
+            *reinterpret_cast<uint4*>(st.K + u / 8 * (kGdnChunk * 64) + r * 64 + u % 8 * 8) = make_uint4(0u, 0u, 0u, 0u);
+          }
+        sm90::fence_async_smem();
+        sm90::named_barrier(2, kRuleThreads);  // A
+        gl = st.gam[L - 1];
+        sm90::wgmma_fence();
+        const uint64_t q = sm90::desc_kmajor<kGdnChunk>(st.Q, 0);
+#pragma unroll
+        for (int kk = 0; kk < 128 / 16; ++kk)
+          Mma::template ss<0, 1>(qs, sm90::desc_add(q, sm90::kmajor_step<kGdnChunk>(kk)),
+                                 sm90::desc_add(s_desc, kk * sm90::kMnStep), kk > 0);
+        sm90::wgmma_commit();
+        if (c > 0) store_o();  // the chunk before's, while q S runs
+        sm90::wgmma_wait<0>();
+        sm90::fence_regs(qs);
       }
-    }
-    sm90::fence_async_smem();  // S's tile and the zeroed rows, before the MMAs read them
-    __syncthreads();
-    const float gl = st.gam[L - 1];
-    float qs[16] = {};  // warpgroup 1: q S (rows row, row + 8), then o
-    if constexpr (!kOut) {  // warpgroup g: v_new's columns 16 g .., to global memory and dec v_new's tile
+    } else {  // warpgroup g: v_new's columns 16 g .., to global memory and dec v_new's tile
+      if (L < kGdnChunk) {  // rows L .. of k's two boxes and of v's box: 24 16-byte units a row
+        for (int e = threadIdx.x; e < (kGdnChunk - L) * 24; e += kRuleThreads) {
+          const int r = L + e / 24, u = e % 24;
+          bf16* box = u < 16 ? st.K + u / 8 * (kGdnChunk * 64) : st.Wl;
+          *reinterpret_cast<uint4*>(box + r * 64 + u % 8 * 8) = make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+      sm90::fence_async_smem();  // S's tile and the zeroed rows, before the MMAs read them
+      __syncthreads();
+      gl = st.gam[L - 1];
       float acc[8] = {};
-      walk_vnew_wgmma<16>(acc, st, (j0 & 63) + 16 * wg, sm90::desc_mnmajor<128>(Ss, 16 * wg));
+      walk_tv_wgmma<16>(acc, st, (j0 & 63) + 16 * wg);
+      walk_ws_wgmma<16>(acc, st, sm90::desc_mnmajor<128>(Ss, 16 * wg));
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = row + 8 * half;
@@ -1380,42 +1465,23 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
               r < L ? attn::pack_bf16x2(d * v0, d * v1) : 0u;
         }
       }
-    } else if (wg == 0) {
-      float acc[16] = {};  // v_new (rows row, row + 8); v's box: the block's 32 of 64 columns
-      walk_vnew_wgmma<kWalkCols>(acc, st, j0 & 63, s_desc);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = row + 8 * half;
-        const float d = r < L ? __expf(gl - st.gam[r]) : 0.f;
-#pragma unroll
-        for (int nn = 0; nn < 4; ++nn) {
-          const int col = 8 * nn + 2 * tq;
-          const float v0 = acc[4 * nn + 2 * half], v1 = acc[4 * nn + 2 * half + 1];  // rows past L: not this chunk's
-          // v_new as P v_new's bf16 operand rounds it
-          *reinterpret_cast<uint32_t*>(Vb + sm90::sw_offset<kGdnChunk>(r, col)) =
-              r < L ? attn::pack_bf16x2(v0, v1) : 0u;
-          *reinterpret_cast<uint32_t*>(Vd + sm90::sw_offset<kGdnChunk>(r, col)) =
-              r < L ? attn::pack_bf16x2(d * v0, d * v1) : 0u;
-        }
-      }
-    } else {
-      sm90::wgmma_fence();
-      const uint64_t q = sm90::desc_kmajor<kGdnChunk>(st.Q, 0);
-#pragma unroll
-      for (int kk = 0; kk < 128 / 16; ++kk)
-        Mma::template ss<0, 1>(qs, sm90::desc_add(q, sm90::kmajor_step<kGdnChunk>(kk)),
-                               sm90::desc_add(s_desc, kk * sm90::kMnStep), kk > 0);
-      sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
-      sm90::fence_regs(qs);
     }
     sm90::fence_async_smem();  // v_new's tiles
-    __syncthreads();           // ... are stored; every read of S's tile is done
+    __syncthreads();           // B: ... are stored; every read of S's tile is done
     const float el = __expf(gl);
 #pragma unroll
     for (int i = 0; i < 16; ++i) S[i] *= el;
     const uint64_t kt = sm90::desc_mnmajor<kGdnChunk>(st.K, 64 * wg);  // A (i, s) = k (s, i), rows 64 wg ..
-    if (kOut && wg == 1) {
+    auto update = [&]() {
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kGdnChunk / 16; ++kk)
+        Mma::template ss<1, 1>(S, sm90::desc_add(kt, kk * sm90::kMnStep),
+                               sm90::desc_add(vd_desc, kk * sm90::kMnStep), true);
+      sm90::wgmma_commit();
+    };
+    if (kOut && wg == 1) {  // o = scale (e^(gam) q S + P v_new), a second group, stored in the next chunk's step
+      update();
       const float e0 = __expf(st.gam[row]), e1 = __expf(st.gam[row + 8]);
 #pragma unroll
       for (int nn = 0; nn < 4; ++nn)
@@ -1423,39 +1489,30 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
       sm90::wgmma_fence();
       const uint64_t pd = sm90::desc_kmajor<kGdnChunk>(reinterpret_cast<const bf16*>(st.P), 0);
 #pragma unroll
-      for (int kk = 0; kk < kGdnChunk / 16; ++kk) {
-        Mma::template ss<1, 1>(S, sm90::desc_add(kt, kk * sm90::kMnStep), sm90::desc_add(vd_desc, kk * sm90::kMnStep),
-                               true);
+      for (int kk = 0; kk < kGdnChunk / 16; ++kk)
         Mma::template ss<0, 1>(qs, sm90::desc_add(pd, sm90::kmajor_step<kGdnChunk>(kk)),
                                sm90::desc_add(vb_desc, kk * sm90::kMnStep), true);
-      }
       sm90::wgmma_commit();
       sm90::wgmma_wait<0>();
-      sm90::fence_regs(S);
-      sm90::fence_regs(qs);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = row + 8 * half;
-        if (r >= L) continue;
-        bf16* orow = p.o + ((int64_t)(r0 + r) * p.nv + h) * dv + j0;
-#pragma unroll
-        for (int nn = 0; nn < 4; ++nn)
-          *reinterpret_cast<__nv_bfloat162*>(orow + 8 * nn + 2 * tq) =
-              __floats2bfloat162_rn(p.scale * qs[4 * nn + 2 * half], p.scale * qs[4 * nn + 2 * half + 1]);
-      }
     } else {
-      sm90::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kGdnChunk / 16; ++kk)
-        Mma::template ss<1, 1>(S, sm90::desc_add(kt, kk * sm90::kMnStep), sm90::desc_add(vd_desc, kk * sm90::kMnStep),
-                               true);
-      sm90::wgmma_commit();
+      update();
       sm90::wgmma_wait<0>();
-      sm90::fence_regs(S);
+    }
+    sm90::fence_regs(S);
+    if constexpr (kOut) {  // every read of S's tile was before barrier B
+      tile_ready = c + 1 < nc && !(chunks.cur.flags & 1);
+      if (tile_ready) state_tile(c + 1);
     }
     if (flags & 2) state_io(p.node_end + ((int64_t)n * p.nv + h) * SS, nullptr);
-    __syncthreads();  // every warpgroup is done with this stage (the next prefetch refills it) and the tiles
+    if (kOut && wg == 1) {
+      sm90::fence_regs(qs);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) o[i] = qs[i];
+      o_r0 = r0, o_L = L;
+    }
+    __syncthreads();  // every warpgroup is done with this stage (the next prefetch refills it)
   }
+  if (kOut && wg == 1 && nc > 0) store_o();
   attn::cp_async_wait<0>();
 }
 
