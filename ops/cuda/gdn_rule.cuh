@@ -1280,6 +1280,22 @@ __device__ __forceinline__ void walk_ws_wgmma(float (&acc)[N / 2], const WalkTma
   sm90::fence_regs(acc);
 }
 
+// f(r, col, d, v0, v1) for this thread's pairs of a warpgroup's v_new accumulator of N columns
+// (rows row, row + 8; columns col0 + 8 nn + 2 tq, + 1), d = exp(gamma_L - gamma_r) (gl = gamma_L),
+// 0 past L, where v0 and v1 are not the chunk's.
+template <int N, class F>
+__device__ __forceinline__ void vnew_pairs(const float (&acc)[N / 2], int row, int col0, const float* gam, float gl,
+                                           int L, F&& f) {
+  const int tq = threadIdx.x % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = row + 8 * half;
+    const float d = r < L ? __expf(gl - gam[r]) : 0.f;
+#pragma unroll
+    for (int nn = 0; nn < N / 8; ++nn) f(r, col0 + 8 * nn + 2 * tq, d, acc[4 * nn + 2 * half], acc[4 * nn + 2 * half + 1]);
+  }
+}
+
 // The bf16 walk at dk 128 where it takes U itself (walk_computes_u), on warpgroup MMA
 // (wgmma.mma_async m64n32k16, fp32 accumulators in registers, operands in 128-byte-swizzled
 // shared memory: ops/cuda/wgmma_desc.cuh). The same products and roundings as
@@ -1402,21 +1418,13 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
         sm90::named_barrier(2, kRuleThreads);  // A: S's tile, k's rows
         gl = st.gam[L - 1];
         walk_ws_wgmma<kWalkCols>(acc, st, s_desc);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = row + 8 * half;
-          const float d = r < L ? __expf(gl - st.gam[r]) : 0.f;
-#pragma unroll
-          for (int nn = 0; nn < 4; ++nn) {
-            const int col = 8 * nn + 2 * tq;
-            const float v0 = acc[4 * nn + 2 * half], v1 = acc[4 * nn + 2 * half + 1];  // rows past L: not this chunk's
-            // v_new as P v_new's bf16 operand rounds it
-            *reinterpret_cast<uint32_t*>(Vb + sm90::sw_offset<kGdnChunk>(r, col)) =
-                r < L ? attn::pack_bf16x2(v0, v1) : 0u;
-            *reinterpret_cast<uint32_t*>(Vd + sm90::sw_offset<kGdnChunk>(r, col)) =
-                r < L ? attn::pack_bf16x2(d * v0, d * v1) : 0u;
-          }
-        }
+        vnew_pairs<kWalkCols>(acc, row, 0, st.gam, gl, L, [&](int r, int col, float d, float v0, float v1) {
+          // v_new as P v_new's bf16 operand rounds it
+          *reinterpret_cast<uint32_t*>(Vb + sm90::sw_offset<kGdnChunk>(r, col)) =
+              r < L ? attn::pack_bf16x2(v0, v1) : 0u;
+          *reinterpret_cast<uint32_t*>(Vd + sm90::sw_offset<kGdnChunk>(r, col)) =
+              r < L ? attn::pack_bf16x2(d * v0, d * v1) : 0u;
+        });
       } else {
         if (L < kGdnChunk)  // rows L .. of k's two boxes (16 units a row): 0 x NaN must not reach S
           for (int e = threadIdx.x - 128; e < (kGdnChunk - L) * 16; e += 128) {
@@ -1451,20 +1459,12 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
       float acc[8] = {};
       walk_tv_wgmma<16>(acc, st, (j0 & 63) + 16 * wg);
       walk_ws_wgmma<16>(acc, st, sm90::desc_mnmajor<128>(Ss, 16 * wg));
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = row + 8 * half;
-        const float d = r < L ? __expf(gl - st.gam[r]) : 0.f;
-#pragma unroll
-        for (int nn = 0; nn < 2; ++nn) {
-          const int col = 16 * wg + 8 * nn + 2 * tq;
-          const float v0 = acc[4 * nn + 2 * half], v1 = acc[4 * nn + 2 * half + 1];  // rows past L: not this chunk's
-          if (r < L)  // as the bf16 state and gradient products round it
-            store_pair<true>(p.vnew, ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col, v0, v1);
-          *reinterpret_cast<uint32_t*>(Vd + sm90::sw_offset<kGdnChunk>(r, col)) =
-              r < L ? attn::pack_bf16x2(d * v0, d * v1) : 0u;
-        }
-      }
+      vnew_pairs<16>(acc, row, 16 * wg, st.gam, gl, L, [&](int r, int col, float d, float v0, float v1) {
+        if (r < L)  // as the bf16 state and gradient products round it
+          store_pair<true>(p.vnew, ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col, v0, v1);
+        *reinterpret_cast<uint32_t*>(Vd + sm90::sw_offset<kGdnChunk>(r, col)) =
+            r < L ? attn::pack_bf16x2(d * v0, d * v1) : 0u;
+      });
     }
     sm90::fence_async_smem();  // v_new's tiles
     __syncthreads();           // B: ... are stored; every read of S's tile is done
