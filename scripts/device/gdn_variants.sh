@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The delta rule's kernels, several builds side by side in one device call: each variant's GPU
-# tests (gdn_test, hybrid_cuda_test) and memcheck, then ROUNDS rounds of `ops_bench gdn` over all
-# variants in turn (each round every variant once, so all see the same machine state), then each
-# variant's per-kernel times by ncu (one sequence). The first variant is the baseline.
+# The delta rule's kernels, several builds side by side in one device call: ROUNDS rounds of
+# `ops_bench gdn` over all variants in turn (each round every variant once, so all see the same
+# machine state; first, so that a call cut short keeps the comparison), then each tested variant's
+# GPU tests (gdn_test, hybrid_cuda_test) and memcheck, then each variant's per-kernel times by ncu
+# (one sequence). The first variant is the baseline.
 #
 #   scripts/device/gdn_variants.sh stage REV...   here (no GPU, a clean tree): for each git revision
 #                                                  (a commit or branch), check it out, build
 #                                                  //bench:ops_bench and the two tests, copy them to
 #                                                  .device/gdn_variants/ as vN_* (N: its place in the
 #                                                  list); then back to the branch it started on
+#   scripts/device/gdn_variants.sh stage-add REV... the same, keeping what is staged: the new
+#                                                  variants numbered after the highest staged one
 #   scripts/device/gdn_variants.sh [run]          there: the tests, the rounds, ncu; logs in $OUT
 #                                                  (default /tmp/gdn_variants), the summary and a
 #                                                  table of each ops_bench row's figures to stdout
@@ -22,14 +25,14 @@
 set -uo pipefail
 self=$(realpath "$0") || exit 1
 cd "$(dirname "$self")/../.." || exit 1
-if [ "${1:-run}" = "stage" ] && [ -z "${GDN_VARIANTS_COPY:-}" ]; then  # checkouts below may rewrite this file
+if [ "${1:-run}" != "run" ] && [ -z "${GDN_VARIANTS_COPY:-}" ]; then  # checkouts below may rewrite this file
   copy=$(mktemp) && cp "$self" "$copy" || { echo "gdn_variants: cannot copy $self" >&2; exit 1; }
   GDN_VARIANTS_COPY=$PWD exec bash "$copy" "$@"
 fi
 [ -n "${GDN_VARIANTS_COPY:-}" ] && { cd "$GDN_VARIANTS_COPY" || exit 1; }
 case "${1:-run}" in
-  stage | run) ;;
-  *) echo "gdn_variants: expected 'stage REV...' or 'run', got '$1'" >&2; exit 1 ;;
+  stage | stage-add | run) ;;
+  *) echo "gdn_variants: expected 'stage REV...', 'stage-add REV...' or 'run', got '$1'" >&2; exit 1 ;;
 esac
 
 DIR=.device/gdn_variants
@@ -37,9 +40,16 @@ TESTS="tests/ops_cuda:gdn_test tests/model_cuda:hybrid_cuda_test"
 
 . scripts/device/lib.sh
 
-if [ "${1:-run}" = "stage" ]; then
+if [ "${1:-run}" != "run" ]; then
+  mode=$1
   shift
-  [ $# -ge 1 ] || { echo "gdn_variants: stage needs one or more git revisions" >&2; exit 1; }
+  [ $# -ge 1 ] || { echo "gdn_variants: $mode needs one or more git revisions" >&2; exit 1; }
+  n=0 labels=""  # stage-add: after the highest variant staged, its labels kept
+  if [ "$mode" = stage-add ]; then
+    n=$(ls "$DIR" 2>/dev/null | sed -n 's/^v\([0-9]*\)_ops_bench\.xz$/\1/p' | sort -n | tail -1)
+    [ -n "$n" ] || { echo "gdn_variants: stage-add: nothing staged in $DIR (use stage)" >&2; exit 1; }
+    labels=$(cat "$DIR/labels" 2>/dev/null)
+  fi
   [ -z "$(git status --porcelain --untracked-files=no)" ] ||
     { echo "gdn_variants: the tree has uncommitted changes; commit or stash them first" >&2; exit 1; }
   start=$(git symbolic-ref --quiet --short HEAD || git rev-parse HEAD)
@@ -51,7 +61,6 @@ if [ "${1:-run}" = "stage" ]; then
   done
   trap 'git checkout --quiet "$start"' EXIT  # back where it started, whatever happens
   tmp=$(mktemp -d)
-  n=0 labels=""
   for i in "${!hashes[@]}"; do
     n=$((n + 1))
     git checkout --quiet "${hashes[$i]}" || exit 1
@@ -63,10 +72,15 @@ if [ "${1:-run}" = "stage" ]; then
     labels="$labels v$n=$(git rev-parse --short HEAD)(${names[$i]})"
   done
   git checkout --quiet "$start"
-  rm -rf "$DIR"
-  stage_binaries "$DIR" "$tmp"/*
+  new="$DIR.new"
+  stage_binaries "$new" "$tmp"/*
   rm -rf "$tmp"
-  xz -6 -T2 "$DIR"/v*_*  # ~3 MB a variant instead of ~20: the carry holds 64 MiB with the tree
+  xz -6 -T2 "$new"/v*_*  # ~3 MB a variant instead of ~20: the carry holds 64 MiB with the tree
+  if [ "$mode" = stage ]; then
+    rm -rf "$DIR" && mv "$new" "$DIR"
+  else
+    mv "$new"/v*_*.xz "$DIR"/ && rm -rf "$new"
+  fi
   du -sh "$DIR"
   echo "$labels" >"$DIR/labels"
   echo "staged:$labels"
@@ -88,6 +102,14 @@ variants=$(ls "$DIR" | sed -n 's/^\(v[0-9]*\)_ops_bench$/\1/p' | sort -V)
 [ -n "$variants" ] || { echo "gdn_variants: nothing staged in $DIR (run the stage step here first)" >&2; exit 1; }
 echo "variants: $(cat "$DIR/labels" 2>/dev/null)"
 
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  for v in $variants; do
+    start=$SECONDS
+    timeout 200 "$DIR/${v}_ops_bench" gdn ${OPS_MODE:-} >"$OUT/${v}_$r.txt" 2>&1
+    echo "$v round $r rc=$? $((SECONDS - start))s" >>"$summary"
+  done
+done
+
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   for v in ${TEST_VARIANTS:-$variants}; do
@@ -104,14 +126,6 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     fi
   done
 fi
-
-for r in $(seq 1 "${ROUNDS:-2}"); do
-  for v in $variants; do
-    start=$SECONDS
-    timeout 200 "$DIR/${v}_ops_bench" gdn ${OPS_MODE:-} >"$OUT/${v}_$r.txt" 2>&1
-    echo "$v round $r rc=$? $((SECONDS - start))s" >>"$summary"
-  done
-done
 
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 if [ "${SKIP_NCU:-0}" != 1 ] && [ -x "$NCU" ]; then
