@@ -12,7 +12,7 @@
 #                                                  list); then back to the branch it started on
 #   scripts/device/gdn_variants.sh stage-add REV... the same, keeping what is staged: the new
 #                                                  variants numbered after the highest staged one
-#   scripts/device/gdn_variants.sh [run]          there: the tests, the rounds, ncu; logs in $OUT
+#   scripts/device/gdn_variants.sh [run]          there: the rounds, the tests, ncu; logs in $OUT
 #                                                  (default /tmp/gdn_variants), the summary and a
 #                                                  table of each ops_bench row's figures to stdout
 # Device run:  run(command="scripts/device/gdn_variants.sh", carry=[".device/gdn_variants"])
