@@ -1280,6 +1280,17 @@ __device__ __forceinline__ void walk_ws_wgmma(float (&acc)[N / 2], const WalkTma
   sm90::fence_regs(acc);
 }
 
+// Zeroes rows L .. of `boxes` consecutive (64, 64) bf16 TMA boxes from `box`, 16-byte units by
+// thread t of n: rows past a chunk's end hold the next node's rows, and 0 x NaN must not reach a
+// product.
+__device__ __forceinline__ void zero_box_rows(bf16* box, int boxes, int L, int t, int n) {
+  const int units = 8 * boxes;
+  for (int e = t; e < (kGdnChunk - L) * units; e += n) {
+    const int r = L + e / units, u = e % units;
+    *reinterpret_cast<uint4*>(box + u / 8 * (kGdnChunk * 64) + r * 64 + u % 8 * 8) = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
 // f(r, col, d, v0, v1) for this thread's pairs of a warpgroup's v_new accumulator of N columns
 // (rows row, row + 8; columns col0 + 8 nn + 2 tq, + 1), d = exp(gamma_L - gamma_r) (gl = gamma_L),
 // 0 past L, where v0 and v1 are not the chunk's.
@@ -1409,9 +1420,7 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
     if constexpr (kOut) {
       if (wg == 0) {
         float acc[16] = {};  // v_new (rows row, row + 8); v's box: the block's 32 of 64 columns
-        if (L < kGdnChunk)   // rows L .. of v's box (8 16-byte units a row): 0 x NaN must not reach U
-          for (int e = threadIdx.x; e < (kGdnChunk - L) * 8; e += 128)
-            *reinterpret_cast<uint4*>(st.Wl + (L + e / 8) * 64 + e % 8 * 8) = make_uint4(0u, 0u, 0u, 0u);
+        if (L < kGdnChunk) zero_box_rows(st.Wl, 1, L, threadIdx.x, 128);  // v's rows past L
         sm90::fence_async_smem();
         sm90::named_barrier(1, 128);  // warpgroup 0's rows of v are zeroed
         walk_tv_wgmma<kWalkCols>(acc, st, j0 & 63);
@@ -1426,11 +1435,7 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
               r < L ? attn::pack_bf16x2(d * v0, d * v1) : 0u;
         });
       } else {
-        if (L < kGdnChunk)  // rows L .. of k's two boxes (16 units a row): 0 x NaN must not reach S
-          for (int e = threadIdx.x - 128; e < (kGdnChunk - L) * 16; e += 128) {
-            const int r = L + e / 16, u = e % 16;
-            *reinterpret_cast<uint4*>(st.K + u / 8 * (kGdnChunk * 64) + r * 64 + u % 8 * 8) = make_uint4(0u, 0u, 0u, 0u);
-          }
+        if (L < kGdnChunk) zero_box_rows(st.K, 2, L, threadIdx.x - 128, 128);  // k's rows past L
         sm90::fence_async_smem();
         sm90::named_barrier(2, kRuleThreads);  // A
         gl = st.gam[L - 1];
@@ -1446,12 +1451,9 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
         sm90::fence_regs(qs);
       }
     } else {  // warpgroup g: v_new's columns 16 g .., to global memory and dec v_new's tile
-      if (L < kGdnChunk) {  // rows L .. of k's two boxes and of v's box: 24 16-byte units a row
-        for (int e = threadIdx.x; e < (kGdnChunk - L) * 24; e += kRuleThreads) {
-          const int r = L + e / 24, u = e % 24;
-          bf16* box = u < 16 ? st.K + u / 8 * (kGdnChunk * 64) : st.Wl;
-          *reinterpret_cast<uint4*>(box + r * 64 + u % 8 * 8) = make_uint4(0u, 0u, 0u, 0u);
-        }
+      if (L < kGdnChunk) {  // k's and v's rows past L
+        zero_box_rows(st.K, 2, L, threadIdx.x, kRuleThreads);
+        zero_box_rows(st.Wl, 1, L, threadIdx.x, kRuleThreads);
       }
       sm90::fence_async_smem();  // S's tile and the zeroed rows, before the MMAs read them
       __syncthreads();
@@ -2353,12 +2355,9 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_bwd_walk_wgmma_kernel(Ru
       }
       *reinterpret_cast<uint4*>(Es + sm90::sw_offset<kGdnChunk>(a, j)) = x;
     }
-    if (L < kGdnChunk) {  // rows L .. of q's and -W's two boxes each: 32 16-byte units a row
-      for (int e = threadIdx.x; e < (kGdnChunk - L) * 32; e += kRuleThreads) {
-        const int r = L + e / 32, u = e % 32;
-        bf16* box = (u < 16 ? st.Q : st.Wh) + u % 16 / 8 * (kGdnChunk * 64);
-        *reinterpret_cast<uint4*>(box + r * 64 + u % 8 * 8) = make_uint4(0u, 0u, 0u, 0u);
-      }
+    if (L < kGdnChunk) {  // q's and -W's rows past L
+      zero_box_rows(st.Q, 2, L, threadIdx.x, kRuleThreads);
+      zero_box_rows(st.Wh, 2, L, threadIdx.x, kRuleThreads);
     }
     sm90::fence_async_smem();  // dS's, dO's and e^(gam) dO's tiles and the zeroed rows, before the MMAs
     __syncthreads();
