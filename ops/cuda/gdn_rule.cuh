@@ -1400,8 +1400,6 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
   ChunkCursor<false> chunks(p.plan, nc);
   if (nc > 0) walk_mma_prefetch<true, kOut, true>(stage(0), &bars[0], p, maps, chunks.cur, h, kh, j0);
   attn::cp_async_commit();
-  // kOut: S's tile holds chunk c's entering state (written at the end of c - 1); without, written at the top
-  bool tile_ready = false;
   for (int c = 0; c < nc; ++c) {
     if (c + 1 < nc)
       walk_mma_prefetch<true, kOut, true>(stage((c + 1) & 1), &bars[(c + 1) & 1], p, maps, chunks.nxt, h, kh, j0);
@@ -1413,7 +1411,8 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
       const float* src = node_link<const float>(p.plan, n, h, p.nv, SS, p.node_end, p.init);
       state_io(nullptr, src);
     }
-    if (!tile_ready) state_tile(c);
+    // S's tile: with kOut written at the end of chunk c - 1 unless chunk c loads its node's state
+    if (!kOut || c == 0 || (flags & 1)) state_tile(c);
     sm90::mbar_wait(&bars[c & 1], (c >> 1) & 1);
     attn::cp_async_wait<1>();
     float gl, qs[16] = {};  // qs, warpgroup 1: q S (rows row, row + 8), then o
@@ -1502,8 +1501,7 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
     }
     sm90::fence_regs(S);
     if constexpr (kOut) {  // every read of S's tile was before barrier B
-      tile_ready = c + 1 < nc && !(chunks.cur.flags & 1);
-      if (tile_ready) state_tile(c + 1);
+      if (c + 1 < nc && !(chunks.cur.flags & 1)) state_tile(c + 1);
     }
     if (flags & 2) state_io(p.node_end + ((int64_t)n * p.nv + h) * SS, nullptr);
     if (kOut && wg == 1) {
