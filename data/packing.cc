@@ -49,6 +49,8 @@ void pack_node_media(const Tree& tree, const NodeMedia& nm, int v, int32_t start
     }
     b.slot_row.push_back(start + s.offset);
     b.slot_frame.push_back(frame_index[s.frame]);
+    b.slot_first.push_back(s.first);
+    b.slot_count.push_back(s.rows(tree.media.tokens_per_frame));
   }
   for (int k : nm.states[v]) {
     const StateRow& s = tree.media.states[k];
@@ -270,10 +272,19 @@ void check_packed_batch(const PackedBatch& b, int64_t vocab_size) {
   check_media(b);
 }
 
+int64_t PackedBatch::media_slot_rows() const {
+  int64_t n = 0;
+  for (size_t k = 0; k < slot_row.size(); ++k) n += slot_rows(k);
+  return n;
+}
+
 void check_media(const PackedBatch& b) {
   const int N = b.n_tokens, F = (int)b.frames.size();
   const size_t ns = b.slot_row.size(), nst = b.state_row.size();
   TT_CHECK(b.slot_frame.size() == ns, "packed batch: ", ns, " slot rows but ", b.slot_frame.size(), " slot frames");
+  TT_CHECK(b.slot_first.size() == b.slot_count.size() && (b.slot_count.empty() || b.slot_count.size() == ns),
+           "packed batch: ", ns, " slot rows with ", b.slot_first.size(), " first tokens and ", b.slot_count.size(),
+           " counts, expected both ", ns, " or both empty");
   TT_CHECK(ns == 0 || b.tokens_per_frame >= 1, "packed batch: ", ns, " frame slots with tokens_per_frame ",
            b.tokens_per_frame, ", expected >= 1");
   TT_CHECK(nst == 0 || b.state_dim >= 1, "packed batch: ", nst, " state rows with state_dim ", b.state_dim);
@@ -285,9 +296,10 @@ void check_media(const PackedBatch& b) {
   for (int n = 0; n < b.num_nodes(); ++n)
     for (int j = 0; j < b.node_len[n]; ++j) node_of[b.node_start[n] + j] = n;
   std::vector<uint8_t> used(N, 0);
-  const int P = b.tokens_per_frame;
   for (size_t k = 0; k < ns; ++k) {
-    const int32_t r = b.slot_row[k];
+    const int32_t r = b.slot_row[k], P = b.slot_rows(k), t0 = b.slot_first_token(k);
+    TT_CHECK(P >= 1 && t0 >= 0 && t0 + P <= b.tokens_per_frame, "packed batch: frame slot ", k, " shows tokens [",
+             t0, ", ", t0 + P, ") of its frame, expected a non-empty range in [0, ", b.tokens_per_frame, ")");
     TT_CHECK(r >= 0 && (int64_t)r + P <= N && node_of[r] == node_of[r + P - 1], "packed batch: frame slot ", k,
              " at rows [", r, ", ", (int64_t)r + P, "), expected ", P, " rows inside one node of the ", N);
     TT_CHECK(b.slot_frame[k] >= 0 && b.slot_frame[k] < F, "packed batch: frame slot ", k, " shows frame ",

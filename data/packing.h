@@ -57,8 +57,11 @@ struct PackedBatch {
   // state rows with their values. pixels (frames, 3, S, S) are filled by data::load_frames.
   int tokens_per_frame = 0;
   std::vector<FrameRef> frames;     // (n_frames)
-  std::vector<int32_t> slot_row;    // (n_slots) rows [slot_row, slot_row + tokens_per_frame)
+  std::vector<int32_t> slot_row;    // (n_slots) rows [slot_row, slot_row + slot_rows(k))
   std::vector<int32_t> slot_frame;  // (n_slots) index into frames
+  // (n_slots) each, or both empty (every slot its frame's whole tokens): slot k's rows show the
+  // frame's tokens [slot_first[k], slot_first[k] + slot_count[k]) (parts of slots: segments).
+  std::vector<int32_t> slot_first, slot_count;
   std::vector<int32_t> state_row;   // (n_state)
   std::vector<float> state;         // (n_state, state_dim)
   int state_dim = 0;
@@ -67,6 +70,9 @@ struct PackedBatch {
 
   int num_nodes() const { return (int)node_start.size(); }
   int num_trees() const { return (int)tree_start.size() - 1; }
+  int32_t slot_rows(size_t k) const { return slot_count.empty() ? tokens_per_frame : slot_count[k]; }
+  int32_t slot_first_token(size_t k) const { return slot_first.empty() ? 0 : slot_first[k]; }
+  int64_t media_slot_rows() const;  // rows the frame slots cover (sum of slot_rows)
 };
 
 // Checks that a batch is well formed before a model reads it (batches may come from pack(),

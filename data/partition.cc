@@ -25,10 +25,11 @@ std::vector<std::vector<int>> children_of(const Tree& tree) {
 }
 
 // Cuts every node of `tree` at the offsets cuts(node, first token's depth, length) gives
-// (ascending, inside (0, length), never inside a frame slot); see split_long_nodes for why nothing
-// else changes. Media rows move with their tokens: a slot or state row of node i at offset o
-// belongs to the segment holding row o, at o minus the segment's start. `tree` is validated by
-// the caller; nm is its NodeMedia.
+// (ascending, inside (0, length)); see split_long_nodes for why nothing else changes. Media rows
+// move with their tokens: a slot or state row of node i at offset o belongs to the segment
+// holding row o, at o minus the segment's start; a slot that a cut falls inside (segments; the
+// partitioner's cuts avoid slots) becomes one part a segment (FrameSlot::first, count). `tree` is
+// validated by the caller; nm is its NodeMedia.
 template <class Cuts>
 Tree split_nodes(const Tree& tree, const NodeMedia& nm, Cuts&& cuts) {
   Tree out;
@@ -65,12 +66,20 @@ Tree split_nodes(const Tree& tree, const NodeMedia& nm, Cuts&& cuts) {
       *seg = first + j;
       *offset = o - (j > 0 ? (int)at[j - 1] : 0);
     };
+    const int P = tree.media.tokens_per_frame;
     for (int k : nm.slots[i]) {
-      FrameSlot f = tree.media.slots[k];
-      place(f.offset, &f.node, &f.offset);
-      TT_CHECK(f.offset + tree.media.tokens_per_frame <= (int)out.nodes[f.node].tokens.size(), "tree '", tree.id,
-               "': a cut of node ", i, " falls inside the frame slot at offset ", tree.media.slots[k].offset);
-      out.media.slots.push_back(f);
+      const FrameSlot& s = tree.media.slots[k];
+      const int end = s.offset + s.rows(P);
+      for (int o = s.offset; o < end;) {  // the slot's rows in each segment they fall in
+        FrameSlot f = s;
+        place(o, &f.node, &f.offset);
+        const int part_end = std::min(end, (int)at[f.node - first]);
+        f.first = s.first + (o - s.offset);
+        f.count = part_end - o;
+        if (f.first == 0 && f.count == P) f.count = 0;  // the whole frame
+        out.media.slots.push_back(f);
+        o = part_end;
+      }
     }
     for (int k : nm.states[i]) {
       StateRow r = tree.media.states[k];
@@ -81,13 +90,6 @@ Tree split_nodes(const Tree& tree, const NodeMedia& nm, Cuts&& cuts) {
   out.paths = tree.paths;
   for (Path& p : out.paths) p.end_node = last[p.end_node];
   return out;
-}
-
-// Segments do not run the media stage yet (model/segments.h refuses a vision tower too).
-void refuse_media(const Tree& tree, const char* what, const char* expected) {
-  if (!tree.media.empty())
-    throw Error(str("tree '", tree.id, "' has frame slots or state rows; ", what,
-                    " trees with media is not supported yet (expected ", expected, ")"));
 }
 
 // The pieces whose roots are the nodes marked in is_root (node 0 among them), in DFS preorder,
@@ -255,7 +257,6 @@ Partition plan_partition(const Tree& tree, int64_t capacity) {
 }
 
 SegmentPlan plan_segments(const Tree& tree, int64_t length) {
-  refuse_media(tree, "segmenting", "segments.length: 0 for episode data");
   TT_CHECK(length >= 1, "plan_segments: length = ", length, ", expected >= 1");
   TT_CHECK(tree.n_tree() <= std::numeric_limits<int32_t>::max(), "plan_segments: tree '", tree.id, "' has ",
            tree.n_tree(), " tokens, expected fewer than 2^31 (int32 rows)");

@@ -131,6 +131,8 @@ Partition plan_partition(const Tree& tree, int64_t capacity);
 // ancestor chain) is its paths' history: the last rows of that chain, all in the parent piece,
 // form its carried tail, and the chain over every ancestor piece is its retrieval pool (its own
 // ancestors only: no sibling branch). A chain (one long sequence) gives one piece per segment.
+// Episode trees: a frame slot that a segment boundary cuts becomes a part in each segment
+// (FrameSlot::first, count), so each piece runs the tower on the frame and takes its own rows.
 struct SegmentPlan {
   int64_t length = 0;
   Tree split;               // nodes cut at depths that are multiples of length

@@ -169,7 +169,10 @@ void Tree::validate_media(const std::string& t) const {
     if (s.frame < 0 || s.frame >= (int)m.frames.size())
       throw Error(str(t, ": frame slot ", k, " shows frame ", s.frame, ", expected one of the tree's ", m.frames.size(),
                       " frames"));
-    claim("frame slot", k, s.node, s.offset, m.tokens_per_frame);
+    if (s.count < 0 || s.first < 0 || (s.count == 0 && s.first != 0) || s.first + s.rows(m.tokens_per_frame) > m.tokens_per_frame)
+      throw Error(str(t, ": frame slot ", k, " shows tokens [", s.first, ", ", s.first + s.rows(m.tokens_per_frame),
+                      ") of its frame, expected a non-empty part of its ", m.tokens_per_frame, " tokens"));
+    claim("frame slot", k, s.node, s.offset, s.rows(m.tokens_per_frame));
   }
   for (size_t k = 0; k < m.states.size(); ++k) {
     const StateRow& s = m.states[k];
@@ -185,7 +188,6 @@ void Tree::validate_media(const std::string& t) const {
 Tree path_tree(const Tree& tree, int64_t k) {
   TT_CHECK(k >= 0 && k < tree.n_paths(), "path_tree: path ", k, " of tree '", tree.id, "' with ", tree.n_paths(),
            " paths");
-  TT_CHECK(tree.media.empty(), "path_tree: tree '", tree.id, "' has media");
   const Path& p = tree.paths[k];
   Tree out;
   out.id = str(tree.id, "/path", k);
@@ -197,6 +199,37 @@ Tree path_tree(const Tree& tree, int64_t k) {
   Path q = p;
   q.end_node = 0;
   out.paths.push_back(std::move(q));
+  if (tree.media.empty()) return out;
+  // Media: the slots and state rows of the path's nodes, at their depth on the path (node 0's
+  // offsets), and the frames they show, renumbered in order of first appearance.
+  const std::vector<int> nodes = tree.path_nodes(k);
+  std::vector<int> start(tree.nodes.size(), -1);  // a path node's first depth
+  int depth = 0;
+  for (int v : nodes) {
+    start[v] = depth;
+    depth += (int)tree.nodes[v].tokens.size();
+  }
+  TreeMedia& m = out.media;
+  m.tokens_per_frame = tree.media.tokens_per_frame;
+  for (const FrameSlot& s : tree.media.slots)
+    if (start[s.node] >= 0) {
+      FrameSlot f = s;
+      f.node = 0;
+      f.offset += start[s.node];
+      m.slots.push_back(f);
+    }
+  for (const StateRow& r : tree.media.states)
+    if (start[r.node] >= 0) m.states.push_back({0, start[r.node] + r.offset, r.values});
+  std::sort(m.slots.begin(), m.slots.end(), [](const FrameSlot& a, const FrameSlot& b) { return a.offset < b.offset; });
+  std::sort(m.states.begin(), m.states.end(), [](const StateRow& a, const StateRow& b) { return a.offset < b.offset; });
+  std::vector<int> frame_of(tree.media.frames.size(), -1);
+  for (FrameSlot& s : m.slots) {
+    if (frame_of[s.frame] < 0) {
+      frame_of[s.frame] = (int)m.frames.size();
+      m.frames.push_back(tree.media.frames[s.frame]);
+    }
+    s.frame = frame_of[s.frame];
+  }
   return out;
 }
 

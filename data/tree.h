@@ -54,6 +54,10 @@ struct FrameRef {
 struct FrameSlot {
   int node = 0, offset = 0;  // the slot's first row: `offset` tokens into `node`
   int frame = 0;             // index into TreeMedia::frames
+  // A part of a slot, where a segment boundary cuts one (data::plan_segments): rows [offset,
+  // offset + count) show the frame's tokens [first, first + count). count 0: the whole frame.
+  int first = 0, count = 0;
+  int rows(int tokens_per_frame) const { return count > 0 ? count : tokens_per_frame; }
 };
 struct StateRow {
   int node = 0, offset = 0;
@@ -116,6 +120,8 @@ struct Tree {
 
 // Path k of a tree as a tree of its own (one node), with that sequence's own weights and mask:
 // the per-path baseline of a run that executes trees as trees (segments, model/segments.h).
+// Media (episode trees): the path's frame slots and state rows at their depths, and the frames
+// they show (in order of first appearance).
 Tree path_tree(const Tree& tree, int64_t k);
 
 }  // namespace tt::data

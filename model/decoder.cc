@@ -496,7 +496,8 @@ void Decoder<E>::run_forward(const data::PackedBatch& batch, double loss_scale, 
   ensure_scratch(N, a.R_);
 
   arch_.input().forward(exec_, v, weights(), reinterpret_cast<Act*>(a.xs_[0]));
-  a.vision_frames_ = a.vision_slots_ = a.vision_states_ = 0;
+  a.vision_frames_ = a.vision_states_ = 0;
+  a.vision_moves_ = 0;
   if (arch_.vision()) vision_forward(batch, a, reinterpret_cast<Act*>(a.xs_[0]));
   const int B = (int)blocks_.size();
   for (int b = 0; b < B; ++b) {
@@ -590,10 +591,10 @@ void Decoder<E>::vision_forward(const data::PackedBatch& batch, Activations<E>& 
   if constexpr (E::kVisionOps) {
     const VisionKind& vk = *arch_.vision();
     a.vision_frames_ = (int)batch.frames.size();
-    a.vision_slots_ = (int)batch.slot_row.size();
+    a.vision_moves_ = batch.media_slot_rows();
     a.vision_states_ = (int)batch.state_row.size();
-    if (a.vision_slots_ == 0 && a.vision_states_ == 0) return;
-    exec_.ensure(a.vision_buf_, vk.bytes<E>(vision_blocks_, a.mode_, a.vision_frames_, a.vision_slots_,
+    if (a.vision_moves_ == 0 && a.vision_states_ == 0) return;
+    exec_.ensure(a.vision_buf_, vk.bytes<E>(vision_blocks_, a.mode_, a.vision_frames_, a.vision_moves_,
                                             a.vision_states_));
     VisionCall<E> c;
     c.mode = a.mode_;
@@ -613,7 +614,7 @@ void Decoder<E>::vision_forward(const data::PackedBatch& batch, Activations<E>& 
 template <class E>
 void Decoder<E>::vision_backward(Activations<E>& a) {
   if constexpr (E::kVisionOps) {
-    if (a.vision_slots_ == 0 && a.vision_states_ == 0) return;
+    if (a.vision_moves_ == 0 && a.vision_states_ == 0) return;
     VisionCall<E> c;
     c.mode = Mode::kTrain;
     c.w = weights();
@@ -622,7 +623,7 @@ void Decoder<E>::vision_backward(Activations<E>& a) {
     c.dx = reinterpret_cast<Act*>(dx_);
     c.tower_view = &a.vision_view_;
     exec_.begin_vision();
-    arch_.vision()->backward(exec_, c, a.vision_buf_.data(), a.vision_frames_, a.vision_slots_, a.vision_states_);
+    arch_.vision()->backward(exec_, c, a.vision_buf_.data(), a.vision_frames_, a.vision_moves_, a.vision_states_);
     exec_.end_vision();
   } else {
     (void)a;
@@ -884,11 +885,13 @@ MemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t tokens, 
   if constexpr (E::kVisionOps) {
     if (const VisionKind* vk = arch.vision()) {
       // The media stage at its largest for N rows: every row in a frame slot, each slot its own
-      // frame (per_path packing), a state row per observation.
+      // frame (per_path packing), a state row per observation; and a part of a frame at either end
+      // (a segment piece of one path: data::plan_segments cuts slots at its boundaries).
       std::vector<std::unique_ptr<Block<E>>> tower;
       for (const auto& k : vk->tower()) tower.push_back(make_block<E>(*k));
       const int slots = N / vk->tokens_per_frame();
-      m.activations += (int64_t)vk->bytes<E>(tower, Mode::kTrain, slots, slots, vk->state_dim() > 0 ? slots : 0);
+      m.activations +=
+          (int64_t)vk->bytes<E>(tower, Mode::kTrain, slots + 2, N, vk->state_dim() > 0 ? slots : 0);
     }
   }
   return m;

@@ -113,7 +113,8 @@ class Activations {
   const int32_t* store_rows_ = nullptr;   // (N) their rows, on the backend's memory
   // The media stage's region (model/vision.h) and the sizes its last forward had.
   typename E::Buffer vision_buf_;
-  int vision_frames_ = 0, vision_slots_ = 0, vision_states_ = 0;
+  int vision_frames_ = 0, vision_states_ = 0;
+  int64_t vision_moves_ = 0;  // rows the frame slots cover
   BatchView<E> vision_view_;  // the tower's view of the last forward's frames
   const uint64_t* sample_keys_ = nullptr;  // no-grad with sampling: (n_logit_rows) keys
   int32_t* sample_tokens_ = nullptr;       // and the draws' outputs

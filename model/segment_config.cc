@@ -27,8 +27,6 @@ void SegmentConfig::validate(const ModelConfig& m) const {
     require(specs[l].mixer == "full_attention", "segments: layer ", l, " is ", specs[l].mixer,
              "; segments carry only attention K/V across segments so far (expected every layer_types entry "
              "full_attention, or segments.length: 0)");
-  require(!m.vision.enabled(), "segments: a model with a vision tower (vision.num_hidden_layers ",
-           m.vision.num_hidden_layers, ") cannot run segments yet (expected segments.length: 0)");
   std::vector<char> seen(std::max(L, 0), 0);
   for (int l : long_range.layers) {
     require(l >= 0 && l < L, "segments.long_range.layers: layer ", l, ", expected an index in [0, ", L, ")");

@@ -23,7 +23,7 @@ struct SegmentConfig {
   bool retrieval() const { return !long_range.layers.empty() && !long_range.heads.empty() && long_range.retrieve > 0; }
   // Throws tt::Error naming the `segments.` key for a value the model cannot run: sizes, layer
   // and head indices out of range or repeated, positions past max_position_embeddings, models
-  // whose layers carry other state (linear_attention) or a vision tower.
+  // whose layers carry other state (linear_attention).
   void validate(const ModelConfig& model) const;
   uint64_t long_heads() const;                     // bit g: KV head g is long-range
   uint64_t local_heads(int num_kv_heads) const;    // the others

@@ -325,7 +325,8 @@ std::vector<typename E::Acc*> layer_ptrs(const Carry<E>& c, bool dk) {
 template <class E>
 double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::SegmentPlan& plan, double loss_scale,
                      bool train, SegmentRunStats* stats,
-                     const std::function<void(int, const Activations<E>&)>& on_forward) {
+                     const std::function<void(int, const Activations<E>&)>& on_forward,
+                     const LoadPieceFrames& load_frames) {
   using Acc = typename E::Acc;
   cfg.validate(model.config());
   TT_CHECK(plan.length == cfg.length, "segments: a plan of ", plan.length, "-token segments for segments.length ",
@@ -385,7 +386,12 @@ double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::Se
     const data::Piece& piece = parts.pieces[k];
     const int64_t i = plan.segment[k];
     auto lp = std::make_unique<LivePiece<E>>(model, cfg);
-    const data::PackedBatch batch = segment_batch(cfg, plan, k);
+    data::PackedBatch batch = segment_batch(cfg, plan, k);
+    if (!batch.frames.empty()) {
+      TT_CHECK(load_frames, "segments: piece ", k, " of tree '", plan.split.id, "' shows frames (",
+               batch.frames.size(), ") but no frame loader was given");
+      load_frames(batch);
+    }
     const int N = batch.n_tokens;
     lp->N = N;
     lp->carry.assign(L, {});
@@ -484,16 +490,17 @@ double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::Se
 
 template <class E>
 double forward_backward_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::SegmentPlan& plan,
-                                  double loss_scale, SegmentRunStats* stats) {
-  return run_segmented<E>(model, cfg, plan, loss_scale, /*train=*/true, stats, nullptr);
+                                  double loss_scale, SegmentRunStats* stats, const LoadPieceFrames& load_frames) {
+  return run_segmented<E>(model, cfg, plan, loss_scale, /*train=*/true, stats, nullptr, load_frames);
 }
 
 template <class E>
 std::vector<std::vector<double>> segmented_piece_logits(Decoder<E>& model, const SegmentConfig& cfg,
-                                                        const data::SegmentPlan& plan) {
+                                                        const data::SegmentPlan& plan,
+                                                        const LoadPieceFrames& load_frames) {
   std::vector<std::vector<double>> out(plan.pieces.num_pieces());
   run_segmented<E>(model, cfg, plan, 1.0, /*train=*/false, nullptr,
-                [&](int k, const Activations<E>& a) { out[k] = model.saved_logits(a); });
+                   [&](int k, const Activations<E>& a) { out[k] = model.saved_logits(a); }, load_frames);
   return out;
 }
 
@@ -749,9 +756,10 @@ std::vector<Completion> generate_segmented(Decoder<E>& model, const SegmentConfi
   template class SegmentReads<E>;                                                                                  \
   template class PoolChunk<E>;                                                                                     \
   template double forward_backward_segmented<E>(Decoder<E>&, const SegmentConfig&, const data::SegmentPlan&,      \
-                                                double, SegmentRunStats*);                                         \
+                                                double, SegmentRunStats*, const LoadPieceFrames&);                 \
   template std::vector<std::vector<double>> segmented_piece_logits<E>(Decoder<E>&, const SegmentConfig&,           \
-                                                                      const data::SegmentPlan&);                  \
+                                                                      const data::SegmentPlan&,                   \
+                                                                      const LoadPieceFrames&);                    \
   template std::vector<Completion> generate_segmented<E>(Decoder<E>&, const SegmentConfig&,                        \
                                                          const std::vector<Prompt>&, const SamplingOptions&,       \
                                                          GenerateStats*, std::vector<std::vector<double>>*);
@@ -761,7 +769,8 @@ TT_SEGMENTS_INSTANTIATE(CpuExec<double>)
 // The GPU runs the segment operator in inference and training (segmented_piece_logits reads the
 // training forward's logits, which only the CPU keeps).
 template double forward_backward_segmented<CudaExec>(Decoder<CudaExec>&, const SegmentConfig&,
-                                                     const data::SegmentPlan&, double, SegmentRunStats*);
+                                                     const data::SegmentPlan&, double, SegmentRunStats*,
+                                                     const LoadPieceFrames&);
 template class SegmentReads<CudaExec>;
 template class PoolChunk<CudaExec>;
 template std::vector<Completion> generate_segmented<CudaExec>(Decoder<CudaExec>&, const SegmentConfig&,

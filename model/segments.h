@@ -60,6 +60,7 @@
 #include "model/segment_config.h"
 #include "model/decoder.h"
 #include "model/generate.h"
+#include "model/partitioned.h"
 
 namespace tt::model {
 
@@ -164,15 +165,21 @@ Work segment_work(const SegmentConfig& cfg, const data::SegmentPlan& plan, const
 
 // Training forward and backward of a tree under `cfg` (plan = data::plan_segments(tree, S)):
 // grads() += the gradient of loss_scale * L_K; returns loss_scale * sum of the targets' w ce.
+// Episode trees (a model with a vision tower): each segment piece runs the tower on the frames its
+// slots show (load_frames fills their pixels; a frame whose slots a segment boundary cuts runs in
+// both pieces), and every column's backward takes the tower's, so the gradients that reach a
+// frame's slot rows through later segments' tails reach the tower too.
 template <class E>
 double forward_backward_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::SegmentPlan& plan,
-                                  double loss_scale, SegmentRunStats* stats = nullptr);
+                                  double loss_scale, SegmentRunStats* stats = nullptr,
+                                  const LoadPieceFrames& load_frames = {});
 
 // The logits of every target source row of a tree's pieces from the segmented training forward,
 // piece by piece (tests of training-inference consistency): rows in the tree's packed order.
 template <class E>
 std::vector<std::vector<double>> segmented_piece_logits(Decoder<E>& model, const SegmentConfig& cfg,
-                                                        const data::SegmentPlan& plan);
+                                                        const data::SegmentPlan& plan,
+                                                        const LoadPieceFrames& load_frames = {});
 
 // Generation with segments: every prompt prefilled segment by segment (the carried tail, the pool
 // and retrieval as in training), decoding inside the current segment with the KV cache and
@@ -184,5 +191,38 @@ std::vector<Completion> generate_segmented(Decoder<E>& model, const SegmentConfi
                                            const std::vector<Prompt>& prompts, const SamplingOptions& opt,
                                            GenerateStats* stats = nullptr,
                                            std::vector<std::vector<double>>* logits_out = nullptr);
+
+// One growing path through the segment operator in inference, row by row as it comes (a VLA
+// policy's episode: its instruction, then each step's observation and action tokens): the rows
+// of depths [depth(), depth() + n) prefilled through the same prefixes as training, rolling into
+// a new segment every S rows, so their logits equal the segmented training forward's of the path.
+// The cache holds the open segment's rows in a ring of S + `ahead` rows: at most `ahead` rows may
+// be appended after a mark() and then undone by rewind() (a policy's step: its observation and
+// fed-back action tokens, none of them a later step's context once rewound).
+template <class E>
+class SegmentedPath {
+ public:
+  SegmentedPath(Decoder<E>& model, const SegmentConfig& cfg, int64_t ahead);
+  ~SegmentedPath();
+  SegmentedPath(const SegmentedPath&) = delete;
+  SegmentedPath& operator=(const SegmentedPath&) = delete;
+  int64_t depth() const { return depth_; }
+  int64_t ahead() const { return ahead_; }
+  void clear();
+  // The rows of `b` (one causal node, its media; its positions are ignored) at the path's next
+  // depths; returns the logits of its last row (V).
+  std::vector<double> append(const data::PackedBatch& b);
+  // The path as it is now, and back to a mark taken at most `ahead` rows ago.
+  struct Mark;
+  std::shared_ptr<const Mark> mark() const;
+  void rewind(const std::shared_ptr<const Mark>& m);
+
+ private:
+  struct Impl;
+  Decoder<E>& model_;
+  const SegmentConfig cfg_;
+  int64_t ahead_ = 0, depth_ = 0;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace tt::model

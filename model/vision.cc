@@ -333,8 +333,8 @@ struct VisionKind::Acts {
   using Act = typename E::Act;
   int32_t *node_start, *node_len, *node_parent;  // (F) one bidirectional node per frame
   int32_t *subtree_end, *key_lo;                 // (M) each token's frame end and start
-  int32_t *dst_rows, *src_rows;                  // (n_slots P) decoder row <- tower row
-  int32_t *tok_off, *tok_src;                    // (M + 1), (n_slots P) per tower row: its decoder rows
+  int32_t *dst_rows, *src_rows;                  // (moves) decoder row <- tower row
+  int32_t *tok_off, *tok_src;                    // (M + 1), (moves) per tower row: its decoder rows
   int32_t *state_rows, *state_src;               // (n_state) decoder row, 0..n_state-1
   float* pixels;                                 // (F, 3, S, S)
   Act* state_in;                                 // (n_state, Sd)
@@ -351,9 +351,10 @@ struct VisionKind::Acts {
   Act* dstate;                 // (n_state, C)
   size_t bytes;
 
-  Acts(const VisionKind& v, const std::vector<std::unique_ptr<Block<E>>>& tower, Mode mode, int F, int n_slots,
+  // moves: the decoder rows the frames' tokens go to (every slot's rows; P a whole slot).
+  Acts(const VisionKind& v, const std::vector<std::unique_ptr<Block<E>>>& tower, Mode mode, int F, int64_t moves,
        int n_state, char* base) {
-    const int64_t M = (int64_t)F * v.P_, moves = (int64_t)n_slots * v.P_;
+    const int64_t M = (int64_t)F * v.P_;
     const bool train = mode == Mode::kTrain && !v.freeze_;
     Carver c{base};
     node_start = c.take<int32_t>(F);
@@ -400,9 +401,9 @@ struct VisionKind::Acts {
 };
 
 template <class E>
-size_t VisionKind::bytes(const std::vector<std::unique_ptr<Block<E>>>& tower, Mode mode, int F, int n_slots,
+size_t VisionKind::bytes(const std::vector<std::unique_ptr<Block<E>>>& tower, Mode mode, int F, int64_t moves,
                          int n_state) const {
-  return Acts<E>(*this, tower, mode, F, n_slots, n_state, nullptr).bytes;
+  return Acts<E>(*this, tower, mode, F, moves, n_state, nullptr).bytes;
 }
 
 namespace {
@@ -423,10 +424,11 @@ template <class E>
 void VisionKind::forward(E& e, const VisionCall<E>& c, const data::PackedBatch& batch, char* buf) const {
   const int F = (int)batch.frames.size(), n_slots = (int)batch.slot_row.size(), n_state = (int)batch.state_row.size();
   const int M = F * P_, C = C_, D = D_;
-  const Acts<E> a(*this, *c.tower, c.mode, F, n_slots, n_state, buf);
+  const int64_t moves = batch.media_slot_rows();
+  const Acts<E> a(*this, *c.tower, c.mode, F, moves, n_state, buf);
   {  // the metadata's host image, one upload
     std::vector<char> staging(a.meta_bytes);
-    const Acts<E> h(*this, *c.tower, c.mode, F, n_slots, n_state, staging.data());
+    const Acts<E> h(*this, *c.tower, c.mode, F, moves, n_state, staging.data());
     for (int f = 0; f < F; ++f) {
       h.node_start[f] = f * P_;
       h.node_len[f] = P_;
@@ -436,23 +438,22 @@ void VisionKind::forward(E& e, const VisionCall<E>& c, const data::PackedBatch& 
         h.key_lo[f * P_ + i] = f * P_;
       }
     }
-    for (int s = 0; s < n_slots; ++s)
-      for (int i = 0; i < P_; ++i) {
-        h.dst_rows[(int64_t)s * P_ + i] = batch.slot_row[s] + i;
-        h.src_rows[(int64_t)s * P_ + i] = batch.slot_frame[s] * P_ + i;
-      }
-    // The reverse map in CSR (slot order within a frame): the backward's gather-sum.
-    std::vector<int32_t> shown(F + 1, 0);
-    for (int s = 0; s < n_slots; ++s) ++shown[batch.slot_frame[s] + 1];
-    for (int f = 0; f < F; ++f) shown[f + 1] += shown[f];
-    for (int f = 0; f < F; ++f)
-      for (int i = 0; i < P_; ++i) h.tok_off[f * P_ + i] = shown[f] * P_ + i * (shown[f + 1] - shown[f]);
-    h.tok_off[M] = n_slots * P_;
-    std::vector<int32_t> next(shown.begin(), shown.end() - 1);  // next slot index of each frame
+    // Slot s's rows show its frame's tokens [t0, t0 + n) (the whole frame unless a segment
+    // boundary cut the slot: data::plan_segments).
+    int64_t m = 0;
     for (int s = 0; s < n_slots; ++s) {
-      const int f = batch.slot_frame[s], k = next[f]++ - shown[f], n = shown[f + 1] - shown[f];
-      for (int i = 0; i < P_; ++i) h.tok_src[shown[f] * P_ + i * n + k] = batch.slot_row[s] + i;
+      const int n = batch.slot_rows(s), t0 = batch.slot_first_token(s);
+      for (int i = 0; i < n; ++i, ++m) {
+        h.dst_rows[m] = batch.slot_row[s] + i;
+        h.src_rows[m] = batch.slot_frame[s] * P_ + t0 + i;
+      }
     }
+    // The reverse map in CSR (slot order within a tower row): the backward's gather-sum.
+    std::fill(h.tok_off, h.tok_off + M + 1, 0);
+    for (int64_t j = 0; j < moves; ++j) ++h.tok_off[h.src_rows[j] + 1];
+    for (int t = 0; t < M; ++t) h.tok_off[t + 1] += h.tok_off[t];
+    std::vector<int32_t> next(h.tok_off, h.tok_off + M);  // next free entry of each tower row
+    for (int64_t j = 0; j < moves; ++j) h.tok_src[next[h.src_rows[j]]++] = h.dst_rows[j];
     for (int r = 0; r < n_state; ++r) {
       h.state_rows[r] = batch.state_row[r];
       h.state_src[r] = r;
@@ -489,7 +490,7 @@ void VisionKind::forward(E& e, const VisionCall<E>& c, const data::PackedBatch& 
     e.gelu_forward(a.a1, a.h1, (int64_t)M * C, proj_tanh_);
     e.linear(a.h2, a.a1, w + l2_w_, M, C, C);
     e.bias_add(a.h2, w + l2_b_, M, C);
-    e.copy_rows(c.x, a.dst_rows, a.h2, a.src_rows, n_slots * P_, C);
+    e.copy_rows(c.x, a.dst_rows, a.h2, a.src_rows, moves, C);
   }
   if (n_state > 0) {
     e.linear(a.state_out, a.state_in, w + st_w_, n_state, Sd_, C);
@@ -499,9 +500,9 @@ void VisionKind::forward(E& e, const VisionCall<E>& c, const data::PackedBatch& 
 }
 
 template <class E>
-void VisionKind::backward(E& e, const VisionCall<E>& c, char* buf, int F, int n_slots, int n_state) const {
+void VisionKind::backward(E& e, const VisionCall<E>& c, char* buf, int F, int64_t moves, int n_state) const {
   const int M = F * P_, C = C_, D = D_;
-  const Acts<E> a(*this, *c.tower, Mode::kTrain, F, n_slots, n_state, buf);
+  const Acts<E> a(*this, *c.tower, Mode::kTrain, F, moves, n_state, buf);
   const auto* w = c.w;
   auto* g = c.g;
   if (n_state > 0) {
@@ -513,7 +514,7 @@ void VisionKind::backward(E& e, const VisionCall<E>& c, char* buf, int F, int n_
   if (F == 0) return;
   // d tokens_f = sum over the slots showing f (in slot order); the slot rows' dx then cleared.
   e.sum_rows(a.dh, c.dx, a.tok_off, a.tok_src, M, C);
-  e.zero_rows(c.dx, a.dst_rows, n_slots * P_, C);
+  e.zero_rows(c.dx, a.dst_rows, moves, C);
   e.bias_backward(g + l2_b_, a.dh, M, C);
   e.linear_dw(g + l2_w_, a.dh, a.a1, M, C, C);
   e.linear_dx(a.da1, a.dh, w + l2_w_, M, C, C, /*accumulate=*/false);
@@ -554,9 +555,10 @@ void VisionKind::backward(E& e, const VisionCall<E>& c, char* buf, int F, int n_
   template size_t SiglipMlpKind::scratch_bytes<E>(int) const;                                                \
   template void SiglipMlpKind::forward<E>(E&, const BlockCall<E>&) const;                                    \
   template void SiglipMlpKind::backward<E>(E&, const BlockCall<E>&) const;                                   \
-  template size_t VisionKind::bytes<E>(const std::vector<std::unique_ptr<Block<E>>>&, Mode, int, int, int) const; \
+  template size_t VisionKind::bytes<E>(const std::vector<std::unique_ptr<Block<E>>>&, Mode, int, int64_t, int)     \
+      const;                                                                                                  \
   template void VisionKind::forward<E>(E&, const VisionCall<E>&, const data::PackedBatch&, char*) const;     \
-  template void VisionKind::backward<E>(E&, const VisionCall<E>&, char*, int, int, int) const;
+  template void VisionKind::backward<E>(E&, const VisionCall<E>&, char*, int, int64_t, int) const;
 TT_VISION_INSTANTIATE(CpuExec<float>)
 TT_VISION_INSTANTIATE(CpuExec<double>)
 TT_VISION_INSTANTIATE(CudaExec)

@@ -6,6 +6,7 @@
 //     per tower layer: x += attn(LN1 x) ; x += MLP(LN2 x)    (SiglipAttentionKind, SiglipMlpKind)
 //     tokens_f = linear_2(act(linear_1(x_f)))                (P, C): LLaVA's multi_modal_projector
 //   every frame slot (s rows [r, r + P) showing frame f):  x0[r + i] = tokens_f[i]
+//     (a part of a slot, rows [r, r + n) showing tokens [t0, t0 + n): x0[r + i] = tokens_f[t0 + i])
 //   every state row r with values u:                        x0[r] = u W_s^T + b_s
 // The projector reads hidden_states[vision_feature_layer] as LLaVA does (-1: the last encoder
 // layer's output; -2: the one before, LLaVA-1.5's choice), without SigLIP's post_layernorm (LLaVA
@@ -138,17 +139,18 @@ class VisionKind {
   void check_batch(const data::PackedBatch& b) const;
 
   // The stage's memory for a batch (metadata, pixels, the tower's activations, the projector's,
-  // backward's scratch), carved from one buffer; held by the decoder's Activations.
+  // backward's scratch), carved from one buffer; held by the decoder's Activations. moves: the
+  // rows the frame slots cover (PackedBatch::media_slot_rows).
   template <class E>
-  size_t bytes(const std::vector<std::unique_ptr<Block<E>>>& tower, Mode mode, int F, int n_slots, int n_state) const;
+  size_t bytes(const std::vector<std::unique_ptr<Block<E>>>& tower, Mode mode, int F, int64_t moves, int n_state) const;
   // Uploads the batch's media into `buf` (sized by bytes()) and writes the media rows of c.x; the
   // caller has checked the batch (check_batch).
   template <class E>
   void forward(E& e, const VisionCall<E>& c, const data::PackedBatch& batch, char* buf) const;
-  // Gradients of the last forward on `buf` (F, n_slots, n_state as it had), from the media rows of
+  // Gradients of the last forward on `buf` (F, moves, n_state as it had), from the media rows of
   // c.dx, which it then clears.
   template <class E>
-  void backward(E& e, const VisionCall<E>& c, char* buf, int F, int n_slots, int n_state) const;
+  void backward(E& e, const VisionCall<E>& c, char* buf, int F, int64_t moves, int n_state) const;
 
  private:
   template <class E>

@@ -126,10 +126,10 @@ class DecoderBackend : public Backend {
     pieces_recomputed_ += st.pieces_recomputed;
     return loss;
   }
-  double forward_backward_segmented(const data::SegmentPlan& plan, const model::SegmentConfig& cfg,
-                                    double loss_scale) override {
+  double forward_backward_segmented(const data::SegmentPlan& plan, const model::SegmentConfig& cfg, double loss_scale,
+                                    const std::function<void(data::PackedBatch&)>& load_frames) override {
     model::SegmentRunStats st;
-    const double loss = model::forward_backward_segmented(model_, cfg, plan, loss_scale, &st);
+    const double loss = model::forward_backward_segmented(model_, cfg, plan, loss_scale, &st, load_frames);
     nll_ += st.nll_sum;
     return loss;
   }

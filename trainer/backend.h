@@ -69,9 +69,11 @@ class Backend {
                                               const std::function<void(data::PackedBatch&)>& load_frames) = 0;
   // The same for one tree run segment by segment (model/segments.h; plan: data::plan_segments):
   // grads += the gradient of loss_scale * L_K (truncated BPTT); returns loss_scale * sum w * ce.
-  // Both backends (tests/model_cuda/segments_cuda_test.cc on the GPU).
+  // load_frames as above (a segment piece with frames). Both backends
+  // (tests/model_cuda/segments_cuda_test.cc on the GPU).
   virtual double forward_backward_segmented(const data::SegmentPlan& plan, const model::SegmentConfig& cfg,
-                                            double loss_scale) = 0;
+                                            double loss_scale,
+                                            const std::function<void(data::PackedBatch&)>& load_frames = {}) = 0;
   virtual double grad_sum_squares() const = 0;  // over every gradient, fp64 accumulation
   // The unweighted NLL sum (sum_t cnt_t ce_t, model::Losses) of the forward_backward calls since
   // zero_grad(): divided by the step's flattened targets, the mean token NLL.

@@ -687,7 +687,8 @@ StepMetrics Trainer::train_step() {
       }
     } else if (runs[i].segments) {
       for (const data::SegmentPlan& plan : segmented(runs[i].tree).plans) {
-        m.loss += backend_->forward_backward_segmented(plan, cfg_.segments, 1.0 / normaliser);
+        m.loss += backend_->forward_backward_segmented(plan, cfg_.segments, 1.0 / normaliser,
+                                                         [this](data::PackedBatch& b) { load_frames(b); });
         m.pieces += plan.pieces.num_pieces();
       }
     } else {

@@ -703,6 +703,52 @@ TEST(PartitionMedia, PiecesHoldWholeFramesAndEveryMediaRowOnce) {
   EXPECT_GT(multi, 20);
 }
 
+// Segments on episode trees (plan_segments): a boundary may fall inside a frame slot, which then
+// becomes one part a segment (FrameSlot::first, count). At every segment length, the pieces'
+// batches together show every row of every slot once, as the same token of the same frame as the
+// whole batch, and every state row once.
+TEST(PartitionMedia, SegmentsCutSlotsIntoPartsThatShowEachRowOnce) {
+  int parts = 0;
+  for (int window : {0, 2})
+    for (int cameras : {1, 2}) {
+      const Tree t = media_tree(5, cameras, window);
+      const PackedBatch a = pack({&t}, Packing::kTree);
+      std::map<int32_t, std::pair<std::string, int>> shows;  // whole-batch row -> (frame file, token)
+      for (size_t k = 0; k < a.slot_row.size(); ++k)
+        for (int i = 0; i < a.tokens_per_frame; ++i) shows[a.slot_row[k] + i] = {a.frames[a.slot_frame[k]].path, i};
+      std::set<int32_t> states(a.state_row.begin(), a.state_row.end());
+      for (int64_t length = 1; length <= 8; ++length) {
+        const SegmentPlan plan = plan_segments(t, length);
+        ASSERT_NO_THROW(plan.split.validate()) << "length " << length;
+        std::vector<int32_t> row(plan.split.nodes.size());
+        int32_t next = 0;
+        for (int v : plan.split.preorder()) row[v] = next, next += (int32_t)plan.split.nodes[v].tokens.size();
+        std::map<int32_t, std::pair<std::string, int>> seen;
+        std::set<int32_t> seen_states;
+        for (int k = 0; k < plan.pieces.num_pieces(); ++k) {
+          const PackedBatch p = pack_piece(plan.split, plan.pieces, k);
+          ASSERT_NO_THROW(check_packed_batch(p, 64)) << "length " << length << " piece " << k;
+          std::vector<int32_t> global(p.n_tokens);
+          for (int i = 0; i < p.num_nodes(); ++i)
+            for (int32_t j = 0; j < p.node_len[i]; ++j)
+              global[p.node_start[i] + j] = row[plan.pieces.pieces[k].nodes[i]] + j;
+          for (size_t q = 0; q < p.slot_row.size(); ++q) {
+            parts += p.slot_rows(q) < p.tokens_per_frame;
+            for (int i = 0; i < p.slot_rows(q); ++i)
+              ASSERT_TRUE(seen.emplace(global[p.slot_row[q] + i],
+                                       std::make_pair(p.frames[p.slot_frame[q]].path, p.slot_first_token(q) + i))
+                              .second)
+                  << "length " << length << " piece " << k << " slot " << q;
+          }
+          for (int32_t r : p.state_row) ASSERT_TRUE(seen_states.insert(global[r]).second);
+        }
+        EXPECT_EQ(seen, shows) << "length " << length;
+        EXPECT_EQ(seen_states, states) << "length " << length;
+      }
+    }
+  EXPECT_GT(parts, 50) << "boundaries inside slots";
+}
+
 TEST(PartitionMedia, ACapacityBelowAFrameIsAnError) {
   const Tree t = media_tree(2, 1, 0);
   try {

@@ -4,7 +4,8 @@
 // decoder's, the projector's, the state projection's and the tower's), and one AdamW step; with
 // full and window histories, with the tower trained and frozen. Then the leakage rules: a step
 // never sees a later frame, any step's action tokens but its own (as targets), or a frame outside
-// its window. Partitioned episode trees equal the whole tree.
+// its window. Partitioned episode trees, and episode trees run segment by segment where nothing
+// is truncated, equal the whole tree.
 //
 // Tolerance rule (as tree_vs_path_test.cc): both sides sum the same fp64 terms in other groupings
 // (the frame gradient sums over slots in another order), so relative 1e-10 is a loose bound.
@@ -21,6 +22,7 @@
 #include "data/partition.h"
 #include "model/decoder.h"
 #include "model/partitioned.h"
+#include "model/segments.h"
 #include "tests/equivalence/random_trees.h"
 #include "tests/equivalence/vla_fixture.h"
 
@@ -174,6 +176,78 @@ TEST_P(VlaTreeVsSteps, PartitionedTreesMatchTheWholeTree) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("piece 1 shows frames (1) but no frame loader was given"), std::string::npos)
         << e.what();
+  }
+}
+
+// Segments (model/segments.h) on an episode tree: with segments of S > max_depth / 2 tokens (at
+// most two on a path), a whole-segment tail (M = S) and K = 1, every row sees its whole history
+// and every gradient crosses the boundary, so the loss and every gradient (the tower's included)
+// equal the whole tree's, under tree packing and per path (path_tree keeps each path's frame
+// slots and state rows). Each segment piece runs the tower on the frames its slots show: with the
+// full history the boundary cuts a frame's slots, which then run the tower in both pieces, its
+// gradient the sum over the slots either way. Tolerance: as above (fp64, other groupings).
+TEST_P(VlaTreeVsSteps, SegmentsWithAWholeSegmentTailMatchTheWholeTree) {
+  const double scale = 1.0 / 5;
+  model::SegmentConfig seg;
+  seg.length = tree.max_depth() / 2 + 1;
+  seg.tail = seg.length;
+  seg.tbptt = 1;
+  data::FrameSpec spec;
+  spec.image_size = (int)cfg.vision.image_size;
+  int frame_loads = 0;
+  const model::LoadPieceFrames load = [&](PackedBatch& b) {
+    ++frame_loads;
+    data::load_frames(b, spec);
+  };
+  {  // tree packing
+    const Grads whole = train(m, testing::vla_batch(tree, Packing::kTree, cfg), scale);
+    const data::SegmentPlan plan = data::plan_segments(tree, seg.length);
+    ASSERT_GE(plan.pieces.num_pieces(), 2);
+    int64_t shown = 0, with_frames = 0;
+    for (int k = 0; k < plan.pieces.num_pieces(); ++k) {
+      const size_t f = model::segment_batch(seg, plan, k).frames.size();
+      shown += (int64_t)f;
+      with_frames += f > 0;
+    }
+    if (c.window == 0) {
+      EXPECT_GT(shown, tree.frames_shown()) << "a frame whose slots the boundary cuts";
+    }
+    m.zero_grad();
+    model::SegmentRunStats st;
+    const double loss = model::forward_backward_segmented(m, seg, plan, scale, &st, load);
+    const std::vector<double> g(m.grads(), m.grads() + m.num_params());
+    EXPECT_EQ(frame_loads, with_frames);
+    EXPECT_EQ(st.tokens, tree.n_tree());
+    EXPECT_NEAR(loss, whole.loss, 1e-10 * std::fabs(whole.loss));
+    EXPECT_LE(max_diff(g, whole.g), 1e-10 * max_abs(whole.g));
+    if (!c.freeze) {
+      EXPECT_GT(max_grad(m, g, "model.vision_tower."), 0.0);
+    }
+  }
+  {  // per path: each path a tree of its own (data::path_tree), against per_path packing
+    const Grads whole = train(m, testing::vla_batch(tree, Packing::kPerPath, cfg), scale);
+    m.zero_grad();
+    double loss = 0;
+    for (int64_t k = 0; k < tree.n_paths(); ++k) {
+      const data::Tree path = data::path_tree(tree, k);
+      EXPECT_NO_THROW(path.validate()) << "path " << k;
+      EXPECT_EQ(path.frames_shown(), (int64_t)path.media.frames.size()) << "path " << k;
+      if (c.window == 0) {
+        EXPECT_EQ(path.frames_shown(), 2 * (k + 1)) << "path " << k << ": its steps' two cameras";
+      }
+      loss += model::forward_backward_segmented(m, seg, data::plan_segments(path, seg.length), scale, nullptr, load);
+    }
+    const std::vector<double> g(m.grads(), m.grads() + m.num_params());
+    EXPECT_NEAR(loss, whole.loss, 1e-10 * std::fabs(whole.loss));
+    EXPECT_LE(max_diff(g, whole.g), 1e-10 * max_abs(whole.g));
+  }
+  // A segment piece with frames and no loader is an error, not a tower run on missing pixels.
+  try {
+    model::forward_backward_segmented(m, seg, data::plan_segments(tree, seg.length), scale);
+    ADD_FAILURE() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("shows frames"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("but no frame loader was given"), std::string::npos) << e.what();
   }
 }
 

@@ -142,6 +142,46 @@ TEST(VlaTrain, PartitionedEpisodesTakeTheSameStep) {
   }
 }
 
+// Episode trees deeper than segments.length train segment by segment (each segment piece's
+// frames decoded when it runs). The toy episodes (5 steps: instruction 3 rows, 17 a step, 2 action
+// tokens) are 90 deep; segments of 46 with a 46-row tail and K = 1 let every row see its whole
+// history and every gradient through, so the step equals the unsegmented one (expect_params_match's
+// rule), under tree packing and per path; the boundary at depth 46 cuts step 2's frame slot (rows
+// 37-52), whose frame then runs the tower in both segments (more executed FLOPs).
+TEST(VlaTrain, SegmentedEpisodesTakeTheSameStep) {
+  for (const std::string packing : {"tree", "per_path"}) {
+    const fs::path dir = fresh_dir("vla_segmented");
+    std::vector<float> p0, after[2];
+    double loss[2], executed[2];
+    for (int k = 0; k < 2; ++k) {
+      std::vector<std::string> o = {"train.max_steps=1", "data.shuffle=false", "train.final_checkpoint=false",
+                                    "optim.eps=1e-4", "data.packing=" + packing};
+      if (k == 0) {
+        o.insert(o.end(), {"data.max_tokens_per_batch=8192", "train.grad_accum=1"});
+      } else {
+        o.insert(o.end(), {"data.max_tokens_per_batch=128", "train.grad_accum=3", "segments.length=46",
+                           "segments.tail=46", "segments.tbptt=1"});
+      }
+      RunConfig c = vla_config(dir / std::to_string(k), 3, 5, o);
+      Trainer t(c);
+      if (k == 0) p0 = t.backend().params_host();
+      const StepMetrics m = t.train_step();
+      if (k == 0) {
+        EXPECT_EQ(m.pieces, 0);
+      } else {
+        EXPECT_GE(m.pieces, 3 * 2) << packing << ": two segments a tree";
+      }
+      EXPECT_EQ(m.paths, 3 * 5);
+      loss[k] = m.loss;
+      executed[k] = m.executed_flops;
+      after[k] = t.backend().params_host();
+    }
+    EXPECT_NEAR(loss[1], loss[0], 1e-5 * std::abs(loss[0])) << packing;
+    testing::expect_params_match(after[1], after[0], p0, packing + ", segmented");
+    EXPECT_GT(executed[1], executed[0]) << packing << ": the cut frame's tower runs in both segments";
+  }
+}
+
 // Runs `c` to its end: per tensor, its name and whether training changed it.
 std::vector<std::pair<std::string, bool>> changed_tensors(const RunConfig& c) {
   Trainer t(c);
