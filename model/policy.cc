@@ -37,16 +37,17 @@ void one_node(data::PackedBatch& b, int n, int first_pos) {
 }  // namespace
 
 template <class E>
-VlaPolicy<E>::VlaPolicy(Decoder<E>& model, int window, int64_t capacity)
-    : m_(model), window_(window), cache_(model, capacity) {
+VlaPolicy<E>::VlaPolicy(Decoder<E>& model, int window, int64_t capacity, const SegmentConfig& segments)
+    : m_(model), window_(window), cache_(model, segments.enabled() ? 1 : capacity) {
   TT_CHECK(window >= 0, "policy: history window ", window, ", expected 0 (full) or >= 1");
   TT_CHECK(model.config().vision.enabled(), "policy: the model has no vision section");
+  if (segments.enabled()) path_ = std::make_unique<SegmentedPath<E>>(model, segments, capacity);
 }
 
 template <class E>
 void VlaPolicy<E>::reset(const std::vector<int32_t>& instruction) {
   TT_CHECK(!instruction.empty(), "policy: an empty instruction");
-  TT_CHECK((int64_t)instruction.size() < cache_.capacity(), "policy: an instruction of ", instruction.size(),
+  TT_CHECK(path_ || (int64_t)instruction.size() < cache_.capacity(), "policy: an instruction of ", instruction.size(),
            " tokens exceeds the context of ", cache_.capacity(), " rows (the KV cache's; observations and the action",
            " follow the instruction)");
   const int64_t V = m_.config().vocab_size;
@@ -56,13 +57,19 @@ void VlaPolicy<E>::reset(const std::vector<int32_t>& instruction) {
   cache_.clear();
   history_.clear();
   instruction_.clear();  // until the prefill succeeded: a failed reset leaves no episode to act in
+  if (path_) path_->clear();
   data::PackedBatch b;
   b.tokens = instruction;
   one_node(b, (int)instruction.size(), 0);
   try {
-    prefill(b);
+    if (path_) {
+      path_->append(b);
+    } else {
+      prefill(b);
+    }
   } catch (...) {
     cache_.clear();
+    if (path_) path_->clear();
     throw;
   }
   instruction_ = instruction;
@@ -119,6 +126,7 @@ std::vector<int32_t> VlaPolicy<E>::act(const Observation& obs, int n_tokens, int
            " action tokens among ids [", first_id, ", ", end_id, "), expected >= 1 in the vocabulary of ", V);
   TT_CHECK(!instruction_.empty(), "policy: act() before reset()");
   observation_batch(obs, 0);  // checks the observation before anything changes
+  if (path_) return act_segmented(obs, n_tokens, first_id, end_id, first_logits);
   // The step's rows: its context (the cache's earlier rows with the full history, the instruction
   // and the window's observations with a window) and the action tokens fed back (all but the last).
   const int64_t P = m_.config().vision.tokens_per_frame(), used = cache_.used();
@@ -179,6 +187,63 @@ std::vector<int32_t> VlaPolicy<E>::act(const Observation& obs, int n_tokens, int
     history_.pop_back();
     if (!dropped.empty()) history_.insert(history_.begin(), std::move(dropped.front()));
     cache_.truncate(window_ == 0 ? used : (int64_t)instruction_.size());
+    throw;
+  }
+}
+
+// The same step through the segment operator: with the full history the observation's rows
+// follow the path's (a mark before them undoes a failed step), with a window the path is rebuilt
+// from the instruction; the action tokens fed back are undone after the step (a mark after the
+// context).
+template <class E>
+std::vector<int32_t> VlaPolicy<E>::act_segmented(const Observation& obs, int n_tokens, int32_t first_id,
+                                                 int32_t end_id, std::vector<double>* first_logits) {
+  const int64_t P = m_.config().vision.tokens_per_frame();
+  const int64_t step = rows_of(obs, P) + n_tokens - 1;
+  if (step > path_->ahead())
+    throw Error(str("policy: the step adds ", step, " rows (its observation and ", n_tokens - 1,
+                    " fed-back action tokens), more than the ", path_->ahead(),
+                    " one step may add with segments (the capacity)"));
+  history_.push_back(obs);
+  std::vector<Observation> dropped;
+  if (window_ > 0 && (int)history_.size() > window_) {
+    dropped.push_back(std::move(history_.front()));
+    history_.erase(history_.begin());
+  }
+  const auto before = path_->mark();
+  try {
+    std::vector<double> logits;
+    if (window_ == 0) {
+      logits = path_->append(observation_batch(obs, 0));
+    } else {
+      path_->clear();
+      data::PackedBatch b;
+      b.tokens = instruction_;
+      one_node(b, (int)instruction_.size(), 0);
+      path_->append(b);
+      for (const Observation& o : history_) logits = path_->append(observation_batch(o, 0));
+    }
+    check_finite(logits, 0);
+    if (first_logits) *first_logits = logits;
+    const auto context = path_->mark();
+    std::vector<int32_t> out;
+    for (int k = 0; k < n_tokens; ++k) {
+      const int32_t tok =
+          (int32_t)(std::max_element(logits.begin() + first_id, logits.begin() + end_id) - logits.begin());
+      out.push_back(tok);
+      if (k + 1 == n_tokens) break;
+      data::PackedBatch b;
+      b.tokens = {tok};
+      one_node(b, 1, 0);
+      logits = path_->append(b);
+      check_finite(logits, k + 1);
+    }
+    path_->rewind(context);  // actions are no later step's context
+    return out;
+  } catch (...) {
+    history_.pop_back();
+    if (!dropped.empty()) history_.insert(history_.begin(), std::move(dropped.front()));
+    if (window_ == 0) path_->rewind(before);  // with a window the next step rebuilds the path
     throw;
   }
 }

@@ -9,6 +9,13 @@
 // successors from the last W observations (their positions start after the instruction, as in
 // the window trie). Action tokens are never part of a later step's context: they go to rows past
 // the context, given back after the step. Positions are depths, as in training.
+//
+// With segments (the run trained with segments.length > 0): the same context through the segment
+// operator (model/segments.h SegmentedPath): each row reads the carried tail and retrieved pairs
+// of its segment and the segment's earlier rows, as the segmented training forward of the step's
+// path does, so the logits are that forward's; the cache holds the open segment only (a ring of
+// segments.length + capacity rows), so an episode with the full history runs as long as it goes,
+// and `capacity` bounds the rows one step adds (its observation and fed-back action tokens).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +23,7 @@
 
 #include "data/packing.h"
 #include "model/generate.h"
+#include "model/segments.h"
 
 namespace tt::model {
 
@@ -29,8 +37,10 @@ struct Observation {
 template <class E>
 class VlaPolicy {
  public:
-  // window 0: full history. capacity: cache rows (the longest context plus the action).
-  VlaPolicy(Decoder<E>& model, int window, int64_t capacity = 1 << 14);
+  // window 0: full history. capacity: cache rows (the longest context plus the action); with
+  // segments (enabled), the most rows one step adds. Throws tt::Error for segments the model
+  // cannot run (SegmentConfig::validate).
+  VlaPolicy(Decoder<E>& model, int window, int64_t capacity = 1 << 14, const SegmentConfig& segments = {});
 
   // Throws tt::Error for an instruction that is empty, holds an id outside the vocabulary or
   // leaves no row of the capacity for an observation, before anything changes (the episode goes
@@ -53,10 +63,13 @@ class VlaPolicy {
   // The observation's node forward reading the cache's [0, used) and writing its rows after it;
   // returns the last row's logits.
   std::vector<double> prefill(const data::PackedBatch& b);
+  std::vector<int32_t> act_segmented(const Observation& obs, int n_tokens, int32_t first_id, int32_t end_id,
+                                     std::vector<double>* first_logits);
 
   Decoder<E>& m_;
   int window_;
   KVCache<E> cache_;
+  std::unique_ptr<SegmentedPath<E>> path_;  // with segments: the context (cache_ unused)
   std::vector<int32_t> instruction_;
   std::vector<Observation> history_;  // the context's observations (the window's, or all)
 };

@@ -752,9 +752,131 @@ std::vector<Completion> generate_segmented(Decoder<E>& model, const SegmentConfi
   return out;
 }
 
+// ---- A growing path (SegmentedPath) ----
+
+namespace {
+
+// Rows [a, e) of a one-node batch `b` at depths d0.. (the segment's positions), with its media:
+// the frames its slots there show (each once), a slot the range cuts as its part (slot_first,
+// slot_count), the state rows there.
+data::PackedBatch slice_rows(const SegmentConfig& cfg, const data::PackedBatch& b, int a, int e, int64_t d0) {
+  data::PackedBatch out = segment_rows(cfg, b.tokens.data() + a, e - a, d0);
+  out.tokens_per_frame = b.tokens_per_frame;
+  out.image_size = b.image_size;
+  out.state_dim = b.state_dim;
+  const size_t px = (size_t)3 * b.image_size * b.image_size;
+  std::vector<int32_t> frame_of(b.frames.size(), -1);
+  for (size_t k = 0; k < b.slot_row.size(); ++k) {
+    const int32_t r0 = b.slot_row[k], lo = std::max(r0, (int32_t)a), hi = std::min(r0 + b.slot_rows(k), (int32_t)e);
+    if (lo >= hi) continue;
+    const int32_t f = b.slot_frame[k];
+    if (frame_of[f] < 0) {
+      frame_of[f] = (int32_t)out.frames.size();
+      out.frames.push_back(b.frames[f]);
+      if (!b.pixels.empty()) out.pixels.insert(out.pixels.end(), b.pixels.begin() + f * px, b.pixels.begin() + (f + 1) * px);
+    }
+    out.slot_row.push_back(lo - a);
+    out.slot_frame.push_back(frame_of[f]);
+    out.slot_first.push_back(b.slot_first_token(k) + (lo - r0));
+    out.slot_count.push_back(hi - lo);
+  }
+  for (size_t k = 0; k < b.state_row.size(); ++k) {
+    const int32_t r = b.state_row[k];
+    if (r < a || r >= e) continue;
+    out.state_row.push_back(r - a);
+    out.state.insert(out.state.end(), b.state.begin() + k * b.state_dim, b.state.begin() + (k + 1) * b.state_dim);
+  }
+  return out;
+}
+
+}  // namespace
+
+template <class E>
+struct SegmentedPath<E>::Impl {
+  Impl(Decoder<E>& m, const SegmentConfig& c, int64_t ring_rows)
+      : cache(m, ring_rows), seg(m, c, cache), st(seg.start()), ring(ring_rows) {
+    base = cache.reserve(ring);
+  }
+  KVCache<E> cache;  // the ring: depth d at row base + d mod ring
+  SegmentedInference<E> seg;
+  SeqSegments<E> st;
+  int64_t ring = 0, base = 0;
+};
+
+template <class E>
+struct SegmentedPath<E>::Mark {
+  SeqSegments<E> st;
+  int64_t depth = 0;
+};
+
+template <class E>
+SegmentedPath<E>::SegmentedPath(Decoder<E>& model, const SegmentConfig& cfg, int64_t ahead)
+    : model_(model), cfg_(cfg), ahead_(ahead) {
+  cfg_.validate(model.config());
+  TT_CHECK(cfg_.enabled(), "SegmentedPath: segments are off (segments.length 0)");
+  TT_CHECK(ahead >= 1, "SegmentedPath: ahead = ", ahead, ", expected >= 1");
+  impl_ = std::make_unique<Impl>(model, cfg_, cfg_.length + ahead);
+}
+
+template <class E>
+SegmentedPath<E>::~SegmentedPath() = default;
+
+template <class E>
+void SegmentedPath<E>::clear() {
+  impl_->st = impl_->seg.start();
+  depth_ = 0;
+}
+
+template <class E>
+std::vector<double> SegmentedPath<E>::append(const data::PackedBatch& b) {
+  const int n = b.n_tokens;
+  TT_CHECK(n >= 1 && b.num_nodes() == 1 && (int)b.tokens.size() == n, "SegmentedPath: a batch of ", n, " rows in ",
+           b.num_nodes(), " nodes, expected one node of at least one row");
+  const int64_t S = cfg_.length;
+  const int L = model_.architecture().num_layers();
+  std::vector<double> logits;
+  for (int a = 0; a < n;) {  // the rows up to the open segment's end, then the next segment's
+    const int64_t d = depth_ + a;
+    const int e = (int)std::min<int64_t>(n, a + (S - d % S));
+    const data::PackedBatch part = slice_rows(cfg_, b, a, e, d);
+    Carry<E> carry(L);
+    impl_->seg.read(impl_->st, carry, 0, e - a);
+    std::vector<int32_t> rows(e - a);
+    for (int j = 0; j < e - a; ++j) rows[j] = (int32_t)(impl_->base + (d + j) % impl_->ring);
+    const CacheWrite<E> w = impl_->seg.write(rows);
+    InferRequest req;
+    req.loss = false;
+    req.rows = e == n ? InferRequest::Rows::kList : InferRequest::Rows::kNone;
+    if (e == n) req.list = {e - a - 1};
+    InferResult res = model_.infer(part, req, &carry, &w);
+    for (int j = 0; j < e - a; ++j) impl_->seg.append(impl_->st, j, e - a, rows[j]);
+    if (e == n) logits = std::move(res.logits);
+    a = e;
+  }
+  depth_ += n;
+  return logits;
+}
+
+template <class E>
+std::shared_ptr<const typename SegmentedPath<E>::Mark> SegmentedPath<E>::mark() const {
+  auto m = std::make_shared<Mark>();
+  m->st = impl_->seg.fork(impl_->st);
+  m->depth = depth_;
+  return m;
+}
+
+template <class E>
+void SegmentedPath<E>::rewind(const std::shared_ptr<const Mark>& m) {
+  TT_CHECK(m && m->depth <= depth_ && depth_ - m->depth <= ahead_, "SegmentedPath: rewinding from depth ", depth_,
+           " to ", m ? m->depth : -1, ", expected a mark at most ", ahead_, " rows back (the ring holds no more)");
+  impl_->st = impl_->seg.fork(m->st);
+  depth_ = m->depth;
+}
+
 #define TT_SEGMENTS_INSTANTIATE(E)                                                                                 \
   template class SegmentReads<E>;                                                                                  \
   template class PoolChunk<E>;                                                                                     \
+  template class SegmentedPath<E>;                                                                                 \
   template double forward_backward_segmented<E>(Decoder<E>&, const SegmentConfig&, const data::SegmentPlan&,      \
                                                 double, SegmentRunStats*, const LoadPieceFrames&);                 \
   template std::vector<std::vector<double>> segmented_piece_logits<E>(Decoder<E>&, const SegmentConfig&,           \

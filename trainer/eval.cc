@@ -21,9 +21,10 @@ namespace {
 enum class Policy { kModel, kRandom, kZeroed };
 
 // capacity: cache rows, the longest context plus the action token.
+// seg: the checkpoint's run's segments (on: the policy runs the segment operator as training did).
 NavScore run_episodes(model::Decoder<model::CpuExec<float>>& m, const NavEvalOptions& opt, const data::NavSpec& spec,
-                      int window, int64_t capacity, Policy kind, double* mean_steps) {
-  model::VlaPolicy<model::CpuExec<float>> policy(m, window, capacity);
+                      int window, int64_t capacity, const model::SegmentConfig& seg, Policy kind, double* mean_steps) {
+  model::VlaPolicy<model::CpuExec<float>> policy(m, window, capacity, seg);
   data::SplitMix64 rng(data::mix64(opt.seed) ^ 0x72616e64ULL);
   const int S = spec.image_size;
   NavScore score;
@@ -79,7 +80,17 @@ NavEvalResult run_nav_eval(const NavEvalOptions& opt) {
   const int64_t instruction = (int64_t)data::NavEnv(spec, data::nav_layout_seed(opt.seed, 0)).instruction().size();
   const int64_t observed = window == 0 ? spec.max_steps : std::min<int64_t>(window, spec.max_steps);
   const int64_t context = instruction + observed * P;
-  if (context > cfg.max_position_embeddings) {
+  // With segments (the run trained with them) positions stay below the segment's (validated
+  // against the model), and a step adds one frame's rows and its action token.
+  const model::SegmentConfig seg = checkpoint_segments(dir);
+  if (seg.enabled()) {
+    try {
+      seg.validate(cfg);
+    } catch (const Error& e) {
+      throw Error(str(dir, "/config.yaml: ", e.what()));
+    }
+  }
+  if (!seg.enabled() && context > cfg.max_position_embeddings) {
     const int64_t fit = std::max<int64_t>(0, (cfg.max_position_embeddings - instruction) / P);
     const std::string win = opt.window >= 0 ? str("--window ", window)
                                             : str("the checkpoint's data.history window ", window, " (--window overrides it)");
@@ -93,7 +104,7 @@ NavEvalResult run_nav_eval(const NavEvalOptions& opt) {
                     " rows (the instruction, then ", P, " rows a frame), more than max_position_embeddings ",
                     cfg.max_position_embeddings, " of ", dir, "/config.json; expected ", fix));
   }
-  const int64_t capacity = context + 1;
+  const int64_t capacity = seg.enabled() ? P : context + 1;
   const std::unique_ptr<model::Decoder<model::CpuExec<float>>> model =
       load_inference_model<model::CpuExec<float>>(cfg, dir);
   model::Decoder<model::CpuExec<float>>& m = *model;
@@ -102,11 +113,12 @@ NavEvalResult run_nav_eval(const NavEvalOptions& opt) {
   r.episodes = opt.episodes;
   r.seed = opt.seed;
   r.window = window;
-  spdlog::info("eval: {} nav episodes (seed {}, room {}x{}, {} landmarks, history {}) with {}", opt.episodes, opt.seed,
-               spec.size, spec.size, spec.landmarks, window == 0 ? std::string("full") : str("window ", window), dir);
-  r.model = run_episodes(m, opt, spec, window, capacity, Policy::kModel, &r.mean_steps);
-  r.random = run_episodes(m, opt, spec, window, capacity, Policy::kRandom, nullptr);
-  r.zeroed = run_episodes(m, opt, spec, window, capacity, Policy::kZeroed, nullptr);
+  spdlog::info("eval: {} nav episodes (seed {}, room {}x{}, {} landmarks, history {}{}) with {}", opt.episodes, opt.seed,
+               spec.size, spec.size, spec.landmarks, window == 0 ? std::string("full") : str("window ", window),
+               seg.enabled() ? str(", segments of ", seg.length, " tail ", seg.tail) : std::string(), dir);
+  r.model = run_episodes(m, opt, spec, window, capacity, seg, Policy::kModel, &r.mean_steps);
+  r.random = run_episodes(m, opt, spec, window, capacity, seg, Policy::kRandom, nullptr);
+  r.zeroed = run_episodes(m, opt, spec, window, capacity, seg, Policy::kZeroed, nullptr);
   return r;
 }
 

@@ -67,6 +67,14 @@ class Server {
     if (!cfg_.vision.enabled())
       throw Error(str(dir_, "/config.json: a text model (no vision_config); serve needs a VLA checkpoint"));
     window_ = opt.window >= 0 ? opt.window : checkpoint_history_window(dir_);
+    seg_ = checkpoint_segments(dir_);  // on: sessions run the segment operator as training did
+    if (seg_.enabled()) {
+      try {
+        seg_.validate(cfg_);
+      } catch (const Error& e) {
+        throw Error(str(dir_, "/config.yaml: ", e.what()));
+      }
+    }
     // Images a step the policy was trained with (treetrain's checkpoints of episode data say;
     // others do not, and any count is taken, the same in every step of a session).
     if (const fs::path state = fs::path(dir_) / "trainer_state.json"; fs::exists(state)) {
@@ -333,7 +341,7 @@ class Server {
                                                   : std::string()));
         // A fresh session takes the name only once its reset succeeded: a failed reset leaves an
         // existing session as it was and creates none.
-        auto fresh = std::make_unique<Session>(*model_, window_, context_);
+        auto fresh = std::make_unique<Session>(*model_, window_, context_, seg_);
         fresh->policy.reset(ins);
         if (it == sessions_.end()) {
           sessions_.emplace(session, std::move(fresh));
@@ -430,7 +438,8 @@ class Server {
     int64_t steps = 0;
     int64_t cameras = 0;                    // images a step, from its first step (0: none yet)
     Clock::time_point used = Clock::now();  // its last request
-    Session(model::Decoder<Exec>& m, int window, int64_t capacity) : policy(m, window, capacity) {}
+    Session(model::Decoder<Exec>& m, int window, int64_t capacity, const model::SegmentConfig& seg)
+        : policy(m, window, capacity, seg) {}
   };
 
   // Closes the sessions unused for session_idle_s (their names kept, a bounded number, for the
@@ -466,6 +475,7 @@ class Server {
   std::string dir_;
   model::ModelConfig cfg_;
   int window_ = 0;
+  model::SegmentConfig seg_;
   int64_t cameras_ = 0;       // images a step the policy was trained with (0: not known)
   std::string cameras_from_;  // where that was read
   int64_t context_ = 0;          // a session's KV cache rows: its positions stay below max_position_embeddings

@@ -3,7 +3,9 @@
 // aside), and its logits equal a full forward of that path, with the full history and with a
 // window; later action tokens are decoded from the cache like a full forward of the context
 // with the earlier ones appended. A reset or a step that throws (a long instruction, a malformed
-// observation, a step past the capacity, non-finite logits) leaves the policy as it was.
+// observation, a step past the capacity, non-finite logits) leaves the policy as it was. With
+// segments the logits are the segmented training forward's of the step's path, and failures
+// leave it as it was too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "base/check.h"
 #include "data/packing.h"
@@ -115,17 +118,103 @@ std::string error_of(F f) {
   return "(no error)";
 }
 
-class PolicyFailures : public ::testing::TestWithParam<int> {};
+// With segments: the policy's logits are the segmented training forward's of the step's path
+// (data::path_tree, planned by data::plan_segments: the same carried tail, retrieval and segment
+// positions), the first action token's and the second's (with the first fed back), over segment
+// lengths whose boundaries cut frame slots (9 rows an observation) and fall inside the action;
+// with the full history the cache keeps only the open segment, so the policy's ring is smaller
+// than the episode. Tolerance: fp64, the same sums in other groupings (prefill chunks against a
+// piece's forward): relative 1e-12.
+struct SegCase {
+  int window;
+  int64_t length, tail;
+  bool retrieval;
+};
+class PolicySegments : public ::testing::TestWithParam<SegCase> {};
+
+TEST_P(PolicySegments, LogitsAreTheSegmentedTrainingForwardsOfThePath) {
+  const SegCase c = GetParam();
+  const ModelConfig cfg = tt::testing::tiny_vla_config();
+  Model<double> m(cfg);
+  m.init(4);
+  SegmentConfig seg;
+  seg.length = c.length;
+  seg.tail = c.tail;
+  if (c.retrieval) seg.long_range = {{1}, {0}, 3};  // the one KV head long-range in layer 1
+  const int steps = 6, A = 2;
+  const data::Episode ep = tt::testing::tiny_episode(steps, 2, 8);
+  const data::Tree tree = tt::testing::vla_tree(ep, c.window, cfg, 13);
+  const int64_t step_rows = 2 * 4 + 1 + A - 1;
+  VlaPolicy<CpuExec<double>> policy(m, c.window, step_rows, seg);
+  policy.reset(ep.instruction);
+  data::FrameSpec fs;
+  fs.image_size = (int)cfg.vision.image_size;
+  const model::LoadPieceFrames load = [&](data::PackedBatch& b) { data::load_frames(b, fs); };
+  int cut = 0;
+  for (int t = 0; t < steps; ++t) {
+    Observation obs;
+    for (const data::FrameRef& f : tree.media.frames)
+      if (f.step == t) obs.frames.push_back(*f.pixels);
+    obs.state = ep.steps[t].state;
+    std::vector<double> logits;
+    const std::vector<int32_t> acts = policy.act(obs, A, 10, 24, &logits);
+    data::Tree path = data::path_tree(tree, t);
+    const int n = (int)path.nodes[0].tokens.size() - A;  // the path without its action
+    const data::PackedBatch ctx = policy.context();
+    ASSERT_EQ(ctx.n_tokens, n) << "step " << t;
+    // The reference: the target rows' logits of the path's segmented training forward, piece by
+    // piece (a chain: in depth order), the action's two.
+    auto reference = [&](const data::Tree& p) {
+      const data::SegmentPlan plan = data::plan_segments(p, seg.length);
+      for (const data::FrameSlot& s : plan.split.media.slots) cut += s.count > 0;
+      std::vector<std::vector<double>> rows;
+      const int V = (int)cfg.vocab_size;
+      for (const std::vector<double>& piece : segmented_piece_logits(m, seg, plan, load))
+        for (size_t r = 0; r < piece.size() / V; ++r) rows.emplace_back(piece.begin() + r * V, piece.begin() + (r + 1) * V);
+      EXPECT_EQ(rows.size(), (size_t)A);
+      return rows;
+    };
+    const std::vector<std::vector<double>> ref = reference(path);
+    ASSERT_EQ(ref.size(), (size_t)A);
+    EXPECT_LT(rel_diff(logits, ref[0]), 1e-12) << "step " << t;
+    EXPECT_EQ(acts[0], 10 + std::max_element(logits.begin() + 10, logits.begin() + 24) - (logits.begin() + 10));
+    path.nodes[0].tokens[n] = acts[0];  // the second token: the first fed back
+    const std::vector<double> second = reference(path)[1];
+    EXPECT_EQ(acts[1], 10 + std::max_element(second.begin() + 10, second.begin() + 24) - (second.begin() + 10))
+        << "step " << t;
+  }
+  EXPECT_GT(cut, 0) << "a segment boundary inside a frame slot";
+  // A step that adds more rows than the capacity is refused before anything changes.
+  Observation big;
+  for (int k = 0; k < 3; ++k) big.frames.emplace_back(3 * 4 * 4, 0.5f);
+  big.state = {0.f, 0.f, 0.f};
+  EXPECT_EQ(error_of([&] { policy.act(big, A, 10, 24); }),
+            "policy: the step adds 14 rows (its observation and 1 fed-back action tokens), more than the 10 one step "
+            "may add with segments (the capacity)");
+}
+
+INSTANTIATE_TEST_SUITE_P(Segments, PolicySegments,
+                         ::testing::Values(SegCase{0, 7, 7, false}, SegCase{0, 10, 4, false}, SegCase{0, 8, 3, true},
+                                           SegCase{2, 7, 5, false}, SegCase{2, 10, 10, true}),
+                         [](const ::testing::TestParamInfo<SegCase>& i) {
+                           return (i.param.window == 0 ? std::string("full") : "window" + std::to_string(i.param.window)) +
+                                  "_S" + std::to_string(i.param.length) + "_M" + std::to_string(i.param.tail) +
+                                  (i.param.retrieval ? "_retrieval" : "");
+                         });
+
+class PolicyFailures : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 // Every failing step between two good ones leaves no trace: the next step's context and logits
 // are a policy's that never saw them (with the full history the cache keeps no rows of theirs;
 // with a window, the history keeps neither them nor loses the observation they pushed out).
 TEST_P(PolicyFailures, AFailedStepLeavesTheHistoryAndTheCacheAsTheyWere) {
-  const int window = GetParam();
+  const auto [window, segments] = GetParam();
   const ModelConfig cfg = tt::testing::tiny_vla_config();  // 4 rows a frame, a state row
   Model<double> m(cfg);
   m.init(4);
-  VlaPolicy<CpuExec<double>> policy(m, window, 48), ref(m, window, 48);
+  SegmentConfig seg;  // segments of 7 rows: every step rolls at least once
+  if (segments) seg.length = 7, seg.tail = 5;
+  VlaPolicy<CpuExec<double>> policy(m, window, 48, seg), ref(m, window, 48, seg);
   std::mt19937_64 rng(7);
   const std::vector<Observation> good = {random_obs(rng, 2), random_obs(rng, 1), random_obs(rng, 2)};
   policy.reset({5, 6, 7});
@@ -143,7 +232,8 @@ TEST_P(PolicyFailures, AFailedStepLeavesTheHistoryAndTheCacheAsTheyWere) {
   EXPECT_NE(error_of([&] { policy.act(nan_state, 2, 10, 24); }).find("non-finite logits for action token 0"),
             std::string::npos);
   const Observation too_big = random_obs(rng, 12);  // 49 rows
-  EXPECT_NE(error_of([&] { policy.act(too_big, 2, 10, 24); }).find("more than the context of 48 rows"),
+  EXPECT_NE(error_of([&] { policy.act(too_big, 2, 10, 24); })
+                .find(segments ? "more than the 48 one step may add with segments" : "more than the context of 48 rows"),
             std::string::npos);
   EXPECT_NE(error_of([&] { policy.act(good[2], 60, 10, 24); }).find("59 fed-back action tokens"), std::string::npos);
   std::vector<double> got, want;
@@ -157,9 +247,12 @@ TEST_P(PolicyFailures, AFailedStepLeavesTheHistoryAndTheCacheAsTheyWere) {
   EXPECT_EQ(c.state, r.state);
 }
 
-INSTANTIATE_TEST_SUITE_P(Histories, PolicyFailures, ::testing::Values(0, 2),
-                         [](const ::testing::TestParamInfo<int>& i) {
-                           return i.param == 0 ? std::string("full") : "window" + std::to_string(i.param);
+INSTANTIATE_TEST_SUITE_P(Histories, PolicyFailures,
+                         ::testing::Combine(::testing::Values(0, 2), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<int, bool>>& i) {
+                           const int w = std::get<0>(i.param);
+                           return (w == 0 ? std::string("full") : "window" + std::to_string(w)) +
+                                  (std::get<1>(i.param) ? "_segments" : "");
                          });
 
 // An instruction the context cannot hold, or with an id outside the vocabulary, is refused up

@@ -3,7 +3,8 @@
 // tiles), the LLaVA projector, the state projection and a Qwen3 decoder, on episode trees with
 // two cameras and a state, full and window histories.
 //  - LossAndGradients: loss and every gradient (tower, projector, state projection, decoder);
-//    then the tree partitioned (each piece's frames through the tower), with and without recompute.
+//    then the tree partitioned (each piece's frames through the tower), with and without recompute;
+//    then segment by segment with a whole-segment tail (not yet run on a GPU).
 //  - FrozenTower: vision.freeze: the tower's gradients are exactly zero, the rest within the rule.
 //  - FeatureLayer: vision.vision_feature_layer -2: the last tower layer never runs (zero gradients),
 //    the rest within the rule (not yet run on a GPU: added after this session's device time).
@@ -28,6 +29,7 @@
 #include "data/partition.h"
 #include "model/decoder.h"
 #include "model/partitioned.h"
+#include "model/segments.h"
 #include "tests/equivalence/vla_fixture.h"
 #include "tests/model_cuda/test_util.h"
 
@@ -155,6 +157,20 @@ TEST_P(VlaCuda, LossAndGradients) {
     expect_loss_close(lp, ref.loss, w);
     expect_vla_grads_close(gpu.params_info(), gpu.grads_host(), ref.grads, layers_of(cfg), w);
   }
+
+  // Segments of S > max_depth / 2 with a whole-segment tail and K = 1 (every row sees its whole
+  // history, every gradient crosses): the same reference; the boundary cuts a frame's slot, whose
+  // frame runs the tower in both segments (parts of slots: PackedBatch::slot_first, slot_count).
+  // (Added without a GPU lent: not yet run on one.)
+  model::SegmentConfig seg;
+  seg.length = t.max_depth() / 2 + 1;
+  seg.tail = seg.length;
+  seg.tbptt = 1;
+  gpu.zero_grad();
+  const double ls = model::forward_backward_segmented(gpu, seg, data::plan_segments(t, seg.length), scale, nullptr, load);
+  const std::string ws = what + ", segments";
+  expect_loss_close(ls, ref.loss, ws);
+  expect_vla_grads_close(gpu.params_info(), gpu.grads_host(), ref.grads, layers_of(cfg), ws);
 }
 
 INSTANTIATE_TEST_SUITE_P(Histories, VlaCuda, ::testing::Values(0, 3),

@@ -233,6 +233,28 @@ TEST(NavServe, EvalChecksTheContextAgainstTheModelsPositions) {
   EXPECT_EQ(json::parse(slurp(dir / "o")).at("episodes"), 1);
 }
 
+// A run trained with segments (nav episodes deeper than segments.length 64, 16-row frames cut by
+// its boundaries): eval runs the policy through the segment operator as training ran, whose
+// positions stay below 64 + 32 however long the episode, so --max-steps 70 (past the 63 the
+// unsegmented check above allows) runs. (serve builds its sessions' policies the same way.)
+TEST(NavServe, ARunTrainedWithSegmentsIsEvaluatedThroughThem) {
+  const fs::path dir = fresh_dir("nav_segments");
+  const std::string data = (dir / "episodes.jsonl").string();
+  ASSERT_EQ(sh("trainer/treetrain generate --kind nav-episodes --out " + data + " --num-episodes 4 --seed 5 2>/dev/null"), 0);
+  ASSERT_EQ(sh("trainer/treetrain --config configs/vla_quickstart.yaml --set run_dir=" + (dir / "run").string() +
+               " --set data.path=" + data + " --set train.max_steps=2 --set train.checkpoint_every=0"
+               " --set segments.length=64 --set segments.tail=32 > " + (dir / "train_log").string() + " 2>&1"),
+            0)
+      << slurp(dir / "train_log");
+  EXPECT_NE(slurp(dir / "train_log").find("train segment by segment"), std::string::npos) << slurp(dir / "train_log");
+  ASSERT_EQ(sh("trainer/treetrain eval --env nav --checkpoint " + (dir / "run").string() +
+               " --episodes 1 --max-steps 70 > " + (dir / "o").string() + " 2> " + (dir / "e").string()),
+            0)
+      << slurp(dir / "e");
+  EXPECT_EQ(json::parse(slurp(dir / "o")).at("episodes"), 1);
+  EXPECT_NE(slurp(dir / "e").find("history full, segments of 64 tail 32"), std::string::npos) << slurp(dir / "e");
+}
+
 TEST(NavServe, BadRequestsGetErrorsAndNeverStopTheServer) {
   ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12 --max-message-bytes 65536");
   Client c(s.port);
