@@ -118,6 +118,29 @@ std::vector<double> VlaPolicy<E>::prefill(const data::PackedBatch& b) {
   return m_.infer(b, req, used > 0 ? &carry : nullptr, &w).logits;
 }
 
+// The action tokens from the context's last logits, greedily among [first_id, end_id): each but
+// the last fed back (feed(b, k): token k as a one-row batch, reading the context and the action's
+// earlier tokens; returns its logits).
+template <class E>
+template <class Feed>
+std::vector<int32_t> VlaPolicy<E>::decode(std::vector<double> logits, int n_tokens, int32_t first_id, int32_t end_id,
+                                          std::vector<double>* first_logits, Feed&& feed) {
+  check_finite(logits, 0);
+  if (first_logits) *first_logits = logits;
+  std::vector<int32_t> out;
+  for (int k = 0; k < n_tokens; ++k) {
+    const int32_t tok = (int32_t)(std::max_element(logits.begin() + first_id, logits.begin() + end_id) - logits.begin());
+    out.push_back(tok);
+    if (k + 1 == n_tokens) break;
+    data::PackedBatch b;
+    b.tokens = {tok};
+    one_node(b, 1, 0);
+    logits = feed(b, k);
+    check_finite(logits, k + 1);
+  }
+  return out;
+}
+
 template <class E>
 std::vector<int32_t> VlaPolicy<E>::act(const Observation& obs, int n_tokens, int32_t first_id, int32_t end_id,
                                        std::vector<double>* first_logits) {
@@ -166,21 +189,12 @@ std::vector<int32_t> VlaPolicy<E>::act(const Observation& obs, int n_tokens, int
         depth += b.n_tokens;
       }
     }
-    check_finite(logits, 0);
-    if (first_logits) *first_logits = logits;
     const int64_t context_rows = cache_.used();
-    std::vector<int32_t> out;
-    for (int k = 0; k < n_tokens; ++k) {
-      const int32_t tok =
-          (int32_t)(std::max_element(logits.begin() + first_id, logits.begin() + end_id) - logits.begin());
-      out.push_back(tok);
-      if (k + 1 == n_tokens) break;
-      data::PackedBatch b;  // the token, reading the context and the action's earlier tokens
-      b.tokens = {tok};
-      one_node(b, 1, depth + k);
-      logits = prefill(b);
-      check_finite(logits, k + 1);
-    }
+    const std::vector<int32_t> out = decode(std::move(logits), n_tokens, first_id, end_id, first_logits,
+                                            [&](data::PackedBatch& b, int k) {
+                                              b.pos = {depth + k};
+                                              return prefill(b);
+                                            });
     cache_.truncate(context_rows);  // actions are no later step's context
     return out;
   } catch (...) {
@@ -223,21 +237,9 @@ std::vector<int32_t> VlaPolicy<E>::act_segmented(const Observation& obs, int n_t
       path_->append(b);
       for (const Observation& o : history_) logits = path_->append(observation_batch(o, 0));
     }
-    check_finite(logits, 0);
-    if (first_logits) *first_logits = logits;
     const auto context = path_->mark();
-    std::vector<int32_t> out;
-    for (int k = 0; k < n_tokens; ++k) {
-      const int32_t tok =
-          (int32_t)(std::max_element(logits.begin() + first_id, logits.begin() + end_id) - logits.begin());
-      out.push_back(tok);
-      if (k + 1 == n_tokens) break;
-      data::PackedBatch b;
-      b.tokens = {tok};
-      one_node(b, 1, 0);
-      logits = path_->append(b);
-      check_finite(logits, k + 1);
-    }
+    const std::vector<int32_t> out = decode(std::move(logits), n_tokens, first_id, end_id, first_logits,
+                                            [&](data::PackedBatch& b, int) { return path_->append(b); });
     path_->rewind(context);  // actions are no later step's context
     return out;
   } catch (...) {

@@ -63,6 +63,9 @@ class VlaPolicy {
   // The observation's node forward reading the cache's [0, used) and writing its rows after it;
   // returns the last row's logits.
   std::vector<double> prefill(const data::PackedBatch& b);
+  template <class Feed>
+  std::vector<int32_t> decode(std::vector<double> logits, int n_tokens, int32_t first_id, int32_t end_id,
+                              std::vector<double>* first_logits, Feed&& feed);
   std::vector<int32_t> act_segmented(const Observation& obs, int n_tokens, int32_t first_id, int32_t end_id,
                                      std::vector<double>* first_logits);
 
