@@ -449,7 +449,11 @@ void Trainer::take_shard(std::vector<data::PackedBatch>* micro, std::vector<Micr
   }
   std::vector<double> cost;
   for (int64_t t : step_trees) {
-    if (tree_cost_[t] < 0) {
+    if (tree_cost_[t] < 0 && cfg_.segments.enabled() && trees[t].max_depth() > cfg_.segments.length) {
+      // A tree deeper than a segment runs segment by segment: what its segments execute (a long
+      // sequence's attention linear in its length, not quadratic as its tree packing's).
+      tree_cost_[t] = arch_.flops(segmented(t).work, model::Pass::kTrain).executed;
+    } else if (tree_cost_[t] < 0) {
       tree_cost_[t] = distributed::tree_cost(arch_, trees[t], packing);
       // A tree over the budget runs partitioned: frames shown in several pieces run their tower in
       // each; with partition.recompute, its non-leaf pieces run forward twice.

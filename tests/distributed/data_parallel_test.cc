@@ -20,7 +20,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "data/partition.h"
+#include "data/reader.h"
 #include "data/synthetic.h"
+#include "distributed/shard.h"
+#include "model/decoder.h"
+#include "model/segments.h"
 #include "base/check.h"
 #include "tests/distributed/test_util.h"
 #include "tests/trainer/test_util.h"
@@ -204,6 +209,54 @@ TEST(DataParallelTest, PartitionedTreesTrainDataParallel) {
     EXPECT_DOUBLE_EQ(m.imbalance, 1.0);  // two equal combs per step, one per rank
   }
   expect_same_update(want, got[0], p0, "partitioned");
+}
+
+// Trees deeper than segments.length are dealt by what their segments execute (model::
+// segment_work: a tail of M rows, not the whole history), not by their tree packing's FLOPs: two
+// sequences of 48 and 20 tokens in segments of 8 with a 4-row tail, one per micro-batch, one step
+// (each on a rank): the step's imbalance is the segmented costs', which differs from the packed
+// ones' (attention over the whole history). The update is the one process's.
+TEST(DataParallelTest, SegmentedTreesAreDealtByWhatTheirSegmentsExecute) {
+  const fs::path dir = test_dir("dp_segments");
+  RunConfig c = tiny_config(dir);
+  std::vector<data::Tree> trees;
+  {
+    std::ofstream f(dir / "seqs.jsonl");
+    int id = 0;
+    for (int n : {48, 20}) {
+      std::string line = R"({"id": "s)" + std::to_string(id++) + R"(", "sequences": [{"tokens": [)";
+      for (int i = 0; i < n; ++i) line += (i ? "," : "") + std::to_string((7 * i + n) % 32);
+      line += "]}]}";
+      f << line << "\n";
+      trees.push_back(data::parse_rollouts_line(line, "test", 0));
+    }
+  }
+  c.data.path = (dir / "seqs.jsonl").string();
+  c.data.max_tokens_per_batch = 64;
+  c.data.shuffle = false;
+  c.train.grad_accum = 2;
+  c.train.max_steps = 1;
+  c.segments.length = 8;
+  c.segments.tail = 4;
+  c.validate();
+  const model::Architecture arch(c.model);
+  std::vector<double> segmented, packed;
+  for (const data::Tree& t : trees) {
+    const model::Work w = model::segment_work(c.segments, data::plan_segments(t, c.segments.length), c.model);
+    segmented.push_back(arch.flops(w, model::Pass::kTrain).executed);
+    packed.push_back(tree_cost(arch, t, data::Packing::kTree));
+  }
+  const double want = balance(segmented, 2).imbalance(), packed_imbalance = balance(packed, 2).imbalance();
+  ASSERT_GT(std::fabs(want - packed_imbalance), 1e-3) << "the two estimates must differ for the test to tell";
+  const std::vector<float> p0 = Trainer(c).backend().params_host();
+  const RunResult one = single(c, 1);
+  const std::vector<RunResult> got = distributed_run(c, 2, 1);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(got[r].steps.size(), 1u);
+    EXPECT_EQ(got[r].steps[0].pieces, 6 + 3) << "segments: 48 / 8 and 20 / 8 rounded up";
+    EXPECT_NEAR(got[r].steps[0].imbalance, want, 1e-12 * want) << "rank " << r;
+  }
+  expect_same_update(one, got[0], p0, "segmented");
 }
 
 TEST(DataParallelTest, PerPathSpreadTreesTrainDataParallel) {
