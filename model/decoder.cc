@@ -579,7 +579,13 @@ void Decoder<E>::backward(Activations<E>& a, const Carry<E>* relay, const GradRe
     if (on_ready && (b == 0 || blocks_[b - 1]->spec().layer() != layer))
       on_ready(blocks_[b]->spec().params().begin, layer_end);
   }
-  if (arch_.vision()) vision_backward(a);  // reads and clears the media rows of dx
+  if (arch_.vision()) {  // reads and clears the media rows of dx
+    if (again) {
+      vision_stash(a);  // the last backward runs the stage once, on the sum
+    } else {
+      vision_backward(a);
+    }
+  }
   arch_.input().backward(exec_, a.view_, grads(), reinterpret_cast<const Act*>(dx_));
   exec_.profile_gap();
   if (on_ready) on_ready(arch_.input().params().begin, arch_.input().params().end);
@@ -592,6 +598,7 @@ void Decoder<E>::vision_forward(const data::PackedBatch& batch, Activations<E>& 
     const VisionKind& vk = *arch_.vision();
     a.vision_frames_ = (int)batch.frames.size();
     a.vision_moves_ = batch.media_slot_rows();
+    a.vision_stashed_ = false;
     a.vision_states_ = (int)batch.state_row.size();
     if (a.vision_moves_ == 0 && a.vision_states_ == 0) return;
     exec_.ensure(a.vision_buf_, vk.bytes<E>(vision_blocks_, a.mode_, a.vision_frames_, a.vision_moves_,
@@ -612,6 +619,28 @@ void Decoder<E>::vision_forward(const data::PackedBatch& batch, Activations<E>& 
 }
 
 template <class E>
+void Decoder<E>::vision_stash(Activations<E>& a) {
+  if constexpr (E::kVisionOps) {
+    if (a.vision_moves_ == 0 && a.vision_states_ == 0) return;
+    const size_t bytes = sizeof(Acc) * (size_t)(a.vision_moves_ + a.vision_states_) * (size_t)config().hidden_size;
+    if (!a.vision_stashed_) {
+      exec_.ensure(a.vision_stash_, bytes);
+      exec_.zero(a.vision_stash_.data(), bytes);
+      a.vision_stashed_ = true;
+    }
+    VisionCall<E> c;
+    c.mode = Mode::kTrain;
+    c.tower = &vision_blocks_;
+    c.dx = reinterpret_cast<Act*>(dx_);
+    c.tower_view = &a.vision_view_;
+    arch_.vision()->stash_grad(exec_, c, a.vision_buf_.data(), a.vision_frames_, a.vision_moves_, a.vision_states_,
+                               reinterpret_cast<Acc*>(a.vision_stash_.data()));
+  } else {
+    (void)a;
+  }
+}
+
+template <class E>
 void Decoder<E>::vision_backward(Activations<E>& a) {
   if constexpr (E::kVisionOps) {
     if (a.vision_moves_ == 0 && a.vision_states_ == 0) return;
@@ -622,6 +651,11 @@ void Decoder<E>::vision_backward(Activations<E>& a) {
     c.tower = &vision_blocks_;
     c.dx = reinterpret_cast<Act*>(dx_);
     c.tower_view = &a.vision_view_;
+    if (a.vision_stashed_) {  // the earlier backwards' media-row gradients (again = true)
+      arch_.vision()->unstash_grad(exec_, c, a.vision_buf_.data(), a.vision_frames_, a.vision_moves_,
+                                   a.vision_states_, reinterpret_cast<const Acc*>(a.vision_stash_.data()));
+      a.vision_stashed_ = false;
+    }
     exec_.begin_vision();
     arch_.vision()->backward(exec_, c, a.vision_buf_.data(), a.vision_frames_, a.vision_moves_, a.vision_states_);
     exec_.end_vision();

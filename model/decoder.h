@@ -116,6 +116,10 @@ class Activations {
   int vision_frames_ = 0, vision_states_ = 0;
   int64_t vision_moves_ = 0;  // rows the frame slots cover
   BatchView<E> vision_view_;  // the tower's view of the last forward's frames
+  // Backwards with `again` stash the media rows' gradients here (Acc) for the last one, which
+  // runs the stage's backward once on their sum (VisionKind::stash_grad).
+  typename E::Buffer vision_stash_;
+  bool vision_stashed_ = false;
   const uint64_t* sample_keys_ = nullptr;  // no-grad with sampling: (n_logit_rows) keys
   int32_t* sample_tokens_ = nullptr;       // and the draws' outputs
   double* sample_logprobs_ = nullptr;
@@ -182,6 +186,7 @@ template <class E>
 class Decoder {
  public:
   using Act = typename E::Act;
+  using Acc = typename E::Acc;
   using Param = typename E::Param;
   using Weight = typename E::Weight;
 
@@ -235,7 +240,9 @@ class Decoder {
   // segment's truncated-BPTT columns, model/segments.h); on the backends that take the head's
   // gradient in forward (kHeadGradInForward) it must follow the one backward with the loss.
   // again: another backward will run on these activations, so this one leaves them intact (on
-  // the GPU the MLP, which takes its gate/up gradients in their saved buffers, recomputes them).
+  // the GPU the MLP, which takes its gate/up gradients in their saved buffers, recomputes them);
+  // the media stage (vision tower, projector, state projection) then takes its gradients once, in
+  // the last backward (again = false), from the media rows' gradients of all of them summed.
   void backward(Activations<E>& acts, const Carry<E>* relay = nullptr, const GradReadyFn& on_ready = nullptr,
                 bool with_loss = true, bool again = false);
   // loss_scale * sum_t w_t ce_t of the last forward on acts (waits for the backend).
@@ -295,6 +302,7 @@ class Decoder {
   // The media stage's forward into the input rows x0, and its backward from the decoder's dx.
   void vision_forward(const data::PackedBatch& batch, Activations<E>& a, Act* x0);
   void vision_backward(Activations<E>& a);
+  void vision_stash(Activations<E>& a);
   void ensure_scratch(int N, int R);
   BlockCall<E> call(const Activations<E>& a, int b) const;
   HeadCall<E> head_call(const Activations<E>& a) const;

@@ -230,6 +230,12 @@ void CpuExec<T>::add_rows(Acc* dst, const int32_t* rows, const Acc* src, int R, 
 }
 
 template <class T>
+void CpuExec<T>::add_rows(Acc* dst, const int32_t* dst_rows, const Acc* src, const int32_t* src_rows, int n, int C) {
+  for (int i = 0; i < n; i++)
+    for (int c = 0; c < C; c++) dst[(int64_t)dst_rows[i] * C + c] += src[(int64_t)src_rows[i] * C + c];
+}
+
+template <class T>
 void CpuExec<T>::retrieval_select(int32_t* idx, const Act* q, const Act* pool_k, int P, int NH, int NKV, int HS,
                                   uint64_t heads, int R) {
   cpu::retrieval_select(idx, q, pool_k, P, NH, NKV, HS, heads, R);

@@ -166,6 +166,9 @@ class CpuExec {
   void copy(Act* dst, const Act* src, int64_t n);
   // dst[rows[r]] += src[r] (R rows of C; rows distinct): relayed gradients into their rows.
   void add_rows(Acc* dst, const int32_t* rows, const Acc* src, int R, int C);
+  // dst[dst_rows[i]] += src[src_rows[i]] (i < n; dst_rows distinct): the GPU's bf16 <-> fp32 forms
+  // in one (Act = Acc here).
+  void add_rows(Acc* dst, const int32_t* dst_rows, const Acc* src, const int32_t* src_rows, int n, int C);
   // Segment retrieval (ops/cpu/retrieval.h): per KV head in `heads`, the R pool rows whose keys
   // score highest against the head's query group; then those rows gathered into a prefix.
   void retrieval_select(int32_t* idx, const Act* q, const Act* pool_k, int P, int NH, int NKV, int HS,

@@ -167,7 +167,8 @@ Work segment_work(const SegmentConfig& cfg, const data::SegmentPlan& plan, const
 // grads() += the gradient of loss_scale * L_K; returns loss_scale * sum of the targets' w ce.
 // Episode trees (a model with a vision tower): each segment piece runs the tower on the frames its
 // slots show (load_frames fills their pixels; a frame whose slots a segment boundary cuts runs in
-// both pieces), and every column's backward takes the tower's, so the gradients that reach a
+// both pieces); the columns' gradients of its media rows are summed and the tower's backward runs
+// once, with the piece's last column (Decoder::backward's `again`), so the gradients that reach a
 // frame's slot rows through later segments' tails reach the tower too.
 template <class E>
 double forward_backward_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::SegmentPlan& plan,

@@ -336,6 +336,7 @@ struct VisionKind::Acts {
   int32_t *dst_rows, *src_rows;                  // (moves) decoder row <- tower row
   int32_t *tok_off, *tok_src;                    // (M + 1), (moves) per tower row: its decoder rows
   int32_t *state_rows, *state_src;               // (n_state) decoder row, 0..n_state-1
+  int32_t* iota;                                 // (max(moves, n_state)) 0, 1, ...: stash rows
   float* pixels;                                 // (F, 3, S, S)
   Act* state_in;                                 // (n_state, Sd)
   size_t meta_bytes;
@@ -368,6 +369,7 @@ struct VisionKind::Acts {
     tok_src = c.take<int32_t>(moves);
     state_rows = c.take<int32_t>(n_state);
     state_src = c.take<int32_t>(n_state);
+    iota = c.take<int32_t>(std::max<int64_t>(moves, n_state));
     pixels = c.take<float>((int64_t)F * 3 * v.S_ * v.S_);
     state_in = c.take<Act>((int64_t)n_state * v.Sd_);
     meta_bytes = c.bytes();
@@ -458,6 +460,7 @@ void VisionKind::forward(E& e, const VisionCall<E>& c, const data::PackedBatch& 
       h.state_rows[r] = batch.state_row[r];
       h.state_src[r] = r;
     }
+    std::iota(h.iota, h.iota + std::max<int64_t>(moves, n_state), 0);
     if (F) std::copy(batch.pixels.begin(), batch.pixels.end(), h.pixels);
     for (size_t i = 0; i < batch.state.size(); ++i) h.state_in[i] = (typename E::Act)batch.state[i];
     e.upload(buf, staging.data(), a.meta_bytes);
@@ -546,6 +549,28 @@ void VisionKind::backward(E& e, const VisionCall<E>& c, char* buf, int F, int64_
   e.linear_dw(g + pe_w_, a.dxv, a.patches, M, K_, D);
 }
 
+template <class E>
+void VisionKind::stash_grad(E& e, const VisionCall<E>& c, char* buf, int F, int64_t moves, int n_state,
+                            typename E::Acc* acc) const {
+  const Acts<E> a(*this, *c.tower, Mode::kTrain, F, moves, n_state, buf);
+  if (moves > 0) {
+    e.add_rows(acc, a.iota, c.dx, a.dst_rows, (int)moves, C_);
+    e.zero_rows(c.dx, a.dst_rows, (int)moves, C_);
+  }
+  if (n_state > 0) {
+    e.add_rows(acc + moves * C_, a.iota, c.dx, a.state_rows, n_state, C_);
+    e.zero_rows(c.dx, a.state_rows, n_state, C_);
+  }
+}
+
+template <class E>
+void VisionKind::unstash_grad(E& e, const VisionCall<E>& c, char* buf, int F, int64_t moves, int n_state,
+                              const typename E::Acc* acc) const {
+  const Acts<E> a(*this, *c.tower, Mode::kTrain, F, moves, n_state, buf);
+  if (moves > 0) e.add_rows(c.dx, a.dst_rows, acc, a.iota, (int)moves, C_);
+  if (n_state > 0) e.add_rows(c.dx, a.state_rows, acc + moves * C_, a.iota, n_state, C_);
+}
+
 #define TT_VISION_INSTANTIATE(E)                                                                              \
   template size_t SiglipAttentionKind::saved_bytes<E>(int) const;                                            \
   template size_t SiglipAttentionKind::scratch_bytes<E>(int) const;                                          \
@@ -558,7 +583,11 @@ void VisionKind::backward(E& e, const VisionCall<E>& c, char* buf, int F, int64_
   template size_t VisionKind::bytes<E>(const std::vector<std::unique_ptr<Block<E>>>&, Mode, int, int64_t, int)     \
       const;                                                                                                  \
   template void VisionKind::forward<E>(E&, const VisionCall<E>&, const data::PackedBatch&, char*) const;     \
-  template void VisionKind::backward<E>(E&, const VisionCall<E>&, char*, int, int64_t, int) const;
+  template void VisionKind::backward<E>(E&, const VisionCall<E>&, char*, int, int64_t, int) const;                \
+  template void VisionKind::stash_grad<E>(E&, const VisionCall<E>&, char*, int, int64_t, int, typename E::Acc*)   \
+      const;                                                                                                    \
+  template void VisionKind::unstash_grad<E>(E&, const VisionCall<E>&, char*, int, int64_t, int,                 \
+                                            const typename E::Acc*) const;
 TT_VISION_INSTANTIATE(CpuExec<float>)
 TT_VISION_INSTANTIATE(CpuExec<double>)
 TT_VISION_INSTANTIATE(CudaExec)

@@ -151,6 +151,16 @@ class VisionKind {
   // c.dx, which it then clears.
   template <class E>
   void backward(E& e, const VisionCall<E>& c, char* buf, int F, int64_t moves, int n_state) const;
+  // A backward that a later one on the same forward follows (segment columns) leaves the tower
+  // to the last: stash_grad adds the media rows of c.dx into acc ((moves + n_state) rows of C,
+  // the accumulators' precision) and clears them; unstash_grad adds acc back into those rows of
+  // c.dx before the last backward reads them (the stage's gradients are linear in them).
+  template <class E>
+  void stash_grad(E& e, const VisionCall<E>& c, char* buf, int F, int64_t moves, int n_state,
+                  typename E::Acc* acc) const;
+  template <class E>
+  void unstash_grad(E& e, const VisionCall<E>& c, char* buf, int F, int64_t moves, int n_state,
+                    const typename E::Acc* acc) const;
 
  private:
   template <class E>
