@@ -212,8 +212,8 @@ Tree split_long_nodes(const Tree& tree, int64_t max_len) {
     // so the segment is never empty).
     for (int64_t c = max_len; c < len; c += max_len) {
       for (int k : nm.slots[node]) {
-        const int64_t s = tree.media.slots[k].offset;
-        if (s < c && c < s + P) c = s;
+        const int64_t s = tree.media.slots[k].offset, e = s + tree.media.slots[k].rows((int)P);
+        if (s < c && c < e) c = s;
       }
       at->push_back(c);
     }

@@ -920,12 +920,15 @@ MemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t tokens, 
     if (const VisionKind* vk = arch.vision()) {
       // The media stage at its largest for N rows: every row in a frame slot, each slot its own
       // frame (per_path packing), a state row per observation; and a part of a frame at either end
-      // (a segment piece of one path: data::plan_segments cuts slots at its boundaries).
+      // (a segment piece of one path: data::plan_segments cuts slots at its boundaries; a piece of
+      // a tree whose branches cross the next boundary inside slots shows one more a branch, not
+      // counted here), and the media rows' stashed gradients (segment columns, backward's again).
       std::vector<std::unique_ptr<Block<E>>> tower;
       for (const auto& k : vk->tower()) tower.push_back(make_block<E>(*k));
       const int slots = N / vk->tokens_per_frame();
       m.activations +=
-          (int64_t)vk->bytes<E>(tower, Mode::kTrain, slots + 2, N, vk->state_dim() > 0 ? slots : 0);
+          (int64_t)vk->bytes<E>(tower, Mode::kTrain, slots + 2, N, vk->state_dim() > 0 ? slots : 0) +
+          N * C * (int64_t)sizeof(typename E::Acc);
     }
   }
   return m;
