@@ -619,6 +619,18 @@ void Decoder<E>::vision_forward(const data::PackedBatch& batch, Activations<E>& 
 }
 
 template <class E>
+VisionCall<E> Decoder<E>::vision_grad_call(Activations<E>& a) {
+  VisionCall<E> c;
+  c.mode = Mode::kTrain;
+  c.w = weights();
+  c.g = grads();
+  c.tower = &vision_blocks_;
+  c.dx = reinterpret_cast<Act*>(dx_);
+  c.tower_view = &a.vision_view_;
+  return c;
+}
+
+template <class E>
 void Decoder<E>::vision_stash(Activations<E>& a) {
   if constexpr (E::kVisionOps) {
     if (a.vision_moves_ == 0 && a.vision_states_ == 0) return;
@@ -628,11 +640,7 @@ void Decoder<E>::vision_stash(Activations<E>& a) {
       exec_.zero(a.vision_stash_.data(), bytes);
       a.vision_stashed_ = true;
     }
-    VisionCall<E> c;
-    c.mode = Mode::kTrain;
-    c.tower = &vision_blocks_;
-    c.dx = reinterpret_cast<Act*>(dx_);
-    c.tower_view = &a.vision_view_;
+    const VisionCall<E> c = vision_grad_call(a);
     arch_.vision()->stash_grad(exec_, c, a.vision_buf_.data(), a.vision_frames_, a.vision_moves_, a.vision_states_,
                                reinterpret_cast<Acc*>(a.vision_stash_.data()));
   } else {
@@ -644,13 +652,7 @@ template <class E>
 void Decoder<E>::vision_backward(Activations<E>& a) {
   if constexpr (E::kVisionOps) {
     if (a.vision_moves_ == 0 && a.vision_states_ == 0) return;
-    VisionCall<E> c;
-    c.mode = Mode::kTrain;
-    c.w = weights();
-    c.g = grads();
-    c.tower = &vision_blocks_;
-    c.dx = reinterpret_cast<Act*>(dx_);
-    c.tower_view = &a.vision_view_;
+    const VisionCall<E> c = vision_grad_call(a);
     if (a.vision_stashed_) {  // the earlier backwards' media-row gradients (again = true)
       arch_.vision()->unstash_grad(exec_, c, a.vision_buf_.data(), a.vision_frames_, a.vision_moves_,
                                    a.vision_states_, reinterpret_cast<const Acc*>(a.vision_stash_.data()));

@@ -303,6 +303,7 @@ class Decoder {
   void vision_forward(const data::PackedBatch& batch, Activations<E>& a, Act* x0);
   void vision_backward(Activations<E>& a);
   void vision_stash(Activations<E>& a);
+  VisionCall<E> vision_grad_call(Activations<E>& a);  // the media stage's backward on dx
   void ensure_scratch(int N, int R);
   BlockCall<E> call(const Activations<E>& a, int b) const;
   HeadCall<E> head_call(const Activations<E>& a) const;

@@ -34,6 +34,14 @@ void one_node(data::PackedBatch& b, int n, int first_pos) {
   b.tree_start = {0, n};
 }
 
+// Tokens as one causal node at positions 0.. (the instruction, a fed-back action token).
+data::PackedBatch token_batch(const std::vector<int32_t>& tokens) {
+  data::PackedBatch b;
+  b.tokens = tokens;
+  one_node(b, (int)tokens.size(), 0);
+  return b;
+}
+
 }  // namespace
 
 template <class E>
@@ -58,9 +66,7 @@ void VlaPolicy<E>::reset(const std::vector<int32_t>& instruction) {
   history_.clear();
   instruction_.clear();  // until the prefill succeeded: a failed reset leaves no episode to act in
   if (path_) path_->clear();
-  data::PackedBatch b;
-  b.tokens = instruction;
-  one_node(b, (int)instruction.size(), 0);
+  const data::PackedBatch b = token_batch(instruction);
   try {
     if (path_) {
       path_->append(b);
@@ -132,9 +138,7 @@ std::vector<int32_t> VlaPolicy<E>::decode(std::vector<double> logits, int n_toke
     const int32_t tok = (int32_t)(std::max_element(logits.begin() + first_id, logits.begin() + end_id) - logits.begin());
     out.push_back(tok);
     if (k + 1 == n_tokens) break;
-    data::PackedBatch b;
-    b.tokens = {tok};
-    one_node(b, 1, 0);
+    data::PackedBatch b = token_batch({tok});
     logits = feed(b, k);
     check_finite(logits, k + 1);
   }
@@ -231,10 +235,7 @@ std::vector<int32_t> VlaPolicy<E>::act_segmented(const Observation& obs, int n_t
       logits = path_->append(observation_batch(obs, 0));
     } else {
       path_->clear();
-      data::PackedBatch b;
-      b.tokens = instruction_;
-      one_node(b, (int)instruction_.size(), 0);
-      path_->append(b);
+      path_->append(token_batch(instruction_));
       for (const Observation& o : history_) logits = path_->append(observation_batch(o, 0));
     }
     const auto context = path_->mark();

@@ -576,6 +576,18 @@ class SegmentedInference {
           model_.exec().copy(q_of(st, l), reinterpret_cast<const Act*>(q_buf_.data()) + ((int64_t)l * n + r) * QD_, QD_);
     if ((int64_t)st.rows.size() == cfg_.length) roll(st);
   }
+  // Rows of st's open segment in one forward: batch b (at the segment's positions) reads st's
+  // prefixes and earlier rows, stores its K/V at cache rows `rows` and joins the segment.
+  InferResult prefill(SeqSegments<E>& st, const data::PackedBatch& b, const std::vector<int32_t>& rows,
+                      const InferRequest& req) {
+    const int n = b.n_tokens;
+    Carry<E> carry(L_);
+    read(st, carry, 0, n);
+    const CacheWrite<E> w = write(rows);
+    InferResult res = model_.infer(b, req, &carry, &w);
+    for (int j = 0; j < n; ++j) append(st, j, n, rows[j]);
+    return res;
+  }
 
  private:
   Act* q_of(const SeqSegments<E>& st, int l) const { return reinterpret_cast<Act*>(st.last_q->data()) + (int64_t)l * QD_; }
@@ -672,11 +684,8 @@ std::vector<Completion> generate_segmented(Decoder<E>& model, const SegmentConfi
     for (int64_t d0 = 0; d0 < plen; d0 += S) {
       const int n = (int)std::min<int64_t>(S, plen - d0);
       const data::PackedBatch b = segment_rows(cfg, tok.data() + d0, n, d0);
-      Carry<E> carry(model.architecture().num_layers());
-      seg.read(prompt, carry, 0, n);
       std::vector<int32_t> rows(n);
       for (int j = 0; j < n; ++j) rows[j] = (int32_t)(prompt_rows + j);
-      const CacheWrite<E> w = seg.write(rows);
       const bool final = d0 + n == plen;
       std::vector<int32_t> want;
       if (capture) {
@@ -689,12 +698,11 @@ std::vector<Completion> generate_segmented(Decoder<E>& model, const SegmentConfi
       InferRequest req = draw_request(want, final && on_backend ? who : std::vector<SampleStream*>{}, opt,
                                       final && on_backend);
       if (want.empty()) req.rows = InferRequest::Rows::kNone;
-      const InferResult res = model.infer(b, req, &carry, &w);
+      const InferResult res = seg.prefill(prompt, b, rows, req);
       ++st.forwards;
       st.prefill_rows += n;
       if (capture)
         for (int j = 0; j < n; ++j) logits_out->emplace_back(res.logits.begin() + (size_t)j * V, res.logits.begin() + (size_t)(j + 1) * V);
-      for (int j = 0; j < n; ++j) seg.append(prompt, j, n, rows[j]);
       if (final) last = res;
     }
     st.prefill_s += now_s() - t_pre;
@@ -833,23 +841,17 @@ std::vector<double> SegmentedPath<E>::append(const data::PackedBatch& b) {
   TT_CHECK(n >= 1 && b.num_nodes() == 1 && (int)b.tokens.size() == n, "SegmentedPath: a batch of ", n, " rows in ",
            b.num_nodes(), " nodes, expected one node of at least one row");
   const int64_t S = cfg_.length;
-  const int L = model_.architecture().num_layers();
   std::vector<double> logits;
   for (int a = 0; a < n;) {  // the rows up to the open segment's end, then the next segment's
     const int64_t d = depth_ + a;
     const int e = (int)std::min<int64_t>(n, a + (S - d % S));
-    const data::PackedBatch part = slice_rows(cfg_, b, a, e, d);
-    Carry<E> carry(L);
-    impl_->seg.read(impl_->st, carry, 0, e - a);
     std::vector<int32_t> rows(e - a);
     for (int j = 0; j < e - a; ++j) rows[j] = (int32_t)(impl_->base + (d + j) % impl_->ring);
-    const CacheWrite<E> w = impl_->seg.write(rows);
     InferRequest req;
     req.loss = false;
     req.rows = e == n ? InferRequest::Rows::kList : InferRequest::Rows::kNone;
     if (e == n) req.list = {e - a - 1};
-    InferResult res = model_.infer(part, req, &carry, &w);
-    for (int j = 0; j < e - a; ++j) impl_->seg.append(impl_->st, j, e - a, rows[j]);
+    InferResult res = impl_->seg.prefill(impl_->st, slice_rows(cfg_, b, a, e, d), rows, req);
     if (e == n) logits = std::move(res.logits);
     a = e;
   }

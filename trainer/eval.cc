@@ -80,16 +80,9 @@ NavEvalResult run_nav_eval(const NavEvalOptions& opt) {
   const int64_t instruction = (int64_t)data::NavEnv(spec, data::nav_layout_seed(opt.seed, 0)).instruction().size();
   const int64_t observed = window == 0 ? spec.max_steps : std::min<int64_t>(window, spec.max_steps);
   const int64_t context = instruction + observed * P;
-  // With segments (the run trained with them) positions stay below the segment's (validated
-  // against the model), and a step adds one frame's rows and its action token.
+  // With segments (the run trained with them; its config.yaml checked them against the model)
+  // positions stay below the segment's, and a step adds one frame's rows and its action token.
   const model::SegmentConfig seg = checkpoint_segments(dir);
-  if (seg.enabled()) {
-    try {
-      seg.validate(cfg);
-    } catch (const Error& e) {
-      throw Error(str(dir, "/config.yaml: ", e.what()));
-    }
-  }
   if (!seg.enabled() && context > cfg.max_position_embeddings) {
     const int64_t fit = std::max<int64_t>(0, (cfg.max_position_embeddings - instruction) / P);
     const std::string win = opt.window >= 0 ? str("--window ", window)

@@ -68,13 +68,6 @@ class Server {
       throw Error(str(dir_, "/config.json: a text model (no vision_config); serve needs a VLA checkpoint"));
     window_ = opt.window >= 0 ? opt.window : checkpoint_history_window(dir_);
     seg_ = checkpoint_segments(dir_);  // on: sessions run the segment operator as training did
-    if (seg_.enabled()) {
-      try {
-        seg_.validate(cfg_);
-      } catch (const Error& e) {
-        throw Error(str(dir_, "/config.yaml: ", e.what()));
-      }
-    }
     // Images a step the policy was trained with (treetrain's checkpoints of episode data say;
     // others do not, and any count is taken, the same in every step of a session).
     if (const fs::path state = fs::path(dir_) / "trainer_state.json"; fs::exists(state)) {
