@@ -15,7 +15,8 @@ namespace tt::model {
 
 template <class E>
 KVCache<E>::KVCache(Decoder<E>& model, int64_t capacity, int64_t state_slots)
-    : layers_(model.architecture().num_layers()),
+    : exec_(&model.exec()),
+      layers_(model.architecture().num_layers()),
       capacity_(capacity),
       slots_(state_slots),
       state_elems_(layers_),
@@ -96,6 +97,22 @@ void KVCache<E>::read_state(Carry<E>& carry, std::vector<int32_t> slots) const {
     carry[l].state = reinterpret_cast<const typename E::Acc*>(state_[l].data());
     carry[l].conv = reinterpret_cast<const typename E::Act*>(conv_[l].data());
     carry[l].state_slot = slots;
+  }
+}
+
+template <class E>
+void KVCache<E>::copy_state(int64_t dst, int64_t src) {
+  TT_CHECK(dst >= 0 && dst < slots_used_ && src >= 0 && src < slots_used_, "KVCache: copy of state slot ", src,
+           " to ", dst, " outside the ", slots_used_, " reserved");
+  if (dst == src) return;
+  for (int l = 0; l < layers_; ++l) {
+    const int64_t se = state_elems_[l], ce = conv_elems_[l];
+    if (se == 0) continue;
+    auto* s = reinterpret_cast<typename E::Acc*>(state_[l].data());
+    exec_->copy(s + dst * se, s + src * se, se);
+    if (ce == 0) continue;
+    auto* c = reinterpret_cast<typename E::Act*>(conv_[l].data());
+    exec_->copy(c + dst * ce, c + src * ce, ce);
   }
 }
 

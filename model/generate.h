@@ -53,6 +53,8 @@ class KVCache {
   int64_t reserve_slots(int64_t n);
   // Every recurrent layer of `carry` starts root r from slot slots[r] (-1: zeros).
   void read_state(Carry<E>& carry, std::vector<int32_t> slots) const;
+  // Slot dst's states and conv tails become slot src's (a sequence forked from another).
+  void copy_state(int64_t dst, int64_t src);
   int64_t capacity() const { return capacity_; }
   int64_t used() const { return used_; }
   // The first row of a fresh span of `rows` rows; throws tt::Error past the capacity.
@@ -71,6 +73,7 @@ class KVCache {
   CacheWrite<E> write(std::vector<int32_t> rows, std::vector<int32_t> state_slots = {}) const;
 
  private:
+  E* exec_ = nullptr;
   int layers_ = 0;
   int64_t capacity_ = 0, used_ = 0;
   bool recurrent_ = false;

@@ -23,14 +23,13 @@ void SegmentConfig::validate(const ModelConfig& m) const {
   require(long_range.retrieve >= 0, "segments.long_range.retrieve: ", long_range.retrieve, ", expected >= 0");
   const int L = (int)m.num_hidden_layers, NKV = (int)m.num_key_value_heads;
   const std::vector<LayerSpec> specs = m.layer_specs();
-  for (int l = 0; l < L; ++l)
-    require(specs[l].mixer == "full_attention", "segments: layer ", l, " is ", specs[l].mixer,
-             "; segments carry only attention K/V across segments so far (expected every layer_types entry "
-             "full_attention, or segments.length: 0)");
   std::vector<char> seen(std::max(L, 0), 0);
   for (int l : long_range.layers) {
     require(l >= 0 && l < L, "segments.long_range.layers: layer ", l, ", expected an index in [0, ", L, ")");
     require(!seen[l], "segments.long_range.layers: layer ", l, " is listed twice");
+    require(specs[l].mixer == "full_attention", "segments.long_range.layers: layer ", l, " is ", specs[l].mixer,
+             ", expected a full_attention layer (a linear_attention layer carries its whole history in its "
+             "recurrent state; it retrieves nothing)");
     seen[l] = 1;
   }
   require(NKV <= 64, "segments: head sets take at most 64 KV heads, the model has num_key_value_heads ", NKV);

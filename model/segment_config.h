@@ -12,7 +12,7 @@ namespace tt::model {
 struct SegmentConfig {
   int64_t length = 0;  // S, tokens per segment; 0: segments off
   int64_t tail = 0;    // M, carried K/V rows per layer (local heads), <= length
-  int64_t tbptt = 1;   // K, segment transitions a loss's gradient crosses (0: detached tail)
+  int64_t tbptt = 1;   // K, segment transitions a loss's gradient crosses (0: detached tail and states)
   struct LongRange {
     std::vector<int> layers;  // L_long: decoder layers whose long-range heads read retrieved pairs
     std::vector<int> heads;   // long-range KV heads (any order, not necessarily contiguous)
@@ -22,8 +22,8 @@ struct SegmentConfig {
   bool enabled() const { return length > 0; }
   bool retrieval() const { return !long_range.layers.empty() && !long_range.heads.empty() && long_range.retrieve > 0; }
   // Throws tt::Error naming the `segments.` key for a value the model cannot run: sizes, layer
-  // and head indices out of range or repeated, positions past max_position_embeddings, models
-  // whose layers carry other state (linear_attention).
+  // and head indices out of range or repeated, positions past max_position_embeddings, a
+  // long-range layer that is not full_attention.
   void validate(const ModelConfig& model) const;
   uint64_t long_heads() const;                     // bit g: KV head g is long-range
   uint64_t local_heads(int num_kv_heads) const;    // the others

@@ -306,6 +306,16 @@ struct LivePiece {
   Carry<E> rows;                         // [layer] its own rows (export_carry)
   std::vector<typename E::Buffer> acc;   // [d] for d = 1..K: per layer (dk, dv) of its rows ([0] unused)
   std::vector<Carry<E>> relay;           // [d] its rows with dk, dv pointing into acc[d]
+  // Recurrent layers: the state and conv context its root starts from (copies of what its parent
+  // offered: its later columns read them after the parent is gone), where it sends their gradient
+  // (the parent's offer accumulators of depth d + 1 while d < K), the nodes its child pieces hang
+  // from, their end states and conv tails, and per depth d = 1..K the gradients the children's
+  // column d - 1 leave there.
+  typename E::Buffer in_state, in_conv;  // per layer (1, state elems) Acc, (1, conv elems) Act
+  int32_t parent_slot = -1;              // its slot among the parent's offers
+  std::vector<int32_t> offer_node;
+  typename E::Buffer offer_state, offer_conv;  // per layer (offers, elems)
+  std::vector<typename E::Buffer> offer_grad;  // [d] per layer (offers, state elems + conv elems) Acc
   std::vector<int> pending;              // [d] children whose column d - 1 has not pushed
   int columns_left = 0;
   int children_left = 0;
@@ -328,6 +338,7 @@ double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::Se
                      const std::function<void(int, const Activations<E>&)>& on_forward,
                      const LoadPieceFrames& load_frames) {
   using Acc = typename E::Acc;
+  using Act = typename E::Act;
   cfg.validate(model.config());
   TT_CHECK(plan.length == cfg.length, "segments: a plan of ", plan.length, "-token segments for segments.length ",
            cfg.length);
@@ -335,11 +346,42 @@ double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::Se
   const data::Partition& parts = plan.pieces;
   const int P = parts.num_pieces(), L = model.architecture().num_layers();
   const int NKV = (int)model.config().num_key_value_heads;
-  // Depth of the gradient through the tails (none without a tail read by some head).
-  const int K = train && cfg.tail > 0 && cfg.local_heads(NKV) != 0 ? (int)cfg.tbptt : 0;
   const int NH = (int)model.config().num_attention_heads, HS = (int)model.config().head_dim;
   std::vector<int64_t> row_elems(L);
   for (int l = 0; l < L; ++l) row_elems[l] = model.carry_row_elems(l);
+  // Recurrent layers (Gated DeltaNet): a piece's root starts from the end state of the node it
+  // hangs from and reads that node's conv tail, as without segments; their gradients cross at most
+  // K boundaries, as the tail's do.
+  std::vector<int64_t> state_elems(L), conv_elems(L);
+  int64_t max_se = 0, max_ce = 0;
+  for (int l = 0; l < L; ++l) {
+    state_elems[l] = model.recurrent_state_elems(l);
+    conv_elems[l] = model.conv_context_elems(l);
+    max_se = std::max(max_se, state_elems[l]);
+    max_ce = std::max(max_ce, conv_elems[l]);
+  }
+  const bool recurrent = max_se > 0;
+  // Depth of the gradient through the tails and states (none without a tail read by some head or
+  // a recurrent layer).
+  const int K = train && ((cfg.tail > 0 && cfg.local_heads(NKV) != 0) || recurrent) ? (int)cfg.tbptt : 0;
+  std::vector<int32_t> local_of(recurrent ? plan.split.nodes.size() : 0, -1);  // node -> index in its piece
+  size_t max_offers = 0;
+  if (recurrent)
+    for (const data::Piece& p : parts.pieces) {
+      for (size_t i = 0; i < p.nodes.size(); ++i) local_of[p.nodes[i]] = (int32_t)i;
+      max_offers = std::max(max_offers, p.child_pieces.size());
+    }
+  // Gradients no backward reads (a column's offers before any child pushed: zeros) and none keeps
+  // (a root's state gradient past depth K: discarded).
+  typename E::Buffer zeros, discard;
+  if (recurrent) {
+    const size_t z = sizeof(Acc) * (size_t)std::max<int64_t>(1, (int64_t)max_offers * (max_se + max_ce));
+    e.ensure(zeros, z);
+    e.zero(zeros.data(), z);
+    e.ensure(discard, sizeof(Acc) * (size_t)(max_se + max_ce));
+  }
+  Acc* const zero_acc = recurrent ? reinterpret_cast<Acc*>(zeros.data()) : nullptr;
+  Acc* const discard_acc = recurrent ? reinterpret_cast<Acc*>(discard.data()) : nullptr;
   // Height of each piece in the piece tree (children have larger indices).
   std::vector<int> height(P, 0);
   for (int k = P - 1; k > 0; --k) {
@@ -361,11 +403,36 @@ double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::Se
   };
   // Column d of piece k: the backward of the losses d pieces below it (d = 0: its own), whose
   // tail gradients go on into the parent's accumulator of depth d + 1 while d < K.
+  // Recurrent layers, column d of piece k: its offers' gradients are those of depth d (zeros for
+  // d = 0), its root's go to the parent's of depth d + 1 when pushed, else nowhere.
+  auto recurrent_grads = [&](LivePiece<E>& lp, int parent, int d, bool push) {
+    const int64_t O = (int64_t)lp.offer_node.size();
+    Acc* og = d >= 1 && O > 0 ? reinterpret_cast<Acc*>(lp.offer_grad[d].data()) : nullptr;
+    LivePiece<E>* pp = push ? live[parent].get() : nullptr;
+    Acc* pg = pp ? reinterpret_cast<Acc*>(pp->offer_grad[d + 1].data()) : nullptr;
+    const int64_t PO = pp ? (int64_t)pp->offer_node.size() : 0;
+    for (int l = 0; l < L; ++l) {
+      const int64_t SE = state_elems[l], CE = conv_elems[l];
+      if (SE == 0) continue;
+      LayerCarry<E>& g = lp.carry[l];
+      if (O > 0) {
+        g.offer_d_state = og ? og : zero_acc;
+        g.offer_d_conv = og ? og + O * SE : zero_acc;
+        if (og) og += O * (SE + CE);
+      }
+      if (lp.parent_slot >= 0) {
+        g.d_state = pg ? pg + lp.parent_slot * SE : discard_acc;
+        g.d_conv = pg ? pg + PO * SE + lp.parent_slot * CE : discard_acc + max_se;
+      }
+      if (pg) pg += PO * (SE + CE);
+    }
+  };
   std::function<void(int, int)> column = [&](int k, int d) {
     LivePiece<E>& lp = *live[k];
     const int parent = parts.pieces[k].parent_piece;
     const bool push = d < K && parent >= 0;
     lp.reads.set_tail_grads(lp.carry, push);
+    if (recurrent) recurrent_grads(lp, parent, d, push);
     const bool again = lp.columns_left > 1;  // a later column runs on the same activations
     if (d == 0) {
       model.backward(lp.acts, nullptr, nullptr, /*with_loss=*/true, again);
@@ -425,6 +492,61 @@ double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::Se
       lp->reads.build(h, K > 0);
       lp->reads.append_to(lp->carry, 0, N);
     }
+    if (recurrent) {
+      // Offers: the nodes its child pieces hang from (their end states and conv tails).
+      for (int c : piece.child_pieces) {
+        const int32_t n = local_of[plan.split.nodes[parts.pieces[c].root_node].parent];
+        if (std::find(lp->offer_node.begin(), lp->offer_node.end(), n) == lp->offer_node.end())
+          lp->offer_node.push_back(n);
+      }
+      const int64_t O = (int64_t)lp->offer_node.size();
+      const LivePiece<E>* pp = parent >= 0 ? live[parent].get() : nullptr;
+      const int64_t PO = pp ? (int64_t)pp->offer_node.size() : 0;
+      if (pp) {
+        const int32_t n = local_of[plan.split.nodes[piece.root_node].parent];
+        const auto it = std::find(pp->offer_node.begin(), pp->offer_node.end(), n);
+        TT_CHECK(it != pp->offer_node.end(), "segments: piece ", k, " of tree '", plan.split.id,
+                 "' hangs from a node its parent piece does not offer");
+        lp->parent_slot = (int32_t)(it - pp->offer_node.begin());
+      }
+      int64_t se = 0, ce = 0;
+      for (int l = 0; l < L; ++l) se += state_elems[l], ce += conv_elems[l];
+      e.ensure(lp->offer_state, sizeof(Acc) * (size_t)std::max<int64_t>(1, O * se));
+      e.ensure(lp->offer_conv, sizeof(Act) * (size_t)std::max<int64_t>(1, O * ce));
+      e.ensure(lp->in_state, sizeof(Acc) * (size_t)se);
+      e.ensure(lp->in_conv, sizeof(Act) * (size_t)std::max<int64_t>(1, ce));
+      Acc* os = reinterpret_cast<Acc*>(lp->offer_state.data());
+      Act* oc = reinterpret_cast<Act*>(lp->offer_conv.data());
+      Acc* is = reinterpret_cast<Acc*>(lp->in_state.data());
+      Act* ic = reinterpret_cast<Act*>(lp->in_conv.data());
+      const Acc* ps = pp ? reinterpret_cast<const Acc*>(pp->offer_state.data()) : nullptr;
+      const Act* pc = pp ? reinterpret_cast<const Act*>(pp->offer_conv.data()) : nullptr;
+      for (int l = 0; l < L; ++l) {
+        const int64_t SE = state_elems[l], CE = conv_elems[l];
+        if (SE == 0) continue;
+        LayerCarry<E>& g = lp->carry[l];
+        g.state_slot = {-1};
+        if (pp) {  // its own copy: its later columns read it after the parent is gone
+          e.copy(is, ps + lp->parent_slot * SE, SE);
+          if (CE > 0) e.copy(ic, pc + lp->parent_slot * CE, CE);
+          g.state_slot = {0};
+          g.state = is;
+          g.conv = ic;
+          is += SE;
+          ic += CE;
+          ps += PO * SE;
+          pc += PO * CE;
+        }
+        if (O > 0) {
+          g.offer_node = lp->offer_node;
+          g.offer_state = os;
+          g.offer_conv = oc;
+          os += O * SE;
+          oc += O * CE;
+        }
+      }
+      recurrent_grads(*lp, parent, 0, false);  // what a training forward checks; each column sets its own
+    }
     model.forward(batch, loss_scale, lp->acts, &lp->carry);
     ++st.forwards;
     st.tokens += N;
@@ -442,8 +564,17 @@ double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::Se
     }
     if (train) {
       // Columns 1..min(K, height): one accumulator of the rows' relayed gradients per depth d,
-      // which the children's column d - 1 fill and column d reads.
+      // which the children's column d - 1 fill and column d reads (and of the offers' states).
       const int depth = std::min(K, height[k]);
+      if (recurrent && !lp->offer_node.empty()) {
+        int64_t total = 0;
+        for (int l = 0; l < L; ++l) total += (int64_t)lp->offer_node.size() * (state_elems[l] + conv_elems[l]);
+        lp->offer_grad.resize(depth + 1);
+        for (int d = 1; d <= depth; ++d) {
+          e.ensure(lp->offer_grad[d], sizeof(Acc) * (size_t)total);
+          e.zero(lp->offer_grad[d].data(), sizeof(Acc) * (size_t)total);
+        }
+      }
       lp->columns_left = 1 + depth;
       lp->pending.assign(depth + 1, 0);
       for (int c : piece.child_pieces)
@@ -519,15 +650,25 @@ struct SeqSegments {
   std::vector<int32_t> rows;                        // cache rows of the open segment, in order
   std::vector<std::shared_ptr<PoolChunk<E>>> pool;  // closed segments, oldest first (with retrieval)
   std::shared_ptr<typename E::Buffer> last_q;       // [layer] (NH HS): the last row's queries
+  // Recurrent layers: the cache slot holding the state and conv tail after its last row (null
+  // before its first row: zeros), its own (a fork copies it into a slot of its own).
+  std::shared_ptr<const int32_t> slot;
 };
 
 template <class E>
 class SegmentedInference {
  public:
   using Act = typename E::Act;
-  SegmentedInference(Decoder<E>& model, const SegmentConfig& cfg, const KVCache<E>& cache)
+  // `slots`: the sequences (with their forks) alive at once, each a state slot of a recurrent
+  // model's cache (reserved here).
+  SegmentedInference(Decoder<E>& model, const SegmentConfig& cfg, KVCache<E>& cache, int64_t slots)
       : model_(model), cfg_(cfg), cache_(cache), L_(model.architecture().num_layers()),
-        QD_(model.config().num_attention_heads * model.config().head_dim) {}
+        QD_(model.config().num_attention_heads * model.config().head_dim),
+        free_slots_(std::make_shared<std::vector<int32_t>>()) {
+    if (!cache.recurrent()) return;
+    const int64_t first = cache.reserve_slots(slots);
+    for (int64_t s = first + slots - 1; s >= first; --s) free_slots_->push_back((int32_t)s);
+  }
 
   SeqSegments<E> start() {
     SeqSegments<E> st;
@@ -541,7 +682,18 @@ class SegmentedInference {
     b.last_q = std::make_shared<typename E::Buffer>();
     model_.exec().ensure(*b.last_q, sizeof(Act) * (size_t)std::max<int64_t>(1, L_ * QD_));
     model_.exec().copy(q_of(b, 0), q_of(a, 0), L_ * QD_);
+    if (a.slot) {
+      b.slot = new_slot();
+      cache_.copy_state(*b.slot, *a.slot);
+    }
     return b;
+  }
+  // Recurrent models: the slot st's next rows start from (-1: zeros) and the one they leave their
+  // state in (st's own, taken at its first row).
+  std::pair<int32_t, int32_t> state_slots(SeqSegments<E>& st) {
+    const int32_t in = st.slot ? *st.slot : -1;
+    if (!st.slot) st.slot = new_slot();
+    return {in, *st.slot};
   }
   // Adds what row(s) [q_begin, q_end) of the open segment read: its prefixes and its earlier rows.
   void read(const SeqSegments<E>& st, Carry<E>& carry, int q_begin, int q_end) const {
@@ -554,8 +706,8 @@ class SegmentedInference {
     }
   }
   // The batch's query rows land in q_buf (per layer (rows, NH HS)); the write for cache rows `rows`.
-  CacheWrite<E> write(const std::vector<int32_t>& rows) {
-    CacheWrite<E> w = cache_.write(rows);
+  CacheWrite<E> write(const std::vector<int32_t>& rows, std::vector<int32_t> state_out = {}) {
+    CacheWrite<E> w = cache_.write(rows, std::move(state_out));
     if (cfg_.retrieval()) {
       model_.exec().ensure(q_buf_, sizeof(Act) * (size_t)L_ * QD_ * std::max<size_t>(rows.size(), 1));
       w.q.assign(L_, nullptr);
@@ -583,13 +735,30 @@ class SegmentedInference {
     const int n = b.n_tokens;
     Carry<E> carry(L_);
     read(st, carry, 0, n);
-    const CacheWrite<E> w = write(rows);
+    std::vector<int32_t> state_out;
+    if (cache_.recurrent()) {
+      const auto [in, out] = state_slots(st);
+      cache_.read_state(carry, {in});
+      state_out = {out};
+    }
+    const CacheWrite<E> w = write(rows, std::move(state_out));
     InferResult res = model_.infer(b, req, &carry, &w);
     for (int j = 0; j < n; ++j) append(st, j, n, rows[j]);
     return res;
   }
 
  private:
+  std::shared_ptr<const int32_t> new_slot() {
+    TT_CHECK(!free_slots_->empty(), "segments: every state slot of the cache is taken (sequences and marks alive "
+             "at once)");
+    const int32_t s = free_slots_->back();
+    free_slots_->pop_back();
+    std::shared_ptr<std::vector<int32_t>> pool = free_slots_;
+    return std::shared_ptr<const int32_t>(new int32_t(s), [pool](const int32_t* p) {
+      pool->push_back(*p);
+      delete p;
+    });
+  }
   Act* q_of(const SeqSegments<E>& st, int l) const { return reinterpret_cast<Act*>(st.last_q->data()) + (int64_t)l * QD_; }
 
   void roll(SeqSegments<E>& st) {
@@ -620,10 +789,11 @@ class SegmentedInference {
 
   Decoder<E>& model_;
   const SegmentConfig& cfg_;
-  const KVCache<E>& cache_;
+  KVCache<E>& cache_;
   int L_;
   int64_t QD_;
   typename E::Buffer q_buf_;
+  std::shared_ptr<std::vector<int32_t>> free_slots_;  // shared with the slots' deleters
 };
 
 // One node of `tokens` at depths [d0, d0 + n) as a batch (positions of the segment).
@@ -665,8 +835,8 @@ std::vector<Completion> generate_segmented(Decoder<E>& model, const SegmentConfi
     // and in the pool (both copies), so the prompt's segments reuse one span of S rows, and each
     // sample's rows a ring of S (a segment's rows are consecutive modulo S: at most two runs).
     const int64_t ring = std::min<int64_t>(S, opt.max_new_tokens);
-    KVCache<E> cache(model, std::min(plen, S) + (int64_t)K * ring);
-    SegmentedInference<E> seg(model, cfg, cache);
+    KVCache<E> cache(model, std::min(plen, S) + (int64_t)K * ring, 1 + K);
+    SegmentedInference<E> seg(model, cfg, cache, 1 + K);
     const int64_t prompt_rows = cache.reserve(std::min(plen, S));
     out[p].id = prompts[p].id;
     out[p].samples.resize(K);
@@ -722,7 +892,7 @@ std::vector<Completion> generate_segmented(Decoder<E>& model, const SegmentConfi
       data::PackedBatch step;
       step.n_tokens = B;
       Carry<E> carry(model.architecture().num_layers());
-      std::vector<int32_t> rows;
+      std::vector<int32_t> rows, slot_in, slot_out;
       std::vector<SampleStream*> who;
       for (int r = 0; r < B; ++r) {
         const SampleStream& x = streams[act[r]];
@@ -737,10 +907,16 @@ std::vector<Completion> generate_segmented(Decoder<E>& model, const SegmentConfi
         step.tree_start.push_back(r);
         rows.push_back((int32_t)(gen_row[act[r]] + (j - 1) % ring));
         seg.read(state[act[r]], carry, r, r + 1);
+        if (cache.recurrent()) {
+          const auto [in, out] = seg.state_slots(state[act[r]]);
+          slot_in.push_back(in);
+          slot_out.push_back(out);
+        }
         who.push_back(&streams[act[r]]);
       }
       step.tree_start.push_back(B);
-      const CacheWrite<E> w = seg.write(rows);
+      if (cache.recurrent()) cache.read_state(carry, slot_in);
+      const CacheWrite<E> w = seg.write(rows, slot_out);
       std::vector<int32_t> all(B);
       std::iota(all.begin(), all.end(), 0);
       const InferResult res = model.infer(step, draw_request(all, who, opt, on_backend), &carry, &w);
@@ -801,8 +977,11 @@ data::PackedBatch slice_rows(const SegmentConfig& cfg, const data::PackedBatch& 
 
 template <class E>
 struct SegmentedPath<E>::Impl {
+  // State slots (recurrent models): the path, two marks (a policy's step takes two) and a rewind's
+  // fork of one, with one to spare.
+  static constexpr int64_t kSlots = 5;
   Impl(Decoder<E>& m, const SegmentConfig& c, int64_t ring_rows)
-      : cache(m, ring_rows), seg(m, c, cache), st(seg.start()), ring(ring_rows) {
+      : cache(m, ring_rows, kSlots), seg(m, c, cache, kSlots), st(seg.start()), ring(ring_rows) {
     base = cache.reserve(ring);
   }
   KVCache<E> cache;  // the ring: depth d at row base + d mod ring

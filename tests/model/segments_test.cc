@@ -13,6 +13,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "base/check.h"
@@ -35,6 +36,14 @@ ModelConfig seg_model() {
   c.num_attention_heads = 4;
   c.num_key_value_heads = 2;
   c.head_dim = 4;
+  return c;
+}
+
+// The same with Gated DeltaNet layers (Qwen3.5: linear, full, linear attention), or only those.
+ModelConfig hybrid_model(bool all_linear = false) {
+  ModelConfig c = seg_model();
+  testing::make_hybrid(c, "qwen3_5_text");
+  if (all_linear) c.layer_types.assign(3, "linear_attention");
   return c;
 }
 
@@ -111,7 +120,9 @@ TEST(Segments, OneSegmentLongerThanTheTreeIsOrdinaryTraining) {
 // re-indexed positions whose distances are the true ones, and K = 1 lets every gradient through:
 // ordinary training, on a chain and on a tree whose branches start in either segment.
 TEST(Segments, WholeSegmentTailOverTwoSegmentsIsOrdinaryTraining) {
-  Model<double> m(seg_model());
+ for (const ModelConfig& mc : {seg_model(), hybrid_model()}) {
+  SCOPED_TRACE(mc.architecture);
+  Model<double> m(mc);
   m.init(5);
   const std::vector<int32_t> base = random_tokens(12, 7);
   std::vector<int32_t> b1(base.begin(), base.begin() + 4), b2(base.begin(), base.begin() + 8);
@@ -129,6 +140,43 @@ TEST(Segments, WholeSegmentTailOverTwoSegmentsIsOrdinaryTraining) {
     EXPECT_GE(st.pieces, 2);
     EXPECT_NEAR(l1, l0, 1e-10 * std::abs(l0));
     EXPECT_LE(rel_max(g1, g0), 1e-10) << st.pieces << " pieces";
+  }
+ }
+}
+
+// A Gated DeltaNet layer's state and conv window follow the path across segment boundaries as
+// they do without segments: with only such layers the segmented forward is the ordinary one for any
+// tail, and with K >= the segments a path spans so is the gradient. Segments of 2 tokens are
+// shorter than the conv window's 3 context rows (which then reach back over several pieces),
+// branches start on and between boundaries, one-token nodes. K = 0 detaches the states: the loss
+// stays the ordinary one, the gradient does not.
+TEST(Segments, RecurrentStatesCrossSegmentsExactly) {
+  Model<double> m(hybrid_model(/*all_linear=*/true));
+  m.init(61);
+  const std::vector<int32_t> base = random_tokens(13, 62);
+  std::vector<int32_t> b1(base.begin(), base.begin() + 4), b2(base.begin(), base.begin() + 7),
+      b3(base.begin(), base.begin() + 7);
+  for (int32_t x : random_tokens(5, 63)) b1.push_back(x);
+  b2.push_back(3);
+  for (int32_t x : random_tokens(4, 64)) b3.push_back(x);
+  const std::vector<data::Tree> trees = {group_tree({base}), group_tree({base, b1, b2, b3}, {1.0, -0.5, 2.0, 0.7})};
+  for (const data::Tree& t : trees) {
+    for (int64_t S : {2, 3, 5}) {
+      SegmentConfig cfg;
+      cfg.length = S;
+      cfg.tail = S / 2;
+      cfg.tbptt = 16;
+      const auto [l0, g0] = ordinary(m, t, 1.0);
+      SegmentRunStats st;
+      const auto [l1, g1] = segmented(m, cfg, t, 1.0, &st);
+      EXPECT_GE(st.pieces, 3);
+      EXPECT_NEAR(l1, l0, 1e-10 * std::abs(l0)) << "S " << S;
+      EXPECT_LE(rel_max(g1, g0), 1e-10) << "S " << S << ", " << st.pieces << " pieces";
+      cfg.tbptt = 0;
+      const auto [l2, g2] = segmented(m, cfg, t, 1.0);
+      EXPECT_NEAR(l2, l0, 1e-10 * std::abs(l0)) << "S " << S;
+      EXPECT_GT(rel_max(g2, g0), 1e-6) << "K = 0 must detach the states";
+    }
   }
 }
 
@@ -165,12 +213,48 @@ TEST(Segments, RetrievingTheWholeHistoryGivesTheOrdinaryForward) {
 // the chain. Pools and end queries come from the plain forward (they are detached anyway). It
 // shares the segment operator (SegmentReads, PoolChunk, segment_batch) with the scheduler, but
 // none of the scheduler's bookkeeping (columns, depths, pushes, freeing).
+// Recurrent layers: the state and conv tail a chain segment's one node offers, and their gradients.
+struct Offers {
+  std::vector<std::vector<double>> state, conv, d_state, d_conv;  // [layer]
+};
+
 std::vector<double> tbptt_reference(Model<double>& m, const SegmentConfig& cfg, const data::Tree& t) {
   using E = CpuExec<double>;
   const data::SegmentPlan plan = data::plan_segments(t, cfg.length);
   const int P = plan.pieces.num_pieces(), L = m.architecture().num_layers();
   const int NH = (int)m.config().num_attention_heads, HS = (int)m.config().head_dim;
   for (int k = 1; k < P; ++k) TT_CHECK(plan.pieces.pieces[k].parent_piece == k - 1, "the reference runs chains");
+  for (int k = 0; k < P; ++k) TT_CHECK(plan.pieces.pieces[k].nodes.size() == 1, "the reference runs one-node pieces");
+  // Recurrent layers: segment s starts from `from`'s offer (null: zeros) and sends its gradient to
+  // `back`'s accumulators (null: detached), and offers its own end state in `own`.
+  std::vector<double> discard(1 << 16);
+  auto recurrent = [&](Carry<E>& c, int s, Offers* from, Offers* back, Offers& own) {
+    own.state.resize(L), own.conv.resize(L), own.d_state.resize(L), own.d_conv.resize(L);
+    for (int l = 0; l < L; ++l) {
+      const int64_t SE = m.recurrent_state_elems(l), CE = m.conv_context_elems(l);
+      if (SE == 0) continue;
+      TT_CHECK(SE + CE <= (int64_t)discard.size(), "the reference's discard buffer is too small");
+      LayerCarry<E>& g = c[l];
+      g.state_slot = {from ? 0 : -1};
+      if (from) {
+        g.state = from->state[l].data();
+        g.conv = from->conv[l].data();
+        g.d_state = back ? back->d_state[l].data() : discard.data();
+        g.d_conv = back ? back->d_conv[l].data() : discard.data() + SE;
+      }
+      if (s == P - 1) continue;
+      own.state[l].assign(SE, 0.0);
+      own.conv[l].assign(CE, 0.0);
+      own.d_state[l].assign(SE, 0.0);
+      own.d_conv[l].assign(CE, 0.0);
+      g.offer_node = {0};
+      g.offer_state = own.state[l].data();
+      g.offer_conv = own.conv[l].data();
+      g.offer_d_state = own.d_state[l].data();
+      g.offer_d_conv = own.d_conv[l].data();
+    }
+  };
+  std::vector<Offers> plain_offers(P);
   // The plain forward: every segment's rows, pool chunk and activations.
   std::vector<Activations<E>> plain(P);
   std::vector<Carry<E>> rows(P);
@@ -185,6 +269,7 @@ std::vector<double> tbptt_reference(Model<double>& m, const SegmentConfig& cfg, 
     h.v.assign(L, nullptr);
     h.q.assign(L, nullptr);
     for (int l = 0; l < L; ++l) {
+      if (prev_rows[l].kv.empty()) continue;  // a recurrent layer
       h.k[l] = prev_rows[l].kv[0].k;
       h.v[l] = prev_rows[l].kv[0].v;
       h.q[l] = rows[k - 1][l].q + (cfg.length - 1) * NH * HS;
@@ -200,10 +285,12 @@ std::vector<double> tbptt_reference(Model<double>& m, const SegmentConfig& cfg, 
       reads[k]->build(history(k, rows[k - 1]), false);
       reads[k]->append_to(carry[k], 0, b.n_tokens);
     }
+    recurrent(carry[k], k, k > 0 ? &plain_offers[k - 1] : nullptr, nullptr, plain_offers[k]);
     m.forward(b, 1.0, plain[k], &carry[k]);
     rows[k] = m.export_carry(plain[k]);
     std::vector<const double*> kb(L), vb(L);
-    for (int l = 0; l < L; ++l) kb[l] = rows[k][l].kv[0].k, vb[l] = rows[k][l].kv[0].v;
+    for (int l = 0; l < L; ++l)
+      if (!rows[k][l].kv.empty()) kb[l] = rows[k][l].kv[0].k, vb[l] = rows[k][l].kv[0].v;
     std::vector<int32_t> all(b.n_tokens);
     for (int r = 0; r < b.n_tokens; ++r) all[r] = r;
     pool[k].assign(m, cfg, kb, vb, all, b.pos);
@@ -216,6 +303,7 @@ std::vector<double> tbptt_reference(Model<double>& m, const SegmentConfig& cfg, 
     std::vector<Carry<E>> own(n), chain_carry(n, Carry<E>(L));
     std::vector<std::vector<double>> acc(n);
     std::vector<std::unique_ptr<SegmentReads<E>>> rd(n);
+    std::vector<Offers> offers(n);
     for (int s = first; s <= j; ++s) {
       const int x = s - first;
       const data::PackedBatch b = segment_batch(cfg, plan, s);
@@ -225,6 +313,8 @@ std::vector<double> tbptt_reference(Model<double>& m, const SegmentConfig& cfg, 
         rd[x]->append_to(chain_carry[x], 0, b.n_tokens);
         rd[x]->set_tail_grads(chain_carry[x], s > first);
       }
+      Offers* from = s == 0 ? nullptr : s == first ? &plain_offers[s - 1] : &offers[x - 1];
+      recurrent(chain_carry[x], s, from, s > first ? &offers[x - 1] : nullptr, offers[x]);
       m.forward(b, 1.0, acts[x], &chain_carry[x]);
       own[x] = m.export_carry(acts[x]);
       int64_t total = 0;
@@ -232,6 +322,7 @@ std::vector<double> tbptt_reference(Model<double>& m, const SegmentConfig& cfg, 
       acc[x].assign(total, 0.0);
       double* next = acc[x].data();
       for (int l = 0; l < L; ++l) {
+        if (own[x][l].kv.empty()) continue;
         own[x][l].kv[0].dk = next;
         own[x][l].kv[0].dv = next + (int64_t)b.n_tokens * m.carry_row_elems(l);
         next += 2 * (int64_t)b.n_tokens * m.carry_row_elems(l);
@@ -241,8 +332,9 @@ std::vector<double> tbptt_reference(Model<double>& m, const SegmentConfig& cfg, 
       const int x = s - first;
       m.backward(acts[x], s == j ? nullptr : &own[x], nullptr, /*with_loss=*/s == j);
       if (s > first) {
-        std::vector<double*> dk(L), dv(L);
-        for (int l = 0; l < L; ++l) dk[l] = own[x - 1][l].kv[0].dk, dv[l] = own[x - 1][l].kv[0].dv;
+        std::vector<double*> dk(L, nullptr), dv(L, nullptr);
+        for (int l = 0; l < L; ++l)
+          if (!own[x - 1][l].kv.empty()) dk[l] = own[x - 1][l].kv[0].dk, dv[l] = own[x - 1][l].kv[0].dv;
         rd[x]->push_tail_grads(dk, dv);
       }
     }
@@ -260,11 +352,13 @@ SegmentConfig mixed(int K) {
   return cfg;
 }
 
-class Tbptt : public ::testing::TestWithParam<int> {};
+// (K, model): 0 qwen3, 1 the hybrid (its Gated DeltaNet layers' states and conv tails cross the
+// boundaries beside the attention layer's tail; the mixed config's retrieval layer 1 is that one).
+class Tbptt : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(Tbptt, GradientEqualsTheIndependentReference) {
-  const int K = GetParam();
-  Model<double> m(seg_model());
+  const int K = std::get<0>(GetParam()), kind = std::get<1>(GetParam());
+  Model<double> m(kind == 0 ? seg_model() : hybrid_model());
   m.init(21);
   const data::Tree t = group_tree({random_tokens(21, 22)});  // 6 segments, the last of one token
   const SegmentConfig cfg = mixed(K);
@@ -286,13 +380,15 @@ TEST_P(Tbptt, GradientEqualsTheIndependentReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Depths, Tbptt, ::testing::Values(0, 1, 2));
+INSTANTIATE_TEST_SUITE_P(Depths, Tbptt, ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Values(0, 1)));
 
 // Without retrieval and with K >= segments - 1 nothing is truncated: the gradient is the loss's
 // own, checked by central differences on sampled entries of every tensor (Richardson-
 // extrapolated as in model_test_util.h).
 TEST(Segments, UntruncatedGradientMatchesFiniteDifferences) {
-  Model<double> m(seg_model());
+ for (const ModelConfig& mc : {seg_model(), hybrid_model()}) {
+  SCOPED_TRACE(mc.architecture);
+  Model<double> m(mc);
   m.init(31);
   const data::Tree t = group_tree({random_tokens(11, 32)});  // 3 segments of 4
   SegmentConfig cfg;
@@ -327,6 +423,7 @@ TEST(Segments, UntruncatedGradientMatchesFiniteDifferences) {
     }
   }
   EXPECT_GT(checked, 20);
+ }
 }
 
 // Retrieved pairs change the forward but take no gradient: with no tail, the segmented gradient is
@@ -378,7 +475,9 @@ TEST(Segments, RetrievedPairsTakeNoGradient) {
 // same ops on the same values in the same order, so bitwise on the CPU. Prompts that end inside a
 // segment, on its boundary and after one token; samples that diverge (temperature 1).
 TEST(Segments, InferenceLogitsEqualTheTrainingForwardBitwise) {
-  Model<double> m(seg_model());
+ for (const ModelConfig& mc : {seg_model(), hybrid_model()}) {
+  SCOPED_TRACE(mc.architecture);
+  Model<double> m(mc);
   m.init(51);
   SegmentConfig whole;
   whole.length = 4;
@@ -412,6 +511,51 @@ TEST(Segments, InferenceLogitsEqualTheTrainingForwardBitwise) {
       EXPECT_EQ(out[0].samples[1].logprobs.size(), 11u);
     }
   }
+ }
+}
+
+// One node of `tokens` as SegmentedPath::append takes it (its positions are ignored).
+data::PackedBatch one_node(const std::vector<int32_t>& tokens) {
+  data::PackedBatch b;
+  b.n_tokens = (int)tokens.size();
+  b.tokens = tokens;
+  b.pos.assign(tokens.size(), 0);
+  b.subtree_end.assign(tokens.size(), b.n_tokens);
+  b.node_start = {0};
+  b.node_len = {b.n_tokens};
+  b.node_parent = {-1};
+  b.tree_start = {0, b.n_tokens};
+  return b;
+}
+
+// A growing path (SegmentedPath, a policy's context) on a hybrid: rows appended in uneven pieces,
+// each after a detour (rows appended, then rewound to a mark: the Gated DeltaNet states and conv
+// tails come back from the mark's copy of its slot) give the logits of the segmented training
+// forward of the path at each piece's last row, bitwise.
+TEST(Segments, AGrowingPathOnAHybridRewindsItsStates) {
+  Model<double> m(hybrid_model());
+  m.init(71);
+  const SegmentConfig cfg = mixed(1);
+  const std::vector<int32_t> seq = random_tokens(19, 72);
+  std::vector<double> train;  // rows 0 .. 17 (the path's target sources), 11 logits each
+  for (const std::vector<double>& x : segmented_piece_logits(m, cfg, data::plan_segments(group_tree({seq}), cfg.length)))
+    train.insert(train.end(), x.begin(), x.end());
+  ASSERT_EQ(train.size(), 18u * 11);
+  SegmentedPath<CpuExec<double>> path(m, cfg, /*ahead=*/6);
+  int at = 0, detour = 0;
+  for (int n : {3, 5, 1, 4, 5}) {
+    const auto mark = path.mark();
+    path.append(one_node(random_tokens(2 + detour % 5, 80 + detour)));
+    ++detour;
+    path.rewind(mark);
+    const std::vector<int32_t> piece(seq.begin() + at, seq.begin() + at + n);
+    const std::vector<double> got = path.append(one_node(piece));
+    at += n;
+    ASSERT_EQ(path.depth(), at);
+    ASSERT_EQ(got.size(), 11u);
+    for (int x = 0; x < 11; ++x) ASSERT_EQ(got[x], train[(size_t)(at - 1) * 11 + x]) << "row " << at - 1;
+  }
+  EXPECT_EQ(at, 18);
 }
 
 TEST(Segments, ConfigErrorsNameTheKey) {
@@ -444,13 +588,16 @@ TEST(Segments, ConfigErrorsNameTheKey) {
   EXPECT_NE(error_of(c).find("max_position_embeddings"), std::string::npos) << error_of(c);
   c.long_range = {{1}, {0}, 2};
   EXPECT_EQ(error_of(c), "");
-  ModelConfig hybrid = mc;
-  testing::make_hybrid(hybrid, "qwen3_5_text");
+  const ModelConfig hybrid = hybrid_model();  // layers 0 and 2 linear_attention
+  EXPECT_NO_THROW(c.validate(hybrid));
+  c.long_range = {{0}, {0}, 2};
   try {
     c.validate(hybrid);
-    ADD_FAILURE() << "a hybrid must be refused";
+    ADD_FAILURE() << "retrieval in a linear_attention layer must be refused";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("linear_attention"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("segments.long_range.layers: layer 0 is linear_attention"),
+              std::string::npos)
+        << e.what();
   }
 }
 

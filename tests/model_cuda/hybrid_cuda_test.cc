@@ -7,18 +7,23 @@
 //  - TreeVsPerPath: the same trees packed per path give the tree's loss and gradients.
 //  - HybridPartitioned: partitioned training (the recurrent state and conv tail crossing each cut
 //    in device memory) equals the unpartitioned fp64 CPU decoder, large and small capacities.
+//  - HybridSegmented: segments (the states and conv tails crossing each boundary in device
+//    memory beside the carried tail) in training, K = 0 and 1, and in generation.
 //  - HybridBf16Products: train.gdn_products bf16 within the rule with its own roundings added.
 //  - Errors: linear head shapes the kernels do not take name the key.
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
 #include <functional>
 #include <string>
 
 #include "data/partition.h"
 #include "model/decoder.h"
 #include "model/partitioned.h"
+#include "model/segments.h"
 #include "tests/model_cuda/test_util.h"
 
 namespace tt::model_cuda_test {
@@ -201,6 +206,74 @@ TEST_F(GpuTest, HybridPartitioned) {
     std::printf("[ recompute] %s: loss %.9g vs %.9g, %zu of %zu gradients differ\n", what.c_str(), again, loss, differ,
                 g.size());
   }
+}
+
+// Segments on a hybrid (model/segments.h): each boundary hands the Gated DeltaNet layers' end
+// states and conv tails to the next segment in device memory, beside the attention layer's carried
+// tail, and each TBPTT column is a backward on the same forward's activations. Training on the GPU
+// against the fp64 CPU scheduler, K = 0 and 1: loss within kLossRel, gradients by the hybrid rule
+// over the K + 1 segments' layer stacks a gradient crosses plus one attention layer for the
+// re-rotated tail key: hybrid_grad_bound(2 (K + 1), (K + 1) + 1). Then generation with segments:
+// every prompt row's logits against the CPU's by the hybrid logit rule with the prefixes' 2
+// roundings a layer added (as segments_cuda_test.cc).
+TEST_F(GpuTest, HybridSegmented) {
+  const model::ModelConfig cfg = hybrid_config_of(kHybrid);
+  const std::vector<float> master = init_master(cfg, 9);
+  const std::vector<double> wd = bf16_weights(master);
+  const std::vector<data::Tree> trees = random_trees(41, 1, kHybrid.base.V, /*max_depth=*/6, /*max_children=*/3,
+                                                     /*max_len=*/40, /*max_nodes=*/40);
+  const data::Tree& tree = trees[0];
+  model::CudaModel gpu(cfg);
+  gpu.set_params(master.data());
+  model::Model<double> cpu(cfg);
+  std::copy(wd.begin(), wd.end(), cpu.params());
+  for (int K : {0, 1}) {
+    model::SegmentConfig seg;
+    seg.length = 32;
+    seg.tail = 8;
+    seg.tbptt = K;
+    const data::SegmentPlan plan = data::plan_segments(tree, seg.length);
+    ASSERT_GT(plan.pieces.num_pieces(), 2) << "tree of depth " << tree.max_depth();
+    const double scale = 1.0 / (double)tree.n_paths();
+    model::SegmentRunStats cs, gs;
+    cpu.zero_grad();
+    const double lc = model::forward_backward_segmented(cpu, seg, plan, scale, &cs);
+    gpu.zero_grad();
+    const double lg = model::forward_backward_segmented(gpu, seg, plan, scale, &gs);
+    EXPECT_EQ(gs.backwards, cs.backwards) << "K = " << K;
+    const std::string what = "hybrid segments K = " + std::to_string(K);
+    std::printf("[ segments ] %s: %d pieces, %d backwards\n", what.c_str(), cs.pieces, cs.backwards);
+    expect_loss_close(lg, lc, what);
+    const std::vector<double> ref(cpu.grads(), cpu.grads() + cpu.num_params());
+    expect_grads_within(gpu.params_info(), gpu.grads_host(), ref, hybrid_grad_bound(2 * (K + 1), K + 2), what);
+  }
+  model::DecoderOptions o;
+  o.inference = true;
+  model::CudaModel inf(cfg, o);
+  inf.set_params(master.data());
+  model::SegmentConfig seg;
+  seg.length = 32;
+  seg.tail = 8;
+  model::Prompt p;
+  p.id = "p";
+  std::mt19937_64 rng(3);
+  std::uniform_int_distribution<int> tok(0, kHybrid.base.V - 1);
+  for (int j = 0; j < 100; ++j) p.tokens.push_back(tok(rng));
+  model::SamplingOptions so;
+  so.temperature = 0;
+  so.max_new_tokens = 4;
+  std::vector<std::vector<double>> lg, lc;
+  model::generate_segmented(inf, seg, {p}, so, nullptr, &lg);
+  model::generate_segmented(cpu, seg, {p}, so, nullptr, &lc);
+  const double bound = 3.0 * std::sqrt((18.0 * 2 + 15.0 + 2 + 2.0 * 3) / 3.0) * kBf16U;
+  double worst = 0;
+  for (size_t j = 0; j < p.tokens.size(); ++j) {
+    const double e = rel_l2(lg[j].data(), lc[j].data(), kHybrid.base.V);
+    EXPECT_LT(e, bound) << "prompt row " << j << " (segment " << j / 32 << ")";
+    worst = std::max(worst, e);
+  }
+  std::printf("[ segments ] hybrid generation: %zu prompt rows, worst logit rel L2 %.3e (bound %.3e)\n",
+              p.tokens.size(), worst, bound);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "data/reader.h"
 #include "model/decoder.h"
 #include "model/segments.h"
+#include "tests/model/model_test_util.h"
 #include "tests/trainer/test_util.h"
 #include "tests/trainer/tiny_run.h"
 #include "trainer/train.h"
@@ -43,9 +44,17 @@ RunConfig seg_config(const fs::path& dir) {
 // One step, grad_accum 1, no shuffle: the first comb alone. Its loss and every gradient are the
 // model's segment scheduler on that tree with the step's normaliser (its paths), bitwise: the
 // trainer adds nothing in between.
-TEST(SegmentsTrain, AStepIsTheSchedulerOnTheStepsTrees) {
-  const fs::path dir = testing::fresh_dir("seg_step");
+// Also for a hybrid (qwen3_5_text: Gated DeltaNet layers 0 and 2, whose states and conv tails
+// cross the segment boundaries; retrieval in its attention layer 1).
+class SegmentsStep : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SegmentsStep, AStepIsTheSchedulerOnTheStepsTrees) {
+  const fs::path dir = testing::fresh_dir(GetParam() ? "seg_step_hybrid" : "seg_step");
   RunConfig c = seg_config(dir);
+  if (GetParam()) {
+    model::testing::make_hybrid(c.model, "qwen3_5_text");
+    c.validate();
+  }
   c.data.shuffle = false;
   c.train.grad_accum = 1;
   Trainer t(c);
@@ -68,6 +77,9 @@ TEST(SegmentsTrain, AStepIsTheSchedulerOnTheStepsTrees) {
   EXPECT_EQ(w.tokens, trees[0].n_tree());
   EXPECT_LT(w.visible_pairs, model::Work::of(data::pack({&trees[0]}, data::Packing::kTree)).visible_pairs);
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, SegmentsStep, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "hybrid" : "qwen3"; });
 
 // Tree packing and the per_path baseline (each path segmented on its own) take the same steps.
 TEST(SegmentsTrain, TreeAndPerPathTrainAlike) {
