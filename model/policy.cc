@@ -46,7 +46,7 @@ data::PackedBatch token_batch(const std::vector<int32_t>& tokens) {
 
 template <class E>
 VlaPolicy<E>::VlaPolicy(Decoder<E>& model, int window, int64_t capacity, const SegmentConfig& segments)
-    : m_(model), window_(window), cache_(model, segments.enabled() ? 1 : capacity) {
+    : m_(model), window_(window), cache_(model, segments.enabled() ? 0 : capacity) {
   TT_CHECK(window >= 0, "policy: history window ", window, ", expected 0 (full) or >= 1");
   TT_CHECK(model.config().vision.enabled(), "policy: the model has no vision section");
   if (segments.enabled()) path_ = std::make_unique<SegmentedPath<E>>(model, segments, capacity);

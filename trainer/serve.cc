@@ -115,6 +115,9 @@ class Server {
                       " action tokens do not fit the context of ", context_,
                       " rows (min(max_position_embeddings, 16384)) beside an instruction; expected at most ",
                       context_ - step_rows_, " action tokens"));
+    // With segments positions stay below segments.length + tail however long the path: the
+    // instruction has no bound (the context bounds one step's rows, the ring SegmentedPath keeps).
+    if (seg_.enabled()) max_instruction_ = std::numeric_limits<int64_t>::max();
     model_ = load_inference_model<Exec>(cfg_, dir_);
   }
 

@@ -256,6 +256,20 @@ TEST(NavServe, ARunTrainedWithSegmentsIsEvaluatedThroughThem) {
   // The two-step model never reaches the goal: its episode runs past the 63 steps' 1,010 rows.
   EXPECT_GT(j.at("mean_steps").get<double>(), 63.0);
   EXPECT_NE(slurp(dir / "e").find("history full, segments of 64 tail 32"), std::string::npos) << slurp(dir / "e");
+  // serve builds its sessions' policies the same way: an instruction longer than the model's 1,024
+  // positions is taken (segments bound the positions, not the path), and steps are answered.
+  ServeProcess s("--checkpoint " + (dir / "run").string() + " --action-ids 8:12");
+  Client c(s.port);
+  std::string ins;
+  for (int i = 0; i < 1100; ++i) ins += (i ? ", " : "") + std::to_string(2 + i % 9);
+  const json r = c.ask(R"({"session": "a", "reset": true, "instruction": [)" + ins + "]}");
+  ASSERT_EQ(r.value("ok", false), true) << r.dump();
+  const std::string img = frame_b64();
+  for (int step = 0; step < 2; ++step) {
+    const json a = c.ask(R"({"session": "a", "images": [")" + img + R"("]})");
+    ASSERT_TRUE(a.contains("action_ids")) << a.dump();
+    EXPECT_EQ(a.at("step"), step);
+  }
 }
 
 TEST(NavServe, BadRequestsGetErrorsAndNeverStopTheServer) {
