@@ -11,9 +11,11 @@
 // then the prefill time (the faster of 2) and the allocator's peak bytes in use over both, whole
 // and above the weights. Shapes: llama2_7b (the paper's: 32
 // layers, 32 heads of 128, no GQA, long-range layers {6, 8, 11, 18}) and qwen3_1_7b
-// (bench/qwen3_shapes.h, long-range layers {4, 8, 12, 18}); the long-range KV heads are the last
-// quarter (the paper does not say how many). Output: one JSON object (stdout).
-// Flags: --shape llama2_7b|qwen3_1_7b, --tokens 32768,65536,131072, --modes full,segmented,
+// (bench/qwen3_shapes.h, long-range layers {4, 8, 12, 18}) and hybrid_2b (bench/qwen3_shapes.h:
+// 18 Gated DeltaNet layers, whose states cross the boundaries, and 6 attention layers, long-range
+// layers {3, 11, 19}); the long-range KV heads are the last quarter, at least one (the paper does
+// not say how many). Output: one JSON object (stdout).
+// Flags: --shape llama2_7b|qwen3_1_7b|hybrid_2b, --tokens 32768,65536,131072, --modes full,segmented,
 // --segment 4096, --tail 512, --retrieve 512.
 //
 // --train (issue 18's training figures): a training step (forward, backward, AdamW on the
@@ -218,8 +220,11 @@ int run(int argc, char** argv) {
   } else if (shape == "qwen3_1_7b") {
     cfg = tt::bench::qwen3_1_7b();
     long_layers = {4, 8, 12, 18};
+  } else if (shape == "hybrid_2b") {  // Gated DeltaNet states cross the boundaries; retrieval in attention layers
+    cfg = tt::bench::hybrid_2b();
+    long_layers = {3, 11, 19};
   } else {
-    throw Error(str("--shape ", shape, ": expected llama2_7b or qwen3_1_7b"));
+    throw Error(str("--shape ", shape, ": expected llama2_7b, qwen3_1_7b or hybrid_2b"));
   }
   if (training && !tokens_set) tokens = {32768};
   cfg.max_position_embeddings = std::max<int64_t>(*std::max_element(tokens.begin(), tokens.end()), 1 << 24) + 16;
@@ -229,7 +234,7 @@ int run(int argc, char** argv) {
   seg.tbptt = K;
   seg.long_range.layers = long_layers;
   const int NKV = (int)cfg.num_key_value_heads;
-  for (int g = NKV - NKV / 4; g < NKV; ++g) seg.long_range.heads.push_back(g);
+  for (int g = NKV - std::max(NKV / 4, 1); g < NKV; ++g) seg.long_range.heads.push_back(g);  // at least one
   seg.long_range.retrieve = R;
   seg.validate(cfg);
 
