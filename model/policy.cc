@@ -46,10 +46,22 @@ data::PackedBatch token_batch(const std::vector<int32_t>& tokens) {
 
 template <class E>
 VlaPolicy<E>::VlaPolicy(Decoder<E>& model, int window, int64_t capacity, const SegmentConfig& segments)
-    : m_(model), window_(window), cache_(model, segments.enabled() ? 0 : capacity) {
+    : m_(model), window_(window), cache_(model, segments.enabled() ? 0 : capacity, segments.enabled() ? 0 : 4) {
   TT_CHECK(window >= 0, "policy: history window ", window, ", expected 0 (full) or >= 1");
   TT_CHECK(model.config().vision.enabled(), "policy: the model has no vision section");
   if (segments.enabled()) path_ = std::make_unique<SegmentedPath<E>>(model, segments, capacity);
+  else if (cache_.recurrent()) cache_.reserve_slots(4);  // kNow .. kContext
+}
+
+template <class E>
+void VlaPolicy<E>::save_state(int32_t slot) {
+  if (cache_.recurrent() && cache_.used() > 0) cache_.copy_state(slot, kNow);
+}
+
+template <class E>
+void VlaPolicy<E>::rewind(int64_t rows, int32_t from) {
+  cache_.truncate(rows);
+  if (cache_.recurrent() && rows > 0) cache_.copy_state(kNow, from);
 }
 
 template <class E>
@@ -62,7 +74,7 @@ void VlaPolicy<E>::reset(const std::vector<int32_t>& instruction) {
   for (size_t i = 0; i < instruction.size(); ++i)
     TT_CHECK(instruction[i] >= 0 && instruction[i] < V, "policy: instruction[", i, "] = ", instruction[i],
              ", expected a token id in [0, ", V, ")");
-  cache_.clear();
+  cache_.truncate(0);  // the rows (the state slots stay reserved)
   history_.clear();
   instruction_.clear();  // until the prefill succeeded: a failed reset leaves no episode to act in
   if (path_) path_->clear();
@@ -72,9 +84,10 @@ void VlaPolicy<E>::reset(const std::vector<int32_t>& instruction) {
       path_->append(b);
     } else {
       prefill(b);
+      save_state(kInstruction);
     }
   } catch (...) {
-    cache_.clear();
+    cache_.truncate(0);
     if (path_) path_->clear();
     throw;
   }
@@ -113,15 +126,21 @@ std::vector<double> VlaPolicy<E>::prefill(const data::PackedBatch& b) {
   const int64_t used = cache_.used();
   Carry<E> carry(L);
   if (used > 0) cache_.read(carry, 0, (int)used, 0, n);
+  // Recurrent layers start from the state after the cache's rows and leave theirs in its place.
+  std::vector<int32_t> slot_out;
+  if (cache_.recurrent()) {
+    cache_.read_state(carry, {used > 0 ? kNow : -1});
+    slot_out = {kNow};
+  }
   const int64_t begin = cache_.reserve(n);
   std::vector<int32_t> rows(n);
   for (int i = 0; i < n; ++i) rows[i] = (int32_t)(begin + i);
-  const CacheWrite<E> w = cache_.write(rows);
+  const CacheWrite<E> w = cache_.write(rows, slot_out);
   InferRequest req;
   req.loss = false;
   req.rows = InferRequest::Rows::kList;
   req.list = {n - 1};
-  return m_.infer(b, req, used > 0 ? &carry : nullptr, &w).logits;
+  return m_.infer(b, req, used > 0 || cache_.recurrent() ? &carry : nullptr, &w).logits;
 }
 
 // The action tokens from the context's last logits, greedily among [first_id, end_id): each but
@@ -177,6 +196,7 @@ std::vector<int32_t> VlaPolicy<E>::act(const Observation& obs, int n_tokens, int
     dropped.push_back(std::move(history_.front()));
     history_.erase(history_.begin());
   }
+  save_state(kBefore);
   try {
     int depth = (int)instruction_.size();
     std::vector<double> logits;
@@ -186,7 +206,7 @@ std::vector<int32_t> VlaPolicy<E>::act(const Observation& obs, int n_tokens, int
       logits = prefill(b);
       depth += b.n_tokens;
     } else {
-      cache_.truncate((int64_t)instruction_.size());
+      rewind((int64_t)instruction_.size(), kInstruction);
       for (const Observation& o : history_) {
         const data::PackedBatch b = observation_batch(o, depth);
         logits = prefill(b);
@@ -194,17 +214,19 @@ std::vector<int32_t> VlaPolicy<E>::act(const Observation& obs, int n_tokens, int
       }
     }
     const int64_t context_rows = cache_.used();
+    save_state(kContext);
     const std::vector<int32_t> out = decode(std::move(logits), n_tokens, first_id, end_id, first_logits,
                                             [&](data::PackedBatch& b, int k) {
                                               b.pos = {depth + k};
                                               return prefill(b);
                                             });
-    cache_.truncate(context_rows);  // actions are no later step's context
+    rewind(context_rows, kContext);  // actions are no later step's context
     return out;
   } catch (...) {
     history_.pop_back();
     if (!dropped.empty()) history_.insert(history_.begin(), std::move(dropped.front()));
-    cache_.truncate(window_ == 0 ? used : (int64_t)instruction_.size());
+    if (window_ == 0) rewind(used, kBefore);
+    else rewind((int64_t)instruction_.size(), kInstruction);
     throw;
   }
 }

@@ -16,6 +16,12 @@
 // path does, so the logits are that forward's; the cache holds the open segment only (a ring of
 // segments.length + capacity rows), so an episode with the full history runs as long as it goes,
 // and `capacity` bounds the rows one step adds (its observation and fed-back action tokens).
+//
+// Hybrid language models (Gated DeltaNet layers): the recurrent state and conv tail after the
+// cache's rows live in a state slot beside them, and every point the cache goes back to (the
+// context before a step's action tokens, the instruction for a window, the start of a failed step)
+// has a copy of its state to come back to, so the logits are those of a forward of the path as
+// with attention only.
 #pragma once
 
 #include <cstdint>
@@ -69,9 +75,16 @@ class VlaPolicy {
   std::vector<int32_t> act_segmented(const Observation& obs, int n_tokens, int32_t first_id, int32_t end_id,
                                      std::vector<double>* first_logits);
 
+  // Recurrent layers: the cache back to `rows` rows and the state to slot `from`'s copy of it.
+  void rewind(int64_t rows, int32_t from);
+  void save_state(int32_t slot);
+
   Decoder<E>& m_;
   int window_;
   KVCache<E> cache_;
+  // State slots (recurrent models): after the cache's rows, after the instruction, before the
+  // step, after the step's context.
+  static constexpr int32_t kNow = 0, kInstruction = 1, kBefore = 2, kContext = 3;
   std::unique_ptr<SegmentedPath<E>> path_;  // with segments: the context (cache_ unused)
   std::vector<int32_t> instruction_;
   std::vector<Observation> history_;  // the context's observations (the window's, or all)

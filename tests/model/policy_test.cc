@@ -5,7 +5,8 @@
 // with the earlier ones appended. A reset or a step that throws (a long instruction, a malformed
 // observation, a step past the capacity, non-finite logits) leaves the policy as it was. With
 // segments the logits are the segmented training forward's of the step's path, and failures
-// leave it as it was too.
+// leave it as it was too. The same with a hybrid language model (Gated DeltaNet layers: their
+// states and conv tails follow the cache, and come back with it after the action and failures).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include "model/decoder.h"
 #include "model/policy.h"
 #include "tests/equivalence/vla_fixture.h"
+#include "tests/model/model_test_util.h"
 
 namespace tt::model {
 namespace {
@@ -39,6 +41,13 @@ double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
   return d / m;
 }
 
+// tiny_vla_config, or with Qwen3.5's hybrid decoder (layers linear, full, linear attention).
+ModelConfig vla_config(bool hybrid) {
+  ModelConfig c = tt::testing::tiny_vla_config();
+  if (hybrid) model::testing::make_hybrid(c, "qwen3_5_text");
+  return c;
+}
+
 std::vector<double> row_logits(Model<double>& m, const data::PackedBatch& b, int row) {
   InferRequest req;
   req.loss = false;
@@ -47,11 +56,11 @@ std::vector<double> row_logits(Model<double>& m, const data::PackedBatch& b, int
   return m.infer(b, req).logits;
 }
 
-class PolicyVsTree : public ::testing::TestWithParam<int> {};
+class PolicyVsTree : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(PolicyVsTree, ContextAndLogitsAreTheTreesPath) {
-  const int window = GetParam();
-  const ModelConfig cfg = tt::testing::tiny_vla_config();
+  const auto [window, hybrid] = GetParam();
+  const ModelConfig cfg = vla_config(hybrid);
   Model<double> m(cfg);
   m.init(4);
   const data::Episode ep = tt::testing::tiny_episode(5, 2, 8);
@@ -91,9 +100,11 @@ TEST_P(PolicyVsTree, ContextAndLogitsAreTheTreesPath) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Histories, PolicyVsTree, ::testing::Values(0, 2),
-                         [](const ::testing::TestParamInfo<int>& i) {
-                           return i.param == 0 ? std::string("full") : "window" + std::to_string(i.param);
+INSTANTIATE_TEST_SUITE_P(Histories, PolicyVsTree, ::testing::Combine(::testing::Values(0, 2), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<int, bool>>& i) {
+                           const int w = std::get<0>(i.param);
+                           return (w == 0 ? std::string("full") : "window" + std::to_string(w)) +
+                                  (std::get<1>(i.param) ? "_hybrid" : "");
                          });
 
 // An observation of `cameras` frames of random pixels and a 3-value state (tiny_vla_config's).
@@ -129,12 +140,13 @@ struct SegCase {
   int window;
   int64_t length, tail;
   bool retrieval;
+  bool hybrid = false;
 };
 class PolicySegments : public ::testing::TestWithParam<SegCase> {};
 
 TEST_P(PolicySegments, LogitsAreTheSegmentedTrainingForwardsOfThePath) {
   const SegCase c = GetParam();
-  const ModelConfig cfg = tt::testing::tiny_vla_config();
+  const ModelConfig cfg = vla_config(c.hybrid);
   Model<double> m(cfg);
   m.init(4);
   SegmentConfig seg;
@@ -195,21 +207,22 @@ TEST_P(PolicySegments, LogitsAreTheSegmentedTrainingForwardsOfThePath) {
 
 INSTANTIATE_TEST_SUITE_P(Segments, PolicySegments,
                          ::testing::Values(SegCase{0, 7, 7, false}, SegCase{0, 10, 4, false}, SegCase{0, 8, 3, true},
-                                           SegCase{2, 7, 5, false}, SegCase{2, 10, 10, true}),
+                                           SegCase{2, 7, 5, false}, SegCase{2, 10, 10, true},
+                                           SegCase{0, 8, 3, true, true}, SegCase{2, 7, 5, false, true}),
                          [](const ::testing::TestParamInfo<SegCase>& i) {
                            return (i.param.window == 0 ? std::string("full") : "window" + std::to_string(i.param.window)) +
                                   "_S" + std::to_string(i.param.length) + "_M" + std::to_string(i.param.tail) +
-                                  (i.param.retrieval ? "_retrieval" : "");
+                                  (i.param.retrieval ? "_retrieval" : "") + (i.param.hybrid ? "_hybrid" : "");
                          });
 
-class PolicyFailures : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+class PolicyFailures : public ::testing::TestWithParam<std::tuple<int, bool, bool>> {};
 
 // Every failing step between two good ones leaves no trace: the next step's context and logits
 // are a policy's that never saw them (with the full history the cache keeps no rows of theirs;
 // with a window, the history keeps neither them nor loses the observation they pushed out).
 TEST_P(PolicyFailures, AFailedStepLeavesTheHistoryAndTheCacheAsTheyWere) {
-  const auto [window, segments] = GetParam();
-  const ModelConfig cfg = tt::testing::tiny_vla_config();  // 4 rows a frame, a state row
+  const auto [window, segments, hybrid] = GetParam();
+  const ModelConfig cfg = vla_config(hybrid);  // 4 rows a frame, a state row
   Model<double> m(cfg);
   m.init(4);
   SegmentConfig seg;  // segments of 7 rows: every step rolls at least once
@@ -248,11 +261,11 @@ TEST_P(PolicyFailures, AFailedStepLeavesTheHistoryAndTheCacheAsTheyWere) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Histories, PolicyFailures,
-                         ::testing::Combine(::testing::Values(0, 2), ::testing::Bool()),
-                         [](const ::testing::TestParamInfo<std::tuple<int, bool>>& i) {
+                         ::testing::Combine(::testing::Values(0, 2), ::testing::Bool(), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<int, bool, bool>>& i) {
                            const int w = std::get<0>(i.param);
                            return (w == 0 ? std::string("full") : "window" + std::to_string(w)) +
-                                  (std::get<1>(i.param) ? "_segments" : "");
+                                  (std::get<1>(i.param) ? "_segments" : "") + (std::get<2>(i.param) ? "_hybrid" : "");
                          });
 
 // An instruction the context cannot hold, or with an id outside the vocabulary, is refused up
