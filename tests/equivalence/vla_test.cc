@@ -23,6 +23,7 @@
 #include "model/decoder.h"
 #include "model/partitioned.h"
 #include "model/segments.h"
+#include "tests/model/model_test_util.h"
 #include "tests/equivalence/random_trees.h"
 #include "tests/equivalence/vla_fixture.h"
 
@@ -58,6 +59,7 @@ double max_grad(const model::Model<double>& m, const std::vector<double>& g, con
 struct Case {
   int window;
   bool freeze;
+  bool hybrid = false;  // Qwen3.5's hybrid decoder (Gated DeltaNet layers 0 and 2)
 };
 
 // Both comparisons start from the tiny VLA (weights of seed 7) and the tree of a 5-step episode
@@ -66,7 +68,11 @@ class VlaTreeVsSteps : public ::testing::TestWithParam<Case> {
  protected:
   VlaTreeVsSteps() { m.init(7); }
   const Case c = GetParam();
-  const model::ModelConfig cfg = testing::tiny_vla_config(c.freeze);
+  const model::ModelConfig cfg = [this] {
+    model::ModelConfig x = testing::tiny_vla_config(c.freeze);
+    if (c.hybrid) model::testing::make_hybrid(x, "qwen3_5_text");
+    return x;
+  }();
   model::Model<double> m{cfg};
   const data::Tree tree = testing::vla_tree(testing::tiny_episode(/*steps=*/5, /*cameras=*/2, /*seed=*/3), c.window,
                                             cfg, 11);
@@ -148,7 +154,9 @@ TEST_P(VlaTreeVsSteps, PartitionedTreesMatchTheWholeTree) {
   for (int64_t cap : {P, P + 1, 2 * P + 3, 3 * P, tree.n_tree() / 2 + 1, tree.n_tree()}) {
     const data::Tree split = data::split_long_nodes(tree, cap);
     const data::Partition plan = data::plan_partition(split, cap);
-    if (cap < tree.n_tree() / 2) EXPECT_GT(plan.num_pieces(), 4) << "capacity " << cap;
+    if (cap < tree.n_tree() / 2) {
+      EXPECT_GT(plan.num_pieces(), 4) << "capacity " << cap;
+    }
     int with_frames = 0;  // each such piece's frames are decoded once, when it runs (also with recompute)
     for (int k = 0; k < plan.num_pieces(); ++k) with_frames += !data::pack_piece(split, plan, k).frames.empty();
     Grads runs[2];
@@ -252,10 +260,11 @@ TEST_P(VlaTreeVsSteps, SegmentsWithAWholeSegmentTailMatchTheWholeTree) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Histories, VlaTreeVsSteps,
-                         ::testing::Values(Case{0, false}, Case{2, false}, Case{0, true}, Case{3, true}),
+                         ::testing::Values(Case{0, false}, Case{2, false}, Case{0, true}, Case{3, true},
+                                           Case{0, false, true}, Case{2, false, true}),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return std::string(i.param.window == 0 ? "full" : "window" + std::to_string(i.param.window)) +
-                                  (i.param.freeze ? "_frozen" : "");
+                                  (i.param.freeze ? "_frozen" : "") + (i.param.hybrid ? "_hybrid" : "");
                          });
 
 // Each step's action logits: the rows that predict its action tokens, under tree packing of
