@@ -228,6 +228,45 @@ TEST(Sample, SegmentsFromSetAndFromTheRunsConfig) {
   }
 }
 
+// A hybrid checkpoint samples with segments too (--set): its Gated DeltaNet states continue
+// across the boundaries of a prompt longer than max_position_embeddings; the file equals
+// generate_segmented on the same weights, 4 samples each from its own copy of the prompt's state.
+TEST(Sample, AHybridSamplesWithSegments) {
+  const fs::path d = test_dir("segments_hybrid");
+  SampleCommand c;
+  c.checkpoint = saved_model(d / "model", /*hybrid=*/true);
+  c.prompts = (d / "prompts.jsonl").string();
+  std::string line = "{\"id\": \"long\", \"tokens\": [";
+  std::vector<int32_t> toks;
+  for (int i = 0; i < 70; ++i) {
+    toks.push_back((i * 7 + 3) % 40);
+    line += (i ? ", " : "") + std::to_string(toks.back());
+  }
+  write_file(c.prompts, line + "]}\n");
+  c.device = "cpu";
+  c.out = (d / "seg.jsonl").string();
+  c.sampling.max_new_tokens = 20;
+  c.sampling.num_samples = 4;
+  c.sampling.temperature = 1.0;
+  c.sampling.seed = 11;
+  c.sets = {"segments.length=16", "segments.tail=8"};
+  run_sample(c);
+  model::SegmentConfig seg;
+  seg.length = 16;
+  seg.tail = 8;
+  model::Model<float> m(tiny(/*hybrid=*/true));
+  m.init(9);
+  const std::vector<model::Completion> want =
+      model::generate_segmented(m, seg, {model::Prompt{"long", toks}}, c.sampling);
+  const nlohmann::json j = nlohmann::json::parse(read_file(c.out));
+  ASSERT_EQ(j["sequences"].size(), 4u);
+  for (int s = 0; s < 4; ++s) {
+    std::vector<int32_t> gen;
+    for (size_t t = toks.size(); t < j["sequences"][s]["tokens"].size(); ++t) gen.push_back(j["sequences"][s]["tokens"][t]);
+    EXPECT_EQ(gen, want[0].samples[s].tokens) << "sample " << s;
+  }
+}
+
 TEST(Sample, ErrorsNameTheFileLineOrKey) {
   const fs::path d = test_dir("errors");
   SampleCommand c;
