@@ -4,7 +4,9 @@
 #include "model/gdn.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <unordered_map>
 #include <vector>
 
 #include "base/check.h"
@@ -592,18 +594,31 @@ void GdnKind::device_conv_backward(E& e, const BlockCall<E>& c, DeviceContext<E>
       for (int m = 0; m < Kc; ++m) end2[ext[N + (int64_t)q * Kc + m]] = node_end[n] + Kc * (q + 1);
     }
   for (int64_t x = 0; x < Na; ++x) pos2[x] = prev2[x] < 0 ? 0 : pos2[prev2[x]] + 1;  // prev2[x] < x
-  // Offered tails: (row in the conv's layout, offer row o (K - 1) + m) of each tail row.
-  std::vector<int32_t> tail_dst, tail_src;
-  if (c.carry && !c.carry->offer_node.empty())
+  // Offered tails: (row in the conv's layout, offer row o (K - 1) + m) of each tail row. Two
+  // offers' tails share rows where the offered nodes lie within K - 1 rows below a common row (a
+  // branch just before a segment boundary), and add_rows takes distinct destinations a call: the
+  // entries go in rounds, a row at most once a round, in offer order (deterministic; as many
+  // rounds as the most tails sharing a row, one when none do).
+  std::vector<int32_t> tail_dst, tail_src, round_begin = {0};
+  if (c.carry && !c.carry->offer_node.empty()) {
+    std::vector<std::array<int32_t, 3>> entries;  // (round, dst, src)
+    std::unordered_map<int32_t, int32_t> uses;
     for (size_t o = 0; o < c.carry->offer_node.size(); ++o) {
       const int n = c.carry->offer_node[o];
       int32_t row = l.host_start[n] + l.host_len[n] - 1;
       for (int m = Kc - 1; m >= 0 && row >= 0; --m) {
-        tail_dst.push_back(ext[row]);
-        tail_src.push_back((int32_t)(o * Kc + m));
+        entries.push_back({uses[ext[row]]++, ext[row], (int32_t)(o * Kc + m)});
         row = d.host_prev[row];
       }
     }
+    std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a[0] < b[0]; });
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (i > 0 && entries[i][0] != entries[i - 1][0]) round_begin.push_back((int32_t)i);
+      tail_dst.push_back(entries[i][1]);
+      tail_src.push_back(entries[i][2]);
+    }
+  }
+  round_begin.push_back((int32_t)tail_dst.size());
   std::vector<int32_t> iota(Na);
   for (int64_t a = 0; a < Na; ++a) iota[a] = (int32_t)a;
   std::vector<int32_t> ints = meta;
@@ -629,8 +644,10 @@ void GdnKind::device_conv_backward(E& e, const BlockCall<E>& c, DeviceContext<E>
   const Saved<E> s(*this, N, c.saved);
   e.copy_rows(x2, d_ext, carried ? d.x : s.qkv, d_iota, (int)Na, CD_);
   e.copy_rows(du2, d_ext, du, d_iota, N, CD_);
-  if (!tail_dst.empty())
-    e.add_rows(dx2, d_tdst, (const Acc*)c.carry->offer_d_conv, d_tsrc, (int)tail_dst.size(), CD_);
+  for (size_t r = 0; r + 1 < round_begin.size(); ++r)
+    if (round_begin[r + 1] > round_begin[r])
+      e.add_rows(dx2, d_tdst + round_begin[r], (const Acc*)c.carry->offer_d_conv, d_tsrc + round_begin[r],
+                 round_begin[r + 1] - round_begin[r], CD_);
   e.conv1d_silu_backward(dx2, c.g + conv_, du2, x2, c.w + conv_, d_prev, d_pos, d_end, (int)Na, CD_, K_);
   e.add_rows(dx, d_iota, (const Acc*)dx2, d_ext, N, CD_);  // dx is zero: one rounding
   if (carried) {  // the context rows' gradients into the slots' accumulators

@@ -363,7 +363,8 @@ double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::Se
   const bool recurrent = max_se > 0;
   // Depth of the gradient through the tails and states (none without a tail read by some head or
   // a recurrent layer).
-  const int K = train && ((cfg.tail > 0 && cfg.local_heads(NKV) != 0) || recurrent) ? (int)cfg.tbptt : 0;
+  const bool tail_grads = cfg.tail > 0 && cfg.local_heads(NKV) != 0;
+  const int K = train && (tail_grads || recurrent) ? (int)cfg.tbptt : 0;
   std::vector<int32_t> local_of(recurrent ? plan.split.nodes.size() : 0, -1);  // node -> index in its piece
   size_t max_offers = 0;
   if (recurrent)
@@ -379,6 +380,7 @@ double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::Se
     e.ensure(zeros, z);
     e.zero(zeros.data(), z);
     e.ensure(discard, sizeof(Acc) * (size_t)(max_se + max_ce));
+    e.zero(discard.data(), sizeof(Acc) * (size_t)(max_se + max_ce));  // written, never read
   }
   Acc* const zero_acc = recurrent ? reinterpret_cast<Acc*>(zeros.data()) : nullptr;
   Acc* const discard_acc = recurrent ? reinterpret_cast<Acc*>(discard.data()) : nullptr;
@@ -581,10 +583,10 @@ double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::Se
         for (int d = 1; d <= depth; ++d)
           if (height[c] >= d - 1) ++lp->pending[d];
       lp->acc.resize(depth + 1);
-      lp->relay.resize(depth + 1);
+      lp->relay.assign(depth + 1, Carry<E>(L));  // no tail read by a local head: no rows' gradients
       int64_t total = 0;
       for (int l = 0; l < L; ++l) total += 2 * (int64_t)N * row_elems[l];
-      for (int d = 1; d <= depth; ++d) {
+      for (int d = 1; d <= depth && tail_grads; ++d) {
         e.ensure(lp->acc[d], sizeof(Acc) * (size_t)total);
         e.zero(lp->acc[d].data(), sizeof(Acc) * (size_t)total);
         Acc* next = reinterpret_cast<Acc*>(lp->acc[d].data());
@@ -736,13 +738,15 @@ class SegmentedInference {
     Carry<E> carry(L_);
     read(st, carry, 0, n);
     std::vector<int32_t> state_out;
+    std::shared_ptr<const int32_t> first;  // st's slot once its first rows succeeded (a failed one: none)
     if (cache_.recurrent()) {
-      const auto [in, out] = state_slots(st);
-      cache_.read_state(carry, {in});
-      state_out = {out};
+      if (!st.slot) first = new_slot();
+      cache_.read_state(carry, {st.slot ? *st.slot : -1});
+      state_out = {st.slot ? *st.slot : *first};
     }
     const CacheWrite<E> w = write(rows, std::move(state_out));
     InferResult res = model_.infer(b, req, &carry, &w);
+    if (first) st.slot = first;
     for (int j = 0; j < n; ++j) append(st, j, n, rows[j]);
     return res;
   }

@@ -164,7 +164,7 @@ TEST(Segments, RecurrentStatesCrossSegmentsExactly) {
     for (int64_t S : {2, 3, 5}) {
       SegmentConfig cfg;
       cfg.length = S;
-      cfg.tail = S / 2;
+      cfg.tail = S == 3 ? 0 : S / 2;  // (no attention layer reads it; 0: no tail gradients at all)
       cfg.tbptt = 16;
       const auto [l0, g0] = ordinary(m, t, 1.0);
       SegmentRunStats st;
@@ -350,6 +350,25 @@ SegmentConfig mixed(int K) {
   cfg.tbptt = K;
   cfg.long_range = {{1}, {1}, 3};
   return cfg;
+}
+
+// With no tail the Gated DeltaNet layers alone link the segments, through K boundaries.
+TEST(Segments, WithoutATailTheStatesAloneCarryTheGradient) {
+  Model<double> m(hybrid_model());
+  m.init(91);
+  const data::Tree t = group_tree({random_tokens(17, 92)});  // 5 segments of 4
+  for (int K : {0, 1, 2}) {
+    SegmentConfig cfg;
+    cfg.length = 4;
+    cfg.tail = 0;
+    cfg.tbptt = K;
+    SegmentRunStats st;
+    const auto [loss, g] = segmented(m, cfg, t, 1.0, &st);
+    EXPECT_LE(rel_max(g, tbptt_reference(m, cfg, t)), 1e-10) << "K=" << K;
+    int expect_backwards = 0;
+    for (int k = 0; k < 5; ++k) expect_backwards += 1 + std::min(K, 4 - k);
+    EXPECT_EQ(st.backwards, expect_backwards) << "K=" << K;
+  }
 }
 
 // (K, model): 0 qwen3, 1 the hybrid (its Gated DeltaNet layers' states and conv tails cross the

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "data/partition.h"
+#include "data/reader.h"
 #include "model/decoder.h"
 #include "model/partitioned.h"
 #include "model/segments.h"
@@ -220,13 +221,30 @@ TEST_F(GpuTest, HybridSegmented) {
   const model::ModelConfig cfg = hybrid_config_of(kHybrid);
   const std::vector<float> master = init_master(cfg, 9);
   const std::vector<double> wd = bf16_weights(master);
-  const std::vector<data::Tree> trees = random_trees(41, 1, kHybrid.base.V, /*max_depth=*/6, /*max_children=*/3,
-                                                     /*max_len=*/40, /*max_nodes=*/40);
-  const data::Tree& tree = trees[0];
+  std::vector<data::Tree> trees = random_trees(41, 1, kHybrid.base.V, /*max_depth=*/6, /*max_children=*/3,
+                                               /*max_len=*/40, /*max_nodes=*/40);
+  // And branches one token before each boundary (depths 31 and 63): the offered nodes' conv tails
+  // share their parent's rows, whose gradients come back from several children at once.
+  {
+    std::mt19937_64 rng(17);
+    std::uniform_int_distribution<int> tok(0, kHybrid.base.V - 1);
+    auto tokens = [&](int n) {
+      std::string t;
+      for (int i = 0; i < n; ++i) t += (i ? "," : "") + std::to_string(tok(rng));
+      return t;
+    };
+    const int parent[9] = {-1, 0, 0, 0, 1, 2, 3, 4, 4}, len[9] = {31, 1, 1, 1, 31, 40, 2, 2, 20};
+    std::string line = "{\"id\":\"edge\",\"nodes\":[";
+    for (int n = 0; n < 9; ++n)
+      line += std::string(n ? "," : "") + "{\"parent\":" + std::to_string(parent[n]) + ",\"tokens\":[" +
+              tokens(len[n]) + "]}";
+    trees.push_back(data::parse_tree_line(line + "]}", "edge:1", kHybrid.base.V));
+  }
   model::CudaModel gpu(cfg);
   gpu.set_params(master.data());
   model::Model<double> cpu(cfg);
   std::copy(wd.begin(), wd.end(), cpu.params());
+  for (const data::Tree& tree : trees)
   for (int K : {0, 1}) {
     model::SegmentConfig seg;
     seg.length = 32;
@@ -241,7 +259,7 @@ TEST_F(GpuTest, HybridSegmented) {
     gpu.zero_grad();
     const double lg = model::forward_backward_segmented(gpu, seg, plan, scale, &gs);
     EXPECT_EQ(gs.backwards, cs.backwards) << "K = " << K;
-    const std::string what = "hybrid segments K = " + std::to_string(K);
+    const std::string what = "hybrid segments, tree " + tree.id + ", K = " + std::to_string(K);
     std::printf("[ segments ] %s: %d pieces, %d backwards\n", what.c_str(), cs.pieces, cs.backwards);
     expect_loss_close(lg, lc, what);
     const std::vector<double> ref(cpu.grads(), cpu.grads() + cpu.num_params());
