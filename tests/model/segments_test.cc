@@ -352,6 +352,180 @@ SegmentConfig mixed(int K) {
   return cfg;
 }
 
+// ---- The truncated-BPTT reference on trees (no retrieval) ----
+//
+// The same objective on a branching tree: for every piece j, the chain of its ancestor pieces
+// up to K levels above it runs from scratch (the top one reading its tail and recurrent state
+// from a plain forward of every piece, detached; each lower one reading the chain's own rows
+// and offer with gradient accumulators) and back-propagates piece j's loss alone through it.
+// Each chain piece offers only the node the next one hangs from. Independent of the scheduler's
+// columns, depths and pushes.
+std::vector<double> tree_tbptt_reference(Model<double>& m, const SegmentConfig& cfg, const data::Tree& t) {
+  using E = CpuExec<double>;
+  TT_CHECK(!cfg.retrieval(), "the tree reference takes no retrieval");
+  const data::SegmentPlan plan = data::plan_segments(t, cfg.length);
+  const data::Partition& parts = plan.pieces;
+  const int P = parts.num_pieces(), L = m.architecture().num_layers();
+  std::vector<int32_t> local(plan.split.nodes.size());  // node -> index in its piece
+  for (const data::Piece& p : parts.pieces)
+    for (size_t i = 0; i < p.nodes.size(); ++i) local[p.nodes[i]] = (int32_t)i;
+  // The node of piece k's parent piece that k hangs from, and k's path rows there.
+  auto hangs_from = [&](int k) { return local[plan.split.nodes[parts.pieces[k].root_node].parent]; };
+  auto tail_rows = [&](int k) {
+    std::vector<int32_t> rows;
+    for (const data::GatewaySegment& g : parts.pieces[k].gateway)
+      if (g.piece == parts.pieces[k].parent_piece)
+        for (int32_t r = g.row_begin; r < g.row_end; ++r) rows.push_back(r);
+    return rows;
+  };
+  auto history = [&](int k, const Carry<E>& parent_rows) {
+    SegmentHistory<E> h;
+    h.segment = plan.segment[k];
+    h.tail_rows = tail_rows(k);
+    h.k.assign(L, nullptr);
+    h.v.assign(L, nullptr);
+    h.q.assign(L, nullptr);
+    for (int l = 0; l < L; ++l)
+      if (!parent_rows[l].kv.empty()) h.k[l] = parent_rows[l].kv[0].k, h.v[l] = parent_rows[l].kv[0].v;
+    return h;
+  };
+  std::vector<double> discard(1 << 16);
+  // Recurrent layers of piece k's carry: start from slot `slot` of `from` (null: zeros), send the
+  // gradient to `back` (null: detached), offer `nodes` in `own`.
+  auto recurrent = [&](Carry<E>& c, const Offers* from, int slot, Offers* back, const std::vector<int32_t>& nodes,
+                       Offers& own) {
+    own.state.resize(L), own.conv.resize(L), own.d_state.resize(L), own.d_conv.resize(L);
+    for (int l = 0; l < L; ++l) {
+      const int64_t SE = m.recurrent_state_elems(l), CE = m.conv_context_elems(l), O = (int64_t)nodes.size();
+      if (SE == 0) continue;
+      LayerCarry<E>& g = c[l];
+      g.state_slot = {from ? slot : -1};
+      if (from) {
+        g.state = from->state[l].data();
+        g.conv = from->conv[l].data();
+        g.d_state = back ? back->d_state[l].data() : discard.data();
+        g.d_conv = back ? back->d_conv[l].data() : discard.data() + SE;
+        if (!back) g.state_slot = {0}, g.state += slot * SE, g.conv += slot * CE;
+      }
+      if (O == 0) continue;
+      own.state[l].assign(O * SE, 0.0);
+      own.conv[l].assign(O * CE, 0.0);
+      own.d_state[l].assign(O * SE, 0.0);
+      own.d_conv[l].assign(O * CE, 0.0);
+      g.offer_node = nodes;
+      g.offer_state = own.state[l].data();
+      g.offer_conv = own.conv[l].data();
+      g.offer_d_state = own.d_state[l].data();
+      g.offer_d_conv = own.d_conv[l].data();
+    }
+  };
+  // The plain forward: every piece offering every node a child piece hangs from.
+  std::vector<Activations<E>> plain(P);
+  std::vector<Carry<E>> rows(P), carry(P, Carry<E>(L));
+  std::vector<std::unique_ptr<SegmentReads<E>>> reads(P);
+  std::vector<Offers> offers(P);
+  std::vector<std::vector<int32_t>> offered(P);
+  for (int k = 0; k < P; ++k)
+    for (int c : parts.pieces[k].child_pieces)
+      if (std::find(offered[k].begin(), offered[k].end(), hangs_from(c)) == offered[k].end())
+        offered[k].push_back(hangs_from(c));
+  auto slot_in = [&](int k) {
+    const std::vector<int32_t>& o = offered[parts.pieces[k].parent_piece];
+    return (int)(std::find(o.begin(), o.end(), hangs_from(k)) - o.begin());
+  };
+  for (int k = 0; k < P; ++k) {
+    const data::PackedBatch b = segment_batch(cfg, plan, k);
+    const int par = parts.pieces[k].parent_piece;
+    if (par >= 0) {
+      reads[k] = std::make_unique<SegmentReads<E>>(m, cfg);
+      reads[k]->build(history(k, rows[par]), false);
+      reads[k]->append_to(carry[k], 0, b.n_tokens);
+    }
+    recurrent(carry[k], par >= 0 ? &offers[par] : nullptr, par >= 0 ? slot_in(k) : -1, nullptr, offered[k], offers[k]);
+    m.forward(b, 1.0, plain[k], &carry[k]);
+    rows[k] = m.export_carry(plain[k]);
+  }
+  m.zero_grad();
+  for (int j = 0; j < P; ++j) {
+    std::vector<int> chain = {j};  // j, its parent, ... up to K levels up; then top first
+    while ((int)chain.size() <= cfg.tbptt && parts.pieces[chain.back()].parent_piece >= 0)
+      chain.push_back(parts.pieces[chain.back()].parent_piece);
+    std::reverse(chain.begin(), chain.end());
+    const int n = (int)chain.size();
+    std::vector<Activations<E>> acts(n);
+    std::vector<Carry<E>> own(n), cc(n, Carry<E>(L));
+    std::vector<std::vector<double>> acc(n);
+    std::vector<std::unique_ptr<SegmentReads<E>>> rd(n);
+    std::vector<Offers> off(n);
+    for (int x = 0; x < n; ++x) {
+      const int s = chain[x], par = parts.pieces[s].parent_piece;
+      const data::PackedBatch b = segment_batch(cfg, plan, s);
+      if (par >= 0) {
+        rd[x] = std::make_unique<SegmentReads<E>>(m, cfg);
+        rd[x]->build(history(s, x == 0 ? rows[par] : own[x - 1]), x > 0);
+        rd[x]->append_to(cc[x], 0, b.n_tokens);
+        rd[x]->set_tail_grads(cc[x], x > 0);
+      }
+      const std::vector<int32_t> next = x + 1 < n ? std::vector<int32_t>{hangs_from(chain[x + 1])} : std::vector<int32_t>{};
+      if (x == 0) recurrent(cc[x], par >= 0 ? &offers[par] : nullptr, par >= 0 ? slot_in(s) : -1, nullptr, next, off[x]);
+      else recurrent(cc[x], &off[x - 1], 0, &off[x - 1], next, off[x]);
+      m.forward(b, 1.0, acts[x], &cc[x]);
+      own[x] = m.export_carry(acts[x]);
+      int64_t total = 0;
+      for (int l = 0; l < L; ++l) total += 2 * (int64_t)b.n_tokens * m.carry_row_elems(l);
+      acc[x].assign(total, 0.0);
+      double* nx = acc[x].data();
+      for (int l = 0; l < L; ++l) {
+        if (own[x][l].kv.empty()) continue;
+        own[x][l].kv[0].dk = nx;
+        own[x][l].kv[0].dv = nx + (int64_t)b.n_tokens * m.carry_row_elems(l);
+        nx += 2 * (int64_t)b.n_tokens * m.carry_row_elems(l);
+      }
+    }
+    for (int x = n - 1; x >= 0; --x) {
+      m.backward(acts[x], x == n - 1 ? nullptr : &own[x], nullptr, /*with_loss=*/x == n - 1);
+      if (x > 0) {
+        std::vector<double*> dk(L, nullptr), dv(L, nullptr);
+        for (int l = 0; l < L; ++l)
+          if (!own[x - 1][l].kv.empty()) dk[l] = own[x - 1][l].kv[0].dk, dv[l] = own[x - 1][l].kv[0].dv;
+        rd[x]->push_tail_grads(dk, dv);
+      }
+    }
+  }
+  return grads_of(m);
+}
+
+// On trees (branches inside segments, on a boundary and one token before one), for qwen3 and the
+// hybrid: the scheduler's gradient is the tree reference's for K = 0 .. 3, and the depths differ.
+TEST(Segments, TruncatedGradientOnTreesEqualsTheTreeReference) {
+  const std::vector<int32_t> base = random_tokens(14, 101);
+  std::vector<int32_t> b1(base.begin(), base.begin() + 3), b2(base.begin(), base.begin() + 8),
+      b3(base.begin(), base.begin() + 7), b4(base.begin(), base.begin() + 11);
+  for (int32_t x : random_tokens(9, 102)) b1.push_back(x);
+  for (int32_t x : random_tokens(6, 103)) b2.push_back(x);
+  for (int32_t x : random_tokens(5, 104)) b3.push_back(x);
+  for (int32_t x : random_tokens(4, 105)) b4.push_back(x);
+  const data::Tree t = group_tree({base, b1, b2, b3, b4}, {1.0, -0.5, 2.0, 0.7, -1.2});
+  for (const ModelConfig& mc : {seg_model(), hybrid_model()}) {
+    SCOPED_TRACE(mc.architecture);
+    Model<double> m(mc);
+    m.init(107);
+    std::vector<double> prev;
+    for (int K : {0, 1, 2, 3}) {
+      SegmentConfig cfg;
+      cfg.length = 4;
+      cfg.tail = 2;
+      cfg.tbptt = K;
+      const auto [loss, g] = segmented(m, cfg, t, 1.0);
+      EXPECT_LE(rel_max(g, tree_tbptt_reference(m, cfg, t)), 1e-10) << "K=" << K;
+      if (K > 0) {
+        EXPECT_GT(rel_max(g, prev), 1e-6) << "K=" << K << " against K - 1";
+      }
+      prev = g;
+    }
+  }
+}
+
 // With no tail the Gated DeltaNet layers alone link the segments, through K boundaries.
 TEST(Segments, WithoutATailTheStatesAloneCarryTheGradient) {
   Model<double> m(hybrid_model());
