@@ -3,13 +3,16 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "data/episode_tree.h"
 #include "data/frames.h"
@@ -223,11 +226,7 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
     const data::Tree& t = loader_->trees()[i];
     if (capacity > 0 && t.n_tree() > budget) weigh(partitioned(i));
     else if (capacity > 0 && t.n_tree() > capacity) weigh(partition_plan(i));
-    if (!cfg_.segments.enabled()) continue;
-    if (t.max_depth() > cfg_.segments.length) {
-      segmented(i);
-      continue;
-    }
+    if (!cfg_.segments.enabled() || t.max_depth() > cfg_.segments.length) continue;  // planned below
     const bool per_path = packing == data::Packing::kPerPath;
     if ((per_path || capacity == 0) && data::packed_size(t, packing) > budget) {
       try {
@@ -238,6 +237,7 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
       }
     }
   }
+  if (cfg_.segments.enabled()) plan_segmented_trees();
   // And what the largest of them holds at once (a chain of pieces' activations, or with
   // partition.recompute one piece's and the K/V rows), against the memory free now: a tree that
   // cannot fit stops the run here, not in the step that draws it.
@@ -521,34 +521,76 @@ void Trainer::append_micro(const std::vector<int64_t>& group, std::vector<data::
   runs->push_back(MicroRun{alone_and_large ? whole[0] : -1, false});
 }
 
-const Trainer::SegmentedTree& Trainer::segmented(int64_t index) {
-  auto it = segmented_.find(index);
-  if (it != segmented_.end()) return it->second;
+std::vector<data::SegmentPlan> Trainer::segment_plans(int64_t index) const {
   const data::Tree& tree = loader_->trees()[index];
-  SegmentedTree s;
+  std::vector<data::SegmentPlan> plans;
   try {
     if (cfg_.data.packing == "per_path") {
       for (int64_t k = 0; k < tree.n_paths(); ++k)
-        s.plans.push_back(data::plan_segments(data::path_tree(tree, k), cfg_.segments.length));
+        plans.push_back(data::plan_segments(data::path_tree(tree, k), cfg_.segments.length));
     } else {
-      s.plans.push_back(data::plan_segments(tree, cfg_.segments.length));
+      plans.push_back(data::plan_segments(tree, cfg_.segments.length));
     }
   } catch (const Error& e) {
     throw Error(str(cfg_.where("segments.length"), ": data.path ", cfg_.data.path, ": ", e.what()));
   }
-  int pieces = 0;
-  for (const data::SegmentPlan& plan : s.plans) {
-    pieces += plan.pieces.num_pieces();
+  for (const data::SegmentPlan& plan : plans)
     if (plan.pieces.max_piece_tokens > cfg_.data.max_tokens_per_batch)
       throw Error(str("tree '", tree.id, "': a segment piece of ", plan.pieces.max_piece_tokens,
                       " tokens exceeds data.max_tokens_per_batch ", cfg_.data.max_tokens_per_batch,
                       " (with segments the budget bounds a piece: the branches of one segment; raise the budget or "
                       "lower segments.length ", cfg_.segments.length, ")"));
+  return plans;
+}
+
+Trainer::SegmentedTree Trainer::segment_figures(const std::vector<data::SegmentPlan>& plans) const {
+  SegmentedTree s;
+  for (const data::SegmentPlan& plan : plans) {
+    s.pieces += plan.pieces.num_pieces();
     s.work += model::segment_work(cfg_.segments, plan, cfg_.model);
   }
-  spdlog::debug("segments: tree '{}' ({} tokens, depth {}) -> {} segment pieces", tree.id, tree.n_tree(),
-               tree.max_depth(), pieces);
-  return segmented_.emplace(index, std::move(s)).first->second;
+  return s;
+}
+
+const Trainer::SegmentedTree& Trainer::segmented(int64_t index) {
+  auto it = segmented_.find(index);
+  if (it != segmented_.end()) return it->second;
+  return segmented_.emplace(index, segment_figures(segment_plans(index))).first->second;
+}
+
+void Trainer::plan_segmented_trees() {
+  const std::vector<data::Tree>& trees = loader_->trees();
+  std::vector<int64_t> deep;
+  for (int64_t i = 0; i < (int64_t)trees.size(); ++i)
+    if (trees[i].max_depth() > cfg_.segments.length && !segmented_.count(i)) deep.push_back(i);
+  if (deep.empty()) return;
+  std::vector<SegmentedTree> out(deep.size());
+  std::vector<std::exception_ptr> error(deep.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t k; (k = next.fetch_add(1)) < deep.size();) {
+      try {
+        out[k] = segment_figures(segment_plans(deep[k]));
+      } catch (...) {
+        error[k] = std::current_exception();
+      }
+    }
+  };
+  const size_t threads = std::min<size_t>({deep.size(), std::max(1u, std::thread::hardware_concurrency()), 16});
+  const double t0 = now_s();
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  for (const std::exception_ptr& e : error)
+    if (e) std::rethrow_exception(e);  // the first tree in data order that cannot run
+  int64_t pieces = 0;
+  for (size_t k = 0; k < deep.size(); ++k) {
+    pieces += out[k].pieces;
+    segmented_.emplace(deep[k], std::move(out[k]));
+  }
+  spdlog::info("segments: {} trees planned into {} segment pieces in {:.1f} s ({} threads)", deep.size(), pieces,
+               now_s() - t0, threads);
 }
 
 Trainer::PartitionedTree Trainer::partition_plan(int64_t index) const {
@@ -690,7 +732,7 @@ StepMetrics Trainer::train_step() {
                                    "partition.capacity_tokens, or per_path packing to spread its paths)"));
       }
     } else if (runs[i].segments) {
-      for (const data::SegmentPlan& plan : segmented(runs[i].tree).plans) {
+      for (const data::SegmentPlan& plan : segment_plans(runs[i].tree)) {
         m.loss += backend_->forward_backward_segmented(plan, cfg_.segments, 1.0 / normaliser,
                                                          [this](data::PackedBatch& b) { load_frames(b); });
         m.pieces += plan.pieces.num_pieces();

@@ -170,14 +170,21 @@ class Trainer {
   // Its split and plan alone (no work figures, not logged or kept), checked against the gateway
   // ranges the backend's attention reads.
   PartitionedTree partition_plan(int64_t index) const;
-  // A tree trained segment by segment: one plan (tree packing) or one per path (per_path), and
-  // the work they execute.
+  // A tree trained segment by segment: the work its plans execute and their pieces. The plans
+  // themselves are made again when it runs (kept, they would hold a second copy of the data).
   struct SegmentedTree {
-    std::vector<data::SegmentPlan> plans;
     model::Work work;
+    int64_t pieces = 0;
   };
-  // The plans of loader tree `index`, made and checked against the budget on first use.
+  // The plans of loader tree `index`: one (tree packing) or one per path (per_path), each piece
+  // checked against the budget. Thread-safe.
+  std::vector<data::SegmentPlan> segment_plans(int64_t index) const;
+  SegmentedTree segment_figures(const std::vector<data::SegmentPlan>& plans) const;
+  // Their figures, made on first use.
   const SegmentedTree& segmented(int64_t index);
+  // Plans every tree deeper than segments.length on the host's threads and keeps the figures; a
+  // tree that cannot run (the first in data order) stops the run here, before its first step.
+  void plan_segmented_trees();
   // How a micro-batch runs: whole (tree -1), or loader tree `tree` partitioned or segmented.
   struct MicroRun {
     int64_t tree = -1;
