@@ -27,6 +27,7 @@
 #include "base/check.h"
 #include "base/files.h"
 #include "base/json.h"
+#include "base/parallel.h"
 
 namespace tt::data {
 namespace {
@@ -406,20 +407,45 @@ std::vector<Tree> read_trees(const std::string& path, Format format, int64_t voc
   std::ifstream in(path);
   if (!in) throw Error(str("cannot open data file '", path, "'"));
   std::vector<Tree> trees;
+  // Lines are parsed in batches of up to 64 MiB on the host's threads (parsing is the slow part),
+  // their trees appended in line order; an error is the first bad line's, as one line at a time.
+  std::vector<std::string> lines;
+  std::vector<int64_t> numbers;
+  size_t bytes = 0;
+  auto parse_batch = [&] {
+    std::vector<std::vector<Tree>> out(lines.size());
+    parallel_for((int64_t)lines.size(), [&](int64_t i) {
+      const std::string where = str(path, ":", numbers[i]);
+      if (format == Format::kRollouts) out[i] = parse_rollouts_trees(lines[i], where, vocab_size);
+      else if (format == Format::kTokens) out[i].push_back(parse_tokens_line(lines[i], where, vocab_size));
+      else out[i].push_back(parse_tree_line(lines[i], where, vocab_size));
+    });
+    for (std::vector<Tree>& ts : out)
+      for (Tree& t : ts) trees.push_back(std::move(t));
+    lines.clear();
+    numbers.clear();
+    bytes = 0;
+  };
   std::string line;
-  for (int64_t lineno = 1; read_line(in, line, path, lineno, "one JSON object"); ++lineno) {
+  // A line that cannot be read: the lines before it first (an error there comes first).
+  auto next_line = [&](int64_t lineno) {
+    try {
+      return read_line(in, line, path, lineno, "one JSON object");
+    } catch (...) {
+      parse_batch();
+      throw;
+    }
+  };
+  for (int64_t lineno = 1; next_line(lineno); ++lineno) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    const std::string where = str(path, ":", lineno);
-    if (format == Format::kRollouts) {
-      for (Tree& t : parse_rollouts_trees(line, where, vocab_size)) trees.push_back(std::move(t));
-    } else if (format == Format::kTokens) {
-      trees.push_back(parse_tokens_line(line, where, vocab_size));
-    } else {
-      trees.push_back(parse_tree_line(line, where, vocab_size));
-    }
+    bytes += line.size();
+    lines.push_back(std::move(line));
+    numbers.push_back(lineno);
+    if (bytes >= ((size_t)64 << 20)) parse_batch();
   }
   if (in.bad()) throw Error(str("error reading data file '", path, "'"));
+  parse_batch();
   if (trees.empty()) throw Error(str(path, ": no records, expected one JSON object per line"));
   return trees;
 }

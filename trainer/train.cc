@@ -3,16 +3,13 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <thread>
 
 #include "data/episode_tree.h"
 #include "data/frames.h"
@@ -23,6 +20,7 @@
 #include "distributed/rendezvous.h"
 #include "base/check.h"
 #include "base/files.h"
+#include "base/parallel.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data_checks.h"
 #include "trainer/gemm_tuning.h"
@@ -565,32 +563,16 @@ void Trainer::plan_segmented_trees() {
     if (trees[i].max_depth() > cfg_.segments.length && !segmented_.count(i)) deep.push_back(i);
   if (deep.empty()) return;
   std::vector<SegmentedTree> out(deep.size());
-  std::vector<std::exception_ptr> error(deep.size());
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t k; (k = next.fetch_add(1)) < deep.size();) {
-      try {
-        out[k] = segment_figures(segment_plans(deep[k]));
-      } catch (...) {
-        error[k] = std::current_exception();
-      }
-    }
-  };
-  const size_t threads = std::min<size_t>({deep.size(), std::max(1u, std::thread::hardware_concurrency()), 16});
   const double t0 = now_s();
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
-  for (const std::exception_ptr& e : error)
-    if (e) std::rethrow_exception(e);  // the first tree in data order that cannot run
+  // The error of the first tree in data order that cannot run, as a serial loop.
+  parallel_for((int64_t)deep.size(), [&](int64_t k) { out[k] = segment_figures(segment_plans(deep[k])); });
   int64_t pieces = 0;
   for (size_t k = 0; k < deep.size(); ++k) {
     pieces += out[k].pieces;
     segmented_.emplace(deep[k], std::move(out[k]));
   }
   spdlog::info("segments: {} trees planned into {} segment pieces in {:.1f} s ({} threads)", deep.size(), pieces,
-               now_s() - t0, threads);
+               now_s() - t0, std::min<int64_t>((int64_t)deep.size(), host_threads()));
 }
 
 Trainer::PartitionedTree Trainer::partition_plan(int64_t index) const {

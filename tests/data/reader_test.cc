@@ -428,6 +428,39 @@ TEST(ReadTrees, DeepNestingIsAnErrorNotACrash) {
   }
 }
 
+// Lines are parsed on several threads: the trees still come in line order (ids 0..n-1; groups
+// split by first token in their order), and with several bad lines the error is the first's.
+TEST(ReadTrees, ParallelParsingKeepsLineOrderAndTheFirstError) {
+  std::string text;
+  for (int i = 0; i < 500; ++i) {
+    text += "{\"id\": \"t" + std::to_string(i) + "\", \"sequences\": [{\"tokens\": [1, " + std::to_string(i % 7 + 2) + "]}";
+    if (i % 50 == 7) text += ", {\"tokens\": [3, 4]}";  // a second first token: two trees
+    text += "]}\n";
+  }
+  const std::vector<Tree> t = read_trees(testing::write_temp("many.jsonl", text), Format::kRollouts, 10);
+  ASSERT_EQ(t.size(), 510u);
+  size_t k = 0;
+  for (int i = 0; i < 500; ++i) {
+    const std::string id = "t" + std::to_string(i);
+    if (i % 50 == 7) {
+      EXPECT_EQ(t[k++].id, id + "#0");
+      EXPECT_EQ(t[k++].id, id + "#1");
+    } else {
+      EXPECT_EQ(t[k++].id, id);
+    }
+  }
+  std::string bad;
+  for (int i = 0; i < 300; ++i)
+    bad += i == 123 ? "{\"sequences\": []}\n" : i == 200 || i == 250 ? "{\"id\": 1,\n" : "{\"sequences\": [{\"tokens\": [1, 2]}]}\n";
+  const std::string path = testing::write_temp("bad_many.jsonl", bad);
+  try {
+    read_trees(path, Format::kRollouts, 10);
+    FAIL() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(path + ":124: ", 0), 0u) << e.what();
+  }
+}
+
 TEST(ReadTrees, BadJsonNamesLineAndParserMessage) {
   const std::string path =
       testing::write_temp("bad_json.jsonl", "{\"sequences\": [{\"tokens\": [1]}]}\r\n{\"id\": 1, \n");
