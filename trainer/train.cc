@@ -211,19 +211,35 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   // in its step.
   const int64_t budget = cfg_.data.max_tokens_per_batch;
   const bool rec = cfg_.partition.recompute;
-  int64_t need = -1;  // the most a partitioned tree holds at once, and that tree's plan
-  std::string worst_id;
-  int64_t worst_tokens = 0;
-  data::Partition worst_plan;
-  auto weigh = [&](const PartitionedTree& p) {
-    const int64_t b = backend_->partition_resident_bytes(rec ? p.plan.max_piece_tokens : p.plan.peak_tokens,
-                                                         rec ? p.plan.kept_peak_tokens : 0);
-    if (b > need) need = b, worst_id = p.split.id, worst_tokens = p.split.n_tree(), worst_plan = p.plan;
-  };
+  int64_t need = -1;  // the most a partitioned tree holds at once, and that tree
+  int64_t worst = -1;
+  if (capacity > 0) {  // the trees over the capacity planned on the host's threads, in data order
+    std::vector<int64_t> over;
+    for (int64_t i = 0; i < (int64_t)loader_->trees().size(); ++i)
+      if (loader_->trees()[i].n_tree() > capacity) over.push_back(i);
+    std::vector<PartitionFigures> figures(over.size());
+    std::vector<std::string> summary(over.size());
+    const double t0 = now_s();
+    parallel_for((int64_t)over.size(), [&](int64_t k) {
+      const PartitionedTree p = partitioned(over[k], /*log=*/false);
+      figures[k] = figures_of(p);
+      if (p.split.n_tree() > budget) summary[k] = partition_summary(p);
+    });
+    for (size_t k = 0; k < over.size(); ++k) {
+      const PartitionFigures& f = figures[k];
+      const int64_t b = backend_->partition_resident_bytes(rec ? f.max_piece_tokens : f.peak_tokens,
+                                                           rec ? f.kept_peak_tokens : 0);
+      if (b > need) need = b, worst = over[k];
+      if (summary[k].empty()) continue;  // over the budget: always partitioned, logged now as it will run
+      partition_figures_.emplace(over[k], f);
+      partition_logged_.insert(over[k]);
+      spdlog::info("{}", summary[k]);
+    }
+    if (!over.empty())
+      spdlog::info("partition: {} trees over {} tokens planned in {:.1f} s", over.size(), capacity, now_s() - t0);
+  }
   for (int64_t i = 0; i < (int64_t)loader_->trees().size(); ++i) {
     const data::Tree& t = loader_->trees()[i];
-    if (capacity > 0 && t.n_tree() > budget) weigh(partitioned(i));
-    else if (capacity > 0 && t.n_tree() > capacity) weigh(partition_plan(i));
     if (!cfg_.segments.enabled() || t.max_depth() > cfg_.segments.length) continue;  // planned below
     const bool per_path = packing == data::Packing::kPerPath;
     if ((per_path || capacity == 0) && data::packed_size(t, packing) > budget) {
@@ -240,10 +256,10 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   // partition.recompute one piece's and the K/V rows), against the memory free now: a tree that
   // cannot fit stops the run here, not in the step that draws it.
   if (need >= 0) {
-    const int64_t need_rec = backend_->partition_resident_bytes(worst_plan.max_piece_tokens,
-                                                                 worst_plan.kept_peak_tokens);
+    const PartitionedTree w = partition_plan(worst);
+    const int64_t need_rec = backend_->partition_resident_bytes(w.plan.max_piece_tokens, w.plan.kept_peak_tokens);
     const std::string problem =
-        partition_memory_problem(worst_id, worst_tokens, worst_plan, rec, need, need_rec, backend_->free_memory_bytes(),
+        partition_memory_problem(w.split.id, w.split.n_tree(), w.plan, rec, need, need_rec, backend_->free_memory_bytes(),
                                  backend_->device() >= 0 ? str("GPU ", backend_->device(), " has") : "the host has");
     if (!problem.empty())
       throw Error(str(cfg_.where("partition.capacity_tokens"), ": data.path ", cfg_.data.path, ": ", problem));
@@ -456,9 +472,10 @@ void Trainer::take_shard(std::vector<data::PackedBatch>* micro, std::vector<Micr
       // A tree over the budget runs partitioned: frames shown in several pieces run their tower in
       // each; with partition.recompute, its non-leaf pieces run forward twice.
       if (cfg_.partition.capacity_tokens > 0 && trees[t].n_tree() > cfg_.data.max_tokens_per_batch) {
-        const PartitionedTree& p = partitioned(t);
-        tree_cost_[t] += arch_.flops(p.repeated, model::Pass::kTrain).executed +
-                         arch_.flops(p.recompute, model::Pass::kForward).executed;
+        auto it = partition_figures_.find(t);
+        const PartitionFigures f = it != partition_figures_.end() ? it->second : figures_of(partitioned(t));
+        tree_cost_[t] += arch_.flops(f.repeated, model::Pass::kTrain).executed +
+                         arch_.flops(f.recompute, model::Pass::kForward).executed;
       }
     }
     cost.push_back(tree_cost_[t]);
@@ -600,14 +617,9 @@ Trainer::PartitionedTree Trainer::partition_plan(int64_t index) const {
   return p;
 }
 
-const Trainer::PartitionedTree& Trainer::partitioned(int64_t index) {
-  auto it = partitioned_.find(index);
-  if (it != partitioned_.end()) return it->second;
-  const int64_t capacity = cfg_.partition.capacity_tokens;
+Trainer::PartitionedTree Trainer::partitioned(int64_t index, bool log) const {
   const data::Tree& tree = loader_->trees()[index];
   PartitionedTree p = partition_plan(index);
-  int64_t with_gateways = 0;
-  for (const data::Piece& piece : p.plan.pieces) with_gateways += piece.tokens;
   // Each piece runs the tower on the frames its slots show: a frame shown in several, in each.
   p.repeated.frames = data::tower_runs(p.split, p.plan) - tree.frames_shown();
   if (cfg_.partition.recompute) {
@@ -617,19 +629,35 @@ const Trainer::PartitionedTree& Trainer::partitioned(int64_t index) {
       w.head_rows = 0;  // the first forward stops before the LM head
       p.recompute += w;
     }
-    spdlog::info("partition: tree '{}' ({} tokens) -> {} pieces of <= {} tokens, activations of at most {} tokens "
-                 "resident at once and K/V rows of up to {} tokens kept along a chain (partition.recompute: {} "
-                 "tokens' forward run twice); {} tokens computed through gateways vs {} naive (re-running "
-                 "ancestors)",
-                 tree.id, tree.n_tree(), p.plan.num_pieces(), capacity, p.plan.max_piece_tokens,
-                 p.plan.kept_peak_tokens, p.plan.recompute_tokens, with_gateways, p.plan.naive_tokens);
-  } else {
-    spdlog::info("partition: tree '{}' ({} tokens) -> {} pieces of <= {} tokens, peak {} tokens resident; "
-                 "{} tokens computed through gateways vs {} naive (re-running ancestors)",
-                 tree.id, tree.n_tree(), p.plan.num_pieces(), capacity, p.plan.peak_tokens, with_gateways,
-                 p.plan.naive_tokens);
   }
-  return partitioned_.emplace(index, std::move(p)).first->second;
+  if (log && partition_logged_.insert(index).second) spdlog::info("{}", partition_summary(p));
+  return p;
+}
+
+Trainer::PartitionFigures Trainer::figures_of(const PartitionedTree& p) {
+  PartitionFigures f;
+  f.recompute = p.recompute;
+  f.repeated = p.repeated;
+  f.max_piece_tokens = p.plan.max_piece_tokens;
+  f.peak_tokens = p.plan.peak_tokens;
+  f.kept_peak_tokens = p.plan.kept_peak_tokens;
+  return f;
+}
+
+std::string Trainer::partition_summary(const PartitionedTree& p) const {
+  const int64_t capacity = cfg_.partition.capacity_tokens;
+  int64_t with_gateways = 0;
+  for (const data::Piece& piece : p.plan.pieces) with_gateways += piece.tokens;
+  if (cfg_.partition.recompute)
+    return str("partition: tree '", p.split.id, "' (", p.split.n_tree(), " tokens) -> ", p.plan.num_pieces(),
+               " pieces of <= ", capacity, " tokens, activations of at most ", p.plan.max_piece_tokens,
+               " tokens resident at once and K/V rows of up to ", p.plan.kept_peak_tokens,
+               " tokens kept along a chain (partition.recompute: ", p.plan.recompute_tokens,
+               " tokens' forward run twice); ", with_gateways, " tokens computed through gateways vs ",
+               p.plan.naive_tokens, " naive (re-running ancestors)");
+  return str("partition: tree '", p.split.id, "' (", p.split.n_tree(), " tokens) -> ", p.plan.num_pieces(),
+             " pieces of <= ", capacity, " tokens, peak ", p.plan.peak_tokens, " tokens resident; ", with_gateways,
+             " tokens computed through gateways vs ", p.plan.naive_tokens, " naive (re-running ancestors)");
 }
 
 const std::string& Trainer::data_digest() {
@@ -720,7 +748,7 @@ StepMetrics Trainer::train_step() {
         m.pieces += plan.pieces.num_pieces();
       }
     } else {
-      const PartitionedTree& p = partitioned(runs[i].tree);
+      const PartitionedTree p = partitioned(runs[i].tree);  // planned again: plans are not kept
       try {
         m.loss += backend_->forward_backward_partitioned(p.split, p.plan, 1.0 / normaliser,
                                                            cfg_.partition.recompute,

@@ -58,6 +58,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "data/loader.h"
@@ -165,11 +166,19 @@ class Trainer {
     // pieces; forward and backward), which executed_flops adds.
     model::Work repeated;
   };
-  // The plan of loader tree `index`, made (and logged) on first use.
-  const PartitionedTree& partitioned(int64_t index);
-  // Its split and plan alone (no work figures, not logged or kept), checked against the gateway
-  // ranges the backend's attention reads.
+  // The plan of loader tree `index` with its work figures, made again at each call (kept, the
+  // plans would hold a second copy of the data); logged the first time. Thread-safe with log false.
+  PartitionedTree partitioned(int64_t index, bool log = true) const;
+  // Its split and plan alone (no work figures, not logged), checked against the gateway ranges
+  // the backend's attention reads.
   PartitionedTree partition_plan(int64_t index) const;
+  // What the step's cost reads of a tree over the budget (its plan's extra work), made at start.
+  struct PartitionFigures {
+    model::Work recompute, repeated;
+    int64_t max_piece_tokens = 0, peak_tokens = 0, kept_peak_tokens = 0;
+  };
+  static PartitionFigures figures_of(const PartitionedTree& p);
+  std::string partition_summary(const PartitionedTree& p) const;  // the log line of a plan
   // A tree trained segment by segment: the work its plans execute and their pieces. The plans
   // themselves are made again when it runs (kept, they would hold a second copy of the data).
   struct SegmentedTree {
@@ -225,7 +234,8 @@ class Trainer {
   model::Architecture arch_;  // the model's kinds: FLOPs and shard costs
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<data::BatchLoader> loader_;
-  std::unordered_map<int64_t, PartitionedTree> partitioned_;  // by tree index
+  std::unordered_map<int64_t, PartitionFigures> partition_figures_;  // by tree index: those over the budget
+  mutable std::unordered_set<int64_t> partition_logged_;              // trees whose plan was logged
   std::unordered_map<int64_t, SegmentedTree> segmented_;      // by tree index
   std::unique_ptr<distributed::Communicator> comm_;  // null: one process
   std::unique_ptr<distributed::GradBuckets> buckets_;  // with comm_: the gradient buffer's buckets
