@@ -201,10 +201,11 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   }
 
   // The trees that may run partitioned (over partition.capacity_tokens: one over the budget always
-  // does, alone, and its plan is kept; one at or under it does whenever a step's packing leaves it
-  // alone in a micro-batch, append_micro, and is planned again then) or segment by segment (deeper
-  // than segments.length): planned now, so a plan that cannot run (too many gateway ranges, a piece
-  // over the budget) or, below, cannot fit stops the run before its first step. With segments on
+  // does, alone, and its plan's figures are kept for the steps' costs; one at or under it does
+  // whenever a step's packing leaves it alone in a micro-batch, append_micro; each is planned
+  // again when it runs) or segment by segment (deeper than segments.length): planned now, so a
+  // plan that cannot run (too many gateway ranges, a piece over the budget) or, below, cannot fit
+  // stops the run before its first step. With segments on
   // the loader lets any tree through alone (Oversize::kAlone), but one no deeper than
   // segments.length runs whole: it must fit the budget as without segments (data::check_fits:
   // per_path each of its paths, tree packing the tree unless partitioned), checked here too and not
