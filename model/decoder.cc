@@ -680,6 +680,14 @@ Losses Decoder<E>::losses(const Activations<E>& a) const {
 }
 
 template <class E>
+double Decoder<E>::enqueue_losses(const Activations<E>& a, double* host) {
+  host[0] = host[1] = 0;
+  if (a.n_ == 0 || !a.loss_) return 0;
+  exec_.download_async(host, a.loss_, 2 * sizeof(double));
+  return a.loss_scale_;
+}
+
+template <class E>
 Carry<E> Decoder<E>::export_carry(const Activations<E>& a) const {
   TT_CHECK(a.trained_ && a.mode_ == Mode::kTrain && a.n_ > 0,
            "model: export_carry needs a training forward of a non-empty batch on these activations");

@@ -249,6 +249,10 @@ class Decoder {
   double loss(const Activations<E>& acts) const;
   // The loss and the unweighted NLL sum of the last forward on acts (one read; waits).
   Losses losses(const Activations<E>& acts) const;
+  // The same without waiting: enqueues the copy of the two sums into host[0], host[1] (page-locked
+  // memory, E::PinnedBuffer; on the host once a Fence recorded after it has passed) and returns the
+  // forward's loss_scale: losses() = {scale * host[0], host[1]}.
+  double enqueue_losses(const Activations<E>& acts, double* host);
   // The rows a forward on acts offers to readers outside the batch, per layer (dk/dv null).
   Carry<E> export_carry(const Activations<E>& acts) const;
   // Elements per row of layer l's carry-gradient accumulators (dk and dv each).
@@ -354,6 +358,50 @@ struct MemoryEstimate {
 };
 template <class E>
 MemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t tokens, const DecoderOptions& options = {});
+
+// The losses of several training forwards read with one wait, so that the host goes on to the
+// next batch while the device runs one (a loss read waits for everything enqueued before it):
+// add() enqueues a forward's two sums into a page-locked slot of its own (slots are allocated once
+// and reused: allocating page-locked memory may wait for the device), total() waits once and sums
+// them in the order added (the sums of a loop of losses() calls, bit for bit).
+template <class E>
+class LossReader {
+ public:
+  explicit LossReader(Decoder<E>& model) : m_(model) {}
+  void add(const Activations<E>& acts) {
+    if (n_ == slots_.size()) {
+      slots_.push_back(std::make_unique<Slot>());
+      m_.exec().ensure_pinned(slots_.back()->host, 2 * sizeof(double));
+    }
+    Slot& s = *slots_[n_++];
+    s.scale = m_.enqueue_losses(acts, reinterpret_cast<double*>(s.host.data()));
+  }
+  Losses total() {
+    Losses l;
+    if (n_ == 0) return l;
+    m_.exec().record(fence_);
+    m_.exec().wait(fence_);
+    for (size_t i = 0; i < n_; ++i) {
+      const double* sums = reinterpret_cast<const double*>(slots_[i]->host.data());
+      l.loss += slots_[i]->scale * sums[0];
+      l.nll_sum += sums[1];
+    }
+    n_ = 0;
+    return l;
+  }
+  void clear() { n_ = 0; }  // drops what was added and not read
+  size_t pending() const { return n_; }
+
+ private:
+  struct Slot {
+    typename E::PinnedBuffer host;
+    double scale = 0;
+  };
+  Decoder<E>& m_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  size_t n_ = 0;
+  typename E::Fence fence_;
+};
 
 template <class T>
 using Model = Decoder<CpuExec<T>>;

@@ -72,7 +72,8 @@ double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_t
     for (const data::Piece& p : plan.pieces)
       for (size_t i = 0; i < p.nodes.size(); ++i) local_of[p.nodes[i]] = (int32_t)i;
   std::vector<std::unique_ptr<LivePiece<E>>> live(plan.num_pieces());
-  double loss = 0, nll = 0;
+  double loss = 0;
+  LossReader<E> losses(model);
   int rows_only_pieces = 0;
   auto recurrent_gateway = [&](int k, LivePiece<E>& lp) {
     const data::Piece& piece = plan.pieces[k];
@@ -214,13 +215,13 @@ double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_t
     } else {
       model.backward(lp.acts, &lp.rows);
     }
-    const Losses l = model.losses(lp.acts);
-    loss += l.loss;
-    nll += l.nll_sum;
+    losses.add(lp.acts);  // read once, after the schedule: no wait between pieces
     live[k].reset();
   };
   PartitionRunStats st = walk_partition_schedule(plan, split_tree.id, forward, backward, recompute);
-  st.nll_sum = nll;
+  const Losses l = losses.total();
+  loss = l.loss;
+  st.nll_sum = l.nll_sum;
   st.pieces_recomputed = rows_only_pieces;
   if (stats) *stats = st;
   return loss;

@@ -394,7 +394,8 @@ double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::Se
   std::vector<PoolChunk<E>> pool(cfg.retrieval() ? P : 0);
   SegmentRunStats st;
   st.pieces = P;
-  double loss = 0, nll = 0;
+  double loss = 0;
+  LossReader<E> losses(model);
   int64_t live_tokens = 0;
 
   std::function<void(int)> maybe_free = [&](int k) {
@@ -600,11 +601,7 @@ double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::Se
         }
       }
     }
-    {
-      const Losses l = model.losses(lp->acts);
-      loss += l.loss;
-      nll += l.nll_sum;
-    }
+    losses.add(lp->acts);  // read once, after the schedule: no wait between pieces
     lp->children_left = (int)piece.child_pieces.size();
     live[k] = std::move(lp);
     if (parent >= 0) --live[parent]->children_left;
@@ -614,7 +611,9 @@ double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::Se
   }
   for (int k = 0; k < P; ++k)
     TT_CHECK(!live[k], "segments: piece ", k, " of tree '", plan.split.id, "' is still live after the schedule");
-  st.nll_sum = nll;
+  const Losses l = losses.total();
+  loss = l.loss;
+  st.nll_sum = l.nll_sum;
   if (stats) *stats = st;
   return loss;
 }

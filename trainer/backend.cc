@@ -28,6 +28,16 @@ double Backend::forward_backward_notify(const data::PackedBatch& batch, double l
   return loss;
 }
 
+void Backend::enqueue_forward_backward(const data::PackedBatch& batch, double loss_scale, const GradReady& ready) {
+  pending_ += forward_backward_notify(batch, loss_scale, ready);
+}
+
+double Backend::pending_losses() {
+  const double loss = pending_;
+  pending_ = 0;
+  return loss;
+}
+
 namespace {
 
 // Host memory the kernel says is available (MemAvailable of /proc/meminfo), or -1 when unknown.
@@ -104,6 +114,7 @@ class DecoderBackend : public Backend {
   void zero_grad() override {
     model_.zero_grad();
     nll_ = 0;
+    pending_.clear();  // losses of a step that stopped before reading them (an error) are dropped with it
   }
   double forward_backward(const data::PackedBatch& batch, double loss_scale) override {
     return forward_backward_notify(batch, loss_scale, nullptr);
@@ -113,6 +124,16 @@ class DecoderBackend : public Backend {
     model_.forward(batch, loss_scale, acts_);
     model_.backward(acts_, nullptr, ready);
     const model::Losses l = model_.losses(acts_);
+    nll_ += l.nll_sum;
+    return l.loss;
+  }
+  void enqueue_forward_backward(const data::PackedBatch& batch, double loss_scale, const GradReady& ready) override {
+    model_.forward(batch, loss_scale, acts_);
+    model_.backward(acts_, nullptr, ready);
+    pending_.add(acts_);
+  }
+  double pending_losses() override {
+    const model::Losses l = pending_.total();
     nll_ += l.nll_sum;
     return l.loss;
   }
@@ -282,6 +303,7 @@ class DecoderBackend : public Backend {
   mutable model::Decoder<E> model_;
   model::Activations<E> acts_;  // forward_backward's
   double nll_ = 0;              // since zero_grad
+  model::LossReader<E> pending_{model_};  // enqueue_forward_backward's losses
   int64_t pieces_recomputed_ = 0;
   int gpu_;
   typename E::Buffer m_;  // (num_params) AdamW first moment

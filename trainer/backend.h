@@ -58,6 +58,13 @@ class Backend {
   // compute_stream(): work ordered after it there sees the final values. The default runs
   // forward_backward and then reports every parameter (no overlap).
   virtual double forward_backward_notify(const data::PackedBatch& batch, double loss_scale, const GradReady& ready);
+  // forward_backward_notify without waiting for its loss: the host goes on to the next
+  // micro-batch while the device runs this one (a loss read would wait for its backward).
+  // pending_losses() waits once for every call's loss since the last, returns their sum, and adds
+  // their NLL sums to nll_sum(); zero_grad() drops unread ones. The default runs
+  // forward_backward_notify and keeps its loss.
+  virtual void enqueue_forward_backward(const data::PackedBatch& batch, double loss_scale, const GradReady& ready);
+  virtual double pending_losses();
   // The same for one tree run piece by piece: `split` is data::split_long_nodes(tree, C) and
   // `plan` data::plan_partition(split, C) (model/partitioned.h). Equals forward_backward of the
   // tree's own batch: grads += d(loss)/d(params); returns loss_scale * sum w * ce.
@@ -140,6 +147,9 @@ class Backend {
   virtual void set_gemm_hints(const std::vector<cuda::GemmTuned>& hints) { (void)hints; }
   virtual std::vector<cuda::GemmTuned> take_gemm_pending() { return {}; }
   virtual GemmTuneTotals gemm_tune_totals() const { return {}; }
+
+ private:
+  double pending_ = 0;  // the default enqueue_forward_backward's losses
 };
 
 // What a partitioned tree holds at once, against the memory free for it (Backend::

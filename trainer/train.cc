@@ -729,11 +729,11 @@ StepMetrics Trainer::train_step() {
         if (comm_ && i + 1 == micro.size()) {
           // The step's last backward: each parameter's gradient is final once reported, and its
           // bucket's all-reduce starts while backward goes on (buckets.h).
-          m.loss += backend_->forward_backward_notify(micro[i], 1.0 / normaliser, [&](int begin, int end) {
+          backend_->enqueue_forward_backward(micro[i], 1.0 / normaliser, [&](int begin, int end) {
             for (int p = begin; p < end; ++p) buckets_->mark_ready(p);
           });
         } else {
-          m.loss += backend_->forward_backward(micro[i], 1.0 / normaliser);
+          backend_->enqueue_forward_backward(micro[i], 1.0 / normaliser, nullptr);
         }
       } catch (const OutOfMemoryError& e) {  // on a micro-batch: say which, and what sizes it
         throw OutOfMemoryError(str("step ", m.step, ": micro-batch ", i + 1, " of ", micro.size(), " (",
@@ -769,6 +769,7 @@ StepMetrics Trainer::train_step() {
       repeated += p.repeated;
     }
   }
+  m.loss += backend_->pending_losses();  // the whole micro-batches' losses: one wait a step
   const double t_backward = now_s();
   double nll_sum = backend_->nll_sum();
   const Backend::GemmTuneTotals tune_now = backend_->gemm_tune_totals();

@@ -1534,5 +1534,34 @@ TEST(TrainTest, NotifyDefaultReportsEveryParameterOnceAfterBackward) {
   EXPECT_EQ(be->grads_host(), want_grads);
 }
 
+// Micro-batches enqueued without reading their losses (the trainer's step): pending_losses() is
+// the sum of forward_backward's losses, bit for bit in the same order, the NLL sums join
+// nll_sum(), the gradients are the same, and zero_grad() drops losses left unread.
+TEST(TrainTest, EnqueuedMicroBatchesGiveTheirLossesOnceAStep) {
+  const fs::path dir = test_dir("enqueue");
+  const RunConfig c = tiny_config(dir);
+  const std::vector<data::Tree> trees = data::read_trees(c.data.path, data::Format::kRollouts, c.model.vocab_size);
+  const data::PackedBatch a = data::pack({&trees[0], &trees[1]}, data::Packing::kTree);
+  const data::PackedBatch b = data::pack({&trees[2]}, data::Packing::kTree);
+  std::unique_ptr<Backend> be = make_backend("cpu", c.model);
+  be->init(3);
+  be->zero_grad();
+  double want = be->forward_backward(a, 0.25);
+  want += be->forward_backward(b, 0.5);
+  const double want_nll = be->nll_sum();
+  const std::vector<float> want_grads = be->grads_host();
+  be->zero_grad();
+  be->enqueue_forward_backward(a, 0.25, nullptr);
+  be->enqueue_forward_backward(b, 0.5, nullptr);
+  EXPECT_EQ(be->nll_sum(), 0.0) << "read with the losses";
+  EXPECT_EQ(be->pending_losses(), want);
+  EXPECT_EQ(be->nll_sum(), want_nll);
+  EXPECT_EQ(be->grads_host(), want_grads);
+  EXPECT_EQ(be->pending_losses(), 0.0) << "each loss is read once";
+  be->enqueue_forward_backward(a, 0.25, nullptr);
+  be->zero_grad();
+  EXPECT_EQ(be->pending_losses(), 0.0) << "zero_grad drops unread losses";
+}
+
 }  // namespace
 }  // namespace tt::trainer
