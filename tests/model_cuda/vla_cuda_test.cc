@@ -45,6 +45,7 @@ model::ModelConfig vla_config(bool freeze) {
   c.intermediate_size = 256;
   c.head_dim = 64;
   c.initializer_range = 0.05;
+  c.max_position_embeddings = 1024;  // the full history's 516 deep, and its segments' 2 S - 1
   model::VisionConfig& v = c.vision;
   v.hidden_size = 128;
   v.intermediate_size = 256;
@@ -161,7 +162,6 @@ TEST_P(VlaCuda, LossAndGradients) {
   // Segments of S > max_depth / 2 with a whole-segment tail and K = 1 (every row sees its whole
   // history, every gradient crosses): the same reference; the boundary cuts a frame's slot, whose
   // frame runs the tower in both segments (parts of slots: PackedBatch::slot_first, slot_count).
-  // (Added without a GPU lent: not yet run on one.)
   model::SegmentConfig seg;
   seg.length = t.max_depth() / 2 + 1;
   seg.tail = seg.length;
