@@ -444,8 +444,8 @@ std::vector<Tree> read_trees(const std::string& path, Format format, int64_t voc
     numbers.push_back(lineno);
     if (bytes >= ((size_t)64 << 20)) parse_batch();
   }
-  if (in.bad()) throw Error(str("error reading data file '", path, "'"));
   parse_batch();
+  if (in.bad()) throw Error(str("error reading data file '", path, "'"));
   if (trees.empty()) throw Error(str(path, ": no records, expected one JSON object per line"));
   return trees;
 }

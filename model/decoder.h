@@ -182,6 +182,46 @@ struct InferResult {
 // runs on the calling thread between launches: it must only enqueue work, never wait.
 using GradReadyFn = std::function<void(int begin, int end)>;
 
+// The losses of several training forwards read with one wait, so that the host goes on to the
+// next batch while the device runs one (a loss read waits for everything enqueued before it):
+// add() enqueues a forward's two sums into a page-locked slot of its own (slots are allocated once
+// and reused: allocating page-locked memory may wait for the device), take() waits once and gives
+// each forward's losses in the order added (so sums over them are a loop of losses() calls', bit
+// for bit). Decoder::piece_losses() is one the schedulers of pieces share.
+template <class E>
+class LossReader {
+ public:
+  void add(Decoder<E>& model, const Activations<E>& acts);  // defined after Decoder
+  std::vector<Losses> take(E& e) {
+    std::vector<Losses> out;
+    if (n_ == 0) return out;
+    e.record(fence_);
+    e.wait(fence_);
+    for (size_t i = 0; i < n_; ++i) {
+      const double* sums = reinterpret_cast<const double*>(slots_[i]->host.data());
+      out.push_back(Losses{slots_[i]->scale * sums[0], sums[1]});
+    }
+    n_ = 0;
+    return out;
+  }
+  Losses total(E& e) {  // the sums of take()'s, in order
+    Losses l;
+    for (const Losses& x : take(e)) l.loss += x.loss, l.nll_sum += x.nll_sum;
+    return l;
+  }
+  void clear() { n_ = 0; }  // drops what was added and not taken
+  size_t pending() const { return n_; }
+
+ private:
+  struct Slot {
+    typename E::PinnedBuffer host;
+    double scale = 0;
+  };
+  std::vector<std::unique_ptr<Slot>> slots_;
+  size_t n_ = 0;
+  typename E::Fence fence_;
+};
+
 template <class E>
 class Decoder {
  public:
@@ -294,6 +334,8 @@ class Decoder {
 
   // Sum of squares of every gradient, fp64 accumulation (waits for the backend).
   double grad_sum_squares();
+  // The loss reader the piece schedulers (partitioned.h, segments.h) use, one call at a time.
+  LossReader<E>& piece_losses() { return piece_losses_; }
 
  private:
   // logit_rows: a no-grad forward's rows for logits() (null: none, or all of them); logit_count:
@@ -346,7 +388,20 @@ class Decoder {
   // Where the last forward on infer_acts_ left its draws (null: it drew none) and how many.
   const int32_t* last_draws_ = nullptr;
   int last_draw_count_ = 0;
+  LossReader<E> piece_losses_;
 };
+
+template <class E>
+void LossReader<E>::add(Decoder<E>& model, const Activations<E>& acts) {
+  if (n_ == slots_.size()) {  // a slot is kept only once its buffer is allocated
+    auto slot = std::make_unique<Slot>();
+    model.exec().ensure_pinned(slot->host, 2 * sizeof(double));
+    slots_.push_back(std::move(slot));
+  }
+  Slot& s = *slots_[n_];
+  s.scale = model.enqueue_losses(acts, reinterpret_cast<double*>(s.host.data()));
+  ++n_;
+}
 
 // Bytes a training decoder takes on its backend: its parameter buffers (master weights, the
 // working copy, gradients) and, for micro-batches of `tokens` packed tokens, the saved activations
@@ -358,50 +413,6 @@ struct MemoryEstimate {
 };
 template <class E>
 MemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t tokens, const DecoderOptions& options = {});
-
-// The losses of several training forwards read with one wait, so that the host goes on to the
-// next batch while the device runs one (a loss read waits for everything enqueued before it):
-// add() enqueues a forward's two sums into a page-locked slot of its own (slots are allocated once
-// and reused: allocating page-locked memory may wait for the device), total() waits once and sums
-// them in the order added (the sums of a loop of losses() calls, bit for bit).
-template <class E>
-class LossReader {
- public:
-  explicit LossReader(Decoder<E>& model) : m_(model) {}
-  void add(const Activations<E>& acts) {
-    if (n_ == slots_.size()) {
-      slots_.push_back(std::make_unique<Slot>());
-      m_.exec().ensure_pinned(slots_.back()->host, 2 * sizeof(double));
-    }
-    Slot& s = *slots_[n_++];
-    s.scale = m_.enqueue_losses(acts, reinterpret_cast<double*>(s.host.data()));
-  }
-  Losses total() {
-    Losses l;
-    if (n_ == 0) return l;
-    m_.exec().record(fence_);
-    m_.exec().wait(fence_);
-    for (size_t i = 0; i < n_; ++i) {
-      const double* sums = reinterpret_cast<const double*>(slots_[i]->host.data());
-      l.loss += slots_[i]->scale * sums[0];
-      l.nll_sum += sums[1];
-    }
-    n_ = 0;
-    return l;
-  }
-  void clear() { n_ = 0; }  // drops what was added and not read
-  size_t pending() const { return n_; }
-
- private:
-  struct Slot {
-    typename E::PinnedBuffer host;
-    double scale = 0;
-  };
-  Decoder<E>& m_;
-  std::vector<std::unique_ptr<Slot>> slots_;
-  size_t n_ = 0;
-  typename E::Fence fence_;
-};
 
 template <class T>
 using Model = Decoder<CpuExec<T>>;

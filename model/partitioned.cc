@@ -73,7 +73,8 @@ double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_t
       for (size_t i = 0; i < p.nodes.size(); ++i) local_of[p.nodes[i]] = (int32_t)i;
   std::vector<std::unique_ptr<LivePiece<E>>> live(plan.num_pieces());
   double loss = 0;
-  LossReader<E> losses(model);
+  LossReader<E>& losses = model.piece_losses();
+  losses.clear();
   int rows_only_pieces = 0;
   auto recurrent_gateway = [&](int k, LivePiece<E>& lp) {
     const data::Piece& piece = plan.pieces[k];
@@ -215,11 +216,11 @@ double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_t
     } else {
       model.backward(lp.acts, &lp.rows);
     }
-    losses.add(lp.acts);  // read once, after the schedule: no wait between pieces
+    losses.add(model, lp.acts);  // read once, after the schedule: no wait between pieces
     live[k].reset();
   };
   PartitionRunStats st = walk_partition_schedule(plan, split_tree.id, forward, backward, recompute);
-  const Losses l = losses.total();
+  const Losses l = losses.total(e);
   loss = l.loss;
   st.nll_sum = l.nll_sum;
   st.pieces_recomputed = rows_only_pieces;

@@ -395,7 +395,8 @@ double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::Se
   SegmentRunStats st;
   st.pieces = P;
   double loss = 0;
-  LossReader<E> losses(model);
+  LossReader<E>& losses = model.piece_losses();
+  losses.clear();
   int64_t live_tokens = 0;
 
   std::function<void(int)> maybe_free = [&](int k) {
@@ -601,7 +602,7 @@ double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::Se
         }
       }
     }
-    losses.add(lp->acts);  // read once, after the schedule: no wait between pieces
+    losses.add(model, lp->acts);  // read once, after the schedule: no wait between pieces
     lp->children_left = (int)piece.child_pieces.size();
     live[k] = std::move(lp);
     if (parent >= 0) --live[parent]->children_left;
@@ -611,7 +612,7 @@ double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::Se
   }
   for (int k = 0; k < P; ++k)
     TT_CHECK(!live[k], "segments: piece ", k, " of tree '", plan.split.id, "' is still live after the schedule");
-  const Losses l = losses.total();
+  const Losses l = losses.total(e);
   loss = l.loss;
   st.nll_sum = l.nll_sum;
   if (stats) *stats = st;

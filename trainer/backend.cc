@@ -28,16 +28,6 @@ double Backend::forward_backward_notify(const data::PackedBatch& batch, double l
   return loss;
 }
 
-void Backend::enqueue_forward_backward(const data::PackedBatch& batch, double loss_scale, const GradReady& ready) {
-  pending_ += forward_backward_notify(batch, loss_scale, ready);
-}
-
-double Backend::pending_losses() {
-  const double loss = pending_;
-  pending_ = 0;
-  return loss;
-}
-
 namespace {
 
 // Host memory the kernel says is available (MemAvailable of /proc/meminfo), or -1 when unknown.
@@ -114,6 +104,7 @@ class DecoderBackend : public Backend {
   void zero_grad() override {
     model_.zero_grad();
     nll_ = 0;
+    calls_.clear();
     pending_.clear();  // losses of a step that stopped before reading them (an error) are dropped with it
   }
   double forward_backward(const data::PackedBatch& batch, double loss_scale) override {
@@ -124,18 +115,28 @@ class DecoderBackend : public Backend {
     model_.forward(batch, loss_scale, acts_);
     model_.backward(acts_, nullptr, ready);
     const model::Losses l = model_.losses(acts_);
-    nll_ += l.nll_sum;
+    add_nll(l.nll_sum);
     return l.loss;
   }
   void enqueue_forward_backward(const data::PackedBatch& batch, double loss_scale, const GradReady& ready) override {
     model_.forward(batch, loss_scale, acts_);
     model_.backward(acts_, nullptr, ready);
-    pending_.add(acts_);
+    pending_.add(model_, acts_);
+    calls_.push_back({true, 0});
   }
-  double pending_losses() override {
-    const model::Losses l = pending_.total();
-    nll_ += l.nll_sum;
-    return l.loss;
+  std::vector<double> pending_losses() override {
+    const std::vector<model::Losses> got = pending_.take(model_.exec());
+    std::vector<double> out;
+    size_t k = 0;
+    for (Call& c : calls_) {
+      if (!c.pending) continue;
+      c.nll = got[k].nll_sum;
+      out.push_back(got[k].loss);
+      ++k;
+    }
+    for (const Call& c : calls_) nll_ += c.nll;  // in call order
+    calls_.clear();
+    return out;
   }
   double forward_backward_partitioned(const data::Tree& split, const data::Partition& plan, double loss_scale,
                                       bool recompute,
@@ -143,7 +144,7 @@ class DecoderBackend : public Backend {
     model::PartitionRunStats st;
     const double loss =
         model::forward_backward_partitioned(model_, split, plan, loss_scale, &st, recompute, load_frames);
-    nll_ += st.nll_sum;
+    add_nll(st.nll_sum);
     pieces_recomputed_ += st.pieces_recomputed;
     return loss;
   }
@@ -151,10 +152,13 @@ class DecoderBackend : public Backend {
                                     const std::function<void(data::PackedBatch&)>& load_frames) override {
     model::SegmentRunStats st;
     const double loss = model::forward_backward_segmented(model_, cfg, plan, loss_scale, &st, load_frames);
-    nll_ += st.nll_sum;
+    add_nll(st.nll_sum);
     return loss;
   }
-  double nll_sum() const override { return nll_; }
+  double nll_sum() const override {
+    TT_CHECK(calls_.empty(), "backend: nll_sum() with ", calls_.size(), " calls' NLL sums not yet read (pending_losses)");
+    return nll_;
+  }
   int64_t pieces_recomputed() const override { return pieces_recomputed_; }
   double grad_sum_squares() const override { return model_.grad_sum_squares(); }
 
@@ -303,7 +307,18 @@ class DecoderBackend : public Backend {
   mutable model::Decoder<E> model_;
   model::Activations<E> acts_;  // forward_backward's
   double nll_ = 0;              // since zero_grad
-  model::LossReader<E> pending_{model_};  // enqueue_forward_backward's losses
+  model::LossReader<E> pending_;  // enqueue_forward_backward's losses
+  // The NLL sums of the calls since pending_losses() while some are pending, in call order (added
+  // to nll_ in that order once they are read).
+  struct Call {
+    bool pending;
+    double nll;
+  };
+  std::vector<Call> calls_;
+  void add_nll(double x) {
+    if (calls_.empty()) nll_ += x;
+    else calls_.push_back({false, x});
+  }
   int64_t pieces_recomputed_ = 0;
   int gpu_;
   typename E::Buffer m_;  // (num_params) AdamW first moment

@@ -60,11 +60,11 @@ class Backend {
   virtual double forward_backward_notify(const data::PackedBatch& batch, double loss_scale, const GradReady& ready);
   // forward_backward_notify without waiting for its loss: the host goes on to the next
   // micro-batch while the device runs this one (a loss read would wait for its backward).
-  // pending_losses() waits once for every call's loss since the last, returns their sum, and adds
-  // their NLL sums to nll_sum(); zero_grad() drops unread ones. The default runs
-  // forward_backward_notify and keeps its loss.
-  virtual void enqueue_forward_backward(const data::PackedBatch& batch, double loss_scale, const GradReady& ready);
-  virtual double pending_losses();
+  // pending_losses() waits once and returns the enqueued calls' losses in call order; nll_sum()
+  // counts every call's NLL sum in call order once they are read (so it needs pending_losses()
+  // first); zero_grad() drops unread ones.
+  virtual void enqueue_forward_backward(const data::PackedBatch& batch, double loss_scale, const GradReady& ready) = 0;
+  virtual std::vector<double> pending_losses() = 0;
   // The same for one tree run piece by piece: `split` is data::split_long_nodes(tree, C) and
   // `plan` data::plan_partition(split, C) (model/partitioned.h). Equals forward_backward of the
   // tree's own batch: grads += d(loss)/d(params); returns loss_scale * sum w * ce.
@@ -148,8 +148,6 @@ class Backend {
   virtual std::vector<cuda::GemmTuned> take_gemm_pending() { return {}; }
   virtual GemmTuneTotals gemm_tune_totals() const { return {}; }
 
- private:
-  double pending_ = 0;  // the default enqueue_forward_backward's losses
 };
 
 // What a partitioned tree holds at once, against the memory free for it (Backend::

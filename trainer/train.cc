@@ -222,9 +222,12 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
     std::vector<std::string> summary(over.size());
     const double t0 = now_s();
     parallel_for((int64_t)over.size(), [&](int64_t k) {
-      const PartitionedTree p = partitioned(over[k], /*log=*/false);
+      // Over the budget: always partitioned, its work figures kept; at or under it: the memory
+      // check's figures only.
+      const bool over_budget = loader_->trees()[over[k]].n_tree() > budget;
+      const PartitionedTree p = over_budget ? partitioned(over[k], /*log=*/false) : partition_plan(over[k]);
       figures[k] = figures_of(p);
-      if (p.split.n_tree() > budget) summary[k] = partition_summary(p);
+      if (over_budget) summary[k] = partition_summary(p);
     });
     for (size_t k = 0; k < over.size(); ++k) {
       const PartitionFigures& f = figures[k];
@@ -239,9 +242,14 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
     if (!over.empty())
       spdlog::info("partition: {} trees over {} tokens planned in {:.1f} s", over.size(), capacity, now_s() - t0);
   }
+  // Trees deeper than segments.length, planned on the host's threads; the first that cannot run
+  // stops the run in data order with the shallow trees' checks below.
+  const auto [seg_bad, seg_error] =
+      cfg_.segments.enabled() ? plan_segmented_trees() : std::pair<int64_t, std::exception_ptr>{-1, nullptr};
   for (int64_t i = 0; i < (int64_t)loader_->trees().size(); ++i) {
     const data::Tree& t = loader_->trees()[i];
-    if (!cfg_.segments.enabled() || t.max_depth() > cfg_.segments.length) continue;  // planned below
+    if (i == seg_bad) std::rethrow_exception(seg_error);
+    if (!cfg_.segments.enabled() || t.max_depth() > cfg_.segments.length) continue;  // planned above
     const bool per_path = packing == data::Packing::kPerPath;
     if ((per_path || capacity == 0) && data::packed_size(t, packing) > budget) {
       try {
@@ -252,7 +260,6 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
       }
     }
   }
-  if (cfg_.segments.enabled()) plan_segmented_trees();
   // And what the largest of them holds at once (a chain of pieces' activations, or with
   // partition.recompute one piece's and the K/V rows), against the memory free now: a tree that
   // cannot fit stops the run here, not in the step that draws it.
@@ -574,16 +581,17 @@ const Trainer::SegmentedTree& Trainer::segmented(int64_t index) {
   return segmented_.emplace(index, segment_figures(segment_plans(index))).first->second;
 }
 
-void Trainer::plan_segmented_trees() {
+std::pair<int64_t, std::exception_ptr> Trainer::plan_segmented_trees() {
   const std::vector<data::Tree>& trees = loader_->trees();
   std::vector<int64_t> deep;
   for (int64_t i = 0; i < (int64_t)trees.size(); ++i)
     if (trees[i].max_depth() > cfg_.segments.length && !segmented_.count(i)) deep.push_back(i);
-  if (deep.empty()) return;
+  if (deep.empty()) return {-1, nullptr};
   std::vector<SegmentedTree> out(deep.size());
   const double t0 = now_s();
-  // The error of the first tree in data order that cannot run, as a serial loop.
-  parallel_for((int64_t)deep.size(), [&](int64_t k) { out[k] = segment_figures(segment_plans(deep[k])); });
+  const auto [bad, error] = parallel_for_first_error(
+      (int64_t)deep.size(), [&](int64_t k) { out[k] = segment_figures(segment_plans(deep[k])); });
+  if (error) return {deep[bad], error};
   int64_t pieces = 0;
   for (size_t k = 0; k < deep.size(); ++k) {
     pieces += out[k].pieces;
@@ -591,6 +599,7 @@ void Trainer::plan_segmented_trees() {
   }
   spdlog::info("segments: {} trees planned into {} segment pieces in {:.1f} s ({} threads)", deep.size(), pieces,
                now_s() - t0, std::min<int64_t>((int64_t)deep.size(), host_threads()));
+  return {-1, nullptr};
 }
 
 Trainer::PartitionedTree Trainer::partition_plan(int64_t index) const {
@@ -723,9 +732,15 @@ StepMetrics Trainer::train_step() {
   if (comm_) buckets_->begin(backend_->grads_data(), *comm_);
   model::Work recomputed;  // partition.recompute's second forwards
   model::Work repeated;    // towers of frames run again in another piece
+  // Each call's loss in micro-batch order (an enqueued one's once read: one wait a step), summed
+  // in that order after the loop.
+  std::vector<double> losses;
+  std::vector<size_t> enqueued;
   for (size_t i = 0; i < micro.size(); ++i) {
     if (runs[i].tree < 0) {
       try {
+        enqueued.push_back(losses.size());
+        losses.push_back(0);
         if (comm_ && i + 1 == micro.size()) {
           // The step's last backward: each parameter's gradient is final once reported, and its
           // bucket's all-reduce starts while backward goes on (buckets.h).
@@ -744,16 +759,19 @@ StepMetrics Trainer::train_step() {
       }
     } else if (runs[i].segments) {
       for (const data::SegmentPlan& plan : segment_plans(runs[i].tree)) {
-        m.loss += backend_->forward_backward_segmented(plan, cfg_.segments, 1.0 / normaliser,
-                                                         [this](data::PackedBatch& b) { load_frames(b); });
+        losses.push_back(backend_->forward_backward_segmented(plan, cfg_.segments, 1.0 / normaliser,
+                                                              [this](data::PackedBatch& b) { load_frames(b); }));
         m.pieces += plan.pieces.num_pieces();
       }
     } else {
-      const PartitionedTree p = partitioned(runs[i].tree);  // planned again: plans are not kept
+      // Planned again (plans are not kept); the work figures of one over the budget were kept.
+      const auto kept = partition_figures_.find(runs[i].tree);
+      PartitionedTree p = kept != partition_figures_.end() ? partition_plan(runs[i].tree) : partitioned(runs[i].tree);
+      if (kept != partition_figures_.end()) p.recompute = kept->second.recompute, p.repeated = kept->second.repeated;
       try {
-        m.loss += backend_->forward_backward_partitioned(p.split, p.plan, 1.0 / normaliser,
-                                                           cfg_.partition.recompute,
-                                                           [this](data::PackedBatch& b) { load_frames(b); });
+        losses.push_back(backend_->forward_backward_partitioned(p.split, p.plan, 1.0 / normaliser,
+                                                                cfg_.partition.recompute,
+                                                                [this](data::PackedBatch& b) { load_frames(b); }));
       } catch (const OutOfMemoryError& e) {  // on a chain of resident pieces: say what helps
         // Only where recompute would hold fewer activations: a chain longer than one piece.
         if (cfg_.partition.recompute || p.plan.peak_tokens <= p.plan.max_piece_tokens) throw;
@@ -769,7 +787,11 @@ StepMetrics Trainer::train_step() {
       repeated += p.repeated;
     }
   }
-  m.loss += backend_->pending_losses();  // the whole micro-batches' losses: one wait a step
+  const std::vector<double> read = backend_->pending_losses();
+  TT_CHECK(read.size() == enqueued.size(), "step ", m.step, ": ", read.size(), " losses read for ", enqueued.size(),
+           " enqueued micro-batches");
+  for (size_t k = 0; k < read.size(); ++k) losses[enqueued[k]] = read[k];
+  for (double x : losses) m.loss += x;
   const double t_backward = now_s();
   double nll_sum = backend_->nll_sum();
   const Backend::GemmTuneTotals tune_now = backend_->gemm_tune_totals();

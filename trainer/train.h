@@ -57,8 +57,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <exception>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "data/loader.h"
@@ -191,9 +193,9 @@ class Trainer {
   SegmentedTree segment_figures(const std::vector<data::SegmentPlan>& plans) const;
   // Their figures, made on first use.
   const SegmentedTree& segmented(int64_t index);
-  // Plans every tree deeper than segments.length on the host's threads and keeps the figures; a
-  // tree that cannot run (the first in data order) stops the run here, before its first step.
-  void plan_segmented_trees();
+  // Plans every tree deeper than segments.length on the host's threads and keeps the figures;
+  // returns the first tree in data order that cannot run and its error ({-1, null}: none).
+  std::pair<int64_t, std::exception_ptr> plan_segmented_trees();
   // How a micro-batch runs: whole (tree -1), or loader tree `tree` partitioned or segmented.
   struct MicroRun {
     int64_t tree = -1;
