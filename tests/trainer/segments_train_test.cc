@@ -203,5 +203,37 @@ TEST(SegmentsTrain, ShallowTreesOverTheBudgetAreErrorsAtStart) {
   EXPECT_TRUE(std::isfinite(m.loss));
 }
 
+// Deep trees are planned on several threads before the shallow ones are checked, yet the run stops
+// at the first tree in data order that cannot run: a shallow tree over the budget before a deep
+// tree with an oversize segment piece, and the other way round.
+TEST(SegmentsTrain, StartErrorsComeInDataOrder) {
+  const fs::path dir = testing::fresh_dir("seg_error_order");
+  auto chain = [](const std::string& id, int n) {  // depth n, one node
+    std::string t = "{\"id\": \"" + id + "\", \"nodes\": [{\"parent\": -1, \"tokens\": [";
+    for (int i = 0; i < n; ++i) t += (i ? ", " : "") + std::to_string(1 + i % 9);
+    return t + "]}]}\n";
+  };
+  const std::string wide = R"({"id": "wide", "nodes": [{"parent": -1, "tokens": [1, 2, 3, 4]}, )"
+                           R"({"parent": 0, "tokens": [5, 6, 7]}, {"parent": 0, "tokens": [7, 6, 5]}, )"
+                           R"({"parent": 0, "tokens": [2, 2, 2]}]})"
+                           "\n";  // depth 7, 13 tokens
+  for (bool shallow_first : {true, false}) {
+    const fs::path data = dir / (shallow_first ? "a.jsonl" : "b.jsonl");
+    {
+      std::ofstream out(data);
+      out << chain("ok0", 5) << (shallow_first ? wide + chain("deep", 30) : chain("deep", 30) + wide) << chain("ok1", 5);
+    }
+    RunConfig c = seg_config(dir);
+    c.run_dir = (dir / (shallow_first ? "a" : "b")).string();
+    c.data.path = data.string();
+    c.data.format = "tree";
+    c.data.max_tokens_per_batch = 6;  // under a segment of the chain (8) and the wide tree (13)
+    c.validate();
+    const std::string err = error_of([&] { Trainer t(c); });
+    EXPECT_NE(err.find(shallow_first ? "tree 'wide'" : "tree 'deep'"), std::string::npos) << err;
+    EXPECT_EQ(err.find(shallow_first ? "tree 'deep'" : "tree 'wide'"), std::string::npos) << err;
+  }
+}
+
 }  // namespace
 }  // namespace tt::trainer
