@@ -147,7 +147,6 @@ class Backend {
   virtual void set_gemm_hints(const std::vector<cuda::GemmTuned>& hints) { (void)hints; }
   virtual std::vector<cuda::GemmTuned> take_gemm_pending() { return {}; }
   virtual GemmTuneTotals gemm_tune_totals() const { return {}; }
-
 };
 
 // What a partitioned tree holds at once, against the memory free for it (Backend::

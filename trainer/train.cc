@@ -225,7 +225,7 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
       // Over the budget: always partitioned, its work figures kept; at or under it: the memory
       // check's figures only.
       const bool over_budget = loader_->trees()[over[k]].n_tree() > budget;
-      const PartitionedTree p = over_budget ? partitioned(over[k], /*log=*/false) : partition_plan(over[k]);
+      const PartitionedTree p = over_budget ? partitioned(over[k]) : partition_plan(over[k]);
       figures[k] = figures_of(p);
       if (over_budget) summary[k] = partition_summary(p);
     });
@@ -236,7 +236,6 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
       if (b > need) need = b, worst = over[k];
       if (summary[k].empty()) continue;  // over the budget: always partitioned, logged now as it will run
       partition_figures_.emplace(over[k], f);
-      partition_logged_.insert(over[k]);
       spdlog::info("{}", summary[k]);
     }
     if (!over.empty())
@@ -480,8 +479,7 @@ void Trainer::take_shard(std::vector<data::PackedBatch>* micro, std::vector<Micr
       // A tree over the budget runs partitioned: frames shown in several pieces run their tower in
       // each; with partition.recompute, its non-leaf pieces run forward twice.
       if (cfg_.partition.capacity_tokens > 0 && trees[t].n_tree() > cfg_.data.max_tokens_per_batch) {
-        auto it = partition_figures_.find(t);
-        const PartitionFigures f = it != partition_figures_.end() ? it->second : figures_of(partitioned(t));
+        const PartitionFigures& f = partition_figures(t);
         tree_cost_[t] += arch_.flops(f.repeated, model::Pass::kTrain).executed +
                          arch_.flops(f.recompute, model::Pass::kForward).executed;
       }
@@ -585,7 +583,7 @@ std::pair<int64_t, std::exception_ptr> Trainer::plan_segmented_trees() {
   const std::vector<data::Tree>& trees = loader_->trees();
   std::vector<int64_t> deep;
   for (int64_t i = 0; i < (int64_t)trees.size(); ++i)
-    if (trees[i].max_depth() > cfg_.segments.length && !segmented_.count(i)) deep.push_back(i);
+    if (trees[i].max_depth() > cfg_.segments.length) deep.push_back(i);
   if (deep.empty()) return {-1, nullptr};
   std::vector<SegmentedTree> out(deep.size());
   const double t0 = now_s();
@@ -627,7 +625,7 @@ Trainer::PartitionedTree Trainer::partition_plan(int64_t index) const {
   return p;
 }
 
-Trainer::PartitionedTree Trainer::partitioned(int64_t index, bool log) const {
+Trainer::PartitionedTree Trainer::partitioned(int64_t index) const {
   const data::Tree& tree = loader_->trees()[index];
   PartitionedTree p = partition_plan(index);
   // Each piece runs the tower on the frames its slots show: a frame shown in several, in each.
@@ -640,8 +638,15 @@ Trainer::PartitionedTree Trainer::partitioned(int64_t index, bool log) const {
       p.recompute += w;
     }
   }
-  if (log && partition_logged_.insert(index).second) spdlog::info("{}", partition_summary(p));
   return p;
+}
+
+const Trainer::PartitionFigures& Trainer::partition_figures(int64_t index) {
+  auto it = partition_figures_.find(index);
+  if (it != partition_figures_.end()) return it->second;
+  const PartitionedTree p = partitioned(index);
+  spdlog::info("{}", partition_summary(p));
+  return partition_figures_.emplace(index, figures_of(p)).first->second;
 }
 
 Trainer::PartitionFigures Trainer::figures_of(const PartitionedTree& p) {
@@ -764,10 +769,8 @@ StepMetrics Trainer::train_step() {
         m.pieces += plan.pieces.num_pieces();
       }
     } else {
-      // Planned again (plans are not kept); the work figures of one over the budget were kept.
-      const auto kept = partition_figures_.find(runs[i].tree);
-      PartitionedTree p = kept != partition_figures_.end() ? partition_plan(runs[i].tree) : partitioned(runs[i].tree);
-      if (kept != partition_figures_.end()) p.recompute = kept->second.recompute, p.repeated = kept->second.repeated;
+      const PartitionFigures& f = partition_figures(runs[i].tree);
+      const PartitionedTree p = partition_plan(runs[i].tree);  // planned again: plans are not kept
       try {
         losses.push_back(backend_->forward_backward_partitioned(p.split, p.plan, 1.0 / normaliser,
                                                                 cfg_.partition.recompute,
@@ -783,8 +786,8 @@ StepMetrics Trainer::train_step() {
                                    "their K/V rows and run their forward again)"));
       }
       m.pieces += p.plan.num_pieces();
-      recomputed += p.recompute;
-      repeated += p.repeated;
+      recomputed += f.recompute;
+      repeated += f.repeated;
     }
   }
   const std::vector<double> read = backend_->pending_losses();

@@ -55,11 +55,10 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
-#include <exception>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -169,17 +168,21 @@ class Trainer {
     model::Work repeated;
   };
   // The plan of loader tree `index` with its work figures, made again at each call (kept, the
-  // plans would hold a second copy of the data); logged the first time. Thread-safe with log false.
-  PartitionedTree partitioned(int64_t index, bool log = true) const;
+  // plans would hold a second copy of the data). Thread-safe.
+  PartitionedTree partitioned(int64_t index) const;
   // Its split and plan alone (no work figures, not logged), checked against the gateway ranges
   // the backend's attention reads.
   PartitionedTree partition_plan(int64_t index) const;
-  // What the step's cost reads of a tree over the budget (its plan's extra work), made at start.
+  // What the steps read of a partitioned tree's plan: its extra work (costs, executed FLOPs) and
+  // its resident sizes.
   struct PartitionFigures {
     model::Work recompute, repeated;
     int64_t max_piece_tokens = 0, peak_tokens = 0, kept_peak_tokens = 0;
   };
   static PartitionFigures figures_of(const PartitionedTree& p);
+  // Loader tree `index`'s figures: made at start for those over the budget, else (and logged) the
+  // first time it runs partitioned.
+  const PartitionFigures& partition_figures(int64_t index);
   std::string partition_summary(const PartitionedTree& p) const;  // the log line of a plan
   // A tree trained segment by segment: the work its plans execute and their pieces. The plans
   // themselves are made again when it runs (kept, they would hold a second copy of the data).
@@ -236,8 +239,7 @@ class Trainer {
   model::Architecture arch_;  // the model's kinds: FLOPs and shard costs
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<data::BatchLoader> loader_;
-  std::unordered_map<int64_t, PartitionFigures> partition_figures_;  // by tree index: those over the budget
-  mutable std::unordered_set<int64_t> partition_logged_;              // trees whose plan was logged
+  std::unordered_map<int64_t, PartitionFigures> partition_figures_;  // by tree index
   std::unordered_map<int64_t, SegmentedTree> segmented_;      // by tree index
   std::unique_ptr<distributed::Communicator> comm_;  // null: one process
   std::unique_ptr<distributed::GradBuckets> buckets_;  // with comm_: the gradient buffer's buckets
