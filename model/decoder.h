@@ -210,7 +210,6 @@ class LossReader {
     return l;
   }
   void clear() { n_ = 0; }  // drops what was added and not taken
-  size_t pending() const { return n_; }
 
  private:
   struct Slot {

@@ -47,6 +47,32 @@ KV slice(const KV& kv, int64_t row_elems, int begin, int end, int q_end) {
 
 }  // namespace
 
+PieceOffers::PieceOffers(const data::Tree& split, const data::Partition& plan)
+    : split_(&split), plan_(&plan), local_(split.nodes.size(), -1) {
+  for (const data::Piece& p : plan.pieces)
+    for (size_t i = 0; i < p.nodes.size(); ++i) local_[p.nodes[i]] = (int32_t)i;
+}
+
+int32_t PieceOffers::hangs_from(int k) const {
+  return local_[split_->nodes[plan_->pieces[k].root_node].parent];
+}
+
+std::vector<int32_t> PieceOffers::offers(int k) const {
+  std::vector<int32_t> out;
+  for (int c : plan_->pieces[k].child_pieces) {
+    const int32_t n = hangs_from(c);
+    if (std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+  }
+  return out;
+}
+
+int32_t PieceOffers::parent_slot(int k, const std::string& tree_id) const {
+  const std::vector<int32_t> o = offers(plan_->pieces[k].parent_piece);
+  const auto it = std::find(o.begin(), o.end(), hangs_from(k));
+  TT_CHECK(it != o.end(), "tree '", tree_id, "': piece ", k, " hangs from a node its parent piece does not offer");
+  return (int32_t)(it - o.begin());
+}
+
 template <class E>
 double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_tree, const data::Partition& plan,
                                     double loss_scale, PartitionRunStats* stats, bool recompute,
@@ -67,10 +93,7 @@ double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_t
     conv_elems[l] = model.conv_context_elems(l);
     recurrent = recurrent || state_elems[l] > 0;
   }
-  std::vector<int32_t> local_of(recurrent ? split_tree.nodes.size() : 0, -1);  // node -> index in its piece
-  if (recurrent)
-    for (const data::Piece& p : plan.pieces)
-      for (size_t i = 0; i < p.nodes.size(); ++i) local_of[p.nodes[i]] = (int32_t)i;
+  const PieceOffers offers(split_tree, plan);
   std::vector<std::unique_ptr<LivePiece<E>>> live(plan.num_pieces());
   double loss = 0;
   LossReader<E>& losses = model.piece_losses();
@@ -78,10 +101,7 @@ double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_t
   int rows_only_pieces = 0;
   auto recurrent_gateway = [&](int k, LivePiece<E>& lp) {
     const data::Piece& piece = plan.pieces[k];
-    for (int c : piece.child_pieces) {
-      const int32_t n = local_of[split_tree.nodes[plan.pieces[c].root_node].parent];
-      if (std::find(lp.offer_node.begin(), lp.offer_node.end(), n) == lp.offer_node.end()) lp.offer_node.push_back(n);
-    }
+    lp.offer_node = offers.offers(k);
     const int64_t O = (int64_t)lp.offer_node.size();
     int64_t acc = 0, act = 0;
     for (int l = 0; l < L; ++l) {
@@ -95,18 +115,14 @@ double forward_backward_partitioned(Decoder<E>& model, const data::Tree& split_t
     auto* next_row = reinterpret_cast<typename E::Act*>(lp.offer_rows.data());
     lp.d_state.assign(L, nullptr);
     lp.d_conv.assign(L, nullptr);
-    int32_t read_node = -1;  // the node of the parent piece this piece's root hangs from
-    if (piece.parent_piece >= 0) read_node = local_of[split_tree.nodes[piece.root_node].parent];
+    const int32_t slot = piece.parent_piece >= 0 ? offers.parent_slot(k, split_tree.id) : -1;  // of its parent's offers
     for (int l = 0; l < L; ++l) {
       if (state_elems[l] == 0) continue;
       LayerCarry<E>& g = lp.gateway[l];
       g.state_slot = {-1};
       if (piece.parent_piece >= 0) {
         const LivePiece<E>& par = *live[piece.parent_piece];
-        const auto it = std::find(par.offer_node.begin(), par.offer_node.end(), read_node);
-        TT_CHECK(it != par.offer_node.end(), "partition of tree '", split_tree.id, "': piece ", k,
-                 " hangs from a node its parent piece does not offer");
-        g.state_slot = {(int32_t)(it - par.offer_node.begin())};
+        g.state_slot = {slot};
         g.state = par.gateway[l].offer_state;
         g.conv = par.gateway[l].offer_conv;
         g.d_state = par.d_state[l];

@@ -58,6 +58,23 @@ struct PartitionRunStats {
   double nll_sum = 0;             // the pieces' unweighted NLL sums (Losses::nll_sum)
 };
 
+// Recurrent layers across pieces (partitions and segments): a child piece's root starts from the
+// end state and conv tail of the node it hangs from, which its parent piece offers. For a plan of
+// `split`: each node's index in its piece's batch; the nodes of piece k its child pieces hang from
+// (distinct, in child order: the piece's offers); and which of its parent's offers piece k reads
+// (tree_id names the tree in the error for an inconsistent plan).
+struct PieceOffers {
+  PieceOffers(const data::Tree& split, const data::Partition& plan);
+  std::vector<int32_t> offers(int k) const;
+  int32_t parent_slot(int k, const std::string& tree_id) const;
+
+ private:
+  int32_t hangs_from(int k) const;  // batch index of its root's parent in the parent piece
+  const data::Tree* split_;
+  const data::Partition* plan_;
+  std::vector<int32_t> local_;
+};
+
 // Whether piece k keeps only its K/V rows between its forward and its backward (recompute).
 inline bool keeps_rows_only(const data::Partition& plan, int k, bool recompute) {
   return recompute && !plan.pieces[k].child_pieces.empty();

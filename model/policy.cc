@@ -46,11 +46,11 @@ data::PackedBatch token_batch(const std::vector<int32_t>& tokens) {
 
 template <class E>
 VlaPolicy<E>::VlaPolicy(Decoder<E>& model, int window, int64_t capacity, const SegmentConfig& segments)
-    : m_(model), window_(window), cache_(model, segments.enabled() ? 0 : capacity, segments.enabled() ? 0 : 4) {
+    : m_(model), window_(window), cache_(model, segments.enabled() ? 0 : capacity, segments.enabled() ? 0 : kSlots) {
   TT_CHECK(window >= 0, "policy: history window ", window, ", expected 0 (full) or >= 1");
   TT_CHECK(model.config().vision.enabled(), "policy: the model has no vision section");
   if (segments.enabled()) path_ = std::make_unique<SegmentedPath<E>>(model, segments, capacity);
-  else if (cache_.recurrent()) cache_.reserve_slots(4);  // kNow .. kContext
+  else if (cache_.recurrent()) cache_.reserve_slots(kSlots);
 }
 
 template <class E>
@@ -60,8 +60,9 @@ void VlaPolicy<E>::save_state(int32_t slot) {
 
 template <class E>
 void VlaPolicy<E>::rewind(int64_t rows, int32_t from) {
+  const bool moved = cache_.used() != rows;
   cache_.truncate(rows);
-  if (cache_.recurrent() && rows > 0) cache_.copy_state(kNow, from);
+  if (cache_.recurrent() && rows > 0 && moved) cache_.copy_state(kNow, from);
 }
 
 template <class E>
@@ -196,7 +197,7 @@ std::vector<int32_t> VlaPolicy<E>::act(const Observation& obs, int n_tokens, int
     dropped.push_back(std::move(history_.front()));
     history_.erase(history_.begin());
   }
-  save_state(kBefore);
+  if (window_ == 0) save_state(kBefore);  // a window's failed step goes back to the instruction
   try {
     int depth = (int)instruction_.size();
     std::vector<double> logits;
@@ -214,7 +215,7 @@ std::vector<int32_t> VlaPolicy<E>::act(const Observation& obs, int n_tokens, int
       }
     }
     const int64_t context_rows = cache_.used();
-    save_state(kContext);
+    if (n_tokens > 1) save_state(kContext);  // rows follow only with fed-back action tokens
     const std::vector<int32_t> out = decode(std::move(logits), n_tokens, first_id, end_id, first_logits,
                                             [&](data::PackedBatch& b, int k) {
                                               b.pos = {depth + k};

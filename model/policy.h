@@ -75,7 +75,8 @@ class VlaPolicy {
   std::vector<int32_t> act_segmented(const Observation& obs, int n_tokens, int32_t first_id, int32_t end_id,
                                      std::vector<double>* first_logits);
 
-  // Recurrent layers: the cache back to `rows` rows and the state to slot `from`'s copy of it.
+  // Recurrent layers: the cache back to `rows` rows and the state to slot `from`'s copy of it
+  // (no copy when no rows came since: the state is that one).
   void rewind(int64_t rows, int32_t from);
   void save_state(int32_t slot);
 
@@ -84,7 +85,7 @@ class VlaPolicy {
   KVCache<E> cache_;
   // State slots (recurrent models): after the cache's rows, after the instruction, before the
   // step, after the step's context.
-  static constexpr int32_t kNow = 0, kInstruction = 1, kBefore = 2, kContext = 3;
+  static constexpr int32_t kNow = 0, kInstruction = 1, kBefore = 2, kContext = 3, kSlots = 4;
   std::unique_ptr<SegmentedPath<E>> path_;  // with segments: the context (cache_ unused)
   std::vector<int32_t> instruction_;
   std::vector<Observation> history_;  // the context's observations (the window's, or all)

@@ -365,13 +365,9 @@ double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::Se
   // a recurrent layer).
   const bool tail_grads = cfg.tail > 0 && cfg.local_heads(NKV) != 0;
   const int K = train && (tail_grads || recurrent) ? (int)cfg.tbptt : 0;
-  std::vector<int32_t> local_of(recurrent ? plan.split.nodes.size() : 0, -1);  // node -> index in its piece
+  const PieceOffers offers(plan.split, parts);
   size_t max_offers = 0;
-  if (recurrent)
-    for (const data::Piece& p : parts.pieces) {
-      for (size_t i = 0; i < p.nodes.size(); ++i) local_of[p.nodes[i]] = (int32_t)i;
-      max_offers = std::max(max_offers, p.child_pieces.size());
-    }
+  for (const data::Piece& p : parts.pieces) max_offers = std::max(max_offers, p.child_pieces.size());
   // Gradients no backward reads (a column's offers before any child pushed: zeros) and none keeps
   // (a root's state gradient past depth K: discarded).
   typename E::Buffer zeros, discard;
@@ -498,21 +494,11 @@ double run_segmented(Decoder<E>& model, const SegmentConfig& cfg, const data::Se
     }
     if (recurrent) {
       // Offers: the nodes its child pieces hang from (their end states and conv tails).
-      for (int c : piece.child_pieces) {
-        const int32_t n = local_of[plan.split.nodes[parts.pieces[c].root_node].parent];
-        if (std::find(lp->offer_node.begin(), lp->offer_node.end(), n) == lp->offer_node.end())
-          lp->offer_node.push_back(n);
-      }
+      lp->offer_node = offers.offers(k);
       const int64_t O = (int64_t)lp->offer_node.size();
       const LivePiece<E>* pp = parent >= 0 ? live[parent].get() : nullptr;
       const int64_t PO = pp ? (int64_t)pp->offer_node.size() : 0;
-      if (pp) {
-        const int32_t n = local_of[plan.split.nodes[piece.root_node].parent];
-        const auto it = std::find(pp->offer_node.begin(), pp->offer_node.end(), n);
-        TT_CHECK(it != pp->offer_node.end(), "segments: piece ", k, " of tree '", plan.split.id,
-                 "' hangs from a node its parent piece does not offer");
-        lp->parent_slot = (int32_t)(it - pp->offer_node.begin());
-      }
+      if (pp) lp->parent_slot = offers.parent_slot(k, plan.split.id);
       int64_t se = 0, ce = 0;
       for (int l = 0; l < L; ++l) se += state_elems[l], ce += conv_elems[l];
       e.ensure(lp->offer_state, sizeof(Acc) * (size_t)std::max<int64_t>(1, O * se));
@@ -691,12 +677,13 @@ class SegmentedInference {
     return b;
   }
   // Recurrent models: the slot st's next rows start from (-1: zeros) and the one they leave their
-  // state in (st's own, taken at its first row).
-  std::pair<int32_t, int32_t> state_slots(SeqSegments<E>& st) {
-    const int32_t in = st.slot ? *st.slot : -1;
-    if (!st.slot) st.slot = new_slot();
-    return {in, *st.slot};
-  }
+  // state in: st's own, or for its first rows a fresh one, st's once the forward succeeded (a
+  // failed first forward leaves st starting from zeros).
+  struct StateIo {
+    int32_t in = -1;
+    std::shared_ptr<const int32_t> out;
+  };
+  StateIo state_io(const SeqSegments<E>& st) { return {st.slot ? *st.slot : -1, st.slot ? st.slot : new_slot()}; }
   // Adds what row(s) [q_begin, q_end) of the open segment read: its prefixes and its earlier rows.
   void read(const SeqSegments<E>& st, Carry<E>& carry, int q_begin, int q_end) const {
     if (st.reads) st.reads->append_to(carry, q_begin, q_end);
@@ -738,15 +725,15 @@ class SegmentedInference {
     Carry<E> carry(L_);
     read(st, carry, 0, n);
     std::vector<int32_t> state_out;
-    std::shared_ptr<const int32_t> first;  // st's slot once its first rows succeeded (a failed one: none)
+    StateIo io;
     if (cache_.recurrent()) {
-      if (!st.slot) first = new_slot();
-      cache_.read_state(carry, {st.slot ? *st.slot : -1});
-      state_out = {st.slot ? *st.slot : *first};
+      io = state_io(st);
+      cache_.read_state(carry, {io.in});
+      state_out = {*io.out};
     }
     const CacheWrite<E> w = write(rows, std::move(state_out));
     InferResult res = model_.infer(b, req, &carry, &w);
-    if (first) st.slot = first;
+    if (io.out) st.slot = io.out;
     for (int j = 0; j < n; ++j) append(st, j, n, rows[j]);
     return res;
   }
@@ -897,6 +884,7 @@ std::vector<Completion> generate_segmented(Decoder<E>& model, const SegmentConfi
       step.n_tokens = B;
       Carry<E> carry(model.architecture().num_layers());
       std::vector<int32_t> rows, slot_in, slot_out;
+      std::vector<typename SegmentedInference<E>::StateIo> ios;
       std::vector<SampleStream*> who;
       for (int r = 0; r < B; ++r) {
         const SampleStream& x = streams[act[r]];
@@ -912,9 +900,9 @@ std::vector<Completion> generate_segmented(Decoder<E>& model, const SegmentConfi
         rows.push_back((int32_t)(gen_row[act[r]] + (j - 1) % ring));
         seg.read(state[act[r]], carry, r, r + 1);
         if (cache.recurrent()) {
-          const auto [in, out] = seg.state_slots(state[act[r]]);
-          slot_in.push_back(in);
-          slot_out.push_back(out);
+          ios.push_back(seg.state_io(state[act[r]]));
+          slot_in.push_back(ios.back().in);
+          slot_out.push_back(*ios.back().out);
         }
         who.push_back(&streams[act[r]]);
       }
@@ -930,6 +918,7 @@ std::vector<Completion> generate_segmented(Decoder<E>& model, const SegmentConfi
       for (int r = 0; r < B; ++r) {
         if (capture && act[r] == 0)
           logits_out->emplace_back(res.logits.begin() + (size_t)r * V, res.logits.begin() + (size_t)(r + 1) * V);
+        if (!ios.empty()) state[act[r]].slot = ios[r].out;
         seg.append(state[act[r]], r, B, rows[r]);
         take_draw(streams[act[r]], res, r, V, opt, on_backend);
       }

@@ -34,12 +34,12 @@
 // targets whose source rows lie in segment i. The objective is the truncated one,
 // L_K = sum_i l_i(theta; C~_{i-1}), where the tail (and a recurrent layer's state and conv
 // tail) entering segment i carries gradient through at most K = `tbptt` segment transitions
-// (K = 0: detached). Its exact gradient is
-// taken with one backward per depth: column d of a segment (d = 0..K) is the backward of the
-// losses d segments below it, seeded by its own loss (d = 0) or by the tail gradients its
-// children's column d - 1 pushed into its rows (d >= 1); only columns d < K push on into the
-// parent (a recurrent layer's offered end states take the children's state gradients of depth d
-// the same way). So every segment runs its forward once and up to K + 1 backwards (K = 1: two), and
+// (K = 0: detached). Its exact gradient is taken with one backward per depth: column d of a
+// segment (d = 0..K) is the backward of the losses d segments below it, seeded by its own loss
+// (d = 0) or by the tail gradients its children's column d - 1 pushed into its rows (d >= 1); only
+// columns d < K push on into the parent (a recurrent layer's offered end states take the
+// children's state gradients of depth d the same way). So every segment runs its forward once and
+// up to K + 1 backwards (K = 1: two), and
 // parameter gradients are the sum over columns. A segment's activations stay live until its
 // last column ran and its children read their tails: K + 1 segments of a long sequence at once
 // (the pool, detached, is kept for the whole path). Both backends: a column is a backward on
@@ -53,9 +53,9 @@
 // through the same prefixes, then decoding runs inside the current segment with the KV cache,
 // rolling into a new segment every S tokens; the logits equal the training forward's (bitwise on
 // the CPU: tests/model/segments_test.cc). A recurrent layer's state and conv tail live in a state
-// slot per sequence (a sample or a mark copies its source's). Both backends; the KV cache holds open segments only (a
-// closed segment lives on in its successor's tail and in the pool), so the memory of a prefill
-// is bounded by S rows of cache plus the pool of the long-range layers.
+// slot per sequence (a sample or a mark copies its source's). Both backends; the KV cache holds
+// open segments only (a closed segment lives on in its successor's tail and in the pool), so the
+// memory of a prefill is bounded by S rows of cache plus the pool of the long-range layers.
 #pragma once
 
 #include <cstdint>
