@@ -213,6 +213,21 @@ TEST(Segments, RetrievingTheWholeHistoryGivesTheOrdinaryForward) {
 // the chain. Pools and end queries come from the plain forward (they are detached anyway). It
 // shares the segment operator (SegmentReads, PoolChunk, segment_batch) with the scheduler, but
 // none of the scheduler's bookkeeping (columns, depths, pushes, freeing).
+// Points the K/V rows a forward of n rows exports (own) at zeroed gradient accumulators in acc.
+void own_grads(Model<double>& m, Carry<CpuExec<double>>& own, int n, std::vector<double>& acc) {
+  const int L = m.architecture().num_layers();
+  int64_t total = 0;
+  for (int l = 0; l < L; ++l) total += 2 * (int64_t)n * m.carry_row_elems(l);
+  acc.assign(total, 0.0);
+  double* next = acc.data();
+  for (int l = 0; l < L; ++l) {
+    if (own[l].kv.empty()) continue;
+    own[l].kv[0].dk = next;
+    own[l].kv[0].dv = next + (int64_t)n * m.carry_row_elems(l);
+    next += 2 * (int64_t)n * m.carry_row_elems(l);
+  }
+}
+
 // Recurrent layers: the state and conv tail a chain segment's one node offers, and their gradients.
 struct Offers {
   std::vector<std::vector<double>> state, conv, d_state, d_conv;  // [layer]
@@ -317,16 +332,7 @@ std::vector<double> tbptt_reference(Model<double>& m, const SegmentConfig& cfg, 
       recurrent(chain_carry[x], s, from, s > first ? &offers[x - 1] : nullptr, offers[x]);
       m.forward(b, 1.0, acts[x], &chain_carry[x]);
       own[x] = m.export_carry(acts[x]);
-      int64_t total = 0;
-      for (int l = 0; l < L; ++l) total += 2 * (int64_t)b.n_tokens * m.carry_row_elems(l);
-      acc[x].assign(total, 0.0);
-      double* next = acc[x].data();
-      for (int l = 0; l < L; ++l) {
-        if (own[x][l].kv.empty()) continue;
-        own[x][l].kv[0].dk = next;
-        own[x][l].kv[0].dv = next + (int64_t)b.n_tokens * m.carry_row_elems(l);
-        next += 2 * (int64_t)b.n_tokens * m.carry_row_elems(l);
-      }
+      own_grads(m, own[x], b.n_tokens, acc[x]);
     }
     for (int s = j; s >= first; --s) {
       const int x = s - first;
@@ -471,16 +477,7 @@ std::vector<double> tree_tbptt_reference(Model<double>& m, const SegmentConfig& 
       else recurrent(cc[x], &off[x - 1], 0, &off[x - 1], next, off[x]);
       m.forward(b, 1.0, acts[x], &cc[x]);
       own[x] = m.export_carry(acts[x]);
-      int64_t total = 0;
-      for (int l = 0; l < L; ++l) total += 2 * (int64_t)b.n_tokens * m.carry_row_elems(l);
-      acc[x].assign(total, 0.0);
-      double* nx = acc[x].data();
-      for (int l = 0; l < L; ++l) {
-        if (own[x][l].kv.empty()) continue;
-        own[x][l].kv[0].dk = nx;
-        own[x][l].kv[0].dv = nx + (int64_t)b.n_tokens * m.carry_row_elems(l);
-        nx += 2 * (int64_t)b.n_tokens * m.carry_row_elems(l);
-      }
+      own_grads(m, own[x], b.n_tokens, acc[x]);
     }
     for (int x = n - 1; x >= 0; --x) {
       m.backward(acts[x], x == n - 1 ? nullptr : &own[x], nullptr, /*with_loss=*/x == n - 1);

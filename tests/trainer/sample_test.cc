@@ -172,6 +172,19 @@ TEST(Sample, OneSampleLinesAndSeeds) {
   EXPECT_EQ(nlohmann::json::parse(read_file(c.out))["finish_reason"], "eos");
 }
 
+// A prompts file of one 70-token prompt "long" (tokens (i a + b) % 40, past the tiny models'
+// 64 positions); returns its tokens.
+std::vector<int32_t> long_prompt(const std::string& path, int a, int b) {
+  std::string line = "{\"id\": \"long\", \"tokens\": [";
+  std::vector<int32_t> toks;
+  for (int i = 0; i < 70; ++i) {
+    toks.push_back((i * a + b) % 40);
+    line += (i ? ", " : "") + std::to_string(toks.back());
+  }
+  write_file(path, line + "]}\n");
+  return toks;
+}
+
 // Segments: --set turns them on; a prompt longer than max_position_embeddings then generates
 // (positions stay below segments.length + tail); the file equals generate_segmented on the same
 // weights; a checkpoint whose run trained with segments (its config.yaml) generates with them;
@@ -182,13 +195,7 @@ TEST(Sample, SegmentsFromSetAndFromTheRunsConfig) {
   SampleCommand c;
   c.checkpoint = saved_model(d / "model");
   c.prompts = (d / "prompts.jsonl").string();
-  std::string long_prompt = "{\"id\": \"long\", \"tokens\": [";
-  std::vector<int32_t> toks;
-  for (int i = 0; i < 70; ++i) {
-    toks.push_back((i * 5 + 1) % 40);
-    long_prompt += (i ? ", " : "") + std::to_string(toks.back());
-  }
-  write_file(c.prompts, long_prompt + "]}\n");
+  const std::vector<int32_t> toks = long_prompt(c.prompts, 5, 1);
   c.device = "cpu";
   c.out = (d / "seg.jsonl").string();
   c.sampling.max_new_tokens = 9;
@@ -236,13 +243,7 @@ TEST(Sample, AHybridSamplesWithSegments) {
   SampleCommand c;
   c.checkpoint = saved_model(d / "model", /*hybrid=*/true);
   c.prompts = (d / "prompts.jsonl").string();
-  std::string line = "{\"id\": \"long\", \"tokens\": [";
-  std::vector<int32_t> toks;
-  for (int i = 0; i < 70; ++i) {
-    toks.push_back((i * 7 + 3) % 40);
-    line += (i ? ", " : "") + std::to_string(toks.back());
-  }
-  write_file(c.prompts, line + "]}\n");
+  const std::vector<int32_t> toks = long_prompt(c.prompts, 7, 3);
   c.device = "cpu";
   c.out = (d / "seg.jsonl").string();
   c.sampling.max_new_tokens = 20;
