@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <system_error>
 #include <thread>
@@ -16,38 +17,56 @@
 namespace tt {
 
 // Threads for parallel_for: the CPUs this process may run on (its affinity: a SLURM task's
-// share), at most 16 (start-up work on a host shared by the ranks of a node).
+// share), divided among the ranks of its host (LOCAL_WORLD_SIZE, as base/omp_env.h divides
+// OpenMP's threads; a rank bound to its own CPUs counts those), at most 16.
+inline int host_threads_for(int cpus, int local_world_size) {
+  return std::min(16, std::max(1, cpus / std::max(1, local_world_size)));
+}
 inline int host_threads() {
   cpu_set_t set;
   int n = 0;
   if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
   if (n <= 0) n = (int)std::thread::hardware_concurrency();
-  return std::min(16, std::max(1, n));
+  int ranks = 1;
+  if (const char* s = std::getenv("LOCAL_WORLD_SIZE")) {
+    char* end = nullptr;
+    const long v = std::strtol(s, &end, 10);
+    if (end != s && *end == '\0' && v > 0 && v <= 1 << 20) ranks = (int)v;
+  }
+  // Ranks of one host each bound to a CPU set of their own see only theirs: no division then.
+  const unsigned all = std::thread::hardware_concurrency();
+  if (all > 0 && (unsigned)n < all) ranks = 1;
+  return host_threads_for(n, ranks);
 }
 
 // Runs fn(i) for every i in [0, n) on up to `threads` threads (0: host_threads()), items handed out
-// in order. An exception from fn stops no other item; the first (smallest i) is returned once all
-// are done: {i, the exception}, or {-1, null} when none threw. fn must be safe to call
-// concurrently for distinct i.
+// in order, and returns {i, the exception} for the smallest i whose fn threw, or {-1, null} when
+// none did: a serial loop's first error. Items past a failed one are skipped (a serial loop would
+// never have reached them); every item before it runs. fn must be safe to call concurrently for
+// distinct i. Threads that cannot be started (no resources, no memory) leave their share to the
+// others; nothing escapes while a thread runs.
 template <class F>
 std::pair<int64_t, std::exception_ptr> parallel_for_first_error(int64_t n, F&& fn, int threads = 0) {
   if (n <= 0) return {-1, nullptr};
   const int64_t t = std::min<int64_t>(n, threads > 0 ? threads : host_threads());
   std::vector<std::exception_ptr> error((size_t)n);
-  std::atomic<int64_t> next{0};
-  auto work = [&] {
-    for (int64_t i; (i = next.fetch_add(1)) < n;) {
+  std::atomic<int64_t> next{0}, failed{n};  // failed: the smallest index that threw so far
+  auto work = [&]() noexcept {
+    for (int64_t i; (i = next.fetch_add(1)) < n && i < failed.load();) {
       try {
         fn(i);
       } catch (...) {
         error[(size_t)i] = std::current_exception();
+        for (int64_t f = failed.load(); i < f && !failed.compare_exchange_weak(f, i);) {
+        }
       }
     }
   };
   std::vector<std::thread> pool;
+  pool.reserve((size_t)(t - 1));  // may throw, before any thread runs
   try {
     for (int64_t k = 1; k < t; ++k) pool.emplace_back(work);
-  } catch (const std::system_error&) {  // no more threads: the ones started (and this one) do it all
+  } catch (...) {  // std::system_error or std::bad_alloc: the threads started (and this one) do it all
   }
   work();
   for (std::thread& th : pool) th.join();

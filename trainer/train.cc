@@ -557,7 +557,8 @@ std::vector<data::SegmentPlan> Trainer::segment_plans(int64_t index) const {
   }
   for (const data::SegmentPlan& plan : plans)
     if (plan.pieces.max_piece_tokens > cfg_.data.max_tokens_per_batch)
-      throw Error(str("tree '", tree.id, "': a segment piece of ", plan.pieces.max_piece_tokens,
+      throw Error(str(cfg_.where("data.max_tokens_per_batch"), ": data.path ", cfg_.data.path, ": tree '", tree.id,
+                      "': a segment piece of ", plan.pieces.max_piece_tokens,
                       " tokens exceeds data.max_tokens_per_batch ", cfg_.data.max_tokens_per_batch,
                       " (with segments the budget bounds a piece: the branches of one segment; raise the budget or "
                       "lower segments.length ", cfg_.segments.length, ")"));
@@ -641,12 +642,17 @@ Trainer::PartitionedTree Trainer::partitioned(int64_t index) const {
   return p;
 }
 
-const Trainer::PartitionFigures& Trainer::partition_figures(int64_t index) {
+const Trainer::PartitionFigures& Trainer::partition_figures(int64_t index, PartitionedTree* plan) {
   auto it = partition_figures_.find(index);
-  if (it != partition_figures_.end()) return it->second;
-  const PartitionedTree p = partitioned(index);
+  if (it != partition_figures_.end()) {
+    if (plan) *plan = partition_plan(index);
+    return it->second;
+  }
+  PartitionedTree p = partitioned(index);
   spdlog::info("{}", partition_summary(p));
-  return partition_figures_.emplace(index, figures_of(p)).first->second;
+  const PartitionFigures& f = partition_figures_.emplace(index, figures_of(p)).first->second;
+  if (plan) *plan = std::move(p);
+  return f;
 }
 
 Trainer::PartitionFigures Trainer::figures_of(const PartitionedTree& p) {
@@ -769,8 +775,8 @@ StepMetrics Trainer::train_step() {
         m.pieces += plan.pieces.num_pieces();
       }
     } else {
-      const PartitionFigures& f = partition_figures(runs[i].tree);
-      const PartitionedTree p = partition_plan(runs[i].tree);  // planned again: plans are not kept
+      PartitionedTree p;  // planned again (plans are not kept), once
+      const PartitionFigures& f = partition_figures(runs[i].tree, &p);
       try {
         losses.push_back(backend_->forward_backward_partitioned(p.split, p.plan, 1.0 / normaliser,
                                                                 cfg_.partition.recompute,

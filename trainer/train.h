@@ -181,8 +181,9 @@ class Trainer {
   };
   static PartitionFigures figures_of(const PartitionedTree& p);
   // Loader tree `index`'s figures: made at start for those over the budget, else (and logged) the
-  // first time it runs partitioned.
-  const PartitionFigures& partition_figures(int64_t index);
+  // first time it runs partitioned. With `plan`, also its plan for the step (planned once either
+  // way: the figures' own plan on their first call, partition_plan after).
+  const PartitionFigures& partition_figures(int64_t index, PartitionedTree* plan = nullptr);
   std::string partition_summary(const PartitionedTree& p) const;  // the log line of a plan
   // A tree trained segment by segment: the work its plans execute and their pieces. The plans
   // themselves are made again when it runs (kept, they would hold a second copy of the data).

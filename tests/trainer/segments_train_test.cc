@@ -159,9 +159,14 @@ TEST(SegmentsTrain, TokenDocumentsTrainAndOversizePiecesAreErrors) {
   EXPECT_NE(err.find("tokens exceeds data.max_tokens_per_batch 6 (with segments the budget bounds a piece"),
             std::string::npos)
       << err;
-  // Every comb fails; the trees are planned on several threads, and the error names the first.
+  // Every comb fails; the trees are planned on several threads, and the error names the first,
+  // after the budget's key and file and the data file.
   const std::vector<data::Tree> combs = data::read_trees(wide.data.path, data::Format::kTree, wide.model.vocab_size);
-  EXPECT_EQ(err.find("tree '" + combs[0].id + "': a segment piece"), 0u) << err;
+  EXPECT_EQ(err.rfind(wide.where("data.max_tokens_per_batch") + ": data.path " + wide.data.path + ": tree '" +
+                          combs[0].id + "': a segment piece",
+                      0),
+            0u)
+      << err;
 }
 
 // With segments on, a tree no deeper than segments.length runs whole, so over the budget it is an
