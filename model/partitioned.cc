@@ -48,29 +48,28 @@ KV slice(const KV& kv, int64_t row_elems, int begin, int end, int q_end) {
 }  // namespace
 
 PieceOffers::PieceOffers(const data::Tree& split, const data::Partition& plan)
-    : split_(&split), plan_(&plan), local_(split.nodes.size(), -1) {
+    : plan_(&plan), offers_(plan.pieces.size()), slot_(plan.pieces.size(), -1), listed_by_(plan.pieces.size(), -1) {
+  std::vector<int32_t> local(split.nodes.size(), -1);  // each node's index in its piece's batch
   for (const data::Piece& p : plan.pieces)
-    for (size_t i = 0; i < p.nodes.size(); ++i) local_[p.nodes[i]] = (int32_t)i;
-}
-
-int32_t PieceOffers::hangs_from(int k) const {
-  return local_[split_->nodes[plan_->pieces[k].root_node].parent];
-}
-
-std::vector<int32_t> PieceOffers::offers(int k) const {
-  std::vector<int32_t> out;
-  for (int c : plan_->pieces[k].child_pieces) {
-    const int32_t n = hangs_from(c);
-    if (std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
-  }
-  return out;
+    for (size_t i = 0; i < p.nodes.size(); ++i) local[p.nodes[i]] = (int32_t)i;
+  std::vector<int32_t> slot_of(split.nodes.size(), -1);  // a node's slot among its piece's offers
+  for (size_t k = 0; k < plan.pieces.size(); ++k)
+    for (int c : plan.pieces[k].child_pieces) {
+      const int32_t node = split.nodes[plan.pieces[c].root_node].parent;
+      if (slot_of[node] < 0) {
+        slot_of[node] = (int32_t)offers_[k].size();
+        offers_[k].push_back(local[node]);
+      }
+      slot_[c] = slot_of[node];
+      listed_by_[c] = (int32_t)k;
+    }
 }
 
 int32_t PieceOffers::parent_slot(int k, const std::string& tree_id) const {
-  const std::vector<int32_t> o = offers(plan_->pieces[k].parent_piece);
-  const auto it = std::find(o.begin(), o.end(), hangs_from(k));
-  TT_CHECK(it != o.end(), "tree '", tree_id, "': piece ", k, " hangs from a node its parent piece does not offer");
-  return (int32_t)(it - o.begin());
+  const int parent = plan_->pieces[k].parent_piece;
+  TT_CHECK(parent >= 0 && listed_by_[k] == parent && slot_[k] >= 0, "tree '", tree_id, "': piece ", k,
+           " (parent piece ", parent, ") is not among its parent piece's child pieces");
+  return slot_[k];
 }
 
 template <class E>

@@ -63,16 +63,16 @@ struct PartitionRunStats {
 // `split`: each node's index in its piece's batch; the nodes of piece k its child pieces hang from
 // (distinct, in child order: the piece's offers); and which of its parent's offers piece k reads
 // (tree_id names the tree in the error for an inconsistent plan).
+// (Made once per plan, linear in its nodes and pieces.)
 struct PieceOffers {
   PieceOffers(const data::Tree& split, const data::Partition& plan);
-  std::vector<int32_t> offers(int k) const;
+  const std::vector<int32_t>& offers(int k) const { return offers_[k]; }
   int32_t parent_slot(int k, const std::string& tree_id) const;
 
  private:
-  int32_t hangs_from(int k) const;  // batch index of its root's parent in the parent piece
-  const data::Tree* split_;
   const data::Partition* plan_;
-  std::vector<int32_t> local_;
+  std::vector<std::vector<int32_t>> offers_;  // [piece] batch indices of the nodes it offers
+  std::vector<int32_t> slot_, listed_by_;     // [piece] its slot among its parent's offers; that parent
 };
 
 // Whether piece k keeps only its K/V rows between its forward and its backward (recompute).

@@ -245,13 +245,13 @@ std::vector<int32_t> VlaPolicy<E>::act_segmented(const Observation& obs, int n_t
     throw Error(str("policy: the step adds ", step, " rows (its observation and ", n_tokens - 1,
                     " fed-back action tokens), more than the ", path_->ahead(),
                     " one step may add with segments (the capacity)"));
+  const auto before = path_->mark();  // first: a mark that cannot be taken leaves the history as it was
   history_.push_back(obs);
   std::vector<Observation> dropped;
   if (window_ > 0 && (int)history_.size() > window_) {
     dropped.push_back(std::move(history_.front()));
     history_.erase(history_.begin());
   }
-  const auto before = path_->mark();
   try {
     std::vector<double> logits;
     if (window_ == 0) {

@@ -274,9 +274,14 @@ data::PackedBatch segment_batch(const SegmentConfig& cfg, const data::SegmentPla
 }
 
 Work segment_work(const SegmentConfig& cfg, const data::SegmentPlan& plan, const ModelConfig& model) {
-  const int NKV = (int)model.num_key_value_heads, L = (int)model.num_hidden_layers;
+  const int NKV = (int)model.num_key_value_heads;
   const double local = (double)__builtin_popcountll(cfg.local_heads(NKV)) / NKV;
-  const double long_layers = L > 0 ? (double)cfg.long_range.layers.size() / L : 0.0;
+  // Work::visible_pairs counts once for every attention layer (the FLOP API charges it to each
+  // full_attention layer): the retrieving layers' share is of those, not of all layers.
+  int attention_layers = 0;
+  for (const LayerSpec& spec : model.layer_specs()) attention_layers += spec.mixer == "full_attention";
+  const double long_layers =
+      attention_layers > 0 ? (double)cfg.long_range.layers.size() / attention_layers : 0.0;
   Work w;
   for (int k = 0; k < plan.pieces.num_pieces(); ++k) {
     const data::PackedBatch b = segment_batch(cfg, plan, k);
@@ -1012,10 +1017,11 @@ std::vector<double> SegmentedPath<E>::append(const data::PackedBatch& b) {
   const int n = b.n_tokens;
   TT_CHECK(n >= 1 && b.num_nodes() == 1 && (int)b.tokens.size() == n, "SegmentedPath: a batch of ", n, " rows in ",
            b.num_nodes(), " nodes, expected one node of at least one row");
+  data::check_packed_batch(b, model_.config().vocab_size);  // a bad batch appends nothing
   const int64_t S = cfg_.length;
   std::vector<double> logits;
   for (int a = 0; a < n;) {  // the rows up to the open segment's end, then the next segment's
-    const int64_t d = depth_ + a;
+    const int64_t d = depth_;  // advanced past rows [0, a) below
     const int e = (int)std::min<int64_t>(n, a + (S - d % S));
     std::vector<int32_t> rows(e - a);
     for (int j = 0; j < e - a; ++j) rows[j] = (int32_t)(impl_->base + (d + j) % impl_->ring);
@@ -1025,9 +1031,9 @@ std::vector<double> SegmentedPath<E>::append(const data::PackedBatch& b) {
     if (e == n) req.list = {e - a - 1};
     InferResult res = impl_->seg.prefill(impl_->st, slice_rows(cfg_, b, a, e, d), rows, req);
     if (e == n) logits = std::move(res.logits);
+    depth_ += e - a;  // a later segment's forward failing leaves the path after this one's rows
     a = e;
   }
-  depth_ += n;
   return logits;
 }
 

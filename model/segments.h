@@ -221,7 +221,10 @@ class SegmentedPath {
   int64_t ahead() const { return ahead_; }
   void clear();
   // The rows of `b` (one causal node, its media; its positions are ignored) at the path's next
-  // depths; returns the logits of its last row (V).
+  // depths; returns the logits of its last row (V). A batch that is not one valid node (a token
+  // outside the vocabulary, ...) is refused before any row is appended; where the rows span
+  // segments, one segment's forward at a time, so a forward failing keeps the earlier segments'
+  // rows (depth() says how many).
   std::vector<double> append(const data::PackedBatch& b);
   // The path as it is now, and back to a mark taken at most `ahead` rows ago.
   struct Mark;

@@ -748,6 +748,55 @@ TEST(Segments, AGrowingPathOnAHybridRewindsItsStates) {
   EXPECT_EQ(at, 18);
 }
 
+// A batch SegmentedPath::append refuses (a token past the vocabulary in its second segment's
+// rows) appends nothing: depth() stays, and the path goes on as if it had never been offered.
+TEST(Segments, AGrowingPathRefusesABadBatchWhole) {
+  Model<double> m(hybrid_model());
+  m.init(73);
+  const SegmentConfig cfg = mixed(1);  // S = 4
+  const std::vector<int32_t> seq = random_tokens(7, 74);
+  SegmentedPath<CpuExec<double>> path(m, cfg, /*ahead=*/6), fresh(m, cfg, /*ahead=*/6);
+  path.append(one_node({seq[0], seq[1]}));
+  std::vector<int32_t> bad(seq.begin() + 2, seq.end());
+  bad.back() = (int32_t)m.config().vocab_size;  // rows 2, 3 close segment 0; the bad one is in segment 1
+  try {
+    path.append(one_node(bad));
+    ADD_FAILURE() << "a token outside the vocabulary must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("outside vocab_size"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(path.depth(), 2);
+  const std::vector<double> got = path.append(one_node(std::vector<int32_t>(seq.begin() + 2, seq.end())));
+  EXPECT_EQ(path.depth(), 7);
+  EXPECT_EQ(got, fresh.append(one_node(seq)));
+}
+
+// segment_work's visible pairs count once for every attention layer (as Work::visible_pairs does),
+// so retrieval's share is of the attention layers: a hybrid whose attention layers all retrieve
+// executes the pairs of a dense model whose layers all do, and one retrieving in half of its
+// attention layers those of a dense model retrieving in half of its layers.
+TEST(Segments, WorkCountsRetrievalPerAttentionLayer) {
+  ModelConfig dense = seg_model();
+  dense.num_hidden_layers = 4;
+  ModelConfig hybrid = dense;
+  testing::make_hybrid(hybrid, "qwen3_5_text");
+  hybrid.num_hidden_layers = 4;
+  hybrid.layer_types = {"linear_attention", "full_attention", "linear_attention", "full_attention"};
+  hybrid.validate();
+  const data::Tree t = group_tree({random_tokens(40, 3)});
+  auto pairs = [&](const ModelConfig& m, std::vector<int> layers) {
+    SegmentConfig c;
+    c.length = 8;
+    c.tail = 2;
+    c.long_range = {layers, {0}, 4};
+    c.validate(m);
+    return segment_work(c, data::plan_segments(t, c.length), m).visible_pairs;
+  };
+  EXPECT_GT(pairs(dense, {0, 1, 2, 3}), pairs(dense, {0, 1}));
+  EXPECT_EQ(pairs(hybrid, {1, 3}), pairs(dense, {0, 1, 2, 3}));
+  EXPECT_EQ(pairs(hybrid, {1}), pairs(dense, {0, 1}));
+}
+
 TEST(Segments, ConfigErrorsNameTheKey) {
   const ModelConfig mc = seg_model();
   auto error_of = [&](const SegmentConfig& c) {
