@@ -154,6 +154,30 @@ GeneratedEpisodes::GeneratedEpisodes(const std::string& path)
       dir_(fs::path(path).parent_path()) {
   tmp_folder_ = folder_ + str(".tmp-", (long)::getpid());
   std::error_code ec;
+  // An earlier dataset's frames folder is replaced (commit): only if it holds nothing but frames
+  // this writer names (<episode>_<step>.png), so a folder of the user's own is never deleted.
+  const fs::path old = dir_ / folder_;
+  const fs::file_status st = fs::status(old, ec);
+  if (fs::exists(st)) {
+    if (!fs::is_directory(st))
+      throw Error(str(path, ": ", old.string(), " exists and is not a folder; the frames go there: move it away"));
+    auto ours = [](const fs::directory_entry& e) {  // a regular file <digits>_<digits>.png
+      std::error_code fe;
+      const std::string n = e.path().filename().string();
+      const size_t us = n.find('_');
+      return e.is_regular_file(fe) && us != std::string::npos && us > 0 && n.size() > us + 5 &&
+             n.compare(n.size() - 4, 4, ".png") == 0 && n.find_first_not_of("0123456789") == us &&
+             n.find_first_not_of("0123456789", us + 1) == n.size() - 4;
+    };
+    std::error_code ie;
+    for (fs::directory_iterator it(old, ie), end; !ie && it != end; it.increment(ie))
+      if (!ours(*it))
+        throw Error(str(path, ": ", old.string(), " holds ", it->path().filename().string(),
+                        ", which is not a frame a generated dataset names (<episode>_<step>.png); generating here "
+                        "would replace that folder: move it away or choose another --out"));
+    if (ie) throw Error(str(path, ": cannot read the frames folder ", old.string(), ": ", ie.message()));
+  }
+  ec.clear();
   if (!dir_.empty()) fs::create_directories(dir_, ec);
   out_.open(tmp_, std::ios::trunc);
   if (!out_) throw Error(str(path, ": cannot write (", tmp_, ")"));

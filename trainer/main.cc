@@ -50,7 +50,7 @@ const char* const kUsage = R"(usage:
   treetrain [train] --config FILE [--set KEY=VALUE ...]
       Train as the YAML config says. --set overrides one key (e.g. --set train.max_steps=50);
       repeatable. Keys and their meaning: trainer/config.h.
-  treetrain stats --data FILE --format rollouts|tree|episodes [--vocab-size V] [--capacity C]
+  treetrain stats --data FILE --format rollouts|tree|tokens|episodes [--vocab-size V] [--capacity C]
                   [--tokens-per-frame 196] [--window W] [--action-bins 256]
       Print one JSON object of dataset statistics (trees, paths, n_tree, n_flat, por, ...). With
       --capacity, its "partition" object holds the cost of partitioning every tree into pieces of
@@ -251,6 +251,17 @@ int64_t int_flag(const Args& a, const std::string& name, int64_t def, int64_t lo
 }
 
 // The same for an int field: the range is an int's, so nothing is narrowed.
+// The folder of an --out file, created if missing; an error names --out and why it cannot be.
+void make_out_parent(const std::string& out) {
+  const std::filesystem::path parent = std::filesystem::path(out).parent_path();
+  if (parent.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(parent, ec);
+  if (ec || !std::filesystem::is_directory(parent))
+    throw tt::Error(tt::str("--out ", out, ": cannot create its folder ", parent.string(), ": ",
+                            ec ? ec.message() : std::string("it exists and is not a folder")));
+}
+
 int int32_flag(const Args& a, const std::string& name, int def, int lo, int hi, const std::string& note = "") {
   return (int)int_flag(a, name, def, lo, hi, note);
 }
@@ -287,7 +298,7 @@ int run_episode_stats(const Args& a, const std::string& path) {
   const int64_t vocab = int_flag(a, "vocab-size", 0, 2, kMaxVocab, " (the model's vocabulary)");
   tt::data::EpisodeTreeSpec spec;
   spec.check_placeholder_ids = false;  // stats does not know the model's placeholder ids
-  spec.tokens_per_frame = int32_flag(a, "tokens-per-frame", 196, 1, kIntMax);
+  spec.tokens_per_frame = int32_flag(a, "tokens-per-frame", 196, 1, 1 << 16, " (rows an image takes)");
   const int64_t capacity = int_flag(a, "capacity", 0);
   if (a.flags.count("capacity") && capacity < spec.tokens_per_frame)
     throw UsageError{tt::str("--capacity: expected at least --tokens-per-frame (", spec.tokens_per_frame,
@@ -317,7 +328,10 @@ int run_stats(const std::vector<std::string>& argv) {
   const Args a =
       parse_flags(argv, {"data", "format", "vocab-size", "capacity", "tokens-per-frame", "window", "action-bins"}, "stats");
   const std::string& path = required(a, "data");
-  if (required(a, "format") == "episodes") return run_episode_stats(a, path);
+  const std::string& fmt = required(a, "format");
+  if (fmt != "rollouts" && fmt != "tree" && fmt != "tokens" && fmt != "episodes")
+    throw UsageError{tt::str("--format: expected rollouts, tree, tokens or episodes, got '", fmt, "'")};
+  if (fmt == "episodes") return run_episode_stats(a, path);
   if (a.flags.count("tokens-per-frame") || a.flags.count("window"))
     throw UsageError{"--tokens-per-frame and --window are for --format episodes"};
   if (a.flags.count("action-bins")) throw UsageError{"--action-bins is for --format episodes"};
@@ -517,10 +531,9 @@ int run_generate(const std::vector<std::string>& argv) {
   const std::string& out = required(a, "out");
   std::error_code ec;
   if (std::filesystem::is_directory(out, ec)) throw tt::Error("--out " + out + ": is a folder, expected a file path");
-  const std::filesystem::path parent = std::filesystem::path(out).parent_path();
+  make_out_parent(out);
   if (kind == "published-example") {
     const tt::data::SyntheticSpec s = tt::data::published_example_spec();
-    if (!parent.empty()) std::filesystem::create_directories(parent);
     tt::data::write_jsonl(s, out);
     spdlog::info("wrote the published-example tree (comb: prefix {}, {} steps of {} + {} tokens, vocab {}) to {} "
                  "(--format tree)",
@@ -553,21 +566,20 @@ int run_generate(const std::vector<std::string>& argv) {
   }
   tt::data::SyntheticSpec s;
   s.kind = kind;
-  // Each field up to 2^30; check_spec bounds the totals (data/synthetic.h).
-  auto get = [&](const char* name, int& field) { field = int32_flag(a, name, field, 0, 1 << 30); };
+  // Each field up to 2^30, at least what data/synthetic.h's check_spec asks (the totals it bounds).
+  auto get = [&](const char* name, int& field, int lo = 1) { field = int32_flag(a, name, field, lo, 1 << 30); };
   get("num-trees", s.num_trees);
-  get("vocab-size", s.vocab_size);
+  get("vocab-size", s.vocab_size, 2);
   s.seed = (uint64_t)int_flag(a, "seed", (int64_t)s.seed, 0, INT64_MAX);
   get("prompt-len", s.prompt_len);
   get("turns", s.turns);
   get("turn-len", s.turn_len);
   get("branches", s.branches);
-  get("branch-turns", s.branch_turns);
+  get("branch-turns", s.branch_turns, 0);
   get("prefix-len", s.prefix_len);
   get("steps", s.steps);
   get("history-len", s.history_len);
   get("leaf-len", s.leaf_len);
-  if (!parent.empty()) std::filesystem::create_directories(parent);
   tt::data::write_jsonl(s, out);
   spdlog::info("wrote {} {} trees (vocab {}, seed {}) to {} (--format {})", s.num_trees, s.kind, s.vocab_size, s.seed,
                out, s.kind == "rollouts" ? "rollouts" : "tree");
@@ -663,8 +675,7 @@ int run_sweep(const std::vector<std::string>& argv) {
                             "another file)"));
     }
     tt::trainer::write_run_configs(sweep);
-    const std::filesystem::path parent = std::filesystem::path(out).parent_path();
-    if (!parent.empty()) std::filesystem::create_directories(parent);
+    make_out_parent(out);
     tt::write_text_atomic(out, script);
     std::filesystem::permissions(out, std::filesystem::perms::owner_exec, std::filesystem::perm_options::add);
     for (const tt::trainer::SweepRun& run : sweep.runs) std::cout << run.config.run_dir << "/config.yaml\n";

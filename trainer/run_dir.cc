@@ -189,6 +189,15 @@ void prepare_run_dir(const RunConfig& cfg) {
   }
   if (!fs::is_directory(dir, ec)) throw Error(str(at, " is not a folder"));
   if (::access(dir.c_str(), W_OK | X_OK) != 0) throw Error(str(at, ": cannot write there: ", std::strerror(errno)));
+  // What the trainer writes there, found as the wrong kind of entry: refused now, not after the
+  // steps whose checkpoint it could then not write.
+  for (const auto& [name, folder] : {std::pair<const char*, bool>{"checkpoints", true}, {"tb", true},
+                                     {"metrics.jsonl", false}}) {
+    const fs::file_status e = fs::status(dir / name, ec);
+    if (fs::exists(e) && fs::is_directory(e) != folder)
+      throw Error(str(at, ": ", (dir / name).string(), " exists and is not a ", folder ? "folder" : "file",
+                      " (the trainer writes its ", folder ? name : "metrics", " there): move it away"));
+  }
 }
 
 }  // namespace tt::trainer

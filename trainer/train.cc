@@ -862,8 +862,10 @@ StepMetrics Trainer::train_step() {
     const std::string bad = backend_->first_nonfinite(true, false, true);
     throw NonFiniteError(str("step ", m.step, ": the update (lr ", p.lr, ") left ",
                              bad.empty() ? std::string("a value") : bad,
-                             " non-finite; nothing of this step is written (the newest checkpoint is step ",
-                             last_saved_step_ < 0 ? std::string("none") : std::to_string(last_saved_step_), ")"));
+                             " non-finite; nothing of this step is written (",
+                             last_saved_step_ < 0 ? std::string("no checkpoint has been written yet")
+                                                  : str("the newest checkpoint is step ", last_saved_step_),
+                             ")"));
   }
   step_ = m.step;
   consecutive_skips_ = 0;
@@ -955,6 +957,7 @@ std::vector<StepMetrics> Trainer::run() {
     tb = std::make_unique<EventWriter>((fs::path(cfg_.run_dir) / "tb").string(), step_ + 1);
     spdlog::info("tensorboard: {} (tensorboard --logdir {})", tb->path(), (fs::path(cfg_.run_dir) / "tb").string());
   }
+  int64_t metrics_failed = -1;  // the first step whose metrics line could not be written
   const int width = (int)std::to_string(total).size();
   const bool show_mfu = backend_->name() != "cpu";  // MFU against a GPU's peak means nothing on the CPU
   int64_t window_step = step_;               // the console's steps/s: over the steps since its last line
@@ -978,9 +981,18 @@ std::vector<StepMetrics> Trainer::run() {
       j["world_size"] = m.world_size;
       j["imbalance"] = m.imbalance;
     }
-    if (writer) {
+    if (writer && metrics_failed < 0) {
       metrics << j.dump() << "\n";
       metrics.flush();
+      if (m.step == testing::metrics_write_fails_at) metrics.setstate(std::ios::badbit);
+      if (!metrics) {  // a full disk, a quota: say so now; training goes on to its checkpoints
+        metrics_failed = m.step;
+        metrics.close();
+        spdlog::error("{}: write failed at step {} (a full disk?): no metrics are written from this step on (the "
+                      "last line may be cut short); training goes on, and the run ends with this error after its "
+                      "last checkpoint",
+                      mpath, m.step);
+      }
     }
     if (m.step % cfg_.train.log_every == 0 || m.step == start_step_ + 1 || m.step == total) {
       const double window_s = m.elapsed_s - window_start;
@@ -997,8 +1009,12 @@ std::vector<StepMetrics> Trainer::run() {
     if (cfg_.train.checkpoint_every > 0 && m.step % cfg_.train.checkpoint_every == 0 && m.step < total)
       save_checkpoint();
   }
-  if (writer && !metrics) throw Error(str(mpath, ": write failed"));
   if (last_saved_step_ != step_ && cfg_.train.final_checkpoint) save_checkpoint();
+  if (metrics_failed >= 0)
+    throw Error(str(mpath, ": write failed at step ", metrics_failed, ": the metrics of steps ", metrics_failed, "..",
+                    step_, " are missing",
+                    last_saved_step_ >= 0 ? str(" (the checkpoint of step ", last_saved_step_, " is written)")
+                                          : std::string(" (no checkpoint was written: train.final_checkpoint is false)")));
   if (!out.empty())
     spdlog::info("done: {} steps in {:.1f}s, loss {:.4f} -> {:.4f}", out.size(), out.back().elapsed_s,
                  out.front().loss, out.back().loss);

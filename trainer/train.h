@@ -263,4 +263,10 @@ class Trainer {
   double t_start_ = 0;  // seconds, steady clock
 };
 
+// Fault injection for tests: run() finds its metrics stream failed at this step (as a full disk
+// would fail it); -1: never.
+namespace testing {
+inline int64_t metrics_write_fails_at = -1;
+}  // namespace testing
+
 }  // namespace tt::trainer

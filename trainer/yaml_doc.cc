@@ -24,7 +24,30 @@ struct DocumentStarts : YAML::EventHandler {
   void OnDocumentEnd() override {}
   void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
   void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
-  void OnScalar(const YAML::Mark& m, const std::string& t, YAML::anchor_t, const std::string&) override { seen(m, t); }
+  void OnScalar(const YAML::Mark& m, const std::string& t, YAML::anchor_t, const std::string&) override {
+    seen(m, t);
+    if (t == "!" && open_quote.pos < 0 && !closes_on_its_line(m)) open_quote = m;
+  }
+  // A quoted scalar whose closing quote is not on the line it starts on: YAML folds such a string
+  // over the lines that follow (to the end of the file when the quote is never closed), so a
+  // forgotten quote would swallow the rest of the config. No config value spans lines.
+  const std::string* text = nullptr;
+  YAML::Mark open_quote = YAML::Mark::null_mark();
+  bool closes_on_its_line(const YAML::Mark& m) const {
+    if (!text || m.pos < 0 || (size_t)m.pos >= text->size()) return true;
+    const char q = (*text)[(size_t)m.pos];
+    if (q != '"' && q != '\'') return true;  // not where the mark says: nothing to check
+    for (size_t k = (size_t)m.pos + 1; k < text->size() && (*text)[k] != '\n' && (*text)[k] != '\r'; ++k) {
+      const char c = (*text)[k];
+      if (q == '"' && c == '\\') {
+        ++k;  // an escape: the next character is its
+      } else if (c == q) {
+        if (q == '\'' && k + 1 < text->size() && (*text)[k + 1] == '\'') ++k;  // '' inside '...'
+        else return true;
+      }
+    }
+    return false;
+  }
   void OnSequenceStart(const YAML::Mark& m, const std::string& t, YAML::anchor_t, YAML::EmitterStyle::value) override {
     seen(m, t);
   }
@@ -48,7 +71,14 @@ YAML::Node load_one_document(const std::string& text, const std::string& file, c
   std::istringstream in(text);
   YAML::Parser parser(in);
   DocumentStarts docs;
+  docs.text = &text;
   for (int d = 0; d < 2 && parser.HandleNextDocument(docs); ++d) {
+  }
+  if (docs.open_quote.pos >= 0) {
+    const std::string what = "a quoted string that is not closed on its line (a missing closing quote?): "
+                             "a config value is one line";
+    if (!ctx.empty()) throw Error(str(ctx, ": ", what));
+    throw Error(str(file, ":", docs.open_quote.line + 1, ":", docs.open_quote.column + 1, ": ", what));
   }
   if (docs.starts.size() > 1) {
     const YAML::Mark m = docs.starts[1];

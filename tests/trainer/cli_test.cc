@@ -88,6 +88,21 @@ TEST(CliTest, ErrorsExitOne) {
   const Result r = treetrain("--config /nonexistent/run.yaml");
   EXPECT_EQ(r.code, 1);
   EXPECT_EQ(r.err, "error: /nonexistent/run.yaml: cannot open config file\n");
+  // An --out whose folder cannot be made names --out, for every kind of data generate writes.
+  const fs::path dir = tmp("cli_out_under_a_file");
+  { std::ofstream(dir / "afile") << "x"; }
+  for (const std::string kind : {"rollouts", "toy-episodes"}) {
+    const std::string out = (dir / "afile" / "y.jsonl").string();
+    const Result g = treetrain("generate --kind " + kind + " --out " + out);
+    EXPECT_EQ(g.code, 1) << kind;
+    EXPECT_EQ(g.err.rfind("error: --out " + out + ": cannot create its folder " + (dir / "afile").string() + ": ", 0),
+              0u)
+        << kind << ": " << g.err;
+  }
+  // stats names every format it reads.
+  const Result st = treetrain("stats --data x.jsonl --format csv");
+  EXPECT_EQ(st.code, 2);
+  EXPECT_EQ(st.err.rfind("error: --format: expected rollouts, tree, tokens or episodes, got 'csv'", 0), 0u) << st.err;
 }
 
 // The values libgomp reports for `name` (OMP_DISPLAY_ENV=verbose), one per process that loaded it,
@@ -290,6 +305,22 @@ TEST(CliTest, TheShippedVlaConfigTrainsOnGeneratedEpisodes) {
   EXPECT_NE(r.err.find("--kind toy-episodes takes --num-episodes, --steps, --image-size and --seed; drop --num-trees"),
             std::string::npos)
       << r.err;
+  // Generating again replaces the earlier frames; a frames folder holding a file of the user's is
+  // refused whole (nothing deleted, nothing written).
+  r = treetrain("generate --kind toy-episodes --out " + data + " --num-episodes 2 --steps 2 --seed 3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(dir / "episodes_frames" / "2_2.png")) << "the earlier dataset's frames are replaced";
+  { std::ofstream(dir / "episodes_frames" / "notes.txt") << "precious"; }
+  const std::string before = slurp(data);
+  r = treetrain("generate --kind toy-episodes --out " + data + " --num-episodes 3 --steps 3 --seed 4");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find((dir / "episodes_frames").string() + " holds notes.txt, which is not a frame a generated "
+                       "dataset names (<episode>_<step>.png); generating here would replace that folder: move it "
+                       "away or choose another --out"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(slurp(dir / "episodes_frames" / "notes.txt"), "precious");
+  EXPECT_EQ(slurp(data), before);
 }
 
 // stats on robot episodes: each episode as its tree, with frame counts (a window of 2 shows
@@ -418,7 +449,7 @@ TEST(CliTest, OutOfRangeIntegersNameTheFlagAndTheRange) {
       {"stats --data x --format episodes --vocab-size 64 --window 4294967296",
        "error: --window: expected an integer in [0, 2147483647] (0: the full history), got '4294967296'"},
       {"stats --data x --format episodes --vocab-size 64 --tokens-per-frame 4294967297",
-       "error: --tokens-per-frame: expected an integer in [1, 2147483647], got '4294967297'"},
+       "error: --tokens-per-frame: expected an integer in [1, 65536] (rows an image takes), got '4294967297'"},
       {"bench attention --data x --format tree --heads 4294967297",
        "error: --heads: expected an integer in [1, 65536], got '4294967297'"},
       {"bench attention --data x --format tree --iters 4294967297",
@@ -433,7 +464,9 @@ TEST(CliTest, OutOfRangeIntegersNameTheFlagAndTheRange) {
       {"sample --checkpoint x --prompts y --max-new-tokens ' 12'",
        "error: --max-new-tokens: expected an integer in [1, 16777216], got ' 12'"},
       {"generate --kind rollouts --out x --turn-len 4294967297",
-       "error: --turn-len: expected an integer in [0, 1073741824], got '4294967297'"},
+       "error: --turn-len: expected an integer in [1, 1073741824], got '4294967297'"},
+      {"generate --kind rollouts --out x --num-trees 0",
+       "error: --num-trees: expected an integer in [1, 1073741824], got '0'"},
       // stats --vocab-size: absent leaves ids unchecked; given, it must be a vocabulary.
       {"stats --data x --format tree --vocab-size -1",
        "error: --vocab-size: expected an integer in [1, 2147483648] (absent: token ids unchecked), got '-1'"},

@@ -338,6 +338,23 @@ TEST(ConfigTest, TextAfterTheDocumentIsAnErrorNotAHang) {
   EXPECT_EQ(parse_error(""), "run.yaml: data.path must be set to a JSONL file (got '')");
 }
 
+// A quote not closed on its line: YAML folds the string over the lines after it (to the end of
+// the file when it is never closed), which would swallow the rest of the config silently.
+TEST(ConfigTest, AnUnclosedQuoteIsAnErrorNotTheRestOfTheFile) {
+  EXPECT_EQ(parse_error("data:\n  path: x\nrun_dir: \"rq\ntrain:\n  max_steps: 2\n"),
+            "run.yaml:3:10: a quoted string that is not closed on its line (a missing closing quote?): a config value "
+            "is one line");
+  EXPECT_EQ(parse_error("data:\n  path: 'x\ntrain:\n  max_steps: 2'\n"),
+            "run.yaml:2:9: a quoted string that is not closed on its line (a missing closing quote?): a config value "
+            "is one line");
+  // Quotes closed on their line, escapes and doubled single quotes included, are fine.
+  const RunConfig c =
+      parse_config_text("data:\n  path: \"a \\\" b\"  # c\"\nrun_dir: 'it''s'\ntrain:\n  max_steps: 2\n", "run.yaml", {});
+  EXPECT_EQ(c.data.path, "a \" b");
+  EXPECT_EQ(c.run_dir, "it's");
+  EXPECT_EQ(c.train.max_steps, 2);
+}
+
 TEST(ConfigTest, AUtf8ByteOrderMarkIsAccepted) {
   const std::string bom = "\xEF\xBB\xBF";
   const RunConfig c = parse_config_text(bom + "data:\n  path: x\ntrain:\n  max_steps: 3\n", "run.yaml", {});

@@ -385,6 +385,20 @@ TEST(TrainTest, BadRunDirNamesTheKeyAndPath) {
             "run.yaml:1: run_dir '" + c.run_dir + "': cannot create the folder: Not a directory");
   c.run_dir = (dir / "a_file").string();
   EXPECT_EQ(error_of([&] { Trainer t(c); }), "run.yaml:1: run_dir '" + c.run_dir + "' exists and is not a folder");
+  // What the trainer writes into run_dir, there as the wrong kind: refused at start, not after the
+  // steps whose checkpoint could not be written.
+  for (const auto& [name, folder] : {std::pair<std::string, bool>{"checkpoints", true}, {"tb", true},
+                                     {"metrics.jsonl", false}}) {
+    const fs::path rd = dir / ("rd_" + std::to_string(folder) + name);
+    fs::create_directories(rd);
+    if (folder) std::ofstream(rd / name) << "x";
+    else fs::create_directories(rd / name);
+    c.run_dir = rd.string();
+    EXPECT_EQ(error_of([&] { prepare_run_dir(c); }),
+              "run.yaml:1: run_dir '" + c.run_dir + "': " + (rd / name).string() + " exists and is not a " +
+                  (folder ? "folder" : "file") + " (the trainer writes its " + (folder ? name : "metrics") +
+                  " there): move it away");
+  }
 }
 
 TEST(TrainTest, DangerousRunDirsAreRefused) {
@@ -1042,6 +1056,30 @@ TEST(TrainTest, SignedWeightsTrainLikeThePerPathBaseline) {
 
 // A learning rate that overflows fp32 makes the first update non-finite: the run stops with a
 // NonFiniteError naming the step and the tensor, before any checkpoint exists.
+// A metrics line that cannot be written (a full disk) is reported at its step; training goes on,
+// the final checkpoint is written, and then the run ends with the error naming the file and the
+// steps whose metrics are missing.
+TEST(TrainTest, AFailedMetricsWriteKeepsTheCheckpoint) {
+  const fs::path dir = test_dir("metrics_write_fails");
+  RunConfig c = tiny_config(dir);
+  c.train.max_steps = 5;
+  c.train.checkpoint_every = 0;  // only the final one
+  Trainer t(c);
+  testing::metrics_write_fails_at = 3;
+  const std::string err = error_of([&] { t.run(); });
+  testing::metrics_write_fails_at = -1;
+  const std::string mpath = (fs::path(c.run_dir) / "metrics.jsonl").string();
+  EXPECT_EQ(err, mpath + ": write failed at step 3: the metrics of steps 3..5 are missing (the checkpoint of step 5 "
+                         "is written)");
+  const auto ck = list_checkpoints(c.run_dir);
+  ASSERT_EQ(ck.size(), 1u);
+  EXPECT_EQ(ck[0].first, 5);
+  std::ifstream in(mpath);
+  int lines = 0;
+  for (std::string line; std::getline(in, line);) ++lines;
+  EXPECT_EQ(lines, 3) << "steps 1, 2 and the one whose write failed (injected after it was written)";
+}
+
 TEST(TrainTest, ANonFiniteUpdateStopsBeforeAnyCheckpoint) {
   const fs::path dir = test_dir("nonfinite_update");
   RunConfig c = tiny_config(dir);
@@ -1056,7 +1094,8 @@ TEST(TrainTest, ANonFiniteUpdateStopsBeforeAnyCheckpoint) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("step 1: the update (lr "), std::string::npos) << msg;
     EXPECT_NE(msg.find(") left model.embed_tokens.weight (weights) non-finite"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("the newest checkpoint is step none"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("nothing of this step is written (no checkpoint has been written yet)"), std::string::npos)
+        << msg;
   }
   EXPECT_TRUE(list_checkpoints(c.run_dir).empty()) << "nothing non-finite is written";
 }
