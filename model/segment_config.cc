@@ -14,6 +14,16 @@ void SegmentConfig::validate(const ModelConfig& m) const {
   };
   if (!enabled()) {
     require(length == 0, "segments.length: ", length, ", expected >= 1 (or 0: segments off)");
+    // A key of the section set while segments are off would be ignored: likely a forgotten length.
+    const SegmentConfig off;
+    const char* set = tail != off.tail                                ? "segments.tail"
+                      : tbptt != off.tbptt                            ? "segments.tbptt"
+                      : !long_range.layers.empty()                    ? "segments.long_range.layers"
+                      : !long_range.heads.empty()                     ? "segments.long_range.heads"
+                      : long_range.retrieve != off.long_range.retrieve ? "segments.long_range.retrieve"
+                                                                      : nullptr;
+    require(set == nullptr, set ? set : "", ": set, but segments.length is 0 (segments off), so it would be "
+            "ignored; expected segments.length >= 1, or ", set ? set : "", " left out");
     return;
   }
   require(tail >= 0 && tail <= length, "segments.tail: ", tail, ", expected 0 <= tail <= segments.length (",

@@ -298,43 +298,52 @@ std::string save_checkpoint(const std::string& run_dir, const RunConfig& cfg, co
                             const TrainerState& state, const std::string& gemm_tuning,
                             const std::string& action_bins) {
   const fs::path root = checkpoints_dir(run_dir);
-  fs::create_directories(root);
   const std::string name = "step_" + std::to_string(state.step);
   const fs::path final_dir = root / name;
   const fs::path tmp = root / ("." + name + ".tmp-" + std::to_string(::getpid()));
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
+  // Written into tmp: a failure (a full disk) removes what it wrote and names the checkpoint; the
+  // earlier checkpoints are untouched.
+  try {
+    fs::create_directories(root);
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
 
-  backend.save_hf(tmp.string());
-  std::vector<float> m, v;
-  backend.optim_state_host(&m, &v);
-  model::write_safetensors((tmp / kOptimFile).string(), optimizer_tensors(backend.params_info(), m, v), "F32",
-                           {{"step", std::to_string(state.step)}, {"format", "treetrain-adamw"}});
-  write_file(tmp / kConfigFile, cfg.to_yaml());
-  if (!gemm_tuning.empty()) write_file(tmp / kGemmTuningFile, gemm_tuning);  // listed by the manifest
-  if (!action_bins.empty()) write_file(tmp / "action_bins.json", action_bins);
-  nlohmann::json files = nlohmann::json::object();
-  for (const auto& e : fs::directory_iterator(tmp))
-    if (e.is_regular_file()) files[e.path().filename().string()] = {{"bytes", (int64_t)e.file_size()}};
-  nlohmann::json data = {{"path", state.data_path}, {"size_bytes", state.data_size}};
-  if (!state.data_sha256.empty()) data["sha256"] = state.data_sha256;
-  if (state.cameras > 0) data["cameras"] = state.cameras;
-  nlohmann::json j = {
-      {"version", kCheckpointVersion},
-      {"step", state.step},
-      {"loader", {{"epoch", state.loader.epoch}, {"cursor", state.loader.cursor}}},
-      {"seed", state.seed},
-      {"data", data},
-      {"backend", backend.name()},
-      {"skipped", {{"total", state.skipped_steps}, {"in_a_row", state.consecutive_skips}}},
-      {"files", files},
-  };
-  write_file(tmp / kStateFile, j.dump(2) + "\n");
+    backend.save_hf(tmp.string());
+    std::vector<float> m, v;
+    backend.optim_state_host(&m, &v);
+    model::write_safetensors((tmp / kOptimFile).string(), optimizer_tensors(backend.params_info(), m, v), "F32",
+                             {{"step", std::to_string(state.step)}, {"format", "treetrain-adamw"}});
+    write_file(tmp / kConfigFile, cfg.to_yaml());
+    if (!gemm_tuning.empty()) write_file(tmp / kGemmTuningFile, gemm_tuning);  // listed by the manifest
+    if (!action_bins.empty()) write_file(tmp / "action_bins.json", action_bins);
+    nlohmann::json files = nlohmann::json::object();
+    for (const auto& e : fs::directory_iterator(tmp))
+      if (e.is_regular_file()) files[e.path().filename().string()] = {{"bytes", (int64_t)e.file_size()}};
+    nlohmann::json data = {{"path", state.data_path}, {"size_bytes", state.data_size}};
+    if (!state.data_sha256.empty()) data["sha256"] = state.data_sha256;
+    if (state.cameras > 0) data["cameras"] = state.cameras;
+    nlohmann::json j = {
+        {"version", kCheckpointVersion},
+        {"step", state.step},
+        {"loader", {{"epoch", state.loader.epoch}, {"cursor", state.loader.cursor}}},
+        {"seed", state.seed},
+        {"data", data},
+        {"backend", backend.name()},
+        {"skipped", {{"total", state.skipped_steps}, {"in_a_row", state.consecutive_skips}}},
+        {"files", files},
+    };
+    write_file(tmp / kStateFile, j.dump(2) + "\n");
 
-  for (const auto& e : fs::directory_iterator(tmp))
-    if (e.is_regular_file()) fsync_path(e.path().string(), false);
-  fsync_path(tmp.string(), true);
-  if (!is_complete(tmp)) throw Error(str(tmp.string(), ": checkpoint is missing files after writing"));
+    for (const auto& e : fs::directory_iterator(tmp))
+      if (e.is_regular_file()) fsync_path(e.path().string(), false);
+    fsync_path(tmp.string(), true);
+    if (!is_complete(tmp)) throw Error(str(tmp.string(), ": checkpoint is missing files after writing"));
+  } catch (const std::exception& e) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw Error(str("checkpoint ", final_dir.string(), " not written: ", e.what(),
+                    " (its partial files are removed; earlier checkpoints are kept)"));
+  }
 
   // Replacing an existing step_N: move it aside first, so step_N is always a complete folder.
   fs::path old;

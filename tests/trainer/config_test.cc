@@ -355,6 +355,17 @@ TEST(ConfigTest, AnUnclosedQuoteIsAnErrorNotTheRestOfTheFile) {
   EXPECT_EQ(c.train.max_steps, 2);
 }
 
+// A segments key set while segments are off (length 0) would be ignored: an error at its line.
+TEST(ConfigTest, SegmentKeysWithoutSegmentsAreAnError) {
+  EXPECT_EQ(parse_error("data:\n  path: x\nsegments:\n  tail: 4\n"),
+            "run.yaml:4: segments.tail: set, but segments.length is 0 (segments off), so it would be ignored; "
+            "expected segments.length >= 1, or segments.tail left out");
+  EXPECT_EQ(parse_error("data:\n  path: x\nsegments:\n  length: 0\n  tbptt: 2\n"),
+            "run.yaml:5: segments.tbptt: set, but segments.length is 0 (segments off), so it would be ignored; "
+            "expected segments.length >= 1, or segments.tbptt left out");
+  EXPECT_EQ(parse_config_text("data:\n  path: x\nsegments:\n  length: 8\n  tail: 4\n", "run.yaml", {}).segments.tail, 4);
+}
+
 TEST(ConfigTest, AUtf8ByteOrderMarkIsAccepted) {
   const std::string bom = "\xEF\xBB\xBF";
   const RunConfig c = parse_config_text(bom + "data:\n  path: x\ntrain:\n  max_steps: 3\n", "run.yaml", {});
