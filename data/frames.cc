@@ -39,7 +39,13 @@ void load_frames(PackedBatch& b, const FrameSpec& spec) {
       std::copy(from, from + per, out);
       continue;
     }
-    const std::vector<float> px = tower_pixels(decode_image(r.path), S, spec.mean, spec.std);
+    std::vector<float> px;
+    try {
+      px = tower_pixels(decode_image(r.path), S, spec.mean, spec.std);
+    } catch (const Error& e) {  // images are decoded as batches need them: say whose frame it is
+      throw Error(str("the frame of the data file's episode ", r.episode, " (counting from 0), step ", r.step,
+                      ", camera ", r.camera, ": ", e.what()));
+    }
     std::copy(px.begin(), px.end(), out);
     decoded[r.path] = f;
   }

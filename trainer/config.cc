@@ -194,8 +194,13 @@ std::string describe(const YAML::Node& n) {
   if (!n.IsDefined() || n.IsNull()) return "null";
   if (n.IsMap()) return "a mapping";
   if (n.IsSequence()) return "a list";
-  if (is_quoted_scalar(n)) return "the quoted string \"" + n.Scalar() + "\"";
-  return "'" + n.Scalar() + "'";
+  // A long value is quoted by its start (an error message is no place for a pasted file).
+  const std::string& v = n.Scalar();
+  constexpr size_t kShown = 64;
+  const std::string shown = v.size() <= kShown ? v : v.substr(0, kShown) + "...";
+  const std::string more = v.size() <= kShown ? "" : str(" (", v.size(), " characters)");
+  if (is_quoted_scalar(n)) return "the quoted string \"" + shown + "\"" + more;
+  return "'" + shown + "'" + more;
 }
 
 [[noreturn]] void type_error(const std::string& where, const std::string& key, const std::string& expected,

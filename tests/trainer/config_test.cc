@@ -366,6 +366,13 @@ TEST(ConfigTest, SegmentKeysWithoutSegmentsAreAnError) {
   EXPECT_EQ(parse_config_text("data:\n  path: x\nsegments:\n  length: 8\n  tail: 4\n", "run.yaml", {}).segments.tail, 4);
 }
 
+// A long wrong value is quoted by its first 64 characters and its length.
+TEST(ConfigTest, ALongWrongValueIsQuotedByItsStart) {
+  const std::string v(5000, 'x');
+  EXPECT_EQ(parse_error("data:\n  path: x\ntrain:\n  max_steps: " + v + "\n"),
+            "run.yaml:4: train.max_steps: expected an integer, got '" + v.substr(0, 64) + "...' (5000 characters)");
+}
+
 TEST(ConfigTest, AUtf8ByteOrderMarkIsAccepted) {
   const std::string bom = "\xEF\xBB\xBF";
   const RunConfig c = parse_config_text(bom + "data:\n  path: x\ntrain:\n  max_steps: 3\n", "run.yaml", {});

@@ -258,5 +258,22 @@ TEST(VlaTrain, ConfigErrorsNameTheKey) {
       << e;
 }
 
+// Frames are decoded as batches need them: a frame that is no image stops the step that needs it,
+// naming the image file and whose frame it is (the episode's place in the data file, its step
+// and camera).
+TEST(VlaTrain, ACorruptFrameNamesItsEpisodeAndFile) {
+  const fs::path dir = fresh_dir("vla_corrupt_frame");
+  RunConfig c = vla_config(dir, 2, 2, {"train.max_steps=1", "data.shuffle=false"});
+  const fs::path frame = dir / "data" / "episodes_frames" / "1_0.png";
+  ASSERT_TRUE(fs::is_regular_file(frame));
+  { std::ofstream(frame, std::ios::trunc) << "not an image"; }
+  Trainer t(c);
+  const std::string e = error_of([&] { t.run(); });
+  EXPECT_NE(e.find("the frame of the data file's episode 1 (counting from 0), step 0, camera 0: " + frame.string() +
+                   ": not a PNG or JPEG file"),
+            std::string::npos)
+      << e;
+}
+
 }  // namespace
 }  // namespace tt::trainer
