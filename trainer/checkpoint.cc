@@ -20,6 +20,7 @@
 #include "model/safetensors.h"
 #include "base/check.h"
 #include "base/json.h"
+#include "base/crc.h"
 #include "base/files.h"
 #include "trainer/gemm_tuning.h"
 #include "trainer/run_dir.h"
@@ -280,11 +281,15 @@ TrainerState read_trainer_state(const std::string& file) {
       if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos || name == kStateFile)
         throw Error(str(file, ": field \"files\": '", name, "' is not a file name of the checkpoint"));
       const bool ok = entry.is_object() && entry.contains("bytes") && entry.at("bytes").is_number_unsigned() &&
-                      entry.at("bytes").get<uint64_t>() <= (uint64_t)INT64_MAX;
+                      entry.at("bytes").get<uint64_t>() <= (uint64_t)INT64_MAX &&
+                      (!entry.contains("crc32") ||
+                       (entry.at("crc32").is_string() && parse_crc32_hex(entry.at("crc32").get<std::string>()) >= 0));
       if (!ok)
-        throw Error(
-            str(file, ": field \"files\": '", name, "': expected {\"bytes\": <integer >= 0>}, got ", entry.dump()));
+        throw Error(str(file, ": field \"files\": '", name,
+                        "': expected {\"bytes\": <integer >= 0>, \"crc32\": \"<8 lowercase hex digits>\" (optional)}, got ",
+                        entry.dump()));
       st.files[name] = entry.at("bytes").get<int64_t>();
+      if (entry.contains("crc32")) st.file_crc[name] = (uint32_t)parse_crc32_hex(entry.at("crc32").get<std::string>());
     }
     for (const std::string& f : kRequiredFiles)
       if (!st.files.count(f)) throw Error(str(file, ": field \"files\": the manifest does not list ", f));
@@ -318,7 +323,9 @@ std::string save_checkpoint(const std::string& run_dir, const RunConfig& cfg, co
     if (!action_bins.empty()) write_file(tmp / "action_bins.json", action_bins);
     nlohmann::json files = nlohmann::json::object();
     for (const auto& e : fs::directory_iterator(tmp))
-      if (e.is_regular_file()) files[e.path().filename().string()] = {{"bytes", (int64_t)e.file_size()}};
+      if (e.is_regular_file())
+        files[e.path().filename().string()] = {{"bytes", (int64_t)e.file_size()},
+                                               {"crc32", crc32_hex(file_crc32(e.path().string()))}};
     nlohmann::json data = {{"path", state.data_path}, {"size_bytes", state.data_size}};
     if (!state.data_sha256.empty()) data["sha256"] = state.data_sha256;
     if (state.cameras > 0) data["cameras"] = state.cameras;
@@ -411,6 +418,13 @@ std::string checkpoint_problem(const std::string& dir, const model::ModelConfig*
     saved = model::read_hf_config(dir);
   } catch (const Error& e) {
     return naming((d / "config.json").string(), e).what();
+  }
+  // The contents: each file as it was written (a size alone misses bytes changed in place).
+  for (const auto& [name, want] : st.file_crc) {
+    const uint32_t got = file_crc32((d / name).string());
+    if (got != want)
+      return str((d / name).string(), ": its CRC-32 is ", crc32_hex(got), ", the manifest says ", crc32_hex(want),
+                 " (the file changed after it was written)");
   }
   if (saved.to_hf_json() != model->to_hf_json()) return "";  // another model: load_checkpoint names the difference
   std::vector<std::pair<std::string, std::vector<int64_t>>> weights, moments;

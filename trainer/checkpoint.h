@@ -11,14 +11,15 @@
 //   trainer_state.json               {"version": 2, "step": N, "loader": {"epoch", "cursor"}, "seed",
 //                                     "data": {"path", "size_bytes"}, "backend",
 //                                     "skipped": {"total", "in_a_row"},
-//                                     "files": {"<name>": {"bytes": B}, ...}}
+//                                     "files": {"<name>": {"bytes": B, "crc32": "8 hex digits"}, ...}}
 // "skipped" counts the updates train.on_nonfinite: skip_step skipped (absent: none; an older
 // treetrain wrote no such field). "files" is the manifest: every other file of the folder and its size. A later feature that adds
 // a file (action statistics, tuning tables, ...) lists it there; readers check that each listed
 // file is present with its size and ignore files they do not know, so adding a file needs no new
 // version. A version is for a change that an older reader would misread.
 // Version 1 (treetrain before the manifest; trainer_state.json says "version": 1, or has no
-// "version") is still read: its files are the five above, without sizes. A version above 2 is
+// "version") is still read: its files are the five above, without sizes. A manifest entry without
+// "crc32" (written before treetrain recorded it) is checked by size only. A version above 2 is
 // refused with an error naming it (a newer treetrain wrote it; it is left where it is).
 //
 // Writes are atomic: everything goes into checkpoints/.step_N.tmp-<pid>, each file and the folder
@@ -27,7 +28,9 @@
 //
 // Validity: a step_N folder is valid when trainer_state.json reads (a known version, every field
 // typed) and says step N, and every file of the manifest (version 1: of the five) is there with
-// its size. Resuming also checks the safetensors headers of the newest valid one: every parameter
+// its size. Resuming also checks the contents of the newest such one, each file's CRC-32 against
+// the manifest's (a file changed after it was written: bit rot, an overwrite in place), and its
+// safetensors headers: every parameter
 // of the run's model, F32, with its shape, its data inside the file (when the checkpoint's
 // config.json is the run's model; a checkpoint of another model is an error naming the
 // difference, since the run's config is what is wrong then, not the checkpoint).
@@ -77,7 +80,8 @@ struct TrainerState {
   int64_t cameras = 0;  // episode data: images a step (serve checks requests against it); 0: not episodes
   int64_t skipped_steps = 0;      // updates skipped so far (train.on_nonfinite: skip_step)
   int64_t consecutive_skips = 0;  // of them, the ones just before this checkpoint
-  std::map<std::string, int64_t> files;  // the manifest (version 2): file name -> bytes
+  std::map<std::string, int64_t> files;      // the manifest (version 2): file name -> bytes
+  std::map<std::string, uint32_t> file_crc;  // and -> its CRC-32, where the manifest has one
 };
 
 std::string checkpoints_dir(const std::string& run_dir);
@@ -102,7 +106,8 @@ std::vector<std::pair<int64_t, std::string>> step_folders(const std::string& run
 std::string invalid_checkpoints_summary(const std::string& run_dir);
 
 // What is wrong with checkpoint folder `dir` ("" when it is valid). With `model` and `params`
-// also the safetensors headers against that model (when the checkpoint's config.json is it).
+// (resuming) also every file's CRC-32 against the manifest's and the safetensors headers against
+// that model (when the checkpoint's config.json is it).
 // Throws tt::Error for a version newer than this treetrain reads.
 std::string checkpoint_problem(const std::string& dir, const model::ModelConfig* model = nullptr,
                                const std::vector<model::ParamInfo>* params = nullptr);

@@ -191,12 +191,16 @@ void prepare_run_dir(const RunConfig& cfg) {
   if (::access(dir.c_str(), W_OK | X_OK) != 0) throw Error(str(at, ": cannot write there: ", std::strerror(errno)));
   // What the trainer writes there, found as the wrong kind of entry: refused now, not after the
   // steps whose checkpoint it could then not write.
-  for (const auto& [name, folder] : {std::pair<const char*, bool>{"checkpoints", true}, {"tb", true},
-                                     {"metrics.jsonl", false}}) {
-    const fs::file_status e = fs::status(dir / name, ec);
-    if (fs::exists(e) && fs::is_directory(e) != folder)
-      throw Error(str(at, ": ", (dir / name).string(), " exists and is not a ", folder ? "folder" : "file",
-                      " (the trainer writes its ", folder ? name : "metrics", " there): move it away"));
+  struct Entry {
+    const char *name, *what;
+    bool folder;
+  };
+  for (const Entry& n : {Entry{"checkpoints", "checkpoints", true}, Entry{"tb", "TensorBoard events", true},
+                         Entry{"metrics.jsonl", "metrics", false}}) {
+    const fs::file_status e = fs::status(dir / n.name, ec);
+    if (fs::exists(e) && fs::is_directory(e) != n.folder)
+      throw Error(str(at, ": ", (dir / n.name).string(), " exists and is not a ", n.folder ? "folder" : "file",
+                      " (the trainer writes its ", n.what, " there): move it away"));
   }
 }
 

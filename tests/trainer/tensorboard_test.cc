@@ -199,9 +199,10 @@ TEST(TensorBoardTest, ARunDirWhoseTbCannotBeMadeFailsNamingIt) {
   RunConfig c = testing::tiny_run_config(dir);
   fs::create_directories(c.run_dir);
   std::ofstream(fs::path(c.run_dir) / "tb") << "not a folder";
-  Trainer t(c);
-  EXPECT_EQ(error_of([&] { t.run(); }),
-            (fs::path(c.run_dir) / "tb").string() + ": cannot create the TensorBoard folder (a file of that name is in the way)");
+  // Refused when the trainer starts (run_dir's entries are checked then), before any step.
+  EXPECT_EQ(error_of([&] { Trainer t(c); }),
+            "test: run_dir '" + c.run_dir + "': " + (fs::path(c.run_dir) / "tb").string() +
+                " exists and is not a folder (the trainer writes its TensorBoard events there): move it away");
 }
 
 TEST(TensorBoardTest, TheConsoleLineShowsStepsPerSecondAndAnEtaAndNoMfuOnTheCpu) {

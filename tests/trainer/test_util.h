@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/check.h"
+#include "base/crc.h"
 
 namespace tt::trainer::testing {
 
@@ -46,8 +47,23 @@ inline std::string slurp(const std::filesystem::path& p) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// After a test edits a checkpoint file in place: the manifest beside it (trainer_state.json)
+// records the file's new CRC-32, as if the checkpoint had been written so (the edit is then what
+// the checks after the manifest's must find). Nothing when there is no manifest entry.
+inline void rehash_manifest(const std::filesystem::path& file) {
+  const std::filesystem::path state = file.parent_path() / "trainer_state.json";
+  std::ifstream in(state);
+  if (!in) return;
+  nlohmann::json j = nlohmann::json::parse(in);
+  in.close();
+  const std::string name = file.filename().string();
+  if (!j.contains("files") || !j["files"].contains(name) || !j["files"][name].contains("crc32")) return;
+  j["files"][name]["crc32"] = tt::crc32_hex(tt::file_crc32(file.string()));
+  std::ofstream(state, std::ios::trunc) << j.dump(2) << "\n";
+}
+
 // Element `index` of F32 tensor `tensor` of a safetensors file set to x in place (the file keeps
-// its size: a checkpoint stays valid by its manifest).
+// its size, and a checkpoint's manifest its CRC-32: rehash_manifest).
 inline void poke_f32(const std::filesystem::path& file, const std::string& tensor, int64_t index, float x) {
   std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
   uint64_t header = 0;
@@ -60,6 +76,8 @@ inline void poke_f32(const std::filesystem::path& file, const std::string& tenso
   f.seekp(8 + (std::streamoff)header + begin + 4 * index);
   f.write(reinterpret_cast<const char*>(&x), 4);
   ASSERT_TRUE(f.good());
+  f.close();
+  rehash_manifest(file);
 }
 
 // The lines of run_dir/metrics.jsonl, parsed.

@@ -387,8 +387,8 @@ TEST(TrainTest, BadRunDirNamesTheKeyAndPath) {
   EXPECT_EQ(error_of([&] { Trainer t(c); }), "run.yaml:1: run_dir '" + c.run_dir + "' exists and is not a folder");
   // What the trainer writes into run_dir, there as the wrong kind: refused at start, not after the
   // steps whose checkpoint could not be written.
-  for (const auto& [name, folder] : {std::pair<std::string, bool>{"checkpoints", true}, {"tb", true},
-                                     {"metrics.jsonl", false}}) {
+  for (const auto& [name, folder, what] : {std::tuple<std::string, bool, std::string>{"checkpoints", true, "checkpoints"},
+                                           {"tb", true, "TensorBoard events"}, {"metrics.jsonl", false, "metrics"}}) {
     const fs::path rd = dir / ("rd_" + std::to_string(folder) + name);
     fs::create_directories(rd);
     if (folder) std::ofstream(rd / name) << "x";
@@ -396,8 +396,7 @@ TEST(TrainTest, BadRunDirNamesTheKeyAndPath) {
     c.run_dir = rd.string();
     EXPECT_EQ(error_of([&] { prepare_run_dir(c); }),
               "run.yaml:1: run_dir '" + c.run_dir + "': " + (rd / name).string() + " exists and is not a " +
-                  (folder ? "folder" : "file") + " (the trainer writes its " + (folder ? name : "metrics") +
-                  " there): move it away");
+                  (folder ? "folder" : "file") + " (the trainer writes its " + what + " there): move it away");
   }
 }
 
@@ -681,6 +680,40 @@ TEST(TrainTest, ResumeMovesInvalidCheckpointsAsideAndTakesTheNewestValid) {
     EXPECT_EQ(folders_starting(c, name).size(), 1u) << name;
 }
 
+// A checkpoint file whose bytes changed in place after it was written (same size: bit rot, an
+// overwrite) fails its CRC-32 when a run resumes from it: moved aside, and the run takes the
+// checkpoint before it. Listing and pruning check sizes only (no file is read).
+TEST(TrainTest, ResumeChecksTheFilesCrc) {
+  const fs::path dir = test_dir("crc_resume");
+  RunConfig c = tiny_config(dir);
+  c.train.checkpoint_every = 1;
+  c.train.max_steps = 4;
+  auto full = std::make_unique<Trainer>(c);
+  const std::vector<double> want = losses(full->run());
+  full.reset();
+  const fs::path ck = fs::path(c.run_dir) / "checkpoints";
+  const fs::path model = ck / "step_4" / "model.safetensors";
+  const uintmax_t size = fs::file_size(model);
+  {
+    std::fstream f(model, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp((std::streamoff)(size - 8));
+    const char zeros[8] = {};
+    f.write(zeros, 8);  // the last weights' bytes
+  }
+  EXPECT_EQ(fs::file_size(model), size);
+  EXPECT_EQ(checkpoint_problem((ck / "step_4").string()), "") << "sizes alone see nothing";
+  const std::string state = slurp(ck / "step_4" / "trainer_state.json");
+  EXPECT_NE(state.find("\"crc32\": \""), std::string::npos) << state;
+  c.train.resume = true;
+  c.train.max_steps = 4;
+  Trainer resumed(c);
+  EXPECT_EQ(resumed.start_step(), 3);
+  ASSERT_EQ(folders_starting(c, "step_4.invalid-").size(), 1u);
+  const std::vector<double> got = losses(resumed.run());
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0], want[3]);
+}
+
 // A tree that runs partitioned is planned when the trainer starts: a plan whose gateways would list
 // more ancestor ranges than data::kMaxGatewayRanges stops the run before its first step, naming
 // where the capacity was set and the data file.
@@ -735,6 +768,7 @@ TEST(TrainTest, ANonStringDtypeIsACheckpointProblem) {
   ASSERT_NE(at, std::string::npos);
   bytes.replace(at, 13, "\"dtype\":5    ");
   std::ofstream(optim, std::ios::binary | std::ios::trunc) << bytes;
+  testing::rehash_manifest(optim);
   const std::vector<model::ParamInfo> table = model::param_table(c.model);
   const std::string problem = checkpoint_problem(step.string(), &c.model, &table);
   EXPECT_NE(problem.find(optim.string() + ": tensor '"), std::string::npos) << problem;
