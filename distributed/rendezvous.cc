@@ -9,6 +9,8 @@
 #include <cstring>
 #include <sstream>
 
+#include <spdlog/spdlog.h>
+
 #include "base/check.h"
 #include "distributed/auth.h"
 #include "distributed/wire.h"
@@ -129,6 +131,10 @@ uint64_t Rendezvous::recv_header(int peer) {
   const std::string problem = wire::header_problem(h, wire::kMaxMessageBytes);
   if (!problem.empty()) throw Error(str(tag(), ": ", peer_name(peer), " ", problem, " during ", current()));
   if (h.op == (uint32_t)Op::kReject) {
+    // Only rank 0 rejects; from another rank it is a peer speaking out of turn.
+    if (peer != 0)
+      throw Error(str(tag(), ": ", peer_name(peer), " sent a reject message during ", current(),
+                      ", which only rank 0 sends (a peer that is not a treetrain rank of this job?)"));
     std::string why(std::min<uint64_t>(h.bytes, wire::kMaxHelloBytes), '\0');
     net::recv_all(s, why.data(), why.size(), deadline_, &err);
     throw Error(str(tag(), ": rejected by rank 0: ", why));
@@ -174,6 +180,14 @@ std::string Rendezvous::recv_blob(int peer) {
 // and how long a silent one is kept before it may make room for another.
 constexpr int kMaxStrayHellos = 64;
 constexpr double kHelloGraceS = 0.2;
+
+// Whether the peer of s has closed its end (or reset it): nothing more will come, and a rank
+// that joined on it is gone. A rank sends nothing between its hello and the welcome.
+bool peer_closed(const net::Socket& s) {
+  char c;
+  const ssize_t n = ::recv(s.fd(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
 
 // Whether bytes wait unread on s (a hello that has arrived but not been read yet).
 bool has_unread_bytes(const net::Socket& s) {
@@ -226,18 +240,30 @@ void Rendezvous::connect_root(net::Socket listener) {
   // Per rank, the challenge's nonce and the hello's, which the welcome's proof covers.
   std::vector<std::pair<std::string, std::string>> nonces(world);
   int joined = 1;
-  while (joined < world) {
+  for (;;) {
+    if (joined == world) {  // every rank in: unless one has gone since its hello (it may come back)
+      for (int r = 1; r < world; ++r)
+        if (peer_closed(links_[r])) {
+          spdlog::warn("{}: rank {} (host {}) closed its connection before the ranks had all joined; waiting for it "
+                       "to join again",
+                       tag(), r, hosts_[r]);
+          links_[r] = net::Socket();
+          --joined;
+        }
+      if (joined == world) break;
+    }
     const net::Clock::time_point now = net::Clock::now();
-    if (pending.size() >= max_pending)
+    if (pending.size() >= max_pending)  // a rank's hello comes at once, whole: any other stall can go
       for (Pending& p : pending)
-        if (!p.evicted && p.got.empty() && now - p.since >= grace && !has_unread_bytes(p.s)) {
+        if (!p.evicted && now - p.since >= grace && !has_unread_bytes(p.s)) {
           p.evicted = true;
           p.deadline = now;
           break;
         }
     for (size_t i = pending.size(); i-- > 0;) {
       if (now < pending[i].deadline) continue;
-      drop(i, pending[i].evicted      ? str("was dropped: silent for ", seconds(kHelloGraceS), " while ", max_pending,
+      drop(i, pending[i].evicted      ? str("was dropped: ", pending[i].got.empty() ? "silent" : "stalled in its hello",
+                                            " for ", seconds(kHelloGraceS), " while ", max_pending,
                                             " connections waited to say hello")
               : pending[i].got.empty() ? str("sent no hello within ", seconds(hello_s))
                                        : str("sent ", pending[i].got.size(), " bytes of a hello, not all of it, within ",
@@ -264,7 +290,7 @@ void Rendezvous::connect_root(net::Socket listener) {
     const bool full = pending.size() >= max_pending;  // then the listener waits: its queue holds the rest
     if (full)
       for (const Pending& p : pending)
-        if (!p.evicted && p.got.empty()) wake = std::min(wake, p.since + grace);
+        if (!p.evicted) wake = std::min(wake, p.since + grace);
     std::vector<pollfd> fds = {{listener.fd(), (short)(full ? 0 : POLLIN), 0}};
     for (const Pending& p : pending) fds.push_back({p.s.fd(), POLLIN, 0});
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(wake - net::Clock::now()).count();
@@ -309,6 +335,23 @@ void Rendezvous::connect_root(net::Socket listener) {
       }
       const bool had_header = p.got.size() >= wire::kHeaderBytes;
       p.got.append(buf, n);
+      if (!had_header) {  // bytes that cannot begin a hello's magic: dropped now, not at its deadline
+        char magic[4];
+        const uint32_t m = wire::kMagic;
+        std::memcpy(magic, &m, 4);
+        const size_t k = std::min<size_t>(p.got.size(), 4);
+        if (std::memcmp(p.got.data(), magic, k) != 0) {
+          if (k < 4) {
+            drop(i, str("sent ", p.got.size(), " byte", p.got.size() == 1 ? "" : "s",
+                        " that do not begin treetrain's protocol (not a rank of this job)"));
+          } else {
+            char whole[wire::kHeaderBytes] = {};
+            std::memcpy(whole, p.got.data(), 4);
+            drop(i, wire::header_problem(wire::decode_header(whole), wire::kMaxHelloBytes));
+          }
+          continue;
+        }
+      }
       if (!had_header && p.got.size() >= wire::kHeaderBytes) {
         h = wire::decode_header(p.got.data());
         std::string problem = wire::header_problem(h, wire::kMaxHelloBytes);
@@ -356,7 +399,7 @@ void Rendezvous::connect_root(net::Socket listener) {
                       world);
       } else if (hello.rank < 1 || hello.rank >= world) {
         problem = str("host ", hello.host, " claims rank ", hello.rank, ", outside 1..", world - 1);
-      } else if (links_[hello.rank].valid()) {
+      } else if (links_[hello.rank].valid() && !peer_closed(links_[hello.rank])) {
         problem = str("rank ", hello.rank, " joined twice (from host ", hosts_[hello.rank], " and host ", hello.host, ")");
       }
       if (!problem.empty()) {
@@ -365,6 +408,12 @@ void Rendezvous::connect_root(net::Socket listener) {
         refuse(p, problem);
         drop(i, str("was refused: ", problem, hint));
         continue;
+      }
+      if (links_[hello.rank].valid()) {  // its first connection closed before the welcome: a restart takes its place
+        spdlog::warn("{}: rank {} (host {}) closed its connection before the ranks had all joined; its new one from "
+                     "host {} takes its place",
+                     tag(), hello.rank, hosts_[hello.rank], hello.host);
+        --joined;
       }
       hosts_[hello.rank] = hello.host;
       nonces[hello.rank] = {p.nonce, hello.nonce};
@@ -458,8 +507,9 @@ std::vector<std::string> Rendezvous::all_gather(const std::string& blob) {
     for (int r = 1; r < world_size(); ++r) send_blob(r, packed);
   } else {
     send_blob(0, blob);
+    const std::string packed = recv_blob(0);  // its own errors (a timeout, a lost link) say so
     try {
-      all = wire::unpack_blobs(recv_blob(0), world_size());
+      all = wire::unpack_blobs(packed, world_size());
     } catch (const Error& e) {
       throw Error(str(tag(), ": ", peer_name(0), " sent ", e.what(), " during ", current()));
     }

@@ -442,19 +442,36 @@ void Trainer::connect(std::unique_ptr<distributed::Communicator> comm, const dis
                distributed::GradBuckets::kDefaultBucketBytes >> 20);
 }
 
+std::pair<std::string, std::string> first_different_lines(const std::string& a, const std::string& b) {
+  std::istringstream sa(a), sb(b);
+  std::string la, lb;
+  for (;;) {
+    const bool more_a = (bool)std::getline(sa, la), more_b = (bool)std::getline(sb, lb);
+    if (!more_a && !more_b) return {"", ""};
+    if (!more_a || !more_b || la != lb)
+      return {more_a ? la : "(the end of its config)", more_b ? lb : "(the end of its config)"};
+  }
+}
+
 void Trainer::check_ranks_agree() {
   if (!comm_) return;
-  // The resolved config (run_dir included) and the step every rank starts from.
-  const std::string mine = str("start step ", start_step_, "\n", cfg_.to_yaml());
+  // The build (its executable's SHA-256: another build may compute or lay out anything
+  // differently), then the resolved config (run_dir included) and the step every rank starts from.
+  std::string build = "unknown";
+  try {
+    build = file_sha256("/proc/self/exe");
+  } catch (const Error&) {
+  }
+  const std::string mine = str("treetrain build ", build, "\nstart step ", start_step_, "\n", cfg_.to_yaml());
   const std::vector<std::string> all = comm_->all_gather_host(mine);
   for (int r = 1; r < (int)all.size(); ++r) {
     if (all[r] == all[0]) continue;
-    std::istringstream a(all[0]), b(all[r]);
-    std::string la, lb;
-    while (std::getline(a, la) && std::getline(b, lb) && la == lb) {
-    }
-    throw Error(str(comm_->tag(), ": rank ", r, " disagrees with rank 0: '", lb, "' vs '", la,
-                    "' (every rank needs the same config, --set overrides and checkpoints: a shared run_dir)"));
+    const auto [la, lb] = first_different_lines(all[0], all[r]);
+    const bool builds = la.rfind("treetrain build ", 0) == 0 && lb.rfind("treetrain build ", 0) == 0;
+    throw Error(str(comm_->tag(), ": rank ", r, " disagrees with rank 0: '", lb, "' vs '", la, "' (",
+                    builds ? "every rank must run the same treetrain build"
+                           : "every rank needs the same config, --set overrides and checkpoints: a shared run_dir",
+                    ")"));
   }
 }
 

@@ -263,6 +263,10 @@ class Trainer {
   double t_start_ = 0;  // seconds, steady clock
 };
 
+// The first line where texts a and b differ, each side's ("(the end of its config)" where one
+// ends first); {"", ""} when they are equal. For the ranks' agreement check.
+std::pair<std::string, std::string> first_different_lines(const std::string& a, const std::string& b);
+
 // Fault injection for tests: run() finds its metrics stream failed at this step (as a full disk
 // would fail it); -1: never.
 namespace testing {

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -183,6 +184,21 @@ TEST(RendezvousTest, ARankThatLeavesFailsTheOthersAtOnce) {
   EXPECT_TRUE(has(errors[1], "rank 1/3 on host host1 (local rank 1): lost rank 0 (host host0) during barrier #1"))
       << errors[1];
   EXPECT_LT(seconds_since(t0), 2.0);  // far below collective_timeout_s = 30
+}
+
+// The same in an all_gather: rank 1 says it lost rank 0, not that rank 0 sent something.
+TEST(RendezvousTest, ARankThatLeavesDuringAnAllGatherIsNamedPlainly) {
+  auto rv = loopback_rendezvous(3, short_timeouts(3, 30));
+  const auto errors = run_and_drop_on_error(rv, [&](int r) {
+    if (r == 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      throw Error("rank 2 exits");
+    }
+    rv[r]->all_gather("x");
+  });
+  EXPECT_TRUE(has(errors[1], "rank 1/3 on host host1 (local rank 1): lost rank 0 (host host0) during all_gather #1"))
+      << errors[1];
+  EXPECT_FALSE(has(errors[1], " sent ")) << errors[1];
 }
 
 TEST(RendezvousTest, AHungRankFailsTheCollectiveAfterItsTimeout) {
@@ -377,9 +393,13 @@ TEST(RendezvousTest, ASilentOrGarbageConnectionDelaysNoRank) {
   EXPECT_GE(seconds_until_closed(silent), 0);  // dropped when rank 0 ended
 }
 
-// A flood of silent connections (more than rank 0 keeps waiting for a hello) delays no rank: the
-// oldest are dropped to make room, and the real rank 1 joins long before any hello time ends.
-TEST(RendezvousTest, AFloodOfSilentConnectionsDelaysNoRank) {
+// A flood of stray connections (more than rank 0 keeps waiting for a hello) delays no rank: silent
+// ones and ones stalled in a hello's first bytes are dropped, oldest first, to make room, and ones
+// whose first byte cannot begin a hello at once; the real rank 1 joins long before any hello time
+// ends.
+class FloodTest : public ::testing::TestWithParam<int> {};  // 0 silent, 1 a garbage byte, 2 the magic, then silence
+
+TEST_P(FloodTest, AFloodOfStrayConnectionsDelaysNoRank) {
   Listener l = bind_free_port();
   const int port = l.port;
   // Descriptors for what is open now, the flood's 200 client ends, rank 0's 64 waiting ones and a
@@ -397,7 +417,14 @@ TEST(RendezvousTest, AFloodOfSilentConnectionsDelaysNoRank) {
     ~Restore() { setrlimit(RLIMIT_NOFILE, &old); }
   } restore{old};
   std::vector<net::Socket> flood;
-  for (int i = 0; i < 200; ++i) flood.push_back(fake_connect(port));
+  char magic[4];
+  const uint32_t m = wire::kMagic;
+  std::memcpy(magic, &m, 4);
+  for (int i = 0; i < 200; ++i) {
+    flood.push_back(fake_connect(port));
+    if (GetParam() == 1) ::send(flood.back().fd(), "X", 1, MSG_NOSIGNAL);
+    if (GetParam() == 2) ::send(flood.back().fd(), magic, 4, MSG_NOSIGNAL);
+  }
   std::vector<std::unique_ptr<Rendezvous>> rv(2);
   const auto t0 = Clock::now();
   const std::vector<std::string> errors = on_ranks(2, [&](int r) {
@@ -410,8 +437,12 @@ TEST(RendezvousTest, AFloodOfSilentConnectionsDelaysNoRank) {
   rv.clear();
   flood.clear();
   expect_no_errors(errors);
-  EXPECT_LT(took, 2.5);  // not after the silent connections' 5 s
+  EXPECT_LT(took, 2.5);  // not after the stray connections' 5 s
 }
+
+INSTANTIATE_TEST_SUITE_P(Kinds, FloodTest, ::testing::Values(0, 1, 2), [](const ::testing::TestParamInfo<int>& i) {
+  return std::string(i.param == 0 ? "Silent" : i.param == 1 ? "GarbageByte" : "MagicThenSilence");
+});
 
 // A job of more ranks than the stray-connection allowance (64), all connecting before rank 0
 // listens: every one joins (none is dropped to make room).
@@ -652,6 +683,40 @@ TEST(RendezvousTest, ARankWithoutTheSecretIsRefusedAndTheRealOneStillJoins) {
   EXPECT_EQ(root_error, "");
   EXPECT_EQ(gathered, (std::vector<std::string>{"zero", "one"}));
   EXPECT_LT(seconds_since(t0), 1.5);  // no timeout was waited out
+}
+
+// A rank whose connection closes after its hello, before every rank joined (a crash, a restart):
+// its restarted process takes its place instead of being refused as a rank that joined twice, and
+// the job starts.
+TEST(RendezvousTest, ARankThatClosesBeforeTheWelcomeMayRejoin) {
+  Listener l = bind_free_port();
+  const int port = l.port;
+  std::vector<std::string> gathered;
+  std::string root_error;
+  std::thread root([&] {
+    try {
+      auto rv = Rendezvous::connect_with_listener(loopback_env(0, 3, port), short_timeouts(3, 3), std::move(l.socket));
+      gathered = rv->all_gather("zero");
+    } catch (const Error& e) {
+      root_error = e.what();
+    }
+  });
+  {
+    net::Socket crashed = fake_connect(port);
+    fake_hello(crashed, 1, 3, "crashed", kTestSecret);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // rank 0 has taken the hello
+  }  // closed
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::vector<std::string> got(3);
+  const std::vector<std::string> errors = on_ranks(3, [&](int r) {
+    if (r == 0) return;
+    auto rv = Rendezvous::connect(loopback_env(r, 3, port), short_timeouts(3, 3));
+    got[r] = rv->all_gather(r == 1 ? "one" : "two")[r];
+  });
+  root.join();
+  expect_no_errors(errors);
+  EXPECT_EQ(root_error, "");
+  EXPECT_EQ(gathered, (std::vector<std::string>{"zero", "one", "two"}));
 }
 
 // Ranks without a secret (torchrun without TT_JOB_SECRET): the job id alone admits them.

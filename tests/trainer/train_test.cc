@@ -1114,6 +1114,15 @@ TEST(TrainTest, AFailedMetricsWriteKeepsTheCheckpoint) {
   EXPECT_EQ(lines, 3) << "steps 1, 2 and the one whose write failed (injected after it was written)";
 }
 
+// The ranks' agreement check names the first line that differs, and an extra line at one end.
+TEST(TrainTest, FirstDifferentLinesOfTwoConfigs) {
+  EXPECT_EQ(first_different_lines("a\nb\nc\n", "a\nx\nc\n"), std::make_pair(std::string("b"), std::string("x")));
+  EXPECT_EQ(first_different_lines("a\nb\n", "a\nb\nnew:\n  key: 1\n"),
+            std::make_pair(std::string("(the end of its config)"), std::string("new:")));
+  EXPECT_EQ(first_different_lines("a\nb\nc", "a\nb"), std::make_pair(std::string("c"), std::string("(the end of its config)")));
+  EXPECT_EQ(first_different_lines("a\n", "a\n"), std::make_pair(std::string(""), std::string("")));
+}
+
 TEST(TrainTest, ANonFiniteUpdateStopsBeforeAnyCheckpoint) {
   const fs::path dir = test_dir("nonfinite_update");
   RunConfig c = tiny_config(dir);
