@@ -21,12 +21,12 @@ namespace tt {
 uint32_t file_crc32(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw Error(str(path, ": cannot open for reading: ", std::strerror(errno)));
+  struct Closer {  // closed however this returns or throws
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    throw Error(str(path, ": cannot stat: ", std::strerror(err)));
-  }
+  if (::fstat(fd, &st) != 0) throw Error(str(path, ": cannot stat: ", std::strerror(errno)));
   const int64_t size = st.st_size, piece = int64_t{64} << 20;
   const int64_t n = (size + piece - 1) / piece;
   std::vector<uLong> crc((size_t)n, 0);
@@ -44,7 +44,6 @@ uint32_t file_crc32(const std::string& path) {
     }
     crc[(size_t)i] = c;
   });
-  ::close(fd);
   if (error) std::rethrow_exception(error);
   uLong c = ::crc32(0L, Z_NULL, 0);
   for (int64_t i = 0; i < n; ++i) c = ::crc32_combine(c, crc[(size_t)i], (z_off_t)(std::min(size, (i + 1) * piece) - i * piece));

@@ -14,16 +14,6 @@ void SegmentConfig::validate(const ModelConfig& m) const {
   };
   if (!enabled()) {
     require(length == 0, "segments.length: ", length, ", expected >= 1 (or 0: segments off)");
-    // A key of the section set while segments are off would be ignored: likely a forgotten length.
-    const SegmentConfig off;
-    const char* set = tail != off.tail                                ? "segments.tail"
-                      : tbptt != off.tbptt                            ? "segments.tbptt"
-                      : !long_range.layers.empty()                    ? "segments.long_range.layers"
-                      : !long_range.heads.empty()                     ? "segments.long_range.heads"
-                      : long_range.retrieve != off.long_range.retrieve ? "segments.long_range.retrieve"
-                                                                      : nullptr;
-    require(set == nullptr, set ? set : "", ": set, but segments.length is 0 (segments off), so it would be "
-            "ignored; expected segments.length >= 1, or ", set ? set : "", " left out");
     return;
   }
   require(tail >= 0 && tail <= length, "segments.tail: ", tail, ", expected 0 <= tail <= segments.length (",
@@ -64,6 +54,17 @@ void SegmentConfig::validate(const ModelConfig& m) const {
   require(max_position() < m.max_position_embeddings, "segments: positions reach ", max_position(),
            " (length + max(tail, long_range.retrieve) - 1), expected below model.max_position_embeddings ",
            m.max_position_embeddings);
+}
+
+std::string SegmentConfig::ignored_key() const {
+  if (enabled()) return "";
+  const SegmentConfig off;
+  if (tail != off.tail) return "segments.tail";
+  if (tbptt != off.tbptt) return "segments.tbptt";
+  if (!long_range.layers.empty()) return "segments.long_range.layers";
+  if (!long_range.heads.empty()) return "segments.long_range.heads";
+  if (long_range.retrieve != off.long_range.retrieve) return "segments.long_range.retrieve";
+  return "";
 }
 
 uint64_t SegmentConfig::long_heads() const {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "model/config.h"
@@ -20,6 +21,9 @@ struct SegmentConfig {
   } long_range;
 
   bool enabled() const { return length > 0; }
+  // With segments off: the first key of the section whose value is not its default (ignored then:
+  // a forgotten length?), or "".
+  std::string ignored_key() const;
   bool retrieval() const { return !long_range.layers.empty() && !long_range.heads.empty() && long_range.retrieve > 0; }
   // Throws tt::Error naming the `segments.` key for a value the model cannot run: sizes, layer
   // and head indices out of range or repeated, positions past max_position_embeddings, a

@@ -35,8 +35,8 @@
 // config.json is the run's model; a checkpoint of another model is an error naming the
 // difference, since the run's config is what is wrong then, not the checkpoint).
 // Resume (resume_checkpoint) takes the newest valid checkpoint; each invalid step_N newer than it
-// is renamed step_N.invalid-<UTC time> with a warning (by the writer, rank 0; other ranks skip
-// it), so a stray step_999999999999999999 or a step_4 whose state says step 2 is never taken.
+// is renamed step_N.invalid-<UTC time> with a warning (by the writer, rank 0; with data
+// parallelism the other ranks take rank 0's choice), so a stray step_999999999999999999 or a step_4 whose state says step 2 is never taken.
 // keep_checkpoints counts valid checkpoints only, and holds at every start (the writer prunes after
 // resuming: a run killed between a checkpoint and its pruning keeps one more until then).
 //
@@ -106,11 +106,12 @@ std::vector<std::pair<int64_t, std::string>> step_folders(const std::string& run
 std::string invalid_checkpoints_summary(const std::string& run_dir);
 
 // What is wrong with checkpoint folder `dir` ("" when it is valid). With `model` and `params`
-// (resuming) also every file's CRC-32 against the manifest's and the safetensors headers against
-// that model (when the checkpoint's config.json is it).
+// (resuming) also every file's CRC-32 against the manifest's (unless !contents: a rank that takes
+// the checkpoint rank 0 checked) and the safetensors headers against that model (when the
+// checkpoint's config.json is it).
 // Throws tt::Error for a version newer than this treetrain reads.
 std::string checkpoint_problem(const std::string& dir, const model::ModelConfig* model = nullptr,
-                               const std::vector<model::ParamInfo>* params = nullptr);
+                               const std::vector<model::ParamInfo>* params = nullptr, bool contents = true);
 
 // Removes the leftovers of writers that are gone (see above); logs what it removed or restored.
 void clean_checkpoint_leftovers(const std::string& run_dir);

@@ -197,7 +197,9 @@ std::string describe(const YAML::Node& n) {
   // A long value is quoted by its start (an error message is no place for a pasted file).
   const std::string& v = n.Scalar();
   constexpr size_t kShown = 64;
-  const std::string shown = v.size() <= kShown ? v : v.substr(0, kShown) + "...";
+  size_t cut = std::min(v.size(), kShown);
+  while (cut < v.size() && cut > 0 && ((unsigned char)v[cut] & 0xC0) == 0x80) --cut;  // not inside a UTF-8 character
+  const std::string shown = v.size() <= kShown ? v : v.substr(0, cut) + "...";
   const std::string more = v.size() <= kShown ? "" : str(" (", v.size(), " characters)");
   if (is_quoted_scalar(n)) return "the quoted string \"" + shown + "\"" + more;
   return "'" + shown + "'" + more;

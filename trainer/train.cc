@@ -275,9 +275,26 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   // Model state: resume (from the newest valid checkpoint; rank 0 moves invalid ones aside), or
   // start fresh. Rank 0, the writer, first removes what killed writers left.
   if (rank() == 0) clean_checkpoint_leftovers(cfg_.run_dir);
-  const std::string ckpt = cfg_.train.resume
-                               ? resume_checkpoint(cfg_.run_dir, cfg_.model, backend_->params_info(), rank() == 0)
-                               : latest_checkpoint(cfg_.run_dir);
+  std::string ckpt;
+  if (!cfg_.train.resume) {
+    ckpt = latest_checkpoint(cfg_.run_dir);
+  } else if (world_size() == 1) {
+    ckpt = resume_checkpoint(cfg_.run_dir, cfg_.model, backend_->params_info(), true);
+  } else {
+    // Rank 0 chooses (reading every file for its CRC-32, moving invalid ones aside) and the others
+    // take its choice: one rank reads the checkpoint's bytes twice, not every rank, and no rank
+    // races rank 0's renames.
+    const std::string mine =
+        rank() == 0 ? resume_checkpoint(cfg_.run_dir, cfg_.model, backend_->params_info(), true) : "";
+    ckpt = comm_->all_gather_host(mine)[0];
+    if (rank() != 0 && !ckpt.empty()) {
+      const std::vector<model::ParamInfo> params = backend_->params_info();
+      if (const std::string problem = checkpoint_problem(ckpt, &cfg_.model, &params, /*contents=*/false);
+          !problem.empty())
+        throw Error(str(comm_->tag(), ": rank 0 resumes from ", ckpt, ", which this rank cannot use: ", problem,
+                        " (every rank must see rank 0's run_dir: a shared filesystem)"));
+    }
+  }
   if (cfg_.train.resume && !ckpt.empty()) {
     const TrainerState st = load_checkpoint(ckpt, cfg_, *backend_, [this] { return data_digest(); });
     if (const std::string bad = backend_->first_nonfinite(true, false, true); !bad.empty())
@@ -958,6 +975,8 @@ std::vector<StepMetrics> Trainer::run() {
     spdlog::info("already at step {} of train.max_steps {}: nothing to do", step_, total);
     return out;
   }
+  if (const std::string k = cfg_.segments.ignored_key(); !k.empty() && writer)
+    spdlog::warn("{}: {} is set, but segments.length is 0 (segments off), so it is ignored", cfg_.where(k), k);
   spdlog::info("training steps {}..{} (grad_accum {}, {} tokens per micro-batch, {} packing, {})", step_ + 1, total,
                cfg_.train.grad_accum, cfg_.data.max_tokens_per_batch, cfg_.data.packing, cfg_.train.loss_norm);
   if (writer && !cfg_.train.final_checkpoint) {

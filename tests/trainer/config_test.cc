@@ -1,5 +1,6 @@
 // Strict config parsing: errors name file:line and the key; --set; validate(); to_yaml round trip.
 #include "trainer/config.h"
+#include "trainer/yaml_doc.h"
 
 #include <gtest/gtest.h>
 
@@ -355,15 +356,25 @@ TEST(ConfigTest, AnUnclosedQuoteIsAnErrorNotTheRestOfTheFile) {
   EXPECT_EQ(c.train.max_steps, 2);
 }
 
-// A segments key set while segments are off (length 0) would be ignored: an error at its line.
-TEST(ConfigTest, SegmentKeysWithoutSegmentsAreAnError) {
-  EXPECT_EQ(parse_error("data:\n  path: x\nsegments:\n  tail: 4\n"),
-            "run.yaml:4: segments.tail: set, but segments.length is 0 (segments off), so it would be ignored; "
-            "expected segments.length >= 1, or segments.tail left out");
-  EXPECT_EQ(parse_error("data:\n  path: x\nsegments:\n  length: 0\n  tbptt: 2\n"),
-            "run.yaml:5: segments.tbptt: set, but segments.length is 0 (segments off), so it would be ignored; "
-            "expected segments.length >= 1, or segments.tbptt left out");
-  EXPECT_EQ(parse_config_text("data:\n  path: x\nsegments:\n  length: 8\n  tail: 4\n", "run.yaml", {}).segments.tail, 4);
+// A segments key set while segments are off (length 0) is ignored: the config reads (a checkpoint's
+// config.yaml, `sample --set segments.length=0`, a sweep turning segments off keep their other
+// keys), and ignored_key names it for the trainer's warning at start.
+TEST(ConfigTest, SegmentKeysWithoutSegmentsAreNamedAsIgnored) {
+  const RunConfig c = parse_config_text("data:\n  path: x\nsegments:\n  tail: 4\n", "run.yaml", {});
+  EXPECT_EQ(c.segments.ignored_key(), "segments.tail");
+  EXPECT_EQ(c.where("segments.tail"), "run.yaml:4");
+  EXPECT_EQ(parse_config_text("data:\n  path: x\nsegments:\n  length: 0\n  tbptt: 2\n", "run.yaml", {})
+                .segments.ignored_key(),
+            "segments.tbptt");
+  EXPECT_EQ(parse_config_text("data:\n  path: x\n", "run.yaml", {}).segments.ignored_key(), "");
+  EXPECT_EQ(parse_config_text("data:\n  path: x\nsegments:\n  length: 8\n  tail: 4\n", "run.yaml", {})
+                .segments.ignored_key(),
+            "");
+}
+
+// A byte order mark does not shift where a quote is looked for (the sweep reader keeps it).
+TEST(ConfigTest, QuotesAfterAByteOrderMarkAreFine) {
+  EXPECT_EQ(load_one_document("\xEF\xBB\xBFx: ['a', \"b\"]\n", "sweep.yaml")["x"][1].as<std::string>(), "b");
 }
 
 // A long wrong value is quoted by its first 64 characters and its length.
