@@ -10,34 +10,63 @@
 
 namespace tt {
 
+namespace {
+
+// The strict checks as a SAX pass (no values built): nesting depth and keys named twice. A DOM
+// parse with a callback does the same checks, but nlohmann 3.11.2's callback parser scans a
+// parent's elements each time a child object closes: quadratic in the siblings (an array of 200k
+// objects took 16 s), so the checks run here and the value is then parsed without a callback.
+struct StrictChecks {
+  using json = nlohmann::json;
+  std::vector<std::unordered_set<std::string>> keys;  // the keys of every object still open
+  std::string duplicate;  // the first key named twice
+  int depth = 0;          // arrays and objects open
+  bool open() {
+    // Thrown through the parser: nothing deeper is read.
+    if (++depth > kMaxJsonDepth) throw Error(str("arrays and objects nested deeper than ", kMaxJsonDepth, " levels"));
+    return true;
+  }
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(json::number_integer_t) { return true; }
+  bool number_unsigned(json::number_unsigned_t) { return true; }
+  bool number_float(json::number_float_t, const std::string&) { return true; }
+  bool string(std::string&) { return true; }
+  bool binary(json::binary_t&) { return true; }
+  bool start_object(std::size_t) {
+    keys.emplace_back();
+    return open();
+  }
+  bool key(std::string& k) {
+    if (duplicate.empty() && !keys.back().insert(k).second) duplicate = k;
+    return true;
+  }
+  bool end_object() {
+    keys.pop_back();
+    --depth;
+    return true;
+  }
+  bool start_array(std::size_t) { return open(); }
+  bool end_array() {
+    --depth;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) { return false; }
+};
+
+}  // namespace
+
 nlohmann::json parse_json_strict(const std::string& text) {
   using json = nlohmann::json;
   // nlohmann's lexer takes a NUL byte for the end of the input: what follows it would be dropped.
   if (const size_t nul = text.find('\0'); nul != std::string::npos)
     throw Error(str("a NUL byte at offset ", nul, " (JSON text has none)"));
-  std::vector<std::unordered_set<std::string>> keys;  // the keys of every object still open
-  std::string duplicate;
-  int depth = 0;  // arrays and objects open
-  const json::parser_callback_t seen = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) {
-      // Thrown through the parser: nothing deeper is built (the partial value is freed iteratively).
-      if (++depth > kMaxJsonDepth)
-        throw Error(str("arrays and objects nested deeper than ", kMaxJsonDepth, " levels"));
-      if (event == json::parse_event_t::object_start) keys.emplace_back();
-    } else if (event == json::parse_event_t::object_end || event == json::parse_event_t::array_end) {
-      --depth;
-      if (event == json::parse_event_t::object_end) keys.pop_back();
-    } else if (event == json::parse_event_t::key && duplicate.empty() && !keys.empty() &&
-               !keys.back().insert(parsed.get<std::string>()).second) {
-      duplicate = parsed.get<std::string>();
-    }
-    return true;
-  };
-  json j = json::parse(text, seen);
-  if (!duplicate.empty())
-    throw Error(str("duplicate key \"", duplicate, "\": a JSON object names each key once (a second value would "
-                                                   "silently replace the first)"));
-  return j;
+  StrictChecks checks;
+  // Invalid JSON: the parse below throws nlohmann's own error for it.
+  if (json::sax_parse(text, &checks) && !checks.duplicate.empty())
+    throw Error(str("duplicate key \"", checks.duplicate, "\": a JSON object names each key once (a second value "
+                                                          "would silently replace the first)"));
+  return json::parse(text);
 }
 
 nlohmann::json read_json_file(const std::string& path) {
