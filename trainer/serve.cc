@@ -134,12 +134,18 @@ class Server {
                  continuous_ ? ", continuous via action_bins.json" : "", opt_.host, ntohs(a.sin_port));
     std::vector<Conn> conns;
     int64_t answered = 0;
+    // Out of descriptors (EMFILE): the listener stays readable, so it is left out of the poll for
+    // a moment (not polled in a busy loop); the waiting clients stay in its queue until then.
+    auto listener_rests_until = std::chrono::steady_clock::now();
     while (opt_.max_requests < 0 || answered < opt_.max_requests) {
-      std::vector<pollfd> fds = {{lfd, POLLIN, 0}};
+      const bool resting = std::chrono::steady_clock::now() < listener_rests_until;
+      std::vector<pollfd> fds = {{lfd, (short)(resting ? 0 : POLLIN), 0}};
       for (const Conn& c : conns)
         fds.push_back({c.fd, (short)((c.closing ? 0 : POLLIN) | (c.out.empty() ? 0 : POLLOUT)), 0});
-      // Woken for the next idle session to close, if any.
-      if (poll(fds.data(), fds.size(), close_idle_sessions()) < 0) {
+      // Woken for the next idle session to close, if any, or when the listener's rest ends.
+      int wait_ms = close_idle_sessions();
+      if (resting) wait_ms = wait_ms < 0 ? 100 : std::min(wait_ms, 100);
+      if (poll(fds.data(), fds.size(), wait_ms) < 0) {
         if (errno == EINTR) continue;
         throw Error(str("serve: poll: ", std::strerror(errno)));
       }
@@ -167,6 +173,10 @@ class Server {
           char host[INET_ADDRSTRLEN] = "?";
           inet_ntop(AF_INET, &peer.sin_addr, host, sizeof host);
           keep.push_back(Conn{fd, str(host, ":", ntohs(peer.sin_port)), "", "", false});
+        } else if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          spdlog::warn("serve: cannot accept a connection ({}; {} open): new clients wait until some close",
+                       std::strerror(errno), conns.size());
+          listener_rests_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
         }
       }
       conns = std::move(keep);
@@ -233,16 +243,21 @@ class Server {
     if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
     size_t from = c.in.size();  // the bytes before hold no newline: not scanned again
     c.in.append(buf, (size_t)n);
-    size_t nl;
-    while ((nl = c.in.find('\n', from)) != std::string::npos) {
-      const std::string line = c.in.substr(0, nl);
-      c.in.erase(0, nl + 1);
-      from = 0;
+    // The complete lines, in order; what they took is erased once (not line by line: quadratic in
+    // a flood of short lines).
+    size_t start = 0, nl;
+    while ((nl = c.in.find('\n', std::max(from, start))) != std::string::npos) {
+      const std::string line = c.in.substr(start, nl - start);
+      start = nl + 1;
       if (line.empty()) continue;
       ++answered;
       if (!reply(c, handle(line))) return false;
-      if (opt_.max_requests >= 0 && answered >= opt_.max_requests) return true;
+      if (opt_.max_requests >= 0 && answered >= opt_.max_requests) {
+        c.in.erase(0, start);
+        return true;
+      }
     }
+    c.in.erase(0, start);
     if ((int64_t)c.in.size() > opt_.max_message_bytes) {  // the stream cannot be resynchronised
       ++answered;
       c.closing = true;
