@@ -169,7 +169,16 @@ class Server {
         socklen_t plen = sizeof peer;
         // Non-blocking: a peer that resets between poll and accept leaves nothing to wait for.
         const int fd = accept4(lfd, reinterpret_cast<sockaddr*>(&peer), &plen, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd >= 0) {
+        if (fd >= 0 && (int64_t)keep.size() >= opt_.max_sessions) {
+          // At most --max-sessions connections (each may buffer --max-message-bytes): told, closed.
+          const std::string no = dump(json{{"error", str("the server holds ", keep.size(), " connections, its limit ",
+                                                         "(--max-sessions ", opt_.max_sessions,
+                                                         "); try again when one closes")}}) + "\n";
+          (void)!send(fd, no.data(), no.size(), MSG_NOSIGNAL);
+          close(fd);
+          spdlog::warn("serve: refused a connection: {} open, the limit (--max-sessions {})", keep.size(),
+                       opt_.max_sessions);
+        } else if (fd >= 0) {
           char host[INET_ADDRSTRLEN] = "?";
           inet_ntop(AF_INET, &peer.sin_addr, host, sizeof host);
           keep.push_back(Conn{fd, str(host, ":", ntohs(peer.sin_port)), "", "", false});

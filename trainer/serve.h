@@ -45,7 +45,7 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 0;              // 0: any free port (printed on the first line of stdout)
   int64_t max_message_bytes = 16 << 20;
-  int max_sessions = 1024;
+  int max_sessions = 1024;   // sessions, and connections, at once
   double session_idle_s = 3600;  // a session unused this long is closed (0: never; at most 1e9)
   int window = -1;           // -1: the checkpoint's data.history
   // Discrete actions: n tokens among ids [first, end) (e.g. the nav environment's 8:12); else

@@ -449,6 +449,25 @@ TEST(NavServe, AClientThatNeverReadsIsDroppedAndNeverStallsOthers) {
   EXPECT_NE(slurp(log).find("replies unsent (it does not read them"), std::string::npos) << slurp(log);
 }
 
+// At most --max-sessions connections at once (each may buffer --max-message-bytes): one more is
+// told so and closed; once one closes, a new one is served.
+TEST(NavServe, ConnectionsPastTheLimitAreRefused) {
+  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12 --max-sessions 2");
+  auto client = std::make_unique<Client>(s.port);
+  Client second(s.port);
+  EXPECT_EQ(client->ask(R"({"session": "a", "reset": true, "instruction": [2, 4]})").at("ok"), true);
+  EXPECT_EQ(second.ask(R"({"session": "b", "reset": true, "instruction": [2, 4]})").at("ok"), true);
+  {
+    Client third(s.port);
+    const std::string error = third.ask(R"({"session": "c", "reset": true, "instruction": [2, 4]})").at("error");
+    EXPECT_EQ(error, "the server holds 2 connections, its limit (--max-sessions 2); try again when one closes");
+  }
+  client.reset();  // closes
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  Client fourth(s.port);  // (sessions outlive connections: a and b are the two this limit allows)
+  EXPECT_EQ(fourth.ask(R"({"session": "a", "reset": true, "instruction": [2, 4]})").at("ok"), true);
+}
+
 // A reset that fails (an instruction longer than the context) creates no session and leaves an
 // existing one as it was: its next step is the step it would have been.
 TEST(NavServe, AFailedResetChangesNothing) {
