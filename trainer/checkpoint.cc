@@ -507,15 +507,11 @@ void clean_checkpoint_leftovers(const std::string& run_dir) {
 }
 
 std::string resume_checkpoint(const std::string& run_dir, const model::ModelConfig& model,
-                              const std::vector<model::ParamInfo>& params, bool writer) {
+                              const std::vector<model::ParamInfo>& params) {
   auto folders = step_folders(run_dir);
   for (auto it = folders.rbegin(); it != folders.rend(); ++it) {
     const std::string problem = checkpoint_problem(it->second, &model, &params);
     if (problem.empty()) return it->second;
-    if (!writer) {
-      spdlog::info("skipping invalid checkpoint {}: {}", it->second, problem);
-      continue;
-    }
     const fs::path aside = aside_name(it->second);
     std::error_code ec;
     fs::rename(it->second, aside, ec);

@@ -117,11 +117,12 @@ std::string checkpoint_problem(const std::string& dir, const model::ModelConfig*
 void clean_checkpoint_leftovers(const std::string& run_dir);
 
 // The checkpoint a resumed run starts from: the newest valid one with the run's `model`
-// (safetensors headers included), or "" when there is none. When `writer`, each invalid step_N
-// newer than it is moved aside (step_N.invalid-<time>) with a warning; other ranks skip them.
+// (contents and safetensors headers included), or "" when there is none; each invalid step_N
+// newer than it is moved aside (step_N.invalid-<time>) with a warning. Called by the writer
+// (rank 0) alone: other ranks take its choice.
 // Throws tt::Error when the newest checkpoint is of a newer format version.
 std::string resume_checkpoint(const std::string& run_dir, const model::ModelConfig& model,
-                              const std::vector<model::ParamInfo>& params, bool writer);
+                              const std::vector<model::ParamInfo>& params);
 
 // The run settings of `cfg` that differ from those checkpoint `dir` was written with (its
 // config.yaml), as " key: then -> now;" items, "" when none or when the checkpoint has no

@@ -739,11 +739,8 @@ RunConfig parse_config_text(const std::string& yaml_text, const std::string& sou
   ParseState st;
   YAML::Node root;
   const std::string file = source.empty() ? "<config>" : source;
-  // A UTF-8 byte order mark (editors on Windows write one) is not part of the text.
-  const std::string kBom = "\xEF\xBB\xBF";
-  const std::string text = yaml_text.rfind(kBom, 0) == 0 ? yaml_text.substr(kBom.size()) : yaml_text;
   try {
-    root = load_one_document(text, file);
+    root = load_one_document(yaml_text, file);  // (which drops a byte order mark)
   } catch (const YAML::DeepRecursion& e) {
     // yaml-cpp stops at 500 levels of nesting and reports it as "bad file".
     throw Error(str(file, ":", e.mark.line + 1, ": invalid YAML: nested deeper than 500 levels (yaml-cpp's limit)"));

@@ -278,15 +278,12 @@ Trainer::Trainer(const RunConfig& cfg, std::unique_ptr<distributed::Communicator
   std::string ckpt;
   if (!cfg_.train.resume) {
     ckpt = latest_checkpoint(cfg_.run_dir);
-  } else if (world_size() == 1) {
-    ckpt = resume_checkpoint(cfg_.run_dir, cfg_.model, backend_->params_info(), true);
   } else {
     // Rank 0 chooses (reading every file for its CRC-32, moving invalid ones aside) and the others
     // take its choice: one rank reads the checkpoint's bytes twice, not every rank, and no rank
     // races rank 0's renames.
-    const std::string mine =
-        rank() == 0 ? resume_checkpoint(cfg_.run_dir, cfg_.model, backend_->params_info(), true) : "";
-    ckpt = comm_->all_gather_host(mine)[0];
+    ckpt = rank() == 0 ? resume_checkpoint(cfg_.run_dir, cfg_.model, backend_->params_info()) : "";
+    if (comm_) ckpt = comm_->all_gather_host(ckpt)[0];
     if (rank() != 0 && !ckpt.empty()) {
       const std::vector<model::ParamInfo> params = backend_->params_info();
       if (const std::string problem = checkpoint_problem(ckpt, &cfg_.model, &params, /*contents=*/false);

@@ -68,7 +68,8 @@ struct DocumentStarts : YAML::EventHandler {
 }  // namespace
 
 YAML::Node load_one_document(const std::string& with_bom, const std::string& file, const std::string& ctx) {
-  // A UTF-8 byte order mark is not part of the text (yaml-cpp's marks do not count it).
+  // A UTF-8 byte order mark (editors on Windows write one) is not part of the text (yaml-cpp's
+  // marks do not count it).
   const std::string kBom = "\xEF\xBB\xBF";
   const std::string text = with_bom.rfind(kBom, 0) == 0 ? with_bom.substr(kBom.size()) : with_bom;
   std::istringstream in(text);
