@@ -181,18 +181,15 @@ std::string Rendezvous::recv_blob(int peer) {
 constexpr int kMaxStrayHellos = 64;
 constexpr double kHelloGraceS = 0.2;
 
-// Whether the peer of s has closed its end (or reset it): nothing more will come, and a rank
-// that joined on it is gone. A rank sends nothing between its hello and the welcome.
-bool peer_closed(const net::Socket& s) {
+// What waits on s now, without reading it: bytes (a hello that has arrived but not been read
+// yet), nothing, or the end of the stream (the peer closed or reset its end: a rank that joined on
+// it is gone; a rank sends nothing between its hello and the welcome).
+enum class Peek { kBytes, kNothing, kClosed };
+Peek peek(const net::Socket& s) {
   char c;
   const ssize_t n = ::recv(s.fd(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-}
-
-// Whether bytes wait unread on s (a hello that has arrived but not been read yet).
-bool has_unread_bytes(const net::Socket& s) {
-  char c;
-  return ::recv(s.fd(), &c, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+  if (n > 0) return Peek::kBytes;
+  return n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) ? Peek::kClosed : Peek::kNothing;
 }
 
 void Rendezvous::connect_root(net::Socket listener) {
@@ -240,22 +237,27 @@ void Rendezvous::connect_root(net::Socket listener) {
   // Per rank, the challenge's nonce and the hello's, which the welcome's proof covers.
   std::vector<std::pair<std::string, std::string>> nonces(world);
   int joined = 1;
+  // A joined rank whose connection has closed since its hello (it crashed, it restarts): forgotten,
+  // so that it may join again. True when rank r is not (or no longer) joined.
+  auto forget_if_gone = [&](int r) {
+    if (!links_[r].valid()) return true;
+    if (peek(links_[r]) != Peek::kClosed) return false;
+    spdlog::warn("{}: rank {} (host {}) closed its connection before the ranks had all joined; waiting for it to "
+                 "join again",
+                 tag(), r, hosts_[r]);
+    links_[r] = net::Socket();
+    --joined;
+    return true;
+  };
   for (;;) {
-    if (joined == world) {  // every rank in: unless one has gone since its hello (it may come back)
-      for (int r = 1; r < world; ++r)
-        if (peer_closed(links_[r])) {
-          spdlog::warn("{}: rank {} (host {}) closed its connection before the ranks had all joined; waiting for it "
-                       "to join again",
-                       tag(), r, hosts_[r]);
-          links_[r] = net::Socket();
-          --joined;
-        }
+    if (joined == world) {  // every rank in: unless one has gone since its hello
+      for (int r = 1; r < world; ++r) forget_if_gone(r);
       if (joined == world) break;
     }
     const net::Clock::time_point now = net::Clock::now();
     if (pending.size() >= max_pending)  // a rank's hello comes at once, whole: any other stall can go
       for (Pending& p : pending)
-        if (!p.evicted && now - p.since >= grace && !has_unread_bytes(p.s)) {
+        if (!p.evicted && now - p.since >= grace && peek(p.s) != Peek::kBytes) {
           p.evicted = true;
           p.deadline = now;
           break;
@@ -399,7 +401,7 @@ void Rendezvous::connect_root(net::Socket listener) {
                       world);
       } else if (hello.rank < 1 || hello.rank >= world) {
         problem = str("host ", hello.host, " claims rank ", hello.rank, ", outside 1..", world - 1);
-      } else if (links_[hello.rank].valid() && !peer_closed(links_[hello.rank])) {
+      } else if (!forget_if_gone(hello.rank)) {
         problem = str("rank ", hello.rank, " joined twice (from host ", hosts_[hello.rank], " and host ", hello.host, ")");
       }
       if (!problem.empty()) {
@@ -408,12 +410,6 @@ void Rendezvous::connect_root(net::Socket listener) {
         refuse(p, problem);
         drop(i, str("was refused: ", problem, hint));
         continue;
-      }
-      if (links_[hello.rank].valid()) {  // its first connection closed before the welcome: a restart takes its place
-        spdlog::warn("{}: rank {} (host {}) closed its connection before the ranks had all joined; its new one from "
-                     "host {} takes its place",
-                     tag(), hello.rank, hosts_[hello.rank], hello.host);
-        --joined;
       }
       hosts_[hello.rank] = hello.host;
       nonces[hello.rank] = {p.nonce, hello.nonce};
