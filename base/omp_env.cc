@@ -27,15 +27,19 @@ int available_cpus() {
   return std::max(1, CPU_COUNT(&set));
 }
 
-void reexec_with_omp_defaults(char** argv) {
-  if (std::getenv(kOmpReexecMarker) != nullptr) return;
-  int local_world_size = 1;
+int local_world_size_env() {
   if (const char* s = std::getenv("LOCAL_WORLD_SIZE")) {
     char* end = nullptr;
     const long v = std::strtol(s, &end, 10);
-    if (end != s && *end == '\0' && v > 0 && v <= 1 << 20) local_world_size = (int)v;
+    if (end != s && *end == '\0' && v > 0 && v <= 1 << 20) return (int)v;
   }
-  const auto add = omp_defaults([](const char* name) { return std::getenv(name); }, available_cpus(), local_world_size);
+  return 1;
+}
+
+void reexec_with_omp_defaults(char** argv) {
+  if (std::getenv(kOmpReexecMarker) != nullptr) return;
+  const auto add =
+      omp_defaults([](const char* name) { return std::getenv(name); }, available_cpus(), local_world_size_env());
   if (add.empty()) return;
   for (const auto& [name, value] : add) ::setenv(name.c_str(), value.c_str(), 1);
   ::setenv(kOmpReexecMarker, "1", 1);

@@ -37,6 +37,9 @@ std::vector<std::pair<std::string, std::string>> omp_defaults(const std::functio
 // CPUs in this process's affinity mask (at least 1).
 int available_cpus();
 
+// LOCAL_WORLD_SIZE (the ranks of this host) when it is a positive integer, else 1.
+int local_world_size_env();
+
 // Called first in main: when omp_defaults() of the real environment (LOCAL_WORLD_SIZE read from
 // it) adds anything and this is not already the re-executed process, sets the variables and the
 // marker and executes /proc/self/exe with the same argv. Returns only when nothing was to be done

@@ -2,17 +2,16 @@
 // on a few threads, with the results and the errors of a serial loop.
 #pragma once
 
-#include <sched.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <exception>
 #include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "base/omp_env.h"
 
 namespace tt {
 
@@ -23,20 +22,10 @@ inline int host_threads_for(int cpus, int local_world_size) {
   return std::min(16, std::max(1, cpus / std::max(1, local_world_size)));
 }
 inline int host_threads() {
-  cpu_set_t set;
-  int n = 0;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
-  if (n <= 0) n = (int)std::thread::hardware_concurrency();
-  int ranks = 1;
-  if (const char* s = std::getenv("LOCAL_WORLD_SIZE")) {
-    char* end = nullptr;
-    const long v = std::strtol(s, &end, 10);
-    if (end != s && *end == '\0' && v > 0 && v <= 1 << 20) ranks = (int)v;
-  }
   // Ranks of one host each bound to a CPU set of their own see only theirs: no division then.
+  const int n = available_cpus();
   const unsigned all = std::thread::hardware_concurrency();
-  if (all > 0 && (unsigned)n < all) ranks = 1;
-  return host_threads_for(n, ranks);
+  return host_threads_for(n, all > 0 && (unsigned)n < all ? 1 : local_world_size_env());
 }
 
 // Runs fn(i) for every i in [0, n) on up to `threads` threads (0: host_threads()), items handed out
