@@ -7,7 +7,8 @@ set -euo pipefail
 
 packages=(bazel-bootstrap build-essential libyaml-cpp-dev libspdlog-dev libfmt-dev
           libgtest-dev libgmock-dev nlohmann-json3-dev libprotobuf-dev protobuf-compiler
-          libpng-dev libjpeg62-turbo-dev zlib1g-dev  # camera frames (data/image.h), linked statically
+          libpng-dev libjpeg62-turbo-dev zlib1g-dev  # camera frames (data/image.h) and checkpoint CRC-32s
+          # (base/crc.h), linked statically
           nettle-dev  # the rendezvous's job secret (distributed/auth.h), linked statically
           python3  # scripts/nav_client.py (its test) and scripts/vla_quickstart.sh's target check
           clang-14 libclang-rt-14-dev lld-14 llvm-14)  # the last four: scripts/sanitize.sh
