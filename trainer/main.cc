@@ -88,11 +88,12 @@ const char* const kUsage = R"(usage:
       max_position_embeddings.
   treetrain serve --checkpoint DIR [--port 0] [--host 127.0.0.1] [--action-ids FIRST:END]
                   [--action-tokens 1] [--window W] [--max-sessions 1024] [--session-idle-s 3600]
-                  [--max-message-bytes 16777216]
+                  [--max-message-bytes 16777216] [--max-buffered-bytes 16 x max-message-bytes]
       A VLA policy server: JSON lines over TCP, sessions with reset / images (base64 PNG or JPEG)
       / close, answered by the action (trainer/serve.h); prints "listening on HOST:PORT" first.
       A session unused for --session-idle-s seconds is closed (0: never). At most --max-sessions
-      sessions and as many connections at once (one more is told so and closed).
+      sessions and as many connections at once (one more is told so and closed); requests
+      buffered across them at most --max-buffered-bytes (a read past it closes its connection).
       Continuous actions decode with the checkpoint's action_bins.json; discrete ones need
       --action-ids (the nav environment's: 8:12).
   treetrain nav-env [--size 5] [--landmarks 3] [--walls 2] [--max-steps 24] [--image-size 16]
@@ -251,7 +252,6 @@ int64_t int_flag(const Args& a, const std::string& name, int64_t def, int64_t lo
   return v;
 }
 
-// The same for an int field: the range is an int's, so nothing is narrowed.
 // The folder of an --out file, created if missing; an error names --out and why it cannot be.
 void make_out_parent(const std::string& out) {
   const std::filesystem::path parent = std::filesystem::path(out).parent_path();
@@ -263,6 +263,7 @@ void make_out_parent(const std::string& out) {
                             ec ? ec.message() : std::string("it exists and is not a folder")));
 }
 
+// The same for an int field: the range is an int's, so nothing is narrowed.
 int int32_flag(const Args& a, const std::string& name, int def, int lo, int hi, const std::string& note = "") {
   return (int)int_flag(a, name, def, lo, hi, note);
 }
@@ -407,7 +408,8 @@ int run_eval(const std::vector<std::string>& argv) {
 
 int run_serve(const std::vector<std::string>& argv) {
   const Args a = parse_flags(argv, {"checkpoint", "host", "port", "window", "action-ids", "action-tokens",
-                                    "max-message-bytes", "max-sessions", "session-idle-s", "max-requests", "device"},
+                                    "max-message-bytes", "max-buffered-bytes", "max-sessions", "session-idle-s",
+                                    "max-requests", "device"},
                              "serve");
   spdlog::set_default_logger(spdlog::stderr_color_mt("treetrain-serve"));  // stdout: the "listening on" line
   tt::trainer::ServeOptions o;
@@ -434,6 +436,7 @@ int run_serve(const std::vector<std::string>& argv) {
   // a given count against the context and the bins.
   o.action_tokens = int32_flag(a, "action-tokens", 0, 1, kIntMax);
   o.max_message_bytes = int_flag(a, "max-message-bytes", o.max_message_bytes, 1024, INT64_MAX);
+  o.max_buffered_bytes = int_flag(a, "max-buffered-bytes", -1, 1024, INT64_MAX, " (absent: 16 x --max-message-bytes)");
   o.max_sessions = int32_flag(a, "max-sessions", o.max_sessions, 1, kIntMax);
   o.session_idle_s = float_flag(a, "session-idle-s", o.session_idle_s);
   if (o.session_idle_s < 0 || o.session_idle_s > 1e9)

@@ -50,18 +50,40 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 constexpr size_t kMaxSessionName = 256;  // bytes
 constexpr size_t kMaxQuote = 512;        // bytes of a parse error's text (it quotes the input)
+// Lines of one connection answered in a turn of the poll loop: a client's pipelined burst waits
+// for the others' requests (each a model step, milliseconds) every 16 lines.
+constexpr int kLinesPerTurn = 16;
+
+// Client text for a log line: a JSON string, quoted, its control characters (a newline that would
+// forge a log line, a terminal escape) and non-ASCII bytes escaped.
+std::string quoted(const std::string& text) { return json(text).dump(-1, ' ', true, json::error_handler_t::replace); }
 
 struct Conn {
   int fd = -1;
   std::string peer;      // host:port, for log lines
-  std::string in;        // bytes not yet forming a line
+  std::string in;        // request bytes not yet answered: whole lines left for the next turn, then a partial one
+  size_t scanned = 0;    // the first bytes of `in` hold no newline (not searched again)
   std::string out;       // reply bytes the socket has not taken yet (it is non-blocking)
+  bool eof = false;      // the client sends no more: what `in` holds is answered (its last line
+                         // without a newline too), then the connection closes
   bool closing = false;  // reads no more requests; closed once `out` is sent
 };
+
+// Whether `in` may hold a line to answer without reading more: bytes not yet searched for a
+// newline, or any bytes once the client sent its last.
+bool lines_left(const Conn& c) { return c.scanned < c.in.size() || (c.eof && !c.in.empty()); }
 
 class Server {
  public:
   explicit Server(const ServeOptions& opt) : opt_(opt) {
+    if (opt.max_buffered_bytes >= 0 && opt.max_buffered_bytes < opt.max_message_bytes)
+      throw Error(str("--max-buffered-bytes ", opt.max_buffered_bytes, ": less than --max-message-bytes ",
+                      opt.max_message_bytes, " (a request line of that length must fit); expected at least ",
+                      opt.max_message_bytes));
+    budget_ = opt.max_buffered_bytes >= 0
+                  ? opt.max_buffered_bytes
+                  : std::min<int64_t>(opt.max_message_bytes, std::numeric_limits<int64_t>::max() / 16) * 16;
+    budget_from_ = opt.max_buffered_bytes >= 0 ? "--max-buffered-bytes" : "16 x --max-message-bytes";
     dir_ = resolve_checkpoint(opt.checkpoint);
     cfg_ = read_checkpoint_config(dir_);
     if (!cfg_.vision.enabled())
@@ -140,11 +162,18 @@ class Server {
     while (opt_.max_requests < 0 || answered < opt_.max_requests) {
       const bool resting = std::chrono::steady_clock::now() < listener_rests_until;
       std::vector<pollfd> fds = {{lfd, (short)(resting ? 0 : POLLIN), 0}};
-      for (const Conn& c : conns)
-        fds.push_back({c.fd, (short)((c.closing ? 0 : POLLIN) | (c.out.empty() ? 0 : POLLOUT)), 0});
+      // A connection with lines left from its last turn is not read (its socket holds the rest)
+      // and the poll does not wait for it.
+      bool turn_now = false;
+      for (const Conn& c : conns) {
+        const bool more = !c.closing && lines_left(c);
+        turn_now |= more;
+        fds.push_back({c.fd, (short)((c.closing || c.eof || more ? 0 : POLLIN) | (c.out.empty() ? 0 : POLLOUT)), 0});
+      }
       // Woken for the next idle session to close, if any, or when the listener's rest ends.
       int wait_ms = close_idle_sessions();
       if (resting) wait_ms = wait_ms < 0 ? 100 : std::min(wait_ms, 100);
+      if (turn_now) wait_ms = 0;
       if (poll(fds.data(), fds.size(), wait_ms) < 0) {
         if (errno == EINTR) continue;
         throw Error(str("serve: poll: ", std::strerror(errno)));
@@ -156,11 +185,14 @@ class Server {
         bool open = !(ev & (POLLERR | POLLNVAL)) && !(c.closing && (ev & POLLHUP));
         if (open && (ev & POLLOUT)) open = flush(c);
         const bool limit = opt_.max_requests >= 0 && answered >= opt_.max_requests;
-        if (open && !limit && !c.closing && (ev & (POLLIN | POLLHUP))) open = read_requests(c, answered);
+        if (open && !limit && !c.closing && !c.eof && !lines_left(c) && (ev & (POLLIN | POLLHUP)))
+          open = read_requests(c, answered);
+        if (open && !limit && !c.closing) open = answer_lines(c, answered);
         if (open && c.closing && c.out.empty()) open = false;
         if (open) {
           keep.push_back(std::move(c));
         } else {
+          buffered_ -= (int64_t)c.in.size();
           close(c.fd);
         }
       }
@@ -181,7 +213,7 @@ class Server {
         } else if (fd >= 0) {
           char host[INET_ADDRSTRLEN] = "?";
           inet_ntop(AF_INET, &peer.sin_addr, host, sizeof host);
-          keep.push_back(Conn{fd, str(host, ":", ntohs(peer.sin_port)), "", "", false});
+          keep.push_back(Conn{fd, str(host, ":", ntohs(peer.sin_port))});
         } else if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
           spdlog::warn("serve: cannot accept a connection ({}; {} open): new clients wait until some close",
                        std::strerror(errno), conns.size());
@@ -241,39 +273,74 @@ class Server {
     return true;
   }
 
-  // Reads what the socket holds and answers its complete lines; false when the connection is to close.
+  // Reads what the socket holds into the connection's buffer (answer_lines answers it); false when
+  // the connection is to close.
   bool read_requests(Conn& c, int64_t& answered) {
     char buf[1 << 16];
     const ssize_t n = recv(c.fd, buf, sizeof buf, 0);
-    if (n == 0) {  // the client sends no more: its replies still go out
-      c.closing = true;
+    if (n == 0) {  // the client sends no more: what it sent is answered, its replies still go out
+      c.eof = true;
       return true;
     }
     if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
-    size_t from = c.in.size();  // the bytes before hold no newline: not scanned again
-    c.in.append(buf, (size_t)n);
-    // The complete lines, in order; what they took is erased once (not line by line: quadratic in
-    // a flood of short lines).
-    size_t start = 0, nl;
-    while ((nl = c.in.find('\n', std::max(from, start))) != std::string::npos) {
-      const std::string line = c.in.substr(start, nl - start);
-      start = nl + 1;
-      if (line.empty()) continue;
-      ++answered;
-      if (!reply(c, handle(line))) return false;
-      if (opt_.max_requests >= 0 && answered >= opt_.max_requests) {
-        c.in.erase(0, start);
-        return true;
-      }
-    }
-    c.in.erase(0, start);
-    if ((int64_t)c.in.size() > opt_.max_message_bytes) {  // the stream cannot be resynchronised
+    if (buffered_ + n > budget_) {  // its partial line is dropped: the stream cannot be resynchronised
+      spdlog::warn("serve: closing the connection from {}: its {} more bytes would take the requests buffered across "
+                   "all connections from {} past {} bytes ({})",
+                   c.peer, n, buffered_, budget_, budget_from_);
+      buffered_ -= (int64_t)c.in.size();
+      c.in.clear();
+      c.scanned = 0;
       ++answered;
       c.closing = true;
-      return reply(c, dump(json{{"error", str("message longer than ", opt_.max_message_bytes,
-                                              " bytes without a newline; closing the connection")}}));
+      return reply(c, dump(json{{"error", str("the requests buffered across all connections would pass the server's "
+                                              "limit of ", budget_, " bytes (", budget_from_,
+                                              "); closing the connection")}}));
     }
+    c.in.append(buf, (size_t)n);
+    buffered_ += n;
     return true;
+  }
+
+  // Answers the connection's next lines, at most kLinesPerTurn (the rest wait for its next turn);
+  // once the client sent its last, the bytes after the last newline are a line too. A line's "\r"
+  // before its newline is dropped, and an empty line is skipped. False when the connection is to
+  // close.
+  bool answer_lines(Conn& c, int64_t& answered) {
+    size_t start = 0;  // what the answered lines took is erased once, not line by line
+    bool open = true;
+    for (int lines = 0; open && lines < kLinesPerTurn;) {
+      if (opt_.max_requests >= 0 && answered >= opt_.max_requests) break;
+      size_t nl = c.in.find('\n', std::max(start, c.scanned));
+      if (nl == std::string::npos) {
+        c.scanned = c.in.size();
+        if ((int64_t)(c.in.size() - start) > opt_.max_message_bytes) {  // the stream cannot be resynchronised
+          ++answered;
+          c.closing = true;
+          open = reply(c, dump(json{{"error", str("message longer than ", opt_.max_message_bytes,
+                                                  " bytes without a newline; closing the connection")}}));
+          break;
+        }
+        if (!c.eof || start == c.in.size()) break;
+        nl = c.in.size();  // the last line, sent without its newline
+      }
+      std::string line = c.in.substr(start, nl - start);
+      start = std::min(nl + 1, c.in.size());
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line.empty()) continue;
+      ++lines;
+      ++answered;
+      open = reply(c, handle(line));
+    }
+    c.in.erase(0, start);
+    buffered_ -= (int64_t)start;
+    c.scanned = c.scanned > start ? c.scanned - start : 0;
+    if (c.eof && c.in.empty()) c.closing = true;
+    if (c.closing) {  // what is left is never answered
+      buffered_ -= (int64_t)c.in.size();
+      c.in.clear();
+      c.scanned = 0;
+    }
+    return open;
   }
 
   // At exit (max_requests answered): what the clients still read is sent, waiting at most a
@@ -326,6 +393,8 @@ class Server {
       if (!j.is_object() || !j.contains("session") || !j.at("session").is_string())
         throw Error("expected a JSON object with a \"session\" string");
       const std::string& name = j.at("session").get_ref<const std::string&>();
+      if (name.empty())
+        throw Error(str("\"session\" must be a non-empty string (at most ", kMaxSessionName, " bytes)"));
       if (name.size() > kMaxSessionName)
         throw Error(str("\"session\" of ", name.size(), " bytes, expected at most ", kMaxSessionName));
       session = name;
@@ -478,8 +547,8 @@ class Server {
         continue;
       }
       const double idle_s = std::round(std::chrono::duration<double>(idle).count() * 10) / 10;
-      spdlog::info("serve: session \"{}\" closed after {} s unused (--session-idle-s {}); its {} steps' context freed",
-                   it->first, idle_s, opt_.session_idle_s, it->second->steps);
+      spdlog::info("serve: session {} closed after {} s unused (--session-idle-s {}); its {} steps' context freed",
+                   quoted(it->first), idle_s, opt_.session_idle_s, it->second->steps);
       if (closed_idle_.size() >= kMaxClosedNames && !closed_idle_.count(it->first))
         closed_idle_.erase(std::min_element(closed_idle_.begin(), closed_idle_.end(), [](const auto& a, const auto& b) {
           return a.second.order < b.second.order;
@@ -492,6 +561,9 @@ class Server {
   }
 
   ServeOptions opt_;
+  int64_t budget_ = 0;       // request bytes buffered across all connections, at most
+  std::string budget_from_;  // the option that set it, for the error
+  int64_t buffered_ = 0;     // the bytes in all connections' `in`
   std::string dir_;
   model::ModelConfig cfg_;
   int window_ = 0;

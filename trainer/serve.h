@@ -3,7 +3,9 @@
 // loop; a session is its own KV cache, model/policy.h, so it is the context the model was
 // trained on: the instruction, then the history of the checkpoint's data.history).
 //
-// Requests (every one names its "session", a string):
+// Requests (every one names its "session", a non-empty string; one a line, ending in "\n" or
+// "\r\n"; empty lines are skipped; a last line without its newline is answered once the client
+// shuts down its sending side):
 //   {"session": S, "reset": true, "instruction": [ids]}        -> {"session": S, "ok": true}
 //   {"session": S, "images": [base64 PNG | JPEG, ...], "state": [floats]}   (state optional)
 //       -> {"session": S, "step": t, "tokens": [ids], "action": [floats]}     continuous actions
@@ -11,7 +13,8 @@
 //       -> {"session": S, "step": t, "tokens": [ids], "action_ids": [ids]}   discrete (--action-ids)
 //   {"session": S, "close": true}                              -> {"session": S, "ok": true}
 // Exactly one of "reset": true, "images" or "close": true per request, and no other keys than
-// these, "instruction" (reset) and "state" (images). Session names are at most 256 bytes.
+// these, "instruction" (reset) and "state" (images). Session names are 1 to 256 bytes; log lines
+// quote them JSON-escaped (a name may hold newlines and control characters).
 // Images must be the tower's size (vision.image_size square; checked from the header, before the
 // pixels are decoded) and are normalised as in training; state values must be finite as 32-bit
 // floats. A session's context (its KV cache) holds min(max_position_embeddings, 16384) rows: an
@@ -24,10 +27,14 @@
 // {"error": "...", "session": S when known} and changes nothing: a failed reset leaves the
 // session as it was (or creates none), a failed step leaves its history as it was. A line longer
 // than max_message_bytes gets an error reply and its connection is closed (the stream cannot be
-// resynchronised). Replies a client does not read wait in a buffer of its own (sockets are
-// non-blocking); past max_message_bytes unsent, that client is disconnected with a log line, so
-// a client that pipelines requests and never reads cannot stall the others. Nothing a client
-// sends stops the server.
+// resynchronised). The request bytes buffered across all connections are at most
+// max_buffered_bytes: a read that would pass it gets an error reply naming the limit and its
+// connection is closed (the others are served on). Replies a client does not read wait in a
+// buffer of its own (sockets are non-blocking); past max_message_bytes unsent, that client is
+// disconnected with a log line, so a client that pipelines requests and never reads cannot stall
+// the others. A connection's pipelined lines are answered at most 16 a turn (the rest wait in its
+// buffer, unread bytes in its socket), so one client's burst does not hold up the others' replies.
+// Nothing a client sends stops the server.
 // Sessions are global, not tied to a connection: a session lives until it is closed (by any
 // connection), it has gone unused for session_idle_s (its KV cache is freed, a log line says so,
 // and a request naming it gets "session S was closed after N s unused (--session-idle-s ...);
@@ -45,6 +52,9 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 0;              // 0: any free port (printed on the first line of stdout)
   int64_t max_message_bytes = 16 << 20;
+  // Request bytes buffered across all connections (-1: 16 x max_message_bytes, 256 MB at the
+  // default; else at least max_message_bytes).
+  int64_t max_buffered_bytes = -1;
   int max_sessions = 1024;   // sessions, and connections, at once
   double session_idle_s = 3600;  // a session unused this long is closed (0: never; at most 1e9)
   int window = -1;           // -1: the checkpoint's data.history

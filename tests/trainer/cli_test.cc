@@ -438,6 +438,9 @@ TEST(CliTest, OutOfRangeIntegersNameTheFlagAndTheRange) {
        "checkpoint's), got '-2'"},
       {"serve --checkpoint x --max-sessions 4294967297",
        "error: --max-sessions: expected an integer in [1, 2147483647], got '4294967297'"},
+      {"serve --checkpoint x --max-buffered-bytes 100",
+       "error: --max-buffered-bytes: expected an integer in [1024, 9223372036854775807] (absent: 16 x "
+       "--max-message-bytes), got '100'"},
       {"serve --checkpoint x --session-idle-s -1",
        "error: --session-idle-s: expected seconds in [0, 1e9] (0: sessions never close for going unused), got '-1'"},
       {"serve --checkpoint x --session-idle-s 1e10",

@@ -4,13 +4,16 @@
 // UTF-8, unknown session or request, mistyped or unknown fields, undecodable or wrongly sized
 // image, bad state, an oversize line, an instruction or a step past the context) with an error
 // naming it, and such a request changes no session; a client that never reads its replies is
-// dropped without stalling the others; startup refuses action bins and action-token counts the
-// model cannot serve; and the reference
+// dropped without stalling the others, one that pipelines takes turns with them, and the request
+// bytes buffered across connections have a budget; "\r\n" line ends and a last line without its
+// newline are taken; session names are escaped in the log; startup refuses action bins and
+// action-token counts the model cannot serve; and the reference
 // client (scripts/nav_client.py, through `serve` and `nav-env`) reproduces eval's success rate
 // and SPL for the same seeds.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -23,10 +26,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "base/base64.h"
 #include "data/image.h"
@@ -468,6 +473,122 @@ TEST(NavServe, ConnectionsPastTheLimitAreRefused) {
   EXPECT_EQ(fourth.ask(R"({"session": "a", "reset": true, "instruction": [2, 4]})").at("ok"), true);
 }
 
+// The request bytes buffered across all connections are at most 16 x --max-message-bytes (1 MiB
+// here): of 17 clients each holding 65,000 bytes of a line, the one whose read would pass it is
+// told so and closed; the other 16 are served on (their lines, once whole, are answered), and so
+// is a client of short requests beside them.
+TEST(NavServe, RequestsBufferedAcrossConnectionsHaveABudget) {
+  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12 --max-message-bytes 65536");
+  std::vector<std::unique_ptr<Client>> holders;
+  for (int i = 0; i < 17; ++i) {
+    holders.push_back(std::make_unique<Client>(s.port));
+    holders.back()->send_raw(std::string(65000, 'x'));
+  }
+  // The refused one is the only one with anything to read: wait for it, then a moment for others.
+  std::vector<pollfd> fds;
+  for (const auto& h : holders) fds.push_back({h->fd, POLLIN, 0});
+  ASSERT_GT(poll(fds.data(), fds.size(), 60000), 0) << "no client was refused";
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_EQ(poll(fds.data(), fds.size(), 0), 1) << "exactly one client is refused";
+  size_t refused = 0;
+  while (!(fds[refused].revents & POLLIN)) ++refused;
+  EXPECT_EQ(json::parse(holders[refused]->reply()).at("error"),
+            "the requests buffered across all connections would pass the server's limit of 1048576 bytes (16 x "
+            "--max-message-bytes); closing the connection");
+  EXPECT_EQ(holders[refused]->reply(), "") << "the connection is closed";
+  Client c(s.port);
+  EXPECT_EQ(c.ask(R"({"session": "a", "reset": true, "instruction": [2, 4]})").at("ok"), true);
+  EXPECT_EQ(c.ask(R"({"session": "a", "images": [")" + frame_b64() + R"("]})").at("step"), 0);
+  for (size_t i = 0; i < holders.size(); ++i) {
+    if (i == refused) continue;
+    EXPECT_EQ(holders[i]->error_of("").rfind("malformed JSON: ", 0), 0u) << i;
+  }
+}
+
+// A client's pipelined requests are answered 16 a turn, each turn also serving the others: a
+// request another client sends once a burst of 30 resets (one read of the server's; each reset a
+// 1008-token instruction's prefill, tens of ms) is being answered gets its reply in the next
+// turn, before the burst's last 14 (answered all at once, the burst went first); and every line
+// of the burst is answered, in order.
+TEST(NavServe, APipeliningClientTakesTurnsWithOthers) {
+  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12");
+  Client other(s.port);  // connected first: it comes first in each turn
+  EXPECT_EQ(other.ask(R"({"session": "b", "reset": true, "instruction": [2, 4]})").at("ok"), true);
+  Client burst(s.port);
+  std::string ins, lines;
+  for (int i = 0; i < 1008; ++i) ins += (i ? "," : "") + std::to_string(2 + i % 8);
+  for (int i = 0; i < 30; ++i)
+    lines += R"({"session":"p)" + std::to_string(i) + R"(","reset":true,"instruction":[)" + ins + "]}\n";
+  ASSERT_LE(lines.size(), 65536u) << "the burst is one read of the server's";
+  burst.send_raw(lines);
+  EXPECT_EQ(json::parse(burst.reply()).at("session"), "p0");
+  EXPECT_EQ(other.ask(R"({"session": "b", "close": true})").at("ok"), true);
+  // The burst's replies sent before the other client's: the first turn's 16 (a reply or so more
+  // if this thread read late).
+  int before = 1;
+  for (char tmp[65536];;) {
+    const ssize_t n = recv(burst.fd, tmp, sizeof tmp, MSG_DONTWAIT);
+    if (n <= 0) break;
+    burst.buf.append(tmp, (size_t)n);
+  }
+  for (char ch : burst.buf) before += ch == '\n';
+  EXPECT_LT(before, 30);
+  for (int i = 1; i < 30; ++i) {
+    const json r = json::parse(burst.reply());
+    EXPECT_EQ(r.at("session"), "p" + std::to_string(i)) << r.dump();
+    EXPECT_EQ(r.value("ok", false), true) << r.dump();
+  }
+}
+
+// A last request without its newline is answered once the client shuts down its sending side,
+// then the connection closes.
+TEST(NavServe, ALastLineWithoutANewlineIsAnsweredAtShutdown) {
+  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12");
+  Client c(s.port);
+  c.send_raw("{\"session\": \"a\", \"reset\": true, \"instruction\": [2, 4]}\n{\"session\": \"a\", \"images\": [\"" +
+             frame_b64() + "\"]}");
+  ASSERT_EQ(shutdown(c.fd, SHUT_WR), 0);
+  EXPECT_EQ(json::parse(c.reply()).at("ok"), true);
+  const std::string last = c.reply();
+  ASSERT_FALSE(last.empty()) << "the last line is answered";
+  EXPECT_EQ(json::parse(last).at("step"), 0) << last;
+  EXPECT_EQ(c.reply(), "") << "the connection is closed";
+  Client d(s.port);  // a whole line, then a "\r\n" one, before the shutdown: no reply for the empty one
+  d.send_raw("{\"session\": \"a\", \"close\": true}\n\r");
+  ASSERT_EQ(shutdown(d.fd, SHUT_WR), 0);
+  EXPECT_EQ(json::parse(d.reply()).at("ok"), true);
+  EXPECT_EQ(d.reply(), "") << "the connection is closed";
+}
+
+// "\r\n" line ends (a CRLF client's) are newlines: the "\r" is dropped, and a line that held only
+// it is empty, skipped as an empty "\n" line is (no reply).
+TEST(NavServe, CrlfLineEndsAreNewlines) {
+  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12");
+  Client c(s.port);
+  c.send_raw("\r\n\n\r\n{\"session\": \"a\", \"reset\": true, \"instruction\": [2, 4]}\r\n\r\n");
+  EXPECT_EQ(c.reply(), R"({"ok":true,"session":"a"})");
+  c.send_raw("{\"session\": \"a\", \"images\": [\"" + frame_b64() + "\"]}\r\n");
+  EXPECT_EQ(json::parse(c.reply()).at("step"), 0);
+  EXPECT_EQ(c.error_of("{\"session\": \"a\", \"close\": 1}\r"), "\"close\" is number 1, expected the boolean true");
+}
+
+// A session name with a newline and a terminal escape is quoted JSON-escaped in the log: it
+// cannot forge a log line or colour the terminal.
+TEST(NavServe, SessionNamesAreEscapedInTheLog) {
+  const fs::path log = fresh_dir("serve_log_names") / "serve.log";
+  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12 --session-idle-s 1", log.string());
+  Client c(s.port);
+  const std::string name = R"(a\nserve: forged\u001b[31m\")";  // as the JSON request writes it
+  EXPECT_EQ(c.ask(R"({"session": ")" + name + R"(", "reset": true, "instruction": [2, 4]})").at("ok"), true);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_NE(c.error_of(R"({"session": ")" + name + R"(", "close": true})").find("was closed after 1"),
+            std::string::npos);
+  const std::string text = slurp(log);
+  EXPECT_NE(text.find("serve: session \"" + name + "\" closed after 1"), std::string::npos) << text;
+  EXPECT_EQ(text.find("\nserve: forged"), std::string::npos) << text;
+  EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
+}
+
 // A reset that fails (an instruction longer than the context) creates no session and leaves an
 // existing one as it was: its next step is the step it would have been.
 TEST(NavServe, AFailedResetChangesNothing) {
@@ -598,6 +719,10 @@ TEST(NavServe, BadFieldsAreNamedAndChangeNothing) {
   EXPECT_EQ(c.error_of(R"({"session": ")" + name + R"(", "reset": true, "instruction": [2]})"),
             "\"session\" of 257 bytes, expected at most 256");
   EXPECT_EQ(c.ask(R"({"session": ")" + name.substr(1) + R"(", "reset": true, "instruction": [2]})").at("ok"), true);
+  EXPECT_EQ(c.error_of(R"({"session": "", "reset": true, "instruction": [2]})"),
+            "\"session\" must be a non-empty string (at most 256 bytes)");
+  EXPECT_EQ(c.error_of(R"({"session": "", "close": true})"),
+            "\"session\" must be a non-empty string (at most 256 bytes)");
   EXPECT_EQ(c.error_of(R"({"session": "r", "act": true})"),
             "a request without \"reset\": true, \"images\" or \"close\": true (its keys: act, session)");
   EXPECT_EQ(c.error_of(R"({"session": "nobody", "step": 1})"),
