@@ -646,6 +646,9 @@ struct SeqSegments {
   // Recurrent layers: the cache slot holding the state and conv tail after its last row (null
   // before its first row: zeros), its own (a fork copies it into a slot of its own).
   std::shared_ptr<const int32_t> slot;
+  // Set while a prefill takes its forward's results in (the slot, the rows, a roll): a failure
+  // there leaves it set, and the sequence half updated.
+  bool broken = false;
 };
 
 template <class E>
@@ -682,13 +685,16 @@ class SegmentedInference {
     return b;
   }
   // Recurrent models: the slot st's next rows start from (-1: zeros) and the one they leave their
-  // state in: st's own, or for its first rows a fresh one, st's once the forward succeeded (a
-  // failed first forward leaves st starting from zeros).
+  // state in: with in_place st's own (a decode step, whose failure ends the generation), else, and
+  // for st's first rows, a fresh one, st's once the forward succeeded: a failed forward leaves st
+  // as it was, its state untouched.
   struct StateIo {
     int32_t in = -1;
     std::shared_ptr<const int32_t> out;
   };
-  StateIo state_io(const SeqSegments<E>& st) { return {st.slot ? *st.slot : -1, st.slot ? st.slot : new_slot()}; }
+  StateIo state_io(const SeqSegments<E>& st, bool in_place) {
+    return {st.slot ? *st.slot : -1, st.slot && in_place ? st.slot : new_slot()};
+  }
   // Adds what row(s) [q_begin, q_end) of the open segment read: its prefixes and its earlier rows.
   void read(const SeqSegments<E>& st, Carry<E>& carry, int q_begin, int q_end) const {
     if (st.reads) st.reads->append_to(carry, q_begin, q_end);
@@ -723,23 +729,28 @@ class SegmentedInference {
     if ((int64_t)st.rows.size() == cfg_.length) roll(st);
   }
   // Rows of st's open segment in one forward: batch b (at the segment's positions) reads st's
-  // prefixes and earlier rows, stores its K/V at cache rows `rows` and joins the segment.
+  // prefixes and earlier rows, stores its K/V at cache rows `rows` and joins the segment. A
+  // failed forward leaves st as it was (its recurrent state goes to a fresh slot, state_io); a
+  // failure after it, as st takes the rows in, leaves st.broken set.
   InferResult prefill(SeqSegments<E>& st, const data::PackedBatch& b, const std::vector<int32_t>& rows,
                       const InferRequest& req) {
+    TT_CHECK(!st.broken, "segments: a sequence left half updated by a failure");
     const int n = b.n_tokens;
     Carry<E> carry(L_);
     read(st, carry, 0, n);
     std::vector<int32_t> state_out;
     StateIo io;
     if (cache_.recurrent()) {
-      io = state_io(st);
+      io = state_io(st, /*in_place=*/false);
       cache_.read_state(carry, {io.in});
       state_out = {*io.out};
     }
     const CacheWrite<E> w = write(rows, std::move(state_out));
     InferResult res = model_.infer(b, req, &carry, &w);
+    st.broken = true;
     if (io.out) st.slot = io.out;
     for (int j = 0; j < n; ++j) append(st, j, n, rows[j]);
+    st.broken = false;
     return res;
   }
 
@@ -905,7 +916,7 @@ std::vector<Completion> generate_segmented(Decoder<E>& model, const SegmentConfi
         rows.push_back((int32_t)(gen_row[act[r]] + (j - 1) % ring));
         seg.read(state[act[r]], carry, r, r + 1);
         if (cache.recurrent()) {
-          ios.push_back(seg.state_io(state[act[r]]));
+          ios.push_back(seg.state_io(state[act[r]], /*in_place=*/true));
           slot_in.push_back(ios.back().in);
           slot_out.push_back(*ios.back().out);
         }
@@ -1018,6 +1029,8 @@ std::vector<double> SegmentedPath<E>::append(const data::PackedBatch& b) {
   TT_CHECK(n >= 1 && b.num_nodes() == 1 && (int)b.tokens.size() == n, "SegmentedPath: a batch of ", n, " rows in ",
            b.num_nodes(), " nodes, expected one node of at least one row");
   data::check_packed_batch(b, model_.config().vocab_size);  // a bad batch appends nothing
+  TT_CHECK(!impl_->st.broken, "SegmentedPath: a failure at depth ", depth_, " (after a forward, as its rows joined ",
+           "their segment) left the path half updated; rewind() to a mark or clear() it");
   const int64_t S = cfg_.length;
   std::vector<double> logits;
   for (int a = 0; a < n;) {  // the rows up to the open segment's end, then the next segment's
@@ -1039,6 +1052,8 @@ std::vector<double> SegmentedPath<E>::append(const data::PackedBatch& b) {
 
 template <class E>
 std::shared_ptr<const typename SegmentedPath<E>::Mark> SegmentedPath<E>::mark() const {
+  TT_CHECK(!impl_->st.broken, "SegmentedPath: a failure at depth ", depth_, " left the path half updated; rewind() ",
+           "to a mark or clear() it");
   auto m = std::make_shared<Mark>();
   m->st = impl_->seg.fork(impl_->st);
   m->depth = depth_;

@@ -224,7 +224,10 @@ class SegmentedPath {
   // depths; returns the logits of its last row (V). A batch that is not one valid node (a token
   // outside the vocabulary, ...) is refused before any row is appended; where the rows span
   // segments, one segment's forward at a time, so a forward failing keeps the earlier segments'
-  // rows (depth() says how many).
+  // rows (depth() says how many) and leaves the path as it was after them (recurrent states are
+  // written to a fresh slot, taken once the forward is through). A failure after a forward, as
+  // its rows join their segment (an allocation), leaves the path refusing append() and mark()
+  // until rewind() to an earlier mark or clear().
   std::vector<double> append(const data::PackedBatch& b);
   // The path as it is now, and back to a mark taken at most `ahead` rows ago.
   struct Mark;

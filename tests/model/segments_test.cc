@@ -8,9 +8,14 @@
 // with RoPE applied in two rotations instead of one (a rounding of ~1e-16 per element), results
 // agree to 1e-10 relative to the largest element (errors grow by ~1e3 over a few layers at most).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
 #include <random>
 #include <string>
 #include <tuple>
@@ -23,6 +28,19 @@
 #include "model/decoder.h"
 #include "model/segments.h"
 #include "tests/model/model_test_util.h"
+
+// Fault injection for AGrowingPathSurvivesAFailedForward: with fail_after >= 0, the allocation
+// that counts it down past 0 throws std::bad_alloc. Allocations inside the CPU ops' OpenMP regions
+// are not counted: an exception cannot leave such a region (it would end the process).
+std::atomic<int64_t> fail_after{-1};
+void* operator new(std::size_t n) {
+  if (fail_after.load(std::memory_order_relaxed) >= 0 && omp_get_level() == 0 && fail_after.fetch_sub(1) == 0)
+    throw std::bad_alloc();
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace tt::model {
 namespace {
@@ -769,6 +787,61 @@ TEST(Segments, AGrowingPathRefusesABadBatchWhole) {
   const std::vector<double> got = path.append(one_node(std::vector<int32_t>(seq.begin() + 2, seq.end())));
   EXPECT_EQ(path.depth(), 7);
   EXPECT_EQ(got, fresh.append(one_node(seq)));
+}
+
+// An append that fails anywhere (an allocation failing at each of its allocations in turn: the
+// forward's buffers, the segment's roll) never leaves a path that goes on silently wrong: the
+// recurrent states are written to a fresh slot and taken only once the forward is through, so
+// after a failed forward the path appends as if the batch had never been offered, to the bit; a
+// failure after the forward (as a segment rolls) leaves it refusing appends and marks, naming
+// what to do, until it is rewound to a mark taken before, which brings it back whole.
+TEST(Segments, AGrowingPathSurvivesAFailedForward) {
+  Model<double> m(hybrid_model());
+  m.init(75);
+  const SegmentConfig cfg = mixed(1);  // S = 4
+  const std::vector<int32_t> seq = random_tokens(9, 76);
+  const std::vector<int32_t> head(seq.begin(), seq.begin() + 3), piece(seq.begin() + 3, seq.begin() + 6),
+      rest(seq.begin() + 6, seq.end());
+  SegmentedPath<CpuExec<double>> ref(m, cfg, /*ahead=*/6);
+  ref.append(one_node(head));
+  const std::vector<double> want_piece = ref.append(one_node(piece)), want_rest = ref.append(one_node(rest));
+  int64_t failed = 0, refused = 0;
+  for (int64_t n = 0;; ++n) {
+    SegmentedPath<CpuExec<double>> path(m, cfg, /*ahead=*/6);
+    path.append(one_node(head));
+    const auto mark = path.mark();
+    bool threw = false;
+    fail_after = n;
+    try {
+      path.append(one_node(piece));  // rows 3 .. 5: closes segment 0 (a roll), opens segment 1
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    fail_after = -1;
+    if (!threw) {
+      ASSERT_EQ(path.depth(), 6);
+      ASSERT_EQ(path.append(one_node(rest)), want_rest) << "allocations " << n;
+      break;
+    }
+    ++failed;
+    // Rows 3 (the open segment's last) and 4, 5 (the next segment's) come in two forwards.
+    ASSERT_TRUE(path.depth() == 3 || path.depth() == 4) << "allocation " << n << ": depth " << path.depth();
+    std::vector<double> got;
+    try {
+      got = path.append(one_node(std::vector<int32_t>(seq.begin() + path.depth(), seq.begin() + 6)));
+    } catch (const Error& e) {
+      ++refused;
+      EXPECT_NE(std::string(e.what()).find("rewind() to a mark or clear()"), std::string::npos) << e.what();
+      path.rewind(mark);
+      ASSERT_EQ(path.depth(), 3);
+      got = path.append(one_node(piece));
+    }
+    ASSERT_EQ(got, want_piece) << "allocation " << n << " failed";
+    ASSERT_EQ(path.append(one_node(rest)), want_rest) << "allocation " << n << " failed";
+  }
+  EXPECT_GT(failed, 10);  // the sweep met the forwards' allocations
+  std::printf("[ faults   ] %lld failed appends, %lld left the path refusing until a rewind\n", (long long)failed,
+              (long long)refused);
 }
 
 // segment_work's visible pairs count once for every attention layer (as Work::visible_pairs does),
