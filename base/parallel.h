@@ -1,5 +1,6 @@
 // Host-side parallel loops for start-up work (reading data, planning trees): independent items
-// on a few threads, with the results and the errors of a serial loop.
+// on a few threads, with the results and the errors of a serial loop. And OmpErrors, which
+// carries an exception out of an OpenMP parallel region (the CPU reference ops).
 #pragma once
 
 #include <algorithm>
@@ -70,5 +71,35 @@ void parallel_for(int64_t n, F&& fn, int threads = 0) {
   const auto [i, e] = parallel_for_first_error(n, std::forward<F>(fn), threads);
   if (e) std::rethrow_exception(e);
 }
+
+// The first exception thrown on the threads of an OpenMP parallel region, rethrown after it. An
+// exception must not leave a region or an iteration of a worksharing loop (the process would end
+// in std::terminate), so a region runs its per-thread setup (scratch allocations) through run(),
+// and so does every iteration that may throw or reads that setup: the first exception is kept,
+// later run() calls on every thread return at once, and rethrow() after the region throws the
+// kept one to the caller. Every thread still reaches every worksharing loop and barrier, as
+// OpenMP requires; outputs are then partly written. A run() costs an atomic load and a try (free
+// until something throws): call it per thread or per work item, not in inner loops. Which of
+// several failing threads wins is timing, unlike parallel_for's first error.
+class OmpErrors {
+ public:
+  template <class F>
+  void run(F&& f) noexcept {
+    if (failed_.load(std::memory_order_relaxed)) return;
+    try {
+      f();
+    } catch (...) {
+      if (!failed_.exchange(true)) error_ = std::current_exception();
+    }
+  }
+  // After the region: its closing barrier makes error_ visible here.
+  void rethrow() const {
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  std::atomic<bool> failed_{false};
+  std::exception_ptr error_;
+};
 
 }  // namespace tt

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/parallel.h"
 
 namespace tt::cpu {
 namespace {
@@ -328,67 +329,74 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
   }
   const int n_units = (int)items.size() / 3 * NKV;
 
+  OmpErrors errors;  // an allocation failing in the region, rethrown after it
 #pragma omp parallel
   {
     std::vector<int> anc;
     std::vector<Span> spans;
-    std::vector<double> packed;
-    std::vector<double> rows((int64_t)qblock * group * HS), acc(rows.size());  // (R, HS)
-    std::vector<double> S((int64_t)qblock * group * max_keys);                 // (R, keys)
-    std::vector<double> row_sum(qblock * group);                               // (R)
+    std::vector<double> packed, rows, acc, S, row_sum;
+    errors.run([&] {
+      rows.resize((int64_t)qblock * group * HS);     // (R, HS)
+      acc.resize(rows.size());                       // (R, HS)
+      S.resize((int64_t)qblock * group * max_keys);  // (R, keys)
+      row_sum.resize(qblock * group);                // (R)
+    });
 #pragma omp for schedule(dynamic, 1)
     for (int unit = 0; unit < n_units; unit++) {
-      const int it = unit / NKV, g = unit % NKV;
-      const int node = items[3 * it], i0 = items[3 * it + 1], i1 = items[3 * it + 2];
-      // Row r of the block: query i0 + r / group, head g * group + r % group.
-      const int R = (i1 - i0) * group;
-      auto row_index = [&](int r) { return ((int64_t)i0 + r / group) * NH + g * group + r % group; };
-      ancestor_ranges(layout, node, &anc);
-      const int nk = block_spans(layout, node, i0, i1, g, anc, ext, n_ext, &spans);
-      for (int r = 0; r < R; r++) {
-        for (int d = 0; d < HS; d++) rows[r * HS + d] = (double)q[row_index(r) * HS + d];
-      }
-      pack_rows(&packed, rows.data(), R, HS);
-      for (const Span& sp : spans) {
-        const KvSource& x = src[sp.src];
-        block_dots(S.data() + sp.off, nk, packed, R, x.kt.data() + g * HS * x.ld, x.ld, sp.j0, sp.j1 - sp.j0, HS);
-      }
-      // Softmax of each row over its visible keys; the others get probability 0.
-      for (int r = 0; r < R; r++) {
-        const int i = i0 + r / group;
-        double* Sr = S.data() + (int64_t)r * nk;
-        double mx = -std::numeric_limits<double>::infinity();
-        for (const Span& sp : spans) {
-          int a, b;
-          visible(sp, i, ext, layout.bidirectional, &a, &b);
-          for (int t = a; t < b; t++) {
-            Sr[sp.off + t] *= scale;
-            mx = std::max(mx, Sr[sp.off + t]);
-          }
+      errors.run([&] {
+        const int it = unit / NKV, g = unit % NKV;
+        const int node = items[3 * it], i0 = items[3 * it + 1], i1 = items[3 * it + 2];
+        // Row r of the block: query i0 + r / group, head g * group + r % group.
+        const int R = (i1 - i0) * group;
+        auto row_index = [&](int r) { return ((int64_t)i0 + r / group) * NH + g * group + r % group; };
+        ancestor_ranges(layout, node, &anc);
+        const int nk = block_spans(layout, node, i0, i1, g, anc, ext, n_ext, &spans);
+        for (int r = 0; r < R; r++) {
+          for (int d = 0; d < HS; d++) rows[r * HS + d] = (double)q[row_index(r) * HS + d];
         }
-        double sum = 0.0;
+        pack_rows(&packed, rows.data(), R, HS);
         for (const Span& sp : spans) {
-          int a, b;
-          visible(sp, i, ext, layout.bidirectional, &a, &b);
-          for (int t = 0; t < sp.j1 - sp.j0; t++) {
-            const double p = t >= a && t < b ? std::exp(Sr[sp.off + t] - mx) : 0.0;
-            Sr[sp.off + t] = p;
-            sum += p;
-          }
+          const KvSource& x = src[sp.src];
+          block_dots(S.data() + sp.off, nk, packed, R, x.kt.data() + g * HS * x.ld, x.ld, sp.j0, sp.j1 - sp.j0, HS);
         }
-        row_sum[r] = sum;
-        lse[row_index(r)] = (T)(mx + std::log(sum));
-      }
-      std::fill(acc.begin(), acc.begin() + (int64_t)R * HS, 0.0);
-      for (const Span& sp : spans) {
-        block_axpys(acc.data(), S.data() + sp.off, nk, R, src[sp.src].v.data() + (int64_t)g * HS,
-                    (int64_t)NKV * HS, sp.j0, sp.j1 - sp.j0, HS);
-      }
-      for (int r = 0; r < R; r++) {
-        for (int d = 0; d < HS; d++) out[row_index(r) * HS + d] = (T)(acc[r * HS + d] / row_sum[r]);
-      }
+        // Softmax of each row over its visible keys; the others get probability 0.
+        for (int r = 0; r < R; r++) {
+          const int i = i0 + r / group;
+          double* Sr = S.data() + (int64_t)r * nk;
+          double mx = -std::numeric_limits<double>::infinity();
+          for (const Span& sp : spans) {
+            int a, b;
+            visible(sp, i, ext, layout.bidirectional, &a, &b);
+            for (int t = a; t < b; t++) {
+              Sr[sp.off + t] *= scale;
+              mx = std::max(mx, Sr[sp.off + t]);
+            }
+          }
+          double sum = 0.0;
+          for (const Span& sp : spans) {
+            int a, b;
+            visible(sp, i, ext, layout.bidirectional, &a, &b);
+            for (int t = 0; t < sp.j1 - sp.j0; t++) {
+              const double p = t >= a && t < b ? std::exp(Sr[sp.off + t] - mx) : 0.0;
+              Sr[sp.off + t] = p;
+              sum += p;
+            }
+          }
+          row_sum[r] = sum;
+          lse[row_index(r)] = (T)(mx + std::log(sum));
+        }
+        std::fill(acc.begin(), acc.begin() + (int64_t)R * HS, 0.0);
+        for (const Span& sp : spans) {
+          block_axpys(acc.data(), S.data() + sp.off, nk, R, src[sp.src].v.data() + (int64_t)g * HS,
+                      (int64_t)NKV * HS, sp.j0, sp.j1 - sp.j0, HS);
+        }
+        for (int r = 0; r < R; r++) {
+          for (int d = 0; d < HS; d++) out[row_index(r) * HS + d] = (T)(acc[r * HS + d] / row_sum[r]);
+        }
+      });
     }
   }
+  errors.rethrow();
 }
 
 template <class T>
@@ -414,15 +422,18 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
   // fp64 sums of the batch's dk, dv: (N, NKV, HS).
   std::vector<double> dk64((int64_t)N * NKV * HS, 0.0), dv64((int64_t)N * NKV * HS, 0.0);
 
+  OmpErrors errors;  // an allocation failing in the region, rethrown after it
 #pragma omp parallel
   {
     std::vector<int> anc;
     std::vector<Span> spans;
-    std::vector<double> qpack, opack;
-    std::vector<double> qrows((int64_t)qblock * group * HS), orows(qrows.size()), dqacc(qrows.size());  // (R, HS)
-    std::vector<double> P((int64_t)qblock * group * max_keys), DS(P.size());  // (R, keys)
-    std::vector<double> sc(max_nq), dp(max_nq);                                // (queries) k.q and v.dout
-    std::vector<double> kd(HS), vd(HS), dkd(HS), dvd(HS);                      // (HS)
+    std::vector<double> qpack, opack, qrows, orows, dqacc, P, DS, sc, dp, kd, vd, dkd, dvd;
+    errors.run([&] {
+      for (auto* x : {&qrows, &orows, &dqacc}) x->resize((int64_t)qblock * group * HS);  // (R, HS)
+      for (auto* x : {&P, &DS}) x->resize((int64_t)qblock * group * max_keys);          // (R, keys)
+      for (auto* x : {&sc, &dp}) x->resize(max_nq);                                     // (queries) k.q, v.dout
+      for (auto* x : {&kd, &vd, &dkd, &dvd}) x->resize(HS);                             // (HS)
+    });
 
     // One parallel region, its steps separated by the barriers of the worksharing loops.
 #pragma omp for schedule(static)
@@ -434,68 +445,70 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
 
 #pragma omp for schedule(dynamic, 1)
     for (int unit = 0; unit < NKV * n_trees; unit++) {
-      const int g = unit % NKV, tree = unit / NKV;
-      for (int t = tree_first[tree]; t < tree_first[tree + 1]; t++) {
-        const int node = tree_nodes[t];
-        const int start = layout.node_start[node], end = start + layout.node_len[node];
-        ancestor_ranges(layout, node, &anc);
-        for (int i0 = start; i0 < end; i0 += qblock) {
-          const int i1 = std::min(end, i0 + qblock);
-          // Row r of the block: query i0 + r / group, head g * group + r % group.
-          const int R = (i1 - i0) * group;
-          auto row_index = [&](int r) { return ((int64_t)i0 + r / group) * NH + g * group + r % group; };
-          const int nk = block_spans(layout, node, i0, i1, g, anc, ext, n_ext, &spans);
-          for (int r = 0; r < R; r++) {
-            for (int d = 0; d < HS; d++) {
-              qrows[r * HS + d] = (double)q[row_index(r) * HS + d];
-              orows[r * HS + d] = (double)dout[row_index(r) * HS + d];
+      errors.run([&] {
+        const int g = unit % NKV, tree = unit / NKV;
+        for (int t = tree_first[tree]; t < tree_first[tree + 1]; t++) {
+          const int node = tree_nodes[t];
+          const int start = layout.node_start[node], end = start + layout.node_len[node];
+          ancestor_ranges(layout, node, &anc);
+          for (int i0 = start; i0 < end; i0 += qblock) {
+            const int i1 = std::min(end, i0 + qblock);
+            // Row r of the block: query i0 + r / group, head g * group + r % group.
+            const int R = (i1 - i0) * group;
+            auto row_index = [&](int r) { return ((int64_t)i0 + r / group) * NH + g * group + r % group; };
+            const int nk = block_spans(layout, node, i0, i1, g, anc, ext, n_ext, &spans);
+            for (int r = 0; r < R; r++) {
+              for (int d = 0; d < HS; d++) {
+                qrows[r * HS + d] = (double)q[row_index(r) * HS + d];
+                orows[r * HS + d] = (double)dout[row_index(r) * HS + d];
+              }
             }
-          }
-          pack_rows(&qpack, qrows.data(), R, HS);
-          pack_rows(&opack, orows.data(), R, HS);
-          for (const Span& sp : spans) {
-            const KvSource& x = src[sp.src];
-            const int64_t head = g * HS * x.ld;
-            block_dots(P.data() + sp.off, nk, qpack, R, x.kt.data() + head, x.ld, sp.j0, sp.j1 - sp.j0, HS);
-            block_dots(DS.data() + sp.off, nk, opack, R, x.vt.data() + head, x.ld, sp.j0, sp.j1 - sp.j0, HS);
-          }
-          // P = exp(scale q.k - lse), DS = P (dout.v - D); zero where a key is not visible.
-          for (int r = 0; r < R; r++) {
-            const int i = i0 + r / group;
-            const double l = lse[row_index(r)], Di = D[row_index(r)];
-            double* Pr = P.data() + (int64_t)r * nk;
-            double* DSr = DS.data() + (int64_t)r * nk;
+            pack_rows(&qpack, qrows.data(), R, HS);
+            pack_rows(&opack, orows.data(), R, HS);
             for (const Span& sp : spans) {
-              int a, b;
-              visible(sp, i, ext, layout.bidirectional, &a, &b);
-              for (int c = sp.off; c < sp.off + sp.j1 - sp.j0; c++) {
-                const bool seen = c >= sp.off + a && c < sp.off + b;
-                const double p = seen ? std::exp(scale * Pr[c] - l) : 0.0;
-                DSr[c] = seen ? p * (DSr[c] - Di) : 0.0;
-                Pr[c] = p;
+              const KvSource& x = src[sp.src];
+              const int64_t head = g * HS * x.ld;
+              block_dots(P.data() + sp.off, nk, qpack, R, x.kt.data() + head, x.ld, sp.j0, sp.j1 - sp.j0, HS);
+              block_dots(DS.data() + sp.off, nk, opack, R, x.vt.data() + head, x.ld, sp.j0, sp.j1 - sp.j0, HS);
+            }
+            // P = exp(scale q.k - lse), DS = P (dout.v - D); zero where a key is not visible.
+            for (int r = 0; r < R; r++) {
+              const int i = i0 + r / group;
+              const double l = lse[row_index(r)], Di = D[row_index(r)];
+              double* Pr = P.data() + (int64_t)r * nk;
+              double* DSr = DS.data() + (int64_t)r * nk;
+              for (const Span& sp : spans) {
+                int a, b;
+                visible(sp, i, ext, layout.bidirectional, &a, &b);
+                for (int c = sp.off; c < sp.off + sp.j1 - sp.j0; c++) {
+                  const bool seen = c >= sp.off + a && c < sp.off + b;
+                  const double p = seen ? std::exp(scale * Pr[c] - l) : 0.0;
+                  DSr[c] = seen ? p * (DSr[c] - Di) : 0.0;
+                  Pr[c] = p;
+                }
+              }
+            }
+            std::fill(dqacc.begin(), dqacc.begin() + (int64_t)R * HS, 0.0);
+            for (const Span& sp : spans) {
+              block_axpys(dqacc.data(), DS.data() + sp.off, nk, R, src[sp.src].k.data() + (int64_t)g * HS,
+                          (int64_t)NKV * HS, sp.j0, sp.j1 - sp.j0, HS);
+            }
+            for (int r = 0; r < R; r++) {
+              for (int d = 0; d < HS; d++) dq[row_index(r) * HS + d] = (T)(scale * dqacc[r * HS + d]);
+            }
+            // dk_j += sum_r DS[r][j] q_r and dv_j += sum_r P[r][j] dout_r over the block's rows, in
+            // order; external prefix gradients are reduced below.
+            for (const Span& sp : spans) {
+              if (sp.src != n_ext) continue;
+              for (int c = 0; c < sp.j1 - sp.j0; c++) {
+                const int64_t jg = ((int64_t)(sp.j0 + c) * NKV + g) * HS;
+                rows_axpy(dk64.data() + jg, DS.data() + sp.off + c, nk, qrows.data(), R, HS);
+                rows_axpy(dv64.data() + jg, P.data() + sp.off + c, nk, orows.data(), R, HS);
               }
             }
           }
-          std::fill(dqacc.begin(), dqacc.begin() + (int64_t)R * HS, 0.0);
-          for (const Span& sp : spans) {
-            block_axpys(dqacc.data(), DS.data() + sp.off, nk, R, src[sp.src].k.data() + (int64_t)g * HS,
-                        (int64_t)NKV * HS, sp.j0, sp.j1 - sp.j0, HS);
-          }
-          for (int r = 0; r < R; r++) {
-            for (int d = 0; d < HS; d++) dq[row_index(r) * HS + d] = (T)(scale * dqacc[r * HS + d]);
-          }
-          // dk_j += sum_r DS[r][j] q_r and dv_j += sum_r P[r][j] dout_r over the block's rows, in
-          // order; external prefix gradients are reduced below.
-          for (const Span& sp : spans) {
-            if (sp.src != n_ext) continue;
-            for (int c = 0; c < sp.j1 - sp.j0; c++) {
-              const int64_t jg = ((int64_t)(sp.j0 + c) * NKV + g) * HS;
-              rows_axpy(dk64.data() + jg, DS.data() + sp.off + c, nk, qrows.data(), R, HS);
-              rows_axpy(dv64.data() + jg, P.data() + sp.off + c, nk, orows.data(), R, HS);
-            }
-          }
         }
-      }
+      });
     }
 
 #pragma omp for schedule(static) nowait
@@ -514,35 +527,38 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
       for (int64_t jg = 0; jg < (int64_t)x.len * NKV; jg++) {
         const int g = (int)(jg % NKV);
         if (!x.read_by(g)) continue;  // heads outside the prefix's set neither read it nor add to it
-        for (int d = 0; d < HS; d++) {
-          kd[d] = (double)x.k[jg * HS + d];
-          vd[d] = (double)x.v[jg * HS + d];
-        }
-        std::fill(dkd.begin(), dkd.end(), 0.0);
-        std::fill(dvd.begin(), dvd.end(), 0.0);
-        for (int h = g * group; h < (g + 1) * group; h++) {
-          const int64_t base = ((int64_t)x.q_begin * NH + h) * HS, stride = (int64_t)NH * HS;
-          strided_dots(sc.data(), kd.data(), q + base, stride, nq, HS);
-          strided_dots(dp.data(), vd.data(), dout + base, stride, nq, HS);
-          for (int t = 0; t < nq; t++) {
-            const int64_t ih = (int64_t)(x.q_begin + t) * NH + h;
-            const double p = std::exp(scale * sc[t] - (double)lse[ih]);
-            const double ds = p * (dp[t] - D[ih]);
-            for (int d = 0; d < HS; d++) {
-              dkd[d] += ds * (double)q[ih * HS + d];
-              dvd[d] += p * (double)dout[ih * HS + d];
+        errors.run([&] {
+          for (int d = 0; d < HS; d++) {
+            kd[d] = (double)x.k[jg * HS + d];
+            vd[d] = (double)x.v[jg * HS + d];
+          }
+          std::fill(dkd.begin(), dkd.end(), 0.0);
+          std::fill(dvd.begin(), dvd.end(), 0.0);
+          for (int h = g * group; h < (g + 1) * group; h++) {
+            const int64_t base = ((int64_t)x.q_begin * NH + h) * HS, stride = (int64_t)NH * HS;
+            strided_dots(sc.data(), kd.data(), q + base, stride, nq, HS);
+            strided_dots(dp.data(), vd.data(), dout + base, stride, nq, HS);
+            for (int t = 0; t < nq; t++) {
+              const int64_t ih = (int64_t)(x.q_begin + t) * NH + h;
+              const double p = std::exp(scale * sc[t] - (double)lse[ih]);
+              const double ds = p * (dp[t] - D[ih]);
+              for (int d = 0; d < HS; d++) {
+                dkd[d] += ds * (double)q[ih * HS + d];
+                dvd[d] += p * (double)dout[ih * HS + d];
+              }
             }
           }
-        }
-        if (x.dk) {
-          for (int d = 0; d < HS; d++) x.dk[jg * HS + d] = (T)((double)x.dk[jg * HS + d] + scale * dkd[d]);
-        }
-        if (x.dv) {
-          for (int d = 0; d < HS; d++) x.dv[jg * HS + d] = (T)((double)x.dv[jg * HS + d] + dvd[d]);
-        }
+          if (x.dk) {
+            for (int d = 0; d < HS; d++) x.dk[jg * HS + d] = (T)((double)x.dk[jg * HS + d] + scale * dkd[d]);
+          }
+          if (x.dv) {
+            for (int d = 0; d < HS; d++) x.dv[jg * HS + d] = (T)((double)x.dv[jg * HS + d] + dvd[d]);
+          }
+        });
       }
     }
   }
+  errors.rethrow();
 }
 
 template void attention_forward<float>(float*, float*, const float*, const float*, const float*,

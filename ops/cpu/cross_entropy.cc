@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/parallel.h"
 
 namespace tt::cpu {
 namespace {
@@ -73,25 +74,30 @@ void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int
     std::vector<int> fill(first.begin(), first.end() - 1);
     for (int t = 0; t < n_tgt; t++) by_row[fill[tgt_src[t]]++] = t;
   }
+  OmpErrors errors;  // an allocation failing in the region, rethrown after it
 #pragma omp parallel
   {
-    std::vector<double> g(V);  // (V)
+    std::vector<double> g;  // (V)
+    errors.run([&] { g.resize(V); });
 #pragma omp for schedule(static)
     for (int r = 0; r < N; r++) {
-      T* d = dlogits + (int64_t)r * V;  // (V)
-      if (first[r] == first[r + 1]) {
-        std::fill(d, d + V, T(0));
-        continue;
-      }
-      double c = 0.0;
-      for (int k = first[r]; k < first[r + 1]; k++) c += tgt_w[by_row[k]];
-      const T* row = logits + (int64_t)r * V;
-      const double l = lse[r];
-      for (int v = 0; v < V; v++) g[v] = c * std::exp((double)row[v] - l);
-      for (int k = first[r]; k < first[r + 1]; k++) g[tgt_tok[by_row[k]]] -= tgt_w[by_row[k]];
-      for (int v = 0; v < V; v++) d[v] = (T)(dloss * g[v]);
+      errors.run([&] {
+        T* d = dlogits + (int64_t)r * V;  // (V)
+        if (first[r] == first[r + 1]) {
+          std::fill(d, d + V, T(0));
+          return;
+        }
+        double c = 0.0;
+        for (int k = first[r]; k < first[r + 1]; k++) c += tgt_w[by_row[k]];
+        const T* row = logits + (int64_t)r * V;
+        const double l = lse[r];
+        for (int v = 0; v < V; v++) g[v] = c * std::exp((double)row[v] - l);
+        for (int k = first[r]; k < first[r + 1]; k++) g[tgt_tok[by_row[k]]] -= tgt_w[by_row[k]];
+        for (int v = 0; v < V; v++) d[v] = (T)(dloss * g[v]);
+      });
     }
   }
+  errors.rethrow();
 }
 
 template double cross_entropy_forward<float>(float*, const float*, const int32_t*, const int32_t*,

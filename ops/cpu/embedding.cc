@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/parallel.h"
 
 namespace tt::cpu {
 
@@ -43,21 +44,26 @@ void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int N, in
     std::vector<int> fill(first.begin(), first.end() - 1);
     for (int n = 0; n < N; n++) rows_of[fill[tokens[n]]++] = n;
   }
+  OmpErrors errors;  // an allocation failing in the region, rethrown after it
 #pragma omp parallel
   {
-    std::vector<double> acc(C);  // (C)
+    std::vector<double> acc;  // (C)
+    errors.run([&] { acc.resize(C); });
 #pragma omp for schedule(dynamic, 8)
     for (int v = 0; v < V; v++) {
       if (first[v] == first[v + 1]) continue;
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (int r = first[v]; r < first[v + 1]; r++) {
-        const T* g = dout + (int64_t)rows_of[r] * C;  // (C)
-        for (int c = 0; c < C; c++) acc[c] += (double)g[c];
-      }
-      T* d = dwte + (int64_t)v * C;  // (C)
-      for (int c = 0; c < C; c++) d[c] = (T)((double)d[c] + acc[c]);
+      errors.run([&] {
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int r = first[v]; r < first[v + 1]; r++) {
+          const T* g = dout + (int64_t)rows_of[r] * C;  // (C)
+          for (int c = 0; c < C; c++) acc[c] += (double)g[c];
+        }
+        T* d = dwte + (int64_t)v * C;  // (C)
+        for (int c = 0; c < C; c++) d[c] = (T)((double)d[c] + acc[c]);
+      });
     }
   }
+  errors.rethrow();
 }
 
 template void embedding_forward<float>(float*, const int32_t*, const float*, int, int);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/parallel.h"
 
 namespace tt::cpu {
 namespace {
@@ -378,26 +379,30 @@ void gdn_tree_forward(T* o, double* end, const T* q, const T* k, const T* v, con
   // Every node's end state (the children's initial states), kept here when end is null.
   std::vector<double> own(end ? 0 : (size_t)t.num_nodes * nv * SS);
   double* ends = end ? end : own.data();
+  OmpErrors errors;  // an allocation failing in the loop, rethrown after it
 #pragma omp parallel for schedule(static)
   for (int h = 0; h < nv; h++) {
-    const int kh = h / r;
-    std::vector<double> pred(dv), delta(dv);
-    for (int n = 0; n < t.num_nodes; n++) {
-      double* S = ends + ((size_t)n * nv + h) * SS;
-      initial_state(S, ends, init, roots, t, n, h);
-      for (int i = t.node_start[n]; i < t.node_start[n] + t.node_len[n]; i++) {
-        const T* kt = k + ((size_t)i * nk + kh) * dk;
-        const T* qt = q + ((size_t)i * nk + kh) * dk;
-        step(S, pred.data(), delta.data(), kt, v + ((size_t)i * nv + h) * dv,
-             std::exp((double)g[(size_t)i * nv + h]), (double)beta[(size_t)i * nv + h], dk, dv);
-        for (int c = 0; c < dv; c++) {
-          double acc = 0;
-          for (int a = 0; a < dk; a++) acc += S[(size_t)a * dv + c] * (double)qt[a];
-          o[((size_t)i * nv + h) * dv + c] = (T)(t.scale * acc);
+    errors.run([&] {
+      const int kh = h / r;
+      std::vector<double> pred(dv), delta(dv);
+      for (int n = 0; n < t.num_nodes; n++) {
+        double* S = ends + ((size_t)n * nv + h) * SS;
+        initial_state(S, ends, init, roots, t, n, h);
+        for (int i = t.node_start[n]; i < t.node_start[n] + t.node_len[n]; i++) {
+          const T* kt = k + ((size_t)i * nk + kh) * dk;
+          const T* qt = q + ((size_t)i * nk + kh) * dk;
+          step(S, pred.data(), delta.data(), kt, v + ((size_t)i * nv + h) * dv,
+               std::exp((double)g[(size_t)i * nv + h]), (double)beta[(size_t)i * nv + h], dk, dv);
+          for (int c = 0; c < dv; c++) {
+            double acc = 0;
+            for (int a = 0; a < dk; a++) acc += S[(size_t)a * dv + c] * (double)qt[a];
+            o[((size_t)i * nv + h) * dv + c] = (T)(t.scale * acc);
+          }
         }
       }
-    }
+    });
   }
+  errors.rethrow();
 }
 
 template <class T>
@@ -410,42 +415,46 @@ void gdn_tree_forward_chunked(T* o, double* end, const T* q, const T* k, const T
   const std::vector<int> roots = root_index(t);
   std::vector<double> own(end ? 0 : (size_t)t.num_nodes * nv * SS);
   double* ends = end ? end : own.data();
+  OmpErrors errors;  // an allocation failing in the loop, rethrown after it
 #pragma omp parallel for schedule(static)
   for (int h = 0; h < nv; h++) {
-    const int kh = h / r;
-    ChunkWY wy(chunk, dk, dv);
-    std::vector<double> S2(SS);
-    for (int n = 0; n < t.num_nodes; n++) {
-      double* S = ends + ((size_t)n * nv + h) * SS;
-      initial_state(S, ends, init, roots, t, n, h);
-      const int begin = t.node_start[n], stop = begin + t.node_len[n];
-      for (int c0 = begin; c0 < stop; c0 += chunk) {
-        const int L = std::min(chunk, stop - c0);
-        wy.compute(k, v, g, beta, t, h, c0, L, S);
-        const std::vector<double>& gam = wy.gam;
-        auto K_ = [&](int row, int a) { return (double)k[((size_t)(c0 + row) * nk + kh) * dk + a]; };
-        auto Q_ = [&](int row, int a) { return (double)q[((size_t)(c0 + row) * nk + kh) * dk + a]; };
-        // Outputs: the state entering the chunk, decayed, plus the chunk's own writes.
-        for (int a = 0; a < L; a++) {
-          std::vector<double> qk(a + 1);
-          for (int b = 0; b <= a; b++) {
-            double s = 0;
-            for (int e = 0; e < dk; e++) s += Q_(a, e) * K_(b, e);
-            qk[b] = s * std::exp(gam[a] - gam[b]);
+    errors.run([&] {
+      const int kh = h / r;
+      ChunkWY wy(chunk, dk, dv);
+      std::vector<double> S2(SS);
+      for (int n = 0; n < t.num_nodes; n++) {
+        double* S = ends + ((size_t)n * nv + h) * SS;
+        initial_state(S, ends, init, roots, t, n, h);
+        const int begin = t.node_start[n], stop = begin + t.node_len[n];
+        for (int c0 = begin; c0 < stop; c0 += chunk) {
+          const int L = std::min(chunk, stop - c0);
+          wy.compute(k, v, g, beta, t, h, c0, L, S);
+          const std::vector<double>& gam = wy.gam;
+          auto K_ = [&](int row, int a) { return (double)k[((size_t)(c0 + row) * nk + kh) * dk + a]; };
+          auto Q_ = [&](int row, int a) { return (double)q[((size_t)(c0 + row) * nk + kh) * dk + a]; };
+          // Outputs: the state entering the chunk, decayed, plus the chunk's own writes.
+          for (int a = 0; a < L; a++) {
+            std::vector<double> qk(a + 1);
+            for (int b = 0; b <= a; b++) {
+              double s = 0;
+              for (int e = 0; e < dk; e++) s += Q_(a, e) * K_(b, e);
+              qk[b] = s * std::exp(gam[a] - gam[b]);
+            }
+            for (int c = 0; c < dv; c++) {
+              double x = 0;
+              for (int e = 0; e < dk; e++) x += Q_(a, e) * S[(size_t)e * dv + c];
+              x *= std::exp(gam[a]);
+              for (int b = 0; b <= a; b++) x += qk[b] * wy.vn[(size_t)b * dv + c];
+              o[((size_t)(c0 + a) * nv + h) * dv + c] = (T)(t.scale * x);
+            }
           }
-          for (int c = 0; c < dv; c++) {
-            double x = 0;
-            for (int e = 0; e < dk; e++) x += Q_(a, e) * S[(size_t)e * dv + c];
-            x *= std::exp(gam[a]);
-            for (int b = 0; b <= a; b++) x += qk[b] * wy.vn[(size_t)b * dv + c];
-            o[((size_t)(c0 + a) * nv + h) * dv + c] = (T)(t.scale * x);
-          }
+          wy.end_state(S2.data(), S, k, t, h, c0);
+          std::copy(S2.begin(), S2.end(), S);
         }
-        wy.end_state(S2.data(), S, k, t, h, c0);
-        std::copy(S2.begin(), S2.end(), S);
       }
-    }
+    });
   }
+  errors.rethrow();
 }
 
 template <class T>
@@ -467,88 +476,92 @@ void gdn_tree_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, double* d_init, con
   std::vector<double> gq((size_t)t.N * nv * DK, 0.0), gk((size_t)t.N * nv * DK, 0.0);
   std::vector<double> dend((size_t)t.num_nodes * nv * SS, 0.0);
   if (d_end) std::copy_n(d_end, dend.size(), dend.data());
+  OmpErrors errors;  // an allocation failing in the loop, rethrown after it
 #pragma omp parallel for schedule(static)
   for (int h = 0; h < nv; h++) {
-    const int kh = h / r;
-    std::vector<double> states, pred(DV), delta(DV), dS(SS), Sp(SS), ddelta(DV), dpred(DV);
-    for (int n = t.num_nodes - 1; n >= 0; n--) {
-      const int begin = t.node_start[n], len = t.node_len[n];
-      // The node's states: states[j] is the state before token begin + j (j = 0: the initial one).
-      states.assign((size_t)(len + 1) * SS, 0.0);
-      initial_state(states.data(), ends.data(), init, roots, t, n, h);
-      for (int j = 0; j < len; j++) {
-        const int i = begin + j;
-        double* S = states.data() + (size_t)(j + 1) * SS;
-        std::copy_n(states.data() + (size_t)j * SS, SS, S);
-        step(S, pred.data(), delta.data(), k + ((size_t)i * nk + kh) * DK,
-             v + ((size_t)i * nv + h) * DV, std::exp((double)g[(size_t)i * nv + h]), (double)beta[(size_t)i * nv + h],
-             DK, DV);
-      }
-      std::copy_n(dend.data() + ((size_t)n * nv + h) * SS, SS, dS.data());
-      for (int j = len - 1; j >= 0; j--) {
-        const int i = begin + j;
-        const T* kt = k + ((size_t)i * nk + kh) * DK;
-        const T* qt = q + ((size_t)i * nk + kh) * DK;
-        const T* vt = v + ((size_t)i * nv + h) * DV;
-        const T* dot = d_o + ((size_t)i * nv + h) * DV;
-        const double alpha = std::exp((double)g[(size_t)i * nv + h]), b = (double)beta[(size_t)i * nv + h];
-        const double* Sprev = states.data() + (size_t)j * SS;
-        const double* St = states.data() + (size_t)(j + 1) * SS;
-        for (size_t e = 0; e < SS; e++) Sp[e] = alpha * Sprev[e];
-        for (int c = 0; c < DV; c++) {
-          double pr = 0;
-          for (int a = 0; a < DK; a++) pr += Sp[(size_t)a * DV + c] * (double)kt[a];
-          pred[c] = pr;
-          delta[c] = b * ((double)vt[c] - pr);
+    errors.run([&] {
+      const int kh = h / r;
+      std::vector<double> states, pred(DV), delta(DV), dS(SS), Sp(SS), ddelta(DV), dpred(DV);
+      for (int n = t.num_nodes - 1; n >= 0; n--) {
+        const int begin = t.node_start[n], len = t.node_len[n];
+        // The node's states: states[j] is the state before token begin + j (j = 0: the initial one).
+        states.assign((size_t)(len + 1) * SS, 0.0);
+        initial_state(states.data(), ends.data(), init, roots, t, n, h);
+        for (int j = 0; j < len; j++) {
+          const int i = begin + j;
+          double* S = states.data() + (size_t)(j + 1) * SS;
+          std::copy_n(states.data() + (size_t)j * SS, SS, S);
+          step(S, pred.data(), delta.data(), k + ((size_t)i * nk + kh) * DK,
+               v + ((size_t)i * nv + h) * DV, std::exp((double)g[(size_t)i * nv + h]), (double)beta[(size_t)i * nv + h],
+               DK, DV);
         }
-        // o_t = scale S_t^T q_t.
-        for (int a = 0; a < DK; a++) {
-          double x = 0;
+        std::copy_n(dend.data() + ((size_t)n * nv + h) * SS, SS, dS.data());
+        for (int j = len - 1; j >= 0; j--) {
+          const int i = begin + j;
+          const T* kt = k + ((size_t)i * nk + kh) * DK;
+          const T* qt = q + ((size_t)i * nk + kh) * DK;
+          const T* vt = v + ((size_t)i * nv + h) * DV;
+          const T* dot = d_o + ((size_t)i * nv + h) * DV;
+          const double alpha = std::exp((double)g[(size_t)i * nv + h]), b = (double)beta[(size_t)i * nv + h];
+          const double* Sprev = states.data() + (size_t)j * SS;
+          const double* St = states.data() + (size_t)(j + 1) * SS;
+          for (size_t e = 0; e < SS; e++) Sp[e] = alpha * Sprev[e];
           for (int c = 0; c < DV; c++) {
-            dS[(size_t)a * DV + c] += t.scale * (double)qt[a] * (double)dot[c];
-            x += St[(size_t)a * DV + c] * (double)dot[c];
+            double pr = 0;
+            for (int a = 0; a < DK; a++) pr += Sp[(size_t)a * DV + c] * (double)kt[a];
+            pred[c] = pr;
+            delta[c] = b * ((double)vt[c] - pr);
           }
-          gq[((size_t)i * nv + h) * DK + a] += t.scale * x;
-        }
-        // S_t = S' + k delta^T.
-        for (int c = 0; c < DV; c++) {
-          double x = 0;
-          for (int a = 0; a < DK; a++) x += dS[(size_t)a * DV + c] * (double)kt[a];
-          ddelta[c] = x;
-        }
-        for (int a = 0; a < DK; a++) {
-          double x = 0;
-          for (int c = 0; c < DV; c++) x += dS[(size_t)a * DV + c] * delta[c];
-          gk[((size_t)i * nv + h) * DK + a] += x;
-        }
-        // delta = beta (v - S'^T k).
-        double db = 0;
-        for (int c = 0; c < DV; c++) {
-          dv[((size_t)i * nv + h) * DV + c] = (T)((double)dv[((size_t)i * nv + h) * DV + c] + b * ddelta[c]);
-          db += ((double)vt[c] - pred[c]) * ddelta[c];
-          dpred[c] = -b * ddelta[c];
-        }
-        dbeta[(size_t)i * nv + h] = (T)((double)dbeta[(size_t)i * nv + h] + db);
-        for (int a = 0; a < DK; a++) {
-          double x = 0;
+          // o_t = scale S_t^T q_t.
+          for (int a = 0; a < DK; a++) {
+            double x = 0;
+            for (int c = 0; c < DV; c++) {
+              dS[(size_t)a * DV + c] += t.scale * (double)qt[a] * (double)dot[c];
+              x += St[(size_t)a * DV + c] * (double)dot[c];
+            }
+            gq[((size_t)i * nv + h) * DK + a] += t.scale * x;
+          }
+          // S_t = S' + k delta^T.
           for (int c = 0; c < DV; c++) {
-            dS[(size_t)a * DV + c] += (double)kt[a] * dpred[c];
-            x += Sp[(size_t)a * DV + c] * dpred[c];
+            double x = 0;
+            for (int a = 0; a < DK; a++) x += dS[(size_t)a * DV + c] * (double)kt[a];
+            ddelta[c] = x;
           }
-          gk[((size_t)i * nv + h) * DK + a] += x;
+          for (int a = 0; a < DK; a++) {
+            double x = 0;
+            for (int c = 0; c < DV; c++) x += dS[(size_t)a * DV + c] * delta[c];
+            gk[((size_t)i * nv + h) * DK + a] += x;
+          }
+          // delta = beta (v - S'^T k).
+          double db = 0;
+          for (int c = 0; c < DV; c++) {
+            dv[((size_t)i * nv + h) * DV + c] = (T)((double)dv[((size_t)i * nv + h) * DV + c] + b * ddelta[c]);
+            db += ((double)vt[c] - pred[c]) * ddelta[c];
+            dpred[c] = -b * ddelta[c];
+          }
+          dbeta[(size_t)i * nv + h] = (T)((double)dbeta[(size_t)i * nv + h] + db);
+          for (int a = 0; a < DK; a++) {
+            double x = 0;
+            for (int c = 0; c < DV; c++) {
+              dS[(size_t)a * DV + c] += (double)kt[a] * dpred[c];
+              x += Sp[(size_t)a * DV + c] * dpred[c];
+            }
+            gk[((size_t)i * nv + h) * DK + a] += x;
+          }
+          // S' = alpha S_{t-1}.
+          double da = 0;
+          for (size_t e = 0; e < SS; e++) {
+            da += Sprev[e] * dS[e];
+            dS[e] *= alpha;
+          }
+          dg[(size_t)i * nv + h] = (T)((double)dg[(size_t)i * nv + h] + alpha * da);
         }
-        // S' = alpha S_{t-1}.
-        double da = 0;
-        for (size_t e = 0; e < SS; e++) {
-          da += Sprev[e] * dS[e];
-          dS[e] *= alpha;
-        }
-        dg[(size_t)i * nv + h] = (T)((double)dg[(size_t)i * nv + h] + alpha * da);
+        // dS is the gradient of the node's initial state: its parent's end state, or the root's init.
+        pass_initial_gradient(dS.data(), dend, d_init, roots, t, n, h);
       }
-      // dS is the gradient of the node's initial state: its parent's end state, or the root's init.
-      pass_initial_gradient(dS.data(), dend, d_init, roots, t, n, h);
-    }
+    });
   }
+  errors.rethrow();
   add_group_gradients(dq, dk, gq, gk, t);
 }
 
@@ -569,181 +582,185 @@ void gdn_tree_backward_chunked(T* dq, T* dk, T* dv, T* dg, T* dbeta, double* d_i
   std::vector<double> gq((size_t)t.N * nv * DK, 0.0), gk((size_t)t.N * nv * DK, 0.0);
   std::vector<double> dend((size_t)t.num_nodes * nv * SS, 0.0);
   if (d_end) std::copy_n(d_end, dend.size(), dend.data());
+  OmpErrors errors;  // an allocation failing in the loop, rethrown after it
 #pragma omp parallel for schedule(static)
   for (int h = 0; h < nv; h++) {
-    const int kh = h / r;
-    const int C = chunk;
-    ChunkWY wy(C, DK, DV);
-    const std::vector<double>&gam = wy.gam, &A = wy.A, &U = wy.U, &W = wy.W, &vn = wy.vn;
-    std::vector<double> dvn((size_t)C * DV), dB1((size_t)C * DV), dB2((size_t)C * DK), dgam(C), dS(SS), dSin(SS),
-        states;
-    for (int n = t.num_nodes - 1; n >= 0; n--) {
-      const int begin = t.node_start[n], stop = begin + t.node_len[n];
-      const int nc = (t.node_len[n] + C - 1) / C;
-      // The state entering each chunk of the node (the chunked recurrence from its initial state).
-      states.assign((size_t)(nc + 1) * SS, 0.0);
-      initial_state(states.data(), ends.data(), init, roots, t, n, h);
-      auto chunk_forward = [&](int c0, const double* S) {
-        const int L = std::min(C, stop - c0);
-        wy.compute(k, v, g, beta, t, h, c0, L, S);
-        return L;
-      };
-      for (int ci = 0; ci < nc; ci++) {
-        const int c0 = begin + ci * C;
-        const double* S = states.data() + (size_t)ci * SS;
-        double* S2 = states.data() + (size_t)(ci + 1) * SS;
-        chunk_forward(c0, S);
-        wy.end_state(S2, S, k, t, h, c0);
-      }
-      // Backward through the chunks, last first; dS is the gradient of the chunk's end state.
-      std::copy_n(dend.data() + ((size_t)n * nv + h) * SS, SS, dS.data());
-      for (int ci = nc - 1; ci >= 0; ci--) {
-        const int c0 = begin + ci * C;
-        const double* S = states.data() + (size_t)ci * SS;
-        const int L = chunk_forward(c0, S);
-        const double gl = gam[L - 1], sc = t.scale;
-        auto K_ = [&](int a, int e) { return (double)k[((size_t)(c0 + a) * nk + kh) * DK + e]; };
-        auto Q_ = [&](int a, int e) { return sc * (double)q[((size_t)(c0 + a) * nk + kh) * DK + e]; };  // q~
-        auto DO = [&](int a, int c) { return (double)d_o[((size_t)(c0 + a) * nv + h) * DV + c]; };
-        auto B_ = [&](int a) { return (double)beta[(size_t)(c0 + a) * nv + h]; };
-        std::fill(dgam.begin(), dgam.end(), 0.0);
-        // qk[a][b] = q~_a . k_b, dov[a][b] = dO_a . v_new_b, SdO[a] (DK) = S dO_a.
-        std::vector<double> qk((size_t)L * L), dov((size_t)L * L), kdS((size_t)L * DV), SdO((size_t)L * DK);
-        for (int a = 0; a < L; a++)
-          for (int b = 0; b < L; b++) {
-            double x = 0, y = 0;
-            for (int e = 0; e < DK; e++) x += Q_(a, e) * K_(b, e);
-            for (int c = 0; c < DV; c++) y += DO(a, c) * vn[(size_t)b * DV + c];
-            qk[(size_t)a * L + b] = x;
-            dov[(size_t)a * L + b] = y;
-          }
-        for (int b = 0; b < L; b++)
-          for (int c = 0; c < DV; c++) {
-            double x = 0;
-            for (int e = 0; e < DK; e++) x += K_(b, e) * dS[(size_t)e * DV + c];
-            kdS[(size_t)b * DV + c] = x;
-          }
-        for (int a = 0; a < L; a++)
-          for (int e = 0; e < DK; e++) {
-            double x = 0;
-            for (int c = 0; c < DV; c++) x += S[(size_t)e * DV + c] * DO(a, c);
-            SdO[(size_t)a * DK + e] = x;
-          }
-        // dv_new_b = sum_{a >= b} (q~_a . k_b) e^(gam_a - gam_b) dO_a + e^(gam_L - gam_b) k_b^T dS.
-        for (int b = 0; b < L; b++)
-          for (int c = 0; c < DV; c++) {
-            double x = std::exp(gl - gam[b]) * kdS[(size_t)b * DV + c];
-            for (int a = b; a < L; a++) x += qk[(size_t)a * L + b] * std::exp(gam[a] - gam[b]) * DO(a, c);
-            dvn[(size_t)b * DV + c] = x;
-          }
-        // The outputs: o_a = e^(gam_a) q~_a^T S + sum_{b <= a} (q~_a . k_b) e^(gam_a - gam_b) v_new_b.
-        for (int a = 0; a < L; a++) {
-          const size_t row = (size_t)(c0 + a) * nv + h;
-          double qSdO = 0;
-          for (int e = 0; e < DK; e++) qSdO += Q_(a, e) * SdO[(size_t)a * DK + e];
-          dgam[a] += std::exp(gam[a]) * qSdO;
-          for (int e = 0; e < DK; e++) {
-            double x = std::exp(gam[a]) * SdO[(size_t)a * DK + e];
-            for (int b = 0; b <= a; b++) x += std::exp(gam[a] - gam[b]) * dov[(size_t)a * L + b] * K_(b, e);
-            gq[row * DK + e] += sc * x;
-          }
-          for (int b = 0; b <= a; b++) {
-            const double tt = qk[(size_t)a * L + b] * std::exp(gam[a] - gam[b]) * dov[(size_t)a * L + b];
-            dgam[a] += tt;
-            dgam[b] -= tt;
-          }
+    errors.run([&] {
+      const int kh = h / r;
+      const int C = chunk;
+      ChunkWY wy(C, DK, DV);
+      const std::vector<double>&gam = wy.gam, &A = wy.A, &U = wy.U, &W = wy.W, &vn = wy.vn;
+      std::vector<double> dvn((size_t)C * DV), dB1((size_t)C * DV), dB2((size_t)C * DK), dgam(C), dS(SS), dSin(SS),
+          states;
+      for (int n = t.num_nodes - 1; n >= 0; n--) {
+        const int begin = t.node_start[n], stop = begin + t.node_len[n];
+        const int nc = (t.node_len[n] + C - 1) / C;
+        // The state entering each chunk of the node (the chunked recurrence from its initial state).
+        states.assign((size_t)(nc + 1) * SS, 0.0);
+        initial_state(states.data(), ends.data(), init, roots, t, n, h);
+        auto chunk_forward = [&](int c0, const double* S) {
+          const int L = std::min(C, stop - c0);
+          wy.compute(k, v, g, beta, t, h, c0, L, S);
+          return L;
+        };
+        for (int ci = 0; ci < nc; ci++) {
+          const int c0 = begin + ci * C;
+          const double* S = states.data() + (size_t)ci * SS;
+          double* S2 = states.data() + (size_t)(ci + 1) * SS;
+          chunk_forward(c0, S);
+          wy.end_state(S2, S, k, t, h, c0);
         }
-        for (int b = 0; b < L; b++) {
-          const size_t row = (size_t)(c0 + b) * nv + h;
-          for (int e = 0; e < DK; e++) {
-            double x = 0;
-            for (int a = b; a < L; a++) x += std::exp(gam[a] - gam[b]) * dov[(size_t)a * L + b] * Q_(a, e);
-            double y = 0;  // (dS v_new_b)_e
-            for (int c = 0; c < DV; c++) y += dS[(size_t)e * DV + c] * vn[(size_t)b * DV + c];
-            gk[row * DK + e] += x + std::exp(gl - gam[b]) * y;
-          }
-        }
-        // The end state: S' = e^(gam_L) S + sum_b e^(gam_L - gam_b) k_b v_new_b^T.
-        {
-          double sds = 0;
-          for (size_t e = 0; e < SS; e++) sds += S[e] * dS[e];
-          dgam[L - 1] += std::exp(gl) * sds;
-          for (int b = 0; b < L; b++) {
-            double x = 0;
-            for (int c = 0; c < DV; c++) x += kdS[(size_t)b * DV + c] * vn[(size_t)b * DV + c];
-            const double tt = std::exp(gl - gam[b]) * x;
-            dgam[L - 1] += tt;
-            dgam[b] -= tt;
-          }
-        }
-        // The entering state's gradient.
-        for (int e = 0; e < DK; e++)
-          for (int c = 0; c < DV; c++) {
-            double x = std::exp(gl) * dS[(size_t)e * DV + c];
-            for (int a = 0; a < L; a++) x += std::exp(gam[a]) * Q_(a, e) * DO(a, c);
-            for (int b = 0; b < L; b++) x -= W[(size_t)b * DK + e] * dvn[(size_t)b * DV + c];
-            dSin[(size_t)e * DV + c] = x;
-          }
-        // Through v_new = U - W S, U = M^-1 B1, W = M^-1 B2 (M = I + A): dB = M^-T dU, dM = -dB U^T.
-        for (int a = L - 1; a >= 0; a--) {
-          for (int c = 0; c < DV; c++) {
-            double x = dvn[(size_t)a * DV + c];
-            for (int b = a + 1; b < L; b++) x -= A[(size_t)b * C + a] * dB1[(size_t)b * DV + c];
-            dB1[(size_t)a * DV + c] = x;
-          }
-          for (int e = 0; e < DK; e++) {
-            double dw = 0;  // dW_a = -dv_new_a S^T
-            for (int c = 0; c < DV; c++) dw -= dvn[(size_t)a * DV + c] * S[(size_t)e * DV + c];
-            for (int b = a + 1; b < L; b++) dw -= A[(size_t)b * C + a] * dB2[(size_t)b * DK + e];
-            dB2[(size_t)a * DK + e] = dw;
-          }
-        }
-        for (int a = 0; a < L; a++) {
-          const size_t row = (size_t)(c0 + a) * nv + h;
-          const double ba = B_(a), ea = std::exp(gam[a]);
-          double db = 0, b2k = 0;
-          for (int c = 0; c < DV; c++) {
-            const double d1 = dB1[(size_t)a * DV + c];
-            dv[row * DV + c] = (T)((double)dv[row * DV + c] + ba * d1);
-            db += d1 * (double)v[row * DV + c];
-          }
-          for (int e = 0; e < DK; e++) {
-            b2k += dB2[(size_t)a * DK + e] * K_(a, e);
-            gk[row * DK + e] += ba * ea * dB2[(size_t)a * DK + e];
-          }
-          db += ea * b2k;
-          dgam[a] += ba * ea * b2k;
-          for (int b = 0; b < a; b++) {
-            double dAab = 0;
-            for (int c = 0; c < DV; c++) dAab -= dB1[(size_t)a * DV + c] * U[(size_t)b * DV + c];
-            for (int e = 0; e < DK; e++) dAab -= dB2[(size_t)a * DK + e] * W[(size_t)b * DK + e];
-            const double dec = std::exp(gam[a] - gam[b]);
-            double kk = 0;
-            for (int e = 0; e < DK; e++) kk += K_(a, e) * K_(b, e);
-            db += dAab * dec * kk;
-            const double tt = dAab * A[(size_t)a * C + b];
-            dgam[a] += tt;
-            dgam[b] -= tt;
-            const size_t rowb = (size_t)(c0 + b) * nv + h;
+        // Backward through the chunks, last first; dS is the gradient of the chunk's end state.
+        std::copy_n(dend.data() + ((size_t)n * nv + h) * SS, SS, dS.data());
+        for (int ci = nc - 1; ci >= 0; ci--) {
+          const int c0 = begin + ci * C;
+          const double* S = states.data() + (size_t)ci * SS;
+          const int L = chunk_forward(c0, S);
+          const double gl = gam[L - 1], sc = t.scale;
+          auto K_ = [&](int a, int e) { return (double)k[((size_t)(c0 + a) * nk + kh) * DK + e]; };
+          auto Q_ = [&](int a, int e) { return sc * (double)q[((size_t)(c0 + a) * nk + kh) * DK + e]; };  // q~
+          auto DO = [&](int a, int c) { return (double)d_o[((size_t)(c0 + a) * nv + h) * DV + c]; };
+          auto B_ = [&](int a) { return (double)beta[(size_t)(c0 + a) * nv + h]; };
+          std::fill(dgam.begin(), dgam.end(), 0.0);
+          // qk[a][b] = q~_a . k_b, dov[a][b] = dO_a . v_new_b, SdO[a] (DK) = S dO_a.
+          std::vector<double> qk((size_t)L * L), dov((size_t)L * L), kdS((size_t)L * DV), SdO((size_t)L * DK);
+          for (int a = 0; a < L; a++)
+            for (int b = 0; b < L; b++) {
+              double x = 0, y = 0;
+              for (int e = 0; e < DK; e++) x += Q_(a, e) * K_(b, e);
+              for (int c = 0; c < DV; c++) y += DO(a, c) * vn[(size_t)b * DV + c];
+              qk[(size_t)a * L + b] = x;
+              dov[(size_t)a * L + b] = y;
+            }
+          for (int b = 0; b < L; b++)
+            for (int c = 0; c < DV; c++) {
+              double x = 0;
+              for (int e = 0; e < DK; e++) x += K_(b, e) * dS[(size_t)e * DV + c];
+              kdS[(size_t)b * DV + c] = x;
+            }
+          for (int a = 0; a < L; a++)
             for (int e = 0; e < DK; e++) {
-              gk[row * DK + e] += dAab * ba * dec * K_(b, e);
-              gk[rowb * DK + e] += dAab * ba * dec * K_(a, e);
+              double x = 0;
+              for (int c = 0; c < DV; c++) x += S[(size_t)e * DV + c] * DO(a, c);
+              SdO[(size_t)a * DK + e] = x;
+            }
+          // dv_new_b = sum_{a >= b} (q~_a . k_b) e^(gam_a - gam_b) dO_a + e^(gam_L - gam_b) k_b^T dS.
+          for (int b = 0; b < L; b++)
+            for (int c = 0; c < DV; c++) {
+              double x = std::exp(gl - gam[b]) * kdS[(size_t)b * DV + c];
+              for (int a = b; a < L; a++) x += qk[(size_t)a * L + b] * std::exp(gam[a] - gam[b]) * DO(a, c);
+              dvn[(size_t)b * DV + c] = x;
+            }
+          // The outputs: o_a = e^(gam_a) q~_a^T S + sum_{b <= a} (q~_a . k_b) e^(gam_a - gam_b) v_new_b.
+          for (int a = 0; a < L; a++) {
+            const size_t row = (size_t)(c0 + a) * nv + h;
+            double qSdO = 0;
+            for (int e = 0; e < DK; e++) qSdO += Q_(a, e) * SdO[(size_t)a * DK + e];
+            dgam[a] += std::exp(gam[a]) * qSdO;
+            for (int e = 0; e < DK; e++) {
+              double x = std::exp(gam[a]) * SdO[(size_t)a * DK + e];
+              for (int b = 0; b <= a; b++) x += std::exp(gam[a] - gam[b]) * dov[(size_t)a * L + b] * K_(b, e);
+              gq[row * DK + e] += sc * x;
+            }
+            for (int b = 0; b <= a; b++) {
+              const double tt = qk[(size_t)a * L + b] * std::exp(gam[a] - gam[b]) * dov[(size_t)a * L + b];
+              dgam[a] += tt;
+              dgam[b] -= tt;
             }
           }
-          dbeta[row] = (T)((double)dbeta[row] + db);
+          for (int b = 0; b < L; b++) {
+            const size_t row = (size_t)(c0 + b) * nv + h;
+            for (int e = 0; e < DK; e++) {
+              double x = 0;
+              for (int a = b; a < L; a++) x += std::exp(gam[a] - gam[b]) * dov[(size_t)a * L + b] * Q_(a, e);
+              double y = 0;  // (dS v_new_b)_e
+              for (int c = 0; c < DV; c++) y += dS[(size_t)e * DV + c] * vn[(size_t)b * DV + c];
+              gk[row * DK + e] += x + std::exp(gl - gam[b]) * y;
+            }
+          }
+          // The end state: S' = e^(gam_L) S + sum_b e^(gam_L - gam_b) k_b v_new_b^T.
+          {
+            double sds = 0;
+            for (size_t e = 0; e < SS; e++) sds += S[e] * dS[e];
+            dgam[L - 1] += std::exp(gl) * sds;
+            for (int b = 0; b < L; b++) {
+              double x = 0;
+              for (int c = 0; c < DV; c++) x += kdS[(size_t)b * DV + c] * vn[(size_t)b * DV + c];
+              const double tt = std::exp(gl - gam[b]) * x;
+              dgam[L - 1] += tt;
+              dgam[b] -= tt;
+            }
+          }
+          // The entering state's gradient.
+          for (int e = 0; e < DK; e++)
+            for (int c = 0; c < DV; c++) {
+              double x = std::exp(gl) * dS[(size_t)e * DV + c];
+              for (int a = 0; a < L; a++) x += std::exp(gam[a]) * Q_(a, e) * DO(a, c);
+              for (int b = 0; b < L; b++) x -= W[(size_t)b * DK + e] * dvn[(size_t)b * DV + c];
+              dSin[(size_t)e * DV + c] = x;
+            }
+          // Through v_new = U - W S, U = M^-1 B1, W = M^-1 B2 (M = I + A): dB = M^-T dU, dM = -dB U^T.
+          for (int a = L - 1; a >= 0; a--) {
+            for (int c = 0; c < DV; c++) {
+              double x = dvn[(size_t)a * DV + c];
+              for (int b = a + 1; b < L; b++) x -= A[(size_t)b * C + a] * dB1[(size_t)b * DV + c];
+              dB1[(size_t)a * DV + c] = x;
+            }
+            for (int e = 0; e < DK; e++) {
+              double dw = 0;  // dW_a = -dv_new_a S^T
+              for (int c = 0; c < DV; c++) dw -= dvn[(size_t)a * DV + c] * S[(size_t)e * DV + c];
+              for (int b = a + 1; b < L; b++) dw -= A[(size_t)b * C + a] * dB2[(size_t)b * DK + e];
+              dB2[(size_t)a * DK + e] = dw;
+            }
+          }
+          for (int a = 0; a < L; a++) {
+            const size_t row = (size_t)(c0 + a) * nv + h;
+            const double ba = B_(a), ea = std::exp(gam[a]);
+            double db = 0, b2k = 0;
+            for (int c = 0; c < DV; c++) {
+              const double d1 = dB1[(size_t)a * DV + c];
+              dv[row * DV + c] = (T)((double)dv[row * DV + c] + ba * d1);
+              db += d1 * (double)v[row * DV + c];
+            }
+            for (int e = 0; e < DK; e++) {
+              b2k += dB2[(size_t)a * DK + e] * K_(a, e);
+              gk[row * DK + e] += ba * ea * dB2[(size_t)a * DK + e];
+            }
+            db += ea * b2k;
+            dgam[a] += ba * ea * b2k;
+            for (int b = 0; b < a; b++) {
+              double dAab = 0;
+              for (int c = 0; c < DV; c++) dAab -= dB1[(size_t)a * DV + c] * U[(size_t)b * DV + c];
+              for (int e = 0; e < DK; e++) dAab -= dB2[(size_t)a * DK + e] * W[(size_t)b * DK + e];
+              const double dec = std::exp(gam[a] - gam[b]);
+              double kk = 0;
+              for (int e = 0; e < DK; e++) kk += K_(a, e) * K_(b, e);
+              db += dAab * dec * kk;
+              const double tt = dAab * A[(size_t)a * C + b];
+              dgam[a] += tt;
+              dgam[b] -= tt;
+              const size_t rowb = (size_t)(c0 + b) * nv + h;
+              for (int e = 0; e < DK; e++) {
+                gk[row * DK + e] += dAab * ba * dec * K_(b, e);
+                gk[rowb * DK + e] += dAab * ba * dec * K_(a, e);
+              }
+            }
+            dbeta[row] = (T)((double)dbeta[row] + db);
+          }
+          // gam_a = sum_{b <= a} g_b: dg_b = sum_{a >= b} dgam_a.
+          double acc = 0;
+          for (int a = L - 1; a >= 0; a--) {
+            acc += dgam[a];
+            const size_t row = (size_t)(c0 + a) * nv + h;
+            dg[row] = (T)((double)dg[row] + acc);
+          }
+          std::copy(dSin.begin(), dSin.end(), dS.begin());
         }
-        // gam_a = sum_{b <= a} g_b: dg_b = sum_{a >= b} dgam_a.
-        double acc = 0;
-        for (int a = L - 1; a >= 0; a--) {
-          acc += dgam[a];
-          const size_t row = (size_t)(c0 + a) * nv + h;
-          dg[row] = (T)((double)dg[row] + acc);
-        }
-        std::copy(dSin.begin(), dSin.end(), dS.begin());
+        pass_initial_gradient(dS.data(), dend, d_init, roots, t, n, h);
       }
-      pass_initial_gradient(dS.data(), dend, d_init, roots, t, n, h);
-    }
+    });
   }
+  errors.rethrow();
   add_group_gradients(dq, dk, gq, gk, t);
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/parallel.h"
 
 namespace tt::cpu {
 namespace {
@@ -62,54 +63,61 @@ void gemm_nt(T* c, int64_t ldc, View<T> a, const std::vector<double>& packed, in
   const int n_panels = (cols + kCols - 1) / kCols;
   const int n_tiles = (rows + kTileRows - 1) / kTileRows;
   const int ldsum = n_panels * kCols;
+  OmpErrors errors;  // an allocation failing in the region, rethrown after it
 #pragma omp parallel
   {
-    std::vector<double> apack((int64_t)kTileRows * kChunk);  // (kTileRows / kRows, kChunk, kRows)
-    std::vector<double> sums((int64_t)kTileRows * ldsum);   // (kTileRows, n_panels * kCols)
+    std::vector<double> apack, sums;
+    errors.run([&] {
+      apack.resize((int64_t)kTileRows * kChunk);  // (kTileRows / kRows, kChunk, kRows)
+      sums.resize((int64_t)kTileRows * ldsum);    // (kTileRows, n_panels * kCols)
+    });
 #pragma omp for schedule(dynamic, 1)
     for (int tile = 0; tile < n_tiles; tile++) {
-      const int r_begin = tile * kTileRows;
-      const int nrows = std::min(kTileRows, rows - r_begin);
-      const int n_blocks = (nrows + kRows - 1) / kRows;
-      std::fill(sums.begin(), sums.end(), 0.0);
-      for (int k0 = 0; k0 < K; k0 += kChunk) {
-        const int kn = std::min(kChunk, K - k0);
-        // Rows past the end repeat the last row; their sums are never written out.
-        for (int b = 0; b < n_blocks; b++) {
-          double* ab = apack.data() + (int64_t)b * kChunk * kRows;
-          for (int i = 0; i < kRows; i++) {
-            const T* ar = a.p + (int64_t)(r_begin + std::min(b * kRows + i, nrows - 1)) * a.rs;
-            for (int k = 0; k < kn; k++) ab[k * kRows + i] = (double)ar[(int64_t)(k0 + k) * a.ks];
-          }
-        }
-        for (int cb = 0; cb < n_panels; cb++) {
-          const double* bp = packed.data() + ((int64_t)cb * K + k0) * kCols;  // (kn, kCols)
+      errors.run([&] {
+        const int r_begin = tile * kTileRows;
+        const int nrows = std::min(kTileRows, rows - r_begin);
+        const int n_blocks = (nrows + kRows - 1) / kRows;
+        std::fill(sums.begin(), sums.end(), 0.0);
+        for (int k0 = 0; k0 < K; k0 += kChunk) {
+          const int kn = std::min(kChunk, K - k0);
+          // Rows past the end repeat the last row; their sums are never written out.
           for (int b = 0; b < n_blocks; b++) {
-            const double* ab = apack.data() + (int64_t)b * kChunk * kRows;  // (kn, kRows)
-            double* sb = sums.data() + (int64_t)b * kRows * ldsum + cb * kCols;
-            double acc[kRows][kCols];
+            double* ab = apack.data() + (int64_t)b * kChunk * kRows;
             for (int i = 0; i < kRows; i++) {
-              for (int j = 0; j < kCols; j++) acc[i][j] = sb[i * ldsum + j];
+              const T* ar = a.p + (int64_t)(r_begin + std::min(b * kRows + i, nrows - 1)) * a.rs;
+              for (int k = 0; k < kn; k++) ab[k * kRows + i] = (double)ar[(int64_t)(k0 + k) * a.ks];
             }
-            for (int k = 0; k < kn; k++) {
+          }
+          for (int cb = 0; cb < n_panels; cb++) {
+            const double* bp = packed.data() + ((int64_t)cb * K + k0) * kCols;  // (kn, kCols)
+            for (int b = 0; b < n_blocks; b++) {
+              const double* ab = apack.data() + (int64_t)b * kChunk * kRows;  // (kn, kRows)
+              double* sb = sums.data() + (int64_t)b * kRows * ldsum + cb * kCols;
+              double acc[kRows][kCols];
               for (int i = 0; i < kRows; i++) {
-                const double av = ab[k * kRows + i];
-                for (int j = 0; j < kCols; j++) acc[i][j] += av * bp[k * kCols + j];
+                for (int j = 0; j < kCols; j++) acc[i][j] = sb[i * ldsum + j];
+              }
+              for (int k = 0; k < kn; k++) {
+                for (int i = 0; i < kRows; i++) {
+                  const double av = ab[k * kRows + i];
+                  for (int j = 0; j < kCols; j++) acc[i][j] += av * bp[k * kCols + j];
+                }
+              }
+              for (int i = 0; i < kRows; i++) {
+                for (int j = 0; j < kCols; j++) sb[i * ldsum + j] = acc[i][j];
               }
             }
-            for (int i = 0; i < kRows; i++) {
-              for (int j = 0; j < kCols; j++) sb[i * ldsum + j] = acc[i][j];
-            }
           }
         }
-      }
-      for (int i = 0; i < nrows; i++) {
-        T* ci = c + (int64_t)(r_begin + i) * ldc;
-        const double* si = sums.data() + (int64_t)i * ldsum;
-        for (int j = 0; j < cols; j++) ci[j] = (T)(accumulate ? (double)ci[j] + si[j] : si[j]);
-      }
+        for (int i = 0; i < nrows; i++) {
+          T* ci = c + (int64_t)(r_begin + i) * ldc;
+          const double* si = sums.data() + (int64_t)i * ldsum;
+          for (int j = 0; j < cols; j++) ci[j] = (T)(accumulate ? (double)ci[j] + si[j] : si[j]);
+        }
+      });
     }
   }
+  errors.rethrow();
 }
 
 void check_dims(int N, int IC, int OC, const char* op) {

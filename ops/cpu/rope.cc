@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/parallel.h"
 
 namespace tt::cpu {
 namespace {
@@ -23,26 +24,34 @@ void rotate(T* x, const int32_t* pos, int N, int H, int HS, double theta, double
   const int half = R / 2;
   std::vector<double> inv_freq(half);  // (R/2)
   for (int d = 0; d < half; d++) inv_freq[d] = std::pow(theta, -2.0 * d / R);
+  OmpErrors errors;  // an allocation failing in the region, rethrown after it
 #pragma omp parallel
   {
-    std::vector<double> cs(half), sn(half);  // (HS/2)
+    std::vector<double> cs, sn;  // (R/2)
+    errors.run([&] {
+      cs.resize(half);
+      sn.resize(half);
+    });
 #pragma omp for schedule(static)
     for (int n = 0; n < N; n++) {
-      for (int d = 0; d < half; d++) {
-        const double a = (double)pos[n] * inv_freq[d];
-        cs[d] = std::cos(a);
-        sn[d] = sign * std::sin(a);
-      }
-      for (int h = 0; h < H; h++) {
-        T* xh = x + ((int64_t)n * H + h) * HS;  // (HS)
+      errors.run([&] {
         for (int d = 0; d < half; d++) {
-          const double x1 = xh[d], x2 = xh[d + half];
-          xh[d] = (T)(x1 * cs[d] - x2 * sn[d]);
-          xh[d + half] = (T)(x2 * cs[d] + x1 * sn[d]);
+          const double a = (double)pos[n] * inv_freq[d];
+          cs[d] = std::cos(a);
+          sn[d] = sign * std::sin(a);
         }
-      }
+        for (int h = 0; h < H; h++) {
+          T* xh = x + ((int64_t)n * H + h) * HS;  // (HS)
+          for (int d = 0; d < half; d++) {
+            const double x1 = xh[d], x2 = xh[d + half];
+            xh[d] = (T)(x1 * cs[d] - x2 * sn[d]);
+            xh[d + half] = (T)(x2 * cs[d] + x1 * sn[d]);
+          }
+        }
+      });
     }
   }
+  errors.rethrow();
 }
 
 }  // namespace
