@@ -191,13 +191,16 @@ std::vector<int32_t> VlaPolicy<E>::act(const Observation& obs, int n_tokens, int
   // A failed step leaves the history and the cache as they were: the new observation comes off
   // the history (the one it pushed out of the window goes back) and the cache gives back the
   // step's rows (with a window the next step rebuilds its rows after the instruction anyway).
-  history_.push_back(obs);
+  // What may fail before the try changes nothing: the saved state and `dropped`'s room first,
+  // then the history (push_back's copy failing leaves it as it was; the rest cannot fail).
+  if (window_ == 0) save_state(kBefore);  // a window's failed step goes back to the instruction
   std::vector<Observation> dropped;
+  dropped.reserve(1);
+  history_.push_back(obs);
   if (window_ > 0 && (int)history_.size() > window_) {
     dropped.push_back(std::move(history_.front()));
     history_.erase(history_.begin());
   }
-  if (window_ == 0) save_state(kBefore);  // a window's failed step goes back to the instruction
   try {
     int depth = (int)instruction_.size();
     std::vector<double> logits;
@@ -246,8 +249,9 @@ std::vector<int32_t> VlaPolicy<E>::act_segmented(const Observation& obs, int n_t
                     " fed-back action tokens), more than the ", path_->ahead(),
                     " one step may add with segments (the capacity)"));
   const auto before = path_->mark();  // first: a mark that cannot be taken leaves the history as it was
-  history_.push_back(obs);
   std::vector<Observation> dropped;
+  dropped.reserve(1);  // then nothing fails between the history's change and the try
+  history_.push_back(obs);
   if (window_ > 0 && (int)history_.size() > window_) {
     dropped.push_back(std::move(history_.front()));
     history_.erase(history_.begin());
@@ -269,7 +273,10 @@ std::vector<int32_t> VlaPolicy<E>::act_segmented(const Observation& obs, int n_t
   } catch (...) {
     history_.pop_back();
     if (!dropped.empty()) history_.insert(history_.begin(), std::move(dropped.front()));
-    if (window_ == 0) path_->rewind(before);  // with a window the next step rebuilds the path
+    // With a window the next step rebuilds the path: cleared here, so a path a failure left half
+    // updated (SegmentedPath::append) does not refuse that step's first mark.
+    if (window_ == 0) path_->rewind(before);
+    else path_->clear();
     throw;
   }
 }

@@ -663,6 +663,7 @@ class SegmentedInference {
         free_slots_(std::make_shared<std::vector<int32_t>>()) {
     if (!cache.recurrent()) return;
     const int64_t first = cache.reserve_slots(slots);
+    free_slots_->reserve((size_t)slots);
     for (int64_t s = first + slots - 1; s >= first; --s) free_slots_->push_back((int32_t)s);
   }
 
@@ -758,10 +759,12 @@ class SegmentedInference {
   std::shared_ptr<const int32_t> new_slot() {
     TT_CHECK(!free_slots_->empty(), "segments: every state slot of the cache is taken (sequences and marks alive "
              "at once)");
-    const int32_t s = free_slots_->back();
+    int32_t* s = new int32_t(free_slots_->back());  // failing, takes nothing
     free_slots_->pop_back();
     std::shared_ptr<std::vector<int32_t>> pool = free_slots_;
-    return std::shared_ptr<const int32_t>(new int32_t(s), [pool](const int32_t* p) {
+    // The deleter gives the slot back, also where the holder's own allocation fails (the
+    // constructor calls it); the list holds every slot's room (reserved), so that cannot throw.
+    return std::shared_ptr<const int32_t>(s, [pool](const int32_t* p) {
       pool->push_back(*p);
       delete p;
     });
@@ -987,7 +990,7 @@ data::PackedBatch slice_rows(const SegmentConfig& cfg, const data::PackedBatch& 
 template <class E>
 struct SegmentedPath<E>::Impl {
   // State slots (recurrent models): the path, two marks (a policy's step takes two) and a rewind's
-  // fork of one, with one to spare.
+  // fork of one or a prefill's fresh slot (SegmentedInference::state_io), with one to spare.
   static constexpr int64_t kSlots = 5;
   Impl(Decoder<E>& m, const SegmentConfig& c, int64_t ring_rows)
       : cache(m, ring_rows, kSlots), seg(m, c, cache, kSlots), st(seg.start()), ring(ring_rows) {

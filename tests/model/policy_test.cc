@@ -10,8 +10,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <new>
 #include <random>
 #include <string>
 #include <tuple>
@@ -26,6 +29,17 @@
 #include "model/policy.h"
 #include "tests/equivalence/vla_fixture.h"
 #include "tests/model/model_test_util.h"
+
+// Fault injection for AFailedAllocationAnywhereLeavesNoTrace: with fail_after >= 0, the
+// allocation that counts it down past 0 throws std::bad_alloc.
+std::atomic<int64_t> fail_after{-1};
+void* operator new(std::size_t n) {
+  if (fail_after.load(std::memory_order_relaxed) >= 0 && fail_after.fetch_sub(1) == 0) throw std::bad_alloc();
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace tt::model {
 namespace {
@@ -267,6 +281,47 @@ INSTANTIATE_TEST_SUITE_P(Histories, PolicyFailures,
                            return (w == 0 ? std::string("full") : "window" + std::to_string(w)) +
                                   (std::get<1>(i.param) ? "_segments" : "") + (std::get<2>(i.param) ? "_hybrid" : "");
                          });
+
+// A step failing at any of its allocations in turn (the history's, the forward's, the segments'
+// rolls, the marks') leaves no trace either: the same step again gives a policy's actions and logits that
+// never saw the failure (a window's path, left half updated by a failure after a forward, is
+// cleared for the next step to rebuild, not left refusing its marks).
+TEST_P(PolicyFailures, AFailedAllocationAnywhereLeavesNoTrace) {
+  const auto [window, segments, hybrid] = GetParam();
+  const ModelConfig cfg = vla_config(hybrid);
+  Model<double> m(cfg);
+  m.init(5);
+  SegmentConfig seg;
+  if (segments) seg.length = 7, seg.tail = 5;
+  std::mt19937_64 rng(8);
+  const std::vector<Observation> good = {random_obs(rng, 2), random_obs(rng, 1), random_obs(rng, 2)};
+  VlaPolicy<CpuExec<double>> ref(m, window, 48, seg);
+  ref.reset({5, 6, 7});
+  for (int t = 0; t < 2; ++t) ref.act(good[t], 2, 10, 24);
+  std::vector<double> want;
+  const std::vector<int32_t> want_a = ref.act(good[2], 2, 10, 24, &want);
+  int64_t failed = 0;
+  for (int64_t n = 0;; ++n) {
+    VlaPolicy<CpuExec<double>> policy(m, window, 48, seg);
+    policy.reset({5, 6, 7});
+    for (int t = 0; t < 2; ++t) policy.act(good[t], 2, 10, 24);
+    bool threw = false;
+    fail_after = n;
+    try {
+      policy.act(good[2], 2, 10, 24);
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    fail_after = -1;
+    if (!threw) break;
+    ++failed;
+    std::vector<double> got;
+    const std::vector<int32_t> a = policy.act(good[2], 2, 10, 24, &got);
+    ASSERT_EQ(a, want_a) << "allocation " << n;
+    ASSERT_EQ(got, want) << "allocation " << n;
+  }
+  EXPECT_GT(failed, 10);
+}
 
 // An instruction the context cannot hold, or with an id outside the vocabulary, is refused up
 // front and the episode goes on as it was (its next step is a policy's that never saw the

@@ -31,7 +31,7 @@
 
 // Fault injection for AGrowingPathSurvivesAFailedForward: with fail_after >= 0, the allocation
 // that counts it down past 0 throws std::bad_alloc. Allocations inside the CPU ops' OpenMP regions
-// are not counted: an exception cannot leave such a region (it would end the process).
+// are not counted (tests/ops/omp_faults_test covers those): the sweep is over the model's own.
 std::atomic<int64_t> fail_after{-1};
 void* operator new(std::size_t n) {
   if (fail_after.load(std::memory_order_relaxed) >= 0 && omp_get_level() == 0 && fail_after.fetch_sub(1) == 0)
@@ -794,7 +794,8 @@ TEST(Segments, AGrowingPathRefusesABadBatchWhole) {
 // recurrent states are written to a fresh slot and taken only once the forward is through, so
 // after a failed forward the path appends as if the batch had never been offered, to the bit; a
 // failure after the forward (as a segment rolls) leaves it refusing appends and marks, naming
-// what to do, until it is rewound to a mark taken before, which brings it back whole.
+// what to do, until it is rewound to a mark taken before, which brings it back whole; and no
+// failure loses a state slot.
 TEST(Segments, AGrowingPathSurvivesAFailedForward) {
   Model<double> m(hybrid_model());
   m.init(75);
@@ -838,8 +839,13 @@ TEST(Segments, AGrowingPathSurvivesAFailedForward) {
     }
     ASSERT_EQ(got, want_piece) << "allocation " << n << " failed";
     ASSERT_EQ(path.append(one_node(rest)), want_rest) << "allocation " << n << " failed";
+    // No state slot leaked: three marks alive (`mark` and two more) and an append (a fresh slot)
+    // take all five.
+    const auto m1 = path.mark(), m2 = path.mark();
+    path.append(one_node({seq[0]}));
   }
   EXPECT_GT(failed, 10);  // the sweep met the forwards' allocations
+  EXPECT_GT(refused, 0);  // and some after a forward, as the rows joined their segment
   std::printf("[ faults   ] %lld failed appends, %lld left the path refusing until a rewind\n", (long long)failed,
               (long long)refused);
 }
