@@ -76,10 +76,10 @@ bool lines_left(const Conn& c) { return c.scanned < c.in.size() || (c.eof && !c.
 class Server {
  public:
   explicit Server(const ServeOptions& opt) : opt_(opt) {
-    if (opt.max_buffered_bytes >= 0 && opt.max_buffered_bytes < opt.max_message_bytes)
+    if (opt.max_buffered_bytes >= 0 && opt.max_buffered_bytes < opt.max_message_bytes + 2)
       throw Error(str("--max-buffered-bytes ", opt.max_buffered_bytes, ": less than --max-message-bytes ",
-                      opt.max_message_bytes, " (a request line of that length must fit); expected at least ",
-                      opt.max_message_bytes));
+                      opt.max_message_bytes, " + 2 (a request line of that length and its \"\\r\\n\" must fit); "
+                      "expected at least ", opt.max_message_bytes + 2));
     budget_ = opt.max_buffered_bytes >= 0
                   ? opt.max_buffered_bytes
                   : std::min<int64_t>(opt.max_message_bytes, std::numeric_limits<int64_t>::max() / 16) * 16;
@@ -221,6 +221,10 @@ class Server {
         }
       }
       conns = std::move(keep);
+      if (out_of_room_) {
+        out_of_room_ = false;
+        evict_largest(conns, answered);
+      }
     }
     drain(conns);
     for (const Conn& c : conns) close(c.fd);
@@ -275,30 +279,48 @@ class Server {
 
   // Reads what the socket holds into the connection's buffer (answer_lines answers it); false when
   // the connection is to close.
+  // At most what the budget has room for; with none, nothing is read and out_of_room_ is set
+  // (run() then evicts the connection holding the most: evict_largest).
   bool read_requests(Conn& c, int64_t& answered) {
+    (void)answered;
     char buf[1 << 16];
-    const ssize_t n = recv(c.fd, buf, sizeof buf, 0);
+    const int64_t room = budget_ - buffered_;
+    if (room <= 0) {
+      out_of_room_ = true;
+      return true;
+    }
+    const ssize_t n = recv(c.fd, buf, (size_t)std::min<int64_t>((int64_t)sizeof buf, room), 0);
     if (n == 0) {  // the client sends no more: what it sent is answered, its replies still go out
       c.eof = true;
       return true;
     }
     if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
-    if (buffered_ + n > budget_) {  // its partial line is dropped: the stream cannot be resynchronised
-      spdlog::warn("serve: closing the connection from {}: its {} more bytes would take the requests buffered across "
-                   "all connections from {} past {} bytes ({})",
-                   c.peer, n, buffered_, budget_, budget_from_);
-      buffered_ -= (int64_t)c.in.size();
-      c.in.clear();
-      c.scanned = 0;
-      ++answered;
-      c.closing = true;
-      return reply(c, dump(json{{"error", str("the requests buffered across all connections would pass the server's "
-                                              "limit of ", budget_, " bytes (", budget_from_,
-                                              "); closing the connection")}}));
-    }
     c.in.append(buf, (size_t)n);
     buffered_ += n;
     return true;
+  }
+
+  // With the budget full and a connection waiting to read, the connection holding the longest
+  // unfinished line (no whole line waiting: those are answered and freed in their turns) gets an
+  // error reply naming the limit and is closed, its bytes dropped (the stream cannot be
+  // resynchronised): a few clients holding long partial lines cannot shut the others out.
+  void evict_largest(std::vector<Conn>& conns, int64_t& answered) {
+    Conn* big = nullptr;
+    for (Conn& c : conns)
+      if (!c.closing && !lines_left(c) && (!big || c.in.size() > big->in.size())) big = &c;
+    if (!big || big->in.empty()) return;
+    spdlog::warn("serve: closing the connection from {}: the requests buffered across all connections reached {} "
+                 "bytes ({}) with another waiting to read, and its unfinished line was the longest ({} bytes)",
+                 big->peer, budget_, budget_from_, big->in.size());
+    buffered_ -= (int64_t)big->in.size();
+    big->in.clear();
+    big->scanned = 0;
+    big->closing = true;
+    ++answered;
+    if (!reply(*big, dump(json{{"error", str("the requests buffered across all connections reached the server's limit "
+                                             "of ", budget_, " bytes (", budget_from_, ") and this connection's "
+                                             "unfinished line was the longest; closing the connection")}})))
+      big->out.clear();  // past its reply buffer: it closes with nothing more to send
   }
 
   // Answers the connection's next lines, at most kLinesPerTurn (the rest wait for its next turn);
@@ -564,6 +586,7 @@ class Server {
   int64_t budget_ = 0;       // request bytes buffered across all connections, at most
   std::string budget_from_;  // the option that set it, for the error
   int64_t buffered_ = 0;     // the bytes in all connections' `in`
+  bool out_of_room_ = false;  // a connection found the budget full this turn
   std::string dir_;
   model::ModelConfig cfg_;
   int window_ = 0;

@@ -28,8 +28,9 @@
 // session as it was (or creates none), a failed step leaves its history as it was. A line longer
 // than max_message_bytes gets an error reply and its connection is closed (the stream cannot be
 // resynchronised). The request bytes buffered across all connections are at most
-// max_buffered_bytes: a read that would pass it gets an error reply naming the limit and its
-// connection is closed (the others are served on). Replies a client does not read wait in a
+// max_buffered_bytes: reads take only what fits, and while a connection waits to read with none
+// left, the one holding the longest unfinished line gets an error reply naming the limit and is
+// closed (the others are served on). Replies a client does not read wait in a
 // buffer of its own (sockets are non-blocking); past max_message_bytes unsent, that client is
 // disconnected with a log line, so a client that pipelines requests and never reads cannot stall
 // the others. A connection's pipelined lines are answered at most 16 a turn (the rest wait in its
@@ -53,7 +54,7 @@ struct ServeOptions {
   int port = 0;              // 0: any free port (printed on the first line of stdout)
   int64_t max_message_bytes = 16 << 20;
   // Request bytes buffered across all connections (-1: 16 x max_message_bytes, 256 MB at the
-  // default; else at least max_message_bytes).
+  // default; else at least max_message_bytes + 2).
   int64_t max_buffered_bytes = -1;
   int max_sessions = 1024;   // sessions, and connections, at once
   double session_idle_s = 3600;  // a session unused this long is closed (0: never; at most 1e9)

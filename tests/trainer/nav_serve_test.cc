@@ -474,9 +474,11 @@ TEST(NavServe, ConnectionsPastTheLimitAreRefused) {
 }
 
 // The request bytes buffered across all connections are at most 16 x --max-message-bytes (1 MiB
-// here): of 17 clients each holding 65,000 bytes of a line, the one whose read would pass it is
-// told so and closed; the other 16 are served on (their lines, once whole, are answered), and so
-// is a client of short requests beside them.
+// here): of 17 clients each holding 65,000 bytes of a line, the last finds the budget full, so one
+// holding the longest unfinished line is told so and closed (one is enough: the 17 hold 56,424
+// bytes more than the budget); the other 16 are served on (their lines, once whole, are answered), and so is a client of short requests
+// beside them. The bytes answered are given back: the 16 hold 65,000 bytes each again, and none
+// is refused.
 TEST(NavServe, RequestsBufferedAcrossConnectionsHaveABudget) {
   ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12 --max-message-bytes 65536");
   std::vector<std::unique_ptr<Client>> holders;
@@ -493,8 +495,8 @@ TEST(NavServe, RequestsBufferedAcrossConnectionsHaveABudget) {
   size_t refused = 0;
   while (!(fds[refused].revents & POLLIN)) ++refused;
   EXPECT_EQ(json::parse(holders[refused]->reply()).at("error"),
-            "the requests buffered across all connections would pass the server's limit of 1048576 bytes (16 x "
-            "--max-message-bytes); closing the connection");
+            "the requests buffered across all connections reached the server's limit of 1048576 bytes (16 x "
+            "--max-message-bytes) and this connection's unfinished line was the longest; closing the connection");
   EXPECT_EQ(holders[refused]->reply(), "") << "the connection is closed";
   Client c(s.port);
   EXPECT_EQ(c.ask(R"({"session": "a", "reset": true, "instruction": [2, 4]})").at("ok"), true);
@@ -502,6 +504,13 @@ TEST(NavServe, RequestsBufferedAcrossConnectionsHaveABudget) {
   for (size_t i = 0; i < holders.size(); ++i) {
     if (i == refused) continue;
     EXPECT_EQ(holders[i]->error_of("").rfind("malformed JSON: ", 0), 0u) << i;
+  }
+  for (size_t i = 0; i < holders.size(); ++i)
+    if (i != refused) holders[i]->send_raw(std::string(65000, 'y'));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (size_t i = 0; i < holders.size(); ++i) {
+    if (i == refused) continue;
+    EXPECT_EQ(holders[i]->error_of("").rfind("malformed JSON: ", 0), 0u) << i << ": not refused";
   }
 }
 
