@@ -2,10 +2,9 @@
 //
 // Every rank draws the step's micro-batches from the same seeded loader (so every rank knows the
 // step's trees and the loader position is the same everywhere, which makes rank 0's checkpoint
-// valid for all). The trees of the step are then dealt to ranks by estimated compute:
-//   cost(tree) = tokens + attention_pair_weight(model) * visible_pairs
-// tokens being the tree's packed tokens (linear layers, norms, loss: per token) and
-// visible_pairs the (query, key) pairs its tree attention visits (sum over tokens of depth + 1).
+// valid for all). The trees of the step are then dealt to ranks by estimated compute, cost(tree)
+// = the executed FLOPs of a training step on it (tree_cost: the layer kinds' FLOP API on the
+// tree's packed work, its tokens, visible attention pairs, target rows and media).
 // The deal is LPT: trees by decreasing cost (ties: earlier in the step first) each go to the rank
 // with the least load so far (ties: the lowest rank), within 4/3 of the best possible makespan.
 // It depends only on the step's trees, hence only on the seed: every rank computes the same deal.
