@@ -13,20 +13,12 @@
 #include <string>
 #include <vector>
 
-// Allocation failures on demand: with fail_after = k >= 0, the (k + 1)-th allocation from now
-// throws std::bad_alloc (once).
-static std::atomic<int> fail_after{-1};
-
-void* operator new(std::size_t n) {
-  if (fail_after.load(std::memory_order_relaxed) >= 0 && fail_after.fetch_sub(1) == 0) throw std::bad_alloc();
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#include "tests/base/alloc_faults.h"
 
 namespace tt {
 namespace {
+
+using testing::fail_after;  // tests/base/alloc_faults.h
 
 TEST(ParallelFor, EveryItemOnceWithoutErrors) {
   for (int threads : {1, 2, 8, 64}) {

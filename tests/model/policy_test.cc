@@ -28,21 +28,13 @@
 #include "model/decoder.h"
 #include "model/policy.h"
 #include "tests/equivalence/vla_fixture.h"
+#include "tests/base/alloc_faults.h"
 #include "tests/model/model_test_util.h"
-
-// Fault injection for AFailedAllocationAnywhereLeavesNoTrace: with fail_after >= 0, the
-// allocation that counts it down past 0 throws std::bad_alloc.
-std::atomic<int64_t> fail_after{-1};
-void* operator new(std::size_t n) {
-  if (fail_after.load(std::memory_order_relaxed) >= 0 && fail_after.fetch_sub(1) == 0) throw std::bad_alloc();
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace tt::model {
 namespace {
+
+using tt::testing::fail_after;  // tests/base/alloc_faults.h
 
 // The largest |a - b| relative to the largest |b|.
 double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {

@@ -8,7 +8,6 @@
 // with RoPE applied in two rotations instead of one (a rounding of ~1e-16 per element), results
 // agree to 1e-10 relative to the largest element (errors grow by ~1e3 over a few layers at most).
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
@@ -27,25 +26,14 @@
 #include "data/reader.h"
 #include "model/decoder.h"
 #include "model/segments.h"
+#include "tests/base/alloc_faults.h"
 #include "tests/model/model_test_util.h"
-
-// Fault injection for AGrowingPathSurvivesAFailedForward: with fail_after >= 0, the allocation
-// that counts it down past 0 throws std::bad_alloc. Allocations inside the CPU ops' OpenMP regions
-// are not counted (tests/ops/omp_faults_test covers those): the sweep is over the model's own.
-std::atomic<int64_t> fail_after{-1};
-void* operator new(std::size_t n) {
-  if (fail_after.load(std::memory_order_relaxed) >= 0 && omp_get_level() == 0 && fail_after.fetch_sub(1) == 0)
-    throw std::bad_alloc();
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace tt::model {
 namespace {
 
 using testing::tiny_config;
+using tt::testing::fail_after;  // tests/base/alloc_faults.h
 
 // qwen3 (q/k norms), 3 layers, 4 query heads on 2 KV heads of 4 dims.
 ModelConfig seg_model() {

@@ -29,22 +29,10 @@
 #include "ops/cpu/rope.h"
 #include "tests/ops/test_util.h"
 
-// Allocation failures on demand, counted on every thread: with fail_after = k >= 0, the (k + 1)-th
-// allocation from now throws std::bad_alloc (once); -1: none. failed_in_region counts the failures
-// injected inside an active OpenMP parallel region.
-static std::atomic<int64_t> fail_after{-1};
-static std::atomic<int> failed_in_region{0};
+#include "tests/base/alloc_faults.h"
 
-void* operator new(std::size_t n) {
-  if (fail_after.load(std::memory_order_relaxed) >= 0 && fail_after.fetch_sub(1) == 0) {
-    if (omp_in_parallel()) failed_in_region.fetch_add(1);
-    throw std::bad_alloc();
-  }
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+using tt::testing::fail_after;  // allocation failures on demand, counted on every thread
+using tt::testing::failed_in_region;
 
 namespace tt::cpu {
 namespace {
