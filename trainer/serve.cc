@@ -67,7 +67,15 @@ struct Conn {
   bool eof = false;      // the client sends no more: what `in` holds is answered (its last line
                          // without a newline too), then the connection closes
   bool closing = false;  // reads no more requests; closed once `out` is sent
+  // Once a closing connection's replies are sent: its sending side is shut (the client reads the
+  // end of the stream after its last reply) and what it still sends is read and dropped until it
+  // closes too or linger_until, so closing with its bytes unread (a reset) cannot discard that
+  // last reply on its way.
+  bool shut = false;
+  std::chrono::steady_clock::time_point linger_until{};
 };
+
+constexpr auto kLinger = std::chrono::seconds(2);
 
 // Whether `in` may hold a line to answer without reading more: bytes not yet searched for a
 // newline, or any bytes once the client sent its last.
@@ -165,30 +173,61 @@ class Server {
       // A connection with lines left from its last turn is not read (its socket holds the rest)
       // and the poll does not wait for it.
       bool turn_now = false;
+      auto linger_ends = std::chrono::steady_clock::time_point::max();
       for (const Conn& c : conns) {
         const bool more = !c.closing && lines_left(c);
         turn_now |= more;
-        fds.push_back({c.fd, (short)((c.closing || c.eof || more ? 0 : POLLIN) | (c.out.empty() ? 0 : POLLOUT)), 0});
+        if (c.shut) linger_ends = std::min(linger_ends, c.linger_until);
+        fds.push_back({c.fd, (short)((c.shut ? POLLIN : 0) | (c.closing || c.eof || more ? 0 : POLLIN) |
+                                     (c.out.empty() ? 0 : POLLOUT)),
+                       0});
       }
-      // Woken for the next idle session to close, if any, or when the listener's rest ends.
+      // Woken for the next idle session to close, if any, when the listener's rest ends, or when
+      // a lingering connection's time is up.
       int wait_ms = close_idle_sessions();
       if (resting) wait_ms = wait_ms < 0 ? 100 : std::min(wait_ms, 100);
+      if (linger_ends != std::chrono::steady_clock::time_point::max()) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(linger_ends -
+                                                                                std::chrono::steady_clock::now());
+        const int ms = (int)std::max<int64_t>(0, left.count() + 1);
+        wait_ms = wait_ms < 0 ? ms : std::min(wait_ms, ms);
+      }
       if (turn_now) wait_ms = 0;
       if (poll(fds.data(), fds.size(), wait_ms) < 0) {
         if (errno == EINTR) continue;
         throw Error(str("serve: poll: ", std::strerror(errno)));
       }
       std::vector<Conn> keep;
+      const auto now = std::chrono::steady_clock::now();
       for (size_t i = 0; i < conns.size(); ++i) {  // the connections polled (fds[i + 1])
         Conn& c = conns[i];
         const short ev = fds[i + 1].revents;
+        if (c.shut) {  // lingering: the client's bytes dropped until it closes or the time is up
+          bool done = (ev & (POLLERR | POLLNVAL)) || now >= c.linger_until;
+          if (!done && (ev & (POLLIN | POLLHUP))) {
+            char junk[1 << 16];
+            ssize_t n = 1;
+            for (int reads = 0; reads < 16 && n > 0; ++reads) n = recv(c.fd, junk, sizeof junk, 0);
+            done = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+          }
+          if (done) {
+            close(c.fd);
+          } else {
+            keep.push_back(std::move(c));
+          }
+          continue;
+        }
         bool open = !(ev & (POLLERR | POLLNVAL)) && !(c.closing && (ev & POLLHUP));
         if (open && (ev & POLLOUT)) open = flush(c);
         const bool limit = opt_.max_requests >= 0 && answered >= opt_.max_requests;
         if (open && !limit && !c.closing && !c.eof && !lines_left(c) && (ev & (POLLIN | POLLHUP)))
           open = read_requests(c, answered);
         if (open && !limit && !c.closing) open = answer_lines(c, answered);
-        if (open && c.closing && c.out.empty()) open = false;
+        if (open && c.closing && c.out.empty()) {  // its last reply is out: linger (Conn::shut)
+          shutdown(c.fd, SHUT_WR);
+          c.shut = true;
+          c.linger_until = now + kLinger;
+        }
         if (open) {
           keep.push_back(std::move(c));
         } else {

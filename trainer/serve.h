@@ -35,7 +35,9 @@
 // disconnected with a log line, so a client that pipelines requests and never reads cannot stall
 // the others. A connection's pipelined lines are answered at most 16 a turn (the rest wait in its
 // buffer, unread bytes in its socket), so one client's burst does not hold up the others' replies.
-// Nothing a client sends stops the server.
+// A connection the server closes ends its side of the stream after the last reply and drops
+// what the client still sends until the client closes (at most 2 s), so that reply is not lost to
+// a reset. Nothing a client sends stops the server.
 // Sessions are global, not tied to a connection: a session lives until it is closed (by any
 // connection), it has gone unused for session_idle_s (its KV cache is freed, a log line says so,
 // and a request naming it gets "session S was closed after N s unused (--session-idle-s ...);

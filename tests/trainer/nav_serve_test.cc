@@ -549,6 +549,24 @@ TEST(NavServe, APipeliningClientTakesTurnsWithOthers) {
   }
 }
 
+// A connection the server closes with the client's bytes still unread (a line past
+// --max-message-bytes) ends with its error reply and then the end of the stream, not a reset
+// (which can discard that reply on its way): the server shuts its sending side and drops what the
+// client still sends until the client closes.
+TEST(NavServe, AClosedConnectionEndsWithItsReplyNotAReset) {
+  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12 --max-message-bytes 1024");
+  Client c(s.port);
+  c.send_raw(std::string(200000, 'x'));  // the server stops reading past 1,024 bytes
+  EXPECT_EQ(json::parse(c.reply()).at("error"),
+            "message longer than 1024 bytes without a newline; closing the connection");
+  char tmp[16];
+  errno = 0;
+  const ssize_t n = recv(c.fd, tmp, sizeof tmp, 0);
+  EXPECT_EQ(n, 0) << "the end of the stream, got " << n << " (" << std::strerror(errno) << ")";
+  Client other(s.port);  // and the server carries on
+  EXPECT_EQ(other.ask(R"({"session": "a", "reset": true, "instruction": [2, 4]})").at("ok"), true);
+}
+
 // A last request without its newline is answered once the client shuts down its sending side,
 // then the connection closes.
 TEST(NavServe, ALastLineWithoutANewlineIsAnsweredAtShutdown) {
