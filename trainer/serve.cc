@@ -176,7 +176,9 @@ class Server {
       auto linger_ends = std::chrono::steady_clock::time_point::max();
       for (const Conn& c : conns) {
         const bool more = !c.closing && lines_left(c);
-        turn_now |= more;
+        // A closing connection with its replies out (an eviction's, sent at once) lingers from the
+        // next turn: that turn comes without waiting.
+        turn_now |= more || (c.closing && c.out.empty() && !c.shut);
         if (c.shut) linger_ends = std::min(linger_ends, c.linger_until);
         fds.push_back({c.fd, (short)((c.shut ? POLLIN : 0) | (c.closing || c.eof || more ? 0 : POLLIN) |
                                      (c.out.empty() ? 0 : POLLOUT)),
@@ -205,9 +207,8 @@ class Server {
         if (c.shut) {  // lingering: the client's bytes dropped until it closes or the time is up
           bool done = (ev & (POLLERR | POLLNVAL)) || now >= c.linger_until;
           if (!done && (ev & (POLLIN | POLLHUP))) {
-            char junk[1 << 16];
-            ssize_t n = 1;
-            for (int reads = 0; reads < 16 && n > 0; ++reads) n = recv(c.fd, junk, sizeof junk, 0);
+            char junk[1 << 16];  // one read a turn, as a live connection gets
+            const ssize_t n = recv(c.fd, junk, sizeof junk, 0);
             done = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
           }
           if (done) {
