@@ -36,7 +36,8 @@
 // difference, since the run's config is what is wrong then, not the checkpoint).
 // Resume (resume_checkpoint) takes the newest valid checkpoint; each invalid step_N newer than it
 // is renamed step_N.invalid-<UTC time> with a warning (by the writer, rank 0; with data
-// parallelism the other ranks take rank 0's choice), so a stray step_999999999999999999 or a step_4 whose state says step 2 is never taken.
+// parallelism the other ranks take rank 0's choice), so a stray step_999999999999999999 or a
+// step_4 whose state says step 2 is never taken.
 // keep_checkpoints counts valid checkpoints only, and holds at every start (the writer prunes after
 // resuming: a run killed between a checkpoint and its pruning keeps one more until then).
 //

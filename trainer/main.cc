@@ -93,7 +93,8 @@ const char* const kUsage = R"(usage:
       / close, answered by the action (trainer/serve.h); prints "listening on HOST:PORT" first.
       A session unused for --session-idle-s seconds is closed (0: never). At most --max-sessions
       sessions and as many connections at once (one more is told so and closed); requests
-      buffered across them at most --max-buffered-bytes (a read past it closes its connection).
+      buffered across them at most --max-buffered-bytes (when it is full, the connection with the
+      longest unfinished line is told so and closed).
       Continuous actions decode with the checkpoint's action_bins.json; discrete ones need
       --action-ids (the nav environment's: 8:12).
   treetrain nav-env [--size 5] [--landmarks 3] [--walls 2] [--max-steps 24] [--image-size 16]

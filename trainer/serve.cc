@@ -222,7 +222,7 @@ class Server {
         if (open && (ev & POLLOUT)) open = flush(c);
         const bool limit = opt_.max_requests >= 0 && answered >= opt_.max_requests;
         if (open && !limit && !c.closing && !c.eof && !lines_left(c) && (ev & (POLLIN | POLLHUP)))
-          open = read_requests(c, answered);
+          open = read_requests(c);
         if (open && !limit && !c.closing) open = answer_lines(c, answered);
         if (open && c.closing && c.out.empty()) {  // its last reply is out: linger (Conn::shut)
           shutdown(c.fd, SHUT_WR);
@@ -232,7 +232,7 @@ class Server {
         if (open) {
           keep.push_back(std::move(c));
         } else {
-          buffered_ -= (int64_t)c.in.size();
+          drop_requests(c);
           close(c.fd);
         }
       }
@@ -317,12 +317,10 @@ class Server {
     return true;
   }
 
-  // Reads what the socket holds into the connection's buffer (answer_lines answers it); false when
-  // the connection is to close.
-  // At most what the budget has room for; with none, nothing is read and out_of_room_ is set
-  // (run() then evicts the connection holding the most: evict_largest).
-  bool read_requests(Conn& c, int64_t& answered) {
-    (void)answered;
+  // Reads what the socket holds into the connection's buffer (answer_lines answers it), at most
+  // what the budget has room for; with none, nothing is read and out_of_room_ is set (run() then
+  // evicts a connection: evict_largest). False when the connection is to close.
+  bool read_requests(Conn& c) {
     char buf[1 << 16];
     const int64_t room = budget_ - buffered_;
     if (room <= 0) {
@@ -352,15 +350,26 @@ class Server {
     spdlog::warn("serve: closing the connection from {}: the requests buffered across all connections reached {} "
                  "bytes ({}) with another waiting to read, and its unfinished line was the longest ({} bytes)",
                  big->peer, budget_, budget_from_, big->in.size());
-    buffered_ -= (int64_t)big->in.size();
-    big->in.clear();
-    big->scanned = 0;
-    big->closing = true;
-    ++answered;
-    if (!reply(*big, dump(json{{"error", str("the requests buffered across all connections reached the server's limit "
-                                             "of ", budget_, " bytes (", budget_from_, ") and this connection's "
-                                             "unfinished line was the longest; closing the connection")}})))
+    if (!close_with_error(*big, answered, str("the requests buffered across all connections reached the server's "
+                                              "limit of ", budget_, " bytes (", budget_from_, ") and this "
+                                              "connection's unfinished line was the longest; closing the connection")))
       big->out.clear();  // past its reply buffer: it closes with nothing more to send
+  }
+
+  // The connection's unanswered request bytes dropped (it closes, or will never be read on).
+  void drop_requests(Conn& c) {
+    buffered_ -= (int64_t)c.in.size();
+    c.in.clear();
+    c.scanned = 0;
+  }
+
+  // An error reply that ends the connection (a request stream that cannot be resynchronised): its
+  // unanswered bytes dropped, the reply counted; false as reply() is.
+  bool close_with_error(Conn& c, int64_t& answered, const std::string& why) {
+    drop_requests(c);
+    c.closing = true;
+    ++answered;
+    return reply(c, dump(json{{"error", why}}));
   }
 
   // Answers the connection's next lines, at most kLinesPerTurn (the rest wait for its next turn);
@@ -375,11 +384,10 @@ class Server {
       size_t nl = c.in.find('\n', std::max(start, c.scanned));
       if (nl == std::string::npos) {
         c.scanned = c.in.size();
-        if ((int64_t)(c.in.size() - start) > opt_.max_message_bytes) {  // the stream cannot be resynchronised
-          ++answered;
-          c.closing = true;
-          open = reply(c, dump(json{{"error", str("message longer than ", opt_.max_message_bytes,
-                                                  " bytes without a newline; closing the connection")}}));
+        if ((int64_t)(c.in.size() - start) > opt_.max_message_bytes) {
+          open = close_with_error(c, answered, str("message longer than ", opt_.max_message_bytes,
+                                                   " bytes without a newline; closing the connection"));
+          start = 0;  // all of `in` is dropped, the lines answered before it too
           break;
         }
         if (!c.eof || start == c.in.size()) break;
@@ -397,11 +405,7 @@ class Server {
     buffered_ -= (int64_t)start;
     c.scanned = c.scanned > start ? c.scanned - start : 0;
     if (c.eof && c.in.empty()) c.closing = true;
-    if (c.closing) {  // what is left is never answered
-      buffered_ -= (int64_t)c.in.size();
-      c.in.clear();
-      c.scanned = 0;
-    }
+    if (c.closing) drop_requests(c);  // what is left is never answered
     return open;
   }
 

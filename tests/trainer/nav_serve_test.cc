@@ -476,8 +476,8 @@ TEST(NavServe, ConnectionsPastTheLimitAreRefused) {
 // The request bytes buffered across all connections are at most 16 x --max-message-bytes (1 MiB
 // here): of 17 clients each holding 65,000 bytes of a line, the last finds the budget full, so one
 // holding the longest unfinished line is told so and closed (one is enough: the 17 hold 56,424
-// bytes more than the budget); the other 16 are served on (their lines, once whole, are answered), and so is a client of short requests
-// beside them. The bytes answered are given back: the 16 hold 65,000 bytes each again, and none
+// bytes more than the budget); the other 16 are served on (their lines, once whole, are
+// answered), and so is a client of short requests beside them. The bytes answered are given back: the 16 hold 65,000 bytes each again, and none
 // is refused.
 TEST(NavServe, RequestsBufferedAcrossConnectionsHaveABudget) {
   ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12 --max-message-bytes 65536");
