@@ -8,10 +8,33 @@
 
 #include <atomic>
 #include <cstdint>
+#include <new>
 
 namespace tt::testing {
 
 extern std::atomic<int64_t> fail_after;
 extern std::atomic<int64_t> failed_in_region;
+
+// What f() did with allocation n + 1 from now failing: whether std::bad_alloc came out of it, and
+// whether the failure was injected at all (f made more than n allocations). Disarmed after, also
+// when f throws anything else (which passes through).
+struct AllocationFault {
+  bool threw = false, injected = false;
+};
+template <class F>
+AllocationFault fail_allocation(int64_t n, F&& f) {
+  AllocationFault r;
+  fail_after.store(n);
+  try {
+    f();
+  } catch (const std::bad_alloc&) {
+    r.threw = true;
+  } catch (...) {
+    fail_after.store(-1);
+    throw;
+  }
+  r.injected = fail_after.exchange(-1) < 0;
+  return r;
+}
 
 }  // namespace tt::testing

@@ -18,7 +18,7 @@
 namespace tt {
 namespace {
 
-using testing::fail_after;  // tests/base/alloc_faults.h
+using testing::fail_allocation;  // tests/base/alloc_faults.h
 
 TEST(ParallelFor, EveryItemOnceWithoutErrors) {
   for (int threads : {1, 2, 8, 64}) {
@@ -76,17 +76,11 @@ TEST(ParallelFor, AllocationFailuresWhileStartingThreads) {
   for (int k = 0; k < 12; ++k) {
     std::vector<std::atomic<int>> seen(1000);
     std::atomic<int> total{0};
-    bool threw = false;
-    fail_after.store(k);
-    try {
-      parallel_for(1000, [&](int64_t i) {
-        seen[i].fetch_add(1);
-        total.fetch_add(1);
-      }, 8);
-    } catch (const std::bad_alloc&) {
-      threw = true;
-    }
-    fail_after.store(-1);
+    const auto item = [&](int64_t i) {
+      seen[i].fetch_add(1);
+      total.fetch_add(1);
+    };
+    const bool threw = fail_allocation(k, [&] { parallel_for(1000, item, 8); }).threw;
     if (threw) {
       EXPECT_EQ(total.load(), 0) << "allocation " << k << " failed after items ran";
     } else {

@@ -34,7 +34,7 @@
 namespace tt::model {
 namespace {
 
-using tt::testing::fail_after;  // tests/base/alloc_faults.h
+using tt::testing::fail_allocation;  // tests/base/alloc_faults.h
 
 // The largest |a - b| relative to the largest |b|.
 double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
@@ -297,15 +297,7 @@ TEST_P(PolicyFailures, AFailedAllocationAnywhereLeavesNoTrace) {
     VlaPolicy<CpuExec<double>> policy(m, window, 48, seg);
     policy.reset({5, 6, 7});
     for (int t = 0; t < 2; ++t) policy.act(good[t], 2, 10, 24);
-    bool threw = false;
-    fail_after = n;
-    try {
-      policy.act(good[2], 2, 10, 24);
-    } catch (const std::bad_alloc&) {
-      threw = true;
-    }
-    fail_after = -1;
-    if (!threw) break;
+    if (!fail_allocation(n, [&] { policy.act(good[2], 2, 10, 24); }).threw) break;
     ++failed;
     std::vector<double> got;
     const std::vector<int32_t> a = policy.act(good[2], 2, 10, 24, &got);

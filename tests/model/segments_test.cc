@@ -33,7 +33,7 @@ namespace tt::model {
 namespace {
 
 using testing::tiny_config;
-using tt::testing::fail_after;  // tests/base/alloc_faults.h
+using tt::testing::fail_allocation;  // tests/base/alloc_faults.h
 
 // qwen3 (q/k norms), 3 layers, 4 query heads on 2 KV heads of 4 dims.
 ModelConfig seg_model() {
@@ -799,14 +799,8 @@ TEST(Segments, AGrowingPathSurvivesAFailedForward) {
     SegmentedPath<CpuExec<double>> path(m, cfg, /*ahead=*/6);
     path.append(one_node(head));
     const auto mark = path.mark();
-    bool threw = false;
-    fail_after = n;
-    try {
-      path.append(one_node(piece));  // rows 3 .. 5: closes segment 0 (a roll), opens segment 1
-    } catch (const std::bad_alloc&) {
-      threw = true;
-    }
-    fail_after = -1;
+    // Rows 3 .. 5: close segment 0 (a roll), open segment 1.
+    const bool threw = fail_allocation(n, [&] { path.append(one_node(piece)); }).threw;
     if (!threw) {
       ASSERT_EQ(path.depth(), 6);
       ASSERT_EQ(path.append(one_node(rest)), want_rest) << "allocations " << n;

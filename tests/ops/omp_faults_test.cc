@@ -31,7 +31,7 @@
 
 #include "tests/base/alloc_faults.h"
 
-using tt::testing::fail_after;  // allocation failures on demand, counted on every thread
+using tt::testing::fail_allocation;  // allocation failures on demand, counted on every thread
 using tt::testing::failed_in_region;
 
 namespace tt::cpu {
@@ -67,14 +67,7 @@ void sweep(const char* op, const std::function<void()>& reset, const std::functi
   for (int64_t n = 0;; n++) {
     ASSERT_LT(n, 100000) << op << ": still allocating after 100000 allocations";
     reset();
-    fail_after.store(n);
-    bool threw = false;
-    try {
-      call();
-    } catch (const std::bad_alloc&) {
-      threw = true;
-    }
-    const bool faulted = fail_after.exchange(-1) < 0;
+    const auto [threw, faulted] = fail_allocation(n, call);
     ASSERT_EQ(threw, faulted) << op << " with allocation " << n + 1 << " failing: "
                               << (faulted ? "the failure was swallowed" : "threw without a failure");
     if (!faulted) {
