@@ -70,7 +70,8 @@ struct Conn {
   // Once a closing connection's replies are sent: its sending side is shut (the client reads the
   // end of the stream after its last reply) and what it still sends is read and dropped until it
   // closes too or linger_until, so closing with its bytes unread (a reset) cannot discard that
-  // last reply on its way.
+  // last reply on its way. A lingering connection holds no --max-sessions slot; at most
+  // --max-sessions linger at once (past that, one closes at once).
   bool shut = false;
   std::chrono::steady_clock::time_point linger_until{};
 };
@@ -213,6 +214,7 @@ class Server {
           }
           if (done) {
             close(c.fd);
+            --lingering_;
           } else {
             keep.push_back(std::move(c));
           }
@@ -224,11 +226,7 @@ class Server {
         if (open && !limit && !c.closing && !c.eof && !lines_left(c) && (ev & (POLLIN | POLLHUP)))
           open = read_requests(c);
         if (open && !limit && !c.closing) open = answer_lines(c, answered);
-        if (open && c.closing && c.out.empty()) {  // its last reply is out: linger (Conn::shut)
-          shutdown(c.fd, SHUT_WR);
-          c.shut = true;
-          c.linger_until = now + kLinger;
-        }
+        if (open && c.closing && c.out.empty()) open = linger(c, now);  // its last reply is out
         if (open) {
           keep.push_back(std::move(c));
         } else {
@@ -241,15 +239,21 @@ class Server {
         socklen_t plen = sizeof peer;
         // Non-blocking: a peer that resets between poll and accept leaves nothing to wait for.
         const int fd = accept4(lfd, reinterpret_cast<sockaddr*>(&peer), &plen, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd >= 0 && (int64_t)keep.size() >= opt_.max_sessions) {
-          // At most --max-sessions connections (each may buffer --max-message-bytes): told, closed.
-          const std::string no = dump(json{{"error", str("the server holds ", keep.size(), " connections, its limit ",
+        const int64_t live = std::count_if(keep.begin(), keep.end(), [](const Conn& k) { return !k.shut; });
+        if (fd >= 0 && live >= opt_.max_sessions) {
+          // At most --max-sessions connections (each may buffer --max-message-bytes): told, then
+          // closed as a served one is (lingering: a request it sent at once cannot turn the
+          // close into a reset that discards the reply).
+          const std::string no = dump(json{{"error", str("the server holds ", live, " connections, its limit ",
                                                          "(--max-sessions ", opt_.max_sessions,
                                                          "); try again when one closes")}}) + "\n";
           (void)!send(fd, no.data(), no.size(), MSG_NOSIGNAL);
-          close(fd);
-          spdlog::warn("serve: refused a connection: {} open, the limit (--max-sessions {})", keep.size(),
-                       opt_.max_sessions);
+          Conn refused{fd, "refused"};
+          if (linger(refused, std::chrono::steady_clock::now()))
+            keep.push_back(std::move(refused));
+          else
+            close(fd);
+          spdlog::warn("serve: refused a connection: {} open, the limit (--max-sessions {})", live, opt_.max_sessions);
         } else if (fd >= 0) {
           char host[INET_ADDRSTRLEN] = "?";
           inet_ntop(AF_INET, &peer.sin_addr, host, sizeof host);
@@ -361,6 +365,17 @@ class Server {
     buffered_ -= (int64_t)c.in.size();
     c.in.clear();
     c.scanned = 0;
+  }
+
+  // A connection whose last reply is out shuts its sending side and lingers (Conn::shut); true
+  // when it is kept to linger, false (the caller closes it) when --max-sessions already linger.
+  bool linger(Conn& c, std::chrono::steady_clock::time_point now) {
+    if (lingering_ >= opt_.max_sessions) return false;
+    ++lingering_;
+    shutdown(c.fd, SHUT_WR);
+    c.shut = true;
+    c.linger_until = now + kLinger;
+    return true;
   }
 
   // An error reply that ends the connection (a request stream that cannot be resynchronised): its
@@ -630,6 +645,7 @@ class Server {
   int64_t budget_ = 0;       // request bytes buffered across all connections, at most
   std::string budget_from_;  // the option that set it, for the error
   int64_t buffered_ = 0;     // the bytes in all connections' `in`
+  int64_t lingering_ = 0;    // connections lingering (Conn::shut): at most --max-sessions
   bool out_of_room_ = false;  // a connection found the budget full this turn
   std::string dir_;
   model::ModelConfig cfg_;
