@@ -478,8 +478,9 @@ __device__ __forceinline__ void chunk_unit_lower_inverse(float* T, const float* 
 // kRowStride (d a multiple of 8, at most 128), on tensor cores: T diag(sc) split into bf16 halves
 // (split_bf16x2; Y exact), two mma a tile, fp32 sums; only T's lower blocks are read. Each pair of
 // the result (row r, columns col, col + 1) goes to put(r, col, x0, x1). A warp takes 16 rows (m0)
-// and every column, 8 kTiles columns a pass.
-template <int kTiles, class Put>  // n8 tiles a pass (accumulators: 4 kTiles registers)
+// and every column, 8 kTiles columns a pass. kBf16 (GdnProducts::kBf16): T diag(sc) rounded to
+// bf16, one mma a tile.
+template <int kTiles, bool kBf16 = false, class Put>  // n8 tiles a pass (accumulators: 4 kTiles registers)
 __device__ __forceinline__ void chunk_lower_apply(Put&& put, const float* T, const float* sc, const bf16* Y, int d,
                                                   int m0, int L) {
   constexpr int PS = kPairStride;
@@ -488,10 +489,7 @@ __device__ __forceinline__ void chunk_lower_apply(Put&& put, const float* T, con
     float c[kTiles][4] = {};  // [n8 tile][fragment]
     for (int k0 = 0; k0 <= m0; k0 += 16) {
       uint32_t ah[4], al[4];
-      split_a_fragment_pairs(ah, al, m0, k0, [&](int r, int s) {
-        const float2 t = *reinterpret_cast<const float2*>(T + r * PS + s);
-        return make_float2(t.x * sc[s], t.y * sc[s + 1]);
-      });
+      a_fragment_parts<kBf16>(ah, al, m0, k0, [&](int r, int s) { return T[r * PS + s] * sc[s]; });
       const bf16* src = Y + (k0 + lane % 8 + 8 * (lane / 8 % 2)) * kRowStride + n0 + 8 * (lane / 16);
 #pragma unroll
       for (int n = 0; n < kTiles; n += 2) {
@@ -499,14 +497,14 @@ __device__ __forceinline__ void chunk_lower_apply(Put&& put, const float* T, con
         if (n0 + 8 * n + 8 < d) {
           uint32_t b[4];
           mma::ldsm_x4_trans(b, src + 8 * n);
-          mma::mma_16816(c[n], al, b[0], b[1]);
+          if constexpr (!kBf16) mma::mma_16816(c[n], al, b[0], b[1]);
           mma::mma_16816(c[n], ah, b[0], b[1]);
-          mma::mma_16816(c[n + 1], al, b[2], b[3]);
+          if constexpr (!kBf16) mma::mma_16816(c[n + 1], al, b[2], b[3]);
           mma::mma_16816(c[n + 1], ah, b[2], b[3]);
         } else {  // the last n8 tile alone (d = 8 mod 16)
           uint32_t b[2];
           mma::ldsm_x2_trans(b, src + 8 * n);
-          mma::mma_16816(c[n], al, b[0], b[1]);
+          if constexpr (!kBf16) mma::mma_16816(c[n], al, b[0], b[1]);
           mma::mma_16816(c[n], ah, b[0], b[1]);
         }
       }
@@ -563,10 +561,11 @@ __device__ __forceinline__ int balanced_row_block(int warp) { return (0x32230110
 // 80-register cap). kBf16 (GdnProducts::kBf16, with kHalves: the walks that read these take one
 // bf16 mma a product): -W's high plane only, and the scores P or PT as bf16 (p_bf16), each value
 // the bits the walk would round it to (both round to nearest even); -W's low plane is left
-// unwritten; the backward's T likewise in bf16. About a quarter to a third of the prep's output
-// bytes fewer, and the walks stage half the scores' bytes. Without U (p.U null, walk_computes_u):
-// every warp takes W, a column half each, and the prep stores T diag(beta) in bf16 (p.Tb) for the
-// walks, which compute U from it.
+// unwritten; the backward's T likewise in bf16; U and W from T diag(beta) and T diag(beta e^gamma)
+// rounded to bf16 (one mma a tile, as the walks take their operands). About a quarter to a third
+// of the prep's output bytes fewer, and the walks stage half the scores' bytes. Without U (p.U
+// null, walk_computes_u): every warp takes W, a column half each, and the prep stores T diag(beta)
+// in bf16 (p.Tb) for the walks, which compute U from it.
 constexpr int kPrepTiles = 8, kPrepBlocks = 3;
 template <bool kHalves, bool kBf16 = false>
 __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(RuleParams p) {
@@ -657,15 +656,15 @@ __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(Ru
     };
     if (p.U) {  // even warps U, odd warps W
       if (warp % 2 == 0) {
-        chunk_lower_apply<kPrepTiles>([&](int r, int col, float x0, float x1) {
+        chunk_lower_apply<kPrepTiles, kBf16>([&](int r, int col, float x0, float x1) {
           *reinterpret_cast<float2*>(p.U + (row0 + (int64_t)r * p.nv) * dv + col) = make_float2(x0, x1);
         }, T, bet, Vb, dv, m0, L);
       } else {
-        chunk_lower_apply<kPrepTiles>(put_w, T, sw, Kb, dk, m0, L);
+        chunk_lower_apply<kPrepTiles, kBf16>(put_w, T, sw, Kb, dk, m0, L);
       }
     } else {  // W alone (walk_computes_u, dk 128): a column half a warp, each row block twice (balanced_row_block)
       const int half = (warp >> 1) & 1, d = dk / 2;
-      chunk_lower_apply<kPrepTiles>([&](int r, int col, float x0, float x1) { put_w(r, col + half * d, x0, x1); },
+      chunk_lower_apply<kPrepTiles, kBf16>([&](int r, int col, float x0, float x1) { put_w(r, col + half * d, x0, x1); },
                                     T, sw, Kb + half * d, d, m0, L);
     }
   }
