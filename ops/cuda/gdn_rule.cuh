@@ -2931,6 +2931,8 @@ __device__ __forceinline__ void grad_head(const RuleBwdParams& b, int c, int h, 
   float* te = dgam + C;                                             // (64) e^(gam_L - gam_a) k_a . dS v_new_a
   bf16* Vb = reinterpret_cast<bf16*>(te + C);                       // (64, kRowStride) v (phase C)
   float* Zs = reinterpret_cast<float*>(Vb + C * kRowStride);        // (64, PS) phase C's Z
+  bf16* Z16 = reinterpret_cast<bf16*>(Zs);  // kBf16: Z in bf16 rows of kZ16Stride instead
+  constexpr int kZ16Stride = C + 8;         // 144 bytes: ldmatrix on distinct banks
   // F on tensor cores: its row terms from D (grad_qk_mma), in KKd and QK's bytes and in v's and Z's
   float* Fq = KKd;
   float* Fk = reinterpret_cast<float*>(Vb);
@@ -3139,9 +3141,16 @@ __device__ __forceinline__ void grad_head(const RuleBwdParams& b, int c, int h, 
 #pragma unroll
         for (int n = 0; n < 4; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int a = m0 + gq + 8 * (e / 2), cc = n0 + 8 * n + 2 * tq + e % 2;
-            Zs[a * PS + cc] = bet[cc] * (z[0][n][e] + __expf(gam[cc]) * z[1][n][e]);  // 0 past L (beta)
+          for (int half = 0; half < 2; ++half) {
+            const int a = m0 + gq + 8 * half, cc = n0 + 8 * n + 2 * tq;
+            float zz[2];  // 0 past L (beta)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              zz[e] = bet[cc + e] * (z[0][n][2 * half + e] + __expf(gam[cc + e]) * z[1][n][2 * half + e]);
+            if constexpr (kBf16)  // Z T^T's operand as it rounds it
+              *reinterpret_cast<uint32_t*>(Z16 + a * kZ16Stride + cc) = attn::pack_bf16x2(zz[0], zz[1]);
+            else
+              Zs[a * PS + cc] = zz[0], Zs[a * PS + cc + 1] = zz[1];
           }
       }
       __syncthreads();  // Z is stored
@@ -3150,7 +3159,10 @@ __device__ __forceinline__ void grad_head(const RuleBwdParams& b, int c, int h, 
       for (int k0 = 0; k0 < C; k0 += 16) {
         if (k0 >= n0 + 32) break;  // T_bc = 0 for c > b
         uint32_t ah[4], al[4];
-        a_fragment_parts<kBf16>(ah, al, m0, k0, [&](int r, int j) { return Zs[r * PS + j]; });
+        if constexpr (kBf16)
+          mma::ldsm_x4(ah, Z16 + (m0 + lane % 8 + 8 * (lane / 8 % 2)) * kZ16Stride + k0 + 8 * (lane / 16));
+        else
+          a_fragment_parts<kBf16>(ah, al, m0, k0, [&](int r, int j) { return Zs[r * PS + j]; });
 #pragma unroll
         for (int n = 0; n < 4; ++n) {
           uint32_t bh[2], bl[2];  // B (c, b) = T_bc: columns k0 + 2 tq (+1, +8, +9) of T's row b = n0 + 8 n + gq
