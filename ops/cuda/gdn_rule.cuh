@@ -416,8 +416,9 @@ __device__ __forceinline__ void mma_split3_both(float (&small)[4], float (&c)[4]
   mma::mma_16816(c, ah, bh[0], bh[1]);
 }
 
-// T = (I + diag(rs) A)^-1 for a strictly lower triangular 64 x 64 A (fp32 at kPairStride, zero on
-// and above the diagonal and in rows past the chunk): T is unit lower triangular. In 16 x 16
+// T = (I + diag(rs) A)^-1 for a strictly lower triangular 64 x 64 A (fp32 at kPairStride, zero in
+// rows past the chunk; only its strictly lower part is read, its upper triangle may hold other
+// values, rule_prep_kernel's kept products): T is unit lower triangular. In 16 x 16
 // blocks: the four diagonal blocks by substitution (a column a thread, 64 threads), then the blocks
 // below them by their distance d from the diagonal, T_ij = -T_ii P_ij with P_ij = diag(rs) sum_{k=j}^{i-1}
 // A_ik T_kj (i = j + d), P staged in T's unused upper block (j, i). So T's diagonal blocks hold
@@ -525,12 +526,29 @@ __device__ __forceinline__ void chunk_lower_apply(Put&& put, const float* T, con
 // (chunk_gram's tiling, gram_tile_mma), each pair of a row (r, s, s + 1; s even) to
 // put(r, s, x0, x1), all 64 x 64, q and k rows of bf16 at kRowStride. The two warp tiles wholly
 // above the diagonal are zeros. Rows past L meet only the mask's select.
+// keep (or null): the raw products q_r . k_s stored there too (rows of kPairStride, the tiles on
+// and below the diagonal); from (or null): the raw products taken from there instead (Q unread).
 template <class Put>
-__device__ __forceinline__ void chunk_scores(const bf16* Q, const bf16* K, const float* gam, int dk, int L, Put&& put) {
+__device__ __forceinline__ void chunk_scores(const bf16* Q, const bf16* K, const float* gam, int dk, int L, Put&& put,
+                                             float* keep = nullptr, const float* from = nullptr) {
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, gq = lane / 4, tq = lane % 4;
   const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
   float c[4][4] = {};
-  if (n0 < m0 + 16) gram_tile_mma(c, Q, K, m0, n0, dk);
+  if (n0 < m0 + 16) {
+    if (from) {
+#pragma unroll
+      for (int n = 0; n < 4; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c[n][e] = from[(m0 + gq + 8 * (e / 2)) * kPairStride + n0 + 8 * n + 2 * tq + e % 2];
+    } else {
+      gram_tile_mma(c, Q, K, m0, n0, dk);
+    }
+    if (keep)
+#pragma unroll
+      for (int n = 0; n < 4; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) keep[(m0 + gq + 8 * (e / 2)) * kPairStride + n0 + 8 * n + 2 * tq + e % 2] = c[n][e];
+  }
   auto masked = [&](int r, int s, float x) { return s <= r && r < L ? __expf(gam[r] - gam[s]) * x : 0.f; };
 #pragma unroll
   for (int n = 0; n < 4; ++n)
@@ -565,15 +583,26 @@ __device__ __forceinline__ int balanced_row_block(int warp) { return (0x32230110
 // rounded to bf16 (one mma a tile, as the walks take their operands). About a quarter to a third
 // of the prep's output bytes fewer, and the walks stage half the scores' bytes. Without U (p.U
 // null, walk_computes_u): every warp takes W, a column half each, and the prep stores T diag(beta)
-// in bf16 (p.Tb) for the walks, which compute U from it.
+// in bf16 (p.Tb) for the walks, which compute U from it, and a block takes a key head's value
+// heads in turn (prep_heads), forming the key head's Gram products once (H100: prep 669 -> 626
+// us, forward 0.97x).
 constexpr int kPrepTiles = 8, kPrepBlocks = 3;
+// The value heads a prep block takes in turn: a key head's group where the walks take U
+// themselves (no v rows in the prep: their bytes keep q . k), else one.
+__host__ __device__ inline int prep_heads(const RuleParams& p) {
+  return p.U == nullptr && p.nv > p.nk ? p.nv / p.nk : 1;
+}
 template <bool kHalves, bool kBf16 = false>
 __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(RuleParams p) {
   static_assert(kHalves || !kBf16, "bf16 products only where W is stored as halves");
   TT_EXTERN_SMEM_16(smem);
-  // Block c nv + h: a key head's value heads side by side, so all but the first read the chunk's
-  // q and k rows from L2.
-  const int c = (int)blockIdx.x / p.nv, h = (int)blockIdx.x % p.nv, kh = h / (p.nv / p.nk);
+  // Block c (nv / heads) + j: value heads h0 = j heads .. h0 + heads - 1 (prep_heads), in turn.
+  // With one head a block, a key head's value heads side by side, so all but the first read the
+  // chunk's q and k rows from L2; with a key head's group a block, its first head forms the key
+  // head's Gram products k . k and q . k and keeps them (raw, fp32) for the others: k . k in A's
+  // upper triangle (the inverse reads A's lower one only), q . k in v's bytes (no v rows there).
+  const int heads = prep_heads(p), c = (int)blockIdx.x / (p.nv / heads), h0 = (int)blockIdx.x % (p.nv / heads) * heads;
+  const int kh = h0 / (p.nv / p.nk);
   const int r0 = p.plan.chunk_row0[c], L = p.plan.chunk_len[c], dk = p.dk, dv = p.dv;
   constexpr int PS = kPairStride;
   bf16* Kb = reinterpret_cast<bf16*>(smem);                          // (64, kRowStride)
@@ -585,90 +614,112 @@ __global__ void __launch_bounds__(kRuleThreads, kPrepBlocks) rule_prep_kernel(Ru
   float* sw = bet + kGdnChunk;                                       // (64) beta e^gamma
   bf16* Qb = reinterpret_cast<bf16*>(T);  // with p.P or p.PT: q's rows (64, kRowStride), in T's bytes until the scores are out
   static_assert(sizeof(bf16) * kRowStride == sizeof(float) * kPairStride, "q's rows fill T's bytes");
-  load_chunk_rows(Kb, kRowStride, p.k + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
-  if (p.U) load_chunk_rows(Vb, kRowStride, p.v + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);  // U's only
-  if (p.P || p.PT) load_chunk_rows(Qb, kRowStride, p.q + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
-  attn::cp_async_commit();
-  for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x) {
-    const bool in = r < L;
-    bet[r] = in ? ld(p.beta + (int64_t)(r0 + r) * p.nv + h) : 0.f;
-    gam[r] = in ? ld(p.g + (int64_t)(r0 + r) * p.nv + h) : 0.f;
-  }
-  __syncthreads();
-  chunk_cumsum(gam);
-  attn::cp_async_wait<0>();
-  __syncthreads();
-  chunk_gram_each(Kb, Kb, dk, [&](int r, int s, float x) {  // masked as stored (the barrier below)
-    A[r * PS + s] = s < r && r < L ? __expf(gam[r] - gam[s]) * x : 0.f;
-  });
-  for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x) sw[r] = bet[r] * __expf(gam[r]);
-  if (p.P) {  // the scores (dk a multiple of 16, walk_writes_outputs)
-    const int64_t at = ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
-    chunk_scores(Qb, Kb, gam, dk, L,
-                 [&](int r, int s, float x0, float x1) { store_pair<kBf16>(p.P, at + r * kGdnChunk + s, x0, x1); });
-  } else if (p.PT) {  // the backward's: transposed and scaled
-    const int64_t at = ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
-    chunk_scores(Qb, Kb, gam, dk, L, [&](int r, int s, float x0, float x1) {
-      if constexpr (kBf16) {
-        bf16* dst = p_bf16(p.PT) + at;
-        dst[s * kGdnChunk + r] = __float2bfloat16_rn(p.scale * x0);
-        dst[(s + 1) * kGdnChunk + r] = __float2bfloat16_rn(p.scale * x1);
-      } else {
-        p.PT[at + s * kGdnChunk + r] = p.scale * x0;
-        p.PT[at + (s + 1) * kGdnChunk + r] = p.scale * x1;
-      }
-    });
-  }
-  __syncthreads();  // A is masked; q's rows are read (T's bytes are free)
-  chunk_unit_lower_inverse(T, A, bet);
-  // T's lower blocks, 0 above them (chunk_unit_lower_inverse's scratch), columns times col_scale
-  // (or 1), to the chunk's (64, 64) of buf: fp32, or with kBf16 in bf16 (p_bf16), as the kernels
-  // that read it round it.
-  auto copy_t = [&](float* buf, const float* col_scale) {
-    const int64_t at = ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
-    for (int e = threadIdx.x; e < kGdnChunk * kGdnChunk / 4; e += kRuleThreads) {
-      const int r = e / (kGdnChunk / 4), s = 4 * (e % (kGdnChunk / 4));
-      float4 t = s / 16 > r / 16 ? make_float4(0.f, 0.f, 0.f, 0.f) : *reinterpret_cast<const float4*>(T + r * PS + s);
-      if (col_scale) t.x *= col_scale[s], t.y *= col_scale[s + 1], t.z *= col_scale[s + 2], t.w *= col_scale[s + 3];
-      if constexpr (kBf16)
-        *reinterpret_cast<uint2*>(p_bf16(buf) + at + r * kGdnChunk + s) =
-            make_uint2(attn::pack_bf16x2(t.x, t.y), attn::pack_bf16x2(t.z, t.w));
-      else
-        *reinterpret_cast<float4*>(buf + at + r * kGdnChunk + s) = t;
+  float* QKraw = reinterpret_cast<float*>(Vb);  // heads > 1: q . k (64, PS), kept by the first head
+  for (int hh = 0; hh < heads; ++hh) {
+    const int h = h0 + hh;
+    if (hh > 0) __syncthreads();  // the head before is done with beta, gam, A and T
+    if (hh == 0) {
+      load_chunk_rows(Kb, kRowStride, p.k + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
+      if (p.U) load_chunk_rows(Vb, kRowStride, p.v + (int64_t)h * dv, (int64_t)p.nv * dv, r0, L, dv);  // U's only
+      if (p.P || p.PT) load_chunk_rows(Qb, kRowStride, p.q + (int64_t)kh * dk, (int64_t)p.nk * dk, r0, L, dk);
+      attn::cp_async_commit();
     }
-  };
-  if (p.T) copy_t(p.T, nullptr);  // the backward's, for the grad kernel
-  if (kBf16 && p.Tb) copy_t(p.Tb, bet);  // T diag(beta) for the walks (walk_computes_u); 0 past L (beta is)
-  {
-    const int warp = threadIdx.x / detail::kWarp, m0 = 16 * balanced_row_block(warp);
-    const int64_t row0 = (int64_t)r0 * p.nv + h;  // the chunk's first row of (N, nv, d) tensors
-    auto put_w = [&](int r, int col, float x0, float x1) {  // fp32 rows, or (w_as_halves) -W's bf16 halves
-      const int64_t at = (row0 + (int64_t)r * p.nv) * dk + col;
-      if constexpr (kBf16) {
-        *reinterpret_cast<uint32_t*>(reinterpret_cast<bf16*>(p.W) + at) = attn::pack_bf16x2(-x0, -x1);
-      } else if constexpr (kHalves) {
-        bf16* Wh = reinterpret_cast<bf16*>(p.W);
-        split_bf16x2(-x0, -x1, *reinterpret_cast<uint32_t*>(Wh + at),
-                     *reinterpret_cast<uint32_t*>(Wh + (int64_t)p.rows * p.nv * dk + at));
-      } else {
-        *reinterpret_cast<float2*>(p.W + at) = make_float2(x0, x1);
+    for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x) {
+      const bool in = r < L;
+      bet[r] = in ? ld(p.beta + (int64_t)(r0 + r) * p.nv + h) : 0.f;
+      gam[r] = in ? ld(p.g + (int64_t)(r0 + r) * p.nv + h) : 0.f;
+    }
+    __syncthreads();
+    chunk_cumsum(gam);
+    attn::cp_async_wait<0>();
+    __syncthreads();
+    if (hh == 0) {
+      chunk_gram_each(Kb, Kb, dk, [&](int r, int s, float x) {  // masked as stored (the barrier below)
+        if (s < r) {
+          A[r * PS + s] = r < L ? __expf(gam[r] - gam[s]) * x : 0.f;
+          if (heads > 1) A[s * PS + r] = x;  // kept for the later heads
+        } else if (s == r || heads == 1) {
+          A[r * PS + s] = 0.f;
+        }
+      });
+    } else {  // the lower triangle from the kept products (A's upper one)
+      for (int e = threadIdx.x; e < kGdnChunk * kGdnChunk; e += blockDim.x) {
+        const int r = e / kGdnChunk, s = e % kGdnChunk;
+        if (s < r) A[r * PS + s] = r < L ? __expf(gam[r] - gam[s]) * A[s * PS + r] : 0.f;
+      }
+    }
+    float* keep = heads > 1 && hh == 0 ? QKraw : nullptr;  // the raw scores, for the later heads
+    const float* from = hh > 0 ? QKraw : nullptr;
+    for (int r = threadIdx.x; r < kGdnChunk; r += blockDim.x) sw[r] = bet[r] * __expf(gam[r]);
+    if (p.P) {  // the scores (dk a multiple of 16, walk_writes_outputs)
+      const int64_t at = ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
+      chunk_scores(Qb, Kb, gam, dk, L,
+                   [&](int r, int s, float x0, float x1) { store_pair<kBf16>(p.P, at + r * kGdnChunk + s, x0, x1); },
+                   keep, from);
+    } else if (p.PT) {  // the backward's: transposed and scaled
+      const int64_t at = ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
+      chunk_scores(Qb, Kb, gam, dk, L, [&](int r, int s, float x0, float x1) {
+        if constexpr (kBf16) {
+          bf16* dst = p_bf16(p.PT) + at;
+          dst[s * kGdnChunk + r] = __float2bfloat16_rn(p.scale * x0);
+          dst[(s + 1) * kGdnChunk + r] = __float2bfloat16_rn(p.scale * x1);
+        } else {
+          p.PT[at + s * kGdnChunk + r] = p.scale * x0;
+          p.PT[at + (s + 1) * kGdnChunk + r] = p.scale * x1;
+        }
+      }, keep, from);
+    }
+    __syncthreads();  // A is masked; q's rows are read (T's bytes are free)
+    chunk_unit_lower_inverse(T, A, bet);
+    // T's lower blocks, 0 above them (chunk_unit_lower_inverse's scratch), columns times col_scale
+    // (or 1), to the chunk's (64, 64) of buf: fp32, or with kBf16 in bf16 (p_bf16), as the kernels
+    // that read it round it.
+    auto copy_t = [&](float* buf, const float* col_scale) {
+      const int64_t at = ((int64_t)c * p.nv + h) * kGdnChunk * kGdnChunk;
+      for (int e = threadIdx.x; e < kGdnChunk * kGdnChunk / 4; e += kRuleThreads) {
+        const int r = e / (kGdnChunk / 4), s = 4 * (e % (kGdnChunk / 4));
+        float4 t = s / 16 > r / 16 ? make_float4(0.f, 0.f, 0.f, 0.f) : *reinterpret_cast<const float4*>(T + r * PS + s);
+        if (col_scale) t.x *= col_scale[s], t.y *= col_scale[s + 1], t.z *= col_scale[s + 2], t.w *= col_scale[s + 3];
+        if constexpr (kBf16)
+          *reinterpret_cast<uint2*>(p_bf16(buf) + at + r * kGdnChunk + s) =
+              make_uint2(attn::pack_bf16x2(t.x, t.y), attn::pack_bf16x2(t.z, t.w));
+        else
+          *reinterpret_cast<float4*>(buf + at + r * kGdnChunk + s) = t;
       }
     };
-    if (p.U) {  // even warps U, odd warps W
-      if (warp % 2 == 0) {
-        chunk_lower_apply<kPrepTiles, kBf16>([&](int r, int col, float x0, float x1) {
-          *reinterpret_cast<float2*>(p.U + (row0 + (int64_t)r * p.nv) * dv + col) = make_float2(x0, x1);
-        }, T, bet, Vb, dv, m0, L);
-      } else {
-        chunk_lower_apply<kPrepTiles, kBf16>(put_w, T, sw, Kb, dk, m0, L);
+    if (p.T) copy_t(p.T, nullptr);  // the backward's, for the grad kernel
+    if (kBf16 && p.Tb) copy_t(p.Tb, bet);  // T diag(beta) for the walks (walk_computes_u); 0 past L (beta is)
+    {
+      const int warp = threadIdx.x / detail::kWarp, m0 = 16 * balanced_row_block(warp);
+      const int64_t row0 = (int64_t)r0 * p.nv + h;  // the chunk's first row of (N, nv, d) tensors
+      auto put_w = [&](int r, int col, float x0, float x1) {  // fp32 rows, or (w_as_halves) -W's bf16 halves
+        const int64_t at = (row0 + (int64_t)r * p.nv) * dk + col;
+        if constexpr (kBf16) {
+          *reinterpret_cast<uint32_t*>(reinterpret_cast<bf16*>(p.W) + at) = attn::pack_bf16x2(-x0, -x1);
+        } else if constexpr (kHalves) {
+          bf16* Wh = reinterpret_cast<bf16*>(p.W);
+          split_bf16x2(-x0, -x1, *reinterpret_cast<uint32_t*>(Wh + at),
+                       *reinterpret_cast<uint32_t*>(Wh + (int64_t)p.rows * p.nv * dk + at));
+        } else {
+          *reinterpret_cast<float2*>(p.W + at) = make_float2(x0, x1);
+        }
+      };
+      if (p.U) {  // even warps U, odd warps W
+        if (warp % 2 == 0) {
+          chunk_lower_apply<kPrepTiles, kBf16>([&](int r, int col, float x0, float x1) {
+            *reinterpret_cast<float2*>(p.U + (row0 + (int64_t)r * p.nv) * dv + col) = make_float2(x0, x1);
+          }, T, bet, Vb, dv, m0, L);
+        } else {
+          chunk_lower_apply<kPrepTiles, kBf16>(put_w, T, sw, Kb, dk, m0, L);
+        }
+      } else {  // W alone (walk_computes_u, dk 128): a column half a warp, each row block twice (balanced_row_block)
+        const int half = (warp >> 1) & 1, d = dk / 2;
+        chunk_lower_apply<kPrepTiles, kBf16>(
+            [&](int r, int col, float x0, float x1) { put_w(r, col + half * d, x0, x1); }, T, sw, Kb + half * d, d, m0, L);
       }
-    } else {  // W alone (walk_computes_u, dk 128): a column half a warp, each row block twice (balanced_row_block)
-      const int half = (warp >> 1) & 1, d = dk / 2;
-      chunk_lower_apply<kPrepTiles, kBf16>([&](int r, int col, float x0, float x1) { put_w(r, col + half * d, x0, x1); },
-                                    T, sw, Kb + half * d, d, m0, L);
     }
+    for (int r = threadIdx.x; r < L; r += blockDim.x) p.gam[(int64_t)(r0 + r) * p.nv + h] = gam[r];
   }
-  for (int r = threadIdx.x; r < L; r += blockDim.x) p.gam[(int64_t)(r0 + r) * p.nv + h] = gam[r];
 }
 
 size_t prep_smem_bytes() {  // k, v rows, KKd, T, gam, beta, beta e^gam: the same for every head shape
@@ -3618,7 +3669,7 @@ template <class Runner>
 void rule_prep_and_walk(const RuleParams& p, Runner& run, bool out, GdnProducts products) {
   const bool b16 = bf16_kernels(products, p.dk);
   run.launch(b16 ? rule_prep_kernel<true, true> : w_as_halves(p.dk) ? rule_prep_kernel<true> : rule_prep_kernel<false>,
-             dim3((unsigned)(p.num_chunks * p.nv)), kRuleThreads, prep_smem_bytes(), p);
+             dim3((unsigned)(p.num_chunks * (p.nv / prep_heads(p)))), kRuleThreads, prep_smem_bytes(), p);
   const dim3 grid(p.nv, p.dv / kWalkCols);
   TT_CHECK(!out || walk_writes_outputs(p.dk), "gdn: the walk writes o only at dk a multiple of 16, got ", p.dk);
   if (p.dk % 16 != 0)
