@@ -71,8 +71,10 @@ struct Conn {
   // end of the stream after its last reply) and what it still sends is read and dropped until it
   // closes too or linger_until, so closing with its bytes unread (a reset) cannot discard that
   // last reply on its way. A lingering connection holds no --max-sessions slot; at most
-  // --max-sessions linger at once (past that, one closes at once).
+  // --max-sessions served and as many refused ones linger at once (past that, one closes at once),
+  // so refused connections cannot take the served ones' room.
   bool shut = false;
+  bool refused = false;  // refused at --max-sessions (never served)
   std::chrono::steady_clock::time_point linger_until{};
 };
 
@@ -214,7 +216,7 @@ class Server {
           }
           if (done) {
             close(c.fd);
-            --lingering_;
+            --lingering_[c.refused];
           } else {
             keep.push_back(std::move(c));
           }
@@ -249,6 +251,7 @@ class Server {
                                                          "); try again when one closes")}}) + "\n";
           (void)!send(fd, no.data(), no.size(), MSG_NOSIGNAL);
           Conn refused{fd, "refused"};
+          refused.refused = refused.closing = true;
           if (linger(refused, std::chrono::steady_clock::now()))
             keep.push_back(std::move(refused));
           else
@@ -368,10 +371,11 @@ class Server {
   }
 
   // A connection whose last reply is out shuts its sending side and lingers (Conn::shut); true
-  // when it is kept to linger, false (the caller closes it) when --max-sessions already linger.
+  // when it is kept to linger, false (the caller closes it) when --max-sessions of its kind (served,
+  // refused) already linger.
   bool linger(Conn& c, std::chrono::steady_clock::time_point now) {
-    if (lingering_ >= opt_.max_sessions) return false;
-    ++lingering_;
+    if (lingering_[c.refused] >= opt_.max_sessions) return false;
+    ++lingering_[c.refused];
     shutdown(c.fd, SHUT_WR);
     c.shut = true;
     c.linger_until = now + kLinger;
@@ -645,7 +649,7 @@ class Server {
   int64_t budget_ = 0;       // request bytes buffered across all connections, at most
   std::string budget_from_;  // the option that set it, for the error
   int64_t buffered_ = 0;     // the bytes in all connections' `in`
-  int64_t lingering_ = 0;    // connections lingering (Conn::shut): at most --max-sessions
+  int64_t lingering_[2] = {};  // connections lingering (Conn::shut), served and refused: each at most --max-sessions
   bool out_of_room_ = false;  // a connection found the budget full this turn
   std::string dir_;
   model::ModelConfig cfg_;

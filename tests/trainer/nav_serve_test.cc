@@ -456,8 +456,9 @@ TEST(NavServe, AClientThatNeverReadsIsDroppedAndNeverStallsOthers) {
 
 // At most --max-sessions connections at once (each may buffer --max-message-bytes): one more is
 // told so and closed as a served connection is, with the end of the stream after the error, not a
-// reset (its request, sent at once, is unread when the server closes); refused or closed
-// connections still lingering hold no slot: once one closes, a new one is served.
+// reset (its request, sent at once, is unread when the server closes: closing at once failed
+// here whenever the request arrived first, the usual order, not a certain one); refused or
+// closed connections still lingering hold no slot: once one closes, a new one is served.
 TEST(NavServe, ConnectionsPastTheLimitAreRefused) {
   ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12 --max-sessions 2");
   auto client = std::make_unique<Client>(s.port);
@@ -477,6 +478,27 @@ TEST(NavServe, ConnectionsPastTheLimitAreRefused) {
   EXPECT_EQ(fourth.ask(R"({"session": "a", "reset": true, "instruction": [2, 4]})").at("ok"), true);
   Client fifth(s.port);  // second and fourth are the two
   EXPECT_EQ(fifth.ask(R"({"session": "c", "reset": true, "instruction": [2, 4]})").at("error"), limit);
+}
+
+// Refused connections linger in room of their own: with --max-sessions 1 and a refused client
+// lingering (it keeps its socket open), a served connection the server closes (a line past
+// --max-message-bytes, its bytes unread) still ends with its error and the end of the stream,
+// not a reset.
+TEST(NavServe, RefusedConnectionsLeaveServedOnesRoomToLinger) {
+  ServeProcess s("--checkpoint " + trained_run().string() +
+                 " --action-ids 8:12 --max-sessions 1 --max-message-bytes 1024");
+  Client served(s.port);
+  EXPECT_EQ(served.ask(R"({"session": "a", "reset": true, "instruction": [2, 4]})").at("ok"), true);
+  Client refused(s.port);
+  EXPECT_EQ(json::parse(refused.reply()).at("error"),
+            "the server holds 1 connections, its limit (--max-sessions 1); try again when one closes");
+  served.send_raw(std::string(200000, 'x'));
+  EXPECT_EQ(json::parse(served.reply()).at("error"),
+            "message longer than 1024 bytes without a newline; closing the connection");
+  char tmp[16];
+  errno = 0;
+  const ssize_t n = recv(served.fd, tmp, sizeof tmp, 0);
+  EXPECT_EQ(n, 0) << "the end of the stream, got " << n << " (" << std::strerror(errno) << ")";
 }
 
 // The request bytes buffered across all connections are at most 16 x --max-message-bytes (1 MiB
