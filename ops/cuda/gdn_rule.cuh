@@ -3477,8 +3477,9 @@ size_t bwd_grad_smem_bytes(int dk, int dv, bool b16) {
   const size_t xb = sizeof(float) * (size_t)kGdnChunk * (dk + dv + 4);
   // kBf16: dO's, v_new's and [dvn | dW]'s bf16 rows together
   const size_t bf16_rows = b16 ? sizeof(bf16) * kGdnChunk * (2 * kRowStride + dk + dv + 8) : 0;
+  const size_t planes = b16 ? sizeof(bf16) * 2 * kGdnChunk * (dk + dv + 8) : 0;  // kBf16's [dB1 | dB2] (XBh, XBl)
   return sizeof(bf16) * 3 * kGdnChunk * kRowStride + sizeof(float) * (5 * kGdnChunk * kPairStride + 4 * kGdnChunk) +
-         std::max({phase_a, xb, bf16_rows});  // q, k, v rows; KKd, QK, DOVd, MK, Z; gam, beta, dgam, te; R
+         std::max({phase_a, xb, bf16_rows, planes});  // q, k, v rows; KKd, QK, DOVd, MK, Z; gam, beta, dgam, te; R
 }
 
 // Whether the forward's walk writes o itself (rule_walk_mma_kernel<kDk, true>: dk a multiple of
