@@ -117,6 +117,15 @@ struct ServeProcess {
   }
 };
 
+// The connection's next read is the end of the stream (0), not a reset (-1, ECONNRESET: the
+// peer closed with bytes unread, which can discard replies still on their way).
+void expect_end_of_stream(int fd) {
+  char tmp[16];
+  errno = 0;
+  const ssize_t n = recv(fd, tmp, sizeof tmp, 0);
+  EXPECT_EQ(n, 0) << "the end of the stream, got " << n << " (" << std::strerror(errno) << ")";
+}
+
 struct Client {
   int fd = -1;
   std::string buf;
@@ -468,10 +477,7 @@ TEST(NavServe, ConnectionsPastTheLimitAreRefused) {
   const std::string limit = "the server holds 2 connections, its limit (--max-sessions 2); try again when one closes";
   Client third(s.port);  // kept open (not closing its side): the server's end lingers
   EXPECT_EQ(third.ask(R"({"session": "c", "reset": true, "instruction": [2, 4]})").at("error"), limit);
-  char tmp[16];
-  errno = 0;
-  const ssize_t n = recv(third.fd, tmp, sizeof tmp, 0);
-  EXPECT_EQ(n, 0) << "the end of the stream, got " << n << " (" << std::strerror(errno) << ")";
+  expect_end_of_stream(third.fd);
   client.reset();  // closes
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   Client fourth(s.port);  // (sessions outlive connections: a and b are the two this limit allows)
@@ -495,10 +501,7 @@ TEST(NavServe, RefusedConnectionsLeaveServedOnesRoomToLinger) {
   served.send_raw(std::string(200000, 'x'));
   EXPECT_EQ(json::parse(served.reply()).at("error"),
             "message longer than 1024 bytes without a newline; closing the connection");
-  char tmp[16];
-  errno = 0;
-  const ssize_t n = recv(served.fd, tmp, sizeof tmp, 0);
-  EXPECT_EQ(n, 0) << "the end of the stream, got " << n << " (" << std::strerror(errno) << ")";
+  expect_end_of_stream(served.fd);
 }
 
 // The request bytes buffered across all connections are at most 16 x --max-message-bytes (1 MiB
@@ -587,10 +590,7 @@ TEST(NavServe, AClosedConnectionEndsWithItsReplyNotAReset) {
   c.send_raw(std::string(200000, 'x'));  // the server stops reading past 1,024 bytes
   EXPECT_EQ(json::parse(c.reply()).at("error"),
             "message longer than 1024 bytes without a newline; closing the connection");
-  char tmp[16];
-  errno = 0;
-  const ssize_t n = recv(c.fd, tmp, sizeof tmp, 0);
-  EXPECT_EQ(n, 0) << "the end of the stream, got " << n << " (" << std::strerror(errno) << ")";
+  expect_end_of_stream(c.fd);
   Client other(s.port);  // and the server carries on
   EXPECT_EQ(other.ask(R"({"session": "a", "reset": true, "instruction": [2, 4]})").at("ok"), true);
 }
