@@ -346,27 +346,9 @@ __device__ __forceinline__ void split3_bf16x2(float x0, float x1, uint32_t& hi, 
 }
 
 // An m16n8k16 A fragment (rows m0 + gq (+8), columns k0 + 2 tq (+1, +8, +9), the PTX ISA's
-// layout) of an fp32 matrix given pairwise by pair(row, col) = (at(row, col), at(row, col + 1)),
-// as bf16 high and low halves (split_bf16x2): two mma give the fp32 product. Pairs: one 8-byte
-// read where the matrix is row-major in shared memory.
-template <class Pair>
-__device__ __forceinline__ void split_a_fragment_pairs(uint32_t (&hi)[4], uint32_t (&lo)[4], int m0, int k0,
-                                                       Pair&& pair) {
-  const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 x = pair(m0 + gq + 8 * (j % 2), k0 + 2 * tq + 8 * (j / 2));
-    split_bf16x2(x.x, x.y, hi[j], lo[j]);
-  }
-}
-
-// The same fragment given element-wise by at(row, col).
-template <class At>
-__device__ __forceinline__ void split_a_fragment(uint32_t (&hi)[4], uint32_t (&lo)[4], int m0, int k0, At&& at) {
-  split_a_fragment_pairs(hi, lo, m0, k0, [&](int r, int c) { return make_float2(at(r, c), at(r, c + 1)); });
-}
-
-// split_a_fragment, or with kBf16 (GdnProducts::kBf16) the high half alone (bf16_parts).
+// layout) of an fp32 matrix given element-wise by at(row, col), as bf16 high and low halves
+// (split_bf16x2: two mma give the fp32 product), or with kBf16 (GdnProducts::kBf16) the high half
+// alone (bf16_parts).
 template <bool kBf16, class At>
 __device__ __forceinline__ void a_fragment_parts(uint32_t (&hi)[4], uint32_t (&lo)[4], int m0, int k0, At&& at) {
   const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
@@ -535,11 +517,12 @@ __device__ __forceinline__ void chunk_scores(const bf16* Q, const bf16* K, const
   const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
   float c[4][4] = {};
   if (n0 < m0 + 16) {
+    auto at = [&](int n, int e) { return (m0 + gq + 8 * (e / 2)) * kPairStride + n0 + 8 * n + 2 * tq + e % 2; };
     if (from) {
 #pragma unroll
       for (int n = 0; n < 4; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) c[n][e] = from[(m0 + gq + 8 * (e / 2)) * kPairStride + n0 + 8 * n + 2 * tq + e % 2];
+        for (int e = 0; e < 4; ++e) c[n][e] = from[at(n, e)];
     } else {
       gram_tile_mma(c, Q, K, m0, n0, dk);
     }
@@ -547,7 +530,7 @@ __device__ __forceinline__ void chunk_scores(const bf16* Q, const bf16* K, const
 #pragma unroll
       for (int n = 0; n < 4; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) keep[(m0 + gq + 8 * (e / 2)) * kPairStride + n0 + 8 * n + 2 * tq + e % 2] = c[n][e];
+        for (int e = 0; e < 4; ++e) keep[at(n, e)] = c[n][e];
   }
   auto masked = [&](int r, int s, float x) { return s <= r && r < L ? __expf(gam[r] - gam[s]) * x : 0.f; };
 #pragma unroll
@@ -3117,7 +3100,7 @@ __device__ __forceinline__ void grad_head(const RuleBwdParams& b, int c, int h, 
         if constexpr (kBf16)  // T's bf16 rows b by a transposing ldmatrix
           mma::ldsm_x4_trans(ah, Tb + (k0 + lane % 8 + 8 * (lane / 16)) * kRowStride + 16 * m + 8 * (lane / 8 % 2));
         else
-          split_a_fragment(ah, al, 16 * m, k0, [&](int a, int bb) { return MK[bb * PS + a]; });
+          a_fragment_parts<false>(ah, al, 16 * m, k0, [&](int a, int bb) { return MK[bb * PS + a]; });
 #pragma unroll
         for (int t = 0; t < kTiles; ++t) {
           if (8 * (warp + 8 * t) >= X) break;
