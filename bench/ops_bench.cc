@@ -636,8 +636,12 @@ void bench_gemm_algos(const std::vector<int>& tokens) {
 
 // The gated delta rule's chunked forward (ops/cuda/gdn.h) at issue 15's benchmark shape: 32k
 // tokens, 32 value heads of 128 (16 key heads), as one sequence, a GRPO group (a 2,048-token
-// prompt and 16 responses of 1,920) and a comb (a 1,024-token prefix, 64 steps of a 128-token
-// history node with a 256-token leaf), forward and backward. FLOPs: the layer kind's model count,
+// prompt and 16 responses of 1,920), a comb (a 1,024-token prefix, 64 steps of a 128-token
+// history node with a 256-token leaf) and two packs of separate sequences, 4 x 8,192 and 8 x 4,096
+// (FlashQLA's varlen figures, which it computes without approximation: for one sequence it walks
+// 16 segments side by side, each from zero over only its last chunks back to where the gates'
+// decay passes e^-10, so the history before that is dropped; docs/BENCHMARKS.md), forward and
+// backward. FLOPs: the layer kind's model count,
 // 4 dk dv multiply-adds per token and value head (twice that for the backward). `mode` ("exact",
 // "bf16" or empty for both) picks the product modes timed, so ncu can profile one mode's launches.
 void bench_gdn(const std::string& mode_only) {
@@ -653,7 +657,7 @@ void bench_gdn(const std::string& mode_only) {
       N += l;
     }
   };
-  std::vector<Tree> trees(3);
+  std::vector<Tree> trees(5);
   trees[0].name = "one sequence";
   trees[0].add(-1, 32768);
   trees[1].name = "GRPO 2048 + 16 x 1920";
@@ -666,6 +670,10 @@ void bench_gdn(const std::string& mode_only) {
     h = (int)trees[2].start.size() - 1;
     trees[2].add(h, 256);
   }
+  trees[3].name = "4 x 8192";
+  trees[4].name = "8 x 4096";
+  for (int i = 0; i < 4; ++i) trees[3].add(-1, 8192);
+  for (int i = 0; i < 8; ++i) trees[4].add(-1, 4096);
   for (const Tree& t : trees) {
     const int N = t.N;
     tt::cuda::GdnPlan plan;
