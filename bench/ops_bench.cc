@@ -638,12 +638,12 @@ void bench_gemm_algos(const std::vector<int>& tokens) {
 // tokens, 32 value heads of 128 (16 key heads), as one sequence, a GRPO group (a 2,048-token
 // prompt and 16 responses of 1,920), a comb (a 1,024-token prefix, 64 steps of a 128-token
 // history node with a 256-token leaf) and two packs of separate sequences, 4 x 8,192 and 8 x 4,096
-// (FlashQLA's varlen figures, which it computes without approximation: for one sequence it walks
-// 16 segments side by side, each from zero over only its last chunks back to where the gates'
-// decay passes e^-10, so the history before that is dropped; docs/BENCHMARKS.md), forward and
-// backward. FLOPs: the layer kind's model count,
-// 4 dk dv multiply-adds per token and value head (twice that for the backward). `mode` ("exact",
-// "bf16" or empty for both) picks the product modes timed, so ncu can profile one mode's launches.
+// (FlashQLA's varlen figures, which it computes exactly; for one sequence it walks 16 segments side
+// by side, each entering state from the segment before's last chunks only, back to where the
+// gates' decay passes e^-10: docs/BENCHMARKS.md), forward and backward. FLOPs: the layer kind's
+// model count, 4 dk dv multiply-adds per token and value head (twice that for the backward).
+// `mode` ("exact", "bf16" or empty for both) picks the product modes timed, so ncu can profile one
+// mode's launches.
 void bench_gdn(const std::string& mode_only) {
   const int nk = 16, nv = 32, dk = 128, dv = 128;
   struct Tree {
