@@ -182,9 +182,7 @@ class CudaExec {
                      const int32_t* key_lo = nullptr);
   // The recurrent layers' view of a batch (host node arrays for the chunk plan, device ones for
   // the row ops), into layout l; storage: recurrent_plan_bytes(N, num_nodes) device bytes.
-  static size_t recurrent_plan_bytes(int N, int num_nodes) {
-    return sizeof(int32_t) * (4 * (size_t)N + 2 * (size_t)num_nodes);
-  }
+  static size_t recurrent_plan_bytes(int N, int num_nodes) { return cuda::GdnPlan::max_table_bytes(N, num_nodes); }
   void plan_recurrent(Layout& l, int N, int num_nodes, const int32_t* host_start, const int32_t* host_len,
                       const int32_t* host_parent, const int32_t* node_start, const int32_t* node_len,
                       const int32_t* node_parent, const int32_t* pos, const int32_t* subtree_end, char* storage);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -120,15 +121,22 @@ void gdn_gates_backward(bf16* da, bf16* db, float* dA_log, float* ddt_bias, cons
 
 void GdnPlan::make(const int32_t* node_start, const int32_t* node_len, const int32_t* node_parent, int num_nodes) {
   TT_CHECK(num_nodes >= 0, "GdnPlan: num_nodes = ", num_nodes);
-  std::vector<int32_t> row0, len, node, flags, root(num_nodes, -1);
+  std::vector<int32_t> row0, len, node, flags, root(num_nodes, -1), tree(num_nodes), root_chunk0;
   int32_t next = 0;
   roots_ = 0;
+  bool contiguous = true;  // each tree's nodes one run in the packed order
   for (int n = 0; n < num_nodes; ++n) {
     TT_CHECK(node_start[n] == next && node_len[n] > 0, "GdnPlan: node ", n, " must start at ", next,
              " with a positive length, got start ", node_start[n], " len ", node_len[n]);
     TT_CHECK(node_parent[n] >= -1 && node_parent[n] < n, "GdnPlan: node ", n, " has parent ", node_parent[n],
              " (expected -1 or an earlier node)");
-    if (node_parent[n] < 0) root[n] = roots_++;
+    if (node_parent[n] < 0) {
+      root_chunk0.push_back((int32_t)row0.size());
+      tree[n] = root[n] = roots_++;
+    } else {
+      tree[n] = tree[node_parent[n]];
+      contiguous = contiguous && tree[n] == roots_ - 1;  // a node of an earlier tree after a later root
+    }
     for (int32_t c0 = 0; c0 < node_len[n]; c0 += kGdnChunk) {
       row0.push_back(node_start[n] + c0);
       len.push_back(std::min<int32_t>(kGdnChunk, node_len[n] - c0));
@@ -140,10 +148,25 @@ void GdnPlan::make(const int32_t* node_start, const int32_t* node_len, const int
   chunks_ = (int)row0.size();
   nodes_ = num_nodes;
   N_ = next;
+  root_chunk0.push_back(chunks_);
+  if (!contiguous) std::fill(root_chunk0.begin(), root_chunk0.end() - 1, 0);  // every root: the whole chain
+  std::vector<int32_t> lane_root(roots_);
+  std::iota(lane_root.begin(), lane_root.end(), 0);
+  auto size = [&](int32_t r) { return root_chunk0[r + 1] - root_chunk0[r]; };
+  std::stable_sort(lane_root.begin(), lane_root.end(), [&](int32_t a, int32_t b) { return size(a) > size(b); });
+  max_root_chunks_ = !contiguous ? chunks_ : roots_ > 0 ? size(lane_root[0]) : 0;
   host_.clear();
+  if (num_nodes == 0) {  // no chunks: nothing to upload
+    dev_ = Device{};
+    return;
+  }
   for (const std::vector<int32_t>* t : {&row0, &len, &node, &flags}) host_.insert(host_.end(), t->begin(), t->end());
   host_.insert(host_.end(), node_parent, node_parent + num_nodes);
   host_.insert(host_.end(), root.begin(), root.end());
+  host_.insert(host_.end(), root_chunk0.begin(), root_chunk0.end());
+  host_.insert(host_.end(), lane_root.begin(), lane_root.end());
+  TT_CHECK(table_bytes() <= max_table_bytes(N_, nodes_), "GdnPlan: ", table_bytes(), " table bytes over the bound ",
+           max_table_bytes(N_, nodes_));
   dev_ = Device{};
 }
 
@@ -161,6 +184,8 @@ void GdnPlan::refer_to(const void* tables) {
   dev_.chunk_flags = t + 3 * chunks_;
   dev_.node_parent = t + 4 * chunks_;
   dev_.node_root = t + 4 * chunks_ + nodes_;
+  dev_.root_chunk0 = t + 4 * chunks_ + 2 * nodes_;
+  dev_.lane_root = t + 4 * chunks_ + 2 * nodes_ + roots_ + 1;
 }
 
 size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, bool end_given, GdnProducts products) {

@@ -96,6 +96,14 @@ class GdnPlan {
   int num_nodes() const { return nodes_; }
   int num_roots() const { return roots_; }
   int rows() const { return N_; }
+  // The most chunks one root's tree holds where each tree's nodes are contiguous in the packed
+  // order (then the walks may take the trees side by side, a lane each: root_chunk0, lane_root);
+  // num_chunks() where trees interleave (one chain over the packed order).
+  int max_root_chunks() const { return max_root_chunks_; }
+  // table_bytes() of any plan of N rows and num_nodes nodes.
+  static size_t max_table_bytes(int N, int num_nodes) {
+    return sizeof(int32_t) * (4 * (size_t)N + 4 * (size_t)num_nodes + 1);
+  }
   struct Device {
     const int32_t* chunk_row0 = nullptr;  // (chunks) first row
     const int32_t* chunk_len = nullptr;   // (chunks) rows, <= kGdnChunk
@@ -103,13 +111,17 @@ class GdnPlan {
     const int32_t* chunk_flags = nullptr; // (chunks) bit 0: the node's first chunk, bit 1: its last
     const int32_t* node_parent = nullptr; // (nodes)
     const int32_t* node_root = nullptr;   // (nodes) index among the roots, -1 for other nodes
+    // (roots + 1) root r's tree is chunks root_chunk0[r] .. root_chunk0[r + 1] (the trees
+    // contiguous; else 0 and num_chunks for every root: one chain)
+    const int32_t* root_chunk0 = nullptr;
+    const int32_t* lane_root = nullptr;   // (roots) the roots by chunk count, most first (ties by index)
   };
   const Device& device() const { return dev_; }
 
  private:
   std::vector<int32_t> host_;
   Device dev_;
-  int chunks_ = 0, nodes_ = 0, roots_ = 0, N_ = 0;
+  int chunks_ = 0, nodes_ = 0, roots_ = 0, N_ = 0, max_root_chunks_ = 0;
 };
 
 // How the chunk walks (the serial part: the products with the state and v_new, forward, and with

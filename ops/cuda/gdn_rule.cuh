@@ -82,6 +82,7 @@ struct RuleParams {
   float scale;
   int num_chunks;
   int rows;  // packed rows N
+  int num_roots, max_root_chunks;  // the plan's (GdnPlan::max_root_chunks): bf16_walk_grid
 };
 
 // A buffer the bf16 kernels (bf16_kernels) hand each other in bf16: the same element layout as its
@@ -162,23 +163,37 @@ __device__ __forceinline__ T* node_link(const GdnPlan::Device& plan, int n, int 
 // A walk's chunks in its order (first to last, or with kReverse last to first) with the next
 // chunk's ChunkInfo read a step ahead, for the stage prefetch that runs one chunk ahead of the
 // products: cur is the first chunk until take(c) hands out chunk c, nxt the one after cur.
+// The walk's chunks are c0 .. c0 + nc (a lane's tree, walk_run); take(c) and c are positions in
+// them, 0 .. nc, and a ChunkInfo's c the chunk's index in the batch.
 template <bool kReverse>
 struct ChunkCursor {
   const GdnPlan::Device& plan;
-  int nc;
+  int nc, c0;
   ChunkInfo cur, nxt;
-  __device__ ChunkCursor(const GdnPlan::Device& plan, int nc) : plan(plan), nc(nc) {
-    cur = nc > 0 ? chunk_info(plan, kReverse ? nc - 1 : 0) : ChunkInfo{};
-    nxt = nc > 1 ? chunk_info(plan, kReverse ? nc - 2 : 1) : cur;
+  __device__ ChunkCursor(const GdnPlan::Device& plan, int nc, int c0 = 0) : plan(plan), nc(nc), c0(c0) {
+    cur = nc > 0 ? chunk_info(plan, c0 + (kReverse ? nc - 1 : 0)) : ChunkInfo{};
+    nxt = nc > 1 ? chunk_info(plan, c0 + (kReverse ? nc - 2 : 1)) : cur;
   }
   __device__ ChunkInfo take(int c) {
     const ChunkInfo ci = cur;
     cur = nxt;
     const int after = kReverse ? c - 2 : c + 2;
-    if (after >= 0 && after < nc) nxt = chunk_info(plan, after);
+    if (after >= 0 && after < nc) nxt = chunk_info(plan, c0 + after);
     return ci;
   }
 };
+
+// The chunks a walking block takes: with lanes (gridDim.z > 1, walk_lanes) the tree of root
+// lane_root[blockIdx.z], which no other lane's chunks touch (a node's parent is in its tree); else
+// every chunk of the batch, one chain.
+struct WalkRun {
+  int c0, nc;
+};
+__device__ __forceinline__ WalkRun walk_run(const GdnPlan::Device& plan, int num_chunks) {
+  if (gridDim.z == 1) return {0, num_chunks};
+  const int r = plan.lane_root[blockIdx.z], c0 = plan.root_chunk0[r];
+  return {c0, plan.root_chunk0[r + 1] - c0};
+}
 
 // The two stage barriers of a walk whose stages come by TMA, initialised by thread 0 (a block
 // barrier must follow before any thread waits on them).
@@ -878,13 +893,13 @@ __device__ __forceinline__ void walk_state_to_halves(bf16* hi, bf16* lo, const f
 }
 
 // f(n, half, at) for each pair of a walk's state tile this thread holds (rows row0 + gq + 8 half,
-// columns 8 n + 2 tq, +1: S[n][2 half] and S[n][2 half + 1]), at the pair's offset in a global
-// (dk, dv) state from column j0.
-template <class F>
+// columns 8 n + 2 tq, +1: S[n][2 half] and S[n][2 half + 1], n < kCols / 8), at the pair's offset
+// in a global (dk, dv) state from column j0.
+template <int kCols = kWalkCols, class F>
 __device__ __forceinline__ void walk_state_pairs(int row0, int dv, int j0, F&& f) {
   const int lane = threadIdx.x % detail::kWarp, gq = lane / 4, tq = lane % 4;
 #pragma unroll
-  for (int n = 0; n < 4; ++n)
+  for (int n = 0; n < kCols / 8; ++n)
 #pragma unroll
     for (int half = 0; half < 2; ++half) f(n, half, (int64_t)(row0 + gq + 8 * half) * dv + j0 + 8 * n + 2 * tq);
 }
@@ -1370,20 +1385,22 @@ __device__ __forceinline__ void vnew_pairs(const float (&acc)[N / 2], int row, i
 // v_new (bf16) and dec v_new's tile; barrier; the state update as step 2; a block barrier at the end.
 // (The forward's order, with the stage issued after the first barrier and no barrier at the end,
 // measured 24% slower here; T diag(beta) v issued before the first barrier, 11% slower again.)
-template <bool kOut = true>
+template <bool kOut = true, int kCols = kWalkCols>
 __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RuleParams p,
                                                                          const __grid_constant__ WalkMaps maps) {
   namespace sm90 = attn::sm90;
   using Stage = WalkTmaStage<kOut>;
-  using Mma = sm90::Wgmma<kWalkCols>;
+  using Mma = sm90::Wgmma<kCols>;
+  static_assert(kCols == 32 || kCols == 64, "a walking block takes 32 or 64 state columns");
+  constexpr int kAcc = kCols / 2;  // a warpgroup accumulator of kCols columns: floats a thread
   TT_EXTERN_SMEM_16(smem_raw);
   __shared__ uint64_t bars[2];  // the stages' TMA barriers
-  const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dv = p.dv;
+  const int h = blockIdx.x, j0 = blockIdx.y * kCols, kh = h / (p.nv / p.nk), dv = p.dv;
   unsigned char* stages = align_up_1024(smem_raw);  // two Stages, then the operand tiles (1024-byte multiples)
   auto stage = [&](int i) { return Stage(stages + i * Stage::kBytes, 128); };
-  bf16* Ss = reinterpret_cast<bf16*>(stages + 2 * Stage::kBytes);  // (128, 64) bf16(S) in columns 0 .. 32
-  bf16* Vd = Ss + 128 * 64;                                        // (64, 64) dec v_new in columns 0 .. 32
-  bf16* Vb = Vd + kGdnChunk * 64;                                  // (64, 64) v_new in columns 0 .. 32
+  bf16* Ss = reinterpret_cast<bf16*>(stages + 2 * Stage::kBytes);  // (128, 64) bf16(S) in columns 0 .. kCols
+  bf16* Vd = Ss + 128 * 64;                                        // (64, 64) dec v_new in columns 0 .. kCols
+  bf16* Vb = Vd + kGdnChunk * 64;                                  // (64, 64) v_new in columns 0 .. kCols
   const int64_t SS = (int64_t)128 * dv;
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp, wg = warp / 4, gq = lane / 4,
             tq = lane % 4;
@@ -1391,9 +1408,9 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
   const uint64_t s_desc = sm90::desc_mnmajor<128>(Ss, 0), vd_desc = sm90::desc_mnmajor<kGdnChunk>(Vd, 0),
                  vb_desc = kOut ? sm90::desc_mnmajor<kGdnChunk>(Vb, 0) : 0;
   // S[4 n + 2 half + e]: state row 16 warp + gq + 8 half, column 8 n + 2 tq + e.
-  float S[16] = {};
+  float S[kAcc] = {};
   auto state_io = [&](float* dst, const float* src) {  // S -> dst or src -> S (global rows of dv floats)
-    walk_state_pairs(16 * warp, dv, j0, [&](int n, int half, int64_t at) {
+    walk_state_pairs<kCols>(16 * warp, dv, j0, [&](int n, int half, int64_t at) {
       float* x = S + 4 * n + 2 * half;
       if (dst) {
         *reinterpret_cast<float2*>(dst + at) = make_float2(x[0], x[1]);
@@ -1404,7 +1421,7 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
     });
   };
   auto state_tile = [&](int c) {  // S -> its rows of S's tile (bf16); without kOut, also chunk c's sin
-    walk_state_pairs(16 * warp, dv, j0, [&](int nn, int half, int64_t at) {
+    walk_state_pairs<kCols>(16 * warp, dv, j0, [&](int nn, int half, int64_t at) {
       const float* x = S + 4 * nn + 2 * half;
       if constexpr (!kOut)  // the entering state, as the bf16 state products round it
         store_pair<true>(p.sin, ((int64_t)c * p.nv + h) * SS + at, x[0], x[1]);
@@ -1413,7 +1430,7 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
     });
   };
   // kOut, warpgroup 1: the chunk before's o (rows row, row + 8 of o_r0 ..), stored in the next step
-  float o[16] = {};
+  float o[kAcc] = {};
   int o_r0 = 0, o_L = 0;
   auto store_o = [&]() {
 #pragma unroll
@@ -1422,15 +1439,16 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
       if (r >= o_L) continue;
       bf16* orow = p.o + ((int64_t)(o_r0 + r) * p.nv + h) * dv + j0;
 #pragma unroll
-      for (int nn = 0; nn < 4; ++nn)
+      for (int nn = 0; nn < kCols / 8; ++nn)
         *reinterpret_cast<__nv_bfloat162*>(orow + 8 * nn + 2 * tq) =
             __floats2bfloat162_rn(p.scale * o[4 * nn + 2 * half], p.scale * o[4 * nn + 2 * half + 1]);
     }
   };
   init_stage_barriers(bars);
   __syncthreads();
-  const int nc = p.num_chunks;
-  ChunkCursor<false> chunks(p.plan, nc);
+  const WalkRun mine = walk_run(p.plan, p.num_chunks);
+  const int nc = mine.nc;  // c below: a position in this block's chunks, ci.c the chunk's index
+  ChunkCursor<false> chunks(p.plan, nc, mine.c0);
   if (nc > 0) walk_mma_prefetch<true, kOut, true>(stage(0), &bars[0], p, maps, chunks.cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = 0; c < nc; ++c) {
@@ -1445,21 +1463,21 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
       state_io(nullptr, src);
     }
     // S's tile: with kOut written at the end of chunk c - 1 unless chunk c loads its node's state
-    if (!kOut || c == 0 || (flags & 1)) state_tile(c);
+    if (!kOut || c == 0 || (flags & 1)) state_tile(ci.c);
     sm90::mbar_wait(&bars[c & 1], (c >> 1) & 1);
     attn::cp_async_wait<1>();
-    float gl, qs[16] = {};  // qs, warpgroup 1: q S (rows row, row + 8), then o
+    float gl, qs[kAcc] = {};  // qs, warpgroup 1: q S (rows row, row + 8), then o
     if constexpr (kOut) {
       if (wg == 0) {
-        float acc[16] = {};  // v_new (rows row, row + 8); v's box: the block's 32 of 64 columns
+        float acc[kAcc] = {};  // v_new (rows row, row + 8); v's box: the block's kCols of 64 columns
         if (L < kGdnChunk) zero_box_rows(st.Wl, 1, L, threadIdx.x, 128);  // v's rows past L
         sm90::fence_async_smem();
         sm90::named_barrier(1, 128);  // warpgroup 0's rows of v are zeroed
-        walk_tv_wgmma<kWalkCols>(acc, st, j0 & 63);
+        walk_tv_wgmma<kCols>(acc, st, j0 & 63);
         sm90::named_barrier(2, kRuleThreads);  // A: S's tile, k's rows
         gl = st.gam[L - 1];
-        walk_ws_wgmma<kWalkCols>(acc, st, s_desc);
-        vnew_pairs<kWalkCols>(acc, row, 0, st.gam, gl, L, [&](int r, int col, float d, float v0, float v1) {
+        walk_ws_wgmma<kCols>(acc, st, s_desc);
+        vnew_pairs<kCols>(acc, row, 0, st.gam, gl, L, [&](int r, int col, float d, float v0, float v1) {
           // v_new as P v_new's bf16 operand rounds it
           *reinterpret_cast<uint32_t*>(Vb + sm90::sw_offset<kGdnChunk>(r, col)) =
               r < L ? attn::pack_bf16x2(v0, v1) : 0u;
@@ -1482,7 +1500,7 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
         sm90::wgmma_wait<0>();
         sm90::fence_regs(qs);
       }
-    } else {  // warpgroup g: v_new's columns 16 g .., to global memory and dec v_new's tile
+    } else {  // warpgroup g: v_new's columns kCols / 2 g .., to global memory and dec v_new's tile
       if (L < kGdnChunk) {  // k's and v's rows past L
         zero_box_rows(st.K, 2, L, threadIdx.x, kRuleThreads);
         zero_box_rows(st.Wl, 1, L, threadIdx.x, kRuleThreads);
@@ -1490,10 +1508,11 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
       sm90::fence_async_smem();  // S's tile and the zeroed rows, before the MMAs read them
       __syncthreads();
       gl = st.gam[L - 1];
-      float acc[8] = {};
-      walk_tv_wgmma<16>(acc, st, (j0 & 63) + 16 * wg);
-      walk_ws_wgmma<16>(acc, st, sm90::desc_mnmajor<128>(Ss, 16 * wg));
-      vnew_pairs<16>(acc, row, 16 * wg, st.gam, gl, L, [&](int r, int col, float d, float v0, float v1) {
+      constexpr int kHalf = kCols / 2;
+      float acc[kHalf / 2] = {};
+      walk_tv_wgmma<kHalf>(acc, st, (j0 & 63) + kHalf * wg);
+      walk_ws_wgmma<kHalf>(acc, st, sm90::desc_mnmajor<128>(Ss, kHalf * wg));
+      vnew_pairs<kHalf>(acc, row, kHalf * wg, st.gam, gl, L, [&](int r, int col, float d, float v0, float v1) {
         if (r < L)  // as the bf16 state and gradient products round it
           store_pair<true>(p.vnew, ((int64_t)(r0 + r) * p.nv + h) * dv + j0 + col, v0, v1);
         *reinterpret_cast<uint32_t*>(Vd + sm90::sw_offset<kGdnChunk>(r, col)) =
@@ -1504,7 +1523,7 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
     __syncthreads();           // B: ... are stored; every read of S's tile is done
     const float el = __expf(gl);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) S[i] *= el;
+    for (int i = 0; i < kAcc; ++i) S[i] *= el;
     const uint64_t kt = sm90::desc_mnmajor<kGdnChunk>(st.K, 64 * wg);  // A (i, s) = k (s, i), rows 64 wg ..
     auto update = [&]() {
       sm90::wgmma_fence();
@@ -1518,7 +1537,7 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
       update();
       const float e0 = __expf(st.gam[row]), e1 = __expf(st.gam[row + 8]);
 #pragma unroll
-      for (int nn = 0; nn < 4; ++nn)
+      for (int nn = 0; nn < kCols / 8; ++nn)
         qs[4 * nn] *= e0, qs[4 * nn + 1] *= e0, qs[4 * nn + 2] *= e1, qs[4 * nn + 3] *= e1;
       sm90::wgmma_fence();
       const uint64_t pd = sm90::desc_kmajor<kGdnChunk>(reinterpret_cast<const bf16*>(st.P), 0);
@@ -1534,13 +1553,13 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
     }
     sm90::fence_regs(S);
     if constexpr (kOut) {  // every read of S's tile was before barrier B
-      if (c + 1 < nc && !(chunks.cur.flags & 1)) state_tile(c + 1);
+      if (c + 1 < nc && !(chunks.cur.flags & 1)) state_tile(chunks.cur.c);
     }
     if (flags & 2) state_io(p.node_end + ((int64_t)n * p.nv + h) * SS, nullptr);
     if (kOut && wg == 1) {
       sm90::fence_regs(qs);
 #pragma unroll
-      for (int i = 0; i < 16; ++i) o[i] = qs[i];
+      for (int i = 0; i < kAcc; ++i) o[i] = qs[i];
       o_r0 = r0, o_L = L;
     }
     __syncthreads();  // every warpgroup is done with this stage (the next prefetch refills it)
@@ -2009,6 +2028,12 @@ struct BwdWalkMmaStage {
   __device__ const bf16* do8(int a, int j) const { return dO + a * kBwdDoStride + j; }
 };
 
+// A bf16 reverse walk's dO at 64 columns (64, kBwdDo64Stride) bf16 in -W's low half's tile, which
+// the bf16 kernels do not load (16 KB; these rows take 9).
+constexpr int kBwdDo64Stride = 64 + 8;  // bf16 row stride (ldmatrix-free reads, 16-byte aligned rows)
+struct BwdWalkTmaStage;
+__device__ __forceinline__ bf16* bwd_walk_do64(const BwdWalkTmaStage& st);
+
 // The backward walk's TMA descriptors (dk = 128): -W's halves, K and Q as WalkMaps's; PT (chunks nv
 // 64, 1, 64) fp32 in boxes of 32 x 64.
 struct BwdWalkMaps {
@@ -2045,9 +2070,14 @@ struct BwdWalkTmaStage {
   __device__ const bf16* ptb8(int r, int a) const { return reinterpret_cast<const bf16*>(PT) + swizzle128<2>(r, a); }
   __device__ const bf16* do8(int a, int j) const { return dO + a * kBwdDoStride + j; }
 };
+__device__ __forceinline__ bf16* bwd_walk_do64(const BwdWalkTmaStage& st) {
+  static_assert(kGdnChunk * kBwdDo64Stride * sizeof(bf16) <= BwdWalkTmaStage::kT, "dO's 64 columns fit -W's low half");
+  return st.Wl;
+}
 
-// kBf16 (GdnProducts::kBf16): -W's high half only, PT in bf16.
-template <bool kBf16>
+// kBf16 (GdnProducts::kBf16): -W's high half only, PT in bf16; kCols (64: kBf16 only) dO's columns,
+// at 64 in -W's low half's tile, which kBf16 leaves free (bwd_walk_do64).
+template <bool kBf16, int kCols = kWalkCols>
 __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkTmaStage& st, uint64_t* bar, const RuleBwdParams& b,
                                                       const BwdWalkMaps& maps, const ChunkInfo& ci, int h, int kh,
                                                       int j0) {
@@ -2067,8 +2097,13 @@ __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkTmaStage& st,
         sm90::tma_load_3d(st.PT + a * (kGdnChunk * 32), &maps.PT, 32 * a, 0, (ci.c * p.nv + h) * kGdnChunk, bar);
     }
   }
-  load_chunk_rows_fixed<kWalkCols>(st.dO, kBwdDoStride, b.d_o + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, ci.r0,
-                                   ci.L);
+  static_assert(kCols == kWalkCols || (kCols == 64 && kBf16), "64 columns of dO only where -W's low half is free");
+  if constexpr (kCols == 64)
+    load_chunk_rows_fixed<64>(bwd_walk_do64(st), kBwdDo64Stride, b.d_o + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv,
+                              ci.r0, ci.L);
+  else
+    load_chunk_rows_fixed<kWalkCols>(st.dO, kBwdDoStride, b.d_o + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, ci.r0,
+                                     ci.L);
   load_chunk_gam(st.gam, p.gam, p.nv, h, ci.r0, ci.L);
 }
 template <bool kBf16>
@@ -2320,19 +2355,22 @@ size_t bwd_walk_mma_smem_bytes(int dk) {
 //      (e^(gam) dO) (4).
 //   3. warpgroup 0: its dS rows <- e^(gam_L) dS + (q^T)[0 ..] (e^(gam) dO) + (-W^T)[0 ..] dvn (8);
 //      warpgroup 1: + (-W^T)[64 ..] dvn (4).
+template <int kCols = kWalkCols>
 __global__ void __launch_bounds__(kRuleThreads, 1) rule_bwd_walk_wgmma_kernel(RuleBwdParams b,
                                                                              const __grid_constant__ BwdWalkMaps maps) {
   namespace sm90 = attn::sm90;
   using Stage = BwdWalkTmaStage;
-  using Mma = sm90::Wgmma<kWalkCols>;
+  using Mma = sm90::Wgmma<kCols>;
+  static_assert(kCols == 32 || kCols == 64, "a walking block takes 32 or 64 state columns");
+  constexpr int kAcc = kCols / 2;  // a warpgroup accumulator of kCols columns: floats a thread
   TT_EXTERN_SMEM_16(smem_raw);
   __shared__ uint64_t bars[2];  // the stages' TMA barriers
   const RuleParams& p = b.f;
-  const int h = blockIdx.x, j0 = blockIdx.y * kWalkCols, kh = h / (p.nv / p.nk), dv = p.dv;
+  const int h = blockIdx.x, j0 = blockIdx.y * kCols, kh = h / (p.nv / p.nk), dv = p.dv;
   unsigned char* stages = align_up_1024(smem_raw);  // two Stages, then the operand tiles (1024-byte multiples)
   auto stage = [&](int i) { return Stage(stages + i * Stage::kBytes, 128); };
-  bf16* Ss = reinterpret_cast<bf16*>(stages + 2 * Stage::kBytes);  // (128, 64) bf16(dS) in columns 0 .. 32
-  bf16* Ds = Ss + 128 * 64;                                        // (64, 64) dO in columns 0 .. 32
+  bf16* Ss = reinterpret_cast<bf16*>(stages + 2 * Stage::kBytes);  // (128, 64) bf16(dS) in columns 0 .. kCols
+  bf16* Ds = Ss + 128 * 64;                                        // (64, 64) dO in columns 0 .. kCols
   bf16* Es = Ds + kGdnChunk * 64;                                  // (64, 64) scale e^(gam_a) dO_a
   bf16* Vs = Es + kGdnChunk * 64;                                  // (64, 64) dvn
   const int64_t SS = (int64_t)128 * dv;
@@ -2341,16 +2379,17 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_bwd_walk_wgmma_kernel(Ru
   const int row = 16 * (warp % 4) + gq;  // this thread's accumulator rows of a 64-row product: row, row + 8
   const uint64_t s_desc = sm90::desc_mnmajor<128>(Ss, 0), d_desc = sm90::desc_mnmajor<kGdnChunk>(Ds, 0),
                  e_desc = sm90::desc_mnmajor<kGdnChunk>(Es, 0), v_desc = sm90::desc_mnmajor<kGdnChunk>(Vs, 0);
-  float dS[16] = {};  // dS[4 n + 2 half + e]: row 16 warp + gq + 8 half, column 8 n + 2 tq + e
+  float dS[kAcc] = {};  // dS[4 n + 2 half + e]: row 16 warp + gq + 8 half, column 8 n + 2 tq + e
   init_stage_barriers(bars);
   __syncthreads();
-  const int last = p.num_chunks - 1;
-  ChunkCursor<true> chunks(p.plan, p.num_chunks);
-  if (last >= 0) bwd_walk_mma_prefetch<true>(stage(0), &bars[0], b, maps, chunks.cur, h, kh, j0);
+  const WalkRun mine = walk_run(p.plan, p.num_chunks);
+  const int last = mine.nc - 1;  // c below: a position in this block's chunks, ci.c the chunk's index
+  ChunkCursor<true> chunks(p.plan, mine.nc, mine.c0);
+  if (last >= 0) bwd_walk_mma_prefetch<true, kCols>(stage(0), &bars[0], b, maps, chunks.cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = last; c >= 0; --c) {
     const int step = last - c;  // this step's stage: step & 1, its barrier's phase: (step >> 1) & 1
-    if (c > 0) bwd_walk_mma_prefetch<true>(stage((step + 1) & 1), &bars[(step + 1) & 1], b, maps, chunks.nxt, h, kh, j0);
+    if (c > 0) bwd_walk_mma_prefetch<true, kCols>(stage((step + 1) & 1), &bars[(step + 1) & 1], b, maps, chunks.nxt, h, kh, j0);
     attn::cp_async_commit();
     const Stage st = stage(step & 1);
     const ChunkInfo ci = chunks.take(c);
@@ -2358,25 +2397,26 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_bwd_walk_wgmma_kernel(Ru
     if (flags & 2) {  // a node's last chunk: its children's initial-state gradients plus d_end
       const float* acc = b.acc + ((int64_t)n * p.nv + h) * SS;
       const float* de = b.d_end ? b.d_end + ((int64_t)n * p.nv + h) * SS : nullptr;
-      walk_state_pairs(16 * warp, dv, j0, [&](int nn, int half, int64_t at) {
+      walk_state_pairs<kCols>(16 * warp, dv, j0, [&](int nn, int half, int64_t at) {
         float* x = dS + 4 * nn + 2 * half;
         x[0] = acc[at] + (de ? de[at] : 0.f), x[1] = acc[at + 1] + (de ? de[at + 1] : 0.f);
       });
     }
-    walk_state_pairs(16 * warp, dv, j0, [&](int nn, int half, int64_t at) {  // dS, as the bf16 state products round it
+    walk_state_pairs<kCols>(16 * warp, dv, j0, [&](int nn, int half, int64_t at) {  // dS, as the bf16 state products round it
       const float* x = dS + 4 * nn + 2 * half;
-      store_pair<true>(b.dsout, ((int64_t)c * p.nv + h) * SS + at, x[0], x[1]);
+      store_pair<true>(b.dsout, ((int64_t)ci.c * p.nv + h) * SS + at, x[0], x[1]);
       *reinterpret_cast<uint32_t*>(Ss + sm90::sw_offset<128>(16 * warp + gq + 8 * half, 8 * nn + 2 * tq)) =
           attn::pack_bf16x2(x[0], x[1]);
     });
     sm90::mbar_wait(&bars[step & 1], (step >> 1) & 1);
     attn::cp_async_wait<1>();
     __syncthreads();  // the stage has landed (dO's and gam's cp.async from every thread)
-    {  // dO's row a, columns j .. j + 8, as it is and scaled by scale e^(gam_a) (zero past L: dO is)
-      static_assert(kGdnChunk * kWalkCols / 8 == kRuleThreads, "eight elements a thread");
-      const int a = threadIdx.x / 4, j = 8 * (threadIdx.x % 4);
+#pragma unroll
+    for (int e = threadIdx.x; e < kGdnChunk * kCols / 8; e += kRuleThreads) {
+      // dO's row a, columns j .. j + 8, as it is and scaled by scale e^(gam_a) (zero past L: dO is)
+      const int a = e / (kCols / 8), j = 8 * (e % (kCols / 8));
       const float eg = a < L ? p.scale * __expf(st.gam[a]) : 0.f;
-      uint4 x = *reinterpret_cast<const uint4*>(st.do8(a, j));
+      uint4 x = *reinterpret_cast<const uint4*>(kCols == 64 ? bwd_walk_do64(st) + a * kBwdDo64Stride + j : st.do8(a, j));
       *reinterpret_cast<uint4*>(Ds + sm90::sw_offset<kGdnChunk>(a, j)) = x;
       uint32_t* w = reinterpret_cast<uint32_t*>(&x);
 #pragma unroll
@@ -2394,11 +2434,11 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_bwd_walk_wgmma_kernel(Ru
     __syncthreads();
     const float gl = st.gam[L - 1], el = __expf(gl);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) dS[i] *= el;
+    for (int i = 0; i < kAcc; ++i) dS[i] *= el;
     const uint64_t qt = sm90::desc_mnmajor<kGdnChunk>(st.Q, 64 * wg),  // A (i, a) = q (a, i), rows 64 wg ..
         wt = sm90::desc_mnmajor<kGdnChunk>(st.Wh, 64 * wg);             // A (i, s) = -W (s, i)
     if (wg == 0) {
-      float kd[16] = {}, loc[16] = {};  // k dS and PT dO (rows row, row + 8)
+      float kd[kAcc] = {}, loc[kAcc] = {};  // k dS and PT dO (rows row, row + 8)
       sm90::wgmma_fence();
       const uint64_t kx = sm90::desc_kmajor<kGdnChunk>(st.K, 0),
                      pt = sm90::desc_kmajor<kGdnChunk>(reinterpret_cast<const bf16*>(st.PT), 0);
@@ -2419,7 +2459,7 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_bwd_walk_wgmma_kernel(Ru
         const int r = row + 8 * half;
         const float d = r < L ? __expf(gl - st.gam[r]) : 0.f;
 #pragma unroll
-        for (int nn = 0; nn < 4; ++nn) {
+        for (int nn = 0; nn < kCols / 8; ++nn) {
           const int col = 8 * nn + 2 * tq, i = 4 * nn + 2 * half;
           const float y0 = r < L ? loc[i] + d * kd[i] : 0.f, y1 = r < L ? loc[i + 1] + d * kd[i + 1] : 0.f;
           if (r < L)  // as the bf16 state and gradient products round it
@@ -2463,7 +2503,7 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_bwd_walk_wgmma_kernel(Ru
     if (flags & 1) {  // a node's first chunk: dS_in to its parent's acc (or its root's d_init)
       float* dst = node_link(p.plan, n, h, p.nv, SS, b.acc, b.d_init);
       if (dst)
-        walk_state_pairs(16 * warp, dv, j0, [&](int nn, int half, int64_t at) {
+        walk_state_pairs<kCols>(16 * warp, dv, j0, [&](int nn, int half, int64_t at) {
           dst[at] += dS[4 * nn + 2 * half], dst[at + 1] += dS[4 * nn + 2 * half + 1];
         });
     }
@@ -3577,7 +3617,25 @@ RuleParams rule_params(const bf16* q, const bf16* k, const bf16* v, const float*
   p.scale = (float)scale;
   p.num_chunks = plan.num_chunks();
   p.rows = plan.rows();
+  p.num_roots = plan.num_roots();
+  p.max_root_chunks = plan.max_root_chunks();
   return p;
+}
+
+// The blocks of the bf16 walks on warpgroup MMA (rule_walk_wgmma_kernel, rule_bwd_walk_wgmma_kernel):
+// 64 state columns a block and a lane (blockIdx.z, walk_run) a tree where the batch holds two or
+// more trees, each contiguous in the packed order, none with more than half the chunks, and dv is a
+// multiple of 64: the trees walk side by side, each a chain as long as its own chunks, at half the
+// blocks a lane. Else 32 columns a block and one chain over the batch's chunks: a single tree (one
+// sequence, a GRPO group) keeps twice the blocks on the SMs.
+struct WalkGrid {
+  dim3 grid;
+  int cols;
+};
+WalkGrid bf16_walk_grid(const RuleParams& p) {
+  const bool lanes = p.num_roots > 1 && p.num_roots <= 65535 && 2 * p.max_root_chunks <= p.num_chunks &&
+                     p.dv % 64 == 0;
+  return lanes ? WalkGrid{dim3(p.nv, p.dv / 64, p.num_roots), 64} : WalkGrid{dim3(p.nv, p.dv / kWalkCols), kWalkCols};
 }
 
 // The TMA descriptors of rule_walk_mma_kernel<128>'s stages (WalkTmaStage).
@@ -3658,6 +3716,9 @@ void rule_prep_and_walk(const RuleParams& p, Runner& run, bool out, GdnProducts 
   TT_CHECK(!out || walk_writes_outputs(p.dk), "gdn: the walk writes o only at dk a multiple of 16, got ", p.dk);
   if (p.dk % 16 != 0)
     run.launch(rule_walk_kernel, grid, kRuleThreads, walk_smem_bytes(p.dk), p);
+  else if (p.Tb && bf16_walk_grid(p).cols == 64)  // walk_computes_u, the trees side by side
+    run.launch(out ? rule_walk_wgmma_kernel<true, 64> : rule_walk_wgmma_kernel<false, 64>, bf16_walk_grid(p).grid,
+               kRuleThreads, walk_wgmma_smem_bytes(out), p, walk_maps(p, run, b16));
   else if (p.Tb)  // walk_computes_u
     run.launch(out ? rule_walk_wgmma_kernel<true> : rule_walk_wgmma_kernel<false>, grid, kRuleThreads,
                walk_wgmma_smem_bytes(out), p, walk_maps(p, run, b16));
@@ -3729,8 +3790,8 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   if (dk_ % 16 != 0)
     run.launch(rule_bwd_walk_kernel, walk_grid, kRuleThreads, bwd_walk_smem_bytes(dk_), b);
   else if (dk_ == 128 && b16)
-    run.launch(rule_bwd_walk_wgmma_kernel, walk_grid, kRuleThreads, bwd_walk_wgmma_smem_bytes(), b,
-               bwd_walk_maps(b, run, b16));
+    run.launch(bf16_walk_grid(b.f).cols == 64 ? rule_bwd_walk_wgmma_kernel<64> : rule_bwd_walk_wgmma_kernel<>,
+               bf16_walk_grid(b.f).grid, kRuleThreads, bwd_walk_wgmma_smem_bytes(), b, bwd_walk_maps(b, run, b16));
   else if (dk_ == 128)
     run.launch(rule_bwd_walk_mma_kernel<128, false>, walk_grid, kRuleThreads, bwd_walk_mma_smem_bytes(dk_), b,
                bwd_walk_maps(b, run, b16));

@@ -240,6 +240,116 @@ TEST(GdnEmulated, DeltaRuleAtKeyDim72) { check_shape(3, RuleShape{1, 2, 72, 32})
 // dk 128 with dv 64: TMA stages whose boxes of U and dv_new cover half of a 128-column block.
 TEST(GdnEmulated, DeltaRuleAtKeyDim128ValueDim64) { check_shape(4, RuleShape{2, 4, 128, 64}); }
 
+// A batch of four separate trees, none with more than half the chunks (a pack of rollouts): the
+// bf16 walks take the trees side by side, a lane each at 64 state columns (bf16_walk_grid), at dv
+// 128 and 64, within the oracle's bounds; and each tree's outputs, end states and gradients are
+// bit for bit those of the same tree packed alone (one chain at 32 columns): no lane reads or
+// writes another's rows, states or gradients, and a lane's column halves are the chain's columns.
+TEST(GdnEmulated, SeparateTreesWalkSideBySide) {
+  const std::vector<std::pair<int, int>> trees[] = {
+      {{-1, 70}, {0, 64}, {1, 1}, {0, 30}},  // 5 chunks
+      {{-1, 100}, {0, 3}},                     // 3
+      {{-1, 1}, {0, 64}, {0, 5}, {2, 40}},     // 4
+      {{-1, 130}},                             // 3
+  };
+  std::vector<std::pair<int, int>> forest;
+  std::vector<int> first_node, first_row;
+  int rows = 0;
+  for (const auto& t : trees) {
+    first_node.push_back((int)forest.size()), first_row.push_back(rows);
+    for (const auto& [parent, len] : t) {
+      forest.emplace_back(parent < 0 ? -1 : first_node.back() + parent, len);
+      rows += len;
+    }
+  }
+  for (const int dv : {128, 64}) {
+    const RuleShape shape{2, 4, 128, dv, 0.6, forest};
+    {
+      std::mt19937_64 rng(21);
+      const EmuCase c(21, rng, shape);
+      ASSERT_EQ(c.plan.num_roots(), 4);
+      ASSERT_EQ(c.plan.max_root_chunks(), 5);
+      ASSERT_LE(2 * c.plan.max_root_chunks(), c.plan.num_chunks()) << "the batch must take the lanes";
+    }
+    const EmuOut all = check_shape(21, shape, /*copies_at_issue=*/true, cuda::GdnProducts::kBf16);
+    // Tree 2 alone, with the rows it had in the batch (check_shape draws every input from its seed
+    // in row order: the alone run takes them from a batch-shaped draw).
+    std::mt19937_64 rng(21 * 41);
+    const EmuCase c(21, rng, shape);
+    const std::vector<double> init = randn_f32(rng, (size_t)c.roots * c.state_elems(), 0.1);
+    const std::vector<double> dO = randn_bf16(rng, (size_t)c.N * c.nv * dv),
+                              dE = randn_f32(rng, (size_t)c.f.nodes() * c.state_elems(), 0.05);
+    const int t = 2, n0 = first_node[t], n1 = first_node[t + 1], r0 = first_row[t], r1 = first_row[t + 1];
+    std::vector<std::pair<int, int>> alone;
+    for (int n = n0; n < n1; ++n) alone.emplace_back(forest[n].first < 0 ? -1 : forest[n].first - n0, forest[n].second);
+    std::mt19937_64 rng2(0);
+    EmuCase a(21, rng2, RuleShape{2, 4, 128, dv, 0.6, alone});
+    const size_t nv = c.nv, nk = c.nk, dk = c.dk, SS = c.state_elems();
+    auto rows_of = [&](const std::vector<double>& x, size_t width) {
+      return std::vector<double>(x.begin() + r0 * width, x.begin() + r1 * width);
+    };
+    auto bits_rows = [&](const std::vector<bf16>& x, size_t width) {
+      return std::vector<bf16>(x.begin() + r0 * width, x.begin() + r1 * width);
+    };
+    a.q = rows_of(c.q, nk * dk), a.k = rows_of(c.k, nk * dk), a.v = rows_of(c.v, nv * dv);
+    a.g = rows_of(c.g, nv), a.beta = rows_of(c.beta, nv);
+    a.bq = bits_rows(c.bq, nk * dk), a.bk = bits_rows(c.bk, nk * dk), a.bv = bits_rows(c.bv, nv * dv);
+    a.bb = bits_rows(c.bb, nv), a.fg = std::vector<float>(c.fg.begin() + r0 * nv, c.fg.begin() + r1 * nv);
+    const std::vector<double> init_t(init.begin() + t * SS, init.begin() + (t + 1) * SS);
+    const std::vector<double> dE_t(dE.begin() + n0 * SS, dE.begin() + n1 * SS);
+    const std::vector<bf16> dO_t = bits_rows(bf16s(dO), nv * dv);
+    const EmuOut one = emulate(a, floats(init_t), dO_t, floats(dE_t), 0, cuda::GdnProducts::kBf16);
+    const std::string at = ", dv " + std::to_string(dv);
+    auto same = [&](const auto& batch, const auto& alone_x, size_t from, const char* name) {
+      EXPECT_EQ(bits_differ(std::vector(batch.begin() + from, batch.begin() + from + alone_x.size()), alone_x,
+                            alone_x.size()),
+                0u)
+          << name << at;
+    };
+    same(all.o, one.o, r0 * nv * dv, "o");
+    same(all.end, one.end, n0 * SS, "end states");
+    same(all.dq, one.dq, r0 * nk * dk, "dq");
+    same(all.dk, one.dk, r0 * nk * dk, "dk");
+    same(all.dv, one.dv, r0 * nv * dv, "dv");
+    same(all.dg, one.dg, r0 * nv, "dg");
+    same(all.db, one.db, r0 * nv, "dbeta");
+    same(all.di, one.di, t * SS, "d_init");
+  }
+}
+
+// The plan's lanes (GdnPlan::Device root_chunk0, lane_root, max_root_chunks): each tree's chunks
+// one run, the roots by chunk count, most first, ties by index; a batch whose trees interleave (a
+// node of an earlier tree after a later root) is one chain; an empty batch has no tables.
+TEST(GdnEmulated, PlanLanesNeedEachTreeInOneRun) {
+  auto plan_of = [](const std::vector<std::pair<int, int>>& nodes) {
+    std::vector<int32_t> start, len, parent;
+    int32_t row = 0;
+    for (const auto& [p, l] : nodes) start.push_back(row), len.push_back(l), parent.push_back(p), row += l;
+    cuda::GdnPlan plan;
+    plan.make(start.data(), len.data(), parent.data(), (int)nodes.size());
+    return plan;
+  };
+  auto table = [](const cuda::GdnPlan& plan, int from, int n) {
+    const std::vector<int32_t>& t = plan.host_tables();
+    const int at = 4 * plan.num_chunks() + 2 * plan.num_nodes() + from;
+    return std::vector<int32_t>(t.begin() + at, t.begin() + at + n);
+  };
+  // Three trees of 2, 3 and 3 chunks (a 65-row node takes two).
+  const cuda::GdnPlan plan = plan_of({{-1, 65}, {-1, 64}, {1, 100}, {-1, 10}, {3, 5}, {3, 64}});
+  EXPECT_EQ(plan.num_chunks(), 8);
+  EXPECT_EQ(plan.max_root_chunks(), 3);
+  EXPECT_EQ(table(plan, 0, 4), (std::vector<int32_t>{0, 2, 5, 8})) << "root_chunk0";
+  EXPECT_EQ(table(plan, 4, 3), (std::vector<int32_t>{1, 2, 0})) << "lane_root";
+  EXPECT_LE(plan.table_bytes(), cuda::GdnPlan::max_table_bytes(plan.rows(), plan.num_nodes()));
+  // Node 2's parent is in the first tree, after the second root: one chain.
+  const cuda::GdnPlan mixed = plan_of({{-1, 10}, {-1, 10}, {0, 10}});
+  EXPECT_EQ(mixed.max_root_chunks(), mixed.num_chunks());
+  EXPECT_EQ(table(mixed, 0, 3), (std::vector<int32_t>{0, 0, 3})) << "root_chunk0";
+  const cuda::GdnPlan empty = plan_of({});
+  EXPECT_EQ(empty.table_bytes(), 0u);
+  EXPECT_EQ(empty.max_root_chunks(), 0);
+}
+
 // The same on a batch of 36 rows: every TMA box runs past the tensors' end (zeros there).
 TEST(GdnEmulated, DeltaRuleOnABatchShorterThanAChunk) {
   check_shape(5, RuleShape{1, 2, 128, 64, 0.6, {{-1, 20}, {0, 7}, {-1, 9}}});
