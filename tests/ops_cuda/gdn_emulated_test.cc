@@ -39,6 +39,7 @@ namespace {
 // device memory.
 struct EmuRunner {
   int launches = 0;
+  unsigned lanes = 0;  // the most blocks along z a launch had (the walks' lanes, bf16_walk_grid)
   template <class... P, class... A>
   void launch(void (*kernel)(P...), dim3 grid, int block, size_t smem, const A&... args) {
     // The dynamic shared memory 16 bytes past a 1024-byte boundary, as the walks' static mbarriers
@@ -48,6 +49,7 @@ struct EmuRunner {
         << "shared memory past the H200's 227 KiB a block";
     cuda::emu::launch(kernel, grid, dim3(block), smem, args...);
     ++launches;
+    lanes = std::max(lanes, grid.z);
   }
   void zero(void* p, size_t bytes) { std::memset(p, 0, bytes); }
   template <class T>
@@ -99,6 +101,7 @@ struct EmuOut {
   std::vector<bf16> o, dq, dk, dv;
   std::vector<float> end, dg, db, di;
   int forward_launches = 0, backward_launches = 0;
+  unsigned forward_lanes = 0, backward_lanes = 0;
 };
 EmuOut emulate(const EmuCase& c, const std::vector<float>& init, const std::vector<bf16>& dO,
                const std::vector<float>& dE, size_t offset = 0,
@@ -116,6 +119,7 @@ EmuOut emulate(const EmuCase& c, const std::vector<float>& init, const std::vect
     cuda::rule_forward(run, r.o.data(), r.end.data(), c.bq.data(), c.bk.data(), c.bv.data(), c.fg.data(), c.bb.data(),
                        or_null(init), c.plan, nk, nv, dk, dv, c.scale, ws.ws, products);
     r.forward_launches = run.launches;
+    r.forward_lanes = run.lanes;
   }
   r.dq.assign(offset + c.q.size(), nan16), r.dk.assign(offset + c.k.size(), nan16),
       r.dv.assign(offset + c.v.size(), nan16);
@@ -127,6 +131,7 @@ EmuOut emulate(const EmuCase& c, const std::vector<float>& init, const std::vect
                       c.bv.data(), c.fg.data(), c.bb.data(), or_null(init), c.plan, nk, nv, dk, dv, c.scale, ws.ws,
                       /*accumulate=*/false, products);
   r.backward_launches = run.launches;
+  r.backward_lanes = run.lanes;
   for (std::vector<bf16>* x : {&r.dq, &r.dk, &r.dv}) x->erase(x->begin(), x->begin() + offset);
   return r;
 }
@@ -300,6 +305,10 @@ TEST(GdnEmulated, SeparateTreesWalkSideBySide) {
     const std::vector<bf16> dO_t = bits_rows(bf16s(dO), nv * dv);
     const EmuOut one = emulate(a, floats(init_t), dO_t, floats(dE_t), 0, cuda::GdnProducts::kBf16);
     const std::string at = ", dv " + std::to_string(dv);
+    EXPECT_EQ(all.forward_lanes, 4u) << at;
+    EXPECT_EQ(all.backward_lanes, 4u) << at;
+    EXPECT_EQ(one.forward_lanes, 1u) << at;
+    EXPECT_EQ(one.backward_lanes, 1u) << at;
     auto same = [&](const auto& batch, const auto& alone_x, size_t from, const char* name) {
       EXPECT_EQ(bits_differ(std::vector(batch.begin() + from, batch.begin() + from + alone_x.size()), alone_x,
                             alone_x.size()),

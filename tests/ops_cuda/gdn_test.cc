@@ -201,6 +201,63 @@ TEST_F(GdnOps, DeltaRuleForwardMatchesTheRecurrentOracle) {
   }
 }
 
+// The fp64 oracle's outputs of a RuleCase (no initial states, no end-state gradients) for dO.
+struct RuleRef {
+  std::vector<double> o, end, dq, dk, dv, dg, db;
+};
+RuleRef rule_oracle(const RuleCase& rc, const std::vector<double>& dO) {
+  RuleRef r;
+  r.o.resize((size_t)rc.N * rc.nv * rc.dv), r.end.resize((size_t)rc.f.nodes() * rc.state_elems());
+  cpu::gdn_tree_forward<double>(r.o.data(), r.end.data(), rc.q.data(), rc.k.data(), rc.v.data(), rc.g.data(),
+                                rc.beta.data(), nullptr, rc.t);
+  r.dq.assign(rc.q.size(), 0.0), r.dk.assign(rc.k.size(), 0.0), r.dv.assign(rc.v.size(), 0.0);
+  r.dg.assign(rc.g.size(), 0.0), r.db.assign(rc.beta.size(), 0.0);
+  cpu::gdn_tree_backward<double>(r.dq.data(), r.dk.data(), r.dv.data(), r.dg.data(), r.db.data(), nullptr, dO.data(),
+                                 nullptr, rc.q.data(), rc.k.data(), rc.v.data(), rc.g.data(), rc.beta.data(), nullptr,
+                                 rc.t);
+  return r;
+}
+
+// A forward (end states kept) and a backward (not accumulating) of rc on the GPU with `products`,
+// against the oracle's: o and the end states within kBf16Products (bf16 products) or bf16's
+// rounding and 1e-4 (exact), the gradients by expect_rule_grads; the errors printed as `what`.
+// Returns o, dq and dg (the modes' outputs compared by the caller).
+struct RuleGot {
+  std::vector<bf16> o, dq;
+  std::vector<float> dg;
+};
+RuleGot check_rule(const RuleCase& rc, const RuleRef& ref, const DeviceBuffer<bf16>& d_dO, cuda::GdnProducts products,
+                   const std::string& what) {
+  const int nk = rc.nk, nv = rc.nv, dk = rc.dk, dv = rc.dv, N = rc.N;
+  const bool b16 = products == cuda::GdnProducts::kBf16;
+  const std::string at = b16 ? " (bf16 products)" : " (exact products)";
+  DeviceBuffer<char> ws(cuda::gdn_forward_workspace_bytes(rc.plan, nv, dk, dv, /*end_given=*/true));
+  DeviceBuffer<bf16> d_o((size_t)N * nv * dv);
+  DeviceBuffer<float> d_end(ref.end.size());
+  poison(d_o);
+  cuda::gdn_forward(d_o.data(), d_end.data(), rc.d_q.data(), rc.d_k.data(), rc.d_v.data(), rc.d_g.data(),
+                    rc.d_b.data(), nullptr, rc.plan, nk, nv, dk, dv, rc.scale, cuda::Workspace{ws.data(), ws.size()},
+                    nullptr, products);
+  DeviceBuffer<char> wsb(cuda::gdn_backward_workspace_bytes(rc.plan, nv, dk, dv));
+  DeviceBuffer<bf16> g_q(rc.q.size()), g_k(rc.k.size()), g_v(rc.v.size());
+  DeviceBuffer<float> g_g(rc.g.size()), g_b(rc.beta.size());
+  cuda::gdn_backward(g_q.data(), g_k.data(), g_v.data(), g_g.data(), g_b.data(), nullptr, d_dO.data(), nullptr,
+                     rc.d_q.data(), rc.d_k.data(), rc.d_v.data(), rc.d_g.data(), rc.d_b.data(), nullptr, rc.plan, nk,
+                     nv, dk, dv, rc.scale, cuda::Workspace{wsb.data(), wsb.size()}, nullptr, /*accumulate=*/false,
+                     products);
+  sync_and_check();
+  const double e_o = rel_l2(to_host(d_o), ref.o), e_end = rel_l2(to_host(d_end), ref.end),
+               e_dq = rel_l2(to_host(g_q), ref.dq), e_dk = rel_l2(to_host(g_k), ref.dk),
+               e_dv = rel_l2(to_host(g_v), ref.dv), e_dg = rel_l2(to_host(g_g), ref.dg),
+               e_db = rel_l2(to_host(g_b), ref.db);
+  EXPECT_LE(e_o, b16 ? kBf16Products : kBf16U) << "o" << at;
+  EXPECT_LE(e_end, b16 ? kBf16Products : 1e-4) << "end states" << at;
+  expect_rule_grads(b16, e_dq, e_dk, e_dv, e_dg, e_db, at);
+  std::printf("[ errors   ] delta rule, %s%s: rel L2 o %.2e end %.2e dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e\n",
+              what.c_str(), at.c_str(), e_o, e_end, e_dq, e_dk, e_dv, e_dg, e_db);
+  return {d_o.to_host(), g_q.to_host(), g_g.to_host()};
+}
+
 // GdnProducts::kBf16 (one mma of bf16 operands a product in the walks) against the fp64 oracle
 // within kBf16Products (gdn_cases.h), forward and backward, where its error has the longest to
 // build up: a 4,096-row sequence (64 chunks) with slow decays (e^-0.001 to e^-0.021 a row: the
@@ -210,50 +267,31 @@ TEST_F(GdnOps, DeltaRuleForwardMatchesTheRecurrentOracle) {
 TEST_F(GdnOps, DeltaRuleWithBf16ProductsOnALongSequence) {
   std::mt19937_64 rng(4242);
   RuleCase rc(0, 0, 0, false, rng, RuleShape{1, 2, 128, 128, 0.02, {{-1, 4096}, {0, 300}, {0, 77}}, -0.001});
-  const int nk = rc.nk, nv = rc.nv, dk = rc.dk, dv = rc.dv, N = rc.N;
-  const std::vector<double> dO = randn_bf16(rng, (size_t)N * nv * dv);
-  std::vector<double> o((size_t)N * nv * dv), end((size_t)rc.f.nodes() * rc.state_elems());
-  cpu::gdn_tree_forward<double>(o.data(), end.data(), rc.q.data(), rc.k.data(), rc.v.data(), rc.g.data(),
-                                rc.beta.data(), nullptr, rc.t);
-  std::vector<double> dq(rc.q.size(), 0.0), dk_(rc.k.size(), 0.0), dv_(rc.v.size(), 0.0), dg(rc.g.size(), 0.0),
-      db(rc.beta.size(), 0.0);
-  cpu::gdn_tree_backward<double>(dq.data(), dk_.data(), dv_.data(), dg.data(), db.data(), nullptr, dO.data(), nullptr,
-                                 rc.q.data(), rc.k.data(), rc.v.data(), rc.g.data(), rc.beta.data(), nullptr, rc.t);
-  auto d_dO = to_device_bf16(dO);
-  std::vector<bf16> o_modes[2], dq_modes[2];
-  std::vector<float> dg_modes[2];
-  for (const cuda::GdnProducts products : {cuda::GdnProducts::kExact, cuda::GdnProducts::kBf16}) {
-    const bool b16 = products == cuda::GdnProducts::kBf16;
-    const std::string at = b16 ? " (bf16 products)" : " (exact products)";
-    DeviceBuffer<char> ws(cuda::gdn_forward_workspace_bytes(rc.plan, nv, dk, dv, /*end_given=*/true));
-    DeviceBuffer<bf16> d_o((size_t)N * nv * dv);
-    DeviceBuffer<float> d_end(end.size());
-    poison(d_o);
-    cuda::gdn_forward(d_o.data(), d_end.data(), rc.d_q.data(), rc.d_k.data(), rc.d_v.data(), rc.d_g.data(),
-                      rc.d_b.data(), nullptr, rc.plan, nk, nv, dk, dv, rc.scale, cuda::Workspace{ws.data(), ws.size()},
-                      nullptr, products);
-    DeviceBuffer<char> wsb(cuda::gdn_backward_workspace_bytes(rc.plan, nv, dk, dv));
-    DeviceBuffer<bf16> g_q(rc.q.size()), g_k(rc.k.size()), g_v(rc.v.size());
-    DeviceBuffer<float> g_g(rc.g.size()), g_b(rc.beta.size());
-    cuda::gdn_backward(g_q.data(), g_k.data(), g_v.data(), g_g.data(), g_b.data(), nullptr, d_dO.data(), nullptr,
-                       rc.d_q.data(), rc.d_k.data(), rc.d_v.data(), rc.d_g.data(), rc.d_b.data(), nullptr, rc.plan, nk,
-                       nv, dk, dv, rc.scale, cuda::Workspace{wsb.data(), wsb.size()}, nullptr, /*accumulate=*/false,
-                       products);
-    sync_and_check();
-    o_modes[b16] = d_o.to_host(), dq_modes[b16] = g_q.to_host(), dg_modes[b16] = g_g.to_host();
-    const double e_o = rel_l2(to_host(d_o), o), e_end = rel_l2(to_host(d_end), end), e_dq = rel_l2(to_host(g_q), dq),
-                 e_dk = rel_l2(to_host(g_k), dk_), e_dv = rel_l2(to_host(g_v), dv_), e_dg = rel_l2(to_host(g_g), dg),
-                 e_db = rel_l2(to_host(g_b), db);
-    EXPECT_LE(e_o, b16 ? kBf16Products : kBf16U) << "o" << at;
-    EXPECT_LE(e_end, b16 ? kBf16Products : 1e-4) << "end states" << at;
-    expect_rule_grads(b16, e_dq, e_dk, e_dv, e_dg, e_db, at);
-    std::printf("[ errors   ] delta rule, 4,096 rows%s: rel L2 o %.2e end %.2e dq %.2e dk %.2e dv %.2e dg %.2e "
-                "dbeta %.2e\n",
-                at.c_str(), e_o, e_end, e_dq, e_dk, e_dv, e_dg, e_db);
+  const std::vector<double> dO = randn_bf16(rng, (size_t)rc.N * rc.nv * rc.dv);
+  const RuleRef ref = rule_oracle(rc, dO);
+  const DeviceBuffer<bf16> d_dO = to_device_bf16(dO);
+  const RuleGot exact = check_rule(rc, ref, d_dO, cuda::GdnProducts::kExact, "4,096 rows"),
+                b16 = check_rule(rc, ref, d_dO, cuda::GdnProducts::kBf16, "4,096 rows");
+  EXPECT_GT(bits_differ(exact.o, b16.o, exact.o.size()), 0u) << "o: the products option changes nothing";
+  EXPECT_GT(bits_differ(exact.dq, b16.dq, exact.dq.size()), 0u) << "dq: the option misses the backward";
+  EXPECT_GT(bits_differ(exact.dg, b16.dg, exact.dg.size()), 0u) << "dg: the option misses the backward";
+}
+
+// A pack of separate sequences and small trees (66 chunks, none of the four trees with more than
+// 18): the bf16 walks take the trees side by side, a lane each at 64 state columns
+// (bf16_walk_grid), at dv 128 and 64; within the same bounds, with the same slow decays.
+TEST_F(GdnOps, DeltaRuleWithBf16ProductsOnSeparateSequences) {
+  for (const int dv : {128, 64}) {
+    std::mt19937_64 rng(4343 + dv);
+    RuleCase rc(0, 0, 0, false, rng,
+                RuleShape{2, 4, 128, dv, 0.02, {{-1, 1000}, {-1, 700}, {1, 300}, {1, 45}, {-1, 1100}, {-1, 900}},
+                          -0.001});
+    ASSERT_EQ(rc.plan.max_root_chunks(), 18);
+    ASSERT_EQ(rc.plan.num_chunks(), 66);
+    const std::vector<double> dO = randn_bf16(rng, (size_t)rc.N * rc.nv * rc.dv);
+    check_rule(rc, rule_oracle(rc, dO), to_device_bf16(dO), cuda::GdnProducts::kBf16,
+               "four trees side by side, dv " + std::to_string(dv));
   }
-  EXPECT_GT(bits_differ(o_modes[0], o_modes[1], o_modes[0].size()), 0u) << "o: the products option changes nothing";
-  EXPECT_GT(bits_differ(dq_modes[0], dq_modes[1], dq_modes[0].size()), 0u) << "dq: the option misses the backward";
-  EXPECT_GT(bits_differ(dg_modes[0], dg_modes[1], dg_modes[0].size()), 0u) << "dg: the option misses the backward";
 }
 
 // The delta rule's backward against the fp64 recurrent backward on RuleCase's trees, with
