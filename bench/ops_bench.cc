@@ -680,6 +680,13 @@ void bench_gdn(const std::string& mode_only) {
     plan.make(t.start.data(), t.len.data(), t.parent.data(), (int)t.start.size());
     DeviceBuffer<char> tables(plan.table_bytes());
     plan.upload(tables.data(), g_stream);
+    // The bf16 walks' launches: one a level of paths (GdnPlan::levels), the paths of a level side by side.
+    std::string paths;
+    for (const tt::cuda::GdnPlan::Level& l : plan.levels())
+      paths += (paths.empty() ? "" : ", ") + std::to_string(l.paths) + " of " + std::to_string(l.max_path_chunks) +
+               " chunks at most";
+    std::printf("gdn %s: %d chunks, %zu levels of paths (%s)\n", t.name.c_str(), plan.num_chunks(),
+                plan.levels().size(), paths.c_str());
     DeviceBuffer<bf16> q((size_t)N * nk * dk), k((size_t)N * nk * dk), v((size_t)N * nv * dv), beta((size_t)N * nv),
         o((size_t)N * nv * dv);
     DeviceBuffer<float> g((size_t)N * nv);  // fp32 log decays

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
-#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -121,53 +120,88 @@ void gdn_gates_backward(bf16* da, bf16* db, float* dA_log, float* ddt_bias, cons
 
 void GdnPlan::make(const int32_t* node_start, const int32_t* node_len, const int32_t* node_parent, int num_nodes) {
   TT_CHECK(num_nodes >= 0, "GdnPlan: num_nodes = ", num_nodes);
-  std::vector<int32_t> row0, len, node, flags, root(num_nodes, -1), tree(num_nodes), root_chunk0;
+  std::vector<int32_t> row0, len, node, flags, root(num_nodes, -1), first_chunk(num_nodes), count(num_nodes);
   int32_t next = 0;
   roots_ = 0;
-  bool contiguous = true;  // each tree's nodes one run in the packed order
   for (int n = 0; n < num_nodes; ++n) {
     TT_CHECK(node_start[n] == next && node_len[n] > 0, "GdnPlan: node ", n, " must start at ", next,
              " with a positive length, got start ", node_start[n], " len ", node_len[n]);
     TT_CHECK(node_parent[n] >= -1 && node_parent[n] < n, "GdnPlan: node ", n, " has parent ", node_parent[n],
              " (expected -1 or an earlier node)");
-    if (node_parent[n] < 0) {
-      root_chunk0.push_back((int32_t)row0.size());
-      tree[n] = root[n] = roots_++;
-    } else {
-      tree[n] = tree[node_parent[n]];
-      contiguous = contiguous && tree[n] == roots_ - 1;  // a node of an earlier tree after a later root
-    }
+    if (node_parent[n] < 0) root[n] = roots_++;
+    first_chunk[n] = (int32_t)row0.size();
     for (int32_t c0 = 0; c0 < node_len[n]; c0 += kGdnChunk) {
       row0.push_back(node_start[n] + c0);
       len.push_back(std::min<int32_t>(kGdnChunk, node_len[n] - c0));
       node.push_back(n);
       flags.push_back((c0 == 0 ? 1 : 0) | (c0 + kGdnChunk >= node_len[n] ? 2 : 0));
     }
+    count[n] = (int32_t)row0.size() - first_chunk[n];
     next += node_len[n];
   }
   chunks_ = (int)row0.size();
   nodes_ = num_nodes;
   N_ = next;
-  root_chunk0.push_back(chunks_);
-  if (!contiguous) std::fill(root_chunk0.begin(), root_chunk0.end() - 1, 0);  // every root: the whole chain
-  std::vector<int32_t> lane_root(roots_);
-  std::iota(lane_root.begin(), lane_root.end(), 0);
-  auto size = [&](int32_t r) { return root_chunk0[r + 1] - root_chunk0[r]; };
-  std::stable_sort(lane_root.begin(), lane_root.end(), [&](int32_t a, int32_t b) { return size(a) > size(b); });
-  max_root_chunks_ = !contiguous ? chunks_ : roots_ > 0 ? size(lane_root[0]) : 0;
   host_.clear();
-  if (num_nodes == 0) {  // no chunks: nothing to upload
-    dev_ = Device{};
-    return;
+  levels_.clear();
+  paths_ = 0;
+  dev_ = Device{};
+  if (num_nodes == 0) return;  // no chunks: nothing to upload
+
+  // Children (packed order), subtree chunks, each node's heaviest child.
+  std::vector<int32_t> child0(num_nodes + 1, 0), child, below(count), heavy(num_nodes, -1);
+  for (int n = 0; n < num_nodes; ++n)
+    if (node_parent[n] >= 0) ++child0[node_parent[n] + 1];
+  for (int n = 0; n < num_nodes; ++n) child0[n + 1] += child0[n];
+  child.resize(child0[num_nodes]);
+  {
+    std::vector<int32_t> fill(child0.begin(), child0.end() - 1);
+    for (int n = 0; n < num_nodes; ++n)
+      if (node_parent[n] >= 0) child[fill[node_parent[n]]++] = n;
   }
+  for (int n = num_nodes - 1; n >= 0; --n)  // children after their parent
+    if (node_parent[n] >= 0) below[node_parent[n]] += below[n];
+  for (int n = 0; n < num_nodes; ++n)
+    for (int32_t i = child0[n]; i < child0[n + 1]; ++i)
+      if (heavy[n] < 0 || below[child[i]] > below[heavy[n]]) heavy[n] = child[i];
+  // Paths: from each root and each light child down its heaviest children.
+  struct Path {
+    int level, chunks, first;  // first: its first node
+  };
+  std::vector<Path> paths;
+  std::vector<int32_t> level(num_nodes);
+  for (int n = 0; n < num_nodes; ++n) {
+    const int p = node_parent[n];
+    if (p >= 0 && heavy[p] == n) {
+      level[n] = level[p];
+      continue;
+    }
+    level[n] = p < 0 ? 0 : level[p] + 1;
+    int chunks = 0;
+    for (int m = n; m >= 0; m = heavy[m]) chunks += count[m];
+    paths.push_back({level[n], chunks, n});
+  }
+  std::stable_sort(paths.begin(), paths.end(), [](const Path& a, const Path& b) {
+    return a.level != b.level ? a.level < b.level : a.chunks > b.chunks;
+  });
+  std::vector<int32_t> walk, path0;
+  for (const Path& path : paths) {
+    if ((int)levels_.size() <= path.level) levels_.push_back(Level{(int)path0.size()});
+    Level& l = levels_.back();
+    ++l.paths, l.chunks += path.chunks, l.max_path_chunks = std::max(l.max_path_chunks, path.chunks);
+    path0.push_back((int32_t)walk.size());
+    for (int m = path.first; m >= 0; m = heavy[m])
+      for (int32_t c = 0; c < count[m]; ++c) walk.push_back(first_chunk[m] + c);
+  }
+  path0.push_back((int32_t)walk.size());
+  paths_ = (int)paths.size();
+
   for (const std::vector<int32_t>* t : {&row0, &len, &node, &flags}) host_.insert(host_.end(), t->begin(), t->end());
   host_.insert(host_.end(), node_parent, node_parent + num_nodes);
-  host_.insert(host_.end(), root.begin(), root.end());
-  host_.insert(host_.end(), root_chunk0.begin(), root_chunk0.end());
-  host_.insert(host_.end(), lane_root.begin(), lane_root.end());
+  for (const std::vector<int32_t>* t : {&root, &walk, &path0, &child0, &child})
+    host_.insert(host_.end(), t->begin(), t->end());
   TT_CHECK(table_bytes() <= max_table_bytes(N_, nodes_), "GdnPlan: ", table_bytes(), " table bytes over the bound ",
            max_table_bytes(N_, nodes_));
-  dev_ = Device{};
 }
 
 void GdnPlan::upload(void* tables, cudaStream_t stream) {
@@ -184,8 +218,10 @@ void GdnPlan::refer_to(const void* tables) {
   dev_.chunk_flags = t + 3 * chunks_;
   dev_.node_parent = t + 4 * chunks_;
   dev_.node_root = t + 4 * chunks_ + nodes_;
-  dev_.root_chunk0 = t + 4 * chunks_ + 2 * nodes_;
-  dev_.lane_root = t + 4 * chunks_ + 2 * nodes_ + roots_ + 1;
+  dev_.walk_chunk = t + 4 * chunks_ + 2 * nodes_;
+  dev_.path_chunk0 = dev_.walk_chunk + chunks_;
+  dev_.node_child0 = dev_.path_chunk0 + paths_ + 1;
+  dev_.node_child = dev_.node_child0 + nodes_ + 1;
 }
 
 size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, bool end_given, GdnProducts products) {

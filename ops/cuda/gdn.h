@@ -96,13 +96,20 @@ class GdnPlan {
   int num_nodes() const { return nodes_; }
   int num_roots() const { return roots_; }
   int rows() const { return N_; }
-  // The most chunks one root's tree holds where each tree's nodes are contiguous in the packed
-  // order (then the walks may take the trees side by side, a lane each: root_chunk0, lane_root);
-  // num_chunks() where trees interleave (one chain over the packed order).
-  int max_root_chunks() const { return max_root_chunks_; }
+  // The walks' paths (the bf16 walks on warpgroup MMA: ops/cuda/gdn_rule.cuh bf16_walk_grid). Each
+  // tree is cut into paths that follow each node's heaviest child (the most chunks in its subtree;
+  // the first in packed order of equals); a path's level is the number of paths above it on its
+  // root's way (at most log2 of the chunks: a light child holds at most half its parent's
+  // subtree). A level's paths walk side by side, a lane each, in one launch, longest first; the
+  // levels in order forward (a path starts from its parent's end state, on a lower level) and in
+  // reverse backward (a node's state gradient sums its children's, on higher levels).
+  struct Level {
+    int path0 = 0, paths = 0, chunks = 0, max_path_chunks = 0;
+  };
+  const std::vector<Level>& levels() const { return levels_; }
   // table_bytes() of any plan of N rows and num_nodes nodes.
   static size_t max_table_bytes(int N, int num_nodes) {
-    return sizeof(int32_t) * (4 * (size_t)N + 4 * (size_t)num_nodes + 1);
+    return sizeof(int32_t) * (5 * (size_t)N + 5 * (size_t)num_nodes + 2);
   }
   struct Device {
     const int32_t* chunk_row0 = nullptr;  // (chunks) first row
@@ -111,17 +118,18 @@ class GdnPlan {
     const int32_t* chunk_flags = nullptr; // (chunks) bit 0: the node's first chunk, bit 1: its last
     const int32_t* node_parent = nullptr; // (nodes)
     const int32_t* node_root = nullptr;   // (nodes) index among the roots, -1 for other nodes
-    // (roots + 1) root r's tree is chunks root_chunk0[r] .. root_chunk0[r + 1] (the trees
-    // contiguous; else 0 and num_chunks for every root: one chain)
-    const int32_t* root_chunk0 = nullptr;
-    const int32_t* lane_root = nullptr;   // (roots) the roots by chunk count, most first (ties by index)
+    const int32_t* walk_chunk = nullptr;  // (chunks) the chunks path by path (levels(), then longest first)
+    const int32_t* path_chunk0 = nullptr; // (paths + 1) path i: walk_chunk[path_chunk0[i] .. path_chunk0[i + 1]]
+    const int32_t* node_child0 = nullptr; // (nodes + 1) node n's children: node_child[node_child0[n] ..
+    const int32_t* node_child = nullptr;  // (nodes - roots)                   node_child0[n + 1]], packed order
   };
   const Device& device() const { return dev_; }
 
  private:
   std::vector<int32_t> host_;
   Device dev_;
-  int chunks_ = 0, nodes_ = 0, roots_ = 0, N_ = 0, max_root_chunks_ = 0;
+  std::vector<Level> levels_;
+  int chunks_ = 0, nodes_ = 0, roots_ = 0, N_ = 0, paths_ = 0;
 };
 
 // How the chunk walks (the serial part: the products with the state and v_new, forward, and with

@@ -82,7 +82,7 @@ struct RuleParams {
   float scale;
   int num_chunks;
   int rows;  // packed rows N
-  int num_roots, max_root_chunks;  // the plan's (GdnPlan::max_root_chunks): bf16_walk_grid
+  int path0;  // the walk launch's first path (a level's, GdnPlan::Level; the wgmma walks)
 };
 
 // A buffer the bf16 kernels (bf16_kernels) hand each other in bf16: the same element layout as its
@@ -163,36 +163,38 @@ __device__ __forceinline__ T* node_link(const GdnPlan::Device& plan, int n, int 
 // A walk's chunks in its order (first to last, or with kReverse last to first) with the next
 // chunk's ChunkInfo read a step ahead, for the stage prefetch that runs one chunk ahead of the
 // products: cur is the first chunk until take(c) hands out chunk c, nxt the one after cur.
-// The walk's chunks are c0 .. c0 + nc (a lane's tree, walk_run); take(c) and c are positions in
-// them, 0 .. nc, and a ChunkInfo's c the chunk's index in the batch.
+// The walk's chunks are order[c0 .. c0 + nc] (a path, walk_path), or with no order the batch's
+// chunks c0 .. c0 + nc in packed order; take(c) and c are positions in them, 0 .. nc, and a
+// ChunkInfo's c the chunk's index in the batch.
 template <bool kReverse>
 struct ChunkCursor {
   const GdnPlan::Device& plan;
+  const int32_t* order;
   int nc, c0;
   ChunkInfo cur, nxt;
-  __device__ ChunkCursor(const GdnPlan::Device& plan, int nc, int c0 = 0) : plan(plan), nc(nc), c0(c0) {
-    cur = nc > 0 ? chunk_info(plan, c0 + (kReverse ? nc - 1 : 0)) : ChunkInfo{};
-    nxt = nc > 1 ? chunk_info(plan, c0 + (kReverse ? nc - 2 : 1)) : cur;
+  __device__ ChunkCursor(const GdnPlan::Device& plan, int nc, int c0 = 0, const int32_t* order = nullptr)
+      : plan(plan), order(order), nc(nc), c0(c0) {
+    cur = nc > 0 ? at(kReverse ? nc - 1 : 0) : ChunkInfo{};
+    nxt = nc > 1 ? at(kReverse ? nc - 2 : 1) : cur;
   }
+  __device__ ChunkInfo at(int i) const { return chunk_info(plan, order ? order[c0 + i] : c0 + i); }
   __device__ ChunkInfo take(int c) {
     const ChunkInfo ci = cur;
     cur = nxt;
     const int after = kReverse ? c - 2 : c + 2;
-    if (after >= 0 && after < nc) nxt = chunk_info(plan, c0 + after);
+    if (after >= 0 && after < nc) nxt = at(after);
     return ci;
   }
 };
 
-// The chunks a walking block takes: with lanes (gridDim.z > 1, walk_lanes) the tree of root
-// lane_root[blockIdx.z], which no other lane's chunks touch (a node's parent is in its tree); else
-// every chunk of the batch, one chain.
+// The path a block of the wgmma walks takes: path0 + blockIdx.z (a lane; GdnPlan::Level), its
+// chunks walk_chunk[c0 .. c0 + nc]. No other lane of the launch touches its nodes' states.
 struct WalkRun {
   int c0, nc;
 };
-__device__ __forceinline__ WalkRun walk_run(const GdnPlan::Device& plan, int num_chunks) {
-  if (gridDim.z == 1) return {0, num_chunks};
-  const int r = plan.lane_root[blockIdx.z], c0 = plan.root_chunk0[r];
-  return {c0, plan.root_chunk0[r + 1] - c0};
+__device__ __forceinline__ WalkRun walk_path(const GdnPlan::Device& plan, int path0) {
+  const int i = path0 + (int)blockIdx.z, c0 = plan.path_chunk0[i];
+  return {c0, plan.path_chunk0[i + 1] - c0};
 }
 
 // The two stage barriers of a walk whose stages come by TMA, initialised by thread 0 (a block
@@ -1356,14 +1358,17 @@ __device__ __forceinline__ void vnew_pairs(const float (&acc)[N / 2], int row, i
 }
 
 // The bf16 walk at dk 128 where it takes U itself (walk_computes_u), on warpgroup MMA
-// (wgmma.mma_async m64n32k16, fp32 accumulators in registers, operands in 128-byte-swizzled
+// (wgmma.mma_async m64nNk16, N = kCols, fp32 accumulators in registers, operands in 128-byte-swizzled
 // shared memory: ops/cuda/wgmma_desc.cuh). The same products and roundings as
 // rule_walk_mma_kernel<128, true, true> (S, dec v_new and v_new rounded to bf16; -W, T diag(beta),
 // P, q, k and v bf16 as stored), each a handful of warpgroup MMAs instead of a warp's dozens of
-// mma.sync with their fragment loads. Two warpgroups, one block per (value head, 32 state
-// columns), the same TMA stages (WalkTmaStage<true>, walk_mma_prefetch). A chunk, with kOut (the
+// mma.sync with their fragment loads. Two warpgroups, one block per (value head, kCols = 32 or 64
+// state columns, path: a lane of the launch's level of paths, walk_path, bf16_walk_grid), the same
+// TMA stages (WalkTmaStage<true>, walk_mma_prefetch; v's box is 64 columns wide either way). The
+// path's chunks in order, a node's first chunk loading its parent's end state (node_link: on this
+// path, or on a path of a lower level, walked by an earlier launch). A chunk, with kOut (the
 // forward's walk, which writes o):
-//   0. S's tile (128 x 32 bf16, MN-major: the B operand of W S and q S) holds the entering state:
+//   0. S's tile (128 x kCols bf16, MN-major: the B operand of W S and q S) holds the entering state:
 //      written at the end of the chunk before, or here where the chunk loads its node's state.
 //      Once the stage lands, warpgroup 0 zeroes v's rows past L and issues T diag(beta) v (4 MMAs,
 //      independent of S; its own named barrier first), warpgroup 1 zeroes k's rows past L (they
@@ -1376,11 +1381,11 @@ __device__ __forceinline__ void vnew_pairs(const float (&acc)[N / 2], int row, i
 //      (4, a second group) into o, stored in the next chunk's step 1.
 // The next chunk's stage is issued at the chunk's start, and a block barrier ends the chunk (issued
 // after barrier A instead, with no barrier at the end, the forward measured 2% slower).
-// S stays in registers (16 floats a thread, a warpgroup's accumulator layout, which is the
+// S stays in registers (kCols / 2 floats a thread, a warpgroup's accumulator layout, which is the
 // mma.sync walk's: walk_state_pairs at row 16 warp).
 // Without kOut, the backward's walk again: no q, P or o; the entering state to S's tile and sin
 // (bf16) at the chunk's start, the next stage issued; once it lands, the rows past L zeroed, a block
-// barrier, and warpgroup g forms v_new's columns 16 g .. (m64n16k16: both warpgroups on the chain;
+// barrier, and warpgroup g forms v_new's columns kCols / 2 g .. (m64n(kCols / 2)k16: both warpgroups on the chain;
 // with one warpgroup's it measured 12% slower than the mma.sync walk, with both 13% faster), to
 // v_new (bf16) and dec v_new's tile; barrier; the state update as step 2; a block barrier at the end.
 // (The forward's order, with the stage issued after the first barrier and no barrier at the end,
@@ -1446,9 +1451,9 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
   };
   init_stage_barriers(bars);
   __syncthreads();
-  const WalkRun mine = walk_run(p.plan, p.num_chunks);
-  const int nc = mine.nc;  // c below: a position in this block's chunks, ci.c the chunk's index
-  ChunkCursor<false> chunks(p.plan, nc, mine.c0);
+  const WalkRun mine = walk_path(p.plan, p.path0);
+  const int nc = mine.nc;  // c below: a position in this block's path, ci.c the chunk's index
+  ChunkCursor<false> chunks(p.plan, nc, mine.c0, p.plan.walk_chunk);
   if (nc > 0) walk_mma_prefetch<true, kOut, true>(stage(0), &bars[0], p, maps, chunks.cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = 0; c < nc; ++c) {
@@ -1711,6 +1716,9 @@ struct RuleBwdParams {
   float* d_init;                // (num_roots, nv, dk, dv) or null, +=
   float *dvn, *qo, *dsout, *acc;  // (N nv dv), (chunks nv dk dv; null at dk 16 k), (chunks nv dk dv), (nodes nv dk dv)
                                   // (dvn, dsout: fp32, or bf16 (p_bf16) in the bf16 kernels, as sin)
+                                  // acc: node n's row the sum of its children's initial-state gradients;
+                                  // in rule_bwd_walk_wgmma_kernel instead n's own (non-root n), which
+                                  // its parent's last chunk sums (its paths' lanes run side by side)
   float* db2;                   // (N, nv, dk): dW = -dvn S^T (rule_bwd_state_kernel; bf16 likewise)
   float *gq, *gk;               // (N, nv, dk) per value head: S dO and dS v_new (rule_bwd_state_kernel;
                                 // bf16 likewise)
@@ -2341,12 +2349,17 @@ size_t bwd_walk_mma_smem_bytes(int dk) {
          sizeof(bf16) * 3 * kGdnChunk * kBwdDoStride;
 }
 
-// The bf16 reverse walk at dk 128 on warpgroup MMA (m64n32k16), as rule_walk_wgmma_kernel is the
+// The bf16 reverse walk at dk 128 on warpgroup MMA (m64nNk16, N = kCols), as rule_walk_wgmma_kernel is the
 // forward's: the same products and roundings as rule_bwd_walk_mma_kernel<128, true> (dS, dvn and
 // scale e^(gam) dO rounded to bf16; k, q, -W, PT and dO bf16 as stored), the same stages
-// (BwdWalkTmaStage). Two warpgroups, one block per (value head, 32 columns), the chunks last to
-// first. A chunk:
-//   1. every warp writes its 16 rows of dS as bf16 into dS's tile (128 x 32, MN-major) and to
+// (BwdWalkTmaStage; at 64 columns dO's in -W's low half's tile, bwd_walk_do64). Two warpgroups, one
+// block per (value head, kCols = 32 or 64 columns, path: as the forward's walk, the levels last to
+// first), the path's chunks last to first. A node's last chunk starts from the sum of its
+// children's initial-state gradients (each in the child's own row of acc, written by this path or
+// by a path of a higher level, walked by an earlier launch; last child first, as a single chain
+// would add them) and d_end; its first chunk stores its own in its row of acc (a root adds it to
+// d_init). A chunk:
+//   1. every warp writes its 16 rows of dS as bf16 into dS's tile (128 x kCols, MN-major) and to
 //      dsout; once the stage lands, dO's rows (cp.async, unswizzled) go to two swizzled bf16 tiles,
 //      dO and scale e^(gam_a) dO_a (zero past L), and rows past L of q and -W are zeroed (the next
 //      node's rows; 0 x NaN must not reach dS).
@@ -2382,9 +2395,9 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_bwd_walk_wgmma_kernel(Ru
   float dS[kAcc] = {};  // dS[4 n + 2 half + e]: row 16 warp + gq + 8 half, column 8 n + 2 tq + e
   init_stage_barriers(bars);
   __syncthreads();
-  const WalkRun mine = walk_run(p.plan, p.num_chunks);
-  const int last = mine.nc - 1;  // c below: a position in this block's chunks, ci.c the chunk's index
-  ChunkCursor<true> chunks(p.plan, mine.nc, mine.c0);
+  const WalkRun mine = walk_path(p.plan, p.path0);
+  const int last = mine.nc - 1;  // c below: a position in this block's path, ci.c the chunk's index
+  ChunkCursor<true> chunks(p.plan, mine.nc, mine.c0, p.plan.walk_chunk);
   if (last >= 0) bwd_walk_mma_prefetch<true, kCols>(stage(0), &bars[0], b, maps, chunks.cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = last; c >= 0; --c) {
@@ -2394,12 +2407,17 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_bwd_walk_wgmma_kernel(Ru
     const Stage st = stage(step & 1);
     const ChunkInfo ci = chunks.take(c);
     const int n = ci.node, flags = ci.flags, r0 = ci.r0, L = ci.L;
-    if (flags & 2) {  // a node's last chunk: its children's initial-state gradients plus d_end
-      const float* acc = b.acc + ((int64_t)n * p.nv + h) * SS;
+    if (flags & 2) {  // a node's last chunk: its children's initial-state gradients (last child first), plus d_end
       const float* de = b.d_end ? b.d_end + ((int64_t)n * p.nv + h) * SS : nullptr;
+      const int k0 = p.plan.node_child0[n], k1 = p.plan.node_child0[n + 1];
       walk_state_pairs<kCols>(16 * warp, dv, j0, [&](int nn, int half, int64_t at) {
+        float s0 = 0.f, s1 = 0.f;
+        for (int i = k1 - 1; i >= k0; --i) {
+          const float2 y = *reinterpret_cast<const float2*>(b.acc + ((int64_t)p.plan.node_child[i] * p.nv + h) * SS + at);
+          s0 += y.x, s1 += y.y;
+        }
         float* x = dS + 4 * nn + 2 * half;
-        x[0] = acc[at] + (de ? de[at] : 0.f), x[1] = acc[at + 1] + (de ? de[at + 1] : 0.f);
+        x[0] = s0 + (de ? de[at] : 0.f), x[1] = s1 + (de ? de[at + 1] : 0.f);
       });
     }
     walk_state_pairs<kCols>(16 * warp, dv, j0, [&](int nn, int half, int64_t at) {  // dS, as the bf16 state products round it
@@ -2500,11 +2518,17 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_bwd_walk_wgmma_kernel(Ru
       sm90::wgmma_wait<0>();
     }
     sm90::fence_regs(dS);
-    if (flags & 1) {  // a node's first chunk: dS_in to its parent's acc (or its root's d_init)
-      float* dst = node_link(p.plan, n, h, p.nv, SS, b.acc, b.d_init);
+    if (flags & 1) {  // a node's first chunk: dS_in to its own slot of acc (its parent sums them), or its root's d_init
+      const int root = p.plan.node_root[n];
+      float* dst = root >= 0 ? (b.d_init ? b.d_init + ((int64_t)root * p.nv + h) * SS : nullptr)
+                             : b.acc + ((int64_t)n * p.nv + h) * SS;
       if (dst)
         walk_state_pairs<kCols>(16 * warp, dv, j0, [&](int nn, int half, int64_t at) {
-          dst[at] += dS[4 * nn + 2 * half], dst[at + 1] += dS[4 * nn + 2 * half + 1];
+          const float a0 = dS[4 * nn + 2 * half], a1 = dS[4 * nn + 2 * half + 1];
+          if (root >= 0)
+            dst[at] += a0, dst[at + 1] += a1;
+          else
+            *reinterpret_cast<float2*>(dst + at) = make_float2(a0, a1);
         });
     }
     __syncthreads();  // every warpgroup is done with this stage and the tiles
@@ -3617,25 +3641,37 @@ RuleParams rule_params(const bf16* q, const bf16* k, const bf16* v, const float*
   p.scale = (float)scale;
   p.num_chunks = plan.num_chunks();
   p.rows = plan.rows();
-  p.num_roots = plan.num_roots();
-  p.max_root_chunks = plan.max_root_chunks();
+  p.path0 = 0;
   return p;
 }
 
-// The blocks of the bf16 walks on warpgroup MMA (rule_walk_wgmma_kernel, rule_bwd_walk_wgmma_kernel):
-// 64 state columns a block and a lane (blockIdx.z, walk_run) a tree where the batch holds two or
-// more trees, each contiguous in the packed order, none with more than half the chunks, and dv is a
-// multiple of 64: the trees walk side by side, each a chain as long as its own chunks, at half the
-// blocks a lane. Else 32 columns a block and one chain over the batch's chunks: a single tree (one
-// sequence, a GRPO group) keeps twice the blocks on the SMs.
+// The blocks of a level's launch of the bf16 walks on warpgroup MMA (rule_walk_wgmma_kernel,
+// rule_bwd_walk_wgmma_kernel): a lane (blockIdx.z) a path of the level (GdnPlan::Level), at 64
+// state columns a block where the level has two or more paths, none with more than half its
+// chunks, and dv is a multiple of 64 (the paths walk side by side, each a chain as long as its own
+// chunks, at half the blocks a lane and a wider step); else 32 columns a block, so that one long
+// path (one sequence, a GRPO group's prompt and first answer) keeps twice the blocks on the SMs.
+// `lanes` of the level's paths from its first, at most 65,535 a launch (gridDim.z).
 struct WalkGrid {
   dim3 grid;
   int cols;
 };
-WalkGrid bf16_walk_grid(const RuleParams& p) {
-  const bool lanes = p.num_roots > 1 && p.num_roots <= 65535 && 2 * p.max_root_chunks <= p.num_chunks &&
-                     p.dv % 64 == 0;
-  return lanes ? WalkGrid{dim3(p.nv, p.dv / 64, p.num_roots), 64} : WalkGrid{dim3(p.nv, p.dv / kWalkCols), kWalkCols};
+WalkGrid bf16_walk_grid(const RuleParams& p, const GdnPlan::Level& l, int lanes) {
+  const bool wide = l.paths > 1 && 2 * l.max_path_chunks <= l.chunks && p.dv % 64 == 0;
+  const int cols = wide ? 64 : kWalkCols;
+  return WalkGrid{dim3(p.nv, p.dv / cols, lanes), cols};
+}
+
+// f(path0, lanes) for each launch of the levels' paths: every level once, first to last (or last to
+// first with reverse), its paths in launches of at most 65,535 lanes.
+template <class F>
+void for_each_walk_launch(const GdnPlan& plan, bool reverse, F&& f) {
+  constexpr int kMaxLanes = 65535;
+  const std::vector<GdnPlan::Level>& levels = plan.levels();
+  for (size_t i = 0; i < levels.size(); ++i) {
+    const GdnPlan::Level& l = levels[reverse ? levels.size() - 1 - i : i];
+    for (int done = 0; done < l.paths; done += kMaxLanes) f(l, l.path0 + done, std::min(kMaxLanes, l.paths - done));
+  }
 }
 
 // The TMA descriptors of rule_walk_mma_kernel<128>'s stages (WalkTmaStage).
@@ -3708,7 +3744,7 @@ auto walk_mma_instance(bool out, bool b16) {
 }
 
 template <class Runner>
-void rule_prep_and_walk(const RuleParams& p, Runner& run, bool out, GdnProducts products) {
+void rule_prep_and_walk(const RuleParams& p, const GdnPlan& plan, Runner& run, bool out, GdnProducts products) {
   const bool b16 = bf16_kernels(products, p.dk);
   run.launch(b16 ? rule_prep_kernel<true, true> : w_as_halves(p.dk) ? rule_prep_kernel<true> : rule_prep_kernel<false>,
              dim3((unsigned)(p.num_chunks * (p.nv / prep_heads(p)))), kRuleThreads, prep_smem_bytes(), p);
@@ -3716,12 +3752,17 @@ void rule_prep_and_walk(const RuleParams& p, Runner& run, bool out, GdnProducts 
   TT_CHECK(!out || walk_writes_outputs(p.dk), "gdn: the walk writes o only at dk a multiple of 16, got ", p.dk);
   if (p.dk % 16 != 0)
     run.launch(rule_walk_kernel, grid, kRuleThreads, walk_smem_bytes(p.dk), p);
-  else if (p.Tb && bf16_walk_grid(p).cols == 64)  // walk_computes_u, the trees side by side
-    run.launch(out ? rule_walk_wgmma_kernel<true, 64> : rule_walk_wgmma_kernel<false, 64>, bf16_walk_grid(p).grid,
-               kRuleThreads, walk_wgmma_smem_bytes(out), p, walk_maps(p, run, b16));
-  else if (p.Tb)  // walk_computes_u
-    run.launch(out ? rule_walk_wgmma_kernel<true> : rule_walk_wgmma_kernel<false>, grid, kRuleThreads,
-               walk_wgmma_smem_bytes(out), p, walk_maps(p, run, b16));
+  else if (p.Tb) {  // walk_computes_u: the paths side by side, level by level
+    const WalkMaps maps = walk_maps(p, run, b16);
+    for_each_walk_launch(plan, /*reverse=*/false, [&](const GdnPlan::Level& l, int path0, int lanes) {
+      RuleParams q = p;
+      q.path0 = path0;
+      const WalkGrid g = bf16_walk_grid(p, l, lanes);
+      run.launch(g.cols == 64 ? (out ? rule_walk_wgmma_kernel<true, 64> : rule_walk_wgmma_kernel<false, 64>)
+                              : (out ? rule_walk_wgmma_kernel<true> : rule_walk_wgmma_kernel<false>),
+                 g.grid, kRuleThreads, walk_wgmma_smem_bytes(out), q, maps);
+    });
+  }
   else if (p.dk == 128)
     run.launch(walk_mma_instance<128>(out, b16), grid, kRuleThreads, walk_mma_smem_bytes(p.dk, out), p,
                walk_maps(p, run, b16));
@@ -3745,7 +3786,7 @@ void rule_forward(Runner& run, bf16* o, float* end, const bf16* q, const bf16* k
   RuleParams p = rule_params(q, k, v, g, beta, init, plan, nk, nv, dk, dv, scale, s, end);
   p.o = o;
   if (walk_computes_u(products, dk, dv)) use_walk_u(p, s.P);  // P: bf16 scores in its first half
-  rule_prep_and_walk(p, run, fused, products);
+  rule_prep_and_walk(p, plan, run, fused, products);
   if (!fused)
     run.launch(rule_out_kernel, chunk_parts_grid(plan.num_chunks(), nv, (dv + kOutCols - 1) / kOutCols), kRuleThreads,
                out_smem_bytes(), p);
@@ -3778,7 +3819,7 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   b.dv = dv, b.dg = dg, b.dbeta = dbeta, b.dq_out = dq, b.dk_out = dk;
   b.accumulate = accumulate;
   if (walk_computes_u(products, dk_, dv_)) use_walk_u(b.f, s.T);  // T: bf16 T in its first half
-  rule_prep_and_walk(b.f, run, /*out=*/false, products);  // the forward again: U, W, gam, v_new, the entering states
+  rule_prep_and_walk(b.f, plan, run, /*out=*/false, products);  // the forward again: U, W, gam, v_new, the entering states
   const bool b16 = bf16_kernels(products, dk_);  // as rule_prep_and_walk's
   b.run_heads = b16 ? nk : nv;  // as RuleBwdScratch lays out rq and rk
   run.zero(s.acc, sizeof(float) * (size_t)plan.num_nodes() * nv * dk_ * dv_);
@@ -3789,9 +3830,16 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   const dim3 walk_grid(nv, dv_ / kWalkCols);
   if (dk_ % 16 != 0)
     run.launch(rule_bwd_walk_kernel, walk_grid, kRuleThreads, bwd_walk_smem_bytes(dk_), b);
-  else if (dk_ == 128 && b16)
-    run.launch(bf16_walk_grid(b.f).cols == 64 ? rule_bwd_walk_wgmma_kernel<64> : rule_bwd_walk_wgmma_kernel<>,
-               bf16_walk_grid(b.f).grid, kRuleThreads, bwd_walk_wgmma_smem_bytes(), b, bwd_walk_maps(b, run, b16));
+  else if (dk_ == 128 && b16) {  // the paths side by side, last level first
+    const BwdWalkMaps maps = bwd_walk_maps(b, run, b16);
+    for_each_walk_launch(plan, /*reverse=*/true, [&](const GdnPlan::Level& l, int path0, int lanes) {
+      RuleBwdParams c = b;
+      c.f.path0 = path0;
+      const WalkGrid g = bf16_walk_grid(b.f, l, lanes);
+      run.launch(g.cols == 64 ? rule_bwd_walk_wgmma_kernel<64> : rule_bwd_walk_wgmma_kernel<>, g.grid, kRuleThreads,
+                 bwd_walk_wgmma_smem_bytes(), c, maps);
+    });
+  }
   else if (dk_ == 128)
     run.launch(rule_bwd_walk_mma_kernel<128, false>, walk_grid, kRuleThreads, bwd_walk_mma_smem_bytes(dk_), b,
                bwd_walk_maps(b, run, b16));

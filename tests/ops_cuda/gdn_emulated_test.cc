@@ -158,8 +158,11 @@ EmuOut check_shape(uint64_t seed, RuleShape shape, bool copies_at_issue = false,
   std::vector<double> o((size_t)N * nv * dv), end((size_t)c.f.nodes() * c.state_elems());
   cpu::gdn_tree_forward<double>(o.data(), end.data(), c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(),
                                 init.data(), c.t);
-  // The walk writes o itself at dk a multiple of 16 (no output kernel).
-  EXPECT_EQ(got.forward_launches, dk % 16 == 0 ? 2 : 3) << "forward launches" << at;
+  // The walk writes o itself at dk a multiple of 16 (no output kernel); the bf16 walks on warpgroup
+  // MMA (dk 128; the forward's where dv is a multiple of 64) launch once a level of paths.
+  const int levels = (int)c.plan.levels().size(), walks = b16 && dk == 128 && dv % 64 == 0 ? levels : 1,
+            reverse_walks = b16 && dk == 128 ? levels : 1;
+  EXPECT_EQ(got.forward_launches, 1 + walks + (dk % 16 == 0 ? 0 : 1)) << "forward launches" << at;
   const double e = rel_l2(doubles(got.end), end), e_o = rel_l2(doubles(got.o), o);
   if (b16) {
     EXPECT_LE(e_o, kBf16Products) << "o" << at;
@@ -177,7 +180,7 @@ EmuOut check_shape(uint64_t seed, RuleShape shape, bool copies_at_issue = false,
                                  c.t);
   // prep, walk, reverse walk, state products, input gradients (with the key heads' sums); the
   // reverse walk takes the dO terms itself at dk a multiple of 16 (else a local kernel).
-  EXPECT_EQ(got.backward_launches, dk % 16 == 0 ? 5 : 6) << "backward launches" << at;
+  EXPECT_EQ(got.backward_launches, 3 + walks + reverse_walks + (dk % 16 == 0 ? 0 : 1)) << "backward launches" << at;
   const double e_dq = rel_l2(doubles(got.dq), dq), e_dk = rel_l2(doubles(got.dk), dk_),
                e_dv = rel_l2(doubles(got.dv), dv_), e_dg = rel_l2(doubles(got.dg), dg),
                e_db = rel_l2(doubles(got.db), db), e_di = rel_l2(doubles(got.di), di);
@@ -245,17 +248,21 @@ TEST(GdnEmulated, DeltaRuleAtKeyDim72) { check_shape(3, RuleShape{1, 2, 72, 32})
 // dk 128 with dv 64: TMA stages whose boxes of U and dv_new cover half of a 128-column block.
 TEST(GdnEmulated, DeltaRuleAtKeyDim128ValueDim64) { check_shape(4, RuleShape{2, 4, 128, 64}); }
 
-// A batch of four separate trees, none with more than half the chunks (a pack of rollouts): the
-// bf16 walks take the trees side by side, a lane each at 64 state columns (bf16_walk_grid), at dv
-// 128 and 64, within the oracle's bounds; and each tree's outputs, end states and gradients are
-// bit for bit those of the same tree packed alone (one chain at 32 columns): no lane reads or
-// writes another's rows, states or gradients, and a lane's column halves are the chain's columns.
-TEST(GdnEmulated, SeparateTreesWalkSideBySide) {
+// A pack of five trees (separate sequences, branching trees, a fan of five answers) through the
+// bf16 walks' paths (GdnPlan::levels): the heaviest path of each tree side by side in the first
+// level's launch, the light subtrees in the second's, each at 64 state columns (bf16_walk_grid),
+// at dv 128 and 64, within the oracle's bounds; and the trees holding a path that skips a lighter
+// first child (tree 2) and a node whose state gradient sums five children's (tree 4) give bit for
+// bit the outputs, end states and gradients of the same tree packed alone (its paths then one a
+// level at 32 columns, but tree 4's answers): no lane reads or writes another's rows, states or
+// gradients.
+TEST(GdnEmulated, PathsWalkSideBySide) {
   const std::vector<std::pair<int, int>> trees[] = {
-      {{-1, 70}, {0, 64}, {1, 1}, {0, 30}},  // 5 chunks
-      {{-1, 100}, {0, 3}},                     // 3
-      {{-1, 1}, {0, 64}, {0, 5}, {2, 40}},     // 4
-      {{-1, 130}},                             // 3
+      {{-1, 70}, {0, 64}, {1, 1}, {0, 30}},           // paths 0 1 2 (4 chunks), 3 (1)
+      {{-1, 100}, {0, 3}},                            // 0 1 (3)
+      {{-1, 1}, {0, 64}, {0, 5}, {2, 40}},            // 0 2 3 (3), 1 (1)
+      {{-1, 130}},                                    // 0 (3)
+      {{-1, 64}, {0, 64}, {0, 40}, {0, 64}, {0, 30}, {0, 64}},  // 0 1 (2), 2, 3, 4, 5 (1 each)
   };
   std::vector<std::pair<int, int>> forest;
   std::vector<int> first_node, first_row;
@@ -267,69 +274,74 @@ TEST(GdnEmulated, SeparateTreesWalkSideBySide) {
       rows += len;
     }
   }
+  first_node.push_back((int)forest.size()), first_row.push_back(rows);
   for (const int dv : {128, 64}) {
     const RuleShape shape{2, 4, 128, dv, 0.6, forest};
     {
       std::mt19937_64 rng(21);
       const EmuCase c(21, rng, shape);
-      ASSERT_EQ(c.plan.num_roots(), 4);
-      ASSERT_EQ(c.plan.max_root_chunks(), 5);
-      ASSERT_LE(2 * c.plan.max_root_chunks(), c.plan.num_chunks()) << "the batch must take the lanes";
+      ASSERT_EQ(c.plan.levels().size(), 2u);
+      const cuda::GdnPlan::Level l0 = c.plan.levels()[0], l1 = c.plan.levels()[1];
+      EXPECT_EQ(l0.paths, 5);
+      EXPECT_EQ(l0.chunks, 15);
+      EXPECT_EQ(l0.max_path_chunks, 4);
+      EXPECT_EQ(l1.paths, 6);
+      EXPECT_EQ(l1.chunks, 6);
     }
     const EmuOut all = check_shape(21, shape, /*copies_at_issue=*/true, cuda::GdnProducts::kBf16);
-    // Tree 2 alone, with the rows it had in the batch (check_shape draws every input from its seed
-    // in row order: the alone run takes them from a batch-shaped draw).
+    const std::string at = ", dv " + std::to_string(dv);
+    EXPECT_EQ(all.forward_lanes, 6u) << at;  // the second level's six paths
+    EXPECT_EQ(all.backward_lanes, 6u) << at;
+    // check_shape's inputs again (drawn from its seed in this order), each tree's rows alone.
     std::mt19937_64 rng(21 * 41);
     const EmuCase c(21, rng, shape);
     const std::vector<double> init = randn_f32(rng, (size_t)c.roots * c.state_elems(), 0.1);
     const std::vector<double> dO = randn_bf16(rng, (size_t)c.N * c.nv * dv),
                               dE = randn_f32(rng, (size_t)c.f.nodes() * c.state_elems(), 0.05);
-    const int t = 2, n0 = first_node[t], n1 = first_node[t + 1], r0 = first_row[t], r1 = first_row[t + 1];
-    std::vector<std::pair<int, int>> alone;
-    for (int n = n0; n < n1; ++n) alone.emplace_back(forest[n].first < 0 ? -1 : forest[n].first - n0, forest[n].second);
-    std::mt19937_64 rng2(0);
-    EmuCase a(21, rng2, RuleShape{2, 4, 128, dv, 0.6, alone});
-    const size_t nv = c.nv, nk = c.nk, dk = c.dk, SS = c.state_elems();
-    auto rows_of = [&](const std::vector<double>& x, size_t width) {
-      return std::vector<double>(x.begin() + r0 * width, x.begin() + r1 * width);
-    };
-    auto bits_rows = [&](const std::vector<bf16>& x, size_t width) {
-      return std::vector<bf16>(x.begin() + r0 * width, x.begin() + r1 * width);
-    };
-    a.q = rows_of(c.q, nk * dk), a.k = rows_of(c.k, nk * dk), a.v = rows_of(c.v, nv * dv);
-    a.g = rows_of(c.g, nv), a.beta = rows_of(c.beta, nv);
-    a.bq = bits_rows(c.bq, nk * dk), a.bk = bits_rows(c.bk, nk * dk), a.bv = bits_rows(c.bv, nv * dv);
-    a.bb = bits_rows(c.bb, nv), a.fg = std::vector<float>(c.fg.begin() + r0 * nv, c.fg.begin() + r1 * nv);
-    const std::vector<double> init_t(init.begin() + t * SS, init.begin() + (t + 1) * SS);
-    const std::vector<double> dE_t(dE.begin() + n0 * SS, dE.begin() + n1 * SS);
-    const std::vector<bf16> dO_t = bits_rows(bf16s(dO), nv * dv);
-    const EmuOut one = emulate(a, floats(init_t), dO_t, floats(dE_t), 0, cuda::GdnProducts::kBf16);
-    const std::string at = ", dv " + std::to_string(dv);
-    EXPECT_EQ(all.forward_lanes, 4u) << at;
-    EXPECT_EQ(all.backward_lanes, 4u) << at;
-    EXPECT_EQ(one.forward_lanes, 1u) << at;
-    EXPECT_EQ(one.backward_lanes, 1u) << at;
-    auto same = [&](const auto& batch, const auto& alone_x, size_t from, const char* name) {
-      EXPECT_EQ(bits_differ(std::vector(batch.begin() + from, batch.begin() + from + alone_x.size()), alone_x,
-                            alone_x.size()),
-                0u)
-          << name << at;
-    };
-    same(all.o, one.o, r0 * nv * dv, "o");
-    same(all.end, one.end, n0 * SS, "end states");
-    same(all.dq, one.dq, r0 * nk * dk, "dq");
-    same(all.dk, one.dk, r0 * nk * dk, "dk");
-    same(all.dv, one.dv, r0 * nv * dv, "dv");
-    same(all.dg, one.dg, r0 * nv, "dg");
-    same(all.db, one.db, r0 * nv, "dbeta");
-    same(all.di, one.di, t * SS, "d_init");
+    for (const int t : {2, 4}) {
+      const int n0 = first_node[t], n1 = first_node[t + 1], r0 = first_row[t], r1 = first_row[t + 1];
+      std::vector<std::pair<int, int>> alone;
+      for (int n = n0; n < n1; ++n) alone.emplace_back(forest[n].first < 0 ? -1 : forest[n].first - n0, forest[n].second);
+      std::mt19937_64 rng2(0);
+      EmuCase a(21, rng2, RuleShape{2, 4, 128, dv, 0.6, alone});
+      const size_t nv = c.nv, nk = c.nk, dk = c.dk, SS = c.state_elems();
+      auto rows_of = [&](const auto& x, size_t width) {
+        return std::remove_cv_t<std::remove_reference_t<decltype(x)>>(x.begin() + r0 * width, x.begin() + r1 * width);
+      };
+      a.q = rows_of(c.q, nk * dk), a.k = rows_of(c.k, nk * dk), a.v = rows_of(c.v, nv * dv);
+      a.g = rows_of(c.g, nv), a.beta = rows_of(c.beta, nv);
+      a.bq = rows_of(c.bq, nk * dk), a.bk = rows_of(c.bk, nk * dk), a.bv = rows_of(c.bv, nv * dv);
+      a.bb = rows_of(c.bb, nv), a.fg = rows_of(c.fg, nv);
+      const std::vector<double> init_t(init.begin() + t * SS, init.begin() + (t + 1) * SS);
+      const std::vector<double> dE_t(dE.begin() + n0 * SS, dE.begin() + n1 * SS);
+      const EmuOut one = emulate(a, floats(init_t), rows_of(bf16s(dO), nv * dv), floats(dE_t), 0,
+                                 cuda::GdnProducts::kBf16);
+      const std::string tree = at + ", tree " + std::to_string(t);
+      EXPECT_EQ(one.forward_lanes, t == 4 ? 4u : 1u) << tree;  // tree 4's four light answers side by side
+      EXPECT_EQ(one.backward_lanes, t == 4 ? 4u : 1u) << tree;
+      auto same = [&](const auto& batch, const auto& alone_x, size_t from, const char* name) {
+        EXPECT_EQ(bits_differ(std::vector(batch.begin() + from, batch.begin() + from + alone_x.size()), alone_x,
+                              alone_x.size()),
+                  0u)
+            << name << tree;
+      };
+      same(all.o, one.o, r0 * nv * dv, "o");
+      same(all.end, one.end, n0 * SS, "end states");
+      same(all.dq, one.dq, r0 * nk * dk, "dq");
+      same(all.dk, one.dk, r0 * nk * dk, "dk");
+      same(all.dv, one.dv, r0 * nv * dv, "dv");
+      same(all.dg, one.dg, r0 * nv, "dg");
+      same(all.db, one.db, r0 * nv, "dbeta");
+      same(all.di, one.di, t * SS, "d_init");
+    }
   }
 }
 
-// The plan's lanes (GdnPlan::Device root_chunk0, lane_root, max_root_chunks): each tree's chunks
-// one run, the roots by chunk count, most first, ties by index; a batch whose trees interleave (a
-// node of an earlier tree after a later root) is one chain; an empty batch has no tables.
-TEST(GdnEmulated, PlanLanesNeedEachTreeInOneRun) {
+// The plan's paths (GdnPlan::levels, Device walk_chunk, path_chunk0, node_child0, node_child): each
+// node's path goes on to its child with the most chunks below it (the first of equals), whatever
+// its place among the children; a level's paths longest first, ties in packed order; an empty
+// batch has no tables.
+TEST(GdnEmulated, PlanPathsFollowTheHeaviestChild) {
   auto plan_of = [](const std::vector<std::pair<int, int>>& nodes) {
     std::vector<int32_t> start, len, parent;
     int32_t row = 0;
@@ -338,25 +350,39 @@ TEST(GdnEmulated, PlanLanesNeedEachTreeInOneRun) {
     plan.make(start.data(), len.data(), parent.data(), (int)nodes.size());
     return plan;
   };
-  auto table = [](const cuda::GdnPlan& plan, int from, int n) {
-    const std::vector<int32_t>& t = plan.host_tables();
-    const int at = 4 * plan.num_chunks() + 2 * plan.num_nodes() + from;
+  // Chunks: node 0 (65 rows) 0 1; 1: 2; 2 (a light first child): 3; 3 (the heavy one): 4 5; 4: 6;
+  // root 5: 7; 6: 8 9 10.
+  const cuda::GdnPlan plan = plan_of({{-1, 65}, {0, 10}, {1, 5}, {1, 100}, {0, 1}, {-1, 3}, {5, 130}});
+  const std::vector<int32_t>& t = plan.host_tables();
+  const int chunks = plan.num_chunks(), nodes = plan.num_nodes();
+  ASSERT_EQ(chunks, 11);
+  auto table = [&](int from, int n) {
+    const int at = 4 * chunks + 2 * nodes + from;
     return std::vector<int32_t>(t.begin() + at, t.begin() + at + n);
   };
-  // Three trees of 2, 3 and 3 chunks (a 65-row node takes two).
-  const cuda::GdnPlan plan = plan_of({{-1, 65}, {-1, 64}, {1, 100}, {-1, 10}, {3, 5}, {3, 64}});
-  EXPECT_EQ(plan.num_chunks(), 8);
-  EXPECT_EQ(plan.max_root_chunks(), 3);
-  EXPECT_EQ(table(plan, 0, 4), (std::vector<int32_t>{0, 2, 5, 8})) << "root_chunk0";
-  EXPECT_EQ(table(plan, 4, 3), (std::vector<int32_t>{1, 2, 0})) << "lane_root";
-  EXPECT_LE(plan.table_bytes(), cuda::GdnPlan::max_table_bytes(plan.rows(), plan.num_nodes()));
-  // Node 2's parent is in the first tree, after the second root: one chain.
-  const cuda::GdnPlan mixed = plan_of({{-1, 10}, {-1, 10}, {0, 10}});
-  EXPECT_EQ(mixed.max_root_chunks(), mixed.num_chunks());
-  EXPECT_EQ(table(mixed, 0, 3), (std::vector<int32_t>{0, 0, 3})) << "root_chunk0";
+  // Paths: 0 1 3 (5 chunks), 5 6 (4), then 2 and 4 (1 each, packed order).
+  EXPECT_EQ(table(0, chunks), (std::vector<int32_t>{0, 1, 2, 4, 5, 7, 8, 9, 10, 3, 6})) << "walk_chunk";
+  EXPECT_EQ(table(chunks, 5), (std::vector<int32_t>{0, 5, 9, 10, 11})) << "path_chunk0";
+  EXPECT_EQ(table(chunks + 5, nodes + 1), (std::vector<int32_t>{0, 2, 4, 4, 4, 4, 5, 5})) << "node_child0";
+  EXPECT_EQ(table(chunks + 5 + nodes + 1, 5), (std::vector<int32_t>{1, 4, 2, 3, 6})) << "node_child";
+  ASSERT_EQ(plan.levels().size(), 2u);
+  EXPECT_EQ(plan.levels()[0].path0, 0);
+  EXPECT_EQ(plan.levels()[0].paths, 2);
+  EXPECT_EQ(plan.levels()[0].chunks, 9);
+  EXPECT_EQ(plan.levels()[0].max_path_chunks, 5);
+  EXPECT_EQ(plan.levels()[1].path0, 2);
+  EXPECT_EQ(plan.levels()[1].paths, 2);
+  EXPECT_EQ(plan.table_bytes(), sizeof(int32_t) * (t.size()));
+  EXPECT_LE(plan.table_bytes(), cuda::GdnPlan::max_table_bytes(plan.rows(), nodes));
+  // One-row nodes: the bound holds where every node is a chunk and a path.
+  std::vector<std::pair<int, int>> fan = {{-1, 1}};
+  for (int i = 0; i < 50; ++i) fan.emplace_back(0, 1);
+  const cuda::GdnPlan wide = plan_of(fan);
+  EXPECT_EQ(wide.levels().size(), 2u);
+  EXPECT_LE(wide.table_bytes(), cuda::GdnPlan::max_table_bytes(wide.rows(), wide.num_nodes()));
   const cuda::GdnPlan empty = plan_of({});
   EXPECT_EQ(empty.table_bytes(), 0u);
-  EXPECT_EQ(empty.max_root_chunks(), 0);
+  EXPECT_TRUE(empty.levels().empty());
 }
 
 // The same on a batch of 36 rows: every TMA box runs past the tensors' end (zeros there).

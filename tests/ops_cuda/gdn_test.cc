@@ -277,20 +277,28 @@ TEST_F(GdnOps, DeltaRuleWithBf16ProductsOnALongSequence) {
   EXPECT_GT(bits_differ(exact.dg, b16.dg, exact.dg.size()), 0u) << "dg: the option misses the backward";
 }
 
-// A pack of separate sequences and small trees (66 chunks, none of the four trees with more than
-// 18): the bf16 walks take the trees side by side, a lane each at 64 state columns
-// (bf16_walk_grid), at dv 128 and 64; within the same bounds, with the same slow decays.
+// A pack of separate sequences and a GRPO-like group (a prompt and five answers, one of them
+// branching): the bf16 walks' paths (GdnPlan::levels) side by side, the sequences' and the
+// group's heaviest in the first level, the other answers in the second and third, at 64 state
+// columns a lane (bf16_walk_grid), at dv 128 and 64; within the same bounds, with the same slow
+// decays.
 TEST_F(GdnOps, DeltaRuleWithBf16ProductsOnSeparateSequences) {
   for (const int dv : {128, 64}) {
     std::mt19937_64 rng(4343 + dv);
     RuleCase rc(0, 0, 0, false, rng,
-                RuleShape{2, 4, 128, dv, 0.02, {{-1, 1000}, {-1, 700}, {1, 300}, {1, 45}, {-1, 1100}, {-1, 900}},
+                RuleShape{2, 4, 128, dv, 0.02,
+                          {{-1, 1000}, {-1, 700}, {1, 300}, {1, 45}, {-1, 1100}, {-1, 500}, {5, 640}, {5, 600},
+                           {5, 300}, {5, 640}, {9, 200}, {9, 250}, {5, 100}, {7, 200}, {7, 100}},
                           -0.001});
-    ASSERT_EQ(rc.plan.max_root_chunks(), 18);
-    ASSERT_EQ(rc.plan.num_chunks(), 66);
+    ASSERT_EQ(rc.plan.num_chunks(), 110);
+    ASSERT_EQ(rc.plan.levels().size(), 3u);
+    ASSERT_EQ(rc.plan.levels()[0].paths, 4);
+    ASSERT_EQ(rc.plan.levels()[0].max_path_chunks, 22);  // the group's prompt, answer 9 and its first branch
+    ASSERT_EQ(rc.plan.levels()[1].paths, 6);
+    ASSERT_EQ(rc.plan.levels()[2].paths, 1);
     const std::vector<double> dO = randn_bf16(rng, (size_t)rc.N * rc.nv * rc.dv);
     check_rule(rc, rule_oracle(rc, dO), to_device_bf16(dO), cuda::GdnProducts::kBf16,
-               "four trees side by side, dv " + std::to_string(dv));
+               "three sequences and a group side by side, dv " + std::to_string(dv));
   }
 }
 
