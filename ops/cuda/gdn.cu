@@ -120,26 +120,19 @@ void gdn_gates_backward(bf16* da, bf16* db, float* dA_log, float* ddt_bias, cons
 
 void GdnPlan::make(const int32_t* node_start, const int32_t* node_len, const int32_t* node_parent, int num_nodes) {
   TT_CHECK(num_nodes >= 0, "GdnPlan: num_nodes = ", num_nodes);
-  std::vector<int32_t> row0, len, node, flags, root(num_nodes, -1), first_chunk(num_nodes), count(num_nodes);
+  std::vector<int32_t> root(num_nodes, -1), count(num_nodes);
   int32_t next = 0;
-  roots_ = 0;
+  roots_ = 0, chunks_ = 0;
   for (int n = 0; n < num_nodes; ++n) {
     TT_CHECK(node_start[n] == next && node_len[n] > 0, "GdnPlan: node ", n, " must start at ", next,
              " with a positive length, got start ", node_start[n], " len ", node_len[n]);
     TT_CHECK(node_parent[n] >= -1 && node_parent[n] < n, "GdnPlan: node ", n, " has parent ", node_parent[n],
              " (expected -1 or an earlier node)");
     if (node_parent[n] < 0) root[n] = roots_++;
-    first_chunk[n] = (int32_t)row0.size();
-    for (int32_t c0 = 0; c0 < node_len[n]; c0 += kGdnChunk) {
-      row0.push_back(node_start[n] + c0);
-      len.push_back(std::min<int32_t>(kGdnChunk, node_len[n] - c0));
-      node.push_back(n);
-      flags.push_back((c0 == 0 ? 1 : 0) | (c0 + kGdnChunk >= node_len[n] ? 2 : 0));
-    }
-    count[n] = (int32_t)row0.size() - first_chunk[n];
+    count[n] = (node_len[n] + kGdnChunk - 1) / kGdnChunk;
+    chunks_ += count[n];
     next += node_len[n];
   }
-  chunks_ = (int)row0.size();
   nodes_ = num_nodes;
   N_ = next;
   host_.clear();
@@ -184,22 +177,27 @@ void GdnPlan::make(const int32_t* node_start, const int32_t* node_len, const int
   std::stable_sort(paths.begin(), paths.end(), [](const Path& a, const Path& b) {
     return a.level != b.level ? a.level < b.level : a.chunks > b.chunks;
   });
-  std::vector<int32_t> walk, path0;
+  // The chunks path by path, each path's nodes in order, each node's from its first row.
+  std::vector<int32_t> row0, len, node, flags, path0;
   for (const Path& path : paths) {
     if ((int)levels_.size() <= path.level) levels_.push_back(Level{(int)path0.size()});
     Level& l = levels_.back();
     ++l.paths, l.chunks += path.chunks, l.max_path_chunks = std::max(l.max_path_chunks, path.chunks);
-    path0.push_back((int32_t)walk.size());
+    path0.push_back((int32_t)row0.size());
     for (int m = path.first; m >= 0; m = heavy[m])
-      for (int32_t c = 0; c < count[m]; ++c) walk.push_back(first_chunk[m] + c);
+      for (int32_t c0 = 0; c0 < node_len[m]; c0 += kGdnChunk) {
+        row0.push_back(node_start[m] + c0);
+        len.push_back(std::min<int32_t>(kGdnChunk, node_len[m] - c0));
+        node.push_back(m);
+        flags.push_back((c0 == 0 ? 1 : 0) | (c0 + kGdnChunk >= node_len[m] ? 2 : 0));
+      }
   }
-  path0.push_back((int32_t)walk.size());
+  path0.push_back((int32_t)row0.size());
   paths_ = (int)paths.size();
 
   for (const std::vector<int32_t>* t : {&row0, &len, &node, &flags}) host_.insert(host_.end(), t->begin(), t->end());
   host_.insert(host_.end(), node_parent, node_parent + num_nodes);
-  for (const std::vector<int32_t>* t : {&root, &walk, &path0, &child0, &child})
-    host_.insert(host_.end(), t->begin(), t->end());
+  for (const std::vector<int32_t>* t : {&root, &path0, &child0, &child}) host_.insert(host_.end(), t->begin(), t->end());
   TT_CHECK(table_bytes() <= max_table_bytes(N_, nodes_), "GdnPlan: ", table_bytes(), " table bytes over the bound ",
            max_table_bytes(N_, nodes_));
 }
@@ -218,8 +216,7 @@ void GdnPlan::refer_to(const void* tables) {
   dev_.chunk_flags = t + 3 * chunks_;
   dev_.node_parent = t + 4 * chunks_;
   dev_.node_root = t + 4 * chunks_ + nodes_;
-  dev_.walk_chunk = t + 4 * chunks_ + 2 * nodes_;
-  dev_.path_chunk0 = dev_.walk_chunk + chunks_;
+  dev_.path_chunk0 = t + 4 * chunks_ + 2 * nodes_;
   dev_.node_child0 = dev_.path_chunk0 + paths_ + 1;
   dev_.node_child = dev_.node_child0 + nodes_ + 1;
 }

@@ -77,8 +77,10 @@ void gdn_gates_backward(bf16* da, bf16* db, float* dA_log, float* ddt_bias, cons
 // ---- The gated delta rule, chunked (ops/cpu/gdn.h gdn_tree_forward_chunked) ----
 //
 // A batch's chunk plan: every node cut into chunks of at most kGdnChunk rows from its first row
-// (no chunk straddles a node), in packed order; built on the host from the node arrays once per
-// batch (the layers share it) and uploaded.
+// (no chunk straddles a node), numbered path by path (levels()): each path's nodes root-side first,
+// so a node's chunks come after its parent's (the chain kernels walk them in that order) and each
+// path's are one run; built on the host from the node arrays once per batch (the layers share it)
+// and uploaded.
 constexpr int kGdnChunk = 64;
 class GdnPlan {
  public:
@@ -109,7 +111,7 @@ class GdnPlan {
   const std::vector<Level>& levels() const { return levels_; }
   // table_bytes() of any plan of N rows and num_nodes nodes.
   static size_t max_table_bytes(int N, int num_nodes) {
-    return sizeof(int32_t) * (5 * (size_t)N + 5 * (size_t)num_nodes + 2);
+    return sizeof(int32_t) * (4 * (size_t)N + 5 * (size_t)num_nodes + 2);
   }
   struct Device {
     const int32_t* chunk_row0 = nullptr;  // (chunks) first row
@@ -118,8 +120,7 @@ class GdnPlan {
     const int32_t* chunk_flags = nullptr; // (chunks) bit 0: the node's first chunk, bit 1: its last
     const int32_t* node_parent = nullptr; // (nodes)
     const int32_t* node_root = nullptr;   // (nodes) index among the roots, -1 for other nodes
-    const int32_t* walk_chunk = nullptr;  // (chunks) the chunks path by path (levels(), then longest first)
-    const int32_t* path_chunk0 = nullptr; // (paths + 1) path i: walk_chunk[path_chunk0[i] .. path_chunk0[i + 1]]
+    const int32_t* path_chunk0 = nullptr; // (paths + 1) path i: chunks path_chunk0[i] .. path_chunk0[i + 1]
     const int32_t* node_child0 = nullptr; // (nodes + 1) node n's children: node_child[node_child0[n] ..
     const int32_t* node_child = nullptr;  // (nodes - roots)                   node_child0[n + 1]], packed order
   };

@@ -163,21 +163,18 @@ __device__ __forceinline__ T* node_link(const GdnPlan::Device& plan, int n, int 
 // A walk's chunks in its order (first to last, or with kReverse last to first) with the next
 // chunk's ChunkInfo read a step ahead, for the stage prefetch that runs one chunk ahead of the
 // products: cur is the first chunk until take(c) hands out chunk c, nxt the one after cur.
-// The walk's chunks are order[c0 .. c0 + nc] (a path, walk_path), or with no order the batch's
-// chunks c0 .. c0 + nc in packed order; take(c) and c are positions in them, 0 .. nc, and a
-// ChunkInfo's c the chunk's index in the batch.
+// The walk's chunks are c0 .. c0 + nc (every chunk of the batch, or a path's: walk_path); take(c)
+// and c are positions in them, 0 .. nc, and a ChunkInfo's c the chunk's index in the batch.
 template <bool kReverse>
 struct ChunkCursor {
   const GdnPlan::Device& plan;
-  const int32_t* order;
   int nc, c0;
   ChunkInfo cur, nxt;
-  __device__ ChunkCursor(const GdnPlan::Device& plan, int nc, int c0 = 0, const int32_t* order = nullptr)
-      : plan(plan), order(order), nc(nc), c0(c0) {
+  __device__ ChunkCursor(const GdnPlan::Device& plan, int nc, int c0 = 0) : plan(plan), nc(nc), c0(c0) {
     cur = nc > 0 ? at(kReverse ? nc - 1 : 0) : ChunkInfo{};
     nxt = nc > 1 ? at(kReverse ? nc - 2 : 1) : cur;
   }
-  __device__ ChunkInfo at(int i) const { return chunk_info(plan, order ? order[c0 + i] : c0 + i); }
+  __device__ ChunkInfo at(int i) const { return chunk_info(plan, c0 + i); }
   __device__ ChunkInfo take(int c) {
     const ChunkInfo ci = cur;
     cur = nxt;
@@ -188,7 +185,7 @@ struct ChunkCursor {
 };
 
 // The path a block of the wgmma walks takes: path0 + blockIdx.z (a lane; GdnPlan::Level), its
-// chunks walk_chunk[c0 .. c0 + nc]. No other lane of the launch touches its nodes' states.
+// chunks c0 .. c0 + nc. No other lane of the launch touches its nodes' states.
 struct WalkRun {
   int c0, nc;
 };
@@ -1453,7 +1450,7 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_walk_wgmma_kernel(RulePa
   __syncthreads();
   const WalkRun mine = walk_path(p.plan, p.path0);
   const int nc = mine.nc;  // c below: a position in this block's path, ci.c the chunk's index
-  ChunkCursor<false> chunks(p.plan, nc, mine.c0, p.plan.walk_chunk);
+  ChunkCursor<false> chunks(p.plan, nc, mine.c0);
   if (nc > 0) walk_mma_prefetch<true, kOut, true>(stage(0), &bars[0], p, maps, chunks.cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = 0; c < nc; ++c) {
@@ -2397,7 +2394,7 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_bwd_walk_wgmma_kernel(Ru
   __syncthreads();
   const WalkRun mine = walk_path(p.plan, p.path0);
   const int last = mine.nc - 1;  // c below: a position in this block's path, ci.c the chunk's index
-  ChunkCursor<true> chunks(p.plan, mine.nc, mine.c0, p.plan.walk_chunk);
+  ChunkCursor<true> chunks(p.plan, mine.nc, mine.c0);
   if (last >= 0) bwd_walk_mma_prefetch<true, kCols>(stage(0), &bars[0], b, maps, chunks.cur, h, kh, j0);
   attn::cp_async_commit();
   for (int c = last; c >= 0; --c) {

@@ -337,10 +337,10 @@ TEST(GdnEmulated, PathsWalkSideBySide) {
   }
 }
 
-// The plan's paths (GdnPlan::levels, Device walk_chunk, path_chunk0, node_child0, node_child): each
-// node's path goes on to its child with the most chunks below it (the first of equals), whatever
-// its place among the children; a level's paths longest first, ties in packed order; an empty
-// batch has no tables.
+// The plan's paths (GdnPlan::levels, Device path_chunk0, node_child0, node_child): each node's
+// path goes on to its child with the most chunks below it (the first of equals), whatever its place
+// among the children; the chunks numbered path by path, a level's paths longest first, ties in
+// packed order; an empty batch has no tables.
 TEST(GdnEmulated, PlanPathsFollowTheHeaviestChild) {
   auto plan_of = [](const std::vector<std::pair<int, int>>& nodes) {
     std::vector<int32_t> start, len, parent;
@@ -350,21 +350,21 @@ TEST(GdnEmulated, PlanPathsFollowTheHeaviestChild) {
     plan.make(start.data(), len.data(), parent.data(), (int)nodes.size());
     return plan;
   };
-  // Chunks: node 0 (65 rows) 0 1; 1: 2; 2 (a light first child): 3; 3 (the heavy one): 4 5; 4: 6;
-  // root 5: 7; 6: 8 9 10.
+  // Node 0 (rows 0-64, two chunks), 1 (65-74), 2 (75-79: a light first child), 3 (80-179: the
+  // heavy one, two chunks), 4 (180), root 5 (181-183), 6 (184-313, three chunks).
   const cuda::GdnPlan plan = plan_of({{-1, 65}, {0, 10}, {1, 5}, {1, 100}, {0, 1}, {-1, 3}, {5, 130}});
   const std::vector<int32_t>& t = plan.host_tables();
   const int chunks = plan.num_chunks(), nodes = plan.num_nodes();
   ASSERT_EQ(chunks, 11);
-  auto table = [&](int from, int n) {
-    const int at = 4 * chunks + 2 * nodes + from;
-    return std::vector<int32_t>(t.begin() + at, t.begin() + at + n);
-  };
+  auto table = [&](int at, int n) { return std::vector<int32_t>(t.begin() + at, t.begin() + at + n); };
   // Paths: 0 1 3 (5 chunks), 5 6 (4), then 2 and 4 (1 each, packed order).
-  EXPECT_EQ(table(0, chunks), (std::vector<int32_t>{0, 1, 2, 4, 5, 7, 8, 9, 10, 3, 6})) << "walk_chunk";
-  EXPECT_EQ(table(chunks, 5), (std::vector<int32_t>{0, 5, 9, 10, 11})) << "path_chunk0";
-  EXPECT_EQ(table(chunks + 5, nodes + 1), (std::vector<int32_t>{0, 2, 4, 4, 4, 4, 5, 5})) << "node_child0";
-  EXPECT_EQ(table(chunks + 5 + nodes + 1, 5), (std::vector<int32_t>{1, 4, 2, 3, 6})) << "node_child";
+  EXPECT_EQ(table(0, chunks), (std::vector<int32_t>{0, 64, 65, 80, 144, 181, 184, 248, 312, 75, 180})) << "chunk_row0";
+  EXPECT_EQ(table(2 * chunks, chunks), (std::vector<int32_t>{0, 0, 1, 3, 3, 5, 6, 6, 6, 2, 4})) << "chunk_node";
+  EXPECT_EQ(table(3 * chunks, chunks), (std::vector<int32_t>{1, 2, 3, 1, 2, 3, 1, 0, 2, 3, 3})) << "chunk_flags";
+  const int after = 4 * chunks + 2 * nodes;
+  EXPECT_EQ(table(after, 5), (std::vector<int32_t>{0, 5, 9, 10, 11})) << "path_chunk0";
+  EXPECT_EQ(table(after + 5, nodes + 1), (std::vector<int32_t>{0, 2, 4, 4, 4, 4, 5, 5})) << "node_child0";
+  EXPECT_EQ(table(after + 5 + nodes + 1, 5), (std::vector<int32_t>{1, 4, 2, 3, 6})) << "node_child";
   ASSERT_EQ(plan.levels().size(), 2u);
   EXPECT_EQ(plan.levels()[0].path0, 0);
   EXPECT_EQ(plan.levels()[0].paths, 2);
