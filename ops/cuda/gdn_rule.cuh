@@ -3659,7 +3659,7 @@ WalkGrid bf16_walk_grid(const RuleParams& p, const GdnPlan::Level& l, int lanes)
   return WalkGrid{dim3(p.nv, p.dv / cols, lanes), cols};
 }
 
-// f(path0, lanes) for each launch of the levels' paths: every level once, first to last (or last to
+// f(level, path0, lanes) for each launch of the levels' paths: every level once, first to last (or last to
 // first with reverse), its paths in launches of at most 65,535 lanes.
 template <class F>
 void for_each_walk_launch(const GdnPlan& plan, bool reverse, F&& f) {
