@@ -217,6 +217,9 @@ TEST(GdnEmulated, DeltaRuleWithBf16Products) {
   // their own, indexed by key head (RuleBwdParams::run_heads), over four heads and over none.
   check_shape(9, RuleShape{2, 8, 128, 128}, false, cuda::GdnProducts::kBf16);
   check_shape(10, RuleShape{2, 2, 64, 64}, false, cuda::GdnProducts::kBf16);
+  // dv 96 at dk 128: the prep computes U and the walks run on mma.sync (no 64-column box of v), the
+  // reverse walk on warpgroup MMA over the plan's paths at 32 columns (three column blocks).
+  check_shape(11, RuleShape{2, 4, 128, 96}, false, cuda::GdnProducts::kBf16);
   // At dk not a multiple of 16 the walks and the state products run exactly either way.
   const EmuOut b16 = check_shape(3, RuleShape{1, 2, 72, 32}, false, cuda::GdnProducts::kBf16),
                exact = check_shape(3, RuleShape{1, 2, 72, 32});
