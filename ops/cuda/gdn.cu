@@ -197,7 +197,8 @@ void GdnPlan::make(const int32_t* node_start, const int32_t* node_len, const int
 
   for (const std::vector<int32_t>* t : {&row0, &len, &node, &flags}) host_.insert(host_.end(), t->begin(), t->end());
   host_.insert(host_.end(), node_parent, node_parent + num_nodes);
-  for (const std::vector<int32_t>* t : {&root, &path0, &child0, &child}) host_.insert(host_.end(), t->begin(), t->end());
+  for (const std::vector<int32_t>* t : {&root, &path0, &child0, &child})
+    host_.insert(host_.end(), t->begin(), t->end());
   TT_CHECK(table_bytes() <= max_table_bytes(N_, nodes_), "GdnPlan: ", table_bytes(), " table bytes over the bound ",
            max_table_bytes(N_, nodes_));
 }

@@ -164,11 +164,14 @@ size_t gdn_forward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv, 
 // its parent's end state. fp32 math and state. dk <= 128 a multiple of 8, dv <= 128 a multiple of 32.
 // q, k, v and the states are read 16 bytes at a time (16-byte aligned, else an error naming the
 // tensor), o written in pairs (4-byte aligned).
-// Two kernels whatever the tree (three at dk not a multiple of 16): per (chunk, head) the chunk's
-// U, W, decay sums and masked q.k scores; one walk per (value head, 32 state columns) over the
-// chunks in packed order carrying the state (a node's first chunk starts from its parent's end
-// state, kept per node) that writes the outputs of its columns (at dk not a multiple of 16 it
-// stores each chunk's entering state and v_new, and a third kernel per (chunk, head) the outputs).
+// Per (chunk, head) the chunk's U, W, decay sums and masked q.k scores; then the walk per (value
+// head, 32 state columns) over the chunks in the plan's order carrying the state (a node's first
+// chunk starts from its parent's end state, kept per node) that writes the outputs of its columns
+// (at dk not a multiple of 16 it stores each chunk's entering state and v_new, and a third kernel
+// per (chunk, head) the outputs): two kernels whatever the tree (three at dk not a multiple of 16),
+// except the bf16 walks at dk 128 (dv a multiple of 64), which launch once a level of the plan's
+// paths (GdnPlan::levels, at most the tree's depth), a level's paths side by side, 32 or 64 state
+// columns a block.
 void gdn_forward(bf16* o, float* end, const bf16* q, const bf16* k, const bf16* v, const float* g, const bf16* beta,
                  const float* init, const GdnPlan& plan, int nk, int nv, int dk, int dv, double scale, Workspace ws,
                  cudaStream_t stream, GdnProducts products = GdnProducts::kExact);
@@ -181,14 +184,16 @@ size_t gdn_backward_workspace_bytes(const GdnPlan& plan, int nv, int dk, int dv,
 // dk), dv (N, nv, dv) bf16, dg, dbeta (N, nv) fp32 (+= unless !accumulate); d_init (num_roots, nv, dk,
 // dv) fp32 += or null; d_end (num_nodes, nv, dk, dv) fp32 or null: the gradient reaching each
 // node's end state from outside the batch. A parent's end-state gradient sums its children's
-// initial-state gradients in reverse packed order (deterministic, no atomics). Recomputes the
+// initial-state gradients in a fixed order (the reverse of the plan's chunk order; the bf16 walks
+// at dk 128: last child first in packed order): deterministic, no atomics. Recomputes the
 // forward's walk (its first kernel also keeps each chunk's T = (I + A)^-1 and the transposed
-// scores), then: one reverse walk per (value head, 32 state columns) carrying the end-state
+// scores), then: the reverse walk per (value head, 32 state columns) carrying the end-state
 // gradient and taking the dO terms on its own columns (at dk not a multiple of 16 a kernel per
 // (chunk, head) computes them first); per (chunk, head, 64 state rows) the products with the
 // entering state and its gradient; per (chunk, head) the inputs' gradients; the key-head group
-// sums: six launches whatever the tree (seven at dk not a multiple of 16). d_o and the state
-// gradients 16-byte aligned as the forward's inputs.
+// sums: six launches whatever the tree (seven at dk not a multiple of 16), except that the bf16
+// walks at dk 128 launch once a level of paths (gdn_forward). d_o and the state gradients 16-byte
+// aligned as the forward's inputs.
 void gdn_backward(bf16* dq, bf16* dk, bf16* dv, float* dg, float* dbeta, float* d_init, const bf16* d_o,
                   const float* d_end, const bf16* q, const bf16* k, const bf16* v, const float* g, const bf16* beta,
                   const float* init, const GdnPlan& plan, int nk, int nv, int dk_, int dv_, double scale, Workspace ws,

@@ -771,9 +771,9 @@ __device__ __forceinline__ void state_from_global(float* S, const float* src, in
   }
 }
 
-// Per (value head, 32 state columns): the chunks in packed order, the next chunk's operands in
+// Per (value head, 32 state columns): the chunks in the plan's order, the next chunk's operands in
 // flight (cp.async, two stages) while this one computes. A node's first chunk starts from its
-// parent's end state (node_end, written earlier by this block: parents come first), or its root's
+// parent's end state (node_end, written earlier by this block: parents' chunks come first), or its root's
 // init; each chunk stores the state it starts from (sin) and v_new = U - W S, then
 // S <- exp(gamma_L) S + sum_s exp(gamma_L - gamma_s) k_s v_new_s^T; a node's last chunk stores
 // its end state.
@@ -1871,12 +1871,12 @@ __device__ __forceinline__ void bwd_walk_prefetch(const BwdWalkStage& st, const 
   load_chunk_gam(st.gam, p.gam, p.nv, h, r0, L);
 }
 
-// Per (value head, 32 state columns): the chunks in reverse packed order carrying dS, the gradient
-// of the chunk's end state (the previous chunk's operands in flight meanwhile). A node's last chunk
-// starts from d_end plus its child nodes' initial-state gradients (acc, complete: children come
-// later in packed order); each chunk stores dS (dsout), adds e^(gam_L - gam_b) k_b^T dS to dvn,
-// and passes dS_in = e^(gam_L) dS + qo - W^T dvn back; a node's first chunk adds dS_in to its
-// parent's acc (or its root's d_init).
+// Per (value head, 32 state columns): the chunks in the plan's order reversed, carrying dS, the
+// gradient of the chunk's end state (the previous chunk's operands in flight meanwhile). A node's
+// last chunk starts from d_end plus its child nodes' initial-state gradients (acc, complete: the
+// children's chunks come later in the plan's order); each chunk stores dS (dsout), adds
+// e^(gam_L - gam_b) k_b^T dS to dvn, and passes dS_in = e^(gam_L) dS + qo - W^T dvn back; a node's
+// first chunk adds dS_in to its parent's acc (or its root's d_init).
 __global__ void __launch_bounds__(kRuleThreads) rule_bwd_walk_kernel(RuleBwdParams b) {
   TT_EXTERN_SMEM_16(smem);
   const RuleParams& p = b.f;
@@ -2399,7 +2399,8 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_bwd_walk_wgmma_kernel(Ru
   attn::cp_async_commit();
   for (int c = last; c >= 0; --c) {
     const int step = last - c;  // this step's stage: step & 1, its barrier's phase: (step >> 1) & 1
-    if (c > 0) bwd_walk_mma_prefetch<true, kCols>(stage((step + 1) & 1), &bars[(step + 1) & 1], b, maps, chunks.nxt, h, kh, j0);
+    if (c > 0)
+      bwd_walk_mma_prefetch<true, kCols>(stage((step + 1) & 1), &bars[(step + 1) & 1], b, maps, chunks.nxt, h, kh, j0);
     attn::cp_async_commit();
     const Stage st = stage(step & 1);
     const ChunkInfo ci = chunks.take(c);
@@ -2410,14 +2411,16 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_bwd_walk_wgmma_kernel(Ru
       walk_state_pairs<kCols>(16 * warp, dv, j0, [&](int nn, int half, int64_t at) {
         float s0 = 0.f, s1 = 0.f;
         for (int i = k1 - 1; i >= k0; --i) {
-          const float2 y = *reinterpret_cast<const float2*>(b.acc + ((int64_t)p.plan.node_child[i] * p.nv + h) * SS + at);
+          const float* row = b.acc + ((int64_t)p.plan.node_child[i] * p.nv + h) * SS;
+          const float2 y = *reinterpret_cast<const float2*>(row + at);
           s0 += y.x, s1 += y.y;
         }
         float* x = dS + 4 * nn + 2 * half;
         x[0] = s0 + (de ? de[at] : 0.f), x[1] = s1 + (de ? de[at + 1] : 0.f);
       });
     }
-    walk_state_pairs<kCols>(16 * warp, dv, j0, [&](int nn, int half, int64_t at) {  // dS, as the bf16 state products round it
+    // dS, as the bf16 state products round it
+    walk_state_pairs<kCols>(16 * warp, dv, j0, [&](int nn, int half, int64_t at) {
       const float* x = dS + 4 * nn + 2 * half;
       store_pair<true>(b.dsout, ((int64_t)ci.c * p.nv + h) * SS + at, x[0], x[1]);
       *reinterpret_cast<uint32_t*>(Ss + sm90::sw_offset<128>(16 * warp + gq + 8 * half, 8 * nn + 2 * tq)) =
@@ -2427,11 +2430,12 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_bwd_walk_wgmma_kernel(Ru
     attn::cp_async_wait<1>();
     __syncthreads();  // the stage has landed (dO's and gam's cp.async from every thread)
 #pragma unroll
-    for (int e = threadIdx.x; e < kGdnChunk * kCols / 8; e += kRuleThreads) {
+    for (int u = threadIdx.x; u < kGdnChunk * kCols / 8; u += kRuleThreads) {
       // dO's row a, columns j .. j + 8, as it is and scaled by scale e^(gam_a) (zero past L: dO is)
-      const int a = e / (kCols / 8), j = 8 * (e % (kCols / 8));
+      const int a = u / (kCols / 8), j = 8 * (u % (kCols / 8));
       const float eg = a < L ? p.scale * __expf(st.gam[a]) : 0.f;
-      uint4 x = *reinterpret_cast<const uint4*>(kCols == 64 ? bwd_walk_do64(st) + a * kBwdDo64Stride + j : st.do8(a, j));
+      const bf16* src = kCols == 64 ? bwd_walk_do64(st) + a * kBwdDo64Stride + j : st.do8(a, j);
+      uint4 x = *reinterpret_cast<const uint4*>(src);
       *reinterpret_cast<uint4*>(Ds + sm90::sw_offset<kGdnChunk>(a, j)) = x;
       uint32_t* w = reinterpret_cast<uint32_t*>(&x);
 #pragma unroll
@@ -3816,7 +3820,8 @@ void rule_backward(Runner& run, bf16* dq, bf16* dk, bf16* dv, float* dg, float* 
   b.dv = dv, b.dg = dg, b.dbeta = dbeta, b.dq_out = dq, b.dk_out = dk;
   b.accumulate = accumulate;
   if (walk_computes_u(products, dk_, dv_)) use_walk_u(b.f, s.T);  // T: bf16 T in its first half
-  rule_prep_and_walk(b.f, plan, run, /*out=*/false, products);  // the forward again: U, W, gam, v_new, the entering states
+  // The forward again: U, W, gam, v_new, the entering states.
+  rule_prep_and_walk(b.f, plan, run, /*out=*/false, products);
   const bool b16 = bf16_kernels(products, dk_);  // as rule_prep_and_walk's
   b.run_heads = b16 ? nk : nv;  // as RuleBwdScratch lays out rq and rk
   run.zero(s.acc, sizeof(float) * (size_t)plan.num_nodes() * nv * dk_ * dv_);
