@@ -2033,12 +2033,6 @@ struct BwdWalkMmaStage {
   __device__ const bf16* do8(int a, int j) const { return dO + a * kBwdDoStride + j; }
 };
 
-// A bf16 reverse walk's dO at 64 columns (64, kBwdDo64Stride) bf16 in -W's low half's tile, which
-// the bf16 kernels do not load (16 KB; these rows take 9).
-constexpr int kBwdDo64Stride = 64 + 8;  // bf16 row stride (ldmatrix-free reads, 16-byte aligned rows)
-struct BwdWalkTmaStage;
-__device__ __forceinline__ bf16* bwd_walk_do64(const BwdWalkTmaStage& st);
-
 // The backward walk's TMA descriptors (dk = 128): -W's halves, K and Q as WalkMaps's; PT (chunks nv
 // 64, 1, 64) fp32 in boxes of 32 x 64.
 struct BwdWalkMaps {
@@ -2049,7 +2043,8 @@ struct BwdWalkMaps {
 // and Q as (64, 128) bf16 tiles (tma_load_rows128), PT as two (64, 32) fp32 boxes; dO's columns
 // (64, kBwdDoStride) bf16 and gam by cp.async. Rows past L hold the rows that follow (masked by
 // the products; dO's are zero-filled). The bf16 kernels: no low half of -W, PT as one (64, 64)
-// bf16 box (seven boxes, 56 KB).
+// bf16 box (seven boxes, 56 KB); at 64 columns (rule_bwd_walk_wgmma_kernel<64>) dO's (64, kDo64Stride)
+// bf16 in -W's low half's tile, which they leave free (16 KB; these rows take 9): do64, do8_64.
 struct BwdWalkTmaStage {
   static constexpr uint32_t kT = kGdnChunk * 128 * sizeof(bf16), kPT = kGdnChunk * kGdnChunk * sizeof(float),
                             kTx = 4 * kT + kPT, kDo = kGdnChunk * kBwdDoStride * sizeof(bf16);
@@ -2074,14 +2069,14 @@ struct BwdWalkTmaStage {
   // 8 of scale PT_ra .. in bf16 from (r, a), a % 8 = 0, an ldmatrix row (GdnProducts::kBf16: one (64, 64) box)
   __device__ const bf16* ptb8(int r, int a) const { return reinterpret_cast<const bf16*>(PT) + swizzle128<2>(r, a); }
   __device__ const bf16* do8(int a, int j) const { return dO + a * kBwdDoStride + j; }
+  static constexpr int kDo64Stride = 64 + 8;  // bf16 row stride of dO's 64 columns (16-byte aligned rows)
+  static_assert(kGdnChunk * kDo64Stride * sizeof(bf16) <= kT, "dO's 64 columns fit -W's low half");
+  __device__ bf16* do64() const { return Wl; }
+  __device__ const bf16* do8_64(int a, int j) const { return Wl + a * kDo64Stride + j; }
 };
-__device__ __forceinline__ bf16* bwd_walk_do64(const BwdWalkTmaStage& st) {
-  static_assert(kGdnChunk * kBwdDo64Stride * sizeof(bf16) <= BwdWalkTmaStage::kT, "dO's 64 columns fit -W's low half");
-  return st.Wl;
-}
 
 // kBf16 (GdnProducts::kBf16): -W's high half only, PT in bf16; kCols (64: kBf16 only) dO's columns,
-// at 64 in -W's low half's tile, which kBf16 leaves free (bwd_walk_do64).
+// at 64 in -W's low half's tile, which kBf16 leaves free (BwdWalkTmaStage::do64).
 template <bool kBf16, int kCols = kWalkCols>
 __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkTmaStage& st, uint64_t* bar, const RuleBwdParams& b,
                                                       const BwdWalkMaps& maps, const ChunkInfo& ci, int h, int kh,
@@ -2104,8 +2099,8 @@ __device__ __forceinline__ void bwd_walk_mma_prefetch(const BwdWalkTmaStage& st,
   }
   static_assert(kCols == kWalkCols || (kCols == 64 && kBf16), "64 columns of dO only where -W's low half is free");
   if constexpr (kCols == 64)
-    load_chunk_rows_fixed<64>(bwd_walk_do64(st), kBwdDo64Stride, b.d_o + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv,
-                              ci.r0, ci.L);
+    load_chunk_rows_fixed<64>(st.do64(), st.kDo64Stride, b.d_o + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, ci.r0,
+                              ci.L);
   else
     load_chunk_rows_fixed<kWalkCols>(st.dO, kBwdDoStride, b.d_o + (int64_t)h * p.dv + j0, (int64_t)p.nv * p.dv, ci.r0,
                                      ci.L);
@@ -2349,7 +2344,7 @@ size_t bwd_walk_mma_smem_bytes(int dk) {
 // The bf16 reverse walk at dk 128 on warpgroup MMA (m64nNk16, N = kCols), as rule_walk_wgmma_kernel is the
 // forward's: the same products and roundings as rule_bwd_walk_mma_kernel<128, true> (dS, dvn and
 // scale e^(gam) dO rounded to bf16; k, q, -W, PT and dO bf16 as stored), the same stages
-// (BwdWalkTmaStage; at 64 columns dO's in -W's low half's tile, bwd_walk_do64). Two warpgroups, one
+// (BwdWalkTmaStage; at 64 columns dO's in -W's low half's tile, do64). Two warpgroups, one
 // block per (value head, kCols = 32 or 64 columns, path: as the forward's walk, the levels last to
 // first), the path's chunks last to first. A node's last chunk starts from the sum of its
 // children's initial-state gradients (each in the child's own row of acc, written by this path or
@@ -2434,8 +2429,7 @@ __global__ void __launch_bounds__(kRuleThreads, 1) rule_bwd_walk_wgmma_kernel(Ru
       // dO's row a, columns j .. j + 8, as it is and scaled by scale e^(gam_a) (zero past L: dO is)
       const int a = u / (kCols / 8), j = 8 * (u % (kCols / 8));
       const float eg = a < L ? p.scale * __expf(st.gam[a]) : 0.f;
-      const bf16* src = kCols == 64 ? bwd_walk_do64(st) + a * kBwdDo64Stride + j : st.do8(a, j);
-      uint4 x = *reinterpret_cast<const uint4*>(src);
+      uint4 x = *reinterpret_cast<const uint4*>(kCols == 64 ? st.do8_64(a, j) : st.do8(a, j));
       *reinterpret_cast<uint4*>(Ds + sm90::sw_offset<kGdnChunk>(a, j)) = x;
       uint32_t* w = reinterpret_cast<uint32_t*>(&x);
 #pragma unroll
