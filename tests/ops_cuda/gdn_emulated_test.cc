@@ -136,6 +136,19 @@ EmuOut emulate(const EmuCase& c, const std::vector<float>& init, const std::vect
   return r;
 }
 
+// check_shape's case and inputs from its seed: the case (EmuCase, from a generator seeded seed x
+// 41), then from the same generator the roots' initial states, dO and the end states' gradients.
+struct ShapeInputs {
+  std::mt19937_64 rng;
+  const EmuCase c;
+  std::vector<double> init, dO, dE;
+  ShapeInputs(uint64_t seed, const RuleShape& shape) : rng(seed * 41), c(seed, rng, shape) {
+    init = randn_f32(rng, (size_t)c.roots * c.state_elems(), 0.1);
+    dO = randn_bf16(rng, (size_t)c.N * c.nv * c.dv);
+    dE = randn_f32(rng, (size_t)c.f.nodes() * c.state_elems(), 0.05);
+  }
+};
+
 // Forward and backward of one shape against the oracle, with gdn_test.cc's bounds: o within
 // close_bf16, end states (fp32) normwise 1e-4; the bf16 gradients normwise 2 x 2^-8, the fp32 ones
 // (dg, dbeta, d_init) 1e-3; with GdnProducts::kBf16, gdn_test.cc's kBf16Products bound for every
@@ -145,14 +158,12 @@ EmuOut emulate(const EmuCase& c, const std::vector<float>& init, const std::vect
 EmuOut check_shape(uint64_t seed, RuleShape shape, bool copies_at_issue = false,
                    cuda::GdnProducts products = cuda::GdnProducts::kExact) {
   const cuda::emu::CopiesLanding landing(copies_at_issue);
-  std::mt19937_64 rng(seed * 41);
-  const EmuCase c(seed, rng, shape);
+  const ShapeInputs in(seed, shape);
+  const EmuCase& c = in.c;
+  const std::vector<double> &init = in.init, &dO = in.dO, &dE = in.dE;
   const int nv = c.nv, dk = c.dk, dv = c.dv, N = c.N;
   const bool b16 = products == cuda::GdnProducts::kBf16;
   const std::string at = " (dk " + std::to_string(dk) + ", dv " + std::to_string(dv) + (b16 ? ", bf16 products)" : ")");
-  const std::vector<double> init = randn_f32(rng, (size_t)c.roots * c.state_elems(), 0.1);
-  const std::vector<double> dO = randn_bf16(rng, (size_t)N * nv * dv),
-                            dE = randn_f32(rng, (size_t)c.f.nodes() * c.state_elems(), 0.05);
   const EmuOut got = emulate(c, floats(init), bf16s(dO), floats(dE), 0, products);
 
   std::vector<double> o((size_t)N * nv * dv), end((size_t)c.f.nodes() * c.state_elems());
@@ -280,17 +291,15 @@ TEST(GdnEmulated, PathsWalkSideBySide) {
   first_node.push_back((int)forest.size()), first_row.push_back(rows);
   for (const int dv : {128, 64}) {
     const RuleShape shape{2, 4, 128, dv, 0.6, forest};
-    {
-      std::mt19937_64 rng(21);
-      const EmuCase c(21, rng, shape);
-      ASSERT_EQ(c.plan.levels().size(), 2u);
-      const cuda::GdnPlan::Level l0 = c.plan.levels()[0], l1 = c.plan.levels()[1];
-      EXPECT_EQ(l0.paths, 5);
-      EXPECT_EQ(l0.chunks, 15);
-      EXPECT_EQ(l0.max_path_chunks, 4);
-      EXPECT_EQ(l1.paths, 6);
-      EXPECT_EQ(l1.chunks, 6);
-    }
+    const ShapeInputs in(21, shape);  // check_shape's case and inputs
+    const EmuCase& c = in.c;
+    ASSERT_EQ(c.plan.levels().size(), 2u);
+    const cuda::GdnPlan::Level l0 = c.plan.levels()[0], l1 = c.plan.levels()[1];
+    EXPECT_EQ(l0.paths, 5);
+    EXPECT_EQ(l0.chunks, 15);
+    EXPECT_EQ(l0.max_path_chunks, 4);
+    EXPECT_EQ(l1.paths, 6);
+    EXPECT_EQ(l1.chunks, 6);
     const EmuOut all = check_shape(21, shape, /*copies_at_issue=*/true, cuda::GdnProducts::kBf16);
     const std::string at = ", dv " + std::to_string(dv);
     // The walks' launches (z > 1): the forward walk's two levels, 5 and 6 lanes; in the backward
@@ -306,12 +315,8 @@ TEST(GdnEmulated, PathsWalkSideBySide) {
           grids == &all.forward_grids ? std::vector<unsigned>{5, 6} : std::vector<unsigned>{5, 6, 6, 5};
       EXPECT_EQ(lanes, want) << at;
     }
-    // check_shape's inputs again (drawn from its seed in this order), each tree's rows alone.
-    std::mt19937_64 rng(21 * 41);
-    const EmuCase c(21, rng, shape);
-    const std::vector<double> init = randn_f32(rng, (size_t)c.roots * c.state_elems(), 0.1);
-    const std::vector<double> dO = randn_bf16(rng, (size_t)c.N * c.nv * dv),
-                              dE = randn_f32(rng, (size_t)c.f.nodes() * c.state_elems(), 0.05);
+    // The same inputs, each tree's rows alone.
+    const std::vector<double> &init = in.init, &dO = in.dO, &dE = in.dE;
     for (const int t : {2, 4}) {
       const int n0 = first_node[t], n1 = first_node[t + 1], r0 = first_row[t], r1 = first_row[t + 1];
       std::vector<std::pair<int, int>> alone;
