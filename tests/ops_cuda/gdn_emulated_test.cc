@@ -407,6 +407,38 @@ TEST(GdnEmulated, PlanPathsFollowTheHeaviestChild) {
   EXPECT_TRUE(empty.levels().empty());
 }
 
+// A level of more than 65,535 paths (gridDim.z's bound) launches in pieces: for_each_walk_launch
+// on a fan of 140,000 one-row answers (level 1: 139,999 paths) and 70,000 one-row sequences
+// beside it (level 0: 70,001 paths) hands out each level's paths once, in order, at most 65,535
+// a launch, the levels first to last (last to first in reverse).
+TEST(GdnEmulated, WalkLaunchesSplitLevelsPastTheGridBound) {
+  std::vector<int32_t> start, len, parent;
+  auto node = [&](int32_t p) { start.push_back((int32_t)start.size()), len.push_back(1), parent.push_back(p); };
+  node(-1);
+  for (int i = 0; i < 140000; ++i) node(0);
+  for (int i = 0; i < 70000; ++i) node(-1);
+  cuda::GdnPlan plan;
+  plan.make(start.data(), len.data(), parent.data(), (int)start.size());
+  ASSERT_EQ(plan.levels().size(), 2u);
+  ASSERT_EQ(plan.levels()[0].paths, 70001);
+  ASSERT_EQ(plan.levels()[1].paths, 139999);
+  for (const bool reverse : {false, true}) {
+    std::vector<std::pair<int, int>> got;  // (path0, lanes)
+    cuda::for_each_walk_launch(plan, reverse, [&](const cuda::GdnPlan::Level& l, int path0, int lanes) {
+      EXPECT_TRUE(path0 >= l.path0 && path0 + lanes <= l.path0 + l.paths) << path0 << " + " << lanes;
+      got.emplace_back(path0, lanes);
+    });
+    std::vector<std::pair<int, int>> want;
+    const int l1 = 70001, end = 70001 + 139999;
+    auto level = [&](int from, int to) {
+      for (int p = from; p < to; p += 65535) want.emplace_back(p, std::min(65535, to - p));
+    };
+    if (reverse) level(l1, end), level(0, l1);
+    else level(0, l1), level(l1, end);
+    EXPECT_EQ(got, want) << (reverse ? "reverse" : "forward");
+  }
+}
+
 // The same on a batch of 36 rows: every TMA box runs past the tensors' end (zeros there).
 TEST(GdnEmulated, DeltaRuleOnABatchShorterThanAChunk) {
   check_shape(5, RuleShape{1, 2, 128, 64, 0.6, {{-1, 20}, {0, 7}, {-1, 9}}});
