@@ -201,26 +201,32 @@ TEST_F(GdnOps, DeltaRuleForwardMatchesTheRecurrentOracle) {
   }
 }
 
-// The fp64 oracle's outputs of a RuleCase (no initial states, no end-state gradients) for dO.
+// The fp64 oracle's outputs of a RuleCase for dO, with the roots' initial states `init` and the
+// nodes' end-state gradients dE (either empty: none; d_init then empty too).
 struct RuleRef {
-  std::vector<double> o, end, dq, dk, dv, dg, db;
+  std::vector<double> init, dE;  // the inputs
+  std::vector<double> o, end, dq, dk, dv, dg, db, di;
 };
-RuleRef rule_oracle(const RuleCase& rc, const std::vector<double>& dO) {
+RuleRef rule_oracle(const RuleCase& rc, const std::vector<double>& dO, std::vector<double> init = {},
+                    std::vector<double> dE = {}) {
   RuleRef r;
+  r.init = std::move(init), r.dE = std::move(dE);
+  auto or_null = [](std::vector<double>& x) { return x.empty() ? nullptr : x.data(); };
   r.o.resize((size_t)rc.N * rc.nv * rc.dv), r.end.resize((size_t)rc.f.nodes() * rc.state_elems());
   cpu::gdn_tree_forward<double>(r.o.data(), r.end.data(), rc.q.data(), rc.k.data(), rc.v.data(), rc.g.data(),
-                                rc.beta.data(), nullptr, rc.t);
+                                rc.beta.data(), or_null(r.init), rc.t);
   r.dq.assign(rc.q.size(), 0.0), r.dk.assign(rc.k.size(), 0.0), r.dv.assign(rc.v.size(), 0.0);
-  r.dg.assign(rc.g.size(), 0.0), r.db.assign(rc.beta.size(), 0.0);
-  cpu::gdn_tree_backward<double>(r.dq.data(), r.dk.data(), r.dv.data(), r.dg.data(), r.db.data(), nullptr, dO.data(),
-                                 nullptr, rc.q.data(), rc.k.data(), rc.v.data(), rc.g.data(), rc.beta.data(), nullptr,
-                                 rc.t);
+  r.dg.assign(rc.g.size(), 0.0), r.db.assign(rc.beta.size(), 0.0), r.di.assign(r.init.size(), 0.0);
+  cpu::gdn_tree_backward<double>(r.dq.data(), r.dk.data(), r.dv.data(), r.dg.data(), r.db.data(), or_null(r.di),
+                                 dO.data(), or_null(r.dE), rc.q.data(), rc.k.data(), rc.v.data(), rc.g.data(),
+                                 rc.beta.data(), or_null(r.init), rc.t);
   return r;
 }
 
-// A forward (end states kept) and a backward (not accumulating) of rc on the GPU with `products`,
-// against the oracle's: o and the end states within kBf16Products (bf16 products) or bf16's
-// rounding and 1e-4 (exact), the gradients by expect_rule_grads; the errors printed as `what`.
+// A forward (end states kept) and a backward (not accumulating) of rc on the GPU with `products`
+// (and ref's initial states and end-state gradients, if any), against the oracle's: o and the end
+// states within kBf16Products (bf16 products) or bf16's rounding and 1e-4 (exact), the gradients by
+// expect_rule_grads, d_init within kBf16Products or 1e-3 (fp32); the errors printed as `what`.
 // Returns o, dq and dg (the modes' outputs compared by the caller).
 struct RuleGot {
   std::vector<bf16> o, dq;
@@ -235,26 +241,31 @@ RuleGot check_rule(const RuleCase& rc, const RuleRef& ref, const DeviceBuffer<bf
   DeviceBuffer<bf16> d_o((size_t)N * nv * dv);
   DeviceBuffer<float> d_end(ref.end.size());
   poison(d_o);
+  const bool with_init = !ref.init.empty(), with_dE = !ref.dE.empty();
+  DeviceBuffer<float> d_init = to_device_f32(ref.init), d_dE = to_device_f32(ref.dE),
+                      d_di = to_device_f32(std::vector<double>(ref.init.size()));
   cuda::gdn_forward(d_o.data(), d_end.data(), rc.d_q.data(), rc.d_k.data(), rc.d_v.data(), rc.d_g.data(),
-                    rc.d_b.data(), nullptr, rc.plan, nk, nv, dk, dv, rc.scale, cuda::Workspace{ws.data(), ws.size()},
-                    nullptr, products);
+                    rc.d_b.data(), with_init ? d_init.data() : nullptr, rc.plan, nk, nv, dk, dv, rc.scale,
+                    cuda::Workspace{ws.data(), ws.size()}, nullptr, products);
   DeviceBuffer<char> wsb(cuda::gdn_backward_workspace_bytes(rc.plan, nv, dk, dv));
   DeviceBuffer<bf16> g_q(rc.q.size()), g_k(rc.k.size()), g_v(rc.v.size());
   DeviceBuffer<float> g_g(rc.g.size()), g_b(rc.beta.size());
-  cuda::gdn_backward(g_q.data(), g_k.data(), g_v.data(), g_g.data(), g_b.data(), nullptr, d_dO.data(), nullptr,
-                     rc.d_q.data(), rc.d_k.data(), rc.d_v.data(), rc.d_g.data(), rc.d_b.data(), nullptr, rc.plan, nk,
-                     nv, dk, dv, rc.scale, cuda::Workspace{wsb.data(), wsb.size()}, nullptr, /*accumulate=*/false,
-                     products);
+  cuda::gdn_backward(g_q.data(), g_k.data(), g_v.data(), g_g.data(), g_b.data(), with_init ? d_di.data() : nullptr,
+                     d_dO.data(), with_dE ? d_dE.data() : nullptr, rc.d_q.data(), rc.d_k.data(), rc.d_v.data(),
+                     rc.d_g.data(), rc.d_b.data(), with_init ? d_init.data() : nullptr, rc.plan, nk, nv, dk, dv,
+                     rc.scale, cuda::Workspace{wsb.data(), wsb.size()}, nullptr, /*accumulate=*/false, products);
   sync_and_check();
   const double e_o = rel_l2(to_host(d_o), ref.o), e_end = rel_l2(to_host(d_end), ref.end),
                e_dq = rel_l2(to_host(g_q), ref.dq), e_dk = rel_l2(to_host(g_k), ref.dk),
                e_dv = rel_l2(to_host(g_v), ref.dv), e_dg = rel_l2(to_host(g_g), ref.dg),
-               e_db = rel_l2(to_host(g_b), ref.db);
+               e_db = rel_l2(to_host(g_b), ref.db), e_di = with_init ? rel_l2(to_host(d_di), ref.di) : 0.0;
   EXPECT_LE(e_o, b16 ? kBf16Products : kBf16U) << "o" << at;
   EXPECT_LE(e_end, b16 ? kBf16Products : 1e-4) << "end states" << at;
   expect_rule_grads(b16, e_dq, e_dk, e_dv, e_dg, e_db, at);
-  std::printf("[ errors   ] delta rule, %s%s: rel L2 o %.2e end %.2e dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e\n",
-              what.c_str(), at.c_str(), e_o, e_end, e_dq, e_dk, e_dv, e_dg, e_db);
+  EXPECT_LE(e_di, b16 ? kBf16Products : 1e-3) << "d_init" << at;
+  std::printf("[ errors   ] delta rule, %s%s: rel L2 o %.2e end %.2e dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e "
+              "d_init %.2e\n",
+              what.c_str(), at.c_str(), e_o, e_end, e_dq, e_dk, e_dv, e_dg, e_db, e_di);
   return {d_o.to_host(), g_q.to_host(), g_g.to_host()};
 }
 
@@ -281,7 +292,8 @@ TEST_F(GdnOps, DeltaRuleWithBf16ProductsOnALongSequence) {
 // branching): the bf16 walks' paths (GdnPlan::levels) side by side, the sequences' and the
 // group's heaviest in the first level, the other answers in the second and third, at 64 state
 // columns a lane (bf16_walk_grid), at dv 128 and 64; within the same bounds, with the same slow
-// decays.
+// decays, from initial states at the four roots and with end-state gradients at every node (the
+// reverse walk's d_init, and its node rows summed into their parents', on the GPU).
 TEST_F(GdnOps, DeltaRuleWithBf16ProductsOnSeparateSequences) {
   for (const int dv : {128, 64}) {
     std::mt19937_64 rng(4343 + dv);
@@ -296,8 +308,11 @@ TEST_F(GdnOps, DeltaRuleWithBf16ProductsOnSeparateSequences) {
     ASSERT_EQ(rc.plan.levels()[0].max_path_chunks, 22);  // the group's prompt, answer 9 and its first branch
     ASSERT_EQ(rc.plan.levels()[1].paths, 6);
     ASSERT_EQ(rc.plan.levels()[2].paths, 1);
-    const std::vector<double> dO = randn_bf16(rng, (size_t)rc.N * rc.nv * rc.dv);
-    check_rule(rc, rule_oracle(rc, dO), to_device_bf16(dO), cuda::GdnProducts::kBf16,
+    ASSERT_EQ(rc.roots, 4);
+    const std::vector<double> dO = randn_bf16(rng, (size_t)rc.N * rc.nv * rc.dv),
+                              init = randn_f32(rng, (size_t)rc.roots * rc.state_elems(), 0.1),
+                              dE = randn_f32(rng, (size_t)rc.f.nodes() * rc.state_elems(), 0.05);
+    check_rule(rc, rule_oracle(rc, dO, init, dE), to_device_bf16(dO), cuda::GdnProducts::kBf16,
                "three sequences and a group side by side, dv " + std::to_string(dv));
   }
 }
