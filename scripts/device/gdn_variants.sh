@@ -16,7 +16,8 @@
 #                                                  (default /tmp/gdn_variants), the summary and a
 #                                                  table of each ops_bench row's figures to stdout
 # Device run:  run(command="scripts/device/gdn_variants.sh", carry=[".device/gdn_variants"])
-# Environment: ROUNDS (2), SKIP_TESTS=1, SKIP_NCU=1, VARIANTS (e.g. "v2 v4"; default all staged),
+# Environment: ROUNDS (2), SKIP_TESTS=1, SKIP_NCU=1, TRACE (variants to trace with nsys: the backward
+# walks' overlap, gdn_walk_overlap.py), VARIANTS (e.g. "v2 v4"; default all staged),
 # TEST_VARIANTS (the variants whose tests run; default VARIANTS), RACECHECK=1 (racecheck on each
 # tested variant's delta-rule backward test and its bf16 long-sequence test, the bf16 kernels',
 # too), OPS_MODE and NCU_MODE (exact or bf16: the rounds' `ops_bench gdn` and ncu take only that
@@ -139,6 +140,20 @@ if [ "${SKIP_NCU:-0}" != 1 ] && [ -x "$NCU" ]; then
     python3 scripts/device/ncu_kernel_means.py "$OUT/ncu_$v.csv"
   done
 fi
+
+# TRACE="v2 ...": an nsys kernel trace of each named variant's `ops_bench gdn`, and how much of its
+# backward's walk again ran beside its reverse walk (gdn_walk_overlap.py).
+NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+for v in ${TRACE:-}; do
+  echo "----- nsys $v (the backward's walks: time, overlap)"
+  [ -n "$NSYS" ] || { echo "gdn_variants: no nsys on this machine"; break; }
+  timeout 200 "$NSYS" profile -o "$OUT/trace_$v" --force-overwrite true -t cuda "$DIR/${v}_ops_bench" gdn \
+    ${OPS_MODE:-} >"$OUT/trace_$v.log" 2>&1 &&
+    timeout 200 "$NSYS" stats --report cuda_gpu_trace --format csv -o "$OUT/trace_$v" "$OUT/trace_$v.nsys-rep" \
+      >>"$OUT/trace_$v.log" 2>&1 &&
+    python3 scripts/device/gdn_walk_overlap.py "$OUT/trace_${v}_cuda_gpu_trace.csv" ||
+    { echo "gdn_variants: $v's trace failed ($OUT/trace_$v.log):"; tail -5 "$OUT/trace_$v.log"; }
+done
 
 print_test_report
 echo "----- ops_bench gdn (each build's median over the rounds, and its ratio to v1's)"
