@@ -215,9 +215,10 @@ inline void warp_call(void (*fn)(Fiber*)) {
   suspend(Op::kWarpFn);
 }
 
-// Whether TMA and bulk copies land when issued (the earliest a real copy can: a write into shared
-// memory that a block, or another block of its cluster, still reads shows) instead of at the first
-// wait on their barrier (the latest: a read before the wait shows). A test runs a kernel both ways.
+// Whether TMA, bulk and cp.async copies land when issued (the earliest a real copy can: a write
+// into shared memory that a block, or another block of its cluster, still reads shows) instead of
+// at the first wait on their barrier or group (the latest: a read before the wait shows). A test
+// runs a kernel both ways.
 inline bool& land_copies_at_issue() {
   static bool at_issue = false;
   return at_issue;
@@ -461,7 +462,8 @@ inline uint32_t smem_addr(const void* p) {
 }
 
 // A cp.async of `size` bytes (the first src_bytes copied, the rest zero-filled), deferred to the
-// wait that covers it.
+// wait that covers it, or with land_copies_at_issue() copied now (its group's wait then has
+// nothing left to land).
 template <int kSize>
 inline void cp_async(void* smem, const void* gmem, int src_bytes) {
   auto& b = *::tt::cuda::emu::block();
@@ -470,6 +472,11 @@ inline void cp_async(void* smem, const void* gmem, int src_bytes) {
   if (s < b.base || s + kSize > b.base + b.smem_size) ::tt::cuda::emu::fail("cp.async outside smem");
   if ((reinterpret_cast<uintptr_t>(smem) % kSize) || (src_bytes > 0 && (reinterpret_cast<uintptr_t>(gmem) % kSize)))
     ::tt::cuda::emu::fail("cp.async address not aligned to its size");
+  if (::tt::cuda::emu::land_copies_at_issue()) {
+    std::memset(smem, 0, kSize);
+    if (src_bytes > 0) std::memcpy(smem, gmem, src_bytes);
+    return;
+  }
   ::tt::cuda::emu::self().open.push_back({smem, gmem, src_bytes, kSize});
 }
 inline void cp_async_16(void* smem, const void* gmem, int src_bytes) { cp_async<16>(smem, gmem, src_bytes); }
