@@ -147,10 +147,11 @@ NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems
 for v in ${TRACE:-}; do
   echo "----- nsys $v (the backward's walks: time, overlap)"
   [ -n "$NSYS" ] || { echo "gdn_variants: no nsys on this machine"; break; }
+  rm -f "$OUT/trace_$v".* "$OUT/trace_${v}_"*  # an earlier call's report, export or csv on a warm machine
   timeout 200 "$NSYS" profile -o "$OUT/trace_$v" --force-overwrite true -t cuda "$DIR/${v}_ops_bench" gdn \
     ${OPS_MODE:-} >"$OUT/trace_$v.log" 2>&1 &&
-    timeout 200 "$NSYS" stats --report cuda_gpu_trace --format csv -o "$OUT/trace_$v" "$OUT/trace_$v.nsys-rep" \
-      >>"$OUT/trace_$v.log" 2>&1 &&
+    timeout 200 "$NSYS" stats --force-export true --report cuda_gpu_trace --format csv -o "$OUT/trace_$v" \
+      "$OUT/trace_$v.nsys-rep" >>"$OUT/trace_$v.log" 2>&1 &&
     python3 scripts/device/gdn_walk_overlap.py "$OUT/trace_${v}_cuda_gpu_trace.csv" ||
     { echo "gdn_variants: $v's trace failed ($OUT/trace_$v.log):"; tail -5 "$OUT/trace_$v.log"; }
 done

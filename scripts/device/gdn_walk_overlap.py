@@ -52,7 +52,8 @@ def main(path):
         walks = again + rev
         key = (len(again), tuple(sorted({k[3] for k in again})))
         layouts[key].append((sum(k[1] - k[0] for k in again), sum(k[1] - k[0] for k in rev), both,
-                             max(k[1] for k in walks) - min(k[0] for k in walks), p[-1][1] - p[0][0]))
+                             max(k[1] for k in walks) - min(k[0] for k in walks),
+                             max(k[1] for k in p) - p[0][0]))  # the last to end: two streams
     if not layouts:
         sys.exit(f"{path}: no backward pass with the bf16 walks (rule_walk_wgmma_kernel and rule_bwd_walk_wgmma_kernel)")
     for (n, grids), v in layouts.items():

@@ -153,8 +153,9 @@ struct ShapeInputs {
 // close_bf16, end states (fp32) normwise 1e-4; the bf16 gradients normwise 2 x 2^-8, the fp32 ones
 // (dg, dbeta, d_init) 1e-3; with GdnProducts::kBf16, gdn_test.cc's kBf16Products bound for every
 // output. Each pass launches a fixed number of kernels whatever the tree.
-// copies_at_issue: TMA copies land when issued (a refill of a stage that a block still reads would
-// show) instead of at the wait (a read before it would).
+// copies_at_issue: TMA and cp.async copies land when issued (a refill of a stage, or a prefetch
+// into shared memory, that a block still reads would show) instead of at the wait (a read before
+// it would).
 EmuOut check_shape(uint64_t seed, RuleShape shape, bool copies_at_issue = false,
                    cuda::GdnProducts products = cuda::GdnProducts::kExact) {
   const cuda::emu::CopiesLanding landing(copies_at_issue);
