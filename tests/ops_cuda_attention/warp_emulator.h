@@ -80,6 +80,10 @@ struct CopyOp {
   const void* src;
   int bytes;      // source bytes of the copy (the rest zero-filled)
   int size = 16;  // bytes written
+  void land() const {
+    std::memset(dst, 0, size);
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  }
 };
 
 struct Fiber {
@@ -472,12 +476,11 @@ inline void cp_async(void* smem, const void* gmem, int src_bytes) {
   if (s < b.base || s + kSize > b.base + b.smem_size) ::tt::cuda::emu::fail("cp.async outside smem");
   if ((reinterpret_cast<uintptr_t>(smem) % kSize) || (src_bytes > 0 && (reinterpret_cast<uintptr_t>(gmem) % kSize)))
     ::tt::cuda::emu::fail("cp.async address not aligned to its size");
-  if (::tt::cuda::emu::land_copies_at_issue()) {
-    std::memset(smem, 0, kSize);
-    if (src_bytes > 0) std::memcpy(smem, gmem, src_bytes);
-    return;
-  }
-  ::tt::cuda::emu::self().open.push_back({smem, gmem, src_bytes, kSize});
+  const ::tt::cuda::emu::CopyOp c{smem, gmem, src_bytes, kSize};
+  if (::tt::cuda::emu::land_copies_at_issue())
+    c.land();
+  else
+    ::tt::cuda::emu::self().open.push_back(c);
 }
 inline void cp_async_16(void* smem, const void* gmem, int src_bytes) { cp_async<16>(smem, gmem, src_bytes); }
 inline void cp_async_4(void* smem, const void* gmem, int src_bytes) { cp_async<4>(smem, gmem, src_bytes); }
@@ -492,10 +495,7 @@ template <int kPending>
 inline void cp_async_wait() {
   auto& f = ::tt::cuda::emu::self();
   while ((int)f.groups.size() > kPending) {
-    for (const auto& c : f.groups.front()) {
-      std::memset(c.dst, 0, c.size);
-      if (c.bytes > 0) std::memcpy(c.dst, c.src, c.bytes);
-    }
+    for (const auto& c : f.groups.front()) c.land();
     f.groups.pop_front();
   }
 }
