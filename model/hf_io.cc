@@ -179,14 +179,10 @@ void load_hf_weights(const std::string& dir, const ModelConfig& cfg, const std::
   // Staged so that a failed load leaves the parameters untouched.
   std::vector<T> staged(params, params + n);
   std::set<std::string> loaded;
-  for (const std::string& file : files) {
-    const std::map<std::string, StTensor> st = read_safetensors(file);
-    for (const auto& [name, t] : st) {
-      const ParamInfo* p = entry_for(cfg, wanted, file, name, t.shape, &loaded);
-      if (!p) continue;
-      T* w = staged.data() + p->offset;
-      for (int64_t i = 0; i < p->numel; ++i) w[i] = (T)t.values[i];
-    }
+  for (const std::string& file : files) {  // a tensor at a time into its place (not the file as doubles)
+    SafetensorsReader st(file);
+    for (const auto& [name, t] : st.tensors())
+      if (const ParamInfo* p = entry_for(cfg, wanted, file, name, t.shape, &loaded)) st.read(name, staged.data() + p->offset);
   }
   expect_all_loaded(dir, files, cfg, table, loaded);
   std::copy(staged.begin(), staged.end(), params);

@@ -70,21 +70,19 @@ uint16_t double_to_bf16(double d) {
 
 std::string errno_text() { return std::strerror(errno); }
 
-}  // namespace
+// The header, checked: every tensor's dtype and shape (values empty) and its bytes in the file,
+// sorted by offset, none overlapping another, all inside the file.
+struct Entry {
+  std::string name;
+  uint64_t begin, end;  // relative to the data buffer
+};
+struct Header {
+  std::map<std::string, StTensor> tensors;
+  std::vector<Entry> entries;  // by begin
+  uint64_t data_start = 0;     // the data buffer's offset in the file
+};
 
-std::map<std::string, StTensor> read_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(str(path, ": cannot open safetensors file (", errno_text(), ")"));
-  return read_safetensors(in, path);
-}
-
-std::map<std::string, StTensor> read_safetensors_shapes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(str(path, ": cannot open safetensors file (", errno_text(), ")"));
-  return read_safetensors(in, path, /*values=*/false);
-}
-
-std::map<std::string, StTensor> read_safetensors(std::istream& in, const std::string& path, bool values) {
+Header read_header(std::istream& in, const std::string& path) {
   in.seekg(0, std::ios::end);
   const uint64_t file_size = (uint64_t)in.tellg();
   in.seekg(0, std::ios::beg);
@@ -114,12 +112,10 @@ std::map<std::string, StTensor> read_safetensors(std::istream& in, const std::st
 
   const uint64_t data_start = 8 + header_len;
   const uint64_t data_size = file_size - data_start;
-  struct Entry {
-    std::string name;
-    uint64_t begin, end;
-  };
-  std::vector<Entry> entries;
-  std::map<std::string, StTensor> out;
+  Header h;
+  h.data_start = data_start;
+  std::vector<Entry>& entries = h.entries;
+  std::map<std::string, StTensor>& out = h.tensors;
   for (const auto& [name, desc] : header.items()) {
     if (name == "__metadata__") continue;
     const std::string where = str(path, ": tensor \"", name, "\"");
@@ -166,36 +162,99 @@ std::map<std::string, StTensor> read_safetensors(std::istream& in, const std::st
                       "\" have overlapping data_offsets"));
   }
 
-  if (!values) return out;
-  std::vector<char> raw;
-  for (const Entry& e : entries) {
-    StTensor& t = out.at(e.name);
-    const uint64_t nbytes = e.end - e.begin;
-    raw.resize(nbytes);
-    in.seekg((std::streamoff)(data_start + e.begin), std::ios::beg);
-    in.read(raw.data(), (std::streamsize)nbytes);
-    if (!in) throw Error(str(path, ": read error in data of tensor \"", e.name, "\""));
-    const int64_t esize = dtype_size(t.dtype);
-    const size_t n = nbytes / esize;
-    t.values.resize(n);
-    if (t.dtype == "F32") {
-      for (size_t i = 0; i < n; ++i) {
-        float f;
-        std::memcpy(&f, raw.data() + 4 * i, 4);
-        t.values[i] = f;
-      }
-    } else if (t.dtype == "BF16") {
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t b;
-        std::memcpy(&b, raw.data() + 2 * i, 2);
-        t.values[i] = bf16_to_double(b);
-      }
-    } else if (nbytes > 0) {  // an empty tensor's buffers may be null, which memcpy may not take
-      std::memcpy(t.values.data(), raw.data(), nbytes);
+  return h;
+}
+
+// n values of `dtype` at raw (little-endian, any alignment) into dst, converted to T: F32 and
+// BF16 exactly, F64 into float rounded to nearest.
+template <class T>
+void convert(const std::string& dtype, const char* raw, size_t n, T* dst) {
+  if (dtype == "F32") {
+    for (size_t i = 0; i < n; ++i) {
+      float f;
+      std::memcpy(&f, raw + 4 * i, 4);
+      dst[i] = (T)f;
+    }
+  } else if (dtype == "BF16") {
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t b;
+      std::memcpy(&b, raw + 2 * i, 2);
+      dst[i] = (T)bf16_to_double(b);
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      double d;
+      std::memcpy(&d, raw + 8 * i, 8);
+      dst[i] = (T)d;
     }
   }
-  return out;
 }
+
+// Bytes [at, at + n) of the file into buf; throws naming the file and tensor on a short read.
+void read_at(std::istream& in, uint64_t at, char* buf, uint64_t n, const std::string& path, const std::string& name) {
+  in.clear();
+  in.seekg((std::streamoff)at, std::ios::beg);
+  in.read(buf, (std::streamsize)n);
+  if (!in) throw Error(str(path, ": read error in data of tensor \"", name, "\""));
+}
+
+}  // namespace
+
+std::map<std::string, StTensor> read_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(str(path, ": cannot open safetensors file (", errno_text(), ")"));
+  return read_safetensors(in, path);
+}
+
+std::map<std::string, StTensor> read_safetensors_shapes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(str(path, ": cannot open safetensors file (", errno_text(), ")"));
+  return read_safetensors(in, path, /*values=*/false);
+}
+
+std::map<std::string, StTensor> read_safetensors(std::istream& in, const std::string& path, bool values) {
+  Header h = read_header(in, path);
+  if (!values) return std::move(h.tensors);
+  std::vector<char> raw;
+  for (const Entry& e : h.entries) {
+    StTensor& t = h.tensors.at(e.name);
+    const uint64_t nbytes = e.end - e.begin;
+    if (nbytes == 0) continue;  // an empty tensor's buffers may be null, which memcpy may not take
+    raw.resize(nbytes);
+    read_at(in, h.data_start + e.begin, raw.data(), nbytes, path, e.name);
+    t.values.resize(nbytes / dtype_size(t.dtype));
+    convert(t.dtype, raw.data(), t.values.size(), t.values.data());
+  }
+  return std::move(h.tensors);
+}
+
+SafetensorsReader::SafetensorsReader(const std::string& path, size_t piece_bytes)
+    : path_(path), in_(path, std::ios::binary), piece_bytes_(std::max<size_t>(piece_bytes, 8)) {
+  if (!in_) throw Error(str(path, ": cannot open safetensors file (", errno_text(), ")"));
+  Header h = read_header(in_, path);
+  data_start_ = h.data_start;
+  tensors_ = std::move(h.tensors);
+  for (const Entry& e : h.entries) at_.emplace(e.name, std::make_pair(e.begin, e.end));
+}
+
+template <class T>
+void SafetensorsReader::read_into(const std::string& name, T* dst) {
+  const auto it = at_.find(name);
+  if (it == at_.end()) throw Error(str(path_, ": no tensor \"", name, "\""));
+  const std::string& dtype = tensors_.at(name).dtype;
+  const uint64_t esize = (uint64_t)dtype_size(dtype), piece = piece_bytes_ / esize * esize;
+  const auto [begin, end] = it->second;
+  buf_.resize((size_t)std::min<uint64_t>(piece, end - begin));
+  for (uint64_t done = 0; done < end - begin;) {
+    const uint64_t n = std::min<uint64_t>(piece, end - begin - done);
+    read_at(in_, data_start_ + begin + done, buf_.data(), n, path_, name);
+    convert(dtype, buf_.data(), n / esize, dst + done / esize);
+    done += n;
+  }
+}
+
+void SafetensorsReader::read(const std::string& name, float* dst) { read_into(name, dst); }
+void SafetensorsReader::read(const std::string& name, double* dst) { read_into(name, dst); }
 
 void write_safetensors(const std::string& path, const std::vector<StWriteTensor>& tensors,
                        const std::string& dtype, const std::map<std::string, std::string>& metadata) {

@@ -3,10 +3,13 @@
 // Writes are atomic (a temporary file renamed into place).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <fstream>
 #include <istream>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tt::model {
@@ -27,6 +30,35 @@ std::map<std::string, StTensor> read_safetensors(std::istream& in, const std::st
 // The header alone: every tensor's dtype and shape, the offsets checked, no values read (a
 // model's shapes compared before anything of its size is allocated).
 std::map<std::string, StTensor> read_safetensors_shapes(const std::string& path);
+
+// A safetensors file read a tensor at a time, straight into the caller's memory: the header is
+// read and checked when it opens (read_safetensors's checks and errors), and read() converts one
+// tensor's values through a buffer of at most piece_bytes. Loading a model or an optimizer state
+// so holds its own arrays only, not the file as doubles (read_safetensors: 8 bytes a value, all
+// tensors at once).
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(const std::string& path, size_t piece_bytes = size_t{16} << 20);
+  const std::string& path() const { return path_; }
+  // name -> dtype and shape (values empty), as read_safetensors_shapes gives them.
+  const std::map<std::string, StTensor>& tensors() const { return tensors_; }
+  // Tensor `name`'s values (its shape's element count of them) into dst: F32 and BF16 exactly,
+  // F64 into float rounded to nearest. Throws tt::Error naming the file and the tensor for a name
+  // the file lacks or a read that fails.
+  void read(const std::string& name, float* dst);
+  void read(const std::string& name, double* dst);
+
+ private:
+  template <class T>
+  void read_into(const std::string& name, T* dst);
+  std::string path_;
+  std::ifstream in_;
+  size_t piece_bytes_;
+  uint64_t data_start_ = 0;
+  std::map<std::string, StTensor> tensors_;
+  std::map<std::string, std::pair<uint64_t, uint64_t>> at_;  // name -> [begin, end) in the data buffer
+  std::vector<char> buf_;
+};
 
 struct StWriteTensor {
   std::string name;

@@ -76,26 +76,26 @@ std::vector<model::StWriteTensor> optimizer_tensors(const std::vector<model::Par
   return out;
 }
 
-std::vector<float> read_moment(const std::map<std::string, model::StTensor>& tensors, const std::string& prefix,
-                               const std::vector<model::ParamInfo>& info, int64_t n, const std::string& file) {
+std::vector<float> read_moment(model::SafetensorsReader& st, const std::string& prefix,
+                               const std::vector<model::ParamInfo>& info, int64_t n) {
+  const std::string& file = st.path();
   std::vector<float> out(n);
   for (const model::ParamInfo& p : info) {
     const std::string name = prefix + p.name;
-    auto it = tensors.find(name);
-    if (it == tensors.end()) throw Error(str(file, ": missing tensor '", name, "'"));
+    auto it = st.tensors().find(name);
+    if (it == st.tensors().end()) throw Error(str(file, ": missing tensor '", name, "'"));
     const model::StTensor& t = it->second;
     if (t.dtype != "F32") throw Error(str(file, ": tensor '", name, "' is ", t.dtype, ", expected F32"));
-    if (t.shape != p.shape || (int64_t)t.values.size() != p.numel)
-      throw Error(str(file, ": tensor '", name, "' has the wrong shape for parameter ", p.name));
-    for (int64_t i = 0; i < p.numel; ++i) {
-      const double x = t.values[i];
-      // AdamW's second moment is an average of squares: a negative one (a damaged file) would
-      // make the update's square root NaN a step later, blamed on the update.
-      if (prefix == "v." && x < 0)
-        throw Error(str(file, ": tensor '", name, "' element ", i, " is ", x,
-                        ", expected >= 0 (a second moment is an average of squared gradients)"));
-      out[p.offset + i] = (float)x;
-    }
+    if (t.shape != p.shape) throw Error(str(file, ": tensor '", name, "' has the wrong shape for parameter ", p.name));
+    float* x = out.data() + p.offset;
+    st.read(name, x);
+    // AdamW's second moment is an average of squares: a negative one (a damaged file) would
+    // make the update's square root NaN a step later, blamed on the update.
+    if (prefix == "v.")
+      for (int64_t i = 0; i < p.numel; ++i)
+        if (x[i] < 0)
+          throw Error(str(file, ": tensor '", name, "' element ", i, " is ", (double)x[i],
+                          ", expected >= 0 (a second moment is an average of squared gradients)"));
   }
   return out;
 }
@@ -641,15 +641,15 @@ TrainerState load_checkpoint(const std::string& dir, const RunConfig& cfg, Backe
     throw naming((d / "model.safetensors").string(), e);
   }
   const std::string optim_file = (d / kOptimFile).string();
-  std::map<std::string, model::StTensor> tensors;
+  std::vector<float> m, v;  // a tensor at a time into them (not the file as doubles)
   try {
-    tensors = model::read_safetensors(optim_file);
+    model::SafetensorsReader st(optim_file);
+    const auto& info = backend.params_info();
+    m = read_moment(st, "m.", info, backend.num_params());
+    v = read_moment(st, "v.", info, backend.num_params());
   } catch (const Error& e) {
     throw naming(optim_file, e);
   }
-  const auto& info = backend.params_info();
-  std::vector<float> m = read_moment(tensors, "m.", info, backend.num_params(), optim_file);
-  std::vector<float> v = read_moment(tensors, "v.", info, backend.num_params(), optim_file);
   backend.set_optim_state(m, v);
   return st;
 }

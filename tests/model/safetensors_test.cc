@@ -257,6 +257,75 @@ TEST(Safetensors, EmptyTensorsOfEveryDtypeRead) {
   for (const auto& [name, tensor] : t) EXPECT_TRUE(tensor.values.empty()) << name;
 }
 
+// SafetensorsReader: every dtype into float and double through pieces smaller than a tensor (12
+// bytes: three F32 values, six BF16, one F64, the last piece short), the values read_safetensors
+// gives (exactly; F64 into float rounded to nearest), each tensor on its own.
+TEST(SafetensorsReader, ReadsEveryDtypeInPiecesAsReadSafetensors) {
+  std::vector<double> a(37), b(5);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = std::ldexp(1.0 + 1.0 / (3.0 + (double)i), (int)i % 40 - 20) * (i % 3 ? 1 : -1);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = 0.1 * (double)i;
+  for (const char* dtype : {"F32", "BF16", "F64"}) {
+    SCOPED_TRACE(dtype);
+    const std::string path = temp_path(str("reader_", dtype, ".safetensors"));
+    write_safetensors(path, {{"a", {37}, nullptr, a.data()}, {"b", {5, 1}, nullptr, b.data()}}, dtype);
+    const auto whole = read_safetensors(path);
+    SafetensorsReader r(path, 12);
+    EXPECT_EQ(r.path(), path);
+    ASSERT_EQ(r.tensors().size(), 2u);
+    EXPECT_EQ(r.tensors().at("b").shape, (std::vector<int64_t>{5, 1}));
+    EXPECT_EQ(r.tensors().at("a").dtype, dtype);
+    EXPECT_TRUE(r.tensors().at("a").values.empty());
+    for (const char* name : {"b", "a", "b"}) {  // any order, again
+      const std::vector<double>& want = whole.at(name).values;
+      std::vector<double> d(want.size() + 1, -7.0);
+      std::vector<float> f(want.size() + 1, -7.0f);
+      r.read(name, d.data());
+      r.read(name, f.data());
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(d[i], want[i]) << name << " " << i;
+        EXPECT_EQ(f[i], (float)want[i]) << name << " " << i;
+      }
+      EXPECT_EQ(d.back(), -7.0) << "nothing past the tensor is written";
+      EXPECT_EQ(f.back(), -7.0f);
+    }
+  }
+}
+
+TEST(SafetensorsReader, ErrorsNameTheFileAndTensor) {
+  const std::string path = temp_path("reader_errors.safetensors");
+  const std::vector<float> a(64, 2.0f);
+  write_safetensors(path, {{"w", {64}, a.data(), nullptr}}, "F32");
+  SafetensorsReader r(path);
+  float x[64];
+  try {
+    r.read("v", x);
+    ADD_FAILURE() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), path + ": no tensor \"v\"");
+  }
+  // Shortened after the header was read: the read fails, named, instead of returning zeros.
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 8);
+  try {
+    r.read("w", x);
+    ADD_FAILURE() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), path + ": read error in data of tensor \"w\"");
+  }
+  // Opened so, the header's check names it (read_safetensors's error).
+  try {
+    SafetensorsReader again(path);
+    ADD_FAILURE() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), path + ": tensor \"w\": data_offsets [0, 256] out of range")) << e.what();
+  }
+  try {
+    SafetensorsReader missing(path + ".none");
+    ADD_FAILURE() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), path + ".none: cannot open safetensors file")) << e.what();
+  }
+}
+
 TEST(Safetensors, WriterRejectsBadInput) {
   const std::string p = temp_path("reject.safetensors");
   const float x = 1;
