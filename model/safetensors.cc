@@ -90,6 +90,7 @@ Header read_header(std::istream& in, const std::string& path) {
     throw Error(str(path, ": truncated safetensors file (", file_size, " bytes, expected at least 8)"));
   unsigned char len_bytes[8];
   in.read(reinterpret_cast<char*>(len_bytes), 8);
+  if (!in) throw Error(str(path, ": read error in safetensors header"));  // a folder, say: not uninitialised bytes
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
   if (header_len > kMaxHeaderBytes)

@@ -266,6 +266,13 @@ TEST(HfIo, ShardedCheckpointLoads) {
   Model<float> m2(c);
   load_hf_weights(dir, m2);
   for (int64_t i = 0; i < m.num_params(); ++i) ASSERT_EQ(m2.params()[i], m.params()[i]);
+  // A shard that cannot be read after another was: an error naming it, the model as it was.
+  std::filesystem::remove(dir + "/model-00002-of-00002.safetensors");
+  Model<float> m3(c);
+  m3.init(11);
+  const std::vector<float> before(m3.params(), m3.params() + m3.num_params());
+  expect_error([&] { load_hf_weights(dir, m3); }, {"model-00002-of-00002.safetensors", "cannot open"});
+  for (int64_t i = 0; i < m3.num_params(); ++i) ASSERT_EQ(m3.params()[i], before[i]);
 }
 
 // --- config.json mapping ---

@@ -267,11 +267,13 @@ TEST(SafetensorsReader, ReadsEveryDtypeInPiecesAsReadSafetensors) {
   for (const char* dtype : {"F32", "BF16", "F64"}) {
     SCOPED_TRACE(dtype);
     const std::string path = temp_path(str("reader_", dtype, ".safetensors"));
-    write_safetensors(path, {{"a", {37}, nullptr, a.data()}, {"b", {5, 1}, nullptr, b.data()}}, dtype);
+    write_safetensors(path, {{"a", {37}, nullptr, a.data()}, {"b", {5, 1}, nullptr, b.data()}, {"e", {0, 3}, nullptr, b.data()}},
+                      dtype);
     const auto whole = read_safetensors(path);
     SafetensorsReader r(path, 12);
     EXPECT_EQ(r.path(), path);
-    ASSERT_EQ(r.tensors().size(), 2u);
+    ASSERT_EQ(r.tensors().size(), 3u);
+    r.read("e", static_cast<float*>(nullptr));  // no values: nothing read or written
     EXPECT_EQ(r.tensors().at("b").shape, (std::vector<int64_t>{5, 1}));
     EXPECT_EQ(r.tensors().at("a").dtype, dtype);
     EXPECT_TRUE(r.tensors().at("a").values.empty());
@@ -318,6 +320,17 @@ TEST(SafetensorsReader, ErrorsNameTheFileAndTensor) {
   } catch (const Error& e) {
     EXPECT_TRUE(contains(e.what(), path + ": tensor \"w\": data_offsets [0, 256] out of range")) << e.what();
   }
+  // A folder opens as a stream but reads nothing: an error naming it, not a header of stray bytes.
+  const std::string folder = temp_path("a_folder.safetensors");
+  std::filesystem::create_directories(folder);
+  for (int way = 0; way < 2; ++way)
+    try {
+      if (way == 0) SafetensorsReader f(folder);
+      else read_safetensors(folder);
+      ADD_FAILURE() << "expected tt::Error";
+    } catch (const Error& e) {
+      EXPECT_TRUE(contains(e.what(), folder + ": ")) << e.what();
+    }
   try {
     SafetensorsReader missing(path + ".none");
     ADD_FAILURE() << "expected tt::Error";
