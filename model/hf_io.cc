@@ -171,20 +171,26 @@ void check_hf_weight_shapes(const std::string& dir, const ModelConfig& cfg, cons
 }
 
 template <class T>
-void load_hf_weights(const std::string& dir, const ModelConfig& cfg, const std::vector<ParamInfo>& table, T* params) {
+void load_hf_weights_into(const std::string& dir, const ModelConfig& cfg, const std::vector<ParamInfo>& table,
+                          T* params) {
   const std::vector<std::string> files = weight_files(dir);
   const std::map<std::string, const ParamInfo*> wanted = by_name(table);
-  int64_t n = 0;
-  for (const ParamInfo& p : table) n = std::max(n, p.offset + p.numel);
-  // Staged so that a failed load leaves the parameters untouched.
-  std::vector<T> staged(params, params + n);
   std::set<std::string> loaded;
   for (const std::string& file : files) {  // a tensor at a time into its place (not the file as doubles)
     SafetensorsReader st(file);
     for (const auto& [name, t] : st.tensors())
-      if (const ParamInfo* p = entry_for(cfg, wanted, file, name, t.shape, &loaded)) st.read(name, staged.data() + p->offset);
+      if (const ParamInfo* p = entry_for(cfg, wanted, file, name, t.shape, &loaded)) st.read(name, params + p->offset);
   }
   expect_all_loaded(dir, files, cfg, table, loaded);
+}
+
+template <class T>
+void load_hf_weights(const std::string& dir, const ModelConfig& cfg, const std::vector<ParamInfo>& table, T* params) {
+  int64_t n = 0;
+  for (const ParamInfo& p : table) n = std::max(n, p.offset + p.numel);
+  // Staged so that a failed load leaves the parameters untouched.
+  std::vector<T> staged(params, params + n);
+  load_hf_weights_into(dir, cfg, table, staged.data());
   std::copy(staged.begin(), staged.end(), params);
 }
 
@@ -193,6 +199,7 @@ template void save_hf<float>(const std::string&, const ModelConfig&, const std::
 template void save_hf<double>(const std::string&, const ModelConfig&, const std::vector<ParamInfo>&, const double*,
                               const std::string&);
 template void load_hf_weights<float>(const std::string&, const ModelConfig&, const std::vector<ParamInfo>&, float*);
+template void load_hf_weights_into<float>(const std::string&, const ModelConfig&, const std::vector<ParamInfo>&, float*);
 template void load_hf_weights<double>(const std::string&, const ModelConfig&, const std::vector<ParamInfo>&, double*);
 
 }  // namespace tt::model

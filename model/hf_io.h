@@ -39,6 +39,11 @@ void save_hf(const std::string& dir, const ModelConfig& cfg, const std::vector<P
 // tensor and the file). On error `params` is unchanged.
 template <class T>
 void load_hf_weights(const std::string& dir, const ModelConfig& cfg, const std::vector<ParamInfo>& table, T* params);
+// The same without the staging copy: straight into `params`, which on error holds part of the
+// files (for a caller's own scratch buffer, Backend::load_hf: one host copy of the weights).
+template <class T>
+void load_hf_weights_into(const std::string& dir, const ModelConfig& cfg, const std::vector<ParamInfo>& table,
+                          T* params);
 
 // The same checks from the safetensors headers alone (no values read, nothing of the model's size
 // allocated): every tensor of `table` present once with its shape, no unexpected one, with

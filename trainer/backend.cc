@@ -91,8 +91,9 @@ class DecoderBackend : public Backend {
     reset_optim();
   }
   void load_hf(const std::string& dir) override {
-    std::vector<float> host = model_.params_host();
-    model::load_hf_weights(dir, model_.config(), model_.params_info(), host.data());
+    // Into a scratch copy (a failed load leaves the model as it was), the only one on the host.
+    std::vector<float> host((size_t)num_params());
+    model::load_hf_weights_into(dir, model_.config(), model_.params_info(), host.data());
     model_.set_params(host.data());
     reset_optim();
   }
@@ -223,11 +224,11 @@ class DecoderBackend : public Backend {
     model_.exec().download(m_out->data(), m_.data(), sizeof(float) * m_out->size());
     model_.exec().download(v_out->data(), v_.data(), sizeof(float) * v_out->size());
   }
-  void set_optim_state(const std::vector<float>& m_in, const std::vector<float>& v_in) override {
-    TT_CHECK((int64_t)m_in.size() == num_params() && (int64_t)v_in.size() == num_params(), "optimizer state has ",
-             m_in.size(), "/", v_in.size(), " values, the model ", num_params(), " parameters");
-    model_.exec().upload(m_.data(), m_in.data(), sizeof(float) * m_in.size());
-    model_.exec().upload(v_.data(), v_in.data(), sizeof(float) * v_in.size());
+  void set_optim_slice(int64_t offset, const float* m_in, const float* v_in, int64_t n) override {
+    TT_CHECK(offset >= 0 && n >= 0 && offset + n <= num_params(), "optimizer state slice [", offset, ", ", offset + n,
+             ") outside the model's ", num_params(), " parameters");
+    model_.exec().upload(m() + offset, m_in, sizeof(float) * n);  // pageable sources: staged on return
+    model_.exec().upload(v() + offset, v_in, sizeof(float) * n);
     model_.exec().sync();
   }
   int64_t device_malloc_count() const override {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "base/check.h"
 #include "data/packing.h"
 #include "data/partition.h"
 #include "model/segments.h"
@@ -101,7 +102,14 @@ class Backend {
   virtual std::vector<float> params_host() const = 0;
   virtual std::vector<float> grads_host() const = 0;
   virtual void optim_state_host(std::vector<float>* m, std::vector<float>* v) const = 0;
-  virtual void set_optim_state(const std::vector<float>& m, const std::vector<float>& v) = 0;
+  // AdamW's m and v for the n parameters from `offset` of the flat layout (a checkpoint loads them a
+  // tensor at a time: no host copy of the whole state); the whole state, as vectors, for tests.
+  virtual void set_optim_slice(int64_t offset, const float* m, const float* v, int64_t n) = 0;
+  void set_optim_state(const std::vector<float>& m, const std::vector<float>& v) {
+    TT_CHECK((int64_t)m.size() == num_params() && (int64_t)v.size() == num_params(), "optimizer state has ", m.size(),
+             "/", v.size(), " values, the model ", num_params(), " parameters");
+    set_optim_slice(0, m.data(), v.data(), num_params());
+  }
 
   // cudaMalloc calls so far (0 on the CPU): once the largest batch has run, training steps must
   // not change it (the caching allocator serves every buffer).

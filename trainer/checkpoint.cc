@@ -76,28 +76,40 @@ std::vector<model::StWriteTensor> optimizer_tensors(const std::vector<model::Par
   return out;
 }
 
-std::vector<float> read_moment(model::SafetensorsReader& st, const std::string& prefix,
-                               const std::vector<model::ParamInfo>& info, int64_t n) {
-  const std::string& file = st.path();
-  std::vector<float> out(n);
+// Checks that the optimizer file holds an F32 "m.<name>" and "v.<name>" of each parameter's shape
+// (before anything of the backend changes); returns the largest parameter's element count.
+int64_t check_moments(const model::SafetensorsReader& st, const std::vector<model::ParamInfo>& info) {
+  int64_t largest = 0;
+  for (const model::ParamInfo& p : info)
+    for (const char* prefix : {"m.", "v."}) {
+      const std::string name = prefix + p.name;
+      auto it = st.tensors().find(name);
+      if (it == st.tensors().end()) throw Error(str(st.path(), ": missing tensor '", name, "'"));
+      const model::StTensor& t = it->second;
+      if (t.dtype != "F32") throw Error(str(st.path(), ": tensor '", name, "' is ", t.dtype, ", expected F32"));
+      if (t.shape != p.shape)
+        throw Error(str(st.path(), ": tensor '", name, "' has the wrong shape for parameter ", p.name));
+      largest = std::max(largest, p.numel);
+    }
+  return largest;
+}
+
+// The optimizer state into the backend a parameter at a time (two buffers of the largest
+// parameter's size on the host, not the whole state). A negative second moment (a damaged file,
+// finite) would make the update's square root NaN a step later, blamed on the update: an error
+// naming the tensor and the element.
+void load_moments(model::SafetensorsReader& st, const std::vector<model::ParamInfo>& info, Backend& backend) {
+  const int64_t largest = check_moments(st, info);
+  std::vector<float> m((size_t)largest), v((size_t)largest);
   for (const model::ParamInfo& p : info) {
-    const std::string name = prefix + p.name;
-    auto it = st.tensors().find(name);
-    if (it == st.tensors().end()) throw Error(str(file, ": missing tensor '", name, "'"));
-    const model::StTensor& t = it->second;
-    if (t.dtype != "F32") throw Error(str(file, ": tensor '", name, "' is ", t.dtype, ", expected F32"));
-    if (t.shape != p.shape) throw Error(str(file, ": tensor '", name, "' has the wrong shape for parameter ", p.name));
-    float* x = out.data() + p.offset;
-    st.read(name, x);
-    // AdamW's second moment is an average of squares: a negative one (a damaged file) would
-    // make the update's square root NaN a step later, blamed on the update.
-    if (prefix == "v.")
-      for (int64_t i = 0; i < p.numel; ++i)
-        if (x[i] < 0)
-          throw Error(str(file, ": tensor '", name, "' element ", i, " is ", (double)x[i],
-                          ", expected >= 0 (a second moment is an average of squared gradients)"));
+    st.read("m." + p.name, m.data());
+    st.read("v." + p.name, v.data());
+    for (int64_t i = 0; i < p.numel; ++i)
+      if (v[i] < 0)
+        throw Error(str(st.path(), ": tensor 'v.", p.name, "' element ", i, " is ", (double)v[i],
+                        ", expected >= 0 (a second moment is an average of squared gradients)"));
+    backend.set_optim_slice(p.offset, m.data(), v.data(), p.numel);
   }
-  return out;
 }
 
 // Prefixes the file unless the message already names it.
@@ -641,16 +653,12 @@ TrainerState load_checkpoint(const std::string& dir, const RunConfig& cfg, Backe
     throw naming((d / "model.safetensors").string(), e);
   }
   const std::string optim_file = (d / kOptimFile).string();
-  std::vector<float> m, v;  // a tensor at a time into them (not the file as doubles)
-  try {
+  try {  // a parameter at a time into the backend (not the file as doubles, nor the state twice on the host)
     model::SafetensorsReader st(optim_file);
-    const auto& info = backend.params_info();
-    m = read_moment(st, "m.", info, backend.num_params());
-    v = read_moment(st, "v.", info, backend.num_params());
+    load_moments(st, backend.params_info(), backend);
   } catch (const Error& e) {
     throw naming(optim_file, e);
   }
-  backend.set_optim_state(m, v);
   return st;
 }
 
