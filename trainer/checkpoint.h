@@ -145,7 +145,8 @@ std::string file_sha256(const std::string& path);
 // Loads weights, AdamW state and trainer state from a checkpoint folder into backend. Checks the
 // model config against cfg.model and the data file against cfg.data.path: its size, and its
 // content against data_sha256() (file_sha256(cfg.data.path), called only where the checkpoint
-// recorded a digest and the sizes agree). Errors name the file.
+// recorded a digest and the sizes agree). Errors name the file; after one, the backend may hold
+// part of the checkpoint (its weights, some of its optimizer state): a caller starts over or stops.
 TrainerState load_checkpoint(const std::string& dir, const RunConfig& cfg, Backend& backend,
                              const std::function<std::string()>& data_sha256);
 
