@@ -270,8 +270,8 @@ void write_safetensors(const std::string& path, const std::vector<StWriteTensor>
   for (const StWriteTensor& t : tensors) {
     if (t.name == "__metadata__" || !names.insert(t.name).second)
       throw Error(str(path, ": duplicate or reserved tensor name \"", t.name, "\""));
-    if ((t.f32 == nullptr) == (t.f64 == nullptr))
-      throw Error(str(path, ": tensor \"", t.name, "\": exactly one of f32 / f64 must be set"));
+    if ((t.f32 != nullptr) + (t.f64 != nullptr) + (t.fill != nullptr) != 1)
+      throw Error(str(path, ": tensor \"", t.name, "\": exactly one of f32 / f64 / fill must be set"));
     int64_t numel = 1;
     for (int64_t d : t.shape) {
       if (d < 0) throw Error(str(path, ": tensor \"", t.name, "\" has a negative dimension"));
@@ -288,6 +288,7 @@ void write_safetensors(const std::string& path, const std::vector<StWriteTensor>
   const std::string tmp = atomic_temp_path(path, (long)::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw Error(str(path, ": cannot create ", tmp, " (", errno_text(), ")"));
+  bool removed = false;  // the temporary file closed and removed (after an error)
   auto write_all = [&](const void* p, size_t n) {
     const char* c = static_cast<const char*>(p);
     while (n > 0) {
@@ -297,6 +298,7 @@ void write_safetensors(const std::string& path, const std::vector<StWriteTensor>
         const std::string why = errno_text();
         ::close(fd);
         ::unlink(tmp.c_str());
+        removed = true;
         throw Error(str(path, ": write failed (", why, ")"));
       }
       c += w;
@@ -309,29 +311,45 @@ void write_safetensors(const std::string& path, const std::vector<StWriteTensor>
   write_all(len_bytes, 8);
   write_all(header_text.data(), header_text.size());
 
-  // Converted in chunks so a large tensor does not need a second full copy.
-  constexpr int64_t kChunk = 1 << 16;
+  // Converted in chunks so a large tensor does not need a second full copy (nor, with fill, a
+  // first one).
+  constexpr int64_t kChunk = 1 << 20;
   std::vector<char> buf(kChunk * 8);
-  for (size_t k = 0; k < tensors.size(); ++k) {
-    const StWriteTensor& t = tensors[k];
-    for (int64_t s = 0; s < numels[k]; s += kChunk) {
-      const int64_t n = std::min(kChunk, numels[k] - s);
-      char* o = buf.data();
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t j = s + i;
-        if (dtype == "F32") {
-          const float f = t.f32 ? t.f32[j] : (float)t.f64[j];
-          std::memcpy(o + 4 * i, &f, 4);
-        } else if (dtype == "F64") {
-          const double d = t.f32 ? (double)t.f32[j] : t.f64[j];
-          std::memcpy(o + 8 * i, &d, 8);
-        } else {
-          const uint16_t b = t.f32 ? float_to_bf16(t.f32[j]) : double_to_bf16(t.f64[j]);
-          std::memcpy(o + 2 * i, &b, 2);
+  std::vector<float> filled;
+  try {
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      const StWriteTensor& t = tensors[k];
+      for (int64_t s = 0; s < numels[k]; s += kChunk) {
+        const int64_t n = std::min(kChunk, numels[k] - s);
+        const float* f32 = t.f32 ? t.f32 + s : nullptr;  // the chunk's values, f32 or f64
+        const double* f64 = t.f64 ? t.f64 + s : nullptr;
+        if (t.fill) {
+          filled.resize((size_t)n);
+          t.fill(s, n, filled.data());
+          f32 = filled.data();
         }
+        char* o = buf.data();
+        for (int64_t i = 0; i < n; ++i) {
+          if (dtype == "F32") {
+            const float f = f32 ? f32[i] : (float)f64[i];
+            std::memcpy(o + 4 * i, &f, 4);
+          } else if (dtype == "F64") {
+            const double d = f32 ? (double)f32[i] : f64[i];
+            std::memcpy(o + 8 * i, &d, 8);
+          } else {
+            const uint16_t b = f32 ? float_to_bf16(f32[i]) : double_to_bf16(f64[i]);
+            std::memcpy(o + 2 * i, &b, 2);
+          }
+        }
+        write_all(o, (size_t)(n * esize));
       }
-      write_all(o, (size_t)(n * esize));
     }
+  } catch (...) {  // a fill that throws (a device error): nothing left behind
+    if (!removed) {
+      ::close(fd);
+      ::unlink(tmp.c_str());
+    }
+    throw;
   }
   const bool synced = ::fsync(fd) == 0;
   const std::string sync_err = synced ? "" : errno_text();

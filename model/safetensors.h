@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <istream>
 #include <map>
 #include <string>
@@ -63,8 +64,11 @@ class SafetensorsReader {
 struct StWriteTensor {
   std::string name;
   std::vector<int64_t> shape;
-  const float* f32 = nullptr;   // exactly one of f32 / f64 is set
+  const float* f32 = nullptr;   // exactly one of f32 / f64 / fill is set
   const double* f64 = nullptr;
+  // fill(first, n, dst): values [first, first + n) into dst as floats, asked for in order, a
+  // piece of at most 2^20 at a time (a device's state written without a host copy of it whole).
+  std::function<void(int64_t first, int64_t n, float* dst)> fill;
 };
 
 // dtype: "F32" | "BF16" | "F64". metadata goes into "__metadata__".

@@ -224,6 +224,12 @@ class DecoderBackend : public Backend {
     model_.exec().download(m_out->data(), m_.data(), sizeof(float) * m_out->size());
     model_.exec().download(v_out->data(), v_.data(), sizeof(float) * v_out->size());
   }
+  void optim_slice_host(bool second, int64_t offset, int64_t n, float* dst) const override {
+    TT_CHECK(offset >= 0 && n >= 0 && offset + n <= num_params(), "optimizer state slice [", offset, ", ", offset + n,
+             ") outside the model's ", num_params(), " parameters");
+    const float* src = reinterpret_cast<const float*>((second ? v_ : m_).data()) + offset;
+    model_.exec().download(dst, src, sizeof(float) * n);  // waits
+  }
   void set_optim_slice(int64_t offset, const float* m_in, const float* v_in, int64_t n) override {
     TT_CHECK(offset >= 0 && n >= 0 && offset + n <= num_params(), "optimizer state slice [", offset, ", ", offset + n,
              ") outside the model's ", num_params(), " parameters");

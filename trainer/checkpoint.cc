@@ -60,19 +60,20 @@ bool is_complete(const fs::path& dir) {
   return fs::is_regular_file(dir / kStateFile);
 }
 
-std::vector<model::StWriteTensor> optimizer_tensors(const std::vector<model::ParamInfo>& info,
-                                                    const std::vector<float>& m, const std::vector<float>& v) {
+// The optimizer file's tensors, "m.<name>" and "v.<name>" of each parameter, filled from the
+// backend a piece at a time (no host copy of the whole state).
+std::vector<model::StWriteTensor> optimizer_tensors(const Backend& backend) {
   std::vector<model::StWriteTensor> out;
-  for (const model::ParamInfo& p : info) {
-    model::StWriteTensor t;
-    t.shape = p.shape;
-    t.name = "m." + p.name;
-    t.f32 = m.data() + p.offset;
-    out.push_back(t);
-    t.name = "v." + p.name;
-    t.f32 = v.data() + p.offset;
-    out.push_back(t);
-  }
+  for (const model::ParamInfo& p : backend.params_info())
+    for (const bool second : {false, true}) {
+      model::StWriteTensor t;
+      t.shape = p.shape;
+      t.name = (second ? "v." : "m.") + p.name;
+      t.fill = [&backend, second, offset = p.offset](int64_t first, int64_t n, float* dst) {
+        backend.optim_slice_host(second, offset + first, n, dst);
+      };
+      out.push_back(std::move(t));
+    }
   return out;
 }
 
@@ -326,9 +327,7 @@ std::string save_checkpoint(const std::string& run_dir, const RunConfig& cfg, co
     fs::create_directories(tmp);
 
     backend.save_hf(tmp.string());
-    std::vector<float> m, v;
-    backend.optim_state_host(&m, &v);
-    model::write_safetensors((tmp / kOptimFile).string(), optimizer_tensors(backend.params_info(), m, v), "F32",
+    model::write_safetensors((tmp / kOptimFile).string(), optimizer_tensors(backend), "F32",
                              {{"step", std::to_string(state.step)}, {"format", "treetrain-adamw"}});
     write_file(tmp / kConfigFile, cfg.to_yaml());
     if (!gemm_tuning.empty()) write_file(tmp / kGemmTuningFile, gemm_tuning);  // listed by the manifest

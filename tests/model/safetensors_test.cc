@@ -339,6 +339,44 @@ TEST(SafetensorsReader, ErrorsNameTheFileAndTensor) {
   }
 }
 
+// A tensor given by fill (the optimizer state from the device a piece at a time): the same file as
+// from a pointer to its values, in every dtype, the pieces asked for in order; a fill that throws
+// leaves no file, temporary or final, behind.
+TEST(Safetensors, FilledTensorsWriteAsFromPointers) {
+  std::vector<float> a((size_t{1} << 20) + 37);  // past one piece
+  for (size_t i = 0; i < a.size(); ++i) a[i] = std::ldexp(1.0f + (float)(i % 97) / 97.0f, (int)(i % 50) - 25);
+  for (const char* dtype : {"F32", "BF16", "F64"}) {
+    SCOPED_TRACE(dtype);
+    const std::string from_ptr = temp_path(str("ptr_", dtype, ".safetensors")),
+                      from_fill = temp_path(str("fill_", dtype, ".safetensors"));
+    write_safetensors(from_ptr, {{"a", {(int64_t)a.size()}, a.data(), nullptr}}, dtype);
+    int64_t next = 0;
+    StWriteTensor t{"a", {(int64_t)a.size()}, nullptr, nullptr, {}};
+    t.fill = [&](int64_t first, int64_t n, float* dst) {
+      EXPECT_EQ(first, next) << "pieces in order";
+      EXPECT_LE(n, int64_t{1} << 20);
+      std::copy(a.begin() + first, a.begin() + first + n, dst);
+      next = first + n;
+    };
+    write_safetensors(from_fill, {t}, dtype);
+    EXPECT_EQ(next, (int64_t)a.size());
+    EXPECT_EQ(read_bytes(from_fill), read_bytes(from_ptr));
+  }
+  const std::string failed = temp_path("fill_throws.safetensors");
+  StWriteTensor bad{"a", {(int64_t)a.size()}, nullptr, nullptr, {}};
+  bad.fill = [](int64_t first, int64_t, float*) {
+    if (first > 0) throw Error("the device is gone");
+  };
+  try {
+    write_safetensors(failed, {bad}, "F32");
+    ADD_FAILURE() << "expected tt::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "the device is gone");
+  }
+  EXPECT_FALSE(std::filesystem::exists(failed));
+  EXPECT_FALSE(std::filesystem::exists(tt::atomic_temp_path(failed, (long)::getpid())));
+}
+
 TEST(Safetensors, WriterRejectsBadInput) {
   const std::string p = temp_path("reject.safetensors");
   const float x = 1;
