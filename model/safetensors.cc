@@ -313,10 +313,10 @@ void write_safetensors(const std::string& path, const std::vector<StWriteTensor>
 
   // Converted in chunks so a large tensor does not need a second full copy (nor, with fill, a
   // first one).
-  constexpr int64_t kChunk = 1 << 20;
-  std::vector<char> buf(kChunk * 8);
-  std::vector<float> filled;
+  constexpr int64_t kChunk = 1 << 20;  // StWriteTensor::fill's pieces (safetensors.h says 2^20)
   try {
+    std::vector<char> buf(kChunk * 8);
+    std::vector<float> filled;
     for (size_t k = 0; k < tensors.size(); ++k) {
       const StWriteTensor& t = tensors[k];
       for (int64_t s = 0; s < numels[k]; s += kChunk) {
@@ -344,7 +344,7 @@ void write_safetensors(const std::string& path, const std::vector<StWriteTensor>
         write_all(o, (size_t)(n * esize));
       }
     }
-  } catch (...) {  // a fill that throws (a device error): nothing left behind
+  } catch (...) {  // a fill that throws (a device error), or no memory for the buffers: nothing left behind
     if (!removed) {
       ::close(fd);
       ::unlink(tmp.c_str());
