@@ -111,6 +111,17 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
   done
 done
 
+# The rounds' table, as soon as the rounds are done and again at the end, to stdout and to
+# $OUT/0_table.txt: a call cut short in its tests keeps it (only 8 files come back from $OUT, the
+# first by name, and a killed pipe prints nothing).
+ops_table() {
+  local labels=()
+  for v in $variants; do labels+=("$v=$(sed -n "s/.* $v=\([^ ]*\).*/\1/p" "$DIR/labels")"); done
+  { echo "----- ops_bench gdn (each build's median over the rounds, and its ratio to v1's)"
+    python3 scripts/device/ops_ab_table.py "$OUT" "${labels[@]}"; } | tee "$OUT/0_table.txt"
+}
+ops_table
+
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   for v in ${TEST_VARIANTS:-$variants}; do
@@ -157,7 +168,4 @@ for v in ${TRACE:-}; do
 done
 
 print_test_report
-echo "----- ops_bench gdn (each build's median over the rounds, and its ratio to v1's)"
-labels=()
-for v in $variants; do labels+=("$v=$(sed -n "s/.* $v=\([^ ]*\).*/\1/p" "$DIR/labels")"); done
-python3 scripts/device/ops_ab_table.py "$OUT" "${labels[@]}"
+ops_table
