@@ -218,21 +218,13 @@ class DecoderBackend : public Backend {
 
   std::vector<float> params_host() const override { return model_.params_host(); }
   std::vector<float> grads_host() const override { return model_.grads_host(); }
-  void optim_state_host(std::vector<float>* m_out, std::vector<float>* v_out) const override {
-    m_out->resize(num_params());
-    v_out->resize(num_params());
-    model_.exec().download(m_out->data(), m_.data(), sizeof(float) * m_out->size());
-    model_.exec().download(v_out->data(), v_.data(), sizeof(float) * v_out->size());
-  }
   void optim_slice_host(bool second, int64_t offset, int64_t n, float* dst) const override {
-    TT_CHECK(offset >= 0 && n >= 0 && offset + n <= num_params(), "optimizer state slice [", offset, ", ", offset + n,
-             ") outside the model's ", num_params(), " parameters");
+    check_optim_slice(offset, n);
     const float* src = reinterpret_cast<const float*>((second ? v_ : m_).data()) + offset;
     model_.exec().download(dst, src, sizeof(float) * n);  // waits
   }
   void set_optim_slice(int64_t offset, const float* m_in, const float* v_in, int64_t n) override {
-    TT_CHECK(offset >= 0 && n >= 0 && offset + n <= num_params(), "optimizer state slice [", offset, ", ", offset + n,
-             ") outside the model's ", num_params(), " parameters");
+    check_optim_slice(offset, n);
     model_.exec().upload(m() + offset, m_in, sizeof(float) * n);  // pageable sources: staged on return
     model_.exec().upload(v() + offset, v_in, sizeof(float) * n);
     model_.exec().sync();
@@ -303,6 +295,10 @@ class DecoderBackend : public Backend {
   }
 
  private:
+  void check_optim_slice(int64_t offset, int64_t n) const {
+    TT_CHECK(offset >= 0 && n >= 0 && offset + n <= num_params(), "optimizer state slice [", offset, ", ", offset + n,
+             ") outside the model's ", num_params(), " parameters");
+  }
   float* m() { return reinterpret_cast<float*>(m_.data()); }
   float* v() { return reinterpret_cast<float*>(v_.data()); }
   void reset_optim() {

@@ -101,10 +101,15 @@ class Backend {
   // Host copies in the flat layout, for checkpoints and tests.
   virtual std::vector<float> params_host() const = 0;
   virtual std::vector<float> grads_host() const = 0;
-  virtual void optim_state_host(std::vector<float>* m, std::vector<float>* v) const = 0;
   // m's (second: v's) n values from `offset` of the flat layout into dst (a checkpoint writes them
-  // a piece at a time: no host copy of the whole state).
+  // a piece at a time: no host copy of the whole state); the whole state, as vectors, for tests.
   virtual void optim_slice_host(bool second, int64_t offset, int64_t n, float* dst) const = 0;
+  void optim_state_host(std::vector<float>* m, std::vector<float>* v) const {
+    m->resize((size_t)num_params());
+    v->resize((size_t)num_params());
+    optim_slice_host(false, 0, num_params(), m->data());
+    optim_slice_host(true, 0, num_params(), v->data());
+  }
   // AdamW's m and v for the n parameters from `offset` of the flat layout (a checkpoint loads them a
   // tensor at a time: no host copy of the whole state); the whole state, as vectors, for tests.
   virtual void set_optim_slice(int64_t offset, const float* m, const float* v, int64_t n) = 0;

@@ -81,7 +81,7 @@ std::vector<model::StWriteTensor> optimizer_tensors(const Backend& backend) {
 // (before anything of the backend changes); returns the largest parameter's element count.
 int64_t check_moments(const model::SafetensorsReader& st, const std::vector<model::ParamInfo>& info) {
   int64_t largest = 0;
-  for (const model::ParamInfo& p : info)
+  for (const model::ParamInfo& p : info) {
     for (const char* prefix : {"m.", "v."}) {
       const std::string name = prefix + p.name;
       auto it = st.tensors().find(name);
@@ -90,8 +90,9 @@ int64_t check_moments(const model::SafetensorsReader& st, const std::vector<mode
       if (t.dtype != "F32") throw Error(str(st.path(), ": tensor '", name, "' is ", t.dtype, ", expected F32"));
       if (t.shape != p.shape)
         throw Error(str(st.path(), ": tensor '", name, "' has the wrong shape for parameter ", p.name));
-      largest = std::max(largest, p.numel);
     }
+    largest = std::max(largest, p.numel);
+  }
   return largest;
 }
 
