@@ -267,14 +267,21 @@ void Decoder<E>::set_params(const Param* host) {
 template <class E>
 std::vector<typename E::Param> Decoder<E>::params_host() const {
   std::vector<Param> out(num_params());
+  params_slice_host(0, num_params(), out.data());
+  return out;
+}
+
+template <class E>
+void Decoder<E>::params_slice_host(int64_t offset, int64_t n, Param* dst) const {
+  TT_CHECK(offset >= 0 && n >= 0 && offset <= num_params() - n, "params_slice_host: [", offset, ", ", offset, " + ",
+           n, ") is outside the ", num_params(), " parameters");
   if constexpr (E::kSeparateWeights) {
     if (!params_.data()) {
-      exec_.download_weights(out.data(), reinterpret_cast<const Weight*>(weights_.data()), num_params());
-      return out;
+      exec_.download_weights(dst, reinterpret_cast<const Weight*>(weights_.data()) + offset, n);
+      return;
     }
   }
-  exec_.download(out.data(), params_.data(), bytes_of(num_params()));
-  return out;
+  exec_.download(dst, params() + offset, bytes_of(n));
 }
 
 template <class E>

@@ -264,6 +264,8 @@ class Decoder {
   // takes fp32 host values for its weights (rounded to bf16 on the GPU) and returns them widened.
   void set_params(const Param* host);
   std::vector<Param> params_host() const;
+  // Parameters [offset, offset + n) into host dst (waits): a device's weights read a piece at a time.
+  void params_slice_host(int64_t offset, int64_t n, Param* dst) const;
   std::vector<Param> grads_host() const;
   // Re-derives the working copy after params() changed on the backend (no-op on the CPU).
   void refresh_weights();

@@ -73,9 +73,12 @@ ModelConfig read_hf_config(const std::string& dir) {
   return ModelConfig::from_hf_json(read_json_file(path), path);
 }
 
-template <class T>
-void save_hf(const std::string& dir, const ModelConfig& cfg, const std::vector<ParamInfo>& table, const T* params,
-             const std::string& dtype) {
+namespace {
+
+// config.json, then model.safetensors of `table`'s tensors, each's values set by set_source(t, p).
+template <class SetSource>
+void write_hf(const std::string& dir, const ModelConfig& cfg, const std::vector<ParamInfo>& table,
+              const std::string& dtype, SetSource set_source) {
   TT_CHECK(dtype == "F32" || dtype == "BF16", "save_hf: dtype must be \"F32\" or \"BF16\", got \"", dtype, "\"");
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -88,15 +91,31 @@ void save_hf(const std::string& dir, const ModelConfig& cfg, const std::vector<P
     StWriteTensor t;
     t.name = hf_tensor_name(cfg, p.name);
     t.shape = p.shape;
-    const T* w = params + p.offset;
-    if constexpr (std::is_same_v<T, float>) {
-      t.f32 = w;
-    } else {
-      t.f64 = w;
-    }
+    set_source(t, p);
     tensors.push_back(std::move(t));
   }
   write_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, dtype, {{"format", "pt"}});
+}
+
+}  // namespace
+
+template <class T>
+void save_hf(const std::string& dir, const ModelConfig& cfg, const std::vector<ParamInfo>& table, const T* params,
+             const std::string& dtype) {
+  write_hf(dir, cfg, table, dtype, [params](StWriteTensor& t, const ParamInfo& p) {
+    if constexpr (std::is_same_v<T, float>) {
+      t.f32 = params + p.offset;
+    } else {
+      t.f64 = params + p.offset;
+    }
+  });
+}
+
+void save_hf(const std::string& dir, const ModelConfig& cfg, const std::vector<ParamInfo>& table,
+             const ParamReader& slice, const std::string& dtype) {
+  write_hf(dir, cfg, table, dtype, [&slice](StWriteTensor& t, const ParamInfo& p) {
+    t.fill = [&slice, offset = p.offset](int64_t first, int64_t n, float* dst) { slice(offset + first, n, dst); };
+  });
 }
 
 namespace {

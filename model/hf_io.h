@@ -7,6 +7,8 @@
 // not written, and is ignored when present on read.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,6 +34,11 @@ ModelConfig read_hf_config(const std::string& dir);
 template <class T>
 void save_hf(const std::string& dir, const ModelConfig& cfg, const std::vector<ParamInfo>& table, const T* params,
              const std::string& dtype);
+// The same with the flat parameters read through slice(offset, n, dst), [offset, offset + n) into
+// dst a piece of at most 2^20 at a time (a device's weights saved without a host copy of them whole).
+using ParamReader = std::function<void(int64_t offset, int64_t n, float* dst)>;
+void save_hf(const std::string& dir, const ModelConfig& cfg, const std::vector<ParamInfo>& table,
+             const ParamReader& slice, const std::string& dtype);
 
 // Loads DIR/model.safetensors (or the shards named by DIR/model.safetensors.index.json) into the
 // flat host buffer `params` (table offsets); every parameter must be present with the right

@@ -98,8 +98,11 @@ class DecoderBackend : public Backend {
     reset_optim();
   }
   void save_hf(const std::string& dir) const override {
-    const std::vector<float> host = model_.params_host();
-    model::save_hf(dir, model_.config(), model_.params_info(), host.data(), "F32");
+    // A piece at a time (no host copy of the whole weights).
+    const model::ParamReader slice = [this](int64_t offset, int64_t n, float* dst) {
+      model_.params_slice_host(offset, n, dst);
+    };
+    model::save_hf(dir, model_.config(), model_.params_info(), slice, "F32");
   }
 
   void zero_grad() override {
