@@ -127,6 +127,19 @@ TEST_F(BackendCudaTest, CheckpointRoundTrip) {
   back->optim_state_host(&m2, &v2);
   EXPECT_EQ(m2, m);
   EXPECT_EQ(v2, v);
+  // A piece at an offset (how checkpoints move the state: a tensor at a time) reads and writes
+  // just those elements.
+  const int64_t off = gpu->num_params() / 3, n = 1000;
+  std::vector<float> piece(n), m_new(m.begin() + off, m.begin() + off + n), v_new(n, 0.25f);
+  back->optim_slice_host(true, off, n, piece.data());
+  EXPECT_EQ(piece, std::vector<float>(v.begin() + off, v.begin() + off + n));
+  for (float& x : m_new) x = -x;
+  back->set_optim_slice(off, m_new.data(), v_new.data(), n);
+  std::copy(m_new.begin(), m_new.end(), m.begin() + off);
+  std::copy(v_new.begin(), v_new.end(), v.begin() + off);
+  back->optim_state_host(&m2, &v2);
+  EXPECT_EQ(m2, m);
+  EXPECT_EQ(v2, v);
 
   gpu->zero_grad();
   back->zero_grad();
