@@ -28,8 +28,38 @@ long atomic_temp_pid(const std::string& filename) {
   return std::stol(pid);
 }
 
+std::string atomic_write_target(const std::string& path, bool follow_links) {
+  namespace fs = std::filesystem;
+  if (path.empty()) throw Error("an empty output path, expected a file name");
+  if (path.back() == '/') throw Error(str(path, ": ends in '/', expected a file path"));
+  fs::path p = path;
+  for (int hops = 0;; ++hops) {
+    std::error_code ec;
+    const fs::file_status st = fs::symlink_status(p, ec);
+    if (st.type() == fs::file_type::not_found || fs::is_regular_file(st)) return p.string();
+    if (ec) throw Error(str(path, ": cannot check the output file: ", ec.message()));
+    if (fs::is_symlink(st)) {
+      if (!follow_links) throw Error(str(path, ": is a symbolic link, expected a regular file or a new name"));
+      if (hops == 40) throw Error(str(path, ": more than 40 symbolic links in a row"));
+      const fs::path to = fs::read_symlink(p, ec);
+      if (ec) throw Error(str(path, ": cannot read the symbolic link: ", ec.message()));
+      p = to.is_absolute() ? to : p.parent_path() / to;
+      continue;
+    }
+    const char* kind = fs::is_directory(st)        ? "a folder"
+                       : fs::is_fifo(st)           ? "a FIFO"
+                       : fs::is_character_file(st) ? "a character device"
+                       : fs::is_block_file(st)     ? "a block device"
+                       : fs::is_socket(st)         ? "a socket"
+                                                   : "not a regular file";
+    throw Error(str(path, p.string() == path ? "" : str(" (", p.string(), ")"), ": is ", kind,
+                    ", expected a regular file or a new name"));
+  }
+}
+
 void write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = atomic_temp_path(path, (long)::getpid());
+  const std::string target = atomic_write_target(path);
+  const std::string tmp = atomic_temp_path(target, (long)::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw Error(str(path, ": cannot create ", tmp));
@@ -43,7 +73,7 @@ void write_text_atomic(const std::string& path, const std::string& text) {
   const int fd = ::open(tmp.c_str(), O_RDONLY);
   const bool synced = fd >= 0 && ::fsync(fd) == 0;
   if (fd >= 0) ::close(fd);
-  if (!synced || std::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (!synced || std::rename(tmp.c_str(), target.c_str()) != 0) {
     std::remove(tmp.c_str());
     throw Error(str(path, ": fsync or rename from ", tmp, " failed"));
   }

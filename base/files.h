@@ -17,7 +17,14 @@ std::string atomic_temp_path(const std::string& path, long pid);
 // The writer's pid when `filename` (no folder) is such a temporary file, else -1.
 long atomic_temp_pid(const std::string& filename);
 
-// Writes text to path atomically. Throws tt::Error naming the path when any step fails (the
+// Checks `path` as an output file that an atomic write (a temporary file beside it, renamed over
+// it) may replace, and returns the name to rename onto: `path`, or, with follow_links, the file a
+// symbolic link there leads to, so that the link stays (without follow_links a link is an error).
+// Throws tt::Error "<path>: ..." for a name ending in '/' and for an existing folder, FIFO, device
+// or socket: a rename would replace the node itself (a FIFO's reader would get nothing).
+std::string atomic_write_target(const std::string& path, bool follow_links = true);
+
+// Writes text to path atomically (onto atomic_write_target(path)). Throws tt::Error naming the path when any step fails (the
 // temporary file is removed).
 void write_text_atomic(const std::string& path, const std::string& text);
 

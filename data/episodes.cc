@@ -82,7 +82,7 @@ Episode parse_episode_line(const std::string& line, const std::string& where, co
     if (!images.is_array() || images.empty())
       throw Error(str(at, ": field \"images\": expected a non-empty list of image files, got ", images.dump()));
     for (size_t c = 0; c < images.size(); ++c) {
-      if (!images[c].is_string())
+      if (!images[c].is_string() || images[c].get<std::string>().find('\0') != std::string::npos)
         throw Error(str(at, ": field \"images\"[", c, "]: expected a file name, got ", images[c].dump()));
       const fs::path p = fs::path(dir) / images[c].get<std::string>();
       std::error_code ec;
@@ -150,7 +150,8 @@ std::string generated_frames_folder(const std::string& jsonl_path) {
 }
 
 GeneratedEpisodes::GeneratedEpisodes(const std::string& path)
-    : path_(path), tmp_(atomic_temp_path(path, (long)::getpid())), folder_(generated_frames_folder(path)),
+    // The frames' paths in the file are relative to its folder: a link to a file elsewhere is refused.
+    : path_(path), tmp_(atomic_temp_path(atomic_write_target(path, /*follow_links=*/false), (long)::getpid())), folder_(generated_frames_folder(path)),
       dir_(fs::path(path).parent_path()) {
   tmp_folder_ = folder_ + str(".tmp-", (long)::getpid());
   std::error_code ec;

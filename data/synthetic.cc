@@ -19,6 +19,8 @@
 // 4 x 4 branches) stay cheap.
 #include "data/synthetic.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -27,6 +29,7 @@
 
 #include "data/rng.h"
 #include "base/check.h"
+#include "base/files.h"
 
 namespace tt::data {
 namespace {
@@ -263,9 +266,8 @@ SyntheticSpec published_example_spec() {
 void write_jsonl(const SyntheticSpec& spec, const std::string& path) {
   check_spec(spec);
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw Error(str("cannot write synthetic data to '", path, "': is a folder, expected a file path"));
-  const std::string tmp = path + ".tmp";
+  const std::string target = atomic_write_target(path);  // a link kept, a folder or FIFO refused
+  const std::string tmp = atomic_temp_path(target, (long)::getpid());
   try {
     {
       std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -274,7 +276,7 @@ void write_jsonl(const SyntheticSpec& spec, const std::string& path) {
       out.flush();
       if (!out) throw Error(str("error writing synthetic data to '", tmp, "'"));
     }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error(str("cannot rename '", tmp, "' to '", path, "'"));
+    if (std::rename(tmp.c_str(), target.c_str()) != 0) throw Error(str("cannot rename '", tmp, "' to '", target, "'"));
   } catch (...) {
     std::filesystem::remove(tmp, ec);  // no leftover on failure
     throw;

@@ -285,7 +285,8 @@ void write_safetensors(const std::string& path, const std::vector<StWriteTensor>
   std::string header_text = header.dump();
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
 
-  const std::string tmp = atomic_temp_path(path, (long)::getpid());
+  const std::string target = atomic_write_target(path);
+  const std::string tmp = atomic_temp_path(target, (long)::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw Error(str(path, ": cannot create ", tmp, " (", errno_text(), ")"));
   bool removed = false;  // the temporary file closed and removed (after an error)
@@ -358,7 +359,7 @@ void write_safetensors(const std::string& path, const std::vector<StWriteTensor>
     ::unlink(tmp.c_str());
     throw Error(str(path, ": fsync/close failed (", why, ")"));
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
     const std::string why = errno_text();
     ::unlink(tmp.c_str());
     throw Error(str(path, ": rename from ", tmp, " failed (", why, ")"));

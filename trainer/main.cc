@@ -190,6 +190,10 @@ Args parse_flags(const std::vector<std::string>& argv, const std::vector<std::st
       throw UsageError{"unknown flag --" + name + " for '" + cmd + "'"};
     if (eq == std::string::npos) {
       if (i + 1 >= argv.size()) throw UsageError{"--" + name + " needs a value"};
+      // A value that is itself a flag is a forgotten value (a file really named so: --name=--x).
+      if (argv[i + 1].rfind("--", 0) == 0 && argv[i + 1].size() > 2)
+        throw UsageError{"--" + name + " needs a value, got the flag " + argv[i + 1] +
+                         " (a value starting with -- goes as --" + name + "=VALUE)"};
       value = argv[++i];
     }
     if (name == "set") {
@@ -534,8 +538,11 @@ int run_generate(const std::vector<std::string>& argv) {
     throw UsageError{"--kind " + kind + " takes " + list + "; drop --" + name};
   }
   const std::string& out = required(a, "out");
-  std::error_code ec;
-  if (std::filesystem::is_directory(out, ec)) throw tt::Error("--out " + out + ": is a folder, expected a file path");
+  try {  // before any folder is made: a folder, FIFO or device named by --out is an error
+    tt::atomic_write_target(out, /*follow_links=*/kind != "toy-episodes" && kind != "nav-episodes");
+  } catch (const tt::Error& e) {
+    throw tt::Error(std::string("--out ") + e.what());
+  }
   make_out_parent(out);
   if (kind == "published-example") {
     const tt::data::SyntheticSpec s = tt::data::published_example_spec();
@@ -696,6 +703,38 @@ int run_sweep(const std::vector<std::string>& argv) {
   return 0;
 }
 
+// The command's exit status; errors are thrown.
+int run_command(std::vector<std::string> args) {
+  if (args.empty()) throw UsageError{"no command"};
+  if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::cout << kUsage;
+    return 0;
+  }
+  for (const std::string& a : args) {
+    if (a == "--") break;  // the arguments of `launch`'s ranks
+    if (a == "--help" || a == "-h") {
+      std::cout << kUsage;
+      return 0;
+    }
+  }
+  std::string cmd = "train";
+  if (args[0].rfind("--", 0) != 0) {
+    cmd = args[0];
+    args.erase(args.begin());
+  }
+  if (cmd == "train") return run_train(args);
+  if (cmd == "stats") return run_stats(args);
+  if (cmd == "bench") return run_bench(args);
+  if (cmd == "generate") return run_generate(args);
+  if (cmd == "sample") return run_sample(args);
+  if (cmd == "eval") return run_eval(args);
+  if (cmd == "serve") return run_serve(args);
+  if (cmd == "nav-env") return run_nav_env(args);
+  if (cmd == "launch") return run_launch(args);
+  if (cmd == "sweep") return run_sweep(args);
+  throw UsageError{"unknown command '" + cmd + "'"};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -709,47 +748,28 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  std::vector<std::string> args(argv + 1, argv + argc);
+  int rc = 1;
   try {
-    if (args.empty()) throw UsageError{"no command"};
-    if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-      std::cout << kUsage;
-      return 0;
-    }
-    for (const std::string& a : args) {
-      if (a == "--") break;  // the arguments of `launch`'s ranks
-      if (a == "--help" || a == "-h") {
-        std::cout << kUsage;
-        return 0;
-      }
-    }
-    std::string cmd = "train";
-    if (args[0].rfind("--", 0) != 0) {
-      cmd = args[0];
-      args.erase(args.begin());
-    }
-    if (cmd == "train") return run_train(args);
-    if (cmd == "stats") return run_stats(args);
-    if (cmd == "bench") return run_bench(args);
-    if (cmd == "generate") return run_generate(args);
-    if (cmd == "sample") return run_sample(args);
-    if (cmd == "eval") return run_eval(args);
-    if (cmd == "serve") return run_serve(args);
-    if (cmd == "nav-env") return run_nav_env(args);
-    if (cmd == "launch") return run_launch(args);
-    if (cmd == "sweep") return run_sweep(args);
-    throw UsageError{"unknown command '" + cmd + "'"};
+    rc = run_command(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const UsageError& e) {
     print_error(e.msg, std::string("\n") + kUsage);
-    return 2;
+    rc = 2;
   } catch (const tt::trainer::NonFiniteError& e) {
     print_error(e.what());
-    return 3;
+    rc = 3;
   } catch (const tt::Error& e) {
     print_error(e.what());
-    return 1;
+    rc = 1;
   } catch (const std::exception& e) {
     print_error(e.what());
+    rc = 1;
+  }
+  // What a command printed (stats' JSON, sample's completions) must have arrived: a full disk
+  // under a redirection is an error, not exit 0 (after another error its exit status stands).
+  std::cout.flush();
+  if (rc == 0 && (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout))) {
+    print_error("standard output: a write failed (a full disk?); what this command printed is incomplete");
     return 1;
   }
+  return rc;
 }

@@ -63,6 +63,9 @@ TEST(Episodes, BadInputNamesFileLineStepAndField) {
   EXPECT_EQ(error_of(f, head + s0 + "]}"), "");
   EXPECT_EQ(error_of(f, head + R"({"images": ["frames/missing.png"], "action": [0.1]}]})"),
             w + ": step 0: field \"images\"[0]: no image file " + (d / "frames" / "missing.png").string());
+  // A NUL inside the name (which a path would cut short: "frames/a.png" here) is no file name.
+  EXPECT_EQ(error_of(f, head + R"({"images": ["frames/a.png\u0000.jpg"], "action": [0.1]}]})"),
+            w + ": step 0: field \"images\"[0]: expected a file name, got \"frames/a.png\\u0000.jpg\"");
   EXPECT_EQ(error_of(f, head + s0 + R"(, {"images": ["frames/b.png"], "action": [0.1]}]})"),
             w + ": step 1: the action has 1 values, expected 2 values (as step 0)");
   EXPECT_EQ(error_of(f, head + s0 + R"(, {"images": ["frames/a.png", "frames/b.png"], "action": [1, 2]}]})"),

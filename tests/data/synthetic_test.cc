@@ -3,6 +3,7 @@
 #include "data/synthetic.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include "data/reader.h"
 #include "data/stats.h"
 #include "base/check.h"
+#include "base/files.h"
 #include "tests/data/test_util.h"
 
 namespace tt::data {
@@ -230,13 +232,13 @@ TEST(Synthetic, FailedWritesLeaveNothingBehind) {
     FAIL() << "expected tt::Error";
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()),
-              "cannot write synthetic data to '" + dir.string() + "': is a folder, expected a file path");
+              dir.string() + ": is a folder, expected a regular file or a new name");
   }
-  EXPECT_FALSE(std::filesystem::exists(dir.string() + ".tmp"));
+  EXPECT_FALSE(std::filesystem::exists(atomic_temp_path(dir.string(), (long)::getpid())));
   // Nor into a missing folder.
   const std::string missing = (dir / "no" / "x.jsonl").string();
   EXPECT_THROW(write_jsonl(spec, missing), Error);
-  EXPECT_FALSE(std::filesystem::exists(missing + ".tmp"));
+  EXPECT_FALSE(std::filesystem::exists(atomic_temp_path(missing, (long)::getpid())));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The treetrain binary: usage errors exit 2 with the usage, tt::Error exits 1 with "error: ...",
 // stats prints one JSON object, generate + train run end to end.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sched.h>
 #include <sys/wait.h>
 
@@ -607,6 +608,58 @@ TEST(CliTest, FailedGenerationAndSweepScriptsKeepWhatIsThere) {
       << r.err;
 }
 
+// What generate writes replaces a regular file only: through a symbolic link the file it leads
+// to (the link kept), never a FIFO or folder (refused, nothing made), never a file of the user's
+// beside it (the temporary file is hidden and per process); a flag where a value belongs is an
+// error; a failed write to standard output is exit 1, not a silent 0.
+TEST(CliTest, OutputsReplaceOnlyRegularFiles) {
+  const fs::path dir = tmp("cli_outputs");
+  fs::create_directories(dir / "real");
+  std::ofstream(dir / "real" / "t.jsonl") << "old";
+  fs::create_symlink("real/t.jsonl", dir / "link.jsonl");
+  Result r = treetrain("generate --kind comb --num-trees 1 --out " + (dir / "link.jsonl").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::is_symlink(dir / "link.jsonl"));
+  EXPECT_EQ(slurp(dir / "real" / "t.jsonl").rfind("{\"id\":\"comb-000000\"", 0), 0u);
+  // Episodes' frames are named relative to the file's folder: a link is refused there.
+  r = treetrain("generate --kind toy-episodes --num-episodes 1 --out " + (dir / "link.jsonl").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err, "error: --out " + (dir / "link.jsonl").string() +
+                       ": is a symbolic link, expected a regular file or a new name\n");
+  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0644), 0);
+  r = treetrain("generate --kind rollouts --out " + (dir / "fifo").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err, "error: --out " + (dir / "fifo").string() + ": is a FIFO, expected a regular file or a new name\n");
+  EXPECT_TRUE(fs::is_fifo(dir / "fifo"));
+  for (const std::string kind : {"comb", "toy-episodes"}) {
+    const std::string out = (dir / ("new_" + kind)).string() + "/";
+    r = treetrain("generate --kind " + kind + " --out " + out);
+    EXPECT_EQ(r.code, 1) << kind;
+    EXPECT_EQ(r.err, "error: --out " + out + ": ends in '/', expected a file path\n") << kind;
+    EXPECT_FALSE(fs::exists(out)) << kind << ": nothing made";
+  }
+  std::ofstream(dir / "d.jsonl.tmp") << "the user's";
+  r = treetrain("generate --kind comb --num-trees 1 --out " + (dir / "d.jsonl").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(slurp(dir / "d.jsonl.tmp"), "the user's");
+  EXPECT_FALSE(fs::exists(dir / "--num-trees"));
+  r = treetrain("generate --kind comb --out --num-trees 1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err.rfind("error: --out needs a value, got the flag --num-trees (a value starting with -- goes as "
+                        "--out=VALUE)\n",
+                        0),
+            0u)
+      << r.err;
+  EXPECT_FALSE(fs::exists("--num-trees"));
+  // stats' JSON to a full disk.
+  const std::string cmd = "trainer/treetrain stats --format tree --data " + (dir / "d.jsonl").string() +
+                          " >/dev/full 2>" + (dir / "err").string();
+  const int status = std::system(cmd.c_str());
+  EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 1);
+  EXPECT_EQ(slurp(dir / "err"),
+            "error: standard output: a write failed (a full disk?); what this command printed is incomplete\n");
+}
+
 // A local sweep's table shows each run's own figures: a run that fails before its first step (a
 // fresh start over an earlier run's checkpoints) shows "-", not the metrics.jsonl left there.
 TEST(CliTest, LocalSweepTableShowsOnlyThisRunsMetrics) {
@@ -668,7 +721,8 @@ TEST(CliTest, GenerateRejectsOtherKindsFlagsAndOversizeData) {
   fs::create_directories(dir / "folder");
   r = treetrain("generate --kind rollouts --out " + (dir / "folder").string());
   EXPECT_EQ(r.code, 1);
-  EXPECT_EQ(r.err, "error: --out " + (dir / "folder").string() + ": is a folder, expected a file path\n");
+  EXPECT_EQ(r.err,
+            "error: --out " + (dir / "folder").string() + ": is a folder, expected a regular file or a new name\n");
   EXPECT_FALSE(fs::exists((dir / "folder").string() + ".tmp"));
 }
 
