@@ -51,16 +51,25 @@ int parse_small_int(const std::string& key, const std::string& v) {
   return (int)x;
 }
 
-// "[1, 2]" or "1,2" (brackets optional, empty for none).
-std::vector<int> parse_int_list(const std::string& key, std::string value) {
+// A list value: "1,2", "[1, 2]" or "[]" (none); an empty entry ("1,,2") is an error.
+std::vector<int64_t> parse_list(const std::string& key, const std::string& given) {
+  std::string value = given;
   if (!value.empty() && value.front() == '[' && value.back() == ']') value = value.substr(1, value.size() - 2);
-  std::vector<int> out;
-  std::stringstream ss(value);
+  std::vector<int64_t> out;
+  if (value.find_first_not_of(' ') == std::string::npos) return out;
+  std::stringstream ss(value + ",");  // every entry ends in a comma: a trailing empty one shows
   for (std::string x; std::getline(ss, x, ',');) {
     x.erase(0, x.find_first_not_of(' '));
     x.erase(x.find_last_not_of(' ') + 1);
-    if (!x.empty()) out.push_back(parse_small_int(key, x));
+    if (x.empty()) throw Error(str("--set ", key, "=", given, ": an empty entry, expected integers separated by commas"));
+    out.push_back(parse_int(key, x));
   }
+  return out;
+}
+
+std::vector<int> parse_int_list(const std::string& key, const std::string& value) {
+  std::vector<int> out;
+  for (int64_t x : parse_list(key, value)) out.push_back(parse_small_int(key, std::to_string(x)));
   return out;
 }
 
@@ -76,9 +85,7 @@ void apply_sets(const std::vector<std::string>& sets, model::ModelConfig* cfg, m
     } else if (key == "model.eos_token_id") {
       // The ids config.json may hold: each in [0, vocab_size).
       cfg->eos_token_id.clear();
-      std::stringstream ss(value);
-      for (std::string id; std::getline(ss, id, ',');) {
-        const int64_t x = parse_int(key, id);
+      for (const int64_t x : parse_list(key, value)) {
         if (x < 0 || x >= cfg->vocab_size)
           throw Error(str("--set ", key, "=", value, ": eos_token_id ", x, " outside vocab_size ", cfg->vocab_size,
                           " (expected ids in [0, ", cfg->vocab_size, "))"));
@@ -114,10 +121,19 @@ std::vector<model::Completion> run_on(const model::ModelConfig& cfg, const std::
 }
 
 // --out: a file path (not a folder) in a folder this process may write in.
-void check_writable(const std::string& out) {
+void check_writable(const std::string& out, const std::string& checkpoint) {
   std::error_code ec;
-  if (fs::is_directory(out, ec)) throw Error(str("--out ", out, ": is a folder, expected a file path"));
+  try {
+    atomic_write_target(out);  // a folder, FIFO or device refused; a link's file written
+  } catch (const Error& e) {
+    throw Error(str("--out ", e.what()));
+  }
   const fs::path parent = fs::path(out).parent_path();
+  const fs::path in = fs::weakly_canonical(checkpoint, ec), at = fs::weakly_canonical(fs::absolute(out, ec), ec);
+  for (fs::path p = at; !ec && !in.empty() && p.has_relative_path(); p = p.parent_path())
+    if (p == in)
+      throw Error(str("--out ", out, ": inside the checkpoint folder ", checkpoint,
+                      " being read (its files would be replaced); write the completions elsewhere"));
   if (!parent.empty() && !fs::is_directory(parent, ec)) throw Error(str("--out ", out, ": no folder ", parent.string()));
   const std::string folder = parent.empty() ? "." : parent.string();
   if (::access(folder.c_str(), W_OK) != 0)
@@ -228,7 +244,7 @@ std::string resolve_checkpoint(const std::string& dir) {
                   "run_dir (with checkpoints/)"));
 }
 
-std::vector<model::Prompt> read_prompts(const std::string& path) {
+std::vector<model::Prompt> read_prompts(const std::string& path, int64_t vocab_size) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) throw Error(str(path, ": is a folder, expected a JSONL file of prompts (--prompts)"));
   std::ifstream in(path);
@@ -257,6 +273,9 @@ std::vector<model::Prompt> read_prompts(const std::string& path) {
     for (const json& t : j["tokens"]) {
       if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
         throw Error(str(where, ": tokens: ", t.dump(), " is not a token id"));
+      if (vocab_size > 0 && t.get<int64_t>() >= vocab_size)
+        throw Error(str(where, ": tokens: ", t.dump(), " is outside the model's vocab_size ", vocab_size,
+                        " (expected ids in [0, ", vocab_size, "))"));
       p.tokens.push_back((int32_t)t.get<int64_t>());
     }
     out.push_back(std::move(p));
@@ -302,19 +321,29 @@ int64_t run_sample(const SampleCommand& c) {
   model::ModelConfig cfg = read_checkpoint_config(dir);
   model::SegmentConfig seg = checkpoint_segments(dir);
   apply_sets(c.sets, &cfg, &opt, &seg);
-  cfg.validate();
-  seg.validate(cfg);
+  try {
+    cfg.validate();
+    seg.validate(cfg);
+    opt.validate();
+  } catch (const Error& e) {  // a value a --set gave: the message names that flag
+    const std::string msg = e.what();
+    for (const std::string& set : c.sets) {
+      const std::string key = set.substr(0, set.find('=')), leaf = key.substr(key.rfind('.') + 1);
+      if (msg.find(leaf) != std::string::npos) throw Error(str("--set ", set, ": ", msg));
+    }
+    throw;
+  }
   for (int64_t id : cfg.eos_token_id) opt.eos.push_back((int32_t)id);
   for (int32_t id : opt.stop)
     if (id >= cfg.vocab_size)
       throw Error(str("--stop ", id, ": outside vocab_size ", cfg.vocab_size, " of ", dir, " (expected ids in [0, ",
                       cfg.vocab_size, "))"));
   opt.validate();
-  const std::vector<model::Prompt> prompts = read_prompts(c.prompts);
+  const std::vector<model::Prompt> prompts = read_prompts(c.prompts, cfg.vocab_size);
   if (!c.out.empty() && same_file(c.out, c.prompts))
     throw Error(str("--out ", c.out, ": the --prompts file itself; the completions would replace the prompts (write "
                     "them to another file)"));
-  if (!c.out.empty()) check_writable(c.out);  // fail before the work if the output cannot be written
+  if (!c.out.empty()) check_writable(c.out, dir);  // fail before the work if the output cannot be written
   int64_t num_params = 0;
   for (const model::ParamInfo& p : model::param_table(cfg)) num_params += p.numel;
   const int gpu = resolve_device(c.device, cfg);

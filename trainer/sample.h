@@ -63,8 +63,8 @@ std::unique_ptr<model::Decoder<E>> load_inference_model(const model::ModelConfig
 int checkpoint_history_window(const std::string& dir);
 // The segments section of the run that wrote checkpoint `dir` (off without a config.yaml).
 model::SegmentConfig checkpoint_segments(const std::string& dir);
-// Reads the prompts JSONL; errors name file:line.
-std::vector<model::Prompt> read_prompts(const std::string& path);
+// Reads the prompts JSONL; errors name file:line (a token id >= vocab_size among them, when given).
+std::vector<model::Prompt> read_prompts(const std::string& path, int64_t vocab_size = 0);
 // The output lines (see the file comment), each ending in a newline.
 std::string completions_jsonl(const std::vector<model::Prompt>& prompts, const std::vector<model::Completion>& done,
                               int num_samples);

@@ -974,6 +974,10 @@ std::vector<StepMetrics> Trainer::run() {
   }
   if (const std::string k = cfg_.segments.ignored_key(); !k.empty() && writer)
     spdlog::warn("{}: {} is set, but segments.length is 0 (segments off), so it is ignored", cfg_.where(k), k);
+  if (cfg_.data.format != "episodes" && cfg_.data.action_bins != DataConfig{}.action_bins && writer)
+    spdlog::warn("{}: data.action_bins is set, but data.format is '{}' (only episodes' continuous actions are "
+                 "binned), so it is ignored",
+                 cfg_.where("data.action_bins"), cfg_.data.format);
   spdlog::info("training steps {}..{} (grad_accum {}, {} tokens per micro-batch, {} packing, {})", step_ + 1, total,
                cfg_.train.grad_accum, cfg_.data.max_tokens_per_batch, cfg_.data.packing, cfg_.train.loss_norm);
   if (writer && !cfg_.train.final_checkpoint) {

@@ -170,6 +170,10 @@ TEST(Sample, OneSampleLinesAndSeeds) {
   c.sets = {"model.eos_token_id=" + std::to_string(first)};
   run_sample(c);
   EXPECT_EQ(nlohmann::json::parse(read_file(c.out))["finish_reason"], "eos");
+  // A list, as config.json writes it.
+  c.sets = {"model.eos_token_id=[" + std::to_string((first + 1) % 40) + ", " + std::to_string(first) + "]"};
+  run_sample(c);
+  EXPECT_EQ(nlohmann::json::parse(read_file(c.out))["finish_reason"], "eos");
 }
 
 // A prompts file of one 70-token prompt "long" (tokens (i a + b) % 40, past the tiny models'
@@ -287,8 +291,8 @@ TEST(Sample, ErrorsNameTheFileLineOrKey) {
   expect_error(c.prompts + ":2: tokens: \"x\" is not a token id");
   write_file(c.prompts, "{\"tokens\": []}\n");
   expect_error(c.prompts + ":1: tokens: expected a non-empty list of token ids");
-  write_file(c.prompts, "{\"tokens\": [1, 99]}\n");
-  expect_error("prompt 1 ('" + c.prompts + ":1'): token 99 outside vocab_size 40");
+  write_file(c.prompts, "{\"tokens\": [1]}\n\n{\"tokens\": [1, 99]}\n");
+  expect_error(c.prompts + ":3: tokens: 99 is outside the model's vocab_size 40 (expected ids in [0, 40))");
   write_file(c.prompts, "{\"tokens\": [1]}\n");
   c.sets = {"train.lr=1"};
   expect_error("--set train.lr: unknown key for 'sample'");
@@ -309,6 +313,24 @@ TEST(Sample, ErrorsNameTheFileLineOrKey) {
       EXPECT_EQ(std::string(e.what()), n.checkpoint + ": weight lm_head.weight element 7 is nan, expected finite weights");
     }
   }
+  {  // Finite weights whose forward overflows: an error, not NaN log-probabilities and token 0.
+    const fs::path big = d / "big_model";
+    model::Model<float> m(tiny());
+    m.init(9);
+    float* head = m.param("lm_head.weight");
+    for (int64_t i = 0; i < 40 * 16; ++i) head[i] = i % 2 ? 3e38f : -3e38f;
+    model::save_hf(big.string(), m, "F32");
+    SampleCommand n = c;
+    n.checkpoint = big.string();
+    n.sampling.max_new_tokens = 4;
+    try {
+      run_sample(n);
+      ADD_FAILURE() << "expected tt::Error";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("prompt 1, sample 1, new token 1: the model's logits are not finite", 0), 0u)
+          << e.what();
+    }
+  }
   c.sets = {"model.eos_token_id=999"};
   expect_error("--set model.eos_token_id=999: eos_token_id 999 outside vocab_size 40 (expected ids in [0, 40))");
   c.sets = {"model.eos_token_id=3,-4"};
@@ -322,8 +344,20 @@ TEST(Sample, ErrorsNameTheFileLineOrKey) {
   expect_error(d.string() + ": is a folder, expected a JSONL file of prompts (--prompts)");
   c.prompts = prompts;
   c.out = d.string();
-  expect_error("--out " + d.string() + ": is a folder, expected a file path");
+  expect_error("--out " + d.string() + ": is a folder, expected a regular file or a new name");
+  // Nor into the checkpoint being read (its weights would be replaced by completions).
+  c.out = c.checkpoint + "/model.safetensors";
+  expect_error("--out " + c.out + ": inside the checkpoint folder " + c.checkpoint +
+               " being read (its files would be replaced); write the completions elsewhere");
   c.out = (d / "out.jsonl").string();
+  // A value that fails the model's or the sampler's rules names the --set that gave it.
+  c.sets = {"model.max_position_embeddings=99999999999"};
+  expect_error("--set model.max_position_embeddings=99999999999: model config: max_position_embeddings must be in");
+  c.sets = {"sample.max_batch_tokens=0"};
+  expect_error("--set sample.max_batch_tokens=0: max_batch_tokens: 0, expected >= 1");
+  c.sets = {"model.eos_token_id=1,,2"};
+  expect_error("--set model.eos_token_id=1,,2: an empty entry, expected integers separated by commas");
+  c.sets = {};
   // A KV cache larger than the machine: an error naming the flags, before the model loads.
   c.sampling.num_samples = 1 << 16;
   c.sampling.max_new_tokens = 1 << 24;
