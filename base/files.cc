@@ -28,37 +28,54 @@ long atomic_temp_pid(const std::string& filename) {
   return std::stol(pid);
 }
 
-std::string atomic_write_target(const std::string& path, bool follow_links) {
+namespace {
+
+const char* kind_of(const std::filesystem::file_status& st) {
+  namespace fs = std::filesystem;
+  return fs::is_directory(st)        ? "a folder"
+         : fs::is_fifo(st)           ? "a FIFO"
+         : fs::is_character_file(st) ? "a character device"
+         : fs::is_block_file(st)     ? "a block device"
+         : fs::is_socket(st)         ? "a socket"
+                                     : "not a regular file";
+}
+
+}  // namespace
+
+std::string atomic_write_target(const std::string& path, Links links) {
   namespace fs = std::filesystem;
   if (path.empty()) throw Error("an empty output path, expected a file name");
   if (path.back() == '/') throw Error(str(path, ": ends in '/', expected a file path"));
-  fs::path p = path;
-  for (int hops = 0;; ++hops) {
-    std::error_code ec;
-    const fs::file_status st = fs::symlink_status(p, ec);
-    if (st.type() == fs::file_type::not_found || fs::is_regular_file(st)) return p.string();
-    if (ec) throw Error(str(path, ": cannot check the output file: ", ec.message()));
-    if (fs::is_symlink(st)) {
-      if (!follow_links) throw Error(str(path, ": is a symbolic link, expected a regular file or a new name"));
-      if (hops == 40) throw Error(str(path, ": more than 40 symbolic links in a row"));
-      const fs::path to = fs::read_symlink(p, ec);
-      if (ec) throw Error(str(path, ": cannot read the symbolic link: ", ec.message()));
-      p = to.is_absolute() ? to : p.parent_path() / to;
-      continue;
+  std::error_code ec;
+  const fs::file_status own = fs::symlink_status(path, ec);
+  if (own.type() == fs::file_type::not_found || fs::is_regular_file(own)) return path;
+  if (ec) throw Error(str(path, ": cannot check the output file: ", ec.message()));
+  if (!fs::is_symlink(own)) throw Error(str(path, ": is ", kind_of(own), ", expected a regular file or a new name"));
+  if (links == Links::kRefuse) throw Error(str(path, ": is a symbolic link, expected a regular file or a new name"));
+  if (links == Links::kReplace) return path;
+  // What the kernel reaches through the links (a pipe behind /dev/stdout included) must be a
+  // regular file or nothing yet; then the links are walked for the name to rename onto.
+  const fs::file_status far = fs::status(path, ec);
+  if (far.type() != fs::file_type::not_found) {
+    if (ec) throw Error(str(path, ": cannot follow the symbolic link: ", ec.message()));
+    if (!fs::is_regular_file(far)) {
+      const fs::path to = fs::canonical(path, ec);
+      throw Error(str(path, ec ? "" : str(" (", to.string(), ")"), ": is ", kind_of(far),
+                      ", expected a regular file or a new name"));
     }
-    const char* kind = fs::is_directory(st)        ? "a folder"
-                       : fs::is_fifo(st)           ? "a FIFO"
-                       : fs::is_character_file(st) ? "a character device"
-                       : fs::is_block_file(st)     ? "a block device"
-                       : fs::is_socket(st)         ? "a socket"
-                                                   : "not a regular file";
-    throw Error(str(path, p.string() == path ? "" : str(" (", p.string(), ")"), ": is ", kind,
-                    ", expected a regular file or a new name"));
   }
+  fs::path p = path;
+  for (int hops = 0; fs::is_symlink(fs::symlink_status(p, ec)); ++hops) {
+    if (hops == 40) throw Error(str(path, ": more than 40 symbolic links in a row"));
+    const fs::path to = fs::read_symlink(p, ec);
+    if (ec) throw Error(str(path, ": cannot read the symbolic link: ", ec.message()));
+    p = to.is_absolute() ? to : p.parent_path() / to;
+  }
+  return p.string();
 }
 
-void write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string target = atomic_write_target(path);
+void write_text_atomic(const std::string& path, const std::string& text, Links links) {
+  const std::string target = atomic_write_target(path, links);
   const std::string tmp = atomic_temp_path(target, (long)::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);

@@ -17,16 +17,21 @@ std::string atomic_temp_path(const std::string& path, long pid);
 // The writer's pid when `filename` (no folder) is such a temporary file, else -1.
 long atomic_temp_pid(const std::string& filename);
 
-// Checks `path` as an output file that an atomic write (a temporary file beside it, renamed over
-// it) may replace, and returns the name to rename onto: `path`, or, with follow_links, the file a
-// symbolic link there leads to, so that the link stays (without follow_links a link is an error).
-// Throws tt::Error "<path>: ..." for a name ending in '/' and for an existing folder, FIFO, device
-// or socket: a rename would replace the node itself (a FIFO's reader would get nothing).
-std::string atomic_write_target(const std::string& path, bool follow_links = true);
+// What an atomic write does with a symbolic link at its path: writes the file it leads to (the
+// link kept: a user's output), replaces the link itself (a file the program owns, whose
+// temporary name a cleaner looks for beside it), or refuses it.
+enum class Links { kFollow, kReplace, kRefuse };
 
-// Writes text to path atomically (onto atomic_write_target(path)). Throws tt::Error naming the path when any step fails (the
-// temporary file is removed).
-void write_text_atomic(const std::string& path, const std::string& text);
+// Checks `path` as an output file that an atomic write (a temporary file beside it, renamed over
+// it) may replace, and returns the name to rename onto: `path`, or, following links, the file
+// they lead to. Throws tt::Error "<path>: ..." for a name ending in '/' and for an existing
+// folder, FIFO, device or socket (through links too, when followed): a rename would replace the
+// node itself, and a FIFO's reader would get nothing.
+std::string atomic_write_target(const std::string& path, Links links = Links::kFollow);
+
+// Writes text to path atomically (onto atomic_write_target(path, links)). Throws tt::Error naming
+// the path when any step fails (the temporary file is removed).
+void write_text_atomic(const std::string& path, const std::string& text, Links links = Links::kReplace);
 
 // The whole file as bytes. Throws tt::Error "<path>: cannot open <what>" when it cannot be read,
 // and "<path>: more than <max_bytes> bytes ..." past max_bytes (a stream that never ends, such as

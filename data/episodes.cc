@@ -151,7 +151,9 @@ std::string generated_frames_folder(const std::string& jsonl_path) {
 
 GeneratedEpisodes::GeneratedEpisodes(const std::string& path)
     // The frames' paths in the file are relative to its folder: a link to a file elsewhere is refused.
-    : path_(path), tmp_(atomic_temp_path(atomic_write_target(path, /*follow_links=*/false), (long)::getpid())), folder_(generated_frames_folder(path)),
+    : path_(path),
+      tmp_(atomic_temp_path(atomic_write_target(path, Links::kRefuse), (long)::getpid())),
+      folder_(generated_frames_folder(path)),
       dir_(fs::path(path).parent_path()) {
   tmp_folder_ = folder_ + str(".tmp-", (long)::getpid());
   std::error_code ec;

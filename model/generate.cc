@@ -249,9 +249,10 @@ void take_draw(SampleStream& x, const InferResult& res, int r, int V, const Samp
     d = sample_token(res.logits.data() + (size_t)r * V, V, opt.temperature, opt.top_p, x.rng.uniform());
   }
   // NaN or infinite logits (weights that overflow the forward) have no distribution to draw from.
-  TT_CHECK(std::isfinite(d.logprob), "prompt ", x.p + 1, ", sample ", x.s + 1, ", new token ",
-           x.out->tokens.size() + 1, ": the model's logits are not finite (log-probability ", d.logprob,
-           "); its weights overflow the forward");
+  if (!std::isfinite(d.logprob))
+    throw Error(str("prompt ", x.p + 1, ", sample ", x.s + 1, ", new token ", x.out->tokens.size() + 1,
+                    ": the model's logits are not finite (log-probability ", d.logprob,
+                    "); its weights overflow the forward"));
   x.out->tokens.push_back(d.token);
   x.out->logprobs.push_back(d.logprob);
   if (contains(opt.stop, d.token)) x.out->finish = "stop";

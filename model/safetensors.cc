@@ -285,7 +285,7 @@ void write_safetensors(const std::string& path, const std::vector<StWriteTensor>
   std::string header_text = header.dump();
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
 
-  const std::string target = atomic_write_target(path);
+  const std::string target = atomic_write_target(path, Links::kReplace);  // a checkpoint's own files
   const std::string tmp = atomic_temp_path(target, (long)::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw Error(str(path, ": cannot create ", tmp, " (", errno_text(), ")"));

@@ -539,7 +539,8 @@ int run_generate(const std::vector<std::string>& argv) {
   }
   const std::string& out = required(a, "out");
   try {  // before any folder is made: a folder, FIFO or device named by --out is an error
-    tt::atomic_write_target(out, /*follow_links=*/kind != "toy-episodes" && kind != "nav-episodes");
+    const bool episodes = kind == "toy-episodes" || kind == "nav-episodes";
+    tt::atomic_write_target(out, episodes ? tt::Links::kRefuse : tt::Links::kFollow);
   } catch (const tt::Error& e) {
     throw tt::Error(std::string("--out ") + e.what());
   }
@@ -686,9 +687,14 @@ int run_sweep(const std::vector<std::string>& argv) {
         throw tt::Error(tt::str("--out ", out, ": ", what, " (", path, "); the SLURM script would replace it (write it to "
                             "another file)"));
     }
+    try {  // a folder, FIFO or device: refused before the run configs are written
+      tt::atomic_write_target(out, tt::Links::kFollow);
+    } catch (const tt::Error& e) {
+      throw tt::Error(std::string("--out ") + e.what());
+    }
     tt::trainer::write_run_configs(sweep);
     make_out_parent(out);
-    tt::write_text_atomic(out, script);
+    tt::write_text_atomic(out, script, tt::Links::kFollow);
     std::filesystem::permissions(out, std::filesystem::perms::owner_exec, std::filesystem::perm_options::add);
     for (const tt::trainer::SweepRun& run : sweep.runs) std::cout << run.config.run_dir << "/config.yaml\n";
     spdlog::info("sweep: {} runs; their configs are written; submit the array job with: sbatch {}", sweep.runs.size(), out);

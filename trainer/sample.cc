@@ -120,20 +120,24 @@ std::vector<model::Completion> run_on(const model::ModelConfig& cfg, const std::
   return seg.enabled() ? model::generate_segmented(*m, seg, prompts, opt, st) : model::generate(*m, prompts, opt, st);
 }
 
-// --out: a file path (not a folder) in a folder this process may write in.
+// --out: a file path (not a folder) in a folder this process may write in, not a file of the
+// checkpoint being read.
 void check_writable(const std::string& out, const std::string& checkpoint) {
   std::error_code ec;
+  std::string target;  // what is written: a link's file
   try {
-    atomic_write_target(out);  // a folder, FIFO or device refused; a link's file written
+    target = atomic_write_target(out, Links::kFollow);  // a folder, FIFO or device refused
   } catch (const Error& e) {
     throw Error(str("--out ", e.what()));
   }
-  const fs::path parent = fs::path(out).parent_path();
-  const fs::path in = fs::weakly_canonical(checkpoint, ec), at = fs::weakly_canonical(fs::absolute(out, ec), ec);
-  for (fs::path p = at; !ec && !in.empty() && p.has_relative_path(); p = p.parent_path())
-    if (p == in)
-      throw Error(str("--out ", out, ": inside the checkpoint folder ", checkpoint,
-                      " being read (its files would be replaced); write the completions elsewhere"));
+  const fs::path parent = fs::path(target).parent_path();
+  const fs::path in = fs::weakly_canonical(checkpoint, ec), at = fs::weakly_canonical(fs::absolute(target, ec), ec);
+  bool inside = false;
+  for (fs::path p = at.parent_path(); !ec && !in.empty() && p.has_relative_path(); p = p.parent_path())
+    inside = inside || p == in;
+  if (inside && fs::exists(at, ec))
+    throw Error(str("--out ", out, ": a file of the checkpoint folder ", checkpoint,
+                    " being read (the completions would replace it); write them to a new file"));
   if (!parent.empty() && !fs::is_directory(parent, ec)) throw Error(str("--out ", out, ": no folder ", parent.string()));
   const std::string folder = parent.empty() ? "." : parent.string();
   if (::access(folder.c_str(), W_OK) != 0)
@@ -329,7 +333,8 @@ int64_t run_sample(const SampleCommand& c) {
     const std::string msg = e.what();
     for (const std::string& set : c.sets) {
       const std::string key = set.substr(0, set.find('=')), leaf = key.substr(key.rfind('.') + 1);
-      if (msg.find(leaf) != std::string::npos) throw Error(str("--set ", set, ": ", msg));
+      if (msg.rfind(key + ":", 0) == 0 || msg.rfind(leaf + ":", 0) == 0 || msg.rfind("model config: " + leaf + " ", 0) == 0)
+        throw Error(str("--set ", set, ": ", msg));
     }
     throw;
   }
@@ -371,7 +376,7 @@ int64_t run_sample(const SampleCommand& c) {
   if (c.out.empty()) {
     std::cout << text << std::flush;
   } else {
-    write_text_atomic(c.out, text);
+    write_text_atomic(c.out, text, Links::kFollow);
   }
   spdlog::info("sample: {} prefill rows, {} decode rows in {} forwards, {:.2f} s{}", st.prefill_rows, st.decode_rows,
                st.forwards, s, c.out.empty() ? "" : ", written to " + c.out);

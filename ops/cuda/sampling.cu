@@ -125,9 +125,12 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads) sam
       pick(bt, it, all[k].best, all[k].ib);
       pick(dt, dt_i, all[k].draw, all[k].id);
     }
-    const int tok = p.temperature > 0 ? dt_i : it;
+    // A row of NaN logits (a forward that overflowed) picks nothing: token 0 and a NaN logprob, as
+    // the CPU reference's, for the caller to refuse (never a read past the row).
+    int tok = p.temperature > 0 ? dt_i : it;
+    if (tok >= p.V) tok = it < p.V ? it : 0;
     p.token[r] = tok;
-    p.logprob[r] = (double)__bfloat162float(x[tok]) - ((double)Mt + log((double)St));
+    p.logprob[r] = it < p.V ? (double)__bfloat162float(x[tok]) - ((double)Mt + log((double)St)) : (double)NAN;
   }
   cluster.sync();  // block 0 has read every block's partial
 }

@@ -61,23 +61,30 @@ TEST(AtomicWrite, WritesTheFileALinkLeadsTo) {
   fs::create_symlink("real/t.jsonl", d / "rel.jsonl");
   fs::create_symlink(d / "rel.jsonl", d / "chain.jsonl");
   EXPECT_EQ(atomic_write_target((d / "chain.jsonl").string()), (d / "real/t.jsonl").string());
-  write_text_atomic((d / "chain.jsonl").string(), "new");
+  write_text_atomic((d / "chain.jsonl").string(), "new", Links::kFollow);
   EXPECT_TRUE(fs::is_symlink(d / "chain.jsonl"));
   EXPECT_TRUE(fs::is_symlink(d / "rel.jsonl"));
   EXPECT_EQ(slurp(d / "real" / "t.jsonl"), "new");
   // A dangling link: its target is created.
   fs::create_symlink("real/new.jsonl", d / "dangling.jsonl");
-  write_text_atomic((d / "dangling.jsonl").string(), "made");
+  write_text_atomic((d / "dangling.jsonl").string(), "made", Links::kFollow);
   EXPECT_TRUE(fs::is_symlink(d / "dangling.jsonl"));
   EXPECT_EQ(slurp(d / "real" / "new.jsonl"), "made");
   // Without following: an error naming the path.
-  EXPECT_EQ(error_of([&] { atomic_write_target((d / "rel.jsonl").string(), false); }),
+  EXPECT_EQ(error_of([&] { atomic_write_target((d / "rel.jsonl").string(), Links::kRefuse); }),
             (d / "rel.jsonl").string() + ": is a symbolic link, expected a regular file or a new name");
   // A loop of links is an error, not a hang.
   fs::create_symlink("loop_b", d / "loop_a");
   fs::create_symlink("loop_a", d / "loop_b");
-  EXPECT_NE(error_of([&] { write_text_atomic((d / "loop_a").string(), "x"); }).find("more than 40 symbolic links"),
-            std::string::npos);
+  EXPECT_EQ(error_of([&] { atomic_write_target((d / "loop_a").string()); }).rfind(
+                (d / "loop_a").string() + ": cannot follow the symbolic link: ", 0),
+            0u);
+  // Replacing (a file the program owns): the link itself, whatever it leads to.
+  EXPECT_EQ(atomic_write_target((d / "loop_a").string(), Links::kReplace), (d / "loop_a").string());
+  write_text_atomic((d / "chain.jsonl").string(), "own", Links::kReplace);
+  EXPECT_FALSE(fs::is_symlink(d / "chain.jsonl"));
+  EXPECT_EQ(slurp(d / "chain.jsonl"), "own");
+  EXPECT_EQ(slurp(d / "real" / "t.jsonl"), "new");
 }
 
 TEST(AtomicWrite, RefusesFoldersFifosAndDevicesNamingThePath) {
@@ -91,12 +98,16 @@ TEST(AtomicWrite, RefusesFoldersFifosAndDevicesNamingThePath) {
   EXPECT_EQ(error_of([&] { write_text_atomic((d / "fifo").string(), "x"); }),
             (d / "fifo").string() + ": is a FIFO, expected a regular file or a new name");
   EXPECT_TRUE(fs::is_fifo(d / "fifo")) << "the FIFO is still there";
+  fs::create_symlink("fifo", d / "fifo_link");  // as /dev/stdout leads to a pipe
+  EXPECT_EQ(error_of([&] { write_text_atomic((d / "fifo_link").string(), "x", Links::kFollow); }),
+            (d / "fifo_link").string() + " (" + fs::canonical(d / "fifo").string() +
+                "): is a FIFO, expected a regular file or a new name");
   fs::create_symlink("/dev/null", d / "null_link");  // a link to a device: the device named too
-  EXPECT_EQ(error_of([&] { write_text_atomic((d / "null_link").string(), "x"); }),
+  EXPECT_EQ(error_of([&] { write_text_atomic((d / "null_link").string(), "x", Links::kFollow); }),
             (d / "null_link").string() + " (/dev/null): is a character device, expected a regular file or a new name");
   EXPECT_TRUE(fs::is_character_file("/dev/null"));
   EXPECT_EQ(error_of([&] { atomic_write_target(""); }), "an empty output path, expected a file name");
-  EXPECT_EQ(std::distance(fs::directory_iterator(d), fs::directory_iterator()), 3) << "nothing else written";
+  EXPECT_EQ(std::distance(fs::directory_iterator(d), fs::directory_iterator()), 4) << "nothing else written";
 }
 
 }  // namespace

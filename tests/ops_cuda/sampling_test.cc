@@ -60,6 +60,36 @@ TEST_P(SamplingTest, MatchesCpu) {
   if (c.temperature == 0 && cross) EXPECT_EQ(t[1], share - 1) << "ties across blocks go to the lower id";
 }
 
+// A row of NaN logits (a forward that overflowed) draws token 0 with a NaN logprob, as the CPU
+// reference does, greedy and at a temperature: the caller refuses it (model/generate.cc), and no
+// index past the row is read (compute-sanitizer's memcheck runs this suite).
+TEST_F(GpuTest, ANanRowDrawsTokenZeroWithANanLogprob) {
+  const int R = 2, V = 1000;
+  std::vector<double> x((size_t)R * V, NAN);
+  for (int v = 0; v < V; ++v) x[(size_t)V + v] = v == 7 ? 2.0 : 0.0;  // row 1: an ordinary row
+  const std::vector<uint64_t> keys = {11, 12};
+  for (const double temperature : {0.0, 0.8}) {
+    std::vector<int32_t> tok_ref(R);
+    std::vector<double> lp_ref(R);
+    cpu::sample_rows(tok_ref.data(), lp_ref.data(), x.data(), R, V, temperature, keys.data());
+    const DeviceBuffer<bf16> logits = to_device_bf16(x);
+    DeviceBuffer<uint64_t> k(R);
+    k.copy_from_host(keys);
+    DeviceBuffer<int32_t> tok(R);
+    DeviceBuffer<double> lp(R);
+    cuda::sample_rows(tok.data(), lp.data(), logits.data(), R, V, temperature, k.data(), nullptr);
+    sync_and_check();
+    const std::vector<int32_t> t = tok.to_host();
+    const std::vector<double> l = lp.to_host();
+    EXPECT_EQ(tok_ref[0], 0);
+    EXPECT_TRUE(std::isnan(lp_ref[0]));
+    EXPECT_EQ(t[0], 0) << temperature;
+    EXPECT_TRUE(std::isnan(l[0])) << temperature << ": " << l[0];
+    EXPECT_EQ(t[1], tok_ref[1]) << temperature;
+    EXPECT_NEAR(l[1], lp_ref[1], 1e-4) << temperature;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, SamplingTest,
                          ::testing::Values(Case{7, 1000, 0.0, "greedy_v1000"}, Case{33, 1000, 0.7, "t07_v1000"},
                                            Case{3, 5, 0.0, "greedy_v5_blocks_without_logits"},

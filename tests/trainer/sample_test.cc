@@ -347,8 +347,11 @@ TEST(Sample, ErrorsNameTheFileLineOrKey) {
   expect_error("--out " + d.string() + ": is a folder, expected a regular file or a new name");
   // Nor into the checkpoint being read (its weights would be replaced by completions).
   c.out = c.checkpoint + "/model.safetensors";
-  expect_error("--out " + c.out + ": inside the checkpoint folder " + c.checkpoint +
-               " being read (its files would be replaced); write the completions elsewhere");
+  expect_error("--out " + c.out + ": a file of the checkpoint folder " + c.checkpoint +
+               " being read (the completions would replace it); write them to a new file");
+  fs::create_symlink("model/config.json", d / "link.jsonl");  // through a link too
+  c.out = (d / "link.jsonl").string();
+  expect_error("--out " + c.out + ": a file of the checkpoint folder " + c.checkpoint);
   c.out = (d / "out.jsonl").string();
   // A value that fails the model's or the sampler's rules names the --set that gave it.
   c.sets = {"model.max_position_embeddings=99999999999"};
