@@ -233,4 +233,74 @@ Tree path_tree(const Tree& tree, int64_t k) {
   return out;
 }
 
+namespace {
+
+struct Fnv {
+  uint64_t h = 0xcbf29ce484222325ull;
+  void bytes(const void* p, size_t n) {
+    const unsigned char* c = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ c[i]) * 0x100000001b3ull;
+  }
+  template <class T>
+  void value(const T& x) {
+    bytes(&x, sizeof x);
+  }
+  template <class T>
+  void vec(const std::vector<T>& v) {  // its length, then its elements
+    value((uint64_t)v.size());
+    if (!v.empty()) bytes(v.data(), v.size() * sizeof(T));
+  }
+  void text(const std::string& s) {
+    value((uint64_t)s.size());
+    bytes(s.data(), s.size());
+  }
+};
+
+}  // namespace
+
+uint64_t trees_fingerprint(const std::vector<Tree>& trees) {
+  Fnv f;
+  f.value((uint64_t)trees.size());
+  for (const Tree& t : trees) {
+    f.text(t.id);
+    f.value((uint64_t)t.nodes.size());
+    for (const Node& n : t.nodes) {
+      f.value(n.parent);
+      f.vec(n.tokens);
+      f.vec(n.target_weight);
+      f.vec(n.target_count);
+    }
+    f.value((uint64_t)t.paths.size());
+    for (const Path& p : t.paths) {
+      f.value(p.end_node);
+      f.vec(p.target_weight);
+      f.vec(p.target_mask);
+    }
+    f.value(t.media.tokens_per_frame);
+    f.value((uint64_t)t.media.frames.size());
+    for (const FrameRef& r : t.media.frames) {
+      f.value(r.episode);
+      f.value(r.step);
+      f.value(r.camera);
+      f.text(r.path);
+      if (r.pixels) f.vec(*r.pixels);
+    }
+    f.value((uint64_t)t.media.slots.size());
+    for (const FrameSlot& s : t.media.slots) {
+      f.value(s.node);
+      f.value(s.offset);
+      f.value(s.frame);
+      f.value(s.first);
+      f.value(s.count);
+    }
+    f.value((uint64_t)t.media.states.size());
+    for (const StateRow& r : t.media.states) {
+      f.value(r.node);
+      f.value(r.offset);
+      f.vec(r.values);
+    }
+  }
+  return f.h;
+}
+
 }  // namespace tt::data

@@ -124,4 +124,9 @@ struct Tree {
 // they show (in order of first appearance).
 Tree path_tree(const Tree& tree, int64_t k);
 
+// A 64-bit FNV-1a hash of everything the trees hold that training reads (ids, parents, tokens,
+// weights, counts, paths, media: frame files by name and in-memory pixels, slots, states): equal
+// for equal data, for data-parallel ranks to check that they read the same trees.
+uint64_t trees_fingerprint(const std::vector<Tree>& trees);
+
 }  // namespace tt::data

@@ -476,14 +476,23 @@ void Trainer::check_ranks_agree() {
     build = file_sha256("/proc/self/exe");
   } catch (const Error&) {
   }
-  const std::string mine = str("treetrain build ", build, "\nstart step ", start_step_, "\n", cfg_.to_yaml());
+  // Last, the data each rank read (the same data.path may hold other bytes on another node's
+  // disk): its size and a hash of the trees as parsed.
+  char fingerprint[17];
+  std::snprintf(fingerprint, sizeof fingerprint, "%016llx",
+                (unsigned long long)data::trees_fingerprint(loader_->trees()));
+  const std::string mine = str("treetrain build ", build, "\nstart step ", start_step_, "\n", cfg_.to_yaml(), "\ndata ",
+                               data_size_, " bytes, ", loader_->trees().size(), " trees, fingerprint ", fingerprint);
   const std::vector<std::string> all = comm_->all_gather_host(mine);
   for (int r = 1; r < (int)all.size(); ++r) {
     if (all[r] == all[0]) continue;
     const auto [la, lb] = first_different_lines(all[0], all[r]);
     const bool builds = la.rfind("treetrain build ", 0) == 0 && lb.rfind("treetrain build ", 0) == 0;
+    const bool data = la.rfind("data ", 0) == 0 && lb.rfind("data ", 0) == 0;
     throw Error(str(comm_->tag(), ": rank ", r, " disagrees with rank 0: '", lb, "' vs '", la, "' (",
                     builds ? "every rank must run the same treetrain build"
+                    : data ? str("every rank must read the same data: data.path ", cfg_.data.path,
+                                 " holds other trees on rank ", r, "'s machine")
                            : "every rank needs the same config, --set overrides and checkpoints: a shared run_dir",
                     ")"));
   }

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <random>
 
 #include "base/check.h"
@@ -525,6 +526,35 @@ TEST(ReadTrees, ReadsBothFormatsInFileOrder) {
   const std::vector<Tree> trees = read_trees(path, Format::kTree, 18);
   ASSERT_EQ(trees.size(), 2u);
   EXPECT_EQ(trees[1].n_tree(), 8);
+}
+
+// The trees' fingerprint (data-parallel ranks compare it): the same for the same data read twice,
+// another one when a token, a weight, a parent, a path's mask or a frame's file differs.
+TEST(Trees, FingerprintSeesEveryField) {
+  const Tree t = parse_tree_line(kHandTree, "f:1", 18);
+  const uint64_t base = trees_fingerprint({t});
+  EXPECT_EQ(trees_fingerprint({parse_tree_line(kHandTree, "f:1", 18)}), base);
+  EXPECT_NE(trees_fingerprint({t, t}), base);
+  EXPECT_NE(trees_fingerprint({}), base);
+  std::vector<std::function<void(Tree&)>> edits = {
+      [](Tree& x) { x.nodes[1].tokens[0] ^= 1; },
+      [](Tree& x) { x.nodes[1].target_weight[0] += 0.5; },
+      [](Tree& x) { x.nodes[1].target_count[0] += 1; },
+      [](Tree& x) { x.nodes[3].parent = 0; },
+      [](Tree& x) { x.paths[0].target_weight.back() = -x.paths[0].target_weight.back() - 1; },
+      [](Tree& x) { x.paths[0].target_mask.assign(x.paths[0].target_weight.size(), 1); },
+      [](Tree& x) { x.id += "x"; },
+      [](Tree& x) { x.media.frames.push_back(FrameRef{0, 0, 0, "a.png", nullptr}); },
+  };
+  for (size_t k = 0; k < edits.size(); ++k) {
+    Tree x = t;
+    edits[k](x);
+    EXPECT_NE(trees_fingerprint({x}), base) << "edit " << k;
+  }
+  Tree a = t, b = t;
+  a.media.frames.push_back(FrameRef{0, 0, 0, "a.png", nullptr});
+  b.media.frames.push_back(FrameRef{0, 0, 0, "b.png", nullptr});
+  EXPECT_NE(trees_fingerprint({a}), trees_fingerprint({b}));
 }
 
 }  // namespace

@@ -350,6 +350,63 @@ TEST(DataParallelTest, RanksThatDisagreeAreAnError) {
     EXPECT_TRUE(has(errors[r], "rank 1 disagrees with rank 0: '  lr: 0.02' vs '  lr: 0.01'")) << errors[r];
 }
 
+// The same config on every rank, but data.path holds other trees on rank 1's machine (a stale
+// copy on a node's own disk; here a relative path from another working folder): an error on
+// every rank before any step, not a run that mixes two datasets.
+TEST(DataParallelTest, RanksThatReadOtherDataAreAnError) {
+  const fs::path dir = test_dir("dp_other_data");
+  RunConfig c = tiny_config(dir);
+  for (const char* node : {"a", "b"}) {
+    data::SyntheticSpec spec;
+    spec.kind = "rollouts";
+    spec.num_trees = 12;
+    spec.vocab_size = 32;
+    spec.seed = node[0] == 'a' ? 3 : 4;  // the shape of tiny_run_config's data
+    spec.prompt_len = 6;
+    spec.turns = 2;
+    spec.turn_len = 4;
+    spec.branches = 2;
+    spec.branch_turns = 1;
+    fs::create_directories(dir / node);
+    data::write_jsonl(spec, (dir / node / "data.jsonl").string());
+  }
+  c.data.path = "data.jsonl";
+  const fs::path cwd = fs::current_path();
+  Listener l = bind_free_port();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int code = 0;
+    try {
+      fs::current_path(dir / "b");
+      auto comm = make_cpu_communicator(Rendezvous::connect(loopback_env(1, 2, l.port), short_timeouts()));
+      Trainer t(c, std::move(comm));
+    } catch (const Error& e) {
+      code = has(e.what(), "rank 1 disagrees with rank 0: 'data ") ? 3 : 4;
+    } catch (...) {
+      code = 5;
+    }
+    ::_exit(code);
+  }
+  std::string error;
+  try {
+    fs::current_path(dir / "a");
+    auto comm = make_cpu_communicator(
+        Rendezvous::connect_with_listener(loopback_env(0, 2, l.port), short_timeouts(), std::move(l.socket)));
+    Trainer t(c, std::move(comm));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  fs::current_path(cwd);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3) << "rank 1's exit: " << status;
+  EXPECT_TRUE(has(error, "rank 1 disagrees with rank 0: 'data ")) << error;
+  EXPECT_TRUE(has(error, "(every rank must read the same data: data.path data.jsonl holds other trees on rank 1's "
+                         "machine)"))
+      << error;
+}
+
 TEST(DataParallelTest, ARankThatExitsEarlyEndsTheOtherWithAClearError) {
   // Rank 1 is a forked process that trains one step and exits; rank 0 fails in step 2 at once.
   const fs::path dir = test_dir("dp_early_exit");
