@@ -206,7 +206,7 @@ class Trainer {
     bool segments = false;
   };
   // Data parallelism: joins the job the environment describes (or takes `comm`) and checks that
-  // every rank has the same config and start step.
+  // every rank has the same build, config, start step and data (check_ranks_agree).
   void connect(std::unique_ptr<distributed::Communicator> comm, const distributed::DistEnv& env);
   void check_ranks_agree();
   // This rank's micro-batches of the step (see the file comment) and the deal's imbalance.
