@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -87,10 +88,11 @@ bool lines_left(const Conn& c) { return c.scanned < c.in.size() || (c.eof && !c.
 class Server {
  public:
   explicit Server(const ServeOptions& opt) : opt_(opt) {
-    if (opt.max_buffered_bytes >= 0 && opt.max_buffered_bytes < opt.max_message_bytes + 2)
+    if (opt.max_buffered_bytes >= 0 && opt.max_buffered_bytes - 2 < opt.max_message_bytes)  // (no overflow)
       throw Error(str("--max-buffered-bytes ", opt.max_buffered_bytes, ": less than --max-message-bytes ",
                       opt.max_message_bytes, " + 2 (a request line of that length and its \"\\r\\n\" must fit); "
-                      "expected at least ", opt.max_message_bytes + 2));
+                      "expected at least --max-message-bytes + 2"));
+    fit_descriptors();
     budget_ = opt.max_buffered_bytes >= 0
                   ? opt.max_buffered_bytes
                   : std::min<int64_t>(opt.max_message_bytes, std::numeric_limits<int64_t>::max() / 16) * 16;
@@ -152,6 +154,32 @@ class Server {
     // instruction has no bound (the context bounds one step's rows, the ring SegmentedPath keeps).
     if (seg_.enabled()) max_instruction_ = std::numeric_limits<int64_t>::max();
     model_ = load_inference_model<Exec>(cfg_, dir_);
+  }
+
+  // Each of --max-sessions connections may be served, linger after its last reply, and linger
+  // refused: about 3 descriptors a session. The soft RLIMIT_NOFILE (1,024 by default on many
+  // systems) is raised toward the hard one; where that is still short, --max-sessions is lowered
+  // (a warning), so a client over it is refused with a reply instead of waiting in the backlog.
+  void fit_descriptors() {
+    constexpr int64_t kSpare = 64;  // the listener, the model's files, logs
+    const int64_t want = 3 * (int64_t)opt_.max_sessions + kSpare;
+    rlimit r{};
+    if (getrlimit(RLIMIT_NOFILE, &r) != 0) return;
+    if (r.rlim_cur != RLIM_INFINITY && (int64_t)r.rlim_cur < want) {
+      rlimit up = r;
+      up.rlim_cur = r.rlim_max == RLIM_INFINITY ? (rlim_t)want : std::min<rlim_t>(r.rlim_max, (rlim_t)want);
+      if (setrlimit(RLIMIT_NOFILE, &up) == 0) r = up;
+    }
+    if (r.rlim_cur == RLIM_INFINITY || (int64_t)r.rlim_cur >= want) return;
+    const int64_t fit = ((int64_t)r.rlim_cur - kSpare) / 3;
+    if (fit < 1)
+      throw Error(str("serve: the process may open ", (int64_t)r.rlim_cur, " files (ulimit -n), too few to serve a "
+                      "connection (expected at least ", 3 + kSpare, ")"));
+    spdlog::warn("serve: --max-sessions {} needs about {} file descriptors, but the process may open {} (ulimit -n; "
+                 "hard limit {}): serving at most {} sessions",
+                 opt_.max_sessions, want, (int64_t)r.rlim_cur,
+                 r.rlim_max == RLIM_INFINITY ? std::string("unlimited") : std::to_string((int64_t)r.rlim_max), fit);
+    opt_.max_sessions = (int)fit;
   }
 
   int64_t run() {
@@ -411,6 +439,13 @@ class Server {
         }
         if (!c.eof || start == c.in.size()) break;
         nl = c.in.size();  // the last line, sent without its newline
+      }
+      if ((int64_t)(nl - start) > opt_.max_message_bytes + (nl > start && c.in[nl - 1] == '\r' ? 1 : 0)) {
+        // Longer than the limit however the stream was split into reads.
+        open = close_with_error(c, answered, str("message longer than ", opt_.max_message_bytes,
+                                                 " bytes; closing the connection"));
+        start = 0;
+        break;
       }
       std::string line = c.in.substr(start, nl - start);
       start = std::min(nl + 1, c.in.size());

@@ -93,15 +93,16 @@ fs::path unlabelled_checkpoint(const fs::path& run, const std::string& name) {
 struct ServeProcess {
   pid_t pid = -1;
   int port = 0;
-  // log: where the server's stderr goes.
-  explicit ServeProcess(const std::string& flags, const std::string& log = "/dev/null") {
+  // log: where the server's stderr goes; shell: commands before it (a ulimit).
+  explicit ServeProcess(const std::string& flags, const std::string& log = "/dev/null",
+                        const std::string& shell = "") {
     int p[2];
     EXPECT_EQ(pipe(p), 0);
     pid = fork();
     if (pid == 0) {
       dup2(p[1], 1);
       close(p[0]);
-      const std::string cmd = "exec trainer/treetrain serve " + flags + " 2>" + log;
+      const std::string cmd = shell + "exec trainer/treetrain serve " + flags + " 2>" + log;
       execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
       _exit(127);
     }
@@ -484,6 +485,51 @@ TEST(NavServe, ConnectionsPastTheLimitAreRefused) {
   EXPECT_EQ(fourth.ask(R"({"session": "a", "reset": true, "instruction": [2, 4]})").at("ok"), true);
   Client fifth(s.port);  // second and fourth are the two
   EXPECT_EQ(fifth.ask(R"({"session": "c", "reset": true, "instruction": [2, 4]})").at("error"), limit);
+}
+
+// --max-message-bytes holds however the stream is split into reads: a whole line past it, sent
+// at once with its newline, is refused as a line without one is (error, then the end of the
+// stream); a line of exactly the limit (its "\r\n" aside) is answered.
+TEST(NavServe, AWholeLinePastTheLimitIsRefused) {
+  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12 --max-message-bytes 1024");
+  const std::string reset = R"({"session": "a", "reset": true, "instruction": [2, 4]})";
+  Client ok(s.port);
+  EXPECT_EQ(ok.ask(reset + std::string(1024 - reset.size(), ' ') + "\r").at("ok"), true);
+  Client c(s.port);
+  c.send_raw(reset + std::string(1100 - reset.size(), ' ') + "\n");
+  EXPECT_EQ(json::parse(c.reply()).at("error"), "message longer than 1024 bytes; closing the connection");
+  expect_end_of_stream(c.fd);
+  // Flags whose sum would overflow are refused, not taken.
+  const auto [rc, log] = serve_startup("--checkpoint " + trained_run().string() +
+                                       " --action-ids 8:12 --max-message-bytes 9223372036854775807 "
+                                       "--max-buffered-bytes 1024");
+  EXPECT_EQ(rc, 1) << log;
+  EXPECT_NE(log.find("--max-buffered-bytes 1024: less than --max-message-bytes 9223372036854775807 + 2"),
+            std::string::npos)
+      << log;
+}
+
+// Under a descriptor limit too low for --max-sessions (ulimit -n 160 here, hard and soft), the
+// server serves as many sessions as fit (3 descriptors each, 64 spare: 32), says so at start,
+// and refuses the connection past them with its reply instead of leaving it in the backlog.
+TEST(NavServe, ADescriptorLimitLowersMaxSessions) {
+  const fs::path log = fresh_dir("serve_fd_limit") / "serve.log";
+  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12", log.string(), "ulimit -n 160; ");
+  EXPECT_NE(slurp(log).find("serve: --max-sessions 1024 needs about 3136 file descriptors, but the process may open "
+                            "160 (ulimit -n; hard limit 160): serving at most 32 sessions"),
+            std::string::npos)
+      << slurp(log);
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < 32; ++i) {
+    clients.push_back(std::make_unique<Client>(s.port));
+    EXPECT_EQ(clients.back()->ask(str_session("s" + std::to_string(i)) + R"(, "reset": true, "instruction": [2]})")
+                  .at("ok"),
+              true)
+        << i;
+  }
+  Client refused(s.port);
+  EXPECT_EQ(json::parse(refused.reply()).at("error"),
+            "the server holds 32 connections, its limit (--max-sessions 32); try again when one closes");
 }
 
 // Refused connections linger in room of their own: with --max-sessions 1 and a refused client
