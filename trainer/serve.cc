@@ -22,6 +22,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -633,6 +634,11 @@ class Server {
         out["action_ids"] = tokens;
       }
       return dump(out);
+    } catch (const std::bad_alloc&) {  // a session's cache past the machine's memory
+      json err = {{"error", str("out of memory with ", sessions_.size(), " sessions open (each one's cache grows with "
+                                "its context, up to ", context_, " rows); close sessions, or lower --max-sessions")}};
+      if (!session.empty()) err["session"] = session;
+      return dump(err);
     } catch (const std::exception& e) {
       json err = {{"error", e.what()}};
       if (!session.empty()) err["session"] = session;
