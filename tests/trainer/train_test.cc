@@ -231,6 +231,24 @@ std::string run_log(const RunConfig& c) {
   return log.str();
 }
 
+// Keys a run ignores (a section that is off) are named at its start: segment keys without
+// segments, action bins without episodes.
+TEST(TrainTest, IgnoredKeysAreNamedAtTheStart) {
+  const fs::path dir = test_dir("ignored_keys");
+  RunConfig c = tiny_config(dir);
+  c.train.max_steps = 1;
+  c.segments.tail = 4;
+  c.data.action_bins = 3;
+  const std::string log = run_log(c);
+  EXPECT_NE(log.find("segments.tail is set, but segments.length is 0 (segments off), so it is ignored"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("data.action_bins is set, but data.format is 'rollouts' (only episodes' continuous actions are "
+                     "binned), so it is ignored"),
+            std::string::npos)
+      << log;
+}
+
 // Off, with no periodic checkpoint before the last step, the run says up front that it writes none.
 TEST(TrainTest, FinalCheckpointCanBeTurnedOff) {
   const fs::path dir = test_dir("no_final_checkpoint");
