@@ -257,6 +257,16 @@ int64_t int_flag(const Args& a, const std::string& name, int64_t def, int64_t lo
   return v;
 }
 
+// Checks --out as a file an atomic write may replace (tt::atomic_write_target: no folder, FIFO or
+// device), before anything is made; errors name --out.
+void check_out_file(const std::string& out, tt::Links links) {
+  try {
+    tt::atomic_write_target(out, links);
+  } catch (const tt::Error& e) {
+    throw tt::Error(std::string("--out ") + e.what());
+  }
+}
+
 // The folder of an --out file, created if missing; an error names --out and why it cannot be.
 void make_out_parent(const std::string& out) {
   const std::filesystem::path parent = std::filesystem::path(out).parent_path();
@@ -538,12 +548,8 @@ int run_generate(const std::vector<std::string>& argv) {
     throw UsageError{"--kind " + kind + " takes " + list + "; drop --" + name};
   }
   const std::string& out = required(a, "out");
-  try {  // before any folder is made: a folder, FIFO or device named by --out is an error
-    const bool episodes = kind == "toy-episodes" || kind == "nav-episodes";
-    tt::atomic_write_target(out, episodes ? tt::Links::kRefuse : tt::Links::kFollow);
-  } catch (const tt::Error& e) {
-    throw tt::Error(std::string("--out ") + e.what());
-  }
+  const bool episodes = kind == "toy-episodes" || kind == "nav-episodes";  // frames named beside the file
+  check_out_file(out, episodes ? tt::Links::kRefuse : tt::Links::kFollow);
   make_out_parent(out);
   if (kind == "published-example") {
     const tt::data::SyntheticSpec s = tt::data::published_example_spec();
@@ -687,11 +693,7 @@ int run_sweep(const std::vector<std::string>& argv) {
         throw tt::Error(tt::str("--out ", out, ": ", what, " (", path, "); the SLURM script would replace it (write it to "
                             "another file)"));
     }
-    try {  // a folder, FIFO or device: refused before the run configs are written
-      tt::atomic_write_target(out, tt::Links::kFollow);
-    } catch (const tt::Error& e) {
-      throw tt::Error(std::string("--out ") + e.what());
-    }
+    check_out_file(out, tt::Links::kFollow);  // before the run configs are written
     tt::trainer::write_run_configs(sweep);
     make_out_parent(out);
     tt::write_text_atomic(out, script, tt::Links::kFollow);

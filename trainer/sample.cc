@@ -343,7 +343,6 @@ int64_t run_sample(const SampleCommand& c) {
     if (id >= cfg.vocab_size)
       throw Error(str("--stop ", id, ": outside vocab_size ", cfg.vocab_size, " of ", dir, " (expected ids in [0, ",
                       cfg.vocab_size, "))"));
-  opt.validate();
   const std::vector<model::Prompt> prompts = read_prompts(c.prompts, cfg.vocab_size);
   if (!c.out.empty() && same_file(c.out, c.prompts))
     throw Error(str("--out ", c.out, ": the --prompts file itself; the completions would replace the prompts (write "

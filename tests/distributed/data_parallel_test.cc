@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "data/partition.h"
@@ -350,6 +351,19 @@ TEST(DataParallelTest, RanksThatDisagreeAreAnError) {
     EXPECT_TRUE(has(errors[r], "rank 1 disagrees with rank 0: '  lr: 0.02' vs '  lr: 0.01'")) << errors[r];
 }
 
+// Rank 1 of 2 in a forked process joining rank 0's listener: body(communicator) returns the
+// child's exit status (an exception: 99). The caller waits for the returned pid.
+pid_t fork_rank1(int port, const std::function<int(std::unique_ptr<Communicator>)>& body) {
+  const pid_t child = ::fork();
+  if (child != 0) return child;
+  int code = 99;
+  try {
+    code = body(make_cpu_communicator(Rendezvous::connect(loopback_env(1, 2, port), short_timeouts())));
+  } catch (...) {
+  }
+  ::_exit(code);
+}
+
 // The same config on every rank, but data.path holds other trees on rank 1's machine (a stale
 // copy on a node's own disk; here a relative path from another working folder): an error on
 // every rank before any step, not a run that mixes two datasets.
@@ -373,21 +387,16 @@ TEST(DataParallelTest, RanksThatReadOtherDataAreAnError) {
   c.data.path = "data.jsonl";
   const fs::path cwd = fs::current_path();
   Listener l = bind_free_port();
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    int code = 0;
+  const pid_t child = fork_rank1(l.port, [&](std::unique_ptr<Communicator> comm) {
+    fs::current_path(dir / "b");  // (before the constructor reads data.path)
     try {
-      fs::current_path(dir / "b");
-      auto comm = make_cpu_communicator(Rendezvous::connect(loopback_env(1, 2, l.port), short_timeouts()));
       Trainer t(c, std::move(comm));
     } catch (const Error& e) {
-      code = has(e.what(), "rank 1 disagrees with rank 0: 'data ") ? 3 : 4;
-    } catch (...) {
-      code = 5;
+      return has(e.what(), "rank 1 disagrees with rank 0: 'data ") ? 3 : 4;
     }
-    ::_exit(code);
-  }
+    return 0;
+  });
+  ASSERT_GE(child, 0);
   std::string error;
   try {
     fs::current_path(dir / "a");
@@ -412,19 +421,12 @@ TEST(DataParallelTest, ARankThatExitsEarlyEndsTheOtherWithAClearError) {
   const fs::path dir = test_dir("dp_early_exit");
   const RunConfig c = tiny_config(dir);
   Listener l = bind_free_port();
-  const pid_t child = ::fork();
+  const pid_t child = fork_rank1(l.port, [&](std::unique_ptr<Communicator> comm) {
+    Trainer t(c, std::move(comm));
+    t.train_step();
+    return 0;
+  });
   ASSERT_GE(child, 0);
-  if (child == 0) {
-    int code = 0;
-    try {
-      auto comm = make_cpu_communicator(Rendezvous::connect(loopback_env(1, 2, l.port), short_timeouts()));
-      Trainer t(c, std::move(comm));
-      t.train_step();
-    } catch (...) {
-      code = 3;
-    }
-    ::_exit(code);
-  }
   std::string error;
   int steps = 0;
   const auto t0 = std::chrono::steady_clock::now();
