@@ -4,7 +4,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -94,6 +96,15 @@ void write_text_atomic(const std::string& path, const std::string& text, Links l
     std::remove(tmp.c_str());
     throw Error(str(path, ": fsync or rename from ", tmp, " failed"));
   }
+}
+
+void fsync_path(const std::string& path, bool is_dir) {
+  const int fd = ::open(path.c_str(), O_RDONLY | (is_dir ? O_DIRECTORY : 0));
+  if (fd < 0) throw Error(str(path, ": cannot open for fsync: ", std::strerror(errno)));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) throw Error(str(path, ": fsync failed: ", std::strerror(err)));
 }
 
 std::string read_text(const std::string& path, const std::string& what, size_t max_bytes) {

@@ -33,6 +33,9 @@ std::string atomic_write_target(const std::string& path, Links links = Links::kF
 // the path when any step fails (the temporary file is removed).
 void write_text_atomic(const std::string& path, const std::string& text, Links links = Links::kReplace);
 
+// Flushes the file (or folder: is_dir) at `path` to disk. Throws tt::Error "<path>: ..." on failure.
+void fsync_path(const std::string& path, bool is_dir);
+
 // The whole file as bytes. Throws tt::Error "<path>: cannot open <what>" when it cannot be read,
 // and "<path>: more than <max_bytes> bytes ..." past max_bytes (a stream that never ends, such as
 // /dev/zero, stops there instead of filling memory).

@@ -276,6 +276,7 @@ void write_jsonl(const SyntheticSpec& spec, const std::string& path) {
       out.flush();
       if (!out) throw Error(str("error writing synthetic data to '", tmp, "'"));
     }
+    fsync_path(tmp, false);  // on disk before the rename makes it the data
     if (std::rename(tmp.c_str(), target.c_str()) != 0) throw Error(str("cannot rename '", tmp, "' to '", target, "'"));
   } catch (...) {
     std::filesystem::remove(tmp, ec);  // no leftover on failure

@@ -48,15 +48,6 @@ std::string refusal(const fs::path& dir) {
 
 }  // namespace
 
-void fsync_path(const std::string& path, bool is_dir) {
-  const int fd = ::open(path.c_str(), O_RDONLY | (is_dir ? O_DIRECTORY : 0));
-  if (fd < 0) throw Error(str(path, ": cannot open for fsync: ", std::strerror(errno)));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) throw Error(str(path, ": fsync failed: ", std::strerror(err)));
-}
-
 std::string utc_stamp() {
   const std::time_t now = std::time(nullptr);
   std::tm tm{};

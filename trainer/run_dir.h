@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <string>
 
+#include "base/files.h"  // fsync_path
+
 #include "trainer/config.h"
 
 namespace tt::trainer {
@@ -56,8 +58,5 @@ class RunDirLock {
 
 // The current UTC time as 20261205T013000Z (names of files set aside).
 std::string utc_stamp();
-
-// fsync of a file or a folder (a rename is durable once its folder is); throws tt::Error naming it.
-void fsync_path(const std::string& path, bool is_dir);
 
 }  // namespace tt::trainer
