@@ -57,6 +57,12 @@ class KVCache {
   void copy_state(int64_t dst, int64_t src);
   int64_t capacity() const { return capacity_; }
   int64_t used() const { return used_; }
+  // The memory it holds (its K/V rows and state slots), in bytes.
+  int64_t bytes() const {
+    int64_t n = 0;
+    for (int l = 0; l < layers_; ++l) n += (int64_t)(k_[l].size() + v_[l].size() + state_[l].size() + conv_[l].size());
+    return n;
+  }
   // The first row of a fresh span of `rows` rows; throws tt::Error past the capacity.
   int64_t reserve(int64_t rows);
   void clear() { used_ = slots_used_ = 0; }

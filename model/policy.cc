@@ -67,6 +67,12 @@ void VlaPolicy<E>::rewind(int64_t rows, int32_t from) {
 
 template <class E>
 void VlaPolicy<E>::reset(const std::vector<int32_t>& instruction) {
+  begin_reset(instruction);
+  reset_piece((int64_t)instruction.size());
+}
+
+template <class E>
+void VlaPolicy<E>::begin_reset(const std::vector<int32_t>& instruction) {
   TT_CHECK(!instruction.empty(), "policy: an empty instruction");
   TT_CHECK(path_ || (int64_t)instruction.size() < cache_.capacity(), "policy: an instruction of ", instruction.size(),
            " tokens exceeds the context of ", cache_.capacity(), " rows (the KV cache's; observations and the action",
@@ -75,24 +81,42 @@ void VlaPolicy<E>::reset(const std::vector<int32_t>& instruction) {
   for (size_t i = 0; i < instruction.size(); ++i)
     TT_CHECK(instruction[i] >= 0 && instruction[i] < V, "policy: instruction[", i, "] = ", instruction[i],
              ", expected a token id in [0, ", V, ")");
+  std::vector<int32_t> copy = instruction;  // first: a copy that fails leaves the episode as it was
   cache_.truncate(0);  // the rows (the state slots stay reserved)
   history_.clear();
-  instruction_.clear();  // until the prefill succeeded: a failed reset leaves no episode to act in
+  instruction_.clear();  // until the last piece is in: a failed reset leaves no episode to act in
   if (path_) path_->clear();
-  const data::PackedBatch b = token_batch(instruction);
+  pending_ = std::move(copy);
+  pending_done_ = 0;
+}
+
+template <class E>
+bool VlaPolicy<E>::reset_piece(int64_t rows) {
+  TT_CHECK(rows >= 1, "policy: a reset piece of ", rows, " rows, expected >= 1");
+  TT_CHECK(!pending_.empty(), "policy: reset_piece() without begin_reset()");
+  const int64_t at = pending_done_, n = std::min<int64_t>(rows, (int64_t)pending_.size() - at);
   try {
+    data::PackedBatch b = token_batch(std::vector<int32_t>(pending_.begin() + at, pending_.begin() + at + n));
     if (path_) {
-      path_->append(b);
+      path_->append(b);  // at the path's next depths
     } else {
+      one_node(b, (int)n, (int)at);  // after the cache's rows
       prefill(b);
-      save_state(kInstruction);
     }
+    pending_done_ += n;
+    if (pending_done_ < (int64_t)pending_.size()) return false;
+    if (!path_) save_state(kInstruction);
+    instruction_ = std::move(pending_);
   } catch (...) {
     cache_.truncate(0);
     if (path_) path_->clear();
+    pending_.clear();
+    pending_done_ = 0;
     throw;
   }
-  instruction_ = instruction;
+  pending_.clear();
+  pending_done_ = 0;
+  return true;
 }
 
 template <class E>
@@ -171,7 +195,8 @@ std::vector<int32_t> VlaPolicy<E>::act(const Observation& obs, int n_tokens, int
   const int V = (int)m_.config().vocab_size;
   TT_CHECK(n_tokens >= 1 && 0 <= first_id && first_id < end_id && end_id <= V, "policy: ", n_tokens,
            " action tokens among ids [", first_id, ", ", end_id, "), expected >= 1 in the vocabulary of ", V);
-  TT_CHECK(!instruction_.empty(), "policy: act() before reset()");
+  TT_CHECK(!instruction_.empty(), "policy: act() before reset()",
+           pending_.empty() ? "" : " is done (the instruction's pieces are still coming)");
   observation_batch(obs, 0);  // checks the observation before anything changes
   if (path_) return act_segmented(obs, n_tokens, first_id, end_id, first_logits);
   // The step's rows: its context (the cache's earlier rows with the full history, the instruction

@@ -52,6 +52,19 @@ class VlaPolicy {
   // leaves no row of the capacity for an observation, before anything changes (the episode goes
   // on); a reset whose prefill throws leaves no episode (act() throws until a reset succeeds).
   void reset(const std::vector<int32_t>& instruction);
+  // reset() in pieces, so a server answers other clients between them: begin_reset() checks the
+  // instruction as reset() does and ends the episode (act() throws until the last piece is in);
+  // each reset_piece() prefills the instruction's next `rows` tokens at most (rows >= 1) and
+  // returns whether all of it is in. The episode is reset()'s, its logits up to float rounding
+  // (the same sums in other chunks). A piece that throws ends the reset: no episode, as a reset
+  // that throws.
+  void begin_reset(const std::vector<int32_t>& instruction);
+  bool reset_piece(int64_t rows);
+  // The memory its context holds (the KV cache and state slots; with segments the ring and the
+  // retrieval pool, which grows with the episode), in bytes.
+  int64_t bytes() const { return cache_.bytes() + (path_ ? path_->bytes() : 0); }
+  // Tokens of the instruction in the cache (during a reset in pieces; its length after one).
+  int64_t reset_done() const { return instruction_.empty() ? pending_done_ : (int64_t)instruction_.size(); }
   // Appends the step's observation and decodes `n_tokens` action tokens greedily among ids
   // [first_id, end_id). logits (optional): the first token's logits (V) before the restriction.
   // Throws tt::Error for a malformed observation, a step whose context and fed-back action
@@ -88,6 +101,8 @@ class VlaPolicy {
   static constexpr int32_t kNow = 0, kInstruction = 1, kBefore = 2, kContext = 3, kSlots = 4;
   std::unique_ptr<SegmentedPath<E>> path_;  // with segments: the context (cache_ unused)
   std::vector<int32_t> instruction_;
+  std::vector<int32_t> pending_;  // a reset in pieces: the instruction, its first pending_done_ tokens in
+  int64_t pending_done_ = 0;
   std::vector<Observation> history_;  // the context's observations (the window's, or all)
 };
 

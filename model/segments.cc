@@ -1021,6 +1021,13 @@ template <class E>
 SegmentedPath<E>::~SegmentedPath() = default;
 
 template <class E>
+int64_t SegmentedPath<E>::bytes() const {
+  int64_t n = impl_->cache.bytes();
+  for (const auto& chunk : impl_->st.pool) n += chunk->bytes();
+  return n;
+}
+
+template <class E>
 void SegmentedPath<E>::clear() {
   impl_->st = impl_->seg.start();
   depth_ = 0;

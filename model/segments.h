@@ -94,6 +94,11 @@ class PoolChunk {
   // Rows [begin, end) as a span of the pool.
   PoolSpan<E> span(int begin, int end) const;
   int rows() const { return rows_; }
+  int64_t bytes() const {
+    int64_t n = 0;
+    for (size_t l = 0; l < k_.size(); ++l) n += (int64_t)(k_[l].size() + v_[l].size());
+    return n;
+  }
 
  private:
   std::vector<typename E::Buffer> k_, v_;  // [layer] (rows, NL, HS); empty outside long_range.layers
@@ -219,6 +224,9 @@ class SegmentedPath {
   SegmentedPath& operator=(const SegmentedPath&) = delete;
   int64_t depth() const { return depth_; }
   int64_t ahead() const { return ahead_; }
+  // The memory the path holds: its ring of cache rows and state slots, and with retrieval the
+  // pool of its closed segments (which grows with the path), in bytes.
+  int64_t bytes() const;
   void clear();
   // The rows of `b` (one causal node, its media; its positions are ignored) at the path's next
   // depths; returns the logits of its last row (V). A batch that is not one valid node (a token

@@ -89,12 +89,15 @@ const char* const kUsage = R"(usage:
   treetrain serve --checkpoint DIR [--port 0] [--host 127.0.0.1] [--action-ids FIRST:END]
                   [--action-tokens 1] [--window W] [--max-sessions 1024] [--session-idle-s 3600]
                   [--max-message-bytes 16777216] [--max-buffered-bytes 16 x max-message-bytes]
+                  [--reset-piece-rows 256] [--max-cache-bytes 3/4 of the memory available]
       A VLA policy server: JSON lines over TCP, sessions with reset / images (base64 PNG or JPEG)
       / close, answered by the action (trainer/serve.h); prints "listening on HOST:PORT" first.
       A session unused for --session-idle-s seconds is closed (0: never). At most --max-sessions
       sessions and as many connections at once (one more is told so and closed); requests
       buffered across them at most --max-buffered-bytes (when it is full, the connection with the
-      longest unfinished line is told so and closed).
+      longest unfinished line is told so and closed). A reset's instruction goes in
+      --reset-piece-rows tokens a turn, other clients answered between pieces; the sessions'
+      contexts hold at most --max-cache-bytes together (a reset or step past it is refused).
       Continuous actions decode with the checkpoint's action_bins.json; discrete ones need
       --action-ids (the nav environment's: 8:12).
   treetrain nav-env [--size 5] [--landmarks 3] [--walls 2] [--max-steps 24] [--image-size 16]
@@ -424,7 +427,7 @@ int run_eval(const std::vector<std::string>& argv) {
 int run_serve(const std::vector<std::string>& argv) {
   const Args a = parse_flags(argv, {"checkpoint", "host", "port", "window", "action-ids", "action-tokens",
                                     "max-message-bytes", "max-buffered-bytes", "max-sessions", "session-idle-s",
-                                    "max-requests", "device"},
+                                    "max-requests", "device", "reset-piece-rows", "max-cache-bytes"},
                              "serve");
   spdlog::set_default_logger(spdlog::stderr_color_mt("treetrain-serve"));  // stdout: the "listening on" line
   tt::trainer::ServeOptions o;
@@ -458,6 +461,8 @@ int run_serve(const std::vector<std::string>& argv) {
     throw UsageError{"--session-idle-s: expected seconds in [0, 1e9] (0: sessions never close for going unused), got '" +
                      a.flags.at("session-idle-s") + "'"};
   o.max_requests = int_flag(a, "max-requests", -1, -1, INT64_MAX, " (-1 or absent: until killed)");
+  o.reset_piece_rows = int_flag(a, "reset-piece-rows", o.reset_piece_rows, 1, INT32_MAX);
+  o.max_cache_bytes = int_flag(a, "max-cache-bytes", -1, 0, INT64_MAX, " (absent: 3/4 of the memory available)");
   const auto dev = a.flags.find("device");
   if (dev != a.flags.end() && dev->second != "auto" && dev->second != "cpu")
     throw UsageError{"--device: the closed-loop policy runs on the cpu backend only so far (expected auto or cpu)"};

@@ -24,6 +24,7 @@
 #include <memory>
 #include <new>
 #include <nlohmann/json.hpp>
+#include <utility>
 #include <vector>
 
 #include "base/base64.h"
@@ -77,6 +78,7 @@ struct Conn {
   // so refused connections cannot take the served ones' room.
   bool shut = false;
   bool refused = false;  // refused at --max-sessions (never served)
+  bool resetting = false;  // a reset in pieces is under way (Server::resets_): its later lines wait
   std::chrono::steady_clock::time_point linger_until{};
 };
 
@@ -155,6 +157,60 @@ class Server {
     // instruction has no bound (the context bounds one step's rows, the ring SegmentedPath keeps).
     if (seg_.enabled()) max_instruction_ = std::numeric_limits<int64_t>::max();
     model_ = load_inference_model<Exec>(cfg_, dir_);
+    TT_CHECK(opt.reset_piece_rows >= 1, "--reset-piece-rows ", opt.reset_piece_rows, ": expected at least 1");
+    // One session's context, as every reset makes it (its buffers are reserved, not yet touched).
+    const int64_t each = Session(*model_, window_, context_, seg_).policy.bytes();
+    if (opt.max_cache_bytes >= 0) {
+      cache_budget_ = opt.max_cache_bytes;
+      cache_budget_from_ = "--max-cache-bytes";
+    } else {
+      const auto [avail, from] = memory_available();
+      cache_budget_ = avail / 4 * 3;
+      cache_budget_from_ = str("3/4 of the ", avail, " bytes ", from, " at startup; --max-cache-bytes sets it");
+    }
+    if (cache_budget_ < each)
+      throw Error(str("serve: the sessions' contexts may hold ", cache_budget_, " bytes (", cache_budget_from_,
+                      "), less than one session's ", each, " bytes (", context_, " rows of context",
+                      seg_.enabled() ? ", a segment's ring" : "", "); expected at least that"));
+    spdlog::info("serve: a session's context takes {} bytes; the sessions' contexts {} bytes together at most ({}): "
+                 "{} sessions of that size (--max-sessions {})",
+                 each, cache_budget_, cache_budget_from_, cache_budget_ / each, opt_.max_sessions);
+  }
+
+  // The memory the process may still take: /proc/meminfo's MemAvailable, or less where the
+  // cgroup's memory.max (minus memory.current) says so; and where that was read.
+  static std::pair<int64_t, std::string> memory_available() {
+    int64_t avail = -1;
+    std::string from;
+    if (FILE* f = std::fopen("/proc/meminfo", "r")) {
+      char line[256];
+      long long kb = 0;
+      while (std::fgets(line, sizeof line, f))
+        if (std::sscanf(line, "MemAvailable: %lld kB", &kb) == 1) {
+          avail = (int64_t)kb * 1024;
+          from = "available (/proc/meminfo MemAvailable)";
+          break;
+        }
+      std::fclose(f);
+    }
+    if (avail < 0) {
+      avail = (int64_t)sysconf(_SC_PHYS_PAGES) * (int64_t)sysconf(_SC_PAGE_SIZE);
+      from = "of physical memory";
+    }
+    auto read_num = [](const char* path) -> int64_t {
+      long long v = -1;
+      if (FILE* f = std::fopen(path, "r")) {
+        if (std::fscanf(f, "%lld", &v) != 1) v = -1;  // "max": no limit
+        std::fclose(f);
+      }
+      return (int64_t)v;
+    };
+    const int64_t max = read_num("/sys/fs/cgroup/memory.max"), cur = read_num("/sys/fs/cgroup/memory.current");
+    if (max > 0 && cur >= 0 && max - cur < avail) {
+      avail = std::max<int64_t>(0, max - cur);
+      from = "left under the cgroup's limit (/sys/fs/cgroup/memory.max)";
+    }
+    return {avail, from};
   }
 
   // Each of --max-sessions connections may be served, linger after its last reply, and linger
@@ -210,7 +266,7 @@ class Server {
         const bool more = !c.closing && lines_left(c);
         // A closing connection with its replies out (an eviction's, sent at once) lingers from the
         // next turn: that turn comes without waiting.
-        turn_now |= more || (c.closing && c.out.empty() && !c.shut);
+        turn_now |= more || c.resetting || (c.closing && c.out.empty() && !c.shut);
         if (c.shut) linger_ends = std::min(linger_ends, c.linger_until);
         fds.push_back({c.fd, (short)((c.shut ? POLLIN : 0) | (c.closing || c.eof || more ? 0 : POLLIN) |
                                      (c.out.empty() ? 0 : POLLOUT)),
@@ -256,11 +312,13 @@ class Server {
         const bool limit = opt_.max_requests >= 0 && answered >= opt_.max_requests;
         if (open && !limit && !c.closing && !c.eof && !lines_left(c) && (ev & (POLLIN | POLLHUP)))
           open = read_requests(c);
-        if (open && !limit && !c.closing) open = answer_lines(c, answered);
+        if (open && !limit && c.resetting) open = continue_reset(c, answered);
+        if (open && !limit && !c.closing && !c.resetting) open = answer_lines(c, answered);
         if (open && c.closing && c.out.empty()) open = linger(c, now);  // its last reply is out
         if (open) {
           keep.push_back(std::move(c));
         } else {
+          drop_reset(c, "its connection closed");
           drop_requests(c);
           close(c.fd);
         }
@@ -309,6 +367,17 @@ class Server {
   }
 
  private:
+  using Clock = std::chrono::steady_clock;
+
+  struct Session {
+    model::VlaPolicy<Exec> policy;
+    int64_t steps = 0;
+    int64_t cameras = 0;                    // images a step, from its first step (0: none yet)
+    Clock::time_point used = Clock::now();  // its last request
+    Session(model::Decoder<Exec>& m, int window, int64_t capacity, const model::SegmentConfig& seg)
+        : policy(m, window, capacity, seg) {}
+  };
+
   static int listen_on(const std::string& host, int port) {
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
     TT_CHECK(fd >= 0, "serve: socket: ", std::strerror(errno));
@@ -414,6 +483,7 @@ class Server {
   // An error reply that ends the connection (a request stream that cannot be resynchronised): its
   // unanswered bytes dropped, the reply counted; false as reply() is.
   bool close_with_error(Conn& c, int64_t& answered, const std::string& why) {
+    drop_reset(c, "its connection is closed");
     drop_requests(c);
     c.closing = true;
     ++answered;
@@ -453,13 +523,15 @@ class Server {
       if (!line.empty() && line.back() == '\r') line.pop_back();
       if (line.empty()) continue;
       ++lines;
+      const std::string r = handle(line, c);
+      if (c.resetting) break;  // answered once its last piece is in; the lines after it wait
       ++answered;
-      open = reply(c, handle(line));
+      open = reply(c, r);
     }
     c.in.erase(0, start);
     buffered_ -= (int64_t)start;
     c.scanned = c.scanned > start ? c.scanned - start : 0;
-    if (c.eof && c.in.empty()) c.closing = true;
+    if (c.eof && c.in.empty() && !c.resetting) c.closing = true;
     if (c.closing) drop_requests(c);  // what is left is never answered
     return open;
   }
@@ -501,7 +573,7 @@ class Server {
   }
 
   // One request line -> one reply (never throws).
-  std::string handle(const std::string& line) {
+  std::string handle(const std::string& line, Conn& c) {
     std::string session;
     try {
       json j;
@@ -543,22 +615,26 @@ class Server {
                           " instruction tokens beside one step's ", step_rows_, " observation rows and ", tokens_,
                           " action token(s)"));
         close_idle_sessions();  // one past its time makes room even before the next poll
-        auto it = sessions_.find(session);
-        if (it == sessions_.end() && (int)sessions_.size() >= opt_.max_sessions)
+        if (!sessions_.count(session) && !pending_names_.count(session) && open_names() >= opt_.max_sessions)
           throw Error(str("too many sessions (", opt_.max_sessions, ", --max-sessions); close one first",
                           opt_.session_idle_s > 0 ? str(", or wait for one to go unused for ", opt_.session_idle_s,
                                                         " s (--session-idle-s)")
                                                   : std::string()));
-        // A fresh session takes the name only once its reset succeeded: a failed reset leaves an
-        // existing session as it was and creates none.
+        // A fresh session takes the name only once its reset is through: a failed reset leaves an
+        // existing session as it was and creates none. Its instruction goes in --reset-piece-rows
+        // rows a turn (the first here), the other clients' requests answered between pieces.
         auto fresh = std::make_unique<Session>(*model_, window_, context_, seg_);
-        fresh->policy.reset(ins);
-        if (it == sessions_.end()) {
-          sessions_.emplace(session, std::move(fresh));
-        } else {
-          it->second = std::move(fresh);
+        const auto open = sessions_.find(session);  // its context is freed once this reset is through
+        check_cache_budget(session, fresh->policy.bytes() - (open == sessions_.end() ? 0 : open->second->policy.bytes()),
+                           "reset");
+        fresh->policy.begin_reset(ins);
+        if (!fresh->policy.reset_piece(opt_.reset_piece_rows)) {
+          ++pending_names_[session];
+          resets_[c.fd] = PendingReset{session, std::move(fresh), (int64_t)ins.size(), 1, Clock::now()};
+          c.resetting = true;
+          return std::string();
         }
-        closed_idle_.erase(session);
+        install(session, std::move(fresh));
         return dump(json{{"session", session}, {"ok", true}});
       }
       check_keys(j, close ? "close" : "images", close ? std::vector<std::string>{"session", "close", "reset"}
@@ -625,6 +701,7 @@ class Server {
         throw Error(str("\"state\" has ", obs.state.size(), " values, expected vision.state_dim = ",
                         cfg_.vision.state_dim));
       Session& s = *it->second;
+      check_cache_budget(session, 0, "step");  // the retrieval pool grows with the episode
       const std::vector<int32_t> tokens = s.policy.act(obs, tokens_, first_, end_);
       s.cameras = images;
       json out = {{"session", session}, {"step", s.steps++}, {"tokens", tokens}};
@@ -634,28 +711,105 @@ class Server {
         out["action_ids"] = tokens;
       }
       return dump(out);
-    } catch (const std::bad_alloc&) {  // a session's cache past the machine's memory
-      json err = {{"error", str("out of memory with ", sessions_.size(), " sessions open (each one's cache grows with "
-                                "its context, up to ", context_, " rows); close sessions, or lower --max-sessions")}};
-      if (!session.empty()) err["session"] = session;
-      return dump(err);
+    } catch (const std::bad_alloc&) {
+      return out_of_memory(session);
     } catch (const std::exception& e) {
-      json err = {{"error", e.what()}};
-      if (!session.empty()) err["session"] = session;
-      return dump(err);
+      return error_reply(session, e.what());
     }
   }
 
-  using Clock = std::chrono::steady_clock;
+  static std::string error_reply(const std::string& session, const std::string& what) {
+    json err = {{"error", what}};
+    if (!session.empty()) err["session"] = session;
+    return dump(err);
+  }
 
-  struct Session {
-    model::VlaPolicy<Exec> policy;
-    int64_t steps = 0;
-    int64_t cameras = 0;                    // images a step, from its first step (0: none yet)
-    Clock::time_point used = Clock::now();  // its last request
-    Session(model::Decoder<Exec>& m, int window, int64_t capacity, const model::SegmentConfig& seg)
-        : policy(m, window, capacity, seg) {}
-  };
+  // A session's cache past the machine's memory.
+  std::string out_of_memory(const std::string& session) const {
+    return error_reply(session, str("out of memory with ", sessions_.size(), " sessions open (each one's cache grows "
+                                    "with its context, up to ", context_, " rows); close sessions, or lower "
+                                    "--max-sessions or --max-cache-bytes"));
+  }
+
+  // The session takes the name (replacing one of that name): its reset is through.
+  void install(const std::string& name, std::unique_ptr<Session> fresh) {
+    auto it = sessions_.find(name);
+    if (it == sessions_.end()) {
+      sessions_.emplace(name, std::move(fresh));
+    } else {
+      it->second = std::move(fresh);
+    }
+    closed_idle_.erase(name);
+  }
+
+  // Sessions open and names a reset under way will open: what --max-sessions bounds.
+  int64_t open_names() const {
+    int64_t n = (int64_t)sessions_.size();
+    for (const auto& [name, count] : pending_names_) n += sessions_.count(name) ? 0 : 1;
+    return n;
+  }
+
+  // The memory the sessions' contexts hold, with those of the resets under way.
+  int64_t cache_bytes() const {
+    int64_t n = 0;
+    for (const auto& [name, s] : sessions_) n += s->policy.bytes();
+    for (const auto& [fd, r] : resets_) n += r.fresh->policy.bytes();
+    return n;
+  }
+
+  // Throws unless the sessions' contexts and `more` bytes fit --max-cache-bytes. A reset's `more`:
+  // its fresh context less the one it replaces (freed once it is through: until then both are
+  // held, one extra context at most for each reset under way).
+  void check_cache_budget(const std::string& session, int64_t more, const char* what) const {
+    const int64_t held = cache_bytes();
+    if (held + more <= cache_budget_) return;
+    throw Error(str(what, " of session \"", session.substr(0, 64), "\" refused: the sessions' contexts hold ", held,
+                    " bytes (", sessions_.size(), " sessions open, ", resets_.size(), " resets under way)",
+                    more > 0 ? str(" and this one's takes ", more, " more") : std::string(), ", past the limit of ",
+                    cache_budget_, " bytes (", cache_budget_from_, "); close sessions, or raise --max-cache-bytes"));
+  }
+
+  // The next piece of the connection's reset: once it is all in, the session takes its name and
+  // the reset is answered (or its error is). False when the connection is to close.
+  bool continue_reset(Conn& c, int64_t& answered) {
+    PendingReset& r = resets_.at(c.fd);
+    std::string text;
+    try {
+      if (!r.fresh->policy.reset_piece(opt_.reset_piece_rows)) {
+        ++r.pieces;
+        return true;
+      }
+      ++r.pieces;
+      const double s = std::chrono::duration<double>(Clock::now() - r.started).count();
+      spdlog::info("serve: session {} reset: {} instruction tokens in {} pieces of --reset-piece-rows {}, {:.2f} s",
+                   quoted(std::as_const(r.session)), r.tokens, r.pieces, opt_.reset_piece_rows, s);
+      install(r.session, std::move(r.fresh));
+      text = dump(json{{"session", r.session}, {"ok", true}});
+    } catch (const std::bad_alloc&) {
+      text = out_of_memory(r.session);
+    } catch (const std::exception& e) {
+      text = error_reply(r.session, e.what());
+    }
+    end_reset(c);
+    ++answered;
+    return reply(c, text);
+  }
+
+  void end_reset(Conn& c) {
+    const auto it = resets_.find(c.fd);
+    if (--pending_names_[it->second.session] == 0) pending_names_.erase(it->second.session);
+    resets_.erase(it);
+    c.resetting = false;
+  }
+
+  // A reset under way whose connection closes is dropped (a log line): no one is told it is through.
+  void drop_reset(Conn& c, const char* why) {
+    if (!c.resetting) return;
+    const PendingReset& r = resets_.at(c.fd);
+    spdlog::warn("serve: session {}'s reset dropped after {} of its {} instruction tokens: {}", quoted(r.session),
+                 r.fresh->policy.reset_done(), r.tokens, why);
+    end_reset(c);
+  }
 
   // Closes the sessions unused for session_idle_s (their names kept, a bounded number, for the
   // error a later request gets); returns poll()'s timeout in ms until the next one is due (-1:
@@ -707,6 +861,18 @@ class Server {
   int32_t first_ = 0, end_ = 0;
   std::unique_ptr<model::Decoder<Exec>> model_;
   std::map<std::string, std::unique_ptr<Session>> sessions_;
+  // Resets under way, by connection (its descriptor): a fresh session filled a piece a turn.
+  struct PendingReset {
+    std::string session;
+    std::unique_ptr<Session> fresh;
+    int64_t tokens = 0;  // the instruction's
+    int64_t pieces = 0;  // in so far
+    Clock::time_point started;
+  };
+  std::map<int, PendingReset> resets_;
+  std::map<std::string, int> pending_names_;  // session name -> resets of it under way
+  int64_t cache_budget_ = 0;                  // bytes the sessions' contexts may hold together
+  std::string cache_budget_from_;             // what set it, for the error
   // Sessions closed for going unused: name -> seconds unused (the newest kMaxClosedNames; a reset
   // of the name forgets it).
   static constexpr size_t kMaxClosedNames = 4096;

@@ -43,6 +43,14 @@
 // and a request naming it gets "session S was closed after N s unused (--session-idle-s ...);
 // reset it"), or the server stops. A connection that closes leaves its sessions open, so a client
 // reconnects to them. max_sessions bounds the open ones.
+// A reset runs in pieces of reset_piece_rows instruction tokens, one a turn of the loop, so other
+// clients are answered while a long instruction (with segments it has no bound) goes in; the
+// connection's later lines wait for its reply, and the session takes its name (replacing an open
+// one) only once the last piece is in. A connection that closes meanwhile drops its reset (a log
+// line). The sessions' contexts together hold at most max_cache_bytes: a reset whose fresh session
+// would pass it is refused, and so is a step while they are past it (with retrieval the pool grows
+// each segment, so they may pass it by one step's growth); the error names the bytes held and the
+// limit.
 #pragma once
 
 #include <cstdint>
@@ -67,6 +75,12 @@ struct ServeOptions {
   // action tokens and one step's rows must fit the context (the startup checks it).
   int action_tokens = 0;
   int32_t action_first = -1, action_end = -1;
+  // A reset's instruction goes into its session's context this many rows a turn of the loop, the
+  // other clients' requests answered between pieces (a long instruction does not stall them).
+  int64_t reset_piece_rows = 256;
+  // Bytes the sessions' contexts (KV caches, recurrent states, retrieval pools) may hold together
+  // (-1: three quarters of the memory available at startup, MemAvailable or the cgroup's limit).
+  int64_t max_cache_bytes = -1;
   int64_t max_requests = -1;  // tests: stop after this many request lines (-1: run until killed)
 };
 

@@ -334,6 +334,76 @@ TEST(PolicyFailures, ARefusedResetLeavesTheEpisodeAsItWas) {
   EXPECT_EQ(policy.context().tokens, ref.context().tokens);
 }
 
+// A reset in pieces (begin_reset, then reset_piece of 1, 2 and 5 rows in turn, as a server runs
+// one between other clients' requests) is one reset: the steps after it act and give the logits
+// (fp64, the same sums in other chunks: relative 1e-12) and contexts of a policy reset at once,
+// with the full history and a window, with segments whose boundaries the pieces cross, and with
+// a hybrid model's recurrent states. Before the last piece act() is refused; a piece that throws
+// (an allocation) leaves no episode, and a reset after it is a fresh one's.
+class PolicyPieces : public ::testing::TestWithParam<std::tuple<int, bool, bool>> {};
+
+TEST_P(PolicyPieces, AResetInPiecesIsOneReset) {
+  const auto [window, segments, hybrid] = GetParam();
+  const ModelConfig cfg = vla_config(hybrid);
+  Model<double> m(cfg);
+  m.init(6);
+  SegmentConfig seg;
+  if (segments) seg.length = 7, seg.tail = 5, seg.long_range = {{1}, {0}, 3};
+  const int64_t capacity = segments ? 12 : 64;
+  std::mt19937_64 rng(11);
+  std::vector<int32_t> ins;
+  for (int i = 0; i < 17; ++i) ins.push_back(1 + (int32_t)(rng() % 23));
+  const std::vector<Observation> obs = {random_obs(rng, 2), random_obs(rng, 2), random_obs(rng, 2)};
+  VlaPolicy<CpuExec<double>> ref(m, window, capacity, seg), policy(m, window, capacity, seg);
+  ref.reset(ins);
+  auto in_pieces = [&](VlaPolicy<CpuExec<double>>& p) {
+    p.begin_reset(ins);
+    const int64_t sizes[] = {1, 2, 5};
+    int pieces = 0;
+    while (!p.reset_piece(sizes[pieces % 3])) {
+      ++pieces;
+      EXPECT_EQ(p.reset_done(), std::min<int64_t>(17, pieces / 3 * 8 + (pieces % 3 > 0) + 2 * (pieces % 3 > 1)));
+      EXPECT_NE(error_of([&] { p.act(obs[0], 2, 10, 24); }).find("act() before reset() is done"), std::string::npos);
+    }
+    EXPECT_EQ(pieces + 1, 7);  // 1 + 2 + 5, 1 + 2 + 5, 1
+    EXPECT_EQ(p.reset_done(), 17);
+  };
+  in_pieces(policy);
+  for (size_t t = 0; t < obs.size(); ++t) {
+    std::vector<double> got, want;
+    EXPECT_EQ(policy.act(obs[t], 2, 10, 24, &got), ref.act(obs[t], 2, 10, 24, &want)) << "step " << t;
+    EXPECT_LT(rel_diff(got, want), 1e-12) << "step " << t;
+    EXPECT_EQ(policy.context().tokens, ref.context().tokens) << "step " << t;
+  }
+  // A piece that fails (each allocation in turn) leaves no episode; a reset after it is a fresh one's.
+  VlaPolicy<CpuExec<double>> fresh(m, window, capacity, seg);
+  fresh.reset(ins);
+  std::vector<double> want;
+  const std::vector<int32_t> want_a = fresh.act(obs[0], 2, 10, 24, &want);
+  int failed = 0;
+  for (int64_t n = 0;; ++n) {
+    policy.begin_reset(ins);
+    policy.reset_piece(3);
+    if (!fail_allocation(n, [&] { policy.reset_piece(9); }).threw) break;
+    ++failed;
+    EXPECT_NE(error_of([&] { policy.act(obs[0], 2, 10, 24); }).find("act() before reset()"), std::string::npos);
+    EXPECT_NE(error_of([&] { policy.reset_piece(1); }).find("reset_piece() without begin_reset()"), std::string::npos);
+    in_pieces(policy);
+    std::vector<double> got;
+    ASSERT_EQ(policy.act(obs[0], 2, 10, 24, &got), want_a) << "allocation " << n;
+    ASSERT_LT(rel_diff(got, want), 1e-12) << "allocation " << n;
+  }
+  EXPECT_GT(failed, 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Histories, PolicyPieces,
+                         ::testing::Combine(::testing::Values(0, 2), ::testing::Bool(), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<int, bool, bool>>& i) {
+                           const int w = std::get<0>(i.param);
+                           return (w == 0 ? std::string("full") : "window" + std::to_string(w)) +
+                                  (std::get<1>(i.param) ? "_segments" : "") + (std::get<2>(i.param) ? "_hybrid" : "");
+                         });
+
 // The evaluator's context in the real environment: an expert episode written as training data
 // (PNG frames, data/nav_env.h) and read back as its tree, against the policy fed the frames the
 // environment renders while the expert drives: token for token, frame for frame (PNG is lossless).

@@ -252,15 +252,25 @@ TEST(NavServe, EvalChecksTheContextAgainstTheModelsPositions) {
 // its boundaries): eval runs the policy through the segment operator as training ran, whose
 // positions stay below 64 + 32 however long the episode, so --max-steps 70 (past the 63 the
 // unsegmented check above allows) runs. (serve builds its sessions' policies the same way.)
+// A run trained with segments (of 64 rows, tail 32) for two steps, made once; its training log
+// beside it (train_log).
+const fs::path& segments_run() {
+  static const fs::path run = [] {
+    const fs::path dir = fresh_dir("nav_segments");
+    const std::string data = (dir / "episodes.jsonl").string();
+    EXPECT_EQ(sh("trainer/treetrain generate --kind nav-episodes --out " + data + " --num-episodes 4 --seed 5 2>/dev/null"), 0);
+    EXPECT_EQ(sh("trainer/treetrain --config configs/vla_quickstart.yaml --set run_dir=" + (dir / "run").string() +
+                 " --set data.path=" + data + " --set train.max_steps=2 --set train.checkpoint_every=0"
+                 " --set segments.length=64 --set segments.tail=32 > " + (dir / "train_log").string() + " 2>&1"),
+              0)
+        << slurp(dir / "train_log");
+    return dir / "run";
+  }();
+  return run;
+}
+
 TEST(NavServe, ARunTrainedWithSegmentsIsEvaluatedThroughThem) {
-  const fs::path dir = fresh_dir("nav_segments");
-  const std::string data = (dir / "episodes.jsonl").string();
-  ASSERT_EQ(sh("trainer/treetrain generate --kind nav-episodes --out " + data + " --num-episodes 4 --seed 5 2>/dev/null"), 0);
-  ASSERT_EQ(sh("trainer/treetrain --config configs/vla_quickstart.yaml --set run_dir=" + (dir / "run").string() +
-               " --set data.path=" + data + " --set train.max_steps=2 --set train.checkpoint_every=0"
-               " --set segments.length=64 --set segments.tail=32 > " + (dir / "train_log").string() + " 2>&1"),
-            0)
-      << slurp(dir / "train_log");
+  const fs::path dir = segments_run().parent_path();
   EXPECT_NE(slurp(dir / "train_log").find("train segment by segment"), std::string::npos) << slurp(dir / "train_log");
   ASSERT_EQ(sh("trainer/treetrain eval --env nav --checkpoint " + (dir / "run").string() +
                " --episodes 1 --max-steps 70 > " + (dir / "o").string() + " 2> " + (dir / "e").string()),
@@ -410,6 +420,117 @@ std::pair<int, std::string> serve_startup(const std::string& flags) {
   const fs::path dir = fresh_dir("serve_startup");
   const int rc = sh("timeout 30 trainer/treetrain serve " + flags + " > /dev/null 2> " + (dir / "log").string());
   return {rc, slurp(dir / "log")};
+}
+
+// Whether a reply has come on the client's connection (read without waiting).
+bool replied(Client& c) {
+  for (char tmp[4096];;) {
+    const ssize_t n = recv(c.fd, tmp, sizeof tmp, MSG_DONTWAIT);
+    if (n <= 0) break;
+    c.buf.append(tmp, (size_t)n);
+  }
+  return c.buf.find('\n') != std::string::npos;
+}
+
+// A reset of 50,000 instruction tokens (segments leave an instruction no bound) goes in
+// --reset-piece-rows tokens a turn: while it does, another client's steps are answered, its
+// session counts toward --max-sessions without being open yet, and once it is through it steps.
+// A connection that closes (a reset) during its reset drops it: the session is never opened and
+// its place is free again.
+TEST(NavServe, ALongResetTakesTurnsWithOtherClients) {
+  const fs::path log = fresh_dir("serve_long_reset") / "serve.log";
+  ServeProcess s("--checkpoint " + segments_run().string() + " --action-ids 8:12 --max-sessions 2 --reset-piece-rows 64",
+                 log.string());
+  const std::string img = frame_b64(), step = R"(", "images": [")" + img + R"("]})";
+  Client b(s.port);
+  EXPECT_EQ(b.ask(R"({"session": "b", "reset": true, "instruction": [2, 4]})").at("ok"), true);
+  std::string ins;
+  for (int i = 0; i < 50000; ++i) ins += (i ? "," : "") + std::to_string(2 + i % 9);
+  const std::string long_reset = R"(", "reset": true, "instruction": [)" + ins + "]}\n";
+  auto a = std::make_unique<Client>(s.port);
+  a->send_raw(R"({"session": "long)" + long_reset);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the server reads the line
+  EXPECT_NE(b.error_of(R"({"session": "third", "reset": true, "instruction": [2]})").find("too many sessions (2"),
+            std::string::npos);
+  EXPECT_EQ(b.error_of(R"({"session": "long)" + step), "unknown session \"long\" (reset it first)");
+  for (int t = 0; t < 3; ++t) EXPECT_EQ(b.ask(R"({"session": "b)" + step).value("step", -1), t);
+  EXPECT_FALSE(replied(*a)) << "the other client's requests were answered while the long reset went in";
+  const json r = json::parse(a->reply());
+  EXPECT_EQ(r.value("ok", false), true) << r.dump();
+  EXPECT_EQ(a->ask(R"({"session": "long)" + step).value("step", -1), 0);
+  EXPECT_NE(slurp(log).find("serve: session \"long\" reset: 50000 instruction tokens in 782 pieces of "
+                            "--reset-piece-rows 64"),
+            std::string::npos)
+      << slurp(log);
+  // A reset whose connection goes away is dropped (a's connection closed first: --max-sessions
+  // bounds the connections too).
+  a.reset();
+  EXPECT_EQ(b.ask(R"({"session": "b", "close": true})").at("ok"), true);
+  {
+    Client gone(s.port);
+    const linger rst{1, 0};  // close() resets the connection
+    setsockopt(gone.fd, SOL_SOCKET, SO_LINGER, &rst, sizeof rst);
+    gone.send_raw(R"({"session": "gone)" + long_reset);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_NE(b.error_of(R"({"session": "third", "reset": true, "instruction": [2]})").find("too many sessions (2"),
+              std::string::npos);
+  }
+  json third;
+  for (int tries = 0; tries < 100; ++tries) {  // the server sees the reset, and frees the place
+    third = b.ask(R"({"session": "third", "reset": true, "instruction": [2]})");
+    if (third.value("ok", false)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(third.value("ok", false), true) << third.dump();
+  EXPECT_EQ(b.error_of(R"({"session": "gone)" + step), "unknown session \"gone\" (reset it first)");
+  EXPECT_NE(slurp(log).find("serve: session \"gone\"'s reset dropped after "), std::string::npos) << slurp(log);
+}
+
+// The sessions' contexts hold at most --max-cache-bytes together: with room for two and a half,
+// a third session's reset is refused (naming the bytes and the flag) and changes nothing, a
+// session's own reset (its fresh context in place of its old) is taken, and closing one makes
+// room. A limit below one session's context stops the server at startup.
+TEST(NavServe, TheSessionsContextsHaveABudget) {
+  const fs::path log = fresh_dir("serve_cache_budget") / "serve.log";
+  int64_t each = 0;
+  {
+    ServeProcess probe("--checkpoint " + trained_run().string() + " --action-ids 8:12", log.string());
+    Client c(probe.port);
+    EXPECT_EQ(c.ask(R"({"session": "a", "close": true})").count("error"), 1u);  // the log is written by now
+    const std::string text = slurp(log);
+    const size_t at = text.find("a session's context takes ");
+    ASSERT_NE(at, std::string::npos) << text;
+    each = std::stoll(text.substr(at + 26));
+    EXPECT_NE(text.find(" bytes together at most (3/4 of the "), std::string::npos) << text;
+  }
+  ASSERT_GT(each, 0);
+  const int64_t budget = 2 * each + each / 2;
+  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12 --max-cache-bytes " +
+                     std::to_string(budget),
+                 log.string());
+  Client c(s.port);
+  const std::string img = frame_b64(), step = R"(", "images": [")" + img + R"("]})";
+  for (const char* name : {"a", "b"})
+    EXPECT_EQ(c.ask(str_session(name) + R"(, "reset": true, "instruction": [2, 5]})").at("ok"), true);
+  EXPECT_EQ(c.error_of(R"({"session": "c", "reset": true, "instruction": [2, 5]})"),
+            "reset of session \"c\" refused: the sessions' contexts hold " + std::to_string(2 * each) +
+                " bytes (2 sessions open, 0 resets under way) and this one's takes " + std::to_string(each) +
+                " more, past the limit of " + std::to_string(budget) +
+                " bytes (--max-cache-bytes); close sessions, or raise --max-cache-bytes");
+  EXPECT_EQ(c.error_of(R"({"session": "c)" + step), "unknown session \"c\" (reset it first)");
+  EXPECT_EQ(c.ask(R"({"session": "a)" + step).at("step"), 0);
+  EXPECT_EQ(c.ask(R"({"session": "a", "reset": true, "instruction": [2, 6]})").at("ok"), true);
+  EXPECT_EQ(c.ask(R"({"session": "a)" + step).at("step"), 0);
+  EXPECT_EQ(c.ask(R"({"session": "b", "close": true})").at("ok"), true);
+  EXPECT_EQ(c.ask(R"({"session": "c", "reset": true, "instruction": [2, 5]})").at("ok"), true);
+  const auto [rc, err] = serve_startup("--checkpoint " + trained_run().string() + " --action-ids 8:12 "
+                                       "--max-cache-bytes " + std::to_string(each - 1));
+  EXPECT_EQ(rc, 1) << err;
+  EXPECT_NE(err.find("serve: the sessions' contexts may hold " + std::to_string(each - 1) +
+                     " bytes (--max-cache-bytes), less than one session's " + std::to_string(each) +
+                     " bytes (1024 rows of context); expected at least that"),
+            std::string::npos)
+      << err;
 }
 
 // Invalid UTF-8 in a request is malformed JSON, answered (the parse error's quote of the bytes
