@@ -95,6 +95,7 @@ class Server {
       throw Error(str("--max-buffered-bytes ", opt.max_buffered_bytes, ": less than --max-message-bytes ",
                       opt.max_message_bytes, " + 2 (a request line of that length and its \"\\r\\n\" must fit); "
                       "expected at least --max-message-bytes + 2"));
+    TT_CHECK(opt.reset_piece_rows >= 1, "--reset-piece-rows ", opt.reset_piece_rows, ": expected at least 1");
     fit_descriptors();
     budget_ = opt.max_buffered_bytes >= 0
                   ? opt.max_buffered_bytes
@@ -157,9 +158,8 @@ class Server {
     // instruction has no bound (the context bounds one step's rows, the ring SegmentedPath keeps).
     if (seg_.enabled()) max_instruction_ = std::numeric_limits<int64_t>::max();
     model_ = load_inference_model<Exec>(cfg_, dir_);
-    TT_CHECK(opt.reset_piece_rows >= 1, "--reset-piece-rows ", opt.reset_piece_rows, ": expected at least 1");
     // One session's context, as every reset makes it (its buffers are reserved, not yet touched).
-    const int64_t each = Session(*model_, window_, context_, seg_).policy.bytes();
+    const int64_t each = fresh_bytes_ = Session(*model_, window_, context_, seg_).policy.bytes();
     if (opt.max_cache_bytes >= 0) {
       cache_budget_ = opt.max_cache_bytes;
       cache_budget_from_ = "--max-cache-bytes";
@@ -197,18 +197,36 @@ class Server {
       avail = (int64_t)sysconf(_SC_PHYS_PAGES) * (int64_t)sysconf(_SC_PAGE_SIZE);
       from = "of physical memory";
     }
-    auto read_num = [](const char* path) -> int64_t {
+    auto read_num = [](const std::string& path) -> int64_t {
       long long v = -1;
-      if (FILE* f = std::fopen(path, "r")) {
+      if (FILE* f = std::fopen(path.c_str(), "r")) {
         if (std::fscanf(f, "%lld", &v) != 1) v = -1;  // "max": no limit
         std::fclose(f);
       }
       return (int64_t)v;
     };
-    const int64_t max = read_num("/sys/fs/cgroup/memory.max"), cur = read_num("/sys/fs/cgroup/memory.current");
-    if (max > 0 && cur >= 0 && max - cur < avail) {
-      avail = std::max<int64_t>(0, max - cur);
-      from = "left under the cgroup's limit (/sys/fs/cgroup/memory.max)";
+    // The process's own memory cgroup and the root one, v2 (memory.max) or v1 (memory.limit_in_bytes).
+    std::vector<std::pair<std::string, std::string>> groups = {{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"}};
+    if (FILE* f = std::fopen("/proc/self/cgroup", "r")) {
+      char line[4096];
+      while (std::fgets(line, sizeof line, f)) {
+        std::string l(line);
+        if (!l.empty() && l.back() == '\n') l.pop_back();
+        if (l.rfind("0::", 0) == 0 && l.size() > 4) {
+          groups.push_back({"/sys/fs/cgroup" + l.substr(3) + "/memory.max", "/sys/fs/cgroup" + l.substr(3) + "/memory.current"});
+        } else if (const size_t at = l.find(":memory:"); at != std::string::npos) {
+          const std::string dir = "/sys/fs/cgroup/memory" + l.substr(at + 8);
+          groups.push_back({dir + "/memory.limit_in_bytes", dir + "/memory.usage_in_bytes"});
+        }
+      }
+      std::fclose(f);
+    }
+    for (const auto& [limit_file, usage_file] : groups) {
+      const int64_t max = read_num(limit_file), cur = read_num(usage_file);
+      if (max > 0 && cur >= 0 && max - cur < avail) {
+        avail = std::max<int64_t>(0, max - cur);
+        from = str("left under the cgroup's limit (", limit_file, ")");
+      }
     }
     return {avail, from};
   }
@@ -449,15 +467,18 @@ class Server {
   // resynchronised): a few clients holding long partial lines cannot shut the others out.
   void evict_largest(std::vector<Conn>& conns, int64_t& answered) {
     Conn* big = nullptr;
+    // (A connection behind a reset under way holds all its bytes until the reset is through.)
     for (Conn& c : conns)
-      if (!c.closing && !lines_left(c) && (!big || c.in.size() > big->in.size())) big = &c;
+      if (!c.closing && (c.resetting || !lines_left(c)) && (!big || c.in.size() > big->in.size())) big = &c;
     if (!big || big->in.empty()) return;
+    const char* what = big->resetting ? "requests waiting behind its reset were the most bytes"
+                                      : "unfinished line was the longest";
     spdlog::warn("serve: closing the connection from {}: the requests buffered across all connections reached {} "
-                 "bytes ({}) with another waiting to read, and its unfinished line was the longest ({} bytes)",
-                 big->peer, budget_, budget_from_, big->in.size());
+                 "bytes ({}) with another waiting to read, and its {} ({} bytes)",
+                 big->peer, budget_, budget_from_, what, big->in.size());
     if (!close_with_error(*big, answered, str("the requests buffered across all connections reached the server's "
                                               "limit of ", budget_, " bytes (", budget_from_, ") and this "
-                                              "connection's unfinished line was the longest; closing the connection")))
+                                              "connection's ", what, "; closing the connection")))
       big->out.clear();  // past its reply buffer: it closes with nothing more to send
   }
 
@@ -498,7 +519,8 @@ class Server {
     size_t start = 0;  // what the answered lines took is erased once, not line by line
     bool open = true;
     for (int lines = 0; open && lines < kLinesPerTurn;) {
-      if (opt_.max_requests >= 0 && answered >= opt_.max_requests) break;
+      // Resets under way count: each is answered before the server stops.
+      if (opt_.max_requests >= 0 && answered + (int64_t)resets_.size() >= opt_.max_requests) break;
       size_t nl = c.in.find('\n', std::max(start, c.scanned));
       if (nl == std::string::npos) {
         c.scanned = c.in.size();
@@ -524,7 +546,11 @@ class Server {
       if (line.empty()) continue;
       ++lines;
       const std::string r = handle(line, c);
-      if (c.resetting) break;  // answered once its last piece is in; the lines after it wait
+      if (c.resetting) {  // its first piece now; answered once its last is in, the lines after it wait
+        open = continue_reset(c, answered);
+        if (c.resetting) break;
+        continue;
+      }
       ++answered;
       open = reply(c, r);
     }
@@ -615,7 +641,10 @@ class Server {
                           " instruction tokens beside one step's ", step_rows_, " observation rows and ", tokens_,
                           " action token(s)"));
         close_idle_sessions();  // one past its time makes room even before the next poll
-        if (!sessions_.count(session) && !pending_names_.count(session) && open_names() >= opt_.max_sessions)
+        if (const auto other = pending_names_.find(session); other != pending_names_.end())
+          throw Error(str("session \"", session, "\" is being reset by another request (", other->second,
+                          "); wait for its reply (the later reset of a name would be overwritten by the earlier)"));
+        if (!sessions_.count(session) && open_names() >= opt_.max_sessions)
           throw Error(str("too many sessions (", opt_.max_sessions, ", --max-sessions); close one first",
                           opt_.session_idle_s > 0 ? str(", or wait for one to go unused for ", opt_.session_idle_s,
                                                         " s (--session-idle-s)")
@@ -623,19 +652,13 @@ class Server {
         // A fresh session takes the name only once its reset is through: a failed reset leaves an
         // existing session as it was and creates none. Its instruction goes in --reset-piece-rows
         // rows a turn (the first here), the other clients' requests answered between pieces.
+        check_cache_budget(session, fresh_bytes_ - replaced_bytes(session), "reset");  // before allocating
         auto fresh = std::make_unique<Session>(*model_, window_, context_, seg_);
-        const auto open = sessions_.find(session);  // its context is freed once this reset is through
-        check_cache_budget(session, fresh->policy.bytes() - (open == sessions_.end() ? 0 : open->second->policy.bytes()),
-                           "reset");
         fresh->policy.begin_reset(ins);
-        if (!fresh->policy.reset_piece(opt_.reset_piece_rows)) {
-          ++pending_names_[session];
-          resets_[c.fd] = PendingReset{session, std::move(fresh), (int64_t)ins.size(), 1, Clock::now()};
-          c.resetting = true;
-          return std::string();
-        }
-        install(session, std::move(fresh));
-        return dump(json{{"session", session}, {"ok", true}});
+        pending_names_[session] = str(ins.size(), " instruction tokens, from ", c.peer);
+        resets_[c.fd] = PendingReset{session, std::move(fresh), (int64_t)ins.size(), 0, Clock::now()};
+        c.resetting = true;
+        return std::string();
       }
       check_keys(j, close ? "close" : "images", close ? std::vector<std::string>{"session", "close", "reset"}
                                                       : std::vector<std::string>{"session", "images", "state", "reset",
@@ -733,6 +756,7 @@ class Server {
 
   // The session takes the name (replacing one of that name): its reset is through.
   void install(const std::string& name, std::unique_ptr<Session> fresh) {
+    fresh->used = Clock::now();  // its idle time from its reply
     auto it = sessions_.find(name);
     if (it == sessions_.end()) {
       sessions_.emplace(name, std::move(fresh));
@@ -745,21 +769,28 @@ class Server {
   // Sessions open and names a reset under way will open: what --max-sessions bounds.
   int64_t open_names() const {
     int64_t n = (int64_t)sessions_.size();
-    for (const auto& [name, count] : pending_names_) n += sessions_.count(name) ? 0 : 1;
+    for (const auto& [name, what] : pending_names_) n += sessions_.count(name) ? 0 : 1;
     return n;
   }
 
-  // The memory the sessions' contexts hold, with those of the resets under way.
+  // The bytes of the open session a reset of `name` replaces (0: none open).
+  int64_t replaced_bytes(const std::string& name) const {
+    const auto it = sessions_.find(name);
+    return it == sessions_.end() ? 0 : it->second->policy.bytes();
+  }
+
+  // The memory the sessions' contexts hold, with the resets under way: each counts what its fresh
+  // context holds past the one it replaces (freed once it is through; until then both are held,
+  // one extra context at most for each reset under way).
   int64_t cache_bytes() const {
     int64_t n = 0;
     for (const auto& [name, s] : sessions_) n += s->policy.bytes();
-    for (const auto& [fd, r] : resets_) n += r.fresh->policy.bytes();
+    for (const auto& [fd, r] : resets_) n += std::max<int64_t>(0, r.fresh->policy.bytes() - replaced_bytes(r.session));
     return n;
   }
 
-  // Throws unless the sessions' contexts and `more` bytes fit --max-cache-bytes. A reset's `more`:
-  // its fresh context less the one it replaces (freed once it is through: until then both are
-  // held, one extra context at most for each reset under way).
+  // Throws unless the sessions' contexts (cache_bytes) and `more` bytes fit --max-cache-bytes (a
+  // reset's `more`: its fresh context less the one it replaces).
   void check_cache_budget(const std::string& session, int64_t more, const char* what) const {
     const int64_t held = cache_bytes();
     if (held + more <= cache_budget_) return;
@@ -775,13 +806,18 @@ class Server {
     PendingReset& r = resets_.at(c.fd);
     std::string text;
     try {
-      if (!r.fresh->policy.reset_piece(opt_.reset_piece_rows)) {
-        ++r.pieces;
-        return true;
-      }
+      const bool done = r.fresh->policy.reset_piece(opt_.reset_piece_rows);
       ++r.pieces;
+      if (const int64_t held = cache_bytes(); held > cache_budget_)  // with retrieval the context grows
+        throw Error(str("reset of session \"", r.session.substr(0, 64), "\" stopped after ", r.fresh->policy.reset_done(),
+                        " of its ", r.tokens, " instruction tokens: the sessions' contexts hold ", held,
+                        " bytes with it (its retrieval pool grows with the instruction), past the limit of ",
+                        cache_budget_, " bytes (", cache_budget_from_, "); a shorter instruction, or raise "
+                        "--max-cache-bytes"));
+      if (!done) return true;
       const double s = std::chrono::duration<double>(Clock::now() - r.started).count();
-      spdlog::info("serve: session {} reset: {} instruction tokens in {} pieces of --reset-piece-rows {}, {:.2f} s",
+      if (r.pieces > 1)
+        spdlog::info("serve: session {} reset: {} instruction tokens in {} pieces of --reset-piece-rows {}, {:.2f} s",
                    quoted(std::as_const(r.session)), r.tokens, r.pieces, opt_.reset_piece_rows, s);
       install(r.session, std::move(r.fresh));
       text = dump(json{{"session", r.session}, {"ok", true}});
@@ -797,7 +833,7 @@ class Server {
 
   void end_reset(Conn& c) {
     const auto it = resets_.find(c.fd);
-    if (--pending_names_[it->second.session] == 0) pending_names_.erase(it->second.session);
+    pending_names_.erase(it->second.session);
     resets_.erase(it);
     c.resetting = false;
   }
@@ -870,7 +906,8 @@ class Server {
     Clock::time_point started;
   };
   std::map<int, PendingReset> resets_;
-  std::map<std::string, int> pending_names_;  // session name -> resets of it under way
+  std::map<std::string, std::string> pending_names_;  // session name -> its reset under way (for the error)
+  int64_t fresh_bytes_ = 0;  // a fresh session's context (every reset's, before its pieces)
   int64_t cache_budget_ = 0;                  // bytes the sessions' contexts may hold together
   std::string cache_budget_from_;             // what set it, for the error
   // Sessions closed for going unused: name -> seconds unused (the newest kMaxClosedNames; a reset

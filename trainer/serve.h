@@ -46,11 +46,16 @@
 // A reset runs in pieces of reset_piece_rows instruction tokens, one a turn of the loop, so other
 // clients are answered while a long instruction (with segments it has no bound) goes in; the
 // connection's later lines wait for its reply, and the session takes its name (replacing an open
-// one) only once the last piece is in. A connection that closes meanwhile drops its reset (a log
-// line). The sessions' contexts together hold at most max_cache_bytes: a reset whose fresh session
-// would pass it is refused, and so is a step while they are past it (with retrieval the pool grows
-// each segment, so they may pass it by one step's growth); the error names the bytes held and the
-// limit.
+// one, whose steps go on meanwhile) only once the last piece is in; its idle time counts from
+// then. A reset of a name another connection is resetting is refused (the earlier would overwrite
+// it). A connection that fails meanwhile (reset by the client, or closed by the server) drops its
+// reset with a log line; one that only stopped sending gets its reply. The sessions' contexts
+// together hold at most max_cache_bytes: a reset is refused when its fresh context (less the one
+// it replaces) would pass it, and stopped with an error when its context grows past it (a
+// retrieval pool grows with the instruction); a step is refused while they are past it (with
+// retrieval a step may grow the pool, so they may pass it by one step's growth). The errors name
+// the bytes held and the limit. Until a replacing reset is through both contexts are held: one
+// context at most past the limit for each reset under way.
 #pragma once
 
 #include <cstdint>

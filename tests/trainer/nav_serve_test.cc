@@ -252,21 +252,44 @@ TEST(NavServe, EvalChecksTheContextAgainstTheModelsPositions) {
 // its boundaries): eval runs the policy through the segment operator as training ran, whose
 // positions stay below 64 + 32 however long the episode, so --max-steps 70 (past the 63 the
 // unsegmented check above allows) runs. (serve builds its sessions' policies the same way.)
-// A run trained with segments (of 64 rows, tail 32) for two steps, made once; its training log
-// beside it (train_log).
+// A run trained with segments (of 64 rows, tail 32) and `extra` settings for two steps, in
+// fresh_dir(name); its training log beside it (train_log).
+fs::path segmented_run(const std::string& name, const std::string& extra) {
+  const fs::path dir = fresh_dir(name);
+  const std::string data = (dir / "episodes.jsonl").string();
+  EXPECT_EQ(sh("trainer/treetrain generate --kind nav-episodes --out " + data + " --num-episodes 4 --seed 5 2>/dev/null"), 0);
+  EXPECT_EQ(sh("trainer/treetrain --config configs/vla_quickstart.yaml --set run_dir=" + (dir / "run").string() +
+               " --set data.path=" + data + " --set train.max_steps=2 --set train.checkpoint_every=0"
+               " --set segments.length=64 --set segments.tail=32" + extra + " > " + (dir / "train_log").string() +
+               " 2>&1"),
+            0)
+      << slurp(dir / "train_log");
+  return dir / "run";
+}
+
+// Made once each: segments alone, and with retrieval (the one KV head of layer 1 long-range, 2
+// pairs retrieved).
 const fs::path& segments_run() {
-  static const fs::path run = [] {
-    const fs::path dir = fresh_dir("nav_segments");
-    const std::string data = (dir / "episodes.jsonl").string();
-    EXPECT_EQ(sh("trainer/treetrain generate --kind nav-episodes --out " + data + " --num-episodes 4 --seed 5 2>/dev/null"), 0);
-    EXPECT_EQ(sh("trainer/treetrain --config configs/vla_quickstart.yaml --set run_dir=" + (dir / "run").string() +
-                 " --set data.path=" + data + " --set train.max_steps=2 --set train.checkpoint_every=0"
-                 " --set segments.length=64 --set segments.tail=32 > " + (dir / "train_log").string() + " 2>&1"),
-              0)
-        << slurp(dir / "train_log");
-    return dir / "run";
-  }();
+  static const fs::path run = segmented_run("nav_segments", "");
   return run;
+}
+const fs::path& retrieval_run() {
+  static const fs::path run =
+      segmented_run("nav_retrieval", " --set segments.long_range.layers=[1] --set segments.long_range.heads=[0]"
+                                     " --set segments.long_range.retrieve=2");
+  return run;
+}
+
+// One session's context in bytes, from the startup log of a server of `flags`.
+int64_t session_bytes(const std::string& flags) {
+  const fs::path log = fresh_dir("serve_session_bytes") / "serve.log";
+  const int rc = sh("timeout 30 trainer/treetrain serve " + flags + " --max-requests 0 > /dev/null 2> " + log.string());
+  const std::string text = slurp(log);
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_NE(text.find(" bytes together at most (3/4 of the "), std::string::npos) << text;
+  const size_t at = text.find("a session's context takes ");
+  EXPECT_NE(at, std::string::npos) << text;
+  return at == std::string::npos ? 0 : std::stoll(text.substr(at + 26));
 }
 
 TEST(NavServe, ARunTrainedWithSegmentsIsEvaluatedThroughThem) {
@@ -453,6 +476,12 @@ TEST(NavServe, ALongResetTakesTurnsWithOtherClients) {
   EXPECT_NE(b.error_of(R"({"session": "third", "reset": true, "instruction": [2]})").find("too many sessions (2"),
             std::string::npos);
   EXPECT_EQ(b.error_of(R"({"session": "long)" + step), "unknown session \"long\" (reset it first)");
+  const std::string twice = b.error_of(R"({"session": "long", "reset": true, "instruction": [2]})");
+  EXPECT_EQ(twice.rfind("session \"long\" is being reset by another request (50000 instruction tokens, from "
+                        "127.0.0.1:", 0),
+            0u)
+      << twice;
+  EXPECT_NE(twice.find("); wait for its reply"), std::string::npos) << twice;
   for (int t = 0; t < 3; ++t) EXPECT_EQ(b.ask(R"({"session": "b)" + step).value("step", -1), t);
   EXPECT_FALSE(replied(*a)) << "the other client's requests were answered while the long reset went in";
   const json r = json::parse(a->reply());
@@ -488,25 +517,16 @@ TEST(NavServe, ALongResetTakesTurnsWithOtherClients) {
 
 // The sessions' contexts hold at most --max-cache-bytes together: with room for two and a half,
 // a third session's reset is refused (naming the bytes and the flag) and changes nothing, a
-// session's own reset (its fresh context in place of its old) is taken, and closing one makes
-// room. A limit below one session's context stops the server at startup.
+// session's own reset (its fresh context in place of its old) is taken, also in pieces while the
+// other session steps, and closing one makes room. A limit below one session's context stops the
+// server at startup.
 TEST(NavServe, TheSessionsContextsHaveABudget) {
   const fs::path log = fresh_dir("serve_cache_budget") / "serve.log";
-  int64_t each = 0;
-  {
-    ServeProcess probe("--checkpoint " + trained_run().string() + " --action-ids 8:12", log.string());
-    Client c(probe.port);
-    EXPECT_EQ(c.ask(R"({"session": "a", "close": true})").count("error"), 1u);  // the log is written by now
-    const std::string text = slurp(log);
-    const size_t at = text.find("a session's context takes ");
-    ASSERT_NE(at, std::string::npos) << text;
-    each = std::stoll(text.substr(at + 26));
-    EXPECT_NE(text.find(" bytes together at most (3/4 of the "), std::string::npos) << text;
-  }
+  const int64_t each = session_bytes("--checkpoint " + trained_run().string() + " --action-ids 8:12");
   ASSERT_GT(each, 0);
   const int64_t budget = 2 * each + each / 2;
-  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12 --max-cache-bytes " +
-                     std::to_string(budget),
+  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12 --reset-piece-rows 1 "
+                 "--max-cache-bytes " + std::to_string(budget),
                  log.string());
   Client c(s.port);
   const std::string img = frame_b64(), step = R"(", "images": [")" + img + R"("]})";
@@ -521,6 +541,16 @@ TEST(NavServe, TheSessionsContextsHaveABudget) {
   EXPECT_EQ(c.ask(R"({"session": "a)" + step).at("step"), 0);
   EXPECT_EQ(c.ask(R"({"session": "a", "reset": true, "instruction": [2, 6]})").at("ok"), true);
   EXPECT_EQ(c.ask(R"({"session": "a)" + step).at("step"), 0);
+  // While "a" is reset again (1,008 pieces of one row: both its contexts held, the limit counting
+  // one), "b" steps: its context does not grow, so nothing is past the limit.
+  {
+    Client other(s.port);
+    other.send_raw(json{{"session", "a"}, {"reset", true}, {"instruction", std::vector<int>(1008, 3)}}.dump() + "\n");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (int t = 0; t < 2; ++t) EXPECT_EQ(c.ask(R"({"session": "b)" + step).value("step", -1), t);
+    EXPECT_FALSE(replied(other)) << "b stepped while a's reset went in";
+    EXPECT_EQ(json::parse(other.reply()).value("ok", false), true);
+  }
   EXPECT_EQ(c.ask(R"({"session": "b", "close": true})").at("ok"), true);
   EXPECT_EQ(c.ask(R"({"session": "c", "reset": true, "instruction": [2, 5]})").at("ok"), true);
   const auto [rc, err] = serve_startup("--checkpoint " + trained_run().string() + " --action-ids 8:12 "
@@ -531,6 +561,81 @@ TEST(NavServe, TheSessionsContextsHaveABudget) {
                      " bytes (1024 rows of context); expected at least that"),
             std::string::npos)
       << err;
+}
+
+// A session's idle time counts from its reset's reply, not from the reset's start: a reset longer
+// than --session-idle-s leaves a session that steps.
+TEST(NavServe, ASessionsIdleTimeCountsFromItsResetsReply) {
+  ServeProcess s("--checkpoint " + segments_run().string() + " --action-ids 8:12 --reset-piece-rows 1 --session-idle-s 1");
+  Client c(s.port);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(c.ask(json{{"session", "a"}, {"reset", true}, {"instruction", std::vector<int>(20000, 3)}}.dump()).at("ok"),
+            true);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GT(took, 1.2) << "the reset is to take longer than --session-idle-s";
+  const json r = c.ask(R"({"session": "a", "images": [")" + frame_b64() + R"("]})");
+  EXPECT_EQ(r.value("step", -1), 0) << r.dump();
+}
+
+// With retrieval a context grows with its path: a reset whose pool grows past --max-cache-bytes is
+// stopped with an error naming how far it got, opens no session and leaves the room it took.
+TEST(NavServe, AResetWhosePoolOutgrowsTheLimitStops) {
+  const std::string flags = "--checkpoint " + retrieval_run().string() + " --action-ids 8:12";
+  const int64_t each = session_bytes(flags);
+  ASSERT_GT(each, 0);
+  ServeProcess s(flags + " --max-cache-bytes " + std::to_string(2 * each));
+  Client c(s.port);
+  const std::string e =
+      c.error_of(json{{"session", "r"}, {"reset", true}, {"instruction", std::vector<int>(20000, 3)}}.dump());
+  EXPECT_EQ(e.rfind("reset of session \"r\" stopped after ", 0), 0u) << e;
+  EXPECT_NE(e.find(" of its 20000 instruction tokens: the sessions' contexts hold "), std::string::npos) << e;
+  EXPECT_NE(e.find(" bytes with it (its retrieval pool grows with the instruction), past the limit of " +
+                   std::to_string(2 * each) + " bytes (--max-cache-bytes)"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(c.error_of(R"({"session": "r", "close": true})"), "unknown session \"r\" (reset it first)");
+  for (const char* name : {"a", "b"})
+    EXPECT_EQ(c.ask(str_session(name) + R"(, "reset": true, "instruction": [2, 5]})").value("ok", false), true) << name;
+}
+
+// --max-requests (the tests' stop) counts a reset under way: it is answered before the server
+// stops, and no line past the count is started.
+TEST(NavServe, AResetUnderWayIsAnsweredBeforeMaxRequestsStops) {
+  ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12 --reset-piece-rows 1 --max-requests 2");
+  Client a(s.port), b(s.port);
+  a.send_raw(json{{"session", "a"}, {"reset", true}, {"instruction", std::vector<int>(500, 3)}}.dump() + "\n");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  b.send_raw("{}\n{}\n");
+  EXPECT_EQ(json::parse(a.reply()).value("ok", false), true);
+  EXPECT_EQ(b.error_of(""), "expected a JSON object with a \"session\" string");
+  EXPECT_EQ(b.reply(), "") << "the second line is past --max-requests";
+}
+
+// With the request budget full, a connection whose requests wait behind its reset holds them
+// until the reset is through, so it is the one closed when it holds the most (not a smaller
+// unfinished line elsewhere); its reset is dropped.
+TEST(NavServe, AConnectionBehindItsResetIsEvictedWhenItHoldsTheMost) {
+  const fs::path log = fresh_dir("serve_evict_reset") / "serve.log";
+  ServeProcess s("--checkpoint " + segments_run().string() +
+                     " --action-ids 8:12 --reset-piece-rows 1 --max-message-bytes 60000 --max-buffered-bytes 100000",
+                 log.string());
+  Client a(s.port), b(s.port);
+  // 20,000 pieces: seconds, while the rest takes a few reads
+  a.send_raw(json{{"session", "a"}, {"reset", true}, {"instruction", std::vector<int>(20000, 3)}}.dump() + "\n");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  a.send_raw(R"({"session": ")" + std::string(58000, 'x'));
+  b.send_raw(R"({"session": ")" + std::string(15000, 'y'));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  Client c(s.port);
+  c.send_raw(R"({"session": ")" + std::string(50000, 'z'));  // waits to read: the budget is full
+  EXPECT_EQ(a.error_of(""), "the requests buffered across all connections reached the server's limit of 100000 "
+                            "bytes (--max-buffered-bytes) and this connection's requests waiting behind its reset "
+                            "were the most bytes; closing the connection");
+  for (Client* other : {&b, &c}) {  // served on: their lines, once whole, are answered
+    other->send_raw("\"}");
+    EXPECT_EQ(other->error_of("").rfind("\"session\" of ", 0), 0u);  // a name past 256 bytes: answered
+  }
+  EXPECT_NE(slurp(log).find("serve: session \"a\"'s reset dropped after "), std::string::npos) << slurp(log);
 }
 
 // Invalid UTF-8 in a request is malformed JSON, answered (the parse error's quote of the bytes
@@ -712,11 +817,11 @@ TEST(NavServe, RequestsBufferedAcrossConnectionsHaveABudget) {
   }
 }
 
-// A client's pipelined requests are answered 16 a turn, each turn also serving the others: a
-// request another client sends once a burst of 30 resets (one read of the server's; each reset a
-// 1008-token instruction's prefill, tens of ms) is being answered gets its reply in the next
-// turn, before the burst's last 14 (answered all at once, the burst went first); and every line
-// of the burst is answered, in order.
+// A client's pipelined requests are answered 16 a turn at most (a reset in pieces of
+// --reset-piece-rows ends its connection's turn), each turn also serving the others: a request
+// another client sends once a burst of 30 resets (one read of the server's; each reset a
+// 1008-token instruction's prefill in four pieces, tens of ms) is being answered gets its reply
+// before the burst's last; and every line of the burst is answered, in order.
 TEST(NavServe, APipeliningClientTakesTurnsWithOthers) {
   ServeProcess s("--checkpoint " + trained_run().string() + " --action-ids 8:12");
   Client other(s.port);  // connected first: it comes first in each turn
