@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/parallel.h"
 
 namespace tt::cpu {
 
@@ -24,7 +25,7 @@ void adamw_update(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWPar
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(p.beta2, (double)p.step));
   const double step_size = p.lr / bc1;
   const double decay = 1.0 - p.lr * p.weight_decay;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (omp_worth(n * 8))
   for (int64_t i = 0; i < n; i++) {
     const double g = (double)grad[i] * p.grad_scale;
     const double mi = p.beta1 * (double)m[i] + (1.0 - p.beta1) * g;
@@ -42,7 +43,7 @@ double sum_squares(const T* x, int64_t n) {
   constexpr int64_t kBlock = 1 << 14;
   const int64_t n_blocks = (n + kBlock - 1) / kBlock;
   std::vector<double> part(n_blocks);  // (n_blocks)
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (omp_worth(n))
   for (int64_t b = 0; b < n_blocks; b++) {
     const int64_t i1 = std::min(n, (b + 1) * kBlock);
     double s = 0.0;

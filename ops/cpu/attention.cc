@@ -330,7 +330,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
   const int n_units = (int)items.size() / 3 * NKV;
 
   OmpErrors errors;  // an allocation failing in the region, rethrown after it
-#pragma omp parallel
+#pragma omp parallel if (omp_worth((int64_t)N * max_keys * NH * HS))
   {
     std::vector<int> anc;
     std::vector<Span> spans;
@@ -423,7 +423,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
   std::vector<double> dk64((int64_t)N * NKV * HS, 0.0), dv64((int64_t)N * NKV * HS, 0.0);
 
   OmpErrors errors;  // an allocation failing in the region, rethrown after it
-#pragma omp parallel
+#pragma omp parallel if (omp_worth((int64_t)N * max_keys * NH * HS))
   {
     std::vector<int> anc;
     std::vector<Span> spans;

@@ -45,7 +45,7 @@ double cross_entropy_forward(T* lse, const T* logits, const int32_t* tgt_src, co
                              const double* tgt_w, int n_tgt, int N, int V, const double* tgt_c, double* c_loss) {
   check_targets(tgt_src, tgt_tok, n_tgt, N, V, "cross_entropy_forward");
   std::vector<double> lse64(N);  // (N)
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (omp_worth((int64_t)N * V))
   for (int r = 0; r < N; r++) {
     lse64[r] = row_lse(logits + (int64_t)r * V, V);
     lse[r] = (T)lse64[r];
@@ -75,7 +75,7 @@ void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int
     for (int t = 0; t < n_tgt; t++) by_row[fill[tgt_src[t]]++] = t;
   }
   OmpErrors errors;  // an allocation failing in the region, rethrown after it
-#pragma omp parallel
+#pragma omp parallel if (omp_worth((int64_t)N * V))
   {
     std::vector<double> g;  // (V)
     errors.run([&] { g.resize(V); });

@@ -19,7 +19,7 @@ void embedding_forward(T* out, const int32_t* tokens, const T* wte, int N, int C
     TT_CHECK(tokens[n] >= 0, "embedding_forward: token id ", tokens[n], " at packed row ", n,
              " is negative");
   }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (omp_worth((int64_t)N * C))
   for (int n = 0; n < N; n++) {
     const T* row = wte + (int64_t)tokens[n] * C;  // (C)
     T* o = out + (int64_t)n * C;                  // (C)
@@ -45,7 +45,7 @@ void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int N, in
     for (int n = 0; n < N; n++) rows_of[fill[tokens[n]]++] = n;
   }
   OmpErrors errors;  // an allocation failing in the region, rethrown after it
-#pragma omp parallel
+#pragma omp parallel if (omp_worth((int64_t)N * C))
   {
     std::vector<double> acc;  // (C)
     errors.run([&] { acc.resize(C); });

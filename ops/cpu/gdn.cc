@@ -229,7 +229,7 @@ template <class T>
 void conv1d_silu_forward(T* out, const T* x, const T* w, const int32_t* prev, int N, int C, int K) {
   TT_CHECK(N >= 0 && C > 0 && K > 0 && K <= 64, "conv1d_silu_forward: expected N >= 0, C > 0, 0 < K <= 64, got ", N,
            ", ", C, ", ", K);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (omp_worth((int64_t)N * C * K))
   for (int i = 0; i < N; i++) {
     int32_t rows[64];
     conv_taps(rows, i, prev, K);
@@ -266,7 +266,7 @@ template <class T>
 void l2norm_forward(T* y, T* rstd, const T* x, int rows, int D, double eps) {
   TT_CHECK(rows >= 0 && D > 0 && eps >= 0, "l2norm_forward: expected rows >= 0, D > 0, eps >= 0, got ", rows, ", ", D,
            ", ", eps);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (omp_worth((int64_t)rows * D))
   for (int r = 0; r < rows; r++) {
     const T* xr = x + (size_t)r * D;
     double ss = 0;
@@ -280,7 +280,7 @@ void l2norm_forward(T* y, T* rstd, const T* x, int rows, int D, double eps) {
 template <class T>
 void l2norm_backward(T* dx, const T* dy, const T* x, const T* rstd, int rows, int D) {
   TT_CHECK(rows >= 0 && D > 0, "l2norm_backward: expected rows >= 0, D > 0, got ", rows, ", ", D);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (omp_worth((int64_t)rows * D))
   for (int r = 0; r < rows; r++) {
     const T* xr = x + (size_t)r * D;
     const T* dr = dy + (size_t)r * D;
@@ -296,7 +296,7 @@ template <class T>
 void gated_rmsnorm_forward(T* y, T* rstd, const T* x, const T* z, const T* w, int rows, int D, double eps) {
   TT_CHECK(rows >= 0 && D > 0 && eps >= 0, "gated_rmsnorm_forward: expected rows >= 0, D > 0, eps >= 0, got ", rows,
            ", ", D, ", ", eps);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (omp_worth((int64_t)rows * D))
   for (int r = 0; r < rows; r++) {
     const T* xr = x + (size_t)r * D;
     double ss = 0;
@@ -380,7 +380,7 @@ void gdn_tree_forward(T* o, double* end, const T* q, const T* k, const T* v, con
   std::vector<double> own(end ? 0 : (size_t)t.num_nodes * nv * SS);
   double* ends = end ? end : own.data();
   OmpErrors errors;  // an allocation failing in the loop, rethrown after it
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (omp_worth((int64_t)t.N * t.nv * t.dk * t.dv))
   for (int h = 0; h < nv; h++) {
     errors.run([&] {
       const int kh = h / r;
@@ -416,7 +416,7 @@ void gdn_tree_forward_chunked(T* o, double* end, const T* q, const T* k, const T
   std::vector<double> own(end ? 0 : (size_t)t.num_nodes * nv * SS);
   double* ends = end ? end : own.data();
   OmpErrors errors;  // an allocation failing in the loop, rethrown after it
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (omp_worth((int64_t)t.N * t.nv * t.dk * t.dv))
   for (int h = 0; h < nv; h++) {
     errors.run([&] {
       const int kh = h / r;
@@ -477,7 +477,7 @@ void gdn_tree_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, double* d_init, con
   std::vector<double> dend((size_t)t.num_nodes * nv * SS, 0.0);
   if (d_end) std::copy_n(d_end, dend.size(), dend.data());
   OmpErrors errors;  // an allocation failing in the loop, rethrown after it
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (omp_worth((int64_t)t.N * t.nv * t.dk * t.dv))
   for (int h = 0; h < nv; h++) {
     errors.run([&] {
       const int kh = h / r;
@@ -583,7 +583,7 @@ void gdn_tree_backward_chunked(T* dq, T* dk, T* dv, T* dg, T* dbeta, double* d_i
   std::vector<double> dend((size_t)t.num_nodes * nv * SS, 0.0);
   if (d_end) std::copy_n(d_end, dend.size(), dend.data());
   OmpErrors errors;  // an allocation failing in the loop, rethrown after it
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (omp_worth((int64_t)t.N * t.nv * t.dk * t.dv))
   for (int h = 0; h < nv; h++) {
     errors.run([&] {
       const int kh = h / r;

@@ -42,7 +42,7 @@ template <class T>
 std::vector<double> pack_panels(View<T> b, int cols, int K) {
   const int n_panels = (cols + kCols - 1) / kCols;
   std::vector<double> packed((int64_t)n_panels * K * kCols, 0.0);  // (n_panels, K, kCols)
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (omp_worth((int64_t)cols * K))
   for (int cb = 0; cb < n_panels; cb++) {
     double* panel = packed.data() + (int64_t)cb * K * kCols;
     for (int j = 0; j < kCols && cb * kCols + j < cols; j++) {
@@ -64,7 +64,7 @@ void gemm_nt(T* c, int64_t ldc, View<T> a, const std::vector<double>& packed, in
   const int n_tiles = (rows + kTileRows - 1) / kTileRows;
   const int ldsum = n_panels * kCols;
   OmpErrors errors;  // an allocation failing in the region, rethrown after it
-#pragma omp parallel
+#pragma omp parallel if (omp_worth((int64_t)rows * cols * K))
   {
     std::vector<double> apack, sums;
     errors.run([&] {

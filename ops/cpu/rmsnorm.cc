@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/parallel.h"
 
 namespace tt::cpu {
 
@@ -18,7 +19,7 @@ void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int rows, int C, d
   TT_CHECK(rows >= 0 && C > 0, "rmsnorm_forward: expected rows >= 0 and C > 0, got rows=", rows,
            " C=", C);
   TT_CHECK(eps >= 0, "rmsnorm_forward: expected eps >= 0, got ", eps);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (omp_worth((int64_t)rows * C))
   for (int r = 0; r < rows; r++) {
     const T* xr = x + (int64_t)r * C;  // (C)
     T* o = out + (int64_t)r * C;       // (C)
@@ -35,7 +36,7 @@ void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const
                       int C, double w_offset) {
   TT_CHECK(rows >= 0 && C > 0, "rmsnorm_backward: expected rows >= 0 and C > 0, got rows=", rows,
            " C=", C);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (omp_worth((int64_t)rows * C))
   for (int r = 0; r < rows; r++) {
     const T* xr = x + (int64_t)r * C;     // (C)
     const T* dr = dout + (int64_t)r * C;  // (C)
@@ -51,7 +52,7 @@ void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const
   // dw (C): column chunks of 64, each reduced over all rows in order by one thread.
   constexpr int kChunk = 64;
   const int n_chunks = (C + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (omp_worth((int64_t)rows * C))
   for (int ch = 0; ch < n_chunks; ch++) {
     const int c0 = ch * kChunk, c1 = std::min(C, c0 + kChunk);
     double acc[kChunk] = {};

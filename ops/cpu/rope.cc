@@ -25,7 +25,7 @@ void rotate(T* x, const int32_t* pos, int N, int H, int HS, double theta, double
   std::vector<double> inv_freq(half);  // (R/2)
   for (int d = 0; d < half; d++) inv_freq[d] = std::pow(theta, -2.0 * d / R);
   OmpErrors errors;  // an allocation failing in the region, rethrown after it
-#pragma omp parallel
+#pragma omp parallel if (omp_worth((int64_t)N * H * R))
   {
     std::vector<double> cs, sn;  // (R/2)
     errors.run([&] {

@@ -5,13 +5,14 @@
 #include <cmath>
 
 #include "base/check.h"
+#include "base/parallel.h"
 
 namespace tt::cpu {
 
 template <class T>
 void swiglu_forward(T* out, const T* gate, const T* up, int64_t n) {
   TT_CHECK(n >= 0, "swiglu_forward: expected n >= 0, got ", n);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (omp_worth(n * 16))
   for (int64_t i = 0; i < n; i++) {
     const double g = gate[i];
     const double s = 1.0 / (1.0 + std::exp(-g));
@@ -22,7 +23,7 @@ void swiglu_forward(T* out, const T* gate, const T* up, int64_t n) {
 template <class T>
 void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n) {
   TT_CHECK(n >= 0, "swiglu_backward: expected n >= 0, got ", n);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (omp_worth(n * 16))
   for (int64_t i = 0; i < n; i++) {
     const double g = gate[i];
     const double s = 1.0 / (1.0 + std::exp(-g));

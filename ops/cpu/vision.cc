@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/parallel.h"
 
 namespace tt::cpu {
 namespace {
@@ -26,7 +27,7 @@ template <class T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, int rows, int C, double eps) {
   TT_CHECK(rows >= 0 && C > 0 && eps >= 0, "layernorm_forward: expected rows >= 0, C > 0, eps >= 0, got ", rows, ", ",
            C, ", ", eps);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (omp_worth((int64_t)rows * C))
   for (int r = 0; r < rows; r++) {
     const T* xr = x + (size_t)r * C;
     double m = 0;
@@ -83,7 +84,7 @@ inline void sigmoid_pair(double z, double* s, double* oms) {
 
 template <class T>
 void gelu_tanh_forward(T* y, const T* x, int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (omp_worth(n * 16))
   for (int64_t i = 0; i < n; i++) {
     const double v = (double)x[i];
     double s, oms;
@@ -94,7 +95,7 @@ void gelu_tanh_forward(T* y, const T* x, int64_t n) {
 
 template <class T>
 void gelu_tanh_backward(T* dx, const T* dy, const T* x, int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (omp_worth(n * 16))
   for (int64_t i = 0; i < n; i++) {  // y' = s + x s (1 - s) 2 u', s = sigmoid(2u)
     const double v = (double)x[i];
     double s, oms;

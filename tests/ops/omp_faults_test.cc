@@ -48,11 +48,16 @@ class OmpFaults : public ::testing::Test {
   void SetUp() override {
     saved_threads_ = omp_get_max_threads();
     omp_set_num_threads(kThreads);
+    saved_min_work_ = omp_min_work().exchange(0);  // every region on its team, however small
   }
-  void TearDown() override { omp_set_num_threads(saved_threads_); }
+  void TearDown() override {
+    omp_set_num_threads(saved_threads_);
+    omp_min_work().store(saved_min_work_);
+  }
 
  private:
   int saved_threads_ = 1;
+  int64_t saved_min_work_ = 0;
 };
 
 // Runs call() with allocation n + 1 failing, for n = 0, 1, ... until a call makes at most n
