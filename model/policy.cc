@@ -82,12 +82,13 @@ void VlaPolicy<E>::begin_reset(const std::vector<int32_t>& instruction) {
     TT_CHECK(instruction[i] >= 0 && instruction[i] < V, "policy: instruction[", i, "] = ", instruction[i],
              ", expected a token id in [0, ", V, ")");
   std::vector<int32_t> copy = instruction;  // first: a copy that fails leaves the episode as it was
+  pending_.clear();  // no reset under way until the path is cleared (clear() may throw)
+  pending_done_ = 0;
   cache_.truncate(0);  // the rows (the state slots stay reserved)
   history_.clear();
   instruction_.clear();  // until the last piece is in: a failed reset leaves no episode to act in
   if (path_) path_->clear();
   pending_ = std::move(copy);
-  pending_done_ = 0;
 }
 
 template <class E>
@@ -108,10 +109,10 @@ bool VlaPolicy<E>::reset_piece(int64_t rows) {
     if (!path_) save_state(kInstruction);
     instruction_ = std::move(pending_);
   } catch (...) {
+    pending_.clear();  // first (clear() below may throw): no reset to go on with
+    pending_done_ = 0;
     cache_.truncate(0);
     if (path_) path_->clear();
-    pending_.clear();
-    pending_done_ = 0;
     throw;
   }
   pending_.clear();

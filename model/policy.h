@@ -56,8 +56,8 @@ class VlaPolicy {
   // instruction as reset() does and ends the episode (act() throws until the last piece is in);
   // each reset_piece() prefills the instruction's next `rows` tokens at most (rows >= 1) and
   // returns whether all of it is in. The episode is reset()'s, its logits up to float rounding
-  // (the same sums in other chunks). A piece that throws ends the reset: no episode, as a reset
-  // that throws.
+  // (the same sums in other chunks). A piece whose prefill throws (an allocation, the forward)
+  // ends the reset: no episode, as a reset that throws (rows < 1 is refused, changing nothing).
   void begin_reset(const std::vector<int32_t>& instruction);
   bool reset_piece(int64_t rows);
   // The memory its context holds (the KV cache and state slots; with segments the ring and the

@@ -380,20 +380,29 @@ TEST_P(PolicyPieces, AResetInPiecesIsOneReset) {
   fresh.reset(ins);
   std::vector<double> want;
   const std::vector<int32_t> want_a = fresh.act(obs[0], 2, 10, 24, &want);
-  int failed = 0;
-  for (int64_t n = 0;; ++n) {
-    policy.begin_reset(ins);
-    policy.reset_piece(3);
-    if (!fail_allocation(n, [&] { policy.reset_piece(9); }).threw) break;
-    ++failed;
-    EXPECT_NE(error_of([&] { policy.act(obs[0], 2, 10, 24); }).find("act() before reset()"), std::string::npos);
-    EXPECT_NE(error_of([&] { policy.reset_piece(1); }).find("reset_piece() without begin_reset()"), std::string::npos);
-    in_pieces(policy);
-    std::vector<double> got;
-    ASSERT_EQ(policy.act(obs[0], 2, 10, 24, &got), want_a) << "allocation " << n;
-    ASSERT_LT(rel_diff(got, want), 1e-12) << "allocation " << n;
+  for (const int64_t rows : {9, 100}) {  // a middle piece, then the last (it saves the state, takes the episode)
+    int failed = 0;
+    for (int64_t n = 0;; ++n) {
+      policy.begin_reset(ins);
+      policy.reset_piece(3);
+      if (!fail_allocation(n, [&] { policy.reset_piece(rows); }).threw) break;
+      ++failed;
+      EXPECT_NE(error_of([&] { policy.act(obs[0], 2, 10, 24); }).find("act() before reset()"), std::string::npos);
+      EXPECT_NE(error_of([&] { policy.reset_piece(1); }).find("reset_piece() without begin_reset()"), std::string::npos);
+      in_pieces(policy);
+      std::vector<double> got;
+      ASSERT_EQ(policy.act(obs[0], 2, 10, 24, &got), want_a) << "allocation " << n << " of a piece of " << rows;
+      ASSERT_LT(rel_diff(got, want), 1e-12) << "allocation " << n << " of a piece of " << rows;
+    }
+    EXPECT_GT(failed, 3) << "a piece of " << rows;
   }
-  EXPECT_GT(failed, 3);
+  // rows < 1 is refused and the reset goes on.
+  policy.begin_reset(ins);
+  EXPECT_NE(error_of([&] { policy.reset_piece(0); }).find("a reset piece of 0 rows, expected >= 1"), std::string::npos);
+  EXPECT_TRUE(policy.reset_piece(100));
+  std::vector<double> got;
+  EXPECT_EQ(policy.act(obs[0], 2, 10, 24, &got), want_a);
+  EXPECT_LT(rel_diff(got, want), 1e-12);
 }
 
 INSTANTIATE_TEST_SUITE_P(Histories, PolicyPieces,
