@@ -84,6 +84,7 @@ void VlaPolicy<E>::begin_reset(const std::vector<int32_t>& instruction) {
   std::vector<int32_t> copy = instruction;  // first: a copy that fails leaves the episode as it was
   pending_.clear();  // no reset under way until the path is cleared (clear() may throw)
   pending_done_ = 0;
+  instruction_mark_.reset();
   cache_.truncate(0);  // the rows (the state slots stay reserved)
   history_.clear();
   instruction_.clear();  // until the last piece is in: a failed reset leaves no episode to act in
@@ -107,6 +108,8 @@ bool VlaPolicy<E>::reset_piece(int64_t rows) {
     pending_done_ += n;
     if (pending_done_ < (int64_t)pending_.size()) return false;
     if (!path_) save_state(kInstruction);
+    if (path_ && window_ > 0) instruction_mark_ = path_->mark();  // each step's window goes on from it
+    ++instruction_prefills_;
     instruction_ = std::move(pending_);
   } catch (...) {
     pending_.clear();  // first (clear() below may throw): no reset to go on with
@@ -287,8 +290,21 @@ std::vector<int32_t> VlaPolicy<E>::act_segmented(const Observation& obs, int n_t
     if (window_ == 0) {
       logits = path_->append(observation_batch(obs, 0));
     } else {
-      path_->clear();
-      path_->append(token_batch(instruction_));
+      // The window's rows after the instruction: back to the mark after it while every step since
+      // it added no more rows than the ring holds past it (the rows before it are then still
+      // there), else the instruction again.
+      int64_t need = n_tokens - 1;
+      for (const Observation& o : history_) need += rows_of(o, P);
+      const int64_t at = (int64_t)instruction_.size();
+      if (instruction_mark_ && need <= path_->ahead() && path_->depth() >= at) {
+        path_->rewind(instruction_mark_);
+      } else {
+        instruction_mark_.reset();
+        path_->clear();
+        path_->append(token_batch(instruction_));
+        ++instruction_prefills_;
+        if (need <= path_->ahead()) instruction_mark_ = path_->mark();
+      }
       for (const Observation& o : history_) logits = path_->append(observation_batch(o, 0));
     }
     const auto context = path_->mark();

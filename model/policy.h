@@ -15,7 +15,9 @@
 // of its segment and the segment's earlier rows, as the segmented training forward of the step's
 // path does, so the logits are that forward's; the cache holds the open segment only (a ring of
 // segments.length + capacity rows), so an episode with the full history runs as long as it goes,
-// and `capacity` bounds the rows one step adds (its observation and fed-back action tokens).
+// and `capacity` bounds the rows one step adds (its observation and fed-back action tokens); with
+// a window, a capacity that holds the window's rows and the action tokens lets each step go on
+// from the instruction's end instead of prefilling the instruction again.
 //
 // Hybrid language models (Gated DeltaNet layers): the recurrent state and conv tail after the
 // cache's rows live in a state slot beside them, and every point the cache goes back to (the
@@ -63,6 +65,10 @@ class VlaPolicy {
   // The memory its context holds (the KV cache and state slots; with segments the ring and the
   // retrieval pool, which grows with the episode), in bytes.
   int64_t bytes() const { return cache_.bytes() + (path_ ? path_->bytes() : 0); }
+  // Prefills of the instruction: one a reset, and with segments and a window one more for each
+  // step whose window (with its fed-back action tokens) the ring cannot hold past the instruction
+  // (the steps in between go back to a mark after it).
+  int64_t instruction_prefills() const { return instruction_prefills_; }
   // Tokens of the instruction in the cache (during a reset in pieces; its length after one).
   int64_t reset_done() const { return instruction_.empty() ? pending_done_ : (int64_t)instruction_.size(); }
   // Appends the step's observation and decodes `n_tokens` action tokens greedily among ids
@@ -100,6 +106,9 @@ class VlaPolicy {
   // step, after the step's context.
   static constexpr int32_t kNow = 0, kInstruction = 1, kBefore = 2, kContext = 3, kSlots = 4;
   std::unique_ptr<SegmentedPath<E>> path_;  // with segments: the context (cache_ unused)
+  // With segments and a window: the path after the instruction (null: the next step prefills it).
+  std::shared_ptr<const typename SegmentedPath<E>::Mark> instruction_mark_;
+  int64_t instruction_prefills_ = 0;
   std::vector<int32_t> instruction_;
   std::vector<int32_t> pending_;  // a reset in pieces: the instruction, its first pending_done_ tokens in
   int64_t pending_done_ = 0;

@@ -989,8 +989,9 @@ data::PackedBatch slice_rows(const SegmentConfig& cfg, const data::PackedBatch& 
 
 template <class E>
 struct SegmentedPath<E>::Impl {
-  // State slots (recurrent models): the path, two marks (a policy's step takes two) and a rewind's
-  // fork of one or a prefill's fresh slot (SegmentedInference::state_io), with one to spare.
+  // State slots (recurrent models): the path, three marks (a policy's step takes two, a window's
+  // policy keeps one after the instruction) and a rewind's fork of one or a prefill's fresh slot
+  // (SegmentedInference::state_io).
   static constexpr int64_t kSlots = 5;
   Impl(Decoder<E>& m, const SegmentConfig& c, int64_t ring_rows)
       : cache(m, ring_rows, kSlots), seg(m, c, cache, kSlots), st(seg.start()), ring(ring_rows) {

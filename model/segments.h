@@ -214,7 +214,8 @@ std::vector<Completion> generate_segmented(Decoder<E>& model, const SegmentConfi
 // be appended after a mark() and then undone by rewind() (a policy's step: its observation and
 // fed-back action tokens, none of them a later step's context once rewound). With recurrent
 // (Gated DeltaNet) layers the path and each live mark hold a state slot of their own, of five: at
-// most three marks alive at once (a rewind copies one into a fresh slot; a policy's step takes two).
+// most three marks alive at once (a rewind copies one into a fresh slot; a policy's step takes two
+// and a window's policy keeps one after the instruction).
 template <class E>
 class SegmentedPath {
  public:

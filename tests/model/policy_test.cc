@@ -147,6 +147,7 @@ struct SegCase {
   int64_t length, tail;
   bool retrieval;
   bool hybrid = false;
+  int64_t ahead = 0;  // the policy's capacity (0: one step's rows); a window's rows fit 40
 };
 class PolicySegments : public ::testing::TestWithParam<SegCase> {};
 
@@ -163,7 +164,7 @@ TEST_P(PolicySegments, LogitsAreTheSegmentedTrainingForwardsOfThePath) {
   const data::Episode ep = tt::testing::tiny_episode(steps, 2, 8);
   const data::Tree tree = tt::testing::vla_tree(ep, c.window, cfg, 13);
   const int64_t step_rows = 2 * 4 + 1 + A - 1;
-  VlaPolicy<CpuExec<double>> policy(m, c.window, step_rows, seg);
+  VlaPolicy<CpuExec<double>> policy(m, c.window, c.ahead > 0 ? c.ahead : step_rows, seg);
   policy.reset(ep.instruction);
   data::FrameSpec fs;
   fs.image_size = (int)cfg.vision.image_size;
@@ -202,7 +203,12 @@ TEST_P(PolicySegments, LogitsAreTheSegmentedTrainingForwardsOfThePath) {
         << "step " << t;
   }
   EXPECT_GT(cut, 0) << "a segment boundary inside a frame slot";
+  // With a window the steps go on from the instruction's end when the ring holds the window's 19
+  // rows (two observations of 9 and a fed-back token), else prefill it again (all but the first
+  // step, whose window of one observation, 10 rows, a ring of 10 holds).
+  EXPECT_EQ(policy.instruction_prefills(), c.window > 0 && c.ahead == 0 ? steps : 1);
   // A step that adds more rows than the capacity is refused before anything changes.
+  if (c.ahead > 0) return;
   Observation big;
   for (int k = 0; k < 3; ++k) big.frames.emplace_back(3 * 4 * 4, 0.5f);
   big.state = {0.f, 0.f, 0.f};
@@ -214,11 +220,14 @@ TEST_P(PolicySegments, LogitsAreTheSegmentedTrainingForwardsOfThePath) {
 INSTANTIATE_TEST_SUITE_P(Segments, PolicySegments,
                          ::testing::Values(SegCase{0, 7, 7, false}, SegCase{0, 10, 4, false}, SegCase{0, 8, 3, true},
                                            SegCase{2, 7, 5, false}, SegCase{2, 10, 10, true},
-                                           SegCase{0, 8, 3, true, true}, SegCase{2, 7, 5, false, true}),
+                                           SegCase{0, 8, 3, true, true}, SegCase{2, 7, 5, false, true},
+                                           SegCase{2, 7, 5, false, false, 40}, SegCase{2, 10, 10, true, false, 40},
+                                           SegCase{2, 7, 5, true, true, 40}),
                          [](const ::testing::TestParamInfo<SegCase>& i) {
                            return (i.param.window == 0 ? std::string("full") : "window" + std::to_string(i.param.window)) +
                                   "_S" + std::to_string(i.param.length) + "_M" + std::to_string(i.param.tail) +
-                                  (i.param.retrieval ? "_retrieval" : "") + (i.param.hybrid ? "_hybrid" : "");
+                                  (i.param.retrieval ? "_retrieval" : "") + (i.param.hybrid ? "_hybrid" : "") +
+                                  (i.param.ahead ? "_ahead" + std::to_string(i.param.ahead) : "");
                          });
 
 class PolicyFailures : public ::testing::TestWithParam<std::tuple<int, bool, bool>> {};
