@@ -273,7 +273,9 @@ class Server {
     // Out of descriptors (EMFILE): the listener stays readable, so it is left out of the poll for
     // a moment (not polled in a busy loop); the waiting clients stay in its queue until then.
     auto listener_rests_until = std::chrono::steady_clock::now();
-    while (opt_.max_requests < 0 || answered < opt_.max_requests) {
+    // Past max_requests only the resets under way go on, until each is answered (an eviction's
+    // reply may have taken the count meanwhile).
+    while (opt_.max_requests < 0 || answered < opt_.max_requests || !resets_.empty()) {
       const bool resting = std::chrono::steady_clock::now() < listener_rests_until;
       std::vector<pollfd> fds = {{lfd, (short)(resting ? 0 : POLLIN), 0}};
       // A connection with lines left from its last turn is not read (its socket holds the rest)
@@ -330,7 +332,7 @@ class Server {
         const bool limit = opt_.max_requests >= 0 && answered >= opt_.max_requests;
         if (open && !limit && !c.closing && !c.eof && !lines_left(c) && (ev & (POLLIN | POLLHUP)))
           open = read_requests(c);
-        if (open && !limit && c.resetting) open = continue_reset(c, answered);
+        if (open && c.resetting) open = continue_reset(c, answered);
         if (open && !limit && !c.closing && !c.resetting) open = answer_lines(c, answered);
         if (open && c.closing && c.out.empty()) open = linger(c, now);  // its last reply is out
         if (open) {
@@ -808,12 +810,18 @@ class Server {
     try {
       const bool done = r.fresh->policy.reset_piece(opt_.reset_piece_rows);
       ++r.pieces;
-      if (const int64_t held = cache_bytes(); held > cache_budget_)  // with retrieval the context grows
-        throw Error(str("reset of session \"", r.session.substr(0, 64), "\" stopped after ", r.fresh->policy.reset_done(),
-                        " of its ", r.tokens, " instruction tokens: the sessions' contexts hold ", held,
-                        " bytes with it (its retrieval pool grows with the instruction), past the limit of ",
-                        cache_budget_, " bytes (", cache_budget_from_, "); a shorter instruction, or raise "
-                        "--max-cache-bytes"));
+      // With retrieval the fresh context grows with the instruction: stopped once the contexts are
+      // past the limit while it holds more than the one it replaces (one that shrinks goes on).
+      if (const int64_t held = cache_bytes();
+          held > cache_budget_ && r.fresh->policy.bytes() > replaced_bytes(r.session)) {
+        const std::string why =
+            str("reset of session \"", r.session.substr(0, 64), "\" stopped after ", r.fresh->policy.reset_done(),
+                " of its ", r.tokens, " instruction tokens: the sessions' contexts hold ", held,
+                " bytes with it (with retrieval a context grows with its path), past the limit of ", cache_budget_,
+                " bytes (", cache_budget_from_, "); close sessions, shorten the instruction or raise --max-cache-bytes");
+        spdlog::warn("serve: {}", why);
+        throw Error(why);
+      }
       if (!done) return true;
       const double s = std::chrono::duration<double>(Clock::now() - r.started).count();
       if (r.pieces > 1)

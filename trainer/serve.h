@@ -86,7 +86,9 @@ struct ServeOptions {
   // Bytes the sessions' contexts (KV caches, recurrent states, retrieval pools) may hold together
   // (-1: three quarters of the memory available at startup, MemAvailable or the cgroup's limit).
   int64_t max_cache_bytes = -1;
-  int64_t max_requests = -1;  // tests: stop after this many request lines (-1: run until killed)
+  // Tests: stop after this many request lines, once the resets under way are answered (-1: run
+  // until killed).
+  int64_t max_requests = -1;
 };
 
 // Serves until max_requests lines were answered (or forever); returns the number answered.

@@ -589,13 +589,27 @@ TEST(NavServe, AResetWhosePoolOutgrowsTheLimitStops) {
       c.error_of(json{{"session", "r"}, {"reset", true}, {"instruction", std::vector<int>(20000, 3)}}.dump());
   EXPECT_EQ(e.rfind("reset of session \"r\" stopped after ", 0), 0u) << e;
   EXPECT_NE(e.find(" of its 20000 instruction tokens: the sessions' contexts hold "), std::string::npos) << e;
-  EXPECT_NE(e.find(" bytes with it (its retrieval pool grows with the instruction), past the limit of " +
+  EXPECT_NE(e.find(" bytes with it (with retrieval a context grows with its path), past the limit of " +
                    std::to_string(2 * each) + " bytes (--max-cache-bytes)"),
             std::string::npos)
       << e;
   EXPECT_EQ(c.error_of(R"({"session": "r", "close": true})"), "unknown session \"r\" (reset it first)");
   for (const char* name : {"a", "b"})
     EXPECT_EQ(c.ask(str_session(name) + R"(, "reset": true, "instruction": [2, 5]})").value("ok", false), true) << name;
+  // Steps grow a session's pool until the contexts pass the limit (by one step's growth); its steps
+  // are then refused, and a reset of it, which shrinks it, goes through.
+  ServeProcess t(flags + " --max-cache-bytes " + std::to_string(each + 40000));
+  Client x(t.port);
+  EXPECT_EQ(x.ask(R"({"session": "x", "reset": true, "instruction": [2, 5, 3]})").value("ok", false), true);
+  const std::string step = R"({"session": "x", "images": [")" + frame_b64() + R"("]})";
+  std::string refused;
+  for (int i = 0; i < 300 && refused.empty(); ++i) {
+    const json r = x.ask(step);
+    if (r.contains("error")) refused = r.at("error").get<std::string>();
+  }
+  EXPECT_EQ(refused.rfind("step of session \"x\" refused: the sessions' contexts hold ", 0), 0u) << refused;
+  EXPECT_EQ(x.ask(R"({"session": "x", "reset": true, "instruction": [2, 5, 3]})").value("ok", false), true);
+  EXPECT_EQ(x.ask(step).value("step", -1), 0);
 }
 
 // --max-requests (the tests' stop) counts a reset under way: it is answered before the server
@@ -609,6 +623,25 @@ TEST(NavServe, AResetUnderWayIsAnsweredBeforeMaxRequestsStops) {
   EXPECT_EQ(json::parse(a.reply()).value("ok", false), true);
   EXPECT_EQ(b.error_of(""), "expected a JSON object with a \"session\" string");
   EXPECT_EQ(b.reply(), "") << "the second line is past --max-requests";
+  // An eviction's reply that takes the count while a reset is under way (20,000 pieces with
+  // segments: seconds): the reset is answered all the same.
+  ServeProcess t("--checkpoint " + segments_run().string() + " --action-ids 8:12 --reset-piece-rows 1 "
+                 "--max-requests 1 --max-message-bytes 100000 --max-buffered-bytes 150000");
+  Client hold(t.port);
+  hold.send_raw(R"({"session": ")" + std::string(65000, 'y'));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Client c(t.port);
+  c.send_raw(json{{"session", "c"}, {"reset", true}, {"instruction", std::vector<int>(20000, 3)}}.dump() + "\n");
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::vector<std::unique_ptr<Client>> fill;  // the budget fills: one of the long lines is evicted
+  for (const int bytes : {70000, 30000, 1}) {
+    fill.push_back(std::make_unique<Client>(t.port));
+    fill.back()->send_raw(R"({"session": ")" + std::string(bytes, 'z'));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const std::string r = c.reply();
+  ASSERT_FALSE(r.empty()) << "the reset under way is answered";
+  EXPECT_EQ(json::parse(r).value("ok", false), true) << r;
 }
 
 // With the request budget full, a connection whose requests wait behind its reset holds them
