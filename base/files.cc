@@ -76,6 +76,14 @@ std::string atomic_write_target(const std::string& path, Links links) {
   return p.string();
 }
 
+std::string flag_write_target(const std::string& flag, const std::string& path, Links links) {
+  try {
+    return atomic_write_target(path, links);
+  } catch (const Error& e) {
+    throw Error(str(flag, " ", e.what()));
+  }
+}
+
 void write_text_atomic(const std::string& path, const std::string& text, Links links) {
   const std::string target = atomic_write_target(path, links);
   const std::string tmp = atomic_temp_path(target, (long)::getpid());
@@ -89,9 +97,12 @@ void write_text_atomic(const std::string& path, const std::string& text, Links l
       throw Error(str(path, ": write failed"));
     }
   }
-  const int fd = ::open(tmp.c_str(), O_RDONLY);
-  const bool synced = fd >= 0 && ::fsync(fd) == 0;
-  if (fd >= 0) ::close(fd);
+  bool synced = true;
+  try {
+    fsync_path(tmp, false);
+  } catch (const Error&) {
+    synced = false;
+  }
   if (!synced || std::rename(tmp.c_str(), target.c_str()) != 0) {
     std::remove(tmp.c_str());
     throw Error(str(path, ": fsync or rename from ", tmp, " failed"));

@@ -29,6 +29,10 @@ enum class Links { kFollow, kReplace, kRefuse };
 // node itself, and a FIFO's reader would get nothing.
 std::string atomic_write_target(const std::string& path, Links links = Links::kFollow);
 
+// atomic_write_target for a file a command-line flag names: its errors start with the flag
+// ("--out <path>: ...").
+std::string flag_write_target(const std::string& flag, const std::string& path, Links links);
+
 // Writes text to path atomically (onto atomic_write_target(path, links)). Throws tt::Error naming
 // the path when any step fails (the temporary file is removed).
 void write_text_atomic(const std::string& path, const std::string& text, Links links = Links::kReplace);

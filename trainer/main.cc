@@ -260,16 +260,6 @@ int64_t int_flag(const Args& a, const std::string& name, int64_t def, int64_t lo
   return v;
 }
 
-// Checks --out as a file an atomic write may replace (tt::atomic_write_target: no folder, FIFO or
-// device), before anything is made; errors name --out.
-void check_out_file(const std::string& out, tt::Links links) {
-  try {
-    tt::atomic_write_target(out, links);
-  } catch (const tt::Error& e) {
-    throw tt::Error(std::string("--out ") + e.what());
-  }
-}
-
 // The folder of an --out file, created if missing; an error names --out and why it cannot be.
 void make_out_parent(const std::string& out) {
   const std::filesystem::path parent = std::filesystem::path(out).parent_path();
@@ -554,7 +544,7 @@ int run_generate(const std::vector<std::string>& argv) {
   }
   const std::string& out = required(a, "out");
   const bool episodes = kind == "toy-episodes" || kind == "nav-episodes";  // frames named beside the file
-  check_out_file(out, episodes ? tt::Links::kRefuse : tt::Links::kFollow);
+  tt::flag_write_target("--out", out, episodes ? tt::Links::kRefuse : tt::Links::kFollow);  // before anything is made
   make_out_parent(out);
   if (kind == "published-example") {
     const tt::data::SyntheticSpec s = tt::data::published_example_spec();
@@ -698,7 +688,7 @@ int run_sweep(const std::vector<std::string>& argv) {
         throw tt::Error(tt::str("--out ", out, ": ", what, " (", path, "); the SLURM script would replace it (write it to "
                             "another file)"));
     }
-    check_out_file(out, tt::Links::kFollow);  // before the run configs are written
+    tt::flag_write_target("--out", out, tt::Links::kFollow);  // before the run configs are written
     tt::trainer::write_run_configs(sweep);
     make_out_parent(out);
     tt::write_text_atomic(out, script, tt::Links::kFollow);

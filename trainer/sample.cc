@@ -51,26 +51,26 @@ int parse_small_int(const std::string& key, const std::string& v) {
   return (int)x;
 }
 
-// A list value: "1,2", "[1, 2]" or "[]" (none); an empty entry ("1,,2") is an error.
-std::vector<int64_t> parse_list(const std::string& key, const std::string& given) {
+// A list value: "1,2", "[1, 2]" or "[]" (none), each entry through parse(key, entry); an empty
+// entry ("1,,2") is an error.
+template <class Parse>
+auto parse_list(const std::string& key, const std::string& given, Parse parse) {
   std::string value = given;
   if (!value.empty() && value.front() == '[' && value.back() == ']') value = value.substr(1, value.size() - 2);
-  std::vector<int64_t> out;
+  std::vector<decltype(parse(key, value))> out;
   if (value.find_first_not_of(' ') == std::string::npos) return out;
   std::stringstream ss(value + ",");  // every entry ends in a comma: a trailing empty one shows
   for (std::string x; std::getline(ss, x, ',');) {
     x.erase(0, x.find_first_not_of(' '));
     x.erase(x.find_last_not_of(' ') + 1);
     if (x.empty()) throw Error(str("--set ", key, "=", given, ": an empty entry, expected integers separated by commas"));
-    out.push_back(parse_int(key, x));
+    out.push_back(parse(key, x));
   }
   return out;
 }
 
 std::vector<int> parse_int_list(const std::string& key, const std::string& value) {
-  std::vector<int> out;
-  for (int64_t x : parse_list(key, value)) out.push_back(parse_small_int(key, std::to_string(x)));
-  return out;
+  return parse_list(key, value, parse_small_int);
 }
 
 // Applies --set KEY=VALUE to the model config and the sampling options.
@@ -85,7 +85,7 @@ void apply_sets(const std::vector<std::string>& sets, model::ModelConfig* cfg, m
     } else if (key == "model.eos_token_id") {
       // The ids config.json may hold: each in [0, vocab_size).
       cfg->eos_token_id.clear();
-      for (const int64_t x : parse_list(key, value)) {
+      for (const int64_t x : parse_list(key, value, parse_int)) {
         if (x < 0 || x >= cfg->vocab_size)
           throw Error(str("--set ", key, "=", value, ": eos_token_id ", x, " outside vocab_size ", cfg->vocab_size,
                           " (expected ids in [0, ", cfg->vocab_size, "))"));
@@ -124,12 +124,7 @@ std::vector<model::Completion> run_on(const model::ModelConfig& cfg, const std::
 // checkpoint being read.
 void check_writable(const std::string& out, const std::string& checkpoint) {
   std::error_code ec;
-  std::string target;  // what is written: a link's file
-  try {
-    target = atomic_write_target(out, Links::kFollow);  // a folder, FIFO or device refused
-  } catch (const Error& e) {
-    throw Error(str("--out ", e.what()));
-  }
+  const std::string target = flag_write_target("--out", out, Links::kFollow);  // a link's file; no folder or FIFO
   const fs::path parent = fs::path(target).parent_path();
   const fs::path in = fs::weakly_canonical(checkpoint, ec), at = fs::weakly_canonical(fs::absolute(target, ec), ec);
   bool inside = false;

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "base/check.h"
+#include "tests/base/error_of.h"
 
 namespace tt {
 namespace {
@@ -33,16 +34,7 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-// The message of the tt::Error f throws ("" when it throws none).
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using tt::testing::error_of;
 
 TEST(AtomicWrite, ReplacesAFileAndCreatesANewOne) {
   const fs::path d = fresh_dir("plain");

@@ -19,6 +19,7 @@
 
 #include "base/check.h"
 #include "base/crc.h"
+#include "tests/base/error_of.h"
 
 namespace tt::trainer::testing {
 
@@ -31,16 +32,7 @@ inline std::filesystem::path fresh_dir(const std::string& name) {
   return d;
 }
 
-// The message of the tt::Error that f throws ("" when none).
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using tt::testing::error_of;  // the message of the tt::Error that f throws ("" when none)
 
 inline std::string slurp(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
